@@ -1,0 +1,1 @@
+"""sdplan.app: the PySide6 desktop application over :mod:`sdplan.core`."""

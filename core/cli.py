@@ -1,0 +1,65 @@
+"""The ``sdplan`` command: a dispatcher over the subcommands in :mod:`sdplan.core.commands`.
+
+Each subcommand lives in its own module exposing ``add_parser(subparsers)`` and
+``run(args) -> int``. Errors of sdplan's own hierarchy become one-line messages and exit
+code 2; without arguments the GUI starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from sdplan.core import __version__
+
+#: Subcommand modules under ``sdplan.core.commands``, in help order. A module that is
+#: missing (a part not built yet) is skipped, so the dispatcher never breaks on it.
+COMMANDS = ("devices", "rpc_server", "plan", "inspect", "generate", "upscale", "gui")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the top-level argument parser with every available subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="sdplan",
+        description="Plan and run stable-diffusion.cpp device placements on mixed hardware.",
+    )
+    parser.add_argument("--version", action="version", version=f"sdplan {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"sdplan.core.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"sdplan.core.commands.{name}":
+                raise
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``sdplan`` command line; returns the process exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not args_list:
+        args_list = ["gui"]
+    args = parser.parse_args(args_list)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        print("sdplan: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

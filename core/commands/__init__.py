@@ -1,0 +1,1 @@
+"""Subcommands of the ``sdplan`` command line, one module each."""

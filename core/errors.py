@@ -1,0 +1,94 @@
+"""sdplan's error hierarchy: every failure a user can cause is one of these.
+
+- :class:`PlanError`: a placement string or flag is wrong (stable ``code`` from the spec,
+  ``flag`` and half-open character ``span`` into that flag's joined value).
+- :class:`ModelFileError`: a model file cannot be read or understood (names the file).
+- :class:`EngineError`: running a module failed (names the device and module).
+- :class:`InventoryError`: a device inventory cannot be read.
+
+The CLI turns any :class:`SdplanError` into a one-line message and exit code 2.
+"""
+
+from __future__ import annotations
+
+
+class SdplanError(Exception):
+    """Base of every error sdplan raises on purpose."""
+
+    code: str = "error"
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready description: ``{"code", "message"}`` plus subclass fields."""
+        return {"code": self.code, "message": str(self)}
+
+
+class PlanError(SdplanError):
+    """A planning error with the spec's stable ``code`` (spec section 11).
+
+    Attributes:
+        code: one of the spec's error codes, e.g. ``unknown_module``.
+        flag: the flag whose value is wrong (``--backend``...), or None.
+        text: the whole (joined) value of that flag, or None.
+        span: ``(start, end)`` half-open offsets into ``text``, or None when the entry was
+            added by a compatibility flag or the error has no location.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        flag: str | None = None,
+        text: str | None = None,
+        span: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.flag = flag
+        self.text = text
+        self.span = span
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "code": self.code,
+            "message": str(self),
+            "span": list(self.span) if self.span is not None else None,
+        }
+
+
+class InventoryError(SdplanError):
+    """A device inventory (JSON file or live query) is unusable."""
+
+    code = "invalid_inventory"
+
+
+class ModelFileError(SdplanError):
+    """A model file is unreadable, truncated, hostile or not a model.
+
+    Attributes:
+        path: the file (or folder) concerned.
+    """
+
+    code = "invalid_model_file"
+
+    def __init__(self, path: object, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = str(path)
+
+
+class EngineError(SdplanError):
+    """Running a module on the engine failed.
+
+    Attributes:
+        device: the device concerned, or None.
+        module: the module concerned, or None.
+    """
+
+    code = "engine_error"
+
+    def __init__(self, message: str, *, device: str | None = None, module: str | None = None):
+        where = ", ".join(x for x in (f"module {module}" if module else "",
+                                      f"device {device}" if device else "") if x)
+        super().__init__(f"{message} ({where})" if where else message)
+        self.device = device
+        self.module = module

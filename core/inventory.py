@@ -1,0 +1,139 @@
+"""Device inventories: the devices a plan can use, live from ggml or from a JSON file.
+
+The JSON format is ``{"devices": [{"name", "description", "type", "registry", "free",
+"total"}, ...]}`` with ``type`` one of ``cpu``/``gpu``/``igpu``/``accel`` and memory in
+bytes, devices listed in ggml's enumeration order (RPC devices after local ones).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sdplan.core.errors import InventoryError
+
+DEVICE_TYPES = ("cpu", "gpu", "igpu", "accel")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One ggml backend device as sdplan plans with it.
+
+    Attributes:
+        name: ggml's device name (``CPU``, ``CUDA0``, ``RPC1``...).
+        description: ggml's description (RPC devices: the ``host:port`` endpoint).
+        type: ``cpu``, ``gpu``, ``igpu`` or ``accel`` (RPC devices are ``gpu``).
+        registry: the backend registry name (``CPU``, ``CUDA``, ``Vulkan``, ``RPC``...).
+        free: free memory in bytes when the inventory was taken.
+        total: total memory in bytes.
+        device_id: PCI bus id or other id ggml reports, or None.
+        caps: capability flags (``async``, ``host_buffer``, ``buffer_from_host_ptr``,
+            ``events``), empty when unknown.
+    """
+
+    name: str
+    description: str
+    type: str
+    registry: str
+    free: int
+    total: int
+    device_id: str | None = None
+    caps: dict[str, bool] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def is_gpu_like(self) -> bool:
+        """True for ``gpu`` and ``igpu`` devices (the ones that take ``--max-vram``)."""
+        return self.type in ("gpu", "igpu")
+
+    def to_json(self) -> dict[str, object]:
+        """The inventory-file form of this device (bytes)."""
+        d = asdict(self)
+        if not d["caps"]:
+            d.pop("caps")
+        if d["device_id"] is None:
+            d.pop("device_id")
+        return d
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """An ordered, immutable list of devices (ggml's enumeration order)."""
+
+    devices: tuple[Device, ...]
+
+    def __post_init__(self) -> None:
+        names = [d.name for d in self.devices]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise InventoryError(f"duplicate device names in inventory: {sorted(dup)}")
+
+    def __iter__(self) -> Iterator[Device]:
+        return iter(self.devices)
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def names(self) -> list[str]:
+        """Device names in order."""
+        return [d.name for d in self.devices]
+
+    def get(self, name: str) -> Device:
+        """The device with exactly this name; raises KeyError otherwise."""
+        for d in self.devices:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, object]:
+        """The inventory-file form (``{"devices": [...]}``)."""
+        return {"devices": [d.to_json() for d in self.devices]}
+
+    @classmethod
+    def from_devices(cls, devices: Sequence[Device]) -> Inventory:
+        return cls(tuple(devices))
+
+    @classmethod
+    def from_json(cls, data: object, *, source: str = "inventory") -> Inventory:
+        """Build an inventory from parsed JSON; raises :class:`InventoryError` naming
+        ``source`` and the offending entry when a field is missing or has a wrong type."""
+        if not isinstance(data, dict) or not isinstance(data.get("devices"), list):
+            raise InventoryError(f"{source}: expected an object with a 'devices' list")
+        out = []
+        for i, raw in enumerate(data["devices"]):
+            where = f"{source}: devices[{i}]"
+            if not isinstance(raw, dict):
+                raise InventoryError(f"{where}: expected an object")
+            try:
+                name, desc = raw["name"], raw.get("description", raw["name"])
+                typ, reg = raw["type"], raw.get("registry", "")
+                free, total = raw["free"], raw["total"]
+            except KeyError as exc:
+                raise InventoryError(f"{where}: missing field {exc.args[0]!r}") from None
+            if not isinstance(name, str) or not name.strip():
+                raise InventoryError(f"{where}: 'name' must be a non-empty string")
+            if typ not in DEVICE_TYPES:
+                raise InventoryError(f"{where} ({name}): 'type' must be one of {DEVICE_TYPES}")
+            for key, val in (("free", free), ("total", total)):
+                if not isinstance(val, int) or isinstance(val, bool) or val < 0:
+                    raise InventoryError(f"{where} ({name}): '{key}' must be bytes (int >= 0)")
+            caps = raw.get("caps") or {}
+            out.append(Device(name=name, description=str(desc), type=typ, registry=str(reg),
+                              free=free, total=total, device_id=raw.get("device_id"),
+                              caps=dict(caps)))
+        return cls(tuple(out))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Inventory:
+        """Read an inventory JSON file; raises :class:`InventoryError` naming the file."""
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InventoryError(f"{p}: cannot read inventory: {exc.strerror}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InventoryError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        return cls.from_json(data, source=str(p))

@@ -1,0 +1,115 @@
+"""Model profiles: what the planner needs to know of a model without its weights.
+
+A profile gives, per module, the byte size of each numbered block (spec section 8) and the
+bytes of everything else, plus, for ``te``, a breakdown per encoder. JSON form (the
+format of ``shared/cases/profiles``)::
+
+    {"modules": {"diffusion": {"blocks": [bytes, ...], "other": bytes,
+                               "block_names": [...]?},
+                 "te": {"blocks": [...], "other": bytes,
+                        "encoders": {"clip_l": bytes, "t5xxl": bytes}?},
+                 ...},
+     "architecture": str?, "name": str?}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sdplan.core.errors import ModelFileError
+
+
+@dataclass(frozen=True)
+class ModuleProfile:
+    """Sizes of one module's weights.
+
+    Attributes:
+        blocks: byte size of block 0, 1, ... (empty when the module has no splittable
+            blocks, as UNets: a split then gets warning ``no_blocks``).
+        other: bytes of every non-block tensor.
+        encoders: for ``te``: bytes per encoder (``clip_l``, ``clip_g``, ``t5xxl``,
+            ``llm``); empty otherwise.
+        block_encoder: for ``te``: the encoder whose blocks are listed in ``blocks``
+            (the dominant one, split across devices), or None.
+    """
+
+    blocks: tuple[int, ...] = ()
+    other: int = 0
+    encoders: Mapping[str, int] = field(default_factory=dict)
+    block_encoder: str | None = None
+
+    @property
+    def total(self) -> int:
+        """All weight bytes of the module."""
+        return sum(self.blocks) + self.other
+
+    def to_json(self) -> dict[str, object]:
+        d: dict[str, object] = {"blocks": list(self.blocks), "other": self.other}
+        if self.encoders:
+            d["encoders"] = dict(self.encoders)
+        if self.block_encoder:
+            d["block_encoder"] = self.block_encoder
+        return d
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Per-module sizes of a model (see module docstring for the JSON form)."""
+
+    modules: Mapping[str, ModuleProfile]
+    name: str | None = None
+    architecture: str | None = None
+
+    def get(self, module: str) -> ModuleProfile | None:
+        return self.modules.get(module)
+
+    def to_json(self) -> dict[str, object]:
+        d: dict[str, object] = {"modules": {k: v.to_json() for k, v in self.modules.items()}}
+        if self.name:
+            d["name"] = self.name
+        if self.architecture:
+            d["architecture"] = self.architecture
+        return d
+
+    @classmethod
+    def from_json(cls, data: object, *, source: str = "profile") -> Profile:
+        """Parse the JSON form; raises :class:`ModelFileError` naming ``source``."""
+        if not isinstance(data, dict) or not isinstance(data.get("modules"), dict):
+            raise ModelFileError(source, "a profile must be an object with a 'modules' object")
+        mods: dict[str, ModuleProfile] = {}
+        for name, raw in data["modules"].items():
+            if not isinstance(raw, dict):
+                raise ModelFileError(source, f"module {name!r}: expected an object")
+            blocks = raw.get("blocks", [])
+            other = raw.get("other", 0)
+            if not isinstance(blocks, list) or not all(
+                isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks
+            ):
+                raise ModelFileError(source, f"module {name!r}: 'blocks' must be a list of bytes")
+            if not isinstance(other, int) or isinstance(other, bool) or other < 0:
+                raise ModelFileError(source, f"module {name!r}: 'other' must be bytes")
+            enc = raw.get("encoders", {}) or {}
+            if not isinstance(enc, dict):
+                raise ModelFileError(source, f"module {name!r}: 'encoders' must be an object")
+            mods[name] = ModuleProfile(
+                blocks=tuple(blocks),
+                other=other,
+                encoders={str(k): int(v) for k, v in enc.items()},
+                block_encoder=raw.get("block_encoder"),
+            )
+        return cls(modules=mods, name=data.get("name"), architecture=data.get("architecture"))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        """Read a profile JSON file; raises :class:`ModelFileError` naming the file."""
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ModelFileError(p, f"cannot read profile: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ModelFileError(p, f"profile is not valid JSON ({exc.msg})") from None
+        return cls.from_json(data, source=str(p))

@@ -1,0 +1,12 @@
+// sdplan._ggml: a thin, model-agnostic binding of ggml (devices, backends, graphs, RPC).
+#include "common.h"
+
+#include <ggml.h>
+#include <nanobind/stl/string.h>
+
+NB_MODULE(_ggml, m) {
+    m.doc() = "Thin binding of ggml used by sdplan: devices, backends, buffers, graphs, RPC.";
+    m.def("ggml_version", []() { return std::string(ggml_version()); },
+          "The version string of the loaded ggml library.");
+    sdplan::register_devices(m);
+}

@@ -1,0 +1,1 @@
+"""Data files shipped with sdplan (vocabularies, built-in profiles, demo weights)."""
