@@ -1,0 +1,31 @@
+"""Shared test fixtures: the location of ``../shared`` and markers' skip rules.
+
+``SHARED`` is ``<repo>/../shared``; tests that need it use the ``shared_dir`` fixture,
+which skips when the folder is absent (a user's fresh clone) and fails when
+``SDPLAN_REQUIRE_SHARED=1`` (CI), so CI can never silently skip them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+
+
+def require_or_skip(what: str, env: str) -> None:
+    """Skip with ``what`` as the reason, or fail when the variable ``env`` is ``1``."""
+    if os.environ.get(env) == "1":
+        pytest.fail(f"{what} (and {env}=1 forbids skipping)")
+    pytest.skip(what)
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """The ``../shared`` folder beside the checkout (skips when absent)."""
+    if not SHARED.is_dir():
+        require_or_skip(f"{SHARED} is absent", "SDPLAN_REQUIRE_SHARED")
+    return SHARED
