@@ -1,0 +1,83 @@
+"""``sdplan devices``: the live device inventory as a table or as JSON.
+
+The table shows name, type, registry, description and free/total memory in GiB, then one
+line on the loaded ggml (version, RPC, llamafile, CPU features) and any warnings. ``--json``
+prints the inventory-file format of :mod:`sdplan.core.inventory` (bytes) plus a
+``features`` object (see :func:`sdplan.core.devices.features`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from sdplan.core.errors import SdplanError
+from sdplan.core.inventory import Inventory
+
+GIB = 1024**3
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register the ``devices`` subcommand."""
+    p = subparsers.add_parser(
+        "devices",
+        help="list the ggml devices of this machine (and of RPC servers)",
+        description="List the ggml devices sdplan can place modules on, with free and total "
+        "memory, and what the loaded ggml supports.",
+    )
+    p.add_argument("--rpc-servers", action="append", default=[], metavar="HOST:PORT[,...]",
+                   help="add the devices of these ggml RPC servers (RPC0, RPC1, ...)")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON (memory in bytes) instead of a table")
+    p.set_defaults(run=run)
+
+
+def _feature_line(feat: dict[str, Any]) -> str:
+    yes_no = {True: "[green]yes[/]", False: "[red]no[/]"}
+    cpu = " ".join(k for k, v in feat["cpu_features"].items() if v not in ("", "0")
+                   and k != "LLAMAFILE")
+    return (f"ggml {feat['ggml_version']} · RPC {yes_no[feat['rpc']]} · "
+            f"llamafile {yes_no[feat['llamafile']]} · CPU {cpu or '-'}")
+
+
+def render_table(inv: Inventory, feat: dict[str, Any]) -> None:
+    """Print ``inv`` as a rich table followed by the feature line and warnings."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="ggml devices", title_justify="left")
+    table.add_column("Name", style="bold cyan", no_wrap=True)
+    table.add_column("Type")
+    table.add_column("Registry")
+    table.add_column("Description")
+    table.add_column("Free GiB", justify="right")
+    table.add_column("Total GiB", justify="right")
+    for d in inv:
+        table.add_row(d.name, d.type, d.registry, d.description,
+                      f"{d.free / GIB:.1f}", f"{d.total / GIB:.1f}")
+    console.print(table)
+    console.print(_feature_line(feat), highlight=False)
+    for w in feat["warnings"]:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    """List the devices; exit code 2 with a one-line message on an sdplan error."""
+    from sdplan.core import devices
+
+    try:
+        inv = devices.live_inventory(devices.split_endpoints(args.rpc_servers))
+        feat = devices.features()
+    except SdplanError as exc:
+        print(f"sdplan devices: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        data = inv.to_json()
+        data["features"] = feat
+        print(json.dumps(data, indent=2))
+    else:
+        render_table(inv, feat)
+    return 0

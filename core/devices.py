@@ -1,0 +1,356 @@
+"""Live devices from ggml: inventory, features of the loaded ggml, RPC servers, backends.
+
+The native module ``sdplan._ggml`` is imported lazily, so this module imports without it.
+
+RPC devices are named ``RPC0``, ``RPC1``... in the order added across servers and described
+by their ``host:port`` endpoint (spec section 3). ggml names the devices of
+``ggml_backend_rpc_add_server`` the same way in this ggml version; the mapping from sdplan
+names to ggml names is still derived from the servers' own device lists
+(:func:`rpc_device_map`), so a ggml that named them otherwise would keep working.
+
+A registered RPC server that stops answering makes ggml abort the whole process: add
+servers only in processes that may die with them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import platform
+import socket
+from collections.abc import Iterable, Sequence
+from types import ModuleType, TracebackType
+from typing import Any
+
+from sdplan.core.errors import InventoryError
+from sdplan.core.inventory import DEVICE_TYPES, Device, Inventory
+
+log = logging.getLogger(__name__)
+
+#: How to get a ggml with the RPC backend and llamafile's sgemm kernels.
+RPC_INSTALL_COMMAND = (
+    "pip install --no-binary libggml-python --no-cache-dir -C cmake.define.GGML_RPC=ON "
+    "-C cmake.define.GGML_LLAMAFILE=ON --force-reinstall libggml-python==0.20.2.post1"
+)
+
+#: Seconds to wait for an RPC endpoint to accept a TCP connection before giving up.
+CONNECT_TIMEOUT_S = 3.0
+
+#: ggml CPU feature -> /proc/cpuinfo flag: a fast path the host has but ggml may lack.
+_X86_FAST_PATHS = {"AVX2": "avx2", "FMA": "fma", "F16C": "f16c", "AVX512": "avx512f"}
+
+
+class RpcError(InventoryError):
+    """An RPC server cannot be used: ggml lacks RPC, or the endpoint is bad or unreachable."""
+
+    code = "rpc_error"
+
+
+def _native() -> ModuleType:
+    """The native module; raises :class:`InventoryError` when it is not built."""
+    try:
+        import sdplan._ggml as native
+    except ImportError as exc:  # pragma: no cover - only without a build
+        raise InventoryError(
+            f"sdplan's native module sdplan._ggml cannot be loaded ({exc}); reinstall sdplan"
+        ) from None
+    return native
+
+
+# --------------------------------------------------------------------------- RPC
+
+
+def rpc_available() -> bool:
+    """True when the loaded ggml has the RPC backend (built with ``GGML_RPC=ON``)."""
+    return bool(_native().rpc_available())
+
+
+def require_rpc() -> None:
+    """Raise :class:`RpcError` with the install command when ggml lacks RPC."""
+    if not rpc_available():
+        raise RpcError(
+            "the installed ggml (libggml-python) was built without the RPC backend; "
+            f"get an RPC-enabled one with: {RPC_INSTALL_COMMAND}"
+        )
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """Split ``host:port`` (IPv6 as ``[::1]:port``) into ``(host, port)``.
+
+    Raises :class:`RpcError` naming ``text`` when it is not ``host:port`` with a port in
+    1..65535.
+    """
+    value = text.strip()
+    host, sep, port_text = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise RpcError(f"RPC endpoint {text!r} is not host:port (port 1-65535)")
+    return host, int(port_text)
+
+
+def split_endpoints(values: Iterable[str]) -> list[str]:
+    """Flatten ``--rpc-servers`` values (each may be comma-separated) into endpoints,
+    dropping empty entries and duplicates, keeping the first occurrence's order."""
+    out: list[str] = []
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if part and part not in out:
+                out.append(part)
+    return out
+
+
+def check_endpoint(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Check that ``endpoint`` (``host:port``) accepts a TCP connection within ``timeout``
+    seconds; raises :class:`RpcError` naming the endpoint otherwise."""
+    host, port = parse_endpoint(endpoint)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise RpcError(
+            f"RPC server {endpoint} is unreachable ({reason}); is `sdplan rpc-server` "
+            f"running there and the port open?"
+        ) from None
+
+
+def add_rpc_servers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_S) -> list[str]:
+    """Add ggml RPC servers so their devices join the inventory; returns the sdplan names
+    (``RPC0``...) of every device the given endpoints expose, in order.
+
+    Each endpoint is checked with :func:`check_endpoint` first. Adding an endpoint twice
+    adds nothing. Raises :class:`RpcError` when ggml lacks RPC, an endpoint is malformed or
+    unreachable, or a server exposes no devices.
+    """
+    endpoints = split_endpoints(endpoints)
+    if not endpoints:
+        return []
+    require_rpc()
+    native = _native()
+    for endpoint in endpoints:
+        parse_endpoint(endpoint)
+    known = {ep for ep, _ in native.rpc_servers()}
+    for endpoint in endpoints:
+        if endpoint in known:
+            continue
+        check_endpoint(endpoint, timeout)
+        try:
+            names = native.rpc_add_server(endpoint)
+        except RuntimeError as exc:
+            raise RpcError(f"RPC server {endpoint}: {exc}") from None
+        log.debug("RPC server %s added devices %s", endpoint, names)
+    mapping = rpc_device_map()
+    return [name for name, (_, ep) in mapping.items() if ep in endpoints]
+
+
+def rpc_device_map() -> dict[str, tuple[str, str]]:
+    """``{sdplan name: (ggml name, endpoint)}`` for every RPC device added in this process,
+    sdplan names ``RPC0``, ``RPC1``... in the order added across servers."""
+    if not _native().rpc_available():
+        return {}
+    out: dict[str, tuple[str, str]] = {}
+    for endpoint, ggml_names in _native().rpc_servers():
+        for ggml_name in ggml_names:
+            out[f"RPC{len(out)}"] = (ggml_name, endpoint)
+    return out
+
+
+def to_ggml_name(name: str) -> str:
+    """The ggml device name of the sdplan device ``name`` (differs only for RPC devices)."""
+    entry = rpc_device_map().get(name)
+    return entry[0] if entry else name
+
+
+# --------------------------------------------------------------------------- inventory
+
+
+def _mem_available() -> int | None:
+    """``MemAvailable`` of /proc/meminfo in bytes, or None where there is none."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _device_from_record(rec: dict[str, Any], rpc_names: dict[str, tuple[str, str]]) -> Device:
+    name, description, typ = rec["name"], rec["description"], rec["type"]
+    free, total = int(rec["free"]), int(rec["total"])
+    for sd_name, (ggml_name, endpoint) in rpc_names.items():
+        if ggml_name == name:
+            name, description, typ = sd_name, endpoint, "gpu"
+            break
+    if typ == "cpu" and free >= total:
+        # ggml's CPU device reports free == total; system memory really free is
+        # /proc/meminfo's MemAvailable (Linux), so use it where it exists.
+        avail = _mem_available()
+        if avail is not None:
+            free = min(avail, total)
+    return Device(name=name, description=description, type=typ, registry=rec["registry"],
+                  free=free, total=total, device_id=rec["device_id"], caps=dict(rec["caps"]))
+
+
+def live_inventory(rpc_servers: Sequence[str] = ()) -> Inventory:
+    """The devices of this process's ggml, after adding ``rpc_servers`` (``host:port``
+    entries, each may be comma-separated), in ggml's enumeration order (RPC last).
+
+    Memory is in bytes; ``free`` of CPU devices is MemAvailable where /proc/meminfo exists.
+    ggml's virtual ``meta`` devices are left out. Raises :class:`RpcError` as
+    :func:`add_rpc_servers` does.
+    """
+    add_rpc_servers(rpc_servers)
+    rpc_names = rpc_device_map()
+    devices = []
+    for rec in _native().list_devices():
+        if rec["type"] not in DEVICE_TYPES:
+            log.debug("skipping ggml device %s of type %s", rec["name"], rec["type"])
+            continue
+        devices.append(_device_from_record(rec, rpc_names))
+    return Inventory.from_devices(devices)
+
+
+def device_memory(name: str) -> tuple[int, int]:
+    """``(free, total)`` bytes of the device with sdplan name ``name``, asked of ggml now
+    (cheap for local devices, one round trip for RPC ones). Raises :class:`InventoryError`
+    for an unknown device."""
+    try:
+        free, total = _native().device_memory(to_ggml_name(name))
+    except ValueError:
+        raise InventoryError(f"no device named {name!r}") from None
+    return int(free), int(total)
+
+
+# --------------------------------------------------------------------------- features
+
+
+def _host_cpu_flags() -> set[str]:
+    """The host CPU's flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def features() -> dict[str, Any]:
+    """What the loaded ggml can do, with warnings when a fast path is missing.
+
+    Returns ``{"ggml_version": str, "rpc": bool, "llamafile": bool,
+    "cpu_features": {name: value}, "registries": [str], "warnings": [str]}``; the CPU
+    features come from the CPU registry's ``ggml_backend_get_features`` proc address.
+    """
+    native = _native()
+    try:
+        cpu = dict(native.backend_features("CPU"))
+    except ValueError:
+        cpu = {}
+    rpc = bool(native.rpc_available())
+    llamafile = cpu.get("LLAMAFILE", "0") not in ("", "0")
+    warnings = []
+    if not rpc:
+        warnings.append(f"ggml lacks the RPC backend (no RPC devices); get it with: "
+                        f"{RPC_INSTALL_COMMAND}")
+    if not llamafile:
+        warnings.append("ggml lacks llamafile's sgemm kernels (CPU sampling about 1.8x "
+                        f"slower); get them with: {RPC_INSTALL_COMMAND}")
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        host = _host_cpu_flags()
+        missing = [f for f, flag in _X86_FAST_PATHS.items() if flag in host and f not in cpu]
+        if missing:
+            warnings.append(f"ggml's CPU backend was built without {', '.join(missing)}, "
+                            "which this CPU has; rebuild libggml-python from source")
+    return {
+        "ggml_version": str(native.ggml_version()),
+        "rpc": rpc,
+        "llamafile": llamafile,
+        "cpu_features": cpu,
+        "registries": [r for r in native.registry_names() if not r.startswith("RPC[")],
+        "warnings": warnings,
+    }
+
+
+# --------------------------------------------------------------------------- backends
+
+
+class BackendManager:
+    """One shared ggml backend per device (spec section 10), released by :meth:`close`.
+
+    Devices are named as in the inventory (``CPU``, ``CUDA0``, ``RPC0``...). Use as a
+    context manager to close on exit. ``native`` is the underlying
+    ``sdplan._ggml.BackendManager`` for native code that takes one.
+    """
+
+    def __init__(self, cpu_threads: int | None = None) -> None:
+        """``cpu_threads``: threads of CPU-like backends; None means ``os.cpu_count()``."""
+        self.native = _native().BackendManager(self._check_threads(
+            os.cpu_count() or 1 if cpu_threads is None else cpu_threads))
+
+    @staticmethod
+    def _check_threads(n: object) -> int:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"cpu_threads must be an int >= 0 (0: ggml's default), got {n!r}")
+        return n
+
+    @property
+    def cpu_threads(self) -> int:
+        """Threads of CPU-like backends; setting it applies to open backends too."""
+        return int(self.native.cpu_threads)
+
+    @cpu_threads.setter
+    def cpu_threads(self, n: int) -> None:
+        self.native.cpu_threads = self._check_threads(n)
+
+    def get(self, device: str) -> Any:
+        """The shared ``sdplan._ggml.Backend`` of ``device`` (sdplan name), created on first
+        use. Raises :class:`InventoryError` for an unknown device and RuntimeError once
+        closed."""
+        try:
+            return self.native.get(to_ggml_name(device))
+        except ValueError:
+            raise InventoryError(f"no device named {device!r}") from None
+
+    def open_devices(self) -> list[str]:
+        """sdplan names of the devices with an open backend, in opening order."""
+        back = {ggml: sd for sd, (ggml, _) in rpc_device_map().items()}
+        return [back.get(n, n) for n in self.native.open_devices()]
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return bool(self.native.closed)
+
+    def close(self) -> None:
+        """Free every backend (idempotent); holders of one see it closed."""
+        self.native.close()
+
+    def __enter__(self) -> BackendManager:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def is_loopback_host(host: str) -> bool:
+    """True when ``host`` (IP literal or name) only means this machine: a loopback
+    address, or a name all of whose addresses are loopback."""
+    value = host.strip().strip("[]")
+    try:
+        return ipaddress.ip_address(value).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(value, None)
+    except OSError:
+        return False
+    addrs = {info[4][0] for info in infos}
+    return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
