@@ -1,0 +1,341 @@
+"""Bounded header readers for ``.safetensors`` and ``.gguf`` model files.
+
+Only headers are read: tensor names, dtypes, shapes, byte sizes and absolute byte offsets.
+No weight byte is touched and no allocation depends on a length the file claims without
+first checking it against the file's real size, so a hostile header (a length beyond the
+file, a tensor claiming terabytes, an array of 2^60 entries) is a
+:class:`~sdplan.core.errors.ModelFileError` naming the file, never a hang or a huge read.
+
+Formats:
+
+- safetensors: 8-byte little-endian header length ``N``, ``N`` bytes of JSON
+  ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}``,
+  then the data region; offsets are relative to the data region.
+- GGUF (versions 2 and 3): magic ``GGUF``, version, tensor count, key/value count,
+  key/value pairs, tensor infos (name, dims in ggml order ``ne0..``, ggml type, offset),
+  padding to ``general.alignment`` (default 32), data. The header is parsed here with
+  ``struct`` on a memory map, using the ``gguf`` package's enums and
+  ``gguf.GGML_QUANT_SIZES`` (block size, bytes per block) for the quant types;
+  ``gguf.GGUFReader`` itself iterates claimed array lengths without a bound, which a
+  hostile file can turn into a hang, so it is only used by the tests as a reference.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sdplan.core.errors import ModelFileError
+
+#: Largest safetensors JSON header accepted (bytes). Real full-size checkpoints need a
+#: few hundred KiB; anything above this is refused before it is read.
+MAX_HEADER_BYTES = 100 * 2**20
+
+#: safetensors dtype -> bytes per element.
+SAFETENSORS_DTYPES: dict[str, int] = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2,
+    "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+    "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+    "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+}
+
+_GGUF_MAGIC = b"GGUF"
+_GGUF_MAX_DIMS = 4
+_GGUF_MAX_NAME = 65536
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as a header describes it.
+
+    Attributes:
+        name: the tensor name in the file.
+        dtype: safetensors dtype (``F16``, ``BF16``...) or ggml type name (``Q4_0``...).
+        shape: numpy order (outermost first) for both formats (GGUF dims are reversed).
+        nbytes: bytes of the tensor's data.
+        offset: absolute byte offset of the data in the file.
+        file: the file path.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    offset: int
+    file: str
+
+
+@dataclass(frozen=True)
+class TensorFile:
+    """A model file's header: its tensors in file order and its string metadata."""
+
+    path: str
+    format: str  # "safetensors" | "gguf"
+    tensors: tuple[TensorInfo, ...]
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all tensors' data."""
+        return sum(t.nbytes for t in self.tensors)
+
+
+def read_tensor_file(path: str | Path) -> TensorFile:
+    """Read the header of a ``.safetensors`` or ``.gguf`` file (format from its magic).
+
+    Raises:
+        ModelFileError: the file is missing, unreadable, of another format (PyTorch pickle,
+            anything else) or its header is malformed, truncated or hostile.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise ModelFileError(p, "is a folder, not a model file")
+    try:
+        with open(p, "rb") as fh:
+            size = _file_size(fh)
+            head = fh.read(8)
+            if head[:4] == _GGUF_MAGIC:
+                return _read_gguf(p, fh, size)
+            if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+                raise ModelFileError(
+                    p, "is a PyTorch pickle checkpoint (.ckpt/.pt); only safetensors and "
+                    "GGUF headers can be read without loading weights")
+            return _read_safetensors(p, fh, size, head)
+    except OSError as exc:
+        raise ModelFileError(p, f"cannot read file: {exc.strerror or exc}") from None
+
+
+def _file_size(fh: object) -> int:
+    import os
+
+    return os.fstat(fh.fileno()).st_size  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------- safetensors
+
+
+class _DuplicateKeyError(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKeyError(k)
+        out[k] = v
+    return out
+
+
+def _read_safetensors(p: Path, fh: object, size: int, head: bytes) -> TensorFile:
+    if size < 8 or len(head) < 8:
+        raise ModelFileError(p, f"truncated: {size} bytes, too short for a safetensors header")
+    (n,) = struct.unpack("<Q", head)
+    if n > size - 8:
+        raise ModelFileError(
+            p, f"not a safetensors or GGUF file: header length {n} bytes is beyond the "
+            f"file ({size} bytes; truncated or another format)")
+    if n > MAX_HEADER_BYTES:
+        raise ModelFileError(p, f"safetensors header of {n} bytes exceeds the "
+                                f"{MAX_HEADER_BYTES} byte limit")
+    if n < 2:
+        raise ModelFileError(p, "not a safetensors file: empty header")
+    raw = fh.read(n)  # type: ignore[attr-defined]
+    if len(raw) != n:
+        raise ModelFileError(p, "truncated: header shorter than its declared length")
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except _DuplicateKeyError as exc:
+        raise ModelFileError(p, f"duplicate tensor name {exc.args[0]!r} in header") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFileError(p, f"not a safetensors or GGUF file: header is not JSON ({exc})"
+                             ) from None
+    if not isinstance(header, dict):
+        raise ModelFileError(p, "not a safetensors file: header is not a JSON object")
+    data_start = 8 + n
+    data_len = size - data_start
+    meta_raw = header.pop("__metadata__", {})
+    metadata = ({str(k): str(v) for k, v in meta_raw.items()}
+                if isinstance(meta_raw, dict) else {})
+    tensors: list[TensorInfo] = []
+    spans: list[tuple[int, int, str]] = []
+    for name, entry in header.items():
+        dtype, shape, begin, end = _check_entry(p, name, entry)
+        if end > data_len:
+            raise ModelFileError(
+                p, f"truncated: tensor {name!r} ends at data byte {end} but the data region "
+                f"holds {data_len} bytes")
+        spans.append((begin, end, name))
+        tensors.append(TensorInfo(name, dtype, shape, end - begin, data_start + begin, str(p)))
+    _check_overlaps(p, spans)
+    return TensorFile(str(p), "safetensors", tuple(tensors), metadata)
+
+
+def _check_entry(p: Path, name: str, entry: object) -> tuple[str, tuple[int, ...], int, int]:
+    if not isinstance(entry, dict):
+        raise ModelFileError(p, f"tensor {name!r}: header entry is not an object")
+    dtype = entry.get("dtype")
+    if dtype not in SAFETENSORS_DTYPES:
+        raise ModelFileError(p, f"tensor {name!r}: unknown dtype {dtype!r}")
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise ModelFileError(p, f"tensor {name!r}: shape {shape!r} is not a list of sizes")
+    offs = entry.get("data_offsets")
+    if (not isinstance(offs, list) or len(offs) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
+            or not 0 <= offs[0] <= offs[1]):
+        raise ModelFileError(p, f"tensor {name!r}: bad data_offsets {offs!r}")
+    count = 1
+    for d in shape:
+        count *= d
+    nbytes = count * SAFETENSORS_DTYPES[dtype]
+    if offs[1] - offs[0] != nbytes:
+        raise ModelFileError(
+            p, f"tensor {name!r}: data_offsets span {offs[1] - offs[0]} bytes but "
+            f"{dtype}{shape} needs {nbytes}")
+    return dtype, tuple(shape), offs[0], offs[1]
+
+
+def _check_overlaps(p: Path, spans: list[tuple[int, int, str]]) -> None:
+    spans.sort()
+    prev_end, prev_name = 0, ""
+    for begin, end, name in spans:
+        if begin < prev_end and end > begin:
+            raise ModelFileError(p, f"tensors {prev_name!r} and {name!r} overlap in the data")
+        if end > prev_end:
+            prev_end, prev_name = end, name
+
+
+# --------------------------------------------------------------------------- GGUF
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from a memory map."""
+
+    def __init__(self, p: Path, buf: mmap.mmap, size: int) -> None:
+        self.p, self.buf, self.size, self.pos = p, buf, size, 0
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise ModelFileError(self.p, f"truncated GGUF header: {what} runs past the end "
+                                         f"of the file ({self.size} bytes)")
+
+    def unpack(self, fmt: str, what: str) -> tuple[int, ...]:
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        vals = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        self.pos += n
+        return vals
+
+    def string(self, what: str, limit: int | None = None) -> str:
+        (n,) = self.unpack("Q", what)
+        if limit is not None and n > limit:
+            raise ModelFileError(self.p, f"GGUF {what} of {n} bytes exceeds {limit}")
+        self.need(n, what)
+        raw = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ModelFileError(self.p, f"GGUF {what} is not UTF-8") from None
+
+
+def _gguf_scalar_sizes() -> dict[int, str]:
+    from gguf import GGUFValueType as T
+
+    return {T.UINT8: "B", T.INT8: "b", T.UINT16: "H", T.INT16: "h", T.UINT32: "I",
+            T.INT32: "i", T.FLOAT32: "f", T.BOOL: "?", T.UINT64: "Q", T.INT64: "q",
+            T.FLOAT64: "d"}
+
+
+def _read_gguf(p: Path, fh: object, size: int) -> TensorFile:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+    scalars = _gguf_scalar_sizes()
+    with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:  # type: ignore[attr-defined]
+        c = _Cursor(p, buf, size)
+        c.pos = 4
+        (version,) = c.unpack("I", "version")
+        if version not in (2, 3):
+            raise ModelFileError(p, f"unsupported GGUF version {version} (expected 2 or 3)")
+        n_tensors, n_kv = c.unpack("QQ", "counts")
+        if n_tensors > (size - c.pos) // 24 or n_kv > (size - c.pos) // 12:
+            raise ModelFileError(p, f"GGUF header claims {n_tensors} tensors and {n_kv} "
+                                    f"key/value pairs, more than the file can hold")
+        metadata: dict[str, str] = {}
+        alignment = 32
+        for _ in range(n_kv):
+            key = c.string("metadata key", _GGUF_MAX_NAME)
+            (vtype,) = c.unpack("I", f"type of {key!r}")
+            value = _gguf_value(c, vtype, key, scalars, GGUFValueType)
+            if key in metadata:
+                raise ModelFileError(p, f"duplicate GGUF metadata key {key!r}")
+            metadata[key] = "" if value is None else str(value)
+            if key == "general.alignment":
+                if not isinstance(value, int) or value <= 0 or value & (value - 1):
+                    raise ModelFileError(p, f"GGUF alignment {value!r} is not a power of two")
+                alignment = value
+        infos: list[tuple[str, tuple[int, ...], str, int, int]] = []
+        seen: set[str] = set()
+        for i in range(n_tensors):
+            name = c.string(f"name of tensor {i}", _GGUF_MAX_NAME)
+            if name in seen:
+                raise ModelFileError(p, f"duplicate tensor name {name!r}")
+            seen.add(name)
+            (n_dims,) = c.unpack("I", f"dims of {name!r}")
+            if n_dims > _GGUF_MAX_DIMS:
+                raise ModelFileError(p, f"tensor {name!r}: {n_dims} dimensions (max 4)")
+            dims = c.unpack("Q" * n_dims, f"dims of {name!r}")
+            (tcode, rel) = c.unpack("IQ", f"type of {name!r}")
+            try:
+                qtype = GGMLQuantizationType(tcode)
+                block, type_size = GGML_QUANT_SIZES[qtype]
+            except (ValueError, KeyError):
+                raise ModelFileError(p, f"tensor {name!r}: unknown ggml type {tcode}") from None
+            count = 1
+            for d in dims:
+                count *= d
+            if dims and dims[0] % block:
+                raise ModelFileError(p, f"tensor {name!r}: row of {dims[0]} is not a multiple "
+                                        f"of the {qtype.name} block size {block}")
+            infos.append((name, tuple(reversed(dims)), qtype.name, rel,
+                          count // block * type_size))
+        data_start = -(-c.pos // alignment) * alignment
+    tensors: list[TensorInfo] = []
+    spans: list[tuple[int, int, str]] = []
+    for name, shape, dtype, rel, nbytes in infos:
+        if data_start + rel + nbytes > size:
+            raise ModelFileError(p, f"truncated: tensor {name!r} ends at byte "
+                                    f"{data_start + rel + nbytes} beyond the file ({size})")
+        spans.append((rel, rel + nbytes, name))
+        tensors.append(TensorInfo(name, dtype, shape, nbytes, data_start + rel, str(p)))
+    _check_overlaps(p, spans)
+    return TensorFile(str(p), "gguf", tuple(tensors), metadata)
+
+
+def _gguf_value(c: _Cursor, vtype: int, key: str, scalars: dict[int, str],
+                T: type) -> object:  # noqa: N803 (the enum type)
+    if vtype in scalars:
+        return c.unpack(scalars[vtype], f"value of {key!r}")[0]
+    if vtype == T.STRING:  # type: ignore[attr-defined]
+        return c.string(f"value of {key!r}")
+    if vtype == T.ARRAY:  # type: ignore[attr-defined]
+        (itype, count) = c.unpack("IQ", f"array {key!r}")
+        if itype in scalars:
+            c.need(count * struct.calcsize(scalars[itype]), f"array {key!r}")
+            c.pos += count * struct.calcsize(scalars[itype])
+            return None
+        if itype == T.STRING:  # type: ignore[attr-defined]
+            c.need(count * 8, f"array {key!r}")  # each string has an 8-byte length
+            for _ in range(count):
+                (n,) = c.unpack("Q", f"array {key!r}")
+                c.need(n, f"array {key!r}")
+                c.pos += n
+            return None
+        raise ModelFileError(c.p, f"GGUF array {key!r} of unsupported item type {itype}")
+    raise ModelFileError(c.p, f"GGUF key {key!r} has unknown value type {vtype}")
