@@ -1,0 +1,149 @@
+"""RPC devices: loopback ``sdplan rpc-server`` processes seen by ``sdplan devices``.
+
+Every client that registers an RPC server runs in a subprocess: ggml aborts a client
+process whose server goes away, and the pytest process must outlive the servers.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import textwrap
+
+import pytest
+from conftest import require_or_skip
+from rpc_util import PYTHON, accepts, free_port, rpc_servers, sdplan_cmd, stop
+from sdplan.core import devices
+from sdplan.core.cli import main
+
+
+@pytest.fixture
+def rpc() -> None:
+    """Skip (or fail under SDPLAN_REQUIRE_RPC=1) when the loaded ggml has no RPC."""
+    if not devices.rpc_available():
+        require_or_skip("the loaded ggml has no RPC backend", "SDPLAN_REQUIRE_RPC")
+
+
+def sdplan(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(sdplan_cmd(*args), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.rpc
+def test_two_servers_appear_as_rpc0_rpc1(rpc: None) -> None:
+    with rpc_servers(2) as (s1, s2):
+        res = sdplan("devices", "--rpc-servers", f"{s1.endpoint},{s2.endpoint}", "--json")
+        assert res.returncode == 0, res.stderr
+        data = json.loads(res.stdout)
+        rpc_devs = [d for d in data["devices"] if d["registry"] == "RPC"]
+        assert [(d["name"], d["description"], d["type"]) for d in rpc_devs] == [
+            ("RPC0", s1.endpoint, "gpu"), ("RPC1", s2.endpoint, "gpu")]
+        cpu = next(d for d in data["devices"] if d["name"] == "CPU")
+        for d in rpc_devs:  # both servers serve this machine's CPU
+            assert d["total"] == cpu["total"]
+            assert 0 < d["free"] <= d["total"]
+        assert data["devices"][-2:] == rpc_devs  # RPC devices come after local ones
+        assert data["features"]["rpc"] is True
+
+
+@pytest.mark.rpc
+def test_same_endpoint_twice_adds_one_device(rpc: None) -> None:
+    with rpc_servers(1) as (s,):
+        res = sdplan("devices", "--json", "--rpc-servers", f"{s.endpoint},{s.endpoint}",
+                     "--rpc-servers", s.endpoint)
+        assert res.returncode == 0, res.stderr
+        names = [d["name"] for d in json.loads(res.stdout)["devices"]]
+        assert names.count("RPC0") == 1 and "RPC1" not in names
+
+
+@pytest.mark.rpc
+def test_backends_and_memory_of_rpc_devices(rpc: None) -> None:
+    """In a client subprocess: the manager shares one backend per RPC device, the backend
+    talks to the right endpoint, and a memory refresh of an RPC device works."""
+    with rpc_servers(2) as (s1, s2):
+        script = textwrap.dedent(f"""
+            import json
+            from sdplan.core import devices
+            names = devices.add_rpc_servers(["{s1.endpoint}", "{s2.endpoint}"])
+            again = devices.add_rpc_servers(["{s2.endpoint}"])
+            with devices.BackendManager(cpu_threads=1) as m:
+                b0, b1 = m.get("RPC0"), m.get("RPC1")
+                out = dict(names=names, again=again, same=m.get("RPC0") is b0,
+                           b0=b0.name, b1=b1.name, open=m.open_devices(),
+                           mem=devices.device_memory("RPC1"))
+            out["closed"] = b0.closed and b1.closed
+            print(json.dumps(out))
+        """)
+        res = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        out = json.loads(res.stdout.strip().splitlines()[-1])
+        assert out["names"] == ["RPC0", "RPC1"] and out["again"] == ["RPC1"]
+        assert out["same"] and out["closed"]
+        assert s1.endpoint in out["b0"] and s2.endpoint in out["b1"]
+        assert out["open"] == ["RPC0", "RPC1"]
+        free, total = out["mem"]
+        assert 0 < free <= total
+
+
+@pytest.mark.rpc
+def test_unreachable_endpoint_is_a_clear_error(rpc: None) -> None:
+    port = free_port()  # nothing listens there
+    endpoint = f"127.0.0.1:{port}"
+    res = sdplan("devices", "--rpc-servers", endpoint)
+    assert res.returncode == 2
+    assert endpoint in res.stderr and "unreachable" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_malformed_endpoint_names_the_input() -> None:
+    with pytest.raises(devices.RpcError, match="'nohost'"):
+        devices.add_rpc_servers(["nohost"])
+
+
+@pytest.mark.rpc
+def test_sigint_stops_server_and_frees_the_port(rpc: None) -> None:
+    with rpc_servers(1) as (s,):
+        assert stop(s, signal.SIGINT) == 0
+        assert not accepts(s.port)
+        out = s.output()
+        assert f"serving device CPU at {s.endpoint}" in out and "stopped" in out
+
+
+@pytest.mark.rpc
+def test_server_processes_are_gone_afterwards(rpc: None) -> None:
+    with rpc_servers(2) as servers:
+        procs = [s.proc for s in servers]
+        assert all(p.poll() is None for p in procs)
+    assert all(p.returncode is not None for p in procs)
+    assert not any(accepts(s.port) for s in servers)
+
+
+@pytest.mark.rpc
+def test_port_in_use_is_reported(rpc: None) -> None:
+    with rpc_servers(1) as (s,):
+        res = sdplan("rpc-server", "--port", str(s.port), "--threads", "1", timeout=30)
+        assert res.returncode == 1
+        assert "already in use" in res.stderr
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.0.2.7", "::"])
+def test_non_loopback_host_is_refused(host: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rpc-server", "--host", host, "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert "non-loopback" in err and "authentication" in err and "--allow-remote" in err
+
+
+def test_without_rpc_commands_say_how_to_get_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(devices, "rpc_available", lambda: False)
+    assert main(["rpc-server", "--port", str(free_port())]) == 2
+    assert devices.RPC_INSTALL_COMMAND in capsys.readouterr().err
+    assert main(["devices", "--rpc-servers", "127.0.0.1:9"]) == 2
+    assert devices.RPC_INSTALL_COMMAND in capsys.readouterr().err
+
+
+def test_loopback_detection() -> None:
+    for host in ("127.0.0.1", "127.3.4.5", "::1", "[::1]", "localhost"):
+        assert devices.is_loopback_host(host), host
+    for host in ("0.0.0.0", "::", "192.168.1.10", "8.8.8.8", "no-such-host.invalid"):
+        assert not devices.is_loopback_host(host), host
