@@ -1,0 +1,185 @@
+"""``sdplan plan``: resolve sd-cli placement flags for a device inventory and show the plan.
+
+With ``--json`` the output is issue 3's contract: the plan's :meth:`Plan.to_json` (plus
+``"fit"`` when a profile and the estimator are available), or on an error exit code 2 and
+``{"ok": false, "error": {"code", "message", "span"}}``. Otherwise readable tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from sdplan.core.errors import PlanError, SdplanError
+from sdplan.core.inventory import Device, Inventory
+from sdplan.core.plan import (
+    MODULES,
+    Plan,
+    PlanWarning,
+    add_placement_arguments,
+    placement_from_namespace,
+    resolve,
+)
+from sdplan.core.profile import Profile
+from sdplan.core.sdcli import MODEL_FLAGS
+
+log = logging.getLogger(__name__)
+GIB = 1 << 30
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``sdplan plan`` on the dispatcher's subparsers."""
+    p = subparsers.add_parser(
+        "plan", help="resolve a device placement and show where everything goes",
+        description="Resolve --backend/--params-backend/--max-vram (as sd-cli spells them) "
+                    "for the live devices or an inventory file, and show the plan.")
+    p.add_argument("--devices", metavar="FILE", help="plan for the devices in this inventory "
+                   "JSON file instead of the live ones")
+    p.add_argument("--profile", metavar="FILE", help="model profile JSON (block sizes) for "
+                   "layer-split ranges")
+    g = p.add_argument_group("model files (as sd-cli spells them)")
+    for key, flags in MODEL_FLAGS.items():
+        g.add_argument(*reversed(flags), dest=key, action="append", metavar="PATH")
+    add_placement_arguments(p)
+    p.add_argument("-W", "--width", type=int, default=512, help="image width (px) for the fit")
+    p.add_argument("-H", "--height", type=int, default=512, help="image height (px)")
+    p.add_argument("-b", "--batch-count", type=int, default=1, help="images per batch")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(run=run)
+    return p
+
+
+def fallback_inventory() -> Inventory:
+    """Just the CPU, sized from ``/proc/meminfo`` (bytes; zeros when unreadable)."""
+    free = total = 0
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            info = {k: v for k, v in (line.split(":", 1) for line in fh if ":" in line)}
+        total = int(info.get("MemTotal", "0 kB").split()[0]) * 1024
+        free = int(info.get("MemAvailable", "0 kB").split()[0]) * 1024
+    except (OSError, ValueError):
+        log.debug("cannot read /proc/meminfo", exc_info=True)
+    cpu = Device("CPU", f"CPU ({os.cpu_count() or 1} threads)", "cpu", "CPU", free, total)
+    return Inventory((cpu,))
+
+
+def _inventory(path: str | None, rpc_servers: tuple[str, ...]) -> tuple[Inventory,
+                                                                          list[PlanWarning]]:
+    if path:
+        return Inventory.load(path), []
+    try:
+        from sdplan.core.devices import live_inventory
+    except ImportError as exc:
+        log.debug("live inventory unavailable: %s", exc)
+        return fallback_inventory(), [PlanWarning(
+            "live_inventory_unavailable", "live device query unavailable; planning for the "
+            "CPU alone (use --devices FILE to plan for other devices)")]
+    return live_inventory(rpc_servers=list(rpc_servers)), []
+
+
+def _profile(args: argparse.Namespace) -> Profile | None:
+    if args.profile:
+        return Profile.load(args.profile)
+    flags = {k: list(getattr(args, k)) for k in MODEL_FLAGS if getattr(args, k, None)}
+    if not flags:
+        return None
+    try:
+        from sdplan.core.checkpoint import profile_from_model_flags
+    except ImportError as exc:
+        raise PlanError("model_files_unsupported", "reading model files is not available in "
+                        f"this build ({exc}); pass --profile FILE instead") from None
+    return profile_from_model_flags(flags)
+
+
+def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
+         args: argparse.Namespace) -> Any:
+    if profile is None:
+        return None
+    try:
+        from sdplan.core.estimate import estimate_plan
+    except ImportError:
+        return None
+    return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
+                         batch=args.batch_count)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Resolve and print; 0 on success, 2 on any sdplan error (JSON error with ``--json``)."""
+    try:
+        placement = placement_from_namespace(args)
+        inventory, extra = _inventory(args.devices, placement.rpc_servers)
+        profile = _profile(args)
+        plan = resolve(placement, inventory, profile)
+        if extra:
+            plan = dataclasses.replace(plan, warnings=extra + plan.warnings)
+        fit = _fit(plan, profile, inventory, args)
+    except SdplanError as exc:
+        err = exc.to_json()
+        err.setdefault("span", None)
+        if args.json:
+            print(json.dumps({"ok": False, "error": err}, indent=1))
+        else:
+            _print_error(exc)
+        return 2
+    if args.json:
+        out = plan.to_json()
+        if fit is not None:
+            out["fit"] = fit.to_json()
+        print(json.dumps(out, indent=1))
+    else:
+        _print_tables(plan, inventory, fit)
+    return 0
+
+
+def _print_error(exc: SdplanError) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(stderr=True)
+    console.print(f"[bold red]error[/] [{exc.code}]: {escape(str(exc))}")
+    if isinstance(exc, PlanError) and exc.text is not None and exc.span is not None:
+        start, end = exc.span
+        console.print(f"  {exc.flag} {escape(exc.text)}", highlight=False)
+        pad = " " * (len(exc.flag or "") + 3 + start)
+        console.print(pad + "^" * max(end - start, 1), style="red", highlight=False)
+
+
+def _print_tables(plan: Plan, inventory: Inventory, fit: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    mods = Table(title="Modules")
+    for col in ("module", "runs on", "weights", "block ranges"):
+        mods.add_column(col)
+    for m in MODULES:
+        mp = plan.modules[m]
+        weights = {"runtime": "follow runtime", "disk": "disk"}.get(mp.params.mode,
+                                                                    str(mp.params.device))
+        ranges = ", ".join(f"{r.device}: {r.first_block}-{r.last_block} "
+                           f"({r.bytes / GIB:.2f} GiB)" for r in mp.ranges)
+        mods.add_row(m, " & ".join(mp.devices), weights, ranges)
+    console.print(mods)
+    devs = Table(title="Devices")
+    for col in ("device", "type", "description", "free GiB", "total GiB", "budget GiB"):
+        devs.add_column(col, justify="right" if "GiB" in col else "left")
+    for d in inventory:
+        b = plan.budgets[d.name]
+        devs.add_row(d.name, d.type, d.description, f"{d.free / GIB:.2f}",
+                     f"{d.total / GIB:.2f}", f"{b / GIB:.2f}" if b else "-")
+    console.print(devs)
+    for w in plan.warnings:
+        console.print(f"[yellow]warning[/] [{w.code}]: {w.message}", highlight=False)
+    if fit is not None:
+        console.print(fit)
+    console.print("Canonical flags:", style="bold")
+    for flag, value in (("--backend", plan.backend), ("--params-backend", plan.params_backend),
+                        ("--max-vram", plan.max_vram)):
+        if value:
+            console.print(f"  {flag} {value}", highlight=False, markup=False)
+    sys.stdout.flush()

@@ -1,0 +1,354 @@
+"""The editable placement: the user's intent, as the strings and flags say it or the GUI edits it.
+
+A :class:`Placement` is a frozen value (undo/redo keep snapshots); every edit returns a new
+one. It is parsed from flag values with :meth:`Placement.from_strings` (syntax errors raise
+:class:`~sdplan.core.errors.PlanError` with spans; device names are checked later by
+:func:`sdplan.core.plan.resolve`, which needs an inventory) and written back with
+:meth:`Placement.to_strings`. The placement held by a resolved plan is canonical (exact
+device names, explicit default); edits on it keep it canonical.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+
+from sdplan.core.assignment import (
+    MODULES,
+    SPLITTABLE,
+    Entry,
+    ParamsValue,
+    Ref,
+    RuntimeValue,
+    Span,
+    format_gib,
+    normalize_module,
+    parse_gib,
+    parse_params_value,
+    parse_runtime_value,
+    split_entries,
+)
+from sdplan.core.errors import PlanError
+
+#: Compatibility flags in the order they are applied, with the ``--backend`` entry each adds.
+COMPAT_BACKEND = (("clip_on_cpu", "te=cpu"), ("vae_on_cpu", "vae=cpu"),
+                  ("control_net_cpu", "controlnet=cpu"))
+
+
+@dataclass(frozen=True)
+class BudgetEntry:
+    """One ``--max-vram`` device entry: ``key`` names a device, ``gib`` in GiB (< 0 = spare)."""
+
+    key: Ref
+    gib: Decimal
+    span: Span | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where every module runs, where its weights live, and the memory budgets.
+
+    Attributes:
+        default: the ``--backend`` default value, or None (the default device).
+        runtime: module -> ``--backend`` value for that module.
+        params_default: the ``--params-backend`` default, or None (follow runtime).
+        params: module -> residency for that module.
+        budget_default: the default ``--max-vram`` in GiB, or None.
+        budgets: per-device ``--max-vram`` entries in written order.
+        stream_layers: ``--stream-layers``.
+        rpc_servers: ``--rpc-servers`` endpoints (``host:port``).
+        deprecated: compatibility flags used (each gives warning ``deprecated_flag``).
+        texts: the joined flag values the spans point into (flag -> text).
+        shadowed: overridden entries, still checked at resolution (spec section 11).
+    """
+
+    default: RuntimeValue | None = None
+    runtime: Mapping[str, RuntimeValue] = field(default_factory=dict)
+    params_default: ParamsValue | None = None
+    params: Mapping[str, ParamsValue] = field(default_factory=dict)
+    budget_default: Decimal | None = None
+    budgets: tuple[BudgetEntry, ...] = ()
+    stream_layers: bool = False
+    rpc_servers: tuple[str, ...] = ()
+    deprecated: tuple[str, ...] = field(default=(), compare=False)
+    texts: Mapping[str, str] = field(default_factory=dict, compare=False)
+    shadowed: tuple[tuple[str, object], ...] = field(default=(), compare=False)
+
+    # ----------------------------------------------------------------- parsing
+    @classmethod
+    def from_strings(cls, backend: str = "", params_backend: str = "", max_vram: str = "", *,
+                     stream_layers: bool = False, rpc_servers: str | Sequence[str] = "",
+                     clip_on_cpu: bool = False, vae_on_cpu: bool = False,
+                     control_net_cpu: bool = False, offload_to_cpu: bool = False) -> Placement:
+        """Parse joined flag values (spec sections 2, 4, 6, 7).
+
+        ``rpc_servers`` is the joined ``host:port,...`` text or a list of endpoints. The
+        compatibility flags prepend their entries (span None) as section 6 says.
+
+        Raises:
+            PlanError: any syntax error of the spec (``unknown_module``,
+                ``invalid_assignment``, ``invalid_device_list``, ``default_in_device_list``,
+                ``disk_not_runtime``, ``params_device_list``, ``invalid_max_vram``).
+        """
+        flags = {"clip_on_cpu": clip_on_cpu, "vae_on_cpu": vae_on_cpu,
+                 "control_net_cpu": control_net_cpu}
+        deprecated = tuple("--" + k.replace("_", "-") for k, on in flags.items() if on)
+        prefix: list[str] = []
+        for name, entry in COMPAT_BACKEND:
+            if flags[name]:
+                prefix.insert(0, entry)
+        shadowed: list[tuple[str, object]] = []
+        default, runtime = _last_wins(
+            split_entries(backend, "--backend", prefix=prefix),
+            lambda e: parse_runtime_value(e, "--backend", backend), "--backend", shadowed)
+        p_default, params = _last_wins(
+            split_entries(params_backend, "--params-backend",
+                          prefix=["*=cpu"] if offload_to_cpu else []),
+            lambda e: parse_params_value(e, "--params-backend", params_backend),
+            "--params-backend", shadowed)
+        b_default, budgets = _parse_max_vram(max_vram)
+        if isinstance(rpc_servers, str):
+            servers = tuple(s.strip() for s in rpc_servers.split(",") if s.strip())
+        else:
+            servers = tuple(s.strip() for s in rpc_servers if s.strip())
+        return cls(default=default, runtime=runtime, params_default=p_default, params=params,
+                   budget_default=b_default, budgets=budgets, stream_layers=stream_layers,
+                   rpc_servers=servers, deprecated=deprecated,
+                   texts={"--backend": backend, "--params-backend": params_backend,
+                          "--max-vram": max_vram},
+                   shadowed=tuple(shadowed))
+
+    @classmethod
+    def from_args(cls, argv: Sequence[str]) -> Placement:
+        """Parse sd-cli placement flags from an argument list (``["--backend", "te=cpu"]``).
+
+        Raises:
+            PlanError: as :meth:`from_strings`; ``invalid_assignment`` for an argument that
+                is not a placement flag or a flag missing its value.
+        """
+        from sdplan.core.sdcli import scan_placement_args
+
+        placement, rest = scan_placement_args(list(argv))
+        if rest:
+            raise PlanError("invalid_assignment", f"not a placement flag: {rest[0]!r}")
+        return placement
+
+    # ----------------------------------------------------------------- writing
+    def to_strings(self) -> dict[str, str]:
+        """The flag values ``{"backend", "params_backend", "max_vram"}``: canonical module
+        names in :data:`MODULES` order, entries equal to the default omitted, device names as
+        held (exact names in a resolved plan's placement), GiB as plain numbers."""
+        parts = [self.default.text()] if self.default is not None else []
+        for m in MODULES:
+            v = self.runtime.get(m)
+            if v is not None and v != self.default:
+                parts.append(f"{m}={v.text()}")
+        pparts = [self.params_default.text()] if self.params_default is not None else []
+        for m in MODULES:
+            pv = self.params.get(m)
+            if pv is None or pv == self.params_default:
+                continue
+            if pv.kind == "runtime":
+                if self.params_default is None:
+                    continue
+                run = self.runtime_of(m)
+                if run is None or len(run.refs) != 1:
+                    continue
+                pv = ParamsValue("device", run.refs[0])
+            pparts.append(f"{m}={pv.text()}")
+        vparts = [format_gib(self.budget_default)] if self.budget_default is not None else []
+        for b in self.budgets:
+            if b.gib != self.budget_default:
+                vparts.append(f"{b.key.text}={format_gib(b.gib)}")
+        return {"backend": ",".join(parts), "params_backend": ",".join(pparts),
+                "max_vram": ",".join(vparts)}
+
+    def runtime_of(self, module: str) -> RuntimeValue | None:
+        """The written runtime value for ``module``: its entry, else the default, else None."""
+        return self.runtime.get(module, self.default)
+
+    # ----------------------------------------------------------------- edits
+    def _plain(self, **changes: object) -> Placement:
+        """A copy with ``changes`` and without parse leftovers (spans, shadowed entries)."""
+        return replace(self, shadowed=(), texts={}, deprecated=(), **changes)  # type: ignore[arg-type]
+
+    def assign(self, module: str, device: str) -> Placement:
+        """Run ``module`` on the single ``device`` (an exact device name)."""
+        m = _module(module)
+        runtime = dict(self.runtime)
+        runtime[m] = RuntimeValue.of(device)
+        return self._plain(runtime=runtime)
+
+    def add_split_device(self, module: str, device: str) -> Placement:
+        """Append ``device`` to the device list of ``diffusion`` or ``te`` (no-op if present).
+
+        Raises:
+            PlanError: ``split_not_supported`` for a module that cannot be split.
+        """
+        m = _module(module)
+        if m not in SPLITTABLE:
+            raise PlanError("split_not_supported", f"module {m} cannot run on several devices "
+                            f"(only {', '.join(SPLITTABLE)} can)")
+        cur = self.runtime_of(m)
+        names = [r.text for r in cur.refs] if cur is not None else []
+        if device not in names:
+            names.append(device)
+        runtime = dict(self.runtime)
+        runtime[m] = RuntimeValue.of(*names)
+        return self._plain(runtime=runtime)
+
+    def remove_split_device(self, module: str, device: str) -> Placement:
+        """Remove ``device`` from ``module``'s device list (no-op if absent or the last one)."""
+        m = _module(module)
+        cur = self.runtime_of(m)
+        if cur is None:
+            return self
+        names = [r.text for r in cur.refs if r.text != device]
+        if not names or len(names) == len(cur.refs):
+            return self
+        runtime = dict(self.runtime)
+        runtime[m] = RuntimeValue.of(*names)
+        return self._plain(runtime=runtime)
+
+    def set_residency(self, module: str, mode: str, device: str | None = None) -> Placement:
+        """Set where ``module``'s weights live: ``runtime``, ``disk`` or ``device`` (``device``
+        names it).
+
+        Raises:
+            PlanError: ``invalid_assignment`` for an unknown mode, a ``device`` mode without a
+                device, or ``runtime`` for a split module while a params default is set
+                (``--params-backend`` cannot express it).
+        """
+        m = _module(module)
+        if mode == "disk":
+            value = ParamsValue("disk")
+        elif mode == "device":
+            if not device:
+                raise PlanError("invalid_assignment", "residency 'device' needs a device name")
+            value = ParamsValue("device", Ref(device))
+        elif mode == "runtime":
+            run = self.runtime_of(m)
+            if self.params_default is not None and run is not None and len(run.refs) > 1:
+                raise PlanError("invalid_assignment", f"{m} runs on several devices; with a "
+                                "--params-backend default its weights cannot follow runtime")
+            value = ParamsValue("runtime")
+        else:
+            raise PlanError("invalid_assignment", f"unknown residency {mode!r} "
+                            "(use runtime, device or disk)")
+        params = dict(self.params)
+        if value == self.params_default or (mode == "runtime" and self.params_default is None):
+            params.pop(m, None)
+        else:
+            params[m] = value
+        return self._plain(params=params)
+
+    def set_budget(self, device: str | None, gib: float | Decimal | str | None) -> Placement:
+        """Set the ``--max-vram`` budget of ``device`` (exact name; None = the default) in GiB
+        (negative = spare, 0 = disabled, None = remove the entry).
+
+        Raises:
+            PlanError: ``invalid_max_vram`` when ``gib`` is not a finite number.
+        """
+        value = None if gib is None else parse_gib(str(gib), "--max-vram", str(gib), None)
+        if device is None:
+            return self._plain(budget_default=value)
+        budgets = tuple(b for b in self.budgets if b.key.text != device)
+        if value is not None:
+            budgets += (BudgetEntry(Ref(device), value),)
+        return self._plain(budgets=budgets)
+
+    def set_default(self, device: str | Sequence[str] | None) -> Placement:
+        """Set the ``--backend`` default (a device name, a list of names, or None)."""
+        if device is None:
+            return self._plain(default=None)
+        names = [device] if isinstance(device, str) else list(device)
+        return self._plain(default=RuntimeValue.of(*names))
+
+    def with_stream_layers(self, on: bool) -> Placement:
+        """Turn ``--stream-layers`` on or off."""
+        return self._plain(stream_layers=bool(on))
+
+    def with_rpc_servers(self, servers: Sequence[str]) -> Placement:
+        """Set the ``--rpc-servers`` endpoints."""
+        return self._plain(rpc_servers=tuple(servers))
+
+
+def _module(key: str) -> str:
+    m = normalize_module(key)
+    if m is None:
+        raise PlanError("unknown_module", f"unknown module {key!r}")
+    return m
+
+
+def _last_wins(entries: list[Entry], parse, flag: str,  # type: ignore[no-untyped-def]
+               shadowed: list[tuple[str, object]]):
+    """Apply "later entry wins" (spec section 2, steps 5-6); overridden values are kept in
+    ``shadowed`` so resolution still checks their device names."""
+    default = None
+    per: dict[str, object] = {}
+    for e in entries:
+        value = parse(e)
+        old = per.get(e.module) if e.module is not None else default
+        if old is not None:
+            shadowed.append((flag, old))
+        if e.module is None:
+            default = value
+        else:
+            per[e.module] = value
+    return default, per
+
+
+def _parse_max_vram(text: str) -> tuple[Decimal | None, tuple[BudgetEntry, ...]]:
+    flag = "--max-vram"
+    default = None
+    budgets = []
+    for e in split_entries(text, flag, error_code="invalid_max_vram", modules=False):
+        gib = parse_gib(e.value, flag, text, e.value_span)
+        if e.key is None or e.key.text.lower() in ("all", "default", "*"):
+            default = gib
+        else:
+            budgets.append(BudgetEntry(e.key, gib, e.span))
+    return default, tuple(budgets)
+
+
+# --------------------------------------------------------------------- argparse glue
+def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add sd-cli's placement flags to ``parser`` (repeatable ones collect in lists)."""
+    g = parser.add_argument_group("placement (as sd-cli spells it)")
+    g.add_argument("--backend", action="append", default=[], metavar="ASSIGN",
+                   help="runtime devices: DEVICE,module=DEVICE[&DEVICE...] (repeats join)")
+    g.add_argument("--params-backend", action="append", default=[], metavar="ASSIGN",
+                   help="weight residency: DEVICE|disk,module=DEVICE|disk (repeats join)")
+    g.add_argument("--max-vram", action="append", default=[], metavar="GIB",
+                   help="budgets in GiB: N,device=N (negative = spare; last one wins)")
+    g.add_argument("--rpc-servers", action="append", default=[], metavar="HOST:PORT,...")
+    g.add_argument("--stream-layers", action="store_true")
+    g.add_argument("--clip-on-cpu", action="store_true", help="deprecated: --backend te=cpu")
+    g.add_argument("--vae-on-cpu", action="store_true", help="deprecated: --backend vae=cpu")
+    g.add_argument("--control-net-cpu", action="store_true",
+                   help="deprecated: --backend controlnet=cpu")
+    g.add_argument("--offload-to-cpu", action="store_true", help="--params-backend *=cpu first")
+
+
+def placement_from_namespace(ns: argparse.Namespace) -> Placement:
+    """The placement of flags added by :func:`add_placement_arguments` (spec section 2.7:
+    ``--backend``, ``--params-backend``, ``--rpc-servers`` join with ``,``; the last
+    ``--max-vram`` wins).
+
+    Raises:
+        PlanError: as :meth:`Placement.from_strings`.
+    """
+    vram = list(getattr(ns, "max_vram", None) or [])
+    return Placement.from_strings(
+        ",".join(getattr(ns, "backend", None) or []),
+        ",".join(getattr(ns, "params_backend", None) or []),
+        vram[-1] if vram else "",
+        stream_layers=bool(getattr(ns, "stream_layers", False)),
+        rpc_servers=",".join(getattr(ns, "rpc_servers", None) or []),
+        clip_on_cpu=bool(getattr(ns, "clip_on_cpu", False)),
+        vae_on_cpu=bool(getattr(ns, "vae_on_cpu", False)),
+        control_net_cpu=bool(getattr(ns, "control_net_cpu", False)),
+        offload_to_cpu=bool(getattr(ns, "offload_to_cpu", False)),
+    )
