@@ -1,0 +1,151 @@
+"""Live inventory and features of the loaded ggml (core/devices.py, native/devices.cpp)."""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+
+import pytest
+import sdplan._ggml as native
+from hypothesis import given
+from hypothesis import strategies as st
+from sdplan.core import devices
+from sdplan.core.cli import main
+from sdplan.core.errors import InventoryError
+from sdplan.core.inventory import Inventory
+
+
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo in bytes."""
+    out = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, rest = line.split(":", 1)
+            out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+needs_meminfo = pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="no /proc/meminfo")
+
+
+@needs_meminfo
+def test_cpu_memory_matches_meminfo() -> None:
+    cpu = devices.live_inventory().get("CPU")
+    mem = meminfo()
+    assert cpu.type == "cpu" and cpu.registry == "CPU"
+    assert abs(cpu.total - mem["MemTotal"]) <= 0.03 * mem["MemTotal"]
+    assert 0 < cpu.free <= cpu.total
+    # free is MemAvailable, which moves a little between the two reads
+    assert abs(cpu.free - mem["MemAvailable"]) <= 0.05 * mem["MemTotal"]
+
+
+def test_inventory_mirrors_ggml_device_list() -> None:
+    inv = devices.live_inventory()
+    raw = native.list_devices()
+    assert inv.names() == [d["name"] for d in raw if d["type"] != "meta"]
+    assert inv.names() == [n for n in native.device_names() if n in inv.names()]
+    for d, r in zip(inv, raw, strict=False):
+        assert (d.description, d.type, d.registry, d.device_id) == (
+            r["description"], r["type"], r["registry"], r["device_id"])
+        assert d.total == r["total"]
+        assert set(d.caps) == {"async", "host_buffer", "buffer_from_host_ptr", "events"}
+
+
+def test_inventory_round_trips_through_json() -> None:
+    inv = devices.live_inventory()
+    assert Inventory.from_json(json.loads(json.dumps(inv.to_json()))) == inv
+
+
+def test_device_memory_refresh() -> None:
+    free, total = devices.device_memory("CPU")
+    assert total == devices.live_inventory().get("CPU").total
+    assert 0 < free <= total
+    with pytest.raises(InventoryError, match="'NoSuchDevice'"):
+        devices.device_memory("NoSuchDevice")
+
+
+def test_features_come_from_the_cpu_registry() -> None:
+    feat = devices.features()
+    cpu = dict(native.backend_features("CPU"))
+    assert feat["cpu_features"] == cpu and cpu  # the CPU registry reports features
+    assert feat["llamafile"] == (cpu.get("LLAMAFILE") == "1")
+    assert feat["rpc"] == native.rpc_available() == ("RPC" in native.registry_names())
+    assert feat["ggml_version"] == native.ggml_version()
+    assert "CPU" in feat["registries"]
+    with pytest.raises(ValueError, match="NoSuchRegistry"):
+        native.backend_features("NoSuchRegistry")
+
+
+def test_missing_fast_paths_are_warned(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.SimpleNamespace(
+        backend_features=lambda reg: [("SSE3", "1")],
+        rpc_available=lambda: False,
+        ggml_version=lambda: "0.0.1",
+        registry_names=lambda: ["CPU"],
+    )
+    monkeypatch.setattr(devices, "_native", lambda: fake)
+    monkeypatch.setattr(devices, "_host_cpu_flags", lambda: {"avx2", "fma"})
+    monkeypatch.setattr(devices.platform, "machine", lambda: "x86_64")
+    feat = devices.features()
+    assert feat["rpc"] is False and feat["llamafile"] is False
+    text = "\n".join(feat["warnings"])
+    assert "RPC backend" in text and "llamafile" in text
+    assert devices.RPC_INSTALL_COMMAND in text
+    assert "AVX2, FMA" in text and "F16C" not in text
+
+
+def test_complete_build_has_no_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.SimpleNamespace(
+        backend_features=lambda reg: [("AVX2", "1"), ("LLAMAFILE", "1")],
+        rpc_available=lambda: True, ggml_version=lambda: "0.0.1",
+        registry_names=lambda: ["RPC", "CPU", "RPC[127.0.0.1:1]"],
+    )
+    monkeypatch.setattr(devices, "_native", lambda: fake)
+    monkeypatch.setattr(devices, "_host_cpu_flags", lambda: {"avx2"})
+    feat = devices.features()
+    assert feat["warnings"] == [] and feat["registries"] == ["RPC", "CPU"]
+
+
+@given(host=st.sampled_from(["127.0.0.1", "localhost", "gpu-box.lan", "::1"]),
+       port=st.integers(1, 65535))
+def test_parse_endpoint_round_trip(host: str, port: int) -> None:
+    text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    assert devices.parse_endpoint(text) == (host, port)
+    assert devices.parse_endpoint(f"  {text} ") == (host, port)
+
+
+@given(port=st.one_of(st.integers(max_value=0), st.integers(min_value=65536)))
+def test_parse_endpoint_rejects_bad_ports(port: int) -> None:
+    with pytest.raises(devices.RpcError, match="host:port"):
+        devices.parse_endpoint(f"127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("text", ["", "127.0.0.1", ":50052", "host:", "host:port", "h:5e3"])
+def test_parse_endpoint_rejects_malformed(text: str) -> None:
+    with pytest.raises(devices.RpcError, match=repr(text).replace("[", r"\[")):
+        devices.parse_endpoint(text)
+
+
+def test_split_endpoints() -> None:
+    assert devices.split_endpoints(["a:1,b:2", " c:3 ,, a:1", ""]) == ["a:1", "b:2", "c:3"]
+    assert devices.split_endpoints([]) == []
+
+
+def test_devices_command_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    inv = Inventory.from_json(data)
+    assert inv.names() == devices.live_inventory().names()
+    assert inv.get("CPU").total == devices.device_memory("CPU")[1]
+    assert set(data["features"]) >= {"ggml_version", "rpc", "llamafile", "cpu_features",
+                                     "warnings"}
+
+
+def test_devices_command_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    cpu = devices.live_inventory().get("CPU")
+    assert "Free GiB" in out and "Total GiB" in out
+    assert "CPU" in out and f"{cpu.total / 1024**3:.1f}" in out
+    assert f"ggml {native.ggml_version()}" in out
