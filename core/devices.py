@@ -352,5 +352,5 @@ def is_loopback_host(host: str) -> bool:
         infos = socket.getaddrinfo(value, None)
     except OSError:
         return False
-    addrs = {info[4][0] for info in infos}
+    addrs = {str(info[4][0]) for info in infos}
     return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
