@@ -179,6 +179,16 @@ def _mem_available() -> int | None:
     return None
 
 
+def _refine_free(typ: str, free: int, total: int) -> int:
+    """ggml's CPU device reports free == total; the system memory really free is
+    /proc/meminfo's MemAvailable (Linux), so CPU devices use it where it exists."""
+    if typ == "cpu" and free >= total:
+        avail = _mem_available()
+        if avail is not None:
+            return min(avail, total)
+    return free
+
+
 def _device_from_record(rec: dict[str, Any], rpc_names: dict[str, tuple[str, str]]) -> Device:
     name, description, typ = rec["name"], rec["description"], rec["type"]
     free, total = int(rec["free"]), int(rec["total"])
@@ -186,12 +196,7 @@ def _device_from_record(rec: dict[str, Any], rpc_names: dict[str, tuple[str, str
         if ggml_name == name:
             name, description, typ = sd_name, endpoint, "gpu"
             break
-    if typ == "cpu" and free >= total:
-        # ggml's CPU device reports free == total; system memory really free is
-        # /proc/meminfo's MemAvailable (Linux), so use it where it exists.
-        avail = _mem_available()
-        if avail is not None:
-            free = min(avail, total)
+    free = _refine_free(typ, free, total)
     return Device(name=name, description=description, type=typ, registry=rec["registry"],
                   free=free, total=total, device_id=rec["device_id"], caps=dict(rec["caps"]))
 
@@ -217,13 +222,17 @@ def live_inventory(rpc_servers: Sequence[str] = ()) -> Inventory:
 
 def device_memory(name: str) -> tuple[int, int]:
     """``(free, total)`` bytes of the device with sdplan name ``name``, asked of ggml now
-    (cheap for local devices, one round trip for RPC ones). Raises :class:`InventoryError`
-    for an unknown device."""
+    (cheap for local devices, one round trip for RPC ones); CPU devices' ``free`` is
+    MemAvailable as in :func:`live_inventory`. Raises :class:`InventoryError` for an
+    unknown device."""
+    native = _native()
+    ggml_name = to_ggml_name(name)
     try:
-        free, total = _native().device_memory(to_ggml_name(name))
+        free, total = native.device_memory(ggml_name)
+        typ = str(native.device_type(ggml_name))
     except ValueError:
         raise InventoryError(f"no device named {name!r}") from None
-    return int(free), int(total)
+    return _refine_free(typ, int(free), int(total)), int(total)
 
 
 # --------------------------------------------------------------------------- features

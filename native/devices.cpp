@@ -125,6 +125,12 @@ void register_devices(nb::module_ &m) {
     "``(free, total)`` memory in bytes of the device with this exact ggml name; cheap for\n"
     "local devices, one round trip for RPC devices. Raises ValueError for an unknown name.");
 
+    m.def("device_type", [](const std::string &name) {
+        return std::string(type_name(ggml_backend_dev_type(find_device(name))));
+    }, nb::arg("name"),
+    "Type (``cpu``/``gpu``/``igpu``/``accel``/``meta``) of the device with this exact ggml\n"
+    "name, without any memory query. Raises ValueError for an unknown name.");
+
     m.def("registry_names", []() {
         std::vector<std::string> names;
         ensure_backends_loaded();
