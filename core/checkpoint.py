@@ -62,9 +62,11 @@ BLOCK_SEGMENTS = ("transformer_blocks", "joint_blocks", "double_blocks", "single
 _BLOCK_RE = re.compile(r"(?:^|\.)(" + "|".join(BLOCK_SEGMENTS) + r")\.(\d+)(?=\.|$)")
 _UNET_RE = re.compile(
     r"(?:^|\.)(input_blocks|output_blocks|middle_block|down_blocks|up_blocks|mid_block)\.")
-#: Names sd-cli converts before its block rule sees them: diffusers Flux single blocks
-#: and llama.cpp-named GGUF encoders (``blk.N``).
+#: Names sd-cli converts to its own before its block rule sees them: diffusers Flux
+#: single blocks, OpenCLIP ``transformer.resblocks.N`` (-> ``encoder.layers.N``) and
+#: llama.cpp-named GGUF encoders (``blk.N``).
 _SDCLI_RENAMES = ((re.compile(r"(^|\.)single_transformer_blocks\."), r"\1single_blocks."),
+                  (re.compile(r"(^|\.)resblocks\."), r"\1layers."),
                   (re.compile(r"(^|\.)blk\."), r"\1layers."))
 
 # (prefix, module, encoder or None); the first matching prefix wins.
@@ -247,7 +249,8 @@ def block_of(name: str) -> tuple[int, int] | None:
     ``.`` or the end decides; names under a UNet stage (``input_blocks.``,
     ``down_blocks.``...) are never block tensors. The rank orders segments as they execute
     (Flux: ``double_blocks`` before ``single_blocks``). sd-cli's renames of diffusers Flux
-    ``single_transformer_blocks`` and llama.cpp ``blk`` names apply first.
+    ``single_transformer_blocks``, OpenCLIP ``resblocks`` and llama.cpp ``blk`` names
+    apply first.
     """
     for pattern, repl in _SDCLI_RENAMES:
         name = pattern.sub(repl, name)

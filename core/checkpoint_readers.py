@@ -99,7 +99,8 @@ def read_tensor_file(path: str | Path) -> TensorFile:
             head = fh.read(8)
             if head[:4] == _GGUF_MAGIC:
                 return _read_gguf(p, fh, size)
-            if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+            if head[:4] == b"PK\x03\x04" or (head[:1] == b"\x80" and n > size - 8):
                 raise ModelFileError(
                     p, "is a PyTorch pickle checkpoint (.ckpt/.pt); only safetensors and "
                     "GGUF headers can be read without loading weights")
@@ -226,7 +227,7 @@ class _Cursor:
                                          f"of the file ({self.size} bytes)")
 
     def unpack(self, fmt: str, what: str) -> tuple[int, ...]:
-        n = struct.calcsize(fmt)
+        n = struct.calcsize("<" + fmt)
         self.need(n, what)
         vals = struct.unpack_from("<" + fmt, self.buf, self.pos)
         self.pos += n
@@ -327,8 +328,8 @@ def _gguf_value(c: _Cursor, vtype: int, key: str, scalars: dict[int, str],
     if vtype == T.ARRAY:  # type: ignore[attr-defined]
         (itype, count) = c.unpack("IQ", f"array {key!r}")
         if itype in scalars:
-            c.need(count * struct.calcsize(scalars[itype]), f"array {key!r}")
-            c.pos += count * struct.calcsize(scalars[itype])
+            c.need(count * struct.calcsize("<" + scalars[itype]), f"array {key!r}")
+            c.pos += count * struct.calcsize("<" + scalars[itype])
             return None
         if itype == T.STRING:  # type: ignore[attr-defined]
             c.need(count * 8, f"array {key!r}")  # each string has an 8-byte length
