@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
-
 from sdplan.core.checkpoint import (
     block_of,
     profile_from_model_flags,
