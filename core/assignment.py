@@ -15,7 +15,7 @@ import difflib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Context, Decimal
 
 from sdplan.core.errors import PlanError
 from sdplan.core.inventory import Device, Inventory
@@ -242,26 +242,38 @@ def parse_gib(value: str, flag: str, text: str, span: Span | None) -> Decimal:
     if not _NUMBER.fullmatch(value):
         raise PlanError("invalid_max_vram", f"{flag}: '{value}' is not a number of GiB "
                         "(write GiB as a plain number, e.g. 6.5)", flag=flag, text=text, span=span)
-    return Decimal(value)
+    return clamp_gib(Decimal(value))
+
+
+#: Largest and smallest magnitudes kept; beyond them budgets are clamped (still exact bytes).
+_GIB_MAX = Decimal(MAX_BUDGET_BYTES) / GIB
+_GIB_MIN = Decimal("1e-20")
+_CTX = Context(prec=28)  # fixed, so a caller's decimal context cannot change budgets
+
+
+def clamp_gib(gib: Decimal) -> Decimal:
+    """``gib`` rounded to 28 digits with its magnitude clamped into [1e-20, 2^32] GiB (zero
+    stays zero), so absurd exponents cannot overflow later arithmetic."""
+    if gib == 0:
+        return Decimal(0)
+    mag = gib.copy_abs()
+    if _GIB_MIN <= mag <= _GIB_MAX:
+        return _CTX.plus(gib)  # rounds to 28 digits, so writing it back is exact
+    bound = _GIB_MAX if mag > _GIB_MAX else _GIB_MIN
+    return bound.copy_negate() if gib < 0 else bound
 
 
 def gib_to_bytes(gib: Decimal) -> int:
-    """``gib`` * 2^30 rounded toward zero, clamped to +-:data:`MAX_BUDGET_BYTES`."""
-    limit = Decimal(MAX_BUDGET_BYTES) / GIB
-    if gib >= limit:
-        return MAX_BUDGET_BYTES
-    if gib <= -limit:
-        return -MAX_BUDGET_BYTES
-    if abs(gib) < Decimal("1e-12"):
-        return 0
-    return int(gib * GIB)
+    """``gib`` * 2^30 bytes rounded toward zero, clamped to +-:data:`MAX_BUDGET_BYTES`."""
+    gib = clamp_gib(gib)
+    return max(-MAX_BUDGET_BYTES, min(MAX_BUDGET_BYTES, int(_CTX.multiply(gib, GIB))))
 
 
 def format_gib(gib: Decimal) -> str:
     """Canonical text of a GiB number: plain decimal, no ``+``, no trailing zeros."""
     if gib == 0:
         return "0"
-    norm = gib.normalize()
+    norm = gib.normalize(_CTX)
     exp = norm.as_tuple().exponent
     if isinstance(exp, int) and -20 <= exp <= 20:
         return format(norm, "f")

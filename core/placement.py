@@ -154,8 +154,8 @@ class Placement:
                 if self.params_default is None:
                     continue
                 run = self.runtime_of(m)
-                if run is None or len(run.refs) != 1:
-                    continue
+                if run is None or (len(run.refs) != 1 and m in SPLITTABLE):
+                    continue  # not expressible: resolution treats it as the params default
                 pv = ParamsValue("device", run.refs[0])
             pparts.append(f"{m}={pv.text()}")
         vparts = [format_gib(self.budget_default)] if self.budget_default is not None else []

@@ -334,7 +334,7 @@ def _budgets(pl: Placement, idx: DeviceIndex, inventory: Inventory,
             spare = d.free + gib_to_bytes(gib)
             if spare <= 0:
                 warnings.append(PlanWarning("max_vram_disabled", f"{d.name}: {d.free / GIB:.2f} "
-                                            f"GiB free minus {-gib} GiB spare leaves nothing; "
+                                            f"GiB free minus {gib.copy_abs()} GiB spare leaves nothing; "
                                             "no budget"))
             out[d.name] = max(spare, 0)
     return out, per
@@ -396,9 +396,15 @@ def _canonical(pl: Placement, idx: DeviceIndex, default_list: list[str],
 
     budgets = tuple(BudgetEntry(Ref(d.name), per[d.name]) for d in idx.inventory
                     if d.name in per)
-    return Placement(default=RuntimeValue.of(*default_list),
-                     runtime={m: run(pl.runtime[m]) for m in MODULES if m in pl.runtime},
-                     params_default=par(pl.params_default) if pl.params_default else None,
-                     params={m: par(pl.params[m]) for m in MODULES if m in pl.params},
-                     budget_default=pl.budget_default, budgets=budgets,
+    default = RuntimeValue.of(*default_list)
+    p_default = par(pl.params_default) if pl.params_default else None
+    runtime = {m: run(pl.runtime[m]) for m in MODULES if m in pl.runtime}
+    params = {m: par(pl.params[m]) for m in MODULES if m in pl.params}
+    return Placement(default=default,
+                     runtime={m: v for m, v in runtime.items() if v != default},
+                     params_default=p_default,
+                     params={m: v for m, v in params.items() if v != p_default and not (
+                         v.kind == "runtime" and p_default is None)},
+                     budget_default=pl.budget_default,
+                     budgets=tuple(b for b in budgets if b.gib != pl.budget_default),
                      stream_layers=pl.stream_layers, rpc_servers=pl.rpc_servers)
