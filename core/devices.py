@@ -18,7 +18,10 @@ import ipaddress
 import logging
 import os
 import platform
+import re
 import socket
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from types import ModuleType, TracebackType
 from typing import Any
@@ -117,12 +120,49 @@ def check_endpoint(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
         ) from None
 
 
+_PROBE_SCRIPT = """
+import sys
+from sdplan._ggml import rpc_add_server
+for endpoint in sys.argv[1:]:
+    rpc_add_server(endpoint)
+    print(endpoint, flush=True)
+"""
+
+
+def probe_rpc_servers(endpoints: Sequence[str], timeout: float = 30.0) -> None:
+    """Handshake with each endpoint in a throwaway subprocess before this process
+    registers it: ggml aborts the process it runs in when a peer is not a ggml RPC server
+    of the same protocol version, so that abort must happen elsewhere.
+
+    Raises :class:`RpcError` naming the first endpoint that fails, with ggml's reason.
+    """
+    if not endpoints:
+        return
+    try:
+        res = subprocess.run([sys.executable, "-c", _PROBE_SCRIPT, *endpoints],
+                             capture_output=True, text=True, timeout=timeout,
+                             stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise RpcError(f"RPC servers {', '.join(endpoints)} did not answer the ggml RPC "
+                       f"handshake within {timeout:.0f} s") from None
+    if res.returncode == 0:
+        return
+    done = set(res.stdout.split())
+    failed = next((ep for ep in endpoints if ep not in done), endpoints[-1])
+    reasons = re.findall(r"\.cpp:\d+: (.+)|(RuntimeError: .+)", res.stderr)
+    reason = next((a or b for a, b in reasons), f"exit code {res.returncode}")
+    raise RpcError(f"RPC server {failed} does not answer as a ggml RPC server of this "
+                   f"ggml's protocol ({reason.strip()}); is it `sdplan rpc-server` or "
+                   "`rpc-server` from the same ggml version?")
+
+
 def add_rpc_servers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_S) -> list[str]:
     """Add ggml RPC servers so their devices join the inventory; returns the sdplan names
     (``RPC0``...) of every device the given endpoints expose, in order.
 
-    Each endpoint is checked with :func:`check_endpoint` first. Adding an endpoint twice
-    adds nothing. Raises :class:`RpcError` when ggml lacks RPC, an endpoint is malformed or
+    Each new endpoint is first checked with :func:`check_endpoint` (TCP) and
+    :func:`probe_rpc_servers` (RPC handshake in a subprocess), so a bad endpoint is an
+    error, not an abort of this process. Adding an endpoint twice adds nothing. Raises :class:`RpcError` when ggml lacks RPC, an endpoint is malformed or
     unreachable, or a server exposes no devices.
     """
     endpoints = split_endpoints(endpoints)
@@ -133,10 +173,11 @@ def add_rpc_servers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_S
     for endpoint in endpoints:
         parse_endpoint(endpoint)
     known = {ep for ep, _ in native.rpc_servers()}
-    for endpoint in endpoints:
-        if endpoint in known:
-            continue
+    new = [ep for ep in endpoints if ep not in known]
+    for endpoint in new:
         check_endpoint(endpoint, timeout)
+    probe_rpc_servers(new)
+    for endpoint in new:
         try:
             names = native.rpc_add_server(endpoint)
         except RuntimeError as exc:

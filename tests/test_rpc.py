@@ -6,10 +6,13 @@ process whose server goes away, and the pytest process must outlive the servers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
 import subprocess
 import textwrap
+import threading
 
 import pytest
 from conftest import require_or_skip
@@ -92,6 +95,29 @@ def test_unreachable_endpoint_is_a_clear_error(rpc: None) -> None:
     res = sdplan("devices", "--rpc-servers", endpoint)
     assert res.returncode == 2
     assert endpoint in res.stderr and "unreachable" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.rpc
+def test_non_rpc_peer_is_an_error_not_an_abort(rpc: None) -> None:
+    """A port that accepts TCP but does not speak ggml RPC (here: a fake HTTP reply)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer_http() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                with conn:
+                    conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+
+    threading.Thread(target=answer_http, daemon=True).start()
+    try:
+        res = sdplan("devices", "--rpc-servers", f"127.0.0.1:{port}")
+    finally:
+        listener.close()
+    assert res.returncode == 2
+    assert f"127.0.0.1:{port} does not answer as a ggml RPC server" in res.stderr
     assert "Traceback" not in res.stderr
 
 
