@@ -173,3 +173,17 @@ def test_loopback_detection() -> None:
         assert devices.is_loopback_host(host), host
     for host in ("0.0.0.0", "::", "192.168.1.10", "8.8.8.8", "no-such-host.invalid"):
         assert not devices.is_loopback_host(host), host
+
+
+@pytest.mark.rpc
+def test_rpc_server_unknown_device_lists_choices(
+        rpc: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rpc-server", "--port", str(free_port()), "--device", "NoSuchDevice"]) == 2
+    err = capsys.readouterr().err
+    assert "'NoSuchDevice'" in err and "CPU" in err
+
+
+@pytest.mark.parametrize("args", [["--port", "0"], ["--port", "70000"], ["--threads", "0"]])
+def test_rpc_server_bad_numbers(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rpc-server", *args]) == 2
+    assert args[0] in capsys.readouterr().err
