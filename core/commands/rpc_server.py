@@ -12,6 +12,7 @@ with ``os._exit``, since ggml's accept loop has no way to be stopped.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -117,4 +118,16 @@ def run(args: argparse.Namespace) -> int:
         print("sdplan rpc-server: stopped", flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
+    _flush_c_stdio()
     os._exit(code)
+
+
+def _flush_c_stdio() -> None:
+    """Flush C stdio, where ggml's server prints its banner (lost on ``os._exit``
+    otherwise when stdout is a file or pipe)."""
+    import ctypes
+    import ctypes.util
+
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+        libc.fflush(None)
