@@ -74,12 +74,13 @@ def _inventory(path: str | None, rpc_servers: tuple[str, ...]) -> tuple[Inventor
         return Inventory.load(path), []
     try:
         from sdplan.core.devices import live_inventory
-    except ImportError as exc:
+
+        return live_inventory(rpc_servers=list(rpc_servers)), []
+    except ImportError as exc:  # the devices module or the native extension is missing
         log.debug("live inventory unavailable: %s", exc)
         return fallback_inventory(), [PlanWarning(
-            "live_inventory_unavailable", "live device query unavailable; planning for the "
-            "CPU alone (use --devices FILE to plan for other devices)")]
-    return live_inventory(rpc_servers=list(rpc_servers)), []
+            "live_inventory_unavailable", f"live device query unavailable ({exc}); planning "
+            "for the CPU alone (use --devices FILE to plan for other devices)")]
 
 
 def _profile(args: argparse.Namespace) -> Profile | None:
@@ -141,7 +142,7 @@ def _print_error(exc: SdplanError) -> None:
     from rich.markup import escape
 
     console = Console(stderr=True)
-    console.print(f"[bold red]error[/] [{exc.code}]: {escape(str(exc))}")
+    console.print(f"[bold red]error[/] {escape(f'[{exc.code}]')}: {escape(str(exc))}")
     if isinstance(exc, PlanError) and exc.text is not None and exc.span is not None:
         start, end = exc.span
         console.print(f"  {exc.flag} {escape(exc.text)}", highlight=False)
@@ -151,6 +152,7 @@ def _print_error(exc: SdplanError) -> None:
 
 def _print_tables(plan: Plan, inventory: Inventory, fit: Any) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -163,18 +165,19 @@ def _print_tables(plan: Plan, inventory: Inventory, fit: Any) -> None:
                                                                     str(mp.params.device))
         ranges = ", ".join(f"{r.device}: {r.first_block}-{r.last_block} "
                            f"({r.bytes / GIB:.2f} GiB)" for r in mp.ranges)
-        mods.add_row(m, " & ".join(mp.devices), weights, ranges)
+        mods.add_row(m, " & ".join(mp.devices), escape(weights), escape(ranges))
     console.print(mods)
     devs = Table(title="Devices")
     for col in ("device", "type", "description", "free GiB", "total GiB", "budget GiB"):
         devs.add_column(col, justify="right" if "GiB" in col else "left")
     for d in inventory:
         b = plan.budgets[d.name]
-        devs.add_row(d.name, d.type, d.description, f"{d.free / GIB:.2f}",
+        devs.add_row(escape(d.name), d.type, escape(d.description), f"{d.free / GIB:.2f}",
                      f"{d.total / GIB:.2f}", f"{b / GIB:.2f}" if b else "-")
     console.print(devs)
     for w in plan.warnings:
-        console.print(f"[yellow]warning[/] [{w.code}]: {w.message}", highlight=False)
+        console.print(f"[yellow]warning[/] {escape(f'[{w.code}]')}: {escape(w.message)}",
+                      highlight=False)
     if fit is not None:
         console.print(fit)
     console.print("Canonical flags:", style="bold")
