@@ -322,7 +322,8 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--params-backend", action="append", default=[], metavar="ASSIGN",
                    help="weight residency: DEVICE|disk,module=DEVICE|disk (repeats join)")
     g.add_argument("--max-vram", action="append", default=[], metavar="GIB",
-                   help="budgets in GiB: N,device=N (negative = spare; last one wins)")
+                   help="budgets in GiB: N,device=N (negative = spare; last one wins; "
+                        "write --max-vram=-1,cuda0=4 when the value starts with '-')")
     g.add_argument("--rpc-servers", action="append", default=[], metavar="HOST:PORT,...")
     g.add_argument("--stream-layers", action="store_true")
     g.add_argument("--clip-on-cpu", action="store_true", help="deprecated: --backend te=cpu")

@@ -336,3 +336,48 @@ def test_command_without_devices_falls_back_to_cpu(monkeypatch, capsys) -> None:
     assert out["budgets"].keys() == {"CPU"}
     assert out["warnings"][0]["code"] == "live_inventory_unavailable"
     assert plan_cmd.fallback_inventory().devices[0].total > 0
+
+
+def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -> None:
+    import sys
+    import types
+
+    inv_file = tmp_path / "inv.json"
+    inv_file.write_text(json.dumps(INV.to_json()))
+    seen: dict = {}
+
+    def fake_profile(flags):
+        seen["flags"] = flags
+        return Profile({"diffusion": ModuleProfile((GIB,) * 4, 0)})
+
+    class Fit:
+        def __init__(self, **kw: object) -> None:
+            self.kw = kw
+
+        def to_json(self) -> dict:
+            return {"fits": True, **self.kw}
+
+    def fake_estimate(plan, profile, inventory, *, width, height, batch):
+        assert plan.modules["diffusion"].ranges and inventory == INV
+        return Fit(width=width, height=height, batch=batch)
+
+    checkpoint = types.ModuleType("sdplan.core.checkpoint")
+    checkpoint.profile_from_model_flags = fake_profile  # type: ignore[attr-defined]
+    estimate = types.ModuleType("sdplan.core.estimate")
+    estimate.estimate_plan = fake_estimate  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sdplan.core.checkpoint", checkpoint)
+    monkeypatch.setitem(sys.modules, "sdplan.core.estimate", estimate)
+    assert cli.main(["plan", "--devices", str(inv_file), "--diffusion-model", "f.gguf",
+                     "--clip_l", "c.sft", "--t5xxl", "t.gguf", "--backend",
+                     "diffusion=cuda0&cuda1", "-W", "768", "-b", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert seen["flags"] == {"diffusion_model": ["f.gguf"], "clip_l": ["c.sft"],
+                             "t5xxl": ["t.gguf"]}
+    assert out["fit"] == {"fits": True, "width": 768, "height": 512, "batch": 2}
+    assert [r["device"] for r in out["modules"]["diffusion"]["ranges"]] == ["CUDA0", "CUDA1"]
+    monkeypatch.setitem(sys.modules, "sdplan.core.estimate", None)
+    assert cli.main(["plan", "--devices", str(inv_file), "-m", "m.sft", "--json"]) == 0
+    assert "fit" not in json.loads(capsys.readouterr().out)
+    monkeypatch.setitem(sys.modules, "sdplan.core.checkpoint", None)
+    assert cli.main(["plan", "--devices", str(inv_file), "-m", "m.sft", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "model_files_unsupported"

@@ -74,7 +74,7 @@ def same_plan(a: Plan, b: Plan) -> None:
     assert keep == [w for w in b.warnings if w.code not in INPUT_ONLY_WARNINGS]
 
 
-def from_plan_strings(plan: Plan, **extra: object) -> Placement:
+def from_plan_strings(plan: Plan) -> Placement:
     return Placement.from_strings(plan.backend, plan.params_backend, plan.max_vram,
                                   stream_layers=plan.stream_layers,
                                   rpc_servers=list(plan.rpc_servers))
