@@ -1,0 +1,244 @@
+"""Memory estimate of a resolved plan: per module and device, against free memory and budgets.
+
+Three parts per module and device (bytes):
+
+- **weights** (resident between uses): residency ``runtime`` puts the module on its
+  runtime device (a split module: each range's blocks on its device, the non-block bytes on
+  the main device); ``device`` puts all of it on the params device; ``disk`` nothing.
+- **staging** (while the module runs): with ``device`` or ``disk`` residency the weights
+  are copied to the runtime device(s): each range's blocks to its device plus the non-block
+  bytes to the main device, or the whole module on a single device. With a ``--max-vram``
+  budget on a single runtime device and blocks to cut at, only the non-block bytes plus the
+  largest segment are there at once (segments are packed in block order so that non-block
+  bytes + segment + compute fit the budget; a block larger than that is one segment).
+- **compute**: the graph's compute buffer, estimated from the architecture below. A split
+  module needs it on each of its devices (each runs whole layers).
+
+A device's total is its resident weights of every module plus the largest
+``staging + compute`` of one module, because sd-cli runs the modules one after another.
+
+Compute-buffer formula (bytes, F32 activations, no flash attention)::
+
+    compute = batch * 4 * (heads * N**2 + K * N * D)
+
+with ``N`` the tokens of the largest attention, ``heads`` its heads, ``D`` the widest
+activation (the MLP width, 4x the hidden size or channels) and ``K = 4`` live activations
+of that width (block input, MLP up-projection, its activation, residual). For
+UNets ``N`` is the latent size ``(H/8)*(W/8)`` at the first level with attention (SDXL:
+one level down, ``/4``); for DiTs ``N = (H/16)*(W/16) + text tokens``; for text encoders
+``N`` is the context length; for VAE decoding the mid-block attention at latent size (one
+head) plus ``K`` feature maps of 128 channels at image size; for ESRGAN ``K`` maps of 64
+channels at image size. Constants are the published model configurations (Flux: hidden
+3072, 24 heads, 512 T5 tokens (schnell 256); SD3-medium: 1536, 24 heads, 333 tokens;
+SD3.5-large: 2432, 38 heads; SD1: 320 channels, 8 heads; SD2: 320 channels, 5 heads;
+SDXL: 640 channels, 10 heads; T5-XXL: 64 heads, 10240 MLP, 512 tokens; CLIP-L/H/G:
+12/16/20 heads, 3072/4096/5120 MLP, 77 tokens). ``K = 4`` is a rule of thumb for a block's
+live tensors; the engine's measured figure is the reference this estimate is checked
+against. Unknown architectures use a quarter of the module's weights at 512x512, scaled by
+pixels and batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sdplan.core.inventory import Inventory
+from sdplan.core.profile import ModuleProfile, Profile
+
+GIB = 1 << 30
+_K = 4
+_F32 = 4
+
+# family -> (heads, width D, tokens rule): DiT tokens = latent/4 + text; UNet = latent / div
+_DIT = {"flux": (24, 3072, 512), "flux-schnell": (24, 3072, 256), "sd3": (24, 1536, 333),
+        "sd3-large": (38, 2432, 333)}
+_UNET = {"sd1": (8, 320, 1), "sd2": (5, 320, 1), "sdxl": (10, 640, 4)}
+# encoder -> (heads, MLP width, tokens)
+_TE = {"t5xxl": (64, 10240, 512), "llm": (28, 18944, 512), "clip_l": (12, 3072, 77),
+       "clip_h": (16, 4096, 77), "clip_g": (20, 5120, 77)}
+
+
+@dataclass(frozen=True)
+class ModuleEstimate:
+    """One module's bytes per device (see module docstring for the parts)."""
+
+    module: str
+    mode: str
+    devices: tuple[str, ...]
+    weights: dict[str, int] = field(default_factory=dict)
+    staging: dict[str, int] = field(default_factory=dict)
+    compute: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {"mode": self.mode, "devices": list(self.devices), "weights": self.weights,
+                "staging": self.staging, "compute": self.compute}
+
+
+@dataclass(frozen=True)
+class DeviceTotals:
+    """A device's estimate in bytes; ``budget`` 0 means none."""
+
+    device: str
+    weights: int
+    staging: int
+    compute: int
+    total: int
+    free: int
+    budget: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"weights": self.weights, "staging": self.staging, "compute": self.compute,
+                "total": self.total, "free": self.free, "budget": self.budget}
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """Per-device totals, per-module figures and the verdict with its reasons."""
+
+    devices: dict[str, DeviceTotals]
+    modules: dict[str, ModuleEstimate]
+    fits: bool
+    reasons: list[str]
+    width: int
+    height: int
+    batch: int
+
+    def to_json(self) -> dict[str, object]:
+        """JSON form (bytes) for ``sdplan plan --json`` under ``"fit"``."""
+        return {"fits": self.fits, "reasons": list(self.reasons), "width": self.width,
+                "height": self.height, "batch": self.batch,
+                "devices": {d: t.to_json() for d, t in self.devices.items()},
+                "modules": {m: e.to_json() for m, e in self.modules.items()}}
+
+
+def _attn(batch: int, heads: int, tokens: int, width: int) -> int:
+    return batch * _F32 * (heads * tokens * tokens + _K * tokens * width)
+
+
+def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
+                  width: int, height: int, batch: int) -> int:
+    """Compute-buffer estimate in bytes of one module (formula in the module docstring).
+
+    Args:
+        module: module name (``diffusion``, ``te``, ``vae``...).
+        mp: the module's weight sizes (unknown architectures scale from them).
+        architecture: the profile's architecture name (``flux-dev``, ``sdxl``...) or None.
+        width, height: image size in pixels; batch: images per run.
+    """
+    arch = architecture or "unknown"
+    family = arch.split("-")[0]
+    latent = (height // 8) * (width // 8)
+    pixels = width * height
+    if module in ("diffusion", "controlnet"):
+        key = arch if arch in _DIT else family
+        if key in _DIT:
+            heads, dim, text = _DIT[key]
+            return _attn(batch, heads, latent // 4 + text, 4 * dim)
+        if family in _UNET:
+            heads, ch, div = _UNET[family]
+            return _attn(batch, heads, latent // div, 4 * ch)
+    elif module == "te":
+        encs = [e for e in (mp.encoders or {mp.block_encoder: 0}) if e in _TE]
+        if encs:  # encoders run one after another: the largest buffer counts
+            return max(_attn(batch, _TE[e][0], _TE[e][2], _TE[e][1]) for e in encs)
+    elif module == "vae":
+        return batch * _F32 * (latent * latent + _K * 128 * pixels)
+    elif module == "upscaler":
+        return batch * _F32 * _K * 64 * pixels
+    elif module in ("clip_vision", "photomaker"):
+        return _attn(batch, 16, 257, 4096)
+    return _fallback(mp, pixels, batch)
+
+
+def _fallback(mp: ModuleProfile, pixels: int, batch: int) -> int:
+    return mp.total // 4 * pixels * batch // (512 * 512)
+
+
+def _segment_peak(mp: ModuleProfile, budget: int, compute: int) -> int:
+    """Non-block bytes plus the largest budget-packed segment of blocks."""
+    room = budget - mp.other - compute
+    peak = seg = 0
+    for b in mp.blocks:
+        if seg and seg + b > room:
+            peak, seg = max(peak, seg), 0
+        seg += b
+    return mp.other + max(peak, seg)
+
+
+def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
+                  width: int = 512, height: int = 512, batch: int = 1) -> FitReport:
+    """Estimate a resolved plan's memory per module and device and say whether it fits.
+
+    Args:
+        plan: a :class:`sdplan.core.plan.Plan` (``modules[m].devices``, ``.params.mode``
+            ``runtime``/``device``/``disk``, ``.params.device``, ``.ranges``;
+            ``budgets`` bytes, 0 = none).
+        profile: the model's sizes; modules absent from it are not estimated.
+        inventory: the devices with their free memory (bytes).
+        width, height: image size in pixels; batch: images per run.
+
+    Returns:
+        A :class:`FitReport`; ``fits`` is False when a device's total exceeds its free
+        memory or its ``--max-vram`` budget, each such device giving one reason.
+
+    Raises:
+        ValueError: width, height or batch not positive.
+    """
+    if width <= 0 or height <= 0 or batch <= 0:
+        raise ValueError(f"image size {width}x{height} and batch {batch} must be positive")
+    mods: dict[str, ModuleEstimate] = {}
+    budgets: dict[str, int] = dict(getattr(plan, "budgets", {}))
+    for name, mp in profile.modules.items():
+        mplan = plan.modules.get(name)  # type: ignore[attr-defined]
+        if mplan is None:
+            continue
+        devs = tuple(mplan.devices)
+        main = devs[0]
+        mode = mplan.params.mode
+        comp = compute_bytes(name, mp, profile.architecture, width=width, height=height,
+                             batch=batch)
+        placed: dict[str, int] = {}
+        if mplan.ranges:
+            placed[main] = mp.other
+            for r in mplan.ranges:
+                placed[r.device] = placed.get(r.device, 0) + r.bytes
+        else:
+            placed[main] = mp.total
+        weights: dict[str, int] = {}
+        staging: dict[str, int] = {}
+        if mode == "runtime":
+            weights = placed
+        else:
+            if mode == "device" and mplan.params.device:
+                weights = {mplan.params.device: mp.total}
+            staging = dict(placed)
+            budget = budgets.get(main, 0)
+            if len(devs) == 1 and budget > 0 and mp.blocks:
+                staging = {main: min(mp.total, _segment_peak(mp, budget, comp))}
+        compute = {d: comp for d in (devs if mplan.ranges else devs[:1])}
+        mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute)
+    return _totals(mods, inventory, budgets, width, height, batch)
+
+
+def _totals(mods: dict[str, ModuleEstimate], inventory: Inventory, budgets: dict[str, int],
+            width: int, height: int, batch: int) -> FitReport:
+    devices: dict[str, DeviceTotals] = {}
+    reasons: list[str] = []
+    for dev in inventory:
+        w = sum(e.weights.get(dev.name, 0) for e in mods.values())
+        transient = [(e.staging.get(dev.name, 0), e.compute.get(dev.name, 0))
+                     for e in mods.values()]
+        peak = max(transient, key=sum, default=(0, 0))
+        if not (w or sum(peak)):
+            continue
+        budget = budgets.get(dev.name, 0)
+        t = DeviceTotals(dev.name, w, peak[0], peak[1], w + sum(peak), dev.free, budget)
+        devices[dev.name] = t
+        if t.total > t.free:
+            reasons.append(f"{dev.name}: needs {t.total / GIB:.2f} GiB (weights "
+                           f"{w / GIB:.2f}, staging {peak[0] / GIB:.2f}, compute "
+                           f"{peak[1] / GIB:.2f}) but has {t.free / GIB:.2f} GiB free")
+        elif budget > 0 and t.total > budget:
+            reasons.append(f"{dev.name}: needs {t.total / GIB:.2f} GiB, over its --max-vram "
+                           f"budget of {budget / GIB:.2f} GiB")
+    return FitReport(devices, mods, not reasons, reasons, width, height, batch)
