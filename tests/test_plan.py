@@ -355,10 +355,10 @@ def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -
             self.kw = kw
 
         def to_json(self) -> dict:
-            return {"fits": True, **self.kw}
+            return {"fits": True, **self.kw, "devices": {"CUDA0": {"total": GIB}}}
 
     def fake_estimate(plan, profile, inventory, *, width, height, batch):
-        assert plan.modules["diffusion"].ranges and inventory == INV
+        assert inventory == INV and profile.get("diffusion") is not None
         return Fit(width=width, height=height, batch=batch)
 
     checkpoint = types.ModuleType("sdplan.core.checkpoint")
@@ -373,8 +373,19 @@ def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -
     out = json.loads(capsys.readouterr().out)
     assert seen["flags"] == {"diffusion_model": ["f.gguf"], "clip_l": ["c.sft"],
                              "t5xxl": ["t.gguf"]}
-    assert out["fit"] == {"fits": True, "width": 768, "height": 512, "batch": 2}
+    assert out["fit"] == {"fits": True, "width": 768, "height": 512, "batch": 2,
+                          "devices": {"CUDA0": {"total": GIB}}}
     assert [r["device"] for r in out["modules"]["diffusion"]["ranges"]] == ["CUDA0", "CUDA1"]
+    assert out["modules"]["diffusion"]["main_other_bytes"] == 0
+    assert cli.main(["plan", "--devices", str(inv_file), "--profile", str(tmp_path / "p.json")]
+                    ) == 2  # a missing profile file is a model-file error
+    (tmp_path / "p.json").write_text(json.dumps(Profile(
+        {"diffusion": ModuleProfile((GIB,), 0)}).to_json()))
+    capsys.readouterr()
+    assert cli.main(["plan", "--devices", str(inv_file), "--profile", str(tmp_path / "p.json")]
+                    ) == 0
+    text = capsys.readouterr().out
+    assert "Memory estimate" in text and "fits" in text
     monkeypatch.setitem(sys.modules, "sdplan.core.estimate", None)
     assert cli.main(["plan", "--devices", str(inv_file), "-m", "m.sft", "--json"]) == 0
     assert "fit" not in json.loads(capsys.readouterr().out)

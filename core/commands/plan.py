@@ -179,10 +179,38 @@ def _print_tables(plan: Plan, inventory: Inventory, fit: Any) -> None:
         console.print(f"[yellow]warning[/] {escape(f'[{w.code}]')}: {escape(w.message)}",
                       highlight=False)
     if fit is not None:
-        console.print(fit)
+        _print_fit(console, fit)
     console.print("Canonical flags:", style="bold")
     for flag, value in (("--backend", plan.backend), ("--params-backend", plan.params_backend),
                         ("--max-vram", plan.max_vram)):
         if value:
             console.print(f"  {flag} {value}", highlight=False, markup=False)
     sys.stdout.flush()
+
+
+def _print_fit(console: Any, fit: Any) -> None:
+    """The estimator's own rich rendering when it has one, else a table of its JSON form's
+    per-device figures (bytes shown in GiB) and its verdict."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if hasattr(fit, "__rich__") or hasattr(fit, "__rich_console__"):
+        console.print(fit)
+        return
+    data = fit.to_json()
+    rows = data.get("devices") or {}
+    cols: list[str] = []
+    for v in rows.values():
+        cols += [k for k in (v if isinstance(v, dict) else {}) if k not in cols]
+    table = Table(title="Memory estimate (GiB)")
+    table.add_column("device")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for name, v in rows.items():
+        table.add_row(escape(name), *(f"{v.get(c, 0) / GIB:.2f}" if isinstance(v.get(c), int)
+                                      else str(v.get(c, "")) for c in cols))
+    console.print(table)
+    verdict = "[green]fits[/]" if data.get("fits") else "[red]does not fit[/]"
+    console.print(f"Estimate: {verdict}")
+    for reason in data.get("reasons") or []:
+        console.print(f"  {escape(str(reason))}", highlight=False)
