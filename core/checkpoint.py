@@ -204,9 +204,12 @@ class ModelSet:
         return ModuleProfile(blocks, other)
 
     def profile(self) -> Profile:
-        """The planner's profile of this model set."""
+        """The planner's profile of this model set, named after the diffusion model's file
+        (else the first file)."""
         mods = {m: self.module_profile(m) for m in self.modules()}
-        name = Path(self.files[0].path).name if self.files else None
+        diff = self.module_tensors("diffusion")
+        first = diff[0].info.file if diff else self.files[0].path if self.files else None
+        name = Path(first).name if first else None
         return Profile(modules=mods, name=name, architecture=self.architecture.name)
 
     def to_json(self) -> dict[str, object]:

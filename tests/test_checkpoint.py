@@ -424,3 +424,31 @@ def test_gguf_flux_profile(tmp_path: Path) -> None:
     assert diff.blocks == (2176, 2176, 1152, 1152, 1152)
     assert diff.other == 16 * 64 * 4 + 16 * 8 * 2
     assert ms.dtype_mix("diffusion") == {"Q8_0": 4352, "Q4_0": 3456, "F32": 4096, "F16": 256}
+
+
+# --------------------------------------------------------------------------- command
+
+
+def test_inspect_command_json_and_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    from sdplan.core.cli import main
+
+    write_st(tmp_path / "flux.safetensors", flux(2, 3, guidance=True))
+    t5s = write_st(tmp_path / "t5.safetensors", t5("", 2))
+    out = tmp_path / "profile.json"
+    rc = main(["inspect", str(tmp_path / "flux.safetensors"), "--t5xxl",
+               str(tmp_path / "t5.safetensors"), "--json", "--write-profile", str(out)])
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] and data["architecture"]["name"] == "flux-dev"
+    assert data["modules"]["diffusion"]["blocks"] == 5
+    assert data["modules"]["te"]["encoders"] == {"t5xxl": total(t5s)}
+    prof = Profile.load(out)
+    assert prof == read_model_files({"model": [tmp_path / "flux.safetensors"],
+                                     "t5xxl": [tmp_path / "t5.safetensors"]}).profile()
+    assert main(["inspect", str(tmp_path / "flux.safetensors")]) == 0
+    assert "flux-dev" in capsys.readouterr().out
+    (tmp_path / "junk.safetensors").write_bytes(b"\x10" + b"\0" * 7 + b"junk" * 4)
+    assert main(["inspect", str(tmp_path / "junk.safetensors"), "--json"]) == 2
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert err["code"] == "invalid_model_file" and "junk.safetensors" in err["message"]
