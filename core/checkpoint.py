@@ -171,7 +171,7 @@ class ModelSet:
         """The dominant ``te`` encoder whose blocks are split (T5-XXL or the LLM, the larger
         when both; otherwise the largest CLIP), or None without ``te``."""
         enc = self.encoder_bytes()
-        big = [e for e in ("t5xxl", "llm") if e in enc]
+        big: list[str] = [e for e in ("t5xxl", "llm") if e in enc]
         pool = big or list(enc)
         return max(pool, key=lambda e: enc[e]) if pool else None
 
@@ -373,7 +373,8 @@ def _expand(path: Path, key: str) -> list[tuple[TensorFile, str | None]]:
         if key != "model":
             raise ModelFileError(path, f"a diffusers pipeline folder goes to -m/--model, "
                                        f"not --{key.replace('_', '-')}")
-        out = [(tf, c) for c in comps for tf in _component_files(path / c)]
+        out: list[tuple[TensorFile, str | None]] = [
+            (tf, c) for c in comps for tf in _component_files(path / c)]
         if not out:
             raise ModelFileError(path, "diffusers folder without safetensors weights")
         return out
