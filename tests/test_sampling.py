@@ -239,3 +239,11 @@ def test_philox_noise_is_reproducible_and_advances() -> None:
     big = PhiloxNoise(7).randn((200_000,))
     assert abs(big.mean()) < 0.01 and abs(big.std() - 1) < 0.01
     assert not np.array_equal(PhiloxNoise(2**40 + 5).randn((4,)), PhiloxNoise(5).randn((4,)))
+
+
+@pytest.mark.parametrize("family", ["sd1", "sd2"])
+def test_model_run_fixtures_use_the_discrete_schedule(family: str) -> None:
+    run = load_file(str(FIX / f"{family}_ref.safetensors"))
+    np.testing.assert_allclose(
+        get_sigmas("discrete", len(run["run_sigmas"]) - 1), run["run_sigmas"], rtol=2e-6
+    )
