@@ -1,0 +1,122 @@
+"""Built-in model profiles: plan for popular models without their files.
+
+The profiles ship in ``sdplan.resources`` as ``profiles/builtin_profiles.json``, generated
+by ``tools/make_profiles.py`` from the real tensor layouts and ggml's block sizes. Names
+are ``<model>-<quant>``: models ``sd15``, ``sd21``, ``sdxl-base``, ``sd35-medium``,
+``sd35-large``, ``flux1-dev``, ``flux1-schnell``; quants ``f16``, ``q8_0``, ``q5_k``,
+``q4_k``, ``q4_0`` (e.g. ``flux1-dev-q8_0``). Each profile holds the diffusion model in
+that quant type with its usual text encoders (T5-XXL in F16 for ``-f16``, Q8_0
+otherwise) and VAE.
+
+Index format (``format`` 1)::
+
+    {"format": 1, "profiles": {NAME: {"title": str, "architecture": str, "quant": str,
+        "modules": {module: {"blocks": [bytes...], "other": bytes,
+                             "encoders"?: {encoder: bytes}, "block_encoder"?: str}},
+        "diffusion_dtypes": {ggml type: bytes}, "files": {file: bytes}, "note"?: str}}}
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from sdplan.core.errors import ModelFileError
+from sdplan.core.profile import Profile
+
+log = logging.getLogger(__name__)
+
+#: Resource path of the index inside ``sdplan.resources``.
+INDEX = ("profiles", "builtin_profiles.json")
+
+
+@dataclass(frozen=True)
+class BuiltinProfileInfo:
+    """One built-in profile's description.
+
+    Attributes:
+        name: the ``--model-profile`` name (``flux1-dev-q8_0``).
+        title: display title (``FLUX.1 [dev] Q8_0``).
+        architecture: sdplan's architecture name (``flux-dev``, ``sd3-large``...).
+        quant: ggml type of the diffusion model's quantised tensors (``F16``, ``Q8_0``...).
+        total_bytes: all weight bytes of all modules.
+        module_bytes: bytes per module.
+        files: bytes per published file it stands for.
+        note: a caveat, or "".
+    """
+
+    name: str
+    title: str
+    architecture: str
+    quant: str
+    total_bytes: int
+    module_bytes: dict[str, int]
+    files: dict[str, int]
+    note: str = ""
+
+
+@lru_cache(maxsize=1)
+def _index() -> dict[str, Any]:
+    """The parsed index; raises :class:`ModelFileError` when missing or malformed."""
+    source = "sdplan.resources/" + "/".join(INDEX)
+    try:
+        ref = resources.files("sdplan.resources").joinpath(*INDEX)
+        data = json.loads(ref.read_text(encoding="utf-8"))
+    except (OSError, ModuleNotFoundError) as exc:
+        raise ModelFileError(source, f"built-in profiles are missing ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise ModelFileError(source, f"built-in profiles are not valid JSON ({exc.msg})"
+                             ) from None
+    if not isinstance(data, dict) or data.get("format") != 1 or not isinstance(
+            data.get("profiles"), dict):
+        raise ModelFileError(source, "built-in profiles: expected format 1 with 'profiles'")
+    return data["profiles"]
+
+
+def _info(name: str, entry: dict[str, Any]) -> BuiltinProfileInfo:
+    mods = {m: sum(v.get("blocks", [])) + v.get("other", 0)
+            for m, v in entry["modules"].items()}
+    return BuiltinProfileInfo(name=name, title=entry["title"],
+                              architecture=entry["architecture"], quant=entry["quant"],
+                              total_bytes=sum(mods.values()), module_bytes=mods,
+                              files=dict(entry.get("files", {})), note=entry.get("note", ""))
+
+
+def list_profiles() -> list[BuiltinProfileInfo]:
+    """Every built-in profile, in index order (model, then F16, Q8_0, Q5_K, Q4_K, Q4_0).
+
+    Raises:
+        ModelFileError: the shipped index is missing or malformed.
+    """
+    return [_info(n, e) for n, e in _index().items()]
+
+
+def profile_names() -> list[str]:
+    """Names accepted by :func:`load_builtin_profile`."""
+    return list(_index())
+
+
+def load_builtin_profile(name: str) -> Profile:
+    """The planner :class:`Profile` of built-in profile ``name`` (case-insensitive, so
+    ``FLUX1-dev-Q8_0`` works).
+
+    Raises:
+        ModelFileError: unknown name (the message lists the nearest names), or a
+            malformed index.
+    """
+    profiles = _index()
+    key = name.strip().lower()
+    if key not in profiles:
+        near = difflib.get_close_matches(key, list(profiles), n=5, cutoff=0.5)
+        hint = (f"did you mean {', '.join(near)}?" if near
+                else "see `sdplan plan --model-profile list`")
+        raise ModelFileError(f"--model-profile {name}",
+                             f"no built-in model profile {name!r}; {hint}")
+    entry = profiles[key]
+    data = {"modules": entry["modules"], "name": key, "architecture": entry["architecture"]}
+    return Profile.from_json(data, source=f"built-in profile {key}")
