@@ -1,6 +1,634 @@
-// Placeholder registration; filled in by its own part of the runtime.
-#include "common.h"
+// Graph building and execution: a no_alloc ggml context, the ops model graphs need (each
+// checks shapes and dtypes and raises ValueError instead of letting ggml abort), and a
+// ggml_backend_sched over the graph's backends, allocated once and reused across steps.
+//
+// Conventions (see core/graph.py): shapes are numpy order, outermost first; ggml's ne[] is
+// that reversed. Ops are methods of Graph; their results are Tensors of that graph.
+#include "graph.h"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <sstream>
 
 namespace sdplan {
-void register_graph(nb::module_ &) {}
+
+// ------------------------------------------------------------------ tensor helpers
+
+std::vector<int64_t> np_shape(const ggml_tensor *t, int ndim) {
+    std::vector<int64_t> s(ndim);
+    for (int k = 0; k < ndim; ++k) s[k] = t->ne[ndim - 1 - k];
+    return s;
+}
+
+std::string shape_str(const Tensor &x) {
+    std::ostringstream o;
+    o << "(";
+    auto s = np_shape(x.t, x.ndim);
+    for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+    if (s.size() == 1) o << ",";
+    o << ") " << dtype_name(x.t->type);
+    return o.str();
+}
+
+std::string dtype_name(ggml_type type) {
+    const char *n = ggml_type_name(type);
+    std::string s = n ? n : "?";
+    for (auto &c : s) c = (char)std::tolower((unsigned char)c);
+    return s;
+}
+
+ggml_type dtype_from_name(const std::string &name, const char *what) {
+    std::string want = name;
+    for (auto &c : want) c = (char)std::tolower((unsigned char)c);
+    for (int i = 0; i < GGML_TYPE_COUNT; ++i) {
+        const char *n = ggml_type_name((ggml_type)i);
+        if (!n || ggml_type_size((ggml_type)i) == 0) continue;
+        if (dtype_name((ggml_type)i) == want) return (ggml_type)i;
+    }
+    throw nb::value_error((std::string(what) + ": unknown dtype '" + name + "'").c_str());
+}
+
+void shape_to_ne(const std::vector<int64_t> &shape, int64_t ne[4], const char *what) {
+    if (shape.empty() || shape.size() > 4)
+        throw nb::value_error((std::string(what) + ": shapes have 1 to 4 dimensions, got " +
+                               std::to_string(shape.size())).c_str());
+    for (int i = 0; i < 4; ++i) ne[i] = 1;
+    const int n = (int)shape.size();
+    for (int k = 0; k < n; ++k) {
+        if (shape[k] < 1)
+            throw nb::value_error((std::string(what) + ": dimensions must be >= 1").c_str());
+        ne[n - 1 - k] = shape[k];
+    }
+}
+
+namespace {
+
+[[noreturn]] void fail(const char *op, const std::string &msg) {
+    throw nb::value_error((std::string(op) + ": " + msg).c_str());
+}
+
+bool is_float(ggml_type t) { return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16; }
+
+bool rows_contiguous(const ggml_tensor *t) { return t->nb[0] == ggml_type_size(t->type); }
+
+int axis_to_dim(const char *op, int axis, int ndim) {
+    if (axis < -ndim || axis >= ndim)
+        fail(op, "axis " + std::to_string(axis) + " out of range for rank " + std::to_string(ndim));
+    if (axis < 0) axis += ndim;
+    return ndim - 1 - axis;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ Graph
+
+Graph::Graph(std::vector<std::shared_ptr<Backend>> bs, int max_nodes_, int n_threads_)
+    : max_nodes(max_nodes_), n_threads(n_threads_) {
+    if (bs.empty()) throw nb::value_error("Graph: needs at least one backend");
+    if (max_nodes < 16) throw nb::value_error("Graph: max_nodes must be >= 16");
+    for (auto &b : bs) {
+        if (!b) throw nb::value_error("Graph: backend is None");
+        b->get();
+        bool dup = false;
+        for (auto &o : backends) dup = dup || o.get() == b.get();
+        if (!dup) backends.push_back(b);
+    }
+    if (ggml_backend_dev_type(backends.back()->device) != GGML_BACKEND_DEVICE_TYPE_CPU)
+        throw nb::value_error("Graph: the last backend must be a CPU backend (the scheduler's "
+                              "fallback); append the CPU backend");
+    if (backends.size() > 16) throw nb::value_error("Graph: at most 16 backends");
+    size_t mem = (size_t)max_nodes * ggml_tensor_overhead() + 4096;
+    ctx = std::make_shared<Context>(mem);
+}
+
+Graph::~Graph() { free_sched(); }
+
+void Graph::free_sched() {
+    if (sched) {
+        ggml_backend_sched_free(sched);
+        sched = nullptr;
+    }
+    allocated = false;
+}
+
+void Graph::room(const char *op, int n) {
+    if (gf) fail(op, "the graph is already built; build a new Graph for another shape");
+    if (ctx->room() < (size_t)n * ggml_tensor_overhead())
+        fail(op, "graph context is full (max_nodes=" + std::to_string(max_nodes) +
+                     "); create the Graph with a larger max_nodes");
+}
+
+ggml_tensor *Graph::use(const char *op, const Tensor &x) {
+    if (!x.t) fail(op, "tensor is None");
+    if (x.owner == ctx) return x.t;
+    if (!x.weight) fail(op, "tensor '" + std::string(x.t->name) + "' belongs to another graph");
+    keep.insert(x.owner);
+    if (!ext.count(x.t)) ext[x.t] = x.planned_buft;
+    return x.t;
+}
+
+Tensor Graph::own(ggml_tensor *r, int ndim) {
+    Tensor out;
+    out.t = r;
+    out.ndim = std::max(ndim, std::max(1, ggml_n_dims(r)));
+    out.owner = ctx;
+    if (scope >= 0 && r->view_src == nullptr && r->op != GGML_OP_NONE) assign.emplace_back(r, scope);
+    return out;
+}
+
+ggml_tensor *Graph::contig(ggml_tensor *t) { return ggml_is_contiguous(t) ? t : ggml_cont(ctx->ctx, t); }
+
+ggml_tensor *Graph::to_f32(ggml_tensor *t) {
+    if (t->type == GGML_TYPE_F32) return t;
+    return ggml_cast(ctx->ctx, contig(t), GGML_TYPE_F32);
+}
+
+void Graph::set_scope(int index) {
+    if (index < -1 || index >= (int)backends.size())
+        throw nb::value_error(("Graph.set_scope: backend index " + std::to_string(index) +
+                               " out of range").c_str());
+    scope = index;
+}
+
+Tensor Graph::input(const std::string &name, const std::vector<int64_t> &shape, const std::string &dtype) {
+    room("input", 1);
+    if (name.empty() || name.size() >= GGML_MAX_NAME) fail("input", "name must have 1 to 63 characters");
+    if (inputs.count(name)) fail("input", "duplicate input name '" + name + "'");
+    int64_t ne[4];
+    shape_to_ne(shape, ne, "input");
+    ggml_type type = dtype_from_name(dtype, "input");
+    ggml_tensor *t = ggml_new_tensor_4d(ctx->ctx, type, ne[0], ne[1], ne[2], ne[3]);
+    ggml_set_name(t, name.c_str());
+    ggml_set_input(t);
+    Tensor out{t, (int)shape.size(), ctx};
+    inputs[name] = out;
+    return out;
+}
+
+Tensor Graph::output(const std::string &name, const Tensor &x) {
+    room("output", 2);
+    ggml_tensor *t = use("output", x);
+    if (outputs.count(name)) fail("output", "duplicate output name '" + name + "'");
+    if (t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_I32)
+        fail("output", "outputs are f32, f16 or i32, got " + shape_str(x) + "; cast first");
+    if (!ggml_is_contiguous(t) || x.owner != ctx || t->op == GGML_OP_NONE) t = ggml_cont(ctx->ctx, t);
+    ggml_set_name(t, name.c_str());
+    ggml_set_output(t);
+    Tensor out = own(t, x.ndim);
+    outputs[name] = out;
+    return out;
+}
+
+void Graph::checkpoint(const Tensor &x) {
+    ggml_tensor *t = use("checkpoint", x);
+    checkpoints.insert(t);
+}
+
+// ---- linear algebra and elementwise
+
+Tensor Graph::mul_mat(const Tensor &a, const Tensor &b) {
+    room("mul_mat", 3);
+    ggml_tensor *ta = use("mul_mat", a), *tb = use("mul_mat", b);
+    if (ta->ne[0] != tb->ne[0])
+        fail("mul_mat", "inner dimensions differ: a " + shape_str(a) + ", b " + shape_str(b) +
+                            " (computes b @ a.T; the last dims must match)");
+    if (tb->ne[2] % ta->ne[2] != 0 || tb->ne[3] % ta->ne[3] != 0)
+        fail("mul_mat", "batch dims of a " + shape_str(a) + " must divide those of b " + shape_str(b));
+    if (ggml_is_transposed(ta)) ta = ggml_cont(ctx->ctx, ta);
+    if (tb->type != GGML_TYPE_F32) tb = to_f32(tb);
+    return own(ggml_mul_mat(ctx->ctx, ta, tb), std::max({a.ndim, b.ndim, 2}));
+}
+
+Tensor Graph::binary(const char *op, const Tensor &a, const Tensor &b) {
+    room(op, 6);
+    ggml_tensor *ta = use(op, a), *tb = use(op, b);
+    const bool commutes = !std::strcmp(op, "add") || !std::strcmp(op, "mul");
+    if (!is_float(ta->type) || !is_float(tb->type))
+        fail(op, "float tensors required, got a " + shape_str(a) + ", b " + shape_str(b));
+    if (ta->type != tb->type) {
+        ta = to_f32(ta);
+        tb = to_f32(tb);
+    }
+    if (!ggml_can_repeat(tb, ta)) {
+        if (!ggml_can_repeat(ta, tb))
+            fail(op, "shapes do not broadcast: a " + shape_str(a) + ", b " + shape_str(b) +
+                         " (each dim of the smaller must divide the larger's)");
+        if (commutes) std::swap(ta, tb);
+        else ta = ggml_repeat(ctx->ctx, ta, tb);
+    }
+    if (!rows_contiguous(ta)) ta = ggml_cont(ctx->ctx, ta);
+    if (!rows_contiguous(tb)) tb = ggml_cont(ctx->ctx, tb);
+    ggml_tensor *r = nullptr;
+    if (!std::strcmp(op, "add")) r = ggml_add(ctx->ctx, ta, tb);
+    else if (!std::strcmp(op, "sub")) r = ggml_sub(ctx->ctx, ta, tb);
+    else if (!std::strcmp(op, "mul")) r = ggml_mul(ctx->ctx, ta, tb);
+    else r = ggml_div(ctx->ctx, ta, tb);
+    return own(r, std::max(a.ndim, b.ndim));
+}
+
+Tensor Graph::scale(const Tensor &a, float s, float bias) {
+    room("scale", 2);
+    ggml_tensor *t = use("scale", a);
+    if (!is_float(t->type)) fail("scale", "float tensor required, got " + shape_str(a));
+    t = contig(t);
+    return own(bias == 0.0f ? ggml_scale(ctx->ctx, t, s) : ggml_scale_bias(ctx->ctx, t, s, bias), a.ndim);
+}
+
+Tensor Graph::unary(const std::string &name, const Tensor &a) {
+    room(name.c_str(), 3);
+    ggml_tensor *t = use(name.c_str(), a);
+    if (!is_float(t->type)) fail(name.c_str(), "float tensor required, got " + shape_str(a));
+    t = to_f32(contig(t));
+    ggml_context *c = ctx->ctx;
+    ggml_tensor *r = nullptr;
+    if (name == "gelu") r = ggml_gelu(c, t);
+    else if (name == "gelu_erf") r = ggml_gelu_erf(c, t);
+    else if (name == "gelu_quick") r = ggml_gelu_quick(c, t);
+    else if (name == "silu") r = ggml_silu(c, t);
+    else if (name == "relu") r = ggml_relu(c, t);
+    else if (name == "sigmoid") r = ggml_sigmoid(c, t);
+    else if (name == "tanh") r = ggml_tanh(c, t);
+    else if (name == "exp") r = ggml_exp(c, t);
+    else if (name == "sqr") r = ggml_sqr(c, t);
+    else if (name == "sqrt") r = ggml_sqrt(c, t);
+    else if (name == "abs") r = ggml_abs(c, t);
+    else if (name == "neg") r = ggml_neg(c, t);
+    else if (name == "sin") r = ggml_sin(c, t);
+    else if (name == "cos") r = ggml_cos(c, t);
+    else if (name == "log") r = ggml_log(c, t);
+    else fail("unary", "unknown op '" + name + "'");
+    return own(r, a.ndim);
+}
+
+Tensor Graph::leaky_relu(const Tensor &a, float slope) {
+    room("leaky_relu", 3);
+    ggml_tensor *t = to_f32(contig(use("leaky_relu", a)));
+    return own(ggml_leaky_relu(ctx->ctx, t, slope, false), a.ndim);
+}
+
+Tensor Graph::clamp(const Tensor &a, float lo, float hi) {
+    room("clamp", 3);
+    if (!(lo <= hi)) fail("clamp", "min must be <= max");
+    ggml_tensor *t = to_f32(contig(use("clamp", a)));
+    return own(ggml_clamp(ctx->ctx, t, lo, hi), a.ndim);
+}
+
+// ---- normalisation and softmax
+
+Tensor Graph::norm(const std::string &kind, const Tensor &a, float eps, int n_groups) {
+    const char *op = kind.c_str();
+    room(op, 3);
+    ggml_tensor *t = use(op, a);
+    if (!is_float(t->type)) fail(op, "float tensor required, got " + shape_str(a));
+    if (!(eps >= 0.0f)) fail(op, "eps must be >= 0");
+    t = to_f32(contig(t));
+    if (kind == "norm") return own(ggml_norm(ctx->ctx, t, eps), a.ndim);
+    if (kind == "rms_norm") return own(ggml_rms_norm(ctx->ctx, t, eps), a.ndim);
+    if (a.ndim < 3) fail(op, "needs (N, C, H, W) or (C, H, W) input, got " + shape_str(a));
+    if (n_groups < 1 || n_groups > t->ne[2])
+        fail(op, "n_groups " + std::to_string(n_groups) + " must be in 1..C for " + shape_str(a));
+    return own(ggml_group_norm(ctx->ctx, t, n_groups, eps), a.ndim);
+}
+
+Tensor Graph::soft_max(const Tensor &a, std::optional<Tensor> mask, float scale_, float max_bias) {
+    room("soft_max", 4);
+    ggml_tensor *t = to_f32(contig(use("soft_max", a)));
+    ggml_tensor *m = nullptr;
+    if (mask) {
+        m = use("soft_max", *mask);
+        if (m->type != GGML_TYPE_F32 && m->type != GGML_TYPE_F16)
+            fail("soft_max", "mask must be f32 or f16, got " + shape_str(*mask));
+        m = contig(m);
+        if (m->ne[0] != t->ne[0] || m->ne[1] < t->ne[1] || t->ne[2] % m->ne[2] || t->ne[3] % m->ne[3])
+            fail("soft_max", "mask " + shape_str(*mask) + " does not fit scores " + shape_str(a) +
+                                 " (last dim equal, rows >= rows, outer dims dividing)");
+    } else if (max_bias > 0.0f) {
+        fail("soft_max", "max_bias (ALiBi) needs a mask");
+    }
+    return own(ggml_soft_max_ext(ctx->ctx, t, m, scale_, max_bias), a.ndim);
+}
+
+Tensor Graph::flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std::optional<Tensor> mask,
+                         float scale_, float max_bias, float softcap) {
+    room("flash_attn", 6);
+    ggml_tensor *tq = use("flash_attn", q), *tk = use("flash_attn", k), *tv = use("flash_attn", v);
+    if (q.ndim != 4 || k.ndim != 4 || v.ndim != 4)
+        fail("flash_attn", "q, k, v must be (B, H, N, D); got " + shape_str(q) + ", " + shape_str(k) +
+                               ", " + shape_str(v));
+    if (tk->ne[0] != tq->ne[0] || tq->ne[2] % tk->ne[2] || tq->ne[3] != tk->ne[3] || tq->ne[3] != tv->ne[3] ||
+        tv->ne[1] != tk->ne[1] || tv->ne[2] != tk->ne[2])
+        fail("flash_attn", "incompatible q " + shape_str(q) + ", k " + shape_str(k) + ", v " + shape_str(v) +
+                               " (k,v share B, heads and length; q's heads a multiple of k's; head dims equal)");
+    tq = to_f32(tq);
+    if (tk->type != GGML_TYPE_F16) tk = ggml_cast(ctx->ctx, contig(tk), GGML_TYPE_F16);
+    if (tv->type != GGML_TYPE_F16) tv = ggml_cast(ctx->ctx, contig(tv), GGML_TYPE_F16);
+    ggml_tensor *m = nullptr;
+    if (mask) {
+        m = use("flash_attn", *mask);
+        if (!is_float(m->type)) fail("flash_attn", "mask must be float, got " + shape_str(*mask));
+        if (m->ne[0] != tk->ne[1] || m->ne[1] < tq->ne[1] || tq->ne[2] % m->ne[2] || tq->ne[3] % m->ne[3])
+            fail("flash_attn", "mask " + shape_str(*mask) + " does not fit q " + shape_str(q) + " and k " +
+                                   shape_str(k) + " (mask (.., Nq, Nk))");
+        if (m->type != GGML_TYPE_F16) m = ggml_cast(ctx->ctx, contig(m), GGML_TYPE_F16);
+        m = contig(m);
+    } else if (max_bias > 0.0f) {
+        fail("flash_attn", "max_bias (ALiBi) needs a mask");
+    }
+    ggml_tensor *r = ggml_flash_attn_ext(ctx->ctx, tq, tk, tv, m, scale_, max_bias, softcap);
+    ggml_flash_attn_ext_set_prec(r, GGML_PREC_F32);
+    return own(r, 4);
+}
+
+bool Graph::supports(const Tensor &x, int index) {
+    ggml_tensor *t = use("supports", x);
+    if (index < 0 || index >= (int)backends.size()) throw nb::value_error("supports: backend index out of range");
+    return ggml_backend_supports_op(backends[index]->get(), t);
+}
+
+// ---- convolution and resampling
+
+Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stride, std::pair<int, int> pad,
+                      std::pair<int, int> dil, bool direct) {
+    room("conv_2d", 8);
+    ggml_tensor *tw = use("conv_2d", w), *tx = use("conv_2d", x);
+    if (w.ndim != 4 || (x.ndim != 4 && x.ndim != 3))
+        fail("conv_2d", "weight must be (OC, IC, KH, KW) and x (N, IC, H, W); got " + shape_str(w) + ", " + shape_str(x));
+    if (tw->type != GGML_TYPE_F32 && tw->type != GGML_TYPE_F16)
+        fail("conv_2d", "weight must be f32 or f16, got " + shape_str(w));
+    if (tw->ne[2] != tx->ne[2])
+        fail("conv_2d", "input channels differ: weight " + shape_str(w) + ", x " + shape_str(x));
+    if (stride.first < 1 || stride.second < 1 || dil.first < 1 || dil.second < 1 || pad.first < 0 || pad.second < 0)
+        fail("conv_2d", "stride and dilation must be >= 1, padding >= 0");
+    auto out = [](int64_t in, int64_t k, int s, int p, int d) { return (in + 2 * p - d * (k - 1) - 1) / s + 1; };
+    if (out(tx->ne[0], tw->ne[0], stride.second, pad.second, dil.second) < 1 ||
+        out(tx->ne[1], tw->ne[1], stride.first, pad.first, dil.first) < 1)
+        fail("conv_2d", "kernel larger than padded input: weight " + shape_str(w) + ", x " + shape_str(x));
+    tx = to_f32(contig(tx));
+    ggml_tensor *r = direct ? ggml_conv_2d_direct(ctx->ctx, tw, tx, stride.second, stride.first, pad.second,
+                                                  pad.first, dil.second, dil.first)
+                            : nullptr;
+    if (!direct) {
+        // im2col + mul_mat like ggml_conv_2d, but keeping f32 columns for an f32 kernel
+        // (ggml_conv_2d always rounds the columns to f16).
+        ggml_context *c = ctx->ctx;
+        ggml_tensor *cols = ggml_im2col(c, tw, tx, stride.second, stride.first, pad.second, pad.first, dil.second,
+                                        dil.first, true, tw->type);  // [N, OH, OW, IC*KH*KW]
+        ggml_tensor *mm = ggml_mul_mat(c, ggml_reshape_2d(c, cols, cols->ne[0], cols->ne[3] * cols->ne[2] * cols->ne[1]),
+                                       ggml_reshape_2d(c, contig(tw), tw->ne[0] * tw->ne[1] * tw->ne[2], tw->ne[3]));
+        mm = ggml_reshape_4d(c, mm, cols->ne[1], cols->ne[2], cols->ne[3], tw->ne[3]);  // [OC, N, OH, OW]
+        r = ggml_cont(c, ggml_permute(c, mm, 0, 1, 3, 2));
+    }
+    return own(r, 4);
+}
+
+Tensor Graph::conv_transpose_2d(const Tensor &w, const Tensor &x, int stride) {
+    room("conv_transpose_2d", 4);
+    ggml_tensor *tw = use("conv_transpose_2d", w), *tx = use("conv_transpose_2d", x);
+    if (w.ndim != 4 || x.ndim < 3)
+        fail("conv_transpose_2d", "weight must be (IC, OC, KH, KW) and x (N, IC, H, W); got " + shape_str(w) + ", " + shape_str(x));
+    if (tw->type != GGML_TYPE_F32 && tw->type != GGML_TYPE_F16)
+        fail("conv_transpose_2d", "weight must be f32 or f16, got " + shape_str(w));
+    if (tw->ne[3] != tx->ne[2])
+        fail("conv_transpose_2d", "input channels differ: weight " + shape_str(w) + ", x " + shape_str(x));
+    if (stride < 1) fail("conv_transpose_2d", "stride must be >= 1");
+    tx = to_f32(contig(tx));
+    return own(ggml_conv_transpose_2d_p0(ctx->ctx, contig(tw), tx, stride), 4);
+}
+
+Tensor Graph::upscale(const Tensor &a, int factor) {
+    room("upscale", 3);
+    ggml_tensor *t = use("upscale", a);
+    if (factor < 1) fail("upscale", "factor must be >= 1");
+    if (a.ndim < 2) fail("upscale", "needs at least (H, W), got " + shape_str(a));
+    t = to_f32(contig(t));
+    return own(ggml_upscale(ctx->ctx, t, factor, GGML_SCALE_MODE_NEAREST), a.ndim);
+}
+
+Tensor Graph::interpolate(const Tensor &a, const std::vector<int64_t> &shape, const std::string &mode,
+                          bool align_corners) {
+    room("interpolate", 3);
+    ggml_tensor *t = use("interpolate", a);
+    if ((int)shape.size() != a.ndim) fail("interpolate", "shape must have rank " + std::to_string(a.ndim));
+    int64_t ne[4];
+    shape_to_ne(shape, ne, "interpolate");
+    uint32_t m;
+    if (mode == "nearest") m = GGML_SCALE_MODE_NEAREST;
+    else if (mode == "bilinear") m = GGML_SCALE_MODE_BILINEAR;
+    else if (mode == "bicubic") m = GGML_SCALE_MODE_BICUBIC;
+    else fail("interpolate", "mode must be nearest, bilinear or bicubic, got '" + mode + "'");
+    if (align_corners) m |= GGML_SCALE_FLAG_ALIGN_CORNERS;
+    t = to_f32(contig(t));
+    return own(ggml_interpolate(ctx->ctx, t, ne[0], ne[1], ne[2], ne[3], m), a.ndim);
+}
+
+Tensor Graph::pad(const Tensor &a, const std::vector<std::pair<int, int>> &pads) {
+    room("pad", 3);
+    ggml_tensor *t = use("pad", a);
+    if ((int)pads.size() != a.ndim)
+        fail("pad", "give one (before, after) pair per axis (" + std::to_string(a.ndim) + ")");
+    int lp[4] = {0, 0, 0, 0}, rp[4] = {0, 0, 0, 0};
+    for (int k = 0; k < a.ndim; ++k) {
+        if (pads[k].first < 0 || pads[k].second < 0) fail("pad", "padding must be >= 0");
+        lp[a.ndim - 1 - k] = pads[k].first;
+        rp[a.ndim - 1 - k] = pads[k].second;
+    }
+    t = to_f32(contig(t));
+    return own(ggml_pad_ext(ctx->ctx, t, lp[0], rp[0], lp[1], rp[1], lp[2], rp[2], lp[3], rp[3]), a.ndim);
+}
+
+Tensor Graph::concat(const Tensor &a, const Tensor &b, int axis) {
+    room("concat", 5);
+    ggml_tensor *ta = use("concat", a), *tb = use("concat", b);
+    const int nd = std::max(a.ndim, b.ndim);
+    const int dim = axis_to_dim("concat", axis, nd);
+    for (int d = 0; d < 4; ++d)
+        if (d != dim && ta->ne[d] != tb->ne[d])
+            fail("concat", "shapes differ off the concat axis: a " + shape_str(a) + ", b " + shape_str(b));
+    if (ta->type != tb->type) {
+        ta = to_f32(ta);
+        tb = to_f32(tb);
+    }
+    return own(ggml_concat(ctx->ctx, ta, tb, dim), nd);
+}
+
+// ---- shape ops
+
+Tensor Graph::permute(const Tensor &a, const std::vector<int> &axes) {
+    room("permute", 1);
+    ggml_tensor *t = use("permute", a);
+    const int n = a.ndim;
+    if ((int)axes.size() != n) fail("permute", "axes must list every axis of " + shape_str(a));
+    int p[4] = {0, 1, 2, 3};
+    std::vector<bool> seen(n, false);
+    for (int i = 0; i < n; ++i) {
+        int ax = axes[i] < 0 ? axes[i] + n : axes[i];
+        if (ax < 0 || ax >= n || seen[ax]) fail("permute", "axes must be a permutation of 0..ndim-1");
+        seen[ax] = true;
+        p[n - 1 - ax] = n - 1 - i;  // source ggml dim -> destination ggml dim
+    }
+    return own(ggml_permute(ctx->ctx, t, p[0], p[1], p[2], p[3]), n);
+}
+
+Tensor Graph::transpose(const Tensor &a) {
+    room("transpose", 1);
+    ggml_tensor *t = use("transpose", a);
+    return own(ggml_transpose(ctx->ctx, t), std::max(a.ndim, 2));
+}
+
+Tensor Graph::reshape(const Tensor &a, const std::vector<int64_t> &shape_in) {
+    room("reshape", 2);
+    ggml_tensor *t = use("reshape", a);
+    std::vector<int64_t> shape = shape_in;
+    int64_t known = 1, infer = -1;
+    for (size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] == -1) {
+            if (infer >= 0) fail("reshape", "only one dimension may be -1");
+            infer = (int64_t)i;
+        } else {
+            if (shape[i] < 1) fail("reshape", "dimensions must be >= 1 or -1");
+            known *= shape[i];
+        }
+    }
+    if (infer >= 0) {
+        if (known == 0 || ggml_nelements(t) % known) fail("reshape", "cannot infer -1 for " + shape_str(a));
+        shape[infer] = ggml_nelements(t) / known;
+    }
+    int64_t ne[4];
+    shape_to_ne(shape, ne, "reshape");
+    if (ne[0] * ne[1] * ne[2] * ne[3] != ggml_nelements(t))
+        fail("reshape", "element count differs: " + shape_str(a) + " has " + std::to_string(ggml_nelements(t)));
+    if (ggml_is_quantized(t->type) && ne[0] % ggml_blck_size(t->type))
+        fail("reshape", "quantized rows must stay whole blocks");
+    t = contig(t);
+    return own(ggml_reshape_4d(ctx->ctx, t, ne[0], ne[1], ne[2], ne[3]), (int)shape.size());
+}
+
+Tensor Graph::view(const Tensor &a, const std::vector<int64_t> &shape, std::optional<std::vector<int64_t>> strides,
+                   int64_t offset) {
+    room("view", 1);
+    ggml_tensor *t = use("view", a);
+    int64_t ne[4];
+    shape_to_ne(shape, ne, "view");
+    const int n = (int)shape.size();
+    if (ggml_is_quantized(t->type)) fail("view", "views of quantized tensors are not supported");
+    const size_t es = ggml_type_size(t->type);
+    size_t nb[4];
+    if (strides) {
+        if ((int)strides->size() != n) fail("view", "strides must have one entry per dimension");
+        for (int k = 0; k < n; ++k) {
+            if ((*strides)[k] < 0) fail("view", "strides must be >= 0");
+            nb[n - 1 - k] = (size_t)(*strides)[k];
+        }
+        if (nb[0] != es) fail("view", "the innermost stride must equal the element size (" + std::to_string(es) + ")");
+        for (int d = n; d < 4; ++d) nb[d] = nb[d - 1] * ne[d - 1];
+    } else {
+        if (!ggml_is_contiguous(t)) fail("view", "a view without strides needs a contiguous tensor");
+        nb[0] = es;
+        for (int d = 1; d < 4; ++d) nb[d] = nb[d - 1] * ne[d - 1];
+    }
+    if (offset < 0) fail("view", "offset must be >= 0");
+    size_t last = (size_t)offset + es;
+    for (int d = 0; d < 4; ++d) last += (size_t)(ne[d] - 1) * nb[d];
+    if (last > ggml_nbytes(t))
+        fail("view", "view reaches byte " + std::to_string(last) + " of a tensor of " +
+                         std::to_string(ggml_nbytes(t)) + " bytes " + shape_str(a));
+    return own(ggml_view_4d(ctx->ctx, t, ne[0], ne[1], ne[2], ne[3], nb[1], nb[2], nb[3], (size_t)offset), n);
+}
+
+Tensor Graph::cont(const Tensor &a) {
+    room("cont", 1);
+    return own(ggml_cont(ctx->ctx, use("cont", a)), a.ndim);
+}
+
+Tensor Graph::cast(const Tensor &a, const std::string &dtype) {
+    room("cast", 2);
+    ggml_tensor *t = use("cast", a);
+    ggml_type to = dtype_from_name(dtype, "cast");
+    if (to == t->type) return own(ggml_cont(ctx->ctx, t), a.ndim);
+    if (!is_float(t->type)) fail("cast", "source must be a float tensor, got " + shape_str(a));
+    if (ggml_is_quantized(to) && (t->type != GGML_TYPE_F32 || t->ne[0] % ggml_blck_size(to)))
+        fail("cast", "quantizing needs f32 rows that are whole blocks, got " + shape_str(a));
+    return own(ggml_cast(ctx->ctx, contig(t), to), a.ndim);
+}
+
+Tensor Graph::repeat(const Tensor &a, const std::vector<int64_t> &shape) {
+    room("repeat", 2);
+    ggml_tensor *t = use("repeat", a);
+    int64_t ne[4];
+    shape_to_ne(shape, ne, "repeat");
+    for (int d = 0; d < 4; ++d)
+        if (ne[d] % t->ne[d]) fail("repeat", "target shape must be a multiple of " + shape_str(a));
+    return own(ggml_repeat_4d(ctx->ctx, t, ne[0], ne[1], ne[2], ne[3]), std::max((int)shape.size(), a.ndim));
+}
+
+Tensor Graph::get_rows(const Tensor &a, const Tensor &ids) {
+    room("get_rows", 2);
+    ggml_tensor *ta = use("get_rows", a), *ti = use("get_rows", ids);
+    if (ti->type != GGML_TYPE_I32) fail("get_rows", "ids must be i32, got " + shape_str(ids));
+    if (ids.ndim > 3 || ta->ne[2] != ti->ne[1] || ta->ne[3] != ti->ne[2])
+        fail("get_rows", "table " + shape_str(a) + " and ids " + shape_str(ids) +
+                             " do not fit (table (..., rows, cols), ids (..., n))");
+    return own(ggml_get_rows(ctx->ctx, ta, ti), std::max(a.ndim, ids.ndim + 1));
+}
+
+Tensor Graph::rope(const Tensor &a, const Tensor &pos, int n_dims, int mode, std::optional<std::vector<int>> sections,
+                   int n_ctx_orig, float freq_base, float freq_scale, float ext_factor, float attn_factor,
+                   float beta_fast, float beta_slow, std::optional<Tensor> freq_factors) {
+    room("rope", 3);
+    ggml_tensor *t = use("rope", a), *tp = use("rope", pos);
+    if (a.ndim < 3) fail("rope", "x must be (B, T, H, D) or (T, H, D), got " + shape_str(a));
+    if (tp->type != GGML_TYPE_I32 || !ggml_is_vector(tp)) fail("rope", "positions must be an i32 vector, got " + shape_str(pos));
+    if (n_dims < 2 || n_dims % 2 || n_dims > t->ne[0])
+        fail("rope", "n_dims must be even and <= head dim for " + shape_str(a));
+    if (!is_float(t->type)) fail("rope", "float tensor required, got " + shape_str(a));
+    if (mode & 1) fail("rope", "mode must be 0 (normal), 2 (neox), 8 (mrope), 24 (vision) or 40 (imrope)");
+    const bool multi = (mode & GGML_ROPE_TYPE_MROPE) != 0;
+    if (multi != (bool)sections) fail("rope", "sections are required exactly for mrope, vision and imrope modes");
+    if (tp->ne[0] != (multi ? 4 : 1) * t->ne[2])
+        fail("rope", "positions " + shape_str(pos) + " must have " + (multi ? "4*T" : "T") + " entries for " + shape_str(a));
+    ggml_tensor *tc = nullptr;
+    if (freq_factors) {
+        tc = use("rope", *freq_factors);
+        if (tc->type != GGML_TYPE_F32 || tc->ne[0] < n_dims / 2) fail("rope", "freq_factors must be f32 with n_dims/2 entries");
+    }
+    t = to_f32(t);
+    ggml_tensor *r;
+    if (multi) {
+        if (sections->size() != 4) fail("rope", "sections must have 4 entries");
+        int s[GGML_MROPE_SECTIONS] = {(*sections)[0], (*sections)[1], (*sections)[2], (*sections)[3]};
+        r = ggml_rope_multi(ctx->ctx, t, tp, tc, n_dims, s, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                            attn_factor, beta_fast, beta_slow);
+    } else {
+        r = ggml_rope_ext(ctx->ctx, t, tp, tc, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor,
+                          attn_factor, beta_fast, beta_slow);
+    }
+    return own(r, a.ndim);
+}
+
+Tensor Graph::timestep_embedding(const Tensor &ts, int dim, int max_period) {
+    room("timestep_embedding", 2);
+    ggml_tensor *t = use("timestep_embedding", ts);
+    if (!ggml_is_vector(t) || t->type != GGML_TYPE_F32)
+        fail("timestep_embedding", "timesteps must be an f32 vector, got " + shape_str(ts));
+    if (dim < 2 || max_period < 1) fail("timestep_embedding", "dim must be >= 2 and max_period >= 1");
+    return own(ggml_timestep_embedding(ctx->ctx, t, dim, max_period), 2);
+}
+
+Tensor Graph::reduce(const std::string &kind, const Tensor &a) {
+    room(kind.c_str(), 2);
+    ggml_tensor *t = to_f32(contig(use(kind.c_str(), a)));
+    if (kind == "sum_rows") return own(ggml_sum_rows(ctx->ctx, t), a.ndim);
+    if (kind == "mean") return own(ggml_mean(ctx->ctx, t), a.ndim);
+    fail("reduce", "unknown reduction '" + kind + "'");
+}
+
 }  // namespace sdplan

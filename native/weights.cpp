@@ -1,6 +1,348 @@
-// Placeholder registration; filled in by its own part of the runtime.
-#include "common.h"
+// Weight stores: named tensors of a model file, allocated on demand into backend buffers
+// (whole sets or subsets: a block range, a segment), filled with large sequential reads
+// straight from the file (pread into a staging buffer, then ggml_backend_tensor_set),
+// converting dtypes on the way, and copied between stores for staging.
+#include "tensor.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <tuple>
 
 namespace sdplan {
-void register_weights(nb::module_ &) {}
+
+namespace {
+
+struct WeightStore;
+
+// Tensors of one store placed in one backend buffer.
+struct WeightBuffer {
+    std::shared_ptr<WeightStore> store;
+    ggml_backend_buffer_t buf = nullptr;
+    std::vector<ggml_tensor *> tensors;
+    std::string device;
+    size_t size = 0;
+
+    ~WeightBuffer() { release(); }
+    void release() {
+        if (!buf) return;
+        for (ggml_tensor *t : tensors) {
+            t->buffer = nullptr;
+            t->data = nullptr;
+        }
+        ggml_backend_buffer_free(buf);
+        buf = nullptr;
+    }
+};
+
+struct WeightStore : std::enable_shared_from_this<WeightStore> {
+    std::shared_ptr<Context> ctx;
+    std::map<std::string, ggml_tensor *> by_name;
+    std::map<ggml_tensor *, int> ndim;
+    std::map<ggml_tensor *, ggml_backend_buffer_type_t> planned;
+
+    ggml_tensor *get(const std::string &name) const {
+        auto it = by_name.find(name);
+        if (it == by_name.end()) throw nb::key_error(("WeightStore: no tensor named '" + name + "'").c_str());
+        return it->second;
+    }
+    Tensor tensor(const std::string &name) {
+        ggml_tensor *t = get(name);
+        Tensor x;
+        x.t = t;
+        x.ndim = ndim[t];
+        x.owner = shared_from_this();
+        x.weight = true;
+        auto p = planned.find(t);
+        if (p != planned.end()) x.planned_buft = p->second;
+        return x;
+    }
+};
+
+std::shared_ptr<WeightStore> make_store(const std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>> &specs) {
+    auto s = std::make_shared<WeightStore>();
+    s->ctx = std::make_shared<Context>(ggml_tensor_overhead() * (specs.size() + 1) + 1024);
+    for (auto &[name, dtype, shape] : specs) {
+        if (name.empty() || name.size() >= GGML_MAX_NAME)
+            throw nb::value_error(("WeightStore: tensor name '" + name + "' must have 1 to 63 characters").c_str());
+        if (s->by_name.count(name)) throw nb::value_error(("WeightStore: duplicate tensor '" + name + "'").c_str());
+        ggml_type type = dtype_from_name(dtype, ("WeightStore: tensor '" + name + "'").c_str());
+        int64_t ne[4];
+        shape_to_ne(shape, ne, ("WeightStore: tensor '" + name + "'").c_str());
+        if (ne[0] % ggml_blck_size(type))
+            throw nb::value_error(("WeightStore: tensor '" + name + "': row length " + std::to_string(ne[0]) +
+                                   " is not a multiple of the " + dtype + " block size").c_str());
+        ggml_tensor *t = ggml_new_tensor_4d(s->ctx->ctx, type, ne[0], ne[1], ne[2], ne[3]);
+        ggml_set_name(t, name.c_str());
+        s->by_name[name] = t;
+        s->ndim[t] = (int)shape.size();
+    }
+    return s;
+}
+
+size_t padded(size_t n, size_t align) { return (n + align - 1) / align * align; }
+
+std::shared_ptr<WeightBuffer> allocate(std::shared_ptr<WeightStore> store, const std::vector<std::string> &names,
+                                       std::shared_ptr<Backend> backend) {
+    if (!backend) throw nb::value_error("WeightStore.allocate: backend is None");
+    ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(backend->get());
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    auto wb = std::make_shared<WeightBuffer>();
+    wb->store = store;
+    wb->device = backend->device_name;
+    size_t total = 0;
+    for (auto &n : names) {
+        ggml_tensor *t = store->get(n);
+        if (t->buffer) throw nb::value_error(("WeightStore.allocate: tensor '" + n + "' is already allocated").c_str());
+        if (std::find(wb->tensors.begin(), wb->tensors.end(), t) != wb->tensors.end()) continue;
+        wb->tensors.push_back(t);
+        total += padded(ggml_backend_buft_get_alloc_size(buft, t), align);
+    }
+    if (wb->tensors.empty()) return wb;
+    {
+        nb::gil_scoped_release nogil;
+        wb->buf = ggml_backend_buft_alloc_buffer(buft, total + align);
+    }
+    if (!wb->buf)
+        throw std::runtime_error("WeightStore.allocate: could not allocate " + std::to_string(total) + " bytes on " +
+                                 backend->device_name + " (out of device memory?)");
+    ggml_backend_buffer_set_usage(wb->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    wb->size = ggml_backend_buffer_get_size(wb->buf);
+    ggml_tallocr talloc = ggml_tallocr_new(wb->buf);
+    for (ggml_tensor *t : wb->tensors) {
+        if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) {
+            wb->release();
+            throw std::runtime_error("WeightStore.allocate: tensor placement failed");
+        }
+    }
+    return wb;
+}
+
+// Convert `nrows` rows of `src_type` into `dst_type`; `f32` is scratch of nrows*ne0 floats.
+void convert_rows(const void *src, ggml_type src_type, void *dst, ggml_type dst_type, int64_t nrows, int64_t ne0,
+                  std::vector<float> &f32) {
+    const int64_t n = nrows * ne0;
+    const float *mid;
+    if (src_type == GGML_TYPE_F32) {
+        mid = static_cast<const float *>(src);
+    } else {
+        f32.resize((size_t)n);
+        const auto *traits = ggml_get_type_traits(src_type);
+        if (!traits->to_float) throw std::runtime_error("no conversion from " + dtype_name(src_type));
+        traits->to_float(src, f32.data(), n);
+        mid = f32.data();
+    }
+    switch (dst_type) {
+        case GGML_TYPE_F32: std::memcpy(dst, mid, (size_t)n * sizeof(float)); break;
+        case GGML_TYPE_F16: ggml_fp32_to_fp16_row(mid, static_cast<ggml_fp16_t *>(dst), n); break;
+        case GGML_TYPE_BF16: ggml_fp32_to_bf16_row(mid, static_cast<ggml_bf16_t *>(dst), n); break;
+        default:
+            if (!ggml_is_quantized(dst_type)) throw std::runtime_error("no conversion to " + dtype_name(dst_type));
+            ggml_quantize_chunk(dst_type, mid, dst, 0, nrows, ne0, nullptr);
+    }
+}
+
+void pread_all(int fd, void *dst, size_t n, uint64_t off, const std::string &path) {
+    char *p = static_cast<char *>(dst);
+    while (n > 0) {
+        ssize_t r = ::pread(fd, p, n, (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            throw std::runtime_error(path + ": read failed: " + std::strerror(errno));
+        }
+        if (r == 0) throw std::runtime_error(path + ": file ends before offset " + std::to_string(off + n));
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+}
+
+struct ReadItem {
+    ggml_tensor *t;
+    uint64_t offset;
+    ggml_type file_type;
+};
+
+// Reads every item into its allocated tensor; returns file bytes read.
+uint64_t read_items(const std::string &path, std::vector<ReadItem> items, size_t chunk) {
+    std::sort(items.begin(), items.end(), [](const ReadItem &a, const ReadItem &b) { return a.offset < b.offset; });
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error(path + ": cannot open: " + std::strerror(errno));
+#ifdef POSIX_FADV_SEQUENTIAL
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+#endif
+    uint64_t total = 0;
+    std::vector<char> staging, out;
+    std::vector<float> f32;
+    try {
+        for (auto &it : items) {
+            ggml_tensor *t = it.t;
+            const int64_t ne0 = t->ne[0], nrows = ggml_nrows(t);
+            const size_t in_row = ggml_row_size(it.file_type, ne0), out_row = ggml_row_size(t->type, ne0);
+            const bool host = ggml_backend_buffer_is_host(t->buffer);
+            int64_t rows_per = std::max<int64_t>(1, (int64_t)(chunk / std::max<size_t>(in_row, 1)));
+            if (it.file_type == t->type && host) {
+                pread_all(fd, t->data, in_row * (size_t)nrows, it.offset, path);  // straight into RAM
+                total += in_row * (size_t)nrows;
+                continue;
+            }
+            for (int64_t r0 = 0; r0 < nrows; r0 += rows_per) {
+                const int64_t nr = std::min(rows_per, nrows - r0);
+                staging.resize(in_row * (size_t)nr);
+                pread_all(fd, staging.data(), staging.size(), it.offset + in_row * (uint64_t)r0, path);
+                total += staging.size();
+                const void *src = staging.data();
+                if (it.file_type != t->type) {
+                    out.resize(out_row * (size_t)nr);
+                    convert_rows(staging.data(), it.file_type, out.data(), t->type, nr, ne0, f32);
+                    src = out.data();
+                }
+                ggml_backend_tensor_set(t, src, out_row * (size_t)r0, out_row * (size_t)nr);
+            }
+        }
+    } catch (...) {
+        ::close(fd);
+        throw;
+    }
+    ::close(fd);
+    return total;
+}
+
+using HostArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+}  // namespace
+
+void register_weights(nb::module_ &m) {
+    nb::class_<WeightBuffer>(m, "WeightBuffer", "Weight tensors placed in one backend buffer on one device.")
+        .def_prop_ro("device", [](const WeightBuffer &b) { return b.device; })
+        .def_prop_ro("size", [](const WeightBuffer &b) { return b.buf ? b.size : (size_t)0; },
+                     "Bytes of the backend buffer (0 once freed).")
+        .def_prop_ro("freed", [](const WeightBuffer &b) { return b.buf == nullptr; })
+        .def_prop_ro("names", [](const WeightBuffer &b) {
+            std::vector<std::string> n;
+            for (auto *t : b.tensors) n.push_back(t->name);
+            return n;
+        })
+        .def("free", [](WeightBuffer &b) { b.release(); },
+             "Free the buffer; its tensors become non-resident (idempotent).");
+
+    nb::class_<WeightStore>(m, "WeightStore",
+        "Named weight tensors (metadata only until allocated). specs: (name, dtype, shape)\n"
+        "with numpy-order shapes.")
+        .def(nb::new_(&make_store), nb::arg("specs"))
+        .def("__len__", [](const WeightStore &s) { return s.by_name.size(); })
+        .def("__contains__", [](const WeightStore &s, const std::string &n) { return s.by_name.count(n) > 0; })
+        .def_prop_ro("names", [](const WeightStore &s) {
+            std::vector<std::string> n;
+            for (auto &kv : s.by_name) n.push_back(kv.first);
+            return n;
+        })
+        .def("tensor", &WeightStore::tensor, nb::arg("name"), "The tensor to use in graphs.")
+        .def("nbytes", [](const WeightStore &s, const std::string &n) { return ggml_nbytes(s.get(n)); }, nb::arg("name"))
+        .def("resident", [](const WeightStore &s, const std::string &n) { return s.get(n)->buffer != nullptr; },
+             nb::arg("name"))
+        .def("plan", [](WeightStore &s, const std::vector<std::string> &names, std::shared_ptr<Backend> b) {
+            ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(b->get());
+            for (auto &n : names) s.planned[s.get(n)] = buft;
+        }, nb::arg("names"), nb::arg("backend"),
+        "Record the device these tensors will be allocated on (for Graph.reserve before loading).")
+        .def("alloc_size", [](WeightStore &s, const std::vector<std::string> &names, std::shared_ptr<Backend> b) {
+            ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(b->get());
+            size_t align = ggml_backend_buft_get_alignment(buft), total = 0;
+            for (auto &n : names) total += padded(ggml_backend_buft_get_alloc_size(buft, s.get(n)), align);
+            return total;
+        }, nb::arg("names"), nb::arg("backend"), "Bytes allocate() would take for these tensors.")
+        .def("allocate", [](WeightStore &s, const std::vector<std::string> &names, std::shared_ptr<Backend> b) {
+            return allocate(s.shared_from_this(), names, b);
+        }, nb::arg("names"), nb::arg("backend"),
+        "Allocate one buffer on the backend's device holding these tensors. Raises RuntimeError\n"
+        "when the device cannot provide the memory, ValueError when a tensor is already allocated.")
+        .def("read", [](WeightStore &s, const std::string &path,
+                        const std::vector<std::tuple<std::string, uint64_t, std::string>> &items, size_t chunk) {
+            std::vector<ReadItem> v;
+            for (auto &[name, off, dt] : items) {
+                ggml_tensor *t = s.get(name);
+                if (!t->buffer) throw nb::value_error(("WeightStore.read: tensor '" + name + "' is not allocated").c_str());
+                ggml_type ft = dtype_from_name(dt, ("WeightStore.read: tensor '" + name + "'").c_str());
+                if (ft != t->type) {
+                    if (!ggml_get_type_traits(ft)->to_float)
+                        throw nb::value_error(("WeightStore.read: cannot convert '" + name + "' from " + dt).c_str());
+                    if (t->ne[0] % ggml_blck_size(ft))
+                        throw nb::value_error(("WeightStore.read: '" + name + "' rows are not whole " + dt + " blocks").c_str());
+                }
+                v.push_back({t, off, ft});
+            }
+            if (chunk < 4096) throw nb::value_error("WeightStore.read: chunk_bytes must be >= 4096");
+            nb::gil_scoped_release nogil;
+            return read_items(path, v, chunk);
+        }, nb::arg("path"), nb::arg("items"), nb::arg("chunk_bytes") = (size_t)64 << 20,
+        "Fill allocated tensors from a file: items are (name, file offset in bytes, file dtype).\n"
+        "Reads in file order with large preads (GIL released), converting the file dtype to the\n"
+        "tensor's (float to float, or to a quantized type). Returns the file bytes read.")
+        .def("copy_from", [](WeightStore &s, WeightStore &src, const std::vector<std::string> &names) {
+            std::vector<std::pair<ggml_tensor *, ggml_tensor *>> pairs;
+            for (auto &n : names) {
+                ggml_tensor *a = src.get(n), *b = s.get(n);
+                if (!a->buffer || !b->buffer)
+                    throw nb::value_error(("WeightStore.copy_from: '" + n + "' is not allocated on both sides").c_str());
+                if (a->type != b->type || !ggml_are_same_shape(a, b))
+                    throw nb::value_error(("WeightStore.copy_from: '" + n + "' differs in dtype or shape").c_str());
+                pairs.emplace_back(a, b);
+            }
+            nb::gil_scoped_release nogil;
+            uint64_t total = 0;
+            for (auto &p : pairs) {
+                ggml_backend_tensor_copy(p.first, p.second);
+                total += ggml_nbytes(p.first);
+            }
+            return total;
+        }, nb::arg("src"), nb::arg("names"), "Copy tensors of another store with the same specs (staging); returns bytes.")
+        .def("set_data", [](WeightStore &s, const std::string &n, HostArray arr) {
+            ggml_tensor *t = s.get(n);
+            if (!t->buffer) throw nb::value_error(("WeightStore.set_data: '" + n + "' is not allocated").c_str());
+            if (arr.nbytes() != ggml_nbytes(t))
+                throw nb::value_error(("WeightStore.set_data: '" + n + "' needs " + std::to_string(ggml_nbytes(t)) +
+                                       " bytes, got " + std::to_string(arr.nbytes())).c_str());
+            const void *src = arr.data();
+            nb::gil_scoped_release nogil;
+            ggml_backend_tensor_set(t, src, 0, ggml_nbytes(t));
+        }, nb::arg("name"), nb::arg("array"), "Write raw bytes (a C-contiguous array of the exact size).")
+        .def("get_bytes", [](WeightStore &s, const std::string &n) {
+            ggml_tensor *t = s.get(n);
+            if (!t->buffer) throw nb::value_error(("WeightStore.get_bytes: '" + n + "' is not allocated").c_str());
+            std::string out(ggml_nbytes(t), '\0');
+            {
+                nb::gil_scoped_release nogil;
+                ggml_backend_tensor_get(t, out.data(), 0, out.size());
+            }
+            return nb::bytes(out.data(), out.size());
+        }, nb::arg("name"), "The tensor's raw bytes.");
+
+    m.def("supports_mul_mat", [](std::shared_ptr<Backend> b, const std::string &dtype) {
+        ggml_type type = dtype_from_name(dtype, "supports_mul_mat");
+        Context c(4 * ggml_tensor_overhead() + 1024);
+        int64_t k = std::max<int64_t>(256, ggml_blck_size(type));
+        ggml_tensor *w = ggml_new_tensor_2d(c.ctx, type, k, 8);
+        ggml_tensor *x = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, k, 4);
+        ggml_tensor *r = ggml_mul_mat(c.ctx, w, x);
+        return ggml_backend_supports_op(b->get(), r);
+    }, nb::arg("backend"), nb::arg("dtype"), "Whether the backend multiplies matrices stored in this dtype.");
+
+    m.def("dtype_size", [](const std::string &dtype, int64_t n) {
+        ggml_type t = dtype_from_name(dtype, "dtype_size");
+        if (n % ggml_blck_size(t)) throw nb::value_error("dtype_size: n is not a whole number of blocks");
+        return ggml_row_size(t, n);
+    }, nb::arg("dtype"), nb::arg("n"), "Bytes of n elements of dtype (n a multiple of its block size).");
+}
+
 }  // namespace sdplan

@@ -1,0 +1,222 @@
+"""Building ggml graphs from Python: the conventions and a few composite layers.
+
+Every model graph (CLIP, T5, UNet, VAE, TAE, ESRGAN, Flux, ...) is written against
+``sdplan._ggml.Graph``; this module documents its conventions and adds the layers that are
+compositions of ops.
+
+Conventions
+-----------
+* **Shapes are numpy order**, outermost first: an image batch is ``(N, C, H, W)``, a token
+  sequence ``(B, T, D)``, a linear weight ``(out, in)``, a conv weight ``(OC, IC, KH, KW)``
+  (the PyTorch layouts). The binding reverses them into ggml's ``ne`` order. At most 4
+  dimensions.
+* **dtypes by name**: ``"f32"``, ``"f16"``, ``"bf16"``, ``"i32"``, ``"q8_0"``, ``"q4_0"``,
+  ``"q4_k"``, ... (ggml's type names in lower case). Inputs and outputs cross as numpy
+  ``float32``/``float16``/``int32`` arrays.
+* **Broadcasting** in ``add``/``sub``/``mul``/``div`` follows numpy's trailing alignment,
+  restricted to ggml's rule: every dimension of the smaller operand divides the larger's
+  (so ``(C, 1, 1)`` with ``(N, C, H, W)`` works). Mixed float dtypes compute in f32.
+* ``mul_mat(a, b)`` computes ``b @ a.T`` over the last two axes: ``a`` is ``(..., M, K)``
+  (a weight ``(out, in)``), ``b`` is ``(..., N, K)``; the result is ``(..., N, M)``; ``a``'s
+  batch axes broadcast over ``b``'s.
+* Ops never let ggml assert: bad shapes or dtypes raise ``ValueError`` naming the op and the
+  shapes. Non-contiguous operands are made contiguous where an op needs it.
+* A graph is built once per input shape (``g.input(...)``, ops, ``g.output(name, t)``), then
+  reused: ``g.set_input(name, array)``, ``g.compute()``, ``g.get_output(name)``.
+  ``g.reserve()`` measures the compute buffers per backend before weights are loaded
+  (weights from a ``WeightStore`` with a ``plan``). ``g.cancel()`` from another thread
+  stops a compute (``ComputeCancelled``) and leaves the graph reusable.
+* **Devices**: ``Graph(backends)`` takes the backends in scheduler order, first = the main
+  device (inputs and outputs), last = a CPU backend (the scheduler's fallback). Ops run where
+  their weights live; ``with on(g, i):`` pins the ops created inside to backend ``i``
+  (used for layer split), and ``g.checkpoint(t)`` marks a node where a cancel can stop
+  backends without an abort callback (RPC).
+
+Native op methods of ``Graph`` (all shapes numpy order): ``input(name, shape, dtype="f32")``,
+``output(name, x)``, ``mul_mat(a, b)``, ``add/sub/mul/div(a, b)``, ``scale(a, s, bias=0)``,
+``unary(op, a)`` with op in gelu (tanh approximation), gelu_erf, gelu_quick, silu, relu,
+sigmoid, tanh, exp, sqr, sqrt, abs, neg, sin, cos, log; ``leaky_relu(a, slope)``,
+``clamp(a, min, max)``, ``norm(a, eps)`` and ``rms_norm(a, eps)`` over the last axis,
+``group_norm(a, n_groups, eps)`` over (C, H, W) groups, ``soft_max(a, mask=None, scale=1,
+max_bias=0)`` over the last axis of ``a*scale + mask``, ``flash_attn(q, k, v, mask=None,
+scale=1)`` with q ``(B, H, Nq, D)``, k/v ``(B, Hkv, Nk, D)`` returning ``(B, Nq, H, Dv)``,
+``conv_2d(w, x, stride=(1,1), padding=(0,0), dilation=(1,1), direct=False)``,
+``conv_transpose_2d(w, x, stride)`` (w ``(IC, OC, KH, KW)``, no padding),
+``upscale(a, factor)`` (nearest, last two axes), ``interpolate(a, shape, mode)``,
+``pad(a, [(before, after), ...])`` (zeros), ``concat(a, b, axis)``, ``permute(a, axes)``
+(like ``np.transpose``), ``transpose(a)`` (swap the last two axes, a view),
+``reshape(a, shape)`` (one ``-1`` allowed), ``view(a, shape, strides=None, offset=0)``
+(byte strides, numpy order), ``cont(a)``, ``cast(a, dtype)``, ``repeat(a, shape)``,
+``get_rows(table, ids)`` (``(R, C)`` with i32 ``(N,)`` -> ``(N, C)``), ``rope(x, pos,
+n_dims, mode=0, ...)`` with x ``(B, T, H, D)`` and i32 positions ``(T,)``,
+``timestep_embedding(t, dim, max_period=10000)`` (``(N,)`` -> ``(N, dim)``),
+``sum_rows(a)``, ``mean(a)``, ``supports(x, backend_index=0)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+__all__ = [
+    "new_graph", "on", "linear", "layer_norm", "group_norm", "attention", "conv2d",
+    "conv_transpose2d", "pixel_shuffle", "prelu", "gelu", "geglu", "NUMPY_DTYPES",
+]
+
+#: numpy dtype names of the dtypes that cross the Python boundary.
+NUMPY_DTYPES = {"f32": "float32", "f16": "float16", "i32": "int32"}
+
+Tensor = Any  # sdplan._ggml.Tensor
+Graph = Any  # sdplan._ggml.Graph
+
+
+def new_graph(backends: Sequence[Any], max_nodes: int = 16384, n_threads: int = 0) -> Graph:
+    """A new ``sdplan._ggml.Graph`` over ``backends`` (first = main device).
+
+    A CPU backend is required last (the scheduler's fallback); when ``backends`` does not end
+    with one, a fresh CPU backend is appended. ``max_nodes`` bounds the number of tensors the
+    graph may create; ``n_threads`` > 0 sets the CPU thread count at each compute.
+    Raises ValueError for an empty list.
+    """
+    import sdplan._ggml as native
+
+    bs = list(backends)
+    if not bs:
+        raise ValueError("new_graph: needs at least one backend")
+    if native.device_type(bs[-1].device_name) != "cpu":
+        bs.append(native.init_backend("CPU"))
+    return native.Graph(bs, max_nodes=max_nodes, n_threads=n_threads)
+
+
+@contextlib.contextmanager
+def on(g: Graph, index: int | None) -> Iterator[None]:
+    """Pin the ops created inside the block to backend ``index`` of ``g`` (None: no pinning)."""
+    old = g.scope
+    g.scope = -1 if index is None else index
+    try:
+        yield
+    finally:
+        g.scope = old
+
+
+def linear(g: Graph, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """``x @ w.T + b``: x ``(..., in)``, w ``(out, in)``, b ``(out,)`` -> ``(..., out)``."""
+    y = g.mul_mat(w, x)
+    return g.add(y, b) if b is not None else y
+
+
+def layer_norm(g: Graph, x: Tensor, w: Tensor | None, b: Tensor | None, eps: float = 1e-5) -> Tensor:
+    """LayerNorm over the last axis: ``norm(x) * w + b`` (w, b ``(D,)``, either may be None)."""
+    y = g.norm(x, eps)
+    if w is not None:
+        y = g.mul(y, w)
+    return g.add(y, b) if b is not None else y
+
+
+def group_norm(g: Graph, x: Tensor, n_groups: int, w: Tensor | None, b: Tensor | None,
+               eps: float = 1e-6) -> Tensor:
+    """GroupNorm of ``(N, C, H, W)`` with per-channel affine ``w, b`` of shape ``(C,)``."""
+    y = g.group_norm(x, n_groups, eps)
+    c = x.shape[-3]
+    if w is not None:
+        y = g.mul(y, g.reshape(w, (c, 1, 1)))
+    return g.add(y, g.reshape(b, (c, 1, 1))) if b is not None else y
+
+
+def attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+              scale: float | None = None, flash: bool | None = None) -> Tensor:
+    """Scaled dot-product attention; q ``(B, H, Nq, D)``, k and v ``(B, H, Nk, D)``, mask
+    ``(Nq, Nk)`` (added to the scores) -> ``(B, Nq, H*D)``.
+
+    ``scale`` defaults to ``1/sqrt(D)``. ``flash=None`` uses ``flash_attn`` when the main
+    backend supports it (True forces it, False forces the plain softmax path).
+    """
+    b, h, nq, d = q.shape
+    s = 1.0 / math.sqrt(d) if scale is None else scale
+    if flash is not False:
+        fa = g.flash_attn(q, k, v, mask, s)
+        if flash or g.supports(fa, 0):
+            return g.reshape(fa, (b, nq, h * v.shape[-1]))
+    kq = g.mul_mat(k, q)  # (B, H, Nq, Nk)
+    p = g.soft_max(kq, mask, s)
+    vt = g.cont(g.transpose(v))  # (B, H, D, Nk)
+    o = g.mul_mat(vt, p)  # (B, H, Nq, D)
+    o = g.cont(g.permute(o, (0, 2, 1, 3)))  # (B, Nq, H, D)
+    return g.reshape(o, (b, nq, h * v.shape[-1]))
+
+
+def conv2d(g: Graph, x: Tensor, w: Tensor, b: Tensor | None = None, stride: int | tuple[int, int] = 1,
+           padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1,
+           direct: bool = False) -> Tensor:
+    """Conv2d like ``torch.nn.functional.conv2d``: x ``(N, IC, H, W)``, w ``(OC, IC, KH, KW)``,
+    b ``(OC,)``; ints mean the same value on both axes."""
+    y = g.conv_2d(w, x, _pair(stride), _pair(padding), _pair(dilation), direct)
+    return g.add(y, g.reshape(b, (b.shape[0], 1, 1))) if b is not None else y
+
+
+def _pair(v: int | Sequence[int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def conv_transpose2d(g: Graph, x: Tensor, w: Tensor, b: Tensor | None = None, stride: int = 1,
+                     padding: int = 0, output_padding: int = 0) -> Tensor:
+    """ConvTranspose2d like torch: x ``(N, IC, H, W)``, w ``(IC, OC, KH, KW)``; output
+    ``(N, OC, (H-1)*s - 2p + KH + op, ...)``: computed unpadded, then cropped by a view."""
+    y = g.conv_transpose_2d(w, x, stride)
+    if padding or output_padding:
+        n, c, hh, ww = y.shape
+        oh, ow = hh - 2 * padding + output_padding, ww - 2 * padding + output_padding
+        if output_padding > padding:
+            y = g.pad(y, [(0, 0), (0, 0), (0, output_padding - padding), (0, output_padding - padding)])
+            n, c, hh, ww = y.shape
+        es = 4
+        y = g.cont(g.view(y, (n, c, oh, ow), (c * hh * ww * es, hh * ww * es, ww * es, es),
+                          (padding * ww + padding) * es))
+    if b is not None:
+        y = g.add(y, g.reshape(b, (b.shape[0], 1, 1)))
+    return y
+
+
+def pixel_shuffle(g: Graph, x: Tensor, r: int) -> Tensor:
+    """``torch.nn.functional.pixel_shuffle`` for ``(1, C*r*r, H, W)`` or ``(C*r*r, H, W)``
+    -> ``(1, C, H*r, W*r)`` (batch 1: ggml tensors have at most 4 axes)."""
+    shape = x.shape
+    if len(shape) == 4 and shape[0] != 1:
+        raise ValueError(f"pixel_shuffle: batch must be 1, got {shape}")
+    crr, h, w = shape[-3:]
+    if crr % (r * r):
+        raise ValueError(f"pixel_shuffle: channels {crr} not divisible by {r}*{r}")
+    c = crr // (r * r)
+    y = g.reshape(x, (c * r, r, h, w))                 # (c,i), j, h, w
+    y = g.cont(g.permute(y, (0, 2, 3, 1)))             # (c,i), h, w, j
+    y = g.reshape(y, (c, r, h, w * r))                 # c, i, h, (w,j)
+    y = g.cont(g.permute(y, (0, 2, 1, 3)))             # c, h, i, (w,j)
+    return g.reshape(y, (1, c, h * r, w * r) if len(shape) == 4 else (c, h * r, w * r))
+
+
+def prelu(g: Graph, x: Tensor, slope: Tensor) -> Tensor:
+    """PReLU: ``relu(x) - slope * relu(-x)``; slope broadcasts like ``mul``."""
+    return g.sub(g.unary("relu", x), g.mul(g.unary("relu", g.unary("neg", x)), slope))
+
+
+def gelu(g: Graph, x: Tensor, approximate: bool = False) -> Tensor:
+    """GELU: exact (erf) by default, the tanh approximation with ``approximate=True``."""
+    return g.unary("gelu" if approximate else "gelu_erf", x)
+
+
+def geglu(g: Graph, x: Tensor, approximate: bool = False) -> Tensor:
+    """GEGLU in the diffusers order: ``hidden, gate`` = the two halves of the last axis of
+    ``x`` (f32 or f16); returns ``hidden * gelu(gate)`` with shape ``(..., D/2)``."""
+    *lead, d2 = x.shape
+    d = d2 // 2
+    es = 4 if x.dtype == "f32" else 2
+    strides = []
+    acc = d2 * es
+    for n in reversed(lead):
+        strides.insert(0, acc)
+        acc *= n
+    a = g.view(x, (*lead, d), (*strides, es), 0)
+    b = g.view(x, (*lead, d), (*strides, es), d * es)
+    return g.mul(g.cont(a), gelu(g, g.cont(b), approximate))

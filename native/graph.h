@@ -1,0 +1,102 @@
+// The Graph type: ops (graph.cpp) and execution (graph_exec.cpp).
+#pragma once
+
+#include "tensor.h"
+
+#include <atomic>
+#include <map>
+#include <optional>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+namespace sdplan {
+
+// Raised (as sdplan._ggml.ComputeCancelled) when cancel() stopped a compute.
+struct ComputeCancelled : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+struct Graph {
+    std::shared_ptr<Context> ctx;                   // op tensors (no_alloc)
+    std::vector<std::shared_ptr<Backend>> backends; // scheduler order; last is a CPU
+    int max_nodes;
+    int n_threads;
+    std::map<std::string, Tensor> inputs, outputs;
+    std::vector<std::pair<ggml_tensor *, int>> assign;  // node -> backend index
+    int scope = -1;
+    std::unordered_set<ggml_tensor *> checkpoints;
+    std::set<std::shared_ptr<void>> keep;  // owners of weight tensors used here
+    std::unordered_map<ggml_tensor *, ggml_backend_buffer_type_t> ext;  // weight leafs
+    std::unique_ptr<Context> gctx;
+    ggml_cgraph *gf = nullptr;
+    int capacity = 0;
+    ggml_backend_sched_t sched = nullptr;
+    bool allocated = false;
+    bool computed = false;
+    std::atomic<bool> cancel_flag{false};
+
+    Graph(std::vector<std::shared_ptr<Backend>> backends, int max_nodes, int n_threads);
+    ~Graph();
+    Graph(const Graph &) = delete;
+    Graph &operator=(const Graph &) = delete;
+
+    // building blocks
+    void room(const char *op, int n);
+    ggml_tensor *use(const char *op, const Tensor &x);
+    Tensor own(ggml_tensor *r, int ndim);
+    ggml_tensor *contig(ggml_tensor *t);
+    ggml_tensor *to_f32(ggml_tensor *t);
+    void set_scope(int index);
+
+    // ops (numpy-order shapes)
+    Tensor input(const std::string &name, const std::vector<int64_t> &shape, const std::string &dtype);
+    Tensor output(const std::string &name, const Tensor &x);
+    void checkpoint(const Tensor &x);
+    Tensor mul_mat(const Tensor &a, const Tensor &b);
+    Tensor binary(const char *op, const Tensor &a, const Tensor &b);
+    Tensor scale(const Tensor &a, float s, float bias);
+    Tensor unary(const std::string &name, const Tensor &a);
+    Tensor leaky_relu(const Tensor &a, float slope);
+    Tensor clamp(const Tensor &a, float lo, float hi);
+    Tensor norm(const std::string &kind, const Tensor &a, float eps, int n_groups);
+    Tensor soft_max(const Tensor &a, std::optional<Tensor> mask, float scale, float max_bias);
+    Tensor flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std::optional<Tensor> mask, float scale,
+                      float max_bias, float softcap);
+    bool supports(const Tensor &x, int index);
+    Tensor conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stride, std::pair<int, int> pad,
+                   std::pair<int, int> dil, bool direct);
+    Tensor conv_transpose_2d(const Tensor &w, const Tensor &x, int stride);
+    Tensor upscale(const Tensor &a, int factor);
+    Tensor interpolate(const Tensor &a, const std::vector<int64_t> &shape, const std::string &mode, bool align_corners);
+    Tensor pad(const Tensor &a, const std::vector<std::pair<int, int>> &pads);
+    Tensor concat(const Tensor &a, const Tensor &b, int axis);
+    Tensor permute(const Tensor &a, const std::vector<int> &axes);
+    Tensor transpose(const Tensor &a);
+    Tensor reshape(const Tensor &a, const std::vector<int64_t> &shape);
+    Tensor view(const Tensor &a, const std::vector<int64_t> &shape, std::optional<std::vector<int64_t>> strides,
+                int64_t offset);
+    Tensor cont(const Tensor &a);
+    Tensor cast(const Tensor &a, const std::string &dtype);
+    Tensor repeat(const Tensor &a, const std::vector<int64_t> &shape);
+    Tensor get_rows(const Tensor &a, const Tensor &ids);
+    Tensor rope(const Tensor &a, const Tensor &pos, int n_dims, int mode, std::optional<std::vector<int>> sections,
+                int n_ctx_orig, float freq_base, float freq_scale, float ext_factor, float attn_factor,
+                float beta_fast, float beta_slow, std::optional<Tensor> freq_factors);
+    Tensor timestep_embedding(const Tensor &ts, int dim, int max_period);
+    Tensor reduce(const std::string &kind, const Tensor &a);
+
+    // execution (graph_exec.cpp)
+    void build();
+    void make_sched();
+    void apply_assignments();
+    void ensure_alloc();
+    std::vector<size_t> reserve();
+    std::vector<size_t> buffer_sizes();
+    void compute();
+    void free_sched();
+    void check_resident();
+};
+
+}  // namespace sdplan

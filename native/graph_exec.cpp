@@ -1,0 +1,381 @@
+// Graph execution (build, reserve, compute, inputs/outputs) and the Python bindings of
+// Tensor and Graph.
+#include "graph.h"
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+
+namespace sdplan {
+
+namespace {
+
+template <typename Fn>
+Fn backend_proc(const Backend &b, const char *name) {
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(b.device);
+    return reg ? (Fn)ggml_backend_reg_get_proc_address(reg, name) : nullptr;
+}
+
+bool abort_cb(void *data) { return static_cast<Graph *>(data)->cancel_flag.load(); }
+
+bool eval_cb(ggml_tensor *t, bool ask, void *data) {
+    auto *g = static_cast<Graph *>(data);
+    if (ask) return g->cancel_flag.load() || g->checkpoints.count(t) > 0;
+    return !g->cancel_flag.load();
+}
+
+// numpy dtype string of a ggml type, or nullptr when there is none.
+const char *np_dtype(ggml_type t) {
+    switch (t) {
+        case GGML_TYPE_F32: return "float32";
+        case GGML_TYPE_F16: return "float16";
+        case GGML_TYPE_I32: return "int32";
+        default: return nullptr;
+    }
+}
+
+bool dtype_matches(const nb::dlpack::dtype &d, ggml_type t) {
+    using nb::dlpack::dtype_code;
+    switch (t) {
+        case GGML_TYPE_F32: return d.code == (uint8_t)dtype_code::Float && d.bits == 32;
+        case GGML_TYPE_F16: return d.code == (uint8_t)dtype_code::Float && d.bits == 16;
+        case GGML_TYPE_I32: return d.code == (uint8_t)dtype_code::Int && d.bits == 32;
+        default: return false;
+    }
+}
+
+using HostArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+}  // namespace
+
+void Graph::build() {
+    if (gf) return;
+    if (outputs.empty()) throw nb::value_error("Graph.build: declare at least one output");
+    int n = 0;
+    for (ggml_tensor *t = ggml_get_first_tensor(ctx->ctx); t; t = ggml_get_next_tensor(ctx->ctx, t)) ++n;
+    capacity = n + (int)ext.size() + 64;
+    gctx = std::make_unique<Context>(ggml_graph_overhead_custom(capacity, false) + 1024);
+    gf = ggml_new_graph_custom(gctx->ctx, capacity, false);
+    for (auto &kv : outputs) ggml_build_forward_expand(gf, kv.second.t);
+    // keep only assignments of nodes that made it into the graph
+    std::unordered_set<ggml_tensor *> nodes;
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) nodes.insert(ggml_graph_node(gf, i));
+    std::vector<std::pair<ggml_tensor *, int>> kept;
+    for (auto &a : assign)
+        if (nodes.count(a.first)) kept.push_back(a);
+    assign.swap(kept);
+    // weights must live where some backend of this graph can read them
+    for (auto &kv : ext) {
+        ggml_tensor *t = kv.first;
+        ggml_backend_buffer_t buf = t->view_src ? t->view_src->buffer : t->buffer;
+        ggml_backend_buffer_type_t buft = buf ? ggml_backend_buffer_get_type(buf) : kv.second;
+        if (!buft) continue;
+        bool ok = false;
+        for (auto &b : backends) ok = ok || ggml_backend_supports_buft(b->get(), buft);
+        if (!ok)
+            throw nb::value_error(("Graph.build: weight '" + std::string(t->name) + "' lives in buffer type " +
+                                   ggml_backend_buft_name(buft) + ", which no backend of this graph can use")
+                                      .c_str());
+    }
+}
+
+void Graph::make_sched() {
+    build();
+    if (sched) return;
+    std::vector<ggml_backend_t> hs;
+    for (auto &b : backends) hs.push_back(b->get());
+    sched = ggml_backend_sched_new(hs.data(), nullptr, (int)hs.size(), (size_t)capacity, false, false);
+    if (!sched) throw std::runtime_error("Graph: ggml_backend_sched_new failed");
+    allocated = false;
+}
+
+void Graph::apply_assignments() {
+    for (auto &a : assign) ggml_backend_sched_set_tensor_backend(sched, a.first, backends[a.second]->get());
+}
+
+void Graph::check_resident() {
+    for (auto &kv : ext) {
+        ggml_tensor *t = kv.first;
+        if (!t->buffer && !(t->view_src && t->view_src->buffer))
+            throw std::runtime_error("Graph: weight '" + std::string(t->name) +
+                                     "' is not resident; load or stage its weights before computing");
+    }
+}
+
+void Graph::ensure_alloc() {
+    make_sched();
+    if (allocated) return;
+    check_resident();
+    ggml_backend_sched_reset(sched);
+    apply_assignments();
+    bool ok;
+    {
+        nb::gil_scoped_release nogil;
+        ok = ggml_backend_sched_alloc_graph(sched, gf);
+    }
+    if (!ok) {
+        free_sched();
+        throw std::runtime_error("Graph: could not allocate the compute buffers (out of device memory?)");
+    }
+    allocated = true;
+    computed = false;
+}
+
+std::vector<size_t> Graph::reserve() {
+    make_sched();
+    // weights not loaded yet: point them at a tiny placeholder buffer of their planned
+    // buffer type so the scheduler places and measures as if they were resident.
+    std::map<ggml_backend_buffer_type_t, ggml_backend_buffer_t> holders;
+    std::vector<ggml_tensor *> faked;
+    auto restore = [&]() {
+        for (ggml_tensor *t : faked) {
+            t->buffer = nullptr;
+            t->data = nullptr;
+        }
+        for (auto &h : holders) ggml_backend_buffer_free(h.second);
+    };
+    for (auto &kv : ext) {
+        ggml_tensor *t = kv.first;
+        if (t->buffer || (t->view_src && t->view_src->buffer)) continue;
+        if (t->view_src) {
+            restore();
+            throw std::runtime_error("Graph.reserve: weight view '" + std::string(t->name) + "' is not resident");
+        }
+        if (!kv.second) {
+            restore();
+            throw std::runtime_error("Graph.reserve: weight '" + std::string(t->name) +
+                                     "' is neither resident nor planned on a device");
+        }
+        auto it = holders.find(kv.second);
+        if (it == holders.end()) {
+            ggml_backend_buffer_t b = ggml_backend_buft_alloc_buffer(kv.second, 512);
+            if (!b) {
+                restore();
+                throw std::runtime_error("Graph.reserve: could not allocate a placeholder buffer");
+            }
+            ggml_backend_buffer_set_usage(b, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+            it = holders.emplace(kv.second, b).first;
+        }
+        t->buffer = it->second;
+        t->data = ggml_backend_buffer_get_base(it->second);
+        faked.push_back(t);
+    }
+    bool ok;
+    ggml_backend_sched_reset(sched);
+    apply_assignments();
+    {
+        nb::gil_scoped_release nogil;
+        ok = ggml_backend_sched_reserve(sched, gf);
+    }
+    restore();
+    allocated = false;
+    if (!ok) {
+        free_sched();
+        throw std::runtime_error("Graph.reserve: could not allocate the compute buffers (out of device memory?)");
+    }
+    return buffer_sizes();
+}
+
+std::vector<size_t> Graph::buffer_sizes() {
+    std::vector<size_t> out;
+    for (auto &b : backends) out.push_back(sched ? ggml_backend_sched_get_buffer_size(sched, b->get()) : 0);
+    return out;
+}
+
+void Graph::compute() {
+    ensure_alloc();
+    using set_abort_t = ggml_backend_set_abort_callback_t;
+    using set_threads_t = ggml_backend_set_n_threads_t;
+    std::vector<std::pair<set_abort_t, ggml_backend_t>> aborts;
+    for (auto &b : backends) {
+        if (n_threads > 0)
+            if (auto f = backend_proc<set_threads_t>(*b, "ggml_backend_set_n_threads")) f(b->get(), n_threads);
+        if (auto f = backend_proc<set_abort_t>(*b, "ggml_backend_set_abort_callback")) {
+            f(b->get(), abort_cb, this);
+            aborts.emplace_back(f, b->get());
+        }
+    }
+    const bool stepwise = !checkpoints.empty();
+    if (stepwise) ggml_backend_sched_set_eval_callback(sched, eval_cb, this);
+    cancel_flag.store(false);
+    ggml_status st;
+    {
+        nb::gil_scoped_release nogil;
+        st = ggml_backend_sched_graph_compute(sched, gf);
+    }
+    for (auto &a : aborts) a.first(a.second, nullptr, nullptr);
+    if (stepwise) ggml_backend_sched_set_eval_callback(sched, nullptr, nullptr);
+    if (cancel_flag.exchange(false)) {
+        computed = false;
+        throw ComputeCancelled("compute cancelled");
+    }
+    if (st != GGML_STATUS_SUCCESS)
+        throw std::runtime_error("Graph.compute failed with ggml status " + std::to_string((int)st));
+    computed = true;
+}
+
+// ------------------------------------------------------------------ bindings
+
+void register_tensor(nb::module_ &m) {
+    nb::class_<Tensor>(m, "Tensor", "A ggml tensor of a Graph or a WeightStore (numpy-order shape).")
+        .def_prop_ro("shape", [](const Tensor &x) {
+            auto s = np_shape(x.t, x.ndim);
+            nb::list l;
+            for (auto v : s) l.append(v);
+            return nb::tuple(l);
+        }, "Shape, outermost first (numpy order).")
+        .def_prop_ro("ndim", [](const Tensor &x) { return x.ndim; })
+        .def_prop_ro("dtype", [](const Tensor &x) { return dtype_name(x.t->type); }, "ggml type name: f32, f16, q8_0, ...")
+        .def_prop_ro("nbytes", [](const Tensor &x) { return ggml_nbytes(x.t); }, "Bytes of the tensor's data.")
+        .def_prop_ro("name", [](const Tensor &x) { return std::string(x.t->name); })
+        .def_prop_ro("is_contiguous", [](const Tensor &x) { return ggml_is_contiguous(x.t); })
+        .def_prop_ro("is_weight", [](const Tensor &x) { return x.weight; })
+        .def_prop_ro("resident", [](const Tensor &x) { return x.t->buffer != nullptr || (x.t->view_src && x.t->view_src->buffer); },
+                     "True when the tensor's data is allocated in a backend buffer.")
+        .def("__repr__", [](const Tensor &x) { return "<Tensor '" + std::string(x.t->name) + "' " + shape_str(x) + ">"; });
+}
+
+void register_graph(nb::module_ &m) {
+    register_tensor(m);
+    static nb::object cancelled = nb::exception<ComputeCancelled>(m, "ComputeCancelled", PyExc_RuntimeError);
+    (void)cancelled;
+
+    using P2 = std::pair<int, int>;
+    nb::class_<Graph>(m, "Graph",
+        "A ggml compute graph over backends (first = main device, last = a CPU backend as\n"
+        "the scheduler's fallback). Build it once per input shape with the op methods,\n"
+        "declare outputs, then set_input/compute/get_output as often as needed.")
+        .def(nb::init<std::vector<std::shared_ptr<Backend>>, int, int>(), nb::arg("backends"),
+             nb::arg("max_nodes") = 16384, nb::arg("n_threads") = 0)
+        .def_prop_ro("devices", [](const Graph &g) {
+            std::vector<std::string> n;
+            for (auto &b : g.backends) n.push_back(b->device_name);
+            return n;
+        }, "Device names of the graph's backends, in scheduler order.")
+        .def_prop_ro("built", [](const Graph &g) { return g.gf != nullptr; })
+        .def_prop_ro("allocated", [](const Graph &g) { return g.allocated; })
+        .def_prop_ro("n_nodes", [](const Graph &g) { return g.gf ? ggml_graph_n_nodes(g.gf) : 0; })
+        .def_prop_ro("n_splits", [](const Graph &g) { return g.sched ? ggml_backend_sched_get_n_splits(g.sched) : 0; })
+        .def_prop_ro("input_names", [](const Graph &g) {
+            std::vector<std::string> n;
+            for (auto &kv : g.inputs) n.push_back(kv.first);
+            return n;
+        })
+        .def_prop_ro("output_names", [](const Graph &g) {
+            std::vector<std::string> n;
+            for (auto &kv : g.outputs) n.push_back(kv.first);
+            return n;
+        })
+        .def_prop_ro("weight_names", [](const Graph &g) {
+            std::vector<std::string> n;
+            for (auto &kv : g.ext) n.push_back(kv.first->name);
+            return n;
+        }, "Names of the weight tensors the graph reads.")
+        .def_prop_rw("scope", [](const Graph &g) { return g.scope; }, &Graph::set_scope,
+                     "Backend index that new ops are pinned to (-1: let the scheduler choose).")
+        .def("input", &Graph::input, nb::arg("name"), nb::arg("shape"), nb::arg("dtype") = "f32")
+        .def("output", &Graph::output, nb::arg("name"), nb::arg("x"))
+        .def("checkpoint", &Graph::checkpoint, nb::arg("x"),
+             "Mark a node where a cancel can stop backends without an abort callback (RPC).")
+        .def("mul_mat", &Graph::mul_mat, nb::arg("a"), nb::arg("b"))
+        .def("add", [](Graph &g, const Tensor &a, const Tensor &b) { return g.binary("add", a, b); })
+        .def("sub", [](Graph &g, const Tensor &a, const Tensor &b) { return g.binary("sub", a, b); })
+        .def("mul", [](Graph &g, const Tensor &a, const Tensor &b) { return g.binary("mul", a, b); })
+        .def("div", [](Graph &g, const Tensor &a, const Tensor &b) { return g.binary("div", a, b); })
+        .def("scale", &Graph::scale, nb::arg("a"), nb::arg("s"), nb::arg("bias") = 0.0f)
+        .def("unary", &Graph::unary, nb::arg("op"), nb::arg("a"))
+        .def("leaky_relu", &Graph::leaky_relu, nb::arg("a"), nb::arg("slope"))
+        .def("clamp", &Graph::clamp, nb::arg("a"), nb::arg("min"), nb::arg("max"))
+        .def("norm", [](Graph &g, const Tensor &a, float eps) { return g.norm("norm", a, eps, 0); },
+             nb::arg("a"), nb::arg("eps") = 1e-5f)
+        .def("rms_norm", [](Graph &g, const Tensor &a, float eps) { return g.norm("rms_norm", a, eps, 0); },
+             nb::arg("a"), nb::arg("eps") = 1e-6f)
+        .def("group_norm", [](Graph &g, const Tensor &a, int n, float eps) { return g.norm("group_norm", a, eps, n); },
+             nb::arg("a"), nb::arg("n_groups"), nb::arg("eps") = 1e-6f)
+        .def("soft_max", &Graph::soft_max, nb::arg("a"), nb::arg("mask") = nb::none(), nb::arg("scale") = 1.0f,
+             nb::arg("max_bias") = 0.0f)
+        .def("flash_attn", &Graph::flash_attn, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("mask") = nb::none(),
+             nb::arg("scale") = 1.0f, nb::arg("max_bias") = 0.0f, nb::arg("softcap") = 0.0f)
+        .def("supports", &Graph::supports, nb::arg("x"), nb::arg("backend_index") = 0)
+        .def("conv_2d", &Graph::conv_2d, nb::arg("w"), nb::arg("x"), nb::arg("stride") = P2{1, 1},
+             nb::arg("padding") = P2{0, 0}, nb::arg("dilation") = P2{1, 1}, nb::arg("direct") = false)
+        .def("conv_transpose_2d", &Graph::conv_transpose_2d, nb::arg("w"), nb::arg("x"), nb::arg("stride"))
+        .def("upscale", &Graph::upscale, nb::arg("a"), nb::arg("factor"))
+        .def("interpolate", &Graph::interpolate, nb::arg("a"), nb::arg("shape"), nb::arg("mode") = "nearest",
+             nb::arg("align_corners") = false)
+        .def("pad", &Graph::pad, nb::arg("a"), nb::arg("pads"))
+        .def("concat", &Graph::concat, nb::arg("a"), nb::arg("b"), nb::arg("axis"))
+        .def("permute", &Graph::permute, nb::arg("a"), nb::arg("axes"))
+        .def("transpose", &Graph::transpose, nb::arg("a"))
+        .def("reshape", &Graph::reshape, nb::arg("a"), nb::arg("shape"))
+        .def("view", &Graph::view, nb::arg("a"), nb::arg("shape"), nb::arg("strides") = nb::none(),
+             nb::arg("offset") = 0)
+        .def("cont", &Graph::cont, nb::arg("a"))
+        .def("cast", &Graph::cast, nb::arg("a"), nb::arg("dtype"))
+        .def("repeat", &Graph::repeat, nb::arg("a"), nb::arg("shape"))
+        .def("get_rows", &Graph::get_rows, nb::arg("a"), nb::arg("ids"))
+        .def("rope", &Graph::rope, nb::arg("x"), nb::arg("pos"), nb::arg("n_dims"), nb::arg("mode") = 0,
+             nb::arg("sections") = nb::none(), nb::arg("n_ctx_orig") = 0, nb::arg("freq_base") = 10000.0f,
+             nb::arg("freq_scale") = 1.0f, nb::arg("ext_factor") = 0.0f, nb::arg("attn_factor") = 1.0f,
+             nb::arg("beta_fast") = 32.0f, nb::arg("beta_slow") = 1.0f, nb::arg("freq_factors") = nb::none())
+        .def("timestep_embedding", &Graph::timestep_embedding, nb::arg("t"), nb::arg("dim"),
+             nb::arg("max_period") = 10000)
+        .def("sum_rows", [](Graph &g, const Tensor &a) { return g.reduce("sum_rows", a); })
+        .def("mean", [](Graph &g, const Tensor &a) { return g.reduce("mean", a); })
+        .def("build", &Graph::build, "Freeze the graph (no more ops).")
+        .def("reserve", &Graph::reserve,
+             "Measure and reserve compute buffers without computing; weights need not be loaded\n"
+             "(planned weights count as resident). Returns bytes per backend, scheduler order.")
+        .def("compute_buffer_sizes", &Graph::buffer_sizes,
+             "Bytes of the compute buffer per backend (scheduler order); 0 before reserve/alloc.")
+        .def("allocate", &Graph::ensure_alloc, "Allocate the compute buffers now (weights must be resident).")
+        .def("set_input", [](Graph &g, const std::string &name, HostArray arr) {
+            auto it = g.inputs.find(name);
+            if (it == g.inputs.end()) throw nb::key_error(("Graph.set_input: no input named '" + name + "'").c_str());
+            const Tensor &x = it->second;
+            auto shape = np_shape(x.t, x.ndim);
+            bool same = (int)arr.ndim() == x.ndim;
+            for (int k = 0; same && k < x.ndim; ++k) same = (int64_t)arr.shape(k) == shape[k];
+            if (!same || !dtype_matches(arr.dtype(), x.t->type))
+                throw nb::value_error(("Graph.set_input: '" + name + "' wants an array of shape " + shape_str(x)).c_str());
+            g.ensure_alloc();
+            if (!x.t->buffer) throw nb::value_error(("Graph.set_input: input '" + name + "' is not used by the graph").c_str());
+            const void *src = arr.data();
+            size_t n = ggml_nbytes(x.t);
+            nb::gil_scoped_release nogil;
+            ggml_backend_tensor_set(x.t, src, 0, n);
+        }, nb::arg("name"), nb::arg("array"),
+        "Copy a C-contiguous numpy array (float32/float16/int32, the input's shape) into an input.")
+        .def("compute", &Graph::compute,
+             "Run the graph (GIL released). Raises ComputeCancelled after cancel(), RuntimeError\n"
+             "when weights are not resident or ggml fails.")
+        .def("cancel", [](Graph &g) { g.cancel_flag.store(true); },
+             "Ask a running compute to stop at the next node (CPU) or checkpoint (other backends).")
+        .def("get_output", [](Graph &g, const std::string &name) {
+            auto it = g.outputs.find(name);
+            if (it == g.outputs.end()) throw nb::key_error(("Graph.get_output: no output named '" + name + "'").c_str());
+            if (!g.computed) throw std::runtime_error("Graph.get_output: compute() has not completed");
+            const Tensor &x = it->second;
+            auto shape = np_shape(x.t, x.ndim);
+            nb::list dims;
+            for (auto v : shape) dims.append(v);
+            nb::object arr = nb::module_::import_("numpy").attr("empty")(nb::tuple(dims), np_dtype(x.t->type));
+            HostArray view = nb::cast<HostArray>(arr);
+            void *dst = view.data();
+            size_t n = ggml_nbytes(x.t);
+            {
+                nb::gil_scoped_release nogil;
+                ggml_backend_tensor_get(x.t, dst, 0, n);
+            }
+            return arr;
+        }, nb::arg("name"), "The output as a new numpy array.")
+        .def("free_compute", &Graph::free_sched,
+             "Release the compute buffers (the graph stays built; the next compute reallocates).");
+}
+
+}  // namespace sdplan

@@ -1,0 +1,334 @@
+"""Each graph op on the CPU backend against a numpy reference; shape errors raise ValueError."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+
+G = pytest.importorskip("sdplan._ggml")
+from sdplan.core import graph as gr  # noqa: E402
+
+RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    mgr = G.BackendManager(2)
+    yield mgr.get("CPU")
+    mgr.close()
+
+
+def rand(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def run(cpu, build, arrays: dict[str, np.ndarray], dtypes: dict[str, str] | None = None) -> np.ndarray:
+    """Build a graph with inputs named like ``arrays``, output ``build(g, **inputs)``."""
+    g = gr.new_graph([cpu])
+    dtypes = dtypes or {}
+    ins = {k: g.input(k, v.shape, dtypes.get(k, "f32")) for k, v in arrays.items()}
+    g.output("y", build(g, **ins))
+    for k, v in arrays.items():
+        g.set_input(k, v)
+    g.compute()
+    return g.get_output("y")
+
+
+def close(a: np.ndarray, b: np.ndarray, tol: float = 1e-4) -> None:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_mul_mat_broadcasts_weight_over_batch(cpu) -> None:
+    w, x = rand(6, 8), rand(2, 5, 8)
+    close(run(cpu, lambda g, w, x: g.mul_mat(w, x), {"w": w, "x": x}), x @ w.T)
+
+
+@pytest.mark.parametrize("op,ref", [("add", np.add), ("sub", np.subtract),
+                                    ("mul", np.multiply), ("div", np.divide)])
+def test_binary_broadcast_both_ways(cpu, op, ref) -> None:
+    a, b = rand(2, 3, 4, 5), rand(3, 1, 1) + 3.0
+    close(run(cpu, lambda g, a, b: getattr(g, op)(a, b), {"a": a, "b": b}), ref(a, b))
+    close(run(cpu, lambda g, a, b: getattr(g, op)(b, a), {"a": a, "b": b}), ref(b, a))
+
+
+def test_binary_mixed_dtypes_compute_in_f32(cpu) -> None:
+    a, b = rand(4, 8), rand(8).astype(np.float16)
+    y = run(cpu, lambda g, a, b: g.add(a, b), {"a": a, "b": b}, {"b": "f16"})
+    close(y, a + b.astype(np.float32), 1e-3)
+
+
+def test_scale_and_bias(cpu) -> None:
+    a = rand(3, 7)
+    close(run(cpu, lambda g, a: g.scale(a, 0.5, 2.0), {"a": a}), a * 0.5 + 2.0)
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+_erf = np.vectorize(math.erf)
+UNARY = {
+    "gelu": _gelu_tanh,
+    "gelu_erf": lambda x: 0.5 * x * (1 + _erf(x / math.sqrt(2))),
+    "gelu_quick": lambda x: x / (1 + np.exp(-1.702 * x)),
+    "silu": lambda x: x / (1 + np.exp(-x)),
+    "relu": lambda x: np.maximum(x, 0),
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "tanh": np.tanh, "exp": np.exp, "sqr": np.square, "abs": np.abs, "neg": np.negative,
+    "sin": np.sin, "cos": np.cos,
+}
+
+
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary(cpu, op) -> None:
+    a = rand(4, 33)
+    close(run(cpu, lambda g, a: g.unary(op, a), {"a": a}), UNARY[op](a).astype(np.float32), 2e-3)
+
+
+def test_unary_on_a_permuted_view_is_made_contiguous(cpu) -> None:
+    a = rand(3, 5)
+    close(run(cpu, lambda g, a: g.unary("relu", g.transpose(a)), {"a": a}), np.maximum(a.T, 0))
+
+
+def test_leaky_relu_prelu_clamp(cpu) -> None:
+    a = rand(4, 6)
+    close(run(cpu, lambda g, a: g.leaky_relu(a, 0.2), {"a": a}), np.where(a > 0, a, 0.2 * a))
+    s = np.full((6,), 0.25, np.float32)
+    close(run(cpu, lambda g, a, s: gr.prelu(g, a, s), {"a": a, "s": s}), np.where(a > 0, a, 0.25 * a))
+    close(run(cpu, lambda g, a: g.clamp(a, -0.5, 0.5), {"a": a}), np.clip(a, -0.5, 0.5))
+
+
+def test_layer_norm_and_rms_norm(cpu) -> None:
+    x, w, b = rand(2, 5, 16), rand(16), rand(16)
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    ref = (x - mu) / np.sqrt(var + 1e-5) * w + b
+    close(run(cpu, lambda g, x, w, b: gr.layer_norm(g, x, w, b, 1e-5), {"x": x, "w": w, "b": b}), ref)
+    rms = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-6)
+    close(run(cpu, lambda g, x: g.rms_norm(x, 1e-6), {"x": x}), rms)
+
+
+def test_group_norm(cpu) -> None:
+    x, w, b = rand(2, 8, 3, 5), rand(8), rand(8)
+    xg = x.reshape(2, 4, -1)
+    ref = ((xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + 1e-6)).reshape(x.shape)
+    ref = ref * w[:, None, None] + b[:, None, None]
+    close(run(cpu, lambda g, x, w, b: gr.group_norm(g, x, 4, w, b), {"x": x, "w": w, "b": b}), ref)
+
+
+def _softmax(z):
+    z = z - z.max(-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_soft_max_with_mask_and_scale(cpu) -> None:
+    a, m = rand(2, 3, 4, 6), rand(4, 6)
+    close(run(cpu, lambda g, a, m: g.soft_max(a, m, 0.3), {"a": a, "m": m}), _softmax(a * 0.3 + m))
+
+
+@pytest.mark.parametrize("flash", [False, True])
+def test_attention_plain_and_flash(cpu, flash) -> None:
+    q, k, v = rand(1, 2, 5, 8), rand(1, 2, 7, 8), rand(1, 2, 7, 8)
+    m = np.zeros((5, 7), np.float32)
+    m[:, -2:] = -np.inf
+    p = _softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(8) + m)
+    ref = (p @ v).transpose(0, 2, 1, 3).reshape(1, 5, 16)
+    y = run(cpu, lambda g, q, k, v, m: gr.attention(g, q, k, v, m, flash=flash),
+            {"q": q, "k": k, "v": v, "m": m})
+    close(y, ref, 5e-3 if flash else 1e-4)
+
+
+def _conv2d_ref(x, w, stride, pad):
+    n, c, h, wd = x.shape
+    oc, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+    out = np.zeros((n, oc, oh, ow), np.float32)
+    for i in range(oh):
+        for j in range(ow):
+            patch = xp[:, :, i * stride:i * stride + kh, j * stride:j * stride + kw]
+            out[:, :, i, j] = np.einsum("nchw,ochw->no", patch, w)
+    return out
+
+
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("stride,pad", [(1, 1), (2, 0)])
+def test_conv2d(cpu, stride, pad, direct) -> None:
+    x, w, b = rand(2, 3, 7, 6), rand(4, 3, 3, 3), rand(4)
+    ref = _conv2d_ref(x, w, stride, pad) + b[:, None, None]
+    y = run(cpu, lambda g, x, w, b: gr.conv2d(g, x, w, b, stride, pad, direct=direct),
+            {"x": x, "w": w, "b": b})
+    close(y, ref, 1e-3)
+
+
+def _conv_t_ref(x, w, s):
+    n, ic, h, wd = x.shape
+    _, oc, kh, kw = w.shape
+    out = np.zeros((n, oc, (h - 1) * s + kh, (wd - 1) * s + kw), np.float32)
+    for i in range(h):
+        for j in range(wd):
+            out[:, :, i * s:i * s + kh, j * s:j * s + kw] += np.einsum("nc,cohw->nohw", x[:, :, i, j], w)
+    return out
+
+
+def test_conv_transpose2d_with_padding(cpu) -> None:
+    x, w = rand(1, 3, 4, 5), rand(3, 2, 4, 4)
+    ref = _conv_t_ref(x, w, 2)[:, :, 1:-1, 1:-1]
+    close(run(cpu, lambda g, x, w: gr.conv_transpose2d(g, x, w, None, 2, 1), {"x": x, "w": w}), ref, 1e-3)
+
+
+def test_upscale_pad_concat(cpu) -> None:
+    x, y = rand(1, 2, 3, 4), rand(1, 3, 3, 4)
+    close(run(cpu, lambda g, x: g.upscale(x, 2), {"x": x}), x.repeat(2, axis=2).repeat(2, axis=3))
+    close(run(cpu, lambda g, x: g.pad(x, [(0, 0), (1, 0), (2, 1), (0, 3)]), {"x": x}),
+          np.pad(x, [(0, 0), (1, 0), (2, 1), (0, 3)]))
+    close(run(cpu, lambda g, x, y: g.concat(x, y, 1), {"x": x, "y": y}), np.concatenate([x, y], 1))
+    close(run(cpu, lambda g, x: g.concat(x, x, -1), {"x": x}), np.concatenate([x, x], -1))
+
+
+def test_interpolate_nearest_matches_upscale(cpu) -> None:
+    x = rand(1, 2, 3, 4)
+    close(run(cpu, lambda g, x: g.interpolate(x, (1, 2, 6, 8)), {"x": x}), x.repeat(2, 2).repeat(2, 3))
+
+
+def test_shape_ops(cpu) -> None:
+    x = rand(2, 3, 4, 5)
+    close(run(cpu, lambda g, x: g.permute(x, (0, 2, 3, 1)), {"x": x}), x.transpose(0, 2, 3, 1))
+    close(run(cpu, lambda g, x: g.permute(x, (3, 1, 0, 2)), {"x": x}), x.transpose(3, 1, 0, 2))
+    close(run(cpu, lambda g, x: g.reshape(x, (6, -1)), {"x": x}), x.reshape(6, -1))
+    close(run(cpu, lambda g, x: g.reshape(g.permute(x, (1, 0, 2, 3)), (3, 40)), {"x": x}),
+          x.transpose(1, 0, 2, 3).reshape(3, 40))
+    sub = x[:, 1:3, :, 2:4]
+    strides = x.strides
+    close(run(cpu, lambda g, x: g.view(x, sub.shape, strides, strides[1] + 2 * 4), {"x": x}), sub)
+    close(run(cpu, lambda g, x: g.repeat(g.view(x, (1, 3, 4, 5)), (2, 3, 4, 5)), {"x": x}),
+          np.broadcast_to(x[:1], x.shape))
+
+
+def test_cast_roundtrip_and_quantize(cpu) -> None:
+    x = rand(4, 64)
+    close(run(cpu, lambda g, x: g.cast(g.cast(x, "f16"), "f32"), {"x": x}),
+          x.astype(np.float16).astype(np.float32), 1e-6)
+    close(run(cpu, lambda g, x: g.cast(g.cast(x, "bf16"), "f32"), {"x": x}), x, 1e-2)
+    w = rand(3, 64)
+    y = run(cpu, lambda g, w, x: g.mul_mat(g.cast(w, "q8_0"), x), {"w": w, "x": x})
+    close(y, _q8_0(x) @ _q8_0(w).T, 1e-2)  # ggml quantizes the activations to q8_0 too
+
+
+def _q8_0(a: np.ndarray) -> np.ndarray:
+    """Round-trip through ggml's q8_0 (blocks of 32: f16 scale max|x|/127, int8 values)."""
+    b = a.reshape(-1, 32)
+    d = (np.abs(b).max(1, keepdims=True) / 127).astype(np.float16).astype(np.float32)
+    q = np.round(np.divide(b, d, out=np.zeros_like(b), where=d != 0))
+    return (q * d).reshape(a.shape)
+
+
+def test_get_rows_and_reductions(cpu) -> None:
+    table, ids = rand(10, 6), np.array([3, 0, 9, 3], np.int32)
+    close(run(cpu, lambda g, t, i: g.get_rows(t, i), {"t": table, "i": ids}, {"i": "i32"}), table[ids])
+    x = rand(3, 7)
+    close(run(cpu, lambda g, x: g.sum_rows(x), {"x": x}), x.sum(-1, keepdims=True))
+    close(run(cpu, lambda g, x: g.mean(x), {"x": x}), x.mean(-1, keepdims=True))
+
+
+def test_rope_normal_and_neox(cpu) -> None:
+    x, pos = rand(1, 5, 2, 8), np.arange(5, dtype=np.int32) * 3
+    theta = pos[:, None] * 10000.0 ** (-np.arange(4) * 2 / 8)  # (T, D/2)
+    c, s = np.cos(theta)[None, :, None, :], np.sin(theta)[None, :, None, :]
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    ref = np.empty_like(x)
+    ref[..., 0::2], ref[..., 1::2] = x0 * c - x1 * s, x0 * s + x1 * c
+    close(run(cpu, lambda g, x, p: g.rope(x, p, 8), {"x": x, "p": pos}, {"p": "i32"}), ref, 1e-3)
+    h0, h1 = x[..., :4], x[..., 4:]
+    neox = np.concatenate([h0 * c - h1 * s, h0 * s + h1 * c], -1)
+    close(run(cpu, lambda g, x, p: g.rope(x, p, 8, mode=2), {"x": x, "p": pos}, {"p": "i32"}), neox, 1e-3)
+
+
+def test_timestep_embedding(cpu) -> None:
+    t = np.array([1.0, 500.0], np.float32)
+    half = 8
+    freqs = np.exp(-math.log(10000) * np.arange(half) / half)
+    args = t[:, None] * freqs[None]
+    ref = np.concatenate([np.cos(args), np.sin(args)], -1).astype(np.float32)
+    close(run(cpu, lambda g, t: g.timestep_embedding(t, 16), {"t": t}), ref, 1e-3)
+
+
+def test_pixel_shuffle_and_geglu(cpu) -> None:
+    x, r = rand(1, 8, 3, 5), 2
+    ref = x.reshape(1, 2, r, r, 3, 5).transpose(0, 1, 4, 2, 5, 3).reshape(1, 2, 6, 10)
+    close(run(cpu, lambda g, x: gr.pixel_shuffle(g, x, r), {"x": x}), ref)
+    h = rand(2, 3, 8)
+    a, gate = h[..., :4], h[..., 4:]
+    ref = a * 0.5 * gate * (1 + _erf(gate / math.sqrt(2)))
+    close(run(cpu, lambda g, h: gr.geglu(g, h), {"h": h}), ref.astype(np.float32), 1e-4)
+
+
+@pytest.mark.parametrize("build,match", [
+    (lambda g: g.mul_mat(g.input("a", (3, 4)), g.input("b", (3, 5))), r"mul_mat: inner dimensions"),
+    (lambda g: g.add(g.input("a", (3, 4)), g.input("b", (3, 3))), r"add: shapes do not broadcast"),
+    (lambda g: g.conv_2d(g.input("w", (4, 3, 3, 3)), g.input("x", (1, 2, 8, 8))), r"conv_2d: input channels"),
+    (lambda g: g.conv_2d(g.input("w", (4, 3, 9, 9)), g.input("x", (1, 3, 4, 4))), r"conv_2d: kernel larger"),
+    (lambda g: g.reshape(g.input("a", (3, 4)), (5, 3)), r"reshape: element count"),
+    (lambda g: g.concat(g.input("a", (3, 4)), g.input("b", (2, 5)), 0), r"concat: shapes differ"),
+    (lambda g: g.permute(g.input("a", (3, 4)), (0, 0)), r"permute: axes"),
+    (lambda g: g.get_rows(g.input("a", (3, 4)), g.input("i", (2,))), r"get_rows: ids must be i32"),
+    (lambda g: g.soft_max(g.input("a", (3, 4)), g.input("m", (3, 5))), r"soft_max: mask"),
+    (lambda g: g.rope(g.input("x", (1, 5, 2, 8)), g.input("p", (4,), "i32"), 8), r"rope: positions"),
+    (lambda g: g.group_norm(g.input("x", (1, 4, 2, 2)), 5), r"group_norm: n_groups"),
+    (lambda g: g.view(g.input("a", (3, 4)), (4, 4)), r"view: view reaches"),
+    (lambda g: g.input("a", (1, 2, 3, 4, 5)), r"input: shapes have 1 to 4"),
+    (lambda g: g.input("a", (3,), "f33"), r"unknown dtype 'f33'"),
+    (lambda g: g.flash_attn(g.input("q", (1, 2, 5, 8)), g.input("k", (1, 2, 7, 4)), g.input("v", (1, 2, 7, 4))),
+     r"flash_attn: incompatible"),
+])
+def test_bad_shapes_raise_value_error_naming_the_op(cpu, build, match) -> None:
+    g = gr.new_graph([cpu])
+    with pytest.raises(ValueError, match=match):
+        build(g)
+
+
+def test_graph_is_reused_across_inputs_and_reserve_reports_bytes(cpu) -> None:
+    g = gr.new_graph([cpu])
+    a = g.input("a", (64, 64))
+    g.output("y", g.unary("tanh", g.mul_mat(a, a)))
+    sizes = g.reserve()
+    assert len(sizes) == 1 and sizes[0] >= 64 * 64 * 4 * 2
+    for _ in range(3):
+        x = rand(64, 64)
+        g.set_input("a", x)
+        g.compute()
+        close(g.get_output("y"), np.tanh(x @ x.T), 1e-3)
+    with pytest.raises(ValueError, match="wants an array of shape"):
+        g.set_input("a", rand(3, 3))
+    with pytest.raises(ValueError, match="already built"):
+        g.unary("relu", a)
+
+
+def test_cancel_stops_a_long_compute_and_graph_stays_usable(cpu) -> None:
+    g = gr.new_graph([cpu])
+    x = g.input("x", (256, 256))
+    h = x
+    for _ in range(800):
+        h = g.unary("tanh", g.mul_mat(x, h))
+    g.output("y", h)
+    xs = rand(256, 256) * 0.01
+    g.set_input("x", xs)
+    timer = threading.Timer(0.1, g.cancel)
+    timer.start()
+    t0 = time.perf_counter()
+    with pytest.raises(G.ComputeCancelled):
+        g.compute()
+    assert time.perf_counter() - t0 < 1.1
+    t0 = time.perf_counter()
+    g.compute()  # still usable, and the full run takes longer than the cancelled one
+    full = time.perf_counter() - t0
+    ref = xs
+    for _ in range(800):
+        ref = np.tanh(ref @ xs.T)
+    close(g.get_output("y"), ref.astype(np.float32), 1e-3)
+    assert full > 0.1
