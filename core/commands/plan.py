@@ -42,6 +42,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "JSON file instead of the live ones")
     p.add_argument("--profile", metavar="FILE", help="model profile JSON (block sizes) for "
                    "layer-split ranges")
+    p.add_argument("--model-profile", metavar="NAME", help="plan for a built-in model "
+                   "profile (e.g. flux1-dev-q8_0) without its files; 'list' shows them all")
     g = p.add_argument_group("model files (as sd-cli spells them)")
     for key, flags in MODEL_FLAGS.items():
         g.add_argument(*reversed(flags), dest=key, action="append", metavar="PATH")
@@ -84,9 +86,17 @@ def _inventory(path: str | None, rpc_servers: tuple[str, ...]) -> tuple[Inventor
 
 
 def _profile(args: argparse.Namespace) -> Profile | None:
+    flags = {k: list(getattr(args, k)) for k in MODEL_FLAGS if getattr(args, k, None)}
+    builtin = getattr(args, "model_profile", None)
+    if builtin:
+        if args.profile or flags:
+            raise PlanError("conflicting_model_sources", "--model-profile excludes --profile "
+                            "and model files; give one of them", flag="--model-profile")
+        from sdplan.core.builtin_profiles import load_builtin_profile
+
+        return load_builtin_profile(builtin)
     if args.profile:
         return Profile.load(args.profile)
-    flags = {k: list(getattr(args, k)) for k in MODEL_FLAGS if getattr(args, k, None)}
     if not flags:
         return None
     try:
@@ -111,6 +121,8 @@ def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
 
 def run(args: argparse.Namespace) -> int:
     """Resolve and print; 0 on success, 2 on any sdplan error (JSON error with ``--json``)."""
+    if (getattr(args, "model_profile", None) or "").strip().lower() == "list":
+        return _list_builtin(args.json)
     try:
         placement = placement_from_namespace(args)
         inventory, extra = _inventory(args.devices, placement.rpc_servers)
@@ -134,6 +146,36 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
     else:
         _print_tables(plan, inventory, fit)
+    return 0
+
+
+def _list_builtin(as_json: bool) -> int:
+    """Print the built-in model profiles (a table, or JSON with ``--json``)."""
+    from sdplan.core.builtin_profiles import list_profiles
+
+    infos = list_profiles()
+    if as_json:
+        print(json.dumps([{"name": i.name, "title": i.title, "architecture": i.architecture,
+                           "quant": i.quant, "bytes": i.total_bytes,
+                           "modules": i.module_bytes} for i in infos], indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Built-in model profiles (--model-profile NAME)")
+    for col in ("name", "model", "architecture", "diffusion GiB", "te GiB", "vae GiB",
+                "total GiB"):
+        table.add_column(col, justify="right" if "GiB" in col else "left")
+    for i in infos:
+        mb = i.module_bytes
+        table.add_row(i.name, i.title + (" *" if i.note else ""), i.architecture,
+                      *(f"{mb.get(m, 0) / GIB:.2f}" for m in ("diffusion", "te", "vae")),
+                      f"{i.total_bytes / GIB:.2f}")
+    console = Console()
+    console.print(table)
+    for i in infos:
+        if i.note:
+            console.print(f"* {i.name}: {i.note}", highlight=False, markup=False)
     return 0
 
 
