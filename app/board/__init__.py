@@ -1,0 +1,1 @@
+"""The placement board: device columns with memory bars and module cards."""

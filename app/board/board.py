@@ -1,0 +1,66 @@
+"""The board: the Default target above one column per device, redrawn from the plan."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
+from sdplan.app.board.columns import DefaultTarget, DeviceColumn
+from sdplan.app.board.model import BoardModel
+from sdplan.app.controller import PlanController
+
+
+class Board(QWidget):
+    """Columns for the controller's inventory; rebuilt when devices change, refreshed on
+    every plan change."""
+
+    def __init__(self, controller: PlanController, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.ctl = controller
+        self.model = BoardModel(controller)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(10)
+        self.default = DefaultTarget(controller, self.model)
+        lay.addWidget(self.default)
+        self.hint = QLabel("Open model files (Ctrl+O or drop them on the window) to see their "
+                           "modules, or add one from Plan → Add module.")
+        self.hint.setObjectName("Muted")
+        self.hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        lay.addWidget(self.hint)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.strip = QWidget()
+        self.columns_box = QHBoxLayout(self.strip)
+        self.columns_box.setContentsMargins(0, 0, 0, 0)
+        self.columns_box.setSpacing(10)
+        self.scroll.setWidget(self.strip)
+        lay.addWidget(self.scroll, 1)
+        self.columns: dict[str, DeviceColumn] = {}
+        self.rebuild()
+        controller.inventoryChanged.connect(self.rebuild)
+        controller.planChanged.connect(self.refresh)
+        controller.modelChanged.connect(self.refresh)
+
+    def rebuild(self) -> None:
+        """New columns for the inventory's devices."""
+        for col in self.columns.values():
+            col.setParent(None)
+            col.deleteLater()
+        while self.columns_box.count():
+            self.columns_box.takeAt(0)
+        self.columns = {d.name: DeviceColumn(self.ctl, self.model, d.name)
+                        for d in self.ctl.inventory}
+        for col in self.columns.values():
+            self.columns_box.addWidget(col, 1)
+        self.refresh()
+
+    def refresh(self, *_: object) -> None:
+        """Redraw every column and the Default target from the plan."""
+        if [d.name for d in self.ctl.inventory] != list(self.columns):
+            self.rebuild()
+            return
+        self.default.refresh()
+        for col in self.columns.values():
+            col.refresh()
+        self.hint.setVisible(not self.ctl.modules())

@@ -1,0 +1,441 @@
+"""The board's controller: owns the current placement, the devices and the model profile.
+
+Every edit (a drop on the board, a residency switch, a budget, a keystroke in a flag field,
+a pasted command) becomes a new :class:`~sdplan.core.placement.Placement` that is resolved
+at once (:func:`sdplan.core.plan.resolve`) and estimated (:func:`estimate_plan`); views
+redraw from :attr:`PlanController.plan` and :attr:`PlanController.fit` and never keep a
+copy of the placement. Undo/redo keep placement snapshots on a :class:`QUndoStack`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtGui import QUndoCommand, QUndoStack
+from sdplan.core.assignment import MODULES, SPLITTABLE
+from sdplan.core.errors import PlanError, SdplanError
+from sdplan.core.inventory import Inventory
+from sdplan.core.placement import Placement
+from sdplan.core.plan import Plan, resolve
+from sdplan.core.profile import Profile
+from sdplan.core.sdcli import MODEL_FLAGS, import_sdcli_command, sdcli_command_line
+
+log = logging.getLogger(__name__)
+
+#: Undo-merge id for consecutive keystrokes in the flag fields and budget drags.
+_MERGE_STRINGS = 1
+_MERGE_BUDGET = 2
+
+#: Generation settings that the estimate and the sd-cli command use by default.
+DEFAULT_GENERATION: dict[str, object] = {"width": 1024, "height": 1024, "steps": 20,
+                                         "cfg_scale": 1.0, "seed": 42, "batch_count": 1}
+
+InventorySource = Callable[[Sequence[str]], Inventory]
+
+
+class _PlacementCommand(QUndoCommand):
+    """One undoable placement change (snapshots before and after)."""
+
+    def __init__(self, ctl: PlanController, old: Placement, new: Placement, text: str,
+                 merge: int = -1, source: str = "board") -> None:
+        super().__init__(text)
+        self._ctl, self.old, self.new, self._merge = ctl, old, new, merge
+        self._source = source
+
+    def id(self) -> int:  # noqa: A003 - Qt's name
+        return self._merge
+
+    def mergeWith(self, other: QUndoCommand) -> bool:  # noqa: N802 - Qt's name
+        if not isinstance(other, _PlacementCommand) or other.id() != self._merge:
+            return False
+        self.new = other.new
+        return True
+
+    def redo(self) -> None:
+        self._ctl._apply(self.new, self._source)
+        self._source = "undo"
+
+    def undo(self) -> None:
+        self._ctl._apply(self.old, "undo")
+
+
+class PlanController(QObject):
+    """Current placement + inventory + profile -> plan and fit, with undo.
+
+    Signals:
+        planChanged(str): the plan or fit changed; the argument is the source of the change
+            (``board``, ``strings``, ``undo``, ``load``). String fields rewrite themselves
+            unless the source is ``strings`` (the user is typing there).
+        errorChanged(object): the current :class:`PlanError` of the flag fields, or None.
+        inventoryChanged(): devices changed (columns to rebuild).
+        modelChanged(): model files or profile changed (cards to rebuild).
+        status(str): a short message for the status bar.
+    """
+
+    planChanged = Signal(str)
+    errorChanged = Signal(object)
+    inventoryChanged = Signal()
+    modelChanged = Signal()
+    status = Signal(str)
+
+    def __init__(self, inventory: Inventory, profile: Profile | None = None,
+                 placement: Placement | None = None, *,
+                 inventory_source: InventorySource | None = None,
+                 parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.inventory = inventory
+        self.profile = profile
+        self.inventory_source = inventory_source
+        self.model_files: dict[str, list[str]] = {}
+        self.extra_modules: list[str] = []
+        self.generation: dict[str, object] = dict(DEFAULT_GENERATION)
+        self.undo_stack = QUndoStack(self)
+        self.error: PlanError | None = None
+        self.fit = None
+        pl = placement or Placement()
+        self.plan: Plan = resolve(pl, inventory, profile)
+        self._estimate()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def placement(self) -> Placement:
+        """The canonical placement of the current plan (what edits start from)."""
+        return self.plan.placement
+
+    def modules(self) -> list[str]:
+        """Modules shown as cards: the profile's, those the user added, and those the
+        placement names explicitly; in :data:`MODULES` order."""
+        shown = set(self.profile.modules) if self.profile else set()
+        shown |= set(self.extra_modules)
+        shown |= set(self.placement.runtime) | set(self.placement.params)
+        return [m for m in MODULES if m in shown]
+
+    def module_bytes(self, module: str) -> int | None:
+        """Weight bytes of ``module`` from the profile, or None when unknown."""
+        mp = self.profile.get(module) if self.profile else None
+        return mp.total if mp is not None else None
+
+    def device(self, name: str):  # noqa: ANN201 - Device
+        """The inventory device called ``name``."""
+        return next(d for d in self.inventory if d.name == name)
+
+    # ------------------------------------------------------------------ re-planning
+    def _estimate(self) -> None:
+        self.fit = None
+        if self.profile is None:
+            return
+        from sdplan.core.estimate import estimate_plan
+
+        g = self.generation
+        try:
+            self.fit = estimate_plan(self.plan, self.profile, self.inventory,
+                                     width=int(g.get("width") or 1024),
+                                     height=int(g.get("height") or 1024),
+                                     batch=int(g.get("batch_count") or 1))
+        except ValueError as exc:
+            self.status.emit(f"estimate unavailable: {exc}")
+
+    def _apply(self, placement: Placement, source: str) -> None:
+        """Resolve ``placement`` and make it current (called by undo commands)."""
+        self.plan = resolve(placement, self.inventory, self.profile)
+        self._estimate()
+        if self.error is not None and source != "strings":
+            self.error = None
+            self.errorChanged.emit(None)
+        self.planChanged.emit(source)
+
+    def _push(self, new: Placement, text: str, merge: int = -1, source: str = "board") -> bool:
+        """Resolve ``new`` (raising PlanError before anything changes) and push it."""
+        plan = resolve(new, self.inventory, self.profile)
+        if plan.placement == self.placement and source != "strings":
+            return False
+        self.undo_stack.push(_PlacementCommand(self, self.placement, plan.placement, text,
+                                               merge, source))
+        return True
+
+    def edit(self, new: Placement, text: str) -> bool:
+        """Make ``new`` current as one undoable step named ``text``; a PlanError is shown on
+        the status bar and leaves the plan as it was. Returns True when it changed."""
+        try:
+            return self._push(new, text)
+        except PlanError as exc:
+            self.status.emit(str(exc))
+            return False
+
+    # ------------------------------------------------------------------ board edits
+    def assign(self, module: str, device: str) -> bool:
+        """Run ``module`` on ``device`` alone."""
+        if module not in self.modules():
+            self.extra_modules.append(module)
+        return self.edit(self.placement.assign(module, device), f"{module} on {device}")
+
+    def follow_default(self, module: str) -> bool:
+        """Remove ``module``'s own ``--backend`` entry so it runs on the default (all=)."""
+        runtime = {m: v for m, v in self.placement.runtime.items() if m != module}
+        return self.edit(dataclasses.replace(self.placement, runtime=runtime),
+                         f"{module} follows the default")
+
+    def add_split_device(self, module: str, device: str) -> bool:
+        """Add ``device`` to ``module``'s layer split; refuses modules that cannot split
+        (status message with the reason). Returns True when the plan changed."""
+        if module not in SPLITTABLE:
+            self.status.emit(self.split_refusal(module))
+            return False
+        return self.edit(self.placement.add_split_device(module, device),
+                         f"split {module} onto {device}")
+
+    @staticmethod
+    def split_refusal(module: str) -> str:
+        """Why ``module`` cannot take a second device (spec section 1)."""
+        return (f"{module} cannot run on several devices: only the diffusion model and the "
+                "text encoders have transformer blocks to split")
+
+    def remove_split_device(self, module: str, device: str) -> bool:
+        """Take ``device`` out of ``module``'s split."""
+        return self.edit(self.placement.remove_split_device(module, device),
+                         f"remove {device} from {module}")
+
+    def set_residency(self, module: str, mode: str, device: str | None = None) -> bool:
+        """Residency of ``module``: ``runtime`` (on its device), ``device`` (weights on
+        ``device``, staged when used) or ``disk``."""
+        try:
+            new = self.placement.set_residency(module, mode, device)
+        except PlanError as exc:
+            self.status.emit(str(exc))
+            return False
+        return self.edit(new, f"{module} weights: {device or mode}")
+
+    def set_budget(self, device: str | None, gib: float | None, *, merge: bool = False) -> bool:
+        """``--max-vram`` of ``device`` (None: the default) in GiB; 0 or None removes it.
+        ``merge`` folds consecutive calls (a marker drag) into one undo step."""
+        value = None if gib is None or gib == 0 else round(float(gib), 2)
+        try:
+            new = self.placement.set_budget(device, value)
+            return self._push(new, f"budget {device or 'default'}",
+                              _MERGE_BUDGET if merge else -1)
+        except PlanError as exc:
+            self.status.emit(str(exc))
+            return False
+
+    def set_default(self, device: str | Sequence[str]) -> bool:
+        """The ``--backend`` default device (or device list)."""
+        return self.edit(self.placement.set_default(device), "default device")
+
+    def set_rpc_servers(self, servers: Sequence[str]) -> None:
+        """Set ``--rpc-servers`` and re-query the inventory for their devices.
+
+        Raises:
+            SdplanError: the inventory source failed (unreachable endpoint...); nothing
+                changes then.
+        """
+        if self.inventory_source is not None:
+            inv = self.inventory_source(list(servers))
+            self.set_inventory(inv)
+        self.edit(self.placement.with_rpc_servers(servers), "RPC servers")
+
+    def add_module(self, module: str) -> None:
+        """Show a card for ``module`` even though no loaded file contains it."""
+        if module not in self.extra_modules:
+            self.extra_modules.append(module)
+            self.modelChanged.emit()
+            self.planChanged.emit("board")
+
+    # ------------------------------------------------------------------ strings
+    def set_strings(self, backend: str, params_backend: str, max_vram: str) -> bool:
+        """Re-plan from the three flag values (one keystroke = one call).
+
+        A :class:`PlanError` is published on :attr:`errorChanged` (with its flag and
+        span) and the plan stays as it was. Returns True when the strings resolved.
+        """
+        try:
+            parsed = Placement.from_strings(
+                backend, params_backend, max_vram, stream_layers=self.placement.stream_layers,
+                rpc_servers=self.placement.rpc_servers)
+            resolve(parsed, self.inventory, self.profile)
+        except PlanError as exc:
+            self.error = exc
+            self.errorChanged.emit(exc)
+            return False
+        if self.error is not None:
+            self.error = None
+            self.errorChanged.emit(None)
+        self._push(parsed, "edit flags", _MERGE_STRINGS, source="strings")
+        return True
+
+    def command_line(self) -> str:
+        """The full sd-cli command for the model files, placement and generation settings."""
+        gen = {k: v for k, v in self.generation.items() if v not in (None, "")}
+        return sdcli_command_line(self.placement, self.model_files, gen)
+
+    def import_command(self, text: str) -> list[str]:
+        """Take model paths, placement and generation settings from a pasted sd-cli
+        command; returns the arguments sdplan does not know.
+
+        Raises:
+            PlanError: the command cannot be read or its placement is wrong (the plan
+                stays as it was).
+        """
+        cmd = import_sdcli_command(text)
+        resolve(cmd.placement, self.inventory, self.profile)  # raise before changing
+        if cmd.model_files:
+            files = {k: [v] if isinstance(v, str) else list(v)
+                     for k, v in cmd.model_files.items()}
+            self.load_model_files(files, strict=False)
+        self.generation.update(cmd.generation)
+        self._push(cmd.placement, "paste sd-cli command", source="load")
+        self.planChanged.emit("load")
+        return cmd.unknown_args
+
+    # ------------------------------------------------------------------ models
+    def load_model_files(self, flags: Mapping[str, Sequence[str]], *, strict: bool = True) -> None:
+        """Read model files (headers only) into the profile; ``flags`` maps sd-cli model
+        keys (``model``, ``diffusion_model``, ``t5xxl``...) to paths.
+
+        Raises:
+            SdplanError: a file is unreadable or not a model (only when ``strict``; else
+                the paths are kept for the command and the message goes to the status bar).
+        """
+        from sdplan.core.checkpoint import read_model_files
+
+        self.model_files = {k: list(v) for k, v in flags.items()}
+        try:
+            ms = read_model_files(self.model_files)
+            self.profile = ms.profile()
+            self.model_files = files_by_flag(ms, self.model_files)
+        except (SdplanError, OSError, ValueError) as exc:
+            if strict:
+                raise
+            self.status.emit(f"model files not read: {exc}")
+        self._apply(self.placement, "load")
+        self.modelChanged.emit()
+
+    def open_files(self, paths: Sequence[str]) -> None:
+        """Open model files of any kind (classified by their tensor names), adding to the
+        files already open. Raises :class:`SdplanError` for a bad file."""
+        flags = {k: list(v) for k, v in self.model_files.items()}
+        flags.setdefault("model", []).extend(str(p) for p in paths)
+        self.load_model_files(flags)
+
+    def set_profile(self, profile: Profile | None) -> None:
+        """Plan with ``profile`` (block sizes) instead of the loaded files."""
+        self.profile = profile
+        self._apply(self.placement, "load")
+        self.modelChanged.emit()
+
+    # ------------------------------------------------------------------ devices
+    def set_inventory(self, inventory: Inventory) -> None:
+        """Plan for other devices; keeps the placement when it still resolves, else falls
+        back to the default placement (status message says why)."""
+        self.inventory = inventory
+        try:
+            self.plan = resolve(self.placement, inventory, self.profile)
+        except PlanError as exc:
+            self.status.emit(f"placement reset: {exc}")
+            self.plan = resolve(Placement(rpc_servers=self.placement.rpc_servers), inventory,
+                                self.profile)
+        self._estimate()
+        self.inventoryChanged.emit()
+        self.planChanged.emit("load")
+
+    def refresh_inventory(self) -> None:
+        """Re-query free memory from the inventory source (no-op without one).
+
+        Raises:
+            SdplanError: the source failed.
+        """
+        if self.inventory_source is None:
+            return
+        inv = self.inventory_source(list(self.placement.rpc_servers))
+        if inv == self.inventory:
+            return
+        same_devices = [d.name for d in inv] == [d.name for d in self.inventory]
+        if same_devices:
+            self.inventory = inv
+            self._apply(self.placement, "load")
+        else:
+            self.set_inventory(inv)
+
+    def set_generation(self, **values: object) -> None:
+        """Update generation settings (size and batch change the compute estimate)."""
+        changed = {k: v for k, v in values.items() if self.generation.get(k) != v}
+        if not changed:
+            return
+        self.generation.update(changed)
+        self._estimate()
+        self.planChanged.emit("generation")
+
+    # ------------------------------------------------------------------ plan JSON
+    def plan_json(self) -> dict[str, object]:
+        """The plan as saved by "Export plan": strings, model files, generation, the resolved
+        plan and the fit (bytes)."""
+        d: dict[str, object] = {"sdplan_plan": 1, **self.plan.to_json(),
+                                "model_files": self.model_files,
+                                "generation": self.generation,
+                                "extra_modules": self.extra_modules}
+        if self.fit is not None:
+            d["fit"] = self.fit.to_json()
+        return d
+
+    def load_plan_json(self, data: object, *, source: str = "plan") -> None:
+        """Restore a plan saved by :meth:`plan_json`.
+
+        Raises:
+            PlanError: the JSON is not a plan or its strings do not resolve here.
+        """
+        if not isinstance(data, dict) or "backend" not in data:
+            raise PlanError("invalid_plan", f"{source}: not an sdplan plan (no 'backend')")
+        placement = Placement.from_strings(
+            str(data.get("backend") or ""), str(data.get("params_backend") or ""),
+            str(data.get("max_vram") or ""), stream_layers=bool(data.get("stream_layers")),
+            rpc_servers=[str(s) for s in data.get("rpc_servers") or []])
+        resolve(placement, self.inventory, self.profile)
+        files = data.get("model_files") or {}
+        if isinstance(files, dict) and files and files != self.model_files:
+            self.load_model_files({k: list(v) for k, v in files.items() if k in MODEL_FLAGS},
+                                  strict=False)
+        if isinstance(data.get("generation"), dict):
+            self.generation.update(data["generation"])
+        self.extra_modules = [m for m in data.get("extra_modules") or [] if m in MODULES]
+        self._push(placement, "import plan", source="load")
+        self.modelChanged.emit()
+        self.planChanged.emit("load")
+
+    def save_plan(self, path: str | Path) -> None:
+        """Write :meth:`plan_json` to ``path`` (raises OSError)."""
+        Path(path).write_text(json.dumps(self.plan_json(), indent=1), encoding="utf-8")
+
+
+def files_by_flag(ms: object, flags: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """sd-cli model flags for the files of a model set: a file whose tensors all belong to one
+    module (or encoder) gets that module's flag (``--diffusion-model``, ``--t5xxl``,
+    ``--vae``...), anything else stays ``--model``."""
+    by_file: dict[str, set[tuple[str, str | None, str]]] = {}
+    for t in getattr(ms, "tensors", []):
+        by_file.setdefault(str(t.info.file), set()).add((t.module, t.encoder, t.role))
+    out: dict[str, list[str]] = {}
+    for key, paths in flags.items():
+        for p in paths:
+            flag = key
+            kinds = by_file.get(str(p), set())
+            if key == "model" and len({k[0] for k in kinds}) == 1:
+                module, encoder, role = next(iter(kinds))
+                flag = _FLAG_OF.get(module, "model")
+                if module == "te":
+                    encs = {k[1] for k in kinds}
+                    flag = next(iter(encs)) if len(encs) == 1 and next(iter(encs)) in \
+                        MODEL_FLAGS else "model"
+                if module == "vae" and role == "preview":
+                    flag = "taesd"
+            out.setdefault(flag, []).append(str(p))
+    return out
+
+
+_FLAG_OF = {"diffusion": "diffusion_model", "vae": "vae", "controlnet": "control_net",
+            "upscaler": "upscale_model", "photomaker": "photo_maker",
+            "clip_vision": "clip_vision"}
+

@@ -1,0 +1,421 @@
+"""The generation panel: prompt and settings, Generate/Cancel, progress with steps/s and
+ETA, the live preview, results saved to a history folder, and engine failures shown with
+one-click retry. The engine runs behind :class:`~sdplan.app.worker.GenerationWorker` in a
+QThread; the UI never blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PySide6.QtCore import QSize, Qt, QThread, Slot
+from PySide6.QtGui import QIcon, QImage, QPixmap
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+from sdplan.app.controller import PlanController
+from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
+
+log = logging.getLogger(__name__)
+
+SAMPLERS = ("euler", "euler_a", "heun", "dpm2", "dpm++2s_a", "dpm++2m", "dpm++2mv2", "ipndm",
+            "ipndm_v", "lcm", "ddim_trailing", "tcd")
+SCHEDULES = ("discrete", "karras", "exponential", "ays", "gits", "sgm_uniform", "simple")
+
+
+def to_qimage(array: Any) -> QImage:
+    """An (H, W, 3|4) uint8 or float [0, 1] array (or (H, W) grey) as a QImage copy.
+
+    Raises:
+        ValueError: any other shape.
+    """
+    a = np.asarray(array)
+    if a.dtype != np.uint8:
+        a = (np.clip(a.astype(np.float32), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    if a.ndim == 2:
+        a = np.repeat(a[:, :, None], 3, axis=2)
+    if a.ndim != 3 or a.shape[2] not in (3, 4):
+        raise ValueError(f"an image must be (H, W, 3) or (H, W, 4), not {a.shape}")
+    a = np.ascontiguousarray(a)
+    h, w, c = a.shape
+    fmt = QImage.Format.Format_RGB888 if c == 3 else QImage.Format.Format_RGBA8888
+    return QImage(a.data, w, h, w * c, fmt).copy()
+
+
+class GenerationPanel(QFrame):
+    """See module docstring. ``client_factory`` makes the engine client (tests pass a
+    replaying fake); ``history_dir`` is where results are saved."""
+
+    def __init__(self, controller: PlanController, history_dir: str | Path,
+                 client_factory: ClientFactory | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.ctl = controller
+        self.history_dir = Path(history_dir)
+        self.client_factory = client_factory
+        self.thread: QThread | None = None
+        self.worker: GenerationWorker | None = None
+        self._t0 = 0.0
+        self._last_request: dict[str, Any] | None = None
+        self.last_images: list[QImage] = []
+        self.setObjectName("Panel")
+        self.setMinimumWidth(340)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(14, 12, 14, 12)
+        lay.setSpacing(8)
+        t = QLabel("GENERATE")
+        t.setObjectName("Section")
+        lay.addWidget(t)
+        self.state = QLabel()
+        self.state.setObjectName("Muted")
+        self.state.setWordWrap(True)
+        lay.addWidget(self.state)
+        self.prompt = QPlainTextEdit()
+        self.prompt.setPlaceholderText("Prompt")
+        self.prompt.setMaximumHeight(72)
+        lay.addWidget(self.prompt)
+        self.negative = QPlainTextEdit()
+        self.negative.setPlaceholderText("Negative prompt")
+        self.negative.setMaximumHeight(44)
+        lay.addWidget(self.negative)
+        form = QFormLayout()
+        form.setHorizontalSpacing(10)
+        form.setVerticalSpacing(6)
+        size = QHBoxLayout()
+        self.width_box, self.height_box = QSpinBox(), QSpinBox()
+        for box in (self.width_box, self.height_box):
+            box.setRange(64, 4096)
+            box.setSingleStep(64)
+            box.setSuffix(" px")
+            box.setKeyboardTracking(False)
+        size.addWidget(self.width_box)
+        size.addWidget(QLabel("×"))
+        size.addWidget(self.height_box)
+        form.addRow("Size", size)
+        self.steps = QSpinBox()
+        self.steps.setRange(1, 200)
+        self.cfg = QDoubleSpinBox()
+        self.cfg.setRange(0.0, 30.0)
+        self.cfg.setSingleStep(0.5)
+        sc = QHBoxLayout()
+        sc.addWidget(self.steps)
+        sc.addWidget(QLabel("CFG"))
+        sc.addWidget(self.cfg)
+        form.addRow("Steps", sc)
+        seed_row = QHBoxLayout()
+        self.seed = QSpinBox()
+        self.seed.setRange(-1, 2**31 - 1)
+        self.seed.setSpecialValueText("random")
+        self.dice = QToolButton()
+        self.dice.setText("⚄")
+        self.dice.setToolTip("New random seed")
+        self.dice.clicked.connect(lambda: self.seed.setValue(random.randrange(2**31 - 1)))
+        seed_row.addWidget(self.seed, 1)
+        seed_row.addWidget(self.dice)
+        form.addRow("Seed", seed_row)
+        self.sampler, self.schedule = QComboBox(), QComboBox()
+        self.sampler.addItems(SAMPLERS)
+        self.schedule.addItems(SCHEDULES)
+        ss = QHBoxLayout()
+        ss.addWidget(self.sampler, 1)
+        ss.addWidget(self.schedule, 1)
+        form.addRow("Sampler", ss)
+        self.batch = QSpinBox()
+        self.batch.setRange(1, 64)
+        form.addRow("Batch", self.batch)
+        lay.addLayout(form)
+        buttons = QHBoxLayout()
+        self.generate_btn = QPushButton("Generate")
+        self.generate_btn.setObjectName("Primary")
+        self.generate_btn.setShortcut("Ctrl+Return")
+        self.generate_btn.setToolTip("Generate with this plan (Ctrl+Enter)")
+        self.generate_btn.clicked.connect(self.generate)
+        self.cancel_btn = QPushButton("Cancel")
+        self.cancel_btn.setEnabled(False)
+        self.cancel_btn.clicked.connect(self.cancel)
+        buttons.addWidget(self.generate_btn, 1)
+        buttons.addWidget(self.cancel_btn)
+        lay.addLayout(buttons)
+        self.progress = QProgressBar()
+        self.progress.setTextVisible(False)
+        self.progress.setMaximumHeight(6)
+        lay.addWidget(self.progress)
+        self.progress_label = QLabel()
+        self.progress_label.setObjectName("Caption")
+        lay.addWidget(self.progress_label)
+        self.error_box = QFrame()
+        eb = QHBoxLayout(self.error_box)
+        eb.setContentsMargins(0, 0, 0, 0)
+        self.error_label = QLabel()
+        self.error_label.setObjectName("Error")
+        self.error_label.setWordWrap(True)
+        eb.addWidget(self.error_label, 1)
+        self.retry_btn = QPushButton("Retry")
+        self.retry_btn.clicked.connect(self.retry)
+        eb.addWidget(self.retry_btn)
+        self.error_box.hide()
+        lay.addWidget(self.error_box)
+        self.preview = QLabel()
+        self.preview.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.preview.setMinimumHeight(200)
+        self.preview.setObjectName("Muted")
+        self.preview.setText("The live preview appears here")
+        lay.addWidget(self.preview, 1)
+        self.params_label = QLabel()
+        self.params_label.setObjectName("Caption")
+        self.params_label.setWordWrap(True)
+        lay.addWidget(self.params_label)
+        hl = QLabel("HISTORY")
+        hl.setObjectName("Section")
+        lay.addWidget(hl)
+        self.history = QListWidget()
+        self.history.setViewMode(QListWidget.ViewMode.IconMode)
+        self.history.setIconSize(QSize(56, 56))
+        self.history.setMaximumHeight(84)
+        self.history.setFlow(QListWidget.Flow.LeftToRight)
+        self.history.setWrapping(False)
+        self.history.itemActivated.connect(self._show_history)
+        self.history.itemClicked.connect(self._show_history)
+        lay.addWidget(self.history)
+        self._load_settings()
+        for w in (self.width_box, self.height_box, self.steps, self.batch, self.seed):
+            w.valueChanged.connect(self._sync)
+        self.cfg.valueChanged.connect(self._sync)
+        self.sampler.currentTextChanged.connect(self._sync)
+        self.schedule.currentTextChanged.connect(self._sync)
+        self.prompt.textChanged.connect(self._sync)
+        self.negative.textChanged.connect(self._sync)
+        controller.modelChanged.connect(self.update_state)
+        controller.planChanged.connect(self._from_controller)
+        self._load_history()
+        self.update_state()
+
+    # ------------------------------------------------------------------ settings
+    def _load_settings(self) -> None:
+        g = self.ctl.generation
+        self.width_box.setValue(int(g.get("width") or 1024))
+        self.height_box.setValue(int(g.get("height") or 1024))
+        self.steps.setValue(int(g.get("steps") or 20))
+        self.cfg.setValue(float(g.get("cfg_scale") or 1.0))
+        self.seed.setValue(int(g.get("seed") if g.get("seed") is not None else 42))
+        self.batch.setValue(int(g.get("batch_count") or 1))
+        for combo, key in ((self.sampler, "sampling_method"), (self.schedule, "scheduler")):
+            if g.get(key):
+                i = combo.findText(str(g[key]))
+                if i >= 0:
+                    combo.setCurrentIndex(i)
+        if self.prompt.toPlainText() != str(g.get("prompt") or ""):
+            self.prompt.setPlainText(str(g.get("prompt") or ""))
+        if self.negative.toPlainText() != str(g.get("negative_prompt") or ""):
+            self.negative.setPlainText(str(g.get("negative_prompt") or ""))
+
+    def _from_controller(self, source: str) -> None:
+        if source == "load":  # a pasted command or imported plan brings settings
+            self._syncing = True
+            self._load_settings()
+            self._syncing = False
+
+    _syncing = False
+
+    def settings(self) -> dict[str, Any]:
+        """The generation settings in sd-cli's keys."""
+        return {"prompt": self.prompt.toPlainText() or None,
+                "negative_prompt": self.negative.toPlainText() or None,
+                "width": self.width_box.value(), "height": self.height_box.value(),
+                "steps": self.steps.value(), "cfg_scale": self.cfg.value(),
+                "seed": self.seed.value(), "sampling_method": self.sampler.currentText(),
+                "scheduler": self.schedule.currentText(), "batch_count": self.batch.value()}
+
+    def _sync(self, *_: object) -> None:
+        if not self._syncing:
+            self.ctl.set_generation(**self.settings())
+
+    # ------------------------------------------------------------------ state
+    def unavailable_reason(self) -> str | None:
+        """Why Generate is disabled now, or None."""
+        if not self.ctl.model_files:
+            return "Load a model to generate (File → Open model files, or drop files here)"
+        if self.client_factory is None:
+            return engine_unavailable_reason() or None
+        return None
+
+    def update_state(self) -> None:
+        """Enable Generate only with a model and an engine, and say why otherwise."""
+        reason = self.unavailable_reason()
+        running = self.thread is not None
+        self.generate_btn.setEnabled(reason is None and not running)
+        self.cancel_btn.setEnabled(running)
+        self.state.setText(reason or ("Generating…" if running else "Ready"))
+        self.state.setVisible(True)
+
+    def request(self) -> dict[str, Any]:
+        """The request sent to the engine: settings, strings, model files, RPC servers."""
+        plan = self.ctl.plan
+        return {**self.settings(), "backend": plan.backend,
+                "params_backend": plan.params_backend, "max_vram": plan.max_vram,
+                "rpc_servers": list(plan.rpc_servers), "stream_layers": plan.stream_layers,
+                "model_files": {k: list(v) for k, v in self.ctl.model_files.items()}}
+
+    # ------------------------------------------------------------------ running
+    def generate(self) -> bool:
+        """Start a generation on a worker thread; False when disabled or running."""
+        if self.thread is not None or self.unavailable_reason() is not None:
+            return False
+        if self.seed.value() < 0:
+            self.seed.setValue(random.randrange(2**31 - 1))
+        return self._start(self.request())
+
+    def retry(self) -> bool:
+        """Run the last request again (after an engine failure)."""
+        if self.thread is not None:
+            return False
+        return self._start(self._last_request or self.request())
+
+    def _start(self, req: dict[str, Any]) -> bool:
+        from sdplan.app.worker import default_client_factory
+
+        self._last_request = req
+        self.error_box.hide()
+        try:
+            client = (self.client_factory or default_client_factory)()
+        except Exception as exc:  # noqa: BLE001 - shown to the user, plan untouched
+            self.on_error(f"cannot start the engine: {exc}")
+            return False
+        self.client = client
+        self.thread = QThread(self)
+        self.worker = GenerationWorker(client, req)
+        self.worker.moveToThread(self.thread)
+        self.thread.started.connect(self.worker.run)
+        self.worker.progress.connect(self.on_progress)
+        self.worker.result.connect(self.on_result)
+        self.worker.error.connect(self.on_error)
+        self.worker.cancelled.connect(self.on_cancelled)
+        self.worker.finished.connect(self.on_finished)
+        self.progress.setRange(0, int(req.get("steps") or 1))
+        self.progress.setValue(0)
+        self.progress_label.setText("starting the engine…")
+        self._t0 = time.monotonic()
+        self.thread.start()
+        self.update_state()
+        return True
+
+    def cancel(self) -> None:
+        """Ask the running generation to stop."""
+        if self.worker is not None:
+            self.progress_label.setText("cancelling…")
+            self.worker.cancel()
+
+    def is_running(self) -> bool:
+        return self.thread is not None
+
+    @Slot(int, int, object)
+    def on_progress(self, step: int, total: int, preview: object) -> None:
+        self.progress.setRange(0, max(total, 1))
+        self.progress.setValue(step)
+        dt = max(time.monotonic() - self._t0, 1e-6)
+        rate = step / dt
+        eta = (total - step) / rate if rate > 0 else 0
+        self.progress_label.setText(f"step {step}/{total} · {rate:.2f} steps/s · "
+                                    f"ETA {int(eta) // 60}:{int(eta) % 60:02d}")
+        if preview is not None:
+            try:
+                self._show(to_qimage(preview))
+            except ValueError as exc:
+                log.debug("bad preview: %s", exc)
+
+    @Slot(object, object)
+    def on_result(self, images: list, params: dict) -> None:
+        self.last_images = [to_qimage(a) for a in images]
+        if self.last_images:
+            self._show(self.last_images[0])
+        shown = {k: v for k, v in params.items() if k != "model_files"}
+        self.params_label.setText("  ·  ".join(f"{k} {v}" for k, v in shown.items()))
+        self.progress.setValue(self.progress.maximum())
+        self.progress_label.setText(f"done in {time.monotonic() - self._t0:.1f} s")
+        self._save(self.last_images, params)
+
+    @Slot(str)
+    def on_error(self, message: str) -> None:
+        self.error_label.setText(f"The engine failed: {message}. The plan is unchanged.")
+        self.error_box.show()
+        self.progress_label.setText("failed")
+
+    @Slot()
+    def on_cancelled(self) -> None:
+        self.progress_label.setText("cancelled")
+
+    @Slot()
+    def on_finished(self) -> None:
+        if self.thread is not None:
+            self.thread.quit()
+            self.thread.wait(5000)
+        try:
+            self.client.close()
+        except Exception:  # noqa: BLE001
+            log.debug("engine close failed", exc_info=True)
+        self.thread = None
+        self.worker = None
+        self.update_state()
+
+    def _show(self, img: QImage) -> None:
+        w = max(self.preview.width(), 200)
+        self.preview.setPixmap(QPixmap.fromImage(img).scaled(
+            w, max(self.preview.height(), 200), Qt.AspectRatioMode.KeepAspectRatio,
+            Qt.TransformationMode.SmoothTransformation))
+
+    # ------------------------------------------------------------------ history
+    def _save(self, images: list[QImage], params: dict) -> None:
+        try:
+            self.history_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self.ctl.status.emit(f"cannot save results to {self.history_dir}: {exc}")
+            return
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for i, img in enumerate(images):
+            path = self.history_dir / f"{stamp}-{i}.png"
+            img.save(str(path))
+            path.with_suffix(".json").write_text(json.dumps(params, indent=1, default=str))
+            self._add_history(path)
+
+    def _add_history(self, path: Path) -> None:
+        item = QListWidgetItem(QIcon(str(path)), "")
+        item.setData(Qt.ItemDataRole.UserRole, str(path))
+        item.setToolTip(path.name)
+        self.history.insertItem(0, item)
+
+    def _load_history(self) -> None:
+        if self.history_dir.is_dir():
+            for path in sorted(self.history_dir.glob("*.png"))[-30:]:
+                self._add_history(path)
+
+    def _show_history(self, item: QListWidgetItem) -> None:
+        path = Path(item.data(Qt.ItemDataRole.UserRole))
+        self._show(QImage(str(path)))
+        meta = path.with_suffix(".json")
+        if meta.exists():
+            try:
+                params = json.loads(meta.read_text())
+                self.params_label.setText("  ·  ".join(f"{k} {v}" for k, v in params.items()
+                                                       if k != "model_files"))
+            except (OSError, ValueError):
+                self.params_label.setText(path.name)

@@ -1,0 +1,410 @@
+"""The main window: board, flag strings, RPC servers and the generation panel, with menus,
+toolbar, shortcuts, file drops, recent files and QSettings persistence."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
+    QGuiApplication,
+    QIcon,
+    QKeySequence,
+)
+from PySide6.QtWidgets import (
+    QApplication,
+    QFileDialog,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QScrollArea,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+from sdplan.app import theme
+from sdplan.app.autoplan import auto_plan, plan_diff
+from sdplan.app.board.board import Board
+from sdplan.app.controller import PlanController
+from sdplan.app.dialogs import AutoPlanDialog, about, syntax_help
+from sdplan.app.generation import GenerationPanel
+from sdplan.app.icons import app_icon, dot_pixmap
+from sdplan.app.rpc import RpcPanel
+from sdplan.app.strings import StringsPanel
+from sdplan.app.worker import ClientFactory
+from sdplan.core.assignment import MODULES
+from sdplan.core.errors import SdplanError
+from sdplan.core.inventory import Inventory
+
+log = logging.getLogger(__name__)
+MAX_RECENT = 8
+REFRESH_MS = 5000
+MODEL_FILTER = "Model files (*.safetensors *.gguf *.ckpt *.pt *.pth *.bin);;All files (*)"
+
+
+def apply_theme(app: QApplication, mode: str = "system") -> theme.Theme:
+    """Fusion style with sdplan's palette and style sheet for ``mode``."""
+    app.setStyle("Fusion")
+    t = theme.current(mode)
+    app.setPalette(theme.palette(t))
+    app.setStyleSheet(theme.style_sheet(t))
+    return t
+
+
+class MainWindow(QMainWindow):
+    """See module docstring. ``settings`` is where recent files, the last plan and the
+    theme persist; ``client_factory`` makes engine clients for the generation panel."""
+
+    def __init__(self, controller: PlanController, settings: QSettings | None = None, *,
+                 client_factory: ClientFactory | None = None, auto_refresh: bool = False,
+                 history_dir: str | Path | None = None) -> None:
+        super().__init__()
+        self.ctl = controller
+        self.settings = settings or QSettings("sdplan", "sdplan")
+        self.setWindowTitle("sdplan")
+        self.setWindowIcon(app_icon())
+        self.setAcceptDrops(True)
+        central = QWidget()
+        outer = QHBoxLayout(central)
+        outer.setContentsMargins(12, 8, 12, 8)
+        split = QSplitter(Qt.Orientation.Horizontal)
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
+        ll.setSpacing(10)
+        head = QHBoxLayout()
+        self.model_label = QLabel()
+        self.model_label.setObjectName("Title")
+        head.addWidget(self.model_label)
+        self.arch_label = QLabel()
+        self.arch_label.setObjectName("Badge")
+        head.addWidget(self.arch_label)
+        head.addStretch(1)
+        self.verdict = QLabel()
+        self.verdict.setObjectName("Verdict")
+        head.addWidget(self.verdict)
+        ll.addLayout(head)
+        self.board = Board(controller)
+        ll.addWidget(self.board, 1)
+        self.strings = StringsPanel(controller)
+        ll.addWidget(self.strings)
+        split.addWidget(left)
+        right = QWidget()
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.setSpacing(10)
+        self.rpc = RpcPanel(controller)
+        rl.addWidget(self.rpc)
+        hist = history_dir or Path(self.settings.fileName()).parent / "sdplan-history"
+        self.generation = GenerationPanel(controller, hist, client_factory)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(self.generation)
+        rl.addWidget(scroll, 1)
+        split.addWidget(right)
+        split.setStretchFactor(0, 3)
+        split.setStretchFactor(1, 1)
+        split.setSizes([1020, 380])
+        outer.addWidget(split)
+        self.setCentralWidget(central)
+        self._actions()
+        self.status_label = QLabel()
+        self.statusBar().addWidget(self.status_label, 1)
+        controller.status.connect(self.show_status)
+        controller.planChanged.connect(self._plan_changed)
+        controller.modelChanged.connect(self._model_changed)
+        self.rpc.refresh_btn.clicked.connect(self.refresh_devices)
+        self.strings.copyRequested.connect(self.copy_command)
+        self.strings.pasteRequested.connect(self.paste_command)
+        self.strings.exportRequested.connect(self.export_plan)
+        self.strings.importRequested.connect(self.import_plan)
+        self.timer = QTimer(self)
+        self.timer.setInterval(REFRESH_MS)
+        self.timer.timeout.connect(lambda: self.refresh_devices(quiet=True))
+        if auto_refresh:
+            self.timer.start()
+        self._model_changed()
+        self._plan_changed("load")
+        geo = self.settings.value("window/geometry")
+        if geo is not None:
+            self.restoreGeometry(geo)
+        else:
+            self.resize(1440, 900)
+
+    # ------------------------------------------------------------------ actions
+    def _act(self, text: str, slot: object, shortcut: QKeySequence | str | None = None,
+             tip: str = "") -> QAction:
+        a = QAction(text, self)
+        if shortcut is not None:
+            a.setShortcut(QKeySequence(shortcut))
+        if tip:
+            a.setToolTip(tip)
+            a.setStatusTip(tip)
+        a.triggered.connect(slot)
+        return a
+
+    def _actions(self) -> None:
+        K = QKeySequence.StandardKey
+        self.open_act = self._act("&Open model files…", self.open_dialog, K.Open,
+                                  "Open model files (safetensors, GGUF)")
+        self.undo_act = self.ctl.undo_stack.createUndoAction(self, "&Undo")
+        self.undo_act.setShortcut(K.Undo)
+        self.redo_act = self.ctl.undo_stack.createRedoAction(self, "&Redo")
+        self.redo_act.setShortcuts([QKeySequence(K.Redo), QKeySequence("Ctrl+Y")])
+        self.auto_act = self._act("&Auto plan…", self.auto_plan, "Ctrl+Shift+A",
+                                  "Propose a placement that fits (largest modules on the most "
+                                  "free memory, split, then weights to RAM or disk)")
+        self.refresh_act = self._act("&Refresh devices", self.refresh_devices, "F5",
+                                     "Re-read free memory of every device")
+        self.copy_act = self._act("&Copy sd-cli command", self.copy_command, "Ctrl+Shift+C")
+        self.paste_act = self._act("&Paste sd-cli command", self.paste_command, "Ctrl+Shift+V")
+        file_menu = self.menuBar().addMenu("&File")
+        file_menu.addAction(self.open_act)
+        self.recent_menu = file_menu.addMenu("Open &recent")
+        file_menu.addSeparator()
+        file_menu.addAction(self._act("&Import plan…", self.import_plan, "Ctrl+I"))
+        file_menu.addAction(self._act("&Export plan…", self.export_plan, "Ctrl+E"))
+        file_menu.addSeparator()
+        file_menu.addAction(self._act("Load &hardware profile…", self.load_hardware,
+                                      tip="Plan for the devices of another machine"))
+        file_menu.addAction(self._act("&Save hardware profile…", self.save_hardware,
+                                      tip="Save these devices as an inventory JSON"))
+        file_menu.addAction(self._act("Load model &profile…", self.load_profile))
+        file_menu.addSeparator()
+        file_menu.addAction(self._act("&Quit", self.close, K.Quit))
+        edit = self.menuBar().addMenu("&Edit")
+        edit.addActions([self.undo_act, self.redo_act])
+        edit.addSeparator()
+        edit.addActions([self.copy_act, self.paste_act])
+        plan = self.menuBar().addMenu("&Plan")
+        plan.addAction(self.auto_act)
+        self.add_module_menu = plan.addMenu("Add &module")
+        for m in MODULES:
+            a = self.add_module_menu.addAction(QIcon(dot_pixmap(theme.module_colour(m))),
+                                               f"{theme.MODULE_TITLES[m]} ({m})")
+            a.triggered.connect(lambda _=False, mod=m: self.ctl.add_module(mod))
+        plan.addAction(self.refresh_act)
+        self.auto_refresh_act = QAction("Refresh free memory every 5 s", self, checkable=True)
+        self.auto_refresh_act.toggled.connect(
+            lambda on: self.timer.start() if on else self.timer.stop())
+        plan.addAction(self.auto_refresh_act)
+        view = self.menuBar().addMenu("&View")
+        themes = view.addMenu("&Theme")
+        for mode in ("system", "light", "dark"):
+            a = themes.addAction(mode.capitalize())
+            a.triggered.connect(lambda _=False, md=mode: self.set_theme(md))
+        help_menu = self.menuBar().addMenu("&Help")
+        help_menu.addAction(self._act("Placement &strings…", lambda: syntax_help(self), "F1"))
+        help_menu.addAction(self._act("&About sdplan", lambda: about(self)))
+        tb = self.addToolBar("Main")
+        tb.setMovable(False)
+        tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        tb.addActions([self.open_act, self.undo_act, self.redo_act])
+        tb.addSeparator()
+        tb.addAction(self.auto_act)
+        tb.addAction(self.refresh_act)
+        self._recent_menu()
+
+    # ------------------------------------------------------------------ plan/status
+    def show_status(self, text: str) -> None:
+        self.status_label.setText(text)
+
+    def _plan_changed(self, source: str) -> None:
+        fit = self.ctl.fit
+        if fit is None:
+            self.verdict.setText("no model: sizes unknown")
+            self.verdict.setProperty("fits", True)
+        else:
+            self.verdict.setText("✓ Fits" if fit.fits else f"✕ Does not fit "
+                                 f"({len(fit.reasons)} device{'s' if len(fit.reasons) > 1 else ''})")
+            self.verdict.setProperty("fits", fit.fits)
+            self.verdict.setToolTip("\n".join(fit.reasons) or
+                                    f"Estimated at {fit.width}x{fit.height}, batch {fit.batch}")
+        self.verdict.style().unpolish(self.verdict)
+        self.verdict.style().polish(self.verdict)
+        warns = self.ctl.plan.warnings
+        if warns and source != "generation":
+            self.show_status("⚠ " + "  ·  ".join(w.message for w in warns))
+        self.settings.setValue("plan/last", json.dumps(self.ctl.plan_json(), default=str))
+
+    def _model_changed(self) -> None:
+        prof = self.ctl.profile
+        files = [Path(p).name for v in self.ctl.model_files.values() for p in v]
+        name = (prof.name if prof and prof.name else None) or (files[0] if files else None)
+        self.model_label.setText(name or "No model loaded")
+        arch = prof.architecture if prof else None
+        self.arch_label.setText(arch or "")
+        self.arch_label.setVisible(bool(arch))
+        if files:
+            self.model_label.setToolTip("\n".join(
+                f"--{k.replace('_', '-')} {p}" for k, v in self.ctl.model_files.items()
+                for p in v))
+
+    # ------------------------------------------------------------------ files
+    def open_dialog(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Open model files", "", MODEL_FILTER)
+        if paths:
+            self.open_files(paths)
+
+    def open_files(self, paths: list[str]) -> bool:
+        """Open model files (errors in a message box, the plan unchanged)."""
+        try:
+            self.ctl.open_files(paths)
+        except (SdplanError, OSError, ValueError) as exc:
+            QMessageBox.warning(self, "Cannot open model files", str(exc))
+            return False
+        recent = [p for p in self.recent_files() if p not in paths]
+        self.settings.setValue("files/recent", (list(paths) + recent)[:MAX_RECENT])
+        self._recent_menu()
+        self.show_status(f"opened {', '.join(Path(p).name for p in paths)}")
+        return True
+
+    def recent_files(self) -> list[str]:
+        value = self.settings.value("files/recent") or []
+        return [str(v) for v in ([value] if isinstance(value, str) else value)]
+
+    def _recent_menu(self) -> None:
+        self.recent_menu.clear()
+        for p in self.recent_files():
+            a = self.recent_menu.addAction(Path(p).name)
+            a.setToolTip(p)
+            a.triggered.connect(lambda _=False, path=p: self.open_files([path]))
+        self.recent_menu.setEnabled(bool(self.recent_files()))
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802
+        if event.mimeData().hasUrls():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802
+        paths = [u.toLocalFile() for u in event.mimeData().urls() if u.isLocalFile()]
+        if paths:
+            event.acceptProposedAction()
+            if len(paths) == 1 and paths[0].endswith(".json"):
+                self._import_plan_file(paths[0])
+            else:
+                self.open_files(paths)
+
+    # ------------------------------------------------------------------ commands
+    def copy_command(self) -> None:
+        QGuiApplication.clipboard().setText(self.ctl.command_line())
+        self.show_status("sd-cli command copied")
+
+    def paste_command(self, text: str | None = None) -> bool:
+        """Import an sd-cli command (the clipboard's, or asked for when it is empty)."""
+        if text is None:
+            text = QGuiApplication.clipboard().text()
+            if not text.strip():
+                text, ok = QInputDialog.getMultiLineText(self, "Paste sd-cli command",
+                                                         "sd-cli command:")
+                if not ok:
+                    return False
+        try:
+            unknown = self.ctl.import_command(text)
+        except SdplanError as exc:
+            self.show_status(f"✕ cannot import the command: {exc}")
+            self.strings.show_error(exc if hasattr(exc, "span") else None)  # type: ignore[arg-type]
+            return False
+        self.show_status("imported the sd-cli command" + (
+            f" (ignored: {' '.join(unknown)})" if unknown else ""))
+        return True
+
+    def export_plan(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export plan", "plan.json", "JSON (*.json)")
+        if path:
+            try:
+                self.ctl.save_plan(path)
+            except OSError as exc:
+                QMessageBox.warning(self, "Cannot export the plan", str(exc))
+
+    def import_plan(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import plan", "", "JSON (*.json)")
+        if path:
+            self._import_plan_file(path)
+
+    def _import_plan_file(self, path: str) -> bool:
+        try:
+            self.ctl.load_plan_json(json.loads(Path(path).read_text(encoding="utf-8")),
+                                    source=path)
+        except (OSError, ValueError, SdplanError) as exc:
+            QMessageBox.warning(self, "Cannot import the plan", f"{path}: {exc}")
+            return False
+        return True
+
+    def load_hardware(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Load hardware profile", "",
+                                              "Device inventory (*.json)")
+        if path:
+            try:
+                self.ctl.set_inventory(Inventory.load(path))
+                self.ctl.inventory_source = None
+            except SdplanError as exc:
+                QMessageBox.warning(self, "Cannot load the hardware profile", str(exc))
+
+    def save_hardware(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save hardware profile", "devices.json",
+                                              "Device inventory (*.json)")
+        if path:
+            data = {"devices": [d.to_json() for d in self.ctl.inventory]}
+            Path(path).write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+    def load_profile(self) -> None:
+        from sdplan.core.profile import Profile
+
+        path, _ = QFileDialog.getOpenFileName(self, "Load model profile", "", "JSON (*.json)")
+        if path:
+            try:
+                self.ctl.set_profile(Profile.load(path))
+            except SdplanError as exc:
+                QMessageBox.warning(self, "Cannot load the profile", str(exc))
+
+    def refresh_devices(self, quiet: bool = False) -> None:
+        try:
+            self.ctl.refresh_inventory()
+        except SdplanError as exc:
+            self.rpc.error.setText(f"✕  {exc}")
+            self.rpc.error.show()
+            return
+        if not quiet:
+            self.show_status("free memory refreshed")
+
+    # ------------------------------------------------------------------ auto plan
+    def propose(self) -> AutoPlanDialog | None:
+        """The Auto plan dialog for the current model (None without a profile)."""
+        if self.ctl.profile is None:
+            self.show_status("Auto plan needs model sizes: open model files first")
+            return None
+        g = self.ctl.generation
+        proposal = auto_plan(self.ctl.inventory, self.ctl.profile, self.ctl.placement,
+                             width=int(g.get("width") or 1024),
+                             height=int(g.get("height") or 1024),
+                             batch=int(g.get("batch_count") or 1))
+        rows = plan_diff(self.ctl.plan, proposal.plan, self.ctl.modules())
+        return AutoPlanDialog(proposal, rows, self)
+
+    def auto_plan(self) -> None:
+        dlg = self.propose()
+        if dlg is not None and dlg.exec():
+            self.ctl.edit(dlg.proposal.placement, "auto plan")
+
+    # ------------------------------------------------------------------ theme, close
+    def set_theme(self, mode: str) -> None:
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            apply_theme(app, mode)
+            self.settings.setValue("view/theme", mode)
+            self.board.rebuild()
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
+        if self.generation.is_running():
+            self.generation.cancel()
+        self.settings.setValue("window/geometry", self.saveGeometry())
+        self.settings.setValue("plan/last", json.dumps(self.ctl.plan_json(), default=str))
+        super().closeEvent(event)

@@ -1,0 +1,172 @@
+"""The engine seam of the GUI: a worker QObject, living in a QThread, drives an engine
+client and reports progress, previews, results and errors as Qt signals.
+
+An engine client is anything with this small interface (:class:`EngineClient`)::
+
+    start(request: dict) -> None          # begin one generation (see GenerationPanel.request)
+    next_message(timeout: float) -> dict | None   # block up to timeout s for the next message
+    cancel() -> None                      # ask the engine to stop (thread-safe)
+    close() -> None                       # release the engine process
+
+Messages are dicts: ``{"type": "progress", "step": int, "total": int, "preview":
+ndarray (H, W, 3) uint8 or float in [0, 1], or None}``, ``{"type": "result", "images":
+[ndarray, ...], "params": dict}``, ``{"type": "error", "message": str}`` and
+``{"type": "cancelled"}``; the last three end a run. :class:`ReplayEngineClient` replays
+recorded messages (tests, demos).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("result", "error", "cancelled")
+
+
+class EngineClient(Protocol):
+    """What the worker needs of an engine (see module docstring)."""
+
+    def start(self, request: dict[str, Any]) -> None: ...
+    def next_message(self, timeout: float) -> dict[str, Any] | None: ...
+    def cancel(self) -> None: ...
+    def close(self) -> None: ...
+
+
+ClientFactory = Callable[[], EngineClient]
+
+
+class ReplayEngineClient:
+    """An engine client that replays recorded messages, ``delay_s`` apart.
+
+    ``fail_on_start``: raise this exception from :meth:`start` (an engine process that does
+    not come up). :meth:`cancel` makes the next message ``{"type": "cancelled"}``.
+    """
+
+    def __init__(self, messages: Sequence[dict[str, Any]], delay_s: float = 0.0,
+                 fail_on_start: Exception | None = None) -> None:
+        self.messages = list(messages)
+        self.delay_s = delay_s
+        self.fail_on_start = fail_on_start
+        self.requests: list[dict[str, Any]] = []
+        self._cancel = threading.Event()
+        self._pos = 0
+        self.closed = False
+
+    def start(self, request: dict[str, Any]) -> None:
+        if self.fail_on_start is not None:
+            raise self.fail_on_start
+        self.requests.append(dict(request))
+        self._cancel.clear()
+        self._pos = 0
+
+    def next_message(self, timeout: float) -> dict[str, Any] | None:
+        if self._cancel.wait(self.delay_s):
+            self._pos = len(self.messages)
+            return {"type": "cancelled"}
+        if self._pos >= len(self.messages):
+            return {"type": "error", "message": "the engine process ended without a result"}
+        msg = self.messages[self._pos]
+        self._pos += 1
+        return msg
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def engine_unavailable_reason() -> str | None:
+    """Why no real engine can run here, or None when ``sdplan.core.pipeline`` provides
+    ``create_engine_client()``."""
+    try:
+        spec = importlib.util.find_spec("sdplan.core.pipeline")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return "Engine not available: this build has no sdplan.core.pipeline"
+    try:
+        mod = importlib.import_module("sdplan.core.pipeline")
+    except Exception as exc:  # noqa: BLE001 - any import failure disables generation
+        return f"Engine not available: {exc}"
+    if not hasattr(mod, "create_engine_client"):
+        return "Engine not available: sdplan.core.pipeline has no engine client yet"
+    return None
+
+
+def default_client_factory() -> EngineClient:
+    """The real engine's client (raises when :func:`engine_unavailable_reason` is set)."""
+
+    return importlib.import_module("sdplan.core.pipeline").create_engine_client()
+
+
+
+
+class GenerationWorker(QObject):
+    """Runs one request on an engine client in its thread; the panel connects its signals
+    to slots of GUI-thread objects (queued across threads)."""
+
+    progress = Signal(int, int, object)  # step, total, preview ndarray or None
+    result = Signal(object, object)  # images (list of ndarray), params dict
+    error = Signal(str)
+    cancelled = Signal()
+    finished = Signal()
+
+    def __init__(self, client: EngineClient, request: dict[str, Any],
+                 poll_s: float = 0.1) -> None:
+        super().__init__()
+        self.client, self.request, self.poll_s = client, request, poll_s
+        self._cancel = threading.Event()
+
+    def cancel(self) -> None:
+        """Ask the engine to stop (callable from any thread)."""
+        self._cancel.set()
+        try:
+            self.client.cancel()
+        except Exception:  # noqa: BLE001 - a dead engine cannot be cancelled; run() reports
+            log.debug("engine cancel failed", exc_info=True)
+
+    @Slot()
+    def run(self) -> None:
+        """Start the request and relay messages until a terminal one (or a failure)."""
+        try:
+            self.client.start(self.request)
+            while True:
+                msg = self.client.next_message(self.poll_s)
+                if msg is None:
+                    if self._cancel.is_set():
+                        self.cancelled.emit()
+                        break
+                    continue
+                kind = msg.get("type")
+                if kind == "progress":
+                    self.progress.emit(int(msg["step"]), int(msg["total"]), msg.get("preview"))
+                elif kind == "result":
+                    self.result.emit(list(msg.get("images") or []), dict(msg.get("params") or {}))
+                    break
+                elif kind == "error":
+                    self.error.emit(str(msg.get("message") or "the engine failed"))
+                    break
+                elif kind == "cancelled":
+                    self.cancelled.emit()
+                    break
+                else:
+                    log.debug("ignoring engine message %r", kind)
+        except Exception as exc:  # noqa: BLE001 - every engine failure becomes a message
+            self.error.emit(f"{type(exc).__name__}: {exc}")
+        finally:
+            self.finished.emit()
+
+
+def now() -> float:
+    """Monotonic seconds (steps/s and ETA)."""
+    return time.monotonic()

@@ -1,0 +1,47 @@
+"""``sdplan gui``: open the desktop app (PySide6 is imported only when it runs)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sdplan.core.placement import add_placement_arguments
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="*", metavar="FILE", help="model files to open")
+    p.add_argument("--devices", metavar="FILE", help="plan for the devices in this inventory "
+                   "JSON file (a hardware profile) instead of the live ones")
+    p.add_argument("--profile", metavar="FILE", help="model profile JSON (block sizes)")
+    p.add_argument("--theme", choices=("system", "light", "dark"), help="colour theme")
+    p.add_argument("--screenshot", metavar="OUT.png", help="render the main window offscreen "
+                   "at 1440x900 to this PNG and exit")
+    add_placement_arguments(p)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``sdplan gui`` on the dispatcher's subparsers."""
+    p = subparsers.add_parser("gui", help="open the desktop app",
+                              description="Open sdplan's placement board and generation panel.")
+    _add_arguments(p)
+    p.set_defaults(run=run)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A standalone parser with ``sdplan gui``'s arguments (for ``run_gui(argv)``)."""
+    p = argparse.ArgumentParser(prog="sdplan gui")
+    _add_arguments(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the GUI; 2 when PySide6 is missing or an argument file is bad."""
+    try:
+        from sdplan.app.main import run_gui
+    except ImportError as exc:
+        import sys
+
+        print(f"sdplan gui: the desktop app needs PySide6 ({exc})", file=sys.stderr)
+        return 2
+    return run_gui(args)
