@@ -61,7 +61,7 @@ import logging
 import math
 import sys
 import types
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -512,11 +512,6 @@ def _summary(entry: object) -> str:
     parts = [f"{m}={(sum(v['blocks']) + v['other']) / 2**30:.2f}GiB/{len(v['blocks'])}b"
              for m, v in mods.items()]
     return " ".join(parts)
-
-
-def _iter_files(profiles: dict) -> Iterator[tuple[str, int]]:
-    for entry in profiles.values():
-        yield from entry["files"].items()
 
 
 def write(profiles: dict[str, object], out: Path) -> None:
