@@ -187,3 +187,54 @@ def test_rpc_server_unknown_device_lists_choices(
 def test_rpc_server_bad_numbers(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["rpc-server", *args]) == 2
     assert args[0] in capsys.readouterr().err
+
+
+GRAPH_SCRIPT = """
+import json, sys
+import numpy as np
+from sdplan.core import devices, graph as gr
+
+devices.add_rpc_servers([sys.argv[1]])
+rng = np.random.default_rng(0)
+x = rng.standard_normal((3, 8, 32)).astype(np.float32)
+w = rng.standard_normal((16, 32)).astype(np.float32)
+b = rng.standard_normal(16).astype(np.float32)
+
+
+def run(backend):
+    g = gr.new_graph([backend])
+    with gr.on(g, 0):  # every op on the device under test
+        xi, wi, bi = g.input("x", x.shape), g.input("w", w.shape), g.input("b", b.shape)
+        y = g.soft_max(g.unary("silu", gr.linear(g, xi, wi, bi)))
+    g.output("y", y)
+    for name, value in (("x", x), ("w", w), ("b", b)):
+        g.set_input(name, value)
+    g.compute()
+    return np.asarray(g.get_output("y"))
+
+
+with devices.BackendManager(cpu_threads=1) as m:
+    on_cpu, on_rpc = run(m.get("CPU")), run(m.get("RPC0"))
+z = x @ w.T + b
+z = z / (1 + np.exp(-z))
+ref = np.exp(z - z.max(-1, keepdims=True))
+ref /= ref.sum(-1, keepdims=True)
+print(json.dumps({"shape": list(on_rpc.shape), "cpu_rpc": float(np.abs(on_cpu - on_rpc).max()),
+                  "rpc_ref": float(np.abs(on_rpc - ref).max()), "sum": float(on_rpc.sum())}))
+"""
+
+
+@pytest.mark.rpc
+def test_small_graph_same_numbers_on_cpu_and_rpc(rpc: None) -> None:
+    """linear -> silu -> softmax on the local CPU and on RPC0 (a loopback server), both
+    against numpy; the client runs in a subprocess."""
+    pytest.importorskip("numpy")
+    with rpc_servers(1) as (s,):
+        res = subprocess.run([PYTHON, "-c", GRAPH_SCRIPT, s.endpoint], capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["shape"] == [3, 8, 16]
+    assert abs(out["sum"] - 24.0) < 1e-3  # 24 softmax rows, each sums to 1
+    assert out["rpc_ref"] < 1e-4
+    assert out["cpu_rpc"] < 1e-6
