@@ -65,7 +65,7 @@ def _index() -> dict[str, Any]:
     """The parsed index; raises :class:`ModelFileError` when missing or malformed."""
     source = "sdplan.resources/" + "/".join(INDEX)
     try:
-        ref = resources.files("sdplan.resources").joinpath(*INDEX)
+        ref = resources.files("sdplan.resources").joinpath("/".join(INDEX))
         data = json.loads(ref.read_text(encoding="utf-8"))
     except (OSError, ModuleNotFoundError) as exc:
         raise ModelFileError(source, f"built-in profiles are missing ({exc})") from None
