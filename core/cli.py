@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from sdplan.core import __version__
+from sdplan.core.errors import SdplanError
 
 #: Subcommand modules under ``sdplan.core.commands``, in help order. A module that is
 #: missing (a part not built yet) is skipped, so the dispatcher never breaks on it.
@@ -56,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.run(args) or 0)
+    except SdplanError as exc:
+        print(f"sdplan {args.command}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("sdplan: interrupted", file=sys.stderr)
         return 130
