@@ -1,0 +1,249 @@
+"""Upscaling images with ESRGAN-family networks on the engine: image in, image out.
+
+:class:`Upscaler` opens an upscaler file (safetensors, or a ``.pth``/``.ckpt`` read by the
+restricted reader of :mod:`sdplan.core.pth` and converted once to a temporary safetensors
+file so the engine can read, stage or stream it like any model file), finds its
+architecture from the tensor shapes (:func:`sdplan.core.models.esrgan.detect_esrgan`) and
+runs it as the ``upscaler`` module of a placement (runtime device, residency, budget) with
+:class:`sdplan.core.engine.ModuleRunner`.
+
+Large images are cut into tiles (:func:`sdplan.core.models.esrgan.tile_grid`) whose core
+is at most ``tile`` input pixels with ``overlap`` pixels of context; every tile has one
+padded size, so one graph serves them all. With a placement budget (``--max-vram``) the
+tile is the largest of :data:`TILE_SIZES` whose measured compute buffer plus weights fit.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sdplan.core.errors import ModelFileError
+from sdplan.core.models.esrgan import (
+    EsrganConfig,
+    canonical_rrdb_names,
+    detect_esrgan,
+    esrgan_forward,
+    tile_grid,
+)
+
+__all__ = ["Upscaler", "UpscalerGraph", "to_array", "to_image", "TILE_SIZES", "DEFAULT_TILE"]
+
+log = logging.getLogger(__name__)
+
+#: Candidate tile cores (input pixels), largest first, when a budget decides.
+TILE_SIZES = (1024, 768, 512, 384, 256, 192, 128, 96, 64, 48, 32)
+#: Tile core without a budget (input pixels): about 0.3 GiB of compute for the compact x4.
+DEFAULT_TILE = 256
+
+
+class _Renamed(Mapping[str, Any]):
+    """``w[canonical]`` is ``lookup(file name)``."""
+
+    def __init__(self, lookup: Any, names: Mapping[str, str]) -> None:
+        self.lookup, self.names = lookup, names
+
+    def __getitem__(self, name: str) -> Any:
+        return self.lookup(self.names[name])
+
+    def __iter__(self) -> Any:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+class UpscalerGraph:
+    """An ESRGAN network as an engine module graph (``sdplan.core.models.ModuleGraph``): no
+    blocks; input ``"image"`` f32 ``(1, C, H, W)``, output ``"image"`` ``(1, C, sH, sW)``.
+    ``names`` maps canonical weight names to the file's."""
+
+    n_blocks = 0
+
+    def __init__(self, cfg: EsrganConfig, names: Mapping[str, str]) -> None:
+        self.cfg, self.names = cfg, dict(names)
+
+    def block_tensors(self, i: int) -> list[str]:
+        raise IndexError(f"upscaler graphs have no blocks (asked for block {i})")
+
+    def other_tensors(self) -> list[str]:
+        return sorted(self.names.values())
+
+    def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``{"image": (shape, "f32")}``; ValueError for another input or shape."""
+        s = shapes.get("image")
+        k = self.cfg.unshuffle
+        if s is None or len(s) != 4 or s[0] != 1 or s[1] != self.cfg.in_channels or s[2] % k or s[3] % k:
+            raise ValueError(f"upscaler: input 'image' must be (1, {self.cfg.in_channels}, H, W) with "
+                             f"H, W multiples of {k}; got {shapes}")
+        return {"image": (tuple(s), "f32")}
+
+    def build_pre(self, g: Any, w: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+        return {"y": esrgan_forward(g, _Renamed(w, self.names), inputs["image"], self.cfg)}
+
+    def build_block(self, g: Any, w: Any, i: int, state: dict[str, Any]) -> dict[str, Any]:
+        raise IndexError(f"upscaler graphs have no blocks (asked for block {i})")
+
+    def build_post(self, g: Any, w: Any, state: dict[str, Any]) -> dict[str, Any]:
+        return {"image": state["y"]}
+
+
+def to_array(image: np.ndarray) -> np.ndarray:
+    """uint8 ``(H, W, 3)`` (or ``(H, W)`` grey) -> float32 ``(1, 3, H, W)`` in [0, 1]."""
+    a = np.asarray(image)
+    if a.ndim == 2:
+        a = np.repeat(a[:, :, None], 3, axis=2)
+    if a.ndim != 3 or a.shape[2] not in (3, 4):
+        raise ValueError(f"image must be (H, W, 3), got {a.shape}")
+    return np.ascontiguousarray(a[:, :, :3].transpose(2, 0, 1)[None], np.float32) / np.float32(255.0)
+
+
+def to_image(x: np.ndarray) -> np.ndarray:
+    """float ``(1, 3, H, W)`` (clamped to [0, 1]) -> uint8 ``(H, W, 3)``, rounded."""
+    return (np.clip(x[0], 0.0, 1.0).transpose(1, 2, 0) * 255.0 + 0.5).astype(np.uint8)
+
+
+def _tensor_file(path: Path, workdir: Path) -> Path:
+    """``path`` itself when it is safetensors/GGUF; a .pth/.ckpt converted into
+    ``workdir`` otherwise (tensors only, via the restricted reader)."""
+    from sdplan.core.pth import is_pth, load_pth_tensors
+
+    if not path.is_file():
+        raise ModelFileError(path, "no such file")
+    if not is_pth(path):
+        return path
+    from safetensors.numpy import save_file
+
+    arrays = load_pth_tensors(path)
+    out = workdir / (path.stem + ".safetensors")
+    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(out))
+    return out
+
+
+class Upscaler:
+    """An upscaler model file ready to run (see the module docstring).
+
+    Args:
+        path: ``.safetensors`` or ``.pth``/``.ckpt`` upscaler.
+        placement: ``sdplan.core.engine.ModulePlacement`` (default: CPU, resident weights).
+        pool: ``sdplan.core.engine.BackendPool`` (default: a new one).
+        tile: tile core in input pixels (None: from the budget, else :data:`DEFAULT_TILE`).
+        overlap: context pixels per tile side (None: the network's receptive radius).
+        n_threads: CPU threads (0: the backend's setting).
+
+    Raises:
+        ModelFileError: unreadable, hostile or non-upscaler file.
+    """
+
+    def __init__(self, path: str | Path, placement: Any = None, pool: Any = None, tile: int | None = None,
+                 overlap: int | None = None, n_threads: int = 0) -> None:
+        from sdplan.core import engine
+        from sdplan.core.checkpoint_readers import read_tensor_file
+        from sdplan.core.weights import WeightFile
+
+        self.path = Path(path)
+        self._tmp = tempfile.TemporaryDirectory(prefix="sdplan-upscaler-")
+        try:
+            file = _tensor_file(self.path, Path(self._tmp.name))
+            tf = read_tensor_file(file)
+            shapes = {t.name: tuple(t.shape) for t in tf.tensors}
+            names = canonical_rrdb_names(list(shapes))
+            self.cfg = detect_esrgan({k: shapes[v] for k, v in names.items()}, str(self.path))
+            model = UpscalerGraph(self.cfg, names)
+            files = model.other_tensors()
+            # f32 throughout: these networks are small and f16 im2col is slower on CPUs.
+            wf = WeightFile(file, files, dtypes=dict.fromkeys(files, "f32"))
+        except BaseException:
+            self._tmp.cleanup()
+            raise
+        self.placement = placement or engine.ModulePlacement(("CPU",))
+        self.runner = engine.ModuleRunner(model, wf, self.placement, pool or engine.BackendPool(),
+                                          name="upscaler", n_threads=n_threads)
+        self.overlap = self.cfg.receptive_radius if overlap is None else overlap
+        self.tile = tile
+        log.info("%s: %s x%d, %d features, %d convs/blocks", self.path, self.cfg.kind, self.cfg.scale,
+                 self.cfg.features, self.cfg.n_conv)
+
+    @property
+    def scale(self) -> int:
+        """Output size / input size."""
+        return self.cfg.scale
+
+    def _align(self, n: int) -> int:
+        k = self.cfg.unshuffle
+        return -(-n // k) * k
+
+    def choose_tile(self, h: int, w: int) -> int:
+        """The tile core (input pixels) for an ``h`` x ``w`` image: ``tile`` when given,
+        else the largest of :data:`TILE_SIZES` whose measured compute buffer plus weights
+        fit the placement's budget (bytes), else :data:`DEFAULT_TILE`."""
+        if self.tile is not None:
+            return self._align(self.tile)
+        budget = self.placement.budget
+        if not budget:
+            return self._align(DEFAULT_TILE)
+        weights = self.runner.wf.nbytes(self.runner.wf.infos)
+        overlap, seen = self._align(self.overlap), set()
+        for t in (self._align(t) for t in TILE_SIZES):
+            region, _ = tile_grid(h, w, t, overlap, self.cfg.unshuffle)
+            if region in seen:
+                continue
+            seen.add(region)
+            need = sum(self.runner.measure({"image": (1, self.cfg.in_channels, *region)}).values())
+            if need + weights <= budget:
+                return t
+        return self._align(TILE_SIZES[-1])
+
+    def upscale_array(self, x: np.ndarray, repeats: int = 1) -> np.ndarray:
+        """float32 ``(1, C, H, W)`` in [0, 1] -> ``(1, C, H*s^r, W*s^r)``; between repeats
+        the image is clamped to [0, 1]; the final result is not. Raises ValueError for a
+        bad shape, EngineError when a device fails."""
+        x = np.asarray(x, np.float32)
+        if x.ndim != 4 or x.shape[0] != 1 or x.shape[1] != self.cfg.in_channels:
+            raise ValueError(f"upscale: image must be (1, {self.cfg.in_channels}, H, W), got {x.shape}")
+        if repeats < 1:
+            raise ValueError(f"upscale: repeats must be >= 1, got {repeats}")
+        with self.runner.session():
+            for r in range(repeats):
+                if r:
+                    x = np.clip(x, 0.0, 1.0)
+                x = self._tiled(x)
+        return x
+
+    def _tiled(self, x: np.ndarray) -> np.ndarray:
+        _, c, h, w = x.shape
+        k, s = self.cfg.unshuffle, self.cfg.scale
+        ph, pw = (-h) % k, (-w) % k
+        if ph or pw:  # RRDB with pixel-unshuffle: pad to a multiple, crop after
+            x = np.pad(x, ((0, 0), (0, 0), (0, ph), (0, pw)), mode="reflect")
+        hh, ww = x.shape[2:]
+        tile = self.choose_tile(hh, ww)
+        region, tiles = tile_grid(hh, ww, tile, self._align(self.overlap), k)
+        out = np.empty((1, c, hh * s, ww * s), np.float32)
+        log.debug("upscale %dx%d: %d tiles of %s", hh, ww, len(tiles), region)
+        for t in tiles:
+            part = np.ascontiguousarray(x[:, :, t.y0:t.y0 + region[0], t.x0:t.x0 + region[1]])
+            y = self.runner.run({"image": part})["image"]
+            oy, ox = (t.cy0 - t.y0) * s, (t.cx0 - t.x0) * s
+            out[:, :, t.cy0 * s:t.cy1 * s, t.cx0 * s:t.cx1 * s] = \
+                y[:, :, oy:oy + (t.cy1 - t.cy0) * s, ox:ox + (t.cx1 - t.cx0) * s]
+        return out[:, :, :h * s, :w * s]
+
+    def upscale_image(self, image: np.ndarray, repeats: int = 1) -> np.ndarray:
+        """uint8 ``(H, W, 3)`` -> uint8 ``(H*s^r, W*s^r, 3)``."""
+        return to_image(self.upscale_array(to_array(image), repeats))
+
+    def close(self) -> None:
+        """Free the runner's buffers and the temporary converted file (idempotent)."""
+        self.runner.release()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> Upscaler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
