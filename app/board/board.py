@@ -45,7 +45,8 @@ class Board(QWidget):
     def rebuild(self) -> None:
         """New columns for the inventory's devices."""
         for col in self.columns.values():
-            col.setParent(None)
+            self.columns_box.removeWidget(col)
+            col.hide()
             col.deleteLater()
         while self.columns_box.count():
             self.columns_box.takeAt(0)

@@ -97,6 +97,7 @@ class ModuleCard(QFrame):
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
         self.setAccessibleName(f"{self.module} card on {device}")
         self._press: QPoint | None = None
+        self.signature: tuple = ()
         plan = controller.plan
         mp = plan.modules[self.module]
         self.devices = list(mp.devices)
@@ -129,7 +130,7 @@ class ModuleCard(QFrame):
             note.setObjectName("Caption")
             note.setWordWrap(True)
             lay.addWidget(note)
-        self._mark_over()
+        self.mark_over()
 
     # ------------------------------------------------------------------ bodies
     def _main_body(self, lay: QVBoxLayout, mp: object) -> None:
@@ -206,15 +207,20 @@ class ModuleCard(QFrame):
             lambda: self.ctl.set_residency(self.module, "disk"))
         self.residency_buttons["device"].clicked.connect(self._to_ram)
         menu = QMenu(self)
-        for d in self.ctl.inventory:
-            act = menu.addAction(f"Keep weights on {d.name}")
-            act.triggered.connect(lambda _=False, n=d.name: self.ctl.set_residency(
-                self.module, "device", n))
+        menu.aboutToShow.connect(lambda: self._fill_weights_menu(menu))
         self.residency_buttons["device"].setMenu(menu)
         self.residency_buttons["device"].setPopupMode(
             QToolButton.ToolButtonPopupMode.DelayedPopup)
         row.addStretch(1)
         return row
+
+    def _fill_weights_menu(self, menu: QMenu) -> None:
+        """Devices to keep the weights on (built when the menu opens: cards are rebuilt often)."""
+        menu.clear()
+        for d in self.ctl.inventory:
+            act = menu.addAction(f"Keep weights on {d.name}")
+            act.triggered.connect(lambda _=False, n=d.name: self.ctl.set_residency(
+                self.module, "device", n))
 
     def _cpu_name(self) -> str | None:
         return next((d.name for d in self.ctl.inventory if d.type == "cpu"), None)
@@ -226,13 +232,17 @@ class ModuleCard(QFrame):
             return
         self.ctl.set_residency(self.module, "device", cpu)
 
-    def _mark_over(self) -> None:
+    def mark_over(self) -> None:
+        """Red border, red size and the reason in the tooltip when its device is over."""
         fit = self.ctl.fit
         reasons = [r for r in (fit.reasons if fit else []) if r.startswith(self.device + ":")]
         est = fit.modules.get(self.module) if fit else None
         mine = est is not None and self.device in {*est.weights, *est.staging, *est.compute}
         over = bool(reasons) and mine
-        self.setProperty("over", over)
+        if self.property("over") != over:
+            self.setProperty("over", over)
+            self.style().unpolish(self)
+            self.style().polish(self)
         tip = [f"{theme.MODULE_TITLES.get(self.module, self.module)} on {self.device}"]
         if est is not None:
             for part in ("weights", "staging", "compute"):
@@ -245,7 +255,7 @@ class ModuleCard(QFrame):
         tip.append("Right-click (or the Menu key) for all placement actions")
         if over:
             tip.insert(1, "Does not fit: " + "; ".join(r.split(": ", 1)[1] for r in reasons))
-            self.size_label.setStyleSheet(f"color: {theme.DANGER};")
+        self.size_label.setStyleSheet(f"color: {theme.DANGER};" if over else "")
         self.setToolTip("\n".join(tip))
 
     # ------------------------------------------------------------------ drag

@@ -39,9 +39,8 @@ class _DropFrame(QFrame):
 
     @staticmethod
     def drop_action(event: QDropEvent | QDragMoveEvent) -> Qt.DropAction:
-        """Copy (add to split) when Ctrl is held or the drag proposes a copy."""
-        if event.modifiers() & Qt.KeyboardModifier.ControlModifier or \
-                event.proposedAction() == Qt.DropAction.CopyAction:
+        """Copy (add to the split) when Ctrl is held, else Move."""
+        if event.modifiers() & Qt.KeyboardModifier.ControlModifier:
             return Qt.DropAction.CopyAction
         return Qt.DropAction.MoveAction
 
@@ -172,6 +171,15 @@ class DeviceColumn(_DropFrame):
     def _budget_dragged(self, value: float) -> None:
         self.ctl.set_budget(self.target, value or None, merge=True)
 
+    def _signature(self, card: object) -> tuple:
+        """Everything a card shows, to know when it must be rebuilt."""
+        ctl, name = self.ctl, self.target
+        m = card.module  # type: ignore[attr-defined]
+        mp = ctl.plan.modules[m]
+        prof = ctl.profile.get(m) if ctl.profile else None
+        return (tuple(mp.devices), mp.params, tuple(mp.ranges), id(prof),
+                tuple(d.name for d in ctl.inventory))
+
     def refresh(self) -> None:
         """Redraw from the controller's plan and fit."""
         ctl, name = self.ctl, self.target
@@ -226,13 +234,27 @@ class DeviceColumn(_DropFrame):
             self._updating = True
             self.budget.setValue(budget / GIB)
             self._updating = False
-        for c in self.cards:
-            c.setParent(None)
-            c.deleteLater()
-        self.cards = [ModuleCard(ctl, self.model, name, card)
-                      for card in self.model.cards(name)]
-        for c in self.cards:
-            self.cards_box.addWidget(c)
+        # rebuild only the cards whose content changed (a drag re-plans on every drop)
+        wanted = [(card, self._signature(card)) for card in self.model.cards(name)]
+        keep = {(c.card, c.signature): c for c in self.cards}
+        cards: list[ModuleCard] = []
+        for card, sig in wanted:
+            widget = keep.pop((card, sig), None)
+            if widget is None:
+                widget = ModuleCard(ctl, self.model, name, card)
+                widget.signature = sig
+            else:
+                widget.mark_over()  # fit figures change without a rebuild
+            cards.append(widget)
+        for old in keep.values():
+            self.cards_box.removeWidget(old)
+            old.hide()
+            old.deleteLater()
+        for i, widget in enumerate(cards):
+            if self.cards_box.indexOf(widget) != i:
+                self.cards_box.insertWidget(i, widget)
+            widget.show()
+        self.cards = cards
         self.empty.setVisible(not self.cards)
 
 

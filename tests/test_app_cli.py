@@ -1,0 +1,47 @@
+"""``sdplan gui``: the command imports without Qt, and --screenshot renders the window at
+1440x900 (also at 125 % and 200 % scaling) in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("PySide6")
+
+
+def test_gui_command_does_not_import_qt():
+    code = ("import sys, sdplan.core.cli as c; c.build_parser(); "
+            "print('PySide6' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("scale", ["1", "1.25", "2"])
+def test_screenshot_at_scale(tmp_path: Path, shared_dir: Path, scale: str):
+    from PySide6.QtGui import QImage
+
+    out = tmp_path / "shot.png"
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", QT_SCALE_FACTOR=scale,
+               XDG_CONFIG_HOME=str(tmp_path / "cfg"), HOME=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "sdplan.core.cli", "gui", "--devices",
+                        str(shared_dir / "cases/devices/D1.json"), "--backend",
+                        "diffusion=CUDA0&CUDA1", "--screenshot", str(out)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    img = QImage(str(out))
+    assert (img.width(), img.height()) == (round(1440 * float(scale)), round(900 * float(scale)))
+
+
+def test_bad_devices_file_is_exit_code_2(tmp_path: Path):
+    bad = tmp_path / "d.json"
+    bad.write_text("{}")
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", XDG_CONFIG_HOME=str(tmp_path / "c"))
+    r = subprocess.run([sys.executable, "-m", "sdplan.core.cli", "gui", "--devices", str(bad),
+                        "--screenshot", str(tmp_path / "x.png")], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and str(bad) in r.stderr

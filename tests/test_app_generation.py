@@ -1,0 +1,132 @@
+"""The generation panel against a fake engine client that replays recorded messages:
+progress and preview, results in the history folder, engine failure with retry, cancel,
+and the disabled state."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+pytest.importorskip("pytestqt")
+
+from sdplan.app.controller import PlanController  # noqa: E402
+from sdplan.app.generation import GenerationPanel, to_qimage  # noqa: E402
+from sdplan.app.worker import ReplayEngineClient  # noqa: E402
+from sdplan.core.errors import EngineError  # noqa: E402
+from sdplan.core.inventory import Device, Inventory  # noqa: E402
+
+GIB = 1 << 30
+
+
+def recorded(steps: int = 4) -> list[dict]:
+    """Messages as the engine sends them: one progress per step with a preview, a result."""
+    msgs: list[dict] = []
+    for s in range(1, steps + 1):
+        prev = np.full((16, 16, 3), s / steps, dtype=np.float32)
+        msgs.append({"type": "progress", "step": s, "total": steps, "preview": prev})
+    img = np.zeros((32, 48, 3), dtype=np.uint8)
+    img[:, :, 0] = 200
+    msgs.append({"type": "result", "images": [img], "params": {"seed": 7, "steps": steps}})
+    return msgs
+
+
+@pytest.fixture
+def ctl(qtbot):
+    inv = Inventory((Device("CPU", "cpu", "cpu", "CPU", 8 * GIB, 16 * GIB),))
+    c = PlanController(inv)
+    c.load_model_files({"diffusion_model": ["/nonexistent/model.safetensors"]}, strict=False)
+    return c
+
+
+def panel(qtbot, ctl, tmp_path, clients):
+    it = iter(clients)
+    p = GenerationPanel(ctl, tmp_path / "history", client_factory=lambda: next(it))
+    qtbot.addWidget(p)
+    p.show()
+    return p
+
+
+def test_disabled_without_model_or_engine(qtbot, tmp_path):
+    inv = Inventory((Device("CPU", "cpu", "cpu", "CPU", 8 * GIB, 16 * GIB),))
+    c = PlanController(inv)
+    p = GenerationPanel(c, tmp_path / "h", client_factory=None)
+    qtbot.addWidget(p)
+    assert not p.generate_btn.isEnabled()
+    assert "Load a model to generate" in p.state.text()
+    assert not p.generate()
+    c.load_model_files({"diffusion_model": ["/nonexistent/x.safetensors"]}, strict=False)
+    # a model but no engine in this build: still disabled, and it says why
+    assert not p.generate_btn.isEnabled()
+    assert "Engine not available" in p.state.text()
+
+
+def test_progress_preview_result_and_history(qtbot, ctl, tmp_path):
+    client = ReplayEngineClient(recorded(4))
+    p = panel(qtbot, ctl, tmp_path, [client])
+    p.prompt.setPlainText("a lighthouse")
+    assert p.generate()
+    assert not p.generate_btn.isEnabled() and p.cancel_btn.isEnabled()
+    qtbot.waitUntil(lambda: not p.is_running(), timeout=5000)
+    assert p.progress.value() == 4 and p.progress.maximum() == 4
+    assert p.progress_label.text().startswith("done")
+    assert p.last_images and p.last_images[0].width() == 48
+    assert p.last_images[0].pixelColor(0, 0).red() == 200
+    saved = sorted((tmp_path / "history").glob("*.png"))
+    assert len(saved) == 1 and saved[0].with_suffix(".json").exists()
+    assert p.history.count() == 1
+    assert "seed 7" in p.params_label.text()
+    req = client.requests[0]
+    assert req["prompt"] == "a lighthouse" and req["backend"] == ctl.plan.backend
+    assert req["model_files"] == {"diffusion_model": ["/nonexistent/model.safetensors"]}
+    assert client.closed and p.generate_btn.isEnabled()
+
+
+def test_engine_failure_shows_error_keeps_plan_and_retry_works(qtbot, ctl, tmp_path):
+    ctl.assign("vae", "CPU")
+    plan_before = ctl.plan
+    crash = ReplayEngineClient([{"type": "progress", "step": 1, "total": 4, "preview": None},
+                                {"type": "error", "message": "engine process exited (code -9)"}])
+    dead = ReplayEngineClient([], fail_on_start=EngineError("out of memory", device="CPU",
+                                                             module="diffusion"))
+    good = ReplayEngineClient(recorded(4))
+    p = panel(qtbot, ctl, tmp_path, [crash, dead, good])
+    assert p.generate()
+    qtbot.waitUntil(lambda: not p.is_running(), timeout=5000)
+    assert p.error_box.isVisible()
+    assert "engine process exited (code -9)" in p.error_label.text()
+    assert ctl.plan is plan_before and p.generate_btn.isEnabled()
+    assert p.retry()  # the engine does not even start this time
+    qtbot.waitUntil(lambda: not p.is_running(), timeout=5000)
+    assert "out of memory (module diffusion, device CPU)" in p.error_label.text()
+    assert p.retry()
+    qtbot.waitUntil(lambda: not p.is_running(), timeout=5000)
+    assert not p.error_box.isVisible()
+    assert p.last_images and p.progress.value() == 4
+    assert good.requests[0] == crash.requests[0]  # retry sends the same request
+    assert ctl.plan is plan_before
+
+
+def test_cancel_stops_the_run(qtbot, ctl, tmp_path):
+    slow = ReplayEngineClient(recorded(50), delay_s=0.05)
+    p = panel(qtbot, ctl, tmp_path, [slow])
+    assert p.generate()
+    qtbot.waitUntil(lambda: p.progress.value() >= 2, timeout=5000)
+    p.cancel_btn.click()
+    qtbot.waitUntil(lambda: not p.is_running(), timeout=5000)
+    assert p.progress_label.text() == "cancelled"
+    assert p.progress.value() < 50 and not p.last_images
+    assert not list((tmp_path / "history").glob("*.png"))
+    assert p.generate_btn.isEnabled() and not p.cancel_btn.isEnabled()
+
+
+def test_to_qimage_shapes():
+    img = to_qimage(np.linspace(0, 1, 12, dtype=np.float32).reshape(2, 2, 3))
+    assert (img.width(), img.height()) == (2, 2)
+    assert img.pixelColor(1, 1).blue() == 255
+    assert to_qimage(np.zeros((3, 5), np.uint8)).width() == 5
+    with pytest.raises(ValueError):
+        to_qimage(np.zeros((2, 2, 5)))
