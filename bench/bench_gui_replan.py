@@ -57,44 +57,51 @@ def median_s(fn: Callable[[], object], repeat: int = 60) -> float:
     return statistics.median(times)
 
 
+def run_case(app: QApplication, label: str, inv: Inventory) -> None:
+    """Time the drop path and its parts for one inventory."""
+    ctl = PlanController(inv, flux())
+    board = Board(ctl)
+    board.resize(1400, 700)
+    board.show()
+    app.processEvents()
+    names = [d.name for d in inv if d.is_gpu_like]
+    model = board.model
+    state = {"i": 0}
+
+    def drag_step() -> None:  # one move event of a Ctrl-drag + the repaint
+        state["i"] += 1
+        target = names[state["i"] % len(names)]
+        mime = model.mimeData([model.card_index(ctl.plan.modules["vae"].devices[0], "vae")])
+        model.dropMimeData(mime, Qt.DropAction.MoveAction, -1, -1,
+                           model.target_index(target))
+        board.repaint()
+
+    def replan() -> None:
+        resolve(ctl.placement.assign("vae", names[0]), inv, ctl.profile)
+
+    def estimate() -> None:
+        ctl._estimate()
+
+    def redraw() -> None:
+        board.refresh()
+        board.repaint()
+
+    print(f"{label}:")
+    for name, fn in (("drop: edit + re-plan + redraw + paint", drag_step),
+                     ("re-plan (resolve)", replan), ("estimate", estimate),
+                     ("board redraw + paint", redraw)):
+        t = median_s(fn)
+        print(f"  {name:40s} {t * 1e3:7.2f} ms = {t / FRAME_S:5.2f} frame")
+    board.close()
+
+
+
 def main() -> None:
     app = QApplication.instance() or QApplication([])
+    assert isinstance(app, QApplication)
     print(f"reference: one frame = {FRAME_S * 1e3:.0f} ms")
     for label, inv in inventories().items():
-        ctl = PlanController(inv, flux())
-        board = Board(ctl)
-        board.resize(1400, 700)
-        board.show()
-        app.processEvents()
-        names = [d.name for d in inv if d.is_gpu_like]
-        model = board.model
-        state = {"i": 0}
-
-        def drag_step() -> None:  # one move event of a Ctrl-drag + the repaint
-            state["i"] += 1
-            target = names[state["i"] % len(names)]
-            mime = model.mimeData([model.card_index(ctl.plan.modules["vae"].devices[0], "vae")])
-            model.dropMimeData(mime, Qt.DropAction.MoveAction, -1, -1,
-                               model.target_index(target))
-            board.repaint()
-
-        def replan() -> None:
-            resolve(ctl.placement.assign("vae", names[0]), inv, ctl.profile)
-
-        def estimate() -> None:
-            ctl._estimate()
-
-        def redraw() -> None:
-            board.refresh()
-            board.repaint()
-
-        print(f"{label}:")
-        for name, fn in (("drop: edit + re-plan + redraw + paint", drag_step),
-                         ("re-plan (resolve)", replan), ("estimate", estimate),
-                         ("board redraw + paint", redraw)):
-            t = median_s(fn)
-            print(f"  {name:40s} {t * 1e3:7.2f} ms = {t / FRAME_S:5.2f} frame")
-        board.close()
+        run_case(app, label, inv)
 
 
 if __name__ == "__main__":

@@ -173,7 +173,7 @@ class DeviceColumn(_DropFrame):
 
     def _signature(self, card: object) -> tuple:
         """Everything a card shows, to know when it must be rebuilt."""
-        ctl, name = self.ctl, self.target
+        ctl = self.ctl
         m = card.module  # type: ignore[attr-defined]
         mp = ctl.plan.modules[m]
         prof = ctl.profile.get(m) if ctl.profile else None
