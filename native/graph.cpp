@@ -117,7 +117,7 @@ void Graph::free_sched() {
         ggml_backend_sched_free(sched);
         sched = nullptr;
     }
-    allocated = false;
+    if (ctx) reset_tensors();
 }
 
 void Graph::room(const char *op, int n) {

@@ -97,6 +97,9 @@ struct Graph {
     void compute();
     void free_sched();
     void check_resident();
+    void reset_tensors();
+    bool weights_moved() const;
+    std::unordered_map<ggml_tensor *, void *> ext_data;  // weight addresses at allocation
 };
 
 }  // namespace sdplan

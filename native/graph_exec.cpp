@@ -84,6 +84,23 @@ void Graph::build() {
     }
 }
 
+void Graph::reset_tensors() {
+    // Forget addresses in a freed or outdated compute allocation (and views of weights
+    // that may have moved); the next allocation assigns them afresh.
+    for (ggml_tensor *t = ggml_get_first_tensor(ctx->ctx); t; t = ggml_get_next_tensor(ctx->ctx, t)) {
+        t->data = nullptr;
+        t->buffer = nullptr;
+    }
+    allocated = false;
+    computed = false;
+}
+
+bool Graph::weights_moved() const {
+    for (auto &kv : ext_data)
+        if (kv.first->data != kv.second) return true;
+    return false;
+}
+
 void Graph::make_sched() {
     build();
     if (sched) return;
@@ -109,12 +126,21 @@ void Graph::check_resident() {
 
 void Graph::ensure_alloc() {
     make_sched();
-    if (allocated) return;
+    if (allocated && !weights_moved()) return;
     check_resident();
+    reset_tensors();
+    // Reserve first: ggml's reserve reports a failed buffer allocation cleanly, while an
+    // allocation failure inside ggml_gallocr_alloc_graph crashes the process.
     ggml_backend_sched_reset(sched);
     apply_assignments();
     bool ok;
     {
+        nb::gil_scoped_release nogil;
+        ok = ggml_backend_sched_reserve(sched, gf);
+    }
+    if (ok) {
+        ggml_backend_sched_reset(sched);
+        apply_assignments();
         nb::gil_scoped_release nogil;
         ok = ggml_backend_sched_alloc_graph(sched, gf);
     }
@@ -124,6 +150,8 @@ void Graph::ensure_alloc() {
     }
     allocated = true;
     computed = false;
+    ext_data.clear();
+    for (auto &kv : ext) ext_data[kv.first] = kv.first->data;
 }
 
 std::vector<size_t> Graph::reserve() {
@@ -166,6 +194,7 @@ std::vector<size_t> Graph::reserve() {
         faked.push_back(t);
     }
     bool ok;
+    reset_tensors();
     ggml_backend_sched_reset(sched);
     apply_assignments();
     {

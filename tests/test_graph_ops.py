@@ -17,7 +17,7 @@ RNG = np.random.default_rng(0)
 
 @pytest.fixture(scope="module")
 def cpu():
-    mgr = G.BackendManager(2)
+    mgr = G.BackendManager(1)
     yield mgr.get("CPU")
     mgr.close()
 
@@ -313,7 +313,7 @@ def test_cancel_stops_a_long_compute_and_graph_stays_usable(cpu) -> None:
     g = gr.new_graph([cpu])
     x = g.input("x", (256, 256))
     h = x
-    for _ in range(800):
+    for _ in range(300):
         h = g.unary("tanh", g.mul_mat(x, h))
     g.output("y", h)
     xs = rand(256, 256) * 0.01
@@ -328,7 +328,7 @@ def test_cancel_stops_a_long_compute_and_graph_stays_usable(cpu) -> None:
     g.compute()  # still usable, and the full run takes longer than the cancelled one
     full = time.perf_counter() - t0
     ref = xs
-    for _ in range(800):
+    for _ in range(300):
         ref = np.tanh(ref @ xs.T)
     close(g.get_output("y"), ref.astype(np.float32), 1e-3)
     assert full > 0.1

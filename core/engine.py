@@ -1,0 +1,494 @@
+"""The engine's Python side: run a module's graph where its placement says.
+
+A :class:`ModuleRunner` takes one module (a :class:`~sdplan.core.models.ModuleGraph`, its
+weight file and a :class:`ModulePlacement`) and
+
+* loads its weights per residency (spec section 5): ``runtime`` (weights on the runtime
+  device; for a split, each block range on its own device), ``device`` (weights live on
+  ``params_device`` and are staged into runtime-device buffers for a run, staging freed
+  after) or ``disk`` (read from the file into the runtime devices for a run, freed after);
+* builds the graph once per input shape and runs it whole, split over the placement's
+  devices (block nodes pinned to their range's device, everything else on the main
+  device; spec section 8), or cut into segments of blocks that fit ``budget`` bytes
+  (``--max-vram``, spec section 7; ``--stream-layers`` keeps leading segments resident,
+  section 9);
+* reports memory truth: per device, bytes of weights, staging and compute buffers actually
+  allocated (:meth:`ModuleRunner.memory` now, :attr:`ModuleRunner.last_peak` for the last run).
+
+The GUI and CLI drive runners through :class:`sdplan.core.worker.Engine`, which hosts them
+in a child process. ``Engine`` is re-exported here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sdplan.core import graph as gr
+from sdplan.core.errors import EngineError
+from sdplan.core.weights import WeightFile
+
+log = logging.getLogger(__name__)
+
+MODES = ("runtime", "device", "disk")
+
+
+@dataclass(frozen=True)
+class BlockRange:
+    """Blocks ``first_block``..``last_block`` (inclusive) run on ``device``."""
+
+    device: str
+    first_block: int
+    last_block: int
+
+
+@dataclass(frozen=True)
+class ModulePlacement:
+    """Where one module runs and where its weights live.
+
+    ``devices``: runtime devices, main device first. ``ranges``: block ranges per device
+    for a split (blocks outside every range run on the main device). ``params_mode``:
+    ``runtime``, ``device`` (weights on ``params_device``) or ``disk``. ``budget``: bytes
+    for graph-cut segmentation on a single device (0: none). ``stream_layers``: keep
+    leading segments resident (only with ``params_mode="device"`` and a budget).
+    """
+
+    devices: tuple[str, ...]
+    ranges: tuple[BlockRange, ...] = ()
+    params_mode: str = "runtime"
+    params_device: str | None = None
+    budget: int = 0
+    stream_layers: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            raise ValueError("ModulePlacement: devices must not be empty")
+        if self.params_mode not in MODES:
+            raise ValueError(f"ModulePlacement: params_mode must be one of {MODES}, got {self.params_mode!r}")
+        if (self.params_mode == "device") != (self.params_device is not None):
+            raise ValueError("ModulePlacement: params_device is required exactly for params_mode 'device'")
+        if self.budget < 0:
+            raise ValueError("ModulePlacement: budget must be >= 0 bytes")
+
+    @classmethod
+    def from_plan(cls, plan: Any, module: str) -> ModulePlacement:
+        """The placement of ``module`` in a resolved ``sdplan.core.plan.Plan``: its devices,
+        ranges, params; the main device's budget for a single-device module (spec section
+        8 disables segmentation for a split); stream layers for diffusion only."""
+        mp = plan.modules[module]
+        devices = tuple(mp.devices)
+        budget = int(plan.budgets.get(devices[0], 0)) if len(devices) == 1 else 0
+        return cls(devices, tuple(BlockRange(r.device, r.first_block, r.last_block) for r in mp.ranges),
+                   mp.params.mode, mp.params.device, budget,
+                   bool(getattr(plan, "stream_layers", False)) and module == "diffusion")
+
+
+@dataclass
+class DeviceMemory:
+    """Bytes allocated on one device: resident or transient ``weights``, ``staging`` copies
+    of weights from a params device, ``compute`` buffers of graphs."""
+
+    weights: int = 0
+    staging: int = 0
+    compute: int = 0
+
+    def peak(self, other: DeviceMemory) -> None:
+        self.weights = max(self.weights, other.weights)
+        self.staging = max(self.staging, other.staging)
+        self.compute = max(self.compute, other.compute)
+
+
+class Cancelled(EngineError):
+    """A run was cancelled; the runner stays usable."""
+
+    code = "cancelled"
+
+
+class CancelToken:
+    """Cancels the graph running now (from any thread) and every later step of the run."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._graph: Any = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._event.set()
+            if self._graph is not None:
+                self._graph.cancel()
+
+    def reset(self) -> None:
+        self._event.clear()
+
+    def check(self) -> None:
+        """Raise :class:`Cancelled` when cancelled."""
+        if self._event.is_set():
+            raise Cancelled("cancelled")
+
+    def compute(self, g: Any) -> None:
+        """``g.compute()`` with cancel wired in; raises :class:`Cancelled`."""
+        import sdplan._ggml as native
+
+        self.check()
+        with self._lock:
+            self._graph = g
+        try:
+            g.compute()
+        except native.ComputeCancelled:
+            raise Cancelled("cancelled") from None
+        finally:
+            with self._lock:
+                self._graph = None
+        self.check()
+
+
+class BackendPool:
+    """Backends by device name: ``extra`` names first (tests: a second CPU instance), then a
+    ``core.devices.BackendManager`` (created when not given)."""
+
+    def __init__(self, manager: Any = None, extra: Mapping[str, Any] | None = None) -> None:
+        if manager is None:
+            from sdplan.core.devices import BackendManager
+
+            manager = BackendManager()
+        self.manager = manager
+        self.extra = dict(extra or {})
+
+    def get(self, device: str) -> Any:
+        return self.extra[device] if device in self.extra else self.manager.get(device)
+
+
+@dataclass
+class _Buf:
+    device: str
+    kind: str  # weights | staging
+    wb: Any
+    keep: bool = False  # survives the end of a run
+
+
+@dataclass
+class _Seg:
+    blocks: list[int]
+    graph: Any = None
+    devices: list[str] = field(default_factory=list)
+    resident: bool = False
+
+
+class ModuleRunner:
+    """Runs one module per its placement (see the module docstring).
+
+    ``model``: a ModuleGraph; ``weights``: its :class:`WeightFile`; ``pool``: backends.
+    Raises EngineError (naming the module and device) when memory cannot be allocated or a
+    compute fails, :class:`Cancelled` when ``cancel`` fires.
+    """
+
+    def __init__(self, model: Any, weights: WeightFile, placement: ModulePlacement, pool: BackendPool,
+                 cancel: CancelToken | None = None, name: str = "module", n_threads: int = 0) -> None:
+        self.model, self.wf, self.pl, self.pool, self.name = model, weights, placement, pool, name
+        self.cancel = cancel or CancelToken()
+        self.n_threads = n_threads
+        self.main = placement.devices[0]
+        self.block_device = [self.main] * model.n_blocks
+        for r in placement.ranges:
+            if not 0 <= r.first_block <= r.last_block < model.n_blocks:
+                raise EngineError(f"range {r} outside blocks 0..{model.n_blocks - 1}", module=name)
+            for i in range(r.first_block, r.last_block + 1):
+                self.block_device[i] = r.device
+        self.mode = placement.params_mode
+        if self.mode == "device" and placement.params_device == self.main and len(placement.devices) == 1:
+            self.mode = "runtime"  # params on the only runtime device: follows runtime
+        self.segmented = len(placement.devices) == 1 and placement.budget > 0 and model.n_blocks > 0
+        self.rt = weights.new_store()
+        self.params: Any = None
+        self._bufs: list[_Buf] = []
+        self._graphs: dict[tuple, tuple[Any, list[str]]] = {}
+        self._segs: dict[tuple, list[_Seg]] = {}
+        self._in_session = False
+        self.last_peak: dict[str, DeviceMemory] = {}
+        self._peak: dict[str, DeviceMemory] = {}
+        for dev, names in self._groups().items():
+            self.rt.plan(names, self.pool.get(dev))
+
+    # ------------------------------------------------------------------ weights
+
+    def _groups(self) -> dict[str, list[str]]:
+        """Runtime device -> weight names for the whole graph."""
+        groups: dict[str, list[str]] = {self.main: list(self.model.other_tensors())}
+        for i, dev in enumerate(self.block_device):
+            groups.setdefault(dev, []).extend(self.model.block_tensors(i))
+        return groups
+
+    def _alloc(self, store: Any, names: Sequence[str], device: str, kind: str, keep: bool) -> _Buf:
+        try:
+            wb = store.allocate(list(names), self.pool.get(device))
+        except RuntimeError as exc:
+            raise EngineError(f"{self.name}: {exc}", device=device, module=self.name) from None
+        buf = _Buf(device, kind, wb, keep)
+        self._bufs.append(buf)
+        return buf
+
+    def _fill(self, names: Sequence[str], device: str, keep: bool) -> _Buf:
+        """Allocate ``names`` on ``device`` in the runtime store and fill them: staged from
+        the params store (mode device) or read from the file."""
+        if self.mode == "device":
+            buf = self._alloc(self.rt, names, device, "staging", keep)
+            self.rt.copy_from(self.params, list(names))
+        else:
+            buf = self._alloc(self.rt, names, device, "weights", keep)
+            self.wf.read(self.rt, names)
+        self._snapshot()
+        return buf
+
+    def _free(self, buf: _Buf) -> None:
+        buf.wb.free()
+        self._bufs.remove(buf)
+
+    def prepare(self) -> None:
+        """Load what stays resident between runs: the params store (mode device), or every
+        weight (mode runtime; only non-block weights when segmented). Idempotent."""
+        if self.mode == "device" and self.params is None:
+            self.params = self.wf.new_store()
+            names = list(self.wf.infos)
+            self._alloc(self.params, names, self.pl.params_device or self.main, "weights", True)
+            self.wf.read(self.params, names)
+        if self.mode == "runtime":
+            groups = ({self.main: self.model.other_tensors()} if self.segmented else self._groups())
+            for dev, names in groups.items():
+                todo = [n for n in names if not self.rt.resident(n)]
+                if todo:
+                    self._fill(todo, dev, keep=True)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """Keep the run-scoped weights (mode device/disk) loaded across several runs, e.g.
+        the steps of one sampling loop; they are released when the block exits."""
+        if self._in_session:
+            yield
+            return
+        self.prepare()
+        self._in_session = True
+        try:
+            if self.mode != "runtime":
+                groups = ({self.main: self.model.other_tensors()} if self.segmented else self._groups())
+                for dev, names in groups.items():
+                    self._fill(names, dev, keep=False)
+            yield
+        finally:
+            self._in_session = False
+            for buf in [b for b in self._bufs if not b.keep]:
+                self._free(buf)
+            for g, _ in self._graphs.values():
+                g.free_compute()
+
+    def release(self) -> None:
+        """Free every buffer of this runner (weights, staging, params, compute)."""
+        for buf in list(self._bufs):
+            self._free(buf)
+        for g, _ in self._graphs.values():
+            g.free_compute()
+        for segs in self._segs.values():
+            for s in segs:
+                s.resident = False
+                if s.graph is not None:
+                    s.graph.free_compute()
+        self.params = None
+
+    # ------------------------------------------------------------------ memory
+
+    def memory(self) -> dict[str, DeviceMemory]:
+        """Bytes allocated now per device (from the buffers' sizes)."""
+        mem: dict[str, DeviceMemory] = {}
+        for b in self._bufs:
+            if not b.wb.freed:
+                m = mem.setdefault(b.device, DeviceMemory())
+                setattr(m, b.kind, getattr(m, b.kind) + b.wb.size)
+        graphs = list(self._graphs.values()) + [(s.graph, s.devices) for segs in self._segs.values()
+                                                 for s in segs if s.graph is not None]
+        for g, devs in graphs:
+            if g.allocated:
+                for d, n in zip(devs, g.compute_buffer_sizes(), strict=True):
+                    if n:
+                        mem.setdefault(d, DeviceMemory()).compute += n
+        return mem
+
+    def _snapshot(self) -> None:
+        for d, m in self.memory().items():
+            self._peak.setdefault(d, DeviceMemory()).peak(m)
+
+    # ------------------------------------------------------------------ graphs
+
+    def _new_graph(self, devices: Sequence[str]) -> tuple[Any, list[str]]:
+        names: list[str] = []
+        backends: list[Any] = []
+        for d in [*devices, "CPU"]:
+            b = self.pool.get(d)
+            if all(b is not o for o in backends):
+                backends.append(b)
+                names.append(d)
+        return gr.new_graph(backends, n_threads=self.n_threads), names
+
+    def _whole_graph(self, shapes: dict[str, tuple[int, ...]]) -> tuple[Any, list[str]]:
+        key = tuple(sorted(shapes.items()))
+        if key in self._graphs:
+            return self._graphs[key]
+        devs = list(dict.fromkeys([self.main, *self.block_device]))
+        g, names = self._new_graph(devs)
+        idx = {d: names.index(d) for d in devs}
+        w = self.rt.tensor
+        with gr.on(g, 0):
+            ins = {k: g.input(k, s, dt) for k, (s, dt) in self.model.input_specs(shapes).items()}
+            state = self.model.build_pre(g, w, ins)
+        for i in range(self.model.n_blocks):
+            with gr.on(g, idx[self.block_device[i]]):
+                state = self.model.build_block(g, w, i, state)
+            for t in state.values():
+                g.checkpoint(t)
+        with gr.on(g, 0):
+            outs = self.model.build_post(g, w, state)
+            for k, t in outs.items():
+                g.output(k, t)
+        g.build()
+        self._graphs[key] = (g, names)
+        return g, names
+
+    def measure(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+        """Compute-buffer bytes per device of the whole graph for inputs of these shapes,
+        measured by the scheduler without computing and without loading weights."""
+        g, names = self._whole_graph(shapes)
+        sizes = g.reserve()
+        g.free_compute()
+        out: dict[str, int] = {}
+        for d, n in zip(names, sizes, strict=True):
+            out[d] = out.get(d, 0) + int(n)
+        return out
+
+    # ------------------------------------------------------------------ running
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the module on numpy inputs; returns its outputs as numpy arrays."""
+        self.cancel.check()
+        shapes = {k: tuple(v.shape) for k, v in inputs.items()}
+        self._peak = {}
+        try:
+            with self.session():
+                if self.segmented:
+                    out = self._run_segments(inputs, shapes)
+                else:
+                    g, _ = self._whole_graph(shapes)
+                    out = self._compute(g, inputs)
+        except RuntimeError as exc:
+            raise EngineError(f"{self.name}: {exc}", device=self.main, module=self.name) from None
+        finally:
+            self._snapshot()
+            self.last_peak = self._peak
+        return out
+
+    def _compute(self, g: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        g.allocate()
+        for k, v in inputs.items():
+            g.set_input(k, np.ascontiguousarray(v))
+        self._snapshot()
+        self.cancel.compute(g)
+        return {k: g.get_output(k) for k in g.output_names}
+
+    def _plan_segments(self, shapes: dict[str, tuple[int, ...]]) -> list[_Seg]:
+        backend = self.pool.get(self.main)
+        compute = self.measure(shapes).get(self.main, 0)
+        other = self.rt.alloc_size(self.model.other_tensors(), backend)
+        sizes = [self.rt.alloc_size(self.model.block_tensors(i), backend) for i in range(self.model.n_blocks)]
+        avail = self.pl.budget - other - compute
+        first = 0
+        segs: list[_Seg] = []
+        if self.pl.stream_layers and self.mode == "device":
+            # the leading blocks stay resident while one streamed block still fits beside them
+            while first < len(sizes) and sum(sizes[:first + 1]) + max(sizes[first + 1:], default=0) <= avail:
+                first += 1
+            if first:
+                segs.append(_Seg(list(range(first)), resident=True))
+                avail -= sum(sizes[:first])
+        cur: list[int] = []
+        used = 0
+        for i in range(first, len(sizes)):
+            if cur and used + sizes[i] > avail:
+                segs.append(_Seg(cur))
+                cur, used = [], 0
+            cur.append(i)
+            used += sizes[i]
+        if cur:
+            segs.append(_Seg(cur))
+        log.info("%s: %d segments for budget %d bytes (compute %d, non-block %d)",
+                 self.name, len(segs), self.pl.budget, compute, other)
+        return segs
+
+    def segments(self, shapes: dict[str, tuple[int, ...]]) -> list[list[int]]:
+        """The block indices of each segment for inputs of these shapes."""
+        return [s.blocks for s in self._segments(shapes)]
+
+    def _segments(self, shapes: dict[str, tuple[int, ...]]) -> list[_Seg]:
+        key = tuple(sorted(shapes.items()))
+        if key not in self._segs:
+            self._segs[key] = self._plan_segments(shapes)
+        return self._segs[key]
+
+    def _segment_graph(self, seg: _Seg, first: bool, last: bool, feed: dict[str, tuple[tuple[int, ...], str]],
+                       shapes: dict[str, tuple[int, ...]]) -> Any:
+        if seg.graph is not None:
+            return seg.graph
+        g, seg.devices = self._new_graph([self.main])
+        w = self.rt.tensor
+        if first:
+            ins = {k: g.input(k, s, dt) for k, (s, dt) in self.model.input_specs(shapes).items()}
+            state = self.model.build_pre(g, w, ins)
+        else:
+            state = {k: g.input("state." + k, s, dt) for k, (s, dt) in feed.items()}
+        for i in seg.blocks:
+            state = self.model.build_block(g, w, i, state)
+            for t in state.values():
+                g.checkpoint(t)
+        outs = self.model.build_post(g, w, state) if last else {"state." + k: t for k, t in state.items()}
+        for k, t in outs.items():
+            g.output(k, t)
+        g.build()
+        seg.graph = g
+        return g
+
+    def _run_segments(self, inputs: Mapping[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+        segs = self._segments(shapes)
+        feed: dict[str, np.ndarray] = dict(inputs)
+        specs: dict[str, tuple[tuple[int, ...], str]] = {}
+        for k, seg in enumerate(segs):
+            self.cancel.check()
+            names = [n for i in seg.blocks for n in self.model.block_tensors(i)]
+            buf = None
+            if not all(self.rt.resident(n) for n in names):
+                buf = self._fill(names, self.main, keep=seg.resident)
+            g = self._segment_graph(seg, k == 0, k == len(segs) - 1, specs, shapes)
+            try:
+                out = self._compute(g, feed)
+            finally:
+                g.free_compute()
+                if buf is not None and not seg.resident:
+                    self._free(buf)
+            if k < len(segs) - 1:
+                feed = {n: v for n, v in out.items()}
+                specs = {n[len("state."):]: (tuple(v.shape), {"float32": "f32", "float16": "f16", "int32": "i32"}[
+                    str(v.dtype)]) for n, v in out.items()}
+        return out
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Engine":
+        from sdplan.core.worker import Engine
+
+        return Engine
+    raise AttributeError(name)

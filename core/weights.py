@@ -1,0 +1,130 @@
+"""Weights of a model file in ggml backend buffers.
+
+A :class:`WeightFile` couples a file's header (``checkpoint_readers.read_tensor_file``) with
+``sdplan._ggml.WeightStore`` objects holding the tensors in the dtypes the runtime uses.
+Tensors are allocated per set of names (a whole module, a block range, a segment) into one
+backend buffer on one device and filled straight from the file with large sequential reads
+(``WeightStore.read``: pread into a staging buffer, ``ggml_backend_tensor_set``, GIL
+released), converting dtypes the backend cannot consume.
+
+Dtype policy (:func:`runtime_dtype`): vectors (biases, norm weights) become f32; conv
+kernels (4-D) f16 unless already f32; matrices keep the file dtype when the backend
+multiplies it, otherwise f32 (bf16, f64) or f16 (quantized kernels ggml cannot run there).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sdplan.core.checkpoint_readers import TensorInfo, read_tensor_file
+from sdplan.core.errors import ModelFileError
+
+log = logging.getLogger(__name__)
+
+#: Bytes per pread when a tensor must be staged (device buffers or dtype conversion).
+CHUNK_BYTES = 64 * 2**20
+
+#: File dtypes ggml cannot hold as such, and what they become.
+_WIDEN = {"f64": "f32", "i64": "i32"}
+
+
+def ggml_dtype(file_dtype: str) -> str:
+    """ggml type name (lower case) of a safetensors or GGUF dtype (``BF16`` -> ``bf16``)."""
+    return file_dtype.lower()
+
+
+def runtime_dtype(info: TensorInfo, backend: Any | None = None) -> str:
+    """The dtype a tensor is held in on ``backend`` (None: keep what ggml can hold).
+
+    Raises ModelFileError for dtypes ggml has no conversion from (integers other than i32).
+    """
+    dt = ggml_dtype(info.dtype)
+    if dt in _WIDEN:
+        if dt == "i64":
+            raise ModelFileError(info.file, f"tensor {info.name!r}: i64 weights are not supported")
+        dt = _WIDEN[dt]
+    if dt in ("i32", "i16", "i8"):
+        return dt
+    if len(info.shape) <= 1:
+        return "f32"
+    if len(info.shape) == 4:
+        return dt if dt in ("f32", "f16") else "f16"
+    if backend is not None:
+        import sdplan._ggml as native
+
+        if not native.supports_mul_mat(backend, dt):
+            return "f32"
+    return dt
+
+
+class WeightFile:
+    """One model file: its tensor index and the dtypes its tensors are held in.
+
+    ``names`` restricts the tensors used (default: all). ``dtypes`` maps names to runtime
+    dtypes (default: :func:`runtime_dtype` for ``backend``). Raises ModelFileError for an
+    unreadable file or a missing name.
+    """
+
+    def __init__(self, path: str | Path, names: Iterable[str] | None = None,
+                 dtypes: Mapping[str, str] | None = None, backend: Any | None = None) -> None:
+        self.path = str(path)
+        index = {t.name: t for t in read_tensor_file(path).tensors}
+        wanted = list(index) if names is None else list(names)
+        missing = [n for n in wanted if n not in index]
+        if missing:
+            raise ModelFileError(self.path, f"missing tensors: {', '.join(missing[:5])}")
+        self.infos: dict[str, TensorInfo] = {n: index[n] for n in wanted}
+        self.dtypes: dict[str, str] = {
+            n: (dtypes or {}).get(n) or runtime_dtype(self.infos[n], backend) for n in wanted}
+
+    def specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        """``(name, dtype, shape)`` for ``sdplan._ggml.WeightStore``."""
+        return [(n, self.dtypes[n], tuple(self.infos[n].shape) or (1,)) for n in self.infos]
+
+    def new_store(self) -> Any:
+        """A new, unallocated ``WeightStore`` of every tensor of this file."""
+        import sdplan._ggml as native
+
+        return native.WeightStore(self.specs())
+
+    def read(self, store: Any, names: Sequence[str], chunk_bytes: int = CHUNK_BYTES) -> int:
+        """Fill the (allocated) tensors ``names`` of ``store`` from the file; returns bytes read.
+
+        Raises ValueError for an unallocated tensor, RuntimeError when the file is short.
+        """
+        items = [(n, self.infos[n].offset, ggml_dtype(self.infos[n].dtype)) for n in names]
+        t0 = time.perf_counter()
+        n = int(store.read(self.path, items, chunk_bytes))
+        dt = time.perf_counter() - t0
+        log.debug("read %d bytes of %s in %.3f s", n, self.path, dt)
+        return n
+
+    def nbytes(self, names: Iterable[str]) -> int:
+        """File bytes of ``names``."""
+        return sum(self.infos[n].nbytes for n in names)
+
+
+def plain_read_seconds(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[int, float]:
+    """Read a whole file sequentially into one reused buffer: ``(bytes, seconds)``.
+
+    The reference for weight-load throughput (same file, same page cache state as the
+    caller arranges)."""
+    buf = bytearray(chunk_bytes)
+    view = memoryview(buf)
+    total = 0
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while True:
+            n = os.readv(fd, [view])
+            if n <= 0:
+                break
+            total += n
+    finally:
+        os.close(fd)
+    return total, time.perf_counter() - t0
