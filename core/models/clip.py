@@ -1,0 +1,185 @@
+"""CLIP text encoder graphs: SD 1.x (transformers names) and SD 2.x (OpenCLIP names).
+
+Layouts (tensor names after the checkpoint prefix):
+
+* ``openai`` (``cond_stage_model.transformer.text_model.``): ``embeddings.token_embedding``,
+  ``embeddings.position_embedding``, ``encoder.layers.N.{layer_norm1, self_attn.{q,k,v,out}_proj,
+  layer_norm2, mlp.fc1, mlp.fc2}``, ``final_layer_norm``; activation quick-GELU.
+* ``openclip`` (``cond_stage_model.model.``): ``token_embedding``, ``positional_embedding``,
+  ``transformer.resblocks.N.{ln_1, attn.in_proj_weight/bias (fused q,k,v), attn.out_proj, ln_2,
+  mlp.c_fc, mlp.c_proj}``, ``ln_final``; activation GELU (erf).
+
+The encoder is the pre-LN transformer of Radford et al. 2021 with a causal mask. ``clip_skip``
+follows sd-cli / A1111: ``clip_skip = k`` stops after layer ``n_layers - k + 1`` and applies the
+final LayerNorm (1 = last layer; SD 2.x uses 2, the penultimate layer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sdplan.core import graph as gr
+from sdplan.core.models.unet import ModelLayoutError, Weights
+
+__all__ = ["ClipConfig", "PREFIXES", "clip_config", "clip_text", "causal_mask", "find_prefix"]
+
+Tensor = Any
+
+#: Checkpoint prefix -> layout name.
+PREFIXES = {
+    "cond_stage_model.transformer.text_model.": "openai",
+    "cond_stage_model.model.": "openclip",
+    "text_model.": "openai",
+    "": "openai",
+}
+_LN_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class ClipConfig:
+    """Hyper-parameters of a CLIP text encoder (inferred from shapes).
+
+    Attributes: layout (``openai``/``openclip``), prefix, vocab size, positions, width D,
+    MLP width, layer count, heads, activation (``gelu_quick`` or ``gelu_erf``).
+    """
+
+    layout: str
+    prefix: str
+    vocab: int
+    n_positions: int
+    width: int
+    mlp_width: int
+    n_layers: int
+    n_heads: int
+    activation: str
+
+
+def find_prefix(names: Mapping[str, Any]) -> tuple[str, str]:
+    """``(prefix, layout)`` of the CLIP text encoder among ``names``.
+
+    Raises:
+        ModelLayoutError: no known token-embedding name is present.
+    """
+    for prefix, layout in PREFIXES.items():
+        key = "embeddings.token_embedding.weight" if layout == "openai" else "token_embedding.weight"
+        if prefix + key in names:
+            return prefix, layout
+    raise ModelLayoutError("no CLIP text encoder: none of the known token-embedding names "
+                           f"({', '.join(p or '(none)' for p in PREFIXES)}) is present")
+
+
+def clip_config(weights: Mapping[str, Any], n_heads: int | None = None,
+                prefix: str | None = None) -> ClipConfig:
+    """Infer a :class:`ClipConfig` from ``weights`` (tensors or shape tuples).
+
+    ``n_heads`` defaults to ``width // 64`` (CLIP ViT-L/14 and OpenCLIP ViT-H/14 both use
+    64-wide heads); tiny test models pass it explicitly.
+
+    Raises:
+        ModelLayoutError: missing tensors, or ``width`` not divisible by ``n_heads``.
+    """
+    if prefix is None:
+        prefix, layout = find_prefix(weights)
+    else:
+        layout = PREFIXES.get(prefix, "openclip" if "model.model" in prefix else "openai")
+    w = Weights(weights, prefix)
+    if layout == "openai":
+        vocab, width = w.shape("embeddings.token_embedding.weight")
+        n_pos = w.shape("embeddings.position_embedding.weight")[0]
+        layers = w.indices("encoder.layers.")
+        mlp = w.shape("encoder.layers.0.mlp.fc1.weight")[0]
+        act = "gelu_quick"
+    else:
+        vocab, width = w.shape("token_embedding.weight")
+        n_pos = w.shape("positional_embedding")[0]
+        layers = w.indices("transformer.resblocks.")
+        mlp = w.shape("transformer.resblocks.0.mlp.c_fc.weight")[0]
+        act = "gelu_erf"
+    heads = n_heads or max(1, width // 64)
+    if width % heads:
+        raise ModelLayoutError(f"CLIP width {width} is not divisible by {heads} heads")
+    if layers != list(range(len(layers))):
+        raise ModelLayoutError(f"CLIP layers are not numbered 0..N-1: {layers[:8]}")
+    return ClipConfig(layout, prefix, vocab, n_pos, width, mlp, len(layers), heads, act)
+
+
+def causal_mask(n: int) -> np.ndarray:
+    """``(n, n)`` float32 mask: 0 on and below the diagonal, -inf above."""
+    return np.triu(np.full((n, n), -np.inf, dtype=np.float32), 1)
+
+
+def _names(cfg: ClipConfig, i: int) -> dict[str, str]:
+    if cfg.layout == "openai":
+        p = f"encoder.layers.{i}."
+        return {"ln1": p + "layer_norm1", "ln2": p + "layer_norm2", "out": p + "self_attn.out_proj",
+                "fc1": p + "mlp.fc1", "fc2": p + "mlp.fc2", "attn": p + "self_attn."}
+    p = f"transformer.resblocks.{i}."
+    return {"ln1": p + "ln_1", "ln2": p + "ln_2", "out": p + "attn.out_proj",
+            "fc1": p + "mlp.c_fc", "fc2": p + "mlp.c_proj", "attn": p + "attn."}
+
+
+def _qkv(g: Any, w: Weights, cfg: ClipConfig, x: Tensor, attn: str) -> list[Tensor]:
+    """q, k, v of ``x`` ``(B, T, D)`` each as ``(B, H, T, D/H)``."""
+    b, t, d = x.shape
+    h = cfg.n_heads
+    if cfg.layout == "openai":
+        outs = [gr.linear(g, x, w[f"{attn}{n}_proj.weight"], w[f"{attn}{n}_proj.bias"])
+                for n in ("q", "k", "v")]
+    else:
+        fused = gr.linear(g, x, w[attn + "in_proj_weight"], w[attn + "in_proj_bias"])  # (B,T,3D)
+        es = 4
+        strides = (t * 3 * d * es, 3 * d * es, es)
+        outs = [g.cont(g.view(fused, (b, t, d), strides, i * d * es)) for i in range(3)]
+    return [g.cont(g.permute(g.reshape(o, (b, t, h, d // h)), (0, 2, 1, 3))) for o in outs]
+
+
+def clip_text(g: Any, weights: Mapping[str, Any], ids: Tensor, mask: Tensor,
+              cfg: ClipConfig | None = None, clip_skip: int = 1, final_ln: bool = True) -> Tensor:
+    """The text encoder's hidden states.
+
+    Args:
+        g: the graph.
+        weights: checkpoint name -> tensor (see the module docstring for the names).
+        ids: i32 token ids ``(B, T)``, T <= the position count (77).
+        mask: f32 ``(T, T)`` causal mask (:func:`causal_mask`), a graph input.
+        cfg: hyper-parameters (default: :func:`clip_config` of ``weights``).
+        clip_skip: 1 = last layer, k = stop after layer ``n_layers - k + 1``.
+        final_ln: apply the final LayerNorm (sd-cli always does; False gives raw hidden states).
+
+    Returns:
+        f32 ``(B, T, D)``.
+
+    Raises:
+        ValueError: ``clip_skip`` outside 1..n_layers.
+    """
+    cfg = cfg or clip_config(weights)
+    if not 1 <= clip_skip <= cfg.n_layers:
+        raise ValueError(f"clip_skip must be in 1..{cfg.n_layers}, got {clip_skip}")
+    w = Weights(weights, cfg.prefix)
+    b, t = ids.shape
+    if cfg.layout == "openai":
+        tok, pos = w["embeddings.token_embedding.weight"], w["embeddings.position_embedding.weight"]
+        fln = "final_layer_norm"
+    else:
+        tok, pos, fln = w["token_embedding.weight"], w["positional_embedding"], "ln_final"
+    x = g.get_rows(tok, g.reshape(ids, (b * t,)))
+    x = g.reshape(x, (b, t, cfg.width))
+    if t != cfg.n_positions:
+        es = 2 if pos.dtype == "f16" else 4
+        pos = g.view(pos, (t, cfg.width), (cfg.width * es, es), 0)
+    x = g.add(x, pos)
+    for i in range(cfg.n_layers - clip_skip + 1):
+        n = _names(cfg, i)
+        h = gr.layer_norm(g, x, w[n["ln1"] + ".weight"], w[n["ln1"] + ".bias"], _LN_EPS)
+        q, k, v = _qkv(g, w, cfg, h, n["attn"])
+        a = gr.attention(g, q, k, v, mask, flash=False)
+        x = g.add(x, gr.linear(g, a, w[n["out"] + ".weight"], w[n["out"] + ".bias"]))
+        h = gr.layer_norm(g, x, w[n["ln2"] + ".weight"], w[n["ln2"] + ".bias"], _LN_EPS)
+        h = g.unary(cfg.activation, gr.linear(g, h, w[n["fc1"] + ".weight"], w[n["fc1"] + ".bias"]))
+        x = g.add(x, gr.linear(g, h, w[n["fc2"] + ".weight"], w[n["fc2"] + ".bias"]))
+    if final_ln:
+        x = gr.layer_norm(g, x, w[fln + ".weight"], w[fln + ".bias"], _LN_EPS)
+    return x

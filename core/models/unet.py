@@ -1,0 +1,278 @@
+"""The latent-diffusion UNet (SD 1.x / 2.x) in the original single-file layout.
+
+Names under ``model.diffusion_model.`` (Rombach et al. 2022, the CompVis ``openaimodel``):
+``time_embed.{0,2}``, ``input_blocks.N.M`` (``N.0`` the stem conv; then a ResBlock
+``in_layers/emb_layers/out_layers/skip_connection``, a SpatialTransformer ``norm, proj_in,
+transformer_blocks.K.{norm1, attn1, norm2, attn2, norm3, ff}, proj_out``, or a Downsample
+``op``), ``middle_block.{0,1,2}``, ``output_blocks.N.M`` (ResBlock, SpatialTransformer,
+Upsample ``conv``) and ``out.{0,2}``.
+
+Every hyper-parameter comes from the shapes (:func:`unet_config`), so scaled-down models load
+too. The head count is not in the shapes: SD 1.x uses 8 heads everywhere, SD 2.x a head width
+of 64 (:data:`FAMILY_HEADS`); pass ``num_heads`` or ``head_dim`` for other models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sdplan.core import graph as gr
+
+__all__ = ["Weights", "ModelLayoutError", "UNetConfig", "PREFIX", "FAMILY_HEADS", "unet_config", "unet"]
+
+Tensor = Any
+PREFIX = "model.diffusion_model."
+#: family -> (num_heads, head_dim); exactly one is set.
+FAMILY_HEADS = {"sd1": (8, None), "sd2": (None, 64)}
+_GN_GROUPS = 32
+_RES_EPS = 1e-5
+_ST_EPS = 1e-6
+_LN_EPS = 1e-5
+
+
+class ModelLayoutError(ValueError):
+    """A checkpoint's tensors do not form the expected layout (missing name, odd shape)."""
+
+
+class Weights:
+    """Read-only view of ``mapping`` (name -> tensor, or name -> shape tuple) under ``prefix``.
+
+    ``w["a.b"]`` is ``mapping[prefix + "a.b"]``; a missing name raises
+    :class:`ModelLayoutError` naming the full tensor name. Shared by the SD model graphs
+    (:mod:`~sdplan.core.models.clip`, :mod:`~sdplan.core.models.vae`).
+    """
+
+    def __init__(self, mapping: Mapping[str, Any], prefix: str = "") -> None:
+        self.mapping = mapping
+        self.prefix = prefix
+
+    def __getitem__(self, name: str) -> Tensor:
+        try:
+            return self.mapping[self.prefix + name]
+        except KeyError:
+            raise ModelLayoutError(f"missing weight {self.prefix + name!r}") from None
+
+    def get(self, name: str) -> Tensor | None:
+        """The tensor or None when absent."""
+        return self.mapping.get(self.prefix + name)
+
+    def __contains__(self, name: str) -> bool:
+        return (self.prefix + name) in self.mapping
+
+    def sub(self, prefix: str) -> Weights:
+        """A view one level deeper: ``w.sub("a.")["b"] == w["a.b"]``."""
+        return Weights(self.mapping, self.prefix + prefix)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Shape of a tensor (numpy order); works for tensors and for plain shape tuples."""
+        t = self[name]
+        return tuple(t.shape) if hasattr(t, "shape") else tuple(t)
+
+    def indices(self, prefix: str) -> list[int]:
+        """Sorted integers N of the names ``prefix + "N." ...`` present under this view."""
+        full = self.prefix + prefix
+        out = set()
+        for k in self.mapping:
+            if k.startswith(full):
+                head = k[len(full):].split(".", 1)[0]
+                if head.isdigit():
+                    out.add(int(head))
+        return sorted(out)
+
+
+@dataclass(frozen=True)
+class UNetConfig:
+    """UNet hyper-parameters inferred from tensor shapes.
+
+    Attributes:
+        prefix: checkpoint prefix.
+        in_channels, out_channels, model_channels: stem in/out and base width.
+        channel_mult: per level, ResBlock width / model_channels.
+        num_res_blocks: ResBlocks per level on the way down.
+        attention_levels: levels whose ResBlocks are followed by a SpatialTransformer.
+        transformer_depth: transformer blocks per SpatialTransformer.
+        context_dim: cross-attention context width.
+        linear_proj: proj_in/proj_out are linear layers (SD 2.x) rather than 1x1 convs.
+        num_heads, head_dim: the head rule (one of them set).
+    """
+
+    prefix: str
+    in_channels: int
+    out_channels: int
+    model_channels: int
+    channel_mult: tuple[int, ...]
+    num_res_blocks: int
+    attention_levels: tuple[int, ...]
+    transformer_depth: int
+    context_dim: int
+    linear_proj: bool
+    num_heads: int | None
+    head_dim: int | None
+
+    def heads(self, channels: int) -> int:
+        """Attention heads of a SpatialTransformer of ``channels`` width."""
+        if self.num_heads:
+            return self.num_heads
+        assert self.head_dim
+        return max(1, channels // self.head_dim)
+
+
+def unet_config(weights: Mapping[str, Any], family: str = "sd1", num_heads: int | None = None,
+                head_dim: int | None = None, prefix: str = PREFIX) -> UNetConfig:
+    """Infer a :class:`UNetConfig` from ``weights`` (tensors or shape tuples).
+
+    ``num_heads``/``head_dim`` override the family rule of :data:`FAMILY_HEADS`.
+
+    Raises:
+        ModelLayoutError: missing stem/output tensors, or a block structure that is not a UNet.
+    """
+    w = Weights(weights, prefix)
+    mc, cin = w.shape("input_blocks.0.0.weight")[:2]
+    cout = w.shape("out.2.weight")[0]
+    levels: list[list[int]] = [[]]
+    attn_levels: set[int] = set()
+    depth = 0
+    context = 0
+    linear = False
+    for n in w.indices("input_blocks.")[1:]:
+        b = w.sub(f"input_blocks.{n}.")
+        if "0.op.weight" in b:
+            levels.append([])
+            continue
+        if "0.in_layers.2.weight" not in b:
+            raise ModelLayoutError(f"input_blocks.{n} is neither a ResBlock nor a Downsample")
+        levels[-1].append(b.shape("0.out_layers.3.weight")[0])
+        if "1.proj_in.weight" in b:
+            attn_levels.add(len(levels) - 1)
+            depth = len(b.indices("1.transformer_blocks."))
+            context = b.shape("1.transformer_blocks.0.attn2.to_k.weight")[1]
+            linear = len(b.shape("1.proj_in.weight")) == 2
+    if not levels[0]:
+        raise ModelLayoutError(f"{prefix}input_blocks has no ResBlocks")
+    if "middle_block.1.proj_in.weight" in w and not context:
+        context = w.shape("middle_block.1.transformer_blocks.0.attn2.to_k.weight")[1]
+        depth = len(w.indices("middle_block.1.transformer_blocks."))
+        linear = len(w.shape("middle_block.1.proj_in.weight")) == 2
+    if num_heads is None and head_dim is None:
+        num_heads, head_dim = FAMILY_HEADS.get(family, FAMILY_HEADS["sd1"])
+    return UNetConfig(prefix, cin, cout, mc, tuple(lv[-1] // mc for lv in levels),
+                      len(levels[0]), tuple(sorted(attn_levels)), depth, context, linear,
+                      num_heads, head_dim if not num_heads else None)
+
+
+def _resblock(g: Any, w: Weights, x: Tensor, emb: Tensor) -> Tensor:
+    h = gr.group_norm(g, x, _GN_GROUPS, w["in_layers.0.weight"], w["in_layers.0.bias"], _RES_EPS)
+    h = gr.conv2d(g, g.unary("silu", h), w["in_layers.2.weight"], w["in_layers.2.bias"], padding=1)
+    e = gr.linear(g, g.unary("silu", emb), w["emb_layers.1.weight"], w["emb_layers.1.bias"])  # (N, C)
+    h = g.add(h, g.reshape(e, (e.shape[0], e.shape[1], 1, 1)))
+    h = gr.group_norm(g, h, _GN_GROUPS, w["out_layers.0.weight"], w["out_layers.0.bias"], _RES_EPS)
+    h = gr.conv2d(g, g.unary("silu", h), w["out_layers.3.weight"], w["out_layers.3.bias"], padding=1)
+    if "skip_connection.weight" in w:
+        x = gr.conv2d(g, x, w["skip_connection.weight"], w["skip_connection.bias"])
+    return g.add(x, h)
+
+
+def _attn(g: Any, w: Weights, x: Tensor, ctx: Tensor, heads: int) -> Tensor:
+    """Multi-head attention of ``x`` (N, L, C) over ``ctx`` (N, S, Cc) -> (N, L, C)."""
+    n, length, c = x.shape
+    s = ctx.shape[1]
+    d = c // heads
+
+    def split(t: Tensor, ln: int) -> Tensor:
+        return g.cont(g.permute(g.reshape(t, (n, ln, heads, d)), (0, 2, 1, 3)))
+
+    q = split(gr.linear(g, x, w["to_q.weight"]), length)
+    k = split(gr.linear(g, ctx, w["to_k.weight"]), s)
+    v = split(gr.linear(g, ctx, w["to_v.weight"]), s)
+    o = gr.attention(g, q, k, v)
+    return gr.linear(g, o, w["to_out.0.weight"], w["to_out.0.bias"])
+
+
+def _transformer(g: Any, w: Weights, x: Tensor, context: Tensor, cfg: UNetConfig) -> Tensor:
+    n, c, hh, ww = x.shape
+    heads = cfg.heads(c)
+    h = gr.group_norm(g, x, _GN_GROUPS, w["norm.weight"], w["norm.bias"], _ST_EPS)
+    linear = len(w.shape("proj_in.weight")) == 2
+    if not linear:
+        h = gr.conv2d(g, h, w["proj_in.weight"], w["proj_in.bias"])
+    h = g.reshape(g.cont(g.permute(h, (0, 2, 3, 1))), (n, hh * ww, h.shape[1]))
+    if linear:
+        h = gr.linear(g, h, w["proj_in.weight"], w["proj_in.bias"])
+    for k in w.indices("transformer_blocks."):
+        b = w.sub(f"transformer_blocks.{k}.")
+        a = gr.layer_norm(g, h, b["norm1.weight"], b["norm1.bias"], _LN_EPS)
+        h = g.add(h, _attn(g, b.sub("attn1."), a, a, heads))
+        a = gr.layer_norm(g, h, b["norm2.weight"], b["norm2.bias"], _LN_EPS)
+        h = g.add(h, _attn(g, b.sub("attn2."), a, context, heads))
+        a = gr.layer_norm(g, h, b["norm3.weight"], b["norm3.bias"], _LN_EPS)
+        a = gr.geglu(g, gr.linear(g, a, b["ff.net.0.proj.weight"], b["ff.net.0.proj.bias"]))
+        h = g.add(h, gr.linear(g, a, b["ff.net.2.weight"], b["ff.net.2.bias"]))
+    if linear:
+        h = gr.linear(g, h, w["proj_out.weight"], w["proj_out.bias"])
+    ci = h.shape[-1]
+    h = g.cont(g.permute(g.reshape(h, (n, hh, ww, ci)), (0, 3, 1, 2)))
+    if not linear:
+        h = gr.conv2d(g, h, w["proj_out.weight"], w["proj_out.bias"])
+    return g.add(h, x)
+
+
+def _block(g: Any, w: Weights, x: Tensor, emb: Tensor, context: Tensor, cfg: UNetConfig) -> Tensor:
+    """One ``input_blocks.N`` / ``middle_block`` / ``output_blocks.N``: its layers in order."""
+    for m in w.indices(""):
+        b = w.sub(f"{m}.")
+        if "in_layers.0.weight" in b:
+            x = _resblock(g, b, x, emb)
+        elif "proj_in.weight" in b:
+            x = _transformer(g, b, x, context, cfg)
+        elif "op.weight" in b:
+            x = gr.conv2d(g, x, b["op.weight"], b["op.bias"], stride=2, padding=1)
+        elif "conv.weight" in b:
+            x = gr.conv2d(g, g.upscale(x, 2), b["conv.weight"], b["conv.bias"], padding=1)
+        else:
+            raise ModelLayoutError(f"{b.prefix}: unknown UNet layer")
+    return x
+
+
+def unet(g: Any, weights: Mapping[str, Any], x: Tensor, t: Tensor, context: Tensor,
+         cfg: UNetConfig | None = None) -> Tensor:
+    """The UNet's output (eps or v, as the model was trained).
+
+    Args:
+        g: the graph.
+        weights: checkpoint name -> tensor.
+        x: f32 latent ``(N, C_in, H, W)``, H and W divisible by 2^(levels-1).
+        t: f32 timesteps ``(N,)`` (0..999, fractional allowed).
+        context: f32 cross-attention context ``(N, S, context_dim)``.
+        cfg: hyper-parameters (default: :func:`unet_config` with the SD 1.x head rule).
+
+    Returns:
+        f32 ``(N, C_out, H, W)``.
+
+    Raises:
+        ValueError: H or W not divisible by the downsampling factor, or context width wrong.
+    """
+    cfg = cfg or unet_config(weights)
+    w = Weights(weights, cfg.prefix)
+    f = 2 ** (len(cfg.channel_mult) - 1)
+    if x.shape[-1] % f or x.shape[-2] % f:
+        raise ValueError(f"unet: latent {x.shape[-2]}x{x.shape[-1]} is not divisible by {f}")
+    if cfg.context_dim and context.shape[-1] != cfg.context_dim:
+        raise ValueError(f"unet: context width {context.shape[-1]} != {cfg.context_dim}")
+    emb = g.timestep_embedding(t, cfg.model_channels)
+    emb = gr.linear(g, emb, w["time_embed.0.weight"], w["time_embed.0.bias"])
+    emb = gr.linear(g, g.unary("silu", emb), w["time_embed.2.weight"], w["time_embed.2.bias"])
+    h = gr.conv2d(g, x, w["input_blocks.0.0.weight"], w["input_blocks.0.0.bias"], padding=1)
+    skips = [h]
+    for n in w.indices("input_blocks.")[1:]:
+        h = _block(g, w.sub(f"input_blocks.{n}."), h, emb, context, cfg)
+        skips.append(h)
+    h = _block(g, w.sub("middle_block."), h, emb, context, cfg)
+    for n in w.indices("output_blocks."):
+        if not skips:
+            raise ModelLayoutError("output_blocks outnumber the skip connections")
+        h = g.concat(h, skips.pop(), 1)
+        h = _block(g, w.sub(f"output_blocks.{n}."), h, emb, context, cfg)
+    h = gr.group_norm(g, h, _GN_GROUPS, w["out.0.weight"], w["out.0.bias"], _RES_EPS)
+    return gr.conv2d(g, g.unary("silu", h), w["out.2.weight"], w["out.2.bias"], padding=1)
