@@ -1,0 +1,240 @@
+"""ESRGAN upscalers: the real compact x4 network against its PyTorch reference output, whole
+and tiled; RRDBNet (both naming layouts, with and without pixel-unshuffle) against a numpy
+reference; a torch.save'd compact network against torch's own output; tiling geometry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+from sdplan.core.errors import ModelFileError
+from sdplan.core.models.esrgan import canonical_rrdb_names, detect_esrgan, tile_grid
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _engine() -> None:
+    g = pytest.importorskip("sdplan._ggml")
+    if not hasattr(g, "Graph"):
+        pytest.skip("sdplan._ggml has no Graph (engine not built)")
+
+
+# ------------------------------------------------------------------------ numpy reference
+def np_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    """3x3 (or 1x1) conv, stride 1, same padding; x (C, H, W), w (O, C, K, K)."""
+    k = w.shape[-1]
+    p = k // 2
+    xp = np.pad(x, ((0, 0), (p, p), (p, p)))
+    h, wd = x.shape[1:]
+    cols = np.stack([xp[:, i:i + h, j:j + wd] for i in range(k) for j in range(k)], 1)  # C, KK, H, W
+    y = np.einsum("ckhw,ock->ohw", cols, w.reshape(w.shape[0], w.shape[1], k * k))
+    return y + b[:, None, None] if b is not None else y
+
+
+def np_lrelu(x: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, x, 0.2 * x)
+
+
+def np_up2(x: np.ndarray, s: int = 2) -> np.ndarray:
+    return x.repeat(s, 1).repeat(s, 2)
+
+
+def np_unshuffle(x: np.ndarray, r: int) -> np.ndarray:
+    c, h, w = x.shape
+    return x.reshape(c, h // r, r, w // r, r).transpose(0, 2, 4, 1, 3).reshape(c * r * r, h // r, w // r)
+
+
+def np_rrdb(wt: dict[str, np.ndarray], x: np.ndarray, n_blocks: int, n_up: int, unshuffle: int) -> np.ndarray:
+    def conv(name: str, v: np.ndarray) -> np.ndarray:
+        return np_conv(v, wt[name + ".weight"], wt.get(name + ".bias"))
+
+    v = np_unshuffle(x, unshuffle) if unshuffle > 1 else x
+    feat = conv("conv_first", v)
+    h = feat
+    for b in range(n_blocks):
+        y = h
+        for k in (1, 2, 3):
+            feats = y
+            for j in range(1, 5):
+                feats = np.concatenate([feats, np_lrelu(conv(f"body.{b}.rdb{k}.conv{j}", feats))])
+            y = conv(f"body.{b}.rdb{k}.conv5", feats) * 0.2 + y
+        h = y * 0.2 + h
+    h = feat + conv("conv_body", h)
+    for u in range(1, n_up + 1):
+        h = np_lrelu(conv(f"conv_up{u}", np_up2(h)))
+    return conv("conv_last", np_lrelu(conv("conv_hr", h)))
+
+
+def rrdb_weights(rng: np.random.Generator, cin: int, feat: int = 8, grow: int = 4,
+                 n_blocks: int = 1, n_up: int = 2) -> dict[str, np.ndarray]:
+    def conv(o: int, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return ((rng.standard_normal((o, i, 3, 3)) / np.sqrt(9 * i)).astype(np.float32),
+                (rng.standard_normal(o) * 0.05).astype(np.float32))
+
+    out: dict[str, np.ndarray] = {}
+
+    def put(name: str, o: int, i: int) -> None:
+        out[name + ".weight"], out[name + ".bias"] = conv(o, i)
+
+    put("conv_first", feat, cin)
+    for b in range(n_blocks):
+        for k in (1, 2, 3):
+            for j in range(1, 5):
+                put(f"body.{b}.rdb{k}.conv{j}", grow, feat + (j - 1) * grow)
+            put(f"body.{b}.rdb{k}.conv5", feat, feat + 4 * grow)
+    put("conv_body", feat, feat)
+    for u in range(1, n_up + 1):
+        put(f"conv_up{u}", feat, feat)
+    put("conv_hr", feat, feat)
+    put("conv_last", 3, feat)
+    return out
+
+
+def to_old_names(wt: dict[str, np.ndarray], n_blocks: int, n_up: int) -> dict[str, np.ndarray]:
+    """The original ESRGAN ``model.N`` layout of new-style RRDB weights."""
+    ren = {"conv_first": "model.0", "conv_body": f"model.1.sub.{n_blocks}"}
+    idx = 3
+    for u in range(1, n_up + 1):
+        ren[f"conv_up{u}"] = f"model.{idx}"
+        idx += 3
+    ren["conv_hr"], ren["conv_last"] = f"model.{idx - 1}", f"model.{idx + 1}"
+    out = {}
+    for k, v in wt.items():
+        base, kind = k.rsplit(".", 1)
+        if base.startswith("body."):
+            _, b, rdb, conv = base.split(".")
+            out[f"model.1.sub.{b}.{rdb.upper()}.{conv}.0.{kind}"] = v
+        else:
+            out[f"{ren[base]}.{kind}"] = v
+    return out
+
+
+# ------------------------------------------------------------------------------- tests
+def test_old_and_new_rrdb_names_agree() -> None:
+    wt = rrdb_weights(np.random.default_rng(0), 3)
+    old = to_old_names(wt, 1, 2)
+    assert "model.1.sub.0.RDB2.conv3.0.weight" in old and "model.10.weight" in old
+    names = canonical_rrdb_names(list(old))
+    assert sorted(names) == sorted(wt)
+    assert all(old[v].shape == wt[k].shape for k, v in names.items())
+
+
+@pytest.mark.parametrize("cin,unshuffle,scale", [(3, 1, 4), (12, 2, 2)])
+def test_detect_rrdb(cin: int, unshuffle: int, scale: int) -> None:
+    wt = rrdb_weights(np.random.default_rng(0), cin, n_blocks=2)
+    cfg = detect_esrgan({k: v.shape for k, v in wt.items()})
+    assert (cfg.kind, cfg.scale, cfg.unshuffle, cfg.n_conv, cfg.features, cfg.growth, cfg.n_up) == (
+        "rrdb", scale, unshuffle, 2, 8, 4, 2)
+
+
+def test_detect_compact_from_shapes() -> None:
+    shapes = {"body.0.weight": (24, 3, 3, 3), "body.0.bias": (24,), "body.1.weight": (24,)}
+    for i in range(1, 6):
+        shapes |= {f"body.{2 * i}.weight": (24, 24, 3, 3), f"body.{2 * i + 1}.weight": (24,)}
+    shapes |= {"body.12.weight": (12, 24, 3, 3)}
+    cfg = detect_esrgan(shapes)
+    assert (cfg.kind, cfg.scale, cfg.features, cfg.n_conv, cfg.receptive_radius) == ("compact", 2, 24, 5, 7)
+
+
+@pytest.mark.parametrize("shapes,match", [
+    ({"foo.weight": (3,)}, "not an ESRGAN"),
+    ({"body.0.weight": (8, 3, 3, 3), "body.1.weight": (8,), "body.2.weight": (10, 8, 3, 3)}, "scale"),
+    ({"body.0.weight": (8, 3, 3, 3), "body.2.weight": (12, 8, 3, 3)}, "PReLU"),
+    ({"conv_first.weight": (8, 3, 3, 3)}, "missing"),
+])
+def test_detect_errors_name_the_file(shapes: dict, match: str) -> None:
+    with pytest.raises(ModelFileError, match=match) as exc:
+        detect_esrgan(shapes, "up.pth")
+    assert "up.pth" in str(exc.value)
+
+
+@pytest.mark.parametrize("h,w,tile,overlap,align", [(64, 64, 27, 18, 1), (100, 37, 16, 5, 1),
+                                                     (64, 48, 20, 6, 2), (10, 10, 64, 18, 1)])
+def test_tile_grid_covers_once_with_context(h: int, w: int, tile: int, overlap: int, align: int) -> None:
+    (rh, rw), tiles = tile_grid(h, w, tile, overlap, align)
+    cover = np.zeros((h, w), int)
+    for t in tiles:
+        assert 0 <= t.y0 and t.y0 + rh <= h and 0 <= t.x0 and t.x0 + rw <= w
+        assert t.y0 % align == 0 and t.x0 % align == 0
+        cover[t.cy0:t.cy1, t.cx0:t.cx1] += 1
+        assert t.cy0 - t.y0 >= overlap or t.y0 == 0
+        assert t.y0 + rh - t.cy1 >= overlap or t.y0 + rh == h
+        assert t.cx0 - t.x0 >= overlap or t.x0 == 0
+        assert t.x0 + rw - t.cx1 >= overlap or t.x0 + rw == w
+    assert (cover == 1).all()
+
+
+@pytest.mark.parametrize("old_names", [False, True])
+@pytest.mark.parametrize("cin,unshuffle,n_up", [(3, 1, 2), (12, 2, 2)])
+def test_rrdb_matches_numpy(tmp_path: Path, old_names: bool, cin: int, unshuffle: int, n_up: int) -> None:
+    _engine()
+    from sdplan.core.upscale import Upscaler
+
+    rng = np.random.default_rng(1)
+    wt = rrdb_weights(rng, cin, n_up=n_up)
+    path = tmp_path / "rrdb.safetensors"
+    save_file(to_old_names(wt, 1, n_up) if old_names else wt, str(path))
+    x = rng.random((1, 3, 8, 6), dtype=np.float32)
+    with Upscaler(path, n_threads=2) as up:
+        y = up.upscale_array(x)
+    ref = np_rrdb(wt, x[0], 1, n_up, unshuffle)
+    assert y.shape == (1, 3, 8 * up.scale, 6 * up.scale) == (1, *ref.shape)
+    np.testing.assert_allclose(y[0], ref, atol=2e-4, rtol=1e-4)
+
+
+def test_torch_saved_compact_pth_matches_torch() -> None:
+    """compact_x2.pth (torch.save, zip format) through the restricted reader and the engine
+    gives the output PyTorch computed for it."""
+    _engine()
+    from sdplan.core.pth import read_pth
+    from sdplan.core.upscale import Upscaler
+
+    io_ = read_pth(FIXTURES / "compact_x2.pth")["io"]
+    for name in ("compact_x2.pth", "compact_x2_legacy.pth"):
+        with Upscaler(FIXTURES / name, n_threads=2) as up:
+            assert (up.cfg.kind, up.scale, up.cfg.features, up.cfg.n_conv) == ("compact", 2, 8, 2)
+            y = up.upscale_array(io_["input"])
+        np.testing.assert_allclose(y, io_["output"], atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def compact(shared_dir: Path):  # type: ignore[no-untyped-def]
+    _engine()
+    from sdplan.core.upscale import Upscaler
+
+    w = shared_dir / "weights"
+    ref = load_file(str(w / "reference" / "realesr_animevideov3_x4.safetensors"))
+    with Upscaler(w / "realesr-animevideov3.safetensors", n_threads=2) as up:
+        yield up, ref
+
+
+def test_real_compact_x4_matches_reference(compact) -> None:  # type: ignore[no-untyped-def]
+    up, ref = compact
+    assert (up.cfg.kind, up.scale, up.cfg.features, up.cfg.n_conv) == ("compact", 4, 64, 16)
+    up.tile = None
+    y = up.upscale_array(ref["input"])
+    err = float(np.abs(y - ref["output"]).max())
+    assert err < 1e-4, err
+    assert float(np.abs(y - np.repeat(np.repeat(ref["input"], 4, 2), 4, 3)).max()) > 0.05
+
+
+def test_real_compact_tiled_has_no_seams(compact) -> None:  # type: ignore[no-untyped-def]
+    """Tiles of a 64 x 40 crop (3 x 1 tiles of 63 x 40: 27 px cores, 18 px of context) give
+    the untiled result; with less context than the receptive field, seams appear."""
+    up, ref = compact
+    x = np.ascontiguousarray(ref["input"][:, :, :, :40])
+    up.tile = None
+    whole = up.upscale_array(x)
+    # the crop edge changes only outputs within the receptive field (18 px) of it
+    np.testing.assert_allclose(whole[..., :88], ref["output"][..., :88], atol=1e-4)
+    up.tile = 27
+    try:
+        tiled = up.upscale_array(x)
+        assert float(np.abs(tiled - whole).max()) < 1e-5
+        up.overlap = 6  # the check can fail: too little context leaves seams
+        seamy = up.upscale_array(x)
+        assert float(np.abs(seamy - whole).max()) > 1e-3
+    finally:
+        up.tile, up.overlap = None, up.cfg.receptive_radius
