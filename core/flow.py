@@ -1,0 +1,138 @@
+"""Flow-matching sampling for Flux: the shifted sigma schedule, the flow denoiser and samplers.
+
+Rectified flow (Liu et al. 2022; Esser et al. 2024) interpolates ``x_s = (1 - s) x0 + s noise``
+for ``s`` in [0, 1]; the DiT predicts the velocity ``v = noise - x0``, so the x0 estimate is
+``x - s v`` (:func:`flow_denoiser`). With that denoiser, k-diffusion's ODE samplers of
+:mod:`sdplan.core.sampling` (euler, heun, dpm2, dpm++2m, dpm++2mv2) integrate the flow ODE
+``dx/ds = (x - x0)/s = v`` unchanged. Samplers that add noise need the flow form of noising:
+``euler_a`` steps down to ``s_down`` and re-noises to ``s_next`` keeping the signal scale
+(``x <- (1 - s_next)/(1 - s_down) x + sqrt(s_next^2 - s_down^2 (1 - s_next)^2/(1 - s_down)^2) n``,
+``s_down = s_next (1 + (s_next/s - 1) eta)``), ``lcm`` re-noises its x0 estimate as
+``(1 - s_next) x0 + s_next n``.
+
+Schedule (Black Forest Labs' ``get_schedule``): ``t = linspace(1, 0, steps + 1)``; dev shifts it
+as ``e^mu / (e^mu + (1/t - 1))`` with ``mu`` linear in the image token count (0.5 at 256 tokens,
+1.15 at 4096); schnell runs unshifted, 4 steps by default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from sdplan.core.sampling import NoiseSource, SamplingError, StepCallback, sample
+
+__all__ = ["FLOW_SAMPLERS", "DEFAULT_STEPS", "flux_mu", "time_shift", "flux_sigmas",
+           "flow_denoiser", "sample_flow"]
+
+#: sd-cli sampler names that apply to flow matching.
+FLOW_SAMPLERS = ("euler", "euler_a", "heun", "dpm2", "dpm++2m", "dpm++2mv2", "lcm")
+#: Steps when none are given: schnell is distilled for 4, dev runs sd-cli's default 20.
+DEFAULT_STEPS = {"schnell": 4, "dev": 20}
+VelocityFn = Callable[[np.ndarray, float], np.ndarray]
+
+
+def flux_mu(image_tokens: int, base_shift: float = 0.5, max_shift: float = 1.15,
+            base_tokens: int = 256, max_tokens: int = 4096) -> float:
+    """The time shift ``mu`` for ``image_tokens`` patches (linear through (256, 0.5) and
+    (4096, 1.15); a 1024x1024 image has 4096)."""
+    slope = (max_shift - base_shift) / (max_tokens - base_tokens)
+    return base_shift + slope * (image_tokens - base_tokens)
+
+
+def time_shift(mu: float, t: np.ndarray) -> np.ndarray:
+    """``e^mu / (e^mu + (1/t - 1))`` elementwise (0 stays 0, 1 stays 1)."""
+    t = np.asarray(t, dtype=np.float64)
+    out = np.zeros_like(t)
+    pos = t > 0
+    out[pos] = math.exp(mu) / (math.exp(mu) + (1.0 / t[pos] - 1.0))
+    return out
+
+
+def flux_sigmas(steps: int, image_tokens: int | None = None, *, shift: bool = True,
+                mu: float | None = None) -> np.ndarray:
+    """Descending float32 sigmas ``(steps + 1,)`` from 1 to 0.
+
+    Args:
+        steps: sampling steps (>= 1).
+        image_tokens: patches of the latent (``H/16 * W/16`` pixels); sets ``mu`` when
+            ``shift`` and no ``mu`` is given.
+        shift: apply the time shift (dev); False gives the plain linear schedule (schnell).
+        mu: an explicit shift.
+
+    Raises:
+        SamplingError: steps below 1, or a shift without ``image_tokens`` or ``mu``.
+    """
+    if steps < 1:
+        raise SamplingError(f"steps must be at least 1, got {steps}")
+    t = np.linspace(1.0, 0.0, steps + 1)
+    if shift:
+        if mu is None:
+            if image_tokens is None or image_tokens < 1:
+                raise SamplingError("the shifted Flux schedule needs the image token count or mu")
+            mu = flux_mu(image_tokens)
+        t = time_shift(mu, t)
+    return t.astype(np.float32)
+
+
+def flow_denoiser(velocity: VelocityFn) -> Callable[[np.ndarray, float], np.ndarray]:
+    """``denoise(x, s) = x - s * velocity(x, s)`` (float32), for :func:`sampling.sample`."""
+    def denoise(x: np.ndarray, s: float) -> np.ndarray:
+        return (x - np.float32(s) * velocity(x, s)).astype(np.float32)
+    return denoise
+
+
+def sample_flow(method: str, velocity: VelocityFn, noise0: np.ndarray, sigmas: np.ndarray, *,
+                noise: NoiseSource | None = None, eta: float = 1.0,
+                callback: StepCallback | None = None) -> np.ndarray:
+    """Sample from pure noise ``noise0`` (sigma ``sigmas[0]``, usually 1) down to 0.
+
+    Args:
+        method: a name of :data:`FLOW_SAMPLERS`.
+        velocity: ``velocity(x, s) -> v`` of ``x``'s shape.
+        noise0: the starting noise ``(N, C, H, W)``; the start is ``sigmas[0] * noise0``
+            (exact for ``sigmas[0] = 1``).
+        sigmas: descending to 0 (:func:`flux_sigmas`).
+        noise: fresh normals per step for euler_a and lcm.
+        eta: euler_a's noise amount (0 = euler).
+        callback: ``callback(step, x, denoised)`` after each step.
+
+    Raises:
+        SamplingError: unknown method, a sampler that does not apply to flow matching, bad
+            sigmas or a missing noise source.
+    """
+    if method not in FLOW_SAMPLERS:
+        raise SamplingError(f"--sampling-method {method!r} does not apply to flow matching "
+                            f"(Flux takes: {', '.join(FLOW_SAMPLERS)})")
+    den = flow_denoiser(velocity)
+    x = (np.asarray(noise0, dtype=np.float32) * np.float32(sigmas[0])).astype(np.float32)
+    if method not in ("euler_a", "lcm"):
+        return sample(method, den, x, sigmas, callback=callback)
+    sig = [float(s) for s in np.asarray(sigmas, dtype=np.float64)]
+    if len(sig) < 2 or any(b > a for a, b in zip(sig, sig[1:], strict=False)) or sig[-1] < 0 or sig[0] > 1:
+        raise SamplingError(f"flow sigmas must descend from at most 1 to 0, got {sig[:4]}...")
+    cb = callback or (lambda i, x_, d_: None)
+    for i in range(len(sig) - 1):
+        s, sn = sig[i], sig[i + 1]
+        d0 = den(x, s)
+        if method == "lcm" or sn == 0:
+            x = d0
+            if sn > 0:
+                x = (1 - sn) * x + sn * _noise(noise, method)(x.shape).astype(np.float32)
+        else:
+            down = sn * (1 + (sn / s - 1) * eta)
+            x = x + (x - d0) / s * (down - s)
+            if eta > 0:
+                a_next, a_down = 1 - sn, 1 - down
+                renoise = math.sqrt(max(sn**2 - down**2 * a_next**2 / a_down**2, 0.0))
+                x = (a_next / a_down) * x + renoise * _noise(noise, method)(x.shape).astype(np.float32)
+        x = x.astype(np.float32)
+        cb(i, x, d0)
+    return x
+
+
+def _noise(noise: NoiseSource | None, method: str) -> NoiseSource:
+    if noise is None:
+        raise SamplingError(f"sampler {method!r} adds noise every step: give it a noise source")
+    return noise
