@@ -99,6 +99,7 @@ struct Graph {
     void check_resident();
     void reset_tensors();
     bool weights_moved() const;
+    bool pre_reserve() const;
     std::unordered_map<ggml_tensor *, void *> ext_data;  // weight addresses at allocation
 };
 

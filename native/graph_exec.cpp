@@ -101,6 +101,17 @@ bool Graph::weights_moved() const {
     return false;
 }
 
+bool Graph::pre_reserve() const {
+    // With an RPC backend in the scheduler, reserving before allocating leaves the split
+    // inputs uncopied in this ggml version (wrong results), so RPC graphs skip it; an
+    // allocation failure there ends the engine process instead of raising.
+    for (auto &b : backends) {
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(b->device);
+        if (reg && std::strcmp(ggml_backend_reg_name(reg), "RPC") == 0) return false;
+    }
+    return true;
+}
+
 void Graph::make_sched() {
     build();
     if (sched) return;
@@ -136,7 +147,7 @@ void Graph::ensure_alloc() {
     bool ok;
     {
         nb::gil_scoped_release nogil;
-        ok = ggml_backend_sched_reserve(sched, gf);
+        ok = !pre_reserve() || ggml_backend_sched_reserve(sched, gf);
     }
     if (ok) {
         ggml_backend_sched_reset(sched);

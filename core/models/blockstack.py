@@ -150,3 +150,8 @@ def reference(cfg: BlockStackConfig, w: dict[str, np.ndarray], x: np.ndarray) ->
         m = 0.5 * m * (1 + np.tanh(math.sqrt(2 / math.pi) * (m + 0.044715 * m ** 3)))
         h = h + lin(m, p + "mlp.fc2")
     return lin(ln(h, "final_norm"), "head").astype(np.float32)
+
+
+def _from_args(**cfg: int) -> BlockStack:
+    """Factory for engine jobs: ``BlockStack(BlockStackConfig(**cfg))``."""
+    return BlockStack(BlockStackConfig(**cfg))

@@ -1,0 +1,301 @@
+"""The engine child process and the :class:`Engine` API that drives it.
+
+By default the engine lives in a child process (``python -m sdplan.core.worker``), so a
+fault that makes ggml abort (out of memory inside a backend, a lost RPC server) ends only
+the child: the caller gets an :class:`EngineError` naming the cause (exit signal or code
+and the child's last stderr lines) and the next call starts a fresh child.
+
+Protocol: length-prefixed pickles (4-byte little-endian size) on the child's stdin (jobs,
+``cancel``, ``quit``) and on a private copy of its stdout (``progress``, ``preview``,
+``result``, ``error``); the child points its fd 1 at stderr so stray prints cannot corrupt
+the stream. Arrays travel as numpy arrays inside the pickles, never as files.
+
+A job is a function ``"package.module:function"`` called in the child as
+``function(ctx, **params)``; ``ctx`` is a :class:`JobContext` (progress, preview, cancel
+token, backends, RPC servers). :func:`run_module_job` runs one module per a placement.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import logging
+import os
+import pickle
+import queue
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import IO, Any
+
+from sdplan.core.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+#: stderr lines of the child kept for error messages.
+STDERR_LINES = 20
+
+
+def _send(stream: IO[bytes], msg: Any) -> None:
+    data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack("<I", len(data)) + data)
+    stream.flush()
+
+
+def _recv(stream: IO[bytes]) -> Any:
+    """The next message, or None at end of stream."""
+    head = stream.read(4)
+    if len(head) < 4:
+        return None
+    (n,) = struct.unpack("<I", head)
+    data = stream.read(n)
+    if len(data) < n:
+        return None
+    return pickle.loads(data)
+
+
+class JobContext:
+    """What a job sees: ``progress(**info)``, ``preview(array)``, ``cancel`` (a
+    :class:`~sdplan.core.engine.CancelToken`), ``pool()`` (shared backends) and
+    ``add_rpc_servers(endpoints)``."""
+
+    def __init__(self, emit: Callable[[str, Any], None], cancel: Any) -> None:
+        self._emit = emit
+        self.cancel = cancel
+        self._pool: Any = None
+
+    def progress(self, **info: Any) -> None:
+        self._emit("progress", info)
+
+    def preview(self, array: Any) -> None:
+        self._emit("preview", array)
+
+    def add_rpc_servers(self, endpoints: list[str]) -> list[str]:
+        from sdplan.core.devices import add_rpc_servers
+
+        return add_rpc_servers(endpoints) if endpoints else []
+
+    def pool(self) -> Any:
+        from sdplan.core.engine import BackendPool
+
+        if self._pool is None:
+            self._pool = BackendPool()
+        return self._pool
+
+
+def run_module_job(ctx: JobContext, model: str, model_args: dict[str, Any], path: str,
+                   placement: dict[str, Any], inputs: dict[str, Any], runs: int = 1,
+                   rpc_servers: list[str] | None = None) -> dict[str, Any]:
+    """Run a module ``runs`` times on ``inputs`` (numpy arrays).
+
+    ``model``: ``"package.module:factory"`` called with ``model_args`` to make the
+    ModuleGraph; ``placement``: keyword arguments of
+    :class:`~sdplan.core.engine.ModulePlacement` (ranges as ``(device, first, last)``).
+    Returns ``{"outputs", "peak", "after"}`` (memory as ``{device: {weights, staging,
+    compute}}`` bytes)."""
+    from dataclasses import asdict
+
+    from sdplan.core.engine import BlockRange, ModulePlacement, ModuleRunner
+    from sdplan.core.weights import WeightFile
+
+    ctx.add_rpc_servers(list(rpc_servers or []))
+    pl = dict(placement)
+    pl["devices"] = tuple(pl["devices"])
+    pl["ranges"] = tuple(BlockRange(*r) for r in pl.get("ranges", ()))
+    mod, _, fn = model.partition(":")
+    graph_model = getattr(importlib.import_module(mod), fn)(**model_args)
+    runner = ModuleRunner(graph_model, WeightFile(path), ModulePlacement(**pl), ctx.pool(), ctx.cancel)
+    try:
+        out: dict[str, Any] = {}
+        for i in range(runs):
+            out = runner.run(inputs)
+            ctx.progress(step=i + 1, steps=runs)
+        return {"outputs": out, "peak": {d: asdict(m) for d, m in runner.last_peak.items()},
+                "after": {d: asdict(m) for d, m in runner.memory().items()}}
+    finally:
+        runner.release()
+
+
+def _child_main() -> int:
+    """Entry of the child process: serve jobs until ``quit`` or end of input."""
+    from sdplan.core.engine import Cancelled, CancelToken
+
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    inp = sys.stdin.buffer
+    jobs: queue.Queue[Any] = queue.Queue()
+    token = CancelToken()
+    lock = threading.Lock()
+
+    def emit(kind: str, job: int, payload: Any) -> None:
+        with lock:
+            _send(out, (kind, job, payload))
+
+    def reader() -> None:
+        while True:
+            msg = _recv(inp)
+            if msg is None or msg[0] == "quit":
+                jobs.put(None)
+                return
+            if msg[0] == "cancel":
+                token.cancel()
+            else:
+                jobs.put(msg)
+
+    threading.Thread(target=reader, daemon=True).start()
+    while (msg := jobs.get()) is not None:
+        _, job, func, params = msg
+        token.reset()
+        ctx = JobContext(lambda k, p, job=job: emit(k, job, p), token)
+        try:
+            mod, _, name = func.partition(":")
+            result = getattr(importlib.import_module(mod), name)(ctx, **params)
+            emit("result", job, result)
+        except Cancelled as exc:
+            emit("error", job, ("cancelled", str(exc)))
+        except Exception as exc:  # reported to the caller, the child keeps serving
+            log.debug("job %s failed", func, exc_info=True)
+            emit("error", job, (getattr(exc, "code", type(exc).__name__), f"{type(exc).__name__}: {exc}"))
+    return 0
+
+
+class Engine:
+    """Runs engine jobs in a child process (``isolated=True``, the default) or in this
+    process. Thread-safe for ``cancel``; one job at a time.
+
+    Raises EngineError from :meth:`call` when the job fails (``code`` from the job's
+    error; ``cancelled`` after :meth:`cancel`) or the child dies (the message names the
+    signal or exit code and the child's last stderr lines).
+    """
+
+    def __init__(self, isolated: bool = True, env: dict[str, str] | None = None) -> None:
+        self.isolated = isolated
+        self.env = env
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
+        self._write_lock = threading.Lock()
+        self._job = 0
+        self._local_cancel: Any = None
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the running child (None when none)."""
+        return self._proc.pid if self._proc and self._proc.poll() is None else None
+
+    def start(self) -> None:
+        """Start the child now (otherwise the first call does)."""
+        if not self.isolated or self.pid is not None:
+            return
+        self._stderr.clear()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "sdplan.core.worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env)
+        threading.Thread(target=self._drain, args=(self._proc,), daemon=True).start()
+
+    def _drain(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            text = line.decode(errors="replace").rstrip()
+            self._stderr.append(text)
+            log.debug("engine: %s", text)
+
+    def call(self, func: str, params: dict[str, Any], on_progress: Callable[[dict[str, Any]], None] | None = None,
+             on_preview: Callable[[Any], None] | None = None) -> Any:
+        """Run job ``func`` (``"module:function"``) with ``params``; returns its result."""
+        if not self.isolated:
+            return self._call_local(func, params, on_progress, on_preview)
+        self.start()
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        self._job += 1
+        try:
+            with self._write_lock:
+                _send(proc.stdin, ("job", self._job, func, params))
+        except (BrokenPipeError, OSError):
+            raise self._died(proc) from None
+        while True:
+            msg = _recv(proc.stdout)
+            if msg is None:
+                raise self._died(proc)
+            kind, _, payload = msg
+            if kind == "progress" and on_progress:
+                on_progress(payload)
+            elif kind == "preview" and on_preview:
+                on_preview(payload)
+            elif kind == "result":
+                return payload
+            elif kind == "error":
+                err = EngineError(payload[1])
+                err.code = payload[0]
+                raise err
+
+    def _died(self, proc: subprocess.Popen[bytes]) -> EngineError:
+        code = proc.wait()
+        self._proc = None
+        if code < 0:
+            try:
+                cause = f"signal {signal.Signals(-code).name}"
+            except ValueError:
+                cause = f"signal {-code}"
+        else:
+            cause = f"exit code {code}"
+        tail = "\n".join(list(self._stderr)[-8:])
+        err = EngineError(f"the engine process died ({cause}); last output:\n{tail}" if tail
+                          else f"the engine process died ({cause})")
+        err.code = "engine_died"
+        return err
+
+    def _call_local(self, func: str, params: dict[str, Any], on_progress: Any, on_preview: Any) -> Any:
+        from sdplan.core.engine import CancelToken
+
+        token = self._local_cancel = CancelToken()
+
+        def emit(kind: str, payload: Any) -> None:
+            cb = on_progress if kind == "progress" else on_preview
+            if cb:
+                cb(payload)
+
+        mod, _, name = func.partition(":")
+        return getattr(importlib.import_module(mod), name)(JobContext(emit, token), **params)
+
+    def cancel(self) -> None:
+        """Ask the running job to stop (it raises EngineError with code ``cancelled``)."""
+        if not self.isolated:
+            if self._local_cancel is not None:
+                self._local_cancel.cancel()
+            return
+        proc = self._proc
+        if proc is not None and proc.stdin is not None:
+            try:
+                with self._write_lock:
+                    _send(proc.stdin, ("cancel",))
+            except (BrokenPipeError, OSError):
+                pass
+
+    def close(self) -> None:
+        """Stop the child (idempotent)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            with self._write_lock:
+                assert proc.stdin is not None
+                _send(proc.stdin, ("quit",))
+                proc.stdin.close()
+            proc.wait(5)
+        except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main())
