@@ -175,7 +175,7 @@ class T5Encoder:
         else:
             table = w(p + "layer.0.SelfAttention.relative_attention_bias.weight")  # (buckets, H)
             bias = g.reshape(g.get_rows(table, state["buckets"]), (t, t, c.heads))
-            bias = g.cont(g.permute(bias, (2, 0, 1)))  # (H, Tq, Tk)
+            bias = g.reshape(g.cont(g.permute(bias, (2, 0, 1))), (1, c.heads, t, t))  # (1, H, Tq, Tk)
         h = self._ln(g, x, w(p + "layer.0.layer_norm.weight"))
 
         def heads(name: str) -> Any:
@@ -192,7 +192,7 @@ class T5Encoder:
         gate = g.unary("gelu", gr.linear(g, h, w(p + "layer.1.DenseReluDense.wi_0.weight")))
         up = gr.linear(g, h, w(p + "layer.1.DenseReluDense.wi_1.weight"))
         x = g.add(x, gr.linear(g, g.mul(gate, up), w(p + "layer.1.DenseReluDense.wo.weight")))
-        return {"x": x, "buckets": state["buckets"], "bias": bias}
+        return {"x": x, "bias": bias}
 
     def build_post(self, g: Any, w: Any, state: dict[str, Any]) -> dict[str, Any]:
         return {"hidden": self._ln(g, state["x"], w(self.cfg.prefix + _FINAL))}
