@@ -161,10 +161,15 @@ class Upscaler:
             self._tmp.cleanup()
             raise
         self.placement = placement or engine.ModulePlacement(("CPU",))
-        self.runner = engine.ModuleRunner(model, wf, self.placement, pool or engine.BackendPool(),
-                                          name="upscaler", n_threads=n_threads)
+        pool = pool or engine.BackendPool()
+        self.runner = engine.ModuleRunner(model, wf, self.placement, pool, name="upscaler",
+                                          n_threads=n_threads)
+        # Measures tile graphs only (never loads weights): its graphs stay apart from the
+        # ones that run, which are allocated once their weights are resident.
+        self._meter = engine.ModuleRunner(model, wf, self.placement, pool, name="upscaler")
         self.overlap = self.cfg.receptive_radius if overlap is None else overlap
         self.tile = tile
+        self._tiles: dict[tuple[int, int, int], int] = {}
         log.info("%s: %s x%d, %d features, %d convs/blocks", self.path, self.cfg.kind, self.cfg.scale,
                  self.cfg.features, self.cfg.n_conv)
 
@@ -183,6 +188,13 @@ class Upscaler:
         fit the placement's budget (bytes), else :data:`DEFAULT_TILE`."""
         if self.tile is not None:
             return self._align(self.tile)
+        key = (h, w, self.placement.budget)
+        if key in self._tiles:
+            return self._tiles[key]
+        self._tiles[key] = self._measure_tile(h, w)
+        return self._tiles[key]
+
+    def _measure_tile(self, h: int, w: int) -> int:
         budget = self.placement.budget
         if not budget:
             return self._align(DEFAULT_TILE)
@@ -193,7 +205,7 @@ class Upscaler:
             if region in seen:
                 continue
             seen.add(region)
-            need = sum(self.runner.measure({"image": (1, self.cfg.in_channels, *region)}).values())
+            need = sum(self._meter.measure({"image": (1, self.cfg.in_channels, *region)}).values())
             if need + weights <= budget:
                 return t
         return self._align(TILE_SIZES[-1])
@@ -207,21 +219,23 @@ class Upscaler:
             raise ValueError(f"upscale: image must be (1, {self.cfg.in_channels}, H, W), got {x.shape}")
         if repeats < 1:
             raise ValueError(f"upscale: repeats must be >= 1, got {repeats}")
+        s, h, w = self.cfg.scale, x.shape[2], x.shape[3]
+        # Tiles are measured before the weights load (placeholders of their planned device).
+        tiles = [self.choose_tile(self._align(h * s ** r), self._align(w * s ** r)) for r in range(repeats)]
         with self.runner.session():
             for r in range(repeats):
                 if r:
                     x = np.clip(x, 0.0, 1.0)
-                x = self._tiled(x)
+                x = self._tiled(x, tiles[r])
         return x
 
-    def _tiled(self, x: np.ndarray) -> np.ndarray:
+    def _tiled(self, x: np.ndarray, tile: int) -> np.ndarray:
         _, c, h, w = x.shape
         k, s = self.cfg.unshuffle, self.cfg.scale
         ph, pw = (-h) % k, (-w) % k
         if ph or pw:  # RRDB with pixel-unshuffle: pad to a multiple, crop after
             x = np.pad(x, ((0, 0), (0, 0), (0, ph), (0, pw)), mode="reflect")
         hh, ww = x.shape[2:]
-        tile = self.choose_tile(hh, ww)
         region, tiles = tile_grid(hh, ww, tile, self._align(self.overlap), k)
         out = np.empty((1, c, hh * s, ww * s), np.float32)
         log.debug("upscale %dx%d: %d tiles of %s", hh, ww, len(tiles), region)
@@ -240,6 +254,7 @@ class Upscaler:
     def close(self) -> None:
         """Free the runner's buffers and the temporary converted file (idempotent)."""
         self.runner.release()
+        self._meter.release()
         self._tmp.cleanup()
 
     def __enter__(self) -> Upscaler:
