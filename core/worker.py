@@ -35,8 +35,14 @@ from sdplan.core.errors import EngineError
 
 log = logging.getLogger(__name__)
 
+_POOL: Any = None  # the BackendPool of this process, created by the first job
+
 #: stderr lines of the child kept for error messages.
-STDERR_LINES = 20
+STDERR_LINES = 200
+
+#: Substrings of stderr lines that state why ggml aborted (preferred over backtraces).
+_CAUSE_MARKERS = ("GGML_ASSERT", "GGML_ABORT", "error", "Error", "failed", "fatal", ".cpp:", ".c:",
+                  "Remote RPC", "out of memory")
 
 
 def _send(stream: IO[bytes], msg: Any) -> None:
@@ -65,7 +71,6 @@ class JobContext:
     def __init__(self, emit: Callable[[str, Any], None], cancel: Any) -> None:
         self._emit = emit
         self.cancel = cancel
-        self._pool: Any = None
 
     def progress(self, **info: Any) -> None:
         self._emit("progress", info)
@@ -79,11 +84,13 @@ class JobContext:
         return add_rpc_servers(endpoints) if endpoints else []
 
     def pool(self) -> Any:
+        """The process's shared backends (one instance per device for every job)."""
+        global _POOL
         from sdplan.core.engine import BackendPool
 
-        if self._pool is None:
-            self._pool = BackendPool()
-        return self._pool
+        if _POOL is None:
+            _POOL = BackendPool()
+        return _POOL
 
 
 def run_module_job(ctx: JobContext, model: str, model_args: dict[str, Any], path: str,
@@ -242,7 +249,11 @@ class Engine:
                 cause = f"signal {-code}"
         else:
             cause = f"exit code {code}"
-        tail = "\n".join(list(self._stderr)[-8:])
+        lines = list(self._stderr)
+        # ggml prints its message, then a debugger backtrace: prefer the message lines
+        key = [ln for ln in lines if any(k in ln for k in _CAUSE_MARKERS)
+               and not ln[:1].isdigit() and not ln.startswith("#") and "No such file" not in ln]
+        tail = "\n".join((key or lines)[-8:])
         err = EngineError(f"the engine process died ({cause}); last output:\n{tail}" if tail
                           else f"the engine process died ({cause})")
         err.code = "engine_died"

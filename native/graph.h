@@ -3,6 +3,7 @@
 
 #include "tensor.h"
 
+#include <array>
 #include <atomic>
 #include <map>
 #include <optional>
@@ -99,7 +100,8 @@ struct Graph {
     void check_resident();
     void reset_tensors();
     bool weights_moved() const;
-    bool pre_reserve() const;
+    void restore_srcs();
+    std::vector<std::array<ggml_tensor *, GGML_MAX_SRC>> orig_src;  // node sources as built
     std::unordered_map<ggml_tensor *, void *> ext_data;  // weight addresses at allocation
 };
 

@@ -62,6 +62,11 @@ void Graph::build() {
     gctx = std::make_unique<Context>(ggml_graph_overhead_custom(capacity, false) + 1024);
     gf = ggml_new_graph_custom(gctx->ctx, capacity, false);
     for (auto &kv : outputs) ggml_build_forward_expand(gf, kv.second.t);
+    // the scheduler rewrites node sources to its per-split copies; keep the originals so
+    // the graph can be split again (new scheduler, reserve) without dangling sources
+    orig_src.resize(ggml_graph_n_nodes(gf));
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i)
+        for (int j = 0; j < GGML_MAX_SRC; ++j) orig_src[i][j] = ggml_graph_node(gf, i)->src[j];
     // keep only assignments of nodes that made it into the graph
     std::unordered_set<ggml_tensor *> nodes;
     for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) nodes.insert(ggml_graph_node(gf, i));
@@ -84,6 +89,11 @@ void Graph::build() {
     }
 }
 
+void Graph::restore_srcs() {
+    for (int i = 0; i < (int)orig_src.size(); ++i)
+        for (int j = 0; j < GGML_MAX_SRC; ++j) ggml_graph_node(gf, i)->src[j] = orig_src[i][j];
+}
+
 void Graph::reset_tensors() {
     // Forget addresses in a freed or outdated compute allocation (and views of weights
     // that may have moved); the next allocation assigns them afresh.
@@ -99,17 +109,6 @@ bool Graph::weights_moved() const {
     for (auto &kv : ext_data)
         if (kv.first->data != kv.second) return true;
     return false;
-}
-
-bool Graph::pre_reserve() const {
-    // With an RPC backend in the scheduler, reserving before allocating leaves the split
-    // inputs uncopied in this ggml version (wrong results), so RPC graphs skip it; an
-    // allocation failure there ends the engine process instead of raising.
-    for (auto &b : backends) {
-        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(b->device);
-        if (reg && std::strcmp(ggml_backend_reg_name(reg), "RPC") == 0) return false;
-    }
-    return true;
 }
 
 void Graph::make_sched() {
@@ -142,14 +141,16 @@ void Graph::ensure_alloc() {
     reset_tensors();
     // Reserve first: ggml's reserve reports a failed buffer allocation cleanly, while an
     // allocation failure inside ggml_gallocr_alloc_graph crashes the process.
+    restore_srcs();
     ggml_backend_sched_reset(sched);
     apply_assignments();
     bool ok;
     {
         nb::gil_scoped_release nogil;
-        ok = !pre_reserve() || ggml_backend_sched_reserve(sched, gf);
+        ok = ggml_backend_sched_reserve(sched, gf);
     }
     if (ok) {
+        restore_srcs();
         ggml_backend_sched_reset(sched);
         apply_assignments();
         nb::gil_scoped_release nogil;
@@ -206,6 +207,7 @@ std::vector<size_t> Graph::reserve() {
     }
     bool ok;
     reset_tensors();
+    restore_srcs();
     ggml_backend_sched_reset(sched);
     apply_assignments();
     {

@@ -26,8 +26,9 @@ namespace {
 struct WeightStore;
 
 // Tensors of one store placed in one backend buffer.
+// Owned by its store (kept until free() or the store goes) and shared with Python.
 struct WeightBuffer {
-    std::shared_ptr<WeightStore> store;
+    std::shared_ptr<Context> ctx;  // keeps the tensors' metadata alive
     ggml_backend_buffer_t buf = nullptr;
     std::vector<ggml_tensor *> tensors;
     std::string device;
@@ -50,6 +51,7 @@ struct WeightStore : std::enable_shared_from_this<WeightStore> {
     std::map<std::string, ggml_tensor *> by_name;
     std::map<ggml_tensor *, int> ndim;
     std::map<ggml_tensor *, ggml_backend_buffer_type_t> planned;
+    std::vector<std::shared_ptr<WeightBuffer>> buffers;
 
     ggml_tensor *get(const std::string &name) const {
         auto it = by_name.find(name);
@@ -98,7 +100,7 @@ std::shared_ptr<WeightBuffer> allocate(std::shared_ptr<WeightStore> store, const
     ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(backend->get());
     const size_t align = ggml_backend_buft_get_alignment(buft);
     auto wb = std::make_shared<WeightBuffer>();
-    wb->store = store;
+    wb->ctx = store->ctx;
     wb->device = backend->device_name;
     size_t total = 0;
     for (auto &n : names) {
@@ -125,6 +127,9 @@ std::shared_ptr<WeightBuffer> allocate(std::shared_ptr<WeightStore> store, const
             throw std::runtime_error("WeightStore.allocate: tensor placement failed");
         }
     }
+    auto &bs = store->buffers;
+    bs.erase(std::remove_if(bs.begin(), bs.end(), [](auto &b) { return b->buf == nullptr; }), bs.end());
+    bs.push_back(wb);
     return wb;
 }
 
@@ -247,6 +252,15 @@ void register_weights(nb::module_ &m) {
             for (auto &kv : s.by_name) n.push_back(kv.first);
             return n;
         })
+        .def("free_all", [](WeightStore &s) {
+            for (auto &b : s.buffers) b->release();
+            s.buffers.clear();
+        }, "Free every buffer of this store.")
+        .def_prop_ro("allocated_bytes", [](const WeightStore &s) {
+            size_t n = 0;
+            for (auto &b : s.buffers) n += b->buf ? b->size : 0;
+            return n;
+        }, "Bytes of this store's live buffers.")
         .def("tensor", &WeightStore::tensor, nb::arg("name"), "The tensor to use in graphs.")
         .def("nbytes", [](const WeightStore &s, const std::string &n) { return ggml_nbytes(s.get(n)); }, nb::arg("name"))
         .def("resident", [](const WeightStore &s, const std::string &n) { return s.get(n)->buffer != nullptr; },
@@ -265,7 +279,8 @@ void register_weights(nb::module_ &m) {
         .def("allocate", [](WeightStore &s, const std::vector<std::string> &names, std::shared_ptr<Backend> b) {
             return allocate(s.shared_from_this(), names, b);
         }, nb::arg("names"), nb::arg("backend"),
-        "Allocate one buffer on the backend's device holding these tensors. Raises RuntimeError\n"
+        "Allocate one buffer on the backend's device holding these tensors; the store keeps it\n"
+        "until WeightBuffer.free() or the store goes. Raises RuntimeError\n"
         "when the device cannot provide the memory, ValueError when a tensor is already allocated.")
         .def("read", [](WeightStore &s, const std::string &path,
                         const std::vector<std::tuple<std::string, uint64_t, std::string>> &items, size_t chunk) {
@@ -275,7 +290,7 @@ void register_weights(nb::module_ &m) {
                 if (!t->buffer) throw nb::value_error(("WeightStore.read: tensor '" + name + "' is not allocated").c_str());
                 ggml_type ft = dtype_from_name(dt, ("WeightStore.read: tensor '" + name + "'").c_str());
                 if (ft != t->type) {
-                    if (!ggml_get_type_traits(ft)->to_float)
+                    if (ft != GGML_TYPE_F32 && !ggml_get_type_traits(ft)->to_float)
                         throw nb::value_error(("WeightStore.read: cannot convert '" + name + "' from " + dt).c_str());
                     if (t->ne[0] % ggml_blck_size(ft))
                         throw nb::value_error(("WeightStore.read: '" + name + "' rows are not whole " + dt + " blocks").c_str());

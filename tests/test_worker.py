@@ -108,11 +108,12 @@ def test_split_over_two_rpc_servers_and_a_lost_server(engine, model) -> None:
         split = {"devices": ["RPC0", "RPC1"], "ranges": [("RPC0", 0, 1), ("RPC1", 2, 3)]}
         for pl in (split, {**split, "params_mode": "device", "params_device": "CPU"},
                    {**split, "params_mode": "disk"}, {"devices": ["RPC0"], "budget": 300_000}):
-            res = engine.call(JOB, job(model[0], X, pl, rpc_servers=eps))
+            res = engine.call(JOB, job(model[0], X, pl, runs=2, rpc_servers=eps))
             np.testing.assert_allclose(res["outputs"]["y"], ref, atol=1e-4, rtol=1e-4)
         long_x = np.random.default_rng(0).standard_normal((1, 512, 16)).astype(np.float32)
         threading.Timer(1.0, stop, (servers[1], signal.SIGKILL)).start()
-        with pytest.raises(EngineError):
+        with pytest.raises(EngineError, match="(?s)engine process died.*RPC server") as info:
             engine.call(JOB, job(model[0], long_x, split, runs=100, rpc_servers=eps))
+        assert info.value.code == "engine_died"
     res = engine.call(JOB, job(model[0], X))  # a good plan works again
     np.testing.assert_allclose(res["outputs"]["y"], ref, atol=1e-6)

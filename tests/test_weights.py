@@ -1,0 +1,138 @@
+"""Weight files into backend buffers: dtype conversion, chunked reads, allocation subsets,
+staging copies, errors."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+G = pytest.importorskip("sdplan._ggml")
+from sdplan.core.weights import WeightFile, plain_read_seconds, runtime_dtype  # noqa: E402
+
+RNG = np.random.default_rng(4)
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray | bytes, tuple[int, ...]]]) -> None:
+    """Minimal safetensors writer (supports BF16 given as raw bytes)."""
+    header, blobs, off = {}, [], 0
+    for name, (dtype, data, shape) in tensors.items():
+        raw = data if isinstance(data, bytes) else data.tobytes()
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def bf16_bytes(a: np.ndarray) -> bytes:
+    return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    mgr = G.BackendManager(1)
+    yield mgr.get("CPU")
+    mgr.close()
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    a = RNG.standard_normal((300, 64)).astype(np.float32)
+    b = RNG.standard_normal((40, 64)).astype(np.float16)
+    c = RNG.standard_normal((32, 64)).astype(np.float32)
+    bias = RNG.standard_normal(64).astype(np.float16)
+    path = tmp_path_factory.mktemp("wt") / "w.safetensors"
+    write_safetensors(path, {"a": ("F32", a, a.shape), "b": ("F16", b, b.shape),
+                             "c": ("BF16", bf16_bytes(c), c.shape), "bias": ("F16", bias, bias.shape)})
+    return path, {"a": a, "b": b, "c": c, "bias": bias}
+
+
+def values(store, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    return np.frombuffer(store.get_bytes(name), {"f32": np.float32, "f16": np.float16}[dtype]).reshape(shape)
+
+
+def test_default_dtypes_and_reads_with_conversion_in_small_chunks(cpu, sample) -> None:
+    path, ref = sample
+    wf = WeightFile(path, backend=cpu)
+    assert wf.dtypes["bias"] == "f32"  # vectors are held in f32
+    wf.dtypes.update(a="f16", c="f32")  # force conversions f32->f16 and bf16->f32
+    store = wf.new_store()
+    store.allocate(list(wf.infos), cpu)
+    assert wf.read(store, list(wf.infos), chunk_bytes=4096) == path.stat().st_size - 8 - _header_len(path)
+    np.testing.assert_array_equal(values(store, "a", (300, 64), "f16"), ref["a"].astype(np.float16))
+    np.testing.assert_array_equal(values(store, "b", (40, 64), "f16"), ref["b"])
+    c_bf16 = (np.frombuffer(bf16_bytes(ref["c"]), np.uint16).astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(values(store, "c", (32, 64), "f32"), c_bf16.reshape(32, 64))
+    np.testing.assert_array_equal(values(store, "bias", (64,), "f32"), ref["bias"].astype(np.float32))
+
+
+def _header_len(path: Path) -> int:
+    return struct.unpack("<Q", path.read_bytes()[:8])[0]
+
+
+def test_quantizing_on_load(cpu, sample) -> None:
+    path, ref = sample
+    wf = WeightFile(path, names=["a"], dtypes={"a": "q8_0"})
+    store = wf.new_store()
+    store.allocate(["a"], cpu)
+    wf.read(store, ["a"])
+    assert len(store.get_bytes("a")) == G.dtype_size("q8_0", 64) * 300
+    g = G.Graph([cpu])
+    x = np.eye(64, dtype=np.float32)[:3]
+    xi = g.input("x", (3, 64))
+    g.output("y", g.mul_mat(store.tensor("a"), xi))
+    g.set_input("x", x)
+    g.compute()
+    np.testing.assert_allclose(g.get_output("y"), ref["a"][:, :3].T, atol=0.03)
+
+
+def test_subset_allocation_staging_copy_and_free(cpu, sample) -> None:
+    path, ref = sample
+    wf = WeightFile(path)
+    params, runtime = wf.new_store(), wf.new_store()
+    pb = params.allocate(list(wf.infos), cpu)
+    wf.read(params, list(wf.infos))
+    rb = runtime.allocate(["a", "b"], cpu)
+    assert rb.size >= params.nbytes("a") + params.nbytes("b") and not runtime.resident("c")
+    assert runtime.copy_from(params, ["a", "b"]) == params.nbytes("a") + params.nbytes("b")
+    assert runtime.get_bytes("b") == params.get_bytes("b")
+    rb.free()
+    assert rb.freed and rb.size == 0 and not runtime.resident("a")
+    pb.free()
+
+
+def test_errors_name_the_tensor_or_file(cpu, sample, tmp_path) -> None:
+    path, _ = sample
+    wf = WeightFile(path)
+    store = wf.new_store()
+    with pytest.raises(ValueError, match="'a' is not allocated"):
+        wf.read(store, ["a"])
+    buf = store.allocate(["a"], cpu)
+    with pytest.raises(ValueError, match="already allocated"):
+        store.allocate(["a"], cpu)
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(path.read_bytes())
+    with pytest.raises(RuntimeError, match="cannot open"):
+        store.read(str(tmp_path / "missing"), [("a", 0, "f32")])
+    with pytest.raises(RuntimeError, match="file ends before"):
+        store.read(str(short), [("a", short.stat().st_size - 100, "f32")])
+    buf.free()
+    with pytest.raises(ValueError, match="unknown dtype"):
+        G.WeightStore([("x", "f7", (2,))])
+
+
+def test_runtime_dtype_policy(cpu, sample) -> None:
+    wf = WeightFile(sample[0])
+    assert runtime_dtype(wf.infos["c"], cpu) == "bf16"  # the CPU multiplies bf16
+    assert runtime_dtype(wf.infos["b"]) == "f16"
+    assert G.supports_mul_mat(cpu, "q4_k")
+
+
+def test_plain_read_counts_the_whole_file(sample) -> None:
+    n, seconds = plain_read_seconds(sample[0])
+    assert n == sample[0].stat().st_size and seconds >= 0
