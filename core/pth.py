@@ -111,7 +111,7 @@ def _rebuild_tensor(storage: object, offset: object, size: object, stride: objec
     if math.prod(shape) == 0:
         arr = np.zeros(shape, data.dtype)
     else:
-        last = offset + sum((n - 1) * s for n, s in zip(shape, strides))
+        last = offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
         if last >= data.size:
             raise _Refused(f"tensor (offset {offset}, size {shape}, stride {strides}) reaches past "
                            f"its storage of {data.size} elements")
@@ -123,7 +123,8 @@ def _rebuild_tensor(storage: object, offset: object, size: object, stride: objec
     return _Tensor(arr)
 
 
-def _rebuild_parameter(data: object, requires_grad: object = False, hooks: object = None, *rest: object) -> _Tensor:
+def _rebuild_parameter(data: object, requires_grad: object = False, hooks: object = None,
+                       *rest: object) -> _Tensor | _LazyTensor:
     """``torch._utils._rebuild_parameter``: a parameter is its tensor."""
     if not isinstance(data, (_Tensor, _LazyTensor)):
         raise _Refused("parameter rebuilt from something that is not a tensor")
