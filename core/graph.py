@@ -212,7 +212,7 @@ def geglu(g: Graph, x: Tensor, approximate: bool = False) -> Tensor:
     *lead, d2 = x.shape
     d = d2 // 2
     es = 4 if x.dtype == "f32" else 2
-    strides = []
+    strides: list[int] = []
     acc = d2 * es
     for n in reversed(lead):
         strides.insert(0, acc)

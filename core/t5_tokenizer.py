@@ -98,9 +98,9 @@ class T5Tokenizer:
         for seg in parse_prompt_attention(prompt):
             if seg.is_break:
                 continue
-            ids = self.encode(seg.text)
-            tokens += ids
-            weights += [seg.weight] * len(ids)
+            piece = self.encode(seg.text)
+            tokens += piece
+            weights += [seg.weight] * len(piece)
         if max_length is not None and len(tokens) > max_length - 1:
             log.warning("T5 prompt has %d tokens; cut to %d", len(tokens), max_length - 1)
             tokens, weights = tokens[: max_length - 1], weights[: max_length - 1]

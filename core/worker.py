@@ -18,6 +18,7 @@ token, backends, RPC servers). :func:`run_module_job` runs one module per a plac
 from __future__ import annotations
 
 import collections
+import functools
 import importlib
 import logging
 import os
@@ -126,6 +127,11 @@ def run_module_job(ctx: JobContext, model: str, model_args: dict[str, Any], path
         runner.release()
 
 
+def _emit_for_job(emit: Any, job: int, kind: str, payload: Any) -> None:
+    """Send one progress/preview message of ``job`` through the child's ``emit``."""
+    emit(kind, job, payload)
+
+
 def _child_main() -> int:
     """Entry of the child process: serve jobs until ``quit`` or end of input."""
     from sdplan.core.engine import Cancelled, CancelToken
@@ -156,7 +162,7 @@ def _child_main() -> int:
     while (msg := jobs.get()) is not None:
         _, job, func, params = msg
         token.reset()
-        ctx = JobContext(lambda k, p, job=job: emit(k, job, p), token)
+        ctx = JobContext(functools.partial(_emit_for_job, emit, job), token)
         try:
             mod, _, name = func.partition(":")
             result = getattr(importlib.import_module(mod), name)(ctx, **params)

@@ -130,6 +130,7 @@ def flux_config(weights: Mapping[str, Any], heads: int | None = None,
         raise ModelLayoutError(f"Flux width {width} is not divisible by {heads} heads")
     hd = width // heads
     axes = tuple(axes) if axes is not None else _default_axes(hd)  # type: ignore[assignment]
+    assert axes is not None
     if len(axes) != 3 or sum(axes) != hd or any(a % 2 for a in axes):
         raise ModelLayoutError(f"Flux RoPE axes {axes} must be three even widths summing to {hd}")
     return FluxConfig(p, cin, width, heads, mlp, context, pooled, len(dbl), len(sgl),
