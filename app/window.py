@@ -31,7 +31,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 from sdplan.app import theme
-from sdplan.app.autoplan import auto_plan, plan_diff
 from sdplan.app.board.board import Board
 from sdplan.app.controller import PlanController
 from sdplan.app.dialogs import AutoPlanDialog, about, syntax_help
@@ -41,6 +40,7 @@ from sdplan.app.rpc import RpcPanel
 from sdplan.app.strings import StringsPanel
 from sdplan.app.worker import ClientFactory
 from sdplan.core.assignment import MODULES
+from sdplan.core.autoplan import auto_plan, plan_diff
 from sdplan.core.errors import SdplanError
 from sdplan.core.inventory import Inventory
 

@@ -1,4 +1,4 @@
-"""Auto plan: propose a placement that fits the devices (pure Python, no Qt).
+"""Auto plan: propose a placement that fits the devices (the app shows it as a diff).
 
 Rule (issue 8): the largest modules go to the device with the most free memory; when no
 single device holds a splittable module it is split over the GPUs with the most free
@@ -27,7 +27,8 @@ HEADROOM = GIB // 2
 
 @dataclass(frozen=True)
 class AutoPlan:
-    """A proposal: the placement, its plan, whether it fits, and what was done (lines)."""
+    """A proposal: the placement, its resolved plan, whether the estimate fits, and one
+    human-readable line per decision (``notes``)."""
 
     placement: Placement
     plan: Plan
@@ -49,6 +50,11 @@ def auto_plan(inventory: Inventory, profile: Profile, base: Placement, *, width:
               height: int = 1024, batch: int = 1) -> AutoPlan:
     """Propose a placement for ``profile`` on ``inventory`` starting from ``base`` (its
     budgets and RPC servers are kept; module entries are rewritten).
+
+    ``width``/``height`` (pixels) and ``batch`` size the compute estimate
+    (:func:`sdplan.core.estimate.compute_bytes`). Each device keeps :data:`HEADROOM` bytes
+    free when packing. The result's ``fits`` is the verdict of
+    :func:`sdplan.core.estimate.estimate_plan` on the proposed plan.
 
     Raises:
         PlanError: ``base`` does not resolve on ``inventory``.
@@ -156,7 +162,9 @@ def describe_plan(plan: Plan, modules: list[str]) -> dict[str, str]:
 
 
 def plan_diff(old: Plan, new: Plan, modules: list[str]) -> list[tuple[str, str, str]]:
-    """``(what, before, after)`` for every module and flag that differs."""
+    """``(what, before, after)`` for every module (in ``modules`` order) and then every flag
+    (``--backend``, ``--params-backend``, ``--max-vram``) whose value differs between
+    ``old`` and ``new``; empty flags read ``(empty)``."""
     rows = []
     a, b = describe_plan(old, modules), describe_plan(new, modules)
     for m in modules:
