@@ -164,9 +164,6 @@ class Upscaler:
         pool = pool or engine.BackendPool()
         self.runner = engine.ModuleRunner(model, wf, self.placement, pool, name="upscaler",
                                           n_threads=n_threads)
-        # Measures tile graphs only (never loads weights): its graphs stay apart from the
-        # ones that run, which are allocated once their weights are resident.
-        self._meter = engine.ModuleRunner(model, wf, self.placement, pool, name="upscaler")
         self.overlap = self.cfg.receptive_radius if overlap is None else overlap
         self.tile = tile
         self._tiles: dict[tuple[int, int, int], int] = {}
@@ -205,7 +202,7 @@ class Upscaler:
             if region in seen:
                 continue
             seen.add(region)
-            need = sum(self._meter.measure({"image": (1, self.cfg.in_channels, *region)}).values())
+            need = sum(self.runner.measure({"image": (1, self.cfg.in_channels, *region)}).values())
             if need + weights <= budget:
                 return t
         return self._align(TILE_SIZES[-1])
@@ -254,7 +251,6 @@ class Upscaler:
     def close(self) -> None:
         """Free the runner's buffers and the temporary converted file (idempotent)."""
         self.runner.release()
-        self._meter.release()
         self._tmp.cleanup()
 
     def __enter__(self) -> Upscaler:

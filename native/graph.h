@@ -19,6 +19,9 @@ struct ComputeCancelled : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// ggml ops that only reinterpret their source (no computation).
+bool is_view_op(ggml_op op);
+
 struct Graph {
     std::shared_ptr<Context> ctx;                   // op tensors (no_alloc)
     std::vector<std::shared_ptr<Backend>> backends; // scheduler order; last is a CPU
@@ -101,8 +104,10 @@ struct Graph {
     void reset_tensors();
     bool weights_moved() const;
     void restore_srcs();
-    std::vector<std::array<ggml_tensor *, GGML_MAX_SRC>> orig_src;  // node sources as built
-    std::unordered_map<ggml_tensor *, void *> ext_data;  // weight addresses at allocation
+    void check_split_views();
+    std::vector<std::pair<ggml_tensor *, std::array<ggml_tensor *, GGML_MAX_SRC>>> orig_src;  // sources as built
+    std::unordered_map<ggml_tensor *, std::pair<void *, ggml_backend_buffer_t>> ext_data;  // weights at allocation
+    uint64_t alloc_epoch = 0;  // weight_epoch at allocation
 };
 
 }  // namespace sdplan

@@ -53,6 +53,56 @@ using HostArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
 
 }  // namespace
 
+bool is_view_op(ggml_op op) {
+    return op == GGML_OP_VIEW || op == GGML_OP_RESHAPE || op == GGML_OP_PERMUTE || op == GGML_OP_TRANSPOSE;
+}
+
+namespace {
+
+// Reorders gf's nodes so that every view node follows its source node directly (views of
+// leafs stay where they are: just before their first user).
+//
+// The scheduler cuts splits at non-view nodes, so a view node belongs to the split of the
+// last non-view node before it. Depth-first graph order puts a view right before its first
+// user, which can be the tail of another device's split (the producer on device A, the
+// previous node on device B). Computing nothing, such a view is harmless on most backends,
+// but an RPC backend serializes every node of a split with its buffer: a view of a tensor
+// in server A's buffer sent to server B makes B reject the graph and drop the connection.
+// Placing views directly after their source keeps them in their source's split; it stays a
+// topological order because a view's only source is that node.
+void views_after_sources(ggml_cgraph *gf) {
+    const int n = ggml_graph_n_nodes(gf);
+    std::unordered_set<ggml_tensor *> nodes;
+    for (int i = 0; i < n; ++i) nodes.insert(ggml_graph_node(gf, i));
+    std::unordered_map<ggml_tensor *, std::vector<ggml_tensor *>> children;
+    for (int i = 0; i < n; ++i) {
+        ggml_tensor *t = ggml_graph_node(gf, i);
+        if (is_view_op(t->op) && t->src[0] && nodes.count(t->src[0])) children[t->src[0]].push_back(t);
+    }
+    if (children.empty()) return;
+    std::vector<ggml_tensor *> order;
+    order.reserve(n);
+    std::vector<ggml_tensor *> stack;
+    for (int i = 0; i < n; ++i) {
+        ggml_tensor *t = ggml_graph_node(gf, i);
+        if (is_view_op(t->op) && t->src[0] && nodes.count(t->src[0])) continue;  // placed with its source
+        stack.push_back(t);
+        while (!stack.empty()) {
+            ggml_tensor *u = stack.back();
+            stack.pop_back();
+            order.push_back(u);
+            auto it = children.find(u);
+            if (it == children.end()) continue;
+            for (auto c = it->second.rbegin(); c != it->second.rend(); ++c) stack.push_back(*c);
+        }
+    }
+    if ((int)order.size() != n) throw std::runtime_error("Graph.build: view reordering lost nodes");
+    ggml_tensor **dst = ggml_graph_nodes(gf);
+    for (int i = 0; i < n; ++i) dst[i] = order[i];
+}
+
+}  // namespace
+
 void Graph::build() {
     if (gf) return;
     if (outputs.empty()) throw nb::value_error("Graph.build: declare at least one output");
@@ -62,11 +112,18 @@ void Graph::build() {
     gctx = std::make_unique<Context>(ggml_graph_overhead_custom(capacity, false) + 1024);
     gf = ggml_new_graph_custom(gctx->ctx, capacity, false);
     for (auto &kv : outputs) ggml_build_forward_expand(gf, kv.second.t);
-    // the scheduler rewrites node sources to its per-split copies; keep the originals so
-    // the graph can be split again (new scheduler, reserve) without dangling sources
-    orig_src.resize(ggml_graph_n_nodes(gf));
-    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i)
-        for (int j = 0; j < GGML_MAX_SRC; ++j) orig_src[i][j] = ggml_graph_node(gf, i)->src[j];
+    views_after_sources(gf);
+    // The scheduler rewrites node sources to its per-split copies (tensors of its own
+    // context, gone with the next split or the scheduler); keep the originals, by node, so
+    // the graph can be split again (new scheduler, reserve) without dangling sources. By
+    // node rather than by position: a backend's graph_optimize may reorder split nodes.
+    orig_src.clear();
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+        ggml_tensor *t = ggml_graph_node(gf, i);
+        std::array<ggml_tensor *, GGML_MAX_SRC> srcs;
+        for (int j = 0; j < GGML_MAX_SRC; ++j) srcs[j] = t->src[j];
+        orig_src.emplace_back(t, srcs);
+    }
     // keep only assignments of nodes that made it into the graph
     std::unordered_set<ggml_tensor *> nodes;
     for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) nodes.insert(ggml_graph_node(gf, i));
@@ -90,8 +147,32 @@ void Graph::build() {
 }
 
 void Graph::restore_srcs() {
-    for (int i = 0; i < (int)orig_src.size(); ++i)
-        for (int j = 0; j < GGML_MAX_SRC; ++j) ggml_graph_node(gf, i)->src[j] = orig_src[i][j];
+    for (auto &ns : orig_src)
+        for (int j = 0; j < GGML_MAX_SRC; ++j) ns.first->src[j] = ns.second[j];
+}
+
+void Graph::check_split_views() {
+    // After a split: a view node in a split of another backend must not reference a buffer
+    // that backend cannot address (see views_after_sources); RPC servers would drop the
+    // connection on such a graph, so refuse it here with the names involved.
+    ggml_backend_t cur = nullptr;
+    for (int i = 0; i < ggml_graph_n_nodes(gf) && !cur; ++i) {
+        ggml_tensor *t = ggml_graph_node(gf, i);
+        if (!is_view_op(t->op)) cur = ggml_backend_sched_get_tensor_backend(sched, t);
+    }
+    for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
+        ggml_tensor *t = ggml_graph_node(gf, i);
+        if (!is_view_op(t->op)) {
+            if (ggml_backend_t b = ggml_backend_sched_get_tensor_backend(sched, t)) cur = b;
+            continue;
+        }
+        ggml_backend_buffer_t buf = t->view_src ? t->view_src->buffer : t->buffer;
+        if (!cur || !buf || ggml_backend_supports_buft(cur, ggml_backend_buffer_get_type(buf))) continue;
+        if (ggml_backend_buffer_is_host(buf)) continue;  // serialized without an address
+        throw std::runtime_error("Graph: view '" + std::string(t->name) + "' of a tensor in " +
+                                 ggml_backend_buffer_name(buf) + " lands in a split of " + ggml_backend_name(cur) +
+                                 ", which cannot address it; pin the view's users to the tensor's device");
+    }
 }
 
 void Graph::reset_tensors() {
@@ -106,8 +187,12 @@ void Graph::reset_tensors() {
 }
 
 bool Graph::weights_moved() const {
+    // A freed weight buffer may leave the same addresses behind for a new one while views
+    // of the weights still point at the freed buffer object: any free since the allocation
+    // counts as a move.
+    if (weight_epoch.load() != alloc_epoch) return true;
     for (auto &kv : ext_data)
-        if (kv.first->data != kv.second) return true;
+        if (kv.first->data != kv.second.first || kv.first->buffer != kv.second.second) return true;
     return false;
 }
 
@@ -160,10 +245,12 @@ void Graph::ensure_alloc() {
         free_sched();
         throw std::runtime_error("Graph: could not allocate the compute buffers (out of device memory?)");
     }
+    check_split_views();
     allocated = true;
     computed = false;
     ext_data.clear();
-    for (auto &kv : ext) ext_data[kv.first] = kv.first->data;
+    for (auto &kv : ext) ext_data[kv.first] = {kv.first->data, kv.first->buffer};
+    alloc_epoch = weight_epoch.load();
 }
 
 std::vector<size_t> Graph::reserve() {

@@ -8,10 +8,15 @@
 
 #include <ggml-alloc.h>
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace sdplan {
+
+// Counts weight buffers freed so far (graphs compare it to find stale weight references).
+inline std::atomic<uint64_t> weight_epoch{0};
 
 // Owns one ggml context; shared by every Tensor created in it.
 struct Context {

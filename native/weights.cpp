@@ -43,6 +43,7 @@ struct WeightBuffer {
         }
         ggml_backend_buffer_free(buf);
         buf = nullptr;
+        weight_epoch.fetch_add(1);
     }
 };
 

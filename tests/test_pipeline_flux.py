@@ -108,17 +108,7 @@ print(json.dumps(res))
 
 
 @pytest.mark.rpc
-@pytest.mark.parametrize("te_split", [
-    pytest.param(False, marks=pytest.mark.xfail(
-        reason="a full run with the DiT split over two RPC devices loses an RPC server "
-               "(ggml-rpc 'Remote RPC server crashed'); one DiT call on the same split passes",
-        strict=False)),
-    pytest.param(True, marks=pytest.mark.xfail(
-        reason="text encoders (T5 split, CLIP) on RPC devices in one client make the RPC server drop "
-               "the connection (ggml-rpc 'Remote RPC server crashed'); T5 alone on one RPC device "
-               "and the same split on two CPU backends pass",
-        strict=False)),
-])
+@pytest.mark.parametrize("te_split", [False, True])
 def test_rpc_split_matches_and_memory_follows_the_plan(single, tmp_path, te_split) -> None:
     from rpc_util import rpc_servers
 
