@@ -17,11 +17,44 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <sstream>
+#include <unordered_map>
 
 namespace sdplan {
 
 // ------------------------------------------------------------------ tensor helpers
+
+namespace {
+std::mutex long_names_mutex;
+std::unordered_map<const ggml_tensor *, std::string> long_names;
+}  // namespace
+
+std::string tensor_name(const ggml_tensor *t) {
+    {
+        std::lock_guard<std::mutex> lock(long_names_mutex);
+        auto it = long_names.find(t);
+        if (it != long_names.end()) return it->second;
+    }
+    return t->name;
+}
+
+void set_long_name(ggml_tensor *t, const std::string &name) {
+    if (name.size() < GGML_MAX_NAME) {
+        ggml_set_name(t, name.c_str());
+        return;
+    }
+    // ggml's copy: "~" and the tail, which holds the distinctive part of dotted names
+    std::string tail = "~" + name.substr(name.size() - (GGML_MAX_NAME - 2));
+    ggml_set_name(t, tail.c_str());
+    std::lock_guard<std::mutex> lock(long_names_mutex);
+    long_names[t] = name;
+}
+
+void forget_long_names(const std::vector<ggml_tensor *> &ts) {
+    std::lock_guard<std::mutex> lock(long_names_mutex);
+    for (auto *t : ts) long_names.erase(t);
+}
 
 std::vector<int64_t> np_shape(const ggml_tensor *t, int ndim) {
     std::vector<int64_t> s(ndim);
@@ -130,7 +163,7 @@ void Graph::room(const char *op, int n) {
 ggml_tensor *Graph::use(const char *op, const Tensor &x) {
     if (!x.t) fail(op, "tensor is None");
     if (x.owner == ctx) return x.t;
-    if (!x.weight) fail(op, "tensor '" + std::string(x.t->name) + "' belongs to another graph");
+    if (!x.weight) fail(op, "tensor '" + tensor_name(x.t) + "' belongs to another graph");
     keep.insert(x.owner);
     if (!ext.count(x.t)) ext[x.t] = x.planned_buft;
     return x.t;

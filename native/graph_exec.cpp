@@ -140,7 +140,7 @@ void Graph::build() {
         bool ok = false;
         for (auto &b : backends) ok = ok || ggml_backend_supports_buft(b->get(), buft);
         if (!ok)
-            throw nb::value_error(("Graph.build: weight '" + std::string(t->name) + "' lives in buffer type " +
+            throw nb::value_error(("Graph.build: weight '" + tensor_name(t) + "' lives in buffer type " +
                                    ggml_backend_buft_name(buft) + ", which no backend of this graph can use")
                                       .c_str());
     }
@@ -169,7 +169,7 @@ void Graph::check_split_views() {
         ggml_backend_buffer_t buf = t->view_src ? t->view_src->buffer : t->buffer;
         if (!cur || !buf || ggml_backend_supports_buft(cur, ggml_backend_buffer_get_type(buf))) continue;
         if (ggml_backend_buffer_is_host(buf)) continue;  // serialized without an address
-        throw std::runtime_error("Graph: view '" + std::string(t->name) + "' of a tensor in " +
+        throw std::runtime_error("Graph: view '" + tensor_name(t) + "' of a tensor in " +
                                  ggml_backend_buffer_name(buf) + " lands in a split of " + ggml_backend_name(cur) +
                                  ", which cannot address it; pin the view's users to the tensor's device");
     }
@@ -214,7 +214,7 @@ void Graph::check_resident() {
     for (auto &kv : ext) {
         ggml_tensor *t = kv.first;
         if (!t->buffer && !(t->view_src && t->view_src->buffer))
-            throw std::runtime_error("Graph: weight '" + std::string(t->name) +
+            throw std::runtime_error("Graph: weight '" + tensor_name(t) +
                                      "' is not resident; load or stage its weights before computing");
     }
 }
@@ -271,11 +271,11 @@ std::vector<size_t> Graph::reserve() {
         if (t->buffer || (t->view_src && t->view_src->buffer)) continue;
         if (t->view_src) {
             restore();
-            throw std::runtime_error("Graph.reserve: weight view '" + std::string(t->name) + "' is not resident");
+            throw std::runtime_error("Graph.reserve: weight view '" + tensor_name(t) + "' is not resident");
         }
         if (!kv.second) {
             restore();
-            throw std::runtime_error("Graph.reserve: weight '" + std::string(t->name) +
+            throw std::runtime_error("Graph.reserve: weight '" + tensor_name(t) +
                                      "' is neither resident nor planned on a device");
         }
         auto it = holders.find(kv.second);
@@ -361,12 +361,12 @@ void register_tensor(nb::module_ &m) {
         .def_prop_ro("ndim", [](const Tensor &x) { return x.ndim; })
         .def_prop_ro("dtype", [](const Tensor &x) { return dtype_name(x.t->type); }, "ggml type name: f32, f16, q8_0, ...")
         .def_prop_ro("nbytes", [](const Tensor &x) { return ggml_nbytes(x.t); }, "Bytes of the tensor's data.")
-        .def_prop_ro("name", [](const Tensor &x) { return std::string(x.t->name); })
+        .def_prop_ro("name", [](const Tensor &x) { return tensor_name(x.t); })
         .def_prop_ro("is_contiguous", [](const Tensor &x) { return ggml_is_contiguous(x.t); })
         .def_prop_ro("is_weight", [](const Tensor &x) { return x.weight; })
         .def_prop_ro("resident", [](const Tensor &x) { return x.t->buffer != nullptr || (x.t->view_src && x.t->view_src->buffer); },
                      "True when the tensor's data is allocated in a backend buffer.")
-        .def("__repr__", [](const Tensor &x) { return "<Tensor '" + std::string(x.t->name) + "' " + shape_str(x) + ">"; });
+        .def("__repr__", [](const Tensor &x) { return "<Tensor '" + tensor_name(x.t) + "' " + shape_str(x) + ">"; });
 }
 
 void register_graph(nb::module_ &m) {
@@ -402,7 +402,7 @@ void register_graph(nb::module_ &m) {
         })
         .def_prop_ro("weight_names", [](const Graph &g) {
             std::vector<std::string> n;
-            for (auto &kv : g.ext) n.push_back(kv.first->name);
+            for (auto &kv : g.ext) n.push_back(tensor_name(kv.first));
             return n;
         }, "Names of the weight tensors the graph reads.")
         .def_prop_rw("scope", [](const Graph &g) { return g.scope; }, &Graph::set_scope,

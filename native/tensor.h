@@ -46,6 +46,15 @@ struct Tensor {
     bool weight = false;  // owned by a WeightStore (usable in any graph)
 };
 
+// The full name of a tensor: ggml keeps at most GGML_MAX_NAME - 1 (63) bytes, so weight
+// stores register longer names (model files have names such as
+// "model.diffusion_model.double_blocks.0.img_attn.norm.query_norm.scale") here.
+std::string tensor_name(const ggml_tensor *t);
+// Name `t` (ggml gets a shortened form of a long name; tensor_name gives it back whole).
+void set_long_name(ggml_tensor *t, const std::string &name);
+// Forget the long names of these tensors (their store goes).
+void forget_long_names(const std::vector<ggml_tensor *> &ts);
+
 // Numpy-order shape of t with `ndim` entries.
 std::vector<int64_t> np_shape(const ggml_tensor *t, int ndim);
 std::string shape_str(const Tensor &x);

@@ -74,10 +74,15 @@ struct WeightStore : std::enable_shared_from_this<WeightStore> {
 
 std::shared_ptr<WeightStore> make_store(const std::vector<std::tuple<std::string, std::string, std::vector<int64_t>>> &specs) {
     auto s = std::make_shared<WeightStore>();
-    s->ctx = std::make_shared<Context>(ggml_tensor_overhead() * (specs.size() + 1) + 1024);
+    // the context forgets its tensors' long names when it goes (after the last buffer)
+    s->ctx = std::shared_ptr<Context>(new Context(ggml_tensor_overhead() * (specs.size() + 1) + 1024), [](Context *c) {
+        std::vector<ggml_tensor *> ts;
+        for (ggml_tensor *t = ggml_get_first_tensor(c->ctx); t; t = ggml_get_next_tensor(c->ctx, t)) ts.push_back(t);
+        forget_long_names(ts);
+        delete c;
+    });
     for (auto &[name, dtype, shape] : specs) {
-        if (name.empty() || name.size() >= GGML_MAX_NAME)
-            throw nb::value_error(("WeightStore: tensor name '" + name + "' must have 1 to 63 characters").c_str());
+        if (name.empty()) throw nb::value_error("WeightStore: tensor names must not be empty");
         if (s->by_name.count(name)) throw nb::value_error(("WeightStore: duplicate tensor '" + name + "'").c_str());
         ggml_type type = dtype_from_name(dtype, ("WeightStore: tensor '" + name + "'").c_str());
         int64_t ne[4];
@@ -86,7 +91,7 @@ std::shared_ptr<WeightStore> make_store(const std::vector<std::tuple<std::string
             throw nb::value_error(("WeightStore: tensor '" + name + "': row length " + std::to_string(ne[0]) +
                                    " is not a multiple of the " + dtype + " block size").c_str());
         ggml_tensor *t = ggml_new_tensor_4d(s->ctx->ctx, type, ne[0], ne[1], ne[2], ne[3]);
-        ggml_set_name(t, name.c_str());
+        set_long_name(t, name);
         s->by_name[name] = t;
         s->ndim[t] = (int)shape.size();
     }
@@ -236,7 +241,7 @@ void register_weights(nb::module_ &m) {
         .def_prop_ro("freed", [](const WeightBuffer &b) { return b.buf == nullptr; })
         .def_prop_ro("names", [](const WeightBuffer &b) {
             std::vector<std::string> n;
-            for (auto *t : b.tensors) n.push_back(t->name);
+            for (auto *t : b.tensors) n.push_back(tensor_name(t));
             return n;
         })
         .def("free", [](WeightBuffer &b) { b.release(); },

@@ -136,3 +136,37 @@ def test_runtime_dtype_policy(cpu, sample) -> None:
 def test_plain_read_counts_the_whole_file(sample) -> None:
     n, seconds = plain_read_seconds(sample[0])
     assert n == sample[0].stat().st_size and seconds >= 0
+
+
+def test_names_longer_than_ggml_names(cpu, tmp_path) -> None:
+    """Names past ggml's 63 bytes (two that share their last 63 bytes) load, keep their full
+    names everywhere and stay distinct tensors in a graph."""
+    from sdplan.core import graph as gr
+
+    tail = ".double_blocks.12.img_attn.norm.query_norm.scale.and_some_more_words"
+    names = ["model.diffusion_model" + tail, "model.other_diffusion" + tail]
+    assert all(len(n.encode()) > 63 for n in names) and names[0][-63:] == names[1][-63:]
+    arrays = {n: RNG.standard_normal(8).astype(np.float32) for n in names}
+    path = tmp_path / "long.safetensors"
+    write_safetensors(path, {n: ("F32", a, a.shape) for n, a in arrays.items()})
+    wf = WeightFile(path)
+    store = wf.new_store()
+    assert sorted(store.names) == sorted(names)
+    buf = store.allocate(names, cpu)
+    assert sorted(buf.names) == sorted(names)
+    wf.read(store, names)
+    for n in names:
+        np.testing.assert_array_equal(values(store, n, (8,), "f32"), arrays[n])
+        assert store.tensor(n).name == n
+    g = gr.new_graph([cpu])
+    x = g.input("x", (8,))
+    g.output("y", g.add(g.mul(x, store.tensor(names[0])), store.tensor(names[1])))
+    g.build()
+    assert sorted(g.weight_names) == sorted(names)
+    xv = RNG.standard_normal(8).astype(np.float32)
+    g.set_input("x", xv)
+    g.compute()
+    np.testing.assert_allclose(g.get_output("y"), xv * arrays[names[0]] + arrays[names[1]], rtol=1e-6)
+    buf.free()
+    with pytest.raises(RuntimeError, match=r"weight 'model\.(diffusion_model|other_diffusion)\.double_blocks"):
+        g.compute()  # the error names the weight in full
