@@ -19,7 +19,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoCommand, QUndoStack
 from sdplan.core.assignment import MODULES, SPLITTABLE
 from sdplan.core.errors import PlanError, SdplanError
-from sdplan.core.inventory import Inventory
+from sdplan.core.inventory import Device, Inventory
 from sdplan.core.placement import Placement
 from sdplan.core.plan import Plan, resolve
 from sdplan.core.profile import Profile
@@ -35,7 +35,23 @@ _MERGE_BUDGET = 2
 DEFAULT_GENERATION: dict[str, object] = {"width": 1024, "height": 1024, "steps": 20,
                                          "cfg_scale": 1.0, "seed": 42, "batch_count": 1}
 
-InventorySource = Callable[[Sequence[str]], Inventory]
+#: Where local devices come from (live ggml, or a saved hardware profile). RPC devices are
+#: never asked for in this process: see :func:`sdplan.app.rpc.query_rpc_devices`.
+InventorySource = Callable[[], Inventory]
+
+
+def merge_rpc_devices(local: Inventory, rpc: Sequence[Device]) -> Inventory:
+    """``local``'s devices followed by ``rpc`` (devices of ``--rpc-servers`` queried in a
+    subprocess). When ``rpc`` is not empty, RPC devices already in ``local`` (a saved
+    hardware profile's) are replaced by them.
+
+    Raises:
+        InventoryError: two devices share a name.
+    """
+    if not rpc:
+        return local
+    kept = [d for d in local if d.registry.upper() != "RPC"]
+    return Inventory((*kept, *rpc))
 
 
 class _PlacementCommand(QUndoCommand):
@@ -91,6 +107,9 @@ class PlanController(QObject):
         self.inventory = inventory
         self.profile = profile
         self.inventory_source = inventory_source
+        #: Devices of the ``--rpc-servers``, as the last subprocess query returned them.
+        self.rpc_devices: list[Device] = [d for d in inventory
+                                          if d.registry.upper() == "RPC"]
         self.model_files: dict[str, list[str]] = {}
         self.extra_modules: list[str] = []
         self.generation: dict[str, object] = dict(DEFAULT_GENERATION)
@@ -226,16 +245,14 @@ class PlanController(QObject):
         """The ``--backend`` default device (or device list)."""
         return self.edit(self.placement.set_default(device), "default device")
 
-    def set_rpc_servers(self, servers: Sequence[str]) -> None:
-        """Set ``--rpc-servers`` and re-query the inventory for their devices.
-
-        Raises:
-            SdplanError: the inventory source failed (unreachable endpoint...); nothing
-                changes then.
-        """
-        if self.inventory_source is not None:
-            inv = self.inventory_source(list(servers))
-            self.set_inventory(inv)
+    def set_rpc_servers(self, servers: Sequence[str], devices: Sequence[Device] = ()) -> None:
+        """Set ``--rpc-servers`` to ``servers`` whose devices (``RPC0``, ``RPC1``... as a
+        subprocess query named them, see :class:`sdplan.app.rpc.RpcQuery`) are ``devices``;
+        they replace the previous RPC columns. This process never registers the servers
+        itself: a registered server that dies would abort it."""
+        self.rpc_devices = list(devices)
+        local = Inventory(tuple(d for d in self.inventory if d.registry.upper() != "RPC"))
+        self.set_inventory(Inventory((*local, *self.rpc_devices)))
         self.edit(self.placement.with_rpc_servers(servers), "RPC servers")
 
     def add_module(self, module: str) -> None:
@@ -343,14 +360,15 @@ class PlanController(QObject):
         self.planChanged.emit("load")
 
     def refresh_inventory(self) -> None:
-        """Re-query free memory from the inventory source (no-op without one).
+        """Re-read the local devices' free memory from the inventory source (no-op without
+        one); the RPC devices stay as last queried.
 
         Raises:
             SdplanError: the source failed.
         """
         if self.inventory_source is None:
             return
-        inv = self.inventory_source(list(self.placement.rpc_servers))
+        inv = merge_rpc_devices(self.inventory_source(), self.rpc_devices)
         if inv == self.inventory:
             return
         same_devices = [d.name for d in inv] == [d.name for d in self.inventory]

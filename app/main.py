@@ -16,27 +16,22 @@ log = logging.getLogger(__name__)
 
 
 def file_source(path: str):  # noqa: ANN201 - InventorySource
-    """Inventory source for a saved inventory: the file's devices plus, when RPC servers
-    are given, the RPC devices of a live query (raises SdplanError on failure)."""
+    """Inventory source for a saved inventory (a hardware profile): the file's devices,
+    read again on each refresh (raises SdplanError on a bad file)."""
 
-    def source(servers: Sequence[str]) -> Inventory:
-        base = Inventory.load(path)
-        if not servers:
-            return base
-        from sdplan.core.devices import live_inventory
-
-        rpc = [d for d in live_inventory(servers) if d.registry.upper() == "RPC"]
-        return Inventory((*base.devices, *rpc))
+    def source() -> Inventory:
+        return Inventory.load(path)
 
     return source
 
 
-def live_source(servers: Sequence[str]) -> Inventory:
-    """The live devices (CPU alone from /proc/meminfo when the native module is missing)."""
+def live_source() -> Inventory:
+    """This machine's devices, without RPC servers (CPU alone from /proc/meminfo when the
+    native module is missing)."""
     try:
         from sdplan.core.devices import live_inventory
 
-        return live_inventory(servers)
+        return live_inventory(())
     except ImportError:
         from sdplan.core.commands.plan import fallback_inventory
 
@@ -53,11 +48,14 @@ def build_window(args: argparse.Namespace, settings: object = None):  # noqa: AN
 
     placement = placement_from_namespace(args)
     source = file_source(args.devices) if args.devices else live_source
-    inventory = source(list(placement.rpc_servers))
+    inventory = source()
+    if placement.rpc_servers:  # asked for in a child process, never registered here
+        from sdplan.app.controller import merge_rpc_devices
+        from sdplan.app.rpc import query_rpc_devices
+
+        inventory = merge_rpc_devices(inventory, query_rpc_devices(placement.rpc_servers))
     profile = Profile.load(args.profile) if args.profile else None
-    ctl = PlanController(inventory, profile, placement,
-                         inventory_source=source if not args.devices else file_source(
-                             args.devices))
+    ctl = PlanController(inventory, profile, placement, inventory_source=source)
     qs = settings or QSettings("sdplan", "sdplan")
     flags_given = any(getattr(args, k, None) for k in ("backend", "params_backend", "max_vram"))
     if args.files:

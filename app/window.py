@@ -128,9 +128,8 @@ class MainWindow(QMainWindow):
         self.strings.importRequested.connect(self.import_plan)
         self.timer = QTimer(self)
         self.timer.setInterval(REFRESH_MS)
-        self.timer.timeout.connect(lambda: self.refresh_devices(quiet=True))
-        if auto_refresh:
-            self.timer.start()
+        self.timer.timeout.connect(self._timer_refresh)
+        self.auto_refresh_act.setChecked(auto_refresh)
         self._model_changed()
         self._plan_changed("load")
         geo = self.settings.value("window/geometry")
@@ -193,8 +192,7 @@ class MainWindow(QMainWindow):
             a.triggered.connect(lambda _=False, mod=m: self.ctl.add_module(mod))
         plan.addAction(self.refresh_act)
         self.auto_refresh_act = QAction("Refresh free memory every 5 s", self, checkable=True)
-        self.auto_refresh_act.toggled.connect(
-            lambda on: self.timer.start() if on else self.timer.stop())
+        self.auto_refresh_act.toggled.connect(self.set_auto_refresh)
         plan.addAction(self.auto_refresh_act)
         view = self.menuBar().addMenu("&View")
         themes = view.addMenu("&Theme")
@@ -366,14 +364,26 @@ class MainWindow(QMainWindow):
                 QMessageBox.warning(self, "Cannot load the profile", str(exc))
 
     def refresh_devices(self, quiet: bool = False) -> None:
+        """Re-read free memory: local devices at once; RPC devices (unless ``quiet``, as on
+        the timer) by a device query in a child process, answered asynchronously."""
         try:
             self.ctl.refresh_inventory()
         except SdplanError as exc:
-            self.rpc.error.setText(f"✕  {exc}")
-            self.rpc.error.show()
+            self.rpc.show_error(str(exc))
             return
         if not quiet:
+            self.rpc.requery()
             self.show_status("free memory refreshed")
+
+    def set_auto_refresh(self, on: bool) -> None:
+        """Refresh free memory every :data:`REFRESH_MS` ms (local devices only)."""
+        if on:
+            self.timer.start()
+        else:
+            self.timer.stop()
+
+    def _timer_refresh(self) -> None:
+        self.refresh_devices(quiet=True)
 
     # ------------------------------------------------------------------ auto plan
     def propose(self) -> AutoPlanDialog | None:
