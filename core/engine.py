@@ -321,6 +321,12 @@ class ModuleRunner:
                         mem.setdefault(d, DeviceMemory()).compute += n
         return mem
 
+    def placed_bytes(self) -> dict[str, int]:
+        """Bytes of the tensors (in their runtime dtypes) placed on each runtime device by
+        the placement, loaded or not: the non-block tensors on the main device, each block
+        on its range's device (the figures a plan's ranges predict)."""
+        return {dev: sum(int(self.rt.nbytes(n)) for n in names) for dev, names in self._groups().items()}
+
     def _snapshot(self) -> None:
         for d, m in self.memory().items():
             self._peak.setdefault(d, DeviceMemory()).peak(m)

@@ -1,224 +1,86 @@
 """Flux.1 text-to-image: T5-XXL + CLIP-L pooled conditioning, flow-matching sampling with the
 DiT, decoding with the 16-channel autoencoder, TAEF1 previews.
 
-Modules run through :class:`ModuleRunner`: a module graph (:class:`sdplan.core.models.ModuleGraph`)
-with its weights read from one model file into backend buffers, blocks placed by layer-split
-ranges (``(backend index, first block, last block)``; non-block tensors, inputs and outputs on
-backend 0, the main device), residency ``runtime`` (weights stay in the buffers) or ``disk``
-(weights are read for every call and freed after it).
+Every module runs on the engine (:class:`sdplan.core.engine.ModuleRunner`) per its
+:class:`~sdplan.core.engine.ModulePlacement`: ``diffusion`` (the DiT; double then single
+blocks are the layer-split blocks), ``te`` (T5-XXL with its blocks split; CLIP-L runs on the
+``te`` main device with the same residency) and ``vae`` (and the TAEF1 preview decoder).
+Placements come from a resolved plan (:meth:`ModulePlacement.from_plan`) or are given per
+module; devices are looked up by name in a :class:`~sdplan.core.engine.BackendPool`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core import graph as gr
 from sdplan.core.errors import SdplanError
-from sdplan.core.weights import CHUNK_BYTES, ggml_dtype
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ModuleRunner", "FluxModels", "FluxPlacement", "FluxPipeline", "txt2img", "SCALE_FACTOR", "SHIFT_FACTOR"]
+__all__ = ["FluxModels", "FluxPipeline", "txt2img", "SCALE_FACTOR", "SHIFT_FACTOR", "MODULES"]
 
 #: Flux autoencoder latent scaling: ``z_model = (z_vae - SHIFT) * SCALE``.
 SCALE_FACTOR = 0.3611
 SHIFT_FACTOR = 0.1159
-
-Range = tuple[int, int, int]
-#: ggml's tensor names hold at most 63 bytes.
-MAX_NAME = 63
+#: The plan modules of a Flux run.
+MODULES = ("diffusion", "te", "vae")
 
 
-def _short_name(name: str) -> str:
-    """``name`` itself when it fits ggml's 63-byte names, else a short unique alias
-    (the name without its leading prefix parts, or a hash)."""
-    if len(name.encode()) <= MAX_NAME:
-        return name
-    parts = name.split(".")
-    for k in range(1, len(parts)):
-        tail = ".".join(parts[k:])
-        if len(tail.encode()) <= MAX_NAME - 9:
-            import hashlib
+class _Lookup(Mapping[str, Any]):
+    """The engine's weight lookup ``w(name)`` as a mapping over ``names``."""
 
-            return hashlib.sha1(name.encode()).hexdigest()[:8] + ":" + tail
-    import hashlib
-
-    return "w:" + hashlib.sha1(name.encode()).hexdigest()
-
-
-class ModuleRunner:
-    """Run one module graph on one or several backends.
-
-    Args:
-        module: a ModuleGraph (``n_blocks``, ``block_tensors``, ``other_tensors``,
-            ``input_specs``, ``build_pre/block/post``).
-        path: the model file (safetensors or GGUF) holding the module's tensors.
-        backends: ``sdplan._ggml.Backend`` objects, main device first.
-        ranges: ``(backend index, first block, last block)`` covering every block once, in
-            order; None puts every block on backend 0.
-        residency: ``runtime`` (weights resident between calls) or ``disk`` (read per call).
-        dtypes: name -> runtime dtype overrides (default: the weights module's policy).
-        n_threads: CPU threads per compute (0: ggml's default).
-
-    Raises:
-        SdplanError: bad ranges or residency; ModelFileError for missing tensors.
-    """
-
-    def __init__(self, module: Any, path: str | Path, backends: Sequence[Any],
-                 ranges: Sequence[Range] | None = None, residency: str = "runtime",
-                 dtypes: Mapping[str, str] | None = None, n_threads: int = 0) -> None:
-        from sdplan.core.weights import WeightFile
-
-        if residency not in ("runtime", "disk"):
-            raise SdplanError(f"residency must be 'runtime' or 'disk', got {residency!r}")
-        self.module = module
-        self.backends = list(backends)
-        self.residency = residency
-        self.n_threads = n_threads
-        n = module.n_blocks
-        ranges = list(ranges) if ranges else ([(0, 0, n - 1)] if n else [])
-        self.block_device = [-1] * n
-        for dev, first, last in ranges:
-            if not 0 <= dev < len(self.backends) or not 0 <= first <= last < n:
-                raise SdplanError(f"layer-split range {(dev, first, last)} does not fit {n} blocks "
-                                  f"on {len(self.backends)} devices")
-            for i in range(first, last + 1):
-                if self.block_device[i] != -1:
-                    raise SdplanError(f"block {i} is in two layer-split ranges")
-                self.block_device[i] = dev
-        if -1 in self.block_device:
-            raise SdplanError(f"layer-split ranges leave block {self.block_device.index(-1)} unplaced")
-        self.names_per_device: list[list[str]] = [[] for _ in self.backends]
-        self.names_per_device[0] += module.other_tensors()
-        for i, dev in enumerate(self.block_device):
-            self.names_per_device[dev] += module.block_tensors(i)
-        every = [nm for names in self.names_per_device for nm in names]
-        self.file = WeightFile(path, names=every, dtypes=dtypes, backend=self.backends[0])
-        self.alias = {n: _short_name(n) for n in every}
-        import sdplan._ggml as native
-
-        self.store = native.WeightStore([(self.alias[n], dt, shape) for n, dt, shape in self.file.specs()])
-        self.buffers: list[tuple[int, Any]] = []
-        self.graphs: dict[tuple, Any] = {}
-        if residency == "runtime":
-            self._load()
-
-    def _load(self) -> None:
-        for i, (b, names) in enumerate(zip(self.backends, self.names_per_device, strict=True)):
-            if names:
-                self.buffers.append((i, self.store.allocate([self.alias[n] for n in names], b)))
-                items = [(self.alias[n], self.file.infos[n].offset, ggml_dtype(self.file.infos[n].dtype))
-                         for n in names]
-                self.store.read(self.file.path, items, CHUNK_BYTES)
-
-    def _free(self) -> None:
-        for _, buf in self.buffers:
-            buf.free()
-        self.buffers = []
-
-    def weight_bytes(self) -> list[int]:
-        """Bytes of weight buffers per backend (index order); 0 where none is allocated."""
-        out = [0] * len(self.backends)
-        for i, buf in self.buffers:
-            out[i] += int(buf.size)
-        return out
-
-    def tensor_bytes(self) -> list[int]:
-        """Bytes of the tensors (in runtime dtypes) placed on each backend, whether resident or not."""
-        return [sum(int(self.store.nbytes(self.alias[n])) for n in names) for names in self.names_per_device]
-
-    def _build(self, shapes: dict[str, tuple[int, ...]]) -> Any:
-        m = self.module
-        g = gr.new_graph(self.backends, n_threads=self.n_threads)
-
-        def w(name: str) -> Any:
-            return self.store.tensor(self.alias[name])
-
-        with gr.on(g, 0):
-            ins = {k: g.input(k, shape, dt) for k, (shape, dt) in m.input_specs(shapes).items()}
-            state = m.build_pre(g, w, ins)
-        for i in range(m.n_blocks):
-            with gr.on(g, self.block_device[i]):
-                state = m.build_block(g, w, i, state)
-        with gr.on(g, 0):
-            outs = m.build_post(g, w, state)
-        for k, v in outs.items():
-            g.output(k, v)
-        return g
-
-    def __call__(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Compute the module on ``arrays`` (graph input name -> array); returns its outputs."""
-        shapes = {k: tuple(np.shape(v)) for k, v in arrays.items()}
-        key = tuple(sorted(shapes.items()))
-        if self.residency == "disk":
-            self._load()
-        try:
-            g = self.graphs.get(key) if self.residency == "runtime" else None
-            if g is None:
-                g = self._build(shapes)
-                if self.residency == "runtime":
-                    self.graphs[key] = g
-            for name in g.input_names:
-                g.set_input(name, np.ascontiguousarray(arrays[name]))
-            g.compute()
-            return {name: np.array(g.get_output(name)) for name in g.output_names}
-        finally:
-            if self.residency == "disk":
-                self._free()
-
-    def close(self) -> None:
-        """Free graphs and weight buffers."""
-        self.graphs.clear()
-        self._free()
-
-
-class _StoreView(Mapping[str, Any]):
-    """Model-file names -> tensors of a runner's store (for graph functions taking a mapping)."""
-
-    def __init__(self, runner: ModuleRunner) -> None:
-        self.runner = runner
+    def __init__(self, w: Callable[[str], Any], names: list[str]) -> None:
+        self.w, self.names = w, names
 
     def __getitem__(self, name: str) -> Any:
-        if name not in self.runner.alias:
+        if name not in self.names:
             raise KeyError(name)
-        return self.runner.store.tensor(self.runner.alias[name])
+        return self.w(name)
 
-    def __iter__(self) -> Any:
-        return iter(self.runner.alias)
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
 
     def __len__(self) -> int:
-        return len(self.runner.alias)
+        return len(self.names)
 
 
 class _Whole:
-    """A module without blocks built by one function ``fn(g, weights_view, inputs) -> outputs``."""
+    """A module graph without blocks (``sdplan.core.models.ModuleGraph``) built by one
+    function ``fn(g, weights, inputs) -> outputs`` with ``weights`` a name -> tensor mapping;
+    ``specs`` gives the inputs' dtypes (their shapes come from the arrays of a run)."""
 
     n_blocks = 0
 
-    def __init__(self, names: list[str], specs: dict[str, tuple[tuple[int, ...], str]],
+    def __init__(self, names: list[str], specs: dict[str, str],
                  fn: Callable[[Any, Mapping[str, Any], dict[str, Any]], dict[str, Any]]) -> None:
         self.names, self.specs, self.fn = names, specs, fn
-        self.view: Mapping[str, Any] = {}
 
     def block_tensors(self, i: int) -> list[str]:
-        raise IndexError(i)
+        raise IndexError(f"this module has no blocks (asked for block {i})")
 
     def other_tensors(self) -> list[str]:
         return list(self.names)
 
     def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
-        return {k: (tuple(shapes[k]), dt) for k, (_, dt) in self.specs.items()}
+        missing = sorted(set(self.specs) - set(shapes))
+        if missing:
+            raise ValueError(f"inputs {missing} missing")
+        return {k: (tuple(shapes[k]), dt) for k, dt in self.specs.items()}
 
     def build_pre(self, g: Any, w: Any, inputs: dict[str, Any]) -> dict[str, Any]:
         return dict(inputs)
 
+    def build_block(self, g: Any, w: Any, i: int, state: dict[str, Any]) -> dict[str, Any]:
+        raise IndexError(f"this module has no blocks (asked for block {i})")
+
     def build_post(self, g: Any, w: Any, state: dict[str, Any]) -> dict[str, Any]:
-        return self.fn(g, self.view, state)
+        return self.fn(g, _Lookup(w, self.names), state)
 
 
 def _shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
@@ -243,67 +105,128 @@ class FluxModels:
     clip_heads: int | None = None
 
 
-@dataclass
-class FluxPlacement:
-    """Backends and layer split of a Flux run.
-
-    ``diffusion`` / ``te``: backends, main device first; ``diffusion_ranges`` / ``te_ranges``:
-    ``(backend index, first block, last block)`` (None: all on the main device); ``vae``:
-    the VAE's backend (default: the diffusion main device); residencies ``runtime`` or
-    ``disk``. CLIP-L runs on the ``te`` main device.
-    """
-
-    diffusion: Sequence[Any]
-    te: Sequence[Any] | None = None
-    vae: Any | None = None
-    diffusion_ranges: Sequence[Range] | None = None
-    te_ranges: Sequence[Range] | None = None
-    diffusion_residency: str = "runtime"
-    te_residency: str = "runtime"
-    n_threads: int = 0
-    dtypes: Mapping[str, str] = field(default_factory=dict)
-
-
 class FluxPipeline:
-    """Flux.1 txt2img over :class:`ModuleRunner` modules.
+    """Flux.1 txt2img over engine module runners.
+
+    Args:
+        models: the model files.
+        plan: a resolved ``sdplan.core.plan.Plan`` giving each module's placement (modules
+            ``diffusion``, ``te``, ``vae``); None puts everything on the CPU.
+        pool: backends by device name (default: a private ``BackendManager``'s).
+        placements: module -> ``ModulePlacement`` overriding the plan's.
+        n_threads: CPU threads (0: the backend's setting).
+        dtypes: weight name -> runtime dtype overrides (default: the weights module's policy).
+        cancel: a shared ``CancelToken`` (default: a new one).
 
     Raises:
         ModelLayoutError / ModelFileError: files that are not the expected models.
+        EngineError: a device without a backend, or memory that cannot be allocated.
     """
 
-    def __init__(self, models: FluxModels, placement: FluxPlacement) -> None:
+    def __init__(self, models: FluxModels, plan: Any = None, pool: Any = None,
+                 placements: Mapping[str, Any] | None = None, n_threads: int = 0,
+                 dtypes: Mapping[str, str] | None = None, cancel: Any = None) -> None:
+        from sdplan.core import engine
         from sdplan.core.models.clip import clip_config
         from sdplan.core.models.flux import FluxDiT
         from sdplan.core.models.t5 import T5Encoder
         from sdplan.core.models.vae import vae_config
 
-        pl = placement
-        te = list(pl.te or pl.diffusion[:1])
+        self._own_pool = pool is None
+        if pool is None:
+            from sdplan.core.devices import BackendManager
+
+            pool = engine.BackendPool(BackendManager(cpu_threads=n_threads or None))
+        self.pool = pool
+        self.n_threads = n_threads
+        self.cancel = cancel or engine.CancelToken()
+        self.placements = {m: (placements or {}).get(m) or (
+            engine.ModulePlacement.from_plan(plan, m) if plan is not None else engine.ModulePlacement(("CPU",)))
+            for m in MODULES}
+        te = self.placements["te"]
+        # CLIP-L: the te main device and residency, no blocks to split
+        clip_pl = engine.ModulePlacement(te.devices[:1], (), te.params_mode, te.params_device)
         self.dit = FluxDiT.from_weights(_shapes(models.diffusion_model), models.heads, models.axes)
-        self.dit_runner = ModuleRunner(self.dit, models.diffusion_model, pl.diffusion, pl.diffusion_ranges,
-                                       pl.diffusion_residency, pl.dtypes, pl.n_threads)
         self.t5 = T5Encoder.from_weights(_shapes(models.t5xxl))
-        self.t5_runner = ModuleRunner(self.t5, models.t5xxl, te, pl.te_ranges, pl.te_residency,
-                                      pl.dtypes, pl.n_threads)
+        self.runners: dict[str, Any] = {
+            "diffusion": self._runner("diffusion", self.dit, models.diffusion_model, self.placements["diffusion"],
+                                      dtypes),
+            "t5xxl": self._runner("t5xxl", self.t5, models.t5xxl, te, dtypes)}
         clip_shapes = _shapes(models.clip_l)
         self.clip_cfg = clip_config(clip_shapes, n_heads=models.clip_heads)
         clip_names = [n for n in clip_shapes if n.startswith(self.clip_cfg.prefix) and "position_ids" not in n
                       and "text_projection" not in n]
-        self.clip_mod = _Whole(clip_names, {"ids": ((1, 77), "i32"), "mask": ((77, 77), "f32")}, self._clip)
-        self.clip_runner = ModuleRunner(self.clip_mod, models.clip_l, te[:1], None, pl.te_residency,
-                                        pl.dtypes, pl.n_threads)
-        self.clip_mod.view = _StoreView(self.clip_runner)
+        self.runners["clip_l"] = self._runner(
+            "clip_l", _Whole(clip_names, {"ids": "i32", "mask": "f32"}, self._clip), models.clip_l, clip_pl, dtypes)
         vae_shapes = _shapes(models.vae)
         prefix = "first_stage_model." if any(n.startswith("first_stage_model.") for n in vae_shapes) else ""
         self.vae_cfg = vae_config(vae_shapes, prefix)
         dec = [n for n in vae_shapes if n.startswith(prefix + "decoder.")]
-        self.vae_mod = _Whole(dec, {"z": ((), "f32")}, self._decode)
-        self.vae_runner = ModuleRunner(self.vae_mod, models.vae, [pl.vae or pl.diffusion[0]], None, "runtime",
-                                       None, pl.n_threads)
-        self.vae_mod.view = _StoreView(self.vae_runner)
-        self.preview = None
+        self.runners["vae"] = self._runner("vae", _Whole(dec, {"z": "f32"}, self._decode), models.vae,
+                                           self.placements["vae"], None)
+        self.preview: Callable[[np.ndarray], np.ndarray] | None = None
         if models.taesd is not None:
-            self.preview = _tae_decoder(models.taesd, pl.vae or pl.diffusion[0], pl.n_threads)
+            self.preview = self._tae_decoder(models.taesd)
+
+    def _runner(self, name: str, model: Any, path: str | Path, placement: Any,
+                dtypes: Mapping[str, str] | None) -> Any:
+        from sdplan.core.engine import ModuleRunner
+        from sdplan.core.weights import WeightFile
+
+        names = list(model.other_tensors()) + [n for i in range(model.n_blocks) for n in model.block_tensors(i)]
+        wf = WeightFile(path, names, dtypes=dtypes, backend=self.pool.get(placement.devices[0]))
+        return ModuleRunner(model, wf, placement, self.pool, self.cancel, name, self.n_threads)
+
+    def _tae_decoder(self, path: str | Path) -> Callable[[np.ndarray], np.ndarray]:
+        """TAEF1 decoder of ``path`` on the VAE's device: ``decode(latent (1, 16, h, w)) ->
+        image (1, 3, 8h, 8w)`` in about [0, 1]."""
+        from sdplan.core import engine
+        from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
+
+        shapes = _shapes(path)
+        layouts = detect_tae(shapes, str(path))
+        if "decoder" not in layouts:
+            raise SdplanError(f"{path}: no TAE decoder")
+
+        def fn(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+            return {"image": tae_decode(g, split_tae(w, layouts["decoder"]), ins["z"])}
+
+        pl = engine.ModulePlacement(self.placements["vae"].devices[:1])
+        runner = self._runner("preview", _Whole(list(shapes), {"z": "f32"}, fn), path, pl, None)
+        self.runners["preview"] = runner
+        return lambda z: runner.run({"z": np.ascontiguousarray(z, dtype=np.float32)})["image"]
+
+    def set_cancel(self, token: Any) -> None:
+        """Use ``token`` (a CancelToken) for every module from now on."""
+        self.cancel = token
+        for r in self.runners.values():
+            r.cancel = token
+
+    def memory(self) -> dict[str, dict[str, Any]]:
+        """Per runner (``diffusion``, ``t5xxl``, ``clip_l``, ``vae``, ``preview``), per
+        device: the bytes allocated now and at the peak of its last run
+        (``{"now": DeviceMemory or None, "peak": DeviceMemory}``)."""
+        return {m: {d: {"now": r.memory().get(d), "peak": pk} for d, pk in r.last_peak.items()}
+                for m, r in self.runners.items()}
+
+    def placed(self) -> dict[str, dict[str, int]]:
+        """Per runner, per device: bytes of the tensors its placement puts there."""
+        return {m: r.placed_bytes() for m, r in self.runners.items()}
+
+    def close(self) -> None:
+        """Free every weight buffer and graph (and the private backends). Idempotent."""
+        for r in self.runners.values():
+            r.release()
+        self.runners.clear()
+        if self._own_pool:
+            self.pool.manager.close()
+            self._own_pool = False
+
+    def __enter__(self) -> FluxPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _clip(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
         from sdplan.core.models.clip import clip_text
@@ -326,11 +249,12 @@ class FluxPipeline:
         from sdplan.core.tokenizer import EOS_ID, ClipTokenizer
 
         tok = T5Tokenizer().tokenize(prompt, t5_length)
-        hidden = self.t5_runner(self.t5.inputs(tok.ids))["hidden"]
+        hidden = self.runners["t5xxl"].run(self.t5.inputs(tok.ids))["hidden"]
         context = apply_prompt_weights(hidden, tok.weights)
         clip = ClipTokenizer(EOS_ID).tokenize(prompt)
         ids = clip.ids[:1]
-        h = self.clip_runner({"ids": ids, "mask": causal_mask(77)})["hidden"]
+        h = self.runners["clip_l"].run({"ids": np.ascontiguousarray(ids, dtype=np.int32),
+                                        "mask": causal_mask(77)})["hidden"]
         eos = int(np.argmax(ids[0] == EOS_ID))
         return context.astype(np.float32), h[:, eos, :].astype(np.float32)
 
@@ -339,14 +263,21 @@ class FluxPipeline:
         """The DiT's velocity for latent ``x`` ``(1, 16, H, W)`` at ``sigma``."""
         from sdplan.core.models.flux import unpatchify
 
-        out = self.dit_runner(self.dit.inputs(x, context, pooled, sigma, guidance))["out"]
+        out = self.runners["diffusion"].run(self.dit.inputs(x, context, pooled, sigma, guidance))["out"]
         return unpatchify(out, x.shape[2], x.shape[3])
+
+    @contextlib.contextmanager
+    def diffusion_session(self) -> Iterator[None]:
+        """Keep the DiT's run-scoped weights (params on a device, or disk) loaded across the
+        steps of a sampling loop; released when the block exits."""
+        with self.runners["diffusion"].session():
+            yield
 
     def decode(self, latent: np.ndarray) -> np.ndarray:
         """Image ``(1, 3, 8h, 8w)`` (about [-1, 1]) of a model-space latent: the VAE decodes
         ``latent / SCALE_FACTOR + SHIFT_FACTOR``."""
         z = (latent / SCALE_FACTOR + SHIFT_FACTOR).astype(np.float32)
-        return self.vae_runner({"z": z})["image"]
+        return self.runners["vae"].run({"z": z})["image"]
 
     def txt2img(self, prompt: str, width: int, height: int, *, steps: int | None = None,
                 seed: int = 42, sampler: str = "euler", guidance: float = 3.5,
@@ -395,7 +326,8 @@ class FluxPipeline:
             if preview is not None:
                 preview(i, self._preview_rgb(den))
 
-        latent = sample_flow(sampler, vel, start, sigmas, noise=rng, callback=cb)
+        with self.diffusion_session():
+            latent = sample_flow(sampler, vel, start, sigmas, noise=rng, callback=cb)
         return {"latent": latent, "image": self.decode(latent), "sigmas": sigmas}
 
     def _preview_rgb(self, latent: np.ndarray) -> np.ndarray:
@@ -406,47 +338,16 @@ class FluxPipeline:
 
         return latent_to_rgb(latent, "flux")
 
-    def memory(self) -> dict[str, list[int]]:
-        """Weight bytes per backend (index order) of each module: ``diffusion``, ``t5xxl``,
-        ``clip_l``, ``vae``."""
-        return {"diffusion": self.dit_runner.weight_bytes(), "t5xxl": self.t5_runner.weight_bytes(),
-                "clip_l": self.clip_runner.weight_bytes(), "vae": self.vae_runner.weight_bytes()}
 
-    def close(self) -> None:
-        """Free every weight buffer and graph."""
-        for r in (self.dit_runner, self.t5_runner, self.clip_runner, self.vae_runner):
-            r.close()
-
-
-def _tae_decoder(path: str | Path, backend: Any, n_threads: int) -> Callable[[np.ndarray], np.ndarray]:
-    """TAEF1 decoder of ``path`` as ``decode(latent (1, 16, h, w)) -> image (1, 3, 8h, 8w)`` in
-    about [0, 1]."""
-    from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
-
-    shapes = _shapes(path)
-    layouts = detect_tae(shapes, str(path))
-    if "decoder" not in layouts:
-        raise SdplanError(f"{path}: no TAE decoder")
-    holder: dict[str, Any] = {}
-
-    def fn(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
-        return {"image": tae_decode(g, split_tae(w, layouts["decoder"]), ins["z"])}
-
-    mod = _Whole(list(shapes), {"z": ((), "f32")}, fn)
-    runner = ModuleRunner(mod, path, [backend], None, "runtime", None, n_threads)
-    mod.view = _StoreView(runner)
-    holder["runner"] = runner
-    return lambda z: runner({"z": np.ascontiguousarray(z, dtype=np.float32)})["image"]
-
-
-def txt2img(models: FluxModels, placement: FluxPlacement, prompt: str, width: int, height: int,
-            **kw: Any) -> dict[str, np.ndarray]:
-    """One-call Flux txt2img: builds a :class:`FluxPipeline`, runs :meth:`FluxPipeline.txt2img`
-    (keyword arguments as there), frees it; returns its result plus ``memory``."""
-    pipe = FluxPipeline(models, placement)
+def txt2img(models: FluxModels, plan: Any, prompt: str, width: int, height: int, pool: Any = None,
+            **kw: Any) -> dict[str, Any]:
+    """One-call Flux txt2img: builds a :class:`FluxPipeline` for ``plan`` (None: the CPU),
+    runs :meth:`FluxPipeline.txt2img` (keyword arguments as there), frees it; returns its
+    result plus ``memory`` (:meth:`FluxPipeline.memory`)."""
+    pipe = FluxPipeline(models, plan, pool)
     try:
-        out = pipe.txt2img(prompt, width, height, **kw)
-        out["memory"] = pipe.memory()  # type: ignore[assignment]
+        out: dict[str, Any] = dict(pipe.txt2img(prompt, width, height, **kw))
+        out["memory"] = pipe.memory()
         return out
     finally:
         pipe.close()

@@ -19,7 +19,9 @@ from sdplan.core.models.flux import (
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
-from sdplan.core.pipeline_flux import ModuleRunner, _shapes  # noqa: E402
+from sdplan.core.engine import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
+from sdplan.core.pipeline_flux import _shapes  # noqa: E402
+from sdplan.core.weights import WeightFile  # noqa: E402
 
 R = ref()
 TOL = 2e-3  # f16 matrices and f16 activations in mul_mat against an f32 torch reference
@@ -27,12 +29,25 @@ TOL = 2e-3  # f16 matrices and f16 activations in mul_mat against an f32 torch r
 
 @pytest.fixture(scope="module")
 def cpus():
-    return [G.init_backend("CPU"), G.init_backend("CPU")]
+    """Two CPU backend instances as devices ``CPU`` and ``CPU1``."""
+    second = G.init_backend("CPU")
+    second.set_n_threads(1)
+    p = BackendPool(G.BackendManager(1), extra={"CPU1": second})
+    yield p
+    p.manager.close()
 
 
-def velocity(runner, mod) -> np.ndarray:
+def runner(pool, mod, path, ranges=None, mode="runtime", dtypes=None) -> ModuleRunner:
+    """The engine's runner of the DiT: ``ranges`` ``(device, first, last)`` split it over
+    CPU and CPU1 (None: CPU alone)."""
+    devices = ("CPU", "CPU1") if ranges else ("CPU",)
+    pl = ModulePlacement(devices, tuple(BlockRange(*r) for r in ranges or ()), mode)
+    return ModuleRunner(mod, WeightFile(path, dtypes=dtypes, backend=pool.get("CPU")), pl, pool, n_threads=1)
+
+
+def velocity(r, mod) -> np.ndarray:
     ins = mod.inputs(R["dit_latent"], R["dit_txt"], R["dit_y"], float(R["dit_t"][0]), float(R["dit_guidance"][0]))
-    return unpatchify(runner(ins)["out"], 8, 8)
+    return unpatchify(r.run(ins)["out"], 8, 8)
 
 
 def test_config_from_shapes_with_and_without_prefix() -> None:
@@ -77,7 +92,7 @@ def test_rope_tables() -> None:
 @pytest.mark.parametrize("path,name", [(SCHNELL, "schnell"), (DEV, "dev")])
 def test_one_device_matches_reference(cpus, path, name) -> None:
     mod = FluxDiT.from_weights(_shapes(path), axes=AXES)
-    r = ModuleRunner(mod, path, cpus[:1], n_threads=1)
+    r = runner(cpus, mod, path)
     assert rel_err(velocity(r, mod), R[f"dit_{name}_out"]) < TOL
 
 
@@ -93,21 +108,24 @@ def test_split_and_disk_agree_and_bytes_follow_the_plan(cpus) -> None:
                                          "registry": "CPU", "free": 16 * gib, "total": 16 * gib}]})
     prof = profile_from_model_flags({"diffusion_model": [DEV], "t5xxl": [T5], "clip_l": [CLIP], "vae": [AE]})
     mp = P.resolve(["--backend", "diffusion=RPC0&RPC1"], inv, prof).modules["diffusion"]
-    ranges = [(mp.devices.index(r.device), r.first_block, r.last_block) for r in mp.ranges]
+    cpu_name = {"RPC0": "CPU", "RPC1": "CPU1"}
+    ranges = [(cpu_name[r.device], r.first_block, r.last_block) for r in mp.ranges]
     assert len(ranges) == 2
     mod = FluxDiT.from_weights(_shapes(DEV), axes=AXES)
-    one = velocity(ModuleRunner(mod, DEV, cpus[:1], n_threads=1), mod)
-    split = ModuleRunner(mod, DEV, cpus, ranges, n_threads=1)
+    one = velocity(runner(cpus, mod, DEV), mod)
+    split = runner(cpus, mod, DEV, ranges)
     two = velocity(split, mod)
     np.testing.assert_allclose(two, one, atol=1e-6)
-    placed = split.tensor_bytes()
-    assert placed[0] == mp.ranges[0].bytes + mp.main_other_bytes
-    assert placed[1] == mp.ranges[1].bytes
-    assert all(b >= p for b, p in zip(split.weight_bytes(), placed, strict=True))
-    disk = ModuleRunner(mod, DEV, cpus, ranges, residency="disk", n_threads=1)
-    assert disk.weight_bytes() == [0, 0]
+    placed = split.placed_bytes()
+    assert placed["CPU"] == mp.ranges[0].bytes + mp.main_other_bytes
+    assert placed["CPU1"] == mp.ranges[1].bytes
+    now = split.memory()
+    assert all(now[d].weights >= b for d, b in placed.items())
+    disk = runner(cpus, mod, DEV, ranges, "disk")
+    assert disk.memory() == {}
     np.testing.assert_allclose(velocity(disk, mod), one, atol=1e-6)
-    assert disk.weight_bytes() == [0, 0]
+    assert all(m.weights == 0 for m in disk.memory().values())
+    assert all(disk.last_peak[d].weights >= b for d, b in placed.items())
 
 
 @pytest.mark.parametrize("dtype,tol", [("f32", 2e-3), ("f16", 2e-3), ("bf16", 3e-2), ("q8_0", 3e-2), ("q4_0", 0.25)])
@@ -117,9 +135,9 @@ def test_gguf_weight_types(cpus, tmp_path, dtype, tol) -> None:
     write_gguf(DEV, path, dtype)
     mod = FluxDiT.from_weights(_shapes(path), axes=AXES)
     base = FluxDiT.from_weights(_shapes(DEV), axes=AXES)
-    f32 = velocity(ModuleRunner(base, DEV, cpus[:1], dtypes={n: "f32" for n in _shapes(DEV)}, n_threads=1), base)
-    runner = ModuleRunner(mod, path, cpus[:1], n_threads=1)
-    assert dtype in set(runner.file.dtypes.values())  # the graph consumes the type as stored
-    out = velocity(runner, mod)
+    f32 = velocity(runner(cpus, base, DEV, dtypes={n: "f32" for n in _shapes(DEV)}), base)
+    r = runner(cpus, mod, path)
+    assert dtype in set(r.wf.dtypes.values())  # the graph consumes the type as stored
+    out = velocity(r, mod)
     assert rel_err(out, f32) < tol
     assert rel_err(out, R["dit_dev_out"]) < tol + TOL

@@ -14,7 +14,9 @@ from sdplan.core.models.t5 import T5Encoder, relative_buckets, t5_config
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
-from sdplan.core.pipeline_flux import ModuleRunner, _shapes  # noqa: E402
+from sdplan.core.engine import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
+from sdplan.core.pipeline_flux import _shapes  # noqa: E402
+from sdplan.core.weights import WeightFile  # noqa: E402
 
 R = ref()
 TOL = 5e-3  # f16 matrices, ggml's f16 GELU table
@@ -58,15 +60,24 @@ def test_bad_ids() -> None:
 
 
 def test_one_device_split_and_disk() -> None:
-    cpus = [G.init_backend("CPU"), G.init_backend("CPU")]
+    second = G.init_backend("CPU")
+    second.set_n_threads(1)
+    pool = BackendPool(G.BackendManager(1), extra={"CPU1": second})
     enc = T5Encoder.from_weights(_shapes(T5))
     ins = enc.inputs(R["t5_ids"])
-    one = ModuleRunner(enc, T5, cpus[:1], n_threads=1)(ins)["hidden"]
+
+    def runner(ranges: tuple[BlockRange, ...] = (), mode: str = "runtime") -> ModuleRunner:
+        pl = ModulePlacement(("CPU", "CPU1") if ranges else ("CPU",), ranges, mode)
+        return ModuleRunner(enc, WeightFile(T5), pl, pool, n_threads=1)
+
+    one = runner().run(ins)["hidden"]
     assert rel_err(one, R["t5_hidden"]) < TOL
-    split = ModuleRunner(enc, T5, cpus, [(0, 0, 0), (1, 1, 2)], n_threads=1)
-    np.testing.assert_allclose(split(ins)["hidden"], one, atol=1e-6)
-    bytes_ = split.tensor_bytes()
-    assert bytes_[1] == sum(split.store.nbytes(split.alias[n]) for i in (1, 2) for n in enc.block_tensors(i))
-    disk = ModuleRunner(enc, T5, cpus, [(0, 0, 1), (1, 2, 2)], residency="disk", n_threads=1)
-    np.testing.assert_allclose(disk(ins)["hidden"], one, atol=1e-6)
-    assert disk.weight_bytes() == [0, 0]
+    split = runner((BlockRange("CPU", 0, 0), BlockRange("CPU1", 1, 2)))
+    np.testing.assert_allclose(split.run(ins)["hidden"], one, atol=1e-6)
+    placed = split.placed_bytes()
+    assert placed["CPU1"] == sum(split.rt.nbytes(n) for i in (1, 2) for n in enc.block_tensors(i))
+    assert split.memory()["CPU1"].weights >= placed["CPU1"]
+    disk = runner((BlockRange("CPU", 0, 1), BlockRange("CPU1", 2, 2)), "disk")
+    np.testing.assert_allclose(disk.run(ins)["hidden"], one, atol=1e-6)
+    assert all(m.weights == 0 for m in disk.memory().values())
+    pool.manager.close()

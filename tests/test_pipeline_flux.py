@@ -16,7 +16,8 @@ G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
 pytest.importorskip("sdplan.core.models.vae")
-from sdplan.core.pipeline_flux import FluxModels, FluxPipeline, FluxPlacement  # noqa: E402
+from sdplan.core.engine import BackendPool, BlockRange, ModulePlacement  # noqa: E402
+from sdplan.core.pipeline_flux import FluxModels, FluxPipeline  # noqa: E402
 
 R = ref()
 MODELS = FluxModels(DEV, T5, CLIP, AE, axes=AXES, clip_heads=2)
@@ -24,8 +25,17 @@ PROMPT = "a photo of a cat"
 TOL = 5e-3
 
 
-def run(placement: FluxPlacement) -> dict[str, np.ndarray]:
-    pipe = FluxPipeline(MODELS, placement)
+@pytest.fixture(scope="module")
+def pool():
+    second = G.init_backend("CPU")
+    second.set_n_threads(1)
+    p = BackendPool(G.BackendManager(1), extra={"CPU1": second})
+    yield p
+    p.manager.close()
+
+
+def run(pool: BackendPool, placements: dict[str, ModulePlacement] | None = None) -> dict[str, np.ndarray]:
+    pipe = FluxPipeline(MODELS, pool=pool, placements=placements, n_threads=1)
     try:
         ctx, pooled = pipe.encode_prompt(PROMPT, 16)
         assert rel_err(ctx, R["t5_hidden"]) < TOL
@@ -41,8 +51,8 @@ def run(placement: FluxPlacement) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def single() -> dict[str, np.ndarray]:
-    return run(FluxPlacement([G.init_backend("CPU")], n_threads=1))
+def single(pool) -> dict[str, np.ndarray]:
+    return run(pool)
 
 
 def test_one_device_matches_reference(single) -> None:
@@ -51,23 +61,24 @@ def test_one_device_matches_reference(single) -> None:
     assert rel_err(single["image"], R["run_image"]) < TOL
 
 
-def test_split_with_disk_residency_matches_one_device(single) -> None:
-    a, b = G.init_backend("CPU"), G.init_backend("CPU")
-    out = run(FluxPlacement([a, b], te=[a, b], diffusion_ranges=[(0, 0, 1), (1, 2, 3)],
-                            te_ranges=[(0, 0, 0), (1, 1, 2)], diffusion_residency="disk",
-                            te_residency="disk", n_threads=1))
+def test_split_with_disk_residency_matches_one_device(single, pool) -> None:
+    split = {"diffusion": (BlockRange("CPU", 0, 1), BlockRange("CPU1", 2, 3)),
+             "te": (BlockRange("CPU", 0, 0), BlockRange("CPU1", 1, 2))}
+    out = run(pool, {m: ModulePlacement(("CPU", "CPU1"), r, "disk") for m, r in split.items()})
     np.testing.assert_allclose(out["latent"], single["latent"], atol=1e-5)
     np.testing.assert_allclose(out["image"], single["image"], atol=1e-5)
-    assert out["memory"]["diffusion"] == [0, 0] and out["memory"]["t5xxl"] == [0, 0]
+    for runner in ("diffusion", "t5xxl"):
+        mem = out["memory"][runner]
+        assert set(mem) == {"CPU", "CPU1"}
+        assert all(m["now"] is None or m["now"].weights == 0 for m in mem.values())  # disk: all released
+        assert all(m["peak"].weights > 0 for m in mem.values())
 
 
-def test_bad_size_is_an_error() -> None:
+def test_bad_size_is_an_error() -> None:  # a private pool of the CPU
     from sdplan.core.errors import SdplanError
 
-    pipe = FluxPipeline(MODELS, FluxPlacement([G.init_backend("CPU")], n_threads=1))
-    with pytest.raises(SdplanError, match="multiples of 16"):
+    with FluxPipeline(MODELS, n_threads=1) as pipe, pytest.raises(SdplanError, match="multiples of 16"):
         pipe.txt2img(PROMPT, 40, 64)
-    pipe.close()
 
 
 RPC_SCRIPT = """
@@ -77,8 +88,9 @@ sys.path.insert(0, {tests!r})
 from flux_util import AE, AXES, CLIP, DEV, T5
 from sdplan.core import devices, plan as P
 from sdplan.core.checkpoint import profile_from_model_flags
+from sdplan.core.engine import BackendPool, ModulePlacement
 from sdplan.core.inventory import Inventory
-from sdplan.core.pipeline_flux import FluxModels, FluxPipeline, FluxPlacement
+from sdplan.core.pipeline_flux import FluxModels, FluxPipeline
 
 devices.add_rpc_servers(sys.argv[1:3])
 gib = 1 << 30
@@ -86,21 +98,19 @@ inv = Inventory.from_json({{"devices": [
     {{"name": n, "description": n, "type": "gpu", "registry": "RPC", "free": 8 * gib, "total": 8 * gib}}
     for n in ("RPC0", "RPC1")] + [{{"name": "CPU", "description": "host", "type": "cpu",
                                      "registry": "CPU", "free": 16 * gib, "total": 16 * gib}}]}})
-def ranges(mp):
-    return [(mp.devices.index(r.device), r.first_block, r.last_block) for r in mp.ranges]
 prof = profile_from_model_flags({{"diffusion_model": [DEV], "t5xxl": [T5], "clip_l": [CLIP], "vae": [AE]}})
 plan = P.resolve(["--backend", "diffusion=RPC0&RPC1,te=RPC0&RPC1"], inv, prof)
-te_ranges = ranges(plan.modules["te"]) if {te_split} else None
+cpu = ModulePlacement(("CPU",))
+placements = {{"diffusion": ModulePlacement.from_plan(plan, "diffusion"),
+               "te": ModulePlacement.from_plan(plan, "te") if {te_split} else cpu, "vae": cpu}}
 with devices.BackendManager(cpu_threads=1) as m:
-    bs = [m.get("RPC0"), m.get("RPC1")]
-    pipe = FluxPipeline(FluxModels(DEV, T5, CLIP, AE, axes=AXES, clip_heads=2),
-                        FluxPlacement(bs, te=bs if {te_split} else [m.get("CPU")], vae=m.get("CPU"), diffusion_ranges=ranges(plan.modules["diffusion"]),
-                                      te_ranges=te_ranges, n_threads=1))
+    pipe = FluxPipeline(FluxModels(DEV, T5, CLIP, AE, axes=AXES, clip_heads=2), pool=BackendPool(m),
+                        placements=placements, n_threads=1)
     noise = np.load(sys.argv[3])
     out = pipe.txt2img("a photo of a cat", 64, 64, steps=4, t5_length=16, noise=noise)
-    res = {{"placed": {{"diffusion": pipe.dit_runner.tensor_bytes(), "t5xxl": pipe.t5_runner.tensor_bytes(),
-                       "clip_l": pipe.clip_runner.tensor_bytes()}},
-           "memory": pipe.memory(), "plan": {{k: plan.modules[k].to_json() for k in ("diffusion", "te")}}}}
+    res = {{"placed": pipe.placed(),
+           "memory": {{k: {{d: v["peak"].weights for d, v in mem.items()}} for k, mem in pipe.memory().items()}},
+           "plan": {{k: plan.modules[k].to_json() for k in ("diffusion", "te")}}}}
     np.save(sys.argv[4], out["image"])
     pipe.close()
 print(json.dumps(res))
@@ -125,7 +135,7 @@ def test_rpc_split_matches_and_memory_follows_the_plan(single, tmp_path, te_spli
         p = out["plan"][module]
         placed = out["placed"][key]
         assert [r["device"] for r in p["ranges"]] == ["RPC0", "RPC1"]
-        assert placed[1] == p["ranges"][1]["bytes"]
-        other = p["main_other_bytes"] - (out["placed"]["clip_l"][0] if module == "te" else 0)
-        assert placed[0] == p["ranges"][0]["bytes"] + other
-        assert all(m >= b for m, b in zip(out["memory"][key], placed, strict=True))
+        assert placed["RPC1"] == p["ranges"][1]["bytes"]
+        other = p["main_other_bytes"] - (out["placed"]["clip_l"]["RPC0"] if module == "te" else 0)
+        assert placed["RPC0"] == p["ranges"][0]["bytes"] + other
+        assert all(out["memory"][key][d] >= b for d, b in placed.items())  # buffers hold what the plan says
