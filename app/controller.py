@@ -344,6 +344,21 @@ class PlanController(QObject):
         self._apply(self.placement, "load")
         self.modelChanged.emit()
 
+    def plan_for_builtin(self, name: str) -> None:
+        """Plan for the built-in model profile ``name`` (``flux1-dev-q8_0``...; see
+        :func:`sdplan.core.builtin_profiles.list_profiles`) without its files: the open
+        model files are closed.
+
+        Raises:
+            ModelFileError: unknown name or a malformed shipped index.
+        """
+        from sdplan.core.builtin_profiles import load_builtin_profile
+
+        profile = load_builtin_profile(name)
+        self.model_files = {}
+        self.set_profile(profile)
+        self.status.emit(f"planning for the built-in profile {name} (no files needed)")
+
     # ------------------------------------------------------------------ devices
     def set_inventory(self, inventory: Inventory) -> None:
         """Plan for other devices; keeps the placement when it still resolves, else falls

@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QSizePolicy,
     QSpinBox,
     QToolButton,
     QVBoxLayout,
@@ -92,11 +93,11 @@ class GenerationPanel(QFrame):
         lay.addWidget(self.state)
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Prompt")
-        self.prompt.setMaximumHeight(72)
+        self.prompt.setMaximumHeight(64)
         lay.addWidget(self.prompt)
         self.negative = QPlainTextEdit()
         self.negative.setPlaceholderText("Negative prompt")
-        self.negative.setMaximumHeight(44)
+        self.negative.setMaximumHeight(40)
         lay.addWidget(self.negative)
         form = QFormLayout()
         form.setHorizontalSpacing(10)
@@ -108,9 +109,10 @@ class GenerationPanel(QFrame):
             box.setSingleStep(64)
             box.setSuffix(" px")
             box.setKeyboardTracking(False)
-        size.addWidget(self.width_box)
+        size.setSpacing(8)
+        size.addWidget(self.width_box, 1)
         size.addWidget(QLabel("×"))
-        size.addWidget(self.height_box)
+        size.addWidget(self.height_box, 1)
         form.addRow("Size", size)
         self.steps = QSpinBox()
         self.steps.setRange(1, 200)
@@ -118,9 +120,13 @@ class GenerationPanel(QFrame):
         self.cfg.setRange(0.0, 30.0)
         self.cfg.setSingleStep(0.5)
         sc = QHBoxLayout()
-        sc.addWidget(self.steps)
-        sc.addWidget(QLabel("CFG"))
-        sc.addWidget(self.cfg)
+        sc.setSpacing(8)
+        sc.addWidget(self.steps, 1)
+        cfg_label = QLabel("CFG")
+        cfg_label.setContentsMargins(8, 0, 0, 0)
+        cfg_label.setToolTip("Classifier-free guidance scale (--cfg-scale)")
+        sc.addWidget(cfg_label)
+        sc.addWidget(self.cfg, 1)
         form.addRow("Steps", sc)
         seed_row = QHBoxLayout()
         self.seed = QSpinBox()
@@ -177,7 +183,8 @@ class GenerationPanel(QFrame):
         lay.addWidget(self.error_box)
         self.preview = QLabel()
         self.preview.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.preview.setMinimumHeight(200)
+        self.preview.setMinimumHeight(120)
+        self.preview.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
         self.preview.setObjectName("Muted")
         self.preview.setText("The live preview appears here")
         lay.addWidget(self.preview, 1)
@@ -190,8 +197,8 @@ class GenerationPanel(QFrame):
         lay.addWidget(hl)
         self.history = QListWidget()
         self.history.setViewMode(QListWidget.ViewMode.IconMode)
-        self.history.setIconSize(QSize(56, 56))
-        self.history.setMaximumHeight(84)
+        self.history.setIconSize(QSize(48, 48))
+        self.history.setFixedHeight(70)
         self.history.setFlow(QListWidget.Flow.LeftToRight)
         self.history.setWrapping(False)
         self.history.itemActivated.connect(self._show_history)
@@ -378,9 +385,10 @@ class GenerationPanel(QFrame):
         self.update_state()
 
     def _show(self, img: QImage) -> None:
-        w = max(self.preview.width(), 200)
+        """Show ``img`` scaled to fit the preview area (aspect kept)."""
+        w, h = max(self.preview.width(), 64), max(self.preview.height(), 64)
         self.preview.setPixmap(QPixmap.fromImage(img).scaled(
-            w, max(self.preview.height(), 200), Qt.AspectRatioMode.KeepAspectRatio,
+            w, h, Qt.AspectRatioMode.KeepAspectRatio,
             Qt.TransformationMode.SmoothTransformation))
 
     # ------------------------------------------------------------------ history

@@ -38,13 +38,32 @@ def live_source() -> Inventory:
         return fallback_inventory()
 
 
+def profile_from_args(args: argparse.Namespace):  # noqa: ANN201 - Profile | None
+    """The model profile of ``--model-profile NAME`` or ``--profile FILE|NAME`` (a path
+    that does not exist is tried as a built-in profile name), or None.
+
+    Raises:
+        SdplanError: unreadable file or unknown built-in name.
+    """
+    from sdplan.core.builtin_profiles import load_builtin_profile
+    from sdplan.core.profile import Profile
+
+    name = getattr(args, "model_profile", None)
+    if name:
+        return load_builtin_profile(name)
+    if not args.profile:
+        return None
+    if Path(args.profile).exists() or args.profile.endswith(".json"):
+        return Profile.load(args.profile)
+    return load_builtin_profile(args.profile)
+
+
 def build_window(args: argparse.Namespace, settings: object = None):  # noqa: ANN201
     """The controller and main window for parsed ``sdplan gui`` arguments."""
     from PySide6.QtCore import QSettings
     from sdplan.app.controller import PlanController
     from sdplan.app.window import MainWindow
     from sdplan.core.plan import placement_from_namespace
-    from sdplan.core.profile import Profile
 
     placement = placement_from_namespace(args)
     source = file_source(args.devices) if args.devices else live_source
@@ -54,9 +73,10 @@ def build_window(args: argparse.Namespace, settings: object = None):  # noqa: AN
         from sdplan.app.rpc import query_rpc_devices
 
         inventory = merge_rpc_devices(inventory, query_rpc_devices(placement.rpc_servers))
-    profile = Profile.load(args.profile) if args.profile else None
+    profile = profile_from_args(args)
     ctl = PlanController(inventory, profile, placement, inventory_source=source)
     qs = settings or QSettings("sdplan", "sdplan")
+    args.profile = args.profile or getattr(args, "model_profile", None)
     flags_given = any(getattr(args, k, None) for k in ("backend", "params_backend", "max_vram"))
     if args.files:
         ctl.open_files(args.files)

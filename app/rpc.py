@@ -182,9 +182,16 @@ class RpcPanel(QFrame):
         self.list.setToolTip("--rpc-servers: each server's devices appear as RPC0, RPC1, … "
                              "after the local devices")
         lay.addWidget(self.list)
+        self.none = QLabel("No servers. Start `sdplan rpc-server` on another machine and "
+                           "add its host:port; its devices appear as columns.")
+        self.none.setObjectName("Caption")
+        self.none.setWordWrap(True)
+        lay.addWidget(self.none)
         row = QHBoxLayout()
         self.endpoint = QLineEdit()
-        self.endpoint.setPlaceholderText("host:port (sdplan rpc-server)")
+        self.endpoint.setPlaceholderText("host:port")
+        self.endpoint.setToolTip("The host:port an `sdplan rpc-server` (or ggml's rpc-server) "
+                                 "listens on, e.g. 192.168.1.20:50052")
         self.endpoint.returnPressed.connect(self.add)
         row.addWidget(self.endpoint, 1)
         self.add_btn = QPushButton("Add")
@@ -214,6 +221,8 @@ class RpcPanel(QFrame):
             self.list.clear()
             self.list.addItems(servers)
         self.remove_btn.setEnabled(bool(servers))
+        self.list.setVisible(bool(servers))
+        self.none.setVisible(not servers)
 
     def show_error(self, message: str | None) -> None:
         """Show ``message`` inline under the list (None hides it)."""

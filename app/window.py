@@ -185,6 +185,9 @@ class MainWindow(QMainWindow):
         edit.addActions([self.copy_act, self.paste_act])
         plan = self.menuBar().addMenu("&Plan")
         plan.addAction(self.auto_act)
+        self.plan_for_menu = plan.addMenu("Plan &for…")
+        self.plan_for_menu.setToolTipsVisible(True)
+        self._builtin_menu()
         self.add_module_menu = plan.addMenu("Add &module")
         for m in MODULES:
             a = self.add_module_menu.addAction(QIcon(dot_pixmap(theme.module_colour(m))),
@@ -210,6 +213,44 @@ class MainWindow(QMainWindow):
         tb.addAction(self.auto_act)
         tb.addAction(self.refresh_act)
         self._recent_menu()
+
+    def _builtin_menu(self) -> None:
+        """"Plan for…": the built-in model profiles, one submenu per model."""
+        from sdplan.core.builtin_profiles import list_profiles
+
+        try:
+            infos = list_profiles()
+        except SdplanError as exc:
+            self.plan_for_menu.setEnabled(False)
+            self.plan_for_menu.setToolTip(str(exc))
+            return
+        groups: dict[str, object] = {}
+        for info in infos:
+            model = info.title.removesuffix(" " + info.quant)
+            sub = groups.get(model)
+            if sub is None:
+                sub = groups[model] = self.plan_for_menu.addMenu(model)
+                sub.setToolTipsVisible(True)  # type: ignore[attr-defined]
+            a = sub.addAction(f"{info.quant}  ·  {info.total_bytes / (1 << 30):.1f} GiB")  # type: ignore[attr-defined]
+            a.setData(info.name)
+            a.setToolTip("\n".join([info.name, *(f"{f}: {b / (1 << 30):.2f} GiB"
+                                                  for f, b in info.files.items()),
+                                     *([info.note] if info.note else [])]))
+        self.plan_for_menu.triggered.connect(self._plan_for_triggered)
+
+    def _plan_for_triggered(self, action: QAction) -> None:
+        name = action.data()
+        if name:
+            self.plan_for(str(name))
+
+    def plan_for(self, name: str) -> bool:
+        """Plan for the built-in profile ``name`` (errors in a message box)."""
+        try:
+            self.ctl.plan_for_builtin(name)
+        except SdplanError as exc:
+            QMessageBox.warning(self, "Cannot plan for this model", str(exc))
+            return False
+        return True
 
     # ------------------------------------------------------------------ plan/status
     def show_status(self, text: str) -> None:

@@ -200,3 +200,51 @@ def test_add_module_menu_adds_a_card(win):
     act.trigger()
     assert "upscaler" in [c.module for c in win.board.columns["CUDA0"].cards]
     assert len(win.add_module_menu.actions()) == 8
+
+
+def test_bar_tooltip_and_legend_name_every_part_in_gib(win):
+    from sdplan.app.board.memory_bar import LEGEND
+
+    col = win.board.columns["CUDA0"]
+    tip = col.bar.toolTip()
+    fit = win.ctl.fit
+    w = fit.modules["te"].weights["CUDA0"]
+    assert f"resident weights · te: {w / GIB:.2f} GiB" in tip
+    comp = max(e.compute.get("CUDA0", 0) for e in fit.modules.values())
+    assert "compute estimate · " in tip and f"{comp / GIB:.2f} GiB" in tip
+    assert "total 24.00 GiB · free 22.00 GiB · in use by other programs 2.00 GiB" in tip
+    assert "headroom (hatched end): 2.00 GiB" in tip
+    assert tip.startswith("✕ Does not fit")  # all of Flux on CUDA0
+    win.ctl.set_budget("CUDA0", 8)
+    assert "--max-vram budget (marker): 8.00 GiB" in col.bar.toolTip()
+    labels = [label for _, label, _ in LEGEND]
+    assert labels == ["in use", "resident weights", "staged range", "compute estimate",
+                      "headroom", "--max-vram"]
+    legend = win.board.legend
+    assert legend.isVisible() and 0 < legend.sizeHint().width() < win.board.width()
+    assert all(label in legend.toolTip() for label in labels)
+
+
+def test_plan_for_builtin_profile_menu(win):
+    from sdplan.core.builtin_profiles import list_profiles
+
+    acts = [a for m in win.plan_for_menu.actions() if m.menu() for a in m.menu().actions()]
+    assert sorted(a.data() for a in acts) == sorted(p.name for p in list_profiles())
+    q8 = next(a for a in acts if a.data() == "flux1-dev-q8_0")
+    q8.trigger()
+    assert win.ctl.profile.name == "flux1-dev-q8_0"
+    assert win.model_label.text() == "flux1-dev-q8_0"
+    assert [c.module for c in win.board.columns["CUDA0"].cards] == ["diffusion", "te", "vae"]
+    total = sum(win.ctl.profile.modules[m].total for m in ("diffusion", "te", "vae"))
+    info = next(p for p in list_profiles() if p.name == "flux1-dev-q8_0")
+    assert total == info.total_bytes
+
+
+def test_command_has_model_file_flags_when_files_are_open(win):
+    from pathlib import Path
+
+    tiny = Path(__file__).parent / "fixtures" / "sd1_tiny.safetensors"
+    assert win.open_files([str(tiny)])
+    cmd = win.strings.command.toPlainText()
+    assert cmd.startswith(f"sd-cli --model {tiny} ")
+    assert "--backend" in cmd

@@ -45,3 +45,26 @@ def test_bad_devices_file_is_exit_code_2(tmp_path: Path):
                         "--screenshot", str(tmp_path / "x.png")], env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and str(bad) in r.stderr
+
+
+def test_dark_screenshot_of_a_builtin_profile(tmp_path: Path, shared_dir: Path):
+    from PySide6.QtGui import QImage
+
+    out = tmp_path / "dark.png"
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", XDG_CONFIG_HOME=str(tmp_path / "cfg"),
+               HOME=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "sdplan.core.cli", "gui", "--devices",
+                        str(shared_dir / "cases/devices/D1.json"), "--model-profile",
+                        "flux1-dev-q8_0", "--theme", "dark", "--screenshot", str(out)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    img = QImage(str(out))
+    assert img.pixelColor(img.width() // 2, img.height() - 4).lightness() < 60  # dark window
+
+
+def test_unknown_builtin_profile_is_exit_code_2(tmp_path: Path):
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", XDG_CONFIG_HOME=str(tmp_path / "c"))
+    r = subprocess.run([sys.executable, "-m", "sdplan.core.cli", "gui", "--model-profile",
+                        "flux9-nope", "--screenshot", str(tmp_path / "x.png")], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "flux9-nope" in r.stderr

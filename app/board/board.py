@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 from sdplan.app.board.columns import DefaultTarget, DeviceColumn
+from sdplan.app.board.memory_bar import MemoryLegend
 from sdplan.app.board.model import BoardModel
 from sdplan.app.controller import PlanController
 
@@ -22,6 +23,12 @@ class Board(QWidget):
         lay.setSpacing(10)
         self.default = DefaultTarget(controller, self.model)
         lay.addWidget(self.default)
+        legend_row = QHBoxLayout()
+        legend_row.setContentsMargins(4, 0, 4, 0)
+        self.legend = MemoryLegend()
+        legend_row.addWidget(self.legend)
+        legend_row.addStretch(1)
+        lay.addLayout(legend_row)
         self.hint = QLabel("Open model files (Ctrl+O or drop them on the window) to see their "
                            "modules, or add one from Plan → Add module.")
         self.hint.setObjectName("Muted")

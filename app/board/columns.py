@@ -209,20 +209,8 @@ class DeviceColumn(_DropFrame):
         text = f"{gib(planned)} planned · {dev.free / GIB:.1f} free · {dev.total / GIB:.1f} " \
                "GiB total"
         self.figures.setText(text)
-        tip = [f"{name}: {dev.total / GIB:.2f} GiB total, {dev.free / GIB:.2f} GiB free "
-               f"({(dev.total - dev.free) / GIB:.2f} in use by other programs)"]
-        for m, part, b in segs:
-            tip.append(f"  {m} {part}: {gib(b)}")
-        if headroom:
-            tip.append(f"  hatched end: {gib(headroom)} headroom the layer-split rule keeps "
-                       "free (spec: free - 2 GiB)")
-        if budget:
-            tip.append(f"  --max-vram budget: {gib(budget)} (marker)")
-        if dev.is_gpu_like:
-            tip.append("Drag the marker (or click the bar) to set the budget")
-        if reasons:
-            tip.insert(0, "Does not fit: " + "; ".join(reasons))
-        self.bar.setToolTip("\n".join(tip))
+        tip = bar_tooltip(dev, segs, headroom, budget, planned, reasons)
+        self.bar.setToolTip(tip)
         self.setProperty("over", over)
         self.verdict.setText("over" if over else ("fits" if planned else ""))
         self.verdict.setProperty("fits", not over)
@@ -256,6 +244,37 @@ class DeviceColumn(_DropFrame):
             widget.show()
         self.cards = cards
         self.empty.setVisible(not self.cards)
+
+
+_PART_NAMES = {"weights": "resident weights", "staging": "staged range",
+               "compute": "compute estimate"}
+
+
+def bar_tooltip(dev: object, segs: list[tuple[str, str, int]], headroom: int, budget: int,
+                planned: int, reasons: list[str]) -> str:
+    """The memory bar's tooltip: the device's total/free/in-use memory, each bar segment
+    (module, part, GiB), the headroom, the budget and what is left, all in GiB."""
+    total, free = dev.total, dev.free  # type: ignore[attr-defined]
+    lines = []
+    if reasons:
+        lines.append("✕ Does not fit: " + "; ".join(reasons))
+    lines.append(f"{dev.name} — {dev.description}")  # type: ignore[attr-defined]
+    lines.append(f"total {gib(total)} · free {gib(free)} · in use by other programs "
+                 f"{gib(total - free)}")
+    lines.append(f"this plan: {gib(planned)}")
+    for m, part, b in segs:
+        lines.append(f"    {_PART_NAMES.get(part, part)} · {m}: {gib(b)}")
+    if headroom:
+        lines.append(f"headroom (hatched end): {gib(headroom)} kept free by the layer-split "
+                     "rule (free - 2 GiB, at most 7/8 of free)")
+    if budget:
+        lines.append(f"--max-vram budget (marker): {gib(budget)}")
+    limit = min(free, budget) if budget else free
+    lines.append(f"left: {gib(limit - planned)}" if planned <= limit
+                 else f"short by {gib(planned - limit)}")
+    if dev.is_gpu_like:  # type: ignore[attr-defined]
+        lines.append("Drag the marker to set the budget (Alt+click the bar to place it)")
+    return "\n".join(lines)
 
 
 class DefaultTarget(_DropFrame):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QMouseEvent, QPainter, QPaintEvent, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 from sdplan.app import theme
@@ -26,6 +26,87 @@ class BarData:
     budget: int = 0
     budget_enabled: bool = False
     over: bool = False
+
+
+def paint_part(p: QPainter, rect: QRectF, part: str, colour: QColor, t: theme.Theme) -> None:
+    """Fill ``rect`` the way the bar draws ``part``: ``weights`` solid, ``staging`` light
+    and hatched, ``compute`` translucent, ``headroom`` a muted cross-hatch, ``others``
+    (memory used by other programs) grey. Leaves the pen off."""
+    p.setPen(Qt.PenStyle.NoPen)
+    if part == "weights":
+        p.setBrush(colour)
+    elif part == "staging":
+        p.setBrush(colour.lighter(125) if t.dark else colour.lighter(115))
+        p.drawRect(rect)
+        p.setBrush(QBrush(colour.darker(130), Qt.BrushStyle.BDiagPattern))
+    elif part == "compute":
+        light = QColor(colour)
+        light.setAlpha(110)
+        p.setBrush(light)
+    elif part == "headroom":
+        p.setBrush(QBrush(t.muted, Qt.BrushStyle.FDiagPattern))
+    else:
+        p.setBrush(t.muted.darker(110) if not t.dark else t.muted.darker(165))
+    p.drawRect(rect)
+
+
+#: Legend entries: (part, label, tooltip).
+LEGEND = (
+    ("others", "in use", "Memory other programs already use on the device"),
+    ("weights", "resident weights", "Weights kept on the device between uses"),
+    ("staging", "staged range", "Weights (or a block range) copied in while the module runs, "
+     "then released: --params-backend, disk residency or --max-vram segments"),
+    ("compute", "compute estimate", "Activations and work buffers of the module that needs "
+     "the most at once (depends on image size and batch)"),
+    ("headroom", "headroom", "Memory the layer-split rule keeps free on a GPU "
+     "(free - 2 GiB, at most 7/8 of free)"),
+    ("budget", "--max-vram", "The budget marker: drag it, or type a value in Budget"),
+)
+
+
+class MemoryLegend(QWidget):
+    """One line of swatches naming what the memory bars draw (see :data:`LEGEND`)."""
+
+    SWATCH = 12
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.theme = theme.current()
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+        self.setToolTip("\n".join(f"{label}: {tip}" for _, label, tip in LEGEND))
+
+    def _items(self) -> list[tuple[str, str, float]]:
+        fm = self.fontMetrics()
+        return [(part, label, float(fm.horizontalAdvance(label))) for part, label, _ in LEGEND]
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        gap = self.SWATCH + 6 + 14
+        width = sum(w + gap for _, _, w in self._items())
+        return QSize(int(width), max(self.fontMetrics().height(), self.SWATCH) + 4)
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        return self.sizeHint()
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
+        t = self.theme
+        p = QPainter(self)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        sample = QColor(theme.ACCENT).lighter(110)
+        fm = self.fontMetrics()
+        x = 0.0
+        cy = self.height() / 2
+        for part, label, w in self._items():
+            box = QRectF(x, cy - self.SWATCH / 2, self.SWATCH, self.SWATCH)
+            if part == "budget":
+                p.setPen(QPen(QColor(theme.ACCENT), 2))
+                p.drawLine(QPointF(box.center().x(), box.top() - 1),
+                           QPointF(box.center().x(), box.bottom() + 1))
+            else:
+                paint_part(p, box, part, sample, t)
+            p.setPen(t.muted)
+            p.drawText(QPointF(x + self.SWATCH + 6, cy + fm.ascent() / 2 - 1), label)
+            x += self.SWATCH + 6 + w + 14
+        p.end()
 
 
 class MemoryBar(QWidget):
@@ -83,34 +164,20 @@ class MemoryBar(QWidget):
         p.setClipPath(path)
         x = 1.0
         others = (d.total - d.free) * k
-        p.setBrush(t.muted.darker(110) if not t.dark else t.border.lighter(130))
-        p.drawRect(QRectF(x, top, others, self.BAR_H))
+        paint_part(p, QRectF(x, top, others, self.BAR_H), "others", t.muted, t)
         x += others
         for module, part, nbytes in d.segments:
             w = nbytes * k
             if w <= 0:
                 continue
-            c = theme.module_colour(module)
-            rect = QRectF(x, top, w, self.BAR_H)
-            if part == "weights":
-                p.setBrush(c)
-            elif part == "staging":
-                p.setBrush(c.lighter(125) if t.dark else c.lighter(115))
-                p.drawRect(rect)
-                p.setBrush(QBrush(c.darker(130), Qt.BrushStyle.BDiagPattern))
-            else:
-                light = QColor(c)
-                light.setAlpha(110)
-                p.setBrush(light)
-            p.drawRect(rect)
+            paint_part(p, QRectF(x, top, w, self.BAR_H), part, theme.module_colour(module), t)
             p.setPen(QPen(t.surface, 1))
             p.drawLine(QPointF(x + w, top), QPointF(x + w, top + self.BAR_H))
             p.setPen(Qt.PenStyle.NoPen)
             x += w
         if d.headroom > 0:
             hx = 1 + (d.total - d.headroom) * k
-            p.setBrush(QBrush(t.muted, Qt.BrushStyle.FDiagPattern))
-            p.drawRect(QRectF(hx, top, d.headroom * k, self.BAR_H))
+            paint_part(p, QRectF(hx, top, d.headroom * k, self.BAR_H), "headroom", t.muted, t)
         if x > 1 + d.total * k:  # past the device's memory
             p.setBrush(QColor(theme.DANGER))
             p.drawRect(QRectF(1 + d.total * k, top, x - 1 - d.total * k, self.BAR_H))

@@ -12,7 +12,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="*", metavar="FILE", help="model files to open")
     p.add_argument("--devices", metavar="FILE", help="plan for the devices in this inventory "
                    "JSON file (a hardware profile) instead of the live ones")
-    p.add_argument("--profile", metavar="FILE", help="model profile JSON (block sizes)")
+    p.add_argument("--profile", metavar="FILE|NAME", help="model profile JSON (block sizes), "
+                   "or the name of a built-in profile (see sdplan plan --model-profile list)")
+    p.add_argument("--model-profile", metavar="NAME", help="plan for a built-in model "
+                   "profile (flux1-dev-q8_0, sdxl-base-f16...) without its files")
+    p.add_argument("--demo", action="store_true", help="open the bundled demo model "
+                   "(the default when no files, profile or saved plan are given)")
     p.add_argument("--theme", choices=("system", "light", "dark"), help="colour theme")
     p.add_argument("--screenshot", metavar="OUT.png", help="render the main window offscreen "
                    "at 1440x900 to this PNG and exit")
