@@ -2,18 +2,20 @@
 
 :class:`StableDiffusion` reads a single-file checkpoint (``read_model_files``), infers each
 module's hyper-parameters from its tensor shapes, and runs the CLIP text encoder (``te``), the
-UNet (``diffusion``) and the VAE (``vae``) where a :class:`~sdplan.core.plan.Plan` puts them:
+UNet (``diffusion``) and the VAE (``vae``) as engine module graphs
+(:class:`~sdplan.core.models.clip.ClipGraph`, :class:`~sdplan.core.models.unet.UNetGraph`,
+:class:`~sdplan.core.models.vae.VaeGraph`) through :class:`~sdplan.core.engine.ModuleRunner`,
+each placed by :meth:`ModulePlacement.from_plan <sdplan.core.engine.ModulePlacement.from_plan>`
+(runtime devices, CLIP layer split, params residency, ``--max-vram`` segments).
 
-* runtime device = the module's first plan device; the graph's backends are that device's
-  backend followed by the CPU (the scheduler's fallback);
-* params residency ``runtime``: the weights are read into a buffer on the runtime device once
-  and stay; ``device``: they stay on the params device and are copied into a runtime-device
-  buffer for each use (staging), freed after; ``disk``: read from the file for each use
-  and freed after.
+A "use" is one text encoding (both prompts), one whole sampling loop, or one decode: the
+runner's ``session`` keeps staged or disk-read weights for exactly that long. The UNet graph
+is built once per latent shape and batch and reused across steps; classifier-free guidance
+runs the conditional and unconditional halves as one batch of 2N.
 
-A "use" is one text encoding, one whole sampling loop, or one decode. The UNet graph is built
-once per latent shape and batch and reused across steps; classifier-free guidance runs the
-conditional and unconditional halves as one batch of 2N.
+Hyper-parameters the weights do not carry (tiny test models) come from keyword arguments or
+from the safetensors ``__metadata__`` of the model file (:data:`METADATA_KEYS`), arguments
+first.
 """
 
 from __future__ import annotations
@@ -21,16 +23,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core import graph as gr
 from sdplan.core import sampling
-from sdplan.core.checkpoint import ModelTensor, read_model_files
-from sdplan.core.errors import EngineError, ModelFileError
+from sdplan.core.checkpoint import ModelSet, read_model_files
+from sdplan.core.errors import ModelFileError
 from sdplan.core.models import clip as clip_m
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
@@ -38,131 +39,57 @@ from sdplan.core.preview import latent_to_rgb
 from sdplan.core.prompt import apply_prompt_weights
 from sdplan.core.tokenizer import ClipTokenizer
 
-__all__ = ["ModuleWeights", "StableDiffusion", "GenerateParams", "runtime_dtype",
-           "image_to_uint8"]
+__all__ = ["StableDiffusion", "GenerateParams", "image_to_uint8", "module_weight_file",
+           "model_overrides", "METADATA_KEYS"]
 
 log = logging.getLogger(__name__)
-Backend = Any
+
+#: Optional ``__metadata__`` keys of a safetensors model file (string values) -> the
+#: :class:`StableDiffusion` keyword they set: heads of tiny CLIP / UNet models, the
+#: prediction type and the family.
+METADATA_KEYS = {"sdplan.clip_heads": ("clip_heads", int), "sdplan.unet_heads": ("unet_heads", int),
+                 "sdplan.unet_head_dim": ("unet_head_dim", int),
+                 "sdplan.prediction": ("prediction", str), "sdplan.family": ("family", str)}
 
 
-def runtime_dtype(shape: tuple[int, ...], file_dtype: str) -> str:
-    """Dtype a weight is held in: vectors f32, f16/f32 kept, anything else (bf16...) f32."""
-    dt = file_dtype.lower()
-    if len(shape) <= 1:
-        return "f32"
-    return dt if dt in ("f16", "f32") else "f32"
+def module_weight_file(ms: ModelSet, module: str, keep: Callable[[str], bool] | None = None,
+                       backend: Any = None) -> tuple[Any, dict[str, str]]:
+    """``(WeightFile, names)`` of ``module``'s tensors in ``ms`` (those ``keep(name)`` accepts):
+    ``names`` maps each checkpoint name to its name in the weight store (the same name: the
+    native store holds names of any length). Dtypes follow
+    :func:`sdplan.core.weights.runtime_dtype` for ``backend``.
 
-
-class ModuleWeights:
-    """One module's weight tensors in a ``sdplan._ggml.WeightStore``.
-
-    Tensor names in the store are short (``w0``, ``w1``... ggml caps names at 63 characters);
-    :attr:`tensors` maps the checkpoint names to the store's tensors for the model graphs.
-    ``load(backend)`` allocates one buffer on the backend and reads the file (bytes);
-    ``stage(src, backend)`` copies from another loaded ``ModuleWeights`` of the same tensors.
-
-    Raises ModelFileError when a tensor has an unsupported dtype.
+    Raises:
+        ModelFileError: no such tensors, or the module spread over several files.
     """
+    from sdplan.core.weights import WeightFile
 
-    def __init__(self, tensors: list[ModelTensor]) -> None:
-        import sdplan._ggml as native
-
-        self.infos = [t.info for t in tensors if t.info.shape]
-        self.short = {i.name: f"w{k}" for k, i in enumerate(self.infos)}
-        try:
-            self.store = native.WeightStore(
-                [(self.short[i.name], runtime_dtype(i.shape, i.dtype), list(i.shape)) for i in self.infos])
-        except ValueError as exc:
-            raise ModelFileError(self.infos[0].file if self.infos else "?", str(exc)) from None
-        self.tensors = {i.name: self.store.tensor(self.short[i.name]) for i in self.infos}
-        self.buffer: Any = None
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the tensors in their runtime dtypes."""
-        return sum(self.store.nbytes(s) for s in self.short.values())
-
-    def load(self, backend: Backend) -> int:
-        """Allocate on ``backend`` and read every tensor from its file; returns bytes read."""
-        self.buffer = self.store.allocate(list(self.short.values()), backend)
-        total = 0
-        by_file: dict[str, list[tuple[str, int, str]]] = {}
-        for i in self.infos:
-            by_file.setdefault(i.file, []).append((self.short[i.name], i.offset, i.dtype.lower()))
-        for path, items in by_file.items():
-            total += int(self.store.read(path, items))
-        return total
-
-    def stage(self, src: ModuleWeights, backend: Backend) -> int:
-        """Allocate on ``backend`` and copy every tensor from ``src``; returns bytes."""
-        self.buffer = self.store.allocate(list(self.short.values()), backend)
-        return int(self.store.copy_from(src.store, list(self.short.values())))
-
-    def free(self) -> None:
-        """Free the buffer (idempotent)."""
-        if self.buffer is not None:
-            self.buffer.free()
-            self.buffer = None
+    tensors = [t.info for t in ms.module_tensors(module) if keep is None or keep(t.info.name)]
+    files = sorted({t.file for t in tensors})
+    if not tensors:
+        raise ModelFileError(ms.files[0].path if ms.files else "?", f"no {module} tensors")
+    if len(files) > 1:
+        raise ModelFileError(files[1], f"module {module} spans several files: {', '.join(files)}")
+    wf = WeightFile(files[0], [t.name for t in tensors], backend=backend)
+    return wf, {t.name: t.name for t in tensors}
 
 
-@dataclass
-class _Module:
-    """A module's placement and its resident/staged weights and cached graphs."""
+def model_overrides(ms: ModelSet) -> dict[str, Any]:
+    """The :data:`METADATA_KEYS` found in the files' metadata, as keyword arguments.
 
-    name: str
-    tensors: list[ModelTensor]
-    runtime: Backend
-    cpu: Backend
-    mode: str = "runtime"
-    params: Backend | None = None
-    resident: ModuleWeights | None = None
-    graphs: dict[Any, Any] = field(default_factory=dict)
-    n_threads: int = 0
-    load_seconds: float = 0.0
-
-    @contextlib.contextmanager
-    def use(self) -> Iterator[dict[str, Any]]:
-        """Weights on the runtime device for the duration of the block."""
-        if self.mode == "runtime":
-            if self.resident is None:
-                t0 = time.perf_counter()
-                self.resident = ModuleWeights(self.tensors)
-                self.resident.load(self.runtime)
-                self.load_seconds += time.perf_counter() - t0
-            yield self.resident.tensors
-            return
-        t0 = time.perf_counter()
-        active = ModuleWeights(self.tensors)
-        if self.mode == "device":
-            if self.resident is None:
-                self.resident = ModuleWeights(self.tensors)
-                self.resident.load(self.params or self.cpu)
-            active.stage(self.resident, self.runtime)
-        else:
-            active.load(self.runtime)
-        self.load_seconds += time.perf_counter() - t0
-        self.graphs.clear()
-        try:
-            yield active.tensors
-        finally:
-            self.graphs.clear()
-            active.free()
-
-    def graph(self, key: Any, build: Callable[[Any], None]) -> Any:
-        """The cached graph for ``key`` (built by ``build(g)`` on first use)."""
-        g = self.graphs.get(key)
-        if g is None:
-            backends = [self.runtime] if self.runtime is self.cpu else [self.runtime, self.cpu]
-            g = gr.new_graph(backends, n_threads=self.n_threads)
-            build(g)
-            self.graphs[key] = g
-        return g
-
-    def close(self) -> None:
-        self.graphs.clear()
-        if self.resident is not None:
-            self.resident.free()
-            self.resident = None
+    Raises:
+        ModelFileError: a value that is not of the key's type.
+    """
+    out: dict[str, Any] = {}
+    for f in ms.files:
+        for key, (kw, typ) in METADATA_KEYS.items():
+            if key in f.metadata:
+                try:
+                    out[kw] = typ(f.metadata[key])
+                except ValueError:
+                    raise ModelFileError(f.path, f"metadata {key}={f.metadata[key]!r} is not "
+                                                 f"{typ.__name__}") from None
+    return out
 
 
 @dataclass
@@ -191,36 +118,56 @@ def image_to_uint8(img: np.ndarray) -> np.ndarray:
 
 
 class StableDiffusion:
-    """An SD 1.x / 2.x checkpoint ready to run.
+    """An SD 1.x / 2.x checkpoint ready to run on the engine.
 
     Args:
-        model: the single-file checkpoint (``-m``).
+        model: the single-file checkpoint (``-m``), or sd-cli model flags
+            (``{"model": [...], "vae": [...]}``).
         plan: a resolved :class:`~sdplan.core.plan.Plan` (None: everything on the CPU).
-        manager: a ``sdplan._ggml.BackendManager`` (None: a private one, CPU threads
-            ``n_threads``).
+        pool: an :class:`~sdplan.core.engine.BackendPool` (None: a private one whose CPU
+            uses ``n_threads`` threads).
+        n_threads: CPU threads per compute (0: the backend's setting).
         family: ``sd1`` or ``sd2`` (None: ``sd2`` for an OpenCLIP text encoder, else ``sd1``).
         prediction: ``eps`` or ``v`` (None: the family's, v for sd2).
         clip_heads / unet_heads / unet_head_dim: override the head rules (tiny models).
+        placements: module -> :class:`~sdplan.core.engine.ModulePlacement`, taking
+            precedence over ``plan``.
+        cancel: a :class:`~sdplan.core.engine.CancelToken` shared by the modules.
+
+    Unset hyper-parameters are read from the file's ``sdplan.*`` metadata (:data:`METADATA_KEYS`).
 
     Raises:
         ModelFileError: unreadable file or a missing module (te, diffusion, vae).
-        EngineError: a planned device that has no backend here.
+        EngineError: a planned device that has no backend here (when a module first runs).
     """
 
-    def __init__(self, model: str | Path, plan: Any = None, manager: Any = None, n_threads: int = 0,
-                 family: str | None = None, prediction: str | None = None,
-                 clip_heads: int | None = None, unet_heads: int | None = None,
-                 unet_head_dim: int | None = None) -> None:
-        import sdplan._ggml as native
+    def __init__(self, model: str | Path | Mapping[str, Sequence[str | Path]], plan: Any = None,
+                 pool: Any = None, n_threads: int = 0, family: str | None = None,
+                 prediction: str | None = None, clip_heads: int | None = None,
+                 unet_heads: int | None = None, unet_head_dim: int | None = None,
+                 placements: Mapping[str, Any] | None = None, cancel: Any = None) -> None:
+        from sdplan.core import engine
 
-        self.path = str(model)
-        self.ms = read_model_files({"model": [self.path]})
+        flags = {"model": [model]} if isinstance(model, (str, Path)) else dict(model)
+        self.ms = read_model_files(flags)
+        self.path = str(self.ms.files[0].path)
         missing = [m for m in ("te", "diffusion", "vae") if not self.ms.module_tensors(m)]
         if missing:
             raise ModelFileError(self.path, f"no {', '.join(missing)} tensors: not an SD checkpoint")
-        self._own_manager = manager is None
-        self.manager = manager or native.BackendManager(n_threads)
-        self.cpu = self.manager.get("CPU")
+        meta = model_overrides(self.ms)
+        family = family or meta.get("family")
+        prediction = prediction or meta.get("prediction")
+        clip_heads = clip_heads or meta.get("clip_heads")
+        unet_heads = unet_heads or meta.get("unet_heads")
+        unet_head_dim = unet_head_dim or meta.get("unet_head_dim")
+        self._own_pool = pool is None
+        if pool is None:
+            from sdplan.core.devices import BackendManager
+
+            pool = engine.BackendPool(BackendManager(cpu_threads=n_threads or None))
+        self.pool = pool
+        self.n_threads = n_threads
+        self.cancel = cancel or engine.CancelToken()
         shapes = {t.info.name: tuple(t.info.shape) for t in self.ms.tensors}
         self.clip_cfg = clip_m.clip_config(shapes, n_heads=clip_heads)
         self.family = family or ("sd2" if self.clip_cfg.layout == "openclip" else "sd1")
@@ -229,35 +176,58 @@ class StableDiffusion:
         self.vae_cfg = vae_m.vae_config(shapes)
         self.tokenizer = ClipTokenizer.for_family(self.family)
         self.schedule = sampling.DiscreteSchedule()
-        self.modules = {m: self._module(m, plan, n_threads) for m in ("te", "diffusion", "vae")}
+        self.placements = {m: (placements or {}).get(m) or (
+            engine.ModulePlacement.from_plan(plan, m) if plan is not None else engine.ModulePlacement(("CPU",)))
+            for m in ("te", "diffusion", "vae")}
+        wf, names = module_weight_file(self.ms, "diffusion")
+        self.runners: dict[str, Any] = {
+            "diffusion": self._runner("diffusion", unet_m.UNetGraph(self.unet_cfg, names), wf)}
+        wf, names = module_weight_file(self.ms, "vae")
+        self.runners["vae"] = self._runner("vae", vae_m.VaeGraph(self.vae_cfg, names), wf)
+        self._te_key: tuple[int, bool] | None = None
         self.timings: dict[str, float] = {}
 
-    def _backend(self, device: str | None) -> Backend:
-        if device is None or device == "CPU":
-            return self.cpu
-        try:
-            return self.manager.get(device)
-        except (ValueError, RuntimeError) as exc:
-            raise EngineError(f"planned device {device!r} has no backend here: {exc}") from None
+    def _runner(self, module: str, graph: Any, wf: Any) -> Any:
+        from sdplan.core.engine import ModuleRunner
 
-    def _module(self, name: str, plan: Any, n_threads: int) -> _Module:
-        tensors = self.ms.module_tensors(name)
-        if plan is None:
-            return _Module(name, tensors, self.cpu, self.cpu, n_threads=n_threads)
-        mp = plan.modules[name]
-        runtime = self._backend(mp.devices[0] if mp.devices else None)
-        params = self._backend(mp.params.device) if mp.params.mode == "device" else None
-        mode = mp.params.mode
-        if mode == "device" and params is runtime:
-            mode = "runtime"
-        return _Module(name, tensors, runtime, self.cpu, mode, params, n_threads=n_threads)
+        return ModuleRunner(graph, wf, self.placements[module], self.pool, self.cancel, module, self.n_threads)
+
+    def _te(self, skip: int, final_ln: bool) -> Any:
+        """The text encoder's runner for this clip skip (rebuilt, weights reloaded, when the
+        skip changes: layers after the stop are identity blocks of the graph)."""
+        if self._te_key != (skip, final_ln):
+            if "te" in self.runners:
+                self.runners.pop("te").release()
+            p = self.clip_cfg.prefix
+
+            def keep(n: str) -> bool:
+                return n.startswith(p) and not n.endswith(("position_ids", "text_projection", "logit_scale"))
+
+            wf, names = module_weight_file(self.ms, "te", keep)
+            self.runners["te"] = self._runner("te", clip_m.ClipGraph(self.clip_cfg, names, skip, final_ln), wf)
+            self._te_key = (skip, final_ln)
+        return self.runners["te"]
+
+    def set_cancel(self, token: Any) -> None:
+        """Use ``token`` (a CancelToken) for every module from now on."""
+        self.cancel = token
+        for r in self.runners.values():
+            r.cancel = token
+
+    def memory(self) -> dict[str, dict[str, Any]]:
+        """Per module, per device: the bytes allocated now and at the peak of the last run
+        (``{"now": DeviceMemory, "peak": DeviceMemory}``)."""
+        return {m: {d: {"now": r.memory().get(d), "peak": pk} for d, pk in r.last_peak.items()}
+                for m, r in self.runners.items()}
 
     def close(self) -> None:
-        """Free every weight buffer and graph (and the private backend manager)."""
-        for m in self.modules.values():
-            m.close()
-        if self._own_manager:
-            self.manager.close()
+        """Free every weight buffer and graph (and the private backends)."""
+        for r in self.runners.values():
+            r.release()
+        self.runners.clear()
+        self._te_key = None
+        if self._own_pool:
+            self.pool.manager.close()
 
     def __enter__(self) -> StableDiffusion:
         return self
@@ -267,24 +237,23 @@ class StableDiffusion:
 
     # ------------------------------------------------------------------ text encoder
 
+    def _skip(self, clip_skip: int) -> int:
+        return clip_skip if clip_skip > 0 else (2 if self.family == "sd2" else 1)
+
+    @contextlib.contextmanager
+    def text_session(self, clip_skip: int = 0) -> Iterator[None]:
+        """Keep the text encoder's run-scoped weights loaded for several encodings."""
+        with self._te(self._skip(clip_skip), True).session():
+            yield
+
     def encode_ids(self, ids: np.ndarray, clip_skip: int = 0, final_ln: bool = True) -> np.ndarray:
         """Hidden states of token-id chunks ``(K, 77)`` int32 -> ``(K, 77, D)`` float32.
 
         ``clip_skip`` 0 means the family default (1 for sd1, 2 for sd2)."""
-        skip = clip_skip or (2 if self.family == "sd2" else 1)
         ids = np.ascontiguousarray(ids, dtype=np.int32)
-        mod = self.modules["te"]
         t0 = time.perf_counter()
-        with mod.use() as w:
-            def build(g: Any) -> None:
-                x = g.input("ids", ids.shape, "i32")
-                mask = g.input("mask", (ids.shape[1], ids.shape[1]))
-                g.output("h", clip_m.clip_text(g, w, x, mask, self.clip_cfg, skip, final_ln))
-            g = mod.graph(("clip", ids.shape, skip, final_ln), build)
-            g.set_input("ids", ids)
-            g.set_input("mask", clip_m.causal_mask(ids.shape[1]))
-            g.compute()
-            out = g.get_output("h")
+        runner = self._te(self._skip(clip_skip), final_ln)
+        out = runner.run({"ids": ids, "mask": clip_m.causal_mask(ids.shape[1])})["hidden"]
         self.timings["text_encode"] = time.perf_counter() - t0
         return out
 
@@ -303,22 +272,12 @@ class StableDiffusion:
     @contextlib.contextmanager
     def unet_session(self) -> Iterator[Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]]:
         """``fn(x, t, context) -> out`` with the UNet's weights in use (graph per shape)."""
-        mod = self.modules["diffusion"]
-        with mod.use() as w:
+        runner = self.runners["diffusion"]
+        with runner.session():
             def run(x: np.ndarray, t: np.ndarray, ctx: np.ndarray) -> np.ndarray:
-                key = ("unet", x.shape, ctx.shape)
-
-                def build(g: Any) -> None:
-                    xi = g.input("x", x.shape)
-                    ti = g.input("t", (x.shape[0],))
-                    ci = g.input("c", ctx.shape)
-                    g.output("y", unet_m.unet(g, w, xi, ti, ci, self.unet_cfg))
-                g = mod.graph(key, build)
-                g.set_input("x", np.ascontiguousarray(x, dtype=np.float32))
-                g.set_input("t", np.ascontiguousarray(np.broadcast_to(t, (x.shape[0],)), dtype=np.float32))
-                g.set_input("c", np.ascontiguousarray(ctx, dtype=np.float32))
-                g.compute()
-                return g.get_output("y")
+                ts = np.ascontiguousarray(np.broadcast_to(t, (x.shape[0],)), dtype=np.float32)
+                return runner.run({"x": np.ascontiguousarray(x, dtype=np.float32), "t": ts,
+                                   "c": np.ascontiguousarray(ctx, dtype=np.float32)})["y"]
             yield run
 
     def denoiser(self, unet: Callable[..., np.ndarray], cond: np.ndarray, uncond: np.ndarray | None,
@@ -350,17 +309,11 @@ class StableDiffusion:
 
         ``tile`` (latent pixels) decodes in overlapping tiles when the latent is larger."""
         z = np.ascontiguousarray(latent / vae_m.SCALE_FACTOR, dtype=np.float32)
-        mod = self.modules["vae"]
+        runner = self.runners["vae"]
         t0 = time.perf_counter()
-        with mod.use() as w:
+        with runner.session():
             def one(zt: np.ndarray) -> np.ndarray:
-                def build(g: Any) -> None:
-                    zi = g.input("z", zt.shape)
-                    g.output("img", vae_m.vae_decode(g, w, zi, self.vae_cfg))
-                g = mod.graph(("dec", zt.shape), build)
-                g.set_input("z", zt)
-                g.compute()
-                return g.get_output("img")
+                return runner.run({"z": zt})["image"]
             if tile and (z.shape[-1] > tile or z.shape[-2] > tile):
                 out = vae_m.tiled_decode(one, z, tile, max(1, tile // 4), self.vae_cfg.factor)
             else:
@@ -371,15 +324,7 @@ class StableDiffusion:
     def encode_image(self, img: np.ndarray) -> np.ndarray:
         """Images ``(N, 3, H, W)`` in [-1, 1] -> latent means ``(N, 4, H/8, W/8)`` (unscaled)."""
         img = np.ascontiguousarray(img, dtype=np.float32)
-        mod = self.modules["vae"]
-        with mod.use() as w:
-            def build(g: Any) -> None:
-                xi = g.input("img", img.shape)
-                g.output("mean", vae_m.vae_encode(g, w, xi, self.vae_cfg))
-            g = mod.graph(("enc", img.shape), build)
-            g.set_input("img", img)
-            g.compute()
-            return g.get_output("mean")
+        return self.runners["vae"].run({"image": img})["mean"]
 
     # ------------------------------------------------------------------ txt2img
 
@@ -387,23 +332,31 @@ class StableDiffusion:
                 on_step: Callable[[int, int, np.ndarray], None] | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None,
                 noise: np.ndarray | None = None, sigmas: np.ndarray | None = None,
-                vae_tile: int | None = None) -> list[np.ndarray]:
+                vae_tile: int | None = None,
+                preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None) -> list[np.ndarray]:
         """Generate ``p.batch`` images; returns ``(H, W, 3)`` uint8 arrays.
 
         ``on_step(step, total, latent)`` after every sampler step; ``preview(step, rgb)``
-        with the cheap latent-to-RGB projection (uint8 ``(h, w, 3)``). ``noise``/``sigmas``
+        with uint8 ``(h, w, 3)`` of the first image's denoised latent: the cheap
+        latent-to-RGB projection, or ``preview_decoder(latent (1, 4, h, w)) -> uint8`` (a
+        TAESD's :meth:`~sdplan.core.models.tae.Tae.preview`) when given. ``noise``/``sigmas``
         override the seeded Philox noise ``(batch, 4, H/8, W/8)`` and the schedule (tests).
 
         Raises:
-            ValueError: width/height not multiples of 8 * 2^(levels-1)... (the UNet's factor).
+            ValueError: width/height not positive multiples of the UNet's factor
+                (8 * 2^(levels-1) for SD).
             sampling.SamplingError: unknown sampler or scheduler.
+            Cancelled: the cancel token fired.
         """
         f = self.vae_cfg.factor * 2 ** (len(self.unet_cfg.channel_mult) - 1)
         if p.width % f or p.height % f or p.width <= 0 or p.height <= 0:
             raise ValueError(f"width and height must be positive multiples of {f}, got "
                              f"{p.width}x{p.height}")
-        cond = self.encode_prompt(p.prompt, p.clip_skip)
-        uncond = self.encode_prompt(p.negative_prompt, p.clip_skip) if p.cfg_scale != 1.0 else None
+        t0 = time.perf_counter()
+        with self.text_session(p.clip_skip):
+            cond = self.encode_prompt(p.prompt, p.clip_skip)
+            uncond = self.encode_prompt(p.negative_prompt, p.clip_skip) if p.cfg_scale != 1.0 else None
+        self.timings["text_encode"] = time.perf_counter() - t0
         if uncond is not None and uncond.shape != cond.shape:
             k = max(cond.shape[1], uncond.shape[1])
             cond, uncond = _pad_chunks(cond, k), _pad_chunks(uncond, k)
@@ -421,7 +374,8 @@ class StableDiffusion:
             if on_step:
                 on_step(i + 1, total, xi)
             if preview:
-                preview(i + 1, latent_to_rgb(den[0], self.family))
+                rgb = preview_decoder(den[:1]) if preview_decoder else latent_to_rgb(den[0], self.family)
+                preview(i + 1, rgb)
 
         t0 = time.perf_counter()
         with self.unet_session() as unet:

@@ -20,7 +20,7 @@ from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core import graph as gr  # noqa: E402
 from sdplan.core.checkpoint import read_model_files  # noqa: E402
 from sdplan.core.models import clip  # noqa: E402
-from sdplan.core.pipeline import ModuleWeights  # noqa: E402
+from sdplan.core.pipeline import module_weight_file  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
 REL_TOL = 5e-3
@@ -33,11 +33,23 @@ def cpu():
     mgr.close()
 
 
-def load(cpu, family: str, module: str) -> tuple[ModuleWeights, dict[str, np.ndarray]]:
-    ms = read_model_files({"model": [FIX / f"{family}_tiny.safetensors"]})
-    mw = ModuleWeights(ms.module_tensors(module))
-    mw.load(cpu)
-    return mw, load_file(str(FIX / f"{family}_ref.safetensors"))
+class Loaded:
+    """A module's weights read into one CPU buffer: ``tensors`` (checkpoint name -> tensor)."""
+
+    def __init__(self, cpu, family: str, module: str) -> None:
+        ms = read_model_files({"model": [FIX / f"{family}_tiny.safetensors"]})
+        wf, names = module_weight_file(ms, module)
+        self.store = wf.new_store()
+        self.buffer = self.store.allocate(list(wf.infos), cpu)
+        wf.read(self.store, list(wf.infos))
+        self.tensors = {n: self.store.tensor(s) for n, s in names.items()}
+
+    def free(self) -> None:
+        self.buffer.free()
+
+
+def load(cpu, family: str, module: str) -> tuple[Loaded, dict[str, np.ndarray]]:
+    return Loaded(cpu, family, module), load_file(str(FIX / f"{family}_ref.safetensors"))
 
 
 def assert_close(got: np.ndarray, ref: np.ndarray, rel: float = REL_TOL) -> float:

@@ -1,6 +1,7 @@
 """The SD pipeline end to end on the tiny fixtures: prompt -> context (tokenizer + CLIP),
-a full CFG euler run with fixed noise and sigmas, the decoded image; with the weights
-resident, staged from a params device, read from disk for each use, and under a plan.
+a full CFG euler run with fixed noise and sigmas, the decoded image; every module through the
+engine's ModuleRunner with the weights resident, staged from a params device (a second CPU
+backend instance as the runtime device), read from disk for each use, and under a plan.
 
 Tolerances: contexts, VAE 5e-3 x max |ref|; the final latent of the 4-step CFG run
 1e-2 x max |ref| (measured 2e-3); the image within 2/255 per channel.
@@ -18,6 +19,7 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core import sampling  # noqa: E402
+from sdplan.core.engine import BackendPool, ModulePlacement  # noqa: E402
 from sdplan.core.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.pipeline import GenerateParams, StableDiffusion, image_to_uint8  # noqa: E402
 from sdplan.core.plan import resolve  # noqa: E402
@@ -27,9 +29,24 @@ FIX = Path(__file__).parent / "fixtures"
 GIB = 1 << 30
 
 
-def model(family: str, plan=None) -> StableDiffusion:
+@pytest.fixture(scope="module")
+def pool():
+    second = G.init_backend("CPU")
+    p = BackendPool(G.BackendManager(2), extra={"CPU1": second})
+    yield p
+    p.manager.close()
+
+
+def model(family: str, plan=None, **kw) -> StableDiffusion:
     return StableDiffusion(FIX / f"{family}_tiny.safetensors", plan, n_threads=2, clip_heads=2,
-                           unet_head_dim=8 if family == "sd2" else None)
+                           unet_head_dim=8 if family == "sd2" else None, **kw)
+
+
+PLACEMENTS = {
+    "runtime": ModulePlacement(("CPU",)),
+    "device": ModulePlacement(("CPU1",), params_mode="device", params_device="CPU"),
+    "disk": ModulePlacement(("CPU",), params_mode="disk"),
+}
 
 
 def ref(family: str) -> dict[str, np.ndarray]:
@@ -56,11 +73,9 @@ def test_family_detection_and_contexts(family) -> None:
 
 @pytest.mark.parametrize("family", ["sd1", "sd2"])
 @pytest.mark.parametrize("mode", ["runtime", "device", "disk"])
-def test_full_cfg_run_matches_reference(family, mode) -> None:
+def test_full_cfg_run_matches_reference(pool, family, mode) -> None:
     r = ref(family)
-    with model(family) as sd:
-        for m in sd.modules.values():
-            m.mode = mode
+    with model(family, pool=pool, placements=dict.fromkeys(("te", "diffusion", "vae"), PLACEMENTS[mode])) as sd:
         p = GenerateParams("a photo of a cat", "", 16, 16, 4, float(r["run_cfg_scale"][0]), 1,
                            "euler", "discrete")
         latents = []
@@ -70,8 +85,16 @@ def test_full_cfg_run_matches_reference(family, mode) -> None:
         assert_close(latents[-1], r["run_final_latent"], 1e-2)
         expect = image_to_uint8(r["run_image"][0]).astype(int)
         assert np.abs(imgs[0].astype(int) - expect).max() <= 2
-        if mode != "runtime":  # nothing stays on the runtime device between uses
-            assert sd.modules["diffusion"].graphs == {}
+        for name, runner in sd.runners.items():
+            now = runner.memory()
+            peak = runner.last_peak
+            if mode == "runtime":  # weights stay where they run
+                assert now["CPU"].weights == peak["CPU"].weights > 0, name
+            elif mode == "device":  # staged copies on CPU1 are released, params stay on CPU
+                assert peak["CPU1"].staging > 0 and "CPU1" not in now, name
+                assert now["CPU"].weights > 0, name
+            else:  # nothing stays after a use
+                assert peak["CPU"].weights > 0 and now == {}, name
 
 
 def test_seeded_generation_is_reproducible_and_previews() -> None:
@@ -93,10 +116,11 @@ def test_placed_by_a_plan_with_disk_residency_and_small_budget() -> None:
     assert plan.modules["diffusion"].params.mode == "disk"
     r = ref("sd1")
     with model("sd1", plan) as sd:
-        assert sd.modules["diffusion"].mode == "disk" and sd.modules["te"].mode == "runtime"
+        assert sd.placements["diffusion"].params_mode == "disk"
+        assert sd.placements["te"].params_mode == "runtime"
         with sd.unet_session() as unet:
             den = sd.denoiser(unet, r["context_cond"], r["context_uncond"], 7.0)
             s = r["run_sigmas"].astype(np.float64)
             out = sampling.sample("euler", den, sampling.initial_latent(r["run_noise"], s), s)
         assert_close(out, r["run_final_latent"], 1e-2)
-        assert sd.modules["diffusion"].resident is None
+        assert sd.runners["diffusion"].memory() == {}

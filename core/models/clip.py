@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 from sdplan.core import graph as gr
-from sdplan.core.models.unet import ModelLayoutError, Weights
+from sdplan.core.models.unet import ModelLayoutError, StoreView, Weights
 
-__all__ = ["ClipConfig", "PREFIXES", "clip_config", "clip_text", "causal_mask", "find_prefix"]
+__all__ = ["ClipConfig", "ClipGraph", "PREFIXES", "layer_prefix", "clip_config", "clip_text", "causal_mask", "find_prefix"]
 
 Tensor = Any
 
@@ -159,27 +159,109 @@ def clip_text(g: Any, weights: Mapping[str, Any], ids: Tensor, mask: Tensor,
     if not 1 <= clip_skip <= cfg.n_layers:
         raise ValueError(f"clip_skip must be in 1..{cfg.n_layers}, got {clip_skip}")
     w = Weights(weights, cfg.prefix)
+    x = _embed(g, w, cfg, ids)
+    for i in range(cfg.n_layers - clip_skip + 1):
+        x = _layer(g, w, cfg, i, x, mask)
+    return _final(g, w, cfg, x) if final_ln else x
+
+
+def _embed(g: Any, w: Weights, cfg: ClipConfig, ids: Tensor) -> Tensor:
+    """Token plus position embeddings of i32 ``ids`` ``(B, T)`` -> ``(B, T, D)``."""
     b, t = ids.shape
     if cfg.layout == "openai":
         tok, pos = w["embeddings.token_embedding.weight"], w["embeddings.position_embedding.weight"]
-        fln = "final_layer_norm"
     else:
-        tok, pos, fln = w["token_embedding.weight"], w["positional_embedding"], "ln_final"
+        tok, pos = w["token_embedding.weight"], w["positional_embedding"]
     x = g.get_rows(tok, g.reshape(ids, (b * t,)))
     x = g.reshape(x, (b, t, cfg.width))
     if t != cfg.n_positions:
         es = 2 if pos.dtype == "f16" else 4
         pos = g.view(pos, (t, cfg.width), (cfg.width * es, es), 0)
-    x = g.add(x, pos)
-    for i in range(cfg.n_layers - clip_skip + 1):
-        n = _names(cfg, i)
-        h = gr.layer_norm(g, x, w[n["ln1"] + ".weight"], w[n["ln1"] + ".bias"], _LN_EPS)
-        q, k, v = _qkv(g, w, cfg, h, n["attn"])
-        a = gr.attention(g, q, k, v, mask, flash=False)
-        x = g.add(x, gr.linear(g, a, w[n["out"] + ".weight"], w[n["out"] + ".bias"]))
-        h = gr.layer_norm(g, x, w[n["ln2"] + ".weight"], w[n["ln2"] + ".bias"], _LN_EPS)
-        h = g.unary(cfg.activation, gr.linear(g, h, w[n["fc1"] + ".weight"], w[n["fc1"] + ".bias"]))
-        x = g.add(x, gr.linear(g, h, w[n["fc2"] + ".weight"], w[n["fc2"] + ".bias"]))
-    if final_ln:
-        x = gr.layer_norm(g, x, w[fln + ".weight"], w[fln + ".bias"], _LN_EPS)
-    return x
+    return g.add(x, pos)
+
+
+def _layer(g: Any, w: Weights, cfg: ClipConfig, i: int, x: Tensor, mask: Tensor) -> Tensor:
+    """Pre-LN transformer layer ``i`` with the causal ``mask``."""
+    n = _names(cfg, i)
+    h = gr.layer_norm(g, x, w[n["ln1"] + ".weight"], w[n["ln1"] + ".bias"], _LN_EPS)
+    q, k, v = _qkv(g, w, cfg, h, n["attn"])
+    a = gr.attention(g, q, k, v, mask, flash=False)
+    x = g.add(x, gr.linear(g, a, w[n["out"] + ".weight"], w[n["out"] + ".bias"]))
+    h = gr.layer_norm(g, x, w[n["ln2"] + ".weight"], w[n["ln2"] + ".bias"], _LN_EPS)
+    h = g.unary(cfg.activation, gr.linear(g, h, w[n["fc1"] + ".weight"], w[n["fc1"] + ".bias"]))
+    return g.add(x, gr.linear(g, h, w[n["fc2"] + ".weight"], w[n["fc2"] + ".bias"]))
+
+
+def _final(g: Any, w: Weights, cfg: ClipConfig, x: Tensor) -> Tensor:
+    fln = "final_layer_norm" if cfg.layout == "openai" else "ln_final"
+    return gr.layer_norm(g, x, w[fln + ".weight"], w[fln + ".bias"], _LN_EPS)
+
+
+def layer_prefix(cfg: ClipConfig, i: int) -> str:
+    """Checkpoint-name prefix of layer ``i`` (``...encoder.layers.{i}.`` or
+    ``...transformer.resblocks.{i}.``)."""
+    mid = "encoder.layers." if cfg.layout == "openai" else "transformer.resblocks."
+    return f"{cfg.prefix}{mid}{i}."
+
+
+class ClipGraph:
+    """The CLIP text encoder as an engine module graph (:class:`sdplan.core.models.ModuleGraph`):
+    block ``i`` is layer ``i`` (``layers.N``, the unit of ``te`` layer split); embeddings and
+    the final LayerNorm are non-block tensors on the main device.
+
+    Inputs ``ids`` i32 ``(B, T)`` and ``mask`` f32 ``(T, T)`` (:func:`causal_mask`); output
+    ``hidden`` f32 ``(B, T, D)``. Layers after ``n_layers - clip_skip + 1`` are identity
+    blocks (their weights are still placed, as sd-cli loads them). ``names``: checkpoint name
+    -> store name of the encoder's weights (``position_ids`` and projections are left out).
+
+    Raises ValueError for ``clip_skip`` outside 1..n_layers.
+    """
+
+    def __init__(self, cfg: ClipConfig, names: Mapping[str, str], clip_skip: int = 1,
+                 final_ln: bool = True) -> None:
+        if not 1 <= clip_skip <= cfg.n_layers:
+            raise ValueError(f"clip_skip must be in 1..{cfg.n_layers}, got {clip_skip}")
+        self.cfg, self.clip_skip, self.final_ln = cfg, clip_skip, final_ln
+        self.n_blocks = cfg.n_layers
+        self.names = dict(names)
+        self._blocks: list[list[str]] = [[] for _ in range(cfg.n_layers)]
+        self._other: list[str] = []
+        prefixes = [layer_prefix(cfg, i) for i in range(cfg.n_layers)]
+        for full, short in self.names.items():
+            for i, p in enumerate(prefixes):
+                if full.startswith(p):
+                    self._blocks[i].append(short)
+                    break
+            else:
+                self._other.append(short)
+
+    def block_tensors(self, i: int) -> list[str]:
+        return list(self._blocks[i])
+
+    def other_tensors(self) -> list[str]:
+        return list(self._other)
+
+    def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``ids`` i32 ``(B, T)`` and ``mask`` f32 ``(T, T)``; ValueError otherwise."""
+        ids, mask = tuple(shapes.get("ids", ())), tuple(shapes.get("mask", ()))
+        if len(ids) != 2 or mask != (ids[1], ids[1]) or ids[1] > self.cfg.n_positions:
+            raise ValueError(f"CLIP inputs must be ids (B, T<={self.cfg.n_positions}) and mask (T, T), "
+                             f"got {shapes}")
+        return {"ids": (ids, "i32"), "mask": (mask, "f32")}
+
+    def build_pre(self, g: Any, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        x = _embed(g, Weights(StoreView(w, self.names), self.cfg.prefix), self.cfg, inputs["ids"])
+        return {"x": x, "mask": inputs["mask"]}
+
+    def build_block(self, g: Any, w: Any, i: int, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        if i > self.cfg.n_layers - self.clip_skip:
+            return state
+        x = _layer(g, Weights(StoreView(w, self.names), self.cfg.prefix), self.cfg, i, state["x"],
+                   state["mask"])
+        return {"x": x, "mask": state["mask"]}
+
+    def build_post(self, g: Any, w: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        x = state["x"]
+        if self.final_ln:
+            x = _final(g, Weights(StoreView(w, self.names), self.cfg.prefix), self.cfg, x)
+        return {"hidden": x}

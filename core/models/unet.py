@@ -20,7 +20,8 @@ from typing import Any
 
 from sdplan.core import graph as gr
 
-__all__ = ["Weights", "ModelLayoutError", "UNetConfig", "PREFIX", "FAMILY_HEADS", "unet_config", "unet"]
+__all__ = ["Weights", "StoreView", "ModelLayoutError", "UNetConfig", "UNetGraph", "PREFIX", "FAMILY_HEADS",
+           "unet_config", "unet"]
 
 Tensor = Any
 PREFIX = "model.diffusion_model."
@@ -80,6 +81,27 @@ class Weights:
                 if head.isdigit():
                     out.add(int(head))
         return sorted(out)
+
+
+class StoreView(Mapping[str, Any]):
+    """Checkpoint names -> weight tensors of an engine store: ``view[name]`` is
+    ``lookup(names[name])`` (``names`` maps each checkpoint name to its store name, which may
+    be a short alias; ``lookup`` is the engine's ``w``). Missing names raise KeyError."""
+
+    def __init__(self, lookup: Any, names: Mapping[str, str]) -> None:
+        self.lookup, self.names = lookup, names
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.lookup(self.names[name])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def __iter__(self) -> Any:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 @dataclass(frozen=True)
@@ -276,3 +298,42 @@ def unet(g: Any, weights: Mapping[str, Any], x: Tensor, t: Tensor, context: Tens
         h = _block(g, w.sub(f"output_blocks.{n}."), h, emb, context, cfg)
     h = gr.group_norm(g, h, _GN_GROUPS, w["out.0.weight"], w["out.0.bias"], _RES_EPS)
     return gr.conv2d(g, g.unary("silu", h), w["out.2.weight"], w["out.2.bias"], padding=1)
+
+
+class UNetGraph:
+    """The UNet as an engine module graph (:class:`sdplan.core.models.ModuleGraph`): no
+    splittable blocks (spec section 8: UNet stages are never block tensors), every weight on
+    the main device.
+
+    Inputs ``x`` f32 ``(N, C_in, H, W)``, ``t`` f32 ``(N,)``, ``c`` f32 ``(N, S, D)``; output
+    ``y`` ``(N, C_out, H, W)``. ``names``: checkpoint name -> store name of every UNet weight.
+    """
+
+    n_blocks = 0
+
+    def __init__(self, cfg: UNetConfig, names: Mapping[str, str]) -> None:
+        self.cfg, self.names = cfg, dict(names)
+
+    def block_tensors(self, i: int) -> list[str]:
+        raise IndexError(f"the UNet has no blocks (asked for block {i})")
+
+    def other_tensors(self) -> list[str]:
+        return list(self.names.values())
+
+    def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``x``, ``t`` and ``c`` as f32; ValueError when one is missing or ``t`` does not
+        have one entry per latent."""
+        if set(shapes) != {"x", "t", "c"}:
+            raise ValueError(f"UNet inputs are x, t, c; got {sorted(shapes)}")
+        if tuple(shapes["t"]) != (shapes["x"][0],):
+            raise ValueError(f"UNet: t must be ({shapes['x'][0]},), got {shapes['t']}")
+        return {k: (tuple(shapes[k]), "f32") for k in ("x", "t", "c")}
+
+    def build_pre(self, g: Any, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        return dict(inputs)
+
+    def build_block(self, g: Any, w: Any, i: int, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        raise IndexError(f"the UNet has no blocks (asked for block {i})")
+
+    def build_post(self, g: Any, w: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {"y": unet(g, StoreView(w, self.names), state["x"], state["t"], state["c"], self.cfg)}

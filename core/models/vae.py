@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 from sdplan.core import graph as gr
-from sdplan.core.models.unet import ModelLayoutError, Weights
+from sdplan.core.models.unet import ModelLayoutError, StoreView, Weights
 
-__all__ = ["VaeConfig", "PREFIX", "vae_config", "vae_decode", "vae_encode", "tiled_decode",
+__all__ = ["VaeConfig", "VaeGraph", "PREFIX", "vae_config", "vae_decode", "vae_encode", "tiled_decode",
            "SCALE_FACTOR"]
 
 Tensor = Any
@@ -170,6 +170,43 @@ def vae_encode(g: Any, weights: Mapping[str, Any], img: Tensor, cfg: VaeConfig |
     return g.cont(g.view(h, (n, zc, hh, ww), (c2 * hh * ww * 4, hh * ww * 4, ww * 4, 4), 0))
 
 
+class VaeGraph:
+    """The VAE as an engine module graph (:class:`sdplan.core.models.ModuleGraph`): whole,
+    no blocks. Input ``z`` f32 ``(N, C, h, w)`` (already divided by the scale factor) gives
+    output ``image`` ``(N, 3, 8h, 8w)``; input ``image`` f32 ``(N, 3, H, W)`` in [-1, 1]
+    gives ``mean`` ``(N, C, H/8, W/8)``. ``names``: checkpoint name -> store name.
+    """
+
+    n_blocks = 0
+
+    def __init__(self, cfg: VaeConfig, names: Mapping[str, str]) -> None:
+        self.cfg, self.names = cfg, dict(names)
+
+    def block_tensors(self, i: int) -> list[str]:
+        raise IndexError(f"the VAE has no blocks (asked for block {i})")
+
+    def other_tensors(self) -> list[str]:
+        return list(self.names.values())
+
+    def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``z`` or ``image`` (exactly one, 4-D) as f32; ValueError otherwise."""
+        if len(shapes) != 1 or next(iter(shapes)) not in ("z", "image") or len(next(iter(shapes.values()))) != 4:
+            raise ValueError(f"VAE input must be one 4-D 'z' or 'image', got {shapes}")
+        return {k: (tuple(v), "f32") for k, v in shapes.items()}
+
+    def build_pre(self, g: Any, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        return dict(inputs)
+
+    def build_block(self, g: Any, w: Any, i: int, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        raise IndexError(f"the VAE has no blocks (asked for block {i})")
+
+    def build_post(self, g: Any, w: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        view = StoreView(w, self.names)
+        if "z" in state:
+            return {"image": vae_decode(g, view, state["z"], self.cfg)}
+        return {"mean": vae_encode(g, view, state["image"], self.cfg)}
+
+
 def _starts(size: int, tile: int, overlap: int) -> list[int]:
     if size <= tile:
         return [0]
@@ -217,6 +254,7 @@ def tiled_decode(decode: Callable[[np.ndarray], np.ndarray], z: np.ndarray, tile
             hi_x = (x0 + tw - xs[xs.index(x0) + 1]) * factor if x0 != xs[-1] else 0
             wgt = np.outer(_ramp(th * factor, lo_y, hi_y), _ramp(tw * factor, lo_x, hi_x))
             sl = (slice(y0 * factor, (y0 + th) * factor), slice(x0 * factor, (x0 + tw) * factor))
+            assert out is not None and acc is not None
             out[:, :, sl[0], sl[1]] += img * wgt
             acc[sl] += wgt
     assert out is not None and acc is not None
