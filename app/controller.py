@@ -319,24 +319,38 @@ class PlanController(QObject):
         """
         from sdplan.core.checkpoint import read_model_files
 
-        self.model_files = {k: list(v) for k, v in flags.items()}
+        files = {k: list(v) for k, v in flags.items()}
         try:
-            ms = read_model_files(self.model_files)
-            self.profile = ms.profile()
-            self.model_files = files_by_flag(ms, self.model_files)
+            ms = read_model_files(files)
+            profile = ms.profile()
+            files = files_by_flag(ms, files)
         except (SdplanError, OSError, ValueError) as exc:
             if strict:
-                raise
+                raise  # nothing changed
             self.status.emit(f"model files not read: {exc}")
+        else:
+            self.profile = profile
+        self.model_files = files
         self._apply(self.placement, "load")
         self.modelChanged.emit()
 
     def open_files(self, paths: Sequence[str]) -> None:
-        """Open model files of any kind (classified by their tensor names), adding to the
-        files already open. Raises :class:`SdplanError` for a bad file."""
+        """Open model files of any kind (classified by their tensor names). They join the
+        files already open (a VAE or text encoder next to a diffusion model); when they
+        clash with those (another whole checkpoint), they replace them.
+
+        Raises:
+            SdplanError: a file is unreadable or not a model (nothing changes then).
+        """
+        new = [str(p) for p in paths]
         flags = {k: list(v) for k, v in self.model_files.items()}
-        flags.setdefault("model", []).extend(str(p) for p in paths)
-        self.load_model_files(flags)
+        flags.setdefault("model", []).extend(p for p in new if p not in flags["model"])
+        try:
+            self.load_model_files(flags)
+        except (SdplanError, OSError, ValueError):
+            if not self.model_files:
+                raise
+            self.load_model_files({"model": new})
 
     def set_profile(self, profile: Profile | None) -> None:
         """Plan with ``profile`` (block sizes) instead of the loaded files."""

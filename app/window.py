@@ -377,22 +377,42 @@ class MainWindow(QMainWindow):
             return False
         return True
 
-    def load_hardware(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Load hardware profile", "",
-                                              "Device inventory (*.json)")
-        if path:
-            try:
-                self.ctl.set_inventory(Inventory.load(path))
-                self.ctl.inventory_source = None
-            except SdplanError as exc:
-                QMessageBox.warning(self, "Cannot load the hardware profile", str(exc))
+    def load_hardware(self, path: str | None = None) -> bool:
+        """Plan for the devices of a saved inventory (a hardware profile); asks for the file
+        when ``path`` is None. Refreshes stop (the devices are not this machine's)."""
+        if not isinstance(path, str):  # a menu action passes its checked state
+            path, _ = QFileDialog.getOpenFileName(self, "Load hardware profile", "",
+                                                  "Device inventory (*.json)")
+            if not path:
+                return False
+        try:
+            inv = Inventory.load(path)
+        except SdplanError as exc:
+            QMessageBox.warning(self, "Cannot load the hardware profile", str(exc))
+            return False
+        self.ctl.inventory_source = None
+        self.ctl.rpc_devices = [d for d in inv if d.registry.upper() == "RPC"]
+        self.ctl.set_inventory(inv)
+        self.auto_refresh_act.setChecked(False)
+        self.show_status(f"planning for the devices in {Path(path).name}")
+        return True
 
-    def save_hardware(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save hardware profile", "devices.json",
-                                              "Device inventory (*.json)")
-        if path:
-            data = {"devices": [d.to_json() for d in self.ctl.inventory]}
+    def save_hardware(self, path: str | None = None) -> bool:
+        """Save the devices (with their free memory now) as an inventory JSON file that
+        ``sdplan plan --devices`` and Load hardware profile read back."""
+        if not isinstance(path, str):  # a menu action passes its checked state
+            path, _ = QFileDialog.getSaveFileName(self, "Save hardware profile",
+                                                  "devices.json", "Device inventory (*.json)")
+            if not path:
+                return False
+        data = {"devices": [d.to_json() for d in self.ctl.inventory]}
+        try:
             Path(path).write_text(json.dumps(data, indent=1), encoding="utf-8")
+        except OSError as exc:
+            QMessageBox.warning(self, "Cannot save the hardware profile", f"{path}: {exc}")
+            return False
+        self.show_status(f"saved {len(data['devices'])} devices to {Path(path).name}")
+        return True
 
     def load_profile(self) -> None:
         from sdplan.core.profile import Profile

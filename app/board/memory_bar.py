@@ -88,7 +88,7 @@ class MemoryLegend(QWidget):
         return self.sizeHint()
 
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
-        t = self.theme
+        t = self.theme = theme.current()  # follows theme switches
         p = QPainter(self)
         p.setRenderHint(QPainter.RenderHint.Antialiasing)
         sample = QColor(theme.ACCENT).lighter(110)
