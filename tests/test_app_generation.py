@@ -50,7 +50,12 @@ def panel(qtbot, ctl, tmp_path, clients):
     return p
 
 
-def test_disabled_without_model_or_engine(qtbot, tmp_path):
+def test_disabled_without_model_or_engine(qtbot, tmp_path, monkeypatch):
+    import sdplan.app.generation as generation
+
+    # a build without the engine (sdplan.core.pipeline lacking create_engine_client)
+    monkeypatch.setattr(generation, "engine_unavailable_reason",
+                        lambda: "Engine not available: this build has no engine client")
     inv = Inventory((Device("CPU", "cpu", "cpu", "CPU", 8 * GIB, 16 * GIB),))
     c = PlanController(inv)
     p = GenerationPanel(c, tmp_path / "h", client_factory=None)
