@@ -1,8 +1,8 @@
 """Upscaling images with ESRGAN-family networks on the engine: image in, image out.
 
 :class:`Upscaler` opens an upscaler file (safetensors, or a ``.pth``/``.ckpt`` read by the
-restricted reader of :mod:`sdplan.core.pth` and converted once to a temporary safetensors
-file so the engine can read, stage or stream it like any model file), finds its
+restricted reader of :mod:`sdplan.core.pth`, its arrays held in memory and written into the
+engine's buffers like a file's tensors), finds its
 architecture from the tensor shapes (:func:`sdplan.core.models.esrgan.detect_esrgan`) and
 runs it as the ``upscaler`` module of a placement (runtime device, residency, budget) with
 :class:`sdplan.core.engine.ModuleRunner`.
@@ -16,7 +16,6 @@ tile is the largest of :data:`TILE_SIZES` whose measured compute buffer plus wei
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -107,21 +106,22 @@ def to_image(x: np.ndarray) -> np.ndarray:
     return (np.clip(x[0], 0.0, 1.0).transpose(1, 2, 0) * 255.0 + 0.5).astype(np.uint8)
 
 
-def _tensor_file(path: Path, workdir: Path) -> Path:
-    """``path`` itself when it is safetensors/GGUF; a .pth/.ckpt converted into
-    ``workdir`` otherwise (tensors only, via the restricted reader)."""
+def _weight_file(path: Path) -> tuple[dict[str, tuple[int, ...]], Any]:
+    """``(shapes, make)``: the tensor shapes of an upscaler file and ``make(names, dtypes)``
+    building its :class:`~sdplan.core.weights.WeightFile`: read from the file itself for
+    safetensors/GGUF, from the arrays of the restricted reader for a .pth/.ckpt."""
+    from sdplan.core.checkpoint_readers import read_tensor_file
     from sdplan.core.pth import is_pth, load_pth_tensors
+    from sdplan.core.weights import WeightFile
 
     if not path.is_file():
         raise ModelFileError(path, "no such file")
-    if not is_pth(path):
-        return path
-    from safetensors.numpy import save_file
-
-    arrays = load_pth_tensors(path)
-    out = workdir / (path.stem + ".safetensors")
-    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(out))
-    return out
+    if is_pth(path):
+        arrays = load_pth_tensors(path)
+        return ({k: tuple(v.shape) for k, v in arrays.items()},
+                lambda names, dtypes: WeightFile.from_arrays(arrays, path, names, dtypes))
+    shapes = {t.name: tuple(t.shape) for t in read_tensor_file(path).tensors}
+    return shapes, lambda names, dtypes: WeightFile(path, names, dtypes)
 
 
 class Upscaler:
@@ -142,24 +142,15 @@ class Upscaler:
     def __init__(self, path: str | Path, placement: Any = None, pool: Any = None, tile: int | None = None,
                  overlap: int | None = None, n_threads: int = 0) -> None:
         from sdplan.core import engine
-        from sdplan.core.checkpoint_readers import read_tensor_file
-        from sdplan.core.weights import WeightFile
 
         self.path = Path(path)
-        self._tmp = tempfile.TemporaryDirectory(prefix="sdplan-upscaler-")
-        try:
-            file = _tensor_file(self.path, Path(self._tmp.name))
-            tf = read_tensor_file(file)
-            shapes = {t.name: tuple(t.shape) for t in tf.tensors}
-            names = canonical_rrdb_names(list(shapes))
-            self.cfg = detect_esrgan({k: shapes[v] for k, v in names.items()}, str(self.path))
-            model = UpscalerGraph(self.cfg, names)
-            files = model.other_tensors()
-            # f32 throughout: these networks are small and f16 im2col is slower on CPUs.
-            wf = WeightFile(file, files, dtypes=dict.fromkeys(files, "f32"))
-        except BaseException:
-            self._tmp.cleanup()
-            raise
+        shapes, make = _weight_file(self.path)
+        names = canonical_rrdb_names(list(shapes))
+        self.cfg = detect_esrgan({k: shapes[v] for k, v in names.items()}, str(self.path))
+        model = UpscalerGraph(self.cfg, names)
+        files = model.other_tensors()
+        # f32 throughout: these networks are small and f16 im2col is slower on CPUs.
+        wf = make(files, dict.fromkeys(files, "f32"))
         self.placement = placement or engine.ModulePlacement(("CPU",))
         pool = pool or engine.BackendPool()
         self.runner = engine.ModuleRunner(model, wf, self.placement, pool, name="upscaler",
@@ -249,9 +240,8 @@ class Upscaler:
         return to_image(self.upscale_array(to_array(image), repeats))
 
     def close(self) -> None:
-        """Free the runner's buffers and the temporary converted file (idempotent)."""
+        """Free the runner's buffers (idempotent)."""
         self.runner.release()
-        self._tmp.cleanup()
 
     def __enter__(self) -> Upscaler:
         return self

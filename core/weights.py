@@ -7,6 +7,9 @@ backend buffer on one device and filled straight from the file with large sequen
 (``WeightStore.read``: pread into a staging buffer, ``ggml_backend_tensor_set``, GIL
 released), converting dtypes the backend cannot consume.
 
+Tensors may also come from numpy arrays in memory (:meth:`WeightFile.from_arrays`), written
+into the buffers with ``WeightStore.set_data``.
+
 Dtype policy (:func:`runtime_dtype`): vectors (biases, norm weights) become f32; conv
 kernels (4-D) f16 unless already f32; matrices keep the file dtype when the backend
 multiplies it, otherwise f32 (bf16, f64) or f16 (quantized kernels ggml cannot run there).
@@ -71,9 +74,16 @@ class WeightFile:
     """
 
     def __init__(self, path: str | Path, names: Iterable[str] | None = None,
-                 dtypes: Mapping[str, str] | None = None, backend: Any | None = None) -> None:
+                 dtypes: Mapping[str, str] | None = None, backend: Any | None = None,
+                 _arrays: Mapping[str, Any] | None = None) -> None:
         self.path = str(path)
-        index = {t.name: t for t in read_tensor_file(path).tensors}
+        #: name -> host array when the tensors come from memory (:meth:`from_arrays`).
+        self.arrays: dict[str, Any] | None = None
+        if _arrays is None:
+            index = {t.name: t for t in read_tensor_file(path).tensors}
+        else:
+            self.arrays = dict(_arrays)
+            index = {n: _array_info(n, a, self.path) for n, a in self.arrays.items()}
         wanted = list(index) if names is None else list(names)
         missing = [n for n in wanted if n not in index]
         if missing:
@@ -81,6 +91,19 @@ class WeightFile:
         self.infos: dict[str, TensorInfo] = {n: index[n] for n in wanted}
         self.dtypes: dict[str, str] = {
             n: (dtypes or {}).get(n) or runtime_dtype(self.infos[n], backend) for n in wanted}
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, Any], label: str | Path, names: Iterable[str] | None = None,
+                    dtypes: Mapping[str, str] | None = None, backend: Any | None = None) -> WeightFile:
+        """A weight file whose tensors are numpy arrays in memory (a ``.pth`` checkpoint read
+        by :mod:`sdplan.core.pth`, say): float64/float32/float16/int32 arrays, held in
+        f32/f16/i32 per the dtype policy. ``label`` names the source in errors.
+
+        Raises:
+            ModelFileError: an array of another dtype, a missing name, or a runtime dtype
+                that cannot be made from an array (bf16, quantized types).
+        """
+        return cls(label, names, dtypes, backend, _arrays=arrays)
 
     def specs(self) -> list[tuple[str, str, tuple[int, ...]]]:
         """``(name, dtype, shape)`` for ``sdplan._ggml.WeightStore``."""
@@ -97,6 +120,8 @@ class WeightFile:
 
         Raises ValueError for an unallocated tensor, RuntimeError when the file is short.
         """
+        if self.arrays is not None:
+            return self._set_arrays(store, names)
         items = [(n, self.infos[n].offset, ggml_dtype(self.infos[n].dtype)) for n in names]
         t0 = time.perf_counter()
         n = int(store.read(self.path, items, chunk_bytes))
@@ -104,9 +129,34 @@ class WeightFile:
         log.debug("read %d bytes of %s in %.3f s", n, self.path, dt)
         return n
 
+    def _set_arrays(self, store: Any, names: Sequence[str]) -> int:
+        import numpy as np
+
+        total = 0
+        for n in names:
+            to = _NUMPY.get(self.dtypes[n])
+            if to is None:
+                raise ModelFileError(self.path, f"tensor {n!r}: {self.dtypes[n]} cannot be made from an array")
+            store.set_data(n, np.ascontiguousarray(self.arrays[n], dtype=to))  # type: ignore[index]
+            total += self.infos[n].nbytes
+        return total
+
     def nbytes(self, names: Iterable[str]) -> int:
         """File bytes of ``names``."""
         return sum(self.infos[n].nbytes for n in names)
+
+
+#: numpy dtypes of arrays from memory (safetensors names) and of the runtime dtypes they fill.
+_ARRAY_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int32": "I32"}
+_NUMPY = {"f32": "float32", "f16": "float16", "i32": "int32"}
+
+
+def _array_info(name: str, array: Any, label: str) -> TensorInfo:
+    dt = _ARRAY_DTYPES.get(str(getattr(array, "dtype", "")))
+    if dt is None:
+        raise ModelFileError(label, f"tensor {name!r}: arrays of dtype {getattr(array, 'dtype', type(array))} "
+                                    f"are not supported (float64/32/16, int32)")
+    return TensorInfo(name, dt, tuple(int(d) for d in array.shape), int(array.nbytes), 0, label)
 
 
 def plain_read_seconds(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> tuple[int, float]:

@@ -170,3 +170,30 @@ def test_names_longer_than_ggml_names(cpu, tmp_path) -> None:
     buf.free()
     with pytest.raises(RuntimeError, match=r"weight 'model\.(diffusion_model|other_diffusion)\.double_blocks"):
         g.compute()  # the error names the weight in full
+
+
+def test_weight_file_from_arrays(cpu) -> None:
+    """Arrays in memory load like a file's tensors, with the same dtype policy."""
+    arrays = {"m64": RNG.standard_normal((8, 32)), "m16": RNG.standard_normal((8, 32)).astype(np.float16),
+              "v32": RNG.standard_normal(32).astype(np.float32), "k": RNG.standard_normal((4, 2, 3, 3))}
+    wf = WeightFile.from_arrays(arrays, "net.pth", backend=cpu)
+    assert wf.dtypes == {"m64": "f32", "m16": "f16", "v32": "f32", "k": "f32"}
+    store = wf.new_store()
+    store.allocate(list(arrays), cpu)
+    assert wf.read(store, list(arrays)) == sum(a.nbytes for a in arrays.values())
+    np.testing.assert_array_equal(values(store, "m64", (8, 32), "f32"), arrays["m64"].astype(np.float32))
+    np.testing.assert_array_equal(values(store, "m16", (8, 32), "f16"), arrays["m16"])
+    np.testing.assert_array_equal(values(store, "k", (4, 2, 3, 3), "f32"), arrays["k"].astype(np.float32))
+    only = WeightFile.from_arrays(arrays, "net.pth", names=["v32"], dtypes={"v32": "f16"})
+    assert list(only.infos) == ["v32"] and only.dtypes == {"v32": "f16"}
+    from sdplan.core.errors import ModelFileError
+
+    with pytest.raises(ModelFileError, match="net.pth.*'bad'.*uint8"):
+        WeightFile.from_arrays({"bad": np.zeros(4, np.uint8)}, "net.pth")
+    with pytest.raises(ModelFileError, match="missing tensors: nope"):
+        WeightFile.from_arrays(arrays, "net.pth", names=["nope"])
+    q = WeightFile.from_arrays(arrays, "net.pth", names=["m64"], dtypes={"m64": "q8_0"})
+    qs = q.new_store()
+    qs.allocate(["m64"], cpu)
+    with pytest.raises(ModelFileError, match="q8_0 cannot be made from an array"):
+        q.read(qs, ["m64"])
