@@ -40,7 +40,7 @@ def test_generate_matches_reference_png(tmp_path: Path, monkeypatch) -> None:
     args = parse(["-m", str(MODEL), "-p", "a photo of a cat", "-W", "16", "-H", "16", "--steps", "4",
                   "--cfg-scale", "7", "-s", "1", "--sampling-method", "euler", "--scheduler",
                   "discrete", "-o", str(out), "--preview-path", str(tmp_path / "prev"),
-                  "--clip-heads", "2", "-t", "2", "--params-backend", "vae=disk"])
+                  "--clip-heads", "2", "-t", "2", "--params-backend", "vae=disk", "--in-process"])
     assert args.run(args) == 0
     img = Image.open(out)
     got = np.asarray(img.convert("RGB")).astype(int)
@@ -74,3 +74,136 @@ def test_generate_refuses_a_plan_that_does_not_fit(tmp_path: Path, capsys, monke
     assert "--force" in capsys.readouterr().err
     args = parse([*argv, "--force"])
     assert args.run(args) == 0 and out.exists()
+
+
+def png(path: Path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB")).astype(int)
+
+
+BASE = ["-m", str(MODEL), "-p", "a cat", "-W", "16", "-H", "16", "--steps", "3", "--cfg-scale", "5",
+        "-s", "11", "--sampling-method", "euler_a", "-t", "2"]
+
+
+def test_engine_child_process_gives_the_in_process_image(tmp_path: Path) -> None:
+    """The default engine lives in a child process; the same seed gives the same pixels."""
+    a, b = tmp_path / "child.png", tmp_path / "here.png"
+    args = parse([*BASE, "--clip-heads", "2", "-o", str(a), "--preview-path", str(tmp_path / "p")])
+    assert args.run(args) == 0
+    args = parse([*BASE, "--clip-heads", "2", "-o", str(b), "--in-process"])
+    assert args.run(args) == 0
+    assert np.array_equal(png(a), png(b))
+    assert len(list((tmp_path / "p").iterdir())) == 3
+
+
+def test_head_counts_from_safetensors_metadata(tmp_path: Path) -> None:
+    """``sdplan.clip_heads`` in the file's __metadata__ replaces --clip-heads."""
+    from safetensors.numpy import save_file
+
+    meta_model = tmp_path / "sd1_meta.safetensors"
+    save_file(load_file(str(MODEL)), str(meta_model), metadata={"sdplan.clip_heads": "2"})
+    a, b = tmp_path / "flag.png", tmp_path / "meta.png"
+    args = parse([*BASE, "--clip-heads", "2", "-o", str(a), "--in-process"])
+    assert args.run(args) == 0
+    argv = [*BASE, "-o", str(b), "--in-process"]
+    argv[1] = str(meta_model)
+    args = parse(argv)
+    assert args.run(args) == 0
+    assert np.array_equal(png(a), png(b))
+
+
+def test_dead_engine_process_is_a_clear_error(tmp_path: Path, monkeypatch, capsys) -> None:
+    import signal
+
+    from sdplan.core import worker
+
+    class Killed(worker.Engine):
+        def call(self, func, params, on_progress=None, on_preview=None):  # type: ignore[no-untyped-def]
+            def progress(info):  # type: ignore[no-untyped-def]
+                if info.get("step") == 1:
+                    os.kill(self.pid, signal.SIGKILL)
+                if on_progress:
+                    on_progress(info)
+            return super().call(func, params, progress, on_preview)
+
+    monkeypatch.setattr(worker, "Engine", Killed)
+    args = parse([*BASE, "--clip-heads", "2", "--steps", "20", "-o", str(tmp_path / "x.png")])
+    assert args.run(args) == 2
+    err = capsys.readouterr().err
+    assert "engine process died (signal SIGKILL)" in err and "Traceback" not in err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_taesd_previews_and_upscaler(tmp_path: Path, monkeypatch) -> None:
+    """--taesd previews decode the denoised latent (numpy TAESD decoder of the reference's
+    final latent for the last one); --upscale-model doubles the reference image."""
+    from safetensors.numpy import save_file
+    from sdplan.core.upscale import Upscaler
+    from test_models_tae import np_decode, tae_weights
+
+    ref = load_file(str(FIX / "sd1_ref.safetensors"))
+    monkeypatch.setattr(sampling.PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())
+    dec = tae_weights(np.random.default_rng(4), "decoder", 4)
+    tae = tmp_path / "taesd.safetensors"
+    save_file({f"decoder.layers.{k}": v for k, v in dec.items()}, str(tae))
+    up = FIX / "compact_x2.pth"
+    out = tmp_path / "up.png"
+    args = parse(["-m", str(MODEL), "-p", "a photo of a cat", "-W", "16", "-H", "16", "--steps", "4",
+                  "--cfg-scale", "7", "-s", "1", "--sampling-method", "euler", "-o", str(out),
+                  "--preview-path", str(tmp_path / "prev"), "--clip-heads", "2", "-t", "2", "--in-process",
+                  "--taesd", str(tae), "--upscale-model", str(up)])
+    assert args.run(args) == 0
+    last = png(tmp_path / "prev" / "preview_004.png")
+    expect = np.clip(np_decode(dec, ref["run_final_latent"][0]), 0, 1).transpose(1, 2, 0) * 255
+    assert last.shape == (64, 64, 3) and np.abs(last - expect).max() <= 4
+    with Upscaler(up, n_threads=2) as u:
+        want = u.upscale_image(image_to_uint8(ref["run_image"][0])).astype(int)
+    got = png(out)
+    assert got.shape == (32, 32, 3) and np.abs(got - want).max() <= 3
+    assert Image.open(out).text["upscale_model"] == "compact_x2.pth"
+
+
+FLUX = ["--t5xxl", str(FIX / "t5_tiny.safetensors"), "--clip_l", str(FIX / "clip_l_tiny.safetensors"),
+        "--vae", str(FIX / "flux_ae_tiny.safetensors"), "--flux-axes", "4,6,6", "--clip-heads", "2",
+        "--t5-length", "16", "-p", "a photo of a cat", "-W", "64", "-H", "64", "--steps", "4",
+        "--sampling-method", "euler", "-t", "1"]
+
+
+def test_flux_files_match_the_reference(tmp_path: Path, monkeypatch) -> None:
+    ref = load_file(str(FIX / "flux_ref.safetensors"))
+    monkeypatch.setattr(sampling.PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())
+    out = tmp_path / "flux.png"
+    args = parse(["--diffusion-model", str(FIX / "flux_dev_tiny.safetensors"), *FLUX, "-o", str(out),
+                  "--in-process", "--preview-path", str(tmp_path / "prev")])
+    assert args.run(args) == 0
+    assert np.abs(png(out) - image_to_uint8(ref["run_image"][0]).astype(int)).max() <= 2
+    assert Image.open(out).text["guidance"] == "3.5"
+    assert len(list((tmp_path / "prev").iterdir())) == 4
+
+
+def test_flux_files_need_every_part(tmp_path: Path, capsys) -> None:
+    args = parse(["--diffusion-model", str(FIX / "flux_dev_tiny.safetensors"), *FLUX[2:], "-o",
+                  str(tmp_path / "x.png"), "--in-process"])
+    assert args.run(args) == 2
+    assert "--t5xxl" in capsys.readouterr().err
+
+
+@pytest.mark.rpc
+def test_flux_split_over_two_rpc_servers(tmp_path: Path) -> None:
+    """--backend diffusion=RPC0&RPC1,te=RPC0&RPC1 over two loopback servers (registered only in
+    the engine child) gives the one-device image."""
+    from conftest import require_or_skip
+    from rpc_util import rpc_servers
+
+    if not G.rpc_available():
+        require_or_skip("the loaded ggml has no RPC backend", "SDPLAN_REQUIRE_RPC")
+    dit = ["--diffusion-model", str(FIX / "flux_schnell_tiny.safetensors"), *FLUX, "-s", "5"]
+    one = tmp_path / "one.png"
+    args = parse([*dit, "-o", str(one)])
+    assert args.run(args) == 0
+    with rpc_servers(2) as servers:
+        split = tmp_path / "split.png"
+        args = parse([*dit, "-o", str(split), "--rpc-servers", ",".join(s.endpoint for s in servers),
+                      "--backend", "diffusion=RPC0&RPC1,te=RPC0&RPC1"])
+        assert args.run(args) == 0
+    assert np.abs(png(split) - png(one)).max() <= 1
+    assert "RPC0&RPC1" in Image.open(split).text["backend"]

@@ -1,12 +1,28 @@
-"""``sdplan generate``: text-to-image with an SD 1.x / 2.x checkpoint, placed by the plan.
+"""``sdplan generate``: text to image on sdplan's engine, placed by the plan.
 
-The flags are sd-cli's spellings (``-m -p -n -W -H --steps --cfg-scale -s --sampling-method
---scheduler -b -o --preview-path --clip-skip`` and every placement flag), so a pasted sd-cli
-command works. The plan is resolved against the live devices, printed, and refused when the
-memory estimate says it does not fit (unless ``--force``). PNG text chunks record the prompt,
-negative prompt, seed, steps, sampler, scheduler, cfg scale, clip skip, size, the model hash
-(``sha256`` of the first MiB of the file followed by its size in bytes, as decimal text; the
-chunk ``model_hash_method`` says so) and the canonical placement strings.
+SD 1.x / 2.x from a single-file checkpoint (``-m``), or Flux from its files
+(``--diffusion-model --t5xxl --clip_l --vae``; architecture flux-dev / flux-schnell from
+:func:`sdplan.core.checkpoint.read_model_files`). The flags are sd-cli's spellings (``-m -p -n
+-W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
+--clip-skip --taesd --upscale-model --upscale-repeats`` and every placement flag), so a pasted
+sd-cli command works.
+
+The engine runs in a child process (:class:`sdplan.core.worker.Engine`; ``--in-process`` keeps
+it here for debugging): the live devices (RPC servers included) are asked of the engine
+process, so a lost RPC server can only end that child. The plan is resolved here, printed,
+and refused when the memory estimate says it does not fit (unless ``--force``); the module
+placements travel to the engine. Progress messages drive a bar with steps/s and ETA;
+previews (latent projection, or TAESD with ``--taesd``) are written to ``--preview-path``.
+A dead engine process is a one-line error naming the signal and ggml's last message.
+
+PNG text chunks record the prompt, negative prompt, seed, steps, sampler, scheduler, cfg
+scale, clip skip, size, the model hash (``sha256`` of the first MiB of the file followed by
+its size in bytes, as decimal text; the chunk ``model_hash_method`` says so) and the
+canonical placement strings.
+
+Hyper-parameters small test models do not carry in their shapes (head counts, prediction,
+Flux RoPE axes) come from the flags below or from ``sdplan.*`` keys of the safetensors
+``__metadata__`` (:data:`sdplan.core.pipeline.METADATA_KEYS`).
 """
 
 from __future__ import annotations
@@ -16,6 +32,7 @@ import hashlib
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,35 +41,52 @@ from sdplan.core.placement import add_placement_arguments, placement_from_namesp
 
 log = logging.getLogger(__name__)
 MODEL_HASH_METHOD = "sha256(first 1 MiB + decimal file size)"
+#: Model-file flags -> request keys.
+FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "t5xxl", "clip_l": "clip_l",
+              "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``sdplan generate`` on the dispatcher's subparsers."""
-    p = subparsers.add_parser("generate", help="text to image with an SD 1.x/2.x checkpoint",
+    p = subparsers.add_parser("generate", help="text to image (SD 1.x/2.x checkpoint or Flux files)",
                               description="Generate images on sdplan's engine with sd-cli's flags.")
-    p.add_argument("-m", "--model", required=True, metavar="PATH", help="single-file checkpoint")
+    p.add_argument("-m", "--model", metavar="PATH", help="single-file SD checkpoint")
+    p.add_argument("--diffusion-model", metavar="PATH", help="Flux diffusion model")
+    p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux)")
+    p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux)")
+    p.add_argument("--vae", metavar="PATH", help="VAE / autoencoder file")
+    p.add_argument("--taesd", metavar="PATH", help="TAE decoder for previews during sampling")
+    p.add_argument("--upscale-model", metavar="PATH", help="ESRGAN upscaler applied after decoding")
+    p.add_argument("--upscale-repeats", type=int, default=1, help="times to run the upscaler")
     p.add_argument("-p", "--prompt", required=True)
     p.add_argument("-n", "--negative-prompt", default="")
     p.add_argument("-W", "--width", type=int, default=512, help="image width in pixels")
     p.add_argument("-H", "--height", type=int, default=512, help="image height in pixels")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cfg-scale", type=float, default=7.0)
+    p.add_argument("--guidance", type=float, default=3.5, help="Flux dev distilled guidance")
     p.add_argument("-s", "--seed", type=int, default=42, help="RNG seed (< 0: random)")
     p.add_argument("--sampling-method", default="euler_a")
     p.add_argument("--scheduler", default="discrete")
     p.add_argument("-b", "--batch-count", type=int, default=1)
     p.add_argument("-o", "--output", default="output.png", help="PNG path (batch: _N suffixes)")
-    p.add_argument("--preview-path", metavar="DIR", help="write a latent preview PNG per step")
+    p.add_argument("--preview-path", metavar="DIR", help="write a preview PNG per step")
     p.add_argument("--clip-skip", type=int, default=-1, help="<= 0: the family default")
     p.add_argument("--vae-tile-size", type=int, default=0, metavar="LATENT_PX",
                    help="decode in tiles of this many latent pixels (0: whole)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: ggml's default)")
     p.add_argument("--force", action="store_true", help="run even when the plan does not fit")
-    adv = p.add_argument_group("model hyper-parameters not in the weights (small test models)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the engine in this process (debugging; a ggml abort ends sdplan)")
+    adv = p.add_argument_group("model hyper-parameters not in the weights (small test models; "
+                               "also read from sdplan.* safetensors metadata)")
     adv.add_argument("--clip-heads", type=int, help="CLIP attention heads (default width/64)")
     adv.add_argument("--unet-heads", type=int, help="UNet heads (default: 8 for SD 1.x)")
     adv.add_argument("--unet-head-dim", type=int, help="UNet head width (default: 64 for SD 2.x)")
     adv.add_argument("--prediction", choices=("eps", "v"), help="default: eps SD1, v SD2")
+    adv.add_argument("--flux-heads", type=int, help="Flux DiT heads (default from the q-norm width)")
+    adv.add_argument("--flux-axes", metavar="I,R,C", help="Flux RoPE axes widths (default hd/8 and halves)")
+    adv.add_argument("--t5-length", type=int, default=256, help="T5 tokens after padding (Flux)")
     add_placement_arguments(p)
     p.set_defaults(run=run)
     return p
@@ -67,18 +101,27 @@ def model_hash(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def _resolve(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The request's model files (sd-cli flag keys -> paths). Raises SdplanError when neither
+    ``-m`` nor ``--diffusion-model`` is given."""
+    files = {key: [str(getattr(args, attr))] for attr, key in FILE_FLAGS.items() if getattr(args, attr, None)}
+    if "model" not in files and "diffusion_model" not in files:
+        raise SdplanError("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux files)")
+    return files
+
+
+def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]]) -> tuple[Any, Any, Any]:
     from sdplan.core.checkpoint import profile_from_model_flags
-    from sdplan.core.commands.plan import _inventory
     from sdplan.core.estimate import estimate_plan
+    from sdplan.core.inventory import Inventory
+    from sdplan.core.pipeline import INVENTORY_JOB
     from sdplan.core.plan import resolve
 
     placement = placement_from_namespace(args)
-    inventory, _ = _inventory(None, placement.rpc_servers)
-    profile = profile_from_model_flags({"model": [args.model]})
+    inventory = Inventory.from_json(engine.call(INVENTORY_JOB, {"rpc_servers": list(placement.rpc_servers)}))
+    profile = profile_from_model_flags({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
     plan = resolve(placement, inventory, profile)
-    fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
-                        batch=args.batch_count)
+    fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count)
     return plan, inventory, fit
 
 
@@ -93,76 +136,114 @@ def _save_png(img: Any, path: Path, text: dict[str, str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Plan, generate, write PNGs; 0 on success, 2 on an sdplan error, 3 when the plan does
-    not fit (without ``--force``)."""
+    """Plan, generate, write PNGs; 0 on success, 2 on an sdplan error (a dead engine
+    process included), 3 when the plan does not fit (without ``--force``)."""
     from rich.console import Console
-    from sdplan.core.commands.plan import _print_error, _print_tables
+    from sdplan.core.commands.plan import print_error, print_tables
+    from sdplan.core.worker import Engine
 
     console = Console(stderr=True)
-    try:
-        plan, inventory, fit = _resolve(args)
-    except SdplanError as exc:
-        _print_error(exc)
-        return 2
-    _print_tables(plan, inventory, fit)
-    if fit is not None and not fit.fits:
-        if not args.force:
-            console.print("[bold red]refused[/]: the plan does not fit "
-                          f"({'; '.join(fit.reasons)}); use --force to run anyway")
-            return 3
-        console.print("[yellow]--force[/]: running a plan that does not fit")
-    try:
-        return _generate(args, plan, console)
-    except (SdplanError, ValueError) as exc:
-        console.print(f"[bold red]error[/]: {exc}")
-        return 2
+    with Engine(isolated=not args.in_process) as engine:
+        try:
+            files = model_files(args)
+            plan, inventory, fit = _resolve(args, engine, files)
+        except SdplanError as exc:
+            print_error(exc)
+            return 2
+        print_tables(plan, inventory, fit)
+        if fit is not None and not fit.fits:
+            if not args.force:
+                console.print("[bold red]refused[/]: the plan does not fit "
+                              f"({'; '.join(fit.reasons)}); use --force to run anyway")
+                return 3
+            console.print("[yellow]--force[/]: running a plan that does not fit")
+        try:
+            return _generate(args, files, plan, engine, console)
+        except (SdplanError, ValueError) as exc:
+            from rich.markup import escape
+
+            console.print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False)
+            return 2
 
 
-def _generate(args: argparse.Namespace, plan: Any, console: Any) -> int:
+def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, seed: int) -> dict[str, Any]:
+    """The engine request (:func:`sdplan.core.pipeline.generate_job`) of parsed flags and a
+    resolved plan (its per-module placements travel with it)."""
+    from sdplan.core.engine import ModulePlacement
+
+    overrides = {"clip_heads": args.clip_heads, "unet_heads": args.unet_heads,
+                 "unet_head_dim": args.unet_head_dim, "prediction": args.prediction,
+                 "flux_heads": args.flux_heads, "t5_length": args.t5_length}
+    if args.flux_axes:
+        try:
+            overrides["flux_axes"] = tuple(int(a) for a in args.flux_axes.split(","))
+        except ValueError:
+            raise SdplanError(f"--flux-axes must be three integers like 16,56,56, got {args.flux_axes!r}") from None
+    return {"model_files": files, "prompt": args.prompt, "negative_prompt": args.negative_prompt,
+            "width": args.width, "height": args.height, "steps": args.steps, "cfg_scale": args.cfg_scale,
+            "guidance": args.guidance, "seed": seed, "sampling_method": args.sampling_method,
+            "scheduler": args.scheduler, "batch_count": args.batch_count, "clip_skip": max(args.clip_skip, 0),
+            "vae_tile_size": args.vae_tile_size, "upscale_repeats": args.upscale_repeats,
+            "threads": args.threads, "rpc_servers": list(plan.rpc_servers),
+            "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")},
+            "overrides": {k: v for k, v in overrides.items() if v is not None},
+            "previews": bool(args.preview_path)}
+
+
+def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any, console: Any) -> int:
     import random
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-    from sdplan.core.pipeline import GenerateParams, StableDiffusion
+    from sdplan.core.pipeline import GENERATE_JOB
 
     seed = args.seed if args.seed >= 0 else random.randrange(2**31)
-    params = GenerateParams(args.prompt, args.negative_prompt, args.width, args.height, args.steps,
-                            args.cfg_scale, seed, args.sampling_method, args.scheduler,
-                            args.batch_count, max(args.clip_skip, 0))
+    req = request(args, files, plan, seed)
     preview_dir = Path(args.preview_path) if args.preview_path else None
-    with StableDiffusion(args.model, plan, n_threads=args.threads, prediction=args.prediction,
-                         clip_heads=args.clip_heads, unet_heads=args.unet_heads,
-                         unet_head_dim=args.unet_head_dim) as sd, Progress(
-            TextColumn("sampling"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console,
-            transient=False) as bar:
+    t0 = time.perf_counter()
+    with Progress(TextColumn("sampling"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console,
+                  transient=False) as bar:
         task = bar.add_task("sampling", total=args.steps, rate="")
+        first: dict[str, float] = {}
 
-        def on_step(step: int, total: int, _lat: Any) -> None:
-            speed = bar.tasks[0].speed
-            bar.update(task, completed=step, total=total,
-                       rate=f"{speed:.2f} steps/s" if speed else "")
+        def on_progress(info: dict[str, Any]) -> None:
+            if "step" not in info:
+                return
+            now = time.perf_counter()
+            first.setdefault("t", now)
+            first.setdefault("step", info["step"])
+            done = info["step"] - first["step"]
+            rate = done / (now - first["t"]) if done and now > first["t"] else 0.0
+            bar.update(task, completed=info["step"], total=info["total"],
+                       rate=f"{rate:.2f} steps/s" if rate else "")
 
-        def preview(step: int, rgb: Any) -> None:
+        def on_preview(info: dict[str, Any]) -> None:
             if preview_dir is not None:
-                _save_png(rgb, preview_dir / f"preview_{step:03d}.png", {})
+                _save_png(info["image"], preview_dir / f"preview_{info['step']:03d}.png", {})
 
-        images = sd.txt2img(params, on_step, preview if preview_dir else None,
-                            vae_tile=args.vae_tile_size or None)
+        try:
+            res = engine.call(GENERATE_JOB, {"request": req}, on_progress, on_preview)
+        except KeyboardInterrupt:
+            engine.cancel()
+            raise
+    log.info("generated in %.2f s: %s", time.perf_counter() - t0, res.get("timings"))
+    main = files["model"][0] if "model" in files else files["diffusion_model"][0]
     text = {"prompt": args.prompt, "negative_prompt": args.negative_prompt, "seed": str(seed),
             "steps": str(args.steps), "sampler": args.sampling_method,
             "scheduler": args.scheduler, "cfg_scale": f"{args.cfg_scale:g}",
             "clip_skip": str(args.clip_skip), "size": f"{args.width}x{args.height}",
-            "model": os.path.basename(args.model), "model_hash": model_hash(args.model),
+            "model": os.path.basename(main), "model_hash": model_hash(main),
             "model_hash_method": MODEL_HASH_METHOD, "software": "sdplan"}
-    text.update({k.lstrip("-").replace("-", "_"): v for k, v in _placement_strings(plan).items()})
+    if "diffusion_model" in files:
+        text["guidance"] = f"{args.guidance:g}"
+    if args.upscale_model:
+        text["upscale_model"] = os.path.basename(args.upscale_model)
+        text["upscale_repeats"] = str(args.upscale_repeats)
+    text.update({"backend": plan.backend, "params_backend": plan.params_backend, "max_vram": plan.max_vram})
     out = Path(args.output)
+    images = res["images"]
     for i, img in enumerate(images):
         path = out if len(images) == 1 else out.with_name(f"{out.stem}_{i}{out.suffix or '.png'}")
         _save_png(img, path, text | {"batch_index": str(i)})
         print(path, file=sys.stdout)
     return 0
-
-
-def _placement_strings(plan: Any) -> dict[str, str]:
-    return {"backend": plan.backend, "params_backend": plan.params_backend,
-            "max_vram": plan.max_vram}

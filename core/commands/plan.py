@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from sdplan.core.errors import PlanError, SdplanError
@@ -70,8 +71,10 @@ def fallback_inventory() -> Inventory:
     return Inventory((cpu,))
 
 
-def _inventory(path: str | None, rpc_servers: tuple[str, ...]) -> tuple[Inventory,
-                                                                          list[PlanWarning]]:
+def load_inventory(path: str | None, rpc_servers: Sequence[str] = ()) -> tuple[Inventory, list[PlanWarning]]:
+    """The inventory file at ``path``, else the live devices of this process (after adding
+    ``rpc_servers``), else the CPU alone with a ``live_inventory_unavailable`` warning.
+    Raises InventoryError for a bad file, RpcError for an unreachable server."""
     if path:
         return Inventory.load(path), []
     try:
@@ -125,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         return _list_builtin(args.json)
     try:
         placement = placement_from_namespace(args)
-        inventory, extra = _inventory(args.devices, placement.rpc_servers)
+        inventory, extra = load_inventory(args.devices, placement.rpc_servers)
         profile = _profile(args)
         plan = resolve(placement, inventory, profile)
         if extra:
@@ -137,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"ok": False, "error": err}, indent=1))
         else:
-            _print_error(exc)
+            print_error(exc)
         return 2
     if args.json:
         out = plan.to_json()
@@ -145,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
             out["fit"] = fit.to_json()
         print(json.dumps(out, indent=1))
     else:
-        _print_tables(plan, inventory, fit)
+        print_tables(plan, inventory, fit)
     return 0
 
 
@@ -179,7 +182,9 @@ def _list_builtin(as_json: bool) -> int:
     return 0
 
 
-def _print_error(exc: SdplanError) -> None:
+def print_error(exc: SdplanError) -> None:
+    """Print an sdplan error on stderr (code, message, and the flag text with a caret under
+    the span for a PlanError)."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -192,7 +197,9 @@ def _print_error(exc: SdplanError) -> None:
         console.print(pad + "^" * max(end - start, 1), style="red", highlight=False)
 
 
-def _print_tables(plan: Plan, inventory: Inventory, fit: Any) -> None:
+def print_tables(plan: Plan, inventory: Inventory, fit: Any) -> None:
+    """Print the plan on stdout: modules, devices with budgets, warnings, the fit estimate
+    (when given) and the canonical flags."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
