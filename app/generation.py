@@ -79,6 +79,9 @@ class GenerationPanel(QFrame):
         self._t0 = 0.0
         self._last_request: dict[str, Any] | None = None
         self.last_images: list[QImage] = []
+        #: Extra request keys for the engine (``overrides`` for models whose files do not
+        #: name their head counts, ``threads``...); see sdplan.core.pipeline.generate_job.
+        self.request_extra: dict[str, Any] = {}
         self.setObjectName("Panel")
         self.setMinimumWidth(340)
         lay = QVBoxLayout(self)
@@ -281,7 +284,8 @@ class GenerationPanel(QFrame):
         return {**self.settings(), "backend": plan.backend,
                 "params_backend": plan.params_backend, "max_vram": plan.max_vram,
                 "rpc_servers": list(plan.rpc_servers), "stream_layers": plan.stream_layers,
-                "model_files": {k: list(v) for k, v in self.ctl.model_files.items()}}
+                "model_files": {k: list(v) for k, v in self.ctl.model_files.items()},
+                **self.request_extra}
 
     # ------------------------------------------------------------------ running
     def generate(self) -> bool:

@@ -38,6 +38,53 @@ def live_source() -> Inventory:
         return fallback_inventory()
 
 
+#: Where the bundled demo model lives inside the ``sdplan.resources`` package.
+DEMO_RESOURCE = ("demo", "sdplan-demo-shapes.safetensors")
+#: What the window offers with the demo model: a caption it was trained on, its size
+#: (128x128 pixels), and the sampling it was checked with (20 steps, CFG 5).
+DEMO_GENERATION: dict[str, object] = {
+    "prompt": "a yellow triangle on a green background", "negative_prompt": None,
+    "width": 128, "height": 128, "steps": 20, "cfg_scale": 5.0, "seed": 42,
+    "sampling_method": "euler", "scheduler": "discrete", "batch_count": 1}
+
+
+def demo_model_path() -> Path | None:
+    """The bundled demo model's file, or None when this installation has none."""
+    from importlib import resources
+
+    try:
+        ref = resources.files("sdplan.resources").joinpath("/".join(DEMO_RESOURCE))
+    except ModuleNotFoundError:
+        return None
+    path = Path(str(ref))
+    return path if path.is_file() else None
+
+
+def open_demo(ctl: object, path: Path | None = None) -> bool:
+    """Load the demo model into the controller ``ctl`` with :data:`DEMO_GENERATION` and
+    the Auto plan proposal for its devices at 128x128 (an undo history without steps).
+    Returns False when there is no demo model or it cannot be read (logged)."""
+    from sdplan.core.autoplan import auto_plan
+
+    path = path or demo_model_path()
+    if path is None:
+        return False
+    try:
+        ctl.load_model_files({"model": [str(path)]})  # type: ignore[attr-defined]
+    except (SdplanError, OSError, ValueError) as exc:
+        log.warning("demo model not loaded: %s", exc)
+        return False
+    ctl.set_generation(**DEMO_GENERATION)  # type: ignore[attr-defined]
+    try:
+        proposal = auto_plan(ctl.inventory, ctl.profile, ctl.placement,  # type: ignore[attr-defined]
+                             width=128, height=128)
+        ctl.edit(proposal.placement, "plan for the demo")  # type: ignore[attr-defined]
+    except SdplanError as exc:
+        log.info("no auto plan for the demo: %s", exc)
+    ctl.undo_stack.clear()  # type: ignore[attr-defined]
+    return True
+
+
 def profile_from_args(args: argparse.Namespace):  # noqa: ANN201 - Profile | None
     """The model profile of ``--model-profile NAME`` or ``--profile FILE|NAME`` (a path
     that does not exist is tried as a built-in profile name), or None.
@@ -80,14 +127,24 @@ def build_window(args: argparse.Namespace, settings: object = None):  # noqa: AN
     flags_given = any(getattr(args, k, None) for k in ("backend", "params_backend", "max_vram"))
     if args.files:
         ctl.open_files(args.files)
+    elif getattr(args, "demo", False):
+        if not open_demo(ctl):
+            raise SdplanError("the demo model is not installed (resources/demo)")
     elif not flags_given and not args.profile and not args.screenshot:
+        restored = False
         last = qs.value("plan/last")  # type: ignore[union-attr]
         if last:
             try:
-                ctl.load_plan_json(json.loads(str(last)), source="last session")
-                ctl.undo_stack.clear()
-            except (SdplanError, ValueError) as exc:
+                data = json.loads(str(last))
+                files = [p for v in (data.get("model_files") or {}).values() for p in v]
+                if files and all(Path(p).is_file() for p in files):
+                    ctl.load_plan_json(data, source="last session")
+                    ctl.undo_stack.clear()
+                    restored = True
+            except (SdplanError, ValueError, AttributeError, TypeError) as exc:
                 log.info("last plan not restored: %s", exc)
+        if not restored:
+            open_demo(ctl)
     win = MainWindow(ctl, qs, auto_refresh=not args.devices and not args.screenshot)  # type: ignore[arg-type]
     return ctl, win
 
