@@ -124,3 +124,69 @@ def test_placed_by_a_plan_with_disk_residency_and_small_budget() -> None:
             out = sampling.sample("euler", den, sampling.initial_latent(r["run_noise"], s), s)
         assert_close(out, r["run_final_latent"], 1e-2)
         assert sd.runners["diffusion"].memory() == {}
+
+
+# ------------------------------------------------------------------ the app's engine client
+
+REQUEST = {"model_files": {"model": [str(FIX / "sd1_tiny.safetensors")]}, "prompt": "a cat",
+           "negative_prompt": None, "width": 16, "height": 16, "steps": 3, "cfg_scale": 5.0, "seed": 3,
+           "sampling_method": "euler", "scheduler": "discrete", "batch_count": 1, "backend": "",
+           "params_backend": "", "max_vram": "", "rpc_servers": [], "stream_layers": False,
+           "overrides": {"clip_heads": 2}, "threads": 2}
+
+
+def drain(client, timeout: float = 120.0) -> list[dict]:
+    import time
+
+    out: list[dict] = []
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        msg = client.next_message(0.2)
+        if msg is not None:
+            out.append(msg)
+            if msg["type"] in ("result", "error", "cancelled"):
+                return out
+    raise AssertionError(f"no terminal message in {timeout} s: {out}")
+
+
+@pytest.fixture(scope="module")
+def client():
+    from sdplan.core.pipeline import create_engine_client
+
+    c = create_engine_client()
+    yield c
+    c.close()
+
+
+def test_engine_client_runs_a_request_in_the_child(client) -> None:
+    client.start(REQUEST)
+    msgs = drain(client)
+    steps = [(m["step"], m["preview"] is not None) for m in msgs[:-1]]
+    assert steps == [(1, False), (1, True), (2, False), (2, True), (3, False), (3, True)]
+    assert all(m["type"] == "progress" and m["total"] == 3 for m in msgs[:-1])
+    assert msgs[1]["preview"].shape == (8, 8, 3) and msgs[1]["preview"].dtype == np.uint8
+    res = msgs[-1]
+    assert res["type"] == "result" and res["params"]["seed"] == 3 and res["params"]["timings"]["sampling"] > 0
+    assert client.engine.pid is not None and client.engine.pid != __import__("os").getpid()
+    with model("sd1") as sd:  # the same request here gives the same pixels
+        want = sd.txt2img(GenerateParams("a cat", "", 16, 16, 3, 5.0, 3, "euler", "discrete"))[0]
+    assert np.array_equal(res["images"][0], want)
+
+
+def test_engine_client_cancel_and_killed_child(client) -> None:
+    import os
+    import signal
+
+    long = {**REQUEST, "steps": 400, "width": 32, "height": 32}
+    client.start(long)
+    first = client.next_message(60.0)
+    assert first is not None and first["type"] == "progress"
+    client.cancel()
+    assert drain(client)[-1] == {"type": "cancelled"}
+    client.start(long)
+    assert client.next_message(60.0)["type"] == "progress"
+    os.kill(client.engine.pid, signal.SIGKILL)
+    last = drain(client)[-1]
+    assert last["type"] == "error" and "engine process died (signal SIGKILL)" in last["message"]
+    client.start(REQUEST)  # a fresh child serves the next request
+    assert drain(client)[-1]["type"] == "result"
