@@ -82,6 +82,8 @@ class GenerationPanel(QFrame):
         #: Extra request keys for the engine (``overrides`` for models whose files do not
         #: name their head counts, ``threads``...); see sdplan.core.pipeline.generate_job.
         self.request_extra: dict[str, Any] = {}
+        #: Steps of the current run whose live preview was shown (in order).
+        self.preview_steps: list[int] = []
         self.setObjectName("Panel")
         self.setMinimumWidth(340)
         lay = QVBoxLayout(self)
@@ -306,6 +308,7 @@ class GenerationPanel(QFrame):
         from sdplan.app.worker import default_client_factory
 
         self._last_request = req
+        self.preview_steps = []
         self.error_box.hide()
         try:
             client = (self.client_factory or default_client_factory)()
@@ -351,6 +354,7 @@ class GenerationPanel(QFrame):
         if preview is not None:
             try:
                 self._show(to_qimage(preview))
+                self.preview_steps.append(step)
             except ValueError as exc:
                 log.debug("bad preview: %s", exc)
 

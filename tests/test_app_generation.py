@@ -4,6 +4,7 @@ and the disabled state."""
 
 from __future__ import annotations
 
+import json
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -135,3 +136,47 @@ def test_to_qimage_shapes():
     assert to_qimage(np.zeros((3, 5), np.uint8)).width() == 5
     with pytest.raises(ValueError):
         to_qimage(np.zeros((2, 2, 5)))
+
+
+@pytest.mark.slow
+def test_real_engine_generates_with_live_previews_into_history(qtbot, tmp_path):
+    """One real generation on the tiny SD 1.x fixture through the engine process: previews
+    every step, the picture shown and saved with its parameters."""
+    from pathlib import Path
+
+    from sdplan.app.worker import engine_unavailable_reason
+
+    reason = engine_unavailable_reason()
+    assert reason is None, reason
+    tiny = Path(__file__).parent / "fixtures" / "sd1_tiny.safetensors"
+    inv = Inventory((Device("CPU", "cpu", "cpu", "CPU", 8 * GIB, 16 * GIB),))
+    c = PlanController(inv)
+    c.open_files([str(tiny)])
+    p = GenerationPanel(c, tmp_path / "history")  # the real engine client
+    qtbot.addWidget(p)
+    p.show()
+    p.request_extra = {"overrides": {"clip_heads": 2}, "threads": 2}  # see fixture_configs
+    assert p.generate_btn.isEnabled(), p.state.text()
+    p.prompt.setPlainText("a red circle on a blue background")
+    p.width_box.setValue(64)
+    p.height_box.setValue(64)
+    p.steps.setValue(4)
+    p.cfg.setValue(5.0)
+    p.seed.setValue(7)
+    assert p.generate()
+    qtbot.waitUntil(lambda: not p.is_running(), timeout=120_000)
+    assert not p.error_box.isVisible(), p.error_label.text()
+    assert p.preview_steps == [1, 2, 3, 4]
+    assert p.progress.value() == 4 and p.progress_label.text().startswith("done")
+    assert len(p.last_images) == 1
+    img = p.last_images[0]
+    assert (img.width(), img.height()) == (64, 64)
+    saved = sorted((tmp_path / "history").glob("*.png"))
+    assert len(saved) == 1
+    from PySide6.QtGui import QImage
+
+    back = QImage(str(saved[0]))
+    assert back.convertToFormat(img.format()) == img
+    params = json.loads(saved[0].with_suffix(".json").read_text())
+    assert params["seed"] == 7 and params["prompt"] == "a red circle on a blue background"
+    assert params["width"] == 64 and params["steps"] == 4
