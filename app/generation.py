@@ -63,6 +63,24 @@ def to_qimage(array: Any) -> QImage:
     return QImage(a.data, w, h, w * c, fmt).copy()
 
 
+def describe_params(params: dict[str, Any]) -> str:
+    """One caption line for a result's parameters: prompt, size, steps, CFG, seed, sampler
+    and the run time in seconds when known (``timings['total']``)."""
+    parts = []
+    if params.get("prompt"):
+        parts.append(f"“{params['prompt']}”")
+    if params.get("width") and params.get("height"):
+        parts.append(f"{params['width']}×{params['height']}")
+    for key, label in (("steps", "steps"), ("cfg_scale", "CFG"), ("seed", "seed"),
+                       ("sampling_method", "")):
+        if params.get(key) is not None:
+            parts.append(f"{label} {params[key]}".strip())
+    timings = params.get("timings")
+    if isinstance(timings, dict) and isinstance(timings.get("total"), (int, float)):
+        parts.append(f"{timings['total']:.1f} s")
+    return "  ·  ".join(parts)
+
+
 class GenerationPanel(QFrame):
     """See module docstring. ``client_factory`` makes the engine client (tests pass a
     replaying fake); ``history_dir`` is where results are saved."""
@@ -75,6 +93,8 @@ class GenerationPanel(QFrame):
         self.history_dir = Path(history_dir)
         self.client_factory = client_factory
         self.thread: QThread | None = None
+        self.client: Any = None
+        self._failed = False
         self.worker: GenerationWorker | None = None
         self._t0 = 0.0
         self._last_request: dict[str, Any] | None = None
@@ -310,12 +330,15 @@ class GenerationPanel(QFrame):
         self._last_request = req
         self.preview_steps = []
         self.error_box.hide()
-        try:
-            client = (self.client_factory or default_client_factory)()
-        except Exception as exc:  # noqa: BLE001 - shown to the user, plan untouched
-            self.on_error(f"cannot start the engine: {exc}")
-            return False
+        client = self.client
+        if client is None:  # one engine process serves every run until it fails
+            try:
+                client = (self.client_factory or default_client_factory)()
+            except Exception as exc:  # noqa: BLE001 - shown to the user, plan untouched
+                self.on_error(f"cannot start the engine: {exc}")
+                return False
         self.client = client
+        self._failed = False
         self.thread = QThread(self)
         self.worker = GenerationWorker(client, req)
         self.worker.moveToThread(self.thread)
@@ -363,14 +386,14 @@ class GenerationPanel(QFrame):
         self.last_images = [to_qimage(a) for a in images]
         if self.last_images:
             self._show(self.last_images[0])
-        shown = {k: v for k, v in params.items() if k != "model_files"}
-        self.params_label.setText("  ·  ".join(f"{k} {v}" for k, v in shown.items()))
+        self.params_label.setText(describe_params(params))
         self.progress.setValue(self.progress.maximum())
         self.progress_label.setText(f"done in {time.monotonic() - self._t0:.1f} s")
         self._save(self.last_images, params)
 
     @Slot(str)
     def on_error(self, message: str) -> None:
+        self._failed = True  # a fresh engine client for the next run
         self.error_label.setText(f"The engine failed: {message}. The plan is unchanged.")
         self.error_box.show()
         self.progress_label.setText("failed")
@@ -384,13 +407,30 @@ class GenerationPanel(QFrame):
         if self.thread is not None:
             self.thread.quit()
             self.thread.wait(5000)
-        try:
-            self.client.close()
-        except Exception:  # noqa: BLE001
-            log.debug("engine close failed", exc_info=True)
+        if self._failed:
+            self.close_engine()
         self.thread = None
         self.worker = None
         self.update_state()
+
+    def close_engine(self) -> None:
+        """Release the engine client (its process); the next run starts a new one."""
+        client, self.client = self.client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - a dead engine needs no closing
+                log.debug("engine close failed", exc_info=True)
+
+    def shutdown(self) -> None:
+        """Cancel a running generation, wait for its thread (up to 10 s) and release the
+        engine (the window is closing)."""
+        if self.worker is not None:
+            self.worker.cancel()
+        if self.thread is not None:
+            self.thread.quit()
+            self.thread.wait(10_000)
+        self.close_engine()
 
     def _show(self, img: QImage) -> None:
         """Show ``img`` scaled to fit the preview area (aspect kept)."""
@@ -430,8 +470,6 @@ class GenerationPanel(QFrame):
         meta = path.with_suffix(".json")
         if meta.exists():
             try:
-                params = json.loads(meta.read_text())
-                self.params_label.setText("  ·  ".join(f"{k} {v}" for k, v in params.items()
-                                                       if k != "model_files"))
+                self.params_label.setText(describe_params(json.loads(meta.read_text())))
             except (OSError, ValueError):
                 self.params_label.setText(path.name)

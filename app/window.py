@@ -474,8 +474,7 @@ class MainWindow(QMainWindow):
             self.board.rebuild()
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
-        if self.generation.is_running():
-            self.generation.cancel()
+        self.generation.shutdown()
         self.settings.setValue("window/geometry", self.saveGeometry())
         self.settings.setValue("plan/last", json.dumps(self.ctl.plan_json(), default=str))
         super().closeEvent(event)

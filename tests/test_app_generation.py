@@ -84,11 +84,13 @@ def test_progress_preview_result_and_history(qtbot, ctl, tmp_path):
     saved = sorted((tmp_path / "history").glob("*.png"))
     assert len(saved) == 1 and saved[0].with_suffix(".json").exists()
     assert p.history.count() == 1
-    assert "seed 7" in p.params_label.text()
+    assert "seed 7" in p.params_label.text() and "steps 4" in p.params_label.text()
     req = client.requests[0]
     assert req["prompt"] == "a lighthouse" and req["backend"] == ctl.plan.backend
     assert req["model_files"] == {"diffusion_model": ["/nonexistent/model.safetensors"]}
-    assert client.closed and p.generate_btn.isEnabled()
+    assert not client.closed and p.generate_btn.isEnabled()  # kept for the next run
+    p.shutdown()
+    assert client.closed
 
 
 def test_engine_failure_shows_error_keeps_plan_and_retry_works(qtbot, ctl, tmp_path):
@@ -180,3 +182,8 @@ def test_real_engine_generates_with_live_previews_into_history(qtbot, tmp_path):
     params = json.loads(saved[0].with_suffix(".json").read_text())
     assert params["seed"] == 7 and params["prompt"] == "a red circle on a blue background"
     assert params["width"] == 64 and params["steps"] == 4
+    assert "“a red circle on a blue background”" in p.params_label.text()
+    engine = p.client
+    assert engine is not None  # kept for the next run
+    p.shutdown()
+    assert p.client is None
