@@ -286,6 +286,10 @@ class GenerationPanel(QFrame):
     def unavailable_reason(self) -> str | None:
         """Why Generate is disabled now, or None."""
         if not self.ctl.model_files:
+            prof = self.ctl.profile
+            if prof is not None and prof.name:
+                return (f"Planning for {prof.name} without its files. Load a model to "
+                        "generate (File → Open model files, or drop files here)")
             return "Load a model to generate (File → Open model files, or drop files here)"
         if self.client_factory is None:
             return engine_unavailable_reason() or None

@@ -149,6 +149,29 @@ def build_window(args: argparse.Namespace, settings: object = None):  # noqa: AN
     return ctl, win
 
 
+def _generate_and_wait(win: object, app: object, timeout_s: float = 600.0) -> bool:
+    """Run one generation in ``win``'s panel and process events until it ends; False (with
+    the reason on stderr) when it cannot start, fails or takes longer than ``timeout_s``."""
+    import time
+
+    panel = win.generation  # type: ignore[attr-defined]
+    if not panel.generate():
+        print(f"sdplan gui: cannot generate: {panel.state.text()}", file=sys.stderr)
+        return False
+    deadline = time.monotonic() + timeout_s
+    while panel.is_running() and time.monotonic() < deadline:
+        app.processEvents()  # type: ignore[attr-defined]
+        time.sleep(0.02)
+    for _ in range(5):
+        app.processEvents()  # type: ignore[attr-defined]
+    ok = not panel.is_running() and bool(panel.last_images)
+    if not ok:
+        print(f"sdplan gui: generation did not finish: {panel.error_label.text() or 'timeout'}",
+              file=sys.stderr)
+    panel.shutdown()
+    return ok
+
+
 def run_gui(argv: Sequence[str] | argparse.Namespace | None = None) -> int:
     """Open the window (or, with ``--screenshot OUT.png``, render it offscreen at
     1440x900, save it and exit). Returns the exit code (2 on a bad argument file)."""
@@ -185,6 +208,9 @@ def run_gui(argv: Sequence[str] | argparse.Namespace | None = None) -> int:
         win.show()
         for _ in range(5):
             app.processEvents()
+        if getattr(args, "generate", False) and not _generate_and_wait(win, app):
+            win.close()
+            return 2
         out = Path(args.screenshot)
         ok = win.grab().save(str(out))
         win.close()

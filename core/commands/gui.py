@@ -21,6 +21,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--theme", choices=("system", "light", "dark"), help="colour theme")
     p.add_argument("--screenshot", metavar="OUT.png", help="render the main window offscreen "
                    "at 1440x900 to this PNG and exit")
+    p.add_argument("--generate", action="store_true", help="with --screenshot: run one "
+                   "generation with the window's settings and capture the finished result")
     add_placement_arguments(p)
 
 
