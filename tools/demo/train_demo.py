@@ -1,0 +1,417 @@
+"""Train sdplan's demo model: a small SD 1.x-layout text-to-image model of coloured shapes.
+
+Needs the ``ref`` extra (torch, diffusers, transformers) and runs on the CPU:
+
+    /work/venv-ref/bin/python tools/demo/train_demo.py --work /tmp/sdplan-demo
+
+Stages (each checkpoints into ``--work`` and is skipped or resumed when run again):
+
+1. ``vae``: an ``AutoencoderKL`` (f=8, 4 latent channels) on random crops of fresh scenes
+   from :mod:`sdplan.core.demo_scenes`; loss ``|x - x'| + (x - x')^2 + 1e-6 KL``; the
+   learning rate follows a cosine of period ``lr_period`` steps, stopped after ``steps``.
+2. ``scale``: rescale the VAE so that ``encoder mean * 0.18215`` has unit variance
+   (quant_conv mean rows times k, logvar bias + 2 ln k, post_quant_conv inputs / k), then
+   encode a fixed set of scenes (``n_latents``) to scaled latents.
+3. ``unet``: a ``UNet2DConditionModel`` and a ``CLIPTextModel`` (real 49408-token vocabulary,
+   sdplan's own tokenizer, SD 1.x padding) trained jointly on eps prediction over the
+   1000-step scaled-linear DDPM schedule (betas 0.00085..0.012), min-SNR-5 loss weights,
+   10% empty captions for classifier-free guidance, EMA of both.
+4. ``export``: EMA weights in the original single-file layout (``tests/fixtures/convert_ldm``),
+   checked against diffusers' own single-file converters, fp16 safetensors with the configs
+   in the metadata (key ``sdplan.demo``) and in ``sdplan-demo-shapes.json``.
+
+Every random draw is seeded from ``--seed`` and the step index, so a resumed run equals an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import json
+import logging
+import math
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+log = logging.getLogger("train_demo")
+
+CONFIG: dict = {
+    "seed": 20240611,
+    "vae": {
+        "model": dict(
+            in_channels=3,
+            out_channels=3,
+            down_block_types=["DownEncoderBlock2D"] * 4,
+            up_block_types=["UpDecoderBlock2D"] * 4,
+            block_out_channels=[64, 64, 64, 64],
+            layers_per_block=1,
+            latent_channels=4,
+            norm_num_groups=32,
+            sample_size=128,
+            scaling_factor=0.18215,
+        ),
+        "steps": 300,
+        "lr_period": 700,
+        "batch": 6,
+        "crop": 64,
+        "lr": 2e-3,
+        "kl_weight": 1e-6,
+    },
+    "n_latents": 672,
+    "clip": dict(
+        vocab_size=49408,
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        max_position_embeddings=77,
+        hidden_act="quick_gelu",
+        bos_token_id=49406,
+        eos_token_id=49407,
+        pad_token_id=1,
+        projection_dim=64,
+    ),
+    "unet": {
+        "model": dict(
+            sample_size=16,
+            in_channels=4,
+            out_channels=4,
+            layers_per_block=1,
+            block_out_channels=[64, 64, 128],
+            down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+            up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+            cross_attention_dim=64,
+            attention_head_dim=8,
+            norm_num_groups=32,
+            use_linear_projection=False,
+            transformer_layers_per_block=1,
+        ),
+        "steps": 330,
+        "batch": 16,
+        "lr": 1e-3,
+        "warmup": 30,
+        "caption_dropout": 0.1,
+        "ema": 0.98,
+        "min_snr_gamma": 5.0,
+        "checkpoint_every": 20,
+    },
+    "schedule": dict(
+        num_train_timesteps=1000,
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        prediction_type="epsilon",
+    ),
+    "vae_scale_factor": 0.18215,
+    "family": "sd1",
+    "clip_skip": 1,
+}
+
+
+def import_sdplan() -> None:
+    """Make ``sdplan.core`` and ``sdplan.resources`` importable from this checkout."""
+    try:
+        import sdplan.core.demo_scenes  # noqa: F401
+
+        return
+    except ImportError:
+        pass
+    pkg = types.ModuleType("sdplan")
+    pkg.__path__ = []  # type: ignore[attr-defined]
+    sys.modules["sdplan"] = pkg
+    for sub, folder in (("core", "core"), ("resources", "resources")):
+        spec = importlib.util.spec_from_file_location(
+            f"sdplan.{sub}",
+            REPO / folder / "__init__.py",
+            submodule_search_locations=[str(REPO / folder)],
+        )
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[f"sdplan.{sub}"] = mod
+        spec.loader.exec_module(mod)
+        setattr(pkg, sub, mod)
+
+
+def to_tensor(images: np.ndarray) -> torch.Tensor:
+    """uint8 ``(N, H, W, 3)`` -> float32 ``(N, 3, H, W)`` in -1..1."""
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+
+
+def save_state(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+# ----------------------------------------------------------------------------- VAE
+
+
+def build_vae():
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(**CONFIG["vae"]["model"])
+
+
+def train_vae(work: Path, seed: int) -> None:
+    from sdplan.core import demo_scenes as ds
+
+    cfg = CONFIG["vae"]
+    path = work / "vae.pt"
+    torch.manual_seed(seed)
+    vae = build_vae()
+    opt = torch.optim.Adam(vae.parameters(), lr=cfg["lr"])
+    start = 0
+    if path.exists():
+        st = torch.load(path, weights_only=False)
+        vae.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        start = st["step"]
+    if start >= cfg["steps"]:
+        return
+    t0 = time.time()
+    for step in range(start, cfg["steps"]):
+        rng = np.random.default_rng([seed, 1, step])
+        imgs, _ = ds.make_scenes(cfg["batch"], seed=int(rng.integers(2**31)))
+        x = to_tensor(imgs)
+        c = cfg["crop"]
+        oy, ox = rng.integers(0, ds.SIZE - c + 1, size=2)
+        x = x[:, :, oy : oy + c, ox : ox + c]
+        for g in opt.param_groups:
+            g["lr"] = cfg["lr"] * 0.5 * (1 + math.cos(math.pi * step / cfg["lr_period"]))
+        post = vae.encode(x).latent_dist
+        gen = torch.Generator().manual_seed(seed * 7 + step)
+        z = post.mean + post.std * torch.randn(post.mean.shape, generator=gen)
+        rec = vae.decode(z).sample
+        kl = post.kl().mean() / x[0].numel()
+        loss = (rec - x).abs().mean() + (rec - x).pow(2).mean() + cfg["kl_weight"] * kl
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 10 == 0 or step == cfg["steps"] - 1:
+            log.info("vae step %d loss %.4f (%.1f s)", step, loss.item(), time.time() - t0)
+        if (step + 1) % 50 == 0 or step == cfg["steps"] - 1:
+            save_state(path, {"model": vae.state_dict(), "opt": opt.state_dict(), "step": step + 1})
+
+
+@torch.no_grad()
+def rescale_vae(vae, k: float) -> None:
+    """Scale the latent by ``k`` without changing ``decode(encode(x))`` (see module doc)."""
+    lc = vae.config.latent_channels
+    qc, pqc = vae.quant_conv, vae.post_quant_conv
+    qc.weight[:lc] *= k
+    qc.bias[:lc] *= k
+    qc.bias[lc:] += 2 * math.log(k)
+    pqc.weight /= k
+
+
+@torch.no_grad()
+def scale_and_encode(work: Path, seed: int) -> None:
+    from sdplan.core import demo_scenes as ds
+
+    path = work / "latents.pt"
+    if path.exists():
+        return
+    vae = build_vae().eval()
+    vae.load_state_dict(torch.load(work / "vae.pt", weights_only=False)["model"])
+    captions = ds.all_captions()
+    imgs, caps = ds.make_scenes(CONFIG["n_latents"], seed=seed + 2, captions=captions)
+    x = to_tensor(imgs)
+    means = torch.cat([vae.encode(x[i : i + 64]).latent_dist.mean for i in range(0, len(x), 64)])
+    sf = CONFIG["vae_scale_factor"]
+    k = 1.0 / (sf * float(means.std()))
+    probe = x[:8]
+    before = vae.decode(vae.encode(probe).latent_dist.mean).sample
+    rescale_vae(vae, k)
+    after = vae.decode(vae.encode(probe).latent_dist.mean).sample
+    drift = float((before - after).abs().max())
+    log.info("latent rescale k=%.4f; decode(encode(x)) changes by at most %.2e", k, drift)
+    if drift > 1e-3:
+        raise RuntimeError(f"VAE rescale changed the reconstruction by {drift}")
+    latents = means * k * sf
+    rec = torch.cat([vae.decode(latents[i : i + 64] / sf).sample for i in range(0, 256, 64)])
+    err = float((rec - x[:256]).abs().mean()) * 127.5
+    log.info(
+        "scaled latents: mean %.3f std %.3f; reconstruction mean abs error %.2f / 255",
+        float(latents.mean()),
+        float(latents.std()),
+        err,
+    )
+    save_state(
+        path,
+        {"latents": latents, "captions": caps, "k": k, "vae": vae.state_dict(), "rec_err": err},
+    )
+
+
+# ----------------------------------------------------------------------------- UNet + CLIP
+
+
+def build_unet_clip():
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    unet = UNet2DConditionModel(**CONFIG["unet"]["model"])
+    clip = CLIPTextModel(CLIPTextConfig(**CONFIG["clip"]))
+    return unet, clip
+
+
+def token_ids(captions: list[str]) -> torch.Tensor:
+    from sdplan.core.tokenizer import ClipTokenizer
+
+    tok = ClipTokenizer.for_family(CONFIG["family"])
+    return torch.from_numpy(np.stack([tok.tokenize(c).ids[0] for c in captions])).long()
+
+
+def train_unet(work: Path, seed: int) -> None:
+    from diffusers import DDPMScheduler
+
+    cfg = CONFIG["unet"]
+    path = work / "unet.pt"
+    data = torch.load(work / "latents.pt", weights_only=False)
+    latents, caps = data["latents"], data["captions"]
+    ids = token_ids(caps)
+    empty = token_ids([""])[0]
+    ac = DDPMScheduler(**CONFIG["schedule"]).alphas_cumprod.float()
+    snr = ac / (1 - ac)
+    weight = torch.clamp(snr, max=cfg["min_snr_gamma"]) / snr
+
+    torch.manual_seed(seed + 3)
+    unet, clip = build_unet_clip()
+    params = list(unet.parameters()) + list(clip.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg["lr"], weight_decay=0.0)
+    ema = [p.detach().clone() for p in params]
+    start = 0
+    if path.exists():
+        st = torch.load(path, weights_only=False)
+        unet.load_state_dict(st["unet"])
+        clip.load_state_dict(st["clip"])
+        opt.load_state_dict(st["opt"])
+        ema = st["ema"]
+        start = st["step"]
+    t0 = time.time()
+    for step in range(start, cfg["steps"]):
+        gen = torch.Generator().manual_seed(seed * 1000 + step)
+        idx = torch.randint(0, len(latents), (cfg["batch"],), generator=gen)
+        x0 = latents[idx]
+        tok = ids[idx].clone()
+        drop = torch.rand(cfg["batch"], generator=gen) < cfg["caption_dropout"]
+        tok[drop] = empty
+        t = torch.randint(0, 1000, (cfg["batch"],), generator=gen)
+        eps = torch.randn(x0.shape, generator=gen)
+        a = ac[t].view(-1, 1, 1, 1)
+        xt = a.sqrt() * x0 + (1 - a).sqrt() * eps
+        lr = cfg["lr"] * min(1.0, (step + 1) / cfg["warmup"])
+        lr *= 0.5 * (1 + math.cos(math.pi * step / cfg["steps"])) * 0.9 + 0.1
+        for g in opt.param_groups:
+            g["lr"] = lr
+        ctx = clip(tok).last_hidden_state
+        pred = unet(xt, t, encoder_hidden_states=ctx).sample
+        loss = ((pred - eps).pow(2).mean(dim=(1, 2, 3)) * weight[t]).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        with torch.no_grad():
+            d = min(cfg["ema"], (1 + step) / (10 + step))
+            for e, p in zip(ema, params, strict=True):
+                e.mul_(d).add_(p.detach(), alpha=1 - d)
+        if step % 10 == 0 or step == cfg["steps"] - 1:
+            log.info(
+                "unet step %d loss %.4f lr %.2e (%.1f s)", step, loss.item(), lr, time.time() - t0
+            )
+        if (step + 1) % cfg["checkpoint_every"] == 0 or step == cfg["steps"] - 1:
+            save_state(
+                path,
+                {
+                    "unet": unet.state_dict(),
+                    "clip": clip.state_dict(),
+                    "opt": opt.state_dict(),
+                    "ema": ema,
+                    "step": step + 1,
+                },
+            )
+
+
+def load_trained(work: Path, use_ema: bool = True):
+    """(unet, clip, vae) from the work folder, EMA weights by default; eval mode."""
+    unet, clip = build_unet_clip()
+    st = torch.load(work / "unet.pt", weights_only=False)
+    unet.load_state_dict(st["unet"])
+    clip.load_state_dict(st["clip"])
+    if use_ema:
+        with torch.no_grad():
+            params = list(unet.parameters()) + list(clip.parameters())
+            for p, e in zip(params, st["ema"], strict=True):
+                p.copy_(e)
+    vae = build_vae()
+    vae.load_state_dict(torch.load(work / "latents.pt", weights_only=False)["vae"])
+    return unet.eval(), clip.eval(), vae.eval()
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def export(work: Path, out: Path) -> Path:
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(REPO / "tests" / "fixtures"))
+    import convert_ldm
+    import make_fixtures  # its check_round_trip compares against diffusers' converters
+
+    unet, clip, vae = load_trained(work)
+    for m in (unet, clip, vae):  # the file is fp16: check the round trip on fp16 values
+        make_fixtures.round_fp16(m)
+    ckpt = {}
+    ckpt.update(convert_ldm.unet_to_ldm(unet.state_dict(), dict(unet.config)))
+    ckpt.update(convert_ldm.vae_to_ldm(vae.state_dict(), dict(vae.config)))
+    ckpt.update(convert_ldm.clip_to_ldm(clip.state_dict()))
+    make_fixtures.check_round_trip("sd1", ckpt, unet, vae, clip)
+    ckpt16 = {k: v.detach().half().contiguous() for k, v in ckpt.items()}
+    meta = dict(CONFIG)
+    meta["latent_rescale_k"] = torch.load(work / "latents.pt", weights_only=False)["k"]
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / "sdplan-demo-shapes.safetensors"
+    save_file(ckpt16, str(target), metadata={"sdplan.demo": json.dumps(meta)})
+    (out / "sdplan-demo-shapes.json").write_text(json.dumps(meta, indent=1) + "\n")
+    log.info("wrote %s (%.2f MB)", target, target.stat().st_size / 1e6)
+    return target
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work", type=Path, default=Path("/tmp/sdplan-demo"), help="checkpoints")
+    ap.add_argument("--out", type=Path, default=REPO / "resources" / "demo")
+    ap.add_argument("--seed", type=int, default=CONFIG["seed"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--until", choices=["vae", "scale", "unet", "export"], default="export")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    import_sdplan()
+    CONFIG["seed"] = args.seed
+    args.work.mkdir(parents=True, exist_ok=True)
+    stages = [
+        ("vae", train_vae),
+        ("scale", scale_and_encode),
+        ("unet", train_unet),
+    ]
+    t0 = time.time()
+    for name, fn in stages:
+        fn(args.work, args.seed)
+        log.info("stage %s done at %.1f min", name, (time.time() - t0) / 60)
+        if args.until == name:
+            return 0
+    export(args.work, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
