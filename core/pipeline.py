@@ -54,11 +54,12 @@ METADATA_KEYS = {"sdplan.clip_heads": ("clip_heads", int), "sdplan.unet_heads": 
 
 
 def module_weight_file(ms: ModelSet, module: str, keep: Callable[[str], bool] | None = None,
-                       backend: Any = None) -> tuple[Any, dict[str, str]]:
+                       backend: Any = None, conv_dtype: str | None = None) -> tuple[Any, dict[str, str]]:
     """``(WeightFile, names)`` of ``module``'s tensors in ``ms`` (those ``keep(name)`` accepts):
     ``names`` maps each checkpoint name to its name in the weight store (the same name: the
     native store holds names of any length). Dtypes follow
-    :func:`sdplan.core.weights.runtime_dtype` for ``backend``.
+    :func:`sdplan.core.weights.runtime_dtype` for ``backend``; ``conv_dtype`` (e.g. ``f32``)
+    replaces the dtype of 4-D conv kernels.
 
     Raises:
         ModelFileError: no such tensors, or the module spread over several files.
@@ -72,6 +73,8 @@ def module_weight_file(ms: ModelSet, module: str, keep: Callable[[str], bool] | 
     if len(files) > 1:
         raise ModelFileError(files[1], f"module {module} spans several files: {', '.join(files)}")
     wf = WeightFile(files[0], [t.name for t in tensors], backend=backend)
+    if conv_dtype:
+        wf.dtypes = {n: conv_dtype if len(wf.infos[n].shape) == 4 else d for n, d in wf.dtypes.items()}
     return wf, {t.name: t.name for t in tensors}
 
 
@@ -183,10 +186,17 @@ class StableDiffusion:
         wf, names = module_weight_file(self.ms, "diffusion")
         self.runners: dict[str, Any] = {
             "diffusion": self._runner("diffusion", unet_m.UNetGraph(self.unet_cfg, names), wf)}
-        wf, names = module_weight_file(self.ms, "vae")
+        # f32 conv kernels on CPUs: the f16 im2col path decodes 1.7x slower (bench/bench_sd.py)
+        wf, names = module_weight_file(self.ms, "vae", conv_dtype="f32" if self._on_cpu("vae") else None)
         self.runners["vae"] = self._runner("vae", vae_m.VaeGraph(self.vae_cfg, names), wf)
         self._te_key: tuple[int, bool] | None = None
         self.timings: dict[str, float] = {}
+
+    def _on_cpu(self, module: str) -> bool:
+        """True when ``module``'s main device is a CPU backend."""
+        import sdplan._ggml as native
+
+        return str(native.device_type(self.pool.get(self.placements[module].devices[0]).device_name)) == "cpu"
 
     def _runner(self, module: str, graph: Any, wf: Any) -> Any:
         from sdplan.core.engine import ModuleRunner
