@@ -149,10 +149,13 @@ def attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
 
 def conv2d(g: Graph, x: Tensor, w: Tensor, b: Tensor | None = None, stride: int | tuple[int, int] = 1,
            padding: int | tuple[int, int] = 0, dilation: int | tuple[int, int] = 1,
-           direct: bool = False) -> Tensor:
+           direct: bool = False, method: str = "auto") -> Tensor:
     """Conv2d like ``torch.nn.functional.conv2d``: x ``(N, IC, H, W)``, w ``(OC, IC, KH, KW)``,
-    b ``(OC,)``; ints mean the same value on both axes."""
-    y = g.conv_2d(w, x, _pair(stride), _pair(padding), _pair(dilation), direct)
+    b ``(OC,)``; ints mean the same value on both axes. ``method`` picks the convolution path
+    of ``Graph.conv_2d`` (``auto``, ``im2col``, ``cpu_im2col``, ``direct``); ``direct=True``
+    means ``direct``. Raises ValueError for mismatched shapes or an unknown method."""
+    args = (w, x, _pair(stride), _pair(padding), _pair(dilation), direct)
+    y = g.conv_2d(*args) if method == "auto" else g.conv_2d(*args, method)
     return g.add(y, g.reshape(b, (b.shape[0], 1, 1))) if b is not None else y
 
 

@@ -6,6 +6,7 @@
 // that reversed. Ops are methods of Graph; their results are Tensors of that graph.
 #include "graph.h"
 
+#include <ggml-cpu.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -260,6 +261,11 @@ Tensor Graph::binary(const char *op, const Tensor &a, const Tensor &b) {
     }
     if (!rows_contiguous(ta)) ta = ggml_cont(ctx->ctx, ta);
     if (!rows_contiguous(tb)) tb = ggml_cont(ctx->ctx, tb);
+    // ggml's CPU kernels broadcast a single-element row one call per element: a per-channel
+    // (C, 1, 1) operand over (N, C, H, W) runs far slower than a row-wise one. Widen such an
+    // operand to whole rows first when that stays small next to the other operand.
+    if (tb->ne[0] == 1 && ta->ne[0] >= 8 && ggml_nelements(tb) * ta->ne[0] * 2 <= ggml_nelements(ta))
+        tb = ggml_repeat_4d(ctx->ctx, tb, ta->ne[0], tb->ne[1], tb->ne[2], tb->ne[3]);
     ggml_tensor *r = nullptr;
     if (!std::strcmp(op, "add")) r = ggml_add(ctx->ctx, ta, tb);
     else if (!std::strcmp(op, "sub")) r = ggml_sub(ctx->ctx, ta, tb);
@@ -389,9 +395,86 @@ bool Graph::supports(const Tensor &x, int index) {
 
 // ---- convolution and resampling
 
+namespace {
+
+// Parameters of a channels-last im2col (cpu_im2col), kept in Graph::custom_params.
+struct Im2colParams {
+    int kw, kh, s0, s1, p0, p1, d0, d1;
+};
+static_assert(sizeof(Im2colParams) == sizeof(std::array<int, 8>), "Im2colParams is 8 ints");
+
+// im2col for the CPU backend with the columns in (kh, kw, ic) order: x f32 [IW, IH, IC, N]
+// (ggml ne) -> dst [KH*KW*IC, OW*OH*N] (f32 or f16). Each thread takes output rows (n, oh);
+// for each kernel row it transposes the input row slab [IC, IW] to [IW, IC] once, after
+// which every column segment is a contiguous copy of IC values (ggml's own im2col gathers
+// one value at a time in (ic, kh, kw) order).
+void cpu_im2col(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    Im2colParams p;
+    std::memcpy(&p, userdata, sizeof p);
+    const ggml_tensor *x = dst->src[0];
+    const int64_t IW = x->ne[0], IH = x->ne[1], IC = x->ne[2], N = x->ne[3];
+    const int64_t K = dst->ne[0];
+    const int64_t OW = (IW + 2 * p.p0 - p.d0 * (p.kw - 1) - 1) / p.s0 + 1;
+    const int64_t OH = (IH + 2 * p.p1 - p.d1 * (p.kh - 1) - 1) / p.s1 + 1;
+    const bool half = dst->type == GGML_TYPE_F16;
+    const size_t es = half ? 2 : 4;
+    thread_local std::vector<float> slab;
+    thread_local std::vector<ggml_fp16_t> slab16;
+    slab.resize((size_t)IW * IC);
+    if (half) slab16.resize((size_t)IW * IC);
+    const int64_t rows = N * OH;
+    const int64_t per = (rows + nth - 1) / nth;
+    const int64_t r0 = per * ith, r1 = std::min(rows, r0 + per);
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t n = r / OH, oh = r % OH;
+        char *out = (char *)dst->data + (size_t)(n * OH + oh) * OW * dst->nb[1];
+        for (int kh = 0; kh < p.kh; ++kh) {
+            const int64_t ih = oh * p.s1 + (int64_t)kh * p.d1 - p.p1;
+            if (ih < 0 || ih >= IH) {
+                for (int64_t ow = 0; ow < OW; ++ow)
+                    std::memset(out + ow * dst->nb[1] + (size_t)kh * p.kw * IC * es, 0, (size_t)p.kw * IC * es);
+                continue;
+            }
+            // transpose the slab x[n, :, ih, :] into slab[iw * IC + ic], 16 channels at a time
+            const char *base = (const char *)x->data + n * x->nb[3] + ih * x->nb[1];
+            for (int64_t c0 = 0; c0 < IC; c0 += 16) {
+                const int64_t c1 = std::min(IC, c0 + 16);
+                for (int64_t iw = 0; iw < IW; ++iw) {
+                    float *dstp = slab.data() + iw * IC;
+                    for (int64_t ic = c0; ic < c1; ++ic)
+                        dstp[ic] = *(const float *)(base + ic * x->nb[2] + iw * x->nb[0]);
+                }
+            }
+            const char *src = (const char *)slab.data();
+            if (half) {
+                ggml_cpu_fp32_to_fp16(slab.data(), slab16.data(), IW * IC);
+                src = (const char *)slab16.data();
+            }
+            for (int kw = 0; kw < p.kw; ++kw) {
+                const size_t off = (size_t)(kh * p.kw + kw) * IC * es;
+                for (int64_t ow = 0; ow < OW; ++ow) {
+                    const int64_t iw = ow * p.s0 + (int64_t)kw * p.d0 - p.p0;
+                    char *d = out + ow * dst->nb[1] + off;
+                    if (iw < 0 || iw >= IW) std::memset(d, 0, IC * es);
+                    else std::memcpy(d, src + iw * IC * es, IC * es);
+                }
+            }
+        }
+    }
+    (void)K;
+}
+
+}  // namespace
+
+bool Graph::all_cpu() const {
+    for (auto &b : backends)
+        if (ggml_backend_dev_type(b->device) != GGML_BACKEND_DEVICE_TYPE_CPU) return false;
+    return true;
+}
+
 Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stride, std::pair<int, int> pad,
-                      std::pair<int, int> dil, bool direct) {
-    room("conv_2d", 8);
+                      std::pair<int, int> dil, bool direct, const std::string &method_in) {
+    room("conv_2d", 10);
     ggml_tensor *tw = use("conv_2d", w), *tx = use("conv_2d", x);
     if (w.ndim != 4 || (x.ndim != 4 && x.ndim != 3))
         fail("conv_2d", "weight must be (OC, IC, KH, KW) and x (N, IC, H, W); got " + shape_str(w) + ", " + shape_str(x));
@@ -402,24 +485,47 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
     if (stride.first < 1 || stride.second < 1 || dil.first < 1 || dil.second < 1 || pad.first < 0 || pad.second < 0)
         fail("conv_2d", "stride and dilation must be >= 1, padding >= 0");
     auto out = [](int64_t in, int64_t k, int s, int p, int d) { return (in + 2 * p - d * (k - 1) - 1) / s + 1; };
-    if (out(tx->ne[0], tw->ne[0], stride.second, pad.second, dil.second) < 1 ||
-        out(tx->ne[1], tw->ne[1], stride.first, pad.first, dil.first) < 1)
+    const int64_t OW = out(tx->ne[0], tw->ne[0], stride.second, pad.second, dil.second);
+    const int64_t OH = out(tx->ne[1], tw->ne[1], stride.first, pad.first, dil.first);
+    if (OW < 1 || OH < 1)
         fail("conv_2d", "kernel larger than padded input: weight " + shape_str(w) + ", x " + shape_str(x));
+    std::string method = direct ? "direct" : method_in;
+    if (method != "auto" && method != "im2col" && method != "direct" && method != "cpu_im2col")
+        fail("conv_2d", "method must be auto, im2col, cpu_im2col or direct, got '" + method + "'");
+    // cpu_im2col copies the kernel into its column order at each compute: worth it while the
+    // image has at least half as many pixels as the kernel has output channels (measured by
+    // bench/bench_ops.py; deep UNet levels with 8x8 images and 1280 channels lose otherwise).
+    const int64_t pixels = OW * OH * tx->ne[3];
+    if (method == "auto") method = all_cpu() && 2 * pixels >= tw->ne[3] ? "cpu_im2col" : "im2col";
+    if (method == "cpu_im2col" && !all_cpu())
+        fail("conv_2d", "method 'cpu_im2col' needs a graph whose backends are all CPUs");
     tx = to_f32(contig(tx));
-    ggml_tensor *r = direct ? ggml_conv_2d_direct(ctx->ctx, tw, tx, stride.second, stride.first, pad.second,
-                                                  pad.first, dil.second, dil.first)
-                            : nullptr;
-    if (!direct) {
+    ggml_context *c = ctx->ctx;
+    const int64_t N = tx->ne[3], OC = tw->ne[3], IC = tw->ne[2];
+    const int64_t K = tw->ne[0] * tw->ne[1] * IC;
+    ggml_tensor *mm = nullptr;  // [OW*OH*N, OC]
+    if (method == "direct") {
+        return own(ggml_conv_2d_direct(c, tw, tx, stride.second, stride.first, pad.second, pad.first, dil.second,
+                                       dil.first), 4);
+    } else if (method == "cpu_im2col") {
+        custom_params.push_back({(int)tw->ne[0], (int)tw->ne[1], stride.second, stride.first, pad.second,
+                                 pad.first, dil.second, dil.first});
+        void *prm = custom_params.back().data();
+        ggml_tensor *args[1] = {tx};
+        ggml_tensor *cols = ggml_custom_4d(c, tw->type, K, OW * OH * N, 1, 1, args, 1, cpu_im2col,
+                                           GGML_N_TASKS_MAX, prm);
+        // kernel [KW, KH, IC, OC] -> [IC, KW, KH, OC]: the same (kh, kw, ic) order as the columns
+        ggml_tensor *kt = ggml_cont(c, ggml_permute(c, tw, 1, 2, 0, 3));
+        mm = ggml_mul_mat(c, cols, ggml_reshape_2d(c, kt, K, OC));
+    } else {
         // im2col + mul_mat like ggml_conv_2d, but keeping f32 columns for an f32 kernel
         // (ggml_conv_2d always rounds the columns to f16).
-        ggml_context *c = ctx->ctx;
         ggml_tensor *cols = ggml_im2col(c, tw, tx, stride.second, stride.first, pad.second, pad.first, dil.second,
                                         dil.first, true, tw->type);  // [N, OH, OW, IC*KH*KW]
-        ggml_tensor *mm = ggml_mul_mat(c, ggml_reshape_2d(c, cols, cols->ne[0], cols->ne[3] * cols->ne[2] * cols->ne[1]),
-                                       ggml_reshape_2d(c, contig(tw), tw->ne[0] * tw->ne[1] * tw->ne[2], tw->ne[3]));
-        mm = ggml_reshape_4d(c, mm, cols->ne[1], cols->ne[2], cols->ne[3], tw->ne[3]);  // [OC, N, OH, OW]
-        r = ggml_cont(c, ggml_permute(c, mm, 0, 1, 3, 2));
+        mm = ggml_mul_mat(c, ggml_reshape_2d(c, cols, K, OW * OH * N), ggml_reshape_2d(c, contig(tw), K, OC));
     }
+    ggml_tensor *r = ggml_reshape_4d(c, mm, OW, OH, N, OC);
+    r = N == 1 ? ggml_reshape_4d(c, r, OW, OH, OC, 1) : ggml_cont(c, ggml_permute(c, r, 0, 1, 3, 2));
     return own(r, 4);
 }
 

@@ -5,6 +5,8 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <deque>
 #include <map>
 #include <optional>
 #include <set>
@@ -40,6 +42,9 @@ struct Graph {
     bool allocated = false;
     bool computed = false;
     std::atomic<bool> cancel_flag{false};
+    bool profiling = false;  // compute node by node, timing each (Graph.profile)
+    std::vector<std::pair<ggml_tensor *, double>> profile_rows;
+    std::chrono::steady_clock::time_point profile_last;
 
     Graph(std::vector<std::shared_ptr<Backend>> backends, int max_nodes, int n_threads);
     ~Graph();
@@ -69,8 +74,12 @@ struct Graph {
     Tensor flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std::optional<Tensor> mask, float scale,
                       float max_bias, float softcap);
     bool supports(const Tensor &x, int index);
+    // method: auto (cpu_im2col when every backend is a CPU, else im2col), im2col (ggml's),
+    // cpu_im2col (channels-last columns, CPU only), direct (ggml_conv_2d_direct)
     Tensor conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stride, std::pair<int, int> pad,
-                   std::pair<int, int> dil, bool direct);
+                   std::pair<int, int> dil, bool direct, const std::string &method);
+    bool all_cpu() const;
+    std::deque<std::array<int, 8>> custom_params;  // userdata of custom CPU ops (stable addresses)
     Tensor conv_transpose_2d(const Tensor &w, const Tensor &x, int stride);
     Tensor upscale(const Tensor &a, int factor);
     Tensor interpolate(const Tensor &a, const std::vector<int64_t> &shape, const std::string &mode, bool align_corners);

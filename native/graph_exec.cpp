@@ -7,9 +7,12 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstring>
+#include <tuple>
 
 namespace sdplan {
 
@@ -25,7 +28,12 @@ bool abort_cb(void *data) { return static_cast<Graph *>(data)->cancel_flag.load(
 
 bool eval_cb(ggml_tensor *t, bool ask, void *data) {
     auto *g = static_cast<Graph *>(data);
-    if (ask) return g->cancel_flag.load() || g->checkpoints.count(t) > 0;
+    if (ask) return g->cancel_flag.load() || g->checkpoints.count(t) > 0 || g->profiling;
+    if (g->profiling) {
+        auto now = std::chrono::steady_clock::now();
+        g->profile_rows.push_back({t, std::chrono::duration<double>(now - g->profile_last).count()});
+        g->profile_last = std::chrono::steady_clock::now();
+    }
     return !g->cancel_flag.load();
 }
 
@@ -329,9 +337,11 @@ void Graph::compute() {
             aborts.emplace_back(f, b->get());
         }
     }
-    const bool stepwise = !checkpoints.empty();
+    const bool stepwise = !checkpoints.empty() || profiling;
     if (stepwise) ggml_backend_sched_set_eval_callback(sched, eval_cb, this);
     cancel_flag.store(false);
+    profile_rows.clear();
+    profile_last = std::chrono::steady_clock::now();
     ggml_status st;
     {
         nb::gil_scoped_release nogil;
@@ -432,7 +442,13 @@ void register_graph(nb::module_ &m) {
              nb::arg("scale") = 1.0f, nb::arg("max_bias") = 0.0f, nb::arg("softcap") = 0.0f)
         .def("supports", &Graph::supports, nb::arg("x"), nb::arg("backend_index") = 0)
         .def("conv_2d", &Graph::conv_2d, nb::arg("w"), nb::arg("x"), nb::arg("stride") = P2{1, 1},
-             nb::arg("padding") = P2{0, 0}, nb::arg("dilation") = P2{1, 1}, nb::arg("direct") = false)
+             nb::arg("padding") = P2{0, 0}, nb::arg("dilation") = P2{1, 1}, nb::arg("direct") = false,
+             nb::arg("method") = "auto",
+             "2-D convolution, w (OC, IC, KH, KW) f32/f16, x (N, IC, H, W) -> (N, OC, OH, OW) f32.\n"
+             "method: auto (cpu_im2col when every backend of the graph is a CPU, else im2col),\n"
+             "im2col (ggml's im2col + mul_mat, columns in the kernel's dtype), cpu_im2col (columns in\n"
+             "(kh, kw, ic) order by a CPU op that copies whole channel runs), direct\n"
+             "(ggml_conv_2d_direct); direct=True means method='direct'.")
         .def("conv_transpose_2d", &Graph::conv_transpose_2d, nb::arg("w"), nb::arg("x"), nb::arg("stride"))
         .def("upscale", &Graph::upscale, nb::arg("a"), nb::arg("factor"))
         .def("interpolate", &Graph::interpolate, nb::arg("a"), nb::arg("shape"), nb::arg("mode") = "nearest",
@@ -483,6 +499,26 @@ void register_graph(nb::module_ &m) {
         .def("compute", &Graph::compute,
              "Run the graph (GIL released). Raises ComputeCancelled after cancel(), RuntimeError\n"
              "when weights are not resident or ggml fails.")
+        .def("profile", [](Graph &g) {
+            g.profiling = true;
+            try {
+                g.compute();
+            } catch (...) {
+                g.profiling = false;
+                throw;
+            }
+            g.profiling = false;
+            std::vector<std::tuple<std::string, std::string, std::vector<int64_t>, std::string, double>> rows;
+            for (auto &r : g.profile_rows) {
+                ggml_tensor *t = r.first;
+                std::string src;
+                for (int j = 0; j < GGML_MAX_SRC && t->src[j]; ++j) src += (j ? "," : "") + dtype_name(t->src[j]->type);
+                rows.emplace_back(ggml_op_desc(t), tensor_name(t), np_shape(t, 4), src, r.second);
+            }
+            return rows;
+        }, "Compute once node by node and time each: a list of (op, node name, shape as 4 numpy-order\n"
+           "dims, source dtypes joined by commas, seconds). Slower than compute(): for finding where\n"
+           "the time goes, not for measuring totals.")
         .def("cancel", [](Graph &g) { g.cancel_flag.store(true); },
              "Ask a running compute to stop at the next node (CPU) or checkpoint (other backends).")
         .def("get_output", [](Graph &g, const std::string &name) {

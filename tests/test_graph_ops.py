@@ -56,6 +56,17 @@ def test_binary_broadcast_both_ways(cpu, op, ref) -> None:
     close(run(cpu, lambda g, a, b: getattr(g, op)(b, a), {"a": a, "b": b}), ref(b, a))
 
 
+@pytest.mark.parametrize("op,ref", [("add", np.add), ("sub", np.subtract),
+                                    ("mul", np.multiply), ("div", np.divide)])
+def test_binary_per_channel_rows_widened(cpu, op, ref) -> None:
+    """A (C, 1, 1) operand over (N, C, H, W) with wide rows (widened to rows internally)."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((2, 3, 4, 16)).astype(np.float32)
+    b = rng.standard_normal((3, 1, 1)).astype(np.float32) + 3.0
+    close(run(cpu, lambda g, a, b: getattr(g, op)(a, b), {"a": a, "b": b}), ref(a, b))
+    close(run(cpu, lambda g, a, b: getattr(g, op)(b, a), {"a": a, "b": b}), ref(b, a))
+
+
 def test_binary_mixed_dtypes_compute_in_f32(cpu) -> None:
     a, b = rand(4, 8), rand(8).astype(np.float16)
     y = run(cpu, lambda g, a, b: g.add(a, b), {"a": a, "b": b}, {"b": "f16"})
@@ -164,6 +175,50 @@ def test_conv2d(cpu, stride, pad, direct) -> None:
     y = run(cpu, lambda g, x, w, b: gr.conv2d(g, x, w, b, stride, pad, direct=direct),
             {"x": x, "w": w, "b": b})
     close(y, ref, 1e-3)
+
+
+def _conv2d_ref_general(x, w, stride, pad, dil):
+    """Direct convolution in numpy with (y, x) pairs for stride, padding and dilation."""
+    n, c, h, wd = x.shape
+    oc, _, kh, kw = w.shape
+    (sy, sx), (py, px), (dy, dx) = stride, pad, dil
+    xp = np.pad(x, ((0, 0), (0, 0), (py, py), (px, px)))
+    oh = (h + 2 * py - dy * (kh - 1) - 1) // sy + 1
+    ow = (wd + 2 * px - dx * (kw - 1) - 1) // sx + 1
+    out = np.zeros((n, oc, oh, ow), np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i * dy:i * dy + sy * (oh - 1) + 1:sy, j * dx:j * dx + sx * (ow - 1) + 1:sx]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
+    return out.astype(np.float32)
+
+
+@pytest.mark.parametrize("method", ["auto", "im2col", "cpu_im2col", "direct"])
+@pytest.mark.parametrize("wdtype", ["f32", "f16"])
+@pytest.mark.parametrize("n,ic,k,stride,pad,dil", [
+    (1, 20, (3, 3), (1, 1), (1, 1), (1, 1)),
+    (2, 35, (3, 3), (2, 2), (1, 1), (1, 1)),
+    (1, 17, (3, 2), (2, 1), (0, 1), (1, 2)),
+    (2, 16, (1, 1), (1, 1), (0, 0), (1, 1)),
+])
+def test_conv2d_methods(cpu, method, wdtype, n, ic, k, stride, pad, dil) -> None:
+    rng = np.random.default_rng(ic)  # own generator: keeps the module's sequence for other tests
+    x = rng.standard_normal((n, ic, 9, 11)).astype(np.float32)
+    w = rng.standard_normal((5, ic, *k)).astype(np.float32) * 0.2
+    b = rng.standard_normal(5).astype(np.float32)
+    if wdtype == "f16":
+        w = w.astype(np.float16)
+    ref = _conv2d_ref_general(x, w.astype(np.float32), stride, pad, dil) + b[:, None, None]
+    y = run(cpu, lambda g, x, w, b: gr.conv2d(g, x, w, b, stride, pad, dil, method=method),
+            {"x": x, "w": w, "b": b}, {"w": wdtype})
+    # f16 kernels round the columns to f16 as well (ggml's f16 matrix product)
+    close(y, ref, 1e-3 if wdtype == "f32" else 2e-2)
+
+
+def test_conv2d_unknown_method(cpu) -> None:
+    g = gr.new_graph([cpu])
+    with pytest.raises(ValueError, match="conv_2d: method must be"):
+        g.conv_2d(g.input("w", (4, 3, 3, 3)), g.input("x", (1, 3, 8, 8)), method="fft")
 
 
 def _conv_t_ref(x, w, s):
