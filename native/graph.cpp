@@ -404,24 +404,52 @@ struct Im2colParams {
 static_assert(sizeof(Im2colParams) == sizeof(std::array<int, 8>), "Im2colParams is 8 ints");
 
 // im2col for the CPU backend with the columns in (kh, kw, ic) order: x f32 [IW, IH, IC, N]
-// (ggml ne) -> dst [KH*KW*IC, OW*OH*N] (f32 or f16). Each thread takes output rows (n, oh);
-// for each kernel row it transposes the input row slab [IC, IW] to [IW, IC] once, after
-// which every column segment is a contiguous copy of IC values (ggml's own im2col gathers
-// one value at a time in (ic, kh, kw) order).
+// (ggml ne, contiguous) -> dst [KH*KW*IC, OW*OH*N] (f32 or f16). Each thread takes a run of
+// output rows (n, oh). An input row slab x[n, :, ih, :] is transposed once to [IW, IC] (in
+// the columns' dtype) and kept in a small cache of KH slabs, so that every column segment is
+// a contiguous copy of IC values (ggml's own im2col gathers one value at a time in
+// (ic, kh, kw) order).
 void cpu_im2col(ggml_tensor *dst, int ith, int nth, void *userdata) {
     Im2colParams p;
     std::memcpy(&p, userdata, sizeof p);
     const ggml_tensor *x = dst->src[0];
     const int64_t IW = x->ne[0], IH = x->ne[1], IC = x->ne[2], N = x->ne[3];
-    const int64_t K = dst->ne[0];
     const int64_t OW = (IW + 2 * p.p0 - p.d0 * (p.kw - 1) - 1) / p.s0 + 1;
     const int64_t OH = (IH + 2 * p.p1 - p.d1 * (p.kh - 1) - 1) / p.s1 + 1;
     const bool half = dst->type == GGML_TYPE_F16;
     const size_t es = half ? 2 : 4;
-    thread_local std::vector<float> slab;
-    thread_local std::vector<ggml_fp16_t> slab16;
-    slab.resize((size_t)IW * IC);
-    if (half) slab16.resize((size_t)IW * IC);
+    const size_t row_bytes = (size_t)IC * es;
+    thread_local std::vector<float> tmp;
+    thread_local std::vector<char> cache;
+    thread_local std::vector<int64_t> tags;
+    tmp.resize((size_t)IW * IC);
+    cache.resize((size_t)p.kh * IW * row_bytes);
+    tags.assign(p.kh, -1);
+    auto slab = [&](int64_t n, int64_t ih) -> const char * {
+        const int64_t tag = n * IH + ih;
+        for (int k = 0; k < p.kh; ++k)
+            if (tags[k] == tag) return cache.data() + (size_t)k * IW * row_bytes;
+        const int k = (int)(ih % p.kh);
+        tags[k] = tag;
+        char *out = cache.data() + (size_t)k * IW * row_bytes;
+        const char *base = (const char *)x->data + n * x->nb[3] + ih * x->nb[1];
+        float *t = half ? tmp.data() : (float *)out;
+        // 8x8 blocks: read 8 channel rows along iw, write 8 pixel rows along ic
+        for (int64_t c0 = 0; c0 < IC; c0 += 8) {
+            const int64_t nc = std::min<int64_t>(8, IC - c0);
+            const float *rows[8];
+            for (int64_t c = 0; c < nc; ++c) rows[c] = (const float *)(base + (c0 + c) * x->nb[2]);
+            for (int64_t w0 = 0; w0 < IW; w0 += 8) {
+                const int64_t nw = std::min<int64_t>(8, IW - w0);
+                for (int64_t w = 0; w < nw; ++w) {
+                    float *d = t + (w0 + w) * IC + c0;
+                    for (int64_t c = 0; c < nc; ++c) d[c] = rows[c][w0 + w];
+                }
+            }
+        }
+        if (half) ggml_cpu_fp32_to_fp16(tmp.data(), (ggml_fp16_t *)out, IW * IC);
+        return out;
+    };
     const int64_t rows = N * OH;
     const int64_t per = (rows + nth - 1) / nth;
     const int64_t r0 = per * ith, r1 = std::min(rows, r0 + per);
@@ -432,36 +460,46 @@ void cpu_im2col(ggml_tensor *dst, int ith, int nth, void *userdata) {
             const int64_t ih = oh * p.s1 + (int64_t)kh * p.d1 - p.p1;
             if (ih < 0 || ih >= IH) {
                 for (int64_t ow = 0; ow < OW; ++ow)
-                    std::memset(out + ow * dst->nb[1] + (size_t)kh * p.kw * IC * es, 0, (size_t)p.kw * IC * es);
+                    std::memset(out + ow * dst->nb[1] + (size_t)kh * p.kw * row_bytes, 0, (size_t)p.kw * row_bytes);
                 continue;
             }
-            // transpose the slab x[n, :, ih, :] into slab[iw * IC + ic], 16 channels at a time
-            const char *base = (const char *)x->data + n * x->nb[3] + ih * x->nb[1];
-            for (int64_t c0 = 0; c0 < IC; c0 += 16) {
-                const int64_t c1 = std::min(IC, c0 + 16);
-                for (int64_t iw = 0; iw < IW; ++iw) {
-                    float *dstp = slab.data() + iw * IC;
-                    for (int64_t ic = c0; ic < c1; ++ic)
-                        dstp[ic] = *(const float *)(base + ic * x->nb[2] + iw * x->nb[0]);
-                }
-            }
-            const char *src = (const char *)slab.data();
-            if (half) {
-                ggml_cpu_fp32_to_fp16(slab.data(), slab16.data(), IW * IC);
-                src = (const char *)slab16.data();
-            }
+            const char *src = slab(n, ih);
             for (int kw = 0; kw < p.kw; ++kw) {
-                const size_t off = (size_t)(kh * p.kw + kw) * IC * es;
+                const size_t off = (size_t)(kh * p.kw + kw) * row_bytes;
                 for (int64_t ow = 0; ow < OW; ++ow) {
                     const int64_t iw = ow * p.s0 + (int64_t)kw * p.d0 - p.p0;
                     char *d = out + ow * dst->nb[1] + off;
-                    if (iw < 0 || iw >= IW) std::memset(d, 0, IC * es);
-                    else std::memcpy(d, src + iw * IC * es, IC * es);
+                    if (iw < 0 || iw >= IW) std::memset(d, 0, row_bytes);
+                    else std::memcpy(d, src + iw * row_bytes, row_bytes);
                 }
             }
         }
     }
-    (void)K;
+}
+
+// A conv kernel [KW, KH, IC, OC] (ggml ne, f32 or f16, contiguous) reordered to
+// [IC, KW, KH, OC]: the column order of cpu_im2col. Threads split the output channels.
+void cpu_kernel_order(ggml_tensor *dst, int ith, int nth, void *) {
+    const ggml_tensor *w = dst->src[0];
+    const int64_t KK = w->ne[0] * w->ne[1], IC = w->ne[2], OC = w->ne[3];
+    const size_t es = ggml_type_size(w->type);
+    const int64_t per = (OC + nth - 1) / nth;
+    const int64_t o0 = per * ith, o1 = std::min(OC, o0 + per);
+    for (int64_t o = o0; o < o1; ++o) {
+        const char *src = (const char *)w->data + o * w->nb[3];
+        char *d = (char *)dst->data + o * dst->nb[3];
+        if (es == 2) {
+            const uint16_t *s16 = (const uint16_t *)src;
+            uint16_t *d16 = (uint16_t *)d;
+            for (int64_t ic = 0; ic < IC; ++ic)
+                for (int64_t k = 0; k < KK; ++k) d16[k * IC + ic] = s16[ic * KK + k];
+        } else {
+            const float *s32 = (const float *)src;
+            float *d32 = (float *)d;
+            for (int64_t ic = 0; ic < IC; ++ic)
+                for (int64_t k = 0; k < KK; ++k) d32[k * IC + ic] = s32[ic * KK + k];
+        }
+    }
 }
 
 }  // namespace
@@ -515,7 +553,9 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
         ggml_tensor *cols = ggml_custom_4d(c, tw->type, K, OW * OH * N, 1, 1, args, 1, cpu_im2col,
                                            GGML_N_TASKS_MAX, prm);
         // kernel [KW, KH, IC, OC] -> [IC, KW, KH, OC]: the same (kh, kw, ic) order as the columns
-        ggml_tensor *kt = ggml_cont(c, ggml_permute(c, tw, 1, 2, 0, 3));
+        ggml_tensor *wargs[1] = {contig(tw)};
+        ggml_tensor *kt = ggml_custom_4d(c, tw->type, IC, tw->ne[0], tw->ne[1], OC, wargs, 1, cpu_kernel_order,
+                                         GGML_N_TASKS_MAX, nullptr);
         mm = ggml_mul_mat(c, cols, ggml_reshape_2d(c, kt, K, OC));
     } else {
         // im2col + mul_mat like ggml_conv_2d, but keeping f32 columns for an f32 kernel
