@@ -43,6 +43,7 @@ CASES: list[tuple[str, str, tuple[Any, ...]]] = [
     ("conv3x3 unet 640ch 16x16 b2", "conv", (2, 640, 640, 16, 16, 3)),
     ("conv3x3 unet 1280ch 8x8 b2", "conv", (2, 1280, 1280, 8, 8, 3)),
     ("conv1x1 vae 512ch 32x32", "conv", (1, 512, 512, 32, 32, 1)),
+    ("conv3x3 unet 320ch 64x64 b2", "conv", (2, 320, 320, 64, 64, 3)),
     ("linear clip 77x768->768", "matmul", (77, 768, 768)),
     ("linear clip 77x768->3072", "matmul", (77, 768, 3072)),
     ("linear unet 2048x320->320", "matmul", (2048, 320, 320)),

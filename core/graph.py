@@ -37,7 +37,7 @@ Native op methods of ``Graph`` (all shapes numpy order): ``input(name, shape, dt
 ``unary(op, a)`` with op in gelu (tanh approximation), gelu_erf, gelu_quick, silu, relu,
 sigmoid, tanh, exp, sqr, sqrt, abs, neg, sin, cos, log; ``leaky_relu(a, slope)``,
 ``clamp(a, min, max)``, ``norm(a, eps)`` and ``rms_norm(a, eps)`` over the last axis,
-``group_norm(a, n_groups, eps)`` over (C, H, W) groups, ``soft_max(a, mask=None, scale=1,
+``group_norm(a, n_groups, eps, weight=None, bias=None)`` over (C, H, W) groups, ``soft_max(a, mask=None, scale=1,
 max_bias=0)`` over the last axis of ``a*scale + mask``, ``flash_attn(q, k, v, mask=None,
 scale=1)`` with q ``(B, H, Nq, D)``, k/v ``(B, Hkv, Nk, D)`` returning ``(B, Nq, H, Dv)``,
 ``conv_2d(w, x, stride=(1,1), padding=(0,0), dilation=(1,1), direct=False)``,
@@ -117,12 +117,9 @@ def layer_norm(g: Graph, x: Tensor, w: Tensor | None, b: Tensor | None, eps: flo
 
 def group_norm(g: Graph, x: Tensor, n_groups: int, w: Tensor | None, b: Tensor | None,
                eps: float = 1e-6) -> Tensor:
-    """GroupNorm of ``(N, C, H, W)`` with per-channel affine ``w, b`` of shape ``(C,)``."""
-    y = g.group_norm(x, n_groups, eps)
-    c = x.shape[-3]
-    if w is not None:
-        y = g.mul(y, g.reshape(w, (c, 1, 1)))
-    return g.add(y, g.reshape(b, (c, 1, 1))) if b is not None else y
+    """GroupNorm of ``(N, C, H, W)`` with per-channel affine ``w, b`` of shape ``(C,)`` (either
+    may be None); one fused op on CPU-only graphs (``Graph.group_norm``)."""
+    return g.group_norm(x, n_groups, eps, weight=w, bias=b)
 
 
 def attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,

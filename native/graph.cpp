@@ -110,6 +110,8 @@ namespace {
     throw nb::value_error((std::string(op) + ": " + msg).c_str());
 }
 
+void cpu_group_norm(ggml_tensor *dst, int ith, int nth, void *userdata);  // below, with the other CPU ops
+
 bool is_float(ggml_type t) { return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16; }
 
 bool rows_contiguous(const ggml_tensor *t) { return t->nb[0] == ggml_type_size(t->type); }
@@ -338,6 +340,46 @@ Tensor Graph::norm(const std::string &kind, const Tensor &a, float eps, int n_gr
     return own(ggml_group_norm(ctx->ctx, t, n_groups, eps), a.ndim);
 }
 
+Tensor Graph::group_norm_affine(const Tensor &a, int n_groups, float eps, std::optional<Tensor> weight,
+                                std::optional<Tensor> bias) {
+    room("group_norm", 10);
+    ggml_tensor *t = use("group_norm", a);
+    if (!is_float(t->type)) fail("group_norm", "float tensor required, got " + shape_str(a));
+    if (!(eps >= 0.0f)) fail("group_norm", "eps must be >= 0");
+    if (a.ndim < 3) fail("group_norm", "needs (N, C, H, W) or (C, H, W) input, got " + shape_str(a));
+    const int64_t C = t->ne[2];
+    if (n_groups < 1 || n_groups > C)
+        fail("group_norm", "n_groups " + std::to_string(n_groups) + " must be in 1..C for " + shape_str(a));
+    ggml_tensor *tw = nullptr, *tb = nullptr;
+    for (auto [opt, dst] : {std::pair{&weight, &tw}, std::pair{&bias, &tb}}) {
+        if (!*opt) continue;
+        ggml_tensor *v = use("group_norm", **opt);
+        if (ggml_nelements(v) != C || !is_float(v->type))
+            fail("group_norm", "weight and bias must be float vectors of C=" + std::to_string(C) + " values, got " +
+                                   shape_str(**opt));
+        *dst = to_f32(contig(v));
+    }
+    t = to_f32(contig(t));
+    ggml_context *c = ctx->ctx;
+    if (all_cpu() && C % n_groups == 0) {
+        std::array<int, 8> prm{};
+        prm[0] = n_groups;
+        std::memcpy(&prm[1], &eps, sizeof eps);
+        custom_params.push_back(prm);
+        ggml_tensor *args[3] = {t, tw, tb};
+        ggml_tensor *r = ggml_custom_4d(c, GGML_TYPE_F32, t->ne[0], t->ne[1], t->ne[2], t->ne[3], args, 3,
+                                        cpu_group_norm, GGML_N_TASKS_MAX, custom_params.back().data());
+        return own(r, a.ndim);
+    }
+    ggml_tensor *r = ggml_group_norm(c, t, n_groups, eps);
+    auto per_channel = [&](ggml_tensor *v) {  // [C] -> [W, 1, C, 1] rows (see binary())
+        return ggml_repeat_4d(c, ggml_reshape_4d(c, v, 1, 1, C, 1), t->ne[0], 1, C, 1);
+    };
+    if (tw) r = ggml_mul(c, r, per_channel(tw));
+    if (tb) r = ggml_add(c, r, per_channel(tb));
+    return own(r, a.ndim);
+}
+
 Tensor Graph::soft_max(const Tensor &a, std::optional<Tensor> mask, float scale_, float max_bias) {
     room("soft_max", 4);
     ggml_tensor *t = to_f32(contig(use("soft_max", a)));
@@ -502,6 +544,200 @@ void cpu_kernel_order(ggml_tensor *dst, int ith, int nth, void *) {
     }
 }
 
+// ---- Winograd F(2x2, 3x3) for 3x3 convolutions, stride 1, padding 1, dilation 1 (Lavin &
+// Gray 2016, "Fast Algorithms for Convolutional Neural Networks"): each 2x2 output tile is
+// A^T [(G g G^T) . (B^T d B)] A for the 4x4 input patch d at (2ty-1, 2tx-1). The 16 products
+// over channels become one batched matrix product of [T, IC] by [IC, OC] (2.25x fewer
+// multiplications than im2col), between three CPU ops:
+//   wino_input:  x f32 [W, H, IC, N]   -> V [IC, T, 16]   (T = N * ceil(H/2) * ceil(W/2))
+//   wino_kernel: g [3, 3, IC, OC]      -> U [IC, OC, 16]
+//   wino_output: M = V.U f32 [T, OC, 16] -> y f32 [W, H, OC, N]
+// (shapes in ggml ne order; V and U in the kernel's dtype.)
+
+void store_row(char *dst, const float *src, int64_t n, bool half) {
+    if (half) ggml_cpu_fp32_to_fp16(src, (ggml_fp16_t *)dst, n);
+    else std::memcpy(dst, src, (size_t)n * sizeof(float));
+}
+
+void wino_input(ggml_tensor *dst, int ith, int nth, void *) {
+    const ggml_tensor *x = dst->src[0];
+    const int64_t W = x->ne[0], H = x->ne[1], IC = x->ne[2], N = x->ne[3];
+    const int64_t TX = (W + 1) / 2, TY = (H + 1) / 2, T = dst->ne[1];
+    const bool half = dst->type == GGML_TYPE_F16;
+    const size_t es = half ? 2 : 4;
+    thread_local std::vector<float> slab, tmp;
+    slab.resize((size_t)4 * (W + 2) * IC);  // 4 input rows, channels last, one zero column each side
+    tmp.resize((size_t)16 * IC);
+    const int64_t rows = N * TY, per = (rows + nth - 1) / nth;
+    const int64_t r0 = per * ith, r1 = std::min(rows, r0 + per);
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t n = r / TY, ty = r % TY;
+        std::fill(slab.begin(), slab.end(), 0.0f);
+        for (int rr = 0; rr < 4; ++rr) {
+            const int64_t ih = 2 * ty - 1 + rr;
+            if (ih < 0 || ih >= H) continue;
+            float *srow = slab.data() + (size_t)rr * (W + 2) * IC;
+            for (int64_t c0 = 0; c0 < IC; c0 += 8) {
+                const int64_t nc = std::min<int64_t>(8, IC - c0);
+                const float *rows8[8];
+                for (int64_t c = 0; c < nc; ++c)
+                    rows8[c] = (const float *)((const char *)x->data + n * x->nb[3] + (c0 + c) * x->nb[2] + ih * x->nb[1]);
+                for (int64_t iw = 0; iw < W; ++iw) {
+                    float *d = srow + (iw + 1) * IC + c0;
+                    for (int64_t c = 0; c < nc; ++c) d[c] = rows8[c][iw];
+                }
+            }
+        }
+        for (int64_t tx = 0; tx < TX; ++tx) {
+            const int64_t t = (n * TY + ty) * TX + tx;
+            // patch column c of row rr: slab[rr][2tx + c] (the slab is shifted by the zero column)
+            const float *d[4][4];
+            for (int rr = 0; rr < 4; ++rr)
+                for (int c = 0; c < 4; ++c) {
+                    const int64_t col = std::min<int64_t>(2 * tx + c, W + 1);
+                    d[rr][c] = slab.data() + ((size_t)rr * (W + 2) + col) * IC;
+                }
+            const bool edge = 2 * tx + 3 > W + 1;  // last tile of an odd width: column W+2 is zero
+            float *v = tmp.data();
+            for (int64_t ic = 0; ic < IC; ++ic) {
+                float p[4][4];
+                for (int rr = 0; rr < 4; ++rr)
+                    for (int c = 0; c < 4; ++c) p[rr][c] = (edge && 2 * tx + c > W + 1) ? 0.0f : d[rr][c][ic];
+                float q[4][4];  // B^T p
+                for (int c = 0; c < 4; ++c) {
+                    q[0][c] = p[0][c] - p[2][c];
+                    q[1][c] = p[1][c] + p[2][c];
+                    q[2][c] = p[2][c] - p[1][c];
+                    q[3][c] = p[1][c] - p[3][c];
+                }
+                for (int rr = 0; rr < 4; ++rr) {  // (B^T p) B
+                    v[(rr * 4 + 0) * IC + ic] = q[rr][0] - q[rr][2];
+                    v[(rr * 4 + 1) * IC + ic] = q[rr][1] + q[rr][2];
+                    v[(rr * 4 + 2) * IC + ic] = q[rr][2] - q[rr][1];
+                    v[(rr * 4 + 3) * IC + ic] = q[rr][1] - q[rr][3];
+                }
+            }
+            for (int e = 0; e < 16; ++e)
+                store_row((char *)dst->data + e * dst->nb[2] + t * dst->nb[1], v + (size_t)e * IC, IC, half);
+        }
+    }
+    (void)T;
+    (void)es;
+}
+
+void wino_kernel(ggml_tensor *dst, int ith, int nth, void *) {
+    const ggml_tensor *w = dst->src[0];
+    const int64_t IC = w->ne[2], OC = w->ne[3];
+    const bool half = dst->type == GGML_TYPE_F16;
+    const int64_t per = (OC + nth - 1) / nth;
+    const int64_t o0 = per * ith, o1 = std::min(OC, o0 + per);
+    std::vector<float> u((size_t)16 * IC);
+    for (int64_t o = o0; o < o1; ++o) {
+        for (int64_t ic = 0; ic < IC; ++ic) {
+            float g[3][3];
+            const char *src = (const char *)w->data + o * w->nb[3] + ic * w->nb[2];
+            for (int i = 0; i < 3; ++i)
+                for (int j = 0; j < 3; ++j) {
+                    const char *e = src + i * w->nb[1] + j * w->nb[0];
+                    g[i][j] = w->type == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *)e) : *(const float *)e;
+                }
+            float q[4][3];  // G g
+            for (int j = 0; j < 3; ++j) {
+                q[0][j] = g[0][j];
+                q[1][j] = 0.5f * (g[0][j] + g[1][j] + g[2][j]);
+                q[2][j] = 0.5f * (g[0][j] - g[1][j] + g[2][j]);
+                q[3][j] = g[2][j];
+            }
+            for (int i = 0; i < 4; ++i) {  // (G g) G^T
+                u[(i * 4 + 0) * IC + ic] = q[i][0];
+                u[(i * 4 + 1) * IC + ic] = 0.5f * (q[i][0] + q[i][1] + q[i][2]);
+                u[(i * 4 + 2) * IC + ic] = 0.5f * (q[i][0] - q[i][1] + q[i][2]);
+                u[(i * 4 + 3) * IC + ic] = q[i][2];
+            }
+        }
+        for (int e = 0; e < 16; ++e)
+            store_row((char *)dst->data + e * dst->nb[2] + o * dst->nb[1], u.data() + (size_t)e * IC, IC, half);
+    }
+}
+
+void wino_output(ggml_tensor *dst, int ith, int nth, void *) {
+    const ggml_tensor *m = dst->src[0];  // [T, OC, 16] f32
+    const int64_t W = dst->ne[0], H = dst->ne[1], OC = dst->ne[2], N = dst->ne[3];
+    const int64_t TX = (W + 1) / 2, TY = (H + 1) / 2;
+    const int64_t jobs = N * OC, per = (jobs + nth - 1) / nth;
+    const int64_t j0 = per * ith, j1 = std::min(jobs, j0 + per);
+    for (int64_t j = j0; j < j1; ++j) {
+        const int64_t n = j / OC, oc = j % OC;
+        const float *planes[16];
+        for (int e = 0; e < 16; ++e)
+            planes[e] = (const float *)((const char *)m->data + e * m->nb[2] + oc * m->nb[1]) + n * TY * TX;
+        char *out = (char *)dst->data + n * dst->nb[3] + oc * dst->nb[2];
+        for (int64_t ty = 0; ty < TY; ++ty) {
+            float *y0 = (float *)(out + 2 * ty * dst->nb[1]);
+            float *y1 = 2 * ty + 1 < H ? (float *)(out + (2 * ty + 1) * dst->nb[1]) : nullptr;
+            for (int64_t tx = 0; tx < TX; ++tx) {
+                const int64_t t = ty * TX + tx;
+                float a[4][4];
+                for (int e = 0; e < 16; ++e) a[e / 4][e % 4] = planes[e][t];
+                float b[2][4];  // A^T a
+                for (int c = 0; c < 4; ++c) {
+                    b[0][c] = a[0][c] + a[1][c] + a[2][c];
+                    b[1][c] = a[1][c] - a[2][c] - a[3][c];
+                }
+                const int64_t x0 = 2 * tx;
+                for (int i = 0; i < 2; ++i) {  // (A^T a) A
+                    float *y = i ? y1 : y0;
+                    if (!y) continue;
+                    y[x0] = b[i][0] + b[i][1] + b[i][2];
+                    if (x0 + 1 < W) y[x0 + 1] = b[i][1] - b[i][2] - b[i][3];
+                }
+            }
+        }
+    }
+}
+
+// GroupNorm with its per-channel affine in one CPU op: x f32 [W, H, C, N] (contiguous),
+// gamma and beta f32 [C] (src 1 and 2) -> y = (x - mean) / sqrt(var + eps) * gamma + beta
+// over each group of C / n_groups channels. Two passes over the group (sums in double, then
+// one scaled write) instead of ggml's group_norm, mul and add (five).
+void cpu_group_norm(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    int n_groups;
+    float eps;
+    std::memcpy(&n_groups, userdata, sizeof n_groups);
+    std::memcpy(&eps, (const char *)userdata + sizeof(int), sizeof eps);
+    const ggml_tensor *x = dst->src[0], *gamma = dst->src[1], *beta = dst->src[2];
+    const int64_t HW = x->ne[0] * x->ne[1], C = x->ne[2], N = x->ne[3];
+    const int64_t jobs = N * n_groups, per = (jobs + nth - 1) / nth;
+    const int64_t j0 = per * ith, j1 = std::min(jobs, j0 + per);
+    for (int64_t j = j0; j < j1; ++j) {
+        const int64_t n = j / n_groups, grp = j % n_groups;
+        const int64_t c0 = grp * C / n_groups, c1 = (grp + 1) * C / n_groups;
+        double sum = 0.0, sq = 0.0;
+        for (int64_t c = c0; c < c1; ++c) {
+            const float *row = (const float *)((const char *)x->data + n * x->nb[3] + c * x->nb[2]);
+            float s1 = 0.0f, s2 = 0.0f;
+            for (int64_t i = 0; i < HW; ++i) {
+                s1 += row[i];
+                s2 += row[i] * row[i];
+            }
+            sum += s1;
+            sq += s2;
+        }
+        const double cnt = (double)(c1 - c0) * HW;
+        const double mean = sum / cnt;
+        const double var = std::max(0.0, sq / cnt - mean * mean);
+        const float rstd = (float)(1.0 / std::sqrt(var + eps));
+        for (int64_t c = c0; c < c1; ++c) {
+            const float g = gamma ? ((const float *)gamma->data)[c] : 1.0f;
+            const float b = beta ? ((const float *)beta->data)[c] : 0.0f;
+            const float scale = g * rstd, shift = b - (float)mean * scale;
+            const float *row = (const float *)((const char *)x->data + n * x->nb[3] + c * x->nb[2]);
+            float *out = (float *)((char *)dst->data + n * dst->nb[3] + c * dst->nb[2]);
+            for (int64_t i = 0; i < HW; ++i) out[i] = row[i] * scale + shift;
+        }
+    }
+}
+
 }  // namespace
 
 bool Graph::all_cpu() const {
@@ -528,13 +764,31 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
     if (OW < 1 || OH < 1)
         fail("conv_2d", "kernel larger than padded input: weight " + shape_str(w) + ", x " + shape_str(x));
     std::string method = direct ? "direct" : method_in;
-    if (method != "auto" && method != "im2col" && method != "direct" && method != "cpu_im2col")
-        fail("conv_2d", "method must be auto, im2col, cpu_im2col or direct, got '" + method + "'");
+    if (method != "auto" && method != "im2col" && method != "direct" && method != "cpu_im2col" && method != "winograd")
+        fail("conv_2d", "method must be auto, im2col, cpu_im2col, winograd or direct, got '" + method + "'");
+    const bool wino_shape = tw->ne[0] == 3 && tw->ne[1] == 3 && stride.first == 1 && stride.second == 1 &&
+                            pad.first == 1 && pad.second == 1 && dil.first == 1 && dil.second == 1;
+    if (method == "winograd" && (!wino_shape || !all_cpu()))
+        fail("conv_2d", "method 'winograd' needs a 3x3 kernel, stride 1, padding 1, dilation 1 and a graph whose "
+                        "backends are all CPUs");
     // cpu_im2col copies the kernel into its column order at each compute: worth it while the
     // image has at least half as many pixels as the kernel has output channels (measured by
     // bench/bench_ops.py; deep UNet levels with 8x8 images and 1280 channels lose otherwise).
     const int64_t pixels = OW * OH * tx->ne[3];
     if (method == "auto") method = all_cpu() && 2 * pixels >= tw->ne[3] ? "cpu_im2col" : "im2col";
+    if (method == "winograd") {
+        const int64_t TX = (OW + 1) / 2, TY = (OH + 1) / 2, T = TX * TY * tx->ne[3];
+        ggml_context *c = ctx->ctx;
+        ggml_tensor *xa[1] = {to_f32(contig(tx))};
+        ggml_tensor *v = ggml_custom_4d(c, tw->type, tw->ne[2], T, 16, 1, xa, 1, wino_input, GGML_N_TASKS_MAX, nullptr);
+        ggml_tensor *wa[1] = {contig(tw)};
+        ggml_tensor *u = ggml_custom_4d(c, tw->type, tw->ne[2], tw->ne[3], 16, 1, wa, 1, wino_kernel,
+                                        GGML_N_TASKS_MAX, nullptr);
+        ggml_tensor *mm = ggml_mul_mat(c, v, u);  // [T, OC, 16]
+        ggml_tensor *ma[1] = {mm};
+        return own(ggml_custom_4d(c, GGML_TYPE_F32, OW, OH, tw->ne[3], tx->ne[3], ma, 1, wino_output,
+                                  GGML_N_TASKS_MAX, nullptr), 4);
+    }
     if (method == "cpu_im2col" && !all_cpu())
         fail("conv_2d", "method 'cpu_im2col' needs a graph whose backends are all CPUs");
     tx = to_f32(contig(tx));

@@ -70,6 +70,9 @@ struct Graph {
     Tensor leaky_relu(const Tensor &a, float slope);
     Tensor clamp(const Tensor &a, float lo, float hi);
     Tensor norm(const std::string &kind, const Tensor &a, float eps, int n_groups);
+    // GroupNorm with an optional per-channel affine (fused into one op on CPU-only graphs)
+    Tensor group_norm_affine(const Tensor &a, int n_groups, float eps, std::optional<Tensor> weight,
+                             std::optional<Tensor> bias);
     Tensor soft_max(const Tensor &a, std::optional<Tensor> mask, float scale, float max_bias);
     Tensor flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std::optional<Tensor> mask, float scale,
                       float max_bias, float softcap);

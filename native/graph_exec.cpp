@@ -58,6 +58,8 @@ bool dtype_matches(const nb::dlpack::dtype &d, ggml_type t) {
 }
 
 using HostArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
+// Arrays that are only read (inputs): read-only numpy views such as np.broadcast_to are fine.
+using InArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
 
 }  // namespace
 
@@ -434,8 +436,10 @@ void register_graph(nb::module_ &m) {
              nb::arg("a"), nb::arg("eps") = 1e-5f)
         .def("rms_norm", [](Graph &g, const Tensor &a, float eps) { return g.norm("rms_norm", a, eps, 0); },
              nb::arg("a"), nb::arg("eps") = 1e-6f)
-        .def("group_norm", [](Graph &g, const Tensor &a, int n, float eps) { return g.norm("group_norm", a, eps, n); },
-             nb::arg("a"), nb::arg("n_groups"), nb::arg("eps") = 1e-6f)
+        .def("group_norm", &Graph::group_norm_affine, nb::arg("a"), nb::arg("n_groups"), nb::arg("eps") = 1e-6f,
+             nb::arg("weight") = nb::none(), nb::arg("bias") = nb::none(),
+             "GroupNorm of (N, C, H, W) or (C, H, W) over n_groups channel groups, then * weight + bias\n"
+             "(each (C,), optional). One fused op when every backend of the graph is a CPU.")
         .def("soft_max", &Graph::soft_max, nb::arg("a"), nb::arg("mask") = nb::none(), nb::arg("scale") = 1.0f,
              nb::arg("max_bias") = 0.0f)
         .def("flash_attn", &Graph::flash_attn, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("mask") = nb::none(),
@@ -479,7 +483,7 @@ void register_graph(nb::module_ &m) {
         .def("compute_buffer_sizes", &Graph::buffer_sizes,
              "Bytes of the compute buffer per backend (scheduler order); 0 before reserve/alloc.")
         .def("allocate", &Graph::ensure_alloc, "Allocate the compute buffers now (weights must be resident).")
-        .def("set_input", [](Graph &g, const std::string &name, HostArray arr) {
+        .def("set_input", [](Graph &g, const std::string &name, InArray arr) {
             auto it = g.inputs.find(name);
             if (it == g.inputs.end()) throw nb::key_error(("Graph.set_input: no input named '" + name + "'").c_str());
             const Tensor &x = it->second;

@@ -123,6 +123,34 @@ def test_layer_norm_and_rms_norm(cpu) -> None:
     close(run(cpu, lambda g, x: g.rms_norm(x, 1e-6), {"x": x}), rms)
 
 
+def _group_norm_ref(x, groups, w, b, eps=1e-6):
+    lead = x.shape[:-3]
+    c = x.shape[-3]
+    xg = x.reshape(*lead, groups, -1).astype(np.float64)
+    y = (xg - xg.mean(-1, keepdims=True)) / np.sqrt(xg.var(-1, keepdims=True) + eps)
+    y = y.reshape(x.shape)
+    if w is not None:
+        y = y * w.reshape(c, 1, 1)
+    if b is not None:
+        y = y + b.reshape(c, 1, 1)
+    return y.astype(np.float32)
+
+
+@pytest.mark.parametrize("shape,groups", [((2, 8, 5, 7), 4), ((6, 3, 9), 3), ((1, 64, 16, 16), 32)])
+@pytest.mark.parametrize("affine", ["both", "weight", "none"])
+def test_group_norm_fused_affine(cpu, shape, groups, affine) -> None:
+    rng = np.random.default_rng(len(shape) + groups)
+    c = shape[-3]
+    x = (rng.standard_normal(shape) * 3 + 1.5).astype(np.float32)
+    w = rng.standard_normal(c).astype(np.float32) if affine != "none" else None
+    b = rng.standard_normal(c).astype(np.float32) if affine == "both" else None
+    arrays = {"x": x} | ({"w": w} if w is not None else {}) | ({"b": b} if b is not None else {})
+
+    def build(g, x, w=None, b=None):
+        return g.group_norm(x, groups, 1e-6, weight=w, bias=b)
+    close(run(cpu, build, arrays), _group_norm_ref(x, groups, w, b), 1e-4)
+
+
 def test_group_norm(cpu) -> None:
     x, w, b = rand(2, 8, 3, 5), rand(8), rand(8)
     xg = x.reshape(2, 4, -1)
@@ -193,7 +221,7 @@ def _conv2d_ref_general(x, w, stride, pad, dil):
     return out.astype(np.float32)
 
 
-@pytest.mark.parametrize("method", ["auto", "im2col", "cpu_im2col", "direct"])
+@pytest.mark.parametrize("method", ["auto", "im2col", "cpu_im2col", "direct", "winograd"])
 @pytest.mark.parametrize("wdtype", ["f32", "f16"])
 @pytest.mark.parametrize("n,ic,k,stride,pad,dil", [
     (1, 20, (3, 3), (1, 1), (1, 1), (1, 1)),
@@ -202,6 +230,8 @@ def _conv2d_ref_general(x, w, stride, pad, dil):
     (2, 16, (1, 1), (1, 1), (0, 0), (1, 1)),
 ])
 def test_conv2d_methods(cpu, method, wdtype, n, ic, k, stride, pad, dil) -> None:
+    if method == "winograd" and (k, stride, pad, dil) != ((3, 3), (1, 1), (1, 1), (1, 1)):
+        pytest.skip("winograd is for 3x3, stride 1, padding 1 only")
     rng = np.random.default_rng(ic)  # own generator: keeps the module's sequence for other tests
     x = rng.standard_normal((n, ic, 9, 11)).astype(np.float32)
     w = rng.standard_normal((5, ic, *k)).astype(np.float32) * 0.2
@@ -213,6 +243,21 @@ def test_conv2d_methods(cpu, method, wdtype, n, ic, k, stride, pad, dil) -> None
             {"x": x, "w": w, "b": b}, {"w": wdtype})
     # f16 kernels round the columns to f16 as well (ggml's f16 matrix product)
     close(y, ref, 1e-3 if wdtype == "f32" else 2e-2)
+
+
+@pytest.mark.parametrize("h,w", [(8, 8), (7, 9), (1, 2)])
+def test_conv2d_winograd_odd_sizes(cpu, h, w) -> None:
+    rng = np.random.default_rng(h * 10 + w)
+    x = rng.standard_normal((2, 12, h, w)).astype(np.float32)
+    k = rng.standard_normal((6, 12, 3, 3)).astype(np.float32) * 0.2
+    ref = _conv2d_ref_general(x, k, (1, 1), (1, 1), (1, 1))
+    close(run(cpu, lambda g, x, k: gr.conv2d(g, x, k, padding=1, method="winograd"), {"x": x, "k": k}), ref, 1e-3)
+
+
+def test_conv2d_winograd_refuses_other_shapes(cpu) -> None:
+    g = gr.new_graph([cpu])
+    with pytest.raises(ValueError, match="winograd"):
+        g.conv_2d(g.input("w", (4, 3, 3, 3)), g.input("x", (1, 3, 8, 8)), (2, 2), (1, 1), method="winograd")
 
 
 def test_conv2d_unknown_method(cpu) -> None:
