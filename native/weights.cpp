@@ -229,7 +229,8 @@ uint64_t read_items(const std::string &path, std::vector<ReadItem> items, size_t
     return total;
 }
 
-using HostArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
+// Arrays that are only read: read-only numpy arrays are accepted.
+using InArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
 
 }  // namespace
 
@@ -328,7 +329,7 @@ void register_weights(nb::module_ &m) {
             }
             return total;
         }, nb::arg("src"), nb::arg("names"), "Copy tensors of another store with the same specs (staging); returns bytes.")
-        .def("set_data", [](WeightStore &s, const std::string &n, HostArray arr) {
+        .def("set_data", [](WeightStore &s, const std::string &n, InArray arr) {
             ggml_tensor *t = s.get(n);
             if (!t->buffer) throw nb::value_error(("WeightStore.set_data: '" + n + "' is not allocated").c_str());
             if (arr.nbytes() != ggml_nbytes(t))

@@ -111,6 +111,19 @@ def test_seeded_generation_is_reproducible_and_previews() -> None:
             sd.txt2img(GenerateParams("a cat", width=18, height=16))
 
 
+def test_cfg_scale_one_runs_the_conditional_half_alone() -> None:
+    """At ``--cfg-scale 1`` only the conditional UNet half runs (a batch of one, whose
+    inputs are read-only broadcast views); it must equal the guided batch-of-two path at a
+    scale a hair above 1, where ``u + s (c - u)`` is ``c`` to float precision."""
+    with model("sd1") as sd:
+        alone = sd.txt2img(GenerateParams("a cat", "", 16, 16, 3, 1.0, 7, "euler", "discrete"))
+        guided = sd.txt2img(GenerateParams("a cat", "", 16, 16, 3, 1.0 + 1e-6, 7, "euler",
+                                           "discrete"))
+        assert alone[0].shape == guided[0].shape
+        diff = np.abs(alone[0].astype(np.int16) - guided[0].astype(np.int16))
+        assert diff.max() <= 1
+
+
 def test_placed_by_a_plan_with_disk_residency_and_small_budget() -> None:
     plan = resolve(["--params-backend", "diffusion=disk", "--max-vram", "0.5"], cpu_inventory())
     assert plan.modules["diffusion"].params.mode == "disk"
