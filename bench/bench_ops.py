@@ -9,10 +9,12 @@ that interpreter is missing, with numpy in this process (matrix products only). 
 seconds per op for both and the ratio sdplan / reference (below 1: sdplan is faster).
 
 Conv cases run once per path (``variants``): the kernel dtype (f16: what SD checkpoints
-hold, f32) and the method of ``Graph.conv_2d`` (``auto``, ``im2col``, ``direct``, ...).
+hold, f32) and the method of ``Graph.conv_2d`` (``auto``, ``im2col``, ``cpu_im2col``,
+``winograd``, ``direct``); attention cases once per path of ``graph.attention`` (``auto``,
+``flash``: ggml's flash attention, ``plain``: matrix products and softmax).
 
 Usage: ``python bench/bench_ops.py [--threads 2] [--repeat 3] [--only SUBSTRING]
-[--methods auto,im2col,direct] [--json]``.
+[--methods auto,im2col,direct] [--dtypes f16,f32] [--attention auto,flash,plain] [--json]``.
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ def sdplan_case(cpu: Any, kind: str, p: tuple[Any, ...], threads: int, repeat: i
         if causal:
             mask = g.input("mask", (nq, nk), "f32")
             arrays["mask"] = np.triu(np.full((nq, nk), -np.inf, np.float32), 1)
-        y = gr.attention(g, q, k_, v, mask)
+        y = gr.attention(g, q, k_, v, mask, flash={"auto": None, "flash": True, "plain": False}[method])
     g.output("y", y)
     for name, arr in arrays.items():
         g.set_input(name, arr)
@@ -163,6 +165,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
     ap.add_argument("--methods", default="auto", help="conv methods to compare, comma-separated")
+    ap.add_argument("--attention", default="auto", help="attention paths to compare: auto,flash,plain")
     ap.add_argument("--dtypes", default="f16", help="weight dtypes to compare, comma-separated")
     ap.add_argument("--torch-python", default=DEFAULT_TORCH)
     ap.add_argument("--json", action="store_true", help="also print the results as JSON (stderr)")
@@ -180,11 +183,13 @@ def main() -> int:
         r = ref[name] if ref is not None else numpy_time(kind, p, a.repeat)
         variants = [(d, m) for d in a.dtypes.split(",") for m in
                     (a.methods.split(",") if kind == "conv" else ["auto"])]
-        if kind in ("group_norm", "attention"):
+        if kind == "group_norm":
             variants = [("f32", "auto")]
+        if kind == "attention":
+            variants = [("f32", m) for m in a.attention.split(",")]
         for wdtype, method in variants:
             t = sdplan_case(cpu, kind, p, a.threads, a.repeat, wdtype, method)
-            label = f"{wdtype} {method}" if kind == "conv" else wdtype
+            label = f"{wdtype} {method}" if kind in ("conv", "attention") else wdtype
             print(f"{name:40} {label:16} {t:9.4f} {r:9.4f} {t / r:6.2f}", flush=True)
             rows.append({"case": name, "variant": label, "sdplan_s": t, "ref_s": r, "ratio": t / r})
     mgr.close()
