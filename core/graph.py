@@ -40,7 +40,9 @@ sigmoid, tanh, exp, sqr, sqrt, abs, neg, sin, cos, log; ``leaky_relu(a, slope)``
 ``group_norm(a, n_groups, eps, weight=None, bias=None)`` over (C, H, W) groups, ``soft_max(a, mask=None, scale=1,
 max_bias=0)`` over the last axis of ``a*scale + mask``, ``flash_attn(q, k, v, mask=None,
 scale=1)`` with q ``(B, H, Nq, D)``, k/v ``(B, Hkv, Nk, D)`` returning ``(B, Nq, H, Dv)``,
-``conv_2d(w, x, stride=(1,1), padding=(0,0), dilation=(1,1), direct=False)``,
+``conv_2d(w, x, stride=(1,1), padding=(0,0), dilation=(1,1), direct=False, method="auto")``
+(method: ``im2col``, ``cpu_im2col``, ``winograd``, ``direct``; auto takes ``cpu_im2col`` on
+CPU-only graphs when the image has at least OC/2 pixels, else ``im2col``),
 ``conv_transpose_2d(w, x, stride)`` (w ``(IC, OC, KH, KW)``, no padding),
 ``upscale(a, factor)`` (nearest, last two axes), ``interpolate(a, shape, mode)``,
 ``pad(a, [(before, after), ...])`` (zeros), ``concat(a, b, axis)``, ``permute(a, axes)``

@@ -562,9 +562,8 @@ void store_row(char *dst, const float *src, int64_t n, bool half) {
 void wino_input(ggml_tensor *dst, int ith, int nth, void *) {
     const ggml_tensor *x = dst->src[0];
     const int64_t W = x->ne[0], H = x->ne[1], IC = x->ne[2], N = x->ne[3];
-    const int64_t TX = (W + 1) / 2, TY = (H + 1) / 2, T = dst->ne[1];
+    const int64_t TX = (W + 1) / 2, TY = (H + 1) / 2;
     const bool half = dst->type == GGML_TYPE_F16;
-    const size_t es = half ? 2 : 4;
     thread_local std::vector<float> slab, tmp;
     slab.resize((size_t)4 * (W + 2) * IC);  // 4 input rows, channels last, one zero column each side
     tmp.resize((size_t)16 * IC);
@@ -590,19 +589,19 @@ void wino_input(ggml_tensor *dst, int ith, int nth, void *) {
         }
         for (int64_t tx = 0; tx < TX; ++tx) {
             const int64_t t = (n * TY + ty) * TX + tx;
-            // patch column c of row rr: slab[rr][2tx + c] (the slab is shifted by the zero column)
+            // patch column c of row rr: slab[rr][2tx + c] (the slab is shifted by the zero
+            // column; the last tile of an odd width reads column W+2, also zero: W+1 serves)
             const float *d[4][4];
             for (int rr = 0; rr < 4; ++rr)
                 for (int c = 0; c < 4; ++c) {
                     const int64_t col = std::min<int64_t>(2 * tx + c, W + 1);
                     d[rr][c] = slab.data() + ((size_t)rr * (W + 2) + col) * IC;
                 }
-            const bool edge = 2 * tx + 3 > W + 1;  // last tile of an odd width: column W+2 is zero
             float *v = tmp.data();
             for (int64_t ic = 0; ic < IC; ++ic) {
                 float p[4][4];
                 for (int rr = 0; rr < 4; ++rr)
-                    for (int c = 0; c < 4; ++c) p[rr][c] = (edge && 2 * tx + c > W + 1) ? 0.0f : d[rr][c][ic];
+                    for (int c = 0; c < 4; ++c) p[rr][c] = d[rr][c][ic];
                 float q[4][4];  // B^T p
                 for (int c = 0; c < 4; ++c) {
                     q[0][c] = p[0][c] - p[2][c];
@@ -621,8 +620,6 @@ void wino_input(ggml_tensor *dst, int ith, int nth, void *) {
                 store_row((char *)dst->data + e * dst->nb[2] + t * dst->nb[1], v + (size_t)e * IC, IC, half);
         }
     }
-    (void)T;
-    (void)es;
 }
 
 void wino_kernel(ggml_tensor *dst, int ith, int nth, void *) {
