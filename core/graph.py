@@ -67,6 +67,12 @@ __all__ = [
     "conv_transpose2d", "pixel_shuffle", "prelu", "gelu", "geglu", "NUMPY_DTYPES",
 ]
 
+#: Narrowest head width for which ``attention`` picks ggml's flash kernel by itself. Below it
+#: the CPU kernel is far slower than the plain path (bench/bench_ops.py style timing, 1 thread,
+#: q/k/v (2, 8, 1024, D): D=4 flash 0.88 s vs plain 0.25 s; D=8 0.061 vs 0.108 s; D=40
+#: 0.130 vs 0.233 s).
+FLASH_MIN_HEAD_DIM = 8
+
 #: numpy dtype names of the dtypes that cross the Python boundary.
 NUMPY_DTYPES = {"f32": "float32", "f16": "float16", "i32": "int32"}
 
@@ -130,10 +136,13 @@ def attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
     ``(Nq, Nk)`` (added to the scores) -> ``(B, Nq, H*D)``.
 
     ``scale`` defaults to ``1/sqrt(D)``. ``flash=None`` uses ``flash_attn`` when the main
-    backend supports it (True forces it, False forces the plain softmax path).
+    backend supports it and the head width is at least :data:`FLASH_MIN_HEAD_DIM` (True
+    forces it, False forces the plain softmax path).
     """
     b, h, nq, d = q.shape
     s = 1.0 / math.sqrt(d) if scale is None else scale
+    if flash is None and d < FLASH_MIN_HEAD_DIM:
+        flash = False
     if flash is not False:
         fa = g.flash_attn(q, k, v, mask, s)
         if flash or g.supports(fa, 0):

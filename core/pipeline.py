@@ -186,17 +186,12 @@ class StableDiffusion:
         wf, names = module_weight_file(self.ms, "diffusion")
         self.runners: dict[str, Any] = {
             "diffusion": self._runner("diffusion", unet_m.UNetGraph(self.unet_cfg, names), wf)}
-        # f32 conv kernels on CPUs: the f16 im2col path decodes 1.7x slower (bench/bench_sd.py)
-        wf, names = module_weight_file(self.ms, "vae", conv_dtype="f32" if self._on_cpu("vae") else None)
+        # f16 conv kernels everywhere: with the CPU column builder of conv_2d they decode
+        # 20-25% faster than f32 kernels at SD 1.5 size (bench/bench_ops.py, --dtypes)
+        wf, names = module_weight_file(self.ms, "vae")
         self.runners["vae"] = self._runner("vae", vae_m.VaeGraph(self.vae_cfg, names), wf)
         self._te_key: tuple[int, bool] | None = None
         self.timings: dict[str, float] = {}
-
-    def _on_cpu(self, module: str) -> bool:
-        """True when ``module``'s main device is a CPU backend."""
-        import sdplan._ggml as native
-
-        return str(native.device_type(self.pool.get(self.placements[module].devices[0]).device_name)) == "cpu"
 
     def _runner(self, module: str, graph: Any, wf: Any) -> Any:
         from sdplan.core.engine import ModuleRunner

@@ -182,6 +182,24 @@ def test_attention_plain_and_flash(cpu, flash) -> None:
     close(y, ref, 5e-3 if flash else 1e-4)
 
 
+@pytest.mark.parametrize("d, flash_node", [(4, False), (8, True)])
+def test_attention_picks_flash_by_head_width(cpu, d, flash_node) -> None:
+    """``flash=None`` takes the flash kernel from FLASH_MIN_HEAD_DIM on (it is slower below),
+    and both choices give the softmax reference."""
+    q, k, v = rand(1, 2, 6, d), rand(1, 2, 6, d), rand(1, 2, 6, d)
+    g = gr.new_graph([cpu])
+    ins = {n: g.input(n, a.shape) for n, a in (("q", q), ("k", k), ("v", v))}
+    g.output("y", gr.attention(g, ins["q"], ins["k"], ins["v"]))
+    g.build()
+    g.allocate()
+    for n, a in (("q", q), ("k", k), ("v", v)):
+        g.set_input(n, a)
+    ops = {row[0] for row in g.profile()}
+    assert ("FLASH_ATTN_EXT" in ops) is flash_node
+    ref = (_softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(d)) @ v).transpose(0, 2, 1, 3)
+    close(g.get_output("y"), ref.reshape(1, 6, 2 * d), 5e-3)
+
+
 def _conv2d_ref(x, w, stride, pad):
     n, c, h, wd = x.shape
     oc, _, kh, kw = w.shape
