@@ -41,6 +41,10 @@ from sdplan.core.placement import add_placement_arguments, placement_from_namesp
 
 log = logging.getLogger(__name__)
 MODEL_HASH_METHOD = "sha256(first 1 MiB + decimal file size)"
+#: The packaged demo model (``sdplan.resources`` folder, file name) and its generation
+#: defaults, used by ``--demo`` for each of these flags the command line does not give.
+DEMO_RESOURCE = ("demo", "sdplan-demo-shapes.safetensors")
+DEMO_DEFAULTS = {"width": 128, "height": 128, "steps": 20, "cfg_scale": 5.0}
 #: Model-file flags -> request keys.
 FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "t5xxl", "clip_l": "clip_l",
               "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
@@ -51,6 +55,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("generate", help="text to image (SD 1.x/2.x checkpoint or Flux files)",
                               description="Generate images on sdplan's engine with sd-cli's flags.")
     p.add_argument("-m", "--model", metavar="PATH", help="single-file SD checkpoint")
+    p.add_argument("--demo", action="store_true",
+                   help="use the packaged demo model (-m of the file in sdplan.resources; "
+                        "default 128x128, 20 steps, CFG 5)")
     p.add_argument("--diffusion-model", metavar="PATH", help="Flux diffusion model")
     p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux)")
     p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux)")
@@ -60,10 +67,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--upscale-repeats", type=int, default=1, help="times to run the upscaler")
     p.add_argument("-p", "--prompt", required=True)
     p.add_argument("-n", "--negative-prompt", default="")
-    p.add_argument("-W", "--width", type=int, default=512, help="image width in pixels")
-    p.add_argument("-H", "--height", type=int, default=512, help="image height in pixels")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--cfg-scale", type=float, default=7.0)
+    p.add_argument("-W", "--width", type=int, default=_DefaultInt(512), help="image width in pixels")
+    p.add_argument("-H", "--height", type=int, default=_DefaultInt(512), help="image height in pixels")
+    p.add_argument("--steps", type=int, default=_DefaultInt(20))
+    p.add_argument("--cfg-scale", type=float, default=_DefaultFloat(7.0))
     p.add_argument("--guidance", type=float, default=3.5, help="Flux dev distilled guidance")
     p.add_argument("-s", "--seed", type=int, default=42, help="RNG seed (< 0: random)")
     p.add_argument("--sampling-method", default="euler_a")
@@ -90,6 +97,46 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_placement_arguments(p)
     p.set_defaults(run=run)
     return p
+
+
+class _DefaultInt(int):
+    """An int default argparse keeps as given: ``--demo`` replaces only these."""
+
+
+class _DefaultFloat(float):
+    """A float default argparse keeps as given: ``--demo`` replaces only these."""
+
+
+def demo_model_path() -> Path:
+    """The packaged demo model file (``sdplan.resources/demo``).
+
+    Raises:
+        SdplanError: this installation has no demo model file.
+    """
+    from importlib import resources
+
+    ref = resources.files("sdplan.resources").joinpath("/".join(DEMO_RESOURCE))
+    path = Path(str(ref))
+    if not path.is_file():
+        raise SdplanError(f"--demo: the demo model {path} is not installed")
+    return path
+
+
+def apply_demo(args: argparse.Namespace) -> None:
+    """With ``--demo``: ``-m`` the demo model and :data:`DEMO_DEFAULTS` for each of width,
+    height, steps and CFG scale the command line left at its default.
+
+    Raises:
+        SdplanError: ``--demo`` together with ``-m`` or ``--diffusion-model``, or no demo file.
+    """
+    if not getattr(args, "demo", False):
+        return
+    if args.model or args.diffusion_model:
+        raise SdplanError("--demo replaces -m/--diffusion-model: give one or the other")
+    args.model = str(demo_model_path())
+    for key, value in DEMO_DEFAULTS.items():
+        if isinstance(getattr(args, key), (_DefaultInt, _DefaultFloat)):
+            setattr(args, key, value)
 
 
 def model_hash(path: str | Path) -> str:
@@ -145,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     with Engine(isolated=not args.in_process) as engine:
         try:
+            apply_demo(args)
             files = model_files(args)
             plan, inventory, fit = _resolve(args, engine, files)
         except SdplanError as exc:

@@ -6,9 +6,15 @@ Needs the ``ref`` extra (torch, diffusers, transformers) and runs on the CPU:
 
 Stages (each checkpoints into ``--work`` and is skipped or resumed when run again):
 
-1. ``vae``: an ``AutoencoderKL`` (f=8, 4 latent channels) on random crops of fresh scenes
-   from :mod:`sdplan.core.demo_scenes`; loss ``|x - x'| + (x - x')^2 + 1e-6 KL``; the
-   learning rate follows a cosine of period ``lr_period`` steps, stopped after ``steps``.
+1. ``vae``: an ``AutoencoderKL`` (f=8, 4 latent channels; widths 64/64/96/96, so the
+   32 GroupNorm groups hold 2-3 channels each) on fresh scenes from
+   :mod:`sdplan.core.demo_scenes`, rendered whole at 24-48 pixels (every picture holds a
+   shape and its background, as full pictures do: GroupNorm statistics span the picture,
+   and a crop of plain background loses its colour in the first norm). The decoder reads the
+   encoder's mean; loss ``|x - x'| + (x - x')^2 + 1e-6 KL``; Adam, linear warm-up then a
+   constant rate. Every ``check_every`` steps ``decode(encode(x))`` of true scenes is scored
+   with :func:`~sdplan.core.demo_scenes.caption_matches`; training stops at the first check
+   where background and shape colour both reach ``stop_rate``, or after ``steps``.
 2. ``scale``: rescale the VAE so that ``encoder mean * 0.18215`` has unit variance
    (quant_conv mean rows times k, logvar bias + 2 ln k, post_quant_conv inputs / k), then
    encode a fixed set of scenes (``n_latents``) to scaled latents.
@@ -51,19 +57,22 @@ CONFIG: dict = {
             out_channels=3,
             down_block_types=["DownEncoderBlock2D"] * 4,
             up_block_types=["UpDecoderBlock2D"] * 4,
-            block_out_channels=[64, 64, 64, 64],
+            block_out_channels=[64, 64, 96, 96],
             layers_per_block=1,
             latent_channels=4,
             norm_num_groups=32,
             sample_size=128,
             scaling_factor=0.18215,
         ),
-        "steps": 300,
-        "lr_period": 700,
-        "batch": 6,
-        "crop": 64,
-        "lr": 2e-3,
+        "steps": 800,
+        "batch": 12,
+        "sizes": [24, 32, 40, 48],
+        "lr": 5e-4,
+        "warmup": 20,
         "kl_weight": 1e-6,
+        "check_every": 100,
+        "check_n": 16,
+        "stop_rate": 0.98,
     },
     "n_latents": 672,
     "clip": dict(
@@ -85,7 +94,7 @@ CONFIG: dict = {
             in_channels=4,
             out_channels=4,
             layers_per_block=1,
-            block_out_channels=[64, 64, 128],
+            block_out_channels=[64, 64, 96],
             down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
             up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
             cross_attention_dim=64,
@@ -94,12 +103,12 @@ CONFIG: dict = {
             use_linear_projection=False,
             transformer_layers_per_block=1,
         ),
-        "steps": 330,
-        "batch": 16,
+        "steps": 2000,
+        "batch": 32,
         "lr": 1e-3,
         "warmup": 30,
         "caption_dropout": 0.1,
-        "ema": 0.98,
+        "ema": 0.995,
         "min_snr_gamma": 5.0,
         "checkpoint_every": 20,
     },
@@ -160,9 +169,36 @@ def build_vae():
     return AutoencoderKL(**CONFIG["vae"]["model"])
 
 
-def train_vae(work: Path, seed: int) -> None:
+def vae_batch(rng: np.random.Generator) -> torch.Tensor:
+    """One VAE training batch, float32 ``(B, 3, S, S)`` in -1..1: whole scenes rendered at a
+    side ``S`` drawn from ``sizes``. Every picture holds a shape and its background, as
+    full pictures do (GroupNorm statistics span the picture: a crop of plain background
+    would leave nothing of its colour after the first norm)."""
     from sdplan.core import demo_scenes as ds
 
+    cfg = CONFIG["vae"]
+    size = int(cfg["sizes"][int(rng.integers(len(cfg["sizes"])))])
+    return to_tensor(np.stack([ds.render(ds.random_scene(rng), size) for _ in range(cfg["batch"])]))
+
+
+@torch.no_grad()
+def vae_colour_check(vae, seed: int, n: int) -> dict[str, float]:
+    """Share of ``n`` true scenes whose ``decode(encode(x))`` still matches its caption."""
+    from sdplan.core import demo_scenes as ds
+
+    imgs, caps = ds.make_scenes(n, seed=seed + 9)
+    x = to_tensor(imgs)
+    rec = torch.cat([vae.decode(vae.encode(x[i : i + 16]).latent_dist.mean).sample
+                     for i in range(0, n, 16)])
+    rec = ((rec.clamp(-1, 1) + 1) * 127.5).round().permute(0, 2, 3, 1).numpy()
+    hits = {"background": 0, "color": 0, "shape": 0, "all": 0}
+    for im, cap in zip(rec, caps, strict=True):
+        for k, v in ds.caption_matches(im, cap).items():
+            hits[k] += int(v)
+    return {k: v / n for k, v in hits.items()}
+
+
+def train_vae(work: Path, seed: int) -> None:
     cfg = CONFIG["vae"]
     path = work / "vae.pt"
     torch.manual_seed(seed)
@@ -174,31 +210,44 @@ def train_vae(work: Path, seed: int) -> None:
         vae.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         start = st["step"]
+        if st.get("done"):
+            return
     if start >= cfg["steps"]:
         return
     t0 = time.time()
     for step in range(start, cfg["steps"]):
         rng = np.random.default_rng([seed, 1, step])
-        imgs, _ = ds.make_scenes(cfg["batch"], seed=int(rng.integers(2**31)))
-        x = to_tensor(imgs)
-        c = cfg["crop"]
-        oy, ox = rng.integers(0, ds.SIZE - c + 1, size=2)
-        x = x[:, :, oy : oy + c, ox : ox + c]
+        x = vae_batch(rng)
         for g in opt.param_groups:
-            g["lr"] = cfg["lr"] * 0.5 * (1 + math.cos(math.pi * step / cfg["lr_period"]))
+            g["lr"] = cfg["lr"] * min(1.0, (step + 1) / cfg["warmup"])
         post = vae.encode(x).latent_dist
-        gen = torch.Generator().manual_seed(seed * 7 + step)
-        z = post.mean + post.std * torch.randn(post.mean.shape, generator=gen)
-        rec = vae.decode(z).sample
+        # Decode the mean: the UNet only ever sees means, and sampling with the initial
+        # unit variance drowns the colour signal for hundreds of steps.
+        rec = vae.decode(post.mean).sample
         kl = post.kl().mean() / x[0].numel()
         loss = (rec - x).abs().mean() + (rec - x).pow(2).mean() + cfg["kl_weight"] * kl
         opt.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         opt.step()
         if step % 10 == 0 or step == cfg["steps"] - 1:
             log.info("vae step %d loss %.4f (%.1f s)", step, loss.item(), time.time() - t0)
-        if (step + 1) % 50 == 0 or step == cfg["steps"] - 1:
-            save_state(path, {"model": vae.state_dict(), "opt": opt.state_dict(), "step": step + 1})
+        done = False
+        if (step + 1) % cfg["check_every"] == 0:
+            vae.eval()
+            rates = vae_colour_check(vae, seed, cfg["check_n"])
+            vae.train()
+            log.info("vae step %d encode/decode caption match %s", step + 1, rates)
+            done = min(rates["background"], rates["color"]) >= cfg["stop_rate"]
+        if done or (step + 1) % 50 == 0 or step == cfg["steps"] - 1:
+            save_state(
+                path,
+                {"model": vae.state_dict(), "opt": opt.state_dict(), "step": step + 1,
+                 "done": done},
+            )
+        if done:
+            log.info("vae colours reproduced at step %d: stopping", step + 1)
+            return
 
 
 @torch.no_grad()
@@ -236,8 +285,8 @@ def scale_and_encode(work: Path, seed: int) -> None:
     if drift > 1e-3:
         raise RuntimeError(f"VAE rescale changed the reconstruction by {drift}")
     latents = means * k * sf
-    rec = torch.cat([vae.decode(latents[i : i + 64] / sf).sample for i in range(0, 256, 64)])
-    err = float((rec - x[:256]).abs().mean()) * 127.5
+    rec = vae.decode(latents[:64] / sf).sample
+    err = float((rec - x[:64]).abs().mean()) * 127.5
     log.info(
         "scaled latents: mean %.3f std %.3f; reconstruction mean abs error %.2f / 255",
         float(latents.mean()),
@@ -300,6 +349,8 @@ def train_unet(work: Path, seed: int) -> None:
         gen = torch.Generator().manual_seed(seed * 1000 + step)
         idx = torch.randint(0, len(latents), (cfg["batch"],), generator=gen)
         x0 = latents[idx]
+        flip = torch.rand(cfg["batch"], generator=gen) < 0.5  # mirrored scenes are scenes too
+        x0 = torch.where(flip.view(-1, 1, 1, 1), x0.flip(-1), x0)
         tok = ids[idx].clone()
         drop = torch.rand(cfg["batch"], generator=gen) < cfg["caption_dropout"]
         tok[drop] = empty
@@ -378,7 +429,15 @@ def export(work: Path, out: Path) -> Path:
     meta["latent_rescale_k"] = torch.load(work / "latents.pt", weights_only=False)["k"]
     out.mkdir(parents=True, exist_ok=True)
     target = out / "sdplan-demo-shapes.safetensors"
-    save_file(ckpt16, str(target), metadata={"sdplan.demo": json.dumps(meta)})
+    metadata = {
+        "sdplan.demo": json.dumps(meta),
+        "sdplan.family": CONFIG["family"],
+        "sdplan.prediction": "eps",
+        "sdplan.clip_heads": str(CONFIG["clip"]["num_attention_heads"]),
+        # diffusers' SD 1.x "attention_head_dim" is the number of heads per attention
+        "sdplan.unet_heads": str(CONFIG["unet"]["model"]["attention_head_dim"]),
+    }
+    save_file(ckpt16, str(target), metadata=metadata)
     (out / "sdplan-demo-shapes.json").write_text(json.dumps(meta, indent=1) + "\n")
     log.info("wrote %s (%.2f MB)", target, target.stat().st_size / 1e6)
     return target
@@ -390,6 +449,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "resources" / "demo")
     ap.add_argument("--seed", type=int, default=CONFIG["seed"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--vae-steps", type=int, help="override the VAE's step count")
+    ap.add_argument("--unet-steps", type=int, help="override the UNet's step count")
     ap.add_argument("--until", choices=["vae", "scale", "unet", "export"], default="export")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -397,6 +458,10 @@ def main() -> int:
     torch.use_deterministic_algorithms(True)
     import_sdplan()
     CONFIG["seed"] = args.seed
+    if args.vae_steps:
+        CONFIG["vae"]["steps"] = args.vae_steps
+    if args.unet_steps:
+        CONFIG["unet"]["steps"] = args.unet_steps
     args.work.mkdir(parents=True, exist_ok=True)
     stages = [
         ("vae", train_vae),
