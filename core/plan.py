@@ -208,7 +208,9 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
         value = pl.runtime.get(m)
         devs = names(value) if value is not None else list(default_list)
         if len(devs) > 1 and m not in SPLITTABLE:
-            if value is None:
+            # One warning for every module on the default list, written or inherited, so a
+            # plan and its canonical strings (which omit entries equal to the default) agree.
+            if value is None or devs == default_list:
                 inherited.append(m)
             else:
                 warnings.append(PlanWarning("split_not_supported", f"{m} cannot run on several "

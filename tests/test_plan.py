@@ -392,3 +392,17 @@ def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -
     monkeypatch.setitem(sys.modules, "sdplan.core.checkpoint", None)
     assert cli.main(["plan", "--devices", str(inv_file), "-m", "m.sft", "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["error"]["code"] == "model_files_unsupported"
+
+
+def test_entry_equal_to_default_list_shares_the_default_warning() -> None:
+    """A module written with the default's device list warns like the inherited ones, so the
+    canonical strings (which drop that entry) resolve to the same warnings."""
+    inv = Inventory.from_json({"devices": [
+        {"name": "CUDA0", "type": "gpu", "registry": "CUDA", "free": 8 << 30, "total": 8 << 30},
+        {"name": "CUDA1", "type": "gpu", "registry": "CUDA", "free": 8 << 30, "total": 8 << 30}]})
+    plan = resolve(Placement.from_strings("CUDA1&cuda0,adetailer=CUDA1&cuda0"), inv)
+    msgs = [w.message for w in plan.warnings if w.code == "split_not_supported"]
+    assert len(msgs) == 1 and "detector" in msgs[0] and "clip_vision" in msgs[0]
+    again = resolve(Placement.from_strings(plan.backend), inv)
+    assert plan.backend == "CUDA1&CUDA0"
+    assert [(w.code, w.message) for w in again.warnings] == [(w.code, w.message) for w in plan.warnings]
