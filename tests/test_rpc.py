@@ -13,10 +13,11 @@ import socket
 import subprocess
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 from conftest import require_or_skip
-from rpc_util import PYTHON, accepts, free_port, rpc_servers, sdplan_cmd, stop
+from rpc_util import PYTHON, RpcServer, accepts, free_port, rpc_servers, sdplan_cmd, stop
 from sdplan.core import devices
 from sdplan.core.cli import main
 
@@ -238,3 +239,24 @@ def test_small_graph_same_numbers_on_cpu_and_rpc(rpc: None) -> None:
     assert abs(out["sum"] - 24.0) < 1e-3  # 24 softmax rows, each sums to 1
     assert out["rpc_ref"] < 1e-4
     assert out["cpu_rpc"] < 1e-6
+
+
+@pytest.mark.rpc
+def test_host_name_localhost_is_served_on_loopback(rpc: None, tmp_path: Path) -> None:
+    """ggml's server takes numeric addresses only; ``--host localhost`` is resolved first."""
+    import time
+
+    port = free_port()
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(sdplan_cmd("rpc-server", "--host", "localhost", "--port", str(port),
+                                           "--threads", "1"), stdout=out, stderr=subprocess.STDOUT)
+    server = RpcServer(proc, port, log)
+    try:
+        deadline = time.monotonic() + 20
+        while not accepts(port) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert accepts(port), server.output()
+    finally:
+        assert stop(server) == 0
+    assert "serving device CPU at 127.0.0.1:" in server.output()

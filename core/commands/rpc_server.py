@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import os
 import signal
+import socket
 import sys
 import threading
 from typing import Any
@@ -83,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     import sdplan._ggml as native
 
-    host = f"[{args.host}]" if ":" in args.host else args.host
+    # ggml's server parses numeric addresses only: give it the address a name stands for.
+    try:
+        addr = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError as exc:
+        return _fail(f"cannot resolve host {args.host!r}: {exc.strerror or exc}")
+    host = f"[{addr}]" if ":" in addr else addr
     endpoint = f"{host}:{args.port}"
     threads = args.threads or os.cpu_count() or 1
     stop = threading.Event()
