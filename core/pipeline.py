@@ -339,7 +339,8 @@ class StableDiffusion:
                 preview: Callable[[int, np.ndarray], None] | None = None,
                 noise: np.ndarray | None = None, sigmas: np.ndarray | None = None,
                 vae_tile: int | None = None,
-                preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None) -> list[np.ndarray]:
+                preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None,
+                decoder: Callable[[np.ndarray], np.ndarray] | None = None) -> list[np.ndarray]:
         """Generate ``p.batch`` images; returns ``(H, W, 3)`` uint8 arrays.
 
         ``on_step(step, total, latent)`` after every sampler step; ``preview(step, rgb)``
@@ -347,6 +348,9 @@ class StableDiffusion:
         latent-to-RGB projection, or ``preview_decoder(latent (1, 4, h, w)) -> uint8`` (a
         TAESD's :meth:`~sdplan.core.models.tae.Tae.preview`) when given. ``noise``/``sigmas``
         override the seeded Philox noise ``(batch, 4, H/8, W/8)`` and the schedule (tests).
+        ``decoder(latent (1, 4, h, w)) -> float32 (1, 3, H, W)`` in about [0, 1] replaces the
+        VAE for the final images (a TAESD's :meth:`~sdplan.core.models.tae.Tae.decode`: what
+        sd-cli's ``--taesd`` does without ``--taesd-preview-only``).
 
         Raises:
             ValueError: width/height not positive multiples of the UNet's factor
@@ -390,7 +394,12 @@ class StableDiffusion:
                                      schedule=self.schedule)
         self.timings["sampling"] = time.perf_counter() - t0
         self.timings["per_step"] = self.timings["sampling"] / max(total, 1)
-        images = self.decode(latent, vae_tile)
+        if decoder is not None:
+            t0 = time.perf_counter()
+            images = [decoder(latent[i:i + 1])[0] * 2.0 - 1.0 for i in range(latent.shape[0])]
+            self.timings["decode"] = time.perf_counter() - t0
+        else:
+            images = list(self.decode(latent, vae_tile))
         return [image_to_uint8(im) for im in images]
 
 
@@ -412,7 +421,9 @@ def _pad_chunks(ctx: np.ndarray, tokens: int) -> np.ndarray:
 #       backend / params_backend / max_vram / stream_layers strings resolved in the engine
 #       process against its live devices; rpc_servers: endpoints added there;
 #   overrides: clip_heads, unet_heads, unet_head_dim, prediction, flux_heads, flux_axes,
-#       t5_length (tiny models); previews: send previews (default True).
+#       t5_length (tiny models); previews: send previews (default True);
+#   taesd_decode: decode the final images with the ``taesd`` TAE instead of the VAE (sd-cli's
+#       ``--taesd`` without ``--taesd-preview-only``; default False: TAE previews only).
 # Messages: progress ``{"step", "total", "phase"}``, preview ``{"step", "total", "image"}``
 # (uint8 (H, W, 3)); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings"}``.
 
@@ -544,7 +555,9 @@ def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], co
                        int(req.get("batch_count") or 1), max(int(req.get("clip_skip") or 0), 0))
     on_step, preview = _emitters(ctx, req)
     images = sess.sd.txt2img(p, on_step, preview, vae_tile=int(req.get("vae_tile_size") or 0) or None,
-                             preview_decoder=sess.tae.preview if sess.tae is not None else None)
+                             preview_decoder=sess.tae.preview if sess.tae is not None else None,
+                             decoder=sess.tae.decode if sess.tae is not None and req.get("taesd_decode")
+                             else None)
     return images, dict(sess.sd.timings)
 
 

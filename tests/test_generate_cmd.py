@@ -150,7 +150,7 @@ def test_taesd_previews_and_upscaler(tmp_path: Path, monkeypatch) -> None:
     args = parse(["-m", str(MODEL), "-p", "a photo of a cat", "-W", "16", "-H", "16", "--steps", "4",
                   "--cfg-scale", "7", "-s", "1", "--sampling-method", "euler", "-o", str(out),
                   "--preview-path", str(tmp_path / "prev"), "--clip-heads", "2", "-t", "2", "--in-process",
-                  "--taesd", str(tae), "--upscale-model", str(up)])
+                  "--taesd", str(tae), "--taesd-preview-only", "--upscale-model", str(up)])
     assert args.run(args) == 0
     last = png(tmp_path / "prev" / "preview_004.png")
     expect = np.clip(np_decode(dec, ref["run_final_latent"][0]), 0, 1).transpose(1, 2, 0) * 255
@@ -160,6 +160,38 @@ def test_taesd_previews_and_upscaler(tmp_path: Path, monkeypatch) -> None:
     got = png(out)
     assert got.shape == (32, 32, 3) and np.abs(got - want).max() <= 3
     assert Image.open(out).text["upscale_model"] == "compact_x2.pth"
+
+
+def test_taesd_decodes_the_final_image_like_sd_cli(tmp_path: Path, monkeypatch) -> None:
+    """Without --taesd-preview-only the TAE decodes the final image (sd-cli's fast decode)."""
+    from safetensors.numpy import save_file
+    from test_models_tae import np_decode, tae_weights
+
+    ref = load_file(str(FIX / "sd1_ref.safetensors"))
+    monkeypatch.setattr(sampling.PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())
+    dec = tae_weights(np.random.default_rng(4), "decoder", 4)
+    tae = tmp_path / "taesd.safetensors"
+    save_file({f"decoder.layers.{k}": v for k, v in dec.items()}, str(tae))
+    out = tmp_path / "fast.png"
+    args = parse(["-m", str(MODEL), "-p", "a photo of a cat", "-W", "16", "-H", "16", "--steps", "4",
+                  "--cfg-scale", "7", "-s", "1", "--sampling-method", "euler", "-o", str(out),
+                  "--clip-heads", "2", "-t", "2", "--in-process", "--taesd", str(tae)])
+    assert args.run(args) == 0
+    expect = np.clip(np_decode(dec, ref["run_final_latent"][0]), 0, 1).transpose(1, 2, 0) * 255
+    got = png(out)
+    assert got.shape == (64, 64, 3) and np.abs(got - expect).max() <= 4
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["-W", "0"], "-W/--width"), (["-H", "-64"], "-H/--height"), (["--steps", "0"], "--steps"),
+    (["-b", "0"], "-b/--batch-count"), (["--cfg-scale", "nan"], "--cfg-scale"),
+    (["-t", "-1"], "-t/--threads"), (["--sampling-method", "bogus"], "--sampling-method"),
+    (["--scheduler", "bogus"], "--scheduler"), (["-o", "out.txt"], "-o/--output")])
+def test_bad_generation_flags_fail_before_loading(flags: list[str], named: str, capsys) -> None:
+    args = parse(["-m", str(MODEL), "-p", "cat", "--in-process", *flags])
+    assert args.run(args) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
 
 
 FLUX = ["--t5xxl", str(FIX / "t5_tiny.safetensors"), "--clip_l", str(FIX / "clip_l_tiny.safetensors"),

@@ -62,7 +62,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux)")
     p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux)")
     p.add_argument("--vae", metavar="PATH", help="VAE / autoencoder file")
-    p.add_argument("--taesd", metavar="PATH", help="TAE decoder for previews during sampling")
+    p.add_argument("--taesd", metavar="PATH",
+                   help="TAE (tiny autoencoder): decodes the final image fast, as sd-cli does, and "
+                        "the previews during sampling")
+    p.add_argument("--taesd-preview-only", action="store_true",
+                   help="use --taesd for previews only; the VAE decodes the final image")
     p.add_argument("--upscale-model", metavar="PATH", help="ESRGAN upscaler applied after decoding")
     p.add_argument("--upscale-repeats", type=int, default=1, help="times to run the upscaler")
     p.add_argument("-p", "--prompt", required=True)
@@ -193,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     with Engine(isolated=not args.in_process) as engine:
         try:
             apply_demo(args)
+            validate(args)
             files = model_files(args)
             plan, inventory, fit = _resolve(args, engine, files)
         except SdplanError as exc:
@@ -235,7 +240,35 @@ def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, se
             "threads": args.threads, "rpc_servers": list(plan.rpc_servers),
             "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")},
             "overrides": {k: v for k, v in overrides.items() if v is not None},
-            "previews": bool(args.preview_path)}
+            "previews": bool(args.preview_path),
+            "taesd_decode": bool(args.taesd) and not args.taesd_preview_only}
+
+
+def validate(args: argparse.Namespace) -> None:
+    """Check the generation flags before anything loads; raises SdplanError naming the flag."""
+    import math
+
+    from sdplan.core.flow import FLOW_SAMPLERS
+    from sdplan.core.sampling import SAMPLERS, SCHEDULES
+
+    for flag, value, low in (("-W/--width", args.width, 1), ("-H/--height", args.height, 1),
+                             ("--steps", args.steps, 1), ("-b/--batch-count", args.batch_count, 1),
+                             ("--upscale-repeats", args.upscale_repeats, 1),
+                             ("-t/--threads", args.threads, 0), ("--vae-tile-size", args.vae_tile_size, 0)):
+        if value < low:
+            raise SdplanError(f"{flag} must be at least {low}, got {value}")
+    for flag, fvalue in (("--cfg-scale", args.cfg_scale), ("--guidance", args.guidance)):
+        if not math.isfinite(fvalue):
+            raise SdplanError(f"{flag} must be a finite number, got {fvalue}")
+    names = sorted(set(SAMPLERS) | set(FLOW_SAMPLERS) | {"ddim"})
+    if args.sampling_method not in names:
+        raise SdplanError(f"--sampling-method {args.sampling_method!r} is unknown; choose one of "
+                          f"{', '.join(names)}")
+    if args.scheduler not in (*SCHEDULES, "default"):
+        raise SdplanError(f"--scheduler {args.scheduler!r} is unknown; choose one of {', '.join(SCHEDULES)}")
+    out = Path(args.output)
+    if out.is_dir() or out.suffix.lower() != ".png":
+        raise SdplanError(f"-o/--output {args.output!r} must be a .png file path")
 
 
 def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any, console: Any) -> int:

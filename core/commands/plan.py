@@ -33,6 +33,17 @@ log = logging.getLogger(__name__)
 GIB = 1 << 30
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse reports anything else with the flag's name)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``sdplan plan`` on the dispatcher's subparsers."""
     p = subparsers.add_parser(
@@ -49,9 +60,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     for key, flags in MODEL_FLAGS.items():
         g.add_argument(*reversed(flags), dest=key, action="append", metavar="PATH")
     add_placement_arguments(p)
-    p.add_argument("-W", "--width", type=int, default=512, help="image width (px) for the fit")
-    p.add_argument("-H", "--height", type=int, default=512, help="image height (px)")
-    p.add_argument("-b", "--batch-count", type=int, default=1, help="images per batch")
+    p.add_argument("-W", "--width", type=positive_int, default=512, help="image width (px) for the fit")
+    p.add_argument("-H", "--height", type=positive_int, default=512, help="image height (px)")
+    p.add_argument("-b", "--batch-count", type=positive_int, default=1, help="images per batch")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(run=run)
     return p
