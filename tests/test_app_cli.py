@@ -68,3 +68,24 @@ def test_unknown_builtin_profile_is_exit_code_2(tmp_path: Path):
                         "flux9-nope", "--screenshot", str(tmp_path / "x.png")], env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "flux9-nope" in r.stderr
+
+
+def test_no_display_is_a_clear_error_not_an_abort() -> None:
+    from sdplan.core.commands.gui import no_display_reason
+
+    assert "DISPLAY" in (no_display_reason({}, "linux") or "")
+    assert no_display_reason({"DISPLAY": ":0"}, "linux") is None
+    assert no_display_reason({"WAYLAND_DISPLAY": "wayland-0"}, "linux") is None
+    assert no_display_reason({"QT_QPA_PLATFORM": "offscreen"}, "linux") is None
+    assert no_display_reason({}, "darwin") is None
+
+
+def test_sdplan_without_display_exits_2(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    proc = subprocess.run([sys.executable, "-m", "sdplan.core.cli"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "no display" in proc.stderr and "Traceback" not in proc.stderr

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from collections.abc import Mapping
 from typing import Any
 
 from sdplan.core.placement import add_placement_arguments
@@ -42,13 +45,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def no_display_reason(environ: Mapping[str, str] | None = None,
+                      platform: str | None = None) -> str | None:
+    """Why a window cannot open here (Linux without ``DISPLAY``/``WAYLAND_DISPLAY`` and no
+    ``QT_QPA_PLATFORM``), or None. Qt itself would abort the process instead of saying so."""
+    env = os.environ if environ is None else environ
+    plat = sys.platform if platform is None else platform
+    if not plat.startswith("linux") or env.get("QT_QPA_PLATFORM"):
+        return None
+    if env.get("DISPLAY") or env.get("WAYLAND_DISPLAY"):
+        return None
+    return ("no display to open a window on (DISPLAY and WAYLAND_DISPLAY are unset); run it in a "
+            "desktop session, or render with `sdplan gui --screenshot OUT.png`")
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the GUI; 2 when PySide6 is missing or an argument file is bad."""
+    """Run the GUI; 2 when PySide6 is missing, no display exists, or an argument file is bad."""
+    reason = None if getattr(args, "screenshot", None) else no_display_reason()
+    if reason:
+        print(f"sdplan gui: {reason}", file=sys.stderr)
+        return 2
+    if getattr(args, "screenshot", None):
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     try:
         from sdplan.app.main import run_gui
     except ImportError as exc:
-        import sys
-
         print(f"sdplan gui: the desktop app needs PySide6 ({exc})", file=sys.stderr)
         return 2
     return run_gui(args)
