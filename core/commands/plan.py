@@ -179,7 +179,10 @@ def _list_builtin(as_json: bool) -> int:
     table = Table(title="Built-in model profiles (--model-profile NAME)")
     for col in ("name", "model", "architecture", "diffusion GiB", "te GiB", "vae GiB",
                 "total GiB"):
-        table.add_column(col, justify="right" if "GiB" in col else "left")
+        # The name is what users copy: never wrap or cut it.
+        table.add_column(col, justify="right" if "GiB" in col else "left",
+                         no_wrap=col == "name", min_width=max(len(i.name) for i in infos)
+                         if col == "name" else None)
     for i in infos:
         mb = i.module_bytes
         table.add_row(i.name, i.title + (" *" if i.note else ""), i.architecture,
