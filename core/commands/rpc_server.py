@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
     # ggml's server parses numeric addresses only: give it the address a name stands for.
     try:
-        addr = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0][4][0]
+        addr = str(socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0][4][0])
     except OSError as exc:
         return _fail(f"cannot resolve host {args.host!r}: {exc.strerror or exc}")
     host = f"[{addr}]" if ":" in addr else addr

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdplan.core import graph as gr
+from sdplan.core.models import ModelLayoutError, Weights
 
 __all__ = ["Weights", "StoreView", "ModelLayoutError", "UNetConfig", "UNetGraph", "PREFIX", "FAMILY_HEADS",
            "unet_config", "unet"]
@@ -31,56 +32,6 @@ _GN_GROUPS = 32
 _RES_EPS = 1e-5
 _ST_EPS = 1e-6
 _LN_EPS = 1e-5
-
-
-class ModelLayoutError(ValueError):
-    """A checkpoint's tensors do not form the expected layout (missing name, odd shape)."""
-
-
-class Weights:
-    """Read-only view of ``mapping`` (name -> tensor, or name -> shape tuple) under ``prefix``.
-
-    ``w["a.b"]`` is ``mapping[prefix + "a.b"]``; a missing name raises
-    :class:`ModelLayoutError` naming the full tensor name. Shared by the SD model graphs
-    (:mod:`~sdplan.core.models.clip`, :mod:`~sdplan.core.models.vae`).
-    """
-
-    def __init__(self, mapping: Mapping[str, Any], prefix: str = "") -> None:
-        self.mapping = mapping
-        self.prefix = prefix
-
-    def __getitem__(self, name: str) -> Tensor:
-        try:
-            return self.mapping[self.prefix + name]
-        except KeyError:
-            raise ModelLayoutError(f"missing weight {self.prefix + name!r}") from None
-
-    def get(self, name: str) -> Tensor | None:
-        """The tensor or None when absent."""
-        return self.mapping.get(self.prefix + name)
-
-    def __contains__(self, name: str) -> bool:
-        return (self.prefix + name) in self.mapping
-
-    def sub(self, prefix: str) -> Weights:
-        """A view one level deeper: ``w.sub("a.")["b"] == w["a.b"]``."""
-        return Weights(self.mapping, self.prefix + prefix)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        """Shape of a tensor (numpy order); works for tensors and for plain shape tuples."""
-        t = self[name]
-        return tuple(t.shape) if hasattr(t, "shape") else tuple(t)
-
-    def indices(self, prefix: str) -> list[int]:
-        """Sorted integers N of the names ``prefix + "N." ...`` present under this view."""
-        full = self.prefix + prefix
-        out = set()
-        for k in self.mapping:
-            if k.startswith(full):
-                head = k[len(full):].split(".", 1)[0]
-                if head.isdigit():
-                    out.add(int(head))
-        return sorted(out)
 
 
 class StoreView(Mapping[str, Any]):
