@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _timing
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -24,15 +25,7 @@ from sdplan.core.models.blockstack import BlockStack, BlockStackConfig, referenc
 from sdplan.core.weights import WeightFile, plain_read_seconds  # noqa: E402
 from sdplan.core.worker import Engine  # noqa: E402
 
-
-def best(fn, repeat: int) -> float:
-    """Best wall time of ``repeat`` calls, seconds."""
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+best = _timing.best  # best wall time of ``repeat`` calls, seconds
 
 
 def main() -> int:

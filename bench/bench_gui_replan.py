@@ -11,9 +11,9 @@ a fraction of the frame.
 from __future__ import annotations
 
 import os
-import statistics
-import time
 from collections.abc import Callable
+
+import _timing
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -47,14 +47,7 @@ def inventories() -> dict[str, Inventory]:
 
 
 def median_s(fn: Callable[[], object], repeat: int = 60) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return _timing.median_s(fn, repeat, warmup=5)
 
 
 def run_case(app: QApplication, label: str, inv: Inventory) -> None:

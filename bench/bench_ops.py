@@ -24,11 +24,11 @@ import json
 import math
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _timing
 import numpy as np
 
 DEFAULT_TORCH = "/work/venv-ref/bin/python"
@@ -92,13 +92,7 @@ print(json.dumps(out))
 
 def best(fn: Callable[[], Any], repeat: int) -> float:
     """Best of ``repeat`` timed calls after one warm-up (seconds)."""
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
+    return _timing.best(fn, repeat, warmup=1)
 
 
 def sdplan_case(cpu: Any, kind: str, p: tuple[Any, ...], threads: int, repeat: int,

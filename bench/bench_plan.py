@@ -8,10 +8,9 @@ placement, one GUI-style edit + re-resolve, and resolving against a fresh invent
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
+import _timing
 from sdplan.core.inventory import Device, Inventory
 from sdplan.core.placement import Placement
 from sdplan.core.plan import resolve
@@ -41,14 +40,7 @@ PROFILE = Profile({"diffusion": ModuleProfile((300 << 20,) * 57, 2 * GIB),
 
 
 def median_s(fn: Callable[[], object], repeat: int = 400) -> float:
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return _timing.median_s(fn, repeat, warmup=20)
 
 
 def main() -> None:

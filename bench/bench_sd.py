@@ -20,9 +20,9 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+import _timing
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,13 +85,7 @@ def write_sd15_checkpoint(path: Path, shared: Path) -> None:
 
 
 def best(fn, repeat: int) -> float:
-    fn()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return min(ts)
+    return _timing.best(fn, repeat, warmup=1)
 
 
 def bench_sdplan(model: Path, latent: int, threads: int, repeat: int, tiny: bool) -> dict[str, float]:
