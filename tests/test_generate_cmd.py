@@ -136,6 +136,7 @@ def test_dead_engine_process_is_a_clear_error(tmp_path: Path, monkeypatch, capsy
 def test_taesd_previews_and_upscaler(tmp_path: Path, monkeypatch) -> None:
     """--taesd previews decode the denoised latent (numpy TAESD decoder of the reference's
     final latent for the last one); --upscale-model doubles the reference image."""
+    from pth_writer import compact_weights, save_compact
     from safetensors.numpy import save_file
     from sdplan.core.upscale import Upscaler
     from test_models_tae import np_decode, tae_weights
@@ -145,7 +146,7 @@ def test_taesd_previews_and_upscaler(tmp_path: Path, monkeypatch) -> None:
     dec = tae_weights(np.random.default_rng(4), "decoder", 4)
     tae = tmp_path / "taesd.safetensors"
     save_file({f"decoder.layers.{k}": v for k, v in dec.items()}, str(tae))
-    up = FIX / "compact_x2.pth"
+    up = save_compact(tmp_path / "compact_x2.pth", compact_weights())
     out = tmp_path / "up.png"
     args = parse(["-m", str(MODEL), "-p", "a photo of a cat", "-W", "16", "-H", "16", "--steps", "4",
                   "--cfg-scale", "7", "-s", "1", "--sampling-method", "euler", "-o", str(out),

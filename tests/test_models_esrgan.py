@@ -1,6 +1,7 @@
 """ESRGAN upscalers: the real compact x4 network against its PyTorch reference output, whole
 and tiled; RRDBNet (both naming layouts, with and without pixel-unshuffle) against a numpy
-reference; a torch.save'd compact network against torch's own output; tiling geometry."""
+reference; a compact network saved as torch.save does (zip and legacy .pth) against a numpy
+reference, itself checked against torch (``ref`` marker); tiling geometry."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ import pytest
 from safetensors.numpy import load_file, save_file
 from sdplan.core.errors import ModelFileError
 from sdplan.core.models.esrgan import canonical_rrdb_names, detect_esrgan, tile_grid
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def _engine() -> None:
@@ -44,6 +43,21 @@ def np_up2(x: np.ndarray, s: int = 2) -> np.ndarray:
 def np_unshuffle(x: np.ndarray, r: int) -> np.ndarray:
     c, h, w = x.shape
     return x.reshape(c, h // r, r, w // r, r).transpose(0, 2, 4, 1, 3).reshape(c * r * r, h // r, w // r)
+
+
+def np_compact(wt: dict[str, np.ndarray], x: np.ndarray, n_conv: int, scale: int) -> np.ndarray:
+    """SRVGGNetCompact in float64; x (C, H, W) -> (C, H * scale, W * scale)."""
+    wt = {k: v.astype(np.float64) for k, v in wt.items()}
+    h = x.astype(np.float64)
+    for i in range(n_conv + 1):
+        h = np_conv(h, wt[f"body.{2 * i}.weight"], wt[f"body.{2 * i}.bias"])
+        h = np.where(h > 0, h, wt[f"body.{2 * i + 1}.weight"][:, None, None] * h)
+    last = 2 * (n_conv + 1)
+    h = np_conv(h, wt[f"body.{last}.weight"], wt[f"body.{last}.bias"])
+    c, hh, ww = h.shape
+    s = scale
+    shuffled = h.reshape(c // (s * s), s, s, hh, ww).transpose(0, 3, 1, 4, 2).reshape(c // (s * s), hh * s, ww * s)
+    return shuffled + np_up2(x.astype(np.float64), s)
 
 
 def np_rrdb(wt: dict[str, np.ndarray], x: np.ndarray, n_blocks: int, n_up: int, unshuffle: int) -> np.ndarray:
@@ -184,19 +198,43 @@ def test_rrdb_matches_numpy(tmp_path: Path, old_names: bool, cin: int, unshuffle
     np.testing.assert_allclose(y[0], ref, atol=2e-4, rtol=1e-4)
 
 
-def test_torch_saved_compact_pth_matches_torch() -> None:
-    """compact_x2.pth (torch.save, zip format) through the restricted reader and the engine
-    gives the output PyTorch computed for it."""
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_torch_saved_compact_pth_matches_numpy(tmp_path: Path, legacy: bool) -> None:
+    """A compact x2 network written as torch.save writes it (``{"params": state_dict}``),
+    through the restricted reader and the engine, gives the numpy reference output."""
     _engine()
-    from sdplan.core.pth import read_pth
+    from pth_writer import compact_weights, save_compact
     from sdplan.core.upscale import Upscaler
 
-    io_ = read_pth(FIXTURES / "compact_x2.pth")["io"]
-    for name in ("compact_x2.pth", "compact_x2_legacy.pth"):
-        with Upscaler(FIXTURES / name, n_threads=2) as up:
-            assert (up.cfg.kind, up.scale, up.cfg.features, up.cfg.n_conv) == ("compact", 2, 8, 2)
-            y = up.upscale_array(io_["input"])
-        np.testing.assert_allclose(y, io_["output"], atol=1e-5)
+    wt = compact_weights()
+    path = save_compact(tmp_path / "compact_x2.pth", wt, legacy=legacy)
+    x = np.random.default_rng(2).random((1, 3, 12, 10), dtype=np.float32)
+    with Upscaler(path, n_threads=2) as up:
+        assert (up.cfg.kind, up.scale, up.cfg.features, up.cfg.n_conv) == ("compact", 2, 8, 2)
+        y = up.upscale_array(x)
+    ref = np_compact(wt, x[0], 2, 2)
+    assert y.shape == (1, 3, 24, 20)
+    np.testing.assert_allclose(y[0], ref, atol=1e-5)
+    assert float(np.abs(ref - np_up2(x[0])).max()) > 0.05  # the network adds to the upsampled input
+
+
+@pytest.mark.ref
+def test_numpy_compact_matches_torch() -> None:
+    """np_compact is the PyTorch SRVGGNetCompact forward (conv, PReLU, pixel shuffle, + nearest)."""
+    torch = pytest.importorskip("torch")
+    from pth_writer import compact_weights
+
+    fn = torch.nn.functional
+    wt = compact_weights()
+    t = {k: torch.from_numpy(v).double() for k, v in wt.items()}
+    x = np.random.default_rng(2).random((1, 3, 12, 10))
+    h = xt = torch.from_numpy(x)
+    for i in range(3):
+        h = fn.prelu(fn.conv2d(h, t[f"body.{2 * i}.weight"], t[f"body.{2 * i}.bias"], padding=1),
+                     t[f"body.{2 * i + 1}.weight"])
+    h = fn.pixel_shuffle(fn.conv2d(h, t["body.6.weight"], t["body.6.bias"], padding=1), 2)
+    y = h + fn.interpolate(xt, scale_factor=2, mode="nearest")
+    np.testing.assert_allclose(np_compact(wt, x[0], 2, 2), y[0].numpy(), atol=1e-12)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,9 @@
-"""The restricted .pth/.ckpt reader: valid checkpoints written by hand (zip and legacy)
-and by torch.save (fixtures), and hostile pickles that must be refused before anything runs."""
+"""The restricted .pth/.ckpt reader on checkpoints written at test time in torch.save's zip
+and legacy formats (tests/pth_writer.py): every storage dtype in both byte orders, views
+sharing a storage, non-contiguous and zero strides, 0-d and empty tensors, parameters,
+state dicts nested as Real-ESRGAN/Lightning save them, plain values; hostile pickles that
+must be refused before anything runs; and (``ref`` marker, needs torch) the writer's files
+against real ``torch.save`` files of the same objects."""
 
 from __future__ import annotations
 
@@ -7,151 +11,205 @@ import collections
 import io
 import os
 import pickle
+import pickletools
 import struct
+import subprocess
 import sys
-import types
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from pth_writer import (
+    STORAGE_TYPES,
+    Parameter,
+    Storage,
+    StorageView,
+    Tensor,
+    bf16_bits,
+    compact_weights,
+    save,
+    save_compact,
+    state_dict,
+)
 from sdplan.core.errors import ModelFileError
 from sdplan.core.pth import load_pth_tensors, read_pth
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FORMATS = pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+COMPACT_NAMES = [f"body.{i}.{p}" for i in range(7) for p in (("weight", "bias") if i % 2 == 0 else ("weight",))]
 
 
-# ----------------------------------------------------------------- writing checkpoints by hand
-class _FakeStorage:
-    """Stands for a torch storage while pickling: raw elements of one dtype."""
-
-    def __init__(self, key: str, type_name: str, data: np.ndarray) -> None:
-        self.key, self.type_name, self.data = key, type_name, data
-
-
-class _FakeTensor:
-    def __init__(self, storage: _FakeStorage, offset: int, size: tuple, stride: tuple) -> None:
-        self.args = (storage, offset, size, stride, False, collections.OrderedDict())
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (sys.modules["torch._utils"]._rebuild_tensor_v2, self.args)
-
-
-@pytest.fixture
-def fake_torch(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
-    """Stand-in ``torch`` and ``torch._utils`` modules so pickle writes torch's global names
-    (nothing here imports the real torch)."""
-    torch = types.ModuleType("torch")
-    utils = types.ModuleType("torch._utils")
-
-    def _rebuild_tensor_v2(*args):  # type: ignore[no-untyped-def]
-        raise AssertionError("only used as a name while pickling")
-
-    _rebuild_tensor_v2.__module__ = "torch._utils"
-    _rebuild_tensor_v2.__qualname__ = "_rebuild_tensor_v2"
-    utils._rebuild_tensor_v2 = _rebuild_tensor_v2  # type: ignore[attr-defined]
-    for name in ("FloatStorage", "HalfStorage", "LongStorage"):
-        cls = type(name, (), {"__module__": "torch"})
-        setattr(torch, name, cls)
-    monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setitem(sys.modules, "torch._utils", utils)
-    return types.SimpleNamespace(torch=torch)
+# ------------------------------------------------------------------------------- checkpoints
+def odd_checkpoint() -> collections.OrderedDict:
+    """A parameter, bf16 and f16 tensors, three views of one storage (transposed, a row at an
+    offset, a strided column), an expanded tensor (stride 0), 0-d and empty tensors, int64,
+    and plain values, in a top-level OrderedDict."""
+    base = Tensor.of(np.arange(24, dtype=np.float32).reshape(4, 6))
+    return collections.OrderedDict(
+        param=Parameter.of(np.linspace(-1, 1, 5, dtype=np.float32)),
+        bf16=Tensor.of(bf16_bits(np.array([1.5, -2.25, 3.0e-3], np.float32)), bf16=True),
+        f16=Tensor.of(np.array([[0.5, -1], [2, 65504]], np.float16)),
+        transposed=base.view(0, (6, 4), (1, 6)),
+        row=base.view(6, (6,), (1,)),
+        col=base.view(2, (4,), (6,)),
+        expanded=Tensor.of(np.array([1, 2, 3], np.float32)).view(0, (2, 3), (0, 1)),
+        scalar=Tensor.of(np.array(7, np.int64)),
+        empty=Tensor.of(np.zeros((0, 5), np.float16)),
+        ints=Tensor.of(np.array([1, -2, 3], np.int64)),
+        meta={"epoch": 3, "name": "tiny", "ratio": 0.5, "flags": [True, None], "pair": (1, 2)},
+    )
 
 
-class _Pickler(pickle.Pickler):
-    def __init__(self, fh: io.BytesIO, legacy: bool, protocol: int = 2) -> None:
-        super().__init__(fh, protocol=protocol)
-        self.legacy = legacy
-
-    def persistent_id(self, obj: object):  # type: ignore[no-untyped-def]
-        if isinstance(obj, _FakeStorage):
-            stype = getattr(sys.modules["torch"], obj.type_name)
-            pid = ("storage", stype, obj.key, "cpu", obj.data.size)
-            return (*pid, None) if self.legacy else pid
-        return None
-
-
-def write_zip(path: Path, obj: object, storages: list[_FakeStorage]) -> None:
-    buf = io.BytesIO()
-    _Pickler(buf, legacy=False).dump(obj)
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
-        zf.writestr("archive/data.pkl", buf.getvalue())
-        zf.writestr("archive/byteorder", "little")
-        for s in storages:
-            zf.writestr(f"archive/data/{s.key}", s.data.tobytes())
-        zf.writestr("archive/version", "3\n")
+#: one 2 x 2 tensor per storage dtype: name -> values as saved (bf16: bit patterns)
+DTYPE_VALUES = {
+    "f64": np.array([np.pi, -1e300, 5e-324, -0.0]),
+    "f32": np.array([1.0, -3.4e38, np.inf, np.nan], np.float32),
+    "f16": np.array([65504, -(2.0 ** -24), 1 / 3, -np.inf], np.float16),
+    "bf16": np.array([0x3FC0, 0xC010, 0x7F80, 0x0001], np.uint16),
+    "i64": np.array([-(2 ** 63), 2 ** 63 - 1, 0, -5], np.int64),
+    "i32": np.array([-(2 ** 31), 2 ** 31 - 1, 1, -1], np.int32),
+    "i16": np.array([-32768, 32767, 2, -2], np.int16),
+    "i8": np.array([-128, 127, 3, -3], np.int8),
+    "u8": np.array([0, 255, 4, 128], np.uint8),
+    "bool": np.array([True, False, False, True]),
+}
 
 
-def write_legacy(path: Path, obj: object, storages: list[_FakeStorage], protocol: int = 2) -> None:
-    buf = io.BytesIO()
-    for head in (0x1950A86A20F9469CFC6C, 1001, {"protocol_version": 1001, "little_endian": True}):
-        pickle.dump(head, buf, protocol=2)
-    # protocol 4 has opcodes for sets and bytes (no global needed)
-    _Pickler(buf, legacy=True, protocol=protocol).dump(obj)
-    pickle.dump([s.key for s in storages], buf, protocol=2)
-    for s in storages:
-        buf.write(struct.pack("<q", s.data.size) + s.data.tobytes())
-    path.write_bytes(buf.getvalue())
+def dtype_checkpoint() -> dict[str, Tensor]:
+    return {k: Tensor.of(v.reshape(2, 2), bf16=k == "bf16") for k, v in DTYPE_VALUES.items()}
 
 
-def _sample() -> tuple[dict, list[_FakeStorage], dict[str, np.ndarray]]:
+def assert_same(got: Any, want: Any, where: str = "") -> None:
+    """Equal containers (same types and key order) and arrays (dtype, shape, values, NaN too)."""
+    assert type(got) is type(want), (where, type(got), type(want))
+    if isinstance(want, np.ndarray):
+        assert got.dtype == want.dtype and got.shape == want.shape, (where, got.dtype, got.shape)
+        np.testing.assert_array_equal(got, want, err_msg=where)
+    elif isinstance(want, dict):
+        assert list(got) == list(want), where
+        for k in want:
+            assert_same(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), where
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_same(g, w, f"{where}[{i}]")
+    else:
+        assert got == want, where
+
+
+# ------------------------------------------------------------------------- valid checkpoints
+@FORMATS
+def test_odd_tensors(tmp_path: Path, legacy: bool) -> None:
+    path = tmp_path / "odd_tensors.pth"
+    save(odd_checkpoint(), path, legacy=legacy)
+    base = np.arange(24, dtype=np.float32).reshape(4, 6)
+    assert_same(read_pth(path), collections.OrderedDict(
+        param=np.linspace(-1, 1, 5, dtype=np.float32),
+        # bfloat16 keeps 8 bits of mantissa: 3e-3 rounds to 197 * 2^-16
+        bf16=np.array([1.5, -2.25, 197 * 2.0 ** -16], np.float32),
+        f16=np.array([[0.5, -1], [2, 65504]], np.float16),
+        transposed=base.T, row=base[1], col=base[:, 2],
+        expanded=np.array([[1, 2, 3], [1, 2, 3]], np.float32),
+        scalar=np.array(7, np.int64),
+        empty=np.zeros((0, 5), np.float16),
+        ints=np.array([1, -2, 3], np.int64),
+        meta={"epoch": 3, "name": "tiny", "ratio": 0.5, "flags": [True, None], "pair": (1, 2)},
+    ))
+
+
+@FORMATS
+@pytest.mark.parametrize("byteorder", ["little", "big"])
+def test_every_storage_dtype(tmp_path: Path, legacy: bool, byteorder: str) -> None:
+    path = tmp_path / "dtypes.pth"
+    save(dtype_checkpoint(), path, legacy=legacy, byteorder=byteorder)
+    want = {k: v.reshape(2, 2) for k, v in DTYPE_VALUES.items()}
+    want["bf16"] = np.array([[1.5, -2.25], [np.inf, 2.0 ** -133]], np.float32)  # bits << 16
+    assert_same(read_pth(path), want)
+    assert {v.dtype for k, v in DTYPE_VALUES.items() if k != "bf16"} == set(STORAGE_TYPES)
+
+
+@FORMATS
+def test_views_at_offsets_into_shared_storages(tmp_path: Path, legacy: bool) -> None:
     rng = np.random.default_rng(3)
-    w = rng.standard_normal(24).astype(np.float32)
-    h = rng.standard_normal(6).astype(np.float16)
-    s0, s1 = _FakeStorage("0", "FloatStorage", w), _FakeStorage("1", "HalfStorage", h)
-    obj = {"state_dict": collections.OrderedDict([
-        ("conv.weight", _FakeTensor(s0, 0, (2, 3, 2, 2), (12, 4, 2, 1))),
-        ("t", _FakeTensor(s0, 1, (3, 2), (1, 3))),           # strided view into the same storage
-        ("half", _FakeTensor(s1, 2, (4,), (1,))),
-        ("empty", _FakeTensor(s1, 0, (0, 5), (5, 1))),
-    ]), "epoch": 7, "names": ["a", None, 1.5, True, (1, 2)]}
-    expect = {"conv.weight": w.reshape(2, 3, 2, 2),
-              "t": np.lib.stride_tricks.as_strided(w[1:], (3, 2), (4, 12)),
-              "half": h[2:6], "empty": np.zeros((0, 5), np.float16)}
-    return obj, [s0, s1], expect
-
-
-@pytest.mark.parametrize("writer", [write_zip, write_legacy])
-def test_hand_written_checkpoint(tmp_path: Path, fake_torch: object, writer) -> None:  # type: ignore[no-untyped-def]
-    obj, storages, expect = _sample()
+    w, h = rng.standard_normal(24).astype(np.float32), rng.standard_normal(6).astype(np.float16)
+    s0, s1 = Storage(w), Storage(h)
     path = tmp_path / "model.pth"
-    writer(path, obj, storages)
+    save({"state_dict": collections.OrderedDict([
+        ("conv.weight", Tensor(s0, 0, (2, 3, 2, 2), (12, 4, 2, 1))),
+        ("t", Tensor(s0, 1, (3, 2), (1, 3))),  # strided view into the same storage
+        ("half", Tensor(s1, 2, (4,), (1,))),
+        ("empty", Tensor(s1, 0, (0, 5), (5, 1))),
+    ]), "epoch": 7, "names": ["a", None, 1.5, True, (1, 2)]}, path, legacy=legacy)
     got = read_pth(path)
     assert got["epoch"] == 7 and got["names"] == ["a", None, 1.5, True, (1, 2)]
+    assert_same(load_pth_tensors(path), {
+        "conv.weight": w.reshape(2, 3, 2, 2), "t": np.array([w[[1, 4]], w[[2, 5]], w[[3, 6]]]),
+        "half": h[2:6], "empty": np.zeros((0, 5), np.float16)})
+
+
+def test_legacy_storage_views(tmp_path: Path) -> None:
+    """Files of torch < 1.0 name a view (key, offset, size) of a root storage."""
+    root = Storage(np.arange(10, dtype=np.float32))
+    path = tmp_path / "old.pth"
+    save({"a": Tensor(StorageView(root, 2, 5), 1, (2, 2), (2, 1)),
+          "b": Tensor(StorageView(root, 6, 4), 0, (4,), (1,)), "c": Tensor(root, 0, (10,), (1,))},
+         path, legacy=True)
+    assert_same(read_pth(path), {"a": np.array([[3, 4], [5, 6]], np.float32),
+                                 "b": np.arange(6, 10, dtype=np.float32),
+                                 "c": np.arange(10, dtype=np.float32)})
+    save({"a": Tensor(StorageView(root, 8, 5), 0, (1,), (1,))}, path, legacy=True)
+    with pytest.raises(ModelFileError, match="view past the end"):
+        read_pth(path)
+
+
+@FORMATS
+def test_compact_state_dict(tmp_path: Path, legacy: bool) -> None:
+    """``torch.save({"params": net.state_dict()})`` of a compact upscaler: the state dict's
+    ``_metadata`` is pickled as its state; names and values come back unchanged."""
+    w = compact_weights()
+    path = save_compact(tmp_path / "compact_x2.pth", w, legacy=legacy)
+    raw = read_pth(path)
+    assert list(raw) == ["params"] and type(raw["params"]) is collections.OrderedDict
+    assert not hasattr(raw["params"], "_metadata")
     tensors = load_pth_tensors(path)
-    assert list(tensors) == list(expect)
-    for k, v in expect.items():
-        assert tensors[k].dtype == v.dtype and tensors[k].shape == v.shape, k
-        np.testing.assert_array_equal(tensors[k], v)
+    assert list(tensors) == COMPACT_NAMES
+    assert tensors["body.0.weight"].shape == (8, 3, 3, 3) and tensors["body.6.weight"].shape == (12, 8, 3, 3)
+    assert_same(tensors, w)
 
 
-# ------------------------------------------------------------------------------- torch.save files
-def test_torch_zip_and_legacy_fixtures_agree() -> None:
-    a = load_pth_tensors(FIXTURES / "compact_x2.pth")
-    b = load_pth_tensors(FIXTURES / "compact_x2_legacy.pth")
-    assert list(a) == [f"body.{i}.{p}" for i in range(7) for p in
-                       (("weight", "bias") if i % 2 == 0 else ("weight",))]
-    assert a["body.0.weight"].shape == (8, 3, 3, 3) and a["body.6.weight"].shape == (12, 8, 3, 3)
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k])
-    io_ = read_pth(FIXTURES / "compact_x2.pth")["io"]
-    assert io_["input"].shape == (1, 3, 12, 10) and io_["output"].shape == (1, 3, 24, 20)
+def _sd(scale: float) -> collections.OrderedDict:
+    return state_dict({"conv.weight": np.arange(4, dtype=np.float32) * scale,
+                       "conv.bias": np.full(2, scale, np.float32)})
 
 
-def test_torch_odd_tensors() -> None:
-    o = read_pth(FIXTURES / "odd_tensors.pth")
-    assert isinstance(o, collections.OrderedDict)
-    np.testing.assert_array_equal(o["param"], np.linspace(-1, 1, 5, dtype=np.float32))
-    assert o["bf16"].dtype == np.float32
-    np.testing.assert_array_equal(o["bf16"][:2], [1.5, -2.25])  # exact in bfloat16
-    assert abs(o["bf16"][2] - 3.0e-3) < 2e-5  # bfloat16 keeps 8 bits of mantissa
-    np.testing.assert_array_equal(o["f16"], np.array([[0.5, -1], [2, 65504]], np.float16))
-    base = np.arange(24, dtype=np.float32).reshape(4, 6)
-    np.testing.assert_array_equal(o["transposed"], base.T)
-    np.testing.assert_array_equal(o["row"], base[1])
-    np.testing.assert_array_equal(o["col"], base[:, 2])
-    assert o["ints"].dtype == np.int64 and o["ints"].tolist() == [1, -2, 3]
-    assert o["meta"] == {"epoch": 3, "name": "tiny", "ratio": 0.5, "flags": [True, None], "pair": (1, 2)}
+@pytest.mark.parametrize("obj,prefix,scale", [
+    ({"params": _sd(1), "params_ema": _sd(2)}, "", 2),  # Real-ESRGAN: params_ema first
+    ({"model": _sd(1), "state_dict": _sd(3), "epoch": 1}, "", 3),
+    ({"state_dict": {"module.conv.weight": _sd(4)["conv.weight"],
+                     "module.conv.bias": _sd(4)["conv.bias"]}}, "", 4),  # DataParallel
+    ({"model": {"net": _sd(5)}, "optimizer": {"lr": 0.1}}, "net.", 5),
+    ({"net": _sd(6)}, "net.", 6),
+])
+def test_which_tensors_a_checkpoint_holds(tmp_path: Path, obj: dict, prefix: str, scale: float) -> None:
+    path = tmp_path / "ckpt.pth"
+    save(obj, path)
+    assert_same(load_pth_tensors(path), {f"{prefix}conv.weight": np.arange(4, dtype=np.float32) * scale,
+                                         f"{prefix}conv.bias": np.full(2, scale, np.float32)})
+
+
+def test_reader_never_imports_torch(tmp_path: Path) -> None:
+    """Reading both formats with ``import torch`` made to fail (and nothing of torch loaded)."""
+    paths = [tmp_path / "a.pth", tmp_path / "b.pth"]
+    save(odd_checkpoint(), paths[0])
+    save(odd_checkpoint(), paths[1], legacy=True)
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from sdplan.core.pth import read_pth\n"
+            "assert [read_pth(p)['ints'].tolist() for p in sys.argv[1:]] == [[1, -2, 3]] * 2\n"
+            "assert [m for m in sys.modules if m.startswith('torch') and sys.modules[m]] == []\n")
+    res = subprocess.run([sys.executable, "-c", code, *map(str, paths)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
 
 
 # ----------------------------------------------------------------------------- hostile pickles
@@ -185,12 +243,10 @@ def test_hostile_pickle_is_refused_and_nothing_runs(tmp_path: Path, monkeypatch:
     monkeypatch.chdir(tmp_path)  # the exec payload writes ./MARKER
     payload = _hostile_payloads(marker)[kind]
     path = tmp_path / "evil.pth"
-    if fmt == "zip":
-        write_zip(path, payload, [])
-    elif fmt == "legacy":
-        write_legacy(path, payload, [])
-    else:
+    if fmt == "bare":
         path.write_bytes(pickle.dumps(payload, protocol=2))
+    else:
+        save(payload, path, legacy=fmt == "legacy")
     with pytest.raises(ModelFileError) as exc:
         read_pth(path)
     msg = str(exc.value)
@@ -199,17 +255,17 @@ def test_hostile_pickle_is_refused_and_nothing_runs(tmp_path: Path, monkeypatch:
     assert not marker.exists()
 
 
-def test_refuses_tensor_past_its_storage(tmp_path: Path, fake_torch: object) -> None:
-    s = _FakeStorage("0", "FloatStorage", np.zeros(4, np.float32))
+@FORMATS
+def test_refuses_tensor_past_its_storage(tmp_path: Path, legacy: bool) -> None:
     path = tmp_path / "oob.pth"
-    write_zip(path, {"w": _FakeTensor(s, 2, (2, 2), (2, 1))}, [s])
+    save({"w": Tensor(Storage(np.zeros(4, np.float32)), 2, (2, 2), (2, 1))}, path, legacy=legacy)
     with pytest.raises(ModelFileError, match="reaches past"):
         read_pth(path)
 
 
 def test_refuses_objects_that_are_not_plain_containers(tmp_path: Path) -> None:
     path = tmp_path / "set.pth"
-    write_legacy(path, {"s": {1, 2}}, [], protocol=4)
+    save({"s": {1, 2}}, path, legacy=True, protocol=4)  # protocol 4 pickles a set without a global
     with pytest.raises(ModelFileError, match="type set"):
         read_pth(path)
 
@@ -243,10 +299,151 @@ def test_missing_file(tmp_path: Path) -> None:
 
 def test_no_tensors(tmp_path: Path) -> None:
     path = tmp_path / "empty.pth"
-    write_legacy(path, {"epoch": 1}, [])
+    save({"epoch": 1}, path, legacy=True)
     with pytest.raises(ModelFileError, match="no tensors"):
         load_pth_tensors(path)
 
 
-def test_reader_never_imports_torch() -> None:
-    assert "torch" not in sys.modules or not hasattr(sys.modules["torch"], "__version__")
+# ------------------------------------------------------ the writer against torch.save (ref)
+_ITEMSIZE = {**{v: k.itemsize for k, v in STORAGE_TYPES.items()}, "BFloat16Storage": 2}
+
+
+class _StorageTypes(pickle.Unpickler):
+    """Collects ``key -> storage type`` from a checkpoint pickle, building nothing of torch."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(io.BytesIO(data))
+        self.types: dict[str, str] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch":
+            return name
+        if (module, name) == ("collections", "OrderedDict"):
+            return collections.OrderedDict
+        return lambda *args: None
+
+    def persistent_load(self, pid: Any) -> None:
+        self.types[pid[2]] = pid[1]
+
+
+def _pickles(fh: io.BytesIO, n: int) -> list[bytes]:
+    out = []
+    for _ in range(n):
+        start = fh.tell()
+        for _op in pickletools.genops(fh):
+            pass
+        out.append(fh.getvalue()[start:fh.tell()])
+    return out
+
+
+def _summary(path: Path, legacy: bool) -> dict[str, Any]:
+    """A file's layout with storage keys renamed in the order the object pickle names them:
+    opcodes (with arguments) of every pickle, the records (zip) and each storage's bytes."""
+    if legacy:
+        fh = io.BytesIO(path.read_bytes())
+        parts = _pickles(fh, 5)
+        heads, pkl, keys = parts[:3], parts[3], pickle.loads(parts[4])
+        types_ = _StorageTypes(pkl)
+        types_.load()
+        storages = {}
+        for k in keys:
+            (numel,) = struct.unpack("<q", fh.read(8))
+            storages[k] = fh.read(numel * _ITEMSIZE[types_.types[k]])
+        assert fh.read() == b""
+        extra: dict[str, Any] = {"heads": heads, "sorted keys": keys == sorted(keys)}
+    else:
+        raw = path.read_bytes()
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+            root = f"{path.stem}/"
+            assert all(i.filename.startswith(root) and i.compress_type == zipfile.ZIP_STORED for i in infos)
+            pkl = zf.read(root + "data.pkl")
+            keys = [i.filename[len(root + "data/"):] for i in infos if i.filename.startswith(root + "data/")]
+            storages = {k: zf.read(f"{root}data/{k}") for k in keys}
+            records = {i.filename[len(root):]: zf.read(i) for i in infos}
+        starts = [i.header_offset + 30 + sum(struct.unpack("<HH", raw[i.header_offset + 26:i.header_offset + 30]))
+                  for i in infos]
+        sid = records.pop(".data/serialization_id")
+        extra = {"records": [n for n in records if not n.startswith("data/")],
+                 "meta": {n: b for n, b in records.items() if n[0] == "." or n in ("byteorder", "version")},
+                 "aligned": [s % 64 for s in starts], "serialization id": (len(sid), sid.isdigit())}
+    rename: dict[str, str] = {}
+    ops = []
+    for op, arg, _pos in pickletools.genops(pkl):
+        if isinstance(arg, str) and arg in storages:
+            arg = rename.setdefault(arg, f"<storage {len(rename)}>")
+        ops.append((op.name, arg))
+    assert set(rename) == set(storages)
+    return {**extra, "ops": ops, "keys": [rename[k] for k in keys] if not legacy else None,
+            "storages": {rename[k]: v for k, v in storages.items()}}
+
+
+def _torch_odd(torch: Any) -> collections.OrderedDict:
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    return collections.OrderedDict(
+        param=torch.nn.Parameter(torch.linspace(-1, 1, 5)),
+        bf16=torch.tensor([1.5, -2.25, 3.0e-3], dtype=torch.bfloat16),
+        f16=torch.tensor([[0.5, -1.0], [2.0, 65504.0]], dtype=torch.float16),
+        transposed=base.t(), row=base[1], col=base[:, 2],
+        expanded=torch.tensor([1.0, 2.0, 3.0]).expand(2, 3),
+        scalar=torch.tensor(7),
+        empty=torch.zeros(0, 5, dtype=torch.float16),
+        ints=torch.tensor([1, -2, 3]),
+        meta={"epoch": 3, "name": "tiny", "ratio": 0.5, "flags": [True, None], "pair": (1, 2)},
+    )
+
+
+def _torch_dtypes(torch: Any) -> dict[str, Any]:
+    out = {k: torch.from_numpy(v.reshape(2, 2).copy()) for k, v in DTYPE_VALUES.items()}
+    out["bf16"] = out["bf16"].view(torch.int16).view(torch.bfloat16)
+    return out
+
+
+def _torch_compact(torch: Any) -> dict[str, Any]:
+    """A real module's state dict: compact network of conv/PReLU layers in ``body``."""
+    nn = torch.nn
+    net = nn.Module()
+    net.body = nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1), nn.PReLU(8), nn.Conv2d(8, 8, 3, 1, 1), nn.PReLU(8),
+                             nn.Conv2d(8, 8, 3, 1, 1), nn.PReLU(8), nn.Conv2d(8, 12, 3, 1, 1))
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in compact_weights().items()})
+    return {"params": net.state_dict()}
+
+
+@pytest.mark.ref
+@FORMATS
+@pytest.mark.parametrize("case", ["odd", "dtypes", "compact"])
+def test_writer_matches_torch_save(tmp_path: Path, legacy: bool, case: str) -> None:
+    """The same objects through torch.save and through tests/pth_writer.py: the same records,
+    byte-identical storages, the same pickle opcodes (storage keys renamed in order of use;
+    byte-identical in the zip format) and identical arrays from the reader."""
+    torch = pytest.importorskip("torch")
+    ours, theirs = tmp_path / "ours" / "ckpt.pth", tmp_path / "torch" / "ckpt.pth"
+    ours.parent.mkdir()
+    theirs.parent.mkdir()
+    if case == "compact":
+        save_compact(ours, compact_weights(), legacy=legacy)
+    else:
+        save(odd_checkpoint() if case == "odd" else dtype_checkpoint(), ours, legacy=legacy)
+    obj = {"odd": _torch_odd, "dtypes": _torch_dtypes, "compact": _torch_compact}[case](torch)
+    torch.save(obj, theirs, _use_new_zipfile_serialization=not legacy)
+    mine, ref = _summary(ours, legacy), _summary(theirs, legacy)
+    assert mine == ref
+    if not legacy:
+        assert ref["aligned"] == [0] * len(ref["aligned"])
+        with zipfile.ZipFile(ours) as a, zipfile.ZipFile(theirs) as b:
+            assert a.read("ckpt/data.pkl") == b.read("ckpt/data.pkl")
+    assert_same(read_pth(ours), read_pth(theirs))
+
+
+@pytest.mark.ref
+def test_bf16_rounding_matches_torch() -> None:
+    torch = pytest.importorskip("torch")
+    ties = np.array([0x3F808000, 0x3F818000, 0x7F7FFFFF, 0x00008000, 0x80018000], np.uint32).view(np.float32)
+    x = np.concatenate([ties, np.random.default_rng(0).standard_normal(1000).astype(np.float32),
+                        np.array([np.inf, -np.inf, 0.0, -0.0, 3.0e-3], np.float32)])
+    want = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(bf16_bits(x), want)
+    # NaN bit patterns differ between torch's code paths; both are NaNs
+    nan = np.array([np.nan], np.float32)
+    for bits in (bf16_bits(nan), torch.from_numpy(nan).to(torch.bfloat16).view(torch.int16).numpy()):
+        assert np.isnan((bits.astype(np.uint32) << 16).view(np.float32)).all()

@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 from conftest import require_or_skip
 from PIL import Image
+from pth_writer import compact_weights, save_compact
 from rpc_util import rpc_servers, sdplan_cmd
 from safetensors.numpy import load_file
 from sdplan.core.cli import main
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +24,12 @@ def _engine() -> None:
     g = pytest.importorskip("sdplan._ggml")
     if not hasattr(g, "Graph"):
         pytest.skip("sdplan._ggml has no Graph (engine not built)")
+
+
+@pytest.fixture(scope="module")
+def compact_pth(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A compact x2 upscaler written as ``torch.save({"params": state_dict})`` writes it."""
+    return save_compact(tmp_path_factory.mktemp("pth") / "compact_x2.pth", compact_weights())
 
 
 def sdplan(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -132,11 +137,11 @@ def test_rpc_device_same_picture(real, cpu_result) -> None:  # type: ignore[no-u
     assert np.abs(outs[0][0] - outs[1][0]).max() <= 1
 
 
-def test_pth_model_and_repeats(tmp_path: Path) -> None:
+def test_pth_model_and_repeats(tmp_path: Path, compact_pth: Path) -> None:
     rng = np.random.default_rng(0)
     src = _png((rng.random((10, 12, 3)) * 255).astype(np.uint8), tmp_path / "in.png")
     out = tmp_path / "out.png"
-    assert main(["upscale", "-i", str(src), "--upscale-model", str(FIXTURES / "compact_x2.pth"),
+    assert main(["upscale", "-i", str(src), "--upscale-model", str(compact_pth),
                  "-o", str(out), "--upscale-repeats", "2", "--threads", "2"]) == 0
     assert _read(out).shape == (40, 48, 3)
 
@@ -161,16 +166,17 @@ def test_hostile_pth_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[st
     (["--upscale-tile", "2"], "--upscale-tile"),
     (["--backend", "upscaler=nope"], "nope"),
 ])
-def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], match: str) -> None:
+def test_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str], compact_pth: Path,
+                       args: list[str], match: str) -> None:
     src = _png(np.zeros((8, 8, 3), np.uint8), tmp_path / "in.png")
-    assert main(["upscale", "-i", str(src), "--upscale-model", str(FIXTURES / "compact_x2.pth"),
+    assert main(["upscale", "-i", str(src), "--upscale-model", str(compact_pth),
                  "-o", str(tmp_path / "o.png"), *args]) == 2
     assert match in capsys.readouterr().err
 
 
-def test_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_files(tmp_path: Path, capsys: pytest.CaptureFixture[str], compact_pth: Path) -> None:
     assert main(["upscale", "-i", str(tmp_path / "none.png"), "--upscale-model",
-                 str(FIXTURES / "compact_x2.pth")]) == 2
+                 str(compact_pth)]) == 2
     assert "none.png" in capsys.readouterr().err
     src = _png(np.zeros((8, 8, 3), np.uint8), tmp_path / "in.png")
     assert main(["upscale", "-i", str(src), "--upscale-model", str(tmp_path / "none.pth")]) == 2
