@@ -41,8 +41,10 @@ sigmoid, tanh, exp, sqr, sqrt, abs, neg, sin, cos, log; ``leaky_relu(a, slope)``
 max_bias=0)`` over the last axis of ``a*scale + mask``, ``flash_attn(q, k, v, mask=None,
 scale=1)`` with q ``(B, H, Nq, D)``, k/v ``(B, Hkv, Nk, D)`` returning ``(B, Nq, H, Dv)``,
 ``conv_2d(w, x, stride=(1,1), padding=(0,0), dilation=(1,1), direct=False, method="auto")``
-(method: ``im2col``, ``cpu_im2col``, ``winograd``, ``direct``; auto takes ``cpu_im2col`` on
-CPU-only graphs when the image has at least OC/2 pixels, else ``im2col``),
+(method: ``im2col``, ``cpu_im2col``, ``winograd``, ``direct``; on CPU-only graphs auto takes
+``winograd`` (F(2x2,3x3), f32 arithmetic) for 3x3, stride 1, padding 1 kernels with at least
+16 output channels on images at least 32 pixels wide when the CPU has AVX2 and FMA, else
+``cpu_im2col`` when the image has at least OC/2 pixels; ``im2col`` otherwise),
 ``conv_transpose_2d(w, x, stride)`` (w ``(IC, OC, KH, KW)``, no padding),
 ``upscale(a, factor)`` (nearest, last two axes), ``interpolate(a, shape, mode)``,
 ``pad(a, [(before, after), ...])`` (zeros), ``concat(a, b, axis)``, ``permute(a, axes)``
@@ -160,7 +162,7 @@ def conv2d(g: Graph, x: Tensor, w: Tensor, b: Tensor | None = None, stride: int 
            direct: bool = False, method: str = "auto") -> Tensor:
     """Conv2d like ``torch.nn.functional.conv2d``: x ``(N, IC, H, W)``, w ``(OC, IC, KH, KW)``,
     b ``(OC,)``; ints mean the same value on both axes. ``method`` picks the convolution path
-    of ``Graph.conv_2d`` (``auto``, ``im2col``, ``cpu_im2col``, ``direct``); ``direct=True``
+    of ``Graph.conv_2d`` (``auto``, ``im2col``, ``cpu_im2col``, ``winograd``, ``direct``); ``direct=True``
     means ``direct``. Raises ValueError for mismatched shapes or an unknown method."""
     args = (w, x, _pair(stride), _pair(padding), _pair(dilation), direct)
     y = g.conv_2d(*args) if method == "auto" else g.conv_2d(*args, method)

@@ -186,8 +186,10 @@ class StableDiffusion:
         wf, names = module_weight_file(self.ms, "diffusion")
         self.runners: dict[str, Any] = {
             "diffusion": self._runner("diffusion", unet_m.UNetGraph(self.unet_cfg, names), wf)}
-        # f16 conv kernels everywhere: with the CPU column builder of conv_2d they decode
-        # 20-25% faster than f32 kernels at SD 1.5 size (bench/bench_ops.py, --dtypes)
+        # f16 conv kernels everywhere: the CPU's Winograd path (the VAE's 3x3 convolutions)
+        # transforms them to f32 at each compute anyway (about 2.5 ms for a 512x512 kernel),
+        # and with the column path f16 kernels ran 20-25% faster than f32 ones at SD 1.5 size
+        # (bench/bench_ops.py, --dtypes): f32 copies would only double the VAE's memory
         wf, names = module_weight_file(self.ms, "vae")
         self.runners["vae"] = self._runner("vae", vae_m.VaeGraph(self.vae_cfg, names), wf)
         self._te_key: tuple[int, bool] | None = None

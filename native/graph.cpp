@@ -5,6 +5,7 @@
 // Conventions (see core/graph.py): shapes are numpy order, outermost first; ggml's ne[] is
 // that reversed. Ops are methods of Graph; their results are Tensors of that graph.
 #include "graph.h"
+#include "winograd.h"
 
 #include <ggml-cpu.h>
 #include <nanobind/ndarray.h>
@@ -544,155 +545,6 @@ void cpu_kernel_order(ggml_tensor *dst, int ith, int nth, void *) {
     }
 }
 
-// ---- Winograd F(2x2, 3x3) for 3x3 convolutions, stride 1, padding 1, dilation 1 (Lavin &
-// Gray 2016, "Fast Algorithms for Convolutional Neural Networks"): each 2x2 output tile is
-// A^T [(G g G^T) . (B^T d B)] A for the 4x4 input patch d at (2ty-1, 2tx-1). The 16 products
-// over channels become one batched matrix product of [T, IC] by [IC, OC] (2.25x fewer
-// multiplications than im2col), between three CPU ops:
-//   wino_input:  x f32 [W, H, IC, N]   -> V [IC, T, 16]   (T = N * ceil(H/2) * ceil(W/2))
-//   wino_kernel: g [3, 3, IC, OC]      -> U [IC, OC, 16]
-//   wino_output: M = V.U f32 [T, OC, 16] -> y f32 [W, H, OC, N]
-// (shapes in ggml ne order; V and U in the kernel's dtype.)
-
-void store_row(char *dst, const float *src, int64_t n, bool half) {
-    if (half) ggml_cpu_fp32_to_fp16(src, (ggml_fp16_t *)dst, n);
-    else std::memcpy(dst, src, (size_t)n * sizeof(float));
-}
-
-void wino_input(ggml_tensor *dst, int ith, int nth, void *) {
-    const ggml_tensor *x = dst->src[0];
-    const int64_t W = x->ne[0], H = x->ne[1], IC = x->ne[2], N = x->ne[3];
-    const int64_t TX = (W + 1) / 2, TY = (H + 1) / 2;
-    const bool half = dst->type == GGML_TYPE_F16;
-    thread_local std::vector<float> slab, tmp;
-    slab.resize((size_t)4 * (W + 2) * IC);  // 4 input rows, channels last, one zero column each side
-    tmp.resize((size_t)16 * IC);
-    const int64_t rows = N * TY, per = (rows + nth - 1) / nth;
-    const int64_t r0 = per * ith, r1 = std::min(rows, r0 + per);
-    for (int64_t r = r0; r < r1; ++r) {
-        const int64_t n = r / TY, ty = r % TY;
-        std::fill(slab.begin(), slab.end(), 0.0f);
-        for (int rr = 0; rr < 4; ++rr) {
-            const int64_t ih = 2 * ty - 1 + rr;
-            if (ih < 0 || ih >= H) continue;
-            float *srow = slab.data() + (size_t)rr * (W + 2) * IC;
-            for (int64_t c0 = 0; c0 < IC; c0 += 8) {
-                const int64_t nc = std::min<int64_t>(8, IC - c0);
-                const float *rows8[8];
-                for (int64_t c = 0; c < nc; ++c)
-                    rows8[c] = (const float *)((const char *)x->data + n * x->nb[3] + (c0 + c) * x->nb[2] + ih * x->nb[1]);
-                for (int64_t iw = 0; iw < W; ++iw) {
-                    float *d = srow + (iw + 1) * IC + c0;
-                    for (int64_t c = 0; c < nc; ++c) d[c] = rows8[c][iw];
-                }
-            }
-        }
-        for (int64_t tx = 0; tx < TX; ++tx) {
-            const int64_t t = (n * TY + ty) * TX + tx;
-            // patch column c of row rr: slab[rr][2tx + c] (the slab is shifted by the zero
-            // column; the last tile of an odd width reads column W+2, also zero: W+1 serves)
-            const float *d[4][4];
-            for (int rr = 0; rr < 4; ++rr)
-                for (int c = 0; c < 4; ++c) {
-                    const int64_t col = std::min<int64_t>(2 * tx + c, W + 1);
-                    d[rr][c] = slab.data() + ((size_t)rr * (W + 2) + col) * IC;
-                }
-            float *v = tmp.data();
-            for (int64_t ic = 0; ic < IC; ++ic) {
-                float p[4][4];
-                for (int rr = 0; rr < 4; ++rr)
-                    for (int c = 0; c < 4; ++c) p[rr][c] = d[rr][c][ic];
-                float q[4][4];  // B^T p
-                for (int c = 0; c < 4; ++c) {
-                    q[0][c] = p[0][c] - p[2][c];
-                    q[1][c] = p[1][c] + p[2][c];
-                    q[2][c] = p[2][c] - p[1][c];
-                    q[3][c] = p[1][c] - p[3][c];
-                }
-                for (int rr = 0; rr < 4; ++rr) {  // (B^T p) B
-                    v[(rr * 4 + 0) * IC + ic] = q[rr][0] - q[rr][2];
-                    v[(rr * 4 + 1) * IC + ic] = q[rr][1] + q[rr][2];
-                    v[(rr * 4 + 2) * IC + ic] = q[rr][2] - q[rr][1];
-                    v[(rr * 4 + 3) * IC + ic] = q[rr][1] - q[rr][3];
-                }
-            }
-            for (int e = 0; e < 16; ++e)
-                store_row((char *)dst->data + e * dst->nb[2] + t * dst->nb[1], v + (size_t)e * IC, IC, half);
-        }
-    }
-}
-
-void wino_kernel(ggml_tensor *dst, int ith, int nth, void *) {
-    const ggml_tensor *w = dst->src[0];
-    const int64_t IC = w->ne[2], OC = w->ne[3];
-    const bool half = dst->type == GGML_TYPE_F16;
-    const int64_t per = (OC + nth - 1) / nth;
-    const int64_t o0 = per * ith, o1 = std::min(OC, o0 + per);
-    std::vector<float> u((size_t)16 * IC);
-    for (int64_t o = o0; o < o1; ++o) {
-        for (int64_t ic = 0; ic < IC; ++ic) {
-            float g[3][3];
-            const char *src = (const char *)w->data + o * w->nb[3] + ic * w->nb[2];
-            for (int i = 0; i < 3; ++i)
-                for (int j = 0; j < 3; ++j) {
-                    const char *e = src + i * w->nb[1] + j * w->nb[0];
-                    g[i][j] = w->type == GGML_TYPE_F16 ? ggml_fp16_to_fp32(*(const ggml_fp16_t *)e) : *(const float *)e;
-                }
-            float q[4][3];  // G g
-            for (int j = 0; j < 3; ++j) {
-                q[0][j] = g[0][j];
-                q[1][j] = 0.5f * (g[0][j] + g[1][j] + g[2][j]);
-                q[2][j] = 0.5f * (g[0][j] - g[1][j] + g[2][j]);
-                q[3][j] = g[2][j];
-            }
-            for (int i = 0; i < 4; ++i) {  // (G g) G^T
-                u[(i * 4 + 0) * IC + ic] = q[i][0];
-                u[(i * 4 + 1) * IC + ic] = 0.5f * (q[i][0] + q[i][1] + q[i][2]);
-                u[(i * 4 + 2) * IC + ic] = 0.5f * (q[i][0] - q[i][1] + q[i][2]);
-                u[(i * 4 + 3) * IC + ic] = q[i][2];
-            }
-        }
-        for (int e = 0; e < 16; ++e)
-            store_row((char *)dst->data + e * dst->nb[2] + o * dst->nb[1], u.data() + (size_t)e * IC, IC, half);
-    }
-}
-
-void wino_output(ggml_tensor *dst, int ith, int nth, void *) {
-    const ggml_tensor *m = dst->src[0];  // [T, OC, 16] f32
-    const int64_t W = dst->ne[0], H = dst->ne[1], OC = dst->ne[2], N = dst->ne[3];
-    const int64_t TX = (W + 1) / 2, TY = (H + 1) / 2;
-    const int64_t jobs = N * OC, per = (jobs + nth - 1) / nth;
-    const int64_t j0 = per * ith, j1 = std::min(jobs, j0 + per);
-    for (int64_t j = j0; j < j1; ++j) {
-        const int64_t n = j / OC, oc = j % OC;
-        const float *planes[16];
-        for (int e = 0; e < 16; ++e)
-            planes[e] = (const float *)((const char *)m->data + e * m->nb[2] + oc * m->nb[1]) + n * TY * TX;
-        char *out = (char *)dst->data + n * dst->nb[3] + oc * dst->nb[2];
-        for (int64_t ty = 0; ty < TY; ++ty) {
-            float *y0 = (float *)(out + 2 * ty * dst->nb[1]);
-            float *y1 = 2 * ty + 1 < H ? (float *)(out + (2 * ty + 1) * dst->nb[1]) : nullptr;
-            for (int64_t tx = 0; tx < TX; ++tx) {
-                const int64_t t = ty * TX + tx;
-                float a[4][4];
-                for (int e = 0; e < 16; ++e) a[e / 4][e % 4] = planes[e][t];
-                float b[2][4];  // A^T a
-                for (int c = 0; c < 4; ++c) {
-                    b[0][c] = a[0][c] + a[1][c] + a[2][c];
-                    b[1][c] = a[1][c] - a[2][c] - a[3][c];
-                }
-                const int64_t x0 = 2 * tx;
-                for (int i = 0; i < 2; ++i) {  // (A^T a) A
-                    float *y = i ? y1 : y0;
-                    if (!y) continue;
-                    y[x0] = b[i][0] + b[i][1] + b[i][2];
-                    if (x0 + 1 < W) y[x0 + 1] = b[i][1] - b[i][2] - b[i][3];
-                }
-            }
-        }
-    }
-}
-
 // GroupNorm with its per-channel affine in one CPU op: x f32 [W, H, C, N] (contiguous),
 // gamma and beta f32 [C] (src 1 and 2) -> y = (x - mean) / sqrt(var + eps) * gamma + beta
 // over each group of C / n_groups channels. Two passes over the group (sums in double, then
@@ -771,20 +623,27 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
     // cpu_im2col copies the kernel into its column order at each compute: worth it while the
     // image has at least half as many pixels as the kernel has output channels (measured by
     // bench/bench_ops.py; deep UNet levels with 8x8 images and 1280 channels lose otherwise).
+    // winograd (AVX2/FMA CPUs) takes 3x3 convolutions whose rows hold at least 16 tiles of 2
+    // pixels (the micro-kernel's width) and at least 16 output channels (its panel): 0.5-0.8x
+    // the time of cpu_im2col at the VAE's and the UNet's 32x32..256x256 sizes, slower on
+    // narrower images (bench/bench_ops.py --methods cpu_im2col,winograd).
     const int64_t pixels = OW * OH * tx->ne[3];
-    if (method == "auto") method = all_cpu() && 2 * pixels >= tw->ne[3] ? "cpu_im2col" : "im2col";
+    if (method == "auto") {
+        if (wino_shape && all_cpu() && wino_fast_cpu() && OW >= 2 * 16 && tw->ne[3] >= kWinoLanes)
+            method = "winograd";
+        else
+            method = all_cpu() && 2 * pixels >= tw->ne[3] ? "cpu_im2col" : "im2col";
+    }
     if (method == "winograd") {
-        const int64_t TX = (OW + 1) / 2, TY = (OH + 1) / 2, T = TX * TY * tx->ne[3];
+        // kernel transformed and packed at each compute (wino_pack_kernel), then one fused op
         ggml_context *c = ctx->ctx;
-        ggml_tensor *xa[1] = {to_f32(contig(tx))};
-        ggml_tensor *v = ggml_custom_4d(c, tw->type, tw->ne[2], T, 16, 1, xa, 1, wino_input, GGML_N_TASKS_MAX, nullptr);
+        const int64_t OCB = (tw->ne[3] + kWinoLanes - 1) / kWinoLanes;
         ggml_tensor *wa[1] = {contig(tw)};
-        ggml_tensor *u = ggml_custom_4d(c, tw->type, tw->ne[2], tw->ne[3], 16, 1, wa, 1, wino_kernel,
+        ggml_tensor *u = ggml_custom_4d(c, GGML_TYPE_F32, kWinoLanes, tw->ne[2], 16, OCB, wa, 1, wino_pack_kernel,
                                         GGML_N_TASKS_MAX, nullptr);
-        ggml_tensor *mm = ggml_mul_mat(c, v, u);  // [T, OC, 16]
-        ggml_tensor *ma[1] = {mm};
-        return own(ggml_custom_4d(c, GGML_TYPE_F32, OW, OH, tw->ne[3], tx->ne[3], ma, 1, wino_output,
-                                  GGML_N_TASKS_MAX, nullptr), 4);
+        ggml_tensor *xa[2] = {to_f32(contig(tx)), u};
+        return own(ggml_custom_4d(c, GGML_TYPE_F32, OW, OH, tw->ne[3], tx->ne[3], xa, 2, wino_conv, GGML_N_TASKS_MAX,
+                                  nullptr), 4);
     }
     if (method == "cpu_im2col" && !all_cpu())
         fail("conv_2d", "method 'cpu_im2col' needs a graph whose backends are all CPUs");

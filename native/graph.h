@@ -77,8 +77,9 @@ struct Graph {
     Tensor flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std::optional<Tensor> mask, float scale,
                       float max_bias, float softcap);
     bool supports(const Tensor &x, int index);
-    // method: auto (cpu_im2col when every backend is a CPU, else im2col), im2col (ggml's),
-    // cpu_im2col (channels-last columns, CPU only), direct (ggml_conv_2d_direct)
+    // method: auto (CPU-only graphs: winograd for wide 3x3 convolutions on AVX2/FMA CPUs, else
+    // cpu_im2col; im2col otherwise), im2col (ggml's), cpu_im2col (channels-last columns, CPU
+    // only), winograd (F(2x2,3x3) in one fused CPU op, winograd.cpp), direct (ggml_conv_2d_direct)
     Tensor conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stride, std::pair<int, int> pad,
                    std::pair<int, int> dil, bool direct, const std::string &method);
     bool all_cpu() const;

@@ -1,0 +1,104 @@
+"""conv_2d's Winograd F(2x2, 3x3) path on the CPU against a float64 numpy convolution: several
+tile blocks per row, odd sizes, channel counts that fill no kernel panel, batches, threads;
+and that ``auto`` takes it for wide images on AVX2/FMA CPUs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+G = pytest.importorskip("sdplan._ggml")
+from sdplan.core import graph as gr  # noqa: E402
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+FAST_CPU = {"avx2", "fma"} <= _cpu_flags()
+
+
+@pytest.fixture(scope="module")
+def mgr():
+    m = G.BackendManager(2)
+    yield m
+    m.close()
+
+
+def conv3x3_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Stride 1, padding 1 cross-correlation in float64: x (N, IC, H, W), w (OC, IC, 3, 3)."""
+    n, _, h, wd = x.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((n, w.shape[0], h, wd))
+    for i in range(3):
+        for j in range(3):
+            out += np.einsum("nchw,oc->nohw", xp[:, :, i:i + h, j:j + wd], w[:, :, i, j].astype(np.float64))
+    return out
+
+
+def run_conv(mgr, x: np.ndarray, w: np.ndarray, method: str, threads: int = 1, wdtype: str = "f32",
+             profile: bool = False):
+    g = gr.new_graph([mgr.get("CPU")], n_threads=threads)
+    xi, wi = g.input("x", x.shape), g.input("w", w.shape, wdtype)
+    g.output("y", gr.conv2d(g, xi, wi, padding=1, method=method))
+    g.set_input("x", x)
+    g.set_input("w", w.astype(np.float16) if wdtype == "f16" else w)
+    rows = g.profile() if profile else (g.compute() or [])
+    return np.array(g.get_output("y")), [r[0] for r in rows]
+
+
+@pytest.mark.parametrize("n,ic,oc,h,w", [
+    (2, 20, 21, 9, 37),    # batch, output channels past one 16-wide panel, odd width
+    (1, 8, 16, 70, 67),    # two tile blocks per row, the second partial; odd height and width
+    (1, 33, 40, 5, 34),    # odd channel counts
+    (1, 3, 17, 1, 2),      # a single tile, mostly padding
+])
+@pytest.mark.parametrize("wdtype", ["f32", "f16"])
+def test_winograd_matches_reference(mgr, n, ic, oc, h, w, wdtype) -> None:
+    rng = np.random.default_rng(n * 1000 + ic * 10 + h)
+    x = rng.standard_normal((n, ic, h, w)).astype(np.float32)
+    k = (rng.standard_normal((oc, ic, 3, 3)) * 0.2).astype(np.float32)
+    if wdtype == "f16":
+        k = k.astype(np.float16).astype(np.float32)  # the reference sees the rounded kernel
+    ref = conv3x3_ref(x, k)
+    y, _ = run_conv(mgr, x, k, "winograd", wdtype=wdtype)
+    assert y.shape == ref.shape
+    # f32 arithmetic throughout (the kernel transform too): far tighter than the f16 columns
+    # of the im2col paths
+    assert np.abs(y - ref).max() <= 2e-5 * max(1.0, np.abs(ref).max())
+
+
+def test_winograd_threads_and_repeats_agree(mgr) -> None:
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 24, 12, 66)).astype(np.float32)
+    k = (rng.standard_normal((32, 24, 3, 3)) * 0.1).astype(np.float32)
+    one, _ = run_conv(mgr, x, k, "winograd", threads=1)
+    two, _ = run_conv(mgr, x, k, "winograd", threads=2)
+    # each output is computed by one thread in the same order whatever the split
+    np.testing.assert_array_equal(one, two)
+    np.testing.assert_allclose(one, conv3x3_ref(x, k), rtol=0, atol=1e-4)
+
+
+@pytest.mark.skipif(not FAST_CPU, reason="auto takes winograd only on AVX2/FMA CPUs")
+def test_auto_takes_winograd_for_wide_images(mgr) -> None:
+    rng = np.random.default_rng(3)
+    k = (rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32)
+    wide = rng.standard_normal((1, 8, 4, 32)).astype(np.float32)
+    narrow = rng.standard_normal((1, 8, 4, 30)).astype(np.float32)
+    y, ops = run_conv(mgr, wide, k, "auto", profile=True)
+    assert "MUL_MAT" not in ops  # no column matrix product: the fused Winograd op
+    assert np.abs(y - conv3x3_ref(wide, k)).max() <= 2e-5 * np.abs(y).max()
+    _, ops = run_conv(mgr, narrow, k, "auto", profile=True)
+    assert "MUL_MAT" in ops
+    # fewer than 16 output channels: the column path too
+    _, ops = run_conv(mgr, wide, k[:8], "auto", profile=True)
+    assert "MUL_MAT" in ops
