@@ -18,6 +18,7 @@
 #include <ggml-cpu.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -41,6 +42,14 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 // over more tiles (measured at the SD VAE's sizes, 1 thread; the block's transformed input
 // is 16 * IC * tiles floats).
 int64_t block_tiles(int64_t ic, int64_t tx) { return std::min<int64_t>(ic >= 512 ? 64 : 32, round_up(tx, NT)); }
+
+// n floats of buf starting at a 64-byte boundary (the micro-kernel's 16-float rows then
+// never straddle two cache lines).
+float *aligned(std::vector<float> &buf, int64_t n) {
+    buf.resize((size_t)n + 16);
+    const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
+    return buf.data() + ((64 - p % 64) % 64) / sizeof(float);
+}
 
 // C[r * ldc + 0..16) = sum_k A[k * 16 + r] * B[k * ldb + 0..16) for r < R: R output
 // channels of a kernel panel (A) by 16 tiles of the transformed input (B).
@@ -240,19 +249,17 @@ inline __attribute__((always_inline)) void conv_body(ggml_tensor *dst, int ith, 
     const int64_t ld = block_tiles(IC, TX), segs = (TX + ld - 1) / ld;
     const int64_t blocks = N * TY * segs;
     const int64_t b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
-    thread_local std::vector<float> v, m, scratch;
-    v.resize((size_t)16 * IC * ld);
-    m.resize((size_t)16 * L * ld);
+    thread_local std::vector<float> v_buf, m_buf, scratch;
+    float *v = aligned(v_buf, 16 * IC * ld), *m = aligned(m_buf, 16 * L * ld);
     const float *U = (const float *)u->data;
     for (int64_t b = b0; b < b1; ++b) {
         const int64_t n = b / (TY * segs), ty = (b / segs) % TY, tx0 = (b % segs) * ld;
         const int64_t mb = std::min(ld, TX - tx0), tiles = round_up(mb, NT);
-        input_transform(x, n, ty, tx0, mb, ld, v.data(), scratch);
+        input_transform(x, n, ty, tx0, mb, ld, v, scratch);
         for (int64_t ocb = 0; ocb < OCB; ++ocb) {
             for (int e = 0; e < 16; ++e)
-                panel_product<AVX>(U + (ocb * 16 + e) * IC * L, v.data() + e * IC * ld, ld, IC,
-                                   m.data() + e * L * ld, tiles);
-            output_transform(dst, n, ty, tx0, mb, ld, ocb, m.data(), scratch);
+                panel_product<AVX>(U + (ocb * 16 + e) * IC * L, v + e * IC * ld, ld, IC, m + e * L * ld, tiles);
+            output_transform(dst, n, ty, tx0, mb, ld, ocb, m, scratch);
         }
     }
 }
