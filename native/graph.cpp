@@ -635,11 +635,13 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
             method = all_cpu() && 2 * pixels >= tw->ne[3] ? "cpu_im2col" : "im2col";
     }
     if (method == "winograd") {
-        // kernel transformed and packed at each compute (wino_pack_kernel), then one fused op
+        // kernel transformed and packed at each compute (wino_pack_kernel), then one fused op;
+        // F(4x4, 3x3) from 64 pixels wide, F(2x2, 3x3) below
         ggml_context *c = ctx->ctx;
         const int64_t OCB = (tw->ne[3] + kWinoLanes - 1) / kWinoLanes;
+        const int64_t E = wino_elements(OW);
         ggml_tensor *wa[1] = {contig(tw)};
-        ggml_tensor *u = ggml_custom_4d(c, GGML_TYPE_F32, kWinoLanes, tw->ne[2], 16, OCB, wa, 1, wino_pack_kernel,
+        ggml_tensor *u = ggml_custom_4d(c, GGML_TYPE_F32, kWinoLanes, tw->ne[2], E, OCB, wa, 1, wino_pack_kernel,
                                         GGML_N_TASKS_MAX, nullptr);
         ggml_tensor *xa[2] = {to_f32(contig(tx)), u};
         return own(ggml_custom_4d(c, GGML_TYPE_F32, OW, OH, tw->ne[3], tx->ne[3], xa, 2, wino_conv, GGML_N_TASKS_MAX,

@@ -1,16 +1,18 @@
-// Winograd F(2x2, 3x3) convolution on the CPU (Lavin & Gray 2016, "Fast Algorithms for
-// Convolutional Neural Networks"): each 2x2 output tile is A^T [(G g G^T) . (B^T d B)] A for
-// the 4x4 input patch d at (2ty-1, 2tx-1), with
+// Winograd convolution on the CPU (Lavin & Gray 2016, "Fast Algorithms for Convolutional
+// Neural Networks") for 3x3 kernels, stride 1, padding 1. Each T x T output tile is
+// A^T [(G g G^T) . (B^T d B)] A for the (T+2) x (T+2) input patch d at (T ty - 1, T tx - 1);
+// summed over input channels the E = (T+2)^2 element-wise products become E matrix products
+// [tiles, IC] x [IC, OC]. F(2x2, 3x3) (T = 2, E = 16) has
 //   B^T = [[1,0,-1,0],[0,1,1,0],[0,-1,1,0],[0,1,0,-1]], G = [[1,0,0],[.5,.5,.5],[.5,-.5,.5],[0,0,1]],
-//   A^T = [[1,1,1,0],[0,1,-1,-1]].
-// Summed over input channels the 16 element-wise products become 16 matrix products
-// [tiles, IC] x [IC, OC]: 2.25x fewer multiplications than im2col.
+//   A^T = [[1,1,1,0],[0,1,-1,-1]]
+// and 2.25x fewer multiplications than im2col; F(4x4, 3x3) (T = 4, E = 36; matrices below)
+// 4x fewer, at the price of larger transforms and rounding errors (still ~1e-6 relative in f32).
 //
-// One fused op runs everything per block of tiles (a run of up to MB tiles of one tile row):
-// input transform into a block buffer V[16][IC][MB] that stays in the core's cache, then per
-// panel of 16 output channels the 16 products by a register-blocked micro-kernel (6 tiles x 16
-// channels of f32 accumulators, the kernel panel U[e][IC][16] streamed), then the output
-// transform straight into y. All arithmetic is f32 (the transformed kernel too). The
+// One fused op runs everything per block of tiles (a run of up to 32 or 64 tiles of one tile
+// row): input transform into a block buffer V[E][IC][tiles] that stays in the core's cache,
+// then per panel of 16 output channels the E products by a register-blocked micro-kernel (6
+// channels x 16 tiles of f32 accumulators, the kernel panel U[e][IC][16] streamed), then the
+// output transform straight into y. All arithmetic is f32 (the transformed kernel too). The
 // micro-kernel uses AVX2/FMA when the CPU has them (compiled with a target attribute and
 // chosen at run time), plain loops otherwise.
 #include "winograd.h"
@@ -41,7 +43,9 @@ int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 // input channels, where the kernel panels (IC x 16 floats) outgrow L1 and are worth reusing
 // over more tiles (measured at the SD VAE's sizes, 1 thread; the block's transformed input
 // is 16 * IC * tiles floats).
-int64_t block_tiles(int64_t ic, int64_t tx) { return std::min<int64_t>(ic >= 512 ? 64 : 32, round_up(tx, NT)); }
+int64_t block_tiles(int64_t ic, int64_t tx, int t) {
+    return std::min<int64_t>(ic >= 512 && t == 2 ? 64 : 32, round_up(tx, NT));
+}
 
 // n floats of buf starting at a 64-byte boundary (the micro-kernel's 16-float rows then
 // never straddle two cache lines).
@@ -241,38 +245,174 @@ inline __attribute__((always_inline)) void output_transform(ggml_tensor *dst, in
     }
 }
 
-template <bool AVX>
+// F(4x4, 3x3): 6x6 patches at (4ty-1, 4tx-1), 36 elements, with
+//   B^T = [[4,0,-5,0,1,0],[0,-4,-4,1,1,0],[0,4,-4,-1,1,0],[0,-2,-1,2,1,0],[0,2,-1,-2,1,0],[0,4,0,-5,0,1]],
+//   A^T = [[1,1,1,1,1,0],[0,1,-1,2,-2,0],[0,1,1,4,4,0],[0,1,-1,8,-8,1]] (G in wino_pack_kernel).
+// Columns are split by their position modulo 4 so that every loop runs over contiguous memory.
+
+// out[s] = (B^T p)[s] for six inputs p0..p5 spaced ``st`` apart, for i < n.
+inline __attribute__((always_inline)) void bt6(const float *p, int64_t st, float *out, int64_t ost, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const float p0 = p[i], p1 = p[st + i], p2 = p[2 * st + i], p3 = p[3 * st + i], p4 = p[4 * st + i],
+                    p5 = p[5 * st + i];
+        out[i] = 4.0f * p0 - 5.0f * p2 + p4;
+        out[ost + i] = -4.0f * (p1 + p2) + p3 + p4;
+        out[2 * ost + i] = 4.0f * (p1 - p2) - p3 + p4;
+        out[3 * ost + i] = 2.0f * (p3 - p1) - p2 + p4;
+        out[4 * ost + i] = 2.0f * (p1 - p3) - p2 + p4;
+        out[5 * ost + i] = 4.0f * p1 - 5.0f * p3 + p5;
+    }
+}
+
+inline __attribute__((always_inline)) void input_transform4(const ggml_tensor *x, int64_t n, int64_t ty,
+                                                            int64_t tx0, int64_t mb, int64_t ld, float *v,
+                                                            std::vector<float> &scratch) {
+    const int64_t W = x->ne[0], H = x->ne[1], IC = x->ne[2];
+    const int64_t cols = 4 * ld + 4, ph = ld + 1, ix0 = 4 * tx0 - 1;
+    // row buffer, then phases p[r][k][i] = row r, column 4i + k, then q[s][k][i] = (B^T p)[s]
+    scratch.resize((size_t)(cols + 2 * 24 * ph));
+    float *row = scratch.data(), *p = row + cols, *q = p + 24 * ph;
+    const int64_t c_lo = std::max<int64_t>(0, -ix0), c_hi = std::min<int64_t>(4 * mb + 2, W - ix0);
+    const int64_t plane = IC * ld;
+    std::fill(row, row + cols, 0.0f);
+    for (int64_t ic = 0; ic < IC; ++ic) {
+        const char *chan = (const char *)x->data + n * x->nb[3] + ic * x->nb[2];
+        if (ic + kPrefetch < IC && c_hi > c_lo) {
+            const char *next = chan + kPrefetch * x->nb[2] + (ix0 + c_lo) * sizeof(float);
+            for (int r = 0; r < 6; ++r) {
+                const int64_t iy = 4 * ty - 1 + r;
+                if (iy < 0 || iy >= H) continue;
+                for (int64_t o = 0; o < (c_hi - c_lo) * (int64_t)sizeof(float); o += 64)
+                    __builtin_prefetch(next + iy * x->nb[1] + o);
+            }
+        }
+        for (int r = 0; r < 6; ++r) {
+            const int64_t iy = 4 * ty - 1 + r;
+            float *pr = p + r * 4 * ph;
+            if (iy < 0 || iy >= H || c_hi <= c_lo) {
+                std::fill(pr, pr + 4 * ph, 0.0f);
+                continue;
+            }
+            const float *src = (const float *)(chan + iy * x->nb[1]);
+            std::memcpy(row + c_lo, src + ix0 + c_lo, (size_t)(c_hi - c_lo) * sizeof(float));
+            for (int64_t i = 0; i < ph; ++i) {
+                pr[i] = row[4 * i];
+                pr[ph + i] = row[4 * i + 1];
+                pr[2 * ph + i] = row[4 * i + 2];
+                pr[3 * ph + i] = row[4 * i + 3];
+            }
+        }
+        bt6(p, 4 * ph, q, 4 * ph, 4 * ph);  // over the rows, all phases at once
+        // over the columns: tile j's columns 4j..4j+5 are phases 0..3 at j, phases 0..1 at j+1
+        for (int s6 = 0; s6 < 6; ++s6) {
+            const float *c0 = q + s6 * 4 * ph, *c1 = c0 + ph, *c2 = c1 + ph, *c3 = c2 + ph;
+            float *o = v + (s6 * 6) * plane + ic * ld;
+            for (int64_t j = 0; j < ld; ++j) {
+                const float d0 = c0[j], d1 = c1[j], d2 = c2[j], d3 = c3[j], d4 = c0[j + 1], d5 = c1[j + 1];
+                o[j] = 4.0f * d0 - 5.0f * d2 + d4;
+                o[plane + j] = -4.0f * (d1 + d2) + d3 + d4;
+                o[2 * plane + j] = 4.0f * (d1 - d2) - d3 + d4;
+                o[3 * plane + j] = 2.0f * (d3 - d1) - d2 + d4;
+                o[4 * plane + j] = 2.0f * (d1 - d3) - d2 + d4;
+                o[5 * plane + j] = 4.0f * d1 - 5.0f * d3 + d5;
+            }
+        }
+    }
+}
+
+inline __attribute__((always_inline)) void output_transform4(ggml_tensor *dst, int64_t n, int64_t ty, int64_t tx0,
+                                                             int64_t mb, int64_t ld, int64_t ocb, const float *m,
+                                                             std::vector<float> &scratch) {
+    const int64_t W = dst->ne[0], H = dst->ne[1], OC = dst->ne[2];
+    scratch.resize((size_t)(24 + 16) * ld);
+    float *b = scratch.data(), *y = b + 24 * ld;  // b[i][t][j] = (A^T M)[i][t], y[i][k][j]
+    const int64_t plane = L * ld, x0 = 4 * tx0, nx = std::min<int64_t>(4 * mb, W - x0);
+    for (int64_t l = 0; l < L && ocb * L + l < OC; ++l) {
+        const float *a = m + l * ld;
+        for (int t = 0; t < 6; ++t) {  // A^T over the rows s, column t
+            const float *m0 = a + t * plane, *m1 = m0 + 6 * plane, *m2 = m1 + 6 * plane, *m3 = m2 + 6 * plane,
+                        *m4 = m3 + 6 * plane, *m5 = m4 + 6 * plane;
+            float *b0 = b + t * ld, *b1 = b0 + 6 * ld, *b2 = b1 + 6 * ld, *b3 = b2 + 6 * ld;
+            for (int64_t j = 0; j < mb; ++j) {
+                const float s12 = m1[j] + m2[j], d12 = m1[j] - m2[j], s34 = m3[j] + m4[j], d34 = m3[j] - m4[j];
+                b0[j] = m0[j] + s12 + s34;
+                b1[j] = d12 + 2.0f * d34;
+                b2[j] = s12 + 4.0f * s34;
+                b3[j] = d12 + 8.0f * d34 + m5[j];
+            }
+        }
+        for (int i = 0; i < 4; ++i) {  // A^T over the columns t
+            const float *bi = b + i * 6 * ld;
+            const float *m0 = bi, *m1 = bi + ld, *m2 = m1 + ld, *m3 = m2 + ld, *m4 = m3 + ld, *m5 = m4 + ld;
+            float *y0 = y + i * 4 * ld, *y1 = y0 + ld, *y2 = y1 + ld, *y3 = y2 + ld;
+            for (int64_t j = 0; j < mb; ++j) {
+                const float s12 = m1[j] + m2[j], d12 = m1[j] - m2[j], s34 = m3[j] + m4[j], d34 = m3[j] - m4[j];
+                y0[j] = m0[j] + s12 + s34;
+                y1[j] = d12 + 2.0f * d34;
+                y2[j] = s12 + 4.0f * s34;
+                y3[j] = d12 + 8.0f * d34 + m5[j];
+            }
+        }
+        char *chan = (char *)dst->data + n * dst->nb[3] + (ocb * L + l) * dst->nb[2];
+        for (int i = 0; i < 4 && 4 * ty + i < H; ++i) {
+            float *out = (float *)(chan + (4 * ty + i) * dst->nb[1]) + x0;
+            const float *y0 = y + i * 4 * ld, *y1 = y0 + ld, *y2 = y1 + ld, *y3 = y2 + ld;
+            if (nx == 4 * mb) {
+                for (int64_t j = 0; j < mb; ++j) {
+                    out[4 * j] = y0[j];
+                    out[4 * j + 1] = y1[j];
+                    out[4 * j + 2] = y2[j];
+                    out[4 * j + 3] = y3[j];
+                }
+            } else {
+                for (int64_t c = 0; c < nx; ++c) out[c] = y[(i * 4 + c % 4) * ld + c / 4];
+            }
+        }
+    }
+}
+
+// Output tile T x T (2 or 4); E = (T + 2)^2 transformed elements, U with E panels per 16 channels.
+template <bool AVX, int T>
 inline __attribute__((always_inline)) void conv_body(ggml_tensor *dst, int ith, int nth) {
+    constexpr int E = (T + 2) * (T + 2);
     const ggml_tensor *x = dst->src[0], *u = dst->src[1];
     const int64_t W = x->ne[0], H = x->ne[1], IC = x->ne[2], N = x->ne[3];
-    const int64_t TX = (W + 1) / 2, TY = (H + 1) / 2, OCB = u->ne[3];
-    const int64_t ld = block_tiles(IC, TX), segs = (TX + ld - 1) / ld;
+    const int64_t TX = (W + T - 1) / T, TY = (H + T - 1) / T, OCB = u->ne[3];
+    const int64_t ld = block_tiles(IC, TX, T), segs = (TX + ld - 1) / ld;
     const int64_t blocks = N * TY * segs;
     const int64_t b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
     thread_local std::vector<float> v_buf, m_buf, scratch;
-    float *v = aligned(v_buf, 16 * IC * ld), *m = aligned(m_buf, 16 * L * ld);
+    float *v = aligned(v_buf, E * IC * ld), *m = aligned(m_buf, E * L * ld);
     const float *U = (const float *)u->data;
     for (int64_t b = b0; b < b1; ++b) {
         const int64_t n = b / (TY * segs), ty = (b / segs) % TY, tx0 = (b % segs) * ld;
         const int64_t mb = std::min(ld, TX - tx0), tiles = round_up(mb, NT);
-        input_transform(x, n, ty, tx0, mb, ld, v, scratch);
+        if (T == 4) input_transform4(x, n, ty, tx0, mb, ld, v, scratch);
+        else input_transform(x, n, ty, tx0, mb, ld, v, scratch);
         for (int64_t ocb = 0; ocb < OCB; ++ocb) {
-            for (int e = 0; e < 16; ++e)
-                panel_product<AVX>(U + (ocb * 16 + e) * IC * L, v + e * IC * ld, ld, IC, m + e * L * ld, tiles);
-            output_transform(dst, n, ty, tx0, mb, ld, ocb, m, scratch);
+            for (int e = 0; e < E; ++e)
+                panel_product<AVX>(U + (ocb * E + e) * IC * L, v + e * IC * ld, ld, IC, m + e * L * ld, tiles);
+            if (T == 4) output_transform4(dst, n, ty, tx0, mb, ld, ocb, m, scratch);
+            else output_transform(dst, n, ty, tx0, mb, ld, ocb, m, scratch);
         }
     }
 }
 
 #ifdef SDPLAN_WINO_X86
-__attribute__((target("avx2,fma"))) void conv_avx2(ggml_tensor *dst, int ith, int nth) {
-    conv_body<true>(dst, ith, nth);
+__attribute__((target("avx2,fma"))) void conv_avx2(ggml_tensor *dst, int ith, int nth, bool f4) {
+    if (f4) conv_body<true, 4>(dst, ith, nth);
+    else conv_body<true, 2>(dst, ith, nth);
 }
 #endif
 
-void conv_generic(ggml_tensor *dst, int ith, int nth) { conv_body<false>(dst, ith, nth); }
+void conv_generic(ggml_tensor *dst, int ith, int nth, bool f4) {
+    if (f4) conv_body<false, 4>(dst, ith, nth);
+    else conv_body<false, 2>(dst, ith, nth);
+}
 
 }  // namespace
+
+int64_t wino_elements(int64_t width) { return width >= 64 ? 36 : 16; }
 
 bool wino_fast_cpu() {
 #ifdef SDPLAN_WINO_X86
@@ -283,60 +423,74 @@ bool wino_fast_cpu() {
 #endif
 }
 
+namespace {
+
+const float kG2[4][3] = {{1, 0, 0}, {0.5f, 0.5f, 0.5f}, {0.5f, -0.5f, 0.5f}, {0, 0, 1}};
+const float kG4[6][3] = {{0.25f, 0, 0},
+                         {-1 / 6.0f, -1 / 6.0f, -1 / 6.0f},
+                         {-1 / 6.0f, 1 / 6.0f, -1 / 6.0f},
+                         {1 / 24.0f, 1 / 12.0f, 1 / 6.0f},
+                         {1 / 24.0f, -1 / 12.0f, 1 / 6.0f},
+                         {0, 0, 1}};
+
+// panel[e][ic][0..16) = (G g G^T)[e] for the 16 kernels g = gt[ic][0..9)[lane] (P points per axis).
+template <int P>
+void pack_panel(const float *gt, const float (*G)[3], int64_t IC, float *panel) {
+    for (int64_t ic = 0; ic < IC; ++ic) {
+        const float *k = gt + ic * 9 * L;  // k[(row * 3 + col) * 16 + lane]
+        float q[P][3][L];                  // G g
+        for (int r = 0; r < P; ++r)
+            for (int c = 0; c < 3; ++c)
+                for (int l = 0; l < L; ++l)
+                    q[r][c][l] = G[r][0] * k[c * L + l] + G[r][1] * k[(3 + c) * L + l] + G[r][2] * k[(6 + c) * L + l];
+        for (int r = 0; r < P; ++r)  // (G g) G^T
+            for (int c = 0; c < P; ++c) {
+                float *o = panel + ((r * P + c) * IC + ic) * L;
+                for (int l = 0; l < L; ++l) o[l] = q[r][0][l] * G[c][0] + q[r][1][l] * G[c][1] + q[r][2][l] * G[c][2];
+            }
+    }
+}
+
+}  // namespace
+
 void wino_pack_kernel(ggml_tensor *dst, int ith, int nth, void *) {
     // threads split the panels of 16 output channels; per panel the 16 kernels are read once
-    // into f32 (g[lane][ic][9]) and transformed per input channel across the lanes
+    // into f32 with the lanes innermost (gt[ic][9][lane]), then transformed across the lanes
     const ggml_tensor *w = dst->src[0];
-    const int64_t IC = w->ne[2], OC = w->ne[3], OCB = dst->ne[3];
+    const int64_t IC = w->ne[2], OC = w->ne[3], E = dst->ne[2], OCB = dst->ne[3];
     const int64_t per = (OCB + nth - 1) / nth;
     const int64_t p0 = per * ith, p1 = std::min(OCB, p0 + per);
     float *U = (float *)dst->data;
-    thread_local std::vector<float> g;
-    g.resize((size_t)L * 9 * IC);
+    thread_local std::vector<float> row, gt;
+    row.resize((size_t)9 * IC);
+    gt.resize((size_t)L * 9 * IC);
     for (int64_t ocb = p0; ocb < p1; ++ocb) {
         for (int64_t lane = 0; lane < L; ++lane) {
-            float *gl = g.data() + lane * 9 * IC;
             const int64_t oc = ocb * L + lane;
             if (oc >= OC) {
-                std::fill(gl, gl + 9 * IC, 0.0f);
-                continue;
+                std::fill(row.begin(), row.end(), 0.0f);
+            } else {
+                const char *src = (const char *)w->data + oc * w->nb[3];
+                if (w->type == GGML_TYPE_F16) ggml_cpu_fp16_to_fp32((const ggml_fp16_t *)src, row.data(), 9 * IC);
+                else std::memcpy(row.data(), src, (size_t)9 * IC * sizeof(float));
             }
-            const char *src = (const char *)w->data + oc * w->nb[3];
-            if (w->type == GGML_TYPE_F16) ggml_cpu_fp16_to_fp32((const ggml_fp16_t *)src, gl, 9 * IC);
-            else std::memcpy(gl, src, (size_t)9 * IC * sizeof(float));
+            for (int64_t i = 0; i < 9 * IC; ++i) gt[i * L + lane] = row[i];
         }
-        float *panel = U + ocb * 16 * IC * L;
-        for (int64_t ic = 0; ic < IC; ++ic) {
-            float u[16][L];
-            for (int64_t lane = 0; lane < L; ++lane) {
-                const float *k = g.data() + (lane * IC + ic) * 9;  // k[row * 3 + col]
-                float q[4][3];                                     // G g
-                for (int c = 0; c < 3; ++c) {
-                    q[0][c] = k[c];
-                    q[1][c] = 0.5f * (k[c] + k[3 + c] + k[6 + c]);
-                    q[2][c] = 0.5f * (k[c] - k[3 + c] + k[6 + c]);
-                    q[3][c] = k[6 + c];
-                }
-                for (int r = 0; r < 4; ++r) {  // (G g) G^T
-                    u[r * 4][lane] = q[r][0];
-                    u[r * 4 + 1][lane] = 0.5f * (q[r][0] + q[r][1] + q[r][2]);
-                    u[r * 4 + 2][lane] = 0.5f * (q[r][0] - q[r][1] + q[r][2]);
-                    u[r * 4 + 3][lane] = q[r][2];
-                }
-            }
-            for (int e = 0; e < 16; ++e) std::memcpy(panel + (e * IC + ic) * L, u[e], sizeof u[e]);
-        }
+        float *panel = U + ocb * E * IC * L;
+        if (E == 36) pack_panel<6>(gt.data(), kG4, IC, panel);
+        else pack_panel<4>(gt.data(), kG2, IC, panel);
     }
 }
 
 void wino_conv(ggml_tensor *dst, int ith, int nth, void *) {
+    const bool f4 = dst->src[1]->ne[2] == 36;
 #ifdef SDPLAN_WINO_X86
     if (wino_fast_cpu()) {
-        conv_avx2(dst, ith, nth);
+        conv_avx2(dst, ith, nth, f4);
         return;
     }
 #endif
-    conv_generic(dst, ith, nth);
+    conv_generic(dst, ith, nth, f4);
 }
 
 }  // namespace sdplan

@@ -1,4 +1,4 @@
-// Winograd F(2x2, 3x3) convolution for the CPU backend (winograd.cpp): two custom ggml ops.
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution for the CPU backend (winograd.cpp): two custom ggml ops.
 #pragma once
 
 #include <ggml.h>
@@ -10,13 +10,20 @@ namespace sdplan {
 // Output channels per packed kernel panel (the micro-kernel's width).
 constexpr int64_t kWinoLanes = 16;
 
+// Transformed elements per tile for output rows ``width`` pixels wide: 36 (F(4x4, 3x3)) from
+// 64 pixels, where a row still holds 16 tiles (the micro-kernel's width), else 16 (F(2x2, 3x3)).
+// (Measured at the SD VAE's and UNet's sizes, 1 thread: F(4x4) 0.5-0.85x the time of F(2x2)
+// from 64 pixels, slower at 32.)
+int64_t wino_elements(int64_t width);
+
 // Custom op: a 3x3 kernel w [3, 3, IC, OC] (ggml ne, f32 or f16, src 0) transformed to
-// U = G g G^T and packed f32 as [16 lanes, IC, 16 elements, ceil(OC/16)] (ne order; output
-// channels past OC are zero). dst must have that shape.
+// U = G g G^T and packed f32 as [16 lanes, IC, E elements, ceil(OC/16)] (ne order; output
+// channels past OC are zero). dst must have that shape, E = 16 or 36 (the variant).
 void wino_pack_kernel(ggml_tensor *dst, int ith, int nth, void *userdata);
 
 // Custom op: y = conv3x3(x, w) with stride 1, padding 1, dilation 1. src 0: x f32 [W, H, IC, N]
-// (contiguous); src 1: the packed kernel of wino_pack_kernel; dst: y f32 [W, H, OC, N].
+// (contiguous); src 1: the packed kernel of wino_pack_kernel (its E picks the variant); dst:
+// y f32 [W, H, OC, N].
 void wino_conv(ggml_tensor *dst, int ith, int nth, void *userdata);
 
 // True when this CPU runs the AVX2/FMA micro-kernel (the generic one is slower than im2col).

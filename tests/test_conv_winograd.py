@@ -1,6 +1,7 @@
-"""conv_2d's Winograd F(2x2, 3x3) path on the CPU against a float64 numpy convolution: several
-tile blocks per row, odd sizes, channel counts that fill no kernel panel, batches, threads;
-and that ``auto`` takes it for wide images on AVX2/FMA CPUs."""
+"""conv_2d's Winograd path on the CPU (F(2x2, 3x3) below 64 pixels wide, F(4x4, 3x3) from 64)
+against a float64 numpy convolution: several tile blocks per row, odd sizes, channel counts
+that fill no kernel panel, batches, threads; and that ``auto`` takes it for wide images on
+AVX2/FMA CPUs."""
 
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ def run_conv(mgr, x: np.ndarray, w: np.ndarray, method: str, threads: int = 1, w
     (1, 8, 16, 70, 67),    # two tile blocks per row, the second partial; odd height and width
     (1, 33, 40, 5, 34),    # odd channel counts
     (1, 3, 17, 1, 2),      # a single tile, mostly padding
+    # from 64 pixels wide F(4x4, 3x3)
+    (2, 16, 16, 9, 64),    # exactly 16 tiles per row, a partial last tile row
+    (1, 5, 18, 7, 150),    # two blocks of tiles per row (32 + 6), widths not a multiple of 4
 ])
 @pytest.mark.parametrize("wdtype", ["f32", "f16"])
 def test_winograd_matches_reference(mgr, n, ic, oc, h, w, wdtype) -> None:
@@ -79,7 +83,7 @@ def test_winograd_matches_reference(mgr, n, ic, oc, h, w, wdtype) -> None:
 
 def test_winograd_threads_and_repeats_agree(mgr) -> None:
     rng = np.random.default_rng(7)
-    x = rng.standard_normal((2, 24, 12, 66)).astype(np.float32)
+    x = rng.standard_normal((2, 24, 12, 130)).astype(np.float32)
     k = (rng.standard_normal((32, 24, 3, 3)) * 0.1).astype(np.float32)
     one, _ = run_conv(mgr, x, k, "winograd", threads=1)
     two, _ = run_conv(mgr, x, k, "winograd", threads=2)

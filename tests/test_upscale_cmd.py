@@ -90,8 +90,9 @@ def _big(src: Path, tmp: Path) -> Path:
 
 
 def test_budget_tiles_same_picture(real, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """A 96 x 80 picture under a 16 MiB budget runs in tiles and gives the untiled picture
-    (the CPU has no budget in a plan, spec section 7: the placement is given directly)."""
+    """A 96 x 80 picture under a 6 MiB budget runs in tiles and gives the untiled picture to
+    rounding (the CPU has no budget in a plan, spec section 7: the placement is given directly; the
+    whole picture needs about 8 MiB with the Winograd convolution, more with im2col)."""
     from sdplan.core.engine import ModulePlacement
     from sdplan.core.upscale import Upscaler
 
@@ -101,11 +102,14 @@ def test_budget_tiles_same_picture(real, tmp_path: Path) -> None:  # type: ignor
     with Upscaler(model, n_threads=2) as up:
         whole = up.upscale_image(img)
         assert up.choose_tile(96, 80) >= 96
-    with Upscaler(model, placement=ModulePlacement(("CPU",), budget=16 << 20), n_threads=2) as up:
+    with Upscaler(model, placement=ModulePlacement(("CPU",), budget=6 << 20), n_threads=2) as up:
         tile = up.choose_tile(96, 80)
         assert tile < 80
         tiled = up.upscale_image(img)
-    np.testing.assert_array_equal(tiled, whole)
+    # the Winograd convolution rounds by a pixel's place in its 4x4 tile: a tile grid that
+    # starts elsewhere may move a colour by one level, rarely
+    diff = np.abs(tiled.astype(int) - whole.astype(int))
+    assert diff.max() <= 1 and (diff > 0).mean() < 1e-3
 
 
 @pytest.mark.rpc
