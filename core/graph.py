@@ -40,7 +40,7 @@ sigmoid, tanh, exp, sqr, sqrt, abs, neg, sin, cos, log; ``leaky_relu(a, slope)``
 ``group_norm(a, n_groups, eps, weight=None, bias=None)`` over (C, H, W) groups, ``soft_max(a, mask=None, scale=1,
 max_bias=0)`` over the last axis of ``a*scale + mask``, ``flash_attn(q, k, v, mask=None,
 scale=1)`` with q ``(B, H, Nq, D)``, k/v ``(B, Hkv, Nk, D)`` returning ``(B, Nq, H, Dv)``,
-``conv_2d(w, x, stride=(1,1), padding=(0,0), dilation=(1,1), direct=False, method="auto")``
+``conv_2d(w, x, stride=(1,1), padding=(0,0), dilation=(1,1), direct=False, method="auto", bias=None)``
 (method: ``im2col``, ``cpu_im2col``, ``winograd``, ``direct``; on CPU-only graphs auto takes
 ``winograd`` (F(2x2,3x3), f32 arithmetic) for 3x3, stride 1, padding 1 kernels with at least
 16 output channels on images at least 32 pixels wide when the CPU has AVX2 and FMA, else
@@ -163,10 +163,10 @@ def conv2d(g: Graph, x: Tensor, w: Tensor, b: Tensor | None = None, stride: int 
     """Conv2d like ``torch.nn.functional.conv2d``: x ``(N, IC, H, W)``, w ``(OC, IC, KH, KW)``,
     b ``(OC,)``; ints mean the same value on both axes. ``method`` picks the convolution path
     of ``Graph.conv_2d`` (``auto``, ``im2col``, ``cpu_im2col``, ``winograd``, ``direct``); ``direct=True``
-    means ``direct``. Raises ValueError for mismatched shapes or an unknown method."""
-    args = (w, x, _pair(stride), _pair(padding), _pair(dilation), direct)
-    y = g.conv_2d(*args) if method == "auto" else g.conv_2d(*args, method)
-    return g.add(y, g.reshape(b, (b.shape[0], 1, 1))) if b is not None else y
+    means ``direct``. The bias is added by ``Graph.conv_2d`` (inside the Winograd op, a
+    per-channel add otherwise). Raises ValueError for mismatched shapes or an unknown method."""
+    args = (w, x, _pair(stride), _pair(padding), _pair(dilation), direct, method)
+    return g.conv_2d(*args, bias=b) if b is not None else g.conv_2d(*args)
 
 
 def _pair(v: int | Sequence[int]) -> tuple[int, int]:

@@ -596,8 +596,9 @@ bool Graph::all_cpu() const {
 }
 
 Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stride, std::pair<int, int> pad,
-                      std::pair<int, int> dil, bool direct, const std::string &method_in) {
-    room("conv_2d", 10);
+                      std::pair<int, int> dil, bool direct, const std::string &method_in,
+                      std::optional<Tensor> bias) {
+    room("conv_2d", 16);
     ggml_tensor *tw = use("conv_2d", w), *tx = use("conv_2d", x);
     if (w.ndim != 4 || (x.ndim != 4 && x.ndim != 3))
         fail("conv_2d", "weight must be (OC, IC, KH, KW) and x (N, IC, H, W); got " + shape_str(w) + ", " + shape_str(x));
@@ -607,6 +608,9 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
         fail("conv_2d", "input channels differ: weight " + shape_str(w) + ", x " + shape_str(x));
     if (stride.first < 1 || stride.second < 1 || dil.first < 1 || dil.second < 1 || pad.first < 0 || pad.second < 0)
         fail("conv_2d", "stride and dilation must be >= 1, padding >= 0");
+    ggml_tensor *tb = bias ? use("conv_2d", *bias) : nullptr;
+    if (tb && (bias->ndim != 1 || tb->ne[0] != tw->ne[3] || !is_float(tb->type)))
+        fail("conv_2d", "bias must be a float (OC,) vector for weight " + shape_str(w) + ", got " + shape_str(*bias));
     auto out = [](int64_t in, int64_t k, int s, int p, int d) { return (in + 2 * p - d * (k - 1) - 1) / s + 1; };
     const int64_t OW = out(tx->ne[0], tw->ne[0], stride.second, pad.second, dil.second);
     const int64_t OH = out(tx->ne[1], tw->ne[1], stride.first, pad.first, dil.first);
@@ -643,10 +647,12 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
         ggml_tensor *wa[1] = {contig(tw)};
         ggml_tensor *u = ggml_custom_4d(c, GGML_TYPE_F32, kWinoLanes, tw->ne[2], E, OCB, wa, 1, wino_pack_kernel,
                                         GGML_N_TASKS_MAX, nullptr);
-        ggml_tensor *xa[2] = {to_f32(contig(tx)), u};
-        return own(ggml_custom_4d(c, GGML_TYPE_F32, OW, OH, tw->ne[3], tx->ne[3], xa, 2, wino_conv, GGML_N_TASKS_MAX,
-                                  nullptr), 4);
+        ggml_tensor *xa[3] = {to_f32(contig(tx)), u, tb ? to_f32(contig(tb)) : nullptr};
+        return own(ggml_custom_4d(c, GGML_TYPE_F32, OW, OH, tw->ne[3], tx->ne[3], xa, tb ? 3 : 2, wino_conv,
+                                  GGML_N_TASKS_MAX, nullptr), 4);
     }
+    // the bias of the column and direct paths: the per-channel add of Graph::binary
+    auto with_bias = [&](const Tensor &y) { return tb ? binary("add", y, reshape(*bias, {tw->ne[3], 1, 1})) : y; };
     if (method == "cpu_im2col" && !all_cpu())
         fail("conv_2d", "method 'cpu_im2col' needs a graph whose backends are all CPUs");
     tx = to_f32(contig(tx));
@@ -655,8 +661,8 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
     const int64_t K = tw->ne[0] * tw->ne[1] * IC;
     ggml_tensor *mm = nullptr;  // [OW*OH*N, OC]
     if (method == "direct") {
-        return own(ggml_conv_2d_direct(c, tw, tx, stride.second, stride.first, pad.second, pad.first, dil.second,
-                                       dil.first), 4);
+        return with_bias(own(ggml_conv_2d_direct(c, tw, tx, stride.second, stride.first, pad.second, pad.first,
+                                                 dil.second, dil.first), 4));
     } else if (method == "cpu_im2col") {
         custom_params.push_back({(int)tw->ne[0], (int)tw->ne[1], stride.second, stride.first, pad.second,
                                  pad.first, dil.second, dil.first});
@@ -678,7 +684,7 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
     }
     ggml_tensor *r = ggml_reshape_4d(c, mm, OW, OH, N, OC);
     r = N == 1 ? ggml_reshape_4d(c, r, OW, OH, OC, 1) : ggml_cont(c, ggml_permute(c, r, 0, 1, 3, 2));
-    return own(r, 4);
+    return with_bias(own(r, 4));
 }
 
 Tensor Graph::conv_transpose_2d(const Tensor &w, const Tensor &x, int stride) {

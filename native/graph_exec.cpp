@@ -447,12 +447,15 @@ void register_graph(nb::module_ &m) {
         .def("supports", &Graph::supports, nb::arg("x"), nb::arg("backend_index") = 0)
         .def("conv_2d", &Graph::conv_2d, nb::arg("w"), nb::arg("x"), nb::arg("stride") = P2{1, 1},
              nb::arg("padding") = P2{0, 0}, nb::arg("dilation") = P2{1, 1}, nb::arg("direct") = false,
-             nb::arg("method") = "auto",
-             "2-D convolution, w (OC, IC, KH, KW) f32/f16, x (N, IC, H, W) -> (N, OC, OH, OW) f32.\n"
-             "method: auto (cpu_im2col when every backend of the graph is a CPU, else im2col),\n"
-             "im2col (ggml's im2col + mul_mat, columns in the kernel's dtype), cpu_im2col (columns in\n"
-             "(kh, kw, ic) order by a CPU op that copies whole channel runs), direct\n"
-             "(ggml_conv_2d_direct); direct=True means method='direct'.")
+             nb::arg("method") = "auto", nb::arg("bias") = nb::none(),
+             "2-D convolution, w (OC, IC, KH, KW) f32/f16, x (N, IC, H, W), bias (OC,) or None ->\n"
+             "(N, OC, OH, OW) f32. method: auto (graphs whose backends are all CPUs: winograd for\n"
+             "3x3/stride 1/padding 1 kernels with >= 16 output channels on images >= 32 wide when\n"
+             "the CPU has AVX2 and FMA, else cpu_im2col when the image has >= OC/2 pixels; im2col\n"
+             "otherwise), im2col (ggml's im2col + mul_mat, columns in the kernel's dtype), cpu_im2col\n"
+             "(columns in (kh, kw, ic) order by a CPU op that copies whole channel runs), winograd\n"
+             "(F(2x2,3x3), from 64 pixels wide F(4x4,3x3), f32, one fused CPU op that also adds the\n"
+             "bias), direct (ggml_conv_2d_direct); direct=True means method='direct'.")
         .def("conv_transpose_2d", &Graph::conv_transpose_2d, nb::arg("w"), nb::arg("x"), nb::arg("stride"))
         .def("upscale", &Graph::upscale, nb::arg("a"), nb::arg("factor"))
         .def("interpolate", &Graph::interpolate, nb::arg("a"), nb::arg("shape"), nb::arg("mode") = "nearest",

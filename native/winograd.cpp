@@ -210,7 +210,7 @@ inline __attribute__((always_inline)) void input_transform(const ggml_tensor *x,
 // M[e][l][ld] for the block.
 inline __attribute__((always_inline)) void output_transform(ggml_tensor *dst, int64_t n, int64_t ty, int64_t tx0,
                                                             int64_t mb, int64_t ld, int64_t ocb, const float *m,
-                                                            std::vector<float> &scratch) {
+                                                            const float *bias, std::vector<float> &scratch) {
     const int64_t W = dst->ne[0], H = dst->ne[1], OC = dst->ne[2];
     scratch.resize((size_t)4 * ld);
     float *y00 = scratch.data(), *y01 = y00 + ld, *y10 = y01 + ld, *y11 = y10 + ld;
@@ -218,6 +218,7 @@ inline __attribute__((always_inline)) void output_transform(ggml_tensor *dst, in
     const int64_t plane = L * ld;
     for (int64_t l = 0; l < L && ocb * L + l < OC; ++l) {
         const float *a = m + l * ld;
+        const float bv = bias ? bias[ocb * L + l] : 0.0f;
         for (int64_t j = 0; j < mb; ++j) {
             const float b00 = a[j] + a[4 * plane + j] + a[8 * plane + j];
             const float b01 = a[plane + j] + a[5 * plane + j] + a[9 * plane + j];
@@ -227,10 +228,10 @@ inline __attribute__((always_inline)) void output_transform(ggml_tensor *dst, in
             const float b11 = a[5 * plane + j] - a[9 * plane + j] - a[13 * plane + j];
             const float b12 = a[6 * plane + j] - a[10 * plane + j] - a[14 * plane + j];
             const float b13 = a[7 * plane + j] - a[11 * plane + j] - a[15 * plane + j];
-            y00[j] = b00 + b01 + b02;
-            y01[j] = b01 - b02 - b03;
-            y10[j] = b10 + b11 + b12;
-            y11[j] = b11 - b12 - b13;
+            y00[j] = b00 + b01 + b02 + bv;
+            y01[j] = b01 - b02 - b03 + bv;
+            y10[j] = b10 + b11 + b12 + bv;
+            y11[j] = b11 - b12 - b13 + bv;
         }
         char *chan = (char *)dst->data + n * dst->nb[3] + (ocb * L + l) * dst->nb[2];
         for (int i = 0; i < 2 && 2 * ty + i < H; ++i) {
@@ -322,13 +323,14 @@ inline __attribute__((always_inline)) void input_transform4(const ggml_tensor *x
 
 inline __attribute__((always_inline)) void output_transform4(ggml_tensor *dst, int64_t n, int64_t ty, int64_t tx0,
                                                              int64_t mb, int64_t ld, int64_t ocb, const float *m,
-                                                             std::vector<float> &scratch) {
+                                                             const float *bias, std::vector<float> &scratch) {
     const int64_t W = dst->ne[0], H = dst->ne[1], OC = dst->ne[2];
     scratch.resize((size_t)(24 + 16) * ld);
     float *b = scratch.data(), *y = b + 24 * ld;  // b[i][t][j] = (A^T M)[i][t], y[i][k][j]
     const int64_t plane = L * ld, x0 = 4 * tx0, nx = std::min<int64_t>(4 * mb, W - x0);
     for (int64_t l = 0; l < L && ocb * L + l < OC; ++l) {
         const float *a = m + l * ld;
+        const float bv = bias ? bias[ocb * L + l] : 0.0f;
         for (int t = 0; t < 6; ++t) {  // A^T over the rows s, column t
             const float *m0 = a + t * plane, *m1 = m0 + 6 * plane, *m2 = m1 + 6 * plane, *m3 = m2 + 6 * plane,
                         *m4 = m3 + 6 * plane, *m5 = m4 + 6 * plane;
@@ -347,10 +349,10 @@ inline __attribute__((always_inline)) void output_transform4(ggml_tensor *dst, i
             float *y0 = y + i * 4 * ld, *y1 = y0 + ld, *y2 = y1 + ld, *y3 = y2 + ld;
             for (int64_t j = 0; j < mb; ++j) {
                 const float s12 = m1[j] + m2[j], d12 = m1[j] - m2[j], s34 = m3[j] + m4[j], d34 = m3[j] - m4[j];
-                y0[j] = m0[j] + s12 + s34;
-                y1[j] = d12 + 2.0f * d34;
-                y2[j] = s12 + 4.0f * s34;
-                y3[j] = d12 + 8.0f * d34 + m5[j];
+                y0[j] = m0[j] + s12 + s34 + bv;
+                y1[j] = d12 + 2.0f * d34 + bv;
+                y2[j] = s12 + 4.0f * s34 + bv;
+                y3[j] = d12 + 8.0f * d34 + m5[j] + bv;
             }
         }
         char *chan = (char *)dst->data + n * dst->nb[3] + (ocb * L + l) * dst->nb[2];
@@ -384,6 +386,7 @@ inline __attribute__((always_inline)) void conv_body(ggml_tensor *dst, int ith, 
     thread_local std::vector<float> v_buf, m_buf, scratch;
     float *v = aligned(v_buf, E * IC * ld), *m = aligned(m_buf, E * L * ld);
     const float *U = (const float *)u->data;
+    const float *bias = dst->src[2] ? (const float *)dst->src[2]->data : nullptr;  // (OC,) or none
     for (int64_t b = b0; b < b1; ++b) {
         const int64_t n = b / (TY * segs), ty = (b / segs) % TY, tx0 = (b % segs) * ld;
         const int64_t mb = std::min(ld, TX - tx0), tiles = round_up(mb, NT);
@@ -392,8 +395,8 @@ inline __attribute__((always_inline)) void conv_body(ggml_tensor *dst, int ith, 
         for (int64_t ocb = 0; ocb < OCB; ++ocb) {
             for (int e = 0; e < E; ++e)
                 panel_product<AVX>(U + (ocb * E + e) * IC * L, v + e * IC * ld, ld, IC, m + e * L * ld, tiles);
-            if (T == 4) output_transform4(dst, n, ty, tx0, mb, ld, ocb, m, scratch);
-            else output_transform(dst, n, ty, tx0, mb, ld, ocb, m, scratch);
+            if (T == 4) output_transform4(dst, n, ty, tx0, mb, ld, ocb, m, bias, scratch);
+            else output_transform(dst, n, ty, tx0, mb, ld, ocb, m, bias, scratch);
         }
     }
 }

@@ -22,8 +22,8 @@ int64_t wino_elements(int64_t width);
 void wino_pack_kernel(ggml_tensor *dst, int ith, int nth, void *userdata);
 
 // Custom op: y = conv3x3(x, w) with stride 1, padding 1, dilation 1. src 0: x f32 [W, H, IC, N]
-// (contiguous); src 1: the packed kernel of wino_pack_kernel (its E picks the variant); dst:
-// y f32 [W, H, OC, N].
+// (contiguous); src 1: the packed kernel of wino_pack_kernel (its E picks the variant); src 2
+// (optional): a bias f32 [OC] added per output channel; dst: y f32 [W, H, OC, N].
 void wino_conv(ggml_tensor *dst, int ith, int nth, void *userdata);
 
 // True when this CPU runs the AVX2/FMA micro-kernel (the generic one is slower than im2col).

@@ -47,12 +47,15 @@ def conv3x3_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def run_conv(mgr, x: np.ndarray, w: np.ndarray, method: str, threads: int = 1, wdtype: str = "f32",
-             profile: bool = False):
+             profile: bool = False, bias: np.ndarray | None = None):
     g = gr.new_graph([mgr.get("CPU")], n_threads=threads)
     xi, wi = g.input("x", x.shape), g.input("w", w.shape, wdtype)
-    g.output("y", gr.conv2d(g, xi, wi, padding=1, method=method))
+    bi = g.input("b", bias.shape, wdtype) if bias is not None else None
+    g.output("y", gr.conv2d(g, xi, wi, bi, padding=1, method=method))
     g.set_input("x", x)
     g.set_input("w", w.astype(np.float16) if wdtype == "f16" else w)
+    if bias is not None:
+        g.set_input("b", bias.astype(np.float16) if wdtype == "f16" else bias)
     rows = g.profile() if profile else (g.compute() or [])
     return np.array(g.get_output("y")), [r[0] for r in rows]
 
@@ -71,10 +74,11 @@ def test_winograd_matches_reference(mgr, n, ic, oc, h, w, wdtype) -> None:
     rng = np.random.default_rng(n * 1000 + ic * 10 + h)
     x = rng.standard_normal((n, ic, h, w)).astype(np.float32)
     k = (rng.standard_normal((oc, ic, 3, 3)) * 0.2).astype(np.float32)
-    if wdtype == "f16":
-        k = k.astype(np.float16).astype(np.float32)  # the reference sees the rounded kernel
-    ref = conv3x3_ref(x, k)
-    y, _ = run_conv(mgr, x, k, "winograd", wdtype=wdtype)
+    b = rng.standard_normal(oc).astype(np.float32)
+    if wdtype == "f16":  # the reference sees the rounded kernel and bias
+        k, b = k.astype(np.float16).astype(np.float32), b.astype(np.float16).astype(np.float32)
+    ref = conv3x3_ref(x, k) + b[:, None, None]
+    y, _ = run_conv(mgr, x, k, "winograd", wdtype=wdtype, bias=b)
     assert y.shape == ref.shape
     # f32 arithmetic throughout (the kernel transform too): far tighter than the f16 columns
     # of the im2col paths
@@ -106,3 +110,20 @@ def test_auto_takes_winograd_for_wide_images(mgr) -> None:
     # fewer than 16 output channels: the column path too
     _, ops = run_conv(mgr, wide, k[:8], "auto", profile=True)
     assert "MUL_MAT" in ops
+
+
+@pytest.mark.parametrize("method", ["winograd", "cpu_im2col", "im2col"])
+def test_bias_added_once_by_every_path(mgr, method) -> None:
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, 6, 5, 70)).astype(np.float32)
+    k = (rng.standard_normal((20, 6, 3, 3)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(20).astype(np.float32) * 3
+    y, _ = run_conv(mgr, x, k, method, bias=b)
+    np.testing.assert_allclose(y, conv3x3_ref(x, k) + b[:, None, None], rtol=0, atol=2e-3)
+
+
+def test_bias_shape_checked(mgr) -> None:
+    g = gr.new_graph([mgr.get("CPU")])
+    w, x = g.input("w", (4, 3, 3, 3)), g.input("x", (1, 3, 8, 8))
+    with pytest.raises(ValueError, match="conv_2d: bias must be"):
+        g.conv_2d(w, x, (1, 1), (1, 1), bias=g.input("b", (5,)))
