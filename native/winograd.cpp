@@ -39,10 +39,10 @@ constexpr int64_t kPrefetch = 4;   // input channels read ahead
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-// Tiles per block (a multiple of NT, at most the row's tiles rounded up): 32, or 64 from 512
-// input channels, where the kernel panels (IC x 16 floats) outgrow L1 and are worth reusing
-// over more tiles (measured at the SD VAE's sizes, 1 thread; the block's transformed input
-// is 16 * IC * tiles floats).
+// Tiles per block row (a multiple of NT, at most the row's tiles rounded up): 32, or 64 for
+// F(2x2) from 512 input channels, where the kernel panels (IC x 16 floats) outgrow L1 and are
+// worth reusing over more tiles (measured at the SD VAE's and UNet's sizes, 1 thread; the
+// block's transformed input is E * IC * tiles floats).
 int64_t block_tiles(int64_t ic, int64_t tx, int t) {
     return std::min<int64_t>(ic >= 512 && t == 2 ? 64 : 32, round_up(tx, NT));
 }
@@ -142,14 +142,14 @@ inline __attribute__((always_inline)) void panel_product(const float *u, const f
 // for every channel. Columns are split into even and odd ones so that every loop runs over
 // contiguous memory.
 inline __attribute__((always_inline)) void input_transform(const ggml_tensor *x, int64_t n, int64_t ty,
-                                                           int64_t tx0, int64_t mb, int64_t ld, float *v,
-                                                           std::vector<float> &scratch) {
+                                                           int64_t tx0, int64_t mb, int64_t ld, int64_t ldv,
+                                                           float *v, std::vector<float> &scratch) {
     const int64_t W = x->ne[0], H = x->ne[1], IC = x->ne[2];
     const int64_t cols = 2 * ld + 2, half = ld + 1, ix0 = 2 * tx0 - 1;
     scratch.resize((size_t)(cols + 16 * half));
     float *row = scratch.data(), *pe = row + cols, *po = pe + 4 * half, *qe = po + 4 * half, *qo = qe + 4 * half;
     const int64_t c_lo = std::max<int64_t>(0, -ix0), c_hi = std::min<int64_t>(2 * mb + 2, W - ix0);
-    const int64_t plane = IC * ld;
+    const int64_t plane = IC * ldv;
     std::fill(row, row + cols, 0.0f);
     for (int64_t ic = 0; ic < IC; ++ic) {
         const char *chan = (const char *)x->data + n * x->nb[3] + ic * x->nb[2];
@@ -194,7 +194,7 @@ inline __attribute__((always_inline)) void input_transform(const ggml_tensor *x,
         // (B^T d) B over the columns of each tile: columns 2j..2j+3 are qe[j], qo[j], qe[j+1], qo[j+1]
         for (int r = 0; r < 4; ++r) {
             const float *a = qe + r * half, *b = qo + r * half;
-            float *v0 = v + (r * 4) * plane + ic * ld, *v1 = v0 + plane, *v2 = v1 + plane, *v3 = v2 + plane;
+            float *v0 = v + (r * 4) * plane + ic * ldv, *v1 = v0 + plane, *v2 = v1 + plane, *v3 = v2 + plane;
             for (int64_t j = 0; j < ld; ++j) {
                 v0[j] = a[j] - a[j + 1];
                 v1[j] = b[j] + a[j + 1];
@@ -209,15 +209,16 @@ inline __attribute__((always_inline)) void input_transform(const ggml_tensor *x,
 // y[oc][2ty + i][2(tx0 + j) + k] = (A^T M A)[i][k] for the 16 channels of panel ocb; m holds
 // M[e][l][ld] for the block.
 inline __attribute__((always_inline)) void output_transform(ggml_tensor *dst, int64_t n, int64_t ty, int64_t tx0,
-                                                            int64_t mb, int64_t ld, int64_t ocb, const float *m,
-                                                            const float *bias, std::vector<float> &scratch) {
+                                                            int64_t mb, int64_t ld, int64_t ldv, int64_t ocb,
+                                                            const float *m, const float *bias,
+                                                            std::vector<float> &scratch) {
     const int64_t W = dst->ne[0], H = dst->ne[1], OC = dst->ne[2];
     scratch.resize((size_t)4 * ld);
     float *y00 = scratch.data(), *y01 = y00 + ld, *y10 = y01 + ld, *y11 = y10 + ld;
     const int64_t x0 = 2 * tx0, pairs = std::min<int64_t>(mb, (W - x0) / 2), odd_end = 2 * pairs < W - x0 && pairs < mb;
-    const int64_t plane = L * ld;
+    const int64_t plane = L * ldv;
     for (int64_t l = 0; l < L && ocb * L + l < OC; ++l) {
-        const float *a = m + l * ld;
+        const float *a = m + l * ldv;
         const float bv = bias ? bias[ocb * L + l] : 0.0f;
         for (int64_t j = 0; j < mb; ++j) {
             const float b00 = a[j] + a[4 * plane + j] + a[8 * plane + j];
@@ -266,15 +267,15 @@ inline __attribute__((always_inline)) void bt6(const float *p, int64_t st, float
 }
 
 inline __attribute__((always_inline)) void input_transform4(const ggml_tensor *x, int64_t n, int64_t ty,
-                                                            int64_t tx0, int64_t mb, int64_t ld, float *v,
-                                                            std::vector<float> &scratch) {
+                                                            int64_t tx0, int64_t mb, int64_t ld, int64_t ldv,
+                                                            float *v, std::vector<float> &scratch) {
     const int64_t W = x->ne[0], H = x->ne[1], IC = x->ne[2];
     const int64_t cols = 4 * ld + 4, ph = ld + 1, ix0 = 4 * tx0 - 1;
     // row buffer, then phases p[r][k][i] = row r, column 4i + k, then q[s][k][i] = (B^T p)[s]
     scratch.resize((size_t)(cols + 2 * 24 * ph));
     float *row = scratch.data(), *p = row + cols, *q = p + 24 * ph;
     const int64_t c_lo = std::max<int64_t>(0, -ix0), c_hi = std::min<int64_t>(4 * mb + 2, W - ix0);
-    const int64_t plane = IC * ld;
+    const int64_t plane = IC * ldv;
     std::fill(row, row + cols, 0.0f);
     for (int64_t ic = 0; ic < IC; ++ic) {
         const char *chan = (const char *)x->data + n * x->nb[3] + ic * x->nb[2];
@@ -307,7 +308,7 @@ inline __attribute__((always_inline)) void input_transform4(const ggml_tensor *x
         // over the columns: tile j's columns 4j..4j+5 are phases 0..3 at j, phases 0..1 at j+1
         for (int s6 = 0; s6 < 6; ++s6) {
             const float *c0 = q + s6 * 4 * ph, *c1 = c0 + ph, *c2 = c1 + ph, *c3 = c2 + ph;
-            float *o = v + (s6 * 6) * plane + ic * ld;
+            float *o = v + (s6 * 6) * plane + ic * ldv;
             for (int64_t j = 0; j < ld; ++j) {
                 const float d0 = c0[j], d1 = c1[j], d2 = c2[j], d3 = c3[j], d4 = c0[j + 1], d5 = c1[j + 1];
                 o[j] = 4.0f * d0 - 5.0f * d2 + d4;
@@ -322,14 +323,15 @@ inline __attribute__((always_inline)) void input_transform4(const ggml_tensor *x
 }
 
 inline __attribute__((always_inline)) void output_transform4(ggml_tensor *dst, int64_t n, int64_t ty, int64_t tx0,
-                                                             int64_t mb, int64_t ld, int64_t ocb, const float *m,
-                                                             const float *bias, std::vector<float> &scratch) {
+                                                             int64_t mb, int64_t ld, int64_t ldv, int64_t ocb,
+                                                             const float *m, const float *bias,
+                                                             std::vector<float> &scratch) {
     const int64_t W = dst->ne[0], H = dst->ne[1], OC = dst->ne[2];
     scratch.resize((size_t)(24 + 16) * ld);
     float *b = scratch.data(), *y = b + 24 * ld;  // b[i][t][j] = (A^T M)[i][t], y[i][k][j]
-    const int64_t plane = L * ld, x0 = 4 * tx0, nx = std::min<int64_t>(4 * mb, W - x0);
+    const int64_t plane = L * ldv, x0 = 4 * tx0, nx = std::min<int64_t>(4 * mb, W - x0);
     for (int64_t l = 0; l < L && ocb * L + l < OC; ++l) {
-        const float *a = m + l * ld;
+        const float *a = m + l * ldv;
         const float bv = bias ? bias[ocb * L + l] : 0.0f;
         for (int t = 0; t < 6; ++t) {  // A^T over the rows s, column t
             const float *m0 = a + t * plane, *m1 = m0 + 6 * plane, *m2 = m1 + 6 * plane, *m3 = m2 + 6 * plane,
@@ -374,6 +376,10 @@ inline __attribute__((always_inline)) void output_transform4(ggml_tensor *dst, i
 }
 
 // Output tile T x T (2 or 4); E = (T + 2)^2 transformed elements, U with E panels per 16 channels.
+// A block is a run of up to ld tiles of one tile row, or, when a whole row is narrower than the
+// block target, several whole rows (their tiles ld apart in V and M; fewer panel reads per
+// tile), as long as every thread still gets two blocks. Each output is computed the same way
+// whatever the grouping.
 template <bool AVX, int T>
 inline __attribute__((always_inline)) void conv_body(ggml_tensor *dst, int ith, int nth) {
     constexpr int E = (T + 2) * (T + 2);
@@ -381,22 +387,30 @@ inline __attribute__((always_inline)) void conv_body(ggml_tensor *dst, int ith, 
     const int64_t W = x->ne[0], H = x->ne[1], IC = x->ne[2], N = x->ne[3];
     const int64_t TX = (W + T - 1) / T, TY = (H + T - 1) / T, OCB = u->ne[3];
     const int64_t ld = block_tiles(IC, TX, T), segs = (TX + ld - 1) / ld;
-    const int64_t blocks = N * TY * segs;
+    int64_t rows = segs == 1 ? std::max<int64_t>(1, block_tiles(IC, 1 << 20, T) / ld) : 1;
+    rows = std::max<int64_t>(1, std::min(rows, N * TY / (2 * nth)));
+    const int64_t groups = (TY + rows - 1) / rows, ldv = rows * ld;
+    const int64_t blocks = N * groups * segs;
     const int64_t b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
     thread_local std::vector<float> v_buf, m_buf, scratch;
-    float *v = aligned(v_buf, E * IC * ld), *m = aligned(m_buf, E * L * ld);
+    float *v = aligned(v_buf, E * IC * ldv), *m = aligned(m_buf, E * L * ldv);
     const float *U = (const float *)u->data;
     const float *bias = dst->src[2] ? (const float *)dst->src[2]->data : nullptr;  // (OC,) or none
     for (int64_t b = b0; b < b1; ++b) {
-        const int64_t n = b / (TY * segs), ty = (b / segs) % TY, tx0 = (b % segs) * ld;
-        const int64_t mb = std::min(ld, TX - tx0), tiles = round_up(mb, NT);
-        if (T == 4) input_transform4(x, n, ty, tx0, mb, ld, v, scratch);
-        else input_transform(x, n, ty, tx0, mb, ld, v, scratch);
+        const int64_t n = b / (groups * segs), ty0 = (b / segs) % groups * rows, tx0 = (b % segs) * ld;
+        const int64_t mb = std::min(ld, TX - tx0), nr = std::min(rows, TY - ty0);
+        const int64_t tiles = (nr - 1) * ld + round_up(mb, NT);
+        for (int64_t r = 0; r < nr; ++r) {
+            if (T == 4) input_transform4(x, n, ty0 + r, tx0, mb, ld, ldv, v + r * ld, scratch);
+            else input_transform(x, n, ty0 + r, tx0, mb, ld, ldv, v + r * ld, scratch);
+        }
         for (int64_t ocb = 0; ocb < OCB; ++ocb) {
             for (int e = 0; e < E; ++e)
-                panel_product<AVX>(U + (ocb * E + e) * IC * L, v + e * IC * ld, ld, IC, m + e * L * ld, tiles);
-            if (T == 4) output_transform4(dst, n, ty, tx0, mb, ld, ocb, m, bias, scratch);
-            else output_transform(dst, n, ty, tx0, mb, ld, ocb, m, bias, scratch);
+                panel_product<AVX>(U + (ocb * E + e) * IC * L, v + e * IC * ldv, ldv, IC, m + e * L * ldv, tiles);
+            for (int64_t r = 0; r < nr; ++r) {
+                if (T == 4) output_transform4(dst, n, ty0 + r, tx0, mb, ld, ldv, ocb, m + r * ld, bias, scratch);
+                else output_transform(dst, n, ty0 + r, tx0, mb, ld, ldv, ocb, m + r * ld, bias, scratch);
+            }
         }
     }
 }

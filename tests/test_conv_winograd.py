@@ -66,8 +66,9 @@ def run_conv(mgr, x: np.ndarray, w: np.ndarray, method: str, threads: int = 1, w
     (1, 33, 40, 5, 34),    # odd channel counts
     (1, 3, 17, 1, 2),      # a single tile, mostly padding
     # from 64 pixels wide F(4x4, 3x3)
-    (2, 16, 16, 9, 64),    # exactly 16 tiles per row, a partial last tile row
+    (2, 16, 16, 9, 64),    # exactly 16 tiles per row: blocks of two rows, a partial last tile row
     (1, 5, 18, 7, 150),    # two blocks of tiles per row (32 + 6), widths not a multiple of 4
+    (3, 4, 16, 41, 31),    # narrow rows: blocks of two whole tile rows, the last one alone
 ])
 @pytest.mark.parametrize("wdtype", ["f32", "f16"])
 def test_winograd_matches_reference(mgr, n, ic, oc, h, w, wdtype) -> None:
