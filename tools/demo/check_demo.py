@@ -61,7 +61,8 @@ def generate(unet, clip, vae, captions, seeds, steps=20, cfg_scale=5.0, sampler=
     """uint8 images ``(N, 128, 128, 3)`` for ``captions`` with per-image ``seeds``."""
     from diffusers import DDIMScheduler, EulerDiscreteScheduler
 
-    kw = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
+    kw = dict(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+              prediction_type=train_demo.CONFIG["schedule"]["prediction_type"])
     if sampler == "ddim":
         sch = DDIMScheduler(**kw, clip_sample=False, set_alpha_to_one=False, steps_offset=1)
     else:
@@ -117,7 +118,8 @@ def main() -> int:
     if args.work:
         unet, clip, vae = train_demo.load_trained(args.work)
     else:
-        unet, clip, vae, _ = load_file_models(args.model)
+        unet, clip, vae, cfg = load_file_models(args.model)
+        train_demo.CONFIG["schedule"] = cfg["schedule"]
     rng = np.random.default_rng(args.seed)
     caps = [ds.all_captions()[i] for i in rng.choice(168, size=args.n, replace=args.n > 168)]
     seeds = [int(s) for s in rng.integers(0, 2**31, size=args.n)]

@@ -7,21 +7,26 @@ Needs the ``ref`` extra (torch, diffusers, transformers) and runs on the CPU:
 Stages (each checkpoints into ``--work`` and is skipped or resumed when run again):
 
 1. ``vae``: an ``AutoencoderKL`` (f=8, 4 latent channels; widths 64/64/96/96, so the
-   32 GroupNorm groups hold 2-3 channels each) on fresh scenes from
-   :mod:`sdplan.core.demo_scenes`, rendered whole at 24-48 pixels (every picture holds a
-   shape and its background, as full pictures do: GroupNorm statistics span the picture,
-   and a crop of plain background loses its colour in the first norm). The decoder reads the
-   encoder's mean; loss ``|x - x'| + (x - x')^2 + 1e-6 KL``; Adam, linear warm-up then a
-   constant rate. Every ``check_every`` steps ``decode(encode(x))`` of true scenes is scored
-   with :func:`~sdplan.core.demo_scenes.caption_matches`; training stops at the first check
-   where background and shape colour both reach ``stop_rate``, or after ``steps``.
+   32 GroupNorm groups hold 2-3 channels each) on fresh whole scenes from
+   :mod:`sdplan.core.demo_scenes` (every picture holds a shape and its background, as full
+   pictures do: GroupNorm statistics span the picture, and a crop of plain background
+   loses its colour in the first norm), in two phases (``phases``): 800 steps of scenes
+   rendered at 24-48 pixels at a constant rate, then 400 steps at 48-96 pixels with shapes
+   as wide in pixels as in the 128-pixel pictures, the shape's colour weighted up
+   (:func:`vae_loss`) and the rate decaying to a tenth. The decoder reads the encoder's
+   mean; loss ``|x - x'| + (x - x')^2 + 1e-6 KL``; Adam with a linear warm-up. Every
+   ``check_every`` steps ``decode(encode(x))`` of true 128-pixel scenes is scored with
+   :func:`~sdplan.core.demo_scenes.caption_matches`; training stops at the first check where
+   background and shape colour both reach ``stop_rate``, or after the last phase.
 2. ``scale``: rescale the VAE so that ``encoder mean * 0.18215`` has unit variance
    (quant_conv mean rows times k, logvar bias + 2 ln k, post_quant_conv inputs / k), then
    encode a fixed set of scenes (``n_latents``) to scaled latents.
 3. ``unet``: a ``UNet2DConditionModel`` and a ``CLIPTextModel`` (real 49408-token vocabulary,
-   sdplan's own tokenizer, SD 1.x padding) trained jointly on eps prediction over the
-   1000-step scaled-linear DDPM schedule (betas 0.00085..0.012), min-SNR-5 loss weights,
-   10% empty captions for classifier-free guidance, EMA of both.
+   sdplan's own tokenizer, SD 1.x padding) trained jointly on v prediction (as SD 2.x) over
+   the 1000-step scaled-linear DDPM schedule (betas 0.00085..0.012), min-SNR-5 loss weights,
+   10% empty captions for classifier-free guidance, EMA of both. v rather than eps: at high
+   noise an eps target hardly depends on the picture, so the caption's colours earn almost
+   no loss and the model learns to ignore them; the v target there is the picture itself.
 4. ``export``: EMA weights in the original single-file layout (``tests/fixtures/convert_ldm``),
    checked against diffusers' own single-file converters, fp16 safetensors with the configs
    in the metadata (key ``sdplan.demo``) and in ``sdplan-demo-shapes.json``.
@@ -64,9 +69,15 @@ CONFIG: dict = {
             sample_size=128,
             scaling_factor=0.18215,
         ),
-        "steps": 800,
-        "batch": 12,
-        "sizes": [24, 32, 40, 48],
+        # Phase 1: whole scenes at 24-48 pixels (shapes scale with the picture), constant
+        # rate. Phase 2: scenes at 48-96 pixels with shapes as large in pixels as in the
+        # 128-pixel demo pictures, shape colour weighted up, rate decaying to a tenth.
+        "phases": [
+            {"steps": 800, "scenes": "scaled", "sizes": [24, 32, 40, 48], "batches": [12],
+             "decay": False, "shape_weight": 1.0, "colour_weight": 0.0},
+            {"steps": 400, "scenes": "pixel", "sizes": [48, 64, 96], "batches": [12, 8, 4],
+             "decay": True, "shape_weight": 4.0, "colour_weight": 2.0},
+        ],
         "lr": 5e-4,
         "warmup": 20,
         "kl_weight": 1e-6,
@@ -95,8 +106,8 @@ CONFIG: dict = {
             out_channels=4,
             layers_per_block=1,
             block_out_channels=[64, 64, 96],
-            down_block_types=["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
-            up_block_types=["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+            down_block_types=["CrossAttnDownBlock2D"] * 3,
+            up_block_types=["CrossAttnUpBlock2D"] * 3,
             cross_attention_dim=64,
             attention_head_dim=8,
             norm_num_groups=32,
@@ -111,18 +122,24 @@ CONFIG: dict = {
         "ema": 0.995,
         "min_snr_gamma": 5.0,
         "checkpoint_every": 20,
+        "check_every": 250,
+        "check_n": 16,
     },
     "schedule": dict(
         num_train_timesteps=1000,
         beta_start=0.00085,
         beta_end=0.012,
         beta_schedule="scaled_linear",
-        prediction_type="epsilon",
+        prediction_type="v_prediction",
     ),
     "vae_scale_factor": 0.18215,
     "family": "sd1",
     "clip_skip": 1,
 }
+
+
+#: diffusers' prediction_type -> the ``sdplan.prediction`` metadata value
+PREDICTION = {"epsilon": "eps", "v_prediction": "v"}
 
 
 def import_sdplan() -> None:
@@ -154,6 +171,13 @@ def to_tensor(images: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
 
 
+def cosine_lr(peak: float, step: int, steps: int, warmup: int) -> float:
+    """Learning rate at ``step``: linear warm-up over ``warmup`` steps to ``peak``, then a
+    cosine decay from ``peak`` to ``peak / 10`` at ``steps``."""
+    ramp = min(1.0, (step + 1) / warmup)
+    return peak * ramp * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps)))
+
+
 def save_state(path: Path, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -169,16 +193,76 @@ def build_vae():
     return AutoencoderKL(**CONFIG["vae"]["model"])
 
 
-def vae_batch(rng: np.random.Generator) -> torch.Tensor:
-    """One VAE training batch, float32 ``(B, 3, S, S)`` in -1..1: whole scenes rendered at a
-    side ``S`` drawn from ``sizes``. Every picture holds a shape and its background, as
-    full pictures do (GroupNorm statistics span the picture: a crop of plain background
-    would leave nothing of its colour after the first norm)."""
+def vae_loss(rec: torch.Tensor, x: torch.Tensor, phase: dict) -> torch.Tensor:
+    """Reconstruction loss of a batch ``(B, 3, S, S)`` in -1..1 (the KL term is added apart).
+
+    ``|x' - x| + (x' - x)^2`` per pixel, with the shape's pixels weighted ``shape_weight``
+    times (found from the picture: pixels that differ from its top-left corner, which is
+    background), plus ``colour_weight`` times the error of 8x8 means (one latent pixel):
+    the shape holds a fifth of the pixels or less, and its flat colour is what the demo's
+    captions name, so its colour must not be the last thing learnt. With both weights at
+    their neutral values (1 and 0) this is the plain mean.
+    """
+    cfg = phase
+    err = rec - x
+    shape = ((x - x[:, :, :1, :1]).abs().sum(dim=1, keepdim=True) > 0.1).float()
+    w = 1.0 + (cfg["shape_weight"] - 1.0) * shape
+    pix = ((err.abs() + err.pow(2)) * w).mean() / w.mean()
+    colour = torch.nn.functional.avg_pool2d(err, 8).abs().mean()
+    return pix + cfg["colour_weight"] * colour
+
+
+def vae_scene(rng: np.random.Generator, size: int) -> np.ndarray:
+    """One whole scene rendered at ``size`` pixels, uint8 ``(size, size, 3)``.
+
+    The shape's half-size is drawn in *pixels* (6 to ``min(40, size / 2 - 4)``), not as a
+    share of the picture: the autoencoder is convolutional, so what it must learn is flat
+    colour regions as large as those of the 128-pixel demo pictures (half-sizes 22-40
+    pixels, see :data:`~sdplan.core.demo_scenes.RADIUS_RANGE`), next to small ones.
+    """
     from sdplan.core import demo_scenes as ds
 
-    cfg = CONFIG["vae"]
-    size = int(cfg["sizes"][int(rng.integers(len(cfg["sizes"])))])
-    return to_tensor(np.stack([ds.render(ds.random_scene(rng), size) for _ in range(cfg["batch"])]))
+    f = ds.SIZE / size  # render() takes coordinates of the 128-pixel picture
+    color = ds.COLORS[int(rng.integers(len(ds.COLORS)))]
+    others = [c for c in ds.COLORS if c != color]
+    background = others[int(rng.integers(len(others)))]
+    shape = ds.SHAPES[int(rng.integers(len(ds.SHAPES)))]
+    radius = float(rng.integers(6, min(40, size // 2 - 4) + 1))
+    cx, cy = (float(v) for v in rng.uniform(radius + 4, size - radius - 4, size=2))
+    return ds.render(ds.Scene(shape, color, background, cx * f, cy * f, radius * f), size)
+
+
+def vae_phase(step: int) -> tuple[dict, int, int]:
+    """``(phase config, first step of the phase, last step + 1)`` of VAE step ``step``."""
+    start = 0
+    for phase in CONFIG["vae"]["phases"]:
+        if step < start + phase["steps"]:
+            return phase, start, start + phase["steps"]
+        start += phase["steps"]
+    raise ValueError(f"VAE step {step} is past the last phase")
+
+
+def vae_batch(rng: np.random.Generator, step: int) -> torch.Tensor:
+    """One VAE training batch, float32 ``(B, 3, S, S)`` in -1..1, of whole scenes: every
+    picture holds a shape and its background, as full pictures do (GroupNorm statistics
+    span the picture: a crop of plain background would leave nothing of its colour after
+    the first norm).
+
+    ``scaled`` phases draw ``S`` from ``sizes`` at random and render the 128-pixel scenes of
+    :func:`~sdplan.core.demo_scenes.random_scene` scaled down; ``pixel`` phases take the
+    sizes in turn, ``batches[i]`` pictures of side ``sizes[i]`` (about the same pixel count
+    per step), drawn by :func:`vae_scene`.
+    """
+    from sdplan.core import demo_scenes as ds
+
+    phase, _, _ = vae_phase(step)
+    sizes, batches = phase["sizes"], phase["batches"]
+    if phase["scenes"] == "scaled":
+        size = int(sizes[int(rng.integers(len(sizes)))])
+        return to_tensor(np.stack([ds.render(ds.random_scene(rng), size)
+                                   for _ in range(int(batches[0]))]))
+    i = step % len(sizes)
+    return to_tensor(np.stack([vae_scene(rng, int(sizes[i])) for _ in range(int(batches[i]))]))
 
 
 @torch.no_grad()
@@ -212,25 +296,30 @@ def train_vae(work: Path, seed: int) -> None:
         start = st["step"]
         if st.get("done"):
             return
-    if start >= cfg["steps"]:
+    total = sum(phase["steps"] for phase in cfg["phases"])
+    if start >= total:
         return
     t0 = time.time()
-    for step in range(start, cfg["steps"]):
+    for step in range(start, total):
         rng = np.random.default_rng([seed, 1, step])
-        x = vae_batch(rng)
+        x = vae_batch(rng, step)
+        phase, first, end = vae_phase(step)
+        lr = cfg["lr"] * min(1.0, (step + 1) / cfg["warmup"])
+        if phase["decay"]:
+            lr = cosine_lr(cfg["lr"], step - first, end - first, 1)
         for g in opt.param_groups:
-            g["lr"] = cfg["lr"] * min(1.0, (step + 1) / cfg["warmup"])
+            g["lr"] = lr
         post = vae.encode(x).latent_dist
         # Decode the mean: the UNet only ever sees means, and sampling with the initial
         # unit variance drowns the colour signal for hundreds of steps.
         rec = vae.decode(post.mean).sample
         kl = post.kl().mean() / x[0].numel()
-        loss = (rec - x).abs().mean() + (rec - x).pow(2).mean() + cfg["kl_weight"] * kl
+        loss = vae_loss(rec, x, phase) + cfg["kl_weight"] * kl
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         opt.step()
-        if step % 10 == 0 or step == cfg["steps"] - 1:
+        if step % 10 == 0 or step == total - 1:
             log.info("vae step %d loss %.4f (%.1f s)", step, loss.item(), time.time() - t0)
         done = False
         if (step + 1) % cfg["check_every"] == 0:
@@ -239,7 +328,7 @@ def train_vae(work: Path, seed: int) -> None:
             vae.train()
             log.info("vae step %d encode/decode caption match %s", step + 1, rates)
             done = min(rates["background"], rates["color"]) >= cfg["stop_rate"]
-        if done or (step + 1) % 50 == 0 or step == cfg["steps"] - 1:
+        if done or (step + 1) % 50 == 0 or step == total - 1:
             save_state(
                 path,
                 {"model": vae.state_dict(), "opt": opt.state_dict(), "step": step + 1,
@@ -318,6 +407,37 @@ def token_ids(captions: list[str]) -> torch.Tensor:
     return torch.from_numpy(np.stack([tok.tokenize(c).ids[0] for c in captions])).long()
 
 
+@torch.no_grad()
+def unet_caption_check(unet, clip, params, ema, vae, seed: int, n: int) -> dict[str, float]:
+    """Share of ``n`` pictures (EMA weights, DDIM 20 steps, CFG 5) that match their captions.
+
+    Uses its own seeded generators, so training draws are unchanged; the live weights are
+    restored afterwards.
+    """
+    import check_demo  # beside this script
+    from sdplan.core import demo_scenes as ds
+
+    live = [p.detach().clone() for p in params]
+    for p, e in zip(params, ema, strict=True):
+        p.copy_(e)
+    unet.eval()
+    clip.eval()
+    rng = np.random.default_rng(seed + 11)
+    caps = [ds.all_captions()[i] for i in rng.choice(168, size=n, replace=False)]
+    seeds = [int(s) for s in rng.integers(0, 2**31, size=n)]
+    imgs = np.concatenate([check_demo.generate(unet, clip, vae, caps[i : i + 8], seeds[i : i + 8])
+                           for i in range(0, n, 8)])
+    for p, v in zip(params, live, strict=True):
+        p.copy_(v)
+    unet.train()
+    clip.train()
+    hits = {"background": 0, "color": 0, "shape": 0, "all": 0}
+    for im, cap in zip(imgs, caps, strict=True):
+        for k, v in ds.caption_matches(im, cap).items():
+            hits[k] += int(v)
+    return {k: v / n for k, v in hits.items()}
+
+
 def train_unet(work: Path, seed: int) -> None:
     from diffusers import DDPMScheduler
 
@@ -329,8 +449,12 @@ def train_unet(work: Path, seed: int) -> None:
     empty = token_ids([""])[0]
     ac = DDPMScheduler(**CONFIG["schedule"]).alphas_cumprod.float()
     snr = ac / (1 - ac)
-    weight = torch.clamp(snr, max=cfg["min_snr_gamma"]) / snr
+    # min-SNR-gamma weights for a v target (Hang et al. 2023, "Efficient Diffusion Training
+    # via Min-SNR Weighting Strategy", eq. for v prediction: min(SNR, gamma) / (SNR + 1))
+    weight = torch.clamp(snr, max=cfg["min_snr_gamma"]) / (snr + 1)
 
+    vae = build_vae().eval()
+    vae.load_state_dict(data["vae"])
     torch.manual_seed(seed + 3)
     unet, clip = build_unet_clip()
     params = list(unet.parameters()) + list(clip.parameters())
@@ -358,13 +482,13 @@ def train_unet(work: Path, seed: int) -> None:
         eps = torch.randn(x0.shape, generator=gen)
         a = ac[t].view(-1, 1, 1, 1)
         xt = a.sqrt() * x0 + (1 - a).sqrt() * eps
-        lr = cfg["lr"] * min(1.0, (step + 1) / cfg["warmup"])
-        lr *= 0.5 * (1 + math.cos(math.pi * step / cfg["steps"])) * 0.9 + 0.1
+        lr = cosine_lr(cfg["lr"], step, cfg["steps"], cfg["warmup"])
         for g in opt.param_groups:
             g["lr"] = lr
         ctx = clip(tok).last_hidden_state
         pred = unet(xt, t, encoder_hidden_states=ctx).sample
-        loss = ((pred - eps).pow(2).mean(dim=(1, 2, 3)) * weight[t]).mean()
+        v = a.sqrt() * eps - (1 - a).sqrt() * x0
+        loss = ((pred - v).pow(2).mean(dim=(1, 2, 3)) * weight[t]).mean()
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -377,6 +501,9 @@ def train_unet(work: Path, seed: int) -> None:
             log.info(
                 "unet step %d loss %.4f lr %.2e (%.1f s)", step, loss.item(), lr, time.time() - t0
             )
+        if (step + 1) % cfg["check_every"] == 0 or step == cfg["steps"] - 1:
+            rates = unet_caption_check(unet, clip, params, ema, vae, seed, cfg["check_n"])
+            log.info("unet step %d caption match (EMA) %s", step + 1, rates)
         if (step + 1) % cfg["checkpoint_every"] == 0 or step == cfg["steps"] - 1:
             save_state(
                 path,
@@ -432,7 +559,7 @@ def export(work: Path, out: Path) -> Path:
     metadata = {
         "sdplan.demo": json.dumps(meta),
         "sdplan.family": CONFIG["family"],
-        "sdplan.prediction": "eps",
+        "sdplan.prediction": PREDICTION[CONFIG["schedule"]["prediction_type"]],
         "sdplan.clip_heads": str(CONFIG["clip"]["num_attention_heads"]),
         # diffusers' SD 1.x "attention_head_dim" is the number of heads per attention
         "sdplan.unet_heads": str(CONFIG["unet"]["model"]["attention_head_dim"]),
@@ -449,7 +576,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=REPO / "resources" / "demo")
     ap.add_argument("--seed", type=int, default=CONFIG["seed"])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--vae-steps", type=int, help="override the VAE's step count")
+    ap.add_argument("--vae-steps", type=int, help="override the step count of the VAE's last phase")
     ap.add_argument("--unet-steps", type=int, help="override the UNet's step count")
     ap.add_argument("--until", choices=["vae", "scale", "unet", "export"], default="export")
     args = ap.parse_args()
@@ -459,7 +586,7 @@ def main() -> int:
     import_sdplan()
     CONFIG["seed"] = args.seed
     if args.vae_steps:
-        CONFIG["vae"]["steps"] = args.vae_steps
+        CONFIG["vae"]["phases"][-1]["steps"] = args.vae_steps
     if args.unet_steps:
         CONFIG["unet"]["steps"] = args.unet_steps
     args.work.mkdir(parents=True, exist_ok=True)
