@@ -29,6 +29,16 @@
 #define SDPLAN_WINO_X86 1
 #endif
 
+// The driver is inlined into each ISA's entry point (so that the AVX2 one's transforms are
+// vectorized with AVX2); plain inline (and no prefetch) for other compilers.
+#if defined(__GNUC__)
+#define SDPLAN_WINO_INLINE inline __attribute__((always_inline))
+#define SDPLAN_WINO_PREFETCH(p) __builtin_prefetch(p)
+#else
+#define SDPLAN_WINO_INLINE inline
+#define SDPLAN_WINO_PREFETCH(p) ((void)(p))
+#endif
+
 namespace sdplan {
 
 namespace {
@@ -121,8 +131,8 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(const float *a, const float
 // M[l][0..tiles) = U[:, l]^T V for the 16 channels l of one panel and one transformed
 // element: U [IC][16], V [IC][ld], M [16][ld]; tiles a multiple of NT.
 template <bool AVX>
-inline __attribute__((always_inline)) void panel_product(const float *u, const float *v, int64_t ld, int64_t k_n,
-                                                         float *m, int64_t tiles) {
+SDPLAN_WINO_INLINE void panel_product(const float *u, const float *v, int64_t ld, int64_t k_n,
+                                      float *m, int64_t tiles) {
     for (int64_t t = 0; t < tiles; t += NT) {
 #ifdef SDPLAN_WINO_X86
         if (AVX) {
@@ -141,9 +151,9 @@ inline __attribute__((always_inline)) void panel_product(const float *u, const f
 // V[e][ic][j] = (B^T d B)[e] of the patch of tile (ty, tx0 + j) for j < mb (zero up to ld),
 // for every channel. Columns are split into even and odd ones so that every loop runs over
 // contiguous memory.
-inline __attribute__((always_inline)) void input_transform(const ggml_tensor *x, int64_t n, int64_t ty,
-                                                           int64_t tx0, int64_t mb, int64_t ld, int64_t ldv,
-                                                           float *v, std::vector<float> &scratch) {
+SDPLAN_WINO_INLINE void input_transform(const ggml_tensor *x, int64_t n, int64_t ty,
+                                        int64_t tx0, int64_t mb, int64_t ld, int64_t ldv,
+                                        float *v, std::vector<float> &scratch) {
     const int64_t W = x->ne[0], H = x->ne[1], IC = x->ne[2];
     const int64_t cols = 2 * ld + 2, half = ld + 1, ix0 = 2 * tx0 - 1;
     scratch.resize((size_t)(cols + 16 * half));
@@ -160,7 +170,7 @@ inline __attribute__((always_inline)) void input_transform(const ggml_tensor *x,
                 const int64_t iy = 2 * ty - 1 + r;
                 if (iy < 0 || iy >= H) continue;
                 for (int64_t o = 0; o < (c_hi - c_lo) * (int64_t)sizeof(float); o += 64)
-                    __builtin_prefetch(next + iy * x->nb[1] + o);
+                    SDPLAN_WINO_PREFETCH(next + iy * x->nb[1] + o);
             }
         }
         for (int r = 0; r < 4; ++r) {
@@ -208,10 +218,10 @@ inline __attribute__((always_inline)) void input_transform(const ggml_tensor *x,
 
 // y[oc][2ty + i][2(tx0 + j) + k] = (A^T M A)[i][k] for the 16 channels of panel ocb; m holds
 // M[e][l][ld] for the block.
-inline __attribute__((always_inline)) void output_transform(ggml_tensor *dst, int64_t n, int64_t ty, int64_t tx0,
-                                                            int64_t mb, int64_t ld, int64_t ldv, int64_t ocb,
-                                                            const float *m, const float *bias,
-                                                            std::vector<float> &scratch) {
+SDPLAN_WINO_INLINE void output_transform(ggml_tensor *dst, int64_t n, int64_t ty, int64_t tx0,
+                                         int64_t mb, int64_t ld, int64_t ldv, int64_t ocb,
+                                         const float *m, const float *bias,
+                                         std::vector<float> &scratch) {
     const int64_t W = dst->ne[0], H = dst->ne[1], OC = dst->ne[2];
     scratch.resize((size_t)4 * ld);
     float *y00 = scratch.data(), *y01 = y00 + ld, *y10 = y01 + ld, *y11 = y10 + ld;
@@ -253,7 +263,7 @@ inline __attribute__((always_inline)) void output_transform(ggml_tensor *dst, in
 // Columns are split by their position modulo 4 so that every loop runs over contiguous memory.
 
 // out[s] = (B^T p)[s] for six inputs p0..p5 spaced ``st`` apart, for i < n.
-inline __attribute__((always_inline)) void bt6(const float *p, int64_t st, float *out, int64_t ost, int64_t n) {
+SDPLAN_WINO_INLINE void bt6(const float *p, int64_t st, float *out, int64_t ost, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
         const float p0 = p[i], p1 = p[st + i], p2 = p[2 * st + i], p3 = p[3 * st + i], p4 = p[4 * st + i],
                     p5 = p[5 * st + i];
@@ -266,9 +276,9 @@ inline __attribute__((always_inline)) void bt6(const float *p, int64_t st, float
     }
 }
 
-inline __attribute__((always_inline)) void input_transform4(const ggml_tensor *x, int64_t n, int64_t ty,
-                                                            int64_t tx0, int64_t mb, int64_t ld, int64_t ldv,
-                                                            float *v, std::vector<float> &scratch) {
+SDPLAN_WINO_INLINE void input_transform4(const ggml_tensor *x, int64_t n, int64_t ty,
+                                         int64_t tx0, int64_t mb, int64_t ld, int64_t ldv,
+                                         float *v, std::vector<float> &scratch) {
     const int64_t W = x->ne[0], H = x->ne[1], IC = x->ne[2];
     const int64_t cols = 4 * ld + 4, ph = ld + 1, ix0 = 4 * tx0 - 1;
     // row buffer, then phases p[r][k][i] = row r, column 4i + k, then q[s][k][i] = (B^T p)[s]
@@ -285,7 +295,7 @@ inline __attribute__((always_inline)) void input_transform4(const ggml_tensor *x
                 const int64_t iy = 4 * ty - 1 + r;
                 if (iy < 0 || iy >= H) continue;
                 for (int64_t o = 0; o < (c_hi - c_lo) * (int64_t)sizeof(float); o += 64)
-                    __builtin_prefetch(next + iy * x->nb[1] + o);
+                    SDPLAN_WINO_PREFETCH(next + iy * x->nb[1] + o);
             }
         }
         for (int r = 0; r < 6; ++r) {
@@ -322,10 +332,10 @@ inline __attribute__((always_inline)) void input_transform4(const ggml_tensor *x
     }
 }
 
-inline __attribute__((always_inline)) void output_transform4(ggml_tensor *dst, int64_t n, int64_t ty, int64_t tx0,
-                                                             int64_t mb, int64_t ld, int64_t ldv, int64_t ocb,
-                                                             const float *m, const float *bias,
-                                                             std::vector<float> &scratch) {
+SDPLAN_WINO_INLINE void output_transform4(ggml_tensor *dst, int64_t n, int64_t ty, int64_t tx0,
+                                          int64_t mb, int64_t ld, int64_t ldv, int64_t ocb,
+                                          const float *m, const float *bias,
+                                          std::vector<float> &scratch) {
     const int64_t W = dst->ne[0], H = dst->ne[1], OC = dst->ne[2];
     scratch.resize((size_t)(24 + 16) * ld);
     float *b = scratch.data(), *y = b + 24 * ld;  // b[i][t][j] = (A^T M)[i][t], y[i][k][j]
@@ -381,7 +391,7 @@ inline __attribute__((always_inline)) void output_transform4(ggml_tensor *dst, i
 // tile), as long as every thread still gets two blocks. Each output is computed the same way
 // whatever the grouping.
 template <bool AVX, int T>
-inline __attribute__((always_inline)) void conv_body(ggml_tensor *dst, int ith, int nth) {
+SDPLAN_WINO_INLINE void conv_body(ggml_tensor *dst, int ith, int nth) {
     constexpr int E = (T + 2) * (T + 2);
     const ggml_tensor *x = dst->src[0], *u = dst->src[1];
     const int64_t W = x->ne[0], H = x->ne[1], IC = x->ne[2], N = x->ne[3];
