@@ -524,7 +524,9 @@ def detect_architecture(ms: ModelSet) -> Architecture:
     -> flux, ``dev`` when a guidance embedder exists else ``schnell``; ``joint_blocks`` (or
     diffusers ``context_embedder`` with ``pos_embed``) -> sd3; a UNet's cross-attention
     context width 768 -> sd1, 1024 -> sd2, 2048 with ``label_emb`` -> sdxl (1280:
-    refiner). Anything else with diffusion tensors is ``unknown`` but loadable.
+    refiner); another width -> the family a file's ``sdplan.family`` metadata names (sd1 or
+    sd2; scaled-down models such as the demo). Anything else with diffusion tensors is
+    ``unknown`` but loadable.
     """
     diff = {_local(t.info.name): t.info.shape for t in ms.module_tensors("diffusion")}
     if not diff:
@@ -574,6 +576,13 @@ def detect_architecture(ms: ModelSet) -> Architecture:
             return Architecture("sd1", None, tuple(ev))
         if ctx[1] == 1024:
             return Architecture("sd2", None, tuple(ev))
+        # A scaled-down UNet (sdplan's demo model, test models) names its family in the
+        # file's metadata, as the pipeline reads it (pipeline.METADATA_KEYS).
+        named = {f.metadata.get("sdplan.family") for f in ms.files} & {"sd1", "sd2"}
+        if len(named) == 1 and not sdxl_emb:
+            family = named.pop()
+            ev.append(f"file metadata sdplan.family = {family}")
+            return Architecture(family, None, tuple(ev))
     return Architecture("unknown", None,
                         (f"no known diffusion layout among {len(diff)} tensors; "
                          "loadable by name",))

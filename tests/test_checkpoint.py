@@ -182,6 +182,23 @@ def test_sd1_single_file(tmp_path: Path) -> None:
     assert {t.name for t, _ in ms.ignored} == {"alphas_cumprod", "model_ema.decay"}
 
 
+@pytest.mark.parametrize(("metadata", "family"), [
+    ({"sdplan.family": "sd1"}, "sd1"),
+    ({"sdplan.family": "sd2"}, "sd2"),
+    ({}, "unknown"),  # a context width of 64 alone names no family
+    ({"sdplan.family": "flux"}, "unknown"),  # only UNet families are taken from metadata
+])
+def test_scaled_down_unet_family_from_metadata(tmp_path: Path, metadata, family) -> None:
+    spec = {**unet_ldm("model.diffusion_model.", 64), **vae_ldm("first_stage_model.")}
+    arrays = {n: np.zeros(s, F16) for n, s in spec.items()}
+    save_file(arrays, str(tmp_path / "small.safetensors"), metadata=metadata or None)
+    ms = read_model_files({"model": [tmp_path / "small.safetensors"]})
+    assert ms.architecture.family == family
+    if family != "unknown":
+        assert "context 64" in ms.architecture.evidence[0]
+        assert ms.architecture.evidence[-1] == f"file metadata sdplan.family = {family}"
+
+
 def test_sd2_single_file_has_openclip_h(tmp_path: Path) -> None:
     spec = {**unet_ldm("model.diffusion_model.", 1024),
             **open_clip("cond_stage_model.model.", 1024, 2), **vae_ldm("first_stage_model.")}

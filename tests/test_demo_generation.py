@@ -37,7 +37,7 @@ if not MODEL.is_file():
 N_CAPTIONS = 12
 STEPS = 12  #: Euler steps per picture (the demo default is 20; 12 keeps the test short)
 CFG = 5.0
-MIN_ALL = 0.5  #: chance 0.006
+MIN_ALL = 0.3  #: chance 0.006; measured 0.58 over 48 captions (20 steps)
 MIN_BACKGROUND = 0.75  #: chance 0.125
 GIB = 1 << 30
 

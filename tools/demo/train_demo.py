@@ -554,6 +554,8 @@ def export(work: Path, out: Path) -> Path:
     ckpt16 = {k: v.detach().half().contiguous() for k, v in ckpt.items()}
     meta = dict(CONFIG)
     meta["latent_rescale_k"] = torch.load(work / "latents.pt", weights_only=False)["k"]
+    # the UNet step the weights come from (a run stopped early and exported says so)
+    meta["unet_trained_steps"] = torch.load(work / "unet.pt", weights_only=False)["step"]
     out.mkdir(parents=True, exist_ok=True)
     target = out / "sdplan-demo-shapes.safetensors"
     metadata = {
@@ -579,6 +581,8 @@ def main() -> int:
     ap.add_argument("--vae-steps", type=int, help="override the step count of the VAE's last phase")
     ap.add_argument("--unet-steps", type=int, help="override the UNet's step count")
     ap.add_argument("--until", choices=["vae", "scale", "unet", "export"], default="export")
+    ap.add_argument("--export-only", action="store_true",
+                    help="export the checkpoint in --work as it is (no training)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
@@ -590,6 +594,9 @@ def main() -> int:
     if args.unet_steps:
         CONFIG["unet"]["steps"] = args.unet_steps
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.export_only:
+        export(args.work, args.out)
+        return 0
     stages = [
         ("vae", train_vae),
         ("scale", scale_and_encode),
