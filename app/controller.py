@@ -23,7 +23,12 @@ from sdplan.core.inventory import Device, Inventory
 from sdplan.core.placement import Placement
 from sdplan.core.plan import Plan, resolve
 from sdplan.core.profile import Profile
-from sdplan.core.sdcli import MODEL_FLAGS, import_sdcli_command, sdcli_command_line
+from sdplan.core.sdcli import (
+    MODEL_FLAGS,
+    import_sdcli_command,
+    model_file_flags,
+    sdcli_command_line,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +116,9 @@ class PlanController(QObject):
         self.rpc_devices: list[Device] = [d for d in inventory
                                           if d.registry.upper() == "RPC"]
         self.model_files: dict[str, list[str]] = {}
+        #: sd-cli flags the open model files call for (``--prediction v``), see
+        #: :func:`sdplan.core.sdcli.model_file_flags`.
+        self.model_file_flags: list[str] = []
         self.extra_modules: list[str] = []
         self.generation: dict[str, object] = dict(DEFAULT_GENERATION)
         self.undo_stack = QUndoStack(self)
@@ -287,7 +295,8 @@ class PlanController(QObject):
     def command_line(self) -> str:
         """The full sd-cli command for the model files, placement and generation settings."""
         gen = {k: v for k, v in self.generation.items() if v not in (None, "")}
-        return sdcli_command_line(self.placement, self.model_files, gen)
+        return sdcli_command_line(self.placement, self.model_files, gen,
+                                  extra=self.model_file_flags)
 
     def import_command(self, text: str) -> list[str]:
         """Take model paths, placement and generation settings from a pasted sd-cli
@@ -324,12 +333,15 @@ class PlanController(QObject):
             ms = read_model_files(files)
             profile = ms.profile()
             files = files_by_flag(ms, files)
+            extra = model_file_flags([f.metadata for f in ms.files], ms.architecture.family)
         except (SdplanError, OSError, ValueError) as exc:
             if strict:
                 raise  # nothing changed
             self.status.emit(f"model files not read: {exc}")
+            self.model_file_flags = []  # unread files: nothing known about them
         else:
             self.profile = profile
+            self.model_file_flags = extra
         self.model_files = files
         self._apply(self.placement, "load")
         self.modelChanged.emit()
@@ -370,6 +382,7 @@ class PlanController(QObject):
 
         profile = load_builtin_profile(name)
         self.model_files = {}
+        self.model_file_flags = []
         self.set_profile(profile)
         self.status.emit(f"planning for the built-in profile {name} (no files needed)")
 

@@ -112,9 +112,28 @@ def sdcli_argv(placement: Placement, model_files: Mapping[str, str | Sequence[st
 
 
 def sdcli_command_line(placement: Placement, model_files: Mapping[str, str | Sequence[str]],
-                       generation: Mapping[str, object], program: str = "sd-cli") -> str:
-    """:func:`sdcli_argv` as one shell-quoted line starting with ``program``."""
-    return shlex.join([program, *sdcli_argv(placement, model_files, generation)])
+                       generation: Mapping[str, object], program: str = "sd-cli",
+                       extra: Sequence[str] = ()) -> str:
+    """:func:`sdcli_argv` as one shell-quoted line starting with ``program``, then ``extra``
+    (flags the model files call for, e.g. :func:`model_file_flags`)."""
+    return shlex.join([program, *sdcli_argv(placement, model_files, generation), *extra])
+
+
+def model_file_flags(metadata: Sequence[Mapping[str, str]], family: str) -> list[str]:
+    """sd-cli flags a model's own files call for, from their metadata.
+
+    sd-cli takes a UNet's prediction type from its family (eps for SD 1.x); a file whose
+    ``sdplan.prediction`` metadata says otherwise (sdplan's demo model is an SD 1.x-layout
+    v-prediction model) needs ``--prediction v``. ``family`` is the detected architecture
+    family (``sd1``, ``sd2``...).
+    """
+    default = {"sd1": "eps", "sd2": "v"}.get(family)
+    said = {m.get("sdplan.prediction") for m in metadata} - {None}
+    if default and len(said) == 1:
+        prediction = said.pop()
+        if prediction in ("eps", "v") and prediction != default:
+            return ["--prediction", prediction]
+    return []
 
 
 @dataclass(frozen=True)

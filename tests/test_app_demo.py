@@ -109,3 +109,7 @@ def test_bundled_demo_model_when_installed():
     assert main.open_demo(ctl)
     assert ctl.profile is not None and ctl.profile.architecture.startswith("sd1")
     assert path.stat().st_size <= 20 * 1000 * 1000
+    # an SD 1.x-layout v-prediction model: sd-cli must be told so
+    assert ctl.command_line().endswith("--prediction v")
+    ctl.load_model_files({"model": [str(TINY)]})
+    assert "--prediction" not in ctl.command_line()
