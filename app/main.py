@@ -130,9 +130,10 @@ def build_window(args: argparse.Namespace, settings: object = None):  # noqa: AN
     elif getattr(args, "demo", False):
         if not open_demo(ctl):
             raise SdplanError("the demo model is not installed (resources/demo)")
-    elif not flags_given and not args.profile and not args.screenshot:
+    elif not flags_given and not args.profile:
         restored = False
-        last = qs.value("plan/last")  # type: ignore[union-attr]
+        # a screenshot shows what a new user sees (the demo), never the last session
+        last = None if args.screenshot else qs.value("plan/last")  # type: ignore[union-attr]
         if last:
             try:
                 data = json.loads(str(last))
@@ -195,6 +196,12 @@ def run_gui(argv: Sequence[str] | argparse.Namespace | None = None) -> int:
     app.setOrganizationName("sdplan")
     app.setWindowIcon(app_icon())
     settings = QSettings("sdplan", "sdplan")
+    scratch = None
+    if args.screenshot:  # render without reading or overwriting the user's saved session
+        import tempfile
+
+        scratch = tempfile.TemporaryDirectory(prefix="sdplan-screenshot-")
+        settings = QSettings(str(Path(scratch.name) / "sdplan.ini"), QSettings.Format.IniFormat)
     mode = "light" if args.screenshot and not args.theme else (
         args.theme or str(settings.value("view/theme") or "system"))
     apply_theme(app, mode)  # type: ignore[arg-type]

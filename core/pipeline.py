@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from sdplan.core import sampling
 from sdplan.core.checkpoint import ModelSet, read_model_files
-from sdplan.core.errors import ModelFileError
+from sdplan.core.errors import ModelFileError, SdplanError
 from sdplan.core.models import clip as clip_m
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
@@ -355,15 +355,15 @@ class StableDiffusion:
         sd-cli's ``--taesd`` does without ``--taesd-preview-only``).
 
         Raises:
-            ValueError: width/height not positive multiples of the UNet's factor
+            SdplanError: width/height not positive multiples of the UNet's factor
                 (8 * 2^(levels-1) for SD).
             sampling.SamplingError: unknown sampler or scheduler.
             Cancelled: the cancel token fired.
         """
         f = self.vae_cfg.factor * 2 ** (len(self.unet_cfg.channel_mult) - 1)
         if p.width % f or p.height % f or p.width <= 0 or p.height <= 0:
-            raise ValueError(f"width and height must be positive multiples of {f}, got "
-                             f"{p.width}x{p.height}")
+            raise SdplanError(f"-W/-H {p.width}x{p.height}: this model draws sizes that are "
+                              f"positive multiples of {f} pixels")
         t0 = time.perf_counter()
         with self.text_session(p.clip_skip):
             cond = self.encode_prompt(p.prompt, p.clip_skip)

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import IO, Any
 
-from sdplan.core.errors import EngineError
+from sdplan.core.errors import EngineError, SdplanError
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,9 @@ def _child_main() -> int:
             emit("error", job, ("cancelled", str(exc)))
         except Exception as exc:  # reported to the caller, the child keeps serving
             log.debug("job %s failed", func, exc_info=True)
-            emit("error", job, (getattr(exc, "code", type(exc).__name__), f"{type(exc).__name__}: {exc}"))
+            # sdplan's own errors are written for the user; others keep their type's name
+            text = str(exc) if isinstance(exc, SdplanError) else f"{type(exc).__name__}: {exc}"
+            emit("error", job, (getattr(exc, "code", type(exc).__name__), text))
     return 0
 
 

@@ -89,3 +89,27 @@ def test_sdplan_without_display_exits_2(tmp_path) -> None:
                           text=True, timeout=60)
     assert proc.returncode == 2
     assert "no display" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_plain_screenshot_shows_the_demo_and_keeps_the_saved_session(tmp_path: Path):
+    """``sdplan gui --screenshot`` with nothing else renders what a new user sees (the demo
+    model with a picture from ``--generate``) and neither reads nor overwrites the session
+    the user's settings hold."""
+    from PySide6.QtGui import QImage
+
+    demo = Path(__file__).resolve().parent.parent / "resources/demo/sdplan-demo-shapes.safetensors"
+    if not demo.is_file():
+        pytest.skip(f"{demo} is absent")
+    cfg = tmp_path / "cfg"
+    conf = cfg / "sdplan" / "sdplan.conf"
+    conf.parent.mkdir(parents=True)
+    saved = '[plan]\nlast="{\\"model_files\\": {\\"model\\": [\\"/nowhere/x.safetensors\\"]}}"\n'
+    conf.write_text(saved)
+    out = tmp_path / "shot.png"
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", XDG_CONFIG_HOME=str(cfg),
+               HOME=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "sdplan.core.cli", "gui", "--screenshot", str(out),
+                        "--generate"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert QImage(str(out)).width() == 1440
+    assert conf.read_text() == saved

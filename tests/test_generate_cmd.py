@@ -195,6 +195,31 @@ def test_bad_generation_flags_fail_before_loading(flags: list[str], named: str, 
     assert named in err and "Traceback" not in err
 
 
+def test_unwritable_output_fails_before_loading(tmp_path: Path, capsys) -> None:
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    args = parse(["-m", str(MODEL), "-p", "cat", "--in-process", "-o", str(blocker / "y.png")])
+    assert args.run(args) == 2
+    err = capsys.readouterr().err
+    assert "-o/--output" in err and "cannot create the folder" in err and "Traceback" not in err
+    made = tmp_path / "new" / "sub" / "y.png"  # a missing folder is made, as sd-cli users expect
+    generate.validate(parse(["-m", str(MODEL), "-p", "cat", "-o", str(made)]))
+    assert made.parent.is_dir()
+
+
+def test_demo_defaults_fill_only_what_is_not_given() -> None:
+    if not (Path(__file__).resolve().parent.parent / "resources/demo").is_dir():
+        pytest.skip("no demo model in this checkout")
+    args = parse(["--demo", "-p", "a red circle on a blue background"])
+    generate.apply_demo(args)
+    assert (args.width, args.height, args.steps, args.cfg_scale) == (128, 128, 20, 5.0)
+    assert args.sampling_method == generate.DEMO_SAMPLER == "euler"
+    args = parse(["--demo", "-p", "x", "--sampling-method", "euler_a", "--steps", "7"])
+    generate.apply_demo(args)
+    assert args.sampling_method == "euler_a" and args.steps == 7
+    assert parse(["-p", "x"]).sampling_method == "euler_a"  # sd-cli's default without --demo
+
+
 FLUX = ["--t5xxl", str(FIX / "t5_tiny.safetensors"), "--clip_l", str(FIX / "clip_l_tiny.safetensors"),
         "--vae", str(FIX / "flux_ae_tiny.safetensors"), "--flux-axes", "4,6,6", "--clip-heads", "2",
         "--t5-length", "16", "-p", "a photo of a cat", "-W", "64", "-H", "64", "--steps", "4",

@@ -20,6 +20,7 @@ if not hasattr(G, "Graph"):
 from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core import sampling  # noqa: E402
 from sdplan.core.engine import BackendPool, ModulePlacement  # noqa: E402
+from sdplan.core.errors import SdplanError  # noqa: E402
 from sdplan.core.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.pipeline import GenerateParams, StableDiffusion, image_to_uint8  # noqa: E402
 from sdplan.core.plan import resolve  # noqa: E402
@@ -107,7 +108,7 @@ def test_seeded_generation_is_reproducible_and_previews() -> None:
         assert shots == [(8, 8, 3)] * 3
         c = sd.txt2img(GenerateParams("a cat", "blurry", 16, 16, 3, 5.0, 8, "euler_a", "karras"))
         assert not np.array_equal(a[0], c[0])
-        with pytest.raises(ValueError, match="multiples of 4"):
+        with pytest.raises(SdplanError, match="multiples of 4"):
             sd.txt2img(GenerateParams("a cat", width=18, height=16))
 
 

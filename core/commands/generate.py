@@ -45,6 +45,8 @@ MODEL_HASH_METHOD = "sha256(first 1 MiB + decimal file size)"
 #: defaults, used by ``--demo`` for each of these flags the command line does not give.
 DEMO_RESOURCE = ("demo", "sdplan-demo-shapes.safetensors")
 DEMO_DEFAULTS = {"width": 128, "height": 128, "steps": 20, "cfg_scale": 5.0}
+#: The demo's sampler (the desktop app's too) unless ``--sampling-method`` is given.
+DEMO_SAMPLER = "euler"
 #: Model-file flags -> request keys.
 FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "t5xxl", "clip_l": "clip_l",
               "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
@@ -57,7 +59,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-m", "--model", metavar="PATH", help="single-file SD checkpoint")
     p.add_argument("--demo", action="store_true",
                    help="use the packaged demo model (-m of the file in sdplan.resources; "
-                        "default 128x128, 20 steps, CFG 5)")
+                        "default 128x128, 20 steps, CFG 5, euler)")
     p.add_argument("--diffusion-model", metavar="PATH", help="Flux diffusion model")
     p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux)")
     p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux)")
@@ -77,7 +79,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--cfg-scale", type=float, default=_DefaultFloat(7.0))
     p.add_argument("--guidance", type=float, default=3.5, help="Flux dev distilled guidance")
     p.add_argument("-s", "--seed", type=int, default=42, help="RNG seed (< 0: random)")
-    p.add_argument("--sampling-method", default="euler_a")
+    p.add_argument("--sampling-method", default=_DefaultStr("euler_a"))
     p.add_argument("--scheduler", default="discrete")
     p.add_argument("-b", "--batch-count", type=int, default=1)
     p.add_argument("-o", "--output", default="output.png", help="PNG path (batch: _N suffixes)")
@@ -111,6 +113,10 @@ class _DefaultFloat(float):
     """A float default argparse keeps as given: ``--demo`` replaces only these."""
 
 
+class _DefaultStr(str):
+    """A text default argparse keeps as given: ``--demo`` replaces only these."""
+
+
 def demo_model_path() -> Path:
     """The packaged demo model file (``sdplan.resources/demo``).
 
@@ -127,8 +133,9 @@ def demo_model_path() -> Path:
 
 
 def apply_demo(args: argparse.Namespace) -> None:
-    """With ``--demo``: ``-m`` the demo model and :data:`DEMO_DEFAULTS` for each of width,
-    height, steps and CFG scale the command line left at its default.
+    """With ``--demo``: ``-m`` the demo model, :data:`DEMO_DEFAULTS` for each of width,
+    height, steps and CFG scale and :data:`DEMO_SAMPLER` for the sampler, where the command
+    line left them at their defaults.
 
     Raises:
         SdplanError: ``--demo`` together with ``-m`` or ``--diffusion-model``, or no demo file.
@@ -141,6 +148,8 @@ def apply_demo(args: argparse.Namespace) -> None:
     for key, value in DEMO_DEFAULTS.items():
         if isinstance(getattr(args, key), (_DefaultInt, _DefaultFloat)):
             setattr(args, key, value)
+    if isinstance(args.sampling_method, _DefaultStr):
+        args.sampling_method = DEMO_SAMPLER
 
 
 def model_hash(path: str | Path) -> str:
@@ -269,6 +278,15 @@ def validate(args: argparse.Namespace) -> None:
     out = Path(args.output)
     if out.is_dir() or out.suffix.lower() != ".png":
         raise SdplanError(f"-o/--output {args.output!r} must be a .png file path")
+    # Before any work: a picture that cannot be written is found out now, not after sampling.
+    folder = out.parent if str(out.parent) else Path(".")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SdplanError(f"-o/--output {args.output!r}: cannot create the folder {str(folder)!r} "
+                          f"({exc.strerror or exc})") from None
+    if not os.access(folder, os.W_OK):
+        raise SdplanError(f"-o/--output {args.output!r}: the folder {str(folder)!r} is not writable")
 
 
 def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any, console: Any) -> int:
