@@ -218,6 +218,9 @@ def test_demo_defaults_fill_only_what_is_not_given() -> None:
     generate.apply_demo(args)
     assert args.sampling_method == "euler_a" and args.steps == 7
     assert parse(["-p", "x"]).sampling_method == "euler_a"  # sd-cli's default without --demo
+    assert generate.demo_caption_known("  An orange Square on a black background ")
+    assert not generate.demo_caption_known("a cat")
+    assert not generate.demo_caption_known("a red circle on a red background")
 
 
 FLUX = ["--t5xxl", str(FIX / "t5_tiny.safetensors"), "--clip_l", str(FIX / "clip_l_tiny.safetensors"),

@@ -152,6 +152,17 @@ def apply_demo(args: argparse.Namespace) -> None:
         args.sampling_method = DEMO_SAMPLER
 
 
+def demo_caption_known(prompt: str) -> bool:
+    """Is ``prompt`` one of the demo model's 168 training captions (any case/spacing)?"""
+    from sdplan.core.demo_scenes import parse_caption
+
+    try:
+        parse_caption(prompt)
+    except SdplanError:
+        return False
+    return True
+
+
 def model_hash(path: str | Path) -> str:
     """Hex sha256 of the file's first MiB followed by its size as decimal ASCII."""
     h = hashlib.sha256()
@@ -213,6 +224,10 @@ def run(args: argparse.Namespace) -> int:
             print_error(exc)
             return 2
         print_tables(plan, inventory, fit)
+        if getattr(args, "demo", False) and not demo_caption_known(args.prompt):
+            console.print("[yellow]note[/]: the demo model was trained on captions like "
+                          "'a red circle on a blue background' (8 colours; circle, square, "
+                          "triangle); other prompts give arbitrary shapes", highlight=False)
         if fit is not None and not fit.fits:
             if not args.force:
                 console.print("[bold red]refused[/]: the plan does not fit "
