@@ -191,3 +191,12 @@ def test_plan_model_profile_list(capsys, monkeypatch) -> None:
     for info in list_profiles():
         assert f"{info.name} " in text
         assert f"{info.total_bytes / 2**30:.2f}" in text
+
+
+def test_piped_profile_list_is_not_cut(capsys, monkeypatch) -> None:
+    """Not a terminal and no COLUMNS: model names and architectures still print whole."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["plan", "--model-profile", "list"]) == 0
+    text = capsys.readouterr().out
+    for info in list_profiles():
+        assert f" {info.title} " in text and f" {info.architecture} " in text

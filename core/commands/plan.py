@@ -173,7 +173,7 @@ def _list_builtin(as_json: bool) -> int:
                            "quant": i.quant, "bytes": i.total_bytes,
                            "modules": i.module_bytes} for i in infos], indent=1))
         return 0
-    from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="Built-in model profiles (--model-profile NAME)")
@@ -185,10 +185,11 @@ def _list_builtin(as_json: bool) -> int:
                          if col == "name" else None)
     for i in infos:
         mb = i.module_bytes
-        table.add_row(i.name, i.title + (" *" if i.note else ""), i.architecture,
+        # titles hold brackets ("FLUX.1 [dev]") that rich would take for markup
+        table.add_row(i.name, escape(i.title) + (" *" if i.note else ""), i.architecture,
                       *(f"{mb.get(m, 0) / GIB:.2f}" for m in ("diffusion", "te", "vae")),
                       f"{i.total_bytes / GIB:.2f}")
-    console = Console()
+    console = stdout_console()
     console.print(table)
     for i in infos:
         if i.note:
@@ -211,14 +212,24 @@ def print_error(exc: SdplanError) -> None:
         console.print(pad + "^" * max(end - start, 1), style="red", highlight=False)
 
 
+def stdout_console() -> Any:
+    """A rich console on stdout; when stdout is not a terminal (a pipe, a file), 200 columns
+    wide instead of rich's 80, so table cells (model names, ranges) are not cut. Tables
+    still take only the width their content needs."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
 def print_tables(plan: Plan, inventory: Inventory, fit: Any) -> None:
     """Print the plan on stdout: modules, devices with budgets, warnings, the fit estimate
     (when given) and the canonical flags."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console()
+    console = stdout_console()
     mods = Table(title="Modules")
     for col in ("module", "runs on", "weights", "block ranges"):
         mods.add_column(col)
