@@ -148,13 +148,46 @@ SDPLAN_WINO_INLINE void panel_product(const float *u, const float *v, int64_t ld
     }
 }
 
+// Prefetch the `rows` input rows from iy0 of channel ic + kPrefetch (columns c_lo..c_hi of the
+// window starting at ix0): the channels are a plane apart, no hardware prefetcher follows that.
+SDPLAN_WINO_INLINE void prefetch_channel_ahead(const ggml_tensor *x, const char *chan, int64_t ic,
+                                               int64_t iy0, int rows, int64_t ix0, int64_t c_lo,
+                                               int64_t c_hi) {
+    const int64_t IC = x->ne[2], H = x->ne[1];
+    if (ic + kPrefetch >= IC || c_hi <= c_lo) return;
+    const char *next = chan + kPrefetch * x->nb[2] + (ix0 + c_lo) * sizeof(float);
+    for (int r = 0; r < rows; ++r) {
+        const int64_t iy = iy0 + r;
+        if (iy < 0 || iy >= H) continue;
+        for (int64_t o = 0; o < (c_hi - c_lo) * (int64_t)sizeof(float); o += 64)
+            SDPLAN_WINO_PREFETCH(next + iy * x->nb[1] + o);
+    }
+}
+
+// Input row iy of a channel, window from column ix0, split into P phases:
+// out[k * stride + i] = x[iy][ix0 + P * i + k] for i < n (zero outside the image; `row` holds
+// the window, its columns outside c_lo..c_hi stay zero).
+template <int P>
+SDPLAN_WINO_INLINE void load_row_phases(const ggml_tensor *x, const char *chan, int64_t iy,
+                                        int64_t ix0, int64_t c_lo, int64_t c_hi, float *row,
+                                        float *out, int64_t n, int64_t stride) {
+    if (iy < 0 || iy >= x->ne[1] || c_hi <= c_lo) {
+        for (int k = 0; k < P; ++k) std::fill(out + k * stride, out + k * stride + n, 0.0f);
+        return;
+    }
+    const float *src = (const float *)(chan + iy * x->nb[1]);
+    std::memcpy(row + c_lo, src + ix0 + c_lo, (size_t)(c_hi - c_lo) * sizeof(float));
+    for (int64_t i = 0; i < n; ++i)
+        for (int k = 0; k < P; ++k) out[k * stride + i] = row[P * i + k];
+}
+
 // V[e][ic][j] = (B^T d B)[e] of the patch of tile (ty, tx0 + j) for j < mb (zero up to ld),
 // for every channel. Columns are split into even and odd ones so that every loop runs over
 // contiguous memory.
 SDPLAN_WINO_INLINE void input_transform(const ggml_tensor *x, int64_t n, int64_t ty,
                                         int64_t tx0, int64_t mb, int64_t ld, int64_t ldv,
                                         float *v, std::vector<float> &scratch) {
-    const int64_t W = x->ne[0], H = x->ne[1], IC = x->ne[2];
+    const int64_t W = x->ne[0], IC = x->ne[2];
     const int64_t cols = 2 * ld + 2, half = ld + 1, ix0 = 2 * tx0 - 1;
     scratch.resize((size_t)(cols + 16 * half));
     float *row = scratch.data(), *pe = row + cols, *po = pe + 4 * half, *qe = po + 4 * half, *qo = qe + 4 * half;
@@ -163,31 +196,10 @@ SDPLAN_WINO_INLINE void input_transform(const ggml_tensor *x, int64_t n, int64_t
     std::fill(row, row + cols, 0.0f);
     for (int64_t ic = 0; ic < IC; ++ic) {
         const char *chan = (const char *)x->data + n * x->nb[3] + ic * x->nb[2];
-        if (ic + kPrefetch < IC && c_hi > c_lo) {
-            // the channels are a plane apart: no hardware prefetcher follows that
-            const char *next = chan + kPrefetch * x->nb[2] + (ix0 + c_lo) * sizeof(float);
-            for (int r = 0; r < 4; ++r) {
-                const int64_t iy = 2 * ty - 1 + r;
-                if (iy < 0 || iy >= H) continue;
-                for (int64_t o = 0; o < (c_hi - c_lo) * (int64_t)sizeof(float); o += 64)
-                    SDPLAN_WINO_PREFETCH(next + iy * x->nb[1] + o);
-            }
-        }
-        for (int r = 0; r < 4; ++r) {
-            const int64_t iy = 2 * ty - 1 + r;
-            float *er = pe + r * half, *od = po + r * half;
-            if (iy < 0 || iy >= H || c_hi <= c_lo) {
-                std::fill(er, er + half, 0.0f);
-                std::fill(od, od + half, 0.0f);
-                continue;
-            }
-            const float *src = (const float *)(chan + iy * x->nb[1]);
-            std::memcpy(row + c_lo, src + ix0 + c_lo, (size_t)(c_hi - c_lo) * sizeof(float));
-            for (int64_t i = 0; i < half; ++i) {
-                er[i] = row[2 * i];
-                od[i] = row[2 * i + 1];
-            }
-        }
+        prefetch_channel_ahead(x, chan, ic, 2 * ty - 1, 4, ix0, c_lo, c_hi);
+        for (int r = 0; r < 4; ++r)  // even columns to pe, odd ones to po = pe + 4 * half
+            load_row_phases<2>(x, chan, 2 * ty - 1 + r, ix0, c_lo, c_hi, row, pe + r * half, half,
+                               po - pe);
         // B^T d over the rows, even and odd columns
         for (int64_t i = 0; i < half; ++i) {
             const float e0 = pe[i], e1 = pe[half + i], e2 = pe[2 * half + i], e3 = pe[3 * half + i];
@@ -279,7 +291,7 @@ SDPLAN_WINO_INLINE void bt6(const float *p, int64_t st, float *out, int64_t ost,
 SDPLAN_WINO_INLINE void input_transform4(const ggml_tensor *x, int64_t n, int64_t ty,
                                          int64_t tx0, int64_t mb, int64_t ld, int64_t ldv,
                                          float *v, std::vector<float> &scratch) {
-    const int64_t W = x->ne[0], H = x->ne[1], IC = x->ne[2];
+    const int64_t W = x->ne[0], IC = x->ne[2];
     const int64_t cols = 4 * ld + 4, ph = ld + 1, ix0 = 4 * tx0 - 1;
     // row buffer, then phases p[r][k][i] = row r, column 4i + k, then q[s][k][i] = (B^T p)[s]
     scratch.resize((size_t)(cols + 2 * 24 * ph));
@@ -289,31 +301,9 @@ SDPLAN_WINO_INLINE void input_transform4(const ggml_tensor *x, int64_t n, int64_
     std::fill(row, row + cols, 0.0f);
     for (int64_t ic = 0; ic < IC; ++ic) {
         const char *chan = (const char *)x->data + n * x->nb[3] + ic * x->nb[2];
-        if (ic + kPrefetch < IC && c_hi > c_lo) {
-            const char *next = chan + kPrefetch * x->nb[2] + (ix0 + c_lo) * sizeof(float);
-            for (int r = 0; r < 6; ++r) {
-                const int64_t iy = 4 * ty - 1 + r;
-                if (iy < 0 || iy >= H) continue;
-                for (int64_t o = 0; o < (c_hi - c_lo) * (int64_t)sizeof(float); o += 64)
-                    SDPLAN_WINO_PREFETCH(next + iy * x->nb[1] + o);
-            }
-        }
-        for (int r = 0; r < 6; ++r) {
-            const int64_t iy = 4 * ty - 1 + r;
-            float *pr = p + r * 4 * ph;
-            if (iy < 0 || iy >= H || c_hi <= c_lo) {
-                std::fill(pr, pr + 4 * ph, 0.0f);
-                continue;
-            }
-            const float *src = (const float *)(chan + iy * x->nb[1]);
-            std::memcpy(row + c_lo, src + ix0 + c_lo, (size_t)(c_hi - c_lo) * sizeof(float));
-            for (int64_t i = 0; i < ph; ++i) {
-                pr[i] = row[4 * i];
-                pr[ph + i] = row[4 * i + 1];
-                pr[2 * ph + i] = row[4 * i + 2];
-                pr[3 * ph + i] = row[4 * i + 3];
-            }
-        }
+        prefetch_channel_ahead(x, chan, ic, 4 * ty - 1, 6, ix0, c_lo, c_hi);
+        for (int r = 0; r < 6; ++r)
+            load_row_phases<4>(x, chan, 4 * ty - 1 + r, ix0, c_lo, c_hi, row, p + r * 4 * ph, ph, ph);
         bt6(p, 4 * ph, q, 4 * ph, 4 * ph);  // over the rows, all phases at once
         // over the columns: tile j's columns 4j..4j+5 are phases 0..3 at j, phases 0..1 at j+1
         for (int s6 = 0; s6 < 6; ++s6) {
