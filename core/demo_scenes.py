@@ -292,3 +292,26 @@ def caption_matches(image: np.ndarray, caption: str) -> dict[str, bool]:
     }
     out["all"] = all(out.values())
     return out
+
+
+def caption_match_rates(images, captions: list[str]) -> dict[str, float]:
+    """Share of pictures that match their captions, per attribute of :func:`caption_matches`.
+
+    Args:
+        images: RGB pictures ``(H, W, 3)`` (a list or an ``(N, H, W, 3)`` array), one per caption.
+        captions: captions :func:`parse_caption` reads.
+
+    Returns:
+        ``background``, ``color``, ``shape`` and ``all``, each in 0..1.
+
+    Raises:
+        SdplanError: no pictures, a count that differs from the captions', or a bad picture or
+            caption (see :func:`caption_matches`).
+    """
+    if len(images) != len(captions) or not captions:
+        raise SdplanError(f"demo measurement: {len(images)} pictures for {len(captions)} captions")
+    hits = dict.fromkeys(("background", "color", "shape", "all"), 0)
+    for image, caption in zip(images, captions, strict=True):
+        for key, ok in caption_matches(image, caption).items():
+            hits[key] += int(ok)
+    return {key: n / len(captions) for key, n in hits.items()}

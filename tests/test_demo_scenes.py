@@ -154,3 +154,18 @@ def test_blank_picture_has_no_shape() -> None:
 def test_bad_images_are_named(shape: tuple[int, ...]) -> None:
     with pytest.raises(SdplanError, match="image shape"):
         ds.measure(np.zeros(shape, dtype=np.uint8))
+
+
+def test_caption_match_rates_count_each_attribute() -> None:
+    imgs, caps = ds.make_scenes(4, seed=3, captions=["a red circle on a blue background",
+                                                     "a white square on a black background"])
+    assert ds.caption_match_rates(imgs, caps) == {"background": 1.0, "color": 1.0, "shape": 1.0,
+                                                  "all": 1.0}
+    # the first two pictures told the other caption: every attribute differs for them
+    swapped = [caps[1], caps[0], caps[2], caps[3]]
+    assert ds.caption_match_rates(imgs, swapped) == {"background": 0.5, "color": 0.5,
+                                                     "shape": 0.5, "all": 0.5}
+    with pytest.raises(SdplanError, match="3 pictures for 4 captions"):
+        ds.caption_match_rates(imgs[:3], caps)
+    with pytest.raises(SdplanError, match="0 pictures for 0 captions"):
+        ds.caption_match_rates([], [])

@@ -15,7 +15,6 @@ import json
 import logging
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -139,11 +138,7 @@ def main() -> int:
             for i in range(0, args.n, 8)
         ]
     )
-    hits: Counter[str] = Counter()
-    for im, cap in zip(imgs, caps, strict=True):
-        for k, v in ds.caption_matches(im, cap).items():
-            hits[k] += v
-    rates = {k: hits[k] / args.n for k in ("background", "color", "shape", "all")}
+    rates = ds.caption_match_rates(imgs, caps)
     log.info("%d pictures in %.1f s; match rates %s", args.n, time.time() - t0, rates)
     log.info("chance: background 0.125, color 0.143, shape 0.333, all 0.006")
     contact_sheet(imgs[:32], args.sheet)

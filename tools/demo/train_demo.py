@@ -275,11 +275,7 @@ def vae_colour_check(vae, seed: int, n: int) -> dict[str, float]:
     rec = torch.cat([vae.decode(vae.encode(x[i : i + 16]).latent_dist.mean).sample
                      for i in range(0, n, 16)])
     rec = ((rec.clamp(-1, 1) + 1) * 127.5).round().permute(0, 2, 3, 1).numpy()
-    hits = {"background": 0, "color": 0, "shape": 0, "all": 0}
-    for im, cap in zip(rec, caps, strict=True):
-        for k, v in ds.caption_matches(im, cap).items():
-            hits[k] += int(v)
-    return {k: v / n for k, v in hits.items()}
+    return ds.caption_match_rates(rec, caps)
 
 
 def train_vae(work: Path, seed: int) -> None:
@@ -431,11 +427,7 @@ def unet_caption_check(unet, clip, params, ema, vae, seed: int, n: int) -> dict[
         p.copy_(v)
     unet.train()
     clip.train()
-    hits = {"background": 0, "color": 0, "shape": 0, "all": 0}
-    for im, cap in zip(imgs, caps, strict=True):
-        for k, v in ds.caption_matches(im, cap).items():
-            hits[k] += int(v)
-    return {k: v / n for k, v in hits.items()}
+    return ds.caption_match_rates(imgs, caps)
 
 
 def train_unet(work: Path, seed: int) -> None:
