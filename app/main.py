@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from sdplan.core.commands import generate as generate_cmd
 from sdplan.core.errors import SdplanError
 from sdplan.core.inventory import Inventory
 
@@ -38,26 +39,20 @@ def live_source() -> Inventory:
         return fallback_inventory()
 
 
-#: Where the bundled demo model lives inside the ``sdplan.resources`` package.
-DEMO_RESOURCE = ("demo", "sdplan-demo-shapes.safetensors")
-#: What the window offers with the demo model: a caption it was trained on, its size
-#: (128x128 pixels), and the sampling it was checked with (20 steps, CFG 5).
+#: What the window offers with the demo model: a caption it was trained on and the same
+#: size and sampling as ``sdplan generate --demo`` (generate.DEMO_DEFAULTS, DEMO_SAMPLER).
 DEMO_GENERATION: dict[str, object] = {
     "prompt": "a yellow triangle on a green background", "negative_prompt": None,
-    "width": 128, "height": 128, "steps": 20, "cfg_scale": 5.0, "seed": 42,
-    "sampling_method": "euler", "scheduler": "discrete", "batch_count": 1}
+    **generate_cmd.DEMO_DEFAULTS, "seed": 42, "sampling_method": generate_cmd.DEMO_SAMPLER,
+    "scheduler": "discrete", "batch_count": 1}
 
 
 def demo_model_path() -> Path | None:
     """The bundled demo model's file, or None when this installation has none."""
-    from importlib import resources
-
     try:
-        ref = resources.files("sdplan.resources").joinpath("/".join(DEMO_RESOURCE))
-    except ModuleNotFoundError:
+        return generate_cmd.demo_model_path()
+    except (SdplanError, ModuleNotFoundError):
         return None
-    path = Path(str(ref))
-    return path if path.is_file() else None
 
 
 def open_demo(ctl: object, path: Path | None = None) -> bool:
