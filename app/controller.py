@@ -1,8 +1,8 @@
 """The board's controller: owns the current placement, the devices and the model profile.
 
 Every edit (a drop on the board, a residency switch, a budget, a keystroke in a flag field,
-a pasted command) becomes a new :class:`~sdplan.core.placement.Placement` that is resolved
-at once (:func:`sdplan.core.plan.resolve`) and estimated (:func:`estimate_plan`); views
+a pasted command) becomes a new :class:`~sdplan.core.planning.placement.Placement` that is resolved
+at once (:func:`sdplan.core.planning.plan.resolve`) and estimated (:func:`estimate_plan`); views
 redraw from :attr:`PlanController.plan` and :attr:`PlanController.fit` and never keep a
 copy of the placement. Undo/redo keep placement snapshots on a :class:`QUndoStack`.
 """
@@ -17,13 +17,13 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoCommand, QUndoStack
-from sdplan.core.assignment import MODULES, SPLITTABLE
 from sdplan.core.errors import PlanError, SdplanError
-from sdplan.core.inventory import Device, Inventory
-from sdplan.core.placement import Placement
-from sdplan.core.plan import Plan, resolve
-from sdplan.core.profile import Profile
-from sdplan.core.sdcli import (
+from sdplan.core.planning.assignment import MODULES, SPLITTABLE
+from sdplan.core.planning.inventory import Device, Inventory
+from sdplan.core.planning.placement import Placement
+from sdplan.core.planning.plan import Plan, resolve
+from sdplan.core.planning.profile import Profile
+from sdplan.core.planning.sdcli import (
     MODEL_FLAGS,
     import_sdcli_command,
     model_file_flags,
@@ -117,7 +117,7 @@ class PlanController(QObject):
                                           if d.registry.upper() == "RPC"]
         self.model_files: dict[str, list[str]] = {}
         #: sd-cli flags the open model files call for (``--prediction v``), see
-        #: :func:`sdplan.core.sdcli.model_file_flags`.
+        #: :func:`sdplan.core.planning.sdcli.model_file_flags`.
         self.model_file_flags: list[str] = []
         self.extra_modules: list[str] = []
         self.generation: dict[str, object] = dict(DEFAULT_GENERATION)
@@ -156,7 +156,7 @@ class PlanController(QObject):
         self.fit = None
         if self.profile is None:
             return
-        from sdplan.core.estimate import estimate_plan
+        from sdplan.core.planning.estimate import estimate_plan
 
         g = self.generation
         try:
@@ -326,7 +326,7 @@ class PlanController(QObject):
             SdplanError: a file is unreadable or not a model (only when ``strict``; else
                 the paths are kept for the command and the message goes to the status bar).
         """
-        from sdplan.core.checkpoint import read_model_files
+        from sdplan.core.modelfiles.checkpoint import read_model_files
 
         files = {k: list(v) for k, v in flags.items()}
         try:
@@ -372,13 +372,13 @@ class PlanController(QObject):
 
     def plan_for_builtin(self, name: str) -> None:
         """Plan for the built-in model profile ``name`` (``flux1-dev-q8_0``...; see
-        :func:`sdplan.core.builtin_profiles.list_profiles`) without its files: the open
+        :func:`sdplan.core.planning.builtin_profiles.list_profiles`) without its files: the open
         model files are closed.
 
         Raises:
             ModelFileError: unknown name or a malformed shipped index.
         """
-        from sdplan.core.builtin_profiles import load_builtin_profile
+        from sdplan.core.planning.builtin_profiles import load_builtin_profile
 
         profile = load_builtin_profile(name)
         self.model_files = {}

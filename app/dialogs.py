@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 from sdplan.app import strings
-from sdplan.core.autoplan import AutoPlan
+from sdplan.core.planning.autoplan import AutoPlan
 
 
 class AutoPlanDialog(QDialog):

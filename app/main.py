@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sdplan.core.commands import generate as generate_cmd
 from sdplan.core.errors import SdplanError
-from sdplan.core.inventory import Inventory
+from sdplan.core.planning.inventory import Inventory
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def live_source() -> Inventory:
     """This machine's devices, without RPC servers (CPU alone from /proc/meminfo when the
     native module is missing)."""
     try:
-        from sdplan.core.devices import live_inventory
+        from sdplan.core.runtime.devices import live_inventory
 
         return live_inventory(())
     except ImportError:
@@ -59,7 +59,7 @@ def open_demo(ctl: object, path: Path | None = None) -> bool:
     """Load the demo model into the controller ``ctl`` with :data:`DEMO_GENERATION` and
     the Auto plan proposal for its devices at 128x128 (an undo history without steps).
     Returns False when there is no demo model or it cannot be read (logged)."""
-    from sdplan.core.autoplan import auto_plan
+    from sdplan.core.planning.autoplan import auto_plan
 
     path = path or demo_model_path()
     if path is None:
@@ -87,8 +87,8 @@ def profile_from_args(args: argparse.Namespace):  # noqa: ANN201 - Profile | Non
     Raises:
         SdplanError: unreadable file or unknown built-in name.
     """
-    from sdplan.core.builtin_profiles import load_builtin_profile
-    from sdplan.core.profile import Profile
+    from sdplan.core.planning.builtin_profiles import load_builtin_profile
+    from sdplan.core.planning.profile import Profile
 
     name = getattr(args, "model_profile", None)
     if name:
@@ -105,7 +105,7 @@ def build_window(args: argparse.Namespace, settings: object = None):  # noqa: AN
     from PySide6.QtCore import QSettings
     from sdplan.app.controller import PlanController
     from sdplan.app.window import MainWindow
-    from sdplan.core.plan import placement_from_namespace
+    from sdplan.core.planning.plan import placement_from_namespace
 
     placement = placement_from_namespace(args)
     source = file_source(args.devices) if args.devices else live_source

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 )
 from sdplan.app.controller import PlanController
 from sdplan.core.errors import InventoryError, SdplanError
-from sdplan.core.inventory import Device, Inventory
+from sdplan.core.planning.inventory import Device, Inventory
 
 #: Seconds a device query may take (TCP connect, ggml handshake, device list).
 QUERY_TIMEOUT_S = 60.0
@@ -276,7 +276,7 @@ class RpcPanel(QFrame):
         text = self.endpoint.text().strip()
         if not text:
             return False
-        from sdplan.core.devices import parse_endpoint
+        from sdplan.core.runtime.devices import parse_endpoint
 
         try:
             parse_endpoint(text)

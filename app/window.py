@@ -39,10 +39,10 @@ from sdplan.app.icons import app_icon, dot_pixmap
 from sdplan.app.rpc import RpcPanel
 from sdplan.app.strings import StringsPanel
 from sdplan.app.worker import ClientFactory
-from sdplan.core.assignment import MODULES
-from sdplan.core.autoplan import auto_plan, plan_diff
 from sdplan.core.errors import SdplanError
-from sdplan.core.inventory import Inventory
+from sdplan.core.planning.assignment import MODULES
+from sdplan.core.planning.autoplan import auto_plan, plan_diff
+from sdplan.core.planning.inventory import Inventory
 
 log = logging.getLogger(__name__)
 MAX_RECENT = 8
@@ -216,7 +216,7 @@ class MainWindow(QMainWindow):
 
     def _builtin_menu(self) -> None:
         """"Plan for…": the built-in model profiles, one submenu per model."""
-        from sdplan.core.builtin_profiles import list_profiles
+        from sdplan.core.planning.builtin_profiles import list_profiles
 
         try:
             infos = list_profiles()
@@ -415,7 +415,7 @@ class MainWindow(QMainWindow):
         return True
 
     def load_profile(self) -> None:
-        from sdplan.core.profile import Profile
+        from sdplan.core.planning.profile import Profile
 
         path, _ = QFileDialog.getOpenFileName(self, "Load model profile", "", "JSON (*.json)")
         if path:

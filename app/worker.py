@@ -86,27 +86,27 @@ class ReplayEngineClient:
 
 
 def engine_unavailable_reason() -> str | None:
-    """Why no real engine can run here, or None when ``sdplan.core.pipeline`` provides
+    """Why no real engine can run here, or None when ``sdplan.core.pipelines.sd`` provides
     ``create_engine_client()``."""
     try:
-        spec = importlib.util.find_spec("sdplan.core.pipeline")
+        spec = importlib.util.find_spec("sdplan.core.pipelines.sd")
     except (ImportError, ValueError):
         spec = None
     if spec is None:
-        return "Engine not available: this build has no sdplan.core.pipeline"
+        return "Engine not available: this build has no sdplan.core.pipelines.sd"
     try:
-        mod = importlib.import_module("sdplan.core.pipeline")
+        mod = importlib.import_module("sdplan.core.pipelines.sd")
     except Exception as exc:  # noqa: BLE001 - any import failure disables generation
         return f"Engine not available: {exc}"
     if not hasattr(mod, "create_engine_client"):
-        return "Engine not available: sdplan.core.pipeline has no engine client yet"
+        return "Engine not available: sdplan.core.pipelines.sd has no engine client yet"
     return None
 
 
 def default_client_factory() -> EngineClient:
     """The real engine's client (raises when :func:`engine_unavailable_reason` is set)."""
 
-    return importlib.import_module("sdplan.core.pipeline").create_engine_client()
+    return importlib.import_module("sdplan.core.pipelines.sd").create_engine_client()
 
 
 

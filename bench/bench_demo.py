@@ -44,11 +44,11 @@ print(json.dumps({"load": load, "picture": min(ts[1:])}))
 def sdplan_side(threads: int, repeat: int) -> dict[str, float]:
     """``{"load": s, "picture": s}`` for sdplan on the CPU backend."""
     from sdplan import _ggml as G
-    from sdplan.core.checkpoint import profile_from_model_flags
-    from sdplan.core.engine import BackendPool
-    from sdplan.core.inventory import Device, Inventory
-    from sdplan.core.pipeline import GenerateParams, StableDiffusion
-    from sdplan.core.plan import resolve
+    from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+    from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
+    from sdplan.core.planning.inventory import Device, Inventory
+    from sdplan.core.planning.plan import resolve
+    from sdplan.core.runtime.runner import BackendPool
 
     inv = Inventory((Device("CPU", "host", "cpu", "CPU", 16 << 30, 16 << 30),))
     plan = resolve(["--backend", "CPU"], inv, profile_from_model_flags({"model": [MODEL]}))

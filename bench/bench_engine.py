@@ -20,10 +20,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from sdplan.core.engine import BackendPool, ModulePlacement, ModuleRunner  # noqa: E402
 from sdplan.core.models.blockstack import BlockStack, BlockStackConfig, reference, write_model  # noqa: E402
-from sdplan.core.weights import WeightFile, plain_read_seconds  # noqa: E402
-from sdplan.core.worker import Engine  # noqa: E402
+from sdplan.core.runtime.process import Engine  # noqa: E402
+from sdplan.core.runtime.runner import BackendPool, ModulePlacement, ModuleRunner  # noqa: E402
+from sdplan.core.runtime.weights import WeightFile, plain_read_seconds  # noqa: E402
 
 best = _timing.best  # best wall time of ``repeat`` calls, seconds
 
@@ -83,9 +83,9 @@ def main() -> int:
         for name, pl in [("RPC0", {"devices": ["RPC0"]}),
                          ("RPC0&RPC1", {"devices": ["RPC0", "RPC1"],
                                         "ranges": [("RPC0", 0, half - 1), ("RPC1", half, cfg.n_blocks - 1)]})]:
-            engine.call("sdplan.core.worker:run_module_job", dict(job, placement=pl, runs=1, rpc_servers=eps))
+            engine.call("sdplan.core.runtime.process:run_module_job", dict(job, placement=pl, runs=1, rpc_servers=eps))
             t0 = time.perf_counter()
-            res = engine.call("sdplan.core.worker:run_module_job", dict(job, placement=pl, rpc_servers=eps))
+            res = engine.call("sdplan.core.runtime.process:run_module_job", dict(job, placement=pl, rpc_servers=eps))
             t = (time.perf_counter() - t0) / a.repeat
             d = float(np.abs(res["outputs"]["y"] - y).max())
             print(f"{name:<12} {t * 1e3:8.1f} ms/run incl. load ({t_cpu / t:.2f}x CPU, diff to CPU {d:.1e})")

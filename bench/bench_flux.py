@@ -83,11 +83,11 @@ def inputs(dit, latent: int, txt: int, seed: int = 1) -> dict[str, np.ndarray]:
 def time_steps(path: str, devices: list[str], ranges: list[tuple[str, int, int]], latent: int, txt: int,
                repeat: int, threads: int, pool=None) -> tuple[float, np.ndarray, int]:
     """(best step seconds, output, bytes of weights) of ``repeat`` DiT calls after a warm-up."""
-    from sdplan.core.checkpoint_readers import read_tensor_file
-    from sdplan.core.devices import BackendManager
-    from sdplan.core.engine import BackendPool, BlockRange, ModulePlacement, ModuleRunner
+    from sdplan.core.modelfiles.readers import read_tensor_file
     from sdplan.core.models.flux import FluxDiT
-    from sdplan.core.weights import WeightFile
+    from sdplan.core.runtime.devices import BackendManager
+    from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner
+    from sdplan.core.runtime.weights import WeightFile
 
     shapes = {ti.name: tuple(ti.shape) for ti in read_tensor_file(path).tensors}
     dit = FluxDiT.from_weights(shapes)
@@ -110,7 +110,7 @@ def time_steps(path: str, devices: list[str], ranges: list[tuple[str, int, int]]
 def client(argv: list[str]) -> int:
     """Child mode: ``--client SPEC_JSON``; prints the timing as JSON, saves the output."""
     spec = json.loads(argv[0])
-    from sdplan.core import devices
+    from sdplan.core.runtime import devices
 
     devices.add_rpc_servers(spec["endpoints"])
     t, out, nbytes = time_steps(spec["path"], spec["devices"], [tuple(r) for r in spec["ranges"]],
@@ -152,7 +152,7 @@ def main() -> int:
     from rpc_util import rpc_servers
 
     # divide the blocks where the cumulative weight bytes pass half
-    from sdplan.core.checkpoint_readers import read_tensor_file
+    from sdplan.core.modelfiles.readers import read_tensor_file
     from sdplan.core.models.flux import FluxDiT
 
     infos = {ti.name: ti for ti in read_tensor_file(path).tensors}

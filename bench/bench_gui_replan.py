@@ -21,9 +21,9 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 from sdplan.app.board.board import Board  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
-from sdplan.core.inventory import Device, Inventory  # noqa: E402
-from sdplan.core.plan import resolve  # noqa: E402
-from sdplan.core.profile import ModuleProfile, Profile  # noqa: E402
+from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
+from sdplan.core.planning.plan import resolve  # noqa: E402
+from sdplan.core.planning.profile import ModuleProfile, Profile  # noqa: E402
 
 GIB = 1 << 30
 FRAME_S = 0.016

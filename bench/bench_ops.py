@@ -98,7 +98,7 @@ def best(fn: Callable[[], Any], repeat: int) -> float:
 def sdplan_case(cpu: Any, kind: str, p: tuple[Any, ...], threads: int, repeat: int,
                 wdtype: str = "f16", method: str = "auto") -> float:
     """Seconds for one op of ``kind`` at parameters ``p`` on the CPU backend ``cpu``."""
-    from sdplan.core import graph as gr
+    from sdplan.core.runtime import graph as gr
 
     rng = np.random.default_rng(0)
     g = gr.new_graph([cpu], n_threads=threads)

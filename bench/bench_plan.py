@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import _timing
-from sdplan.core.inventory import Device, Inventory
-from sdplan.core.placement import Placement
-from sdplan.core.plan import resolve
-from sdplan.core.profile import ModuleProfile, Profile
+from sdplan.core.planning.inventory import Device, Inventory
+from sdplan.core.planning.placement import Placement
+from sdplan.core.planning.plan import resolve
+from sdplan.core.planning.profile import ModuleProfile, Profile
 
 GIB = 1 << 30
 FRAME_S = 0.016

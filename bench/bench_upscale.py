@@ -65,9 +65,9 @@ print(json.dumps({"seconds": best, "threads": torch.get_num_threads(), "torch": 
 
 def bench_sdplan(model: Path, x: np.ndarray, threads: int, runs: int) -> tuple[float, np.ndarray]:
     """Best seconds of ``runs`` whole-picture upscales on the CPU, and the output."""
-    from sdplan.core.devices import BackendManager
-    from sdplan.core.engine import BackendPool
-    from sdplan.core.upscale import Upscaler
+    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.runtime.devices import BackendManager
+    from sdplan.core.runtime.runner import BackendPool
 
     with BackendManager(cpu_threads=threads) as m:
         up = Upscaler(model, pool=BackendPool(m), tile=max(x.shape[2:]), n_threads=threads)

@@ -14,9 +14,9 @@ from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent  # noqa: E
 from sdplan.app.board.model import DEFAULT  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.app.window import MainWindow  # noqa: E402
-from sdplan.core.inventory import Device, Inventory  # noqa: E402
-from sdplan.core.placement import Placement  # noqa: E402
-from sdplan.core.profile import ModuleProfile, Profile  # noqa: E402
+from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
+from sdplan.core.planning.placement import Placement  # noqa: E402
+from sdplan.core.planning.profile import ModuleProfile, Profile  # noqa: E402
 
 GIB = 1 << 30
 
@@ -226,7 +226,7 @@ def test_bar_tooltip_and_legend_name_every_part_in_gib(win):
 
 
 def test_plan_for_builtin_profile_menu(win):
-    from sdplan.core.builtin_profiles import list_profiles
+    from sdplan.core.planning.builtin_profiles import list_profiles
 
     acts = [a for m in win.plan_for_menu.actions() if m.menu() for a in m.menu().actions()]
     assert sorted(a.data() for a in acts) == sorted(p.name for p in list_profiles())

@@ -16,7 +16,7 @@ from PySide6.QtCore import QSettings  # noqa: E402
 from sdplan.app import main  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.core.commands.gui import build_parser  # noqa: E402
-from sdplan.core.inventory import Device, Inventory  # noqa: E402
+from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 
 GIB = 1 << 30
 TINY = Path(__file__).parent / "fixtures" / "sd1_tiny.safetensors"

@@ -19,8 +19,8 @@ from sdplan.app.controller import PlanController, merge_rpc_devices  # noqa: E40
 from sdplan.app.rpc import parse_rpc_devices, query_error  # noqa: E402
 from sdplan.app.window import MainWindow  # noqa: E402
 from sdplan.core.errors import InventoryError  # noqa: E402
-from sdplan.core.inventory import Device, Inventory  # noqa: E402
-from sdplan.core.placement import Placement  # noqa: E402
+from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
+from sdplan.core.planning.placement import Placement  # noqa: E402
 
 GIB = 1 << 30
 QUERY_S = 90_000  # ms: a child process imports sdplan and ggml, then asks the servers
@@ -34,7 +34,7 @@ def local() -> Inventory:
 @pytest.fixture
 def rpc() -> None:
     """Skip (or fail under SDPLAN_REQUIRE_RPC=1) when the loaded ggml has no RPC."""
-    from sdplan.core import devices
+    from sdplan.core.runtime import devices
 
     if not devices.rpc_available():
         require_or_skip("the loaded ggml has no RPC backend", "SDPLAN_REQUIRE_RPC")

@@ -13,9 +13,9 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import QSettings  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.app.window import MainWindow  # noqa: E402
-from sdplan.core.inventory import Device, Inventory  # noqa: E402
-from sdplan.core.placement import Placement  # noqa: E402
-from sdplan.core.profile import ModuleProfile, Profile  # noqa: E402
+from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
+from sdplan.core.planning.placement import Placement  # noqa: E402
+from sdplan.core.planning.profile import ModuleProfile, Profile  # noqa: E402
 
 GIB = 1 << 30
 

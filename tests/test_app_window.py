@@ -19,9 +19,9 @@ from PySide6.QtWidgets import QApplication, QMessageBox  # noqa: E402
 from sdplan.app import theme  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.app.window import MAX_RECENT, MainWindow, apply_theme  # noqa: E402
-from sdplan.core.inventory import Device, Inventory  # noqa: E402
-from sdplan.core.placement import Placement  # noqa: E402
-from sdplan.core.profile import ModuleProfile, Profile  # noqa: E402
+from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
+from sdplan.core.planning.placement import Placement  # noqa: E402
+from sdplan.core.planning.profile import ModuleProfile, Profile  # noqa: E402
 
 GIB = 1 << 30
 TINY = Path(__file__).parent / "fixtures" / "sd1_tiny.safetensors"

@@ -1,4 +1,4 @@
-"""Tests of :mod:`sdplan.core.assignment`: module names, entry splitting with spans, device
+"""Tests of :mod:`sdplan.core.planning.assignment`: module names, entry splitting with spans, device
 lists, GiB numbers and device-name resolution (spec sections 1-4, 7)."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from sdplan.core.assignment import (
+from sdplan.core.errors import PlanError
+from sdplan.core.planning.assignment import (
     MODULES,
     SPLITTABLE,
     DeviceIndex,
@@ -20,8 +21,7 @@ from sdplan.core.assignment import (
     parse_runtime_value,
     split_entries,
 )
-from sdplan.core.errors import PlanError
-from sdplan.core.inventory import Device, Inventory
+from sdplan.core.planning.inventory import Device, Inventory
 
 GIB = 1 << 30
 

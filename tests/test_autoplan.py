@@ -4,13 +4,13 @@ a plain byte count of where each module's weights land; and the before/after dif
 from __future__ import annotations
 
 import pytest
-from sdplan.core.autoplan import HEADROOM, auto_plan, describe_plan, plan_diff
 from sdplan.core.errors import PlanError
-from sdplan.core.estimate import estimate_plan
-from sdplan.core.inventory import Device, Inventory
-from sdplan.core.placement import Placement
-from sdplan.core.plan import resolve
-from sdplan.core.profile import ModuleProfile, Profile
+from sdplan.core.planning.autoplan import HEADROOM, auto_plan, describe_plan, plan_diff
+from sdplan.core.planning.estimate import estimate_plan
+from sdplan.core.planning.inventory import Device, Inventory
+from sdplan.core.planning.placement import Placement
+from sdplan.core.planning.plan import resolve
+from sdplan.core.planning.profile import ModuleProfile, Profile
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 import sdplan._ggml as native
-from sdplan.core.devices import BackendManager
 from sdplan.core.errors import InventoryError
+from sdplan.core.runtime.devices import BackendManager
 
 
 def test_same_device_same_instance() -> None:

@@ -29,9 +29,9 @@ import json
 import math
 
 import pytest
-from sdplan.core.builtin_profiles import list_profiles, load_builtin_profile, profile_names
 from sdplan.core.cli import main
 from sdplan.core.errors import ModelFileError
+from sdplan.core.planning.builtin_profiles import list_profiles, load_builtin_profile, profile_names
 
 SAFETENSORS_TOL = 0.005
 GGUF_TOL = 0.01

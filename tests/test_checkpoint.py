@@ -17,14 +17,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
-from sdplan.core.checkpoint import (
+from sdplan.core.errors import ModelFileError
+from sdplan.core.modelfiles.checkpoint import (
     block_of,
     profile_from_model_flags,
     read_model_files,
 )
-from sdplan.core.checkpoint_readers import read_tensor_file
-from sdplan.core.errors import ModelFileError
-from sdplan.core.profile import Profile
+from sdplan.core.modelfiles.readers import read_tensor_file
+from sdplan.core.planning.profile import Profile
 
 F16 = np.float16
 

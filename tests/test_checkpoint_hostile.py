@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
-from sdplan.core.checkpoint import read_model_files
-from sdplan.core.checkpoint_readers import MAX_HEADER_BYTES, read_tensor_file
 from sdplan.core.errors import ModelFileError
+from sdplan.core.modelfiles.checkpoint import read_model_files
+from sdplan.core.modelfiles.readers import MAX_HEADER_BYTES, read_tensor_file
 
 
 def raw_st(path: Path, header: bytes | str, data: bytes = b"", length: int | None = None) -> Path:

@@ -1,7 +1,7 @@
 """The packaged demo model draws what its captions say, through sdplan's own pipeline.
 
 Pictures for captions the model was trained on are measured with
-:func:`sdplan.core.demo_scenes.caption_matches` (background colour from the border, shape
+:func:`sdplan.core.pipelines.demo_scenes.caption_matches` (background colour from the border, shape
 colour and kind from the pixels that differ from it). Chance for a picture with random
 colours and shape: background 1/8, shape colour 1/7, shape kind 1/3, all three about
 1/168 = 0.006. The test asks for at least :data:`MIN_ALL` of the pictures right on all
@@ -22,12 +22,12 @@ G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 
-from sdplan.core import demo_scenes as ds  # noqa: E402
-from sdplan.core.checkpoint import profile_from_model_flags  # noqa: E402
-from sdplan.core.engine import BackendPool  # noqa: E402
-from sdplan.core.inventory import Device, Inventory  # noqa: E402
-from sdplan.core.pipeline import GenerateParams, StableDiffusion  # noqa: E402
-from sdplan.core.plan import resolve  # noqa: E402
+from sdplan.core.modelfiles.checkpoint import profile_from_model_flags  # noqa: E402
+from sdplan.core.pipelines import demo_scenes as ds  # noqa: E402
+from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion  # noqa: E402
+from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
+from sdplan.core.planning.plan import resolve  # noqa: E402
+from sdplan.core.runtime.runner import BackendPool  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "resources" / "demo" / "sdplan-demo-shapes.safetensors"
@@ -83,9 +83,9 @@ def test_pictures_differ_between_captions(pictures) -> None:
 def test_same_picture_with_te_and_unet_on_two_rpc_servers() -> None:
     from conftest import require_or_skip
     from rpc_util import rpc_servers
-    from sdplan.core.engine import ModulePlacement
-    from sdplan.core.pipeline import GENERATE_JOB
-    from sdplan.core.worker import Engine
+    from sdplan.core.pipelines.sd import GENERATE_JOB
+    from sdplan.core.runtime.process import Engine
+    from sdplan.core.runtime.runner import ModulePlacement
 
     if not G.rpc_available():
         require_or_skip("the loaded ggml has no RPC backend", "SDPLAN_REQUIRE_RPC")

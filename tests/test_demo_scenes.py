@@ -12,8 +12,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from sdplan.core import demo_scenes as ds
 from sdplan.core.errors import SdplanError
+from sdplan.core.pipelines import demo_scenes as ds
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Live inventory and features of the loaded ggml (core/devices.py, native/devices.cpp)."""
+"""Live inventory and features of the loaded ggml (core/runtime/devices.py, native/devices.cpp)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import sdplan._ggml as native
 from hypothesis import given
 from hypothesis import strategies as st
-from sdplan.core import devices
 from sdplan.core.cli import main
 from sdplan.core.errors import InventoryError
-from sdplan.core.inventory import Inventory
+from sdplan.core.planning.inventory import Inventory
+from sdplan.core.runtime import devices
 
 
 def meminfo() -> dict[str, int]:

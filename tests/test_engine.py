@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 G = pytest.importorskip("sdplan._ggml")
-from sdplan.core.engine import (  # noqa: E402
+from sdplan.core.errors import EngineError  # noqa: E402
+from sdplan.core.models.blockstack import BlockStack, BlockStackConfig, reference, write_model  # noqa: E402
+from sdplan.core.runtime.runner import (  # noqa: E402
     BackendPool,
     BlockRange,
     Cancelled,
@@ -21,9 +23,7 @@ from sdplan.core.engine import (  # noqa: E402
     ModulePlacement,
     ModuleRunner,
 )
-from sdplan.core.errors import EngineError  # noqa: E402
-from sdplan.core.models.blockstack import BlockStack, BlockStackConfig, reference, write_model  # noqa: E402
-from sdplan.core.weights import WeightFile  # noqa: E402
+from sdplan.core.runtime.weights import WeightFile  # noqa: E402
 
 CFG = BlockStackConfig(n_blocks=6, dim=64, heads=4, ffn=256, d_in=16, d_out=16)
 SPLIT = (BlockRange("CPU", 0, 2), BlockRange("CPU1", 3, 5))
@@ -189,8 +189,8 @@ RPC_GRAPH_SCRIPT = r'''
 import sys
 import numpy as np
 import sdplan._ggml as G
-from sdplan.core import devices
-from sdplan.core import graph as gr
+from sdplan.core.runtime import devices
+from sdplan.core.runtime import graph as gr
 
 devices.add_rpc_servers(sys.argv[1:3])
 m = devices.BackendManager(1)

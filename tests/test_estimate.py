@@ -12,11 +12,11 @@ import struct
 from pathlib import Path
 
 import pytest
-from sdplan.core.checkpoint import profile_from_model_flags
-from sdplan.core.estimate import compute_bytes, estimate_plan
-from sdplan.core.inventory import Inventory
-from sdplan.core.plan import resolve
-from sdplan.core.profile import ModuleProfile, Profile
+from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+from sdplan.core.planning.estimate import compute_bytes, estimate_plan
+from sdplan.core.planning.inventory import Inventory
+from sdplan.core.planning.plan import resolve
+from sdplan.core.planning.profile import ModuleProfile, Profile
 
 GIB = 1 << 30
 INV = Inventory.from_json({"devices": [

@@ -8,8 +8,14 @@ import math
 import numpy as np
 import pytest
 from flux_util import ref
-from sdplan.core.flow import DEFAULT_STEPS, FLOW_SAMPLERS, flux_mu, flux_sigmas, sample_flow
-from sdplan.core.sampling import PhiloxNoise, SamplingError
+from sdplan.core.sampling.flow import (
+    DEFAULT_STEPS,
+    FLOW_SAMPLERS,
+    flux_mu,
+    flux_sigmas,
+    sample_flow,
+)
+from sdplan.core.sampling.samplers import PhiloxNoise, SamplingError
 
 
 def test_schedule_matches_reference_and_formula() -> None:

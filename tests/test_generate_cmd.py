@@ -17,9 +17,9 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from PIL import Image  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
-from sdplan.core import sampling  # noqa: E402
 from sdplan.core.commands import generate  # noqa: E402
-from sdplan.core.pipeline import image_to_uint8  # noqa: E402
+from sdplan.core.pipelines.sd import image_to_uint8  # noqa: E402
+from sdplan.core.sampling import samplers as sampling  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
 MODEL = FIX / "sd1_tiny.safetensors"
@@ -58,7 +58,7 @@ def test_generate_matches_reference_png(tmp_path: Path, monkeypatch) -> None:
 def test_generate_refuses_a_plan_that_does_not_fit(tmp_path: Path, capsys, monkeypatch) -> None:
     import dataclasses
 
-    import sdplan.core.estimate as est
+    import sdplan.core.planning.estimate as est
 
     real = est.estimate_plan
 
@@ -114,7 +114,7 @@ def test_head_counts_from_safetensors_metadata(tmp_path: Path) -> None:
 def test_dead_engine_process_is_a_clear_error(tmp_path: Path, monkeypatch, capsys) -> None:
     import signal
 
-    from sdplan.core import worker
+    from sdplan.core.runtime import process as worker
 
     class Killed(worker.Engine):
         def call(self, func, params, on_progress=None, on_preview=None):  # type: ignore[no-untyped-def]
@@ -138,7 +138,7 @@ def test_taesd_previews_and_upscaler(tmp_path: Path, monkeypatch) -> None:
     final latent for the last one); --upscale-model doubles the reference image."""
     from pth_writer import compact_weights, save_compact
     from safetensors.numpy import save_file
-    from sdplan.core.upscale import Upscaler
+    from sdplan.core.pipelines.upscale import Upscaler
     from test_models_tae import np_decode, tae_weights
 
     ref = load_file(str(FIX / "sd1_ref.safetensors"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 G = pytest.importorskip("sdplan._ggml")
-from sdplan.core import graph as gr  # noqa: E402
+from sdplan.core.runtime import graph as gr  # noqa: E402
 
 RNG = np.random.default_rng(0)
 

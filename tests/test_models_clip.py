@@ -17,10 +17,10 @@ G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from safetensors.numpy import load_file  # noqa: E402
-from sdplan.core import graph as gr  # noqa: E402
-from sdplan.core.checkpoint import read_model_files  # noqa: E402
+from sdplan.core.modelfiles.checkpoint import read_model_files  # noqa: E402
 from sdplan.core.models import clip  # noqa: E402
-from sdplan.core.pipeline import module_weight_file  # noqa: E402
+from sdplan.core.pipelines.sd import module_weight_file  # noqa: E402
+from sdplan.core.runtime import graph as gr  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
 REL_TOL = 5e-3

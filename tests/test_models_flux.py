@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flux_util import AE, AXES, CLIP, DEV, SCHNELL, T5, ref, rel_err, write_gguf
-from sdplan.core.models import ModelLayoutError
+from sdplan.core.models.base import ModelLayoutError
 from sdplan.core.models.flux import (
     FluxDiT,
     flux_config,
@@ -19,9 +19,9 @@ from sdplan.core.models.flux import (
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
-from sdplan.core.engine import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
-from sdplan.core.pipeline_flux import _shapes  # noqa: E402
-from sdplan.core.weights import WeightFile  # noqa: E402
+from sdplan.core.pipelines.flux import _shapes  # noqa: E402
+from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
+from sdplan.core.runtime.weights import WeightFile  # noqa: E402
 
 R = ref()
 TOL = 2e-3  # f16 matrices and f16 activations in mul_mat against an f32 torch reference
@@ -97,9 +97,9 @@ def test_one_device_matches_reference(cpus, path, name) -> None:
 
 
 def test_split_and_disk_agree_and_bytes_follow_the_plan(cpus) -> None:
-    from sdplan.core import plan as P
-    from sdplan.core.checkpoint import profile_from_model_flags
-    from sdplan.core.inventory import Inventory
+    from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+    from sdplan.core.planning import plan as P
+    from sdplan.core.planning.inventory import Inventory
 
     gib = 1 << 30
     inv = Inventory.from_json({"devices": [

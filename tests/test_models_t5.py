@@ -8,15 +8,15 @@ import math
 import numpy as np
 import pytest
 from flux_util import T5, ref, rel_err
-from sdplan.core.models import ModelLayoutError
+from sdplan.core.models.base import ModelLayoutError
 from sdplan.core.models.t5 import T5Encoder, relative_buckets, t5_config
 
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
-from sdplan.core.engine import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
-from sdplan.core.pipeline_flux import _shapes  # noqa: E402
-from sdplan.core.weights import WeightFile  # noqa: E402
+from sdplan.core.pipelines.flux import _shapes  # noqa: E402
+from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
+from sdplan.core.runtime.weights import WeightFile  # noqa: E402
 
 R = ref()
 TOL = 5e-3  # f16 matrices, ggml's f16 GELU table

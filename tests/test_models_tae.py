@@ -184,8 +184,8 @@ def taef2(shared_dir: Path):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("mode", ["runtime", "disk"])
 def test_real_taef2_matches_reference(taef2, mode: str) -> None:  # type: ignore[no-untyped-def]
     _engine()
-    from sdplan.core.engine import ModulePlacement
     from sdplan.core.models.tae import Tae
+    from sdplan.core.runtime.runner import ModulePlacement
 
     paths, ref = taef2
     tae = Tae(*paths, placement=ModulePlacement(("CPU",), params_mode=mode), n_threads=2)
@@ -208,8 +208,8 @@ RPC_SCRIPT = """
 import json, sys
 import numpy as np
 from safetensors.numpy import load_file
-from sdplan.core import devices
-from sdplan.core.engine import BackendPool, ModulePlacement
+from sdplan.core.runtime import devices
+from sdplan.core.runtime.runner import BackendPool, ModulePlacement
 from sdplan.core.models.tae import Tae
 
 devices.add_rpc_servers([sys.argv[1]])
@@ -233,7 +233,7 @@ def test_real_taef2_decoder_on_rpc(taef2) -> None:  # type: ignore[no-untyped-de
     """The decoder on RPC0 (a loopback server): weights on it, staged from the CPU, and
     read from disk; the client runs in a subprocess (a lost server aborts its client)."""
     _engine()
-    from sdplan.core import devices
+    from sdplan.core.runtime import devices
 
     if not devices.rpc_available():
         require_or_skip("the loaded ggml has no RPC backend", "SDPLAN_REQUIRE_RPC")

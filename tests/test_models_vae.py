@@ -15,8 +15,8 @@ import pytest
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
-from sdplan.core import graph as gr  # noqa: E402
 from sdplan.core.models import vae  # noqa: E402
+from sdplan.core.runtime import graph as gr  # noqa: E402
 from test_models_clip import assert_close, load  # noqa: E402
 
 

@@ -18,12 +18,12 @@ G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from safetensors.numpy import load_file  # noqa: E402
-from sdplan.core import sampling  # noqa: E402
-from sdplan.core.engine import BackendPool, ModulePlacement  # noqa: E402
 from sdplan.core.errors import SdplanError  # noqa: E402
-from sdplan.core.inventory import Device, Inventory  # noqa: E402
-from sdplan.core.pipeline import GenerateParams, StableDiffusion, image_to_uint8  # noqa: E402
-from sdplan.core.plan import resolve  # noqa: E402
+from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion, image_to_uint8  # noqa: E402
+from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
+from sdplan.core.planning.plan import resolve  # noqa: E402
+from sdplan.core.runtime.runner import BackendPool, ModulePlacement  # noqa: E402
+from sdplan.core.sampling import samplers as sampling  # noqa: E402
 from test_models_clip import assert_close  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
@@ -165,7 +165,7 @@ def drain(client, timeout: float = 120.0) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def client():
-    from sdplan.core.pipeline import create_engine_client
+    from sdplan.core.pipelines.sd import create_engine_client
 
     c = create_engine_client()
     yield c

@@ -16,8 +16,8 @@ G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
 pytest.importorskip("sdplan.core.models.vae")
-from sdplan.core.engine import BackendPool, BlockRange, ModulePlacement  # noqa: E402
-from sdplan.core.pipeline_flux import FluxModels, FluxPipeline  # noqa: E402
+from sdplan.core.pipelines.flux import FluxModels, FluxPipeline  # noqa: E402
+from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement  # noqa: E402
 
 R = ref()
 MODELS = FluxModels(DEV, T5, CLIP, AE, axes=AXES, clip_heads=2)
@@ -86,11 +86,12 @@ import json, sys
 import numpy as np
 sys.path.insert(0, {tests!r})
 from flux_util import AE, AXES, CLIP, DEV, T5
-from sdplan.core import devices, plan as P
-from sdplan.core.checkpoint import profile_from_model_flags
-from sdplan.core.engine import BackendPool, ModulePlacement
-from sdplan.core.inventory import Inventory
-from sdplan.core.pipeline_flux import FluxModels, FluxPipeline
+from sdplan.core.runtime import devices
+from sdplan.core.planning import plan as P
+from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+from sdplan.core.runtime.runner import BackendPool, ModulePlacement
+from sdplan.core.planning.inventory import Inventory
+from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
 
 devices.add_rpc_servers(sys.argv[1:3])
 gib = 1 << 30

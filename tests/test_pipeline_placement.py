@@ -19,11 +19,11 @@ G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from safetensors.numpy import load_file  # noqa: E402
-from sdplan.core.checkpoint import profile_from_model_flags  # noqa: E402
-from sdplan.core.engine import BackendPool  # noqa: E402
-from sdplan.core.inventory import Device, Inventory  # noqa: E402
-from sdplan.core.pipeline import GenerateParams, StableDiffusion  # noqa: E402
-from sdplan.core.plan import resolve  # noqa: E402
+from sdplan.core.modelfiles.checkpoint import profile_from_model_flags  # noqa: E402
+from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion  # noqa: E402
+from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
+from sdplan.core.planning.plan import resolve  # noqa: E402
+from sdplan.core.runtime.runner import BackendPool  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
 MODEL = FIX / "sd1_tiny.safetensors"
@@ -119,9 +119,9 @@ def test_modules_over_two_rpc_servers_in_the_engine_process(one_device) -> None:
     the RPC servers are registered in the engine child only."""
     from conftest import require_or_skip
     from rpc_util import rpc_servers
-    from sdplan.core.engine import BlockRange, ModulePlacement
-    from sdplan.core.pipeline import GENERATE_JOB
-    from sdplan.core.worker import Engine
+    from sdplan.core.pipelines.sd import GENERATE_JOB
+    from sdplan.core.runtime.process import Engine
+    from sdplan.core.runtime.runner import BlockRange, ModulePlacement
 
     if not G.rpc_available():
         require_or_skip("the loaded ggml has no RPC backend", "SDPLAN_REQUIRE_RPC")

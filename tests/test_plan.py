@@ -1,5 +1,5 @@
-"""Tests of :mod:`sdplan.core.plan` (resolution), :mod:`sdplan.core.placement` (edits,
-canonical strings, flag glue), :mod:`sdplan.core.sdcli` (argv writer, importer) and the
+"""Tests of :mod:`sdplan.core.planning.plan` (resolution), :mod:`sdplan.core.planning.placement` (edits,
+canonical strings, flag glue), :mod:`sdplan.core.planning.sdcli` (argv writer, importer) and the
 ``sdplan plan`` command."""
 
 from __future__ import annotations
@@ -13,11 +13,15 @@ import pytest
 from sdplan.core import cli
 from sdplan.core.commands import plan as plan_cmd
 from sdplan.core.errors import PlanError
-from sdplan.core.inventory import Device, Inventory
-from sdplan.core.placement import Placement, add_placement_arguments, placement_from_namespace
-from sdplan.core.plan import MODULES, Range, resolve, split_ranges
-from sdplan.core.profile import ModuleProfile, Profile
-from sdplan.core.sdcli import import_sdcli_command, sdcli_argv, sdcli_command_line
+from sdplan.core.planning.inventory import Device, Inventory
+from sdplan.core.planning.placement import (
+    Placement,
+    add_placement_arguments,
+    placement_from_namespace,
+)
+from sdplan.core.planning.plan import MODULES, Range, resolve, split_ranges
+from sdplan.core.planning.profile import ModuleProfile, Profile
+from sdplan.core.planning.sdcli import import_sdcli_command, sdcli_argv, sdcli_command_line
 
 GIB = 1 << 30
 INV = Inventory((
@@ -330,7 +334,7 @@ def test_command_tables(tmp_path, capsys) -> None:
 def test_command_without_devices_falls_back_to_cpu(monkeypatch, capsys) -> None:
     import sys
 
-    monkeypatch.setitem(sys.modules, "sdplan.core.devices", None)
+    monkeypatch.setitem(sys.modules, "sdplan.core.runtime.devices", None)
     assert cli.main(["plan", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["budgets"].keys() == {"CPU"}
@@ -361,12 +365,12 @@ def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -
         assert inventory == INV and profile.get("diffusion") is not None
         return Fit(width=width, height=height, batch=batch)
 
-    checkpoint = types.ModuleType("sdplan.core.checkpoint")
+    checkpoint = types.ModuleType("sdplan.core.modelfiles.checkpoint")
     checkpoint.profile_from_model_flags = fake_profile  # type: ignore[attr-defined]
-    estimate = types.ModuleType("sdplan.core.estimate")
+    estimate = types.ModuleType("sdplan.core.planning.estimate")
     estimate.estimate_plan = fake_estimate  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sdplan.core.checkpoint", checkpoint)
-    monkeypatch.setitem(sys.modules, "sdplan.core.estimate", estimate)
+    monkeypatch.setitem(sys.modules, "sdplan.core.modelfiles.checkpoint", checkpoint)
+    monkeypatch.setitem(sys.modules, "sdplan.core.planning.estimate", estimate)
     assert cli.main(["plan", "--devices", str(inv_file), "--diffusion-model", "f.gguf",
                      "--clip_l", "c.sft", "--t5xxl", "t.gguf", "--backend",
                      "diffusion=cuda0&cuda1", "-W", "768", "-b", "2", "--json"]) == 0
@@ -386,10 +390,10 @@ def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -
                     ) == 0
     text = capsys.readouterr().out
     assert "Memory estimate" in text and "fits" in text
-    monkeypatch.setitem(sys.modules, "sdplan.core.estimate", None)
+    monkeypatch.setitem(sys.modules, "sdplan.core.planning.estimate", None)
     assert cli.main(["plan", "--devices", str(inv_file), "-m", "m.sft", "--json"]) == 0
     assert "fit" not in json.loads(capsys.readouterr().out)
-    monkeypatch.setitem(sys.modules, "sdplan.core.checkpoint", None)
+    monkeypatch.setitem(sys.modules, "sdplan.core.modelfiles.checkpoint", None)
     assert cli.main(["plan", "--devices", str(inv_file), "-m", "m.sft", "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["error"]["code"] == "model_files_unsupported"
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from sdplan.core.assignment import MODULE_KEYS, MODULES
 from sdplan.core.errors import PlanError
-from sdplan.core.inventory import Device, Inventory
-from sdplan.core.placement import Placement
-from sdplan.core.plan import INPUT_ONLY_WARNINGS, Plan, resolve
-from sdplan.core.profile import ModuleProfile, Profile
+from sdplan.core.planning.assignment import MODULE_KEYS, MODULES
+from sdplan.core.planning.inventory import Device, Inventory
+from sdplan.core.planning.placement import Placement
+from sdplan.core.planning.plan import INPUT_ONLY_WARNINGS, Plan, resolve
+from sdplan.core.planning.profile import ModuleProfile, Profile
 
 GIB = 1 << 30
 SETTINGS = settings(max_examples=300, deadline=None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sdplan.core.errors import SdplanError
-from sdplan.core.preview import PROJECTIONS, latent_to_rgb, projection
+from sdplan.core.sampling.preview import PROJECTIONS, latent_to_rgb, projection
 
 
 def reference_pixel(values: np.ndarray, family: str) -> list[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sdplan.core.prompt import (
+from sdplan.core.text.prompt import (
     BREAK_SEGMENT,
     PromptError,
     PromptSegment,

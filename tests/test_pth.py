@@ -34,7 +34,7 @@ from pth_writer import (
     state_dict,
 )
 from sdplan.core.errors import ModelFileError
-from sdplan.core.pth import load_pth_tensors, read_pth
+from sdplan.core.modelfiles.pth import load_pth_tensors, read_pth
 
 FORMATS = pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
 COMPACT_NAMES = [f"body.{i}.{p}" for i in range(7) for p in (("weight", "bias") if i % 2 == 0 else ("weight",))]
@@ -204,7 +204,7 @@ def test_reader_never_imports_torch(tmp_path: Path) -> None:
     save(odd_checkpoint(), paths[0])
     save(odd_checkpoint(), paths[1], legacy=True)
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from sdplan.core.pth import read_pth\n"
+            "from sdplan.core.modelfiles.pth import read_pth\n"
             "assert [read_pth(p)['ints'].tolist() for p in sys.argv[1:]] == [[1, -2, 3]] * 2\n"
             "assert [m for m in sys.modules if m.startswith('torch') and sys.modules[m]] == []\n")
     res = subprocess.run([sys.executable, "-c", code, *map(str, paths)], capture_output=True,

@@ -13,7 +13,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from sdplan.core.checkpoint import read_model_files
+from sdplan.core.modelfiles.checkpoint import read_model_files
 
 Layout = dict[str, list[int]]
 

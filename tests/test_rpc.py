@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import require_or_skip
 from rpc_util import PYTHON, RpcServer, accepts, free_port, rpc_servers, sdplan_cmd, stop
-from sdplan.core import devices
 from sdplan.core.cli import main
+from sdplan.core.runtime import devices
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_backends_and_memory_of_rpc_devices(rpc: None) -> None:
     with rpc_servers(2) as (s1, s2):
         script = textwrap.dedent(f"""
             import json
-            from sdplan.core import devices
+            from sdplan.core.runtime import devices
             names = devices.add_rpc_servers(["{s1.endpoint}", "{s2.endpoint}"])
             again = devices.add_rpc_servers(["{s2.endpoint}"])
             with devices.BackendManager(cpu_threads=1) as m:
@@ -193,7 +193,8 @@ def test_rpc_server_bad_numbers(args: list[str], capsys: pytest.CaptureFixture[s
 GRAPH_SCRIPT = """
 import json, sys
 import numpy as np
-from sdplan.core import devices, graph as gr
+from sdplan.core.runtime import devices
+from sdplan.core.runtime import graph as gr
 
 devices.add_rpc_servers([sys.argv[1]])
 rng = np.random.default_rng(0)

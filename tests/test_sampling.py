@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from sdplan.core.sampling import (
+from sdplan.core.sampling.samplers import (
     SAMPLERS,
     DiscreteSchedule,
     PhiloxNoise,

@@ -1,9 +1,9 @@
-"""sd-cli flags that a model's own files call for (:func:`sdplan.core.sdcli.model_file_flags`)."""
+"""sd-cli flags that a model's own files call for (:func:`sdplan.core.planning.sdcli.model_file_flags`)."""
 
 from __future__ import annotations
 
 import pytest
-from sdplan.core.sdcli import model_file_flags
+from sdplan.core.planning.sdcli import model_file_flags
 
 
 @pytest.mark.parametrize(("metadata", "family", "flags"), [

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("tokenizers")
 from sdplan.core.errors import SdplanError  # noqa: E402
-from sdplan.core.t5_tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, T5Tokenizer  # noqa: E402
+from sdplan.core.text.t5_tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, T5Tokenizer  # noqa: E402
 
 TOK = T5Tokenizer()
 

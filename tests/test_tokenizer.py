@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from sdplan.core.errors import SdplanError
-from sdplan.core.tokenizer import (
+from sdplan.core.text.clip_tokenizer import (
     BOS_ID,
     EOS_ID,
     VOCAB_SIZE,

@@ -93,8 +93,8 @@ def test_budget_tiles_same_picture(real, tmp_path: Path) -> None:  # type: ignor
     """A 96 x 80 picture under a 6 MiB budget runs in tiles and gives the untiled picture to
     rounding (the CPU has no budget in a plan, spec section 7: the placement is given directly; the
     whole picture needs about 8 MiB with the Winograd convolution, more with im2col)."""
-    from sdplan.core.engine import ModulePlacement
-    from sdplan.core.upscale import Upscaler
+    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.runtime.runner import ModulePlacement
 
     model, src, _, _ = real
     with Image.open(_big(src, tmp_path)) as im:
@@ -114,7 +114,7 @@ def test_budget_tiles_same_picture(real, tmp_path: Path) -> None:  # type: ignor
 
 @pytest.mark.rpc
 def test_rpc_device_same_picture(real, cpu_result) -> None:  # type: ignore[no-untyped-def]
-    from sdplan.core import devices
+    from sdplan.core.runtime import devices
 
     if not devices.rpc_available():
         require_or_skip("the loaded ggml has no RPC backend", "SDPLAN_REQUIRE_RPC")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 G = pytest.importorskip("sdplan._ggml")
-from sdplan.core.weights import WeightFile, plain_read_seconds, runtime_dtype  # noqa: E402
+from sdplan.core.runtime.weights import WeightFile, plain_read_seconds, runtime_dtype  # noqa: E402
 
 RNG = np.random.default_rng(4)
 
@@ -141,7 +141,7 @@ def test_plain_read_counts_the_whole_file(sample) -> None:
 def test_names_longer_than_ggml_names(cpu, tmp_path) -> None:
     """Names past ggml's 63 bytes (two that share their last 63 bytes) load, keep their full
     names everywhere and stay distinct tensors in a graph."""
-    from sdplan.core import graph as gr
+    from sdplan.core.runtime import graph as gr
 
     tail = ".double_blocks.12.img_attn.norm.query_norm.scale.and_some_more_words"
     names = ["model.diffusion_model" + tail, "model.other_diffusion" + tail]

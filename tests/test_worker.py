@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("sdplan._ggml")
 from sdplan.core.errors import EngineError  # noqa: E402
 from sdplan.core.models.blockstack import BlockStackConfig, reference, write_model  # noqa: E402
-from sdplan.core.worker import Engine  # noqa: E402
+from sdplan.core.runtime.process import Engine  # noqa: E402
 
 CFG = dict(n_blocks=4, dim=64, heads=4, ffn=256, d_in=16, d_out=16)
-JOB = "sdplan.core.worker:run_module_job"
+JOB = "sdplan.core.runtime.process:run_module_job"
 MODEL = "sdplan.core.models.blockstack:_from_args"
 
 

@@ -78,7 +78,7 @@ def _sdplan() -> None:
     """Make ``sdplan.core`` importable from this checkout when sdplan is not installed
     (the ref environment): ``sdplan`` is a namespace package whose ``core`` is ``core/``."""
     try:
-        import sdplan.core.checkpoint  # noqa: F401
+        import sdplan.core.modelfiles.checkpoint  # noqa: F401
     except ImportError:
         pkg = types.ModuleType("sdplan")
         pkg.__path__ = [str(REPO)]  # type: ignore[attr-defined]
@@ -444,8 +444,13 @@ def build_specs(layouts: dict) -> list[ModelSpec]:
 def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout) -> dict[str, object]:
     """The JSON entry of one built-in profile, classified by sdplan's own model-file code
     (modules, encoders, blocks of spec section 8, architecture detection)."""
-    from sdplan.core.checkpoint import ModelSet, ModelTensor, block_of, detect_architecture
-    from sdplan.core.checkpoint_readers import TensorInfo
+    from sdplan.core.modelfiles.checkpoint import (
+        ModelSet,
+        ModelTensor,
+        block_of,
+        detect_architecture,
+    )
+    from sdplan.core.modelfiles.readers import TensorInfo
 
     quant = QUANTS[suffix]
     if quant == "F16":

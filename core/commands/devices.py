@@ -2,8 +2,8 @@
 
 The table shows name, type, registry, description and free/total memory in GiB, then one
 line on the loaded ggml (version, RPC, llamafile, CPU features) and any warnings. ``--json``
-prints the inventory-file format of :mod:`sdplan.core.inventory` (bytes) plus a
-``features`` object (see :func:`sdplan.core.devices.features`).
+prints the inventory-file format of :mod:`sdplan.core.planning.inventory` (bytes) plus a
+``features`` object (see :func:`sdplan.core.runtime.devices.features`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from sdplan.core.errors import SdplanError
-from sdplan.core.inventory import Inventory
+from sdplan.core.planning.inventory import Inventory
 
 GIB = 1024**3
 
@@ -66,7 +66,7 @@ def render_table(inv: Inventory, feat: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """List the devices; exit code 2 with a one-line message on an sdplan error."""
-    from sdplan.core import devices
+    from sdplan.core.runtime import devices
 
     try:
         inv = devices.live_inventory(devices.split_endpoints(args.rpc_servers))

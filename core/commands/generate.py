@@ -2,12 +2,12 @@
 
 SD 1.x / 2.x from a single-file checkpoint (``-m``), or Flux from its files
 (``--diffusion-model --t5xxl --clip_l --vae``; architecture flux-dev / flux-schnell from
-:func:`sdplan.core.checkpoint.read_model_files`). The flags are sd-cli's spellings (``-m -p -n
+:func:`sdplan.core.modelfiles.checkpoint.read_model_files`). The flags are sd-cli's spellings (``-m -p -n
 -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
 --clip-skip --taesd --upscale-model --upscale-repeats`` and every placement flag), so a pasted
 sd-cli command works.
 
-The engine runs in a child process (:class:`sdplan.core.worker.Engine`; ``--in-process`` keeps
+The engine runs in a child process (:class:`sdplan.core.runtime.process.Engine`; ``--in-process`` keeps
 it here for debugging): the live devices (RPC servers included) are asked of the engine
 process, so a lost RPC server can only end that child. The plan is resolved here, printed,
 and refused when the memory estimate says it does not fit (unless ``--force``); the module
@@ -22,7 +22,7 @@ canonical placement strings.
 
 Hyper-parameters small test models do not carry in their shapes (head counts, prediction,
 Flux RoPE axes) come from the flags below or from ``sdplan.*`` keys of the safetensors
-``__metadata__`` (:data:`sdplan.core.pipeline.METADATA_KEYS`).
+``__metadata__`` (:data:`sdplan.core.pipelines.sd.METADATA_KEYS`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from sdplan.core.errors import SdplanError
-from sdplan.core.placement import add_placement_arguments, placement_from_namespace
+from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
 
 log = logging.getLogger(__name__)
 MODEL_HASH_METHOD = "sha256(first 1 MiB + decimal file size)"
@@ -154,7 +154,7 @@ def apply_demo(args: argparse.Namespace) -> None:
 
 def demo_caption_known(prompt: str) -> bool:
     """Is ``prompt`` one of the demo model's 168 training captions (any case/spacing)?"""
-    from sdplan.core.demo_scenes import parse_caption
+    from sdplan.core.pipelines.demo_scenes import parse_caption
 
     try:
         parse_caption(prompt)
@@ -182,11 +182,11 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
 
 
 def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]]) -> tuple[Any, Any, Any]:
-    from sdplan.core.checkpoint import profile_from_model_flags
-    from sdplan.core.estimate import estimate_plan
-    from sdplan.core.inventory import Inventory
-    from sdplan.core.pipeline import INVENTORY_JOB
-    from sdplan.core.plan import resolve
+    from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+    from sdplan.core.pipelines.sd import INVENTORY_JOB
+    from sdplan.core.planning.estimate import estimate_plan
+    from sdplan.core.planning.inventory import Inventory
+    from sdplan.core.planning.plan import resolve
 
     placement = placement_from_namespace(args)
     inventory = Inventory.from_json(engine.call(INVENTORY_JOB, {"rpc_servers": list(placement.rpc_servers)}))
@@ -211,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     process included), 3 when the plan does not fit (without ``--force``)."""
     from rich.console import Console
     from sdplan.core.commands.plan import print_error, print_tables
-    from sdplan.core.worker import Engine
+    from sdplan.core.runtime.process import Engine
 
     console = Console(stderr=True)
     with Engine(isolated=not args.in_process) as engine:
@@ -244,9 +244,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, seed: int) -> dict[str, Any]:
-    """The engine request (:func:`sdplan.core.pipeline.generate_job`) of parsed flags and a
+    """The engine request (:func:`sdplan.core.pipelines.sd.generate_job`) of parsed flags and a
     resolved plan (its per-module placements travel with it)."""
-    from sdplan.core.engine import ModulePlacement
+    from sdplan.core.runtime.runner import ModulePlacement
 
     overrides = {"clip_heads": args.clip_heads, "unet_heads": args.unet_heads,
                  "unet_head_dim": args.unet_head_dim, "prediction": args.prediction,
@@ -272,8 +272,8 @@ def validate(args: argparse.Namespace) -> None:
     """Check the generation flags before anything loads; raises SdplanError naming the flag."""
     import math
 
-    from sdplan.core.flow import FLOW_SAMPLERS
-    from sdplan.core.sampling import SAMPLERS, SCHEDULES
+    from sdplan.core.sampling.flow import FLOW_SAMPLERS
+    from sdplan.core.sampling.samplers import SAMPLERS, SCHEDULES
 
     for flag, value, low in (("-W/--width", args.width, 1), ("-H/--height", args.height, 1),
                              ("--steps", args.steps, 1), ("-b/--batch-count", args.batch_count, 1),
@@ -308,7 +308,7 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
     import random
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-    from sdplan.core.pipeline import GENERATE_JOB
+    from sdplan.core.pipelines.sd import GENERATE_JOB
 
     seed = args.seed if args.seed >= 0 else random.randrange(2**31)
     req = request(args, files, plan, seed)

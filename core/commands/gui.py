@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from sdplan.core.placement import add_placement_arguments
+from sdplan.core.planning.placement import add_placement_arguments
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:

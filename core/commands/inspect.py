@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sdplan.core.checkpoint import ModelSet, read_model_files
 from sdplan.core.errors import SdplanError
-from sdplan.core.sdcli import MODEL_FLAGS
+from sdplan.core.modelfiles.checkpoint import ModelSet, read_model_files
+from sdplan.core.planning.sdcli import MODEL_FLAGS
 
 GIB = 1 << 30
 

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sdplan.core.errors import PlanError, SdplanError
-from sdplan.core.inventory import Device, Inventory
-from sdplan.core.plan import (
+from sdplan.core.planning.inventory import Device, Inventory
+from sdplan.core.planning.plan import (
     MODULES,
     Plan,
     PlanWarning,
@@ -26,8 +26,8 @@ from sdplan.core.plan import (
     placement_from_namespace,
     resolve,
 )
-from sdplan.core.profile import Profile
-from sdplan.core.sdcli import MODEL_FLAGS
+from sdplan.core.planning.profile import Profile
+from sdplan.core.planning.sdcli import MODEL_FLAGS
 
 log = logging.getLogger(__name__)
 GIB = 1 << 30
@@ -89,7 +89,7 @@ def load_inventory(path: str | None, rpc_servers: Sequence[str] = ()) -> tuple[I
     if path:
         return Inventory.load(path), []
     try:
-        from sdplan.core.devices import live_inventory
+        from sdplan.core.runtime.devices import live_inventory
 
         return live_inventory(rpc_servers=list(rpc_servers)), []
     except ImportError as exc:  # the devices module or the native extension is missing
@@ -106,7 +106,7 @@ def _profile(args: argparse.Namespace) -> Profile | None:
         if args.profile or flags:
             raise PlanError("conflicting_model_sources", "--model-profile excludes --profile "
                             "and model files; give one of them", flag="--model-profile")
-        from sdplan.core.builtin_profiles import load_builtin_profile
+        from sdplan.core.planning.builtin_profiles import load_builtin_profile
 
         return load_builtin_profile(builtin)
     if args.profile:
@@ -114,7 +114,7 @@ def _profile(args: argparse.Namespace) -> Profile | None:
     if not flags:
         return None
     try:
-        from sdplan.core.checkpoint import profile_from_model_flags
+        from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
     except ImportError as exc:
         raise PlanError("model_files_unsupported", "reading model files is not available in "
                         f"this build ({exc}); pass --profile FILE instead") from None
@@ -126,7 +126,7 @@ def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
     if profile is None:
         return None
     try:
-        from sdplan.core.estimate import estimate_plan
+        from sdplan.core.planning.estimate import estimate_plan
     except ImportError:
         return None
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _list_builtin(as_json: bool) -> int:
     """Print the built-in model profiles (a table, or JSON with ``--json``)."""
-    from sdplan.core.builtin_profiles import list_profiles
+    from sdplan.core.planning.builtin_profiles import list_profiles
 
     infos = list_profiles()
     if as_json:

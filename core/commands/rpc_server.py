@@ -64,7 +64,7 @@ def _fail(msg: str) -> int:
 def run(args: argparse.Namespace) -> int:
     """Start the server and block until SIGINT/SIGTERM (exit 0) or a server failure
     (exit 1); exit 2 on bad arguments or a ggml without RPC."""
-    from sdplan.core import devices
+    from sdplan.core.runtime import devices
 
     if not 0 < args.port < 65536:
         return _fail(f"--port {args.port} is not in 1-65535")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sdplan.core.errors import ModelFileError, SdplanError
-from sdplan.core.placement import add_placement_arguments, placement_from_namespace
+from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +58,10 @@ def _read_image(path: Path) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Upscale and write the image; 0 on success, 2 on any sdplan error."""
-    from sdplan.core.devices import live_inventory
-    from sdplan.core.engine import BackendPool, ModulePlacement
-    from sdplan.core.plan import resolve
-    from sdplan.core.upscale import Upscaler
+    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.planning.plan import resolve
+    from sdplan.core.runtime.devices import live_inventory
+    from sdplan.core.runtime.runner import BackendPool, ModulePlacement
 
     if args.upscale_repeats < 1:
         print("sdplan upscale: --upscale-repeats must be >= 1", file=sys.stderr)
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             log.warning("%s: %s", w.code, w.message)
         mp = ModulePlacement.from_plan(plan, "upscaler")
         image = _read_image(Path(args.input))
-        from sdplan.core.devices import BackendManager
+        from sdplan.core.runtime.devices import BackendManager
 
         with BackendManager(cpu_threads=args.threads or None) as manager:
             up = Upscaler(args.upscale_model, placement=mp, pool=BackendPool(manager),

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core import graph as gr
+from sdplan.core.runtime import graph as gr
 
 EPS = 1e-5
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core import graph as gr
 from sdplan.core.models.unet import ModelLayoutError, StoreView, Weights
+from sdplan.core.runtime import graph as gr
 
 __all__ = ["ClipConfig", "ClipGraph", "PREFIXES", "layer_prefix", "clip_config", "clip_text", "causal_mask", "find_prefix"]
 

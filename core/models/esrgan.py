@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sdplan.core import graph as gr
+from sdplan.core.runtime import graph as gr
 
 __all__ = ["EsrganConfig", "detect_esrgan", "canonical_rrdb_names", "esrgan_forward",
            "tile_grid", "Tile"]

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core import graph as gr
-from sdplan.core.models import ModelLayoutError, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.runtime import graph as gr
 
 __all__ = ["FluxConfig", "FluxDiT", "flux_config", "find_prefix", "patchify", "unpatchify",
            "rope_tables", "image_ids", "HEAD_DIM", "THETA"]

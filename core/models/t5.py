@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core import graph as gr
-from sdplan.core.models import ModelLayoutError, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.runtime import graph as gr
 
 __all__ = ["T5Config", "T5Encoder", "t5_config", "relative_buckets", "find_prefix"]
 

@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sdplan.core import graph as gr
 from sdplan.core.errors import ModelFileError
+from sdplan.core.runtime import graph as gr
 
 __all__ = ["TaeLayout", "detect_tae", "split_tae", "tae_encode", "tae_decode", "VARIANTS"]
 
@@ -264,16 +264,16 @@ class Tae:
     """A TAE model file (or an encoder file and a decoder file) ready to run on the engine.
 
     ``paths``: one or two safetensors files; their halves are found by :func:`detect_tae`.
-    ``placement``: a ``sdplan.core.engine.ModulePlacement`` (default: CPU, weights
+    ``placement``: a ``sdplan.core.runtime.runner.ModulePlacement`` (default: CPU, weights
     resident); ``pool``: a ``BackendPool`` (default: a new one). Weights are held in f32
     (the files' f16 kernels are widened once at load: exact, and faster on CPUs than f16
     im2col). Raises ModelFileError for files without a TAE half.
     """
 
     def __init__(self, *paths: str, placement: Any = None, pool: Any = None, n_threads: int = 0) -> None:
-        from sdplan.core import engine
-        from sdplan.core.checkpoint_readers import read_tensor_file
-        from sdplan.core.weights import WeightFile
+        from sdplan.core.modelfiles.readers import read_tensor_file
+        from sdplan.core.runtime import runner as engine
+        from sdplan.core.runtime.weights import WeightFile
 
         self.pool = pool or engine.BackendPool()
         self.placement = placement or engine.ModulePlacement(("CPU",))

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sdplan.core import graph as gr
-from sdplan.core.models import ModelLayoutError, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.runtime import graph as gr
 
 __all__ = ["Weights", "StoreView", "ModelLayoutError", "UNetConfig", "UNetGraph", "PREFIX", "FAMILY_HEADS",
            "unet_config", "unet"]

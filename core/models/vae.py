@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core import graph as gr
 from sdplan.core.models.unet import ModelLayoutError, StoreView, Weights
+from sdplan.core.runtime import graph as gr
 
 __all__ = ["VaeConfig", "VaeGraph", "PREFIX", "vae_config", "vae_decode", "vae_encode", "tiled_decode",
            "SCALE_FACTOR"]

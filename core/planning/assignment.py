@@ -3,7 +3,7 @@
 Everything here is syntax and naming, independent of a model: splitting a flag's value into
 entries while keeping half-open character spans into that value, normalising module keys
 (with a "did you mean" hint), parsing device lists and GiB numbers, and resolving a device
-name against an :class:`~sdplan.core.inventory.Inventory` (spec section 3).
+name against an :class:`~sdplan.core.planning.inventory.Inventory` (spec section 3).
 
 Spans are ``(start, end)`` offsets into the flag's value *after* repeated flags are joined
 with ``,``; entries added by a compatibility flag carry the span ``None``.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from decimal import Context, Decimal
 
 from sdplan.core.errors import PlanError
-from sdplan.core.inventory import Device, Inventory
+from sdplan.core.planning.inventory import Device, Inventory
 
 Span = tuple[int, int]
 

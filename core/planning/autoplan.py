@@ -6,19 +6,19 @@ memory; while the estimate still does not fit, the largest resident module on th
 over-committed device keeps its weights in RAM (``--params-backend m=CPU``), or on disk
 when RAM is short too; a single-device module whose staging alone overflows gets a
 ``--max-vram`` budget so it runs in segments. Every step is checked with
-:func:`sdplan.core.estimate.estimate_plan`.
+:func:`sdplan.core.planning.estimate.estimate_plan`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sdplan.core.assignment import SPLITTABLE
-from sdplan.core.estimate import compute_bytes, estimate_plan
-from sdplan.core.inventory import Inventory
-from sdplan.core.placement import Placement
-from sdplan.core.plan import Plan, resolve
-from sdplan.core.profile import Profile
+from sdplan.core.planning.assignment import SPLITTABLE
+from sdplan.core.planning.estimate import compute_bytes, estimate_plan
+from sdplan.core.planning.inventory import Inventory
+from sdplan.core.planning.placement import Placement
+from sdplan.core.planning.plan import Plan, resolve
+from sdplan.core.planning.profile import Profile
 
 GIB = 1 << 30
 #: Free memory kept back on every device when packing (bytes): driver and fragmentation.
@@ -52,9 +52,9 @@ def auto_plan(inventory: Inventory, profile: Profile, base: Placement, *, width:
     budgets and RPC servers are kept; module entries are rewritten).
 
     ``width``/``height`` (pixels) and ``batch`` size the compute estimate
-    (:func:`sdplan.core.estimate.compute_bytes`). Each device keeps :data:`HEADROOM` bytes
+    (:func:`sdplan.core.planning.estimate.compute_bytes`). Each device keeps :data:`HEADROOM` bytes
     free when packing. The result's ``fits`` is the verdict of
-    :func:`sdplan.core.estimate.estimate_plan` on the proposed plan.
+    :func:`sdplan.core.planning.estimate.estimate_plan` on the proposed plan.
 
     Raises:
         PlanError: ``base`` does not resolve on ``inventory``.

@@ -10,7 +10,7 @@ The grammar (sd-cli's ``parse_prompt_attention``, itself the AUTOMATIC1111 webui
   dropped.
 - ``BREAK`` (upper case, as a whole word) ends the current 75-token chunk: the tokenizer pads
   the tokens so far to a multiple of 75 with the end-of-text token (see
-  :func:`sdplan.core.tokenizer.ClipTokenizer.tokenize`).
+  :func:`sdplan.core.text.clip_tokenizer.ClipTokenizer.tokenize`).
 - Neighbouring segments of equal weight are joined.
 
 Two details differ from sd-cli's C++ on purpose, both documented intentions of the grammar that
@@ -24,8 +24,7 @@ import re
 from typing import NamedTuple
 
 import numpy as np
-
-from .errors import SdplanError
+from sdplan.core.errors import SdplanError
 
 ROUND_MULTIPLIER = 1.1
 SQUARE_MULTIPLIER = 1.0 / 1.1

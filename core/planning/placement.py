@@ -3,7 +3,7 @@
 A :class:`Placement` is a frozen value (undo/redo keep snapshots); every edit returns a new
 one. It is parsed from flag values with :meth:`Placement.from_strings` (syntax errors raise
 :class:`~sdplan.core.errors.PlanError` with spans; device names are checked later by
-:func:`sdplan.core.plan.resolve`, which needs an inventory) and written back with
+:func:`sdplan.core.planning.plan.resolve`, which needs an inventory) and written back with
 :meth:`Placement.to_strings`. The placement held by a resolved plan is canonical (exact
 device names, explicit default); edits on it keep it canonical.
 """
@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
-from sdplan.core.assignment import (
+from sdplan.core.errors import PlanError
+from sdplan.core.planning.assignment import (
     MODULES,
     SPLITTABLE,
     Entry,
@@ -30,7 +31,6 @@ from sdplan.core.assignment import (
     parse_runtime_value,
     split_entries,
 )
-from sdplan.core.errors import PlanError
 
 #: Compatibility flags in the order they are applied, with the ``--backend`` entry each adds.
 COMPAT_BACKEND = (("clip_on_cpu", "te=cpu"), ("vae_on_cpu", "vae=cpu"),
@@ -128,7 +128,7 @@ class Placement:
             PlanError: as :meth:`from_strings`; ``invalid_assignment`` for an argument that
                 is not a placement flag or a flag missing its value.
         """
-        from sdplan.core.sdcli import scan_placement_args
+        from sdplan.core.planning.sdcli import scan_placement_args
 
         placement, rest = scan_placement_args(list(argv))
         if rest:

@@ -2,10 +2,10 @@
 
 sd-cli takes a model as several files (``-m`` full checkpoint, ``--diffusion-model``,
 ``--clip_l``, ``--t5xxl``, ``--vae``, ...). :func:`read_model_files` reads their headers
-(:mod:`sdplan.core.checkpoint_readers`; no weights), puts every tensor into a module of
+(:mod:`sdplan.core.modelfiles.readers`; no weights), puts every tensor into a module of
 spec section 1 (and, for ``te``, into its encoder), finds the blocks of spec section 8 and
 detects the architecture with the evidence for it. :func:`profile_from_model_flags` turns
-that into the :class:`~sdplan.core.profile.Profile` the planner takes, so ``sdplan plan -m
+that into the :class:`~sdplan.core.planning.profile.Profile` the planner takes, so ``sdplan plan -m
 FILE`` and ``sdplan plan --profile FILE`` meet in one code path.
 
 Layouts understood: the original single file (``model.diffusion_model.``,
@@ -27,9 +27,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sdplan.core.checkpoint_readers import TensorFile, TensorInfo, read_tensor_file
 from sdplan.core.errors import ModelFileError
-from sdplan.core.profile import ModuleProfile, Profile
+from sdplan.core.modelfiles.readers import TensorFile, TensorInfo, read_tensor_file
+from sdplan.core.planning.profile import ModuleProfile, Profile
 
 log = logging.getLogger(__name__)
 

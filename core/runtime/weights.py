@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sdplan.core.checkpoint_readers import TensorInfo, read_tensor_file
 from sdplan.core.errors import ModelFileError
+from sdplan.core.modelfiles.readers import TensorInfo, read_tensor_file
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class WeightFile:
     def from_arrays(cls, arrays: Mapping[str, Any], label: str | Path, names: Iterable[str] | None = None,
                     dtypes: Mapping[str, str] | None = None, backend: Any | None = None) -> WeightFile:
         """A weight file whose tensors are numpy arrays in memory (a ``.pth`` checkpoint read
-        by :mod:`sdplan.core.pth`, say): float64/float32/float16/int32 arrays, held in
+        by :mod:`sdplan.core.modelfiles.pth`, say): float64/float32/float16/int32 arrays, held in
         f32/f16/i32 per the dtype policy. ``label`` names the source in errors.
 
         Raises:

@@ -27,7 +27,7 @@ from importlib import resources
 from typing import Any
 
 from sdplan.core.errors import ModelFileError
-from sdplan.core.profile import Profile
+from sdplan.core.planning.profile import Profile
 
 log = logging.getLogger(__name__)
 

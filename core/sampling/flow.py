@@ -3,7 +3,7 @@
 Rectified flow (Liu et al. 2022; Esser et al. 2024) interpolates ``x_s = (1 - s) x0 + s noise``
 for ``s`` in [0, 1]; the DiT predicts the velocity ``v = noise - x0``, so the x0 estimate is
 ``x - s v`` (:func:`flow_denoiser`). With that denoiser, k-diffusion's ODE samplers of
-:mod:`sdplan.core.sampling` (euler, heun, dpm2, dpm++2m, dpm++2mv2) integrate the flow ODE
+:mod:`sdplan.core.sampling.samplers` (euler, heun, dpm2, dpm++2m, dpm++2mv2) integrate the flow ODE
 ``dx/ds = (x - x0)/s = v`` unchanged. Samplers that add noise need the flow form of noising:
 ``euler_a`` steps down to ``s_down`` and re-noises to ``s_next`` keeping the signal scale
 (``x <- (1 - s_next)/(1 - s_down) x + sqrt(s_next^2 - s_down^2 (1 - s_next)^2/(1 - s_down)^2) n``,
@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from sdplan.core.sampling import NoiseSource, SamplingError, StepCallback, sample
+from sdplan.core.sampling.samplers import NoiseSource, SamplingError, StepCallback, sample
 
 __all__ = ["FLOW_SAMPLERS", "DEFAULT_STEPS", "flux_mu", "time_shift", "flux_sigmas",
            "flow_denoiser", "sample_flow"]

@@ -1,12 +1,12 @@
 """Flux.1 text-to-image: T5-XXL + CLIP-L pooled conditioning, flow-matching sampling with the
 DiT, decoding with the 16-channel autoencoder, TAEF1 previews.
 
-Every module runs on the engine (:class:`sdplan.core.engine.ModuleRunner`) per its
-:class:`~sdplan.core.engine.ModulePlacement`: ``diffusion`` (the DiT; double then single
+Every module runs on the engine (:class:`sdplan.core.runtime.runner.ModuleRunner`) per its
+:class:`~sdplan.core.runtime.runner.ModulePlacement`: ``diffusion`` (the DiT; double then single
 blocks are the layer-split blocks), ``te`` (T5-XXL with its blocks split; CLIP-L runs on the
 ``te`` main device with the same residency) and ``vae`` (and the TAEF1 preview decoder).
 Placements come from a resolved plan (:meth:`ModulePlacement.from_plan`) or are given per
-module; devices are looked up by name in a :class:`~sdplan.core.engine.BackendPool`.
+module; devices are looked up by name in a :class:`~sdplan.core.runtime.runner.BackendPool`.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class _Whole:
 
 
 def _shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
-    from sdplan.core.checkpoint_readers import read_tensor_file
+    from sdplan.core.modelfiles.readers import read_tensor_file
 
     return {t.name: tuple(t.shape) for t in read_tensor_file(path).tensors}
 
@@ -110,7 +110,7 @@ class FluxPipeline:
 
     Args:
         models: the model files.
-        plan: a resolved ``sdplan.core.plan.Plan`` giving each module's placement (modules
+        plan: a resolved ``sdplan.core.planning.plan.Plan`` giving each module's placement (modules
             ``diffusion``, ``te``, ``vae``); None puts everything on the CPU.
         pool: backends by device name (default: a private ``BackendManager``'s).
         placements: module -> ``ModulePlacement`` overriding the plan's.
@@ -126,15 +126,15 @@ class FluxPipeline:
     def __init__(self, models: FluxModels, plan: Any = None, pool: Any = None,
                  placements: Mapping[str, Any] | None = None, n_threads: int = 0,
                  dtypes: Mapping[str, str] | None = None, cancel: Any = None) -> None:
-        from sdplan.core import engine
         from sdplan.core.models.clip import clip_config
         from sdplan.core.models.flux import FluxDiT
         from sdplan.core.models.t5 import T5Encoder
         from sdplan.core.models.vae import vae_config
+        from sdplan.core.runtime import runner as engine
 
         self._own_pool = pool is None
         if pool is None:
-            from sdplan.core.devices import BackendManager
+            from sdplan.core.runtime.devices import BackendManager
 
             pool = engine.BackendPool(BackendManager(cpu_threads=n_threads or None))
         self.pool = pool
@@ -170,8 +170,8 @@ class FluxPipeline:
 
     def _runner(self, name: str, model: Any, path: str | Path, placement: Any,
                 dtypes: Mapping[str, str] | None) -> Any:
-        from sdplan.core.engine import ModuleRunner
-        from sdplan.core.weights import WeightFile
+        from sdplan.core.runtime.runner import ModuleRunner
+        from sdplan.core.runtime.weights import WeightFile
 
         names = list(model.other_tensors()) + [n for i in range(model.n_blocks) for n in model.block_tensors(i)]
         wf = WeightFile(path, names, dtypes=dtypes, backend=self.pool.get(placement.devices[0]))
@@ -180,8 +180,8 @@ class FluxPipeline:
     def _tae_decoder(self, path: str | Path) -> Callable[[np.ndarray], np.ndarray]:
         """TAEF1 decoder of ``path`` on the VAE's device: ``decode(latent (1, 16, h, w)) ->
         image (1, 3, 8h, 8w)`` in about [0, 1]."""
-        from sdplan.core import engine
         from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
+        from sdplan.core.runtime import runner as engine
 
         shapes = _shapes(path)
         layouts = detect_tae(shapes, str(path))
@@ -244,9 +244,9 @@ class FluxPipeline:
         T5 hidden states with the prompt weights applied (sd-cli's mean-keeping rule), and
         CLIP-L's final-LayerNorm state at the first end-of-text token."""
         from sdplan.core.models.clip import causal_mask
-        from sdplan.core.prompt import apply_prompt_weights
-        from sdplan.core.t5_tokenizer import T5Tokenizer
-        from sdplan.core.tokenizer import EOS_ID, ClipTokenizer
+        from sdplan.core.text.clip_tokenizer import EOS_ID, ClipTokenizer
+        from sdplan.core.text.prompt import apply_prompt_weights
+        from sdplan.core.text.t5_tokenizer import T5Tokenizer
 
         tok = T5Tokenizer().tokenize(prompt, t5_length)
         hidden = self.runners["t5xxl"].run(self.t5.inputs(tok.ids))["hidden"]
@@ -291,7 +291,7 @@ class FluxPipeline:
             width, height: image size in pixels (multiples of ``2 * vae_scale``).
             steps: sampling steps (default: 4 for schnell, 20 for dev).
             seed: Philox seed of the starting noise (and of ancestral samplers).
-            sampler: a :data:`sdplan.core.flow.FLOW_SAMPLERS` name.
+            sampler: a :data:`sdplan.core.sampling.flow.FLOW_SAMPLERS` name.
             guidance: dev's distilled guidance (``--guidance``; schnell ignores it).
             t5_length: T5 tokens after padding (256 as sd-cli for Flux).
             noise: an explicit starting noise ``(1, 16, h, w)`` instead of the seed's.
@@ -305,8 +305,8 @@ class FluxPipeline:
         Raises:
             SdplanError: a size that is not a multiple of ``2 * vae_scale``; SamplingError.
         """
-        from sdplan.core.flow import DEFAULT_STEPS, flux_sigmas, sample_flow
-        from sdplan.core.sampling import PhiloxNoise
+        from sdplan.core.sampling.flow import DEFAULT_STEPS, flux_sigmas, sample_flow
+        from sdplan.core.sampling.samplers import PhiloxNoise
 
         if width % (2 * vae_scale) or height % (2 * vae_scale) or width <= 0 or height <= 0:
             raise SdplanError(f"Flux image size {width}x{height} must be positive multiples of {2 * vae_scale}")
@@ -334,7 +334,7 @@ class FluxPipeline:
         if self.preview is not None:
             img = self.preview(latent / SCALE_FACTOR + SHIFT_FACTOR)
             return (np.clip(img[0].transpose(1, 2, 0), 0, 1) * 255).round().astype(np.uint8)
-        from sdplan.core.preview import latent_to_rgb
+        from sdplan.core.sampling.preview import latent_to_rgb
 
         return latent_to_rgb(latent, "flux")
 

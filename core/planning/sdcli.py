@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from sdplan.core.errors import PlanError
 
 if TYPE_CHECKING:
-    from sdplan.core.placement import Placement
+    from sdplan.core.planning.placement import Placement
 
 #: Model-file keys in written order -> sd-cli flags (first is the written spelling).
 MODEL_FLAGS: dict[str, tuple[str, ...]] = {
@@ -168,7 +168,7 @@ def scan_placement_args(args: list[str]) -> tuple[Placement, list[str]]:
         PlanError: from :meth:`Placement.from_strings`; ``invalid_assignment`` when a
             placement flag has no value.
     """
-    from sdplan.core.placement import Placement
+    from sdplan.core.planning.placement import Placement
 
     values: dict[str, list[str]] = {f: [] for f in PLACEMENT_VALUE_FLAGS}
     switches: dict[str, bool] = {}

@@ -8,7 +8,7 @@ NFKC normalisation (SentencePiece's ``nmt_nfkc`` rule without its control-charac
 runs of spaces collapsed, Metaspace pre-tokenisation (``▁`` and a prefix space) and Viterbi
 segmentation over the unigram scores. Every sequence ends with ``</s>`` (id 1).
 
-Prompt weights use sd-cli's syntax (:func:`sdplan.core.prompt.parse_prompt_attention`); each
+Prompt weights use sd-cli's syntax (:func:`sdplan.core.text.prompt.parse_prompt_attention`); each
 piece carries its segment's weight, ``</s>`` and padding carry 1.0. Unlike CLIP there are no
 chunks: Flux pads (or cuts) one sequence to ``max_length`` (256 for Flux dev/schnell in sd-cli),
 ``</s>`` kept as the last id when cut.
@@ -23,9 +23,8 @@ from functools import lru_cache
 from importlib import resources
 
 import numpy as np
-
-from .errors import SdplanError
-from .prompt import parse_prompt_attention
+from sdplan.core.errors import SdplanError
+from sdplan.core.text.prompt import parse_prompt_attention
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@
 module's hyper-parameters from its tensor shapes, and runs the CLIP text encoder (``te``), the
 UNet (``diffusion``) and the VAE (``vae``) as engine module graphs
 (:class:`~sdplan.core.models.clip.ClipGraph`, :class:`~sdplan.core.models.unet.UNetGraph`,
-:class:`~sdplan.core.models.vae.VaeGraph`) through :class:`~sdplan.core.engine.ModuleRunner`,
-each placed by :meth:`ModulePlacement.from_plan <sdplan.core.engine.ModulePlacement.from_plan>`
+:class:`~sdplan.core.models.vae.VaeGraph`) through :class:`~sdplan.core.runtime.runner.ModuleRunner`,
+each placed by :meth:`ModulePlacement.from_plan <sdplan.core.runtime.runner.ModulePlacement.from_plan>`
 (runtime devices, CLIP layer split, params residency, ``--max-vram`` segments).
 
 A "use" is one text encoding (both prompts), one whole sampling loop, or one decode: the
@@ -29,15 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core import sampling
-from sdplan.core.checkpoint import ModelSet, read_model_files
 from sdplan.core.errors import ModelFileError, SdplanError
+from sdplan.core.modelfiles.checkpoint import ModelSet, read_model_files
 from sdplan.core.models import clip as clip_m
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
-from sdplan.core.preview import latent_to_rgb
-from sdplan.core.prompt import apply_prompt_weights
-from sdplan.core.tokenizer import ClipTokenizer
+from sdplan.core.sampling import samplers as sampling
+from sdplan.core.sampling.preview import latent_to_rgb
+from sdplan.core.text.clip_tokenizer import ClipTokenizer
+from sdplan.core.text.prompt import apply_prompt_weights
 
 __all__ = ["StableDiffusion", "GenerateParams", "image_to_uint8", "module_weight_file",
            "model_overrides", "METADATA_KEYS", "EngineClient", "create_engine_client",
@@ -58,13 +58,13 @@ def module_weight_file(ms: ModelSet, module: str, keep: Callable[[str], bool] | 
     """``(WeightFile, names)`` of ``module``'s tensors in ``ms`` (those ``keep(name)`` accepts):
     ``names`` maps each checkpoint name to its name in the weight store (the same name: the
     native store holds names of any length). Dtypes follow
-    :func:`sdplan.core.weights.runtime_dtype` for ``backend``; ``conv_dtype`` (e.g. ``f32``)
+    :func:`sdplan.core.runtime.weights.runtime_dtype` for ``backend``; ``conv_dtype`` (e.g. ``f32``)
     replaces the dtype of 4-D conv kernels.
 
     Raises:
         ModelFileError: no such tensors, or the module spread over several files.
     """
-    from sdplan.core.weights import WeightFile
+    from sdplan.core.runtime.weights import WeightFile
 
     tensors = [t.info for t in ms.module_tensors(module) if keep is None or keep(t.info.name)]
     files = sorted({t.file for t in tensors})
@@ -127,16 +127,16 @@ class StableDiffusion:
     Args:
         model: the single-file checkpoint (``-m``), or sd-cli model flags
             (``{"model": [...], "vae": [...]}``).
-        plan: a resolved :class:`~sdplan.core.plan.Plan` (None: everything on the CPU).
-        pool: an :class:`~sdplan.core.engine.BackendPool` (None: a private one whose CPU
+        plan: a resolved :class:`~sdplan.core.planning.plan.Plan` (None: everything on the CPU).
+        pool: an :class:`~sdplan.core.runtime.runner.BackendPool` (None: a private one whose CPU
             uses ``n_threads`` threads).
         n_threads: CPU threads per compute (0: the backend's setting).
         family: ``sd1`` or ``sd2`` (None: ``sd2`` for an OpenCLIP text encoder, else ``sd1``).
         prediction: ``eps`` or ``v`` (None: the family's, v for sd2).
         clip_heads / unet_heads / unet_head_dim: override the head rules (tiny models).
-        placements: module -> :class:`~sdplan.core.engine.ModulePlacement`, taking
+        placements: module -> :class:`~sdplan.core.runtime.runner.ModulePlacement`, taking
             precedence over ``plan``.
-        cancel: a :class:`~sdplan.core.engine.CancelToken` shared by the modules.
+        cancel: a :class:`~sdplan.core.runtime.runner.CancelToken` shared by the modules.
 
     Unset hyper-parameters are read from the file's ``sdplan.*`` metadata (:data:`METADATA_KEYS`).
 
@@ -150,7 +150,7 @@ class StableDiffusion:
                  prediction: str | None = None, clip_heads: int | None = None,
                  unet_heads: int | None = None, unet_head_dim: int | None = None,
                  placements: Mapping[str, Any] | None = None, cancel: Any = None) -> None:
-        from sdplan.core import engine
+        from sdplan.core.runtime import runner as engine
 
         flags = {"model": [model]} if isinstance(model, (str, Path)) else dict(model)
         self.ms = read_model_files(flags)
@@ -166,7 +166,7 @@ class StableDiffusion:
         unet_head_dim = unet_head_dim or meta.get("unet_head_dim")
         self._own_pool = pool is None
         if pool is None:
-            from sdplan.core.devices import BackendManager
+            from sdplan.core.runtime.devices import BackendManager
 
             pool = engine.BackendPool(BackendManager(cpu_threads=n_threads or None))
         self.pool = pool
@@ -196,7 +196,7 @@ class StableDiffusion:
         self.timings: dict[str, float] = {}
 
     def _runner(self, module: str, graph: Any, wf: Any) -> Any:
-        from sdplan.core.engine import ModuleRunner
+        from sdplan.core.runtime.runner import ModuleRunner
 
         return ModuleRunner(graph, wf, self.placements[module], self.pool, self.cancel, module, self.n_threads)
 
@@ -414,7 +414,7 @@ def _pad_chunks(ctx: np.ndarray, tokens: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------- engine jobs
 #
-# Jobs run in the engine process (``sdplan.core.worker.Engine``). A *request* is a dict:
+# Jobs run in the engine process (``sdplan.core.runtime.process.Engine``). A *request* is a dict:
 #   model_files: sd-cli model flags -> paths (``model``, ``diffusion_model``, ``t5xxl``,
 #       ``clip_l``, ``vae``, ``taesd``, ``upscale_model``);
 #   prompt, negative_prompt, width, height, steps, cfg_scale, seed, sampling_method,
@@ -434,7 +434,7 @@ _CACHE: dict[str, Any] = {}  # the engine process's loaded pipeline, reused by t
 
 def inventory_job(ctx: Any, rpc_servers: Sequence[str] = ()) -> dict[str, Any]:
     """The engine process's live devices (after adding ``rpc_servers``) as Inventory JSON."""
-    from sdplan.core.devices import live_inventory
+    from sdplan.core.runtime.devices import live_inventory
 
     return live_inventory(rpc_servers=list(rpc_servers)).to_json()
 
@@ -451,11 +451,11 @@ def _files(req: Mapping[str, Any]) -> dict[str, list[str]]:
 
 
 def _placements(req: Mapping[str, Any], files: Mapping[str, list[str]]) -> dict[str, Any]:
-    from sdplan.core.checkpoint import profile_from_model_flags
-    from sdplan.core.devices import live_inventory
-    from sdplan.core.engine import ModulePlacement
-    from sdplan.core.placement import Placement
-    from sdplan.core.plan import resolve
+    from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+    from sdplan.core.planning.placement import Placement
+    from sdplan.core.planning.plan import resolve
+    from sdplan.core.runtime.devices import live_inventory
+    from sdplan.core.runtime.runner import ModulePlacement
 
     if req.get("placements"):
         return dict(req["placements"])
@@ -493,7 +493,7 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
         ModelFileError / PlanError / EngineError: bad files, placement or devices;
         Cancelled: ``ctx.cancel`` fired; ValueError: bad sizes.
     """
-    from sdplan.core.checkpoint import read_model_files
+    from sdplan.core.modelfiles.checkpoint import read_model_files
 
     req = dict(request)
     files = _files(req)
@@ -569,8 +569,8 @@ class _SdSession:
 
     def __init__(self, files: Mapping[str, list[str]], placements: Mapping[str, Any], ov: Mapping[str, Any],
                  threads: int, taesd: str | None, pool: Any) -> None:
-        from sdplan.core.engine import ModulePlacement
         from sdplan.core.models.tae import Tae
+        from sdplan.core.runtime.runner import ModulePlacement
 
         kw = {k: ov[k] for k in ("clip_heads", "unet_heads", "unet_head_dim", "prediction", "family") if ov.get(k)}
         self.sd = StableDiffusion(dict(files), None, pool, threads, placements=placements, **kw)
@@ -591,8 +591,8 @@ class _SdSession:
 
 def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
               placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
-    from sdplan.core.flow import DEFAULT_STEPS
-    from sdplan.core.pipeline_flux import FluxModels, FluxPipeline
+    from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
+    from sdplan.core.sampling.flow import DEFAULT_STEPS
 
     need = [k for k in ("diffusion_model", "t5xxl", "clip_l", "vae") if not files.get(k)]
     if need:
@@ -627,8 +627,8 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
 
 def _upscale(ctx: Any, path: str, vae: Any, images: list[np.ndarray], repeats: int, threads: int) -> list[np.ndarray]:
     """Upscale uint8 images with the ESRGAN file on the VAE's main device (resident weights)."""
-    from sdplan.core.engine import ModulePlacement
-    from sdplan.core.upscale import Upscaler
+    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.runtime.runner import ModulePlacement
 
     with Upscaler(path, placement=ModulePlacement(vae.devices[:1]), pool=ctx.pool(), n_threads=threads) as up:
         up.runner.cancel = ctx.cancel
@@ -637,8 +637,8 @@ def _upscale(ctx: Any, path: str, vae: Any, images: list[np.ndarray], repeats: i
 
 # ---------------------------------------------------------------------- the app's client
 
-GENERATE_JOB = "sdplan.core.pipeline:generate_job"
-INVENTORY_JOB = "sdplan.core.pipeline:inventory_job"
+GENERATE_JOB = "sdplan.core.pipelines.sd:generate_job"
+INVENTORY_JOB = "sdplan.core.pipelines.sd:inventory_job"
 
 
 class EngineClient:
@@ -657,7 +657,7 @@ class EngineClient:
     def __init__(self, isolated: bool = True, engine: Any = None) -> None:
         import queue
 
-        from sdplan.core.worker import Engine
+        from sdplan.core.runtime.process import Engine
 
         self.engine = engine or Engine(isolated=isolated)
         self._messages: queue.Queue[dict[str, Any]] = queue.Queue()

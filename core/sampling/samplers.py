@@ -33,8 +33,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
-
-from .errors import SdplanError
+from sdplan.core.errors import SdplanError
 
 log = logging.getLogger(__name__)
 

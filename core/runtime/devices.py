@@ -27,7 +27,7 @@ from types import ModuleType, TracebackType
 from typing import Any
 
 from sdplan.core.errors import InventoryError
-from sdplan.core.inventory import DEVICE_TYPES, Device, Inventory
+from sdplan.core.planning.inventory import DEVICE_TYPES, Device, Inventory
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,8 @@ from functools import lru_cache
 from importlib import resources
 
 import numpy as np
-
-from .errors import SdplanError
-from .prompt import parse_prompt_attention
+from sdplan.core.errors import SdplanError
+from sdplan.core.text.prompt import parse_prompt_attention
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +195,7 @@ class ClipTokenizer:
 
         Args:
             prompt: the prompt; ``(word:1.2)``, ``(word)``, ``[word]``, escapes and ``BREAK``
-                as :func:`sdplan.core.prompt.parse_prompt_attention` reads them.
+                as :func:`sdplan.core.text.prompt.parse_prompt_attention` reads them.
             chunk_length: ids per chunk including BOS and EOS (77 for every CLIP).
 
         Returns:

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageDraw
-
-from .errors import SdplanError
+from sdplan.core.errors import SdplanError
 
 log = logging.getLogger(__name__)
 

@@ -3,11 +3,11 @@
 :func:`resolve` applies spec sections 3-9: runtime devices per module, params residency,
 budgets in bytes, layer-split block ranges when a profile is given, and warnings with the
 spec's codes. The resulting :class:`Plan` carries the canonical strings and a canonical
-:class:`~sdplan.core.placement.Placement` (exact device names) for the GUI to edit; resolving
+:class:`~sdplan.core.planning.placement.Placement` (exact device names) for the GUI to edit; resolving
 those strings again gives the same plan.
 
 The editable placement, the flag glue and the sd-cli writer/importer live in
-:mod:`sdplan.core.placement` and :mod:`sdplan.core.sdcli`; they are re-exported here.
+:mod:`sdplan.core.planning.placement` and :mod:`sdplan.core.planning.sdcli`; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from sdplan.core.assignment import (
+from sdplan.core.errors import PlanError
+from sdplan.core.planning.assignment import (
     GIB,
     MODULES,
     SPLITTABLE,
@@ -29,16 +30,15 @@ from sdplan.core.assignment import (
     gib_to_bytes,
     normalize_module,
 )
-from sdplan.core.errors import PlanError
-from sdplan.core.inventory import Inventory
-from sdplan.core.placement import (
+from sdplan.core.planning.inventory import Inventory
+from sdplan.core.planning.placement import (
     BudgetEntry,
     Placement,
     add_placement_arguments,
     placement_from_namespace,
 )
-from sdplan.core.profile import ModuleProfile, Profile
-from sdplan.core.sdcli import ImportedCommand, import_sdcli_command, sdcli_argv
+from sdplan.core.planning.profile import ModuleProfile, Profile
+from sdplan.core.planning.sdcli import ImportedCommand, import_sdcli_command, sdcli_argv
 
 __all__ = [
     "MODULES", "SPLITTABLE", "normalize_module", "Placement", "Plan", "ModulePlan", "Params",

@@ -1,6 +1,6 @@
 """The engine child process and the :class:`Engine` API that drives it.
 
-By default the engine lives in a child process (``python -m sdplan.core.worker``), so a
+By default the engine lives in a child process (``python -m sdplan.core.runtime.process``), so a
 fault that makes ggml abort (out of memory inside a backend, a lost RPC server) ends only
 the child: the caller gets an :class:`EngineError` naming the cause (exit signal or code
 and the child's last stderr lines) and the next call starts a fresh child.
@@ -66,7 +66,7 @@ def _recv(stream: IO[bytes]) -> Any:
 
 class JobContext:
     """What a job sees: ``progress(**info)``, ``preview(array)``, ``cancel`` (a
-    :class:`~sdplan.core.engine.CancelToken`), ``pool()`` (shared backends) and
+    :class:`~sdplan.core.runtime.runner.CancelToken`), ``pool()`` (shared backends) and
     ``add_rpc_servers(endpoints)``."""
 
     def __init__(self, emit: Callable[[str, Any], None], cancel: Any) -> None:
@@ -80,14 +80,14 @@ class JobContext:
         self._emit("preview", array)
 
     def add_rpc_servers(self, endpoints: list[str]) -> list[str]:
-        from sdplan.core.devices import add_rpc_servers
+        from sdplan.core.runtime.devices import add_rpc_servers
 
         return add_rpc_servers(endpoints) if endpoints else []
 
     def pool(self) -> Any:
         """The process's shared backends (one instance per device for every job)."""
         global _POOL
-        from sdplan.core.engine import BackendPool
+        from sdplan.core.runtime.runner import BackendPool
 
         if _POOL is None:
             _POOL = BackendPool()
@@ -101,13 +101,13 @@ def run_module_job(ctx: JobContext, model: str, model_args: dict[str, Any], path
 
     ``model``: ``"package.module:factory"`` called with ``model_args`` to make the
     ModuleGraph; ``placement``: keyword arguments of
-    :class:`~sdplan.core.engine.ModulePlacement` (ranges as ``(device, first, last)``).
+    :class:`~sdplan.core.runtime.runner.ModulePlacement` (ranges as ``(device, first, last)``).
     Returns ``{"outputs", "peak", "after"}`` (memory as ``{device: {weights, staging,
     compute}}`` bytes)."""
     from dataclasses import asdict
 
-    from sdplan.core.engine import BlockRange, ModulePlacement, ModuleRunner
-    from sdplan.core.weights import WeightFile
+    from sdplan.core.runtime.runner import BlockRange, ModulePlacement, ModuleRunner
+    from sdplan.core.runtime.weights import WeightFile
 
     ctx.add_rpc_servers(list(rpc_servers or []))
     pl = dict(placement)
@@ -134,7 +134,7 @@ def _emit_for_job(emit: Any, job: int, kind: str, payload: Any) -> None:
 
 def _child_main() -> int:
     """Entry of the child process: serve jobs until ``quit`` or end of input."""
-    from sdplan.core.engine import Cancelled, CancelToken
+    from sdplan.core.runtime.runner import Cancelled, CancelToken
 
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
@@ -206,7 +206,7 @@ class Engine:
             return
         self._stderr.clear()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "sdplan.core.worker"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "sdplan.core.runtime.process"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env)
         threading.Thread(target=self._drain, args=(self._proc,), daemon=True).start()
 
@@ -268,7 +268,7 @@ class Engine:
         return err
 
     def _call_local(self, func: str, params: dict[str, Any], on_progress: Any, on_preview: Any) -> Any:
-        from sdplan.core.engine import CancelToken
+        from sdplan.core.runtime.runner import CancelToken
 
         token = self._local_cancel = CancelToken()
 

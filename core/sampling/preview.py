@@ -10,8 +10,7 @@ becomes one pixel (``scale`` repeats it for display).
 from __future__ import annotations
 
 import numpy as np
-
-from .errors import SdplanError
+from sdplan.core.errors import SdplanError
 
 _SD = (
     [[0.337366, 0.216344, 0.257386],

@@ -15,8 +15,8 @@ weight file and a :class:`ModulePlacement`) and
 * reports memory truth: per device, bytes of weights, staging and compute buffers actually
   allocated (:meth:`ModuleRunner.memory` now, :attr:`ModuleRunner.last_peak` for the last run).
 
-The GUI and CLI drive runners through :class:`sdplan.core.worker.Engine`, which hosts them
-in a child process. ``Engine`` is re-exported here.
+The GUI and CLI drive runners through :class:`sdplan.core.runtime.process.Engine`, which hosts them
+in a child process.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sdplan.core import graph as gr
 from sdplan.core.errors import EngineError
-from sdplan.core.weights import WeightFile
+from sdplan.core.runtime import graph as gr
+from sdplan.core.runtime.weights import WeightFile
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class ModulePlacement:
 
     @classmethod
     def from_plan(cls, plan: Any, module: str) -> ModulePlacement:
-        """The placement of ``module`` in a resolved ``sdplan.core.plan.Plan``: its devices,
+        """The placement of ``module`` in a resolved ``sdplan.core.planning.plan.Plan``: its devices,
         ranges, params; the main device's budget for a single-device module (spec section
         8 disables segmentation for a split); stream layers for diffusion only."""
         mp = plan.modules[module]
@@ -158,7 +158,7 @@ class BackendPool:
 
     def __init__(self, manager: Any = None, extra: Mapping[str, Any] | None = None) -> None:
         if manager is None:
-            from sdplan.core.devices import BackendManager
+            from sdplan.core.runtime.devices import BackendManager
 
             manager = BackendManager()
         self.manager = manager
@@ -491,10 +491,3 @@ class ModuleRunner:
                     str(v.dtype)]) for n, v in out.items()}
         return out
 
-
-def __getattr__(name: str) -> Any:
-    if name == "Engine":
-        from sdplan.core.worker import Engine
-
-        return Engine
-    raise AttributeError(name)

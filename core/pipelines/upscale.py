@@ -1,11 +1,11 @@
 """Upscaling images with ESRGAN-family networks on the engine: image in, image out.
 
 :class:`Upscaler` opens an upscaler file (safetensors, or a ``.pth``/``.ckpt`` read by the
-restricted reader of :mod:`sdplan.core.pth`, its arrays held in memory and written into the
+restricted reader of :mod:`sdplan.core.modelfiles.pth`, its arrays held in memory and written into the
 engine's buffers like a file's tensors), finds its
 architecture from the tensor shapes (:func:`sdplan.core.models.esrgan.detect_esrgan`) and
 runs it as the ``upscaler`` module of a placement (runtime device, residency, budget) with
-:class:`sdplan.core.engine.ModuleRunner`.
+:class:`sdplan.core.runtime.runner.ModuleRunner`.
 
 Large images are cut into tiles (:func:`sdplan.core.models.esrgan.tile_grid`) whose core
 is at most ``tile`` input pixels with ``overlap`` pixels of context; every tile has one
@@ -108,11 +108,11 @@ def to_image(x: np.ndarray) -> np.ndarray:
 
 def _weight_file(path: Path) -> tuple[dict[str, tuple[int, ...]], Any]:
     """``(shapes, make)``: the tensor shapes of an upscaler file and ``make(names, dtypes)``
-    building its :class:`~sdplan.core.weights.WeightFile`: read from the file itself for
+    building its :class:`~sdplan.core.runtime.weights.WeightFile`: read from the file itself for
     safetensors/GGUF, from the arrays of the restricted reader for a .pth/.ckpt."""
-    from sdplan.core.checkpoint_readers import read_tensor_file
-    from sdplan.core.pth import is_pth, load_pth_tensors
-    from sdplan.core.weights import WeightFile
+    from sdplan.core.modelfiles.pth import is_pth, load_pth_tensors
+    from sdplan.core.modelfiles.readers import read_tensor_file
+    from sdplan.core.runtime.weights import WeightFile
 
     if not path.is_file():
         raise ModelFileError(path, "no such file")
@@ -129,8 +129,8 @@ class Upscaler:
 
     Args:
         path: ``.safetensors`` or ``.pth``/``.ckpt`` upscaler.
-        placement: ``sdplan.core.engine.ModulePlacement`` (default: CPU, resident weights).
-        pool: ``sdplan.core.engine.BackendPool`` (default: a new one).
+        placement: ``sdplan.core.runtime.runner.ModulePlacement`` (default: CPU, resident weights).
+        pool: ``sdplan.core.runtime.runner.BackendPool`` (default: a new one).
         tile: tile core in input pixels (None: from the budget, else :data:`DEFAULT_TILE`).
         overlap: context pixels per tile side (None: the network's receptive radius).
         n_threads: CPU threads (0: the backend's setting).
@@ -141,7 +141,7 @@ class Upscaler:
 
     def __init__(self, path: str | Path, placement: Any = None, pool: Any = None, tile: int | None = None,
                  overlap: int | None = None, n_threads: int = 0) -> None:
-        from sdplan.core import engine
+        from sdplan.core.runtime import runner as engine
 
         self.path = Path(path)
         shapes, make = _weight_file(self.path)

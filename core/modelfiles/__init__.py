@@ -1,0 +1,1 @@
+"""model files -> tensors, modules, families."""

@@ -1,0 +1,1 @@
+"""one pipeline per model family."""

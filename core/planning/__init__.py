@@ -1,0 +1,1 @@
+"""placement strings and flags -> a plan."""

@@ -1,0 +1,1 @@
+"""the engine's Python side."""

@@ -1,0 +1,1 @@
+"""sigma schedules, samplers, previews."""

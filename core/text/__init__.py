@@ -1,0 +1,1 @@
+"""tokenizers and prompt syntax."""
