@@ -10,7 +10,6 @@ copy of the placement. Undo/redo keep placement snapshots on a :class:`QUndoStac
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -18,17 +17,14 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoCommand, QUndoStack
 from sdplan.core.errors import PlanError, SdplanError
-from sdplan.core.planning.assignment import MODULES, SPLITTABLE
-from sdplan.core.planning.inventory import Device, Inventory
+from sdplan.core.modelfiles.checkpoint import files_by_flag
+from sdplan.core.planning.inventory import Device, Inventory, merge_rpc_devices
+from sdplan.core.planning.modules import MODULES, SPLITTABLE
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import Plan, resolve
 from sdplan.core.planning.profile import Profile
-from sdplan.core.planning.sdcli import (
-    MODEL_FLAGS,
-    import_sdcli_command,
-    model_file_flags,
-    sdcli_command_line,
-)
+from sdplan.core.planning.sdcli import import_sdcli_command, model_file_flags, sdcli_command_line
+from sdplan.core.planning.session import plan_document, read_plan_document, save_plan_file
 
 log = logging.getLogger(__name__)
 
@@ -43,20 +39,6 @@ DEFAULT_GENERATION: dict[str, object] = {"width": 1024, "height": 1024, "steps":
 #: Where local devices come from (live ggml, or a saved hardware profile). RPC devices are
 #: never asked for in this process: see :func:`sdplan.app.rpc.query_rpc_devices`.
 InventorySource = Callable[[], Inventory]
-
-
-def merge_rpc_devices(local: Inventory, rpc: Sequence[Device]) -> Inventory:
-    """``local``'s devices followed by ``rpc`` (devices of ``--rpc-servers`` queried in a
-    subprocess). When ``rpc`` is not empty, RPC devices already in ``local`` (a saved
-    hardware profile's) are replaced by them.
-
-    Raises:
-        InventoryError: two devices share a name.
-    """
-    if not rpc:
-        return local
-    kept = [d for d in local if d.registry.upper() != "RPC"]
-    return Inventory((*kept, *rpc))
 
 
 class _PlacementCommand(QUndoCommand):
@@ -431,15 +413,9 @@ class PlanController(QObject):
 
     # ------------------------------------------------------------------ plan JSON
     def plan_json(self) -> dict[str, object]:
-        """The plan as saved by "Export plan": strings, model files, generation, the resolved
-        plan and the fit (bytes)."""
-        d: dict[str, object] = {"sdplan_plan": 1, **self.plan.to_json(),
-                                "model_files": self.model_files,
-                                "generation": self.generation,
-                                "extra_modules": self.extra_modules}
-        if self.fit is not None:
-            d["fit"] = self.fit.to_json()
-        return d
+        """The plan as saved by "Export plan" (:func:`sdplan.core.planning.session.plan_document`)."""
+        return plan_document(self.plan, self.model_files, self.generation, self.extra_modules,
+                             self.fit)
 
     def load_plan_json(self, data: object, *, source: str = "plan") -> None:
         """Restore a plan saved by :meth:`plan_json`.
@@ -447,55 +423,16 @@ class PlanController(QObject):
         Raises:
             PlanError: the JSON is not a plan or its strings do not resolve here.
         """
-        if not isinstance(data, dict) or "backend" not in data:
-            raise PlanError("invalid_plan", f"{source}: not an sdplan plan (no 'backend')")
-        placement = Placement.from_strings(
-            str(data.get("backend") or ""), str(data.get("params_backend") or ""),
-            str(data.get("max_vram") or ""), stream_layers=bool(data.get("stream_layers")),
-            rpc_servers=[str(s) for s in data.get("rpc_servers") or []])
-        resolve(placement, self.inventory, self.profile)
-        files = data.get("model_files") or {}
-        if isinstance(files, dict) and files and files != self.model_files:
-            self.load_model_files({k: list(v) for k, v in files.items() if k in MODEL_FLAGS},
-                                  strict=False)
-        if isinstance(data.get("generation"), dict):
-            self.generation.update(data["generation"])
-        self.extra_modules = [m for m in data.get("extra_modules") or [] if m in MODULES]
-        self._push(placement, "import plan", source="load")
+        saved = read_plan_document(data, source)
+        resolve(saved.placement, self.inventory, self.profile)
+        if saved.model_files and saved.model_files != self.model_files:
+            self.load_model_files(saved.model_files, strict=False)
+        self.generation.update(saved.generation)
+        self.extra_modules = list(saved.extra_modules)
+        self._push(saved.placement, "import plan", source="load")
         self.modelChanged.emit()
         self.planChanged.emit("load")
 
     def save_plan(self, path: str | Path) -> None:
         """Write :meth:`plan_json` to ``path`` (raises OSError)."""
-        Path(path).write_text(json.dumps(self.plan_json(), indent=1), encoding="utf-8")
-
-
-def files_by_flag(ms: object, flags: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
-    """sd-cli model flags for the files of a model set: a file whose tensors all belong to one
-    module (or encoder) gets that module's flag (``--diffusion-model``, ``--t5xxl``,
-    ``--vae``...), anything else stays ``--model``."""
-    by_file: dict[str, set[tuple[str, str | None, str]]] = {}
-    for t in getattr(ms, "tensors", []):
-        by_file.setdefault(str(t.info.file), set()).add((t.module, t.encoder, t.role))
-    out: dict[str, list[str]] = {}
-    for key, paths in flags.items():
-        for p in paths:
-            flag = key
-            kinds = by_file.get(str(p), set())
-            if key == "model" and len({k[0] for k in kinds}) == 1:
-                module, encoder, role = next(iter(kinds))
-                flag = _FLAG_OF.get(module, "model")
-                if module == "te":
-                    encs = {k[1] for k in kinds}
-                    flag = next(iter(encs)) if len(encs) == 1 and next(iter(encs)) in \
-                        MODEL_FLAGS else "model"
-                if module == "vae" and role == "preview":
-                    flag = "taesd"
-            out.setdefault(flag, []).append(str(p))
-    return out
-
-
-_FLAG_OF = {"diffusion": "diffusion_model", "vae": "vae", "controlnet": "control_net",
-            "upscaler": "upscale_model", "photomaker": "photo_maker",
-            "clip_vision": "clip_vision"}
-
+        save_plan_file(path, self.plan_json())

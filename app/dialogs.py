@@ -14,7 +14,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 from sdplan.app import strings
+from sdplan.core import __version__
 from sdplan.core.planning.autoplan import AutoPlan
+from sdplan.core.runtime.native import NativeUnavailable, native
 
 
 class AutoPlanDialog(QDialog):
@@ -59,14 +61,11 @@ def versions() -> dict[str, str]:
     """Versions shown in the About box: sdplan, ggml (when the native module loads), Qt."""
     from PySide6 import __version__ as pyside
     from PySide6.QtCore import qVersion
-    from sdplan.core import __version__
 
     out = {"sdplan": __version__}
     try:
-        import sdplan._ggml as native
-
-        out["ggml"] = str(native.ggml_version())
-    except (ImportError, AttributeError) as exc:
+        out["ggml"] = str(native().ggml_version())
+    except (NativeUnavailable, AttributeError) as exc:
         out["ggml"] = f"not available ({exc})"
     out["Qt"] = qVersion()
     out["PySide6"] = pyside

@@ -100,7 +100,7 @@ class GenerationPanel(QFrame):
         self._last_request: dict[str, Any] | None = None
         self.last_images: list[QImage] = []
         #: Extra request keys for the engine (``overrides`` for models whose files do not
-        #: name their head counts, ``threads``...); see sdplan.core.pipelines.sd.generate_job.
+        #: name their head counts, ``threads``...); see sdplan.core.pipelines.jobs.generate_job.
         self.request_extra: dict[str, Any] = {}
         #: Steps of the current run whose live preview was shown (in order).
         self.preview_steps: list[int] = []

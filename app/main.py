@@ -1,4 +1,5 @@
-"""Start the GUI: ``run_gui(argv)`` parses ``sdplan gui`` arguments and runs the window."""
+"""Start the GUI: :func:`run_gui` opens the window for parsed ``sdplan gui`` options (the
+``gui`` command parses them and calls it; the app never imports the command line)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-from sdplan.core.commands import generate as generate_cmd
 from sdplan.core.errors import SdplanError
-from sdplan.core.planning.inventory import Inventory
+from sdplan.core.pipelines import demo
+from sdplan.core.planning.autoplan import auto_plan
+from sdplan.core.planning.builtin_profiles import load_profile_option
+from sdplan.core.planning.inventory import Inventory, merge_rpc_devices
+from sdplan.core.planning.placement import placement_from_namespace
+from sdplan.core.runtime.devices import local_inventory
 
 log = logging.getLogger(__name__)
 
@@ -29,29 +33,19 @@ def file_source(path: str):  # noqa: ANN201 - InventorySource
 def live_source() -> Inventory:
     """This machine's devices, without RPC servers (CPU alone from /proc/meminfo when the
     native module is missing)."""
-    try:
-        from sdplan.core.runtime.devices import live_inventory
-
-        return live_inventory(())
-    except ImportError:
-        from sdplan.core.commands.plan import fallback_inventory
-
-        return fallback_inventory()
+    return local_inventory(())[0]
 
 
 #: What the window offers with the demo model: a caption it was trained on and the same
-#: size and sampling as ``sdplan generate --demo`` (generate.DEMO_DEFAULTS, DEMO_SAMPLER).
-DEMO_GENERATION: dict[str, object] = {
-    "prompt": "a yellow triangle on a green background", "negative_prompt": None,
-    **generate_cmd.DEMO_DEFAULTS, "seed": 42, "sampling_method": generate_cmd.DEMO_SAMPLER,
-    "scheduler": "discrete", "batch_count": 1}
+#: size and sampling as ``sdplan generate --demo``.
+DEMO_GENERATION: dict[str, object] = demo.demo_generation()
 
 
 def demo_model_path() -> Path | None:
     """The bundled demo model's file, or None when this installation has none."""
     try:
-        return generate_cmd.demo_model_path()
-    except (SdplanError, ModuleNotFoundError):
+        return demo.demo_model_path()
+    except SdplanError:
         return None
 
 
@@ -59,8 +53,6 @@ def open_demo(ctl: object, path: Path | None = None) -> bool:
     """Load the demo model into the controller ``ctl`` with :data:`DEMO_GENERATION` and
     the Auto plan proposal for its devices at 128x128 (an undo history without steps).
     Returns False when there is no demo model or it cannot be read (logged)."""
-    from sdplan.core.planning.autoplan import auto_plan
-
     path = path or demo_model_path()
     if path is None:
         return False
@@ -72,7 +64,8 @@ def open_demo(ctl: object, path: Path | None = None) -> bool:
     ctl.set_generation(**DEMO_GENERATION)  # type: ignore[attr-defined]
     try:
         proposal = auto_plan(ctl.inventory, ctl.profile, ctl.placement,  # type: ignore[attr-defined]
-                             width=128, height=128)
+                             width=int(demo.DEMO_DEFAULTS["width"]),
+                             height=int(demo.DEMO_DEFAULTS["height"]))
         ctl.edit(proposal.placement, "plan for the demo")  # type: ignore[attr-defined]
     except SdplanError as exc:
         log.info("no auto plan for the demo: %s", exc)
@@ -80,42 +73,20 @@ def open_demo(ctl: object, path: Path | None = None) -> bool:
     return True
 
 
-def profile_from_args(args: argparse.Namespace):  # noqa: ANN201 - Profile | None
-    """The model profile of ``--model-profile NAME`` or ``--profile FILE|NAME`` (a path
-    that does not exist is tried as a built-in profile name), or None.
-
-    Raises:
-        SdplanError: unreadable file or unknown built-in name.
-    """
-    from sdplan.core.planning.builtin_profiles import load_builtin_profile
-    from sdplan.core.planning.profile import Profile
-
-    name = getattr(args, "model_profile", None)
-    if name:
-        return load_builtin_profile(name)
-    if not args.profile:
-        return None
-    if Path(args.profile).exists() or args.profile.endswith(".json"):
-        return Profile.load(args.profile)
-    return load_builtin_profile(args.profile)
-
-
 def build_window(args: argparse.Namespace, settings: object = None):  # noqa: ANN201
     """The controller and main window for parsed ``sdplan gui`` arguments."""
     from PySide6.QtCore import QSettings
     from sdplan.app.controller import PlanController
     from sdplan.app.window import MainWindow
-    from sdplan.core.planning.plan import placement_from_namespace
 
     placement = placement_from_namespace(args)
     source = file_source(args.devices) if args.devices else live_source
     inventory = source()
     if placement.rpc_servers:  # asked for in a child process, never registered here
-        from sdplan.app.controller import merge_rpc_devices
         from sdplan.app.rpc import query_rpc_devices
 
         inventory = merge_rpc_devices(inventory, query_rpc_devices(placement.rpc_servers))
-    profile = profile_from_args(args)
+    profile = load_profile_option(args.profile, getattr(args, "model_profile", None))
     ctl = PlanController(inventory, profile, placement, inventory_source=source)
     qs = settings or QSettings("sdplan", "sdplan")
     args.profile = args.profile or getattr(args, "model_profile", None)
@@ -168,15 +139,10 @@ def _generate_and_wait(win: object, app: object, timeout_s: float = 600.0) -> bo
     return ok
 
 
-def run_gui(argv: Sequence[str] | argparse.Namespace | None = None) -> int:
-    """Open the window (or, with ``--screenshot OUT.png``, render it offscreen at
-    1440x900, save it and exit). Returns the exit code (2 on a bad argument file)."""
-    if isinstance(argv, argparse.Namespace):
-        args = argv
-    else:
-        from sdplan.core.commands.gui import build_parser
-
-        args = build_parser().parse_args(list(argv or []))
+def run_gui(args: argparse.Namespace) -> int:
+    """Open the window for parsed ``sdplan gui`` options (or, with ``--screenshot OUT.png``,
+    render it offscreen at 1440x900, save it and exit). Returns the exit code (2 on a bad
+    argument file)."""
     import os
 
     if args.screenshot and "QT_QPA_PLATFORM" not in os.environ:

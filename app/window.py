@@ -40,9 +40,9 @@ from sdplan.app.rpc import RpcPanel
 from sdplan.app.strings import StringsPanel
 from sdplan.app.worker import ClientFactory
 from sdplan.core.errors import SdplanError
-from sdplan.core.planning.assignment import MODULES
 from sdplan.core.planning.autoplan import auto_plan, plan_diff
 from sdplan.core.planning.inventory import Inventory
+from sdplan.core.planning.modules import MODULES
 
 log = logging.getLogger(__name__)
 MAX_RECENT = 8

@@ -11,21 +11,23 @@ An engine client is anything with this small interface (:class:`EngineClient`)::
 Messages are dicts: ``{"type": "progress", "step": int, "total": int, "preview":
 ndarray (H, W, 3) uint8 or float in [0, 1], or None}``, ``{"type": "result", "images":
 [ndarray, ...], "params": dict}``, ``{"type": "error", "message": str}`` and
-``{"type": "cancelled"}``; the last three end a run. :class:`ReplayEngineClient` replays
-recorded messages (tests, demos).
+``{"type": "cancelled"}``; the last three end a run. The real one is
+:class:`sdplan.core.runtime.client.EngineClient` running
+:data:`sdplan.core.pipelines.jobs.GENERATE_JOB`.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from PySide6.QtCore import QObject, Signal, Slot
+from sdplan.core.pipelines.jobs import GENERATE_JOB
+from sdplan.core.runtime.client import EngineClient as PollingClient
 
 log = logging.getLogger(__name__)
 
@@ -44,71 +46,19 @@ class EngineClient(Protocol):
 ClientFactory = Callable[[], EngineClient]
 
 
-class ReplayEngineClient:
-    """An engine client that replays recorded messages, ``delay_s`` apart.
-
-    ``fail_on_start``: raise this exception from :meth:`start` (an engine process that does
-    not come up). :meth:`cancel` makes the next message ``{"type": "cancelled"}``.
-    """
-
-    def __init__(self, messages: Sequence[dict[str, Any]], delay_s: float = 0.0,
-                 fail_on_start: Exception | None = None) -> None:
-        self.messages = list(messages)
-        self.delay_s = delay_s
-        self.fail_on_start = fail_on_start
-        self.requests: list[dict[str, Any]] = []
-        self._cancel = threading.Event()
-        self._pos = 0
-        self.closed = False
-
-    def start(self, request: dict[str, Any]) -> None:
-        if self.fail_on_start is not None:
-            raise self.fail_on_start
-        self.requests.append(dict(request))
-        self._cancel.clear()
-        self._pos = 0
-
-    def next_message(self, timeout: float) -> dict[str, Any] | None:
-        if self._cancel.wait(self.delay_s):
-            self._pos = len(self.messages)
-            return {"type": "cancelled"}
-        if self._pos >= len(self.messages):
-            return {"type": "error", "message": "the engine process ended without a result"}
-        msg = self.messages[self._pos]
-        self._pos += 1
-        return msg
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    def close(self) -> None:
-        self.closed = True
-
-
 def engine_unavailable_reason() -> str | None:
-    """Why no real engine can run here, or None when ``sdplan.core.pipelines.sd`` provides
-    ``create_engine_client()``."""
+    """Why the engine cannot run here (the native module is missing from this build), or
+    None. The engine process imports it; the app itself never does."""
     try:
-        spec = importlib.util.find_spec("sdplan.core.pipelines.sd")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None:
-        return "Engine not available: this build has no sdplan.core.pipelines.sd"
-    try:
-        mod = importlib.import_module("sdplan.core.pipelines.sd")
-    except Exception as exc:  # noqa: BLE001 - any import failure disables generation
+        found = importlib.util.find_spec("sdplan._ggml") is not None
+    except (ImportError, ValueError) as exc:
         return f"Engine not available: {exc}"
-    if not hasattr(mod, "create_engine_client"):
-        return "Engine not available: sdplan.core.pipelines.sd has no engine client yet"
-    return None
+    return None if found else "Engine not available: this build has no native module (sdplan._ggml)"
 
 
 def default_client_factory() -> EngineClient:
-    """The real engine's client (raises when :func:`engine_unavailable_reason` is set)."""
-
-    return importlib.import_module("sdplan.core.pipelines.sd").create_engine_client()
-
-
+    """A client of the real engine: image generation in a child process."""
+    return PollingClient(GENERATE_JOB)
 
 
 class GenerationWorker(QObject):

@@ -8,18 +8,17 @@ code 2; without arguments the GUI starts.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
 from sdplan.core import __version__
+from sdplan.core.commands import devices, generate, gui, inspect, plan, rpc_server, upscale
 from sdplan.core.errors import SdplanError
 
-#: Subcommand modules under ``sdplan.core.commands``, in help order. A module that is
-#: missing (a part not built yet) is skipped, so the dispatcher never breaks on it.
-COMMANDS = ("devices", "rpc_server", "plan", "inspect", "generate", "upscale", "gui")
+#: Subcommand modules, in help order.
+COMMANDS = (devices, rpc_server, plan, inspect, generate, upscale, gui)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,13 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sdplan {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"sdplan.core.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"sdplan.core.commands.{name}":
-                raise
-            continue
+    for module in COMMANDS:
         module.add_parser(sub)
     return parser
 

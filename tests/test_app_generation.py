@@ -14,9 +14,9 @@ import pytest  # noqa: E402
 
 pytest.importorskip("pytestqt")
 
+from replay_client import ReplayEngineClient  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.app.generation import GenerationPanel, to_qimage  # noqa: E402
-from sdplan.app.worker import ReplayEngineClient  # noqa: E402
 from sdplan.core.errors import EngineError  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 
@@ -54,7 +54,7 @@ def panel(qtbot, ctl, tmp_path, clients):
 def test_disabled_without_model_or_engine(qtbot, tmp_path, monkeypatch):
     import sdplan.app.generation as generation
 
-    # a build without the engine (sdplan.core.pipelines.sd lacking create_engine_client)
+    # a build without the engine (no native module)
     monkeypatch.setattr(generation, "engine_unavailable_reason",
                         lambda: "Engine not available: this build has no engine client")
     inv = Inventory((Device("CPU", "cpu", "cpu", "CPU", 8 * GIB, 16 * GIB),))

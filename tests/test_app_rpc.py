@@ -15,11 +15,15 @@ pytest.importorskip("pytestqt")
 from conftest import require_or_skip  # noqa: E402
 from PySide6.QtCore import QSettings  # noqa: E402
 from rpc_util import free_port, rpc_servers, stop  # noqa: E402
-from sdplan.app.controller import PlanController, merge_rpc_devices  # noqa: E402
+from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.app.rpc import parse_rpc_devices, query_error  # noqa: E402
 from sdplan.app.window import MainWindow  # noqa: E402
 from sdplan.core.errors import InventoryError  # noqa: E402
-from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
+from sdplan.core.planning.inventory import (  # noqa: E402
+    Device,
+    Inventory,
+    merge_rpc_devices,  # noqa: E402
+)
 from sdplan.core.planning.placement import Placement  # noqa: E402
 
 GIB = 1 << 30

@@ -8,8 +8,6 @@ from decimal import Decimal
 import pytest
 from sdplan.core.errors import PlanError
 from sdplan.core.planning.assignment import (
-    MODULES,
-    SPLITTABLE,
     DeviceIndex,
     Ref,
     format_gib,
@@ -22,6 +20,7 @@ from sdplan.core.planning.assignment import (
     split_entries,
 )
 from sdplan.core.planning.inventory import Device, Inventory
+from sdplan.core.planning.modules import MODULES, SPLITTABLE
 
 GIB = 1 << 30
 

@@ -83,7 +83,7 @@ def test_pictures_differ_between_captions(pictures) -> None:
 def test_same_picture_with_te_and_unet_on_two_rpc_servers() -> None:
     from conftest import require_or_skip
     from rpc_util import rpc_servers
-    from sdplan.core.pipelines.sd import GENERATE_JOB
+    from sdplan.core.pipelines.jobs import GENERATE_JOB
     from sdplan.core.runtime.process import Engine
     from sdplan.core.runtime.runner import ModulePlacement
 

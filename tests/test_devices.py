@@ -87,7 +87,7 @@ def test_missing_fast_paths_are_warned(monkeypatch: pytest.MonkeyPatch) -> None:
         ggml_version=lambda: "0.0.1",
         registry_names=lambda: ["CPU"],
     )
-    monkeypatch.setattr(devices, "_native", lambda: fake)
+    monkeypatch.setattr(devices, "native", lambda: fake)
     monkeypatch.setattr(devices, "_host_cpu_flags", lambda: {"avx2", "fma"})
     monkeypatch.setattr(devices.platform, "machine", lambda: "x86_64")
     feat = devices.features()
@@ -104,7 +104,7 @@ def test_complete_build_has_no_warnings(monkeypatch: pytest.MonkeyPatch) -> None
         rpc_available=lambda: True, ggml_version=lambda: "0.0.1",
         registry_names=lambda: ["RPC", "CPU", "RPC[127.0.0.1:1]"],
     )
-    monkeypatch.setattr(devices, "_native", lambda: fake)
+    monkeypatch.setattr(devices, "native", lambda: fake)
     monkeypatch.setattr(devices, "_host_cpu_flags", lambda: {"avx2"})
     feat = devices.features()
     assert feat["warnings"] == [] and feat["registries"] == ["RPC", "CPU"]

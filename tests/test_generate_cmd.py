@@ -18,7 +18,8 @@ if not hasattr(G, "Graph"):
 from PIL import Image  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core.commands import generate  # noqa: E402
-from sdplan.core.pipelines.sd import image_to_uint8  # noqa: E402
+from sdplan.core.pipelines import demo  # noqa: E402
+from sdplan.core.pipelines.results import image_to_uint8  # noqa: E402
 from sdplan.core.sampling import samplers as sampling  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
@@ -213,14 +214,14 @@ def test_demo_defaults_fill_only_what_is_not_given() -> None:
     args = parse(["--demo", "-p", "a red circle on a blue background"])
     generate.apply_demo(args)
     assert (args.width, args.height, args.steps, args.cfg_scale) == (128, 128, 20, 5.0)
-    assert args.sampling_method == generate.DEMO_SAMPLER == "euler"
+    assert args.sampling_method == demo.DEMO_SAMPLER == "euler"
     args = parse(["--demo", "-p", "x", "--sampling-method", "euler_a", "--steps", "7"])
     generate.apply_demo(args)
     assert args.sampling_method == "euler_a" and args.steps == 7
     assert parse(["-p", "x"]).sampling_method == "euler_a"  # sd-cli's default without --demo
-    assert generate.demo_caption_known("  An orange Square on a black background ")
-    assert not generate.demo_caption_known("a cat")
-    assert not generate.demo_caption_known("a red circle on a red background")
+    assert demo.demo_caption_known("  An orange Square on a black background ")
+    assert not demo.demo_caption_known("a cat")
+    assert not demo.demo_caption_known("a red circle on a red background")
 
 
 FLUX = ["--t5xxl", str(FIX / "t5_tiny.safetensors"), "--clip_l", str(FIX / "clip_l_tiny.safetensors"),

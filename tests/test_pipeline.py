@@ -19,7 +19,8 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core.errors import SdplanError  # noqa: E402
-from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion, image_to_uint8  # noqa: E402
+from sdplan.core.pipelines.results import image_to_uint8  # noqa: E402
+from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.planning.plan import resolve  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement  # noqa: E402
@@ -165,9 +166,10 @@ def drain(client, timeout: float = 120.0) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def client():
-    from sdplan.core.pipelines.sd import create_engine_client
+    from sdplan.core.pipelines.jobs import GENERATE_JOB
+    from sdplan.core.runtime.client import EngineClient
 
-    c = create_engine_client()
+    c = EngineClient(GENERATE_JOB)
     yield c
     c.close()
 

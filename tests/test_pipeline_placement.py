@@ -119,7 +119,7 @@ def test_modules_over_two_rpc_servers_in_the_engine_process(one_device) -> None:
     the RPC servers are registered in the engine child only."""
     from conftest import require_or_skip
     from rpc_util import rpc_servers
-    from sdplan.core.pipelines.sd import GENERATE_JOB
+    from sdplan.core.pipelines.jobs import GENERATE_JOB
     from sdplan.core.runtime.process import Engine
     from sdplan.core.runtime.runner import BlockRange, ModulePlacement
 

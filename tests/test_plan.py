@@ -14,14 +14,16 @@ from sdplan.core import cli
 from sdplan.core.commands import plan as plan_cmd
 from sdplan.core.errors import PlanError
 from sdplan.core.planning.inventory import Device, Inventory
+from sdplan.core.planning.modules import MODULES
 from sdplan.core.planning.placement import (
     Placement,
     add_placement_arguments,
     placement_from_namespace,
 )
-from sdplan.core.planning.plan import MODULES, Range, resolve, split_ranges
+from sdplan.core.planning.plan import Range, resolve, split_ranges
 from sdplan.core.planning.profile import ModuleProfile, Profile
 from sdplan.core.planning.sdcli import import_sdcli_command, sdcli_argv, sdcli_command_line
+from sdplan.core.runtime.devices import fallback_inventory
 
 GIB = 1 << 30
 INV = Inventory((
@@ -334,17 +336,15 @@ def test_command_tables(tmp_path, capsys) -> None:
 def test_command_without_devices_falls_back_to_cpu(monkeypatch, capsys) -> None:
     import sys
 
-    monkeypatch.setitem(sys.modules, "sdplan.core.runtime.devices", None)
+    monkeypatch.setitem(sys.modules, "sdplan._ggml", None)  # a build without the native module
     assert cli.main(["plan", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["budgets"].keys() == {"CPU"}
     assert out["warnings"][0]["code"] == "live_inventory_unavailable"
-    assert plan_cmd.fallback_inventory().devices[0].total > 0
+    assert fallback_inventory().devices[0].total > 0
 
 
 def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -> None:
-    import sys
-    import types
 
     inv_file = tmp_path / "inv.json"
     inv_file.write_text(json.dumps(INV.to_json()))
@@ -365,12 +365,10 @@ def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -
         assert inventory == INV and profile.get("diffusion") is not None
         return Fit(width=width, height=height, batch=batch)
 
-    checkpoint = types.ModuleType("sdplan.core.modelfiles.checkpoint")
-    checkpoint.profile_from_model_flags = fake_profile  # type: ignore[attr-defined]
-    estimate = types.ModuleType("sdplan.core.planning.estimate")
-    estimate.estimate_plan = fake_estimate  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sdplan.core.modelfiles.checkpoint", checkpoint)
-    monkeypatch.setitem(sys.modules, "sdplan.core.planning.estimate", estimate)
+    from sdplan.core.commands import options
+
+    monkeypatch.setattr(options, "profile_from_model_flags", fake_profile)
+    monkeypatch.setattr(plan_cmd, "estimate_plan", fake_estimate)
     assert cli.main(["plan", "--devices", str(inv_file), "--diffusion-model", "f.gguf",
                      "--clip_l", "c.sft", "--t5xxl", "t.gguf", "--backend",
                      "diffusion=cuda0&cuda1", "-W", "768", "-b", "2", "--json"]) == 0
@@ -390,12 +388,11 @@ def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -
                     ) == 0
     text = capsys.readouterr().out
     assert "Memory estimate" in text and "fits" in text
-    monkeypatch.setitem(sys.modules, "sdplan.core.planning.estimate", None)
-    assert cli.main(["plan", "--devices", str(inv_file), "-m", "m.sft", "--json"]) == 0
-    assert "fit" not in json.loads(capsys.readouterr().out)
-    monkeypatch.setitem(sys.modules, "sdplan.core.modelfiles.checkpoint", None)
-    assert cli.main(["plan", "--devices", str(inv_file), "-m", "m.sft", "--json"]) == 2
-    assert json.loads(capsys.readouterr().out)["error"]["code"] == "model_files_unsupported"
+    # a profile and model files together are two model sources: refused, naming the flag
+    assert cli.main(["plan", "--devices", str(inv_file), "-m", "m.sft", "--profile",
+                     str(tmp_path / "p.json"), "--json"]) == 2
+    err = json.loads(capsys.readouterr().out)["error"]
+    assert err["code"] == "conflicting_model_sources" and "--profile" in err["message"]
 
 
 def test_entry_equal_to_default_list_shares_the_default_warning() -> None:

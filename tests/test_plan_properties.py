@@ -10,8 +10,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from sdplan.core.errors import PlanError
-from sdplan.core.planning.assignment import MODULE_KEYS, MODULES
+from sdplan.core.planning.assignment import MODULE_KEYS
 from sdplan.core.planning.inventory import Device, Inventory
+from sdplan.core.planning.modules import MODULES
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import INPUT_ONLY_WARNINGS, Plan, resolve
 from sdplan.core.planning.profile import ModuleProfile, Profile

@@ -34,9 +34,7 @@ from sdplan.app import theme
 from sdplan.app.board.model import BoardModel, Card
 from sdplan.app.controller import PlanController
 from sdplan.app.icons import dot_pixmap
-from sdplan.core.planning.assignment import SPLITTABLE
-
-GIB = 1 << 30
+from sdplan.core.planning.modules import GIB, SPLITTABLE
 
 
 def gib(nbytes: int | None) -> str:

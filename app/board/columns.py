@@ -19,7 +19,7 @@ from sdplan.app.board.memory_bar import BarData, MemoryBar
 from sdplan.app.board.model import DEFAULT, BoardModel
 from sdplan.app.controller import PlanController
 from sdplan.app.icons import device_pixmap
-from sdplan.core.planning.assignment import SPLITTABLE
+from sdplan.core.planning.modules import SPLITTABLE
 
 GIB = 1 << 30
 #: Reserve of the layer-split weight rule (spec section 8): free - 2 GiB, at most 7/8 free.

@@ -15,8 +15,7 @@ from typing import Any
 
 from sdplan.core.errors import SdplanError
 from sdplan.core.planning.inventory import Inventory
-
-GIB = 1024**3
+from sdplan.core.planning.modules import GIB
 
 
 def add_parser(subparsers: Any) -> None:

@@ -28,7 +28,6 @@ Flux RoPE axes) come from the flags below or from ``sdplan.*`` keys of the safet
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import os
 import sys
@@ -40,13 +39,6 @@ from sdplan.core.errors import SdplanError
 from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
 
 log = logging.getLogger(__name__)
-MODEL_HASH_METHOD = "sha256(first 1 MiB + decimal file size)"
-#: The packaged demo model (``sdplan.resources`` folder, file name) and its generation
-#: defaults, used by ``--demo`` for each of these flags the command line does not give.
-DEMO_RESOURCE = ("demo", "sdplan-demo-shapes.safetensors")
-DEMO_DEFAULTS = {"width": 128, "height": 128, "steps": 20, "cfg_scale": 5.0}
-#: The demo's sampler (the desktop app's too) unless ``--sampling-method`` is given.
-DEMO_SAMPLER = "euler"
 #: Model-file flags -> request keys.
 FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "t5xxl", "clip_l": "clip_l",
               "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
@@ -117,31 +109,18 @@ class _DefaultStr(str):
     """A text default argparse keeps as given: ``--demo`` replaces only these."""
 
 
-def demo_model_path() -> Path:
-    """The packaged demo model file (``sdplan.resources/demo``).
-
-    Raises:
-        SdplanError: this installation has no demo model file.
-    """
-    from importlib import resources
-
-    ref = resources.files("sdplan.resources").joinpath("/".join(DEMO_RESOURCE))
-    path = Path(str(ref))
-    if not path.is_file():
-        raise SdplanError(f"--demo: the demo model {path} is not installed")
-    return path
-
-
 def apply_demo(args: argparse.Namespace) -> None:
-    """With ``--demo``: ``-m`` the demo model, :data:`DEMO_DEFAULTS` for each of width,
-    height, steps and CFG scale and :data:`DEMO_SAMPLER` for the sampler, where the command
-    line left them at their defaults.
+    """With ``--demo``: ``-m`` the demo model, the demo's defaults
+    (:mod:`sdplan.core.pipelines.demo`) for each of width, height, steps, CFG scale and the
+    sampler, where the command line left them at their defaults.
 
     Raises:
         SdplanError: ``--demo`` together with ``-m`` or ``--diffusion-model``, or no demo file.
     """
     if not getattr(args, "demo", False):
         return
+    from sdplan.core.pipelines.demo import DEMO_DEFAULTS, DEMO_SAMPLER, demo_model_path
+
     if args.model or args.diffusion_model:
         raise SdplanError("--demo replaces -m/--diffusion-model: give one or the other")
     args.model = str(demo_model_path())
@@ -150,26 +129,6 @@ def apply_demo(args: argparse.Namespace) -> None:
             setattr(args, key, value)
     if isinstance(args.sampling_method, _DefaultStr):
         args.sampling_method = DEMO_SAMPLER
-
-
-def demo_caption_known(prompt: str) -> bool:
-    """Is ``prompt`` one of the demo model's 168 training captions (any case/spacing)?"""
-    from sdplan.core.pipelines.demo_scenes import parse_caption
-
-    try:
-        parse_caption(prompt)
-    except SdplanError:
-        return False
-    return True
-
-
-def model_hash(path: str | Path) -> str:
-    """Hex sha256 of the file's first MiB followed by its size as decimal ASCII."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        h.update(fh.read(1 << 20))
-    h.update(str(os.path.getsize(path)).encode())
-    return h.hexdigest()
 
 
 def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
@@ -183,7 +142,7 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
 
 def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]]) -> tuple[Any, Any, Any]:
     from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
-    from sdplan.core.pipelines.sd import INVENTORY_JOB
+    from sdplan.core.pipelines.jobs import INVENTORY_JOB
     from sdplan.core.planning.estimate import estimate_plan
     from sdplan.core.planning.inventory import Inventory
     from sdplan.core.planning.plan import resolve
@@ -196,21 +155,12 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]])
     return plan, inventory, fit
 
 
-def _save_png(img: Any, path: Path, text: dict[str, str]) -> None:
-    from PIL import Image, PngImagePlugin
-
-    info = PngImagePlugin.PngInfo()
-    for k, v in text.items():
-        info.add_text(k, v)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(img).save(path, pnginfo=info)
-
-
 def run(args: argparse.Namespace) -> int:
     """Plan, generate, write PNGs; 0 on success, 2 on an sdplan error (a dead engine
     process included), 3 when the plan does not fit (without ``--force``)."""
     from rich.console import Console
     from sdplan.core.commands.plan import print_error, print_tables
+    from sdplan.core.pipelines.demo import demo_caption_known
     from sdplan.core.runtime.process import Engine
 
     console = Console(stderr=True)
@@ -244,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, seed: int) -> dict[str, Any]:
-    """The engine request (:func:`sdplan.core.pipelines.sd.generate_job`) of parsed flags and a
+    """The engine request (:func:`sdplan.core.pipelines.jobs.generate_job`) of parsed flags and a
     resolved plan (its per-module placements travel with it)."""
     from sdplan.core.runtime.runner import ModulePlacement
 
@@ -308,7 +258,8 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
     import random
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-    from sdplan.core.pipelines.sd import GENERATE_JOB
+    from sdplan.core.pipelines.jobs import GENERATE_JOB
+    from sdplan.core.pipelines.results import generation_text, save_png
 
     seed = args.seed if args.seed >= 0 else random.randrange(2**31)
     req = request(args, files, plan, seed)
@@ -333,7 +284,7 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
 
         def on_preview(info: dict[str, Any]) -> None:
             if preview_dir is not None:
-                _save_png(info["image"], preview_dir / f"preview_{info['step']:03d}.png", {})
+                save_png(info["image"], preview_dir / f"preview_{info['step']:03d}.png")
 
         try:
             res = engine.call(GENERATE_JOB, {"request": req}, on_progress, on_preview)
@@ -341,23 +292,13 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
             engine.cancel()
             raise
     log.info("generated in %.2f s: %s", time.perf_counter() - t0, res.get("timings"))
-    main = files["model"][0] if "model" in files else files["diffusion_model"][0]
-    text = {"prompt": args.prompt, "negative_prompt": args.negative_prompt, "seed": str(seed),
-            "steps": str(args.steps), "sampler": args.sampling_method,
-            "scheduler": args.scheduler, "cfg_scale": f"{args.cfg_scale:g}",
-            "clip_skip": str(args.clip_skip), "size": f"{args.width}x{args.height}",
-            "model": os.path.basename(main), "model_hash": model_hash(main),
-            "model_hash_method": MODEL_HASH_METHOD, "software": "sdplan"}
-    if "diffusion_model" in files:
-        text["guidance"] = f"{args.guidance:g}"
-    if args.upscale_model:
-        text["upscale_model"] = os.path.basename(args.upscale_model)
-        text["upscale_repeats"] = str(args.upscale_repeats)
-    text.update({"backend": plan.backend, "params_backend": plan.params_backend, "max_vram": plan.max_vram})
+    text = generation_text({**req, "clip_skip": args.clip_skip}, files,
+                           {"backend": plan.backend, "params_backend": plan.params_backend,
+                            "max_vram": plan.max_vram})
     out = Path(args.output)
     images = res["images"]
     for i, img in enumerate(images):
         path = out if len(images) == 1 else out.with_name(f"{out.stem}_{i}{out.suffix or '.png'}")
-        _save_png(img, path, text | {"batch_index": str(i)})
+        save_png(img, path, text | {"batch_index": str(i)})
         print(path, file=sys.stdout)
     return 0

@@ -8,17 +8,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from sdplan.core.commands.options import add_source_arguments
 from sdplan.core.planning.placement import add_placement_arguments
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="*", metavar="FILE", help="model files to open")
-    p.add_argument("--devices", metavar="FILE", help="plan for the devices in this inventory "
-                   "JSON file (a hardware profile) instead of the live ones")
-    p.add_argument("--profile", metavar="FILE|NAME", help="model profile JSON (block sizes), "
-                   "or the name of a built-in profile (see sdplan plan --model-profile list)")
-    p.add_argument("--model-profile", metavar="NAME", help="plan for a built-in model "
-                   "profile (flux1-dev-q8_0, sdxl-base-f16...) without its files")
+    add_source_arguments(p)
     p.add_argument("--demo", action="store_true", help="open the bundled demo model "
                    "(the default when no files, profile or saved plan are given)")
     p.add_argument("--theme", choices=("system", "light", "dark"), help="colour theme")

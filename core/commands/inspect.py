@@ -17,9 +17,7 @@ from typing import Any
 
 from sdplan.core.errors import SdplanError
 from sdplan.core.modelfiles.checkpoint import ModelSet, read_model_files
-from sdplan.core.planning.sdcli import MODEL_FLAGS
-
-GIB = 1 << 30
+from sdplan.core.planning.modules import GIB, MODEL_FLAGS
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -11,26 +11,23 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import sys
-from collections.abc import Sequence
 from typing import Any
 
+from sdplan.core.commands.options import add_source_arguments, load_inventory, profile_from_args
 from sdplan.core.errors import PlanError, SdplanError
-from sdplan.core.planning.inventory import Device, Inventory
+from sdplan.core.planning.estimate import estimate_plan
+from sdplan.core.planning.inventory import Inventory
+from sdplan.core.planning.modules import GIB, MODEL_FLAGS, MODULES
 from sdplan.core.planning.plan import (
-    MODULES,
     Plan,
-    PlanWarning,
     add_placement_arguments,
     placement_from_namespace,
     resolve,
 )
 from sdplan.core.planning.profile import Profile
-from sdplan.core.planning.sdcli import MODEL_FLAGS
 
 log = logging.getLogger(__name__)
-GIB = 1 << 30
 
 
 def positive_int(text: str) -> int:
@@ -50,12 +47,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "plan", help="resolve a device placement and show where everything goes",
         description="Resolve --backend/--params-backend/--max-vram (as sd-cli spells them) "
                     "for the live devices or an inventory file, and show the plan.")
-    p.add_argument("--devices", metavar="FILE", help="plan for the devices in this inventory "
-                   "JSON file instead of the live ones")
-    p.add_argument("--profile", metavar="FILE", help="model profile JSON (block sizes) for "
-                   "layer-split ranges")
-    p.add_argument("--model-profile", metavar="NAME", help="plan for a built-in model "
-                   "profile (e.g. flux1-dev-q8_0) without its files; 'list' shows them all")
+    add_source_arguments(p)
     g = p.add_argument_group("model files (as sd-cli spells them)")
     for key, flags in MODEL_FLAGS.items():
         g.add_argument(*reversed(flags), dest=key, action="append", metavar="PATH")
@@ -68,66 +60,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def fallback_inventory() -> Inventory:
-    """Just the CPU, sized from ``/proc/meminfo`` (bytes; zeros when unreadable)."""
-    free = total = 0
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            info = {k: v for k, v in (line.split(":", 1) for line in fh if ":" in line)}
-        total = int(info.get("MemTotal", "0 kB").split()[0]) * 1024
-        free = int(info.get("MemAvailable", "0 kB").split()[0]) * 1024
-    except (OSError, ValueError):
-        log.debug("cannot read /proc/meminfo", exc_info=True)
-    cpu = Device("CPU", f"CPU ({os.cpu_count() or 1} threads)", "cpu", "CPU", free, total)
-    return Inventory((cpu,))
-
-
-def load_inventory(path: str | None, rpc_servers: Sequence[str] = ()) -> tuple[Inventory, list[PlanWarning]]:
-    """The inventory file at ``path``, else the live devices of this process (after adding
-    ``rpc_servers``), else the CPU alone with a ``live_inventory_unavailable`` warning.
-    Raises InventoryError for a bad file, RpcError for an unreachable server."""
-    if path:
-        return Inventory.load(path), []
-    try:
-        from sdplan.core.runtime.devices import live_inventory
-
-        return live_inventory(rpc_servers=list(rpc_servers)), []
-    except ImportError as exc:  # the devices module or the native extension is missing
-        log.debug("live inventory unavailable: %s", exc)
-        return fallback_inventory(), [PlanWarning(
-            "live_inventory_unavailable", f"live device query unavailable ({exc}); planning "
-            "for the CPU alone (use --devices FILE to plan for other devices)")]
-
-
-def _profile(args: argparse.Namespace) -> Profile | None:
-    flags = {k: list(getattr(args, k)) for k in MODEL_FLAGS if getattr(args, k, None)}
-    builtin = getattr(args, "model_profile", None)
-    if builtin:
-        if args.profile or flags:
-            raise PlanError("conflicting_model_sources", "--model-profile excludes --profile "
-                            "and model files; give one of them", flag="--model-profile")
-        from sdplan.core.planning.builtin_profiles import load_builtin_profile
-
-        return load_builtin_profile(builtin)
-    if args.profile:
-        return Profile.load(args.profile)
-    if not flags:
-        return None
-    try:
-        from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
-    except ImportError as exc:
-        raise PlanError("model_files_unsupported", "reading model files is not available in "
-                        f"this build ({exc}); pass --profile FILE instead") from None
-    return profile_from_model_flags(flags)
-
-
 def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
          args: argparse.Namespace) -> Any:
     if profile is None:
-        return None
-    try:
-        from sdplan.core.planning.estimate import estimate_plan
-    except ImportError:
         return None
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
                          batch=args.batch_count)
@@ -140,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         placement = placement_from_namespace(args)
         inventory, extra = load_inventory(args.devices, placement.rpc_servers)
-        profile = _profile(args)
+        files = {k: list(getattr(args, k)) for k in MODEL_FLAGS if getattr(args, k, None)}
+        profile = profile_from_args(args, files)
         plan = resolve(placement, inventory, profile)
         if extra:
             plan = dataclasses.replace(plan, warnings=extra + plan.warnings)

@@ -21,6 +21,7 @@ import threading
 from typing import Any
 
 from sdplan.core.errors import SdplanError
+from sdplan.core.runtime.native import native
 
 DEFAULT_PORT = 50052
 
@@ -47,9 +48,7 @@ def add_parser(subparsers: Any) -> None:
 def _resolve_device(name: str) -> str:
     """The local ggml device named ``name`` (case-insensitive); raises ValueError listing
     the available names otherwise."""
-    import sdplan._ggml as native
-
-    names = native.device_names()
+    names = native().device_names()
     for n in names:
         if n.lower() == name.strip().lower():
             return str(n)
@@ -82,8 +81,6 @@ def run(args: argparse.Namespace) -> int:
         device = _resolve_device(args.device)
     except (SdplanError, ValueError) as exc:
         return _fail(str(exc))
-    import sdplan._ggml as native
-
     # ggml's server parses numeric addresses only: give it the address a name stands for.
     try:
         addr = str(socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0][4][0])
@@ -97,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     def serve() -> None:
         try:
-            native.rpc_start_server(endpoint, [device], threads)
+            native().rpc_start_server(endpoint, [device], threads)
         except Exception as exc:  # reported by the main thread
             print(f"sdplan rpc-server: {exc}", file=sys.stderr)
         failed.set()

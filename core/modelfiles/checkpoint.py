@@ -29,32 +29,11 @@ from pathlib import Path
 
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.readers import TensorFile, TensorInfo, read_tensor_file
+from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE, flag_for
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
 log = logging.getLogger(__name__)
 
-#: Module names in report order (spec section 1).
-MODULES = ("diffusion", "te", "clip_vision", "vae", "controlnet", "photomaker", "upscaler",
-           "detector")
-#: Text encoders of ``te``. ``clip_h`` is SD2's OpenCLIP ViT-H/14.
-ENCODERS = ("clip_l", "clip_g", "clip_h", "t5xxl", "llm")
-#: Model-file flags (sd-cli's, ``-`` written ``_``) -> (module, encoder, role).
-FLAG_TARGETS: dict[str, tuple[str | None, str | None, str]] = {
-    "model": (None, None, "main"),
-    "diffusion_model": ("diffusion", None, "main"),
-    "clip_l": ("te", "clip_l", "main"),
-    "clip_g": ("te", "clip_g", "main"),
-    "t5xxl": ("te", "t5xxl", "main"),
-    "llm": ("te", "llm", "main"),
-    "vae": ("vae", None, "main"),
-    "taesd": ("vae", None, "preview"),
-    "control_net": ("controlnet", None, "main"),
-    "upscale_model": ("upscaler", None, "main"),
-    "photo_maker": ("photomaker", None, "main"),
-    "clip_vision": ("clip_vision", None, "main"),
-}
-#: Modules whose blocks are listed (the only ones that may be split, spec section 1).
-SPLITTABLE = ("diffusion", "te")
 
 #: Block path segments in the order their blocks execute (spec section 8).
 BLOCK_SEGMENTS = ("transformer_blocks", "joint_blocks", "double_blocks", "single_blocks",
@@ -586,3 +565,26 @@ def detect_architecture(ms: ModelSet) -> Architecture:
     return Architecture("unknown", None,
                         (f"no known diffusion layout among {len(diff)} tensors; "
                          "loadable by name",))
+
+
+def files_by_flag(ms: ModelSet, flags: Mapping[str, Sequence[str | Path]]) -> dict[str, list[str]]:
+    """sd-cli model flags for the files of a model set: a file given as ``model`` whose
+    tensors all belong to one module (or one encoder) gets that module's flag
+    (``diffusion_model``, ``t5xxl``, ``vae``, ``taesd``...; :func:`flag_for`); anything else
+    keeps the flag it was given."""
+    by_file: dict[str, set[tuple[str, str | None, str]]] = {}
+    for t in ms.tensors:
+        by_file.setdefault(str(t.info.file), set()).add((t.module, t.encoder, t.role))
+    out: dict[str, list[str]] = {}
+    for key, paths in flags.items():
+        for p in paths:
+            flag = key
+            kinds = by_file.get(str(p), set())
+            if key == "model" and len({k[0] for k in kinds}) == 1:
+                encoders = {k[1] for k in kinds}
+                roles = {k[2] for k in kinds}
+                module = next(iter(kinds))[0]
+                if len(encoders) == 1 and len(roles) == 1:
+                    flag = flag_for(module, next(iter(encoders)), next(iter(roles)))
+            out.setdefault(flag, []).append(str(p))
+    return out

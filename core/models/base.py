@@ -1,4 +1,5 @@
-"""Graph definitions, one file per architecture.
+"""What every model graph definition shares: the graph protocol, the weights view, the
+whole-graph adapter.
 
 Every module graph implements :class:`ModuleGraph`: its weights are grouped into
 numbered *blocks* (the unit of layer split, segmentation and streaming) and *other*
@@ -12,15 +13,16 @@ three parts so the engine can run it whole, split over devices, or cut into segm
 ``w(name)`` returns the weight tensor to use; ``state`` is a dict of named tensors (f32,
 f16 or i32) carried from block to block, and across segment boundaries as arrays.
 
-Architectures read their weights through :class:`Weights` (a prefixed view of a name ->
-tensor mapping) and report a file that does not fit their layout with
-:class:`ModelLayoutError`.
+Architectures read their weights through :class:`Weights` (the one prefixed, renamed or
+restricted view of a name -> tensor mapping or lookup) and report a file that does not fit
+their layout with :class:`ModelLayoutError`. Graphs without blocks derive from
+:class:`WholeGraph` (or are a :class:`FunctionGraph`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from sdplan.core.errors import SdplanError
@@ -36,40 +38,73 @@ class ModelLayoutError(SdplanError):
 
 
 class Weights(Mapping[str, Any]):
-    """A view of ``weights`` (name -> tensor, or name -> shape tuple) under ``prefix``.
+    """The one named view of weights every architecture reads through.
 
-    ``w["a.weight"]`` is ``weights[prefix + "a.weight"]`` (ModelLayoutError naming the full
-    name when missing); ``w.get(name)`` returns None instead; ``w.sub("attn1.")`` narrows
-    the prefix; ``w.shape(name)`` is the numpy-order shape; ``w.indices("layers.")`` the
-    sorted integers ``i`` with some tensor under ``layers.{i}.``.
+    ``source`` is a mapping (name -> tensor, or name -> shape tuple, as a checkpoint header
+    gives) or the engine's lookup function ``w(name) -> tensor``. ``w[key]`` looks up
+    ``prefix + key``, through ``names`` when given: a mapping renames (view name -> source
+    name, e.g. checkpoint name -> store name), any other collection only restricts (the
+    names this view has). A missing name raises :class:`ModelLayoutError` naming it.
+
+    ``w.get(name)`` returns None instead; ``name in w`` tests presence; ``w.sub("attn1.")``
+    narrows the prefix; ``w.shape(name)`` is the numpy-order shape; ``w.indices("layers.")``
+    the sorted integers ``i`` with some tensor under ``layers.{i}.``. Iteration (and
+    ``indices``) needs a mapping source or ``names``.
     """
 
-    def __init__(self, weights: Mapping[str, Any], prefix: str = "") -> None:
-        self.weights = weights
+    def __init__(self, source: Mapping[str, Any] | Callable[[str], Any], prefix: str = "",
+                 names: Mapping[str, str] | Collection[str] | None = None) -> None:
+        self.source = source
         self.prefix = prefix
+        self.names = names
+
+    def _source_name(self, full: str) -> str | None:
+        if self.names is None:
+            return full
+        if full not in self.names:
+            return None
+        return self.names[full] if isinstance(self.names, Mapping) else full
 
     def __getitem__(self, name: str) -> Any:
-        try:
-            return self.weights[self.prefix + name]
-        except KeyError:
-            raise ModelLayoutError(f"missing tensor {self.prefix + name!r}") from None
+        full = self.prefix + name
+        src = self._source_name(full)
+        if src is not None:
+            try:
+                if isinstance(self.source, Mapping):
+                    return self.source[src]
+                return self.source(src)
+            except KeyError:
+                pass
+        raise ModelLayoutError(f"missing tensor {full!r}")
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and (self.prefix + name) in self.weights
+        if not isinstance(name, str):
+            return False
+        src = self._source_name(self.prefix + name)
+        if src is None:
+            return False
+        return src in self.source if isinstance(self.source, Mapping) else True
 
     def get(self, name: str, default: Any = None) -> Any:
-        return self.weights.get(self.prefix + name, default)
+        return self[name] if name in self else default
+
+    def _keys(self) -> Iterable[str]:
+        if self.names is not None:
+            return self.names
+        if isinstance(self.source, Mapping):
+            return self.source
+        raise TypeError("a view over a lookup function lists no names (give names=)")
 
     def __iter__(self) -> Iterator[str]:
         n = len(self.prefix)
-        return (k[n:] for k in self.weights if k.startswith(self.prefix))
+        return (k[n:] for k in self._keys() if k.startswith(self.prefix))
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
     def sub(self, prefix: str) -> Weights:
         """The view under ``self.prefix + prefix``."""
-        return Weights(self.weights, self.prefix + prefix)
+        return Weights(self.source, self.prefix + prefix, self.names)
 
     def shape(self, name: str) -> tuple[int, ...]:
         """Numpy-order shape of ``name`` (a tensor's ``shape`` or a stored shape tuple)."""
@@ -79,7 +114,7 @@ class Weights(Mapping[str, Any]):
     def indices(self, prefix: str) -> list[int]:
         """Sorted distinct ``i`` such that a tensor is named ``prefix{i}.``..."""
         pat = re.compile(re.escape(self.prefix + prefix) + r"(\d+)\.")
-        return sorted({int(m.group(1)) for k in self.weights if (m := pat.match(k))})
+        return sorted({int(m.group(1)) for k in self._keys() if (m := pat.match(k))})
 
 
 class ModuleGraph(Protocol):
@@ -104,3 +139,60 @@ class ModuleGraph(Protocol):
 
     def build_post(self, g: Any, w: WeightLookup, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """Non-block graph after the last block; returns the outputs."""
+
+
+class WholeGraph:
+    """Base of module graphs without blocks (a VAE, a UNet, a TAE, an upscaler...): the whole
+    graph is built by :meth:`build` after block 0 would start, every weight is a non-block
+    tensor on the main device, and asking for a block raises IndexError. Subclasses give
+    :meth:`other_tensors`, :meth:`input_specs` and :meth:`build`."""
+
+    n_blocks = 0
+
+    def block_tensors(self, i: int) -> list[str]:
+        raise IndexError(f"{type(self).__name__} has no blocks (asked for block {i})")
+
+    def other_tensors(self) -> list[str]:
+        raise NotImplementedError
+
+    def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
+        raise NotImplementedError
+
+    def build(self, g: Any, w: WeightLookup, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The graph's outputs from its inputs."""
+        raise NotImplementedError
+
+    def build_pre(self, g: Any, w: WeightLookup, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        return dict(inputs)
+
+    def build_block(self, g: Any, w: WeightLookup, i: int, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        raise IndexError(f"{type(self).__name__} has no blocks (asked for block {i})")
+
+    def build_post(self, g: Any, w: WeightLookup, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        return self.build(g, w, state)
+
+
+class FunctionGraph(WholeGraph):
+    """A graph without blocks built by one function ``fn(g, weights, inputs) -> outputs``,
+    ``weights`` a :class:`Weights` view restricted to ``names``; ``specs`` gives the inputs'
+    dtypes (their shapes come from the arrays of a run).
+
+    Raises:
+        ValueError: from :meth:`input_specs` when an input is missing.
+    """
+
+    def __init__(self, names: list[str], specs: dict[str, str],
+                 fn: Callable[[Any, Weights, dict[str, Any]], dict[str, Any]]) -> None:
+        self.names, self.specs, self.fn = list(names), dict(specs), fn
+
+    def other_tensors(self) -> list[str]:
+        return list(self.names)
+
+    def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
+        missing = sorted(set(self.specs) - set(shapes))
+        if missing:
+            raise ValueError(f"inputs {missing} missing")
+        return {k: (tuple(shapes[k]), dt) for k, dt in self.specs.items()}
+
+    def build(self, g: Any, w: WeightLookup, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        return self.fn(g, Weights(w, names=frozenset(self.names)), inputs)

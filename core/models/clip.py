@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core.models.unet import ModelLayoutError, StoreView, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["ClipConfig", "ClipGraph", "PREFIXES", "layer_prefix", "clip_config", "clip_text", "causal_mask", "find_prefix"]
@@ -250,18 +250,18 @@ class ClipGraph:
         return {"ids": (ids, "i32"), "mask": (mask, "f32")}
 
     def build_pre(self, g: Any, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-        x = _embed(g, Weights(StoreView(w, self.names), self.cfg.prefix), self.cfg, inputs["ids"])
+        x = _embed(g, Weights(w, self.cfg.prefix, self.names), self.cfg, inputs["ids"])
         return {"x": x, "mask": inputs["mask"]}
 
     def build_block(self, g: Any, w: Any, i: int, state: dict[str, Tensor]) -> dict[str, Tensor]:
         if i > self.cfg.n_layers - self.clip_skip:
             return state
-        x = _layer(g, Weights(StoreView(w, self.names), self.cfg.prefix), self.cfg, i, state["x"],
+        x = _layer(g, Weights(w, self.cfg.prefix, self.names), self.cfg, i, state["x"],
                    state["mask"])
         return {"x": x, "mask": state["mask"]}
 
     def build_post(self, g: Any, w: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
         x = state["x"]
         if self.final_ln:
-            x = _final(g, Weights(StoreView(w, self.names), self.cfg.prefix), self.cfg, x)
+            x = _final(g, Weights(w, self.cfg.prefix, self.names), self.cfg, x)
         return {"hidden": x}

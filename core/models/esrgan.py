@@ -30,10 +30,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sdplan.core.errors import ModelFileError
+from sdplan.core.models.base import Weights, WholeGraph
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["EsrganConfig", "detect_esrgan", "canonical_rrdb_names", "esrgan_forward",
-           "tile_grid", "Tile"]
+           "tile_grid", "Tile", "UpscalerGraph"]
 
 Tensor = Any
 Graph = Any
@@ -111,8 +113,6 @@ def detect_esrgan(shapes: Mapping[str, tuple[int, ...]], source: str = "<weights
         ModelFileError: (naming ``source``) when the names fit neither layout or the shapes
             are inconsistent (a scale that is not an integer, missing PReLU slopes...).
     """
-    from sdplan.core.errors import ModelFileError
-
     if "body.0.weight" in shapes and "conv_first.weight" not in shapes:
         convs = sorted(int(m[1]) for n in shapes if (m := re.match(r"^body\.(\d+)\.weight$", n))
                        and len(shapes[n]) == 4)
@@ -257,3 +257,27 @@ def tile_grid(h: int, w: int, tile: int, overlap: int, align: int = 1) -> tuple[
     rh, ys = _axis(h, tile, overlap, align)
     rw, xs = _axis(w, tile, overlap, align)
     return (rh, rw), [Tile(y0, x0, cy0, cy1, cx0, cx1) for (y0, cy0, cy1) in ys for (x0, cx0, cx1) in xs]
+
+
+class UpscalerGraph(WholeGraph):
+    """An ESRGAN network as an engine module graph (``sdplan.core.models.ModuleGraph``): no
+    blocks; input ``"image"`` f32 ``(1, C, H, W)``, output ``"image"`` ``(1, C, sH, sW)``.
+    ``names`` maps canonical weight names to the file's."""
+
+    def __init__(self, cfg: EsrganConfig, names: Mapping[str, str]) -> None:
+        self.cfg, self.names = cfg, dict(names)
+
+    def other_tensors(self) -> list[str]:
+        return sorted(self.names.values())
+
+    def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``{"image": (shape, "f32")}``; ValueError for another input or shape."""
+        s = shapes.get("image")
+        k = self.cfg.unshuffle
+        if s is None or len(s) != 4 or s[0] != 1 or s[1] != self.cfg.in_channels or s[2] % k or s[3] % k:
+            raise ValueError(f"upscaler: input 'image' must be (1, {self.cfg.in_channels}, H, W) with "
+                             f"H, W multiples of {k}; got {shapes}")
+        return {"image": (tuple(s), "f32")}
+
+    def build(self, g: Any, w: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+        return {"image": esrgan_forward(g, Weights(w, names=self.names), inputs["image"], self.cfg)}

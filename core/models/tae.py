@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdplan.core.errors import ModelFileError
+from sdplan.core.models.base import Weights, WholeGraph
 from sdplan.core.runtime import graph as gr
 
-__all__ = ["TaeLayout", "detect_tae", "split_tae", "tae_encode", "tae_decode", "VARIANTS"]
+__all__ = ["TaeLayout", "TaeGraph", "detect_tae", "split_tae", "tae_encode", "tae_decode", "VARIANTS"]
 
 Tensor = Any
 Graph = Any
@@ -192,25 +193,7 @@ def tae_decode(g: Graph, w: Mapping[str, Tensor], latent: Tensor) -> Tensor:
     return _conv(g, w, "19", x)
 
 
-class _Renamed(Mapping[str, Tensor]):
-    """``w[name]`` is ``lookup(prefix + name)`` for the names the layout has."""
-
-    def __init__(self, lookup: Any, prefix: str, names: set[str]) -> None:
-        self.lookup, self.prefix, self.names = lookup, prefix, names
-
-    def __getitem__(self, name: str) -> Tensor:
-        if name not in self.names:
-            raise KeyError(name)
-        return self.lookup(self.prefix + name)
-
-    def __iter__(self) -> Any:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-
-class TaeGraph:
+class TaeGraph(WholeGraph):
     """One TAE half as an engine module graph (``sdplan.core.models.ModuleGraph``): no
     blocks, every weight on the main device. Input ``"image"`` ``(1, 3, H, W)`` (encoder)
     or ``"latent"`` ``(1, C, h, w)`` (decoder), f32; output ``"latent"`` or ``"image"``.
@@ -218,20 +201,15 @@ class TaeGraph:
     ``file_names``: the weight names of the file (to pick this half's, with its prefix).
     """
 
-    n_blocks = 0
-
     def __init__(self, layout: TaeLayout, file_names: list[str]) -> None:
         self.layout = layout
         local = split_tae(dict.fromkeys(file_names), layout)
-        self.names = set(local)
         self._tensors = [layout.prefix + n for n in sorted(local)]
+        self.names = frozenset(self._tensors)
 
     @property
     def input_name(self) -> str:
         return "image" if self.layout.part == "encoder" else "latent"
-
-    def block_tensors(self, i: int) -> list[str]:
-        raise IndexError(f"TAE graphs have no blocks (asked for block {i})")
 
     def other_tensors(self) -> list[str]:
         return list(self._tensors)
@@ -247,82 +225,9 @@ class TaeGraph:
             raise ValueError(f"TAE encoder: image height and width must be multiples of 8, got {shape}")
         return {self.input_name: (tuple(shape), "f32")}
 
-    def build_pre(self, g: Graph, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-        ws = _Renamed(w, self.layout.prefix, self.names)
+    def build(self, g: Graph, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        ws = Weights(w, self.layout.prefix, self.names)
         x = inputs[self.input_name]
-        y = tae_encode(g, ws, x) if self.layout.part == "encoder" else tae_decode(g, ws, x)
-        return {"y": y}
-
-    def build_block(self, g: Graph, w: Any, i: int, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        raise IndexError(f"TAE graphs have no blocks (asked for block {i})")
-
-    def build_post(self, g: Graph, w: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        return {"latent" if self.layout.part == "encoder" else "image": state["y"]}
-
-
-class Tae:
-    """A TAE model file (or an encoder file and a decoder file) ready to run on the engine.
-
-    ``paths``: one or two safetensors files; their halves are found by :func:`detect_tae`.
-    ``placement``: a ``sdplan.core.runtime.runner.ModulePlacement`` (default: CPU, weights
-    resident); ``pool``: a ``BackendPool`` (default: a new one). Weights are held in f32
-    (the files' f16 kernels are widened once at load: exact, and faster on CPUs than f16
-    im2col). Raises ModelFileError for files without a TAE half.
-    """
-
-    def __init__(self, *paths: str, placement: Any = None, pool: Any = None, n_threads: int = 0) -> None:
-        from sdplan.core.modelfiles.readers import read_tensor_file
-        from sdplan.core.runtime import runner as engine
-        from sdplan.core.runtime.weights import WeightFile
-
-        self.pool = pool or engine.BackendPool()
-        self.placement = placement or engine.ModulePlacement(("CPU",))
-        self.runners: dict[str, Any] = {}
-        self.layouts: dict[str, TaeLayout] = {}
-        for path in paths:
-            tf = read_tensor_file(path)
-            shapes = {t.name: tuple(t.shape) for t in tf.tensors}
-            for part, lay in detect_tae(shapes, str(path)).items():
-                if part in self.layouts:
-                    raise ModelFileError(path, f"a second TAE {part}")
-                model = TaeGraph(lay, list(shapes))
-                names = model.other_tensors()
-                wf = WeightFile(path, names, dtypes=dict.fromkeys(names, "f32"))
-                self.layouts[part] = lay
-                self.runners[part] = engine.ModuleRunner(model, wf, self.placement, self.pool,
-                                                         name="vae", n_threads=n_threads)
-
-    @property
-    def latent_channels(self) -> int:
-        return next(iter(self.layouts.values())).latent_channels
-
-    def _runner(self, part: str) -> Any:
-        if part not in self.runners:
-            raise ModelFileError("<tae>", f"no TAE {part} was loaded")
-        return self.runners[part]
-
-    def encode(self, image: Any) -> Any:
-        """``image`` float32 ``(1, 3, H, W)`` in [0, 1] -> latent float32 ``(1, C, H/8, W/8)``."""
-        import numpy as np
-
-        return self._runner("encoder").run({"image": np.asarray(image, np.float32)})["latent"]
-
-    def decode(self, latent: Any) -> Any:
-        """``latent`` float32 ``(1, C, h, w)`` -> image float32 ``(1, 3, 8h, 8w)``, unclamped
-        (about [0, 1])."""
-        import numpy as np
-
-        return self._runner("decoder").run({"latent": np.asarray(latent, np.float32)})["image"]
-
-    def preview(self, latent: Any) -> Any:
-        """A sampling preview: uint8 ``(8h, 8w, 3)`` of the decoded latent."""
-        import numpy as np
-
-        img = np.clip(self.decode(latent)[0], 0.0, 1.0).transpose(1, 2, 0)
-        return (img * 255.0 + 0.5).astype(np.uint8)
-
-    def close(self) -> None:
-        """Free every buffer of the runners (weights, compute)."""
-        for r in self.runners.values():
-            r.release()
-
+        if self.layout.part == "encoder":
+            return {"latent": tae_encode(g, ws, x)}
+        return {"image": tae_decode(g, ws, x)}

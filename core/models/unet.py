@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights, WholeGraph
 from sdplan.core.runtime import graph as gr
 
-__all__ = ["Weights", "StoreView", "ModelLayoutError", "UNetConfig", "UNetGraph", "PREFIX", "FAMILY_HEADS",
+__all__ = ["UNetConfig", "UNetGraph", "PREFIX", "FAMILY_HEADS",
            "unet_config", "unet"]
 
 Tensor = Any
@@ -32,27 +32,6 @@ _GN_GROUPS = 32
 _RES_EPS = 1e-5
 _ST_EPS = 1e-6
 _LN_EPS = 1e-5
-
-
-class StoreView(Mapping[str, Any]):
-    """Checkpoint names -> weight tensors of an engine store: ``view[name]`` is
-    ``lookup(names[name])`` (``names`` maps each checkpoint name to its store name, which may
-    be a short alias; ``lookup`` is the engine's ``w``). Missing names raise KeyError."""
-
-    def __init__(self, lookup: Any, names: Mapping[str, str]) -> None:
-        self.lookup, self.names = lookup, names
-
-    def __getitem__(self, name: str) -> Tensor:
-        return self.lookup(self.names[name])
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.names
-
-    def __iter__(self) -> Any:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
 
 
 @dataclass(frozen=True)
@@ -251,7 +230,7 @@ def unet(g: Any, weights: Mapping[str, Any], x: Tensor, t: Tensor, context: Tens
     return gr.conv2d(g, g.unary("silu", h), w["out.2.weight"], w["out.2.bias"], padding=1)
 
 
-class UNetGraph:
+class UNetGraph(WholeGraph):
     """The UNet as an engine module graph (:class:`sdplan.core.models.ModuleGraph`): no
     splittable blocks (spec section 8: UNet stages are never block tensors), every weight on
     the main device.
@@ -260,13 +239,8 @@ class UNetGraph:
     ``y`` ``(N, C_out, H, W)``. ``names``: checkpoint name -> store name of every UNet weight.
     """
 
-    n_blocks = 0
-
     def __init__(self, cfg: UNetConfig, names: Mapping[str, str]) -> None:
         self.cfg, self.names = cfg, dict(names)
-
-    def block_tensors(self, i: int) -> list[str]:
-        raise IndexError(f"the UNet has no blocks (asked for block {i})")
 
     def other_tensors(self) -> list[str]:
         return list(self.names.values())
@@ -280,11 +254,5 @@ class UNetGraph:
             raise ValueError(f"UNet: t must be ({shapes['x'][0]},), got {shapes['t']}")
         return {k: (tuple(shapes[k]), "f32") for k in ("x", "t", "c")}
 
-    def build_pre(self, g: Any, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-        return dict(inputs)
-
-    def build_block(self, g: Any, w: Any, i: int, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        raise IndexError(f"the UNet has no blocks (asked for block {i})")
-
-    def build_post(self, g: Any, w: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        return {"y": unet(g, StoreView(w, self.names), state["x"], state["t"], state["c"], self.cfg)}
+    def build(self, g: Any, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {"y": unet(g, Weights(w, names=self.names), inputs["x"], inputs["t"], inputs["c"], self.cfg)}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core.models.unet import ModelLayoutError, StoreView, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights, WholeGraph
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["VaeConfig", "VaeGraph", "PREFIX", "vae_config", "vae_decode", "vae_encode", "tiled_decode",
@@ -170,20 +170,15 @@ def vae_encode(g: Any, weights: Mapping[str, Any], img: Tensor, cfg: VaeConfig |
     return g.cont(g.view(h, (n, zc, hh, ww), (c2 * hh * ww * 4, hh * ww * 4, ww * 4, 4), 0))
 
 
-class VaeGraph:
+class VaeGraph(WholeGraph):
     """The VAE as an engine module graph (:class:`sdplan.core.models.ModuleGraph`): whole,
     no blocks. Input ``z`` f32 ``(N, C, h, w)`` (already divided by the scale factor) gives
     output ``image`` ``(N, 3, 8h, 8w)``; input ``image`` f32 ``(N, 3, H, W)`` in [-1, 1]
     gives ``mean`` ``(N, C, H/8, W/8)``. ``names``: checkpoint name -> store name.
     """
 
-    n_blocks = 0
-
     def __init__(self, cfg: VaeConfig, names: Mapping[str, str]) -> None:
         self.cfg, self.names = cfg, dict(names)
-
-    def block_tensors(self, i: int) -> list[str]:
-        raise IndexError(f"the VAE has no blocks (asked for block {i})")
 
     def other_tensors(self) -> list[str]:
         return list(self.names.values())
@@ -194,17 +189,11 @@ class VaeGraph:
             raise ValueError(f"VAE input must be one 4-D 'z' or 'image', got {shapes}")
         return {k: (tuple(v), "f32") for k, v in shapes.items()}
 
-    def build_pre(self, g: Any, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-        return dict(inputs)
-
-    def build_block(self, g: Any, w: Any, i: int, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        raise IndexError(f"the VAE has no blocks (asked for block {i})")
-
-    def build_post(self, g: Any, w: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        view = StoreView(w, self.names)
-        if "z" in state:
-            return {"image": vae_decode(g, view, state["z"], self.cfg)}
-        return {"mean": vae_encode(g, view, state["image"], self.cfg)}
+    def build(self, g: Any, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        view = Weights(w, names=self.names)
+        if "z" in inputs:
+            return {"image": vae_decode(g, view, inputs["z"], self.cfg)}
+        return {"mean": vae_encode(g, view, inputs["image"], self.cfg)}
 
 
 def _starts(size: int, tile: int, overlap: int) -> list[int]:

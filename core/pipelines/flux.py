@@ -20,6 +20,22 @@ from typing import Any
 
 import numpy as np
 from sdplan.core.errors import SdplanError
+from sdplan.core.modelfiles.readers import read_tensor_file
+from sdplan.core.models.base import FunctionGraph
+from sdplan.core.models.clip import causal_mask, clip_config, clip_text
+from sdplan.core.models.flux import FluxDiT, unpatchify
+from sdplan.core.models.t5 import T5Encoder
+from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
+from sdplan.core.models.vae import vae_config, vae_decode
+from sdplan.core.pipelines.base import Pipeline, module_placements
+from sdplan.core.runtime.runner import ModulePlacement
+from sdplan.core.runtime.weights import WeightFile
+from sdplan.core.sampling.flow import DEFAULT_STEPS, flux_sigmas, sample_flow
+from sdplan.core.sampling.preview import latent_to_rgb
+from sdplan.core.sampling.samplers import PhiloxNoise
+from sdplan.core.text.clip_tokenizer import EOS_ID, ClipTokenizer
+from sdplan.core.text.prompt import apply_prompt_weights
+from sdplan.core.text.t5_tokenizer import T5Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -32,60 +48,7 @@ SHIFT_FACTOR = 0.1159
 MODULES = ("diffusion", "te", "vae")
 
 
-class _Lookup(Mapping[str, Any]):
-    """The engine's weight lookup ``w(name)`` as a mapping over ``names``."""
-
-    def __init__(self, w: Callable[[str], Any], names: list[str]) -> None:
-        self.w, self.names = w, names
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self.names:
-            raise KeyError(name)
-        return self.w(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-
-class _Whole:
-    """A module graph without blocks (``sdplan.core.models.ModuleGraph``) built by one
-    function ``fn(g, weights, inputs) -> outputs`` with ``weights`` a name -> tensor mapping;
-    ``specs`` gives the inputs' dtypes (their shapes come from the arrays of a run)."""
-
-    n_blocks = 0
-
-    def __init__(self, names: list[str], specs: dict[str, str],
-                 fn: Callable[[Any, Mapping[str, Any], dict[str, Any]], dict[str, Any]]) -> None:
-        self.names, self.specs, self.fn = names, specs, fn
-
-    def block_tensors(self, i: int) -> list[str]:
-        raise IndexError(f"this module has no blocks (asked for block {i})")
-
-    def other_tensors(self) -> list[str]:
-        return list(self.names)
-
-    def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
-        missing = sorted(set(self.specs) - set(shapes))
-        if missing:
-            raise ValueError(f"inputs {missing} missing")
-        return {k: (tuple(shapes[k]), dt) for k, dt in self.specs.items()}
-
-    def build_pre(self, g: Any, w: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-        return dict(inputs)
-
-    def build_block(self, g: Any, w: Any, i: int, state: dict[str, Any]) -> dict[str, Any]:
-        raise IndexError(f"this module has no blocks (asked for block {i})")
-
-    def build_post(self, g: Any, w: Any, state: dict[str, Any]) -> dict[str, Any]:
-        return self.fn(g, _Lookup(w, self.names), state)
-
-
 def _shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
-    from sdplan.core.modelfiles.readers import read_tensor_file
-
     return {t.name: tuple(t.shape) for t in read_tensor_file(path).tensors}
 
 
@@ -105,7 +68,7 @@ class FluxModels:
     clip_heads: int | None = None
 
 
-class FluxPipeline:
+class FluxPipeline(Pipeline):
     """Flux.1 txt2img over engine module runners.
 
     Args:
@@ -126,43 +89,27 @@ class FluxPipeline:
     def __init__(self, models: FluxModels, plan: Any = None, pool: Any = None,
                  placements: Mapping[str, Any] | None = None, n_threads: int = 0,
                  dtypes: Mapping[str, str] | None = None, cancel: Any = None) -> None:
-        from sdplan.core.models.clip import clip_config
-        from sdplan.core.models.flux import FluxDiT
-        from sdplan.core.models.t5 import T5Encoder
-        from sdplan.core.models.vae import vae_config
-        from sdplan.core.runtime import runner as engine
-
-        self._own_pool = pool is None
-        if pool is None:
-            from sdplan.core.runtime.devices import BackendManager
-
-            pool = engine.BackendPool(BackendManager(cpu_threads=n_threads or None))
-        self.pool = pool
-        self.n_threads = n_threads
-        self.cancel = cancel or engine.CancelToken()
-        self.placements = {m: (placements or {}).get(m) or (
-            engine.ModulePlacement.from_plan(plan, m) if plan is not None else engine.ModulePlacement(("CPU",)))
-            for m in MODULES}
+        super().__init__(pool, n_threads, cancel)
+        self.placements = module_placements(MODULES, plan, placements)
         te = self.placements["te"]
         # CLIP-L: the te main device and residency, no blocks to split
-        clip_pl = engine.ModulePlacement(te.devices[:1], (), te.params_mode, te.params_device)
+        clip_pl = ModulePlacement(te.devices[:1], (), te.params_mode, te.params_device)
         self.dit = FluxDiT.from_weights(_shapes(models.diffusion_model), models.heads, models.axes)
         self.t5 = T5Encoder.from_weights(_shapes(models.t5xxl))
-        self.runners: dict[str, Any] = {
-            "diffusion": self._runner("diffusion", self.dit, models.diffusion_model, self.placements["diffusion"],
-                                      dtypes),
-            "t5xxl": self._runner("t5xxl", self.t5, models.t5xxl, te, dtypes)}
+        self.runners["diffusion"] = self._runner("diffusion", self.dit, models.diffusion_model,
+                                                 self.placements["diffusion"], dtypes)
+        self.runners["t5xxl"] = self._runner("t5xxl", self.t5, models.t5xxl, te, dtypes)
         clip_shapes = _shapes(models.clip_l)
         self.clip_cfg = clip_config(clip_shapes, n_heads=models.clip_heads)
         clip_names = [n for n in clip_shapes if n.startswith(self.clip_cfg.prefix) and "position_ids" not in n
                       and "text_projection" not in n]
         self.runners["clip_l"] = self._runner(
-            "clip_l", _Whole(clip_names, {"ids": "i32", "mask": "f32"}, self._clip), models.clip_l, clip_pl, dtypes)
+            "clip_l", FunctionGraph(clip_names, {"ids": "i32", "mask": "f32"}, self._clip), models.clip_l, clip_pl, dtypes)
         vae_shapes = _shapes(models.vae)
         prefix = "first_stage_model." if any(n.startswith("first_stage_model.") for n in vae_shapes) else ""
         self.vae_cfg = vae_config(vae_shapes, prefix)
         dec = [n for n in vae_shapes if n.startswith(prefix + "decoder.")]
-        self.runners["vae"] = self._runner("vae", _Whole(dec, {"z": "f32"}, self._decode), models.vae,
+        self.runners["vae"] = self._runner("vae", FunctionGraph(dec, {"z": "f32"}, self._decode), models.vae,
                                            self.placements["vae"], None)
         self.preview: Callable[[np.ndarray], np.ndarray] | None = None
         if models.taesd is not None:
@@ -170,19 +117,13 @@ class FluxPipeline:
 
     def _runner(self, name: str, model: Any, path: str | Path, placement: Any,
                 dtypes: Mapping[str, str] | None) -> Any:
-        from sdplan.core.runtime.runner import ModuleRunner
-        from sdplan.core.runtime.weights import WeightFile
-
         names = list(model.other_tensors()) + [n for i in range(model.n_blocks) for n in model.block_tensors(i)]
         wf = WeightFile(path, names, dtypes=dtypes, backend=self.pool.get(placement.devices[0]))
-        return ModuleRunner(model, wf, placement, self.pool, self.cancel, name, self.n_threads)
+        return self.new_runner(name, model, wf, placement)
 
     def _tae_decoder(self, path: str | Path) -> Callable[[np.ndarray], np.ndarray]:
         """TAEF1 decoder of ``path`` on the VAE's device: ``decode(latent (1, 16, h, w)) ->
         image (1, 3, 8h, 8w)`` in about [0, 1]."""
-        from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
-        from sdplan.core.runtime import runner as engine
-
         shapes = _shapes(path)
         layouts = detect_tae(shapes, str(path))
         if "decoder" not in layouts:
@@ -191,51 +132,15 @@ class FluxPipeline:
         def fn(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
             return {"image": tae_decode(g, split_tae(w, layouts["decoder"]), ins["z"])}
 
-        pl = engine.ModulePlacement(self.placements["vae"].devices[:1])
-        runner = self._runner("preview", _Whole(list(shapes), {"z": "f32"}, fn), path, pl, None)
+        pl = ModulePlacement(self.placements["vae"].devices[:1])
+        runner = self._runner("preview", FunctionGraph(list(shapes), {"z": "f32"}, fn), path, pl, None)
         self.runners["preview"] = runner
         return lambda z: runner.run({"z": np.ascontiguousarray(z, dtype=np.float32)})["image"]
 
-    def set_cancel(self, token: Any) -> None:
-        """Use ``token`` (a CancelToken) for every module from now on."""
-        self.cancel = token
-        for r in self.runners.values():
-            r.cancel = token
-
-    def memory(self) -> dict[str, dict[str, Any]]:
-        """Per runner (``diffusion``, ``t5xxl``, ``clip_l``, ``vae``, ``preview``), per
-        device: the bytes allocated now and at the peak of its last run
-        (``{"now": DeviceMemory or None, "peak": DeviceMemory}``)."""
-        return {m: {d: {"now": r.memory().get(d), "peak": pk} for d, pk in r.last_peak.items()}
-                for m, r in self.runners.items()}
-
-    def placed(self) -> dict[str, dict[str, int]]:
-        """Per runner, per device: bytes of the tensors its placement puts there."""
-        return {m: r.placed_bytes() for m, r in self.runners.items()}
-
-    def close(self) -> None:
-        """Free every weight buffer and graph (and the private backends). Idempotent."""
-        for r in self.runners.values():
-            r.release()
-        self.runners.clear()
-        if self._own_pool:
-            self.pool.manager.close()
-            self._own_pool = False
-
-    def __enter__(self) -> FluxPipeline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _clip(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
-        from sdplan.core.models.clip import clip_text
-
         return {"hidden": clip_text(g, w, ins["ids"], ins["mask"], self.clip_cfg)}
 
     def _decode(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
-        from sdplan.core.models.vae import vae_decode
-
         return {"image": vae_decode(g, w, ins["z"], self.vae_cfg)}
 
     # ------------------------------------------------------------------ stages
@@ -243,10 +148,6 @@ class FluxPipeline:
         """``(context (1, T, t5 width), pooled (1, clip width))`` float32 for ``prompt``:
         T5 hidden states with the prompt weights applied (sd-cli's mean-keeping rule), and
         CLIP-L's final-LayerNorm state at the first end-of-text token."""
-        from sdplan.core.models.clip import causal_mask
-        from sdplan.core.text.clip_tokenizer import EOS_ID, ClipTokenizer
-        from sdplan.core.text.prompt import apply_prompt_weights
-        from sdplan.core.text.t5_tokenizer import T5Tokenizer
 
         tok = T5Tokenizer().tokenize(prompt, t5_length)
         hidden = self.runners["t5xxl"].run(self.t5.inputs(tok.ids))["hidden"]
@@ -261,7 +162,6 @@ class FluxPipeline:
     def velocity(self, x: np.ndarray, sigma: float, context: np.ndarray, pooled: np.ndarray,
                  guidance: float | None) -> np.ndarray:
         """The DiT's velocity for latent ``x`` ``(1, 16, H, W)`` at ``sigma``."""
-        from sdplan.core.models.flux import unpatchify
 
         out = self.runners["diffusion"].run(self.dit.inputs(x, context, pooled, sigma, guidance))["out"]
         return unpatchify(out, x.shape[2], x.shape[3])
@@ -305,8 +205,6 @@ class FluxPipeline:
         Raises:
             SdplanError: a size that is not a multiple of ``2 * vae_scale``; SamplingError.
         """
-        from sdplan.core.sampling.flow import DEFAULT_STEPS, flux_sigmas, sample_flow
-        from sdplan.core.sampling.samplers import PhiloxNoise
 
         if width % (2 * vae_scale) or height % (2 * vae_scale) or width <= 0 or height <= 0:
             raise SdplanError(f"Flux image size {width}x{height} must be positive multiples of {2 * vae_scale}")
@@ -334,7 +232,6 @@ class FluxPipeline:
         if self.preview is not None:
             img = self.preview(latent / SCALE_FACTOR + SHIFT_FACTOR)
             return (np.clip(img[0].transpose(1, 2, 0), 0, 1) * 255).round().astype(np.uint8)
-        from sdplan.core.sampling.preview import latent_to_rgb
 
         return latent_to_rgb(latent, "flux")
 

@@ -34,14 +34,15 @@ from sdplan.core.modelfiles.checkpoint import ModelSet, read_model_files
 from sdplan.core.models import clip as clip_m
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
+from sdplan.core.pipelines.base import Pipeline, module_placements
+from sdplan.core.pipelines.results import image_to_uint8
+from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling import samplers as sampling
 from sdplan.core.sampling.preview import latent_to_rgb
 from sdplan.core.text.clip_tokenizer import ClipTokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 
-__all__ = ["StableDiffusion", "GenerateParams", "image_to_uint8", "module_weight_file",
-           "model_overrides", "METADATA_KEYS", "EngineClient", "create_engine_client",
-           "generate_job", "inventory_job"]
+__all__ = ["StableDiffusion", "GenerateParams", "module_weight_file", "model_overrides", "METADATA_KEYS"]
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,6 @@ def module_weight_file(ms: ModelSet, module: str, keep: Callable[[str], bool] | 
     Raises:
         ModelFileError: no such tensors, or the module spread over several files.
     """
-    from sdplan.core.runtime.weights import WeightFile
-
     tensors = [t.info for t in ms.module_tensors(module) if keep is None or keep(t.info.name)]
     files = sorted({t.file for t in tensors})
     if not tensors:
@@ -115,13 +114,7 @@ class GenerateParams:
     clip_skip: int = 0
 
 
-def image_to_uint8(img: np.ndarray) -> np.ndarray:
-    """``(3, H, W)`` float in [-1, 1] -> ``(H, W, 3)`` uint8 (clamped, rounded)."""
-    x = np.clip((img + 1.0) * 127.5, 0, 255)
-    return np.ascontiguousarray(np.round(x).astype(np.uint8).transpose(1, 2, 0))
-
-
-class StableDiffusion:
+class StableDiffusion(Pipeline):
     """An SD 1.x / 2.x checkpoint ready to run on the engine.
 
     Args:
@@ -150,8 +143,7 @@ class StableDiffusion:
                  prediction: str | None = None, clip_heads: int | None = None,
                  unet_heads: int | None = None, unet_head_dim: int | None = None,
                  placements: Mapping[str, Any] | None = None, cancel: Any = None) -> None:
-        from sdplan.core.runtime import runner as engine
-
+        super().__init__(pool, n_threads, cancel)
         flags = {"model": [model]} if isinstance(model, (str, Path)) else dict(model)
         self.ms = read_model_files(flags)
         self.path = str(self.ms.files[0].path)
@@ -164,14 +156,6 @@ class StableDiffusion:
         clip_heads = clip_heads or meta.get("clip_heads")
         unet_heads = unet_heads or meta.get("unet_heads")
         unet_head_dim = unet_head_dim or meta.get("unet_head_dim")
-        self._own_pool = pool is None
-        if pool is None:
-            from sdplan.core.runtime.devices import BackendManager
-
-            pool = engine.BackendPool(BackendManager(cpu_threads=n_threads or None))
-        self.pool = pool
-        self.n_threads = n_threads
-        self.cancel = cancel or engine.CancelToken()
         shapes = {t.info.name: tuple(t.info.shape) for t in self.ms.tensors}
         self.clip_cfg = clip_m.clip_config(shapes, n_heads=clip_heads)
         self.family = family or ("sd2" if self.clip_cfg.layout == "openclip" else "sd1")
@@ -180,12 +164,9 @@ class StableDiffusion:
         self.vae_cfg = vae_m.vae_config(shapes)
         self.tokenizer = ClipTokenizer.for_family(self.family)
         self.schedule = sampling.DiscreteSchedule()
-        self.placements = {m: (placements or {}).get(m) or (
-            engine.ModulePlacement.from_plan(plan, m) if plan is not None else engine.ModulePlacement(("CPU",)))
-            for m in ("te", "diffusion", "vae")}
+        self.placements = module_placements(("te", "diffusion", "vae"), plan, placements)
         wf, names = module_weight_file(self.ms, "diffusion")
-        self.runners: dict[str, Any] = {
-            "diffusion": self._runner("diffusion", unet_m.UNetGraph(self.unet_cfg, names), wf)}
+        self.runners["diffusion"] = self._runner("diffusion", unet_m.UNetGraph(self.unet_cfg, names), wf)
         # f16 conv kernels everywhere: the CPU's Winograd path (the VAE's 3x3 convolutions)
         # transforms them to f32 at each compute anyway (about 2.5 ms for a 512x512 kernel),
         # and with the column path f16 kernels ran 20-25% faster than f32 ones at SD 1.5 size
@@ -196,9 +177,7 @@ class StableDiffusion:
         self.timings: dict[str, float] = {}
 
     def _runner(self, module: str, graph: Any, wf: Any) -> Any:
-        from sdplan.core.runtime.runner import ModuleRunner
-
-        return ModuleRunner(graph, wf, self.placements[module], self.pool, self.cancel, module, self.n_threads)
+        return self.new_runner(module, graph, wf, self.placements[module])
 
     def _te(self, skip: int, final_ln: bool) -> Any:
         """The text encoder's runner for this clip skip (rebuilt, weights reloaded, when the
@@ -216,32 +195,10 @@ class StableDiffusion:
             self._te_key = (skip, final_ln)
         return self.runners["te"]
 
-    def set_cancel(self, token: Any) -> None:
-        """Use ``token`` (a CancelToken) for every module from now on."""
-        self.cancel = token
-        for r in self.runners.values():
-            r.cancel = token
-
-    def memory(self) -> dict[str, dict[str, Any]]:
-        """Per module, per device: the bytes allocated now and at the peak of the last run
-        (``{"now": DeviceMemory, "peak": DeviceMemory}``)."""
-        return {m: {d: {"now": r.memory().get(d), "peak": pk} for d, pk in r.last_peak.items()}
-                for m, r in self.runners.items()}
-
     def close(self) -> None:
-        """Free every weight buffer and graph (and the private backends)."""
-        for r in self.runners.values():
-            r.release()
-        self.runners.clear()
+        """Free every weight buffer and graph (and the private backends). Idempotent."""
+        super().close()
         self._te_key = None
-        if self._own_pool:
-            self.pool.manager.close()
-
-    def __enter__(self) -> StableDiffusion:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ------------------------------------------------------------------ text encoder
 
@@ -410,316 +367,3 @@ def _pad_chunks(ctx: np.ndarray, tokens: int) -> np.ndarray:
     while ctx.shape[1] < tokens:
         ctx = np.concatenate([ctx, ctx[:, -77:]], 1)
     return ctx
-
-
-# ---------------------------------------------------------------------- engine jobs
-#
-# Jobs run in the engine process (``sdplan.core.runtime.process.Engine``). A *request* is a dict:
-#   model_files: sd-cli model flags -> paths (``model``, ``diffusion_model``, ``t5xxl``,
-#       ``clip_l``, ``vae``, ``taesd``, ``upscale_model``);
-#   prompt, negative_prompt, width, height, steps, cfg_scale, seed, sampling_method,
-#       scheduler, batch_count, clip_skip, guidance, vae_tile_size, upscale_repeats, threads;
-#   placements: module -> ModulePlacement (the caller's resolved plan), or else
-#       backend / params_backend / max_vram / stream_layers strings resolved in the engine
-#       process against its live devices; rpc_servers: endpoints added there;
-#   overrides: clip_heads, unet_heads, unet_head_dim, prediction, flux_heads, flux_axes,
-#       t5_length (tiny models); previews: send previews (default True);
-#   taesd_decode: decode the final images with the ``taesd`` TAE instead of the VAE (sd-cli's
-#       ``--taesd`` without ``--taesd-preview-only``; default False: TAE previews only).
-# Messages: progress ``{"step", "total", "phase"}``, preview ``{"step", "total", "image"}``
-# (uint8 (H, W, 3)); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings"}``.
-
-_CACHE: dict[str, Any] = {}  # the engine process's loaded pipeline, reused by the next request
-
-
-def inventory_job(ctx: Any, rpc_servers: Sequence[str] = ()) -> dict[str, Any]:
-    """The engine process's live devices (after adding ``rpc_servers``) as Inventory JSON."""
-    from sdplan.core.runtime.devices import live_inventory
-
-    return live_inventory(rpc_servers=list(rpc_servers)).to_json()
-
-
-def _files(req: Mapping[str, Any]) -> dict[str, list[str]]:
-    files: dict[str, list[str]] = {}
-    for k, v in (req.get("model_files") or {}).items():
-        key = k.lstrip("-").replace("-", "_")
-        key = {"m": "model"}.get(key, key)
-        files[key] = [str(p) for p in ([v] if isinstance(v, (str, Path)) else v)]
-    if not files:
-        raise ModelFileError("<request>", "no model files given")
-    return files
-
-
-def _placements(req: Mapping[str, Any], files: Mapping[str, list[str]]) -> dict[str, Any]:
-    from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
-    from sdplan.core.planning.placement import Placement
-    from sdplan.core.planning.plan import resolve
-    from sdplan.core.runtime.devices import live_inventory
-    from sdplan.core.runtime.runner import ModulePlacement
-
-    if req.get("placements"):
-        return dict(req["placements"])
-    placement = Placement.from_strings(req.get("backend") or "", req.get("params_backend") or "",
-                                       req.get("max_vram") or "", stream_layers=bool(req.get("stream_layers")),
-                                       rpc_servers=list(req.get("rpc_servers") or []))
-    inventory = live_inventory(rpc_servers=list(placement.rpc_servers))
-    plan = resolve(placement, inventory, profile_from_model_flags(files))
-    return {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")}
-
-
-def _first(files: Mapping[str, list[str]], key: str) -> str | None:
-    paths = files.get(key) or []
-    return paths[0] if paths else None
-
-
-def _cached(key: Any, make: Callable[[], Any]) -> Any:
-    """The pipeline of the previous request when ``key`` matches, else a new one (the old is
-    closed first: its weights are freed before the new ones load)."""
-    if _CACHE.get("key") != key:
-        old = _CACHE.pop("obj", None)
-        _CACHE.clear()
-        if old is not None:
-            old.close()
-        _CACHE["obj"] = make()
-        _CACHE["key"] = key
-    return _CACHE["obj"]
-
-
-def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
-    """Run one request (see the comment above) in this process: SD 1.x/2.x, or Flux when the
-    files are a Flux set. Returns ``{"images", "params", "timings"}``.
-
-    Raises:
-        ModelFileError / PlanError / EngineError: bad files, placement or devices;
-        Cancelled: ``ctx.cancel`` fired; ValueError: bad sizes.
-    """
-    from sdplan.core.modelfiles.checkpoint import read_model_files
-
-    req = dict(request)
-    files = _files(req)
-    rpc = list(req.get("rpc_servers") or [])
-    if rpc:
-        ctx.add_rpc_servers(rpc)
-    core = {k: v for k, v in files.items() if k not in ("taesd", "upscale_model")}
-    placements = _placements(req, core)
-    flux = read_model_files(core).architecture.family == "flux"
-    seed = int(req.get("seed", 42))
-    if seed < 0:
-        import random
-
-        seed = random.randrange(2**31)
-    t0 = time.perf_counter()
-    images, timings = (_flux_run if flux else _sd_run)(ctx, req, files, core, placements, seed)
-    upscaler = _first(files, "upscale_model")
-    if upscaler:
-        ctx.progress(phase="upscale")
-        images = _upscale(ctx, upscaler, placements["vae"], images, int(req.get("upscale_repeats") or 1),
-                          int(req.get("threads") or 0))
-    timings["total"] = time.perf_counter() - t0
-    params = {k: req.get(k) for k in ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale",
-                                      "sampling_method", "scheduler", "batch_count", "clip_skip")}
-    params.update(seed=seed, architecture="flux" if flux else "sd")
-    return {"images": images, "params": params, "timings": timings}
-
-
-def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Callable[[int, np.ndarray], None] | None]:
-    total = {"n": int(req.get("steps") or 0)}
-
-    def on_step(step: int, n: int, *_: Any) -> None:
-        total["n"] = n
-        ctx.progress(step=step, total=n, phase="sampling")
-
-    def preview(step: int, rgb: np.ndarray) -> None:
-        ctx.preview({"step": step, "total": total["n"], "image": np.ascontiguousarray(rgb, dtype=np.uint8)})
-
-    return on_step, (preview if req.get("previews", True) else None)
-
-
-def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-            placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
-    ov = dict(req.get("overrides") or {})
-    threads = int(req.get("threads") or 0)
-    taesd = _first(files, "taesd")
-    key = ("sd", repr(sorted(core.items())), repr(sorted(placements.items())), repr(sorted(ov.items())),
-           threads, taesd)
-
-    def make() -> Any:
-        return _SdSession(core, placements, ov, threads, taesd, ctx.pool())
-
-    sess = _cached(key, make)
-    sess.sd.set_cancel(ctx.cancel)
-    if sess.tae is not None:
-        for r in sess.tae.runners.values():
-            r.cancel = ctx.cancel
-    p = GenerateParams(req.get("prompt") or "", req.get("negative_prompt") or "", int(req.get("width", 512)),
-                       int(req.get("height", 512)), int(req.get("steps", 20)), float(req.get("cfg_scale", 7.0)),
-                       seed, req.get("sampling_method") or "euler_a", req.get("scheduler") or "discrete",
-                       int(req.get("batch_count") or 1), max(int(req.get("clip_skip") or 0), 0))
-    on_step, preview = _emitters(ctx, req)
-    images = sess.sd.txt2img(p, on_step, preview, vae_tile=int(req.get("vae_tile_size") or 0) or None,
-                             preview_decoder=sess.tae.preview if sess.tae is not None else None,
-                             decoder=sess.tae.decode if sess.tae is not None and req.get("taesd_decode")
-                             else None)
-    return images, dict(sess.sd.timings)
-
-
-class _SdSession:
-    """A loaded SD pipeline and its optional TAESD preview decoder (on the VAE's main device,
-    weights resident)."""
-
-    def __init__(self, files: Mapping[str, list[str]], placements: Mapping[str, Any], ov: Mapping[str, Any],
-                 threads: int, taesd: str | None, pool: Any) -> None:
-        from sdplan.core.models.tae import Tae
-        from sdplan.core.runtime.runner import ModulePlacement
-
-        kw = {k: ov[k] for k in ("clip_heads", "unet_heads", "unet_head_dim", "prediction", "family") if ov.get(k)}
-        self.sd = StableDiffusion(dict(files), None, pool, threads, placements=placements, **kw)
-        self.tae = None
-        if taesd:
-            try:
-                self.tae = Tae(taesd, placement=ModulePlacement(placements["vae"].devices[:1]), pool=pool,
-                               n_threads=threads)
-            except BaseException:
-                self.sd.close()
-                raise
-
-    def close(self) -> None:
-        if self.tae is not None:
-            self.tae.close()
-        self.sd.close()
-
-
-def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-              placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
-    from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
-    from sdplan.core.sampling.flow import DEFAULT_STEPS
-
-    need = [k for k in ("diffusion_model", "t5xxl", "clip_l", "vae") if not files.get(k)]
-    if need:
-        raise ModelFileError("<request>", "a Flux run needs --diffusion-model, --t5xxl, --clip_l and --vae; "
-                                          f"missing {', '.join('--' + k.replace('_', '-') for k in need)}")
-    ov = dict(req.get("overrides") or {})
-    axes = ov.get("flux_axes")
-    models = FluxModels(files["diffusion_model"][0], files["t5xxl"][0], files["clip_l"][0], files["vae"][0],
-                        _first(files, "taesd"), ov.get("flux_heads"),
-                        tuple(axes) if axes else None, ov.get("clip_heads"))
-    threads = int(req.get("threads") or 0)
-    key = ("flux", repr(models), repr(sorted(placements.items())), threads)
-    pipe = _cached(key, lambda: FluxPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
-    pipe.set_cancel(ctx.cancel)
-    on_step, preview = _emitters(ctx, req)
-    steps = int(req.get("steps") or 0) or DEFAULT_STEPS[pipe.dit.cfg.variant]
-    width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
-    images: list[np.ndarray] = []
-    t0 = time.perf_counter()
-    for b in range(int(req.get("batch_count") or 1)):
-        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
-            on_step(i + 1, total)
-            if preview is not None:
-                preview(i + 1, rgb)
-        out = pipe.txt2img(req.get("prompt") or "", width, height, steps=steps, seed=seed + b,
-                           sampler=req.get("sampling_method") or "euler",
-                           guidance=float(req.get("guidance") or 3.5),
-                           t5_length=int(ov.get("t5_length") or 256), preview=cb)
-        images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_flux": time.perf_counter() - t0}
-
-
-def _upscale(ctx: Any, path: str, vae: Any, images: list[np.ndarray], repeats: int, threads: int) -> list[np.ndarray]:
-    """Upscale uint8 images with the ESRGAN file on the VAE's main device (resident weights)."""
-    from sdplan.core.pipelines.upscale import Upscaler
-    from sdplan.core.runtime.runner import ModulePlacement
-
-    with Upscaler(path, placement=ModulePlacement(vae.devices[:1]), pool=ctx.pool(), n_threads=threads) as up:
-        up.runner.cancel = ctx.cancel
-        return [up.upscale_image(img, repeats) for img in images]
-
-
-# ---------------------------------------------------------------------- the app's client
-
-GENERATE_JOB = "sdplan.core.pipelines.sd:generate_job"
-INVENTORY_JOB = "sdplan.core.pipelines.sd:inventory_job"
-
-
-class EngineClient:
-    """The desktop app's engine client (the interface ``sdplan.app.worker.EngineClient``):
-    :meth:`start` runs a request (see :func:`generate_job`) in the engine process on a
-    thread, :meth:`next_message` returns the app's messages in order:
-    ``{"type": "progress", "step", "total", "preview": uint8 (H, W, 3) or None}``, then one
-    of ``{"type": "result", "images", "params"}`` (params also carry ``timings``),
-    ``{"type": "error", "message"}`` (a failed job, or a dead engine process naming the
-    signal and ggml's last message; the next :meth:`start` starts a fresh process) or
-    ``{"type": "cancelled"}``.
-
-    ``isolated``: the engine in a child process (default) or in this process (debugging).
-    """
-
-    def __init__(self, isolated: bool = True, engine: Any = None) -> None:
-        import queue
-
-        from sdplan.core.runtime.process import Engine
-
-        self.engine = engine or Engine(isolated=isolated)
-        self._messages: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._thread: Any = None
-
-    def start(self, request: Mapping[str, Any]) -> None:
-        """Begin one generation. Raises RuntimeError while another is running."""
-        import threading
-
-        if self._thread is not None and self._thread.is_alive():
-            raise RuntimeError("a generation is already running")
-        while not self._messages.empty():
-            self._messages.get_nowait()
-        self._thread = threading.Thread(target=self._run, args=(dict(request),), daemon=True,
-                                        name="sdplan-engine-client")
-        self._thread.start()
-
-    def _run(self, request: dict[str, Any]) -> None:
-        from sdplan.core.errors import SdplanError
-
-        put = self._messages.put
-
-        def progress(info: dict[str, Any]) -> None:
-            if "step" in info:
-                put({"type": "progress", "step": int(info["step"]), "total": int(info["total"]), "preview": None})
-
-        def preview(info: dict[str, Any]) -> None:
-            put({"type": "progress", "step": int(info["step"]), "total": int(info["total"]),
-                 "preview": info["image"]})
-
-        try:
-            res = self.engine.call(GENERATE_JOB, {"request": request}, progress, preview)
-            put({"type": "result", "images": list(res["images"]),
-                 "params": {**res["params"], "timings": res["timings"]}})
-        except SdplanError as exc:
-            if getattr(exc, "code", None) == "cancelled":
-                put({"type": "cancelled"})
-            else:
-                put({"type": "error", "message": str(exc)})
-        except Exception as exc:  # noqa: BLE001 - every failure becomes an error message
-            log.debug("engine client failure", exc_info=True)
-            put({"type": "error", "message": f"{type(exc).__name__}: {exc}"})
-
-    def next_message(self, timeout: float) -> dict[str, Any] | None:
-        """The next message, or None after ``timeout`` seconds without one."""
-        import queue
-
-        try:
-            return self._messages.get(timeout=max(timeout, 0.0))
-        except queue.Empty:
-            return None
-
-    def cancel(self) -> None:
-        """Ask the running generation to stop (thread-safe); a ``cancelled`` message follows."""
-        self.engine.cancel()
-
-    def close(self) -> None:
-        """Stop the engine process (idempotent)."""
-        self.engine.close()
-
-
-def create_engine_client(isolated: bool = True) -> EngineClient:
-    """An :class:`EngineClient` with its engine in a child process (``isolated=False``: in
-    this process)."""
-    return EngineClient(isolated)

@@ -16,21 +16,19 @@ tile is the largest of :data:`TILE_SIZES` whose measured compute buffer plus wei
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from sdplan.core.errors import ModelFileError
-from sdplan.core.models.esrgan import (
-    EsrganConfig,
-    canonical_rrdb_names,
-    detect_esrgan,
-    esrgan_forward,
-    tile_grid,
-)
+from sdplan.core.modelfiles.pth import is_pth, load_pth_tensors
+from sdplan.core.modelfiles.readers import read_tensor_file
+from sdplan.core.models.esrgan import UpscalerGraph, canonical_rrdb_names, detect_esrgan, tile_grid
+from sdplan.core.pipelines.base import Pipeline
+from sdplan.core.runtime.runner import BackendPool, ModulePlacement, ModuleRunner
+from sdplan.core.runtime.weights import WeightFile
 
-__all__ = ["Upscaler", "UpscalerGraph", "to_array", "to_image", "TILE_SIZES", "DEFAULT_TILE"]
+__all__ = ["Upscaler", "to_array", "to_image", "TILE_SIZES", "DEFAULT_TILE"]
 
 log = logging.getLogger(__name__)
 
@@ -38,57 +36,6 @@ log = logging.getLogger(__name__)
 TILE_SIZES = (1024, 768, 512, 384, 256, 192, 128, 96, 64, 48, 32)
 #: Tile core without a budget (input pixels): about 0.3 GiB of compute for the compact x4.
 DEFAULT_TILE = 256
-
-
-class _Renamed(Mapping[str, Any]):
-    """``w[canonical]`` is ``lookup(file name)``."""
-
-    def __init__(self, lookup: Any, names: Mapping[str, str]) -> None:
-        self.lookup, self.names = lookup, names
-
-    def __getitem__(self, name: str) -> Any:
-        return self.lookup(self.names[name])
-
-    def __iter__(self) -> Any:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-
-class UpscalerGraph:
-    """An ESRGAN network as an engine module graph (``sdplan.core.models.ModuleGraph``): no
-    blocks; input ``"image"`` f32 ``(1, C, H, W)``, output ``"image"`` ``(1, C, sH, sW)``.
-    ``names`` maps canonical weight names to the file's."""
-
-    n_blocks = 0
-
-    def __init__(self, cfg: EsrganConfig, names: Mapping[str, str]) -> None:
-        self.cfg, self.names = cfg, dict(names)
-
-    def block_tensors(self, i: int) -> list[str]:
-        raise IndexError(f"upscaler graphs have no blocks (asked for block {i})")
-
-    def other_tensors(self) -> list[str]:
-        return sorted(self.names.values())
-
-    def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
-        """``{"image": (shape, "f32")}``; ValueError for another input or shape."""
-        s = shapes.get("image")
-        k = self.cfg.unshuffle
-        if s is None or len(s) != 4 or s[0] != 1 or s[1] != self.cfg.in_channels or s[2] % k or s[3] % k:
-            raise ValueError(f"upscaler: input 'image' must be (1, {self.cfg.in_channels}, H, W) with "
-                             f"H, W multiples of {k}; got {shapes}")
-        return {"image": (tuple(s), "f32")}
-
-    def build_pre(self, g: Any, w: Any, inputs: dict[str, Any]) -> dict[str, Any]:
-        return {"y": esrgan_forward(g, _Renamed(w, self.names), inputs["image"], self.cfg)}
-
-    def build_block(self, g: Any, w: Any, i: int, state: dict[str, Any]) -> dict[str, Any]:
-        raise IndexError(f"upscaler graphs have no blocks (asked for block {i})")
-
-    def build_post(self, g: Any, w: Any, state: dict[str, Any]) -> dict[str, Any]:
-        return {"image": state["y"]}
 
 
 def to_array(image: np.ndarray) -> np.ndarray:
@@ -110,10 +57,6 @@ def _weight_file(path: Path) -> tuple[dict[str, tuple[int, ...]], Any]:
     """``(shapes, make)``: the tensor shapes of an upscaler file and ``make(names, dtypes)``
     building its :class:`~sdplan.core.runtime.weights.WeightFile`: read from the file itself for
     safetensors/GGUF, from the arrays of the restricted reader for a .pth/.ckpt."""
-    from sdplan.core.modelfiles.pth import is_pth, load_pth_tensors
-    from sdplan.core.modelfiles.readers import read_tensor_file
-    from sdplan.core.runtime.weights import WeightFile
-
     if not path.is_file():
         raise ModelFileError(path, "no such file")
     if is_pth(path):
@@ -124,7 +67,7 @@ def _weight_file(path: Path) -> tuple[dict[str, tuple[int, ...]], Any]:
     return shapes, lambda names, dtypes: WeightFile(path, names, dtypes)
 
 
-class Upscaler:
+class Upscaler(Pipeline):
     """An upscaler model file ready to run (see the module docstring).
 
     Args:
@@ -139,10 +82,9 @@ class Upscaler:
         ModelFileError: unreadable, hostile or non-upscaler file.
     """
 
-    def __init__(self, path: str | Path, placement: Any = None, pool: Any = None, tile: int | None = None,
+    def __init__(self, path: str | Path, placement: ModulePlacement | None = None,
+                 pool: BackendPool | None = None, tile: int | None = None,
                  overlap: int | None = None, n_threads: int = 0) -> None:
-        from sdplan.core.runtime import runner as engine
-
         self.path = Path(path)
         shapes, make = _weight_file(self.path)
         names = canonical_rrdb_names(list(shapes))
@@ -151,15 +93,19 @@ class Upscaler:
         files = model.other_tensors()
         # f32 throughout: these networks are small and f16 im2col is slower on CPUs.
         wf = make(files, dict.fromkeys(files, "f32"))
-        self.placement = placement or engine.ModulePlacement(("CPU",))
-        pool = pool or engine.BackendPool()
-        self.runner = engine.ModuleRunner(model, wf, self.placement, pool, name="upscaler",
-                                          n_threads=n_threads)
+        super().__init__(pool, n_threads)
+        self.placement = placement or ModulePlacement(("CPU",))
+        self.runners["upscaler"] = self.new_runner("upscaler", model, wf, self.placement)
         self.overlap = self.cfg.receptive_radius if overlap is None else overlap
         self.tile = tile
         self._tiles: dict[tuple[int, int, int], int] = {}
         log.info("%s: %s x%d, %d features, %d convs/blocks", self.path, self.cfg.kind, self.cfg.scale,
                  self.cfg.features, self.cfg.n_conv)
+
+    @property
+    def runner(self) -> ModuleRunner:
+        """The network's module runner."""
+        return self.runners["upscaler"]
 
     @property
     def scale(self) -> int:
@@ -239,12 +185,3 @@ class Upscaler:
         """uint8 ``(H, W, 3)`` -> uint8 ``(H*s^r, W*s^r, 3)``."""
         return to_image(self.upscale_array(to_array(image), repeats))
 
-    def close(self) -> None:
-        """Free the runner's buffers (idempotent)."""
-        self.runner.release()
-
-    def __enter__(self) -> Upscaler:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -19,15 +19,10 @@ from decimal import Context, Decimal
 
 from sdplan.core.errors import PlanError
 from sdplan.core.planning.inventory import Device, Inventory
+from sdplan.core.planning.modules import GIB
 
 Span = tuple[int, int]
 
-#: The canonical module names in their fixed order (spec section 1).
-MODULES: tuple[str, ...] = (
-    "diffusion", "te", "clip_vision", "vae", "controlnet", "photomaker", "upscaler", "detector",
-)
-#: Modules that may run on several devices (layer split).
-SPLITTABLE: tuple[str, ...] = ("diffusion", "te")
 
 _ALIASES: dict[str, tuple[str, ...]] = {
     "diffusion": ("diffusion", "model", "unet", "dit"),
@@ -47,7 +42,6 @@ DEFAULT_KEYS = frozenset({"all", "default", "*"})
 #: Values meaning "the default device" (spec section 3, step 1; ``""`` is rejected earlier).
 DEFAULT_TOKENS = frozenset({"", "auto", "default"})
 
-GIB = 1 << 30
 #: Budgets are clamped to this many bytes so absurd numbers (``1e99999``) stay cheap.
 MAX_BUDGET_BYTES = 1 << 62
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")

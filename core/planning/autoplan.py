@@ -13,14 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sdplan.core.planning.assignment import SPLITTABLE
 from sdplan.core.planning.estimate import compute_bytes, estimate_plan
 from sdplan.core.planning.inventory import Inventory
+from sdplan.core.planning.modules import GIB, SPLITTABLE
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import Plan, resolve
 from sdplan.core.planning.profile import Profile
 
-GIB = 1 << 30
 #: Free memory kept back on every device when packing (bytes): driver and fragmentation.
 HEADROOM = GIB // 2
 

@@ -24,9 +24,10 @@ import logging
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
-from sdplan.core.errors import ModelFileError
+from sdplan.core.errors import ModelFileError, PlanError
 from sdplan.core.planning.profile import Profile
 
 log = logging.getLogger(__name__)
@@ -120,3 +121,25 @@ def load_builtin_profile(name: str) -> Profile:
     entry = profiles[key]
     data = {"modules": entry["modules"], "name": key, "architecture": entry["architecture"]}
     return Profile.from_json(data, source=f"built-in profile {key}")
+
+
+def load_profile_option(profile: str | None = None, model_profile: str | None = None) -> Profile | None:
+    """The model profile of the shared ``--profile FILE|NAME`` / ``--model-profile NAME``
+    options (``sdplan plan``, ``sdplan gui``): a built-in profile by name, or a profile JSON
+    file (a ``--profile`` value that is not an existing file and does not end in ``.json``
+    is taken as a built-in name). None when neither is given.
+
+    Raises:
+        PlanError: ``conflicting_model_sources`` when both are given.
+        ModelFileError: an unreadable file or an unknown built-in name.
+    """
+    if model_profile and profile:
+        raise PlanError("conflicting_model_sources", "--model-profile excludes --profile; give "
+                        "one of them", flag="--model-profile")
+    if model_profile:
+        return load_builtin_profile(model_profile)
+    if not profile:
+        return None
+    if Path(profile).exists() or profile.lower().endswith(".json"):
+        return Profile.load(profile)
+    return load_builtin_profile(profile)

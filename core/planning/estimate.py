@@ -43,9 +43,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sdplan.core.planning.inventory import Inventory
+from sdplan.core.planning.modules import GIB
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
-GIB = 1 << 30
 _K = 4
 _F32 = 4
 

@@ -137,3 +137,17 @@ class Inventory:
         except json.JSONDecodeError as exc:
             raise InventoryError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
         return cls.from_json(data, source=str(p))
+
+
+def merge_rpc_devices(local: Inventory, rpc: Sequence[Device]) -> Inventory:
+    """``local``'s devices followed by ``rpc`` (the devices of ``--rpc-servers``). When
+    ``rpc`` is not empty, RPC devices already in ``local`` (a saved inventory's) are replaced
+    by them.
+
+    Raises:
+        InventoryError: two devices share a name.
+    """
+    if not rpc:
+        return local
+    kept = [d for d in local if d.registry.upper() != "RPC"]
+    return Inventory((*kept, *rpc))

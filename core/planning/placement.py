@@ -17,8 +17,6 @@ from decimal import Decimal
 
 from sdplan.core.errors import PlanError
 from sdplan.core.planning.assignment import (
-    MODULES,
-    SPLITTABLE,
     Entry,
     ParamsValue,
     Ref,
@@ -31,6 +29,7 @@ from sdplan.core.planning.assignment import (
     parse_runtime_value,
     split_entries,
 )
+from sdplan.core.planning.modules import MODULES, SPLITTABLE
 
 #: Compatibility flags in the order they are applied, with the ``--backend`` entry each adds.
 COMPAT_BACKEND = (("clip_on_cpu", "te=cpu"), ("vae_on_cpu", "vae=cpu"),
@@ -128,8 +127,6 @@ class Placement:
             PlanError: as :meth:`from_strings`; ``invalid_assignment`` for an argument that
                 is not a placement flag or a flag missing its value.
         """
-        from sdplan.core.planning.sdcli import scan_placement_args
-
         placement, rest = scan_placement_args(list(argv))
         if rest:
             raise PlanError("invalid_assignment", f"not a placement flag: {rest[0]!r}")
@@ -311,6 +308,54 @@ def _parse_max_vram(text: str) -> tuple[Decimal | None, tuple[BudgetEntry, ...]]
         else:
             budgets.append(BudgetEntry(e.key, gib, e.span))
     return default, tuple(budgets)
+
+
+# --------------------------------------------------------------------- argument lists
+#: Placement flags taking a value -> how repeats combine.
+PLACEMENT_VALUE_FLAGS = {"--backend": "join", "--params-backend": "join",
+                         "--max-vram": "last", "--rpc-servers": "join"}
+PLACEMENT_SWITCHES = {"--stream-layers": "stream_layers", "--clip-on-cpu": "clip_on_cpu",
+                      "--vae-on-cpu": "vae_on_cpu", "--control-net-cpu": "control_net_cpu",
+                      "--offload-to-cpu": "offload_to_cpu"}
+
+def split_flag(arg: str) -> tuple[str, str | None]:
+    """``--flag=value`` -> ``("--flag", "value")``; anything else -> ``(arg, None)``."""
+    if arg.startswith("--") and "=" in arg:
+        flag, value = arg.split("=", 1)
+        return flag, value
+    return arg, None
+
+
+def scan_placement_args(args: list[str]) -> tuple[Placement, list[str]]:
+    """Take sd-cli's placement flags out of ``args``; returns the placement and the rest.
+
+    Raises:
+        PlanError: from :meth:`Placement.from_strings`; ``invalid_assignment`` when a
+            placement flag has no value.
+    """
+    values: dict[str, list[str]] = {f: [] for f in PLACEMENT_VALUE_FLAGS}
+    switches: dict[str, bool] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        flag, inline = split_flag(args[i])
+        if flag in PLACEMENT_VALUE_FLAGS:
+            if inline is None:
+                if i + 1 >= len(args):
+                    raise PlanError("invalid_assignment", f"{flag} needs a value", flag=flag)
+                inline = args[i + 1]
+                i += 1
+            values[flag].append(inline)
+        elif args[i] in PLACEMENT_SWITCHES:
+            switches[PLACEMENT_SWITCHES[args[i]]] = True
+        else:
+            rest.append(args[i])
+        i += 1
+    vram = values["--max-vram"]
+    placement = Placement.from_strings(
+        ",".join(values["--backend"]), ",".join(values["--params-backend"]),
+        vram[-1] if vram else "", rpc_servers=",".join(values["--rpc-servers"]), **switches)
+    return placement, rest
 
 
 # --------------------------------------------------------------------- argparse glue

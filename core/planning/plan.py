@@ -20,9 +20,6 @@ from decimal import Decimal
 
 from sdplan.core.errors import PlanError
 from sdplan.core.planning.assignment import (
-    GIB,
-    MODULES,
-    SPLITTABLE,
     DeviceIndex,
     ParamsValue,
     Ref,
@@ -31,6 +28,7 @@ from sdplan.core.planning.assignment import (
     normalize_module,
 )
 from sdplan.core.planning.inventory import Inventory
+from sdplan.core.planning.modules import GIB, MODULES, SPLITTABLE
 from sdplan.core.planning.placement import (
     BudgetEntry,
     Placement,

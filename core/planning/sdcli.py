@@ -12,28 +12,11 @@ import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from sdplan.core.errors import PlanError
+from sdplan.core.planning.modules import MODEL_FLAGS
+from sdplan.core.planning.placement import Placement, scan_placement_args, split_flag
 
-if TYPE_CHECKING:
-    from sdplan.core.planning.placement import Placement
-
-#: Model-file keys in written order -> sd-cli flags (first is the written spelling).
-MODEL_FLAGS: dict[str, tuple[str, ...]] = {
-    "model": ("--model", "-m"),
-    "diffusion_model": ("--diffusion-model",),
-    "clip_l": ("--clip_l",),
-    "clip_g": ("--clip_g",),
-    "t5xxl": ("--t5xxl",),
-    "llm": ("--llm",),
-    "vae": ("--vae",),
-    "taesd": ("--taesd",),
-    "control_net": ("--control-net",),
-    "upscale_model": ("--upscale-model",),
-    "photo_maker": ("--photo-maker",),
-    "clip_vision": ("--clip_vision",),
-}
 #: Generation keys in written order -> (flags, value type).
 GENERATION_FLAGS: dict[str, tuple[tuple[str, ...], type]] = {
     "prompt": (("--prompt", "-p"), str),
@@ -50,12 +33,6 @@ GENERATION_FLAGS: dict[str, tuple[tuple[str, ...], type]] = {
     "clip_skip": (("--clip-skip",), int),
     "guidance": (("--guidance",), float),
 }
-#: Placement flags taking a value -> how repeats combine.
-PLACEMENT_VALUE_FLAGS = {"--backend": "join", "--params-backend": "join",
-                         "--max-vram": "last", "--rpc-servers": "join"}
-PLACEMENT_SWITCHES = {"--stream-layers": "stream_layers", "--clip-on-cpu": "clip_on_cpu",
-                      "--vae-on-cpu": "vae_on_cpu", "--control-net-cpu": "control_net_cpu",
-                      "--offload-to-cpu": "offload_to_cpu"}
 BINARY_NAMES = frozenset({"sd-cli", "sd", "sd-cli.exe", "sd.exe"})
 
 _MODEL_BY_FLAG = {f: k for k, flags in MODEL_FLAGS.items() for f in flags}
@@ -154,47 +131,6 @@ class ImportedCommand:
     unknown_args: list[str] = field(default_factory=list)
 
 
-def _split_flag(arg: str) -> tuple[str, str | None]:
-    if arg.startswith("--") and "=" in arg:
-        flag, value = arg.split("=", 1)
-        return flag, value
-    return arg, None
-
-
-def scan_placement_args(args: list[str]) -> tuple[Placement, list[str]]:
-    """Take sd-cli's placement flags out of ``args``; returns the placement and the rest.
-
-    Raises:
-        PlanError: from :meth:`Placement.from_strings`; ``invalid_assignment`` when a
-            placement flag has no value.
-    """
-    from sdplan.core.planning.placement import Placement
-
-    values: dict[str, list[str]] = {f: [] for f in PLACEMENT_VALUE_FLAGS}
-    switches: dict[str, bool] = {}
-    rest: list[str] = []
-    i = 0
-    while i < len(args):
-        flag, inline = _split_flag(args[i])
-        if flag in PLACEMENT_VALUE_FLAGS:
-            if inline is None:
-                if i + 1 >= len(args):
-                    raise PlanError("invalid_assignment", f"{flag} needs a value", flag=flag)
-                inline = args[i + 1]
-                i += 1
-            values[flag].append(inline)
-        elif args[i] in PLACEMENT_SWITCHES:
-            switches[PLACEMENT_SWITCHES[args[i]]] = True
-        else:
-            rest.append(args[i])
-        i += 1
-    vram = values["--max-vram"]
-    placement = Placement.from_strings(
-        ",".join(values["--backend"]), ",".join(values["--params-backend"]),
-        vram[-1] if vram else "", rpc_servers=",".join(values["--rpc-servers"]), **switches)
-    return placement, rest
-
-
 def import_sdcli_command(text: str) -> ImportedCommand:
     """Parse a pasted sd-cli command line (``shlex``; backslash-newline continuations allowed;
     a leading ``sd-cli``/``sd``/path to the binary is skipped).
@@ -218,7 +154,7 @@ def import_sdcli_command(text: str) -> ImportedCommand:
     unknown: list[str] = []
     i = 0
     while i < len(rest):
-        flag, inline = _split_flag(rest[i])
+        flag, inline = split_flag(rest[i])
         key = _MODEL_BY_FLAG.get(flag) or _GEN_BY_FLAG.get(flag)
         if key is None:
             unknown.append(rest[i])

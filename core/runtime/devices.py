@@ -1,6 +1,7 @@
 """Live devices from ggml: inventory, features of the loaded ggml, RPC servers, backends.
 
-The native module ``sdplan._ggml`` is imported lazily, so this module imports without it.
+The native module is reached through :func:`sdplan.core.runtime.native.native`, so this
+module imports without it.
 
 RPC devices are named ``RPC0``, ``RPC1``... in the order added across servers and described
 by their ``host:port`` endpoint (spec section 3). ggml names the devices of
@@ -23,11 +24,12 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
-from types import ModuleType, TracebackType
+from types import TracebackType
 from typing import Any
 
 from sdplan.core.errors import InventoryError
 from sdplan.core.planning.inventory import DEVICE_TYPES, Device, Inventory
+from sdplan.core.runtime.native import NativeUnavailable, native
 
 log = logging.getLogger(__name__)
 
@@ -50,23 +52,12 @@ class RpcError(InventoryError):
     code = "rpc_error"
 
 
-def _native() -> ModuleType:
-    """The native module; raises :class:`InventoryError` when it is not built."""
-    try:
-        import sdplan._ggml as native
-    except ImportError as exc:  # pragma: no cover - only without a build
-        raise InventoryError(
-            f"sdplan's native module sdplan._ggml cannot be loaded ({exc}); reinstall sdplan"
-        ) from None
-    return native
-
-
 # --------------------------------------------------------------------------- RPC
 
 
 def rpc_available() -> bool:
     """True when the loaded ggml has the RPC backend (built with ``GGML_RPC=ON``)."""
-    return bool(_native().rpc_available())
+    return bool(native().rpc_available())
 
 
 def require_rpc() -> None:
@@ -169,17 +160,17 @@ def add_rpc_servers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_S
     if not endpoints:
         return []
     require_rpc()
-    native = _native()
+    ng = native()
     for endpoint in endpoints:
         parse_endpoint(endpoint)
-    known = {ep for ep, _ in native.rpc_servers()}
+    known = {ep for ep, _ in ng.rpc_servers()}
     new = [ep for ep in endpoints if ep not in known]
     for endpoint in new:
         check_endpoint(endpoint, timeout)
     probe_rpc_servers(new)
     for endpoint in new:
         try:
-            names = native.rpc_add_server(endpoint)
+            names = ng.rpc_add_server(endpoint)
         except RuntimeError as exc:
             raise RpcError(f"RPC server {endpoint}: {exc}") from None
         log.debug("RPC server %s added devices %s", endpoint, names)
@@ -190,10 +181,10 @@ def add_rpc_servers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_S
 def rpc_device_map() -> dict[str, tuple[str, str]]:
     """``{sdplan name: (ggml name, endpoint)}`` for every RPC device added in this process,
     sdplan names ``RPC0``, ``RPC1``... in the order added across servers."""
-    if not _native().rpc_available():
+    if not native().rpc_available():
         return {}
     out: dict[str, tuple[str, str]] = {}
-    for endpoint, ggml_names in _native().rpc_servers():
+    for endpoint, ggml_names in native().rpc_servers():
         for ggml_name in ggml_names:
             out[f"RPC{len(out)}"] = (ggml_name, endpoint)
     return out
@@ -253,7 +244,7 @@ def live_inventory(rpc_servers: Sequence[str] = ()) -> Inventory:
     add_rpc_servers(rpc_servers)
     rpc_names = rpc_device_map()
     devices = []
-    for rec in _native().list_devices():
+    for rec in native().list_devices():
         if rec["type"] not in DEVICE_TYPES:
             log.debug("skipping ggml device %s of type %s", rec["name"], rec["type"])
             continue
@@ -266,11 +257,11 @@ def device_memory(name: str) -> tuple[int, int]:
     (cheap for local devices, one round trip for RPC ones); CPU devices' ``free`` is
     MemAvailable as in :func:`live_inventory`. Raises :class:`InventoryError` for an
     unknown device."""
-    native = _native()
+    ng = native()
     ggml_name = to_ggml_name(name)
     try:
-        free, total = native.device_memory(ggml_name)
-        typ = str(native.device_type(ggml_name))
+        free, total = ng.device_memory(ggml_name)
+        typ = str(ng.device_type(ggml_name))
     except ValueError:
         raise InventoryError(f"no device named {name!r}") from None
     return _refine_free(typ, int(free), int(total)), int(total)
@@ -298,12 +289,12 @@ def features() -> dict[str, Any]:
     "cpu_features": {name: value}, "registries": [str], "warnings": [str]}``; the CPU
     features come from the CPU registry's ``ggml_backend_get_features`` proc address.
     """
-    native = _native()
+    ng = native()
     try:
-        cpu = dict(native.backend_features("CPU"))
+        cpu = dict(ng.backend_features("CPU"))
     except ValueError:
         cpu = {}
-    rpc = bool(native.rpc_available())
+    rpc = bool(ng.rpc_available())
     llamafile = cpu.get("LLAMAFILE", "0") not in ("", "0")
     warnings = []
     if not rpc:
@@ -319,11 +310,11 @@ def features() -> dict[str, Any]:
             warnings.append(f"ggml's CPU backend was built without {', '.join(missing)}, "
                             "which this CPU has; rebuild libggml-python from source")
     return {
-        "ggml_version": str(native.ggml_version()),
+        "ggml_version": str(ng.ggml_version()),
         "rpc": rpc,
         "llamafile": llamafile,
         "cpu_features": cpu,
-        "registries": [r for r in native.registry_names() if not r.startswith("RPC[")],
+        "registries": [r for r in ng.registry_names() if not r.startswith("RPC[")],
         "warnings": warnings,
     }
 
@@ -341,7 +332,7 @@ class BackendManager:
 
     def __init__(self, cpu_threads: int | None = None) -> None:
         """``cpu_threads``: threads of CPU-like backends; None means ``os.cpu_count()``."""
-        self.native = _native().BackendManager(self._check_threads(
+        self.native = native().BackendManager(self._check_threads(
             os.cpu_count() or 1 if cpu_threads is None else cpu_threads))
 
     @staticmethod
@@ -404,3 +395,31 @@ def is_loopback_host(host: str) -> bool:
         return False
     addrs = {str(info[4][0]) for info in infos}
     return bool(addrs) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs)
+
+
+def fallback_inventory() -> Inventory:
+    """Just the CPU, sized from ``/proc/meminfo`` (bytes; zeros when unreadable)."""
+    free = total = 0
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            info = {k: v for k, v in (line.split(":", 1) for line in fh if ":" in line)}
+        total = int(info.get("MemTotal", "0 kB").split()[0]) * 1024
+        free = int(info.get("MemAvailable", "0 kB").split()[0]) * 1024
+    except (OSError, ValueError):
+        log.debug("cannot read /proc/meminfo", exc_info=True)
+    cpu = Device("CPU", f"CPU ({os.cpu_count() or 1} threads)", "cpu", "CPU", free, total)
+    return Inventory((cpu,))
+
+
+def local_inventory(rpc_servers: Sequence[str] = ()) -> tuple[Inventory, str | None]:
+    """This machine's devices (after adding ``rpc_servers``) and None; or, when the native
+    module is missing, :func:`fallback_inventory` and the reason.
+
+    Raises:
+        RpcError: an RPC server is unreachable or ggml lacks RPC.
+    """
+    try:
+        return live_inventory(rpc_servers=list(rpc_servers)), None
+    except NativeUnavailable as exc:
+        log.debug("live inventory unavailable: %s", exc)
+        return fallback_inventory(), str(exc)

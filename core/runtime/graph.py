@@ -64,6 +64,8 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from sdplan.core.runtime.native import native
+
 __all__ = [
     "new_graph", "on", "linear", "layer_norm", "group_norm", "attention", "conv2d",
     "conv_transpose2d", "pixel_shuffle", "prelu", "gelu", "geglu", "NUMPY_DTYPES",
@@ -90,14 +92,13 @@ def new_graph(backends: Sequence[Any], max_nodes: int = 16384, n_threads: int = 
     graph may create; ``n_threads`` > 0 sets the CPU thread count at each compute.
     Raises ValueError for an empty list.
     """
-    import sdplan._ggml as native
-
     bs = list(backends)
     if not bs:
         raise ValueError("new_graph: needs at least one backend")
-    if native.device_type(bs[-1].device_name) != "cpu":
-        bs.append(native.init_backend("CPU"))
-    return native.Graph(bs, max_nodes=max_nodes, n_threads=n_threads)
+    ng = native()
+    if ng.device_type(bs[-1].device_name) != "cpu":
+        bs.append(ng.init_backend("CPU"))
+    return ng.Graph(bs, max_nodes=max_nodes, n_threads=n_threads)
 
 
 @contextlib.contextmanager

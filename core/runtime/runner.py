@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 from sdplan.core.errors import EngineError
 from sdplan.core.runtime import graph as gr
+from sdplan.core.runtime.devices import BackendManager
+from sdplan.core.runtime.native import native
 from sdplan.core.runtime.weights import WeightFile
 
 log = logging.getLogger(__name__)
@@ -137,14 +139,12 @@ class CancelToken:
 
     def compute(self, g: Any) -> None:
         """``g.compute()`` with cancel wired in; raises :class:`Cancelled`."""
-        import sdplan._ggml as native
-
         self.check()
         with self._lock:
             self._graph = g
         try:
             g.compute()
-        except native.ComputeCancelled:
+        except native().ComputeCancelled:
             raise Cancelled("cancelled") from None
         finally:
             with self._lock:
@@ -158,8 +158,6 @@ class BackendPool:
 
     def __init__(self, manager: Any = None, extra: Mapping[str, Any] | None = None) -> None:
         if manager is None:
-            from sdplan.core.runtime.devices import BackendManager
-
             manager = BackendManager()
         self.manager = manager
         self.extra = dict(extra or {})

@@ -26,6 +26,7 @@ from typing import Any
 
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.readers import TensorInfo, read_tensor_file
+from sdplan.core.runtime.native import native
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,7 @@ def runtime_dtype(info: TensorInfo, backend: Any | None = None) -> str:
     if len(info.shape) == 4:
         return dt if dt in ("f32", "f16") else "f16"
     if backend is not None:
-        import sdplan._ggml as native
-
-        if not native.supports_mul_mat(backend, dt):
+        if not native().supports_mul_mat(backend, dt):
             return "f32"
     return dt
 
@@ -111,9 +110,7 @@ class WeightFile:
 
     def new_store(self) -> Any:
         """A new, unallocated ``WeightStore`` of every tensor of this file."""
-        import sdplan._ggml as native
-
-        return native.WeightStore(self.specs())
+        return native().WeightStore(self.specs())
 
     def read(self, store: Any, names: Sequence[str], chunk_bytes: int = CHUNK_BYTES) -> int:
         """Fill the (allocated) tensors ``names`` of ``store`` from the file; returns bytes read.

@@ -1,0 +1,64 @@
+"""Options several commands share, defined once: where the devices and the model profile
+come from (``--devices``, ``--profile``, ``--model-profile``), read the same way by
+``sdplan plan`` and ``sdplan gui``."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+
+from sdplan.core.errors import PlanError
+from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+from sdplan.core.planning.builtin_profiles import load_profile_option
+from sdplan.core.planning.inventory import Inventory
+from sdplan.core.planning.plan import PlanWarning
+from sdplan.core.planning.profile import Profile
+from sdplan.core.runtime.devices import local_inventory
+
+
+def add_source_arguments(p: argparse.ArgumentParser) -> None:
+    """Add ``--devices FILE``, ``--profile FILE|NAME`` and ``--model-profile NAME``."""
+    p.add_argument("--devices", metavar="FILE", help="plan for the devices in this inventory "
+                   "JSON file (a hardware profile; `sdplan devices --json` writes one) instead "
+                   "of the live ones")
+    p.add_argument("--profile", metavar="FILE|NAME", help="model profile JSON (block sizes), "
+                   "or the name of a built-in profile")
+    p.add_argument("--model-profile", metavar="NAME", help="plan for a built-in model profile "
+                   "(flux1-dev-q8_0, sdxl-base-f16...) without its files; 'list' shows them all")
+
+
+def profile_from_args(args: argparse.Namespace,
+                      model_files: Mapping[str, Sequence[str]] | None = None) -> Profile | None:
+    """The model profile the options and model files name: ``--model-profile``, else
+    ``--profile``, else the files' (headers only), else None.
+
+    Raises:
+        PlanError: ``conflicting_model_sources`` when more than one source is given.
+        ModelFileError: an unreadable profile or model file, an unknown built-in name.
+    """
+    builtin = getattr(args, "model_profile", None)
+    given = getattr(args, "profile", None)
+    if model_files and (builtin or given):
+        raise PlanError("conflicting_model_sources", "--model-profile and --profile exclude "
+                        "model files; give one of them",
+                        flag="--model-profile" if builtin else "--profile")
+    if builtin or given:
+        return load_profile_option(given, builtin)
+    return profile_from_model_flags(model_files) if model_files else None
+
+
+def load_inventory(path: str | None, rpc_servers: Sequence[str] = ()) -> tuple[Inventory, list[PlanWarning]]:
+    """The inventory file at ``path``, else the live devices of this process (after adding
+    ``rpc_servers``), else the CPU alone with a ``live_inventory_unavailable`` warning.
+
+    Raises:
+        InventoryError: a bad file; RpcError: an unreachable server.
+    """
+    if path:
+        return Inventory.load(path), []
+    inventory, missing = local_inventory(rpc_servers)
+    if missing is None:
+        return inventory, []
+    return inventory, [PlanWarning(
+        "live_inventory_unavailable", f"live device query unavailable ({missing}); planning "
+        "for the CPU alone (use --devices FILE to plan for other devices)")]

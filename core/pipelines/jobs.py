@@ -1,0 +1,235 @@
+"""The engine jobs of image generation: what the engine process runs for a request.
+
+Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), named by
+:data:`GENERATE_JOB` and :data:`INVENTORY_JOB`. A *request* is a dict:
+
+- ``model_files``: sd-cli model flags -> paths (``model``, ``diffusion_model``, ``t5xxl``,
+  ``clip_l``, ``vae``, ``taesd``, ``upscale_model``);
+- ``prompt``, ``negative_prompt``, ``width``, ``height``, ``steps``, ``cfg_scale``, ``seed``,
+  ``sampling_method``, ``scheduler``, ``batch_count``, ``clip_skip``, ``guidance``,
+  ``vae_tile_size``, ``upscale_repeats``, ``threads``;
+- ``placements``: module -> ModulePlacement (the caller's resolved plan), or else
+  ``backend`` / ``params_backend`` / ``max_vram`` / ``stream_layers`` strings resolved in
+  the engine process against its live devices; ``rpc_servers``: endpoints added there;
+- ``overrides``: ``clip_heads``, ``unet_heads``, ``unet_head_dim``, ``prediction``,
+  ``flux_heads``, ``flux_axes``, ``t5_length`` (tiny models); ``previews``: send previews
+  (default True);
+- ``taesd_decode``: decode the final images with the ``taesd`` TAE instead of the VAE
+  (sd-cli's ``--taesd`` without ``--taesd-preview-only``; default False: previews only).
+
+Messages: progress ``{"step", "total", "phase"}``, preview ``{"step", "total", "image"}``
+(uint8 (H, W, 3)); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings"}``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sdplan.core.errors import ModelFileError
+from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_model_files
+from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
+from sdplan.core.pipelines.results import image_to_uint8
+from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
+from sdplan.core.pipelines.tae import Tae
+from sdplan.core.pipelines.upscale import Upscaler
+from sdplan.core.planning.placement import Placement
+from sdplan.core.planning.plan import resolve
+from sdplan.core.runtime.devices import live_inventory
+from sdplan.core.runtime.runner import ModulePlacement
+from sdplan.core.sampling.flow import DEFAULT_STEPS
+
+#: The job that generates images (:func:`generate_job`) and the one that lists the engine
+#: process's devices (:func:`inventory_job`), as the engine names jobs.
+GENERATE_JOB = "sdplan.core.pipelines.jobs:generate_job"
+INVENTORY_JOB = "sdplan.core.pipelines.jobs:inventory_job"
+
+_CACHE: dict[str, Any] = {}  # the engine process's loaded pipeline, reused by the next request
+
+
+def inventory_job(ctx: Any, rpc_servers: Sequence[str] = ()) -> dict[str, Any]:
+    """The engine process's live devices (after adding ``rpc_servers``) as Inventory JSON."""
+    return live_inventory(rpc_servers=list(rpc_servers)).to_json()
+
+
+def _files(req: Mapping[str, Any]) -> dict[str, list[str]]:
+    files: dict[str, list[str]] = {}
+    for k, v in (req.get("model_files") or {}).items():
+        key = k.lstrip("-").replace("-", "_")
+        key = {"m": "model"}.get(key, key)
+        files[key] = [str(p) for p in ([v] if isinstance(v, (str, Path)) else v)]
+    if not files:
+        raise ModelFileError("<request>", "no model files given")
+    return files
+
+
+def _placements(req: Mapping[str, Any], files: Mapping[str, list[str]]) -> dict[str, Any]:
+    if req.get("placements"):
+        return dict(req["placements"])
+    placement = Placement.from_strings(req.get("backend") or "", req.get("params_backend") or "",
+                                       req.get("max_vram") or "", stream_layers=bool(req.get("stream_layers")),
+                                       rpc_servers=list(req.get("rpc_servers") or []))
+    inventory = live_inventory(rpc_servers=list(placement.rpc_servers))
+    plan = resolve(placement, inventory, profile_from_model_flags(files))
+    return {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")}
+
+
+def _first(files: Mapping[str, list[str]], key: str) -> str | None:
+    paths = files.get(key) or []
+    return paths[0] if paths else None
+
+
+def _cached(key: Any, make: Callable[[], Any]) -> Any:
+    """The pipeline of the previous request when ``key`` matches, else a new one (the old is
+    closed first: its weights are freed before the new ones load)."""
+    if _CACHE.get("key") != key:
+        old = _CACHE.pop("obj", None)
+        _CACHE.clear()
+        if old is not None:
+            old.close()
+        _CACHE["obj"] = make()
+        _CACHE["key"] = key
+    return _CACHE["obj"]
+
+
+def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
+    """Run one request (see the comment above) in this process: SD 1.x/2.x, or Flux when the
+    files are a Flux set. Returns ``{"images", "params", "timings"}``.
+
+    Raises:
+        ModelFileError / PlanError / EngineError: bad files, placement or devices;
+        Cancelled: ``ctx.cancel`` fired; ValueError: bad sizes.
+    """
+    req = dict(request)
+    files = _files(req)
+    rpc = list(req.get("rpc_servers") or [])
+    if rpc:
+        ctx.add_rpc_servers(rpc)
+    core = {k: v for k, v in files.items() if k not in ("taesd", "upscale_model")}
+    placements = _placements(req, core)
+    flux = read_model_files(core).architecture.family == "flux"
+    seed = int(req.get("seed", 42))
+    if seed < 0:
+        seed = random.randrange(2**31)
+    t0 = time.perf_counter()
+    images, timings = (_flux_run if flux else _sd_run)(ctx, req, files, core, placements, seed)
+    upscaler = _first(files, "upscale_model")
+    if upscaler:
+        ctx.progress(phase="upscale")
+        images = _upscale(ctx, upscaler, placements["vae"], images, int(req.get("upscale_repeats") or 1),
+                          int(req.get("threads") or 0))
+    timings["total"] = time.perf_counter() - t0
+    params = {k: req.get(k) for k in ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale",
+                                      "sampling_method", "scheduler", "batch_count", "clip_skip")}
+    params.update(seed=seed, architecture="flux" if flux else "sd")
+    return {"images": images, "params": params, "timings": timings}
+
+
+def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Callable[[int, np.ndarray], None] | None]:
+    total = {"n": int(req.get("steps") or 0)}
+
+    def on_step(step: int, n: int, *_: Any) -> None:
+        total["n"] = n
+        ctx.progress(step=step, total=n, phase="sampling")
+
+    def preview(step: int, rgb: np.ndarray) -> None:
+        ctx.preview({"step": step, "total": total["n"], "image": np.ascontiguousarray(rgb, dtype=np.uint8)})
+
+    return on_step, (preview if req.get("previews", True) else None)
+
+
+def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
+            placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+    ov = dict(req.get("overrides") or {})
+    threads = int(req.get("threads") or 0)
+    taesd = _first(files, "taesd")
+    key = ("sd", repr(sorted(core.items())), repr(sorted(placements.items())), repr(sorted(ov.items())),
+           threads, taesd)
+
+    def make() -> Any:
+        return _SdSession(core, placements, ov, threads, taesd, ctx.pool())
+
+    sess = _cached(key, make)
+    sess.sd.set_cancel(ctx.cancel)
+    if sess.tae is not None:
+        for r in sess.tae.runners.values():
+            r.cancel = ctx.cancel
+    p = GenerateParams(req.get("prompt") or "", req.get("negative_prompt") or "", int(req.get("width", 512)),
+                       int(req.get("height", 512)), int(req.get("steps", 20)), float(req.get("cfg_scale", 7.0)),
+                       seed, req.get("sampling_method") or "euler_a", req.get("scheduler") or "discrete",
+                       int(req.get("batch_count") or 1), max(int(req.get("clip_skip") or 0), 0))
+    on_step, preview = _emitters(ctx, req)
+    images = sess.sd.txt2img(p, on_step, preview, vae_tile=int(req.get("vae_tile_size") or 0) or None,
+                             preview_decoder=sess.tae.preview if sess.tae is not None else None,
+                             decoder=sess.tae.decode if sess.tae is not None and req.get("taesd_decode")
+                             else None)
+    return images, dict(sess.sd.timings)
+
+
+class _SdSession:
+    """A loaded SD pipeline and its optional TAESD preview decoder (on the VAE's main device,
+    weights resident)."""
+
+    def __init__(self, files: Mapping[str, list[str]], placements: Mapping[str, Any], ov: Mapping[str, Any],
+                 threads: int, taesd: str | None, pool: Any) -> None:
+        kw = {k: ov[k] for k in ("clip_heads", "unet_heads", "unet_head_dim", "prediction", "family") if ov.get(k)}
+        self.sd = StableDiffusion(dict(files), None, pool, threads, placements=placements, **kw)
+        self.tae = None
+        if taesd:
+            try:
+                self.tae = Tae(taesd, placement=ModulePlacement(placements["vae"].devices[:1]), pool=pool,
+                               n_threads=threads)
+            except BaseException:
+                self.sd.close()
+                raise
+
+    def close(self) -> None:
+        if self.tae is not None:
+            self.tae.close()
+        self.sd.close()
+
+
+def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
+              placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+    need = [k for k in ("diffusion_model", "t5xxl", "clip_l", "vae") if not files.get(k)]
+    if need:
+        raise ModelFileError("<request>", "a Flux run needs --diffusion-model, --t5xxl, --clip_l and --vae; "
+                                          f"missing {', '.join('--' + k.replace('_', '-') for k in need)}")
+    ov = dict(req.get("overrides") or {})
+    axes = ov.get("flux_axes")
+    models = FluxModels(files["diffusion_model"][0], files["t5xxl"][0], files["clip_l"][0], files["vae"][0],
+                        _first(files, "taesd"), ov.get("flux_heads"),
+                        tuple(axes) if axes else None, ov.get("clip_heads"))
+    threads = int(req.get("threads") or 0)
+    key = ("flux", repr(models), repr(sorted(placements.items())), threads)
+    pipe = _cached(key, lambda: FluxPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
+    pipe.set_cancel(ctx.cancel)
+    on_step, preview = _emitters(ctx, req)
+    steps = int(req.get("steps") or 0) or DEFAULT_STEPS[pipe.dit.cfg.variant]
+    width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
+    images: list[np.ndarray] = []
+    t0 = time.perf_counter()
+    for b in range(int(req.get("batch_count") or 1)):
+        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
+            on_step(i + 1, total)
+            if preview is not None:
+                preview(i + 1, rgb)
+        out = pipe.txt2img(req.get("prompt") or "", width, height, steps=steps, seed=seed + b,
+                           sampler=req.get("sampling_method") or "euler",
+                           guidance=float(req.get("guidance") or 3.5),
+                           t5_length=int(ov.get("t5_length") or 256), preview=cb)
+        images.append(image_to_uint8(out["image"][0]))
+    return images, {"total_flux": time.perf_counter() - t0}
+
+
+def _upscale(ctx: Any, path: str, vae: Any, images: list[np.ndarray], repeats: int, threads: int) -> list[np.ndarray]:
+    """Upscale uint8 images with the ESRGAN file on the VAE's main device (resident weights)."""
+    with Upscaler(path, placement=ModulePlacement(vae.devices[:1]), pool=ctx.pool(), n_threads=threads) as up:
+        up.runner.cancel = ctx.cancel
+        return [up.upscale_image(img, repeats) for img in images]
+
+
