@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 from flux_util import ref
+from sdplan.core.sampling.errors import SamplingError
 from sdplan.core.sampling.flow import (
     DEFAULT_STEPS,
     FLOW_SAMPLERS,
@@ -15,7 +16,7 @@ from sdplan.core.sampling.flow import (
     flux_sigmas,
     sample_flow,
 )
-from sdplan.core.sampling.samplers import PhiloxNoise, SamplingError
+from sdplan.core.sampling.noise import PhiloxNoise
 
 
 def test_schedule_matches_reference_and_formula() -> None:

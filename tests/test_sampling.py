@@ -13,16 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from sdplan.core.sampling.samplers import (
-    SAMPLERS,
-    DiscreteSchedule,
-    PhiloxNoise,
-    SamplingError,
-    get_sigmas,
-    initial_latent,
-    model_denoiser,
-    sample,
-)
+from sdplan.core.sampling.errors import SamplingError
+from sdplan.core.sampling.noise import PhiloxNoise, initial_latent
+from sdplan.core.sampling.samplers import SAMPLERS, sample
+from sdplan.core.sampling.schedules import DiscreteSchedule, get_sigmas, model_denoiser
 
 FIX = Path(__file__).parent / "fixtures"
 

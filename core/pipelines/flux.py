@@ -306,7 +306,7 @@ class FluxPipeline:
             SdplanError: a size that is not a multiple of ``2 * vae_scale``; SamplingError.
         """
         from sdplan.core.sampling.flow import DEFAULT_STEPS, flux_sigmas, sample_flow
-        from sdplan.core.sampling.samplers import PhiloxNoise
+        from sdplan.core.sampling.noise import PhiloxNoise
 
         if width % (2 * vae_scale) or height % (2 * vae_scale) or width <= 0 or height <= 0:
             raise SdplanError(f"Flux image size {width}x{height} must be positive multiples of {2 * vae_scale}")
