@@ -8,14 +8,16 @@ import math
 import numpy as np
 import pytest
 from flux_util import ref
+from sdplan.core.sampling.errors import SamplingError
 from sdplan.core.sampling.flow import (
     DEFAULT_STEPS,
+    FLOW_SAMPLER_FUNCTIONS,
     FLOW_SAMPLERS,
     flux_mu,
     flux_sigmas,
     sample_flow,
 )
-from sdplan.core.sampling.samplers import PhiloxNoise, SamplingError
+from sdplan.core.sampling.noise import PhiloxNoise
 
 
 def test_schedule_matches_reference_and_formula() -> None:
@@ -81,3 +83,29 @@ def test_errors() -> None:
     with pytest.raises(SamplingError, match="token count"):
         flux_sigmas(4)
     assert set(FLOW_SAMPLERS) >= {"euler", "euler_a", "heun"}
+
+
+@pytest.mark.parametrize("method", FLOW_SAMPLERS)
+def test_sample_flow_dispatches_to_the_per_sampler_function(monkeypatch, method: str) -> None:
+    noise0 = PhiloxNoise(1).randn((1, 16, 2, 2))
+    sig = flux_sigmas(4, 16)
+
+    def vel(x: np.ndarray, s: float) -> np.ndarray:
+        return np.sin(x) * (1 + s)
+
+    def run() -> np.ndarray:
+        return sample_flow(method, vel, noise0, sig, noise=PhiloxNoise(2), eta=0.5)
+
+    first = run()
+    assert first.dtype == np.float32 and first.shape == noise0.shape
+    np.testing.assert_array_equal(run(), first)  # deterministic
+    calls: list[str] = []
+    real = FLOW_SAMPLER_FUNCTIONS[method]
+
+    def spy(*args, **kwargs) -> np.ndarray:
+        calls.append(method)
+        return real(*args, **kwargs)
+
+    monkeypatch.setitem(FLOW_SAMPLER_FUNCTIONS, method, spy)
+    np.testing.assert_array_equal(run(), first)
+    assert calls == [method]

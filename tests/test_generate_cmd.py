@@ -20,7 +20,8 @@ from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core.commands import generate  # noqa: E402
 from sdplan.core.pipelines import demo  # noqa: E402
 from sdplan.core.pipelines.results import image_to_uint8  # noqa: E402
-from sdplan.core.sampling import samplers as sampling  # noqa: E402
+from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
+from sdplan.core.sampling.schedules import get_sigmas  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
 MODEL = FIX / "sd1_tiny.safetensors"
@@ -35,8 +36,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def test_generate_matches_reference_png(tmp_path: Path, monkeypatch) -> None:
     ref = load_file(str(FIX / "sd1_ref.safetensors"))
-    assert np.allclose(sampling.get_sigmas("discrete", 4), ref["run_sigmas"], rtol=1e-4)
-    monkeypatch.setattr(sampling.PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())
+    assert np.allclose(get_sigmas("discrete", 4), ref["run_sigmas"], rtol=1e-4)
+    monkeypatch.setattr(PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())
     out = tmp_path / "cat.png"
     args = parse(["-m", str(MODEL), "-p", "a photo of a cat", "-W", "16", "-H", "16", "--steps", "4",
                   "--cfg-scale", "7", "-s", "1", "--sampling-method", "euler", "--scheduler",
@@ -143,7 +144,7 @@ def test_taesd_previews_and_upscaler(tmp_path: Path, monkeypatch) -> None:
     from test_models_tae import np_decode, tae_weights
 
     ref = load_file(str(FIX / "sd1_ref.safetensors"))
-    monkeypatch.setattr(sampling.PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())
+    monkeypatch.setattr(PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())
     dec = tae_weights(np.random.default_rng(4), "decoder", 4)
     tae = tmp_path / "taesd.safetensors"
     save_file({f"decoder.layers.{k}": v for k, v in dec.items()}, str(tae))
@@ -170,7 +171,7 @@ def test_taesd_decodes_the_final_image_like_sd_cli(tmp_path: Path, monkeypatch) 
     from test_models_tae import np_decode, tae_weights
 
     ref = load_file(str(FIX / "sd1_ref.safetensors"))
-    monkeypatch.setattr(sampling.PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())
+    monkeypatch.setattr(PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())
     dec = tae_weights(np.random.default_rng(4), "decoder", 4)
     tae = tmp_path / "taesd.safetensors"
     save_file({f"decoder.layers.{k}": v for k, v in dec.items()}, str(tae))
@@ -232,7 +233,7 @@ FLUX = ["--t5xxl", str(FIX / "t5_tiny.safetensors"), "--clip_l", str(FIX / "clip
 
 def test_flux_files_match_the_reference(tmp_path: Path, monkeypatch) -> None:
     ref = load_file(str(FIX / "flux_ref.safetensors"))
-    monkeypatch.setattr(sampling.PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())
+    monkeypatch.setattr(PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())
     out = tmp_path / "flux.png"
     args = parse(["--diffusion-model", str(FIX / "flux_dev_tiny.safetensors"), *FLUX, "-o", str(out),
                   "--in-process", "--preview-path", str(tmp_path / "prev")])

@@ -24,7 +24,8 @@ from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion  # noqa: E4
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.planning.plan import resolve  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement  # noqa: E402
-from sdplan.core.sampling import samplers as sampling  # noqa: E402
+from sdplan.core.sampling.noise import initial_latent  # noqa: E402
+from sdplan.core.sampling.samplers import sample  # noqa: E402
 from test_models_clip import assert_close  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
@@ -136,7 +137,7 @@ def test_placed_by_a_plan_with_disk_residency_and_small_budget() -> None:
         with sd.unet_session() as unet:
             den = sd.denoiser(unet, r["context_cond"], r["context_uncond"], 7.0)
             s = r["run_sigmas"].astype(np.float64)
-            out = sampling.sample("euler", den, sampling.initial_latent(r["run_noise"], s), s)
+            out = sample("euler", den, initial_latent(r["run_noise"], s), s)
         assert_close(out, r["run_final_latent"], 1e-2)
         assert sd.runners["diffusion"].memory() == {}
 

@@ -13,16 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
-from sdplan.core.sampling.samplers import (
-    SAMPLERS,
-    DiscreteSchedule,
-    PhiloxNoise,
-    SamplingError,
-    get_sigmas,
-    initial_latent,
-    model_denoiser,
-    sample,
-)
+from sdplan.core.sampling import samplers
+from sdplan.core.sampling.errors import SamplingError
+from sdplan.core.sampling.flow import FLOW_SAMPLER_FUNCTIONS, FLOW_SAMPLERS
+from sdplan.core.sampling.noise import PhiloxNoise, initial_latent
+from sdplan.core.sampling.samplers import SAMPLER_FUNCTIONS, SAMPLERS, sample
+from sdplan.core.sampling.schedules import DiscreteSchedule, get_sigmas, model_denoiser
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -247,3 +243,46 @@ def test_model_run_fixtures_use_the_discrete_schedule(family: str) -> None:
     np.testing.assert_allclose(
         get_sigmas("discrete", len(run["run_sigmas"]) - 1), run["run_sigmas"], rtol=2e-6
     )
+
+
+def test_every_sampler_name_has_a_dispatch_entry() -> None:
+    assert tuple(SAMPLER_FUNCTIONS) == SAMPLERS
+    per_sampler = {n for n in samplers.__all__ if n.startswith("sample_")}
+    assert {f.__name__ for f in SAMPLER_FUNCTIONS.values()} == per_sampler
+    assert all(getattr(samplers, f.__name__) is f for f in SAMPLER_FUNCTIONS.values())
+    assert set(FLOW_SAMPLER_FUNCTIONS) == set(FLOW_SAMPLERS)
+    # the flow ODE samplers are the same functions; only the noising ones have flow forms
+    for name, fn in FLOW_SAMPLER_FUNCTIONS.items():
+        assert (fn is SAMPLER_FUNCTIONS[name]) == (name not in ("euler_a", "lcm")), name
+
+
+@pytest.mark.parametrize("method", [*SAMPLERS, "ddim", "k_euler", "k_euler_a"])
+def test_sample_dispatches_to_the_per_sampler_function(monkeypatch, method: str) -> None:
+    sigmas = get_sigmas("karras", 4)
+    x0 = initial_latent(PhiloxNoise(1).randn((1, 4, 3, 3)), sigmas)
+    before = x0.copy()
+
+    def den(x: np.ndarray, s: float) -> np.ndarray:
+        return analytic(x, s).astype(np.float32)
+
+    def run(fn, *args) -> tuple[np.ndarray, list[int]]:
+        steps: list[int] = []
+        out = fn(*args, den, x0, sigmas, noise=PhiloxNoise(2), eta=0.5,
+                 callback=lambda i, x, d: steps.append(i), schedule=DiscreteSchedule())
+        return out, steps
+
+    name = {"ddim": "ddim_trailing", "k_euler": "euler", "k_euler_a": "euler_a"}.get(method, method)
+    direct, steps = run(SAMPLER_FUNCTIONS[name])
+    assert direct.dtype == np.float32 and direct.shape == x0.shape and steps == [0, 1, 2, 3]
+    np.testing.assert_array_equal(run(SAMPLER_FUNCTIONS[name])[0], direct)  # deterministic
+    np.testing.assert_array_equal(x0, before)  # the start is not modified
+    calls: list[str] = []
+    real = SAMPLER_FUNCTIONS[name]
+
+    def spy(*args, **kwargs) -> np.ndarray:
+        calls.append(name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setitem(SAMPLER_FUNCTIONS, name, spy)
+    np.testing.assert_array_equal(run(sample, method)[0], direct)
+    assert calls == [name]

@@ -223,7 +223,8 @@ def validate(args: argparse.Namespace) -> None:
     import math
 
     from sdplan.core.sampling.flow import FLOW_SAMPLERS
-    from sdplan.core.sampling.samplers import SAMPLERS, SCHEDULES
+    from sdplan.core.sampling.samplers import SAMPLERS
+    from sdplan.core.sampling.schedules import SCHEDULES
 
     for flag, value, low in (("-W/--width", args.width, 1), ("-H/--height", args.height, 1),
                              ("--steps", args.steps, 1), ("-b/--batch-count", args.batch_count, 1),

@@ -31,8 +31,8 @@ from sdplan.core.pipelines.base import Pipeline, module_placements
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.flow import DEFAULT_STEPS, flux_sigmas, sample_flow
+from sdplan.core.sampling.noise import PhiloxNoise
 from sdplan.core.sampling.preview import latent_to_rgb
-from sdplan.core.sampling.samplers import PhiloxNoise
 from sdplan.core.text.clip_tokenizer import EOS_ID, ClipTokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 from sdplan.core.text.t5_tokenizer import T5Tokenizer

@@ -37,8 +37,10 @@ from sdplan.core.models import vae as vae_m
 from sdplan.core.pipelines.base import Pipeline, module_placements
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.runtime.weights import WeightFile
-from sdplan.core.sampling import samplers as sampling
+from sdplan.core.sampling.noise import PhiloxNoise, initial_latent
 from sdplan.core.sampling.preview import latent_to_rgb
+from sdplan.core.sampling.samplers import sample
+from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule, get_sigmas, scalings
 from sdplan.core.text.clip_tokenizer import ClipTokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 
@@ -163,7 +165,7 @@ class StableDiffusion(Pipeline):
         self.unet_cfg = unet_m.unet_config(shapes, self.family, unet_heads, unet_head_dim)
         self.vae_cfg = vae_m.vae_config(shapes)
         self.tokenizer = ClipTokenizer.for_family(self.family)
-        self.schedule = sampling.DiscreteSchedule()
+        self.schedule = DiscreteSchedule()
         self.placements = module_placements(("te", "diffusion", "vae"), plan, placements)
         wf, names = module_weight_file(self.ms, "diffusion")
         self.runners["diffusion"] = self._runner("diffusion", unet_m.UNetGraph(self.unet_cfg, names), wf)
@@ -246,13 +248,13 @@ class StableDiffusion(Pipeline):
             yield run
 
     def denoiser(self, unet: Callable[..., np.ndarray], cond: np.ndarray, uncond: np.ndarray | None,
-                 cfg_scale: float) -> sampling.Denoiser:
-        """A k-diffusion style denoiser (eps or v scalings of :func:`sampling.scalings`);
+                 cfg_scale: float) -> Denoiser:
+        """A k-diffusion style denoiser (eps or v :func:`~sdplan.core.sampling.schedules.scalings`);
         with CFG both halves run as one batch: ``u + cfg (c - u)``."""
         guided = uncond is not None and cfg_scale != 1.0
 
         def denoise(x: np.ndarray, sigma: float) -> np.ndarray:
-            c_skip, c_out, c_in = sampling.scalings(float(sigma), self.prediction)
+            c_skip, c_out, c_in = scalings(float(sigma), self.prediction)
             t = np.float32(self.schedule.sigma_to_t(float(sigma)))
             x_in = (x * c_in).astype(np.float32)
             n = x.shape[0]
@@ -314,7 +316,7 @@ class StableDiffusion(Pipeline):
         Raises:
             SdplanError: width/height not positive multiples of the UNet's factor
                 (8 * 2^(levels-1) for SD).
-            sampling.SamplingError: unknown sampler or scheduler.
+            ~sdplan.core.sampling.errors.SamplingError: unknown sampler or scheduler.
             Cancelled: the cancel token fired.
         """
         f = self.vae_cfg.factor * 2 ** (len(self.unet_cfg.channel_mult) - 1)
@@ -331,12 +333,12 @@ class StableDiffusion(Pipeline):
             cond, uncond = _pad_chunks(cond, k), _pad_chunks(uncond, k)
         shape = (p.batch, self.unet_cfg.in_channels, p.height // self.vae_cfg.factor,
                  p.width // self.vae_cfg.factor)
-        gen = sampling.PhiloxNoise(p.seed)
+        gen = PhiloxNoise(p.seed)
         if noise is None:
             noise = gen.randn(shape)
         if sigmas is None:
-            sigmas = sampling.get_sigmas(p.scheduler, p.steps, self.schedule, self.family)
-        x = sampling.initial_latent(noise, sigmas)
+            sigmas = get_sigmas(p.scheduler, p.steps, self.schedule, self.family)
+        x = initial_latent(noise, sigmas)
         total = len(sigmas) - 1
 
         def cb(i: int, xi: np.ndarray, den: np.ndarray) -> None:
@@ -349,8 +351,7 @@ class StableDiffusion(Pipeline):
         t0 = time.perf_counter()
         with self.unet_session() as unet:
             den = self.denoiser(unet, cond, uncond, p.cfg_scale)
-            latent = sampling.sample(p.sampler, den, x, sigmas, noise=gen, callback=cb,
-                                     schedule=self.schedule)
+            latent = sample(p.sampler, den, x, sigmas, noise=gen, callback=cb, schedule=self.schedule)
         self.timings["sampling"] = time.perf_counter() - t0
         self.timings["per_step"] = self.timings["sampling"] / max(total, 1)
         if decoder is not None:

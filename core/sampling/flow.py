@@ -4,11 +4,14 @@ Rectified flow (Liu et al. 2022; Esser et al. 2024) interpolates ``x_s = (1 - s)
 for ``s`` in [0, 1]; the DiT predicts the velocity ``v = noise - x0``, so the x0 estimate is
 ``x - s v`` (:func:`flow_denoiser`). With that denoiser, k-diffusion's ODE samplers of
 :mod:`sdplan.core.sampling.samplers` (euler, heun, dpm2, dpm++2m, dpm++2mv2) integrate the flow ODE
-``dx/ds = (x - x0)/s = v`` unchanged. Samplers that add noise need the flow form of noising:
-``euler_a`` steps down to ``s_down`` and re-noises to ``s_next`` keeping the signal scale
+``dx/ds = (x - x0)/s = v`` unchanged: :data:`FLOW_SAMPLER_FUNCTIONS` maps those names to the
+same functions :func:`~sdplan.core.sampling.samplers.sample` runs. Samplers that add noise need
+the flow form of noising, so they have functions of their own here:
+:func:`sample_flow_euler_ancestral` steps down to ``s_down`` and re-noises to ``s_next`` keeping
+the signal scale
 (``x <- (1 - s_next)/(1 - s_down) x + sqrt(s_next^2 - s_down^2 (1 - s_next)^2/(1 - s_down)^2) n``,
-``s_down = s_next (1 + (s_next/s - 1) eta)``), ``lcm`` re-noises its x0 estimate as
-``(1 - s_next) x0 + s_next n``.
+``s_down = s_next (1 + (s_next/s - 1) eta)``), :func:`sample_flow_lcm` re-noises its x0
+estimate as ``(1 - s_next) x0 + s_next n``.
 
 Schedule (Black Forest Labs' ``get_schedule``): ``t = linspace(1, 0, steps + 1)``; dev shifts it
 as ``e^mu / (e^mu + (1/t - 1))`` with ``mu`` linear in the image token count (0.5 at 256 tokens,
@@ -21,10 +24,22 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from sdplan.core.sampling.samplers import NoiseSource, SamplingError, StepCallback, sample
+from sdplan.core.sampling.errors import SamplingError
+from sdplan.core.sampling.noise import NoiseSource, require_noise
+from sdplan.core.sampling.samplers import (
+    Sampler,
+    StepCallback,
+    sample_dpm2,
+    sample_dpmpp_2m,
+    sample_dpmpp_2m_v2,
+    sample_euler,
+    sample_heun,
+)
+from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule
 
-__all__ = ["FLOW_SAMPLERS", "DEFAULT_STEPS", "flux_mu", "time_shift", "flux_sigmas",
-           "flow_denoiser", "sample_flow"]
+__all__ = ["FLOW_SAMPLERS", "FLOW_SAMPLER_FUNCTIONS", "DEFAULT_STEPS", "flux_mu", "time_shift",
+           "flux_sigmas", "flow_denoiser", "sample_flow_euler_ancestral", "sample_flow_lcm",
+           "sample_flow"]
 
 #: sd-cli sampler names that apply to flow matching.
 FLOW_SAMPLERS = ("euler", "euler_a", "heun", "dpm2", "dpm++2m", "dpm++2mv2", "lcm")
@@ -76,11 +91,94 @@ def flux_sigmas(steps: int, image_tokens: int | None = None, *, shift: bool = Tr
     return t.astype(np.float32)
 
 
-def flow_denoiser(velocity: VelocityFn) -> Callable[[np.ndarray, float], np.ndarray]:
-    """``denoise(x, s) = x - s * velocity(x, s)`` (float32), for :func:`sampling.sample`."""
+def flow_denoiser(velocity: VelocityFn) -> Denoiser:
+    """``denoise(x, s) = x - s * velocity(x, s)`` as float32 of ``x``'s shape: the rectified-flow
+    x0 estimate, a denoiser for the samplers of :data:`FLOW_SAMPLER_FUNCTIONS`."""
     def denoise(x: np.ndarray, s: float) -> np.ndarray:
         return (x - np.float32(s) * velocity(x, s)).astype(np.float32)
     return denoise
+
+
+def _flow_sigma_steps(sigmas: np.ndarray) -> list[float]:
+    sig = [float(s) for s in np.asarray(sigmas, dtype=np.float64)]
+    if (len(sig) < 2 or any(b > a for a, b in zip(sig, sig[1:], strict=False)) or sig[-1] < 0
+            or sig[0] > 1):
+        raise SamplingError(f"flow sigmas must descend from at most 1 to 0, got {sig[:4]}...")
+    return sig
+
+
+def sample_flow_euler_ancestral(denoise: Denoiser, x: np.ndarray, sigmas: np.ndarray, *,
+                                noise: NoiseSource | None = None, eta: float | None = None,
+                                callback: StepCallback | None = None,
+                                schedule: DiscreteSchedule | None = None) -> np.ndarray:
+    """Flow ``euler_a``: an Euler step to ``s_down = s_next (1 + (s_next/s - 1) eta)``, then
+    re-noising to ``s_next`` at the flow's signal scale (module docstring; the rectified-flow
+    form of k-diffusion's ``sample_euler_ancestral``, as ComfyUI's ``sample_euler_ancestral_RF``).
+    The last step to 0 returns the x0 estimate.
+
+    Args as :class:`~sdplan.core.sampling.samplers.Sampler`: ``x`` float32 ``(N, C, H, W)`` at
+    ``sigmas[0] <= 1``; ``eta`` default 1 (0 draws no noise and is euler); ``schedule`` unused.
+    Returns float32 of ``x``'s shape.
+
+    Raises:
+        SamplingError: sigmas not descending from at most 1 to 0, or no ``noise`` with
+            ``eta > 0``.
+    """
+    sig, cb = _flow_sigma_steps(sigmas), callback or (lambda i, x_, d_: None)
+    eta = 1.0 if eta is None else eta
+    for i in range(len(sig) - 1):
+        s, sn = sig[i], sig[i + 1]
+        d0 = denoise(x, s)
+        if sn == 0:
+            x = d0
+        else:
+            down = sn * (1 + (sn / s - 1) * eta)
+            x = x + (x - d0) / s * (down - s)
+            if eta > 0:
+                a_next, a_down = 1 - sn, 1 - down
+                renoise = math.sqrt(max(sn**2 - down**2 * a_next**2 / a_down**2, 0.0))
+                draw = require_noise(noise, "euler_a")(x.shape).astype(np.float32)
+                x = (a_next / a_down) * x + renoise * draw
+        x = x.astype(np.float32)
+        cb(i, x, d0)
+    return x
+
+
+def sample_flow_lcm(denoise: Denoiser, x: np.ndarray, sigmas: np.ndarray, *,
+                    noise: NoiseSource | None = None, eta: float | None = None,
+                    callback: StepCallback | None = None,
+                    schedule: DiscreteSchedule | None = None) -> np.ndarray:
+    """Flow ``lcm``: the x0 estimate, re-noised as ``(1 - s_next) x0 + s_next n`` on every step
+    but the last (the rectified-flow form of the LCM sampler; Luo et al. 2023).
+
+    Args as :class:`~sdplan.core.sampling.samplers.Sampler`: ``x`` float32 ``(N, C, H, W)`` at
+    ``sigmas[0] <= 1``; ``eta`` and ``schedule`` unused. Returns float32 of ``x``'s shape.
+
+    Raises:
+        SamplingError: sigmas not descending from at most 1 to 0, or no ``noise``.
+    """
+    sig, cb = _flow_sigma_steps(sigmas), callback or (lambda i, x_, d_: None)
+    for i in range(len(sig) - 1):
+        s, sn = sig[i], sig[i + 1]
+        d0 = denoise(x, s)
+        x = d0
+        if sn > 0:
+            x = (1 - sn) * x + sn * require_noise(noise, "lcm")(x.shape).astype(np.float32)
+        x = x.astype(np.float32)
+        cb(i, x, d0)
+    return x
+
+
+#: Flow sampler name -> its function: the ODE samplers are k-diffusion's, unchanged.
+FLOW_SAMPLER_FUNCTIONS: dict[str, Sampler] = {
+    "euler": sample_euler,
+    "euler_a": sample_flow_euler_ancestral,
+    "heun": sample_heun,
+    "dpm2": sample_dpm2,
+    "dpm++2m": sample_dpmpp_2m,
+    "dpm++2mv2": sample_dpmpp_2m_v2,
+    "lcm": sample_flow_lcm,
+}
 
 
 def sample_flow(method: str, velocity: VelocityFn, noise0: np.ndarray, sigmas: np.ndarray, *,
@@ -98,6 +196,9 @@ def sample_flow(method: str, velocity: VelocityFn, noise0: np.ndarray, sigmas: n
         eta: euler_a's noise amount (0 = euler).
         callback: ``callback(step, x, denoised)`` after each step.
 
+    Returns:
+        The final latent, float32 ``(N, C, H, W)``.
+
     Raises:
         SamplingError: unknown method, a sampler that does not apply to flow matching, bad
             sigmas or a missing noise source.
@@ -107,32 +208,5 @@ def sample_flow(method: str, velocity: VelocityFn, noise0: np.ndarray, sigmas: n
                             f"(Flux takes: {', '.join(FLOW_SAMPLERS)})")
     den = flow_denoiser(velocity)
     x = (np.asarray(noise0, dtype=np.float32) * np.float32(sigmas[0])).astype(np.float32)
-    if method not in ("euler_a", "lcm"):
-        return sample(method, den, x, sigmas, callback=callback)
-    sig = [float(s) for s in np.asarray(sigmas, dtype=np.float64)]
-    if len(sig) < 2 or any(b > a for a, b in zip(sig, sig[1:], strict=False)) or sig[-1] < 0 or sig[0] > 1:
-        raise SamplingError(f"flow sigmas must descend from at most 1 to 0, got {sig[:4]}...")
-    cb = callback or (lambda i, x_, d_: None)
-    for i in range(len(sig) - 1):
-        s, sn = sig[i], sig[i + 1]
-        d0 = den(x, s)
-        if method == "lcm" or sn == 0:
-            x = d0
-            if sn > 0:
-                x = (1 - sn) * x + sn * _noise(noise, method)(x.shape).astype(np.float32)
-        else:
-            down = sn * (1 + (sn / s - 1) * eta)
-            x = x + (x - d0) / s * (down - s)
-            if eta > 0:
-                a_next, a_down = 1 - sn, 1 - down
-                renoise = math.sqrt(max(sn**2 - down**2 * a_next**2 / a_down**2, 0.0))
-                x = (a_next / a_down) * x + renoise * _noise(noise, method)(x.shape).astype(np.float32)
-        x = x.astype(np.float32)
-        cb(i, x, d0)
-    return x
-
-
-def _noise(noise: NoiseSource | None, method: str) -> NoiseSource:
-    if noise is None:
-        raise SamplingError(f"sampler {method!r} adds noise every step: give it a noise source")
-    return noise
+    return FLOW_SAMPLER_FUNCTIONS[method](den, x, sigmas, noise=noise, eta=eta,
+                                          callback=callback)
