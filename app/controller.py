@@ -21,7 +21,8 @@ from sdplan.core.errors import PlanError, SdplanError
 from sdplan.core.planning.assignment import MODULES, SPLITTABLE
 from sdplan.core.planning.inventory import Device, Inventory
 from sdplan.core.planning.placement import Placement
-from sdplan.core.planning.plan import Plan, resolve
+from sdplan.core.planning.plan import resolve
+from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
 from sdplan.core.planning.sdcli import (
     MODEL_FLAGS,

@@ -20,12 +20,11 @@ from sdplan.core.errors import PlanError, SdplanError
 from sdplan.core.planning.inventory import Device, Inventory
 from sdplan.core.planning.plan import (
     MODULES,
-    Plan,
-    PlanWarning,
     add_placement_arguments,
     placement_from_namespace,
     resolve,
 )
+from sdplan.core.planning.plan_types import Plan, PlanWarning
 from sdplan.core.planning.profile import Profile
 from sdplan.core.planning.sdcli import MODEL_FLAGS
 

@@ -17,7 +17,8 @@ from sdplan.core.planning.assignment import SPLITTABLE
 from sdplan.core.planning.estimate import compute_bytes, estimate_plan
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.placement import Placement
-from sdplan.core.planning.plan import Plan, resolve
+from sdplan.core.planning.plan import resolve
+from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
 
 GIB = 1 << 30
