@@ -21,7 +21,8 @@ from sdplan.core.modelfiles.checkpoint import files_by_flag
 from sdplan.core.planning.inventory import Device, Inventory, merge_rpc_devices
 from sdplan.core.planning.modules import MODULES, SPLITTABLE
 from sdplan.core.planning.placement import Placement
-from sdplan.core.planning.plan import Plan, resolve
+from sdplan.core.planning.plan import resolve
+from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
 from sdplan.core.planning.sdcli import import_sdcli_command, model_file_flags, sdcli_command_line
 from sdplan.core.planning.session import plan_document, read_plan_document, save_plan_file

@@ -20,7 +20,8 @@ from sdplan.core.planning.placement import (
     add_placement_arguments,
     placement_from_namespace,
 )
-from sdplan.core.planning.plan import Range, resolve, split_ranges
+from sdplan.core.planning.plan import resolve, split_ranges
+from sdplan.core.planning.plan_types import Range
 from sdplan.core.planning.profile import ModuleProfile, Profile
 from sdplan.core.planning.sdcli import import_sdcli_command, sdcli_argv, sdcli_command_line
 from sdplan.core.runtime.devices import fallback_inventory

@@ -14,7 +14,8 @@ from sdplan.core.planning.assignment import MODULE_KEYS
 from sdplan.core.planning.inventory import Device, Inventory
 from sdplan.core.planning.modules import MODULES
 from sdplan.core.planning.placement import Placement
-from sdplan.core.planning.plan import INPUT_ONLY_WARNINGS, Plan, resolve
+from sdplan.core.planning.plan import INPUT_ONLY_WARNINGS, resolve
+from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
 GIB = 1 << 30

@@ -19,12 +19,9 @@ from sdplan.core.errors import PlanError, SdplanError
 from sdplan.core.planning.estimate import estimate_plan
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB, MODEL_FLAGS, MODULES
-from sdplan.core.planning.plan import (
-    Plan,
-    add_placement_arguments,
-    placement_from_namespace,
-    resolve,
-)
+from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
+from sdplan.core.planning.plan import resolve
+from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
 
 log = logging.getLogger(__name__)

@@ -73,7 +73,7 @@ class FluxPipeline(Pipeline):
 
     Args:
         models: the model files.
-        plan: a resolved ``sdplan.core.planning.plan.Plan`` giving each module's placement (modules
+        plan: a resolved ``sdplan.core.planning.plan_types.Plan`` giving each module's placement (modules
             ``diffusion``, ``te``, ``vae``); None puts everything on the CPU.
         pool: backends by device name (default: a private ``BackendManager``'s).
         placements: module -> ``ModulePlacement`` overriding the plan's.

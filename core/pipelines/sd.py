@@ -122,7 +122,7 @@ class StableDiffusion(Pipeline):
     Args:
         model: the single-file checkpoint (``-m``), or sd-cli model flags
             (``{"model": [...], "vae": [...]}``).
-        plan: a resolved :class:`~sdplan.core.planning.plan.Plan` (None: everything on the CPU).
+        plan: a resolved :class:`~sdplan.core.planning.plan_types.Plan` (None: everything on the CPU).
         pool: an :class:`~sdplan.core.runtime.runner.BackendPool` (None: a private one whose CPU
             uses ``n_threads`` threads).
         n_threads: CPU threads per compute (0: the backend's setting).

@@ -17,7 +17,8 @@ from sdplan.core.planning.estimate import compute_bytes, estimate_plan
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB, SPLITTABLE
 from sdplan.core.planning.placement import Placement
-from sdplan.core.planning.plan import Plan, resolve
+from sdplan.core.planning.plan import resolve
+from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
 
 #: Free memory kept back on every device when packing (bytes): driver and fragmentation.

@@ -170,7 +170,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
     """Estimate a resolved plan's memory per module and device and say whether it fits.
 
     Args:
-        plan: a :class:`sdplan.core.planning.plan.Plan` (``modules[m].devices``, ``.params.mode``
+        plan: a :class:`sdplan.core.planning.plan_types.Plan` (``modules[m].devices``, ``.params.mode``
             ``runtime``/``device``/``disk``, ``.params.device``, ``.ranges``;
             ``budgets`` bytes, 0 = none).
         profile: the model's sizes; modules absent from it are not estimated.

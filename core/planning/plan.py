@@ -1,22 +1,34 @@
 """Resolution of a placement against a device inventory (and a model profile) into a plan.
 
-:func:`resolve` applies spec sections 3-9: runtime devices per module, params residency,
-budgets in bytes, layer-split block ranges when a profile is given, and warnings with the
-spec's codes. The resulting :class:`Plan` carries the canonical strings and a canonical
-:class:`~sdplan.core.planning.placement.Placement` (exact device names) for the GUI to edit; resolving
-those strings again gives the same plan.
+:func:`resolve` runs one pass per section of the behaviour spec, in this order:
 
-The editable placement, the flag glue and the sd-cli writer/importer live in
-:mod:`sdplan.core.planning.placement` and :mod:`sdplan.core.planning.sdcli`; they are re-exported here.
+- :func:`deprecation_warnings`: compatibility flags (section 6);
+- :func:`check_device_names`: every written device name resolves (sections 3 and 11);
+- :func:`default_devices`: the default runtime devices (sections 4 and 5);
+- :func:`budget_entries` and :func:`budget_bytes`: ``--max-vram`` (section 7);
+- :func:`runtime_devices`: runtime devices per module, with the split rules (section 5);
+- :func:`layer_splits`: block ranges of split modules (section 8, :func:`split_ranges`);
+- :func:`params_residency`: where each module's weights live (section 5);
+- :func:`stream_layers_warnings`: ``--stream-layers`` (section 9);
+- :func:`canonical_placement`: exact device names for the canonical strings (section 3).
+
+Each pass is a pure function of plain data that returns its result and its warnings;
+:func:`resolve` joins the warnings in pass order. The resulting
+:class:`~sdplan.core.planning.plan_types.Plan` carries the canonical strings and a canonical
+:class:`~sdplan.core.planning.placement.Placement` (exact device names) for the GUI to edit;
+resolving those strings again gives the same plan.
+
+The plan data types live in :mod:`sdplan.core.planning.plan_types`; the editable
+placement and the flag glue in :mod:`sdplan.core.planning.placement`.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
+from typing import NamedTuple
 
 from sdplan.core.errors import PlanError
 from sdplan.core.planning.assignment import (
@@ -25,128 +37,30 @@ from sdplan.core.planning.assignment import (
     Ref,
     RuntimeValue,
     gib_to_bytes,
-    normalize_module,
 )
-from sdplan.core.planning.inventory import Inventory
+from sdplan.core.planning.inventory import Device, Inventory
 from sdplan.core.planning.modules import GIB, MODULES, SPLITTABLE
 from sdplan.core.planning.placement import (
     BudgetEntry,
     Placement,
-    add_placement_arguments,
     placement_from_namespace,
 )
+from sdplan.core.planning.plan_types import ModulePlan, Params, Plan, PlanWarning, Range
 from sdplan.core.planning.profile import ModuleProfile, Profile
-from sdplan.core.planning.sdcli import ImportedCommand, import_sdcli_command, sdcli_argv
 
-__all__ = [
-    "MODULES", "SPLITTABLE", "normalize_module", "Placement", "Plan", "ModulePlan", "Params",
-    "Range", "PlanWarning", "resolve", "split_ranges", "add_placement_arguments",
-    "placement_from_namespace", "sdcli_argv", "import_sdcli_command", "ImportedCommand",
-]
+__all__ = ["resolve", "split_ranges"]
 
 #: Warnings that only say the input was redundant; a canonical rewrite drops them.
 INPUT_ONLY_WARNINGS = frozenset({"deprecated_flag", "duplicate_max_vram_device"})
 
 
-@dataclass(frozen=True)
-class Range:
-    """Blocks ``first_block``..``last_block`` (inclusive) of a split module on ``device``;
-    ``bytes`` is the sum of those blocks' weight bytes."""
-
-    device: str
-    first_block: int
-    last_block: int
-    bytes: int
-
-    def to_json(self) -> dict[str, object]:
-        return {"device": self.device, "first_block": self.first_block,
-                "last_block": self.last_block, "bytes": self.bytes}
-
-
-@dataclass(frozen=True)
-class Params:
-    """Residency of a module's weights: ``mode`` ``runtime`` (device None), ``device``
-    (``device`` names where they live) or ``disk`` (device None)."""
-
-    mode: str
-    device: str | None = None
-
-    def to_json(self) -> dict[str, object]:
-        return {"mode": self.mode, "device": self.device}
-
-
-@dataclass(frozen=True)
-class ModulePlan:
-    """What one module gets.
-
-    Attributes:
-        devices: runtime devices, main device first (several only for a layer split).
-        params: where its weights live between uses.
-        ranges: block ranges per device (split modules with a profile), else empty.
-        main_other_bytes: non-block weight bytes on the main device when ``ranges`` is set.
-    """
+class Layout(NamedTuple):
+    """A module's runtime devices after the layer-split rules (main device first), its block
+    ranges (empty unless split with a profile) and its non-block bytes on the main device."""
 
     devices: list[str]
-    params: Params
-    ranges: list[Range] = field(default_factory=list)
-    main_other_bytes: int = 0
-
-    def to_json(self) -> dict[str, object]:
-        d: dict[str, object] = {"devices": list(self.devices), "params": self.params.to_json(),
-                                "ranges": [r.to_json() for r in self.ranges]}
-        if self.ranges:
-            d["main_other_bytes"] = self.main_other_bytes
-        return d
-
-
-@dataclass(frozen=True)
-class PlanWarning:
-    """A warning with the spec's stable ``code`` (spec section 11)."""
-
-    code: str
-    message: str
-
-    def to_json(self) -> dict[str, object]:
-        return {"code": self.code, "message": self.message}
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A resolved placement.
-
-    Attributes:
-        modules: every module of :data:`MODULES` -> its :class:`ModulePlan`.
-        budgets: every inventory device -> budget in bytes (0 = none/disabled).
-        warnings: in the order found.
-        backend, params_backend, max_vram: canonical flag values.
-        placement: the canonical placement (exact device names) to edit.
-        stream_layers, rpc_servers: as given.
-    """
-
-    modules: dict[str, ModulePlan]
-    budgets: dict[str, int]
-    warnings: list[PlanWarning]
-    backend: str
-    params_backend: str
-    max_vram: str
-    placement: Placement
-    stream_layers: bool = False
-    rpc_servers: tuple[str, ...] = ()
-
-    def warning_codes(self) -> list[str]:
-        """The warnings' codes, in order."""
-        return [w.code for w in self.warnings]
-
-    def to_json(self) -> dict[str, object]:
-        """The ``sdplan plan --json`` object (issue 3's contract), ``ok`` true."""
-        return {
-            "ok": True, "backend": self.backend, "params_backend": self.params_backend,
-            "max_vram": self.max_vram,
-            "modules": {m: self.modules[m].to_json() for m in MODULES},
-            "budgets": dict(self.budgets),
-            "warnings": [w.to_json() for w in self.warnings],
-            "stream_layers": self.stream_layers, "rpc_servers": list(self.rpc_servers),
-        }
+    ranges: list[Range]
+    main_other_bytes: int
 
 
 @functools.lru_cache(maxsize=16)
@@ -183,92 +97,22 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
     idx = _index(inventory)
     if idx.default is None:
         raise PlanError("device_not_found", "the device inventory is empty")
-    texts = pl.texts
-    warnings: list[PlanWarning] = []
-    for flag in pl.deprecated:
-        warnings.append(PlanWarning("deprecated_flag", f"{flag} is deprecated; it means "
-                                    f"{_DEPRECATED_MEANING[flag]}"))
-    _check_all(pl, idx)
-
-    def names(value: RuntimeValue) -> list[str]:
-        out: list[str] = []
-        for r in value.refs:
-            n = idx.resolve(r, "--backend", texts.get("--backend"))
-            if n not in out:
-                out.append(n)
-        return out
-
-    default_list = names(pl.default) if pl.default is not None else [idx.default]
-    budgets, budget_entries = _budgets(pl, idx, inventory, warnings)
-    devices: dict[str, list[str]] = {}
-    inherited: list[str] = []
-    for m in MODULES:
-        value = pl.runtime.get(m)
-        devs = names(value) if value is not None else list(default_list)
-        if len(devs) > 1 and m not in SPLITTABLE:
-            # One warning for every module on the default list, written or inherited, so a
-            # plan and its canonical strings (which omit entries equal to the default) agree.
-            if value is None or devs == default_list:
-                inherited.append(m)
-            else:
-                warnings.append(PlanWarning("split_not_supported", f"{m} cannot run on several "
-                                            f"devices; it runs on {devs[0]}"))
-            devs = devs[:1]
-        elif len(devs) > 1 and any(idx.devices[d].type == "cpu" for d in devs):
-            warnings.append(PlanWarning("split_with_cpu", f"{m}: a device list with the CPU is "
-                                        f"not split; {m} runs on {devs[0]} (to keep its weights "
-                                        f"in RAM use --params-backend {m}=cpu)"))
-            devs = devs[:1]
-        devices[m] = devs
-    if inherited:
-        warnings.append(PlanWarning("split_not_supported", f"{', '.join(inherited)} cannot run "
-                                    f"on several devices; they run on {default_list[0]}"))
-
-    modules: dict[str, ModulePlan] = {}
-    for m in MODULES:
-        devs = devices[m]
-        ranges: list[Range] = []
-        other = 0
-        if len(devs) > 1:
-            mp = profile.get(m) if profile is not None else None
-            if mp is not None and not mp.blocks:
-                warnings.append(PlanWarning("no_blocks", f"{m} has no splittable blocks (UNet); "
-                                            f"it runs on {devs[0]}"))
-                devs = devs[:1]
-            else:
-                budgeted = [d for d in devs if budgets[d] > 0]
-                if budgeted:
-                    warnings.append(PlanWarning("split_disables_max_vram", f"{m} is split, so "
-                                                "--max-vram segmentation is off for it; the "
-                                                f"budgets of {', '.join(budgeted)} cap its ranges"))
-                if mp is not None:
-                    free = [min(idx.devices[d].free, budgets[d]) if budgets[d] > 0
-                            else idx.devices[d].free for d in devs]
-                    ranges = split_ranges(devs, free, mp)
-                    other = mp.other
-                    for d in devs:
-                        if not any(r.device == d for r in ranges):
-                            warnings.append(PlanWarning("device_gets_no_blocks", f"{m}: {d} gets "
-                                                        "no blocks (too little memory or too "
-                                                        "few blocks)"))
-        modules[m] = ModulePlan(devs, _params(pl, m, devs, idx), ranges, other)
-
-    if pl.stream_layers:
-        diff = modules["diffusion"]
-        on_cpu = diff.params.mode == "device" and diff.params.device is not None and \
-            idx.devices[diff.params.device].type == "cpu"
-        if len(diff.devices) > 1:
-            warnings.append(PlanWarning("split_disables_stream_layers", "--stream-layers has "
-                                        "no effect: diffusion is split across devices"))
-        elif not on_cpu or budgets[diff.devices[0]] <= 0:
-            warnings.append(PlanWarning("stream_layers_inactive", "--stream-layers needs the "
-                                        "diffusion weights on the CPU (--offload-to-cpu) and a "
-                                        f"--max-vram budget on {diff.devices[0]}; it has no "
-                                        "effect"))
-
-    canon = _canonical(pl, idx, default_list, budget_entries)
+    deprecated = deprecation_warnings(pl.deprecated)
+    check_device_names(pl, idx)
+    default_list = default_devices(pl, idx)
+    per_device, duplicates = budget_entries(pl, idx)
+    budgets, disabled = budget_bytes(inventory, per_device, pl.budget_default)
+    runtime, runtime_warnings = runtime_devices(pl, idx, default_list)
+    layouts, split_warnings = layer_splits(runtime, budgets, idx.devices, profile)
+    modules = {m: ModulePlan(lay.devices, params_residency(pl, m, lay.devices, idx),
+                             lay.ranges, lay.main_other_bytes) for m, lay in layouts.items()}
+    streaming = stream_layers_warnings(pl.stream_layers, modules["diffusion"], budgets,
+                                       idx.devices)
+    canon = canonical_placement(pl, idx, default_list, per_device)
     strings = canon.to_strings()
-    return Plan(modules=modules, budgets=budgets, warnings=warnings,
+    return Plan(modules=modules, budgets=budgets,
+                warnings=[*deprecated, *duplicates, *disabled, *runtime_warnings,
+                          *split_warnings, *streaming],
                 backend=strings["backend"], params_backend=strings["params_backend"],
                 max_vram=strings["max_vram"], placement=canon,
                 stream_layers=pl.stream_layers, rpc_servers=pl.rpc_servers)
@@ -278,9 +122,20 @@ _DEPRECATED_MEANING = {"--clip-on-cpu": "--backend te=cpu", "--vae-on-cpu": "--b
                        "--control-net-cpu": "--backend controlnet=cpu"}
 
 
-def _check_all(pl: Placement, idx: DeviceIndex) -> None:
-    """Resolve every device name written in ``--backend`` and ``--params-backend``, including
-    overridden entries, in text order, so the first bad one is reported (spec section 11)."""
+def deprecation_warnings(flags: Sequence[str]) -> list[PlanWarning]:
+    """Spec section 6: one ``deprecated_flag`` per compatibility flag used, in order."""
+    return [PlanWarning("deprecated_flag", f"{flag} is deprecated; it means "
+                        f"{_DEPRECATED_MEANING[flag]}") for flag in flags]
+
+
+def check_device_names(pl: Placement, idx: DeviceIndex) -> None:
+    """Spec sections 3 and 11: resolve every device name written in ``--backend`` and
+    ``--params-backend``, including overridden entries, in text order, so the first bad one
+    is reported.
+
+    Raises:
+        PlanError: ``device_not_found`` or ``ambiguous_device`` with the entry's span.
+    """
     for flag in ("--backend", "--params-backend"):
         text = pl.texts.get(flag)
         refs: list[Ref] = []
@@ -297,24 +152,88 @@ def _check_all(pl: Placement, idx: DeviceIndex) -> None:
             idx.resolve(r, flag, text)
 
 
-def _params(pl: Placement, m: str, devs: list[str], idx: DeviceIndex) -> Params:
-    pv = pl.params.get(m, pl.params_default)
+def device_names(value: RuntimeValue, idx: DeviceIndex, text: str | None) -> list[str]:
+    """Spec sections 3 and 4: the exact device names of a ``--backend`` value in written
+    order, entries naming one device collapsed (``text`` is the flag value for spans)."""
+    out: list[str] = []
+    for r in value.refs:
+        n = idx.resolve(r, "--backend", text)
+        if n not in out:
+            out.append(n)
+    return out
+
+
+def default_devices(pl: Placement, idx: DeviceIndex) -> list[str]:
+    """Spec sections 4 and 5: the devices of the ``--backend`` default, else the default
+    device of section 3."""
+    if pl.default is None:
+        return [idx.default] if idx.default is not None else []
+    return device_names(pl.default, idx, pl.texts.get("--backend"))
+
+
+def runtime_devices(pl: Placement, idx: DeviceIndex, default_list: list[str]
+                    ) -> tuple[dict[str, list[str]], list[PlanWarning]]:
+    """Spec section 5: each module's runtime devices (its entry, else ``default_list``).
+
+    A list on a module other than ``diffusion``/``te`` keeps its first device (warning
+    ``split_not_supported``; one warning names every module that has the default list, so a
+    plan and its canonical strings agree); a list with the CPU keeps its first device
+    (warning ``split_with_cpu``).
+    """
+    text = pl.texts.get("--backend")
+    devices: dict[str, list[str]] = {}
+    warnings: list[PlanWarning] = []
+    inherited: list[str] = []
+    for m in MODULES:
+        value = pl.runtime.get(m)
+        devs = device_names(value, idx, text) if value is not None else list(default_list)
+        if len(devs) > 1 and m not in SPLITTABLE:
+            if value is None or devs == default_list:
+                inherited.append(m)
+            else:
+                warnings.append(PlanWarning("split_not_supported", f"{m} cannot run on several "
+                                            f"devices; it runs on {devs[0]}"))
+            devs = devs[:1]
+        elif len(devs) > 1 and any(idx.devices[d].type == "cpu" for d in devs):
+            warnings.append(PlanWarning("split_with_cpu", f"{m}: a device list with the CPU is "
+                                        f"not split; {m} runs on {devs[0]} (to keep its weights "
+                                        f"in RAM use --params-backend {m}=cpu)"))
+            devs = devs[:1]
+        devices[m] = devs
+    if inherited:
+        warnings.append(PlanWarning("split_not_supported", f"{', '.join(inherited)} cannot run "
+                                    f"on several devices; they run on {default_list[0]}"))
+    return devices, warnings
+
+
+def params_residency(pl: Placement, module: str, devices: list[str], idx: DeviceIndex
+                     ) -> Params:
+    """Spec section 5: where ``module``'s weights live (its ``--params-backend`` entry, else
+    the params default, else follow runtime); a params device that is the module's only
+    runtime device is reported as follow runtime."""
+    pv = pl.params.get(module, pl.params_default)
     if pv is None or pv.kind == "runtime":
         return Params("runtime")
     if pv.kind == "disk":
         return Params("disk")
     assert pv.ref is not None
     name = idx.resolve(pv.ref, "--params-backend", pl.texts.get("--params-backend"))
-    if devs == [name]:
+    if devices == [name]:
         return Params("runtime")
     return Params("device", name)
 
 
-def _budgets(pl: Placement, idx: DeviceIndex, inventory: Inventory,
-             warnings: list[PlanWarning]) -> tuple[dict[str, int], dict[str, Decimal]]:
-    """Budgets in bytes per device (spec section 7) and the winning GiB entry per device."""
+def budget_entries(pl: Placement, idx: DeviceIndex
+                   ) -> tuple[dict[str, Decimal], list[PlanWarning]]:
+    """Spec section 7: the winning ``--max-vram`` GiB entry per device named (later wins,
+    warning ``duplicate_max_vram_device``).
+
+    Raises:
+        PlanError: ``unknown_max_vram_device`` or ``ambiguous_device`` with the key's span.
+    """
     text = pl.texts.get("--max-vram")
     per: dict[str, Decimal] = {}
+    warnings: list[PlanWarning] = []
     for b in pl.budgets:
         name = idx.resolve(b.key, "--max-vram", text, not_found="unknown_max_vram_device")
         if name in per:
@@ -323,9 +242,19 @@ def _budgets(pl: Placement, idx: DeviceIndex, inventory: Inventory,
                                         f"{b.gib}) wins"))
             del per[name]
         per[name] = b.gib
+    return per, warnings
+
+
+def budget_bytes(inventory: Inventory, per: Mapping[str, Decimal], default: Decimal | None
+                 ) -> tuple[dict[str, int], list[PlanWarning]]:
+    """Spec section 7: every device's budget in bytes (0 = none or disabled) from its entry
+    in ``per``, else ``default``. Only GPU-like devices have budgets; a spare (negative)
+    budget is free memory minus it, disabled with warning ``max_vram_disabled`` when that
+    leaves nothing."""
     out: dict[str, int] = {}
+    warnings: list[PlanWarning] = []
     for d in inventory:
-        gib = per.get(d.name, pl.budget_default)
+        gib = per.get(d.name, default)
         if gib is None or not d.is_gpu_like or gib == 0:
             out[d.name] = 0
         elif gib > 0:
@@ -337,7 +266,74 @@ def _budgets(pl: Placement, idx: DeviceIndex, inventory: Inventory,
                                             f"GiB free minus {gib.copy_abs()} GiB spare leaves nothing; "
                                             "no budget"))
             out[d.name] = max(spare, 0)
-    return out, per
+    return out, warnings
+
+
+def layer_splits(runtime: Mapping[str, list[str]], budgets: Mapping[str, int],
+                 devices: Mapping[str, Device], profile: Profile | None
+                 ) -> tuple[dict[str, Layout], list[PlanWarning]]:
+    """Spec section 8 for every module in :data:`MODULES` order (see :func:`layer_split`)."""
+    layouts: dict[str, Layout] = {}
+    warnings: list[PlanWarning] = []
+    for m in MODULES:
+        mp = profile.get(m) if profile is not None else None
+        layouts[m], found = layer_split(m, runtime[m], mp, budgets, devices)
+        warnings += found
+    return layouts, warnings
+
+
+def layer_split(module: str, runtime: list[str], mp: ModuleProfile | None,
+                budgets: Mapping[str, int], devices: Mapping[str, Device]
+                ) -> tuple[Layout, list[PlanWarning]]:
+    """Spec section 8: the layout of one module on ``runtime`` (several devices = a split).
+
+    A split module without blocks (UNet) runs on its first device (warning ``no_blocks``);
+    otherwise budgets on its devices give warning ``split_disables_max_vram`` and cap their
+    free memory, and with a profile the blocks get :func:`split_ranges` (warning
+    ``device_gets_no_blocks`` for each device left without a range).
+    """
+    if len(runtime) <= 1:
+        return Layout(runtime, [], 0), []
+    if mp is not None and not mp.blocks:
+        return Layout(runtime[:1], [], 0), [PlanWarning(
+            "no_blocks", f"{module} has no splittable blocks (UNet); it runs on {runtime[0]}")]
+    warnings: list[PlanWarning] = []
+    budgeted = [d for d in runtime if budgets[d] > 0]
+    if budgeted:
+        warnings.append(PlanWarning("split_disables_max_vram", f"{module} is split, so "
+                                    "--max-vram segmentation is off for it; the "
+                                    f"budgets of {', '.join(budgeted)} cap its ranges"))
+    if mp is None:
+        return Layout(runtime, [], 0), warnings
+    free = [min(devices[d].free, budgets[d]) if budgets[d] > 0 else devices[d].free
+            for d in runtime]
+    ranges = split_ranges(runtime, free, mp)
+    for d in runtime:
+        if not any(r.device == d for r in ranges):
+            warnings.append(PlanWarning("device_gets_no_blocks", f"{module}: {d} gets no blocks "
+                                        "(too little memory or too few blocks)"))
+    return Layout(runtime, ranges, mp.other), warnings
+
+
+def stream_layers_warnings(stream_layers: bool, diffusion: ModulePlan,
+                           budgets: Mapping[str, int], devices: Mapping[str, Device]
+                           ) -> list[PlanWarning]:
+    """Spec section 9: ``--stream-layers`` works only for an unsplit diffusion whose params
+    live on the CPU and whose device has a budget; otherwise warning
+    ``split_disables_stream_layers`` (split) or ``stream_layers_inactive``."""
+    if not stream_layers:
+        return []
+    if len(diffusion.devices) > 1:
+        return [PlanWarning("split_disables_stream_layers", "--stream-layers has no effect: "
+                            "diffusion is split across devices")]
+    params = diffusion.params
+    on_cpu = params.mode == "device" and params.device is not None and \
+        devices[params.device].type == "cpu"
+    if not on_cpu or budgets[diffusion.devices[0]] <= 0:
+        return [PlanWarning("stream_layers_inactive", "--stream-layers needs the diffusion "
+                            "weights on the CPU (--offload-to-cpu) and a --max-vram budget on "
+                            f"{diffusion.devices[0]}; it has no effect")]
+    return []
 
 
 def split_ranges(devices: Sequence[str], free: Sequence[int], mp: ModuleProfile) -> list[Range]:
@@ -376,18 +372,11 @@ def split_ranges(devices: Sequence[str], free: Sequence[int], mp: ModuleProfile)
     return ranges
 
 
-def _canonical(pl: Placement, idx: DeviceIndex, default_list: list[str],
-               per: dict[str, Decimal]) -> Placement:
-    """The placement with exact device names, an explicit default and one budget entry per
-    device (inventory order)."""
-
-    def run(v: RuntimeValue) -> RuntimeValue:
-        out: list[str] = []
-        for r in v.refs:
-            n = idx.resolve(r, "--backend", None)
-            if n not in out:
-                out.append(n)
-        return RuntimeValue.of(*out)
+def canonical_placement(pl: Placement, idx: DeviceIndex, default_list: list[str],
+                        per: Mapping[str, Decimal]) -> Placement:
+    """Spec section 3 (sdplan writes exact names): the placement with exact device names,
+    an explicit default and one budget entry per device named (inventory order); entries
+    equal to their default are dropped."""
 
     def par(v: ParamsValue) -> ParamsValue:
         if v.kind != "device" or v.ref is None:
@@ -398,7 +387,8 @@ def _canonical(pl: Placement, idx: DeviceIndex, default_list: list[str],
                     if d.name in per)
     default = RuntimeValue.of(*default_list)
     p_default = par(pl.params_default) if pl.params_default else None
-    runtime = {m: run(pl.runtime[m]) for m in MODULES if m in pl.runtime}
+    runtime = {m: RuntimeValue.of(*device_names(pl.runtime[m], idx, None))
+               for m in MODULES if m in pl.runtime}
     params = {m: par(pl.params[m]) for m in MODULES if m in pl.params}
     return Placement(default=default,
                      runtime={m: v for m, v in runtime.items() if v != default},

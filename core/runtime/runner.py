@@ -79,7 +79,7 @@ class ModulePlacement:
 
     @classmethod
     def from_plan(cls, plan: Any, module: str) -> ModulePlacement:
-        """The placement of ``module`` in a resolved ``sdplan.core.planning.plan.Plan``: its devices,
+        """The placement of ``module`` in a resolved ``sdplan.core.planning.plan_types.Plan``: its devices,
         ranges, params; the main device's budget for a single-device module (spec section
         8 disables segmentation for a split); stream layers for diffusion only."""
         mp = plan.modules[module]
