@@ -79,7 +79,7 @@ struct Graph {
     bool supports(const Tensor &x, int index);
     // method: auto (CPU-only graphs: winograd for wide 3x3 convolutions on AVX2/FMA CPUs, else
     // cpu_im2col; im2col otherwise), im2col (ggml's), cpu_im2col (channels-last columns, CPU
-    // only), winograd (F(2x2,3x3) or F(4x4,3x3) in one fused CPU op, winograd.cpp), direct
+    // only), winograd (F(2x2,3x3) or F(4x4,3x3) in one fused CPU op, kernels/winograd.cpp), direct
     // (ggml_conv_2d_direct). bias (OC,): added per output channel (fused into winograd).
     Tensor conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stride, std::pair<int, int> pad,
                    std::pair<int, int> dil, bool direct, const std::string &method, std::optional<Tensor> bias);
