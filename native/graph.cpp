@@ -443,8 +443,61 @@ bool Graph::all_cpu() const {
     return true;
 }
 
+const char *conv_method_name(ConvMethod method) {
+    switch (method) {
+    case ConvMethod::im2col: return "im2col";
+    case ConvMethod::cpu_im2col: return "cpu_im2col";
+    case ConvMethod::winograd: return "winograd";
+    case ConvMethod::direct: return "direct";
+    }
+    return "?";
+}
+
+int64_t conv_out_size(int64_t in, int64_t k, int s, int p, int d) { return (in + 2 * p - d * (k - 1) - 1) / s + 1; }
+
+ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, int64_t> kernel,
+                              std::pair<int, int> stride, std::pair<int, int> pad, std::pair<int, int> dil,
+                              std::pair<int64_t, int64_t> image, int64_t batch, int64_t out_channels, bool all_cpu,
+                              bool avx2_fma) {
+    auto invalid = [](std::string msg) { return ConvChoice{ConvMethod::im2col, std::move(msg)}; };
+    // conv_2d has checked all of this (with the shapes in its messages) before it asks
+    if (kernel.first < 1 || kernel.second < 1 || image.first < 1 || image.second < 1 || batch < 1 || out_channels < 1)
+        return invalid("kernel, image, batch and output channels must be >= 1");
+    if (stride.first < 1 || stride.second < 1 || dil.first < 1 || dil.second < 1 || pad.first < 0 || pad.second < 0)
+        return invalid("stride and dilation must be >= 1, padding >= 0");
+    const int64_t OW = conv_out_size(image.second, kernel.second, stride.second, pad.second, dil.second);
+    const int64_t OH = conv_out_size(image.first, kernel.first, stride.first, pad.first, dil.first);
+    if (OW < 1 || OH < 1) return invalid("kernel larger than padded input");
+
+    if (requested != "auto" && requested != "im2col" && requested != "direct" && requested != "cpu_im2col" &&
+        requested != "winograd")
+        return invalid("method must be auto, im2col, cpu_im2col, winograd or direct, got '" + requested + "'");
+    const bool wino_shape = kernel.first == 3 && kernel.second == 3 && stride.first == 1 && stride.second == 1 &&
+                            pad.first == 1 && pad.second == 1 && dil.first == 1 && dil.second == 1;
+    if (requested == "winograd" && (!wino_shape || !all_cpu))
+        return invalid("method 'winograd' needs a 3x3 kernel, stride 1, padding 1, dilation 1 and a graph whose "
+                       "backends are all CPUs");
+    if (requested == "cpu_im2col" && !all_cpu)
+        return invalid("method 'cpu_im2col' needs a graph whose backends are all CPUs");
+    if (requested == "im2col") return {ConvMethod::im2col, {}};
+    if (requested == "cpu_im2col") return {ConvMethod::cpu_im2col, {}};
+    if (requested == "winograd") return {ConvMethod::winograd, {}};
+    if (requested == "direct") return {ConvMethod::direct, {}};
+    // auto. cpu_im2col copies the kernel into its column order at each compute: worth it while
+    // the image has at least half as many pixels as the kernel has output channels (measured by
+    // bench/bench_ops.py; deep UNet levels with 8x8 images and 1280 channels lose otherwise).
+    // winograd (AVX2/FMA CPUs) takes 3x3 convolutions whose rows hold at least 16 tiles of 2
+    // pixels (the micro-kernel's width) and at least 16 output channels (its panel): 0.5-0.8x
+    // the time of cpu_im2col at the VAE's and the UNet's 32x32..256x256 sizes, slower on
+    // narrower images (bench/bench_ops.py --methods cpu_im2col,winograd).
+    if (wino_shape && all_cpu && avx2_fma && OW >= 2 * 16 && out_channels >= kWinoLanes)
+        return {ConvMethod::winograd, {}};
+    const int64_t pixels = OW * OH * batch;
+    return {all_cpu && 2 * pixels >= out_channels ? ConvMethod::cpu_im2col : ConvMethod::im2col, {}};
+}
+
 Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stride, std::pair<int, int> pad,
-                      std::pair<int, int> dil, bool direct, const std::string &method_in,
+                      std::pair<int, int> dil, bool direct, const std::string &method,
                       std::optional<Tensor> bias) {
     room("conv_2d", 16);
     ggml_tensor *tw = use("conv_2d", w), *tx = use("conv_2d", x);
@@ -459,80 +512,90 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
     ggml_tensor *tb = bias ? use("conv_2d", *bias) : nullptr;
     if (tb && (bias->ndim != 1 || tb->ne[0] != tw->ne[3] || !is_float(tb->type)))
         fail("conv_2d", "bias must be a float (OC,) vector for weight " + shape_str(w) + ", got " + shape_str(*bias));
-    auto out = [](int64_t in, int64_t k, int s, int p, int d) { return (in + 2 * p - d * (k - 1) - 1) / s + 1; };
-    const int64_t OW = out(tx->ne[0], tw->ne[0], stride.second, pad.second, dil.second);
-    const int64_t OH = out(tx->ne[1], tw->ne[1], stride.first, pad.first, dil.first);
+    const int64_t OW = conv_out_size(tx->ne[0], tw->ne[0], stride.second, pad.second, dil.second);
+    const int64_t OH = conv_out_size(tx->ne[1], tw->ne[1], stride.first, pad.first, dil.first);
     if (OW < 1 || OH < 1)
         fail("conv_2d", "kernel larger than padded input: weight " + shape_str(w) + ", x " + shape_str(x));
-    std::string method = direct ? "direct" : method_in;
-    if (method != "auto" && method != "im2col" && method != "direct" && method != "cpu_im2col" && method != "winograd")
-        fail("conv_2d", "method must be auto, im2col, cpu_im2col, winograd or direct, got '" + method + "'");
-    const bool wino_shape = tw->ne[0] == 3 && tw->ne[1] == 3 && stride.first == 1 && stride.second == 1 &&
-                            pad.first == 1 && pad.second == 1 && dil.first == 1 && dil.second == 1;
-    if (method == "winograd" && (!wino_shape || !all_cpu()))
-        fail("conv_2d", "method 'winograd' needs a 3x3 kernel, stride 1, padding 1, dilation 1 and a graph whose "
-                        "backends are all CPUs");
-    // cpu_im2col copies the kernel into its column order at each compute: worth it while the
-    // image has at least half as many pixels as the kernel has output channels (measured by
-    // bench/bench_ops.py; deep UNet levels with 8x8 images and 1280 channels lose otherwise).
-    // winograd (AVX2/FMA CPUs) takes 3x3 convolutions whose rows hold at least 16 tiles of 2
-    // pixels (the micro-kernel's width) and at least 16 output channels (its panel): 0.5-0.8x
-    // the time of cpu_im2col at the VAE's and the UNet's 32x32..256x256 sizes, slower on
-    // narrower images (bench/bench_ops.py --methods cpu_im2col,winograd).
-    const int64_t pixels = OW * OH * tx->ne[3];
-    if (method == "auto") {
-        if (wino_shape && all_cpu() && wino_fast_cpu() && OW >= 2 * 16 && tw->ne[3] >= kWinoLanes)
-            method = "winograd";
-        else
-            method = all_cpu() && 2 * pixels >= tw->ne[3] ? "cpu_im2col" : "im2col";
+    const ConvChoice choice = choose_conv_method(direct ? "direct" : method, {tw->ne[1], tw->ne[0]}, stride, pad, dil,
+                                                 {tx->ne[1], tx->ne[0]}, tx->ne[3], tw->ne[3], all_cpu(),
+                                                 wino_fast_cpu());
+    if (!choice.error.empty()) fail("conv_2d", choice.error);
+    const ConvOperands a{tw, tx, tb, bias ? &*bias : nullptr, stride, pad, dil, OW, OH};
+    switch (choice.method) {
+    case ConvMethod::winograd: return lower_conv_winograd(a);
+    case ConvMethod::cpu_im2col: return lower_conv_cpu_im2col(a);
+    case ConvMethod::direct: return lower_conv_direct(a);
+    case ConvMethod::im2col: break;
     }
-    if (method == "winograd") {
-        // kernel transformed and packed at each compute (wino_pack_kernel), then one fused op;
-        // F(4x4, 3x3) from 64 pixels wide, F(2x2, 3x3) below
-        ggml_context *c = ctx->ctx;
-        const int64_t OCB = (tw->ne[3] + kWinoLanes - 1) / kWinoLanes;
-        const int64_t E = wino_elements(OW);
-        ggml_tensor *wa[1] = {contig(tw)};
-        ggml_tensor *u = ggml_custom_4d(c, GGML_TYPE_F32, kWinoLanes, tw->ne[2], E, OCB, wa, 1, wino_pack_kernel,
-                                        GGML_N_TASKS_MAX, nullptr);
-        ggml_tensor *xa[3] = {to_f32(contig(tx)), u, tb ? to_f32(contig(tb)) : nullptr};
-        return own(ggml_custom_4d(c, GGML_TYPE_F32, OW, OH, tw->ne[3], tx->ne[3], xa, tb ? 3 : 2, wino_conv,
-                                  GGML_N_TASKS_MAX, nullptr), 4);
-    }
-    // the bias of the column and direct paths: the per-channel add of Graph::binary
-    auto with_bias = [&](const Tensor &y) { return tb ? binary("add", y, reshape(*bias, {tw->ne[3], 1, 1})) : y; };
-    if (method == "cpu_im2col" && !all_cpu())
-        fail("conv_2d", "method 'cpu_im2col' needs a graph whose backends are all CPUs");
-    tx = to_f32(contig(tx));
+    return lower_conv_im2col(a);
+}
+
+// The kernel transformed and packed at each compute (wino_pack_kernel), then one fused op that
+// also adds the bias; F(4x4, 3x3) from 64 pixels wide, F(2x2, 3x3) below.
+Tensor Graph::lower_conv_winograd(const ConvOperands &a) {
+    ggml_context *c = ctx->ctx;
+    ggml_tensor *tw = a.w;
+    const int64_t OCB = (tw->ne[3] + kWinoLanes - 1) / kWinoLanes;
+    const int64_t E = wino_elements(a.OW);
+    ggml_tensor *wa[1] = {contig(tw)};
+    ggml_tensor *u = ggml_custom_4d(c, GGML_TYPE_F32, kWinoLanes, tw->ne[2], E, OCB, wa, 1, wino_pack_kernel,
+                                    GGML_N_TASKS_MAX, nullptr);
+    ggml_tensor *xa[3] = {to_f32(contig(a.x)), u, a.b ? to_f32(contig(a.b)) : nullptr};
+    return own(ggml_custom_4d(c, GGML_TYPE_F32, a.OW, a.OH, tw->ne[3], a.x->ne[3], xa, a.b ? 3 : 2, wino_conv,
+                              GGML_N_TASKS_MAX, nullptr), 4);
+}
+
+Tensor Graph::lower_conv_direct(const ConvOperands &a) {
+    ggml_tensor *tx = to_f32(contig(a.x));
+    return conv_add_bias(a, own(ggml_conv_2d_direct(ctx->ctx, a.w, tx, a.stride.second, a.stride.first,
+                                                    a.pad.second, a.pad.first, a.dil.second, a.dil.first), 4));
+}
+
+// Columns in (kh, kw, ic) order by cpu_im2col and the kernel reordered to match by
+// cpu_kernel_order (kernels/im2col.cpp), then one mul_mat.
+Tensor Graph::lower_conv_cpu_im2col(const ConvOperands &a) {
+    ggml_tensor *tw = a.w, *tx = to_f32(contig(a.x));
     ggml_context *c = ctx->ctx;
     const int64_t N = tx->ne[3], OC = tw->ne[3], IC = tw->ne[2];
     const int64_t K = tw->ne[0] * tw->ne[1] * IC;
-    ggml_tensor *mm = nullptr;  // [OW*OH*N, OC]
-    if (method == "direct") {
-        return with_bias(own(ggml_conv_2d_direct(c, tw, tx, stride.second, stride.first, pad.second, pad.first,
-                                                 dil.second, dil.first), 4));
-    } else if (method == "cpu_im2col") {
-        custom_params.push_back({(int)tw->ne[0], (int)tw->ne[1], stride.second, stride.first, pad.second,
-                                 pad.first, dil.second, dil.first});
-        void *prm = custom_params.back().data();
-        ggml_tensor *args[1] = {tx};
-        ggml_tensor *cols = ggml_custom_4d(c, tw->type, K, OW * OH * N, 1, 1, args, 1, cpu_im2col,
-                                           GGML_N_TASKS_MAX, prm);
-        // kernel [KW, KH, IC, OC] -> [IC, KW, KH, OC]: the same (kh, kw, ic) order as the columns
-        ggml_tensor *wargs[1] = {contig(tw)};
-        ggml_tensor *kt = ggml_custom_4d(c, tw->type, IC, tw->ne[0], tw->ne[1], OC, wargs, 1, cpu_kernel_order,
-                                         GGML_N_TASKS_MAX, nullptr);
-        mm = ggml_mul_mat(c, cols, ggml_reshape_2d(c, kt, K, OC));
-    } else {
-        // im2col + mul_mat like ggml_conv_2d, but keeping f32 columns for an f32 kernel
-        // (ggml_conv_2d always rounds the columns to f16).
-        ggml_tensor *cols = ggml_im2col(c, tw, tx, stride.second, stride.first, pad.second, pad.first, dil.second,
-                                        dil.first, true, tw->type);  // [N, OH, OW, IC*KH*KW]
-        mm = ggml_mul_mat(c, ggml_reshape_2d(c, cols, K, OW * OH * N), ggml_reshape_2d(c, contig(tw), K, OC));
-    }
-    ggml_tensor *r = ggml_reshape_4d(c, mm, OW, OH, N, OC);
-    r = N == 1 ? ggml_reshape_4d(c, r, OW, OH, OC, 1) : ggml_cont(c, ggml_permute(c, r, 0, 1, 3, 2));
-    return with_bias(own(r, 4));
+    custom_params.push_back({(int)tw->ne[0], (int)tw->ne[1], a.stride.second, a.stride.first, a.pad.second,
+                             a.pad.first, a.dil.second, a.dil.first});
+    void *prm = custom_params.back().data();
+    ggml_tensor *args[1] = {tx};
+    ggml_tensor *cols = ggml_custom_4d(c, tw->type, K, a.OW * a.OH * N, 1, 1, args, 1, cpu_im2col,
+                                       GGML_N_TASKS_MAX, prm);
+    // kernel [KW, KH, IC, OC] -> [IC, KW, KH, OC]: the same (kh, kw, ic) order as the columns
+    ggml_tensor *wargs[1] = {contig(tw)};
+    ggml_tensor *kt = ggml_custom_4d(c, tw->type, IC, tw->ne[0], tw->ne[1], OC, wargs, 1, cpu_kernel_order,
+                                     GGML_N_TASKS_MAX, nullptr);
+    return conv_add_bias(a, conv_columns_result(a, ggml_mul_mat(c, cols, ggml_reshape_2d(c, kt, K, OC))));
+}
+
+// im2col + mul_mat like ggml_conv_2d, but keeping f32 columns for an f32 kernel (ggml_conv_2d
+// always rounds the columns to f16).
+Tensor Graph::lower_conv_im2col(const ConvOperands &a) {
+    ggml_tensor *tw = a.w, *tx = to_f32(contig(a.x));
+    ggml_context *c = ctx->ctx;
+    const int64_t N = tx->ne[3], OC = tw->ne[3];
+    const int64_t K = tw->ne[0] * tw->ne[1] * tw->ne[2];
+    ggml_tensor *cols = ggml_im2col(c, tw, tx, a.stride.second, a.stride.first, a.pad.second, a.pad.first,
+                                    a.dil.second, a.dil.first, true, tw->type);  // [N, OH, OW, IC*KH*KW]
+    ggml_tensor *mm =
+        ggml_mul_mat(c, ggml_reshape_2d(c, cols, K, a.OW * a.OH * N), ggml_reshape_2d(c, contig(tw), K, OC));
+    return conv_add_bias(a, conv_columns_result(a, mm));
+}
+
+Tensor Graph::conv_columns_result(const ConvOperands &a, ggml_tensor *mm) {
+    ggml_context *c = ctx->ctx;
+    const int64_t N = a.x->ne[3], OC = a.w->ne[3];
+    ggml_tensor *r = ggml_reshape_4d(c, mm, a.OW, a.OH, N, OC);
+    r = N == 1 ? ggml_reshape_4d(c, r, a.OW, a.OH, OC, 1) : ggml_cont(c, ggml_permute(c, r, 0, 1, 3, 2));
+    return own(r, 4);
+}
+
+// The bias of the column and direct paths: the per-channel add of Graph::binary.
+Tensor Graph::conv_add_bias(const ConvOperands &a, const Tensor &y) {
+    return a.bias ? binary("add", y, reshape(*a.bias, {a.w->ne[3], 1, 1})) : y;
 }
 
 Tensor Graph::conv_transpose_2d(const Tensor &w, const Tensor &x, int stride) {
