@@ -5,9 +5,10 @@
 // Conventions (see core/graph.py): shapes are numpy order, outermost first; ggml's ne[] is
 // that reversed. Ops are methods of Graph; their results are Tensors of that graph.
 #include "graph.h"
-#include "winograd.h"
+#include "kernels/group_norm.h"
+#include "kernels/im2col.h"
+#include "kernels/winograd.h"
 
-#include <ggml-cpu.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -110,8 +111,6 @@ namespace {
 [[noreturn]] void fail(const char *op, const std::string &msg) {
     throw nb::value_error((std::string(op) + ": " + msg).c_str());
 }
-
-void cpu_group_norm(ggml_tensor *dst, int ith, int nth, void *userdata);  // below, with the other CPU ops
 
 bool is_float(ggml_type t) { return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16; }
 
@@ -438,165 +437,67 @@ bool Graph::supports(const Tensor &x, int index) {
 
 // ---- convolution and resampling
 
-namespace {
-
-// Parameters of a channels-last im2col (cpu_im2col), kept in Graph::custom_params.
-struct Im2colParams {
-    int kw, kh, s0, s1, p0, p1, d0, d1;
-};
-static_assert(sizeof(Im2colParams) == sizeof(std::array<int, 8>), "Im2colParams is 8 ints");
-
-// im2col for the CPU backend with the columns in (kh, kw, ic) order: x f32 [IW, IH, IC, N]
-// (ggml ne, contiguous) -> dst [KH*KW*IC, OW*OH*N] (f32 or f16). Each thread takes a run of
-// output rows (n, oh). An input row slab x[n, :, ih, :] is transposed once to [IW, IC] (in
-// the columns' dtype) and kept in a small cache of KH slabs, so that every column segment is
-// a contiguous copy of IC values (ggml's own im2col gathers one value at a time in
-// (ic, kh, kw) order).
-void cpu_im2col(ggml_tensor *dst, int ith, int nth, void *userdata) {
-    Im2colParams p;
-    std::memcpy(&p, userdata, sizeof p);
-    const ggml_tensor *x = dst->src[0];
-    const int64_t IW = x->ne[0], IH = x->ne[1], IC = x->ne[2], N = x->ne[3];
-    const int64_t OW = (IW + 2 * p.p0 - p.d0 * (p.kw - 1) - 1) / p.s0 + 1;
-    const int64_t OH = (IH + 2 * p.p1 - p.d1 * (p.kh - 1) - 1) / p.s1 + 1;
-    const bool half = dst->type == GGML_TYPE_F16;
-    const size_t es = half ? 2 : 4;
-    const size_t row_bytes = (size_t)IC * es;
-    thread_local std::vector<float> tmp;
-    thread_local std::vector<char> cache;
-    thread_local std::vector<int64_t> tags;
-    tmp.resize((size_t)IW * IC);
-    cache.resize((size_t)p.kh * IW * row_bytes);
-    tags.assign(p.kh, -1);
-    auto slab = [&](int64_t n, int64_t ih) -> const char * {
-        const int64_t tag = n * IH + ih;
-        for (int k = 0; k < p.kh; ++k)
-            if (tags[k] == tag) return cache.data() + (size_t)k * IW * row_bytes;
-        const int k = (int)(ih % p.kh);
-        tags[k] = tag;
-        char *out = cache.data() + (size_t)k * IW * row_bytes;
-        const char *base = (const char *)x->data + n * x->nb[3] + ih * x->nb[1];
-        float *t = half ? tmp.data() : (float *)out;
-        // 8x8 blocks: read 8 channel rows along iw, write 8 pixel rows along ic
-        for (int64_t c0 = 0; c0 < IC; c0 += 8) {
-            const int64_t nc = std::min<int64_t>(8, IC - c0);
-            const float *rows[8];
-            for (int64_t c = 0; c < nc; ++c) rows[c] = (const float *)(base + (c0 + c) * x->nb[2]);
-            for (int64_t w0 = 0; w0 < IW; w0 += 8) {
-                const int64_t nw = std::min<int64_t>(8, IW - w0);
-                for (int64_t w = 0; w < nw; ++w) {
-                    float *d = t + (w0 + w) * IC + c0;
-                    for (int64_t c = 0; c < nc; ++c) d[c] = rows[c][w0 + w];
-                }
-            }
-        }
-        if (half) ggml_cpu_fp32_to_fp16(tmp.data(), (ggml_fp16_t *)out, IW * IC);
-        return out;
-    };
-    const int64_t rows = N * OH;
-    const int64_t per = (rows + nth - 1) / nth;
-    const int64_t r0 = per * ith, r1 = std::min(rows, r0 + per);
-    for (int64_t r = r0; r < r1; ++r) {
-        const int64_t n = r / OH, oh = r % OH;
-        char *out = (char *)dst->data + (size_t)(n * OH + oh) * OW * dst->nb[1];
-        for (int kh = 0; kh < p.kh; ++kh) {
-            const int64_t ih = oh * p.s1 + (int64_t)kh * p.d1 - p.p1;
-            if (ih < 0 || ih >= IH) {
-                for (int64_t ow = 0; ow < OW; ++ow)
-                    std::memset(out + ow * dst->nb[1] + (size_t)kh * p.kw * row_bytes, 0, (size_t)p.kw * row_bytes);
-                continue;
-            }
-            const char *src = slab(n, ih);
-            for (int kw = 0; kw < p.kw; ++kw) {
-                const size_t off = (size_t)(kh * p.kw + kw) * row_bytes;
-                for (int64_t ow = 0; ow < OW; ++ow) {
-                    const int64_t iw = ow * p.s0 + (int64_t)kw * p.d0 - p.p0;
-                    char *d = out + ow * dst->nb[1] + off;
-                    if (iw < 0 || iw >= IW) std::memset(d, 0, row_bytes);
-                    else std::memcpy(d, src + iw * row_bytes, row_bytes);
-                }
-            }
-        }
-    }
-}
-
-// A conv kernel [KW, KH, IC, OC] (ggml ne, f32 or f16, contiguous) reordered to
-// [IC, KW, KH, OC]: the column order of cpu_im2col. Threads split the output channels.
-void cpu_kernel_order(ggml_tensor *dst, int ith, int nth, void *) {
-    const ggml_tensor *w = dst->src[0];
-    const int64_t KK = w->ne[0] * w->ne[1], IC = w->ne[2], OC = w->ne[3];
-    const size_t es = ggml_type_size(w->type);
-    const int64_t per = (OC + nth - 1) / nth;
-    const int64_t o0 = per * ith, o1 = std::min(OC, o0 + per);
-    for (int64_t o = o0; o < o1; ++o) {
-        const char *src = (const char *)w->data + o * w->nb[3];
-        char *d = (char *)dst->data + o * dst->nb[3];
-        if (es == 2) {
-            const uint16_t *s16 = (const uint16_t *)src;
-            uint16_t *d16 = (uint16_t *)d;
-            for (int64_t ic = 0; ic < IC; ++ic)
-                for (int64_t k = 0; k < KK; ++k) d16[k * IC + ic] = s16[ic * KK + k];
-        } else {
-            const float *s32 = (const float *)src;
-            float *d32 = (float *)d;
-            for (int64_t ic = 0; ic < IC; ++ic)
-                for (int64_t k = 0; k < KK; ++k) d32[k * IC + ic] = s32[ic * KK + k];
-        }
-    }
-}
-
-// GroupNorm with its per-channel affine in one CPU op: x f32 [W, H, C, N] (contiguous),
-// gamma and beta f32 [C] (src 1 and 2) -> y = (x - mean) / sqrt(var + eps) * gamma + beta
-// over each group of C / n_groups channels. Two passes over the group (sums in double, then
-// one scaled write) instead of ggml's group_norm, mul and add (five).
-void cpu_group_norm(ggml_tensor *dst, int ith, int nth, void *userdata) {
-    int n_groups;
-    float eps;
-    std::memcpy(&n_groups, userdata, sizeof n_groups);
-    std::memcpy(&eps, (const char *)userdata + sizeof(int), sizeof eps);
-    const ggml_tensor *x = dst->src[0], *gamma = dst->src[1], *beta = dst->src[2];
-    const int64_t HW = x->ne[0] * x->ne[1], C = x->ne[2], N = x->ne[3];
-    const int64_t jobs = N * n_groups, per = (jobs + nth - 1) / nth;
-    const int64_t j0 = per * ith, j1 = std::min(jobs, j0 + per);
-    for (int64_t j = j0; j < j1; ++j) {
-        const int64_t n = j / n_groups, grp = j % n_groups;
-        const int64_t c0 = grp * C / n_groups, c1 = (grp + 1) * C / n_groups;
-        double sum = 0.0, sq = 0.0;
-        for (int64_t c = c0; c < c1; ++c) {
-            const float *row = (const float *)((const char *)x->data + n * x->nb[3] + c * x->nb[2]);
-            float s1 = 0.0f, s2 = 0.0f;
-            for (int64_t i = 0; i < HW; ++i) {
-                s1 += row[i];
-                s2 += row[i] * row[i];
-            }
-            sum += s1;
-            sq += s2;
-        }
-        const double cnt = (double)(c1 - c0) * HW;
-        const double mean = sum / cnt;
-        const double var = std::max(0.0, sq / cnt - mean * mean);
-        const float rstd = (float)(1.0 / std::sqrt(var + eps));
-        for (int64_t c = c0; c < c1; ++c) {
-            const float g = gamma ? ((const float *)gamma->data)[c] : 1.0f;
-            const float b = beta ? ((const float *)beta->data)[c] : 0.0f;
-            const float scale = g * rstd, shift = b - (float)mean * scale;
-            const float *row = (const float *)((const char *)x->data + n * x->nb[3] + c * x->nb[2]);
-            float *out = (float *)((char *)dst->data + n * dst->nb[3] + c * dst->nb[2]);
-            for (int64_t i = 0; i < HW; ++i) out[i] = row[i] * scale + shift;
-        }
-    }
-}
-
-}  // namespace
-
 bool Graph::all_cpu() const {
     for (auto &b : backends)
         if (ggml_backend_dev_type(b->device) != GGML_BACKEND_DEVICE_TYPE_CPU) return false;
     return true;
 }
 
+const char *conv_method_name(ConvMethod method) {
+    switch (method) {
+    case ConvMethod::im2col: return "im2col";
+    case ConvMethod::cpu_im2col: return "cpu_im2col";
+    case ConvMethod::winograd: return "winograd";
+    case ConvMethod::direct: return "direct";
+    }
+    return "?";
+}
+
+int64_t conv_out_size(int64_t in, int64_t k, int s, int p, int d) { return (in + 2 * p - d * (k - 1) - 1) / s + 1; }
+
+ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, int64_t> kernel,
+                              std::pair<int, int> stride, std::pair<int, int> pad, std::pair<int, int> dil,
+                              std::pair<int64_t, int64_t> image, int64_t batch, int64_t out_channels, bool all_cpu,
+                              bool avx2_fma) {
+    auto invalid = [](std::string msg) { return ConvChoice{ConvMethod::im2col, std::move(msg)}; };
+    // conv_2d has checked all of this (with the shapes in its messages) before it asks
+    if (kernel.first < 1 || kernel.second < 1 || image.first < 1 || image.second < 1 || batch < 1 || out_channels < 1)
+        return invalid("kernel, image, batch and output channels must be >= 1");
+    if (stride.first < 1 || stride.second < 1 || dil.first < 1 || dil.second < 1 || pad.first < 0 || pad.second < 0)
+        return invalid("stride and dilation must be >= 1, padding >= 0");
+    const int64_t OW = conv_out_size(image.second, kernel.second, stride.second, pad.second, dil.second);
+    const int64_t OH = conv_out_size(image.first, kernel.first, stride.first, pad.first, dil.first);
+    if (OW < 1 || OH < 1) return invalid("kernel larger than padded input");
+
+    if (requested != "auto" && requested != "im2col" && requested != "direct" && requested != "cpu_im2col" &&
+        requested != "winograd")
+        return invalid("method must be auto, im2col, cpu_im2col, winograd or direct, got '" + requested + "'");
+    const bool wino_shape = kernel.first == 3 && kernel.second == 3 && stride.first == 1 && stride.second == 1 &&
+                            pad.first == 1 && pad.second == 1 && dil.first == 1 && dil.second == 1;
+    if (requested == "winograd" && (!wino_shape || !all_cpu))
+        return invalid("method 'winograd' needs a 3x3 kernel, stride 1, padding 1, dilation 1 and a graph whose "
+                       "backends are all CPUs");
+    if (requested == "cpu_im2col" && !all_cpu)
+        return invalid("method 'cpu_im2col' needs a graph whose backends are all CPUs");
+    if (requested == "im2col") return {ConvMethod::im2col, {}};
+    if (requested == "cpu_im2col") return {ConvMethod::cpu_im2col, {}};
+    if (requested == "winograd") return {ConvMethod::winograd, {}};
+    if (requested == "direct") return {ConvMethod::direct, {}};
+    // auto. cpu_im2col copies the kernel into its column order at each compute: worth it while
+    // the image has at least half as many pixels as the kernel has output channels (measured by
+    // bench/bench_ops.py; deep UNet levels with 8x8 images and 1280 channels lose otherwise).
+    // winograd (AVX2/FMA CPUs) takes 3x3 convolutions whose rows hold at least 16 tiles of 2
+    // pixels (the micro-kernel's width) and at least 16 output channels (its panel): 0.5-0.8x
+    // the time of cpu_im2col at the VAE's and the UNet's 32x32..256x256 sizes, slower on
+    // narrower images (bench/bench_ops.py --methods cpu_im2col,winograd).
+    if (wino_shape && all_cpu && avx2_fma && OW >= 2 * 16 && out_channels >= kWinoLanes)
+        return {ConvMethod::winograd, {}};
+    const int64_t pixels = OW * OH * batch;
+    return {all_cpu && 2 * pixels >= out_channels ? ConvMethod::cpu_im2col : ConvMethod::im2col, {}};
+}
+
 Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stride, std::pair<int, int> pad,
-                      std::pair<int, int> dil, bool direct, const std::string &method_in,
+                      std::pair<int, int> dil, bool direct, const std::string &method,
                       std::optional<Tensor> bias) {
     room("conv_2d", 16);
     ggml_tensor *tw = use("conv_2d", w), *tx = use("conv_2d", x);
@@ -611,80 +512,90 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
     ggml_tensor *tb = bias ? use("conv_2d", *bias) : nullptr;
     if (tb && (bias->ndim != 1 || tb->ne[0] != tw->ne[3] || !is_float(tb->type)))
         fail("conv_2d", "bias must be a float (OC,) vector for weight " + shape_str(w) + ", got " + shape_str(*bias));
-    auto out = [](int64_t in, int64_t k, int s, int p, int d) { return (in + 2 * p - d * (k - 1) - 1) / s + 1; };
-    const int64_t OW = out(tx->ne[0], tw->ne[0], stride.second, pad.second, dil.second);
-    const int64_t OH = out(tx->ne[1], tw->ne[1], stride.first, pad.first, dil.first);
+    const int64_t OW = conv_out_size(tx->ne[0], tw->ne[0], stride.second, pad.second, dil.second);
+    const int64_t OH = conv_out_size(tx->ne[1], tw->ne[1], stride.first, pad.first, dil.first);
     if (OW < 1 || OH < 1)
         fail("conv_2d", "kernel larger than padded input: weight " + shape_str(w) + ", x " + shape_str(x));
-    std::string method = direct ? "direct" : method_in;
-    if (method != "auto" && method != "im2col" && method != "direct" && method != "cpu_im2col" && method != "winograd")
-        fail("conv_2d", "method must be auto, im2col, cpu_im2col, winograd or direct, got '" + method + "'");
-    const bool wino_shape = tw->ne[0] == 3 && tw->ne[1] == 3 && stride.first == 1 && stride.second == 1 &&
-                            pad.first == 1 && pad.second == 1 && dil.first == 1 && dil.second == 1;
-    if (method == "winograd" && (!wino_shape || !all_cpu()))
-        fail("conv_2d", "method 'winograd' needs a 3x3 kernel, stride 1, padding 1, dilation 1 and a graph whose "
-                        "backends are all CPUs");
-    // cpu_im2col copies the kernel into its column order at each compute: worth it while the
-    // image has at least half as many pixels as the kernel has output channels (measured by
-    // bench/bench_ops.py; deep UNet levels with 8x8 images and 1280 channels lose otherwise).
-    // winograd (AVX2/FMA CPUs) takes 3x3 convolutions whose rows hold at least 16 tiles of 2
-    // pixels (the micro-kernel's width) and at least 16 output channels (its panel): 0.5-0.8x
-    // the time of cpu_im2col at the VAE's and the UNet's 32x32..256x256 sizes, slower on
-    // narrower images (bench/bench_ops.py --methods cpu_im2col,winograd).
-    const int64_t pixels = OW * OH * tx->ne[3];
-    if (method == "auto") {
-        if (wino_shape && all_cpu() && wino_fast_cpu() && OW >= 2 * 16 && tw->ne[3] >= kWinoLanes)
-            method = "winograd";
-        else
-            method = all_cpu() && 2 * pixels >= tw->ne[3] ? "cpu_im2col" : "im2col";
+    const ConvChoice choice = choose_conv_method(direct ? "direct" : method, {tw->ne[1], tw->ne[0]}, stride, pad, dil,
+                                                 {tx->ne[1], tx->ne[0]}, tx->ne[3], tw->ne[3], all_cpu(),
+                                                 wino_fast_cpu());
+    if (!choice.error.empty()) fail("conv_2d", choice.error);
+    const ConvOperands a{tw, tx, tb, bias ? &*bias : nullptr, stride, pad, dil, OW, OH};
+    switch (choice.method) {
+    case ConvMethod::winograd: return lower_conv_winograd(a);
+    case ConvMethod::cpu_im2col: return lower_conv_cpu_im2col(a);
+    case ConvMethod::direct: return lower_conv_direct(a);
+    case ConvMethod::im2col: break;
     }
-    if (method == "winograd") {
-        // kernel transformed and packed at each compute (wino_pack_kernel), then one fused op;
-        // F(4x4, 3x3) from 64 pixels wide, F(2x2, 3x3) below
-        ggml_context *c = ctx->ctx;
-        const int64_t OCB = (tw->ne[3] + kWinoLanes - 1) / kWinoLanes;
-        const int64_t E = wino_elements(OW);
-        ggml_tensor *wa[1] = {contig(tw)};
-        ggml_tensor *u = ggml_custom_4d(c, GGML_TYPE_F32, kWinoLanes, tw->ne[2], E, OCB, wa, 1, wino_pack_kernel,
-                                        GGML_N_TASKS_MAX, nullptr);
-        ggml_tensor *xa[3] = {to_f32(contig(tx)), u, tb ? to_f32(contig(tb)) : nullptr};
-        return own(ggml_custom_4d(c, GGML_TYPE_F32, OW, OH, tw->ne[3], tx->ne[3], xa, tb ? 3 : 2, wino_conv,
-                                  GGML_N_TASKS_MAX, nullptr), 4);
-    }
-    // the bias of the column and direct paths: the per-channel add of Graph::binary
-    auto with_bias = [&](const Tensor &y) { return tb ? binary("add", y, reshape(*bias, {tw->ne[3], 1, 1})) : y; };
-    if (method == "cpu_im2col" && !all_cpu())
-        fail("conv_2d", "method 'cpu_im2col' needs a graph whose backends are all CPUs");
-    tx = to_f32(contig(tx));
+    return lower_conv_im2col(a);
+}
+
+// The kernel transformed and packed at each compute (wino_pack_kernel), then one fused op that
+// also adds the bias; F(4x4, 3x3) from 64 pixels wide, F(2x2, 3x3) below.
+Tensor Graph::lower_conv_winograd(const ConvOperands &a) {
+    ggml_context *c = ctx->ctx;
+    ggml_tensor *tw = a.w;
+    const int64_t OCB = (tw->ne[3] + kWinoLanes - 1) / kWinoLanes;
+    const int64_t E = wino_elements(a.OW);
+    ggml_tensor *wa[1] = {contig(tw)};
+    ggml_tensor *u = ggml_custom_4d(c, GGML_TYPE_F32, kWinoLanes, tw->ne[2], E, OCB, wa, 1, wino_pack_kernel,
+                                    GGML_N_TASKS_MAX, nullptr);
+    ggml_tensor *xa[3] = {to_f32(contig(a.x)), u, a.b ? to_f32(contig(a.b)) : nullptr};
+    return own(ggml_custom_4d(c, GGML_TYPE_F32, a.OW, a.OH, tw->ne[3], a.x->ne[3], xa, a.b ? 3 : 2, wino_conv,
+                              GGML_N_TASKS_MAX, nullptr), 4);
+}
+
+Tensor Graph::lower_conv_direct(const ConvOperands &a) {
+    ggml_tensor *tx = to_f32(contig(a.x));
+    return conv_add_bias(a, own(ggml_conv_2d_direct(ctx->ctx, a.w, tx, a.stride.second, a.stride.first,
+                                                    a.pad.second, a.pad.first, a.dil.second, a.dil.first), 4));
+}
+
+// Columns in (kh, kw, ic) order by cpu_im2col and the kernel reordered to match by
+// cpu_kernel_order (kernels/im2col.cpp), then one mul_mat.
+Tensor Graph::lower_conv_cpu_im2col(const ConvOperands &a) {
+    ggml_tensor *tw = a.w, *tx = to_f32(contig(a.x));
     ggml_context *c = ctx->ctx;
     const int64_t N = tx->ne[3], OC = tw->ne[3], IC = tw->ne[2];
     const int64_t K = tw->ne[0] * tw->ne[1] * IC;
-    ggml_tensor *mm = nullptr;  // [OW*OH*N, OC]
-    if (method == "direct") {
-        return with_bias(own(ggml_conv_2d_direct(c, tw, tx, stride.second, stride.first, pad.second, pad.first,
-                                                 dil.second, dil.first), 4));
-    } else if (method == "cpu_im2col") {
-        custom_params.push_back({(int)tw->ne[0], (int)tw->ne[1], stride.second, stride.first, pad.second,
-                                 pad.first, dil.second, dil.first});
-        void *prm = custom_params.back().data();
-        ggml_tensor *args[1] = {tx};
-        ggml_tensor *cols = ggml_custom_4d(c, tw->type, K, OW * OH * N, 1, 1, args, 1, cpu_im2col,
-                                           GGML_N_TASKS_MAX, prm);
-        // kernel [KW, KH, IC, OC] -> [IC, KW, KH, OC]: the same (kh, kw, ic) order as the columns
-        ggml_tensor *wargs[1] = {contig(tw)};
-        ggml_tensor *kt = ggml_custom_4d(c, tw->type, IC, tw->ne[0], tw->ne[1], OC, wargs, 1, cpu_kernel_order,
-                                         GGML_N_TASKS_MAX, nullptr);
-        mm = ggml_mul_mat(c, cols, ggml_reshape_2d(c, kt, K, OC));
-    } else {
-        // im2col + mul_mat like ggml_conv_2d, but keeping f32 columns for an f32 kernel
-        // (ggml_conv_2d always rounds the columns to f16).
-        ggml_tensor *cols = ggml_im2col(c, tw, tx, stride.second, stride.first, pad.second, pad.first, dil.second,
-                                        dil.first, true, tw->type);  // [N, OH, OW, IC*KH*KW]
-        mm = ggml_mul_mat(c, ggml_reshape_2d(c, cols, K, OW * OH * N), ggml_reshape_2d(c, contig(tw), K, OC));
-    }
-    ggml_tensor *r = ggml_reshape_4d(c, mm, OW, OH, N, OC);
-    r = N == 1 ? ggml_reshape_4d(c, r, OW, OH, OC, 1) : ggml_cont(c, ggml_permute(c, r, 0, 1, 3, 2));
-    return with_bias(own(r, 4));
+    custom_params.push_back({(int)tw->ne[0], (int)tw->ne[1], a.stride.second, a.stride.first, a.pad.second,
+                             a.pad.first, a.dil.second, a.dil.first});
+    void *prm = custom_params.back().data();
+    ggml_tensor *args[1] = {tx};
+    ggml_tensor *cols = ggml_custom_4d(c, tw->type, K, a.OW * a.OH * N, 1, 1, args, 1, cpu_im2col,
+                                       GGML_N_TASKS_MAX, prm);
+    // kernel [KW, KH, IC, OC] -> [IC, KW, KH, OC]: the same (kh, kw, ic) order as the columns
+    ggml_tensor *wargs[1] = {contig(tw)};
+    ggml_tensor *kt = ggml_custom_4d(c, tw->type, IC, tw->ne[0], tw->ne[1], OC, wargs, 1, cpu_kernel_order,
+                                     GGML_N_TASKS_MAX, nullptr);
+    return conv_add_bias(a, conv_columns_result(a, ggml_mul_mat(c, cols, ggml_reshape_2d(c, kt, K, OC))));
+}
+
+// im2col + mul_mat like ggml_conv_2d, but keeping f32 columns for an f32 kernel (ggml_conv_2d
+// always rounds the columns to f16).
+Tensor Graph::lower_conv_im2col(const ConvOperands &a) {
+    ggml_tensor *tw = a.w, *tx = to_f32(contig(a.x));
+    ggml_context *c = ctx->ctx;
+    const int64_t N = tx->ne[3], OC = tw->ne[3];
+    const int64_t K = tw->ne[0] * tw->ne[1] * tw->ne[2];
+    ggml_tensor *cols = ggml_im2col(c, tw, tx, a.stride.second, a.stride.first, a.pad.second, a.pad.first,
+                                    a.dil.second, a.dil.first, true, tw->type);  // [N, OH, OW, IC*KH*KW]
+    ggml_tensor *mm =
+        ggml_mul_mat(c, ggml_reshape_2d(c, cols, K, a.OW * a.OH * N), ggml_reshape_2d(c, contig(tw), K, OC));
+    return conv_add_bias(a, conv_columns_result(a, mm));
+}
+
+Tensor Graph::conv_columns_result(const ConvOperands &a, ggml_tensor *mm) {
+    ggml_context *c = ctx->ctx;
+    const int64_t N = a.x->ne[3], OC = a.w->ne[3];
+    ggml_tensor *r = ggml_reshape_4d(c, mm, a.OW, a.OH, N, OC);
+    r = N == 1 ? ggml_reshape_4d(c, r, a.OW, a.OH, OC, 1) : ggml_cont(c, ggml_permute(c, r, 0, 1, 3, 2));
+    return own(r, 4);
+}
+
+// The bias of the column and direct paths: the per-channel add of Graph::binary.
+Tensor Graph::conv_add_bias(const ConvOperands &a, const Tensor &y) {
+    return a.bias ? binary("add", y, reshape(*a.bias, {a.w->ne[3], 1, 1})) : y;
 }
 
 Tensor Graph::conv_transpose_2d(const Tensor &w, const Tensor &x, int stride) {

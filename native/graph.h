@@ -24,6 +24,47 @@ struct ComputeCancelled : std::runtime_error {
 // ggml ops that only reinterpret their source (no computation).
 bool is_view_op(ggml_op op);
 
+// ---- conv_2d's methods (graph.cpp)
+
+// The ways Graph::conv_2d lowers a convolution: im2col (ggml's im2col + mul_mat), cpu_im2col
+// (channels-last columns by a CPU op, kernels/im2col.cpp), winograd (one fused CPU op,
+// kernels/winograd.cpp), direct (ggml_conv_2d_direct).
+enum class ConvMethod { im2col, cpu_im2col, winograd, direct };
+const char *conv_method_name(ConvMethod method);
+
+// Output size along one axis of a convolution (input in, kernel k, stride s, padding p, dilation d).
+int64_t conv_out_size(int64_t in, int64_t k, int s, int p, int d);
+
+// choose_conv_method's answer: the method, or (error non-empty) why the request is invalid;
+// conv_2d raises ValueError("conv_2d: " + error).
+struct ConvChoice {
+    ConvMethod method = ConvMethod::im2col;
+    std::string error;
+};
+
+// The method conv_2d uses, from plain values only (no graph): requested is auto, im2col,
+// cpu_im2col, winograd or direct; pairs are (H, W) like conv_2d's arguments (kernel (KH, KW),
+// image: the input's (H, W)); all_cpu: every backend of the graph is a CPU; avx2_fma: the CPU
+// runs the Winograd AVX2/FMA micro-kernel (wino_fast_cpu()). auto takes winograd for 3x3,
+// stride 1, padding 1, dilation 1 kernels with >= 16 output channels (one kernel panel) on
+// outputs >= 32 pixels wide (16 tiles of 2) when all_cpu and avx2_fma; else cpu_im2col when
+// all_cpu and the output has at least half as many pixels (OW * OH * batch) as the kernel has
+// output channels; else im2col. Explicit winograd needs the Winograd shape and all_cpu (not
+// avx2_fma: without it a slower generic micro-kernel runs); cpu_im2col needs all_cpu.
+ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, int64_t> kernel,
+                              std::pair<int, int> stride, std::pair<int, int> pad, std::pair<int, int> dil,
+                              std::pair<int64_t, int64_t> image, int64_t batch, int64_t out_channels, bool all_cpu,
+                              bool avx2_fma);
+
+// The operands of one conv_2d, validated, as its lowerings take them (ggml ne order inside
+// the tensors; pairs (H, W)).
+struct ConvOperands {
+    ggml_tensor *w, *x, *b;  // kernel [KW, KH, IC, OC], input [W, H, IC, N], bias [OC] or null
+    const Tensor *bias;      // the bias as given (null without one)
+    std::pair<int, int> stride, pad, dil;
+    int64_t OW, OH;
+};
+
 struct Graph {
     std::shared_ptr<Context> ctx;                   // op tensors (no_alloc)
     std::vector<std::shared_ptr<Backend>> backends; // scheduler order; last is a CPU
@@ -77,12 +118,19 @@ struct Graph {
     Tensor flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std::optional<Tensor> mask, float scale,
                       float max_bias, float softcap);
     bool supports(const Tensor &x, int index);
-    // method: auto (CPU-only graphs: winograd for wide 3x3 convolutions on AVX2/FMA CPUs, else
-    // cpu_im2col; im2col otherwise), im2col (ggml's), cpu_im2col (channels-last columns, CPU
-    // only), winograd (F(2x2,3x3) or F(4x4,3x3) in one fused CPU op, winograd.cpp), direct
-    // (ggml_conv_2d_direct). bias (OC,): added per output channel (fused into winograd).
+    // method: auto (choose_conv_method's rule: CPU-only graphs: winograd for wide 3x3
+    // convolutions on AVX2/FMA CPUs, else cpu_im2col; im2col otherwise), im2col (ggml's),
+    // cpu_im2col (channels-last columns, CPU only), winograd (F(2x2,3x3) or F(4x4,3x3) in one
+    // fused CPU op, kernels/winograd.cpp), direct (ggml_conv_2d_direct). bias (OC,): added per
+    // output channel (fused into winograd). Validates, chooses, then calls one lowering below.
     Tensor conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stride, std::pair<int, int> pad,
                    std::pair<int, int> dil, bool direct, const std::string &method, std::optional<Tensor> bias);
+    Tensor lower_conv_im2col(const ConvOperands &a);
+    Tensor lower_conv_cpu_im2col(const ConvOperands &a);
+    Tensor lower_conv_winograd(const ConvOperands &a);
+    Tensor lower_conv_direct(const ConvOperands &a);
+    Tensor conv_add_bias(const ConvOperands &a, const Tensor &y);       // the column and direct paths' bias
+    Tensor conv_columns_result(const ConvOperands &a, ggml_tensor *mm);  // [OW*OH*N, OC] -> (N, OC, OH, OW)
     bool all_cpu() const;
     std::deque<std::array<int, 8>> custom_params;  // userdata of custom CPU ops (stable addresses)
     Tensor conv_transpose_2d(const Tensor &w, const Tensor &x, int stride);

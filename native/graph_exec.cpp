@@ -1,6 +1,7 @@
 // Graph execution (build, reserve, compute, inputs/outputs) and the Python bindings of
 // Tensor and Graph.
 #include "graph.h"
+#include "kernels/winograd.h"
 
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -455,7 +456,8 @@ void register_graph(nb::module_ &m) {
              "otherwise), im2col (ggml's im2col + mul_mat, columns in the kernel's dtype), cpu_im2col\n"
              "(columns in (kh, kw, ic) order by a CPU op that copies whole channel runs), winograd\n"
              "(F(2x2,3x3), from 64 pixels wide F(4x4,3x3), f32, one fused CPU op that also adds the\n"
-             "bias), direct (ggml_conv_2d_direct); direct=True means method='direct'.")
+             "bias), direct (ggml_conv_2d_direct); direct=True means method='direct'.\n"
+             "choose_conv_method() gives the method (or the error) from plain values, without a graph.")
         .def("conv_transpose_2d", &Graph::conv_transpose_2d, nb::arg("w"), nb::arg("x"), nb::arg("stride"))
         .def("upscale", &Graph::upscale, nb::arg("a"), nb::arg("factor"))
         .def("interpolate", &Graph::interpolate, nb::arg("a"), nb::arg("shape"), nb::arg("mode") = "nearest",
@@ -548,6 +550,28 @@ void register_graph(nb::module_ &m) {
         }, nb::arg("name"), "The output as a new numpy array.")
         .def("free_compute", &Graph::free_sched,
              "Release the compute buffers (the graph stays built; the next compute reallocates).");
+
+    using P64 = std::pair<int64_t, int64_t>;
+    m.def("choose_conv_method",
+        [](const std::string &method, P64 kernel, P64 image, int64_t out_channels, bool all_cpu, bool avx2_fma,
+           P2 stride, P2 padding, P2 dilation, int64_t batch) {
+            ConvChoice c = choose_conv_method(method, kernel, stride, padding, dilation, image, batch, out_channels,
+                                              all_cpu, avx2_fma);
+            if (!c.error.empty()) throw nb::value_error(("conv_2d: " + c.error).c_str());
+            return std::string(conv_method_name(c.method));
+        },
+        nb::arg("method"), nb::kw_only(), nb::arg("kernel"), nb::arg("image"), nb::arg("out_channels"),
+        nb::arg("all_cpu"), nb::arg("avx2_fma"), nb::arg("stride") = P2{1, 1}, nb::arg("padding") = P2{0, 0},
+        nb::arg("dilation") = P2{1, 1}, nb::arg("batch") = 1,
+        "The method Graph.conv_2d lowers a convolution with (im2col, cpu_im2col, winograd or\n"
+        "direct), from plain values and without a graph: method as given to conv_2d (auto or an\n"
+        "explicit one), kernel (KH, KW), image (H, W) of the input, the output channels, whether\n"
+        "every backend of the graph is a CPU, whether the CPU has AVX2 and FMA (cpu_avx2_fma()),\n"
+        "stride/padding/dilation (H, W) and the batch. Raises ValueError with conv_2d's message\n"
+        "when conv_2d would refuse the method.");
+    m.def("cpu_avx2_fma", &wino_fast_cpu,
+          "True when this CPU has AVX2 and FMA (conv_2d's auto method then takes winograd for wide\n"
+          "3x3 convolutions): the avx2_fma of choose_conv_method.");
 }
 
 }  // namespace sdplan

@@ -42,9 +42,14 @@ max_bias=0)`` over the last axis of ``a*scale + mask``, ``flash_attn(q, k, v, ma
 scale=1)`` with q ``(B, H, Nq, D)``, k/v ``(B, Hkv, Nk, D)`` returning ``(B, Nq, H, Dv)``,
 ``conv_2d(w, x, stride=(1,1), padding=(0,0), dilation=(1,1), direct=False, method="auto", bias=None)``
 (method: ``im2col``, ``cpu_im2col``, ``winograd``, ``direct``; on CPU-only graphs auto takes
-``winograd`` (F(2x2,3x3), f32 arithmetic) for 3x3, stride 1, padding 1 kernels with at least
-16 output channels on images at least 32 pixels wide when the CPU has AVX2 and FMA, else
-``cpu_im2col`` when the image has at least OC/2 pixels; ``im2col`` otherwise),
+``winograd`` (F(2x2,3x3), from 64 pixels wide F(4x4,3x3), f32 arithmetic) for 3x3, stride 1,
+padding 1, dilation 1 kernels with at least 16 output channels on outputs at least 32 pixels
+wide when the CPU has AVX2 and FMA, else ``cpu_im2col`` when the output has at least OC/2
+pixels (batch included); ``im2col`` otherwise. The rule is the plain function
+``sdplan._ggml.choose_conv_method(method, *, kernel, image, out_channels, all_cpu, avx2_fma,
+stride, padding, dilation, batch)``, pairs ``(H, W)``: it returns the method ``conv_2d`` lowers
+with, or raises conv_2d's ``ValueError`` for a method it refuses, without building a graph;
+``sdplan._ggml.cpu_avx2_fma()`` is this CPU's ``avx2_fma``),
 ``conv_transpose_2d(w, x, stride)`` (w ``(IC, OC, KH, KW)``, no padding),
 ``upscale(a, factor)`` (nearest, last two axes), ``interpolate(a, shape, mode)``,
 ``pad(a, [(before, after), ...])`` (zeros), ``concat(a, b, axis)``, ``permute(a, axes)``

@@ -1,4 +1,5 @@
-// Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution for the CPU backend (winograd.cpp): two custom ggml ops.
+// Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution for the CPU backend (winograd.cpp): two
+// custom ggml CPU ops (ggml_custom_4d callbacks) behind conv_2d's winograd method.
 #pragma once
 
 #include <ggml.h>

@@ -1,5 +1,7 @@
-// Winograd convolution on the CPU (Lavin & Gray 2016, "Fast Algorithms for Convolutional
-// Neural Networks") for 3x3 kernels, stride 1, padding 1. Each T x T output tile is
+// Fused Winograd convolution for conv_2d's winograd method: two custom ggml CPU ops
+// (ggml_custom_4d callbacks: wino_pack_kernel transforms the kernel, wino_conv convolves)
+// implementing F(2x2, 3x3) and F(4x4, 3x3) (Lavin & Gray 2016, "Fast Algorithms for
+// Convolutional Neural Networks") for 3x3 kernels, stride 1, padding 1. Each T x T output tile is
 // A^T [(G g G^T) . (B^T d B)] A for the (T+2) x (T+2) input patch d at (T ty - 1, T tx - 1);
 // summed over input channels the E = (T+2)^2 element-wise products become E matrix products
 // [tiles, IC] x [IC, OC]. F(2x2, 3x3) (T = 2, E = 16) has
@@ -15,7 +17,7 @@
 // output transform straight into y. All arithmetic is f32 (the transformed kernel too). The
 // micro-kernel uses AVX2/FMA when the CPU has them (compiled with a target attribute and
 // chosen at run time), plain loops otherwise.
-#include "winograd.h"
+#include "kernels/winograd.h"
 
 #include <ggml-cpu.h>
 
