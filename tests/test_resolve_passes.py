@@ -7,8 +7,9 @@ from decimal import Decimal
 
 import pytest
 from sdplan.core.errors import PlanError
-from sdplan.core.planning.assignment import MODULES, DeviceIndex, RuntimeValue
+from sdplan.core.planning.assignment import DeviceIndex, RuntimeValue
 from sdplan.core.planning.inventory import Device, Inventory
+from sdplan.core.planning.modules import MODULES
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import (
     Layout,

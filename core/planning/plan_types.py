@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sdplan.core.planning.assignment import MODULES
+from sdplan.core.planning.modules import MODULES
 from sdplan.core.planning.placement import Placement
 
 
