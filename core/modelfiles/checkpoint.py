@@ -297,10 +297,21 @@ def read_model_files(flags: Mapping[str, Sequence[str | Path]]) -> ModelSet:
                 ign = []
             tensors.extend(ModelTensor(t, m, e, role) for t, m, e in cls)
             ignored.extend(ign)
+    return _model_set(files, tensors, ignored)
+
+
+def classify_file(tf: TensorFile) -> ModelSet:
+    """:func:`read_model_files` of one ``-m`` file whose header is already read (same errors)."""
+    if not tf.tensors:
+        raise ModelFileError(tf.path, "not a model: the file holds no tensors")
+    cls, ign = _classify_checkpoint(tf)
+    return _model_set([tf], [ModelTensor(t, m, e) for t, m, e in cls], ign)
+
+
+def _model_set(files: list[TensorFile], tensors: list[ModelTensor], ignored: list) -> ModelSet:
     _check_duplicates(tensors)
-    ms = ModelSet(files, [], ignored)
     dominant = _dominant(tensors)
-    ms.tensors = [_with_block(t, dominant) for t in tensors]
+    ms = ModelSet(files, [_with_block(t, dominant) for t in tensors], ignored)
     ms.architecture = detect_architecture(ms)
     return ms
 
@@ -492,8 +503,7 @@ def detect_standalone(tf: TensorFile) -> tuple[str, str | None] | None:
 
 
 def _local(name: str) -> str:
-    return name[len("model.diffusion_model."):] if name.startswith(
-        "model.diffusion_model.") else name
+    return name.removeprefix("model.diffusion_model.")
 
 
 def detect_architecture(ms: ModelSet) -> Architecture:
