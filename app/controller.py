@@ -1,7 +1,7 @@
 """The board's controller: owns the current placement, the devices and the model profile.
 
-Every edit (a drop on the board, a residency switch, a budget, a keystroke in a flag field,
-a pasted command) becomes a new :class:`~sdplan.core.planning.placement.Placement` that is resolved
+Every edit (a drop on the board, a residency switch, a budget, an applied flag field, a
+pasted command) becomes a new :class:`~sdplan.core.planning.placement.Placement` that is resolved
 at once (:func:`sdplan.core.planning.plan.resolve`) and estimated (:func:`estimate_plan`); views
 redraw from :attr:`PlanController.plan` and :attr:`PlanController.fit` and never keep a
 copy of the placement. Undo/redo keep placement snapshots on a :class:`QUndoStack`.
@@ -24,13 +24,17 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
-from sdplan.core.planning.sdcli import import_sdcli_command, model_file_flags, sdcli_command_line
+from sdplan.core.planning.sdcli import (
+    GENERATION_FLAGS,
+    import_sdcli_command,
+    model_file_flags,
+    sdcli_command_line,
+)
 from sdplan.core.planning.session import plan_document, read_plan_document, save_plan_file
 
 log = logging.getLogger(__name__)
 
-#: Undo-merge id for consecutive keystrokes in the flag fields and budget drags.
-_MERGE_STRINGS = 1
+#: Undo-merge id for the moves of one budget-marker drag.
 _MERGE_BUDGET = 2
 
 #: Generation settings that the estimate and the sd-cli command use by default.
@@ -254,25 +258,56 @@ class PlanController(QObject):
             self.planChanged.emit("board")
 
     # ------------------------------------------------------------------ strings
-    def set_strings(self, backend: str, params_backend: str, max_vram: str) -> bool:
-        """Re-plan from the three flag values (one keystroke = one call).
-
-        A :class:`PlanError` is published on :attr:`errorChanged` (with its flag and
-        span) and the plan stays as it was. Returns True when the strings resolved.
-        """
+    def _parse_strings(self, backend: str, params_backend: str, max_vram: str):  # noqa: ANN202
+        """``(placement, plan)`` of the three flag values, or the PlanError published on
+        :attr:`errorChanged` (None when they resolve: a previous error is cleared)."""
         try:
             parsed = Placement.from_strings(
                 backend, params_backend, max_vram, stream_layers=self.placement.stream_layers,
                 rpc_servers=self.placement.rpc_servers)
-            resolve(parsed, self.inventory, self.profile)
+            plan = resolve(parsed, self.inventory, self.profile)
         except PlanError as exc:
             self.error = exc
             self.errorChanged.emit(exc)
-            return False
+            return None
+        self.clear_string_error()
+        return parsed, plan
+
+    def clear_string_error(self) -> None:
+        """Forget the flag fields' error (Escape put them back)."""
         if self.error is not None:
             self.error = None
             self.errorChanged.emit(None)
-        self._push(parsed, "edit flags", _MERGE_STRINGS, source="strings")
+
+    def check_strings(self, backend: str, params_backend: str, max_vram: str):  # noqa: ANN201
+        """Check the three flag values while they are typed, without changing the plan: an
+        error is published on :attr:`errorChanged` (flag and span); otherwise returns the
+        estimate of the plan they would give (a FitReport, or None without a profile)."""
+        parsed = self._parse_strings(backend, params_backend, max_vram)
+        if parsed is None or self.profile is None:
+            return None
+        from sdplan.core.planning.estimate import estimate_plan
+
+        g = self.generation
+        try:
+            return estimate_plan(parsed[1], self.profile, self.inventory,
+                                 width=int(g.get("width") or 1024),
+                                 height=int(g.get("height") or 1024),
+                                 batch=int(g.get("batch_count") or 1))
+        except ValueError:
+            return None
+
+    def set_strings(self, backend: str, params_backend: str, max_vram: str) -> bool:
+        """Re-plan from the three flag values (an applied edit: Enter or leaving a field),
+        one undo step.
+
+        A :class:`PlanError` is published on :attr:`errorChanged` (with its flag and
+        span) and the plan stays as it was. Returns True when the strings resolved.
+        """
+        parsed = self._parse_strings(backend, params_backend, max_vram)
+        if parsed is None:
+            return False
+        self._push(parsed[0], "edit flags", source="strings")
         return True
 
     def command_line(self) -> str:
@@ -433,6 +468,37 @@ class PlanController(QObject):
         self._push(saved.placement, "import plan", source="load")
         self.modelChanged.emit()
         self.planChanged.emit("load")
+
+    def reuse_result(self, settings: Mapping[str, object],
+                     model_files: Mapping[str, Sequence[str]] | None = None,
+                     placement: Mapping[str, str] | None = None) -> list[str]:
+        """Put a result's settings back (the gallery's and the strip's "Reuse settings"):
+        its generation settings (sd-cli keys; others are ignored), its model files when
+        they all exist here, and its placement strings when they resolve on these devices.
+        Returns one note per part left as it was (files not found, a placement that does
+        not resolve); the panel reloads on ``planChanged("load")``."""
+        notes: list[str] = []
+        files = {k: list(v) for k, v in (model_files or {}).items()}
+        if files and files != self.model_files:
+            missing = [p for v in files.values() for p in v if not Path(p).is_file()]
+            if missing:
+                notes.append(f"model files not found here: {', '.join(missing)}")
+            else:
+                self.load_model_files(files, strict=False)
+        if placement:
+            try:
+                new = Placement.from_strings(
+                    placement.get("backend", ""), placement.get("params_backend", ""),
+                    placement.get("max_vram", ""), stream_layers=self.placement.stream_layers,
+                    rpc_servers=self.placement.rpc_servers)
+                self._push(new, "reuse settings", source="load")
+            except PlanError as exc:
+                notes.append(f"placement not restored: {exc}")
+        known = set(GENERATION_FLAGS) - {"output"}
+        self.generation.update({k: v for k, v in settings.items() if k in known})
+        self._estimate()
+        self.planChanged.emit("load")
+        return notes
 
     def save_plan(self, path: str | Path) -> None:
         """Write :meth:`plan_json` to ``path`` (raises OSError)."""

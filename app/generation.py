@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PySide6.QtCore import Qt, QThread, Slot
+from PySide6.QtCore import Qt, QThread, Signal, Slot
 from PySide6.QtGui import QImage, QPixmap
 from PySide6.QtWidgets import (
     QComboBox,
@@ -84,7 +84,10 @@ def describe_params(params: dict[str, Any]) -> str:
 
 class GenerationPanel(QFrame):
     """See module docstring. ``client_factory`` makes the engine client (tests pass a
-    replaying fake); ``history_dir`` is where results are saved."""
+    replaying fake); ``history_dir`` is where results are saved; ``resultSaved(str)``
+    names each image file written."""
+
+    resultSaved = Signal(str)
 
     def __init__(self, controller: PlanController, history_dir: str | Path,
                  client_factory: ClientFactory | None = None,
@@ -108,7 +111,7 @@ class GenerationPanel(QFrame):
         #: Why the engine is busy elsewhere (the queue runs), or None: Generate waits.
         self.engine_busy: Any = lambda: None
         self.setObjectName("Panel")
-        self.setMinimumWidth(340)
+        self.setMinimumWidth(280)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(14, 12, 14, 12)
         lay.setSpacing(8)
@@ -211,7 +214,7 @@ class GenerationPanel(QFrame):
         lay.addWidget(self.error_box)
         self.preview = QLabel()
         self.preview.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.preview.setMinimumHeight(120)
+        self.preview.setMinimumHeight(72)
         self.preview.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
         self.preview.setObjectName("Muted")
         self.preview.setText("The live preview appears here")
@@ -220,7 +223,7 @@ class GenerationPanel(QFrame):
         self.params_label.setObjectName("Caption")
         self.params_label.setWordWrap(True)
         lay.addWidget(self.params_label)
-        hl = QLabel("HISTORY")
+        hl = QLabel("TODAY")
         hl.setObjectName("Section")
         lay.addWidget(hl)
         self.history = HistoryStrip(self.history_dir)
@@ -468,6 +471,7 @@ class GenerationPanel(QFrame):
             path.with_suffix(".json").write_text(json.dumps(params, indent=1, default=str))
             self.history.add(path)
             paths.append(path)
+            self.resultSaved.emit(str(path))
         return paths
 
     def _load_history(self) -> None:

@@ -295,14 +295,17 @@ class DefaultTarget(_DropFrame):
         key.setObjectName("Badge")
         lay.addWidget(key)
         self.combo = QComboBox()
+        self.combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.combo.setToolTip("The --backend default: every module without its own entry "
                               "runs here")
         self.combo.activated.connect(self._pick)
         lay.addWidget(self.combo)
         self.follows = QLabel()
         self.follows.setObjectName("Muted")
+        self.follows.setWordWrap(True)  # wraps instead of widening the window
+        self.follows.setMinimumWidth(90)
         lay.addWidget(self.follows, 1)
-        blab = QLabel("Default budget")
+        blab = QLabel("Budget")
         blab.setObjectName("Caption")
         lay.addWidget(blab)
         self.budget = QDoubleSpinBox()
@@ -334,8 +337,10 @@ class DefaultTarget(_DropFrame):
         pl = self.ctl.placement
         self.combo.clear()
         current = pl.default.text() if pl.default else ""
-        for d in self.ctl.inventory:
-            self.combo.addItem(f"{d.name} — {d.description}", d.name)
+        for i, d in enumerate(self.ctl.inventory):
+            self.combo.addItem(d.name, d.name)  # the name is never cut; the rest in tips
+            self.combo.setItemData(i, f"{d.name} — {d.description}",
+                                   Qt.ItemDataRole.ToolTipRole)
         if "&" in current:
             self.combo.addItem(current.replace("&", " & "), current.split("&"))
         idx = next((i for i in range(self.combo.count())
