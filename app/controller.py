@@ -111,6 +111,7 @@ class PlanController(QObject):
         self.undo_stack = QUndoStack(self)
         self.error: PlanError | None = None
         self.fit = None
+        self._effects: dict[str, dict[str, dict[str, int]]] = {}
         pl = placement or Placement()
         self.plan: Plan = resolve(pl, inventory, profile)
         self._estimate()
@@ -138,9 +139,59 @@ class PlanController(QObject):
         """The inventory device called ``name``."""
         return next(d for d in self.inventory if d.name == name)
 
+    def residency_effects(self, module: str) -> dict[str, dict[str, int]]:
+        """What each other residency of ``module`` would change: mode (``runtime``,
+        ``device`` = weights in RAM on the CPU, ``disk``) -> device -> bytes its estimated
+        total would drop (negative: grow). Empty without an estimate; cached per plan."""
+        key = module  # the cache empties whenever the plan or its estimate changes
+        cached = self._effects.get(key)
+        if cached is not None:
+            return cached
+        out: dict[str, dict[str, int]] = {}
+        if self.fit is not None and self.profile is not None and module in self.profile.modules:
+            from sdplan.core.planning.estimate import estimate_plan
+
+            cpu = next((d.name for d in self.inventory if d.type == "cpu"), None)
+            g = self.generation
+            current = self.plan.modules[module].params.mode
+            for mode in ("runtime", "device", "disk"):
+                if mode == current or (mode == "device" and cpu is None):
+                    continue
+                try:
+                    pl = self.placement.set_residency(module, mode, cpu if mode == "device"
+                                                      else None)
+                    plan = resolve(pl, self.inventory, self.profile)
+                    alt = estimate_plan(plan, self.profile, self.inventory,
+                                        width=int(g.get("width") or 1024),
+                                        height=int(g.get("height") or 1024),
+                                        batch=int(g.get("batch_count") or 1))
+                except (PlanError, ValueError):
+                    continue
+                names = set(self.fit.devices) | set(alt.devices)
+                out[mode] = {d: (self.fit.devices[d].total if d in self.fit.devices else 0)
+                             - (alt.devices[d].total if d in alt.devices else 0)
+                             for d in sorted(names)}
+        self._effects[key] = out
+        return out
+
+    def peak_module(self, device: str) -> tuple[str, str] | None:
+        """``(module, part)`` that sets ``device``'s transient peak (``staging`` or
+        ``compute``), or None."""
+        fit = self.fit
+        if fit is None or device not in fit.devices:
+            return None
+        best = max(fit.modules.values(), key=lambda e: e.staging.get(device, 0)
+                   + e.compute.get(device, 0), default=None)
+        if best is None or not (best.staging.get(device, 0) + best.compute.get(device, 0)):
+            return None
+        part = "compute" if best.compute.get(device, 0) >= best.staging.get(device, 0) \
+            else "staging"
+        return best.module, part
+
     # ------------------------------------------------------------------ re-planning
     def _estimate(self) -> None:
         self.fit = None
+        self._effects = {}
         if self.profile is None:
             return
         from sdplan.core.planning.estimate import estimate_plan

@@ -36,7 +36,7 @@ from PySide6.QtWidgets import (
 from sdplan.app.controller import PlanController
 from sdplan.app.history_strip import HistoryStrip
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
-from sdplan.core.pipelines.results import result_text
+from sdplan.core.pipelines.results import read_result, result_text
 
 log = logging.getLogger(__name__)
 
@@ -478,11 +478,10 @@ class GenerationPanel(QFrame):
         self.history.load_today()
 
     def _show_history(self, item: QListWidgetItem) -> None:
+        """Show a strip item's image and the settings it records."""
         path = Path(item.data(Qt.ItemDataRole.UserRole))
         self._show(QImage(str(path)))
-        meta = path.with_suffix(".json")
-        if meta.exists():
-            try:
-                self.params_label.setText(describe_params(json.loads(meta.read_text())))
-            except (OSError, ValueError):
-                self.params_label.setText(path.name)
+        try:
+            self.params_label.setText(describe_params(read_result(path).settings))
+        except OSError:
+            self.params_label.setText(path.name)

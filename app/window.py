@@ -47,7 +47,8 @@ from sdplan.app.strings import StringsPanel
 from sdplan.app.worker import ClientFactory
 from sdplan.core.errors import SdplanError
 from sdplan.core.pipelines.job_queue import JobQueue
-from sdplan.core.planning.autoplan import auto_plan, plan_diff
+from sdplan.core.planning.autoplan import plan_diff
+from sdplan.core.planning.autoplan_review import review_auto_plan
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import MODULES
 
@@ -532,17 +533,32 @@ class MainWindow(QMainWindow):
             self.show_status("Auto plan needs model sizes: open model files first")
             return None
         g = self.ctl.generation
-        proposal = auto_plan(self.ctl.inventory, self.ctl.profile, self.ctl.placement,
-                             width=int(g.get("width") or 1024),
-                             height=int(g.get("height") or 1024),
-                             batch=int(g.get("batch_count") or 1))
-        rows = plan_diff(self.ctl.plan, proposal.plan, self.ctl.modules())
-        return AutoPlanDialog(proposal, rows, self)
+        review = review_auto_plan(self.ctl.inventory, self.ctl.profile, self.ctl.placement,
+                                  width=int(g.get("width") or 1024),
+                                  height=int(g.get("height") or 1024),
+                                  batch=int(g.get("batch_count") or 1))
+        rows = plan_diff(self.ctl.plan, review.proposal.plan, self.ctl.modules())
+        return AutoPlanDialog(review, rows, self)
 
     def auto_plan(self) -> None:
         dlg = self.propose()
         if dlg is not None and dlg.exec():
+            self.apply_auto_plan(dlg)
+
+    def apply_auto_plan(self, dlg: AutoPlanDialog) -> None:
+        """Apply the dialog's choice: an alternative (with its image size and batch), or
+        the proposal."""
+        alt = dlg.choice
+        if alt is None:
             self.ctl.edit(dlg.proposal.placement, "auto plan")
+            return
+        g = self.ctl.generation
+        if (alt.width, alt.height, alt.batch) != (g.get("width"), g.get("height"),
+                                                  g.get("batch_count")):
+            self.ctl.set_generation(width=alt.width, height=alt.height, batch_count=alt.batch)
+            self.ctl.planChanged.emit("load")  # the generation panel shows the new size
+        self.ctl.edit(alt.placement, f"auto plan: {alt.label}")
+        self.show_status(f"applied: {alt.label}")
 
     def _flags_folded(self, collapsed: bool) -> None:
         self.settings.setValue("view/flags_collapsed", collapsed)

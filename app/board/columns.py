@@ -19,6 +19,7 @@ from sdplan.app.board.memory_bar import BarData, MemoryBar
 from sdplan.app.board.model import DEFAULT, BoardModel
 from sdplan.app.controller import PlanController
 from sdplan.app.icons import device_pixmap
+from sdplan.app.warnings import device_warnings
 from sdplan.core.planning.modules import SPLITTABLE
 
 GIB = 1 << 30
@@ -128,7 +129,13 @@ class DeviceColumn(_DropFrame):
         lay.addWidget(self.bar)
         self.figures = QLabel()
         self.figures.setObjectName("Caption")
+        self.figures.setWordWrap(True)
         lay.addWidget(self.figures)
+        self.warnings = QLabel()
+        self.warnings.setObjectName("Warning")
+        self.warnings.setWordWrap(True)
+        self.warnings.hide()
+        lay.addWidget(self.warnings)
         self.budget: QDoubleSpinBox | None = None
         if dev.is_gpu_like:
             row = QHBoxLayout()
@@ -244,6 +251,24 @@ class DeviceColumn(_DropFrame):
             widget.show()
         self.cards = cards
         self.empty.setVisible(not self.cards)
+        self._take_focus()
+        warns = device_warnings(ctl.plan, ctl.inventory, name)
+        self.warnings.setText("\n".join("⚠ " + w for w in warns))
+        self.warnings.setVisible(bool(warns))
+
+    def _take_focus(self) -> None:
+        """Give the keyboard focus to the card a keyboard move (or a residency key)
+        asked for, once it is in this column."""
+        req = self.model.focus_request
+        if req is None or req[1] != self.target:
+            return
+        card = next((c for c in self.cards if c.module == req[0] and c.card.kind == "main"),
+                    None)
+        if card is not None:
+            self.model.focus_request = None
+            buttons = getattr(card, "residency_buttons", {})
+            target = buttons.get(req[2]) if req[2] else None
+            (target or card).setFocus(Qt.FocusReason.OtherFocusReason)
 
 
 _PART_NAMES = {"weights": "resident weights", "staging": "staged range",

@@ -166,8 +166,10 @@ class JobQueue:
         if not seeds and not prompts:
             raise ValueError("a batch needs seeds or prompts")
         out = []
-        for prompt in prompts or [request.get("prompt")]:
-            for seed in seeds or [request.get("seed")]:
+        every_prompt: Sequence[Any] = prompts or [request.get("prompt")]
+        every_seed: Sequence[Any] = seeds or [request.get("seed")]
+        for prompt in every_prompt:
+            for seed in every_seed:
                 out.append(self.add({**request, "prompt": prompt, "seed": seed}))
         return out
 

@@ -203,7 +203,9 @@ def parse_parameters(text: str) -> dict[str, Any]:
     fields_line = ""
     if lines and re.match(r"^\s*Steps:\s*\d", lines[-1]):
         fields_line = lines.pop()
-    prompt, negative, in_negative = [], [], False
+    prompt: list[str] = []
+    negative: list[str] = []
+    in_negative = False
     for line in lines:
         if line.startswith("Negative prompt:"):
             in_negative = True
