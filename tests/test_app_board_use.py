@@ -154,9 +154,9 @@ def test_each_card_says_what_its_residency_saves_on_which_device(qtbot, tmp_path
     # the diffusion model's run is CUDA0's peak: its weights would be staged back for it
     assert total_after("diffusion", "disk", "CUDA0") == now
     diff = next(c for c in win.board.columns["CUDA0"].cards if c.module == "diffusion")
-    assert diff.effect_label.text().startswith(
+    assert diff.effect_label.text() == (
         "Moving the weights changes nothing on CUDA0: they are copied back while diffusion "
-        "runs, and that run is CUDA0's peak")
+        "runs, the peak there (a --max-vram budget runs it in segments)")
     vae = next(c for c in win.board.columns["CUDA1"].cards if c.module == "vae")
     assert vae.effect_label.text().startswith("Moving the weights changes nothing on CUDA1")
 

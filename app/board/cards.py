@@ -36,6 +36,7 @@ from sdplan.app.board.model import BoardModel, Card
 from sdplan.app.controller import PlanController
 from sdplan.app.icons import dot_pixmap
 from sdplan.app.warnings import module_warnings
+from sdplan.app.wrap_label import WrapLabel
 from sdplan.core.planning.modules import GIB, SPLITTABLE
 
 
@@ -168,13 +169,12 @@ class ModuleCard(QFrame):
         elif card.kind == "part":
             self._part_body(lay, mp)
         else:
-            note = QLabel(f"weights kept here, staged to {' & '.join(mp.devices)} when it runs")
+            note = WrapLabel(f"weights kept here, staged to {' & '.join(mp.devices)} when it "
+                             "runs")
             note.setObjectName("Caption")
-            note.setWordWrap(True)
             lay.addWidget(note)
-        self.warning_label = QLabel()
+        self.warning_label = WrapLabel()
         self.warning_label.setObjectName("Warning")
-        self.warning_label.setWordWrap(True)
         lay.addWidget(self.warning_label)
         self.mark_over()
 
@@ -183,7 +183,7 @@ class ModuleCard(QFrame):
         prof = self.ctl.profile.get(self.module) if self.ctl.profile else None
         if self.module == "te" and prof is not None and prof.encoders:
             enc = "  ·  ".join(f"{e} {v / GIB:.2f}" for e, v in prof.encoders.items())
-            lab = QLabel(enc + " GiB")
+            lab = WrapLabel(enc + " GiB")
             lab.setObjectName("Caption")
             lab.setToolTip("Text encoders in this module; with a layer split only "
                            f"{prof.block_encoder or 'the largest'} is split, the others stay "
@@ -194,14 +194,13 @@ class ModuleCard(QFrame):
             if ranges:
                 lay.addWidget(SplitStrip(self.module, ranges, self.devices[0]))
             else:
-                lab = QLabel("split over " + " & ".join(self.devices) + " (load the model for "
+                lab = WrapLabel("split over " + " & ".join(self.devices) + " (load the model for "
                              "block ranges)")
                 lab.setObjectName("Caption")
                 lay.addWidget(lab)
         lay.addLayout(self._residency_row(mp))
-        self.effect_label = QLabel()
+        self.effect_label = WrapLabel()
         self.effect_label.setObjectName("Caption")
-        self.effect_label.setWordWrap(True)
         lay.addWidget(self.effect_label)
 
     def _part_body(self, lay: QVBoxLayout, mp: object) -> None:
@@ -209,7 +208,7 @@ class ModuleCard(QFrame):
         text = (f"blocks {rng.first_block}–{rng.last_block} · {gib(rng.bytes)}" if rng
                 else "no blocks (too little memory)")
         row = QHBoxLayout()
-        lab = QLabel(f"{text}   main: ★{self.devices[0]}")
+        lab = WrapLabel(f"{text} · main: ★{self.devices[0]}")
         lab.setObjectName("Caption")
         row.addWidget(lab, 1)
         rm = QToolButton()
@@ -247,6 +246,7 @@ class ModuleCard(QFrame):
             b.setCheckable(True)
             b.setText(text)
             b.setToolTip(tip + "\n(Left/Right: the other choices)")
+            b.setMinimumWidth(b.sizeHint().width())  # the text is never elided
             b.setChecked(params.mode == mode)
             group.addButton(b)
             self.residency_buttons[mode] = b
@@ -350,8 +350,10 @@ class ModuleCard(QFrame):
         if all(abs(v.get(dev, 0)) <= GIB // 200 for v in effects.values()):
             peak = self.ctl.peak_module(dev)
             if peak is not None and peak[0] == self.module:
-                why = (f": they are copied back while {self.module} runs, and that run is "
-                       f"{dev}'s peak (a --max-vram budget runs it in segments)")
+                prof = self.ctl.profile.get(self.module) if self.ctl.profile else None
+                why = (f": they are copied back while {self.module} runs, the peak there"
+                       + (" (a --max-vram budget runs it in segments)"
+                          if prof is not None and prof.blocks else ""))
             else:
                 why = f": {peak[0]}'s {peak[1]} sets its peak" if peak else ""
             return f"Moving the weights changes nothing on {dev}{why}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
 from PySide6.QtWidgets import (
     QComboBox,
@@ -20,6 +20,7 @@ from sdplan.app.board.model import DEFAULT, BoardModel
 from sdplan.app.controller import PlanController
 from sdplan.app.icons import device_pixmap
 from sdplan.app.warnings import device_warnings
+from sdplan.app.wrap_label import WrapLabel
 from sdplan.core.planning.modules import SPLITTABLE
 
 GIB = 1 << 30
@@ -92,7 +93,8 @@ class DeviceColumn(_DropFrame):
         super().__init__(controller, model, parent)
         self.target = device
         self.setObjectName("DeviceColumn")
-        self.setMinimumWidth(280)
+        # at least 280 px, and never narrower than its cards (their texts are never cut)
+        self.setMinimumWidth(0)
         dev = controller.device(device)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(14, 12, 14, 12)
@@ -116,9 +118,8 @@ class DeviceColumn(_DropFrame):
         self.verdict.setObjectName("Verdict")
         head.addWidget(self.verdict)
         lay.addLayout(head)
-        desc = QLabel(dev.description)
+        desc = WrapLabel(dev.description)
         desc.setObjectName("Muted")
-        desc.setWordWrap(True)
         lay.addWidget(desc)
         if dev.device_id:
             pci = QLabel(f"PCI {dev.device_id}")
@@ -127,13 +128,11 @@ class DeviceColumn(_DropFrame):
         self.bar = MemoryBar()
         self.bar.budgetDragged.connect(self._budget_dragged)
         lay.addWidget(self.bar)
-        self.figures = QLabel()
+        self.figures = WrapLabel()
         self.figures.setObjectName("Caption")
-        self.figures.setWordWrap(True)
         lay.addWidget(self.figures)
-        self.warnings = QLabel()
+        self.warnings = WrapLabel()
         self.warnings.setObjectName("Warning")
-        self.warnings.setWordWrap(True)
         self.warnings.hide()
         lay.addWidget(self.warnings)
         self.budget: QDoubleSpinBox | None = None
@@ -170,6 +169,10 @@ class DeviceColumn(_DropFrame):
         lay.addStretch(1)
         self.cards: list[ModuleCard] = []
         self._updating = False
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        hint = super().minimumSizeHint()
+        return QSize(max(280, hint.width()), hint.height())
 
     def _budget_spin(self, value: float) -> None:
         if not self._updating:
