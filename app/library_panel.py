@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
 )
 from sdplan.app import theme
 from sdplan.app.controller import PlanController
+from sdplan.app.wrap_label import WrapLabel
 from sdplan.core.errors import SdplanError
 from sdplan.core.modelfiles.library import (
     DIFFUSION_KINDS,
@@ -166,6 +167,9 @@ class LibraryPanel(QWidget):
         self.tree.itemActivated.connect(lambda *_: self.use_current())
         self.tree.currentItemChanged.connect(lambda *_: self._current_changed())
         lay.addWidget(self.tree, 1)
+        self.details = WrapLabel()
+        self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        lay.addWidget(self.details)
         self.status = QLabel()
         self.status.setObjectName("Caption")
         self.status.setWordWrap(True)
@@ -304,8 +308,9 @@ class LibraryPanel(QWidget):
             for e in items:
                 top.addChild(self._row(e))
             top.setExpanded(True)
-        for c in range(1, len(COLUMNS) - 1):
+        for c in range(len(COLUMNS) - 1):
             self.tree.resizeColumnToContents(c)
+        self.tree.setColumnWidth(0, min(self.tree.columnWidth(0), 360))
         if current is not None:
             self.select(current.path)
         self._apply_filter(self.filter.text())
@@ -380,6 +385,24 @@ class LibraryPanel(QWidget):
     def _current_changed(self) -> None:
         e = self.current()
         self.use_btn.setEnabled(e is not None and e.error is None and e.kind != "lora")
+        self.details.setText(self.describe(e) if e is not None else "")
+
+    def describe(self, e: LibraryEntry) -> str:
+        """The selected file in full: path, then the verdict with its plan, devices and
+        companions (or why it could not be read)."""
+        lines = [e.path]
+        v = self.verdicts.get(e.path)
+        if v is not None:
+            lines.append(v.summary())
+            lines.append("planned: " + describe_devices(v))
+            others = [Path(p).name for k, ps in v.files.items()
+                      if k not in ("model", "diffusion_model") for p in ps]
+            if others:
+                lines.append("with " + ", ".join(others))
+            lines += list(v.reasons)
+        elif e.error:
+            lines.append(e.error)
+        return "\n".join(lines)
 
     # ------------------------------------------------------------------ use
     def _ask_file(self, what: str, model: str) -> str:
