@@ -136,6 +136,7 @@ def test_each_card_says_what_its_residency_saves_on_which_device(qtbot, tmp_path
     win = make_window(qtbot, tmp_path, placement=Placement.from_strings("CUDA0,vae=CUDA1"))
     win.ctl.set_generation(width=1024, height=1024)
     win.show()
+    qtbot.waitUntil(lambda: not win.board.effects_timer.isActive(), timeout=3000)
     ctl = win.ctl
 
     def total_after(module: str, mode: str, device: str) -> int:

@@ -201,6 +201,7 @@ class ModuleCard(QFrame):
         lay.addLayout(self._residency_row(mp))
         self.effect_label = WrapLabel()
         self.effect_label.setObjectName("Caption")
+        self.effect_label.hide()
         lay.addWidget(self.effect_label)
 
     def _part_body(self, lay: QVBoxLayout, mp: object) -> None:
@@ -319,13 +320,19 @@ class ModuleCard(QFrame):
         self.size_label.setStyleSheet(f"color: {theme.DANGER};" if over else "")
         tip.append("Alt+Left/Right moves it to the previous/next device")
         self.setToolTip("\n".join(tip))
-        if self.effect_label is not None:
-            self.effect_label.setText(self.effect_text())
-            self.effect_label.setVisible(bool(self.effect_label.text()))
         warns = module_warnings(self.ctl.plan, self.ctl.inventory, self.module) \
             if self.card.kind == "main" else []
         self.warning_label.setText("\n".join("⚠ " + w for w in warns))
         self.warning_label.setVisible(bool(warns))
+
+    def update_effect(self) -> None:
+        """Redraw the residency-effect line (the board calls it once a drag pauses: it
+        estimates the plan once per other residency)."""
+        if self.effect_label is not None:
+            text = self.effect_text()
+            if text != self.effect_label.text():
+                self.effect_label.setText(text)
+            self.effect_label.setVisible(bool(text))
 
     def effect_text(self) -> str:
         """What the other residencies would change on the runtime device (and where the
