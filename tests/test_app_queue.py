@@ -220,3 +220,26 @@ def test_the_queue_is_read_back_after_a_restart(qtbot, ctl, tmp_path):
     again = JobQueue(path)
     assert [j.id for j in again.jobs] == [a.id, b.id]
     assert all(j.state == "queued" for j in again.jobs)
+
+
+def test_jobs_left_from_the_last_session_wait_for_resume(qtbot, tmp_path):
+    from PySide6.QtCore import QSettings
+    from sdplan.app.window import MainWindow
+
+    path = tmp_path / "queue.json"
+    left = JobQueue(path)
+    left.add({"prompt": "left over", "seed": 3, "steps": STEPS})
+    inv = Inventory((Device("CPU", "cpu", "cpu", "CPU", 8 * GIB, 16 * GIB),))
+    factory = Factory(lambda: SeedClient([], delay_s=0.01))
+    win = MainWindow(PlanController(inv), QSettings(str(tmp_path / "s.ini"),
+                                                    QSettings.Format.IniFormat),
+                     client_factory=factory, history_dir=tmp_path / "history",
+                     queue_path=path, library_cache=str(tmp_path / "lib.json"))
+    qtbot.addWidget(win)
+    assert win.queue.paused and not win.runner.is_running()  # nothing runs by surprise
+    assert win.queue_panel.pause_btn.text() == "Resume"
+    assert "paused" in win.queue_panel.total_label.text()
+    win.queue_panel.pause_btn.click()
+    wait_idle(qtbot, win.runner)
+    assert win.queue.jobs[0].state == "done" and factory.clients[0].requests[0]["seed"] == 3
+    win.close()
