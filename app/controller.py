@@ -154,9 +154,10 @@ class PlanController(QObject):
             cpu = next((d.name for d in self.inventory if d.type == "cpu"), None)
             g = self.generation
             current = self.plan.modules[module].params.mode
+            runs_on = self.plan.modules[module].devices
             for mode in ("runtime", "device", "disk"):
-                if mode == current or (mode == "device" and cpu is None):
-                    continue
+                if mode == current or (mode == "device" and (cpu is None or cpu in runs_on)):
+                    continue  # "in RAM" on the CPU is where it runs already
                 try:
                     pl = self.placement.set_residency(module, mode, cpu if mode == "device"
                                                       else None)

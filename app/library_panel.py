@@ -435,6 +435,7 @@ class LibraryPanel(QWidget):
             self.ctl.status.emit(f"cannot open {e.name}: {exc}")
             return False
         self.ctl.set_generation(width=v.width, height=v.height)  # the size it was judged at
+        self.ctl.planChanged.emit("load")  # the generation panel shows that size
         try:
             placement = Placement.from_strings(v.backend, v.params_backend, v.max_vram,
                                                rpc_servers=self.ctl.placement.rpc_servers)

@@ -108,10 +108,12 @@ def main() -> int:
         return 2
     ctl.edit(Placement.from_strings("CPU"), "CPU")
     ctl.undo_stack.clear()
-    win.tabs.setCurrentWidget(win.board)
+    ctl.planChanged.emit("load")  # the panel takes the demo's size and sampling
+    # the queue beside the library (the library tab stays open)
     win.side.setCurrentWidget(win.queue_panel)
     g = win.generation
     g.steps.setValue(args.steps)
+    assert (g.width_box.value(), g.height_box.value()) == (128, 128)
     for i in range(args.jobs):
         g.prompt.setPlainText(PROMPTS[i % len(PROMPTS)])
         g.seed.setValue(100 + i)
