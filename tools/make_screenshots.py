@@ -12,6 +12,9 @@ Run: ``python tools/make_screenshots.py [--out docs/screenshots] [--jobs 5] [--s
 - ``board-1024x700.png`` and ``board-1024x700-split.png``: ``sdplan gui --screenshot
   --size 1024x700`` of the demo (what a new user sees) and of FLUX.1-dev Q8_0 split over two
   GPUs of a hardware profile.
+- ``d1-flux-split.png`` and ``cpu-only.png`` (1440x900): FLUX.1-dev Q8_0 split over the
+  two GPUs of ``../shared/cases/devices/D1.json``, and planned for a 24 GiB CPU-only machine
+  with its text encoders read from disk.
 """
 
 from __future__ import annotations
@@ -151,6 +154,18 @@ def main() -> int:
                          ["--devices", str(devices), "--model-profile", "flux1-dev-q8_0",
                           "--backend", "CUDA0,diffusion=CUDA0&CUDA1,te=CPU"])):
         subprocess.run([*sdplan, "--screenshot", str(out / name), *extra], check=True)
+        print(out / name)
+    cpu = tmp / "cpu-only.json"
+    cpu.write_text(json.dumps({"devices": [{"name": "CPU", "description": "CPU", "type": "cpu",
+                                            "registry": "CPU", "free": 20 * GIB,
+                                            "total": 24 * GIB}]}))
+    big = [sys.executable, "-m", "sdplan.core.cli", "gui", "--model-profile", "flux1-dev-q8_0"]
+    for name, extra in (("d1-flux-split.png",
+                         ["--devices", str(SHARED / "cases" / "devices" / "D1.json"),
+                          "--backend", "CUDA0,diffusion=CUDA0&CUDA1"]),
+                        ("cpu-only.png", ["--devices", str(cpu), "--backend", "CPU",
+                                          "--params-backend", "te=disk"])):
+        subprocess.run([*big, "--screenshot", str(out / name), *extra], check=True)
         print(out / name)
     return 0
 
