@@ -448,7 +448,7 @@ class GenerationPanel(QFrame):
 
     # ------------------------------------------------------------------ history
     def save_results(self, images: list[QImage], params: dict,
-              request: dict[str, Any] | None = None) -> list[Path]:
+                     request: dict[str, Any] | None = None) -> list[Path]:
         """Save results as PNGs carrying their settings, model files and placement as
         text (:func:`sdplan.core.pipelines.results.result_text`; ``request`` is the engine
         request they came from), each with a JSON file of ``params``; returns the paths."""
