@@ -137,12 +137,12 @@ class MainWindow(QMainWindow):
         self.queue_panel = QueuePanel(self.runner)
         self.side.addTab(self.queue_panel, "Queue")
         self.rpc = RpcPanel(controller)
-        rpc_page = QWidget()
-        rl = QVBoxLayout(rpc_page)
+        self.rpc_page = QWidget()
+        rl = QVBoxLayout(self.rpc_page)
         rl.setContentsMargins(0, 6, 0, 0)
         rl.addWidget(self.rpc)
         rl.addStretch(1)
-        self.side.addTab(rpc_page, "RPC servers")
+        self.side.addTab(self.rpc_page, "RPC servers")
         self.split.addWidget(self.side)
         self.split.setStretchFactor(0, 3)
         self.split.setStretchFactor(1, 1)
@@ -511,6 +511,7 @@ class MainWindow(QMainWindow):
             self.ctl.refresh_inventory()
         except SdplanError as exc:
             self.rpc.show_error(str(exc))
+            self.side.setCurrentWidget(self.rpc_page)  # the error shows where it belongs
             return
         if not quiet:
             self.rpc.requery()
