@@ -39,7 +39,7 @@ from sdplan.core.text.t5_tokenizer import T5Tokenizer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FluxModels", "FluxPipeline", "txt2img", "SCALE_FACTOR", "SHIFT_FACTOR", "MODULES"]
+__all__ = ["FluxModels", "FluxPipeline", "FluxAutoencoder", "txt2img", "SCALE_FACTOR", "SHIFT_FACTOR", "MODULES"]
 
 #: Flux autoencoder latent scaling: ``z_model = (z_vae - SHIFT) * SCALE``.
 SCALE_FACTOR = 0.3611
@@ -68,7 +68,68 @@ class FluxModels:
     clip_heads: int | None = None
 
 
-class FluxPipeline(Pipeline):
+class FluxAutoencoder:
+    """The FLUX.1 16-channel autoencoder and its TAEF1 previews, for pipelines whose latents
+    are in its space (Flux.1, Z-Image). Call :meth:`_init_autoencoder` after
+    ``self.placements`` (with ``vae``) is set; runners ``vae`` and, with a TAE file,
+    ``preview``."""
+
+    placements: dict[str, ModulePlacement]
+    runners: dict[str, Any]
+    pool: Any
+    new_runner: Callable[..., Any]
+
+    def _init_autoencoder(self, vae: str | Path, taesd: str | Path | None) -> None:
+        vae_shapes = _shapes(vae)
+        prefix = "first_stage_model." if any(n.startswith("first_stage_model.") for n in vae_shapes) else ""
+        self.vae_cfg = vae_config(vae_shapes, prefix)
+        dec = [n for n in vae_shapes if n.startswith(prefix + "decoder.")]
+        self.runners["vae"] = self._runner("vae", FunctionGraph(dec, {"z": "f32"}, self._decode), vae,
+                                           self.placements["vae"], None)
+        self.preview: Callable[[np.ndarray], np.ndarray] | None = None
+        if taesd is not None:
+            self.preview = self._tae_decoder(taesd)
+
+    def _runner(self, name: str, model: Any, path: str | Path, placement: Any,
+                dtypes: Mapping[str, str] | None) -> Any:
+        names = list(model.other_tensors()) + [n for i in range(model.n_blocks) for n in model.block_tensors(i)]
+        wf = WeightFile(path, names, dtypes=dtypes, backend=self.pool.get(placement.devices[0]))
+        return self.new_runner(name, model, wf, placement)
+
+    def _tae_decoder(self, path: str | Path) -> Callable[[np.ndarray], np.ndarray]:
+        """TAEF1 decoder of ``path`` on the VAE's device: ``decode(latent (1, 16, h, w)) ->
+        image (1, 3, 8h, 8w)`` in about [0, 1]."""
+        shapes = _shapes(path)
+        layouts = detect_tae(shapes, str(path))
+        if "decoder" not in layouts:
+            raise SdplanError(f"{path}: no TAE decoder")
+
+        def fn(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+            return {"image": tae_decode(g, split_tae(w, layouts["decoder"]), ins["z"])}
+
+        pl = ModulePlacement(self.placements["vae"].devices[:1])
+        runner = self._runner("preview", FunctionGraph(list(shapes), {"z": "f32"}, fn), path, pl, None)
+        self.runners["preview"] = runner
+        return lambda z: runner.run({"z": np.ascontiguousarray(z, dtype=np.float32)})["image"]
+
+    def _decode(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+        return {"image": vae_decode(g, w, ins["z"], self.vae_cfg)}
+
+    def decode(self, latent: np.ndarray) -> np.ndarray:
+        """Image ``(1, 3, 8h, 8w)`` (about [-1, 1]) of a model-space latent: the VAE decodes
+        ``latent / SCALE_FACTOR + SHIFT_FACTOR``."""
+        z = (latent / SCALE_FACTOR + SHIFT_FACTOR).astype(np.float32)
+        return self.runners["vae"].run({"z": z})["image"]
+
+    def _preview_rgb(self, latent: np.ndarray) -> np.ndarray:
+        if self.preview is not None:
+            img = self.preview(latent / SCALE_FACTOR + SHIFT_FACTOR)
+            return (np.clip(img[0].transpose(1, 2, 0), 0, 1) * 255).round().astype(np.uint8)
+
+        return latent_to_rgb(latent, "flux")
+
+
+class FluxPipeline(FluxAutoencoder, Pipeline):
     """Flux.1 txt2img over engine module runners.
 
     Args:
@@ -105,43 +166,10 @@ class FluxPipeline(Pipeline):
                       and "text_projection" not in n]
         self.runners["clip_l"] = self._runner(
             "clip_l", FunctionGraph(clip_names, {"ids": "i32", "mask": "f32"}, self._clip), models.clip_l, clip_pl, dtypes)
-        vae_shapes = _shapes(models.vae)
-        prefix = "first_stage_model." if any(n.startswith("first_stage_model.") for n in vae_shapes) else ""
-        self.vae_cfg = vae_config(vae_shapes, prefix)
-        dec = [n for n in vae_shapes if n.startswith(prefix + "decoder.")]
-        self.runners["vae"] = self._runner("vae", FunctionGraph(dec, {"z": "f32"}, self._decode), models.vae,
-                                           self.placements["vae"], None)
-        self.preview: Callable[[np.ndarray], np.ndarray] | None = None
-        if models.taesd is not None:
-            self.preview = self._tae_decoder(models.taesd)
-
-    def _runner(self, name: str, model: Any, path: str | Path, placement: Any,
-                dtypes: Mapping[str, str] | None) -> Any:
-        names = list(model.other_tensors()) + [n for i in range(model.n_blocks) for n in model.block_tensors(i)]
-        wf = WeightFile(path, names, dtypes=dtypes, backend=self.pool.get(placement.devices[0]))
-        return self.new_runner(name, model, wf, placement)
-
-    def _tae_decoder(self, path: str | Path) -> Callable[[np.ndarray], np.ndarray]:
-        """TAEF1 decoder of ``path`` on the VAE's device: ``decode(latent (1, 16, h, w)) ->
-        image (1, 3, 8h, 8w)`` in about [0, 1]."""
-        shapes = _shapes(path)
-        layouts = detect_tae(shapes, str(path))
-        if "decoder" not in layouts:
-            raise SdplanError(f"{path}: no TAE decoder")
-
-        def fn(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
-            return {"image": tae_decode(g, split_tae(w, layouts["decoder"]), ins["z"])}
-
-        pl = ModulePlacement(self.placements["vae"].devices[:1])
-        runner = self._runner("preview", FunctionGraph(list(shapes), {"z": "f32"}, fn), path, pl, None)
-        self.runners["preview"] = runner
-        return lambda z: runner.run({"z": np.ascontiguousarray(z, dtype=np.float32)})["image"]
+        self._init_autoencoder(models.vae, models.taesd)
 
     def _clip(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
         return {"hidden": clip_text(g, w, ins["ids"], ins["mask"], self.clip_cfg)}
-
-    def _decode(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
-        return {"image": vae_decode(g, w, ins["z"], self.vae_cfg)}
 
     # ------------------------------------------------------------------ stages
     def encode_prompt(self, prompt: str, t5_length: int = 256) -> tuple[np.ndarray, np.ndarray]:
@@ -172,12 +200,6 @@ class FluxPipeline(Pipeline):
         steps of a sampling loop; released when the block exits."""
         with self.runners["diffusion"].session():
             yield
-
-    def decode(self, latent: np.ndarray) -> np.ndarray:
-        """Image ``(1, 3, 8h, 8w)`` (about [-1, 1]) of a model-space latent: the VAE decodes
-        ``latent / SCALE_FACTOR + SHIFT_FACTOR``."""
-        z = (latent / SCALE_FACTOR + SHIFT_FACTOR).astype(np.float32)
-        return self.runners["vae"].run({"z": z})["image"]
 
     def txt2img(self, prompt: str, width: int, height: int, *, steps: int | None = None,
                 seed: int = 42, sampler: str = "euler", guidance: float = 3.5,
@@ -227,13 +249,6 @@ class FluxPipeline(Pipeline):
         with self.diffusion_session():
             latent = sample_flow(sampler, vel, start, sigmas, noise=rng, callback=cb)
         return {"latent": latent, "image": self.decode(latent), "sigmas": sigmas}
-
-    def _preview_rgb(self, latent: np.ndarray) -> np.ndarray:
-        if self.preview is not None:
-            img = self.preview(latent / SCALE_FACTOR + SHIFT_FACTOR)
-            return (np.clip(img[0].transpose(1, 2, 0), 0, 1) * 255).round().astype(np.uint8)
-
-        return latent_to_rgb(latent, "flux")
 
 
 def txt2img(models: FluxModels, plan: Any, prompt: str, width: int, height: int, pool: Any = None,
