@@ -1,7 +1,8 @@
 """``sdplan generate``: text to image on sdplan's engine, placed by the plan.
 
-SD 1.x / 2.x from a single-file checkpoint (``-m``), or Flux from its files
-(``--diffusion-model --t5xxl --clip_l --vae``; architecture flux-dev / flux-schnell from
+SD 1.x / 2.x from a single-file checkpoint (``-m``), Flux from its files
+(``--diffusion-model --t5xxl --clip_l --vae``) or Z-Image from its (``--diffusion-model --llm
+--vae``; Turbo's 8 steps at CFG 1 unless given); architecture flux-dev / flux-schnell / z_image from
 :func:`sdplan.core.modelfiles.checkpoint.read_model_files`). The flags are sd-cli's spellings (``-m -p -n
 -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
 --clip-skip --taesd --upscale-model --upscale-repeats`` and every placement flag), so a pasted
@@ -41,7 +42,7 @@ from sdplan.core.planning.placement import add_placement_arguments, placement_fr
 log = logging.getLogger(__name__)
 #: Model-file flags -> request keys.
 FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "t5xxl", "clip_l": "clip_l",
-              "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
+              "llm": "llm", "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -52,9 +53,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true",
                    help="use the packaged demo model (-m of the file in sdplan.resources; "
                         "default 128x128, 20 steps, CFG 5, euler)")
-    p.add_argument("--diffusion-model", metavar="PATH", help="Flux diffusion model")
+    p.add_argument("--diffusion-model", metavar="PATH", help="Flux / Z-Image diffusion model")
     p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux)")
     p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux)")
+    p.add_argument("--llm", metavar="PATH", help="language-model text encoder (Z-Image: Qwen3)")
     p.add_argument("--vae", metavar="PATH", help="VAE / autoencoder file")
     p.add_argument("--taesd", metavar="PATH",
                    help="TAE (tiny autoencoder): decodes the final image fast, as sd-cli does, and "
@@ -131,6 +133,19 @@ def apply_demo(args: argparse.Namespace) -> None:
         args.sampling_method = DEMO_SAMPLER
 
 
+def apply_family_defaults(args: argparse.Namespace, architecture: str | None) -> None:
+    """The model family's recommended steps, CFG scale and sampler (Z-Image Turbo: 8 steps,
+    CFG 1, euler; :data:`sdplan.core.pipelines.z_image.DEFAULTS`) where the command line
+    left them at their defaults."""
+    if (architecture or "").split("-")[0] != "z_image":
+        return
+    from sdplan.core.pipelines.z_image import DEFAULTS
+
+    for key, value in DEFAULTS.items():
+        if isinstance(getattr(args, key), (_DefaultInt, _DefaultFloat, _DefaultStr)):
+            setattr(args, key, value)
+
+
 def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
     """The request's model files (sd-cli flag keys -> paths). Raises SdplanError when neither
     ``-m`` nor ``--diffusion-model`` is given."""
@@ -150,6 +165,7 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]])
     placement = placement_from_namespace(args)
     inventory = Inventory.from_json(engine.call(INVENTORY_JOB, {"rpc_servers": list(placement.rpc_servers)}))
     profile = profile_from_model_flags({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
+    apply_family_defaults(args, profile.architecture)
     plan = resolve(placement, inventory, profile)
     fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count)
     return plan, inventory, fit

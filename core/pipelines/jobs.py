@@ -4,7 +4,7 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
 :data:`GENERATE_JOB` and :data:`INVENTORY_JOB`. A *request* is a dict:
 
 - ``model_files``: sd-cli model flags -> paths (``model``, ``diffusion_model``, ``t5xxl``,
-  ``clip_l``, ``vae``, ``taesd``, ``upscale_model``);
+  ``clip_l``, ``llm``, ``vae``, ``taesd``, ``upscale_model``);
 - ``prompt``, ``negative_prompt``, ``width``, ``height``, ``steps``, ``cfg_scale``, ``seed``,
   ``sampling_method``, ``scheduler``, ``batch_count``, ``clip_skip``, ``guidance``,
   ``vae_tile_size``, ``upscale_repeats``, ``threads``;
@@ -37,6 +37,7 @@ from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
 from sdplan.core.pipelines.tae import Tae
 from sdplan.core.pipelines.upscale import Upscaler
+from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.runtime.devices import live_inventory
@@ -97,8 +98,8 @@ def _cached(key: Any, make: Callable[[], Any]) -> Any:
 
 
 def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
-    """Run one request (see the comment above) in this process: SD 1.x/2.x, or Flux when the
-    files are a Flux set. Returns ``{"images", "params", "timings"}``.
+    """Run one request (see the comment above) in this process: SD 1.x/2.x, or Flux / Z-Image
+    when the files are such a set. Returns ``{"images", "params", "timings"}``.
 
     Raises:
         ModelFileError / PlanError / EngineError: bad files, placement or devices;
@@ -111,12 +112,13 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
         ctx.add_rpc_servers(rpc)
     core = {k: v for k, v in files.items() if k not in ("taesd", "upscale_model")}
     placements = _placements(req, core)
-    flux = read_model_files(core).architecture.family == "flux"
+    family = read_model_files(core).architecture.family
+    family = family if family in _RUNS else "sd"
     seed = int(req.get("seed", 42))
     if seed < 0:
         seed = random.randrange(2**31)
     t0 = time.perf_counter()
-    images, timings = (_flux_run if flux else _sd_run)(ctx, req, files, core, placements, seed)
+    images, timings = _RUNS[family](ctx, req, files, core, placements, seed)
     upscaler = _first(files, "upscale_model")
     if upscaler:
         ctx.progress(phase="upscale")
@@ -125,7 +127,7 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     timings["total"] = time.perf_counter() - t0
     params = {k: req.get(k) for k in ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale",
                                       "sampling_method", "scheduler", "batch_count", "clip_skip")}
-    params.update(seed=seed, architecture="flux" if flux else "sd")
+    params.update(seed=seed, architecture=family)
     return {"images": images, "params": params, "timings": timings}
 
 
@@ -224,6 +226,38 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
                            t5_length=int(ov.get("t5_length") or 256), preview=cb)
         images.append(image_to_uint8(out["image"][0]))
     return images, {"total_flux": time.perf_counter() - t0}
+
+
+def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
+                placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+    need = [k for k in ("diffusion_model", "llm", "vae") if not files.get(k)]
+    if need:
+        raise ModelFileError("<request>", "a Z-Image run needs --diffusion-model, --llm and --vae; "
+                                          f"missing {', '.join('--' + k.replace('_', '-') for k in need)}")
+    models = ZImageModels(files["diffusion_model"][0], files["llm"][0], files["vae"][0], _first(files, "taesd"))
+    threads = int(req.get("threads") or 0)
+    key = ("z_image", repr(models), repr(sorted(placements.items())), threads)
+    pipe = _cached(key, lambda: ZImagePipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
+    pipe.set_cancel(ctx.cancel)
+    on_step, preview = _emitters(ctx, req)
+    steps = int(req.get("steps") or 0) or 8
+    images: list[np.ndarray] = []
+    t0 = time.perf_counter()
+    for b in range(int(req.get("batch_count") or 1)):
+        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
+            on_step(i + 1, total)
+            if preview is not None:
+                preview(i + 1, rgb)
+        out = pipe.txt2img(req.get("prompt") or "", int(req.get("width", 1024)), int(req.get("height", 1024)),
+                           steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
+                           cfg_scale=float(req.get("cfg_scale") or 1.0),
+                           negative_prompt=req.get("negative_prompt") or "", preview=cb)
+        images.append(image_to_uint8(out["image"][0]))
+    return images, {"total_z_image": time.perf_counter() - t0}
+
+
+#: Architecture family -> the run of its pipeline (anything else: SD 1.x / 2.x).
+_RUNS = {"sd": _sd_run, "flux": _flux_run, "z_image": _zimage_run}
 
 
 def _upscale(ctx: Any, path: str, vae: Any, images: list[np.ndarray], repeats: int, threads: int) -> list[np.ndarray]:

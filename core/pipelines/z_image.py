@@ -46,9 +46,9 @@ TEMPLATE = ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
 #: The flow shift of Z-Image (its scheduler config; sd-cli's default for the family).
 SHIFT = 3.0
 #: Recommended settings of Z-Image Turbo (Tongyi's model card and stable-diffusion.cpp's
-#: ``docs/z_image.md``: 8 steps, CFG 1 (no guidance), 1024x1024), the family's defaults.
-DEFAULTS: dict[str, Any] = {"steps": 8, "cfg_scale": 1.0, "sampling_method": "euler", "scheduler": "discrete",
-                            "width": 1024, "height": 1024}
+#: ``docs/z_image.md``: 8 steps, CFG 1, i.e. no guidance; euler, sd-cli's sampler for DiTs),
+#: the family's defaults.
+DEFAULTS: dict[str, Any] = {"steps": 8, "cfg_scale": 1.0, "sampling_method": "euler"}
 MODULES = ("diffusion", "te", "vae")
 
 
