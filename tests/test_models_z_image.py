@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 from flux_util import write_gguf
 from sdplan.core.models.base import ModelLayoutError
-from sdplan.core.models.z_image import ZImageDiT, padded, patchify, position_ids, unpatchify, z_image_config
+from sdplan.core.models.z_image import (
+    ZImageDiT,
+    padded,
+    patchify,
+    position_ids,
+    unpatchify,
+    z_image_config,
+)
 from zimage_util import DIT, ref, rel_err
 
 G = pytest.importorskip("sdplan._ggml")

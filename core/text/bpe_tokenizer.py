@@ -189,7 +189,8 @@ class BPETokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of ``ids`` (special tokens written out)."""
-        out, run = [], []
+        out: list[str] = []
+        run: list[int] = []
         for i in ids:
             tok = self.tokens[int(i)]
             if tok in self.special:
