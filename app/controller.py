@@ -18,6 +18,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoCommand, QUndoStack
 from sdplan.core.errors import PlanError, SdplanError
 from sdplan.core.modelfiles.checkpoint import files_by_flag
+from sdplan.core.planning.families import family_defaults
 from sdplan.core.planning.inventory import Device, Inventory, merge_rpc_devices
 from sdplan.core.planning.modules import MODULES, SPLITTABLE
 from sdplan.core.planning.placement import Placement
@@ -323,6 +324,9 @@ class PlanController(QObject):
             self.status.emit(f"model files not read: {exc}")
             self.model_file_flags = []  # unread files: nothing known about them
         else:
+            if ms.architecture.family != getattr(self.profile, "architecture", None):
+                # a new family: its recommended settings (Z-Image Turbo: 8 steps, CFG 1)
+                self.generation.update(family_defaults(ms.architecture.family))
             self.profile = profile
             self.model_file_flags = extra
         self.model_files = files

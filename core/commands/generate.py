@@ -135,13 +135,11 @@ def apply_demo(args: argparse.Namespace) -> None:
 
 def apply_family_defaults(args: argparse.Namespace, architecture: str | None) -> None:
     """The model family's recommended steps, CFG scale and sampler (Z-Image Turbo: 8 steps,
-    CFG 1, euler; :data:`sdplan.core.pipelines.z_image.DEFAULTS`) where the command line
-    left them at their defaults."""
-    if (architecture or "").split("-")[0] != "z_image":
-        return
-    from sdplan.core.pipelines.z_image import DEFAULTS
+    CFG 1, euler; :func:`sdplan.core.planning.families.family_defaults`) where the command
+    line left them at their defaults."""
+    from sdplan.core.planning.families import family_defaults
 
-    for key, value in DEFAULTS.items():
+    for key, value in family_defaults(architecture).items():
         if isinstance(getattr(args, key), (_DefaultInt, _DefaultFloat, _DefaultStr)):
             setattr(args, key, value)
 

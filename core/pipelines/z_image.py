@@ -34,6 +34,7 @@ from sdplan.core.models.llm import LLMEncoder, llm_config
 from sdplan.core.models.z_image import ZImageDiT, unpatchify
 from sdplan.core.pipelines.base import Pipeline, module_placements
 from sdplan.core.pipelines.flux import FluxAutoencoder, _shapes
+from sdplan.core.planning.families import family_defaults
 from sdplan.core.sampling.flow import discrete_flow_sigmas, sample_flow
 from sdplan.core.sampling.noise import PhiloxNoise
 from sdplan.core.text.bpe_tokenizer import BPETokenizer
@@ -45,10 +46,8 @@ __all__ = ["ZImageModels", "ZImagePipeline", "TEMPLATE", "DEFAULTS", "SHIFT", "M
 TEMPLATE = ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
 #: The flow shift of Z-Image (its scheduler config; sd-cli's default for the family).
 SHIFT = 3.0
-#: Recommended settings of Z-Image Turbo (Tongyi's model card and stable-diffusion.cpp's
-#: ``docs/z_image.md``: 8 steps, CFG 1, i.e. no guidance; euler, sd-cli's sampler for DiTs),
-#: the family's defaults.
-DEFAULTS: dict[str, Any] = {"steps": 8, "cfg_scale": 1.0, "sampling_method": "euler"}
+#: Recommended settings of Z-Image Turbo (8 steps, CFG 1, euler), the family's defaults.
+DEFAULTS: dict[str, Any] = family_defaults("z_image")
 MODULES = ("diffusion", "te", "vae")
 
 
