@@ -67,7 +67,7 @@ def test_variants_are_configurations() -> None:
     with pytest.raises(ModelLayoutError, match="do not divide into heads of 128"):
         llm_config(no_norm)  # without q-norms the head width is the preset's 128
     mistral = llm_config(no_norm, head_dim=16)
-    assert mistral.arch == ARCHS["mistral"] and mistral.arch.rope == "normal" and mistral.heads == 4
+    assert mistral.arch == ARCHS["mistral"] and mistral.rope == "neox" and mistral.heads == 4
     biased = dict(no_norm)
     for i in range(4):
         for r in ("q", "k", "v"):
@@ -125,3 +125,53 @@ def test_split_segmented_and_disk_equal_one_device(pool, files) -> None:
     seg, r = run(pool, files["hf"], (3,), budget=r.rt.alloc_size(r.model.other_tensors(), pool.get("CPU")) + 600_000)
     assert len(r.segments({k: v.shape for k, v in r.model.inputs(R["llm.ids"]).items()})) > 1
     np.testing.assert_allclose(seg, one, atol=1e-6)
+
+
+def _variant(tmp_path, name: str, gguf: bool = False):
+    """One model of ``llm_variants_tiny.safetensors`` as a file of its own: transformers names,
+    or llama.cpp names (f32) with q/k rows permuted as llama.cpp's converter stores
+    Llama-architecture models (``LlamaModel.permute``: each head's two halves interleaved)."""
+    import gguf as gg
+    from safetensors.numpy import load_file, save_file
+    from zimage_util import FIX, gguf_name
+
+    w = {k[len(name) + 1:]: v for k, v in load_file(str(FIX / "llm_variants_tiny.safetensors")).items()
+         if k.startswith(name + ".")}
+    if not gguf:
+        save_file(w, str(tmp_path / f"{name}.safetensors"))
+        return tmp_path / f"{name}.safetensors"
+
+    def permute(a, heads):
+        return a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+
+    out = gg.GGUFWriter(str(tmp_path / f"{name}.gguf"), "llama")
+    for k, v in w.items():
+        a = v.astype(np.float32)
+        if k.endswith("q_proj.weight"):
+            a = permute(a, 4)
+        elif k.endswith("k_proj.weight"):
+            a = permute(a, 2)
+        out.add_tensor(gguf_name(k), a)
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_tensors_to_file()
+    out.close()
+    return tmp_path / f"{name}.gguf"
+
+
+@pytest.mark.parametrize("name,gguf,arch", [("qwen2", False, "qwen2.5"), ("mistral", False, "mistral"),
+                                            ("mistral", True, "mistral")])
+def test_qwen2_and_mistral_match_transformers(pool, tmp_path, name, gguf, arch) -> None:
+    from safetensors.numpy import load_file
+    from zimage_util import FIX
+
+    path = _variant(tmp_path, name, gguf)
+    enc = LLMEncoder.from_weights(_shapes(path), head_dim=8)
+    assert enc.cfg.arch.name == arch and enc.cfg.rope == ("normal" if gguf else "neox")
+    r = ModuleRunner(enc, WeightFile(path), ModulePlacement(("CPU",)), pool, n_threads=1)
+    ref_ = load_file(str(FIX / "llm_variants_tiny.safetensors"))
+    try:
+        out = r.run(enc.inputs(ref_[f"ref.{name}.ids"]))["hidden"]
+    finally:
+        r.release()
+    assert rel_err(out, ref_[f"ref.{name}.hidden"]) < TOL

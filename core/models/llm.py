@@ -9,12 +9,17 @@ key/value head ``h // (heads / kv_heads)``) and ``x += down(silu(gate(n2 x)) * u
 ``n1``, ``n2`` and the final norm are RMS norms ``x / sqrt(mean(x^2) + eps) * w``. What
 differs between families is configuration (:class:`LLMArch`, :data:`ARCHS`):
 
-* ``qwen3``: per-head RMS norms ``qn``/``kn`` on q and k (before RoPE), no biases, NEOX RoPE
-  (rotate halves) with base 1e6, eps 1e-6 (Qwen3 ``config.json``; stable-diffusion.cpp
-  ``llm.hpp`` ``LLMArch::QWEN3``);
-* ``qwen2.5``: biases on q, k, v, no q/k norms, NEOX RoPE base 1e6, eps 1e-6;
-* ``mistral``: no biases, no q/k norms, interleaved (normal) RoPE base 1e9, eps 1e-5
-  (stable-diffusion.cpp ``MISTRAL_SMALL_3_2``).
+* ``qwen3``: per-head RMS norms ``qn``/``kn`` on q and k (before RoPE), no biases, RoPE
+  base 1e6, eps 1e-6 (Qwen3 ``config.json``; stable-diffusion.cpp ``llm.hpp``
+  ``LLMArch::QWEN3``);
+* ``qwen2.5``: biases on q, k, v, no q/k norms, RoPE base 1e6, eps 1e-6;
+* ``mistral``: no biases, no q/k norms, RoPE base 1e9, eps 1e-5 (stable-diffusion.cpp
+  ``MISTRAL_SMALL_3_2``).
+
+RoPE rotates the two halves of each head (transformers' ``rotate_half``, ggml's NEOX mode)
+in transformers names. llama.cpp's converter stores the q/k rows of Llama-architecture models
+(Mistral) permuted so that adjacent pairs rotate (ggml's normal mode), as stable-diffusion.cpp
+runs its Mistral GGUF files; Qwen rows are stored as they are (:attr:`LLMArch.gguf_rope`).
 
 Weight layouts (:data:`LAYOUTS`), found after any prefix (``model.``, ``text_encoders.llm.``):
 transformers names (``embed_tokens``, ``layers.N.self_attn.q_proj``, ``...mlp.gate_proj``,
@@ -47,23 +52,24 @@ __all__ = ["LLMArch", "ARCHS", "LAYOUTS", "LLMConfig", "LLMEncoder", "llm_config
 @dataclass(frozen=True)
 class LLMArch:
     """What shapes do not say about a family: ``qk_norm`` (per-head q/k RMS norms),
-    ``qkv_bias``, ``rope`` (``neox`` or ``normal``), RoPE base ``theta``, norm ``eps`` and the
-    ``head_dim`` used when no q-norm gives it."""
+    ``qkv_bias``, RoPE base ``theta``, norm ``eps``, the ``head_dim`` used when no q-norm
+    gives it, and ``gguf_rope``: the RoPE style (``neox`` or ``normal``) of the family's
+    llama.cpp files (transformers files are always ``neox``)."""
 
     name: str
     qk_norm: bool
     qkv_bias: bool
-    rope: str
     theta: float
     eps: float
     head_dim: int = 128
+    gguf_rope: str = "neox"
 
 
 #: Family presets (sources in the module docstring).
 ARCHS: dict[str, LLMArch] = {
-    "qwen3": LLMArch("qwen3", True, False, "neox", 1e6, 1e-6),
-    "qwen2.5": LLMArch("qwen2.5", False, True, "neox", 1e6, 1e-6),
-    "mistral": LLMArch("mistral", False, False, "normal", 1e9, 1e-5),
+    "qwen3": LLMArch("qwen3", True, False, 1e6, 1e-6),
+    "qwen2.5": LLMArch("qwen2.5", False, True, 1e6, 1e-6),
+    "mistral": LLMArch("mistral", False, False, 1e9, 1e-5, gguf_rope="normal"),
 }
 #: ggml RoPE mode per style (``GGML_ROPE_TYPE_NORMAL`` 0, ``GGML_ROPE_TYPE_NEOX`` 2).
 ROPE_MODES = {"normal": 0, "neox": 2}
@@ -114,6 +120,11 @@ class LLMConfig:
     head_dim: int
     ffn: int
     n_blocks: int
+
+    @property
+    def rope(self) -> str:
+        """``neox`` or ``normal``: how this file's q/k rows are rotated."""
+        return self.arch.gguf_rope if self.layout == "gguf" else "neox"
 
     def name(self, role: str, i: int | None = None, kind: str = "weight") -> str:
         """Full tensor name of ``role`` (of block ``i``), e.g. ``("q", 3)`` ->
@@ -246,7 +257,7 @@ class LLMEncoder:
         if role in ("q", "k"):
             if c.arch.qk_norm:
                 y = self._norm(g, y, w(c.name(role + "_norm", i)))
-            y = g.rope(y, state["pos"], c.head_dim, ROPE_MODES[c.arch.rope], freq_base=c.arch.theta)
+            y = g.rope(y, state["pos"], c.head_dim, ROPE_MODES[c.rope], freq_base=c.arch.theta)
         return g.cont(g.permute(y, (0, 2, 1, 3)))
 
     def build_block(self, g: Any, w: Any, i: int, state: dict[str, Any]) -> dict[str, Any]:
