@@ -1,8 +1,9 @@
 """``sdplan generate``: text to image on sdplan's engine, placed by the plan.
 
-SD 1.x / 2.x from a single-file checkpoint (``-m``), or Flux from its files
-(``--diffusion-model --t5xxl --clip_l --vae``; architecture flux-dev / flux-schnell from
-:func:`sdplan.core.modelfiles.checkpoint.read_model_files`). The flags are sd-cli's spellings (``-m -p -n
+SD 1.x / 2.x from a single-file checkpoint (``-m``), Flux from its files
+(``--diffusion-model --t5xxl --clip_l --vae``) or Chroma from its (``--diffusion-model --t5xxl
+--vae``); the architecture (flux-dev, flux-schnell, chroma...) comes from
+:func:`sdplan.core.modelfiles.checkpoint.read_model_files`. The flags are sd-cli's spellings (``-m -p -n
 -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
 --clip-skip --taesd --upscale-model --upscale-repeats`` and every placement flag), so a pasted
 sd-cli command works.
@@ -91,7 +92,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     adv.add_argument("--prediction", choices=("eps", "v"), help="default: eps SD1, v SD2")
     adv.add_argument("--flux-heads", type=int, help="Flux DiT heads (default from the q-norm width)")
     adv.add_argument("--flux-axes", metavar="I,R,C", help="Flux RoPE axes widths (default hd/8 and halves)")
-    adv.add_argument("--t5-length", type=int, default=256, help="T5 tokens after padding (Flux)")
+    adv.add_argument("--t5-length", type=int, help="T5 tokens after padding (default: Flux 256, Chroma 512)")
     add_placement_arguments(p)
     p.set_defaults(run=run)
     return p

@@ -37,7 +37,15 @@ from typing import Any
 
 import numpy as np
 from sdplan.core.models.base import ModelLayoutError
-from sdplan.core.models.flux import EPS, FluxConfig, FluxDiT, flux_config, image_ids, patchify, rope_tables
+from sdplan.core.models.flux import (
+    EPS,
+    FluxConfig,
+    FluxDiT,
+    flux_config,
+    image_ids,
+    patchify,
+    rope_tables,
+)
 
 __all__ = ["ChromaDiT", "approximator_input", "kept_tokens", "APPROX"]
 
