@@ -95,6 +95,12 @@ def test_layer_split_and_disk_agree(cpus, model) -> None:
         np.testing.assert_allclose(velocity(split, model, 9), one, atol=1e-6)
         placed = split.placed_bytes()
         assert set(placed) == {"CPU", "CPU1"} and placed["CPU1"] > 0
+    # --max-vram graph-cut segments: the modulation table crosses segment boundaries as state
+    seg = ModuleRunner(model, WeightFile(CHROMA, backend=cpus.get("CPU")),
+                       ModulePlacement(("CPU",), (), "device", "CPU1", budget=200_000), cpus, n_threads=1)
+    np.testing.assert_allclose(velocity(seg, model, 9), one, atol=1e-6)
+    ins = model.inputs(R["dit_latent"], R["dit_txt"][:, :9], None, 0.5)
+    assert len(seg.segments({k: v.shape for k, v in ins.items()})) > 1
 
 
 @pytest.mark.parametrize("dtype,tol", [("f16", 2e-3), ("q8_0", 3e-2)])

@@ -53,8 +53,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true",
                    help="use the packaged demo model (-m of the file in sdplan.resources; "
                         "default 128x128, 20 steps, CFG 5, euler)")
-    p.add_argument("--diffusion-model", metavar="PATH", help="Flux diffusion model")
-    p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux)")
+    p.add_argument("--diffusion-model", metavar="PATH", help="Flux or Chroma diffusion model")
+    p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux, Chroma)")
     p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux)")
     p.add_argument("--vae", metavar="PATH", help="VAE / autoencoder file")
     p.add_argument("--taesd", metavar="PATH",
@@ -137,7 +137,7 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
     ``-m`` nor ``--diffusion-model`` is given."""
     files = {key: [str(getattr(args, attr))] for attr, key in FILE_FLAGS.items() if getattr(args, attr, None)}
     if "model" not in files and "diffusion_model" not in files:
-        raise SdplanError("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux files)")
+        raise SdplanError("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux or Chroma files)")
     return files
 
 
