@@ -97,6 +97,27 @@ def test_q8_0_gguf_dit(single, pool, tmp_path) -> None:
     assert rel_err(out["latent"], R["run_latent"]) < 3e-2 + TOL
 
 
+def test_taef1_previews(pool, single, tmp_path) -> None:
+    """With a TAEF1 (random weights), previews are its decoding of each step's x0 estimate:
+    the last one is the final latent's, as a numpy reference of the TAE decodes it."""
+    from safetensors.numpy import save_file
+    from sdplan.core.pipelines.flux_base import SCALE_FACTOR, SHIFT_FACTOR
+    from test_models_tae import np_decode, tae_weights
+
+    wt = tae_weights(np.random.default_rng(3), "decoder", 16, pool=(3,))
+    save_file(wt, str(tmp_path / "taef1.safetensors"))
+    models = ChromaModels(CHROMA, T5, AE, taesd=tmp_path / "taef1.safetensors", axes=AXES)
+    frames: list[np.ndarray] = []
+    with ChromaPipeline(models, pool=pool, n_threads=1) as pipe:
+        out = pipe.txt2img(PROMPT, 64, 64, steps=4, cfg_scale=4.0, t5_length=16, noise=R["run_noise"],
+                           preview=lambda i, rgb: frames.append(rgb))
+    np.testing.assert_allclose(out["latent"], single["latent"], atol=1e-6)
+    assert len(frames) == 4 and frames[-1].shape == (64, 64, 3)
+    want = np_decode(wt, (single["latent"][0] / SCALE_FACTOR + SHIFT_FACTOR).astype(np.float32))
+    want = (np.clip(want.transpose(1, 2, 0), 0, 1) * 255).round()
+    assert np.abs(frames[-1].astype(int) - want.astype(int)).max() <= 2
+
+
 def test_bad_inputs_are_errors(pool, tmp_path) -> None:
     from flux_util import DEV
     from sdplan.core.models.base import ModelLayoutError
