@@ -1,6 +1,6 @@
-"""``sdplan generate`` with Z-Image files (``--diffusion-model --llm --vae``): the PNG is the
-decoded diffusers latent, Turbo's defaults fill what the command leaves out, a Q8_0 GGUF
-encoder runs, a missing encoder is a one-line error, and
+"""``sdplan generate`` with Z-Image files (``--diffusion-model --llm --vae``, Turbo's flags as
+sd-cli's docs give them: ``--cfg-scale 1 --sampling-method euler``): the PNG is the decoded
+diffusers latent, a Q8_0 GGUF encoder runs, a missing encoder is a one-line error, and
 ``--backend "diffusion=RPC0&RPC1,te=RPC0&RPC1"`` over two RPC servers gives the one-device
 image."""
 
@@ -44,7 +44,7 @@ def llm(tmp_path_factory):
 
 def flags(llm_path: Path) -> list[str]:
     return ["--diffusion-model", str(DIT), "--llm", str(llm_path), "--vae", str(AE), "-p", PROMPT,
-            "-W", "64", "-H", "64", "--steps", "4", "-t", "1"]
+            "-W", "64", "-H", "64", "--steps", "4", "--cfg-scale", "1", "--sampling-method", "euler", "-t", "1"]
 
 
 def test_generate_gives_the_diffusers_latent_decoded(tmp_path: Path, monkeypatch, llm) -> None:
@@ -58,19 +58,6 @@ def test_generate_gives_the_diffusers_latent_decoded(tmp_path: Path, monkeypatch
     text = Image.open(out).text
     assert text["steps"] == "4" and text["cfg_scale"] == "1" and text["sampler"] == "euler"
     assert len(list((tmp_path / "prev").iterdir())) == 4
-
-
-def test_turbo_defaults_fill_only_what_is_not_given() -> None:
-    args = parse(["--diffusion-model", "x", "-p", "p"])
-    generate.apply_family_defaults(args, "z_image")
-    assert (args.steps, args.cfg_scale, args.sampling_method) == (8, 1.0, "euler")
-    args = parse(["--diffusion-model", "x", "-p", "p", "--steps", "12", "--cfg-scale", "4",
-                  "--sampling-method", "heun"])
-    generate.apply_family_defaults(args, "z_image")
-    assert (args.steps, args.cfg_scale, args.sampling_method) == (12, 4.0, "heun")
-    args = parse(["-m", "x", "-p", "p"])
-    generate.apply_family_defaults(args, "sd1")
-    assert (args.steps, args.cfg_scale, args.sampling_method) == (20, 7.0, "euler_a")
 
 
 def test_q8_0_gguf_encoder_runs(tmp_path: Path, monkeypatch, llm) -> None:

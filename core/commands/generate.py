@@ -1,9 +1,10 @@
 """``sdplan generate``: text to image on sdplan's engine, placed by the plan.
 
 SD 1.x / 2.x from a single-file checkpoint (``-m``), Flux from its files
-(``--diffusion-model --t5xxl --clip_l --vae``) or Z-Image from its (``--diffusion-model --llm
---vae``; Turbo's 8 steps at CFG 1 unless given); architecture flux-dev / flux-schnell / z_image from
-:func:`sdplan.core.modelfiles.checkpoint.read_model_files`). The flags are sd-cli's spellings (``-m -p -n
+(``--diffusion-model --t5xxl --clip_l --vae``), Chroma from its (``--diffusion-model --t5xxl
+--vae``) or Z-Image from its (``--diffusion-model --llm --vae``); the architecture (flux-dev,
+flux-schnell, chroma, z_image...) comes from
+:func:`sdplan.core.modelfiles.checkpoint.read_model_files`. The flags are sd-cli's spellings (``-m -p -n
 -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
 --clip-skip --taesd --upscale-model --upscale-repeats`` and every placement flag), so a pasted
 sd-cli command works.
@@ -53,8 +54,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true",
                    help="use the packaged demo model (-m of the file in sdplan.resources; "
                         "default 128x128, 20 steps, CFG 5, euler)")
-    p.add_argument("--diffusion-model", metavar="PATH", help="Flux / Z-Image diffusion model")
-    p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux)")
+    p.add_argument("--diffusion-model", metavar="PATH", help="Flux, Chroma or Z-Image diffusion model")
+    p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux, Chroma)")
     p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux)")
     p.add_argument("--llm", metavar="PATH", help="language-model text encoder (Z-Image: Qwen3)")
     p.add_argument("--vae", metavar="PATH", help="VAE / autoencoder file")
@@ -93,7 +94,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     adv.add_argument("--prediction", choices=("eps", "v"), help="default: eps SD1, v SD2")
     adv.add_argument("--flux-heads", type=int, help="Flux DiT heads (default from the q-norm width)")
     adv.add_argument("--flux-axes", metavar="I,R,C", help="Flux RoPE axes widths (default hd/8 and halves)")
-    adv.add_argument("--t5-length", type=int, default=256, help="T5 tokens after padding (Flux)")
+    adv.add_argument("--t5-length", type=int, help="T5 tokens after padding (default: Flux 256, Chroma 512)")
     add_placement_arguments(p)
     p.set_defaults(run=run)
     return p
@@ -133,23 +134,12 @@ def apply_demo(args: argparse.Namespace) -> None:
         args.sampling_method = DEMO_SAMPLER
 
 
-def apply_family_defaults(args: argparse.Namespace, architecture: str | None) -> None:
-    """The model family's recommended steps, CFG scale and sampler (Z-Image Turbo: 8 steps,
-    CFG 1, euler; :func:`sdplan.core.planning.families.family_defaults`) where the command
-    line left them at their defaults."""
-    from sdplan.core.planning.families import family_defaults
-
-    for key, value in family_defaults(architecture).items():
-        if isinstance(getattr(args, key), (_DefaultInt, _DefaultFloat, _DefaultStr)):
-            setattr(args, key, value)
-
-
 def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
     """The request's model files (sd-cli flag keys -> paths). Raises SdplanError when neither
     ``-m`` nor ``--diffusion-model`` is given."""
     files = {key: [str(getattr(args, attr))] for attr, key in FILE_FLAGS.items() if getattr(args, attr, None)}
     if "model" not in files and "diffusion_model" not in files:
-        raise SdplanError("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux files)")
+        raise SdplanError("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux, Chroma or Z-Image files)")
     return files
 
 
@@ -163,7 +153,6 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]])
     placement = placement_from_namespace(args)
     inventory = Inventory.from_json(engine.call(INVENTORY_JOB, {"rpc_servers": list(placement.rpc_servers)}))
     profile = profile_from_model_flags({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
-    apply_family_defaults(args, profile.architecture)
     plan = resolve(placement, inventory, profile)
     fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count)
     return plan, inventory, fit

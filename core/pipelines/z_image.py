@@ -22,8 +22,7 @@ LLM, runner ``llm``; its blocks split too) and ``vae``.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,10 @@ import numpy as np
 from sdplan.core.errors import SdplanError
 from sdplan.core.models.llm import LLMEncoder, llm_config
 from sdplan.core.models.z_image import ZImageDiT, unpatchify
-from sdplan.core.pipelines.base import Pipeline, module_placements
-from sdplan.core.pipelines.flux import FluxAutoencoder, _shapes
-from sdplan.core.planning.families import family_defaults
+from sdplan.core.pipelines.base import module_placements
+from sdplan.core.pipelines.flux_base import FluxFamilyPipeline
+from sdplan.core.pipelines.flux_base import shapes as _shapes
+from sdplan.core.planning.generation_defaults import generation_defaults
 from sdplan.core.sampling.flow import discrete_flow_sigmas, sample_flow
 from sdplan.core.sampling.noise import PhiloxNoise
 from sdplan.core.text.bpe_tokenizer import BPETokenizer
@@ -47,7 +47,7 @@ TEMPLATE = ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
 #: The flow shift of Z-Image (its scheduler config; sd-cli's default for the family).
 SHIFT = 3.0
 #: Recommended settings of Z-Image Turbo (8 steps, CFG 1, euler), the family's defaults.
-DEFAULTS: dict[str, Any] = family_defaults("z_image")
+DEFAULTS: dict[str, Any] = generation_defaults("z_image")
 MODULES = ("diffusion", "te", "vae")
 
 
@@ -63,8 +63,10 @@ class ZImageModels:
     axes: tuple[int, int, int] | None = None
 
 
-class ZImagePipeline(FluxAutoencoder, Pipeline):
-    """Z-Image txt2img over engine module runners (see the module docstring).
+class ZImagePipeline(FluxFamilyPipeline):
+    """Z-Image txt2img over engine module runners (see the module docstring); the FLUX.1
+    autoencoder, its previews and the DiT session come from
+    :class:`~sdplan.core.pipelines.flux_base.FluxFamilyPipeline`.
 
     Args:
         models: the model files.
@@ -94,7 +96,7 @@ class ZImagePipeline(FluxAutoencoder, Pipeline):
         self.runners["diffusion"] = self._runner("diffusion", self.dit, models.diffusion_model,
                                                  self.placements["diffusion"], {**pads, **(dtypes or {})})
         self.runners["llm"] = self._runner("llm", self.llm, models.llm, self.placements["te"], dtypes)
-        self._init_autoencoder(models.vae, models.taesd)
+        self._init_vae(models.vae, models.taesd)
 
     # ------------------------------------------------------------------ stages
     def encode_prompt(self, prompt: str) -> np.ndarray:
@@ -108,16 +110,13 @@ class ZImagePipeline(FluxAutoencoder, Pipeline):
         hidden = self.runners["llm"].run(self.llm.inputs(tok.ids))["hidden"]
         return apply_prompt_weights(hidden, tok.weights).astype(np.float32)
 
-    def velocity(self, x: np.ndarray, sigma: float, context: np.ndarray) -> np.ndarray:
-        """The DiT's velocity ``noise - x0`` for latent ``x`` ``(1, 16, H, W)`` at ``sigma``."""
+    def velocity(self, x: np.ndarray, sigma: float, context: np.ndarray, pooled: np.ndarray | None = None,
+                 guidance: float | None = None) -> np.ndarray:
+        """The DiT's velocity ``noise - x0`` for latent ``x`` ``(1, 16, H, W)`` at ``sigma``
+        and LLM states ``context`` (Z-Image has no pooled vector and no distilled guidance:
+        ``pooled`` and ``guidance`` are ignored)."""
         out = self.runners["diffusion"].run(self.dit.inputs(x, context, sigma))["out"]
         return unpatchify(out, x.shape[2], x.shape[3])
-
-    @contextlib.contextmanager
-    def diffusion_session(self) -> Iterator[None]:
-        """Keep the DiT's run-scoped weights loaded across the steps of a sampling loop."""
-        with self.runners["diffusion"].session():
-            yield
 
     def txt2img(self, prompt: str, width: int, height: int, *, steps: int | None = None,
                 seed: int = 42, sampler: str = "euler", cfg_scale: float = 1.0, negative_prompt: str = "",
