@@ -50,9 +50,9 @@ def _lora(unet_names: Layout, rank: int = 16, limit: int = 40) -> Layout:
 
 
 #: The library folder: relative path -> (layout key or builder, dtype, prefix,
-#: (kind, family, encoders, latent channels)) as the library must report them. Families of
-#: the layouts whose detection other parts own (Z-Image, FLUX.2) are compared with
-#: ``read_model_files`` instead (None here).
+#: (kind, family, encoders, latent channels)) as the library must report them. FLUX.2's
+#: family, which sdplan does not detect yet, is compared with ``read_model_files`` instead
+#: (None here).
 def library_layouts(layouts: dict[str, Layout]) -> dict[str, tuple[Layout, str, str, tuple]]:
     sd_vae = {n.removeprefix("first_stage_model."): s for n, s in layouts["sd_vae_ldm"].items()}
     sd15 = {**layouts["sd15_unet_ldm"], **layouts["sd_vae_ldm"],
@@ -70,7 +70,7 @@ def library_layouts(layouts: dict[str, Layout]) -> dict[str, tuple[Layout, str, 
             (layouts["sd3_medium_sai"], "F16", "model.diffusion_model.",
              ("diffusion", "sd3", (), None)),
         "diffusion_models/z_image_turbo_bf16.safetensors":
-            (layouts["z_image_turbo"], "BF16", "", ("diffusion", None, (), None)),
+            (layouts["z_image_turbo"], "BF16", "", ("diffusion", "z_image", (), None)),
         "diffusion_models/flux-2-klein-4b.safetensors":
             (layouts["flux2_klein_4b"], "BF16", "", ("diffusion", None, (), None)),
         "checkpoints/v1-5-pruned-emaonly.safetensors":

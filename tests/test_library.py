@@ -110,12 +110,16 @@ def test_a_second_scan_reads_no_header(folder, cache, monkeypatch) -> None:
     assert third.headers_read == 1 and counter.paths == [vae]
 
 
-def test_a_broken_cache_is_an_empty_one(folder, tmp_path) -> None:
+def test_a_broken_cache_or_one_of_other_code_is_an_empty_one(folder, tmp_path) -> None:
     path = tmp_path / "cache.json"
     path.write_text("{not json")
     result = scan_library([folder[0]], LibraryCache(path))
     assert result.cached == 0 and result.headers_read == len(folder[1])
-    assert json.loads(path.read_text())["entries"]  # rewritten
+    data = json.loads(path.read_text())
+    assert data["entries"] and data["stamp"] == lib.classifier_stamp()  # rewritten
+    data["stamp"] = "older code"  # another sdplan's cache: its descriptions may differ
+    path.write_text(json.dumps(data))
+    assert scan_library([folder[0]], LibraryCache(path)).cached == 0
 
 
 def test_pickles_are_listed_unread_and_deleted_files_leave_the_cache(tmp_path, cache) -> None:
@@ -148,6 +152,12 @@ def test_companions_and_their_profile_match_reading_the_files_together(folder, c
     assert Path(tiny["t5xxl"][0]).name == "t5_tiny.safetensors"  # its own folder's
     sd3, missing = companions(by_name["sd3_medium.safetensors"], entries)
     assert missing == ("clip_g",) and "clip_l" in sd3 and "t5xxl" in sd3
+    zi, missing = companions(by_name["z_image_turbo_bf16.safetensors"], entries)
+    assert {k: Path(v[0]).name for k, v in zi.items()} == {
+        "diffusion_model": "z_image_turbo_bf16.safetensors", "llm": "qwen_3_4b.safetensors",
+        "vae": "ae.safetensors"} and missing == ()
+    zi_parts = [by_name[Path(p).name] for v in zi.values() for p in v]
+    assert combined_profile(zi_parts) == read_model_files(zi).profile()
     assert companions(by_name["v1-5-pruned-emaonly.safetensors"], entries) == (
         {"model": [by_name["v1-5-pruned-emaonly.safetensors"].path]}, ())
 

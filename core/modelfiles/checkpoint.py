@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sdplan.core.errors import ModelFileError
+from sdplan.core.modelfiles.families import DIFFUSION_MARKERS, z_image_family
 from sdplan.core.modelfiles.readers import TensorFile, TensorInfo, read_tensor_file
 from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE, flag_for
 from sdplan.core.planning.profile import ModuleProfile, Profile
@@ -39,8 +40,9 @@ log = logging.getLogger(__name__)
 BLOCK_SEGMENTS = ("transformer_blocks", "joint_blocks", "double_blocks", "single_blocks",
                   "blocks", "block", "layers")
 _BLOCK_RE = re.compile(r"(?:^|\.)(" + "|".join(BLOCK_SEGMENTS) + r")\.(\d+)(?=\.|$)")
-_UNET_RE = re.compile(
-    r"(?:^|\.)(input_blocks|output_blocks|middle_block|down_blocks|up_blocks|mid_block)\.")
+_UNET_RE = re.compile(  # UNet stages, and Chroma's approximator (runs before the blocks)
+    r"(?:^|\.)(input_blocks|output_blocks|middle_block|down_blocks|up_blocks|mid_block"
+    r"|distilled_guidance_layer)\.")
 #: Names sd-cli converts to its own before its block rule sees them: diffusers Flux
 #: single blocks, OpenCLIP ``transformer.resblocks.N`` (-> ``encoder.layers.N``) and
 #: llama.cpp-named GGUF encoders (``blk.N``).
@@ -91,9 +93,9 @@ class ModelTensor:
 class Architecture:
     """Detected model family with the evidence (tensor names and shapes) for it.
 
-    ``family`` is ``sd1``, ``sd2``, ``sdxl``, ``sd3``, ``flux`` or ``unknown`` (loadable
-    but not recognised, or no diffusion model); ``variant`` refines it (Flux ``dev`` /
-    ``schnell``, SD3 ``medium`` / ``large`` / ``3.5-medium``, SDXL ``refiner``).
+    ``family``: ``sd1``, ``sd2``, ``sdxl``, ``sd3``, ``flux``, ``chroma``, ``z_image`` or ``unknown``
+    (loadable but not recognised, or no diffusion model); ``variant`` refines it (Flux dev /
+    schnell, Chroma radiance, SD3 medium / large / 3.5-medium, SDXL refiner).
     """
 
     family: str
@@ -229,8 +231,9 @@ def block_of(name: str) -> tuple[int, int] | None:
 
     The first path segment of :data:`BLOCK_SEGMENTS` followed by a decimal index and then
     ``.`` or the end decides; names under a UNet stage (``input_blocks.``,
-    ``down_blocks.``...) are never block tensors. The rank orders segments as they execute
-    (Flux: ``double_blocks`` before ``single_blocks``). sd-cli's renames of diffusers Flux
+    ``down_blocks.``...) or Chroma's ``distilled_guidance_layer.`` (its ``layers.K`` run
+    before any block, in sd-cli's prelude segment) are never block tensors. The rank orders
+    segments as they execute (Flux: ``double_blocks`` before ``single_blocks``). sd-cli's renames of diffusers Flux
     ``single_transformer_blocks``, OpenCLIP ``resblocks`` and llama.cpp ``blk`` names
     apply first.
     """
@@ -297,21 +300,10 @@ def read_model_files(flags: Mapping[str, Sequence[str | Path]]) -> ModelSet:
                 ign = []
             tensors.extend(ModelTensor(t, m, e, role) for t, m, e in cls)
             ignored.extend(ign)
-    return _model_set(files, tensors, ignored)
-
-
-def classify_file(tf: TensorFile) -> ModelSet:
-    """:func:`read_model_files` of one ``-m`` file whose header is already read (same errors)."""
-    if not tf.tensors:
-        raise ModelFileError(tf.path, "not a model: the file holds no tensors")
-    cls, ign = _classify_checkpoint(tf)
-    return _model_set([tf], [ModelTensor(t, m, e) for t, m, e in cls], ign)
-
-
-def _model_set(files: list[TensorFile], tensors: list[ModelTensor], ignored: list) -> ModelSet:
     _check_duplicates(tensors)
+    ms = ModelSet(files, [], ignored)
     dominant = _dominant(tensors)
-    ms = ModelSet(files, [_with_block(t, dominant) for t in tensors], ignored)
+    ms.tensors = [_with_block(t, dominant) for t in tensors]
     ms.architecture = detect_architecture(ms)
     return ms
 
@@ -482,7 +474,7 @@ def detect_standalone(tf: TensorFile) -> tuple[str, str | None] | None:
     if has("id_encoder.", "fuse_module.", "qformer_perceiver."):
         return "photomaker", None
     if has("double_blocks.", "single_blocks.", "joint_blocks.", "input_blocks.",
-           "down_blocks.", "transformer_blocks.", "single_transformer_blocks."):
+           "down_blocks.", "transformer_blocks.", "single_transformer_blocks.", *DIFFUSION_MARKERS):
         return "diffusion", None
     if has("vision_model."):
         return "clip_vision", None
@@ -503,24 +495,28 @@ def detect_standalone(tf: TensorFile) -> tuple[str, str | None] | None:
 
 
 def _local(name: str) -> str:
-    return name.removeprefix("model.diffusion_model.")
+    return name[len("model.diffusion_model."):] if name.startswith(
+        "model.diffusion_model.") else name
 
 
 def detect_architecture(ms: ModelSet) -> Architecture:
     """Architecture of the model set from its diffusion tensors' names and shapes.
 
-    Rules: ``double_blocks``/``single_blocks`` (or diffusers ``single_transformer_blocks``)
-    -> flux, ``dev`` when a guidance embedder exists else ``schnell``; ``joint_blocks`` (or
-    diffusers ``context_embedder`` with ``pos_embed``) -> sd3; a UNet's cross-attention
-    context width 768 -> sd1, 1024 -> sd2, 2048 with ``label_emb`` -> sdxl (1280:
-    refiner); another width -> the family a file's ``sdplan.family`` metadata names (sd1 or
-    sd2; scaled-down models such as the demo). Anything else with diffusion tensors is
-    ``unknown`` but loadable.
+    Rules: Z-Image (``families.z_image_family``) -> z_image; ``double_blocks``/``single_blocks``
+    (or diffusers ``single_transformer_blocks``) -> flux, ``dev`` when a guidance embedder
+    exists else ``schnell``, but ``chroma`` with ``distilled_guidance_layer.in_proj.weight``
+    (sd-cli's test); ``joint_blocks`` (or diffusers ``context_embedder`` with ``pos_embed``)
+    -> sd3; a UNet's cross-attention context width 768 -> sd1, 1024 -> sd2, 2048 with
+    ``label_emb`` -> sdxl (1280: refiner); another width -> the family a file's
+    ``sdplan.family`` metadata names (sd1 or sd2; scaled-down models such as the demo).
+    Anything else with diffusion tensors is ``unknown`` but loadable.
     """
     diff = {_local(t.info.name): t.info.shape for t in ms.module_tensors("diffusion")}
     if not diff:
         return Architecture("unknown", None, ("no diffusion model among the files",))
     names = list(diff)
+    if z := z_image_family(diff, [t.info.name for t in ms.module_tensors("te") if t.encoder == "llm"]):
+        return Architecture(*z)
 
     def count(seg: str) -> int:
         pat = re.compile(r"(?:^|\.)" + re.escape(seg) + r"\.(\d+)\.")
@@ -531,6 +527,10 @@ def detect_architecture(ms: ModelSet) -> Architecture:
         dbl, sgl = count("transformer_blocks"), count("single_transformer_blocks")
     if dbl or sgl:
         ev = [f"{dbl} double_blocks + {sgl} single_blocks (Flux MMDiT)"]
+        if "distilled_guidance_layer.in_proj.weight" in diff:
+            ev.append("distilled_guidance_layer instead of per-block modulation: Chroma")
+            return Architecture("chroma", "radiance" if "img_in_patch.weight" in diff else None,
+                                tuple(ev))
         guided = [n for n in names if n.startswith(("guidance_in.", "time_text_embed."
                                                    "guidance_embedder."))]
         if guided:

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sdplan.core.errors import ModelFileError
-from sdplan.core.modelfiles.checkpoint import ModelSet, classify_file, read_model_files
+from sdplan.core.modelfiles import checkpoint as _ckpt
+from sdplan.core.modelfiles.checkpoint import ModelSet, ModelTensor, read_model_files
 from sdplan.core.modelfiles.readers import TensorFile, read_tensor_file
 
 log = logging.getLogger(__name__)
@@ -169,17 +170,38 @@ def cache_dir() -> Path:
     return Path(base) / "sdplan"
 
 
+def classifier_stamp() -> str:
+    """A digest of the code that describes files (the header readers, the family rules and
+    this module): a cache written by other code is not used, so a new sdplan that knows a
+    new family never shows an old description from the cache."""
+    import hashlib
+
+    from sdplan.core.modelfiles import checkpoint, families, readers
+
+    h = hashlib.sha256()
+    for mod in (readers, families, checkpoint, sys.modules[__name__]):
+        try:
+            h.update(Path(str(mod.__file__)).read_bytes())
+        except OSError:
+            h.update(str(getattr(mod, "__name__", "")).encode())
+    return h.hexdigest()[:16]
+
+
 class LibraryCache:
     """Entries by absolute path, read from and written to one JSON file (``path``;
-    default :func:`cache_dir` / :data:`CACHE_NAME`). A missing or unreadable cache is an
-    empty one (logged), never an error."""
+    default :func:`cache_dir` / :data:`CACHE_NAME`), valid for the code that wrote it
+    (:func:`classifier_stamp`). A missing, unreadable or other code's cache is an empty one
+    (logged), never an error."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else cache_dir() / CACHE_NAME
         self.entries: dict[str, LibraryEntry] = {}
         self._dirty = False
+        self.stamp = classifier_stamp()
         try:
             raw = json.loads(self.path.read_text(encoding="utf-8"))
+            if raw.get("stamp") != self.stamp:
+                raise ValueError("written by other code (the file descriptions may differ)")
             for item in raw.get("entries", []):
                 e = LibraryEntry.from_json(item)
                 self.entries[e.path] = e
@@ -213,7 +235,7 @@ class LibraryCache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
-            data = {"entries": [e.to_json() for e in self.entries.values()]}
+            data = {"stamp": self.stamp, "entries": [e.to_json() for e in self.entries.values()]}
             tmp.write_text(json.dumps(data), encoding="utf-8")
             os.replace(tmp, self.path)
             self._dirty = False
@@ -222,6 +244,26 @@ class LibraryCache:
 
 
 # --------------------------------------------------------------------------- scanning
+
+
+def classify_file(tf: TensorFile) -> ModelSet:
+    """:func:`~sdplan.core.modelfiles.checkpoint.read_model_files` of one ``-m`` file whose
+    header is already read, so the library reads each header once: the same steps (the
+    single-file classification, duplicate check, blocks, architecture) on ``tf``.
+
+    Raises:
+        ModelFileError: the file holds no tensors or none in a known layout.
+    """
+    if not tf.tensors:
+        raise ModelFileError(tf.path, "not a model: the file holds no tensors")
+    cls, ignored = _ckpt._classify_checkpoint(tf)
+    tensors = [ModelTensor(t, m, e) for t, m, e in cls]
+    _ckpt._check_duplicates(tensors)
+    dominant = _ckpt._dominant(tensors)
+    ms = ModelSet([tf], [_ckpt._with_block(t, dominant) for t in tensors], ignored)
+    ms.architecture = _ckpt.detect_architecture(ms)
+    return ms
+
 
 
 def _is_diffusers(folder: Path) -> bool:

@@ -47,10 +47,12 @@ class Needs:
     size: int
 
 
-#: Family (or ``family-variant``) -> what it pairs with. Sources: sd-cli's documented
-#: model sets (SD1 CLIP-L; SD2 OpenCLIP ViT-H; SDXL CLIP-L + bigG; the refiner bigG alone;
-#: SD3 CLIP-L + bigG + T5-XXL; Flux CLIP-L + T5-XXL; 4-channel SD VAEs, 16-channel
-#: Flux/SD3 autoencoders) and each family's training resolution.
+#: Family (or ``family-variant``) -> what it pairs with (``latent_channels`` None: no VAE,
+#: a pixel-space model). Sources: sd-cli's documented model sets (SD1 CLIP-L; SD2 OpenCLIP
+#: ViT-H; SDXL CLIP-L + bigG; the refiner bigG alone; SD3 CLIP-L + bigG + T5-XXL; Flux
+#: CLIP-L + T5-XXL; Chroma T5-XXL alone, Chroma Radiance in pixel space; Z-Image a Qwen3
+#: LLM encoder; 4-channel SD VAEs, 16-channel Flux/SD3 autoencoders) and each family's
+#: training resolution.
 FAMILY_NEEDS: dict[str, Needs] = {
     "sd1": Needs(("clip_l",), 4, 512),
     "sd2": Needs(("clip_h",), 4, 768),
@@ -58,6 +60,9 @@ FAMILY_NEEDS: dict[str, Needs] = {
     "sdxl-refiner": Needs(("clip_g",), 4, 1024),
     "sd3": Needs(("clip_l", "clip_g", "t5xxl"), 16, 1024),
     "flux": Needs(("clip_l", "t5xxl"), 16, 1024),
+    "chroma": Needs(("t5xxl",), 16, 1024),
+    "chroma-radiance": Needs(("t5xxl",), None, 1024),
+    "z_image": Needs(("llm",), 16, 1024),
 }
 #: Verdicts from best to worst.
 VERDICTS = ("resident", "split", "offload", "none")
@@ -114,7 +119,7 @@ def companions(model: LibraryEntry, entries: Sequence[LibraryEntry]
             flags[enc] = [min(cands, key=lambda e: _rank(e, model, model.family)).path]
         else:
             missing.append(enc)
-    if "vae" not in model.modules:
+    if "vae" not in model.modules and needs.latent_channels is not None:
         cands = [e for e in ok if e.kind == "vae"
                  and e.latent_channels == needs.latent_channels]
         if cands:
