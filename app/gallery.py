@@ -232,8 +232,13 @@ class GalleryFilter(QSortFilterProxyModel):
         self.query = ""
 
     def set_query(self, text: str) -> None:
-        self.query = text
-        self.invalidateFilter()
+        if hasattr(self, "beginFilterChange"):  # Qt 6.9+: invalidateFilter is deprecated
+            self.beginFilterChange()
+            self.query = text
+            self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
+        else:
+            self.query = text
+            self.invalidateFilter()
 
     def filterAcceptsRow(self, row: int, parent: Index) -> bool:  # noqa: N802
         if not self.query.strip():
