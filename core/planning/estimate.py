@@ -3,8 +3,9 @@
 Three parts per module and device (bytes):
 
 - **weights** (resident between uses): residency ``runtime`` puts the module on its
-  runtime device (a split module: each range's blocks on its device, the non-block bytes on
-  the main device); ``device`` puts all of it on the params device; ``disk`` nothing.
+  runtime device (a layer split: each range's blocks on its device, the non-block bytes on
+  the main device; a row split: each device's share of the block rows, the non-block bytes
+  on the main device, which alone runs the graph and holds the compute buffer); ``device`` puts all of it on the params device; ``disk`` nothing.
 - **staging** (while the module runs): with ``device`` or ``disk`` residency the weights
   are copied to the runtime device(s): each range's blocks to its device plus the non-block
   bytes to the main device, or the whole module on a single device. With a ``--max-vram``
@@ -198,10 +199,14 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         comp = compute_bytes(name, mp, profile.architecture, width=width, height=height,
                              batch=batch)
         placed: dict[str, int] = {}
+        row_shares = getattr(mplan, "row_shares", None)
         if mplan.ranges:
             placed[main] = mp.other
             for r in mplan.ranges:
                 placed[r.device] = placed.get(r.device, 0) + r.bytes
+        elif row_shares:  # row split: block rows on every device, the rest on the main one
+            placed = dict(row_shares)
+            placed[main] = placed.get(main, 0) + mp.other
         else:
             placed[main] = mp.total
         weights: dict[str, int] = {}

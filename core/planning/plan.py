@@ -8,6 +8,7 @@
 - :func:`budget_entries` and :func:`budget_bytes`: ``--max-vram`` (section 7);
 - :func:`runtime_devices`: runtime devices per module, with the split rules (section 5);
 - :func:`layer_splits`: block ranges of split modules (section 8, :func:`split_ranges`);
+- :func:`row_splits`: ``--split-mode row`` where the devices allow it (section 12);
 - :func:`params_residency`: where each module's weights live (section 5);
 - :func:`stream_layers_warnings`: ``--stream-layers`` (section 9);
 - :func:`canonical_placement`: exact device names for the canonical strings (section 3).
@@ -56,11 +57,18 @@ INPUT_ONLY_WARNINGS = frozenset({"deprecated_flag", "duplicate_max_vram_device"}
 
 class Layout(NamedTuple):
     """A module's runtime devices after the layer-split rules (main device first), its block
-    ranges (empty unless split with a profile) and its non-block bytes on the main device."""
+    ranges (empty unless split with a profile), its non-block bytes on the main device and,
+    in row mode, each device's bytes of the block weights' rows."""
 
     devices: list[str]
     ranges: list[Range]
     main_other_bytes: int
+    row_shares: dict[str, int] = {}  # noqa: RUF012 - NamedTuple default, never mutated
+
+
+#: Backend registries whose devices offer a row-split buffer type (spec section 12): ggml's
+#: CUDA back end, under the registry names its CUDA, HIP (ROCm) and MUSA builds use.
+ROW_SPLIT_REGISTRIES = frozenset({"CUDA", "ROCM", "MUSA"})
 
 
 @functools.lru_cache(maxsize=16)
@@ -103,19 +111,26 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
     per_device, duplicates = budget_entries(pl, idx)
     budgets, disabled = budget_bytes(inventory, per_device, pl.budget_default)
     runtime, runtime_warnings = runtime_devices(pl, idx, default_list)
-    layouts, split_warnings = layer_splits(runtime, budgets, idx.devices, profile)
+    rows, row_warnings = row_splits(pl, runtime, idx.devices, profile)
+    layouts, split_warnings = layer_splits(
+        {m: d for m, d in runtime.items() if m not in rows}, budgets, idx.devices, profile)
+    layouts.update(rows)
     modules = {m: ModulePlan(lay.devices, params_residency(pl, m, lay.devices, idx),
-                             lay.ranges, lay.main_other_bytes) for m, lay in layouts.items()}
+                             lay.ranges, lay.main_other_bytes,
+                             "row" if m in rows else "layer",
+                             rows[m].row_shares if m in rows else {})
+               for m, lay in sorted(layouts.items(), key=lambda kv: MODULES.index(kv[0]))}
     streaming = stream_layers_warnings(pl.stream_layers, modules["diffusion"], budgets,
                                        idx.devices)
     canon = canonical_placement(pl, idx, default_list, per_device)
     strings = canon.to_strings()
     return Plan(modules=modules, budgets=budgets,
                 warnings=[*deprecated, *duplicates, *disabled, *runtime_warnings,
-                          *split_warnings, *streaming],
+                          *row_warnings, *split_warnings, *streaming],
                 backend=strings["backend"], params_backend=strings["params_backend"],
                 max_vram=strings["max_vram"], placement=canon,
-                stream_layers=pl.stream_layers, rpc_servers=pl.rpc_servers)
+                stream_layers=pl.stream_layers, rpc_servers=pl.rpc_servers,
+                split_mode=canon.split_mode_text())
 
 
 _DEPRECATED_MEANING = {"--clip-on-cpu": "--backend te=cpu", "--vae-on-cpu": "--backend vae=cpu",
@@ -269,6 +284,48 @@ def budget_bytes(inventory: Inventory, per: Mapping[str, Decimal], default: Deci
     return out, warnings
 
 
+def row_splits(pl: Placement, runtime: Mapping[str, list[str]],
+               devices: Mapping[str, Device], profile: Profile | None
+               ) -> tuple[dict[str, Layout], list[PlanWarning]]:
+    """Spec section 12: the modules that run in row mode, with their row shares.
+
+    A split module whose ``--split-mode`` is ``row`` keeps it when all its devices belong to
+    one registry of :data:`ROW_SPLIT_REGISTRIES` and (with a profile) it has blocks;
+    otherwise it falls back to a layer split with warning ``row_split_unavailable``. Each
+    device's share of the block bytes is proportional to ``max(free - 2 GiB, free / 8)`` (1
+    when not positive; stable-diffusion.cpp's ``tensor_split`` weights), floored; the main
+    device holds the non-block bytes.
+    """
+    rows: dict[str, Layout] = {}
+    warnings: list[PlanWarning] = []
+    for m in SPLITTABLE:
+        devs = runtime.get(m) or []
+        if len(devs) < 2 or pl.split_mode_of(m) != "row":
+            continue
+        registries = {devices[d].registry.upper() for d in devs}
+        mp = profile.get(m) if profile is not None else None
+        reason = None
+        if len(registries) > 1:
+            reason = f"its devices {' & '.join(devs)} span registries {', '.join(sorted(registries))}"
+        elif not registries <= ROW_SPLIT_REGISTRIES:
+            reason = (f"{devices[devs[0]].registry} devices have no row-split buffer type "
+                      "(CUDA only)")
+        elif mp is not None and not mp.blocks:
+            reason = "it has no transformer blocks to split by rows"
+        if reason is not None:
+            warnings.append(PlanWarning("row_split_unavailable", f"{m}: row split unavailable "
+                                        f"({reason}); it uses a layer split"))
+            continue
+        shares: dict[str, int] = {}
+        if mp is not None:
+            w = [max(devices[d].free - 2 * GIB, devices[d].free // 8) for d in devs]
+            w = [x if x > 0 else 1 for x in w]
+            block_bytes = sum(mp.blocks)
+            shares = {d: block_bytes * x // sum(w) for d, x in zip(devs, w, strict=True)}
+        rows[m] = Layout(list(devs), [], mp.other if mp is not None else 0, shares)
+    return rows, warnings
+
+
 def layer_splits(runtime: Mapping[str, list[str]], budgets: Mapping[str, int],
                  devices: Mapping[str, Device], profile: Profile | None
                  ) -> tuple[dict[str, Layout], list[PlanWarning]]:
@@ -276,6 +333,8 @@ def layer_splits(runtime: Mapping[str, list[str]], budgets: Mapping[str, int],
     layouts: dict[str, Layout] = {}
     warnings: list[PlanWarning] = []
     for m in MODULES:
+        if m not in runtime:
+            continue
         mp = profile.get(m) if profile is not None else None
         layouts[m], found = layer_split(m, runtime[m], mp, budgets, devices)
         warnings += found
@@ -391,6 +450,8 @@ def canonical_placement(pl: Placement, idx: DeviceIndex, default_list: list[str]
                for m in MODULES if m in pl.runtime}
     params = {m: par(pl.params[m]) for m in MODULES if m in pl.params}
     return Placement(default=default,
+                     split_default=pl.split_default, split_modes=dict(pl.split_modes),
+                     auto_fit=pl.auto_fit,
                      runtime={m: v for m, v in runtime.items() if v != default},
                      params_default=p_default,
                      params={m: v for m, v in params.items() if v != p_default and not (
