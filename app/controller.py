@@ -24,7 +24,12 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
-from sdplan.core.planning.sdcli import import_sdcli_command, model_file_flags, sdcli_command_line
+from sdplan.core.planning.sdcli import (
+    import_sdcli_command,
+    merge_flags,
+    model_file_flags,
+    sdcli_command_line,
+)
 from sdplan.core.planning.session import plan_document, read_plan_document, save_plan_file
 
 log = logging.getLogger(__name__)
@@ -104,6 +109,10 @@ class PlanController(QObject):
         self.model_file_flags: list[str] = []
         self.extra_modules: list[str] = []
         self.generation: dict[str, object] = dict(DEFAULT_GENERATION)
+        #: Arguments of a pasted command sdplan keeps without understanding (written back
+        #: verbatim, after its own flags), and the text each generation value was read from.
+        self.kept_args: list[str] = []
+        self.generation_text: dict[str, str] = {}
         self.undo_stack = QUndoStack(self)
         self.error: PlanError | None = None
         self.fit = None
@@ -279,11 +288,14 @@ class PlanController(QObject):
         """The full sd-cli command for the model files, placement and generation settings."""
         gen = {k: v for k, v in self.generation.items() if v not in (None, "")}
         return sdcli_command_line(self.placement, self.model_files, gen,
-                                  extra=self.model_file_flags)
+                                  extra=merge_flags(self.kept_args, self.model_file_flags),
+                                  raw=self.generation_text)
 
     def import_command(self, text: str) -> list[str]:
         """Take model paths, placement and generation settings from a pasted sd-cli
-        command; returns the arguments sdplan does not know.
+        command (read as its shell reads it: :mod:`sdplan.core.planning.cmdline`); every
+        other argument is kept and written back verbatim by :meth:`command_line`. Returns
+        the arguments sdplan keeps without understanding.
 
         Raises:
             PlanError: the command cannot be read or its placement is wrong (the plan
@@ -296,6 +308,8 @@ class PlanController(QObject):
                      for k, v in cmd.model_files.items()}
             self.load_model_files(files, strict=False)
         self.generation.update(cmd.generation)
+        self.generation_text = dict(cmd.generation_text)
+        self.kept_args = cmd.extra_args()
         self._push(cmd.placement, "paste sd-cli command", source="load")
         self.planChanged.emit("load")
         return cmd.unknown_args

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sdplan.core.errors import ModelFileError
+from sdplan.core.modelfiles.autofit_sizes import autofit_component_bytes, loaded_component_bytes
 from sdplan.core.modelfiles.readers import TensorFile, TensorInfo, read_tensor_file
 from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE, flag_for
 from sdplan.core.planning.profile import ModuleProfile, Profile
@@ -189,7 +190,9 @@ class ModelSet:
         diff = self.module_tensors("diffusion")
         first = diff[0].info.file if diff else self.files[0].path if self.files else None
         name = Path(first).name if first else None
-        return Profile(modules=mods, name=name, architecture=self.architecture.name)
+        return Profile(modules=mods, name=name, architecture=self.architecture.name,
+                       autofit=autofit_component_bytes(self.tensors),
+                       autofit_loaded=loaded_component_bytes(self.tensors))
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready summary: files, architecture, modules (bytes, blocks, dtypes)."""

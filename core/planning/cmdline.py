@@ -66,8 +66,16 @@ def command_dialect(text: str) -> str:
     return "posix"
 
 
+_SINGLE_QUOTED = re.compile(r"(?:^|\s)'[^']*'(?:\s|$)")
+
+
 def _powershell(text: str) -> bool:
-    return bool(_BACKTICK_CONT.search(text)) or text.lstrip().startswith("& ")
+    """PowerShell rather than cmd.exe: a backtick continuation, the ``&`` call operator, or
+    a single-quoted word (cmd.exe passes single quotes through, so nobody quotes with them
+    there) without a cmd.exe caret continuation."""
+    if _BACKTICK_CONT.search(text) or text.lstrip().startswith("& "):
+        return True
+    return not _CARET_CONT.search(text) and bool(_SINGLE_QUOTED.search(text))
 
 
 def split_windows(text: str, *, powershell: bool = False) -> list[str]:
@@ -78,6 +86,7 @@ def split_windows(text: str, *, powershell: bool = False) -> list[str]:
     Raises:
         PlanError: ``invalid_assignment`` for an unterminated quote.
     """
+    text = _BACKSLASH_CONT.sub(" ", text)  # docs continue Windows lines with \ too
     if powershell:
         text = _BACKTICK_CONT.sub(" ", text)
         text = text.lstrip()
@@ -193,7 +202,7 @@ def split_command_line(text: str, dialect: str | None = None) -> list[str]:
     if dialect != "posix":
         raise PlanError("invalid_assignment", f"unknown command-line dialect {dialect!r}")
     try:
-        return shlex.split(_BACKSLASH_CONT.sub(" ", text))
+        return shlex.split(_BACKSLASH_CONT.sub(" ", text), comments=True)
     except ValueError as exc:
         raise PlanError("invalid_assignment", f"cannot read the command line: {exc}") from None
 

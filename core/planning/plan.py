@@ -3,6 +3,8 @@
 :func:`resolve` runs one pass per section of the behaviour spec, in this order:
 
 - :func:`deprecation_warnings`: compatibility flags (section 6);
+- :func:`auto_fit_placement`: ``--auto-fit`` replaces the runtime and params strings with
+  sd-cli's own choice (section 13, :mod:`sdplan.core.planning.autofit`);
 - :func:`check_device_names`: every written device name resolves (sections 3 and 11);
 - :func:`default_devices`: the default runtime devices (sections 4 and 5);
 - :func:`budget_entries` and :func:`budget_bytes`: ``--max-vram`` (section 7);
@@ -26,6 +28,7 @@ placement and the flag glue in :mod:`sdplan.core.planning.placement`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -39,6 +42,7 @@ from sdplan.core.planning.assignment import (
     RuntimeValue,
     gib_to_bytes,
 )
+from sdplan.core.planning.autofit import AutoFit, auto_fit, component_bytes, undersized
 from sdplan.core.planning.inventory import Device, Inventory
 from sdplan.core.planning.modules import GIB, MODULES, SPLITTABLE
 from sdplan.core.planning.placement import (
@@ -106,9 +110,11 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
     if idx.default is None:
         raise PlanError("device_not_found", "the device inventory is empty")
     deprecated = deprecation_warnings(pl.deprecated)
+    per_device, duplicates = budget_entries(pl, idx)
+    given = pl
+    pl, fitted, fit_warnings = auto_fit_placement(pl, inventory, per_device, profile)
     check_device_names(pl, idx)
     default_list = default_devices(pl, idx)
-    per_device, duplicates = budget_entries(pl, idx)
     budgets, disabled = budget_bytes(inventory, per_device, pl.budget_default)
     runtime, runtime_warnings = runtime_devices(pl, idx, default_list)
     rows, row_warnings = row_splits(pl, runtime, idx.devices, profile)
@@ -124,17 +130,63 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
                                        idx.devices)
     canon = canonical_placement(pl, idx, default_list, per_device)
     strings = canon.to_strings()
+    if given.auto_fit:  # edit and write the --auto-fit placement, not its result
+        canon = dataclasses.replace(canon, default=None, runtime={}, params_default=None,
+                                    params={})
     return Plan(modules=modules, budgets=budgets,
-                warnings=[*deprecated, *duplicates, *disabled, *runtime_warnings,
+                warnings=[*deprecated, *fit_warnings, *duplicates, *disabled, *runtime_warnings,
                           *row_warnings, *split_warnings, *streaming],
                 backend=strings["backend"], params_backend=strings["params_backend"],
                 max_vram=strings["max_vram"], placement=canon,
                 stream_layers=pl.stream_layers, rpc_servers=pl.rpc_servers,
-                split_mode=canon.split_mode_text())
+                split_mode=canon.split_mode_text(), auto_fit=fitted)
 
 
 _DEPRECATED_MEANING = {"--clip-on-cpu": "--backend te=cpu", "--vae-on-cpu": "--backend vae=cpu",
                        "--control-net-cpu": "--backend controlnet=cpu"}
+
+
+def auto_fit_placement(pl: Placement, inventory: Inventory, per_device: Mapping[str, Decimal],
+                       profile: Profile | None
+                       ) -> tuple[Placement, AutoFit | None, list[PlanWarning]]:
+    """Spec section 13: with ``--auto-fit``, the placement whose runtime and params entries
+    are the ones sd-cli derives (:func:`~sdplan.core.planning.autofit.auto_fit` for the
+    profile's component sizes and the ``--max-vram`` entries per device), and the
+    :class:`~sdplan.core.planning.autofit.AutoFit` itself; without it, ``pl`` unchanged.
+
+    Warnings: ``auto_fit_overrides`` when ``--backend``/``--params-backend`` (or the
+    compatibility flags) were given too (sd-cli ignores them), ``auto_fit_no_gpu`` without
+    a GPU-type device, ``auto_fit_needs_model`` without a profile (no sizes: the default
+    placement), ``auto_fit_will_not_fit`` where the choice does not hold for the sizes
+    sd-cli loads (:func:`~sdplan.core.planning.autofit.undersized`).
+    """
+    if not pl.auto_fit:
+        return pl, None, []
+    warnings: list[PlanWarning] = []
+    if pl.default is not None or pl.runtime or pl.params_default is not None or pl.params:
+        warnings.append(PlanWarning("auto_fit_overrides", "--auto-fit ignores --backend and "
+                                    "--params-backend (sd-cli chooses them itself)"))
+    cleared = dataclasses.replace(pl, default=None, runtime={}, params_default=None, params={},
+                                  shadowed=(), texts={**pl.texts, "--backend": "",
+                                                      "--params-backend": ""})
+    if profile is None:
+        warnings.append(PlanWarning("auto_fit_needs_model", "--auto-fit sizes the model; "
+                                    "without model files or a profile the default placement "
+                                    "is shown"))
+        return cleared, None, warnings
+    fitted = auto_fit(component_bytes(profile), inventory, per_device, pl.budget_default)
+    if not fitted.devices:
+        warnings.append(PlanWarning("auto_fit_no_gpu", "--auto-fit found no GPU; sd-cli "
+                                    "uses the default placement"))
+    if profile.autofit_loaded:
+        for reason in undersized(fitted, profile.autofit_loaded):
+            warnings.append(PlanWarning("auto_fit_will_not_fit", "sd-cli's --auto-fit choice "
+                                        f"will not fit: {reason}"))
+    derived = Placement.from_strings(fitted.backend, fitted.params_backend)
+    return dataclasses.replace(cleared, runtime=derived.runtime, params=derived.params,
+                               texts={**cleared.texts, "--backend": fitted.backend,
+                                      "--params-backend": fitted.params_backend}
+                               ), fitted, warnings
 
 
 def deprecation_warnings(flags: Sequence[str]) -> list[PlanWarning]:
