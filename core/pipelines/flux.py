@@ -31,8 +31,9 @@ from sdplan.core.pipelines.base import Pipeline, module_placements
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.flow import DEFAULT_STEPS, flux_sigmas, sample_flow
-from sdplan.core.sampling.noise import PhiloxNoise
+from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
+from sdplan.core.sampling.schedules_more import FlowSchedule
 from sdplan.core.text.clip_tokenizer import EOS_ID, ClipTokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 from sdplan.core.text.t5_tokenizer import T5Tokenizer
@@ -183,7 +184,8 @@ class FluxPipeline(Pipeline):
                 seed: int = 42, sampler: str = "euler", guidance: float = 3.5,
                 t5_length: int = 256, noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None,
-                vae_scale: int = 8) -> dict[str, np.ndarray]:
+                vae_scale: int = 8, scheduler: str = "default",
+                sampling: SamplingOptions | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -198,6 +200,11 @@ class FluxPipeline(Pipeline):
             preview: ``preview(step, rgb_uint8 (H, W, 3))`` after each step, from TAEF1 when
                 a ``taesd`` file is given, else the latent-to-RGB projection.
             vae_scale: pixels per latent cell (8 for Flux's autoencoder).
+            scheduler: ``default`` (BFL's schedule: dev shifted by the token count, schnell
+                linear) or an sd-cli ``--scheduler`` name, run on the Flux flow
+                (:class:`~sdplan.core.sampling.schedules_more.FlowSchedule`, shift
+                ``--flow-shift``, default 1.15 for dev and 1 for schnell as sd-cli).
+            sampling: ``--eta``, ``--sigmas``, ``--rng`` and the other options.
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -211,10 +218,17 @@ class FluxPipeline(Pipeline):
         h, w = height // vae_scale, width // vae_scale
         variant = self.dit.cfg.variant
         steps = steps or DEFAULT_STEPS[variant]
-        sigmas = flux_sigmas(steps, (h // 2) * (w // 2), shift=variant == "dev")
+        opts = sampling or SamplingOptions()
+        shift = opts.flow_shift if opts.flow_shift is not None else (
+            1.15 if variant == "dev" else 1.0)
+        rng, sampler_noise, sigmas = prepare(opts, seed, steps,
+                                             "discrete" if scheduler == "default" else scheduler,
+                                             FlowSchedule(shift, "flux"),
+                                             image_tokens=(h // 2) * (w // 2))
+        if scheduler == "default" and not opts.sigmas:
+            sigmas = flux_sigmas(steps, (h // 2) * (w // 2), shift=variant == "dev")
         context, pooled = self.encode_prompt(prompt, t5_length)
-        rng = PhiloxNoise(seed)
-        start = rng.randn((1, 16, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
+        start = rng((1, 16, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
         g = guidance if self.dit.cfg.guidance else None
 
         def vel(x: np.ndarray, s: float) -> np.ndarray:
@@ -225,7 +239,8 @@ class FluxPipeline(Pipeline):
                 preview(i, self._preview_rgb(den))
 
         with self.diffusion_session():
-            latent = sample_flow(sampler, vel, start, sigmas, noise=rng, callback=cb)
+            latent = sample_flow(sampler, vel, start, sigmas, noise=sampler_noise, callback=cb,
+                                 eta=opts.eta, extra=opts.extra)
         return {"latent": latent, "image": self.decode(latent), "sigmas": sigmas}
 
     def _preview_rgb(self, latent: np.ndarray) -> np.ndarray:

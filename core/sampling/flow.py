@@ -32,12 +32,12 @@ from sdplan.core.sampling.samplers import (
     SAMPLERS,
     TAKES_EXTRA,
     StepCallback,
-    sample_dpmpp_2s_ancestral_flow,
     sample_er_sde,
     sample_euler_ge,
     sample_res_2s,
     sample_res_multistep,
 )
+from sdplan.core.sampling.samplers_more import sample_dpmpp_2s_ancestral_flow
 from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule
 
 __all__ = ["FLOW_SAMPLERS", "FLOW_SAMPLER_FUNCTIONS", "DEFAULT_STEPS", "flux_mu", "time_shift",
