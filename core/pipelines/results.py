@@ -1,18 +1,21 @@
 """Results: decoded images as pictures, and pictures as PNG files with their metadata.
 
 The one place the command line and the desktop app turn a generation into files: both
-write the same text chunks (prompt, settings, seed, model and its hash, placement).
+write the same text chunks, ``parameters`` as sd-cli writes it and ``sdplan`` (model paths,
+placement, hash), and read them back (:func:`read_generation`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sdplan.core.pipelines.parameters import ImageParameters
 
 #: How :func:`model_hash` is computed (written beside it as ``model_hash_method``).
 MODEL_HASH_METHOD = "sha256(first 1 MiB + decimal file size)"
@@ -39,50 +42,58 @@ def model_hash(path: str | Path) -> str:
 
 
 def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
-                    placement: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The PNG text chunks of one generation.
+                    placement: Mapping[str, Any] | None = None,
+                    command: str | None = None) -> dict[str, str]:
+    """The PNG text chunks of one generation: ``parameters`` (sd-cli's layout, which sd-cli,
+    Stable Diffusion web UI style tools and galleries read;
+    :func:`~sdplan.core.pipelines.parameters.format_parameters`) and ``sdplan`` (JSON: the
+    full model paths, the placement strings, the settings, the model hash and the sd-cli
+    command, so sdplan restores a run exactly).
 
     Args:
         params: the generation settings by sd-cli's request keys (``prompt``,
             ``negative_prompt``, ``seed``, ``steps``, ``sampling_method``, ``scheduler``,
-            ``cfg_scale``, ``clip_skip``, ``width``, ``height``; ``guidance`` for Flux,
-            ``upscale_model``/``upscale_repeats`` when upscaled). Missing keys are left out.
-        model_files: model-file keys -> path or paths; ``model`` (else
-            ``diffusion_model``) names the model and is hashed (:func:`model_hash`).
-        placement: ``{"backend", "params_backend", "max_vram"}`` canonical strings.
+            ``cfg_scale``, ``clip_skip``, ``width``, ``height``, ``guidance``, ``eta``,
+            ``rng``, ...; ``upscale_model``/``upscale_repeats`` when upscaled).
+        model_files: model-file keys -> path or paths; ``model`` (else ``diffusion_model``)
+            is hashed (:func:`model_hash`).
+        placement: ``backend``, ``params_backend``, ``max_vram`` (and ``split_mode``,
+            ``rpc_servers``) canonical strings.
+        command: the equivalent sd-cli command line, when known.
 
     Returns:
-        Text chunk name -> value (``software`` is ``sdplan``).
+        Text chunk name -> value.
     """
-    text: dict[str, str] = {}
-    simple = (("prompt", "prompt"), ("negative_prompt", "negative_prompt"), ("seed", "seed"),
-              ("steps", "steps"), ("sampler", "sampling_method"), ("scheduler", "scheduler"),
-              ("clip_skip", "clip_skip"))
-    for chunk, key in simple:
-        if params.get(key) is not None:
-            text[chunk] = str(params[key])
-    if params.get("cfg_scale") is not None:
-        text["cfg_scale"] = f"{float(params['cfg_scale']):g}"
-    if params.get("width") and params.get("height"):
-        text["size"] = f"{params['width']}x{params['height']}"
-    main = _first(model_files.get("model")) or _first(model_files.get("diffusion_model"))
+    from sdplan.core import __version__
+    from sdplan.core.pipelines.parameters import format_parameters
+
+    files = {k: [str(v)] if isinstance(v, (str, Path)) else [str(x) for x in v]
+             for k, v in model_files.items() if v}
+    settings = {k: v for k, v in params.items() if k in _SETTINGS and v is not None}
+    doc: dict[str, Any] = {"version": 1, "settings": settings, "model_files": files,
+                           "placement": {k: v for k, v in (placement or {}).items() if v}}
+    main = _first(files.get("model")) or _first(files.get("diffusion_model"))
     if main:
-        text["model"] = os.path.basename(main)
         try:
-            text["model_hash"] = model_hash(main)
-            text["model_hash_method"] = MODEL_HASH_METHOD
+            doc["model_hash"] = model_hash(main)
+            doc["model_hash_method"] = MODEL_HASH_METHOD
         except OSError:
             pass
-    text["software"] = "sdplan"
-    if "diffusion_model" in model_files and params.get("guidance") is not None:
-        text["guidance"] = f"{float(params['guidance']):g}"
-    upscaler = _first(model_files.get("upscale_model")) or params.get("upscale_model")
+    upscaler = _first(files.get("upscale_model")) or params.get("upscale_model")
     if upscaler:
-        text["upscale_model"] = os.path.basename(str(upscaler))
-        text["upscale_repeats"] = str(params.get("upscale_repeats") or 1)
-    for key, value in (placement or {}).items():
-        text[key] = value
-    return text
+        doc["upscale"] = {"model": os.path.basename(str(upscaler)),
+                          "repeats": int(params.get("upscale_repeats") or 1)}
+    if command:
+        doc["command"] = command
+    return {"parameters": format_parameters(settings, files, f"sdplan {__version__}"),
+            "sdplan": json.dumps(doc, separators=(",", ":"))}
+
+
+#: Settings a picture records (sd-cli's request keys).
+_SETTINGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "guidance",
+             "seed", "sampling_method", "scheduler", "batch_count", "clip_skip", "eta",
+             "sigmas", "flow_shift", "timestep_shift", "rng", "sampler_rng",
+             "extra_sample_args", "vae_tile_size", "upscale_repeats")
 
 
 def _first(value: Any) -> str | None:
@@ -113,7 +124,8 @@ def save_png(image: np.ndarray, path: str | Path, text: Mapping[str, str] | None
 
 
 def read_png_text(path: str | Path) -> dict[str, str]:
-    """The text chunks of a PNG file.
+    """The text chunks of a PNG file; ``tEXt`` chunks holding UTF-8 (as sd-cli writes them)
+    are decoded as UTF-8.
 
     Raises:
         OSError: not a readable image.
@@ -121,4 +133,40 @@ def read_png_text(path: str | Path) -> dict[str, str]:
     from PIL import Image
 
     with Image.open(path) as im:
-        return {str(k): str(v) for k, v in getattr(im, "text", {}).items()}
+        out = {}
+        for k, v in getattr(im, "text", {}).items():
+            text = str(v)
+            try:
+                text = text.encode("latin-1").decode("utf-8")
+            except (UnicodeEncodeError, UnicodeDecodeError):
+                pass
+            out[str(k)] = text
+        return out
+
+
+def read_generation(path: str | Path) -> ImageParameters:
+    """The generation a picture records: sdplan's ``sdplan`` chunk when present (full model
+    paths, placement), completed from ``parameters`` (sd-cli's, sdplan's or A1111's layout;
+    :func:`~sdplan.core.pipelines.parameters.parse_parameters`). Empty settings when the
+    picture records none.
+
+    Raises:
+        OSError: not a readable image.
+    """
+    from sdplan.core.pipelines.parameters import parse_parameters
+
+    text = read_png_text(path)
+    out = parse_parameters(text["parameters"]) if "parameters" in text else ImageParameters()
+    raw = text.get("sdplan")
+    if raw:
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            out.settings.update(doc.get("settings") or {})
+            out.model_files = {str(k): [str(p) for p in v]
+                               for k, v in (doc.get("model_files") or {}).items()}
+            out.placement = {str(k): str(v) for k, v in (doc.get("placement") or {}).items()}
+            out.source = "sdplan"
+    return out

@@ -108,7 +108,9 @@ class PhiloxNoise:
         out = np.sqrt(np.float32(-2.0) * np.log(u)) * np.sin(v)
         return out.astype(np.float32).reshape(shape)
 
-    __call__ = randn
+    def __call__(self, shape: tuple[int, ...], /) -> np.ndarray:
+        """:meth:`randn` (a :class:`NoiseSource`)."""
+        return self.randn(shape)
 
 
 class TorchCpuNoise:
@@ -175,7 +177,9 @@ class TorchCpuNoise:
         self._next_gauss = r * math.sin(theta)
         return r * math.cos(theta)
 
-    __call__ = randn
+    def __call__(self, shape: tuple[int, ...], /) -> np.ndarray:
+        """:meth:`randn` (a :class:`NoiseSource`)."""
+        return self.randn(shape)
 
 
 class StdDefaultNoise:
@@ -241,7 +245,9 @@ class StdDefaultNoise:
             out = np.concatenate([out, pair.astype(np.float32)])
         return out[:n].reshape(shape)
 
-    __call__ = randn
+    def __call__(self, shape: tuple[int, ...], /) -> np.ndarray:
+        """:meth:`randn` (a :class:`NoiseSource`)."""
+        return self.randn(shape)
 
 
 def make_noise(rng: str, seed: int) -> NoiseSource:
