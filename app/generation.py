@@ -36,12 +36,14 @@ from PySide6.QtWidgets import (
 )
 from sdplan.app.controller import PlanController
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
+from sdplan.core.sampling.samplers import SAMPLERS as CORE_SAMPLERS
+from sdplan.core.sampling.schedules import SCHEDULES as CORE_SCHEDULES
 
 log = logging.getLogger(__name__)
 
-SAMPLERS = ("euler", "euler_a", "heun", "dpm2", "dpm++2s_a", "dpm++2m", "dpm++2mv2", "ipndm",
-            "ipndm_v", "lcm", "ddim_trailing", "tcd")
-SCHEDULES = ("discrete", "karras", "exponential", "ays", "gits", "sgm_uniform", "simple")
+#: The samplers and schedulers offered: the engine's own lists (sd-cli's names and order).
+SAMPLERS = CORE_SAMPLERS
+SCHEDULES = CORE_SCHEDULES
 
 
 def to_qimage(array: Any) -> QImage:
@@ -393,7 +395,7 @@ class GenerationPanel(QFrame):
         self.params_label.setText(describe_params(params))
         self.progress.setValue(self.progress.maximum())
         self.progress_label.setText(f"done in {time.monotonic() - self._t0:.1f} s")
-        self._save(self.last_images, params)
+        self._save(images, params)
 
     @Slot(str)
     def on_error(self, message: str) -> None:
@@ -444,17 +446,39 @@ class GenerationPanel(QFrame):
             Qt.TransformationMode.SmoothTransformation))
 
     # ------------------------------------------------------------------ history
-    def _save(self, images: list[QImage], params: dict) -> None:
+    def _save(self, images: list, params: dict) -> None:
+        """Write each image as a PNG carrying sd-cli's "parameters" text and sdplan's own
+        record (:func:`sdplan.core.pipelines.results.generation_text`), the same metadata
+        ``sdplan generate`` writes, so the picture restores the run when dropped on the
+        window."""
+        from sdplan.core.pipelines.results import generation_text, save_png
+
         try:
             self.history_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             self.ctl.status.emit(f"cannot save results to {self.history_dir}: {exc}")
             return
+        req = self._last_request or self.request()
+        run = {**{k: v for k, v in req.items() if k not in ("model_files", "placements")},
+               **params}
+        plan = self.ctl.plan
+        text = generation_text(run, req.get("model_files") or {}, {
+            "backend": plan.backend, "params_backend": plan.params_backend,
+            "max_vram": plan.max_vram, "split_mode": plan.split_mode,
+            "rpc_servers": ",".join(plan.rpc_servers)}, self.ctl.command_line())
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for i, img in enumerate(images):
             path = self.history_dir / f"{stamp}-{i}.png"
-            img.save(str(path))
-            path.with_suffix(".json").write_text(json.dumps(params, indent=1, default=str))
+            a = np.asarray(img)
+            if a.dtype != np.uint8:
+                a = (np.clip(a.astype(np.float32), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+            try:
+                save_png(a[..., :3], path,
+                         text | ({"batch_index": str(i)} if len(images) > 1 else {}))
+                path.with_suffix(".json").write_text(json.dumps(params, indent=1, default=str))
+            except OSError as exc:
+                self.ctl.status.emit(f"cannot save {path}: {exc}")
+                return
             self._add_history(path)
 
     def _add_history(self, path: Path) -> None:
