@@ -55,3 +55,39 @@ def test_plan_command_reports_a_bad_command(shared_dir: Path,
                      "--command", "sd-cli -p 'open", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 2 and out["error"]["code"] == "invalid_assignment"
+
+
+def test_runtime_flags_of_the_sd_cli_command_change_its_estimate() -> None:
+    from sdplan.core.planning.estimate import RuntimeFlags, estimate_plan, im2col_bytes
+    from sdplan.core.planning.inventory import Device, Inventory
+    from sdplan.core.planning.modules import GIB
+    from sdplan.core.planning.plan import resolve
+    from sdplan.core.planning.profile import ModuleProfile, Profile
+    from sdplan.core.planning.sdcli import import_sdcli_command
+
+    inv = Inventory((Device("CUDA0", "A", "gpu", "CUDA", 24 * GIB, 24 * GIB),
+                     Device("CPU", "cpu", "cpu", "CPU", 64 * GIB, 64 * GIB)))
+    prof = Profile({"diffusion": ModuleProfile((), 2 * GIB), "te": ModuleProfile((), GIB // 4),
+                    "vae": ModuleProfile((), GIB // 8)}, architecture="sd1")
+    imp = import_sdcli_command("sd-cli -m m.safetensors -p x --backend te=cpu "
+                               "--diffusion-fa --vae-conv-direct --mmap --eager-load")
+    flags = imp.runtime_flags()
+    assert flags == RuntimeFlags(frozenset({"diffusion"}), frozenset({"vae"}), True, True)
+    plan = resolve(imp.placement, inv, prof)
+    kw = {"width": 1024, "height": 1024, "batch": 1}
+    plain = estimate_plan(plan, prof, inv, flags=RuntimeFlags(), **kw)
+    fast = estimate_plan(plan, prof, inv, flags=flags, **kw)
+    latent = 128 * 128
+    # flash attention: SD1's first attention (8 heads, latent tokens) loses its score matrix
+    assert plain.modules["diffusion"].compute["CUDA0"] - fast.modules["diffusion"].compute[
+        "CUDA0"] == 4 * 8 * latent * latent
+    # direct convolutions: the VAE's im2col buffer (F16, 3x3 over 128 channels at 1024^2)
+    assert im2col_bytes("vae", "sd1", **kw) == 2 * 9 * 128 * 1024 * 1024
+    assert plain.modules["vae"].compute["CUDA0"] - fast.modules["vae"].compute["CUDA0"] == \
+        im2col_bytes("vae", "sd1", **kw)
+    # --mmap: the text encoder's weights on the CPU are mapped pages, not allocations
+    assert plain.modules["te"].weights == {"CPU": GIB // 4} and fast.modules["te"].weights == {}
+    # sdplan's own engine (no flags) has neither im2col nor flash attention
+    own = estimate_plan(plan, prof, inv, **kw)
+    assert own.modules["vae"].compute["CUDA0"] == plain.modules["vae"].compute["CUDA0"] - \
+        im2col_bytes("vae", "sd1", **kw)

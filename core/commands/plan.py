@@ -8,7 +8,9 @@ With ``--json`` the output is issue 3's contract: the plan's :meth:`Plan.to_json
 image size and batch from its flags; :func:`sdplan.core.planning.sdcli.import_sdcli_command`);
 its JSON adds ``"command"``: the written command, the arguments kept without being
 understood (``kept``: sd-cli options sdplan does not use; ``unknown``: not sd-cli options),
-the generation settings and the model files.
+the generation settings, the model files and the runtime flags the estimate of that sd-cli
+run takes into account (flash attention, direct convolutions, ``--mmap``,
+``--eager-load``: :class:`~sdplan.core.planning.estimate.RuntimeFlags`).
 """
 
 from __future__ import annotations
@@ -107,11 +109,11 @@ def _command_json(imp: Any, plan: Plan) -> dict[str, object]:
 
 
 def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
-         args: argparse.Namespace) -> Any:
+         args: argparse.Namespace, flags: Any = None) -> Any:
     if profile is None:
         return None
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
-                         batch=args.batch_count)
+                         batch=args.batch_count, flags=flags)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
         plan = resolve(placement, inventory, profile)
         if extra:
             plan = dataclasses.replace(plan, warnings=extra + plan.warnings)
-        fit = _fit(plan, profile, inventory, args)
+        fit = _fit(plan, profile, inventory, args,
+                   imported.runtime_flags() if imported is not None else None)
     except SdplanError as exc:
         err = exc.to_json()
         err.setdefault("span", None)
@@ -146,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
             out["fit"] = fit.to_json()
         if imported is not None:
             out["command"] = _command_json(imported, plan)
+            out["command"]["runtime_flags"] = imported.runtime_flags().to_json()
         print(json.dumps(out, indent=1))
     else:
         print_tables(plan, inventory, fit)

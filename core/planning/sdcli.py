@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 from sdplan.core.errors import PlanError
 from sdplan.core.planning.cmdline import split_command_line, strip_program
-from sdplan.core.planning.modules import MODEL_FLAGS
+from sdplan.core.planning.estimate import RuntimeFlags
+from sdplan.core.planning.modules import MODEL_FLAGS, MODULES
 from sdplan.core.planning.placement import (
     PLACEMENT_SWITCHES,
     PLACEMENT_VALUE_FLAGS,
@@ -295,6 +296,20 @@ class ImportedCommand:
     def unknown_args(self) -> list[str]:
         """Everything sdplan keeps without understanding: ``kept`` then ``unknown``."""
         return [*self.kept, *self.unknown]
+
+    def runtime_flags(self) -> RuntimeFlags:
+        """How this command runs, for its memory estimate
+        (:class:`~sdplan.core.planning.estimate.RuntimeFlags`): ``--fa`` (every module) and
+        ``--diffusion-fa``, ``--diffusion-conv-direct`` and ``--vae-conv-direct``, ``--mmap``,
+        ``--eager-load``."""
+        given = {a.flag for a in self.arguments}
+        fa: set[str] = set(MODULES) if "--fa" in given else set()
+        if "--diffusion-fa" in given:
+            fa.add("diffusion")
+        direct = {m for flag, m in (("--diffusion-conv-direct", "diffusion"),
+                                    ("--vae-conv-direct", "vae")) if flag in given}
+        return RuntimeFlags(frozenset(fa), frozenset(direct), "--mmap" in given,
+                            "--eager-load" in given)
 
     def extra_args(self) -> list[str]:
         """The kept and unknown arguments in the order they were pasted (what the written
