@@ -258,10 +258,13 @@ def make_noise(rng: str, seed: int) -> NoiseSource:
     Raises:
         SamplingError: an unknown name (the message lists :data:`RNGS`).
     """
-    kinds = {"cuda": PhiloxNoise, "cpu": TorchCpuNoise, "std_default": StdDefaultNoise}
-    if rng not in kinds:
-        raise SamplingError(f"unknown --rng {rng!r} (choose one of {', '.join(RNGS)})")
-    return kinds[rng](seed)  # type: ignore[no-any-return]
+    if rng == "cuda":
+        return PhiloxNoise(seed)
+    if rng == "cpu":
+        return TorchCpuNoise(seed)
+    if rng == "std_default":
+        return StdDefaultNoise(seed)
+    raise SamplingError(f"unknown --rng {rng!r} (choose one of {', '.join(RNGS)})")
 
 
 def initial_latent(noise: np.ndarray, sigmas: np.ndarray) -> np.ndarray:

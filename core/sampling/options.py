@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from sdplan.core.sampling.errors import SamplingError
@@ -63,9 +64,9 @@ class SamplingOptions:
         Raises:
             SamplingError: a malformed value.
         """
-        raw_sigmas = req.get("sigmas")
+        raw_sigmas: Any = req.get("sigmas")
         sigmas = parse_sigmas(raw_sigmas) if isinstance(raw_sigmas, str) else \
-            tuple(float(v) for v in (raw_sigmas or ()))  # type: ignore[union-attr]
+            tuple(float(v) for v in (raw_sigmas or ()))
         extra = req.get("extra_sample_args")
         extra_map = parse_key_values(extra) if isinstance(extra, str) else dict(extra or {})  # type: ignore[call-overload]
         eta, shift = req.get("eta"), req.get("flow_shift")
