@@ -206,7 +206,8 @@ def print_error(exc: SdplanError) -> None:
     from rich.markup import escape
 
     console = Console(stderr=True)
-    console.print(f"[bold red]error[/] {escape(f'[{exc.code}]')}: {escape(str(exc))}")
+    console.print(f"[bold red]error[/] {escape(f'[{exc.code}]')}: {escape(str(exc))}",
+                  soft_wrap=True)  # one line, whatever the terminal's width
     if isinstance(exc, PlanError) and exc.text is not None and exc.span is not None:
         start, end = exc.span
         console.print(f"  {exc.flag} {escape(exc.text)}", highlight=False)

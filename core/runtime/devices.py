@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 #: How to get a ggml with the RPC backend and llamafile's sgemm kernels.
 RPC_INSTALL_COMMAND = (
     "pip install --no-binary libggml-python --no-cache-dir -C cmake.define.GGML_RPC=ON "
-    "-C cmake.define.GGML_LLAMAFILE=ON --force-reinstall libggml-python==0.20.2.post1"
+    "-C cmake.define.GGML_LLAMAFILE=ON -C cmake.define.CMAKE_C_FLAGS=-DGGML_MAX_NAME=160 "
+    "-C cmake.define.CMAKE_CXX_FLAGS=-DGGML_MAX_NAME=160 --force-reinstall "
+    "libggml-python==0.20.2.post1 (then reinstall sdplan)"
 )
 
 #: Seconds to wait for an RPC endpoint to accept a TCP connection before giving up.
