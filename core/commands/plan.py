@@ -112,8 +112,9 @@ def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
          args: argparse.Namespace, flags: Any = None) -> Any:
     if profile is None:
         return None
+    extra = {"flags": flags} if flags is not None else {}
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
-                         batch=args.batch_count, flags=flags)
+                         batch=args.batch_count, **extra)
 
 
 def run(args: argparse.Namespace) -> int:
