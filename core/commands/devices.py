@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
+from sdplan.core.commands.messages import print_error
 from sdplan.core.errors import SdplanError
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB
@@ -59,6 +59,11 @@ def render_table(inv: Inventory, feat: dict[str, Any]) -> None:
                       f"{d.free / GIB:.1f}", f"{d.total / GIB:.1f}")
     console.print(table)
     console.print(_feature_line(feat), highlight=False)
+    th = feat.get("cpu_threads")
+    if th:
+        console.print(f"CPU threads by default: {th['default']} ({th['reason']}; generate "
+                      "uses fewer while other programs keep cores busy)", highlight=False,
+                      soft_wrap=True)
     for w in feat["warnings"]:
         console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
 
@@ -71,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         inv = devices.live_inventory(devices.split_endpoints(args.rpc_servers))
         feat = devices.features()
     except SdplanError as exc:
-        print(f"sdplan devices: {exc}", file=sys.stderr)
+        print_error(exc)
         return 2
     if args.json:
         data = inv.to_json()

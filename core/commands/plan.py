@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from sdplan.core.commands.options import add_source_arguments, load_inventory, profile_from_args
-from sdplan.core.errors import PlanError, SdplanError
+from sdplan.core.errors import SdplanError
 from sdplan.core.planning.estimate import estimate_plan
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB, MODEL_FLAGS, MODULES
@@ -131,18 +131,11 @@ def _list_builtin(as_json: bool) -> int:
 
 
 def print_error(exc: SdplanError) -> None:
-    """Print an sdplan error on stderr (code, message, and the flag text with a caret under
-    the span for a PlanError)."""
-    from rich.console import Console
-    from rich.markup import escape
+    """Print an sdplan error on stderr (:func:`sdplan.core.commands.messages.print_error`:
+    one line; on a terminal a PlanError's flag text with carets under the span)."""
+    from sdplan.core.commands.messages import print_error as _print
 
-    console = Console(stderr=True)
-    console.print(f"[bold red]error[/] {escape(f'[{exc.code}]')}: {escape(str(exc))}")
-    if isinstance(exc, PlanError) and exc.text is not None and exc.span is not None:
-        start, end = exc.span
-        console.print(f"  {exc.flag} {escape(exc.text)}", highlight=False)
-        pad = " " * (len(exc.flag or "") + 3 + start)
-        console.print(pad + "^" * max(end - start, 1), style="red", highlight=False)
+    _print(exc)
 
 
 def stdout_console() -> Any:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import SdplanError
+from sdplan.core.errors import InvalidArgument, SdplanError
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.clip import causal_mask, clip_config, clip_text
@@ -203,11 +203,11 @@ class FluxPipeline(Pipeline):
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
 
         Raises:
-            SdplanError: a size that is not a multiple of ``2 * vae_scale``; SamplingError.
+            InvalidArgument: a size that is not a multiple of ``2 * vae_scale``; SamplingError.
         """
 
         if width % (2 * vae_scale) or height % (2 * vae_scale) or width <= 0 or height <= 0:
-            raise SdplanError(f"Flux image size {width}x{height} must be positive multiples of {2 * vae_scale}")
+            raise InvalidArgument(f"Flux image size {width}x{height} must be positive multiples of {2 * vae_scale}")
         h, w = height // vae_scale, width // vae_scale
         variant = self.dit.cfg.variant
         steps = steps or DEFAULT_STEPS[variant]

@@ -18,7 +18,8 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
   (sd-cli's ``--taesd`` without ``--taesd-preview-only``; default False: previews only).
 
 Messages: progress ``{"step", "total", "phase"}``, preview ``{"step", "total", "image"}``
-(uint8 (H, W, 3)); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings"}``.
+(uint8 (H, W, 3)), and once ``{"phase": "threads", "threads", "reason"}`` (the CPU threads
+chosen); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings", "threads"}``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.runtime.devices import live_inventory
 from sdplan.core.runtime.runner import ModulePlacement
+from sdplan.core.runtime.threads import choose_threads
 from sdplan.core.sampling.flow import DEFAULT_STEPS
 
 #: The job that generates images (:func:`generate_job`) and the one that lists the engine
@@ -115,6 +117,8 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     seed = int(req.get("seed", 42))
     if seed < 0:
         seed = random.randrange(2**31)
+    threads = _apply_threads(ctx, int(req.get("threads") or 0))
+    req["threads"] = 0  # computes use the backends' count just set: a change reloads nothing
     t0 = time.perf_counter()
     images, timings = (_flux_run if flux else _sd_run)(ctx, req, files, core, placements, seed)
     upscaler = _first(files, "upscale_model")
@@ -126,7 +130,18 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     params = {k: req.get(k) for k in ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale",
                                       "sampling_method", "scheduler", "batch_count", "clip_skip")}
     params.update(seed=seed, architecture="flux" if flux else "sd")
-    return {"images": images, "params": params, "timings": timings}
+    return {"images": images, "params": params, "timings": timings,
+            "threads": {"threads": threads.threads, "reason": threads.reason}}
+
+
+def _apply_threads(ctx: Any, requested: int) -> Any:
+    """Choose the CPU thread count (:func:`sdplan.core.runtime.threads.choose_threads`), set
+    it on the shared backends and report it as a progress message ``{"phase": "threads",
+    "threads", "reason"}``; returns the choice."""
+    choice = choose_threads(requested)
+    ctx.pool().manager.cpu_threads = choice.threads
+    ctx.progress(phase="threads", threads=choice.threads, reason=choice.reason)
+    return choice
 
 
 def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Callable[[int, np.ndarray], None] | None]:
