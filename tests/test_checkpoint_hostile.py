@@ -248,7 +248,7 @@ def test_header_nested_thousands_deep(tmp_path: Path, opener: str, closer: str) 
         header = '{"t": ' + opener * depth + "1" + closer * depth + "}"
         expect_error(raw_st(tmp_path / f"{name}.safetensors", header), "nests JSON deeper|not a dict|entry")
     for where in ("__metadata__", "t"):  # deep nesting inside metadata or an entry
-        header = '{"%s": {"x": %s1%s}}' % (where, "[" * 50_000, "]" * 50_000)
+        header = '{"' + where + '": {"x": ' + "[" * 50_000 + "1" + "]" * 50_000 + "}}"
         path = raw_st(tmp_path / f"meta_{where}.safetensors", header)
         with pytest.raises(ModelFileError):
             read_tensor_file(path)
