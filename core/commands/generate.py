@@ -151,8 +151,33 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]])
     inventory = Inventory.from_json(engine.call(INVENTORY_JOB, {"rpc_servers": list(placement.rpc_servers)}))
     profile = profile_from_model_flags({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
     plan = resolve(placement, inventory, profile)
-    fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count)
+    measured = engine_compute(args, engine, files, plan)
+    fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count,
+                        engine="sdplan", measured=measured)
     return plan, inventory, fit
+
+
+def _profile(files: dict[str, list[str]]) -> Any:
+    from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+
+    return profile_from_model_flags({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
+
+
+def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[str]], plan: Any) -> dict[str, int]:
+    """Compute bytes per module of this run, measured by a dry run of the engine's graphs in
+    the engine process on the planned devices (:mod:`sdplan.core.pipelines.compute`); {}
+    when the family has no dry run or it fails (the estimate then uses its fitted figures)."""
+    from sdplan.core.pipelines.compute import COMPUTE_JOB
+    from sdplan.core.runtime.runner import ModulePlacement
+
+    try:
+        return dict(engine.call(COMPUTE_JOB, {
+            "model_files": files, "width": args.width, "height": args.height, "batch": args.batch_count,
+            "cfg": args.cfg_scale != 1.0,
+            "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")}}))
+    except SdplanError as exc:
+        log.info("no dry run of the engine: %s", exc)
+        return {}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -182,6 +207,9 @@ def run(args: argparse.Namespace) -> int:
             if not args.force:
                 console.print("[bold red]refused[/]: the plan does not fit "
                               f"({'; '.join(fit.reasons)}); use --force to run anyway")
+                from sdplan.core.commands.plan import advise, print_advice
+
+                print_advice(advise(plan, _profile(files), inventory, fit, args))
                 return 3
             console.print("[yellow]--force[/]: running a plan that does not fit")
         try:

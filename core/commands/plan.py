@@ -52,17 +52,48 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-W", "--width", type=positive_int, default=512, help="image width (px) for the fit")
     p.add_argument("-H", "--height", type=positive_int, default=512, help="image height (px)")
     p.add_argument("-b", "--batch-count", type=positive_int, default=1, help="images per batch")
+    p.add_argument("--engine", choices=("sdplan", "sd-cli"), default="sdplan",
+                   help="whose memory to estimate: sdplan's own engine (default; with model "
+                        "files its graphs are measured by a dry run) or the sd-cli command "
+                        "the plan writes")
+    p.add_argument("--diffusion-fa", action="store_true",
+                   help="with --engine sd-cli: sd-cli runs the diffusion model with flash "
+                        "attention (its --diffusion-fa)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(run=run)
     return p
 
 
 def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
-         args: argparse.Namespace) -> Any:
+         args: argparse.Namespace, files: dict[str, list[str]] | None = None) -> Any:
     if profile is None:
         return None
+    engine = engine_name(args)
+    measured = measure_files(files, args) if files and engine == "sdplan" else None
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
-                         batch=args.batch_count)
+                         batch=args.batch_count, engine=engine, measured=measured)
+
+
+def engine_name(args: argparse.Namespace) -> str:
+    """The estimate's engine from ``--engine`` and ``--diffusion-fa``."""
+    if getattr(args, "engine", "sdplan") == "sd-cli":
+        return "sd-cli-fa" if getattr(args, "diffusion_fa", False) else "sd-cli"
+    return "sdplan"
+
+
+def measure_files(files: dict[str, list[str]], args: argparse.Namespace) -> dict[str, int] | None:
+    """Compute bytes per module of sdplan's engine for the model files at the requested
+    size, by a dry run in this process on the CPU
+    (:func:`sdplan.core.pipelines.compute.measure_compute`); None when the engine is
+    unavailable (the estimate then uses its fitted figures)."""
+    try:
+        from sdplan.core.pipelines.compute import measure_compute
+
+        return measure_compute(files, width=args.width, height=args.height,
+                               batch=args.batch_count) or None
+    except (ImportError, RuntimeError, ValueError) as exc:
+        log.info("no dry run of the engine: %s", exc)
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         plan = resolve(placement, inventory, profile)
         if extra:
             plan = dataclasses.replace(plan, warnings=extra + plan.warnings)
-        fit = _fit(plan, profile, inventory, args)
+        fit = _fit(plan, profile, inventory, args, files)
     except SdplanError as exc:
         err = exc.to_json()
         err.setdefault("span", None)
@@ -86,14 +117,46 @@ def run(args: argparse.Namespace) -> int:
         else:
             print_error(exc)
         return 2
+    advice = advise(plan, profile, inventory, fit, args)
     if args.json:
         out = plan.to_json()
         if fit is not None:
             out["fit"] = fit.to_json()
+            if advice:
+                out["fit"]["advice"] = advice
         print(json.dumps(out, indent=1))
     else:
         print_tables(plan, inventory, fit)
+        print_advice(advice)
     return 0
+
+
+def advise(plan: Plan, profile: Profile | None, inventory: Inventory, fit: Any,
+           args: argparse.Namespace) -> list[str]:
+    """When ``fit`` says the plan does not fit: the smallest change that would, from the
+    auto plan (:func:`sdplan.core.planning.autoplan.fit_advice`); else []."""
+    if fit is None or fit.fits or profile is None:
+        return []
+    from sdplan.core.planning.autoplan import fit_advice
+
+    try:
+        return fit_advice(plan, profile, inventory, width=fit.width, height=fit.height,
+                          batch=fit.batch, engine=fit.engine,
+                          measured={m: c for m, e in fit.modules.items() for c in
+                                    list(e.compute.values())[:1]
+                                    if fit.compute_source.get(m) == "measured"})
+    except SdplanError as exc:
+        log.info("no auto plan: %s", exc)
+        return []
+
+
+def print_advice(advice: list[str]) -> None:
+    """Print :func:`advise`'s lines under ``What would fit:``."""
+    if not advice:
+        return
+    print("What would fit (from the auto plan):")
+    for line in advice:
+        print(f"  {line}")
 
 
 def _list_builtin(as_json: bool) -> int:
@@ -211,6 +274,7 @@ def _print_fit(console: Any, fit: Any) -> None:
                                       else str(v.get(c, "")) for c in cols))
     console.print(table)
     verdict = "[green]fits[/]" if data.get("fits") else "[red]does not fit[/]"
-    console.print(f"Estimate: {verdict}")
+    label = fit.engine_label() if hasattr(fit, "engine_label") else None
+    console.print(f"Estimate: {verdict}" + (f" · for {escape(label)}" if label else ""))
     for reason in data.get("reasons") or []:
         console.print(f"  {escape(str(reason))}", highlight=False)
