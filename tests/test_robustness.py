@@ -376,6 +376,30 @@ def test_error_line_and_excerpt() -> None:
     assert len(shorten("y" * 100_000)) < 450
 
 
+def test_a_terminal_gets_the_flag_text_with_carets() -> None:
+    import io
+
+    from sdplan.core.commands.messages import print_error
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    text = "te=cpu,diffusion=" + "x" * 200 + ",vae=cuda9"
+    start = text.index("cuda9")
+    print_error(PlanError("device_not_found", "--backend: no device 'cuda9'", flag="--backend",
+                          text=text, span=(start, start + 5)), out)
+    import re
+
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", ln) for ln in out.getvalue().splitlines()]
+    assert lines[0] == "error [device_not_found]: --backend: no device 'cuda9'"
+    shown, carets = lines[1], lines[2]
+    assert shown.startswith("  --backend …") and len(shown) < 120
+    col = carets.index("^")
+    assert carets.strip() == "^^^^^" and shown[col:col + 5] == "cuda9"
+
+
 # ---------------------------------------------------------------------------- Qt
 
 

@@ -91,7 +91,7 @@ def measure_files(files: dict[str, list[str]], args: argparse.Namespace) -> dict
 
         return measure_compute(files, width=args.width, height=args.height,
                                batch=args.batch_count) or None
-    except (ImportError, RuntimeError, ValueError) as exc:
+    except (ImportError, RuntimeError, ValueError, SdplanError) as exc:
         log.info("no dry run of the engine: %s", exc)
         return None
 
@@ -135,7 +135,7 @@ def advise(plan: Plan, profile: Profile | None, inventory: Inventory, fit: Any,
            args: argparse.Namespace) -> list[str]:
     """When ``fit`` says the plan does not fit: the smallest change that would, from the
     auto plan (:func:`sdplan.core.planning.autoplan.fit_advice`); else []."""
-    if fit is None or fit.fits or profile is None:
+    if fit is None or getattr(fit, "fits", True) or profile is None:
         return []
     from sdplan.core.planning.autoplan import fit_advice
 

@@ -46,7 +46,8 @@ def check_output_folder(flag: str, folder: str | Path, needed_bytes: int = 0) ->
     """
     path = Path(folder) if str(folder) else Path(".")
     if path.exists() and not path.is_dir():
-        raise OutputError(f"{flag} {str(path)!r}: not a folder")
+        raise OutputError(f"{flag} {str(path)!r}: cannot create the folder (a file of that "
+                          "name is in the way)")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
