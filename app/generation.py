@@ -10,6 +10,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -333,6 +334,13 @@ class GenerationPanel(QFrame):
 
         self._last_request = req
         self.preview_steps = []
+        from sdplan.core.errors import OutputError
+        from sdplan.core.pipelines.outputs import check_output_folder
+
+        try:  # before the engine loads anything: say now that results cannot be kept
+            check_output_folder("history", self.history_dir)
+        except OutputError as exc:
+            self.ctl.status.emit(f"results will not be saved: {exc}")
         self.error_box.hide()
         client = self.client
         if client is None:  # one engine process serves every run until it fails
@@ -445,16 +453,27 @@ class GenerationPanel(QFrame):
 
     # ------------------------------------------------------------------ history
     def _save(self, images: list[QImage], params: dict) -> None:
-        try:
-            self.history_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            self.ctl.status.emit(f"cannot save results to {self.history_dir}: {exc}")
-            return
+        """Write each picture and its settings to the history folder atomically; a failure
+        leaves no partial file, and the picture stays on screen with a status message."""
+        from sdplan.core.pipelines.outputs import atomic_write
+
+        def png(img: QImage) -> Callable[[Path], None]:
+            def write(tmp: Path) -> None:
+                if not img.save(str(tmp), "PNG"):
+                    raise OSError(f"Qt could not write {tmp.name}")
+            return write
+
         stamp = time.strftime("%Y%m%d-%H%M%S")
+        text = json.dumps(params, indent=1, default=str)
         for i, img in enumerate(images):
             path = self.history_dir / f"{stamp}-{i}.png"
-            img.save(str(path))
-            path.with_suffix(".json").write_text(json.dumps(params, indent=1, default=str))
+            try:
+                atomic_write(path, png(img))
+                atomic_write(path.with_suffix(".json"), lambda tmp: tmp.write_text(text))
+            except OSError as exc:
+                self.ctl.status.emit(f"not saved: cannot write to {self.history_dir} "
+                                     f"({exc.strerror or exc}); the picture stays on screen")
+                return
             self._add_history(path)
 
     def _add_history(self, path: Path) -> None:
