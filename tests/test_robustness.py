@@ -323,6 +323,15 @@ def test_every_picture_mode_converts_by_value(tmp_path: Path) -> None:
         assert np.abs(got.astype(int) - want).max() <= 1, (name, got, want)
 
 
+def test_upscale_input_too_large_for_its_repeats(tmp_path: Path, upscaler: Path) -> None:
+    src = tmp_path / "wide.png"
+    Image.new("RGB", (3000, 8)).save(src)
+    r = sdplan("upscale", "-i", str(src), "--upscale-model", str(upscaler), "-o",
+               str(tmp_path / "o.png"), "--upscale-repeats", "2")
+    assert r.returncode == 2
+    assert "3000x8" in one_line_error(r.stderr, "invalid_argument")
+
+
 def test_upscale_16bit_grey_is_not_white(tmp_path: Path, upscaler: Path) -> None:
     src = tmp_path / "g16.png"
     Image.fromarray(np.full((16, 16), 257 * 60, np.uint16)).save(src)
@@ -447,3 +456,22 @@ def test_sdplan_with_a_display_but_no_xcb_libraries_says_what_to_install() -> No
     env["DISPLAY"] = ":99"
     r = subprocess.run(sdplan_cmd(), env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.strip() == f"sdplan gui: {expected}"
+
+
+def test_governor_follows_the_load_between_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    applied: list[int] = []
+    start = th.ThreadChoice(2, 2, 0, 0.0, "the 2 CPUs")
+    samples = iter([_sample([0, 0], [0, 0], 0.0, 0.0), _sample([100, 50], [100, 100], 0.5, 1.0),
+                    _sample([150, 150], [200, 200], 1.5, 2.0), _sample([], [], 0.0, 0.0)])
+    monkeypatch.setattr(th.CpuSample, "now", classmethod(lambda cls, cpus=None: next(samples)))
+    clock = iter([1.0, 2.0])
+    gov = th.ThreadGovernor(start, applied.append, interval=0.5)
+    import types
+
+    monkeypatch.setattr(th, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+    # 1.5 cores busy, 0.5 of them ours -> 1.0 elsewhere -> 1 thread
+    assert gov.check() is not None and applied == [1]
+    # then 1.0 busy, all ours -> free again -> 2 threads
+    assert gov.check() is not None and applied == [1, 2]
+    fixed = th.ThreadGovernor(th.ThreadChoice(2, 2, 2, None, "-t 2"), applied.append)
+    assert fixed.check() is None  # the user's count is kept

@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         image = read_image_rgb(Path(args.input))
         # x4 per repeat is the largest ESRGAN scale: an upper bound of the output's bytes
         side = 4 ** args.upscale_repeats
+        check_input_size(image.shape[1], image.shape[0], side)
         check_output_file("-o/--output", args.output, OUTPUT_SUFFIXES,
                           needed_bytes=image.size * side * side)
         placement = placement_from_namespace(args)
@@ -88,6 +89,22 @@ def run(args: argparse.Namespace) -> int:
     print(f"{path}: {out.shape[1]}x{out.shape[0]} (x{up.scale ** args.upscale_repeats}, "
           f"{mp.devices[0]}, weights {mp.params_mode})")
     return 0
+
+
+#: Largest output side (pixels) an upscale may produce: 4 GiB of RGB at most.
+MAX_OUTPUT_SIDE = 32768
+
+
+def check_input_size(width: int, height: int, scale: int) -> None:
+    """Refuse an input whose upscaled side could exceed :data:`MAX_OUTPUT_SIDE` pixels
+    (``scale``: the largest total factor); raises InvalidArgument naming the sizes."""
+    from sdplan.core.errors import InvalidArgument
+
+    if max(width, height) * scale > MAX_OUTPUT_SIDE:
+        raise InvalidArgument(f"-i/--init-img is {width}x{height}: upscaled up to x{scale} it could "
+                              f"reach {max(width, height) * scale} pixels a side, over the "
+                              f"{MAX_OUTPUT_SIDE} limit; use a smaller picture or fewer "
+                              "--upscale-repeats")
 
 
 def _write(image: Any, path: Path) -> Path:

@@ -42,7 +42,7 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.runtime.devices import live_inventory
 from sdplan.core.runtime.runner import ModulePlacement
-from sdplan.core.runtime.threads import choose_threads
+from sdplan.core.runtime.threads import ThreadGovernor, choose_threads
 from sdplan.core.sampling.flow import DEFAULT_STEPS
 
 #: The job that generates images (:func:`generate_job`) and the one that lists the engine
@@ -139,9 +139,18 @@ def _apply_threads(ctx: Any, requested: int) -> Any:
     it on the shared backends and report it as a progress message ``{"phase": "threads",
     "threads", "reason"}``; returns the choice."""
     choice = choose_threads(requested)
-    ctx.pool().manager.cpu_threads = choice.threads
+    manager = ctx.pool().manager
+    manager.cpu_threads = choice.threads
     ctx.progress(phase="threads", threads=choice.threads, reason=choice.reason)
+
+    def apply(n: int) -> None:
+        manager.cpu_threads = n
+
+    _GOVERNOR["now"] = ThreadGovernor(choice, apply)
     return choice
+
+
+_GOVERNOR: dict[str, ThreadGovernor] = {}  # the running request's, checked between steps
 
 
 def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Callable[[int, np.ndarray], None] | None]:
@@ -149,6 +158,9 @@ def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Ca
 
     def on_step(step: int, n: int, *_: Any) -> None:
         total["n"] = n
+        changed = _GOVERNOR["now"].check() if "now" in _GOVERNOR else None
+        if changed is not None:
+            ctx.progress(phase="threads", threads=changed.threads, reason=changed.reason)
         ctx.progress(step=step, total=n, phase="sampling")
 
     def preview(step: int, rgb: np.ndarray) -> None:

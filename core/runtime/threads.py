@@ -17,13 +17,15 @@ The rule (:func:`choose_threads`):
 - the default is that number less the cores other processes kept busy while this one
   started (Linux: ``/proc/stat`` busy time of those CPUs, less this process's own CPU time,
   over the window since :func:`mark` or since this module was imported), rounded to the
-  nearest whole core, at least 1.
+  nearest whole core, at least 1; during a run :class:`ThreadGovernor` re-measures between
+  sampler steps and follows the load as it changes.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 #: Shortest window (seconds) over which the load of other processes is measured; a shorter
@@ -158,3 +160,39 @@ def choose_threads(requested: int = 0, *, measure: bool = True) -> ThreadChoice:
     return ThreadChoice(n, cpus, 0, load,
                         f"the {why_cpus}, less {load:.1f} busy with other programs; ggml's "
                         "threads busy-wait, so more threads than free cores stall each other")
+
+
+class ThreadGovernor:
+    """Keeps a default thread count fitted to the load while a run goes on: :meth:`check`
+    (called between sampler steps) re-measures other programs' load over the time since
+    the last check (at least ``interval`` seconds) and, when the rounded count of free
+    cores changed, calls ``apply(threads)``. A count the user gave is never changed."""
+
+    def __init__(self, choice: ThreadChoice, apply: Callable[[int], None],
+                 interval: float = 1.0) -> None:
+        self.choice = choice
+        self.apply = apply
+        self.interval = interval
+        self._last = CpuSample.now()
+
+    def check(self) -> ThreadChoice | None:
+        """Re-measure when ``interval`` has passed; returns the new choice when the count
+        changed (after applying it), else None."""
+        if self.choice.requested or self.choice.cpus == 1:
+            return None
+        if time.monotonic() - self._last.wall < self.interval:
+            return None
+        now = CpuSample.now()
+        load = other_load(self._last, now)
+        self._last = now
+        if load is None:
+            return None
+        cpus = self.choice.cpus
+        n = max(1, min(cpus, int(cpus - load + 0.5)))
+        if n == self.choice.threads:
+            return None
+        reason = (f"the {cpus} CPUs this process may use, less {load:.1f} busy with other "
+                  "programs" if n < cpus else f"the {cpus} CPUs this process may use, free again")
+        self.choice = ThreadChoice(n, cpus, 0, load, reason)
+        self.apply(n)
+        return self.choice
