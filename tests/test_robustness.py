@@ -475,3 +475,20 @@ def test_governor_follows_the_load_between_steps(monkeypatch: pytest.MonkeyPatch
     assert gov.check() is not None and applied == [1, 2]
     fixed = th.ThreadGovernor(th.ThreadChoice(2, 2, 2, None, "-t 2"), applied.append)
     assert fixed.check() is None  # the user's count is kept
+
+
+def test_cpu_feature_advice_names_the_cmake_switches() -> None:
+    from sdplan.core.runtime.devices import missing_cpu_features_advice
+
+    msg = missing_cpu_features_advice(["AVX512"])
+    assert "-C cmake.define.GGML_AVX512=ON" in msg and "GGML_NATIVE" in msg
+    assert "rebuild libggml-python from source" not in msg  # the old advice said only that
+
+
+def test_devices_says_which_thread_count_and_why() -> None:
+    r = sdplan("devices", "--json")
+    import json
+
+    th_info = json.loads(r.stdout)["features"]["cpu_threads"]
+    assert th_info["default"] == len(os.sched_getaffinity(0)) == th_info["usable_cpus"]
+    assert "CPU" in th_info["reason"]
