@@ -68,26 +68,36 @@ def test_other_load_subtracts_this_process() -> None:
     assert th.other_load(a, _sample([], [], 0.5, 11.0)) is None
 
 
-def test_default_threads_follow_affinity_and_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(th, "usable_cpus", lambda: [0])
+def _loaded(monkeypatch: pytest.MonkeyPatch, busy0: int, busy1: int) -> None:
+    """The next measuring window: 1 s on 2 CPUs, ``busy0``/``busy1`` of 100 ticks busy on
+    each, none of it this process's."""
+    samples = iter([_sample([busy0, busy1], [100, 100], 0.0, 1.0)])
+    monkeypatch.setattr(th, "_mark", _sample([0, 0], [0, 0], 0.0, 0.0))
+    monkeypatch.setattr(th.CpuSample, "now", classmethod(lambda cls, cpus=None: next(samples)))
+
+
+def test_thread_count_follows_affinity_and_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(th, "usable_cpus", lambda: [0])  # taskset -c 0
     assert th.choose_threads().threads == 1
     assert th.choose_threads(8).threads == 1 and "capped" in th.choose_threads(8).reason
     monkeypatch.setattr(th, "usable_cpus", lambda: [0, 1])
-    assert th.choose_threads(2).threads == 2 and th.choose_threads(1).threads == 1
+    assert th.choose_threads(2, measure=False).threads == 2
+    assert th.choose_threads(1).threads == 1
     assert th.choose_threads(0, measure=False).threads == 2
     with pytest.raises(ValueError):
         th.choose_threads(-1)
     # one core busy elsewhere over the window -> 1 thread, and the reason says so
-    samples = iter([_sample([0, 0], [0, 0], 0.0, 0.0), _sample([100, 0], [100, 100], 0.0, 1.0)])
-    monkeypatch.setattr(th, "_mark", next(samples))
-    monkeypatch.setattr(th.CpuSample, "now", classmethod(lambda cls, cpus=None: next(samples)))
+    _loaded(monkeypatch, 100, 0)
     choice = th.choose_threads()
     assert (choice.threads, round(choice.busy_elsewhere or 0, 2)) == (1, 1.0)
-    assert "busy with other programs" in choice.reason
-    # an idle machine -> every usable CPU
-    samples = iter([_sample([0, 0], [0, 0], 0.0, 0.0), _sample([10, 5], [100, 100], 0.0, 1.0)])
-    monkeypatch.setattr(th, "_mark", next(samples))
+    assert "1.0 cores busy with other programs" in choice.reason
+    # -t 2 is an upper limit: lowered the same way, never raised
+    _loaded(monkeypatch, 100, 0)
+    assert th.choose_threads(2).threads == 1
+    _loaded(monkeypatch, 10, 5)  # an idle machine -> every usable CPU
     assert th.choose_threads().threads == 2
+    _loaded(monkeypatch, 10, 5)
+    assert th.choose_threads(8).threads == 2
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
@@ -473,8 +483,8 @@ def test_governor_follows_the_load_between_steps(monkeypatch: pytest.MonkeyPatch
     assert gov.check() is not None and applied == [1]
     # then 1.0 busy, all ours -> free again -> 2 threads
     assert gov.check() is not None and applied == [1, 2]
-    fixed = th.ThreadGovernor(th.ThreadChoice(2, 2, 2, None, "-t 2"), applied.append)
-    assert fixed.check() is None  # the user's count is kept
+    one = th.ThreadGovernor(th.ThreadChoice(1, 2, 1, None, "-t 1"), applied.append)
+    assert one.check() is None  # -t 1: nothing to lower, never raised
 
 
 def test_cpu_feature_advice_names_the_cmake_switches() -> None:

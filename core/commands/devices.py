@@ -61,9 +61,8 @@ def render_table(inv: Inventory, feat: dict[str, Any]) -> None:
     console.print(_feature_line(feat), highlight=False)
     th = feat.get("cpu_threads")
     if th:
-        console.print(f"CPU threads by default: {th['default']} ({th['reason']}; generate "
-                      "uses fewer while other programs keep cores busy)", highlight=False,
-                      soft_wrap=True)
+        console.print(f"CPU threads: {th['default']} ({th['reason']}; generate uses fewer "
+                      "while other programs keep cores busy)", highlight=False, soft_wrap=True)
     for w in feat["warnings"]:
         console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
 

@@ -42,7 +42,7 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.runtime.devices import live_inventory
 from sdplan.core.runtime.runner import ModulePlacement
-from sdplan.core.runtime.threads import ThreadGovernor, choose_threads
+from sdplan.core.runtime.threads import check_between_steps, start_run
 from sdplan.core.sampling.flow import DEFAULT_STEPS
 
 #: The job that generates images (:func:`generate_job`) and the one that lists the engine
@@ -117,7 +117,7 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     seed = int(req.get("seed", 42))
     if seed < 0:
         seed = random.randrange(2**31)
-    threads = _apply_threads(ctx, int(req.get("threads") or 0))
+    threads = start_run(ctx.pool().manager, int(req.get("threads") or 0), ctx.progress)
     req["threads"] = 0  # computes use the backends' count just set: a change reloads nothing
     t0 = time.perf_counter()
     images, timings = (_flux_run if flux else _sd_run)(ctx, req, files, core, placements, seed)
@@ -134,33 +134,13 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
             "threads": {"threads": threads.threads, "reason": threads.reason}}
 
 
-def _apply_threads(ctx: Any, requested: int) -> Any:
-    """Choose the CPU thread count (:func:`sdplan.core.runtime.threads.choose_threads`), set
-    it on the shared backends and report it as a progress message ``{"phase": "threads",
-    "threads", "reason"}``; returns the choice."""
-    choice = choose_threads(requested)
-    manager = ctx.pool().manager
-    manager.cpu_threads = choice.threads
-    ctx.progress(phase="threads", threads=choice.threads, reason=choice.reason)
-
-    def apply(n: int) -> None:
-        manager.cpu_threads = n
-
-    _GOVERNOR["now"] = ThreadGovernor(choice, apply)
-    return choice
-
-
-_GOVERNOR: dict[str, ThreadGovernor] = {}  # the running request's, checked between steps
-
 
 def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Callable[[int, np.ndarray], None] | None]:
     total = {"n": int(req.get("steps") or 0)}
 
     def on_step(step: int, n: int, *_: Any) -> None:
         total["n"] = n
-        changed = _GOVERNOR["now"].check() if "now" in _GOVERNOR else None
-        if changed is not None:
-            ctx.progress(phase="threads", threads=changed.threads, reason=changed.reason)
+        check_between_steps(ctx.progress)
         ctx.progress(step=step, total=n, phase="sampling")
 
     def preview(step: int, rgb: np.ndarray) -> None:

@@ -13,8 +13,8 @@ The rule (:func:`choose_threads`):
 
 - the CPUs this process may use are its affinity mask (``os.sched_getaffinity``; a
   ``taskset`` or a container's cpuset), not ``os.cpu_count()``;
-- a thread count the user gives is kept up to that number and capped there;
-- the default is that number less the cores other processes kept busy while this one
+- a thread count the user gives (``-t N``) is an upper limit, capped at that number;
+- the count used is that limit less the cores other processes kept busy while this one
   started (Linux: ``/proc/stat`` busy time of those CPUs, less this process's own CPU time,
   over the window since :func:`mark` or since this module was imported), rounded to the
   nearest whole core, at least 1; during a run :class:`ThreadGovernor` re-measures between
@@ -27,6 +27,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 #: Shortest window (seconds) over which the load of other processes is measured; a shorter
 #: one is extended by sleeping.
@@ -116,13 +117,38 @@ class ThreadChoice:
     reason: str
 
 
+def _fit(limit: int, cpus: int, load: float | None) -> int:
+    """Threads for ``load`` cores busy elsewhere: the free cores rounded, 1..``limit``."""
+    if load is None:
+        return limit
+    return max(1, min(limit, int(cpus - load + 0.5)))
+
+
+def _reason(n: int, limit: int, cpus: int, requested: int, load: float | None) -> str:
+    """One line saying why ``n`` threads (see :func:`choose_threads`)."""
+    head = f"-t {requested}" if requested else "default"
+    why_cpus = (f"{cpus} CPU{'s' if cpus != 1 else ''} this process may use"
+                + ("" if cpus == (os.cpu_count() or cpus) else f" of {os.cpu_count()}"))
+    parts = [f"{head}: the {why_cpus}" if not requested or requested > cpus else head]
+    if requested > cpus:
+        parts[0] += f" (-t {requested} is capped there)"
+    if n < limit and load is not None:
+        parts.append(f"less {load:.1f} cores busy with other programs")
+    if n < (requested or cpus):
+        parts.append("ggml's threads busy-wait, so more threads than free cores stall "
+                     "each other")
+    return "; ".join(parts)
+
+
 def choose_threads(requested: int = 0, *, measure: bool = True) -> ThreadChoice:
-    """The CPU thread count of a compute (rule in the module docstring).
+    """The CPU thread count of a compute (rule in the module docstring): at most
+    ``requested`` (0: no limit) and the CPUs this process may use, fewer while other
+    programs keep cores busy.
 
     Args:
         requested: the user's ``-t`` (0: choose).
-        measure: measure other processes' load for the default (False: the CPUs alone, as
-            ``sdplan devices`` reports without waiting).
+        measure: measure other processes' load (False: the CPUs alone, as ``sdplan
+            devices`` reports without waiting).
 
     Returns:
         A :class:`ThreadChoice`; measuring may sleep up to :data:`MIN_WINDOW_S` seconds.
@@ -134,39 +160,26 @@ def choose_threads(requested: int = 0, *, measure: bool = True) -> ThreadChoice:
         raise ValueError(f"thread count must be >= 0 (0: automatic), got {requested}")
     cpus_list = usable_cpus()
     cpus = len(cpus_list)
-    why_cpus = (f"{cpus} CPU{'s' if cpus != 1 else ''} this process may use"
-                + ("" if cpus == (os.cpu_count() or cpus) else f" of {os.cpu_count()}"))
-    if requested:
-        if requested > cpus:
-            return ThreadChoice(cpus, cpus, requested, None,
-                                f"-t {requested} capped at the {why_cpus}; ggml's threads "
-                                "busy-wait, so more threads than cores stall each other")
-        return ThreadChoice(requested, cpus, requested, None, f"-t {requested}")
-    if cpus == 1 or not measure:
-        return ThreadChoice(cpus, cpus, 0, None, f"the {why_cpus}")
-    global _mark
-    start = _mark
-    wait = MIN_WINDOW_S - (time.monotonic() - start.wall)
-    if wait > 0:
-        time.sleep(wait)
-    now = CpuSample.now(cpus_list)
-    load = other_load(start, now) if len(start.busy) == cpus else None
-    _mark = now
-    if load is None:
-        return ThreadChoice(cpus, cpus, 0, None, f"the {why_cpus}")
-    n = max(1, min(cpus, int(cpus - load + 0.5)))
-    if n == cpus:
-        return ThreadChoice(n, cpus, 0, load, f"the {why_cpus}")
-    return ThreadChoice(n, cpus, 0, load,
-                        f"the {why_cpus}, less {load:.1f} busy with other programs; ggml's "
-                        "threads busy-wait, so more threads than free cores stall each other")
+    limit = min(requested or cpus, cpus)
+    load = None
+    if limit > 1 and measure:
+        global _mark
+        start = _mark
+        wait = MIN_WINDOW_S - (time.monotonic() - start.wall)
+        if wait > 0:
+            time.sleep(wait)
+        now = CpuSample.now(cpus_list)
+        load = other_load(start, now) if len(start.busy) == cpus else None
+        _mark = now
+    n = _fit(limit, cpus, load)
+    return ThreadChoice(n, cpus, requested, load, _reason(n, limit, cpus, requested, load))
 
 
 class ThreadGovernor:
-    """Keeps a default thread count fitted to the load while a run goes on: :meth:`check`
-    (called between sampler steps) re-measures other programs' load over the time since
-    the last check (at least ``interval`` seconds) and, when the rounded count of free
-    cores changed, calls ``apply(threads)``. A count the user gave is never changed."""
+    """Keeps a thread count fitted to the load while a run goes on: :meth:`check` (called
+    between sampler steps) re-measures other programs' load over the time since the last
+    check (at least ``interval`` seconds) and, when the rounded count of free cores
+    changed, calls ``apply(threads)``; never above the user's ``-t`` or the usable CPUs."""
 
     def __init__(self, choice: ThreadChoice, apply: Callable[[int], None],
                  interval: float = 1.0) -> None:
@@ -178,21 +191,47 @@ class ThreadGovernor:
     def check(self) -> ThreadChoice | None:
         """Re-measure when ``interval`` has passed; returns the new choice when the count
         changed (after applying it), else None."""
-        if self.choice.requested or self.choice.cpus == 1:
-            return None
-        if time.monotonic() - self._last.wall < self.interval:
+        c = self.choice
+        limit = min(c.requested or c.cpus, c.cpus)
+        if limit == 1 or time.monotonic() - self._last.wall < self.interval:
             return None
         now = CpuSample.now()
         load = other_load(self._last, now)
         self._last = now
         if load is None:
             return None
-        cpus = self.choice.cpus
-        n = max(1, min(cpus, int(cpus - load + 0.5)))
-        if n == self.choice.threads:
+        n = _fit(limit, c.cpus, load)
+        if n == c.threads:
             return None
-        reason = (f"the {cpus} CPUs this process may use, less {load:.1f} busy with other "
-                  "programs" if n < cpus else f"the {cpus} CPUs this process may use, free again")
-        self.choice = ThreadChoice(n, cpus, 0, load, reason)
+        self.choice = ThreadChoice(n, c.cpus, c.requested, load,
+                                   _reason(n, limit, c.cpus, c.requested, load))
         self.apply(n)
         return self.choice
+
+
+_RUN: dict[str, ThreadGovernor] = {}  # the governor of this process's running request
+
+
+def start_run(manager: Any, requested: int, report: Callable[..., None]) -> ThreadChoice:
+    """Choose the CPU thread count of a run (:func:`choose_threads`), set it on ``manager``
+    (a BackendManager: its CPU-like backends), report it as ``report(phase="threads",
+    threads=n, reason=...)`` and keep a :class:`ThreadGovernor` for
+    :func:`check_between_steps`. Returns the choice."""
+    choice = choose_threads(requested)
+    manager.cpu_threads = choice.threads
+    report(phase="threads", threads=choice.threads, reason=choice.reason)
+
+    def apply(n: int) -> None:
+        manager.cpu_threads = n
+
+    _RUN["now"] = ThreadGovernor(choice, apply)
+    return choice
+
+
+def check_between_steps(report: Callable[..., None]) -> None:
+    """Between two sampler steps: let the run's governor follow the load, reporting a new
+    count as :func:`start_run` does."""
+    gov = _RUN.get("now")
+    changed = gov.check() if gov is not None else None
+    if changed is not None:
+        report(phase="threads", threads=changed.threads, reason=changed.reason)
