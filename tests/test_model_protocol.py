@@ -24,7 +24,7 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +83,10 @@ class Built:
     path: Path
     owned: set[str]
     runs: list[Run]
-    dtypes: dict[str, str] | None = None
-    #: a ``.pth``-style source read into memory (``WeightFile.from_arrays``), else None
-    arrays: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     def weight_file(self, names: Iterable[str]) -> WeightFile:
-        return WeightFile(self.path, list(names), self.dtypes)
+        """The file restricted to ``names``, in the default runtime dtypes."""
+        return WeightFile(self.path, list(names))
 
 
 @dataclass(frozen=True)
