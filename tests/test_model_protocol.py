@@ -40,6 +40,7 @@ if not hasattr(G, "Graph"):
 from sdplan.core.modelfiles.checkpoint import read_model_files  # noqa: E402
 from sdplan.core.modelfiles.readers import read_tensor_file  # noqa: E402
 from sdplan.core.models.blockstack import BlockStack, BlockStackConfig, write_model  # noqa: E402
+from sdplan.core.models.chroma import ChromaDiT  # noqa: E402
 from sdplan.core.models.clip import ClipGraph, causal_mask, clip_config, clip_text  # noqa: E402
 from sdplan.core.models.esrgan import UpscalerGraph, canonical_rrdb_names, detect_esrgan  # noqa: E402
 from sdplan.core.models.flux import FluxDiT  # noqa: E402
@@ -231,6 +232,17 @@ def _flux_dev(shared: Path, tmp: Path) -> Built:
 @case("flux-schnell-prefixed", FluxDiT, blocks=4)
 def _flux_schnell(shared: Path, tmp: Path) -> Built:
     return _flux(FIX / "flux_schnell_tiny.safetensors")
+
+
+@case("chroma", ChromaDiT, blocks=4)
+def _chroma(shared: Path, tmp: Path) -> Built:
+    path = FIX / "chroma_tiny.safetensors"
+    dit = ChromaDiT.from_weights(_shapes(path), axes=FLUX_AXES)  # type: ignore[arg-type]
+
+    def run(h: int, w: int, t: int) -> Run:  # T5 states only: no pooled vector
+        ins = dit.inputs(_normal((1, 16, h, w), h), _normal((1, t, 16), t), None, 0.6)
+        return Run(ins, {"out": (1, (h // 2) * (w // 2), 64)})
+    return Built(dit, path, set(_names(path)), [run(8, 8, 16), run(4, 6, 5)])
 
 
 def _tae(shared: Path, part: str) -> Built:
