@@ -5,7 +5,9 @@
   are names in the file, disjoint, each listed once, and exactly the tensors of the file
   (or of its module there) the graph owns;
 * it reads what it lists: building ``build_pre``/``build_post`` looks up exactly the
-  non-block tensors, ``build_block(i)`` exactly block ``i``'s (what a layer split relies on);
+  non-block tensors, ``build_block(i)`` exactly block ``i``'s (what a layer split relies on),
+  in the configuration that runs every block (a CLIP skip or an earlier LLM output layer
+  leaves trailing blocks listed and unread, as sd-cli loads them);
 * blocks are reported when it has them (``n_blocks`` > 0, every block non-empty) and a
   block index outside ``0..n_blocks - 1`` raises IndexError;
 * it builds and runs on the CPU through ``ModuleRunner`` at two input sizes (one runner,
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import REPO
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 from sdplan.core.models import base
 
 G = pytest.importorskip("sdplan._ggml")
@@ -44,15 +46,18 @@ from sdplan.core.models.chroma import ChromaDiT  # noqa: E402
 from sdplan.core.models.clip import ClipGraph, causal_mask, clip_config, clip_text  # noqa: E402
 from sdplan.core.models.esrgan import UpscalerGraph, canonical_rrdb_names, detect_esrgan  # noqa: E402
 from sdplan.core.models.flux import FluxDiT  # noqa: E402
+from sdplan.core.models.llm import LLMEncoder  # noqa: E402
 from sdplan.core.models.t5 import T5Encoder  # noqa: E402
 from sdplan.core.models.tae import TaeGraph, detect_tae  # noqa: E402
 from sdplan.core.models.unet import UNetGraph, unet_config  # noqa: E402
 from sdplan.core.models.vae import VaeGraph, vae_config, vae_decode  # noqa: E402
+from sdplan.core.models.z_image import ZImageDiT  # noqa: E402
 from sdplan.core.pipelines.sd import module_weight_file  # noqa: E402
 from sdplan.core.runtime import graph as gr  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
 from sdplan.core.runtime.weights import WeightFile  # noqa: E402
 from test_models_esrgan import rrdb_weights, to_old_names  # noqa: E402
+from zimage_util import PARTS, write_qwen3  # noqa: E402
 
 FIX = REPO / "tests" / "fixtures"
 MODELS = REPO / "core" / "models"
@@ -257,6 +262,28 @@ def _tae(shared: Path, part: str) -> Built:
         runs = [Run({"latent": _normal((1, 32, 2, 2))}, {"image": (1, 3, 16, 16)}),
                 Run({"latent": _normal((1, 32, 3, 2))}, {"image": (1, 3, 24, 16)})]
     return Built(TaeGraph(lay, list(shapes)), path, set(shapes), runs)
+
+
+@case("llm-qwen3", LLMEncoder, blocks=4)
+def _llm(shared: Path, tmp: Path) -> Built:
+    path = write_qwen3(tmp / "qwen3_tiny.safetensors")
+    enc = LLMEncoder.from_weights(_shapes(path))  # the final normed state: every block runs
+    used = load_file(str(PARTS))["embed.ids"]  # the embedding rows the fixture keeps non-zero
+
+    def run(t: int) -> Run:
+        return Run(enc.inputs(_rng(t).choice(used, (1, t))), {"hidden": (1, t, 32)})
+    return Built(enc, path, set(_names(path)), [run(17), run(6)])
+
+
+@case("z-image", ZImageDiT, blocks=4)
+def _z_image(shared: Path, tmp: Path) -> Built:
+    path = FIX / "z_image_tiny.safetensors"
+    dit = ZImageDiT.from_weights(_shapes(path))
+
+    def run(h: int, w: int, t: int) -> Run:  # latent 16 channels, 2x2 patches of 64 values
+        ins = dit.inputs(_normal((1, 16, h, w), h), _normal((1, t, 32), t), 0.6)
+        return Run(ins, {"out": (1, (h // 2) * (w // 2), 64)})
+    return Built(dit, path, set(_names(path)), [run(8, 8, 10), run(4, 6, 33)])
 
 
 @case("tae-taef2-encoder", TaeGraph, shared=True)
