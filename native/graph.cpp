@@ -5,6 +5,7 @@
 // Conventions (see core/graph.py): shapes are numpy order, outermost first; ggml's ne[] is
 // that reversed. Ops are methods of Graph; their results are Tensors of that graph.
 #include "graph.h"
+#include "kernels/bf16_gemm.h"
 #include "kernels/group_norm.h"
 #include "kernels/im2col.h"
 #include "kernels/winograd.h"
@@ -231,17 +232,33 @@ void Graph::checkpoint(const Tensor &x) {
 
 // ---- linear algebra and elementwise
 
-Tensor Graph::mul_mat(const Tensor &a, const Tensor &b) {
-    room("mul_mat", 3);
+Tensor Graph::mul_mat(const Tensor &a, const Tensor &b, std::optional<Tensor> bias) {
+    room("mul_mat", 8);
     ggml_tensor *ta = use("mul_mat", a), *tb = use("mul_mat", b);
     if (ta->ne[0] != tb->ne[0])
         fail("mul_mat", "inner dimensions differ: a " + shape_str(a) + ", b " + shape_str(b) +
                             " (computes b @ a.T; the last dims must match)");
     if (tb->ne[2] % ta->ne[2] != 0 || tb->ne[3] % ta->ne[3] != 0)
         fail("mul_mat", "batch dims of a " + shape_str(a) + " must divide those of b " + shape_str(b));
+    ggml_tensor *tc = bias ? use("mul_mat", *bias) : nullptr;
+    if (tc && (ggml_nelements(tc) != ta->ne[1] || tc->ne[0] != ta->ne[1] || !is_float(tc->type)))
+        fail("mul_mat", "bias must be a float vector of " + std::to_string(ta->ne[1]) + " values for a " +
+                            shape_str(a) + ", got " + shape_str(*bias));
+    const int nd = std::max({a.ndim, b.ndim, 2});
+    const Bf16Kernel kern = bf16_kernel();
+    if (ta->type == GGML_TYPE_BF16 && kern != Bf16Kernel::none && ta->ne[2] == 1 && ta->ne[3] == 1 &&
+        ta->ne[0] % 2 == 0 && all_cpu()) {
+        // the bf16 kernel: x f32 contiguous, w bf16 contiguous, the bias fused
+        custom_params.push_back({(int)kern, 0, 1, 1, 0, 0, 1, 1});
+        ggml_tensor *args[3] = {to_f32(contig(tb)), contig(ta), tc ? to_f32(contig(tc)) : nullptr};
+        return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, ta->ne[1], tb->ne[1], tb->ne[2], tb->ne[3], args,
+                                  tc ? 3 : 2, bf16_gemm, GGML_N_TASKS_MAX, custom_params.back().data()),
+                   nd);
+    }
     if (ggml_is_transposed(ta)) ta = ggml_cont(ctx->ctx, ta);
     if (tb->type != GGML_TYPE_F32) tb = to_f32(tb);
-    return own(ggml_mul_mat(ctx->ctx, ta, tb), std::max({a.ndim, b.ndim, 2}));
+    Tensor y = own(ggml_mul_mat(ctx->ctx, ta, tb), nd);
+    return bias ? binary("add", y, *bias) : y;
 }
 
 Tensor Graph::binary(const char *op, const Tensor &a, const Tensor &b) {
@@ -449,6 +466,7 @@ const char *conv_method_name(ConvMethod method) {
     case ConvMethod::cpu_im2col: return "cpu_im2col";
     case ConvMethod::winograd: return "winograd";
     case ConvMethod::direct: return "direct";
+    case ConvMethod::bf16: return "bf16";
     }
     return "?";
 }
@@ -458,7 +476,7 @@ int64_t conv_out_size(int64_t in, int64_t k, int s, int p, int d) { return (in +
 ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, int64_t> kernel,
                               std::pair<int, int> stride, std::pair<int, int> pad, std::pair<int, int> dil,
                               std::pair<int64_t, int64_t> image, int64_t batch, int64_t out_channels, bool all_cpu,
-                              bool avx2_fma) {
+                              bool avx2_fma, bool bf16, int64_t in_channels) {
     auto invalid = [](std::string msg) { return ConvChoice{ConvMethod::im2col, std::move(msg)}; };
     // conv_2d has checked all of this (with the shapes in its messages) before it asks
     if (kernel.first < 1 || kernel.second < 1 || image.first < 1 || image.second < 1 || batch < 1 || out_channels < 1)
@@ -470,8 +488,13 @@ ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, i
     if (OW < 1 || OH < 1) return invalid("kernel larger than padded input");
 
     if (requested != "auto" && requested != "im2col" && requested != "direct" && requested != "cpu_im2col" &&
-        requested != "winograd")
-        return invalid("method must be auto, im2col, cpu_im2col, winograd or direct, got '" + requested + "'");
+        requested != "winograd" && requested != "bf16")
+        return invalid("method must be auto, im2col, cpu_im2col, winograd, direct or bf16, got '" + requested + "'");
+    const bool even_depth = in_channels * kernel.first * kernel.second % 2 == 0;
+    if (requested == "bf16" && (!bf16 || !all_cpu || !even_depth))
+        return invalid("method 'bf16' needs a bf16 kernel with an even depth (in channels x KH x KW), a CPU that "
+                       "runs a bf16 kernel (AVX512_BF16 or AMX) and a graph whose backends are all CPUs");
+    if (requested == "bf16") return {ConvMethod::bf16, {}};
     const bool wino_shape = kernel.first == 3 && kernel.second == 3 && stride.first == 1 && stride.second == 1 &&
                             pad.first == 1 && pad.second == 1 && dil.first == 1 && dil.second == 1;
     if (requested == "winograd" && (!wino_shape || !all_cpu))
@@ -483,7 +506,10 @@ ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, i
     if (requested == "cpu_im2col") return {ConvMethod::cpu_im2col, {}};
     if (requested == "winograd") return {ConvMethod::winograd, {}};
     if (requested == "direct") return {ConvMethod::direct, {}};
-    // auto. cpu_im2col copies the kernel into its column order at each compute: worth it while
+    // auto. bf16 (a bf16 kernel on a CPU with a bf16 kernel): 0.1-0.3x the time of winograd's f32
+    // at the UNet's and the VAE's sizes with AMX (bench/bench_ops.py --methods winograd,bf16).
+    if (bf16 && all_cpu && even_depth) return {ConvMethod::bf16, {}};
+    // cpu_im2col copies the kernel into its column order at each compute: worth it while
     // the image has at least half as many pixels as the kernel has output channels (measured by
     // bench/bench_ops.py; deep UNet levels with 8x8 images and 1280 channels lose otherwise).
     // winograd (AVX2/FMA CPUs) takes 3x3 convolutions whose rows hold at least 16 tiles of 2
@@ -503,8 +529,8 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
     ggml_tensor *tw = use("conv_2d", w), *tx = use("conv_2d", x);
     if (w.ndim != 4 || (x.ndim != 4 && x.ndim != 3))
         fail("conv_2d", "weight must be (OC, IC, KH, KW) and x (N, IC, H, W); got " + shape_str(w) + ", " + shape_str(x));
-    if (tw->type != GGML_TYPE_F32 && tw->type != GGML_TYPE_F16)
-        fail("conv_2d", "weight must be f32 or f16, got " + shape_str(w));
+    if (tw->type != GGML_TYPE_F32 && tw->type != GGML_TYPE_F16 && tw->type != GGML_TYPE_BF16)
+        fail("conv_2d", "weight must be f32, f16 or bf16, got " + shape_str(w));
     if (tw->ne[2] != tx->ne[2])
         fail("conv_2d", "input channels differ: weight " + shape_str(w) + ", x " + shape_str(x));
     if (stride.first < 1 || stride.second < 1 || dil.first < 1 || dil.second < 1 || pad.first < 0 || pad.second < 0)
@@ -518,10 +544,15 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
         fail("conv_2d", "kernel larger than padded input: weight " + shape_str(w) + ", x " + shape_str(x));
     const ConvChoice choice = choose_conv_method(direct ? "direct" : method, {tw->ne[1], tw->ne[0]}, stride, pad, dil,
                                                  {tx->ne[1], tx->ne[0]}, tx->ne[3], tw->ne[3], all_cpu(),
-                                                 wino_fast_cpu());
+                                                 wino_fast_cpu(),
+                                                 tw->type == GGML_TYPE_BF16 && bf16_kernel() != Bf16Kernel::none &&
+                                                     ggml_nelements(tx) < INT32_MAX,  // the op's offsets are int32
+                                                 tw->ne[2]);
     if (!choice.error.empty()) fail("conv_2d", choice.error);
+    if (tw->type == GGML_TYPE_BF16 && choice.method != ConvMethod::bf16) tw = to_f32(contig(tw));
     const ConvOperands a{tw, tx, tb, bias ? &*bias : nullptr, stride, pad, dil, OW, OH};
     switch (choice.method) {
+    case ConvMethod::bf16: return lower_conv_bf16(a);
     case ConvMethod::winograd: return lower_conv_winograd(a);
     case ConvMethod::cpu_im2col: return lower_conv_cpu_im2col(a);
     case ConvMethod::direct: return lower_conv_direct(a);
@@ -543,6 +574,16 @@ Tensor Graph::lower_conv_winograd(const ConvOperands &a) {
     ggml_tensor *xa[3] = {to_f32(contig(a.x)), u, a.b ? to_f32(contig(a.b)) : nullptr};
     return own(ggml_custom_4d(c, GGML_TYPE_F32, a.OW, a.OH, tw->ne[3], a.x->ne[3], xa, a.b ? 3 : 2, wino_conv,
                               GGML_N_TASKS_MAX, nullptr), 4);
+}
+
+// Columns packed in bf16 and multiplied by the bf16 kernel, bias added, in one CPU op.
+Tensor Graph::lower_conv_bf16(const ConvOperands &a) {
+    custom_params.push_back({(int)bf16_kernel(), 1, a.stride.second, a.stride.first, a.pad.second, a.pad.first,
+                             a.dil.second, a.dil.first});
+    ggml_tensor *args[3] = {to_f32(contig(a.x)), contig(a.w), a.b ? to_f32(contig(a.b)) : nullptr};
+    return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, a.OW, a.OH, a.w->ne[3], a.x->ne[3], args, a.b ? 3 : 2,
+                              bf16_gemm, GGML_N_TASKS_MAX, custom_params.back().data()),
+               4);
 }
 
 Tensor Graph::lower_conv_direct(const ConvOperands &a) {
@@ -603,8 +644,9 @@ Tensor Graph::conv_transpose_2d(const Tensor &w, const Tensor &x, int stride) {
     ggml_tensor *tw = use("conv_transpose_2d", w), *tx = use("conv_transpose_2d", x);
     if (w.ndim != 4 || x.ndim < 3)
         fail("conv_transpose_2d", "weight must be (IC, OC, KH, KW) and x (N, IC, H, W); got " + shape_str(w) + ", " + shape_str(x));
-    if (tw->type != GGML_TYPE_F32 && tw->type != GGML_TYPE_F16)
-        fail("conv_transpose_2d", "weight must be f32 or f16, got " + shape_str(w));
+    if (tw->type != GGML_TYPE_F32 && tw->type != GGML_TYPE_F16 && tw->type != GGML_TYPE_BF16)
+        fail("conv_transpose_2d", "weight must be f32, f16 or bf16, got " + shape_str(w));
+    if (tw->type == GGML_TYPE_BF16) tw = to_f32(contig(tw));
     if (tw->ne[3] != tx->ne[2])
         fail("conv_transpose_2d", "input channels differ: weight " + shape_str(w) + ", x " + shape_str(x));
     if (stride < 1) fail("conv_transpose_2d", "stride must be >= 1");

@@ -28,8 +28,9 @@ bool is_view_op(ggml_op op);
 
 // The ways Graph::conv_2d lowers a convolution: im2col (ggml's im2col + mul_mat), cpu_im2col
 // (channels-last columns by a CPU op, kernels/im2col.cpp), winograd (one fused CPU op,
-// kernels/winograd.cpp), direct (ggml_conv_2d_direct).
-enum class ConvMethod { im2col, cpu_im2col, winograd, direct };
+// kernels/winograd.cpp), direct (ggml_conv_2d_direct), bf16 (im2col columns packed in bf16 and
+// multiplied by the bf16 kernel in one CPU op, kernels/bf16_gemm.cpp).
+enum class ConvMethod { im2col, cpu_im2col, winograd, direct, bf16 };
 const char *conv_method_name(ConvMethod method);
 
 // Output size along one axis of a convolution (input in, kernel k, stride s, padding p, dilation d).
@@ -43,18 +44,22 @@ struct ConvChoice {
 };
 
 // The method conv_2d uses, from plain values only (no graph): requested is auto, im2col,
-// cpu_im2col, winograd or direct; pairs are (H, W) like conv_2d's arguments (kernel (KH, KW),
+// cpu_im2col, winograd, direct or bf16; pairs are (H, W) like conv_2d's arguments (kernel (KH, KW),
 // image: the input's (H, W)); all_cpu: every backend of the graph is a CPU; avx2_fma: the CPU
-// runs the Winograd AVX2/FMA micro-kernel (wino_fast_cpu()). auto takes winograd for 3x3,
+// runs the Winograd AVX2/FMA micro-kernel (wino_fast_cpu()); bf16: the kernel is held in bf16
+// and the CPU runs a bf16 kernel (bf16_kernel() != none). auto takes bf16 when bf16 and all_cpu
+// and the depth (IC*KH*KW) is even; else winograd for 3x3,
 // stride 1, padding 1, dilation 1 kernels with >= 16 output channels (one kernel panel) on
 // outputs >= 32 pixels wide (16 tiles of 2) when all_cpu and avx2_fma; else cpu_im2col when
 // all_cpu and the output has at least half as many pixels (OW * OH * batch) as the kernel has
 // output channels; else im2col. Explicit winograd needs the Winograd shape and all_cpu (not
-// avx2_fma: without it a slower generic micro-kernel runs); cpu_im2col needs all_cpu.
+// avx2_fma: without it a slower generic micro-kernel runs); cpu_im2col needs all_cpu; bf16
+// needs bf16, all_cpu and an even depth (in_channels * KH * KW). Other methods take a bf16
+// kernel converted to f32.
 ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, int64_t> kernel,
                               std::pair<int, int> stride, std::pair<int, int> pad, std::pair<int, int> dil,
                               std::pair<int64_t, int64_t> image, int64_t batch, int64_t out_channels, bool all_cpu,
-                              bool avx2_fma);
+                              bool avx2_fma, bool bf16 = false, int64_t in_channels = 0);
 
 // The operands of one conv_2d, validated, as its lowerings take them (ggml ne order inside
 // the tensors; pairs (H, W)).
@@ -104,7 +109,9 @@ struct Graph {
     Tensor input(const std::string &name, const std::vector<int64_t> &shape, const std::string &dtype);
     Tensor output(const std::string &name, const Tensor &x);
     void checkpoint(const Tensor &x);
-    Tensor mul_mat(const Tensor &a, const Tensor &b);
+    // b @ a.T; a bf16 2-D weight times f32 b on a CPU-only graph runs the bf16 kernel
+    // (kernels/bf16_gemm.cpp) when the CPU has one, with the optional bias fused.
+    Tensor mul_mat(const Tensor &a, const Tensor &b, std::optional<Tensor> bias = std::nullopt);
     Tensor binary(const char *op, const Tensor &a, const Tensor &b);
     Tensor scale(const Tensor &a, float s, float bias);
     Tensor unary(const std::string &name, const Tensor &a);
@@ -129,6 +136,7 @@ struct Graph {
     Tensor lower_conv_cpu_im2col(const ConvOperands &a);
     Tensor lower_conv_winograd(const ConvOperands &a);
     Tensor lower_conv_direct(const ConvOperands &a);
+    Tensor lower_conv_bf16(const ConvOperands &a);
     Tensor conv_add_bias(const ConvOperands &a, const Tensor &y);       // the column and direct paths' bias
     Tensor conv_columns_result(const ConvOperands &a, ggml_tensor *mm);  // [OW*OH*N, OC] -> (N, OC, OH, OW)
     bool all_cpu() const;

@@ -1,6 +1,7 @@
 // Graph execution (build, reserve, compute, inputs/outputs) and the Python bindings of
 // Tensor and Graph.
 #include "graph.h"
+#include "kernels/bf16_gemm.h"
 #include "kernels/winograd.h"
 
 #include <nanobind/ndarray.h>
@@ -424,7 +425,10 @@ void register_graph(nb::module_ &m) {
         .def("output", &Graph::output, nb::arg("name"), nb::arg("x"))
         .def("checkpoint", &Graph::checkpoint, nb::arg("x"),
              "Mark a node where a cancel can stop backends without an abort callback (RPC).")
-        .def("mul_mat", &Graph::mul_mat, nb::arg("a"), nb::arg("b"))
+        .def("mul_mat", &Graph::mul_mat, nb::arg("a"), nb::arg("b"), nb::arg("bias") = nb::none(),
+             "b @ a.T (+ bias): a (..., M, K), b (..., N, K) -> (..., N, M); bias (M,) added per column.\n"
+             "A 2-D bf16 a on a graph whose backends are all CPUs runs sdplan's bf16 kernel (AMX or\n"
+             "AVX512_BF16, set_bf16_kernel) with b rounded to bf16 and f32 sums.")
         .def("add", [](Graph &g, const Tensor &a, const Tensor &b) { return g.binary("add", a, b); })
         .def("sub", [](Graph &g, const Tensor &a, const Tensor &b) { return g.binary("sub", a, b); })
         .def("mul", [](Graph &g, const Tensor &a, const Tensor &b) { return g.binary("mul", a, b); })
@@ -449,14 +453,17 @@ void register_graph(nb::module_ &m) {
         .def("conv_2d", &Graph::conv_2d, nb::arg("w"), nb::arg("x"), nb::arg("stride") = P2{1, 1},
              nb::arg("padding") = P2{0, 0}, nb::arg("dilation") = P2{1, 1}, nb::arg("direct") = false,
              nb::arg("method") = "auto", nb::arg("bias") = nb::none(),
-             "2-D convolution, w (OC, IC, KH, KW) f32/f16, x (N, IC, H, W), bias (OC,) or None ->\n"
-             "(N, OC, OH, OW) f32. method: auto (graphs whose backends are all CPUs: winograd for\n"
+             "2-D convolution, w (OC, IC, KH, KW) f32/f16/bf16, x (N, IC, H, W), bias (OC,) or None ->\n"
+             "(N, OC, OH, OW) f32. method: auto (graphs whose backends are all CPUs: bf16 for a bf16\n"
+             "kernel of even depth when the CPU runs a bf16 kernel; else winograd for\n"
              "3x3/stride 1/padding 1 kernels with >= 16 output channels on images >= 32 wide when\n"
              "the CPU has AVX2 and FMA, else cpu_im2col when the image has >= OC/2 pixels; im2col\n"
              "otherwise), im2col (ggml's im2col + mul_mat, columns in the kernel's dtype), cpu_im2col\n"
              "(columns in (kh, kw, ic) order by a CPU op that copies whole channel runs), winograd\n"
              "(F(2x2,3x3), from 64 pixels wide F(4x4,3x3), f32, one fused CPU op that also adds the\n"
-             "bias), direct (ggml_conv_2d_direct); direct=True means method='direct'.\n"
+             "bias), direct (ggml_conv_2d_direct), bf16 (bf16 kernel only: im2col columns rounded to bf16\n"
+             "and multiplied in one CPU op by AMX tiles or AVX512_BF16, f32 sums, the bias fused); other\n"
+             "methods take a bf16 kernel converted to f32; direct=True means method='direct'.\n"
              "choose_conv_method() gives the method (or the error) from plain values, without a graph.")
         .def("conv_transpose_2d", &Graph::conv_transpose_2d, nb::arg("w"), nb::arg("x"), nb::arg("stride"))
         .def("upscale", &Graph::upscale, nb::arg("a"), nb::arg("factor"))
@@ -554,21 +561,35 @@ void register_graph(nb::module_ &m) {
     using P64 = std::pair<int64_t, int64_t>;
     m.def("choose_conv_method",
         [](const std::string &method, P64 kernel, P64 image, int64_t out_channels, bool all_cpu, bool avx2_fma,
-           P2 stride, P2 padding, P2 dilation, int64_t batch) {
+           P2 stride, P2 padding, P2 dilation, int64_t batch, bool bf16, int64_t in_channels) {
             ConvChoice c = choose_conv_method(method, kernel, stride, padding, dilation, image, batch, out_channels,
-                                              all_cpu, avx2_fma);
+                                              all_cpu, avx2_fma, bf16, in_channels);
             if (!c.error.empty()) throw nb::value_error(("conv_2d: " + c.error).c_str());
             return std::string(conv_method_name(c.method));
         },
         nb::arg("method"), nb::kw_only(), nb::arg("kernel"), nb::arg("image"), nb::arg("out_channels"),
         nb::arg("all_cpu"), nb::arg("avx2_fma"), nb::arg("stride") = P2{1, 1}, nb::arg("padding") = P2{0, 0},
-        nb::arg("dilation") = P2{1, 1}, nb::arg("batch") = 1,
-        "The method Graph.conv_2d lowers a convolution with (im2col, cpu_im2col, winograd or\n"
-        "direct), from plain values and without a graph: method as given to conv_2d (auto or an\n"
+        nb::arg("dilation") = P2{1, 1}, nb::arg("batch") = 1, nb::arg("bf16") = false, nb::arg("in_channels") = 0,
+        "The method Graph.conv_2d lowers a convolution with (im2col, cpu_im2col, winograd, direct\n"
+        "or bf16), from plain values and without a graph: method as given to conv_2d (auto or an\n"
         "explicit one), kernel (KH, KW), image (H, W) of the input, the output channels, whether\n"
         "every backend of the graph is a CPU, whether the CPU has AVX2 and FMA (cpu_avx2_fma()),\n"
-        "stride/padding/dilation (H, W) and the batch. Raises ValueError with conv_2d's message\n"
-        "when conv_2d would refuse the method.");
+        "stride/padding/dilation (H, W), the batch, whether the kernel is bf16 on a CPU that runs\n"
+        "a bf16 kernel (bf16_kernel() != 'off') and the input channels. Raises ValueError with\n"
+        "conv_2d's message when conv_2d would refuse the method.");
+    m.def("bf16_kernel", []() { return std::string(bf16_kernel_name(bf16_kernel())); },
+          "The bf16 kernel graphs built now use for bf16 weights on CPU-only graphs: 'amx' (AMX-BF16\n"
+          "tiles), 'avx512' (AVX512_BF16 dot products) or 'off' (ggml's own mul_mat; conv kernels\n"
+          "converted to f32).");
+    m.def("bf16_cpu_kernel", []() { return std::string(bf16_kernel_name(bf16_cpu_kernel())); },
+          "The fastest bf16 kernel this CPU runs ('amx', 'avx512' or 'off'); AMX counts only when\n"
+          "Linux grants the tile data permission (asked once per process).");
+    m.def("set_bf16_kernel", [](const std::string &name) {
+            std::string err = set_bf16_kernel(name);
+            if (!err.empty()) throw nb::value_error(("set_bf16_kernel: " + err).c_str());
+        }, nb::arg("name"),
+        "Use the bf16 kernel `name` (auto, amx, avx512, off) for graphs built from now on (tests and\n"
+        "benchmarks compare them). Raises ValueError for an unknown name or one this CPU cannot run.");
     m.def("cpu_avx2_fma", &wino_fast_cpu,
           "True when this CPU has AVX2 and FMA (conv_2d's auto method then takes winograd for wide\n"
           "3x3 convolutions): the avx2_fma of choose_conv_method.");

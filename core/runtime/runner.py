@@ -206,6 +206,8 @@ class ModuleRunner:
         if self.mode == "device" and placement.params_device == self.main and len(placement.devices) == 1:
             self.mode = "runtime"  # params on the only runtime device: follows runtime
         self.segmented = len(placement.devices) == 1 and placement.budget > 0 and model.n_blocks > 0
+        if len(placement.devices) == 1 and placement.params_device in (None, self.main):
+            weights.hold_for(pool.get(self.main))  # the dtypes of the one device (bf16 on some CPUs)
         self.rt = weights.new_store()
         self.params: Any = None
         self._bufs: list[_Buf] = []

@@ -10,9 +10,12 @@ released), converting dtypes the backend cannot consume.
 Tensors may also come from numpy arrays in memory (:meth:`WeightFile.from_arrays`), written
 into the buffers with ``WeightStore.set_data``.
 
-Dtype policy (:func:`runtime_dtype`): vectors (biases, norm weights) become f32; conv
-kernels (4-D) f16 unless already f32; matrices keep the file dtype when the backend
-multiplies it, otherwise f32 (bf16, f64) or f16 (quantized kernels ggml cannot run there).
+Dtype policy (:func:`runtime_dtype`): vectors (biases, norm weights) become f32; on a CPU that
+runs sdplan's bf16 kernel (AMX or AVX512_BF16, :func:`cpu_bf16`) float matrices and conv kernels
+(f32, f16, bf16) become bf16; otherwise conv kernels (4-D) f16 unless already f32, and matrices
+keep the file dtype when the backend multiplies it, otherwise f32 (bf16, f64) or f16 (quantized
+kernels ggml cannot run there). A :class:`~sdplan.core.runtime.runner.ModuleRunner` applies the
+policy for the device its module runs on (:meth:`WeightFile.hold_for`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,22 @@ def ggml_dtype(file_dtype: str) -> str:
     return file_dtype.lower()
 
 
+def cpu_bf16(backend: Any | None) -> bool:
+    """True when ``backend`` is a local CPU backend and this CPU runs sdplan's bf16 kernel
+    (``sdplan._ggml.bf16_kernel()`` is ``amx`` or ``avx512``): matrix products and
+    convolutions with bf16 weights then run it (native/kernels/bf16_gemm.cpp).
+
+    The rule is measured (bench/bench_ops.py --bf16, 1 thread, SD 1.5 sizes, f32 activations
+    rounded to bf16): with AMX the kernel took 0.1-0.3x the time of the f16 weights' paths
+    (ggml's mul_mat with llamafile, the Winograd and im2col convolutions); with AVX512_BF16
+    alone, about 0.5x for linear layers and 0.6-1.0x for convolutions.
+    """
+    if backend is None:
+        return False
+    ng = native()
+    return ng.device_type(backend.device_name) == "cpu" and ng.bf16_kernel() != "off"
+
+
 def runtime_dtype(info: TensorInfo, backend: Any | None = None) -> str:
     """The dtype a tensor is held in on ``backend`` (None: keep what ggml can hold).
 
@@ -56,6 +75,8 @@ def runtime_dtype(info: TensorInfo, backend: Any | None = None) -> str:
         return dt
     if len(info.shape) <= 1:
         return "f32"
+    if dt in ("f32", "f16", "bf16") and len(info.shape) in (2, 4) and cpu_bf16(backend):
+        return "bf16"
     if len(info.shape) == 4:
         return dt if dt in ("f32", "f16") else "f16"
     if backend is not None:
@@ -68,8 +89,9 @@ class WeightFile:
     """One model file: its tensor index and the dtypes its tensors are held in.
 
     ``names`` restricts the tensors used (default: all). ``dtypes`` maps names to runtime
-    dtypes (default: :func:`runtime_dtype` for ``backend``). Raises ModelFileError for an
-    unreadable file or a missing name.
+    dtypes (default: :func:`runtime_dtype` for ``backend``; :meth:`hold_for` re-applies the
+    policy for another device, keeping these). Raises ModelFileError for an unreadable file or
+    a missing name.
     """
 
     def __init__(self, path: str | Path, names: Iterable[str] | None = None,
@@ -90,6 +112,17 @@ class WeightFile:
         self.infos: dict[str, TensorInfo] = {n: index[n] for n in wanted}
         self.dtypes: dict[str, str] = {
             n: (dtypes or {}).get(n) or runtime_dtype(self.infos[n], backend) for n in wanted}
+        #: the policy's dtypes at construction: :meth:`hold_for` changes only the names that
+        #: still have them (not those given in ``dtypes`` or set later).
+        self._policy = {n: d for n, d in self.dtypes.items() if not (dtypes or {}).get(n)}
+
+    def hold_for(self, backend: Any) -> None:
+        """Hold the tensors in the dtypes of :func:`runtime_dtype` for ``backend`` (the device
+        the module runs on), except those whose dtype was given or set explicitly. Call
+        before :meth:`new_store`."""
+        for n, d in self._policy.items():
+            if self.dtypes[n] == d:
+                self.dtypes[n] = self._policy[n] = runtime_dtype(self.infos[n], backend)
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, Any], label: str | Path, names: Iterable[str] | None = None,

@@ -1,0 +1,490 @@
+// bf16 matrix products for linear layers and convolutions on the CPU (the bf16_gemm custom op).
+//
+// The product is computed as C[n][m] = sum_k W[n][k] X[k][m]: W is the weight as stored (bf16,
+// row n of K values: a linear weight [N][K], a conv kernel [OC][IC*KH*KW]), read in place and
+// never re-packed; X holds the activations (x's rows for a linear layer, im2col columns for a
+// convolution), rounded to bf16 and packed per block of Mb columns into a panel in the VNNI
+// order both kernels read: pairs of k (k = 2j, 2j+1) of 16 columns form one 64-byte row,
+//   panel[((g * KS) + s) * 256 + jj * 16 + mm] = {X[2j][m], X[2j+1][m]}  (j = 16 s + jj,
+//   m = 16 g + mm; zero past K and past the last column).
+// Two kernels compute 16 x 16 blocks of C from it, accumulating in f32:
+// - AMX (Sapphire Rapids and later): a 2 x 2 block of tiles, C 32 x 32 in four accumulator
+//   tiles, A tiles (16 rows of W x 32 k) loaded straight from W, B tiles from the panel;
+// - AVX512_BF16 (Zen 4, Cooper Lake, ...): 8 rows of W x 32 columns in 16 zmm accumulators, one
+//   VDPBF16PS per pair of k.
+// A convolution's C rows are output channel planes (stored directly, bias added); a linear
+// layer's C block is transposed into dst rows. Threads split the column blocks (and the rows
+// of W when there are too few blocks). Every function that uses AVX-512 or AMX carries a target
+// attribute and runs only after run-time detection, so one binary runs everywhere.
+//
+// Numerics: W is bf16 (8 significant bits) and X is rounded to bf16 (relative error <= 2^-9
+// per element); the products are exact in f32 and summed in f32.
+#include "kernels/bf16_gemm.h"
+#include "kernels/bf16_tiles.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#ifdef SDPLAN_BF16_X86
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace sdplan {
+
+// ------------------------------------------------------------------ detection
+
+namespace {
+
+#ifdef SDPLAN_BF16_X86
+uint64_t xgetbv0() {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+// Linux: ask for the AMX tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
+// without it the first tile instruction kills the process.
+bool request_amx_permission() {
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+#if defined(__linux__)
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+}
+#endif
+
+Bf16Kernel detect() {
+#ifdef SDPLAN_BF16_X86
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return Bf16Kernel::none;  // OSXSAVE
+    const uint64_t xcr0 = xgetbv0();
+    if ((xcr0 & 0xe6) != 0xe6) return Bf16Kernel::none;  // SSE, AVX, opmask and ZMM state
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return Bf16Kernel::none;
+    const bool avx512 = (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) && (b & (1u << 31));
+    const bool amx = (d & (1u << 22)) && (d & (1u << 24));  // AMX-BF16, AMX-TILE
+    unsigned a1, b1, c1, d1;
+    const bool bf16 = __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 & (1u << 5));  // AVX512_BF16
+    if (!avx512 || !bf16) return Bf16Kernel::none;
+    if (amx && (xcr0 & (3ull << 17)) == (3ull << 17) && request_amx_permission()) return Bf16Kernel::amx;
+    return Bf16Kernel::avx512;
+#else
+    return Bf16Kernel::none;
+#endif
+}
+
+std::atomic<int> chosen{-1};  // set_bf16_kernel's choice; -1: the CPU's
+
+}  // namespace
+
+Bf16Kernel bf16_cpu_kernel() {
+    static const Bf16Kernel k = detect();
+    return k;
+}
+
+Bf16Kernel bf16_kernel() {
+    const int c = chosen.load();
+    return c < 0 ? bf16_cpu_kernel() : (Bf16Kernel)c;
+}
+
+const char *bf16_kernel_name(Bf16Kernel k) {
+    switch (k) {
+    case Bf16Kernel::amx: return "amx";
+    case Bf16Kernel::avx512: return "avx512";
+    case Bf16Kernel::none: break;
+    }
+    return "off";
+}
+
+std::string set_bf16_kernel(const std::string &name) {
+    const Bf16Kernel cpu = bf16_cpu_kernel();
+    if (name == "auto") {
+        chosen.store(-1);
+        return {};
+    }
+    Bf16Kernel want;
+    if (name == "amx") want = Bf16Kernel::amx;
+    else if (name == "avx512") want = Bf16Kernel::avx512;
+    else if (name == "off") want = Bf16Kernel::none;
+    else return "unknown bf16 kernel '" + name + "' (auto, amx, avx512, off)";
+    if ((int)want > (int)cpu)
+        return std::string("this CPU cannot run the ") + bf16_kernel_name(want) + " bf16 kernel (it runs: " +
+               bf16_kernel_name(cpu) + ")";
+    chosen.store((int)want);
+    return {};
+}
+
+#ifdef SDPLAN_BF16_X86
+
+namespace {
+
+using namespace tiles;
+
+// The problem as the driver sees it: C [N][cols] = W [N][K] X [K][cols], cols = images * M.
+struct Problem {
+    bool conv;
+    int64_t N, K, M, images;  // rows of W, depth, columns per image, images
+    // convolution
+    int64_t IW, IH, IC, OW, OH, KW, KH;
+    int s0, s1, p0, p1, d0, d1;
+    const float *x;
+    size_t x_img;  // bytes between input images (conv)
+    const uint16_t *w;
+    const float *bias;
+    float *dst;
+    size_t dst_img;  // bytes between output images (conv)
+};
+
+// ---- packing
+
+// Linear: columns c0 .. c0 + Mb of X are rows of x ([M][K] f32). Per group of 16 rows and step
+// of 32 k: 16 rows rounded to 16 bf16 pairs each, then transposed into the panel's 16 rows.
+SDPLAN_AVX512 void pack_linear(const Problem &p, int64_t c0, int64_t Mb, uint32_t *panel) {
+    const int64_t G = Mb / 16, KS = (p.K + 31) / 32;
+    alignas(64) uint32_t blk[16][16];
+    for (int64_t g = 0; g < G; ++g) {
+        const int64_t mrow = c0 + g * 16;
+        const int64_t rows = std::max<int64_t>(0, std::min<int64_t>(16, p.M - mrow));
+        for (int64_t s = 0; s < KS; ++s) {
+            const int64_t k0 = s * 32, left = p.K - k0;
+            const __mmask16 mlo = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+            const __mmask16 mhi = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+            for (int64_t r = 0; r < 16; ++r) {
+                if (r >= rows) {
+                    _mm512_store_si512(blk[r], _mm512_setzero_si512());
+                    continue;
+                }
+                const float *src = p.x + (mrow + r) * p.K + k0;
+                const __m512 lo = _mm512_maskz_loadu_ps(mlo, src), hi = _mm512_maskz_loadu_ps(mhi, src + 16);
+                _mm512_store_si512(blk[r], (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            }
+            transpose16(blk, 64, panel + (g * KS + s) * 256, 64);
+        }
+    }
+}
+
+// Convolution: where each column's input value lies, per kernel position r = kh * KW + kw:
+// offs[r * Mb + c] = the offset (floats from x) of column c0 + c's value (column: image
+// col / M, output pixel col % M), -1 outside the input or past the last column; and per group
+// of 16 columns, whether the valid ones are consecutive in x (one masked load, from `start`).
+struct PosGroup {
+    int64_t start;
+    uint16_t mask;
+    bool contiguous;
+};
+
+void conv_tables(const Problem &p, int64_t c0, int64_t Mb, int32_t *offs, PosGroup *pg) {
+    const int64_t KK = p.KW * p.KH, G = Mb / 16, cols = p.M * p.images;
+    const int64_t img_floats = (int64_t)(p.x_img / sizeof(float));
+    for (int64_t r = 0; r < KK; ++r) {
+        const int64_t kh = r / p.KW, kw = r % p.KW;
+        int32_t *o = offs + r * Mb;
+        for (int64_t c = 0; c < Mb; ++c) {
+            const int64_t col = c0 + c;
+            o[c] = -1;
+            if (col >= cols) continue;
+            const int64_t img = col / p.M, m = col % p.M, oh = m / p.OW, ow = m % p.OW;
+            const int64_t iy = oh * p.s1 - p.p1 + kh * p.d1, ix = ow * p.s0 - p.p0 + kw * p.d0;
+            if (iy >= 0 && iy < p.IH && ix >= 0 && ix < p.IW) o[c] = (int32_t)(img * img_floats + iy * p.IW + ix);
+        }
+        for (int64_t g = 0; g < G; ++g) {
+            PosGroup q{0, 0, true};
+            bool first = true;
+            for (int i = 0; i < 16; ++i) {
+                const int32_t v = o[g * 16 + i];
+                if (v < 0) continue;
+                q.mask |= (uint16_t)(1u << i);
+                if (first) q.start = (int64_t)v - i, first = false;
+                else if ((int64_t)v - i != q.start) q.contiguous = false;
+            }
+            pg[r * G + g] = q;
+        }
+    }
+}
+
+// The 16 values of im2col row k (channel ic, position r) for column group g, in f32.
+SDPLAN_AVX512 inline __m512 conv_load(const float *x, int64_t plane, int64_t ic, int64_t r, int64_t g, int64_t G,
+                                      int64_t Mb, const int32_t *offs, const PosGroup *pg) {
+    const PosGroup &q = pg[r * G + g];
+    const float *base = x + ic * plane;
+    if (q.contiguous) return _mm512_maskz_loadu_ps(q.mask, base + q.start);
+    const __m512i idx = _mm512_loadu_si512(offs + r * Mb + g * 16);
+    return _mm512_mask_i32gather_ps(_mm512_setzero_ps(), q.mask, idx, base, 4);
+}
+
+// Convolution: the panel of columns c0 .. c0 + Mb: per pair of k (im2col rows k = ic * KK + r),
+// the two rows' 16-column groups rounded to bf16 and interleaved (VPERMW) into panel rows.
+SDPLAN_AVX512 void pack_conv(const Problem &p, int64_t c0, int64_t Mb, uint32_t *panel, int32_t *offs,
+                             PosGroup *pg) {
+    const int64_t G = Mb / 16, KS = (p.K + 31) / 32, pairs = KS * 16, KK = p.KW * p.KH;
+    const int64_t plane = p.IW * p.IH;
+    conv_tables(p, c0, Mb, offs, pg);
+    alignas(64) static const uint16_t kIdx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                  8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i idx = _mm512_load_si512(kIdx);
+    for (int64_t j = 0; j < pairs; ++j) {
+        const int64_t k0 = 2 * j, k1 = k0 + 1;
+        uint32_t *dst = panel + (j / 16) * 256 + (j % 16) * 16;
+        if (k0 >= p.K) {
+            for (int64_t g = 0; g < G; ++g) _mm512_store_si512(dst + g * KS * 256, _mm512_setzero_si512());
+            continue;
+        }
+        const int64_t ic0 = k0 / KK, r0 = k0 % KK, ic1 = k1 / KK, r1 = k1 % KK;
+        const bool has1 = k1 < p.K;
+        for (int64_t g = 0; g < G; ++g) {
+            const __m512 v0 = conv_load(p.x, plane, ic0, r0, g, G, Mb, offs, pg);
+            const __m512 v1 = has1 ? conv_load(p.x, plane, ic1, r1, g, G, Mb, offs, pg) : _mm512_setzero_ps();
+            _mm512_store_si512(dst + g * KS * 256, _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(v1, v0)));
+        }
+    }
+}
+
+// ---- rows of W
+
+// Rows n0 .. n0 + 16 of W. Past N or past K the values come from zero-padded copies in `pad`
+// (16 x KS*32 bf16) or `tail` (16 x 32 bf16).
+RowGroup row_group(const Problem &p, int64_t n0, uint16_t *pad, uint16_t *tail) {
+    const int64_t KS = (p.K + 31) / 32, KF = p.K / 32;
+    if (n0 + 16 > p.N) {
+        const int64_t ld = KS * 32;
+        std::fill(pad, pad + 16 * ld, (uint16_t)0);
+        for (int64_t r = 0; r < p.N - n0; ++r) std::memcpy(pad + r * ld, p.w + (n0 + r) * p.K, p.K * 2);
+        return {pad, ld * 2, pad + KF * 32, ld * 2};
+    }
+    RowGroup g{p.w + n0 * p.K, p.K * 2, nullptr, 64};
+    if (KF < KS) {
+        std::fill(tail, tail + 16 * 32, (uint16_t)0);
+        for (int64_t r = 0; r < 16; ++r)
+            std::memcpy(tail + r * 32, p.w + (n0 + r) * p.K + KF * 32, (p.K - KF * 32) * 2);
+        g.tail = tail;
+    }
+    return g;
+}
+
+// ---- stores
+
+// C [nrows][ncols] (row stride ld floats) of rows n0.. and columns c0.. into dst, bias added.
+SDPLAN_AVX512 void store_block(const Problem &p, int64_t n0, int64_t c0, int64_t nrows, int64_t ncols,
+                               const float *c, int64_t ld) {
+    const int64_t rows = std::min<int64_t>(nrows, p.N - n0);
+    const int64_t cols = std::min<int64_t>(ncols, p.M * p.images - c0);
+    if (rows <= 0 || cols <= 0) return;
+    if (p.conv) {  // rows are output channel planes; split the columns per image
+        for (int64_t q0 = 0; q0 < cols;) {
+            const int64_t img = (c0 + q0) / p.M, m = (c0 + q0) % p.M;
+            const int64_t run = std::min(cols - q0, p.M - m);
+            float *out = (float *)((char *)p.dst + img * p.dst_img) + n0 * p.M + m;
+            for (int64_t r = 0; r < rows; ++r) {
+                const __m512 b = _mm512_set1_ps(p.bias ? p.bias[n0 + r] : 0.0f);
+                const float *src = c + r * ld + q0;
+                for (int64_t q = 0; q < run; q += 16) {
+                    const int64_t left = run - q;
+                    const __mmask16 mk = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+                    _mm512_mask_storeu_ps(out + r * p.M + q, mk, _mm512_add_ps(_mm512_maskz_loadu_ps(mk, src + q), b));
+                }
+            }
+            q0 += run;
+        }
+        return;
+    }
+    // linear: dst[m][n]; 16 x 16 sub-blocks transposed
+    alignas(64) float t[16][16];
+    for (int64_t a = 0; a < rows; a += 16) {
+        const int64_t nr = std::min<int64_t>(16, rows - a);
+        const __mmask16 mk = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+        const __m512 b = p.bias ? _mm512_maskz_loadu_ps(mk, p.bias + n0 + a) : _mm512_setzero_ps();
+        for (int64_t q = 0; q < cols; q += 16) {
+            transpose16(c + a * ld + q, ld * 4, t, 64);
+            for (int64_t i = 0; i < std::min<int64_t>(16, cols - q); ++i)
+                _mm512_mask_storeu_ps(p.dst + (c0 + q + i) * p.N + n0 + a, mk, _mm512_add_ps(_mm512_load_ps(t[i]), b));
+        }
+    }
+}
+
+// ---- driver
+
+template <bool AMX>
+SDPLAN_AMX void run(const Problem &p, int ith, int nth) {
+    const int64_t K = p.K, KS = (K + 31) / 32, cols = p.M * p.images;
+    const int64_t Mb = panel_columns(KS, cols);
+    const int64_t mblocks = (cols + Mb - 1) / Mb, G = Mb / 16;
+    const int64_t n32 = (p.N + 31) / 32;
+    // split the rows of W when there are fewer column blocks than 2 per thread
+    const int64_t nsplit = std::clamp<int64_t>((2 * nth + mblocks - 1) / mblocks, 1, n32);
+    const int64_t items = mblocks * nsplit;
+    const int64_t i0 = items * ith / nth, i1 = items * (ith + 1) / nth;
+    if (i0 >= i1) return;
+    thread_local std::vector<char> panel_buf, offs_buf, pg_buf, pad_buf, tail_buf, c_buf;
+    uint32_t *panel = aligned<uint32_t>(panel_buf, (size_t)KS * 16 * Mb);
+    const size_t kk = p.conv ? (size_t)(p.KW * p.KH) : 0;
+    int32_t *offs = aligned<int32_t>(offs_buf, kk * Mb);
+    PosGroup *pg = aligned<PosGroup>(pg_buf, kk * (Mb / 16));
+    uint16_t *pad = aligned<uint16_t>(pad_buf, (size_t)16 * KS * 32);
+    uint16_t *tail = aligned<uint16_t>(tail_buf, (size_t)2 * 16 * 32);
+    float *c = aligned<float>(c_buf, (size_t)32 * Mb);
+    if (AMX) amx_configure();
+    int64_t packed = -1;
+    for (int64_t it = i0; it < i1; ++it) {
+        const int64_t mb = it / nsplit, part = it % nsplit;
+        const int64_t c0 = mb * Mb;
+        if (mb != packed) {
+#ifdef KB_PACK_ONCE
+            if (packed >= 0) { packed = mb; } else
+#endif
+            if (p.conv) pack_conv(p, c0, Mb, panel, offs, pg);
+            else pack_linear(p, c0, Mb, panel);
+            packed = mb;
+        }
+        const int64_t r0 = n32 * part / nsplit * 32, r1 = std::min(p.N, n32 * (part + 1) / nsplit * 32);
+        const int64_t gcols = std::min<int64_t>(G, (cols - c0 + 15) / 16);  // column groups holding data
+        for (int64_t n0 = r0; n0 < r1; n0 += 32) {
+            const int na = n0 + 16 < r1 ? 2 : 1;
+            RowGroup a[2];
+            a[0] = row_group(p, n0, pad, tail);
+            if (na > 1) a[1] = row_group(p, n0 + 16, pad, tail + 16 * 32);
+            block_product<AMX>(a, na, panel, G, gcols, K, c, Mb);
+#ifndef KB_NO_STORE
+            store_block(p, n0, c0, na * 16, gcols * 16, c, Mb);
+#endif
+        }
+    }
+    if (AMX) _tile_release();
+}
+
+// Linear layers with many rows of x: A = x's rows rounded to bf16 (each thread converts its
+// own run of rows once), B = W's rows packed per panel of columns (every thread packs all of
+// W), C [x rows][W rows] stored straight into dst's rows with the bias.
+SDPLAN_AVX512 void convert_rows(const Problem &p, int64_t rb, int64_t n, int64_t Kp, uint16_t *out) {
+    for (int64_t r = 0; r < round_up(n, 16); ++r) {
+        uint16_t *o = out + r * Kp;
+        if (r >= n) {
+            std::fill(o, o + Kp, (uint16_t)0);
+            continue;
+        }
+        const float *src = p.x + (rb + r) * p.K;
+        for (int64_t k = 0; k < Kp; k += 32) {
+            const int64_t left = p.K - k;
+            const __mmask16 mlo = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+            const __mmask16 mhi = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+            const __m512 lo = _mm512_maskz_loadu_ps(mlo, src + k), hi = _mm512_maskz_loadu_ps(mhi, src + k + 16);
+            _mm512_storeu_si512(o + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+
+// W's rows n0 .. n0 + Nb (zero past N and past K) in the panel order: per group of 16 rows and
+// step of 32 k, 16 rows of 16 bf16 pairs transposed into the panel's 16 rows.
+SDPLAN_AVX512 void pack_weight(const Problem &p, int64_t n0, int64_t Nb, uint32_t *panel) {
+    const int64_t G = Nb / 16, KS = (p.K + 31) / 32;
+    alignas(64) uint32_t blk[16][16];
+    for (int64_t g = 0; g < G; ++g) {
+        const int64_t rows = std::clamp<int64_t>(p.N - (n0 + g * 16), 0, 16);
+        for (int64_t s = 0; s < KS; ++s) {
+            const int64_t left = p.K - s * 32;
+            const __mmask32 mk = left >= 32 ? 0xffffffffu : (__mmask32)((1ull << left) - 1);
+            for (int64_t r = 0; r < 16; ++r)
+                _mm512_store_si512(blk[r], r < rows ? _mm512_maskz_loadu_epi16(mk, p.w + (n0 + g * 16 + r) * p.K + s * 32)
+                                                    : _mm512_setzero_si512());
+            transpose16(blk, 64, panel + (g * KS + s) * 256, 64);
+        }
+    }
+}
+
+// C [nrows][ncols] (row stride ld) of x rows m0.. and W rows n0.. into dst[m][n], bias added.
+SDPLAN_AVX512 void store_rows(const Problem &p, int64_t m0, int64_t n0, int64_t nrows, int64_t ncols, const float *c,
+                              int64_t ld) {
+    const int64_t rows = std::min(nrows, p.M - m0), cols = std::min(ncols, p.N - n0);
+    for (int64_t r = 0; r < rows; ++r) {
+        float *out = p.dst + (m0 + r) * p.N + n0;
+        for (int64_t q = 0; q < cols; q += 16) {
+            const int64_t left = cols - q;
+            const __mmask16 mk = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+            __m512 v = _mm512_maskz_loadu_ps(mk, c + r * ld + q);
+            if (p.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, p.bias + n0 + q));
+            _mm512_mask_storeu_ps(out + q, mk, v);
+        }
+    }
+}
+
+template <bool AMX>
+SDPLAN_AMX void run_rows(const Problem &p, int ith, int nth) {
+    const int64_t K = p.K, KS = (K + 31) / 32, Kp = KS * 32;
+    const int64_t m32 = (p.M + 31) / 32;
+    const int64_t rb = m32 * ith / nth * 32, re = std::min(p.M, m32 * (ith + 1) / nth * 32);
+    if (rb >= re) return;
+    const int64_t Nb = panel_columns(KS, p.N), G = Nb / 16;
+    thread_local std::vector<char> xb_buf, panel_buf, c_buf;
+    uint16_t *xb = aligned<uint16_t>(xb_buf, (size_t)round_up(re - rb, 16) * Kp);
+    uint32_t *panel = aligned<uint32_t>(panel_buf, (size_t)KS * 16 * Nb);
+    float *c = aligned<float>(c_buf, (size_t)32 * Nb);
+    convert_rows(p, rb, re - rb, Kp, xb);
+    if (AMX) amx_configure();
+    for (int64_t n0 = 0; n0 < p.N; n0 += Nb) {
+        pack_weight(p, n0, Nb, panel);
+        const int64_t gcols = std::min<int64_t>(G, (p.N - n0 + 15) / 16);
+        for (int64_t m0 = rb; m0 < re; m0 += 32) {
+            const int na = m0 + 16 < re ? 2 : 1;
+            const uint16_t *a0 = xb + (m0 - rb) * Kp;
+            const RowGroup a[2] = {{a0, Kp * 2, a0 + K / 32 * 32, Kp * 2},
+                                   {a0 + 16 * Kp, Kp * 2, a0 + 16 * Kp + K / 32 * 32, Kp * 2}};
+            block_product<AMX>(a, na, panel, G, gcols, K, c, Nb);
+#ifndef KB_NO_STORE
+            store_rows(p, m0, n0, na * 16, gcols * 16, c, Nb);
+#endif
+        }
+    }
+    if (AMX) _tile_release();
+}
+
+}  // namespace
+
+#endif  // SDPLAN_BF16_X86
+
+void bf16_gemm(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    Bf16GemmParams prm;
+    std::memcpy(&prm, userdata, sizeof prm);
+#ifdef SDPLAN_BF16_X86
+    const ggml_tensor *x = dst->src[0], *w = dst->src[1], *b = dst->src[2];
+    Problem p{};
+    p.conv = prm.conv != 0;
+    p.x = (const float *)x->data;
+    p.w = (const uint16_t *)w->data;
+    p.bias = b ? (const float *)b->data : nullptr;
+    p.dst = (float *)dst->data;
+    if (p.conv) {
+        p.IW = x->ne[0], p.IH = x->ne[1], p.IC = x->ne[2], p.images = x->ne[3];
+        p.KW = w->ne[0], p.KH = w->ne[1], p.N = w->ne[3];
+        p.OW = dst->ne[0], p.OH = dst->ne[1];
+        p.K = p.KW * p.KH * p.IC, p.M = p.OW * p.OH;
+        p.s0 = prm.s0, p.s1 = prm.s1, p.p0 = prm.p0, p.p1 = prm.p1, p.d0 = prm.d0, p.d1 = prm.d1;
+        p.x_img = x->nb[3];
+        p.dst_img = dst->nb[3];
+    } else {
+        p.K = x->ne[0], p.N = w->ne[1], p.M = ggml_nrows(x), p.images = 1;
+    }
+    // the kernel was chosen from bf16_kernel(), which asked for the AMX permission first
+    const bool amx = (Bf16Kernel)prm.kernel == Bf16Kernel::amx && bf16_cpu_kernel() == Bf16Kernel::amx;
+    // linear layers with many rows per thread: x's rows as A (no transposed stores)
+#ifndef KB_ROWS_MIN
+#define KB_ROWS_MIN 128
+#endif
+    if (!p.conv && p.M >= (int64_t)KB_ROWS_MIN * nth) {
+        if (amx) run_rows<true>(p, ith, nth);
+        else run_rows<false>(p, ith, nth);
+    } else if (amx) {
+        run<true>(p, ith, nth);
+    } else {
+        run<false>(p, ith, nth);
+    }
+#else
+    (void)dst, (void)ith, (void)nth;
+#endif
+}
+
+}  // namespace sdplan
