@@ -5,7 +5,9 @@
 // Conventions (see core/graph.py): shapes are numpy order, outermost first; ggml's ne[] is
 // that reversed. Ops are methods of Graph; their results are Tensors of that graph.
 #include "graph.h"
+#include "kernels/attention.h"
 #include "kernels/bf16_gemm.h"
+#include "kernels/glu.h"
 #include "kernels/group_norm.h"
 #include "kernels/im2col.h"
 #include "kernels/winograd.h"
@@ -308,6 +310,12 @@ Tensor Graph::unary(const std::string &name, const Tensor &a) {
     t = to_f32(contig(t));
     ggml_context *c = ctx->ctx;
     ggml_tensor *r = nullptr;
+    if (name == "gelu_erf" && glu_avx512() && all_cpu()) {  // vectorized erf (kernels/glu.cpp)
+        ggml_tensor *args[1] = {t};
+        return own(ggml_custom_4d(c, GGML_TYPE_F32, t->ne[0], t->ne[1], t->ne[2], t->ne[3], args, 1, cpu_gelu_erf,
+                                  GGML_N_TASKS_MAX, nullptr),
+                   a.ndim);
+    }
     if (name == "gelu") r = ggml_gelu(c, t);
     else if (name == "gelu_erf") r = ggml_gelu_erf(c, t);
     else if (name == "gelu_quick") r = ggml_gelu_quick(c, t);
@@ -325,6 +333,28 @@ Tensor Graph::unary(const std::string &name, const Tensor &a) {
     else if (name == "log") r = ggml_log(c, t);
     else fail("unary", "unknown op '" + name + "'");
     return own(r, a.ndim);
+}
+
+Tensor Graph::geglu(const Tensor &x, bool approximate) {
+    room("geglu", 8);
+    ggml_tensor *t = use("geglu", x);
+    if (!is_float(t->type)) fail("geglu", "float tensor required, got " + shape_str(x));
+    if (t->ne[0] % 2) fail("geglu", "the last dimension must be even, got " + shape_str(x));
+    t = to_f32(contig(t));
+    ggml_context *c = ctx->ctx;
+    const int64_t D = t->ne[0] / 2;
+    if (all_cpu()) {  // one op (kernels/glu.cpp)
+        custom_params.push_back({approximate ? 1 : 0, 0, 0, 0, 0, 0, 0, 0});
+        ggml_tensor *args[1] = {t};
+        return own(ggml_custom_4d(c, GGML_TYPE_F32, D, t->ne[1], t->ne[2], t->ne[3], args, 1, cpu_geglu,
+                                  GGML_N_TASKS_MAX, custom_params.back().data()),
+                   x.ndim);
+    }
+    ggml_tensor *h = ggml_cont(c, ggml_view_4d(c, t, D, t->ne[1], t->ne[2], t->ne[3], t->nb[1], t->nb[2], t->nb[3], 0));
+    ggml_tensor *gate = ggml_cont(c, ggml_view_4d(c, t, D, t->ne[1], t->ne[2], t->ne[3], t->nb[1], t->nb[2], t->nb[3],
+                                                  (size_t)D * sizeof(float)));
+    gate = approximate ? ggml_gelu(c, gate) : ggml_gelu_erf(c, gate);
+    return own(ggml_mul(c, h, gate), x.ndim);
 }
 
 Tensor Graph::leaky_relu(const Tensor &a, float slope) {
@@ -417,7 +447,7 @@ Tensor Graph::soft_max(const Tensor &a, std::optional<Tensor> mask, float scale_
 
 Tensor Graph::flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std::optional<Tensor> mask,
                          float scale_, float max_bias, float softcap) {
-    room("flash_attn", 6);
+    room("flash_attn", 12);
     ggml_tensor *tq = use("flash_attn", q), *tk = use("flash_attn", k), *tv = use("flash_attn", v);
     if (q.ndim != 4 || k.ndim != 4 || v.ndim != 4)
         fail("flash_attn", "q, k, v must be (B, H, N, D); got " + shape_str(q) + ", " + shape_str(k) +
@@ -426,6 +456,30 @@ Tensor Graph::flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std:
         tv->ne[1] != tk->ne[1] || tv->ne[2] != tk->ne[2])
         fail("flash_attn", "incompatible q " + shape_str(q) + ", k " + shape_str(k) + ", v " + shape_str(v) +
                                " (k,v share B, heads and length; q's heads a multiple of k's; head dims equal)");
+    const Bf16Kernel kern = bf16_kernel();
+    if (kern != Bf16Kernel::none && max_bias == 0.0f && softcap == 0.0f && all_cpu()) {
+        // sdplan's attention op: bf16 products (AMX or AVX512_BF16), f32 softmax
+        auto rows_f32 = [&](ggml_tensor *t) {
+            t = t->type == GGML_TYPE_F32 ? t : ggml_cast(ctx->ctx, contig(t), GGML_TYPE_F32);
+            return rows_contiguous(t) ? t : ggml_cont(ctx->ctx, t);
+        };
+        ggml_tensor *m = nullptr;
+        if (mask) {
+            m = use("flash_attn", *mask);
+            if (!is_float(m->type)) fail("flash_attn", "mask must be float, got " + shape_str(*mask));
+            if (m->ne[0] != tk->ne[1] || m->ne[1] < tq->ne[1] || tq->ne[2] % m->ne[2] || tq->ne[3] % m->ne[3])
+                fail("flash_attn", "mask " + shape_str(*mask) + " does not fit q " + shape_str(q) + " and k " +
+                                       shape_str(k) + " (mask (.., Nq, Nk))");
+            m = to_f32(contig(m));
+        }
+        int bits;
+        std::memcpy(&bits, &scale_, sizeof bits);
+        custom_params.push_back({(int)kern, bits, 0, 0, 0, 0, 0, 0});
+        ggml_tensor *args[4] = {rows_f32(tq), rows_f32(tk), rows_f32(tv), m};
+        return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, tv->ne[0], tq->ne[2], tq->ne[1], tq->ne[3], args,
+                                  m ? 4 : 3, bf16_attention, GGML_N_TASKS_MAX, custom_params.back().data()),
+                   4);
+    }
     tq = to_f32(tq);
     if (tk->type != GGML_TYPE_F16) tk = ggml_cast(ctx->ctx, contig(tk), GGML_TYPE_F16);
     if (tv->type != GGML_TYPE_F16) tv = ggml_cast(ctx->ctx, contig(tv), GGML_TYPE_F16);

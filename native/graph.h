@@ -115,6 +115,9 @@ struct Graph {
     Tensor binary(const char *op, const Tensor &a, const Tensor &b);
     Tensor scale(const Tensor &a, float s, float bias);
     Tensor unary(const std::string &name, const Tensor &a);
+    // GEGLU in diffusers' order: x (..., 2D) -> (..., D) = x[..., :D] * gelu(x[..., D:]) (erf
+    // form, or the tanh approximation); one CPU op on CPU-only graphs (kernels/glu.cpp).
+    Tensor geglu(const Tensor &x, bool approximate);
     Tensor leaky_relu(const Tensor &a, float slope);
     Tensor clamp(const Tensor &a, float lo, float hi);
     Tensor norm(const std::string &kind, const Tensor &a, float eps, int n_groups);

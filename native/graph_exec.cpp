@@ -435,6 +435,9 @@ void register_graph(nb::module_ &m) {
         .def("div", [](Graph &g, const Tensor &a, const Tensor &b) { return g.binary("div", a, b); })
         .def("scale", &Graph::scale, nb::arg("a"), nb::arg("s"), nb::arg("bias") = 0.0f)
         .def("unary", &Graph::unary, nb::arg("op"), nb::arg("a"))
+        .def("geglu", &Graph::geglu, nb::arg("x"), nb::arg("approximate") = false,
+             "GEGLU (diffusers' order): x (..., 2D) -> x[..., :D] * gelu(x[..., D:]), gelu exact (erf) or\n"
+             "the tanh approximation; one fused op with a vectorized erf on CPU-only graphs.")
         .def("leaky_relu", &Graph::leaky_relu, nb::arg("a"), nb::arg("slope"))
         .def("clamp", &Graph::clamp, nb::arg("a"), nb::arg("min"), nb::arg("max"))
         .def("norm", [](Graph &g, const Tensor &a, float eps) { return g.norm("norm", a, eps, 0); },

@@ -16,9 +16,14 @@ Conventions
 * **Broadcasting** in ``add``/``sub``/``mul``/``div`` follows numpy's trailing alignment,
   restricted to ggml's rule: every dimension of the smaller operand divides the larger's
   (so ``(C, 1, 1)`` with ``(N, C, H, W)`` works). Mixed float dtypes compute in f32.
-* ``mul_mat(a, b)`` computes ``b @ a.T`` over the last two axes: ``a`` is ``(..., M, K)``
-  (a weight ``(out, in)``), ``b`` is ``(..., N, K)``; the result is ``(..., N, M)``; ``a``'s
-  batch axes broadcast over ``b``'s.
+* ``mul_mat(a, b, bias=None)`` computes ``b @ a.T (+ bias)`` over the last two axes: ``a`` is
+  ``(..., M, K)`` (a weight ``(out, in)``), ``b`` is ``(..., N, K)``; the result is
+  ``(..., N, M)``; ``a``'s batch axes broadcast over ``b``'s.
+* **bf16 on the CPU**: on CPU-only graphs where the CPU runs sdplan's bf16 kernel
+  (``sdplan._ggml.bf16_kernel()``: ``amx`` or ``avx512``), a bf16 2-D ``a`` in ``mul_mat``,
+  a bf16 kernel in ``conv_2d`` and every ``flash_attn`` run it (native/kernels): operands rounded
+  to bf16, f32 sums. ``sdplan._ggml.set_bf16_kernel("off")`` turns it off for graphs built
+  afterwards.
 * Ops never let ggml assert: bad shapes or dtypes raise ``ValueError`` naming the op and the
   shapes. Non-contiguous operands are made contiguous where an op needs it.
 * A graph is built once per input shape (``g.input(...)``, ops, ``g.output(name, t)``), then
@@ -33,9 +38,10 @@ Conventions
   backends without an abort callback (RPC).
 
 Native op methods of ``Graph`` (all shapes numpy order): ``input(name, shape, dtype="f32")``,
-``output(name, x)``, ``mul_mat(a, b)``, ``add/sub/mul/div(a, b)``, ``scale(a, s, bias=0)``,
+``output(name, x)``, ``mul_mat(a, b, bias=None)``, ``add/sub/mul/div(a, b)``, ``scale(a, s, bias=0)``,
 ``unary(op, a)`` with op in gelu (tanh approximation), gelu_erf, gelu_quick, silu, relu,
-sigmoid, tanh, exp, sqr, sqrt, abs, neg, sin, cos, log; ``leaky_relu(a, slope)``,
+sigmoid, tanh, exp, sqr, sqrt, abs, neg, sin, cos, log; ``geglu(x, approximate=False)``,
+``leaky_relu(a, slope)``,
 ``clamp(a, min, max)``, ``norm(a, eps)`` and ``rms_norm(a, eps)`` over the last axis,
 ``group_norm(a, n_groups, eps, weight=None, bias=None)`` over (C, H, W) groups, ``soft_max(a, mask=None, scale=1,
 max_bias=0)`` over the last axis of ``a*scale + mask``, ``flash_attn(q, k, v, mask=None,
@@ -118,9 +124,11 @@ def on(g: Graph, index: int | None) -> Iterator[None]:
 
 
 def linear(g: Graph, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """``x @ w.T + b``: x ``(..., in)``, w ``(out, in)``, b ``(out,)`` -> ``(..., out)``."""
-    y = g.mul_mat(w, x)
-    return g.add(y, b) if b is not None else y
+    """``x @ w.T + b``: x ``(..., in)``, w ``(out, in)``, b ``(out,)`` -> ``(..., out)``.
+
+    A bf16 ``w`` on a CPU-only graph runs sdplan's bf16 kernel with the bias fused
+    (``Graph.mul_mat``); otherwise ggml's matrix product and an add."""
+    return g.mul_mat(w, x, bias=b) if b is not None else g.mul_mat(w, x)
 
 
 def layer_norm(g: Graph, x: Tensor, w: Tensor | None, b: Tensor | None, eps: float = 1e-5) -> Tensor:
@@ -227,15 +235,6 @@ def gelu(g: Graph, x: Tensor, approximate: bool = False) -> Tensor:
 
 def geglu(g: Graph, x: Tensor, approximate: bool = False) -> Tensor:
     """GEGLU in the diffusers order: ``hidden, gate`` = the two halves of the last axis of
-    ``x`` (f32 or f16); returns ``hidden * gelu(gate)`` with shape ``(..., D/2)``."""
-    *lead, d2 = x.shape
-    d = d2 // 2
-    es = 4 if x.dtype == "f32" else 2
-    strides: list[int] = []
-    acc = d2 * es
-    for n in reversed(lead):
-        strides.insert(0, acc)
-        acc *= n
-    a = g.view(x, (*lead, d), (*strides, es), 0)
-    b = g.view(x, (*lead, d), (*strides, es), d * es)
-    return g.mul(g.cont(a), gelu(g, g.cont(b), approximate))
+    ``x`` (f32 or f16); returns ``hidden * gelu(gate)`` with shape ``(..., D/2)``
+    (``Graph.geglu``: one op on CPU-only graphs)."""
+    return g.geglu(x, approximate)

@@ -1,0 +1,223 @@
+// Attention with bf16 products on the CPU (the bf16_attention custom op). Per batch and head
+// the keys are packed once into a panel for S = Q K^T (pairs of head-dimension values, 16 keys
+// per column group) and the values into a panel for O = P V (pairs of keys, 16 value columns
+// per group); then per block of 32 queries: the scaled queries rounded to bf16, S by the
+// blocked product of bf16_tiles.h (AMX tiles or AVX512_BF16), the softmax of whole rows in f32
+// (vectorized exp), the probabilities rounded to bf16, O by the same product, each row divided
+// by its sum. Threads split the batch-head pairs, and the query rows when there are fewer pairs
+// than two per thread.
+#include "kernels/attention.h"
+#include "kernels/bf16_gemm.h"
+#include "kernels/bf16_tiles.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace sdplan {
+
+#ifdef SDPLAN_BF16_X86
+
+namespace {
+
+using namespace tiles;
+
+// exp(x) for x <= 88: 2^n p(f) with n = round(x / ln 2), f = x - n ln 2 (two-part ln 2), p the
+// degree-6 Taylor polynomial (relative error below 2e-7 on |f| <= ln 2 / 2); -inf and values
+// below -104 give 0 (the scale underflows).
+SDPLAN_AVX512 inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), f);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1); }
+
+// n f32 rows (row i at base + i * stride bytes, `cols` values) scaled by `scale`, rounded to
+// bf16 into out [round_up(n, 16)][ld] (zero past cols and past n).
+SDPLAN_AVX512 void rows_to_bf16(const char *base, size_t stride, int64_t n, int64_t cols, float scale, int64_t ld,
+                                uint16_t *out) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t r = 0; r < round_up(n, 16); ++r) {
+        uint16_t *o = out + r * ld;
+        const float *src = (const float *)(base + r * stride);
+        for (int64_t k = 0; k < ld; k += 32) {
+            const __mmask16 mlo = r < n ? tail_mask(cols - k) : 0, mhi = r < n ? tail_mask(cols - k - 16) : 0;
+            const __m512 lo = _mm512_mul_ps(_mm512_maskz_loadu_ps(mlo, src + k), sc);
+            const __m512 hi = _mm512_mul_ps(_mm512_maskz_loadu_ps(mhi, src + k + 16), sc);
+            _mm512_storeu_si512(o + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    }
+}
+
+// Keys as the panel of S = Q K^T: column = key (n keys, row i at base + i * stride), k = head
+// dimension (D values): per group of 16 keys and step of 32 k, 16 key rows rounded to bf16
+// pairs and transposed into the panel's rows.
+SDPLAN_AVX512 void pack_keys(const char *base, size_t stride, int64_t n, int64_t D, uint32_t *panel) {
+    const int64_t G = (n + 15) / 16, KS = (D + 31) / 32;
+    alignas(64) uint32_t blk[16][16];
+    for (int64_t g = 0; g < G; ++g)
+        for (int64_t s = 0; s < KS; ++s) {
+            const int64_t k0 = s * 32;
+            for (int64_t r = 0; r < 16; ++r) {
+                const int64_t key = g * 16 + r;
+                const float *src = (const float *)(base + key * stride) + k0;
+                const __mmask16 mlo = key < n ? tail_mask(D - k0) : 0, mhi = key < n ? tail_mask(D - k0 - 16) : 0;
+                _mm512_store_si512(blk[r], (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(mhi, src + 16),
+                                                                        _mm512_maskz_loadu_ps(mlo, src)));
+            }
+            transpose16(blk, 64, panel + (g * KS + s) * 256, 64);
+        }
+}
+
+// Values as the panel of O = P V: k = key (n keys, row i at base + i * stride), column = value
+// dimension (Dv): per pair of keys, the two rows' 16-column groups rounded to bf16 and
+// interleaved into panel rows (zero past n keys, up to the panel's round_up(n, 32)).
+SDPLAN_AVX512 void pack_values(const char *base, size_t stride, int64_t n, int64_t Dv, uint32_t *panel) {
+    const int64_t G = (Dv + 15) / 16, KS = (n + 31) / 32;
+    alignas(64) static const uint16_t kIdx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                  8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+    const __m512i idx = _mm512_load_si512(kIdx);
+    for (int64_t j = 0; j < KS * 16; ++j) {
+        const float *r0 = (const float *)(base + 2 * j * stride), *r1 = (const float *)(base + (2 * j + 1) * stride);
+        const bool h0 = 2 * j < n, h1 = 2 * j + 1 < n;
+        uint32_t *dst = panel + (j / 16) * 256 + (j % 16) * 16;
+        for (int64_t g = 0; g < G; ++g) {
+            const __mmask16 mk = tail_mask(Dv - g * 16);
+            const __m512 v0 = _mm512_maskz_loadu_ps(h0 ? mk : 0, r0 + g * 16);
+            const __m512 v1 = _mm512_maskz_loadu_ps(h1 ? mk : 0, r1 + g * 16);
+            _mm512_store_si512(dst + g * KS * 256, _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(v1, v0)));
+        }
+    }
+}
+
+// Softmax of `rows` score rows s [r][0..n) (+ mask rows, each `mrow` floats apart, or none)
+// into bf16 probabilities p [r][0..ld) (zero past n; rows past `rows` up to 32 zero), and each
+// row's 1 / sum in inv.
+SDPLAN_AVX512 void softmax_rows(const float *s, int64_t rows, int64_t n, int64_t ld, const float *mask, int64_t mrow,
+                                uint16_t *p, float *inv) {
+    for (int64_t r = 0; r < 32; ++r) {
+        uint16_t *pr = p + r * ld;
+        if (r >= rows) {
+            std::memset(pr, 0, (size_t)ld * 2);
+            continue;
+        }
+        const float *sr = s + r * ld;
+        const float *mr = mask ? mask + r * mrow : nullptr;
+        __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        for (int64_t k = 0; k < n; k += 16) {
+            const __mmask16 mk = tail_mask(n - k);
+            __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), mk, sr + k);
+            if (mr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, mr + k));
+            vmax = _mm512_max_ps(vmax, v);
+        }
+        const float mx = _mm512_reduce_max_ps(vmax);
+        if (!(mx > -std::numeric_limits<float>::infinity())) {  // every key masked out: zero output
+            std::memset(pr, 0, (size_t)ld * 2);
+            inv[r] = 0.0f;
+            continue;
+        }
+        const __m512 vm = _mm512_set1_ps(mx);
+        __m512 vsum = _mm512_setzero_ps();
+        for (int64_t k = 0; k < ld; k += 32) {
+            const __mmask16 m0 = tail_mask(n - k), m1 = tail_mask(n - k - 16);
+            __m512 a = _mm512_maskz_loadu_ps(m0, sr + k), b = _mm512_maskz_loadu_ps(m1, sr + k + 16);
+            if (mr) {
+                a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(m0, mr + k));
+                b = _mm512_add_ps(b, _mm512_maskz_loadu_ps(m1, mr + k + 16));
+            }
+            a = _mm512_maskz_mov_ps(m0, exp512(_mm512_sub_ps(a, vm)));
+            b = _mm512_maskz_mov_ps(m1, exp512(_mm512_sub_ps(b, vm)));
+            vsum = _mm512_add_ps(vsum, _mm512_add_ps(a, b));
+            _mm512_storeu_si512(pr + k, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+        }
+        inv[r] = 1.0f / _mm512_reduce_add_ps(vsum);
+    }
+}
+
+template <bool AMX>
+SDPLAN_AMX void run(ggml_tensor *dst, int ith, int nth, float scale) {
+    const ggml_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2], *m = dst->src[3];
+    const int64_t D = q->ne[0], Nq = q->ne[1], Hq = q->ne[2], B = q->ne[3];
+    const int64_t Nk = k->ne[1], Hk = k->ne[2], Dv = v->ne[0];
+    const int64_t Dp = round_up(D, 32), Nkp = round_up(Nk, 32), Dvp = round_up(Dv, 16);
+    const int64_t heads = B * Hq, q32 = (Nq + 31) / 32;
+    const int64_t qsplit = std::clamp<int64_t>((2 * nth + heads - 1) / heads, 1, q32);
+    const int64_t items = heads * qsplit;
+    const int64_t i0 = items * ith / nth, i1 = items * (ith + 1) / nth;
+    if (i0 >= i1) return;
+    thread_local std::vector<char> kt_buf, vp_buf, qb_buf, s_buf, p_buf, o_buf;
+    uint32_t *kt = aligned<uint32_t>(kt_buf, (size_t)(Nkp / 16) * (Dp / 32) * 256);
+    uint32_t *vp = aligned<uint32_t>(vp_buf, (size_t)(Dvp / 16) * (Nkp / 32) * 256);
+    uint16_t *qb = aligned<uint16_t>(qb_buf, (size_t)32 * Dp);
+    float *s = aligned<float>(s_buf, (size_t)32 * Nkp);
+    uint16_t *pb = aligned<uint16_t>(p_buf, (size_t)32 * Nkp);
+    float *o = aligned<float>(o_buf, (size_t)32 * Dvp);
+    alignas(64) float inv[32];
+    if (AMX) amx_configure();
+    int64_t packed = -1;
+    for (int64_t it = i0; it < i1; ++it) {
+        const int64_t head = it / qsplit, part = it % qsplit;
+        const int64_t b = head / Hq, hq = head % Hq, hk = hq / (Hq / Hk);
+        if (b * Hk + hk != packed) {
+            pack_keys((const char *)k->data + b * k->nb[3] + hk * k->nb[2], k->nb[1], Nk, D, kt);
+            pack_values((const char *)v->data + b * v->nb[3] + hk * v->nb[2], v->nb[1], Nk, Dv, vp);
+            packed = b * Hk + hk;
+        }
+        const int64_t qa = q32 * part / qsplit * 32, qe = std::min(Nq, q32 * (part + 1) / qsplit * 32);
+        for (int64_t q0 = qa; q0 < qe; q0 += 32) {
+            const int64_t rows = std::min<int64_t>(32, qe - q0);
+            const int na = rows > 16 ? 2 : 1;
+            rows_to_bf16((const char *)q->data + b * q->nb[3] + hq * q->nb[2] + q0 * q->nb[1], q->nb[1], rows, D,
+                         scale, Dp, qb);
+            const RowGroup qa_rows[2] = {{qb, Dp * 2, qb, Dp * 2}, {qb + 16 * Dp, Dp * 2, qb + 16 * Dp, Dp * 2}};
+            block_product<AMX>(qa_rows, na, kt, Nkp / 16, (Nk + 15) / 16, Dp, s, Nkp);
+            const float *mrow = nullptr;
+            if (m) mrow = (const float *)((const char *)m->data + (b % m->ne[3]) * m->nb[3] +
+                                          (hq % m->ne[2]) * m->nb[2] + q0 * m->nb[1]);
+            softmax_rows(s, rows, Nk, Nkp, mrow, m ? m->nb[1] / 4 : 0, pb, inv);
+            const int64_t KF = Nkp / 32 * 32;
+            const RowGroup pa[2] = {{pb, Nkp * 2, pb + KF, Nkp * 2}, {pb + 16 * Nkp, Nkp * 2, pb + 16 * Nkp + KF, Nkp * 2}};
+            block_product<AMX>(pa, na, vp, Dvp / 16, Dvp / 16, Nkp, o, Dvp);
+            for (int64_t r = 0; r < rows; ++r) {
+                float *out = (float *)((char *)dst->data + b * dst->nb[3] + (q0 + r) * dst->nb[2] + hq * dst->nb[1]);
+                const __m512 sc = _mm512_set1_ps(inv[r]);
+                for (int64_t c = 0; c < Dv; c += 16) {
+                    const __mmask16 mk = tail_mask(Dv - c);
+                    _mm512_mask_storeu_ps(out + c, mk, _mm512_mul_ps(_mm512_loadu_ps(o + r * Dvp + c), sc));
+                }
+            }
+        }
+    }
+    if (AMX) _tile_release();
+}
+
+}  // namespace
+
+#endif  // SDPLAN_BF16_X86
+
+void bf16_attention(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    Bf16AttentionParams prm;
+    std::memcpy(&prm, userdata, sizeof prm);
+#ifdef SDPLAN_BF16_X86
+    float scale;
+    std::memcpy(&scale, &prm.scale_bits, sizeof scale);
+    if ((Bf16Kernel)prm.kernel == Bf16Kernel::amx && bf16_cpu_kernel() == Bf16Kernel::amx) run<true>(dst, ith, nth, scale);
+    else run<false>(dst, ith, nth, scale);
+#else
+    (void)dst, (void)ith, (void)nth;
+#endif
+}
+
+}  // namespace sdplan

@@ -1,0 +1,132 @@
+// GELU and GEGLU with a vectorized erf (see glu.h). erf(z) for z >= 0 by Abramowitz & Stegun
+// 7.1.26, 1 - (a1 t + ... + a5 t^5) exp(-z^2) with t = 1 / (1 + p z), absolute error below
+// 1.5e-7 (Handbook of Mathematical Functions, 1964), odd extension for z < 0; exp by range
+// reduction and a degree-6 polynomial (relative error below 2e-7). The tanh approximation is
+// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) with tanh(u) = 1 - 2 / (exp(2u) + 1).
+// Threads split the rows.
+#include "kernels/glu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define SDPLAN_GLU_X86 1
+#define SDPLAN_GLU_AVX512 __attribute__((target("avx512f,avx512dq")))
+#endif
+
+namespace sdplan {
+
+namespace {
+
+float gelu_erf_scalar(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
+
+float gelu_tanh_scalar(float x) {
+    return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+#ifdef SDPLAN_GLU_X86
+SDPLAN_GLU_AVX512 inline __m512 exp_ps(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), f);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+SDPLAN_GLU_AVX512 inline __m512 gelu_erf_ps(__m512 x) {
+    const __m512 z = _mm512_mul_ps(x, _mm512_set1_ps(0.70710678118654752f));
+    const __m512 az = _mm512_abs_ps(z);
+    const __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(az, _mm512_set1_ps(0.3275911f), _mm512_set1_ps(1.0f)));
+    __m512 poly = _mm512_set1_ps(1.061405429f);
+    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(-1.453152027f));
+    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(1.421413741f));
+    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(-0.284496736f));
+    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(0.254829592f));
+    poly = _mm512_mul_ps(poly, t);
+    const __m512 e = exp_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), az), az));
+    __m512 erf = _mm512_fnmadd_ps(poly, e, _mm512_set1_ps(1.0f));             // erf(|z|)
+    erf = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(erf),       // sign of z
+                                              _mm512_and_si512(_mm512_castps_si512(z), _mm512_set1_epi32(INT32_MIN))));
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), _mm512_add_ps(_mm512_set1_ps(1.0f), erf));
+}
+
+SDPLAN_GLU_AVX512 inline __m512 gelu_tanh_ps(__m512 x) {
+    const __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
+                                   _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), _mm512_mul_ps(x, x), x));
+    const __m512 e = exp_ps(_mm512_add_ps(u, u));
+    const __m512 th = _mm512_sub_ps(_mm512_set1_ps(1.0f),
+                                    _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), _mm512_add_ps(_mm512_set1_ps(1.0f), th));
+}
+
+// out[i] = (mul ? mul[i] : 1) * gelu(x[i]) for i < n.
+template <bool TANH>
+SDPLAN_GLU_AVX512 void row_avx512(const float *x, const float *mul, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const int64_t left = n - i;
+        const __mmask16 mk = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(mk, x + i);
+        __m512 y = TANH ? gelu_tanh_ps(v) : gelu_erf_ps(v);
+        if (mul) y = _mm512_mul_ps(y, _mm512_maskz_loadu_ps(mk, mul + i));
+        _mm512_mask_storeu_ps(out + i, mk, y);
+    }
+}
+#endif
+
+void row(bool tanh, const float *x, const float *mul, float *out, int64_t n) {
+#ifdef SDPLAN_GLU_X86
+    if (glu_avx512()) {
+        if (tanh) row_avx512<true>(x, mul, out, n);
+        else row_avx512<false>(x, mul, out, n);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < n; ++i) {
+        const float y = tanh ? gelu_tanh_scalar(x[i]) : gelu_erf_scalar(x[i]);
+        out[i] = mul ? mul[i] * y : y;
+    }
+}
+
+}  // namespace
+
+bool glu_avx512() {
+#ifdef SDPLAN_GLU_X86
+    static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+    return ok;
+#else
+    return false;
+#endif
+}
+
+void cpu_gelu_erf(ggml_tensor *dst, int ith, int nth, void *) {
+    const ggml_tensor *x = dst->src[0];
+    const int64_t n = ggml_nelements(x), chunk = 4096;
+    const int64_t chunks = (n + chunk - 1) / chunk;
+    for (int64_t c = chunks * ith / nth; c < chunks * (ith + 1) / nth; ++c) {
+        const int64_t i0 = c * chunk;
+        row(false, (const float *)x->data + i0, nullptr, (float *)dst->data + i0, std::min(chunk, n - i0));
+    }
+}
+
+void cpu_geglu(ggml_tensor *dst, int ith, int nth, void *userdata) {
+    const bool tanh = userdata && *static_cast<const int *>(userdata) != 0;
+    const ggml_tensor *x = dst->src[0];
+    const int64_t D = dst->ne[0], rows = ggml_nrows(dst);
+    for (int64_t r = rows * ith / nth; r < rows * (ith + 1) / nth; ++r) {
+        const float *xr = (const float *)x->data + r * 2 * D;
+        row(tanh, xr + D, xr, (float *)dst->data + r * D, D);
+    }
+}
+
+}  // namespace sdplan
