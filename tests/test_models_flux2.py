@@ -90,6 +90,20 @@ def test_velocity_matches_diffusers(cpus, model, case) -> None:
         r.release()
 
 
+def test_reference_tokens_and_text_matter(cpus, model) -> None:
+    """The fixture's tokens mix: dropping the reference latent or shifting the text moves the
+    output far beyond the tolerance (so RoPE and attention across streams are checked)."""
+    r = runner(cpus, model, DIT)
+    try:
+        lat, ctx, s = R["dit_b.latent"], R["dit_b.context"], float(R["dit_b.sigma"][0])
+        no_ref = r.run(model.inputs(lat, ctx, s))["out"]
+        assert rel_err(no_ref, R["dit_b.out"]) > 10 * TOL
+        other = r.run(model.inputs(lat, np.roll(ctx, 1, axis=1), s, [R["dit_b.ref0"]]))["out"][:, :24]
+        assert rel_err(other, R["dit_b.out"]) > 5 * TOL  # the text order alone: RoPE on the text axis
+    finally:
+        r.release()
+
+
 def test_layer_split_over_two_backends(cpus, model) -> None:
     one = runner(cpus, model, DIT)
     split = runner(cpus, model, DIT, [("CPU", 0, 1), ("CPU1", 2, 3)])

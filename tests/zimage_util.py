@@ -92,7 +92,7 @@ def write_qwen3(dst: Path, fmt: str = "safetensors", dtype: str = "f16", parts: 
         a = arr.astype(np.float32)
         if a.ndim != 2 or dtype == "f32":
             w.add_tensor(gguf_name(name), a)
-        elif dtype == "f16":
+        elif dtype == "f16" or a.shape[1] % 32:  # rows too short to quantise stay f16
             w.add_tensor(gguf_name(name), a.astype(np.float16))
         else:
             q = gguf.quants.quantize(a, kinds[dtype])

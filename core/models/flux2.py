@@ -43,8 +43,8 @@ from sdplan.core.models.base import ModelLayoutError, Weights
 from sdplan.core.models.flux import FluxConfig, FluxDiT, find_prefix, rope_tables
 from sdplan.core.runtime import graph as gr
 
-__all__ = ["Flux2DiT", "flux2_config", "tokens", "untokens", "position_ids", "THETA", "REF_INDEX_SCALE",
-           "MARKER"]
+__all__ = ["Flux2DiT", "flux2_config", "tokens", "untokens", "position_ids", "patchify_latent",
+           "unpatchify_latent", "THETA", "REF_INDEX_SCALE", "MARKER"]
 
 #: FLUX.2's RoPE base and the time-axis step between reference images.
 THETA = 2000.0
@@ -102,6 +102,32 @@ def untokens(x: np.ndarray, h: int, w: int) -> np.ndarray:
     if x.ndim != 3 or x.shape[1] < h * w:
         raise ValueError(f"FLUX.2 tokens {x.shape} do not cover a {h}x{w} latent")
     return np.ascontiguousarray(x[:, : h * w].transpose(0, 2, 1).reshape(1, x.shape[2], h, w))
+
+
+def patchify_latent(z: np.ndarray) -> np.ndarray:
+    """The autoencoder's latent ``(1, C, H, W)`` -> the diffusion latent ``(1, 4C, H/2, W/2)``
+    float32, channel ``4c + 2dy + dx`` (diffusers ``_patchify_latents``; sd-cli's FLUX.2
+    ``AutoEncoderKLModel::encode``).
+
+    Raises:
+        ValueError: not 4-D or odd H/W.
+    """
+    z = np.asarray(z, dtype=np.float32)
+    if z.ndim != 4 or z.shape[2] % 2 or z.shape[3] % 2:
+        raise ValueError(f"FLUX.2 autoencoder latent must be (N, C, H, W) with even H and W, got {z.shape}")
+    n, c, h, w = z.shape
+    x = z.reshape(n, c, h // 2, 2, w // 2, 2).transpose(0, 1, 3, 5, 2, 4)
+    return np.ascontiguousarray(x.reshape(n, 4 * c, h // 2, w // 2))
+
+
+def unpatchify_latent(x: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`patchify_latent`: ``(1, 4C, h, w)`` -> ``(1, C, 2h, 2w)`` float32."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 4 or x.shape[1] % 4:
+        raise ValueError(f"FLUX.2 diffusion latent must be (N, 4C, h, w), got {x.shape}")
+    n, c4, h, w = x.shape
+    z = x.reshape(n, c4 // 4, 2, 2, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return np.ascontiguousarray(z.reshape(n, c4 // 4, 2 * h, 2 * w))
 
 
 def _cells(h: int, w: int, index: float) -> np.ndarray:
