@@ -58,7 +58,7 @@ from sdplan.core.text.bpe_tokenizer import BPETokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 
 __all__ = ["KleinModels", "KleinPipeline", "TEMPLATE", "OUT_LAYERS", "MIN_TOKENS", "DEFAULTS", "MODULES",
-           "BN_EPS", "ref_size", "resize_nearest"]
+           "BN_EPS", "ref_size", "resize_nearest", "load_ref_image"]
 
 #: sd-cli's FLUX.2 klein prompt template (prefix, suffix).
 TEMPLATE = ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
@@ -109,9 +109,27 @@ def resize_nearest(image: np.ndarray, width: int, height: int) -> np.ndarray:
     return np.ascontiguousarray(image[rows][:, cols])
 
 
+def load_ref_image(path: str | Path) -> np.ndarray:
+    """A reference image file as uint8 ``(H, W, 3)`` RGB (alpha dropped, greyscale expanded).
+
+    Raises:
+        SdplanError: a missing or unreadable image, naming ``-r/--ref-image``.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return np.asarray(im.convert("RGB"), dtype=np.uint8).copy()
+    except UnidentifiedImageError:
+        raise SdplanError(f"-r/--ref-image {str(path)!r}: not an image format PIL reads") from None
+    except OSError as exc:
+        raise SdplanError(f"-r/--ref-image {str(path)!r}: cannot read it ({exc.strerror or exc})") from None
+
+
 def _read_vector(path: str | Path, name: str) -> np.ndarray | None:
-    """A small float tensor of a safetensors or GGUF file as float32 (None when absent)."""
-    info = next((t for t in read_tensor_file(path).tensors if t.name == name), None)
+    """A small float tensor of a safetensors or GGUF file as float32, found by its name with
+    or without a prefix (``first_stage_model.bn.running_mean``); None when absent."""
+    info = next((t for t in read_tensor_file(path).tensors if t.name == name or t.name.endswith("." + name)), None)
     if info is None:
         return None
     kinds = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
