@@ -208,3 +208,24 @@ def test_flux2_dev_is_told_apart(tmp_path: Path, layouts) -> None:
     write_sparse(path, dev)
     arch = read_model_files({"diffusion_model": [path]}).architecture
     assert arch.name == "flux2-dev" and any("Mistral" in e for e in arch.evidence)
+
+
+def test_library_pairs_klein_with_qwen3_and_the_32_channel_autoencoder(tmp_path: Path, layouts) -> None:
+    """A model folder with klein, Qwen3-4B, the FLUX.2 autoencoder and FLUX.1's 16-channel one:
+    the library runs klein with the LLM and the 32-channel VAE."""
+    from sdplan.core.modelfiles.library import LibraryCache, scan_library
+    from sdplan.core.modelfiles.library_fit import companions
+
+    write_sparse(tmp_path / "flux-2-klein-4b.safetensors", layouts["flux2_klein_4b"])
+    write_sparse(tmp_path / "qwen_3_4b.safetensors", layouts["qwen3_4b_hf"])
+    write_typed(tmp_path / "flux2-vae.safetensors", layouts["flux2_vae"], vae_dtype)
+    write_sparse(tmp_path / "ae.safetensors", layouts["flux1_ae_bfl"], "F32")
+    entries = scan_library([tmp_path], LibraryCache(tmp_path / "cache.json")).entries
+    by_name = {e.name: e for e in entries}
+    klein = by_name["flux-2-klein-4b.safetensors"]
+    assert (klein.family, klein.variant) == ("flux2_klein", "4b")
+    assert by_name["flux2-vae.safetensors"].latent_channels == 32
+    flags, missing = companions(klein, entries)
+    assert {k: Path(v[0]).name for k, v in flags.items()} == {
+        "diffusion_model": "flux-2-klein-4b.safetensors", "llm": "qwen_3_4b.safetensors",
+        "vae": "flux2-vae.safetensors"} and missing == ()
