@@ -50,7 +50,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     if not args_list:
         args_list = ["gui"]
-    args = parser.parse_args(args_list)
+    try:
+        args, extras = parser.parse_known_args(args_list)
+    except SdplanError as exc:  # a command whose parser reports in one line
+        print(f"sdplan {args_list[0]}: {exc}", file=sys.stderr)
+        return 2
+    if extras:
+        if getattr(args, "refuse_extras", None) is None:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        args.extra_argv = extras  # the command refuses or accepts them in one line
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

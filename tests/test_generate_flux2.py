@@ -24,7 +24,7 @@ if not hasattr(G, "Graph"):
 from PIL import Image  # noqa: E402
 from sdplan.core.commands import generate  # noqa: E402
 from sdplan.core.pipelines.flux2 import KleinModels, KleinPipeline, resize_nearest  # noqa: E402
-from sdplan.core.pipelines.results import image_to_uint8  # noqa: E402
+from sdplan.core.pipelines.results import image_to_uint8, read_generation  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
 
 R = ref()
@@ -74,8 +74,8 @@ def test_generate_gives_the_diffusers_image(tmp_path: Path, fixed_noise, files) 
     args = parse([*flags(DIT, files["llm"]), "-o", str(out), "--in-process", "--preview-path", str(tmp_path / "prev")])
     assert args.run(args) == 0
     assert np.abs(png(out) - image_to_uint8(R["pipe.image"][0]).astype(int)).max() <= 2
-    text = Image.open(out).text
-    assert text["steps"] == "4" and text["cfg_scale"] == "1" and text["sampler"] == "euler"
+    got = read_generation(out).settings
+    assert got["steps"] == 4 and got["cfg_scale"] == 1.0 and got["sampling_method"] == "euler"
     assert len(list((tmp_path / "prev").iterdir())) == 4
 
 
@@ -138,4 +138,4 @@ def test_split_over_two_rpc_servers(tmp_path: Path, files) -> None:
                       "--backend", "diffusion=RPC0&RPC1,te=RPC0&RPC1"])
         assert args.run(args) == 0
     assert np.abs(png(split) - png(one)).max() <= 1
-    assert "RPC0&RPC1" in Image.open(split).text["backend"]
+    assert "RPC0&RPC1" in read_generation(split).placement["backend"]

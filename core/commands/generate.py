@@ -38,6 +38,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sdplan.core.commands.sdcli_flags import (
+    add_sampling_arguments,
+    apply_from_image,
+    refuse_unsupported,
+    sampling_request,
+)
 from sdplan.core.errors import SdplanError
 from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
 
@@ -50,7 +56,8 @@ FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``sdplan generate`` on the dispatcher's subparsers."""
     p = subparsers.add_parser("generate", help="text to image (SD 1.x/2.x checkpoint or Flux files)",
-                              description="Generate images on sdplan's engine with sd-cli's flags.")
+                              description="Generate images on sdplan's engine with sd-cli's flags.",
+                              allow_abbrev=False)
     p.add_argument("-m", "--model", metavar="PATH", help="single-file SD checkpoint")
     p.add_argument("--demo", action="store_true",
                    help="use the packaged demo model (-m of the file in sdplan.resources; "
@@ -69,7 +76,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="use --taesd for previews only; the VAE decodes the final image")
     p.add_argument("--upscale-model", metavar="PATH", help="ESRGAN upscaler applied after decoding")
     p.add_argument("--upscale-repeats", type=int, default=1, help="times to run the upscaler")
-    p.add_argument("-p", "--prompt", required=True)
+    p.add_argument("-p", "--prompt", help="the prompt (required unless --from-image gives one)")
     p.add_argument("-n", "--negative-prompt", default="")
     p.add_argument("-W", "--width", type=int, default=_DefaultInt(512), help="image width in pixels")
     p.add_argument("-H", "--height", type=int, default=_DefaultInt(512), help="image height in pixels")
@@ -78,7 +85,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--guidance", type=float, default=3.5, help="Flux dev distilled guidance")
     p.add_argument("-s", "--seed", type=int, default=42, help="RNG seed (< 0: random)")
     p.add_argument("--sampling-method", default=_DefaultStr("euler_a"))
-    p.add_argument("--scheduler", default="discrete")
+    p.add_argument("--scheduler", default="default",
+                   help="sigma schedule (default: the model's, as sd-cli: discrete for SD, "
+                        "Flux's own for Flux)")
     p.add_argument("-b", "--batch-count", type=int, default=1)
     p.add_argument("-o", "--output", default="output.png", help="PNG path (batch: _N suffixes)")
     p.add_argument("--preview-path", metavar="DIR", help="write a preview PNG per step")
@@ -99,8 +108,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     adv.add_argument("--flux-axes", metavar="I,R,C", help="Flux RoPE axes widths (default hd/8 and halves)")
     adv.add_argument("--t5-length", type=int, help="T5 tokens after padding (default: Flux 256, Chroma 512)")
     add_placement_arguments(p)
-    p.set_defaults(run=run)
+    add_sampling_arguments(p)
+    p.set_defaults(run=run, parser_defaults=_defaults(p))
+    p.error = _one_line_error  # type: ignore[method-assign]
     return p
+
+
+def _one_line_error(message: str) -> None:
+    """argparse's error for generate: one line (the dispatcher prints it), no usage dump."""
+    raise SdplanError(f"{message} (see sdplan generate --help)")
+
+
+def _defaults(p: argparse.ArgumentParser) -> dict[str, Any]:
+    return {a.dest: a.default for a in p._actions if a.dest != "help"}
 
 
 class _DefaultInt(int):
@@ -171,10 +191,21 @@ def run(args: argparse.Namespace) -> int:
     from sdplan.core.runtime.process import Engine
 
     console = Console(stderr=True)
+    try:
+        notes = refuse_unsupported(args, list(getattr(args, "extra_argv", None) or []))
+        taken = apply_from_image(args, getattr(args, "parser_defaults", {}))
+    except SdplanError as exc:
+        print(f"sdplan generate: {exc}", file=sys.stderr)
+        return 2
+    for note in [*notes, *([taken] if taken else [])]:
+        console.print(f"[yellow]note[/]: {note}", highlight=False, markup=False)
     with Engine(isolated=not args.in_process) as engine:
         try:
             apply_demo(args)
+            if not args.prompt:
+                raise SdplanError("generate needs -p PROMPT (or --from-image with a prompt)")
             validate(args)
+            sampling_request(args)
             files = model_files(args)
             plan, inventory, fit = _resolve(args, engine, files)
         except SdplanError as exc:
@@ -223,7 +254,8 @@ def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, se
             "overrides": {k: v for k, v in overrides.items() if v is not None},
             "previews": bool(args.preview_path),
             "taesd_decode": bool(args.taesd) and not args.taesd_preview_only,
-            "ref_images": [str(p) for p in getattr(args, "ref_image", None) or ()]}
+            "ref_images": [str(p) for p in getattr(args, "ref_image", None) or ()],
+            **sampling_request(args)}
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -268,6 +300,21 @@ def validate(args: argparse.Namespace) -> None:
             load_ref_image(path)  # a missing or broken picture is a one-line error now
 
 
+def _command(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, seed: int) -> str:
+    """The sd-cli command of this run (recorded in the picture)."""
+    from sdplan.core.planning.sdcli import GENERATION_FLAGS, sdcli_command_line
+
+    gen = {k: getattr(args, k, None) for k in GENERATION_FLAGS if k != "output"}
+    gen["seed"] = seed
+    gen = {k: v for k, v in gen.items() if v not in (None, "", [])}
+    if gen.get("scheduler") == "default":
+        del gen["scheduler"]
+    try:
+        return sdcli_command_line(plan.placement, {k: v for k, v in files.items()}, gen)
+    except (ValueError, TypeError):
+        return ""
+
+
 def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any, console: Any) -> int:
     import random
 
@@ -308,7 +355,9 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
     log.info("generated in %.2f s: %s", time.perf_counter() - t0, res.get("timings"))
     text = generation_text({**req, "clip_skip": args.clip_skip}, files,
                            {"backend": plan.backend, "params_backend": plan.params_backend,
-                            "max_vram": plan.max_vram})
+                            "max_vram": plan.max_vram, "split_mode": plan.split_mode,
+                            "rpc_servers": ",".join(plan.rpc_servers)},
+                           command=_command(args, files, plan, seed))
     out = Path(args.output)
     images = res["images"]
     for i, img in enumerate(images):

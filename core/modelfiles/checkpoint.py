@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sdplan.core.errors import ModelFileError
+from sdplan.core.modelfiles.autofit_sizes import autofit_component_bytes, loaded_component_bytes
 from sdplan.core.modelfiles.families import DIFFUSION_MARKERS, detect_family
 from sdplan.core.modelfiles.readers import TensorFile, TensorInfo, read_tensor_file
-from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE, flag_for
+from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
 log = logging.getLogger(__name__)
@@ -192,7 +193,9 @@ class ModelSet:
         diff = self.module_tensors("diffusion")
         first = diff[0].info.file if diff else self.files[0].path if self.files else None
         name = Path(first).name if first else None
-        return Profile(modules=mods, name=name, architecture=self.architecture.name)
+        return Profile(modules=mods, name=name, architecture=self.architecture.name,
+                       autofit=autofit_component_bytes(self.tensors),
+                       autofit_loaded=loaded_component_bytes(self.tensors))
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready summary: files, architecture, modules (bytes, blocks, dtypes)."""
@@ -510,25 +513,3 @@ def detect_architecture(ms: ModelSet) -> Architecture:
     meta = [str(f.metadata.get("sdplan.family")) for f in ms.files if f.metadata.get("sdplan.family")]
     return Architecture(*detect_family(diff, llm, meta))
 
-
-def files_by_flag(ms: ModelSet, flags: Mapping[str, Sequence[str | Path]]) -> dict[str, list[str]]:
-    """sd-cli model flags for the files of a model set: a file given as ``model`` whose
-    tensors all belong to one module (or one encoder) gets that module's flag
-    (``diffusion_model``, ``t5xxl``, ``vae``, ``taesd``...; :func:`flag_for`); anything else
-    keeps the flag it was given."""
-    by_file: dict[str, set[tuple[str, str | None, str]]] = {}
-    for t in ms.tensors:
-        by_file.setdefault(str(t.info.file), set()).add((t.module, t.encoder, t.role))
-    out: dict[str, list[str]] = {}
-    for key, paths in flags.items():
-        for p in paths:
-            flag = key
-            kinds = by_file.get(str(p), set())
-            if key == "model" and len({k[0] for k in kinds}) == 1:
-                encoders = {k[1] for k in kinds}
-                roles = {k[2] for k in kinds}
-                module = next(iter(kinds))[0]
-                if len(encoders) == 1 and len(roles) == 1:
-                    flag = flag_for(module, next(iter(encoders)), next(iter(roles)))
-            out.setdefault(flag, []).append(str(p))
-    return out

@@ -52,8 +52,9 @@ from sdplan.core.pipelines.flux_base import FluxFamilyPipeline, shapes
 from sdplan.core.pipelines.z_image import is_gguf
 from sdplan.core.planning.generation_defaults import generation_defaults
 from sdplan.core.sampling.flow import flux2_mu, flux_sigmas, sample_flow
-from sdplan.core.sampling.noise import PhiloxNoise
+from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
+from sdplan.core.sampling.schedules_more import FlowSchedule
 from sdplan.core.text.bpe_tokenizer import BPETokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 
@@ -258,7 +259,8 @@ class KleinPipeline(FluxFamilyPipeline):
                 sampler: str = "euler", cfg_scale: float = 1.0, negative_prompt: str = "",
                 ref_images: Sequence[np.ndarray] = (), noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None, vae_scale: int = 8,
-                tae_decode: bool = False) -> dict[str, np.ndarray]:
+                tae_decode: bool = False, scheduler: str = "default",
+                sampling: SamplingOptions | None = None) -> dict[str, np.ndarray]:
         """Generate one image (with ``ref_images``: edit them).
 
         Args:
@@ -274,6 +276,10 @@ class KleinPipeline(FluxFamilyPipeline):
             preview: ``preview(step, rgb_uint8)`` after each step.
             vae_scale: pixels per autoencoder latent cell (8 for the FLUX.2 autoencoder).
             tae_decode: decode the final image with the ``taesd`` TAE instead of the VAE.
+            scheduler: ``default`` (FLUX.2's shifted schedule, sd-cli's for the family) or an
+                sd-cli scheduler over FLUX.1's flow schedule of shift ``sampling.flow_shift``
+                (default 1, sd-cli's for klein: no guidance embedder).
+            sampling: ``--eta``, ``--sigmas``, ``--rng`` and the other options.
 
         Returns:
             ``{"latent": (1, 128, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -298,11 +304,15 @@ class KleinPipeline(FluxFamilyPipeline):
             refs.append(self.encode_image(resize_nearest(arr, rw, rh)))
         h, w = height // f, width // f
         steps = steps or int(DEFAULTS["steps"])
-        sigmas = flux_sigmas(steps, mu=flux2_mu(h * w, steps))
+        opts = sampling or SamplingOptions()
+        rng, sampler_noise, sigmas = prepare(
+            opts, seed, steps, "discrete" if scheduler == "default" else scheduler,
+            FlowSchedule(opts.flow_shift if opts.flow_shift is not None else 1.0, "flux"), image_tokens=h * w)
+        if scheduler == "default" and not opts.sigmas:
+            sigmas = flux_sigmas(steps, mu=flux2_mu(h * w, steps))
         context = self.encode_prompt(prompt)
         uncond = self.encode_prompt(negative_prompt) if cfg_scale != 1.0 else None
-        rng = PhiloxNoise(seed)
-        start = rng.randn((1, self.dit.cfg.in_channels, h, w)) if noise is None else np.asarray(noise, np.float32)
+        start = rng((1, self.dit.cfg.in_channels, h, w)) if noise is None else np.asarray(noise, np.float32)
 
         def vel(x: np.ndarray, s: float) -> np.ndarray:
             v = self.velocity(x, s, context, refs=refs)
@@ -316,7 +326,8 @@ class KleinPipeline(FluxFamilyPipeline):
                 preview(i, self._preview_rgb(den))
 
         with self.diffusion_session():
-            latent = sample_flow(sampler, vel, start, sigmas, noise=rng, callback=cb)
+            latent = sample_flow(sampler, vel, start, sigmas, noise=sampler_noise, callback=cb, eta=opts.eta,
+                                 extra=opts.extra)
         if tae_decode:
             assert self.preview is not None
             image = self.preview(unpatchify_latent(latent)) * np.float32(2.0) - np.float32(1.0)

@@ -7,7 +7,9 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
   ``clip_l``, ``llm``, ``vae``, ``taesd``, ``upscale_model``);
 - ``prompt``, ``negative_prompt``, ``width``, ``height``, ``steps``, ``cfg_scale``, ``seed``,
   ``sampling_method``, ``scheduler``, ``batch_count``, ``clip_skip``, ``guidance``,
-  ``vae_tile_size``, ``upscale_repeats``, ``threads``;
+  ``vae_tile_size``, ``upscale_repeats``, ``threads``; sd-cli's sampling options ``eta``,
+  ``sigmas``, ``flow_shift``, ``timestep_shift``, ``rng``, ``sampler_rng``,
+  ``extra_sample_args`` (:meth:`sdplan.core.sampling.options.SamplingOptions.from_request`);
 - ``placements``: module -> ModulePlacement (the caller's resolved plan), or else
   ``backend`` / ``params_backend`` / ``max_vram`` / ``stream_layers`` strings resolved in
   the engine process against its live devices; ``rpc_servers``: endpoints added there;
@@ -48,6 +50,7 @@ from sdplan.core.planning.plan import resolve
 from sdplan.core.runtime.devices import live_inventory
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.sampling.flow import DEFAULT_STEPS
+from sdplan.core.sampling.options import SamplingOptions
 
 #: The job that generates images (:func:`generate_job`) and the one that lists the engine
 #: process's devices (:func:`inventory_job`), as the engine names jobs.
@@ -169,7 +172,8 @@ def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], co
     p = GenerateParams(req.get("prompt") or "", req.get("negative_prompt") or "", int(req.get("width", 512)),
                        int(req.get("height", 512)), int(req.get("steps", 20)), float(req.get("cfg_scale", 7.0)),
                        seed, req.get("sampling_method") or "euler_a", req.get("scheduler") or "discrete",
-                       int(req.get("batch_count") or 1), max(int(req.get("clip_skip") or 0), 0))
+                       int(req.get("batch_count") or 1), max(int(req.get("clip_skip") or 0), 0),
+                       SamplingOptions.from_request(req))
     on_step, preview = _emitters(ctx, req)
     images = sess.sd.txt2img(p, on_step, preview, vae_tile=int(req.get("vae_tile_size") or 0) or None,
                              preview_decoder=sess.tae.preview if sess.tae is not None else None,
@@ -229,7 +233,9 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
         out = pipe.txt2img(req.get("prompt") or "", width, height, steps=steps, seed=seed + b,
                            sampler=req.get("sampling_method") or "euler",
                            guidance=float(req.get("guidance") or 3.5),
-                           t5_length=int(ov.get("t5_length") or 256), preview=cb)
+                           t5_length=int(ov.get("t5_length") or 256), preview=cb,
+                           scheduler=req.get("scheduler") or "default",
+                           sampling=SamplingOptions.from_request(req))
         images.append(image_to_uint8(out["image"][0]))
     return images, {"total_flux": time.perf_counter() - t0}
 
@@ -324,7 +330,8 @@ def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]],
         out = pipe.txt2img(req.get("prompt") or "", int(req.get("width", 1024)), int(req.get("height", 1024)),
                            steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
                            cfg_scale=float(req.get("cfg_scale") or 1.0), negative_prompt=req.get("negative_prompt") or "",
-                           ref_images=refs, preview=cb, tae_decode=bool(req.get("taesd_decode") and models.taesd))
+                           ref_images=refs, preview=cb, tae_decode=bool(req.get("taesd_decode") and models.taesd),
+                           scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req))
         images.append(image_to_uint8(out["image"][0]))
     return images, {"total_flux2_klein": time.perf_counter() - t0}
 

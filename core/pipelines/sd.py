@@ -24,7 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,11 @@ from sdplan.core.models import vae as vae_m
 from sdplan.core.pipelines.base import Pipeline, module_placements
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.runtime.weights import WeightFile
-from sdplan.core.sampling.noise import PhiloxNoise, initial_latent
+from sdplan.core.sampling.noise import initial_latent
+from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
 from sdplan.core.sampling.samplers import sample
-from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule, get_sigmas, scalings
+from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule, scalings
 from sdplan.core.text.clip_tokenizer import ClipTokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 
@@ -101,7 +102,8 @@ def model_overrides(ms: ModelSet) -> dict[str, Any]:
 class GenerateParams:
     """What to generate (sd-cli's meanings): prompt, negative prompt, width/height in pixels,
     steps, cfg scale, seed, sampler (``--sampling-method``), scheduler, batch count, clip skip
-    (0 = the family default)."""
+    (0 = the family default); ``sampling``: sd-cli's other sampling options (``--eta``,
+    ``--sigmas``, ``--rng``...; :class:`~sdplan.core.sampling.options.SamplingOptions`)."""
 
     prompt: str
     negative_prompt: str = ""
@@ -114,6 +116,7 @@ class GenerateParams:
     scheduler: str = "discrete"
     batch: int = 1
     clip_skip: int = 0
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
 
 
 class StableDiffusion(Pipeline):
@@ -267,6 +270,23 @@ class StableDiffusion(Pipeline):
                 out = unet(x_in, t, np.repeat(cond, n, 0))
             return (x * c_skip + out * c_out).astype(np.float32)
 
+        def with_uncond(x: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+            # CFG++ samplers: both halves of the guided batch, combined and unconditional
+            c_skip, c_out, c_in = scalings(float(sigma), self.prediction)
+            t = np.float32(self.schedule.sigma_to_t(float(sigma)))
+            x_in = (x * c_in).astype(np.float32)
+            n = x.shape[0]
+            if not guided:
+                d = denoise(x, sigma)
+                return d, d
+            assert uncond is not None
+            ctx = np.concatenate([np.repeat(cond, n, 0), np.repeat(uncond, n, 0)], 0)
+            out = unet(np.concatenate([x_in, x_in], 0), t, ctx)
+            mixed = out[n:] + cfg_scale * (out[:n] - out[n:])
+            return ((x * c_skip + mixed * c_out).astype(np.float32),
+                    (x * c_skip + out[n:] * c_out).astype(np.float32))
+
+        denoise.with_uncond = with_uncond  # type: ignore[attr-defined]
         return denoise
 
     # ------------------------------------------------------------------ VAE
@@ -333,11 +353,12 @@ class StableDiffusion(Pipeline):
             cond, uncond = _pad_chunks(cond, k), _pad_chunks(uncond, k)
         shape = (p.batch, self.unet_cfg.in_channels, p.height // self.vae_cfg.factor,
                  p.width // self.vae_cfg.factor)
-        gen = PhiloxNoise(p.seed)
+        gen, sampler_noise, planned = prepare(p.sampling, p.seed, p.steps, p.scheduler,
+                                              self.schedule, self.family)
         if noise is None:
-            noise = gen.randn(shape)
+            noise = gen(shape)
         if sigmas is None:
-            sigmas = get_sigmas(p.scheduler, p.steps, self.schedule, self.family)
+            sigmas = planned
         x = initial_latent(noise, sigmas)
         total = len(sigmas) - 1
 
@@ -351,7 +372,8 @@ class StableDiffusion(Pipeline):
         t0 = time.perf_counter()
         with self.unet_session() as unet:
             den = self.denoiser(unet, cond, uncond, p.cfg_scale)
-            latent = sample(p.sampler, den, x, sigmas, noise=gen, callback=cb, schedule=self.schedule)
+            latent = sample(p.sampler, den, x, sigmas, noise=sampler_noise, callback=cb,
+                            schedule=self.schedule, eta=p.sampling.eta, extra=p.sampling.extra)
         self.timings["sampling"] = time.perf_counter() - t0
         self.timings["per_step"] = self.timings["sampling"] / max(total, 1)
         if decoder is not None:

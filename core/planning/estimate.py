@@ -3,8 +3,9 @@
 Three parts per module and device (bytes):
 
 - **weights** (resident between uses): residency ``runtime`` puts the module on its
-  runtime device (a split module: each range's blocks on its device, the non-block bytes on
-  the main device); ``device`` puts all of it on the params device; ``disk`` nothing.
+  runtime device (a layer split: each range's blocks on its device, the non-block bytes on
+  the main device; a row split: each device's share of the block rows, the non-block bytes
+  on the main device, which alone runs the graph and holds the compute buffer); ``device`` puts all of it on the params device; ``disk`` nothing.
 - **staging** (while the module runs): with ``device`` or ``disk`` residency the weights
   are copied to the runtime device(s): each range's blocks to its device plus the non-block
   bytes to the main device, or the whole module on a single device. With a ``--max-vram``
@@ -17,7 +18,7 @@ Three parts per module and device (bytes):
 A device's total is its resident weights of every module plus the largest
 ``staging + compute`` of one module, because sd-cli runs the modules one after another.
 
-Compute-buffer formula (bytes, F32 activations, no flash attention)::
+Compute-buffer formula (bytes, F32 activations, without flash attention)::
 
     compute = batch * 4 * (heads * N**2 + K * N * D)
 
@@ -39,6 +40,18 @@ SDXL: 640 channels, 10 heads; T5-XXL: 64 heads, 10240 MLP, 512 tokens; CLIP-L/H/
 live tensors; the engine's measured figure is the reference this estimate is checked
 against. Unknown architectures use a quarter of the module's weights at 512x512, scaled by
 pixels and batch.
+
+The estimate of an sd-cli command (:class:`RuntimeFlags`, from the command's
+``--fa``/``--diffusion-fa``, ``--diffusion-conv-direct``/``--vae-conv-direct``, ``--mmap``
+and ``--eager-load``): flash attention drops the ``heads * N**2`` score matrix of the
+modules it covers (it is computed in tiles); sd-cli's default convolution lowers each 3x3
+convolution through an F16 ``im2col`` buffer of ``batch * 2 * 9 * C * P`` bytes for the
+widest one at full size (VAE decoder: ``C = 128`` at image size; UNets: the first level's
+channels at latent size), which ``--*-conv-direct`` removes; ``--mmap`` maps the files, so
+weights kept on the CPU are file pages the system can reclaim rather than allocations
+(counted apart, as ``mapped``); ``--eager-load`` loads every module's weights at start
+instead of at first use, which moves the peak earlier but not higher (the modules run once
+each and keep their weights), so it changes no figure.
 """
 
 from __future__ import annotations
@@ -60,6 +73,45 @@ _UNET = {"sd1": (8, 320, 1), "sd2": (5, 320, 1), "sdxl": (10, 640, 4)}
 # encoder -> (heads, MLP width, tokens)
 _TE = {"t5xxl": (64, 10240, 512), "llm": (28, 18944, 512), "clip_l": (12, 3072, 77),
        "clip_h": (16, 4096, 77), "clip_g": (20, 5120, 77)}
+
+
+@dataclass(frozen=True)
+class RuntimeFlags:
+    """How the sd-cli command runs, for its estimate (module docstring).
+
+    Attributes:
+        flash_attention: modules computing attention in tiles (``--fa``: all,
+            ``--diffusion-fa``: ``diffusion``).
+        conv_direct: modules with direct convolutions (no ``im2col`` buffer).
+        mmap: ``--mmap``: CPU-resident weights are mapped file pages.
+        eager_load: ``--eager-load`` (no figure changes; recorded in the report).
+        im2col: estimate sd-cli's ``im2col`` convolution buffers (True for an sd-cli
+            command; sdplan's own engine chooses other convolution methods).
+    """
+
+    flash_attention: frozenset[str] = frozenset()
+    conv_direct: frozenset[str] = frozenset()
+    mmap: bool = False
+    eager_load: bool = False
+    im2col: bool = True
+
+    def to_json(self) -> dict[str, object]:
+        return {"flash_attention": sorted(self.flash_attention),
+                "conv_direct": sorted(self.conv_direct), "mmap": self.mmap,
+                "eager_load": self.eager_load, "im2col": self.im2col}
+
+
+def im2col_bytes(module: str, architecture: str | None, *, width: int, height: int,
+                 batch: int) -> int:
+    """sd-cli's F16 ``im2col`` buffer of ``module``'s widest 3x3 convolution in bytes
+    (module docstring): VAE ``batch * 2 * 9 * 128 * pixels``; SD/SDXL UNets
+    ``batch * 2 * 9 * 320 * latent pixels``; 0 for DiTs and other modules."""
+    family = (architecture or "").split("-")[0]
+    if module == "vae":
+        return batch * 2 * 9 * 128 * width * height
+    if module in ("diffusion", "controlnet") and family in _UNET:
+        return batch * 2 * 9 * 320 * (height // 8) * (width // 8)
+    return 0
 
 
 @dataclass(frozen=True)
@@ -115,12 +167,12 @@ class FitReport:
                 "modules": {m: e.to_json() for m, e in self.modules.items()}}
 
 
-def _attn(batch: int, heads: int, tokens: int, width: int) -> int:
-    return batch * _F32 * (heads * tokens * tokens + _K * tokens * width)
+def _attn(batch: int, heads: int, tokens: int, width: int, flash: bool = False) -> int:
+    return batch * _F32 * ((0 if flash else heads * tokens * tokens) + _K * tokens * width)
 
 
 def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
-                  width: int, height: int, batch: int) -> int:
+                  width: int, height: int, batch: int, flash: bool = False) -> int:
     """Compute-buffer estimate in bytes of one module (formula in the module docstring).
 
     Args:
@@ -128,6 +180,7 @@ def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
         mp: the module's weight sizes (unknown architectures scale from them).
         architecture: the profile's architecture name (``flux-dev``, ``sdxl``...) or None.
         width, height: image size in pixels; batch: images per run.
+        flash: flash attention (no ``heads * N**2`` score matrix).
     """
     arch = architecture or "unknown"
     family = arch.split("-")[0]
@@ -137,20 +190,20 @@ def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
         key = arch if arch in _DIT else family
         if key in _DIT:
             heads, dim, text = _DIT[key]
-            return _attn(batch, heads, latent // 4 + text, 4 * dim)
+            return _attn(batch, heads, latent // 4 + text, 4 * dim, flash)
         if family in _UNET:
             heads, ch, div = _UNET[family]
-            return _attn(batch, heads, latent // div, 4 * ch)
+            return _attn(batch, heads, latent // div, 4 * ch, flash)
     elif module == "te":
         encs = [e for e in (mp.encoders or {mp.block_encoder: 0}) if e in _TE]
         if encs:  # encoders run one after another: the largest buffer counts
-            return max(_attn(batch, _TE[e][0], _TE[e][2], _TE[e][1]) for e in encs)
+            return max(_attn(batch, _TE[e][0], _TE[e][2], _TE[e][1], flash) for e in encs)
     elif module == "vae":
-        return batch * _F32 * (latent * latent + _K * 128 * pixels)
+        return batch * _F32 * ((0 if flash else latent * latent) + _K * 128 * pixels)
     elif module == "upscaler":
         return batch * _F32 * _K * 64 * pixels
     elif module in ("clip_vision", "photomaker"):
-        return _attn(batch, 16, 257, 4096)
+        return _attn(batch, 16, 257, 4096, flash)
     return _fallback(mp, pixels, batch)
 
 
@@ -170,7 +223,8 @@ def _segment_peak(mp: ModuleProfile, budget: int, compute: int) -> int:
 
 
 def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
-                  width: int = 512, height: int = 512, batch: int = 1) -> FitReport:
+                  width: int = 512, height: int = 512, batch: int = 1,
+                  flags: RuntimeFlags | None = None) -> FitReport:
     """Estimate a resolved plan's memory per module and device and say whether it fits.
 
     Args:
@@ -180,6 +234,8 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         profile: the model's sizes; modules absent from it are not estimated.
         inventory: the devices with their free memory (bytes).
         width, height: image size in pixels; batch: images per run.
+        flags: estimate the sd-cli command run with these flags (module docstring); None:
+            sdplan's own engine.
 
     Returns:
         A :class:`FitReport`; ``fits`` is False when a device's total exceeds its free
@@ -199,13 +255,21 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         devs = tuple(mplan.devices)
         main = devs[0]
         mode = mplan.params.mode
+        flash = flags is not None and name in flags.flash_attention
         comp = compute_bytes(name, mp, profile.architecture, width=width, height=height,
-                             batch=batch)
+                             batch=batch, flash=flash)
+        if flags is not None and flags.im2col and name not in flags.conv_direct:
+            comp += im2col_bytes(name, profile.architecture, width=width, height=height,
+                                 batch=batch)
         placed: dict[str, int] = {}
+        row_shares = getattr(mplan, "row_shares", None)
         if mplan.ranges:
             placed[main] = mp.other
             for r in mplan.ranges:
                 placed[r.device] = placed.get(r.device, 0) + r.bytes
+        elif row_shares:  # row split: block rows on every device, the rest on the main one
+            placed = dict(row_shares)
+            placed[main] = placed.get(main, 0) + mp.other
         else:
             placed[main] = mp.total
         weights: dict[str, int] = {}
@@ -220,8 +284,14 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
             if len(devs) == 1 and budget > 0 and mp.blocks:
                 staging = {main: min(mp.total, _segment_peak(mp, budget, comp))}
         compute = {d: comp for d in (devs if mplan.ranges else devs[:1])}
+        if flags is not None and flags.mmap:  # CPU-kept weights are mapped file pages
+            weights = {d: b for d, b in weights.items() if not _is_cpu(inventory, d)}
         mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute)
     return _totals(mods, inventory, budgets, width, height, batch)
+
+
+def _is_cpu(inventory: Inventory, name: str) -> bool:
+    return any(d.name == name and d.type == "cpu" for d in inventory)
 
 
 def _totals(mods: dict[str, ModuleEstimate], inventory: Inventory, budgets: dict[str, int],

@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 #: How to get a ggml with the RPC backend and llamafile's sgemm kernels.
 RPC_INSTALL_COMMAND = (
     "pip install --no-binary libggml-python --no-cache-dir -C cmake.define.GGML_RPC=ON "
-    "-C cmake.define.GGML_LLAMAFILE=ON --force-reinstall libggml-python==0.20.2.post1"
+    "-C cmake.define.GGML_LLAMAFILE=ON -C cmake.define.CMAKE_C_FLAGS=-DGGML_MAX_NAME=160 "
+    "-C cmake.define.CMAKE_CXX_FLAGS=-DGGML_MAX_NAME=160 --force-reinstall "
+    "libggml-python==0.20.2.post1 (then reinstall sdplan)"
 )
 
 #: Seconds to wait for an RPC endpoint to accept a TCP connection before giving up.
@@ -147,6 +149,43 @@ def probe_rpc_servers(endpoints: Sequence[str], timeout: float = 30.0) -> None:
                    "`rpc-server` from the same ggml version?")
 
 
+def local_rpc_speaks() -> tuple[tuple[int, int, int], int]:
+    """``(protocol, name length)`` of the loaded ggml: its RPC protocol version and the
+    tensor-name length of its tensor records."""
+    ng = native()
+    return tuple(ng.rpc_protocol()), int(ng.library_max_name())  # type: ignore[return-value]
+
+
+def check_rpc_server(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse a server that does not speak this ggml's RPC: another protocol major version,
+    or tensor records of another name length (``GGML_MAX_NAME``: 160 in
+    stable-diffusion.cpp's builds, 64 in ggml's default), asked over the wire without
+    ggml (:mod:`sdplan.core.runtime.rpc_wire`), before ggml could abort on a misread record.
+
+    Raises:
+        RpcError: one line naming the endpoint, what it speaks and what this ggml speaks.
+    """
+    from sdplan.core.runtime.rpc_wire import probe_server
+
+    protocol, local = local_rpc_speaks()
+    try:
+        info = probe_server(endpoint, timeout=timeout)
+    except (OSError, ConnectionError) as exc:
+        raise RpcError(f"RPC server {endpoint} does not answer as a ggml RPC server of "
+                       f"protocol {protocol[0]} ({exc}); is it `sdplan rpc-server` or "
+                       "`rpc-server` from the same ggml version?") from None
+    if info.protocol[0] != protocol[0]:
+        raise RpcError(f"RPC server {endpoint} speaks ggml RPC "
+                       f"{'.'.join(map(str, info.protocol))}; this sdplan's ggml speaks "
+                       f"{'.'.join(map(str, protocol))}")
+    if info.max_name != local:
+        theirs = f"{info.max_name} bytes" if info.max_name else "a length sdplan cannot tell"
+        raise RpcError(f"RPC server {endpoint} speaks tensor names of {theirs}; this sdplan's "
+                       f"ggml uses {local} (GGML_MAX_NAME): run a server built with the same "
+                       "ggml (`sdplan rpc-server`, or rebuild sdplan's ggml with "
+                       f"-DGGML_MAX_NAME={info.max_name or 160})")
+
+
 def add_rpc_servers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_S) -> list[str]:
     """Add ggml RPC servers so their devices join the inventory; returns the sdplan names
     (``RPC0``...) of every device the given endpoints expose, in order.
@@ -167,6 +206,7 @@ def add_rpc_servers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_S
     new = [ep for ep in endpoints if ep not in known]
     for endpoint in new:
         check_endpoint(endpoint, timeout)
+        check_rpc_server(endpoint, timeout)
     probe_rpc_servers(new)
     for endpoint in new:
         try:
