@@ -150,9 +150,16 @@ def test_encoder_checks(tmp_path) -> None:
     with pytest.raises(SdplanError, match=r"blocks \(9, 18, 27\); this encoder has 4 blocks"):
         KleinPipeline(KleinModels(DIT, short, AE))
     from flux_util import AE as FLUX1_AE
+    from safetensors.numpy import save_file
+    from test_models_tae import tae_weights
 
+    llm = write_llm(tmp_path / "q.safetensors")
     with pytest.raises(ModelFileError, match="bn.running_mean"):
-        KleinPipeline(KleinModels(DIT, write_llm(tmp_path / "q.safetensors"), FLUX1_AE))
+        KleinPipeline(KleinModels(DIT, llm, FLUX1_AE))
+    taef1 = tmp_path / "taef1_decoder.safetensors"
+    save_file(tae_weights(np.random.default_rng(0), "decoder", 16), str(taef1))
+    with pytest.raises(ModelFileError, match="a taef1 decoder .16 latent channels.; FLUX.2 klein previews need TAEF2"):
+        KleinPipeline(KleinModels(DIT, llm, AE, taef1))
 
 
 def test_taef2_previews_and_tae_decode_with_the_real_weights(shared_dir, pool, llm) -> None:

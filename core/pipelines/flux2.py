@@ -46,6 +46,7 @@ from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux2 import Flux2DiT, patchify_latent, unpatchify_latent, untokens
 from sdplan.core.models.llm import LLMEncoder, llm_config
+from sdplan.core.models.tae import detect_tae
 from sdplan.core.models.vae import vae_encode
 from sdplan.core.pipelines.base import module_placements
 from sdplan.core.pipelines.flux_base import FluxFamilyPipeline, shapes
@@ -157,7 +158,7 @@ class KleinPipeline(FluxFamilyPipeline):
 
     Raises:
         ModelLayoutError / ModelFileError: files that are not the expected models (an
-            autoencoder without ``bn`` statistics included).
+            autoencoder without ``bn`` statistics, a TAE that is not TAEF2 included).
         SdplanError: an encoder with fewer than 27 blocks or whose width does not fit the DiT.
         EngineError: a device without a backend, or memory that cannot be allocated.
     """
@@ -179,6 +180,11 @@ class KleinPipeline(FluxFamilyPipeline):
                                              f"{self.dit.cfg.in_channels} values missing")
         self.bn_mean = mean.reshape(1, -1, 1, 1)
         self.bn_std = np.sqrt(var + np.float32(BN_EPS)).astype(np.float32).reshape(1, -1, 1, 1)
+        if models.taesd is not None:
+            tae = detect_tae(shapes(models.taesd), str(models.taesd))
+            if "decoder" in tae and tae["decoder"].latent_channels != 32:
+                raise ModelFileError(models.taesd, f"a {tae['decoder'].variant} decoder ({tae['decoder'].latent_channels} "
+                                                   "latent channels); FLUX.2 klein previews need TAEF2 (32)")
         self.llm = LLMEncoder(cfg, OUT_LAYERS)
         self.tokenizer = BPETokenizer.from_gguf(models.llm) if is_gguf(models.llm) else BPETokenizer.qwen()
         super().__init__(pool, n_threads, cancel)
