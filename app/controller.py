@@ -232,13 +232,33 @@ class PlanController(QObject):
         from sdplan.core.planning.estimate import estimate_plan
 
         g = self.generation
+        size = (int(g.get("width") or 1024), int(g.get("height") or 1024),
+                int(g.get("batch_count") or 1))
         try:
             self.fit = estimate_plan(self.plan, self.profile, self.inventory,
-                                     width=int(g.get("width") or 1024),
-                                     height=int(g.get("height") or 1024),
-                                     batch=int(g.get("batch_count") or 1))
+                                     width=size[0], height=size[1], batch=size[2],
+                                     engine="sdplan", measured=self._measured(size))
         except ValueError as exc:
             self.status.emit(f"estimate unavailable: {exc}")
+
+    def _measured(self, size: tuple[int, int, int]) -> dict[str, int] | None:
+        """Compute bytes per module of sdplan's engine for the loaded files at ``size``
+        (width, height, batch), by a dry run of its graphs on the CPU, cached per files
+        and size; None without files or when no dry run is possible."""
+        if not self.model_files:
+            return None
+        key = (repr(sorted(self.model_files.items())), size)
+        cache = self.__dict__.setdefault("_compute_cache", {})
+        if key not in cache:
+            try:
+                from sdplan.core.pipelines.compute import measure_compute
+
+                cache[key] = measure_compute(self.model_files, width=size[0], height=size[1],
+                                             batch=size[2]) or None
+            except Exception as exc:  # noqa: BLE001 - the fitted figures stand in
+                log.info("no dry run of the engine: %s", exc)
+                cache[key] = None
+        return cache[key]
 
     def _apply(self, placement: Placement, source: str) -> None:
         """Resolve ``placement`` and make it current (called by undo commands)."""

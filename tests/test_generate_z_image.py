@@ -55,8 +55,8 @@ def test_generate_gives_the_diffusers_latent_decoded(tmp_path: Path, monkeypatch
     with ZImagePipeline(ZImageModels(DIT, llm["hf"], AE), n_threads=1) as pipe:
         expected = image_to_uint8(pipe.decode(R["pipe.latent"])[0]).astype(int)
     assert np.abs(png(out) - expected).max() <= 2
-    got = read_generation(out).settings
-    assert got["steps"] == 4 and got["cfg_scale"] == 1.0 and got["sampling_method"] == "euler"
+    s = read_generation(out).settings
+    assert s["steps"] == 4 and s["cfg_scale"] == 1.0 and s["sampling_method"] == "euler"
     assert len(list((tmp_path / "prev").iterdir())) == 4
 
 

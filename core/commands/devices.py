@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
+from sdplan.core.commands.messages import print_error
 from sdplan.core.errors import SdplanError
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB
@@ -63,6 +63,10 @@ def render_table(inv: Inventory, feat: dict[str, Any],
     for srv in servers or []:
         console.print(f"RPC server {srv['endpoint']}: {srv['speaks']}", highlight=False,
                       markup=False)
+    th = feat.get("cpu_threads")
+    if th:
+        console.print(f"CPU threads: {th['default']} ({th['reason']}; generate uses fewer "
+                      "while other programs keep cores busy)", highlight=False, soft_wrap=True)
     for w in feat["warnings"]:
         console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
 
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         feat = devices.features()
         servers = _servers(endpoints)
     except SdplanError as exc:
-        print(f"sdplan devices: {exc}", file=sys.stderr)
+        print_error(exc)
         return 2
     if args.json:
         data = inv.to_json()

@@ -44,7 +44,7 @@ from sdplan.core.commands.sdcli_flags import (
     refuse_unsupported,
     sampling_request,
 )
-from sdplan.core.errors import SdplanError
+from sdplan.core.errors import InvalidArgument, SdplanError
 from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def apply_demo(args: argparse.Namespace) -> None:
     from sdplan.core.pipelines.demo import DEMO_DEFAULTS, DEMO_SAMPLER, demo_model_path
 
     if args.model or args.diffusion_model:
-        raise SdplanError("--demo replaces -m/--diffusion-model: give one or the other")
+        raise InvalidArgument("--demo replaces -m/--diffusion-model: give one or the other")
     args.model = str(demo_model_path())
     for key, value in DEMO_DEFAULTS.items():
         if isinstance(getattr(args, key), (_DefaultInt, _DefaultFloat)):
@@ -162,8 +162,8 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
     ``-m`` nor ``--diffusion-model`` is given."""
     files = {key: [str(getattr(args, attr))] for attr, key in FILE_FLAGS.items() if getattr(args, attr, None)}
     if "model" not in files and "diffusion_model" not in files:
-        raise SdplanError("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux, Chroma, Z-Image or "
-                          "FLUX.2 klein files)")
+        raise InvalidArgument("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux, Chroma, Z-Image or "
+                              "FLUX.2 klein files)")
     return files
 
 
@@ -178,8 +178,33 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]])
     inventory = Inventory.from_json(engine.call(INVENTORY_JOB, {"rpc_servers": list(placement.rpc_servers)}))
     profile = profile_from_model_flags({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
     plan = resolve(placement, inventory, profile)
-    fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count)
+    measured = engine_compute(args, engine, files, plan)
+    fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count,
+                        engine="sdplan", measured=measured)
     return plan, inventory, fit
+
+
+def _profile(files: dict[str, list[str]]) -> Any:
+    from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+
+    return profile_from_model_flags({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
+
+
+def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[str]], plan: Any) -> dict[str, int]:
+    """Compute bytes per module of this run, measured by a dry run of the engine's graphs in
+    the engine process on the planned devices (:mod:`sdplan.core.pipelines.compute`); {}
+    when the family has no dry run or it fails (the estimate then uses its fitted figures)."""
+    from sdplan.core.pipelines.compute import COMPUTE_JOB
+    from sdplan.core.runtime.runner import ModulePlacement
+
+    try:
+        return dict(engine.call(COMPUTE_JOB, {
+            "model_files": files, "width": args.width, "height": args.height, "batch": args.batch_count,
+            "cfg": args.cfg_scale != 1.0,
+            "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")}}))
+    except SdplanError as exc:
+        log.info("no dry run of the engine: %s", exc)
+        return {}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     from sdplan.core.pipelines.demo import demo_caption_known
     from sdplan.core.runtime.process import Engine
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # piped stderr gets whole lines
     try:
         notes = refuse_unsupported(args, list(getattr(args, "extra_argv", None) or []))
         taken = apply_from_image(args, getattr(args, "parser_defaults", {}))
@@ -220,14 +245,18 @@ def run(args: argparse.Namespace) -> int:
             if not args.force:
                 console.print("[bold red]refused[/]: the plan does not fit "
                               f"({'; '.join(fit.reasons)}); use --force to run anyway")
+                from sdplan.core.commands.plan import advise, print_advice
+
+                print_advice(advise(plan, _profile(files), inventory, fit, args))
                 return 3
             console.print("[yellow]--force[/]: running a plan that does not fit")
         try:
             return _generate(args, files, plan, engine, console)
-        except (SdplanError, ValueError) as exc:
-            from rich.markup import escape
-
-            console.print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False)
+        except SdplanError as exc:
+            print_error(exc)
+            return 2
+        except ValueError as exc:
+            print_error(InvalidArgument(str(exc)))
             return 2
 
 
@@ -243,7 +272,7 @@ def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, se
         try:
             overrides["flux_axes"] = tuple(int(a) for a in args.flux_axes.split(","))
         except ValueError:
-            raise SdplanError(f"--flux-axes must be three integers like 16,56,56, got {args.flux_axes!r}") from None
+            raise InvalidArgument(f"--flux-axes must be three integers like 16,56,56, got {args.flux_axes!r}") from None
     return {"model_files": files, "prompt": args.prompt, "negative_prompt": args.negative_prompt,
             "width": args.width, "height": args.height, "steps": args.steps, "cfg_scale": args.cfg_scale,
             "guidance": args.guidance, "seed": seed, "sampling_method": args.sampling_method,
@@ -259,45 +288,43 @@ def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, se
 
 
 def validate(args: argparse.Namespace) -> None:
-    """Check the generation flags before anything loads; raises SdplanError naming the flag."""
-    import math
-
+    """Check the generation flags and every output location before anything loads
+    (:mod:`sdplan.core.commands.limits`, :func:`check_outputs`); raises InvalidArgument or
+    OutputError naming the flag."""
+    from sdplan.core.commands.limits import check_generation
     from sdplan.core.sampling.flow import FLOW_SAMPLERS
     from sdplan.core.sampling.samplers import SAMPLERS
     from sdplan.core.sampling.schedules import SCHEDULES
 
-    for flag, value, low in (("-W/--width", args.width, 1), ("-H/--height", args.height, 1),
-                             ("--steps", args.steps, 1), ("-b/--batch-count", args.batch_count, 1),
-                             ("--upscale-repeats", args.upscale_repeats, 1),
-                             ("-t/--threads", args.threads, 0), ("--vae-tile-size", args.vae_tile_size, 0)):
-        if value < low:
-            raise SdplanError(f"{flag} must be at least {low}, got {value}")
-    for flag, fvalue in (("--cfg-scale", args.cfg_scale), ("--guidance", args.guidance)):
-        if not math.isfinite(fvalue):
-            raise SdplanError(f"{flag} must be a finite number, got {fvalue}")
+    check_generation(args)
     names = sorted(set(SAMPLERS) | set(FLOW_SAMPLERS) | {"ddim"})
     if args.sampling_method not in names:
-        raise SdplanError(f"--sampling-method {args.sampling_method!r} is unknown; choose one of "
-                          f"{', '.join(names)}")
+        raise InvalidArgument(f"--sampling-method {args.sampling_method!r} is unknown; choose one of "
+                              f"{', '.join(names)}")
     if args.scheduler not in (*SCHEDULES, "default"):
-        raise SdplanError(f"--scheduler {args.scheduler!r} is unknown; choose one of {', '.join(SCHEDULES)}")
-    out = Path(args.output)
-    if out.is_dir() or out.suffix.lower() != ".png":
-        raise SdplanError(f"-o/--output {args.output!r} must be a .png file path")
-    # Before any work: a picture that cannot be written is found out now, not after sampling.
-    folder = out.parent if str(out.parent) else Path(".")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SdplanError(f"-o/--output {args.output!r}: cannot create the folder {str(folder)!r} "
-                          f"({exc.strerror or exc})") from None
-    if not os.access(folder, os.W_OK):
-        raise SdplanError(f"-o/--output {args.output!r}: the folder {str(folder)!r} is not writable")
+        raise InvalidArgument(f"--scheduler {args.scheduler!r} is unknown; choose one of {', '.join(SCHEDULES)}")
+    check_outputs(args)
     if getattr(args, "ref_image", None):
         from sdplan.core.pipelines.flux2 import load_ref_image
 
         for path in args.ref_image:
             load_ref_image(path)  # a missing or broken picture is a one-line error now
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Before any work: the image file (``-o``, a ``.png`` path in a folder that takes files
+    and has room for the batch) and the preview folder (``--preview-path``) are writable.
+
+    Raises:
+        OutputError: naming the flag and the path.
+    """
+    from sdplan.core.pipelines.outputs import check_output_file, check_output_folder
+
+    scale = 4 ** args.upscale_repeats if getattr(args, "upscale_model", None) else 1
+    raw = args.width * args.height * 3 * scale * scale  # an upper bound of a PNG's bytes
+    check_output_file("-o/--output", args.output, needed_bytes=raw * args.batch_count)
+    if args.preview_path:
+        check_output_folder("--preview-path", args.preview_path, needed_bytes=raw)
 
 
 def _command(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, seed: int) -> str:
@@ -333,6 +360,9 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
         first: dict[str, float] = {}
 
         def on_progress(info: dict[str, Any]) -> None:
+            if info.get("phase") == "threads":
+                bar.console.print(f"CPU threads: {info['threads']} ({info['reason']})",
+                                  highlight=False, markup=False)
             if "step" not in info:
                 return
             now = time.perf_counter()
@@ -344,8 +374,15 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
                        rate=f"{rate:.2f} steps/s" if rate else "")
 
         def on_preview(info: dict[str, Any]) -> None:
-            if preview_dir is not None:
+            nonlocal preview_dir
+            if preview_dir is None:
+                return
+            try:
                 save_png(info["image"], preview_dir / f"preview_{info['step']:03d}.png")
+            except OSError as exc:  # a preview lost must not lose the run
+                bar.console.print(f"warning: previews stop: cannot write in {str(preview_dir)!r} "
+                                  f"({exc.strerror or exc})", highlight=False, markup=False)
+                preview_dir = None
 
         try:
             res = engine.call(GENERATE_JOB, {"request": req}, on_progress, on_preview)
@@ -358,10 +395,37 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
                             "max_vram": plan.max_vram, "split_mode": plan.split_mode,
                             "rpc_servers": ",".join(plan.rpc_servers)},
                            command=_command(args, files, plan, seed))
-    out = Path(args.output)
-    images = res["images"]
+    return write_images(res["images"], Path(args.output), text, console)
+
+
+def write_images(images: list[Any], out: Path, text: dict[str, str], console: Any) -> int:
+    """Write each image (``out``, or ``out_N`` for a batch) atomically and print its path on
+    stdout; an image whose write fails late (a full disk) goes to the temporary folder
+    instead, and the message says where. Returns 0, or 2 when an image could not be
+    written anywhere."""
+    from sdplan.core.pipelines.outputs import fallback_folder
+    from sdplan.core.pipelines.results import save_png
+
+    status = 0
     for i, img in enumerate(images):
         path = out if len(images) == 1 else out.with_name(f"{out.stem}_{i}{out.suffix or '.png'}")
-        save_png(img, path, text | {"batch_index": str(i)})
+        chunks = text | {"batch_index": str(i)}
+        try:
+            save_png(img, path, chunks)
+        except OSError as exc:
+            spare = fallback_folder() / f"sdplan-{os.getpid()}-{int(time.time())}-{path.name}"
+            try:
+                save_png(img, spare, chunks)
+            except OSError as exc2:
+                console.print(f"error [output_unwritable]: cannot write {str(path)!r} "
+                              f"({exc.strerror or exc}) nor {str(spare)!r} "
+                              f"({exc2.strerror or exc2}); the image is lost", highlight=False,
+                              markup=False, soft_wrap=True)
+                status = 2
+                continue
+            console.print(f"warning: cannot write {str(path)!r} ({exc.strerror or exc}); "
+                          f"the image was written to {str(spare)!r} instead", highlight=False,
+                          markup=False, soft_wrap=True)
+            path = spare
         print(path, file=sys.stdout)
-    return 0
+    return status

@@ -64,6 +64,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--command", dest="sdcli_command", metavar="TEXT",
                    help="plan a whole pasted sd-cli command (its model files, placement, "
                         "size and batch); POSIX, cmd.exe and PowerShell quoting are read")
+    p.add_argument("--engine", choices=("sdplan", "sd-cli"), default="sdplan",
+                   help="whose memory to estimate: sdplan's own engine (default; with model "
+                        "files its graphs are measured by a dry run) or the sd-cli command "
+                        "the plan writes")
+    p.add_argument("--diffusion-fa", action="store_true",
+                   help="with --engine sd-cli: sd-cli runs the diffusion model with flash "
+                        "attention (its --diffusion-fa)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(run=run)
     return p
@@ -109,12 +116,42 @@ def _command_json(imp: Any, plan: Plan) -> dict[str, object]:
 
 
 def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
-         args: argparse.Namespace, flags: Any = None) -> Any:
+         args: argparse.Namespace, files: dict[str, list[str]] | None = None,
+         flags: Any = None) -> Any:
+    """The memory estimate: for a pasted sd-cli command (``flags``, its runtime flags) the
+    sd-cli command's; else for ``--engine`` (sdplan's own engine measured by a dry run on
+    the model files when given)."""
     if profile is None:
         return None
-    extra = {"flags": flags} if flags is not None else {}
+    if flags is not None:
+        return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
+                             batch=args.batch_count, flags=flags)
+    engine = engine_name(args)
+    measured = measure_files(files, args) if files and engine == "sdplan" else None
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
-                         batch=args.batch_count, **extra)
+                         batch=args.batch_count, engine=engine, measured=measured)
+
+
+def engine_name(args: argparse.Namespace) -> str:
+    """The estimate's engine from ``--engine`` and ``--diffusion-fa``."""
+    if getattr(args, "engine", "sdplan") == "sd-cli":
+        return "sd-cli-fa" if getattr(args, "diffusion_fa", False) else "sd-cli"
+    return "sdplan"
+
+
+def measure_files(files: dict[str, list[str]], args: argparse.Namespace) -> dict[str, int] | None:
+    """Compute bytes per module of sdplan's engine for the model files at the requested
+    size, by a dry run in this process on the CPU
+    (:func:`sdplan.core.pipelines.compute.measure_compute`); None when the engine is
+    unavailable (the estimate then uses its fitted figures)."""
+    try:
+        from sdplan.core.pipelines.compute import measure_compute
+
+        return measure_compute(files, width=args.width, height=args.height,
+                               batch=args.batch_count) or None
+    except (ImportError, RuntimeError, ValueError, SdplanError) as exc:
+        log.info("no dry run of the engine: %s", exc)
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         plan = resolve(placement, inventory, profile)
         if extra:
             plan = dataclasses.replace(plan, warnings=extra + plan.warnings)
-        fit = _fit(plan, profile, inventory, args,
+        fit = _fit(plan, profile, inventory, args, files,
                    imported.runtime_flags() if imported is not None else None)
     except SdplanError as exc:
         err = exc.to_json()
@@ -144,16 +181,20 @@ def run(args: argparse.Namespace) -> int:
         else:
             print_error(exc)
         return 2
+    advice = advise(plan, profile, inventory, fit, args)
     if args.json:
         out = plan.to_json()
         if fit is not None:
             out["fit"] = fit.to_json()
+            if advice:
+                out["fit"]["advice"] = advice
         if imported is not None:
             out["command"] = _command_json(imported, plan)
             out["command"]["runtime_flags"] = imported.runtime_flags().to_json()
         print(json.dumps(out, indent=1))
     else:
         print_tables(plan, inventory, fit)
+        print_advice(advice)
         if imported is not None:
             cmd = _command_json(imported, plan)
             console = stdout_console()
@@ -164,6 +205,34 @@ def run(args: argparse.Namespace) -> int:
                 console.print("  kept as given: " + " ".join(kept), highlight=False,
                               markup=False, soft_wrap=True)
     return 0
+
+
+def advise(plan: Plan, profile: Profile | None, inventory: Inventory, fit: Any,
+           args: argparse.Namespace) -> list[str]:
+    """When ``fit`` says the plan does not fit: the smallest change that would, from the
+    auto plan (:func:`sdplan.core.planning.autoplan.fit_advice`); else []."""
+    if fit is None or getattr(fit, "fits", True) or profile is None:
+        return []
+    from sdplan.core.planning.autoplan import fit_advice
+
+    try:
+        return fit_advice(plan, profile, inventory, width=fit.width, height=fit.height,
+                          batch=fit.batch, engine=fit.engine,
+                          measured={m: c for m, e in fit.modules.items() for c in
+                                    list(e.compute.values())[:1]
+                                    if fit.compute_source.get(m) == "measured"})
+    except SdplanError as exc:
+        log.info("no auto plan: %s", exc)
+        return []
+
+
+def print_advice(advice: list[str]) -> None:
+    """Print :func:`advise`'s lines under ``What would fit:``."""
+    if not advice:
+        return
+    print("What would fit (from the auto plan):")
+    for line in advice:
+        print(f"  {line}")
 
 
 def _list_builtin(as_json: bool) -> int:
@@ -201,19 +270,11 @@ def _list_builtin(as_json: bool) -> int:
 
 
 def print_error(exc: SdplanError) -> None:
-    """Print an sdplan error on stderr (code, message, and the flag text with a caret under
-    the span for a PlanError)."""
-    from rich.console import Console
-    from rich.markup import escape
+    """Print an sdplan error on stderr (:func:`sdplan.core.commands.messages.print_error`:
+    one line; on a terminal a PlanError's flag text with carets under the span)."""
+    from sdplan.core.commands.messages import print_error as _print
 
-    console = Console(stderr=True)
-    console.print(f"[bold red]error[/] {escape(f'[{exc.code}]')}: {escape(str(exc))}",
-                  soft_wrap=True)  # one line, whatever the terminal's width
-    if isinstance(exc, PlanError) and exc.text is not None and exc.span is not None:
-        start, end = exc.span
-        console.print(f"  {exc.flag} {escape(exc.text)}", highlight=False)
-        pad = " " * (len(exc.flag or "") + 3 + start)
-        console.print(pad + "^" * max(end - start, 1), style="red", highlight=False)
+    _print(exc)
 
 
 def stdout_console() -> Any:
@@ -312,6 +373,7 @@ def _print_fit(console: Any, fit: Any) -> None:
                                       else str(v.get(c, "")) for c in cols))
     console.print(table)
     verdict = "[green]fits[/]" if data.get("fits") else "[red]does not fit[/]"
-    console.print(f"Estimate: {verdict}")
+    label = fit.engine_label() if hasattr(fit, "engine_label") else None
+    console.print(f"Estimate: {verdict}" + (f" · for {escape(label)}" if label else ""))
     for reason in data.get("reasons") or []:
         console.print(f"  {escape(str(reason))}", highlight=False)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights, check_block
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["FluxConfig", "FluxDiT", "flux_config", "find_prefix", "patchify", "unpatchify",
@@ -234,6 +234,7 @@ class FluxDiT:
 
     # ------------------------------------------------------------------ names
     def block_tensors(self, i: int) -> list[str]:
+        check_block(self, i)
         c = self.cfg
         if i < c.n_double:
             p = f"{c.prefix}double_blocks.{i}."

@@ -15,7 +15,9 @@ double and single blocks (:class:`sdplan.core.models.flux.FluxDiT`) with three d
 
 * modulation is shared: ``vec = time_in(emb(1000 sigma))`` (no pooled vector, no guidance in
   klein) gives one ``lin(silu(vec))`` per stream kind, the same (shift, scale, gate) for every
-  double block's image stream, every double block's text stream, every single block;
+  double block's image stream, every double block's text stream, every single block; the
+  graph makes them and the final layer's (shift, scale) once, before the blocks, as one table
+  ``mods`` ``(1, 17 D)`` every block reads (the state a layer split or a segment cut carries);
 * MLPs are SwiGLU with the gate first (``mlp.0`` / ``linear1``'s MLP part is 2F wide,
   :func:`sdplan.core.runtime.graph.swiglu`), F = 3 x width;
 * RoPE has four axes (time, row, column, text index) of hd/4 channels each, base 2000:
@@ -39,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights, check_block
 from sdplan.core.models.flux import FluxConfig, FluxDiT, find_prefix, rope_tables
 from sdplan.core.runtime import graph as gr
 
@@ -52,6 +54,8 @@ REF_INDEX_SCALE = 10
 #: A tensor only FLUX.2 DiTs have (stable-diffusion.cpp's test for the family).
 MARKER = "double_stream_modulation_img.lin.weight"
 _SHARED = ("double_stream_modulation_img.lin", "double_stream_modulation_txt.lin", "single_stream_modulation.lin")
+#: Rows (first, count) of each kind's vectors in the modulation table (:meth:`Flux2DiT._mods`).
+_MOD_ROWS = {"img": (0, 6), "txt": (6, 6), "single": (12, 3), "final": (15, 2)}
 
 
 def flux2_config(weights: Mapping[str, Any], axes: Sequence[int] | None = None) -> FluxConfig:
@@ -176,6 +180,7 @@ class Flux2DiT(FluxDiT):
 
     # ------------------------------------------------------------------ names
     def block_tensors(self, i: int) -> list[str]:
+        check_block(self, i)
         c = self.cfg
         if i < c.n_double:
             p = f"{c.prefix}double_blocks.{i}."
@@ -236,11 +241,15 @@ class Flux2DiT(FluxDiT):
         return gr.swiglu(g, h)
 
     def _mods(self, g: Any, w: Any, i: int, kind: str, state: dict[str, Any]) -> list[Any]:
-        if kind == "final":
-            return super()._mods(g, w, i, kind, state)
-        if kind == "single":
-            return self._chunks(g, state["mod_single"], 3)
-        return self._chunks(g, state["mod_" + kind], 6)
+        """Vectors ``(1, 1, D)`` of the table ``mods`` ``(1, 17 D)`` built once in
+        :meth:`build_pre`: the image stream's 6, the text stream's 6, the single blocks' 3, the
+        final layer's 2 (shift, scale, gate of attention then MLP; shift, scale)."""
+        first, n = _MOD_ROWS[kind]
+        mods = state["mods"]
+        d = self.cfg.width
+        total = mods.shape[-1]
+        return [g.reshape(g.cont(g.view(mods, (1, d), (total * 4, 4), (first + k) * d * 4)), (1, 1, d))
+                for k in range(n)]
 
     # ------------------------------------------------------------------ ModuleGraph
     def build_pre(self, g: Any, w: Any, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -250,8 +259,10 @@ class Flux2DiT(FluxDiT):
             gemb = g.timestep_embedding(g.scale(inputs["guidance"], 1000.0), 256)
             vec = g.add(vec, self._mlp_embed(g, w, gemb, "guidance_in"))
         svec = g.unary("silu", vec)
-        mods = {f"mod_{k}": self._lin(g, w, svec, c.prefix + name)
-                for k, name in zip(("img", "txt", "single"), _SHARED, strict=True)}
+        mods = None
+        for name in (*_SHARED, "final_layer.adaLN_modulation.1"):  # every block uses the one table
+            m = self._lin(g, w, svec, c.prefix + name)
+            mods = m if mods is None else g.concat(mods, m, 1)
         return {"img": self._lin(g, w, inputs["img"], c.prefix + "img_in"),
                 "txt": self._lin(g, w, inputs["txt"], c.prefix + "txt_in"),
-                "vec": vec, **mods, "pe_cos": inputs["pe_cos"], "pe_sin": inputs["pe_sin"]}
+                "mods": mods, "pe_cos": inputs["pe_cos"], "pe_sin": inputs["pe_sin"]}

@@ -50,6 +50,7 @@ from sdplan.core.models.tae import detect_tae
 from sdplan.core.models.vae import vae_encode
 from sdplan.core.pipelines.base import module_placements
 from sdplan.core.pipelines.flux_base import FluxFamilyPipeline, shapes
+from sdplan.core.pipelines.images import read_image_rgb
 from sdplan.core.pipelines.z_image import is_gguf
 from sdplan.core.planning.generation_defaults import generation_defaults
 from sdplan.core.sampling.flow import flux2_mu, flux_sigmas, sample_flow
@@ -112,20 +113,17 @@ def resize_nearest(image: np.ndarray, width: int, height: int) -> np.ndarray:
 
 
 def load_ref_image(path: str | Path) -> np.ndarray:
-    """A reference image file as uint8 ``(H, W, 3)`` RGB (alpha dropped, greyscale expanded).
+    """A reference image file as uint8 ``(H, W, 3)`` RGB, any mode Pillow reads
+    (:func:`sdplan.core.pipelines.images.read_image_rgb`).
 
     Raises:
         SdplanError: a missing or unreadable image, naming ``-r/--ref-image``.
     """
-    from PIL import Image, UnidentifiedImageError
-
     try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert("RGB"), dtype=np.uint8).copy()
-    except UnidentifiedImageError:
-        raise SdplanError(f"-r/--ref-image {str(path)!r}: not an image format PIL reads") from None
-    except OSError as exc:
-        raise SdplanError(f"-r/--ref-image {str(path)!r}: cannot read it ({exc.strerror or exc})") from None
+        return read_image_rgb(path)
+    except ModelFileError as exc:
+        reason = str(exc).removeprefix(f"{path}: ")
+        raise SdplanError(f"-r/--ref-image {str(path)!r}: {reason}") from None
 
 
 def _read_vector(path: str | Path, name: str) -> np.ndarray | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import SdplanError
+from sdplan.core.errors import InvalidArgument, SdplanError
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux import unpatchify
@@ -122,7 +122,7 @@ class FluxFamilyPipeline(Pipeline):
             SdplanError: sizes that are not positive multiples of ``2 * vae_scale``.
         """
         if width % (2 * vae_scale) or height % (2 * vae_scale) or width <= 0 or height <= 0:
-            raise SdplanError(f"Flux image size {width}x{height} must be positive multiples of {2 * vae_scale}")
+            raise InvalidArgument(f"Flux image size {width}x{height} must be positive multiples of {2 * vae_scale}")
         return height // vae_scale, width // vae_scale
 
     def _sample(self, vel: Velocity, h: int, w: int, steps: int, *, shift: bool, seed: int,

@@ -23,7 +23,8 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
 - ``ref_images``: reference-image paths (sd-cli's ``-r/--ref-image``; FLUX.2 klein edits).
 
 Messages: progress ``{"step", "total", "phase"}``, preview ``{"step", "total", "image"}``
-(uint8 (H, W, 3)); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings"}``.
+(uint8 (H, W, 3)), and once ``{"phase": "threads", "threads", "reason"}`` (the CPU threads
+chosen); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings", "threads"}``.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.runtime.devices import live_inventory
 from sdplan.core.runtime.runner import ModulePlacement
+from sdplan.core.runtime.threads import check_between_steps, start_run
 from sdplan.core.sampling.flow import DEFAULT_STEPS
 from sdplan.core.sampling.options import SamplingOptions
 
@@ -126,6 +128,8 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     seed = int(req.get("seed", 42))
     if seed < 0:
         seed = random.randrange(2**31)
+    threads = start_run(ctx.pool().manager, int(req.get("threads") or 0), ctx.progress)
+    req["threads"] = 0  # computes use the backends' count just set: a change reloads nothing
     t0 = time.perf_counter()
     images, timings = run(ctx, req, files, core, placements, seed)
     upscaler = _first(files, "upscale_model")
@@ -137,7 +141,8 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     params = {k: req.get(k) for k in ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale",
                                       "sampling_method", "scheduler", "batch_count", "clip_skip")}
     params.update(seed=seed, architecture=family if run is not _sd_run else "sd")
-    return {"images": images, "params": params, "timings": timings}
+    return {"images": images, "params": params, "timings": timings,
+            "threads": {"threads": threads.threads, "reason": threads.reason}}
 
 
 def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Callable[[int, np.ndarray], None] | None]:
@@ -145,6 +150,7 @@ def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Ca
 
     def on_step(step: int, n: int, *_: Any) -> None:
         total["n"] = n
+        check_between_steps(ctx.progress)
         ctx.progress(step=step, total=n, phase="sampling")
 
     def preview(step: int, rgb: np.ndarray) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sdplan.core.pipelines.outputs import atomic_write
 from sdplan.core.pipelines.parameters import ImageParameters, parse_parameters
 
 #: How :func:`model_hash` is computed (written beside it as ``model_hash_method``).
@@ -109,7 +110,8 @@ def _first(value: Any) -> str | None:
 
 def save_png(image: np.ndarray, path: str | Path, text: Mapping[str, str] | None = None) -> Path:
     """Write uint8 ``(H, W, 3)`` ``image`` to ``path`` as PNG with ``text`` chunks (the
-    folder is created). Returns the path.
+    folder is created), atomically (:func:`sdplan.core.pipelines.outputs.atomic_write`: a
+    failure leaves no partial file). Returns the path.
 
     Raises:
         OSError: the file cannot be written.
@@ -119,10 +121,8 @@ def save_png(image: np.ndarray, path: str | Path, text: Mapping[str, str] | None
     info = PngImagePlugin.PngInfo()
     for k, v in (text or {}).items():
         info.add_text(k, v)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8)).save(out, pnginfo=info)
-    return out
+    pic = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8))
+    return atomic_write(path, lambda tmp: pic.save(tmp, format="PNG", pnginfo=info))
 
 
 def read_png_text(path: str | Path) -> dict[str, str]:

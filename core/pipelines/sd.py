@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import ModelFileError, SdplanError
+from sdplan.core.errors import InvalidArgument, ModelFileError
 from sdplan.core.modelfiles.checkpoint import ModelSet, read_model_files
 from sdplan.core.models import clip as clip_m
 from sdplan.core.models import unet as unet_m
@@ -334,14 +334,14 @@ class StableDiffusion(Pipeline):
         sd-cli's ``--taesd`` does without ``--taesd-preview-only``).
 
         Raises:
-            SdplanError: width/height not positive multiples of the UNet's factor
+            InvalidArgument: width/height not positive multiples of the UNet's factor
                 (8 * 2^(levels-1) for SD).
             ~sdplan.core.sampling.errors.SamplingError: unknown sampler or scheduler.
             Cancelled: the cancel token fired.
         """
         f = self.vae_cfg.factor * 2 ** (len(self.unet_cfg.channel_mult) - 1)
         if p.width % f or p.height % f or p.width <= 0 or p.height <= 0:
-            raise SdplanError(f"-W/-H {p.width}x{p.height}: this model draws sizes that are "
+            raise InvalidArgument(f"-W/-H {p.width}x{p.height}: this model draws sizes that are "
                               f"positive multiples of {f} pixels")
         t0 = time.perf_counter()
         with self.text_session(p.clip_skip):

@@ -15,6 +15,12 @@ Three parts per module and device (bytes):
 - **compute**: the graph's compute buffer, estimated from the architecture below. A split
   module needs it on each of its devices (each runs whole layers).
 
+The compute part is for the engine that runs the plan (``engine``): sdplan's own engine
+(a dry-run reserve of its graphs when the caller measured one, else figures fitted to those
+graphs, :mod:`sdplan.core.planning.engine_compute`), or sd-cli (the formula below, with or
+without ``--diffusion-fa``). :attr:`FitReport.engine` and :attr:`FitReport.compute_source`
+say which.
+
 A device's total is its resident weights of every module plus the largest
 ``staging + compute`` of one module, because sd-cli runs the modules one after another.
 
@@ -56,14 +62,20 @@ each and keep their weights), so it changes no figure.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sdplan.core.planning.engine_compute import sdplan_compute_bytes
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
 _K = 4
 _F32 = 4
+
+#: Engines an estimate can be for (see :func:`module_compute`).
+ENGINES = ("sdplan", "sd-cli", "sd-cli-fa")
 
 # family -> (heads, width D, tokens rule): DiT tokens = latent/4 + text; UNet = latent / div
 _DIT = {"flux": (24, 3072, 512), "flux-schnell": (24, 3072, 256), "chroma": (24, 3072, 512),
@@ -158,11 +170,29 @@ class FitReport:
     width: int
     height: int
     batch: int
+    #: the engine the figures are for: ``sdplan`` (its own engine) or ``sd-cli``
+    engine: str = "sdplan"
+    #: per module, where its compute figure comes from: ``measured`` (a dry-run reserve of
+    #: the engine's graph), ``fitted`` (:mod:`~sdplan.core.planning.engine_compute`) or
+    #: ``formula`` (:func:`compute_bytes`)
+    compute_source: dict[str, str] = field(default_factory=dict)
+
+    def engine_label(self) -> str:
+        """One line naming the engine and how compute was estimated, e.g. ``sdplan's engine
+        (compute measured by a dry run)``."""
+        sources = sorted(set(self.compute_source.values()))
+        how = {"measured": "measured by a dry run of its graphs", "fitted": "fitted to its graphs",
+               "formula": "by formula"}
+        what = "; ".join(how[x] for x in sources) or "none"
+        name = "sdplan's engine" if self.engine == "sdplan" else (
+            "sd-cli" + (" with --diffusion-fa" if self.engine == "sd-cli-fa" else ""))
+        return f"{name} (compute {what})"
 
     def to_json(self) -> dict[str, object]:
         """JSON form (bytes) for ``sdplan plan --json`` under ``"fit"``."""
         return {"fits": self.fits, "reasons": list(self.reasons), "width": self.width,
-                "height": self.height, "batch": self.batch,
+                "height": self.height, "batch": self.batch, "engine": self.engine,
+                "compute_source": dict(self.compute_source),
                 "devices": {d: t.to_json() for d, t in self.devices.items()},
                 "modules": {m: e.to_json() for m, e in self.modules.items()}}
 
@@ -173,7 +203,9 @@ def _attn(batch: int, heads: int, tokens: int, width: int, flash: bool = False) 
 
 def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
                   width: int, height: int, batch: int, flash: bool = False) -> int:
-    """Compute-buffer estimate in bytes of one module (formula in the module docstring).
+    """Compute-buffer estimate in bytes of one module (formula in the module docstring):
+    sd-cli's path (F32 activations); ``flash`` (sd-cli's ``--fa``/``--diffusion-fa``) drops
+    the ``heads * N**2`` attention score matrices.
 
     Args:
         module: module name (``diffusion``, ``te``, ``vae``...).
@@ -222,8 +254,31 @@ def _segment_peak(mp: ModuleProfile, budget: int, compute: int) -> int:
     return mp.other + max(peak, seg)
 
 
+def module_compute(module: str, mp: ModuleProfile, architecture: str | None, *, width: int,
+                   height: int, batch: int, engine: str = "sdplan",
+                   measured: Mapping[str, int] | None = None) -> tuple[int, str]:
+    """One module's compute bytes for ``engine`` and where the figure comes from.
+
+    ``engine`` ``sdplan``: ``measured[module]`` when given (a dry-run reserve), else the
+    fitted figures of :func:`sdplan.core.planning.engine_compute.sdplan_compute_bytes`, else
+    the formula; ``sd-cli``/``sd-cli-fa``: the formula of :func:`compute_bytes` without /
+    with ``--diffusion-fa``. Returns ``(bytes, "measured" | "fitted" | "formula")``.
+    """
+    if engine == "sdplan":
+        if measured and module in measured:
+            return int(measured[module]), "measured"
+        fitted = sdplan_compute_bytes(module, architecture, width=width, height=height,
+                                      batch=batch)
+        if fitted is not None:
+            return fitted, "fitted"
+    flash = engine == "sd-cli-fa" and module in ("diffusion", "controlnet")
+    return compute_bytes(module, mp, architecture, width=width, height=height, batch=batch,
+                         flash=flash), "formula"
+
+
 def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
-                  width: int = 512, height: int = 512, batch: int = 1,
+                  width: int = 512, height: int = 512, batch: int = 1, engine: str = "sdplan",
+                  measured: Mapping[str, int] | None = None,
                   flags: RuntimeFlags | None = None) -> FitReport:
     """Estimate a resolved plan's memory per module and device and say whether it fits.
 
@@ -234,18 +289,24 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         profile: the model's sizes; modules absent from it are not estimated.
         inventory: the devices with their free memory (bytes).
         width, height: image size in pixels; batch: images per run.
-        flags: estimate the sd-cli command run with these flags (module docstring); None:
-            sdplan's own engine.
+        engine: ``sdplan`` (its own engine), ``sd-cli`` or ``sd-cli-fa`` (sd-cli with
+            ``--diffusion-fa``): whose compute buffers are estimated (:func:`module_compute`).
+        measured: module -> compute bytes measured by a dry-run reserve of sdplan's engine.
+        flags: estimate the sd-cli command run with these flags (module docstring; flash
+            attention per module, im2col columns, mmap); given, the engine is sd-cli's.
 
     Returns:
         A :class:`FitReport`; ``fits`` is False when a device's total exceeds its free
         memory or its ``--max-vram`` budget, each such device giving one reason.
 
     Raises:
-        ValueError: width, height or batch not positive.
+        ValueError: width, height or batch not positive, or an unknown engine.
     """
     if width <= 0 or height <= 0 or batch <= 0:
         raise ValueError(f"image size {width}x{height} and batch {batch} must be positive")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
+    sources: dict[str, str] = {}
     mods: dict[str, ModuleEstimate] = {}
     budgets: dict[str, int] = dict(getattr(plan, "budgets", {}))
     for name, mp in profile.modules.items():
@@ -255,12 +316,17 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         devs = tuple(mplan.devices)
         main = devs[0]
         mode = mplan.params.mode
-        flash = flags is not None and name in flags.flash_attention
-        comp = compute_bytes(name, mp, profile.architecture, width=width, height=height,
-                             batch=batch, flash=flash)
-        if flags is not None and flags.im2col and name not in flags.conv_direct:
-            comp += im2col_bytes(name, profile.architecture, width=width, height=height,
-                                 batch=batch)
+        if flags is not None:
+            comp = compute_bytes(name, mp, profile.architecture, width=width, height=height,
+                                 batch=batch, flash=name in flags.flash_attention)
+            if flags.im2col and name not in flags.conv_direct:
+                comp += im2col_bytes(name, profile.architecture, width=width, height=height,
+                                     batch=batch)
+            sources[name] = "formula"
+        else:
+            comp, sources[name] = module_compute(name, mp, profile.architecture, width=width,
+                                                 height=height, batch=batch, engine=engine,
+                                                 measured=measured)
         placed: dict[str, int] = {}
         row_shares = getattr(mplan, "row_shares", None)
         if mplan.ranges:
@@ -287,7 +353,9 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         if flags is not None and flags.mmap:  # CPU-kept weights are mapped file pages
             weights = {d: b for d, b in weights.items() if not _is_cpu(inventory, d)}
         mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute)
-    return _totals(mods, inventory, budgets, width, height, batch)
+    report = _totals(mods, inventory, budgets, width, height, batch)
+    return dataclasses.replace(report, engine="sd-cli" if flags is not None else engine,
+                               compute_source=sources)
 
 
 def _is_cpu(inventory: Inventory, name: str) -> bool:
