@@ -58,7 +58,12 @@ def test_plan_command_reports_a_bad_command(shared_dir: Path,
 
 
 def test_runtime_flags_of_the_sd_cli_command_change_its_estimate() -> None:
-    from sdplan.core.planning.estimate import RuntimeFlags, estimate_plan, im2col_bytes, module_compute
+    from sdplan.core.planning.estimate import (
+        RuntimeFlags,
+        estimate_plan,
+        im2col_bytes,
+        module_compute,
+    )
     from sdplan.core.planning.inventory import Device, Inventory
     from sdplan.core.planning.modules import GIB
     from sdplan.core.planning.plan import resolve
