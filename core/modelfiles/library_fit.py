@@ -151,8 +151,15 @@ def combined_profile(parts: Sequence[LibraryEntry]) -> Profile:
         mods["te"] = _merge_te(te)
     first = profs[0] if profs else None
     ordered = {m: mods[m] for m in (*MODULES, *mods) if m in mods}
+    autofit: dict[str, int] = {}
+    loaded: dict[str, int] = {}
+    for prof in profs:  # sd-cli's auto-fit sizes add up over the files as read together
+        for total, part in ((autofit, prof.autofit), (loaded, prof.autofit_loaded)):
+            for m, b in part.items():
+                total[m] = total.get(m, 0) + int(b)
     return Profile(ordered, first.name if first else None,
-                   first.architecture if first else None)
+                   first.architecture if first else None, autofit=autofit,
+                   autofit_loaded=loaded)
 
 
 def _merge_te(parts: list[ModuleProfile]) -> ModuleProfile:
