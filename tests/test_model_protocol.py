@@ -46,11 +46,12 @@ from sdplan.core.models.chroma import ChromaDiT  # noqa: E402
 from sdplan.core.models.clip import ClipGraph, causal_mask, clip_config, clip_text  # noqa: E402
 from sdplan.core.models.esrgan import UpscalerGraph, canonical_rrdb_names, detect_esrgan  # noqa: E402
 from sdplan.core.models.flux import FluxDiT  # noqa: E402
+from sdplan.core.models.flux2 import Flux2DiT  # noqa: E402
 from sdplan.core.models.llm import LLMEncoder  # noqa: E402
 from sdplan.core.models.t5 import T5Encoder  # noqa: E402
 from sdplan.core.models.tae import TaeGraph, detect_tae  # noqa: E402
 from sdplan.core.models.unet import UNetGraph, unet_config  # noqa: E402
-from sdplan.core.models.vae import VaeGraph, vae_config, vae_decode  # noqa: E402
+from sdplan.core.models.vae import VaeGraph, vae_config, vae_decode, vae_encode  # noqa: E402
 from sdplan.core.models.z_image import ZImageDiT  # noqa: E402
 from sdplan.core.pipelines.sd import module_weight_file  # noqa: E402
 from sdplan.core.runtime import graph as gr  # noqa: E402
@@ -250,6 +251,18 @@ def _chroma(shared: Path, tmp: Path) -> Built:
     return Built(dit, path, set(_names(path)), [run(8, 8, 16), run(4, 6, 5)])
 
 
+@case("flux2-klein", Flux2DiT, blocks=4)
+def _flux2(shared: Path, tmp: Path) -> Built:
+    path = FIX / "flux2_klein_tiny.safetensors"
+    dit = Flux2DiT.from_weights(_shapes(path))
+
+    def run(h: int, w: int, t: int, refs: tuple[tuple[int, int], ...]) -> Run:  # 128 channels, patch 1
+        ins = dit.inputs(_normal((1, 128, h, w), h), _normal((1, t, 48), t), 0.6,
+                         [_normal((1, 128, *r), 7) for r in refs])
+        return Run(ins, {"out": (1, h * w + sum(a * b for a, b in refs), 128)})
+    return Built(dit, path, set(_names(path)), [run(4, 4, 10, ()), run(3, 5, 7, ((2, 3),))])
+
+
 def _tae(shared: Path, part: str) -> Built:
     path = shared / "weights" / f"taef2_{part}.safetensors"
     shapes = _shapes(path)
@@ -339,6 +352,24 @@ def _function_vae(shared: Path, tmp: Path) -> Built:
     runs = [Run({"z": _normal((1, 16, 4, 4))}, {"image": (1, 3, 8, 8)}),
             Run({"z": _normal((1, 16, 6, 3))}, {"image": (1, 3, 12, 6)})]
     return Built(base.FunctionGraph(dec, {"z": "f32"}, fn), path, set(dec), runs)
+
+
+@case("function-flux2-ae", base.FunctionGraph)
+def _function_flux2_vae(shared: Path, tmp: Path) -> Built:
+    """The FLUX.2 autoencoder's BFL names: ``decoder.post_quant_conv`` / ``encoder.quant_conv``
+    inside the halves, ``bn`` statistics outside the graph."""
+    path = FIX / "flux2_ae_tiny.safetensors"
+    shapes = _shapes(path)
+    cfg = vae_config(shapes, "")
+    names = [n for n in shapes if n.startswith(("decoder.", "encoder."))]
+
+    def fn(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+        return {"image": vae_decode(g, w, ins["z"], cfg), "mean": vae_encode(g, w, ins["image"], cfg)}
+    runs = [Run({"z": _normal((1, 32, 4, 4)), "image": _normal((1, 3, 8, 8), 1)},
+                {"image": (1, 3, 8, 8), "mean": (1, 32, 4, 4)}),
+            Run({"z": _normal((1, 32, 6, 3)), "image": _normal((1, 3, 4, 6), 1)},
+                {"image": (1, 3, 12, 6), "mean": (1, 32, 2, 3)})]
+    return Built(base.FunctionGraph(names, {"z": "f32", "image": "f32"}, fn), path, set(names), runs)
 
 
 @case("function-clip-l-text", base.FunctionGraph)

@@ -58,7 +58,12 @@ def test_plan_command_reports_a_bad_command(shared_dir: Path,
 
 
 def test_runtime_flags_of_the_sd_cli_command_change_its_estimate() -> None:
-    from sdplan.core.planning.estimate import RuntimeFlags, estimate_plan, im2col_bytes
+    from sdplan.core.planning.estimate import (
+        RuntimeFlags,
+        estimate_plan,
+        im2col_bytes,
+        module_compute,
+    )
     from sdplan.core.planning.inventory import Device, Inventory
     from sdplan.core.planning.modules import GIB
     from sdplan.core.planning.plan import resolve
@@ -87,7 +92,9 @@ def test_runtime_flags_of_the_sd_cli_command_change_its_estimate() -> None:
         im2col_bytes("vae", "sd1", **kw)
     # --mmap: the text encoder's weights on the CPU are mapped pages, not allocations
     assert plain.modules["te"].weights == {"CPU": GIB // 4} and fast.modules["te"].weights == {}
-    # sdplan's own engine (no flags) has neither im2col nor flash attention
+    # sdplan's own engine (no flags) is estimated from its own graphs' figures, not sd-cli's
     own = estimate_plan(plan, prof, inv, **kw)
-    assert own.modules["vae"].compute["CUDA0"] == plain.modules["vae"].compute["CUDA0"] - \
-        im2col_bytes("vae", "sd1", **kw)
+    assert own.engine == "sdplan" and fast.engine == "sd-cli"
+    vae_own, source = module_compute("vae", prof.modules["vae"], "sd1", **kw)
+    assert own.modules["vae"].compute["CUDA0"] == vae_own and source == "fitted"
+    assert vae_own < plain.modules["vae"].compute["CUDA0"] - im2col_bytes("vae", "sd1", **kw)

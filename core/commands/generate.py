@@ -2,8 +2,9 @@
 
 SD 1.x / 2.x from a single-file checkpoint (``-m``), Flux from its files
 (``--diffusion-model --t5xxl --clip_l --vae``), Chroma from its (``--diffusion-model --t5xxl
---vae``) or Z-Image from its (``--diffusion-model --llm --vae``); the architecture (flux-dev,
-flux-schnell, chroma, z_image...) comes from
+--vae``), Z-Image or FLUX.2 klein from theirs (``--diffusion-model --llm --vae``; klein edits
+the ``-r/--ref-image`` pictures); the architecture (flux-dev, flux-schnell, chroma, z_image,
+flux2_klein-4b...) comes from
 :func:`sdplan.core.modelfiles.checkpoint.read_model_files`. The flags are sd-cli's spellings (``-m -p -n
 -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
 --clip-skip --taesd --upscale-model --upscale-repeats`` and every placement flag), so a pasted
@@ -61,10 +62,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true",
                    help="use the packaged demo model (-m of the file in sdplan.resources; "
                         "default 128x128, 20 steps, CFG 5, euler)")
-    p.add_argument("--diffusion-model", metavar="PATH", help="Flux, Chroma or Z-Image diffusion model")
+    p.add_argument("--diffusion-model", metavar="PATH", help="Flux, Chroma, Z-Image or FLUX.2 klein diffusion model")
     p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux, Chroma)")
     p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux)")
-    p.add_argument("--llm", metavar="PATH", help="language-model text encoder (Z-Image: Qwen3)")
+    p.add_argument("--llm", metavar="PATH", help="language-model text encoder (Z-Image, FLUX.2 klein: Qwen3)")
+    p.add_argument("-r", "--ref-image", action="append", default=[], metavar="PATH",
+                   help="reference image to edit (FLUX.2 klein; repeat for several)")
     p.add_argument("--vae", metavar="PATH", help="VAE / autoencoder file")
     p.add_argument("--taesd", metavar="PATH",
                    help="TAE (tiny autoencoder): decodes the final image fast, as sd-cli does, and "
@@ -159,7 +162,8 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
     ``-m`` nor ``--diffusion-model`` is given."""
     files = {key: [str(getattr(args, attr))] for attr, key in FILE_FLAGS.items() if getattr(args, attr, None)}
     if "model" not in files and "diffusion_model" not in files:
-        raise InvalidArgument("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux, Chroma or Z-Image files)")
+        raise InvalidArgument("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux, Chroma, Z-Image or "
+                              "FLUX.2 klein files)")
     return files
 
 
@@ -279,6 +283,7 @@ def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, se
             "overrides": {k: v for k, v in overrides.items() if v is not None},
             "previews": bool(args.preview_path),
             "taesd_decode": bool(args.taesd) and not args.taesd_preview_only,
+            "ref_images": [str(p) for p in getattr(args, "ref_image", None) or ()],
             **sampling_request(args)}
 
 
@@ -299,6 +304,11 @@ def validate(args: argparse.Namespace) -> None:
     if args.scheduler not in (*SCHEDULES, "default"):
         raise InvalidArgument(f"--scheduler {args.scheduler!r} is unknown; choose one of {', '.join(SCHEDULES)}")
     check_outputs(args)
+    if getattr(args, "ref_image", None):
+        from sdplan.core.pipelines.flux2 import load_ref_image
+
+        for path in args.ref_image:
+            load_ref_image(path)  # a missing or broken picture is a one-line error now
 
 
 def check_outputs(args: argparse.Namespace) -> None:

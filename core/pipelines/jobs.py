@@ -18,7 +18,9 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
   ``chroma_t5_mask_pad`` (sd-cli's Chroma model args); ``previews``: send previews
   (default True);
 - ``taesd_decode``: decode the final images with the ``taesd`` TAE instead of the VAE
-  (sd-cli's ``--taesd`` without ``--taesd-preview-only``; default False: previews only).
+  (sd-cli's ``--taesd`` without ``--taesd-preview-only``; default False: previews only;
+  FLUX.2 klein honours it);
+- ``ref_images``: reference-image paths (sd-cli's ``-r/--ref-image``; FLUX.2 klein edits).
 
 Messages: progress ``{"step", "total", "phase"}``, preview ``{"step", "total", "image"}``
 (uint8 (H, W, 3)), and once ``{"phase": "threads", "threads", "reason"}`` (the CPU threads
@@ -38,6 +40,7 @@ from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_model_files
 from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
 from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
+from sdplan.core.pipelines.flux2 import KleinModels, KleinPipeline, load_ref_image
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
 from sdplan.core.pipelines.tae import Tae
@@ -106,7 +109,7 @@ def _cached(key: Any, make: Callable[[], Any]) -> Any:
 
 def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     """Run one request (see the comment above) in this process: SD 1.x/2.x, or Flux / Chroma /
-    Z-Image when the files are such a set. Returns ``{"images", "params", "timings"}``.
+    Z-Image / FLUX.2 klein when the files are such a set. Returns ``{"images", "params", "timings"}``.
 
     Raises:
         ModelFileError / PlanError / EngineError: bad files, placement or devices;
@@ -120,7 +123,8 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     core = {k: v for k, v in files.items() if k not in ("taesd", "upscale_model")}
     placements = _placements(req, core)
     family = read_model_files(core).architecture.family
-    run = {"flux": _flux_run, "chroma": _chroma_run, "z_image": _zimage_run}.get(family, _sd_run)
+    run = {"flux": _flux_run, "chroma": _chroma_run, "z_image": _zimage_run, "flux2_klein": _klein_run,
+           "flux2": _flux2_dev_run}.get(family, _sd_run)
     seed = int(req.get("seed", 42))
     if seed < 0:
         seed = random.randrange(2**31)
@@ -301,6 +305,46 @@ def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
                            negative_prompt=req.get("negative_prompt") or "", preview=cb)
         images.append(image_to_uint8(out["image"][0]))
     return images, {"total_z_image": time.perf_counter() - t0}
+
+
+def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
+               placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+    one = _first(files, "model")  # a single file holding all three
+    paths = {k: _first(files, k) or one for k in ("diffusion_model", "llm", "vae")}
+    need = [k for k, v in paths.items() if not v]
+    if need:
+        raise ModelFileError("<request>", "a FLUX.2 klein run needs --diffusion-model, --llm and --vae; "
+                                          f"missing {', '.join('--' + k.replace('_', '-') for k in need)}")
+    ov = dict(req.get("overrides") or {})
+    axes = ov.get("flux_axes")
+    models = KleinModels(paths["diffusion_model"], paths["llm"], paths["vae"], _first(files, "taesd"),  # type: ignore[arg-type]
+                         tuple(axes) if axes else None)
+    refs = [load_ref_image(p) for p in req.get("ref_images") or ()]
+    threads = int(req.get("threads") or 0)
+    key = ("flux2_klein", repr(models), repr(sorted(placements.items())), threads)
+    pipe = _cached(key, lambda: KleinPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
+    pipe.set_cancel(ctx.cancel)
+    on_step, preview = _emitters(ctx, req)
+    steps = int(req.get("steps") or 0) or 4
+    images: list[np.ndarray] = []
+    t0 = time.perf_counter()
+    for b in range(int(req.get("batch_count") or 1)):
+        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
+            on_step(i + 1, total)
+            if preview is not None:
+                preview(i + 1, rgb)
+        out = pipe.txt2img(req.get("prompt") or "", int(req.get("width", 1024)), int(req.get("height", 1024)),
+                           steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
+                           cfg_scale=float(req.get("cfg_scale") or 1.0), negative_prompt=req.get("negative_prompt") or "",
+                           ref_images=refs, preview=cb, tae_decode=bool(req.get("taesd_decode") and models.taesd),
+                           scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req))
+        images.append(image_to_uint8(out["image"][0]))
+    return images, {"total_flux2_klein": time.perf_counter() - t0}
+
+
+def _flux2_dev_run(*_: Any) -> tuple[list[np.ndarray], dict[str, float]]:
+    raise ModelFileError("<request>", "FLUX.2 [dev] (48 single blocks, Mistral Small 3.2 text encoder) is "
+                                      "recognised but sdplan generates with FLUX.2 klein only")
 
 
 def _upscale(ctx: Any, path: str, vae: Any, images: list[np.ndarray], repeats: int, threads: int) -> list[np.ndarray]:

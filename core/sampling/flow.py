@@ -40,7 +40,7 @@ from sdplan.core.sampling.samplers import (
 from sdplan.core.sampling.samplers_more import sample_dpmpp_2s_ancestral_flow
 from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule
 
-__all__ = ["FLOW_SAMPLERS", "FLOW_SAMPLER_FUNCTIONS", "DEFAULT_STEPS", "flux_mu", "time_shift",
+__all__ = ["FLOW_SAMPLERS", "FLOW_SAMPLER_FUNCTIONS", "DEFAULT_STEPS", "flux_mu", "flux2_mu", "time_shift",
            "flux_sigmas", "discrete_flow_sigmas", "flow_denoiser", "sample_flow_euler_ancestral",
            "sample_flow_lcm", "sample_flow_ddim_trailing", "sample_flow"]
 
@@ -58,6 +58,21 @@ def flux_mu(image_tokens: int, base_shift: float = 0.5, max_shift: float = 1.15,
     (4096, 1.15); a 1024x1024 image has 4096)."""
     slope = (max_shift - base_shift) / (max_tokens - base_tokens)
     return base_shift + slope * (image_tokens - base_tokens)
+
+
+def flux2_mu(image_tokens: int, steps: int) -> float:
+    """FLUX.2's empirical time shift ``mu`` for ``image_tokens`` latent cells (``H/16 * W/16``)
+    and ``steps`` (Black Forest Labs' ``flux2`` ``compute_empirical_mu``; stable-diffusion.cpp
+    ``Flux2Scheduler``; diffusers ``Flux2KleinPipeline``): above 4300 tokens
+    ``0.00016927 n + 0.45666666``; otherwise linear in the steps through that value at 200
+    steps and ``8.73809524e-05 n + 1.89833333`` at 10 steps."""
+    a1, b1, a2, b2 = 8.73809524e-05, 1.89833333, 0.00016927, 0.45666666
+    m200 = a2 * image_tokens + b2
+    if image_tokens > 4300:
+        return m200
+    m10 = a1 * image_tokens + b1
+    a = (m200 - m10) / 190.0
+    return a * steps + m200 - 200.0 * a
 
 
 def time_shift(mu: float, t: np.ndarray) -> np.ndarray:
