@@ -2,6 +2,7 @@
 // Tensor and Graph.
 #include "graph.h"
 #include "kernels/bf16_gemm.h"
+#include "kernels/glu.h"
 #include "kernels/winograd.h"
 
 #include <nanobind/ndarray.h>
@@ -593,6 +594,10 @@ void register_graph(nb::module_ &m) {
         }, nb::arg("name"),
         "Use the bf16 kernel `name` (auto, amx, avx512, off) for graphs built from now on (tests and\n"
         "benchmarks compare them). Raises ValueError for an unknown name or one this CPU cannot run.");
+    m.def("set_glu_simd", &set_glu_simd, nb::arg("on"),
+          "Allow (True, the default) or forbid the AVX-512 GELU/GEGLU (vectorized erf) for graphs built\n"
+          "and computed from now on; forbidden, unary('gelu_erf') is ggml's and geglu uses erff.");
+    m.def("glu_simd", &glu_avx512, "True when GELU (erf) and GEGLU run their AVX-512 versions.");
     m.def("cpu_avx2_fma", &wino_fast_cpu,
           "True when this CPU has AVX2 and FMA (conv_2d's auto method then takes winograd for wide\n"
           "3x3 convolutions): the avx2_fma of choose_conv_method.");

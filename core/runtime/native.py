@@ -19,6 +19,7 @@ ImportError deep inside a model. What the binding offers, model-agnostic:
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 
 from sdplan.core.errors import InventoryError
@@ -50,8 +51,30 @@ def native() -> ModuleType:
         ) from None
     if not _CHECKED:
         check_tensor_layout(module)
+        apply_bf16_setting(module, os.environ.get(BF16_ENV))
         _CHECKED.append(True)
     return module
+
+
+#: Environment variable choosing the CPU bf16 kernel (auto, amx, avx512, off) for this process
+#: and the engine processes it starts; unset means auto (the fastest the CPU runs).
+BF16_ENV = "SDPLAN_BF16_KERNEL"
+
+
+def apply_bf16_setting(module: ModuleType, value: str | None) -> None:
+    """Use the bf16 kernel named by ``value`` (``$SDPLAN_BF16_KERNEL``: auto, amx, avx512 or
+    off; None or empty: leave the default).
+
+    Raises:
+        NativeUnavailable: an unknown name or a kernel this CPU cannot run (the message names
+            the variable and what the CPU runs).
+    """
+    if not value:
+        return
+    try:
+        module.set_bf16_kernel(value.strip().lower())
+    except ValueError as exc:
+        raise NativeUnavailable(f"{BF16_ENV}={value!r}: {exc}") from None
 
 
 def check_tensor_layout(module: ModuleType) -> None:

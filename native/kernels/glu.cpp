@@ -2,9 +2,11 @@
 // 7.1.26, 1 - (a1 t + ... + a5 t^5) exp(-z^2) with t = 1 / (1 + p z), absolute error below
 // 1.5e-7 (Handbook of Mathematical Functions, 1964), odd extension for z < 0; exp by range
 // reduction and a degree-6 polynomial (relative error below 2e-7). The tanh approximation is
-// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) with tanh(u) = 1 - 2 / (exp(2u) + 1).
+// 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), computed as x exp(2u) / (exp(2u) + 1).
 // Threads split the rows.
 #include "kernels/glu.h"
+
+#include <atomic>
 
 #include <algorithm>
 #include <cmath>
@@ -24,7 +26,8 @@ namespace {
 float gelu_erf_scalar(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
 
 float gelu_tanh_scalar(float x) {
-    return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    // 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2u)): no cancellation where tanh(u) is near -1
+    return x / (1.0f + std::exp(-2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
 #ifdef SDPLAN_GLU_X86
@@ -64,10 +67,9 @@ SDPLAN_GLU_AVX512 inline __m512 gelu_erf_ps(__m512 x) {
 SDPLAN_GLU_AVX512 inline __m512 gelu_tanh_ps(__m512 x) {
     const __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
                                    _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), _mm512_mul_ps(x, x), x));
+    // 0.5 (1 + tanh(u)) = e / (e + 1), e = exp(2u) (clamped finite): no cancellation near -1
     const __m512 e = exp_ps(_mm512_add_ps(u, u));
-    const __m512 th = _mm512_sub_ps(_mm512_set1_ps(1.0f),
-                                    _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
-    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), _mm512_add_ps(_mm512_set1_ps(1.0f), th));
+    return _mm512_mul_ps(x, _mm512_div_ps(e, _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
 }
 
 // out[i] = (mul ? mul[i] : 1) * gelu(x[i]) for i < n.
@@ -100,7 +102,11 @@ void row(bool tanh, const float *x, const float *mul, float *out, int64_t n) {
 
 }  // namespace
 
-bool glu_avx512() {
+namespace {
+std::atomic<bool> simd_off{false};  // set_glu_simd(false): the scalar path (tests compare both)
+}  // namespace
+
+bool glu_cpu_avx512() {
 #ifdef SDPLAN_GLU_X86
     static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
     return ok;
@@ -108,6 +114,10 @@ bool glu_avx512() {
     return false;
 #endif
 }
+
+bool glu_avx512() { return glu_cpu_avx512() && !simd_off.load(); }
+
+void set_glu_simd(bool on) { simd_off.store(!on); }
 
 void cpu_gelu_erf(ggml_tensor *dst, int ith, int nth, void *) {
     const ggml_tensor *x = dst->src[0];

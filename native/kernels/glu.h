@@ -6,8 +6,12 @@
 
 namespace sdplan {
 
-// True when this CPU runs the AVX-512 versions (otherwise the ops use the C library's erff).
+// True when the ops run their AVX-512 versions: the CPU has them (glu_cpu_avx512()) and
+// set_glu_simd(false) was not called (otherwise they use the C library's erff).
 bool glu_avx512();
+bool glu_cpu_avx512();
+// Allow (true, the default) or forbid the AVX-512 versions for computes from now on.
+void set_glu_simd(bool on);
 
 // Custom op: dst = x * Phi(x) (GELU, erf form) elementwise; src 0: x f32 contiguous, dst f32
 // of its shape.

@@ -1,0 +1,300 @@
+"""sdplan's CPU kernels behind mul_mat, conv_2d, flash_attn, gelu_erf and geglu against float64
+numpy references, on every path this CPU runs: the bf16 kernel with AMX tiles, with
+AVX512_BF16 dot products, and ``off`` (ggml's own ops; what a CPU without either runs), chosen
+with ``set_bf16_kernel``; GELU/GEGLU with the AVX-512 erf and with the scalar one
+(``set_glu_simd``). Paths the CPU cannot run are skipped.
+
+Tolerances (stated, not tuned to pass):
+
+* products with a bf16 weight: the kernel rounds the activations to bf16 (nearest even) and
+  sums in f32, so against the float64 product of the *rounded* operands the error is only f32
+  summation: ``<= 1e-5 * sum|x||w|`` (``ABS_SUM_RTOL``); against the unrounded f32 operands
+  (the numerical effect of bf16 on a layer) ``<= 2**-7 * sum|x||w|`` (two roundings of at
+  most 2**-9 each, plus margin);
+* attention (q, k and the probabilities in bf16; ggml's ``off`` path holds k and v in f16):
+  ``<= 2e-2 * max|v|`` against float64;
+* GELU/GEGLU: ``<= 2e-6`` absolute plus ``2e-6`` relative against float64 (the vectorized
+  erf's polynomial has relative error below 2e-7).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+G = pytest.importorskip("sdplan._ggml")
+from sdplan.core.runtime import graph as gr  # noqa: E402
+
+ORDER = ["off", "avx512", "amx"]
+CPU_KERNEL = G.bf16_cpu_kernel()
+ABS_SUM_RTOL = 1e-5
+BF16_RTOL = 2.0 ** -7
+
+
+def _runnable(name: str) -> bool:
+    return ORDER.index(name) <= ORDER.index(CPU_KERNEL)
+
+
+@pytest.fixture(scope="module")
+def mgr():
+    m = G.BackendManager(2)
+    yield m
+    m.close()
+
+
+@pytest.fixture(params=ORDER)
+def kernel(request):
+    name = request.param
+    if not _runnable(name):
+        pytest.skip(f"this CPU runs the bf16 kernel {CPU_KERNEL!r}, not {name!r}")
+    G.set_bf16_kernel(name)
+    assert G.bf16_kernel() == name
+    yield name
+    G.set_bf16_kernel("auto")
+
+
+def bf16(a: np.ndarray) -> np.ndarray:
+    """float32 rounded to bfloat16 (nearest, ties to even), returned as float32."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32)
+
+
+def _check_product(y, x, w, b, ref_fn) -> None:
+    """y against ref_fn(x, w) (+ b) in float64: with the operands rounded (summation error
+    only) and unrounded (bf16's effect)."""
+    exact = ref_fn(bf16(x).astype(np.float64), w.astype(np.float64))
+    plain = ref_fn(x.astype(np.float64), w.astype(np.float64))
+    scale = ref_fn(np.abs(bf16(x)).astype(np.float64), np.abs(w).astype(np.float64))
+    if b is not None:
+        exact, plain = exact + b, plain + b
+    assert y.shape == exact.shape
+    err = np.abs(y - exact)
+    assert np.all(err <= ABS_SUM_RTOL * scale + 1e-6), float(np.max(err - ABS_SUM_RTOL * scale))
+    assert np.all(np.abs(y - plain) <= BF16_RTOL * scale + 1e-6)
+
+
+def run_linear(mgr, x, w, b, threads):
+    g = gr.new_graph([mgr.get("CPU")], n_threads=threads)
+    xi, wi = g.input("x", x.shape), g.input("w", w.shape)
+    bi = g.input("b", b.shape) if b is not None else None
+    g.output("y", gr.linear(g, xi, g.cast(wi, "bf16"), bi))
+    g.set_input("x", x)
+    g.set_input("w", w)
+    if b is not None:
+        g.set_input("b", b)
+    ops = _ops(g.profile())
+    return np.array(g.get_output("y")), ops
+
+
+def _ops(rows) -> list[str]:
+    """Profile rows as op names; the bf16 kernel's op (a custom op reading bf16) as BF16."""
+    return ["BF16" if r[0] == "CUSTOM" and "bf16" in r[3].split(",") else r[0] for r in rows]
+
+
+@pytest.mark.parametrize("shape,n,threads", [
+    ((5, 40), 24, 1),          # few rows: column blocks; K past a 32 step; N past a 16 group
+    ((3, 7, 64), 48, 2),       # batched x; threads split the rows of W
+    ((130, 96), 640, 2),       # fewer than 128 rows per thread: column blocks, row split
+    ((300, 320), 77, 1),       # >= 128 rows per thread: x's rows as A, N odd
+    ((2, 260, 72), 130, 2),    # rows path with 2 threads, N not a multiple of 16
+    ((9, 33), 20, 1),          # odd depth: ggml's own product (the kernel needs an even K)
+])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_bf16_matches_reference(mgr, kernel, shape, n, threads, with_bias) -> None:
+    rng = np.random.default_rng(shape[-1] * 7 + n)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = bf16((rng.standard_normal((n, shape[-1])) * 0.3).astype(np.float32))
+    b = rng.standard_normal(n).astype(np.float32) if with_bias else None
+    y, ops = run_linear(mgr, x, w, b, threads)
+    _check_product(y, x, w, b, lambda xx, ww: xx @ ww.T)
+    uses_kernel = kernel != "off" and shape[-1] % 2 == 0
+    assert ("BF16" in ops) == uses_kernel, ops
+
+
+def conv_ref(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dil: int) -> np.ndarray:
+    """Cross-correlation in the input's dtype: x (N, IC, H, W), w (OC, IC, KH, KW)."""
+    n, _, h, wd = x.shape
+    oc, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh = (h + 2 * pad - dil * (kh - 1) - 1) // stride + 1
+    ow = (wd + 2 * pad - dil * (kw - 1) - 1) // stride + 1
+    out = np.zeros((n, oc, oh, ow), dtype=x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            win = xp[:, :, i * dil:i * dil + stride * (oh - 1) + 1:stride, j * dil:j * dil + stride * (ow - 1) + 1:stride]
+            out += np.einsum("nchw,oc->nohw", win, w[:, :, i, j])
+    return out
+
+
+@pytest.mark.parametrize("xs,oc,k,stride,pad,dil,threads", [
+    ((1, 4, 10, 37), 20, 3, 1, 1, 1, 1),   # 3x3 padding 1: contiguous groups and edge gathers
+    ((2, 8, 9, 9), 17, 1, 1, 0, 1, 2),     # 1x1, batch 2 (columns across images), OC odd
+    ((1, 6, 15, 16), 32, 3, 2, 1, 1, 2),   # stride 2: gathered columns
+    ((1, 10, 12, 19), 40, 3, 1, 2, 2, 1),  # dilation 2
+    ((1, 2, 1, 2), 16, 3, 1, 1, 1, 1),     # one row, mostly padding
+    ((2, 64, 16, 16), 48, 3, 1, 1, 1, 2),  # a UNet-like block: K = 576, several panels
+    ((1, 3, 8, 8), 16, 3, 1, 1, 1, 1),     # odd depth (27): another conv method
+])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_conv_bf16_matches_reference(mgr, kernel, xs, oc, k, stride, pad, dil, threads, with_bias) -> None:
+    rng = np.random.default_rng(xs[1] * 13 + oc + k)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = bf16((rng.standard_normal((oc, xs[1], k, k)) * 0.2).astype(np.float32))
+    b = rng.standard_normal(oc).astype(np.float32) if with_bias else None
+    g = gr.new_graph([mgr.get("CPU")], n_threads=threads)
+    xi, wi = g.input("x", x.shape), g.input("w", w.shape)
+    bi = g.input("b", (oc,)) if b is not None else None
+    g.output("y", gr.conv2d(g, xi, g.cast(wi, "bf16"), bi, stride=stride, padding=pad, dilation=dil))
+    g.set_input("x", x)
+    g.set_input("w", w)
+    if b is not None:
+        g.set_input("b", b)
+    ops = _ops(g.profile())
+    y = np.array(g.get_output("y"))
+    uses_kernel = kernel != "off" and xs[1] * k * k % 2 == 0
+    assert ("BF16" in ops) == uses_kernel, ops
+    bb = None if b is None else b[None, :, None, None]
+    if uses_kernel:
+        _check_product(y, x, w, bb, lambda xx, ww: conv_ref(xx, ww, stride, pad, dil))
+    else:  # the f32 kernel's methods (Winograd, im2col): f32 accuracy against the bf16 weight
+        ref = conv_ref(x.astype(np.float64), w.astype(np.float64), stride, pad, dil)
+        scale = conv_ref(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64), stride, pad, dil)
+        ref = ref + (0 if bb is None else bb)
+        assert np.all(np.abs(y - ref) <= 1e-3 * scale + 1e-5)
+
+
+def test_conv_auto_takes_bf16_only_with_the_kernel(kernel) -> None:
+    on = kernel != "off"
+    args = dict(kernel=(3, 3), image=(32, 32), out_channels=320, all_cpu=True, avx2_fma=True, padding=(1, 1))
+    got = G.choose_conv_method("auto", bf16=on, in_channels=320, **args)
+    assert got == ("bf16" if on else "winograd")
+    assert G.choose_conv_method("auto", bf16=on, in_channels=3, **args) == "winograd"  # odd depth 27
+    assert G.choose_conv_method("auto", bf16=False, in_channels=320, **args) == "winograd"
+
+
+def attention_ref(q, k, v, mask, scale):
+    hq, hk = q.shape[1], k.shape[1]
+    k = np.repeat(k, hq // hk, axis=1).astype(np.float64)
+    v = np.repeat(v, hq // hk, axis=1).astype(np.float64)
+    s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k) * scale
+    if mask is not None:
+        s = s + mask
+    s = s - s.max(-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(-1, keepdims=True)
+    o = np.einsum("bhqk,bhkd->bhqd", p, v)
+    b, h, nq, d = o.shape
+    return o.transpose(0, 2, 1, 3).reshape(b, nq, h * d)
+
+
+@pytest.mark.parametrize("b,hq,hk,nq,nk,d,masked,threads", [
+    (2, 2, 2, 50, 50, 40, False, 2),    # SD 1.5's head width (not a multiple of 32), self-attention
+    (1, 4, 4, 64, 77, 64, False, 1),    # cross-attention to 77 tokens
+    (1, 4, 2, 33, 20, 128, True, 2),    # grouped heads, a mask, odd lengths
+    (1, 1, 1, 100, 37, 80, True, 2),    # one pair: threads split the query rows
+])
+def test_flash_attn_matches_reference(mgr, kernel, b, hq, hk, nq, nk, d, masked, threads) -> None:
+    rng = np.random.default_rng(nq * 3 + nk + d)
+    q = rng.standard_normal((b, hq, nq, d)).astype(np.float32)
+    k = rng.standard_normal((b, hk, nk, d)).astype(np.float32)
+    v = rng.standard_normal((b, hk, nk, d)).astype(np.float32)
+    mask = None
+    if masked:
+        mask = np.where(rng.random((nq, nk)) < 0.2, -np.inf, 0.0).astype(np.float32)
+        mask[:, 0] = 0.0  # every row keeps a key
+    scale = 1.0 / math.sqrt(d)
+    g = gr.new_graph([mgr.get("CPU")], n_threads=threads)
+    qi, ki, vi = g.input("q", q.shape), g.input("k", k.shape), g.input("v", v.shape)
+    mi = g.input("m", mask.shape) if mask is not None else None
+    g.output("o", gr.attention(g, qi, ki, vi, mi, scale, flash=True))
+    for name, arr in (("q", q), ("k", k), ("v", v), ("m", mask)):
+        if arr is not None:
+            g.set_input(name, arr)
+    ops = [r[0] for r in g.profile()]
+    o = np.array(g.get_output("o"))
+    assert ("CUSTOM" in ops) == (kernel != "off"), ops
+    ref = attention_ref(q, k, v, mask, scale)
+    assert o.shape == ref.shape
+    err = float(np.max(np.abs(o - ref)))
+    assert err <= 2e-2 * float(np.max(np.abs(v))), err
+
+
+def _gelu_ref(x: np.ndarray, approximate: bool) -> np.ndarray:
+    x = x.astype(np.float64)
+    if approximate:
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+@pytest.fixture(params=[True, False], ids=["simd", "scalar"])
+def glu_simd(request):
+    if request.param and not G.glu_simd():
+        pytest.skip("this CPU has no AVX-512 for GELU/GEGLU")
+    G.set_glu_simd(request.param)
+    yield request.param
+    G.set_glu_simd(True)
+
+
+def _gelu_input(rng, shape) -> np.ndarray:
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[:8] = [0.0, -0.0, 10.0, -10.0, 30.0, -30.0, 1e-8, -5.5]  # zero, saturation, tiny
+    return x
+
+
+@pytest.mark.parametrize("shape", [(3, 37), (2, 5, 64), (1, 4100)])
+def test_gelu_erf_matches_reference(mgr, glu_simd, shape) -> None:
+    x = _gelu_input(np.random.default_rng(shape[-1]), shape)
+    g = gr.new_graph([mgr.get("CPU")], n_threads=2)
+    g.output("y", gr.gelu(g, g.input("x", shape)))
+    g.set_input("x", x)
+    ops = [r[0] for r in g.profile()]
+    y = np.array(g.get_output("y"))
+    assert ("CUSTOM" in ops) == glu_simd, ops
+    ref = _gelu_ref(x, False)
+    assert np.all(np.abs(y - ref) <= 2e-6 + 2e-6 * np.abs(ref)), float(np.max(np.abs(y - ref)))
+
+
+@pytest.mark.parametrize("shape", [(3, 74), (2, 5, 128), (1, 2, 2 * 1283)])
+@pytest.mark.parametrize("approximate", [False, True])
+def test_geglu_matches_reference(mgr, glu_simd, shape, approximate) -> None:
+    x = _gelu_input(np.random.default_rng(shape[-1] + approximate), shape)
+    g = gr.new_graph([mgr.get("CPU")], n_threads=2)
+    g.output("y", gr.geglu(g, g.input("x", shape), approximate))
+    g.set_input("x", x)
+    g.compute()
+    y = np.array(g.get_output("y"))
+    d = shape[-1] // 2
+    ref = x[..., :d].astype(np.float64) * _gelu_ref(x[..., d:], approximate)
+    assert y.shape == ref.shape
+    assert np.all(np.abs(y - ref) <= 2e-6 + 2e-6 * np.abs(ref)), float(np.max(np.abs(y - ref)))
+
+
+def test_environment_variable_chooses_the_kernel() -> None:
+    from sdplan.core.runtime import native as nat
+
+    try:
+        nat.apply_bf16_setting(G, "OFF")
+        assert G.bf16_kernel() == "off"
+        nat.apply_bf16_setting(G, "")  # empty: unchanged
+        assert G.bf16_kernel() == "off"
+        with pytest.raises(nat.NativeUnavailable, match="SDPLAN_BF16_KERNEL='fast'"):
+            nat.apply_bf16_setting(G, "fast")
+    finally:
+        G.set_bf16_kernel("auto")
+    assert G.bf16_kernel() == CPU_KERNEL
+
+
+def test_weights_held_in_bf16_only_where_the_kernel_runs(mgr, kernel) -> None:
+    from sdplan.core.modelfiles.readers import TensorInfo
+    from sdplan.core.runtime.weights import runtime_dtype
+
+    cpu = mgr.get("CPU")
+    on = kernel != "off"
+    for shape in ((320, 768), (320, 320, 3, 3)):
+        info = TensorInfo("w", "F16", shape, 0, 0, "m.safetensors")
+        assert runtime_dtype(info, cpu) == ("bf16" if on else "f16")
+    assert runtime_dtype(TensorInfo("b", "F16", (320,), 0, 0, "m.safetensors"), cpu) == "f32"
