@@ -16,7 +16,7 @@ import pytest
 G = pytest.importorskip("sdplan._ggml")
 from sdplan.core.runtime import graph as gr  # noqa: E402
 
-UNKNOWN = "conv_2d: method must be auto, im2col, cpu_im2col, winograd or direct, got '{}'"
+UNKNOWN = "conv_2d: method must be auto, im2col, cpu_im2col, winograd, direct or bf16, got '{}'"
 WINO_SHAPE = ("conv_2d: method 'winograd' needs a 3x3 kernel, stride 1, padding 1, dilation 1 and a graph "
               "whose backends are all CPUs")
 CPU_ONLY = "conv_2d: method 'cpu_im2col' needs a graph whose backends are all CPUs"

@@ -56,7 +56,15 @@ def values(store, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
     return np.frombuffer(store.get_bytes(name), {"f32": np.float32, "f16": np.float16}[dtype]).reshape(shape)
 
 
-def test_default_dtypes_and_reads_with_conversion_in_small_chunks(cpu, sample) -> None:
+@pytest.fixture
+def no_bf16_kernel():
+    """The dtype policy of a CPU without sdplan's bf16 kernel (``SDPLAN_BF16_KERNEL=off``)."""
+    G.set_bf16_kernel("off")
+    yield
+    G.set_bf16_kernel("auto")
+
+
+def test_default_dtypes_and_reads_with_conversion_in_small_chunks(cpu, sample, no_bf16_kernel) -> None:
     path, ref = sample
     wf = WeightFile(path, backend=cpu)
     assert wf.dtypes["bias"] == "f32"  # vectors are held in f32
@@ -172,7 +180,7 @@ def test_names_longer_than_ggml_names(cpu, tmp_path) -> None:
         g.compute()  # the error names the weight in full
 
 
-def test_weight_file_from_arrays(cpu) -> None:
+def test_weight_file_from_arrays(cpu, no_bf16_kernel) -> None:
     """Arrays in memory load like a file's tensors, with the same dtype policy."""
     arrays = {"m64": RNG.standard_normal((8, 32)), "m16": RNG.standard_normal((8, 32)).astype(np.float16),
               "v32": RNG.standard_normal(32).astype(np.float32), "k": RNG.standard_normal((4, 2, 3, 3))}
@@ -197,3 +205,24 @@ def test_weight_file_from_arrays(cpu) -> None:
     qs.allocate(["m64"], cpu)
     with pytest.raises(ModelFileError, match="q8_0 cannot be made from an array"):
         q.read(qs, ["m64"])
+
+
+def test_float_matrices_held_in_bf16_where_the_cpu_runs_the_kernel(cpu) -> None:
+    """With sdplan's bf16 kernel (AMX or AVX512_BF16) float matrices and conv kernels are held
+    in bf16 on the CPU, vectors in f32; hold_for re-applies the policy, keeping given dtypes."""
+    if G.bf16_cpu_kernel() == "off":
+        pytest.skip("this CPU runs no bf16 kernel")
+    arrays = {"m64": RNG.standard_normal((8, 32)), "m16": RNG.standard_normal((8, 32)).astype(np.float16),
+              "v32": RNG.standard_normal(32).astype(np.float32), "k": RNG.standard_normal((4, 2, 3, 3))}
+    wf = WeightFile.from_arrays(arrays, "net.pth", backend=cpu, dtypes={"m64": "f32"})
+    assert wf.dtypes == {"m64": "f32", "m16": "bf16", "v32": "f32", "k": "bf16"}
+    G.set_bf16_kernel("off")
+    try:
+        wf.hold_for(cpu)
+        assert wf.dtypes == {"m64": "f32", "m16": "f16", "v32": "f32", "k": "f32"}
+    finally:
+        G.set_bf16_kernel("auto")
+    store = wf.new_store()
+    store.allocate(list(arrays), cpu)
+    wf.read(store, list(arrays))
+    np.testing.assert_array_equal(values(store, "m16", (8, 32), "f16"), arrays["m16"])
