@@ -251,6 +251,7 @@ Tensor Graph::mul_mat(const Tensor &a, const Tensor &b, std::optional<Tensor> bi
     if (ta->type == GGML_TYPE_BF16 && kern != Bf16Kernel::none && ta->ne[2] == 1 && ta->ne[3] == 1 &&
         ta->ne[0] % 2 == 0 && all_cpu()) {
         // the bf16 kernel: x f32 contiguous, w bf16 contiguous, the bias fused
+        bf16_products = true;
         custom_params.push_back({(int)kern, 0, 1, 1, 0, 0, 1, 1});
         ggml_tensor *args[3] = {to_f32(contig(tb)), contig(ta), tc ? to_f32(contig(tc)) : nullptr};
         return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, ta->ne[1], tb->ne[1], tb->ne[2], tb->ne[3], args,
@@ -457,7 +458,8 @@ Tensor Graph::flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std:
         fail("flash_attn", "incompatible q " + shape_str(q) + ", k " + shape_str(k) + ", v " + shape_str(v) +
                                " (k,v share B, heads and length; q's heads a multiple of k's; head dims equal)");
     const Bf16Kernel kern = bf16_kernel();
-    if (kern != Bf16Kernel::none && max_bias == 0.0f && softcap == 0.0f && all_cpu()) {
+    if (kern != Bf16Kernel::none && (bf16_products || attention_bf16) && max_bias == 0.0f && softcap == 0.0f &&
+        all_cpu()) {
         // sdplan's attention op: bf16 products (AMX or AVX512_BF16), f32 softmax
         auto rows_f32 = [&](ggml_tensor *t) {
             t = t->type == GGML_TYPE_F32 ? t : ggml_cast(ctx->ctx, contig(t), GGML_TYPE_F32);
@@ -632,6 +634,7 @@ Tensor Graph::lower_conv_winograd(const ConvOperands &a) {
 
 // Columns packed in bf16 and multiplied by the bf16 kernel, bias added, in one CPU op.
 Tensor Graph::lower_conv_bf16(const ConvOperands &a) {
+    bf16_products = true;
     custom_params.push_back({(int)bf16_kernel(), 1, a.stride.second, a.stride.first, a.pad.second, a.pad.first,
                              a.dil.second, a.dil.first});
     ggml_tensor *args[3] = {to_f32(contig(a.x)), contig(a.w), a.b ? to_f32(contig(a.b)) : nullptr};

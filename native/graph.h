@@ -144,6 +144,11 @@ struct Graph {
     Tensor conv_columns_result(const ConvOperands &a, ggml_tensor *mm);  // [OW*OH*N, OC] -> (N, OC, OH, OW)
     bool all_cpu() const;
     std::deque<std::array<int, 8>> custom_params;  // userdata of custom CPU ops (stable addresses)
+    // flash_attn runs sdplan's bf16 attention op (on CPU-only graphs, with a bf16 kernel) once
+    // the graph has a bf16 product (its weights are held in bf16: the attention's precision then
+    // follows), or always when attention_bf16 is set (tests, benchmarks).
+    bool bf16_products = false;
+    bool attention_bf16 = false;
     Tensor conv_transpose_2d(const Tensor &w, const Tensor &x, int stride);
     Tensor upscale(const Tensor &a, int factor);
     Tensor interpolate(const Tensor &a, const std::vector<int64_t> &shape, const std::string &mode, bool align_corners);

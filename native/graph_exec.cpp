@@ -426,6 +426,11 @@ void register_graph(nb::module_ &m) {
         .def("output", &Graph::output, nb::arg("name"), nb::arg("x"))
         .def("checkpoint", &Graph::checkpoint, nb::arg("x"),
              "Mark a node where a cancel can stop backends without an abort callback (RPC).")
+        .def_rw("bf16_attention", &Graph::attention_bf16,
+                "Run flash_attn as sdplan's bf16 attention op (CPU-only graphs, a bf16 kernel) even before\n"
+                "the graph has a bf16 product (by default it does only after one: bf16 weights).")
+        .def_prop_ro("bf16_products", [](const Graph &g) { return g.bf16_products; },
+                     "True once a mul_mat or conv_2d of this graph ran the bf16 kernel.")
         .def("mul_mat", &Graph::mul_mat, nb::arg("a"), nb::arg("b"), nb::arg("bias") = nb::none(),
              "b @ a.T (+ bias): a (..., M, K), b (..., N, K) -> (..., N, M); bias (M,) added per column.\n"
              "A 2-D bf16 a on a graph whose backends are all CPUs runs sdplan's bf16 kernel (AMX or\n"

@@ -207,6 +207,7 @@ def test_flash_attn_matches_reference(mgr, kernel, b, hq, hk, nq, nk, d, masked,
         mask[:, 0] = 0.0  # every row keeps a key
     scale = 1.0 / math.sqrt(d)
     g = gr.new_graph([mgr.get("CPU")], n_threads=threads)
+    g.bf16_attention = True  # without a bf16 product before it, only when asked
     qi, ki, vi = g.input("q", q.shape), g.input("k", k.shape), g.input("v", v.shape)
     mi = g.input("m", mask.shape) if mask is not None else None
     g.output("o", gr.attention(g, qi, ki, vi, mi, scale, flash=True))
@@ -220,6 +221,25 @@ def test_flash_attn_matches_reference(mgr, kernel, b, hq, hk, nq, nk, d, masked,
     assert o.shape == ref.shape
     err = float(np.max(np.abs(o - ref)))
     assert err <= 2e-2 * float(np.max(np.abs(v))), err
+
+
+@pytest.mark.parametrize("with_product", [False, True])
+def test_attention_follows_the_graphs_products(mgr, kernel, with_product) -> None:
+    """flash_attn runs the bf16 attention op only once the graph has a bf16 product (weights held
+    in bf16); an f32 model keeps ggml's flash attention and its precision."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 2, 20, 64)).astype(np.float32)
+    w = bf16(rng.standard_normal((64, 64)).astype(np.float32) * 0.1)
+    g = gr.new_graph([mgr.get("CPU")], n_threads=1)
+    qi, wi = g.input("q", q.shape), g.input("w", w.shape)
+    qq = gr.linear(g, qi, g.cast(wi, "bf16") if with_product else wi)
+    g.output("o", gr.attention(g, qq, qq, qq, flash=True))
+    g.set_input("q", q)
+    g.set_input("w", w)
+    ops = _ops(g.profile())
+    on = kernel != "off" and with_product
+    assert g.bf16_products is on
+    assert ("CUSTOM" in ops) is on and ("FLASH_ATTN_EXT" in ops) is not on, ops
 
 
 def _gelu_ref(x: np.ndarray, approximate: bool) -> np.ndarray:
@@ -296,5 +316,6 @@ def test_weights_held_in_bf16_only_where_the_kernel_runs(mgr, kernel) -> None:
     on = kernel != "off"
     for shape in ((320, 768), (320, 320, 3, 3)):
         info = TensorInfo("w", "F16", shape, 0, 0, "m.safetensors")
-        assert runtime_dtype(info, cpu) == ("bf16" if on else "f16")
-    assert runtime_dtype(TensorInfo("b", "F16", (320,), 0, 0, "m.safetensors"), cpu) == "f32"
+        assert runtime_dtype(info, cpu, bf16=True) == ("bf16" if on else "f16")
+        assert runtime_dtype(info, cpu) == "f16"  # only for a module that asks
+    assert runtime_dtype(TensorInfo("b", "F16", (320,), 0, 0, "m.safetensors"), cpu, bf16=True) == "f32"

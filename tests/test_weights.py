@@ -214,12 +214,15 @@ def test_float_matrices_held_in_bf16_where_the_cpu_runs_the_kernel(cpu) -> None:
         pytest.skip("this CPU runs no bf16 kernel")
     arrays = {"m64": RNG.standard_normal((8, 32)), "m16": RNG.standard_normal((8, 32)).astype(np.float16),
               "v32": RNG.standard_normal(32).astype(np.float32), "k": RNG.standard_normal((4, 2, 3, 3))}
+    arrays["k16"] = arrays["k"].astype(np.float16)
     wf = WeightFile.from_arrays(arrays, "net.pth", backend=cpu, dtypes={"m64": "f32"})
-    assert wf.dtypes == {"m64": "f32", "m16": "bf16", "v32": "f32", "k": "bf16"}
+    assert wf.dtypes == {"m64": "f32", "m16": "f16", "v32": "f32", "k": "f32", "k16": "f16"}  # not asked
+    wf.hold_for(cpu, bf16=True)
+    assert wf.dtypes == {"m64": "f32", "m16": "bf16", "v32": "f32", "k": "f32", "k16": "bf16"}  # f32 stays
     G.set_bf16_kernel("off")
     try:
-        wf.hold_for(cpu)
-        assert wf.dtypes == {"m64": "f32", "m16": "f16", "v32": "f32", "k": "f32"}
+        wf.hold_for(cpu, bf16=True)
+        assert wf.dtypes == {"m64": "f32", "m16": "f16", "v32": "f32", "k": "f32", "k16": "f16"}
     finally:
         G.set_bf16_kernel("auto")
     store = wf.new_store()

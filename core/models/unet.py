@@ -239,6 +239,11 @@ class UNetGraph(WholeGraph):
     ``y`` ``(N, C_out, H, W)``. ``names``: checkpoint name -> store name of every UNet weight.
     """
 
+    #: On a CPU running sdplan's bf16 kernel the UNet's f16/bf16 weights are held in bf16
+    #: (ModuleRunner; tests/test_bf16_kernels.py; this module's diffusers fixtures hold at their
+    #: tolerances with it).
+    cpu_bf16 = True
+
     def __init__(self, cfg: UNetConfig, names: Mapping[str, str]) -> None:
         self.cfg, self.names = cfg, dict(names)
 

@@ -180,6 +180,11 @@ class VaeGraph(WholeGraph):
     gives ``mean`` ``(N, C, H/8, W/8)``. ``names``: checkpoint name -> store name.
     """
 
+    #: On a CPU running sdplan's bf16 kernel the VAE's f16/bf16 weights are held in bf16
+    #: (ModuleRunner; tests/test_bf16_kernels.py; this module's diffusers fixtures hold at their
+    #: tolerances with it).
+    cpu_bf16 = True
+
     def __init__(self, cfg: VaeConfig, names: Mapping[str, str]) -> None:
         self.cfg, self.names = cfg, dict(names)
 

@@ -10,9 +10,10 @@ released), converting dtypes the backend cannot consume.
 Tensors may also come from numpy arrays in memory (:meth:`WeightFile.from_arrays`), written
 into the buffers with ``WeightStore.set_data``.
 
-Dtype policy (:func:`runtime_dtype`): vectors (biases, norm weights) become f32; on a CPU that
-runs sdplan's bf16 kernel (AMX or AVX512_BF16, :func:`cpu_bf16`) float matrices and conv kernels
-(f32, f16, bf16) become bf16; otherwise conv kernels (4-D) f16 unless already f32, and matrices
+Dtype policy (:func:`runtime_dtype`): vectors (biases, norm weights) become f32; for a module
+that declares bf16 fit (a model class with ``cpu_bf16 = True``: UNet, VAE, CLIP) run by CPUs
+that all run sdplan's bf16 kernel (AMX or AVX512_BF16, :func:`cpu_bf16`), 16-bit float matrices
+and conv kernels (f16, bf16 in the file) become bf16 (f32 files keep f32); otherwise conv kernels (4-D) f16 unless already f32, and matrices
 keep the file dtype when the backend multiplies it, otherwise f32 (bf16, f64) or f16 (quantized
 kernels ggml cannot run there). A :class:`~sdplan.core.runtime.runner.ModuleRunner` applies the
 policy for the device its module runs on (:meth:`WeightFile.hold_for`).
@@ -61,8 +62,10 @@ def cpu_bf16(backend: Any | None) -> bool:
     return ng.device_type(backend.device_name) == "cpu" and ng.bf16_kernel() != "off"
 
 
-def runtime_dtype(info: TensorInfo, backend: Any | None = None) -> str:
-    """The dtype a tensor is held in on ``backend`` (None: keep what ggml can hold).
+def runtime_dtype(info: TensorInfo, backend: Any | None = None, bf16: bool = False) -> str:
+    """The dtype a tensor is held in on ``backend`` (None: keep what ggml can hold); ``bf16``:
+    the module may hold its 16-bit float matrices and conv kernels in bf16 when ``backend`` is
+    a CPU running sdplan's bf16 kernel (:func:`cpu_bf16`).
 
     Raises ModelFileError for dtypes ggml has no conversion from (integers other than i32).
     """
@@ -75,7 +78,7 @@ def runtime_dtype(info: TensorInfo, backend: Any | None = None) -> str:
         return dt
     if len(info.shape) <= 1:
         return "f32"
-    if dt in ("f32", "f16", "bf16") and len(info.shape) in (2, 4) and cpu_bf16(backend):
+    if bf16 and dt in ("f16", "bf16") and len(info.shape) in (2, 4) and cpu_bf16(backend):
         return "bf16"
     if len(info.shape) == 4:
         return dt if dt in ("f32", "f16") else "f16"
@@ -116,13 +119,13 @@ class WeightFile:
         #: still have them (not those given in ``dtypes`` or set later).
         self._policy = {n: d for n, d in self.dtypes.items() if not (dtypes or {}).get(n)}
 
-    def hold_for(self, backend: Any) -> None:
+    def hold_for(self, backend: Any, bf16: bool = False) -> None:
         """Hold the tensors in the dtypes of :func:`runtime_dtype` for ``backend`` (the device
-        the module runs on), except those whose dtype was given or set explicitly. Call
-        before :meth:`new_store`."""
+        the module runs on) and ``bf16``, except those whose dtype was given or set explicitly.
+        Call before :meth:`new_store`."""
         for n, d in self._policy.items():
             if self.dtypes[n] == d:
-                self.dtypes[n] = self._policy[n] = runtime_dtype(self.infos[n], backend)
+                self.dtypes[n] = self._policy[n] = runtime_dtype(self.infos[n], backend, bf16)
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, Any], label: str | Path, names: Iterable[str] | None = None,
