@@ -1,0 +1,101 @@
+"""The SD modules that hold their weights in bf16 on CPUs running sdplan's bf16 kernel (UNet,
+VAE, CLIP: ``cpu_bf16 = True``) against the diffusers/transformers references of the tiny
+fixtures, with the weights held as ModuleRunner holds them (``WeightFile.hold_for(cpu,
+bf16=True)``), on every kernel path this CPU runs (AMX, AVX512_BF16, off: f16 as before).
+
+Tolerance, max abs error / max |reference|: ``off`` (f16 weights, as before) the f16 tests'
+own 5e-3 (test_models_clip's ``REL_TOL``); with the bf16 kernel 2e-2 (``BF16_REL_TOL``).
+Measured (sd1 / sd2, AMX and AVX512_BF16 alike): UNet 1.3-1.4e-2 / 7.2e-3, VAE decode
+1.2-1.25e-2 / 7.3e-3, CLIP 4.9e-3 / 5.0e-3; the f16 path: UNet 6.9e-4 / 6.2e-4, VAE 9.6e-4 /
+9.2e-4, CLIP 5.3e-4 / 5.0e-4. bf16 keeps 8 significant bits against f16's 11:
+weights and activations rounded to bf16 carry about 8x f16's rounding error, and the UNet's
+residual stream accumulates it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+G = pytest.importorskip("sdplan._ggml")
+from safetensors.numpy import load_file  # noqa: E402
+from sdplan.core.modelfiles.checkpoint import read_model_files  # noqa: E402
+from sdplan.core.models import clip, unet, vae  # noqa: E402
+from sdplan.core.pipelines.sd import module_weight_file  # noqa: E402
+from sdplan.core.runtime import graph as gr  # noqa: E402
+from test_bf16_kernels import kernel, mgr  # noqa: E402,F401  (fixtures)
+from test_models_clip import FIX, assert_close  # noqa: E402
+
+BF16_REL_TOL = 2e-2
+
+
+def tol(kernel_name: str) -> float:
+    """The test's tolerance for the kernel path (see the module docstring)."""
+    return 5e-3 if kernel_name == "off" else BF16_REL_TOL
+
+
+def held(cpu, family: str, module: str, kernel_name: str):
+    """The module's tensors read into one CPU buffer in the dtypes ModuleRunner holds them."""
+    ms = read_model_files({"model": [FIX / f"{family}_tiny.safetensors"]})
+    wf, names = module_weight_file(ms, module)
+    wf.hold_for(cpu, bf16=True)
+    kinds = set(wf.dtypes.values())
+    assert ("bf16" in kinds) == (kernel_name != "off"), kinds
+    store = wf.new_store()
+    buf = store.allocate(list(wf.infos), cpu)
+    wf.read(store, list(wf.infos))
+    return {n: store.tensor(s) for n, s in names.items()}, buf, store
+
+
+@pytest.mark.parametrize("family", ["sd1", "sd2"])
+def test_unet_in_bf16_matches_diffusers(mgr, kernel, family) -> None:
+    cpu = mgr.get("CPU")
+    w, buf, _ = held(cpu, family, "diffusion", kernel)
+    ref = load_file(str(FIX / f"{family}_ref.safetensors"))
+    cfg = unet.unet_config(w, family, head_dim=8 if family == "sd2" else None)
+    g = gr.new_graph([cpu])
+    x, t, c = g.input("x", (1, 4, 8, 8)), g.input("t", (1,)), g.input("c", (1, 77, 16))
+    g.output("y", unet.unet(g, w, x, t, c, cfg))
+    g.set_input("x", ref["unet_x"])
+    g.set_input("t", ref["unet_t"])
+    g.set_input("c", ref["context_cond"])
+    g.compute()
+    assert g.bf16_products is (kernel != "off")
+    assert_close(g.get_output("y"), ref["unet_out"], tol(kernel))
+    buf.free()
+
+
+@pytest.mark.parametrize("family", ["sd1", "sd2"])
+def test_vae_in_bf16_matches_diffusers(mgr, kernel, family) -> None:
+    cpu = mgr.get("CPU")
+    w, buf, _ = held(cpu, family, "vae", kernel)
+    ref = load_file(str(FIX / f"{family}_ref.safetensors"))
+    cfg = vae.vae_config(w)
+    z = ref["vae_decode_in"]
+    g = gr.new_graph([cpu])
+    g.output("img", vae.vae_decode(g, w, g.input("z", z.shape), cfg))
+    g.set_input("z", np.ascontiguousarray(z, dtype=np.float32))
+    g.compute()
+    assert g.bf16_products is (kernel != "off")
+    assert_close(g.get_output("img"), ref["vae_decode_out"], tol(kernel))
+    buf.free()
+
+
+@pytest.mark.parametrize("family", ["sd1", "sd2"])
+def test_clip_in_bf16_matches_transformers(mgr, kernel, family) -> None:
+    cpu = mgr.get("CPU")
+    w, buf, _ = held(cpu, family, "te", kernel)
+    ref = load_file(str(FIX / f"{family}_ref.safetensors"))
+    cfg = clip.clip_config(w, n_heads=2)
+    assert cfg.layout == json.loads((FIX / "fixture_configs.json").read_text())[family]["clip_layout"]
+    g = gr.new_graph([cpu])
+    ids, mask = g.input("ids", (1, 77), "i32"), g.input("mask", (77, 77))
+    g.output("h", clip.clip_text(g, w, ids, mask, cfg, 1, True))
+    g.set_input("ids", ref["clip_input_ids"].astype(np.int32))
+    g.set_input("mask", clip.causal_mask(77))
+    g.compute()
+    assert g.bf16_products is (kernel != "off")
+    assert_close(g.get_output("h"), ref["clip_last_hidden_state"], tol(kernel))
+    buf.free()
