@@ -46,7 +46,11 @@ def mgr():
 
 @pytest.fixture(params=ORDER)
 def kernel(request):
-    name = request.param
+    yield from kernel_path(request.param)
+
+
+def kernel_path(name: str):
+    """Fixture body: use the bf16 kernel ``name`` (skip when this CPU cannot run it), then auto."""
     if not _runnable(name):
         pytest.skip(f"this CPU runs the bf16 kernel {CPU_KERNEL!r}, not {name!r}")
     G.set_bf16_kernel(name)

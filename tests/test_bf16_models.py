@@ -25,10 +25,22 @@ from sdplan.core.modelfiles.checkpoint import read_model_files  # noqa: E402
 from sdplan.core.models import clip, unet, vae  # noqa: E402
 from sdplan.core.pipelines.sd import module_weight_file  # noqa: E402
 from sdplan.core.runtime import graph as gr  # noqa: E402
-from test_bf16_kernels import kernel, mgr  # noqa: E402,F401  (fixtures)
+from test_bf16_kernels import ORDER, kernel_path  # noqa: E402
 from test_models_clip import FIX, assert_close  # noqa: E402
 
 BF16_REL_TOL = 2e-2
+
+
+@pytest.fixture(scope="module")
+def mgr():
+    m = G.BackendManager(2)
+    yield m
+    m.close()
+
+
+@pytest.fixture(params=ORDER)
+def kernel(request):
+    yield from kernel_path(request.param)
 
 
 def tol(kernel_name: str) -> float:
