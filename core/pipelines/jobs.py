@@ -38,14 +38,8 @@ from typing import Any
 import numpy as np
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_model_files
-from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
-from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
-from sdplan.core.pipelines.flux2 import KleinModels, KleinPipeline, load_ref_image
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
-from sdplan.core.pipelines.tae import Tae
-from sdplan.core.pipelines.upscale import Upscaler
-from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.runtime.devices import live_inventory
@@ -198,6 +192,8 @@ class _SdSession:
         self.sd = StableDiffusion(dict(files), None, pool, threads, placements=placements, **kw)
         self.tae = None
         if taesd:
+            from sdplan.core.pipelines.tae import Tae  # when used (start-up)
+
             try:
                 self.tae = Tae(taesd, placement=ModulePlacement(placements["vae"].devices[:1]), pool=pool,
                                n_threads=threads)
@@ -213,6 +209,7 @@ class _SdSession:
 
 def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
               placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+    from sdplan.core.pipelines.flux import FluxModels, FluxPipeline  # when used (start-up)
     need = [k for k in ("diffusion_model", "t5xxl", "clip_l", "vae") if not files.get(k)]
     if need:
         raise ModelFileError("<request>", "a Flux run needs --diffusion-model, --t5xxl, --clip_l and --vae; "
@@ -248,6 +245,7 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
 
 def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
                 placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+    from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline  # when used (start-up)
     need = [k for k in ("diffusion_model", "t5xxl", "vae") if not files.get(k)]
     if need:
         raise ModelFileError("<request>", "a Chroma run needs --diffusion-model, --t5xxl and --vae; "
@@ -281,6 +279,7 @@ def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
 
 def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
                 placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+    from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline  # when used (start-up)
     need = [k for k in ("diffusion_model", "llm", "vae") if not files.get(k)]
     if need:
         raise ModelFileError("<request>", "a Z-Image run needs --diffusion-model, --llm and --vae; "
@@ -309,6 +308,11 @@ def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
 
 def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
                placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+    from sdplan.core.pipelines.flux2 import (  # when used (start-up)
+        KleinModels,
+        KleinPipeline,
+        load_ref_image,
+    )
     one = _first(files, "model")  # a single file holding all three
     paths = {k: _first(files, k) or one for k in ("diffusion_model", "llm", "vae")}
     need = [k for k, v in paths.items() if not v]
@@ -349,6 +353,7 @@ def _flux2_dev_run(*_: Any) -> tuple[list[np.ndarray], dict[str, float]]:
 
 def _upscale(ctx: Any, path: str, vae: Any, images: list[np.ndarray], repeats: int, threads: int) -> list[np.ndarray]:
     """Upscale uint8 images with the ESRGAN file on the VAE's main device (resident weights)."""
+    from sdplan.core.pipelines.upscale import Upscaler  # when used (start-up)
     with Upscaler(path, placement=ModulePlacement(vae.devices[:1]), pool=ctx.pool(), n_threads=threads) as up:
         up.runner.cancel = ctx.cancel
         return [up.upscale_image(img, repeats) for img in images]
