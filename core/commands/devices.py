@@ -37,8 +37,10 @@ def _feature_line(feat: dict[str, Any]) -> str:
     yes_no = {True: "[green]yes[/]", False: "[red]no[/]"}
     cpu = " ".join(k for k, v in feat["cpu_features"].items() if v not in ("", "0")
                    and k != "LLAMAFILE")
+    bf16 = feat.get("bf16_kernel", "off")
+    kernel = "off (f16 weights, ggml's products)" if bf16 == "off" else f"{bf16} (UNet, VAE, CLIP in bf16)"
     return (f"ggml {feat['ggml_version']} · RPC {yes_no[feat['rpc']]} · "
-            f"llamafile {yes_no[feat['llamafile']]} · CPU {cpu or '-'}")
+            f"llamafile {yes_no[feat['llamafile']]} · CPU {cpu or '-'} · sdplan bf16 kernel {kernel}")
 
 
 def render_table(inv: Inventory, feat: dict[str, Any],

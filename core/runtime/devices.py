@@ -50,6 +50,12 @@ CONNECT_TIMEOUT_S = 3.0
 _X86_FAST_PATHS = {"AVX2": ("avx2", "GGML_AVX2"), "FMA": ("fma", "GGML_FMA"),
                    "F16C": ("f16c", "GGML_F16C"), "AVX512": ("avx512f", "GGML_AVX512")}
 
+#: The features ``sdplan devices`` suggests rebuilding ggml for. Not AVX512: built with the
+#: native instruction set (AVX-512 included) stable-diffusion.cpp's ggml 0.19 ran an SD 1.5
+#: step 1.35x slower at 256 px and 1.93x slower at 512 px on an AVX-512 EPYC (issue 20's
+#: measurement), and sdplan's own bf16 kernels use AVX-512/AMX without it.
+_SUGGESTED_FAST_PATHS = ("AVX2", "FMA", "F16C")
+
 
 class RpcError(InventoryError):
     """An RPC server cannot be used: ggml lacks RPC, or the endpoint is bad or unreachable."""
@@ -342,7 +348,9 @@ def features() -> dict[str, Any]:
 
     Returns ``{"ggml_version": str, "rpc": bool, "llamafile": bool,
     "cpu_features": {name: value}, "registries": [str], "cpu_threads": {"default": int,
-    "usable_cpus": int, "reason": str}, "warnings": [str]}``; the CPU features come from the
+    "usable_cpus": int, "reason": str}, "bf16_kernel": str, "warnings": [str]}``;
+    ``bf16_kernel`` is sdplan's CPU bf16 kernel in use (``amx``, ``avx512`` or ``off``; see
+    ``SDPLAN_BF16_KERNEL``): the UNet, VAE and CLIP hold f16 weights in bf16 and run it; the CPU features come from the
     CPU registry's ``ggml_backend_get_features`` proc address; ``cpu_threads`` is the default
     before other programs' load is measured (``generate`` measures it and may use fewer).
     """
@@ -362,7 +370,8 @@ def features() -> dict[str, Any]:
                         f"slower); get them with: {RPC_INSTALL_COMMAND}")
     if platform.machine().lower() in ("x86_64", "amd64"):
         host = _host_cpu_flags()
-        missing = [f for f, (flag, _) in _X86_FAST_PATHS.items() if flag in host and f not in cpu]
+        missing = [f for f, (flag, _) in _X86_FAST_PATHS.items()
+                   if flag in host and f not in cpu and f in _SUGGESTED_FAST_PATHS]
         if missing:
             warnings.append(missing_cpu_features_advice(missing))
     threads = choose_threads(0, measure=False)
@@ -374,6 +383,7 @@ def features() -> dict[str, Any]:
         "registries": [r for r in ng.registry_names() if not r.startswith("RPC[")],
         "cpu_threads": {"default": threads.threads, "usable_cpus": threads.cpus,
                         "reason": threads.reason},
+        "bf16_kernel": str(ng.bf16_kernel()),
         "warnings": warnings,
     }
 
