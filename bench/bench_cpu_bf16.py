@@ -80,7 +80,7 @@ def worker_sdplan(model: Path, threads: int, sizes: list[int]) -> dict[str, floa
     from sdplan.core.pipelines.sd import StableDiffusion
     from sdplan.core.runtime.native import native
 
-    out: dict[str, float] = {"kernel_in_use": 0.0}
+    out: dict[str, float] = {}
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     with StableDiffusion(model, n_threads=threads) as sd:
@@ -91,15 +91,17 @@ def worker_sdplan(model: Path, threads: int, sizes: list[int]) -> dict[str, floa
         out["bf16_weights"] = float(any(d == "bf16" for d in sd.runners["diffusion"].wf.dtypes.values()))
         ids = np.full((1, 77), 49407, np.int32)
         ids[0, :5] = [49406, 320, 1125, 539, 320]
-        out["text"] = once(lambda: sd.encode_ids(ids))
+        with sd.text_session():  # weights stay loaded, as diffusers' do
+            out["text"] = once(lambda: sd.encode_ids(ids))
         with sd.unet_session() as unet:
             for px in sizes:
                 x = rng.standard_normal((2, 4, px // 8, px // 8)).astype(np.float32)
                 ctx = rng.standard_normal((2, 77, 768)).astype(np.float32)
-                out[f"step{px}"] = once(lambda: unet(x, np.float32(500.0), ctx))
-        for px in sizes:
-            z = rng.standard_normal((1, 4, px // 8, px // 8)).astype(np.float32)
-            out[f"decode{px}"] = once(lambda: sd.decode(z))
+                out[f"step{px}"] = once(lambda x=x, ctx=ctx: unet(x, np.float32(500.0), ctx))
+        with sd.runners["vae"].session():
+            for px in sizes:
+                z = rng.standard_normal((1, 4, px // 8, px // 8)).astype(np.float32)
+                out[f"decode{px}"] = once(lambda z=z: sd.decode(z))
     out["kernel"] = native().bf16_kernel()  # type: ignore[assignment]
     out["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
@@ -128,6 +130,7 @@ def main() -> int:
     ap.add_argument("--kernels", default="", help="sdplan kernel paths (default: the CPU's and off)")
     ap.add_argument("--ref-python", default=str(REPO / ".venv-ref/bin/python"))
     ap.add_argument("--shared", default=str(REPO.parent / "shared"))
+    ap.add_argument("--model", help="an SD 1.5-size checkpoint to reuse (default: write one)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.sizes = [int(s) for s in str(a.sizes).split(",")]
@@ -143,15 +146,16 @@ def main() -> int:
     print(f"load average before: {os.getloadavg()}; CPU bf16 kernel: {cpu_kernel}; threads {a.threads}")
     res: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as d:
-        model = Path(d) / "sd15_random.safetensors"
-        write_sd15_checkpoint(model, Path(a.shared))
+        model = Path(a.model) if a.model else Path(d) / "sd15_random.safetensors"
+        if not a.model:
+            write_sd15_checkpoint(model, Path(a.shared))
         file_s = []
         for r in range(a.rounds):
             file_s.append(read_file_s(model))
             order = variants if r % 2 == 0 else variants[::-1]  # interleaved, alternating order
             for v in order:
                 res[v].append(run_variant(v, a, model))
-                print(f"  round {r + 1} {v}: " + ", ".join(
+                print(f"  round {r + 1} {v} (load average {os.getloadavg()[0]:.2f}): " + ", ".join(
                     f"{k} {x:.3f}" for k, x in res[v][-1].items() if isinstance(x, float)), flush=True)
         size_gib = model.stat().st_size / 2**30
     med = {v: {k: statistics.median(float(run[k]) for run in runs) for k in runs[0] if k != "kernel"}

@@ -229,3 +229,30 @@ def test_float_matrices_held_in_bf16_where_the_cpu_runs_the_kernel(cpu) -> None:
     store.allocate(list(arrays), cpu)
     wf.read(store, list(arrays))
     np.testing.assert_array_equal(values(store, "m16", (8, 32), "f16"), arrays["m16"])
+
+
+@pytest.mark.parametrize("n", [1, 31, 33, 4096 + 7])
+def test_f16_weights_read_into_bf16_round_to_nearest_even(cpu, tmp_path, n) -> None:
+    """f16 -> bf16 at load (vectorized where the CPU runs the bf16 kernel, ggml's rows
+    otherwise) equals rounding the exact f32 value to nearest even; lengths hit the 32-value
+    steps and their tails."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(n)
+    a = (rng.standard_normal((2, n)) * 10).astype(np.float16)
+    special = np.array([0.0, -0.0, 65504.0, 6e-8], np.float16)  # signed zero, largest, subnormal
+    a.reshape(-1)[:4] = special[:a.size]
+    path = tmp_path / "h.safetensors"
+    save_file({"w": a}, str(path))
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    want = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)).tobytes()
+    for kernel in ("auto", "off"):
+        G.set_bf16_kernel(kernel)
+        try:
+            wf = WeightFile(path, dtypes={"w": "bf16"})
+            store = wf.new_store()
+            store.allocate(["w"], cpu)
+            wf.read(store, ["w"])
+            assert store.get_bytes("w") == want, kernel
+        finally:
+            G.set_bf16_kernel("auto")
