@@ -130,6 +130,7 @@ def main() -> int:
     ap.add_argument("--kernels", default="", help="sdplan kernel paths (default: the CPU's and off)")
     ap.add_argument("--ref-python", default=str(REPO / ".venv-ref/bin/python"))
     ap.add_argument("--shared", default=str(REPO.parent / "shared"))
+    ap.add_argument("--no-ref", action="store_true", help="sdplan's kernel paths only (ratios to the first)")
     ap.add_argument("--model", help="an SD 1.5-size checkpoint to reuse (default: write one)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -142,7 +143,7 @@ def main() -> int:
 
     cpu_kernel = native().bf16_cpu_kernel()
     kernels = a.kernels.split(",") if a.kernels else ([cpu_kernel] if cpu_kernel != "off" else []) + ["off"]
-    variants = [f"sdplan-{k}" for k in kernels] + ["diffusers-fp32", "diffusers-bf16"]
+    variants = [f"sdplan-{k}" for k in kernels] + ([] if a.no_ref else ["diffusers-fp32", "diffusers-bf16"])
     print(f"load average before: {os.getloadavg()}; CPU bf16 kernel: {cpu_kernel}; threads {a.threads}")
     res: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as d:
@@ -162,9 +163,11 @@ def main() -> int:
            for v, runs in res.items()}
     read_s = statistics.median(file_s)
     keys = ["text"] + [f"{p}{px}" for px in a.sizes for p in ("step", "decode")]
-    best_ref = {k: min(med["diffusers-fp32"][k], med["diffusers-bf16"][k]) for k in keys}
+    refs = [v for v in variants if v.startswith("diffusers")] or variants[:1]
+    best_ref = {k: min(med[v][k] for v in refs) for k in keys}
     print(f"\nload average after: {os.getloadavg()}")
-    print(f"medians of {a.rounds} interleaved processes, seconds (ratio to diffusers' best dtype)")
+    print(f"medians of {a.rounds} interleaved processes, seconds (ratio to "
+          f"{'diffusers best dtype' if not a.no_ref else variants[0]})")
     head = f"{'':10}" + "".join(f"{v:>22}" for v in variants)
     print(head)
     for k in keys:

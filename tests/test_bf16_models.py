@@ -111,3 +111,24 @@ def test_clip_in_bf16_matches_transformers(mgr, kernel, family) -> None:
     assert g.bf16_products is (kernel != "off")
     assert_close(g.get_output("h"), ref["clip_last_hidden_state"], tol(kernel))
     buf.free()
+
+
+@pytest.mark.parametrize("kernel_name", ORDER)
+def test_runner_holds_bf16_where_the_module_measured_faster(mgr, kernel_name) -> None:
+    """UNet and CLIP take bf16 with AMX and AVX512_BF16, the VAE with AMX only (its f16 Winograd
+    path measured faster with AVX512_BF16 alone)."""
+    from types import SimpleNamespace
+
+    from sdplan.core.runtime.runner import BackendPool, ModulePlacement, ModuleRunner
+
+    assert unet.UNetGraph.cpu_bf16_kernels == ("amx", "avx512") == clip.ClipGraph.cpu_bf16_kernels
+    assert vae.VaeGraph.cpu_bf16_kernels == ("amx",)
+    for _ in kernel_path(kernel_name):
+        ms = read_model_files({"model": [FIX / "sd1_tiny.safetensors"]})
+        for module, graph_cls in (("diffusion", unet.UNetGraph), ("vae", vae.VaeGraph)):
+            wf, _ = module_weight_file(ms, module)
+            model = SimpleNamespace(n_blocks=0, cpu_bf16_kernels=graph_cls.cpu_bf16_kernels,
+                                    other_tensors=lambda: [], block_tensors=lambda i: [])
+            r = ModuleRunner(model, wf, ModulePlacement(("CPU",)), BackendPool(mgr))
+            assert ("bf16" in set(r.wf.dtypes.values())) == (kernel_name in graph_cls.cpu_bf16_kernels)
+            r.release()

@@ -217,10 +217,11 @@ class ClipGraph:
     Raises ValueError for ``clip_skip`` outside 1..n_layers.
     """
 
-    #: On a CPU running sdplan's bf16 kernel the CLIP's f16/bf16 weights are held in bf16
-    #: (ModuleRunner; tests/test_bf16_kernels.py; this module's diffusers fixtures hold at their
-    #: tolerances with it).
-    cpu_bf16 = True
+    #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16
+    #: weights are held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16.py (1 thread,
+    #: medians of 3 interleaved processes), text encoding took 0.39x (AMX) and 0.67x (AVX512_BF16) the f16 path's time.
+    #: Accuracy: tests/test_bf16_models.py.
+    cpu_bf16_kernels: tuple[str, ...] = ("amx", "avx512")
 
     def __init__(self, cfg: ClipConfig, names: Mapping[str, str], clip_skip: int = 1,
                  final_ln: bool = True) -> None:

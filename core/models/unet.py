@@ -239,10 +239,11 @@ class UNetGraph(WholeGraph):
     ``y`` ``(N, C_out, H, W)``. ``names``: checkpoint name -> store name of every UNet weight.
     """
 
-    #: On a CPU running sdplan's bf16 kernel the UNet's f16/bf16 weights are held in bf16
-    #: (ModuleRunner; tests/test_bf16_kernels.py; this module's diffusers fixtures hold at their
-    #: tolerances with it).
-    cpu_bf16 = True
+    #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16
+    #: weights are held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16.py (1 thread,
+    #: medians of 3 interleaved processes), an SD 1.5-size step took 0.24x (AMX) and 0.70x (AVX512_BF16) the f16 path's time.
+    #: Accuracy: tests/test_bf16_models.py.
+    cpu_bf16_kernels: tuple[str, ...] = ("amx", "avx512")
 
     def __init__(self, cfg: UNetConfig, names: Mapping[str, str]) -> None:
         self.cfg, self.names = cfg, dict(names)

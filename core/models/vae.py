@@ -180,10 +180,11 @@ class VaeGraph(WholeGraph):
     gives ``mean`` ``(N, C, H/8, W/8)``. ``names``: checkpoint name -> store name.
     """
 
-    #: On a CPU running sdplan's bf16 kernel the VAE's f16/bf16 weights are held in bf16
-    #: (ModuleRunner; tests/test_bf16_kernels.py; this module's diffusers fixtures hold at their
-    #: tolerances with it).
-    cpu_bf16 = True
+    #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16
+    #: weights are held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16.py (1 thread,
+    #: medians of 3 interleaved processes), a 256 px decode took 0.27x the f16/Winograd path's time with AMX but 1.63x with AVX512_BF16 alone.
+    #: Accuracy: tests/test_bf16_models.py.
+    cpu_bf16_kernels: tuple[str, ...] = ("amx",)
 
     def __init__(self, cfg: VaeConfig, names: Mapping[str, str]) -> None:
         self.cfg, self.names = cfg, dict(names)

@@ -350,7 +350,8 @@ def features() -> dict[str, Any]:
     "cpu_features": {name: value}, "registries": [str], "cpu_threads": {"default": int,
     "usable_cpus": int, "reason": str}, "bf16_kernel": str, "warnings": [str]}``;
     ``bf16_kernel`` is sdplan's CPU bf16 kernel in use (``amx``, ``avx512`` or ``off``; see
-    ``SDPLAN_BF16_KERNEL``): the UNet, VAE and CLIP hold f16 weights in bf16 and run it; the CPU features come from the
+    ``SDPLAN_BF16_KERNEL``): the modules measured faster with it hold f16 weights in bf16 and
+    run it (``cpu_bf16_kernels`` of their model class); the CPU features come from the
     CPU registry's ``ggml_backend_get_features`` proc address; ``cpu_threads`` is the default
     before other programs' load is measured (``generate`` measures it and may use fewer).
     """

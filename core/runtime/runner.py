@@ -33,7 +33,7 @@ from sdplan.core.errors import EngineError
 from sdplan.core.runtime import graph as gr
 from sdplan.core.runtime.devices import BackendManager
 from sdplan.core.runtime.native import native
-from sdplan.core.runtime.weights import WeightFile, cpu_bf16
+from sdplan.core.runtime.weights import WeightFile, bf16_kernel, cpu_bf16
 
 log = logging.getLogger(__name__)
 
@@ -207,10 +207,10 @@ class ModuleRunner:
             self.mode = "runtime"  # params on the only runtime device: follows runtime
         self.segmented = len(placement.devices) == 1 and placement.budget > 0 and model.n_blocks > 0
         held_on = list(placement.devices) + ([placement.params_device] if placement.params_device else [])
-        if getattr(model, "cpu_bf16", False) and all(cpu_bf16(pool.get(d)) for d in held_on):
-            # a model that declares bf16 fit (``cpu_bf16 = True``: its reference fixtures hold at
-            # their tolerances with it) on CPUs that all run the bf16 kernel: one dtype policy for
-            # every device, so a split across CPUs computes what one CPU does
+        if bf16_kernel() in getattr(model, "cpu_bf16_kernels", ()) and all(cpu_bf16(pool.get(d)) for d in held_on):
+            # the model measured faster with this CPU's bf16 kernel (``cpu_bf16_kernels``) and
+            # every device runs it: one dtype policy for all of them, so a split across CPUs
+            # computes what one CPU does
             weights.hold_for(pool.get(self.main), bf16=True)
         self.rt = weights.new_store()
         self.params: Any = None

@@ -11,8 +11,8 @@ Tensors may also come from numpy arrays in memory (:meth:`WeightFile.from_arrays
 into the buffers with ``WeightStore.set_data``.
 
 Dtype policy (:func:`runtime_dtype`): vectors (biases, norm weights) become f32; for a module
-that declares bf16 fit (a model class with ``cpu_bf16 = True``: UNet, VAE, CLIP) run by CPUs
-that all run sdplan's bf16 kernel (AMX or AVX512_BF16, :func:`cpu_bf16`), 16-bit float matrices
+whose model class lists this CPU's bf16 kernel in ``cpu_bf16_kernels`` (UNet and CLIP: AMX and
+AVX512_BF16; VAE: AMX), run by CPUs that all run sdplan's bf16 kernel (AMX or AVX512_BF16, :func:`cpu_bf16`), 16-bit float matrices
 and conv kernels (f16, bf16 in the file) become bf16 (f32 files keep f32); otherwise conv kernels (4-D) f16 unless already f32, and matrices
 keep the file dtype when the backend multiplies it, otherwise f32 (bf16, f64) or f16 (quantized
 kernels ggml cannot run there). A :class:`~sdplan.core.runtime.runner.ModuleRunner` applies the
@@ -51,15 +51,19 @@ def cpu_bf16(backend: Any | None) -> bool:
     (``sdplan._ggml.bf16_kernel()`` is ``amx`` or ``avx512``): matrix products and
     convolutions with bf16 weights then run it (native/kernels/bf16_gemm.cpp).
 
-    The rule is measured (bench/bench_ops.py --bf16, 1 thread, SD 1.5 sizes, f32 activations
-    rounded to bf16): with AMX the kernel took 0.1-0.3x the time of the f16 weights' paths
-    (ggml's mul_mat with llamafile, the Winograd and im2col convolutions); with AVX512_BF16
-    alone, about 0.5x for linear layers and 0.6-1.0x for convolutions.
+    Which modules hold bf16 weights is measured per module and kernel (their model class's
+    ``cpu_bf16_kernels``; bench/bench_cpu_bf16.py).
     """
     if backend is None:
         return False
     ng = native()
     return ng.device_type(backend.device_name) == "cpu" and ng.bf16_kernel() != "off"
+
+
+def bf16_kernel() -> str:
+    """The CPU bf16 kernel graphs built now use: ``amx``, ``avx512`` or ``off``
+    (``sdplan._ggml.bf16_kernel()``; ``SDPLAN_BF16_KERNEL`` chooses)."""
+    return str(native().bf16_kernel())
 
 
 def runtime_dtype(info: TensorInfo, backend: Any | None = None, bf16: bool = False) -> str:
