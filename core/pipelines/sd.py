@@ -44,9 +44,14 @@ from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule, get_sigma
 from sdplan.core.text.clip_tokenizer import ClipTokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 
-__all__ = ["StableDiffusion", "GenerateParams", "module_weight_file", "model_overrides", "METADATA_KEYS"]
+__all__ = ["StableDiffusion", "GenerateParams", "Cond", "module_weight_file", "model_overrides",
+           "METADATA_KEYS"]
 
 log = logging.getLogger(__name__)
+
+#: The UNet's conditioning inputs besides ``x`` and ``t``: ``c`` the cross-attention context
+#: ``(B, S, D)``, and for SDXL ``vec`` the vector ``(B, adm)``; float32.
+Cond = dict[str, np.ndarray]
 
 #: Optional ``__metadata__`` keys of a safetensors model file (string values) -> the
 #: :class:`StableDiffusion` keyword they set: heads of tiny CLIP / UNet models, the
@@ -164,6 +169,7 @@ class StableDiffusion(Pipeline):
         self.prediction = prediction or ("v" if self.family == "sd2" else "eps")
         self.unet_cfg = unet_m.unet_config(shapes, self.family, unet_heads, unet_head_dim)
         self.vae_cfg = vae_m.vae_config(shapes)
+        self.scale_factor = vae_m.SCALE_FACTOR
         self.tokenizer = ClipTokenizer.for_family(self.family)
         self.schedule = DiscreteSchedule()
         self.placements = module_placements(("te", "diffusion", "vae"), plan, placements)
@@ -234,24 +240,40 @@ class StableDiffusion(Pipeline):
         hidden = apply_prompt_weights(hidden, weights)
         return hidden.reshape(1, -1, hidden.shape[-1]).astype(np.float32)
 
+    def conditioning(self, p: GenerateParams) -> tuple[Cond, Cond | None]:
+        """The UNet's conditioning of ``p``'s prompt and (with CFG) negative prompt:
+        ``{"c": (1, 77*K, D)}`` each, the shorter padded by repeating its last chunk."""
+        with self.text_session(p.clip_skip):
+            cond = self.encode_prompt(p.prompt, p.clip_skip)
+            uncond = self.encode_prompt(p.negative_prompt, p.clip_skip) if p.cfg_scale != 1.0 else None
+        if uncond is not None and uncond.shape != cond.shape:
+            k = max(cond.shape[1], uncond.shape[1])
+            cond, uncond = _pad_chunks(cond, k), _pad_chunks(uncond, k)
+        return {"c": cond}, (None if uncond is None else {"c": uncond})
+
     # ------------------------------------------------------------------ UNet
 
     @contextlib.contextmanager
-    def unet_session(self) -> Iterator[Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]]:
-        """``fn(x, t, context) -> out`` with the UNet's weights in use (graph per shape)."""
+    def unet_session(self) -> Iterator[Callable[[np.ndarray, np.ndarray, Cond], np.ndarray]]:
+        """``fn(x, t, cond) -> out`` with the UNet's weights in use (graph per shape);
+        ``cond`` is the context array or a :data:`Cond` of every conditioning input (``c``,
+        and SDXL's vector ``vec``), one row per latent."""
         runner = self.runners["diffusion"]
         with runner.session():
-            def run(x: np.ndarray, t: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+            def run(x: np.ndarray, t: np.ndarray, cond: Cond | np.ndarray) -> np.ndarray:
                 ts = np.ascontiguousarray(np.broadcast_to(t, (x.shape[0],)), dtype=np.float32)
-                return runner.run({"x": np.ascontiguousarray(x, dtype=np.float32), "t": ts,
-                                   "c": np.ascontiguousarray(ctx, dtype=np.float32)})["y"]
+                ins = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in _as_cond(cond).items()}
+                return runner.run({"x": np.ascontiguousarray(x, dtype=np.float32), "t": ts, **ins})["y"]
             yield run
 
-    def denoiser(self, unet: Callable[..., np.ndarray], cond: np.ndarray, uncond: np.ndarray | None,
-                 cfg_scale: float) -> Denoiser:
+    def denoiser(self, unet: Callable[..., np.ndarray], cond: Cond | np.ndarray,
+                 uncond: Cond | np.ndarray | None, cfg_scale: float) -> Denoiser:
         """A k-diffusion style denoiser (eps or v :func:`~sdplan.core.sampling.schedules.scalings`);
-        with CFG both halves run as one batch: ``u + cfg (c - u)``."""
+        with CFG both halves run as one batch: ``u + cfg (c - u)``. ``cond``/``uncond``: the
+        context ``(1, S, D)`` or a :data:`Cond` of one-row arrays (repeated per latent)."""
         guided = uncond is not None and cfg_scale != 1.0
+        c = _as_cond(cond)
+        u = _as_cond(uncond) if uncond is not None else None
 
         def denoise(x: np.ndarray, sigma: float) -> np.ndarray:
             c_skip, c_out, c_in = scalings(float(sigma), self.prediction)
@@ -259,12 +281,12 @@ class StableDiffusion(Pipeline):
             x_in = (x * c_in).astype(np.float32)
             n = x.shape[0]
             if guided:
-                assert uncond is not None
-                ctx = np.concatenate([np.repeat(cond, n, 0), np.repeat(uncond, n, 0)], 0)
-                out = unet(np.concatenate([x_in, x_in], 0), t, ctx)
+                assert u is not None
+                both = {k: np.concatenate([np.repeat(c[k], n, 0), np.repeat(u[k], n, 0)], 0) for k in c}
+                out = unet(np.concatenate([x_in, x_in], 0), t, both)
                 out = out[n:] + cfg_scale * (out[:n] - out[n:])
             else:
-                out = unet(x_in, t, np.repeat(cond, n, 0))
+                out = unet(x_in, t, {k: np.repeat(v, n, 0) for k, v in c.items()})
             return (x * c_skip + out * c_out).astype(np.float32)
 
         return denoise
@@ -275,7 +297,7 @@ class StableDiffusion(Pipeline):
         """Latent as sampled (``(N, 4, h, w)``, scaled) -> images ``(N, 3, 8h, 8w)`` in [-1, 1].
 
         ``tile`` (latent pixels) decodes in overlapping tiles when the latent is larger."""
-        z = np.ascontiguousarray(latent / vae_m.SCALE_FACTOR, dtype=np.float32)
+        z = np.ascontiguousarray(latent / self.scale_factor, dtype=np.float32)
         runner = self.runners["vae"]
         t0 = time.perf_counter()
         with runner.session():
@@ -324,13 +346,8 @@ class StableDiffusion(Pipeline):
             raise SdplanError(f"-W/-H {p.width}x{p.height}: this model draws sizes that are "
                               f"positive multiples of {f} pixels")
         t0 = time.perf_counter()
-        with self.text_session(p.clip_skip):
-            cond = self.encode_prompt(p.prompt, p.clip_skip)
-            uncond = self.encode_prompt(p.negative_prompt, p.clip_skip) if p.cfg_scale != 1.0 else None
+        cond, uncond = self.conditioning(p)
         self.timings["text_encode"] = time.perf_counter() - t0
-        if uncond is not None and uncond.shape != cond.shape:
-            k = max(cond.shape[1], uncond.shape[1])
-            cond, uncond = _pad_chunks(cond, k), _pad_chunks(uncond, k)
         shape = (p.batch, self.unet_cfg.in_channels, p.height // self.vae_cfg.factor,
                  p.width // self.vae_cfg.factor)
         gen = PhiloxNoise(p.seed)
@@ -361,6 +378,10 @@ class StableDiffusion(Pipeline):
         else:
             images = list(self.decode(latent, vae_tile))
         return [image_to_uint8(im) for im in images]
+
+
+def _as_cond(cond: Cond | np.ndarray) -> Cond:
+    return {"c": cond} if isinstance(cond, np.ndarray) else dict(cond)
 
 
 def _pad_chunks(ctx: np.ndarray, tokens: int) -> np.ndarray:

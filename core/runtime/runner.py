@@ -430,6 +430,8 @@ class ModuleRunner:
             used += sizes[i]
         if cur:
             segs.append(_Seg(cur))
+        if len(segs) == 1 and self.mode == "runtime":
+            segs[0].resident = True  # everything fits the budget: load once, as without one
         log.info("%s: %d segments for budget %d bytes (compute %d, non-block %d)",
                  self.name, len(segs), self.pl.budget, compute, other)
         return segs
