@@ -1,7 +1,9 @@
 """``sdplan generate``: text to image on sdplan's engine, placed by the plan.
 
-SD 1.x / 2.x from a single-file checkpoint (``-m``), or Flux from its files
-(``--diffusion-model --t5xxl --clip_l --vae``; architecture flux-dev / flux-schnell from
+SD 1.x / 2.x from a single-file checkpoint (``-m``), SDXL from its single file or its parts
+(``--diffusion-model --clip_l --clip_g --vae``; ``--force-sdxl-vae-conv-scale`` as in sd-cli),
+or Flux from its files (``--diffusion-model --t5xxl --clip_l --vae``; architecture
+flux-dev / flux-schnell from
 :func:`sdplan.core.modelfiles.checkpoint.read_model_files`). The flags are sd-cli's spellings (``-m -p -n
 -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
 --clip-skip --taesd --upscale-model --upscale-repeats`` and every placement flag), so a pasted
@@ -41,7 +43,7 @@ from sdplan.core.planning.placement import add_placement_arguments, placement_fr
 log = logging.getLogger(__name__)
 #: Model-file flags -> request keys.
 FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "t5xxl", "clip_l": "clip_l",
-              "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
+              "clip_g": "clip_g", "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -52,10 +54,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true",
                    help="use the packaged demo model (-m of the file in sdplan.resources; "
                         "default 128x128, 20 steps, CFG 5, euler)")
-    p.add_argument("--diffusion-model", metavar="PATH", help="Flux diffusion model")
+    p.add_argument("--diffusion-model", metavar="PATH", help="diffusion model alone (Flux DiT, SDXL UNet)")
     p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux)")
-    p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux)")
+    p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux, SDXL)")
+    p.add_argument("--clip_g", metavar="PATH", help="OpenCLIP bigG text encoder (SDXL)")
     p.add_argument("--vae", metavar="PATH", help="VAE / autoencoder file")
+    p.add_argument("--force-sdxl-vae-conv-scale", action="store_true",
+                   help="SDXL: scale the VAE's convolution inputs by 1/32 also with --vae (sd-cli's "
+                        "f16 overflow guard, applied anyway to the checkpoint's own VAE)")
     p.add_argument("--taesd", metavar="PATH",
                    help="TAE (tiny autoencoder): decodes the final image fast, as sd-cli does, and "
                         "the previews during sampling")
@@ -215,7 +221,8 @@ def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, se
             "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")},
             "overrides": {k: v for k, v in overrides.items() if v is not None},
             "previews": bool(args.preview_path),
-            "taesd_decode": bool(args.taesd) and not args.taesd_preview_only}
+            "taesd_decode": bool(args.taesd) and not args.taesd_preview_only,
+            "force_sdxl_vae_conv_scale": bool(getattr(args, "force_sdxl_vae_conv_scale", False))}
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -293,6 +300,8 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
             engine.cancel()
             raise
     log.info("generated in %.2f s: %s", time.perf_counter() - t0, res.get("timings"))
+    for module, n in (res.get("segments") or {}).items():
+        console.print(f"{module}: ran in {n} segments under the --max-vram budget", highlight=False)
     text = generation_text({**req, "clip_skip": args.clip_skip}, files,
                            {"backend": plan.backend, "params_backend": plan.params_backend,
                             "max_vram": plan.max_vram})

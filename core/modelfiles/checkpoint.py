@@ -29,6 +29,7 @@ from pathlib import Path
 
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.readers import TensorFile, TensorInfo, read_tensor_file
+from sdplan.core.modelfiles.stages import stage_bytes
 from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE, flag_for
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
@@ -180,7 +181,9 @@ class ModelSet:
         blocks = tuple(per_block[k] for k in sorted(per_block))
         if module == "te":
             return ModuleProfile(blocks, other, self.encoder_bytes(), self.block_encoder())
-        return ModuleProfile(blocks, other)
+        stages = () if blocks or module != "diffusion" else stage_bytes(
+            (t.info.name, t.info.nbytes) for t in self.module_tensors(module, role))
+        return ModuleProfile(blocks, other, stages=stages)
 
     def profile(self) -> Profile:
         """The planner's profile of this model set, named after the diffusion model's file
@@ -503,8 +506,9 @@ def detect_architecture(ms: ModelSet) -> Architecture:
     -> flux, ``dev`` when a guidance embedder exists else ``schnell``; ``joint_blocks`` (or
     diffusers ``context_embedder`` with ``pos_embed``) -> sd3; a UNet's cross-attention
     context width 768 -> sd1, 1024 -> sd2, 2048 with ``label_emb`` -> sdxl (1280:
-    refiner); another width -> the family a file's ``sdplan.family`` metadata names (sd1 or
-    sd2; scaled-down models such as the demo). Anything else with diffusion tensors is
+    refiner); another width -> the family a file's ``sdplan.family`` metadata names (sd1,
+    sd2, or sdxl with ``label_emb``, a refiner when its text encoders lack clip_l;
+    scaled-down models such as the demo). Anything else with diffusion tensors is
     ``unknown`` but loadable.
     """
     diff = {_local(t.info.name): t.info.shape for t in ms.module_tensors("diffusion")}
@@ -557,11 +561,13 @@ def detect_architecture(ms: ModelSet) -> Architecture:
             return Architecture("sd2", None, tuple(ev))
         # A scaled-down UNet (sdplan's demo model, test models) names its family in the
         # file's metadata, as the pipeline reads it (pipeline.METADATA_KEYS).
-        named = {f.metadata.get("sdplan.family") for f in ms.files} & {"sd1", "sd2"}
-        if len(named) == 1 and not sdxl_emb:
+        named = {f.metadata.get("sdplan.family") for f in ms.files} & {"sd1", "sd2", "sdxl"}
+        if len(named) == 1 and (named == {"sdxl"}) == sdxl_emb:
             family = named.pop()
             ev.append(f"file metadata sdplan.family = {family}")
-            return Architecture(family, None, tuple(ev))
+            te = {t.encoder for t in ms.module_tensors("te")}
+            refiner = family == "sdxl" and bool(te) and "clip_l" not in te
+            return Architecture(family, "refiner" if refiner else None, tuple(ev))
     return Architecture("unknown", None,
                         (f"no known diffusion layout among {len(diff)} tensors; "
                          "loadable by name",))

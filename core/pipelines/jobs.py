@@ -13,12 +13,14 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
   the engine process against its live devices; ``rpc_servers``: endpoints added there;
 - ``overrides``: ``clip_heads``, ``unet_heads``, ``unet_head_dim``, ``prediction``,
   ``flux_heads``, ``flux_axes``, ``t5_length`` (tiny models); ``previews``: send previews
-  (default True);
+  (default True); ``force_sdxl_vae_conv_scale``: sd-cli's flag of that name (SDXL);
 - ``taesd_decode``: decode the final images with the ``taesd`` TAE instead of the VAE
   (sd-cli's ``--taesd`` without ``--taesd-preview-only``; default False: previews only).
 
 Messages: progress ``{"step", "total", "phase"}``, preview ``{"step", "total", "image"}``
-(uint8 (H, W, 3)); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings"}``.
+(uint8 (H, W, 3)); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings",
+"segments"}`` (``segments``: module -> the ``--max-vram`` segments of its last run, for the
+modules that were cut).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_mod
 from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
+from sdplan.core.pipelines.sdxl import StableDiffusionXL
 from sdplan.core.pipelines.tae import Tae
 from sdplan.core.pipelines.upscale import Upscaler
 from sdplan.core.planning.placement import Placement
@@ -97,8 +100,8 @@ def _cached(key: Any, make: Callable[[], Any]) -> Any:
 
 
 def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
-    """Run one request (see the comment above) in this process: SD 1.x/2.x, or Flux when the
-    files are a Flux set. Returns ``{"images", "params", "timings"}``.
+    """Run one request (see the comment above) in this process: SD 1.x/2.x, SDXL, or Flux
+    when the files are a Flux set. Returns ``{"images", "params", "timings", "segments"}``.
 
     Raises:
         ModelFileError / PlanError / EngineError: bad files, placement or devices;
@@ -111,12 +114,16 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
         ctx.add_rpc_servers(rpc)
     core = {k: v for k, v in files.items() if k not in ("taesd", "upscale_model")}
     placements = _placements(req, core)
-    flux = read_model_files(core).architecture.family == "flux"
+    family = read_model_files(core).architecture.family
+    flux = family == "flux"
     seed = int(req.get("seed", 42))
     if seed < 0:
         seed = random.randrange(2**31)
     t0 = time.perf_counter()
     images, timings = (_flux_run if flux else _sd_run)(ctx, req, files, core, placements, seed)
+    obj = _CACHE.get("obj")
+    runners = obj.sd.runners if isinstance(obj, _SdSession) else getattr(obj, "runners", {})
+    segments = {m: r.last_segments for m, r in runners.items() if r.last_segments}
     upscaler = _first(files, "upscale_model")
     if upscaler:
         ctx.progress(phase="upscale")
@@ -125,8 +132,8 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     timings["total"] = time.perf_counter() - t0
     params = {k: req.get(k) for k in ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale",
                                       "sampling_method", "scheduler", "batch_count", "clip_skip")}
-    params.update(seed=seed, architecture="flux" if flux else "sd")
-    return {"images": images, "params": params, "timings": timings}
+    params.update(seed=seed, architecture=family if family in ("flux", "sdxl") else "sd")
+    return {"images": images, "params": params, "timings": timings, "segments": segments}
 
 
 def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Callable[[int, np.ndarray], None] | None]:
@@ -148,10 +155,11 @@ def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], co
     threads = int(req.get("threads") or 0)
     taesd = _first(files, "taesd")
     key = ("sd", repr(sorted(core.items())), repr(sorted(placements.items())), repr(sorted(ov.items())),
-           threads, taesd)
+           threads, taesd, bool(req.get("force_sdxl_vae_conv_scale")))
 
     def make() -> Any:
-        return _SdSession(core, placements, ov, threads, taesd, ctx.pool())
+        return _SdSession(core, placements, ov, threads, taesd, ctx.pool(),
+                          bool(req.get("force_sdxl_vae_conv_scale")))
 
     sess = _cached(key, make)
     sess.sd.set_cancel(ctx.cancel)
@@ -175,9 +183,13 @@ class _SdSession:
     weights resident)."""
 
     def __init__(self, files: Mapping[str, list[str]], placements: Mapping[str, Any], ov: Mapping[str, Any],
-                 threads: int, taesd: str | None, pool: Any) -> None:
+                 threads: int, taesd: str | None, pool: Any, force_vae_conv_scale: bool = False) -> None:
         kw = {k: ov[k] for k in ("clip_heads", "unet_heads", "unet_head_dim", "prediction", "family") if ov.get(k)}
-        self.sd = StableDiffusion(dict(files), None, pool, threads, placements=placements, **kw)
+        if read_model_files(files).architecture.family == "sdxl":
+            self.sd = StableDiffusionXL(dict(files), None, pool, threads, placements=placements,
+                                        force_vae_conv_scale=force_vae_conv_scale, **kw)
+        else:
+            self.sd = StableDiffusion(dict(files), None, pool, threads, placements=placements, **kw)
         self.tae = None
         if taesd:
             try:

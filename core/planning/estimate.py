@@ -7,10 +7,14 @@ Three parts per module and device (bytes):
   the main device); ``device`` puts all of it on the params device; ``disk`` nothing.
 - **staging** (while the module runs): with ``device`` or ``disk`` residency the weights
   are copied to the runtime device(s): each range's blocks to its device plus the non-block
-  bytes to the main device, or the whole module on a single device. With a ``--max-vram``
-  budget on a single runtime device and blocks to cut at, only the non-block bytes plus the
-  largest segment are there at once (segments are packed in block order so that non-block
-  bytes + segment + compute fit the budget; a block larger than that is one segment).
+  bytes to the main device, or the whole module on a single device.
+- **segments**: with a ``--max-vram`` budget on a single runtime device and units to cut at
+  (the blocks, or a UNet's engine stages: input blocks, middle block, output blocks), the
+  engine runs the module in segments packed in order so that the fixed bytes (everything
+  but the units) + segment + compute fit the budget (a unit larger than that is one
+  segment). Only the fixed bytes plus the largest segment are there at once: the fixed
+  bytes are the weights (``runtime``) or staged (``device``/``disk``), the segment is
+  staging. A module that fits in one segment keeps its weights as without a budget.
 - **compute**: the graph's compute buffer, estimated from the architecture below. A split
   module needs it on each of its devices (each runs whole layers).
 
@@ -68,10 +72,15 @@ class ModuleEstimate:
     weights: dict[str, int] = field(default_factory=dict)
     staging: dict[str, int] = field(default_factory=dict)
     compute: dict[str, int] = field(default_factory=dict)
+    #: bytes of each ``--max-vram`` segment, in execution order; empty when not segmented.
+    segments: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, object]:
-        return {"mode": self.mode, "devices": list(self.devices), "weights": self.weights,
-                "staging": self.staging, "compute": self.compute}
+        d: dict[str, object] = {"mode": self.mode, "devices": list(self.devices), "weights": self.weights,
+                                "staging": self.staging, "compute": self.compute}
+        if self.segments:
+            d["segments"] = list(self.segments)
+        return d
 
 
 @dataclass(frozen=True)
@@ -154,15 +163,19 @@ def _fallback(mp: ModuleProfile, pixels: int, batch: int) -> int:
     return mp.total // 4 * pixels * batch // (512 * 512)
 
 
-def _segment_peak(mp: ModuleProfile, budget: int, compute: int) -> int:
-    """Non-block bytes plus the largest budget-packed segment of blocks."""
-    room = budget - mp.other - compute
-    peak = seg = 0
-    for b in mp.blocks:
+def segments(units: tuple[int, ...], fixed: int, budget: int, compute: int) -> list[int]:
+    """Bytes of each segment when ``units`` (blocks or stages, in order) are packed so that
+    ``fixed + segment + compute`` fits ``budget`` (a unit larger than that is one segment),
+    as the engine's runner packs them."""
+    room = budget - fixed - compute
+    out: list[int] = []
+    seg = 0
+    for b in units:
         if seg and seg + b > room:
-            peak, seg = max(peak, seg), 0
+            out.append(seg)
+            seg = 0
         seg += b
-    return mp.other + max(peak, seg)
+    return out + ([seg] if units else [])
 
 
 def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
@@ -212,11 +225,19 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
             if mode == "device" and mplan.params.device:
                 weights = {mplan.params.device: mp.total}
             staging = dict(placed)
-            budget = budgets.get(main, 0)
-            if len(devs) == 1 and budget > 0 and mp.blocks:
-                staging = {main: min(mp.total, _segment_peak(mp, budget, comp))}
+        segs: list[int] = []
+        budget = budgets.get(main, 0)
+        units = mp.blocks or mp.stages
+        if len(devs) == 1 and budget > 0 and units:
+            fixed = mp.total - sum(units)
+            segs = segments(units, fixed, budget, comp)
+            if len(segs) > 1 and mode == "runtime":
+                weights, staging = {main: fixed}, {main: max(segs)}
+            elif len(segs) > 1:
+                staging = {main: fixed + max(segs)}
         compute = {d: comp for d in (devs if mplan.ranges else devs[:1])}
-        mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute)
+        mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute,
+                                    tuple(segs) if len(segs) > 1 else ())
     return _totals(mods, inventory, budgets, width, height, batch)
 
 

@@ -180,6 +180,8 @@ class _Seg:
     graph: Any = None
     devices: list[str] = field(default_factory=list)
     resident: bool = False
+    inputs: dict[str, Any] = field(default_factory=dict)  # input name -> graph tensor
+    carry: dict[str, str] = field(default_factory=dict)  # state key -> input it passes on unchanged
 
 
 class ModuleRunner:
@@ -213,6 +215,8 @@ class ModuleRunner:
         self._segs: dict[tuple, list[_Seg]] = {}
         self._in_session = False
         self.last_peak: dict[str, DeviceMemory] = {}
+        #: segments the last run was cut into (0: not segmented).
+        self.last_segments = 0
         self._peak: dict[str, DeviceMemory] = {}
         for dev, names in self._groups().items():
             self.rt.plan(names, self.pool.get(dev))
@@ -397,9 +401,14 @@ class ModuleRunner:
             self.last_peak = self._peak
         return out
 
-    def _compute(self, g: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _compute(self, g: Any, inputs: Mapping[str, np.ndarray],
+                 tensors: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """Allocate, set ``inputs`` and compute; with ``tensors`` (input name -> graph tensor)
+        inputs the graph does not use are skipped."""
         g.allocate()
         for k, v in inputs.items():
+            if tensors is not None and not tensors[k].resident:
+                continue  # a state entry this segment neither reads nor changes
             g.set_input(k, np.ascontiguousarray(v))
         self._snapshot()
         self.cancel.compute(g)
@@ -456,12 +465,18 @@ class ModuleRunner:
             ins = {k: g.input(k, s, dt) for k, (s, dt) in self.model.input_specs(shapes).items()}
             state = self.model.build_pre(g, w, ins)
         else:
-            state = {k: g.input("state." + k, s, dt) for k, (s, dt) in feed.items()}
+            ins = {"state." + k: g.input("state." + k, s, dt) for k, (s, dt) in feed.items()}
+            state = {k: ins["state." + k] for k in feed}
         for i in seg.blocks:
             state = self.model.build_block(g, w, i, state)
             for t in state.values():
                 g.checkpoint(t)
-        outs = self.model.build_post(g, w, state) if last else {"state." + k: t for k, t in state.items()}
+        seg.inputs = ins
+        by_id = {id(t): n for n, t in ins.items()}
+        # state entries that are this segment's inputs unchanged stay on the host
+        seg.carry = {} if last else {k: by_id[id(t)] for k, t in state.items() if id(t) in by_id}
+        outs = self.model.build_post(g, w, state) if last else {
+            "state." + k: t for k, t in state.items() if k not in seg.carry}
         for k, t in outs.items():
             g.output(k, t)
         g.build()
@@ -470,6 +485,7 @@ class ModuleRunner:
 
     def _run_segments(self, inputs: Mapping[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
         segs = self._segments(shapes)
+        self.last_segments = len(segs)
         feed: dict[str, np.ndarray] = dict(inputs)
         specs: dict[str, tuple[tuple[int, ...], str]] = {}
         for k, seg in enumerate(segs):
@@ -480,14 +496,14 @@ class ModuleRunner:
                 buf = self._fill(names, self.main, keep=seg.resident)
             g = self._segment_graph(seg, k == 0, k == len(segs) - 1, specs, shapes)
             try:
-                out = self._compute(g, feed)
+                out = self._compute(g, feed, seg.inputs)
             finally:
                 g.free_compute()
                 if buf is not None and not seg.resident:
                     self._free(buf)
             if k < len(segs) - 1:
-                feed = {n: v for n, v in out.items()}
+                feed = {**out, **{"state." + key: feed[src] for key, src in seg.carry.items()}}
                 specs = {n[len("state."):]: (tuple(v.shape), {"float32": "f32", "float16": "f16", "int32": "i32"}[
-                    str(v.dtype)]) for n, v in out.items()}
+                    str(v.dtype)]) for n, v in feed.items()}
         return out
 

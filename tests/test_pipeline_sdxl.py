@@ -1,0 +1,249 @@
+"""SDXL on the engine against diffusers, on the tiny base and refiner fixtures
+(``tests/fixtures/make_sdxl_fixtures.py``): tokens, each encoder's hidden states, the pooled
+projection, the context and vector conditioning, the UNet, the VAE and a full CFG run; sd-cli's
+conditioning rules (empty negative prompt, chunks, weights); the separate-file layouts and a
+Q8_0 GGUF UNet as sd-cli writes it; UNet segments under a budget (SDXL and SD 1.x).
+
+Tolerances (max abs error / max |reference|): conditioning, UNet and VAE 5e-3 (fp16 weights,
+f32 activations; measured 3e-4 .. 1e-3); the final latent of the 4-step CFG run 1e-2
+(measured 1e-3); images within 2/255. Segmented runs equal the whole run to 1e-5 (the same
+kernels, graphs cut at stage boundaries). The Q8_0 UNet: 3e-2 of the f16 UNet's output
+(8-bit weights; measured about 5e-3) and images within 8/255.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+G = pytest.importorskip("sdplan._ggml")
+if not hasattr(G, "Graph"):
+    pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
+from sdplan.core.pipelines.results import image_to_uint8  # noqa: E402
+from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion  # noqa: E402
+from sdplan.core.pipelines.sdxl import StableDiffusionXL  # noqa: E402
+from sdplan.core.pipelines.sdxl_conditioner import fourier_embedding, openclip_ids  # noqa: E402
+from sdplan.core.runtime.runner import BackendPool, ModulePlacement  # noqa: E402
+from sdxl_util import BASE, FIX, REFINER, ref, rel_err, split_files, write_unet_gguf  # noqa: E402
+
+W, H = 16, 24
+PROMPT, NEGATIVE = "a photo of a cat", "blurry, low quality"
+TOL = 5e-3
+
+
+@pytest.fixture(scope="module")
+def pool():
+    second = G.init_backend("CPU")
+    second.set_n_threads(2)
+    p = BackendPool(G.BackendManager(2), extra={"CPU1": second})
+    yield p
+    p.manager.close()
+
+
+@pytest.fixture(scope="module")
+def base(pool):
+    with StableDiffusionXL(BASE, pool=pool, n_threads=2) as sd:
+        yield sd
+
+
+@pytest.fixture(scope="module")
+def refiner(pool):
+    with StableDiffusionXL(REFINER, pool=pool, n_threads=2) as sd:
+        yield sd
+
+
+def params(negative: str = NEGATIVE, cfg: float = 5.0) -> GenerateParams:
+    return GenerateParams(PROMPT, negative, W, H, 4, cfg, 1, "euler", "discrete")
+
+
+def test_model_detection(base, refiner) -> None:
+    assert base.family == "sdxl" and not base.refiner and base.prediction == "eps"
+    assert base.ms.architecture.name == "sdxl" and refiner.ms.architecture.name == "sdxl-refiner"
+    assert refiner.refiner and set(refiner.cond.encoders) == {"clip_g"}
+    assert set(base.cond.encoders) == {"clip_l", "clip_g"}
+    assert base.unet_cfg.attention_levels == (1,) and base.unet_cfg.adm_in_channels == 128
+    assert base.cond.fourier_dim == 16 and refiner.cond.fourier_dim == 16
+    assert base.scale_factor == 0.13025
+    assert base.vae_conv_scale == 1 / 32  # the checkpoint's own VAE: sd-cli's conv scale
+
+
+def test_tokens_match_transformers(base) -> None:
+    r = ref()
+    tp = base.tokenizer.tokenize(PROMPT)
+    assert np.array_equal(tp.ids, r["ids_l"])
+    g_ids, eos = openclip_ids(tp.ids[0])
+    assert np.array_equal(g_ids[None], r["ids_g"]) and eos == 6
+    assert np.array_equal(openclip_ids(base.tokenizer.tokenize("").ids[0])[0][None], r["ids_g_empty"])
+
+
+def test_each_encoder_and_the_conditioning_match_diffusers(base) -> None:
+    r = ref()
+    hidden, pooled = base.cond.encode_ids(r["ids_l"])
+    assert rel_err(hidden[..., :16], r["clip_l_penultimate"]) <= TOL
+    assert rel_err(hidden[..., 16:], r["clip_g_penultimate"]) <= TOL
+    assert rel_err(pooled, r["clip_g_pooled"]) <= TOL
+    cond, uncond = base.conditioning(params())
+    assert uncond is not None
+    assert rel_err(cond["c"], r["context_cond"]) <= TOL and rel_err(uncond["c"], r["context_uncond"]) <= TOL
+    assert rel_err(cond["vec"], r["vector_cond"]) <= TOL and rel_err(uncond["vec"], r["vector_uncond"]) <= TOL
+    assert rel_err(cond["vec"][:, :32], r["pooled_cond"]) <= TOL
+    np.testing.assert_allclose(fourier_embedding([H, W, 0, 0, H, W], 16), r["time_embeds"][0], atol=1e-6)
+
+
+def test_empty_negative_prompt_is_a_zero_context_with_its_pooled_embedding(base) -> None:
+    r = ref()
+    cond, uncond = base.conditioning(params(""))
+    assert uncond is not None and uncond["c"].shape == cond["c"].shape and not uncond["c"].any()
+    assert rel_err(uncond["vec"][:, :32], r["clip_g_pooled_empty"]) <= TOL
+    assert base.conditioning(params("", cfg=1.0))[1] is None
+
+
+def test_long_prompts_in_chunks_and_weights(base) -> None:
+    text = "a photo of a cat, " * 20  # 120 tokens: two chunks of 75
+    tp = base.tokenizer.tokenize(text)
+    assert tp.n_chunks == 2
+    ctx, pooled = base.encode_text(text)
+    assert ctx.shape == (1, 154, 48)
+    first, first_pooled = base.cond.encode_ids(tp.ids[:1])
+    np.testing.assert_allclose(ctx[:, :77], first, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pooled, first_pooled, rtol=1e-5, atol=1e-6)  # pooled: chunk 0 only
+    plain = base.encode_prompt(PROMPT)
+    weighted = base.encode_prompt("a photo of a (cat:1.5)")
+    assert not np.allclose(plain, weighted)
+    assert np.isclose(weighted.mean(), plain.mean(), rtol=1e-4)  # sd-cli keeps the chunk's mean
+
+
+def test_refiner_conditioning_matches_diffusers(refiner) -> None:
+    r = ref("sdxl_refiner")
+    tp = refiner.tokenizer.tokenize(PROMPT)
+    assert np.array_equal(openclip_ids(tp.ids[0])[0][None], r["ids_g"])
+    cond, uncond = refiner.conditioning(params())
+    assert uncond is not None and cond["c"].shape == (1, 77, 32)
+    for key, want in (("c", "context"), ("vec", "vector")):
+        assert rel_err(cond[key], r[f"{want}_cond"]) <= TOL
+        assert rel_err(uncond[key], r[f"{want}_uncond"]) <= TOL  # aesthetic score 2.5
+
+
+@pytest.mark.parametrize("name", ["sdxl", "sdxl_refiner"])
+def test_unet_and_vae_match_diffusers(base, refiner, name) -> None:
+    r = ref(name)
+    sd = base if name == "sdxl" else refiner
+    with sd.unet_session() as unet:
+        out = unet(r["unet_x"], r["unet_t"], {"c": r["context_cond"], "vec": r["vector_cond"]})
+    assert rel_err(out, r["unet_out"]) <= TOL
+    assert rel_err(sd.decode(r["vae_decode_in"] * sd.scale_factor), r["vae_decode_out"]) <= TOL
+
+
+@pytest.mark.parametrize("name", ["sdxl", "sdxl_refiner"])
+def test_full_cfg_run_matches_diffusers(base, refiner, name) -> None:
+    r = ref(name)
+    sd = base if name == "sdxl" else refiner
+    latents: list[np.ndarray] = []
+    img = sd.txt2img(params(), on_step=lambda i, n, x: latents.append(x), noise=r["run_noise"],
+                     sigmas=r["run_sigmas"])[0]
+    assert len(latents) == 4 and rel_err(latents[-1], r["run_final_latent"]) <= 1e-2
+    assert np.abs(img.astype(int) - image_to_uint8(r["run_image"][0]).astype(int)).max() <= 2
+
+
+def _unet_inputs(family: str) -> dict[str, np.ndarray]:
+    """A CFG-sized UNet batch (two latents) from the stored references."""
+    from safetensors.numpy import load_file
+
+    r = ref() if family == "sdxl" else load_file(str(FIX / "sd1_ref.safetensors"))
+    ins = {"x": np.concatenate([r["unet_x"]] * 2), "t": np.array([500.0, 17.0], np.float32),
+           "c": np.concatenate([r["context_cond"], r["context_uncond"]])}
+    if family == "sdxl":
+        ins["vec"] = np.concatenate([r["vector_cond"], r["vector_uncond"]])
+    return ins
+
+
+@pytest.mark.parametrize("family", ["sdxl", "sd1"])
+def test_unet_cut_into_segments_under_a_budget(pool, family) -> None:
+    """A UNet (SDXL, and SD 1.x too) runs in stage segments under a small budget, holding
+    less than its weights at once, with the whole run's output."""
+    ins = _unet_inputs(family)
+    shapes = {k: tuple(v.shape) for k, v in ins.items()}
+
+    def make(budget: int):
+        pl = {"diffusion": ModulePlacement(("CPU1",), budget=budget)}
+        if family == "sdxl":
+            return StableDiffusionXL(BASE, pool=pool, n_threads=2, placements=pl)
+        return StableDiffusion(FIX / "sd1_tiny.safetensors", pool=pool, n_threads=2, clip_heads=2, placements=pl)
+
+    def held(runner) -> int:
+        return runner.last_peak["CPU1"].weights + runner.last_peak["CPU1"].staging
+
+    with make(0) as whole:
+        runner = whole.runners["diffusion"]
+        want = runner.run(ins)["y"]
+        stages, held_whole = runner.model.n_blocks, held(runner)
+        cpu1 = pool.get("CPU1")
+        fixed = runner.rt.alloc_size(runner.model.other_tensors(), cpu1) + runner.measure(shapes)["CPU1"]
+        sizes = [runner.rt.alloc_size(runner.model.block_tensors(i), cpu1) for i in range(stages)]
+    assert runner.last_segments == 0 and stages >= 8
+    with make(1) as one_each:  # nothing fits: every stage is a segment
+        runner = one_each.runners["diffusion"]
+        got = runner.run(ins)["y"]
+        assert runner.last_segments == stages and rel_err(got, want) <= 1e-5 and held(runner) < held_whole
+    budget = fixed + max(sizes)  # room for the largest stage, or several smaller ones
+    expect, room = 1, max(sizes)  # greedy packing in stage order, as the runner packs
+    for size in sizes:
+        if room < size:
+            expect, room = expect + 1, max(sizes)
+        room -= size
+    with make(budget) as grouped:
+        runner = grouped.runners["diffusion"]
+        got = runner.run(ins)["y"]
+        assert runner.last_segments == expect and 3 <= expect < stages and rel_err(got, want) <= 1e-5
+    with make(fixed + sum(sizes) + 1) as roomy:  # everything fits: one segment, loaded once
+        runner = roomy.runners["diffusion"]
+        assert rel_err(runner.run(ins)["y"], want) <= 1e-5 and runner.last_segments == 1
+        # the weights stay resident between runs (two buffers: alignment padding only)
+        assert abs(runner.memory()["CPU1"].weights - held_whole) <= 256
+
+
+def test_separate_files_give_the_single_file_picture(pool, tmp_path: Path) -> None:
+    r = ref()
+    flags = split_files(tmp_path)
+    with StableDiffusionXL(flags, pool=pool, n_threads=2) as sd:
+        assert sd.unet_cfg.prefix == "" and sd.cond.encoders["clip_g"].projection[1] == "linear"
+        assert sd.vae_conv_scale == 1.0  # --vae given: no conv scale unless forced
+        cond, uncond = sd.conditioning(params())
+        assert rel_err(cond["c"], r["context_cond"]) <= TOL and rel_err(cond["vec"], r["vector_cond"]) <= TOL
+        img = sd.txt2img(params(), noise=r["run_noise"], sigmas=r["run_sigmas"])[0]
+    assert np.abs(img.astype(int) - image_to_uint8(r["run_image"][0]).astype(int)).max() <= 2
+    with StableDiffusionXL(flags, pool=pool, n_threads=2, force_vae_conv_scale=True) as sd:
+        assert sd.vae_conv_scale == 1 / 32
+        scaled = sd.decode(r["vae_decode_in"] * sd.scale_factor)
+    assert rel_err(scaled, r["vae_decode_out"]) <= TOL
+
+
+@pytest.mark.parametrize("prefix", ["model.diffusion_model.", ""])
+def test_q8_0_gguf_unet_as_sd_cli_writes_it(pool, tmp_path: Path, prefix: str) -> None:
+    flags = split_files(tmp_path)
+    gguf_path = tmp_path / "unet-q8_0.gguf"
+    types = write_unet_gguf(BASE, gguf_path, "q8_0", prefix)
+    assert types[prefix + "input_blocks.3.1.transformer_blocks.0.attn1.to_q.weight"] == "q8_0"
+    assert types[prefix + "input_blocks.1.0.in_layers.0.weight"] == "q8_0"  # 1-D rows of 32 too
+    assert types[prefix + "label_emb.0.0.weight"] == "float16"
+    r = ref()
+    with StableDiffusionXL({**flags, "diffusion_model": [str(gguf_path)]}, pool=pool, n_threads=2) as sd:
+        assert sd.ms.dtype_mix("diffusion").get("Q8_0", 0) > 0
+        with sd.unet_session() as unet:
+            out = unet(r["unet_x"], r["unet_t"], {"c": r["context_cond"], "vec": r["vector_cond"]})
+        assert rel_err(out, r["unet_out"]) <= 3e-2
+        img = sd.txt2img(params(), noise=r["run_noise"], sigmas=r["run_sigmas"])[0]
+    assert np.abs(img.astype(int) - image_to_uint8(r["run_image"][0]).astype(int)).max() <= 8
+
+
+def test_not_an_sdxl_model_set(pool, tmp_path: Path) -> None:
+    from sdplan.core.errors import ModelFileError
+
+    with pytest.raises(ModelFileError, match="no label_emb: not an SDXL UNet"):
+        StableDiffusionXL(FIX / "sd1_tiny.safetensors", pool=pool)
+    flags = split_files(tmp_path)
+    del flags["clip_g"]
+    with pytest.raises(ModelFileError, match="give --clip_g"):
+        StableDiffusionXL(flags, pool=pool)
