@@ -289,7 +289,7 @@ class ClipGraph:
                 or (self.projection and tuple(shapes["eos"]) != (ids[0],))):
             raise ValueError(f"CLIP inputs must be {', '.join(sorted(want))}: ids (B, T<={self.cfg.n_positions}), "
                              f"mask (T, T){', eos (B,)' if self.projection else ''}; got {shapes}")
-        out = {"ids": (ids, "i32"), "mask": (mask, "f32")}
+        out: dict[str, tuple[tuple[int, ...], str]] = {"ids": (ids, "i32"), "mask": (mask, "f32")}
         if self.projection:
             out["eos"] = ((ids[0],), "i32")
         return out

@@ -34,7 +34,11 @@ from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
 from sdplan.core.pipelines.base import Pipeline, module_placements
 from sdplan.core.pipelines.sd import Cond, GenerateParams, StableDiffusion, model_overrides
-from sdplan.core.pipelines.sdxl_conditioner import DEFAULT_AESTHETIC, DEFAULT_NEGATIVE_AESTHETIC, SdxlConditioner
+from sdplan.core.pipelines.sdxl_conditioner import (
+    DEFAULT_AESTHETIC,
+    DEFAULT_NEGATIVE_AESTHETIC,
+    SdxlConditioner,
+)
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.schedules import DiscreteSchedule
 
