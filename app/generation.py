@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 )
 from sdplan.app.controller import PlanController
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
+from sdplan.core.pipelines.sizes import recommended_sizes
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,10 @@ class GenerationPanel(QFrame):
         size.addWidget(QLabel("×"))
         size.addWidget(self.height_box, 1)
         form.addRow("Size", size)
+        self.size_preset = QComboBox()
+        self.size_preset.setToolTip("Sizes the loaded model was trained for")
+        self.size_preset.activated.connect(self._apply_preset)
+        form.addRow("Preset", self.size_preset)
         self.steps = QSpinBox()
         self.steps.setRange(1, 200)
         self.cfg = QDoubleSpinBox()
@@ -238,6 +243,8 @@ class GenerationPanel(QFrame):
         self.prompt.textChanged.connect(self._sync)
         self.negative.textChanged.connect(self._sync)
         controller.modelChanged.connect(self.update_state)
+        controller.modelChanged.connect(self._fill_presets)
+        self._fill_presets()
         controller.planChanged.connect(self._from_controller)
         self._load_history()
         self.update_state()
@@ -260,6 +267,22 @@ class GenerationPanel(QFrame):
             self.prompt.setPlainText(str(g.get("prompt") or ""))
         if self.negative.toPlainText() != str(g.get("negative_prompt") or ""):
             self.negative.setPlainText(str(g.get("negative_prompt") or ""))
+
+    def _fill_presets(self) -> None:
+        """The size presets of the loaded model's family (SDXL's buckets for SDXL)."""
+        prof = self.ctl.profile
+        sizes = recommended_sizes(prof.architecture if prof is not None else None)
+        self.size_preset.clear()
+        self.size_preset.addItem("custom" if sizes else "no presets for this model", None)
+        for w, h in sizes:
+            self.size_preset.addItem(f"{w} × {h}", (w, h))
+        self.size_preset.setEnabled(bool(sizes))
+
+    def _apply_preset(self, index: int) -> None:
+        size = self.size_preset.itemData(index)
+        if size:
+            self.width_box.setValue(size[0])
+            self.height_box.setValue(size[1])
 
     def _from_controller(self, source: str) -> None:
         if source == "load":  # a pasted command or imported plan brings settings
