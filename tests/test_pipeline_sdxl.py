@@ -247,3 +247,32 @@ def test_not_an_sdxl_model_set(pool, tmp_path: Path) -> None:
     del flags["clip_g"]
     with pytest.raises(ModelFileError, match="give --clip_g"):
         StableDiffusionXL(flags, pool=pool)
+
+
+def test_te_split_and_params_placement_from_a_plan(pool) -> None:
+    """A resolved plan: bigG's layers split over CPU1 & CPU2 (ViT-L on the main device), the
+    UNet staged from CPU params, the VAE read from disk: the one-device picture."""
+    from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+    from sdplan.core.planning.inventory import Device, Inventory
+    from sdplan.core.planning.plan import resolve
+
+    gib = 1 << 30
+    inv = Inventory((Device("CPU1", "second CPU backend", "gpu", "TEST", 8 * gib, 8 * gib),
+                     Device("CPU2", "third CPU backend", "gpu", "TEST", 8 * gib, 8 * gib),
+                     Device("CPU", "host", "cpu", "CPU", 16 * gib, 16 * gib)))
+    extra = G.init_backend("CPU")
+    extra.set_n_threads(2)
+    pool.extra["CPU2"] = extra
+    prof = profile_from_model_flags({"model": [BASE]})
+    assert prof.modules["te"].block_encoder == "clip_g" and len(prof.modules["te"].blocks) == 3
+    plan = resolve(["--backend", "CPU1,te=CPU1&CPU2", "--params-backend", "diffusion=CPU,vae=disk"], inv, prof)
+    r = ref()
+    with StableDiffusionXL(BASE, plan, pool, n_threads=2) as sd:
+        img = sd.txt2img(params(), noise=r["run_noise"], sigmas=r["run_sigmas"])[0]
+        g = sd.runners["clip_g"]
+        assert [rg.device for rg in g.pl.ranges] == ["CPU1", "CPU2"] and g.memory()["CPU2"].weights > 0
+        assert sd.runners["clip_l"].pl.devices == ("CPU1",) and "CPU2" not in sd.runners["clip_l"].memory()
+        diff = sd.runners["diffusion"]
+        assert diff.last_peak["CPU1"].staging > 0 and diff.memory()["CPU"].weights > 0
+        assert sd.runners["vae"].memory() == {}
+    assert np.abs(img.astype(int) - image_to_uint8(r["run_image"][0]).astype(int)).max() <= 2
