@@ -58,6 +58,7 @@ class StableDiffusionXL(StableDiffusion):
         force_vae_conv_scale: sd-cli's ``--force-sdxl-vae-conv-scale`` (the scale also
             applies without it when the VAE is the checkpoint's own).
         aesthetic_score / negative_aesthetic_score: the refiner's vector values.
+        family: accepted for the engine's overrides; this class is always ``sdxl``.
 
     Unset hyper-parameters are read from the files' ``sdplan.*`` metadata.
 
