@@ -13,7 +13,8 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
   the engine process against its live devices; ``rpc_servers``: endpoints added there;
 - ``overrides``: ``clip_heads``, ``unet_heads``, ``unet_head_dim``, ``prediction``,
   ``flux_heads``, ``flux_axes``, ``t5_length`` (tiny models); ``previews``: send previews
-  (default True); ``force_sdxl_vae_conv_scale``: sd-cli's flag of that name (SDXL);
+  (default True);
+- ``force_sdxl_vae_conv_scale``: sd-cli's flag of that name (SDXL; default False);
 - ``taesd_decode``: decode the final images with the ``taesd`` TAE instead of the VAE
   (sd-cli's ``--taesd`` without ``--taesd-preview-only``; default False: previews only).
 
