@@ -8,7 +8,8 @@ Run with the ``ref`` extra (torch, diffusers, transformers) plus ``gguf``::
 No weight is downloaded or allocated: tensor names and shapes come from
 
 - the real layouts in ``shared/models/real_size_key_layouts.json`` (SD 1.5 UNet, SDXL
-  UNet, SD VAE, CLIP-L, T5-XXL encoder, FLUX.1-dev; FLUX.1-schnell is FLUX.1-dev without
+  UNet, SD VAE, CLIP-L, T5-XXL encoder, FLUX.1-dev, Z-Image Turbo, Qwen3-4B in transformers
+  and llama.cpp names; FLUX.1-schnell is FLUX.1-dev without
   its ``guidance_in`` embedder; SD 2.1's UNet is SD 1.5's with a 1024-wide
   cross-attention context and linear ``proj_in``/``proj_out``, as its published
   ``use_linear_in_transformer: true`` config says; the 16-channel SD3/Flux VAE is the SD
@@ -19,7 +20,14 @@ No weight is downloaded or allocated: tensor names and shapes come from
   on the meta device with the published hyper-parameters (SD3.5 medium/large MMDiT,
   OpenCLIP ViT-H/14 and ViT-bigG/14 text towers), renamed to the names sd-cli's files use
   (SAI ``joint_blocks.N.x_block...`` and OpenCLIP ``transformer.resblocks.N...``); the
-  renaming is checked against the real SD3-medium layout.
+  renaming is checked against the real SD3-medium layout;
+- Chroma1-HD (no published layout in ``shared/models``): FLUX.1-dev's real layout without the
+  modulation Chroma prunes (``{img,txt}_mod``, ``modulation``, ``final_layer.adaLN_modulation``,
+  ``time_in``, ``vector_in``, ``guidance_in``) plus sd-cli's ``ChromaApproximator``
+  (``distilled_guidance_layer``: 64 -> 5120, 5 layers, -> 3072), checked by diffusers' own
+  ``convert_chroma_transformer_checkpoint_to_diffusers``, which must consume every tensor and
+  give exactly the names and shapes of ``ChromaTransformer2DModel()`` (lodestones/Chroma1-HD
+  ``transformer/config.json`` is its defaults) on the meta device.
 
 Byte sizes per tensor: ``n_elements / block_size * type_size`` with ggml's
 ``gguf.GGML_QUANT_SIZES``.
@@ -34,7 +42,8 @@ GGUF files of FLUX.1, SD3.5, SDXL and SD1.x). Source: city96/ComfyUI-GGUF
    a tensor of more than one dimension with at least 512 elements, a multiple of 256
    elements and a last dimension that is not a multiple of 256 is stored as rows of 256.
 2. Quantisation: only 2-D tensors whose name ends in ``weight`` are quantised, except
-   Flux ``txt_in. img_in. time_in. vector_in. guidance_in. final_layer.``, SD3
+   Flux ``txt_in. img_in. time_in. vector_in. guidance_in. final_layer.`` (Chroma also
+   ``distilled_guidance_layer.``, as the community Chroma quantisations keep it), SD3
    ``final_layer. t_embedder. y_embedder. x_embedder. context_embedder. pos_embed``,
    SD1/SDXL ``time_embed. label_emb. conv_in. conv_out. input_blocks.0.0.weight
    out.2.weight`` (and their diffusers spellings), which keep the first pass's type.
@@ -43,6 +52,11 @@ GGUF files of FLUX.1, SD3.5, SDXL and SD1.x). Source: city96/ComfyUI-GGUF
 
 The Q4_K/Q5_K profiles quantise uniformly (sd-cli ``--type q4_K``; city96's ``_K_S``
 files differ only where the patch's name rules match, which no Flux tensor does).
+Z-Image GGUF files (leejet/Z-Image-Turbo-GGUF) come from stable-diffusion.cpp's converter,
+whose ``tensor_should_be_converted`` keeps ``x_embedder. t_embedder. final_layer.`` (and
+biases) unquantised; the rest follows the first pass above.
+Qwen3-4B Q8_0 is llama.cpp's converter and ``llama-quantize Q8_0``: 1-D tensors F32, every
+matrix (the token embedding included) Q8_0.
 T5-XXL Q8_0 follows city96/t5-v1_1-xxl-encoder-gguf (llama.cpp's converter and
 llama-quantize): one token embedding (the tied copy is not written), 1-D tensors F32,
 the relative attention bias F16, every other matrix Q8_0.
@@ -50,7 +64,8 @@ the relative attention bias F16, every other matrix Q8_0.
 Profile composition (what a user passes to sd-cli): the diffusion model in the named
 quant type; text encoders in F16 (T5-XXL: F16 for ``-f16`` profiles, Q8_0 otherwise);
 VAEs as published (F16 inside the SD/SDXL/SD3.5 checkpoints, F32 ``ae.safetensors`` for
-FLUX.1).
+FLUX.1, Chroma and Z-Image); Z-Image's Qwen3-4B in BF16 (``qwen_3_4b.safetensors``) for
+``-f16``, Q8_0 GGUF otherwise.
 """
 
 from __future__ import annotations
@@ -259,6 +274,35 @@ def sd3_mmdit(**config: object) -> Layout:
     return list(out.items())
 
 
+def chroma_dit(layouts: dict) -> Layout:
+    """Chroma1-HD's BFL single-file layout (see the module docstring), checked with diffusers."""
+    pruned = ("time_in.", "vector_in.", "guidance_in.", "final_layer.adaLN_modulation.")
+    out: Layout = [(n, s) for n, s in _real(layouts, "flux1_dev_bfl")
+                   if not n.startswith(pruned) and "_mod.lin." not in n and ".modulation.lin." not in n]
+    a, hidden, width = "distilled_guidance_layer.", 5120, 3072
+    out += [(a + "in_proj.weight", (hidden, 64)), (a + "in_proj.bias", (hidden,))]
+    for k in range(5):
+        for lin in ("in_layer", "out_layer"):
+            out += [(f"{a}layers.{k}.{lin}.weight", (hidden, hidden)), (f"{a}layers.{k}.{lin}.bias", (hidden,))]
+        out.append((f"{a}norms.{k}.scale", (hidden,)))
+    out += [(a + "out_proj.weight", (width, hidden)), (a + "out_proj.bias", (width,))]
+    import torch
+    from diffusers import ChromaTransformer2DModel
+    from diffusers.loaders.single_file_utils import (
+        convert_chroma_transformer_checkpoint_to_diffusers,
+    )
+
+    with torch.device("meta"):
+        ref = ChromaTransformer2DModel()
+        ckpt = {n: torch.empty(s) for n, s in out}
+    conv = convert_chroma_transformer_checkpoint_to_diffusers(ckpt)
+    want = {n: tuple(t.shape) for n, t in ref.state_dict().items()}
+    if ckpt or {n: tuple(t.shape) for n, t in conv.items()} != want:
+        raise SystemExit(f"Chroma layout: {sorted(ckpt)[:4]} left over, or names/shapes differ from diffusers")
+    _check(out, _meta_params(ref), "Chroma1-HD DiT")
+    return out
+
+
 def check_sd3_renaming(layouts: dict) -> None:
     """The renaming reproduces the real SD3-medium layout exactly (names and shapes)."""
     mine = dict(sd3_mmdit(num_layers=24, num_attention_heads=24, caption_projection_dim=1536,
@@ -309,10 +353,12 @@ def nbytes(shape: tuple[int, ...], ggml_type: str) -> int:
 
 _KEEP = {
     "flux": ("txt_in.", "img_in.", "time_in.", "vector_in.", "guidance_in.", "final_layer."),
+    "chroma": ("txt_in.", "img_in.", "final_layer.", "distilled_guidance_layer."),
     "sd3": ("final_layer.", "time_text_embed.", "context_embedder.", "t_embedder.",
             "y_embedder.", "x_embedder.", "pos_embed"),
     "unet": ("class_embedding.", "time_embedding.", "add_embedding.", "time_embed.",
              "label_emb.", "conv_in.", "conv_out."),
+    "z_image": ("x_embedder.", "t_embedder.", "final_layer."),
 }
 _KEEP_EXACT = {"unet": ("input_blocks.0.0.weight", "out.2.weight"), "sd3": ("proj_out.weight",)}
 
@@ -322,7 +368,7 @@ def gguf_type(name: str, shape: tuple[int, ...], quant: str, family: str,
     """``(ggml type, stored shape)`` of one diffusion-model tensor in a city96-style GGUF
     file of ``quant`` (see the module docstring for the rule and its source).
 
-    ``family`` is ``flux``, ``sd3`` or ``unet``; ``source`` the published dtype
+    ``family`` is ``flux``, ``chroma``, ``sd3``, ``unet`` or ``z_image``; ``source`` the published dtype
     (``BF16``, ``F16`` or ``F32``).
     """
     import gguf
@@ -349,11 +395,14 @@ def gguf_type(name: str, shape: tuple[int, ...], quant: str, family: str,
 def component(key: str, module: str, encoder: str | None, file: str, layout: Layout,
               dtype: str, quant: str | None = None, family: str = "") -> Component:
     """Type and size every tensor of ``layout``: all ``dtype``, or for ``quant`` the GGUF
-    rule of :func:`gguf_type` (``family`` ``t5`` for the T5-XXL encoder file)."""
+    rule of :func:`gguf_type` (``family`` ``t5`` for the T5-XXL encoder file, ``llm`` for a
+    llama.cpp language model: vectors F32, matrices ``quant``)."""
     rows = []
     for name, shape in layout:
         t, stored = dtype, shape
-        if quant and family == "t5":
+        if quant and family == "llm":
+            t = "F32" if len(shape) == 1 else quant
+        elif quant and family == "t5":
             if name == "encoder.embed_tokens.weight":
                 continue  # tied to shared.weight; written once
             t = ("F32" if len(shape) == 1 else "F16" if "relative_attention_bias" in name
@@ -373,16 +422,17 @@ class ModelSpec:
 
     name: str
     title: str
-    family: str  # gguf rule family: flux, sd3, unet
+    family: str  # gguf rule family: flux, chroma, sd3, unet
     source: str  # published dtype of the diffusion weights
     diffusion: Layout
     diffusion_file: str
     extras: tuple[Component, ...]
     t5: bool = False
+    qwen3: bool = False
 
 
 def build_specs(layouts: dict) -> list[ModelSpec]:
-    """The seven built-in models with their encoders and VAEs."""
+    """The nine built-in models with their encoders and VAEs."""
     clip_l_hf = _real(layouts, "clip_l_hf", prefix="text_model.")
     sd_vae = _real(layouts, "sd_vae_ldm")
     clip_g_hf = _clip_text(1280, 32, 20, 1280)  # laion/CLIP-ViT-bigG-14 text config
@@ -438,10 +488,15 @@ def build_specs(layouts: dict) -> list[ModelSpec]:
                   "flux1-dev.safetensors", (clip_l, ae), t5=True),
         ModelSpec("flux1-schnell", "FLUX.1 [schnell]", "flux", "BF16", flux_schnell,
                   "flux1-schnell.safetensors", (clip_l, ae), t5=True),
+        ModelSpec("chroma1-hd", "Chroma1-HD", "chroma", "BF16", chroma_dit(layouts),
+                  "Chroma1-HD.safetensors", (ae,), t5=True),
+        ModelSpec("z-image-turbo", "Z-Image Turbo", "z_image", "BF16", _real(layouts, "z_image_turbo"),
+                  "z_image_turbo_bf16.safetensors", (ae,), qwen3=True),
     ]
 
 
-def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout) -> dict[str, object]:
+def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
+                  qwen3: tuple[Layout, Layout] = ([], [])) -> dict[str, object]:
     """The JSON entry of one built-in profile, classified by sdplan's own model-file code
     (modules, encoders, blocks of spec section 8, architecture detection)."""
     from sdplan.core.modelfiles.checkpoint import (
@@ -458,13 +513,15 @@ def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout) -> dict[str, 
         diff = component(f"{spec.name}:F16", "diffusion", None, diff_file, spec.diffusion,
                          spec.source if spec.source != "F32" else "F16")
         t5 = component("t5xxl:F16", "te", "t5xxl", "t5xxl_fp16.safetensors", t5_layout, "F16")
+        llm = component("qwen3-4b:BF16", "te", "llm", "qwen_3_4b.safetensors", qwen3[0], "BF16")
     else:
         diff_file = f"{spec.name}-{quant}.gguf"
         diff = component(f"{spec.name}:{quant}", "diffusion", None, diff_file,
                          spec.diffusion, spec.source, quant, spec.family)
         t5 = component("t5xxl:Q8_0", "te", "t5xxl", "t5-v1_1-xxl-encoder-Q8_0.gguf",
                        t5_layout, "F16", "Q8_0", "t5")
-    comps = [diff, *spec.extras, *([t5] if spec.t5 else [])]
+        llm = component("qwen3-4b:Q8_0", "te", "llm", "Qwen3-4B-Q8_0.gguf", qwen3[1], "BF16", "Q8_0", "llm")
+    comps = [diff, *spec.extras, *([t5] if spec.t5 else []), *([llm] if spec.qwen3 else [])]
     tensors = [ModelTensor(TensorInfo(n, t, s, b, 0, c.key), c.module, c.encoder)
                for c in comps for n, s, t, b in c.tensors]
     ms = ModelSet([], tensors)
@@ -503,11 +560,12 @@ def build_profiles(layouts: dict) -> dict[str, object]:
     """Every built-in profile, keyed by name (``flux1-dev-q8_0``...)."""
     _sdplan()
     t5_layout = _real(layouts, "t5xxl_hf")
+    qwen3 = (_real(layouts, "qwen3_4b_hf"), _real(layouts, "qwen3_4b_gguf"))
     out: dict[str, object] = {}
     for spec in build_specs(layouts):
         for suffix in QUANTS:
             name = f"{spec.name}-{suffix}"
-            out[name] = profile_entry(spec, suffix, t5_layout)
+            out[name] = profile_entry(spec, suffix, t5_layout, qwen3)
             log.info("%-20s %s", name, _summary(out[name]))
     return out
 

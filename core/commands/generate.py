@@ -2,9 +2,10 @@
 
 SD 1.x / 2.x from a single-file checkpoint (``-m``), SDXL from its single file or its parts
 (``--diffusion-model --clip_l --clip_g --vae``; ``--force-sdxl-vae-conv-scale`` as in sd-cli),
-or Flux from its files (``--diffusion-model --t5xxl --clip_l --vae``; architecture
-flux-dev / flux-schnell from
-:func:`sdplan.core.modelfiles.checkpoint.read_model_files`). The flags are sd-cli's spellings (``-m -p -n
+Flux from its files (``--diffusion-model --t5xxl --clip_l --vae``), Chroma from its
+(``--diffusion-model --t5xxl --vae``) or Z-Image from its (``--diffusion-model --llm --vae``);
+the architecture (sdxl, flux-dev, flux-schnell, chroma, z_image...) comes from
+:func:`sdplan.core.modelfiles.checkpoint.read_model_files`. The flags are sd-cli's spellings (``-m -p -n
 -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
 --clip-skip --taesd --upscale-model --upscale-repeats`` and every placement flag), so a pasted
 sd-cli command works.
@@ -43,7 +44,7 @@ from sdplan.core.planning.placement import add_placement_arguments, placement_fr
 log = logging.getLogger(__name__)
 #: Model-file flags -> request keys.
 FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "t5xxl", "clip_l": "clip_l",
-              "clip_g": "clip_g", "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
+              "clip_g": "clip_g", "llm": "llm", "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -54,10 +55,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true",
                    help="use the packaged demo model (-m of the file in sdplan.resources; "
                         "default 128x128, 20 steps, CFG 5, euler)")
-    p.add_argument("--diffusion-model", metavar="PATH", help="diffusion model alone (Flux DiT, SDXL UNet)")
-    p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux)")
+    p.add_argument("--diffusion-model", metavar="PATH", help="Flux, Chroma or Z-Image diffusion model, or an "
+                                                             "SDXL UNet")
+    p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux, Chroma)")
     p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux, SDXL)")
     p.add_argument("--clip_g", metavar="PATH", help="OpenCLIP bigG text encoder (SDXL)")
+    p.add_argument("--llm", metavar="PATH", help="language-model text encoder (Z-Image: Qwen3)")
     p.add_argument("--vae", metavar="PATH", help="VAE / autoencoder file")
     p.add_argument("--force-sdxl-vae-conv-scale", action="store_true",
                    help="SDXL: scale the VAE's convolution inputs by 1/32 also with --vae (sd-cli's "
@@ -97,7 +100,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     adv.add_argument("--prediction", choices=("eps", "v"), help="default: eps SD1, v SD2")
     adv.add_argument("--flux-heads", type=int, help="Flux DiT heads (default from the q-norm width)")
     adv.add_argument("--flux-axes", metavar="I,R,C", help="Flux RoPE axes widths (default hd/8 and halves)")
-    adv.add_argument("--t5-length", type=int, default=256, help="T5 tokens after padding (Flux)")
+    adv.add_argument("--t5-length", type=int, help="T5 tokens after padding (default: Flux 256, Chroma 512)")
     add_placement_arguments(p)
     p.set_defaults(run=run)
     return p
@@ -142,7 +145,7 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
     ``-m`` nor ``--diffusion-model`` is given."""
     files = {key: [str(getattr(args, attr))] for attr, key in FILE_FLAGS.items() if getattr(args, attr, None)}
     if "model" not in files and "diffusion_model" not in files:
-        raise SdplanError("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux files)")
+        raise SdplanError("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux, Chroma or Z-Image files)")
     return files
 
 

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sdplan.core.errors import ModelFileError
+from sdplan.core.modelfiles.families import DIFFUSION_MARKERS, z_image_family
 from sdplan.core.modelfiles.readers import TensorFile, TensorInfo, read_tensor_file
-from sdplan.core.modelfiles.stages import stage_bytes
+from sdplan.core.modelfiles.unets import stage_bytes, unet_family
 from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE, flag_for
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
@@ -40,8 +41,9 @@ log = logging.getLogger(__name__)
 BLOCK_SEGMENTS = ("transformer_blocks", "joint_blocks", "double_blocks", "single_blocks",
                   "blocks", "block", "layers")
 _BLOCK_RE = re.compile(r"(?:^|\.)(" + "|".join(BLOCK_SEGMENTS) + r")\.(\d+)(?=\.|$)")
-_UNET_RE = re.compile(
-    r"(?:^|\.)(input_blocks|output_blocks|middle_block|down_blocks|up_blocks|mid_block)\.")
+_UNET_RE = re.compile(  # UNet stages, and Chroma's approximator (runs before the blocks)
+    r"(?:^|\.)(input_blocks|output_blocks|middle_block|down_blocks|up_blocks|mid_block"
+    r"|distilled_guidance_layer)\.")
 #: Names sd-cli converts to its own before its block rule sees them: diffusers Flux
 #: single blocks, OpenCLIP ``transformer.resblocks.N`` (-> ``encoder.layers.N``) and
 #: llama.cpp-named GGUF encoders (``blk.N``).
@@ -92,9 +94,9 @@ class ModelTensor:
 class Architecture:
     """Detected model family with the evidence (tensor names and shapes) for it.
 
-    ``family`` is ``sd1``, ``sd2``, ``sdxl``, ``sd3``, ``flux`` or ``unknown`` (loadable
-    but not recognised, or no diffusion model); ``variant`` refines it (Flux ``dev`` /
-    ``schnell``, SD3 ``medium`` / ``large`` / ``3.5-medium``, SDXL ``refiner``).
+    ``family``: ``sd1``, ``sd2``, ``sdxl``, ``sd3``, ``flux``, ``chroma``, ``z_image`` or ``unknown``
+    (loadable but not recognised, or no diffusion model); ``variant`` refines it (Flux dev /
+    schnell, Chroma radiance, SD3 medium / large / 3.5-medium, SDXL refiner).
     """
 
     family: str
@@ -232,8 +234,9 @@ def block_of(name: str) -> tuple[int, int] | None:
 
     The first path segment of :data:`BLOCK_SEGMENTS` followed by a decimal index and then
     ``.`` or the end decides; names under a UNet stage (``input_blocks.``,
-    ``down_blocks.``...) are never block tensors. The rank orders segments as they execute
-    (Flux: ``double_blocks`` before ``single_blocks``). sd-cli's renames of diffusers Flux
+    ``down_blocks.``...) or Chroma's ``distilled_guidance_layer.`` (its ``layers.K`` run
+    before any block, in sd-cli's prelude segment) are never block tensors. The rank orders
+    segments as they execute (Flux: ``double_blocks`` before ``single_blocks``). sd-cli's renames of diffusers Flux
     ``single_transformer_blocks``, OpenCLIP ``resblocks`` and llama.cpp ``blk`` names
     apply first.
     """
@@ -474,7 +477,7 @@ def detect_standalone(tf: TensorFile) -> tuple[str, str | None] | None:
     if has("id_encoder.", "fuse_module.", "qformer_perceiver."):
         return "photomaker", None
     if has("double_blocks.", "single_blocks.", "joint_blocks.", "input_blocks.",
-           "down_blocks.", "transformer_blocks.", "single_transformer_blocks."):
+           "down_blocks.", "transformer_blocks.", "single_transformer_blocks.", *DIFFUSION_MARKERS):
         return "diffusion", None
     if has("vision_model."):
         return "clip_vision", None
@@ -502,19 +505,22 @@ def _local(name: str) -> str:
 def detect_architecture(ms: ModelSet) -> Architecture:
     """Architecture of the model set from its diffusion tensors' names and shapes.
 
-    Rules: ``double_blocks``/``single_blocks`` (or diffusers ``single_transformer_blocks``)
-    -> flux, ``dev`` when a guidance embedder exists else ``schnell``; ``joint_blocks`` (or
-    diffusers ``context_embedder`` with ``pos_embed``) -> sd3; a UNet's cross-attention
-    context width 768 -> sd1, 1024 -> sd2, 2048 with ``label_emb`` -> sdxl (1280:
-    refiner); another width -> the family a file's ``sdplan.family`` metadata names (sd1,
-    sd2, or sdxl with ``label_emb``, a refiner when its text encoders lack clip_l;
-    scaled-down models such as the demo). Anything else with diffusion tensors is
+    Rules: Z-Image (``families.z_image_family``) -> z_image; ``double_blocks``/``single_blocks``
+    (or diffusers ``single_transformer_blocks``) -> flux, ``dev`` when a guidance embedder
+    exists else ``schnell``, but ``chroma`` with ``distilled_guidance_layer.in_proj.weight``
+    (sd-cli's test); ``joint_blocks`` (or diffusers ``context_embedder`` with ``pos_embed``)
+    -> sd3; a UNet's cross-attention context width 768 -> sd1, 1024 -> sd2, 2048 with
+    ``label_emb`` -> sdxl (1280: refiner); another width -> the family a file's
+    ``sdplan.family`` metadata names (sd1, sd2, or sdxl with ``label_emb``, a refiner without
+    clip_l; scaled-down models such as the demo). Anything else with diffusion tensors is
     ``unknown`` but loadable.
     """
     diff = {_local(t.info.name): t.info.shape for t in ms.module_tensors("diffusion")}
     if not diff:
         return Architecture("unknown", None, ("no diffusion model among the files",))
     names = list(diff)
+    if z := z_image_family(diff, [t.info.name for t in ms.module_tensors("te") if t.encoder == "llm"]):
+        return Architecture(*z)
 
     def count(seg: str) -> int:
         pat = re.compile(r"(?:^|\.)" + re.escape(seg) + r"\.(\d+)\.")
@@ -525,6 +531,10 @@ def detect_architecture(ms: ModelSet) -> Architecture:
         dbl, sgl = count("transformer_blocks"), count("single_transformer_blocks")
     if dbl or sgl:
         ev = [f"{dbl} double_blocks + {sgl} single_blocks (Flux MMDiT)"]
+        if "distilled_guidance_layer.in_proj.weight" in diff:
+            ev.append("distilled_guidance_layer instead of per-block modulation: Chroma")
+            return Architecture("chroma", "radiance" if "img_in_patch.weight" in diff else None,
+                                tuple(ev))
         guided = [n for n in names if n.startswith(("guidance_in.", "time_text_embed."
                                                    "guidance_embedder."))]
         if guided:
@@ -541,33 +551,10 @@ def detect_architecture(ms: ModelSet) -> Architecture:
             return Architecture("sd3", "3.5-medium", tuple(ev))
         variant = {24: "medium", 38: "large"}.get(depth)
         return Architecture("sd3", variant, tuple(ev))
-    ctx = None
-    for n, shape in diff.items():
-        if ".attn2.to_k.weight" in n and len(shape) == 2:
-            ctx = (n, shape[1])
-            break
-    if ctx is not None:
-        ev = [f"UNet cross-attention context {ctx[1]} ({ctx[0]} {list(diff[ctx[0]])})"]
-        sdxl_emb = any(n.startswith(("label_emb.", "add_embedding.")) for n in names)
-        if sdxl_emb:
-            ev.append("label_emb/add_embedding present (SDXL size conditioning)")
-        if ctx[1] == 2048:
-            return Architecture("sdxl", None, tuple(ev))
-        if ctx[1] == 1280 and sdxl_emb:
-            return Architecture("sdxl", "refiner", tuple(ev))
-        if ctx[1] == 768:
-            return Architecture("sd1", None, tuple(ev))
-        if ctx[1] == 1024:
-            return Architecture("sd2", None, tuple(ev))
-        # A scaled-down UNet (sdplan's demo model, test models) names its family in the
-        # file's metadata, as the pipeline reads it (pipeline.METADATA_KEYS).
-        named = {f.metadata.get("sdplan.family") for f in ms.files} & {"sd1", "sd2", "sdxl"}
-        if len(named) == 1 and (named == {"sdxl"}) == sdxl_emb:
-            family = named.pop()
-            ev.append(f"file metadata sdplan.family = {family}")
-            te = {t.encoder for t in ms.module_tensors("te")}
-            refiner = family == "sdxl" and bool(te) and "clip_l" not in te
-            return Architecture(family, "refiner" if refiner else None, tuple(ev))
+    unet = unet_family(diff, {f.metadata.get("sdplan.family") for f in ms.files} - {None},
+                       {t.encoder for t in ms.module_tensors("te")})
+    if unet is not None:
+        return Architecture(*unet)
     return Architecture("unknown", None,
                         (f"no known diffusion layout among {len(diff)} tensors; "
                          "loadable by name",))

@@ -1,4 +1,5 @@
-"""Image sizes each model family is trained for, as the generation panel offers them.
+"""Image sizes each model family is trained for, as the generation panel offers them (beside
+the family generation defaults of :mod:`sdplan.core.planning.generation_defaults`).
 
 SDXL: the multi-aspect buckets around one megapixel of Podell et al. 2023 ("SDXL",
 appendix: multi-aspect training), the sizes SDXL checkpoints and their derivatives draw
