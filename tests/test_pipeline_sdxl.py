@@ -278,3 +278,28 @@ def test_te_split_and_params_placement_from_a_plan(pool) -> None:
         assert diff.last_peak["CPU1"].staging > 0 and diff.memory()["CPU"].weights > 0
         assert sd.runners["vae"].memory() == {}
     assert np.abs(img.astype(int) - image_to_uint8(r["run_image"][0]).astype(int)).max() <= 2
+
+
+def test_reduced_variant_read_from_its_shapes(pool, tmp_path: Path) -> None:
+    """An SSD-1B / Vega-like reduction of the tiny base (a middle block of one ResBlock, one
+    output SpatialTransformer one transformer block shallower) loads from its shapes alone
+    and runs whole and in stage segments alike (structure only: no diffusers reference)."""
+    from safetensors.numpy import load_file, save_file
+    from sdxl_util import UNET, _metadata
+
+    sd = load_file(str(BASE))
+    drop = (UNET + "middle_block.1.", UNET + "middle_block.2.", UNET + "output_blocks.0.1.transformer_blocks.1.")
+    path = tmp_path / "ssd_like.safetensors"
+    save_file({k: v for k, v in sd.items() if not k.startswith(drop)}, str(path), metadata=_metadata(BASE))
+    ins = _unet_inputs("sdxl")
+    outs = []
+    for budget in (0, 1):
+        with StableDiffusionXL(path, pool=pool, n_threads=2,
+                               placements={"diffusion": ModulePlacement(("CPU1",), budget=budget)}) as xl:
+            graph = xl.runners["diffusion"].model
+            assert graph.stages[3] == "middle_block." and graph.n_blocks == 8
+            assert not any(n.startswith(UNET + "middle_block.1.") for n in graph.names)
+            outs.append(xl.runners["diffusion"].run(ins)["y"])
+            assert xl.runners["diffusion"].last_segments == (0 if budget == 0 else 8)
+    assert outs[0].shape == (2, 4, 12, 8) and np.isfinite(outs[0]).all()
+    assert rel_err(outs[1], outs[0]) <= 1e-5
