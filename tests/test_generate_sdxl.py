@@ -13,6 +13,7 @@ weights); the TAE decode 4/255 against a numpy TAE decoder of the reference's fi
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 
@@ -63,7 +64,9 @@ def test_generate_matches_diffusers_and_from_disk(tmp_path: Path, ref_noise) -> 
     out = tmp_path / "cat.png"
     got = gen(["-m", str(BASE), "--in-process"], out)
     assert got.shape == (24, 16, 3) and np.abs(got - want).max() <= 2
-    assert Image.open(out).text["prompt"] == "a photo of a cat"
+    text = Image.open(out).text
+    assert text["parameters"].startswith("a photo of a cat\nNegative prompt: blurry, low quality\n")
+    assert json.loads(text["sdplan"])["settings"]["prompt"] == "a photo of a cat"
     disk = gen(["-m", str(BASE), "--in-process", "--params-backend", "disk"], tmp_path / "disk.png")
     assert np.abs(disk - got).max() <= 1
 

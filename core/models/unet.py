@@ -340,6 +340,8 @@ class UNetGraph:
 
     def block_tensors(self, i: int) -> list[str]:
         """Store names of stage ``i``'s weights (IndexError outside 0..n_blocks-1)."""
+        if not 0 <= i < self.n_blocks:
+            raise IndexError(f"UNet stage {i} outside 0..{self.n_blocks - 1}")
         return list(self._blocks[i])
 
     def other_tensors(self) -> list[str]:
@@ -366,6 +368,8 @@ class UNetGraph:
         return {"h": h, "emb": emb, "c": inputs["c"], "skip.0": h}
 
     def build_block(self, g: Any, w: Any, i: int, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        if not 0 <= i < self.n_blocks:
+            raise IndexError(f"UNet stage {i} outside 0..{self.n_blocks - 1}")
         stage = self.stages[i]
         out = dict(state)
         h = state["h"]

@@ -28,6 +28,7 @@ from sdplan.core.pipelines.flux_base import FluxFamilyPipeline
 from sdplan.core.pipelines.flux_base import shapes as _shapes
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.sampling.flow import DEFAULT_STEPS
+from sdplan.core.sampling.options import SamplingOptions
 from sdplan.core.text.clip_tokenizer import EOS_ID, ClipTokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 from sdplan.core.text.t5_tokenizer import T5Tokenizer
@@ -118,7 +119,8 @@ class FluxPipeline(FluxFamilyPipeline):
                 seed: int = 42, sampler: str = "euler", guidance: float = 3.5,
                 t5_length: int = 256, noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None,
-                vae_scale: int = 8) -> dict[str, np.ndarray]:
+                vae_scale: int = 8, scheduler: str = "default",
+                sampling: SamplingOptions | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -133,6 +135,11 @@ class FluxPipeline(FluxFamilyPipeline):
             preview: ``preview(step, rgb_uint8 (H, W, 3))`` after each step, from TAEF1 when
                 a ``taesd`` file is given, else the latent-to-RGB projection.
             vae_scale: pixels per latent cell (8 for Flux's autoencoder).
+            scheduler: ``default`` (BFL's schedule: dev shifted by the token count, schnell
+                linear) or an sd-cli ``--scheduler`` name, run on the Flux flow
+                (:class:`~sdplan.core.sampling.schedules_more.FlowSchedule`, shift
+                ``--flow-shift``, default 1.15 for dev and 1 for schnell as sd-cli).
+            sampling: ``--eta``, ``--sigmas``, ``--rng`` and the other options.
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -151,7 +158,8 @@ class FluxPipeline(FluxFamilyPipeline):
             return self.velocity(x, s, context, pooled, g)
 
         return self._sample(vel, h, w, steps, shift=variant == "dev", seed=seed, sampler=sampler,
-                            noise=noise, preview=preview)
+                            noise=noise, preview=preview, scheduler=scheduler, sampling=sampling,
+                            flow_shift=1.15 if variant == "dev" else 1.0)
 
 
 def txt2img(models: FluxModels, plan: Any, prompt: str, width: int, height: int, pool: Any = None,

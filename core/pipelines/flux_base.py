@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import SdplanError
+from sdplan.core.errors import InvalidArgument, SdplanError
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux import unpatchify
@@ -25,8 +25,9 @@ from sdplan.core.pipelines.base import Pipeline
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.flow import flux_sigmas, sample_flow
-from sdplan.core.sampling.noise import PhiloxNoise
+from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
+from sdplan.core.sampling.schedules_more import FlowSchedule
 
 __all__ = ["FluxFamilyPipeline", "SCALE_FACTOR", "SHIFT_FACTOR", "shapes"]
 
@@ -121,25 +122,38 @@ class FluxFamilyPipeline(Pipeline):
             SdplanError: sizes that are not positive multiples of ``2 * vae_scale``.
         """
         if width % (2 * vae_scale) or height % (2 * vae_scale) or width <= 0 or height <= 0:
-            raise SdplanError(f"Flux image size {width}x{height} must be positive multiples of {2 * vae_scale}")
+            raise InvalidArgument(f"Flux image size {width}x{height} must be positive multiples of {2 * vae_scale}")
         return height // vae_scale, width // vae_scale
 
     def _sample(self, vel: Velocity, h: int, w: int, steps: int, *, shift: bool, seed: int,
                 sampler: str, noise: np.ndarray | None,
-                preview: Callable[[int, np.ndarray], None] | None) -> dict[str, np.ndarray]:
-        """Sample a ``(1, 16, h, w)`` latent from the seed's Philox noise (or ``noise``) over
-        :func:`~sdplan.core.sampling.flow.flux_sigmas` (``shift``: the image-size time shift)
-        with ``sampler``, then decode it. Returns ``{"latent", "image", "sigmas"}``."""
-        sigmas = flux_sigmas(steps, (h // 2) * (w // 2), shift=shift)
-        rng = PhiloxNoise(seed)
-        start = rng.randn((1, 16, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
+                preview: Callable[[int, np.ndarray], None] | None,
+                scheduler: str = "default", sampling: SamplingOptions | None = None,
+                flow_shift: float = 1.0) -> dict[str, np.ndarray]:
+        """Sample a ``(1, 16, h, w)`` latent from the seed's noise (``sampling.rng``; or
+        ``noise``) and decode it. Returns ``{"latent", "image", "sigmas"}``.
+
+        The sigmas: ``sampling.sigmas`` when given; else for ``scheduler`` ``default``
+        :func:`~sdplan.core.sampling.flow.flux_sigmas` (``shift``: the image-size time shift),
+        else that sd-cli scheduler over a flow schedule with ``sampling.flow_shift`` (default
+        ``flow_shift``)."""
+        opts = sampling or SamplingOptions()
+        tokens = (h // 2) * (w // 2)
+        fshift = opts.flow_shift if opts.flow_shift is not None else flow_shift
+        rng, sampler_noise, sigmas = prepare(opts, seed, steps,
+                                             "discrete" if scheduler == "default" else scheduler,
+                                             FlowSchedule(fshift, "flux"), image_tokens=tokens)
+        if scheduler == "default" and not opts.sigmas:
+            sigmas = flux_sigmas(steps, tokens, shift=shift)
+        start = rng((1, 16, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
 
         def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
             if preview is not None:
                 preview(i, self._preview_rgb(den))
 
         with self.diffusion_session():
-            latent = sample_flow(sampler, vel, start, sigmas, noise=rng, callback=cb)
+            latent = sample_flow(sampler, vel, start, sigmas, noise=sampler_noise, callback=cb,
+                                 eta=opts.eta, extra=opts.extra)
         return {"latent": latent, "image": self.decode(latent), "sigmas": sigmas}
 
     def _preview_rgb(self, latent: np.ndarray) -> np.ndarray:

@@ -24,12 +24,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import ModelFileError, SdplanError
+from sdplan.core.errors import InvalidArgument, ModelFileError
 from sdplan.core.modelfiles.checkpoint import ModelSet, read_model_files
 from sdplan.core.models import clip as clip_m
 from sdplan.core.models import unet as unet_m
@@ -37,10 +37,11 @@ from sdplan.core.models import vae as vae_m
 from sdplan.core.pipelines.base import Pipeline, module_placements
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.runtime.weights import WeightFile
-from sdplan.core.sampling.noise import PhiloxNoise, initial_latent
+from sdplan.core.sampling.noise import initial_latent
+from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
 from sdplan.core.sampling.samplers import sample
-from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule, get_sigmas, scalings
+from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule, scalings
 from sdplan.core.text.clip_tokenizer import ClipTokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 
@@ -106,7 +107,8 @@ def model_overrides(ms: ModelSet) -> dict[str, Any]:
 class GenerateParams:
     """What to generate (sd-cli's meanings): prompt, negative prompt, width/height in pixels,
     steps, cfg scale, seed, sampler (``--sampling-method``), scheduler, batch count, clip skip
-    (0 = the family default)."""
+    (0 = the family default); ``sampling``: sd-cli's other sampling options (``--eta``,
+    ``--sigmas``, ``--rng``...; :class:`~sdplan.core.sampling.options.SamplingOptions`)."""
 
     prompt: str
     negative_prompt: str = ""
@@ -119,6 +121,7 @@ class GenerateParams:
     scheduler: str = "discrete"
     batch: int = 1
     clip_skip: int = 0
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
 
 
 class StableDiffusion(Pipeline):
@@ -289,6 +292,23 @@ class StableDiffusion(Pipeline):
                 out = unet(x_in, t, {k: np.repeat(v, n, 0) for k, v in c.items()})
             return (x * c_skip + out * c_out).astype(np.float32)
 
+        def with_uncond(x: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+            # CFG++ samplers: both halves of the guided batch, combined and unconditional
+            c_skip, c_out, c_in = scalings(float(sigma), self.prediction)
+            t = np.float32(self.schedule.sigma_to_t(float(sigma)))
+            x_in = (x * c_in).astype(np.float32)
+            n = x.shape[0]
+            if not guided:
+                d = denoise(x, sigma)
+                return d, d
+            assert u is not None
+            both = {k: np.concatenate([np.repeat(c[k], n, 0), np.repeat(u[k], n, 0)], 0) for k in c}
+            out = unet(np.concatenate([x_in, x_in], 0), t, both)
+            mixed = out[n:] + cfg_scale * (out[:n] - out[n:])
+            return ((x * c_skip + mixed * c_out).astype(np.float32),
+                    (x * c_skip + out[n:] * c_out).astype(np.float32))
+
+        denoise.with_uncond = with_uncond  # type: ignore[attr-defined]
         return denoise
 
     # ------------------------------------------------------------------ VAE
@@ -336,25 +356,26 @@ class StableDiffusion(Pipeline):
         sd-cli's ``--taesd`` does without ``--taesd-preview-only``).
 
         Raises:
-            SdplanError: width/height not positive multiples of the UNet's factor
+            InvalidArgument: width/height not positive multiples of the UNet's factor
                 (8 * 2^(levels-1) for SD).
             ~sdplan.core.sampling.errors.SamplingError: unknown sampler or scheduler.
             Cancelled: the cancel token fired.
         """
         f = self.vae_cfg.factor * 2 ** (len(self.unet_cfg.channel_mult) - 1)
         if p.width % f or p.height % f or p.width <= 0 or p.height <= 0:
-            raise SdplanError(f"-W/-H {p.width}x{p.height}: this model draws sizes that are "
+            raise InvalidArgument(f"-W/-H {p.width}x{p.height}: this model draws sizes that are "
                               f"positive multiples of {f} pixels")
         t0 = time.perf_counter()
         cond, uncond = self.conditioning(p)
         self.timings["text_encode"] = time.perf_counter() - t0
         shape = (p.batch, self.unet_cfg.in_channels, p.height // self.vae_cfg.factor,
                  p.width // self.vae_cfg.factor)
-        gen = PhiloxNoise(p.seed)
+        gen, sampler_noise, planned = prepare(p.sampling, p.seed, p.steps, p.scheduler,
+                                              self.schedule, self.family)
         if noise is None:
-            noise = gen.randn(shape)
+            noise = gen(shape)
         if sigmas is None:
-            sigmas = get_sigmas(p.scheduler, p.steps, self.schedule, self.family)
+            sigmas = planned
         x = initial_latent(noise, sigmas)
         total = len(sigmas) - 1
 
@@ -368,7 +389,8 @@ class StableDiffusion(Pipeline):
         t0 = time.perf_counter()
         with self.unet_session() as unet:
             den = self.denoiser(unet, cond, uncond, p.cfg_scale)
-            latent = sample(p.sampler, den, x, sigmas, noise=gen, callback=cb, schedule=self.schedule)
+            latent = sample(p.sampler, den, x, sigmas, noise=sampler_noise, callback=cb,
+                            schedule=self.schedule, eta=p.sampling.eta, extra=p.sampling.extra)
         self.timings["sampling"] = time.perf_counter() - t0
         self.timings["per_step"] = self.timings["sampling"] / max(total, 1)
         if decoder is not None:
