@@ -48,6 +48,8 @@ PREFIXES = {
     "conditioner.embedders.0.transformer.text_model.": "openai",
     "conditioner.embedders.1.model.": "openclip",
     "conditioner.embedders.0.model.": "openclip",
+    "text_encoders.clip_l.transformer.text_model.": "openai",
+    "text_encoders.clip_g.transformer.text_model.": "openai",
     "text_model.": "openai",
     "": "openai",
 }

@@ -57,6 +57,12 @@ class FluxFamilyPipeline(Pipeline):
     placements: dict[str, ModulePlacement]
     dit: Any
     preview: Callable[[np.ndarray], np.ndarray] | None = None
+    #: the autoencoder's latent scaling (``z_model = (z_vae - shift) * scale``), the latent
+    #: projection of previews without a TAE, the flow schedule of sd-cli's schedulers.
+    scale_factor = SCALE_FACTOR
+    shift_factor = SHIFT_FACTOR
+    preview_family = "flux"
+    schedule_kind = "flux"
 
     def _runner(self, name: str, model: Any, path: str | Path, placement: Any,
                 dtypes: Mapping[str, str] | None) -> Any:
@@ -112,7 +118,7 @@ class FluxFamilyPipeline(Pipeline):
     def decode(self, latent: np.ndarray) -> np.ndarray:
         """Image ``(1, 3, 8h, 8w)`` (about [-1, 1]) of a model-space latent: the VAE decodes
         ``latent / SCALE_FACTOR + SHIFT_FACTOR``."""
-        z = (latent / SCALE_FACTOR + SHIFT_FACTOR).astype(np.float32)
+        z = (latent / self.scale_factor + self.shift_factor).astype(np.float32)
         return self.runners["vae"].run({"z": z})["image"]
 
     def _latent_size(self, width: int, height: int, vae_scale: int) -> tuple[int, int]:
@@ -142,9 +148,9 @@ class FluxFamilyPipeline(Pipeline):
         fshift = opts.flow_shift if opts.flow_shift is not None else flow_shift
         rng, sampler_noise, sigmas = prepare(opts, seed, steps,
                                              "discrete" if scheduler == "default" else scheduler,
-                                             FlowSchedule(fshift, "flux"), image_tokens=tokens)
+                                             FlowSchedule(fshift, self.schedule_kind), image_tokens=tokens)
         if scheduler == "default" and not opts.sigmas:
-            sigmas = flux_sigmas(steps, tokens, shift=shift)
+            sigmas = self._default_sigmas(steps, tokens, shift, fshift)
         start = rng((1, 16, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
 
         def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
@@ -156,8 +162,13 @@ class FluxFamilyPipeline(Pipeline):
                                  eta=opts.eta, extra=opts.extra)
         return {"latent": latent, "image": self.decode(latent), "sigmas": sigmas}
 
+    def _default_sigmas(self, steps: int, tokens: int, shift: bool, flow_shift: float) -> np.ndarray:
+        """The family's own sigmas (``--scheduler`` not given): FLUX.1's schedule, time-shifted
+        by the image's ``tokens`` when ``shift``."""
+        return flux_sigmas(steps, tokens, shift=shift)
+
     def _preview_rgb(self, latent: np.ndarray) -> np.ndarray:
         if self.preview is not None:
-            img = self.preview(latent / SCALE_FACTOR + SHIFT_FACTOR)
+            img = self.preview(latent / self.scale_factor + self.shift_factor)
             return (np.clip(img[0].transpose(1, 2, 0), 0, 1) * 255).round().astype(np.uint8)
-        return latent_to_rgb(latent, "flux")
+        return latent_to_rgb(latent, self.preview_family)
