@@ -46,6 +46,7 @@ from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
 from sdplan.core.pipelines.flux2 import KleinModels, KleinPipeline, load_ref_image
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
+from sdplan.core.pipelines.sd3 import Sd3Pipeline
 from sdplan.core.pipelines.sdxl import StableDiffusionXL
 from sdplan.core.pipelines.tae import Tae
 from sdplan.core.pipelines.upscale import Upscaler
@@ -129,7 +130,7 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     placements = _placements(req, core)
     family = read_model_files(core).architecture.family
     run = {"flux": _flux_run, "chroma": _chroma_run, "z_image": _zimage_run, "flux2_klein": _klein_run,
-           "flux2": _flux2_dev_run}.get(family, _sd_run)
+           "flux2": _flux2_dev_run, "sd3": _sd3_run}.get(family, _sd_run)
     seed = int(req.get("seed", 42))
     if seed < 0:
         seed = random.randrange(2**31)
@@ -353,6 +354,33 @@ def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]],
                            scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req))
         images.append(image_to_uint8(out["image"][0]))
     return images, {"total_flux2_klein": time.perf_counter() - t0}
+
+
+def _sd3_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
+             placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+    ov = dict(req.get("overrides") or {})
+    threads = int(req.get("threads") or 0)
+    sd3_files = {k: v for k, v in files.items() if k != "upscale_model"}
+    key = ("sd3", repr(sorted(sd3_files.items())), repr(sorted(placements.items())), threads, ov.get("clip_heads"))
+    pipe = _cached(key, lambda: Sd3Pipeline(sd3_files, None, ctx.pool(), placements, threads, cancel=ctx.cancel,
+                                            clip_heads=ov.get("clip_heads")))
+    pipe.set_cancel(ctx.cancel)
+    on_step, preview = _emitters(ctx, req)
+    steps = int(req.get("steps") or 0) or 20
+    images: list[np.ndarray] = []
+    t0 = time.perf_counter()
+    for b in range(int(req.get("batch_count") or 1)):
+        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
+            on_step(i + 1, total)
+            if preview is not None:
+                preview(i + 1, rgb)
+        out = pipe.txt2img(req.get("prompt") or "", int(req.get("width", 1024)), int(req.get("height", 1024)),
+                           negative_prompt=req.get("negative_prompt") or "", cfg_scale=float(req.get("cfg_scale", 7.0)),
+                           steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
+                           clip_skip=int(req.get("clip_skip") or 0), preview=cb,
+                           scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req))
+        images.append(image_to_uint8(out["image"][0]))
+    return images, {"total_sd3": time.perf_counter() - t0}
 
 
 def _flux2_dev_run(*_: Any) -> tuple[list[np.ndarray], dict[str, float]]:
