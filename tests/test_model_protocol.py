@@ -55,6 +55,7 @@ from sdplan.core.models.esrgan import UpscalerGraph, canonical_rrdb_names, detec
 from sdplan.core.models.flux import FluxDiT  # noqa: E402
 from sdplan.core.models.flux2 import Flux2DiT  # noqa: E402
 from sdplan.core.models.llm import LLMEncoder  # noqa: E402
+from sdplan.core.models.mmdit import MMDiT  # noqa: E402
 from sdplan.core.models.t5 import T5Encoder  # noqa: E402
 from sdplan.core.models.tae import TaeGraph, detect_tae  # noqa: E402
 from sdplan.core.models.unet import UNetGraph, unet_config  # noqa: E402
@@ -319,6 +320,18 @@ def _chroma(shared: Path, tmp: Path) -> Built:
         ins = dit.inputs(_normal((1, 16, h, w), h), _normal((1, t, 16), t), None, 0.6)
         return Run(ins, {"out": (1, (h // 2) * (w // 2), 64)})
     return Built(dit, path, set(_names(path)), [run(8, 8, 16), run(4, 6, 5)])
+
+
+@case("mmdit-sd35-medium", MMDiT, blocks=3)
+def _mmdit(shared: Path, tmp: Path) -> Built:
+    path = FIX / "sd3_tiny.safetensors"  # the MMDiT beside its autoencoder, as SD3 single files
+    dit = MMDiT.from_weights(_shapes(path))
+
+    def run(h: int, w: int, t: int) -> Run:  # RMS qk norm, MMDiT-X attn2 in blocks 0-1
+        ins = dit.inputs(_normal((1, 16, h, w), h), _normal((1, t, 48), t), _normal((1, 32), 3), 0.6)
+        return Run(ins, {"out": (1, (h // 2) * (w // 2), 64)})
+    owned = {n for n in _names(path) if n.startswith("model.diffusion_model.")}
+    return Built(dit, path, owned, [run(8, 8, 154), run(4, 6, 20)])
 
 
 @case("flux2-klein", Flux2DiT, blocks=4)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from sdplan.core.modelfiles.checkpoint import read_model_files
+from sdplan.core.models.mmdit import mmdit_config
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.plan import resolve
-from sdplan.core.models.mmdit import mmdit_config
 from sparse_writer import Layout, write_sparse
 
 GIB = 1 << 30

@@ -87,7 +87,7 @@ class Sd3Pipeline(FluxFamilyPipeline):
                  dtypes: Mapping[str, str] | None = None, cancel: Any = None, heads: int | None = None,
                  clip_heads: int | None = None) -> None:
         core = {k: [str(p) for p in v] for k, v in files.items() if k not in ("taesd",) and v}
-        taesd = (files.get("taesd") or [None])[0]
+        taesd = next(iter(files.get("taesd") or ()), None)
         ms = read_model_files(core)
         dit_file = _file_of(ms, "diffusion", "an MMDiT (-m or --diffusion-model)")
         vae_file = _file_of(ms, "vae", "the SD3 autoencoder (--vae, or -m holding first_stage_model.)")
