@@ -3,7 +3,8 @@
 SD 1.x / 2.x from a single-file checkpoint (``-m``), SDXL from its single file or its parts
 (``--diffusion-model --clip_l --clip_g --vae``; ``--force-sdxl-vae-conv-scale`` as in sd-cli),
 Flux from its files (``--diffusion-model --t5xxl --clip_l --vae``), Chroma from its
-(``--diffusion-model --t5xxl --vae``), Z-Image or FLUX.2 klein from theirs (``--diffusion-model
+(``--diffusion-model --t5xxl --vae``), SD3 / SD3.5 from its single file (``-m``) or its parts
+(``--diffusion-model --clip_l --clip_g [--t5xxl] --vae``), Z-Image or FLUX.2 klein from theirs (``--diffusion-model
 --llm --vae``; klein edits the ``-r/--ref-image`` pictures); the architecture (sdxl, flux-dev,
 flux-schnell, chroma, z_image, flux2_klein-4b...) comes from
 :func:`sdplan.core.modelfiles.checkpoint.read_model_files`. The flags are sd-cli's spellings (``-m -p -n
