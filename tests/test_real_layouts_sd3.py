@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from sdplan.core.modelfiles.checkpoint import read_model_files
 from sdplan.core.models.mmdit import mmdit_config
+from sdplan.core.planning.estimate import compute_bytes
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.plan import resolve
 from sparse_writer import Layout, write_sparse
@@ -93,3 +94,19 @@ def test_plans_with_a_layer_split(single) -> None:
         assert ranges[0].first_block == 0 and ranges[-1].last_block == n - 1
         assert ranges[0].last_block + 1 == ranges[1].first_block
         assert sum(r.bytes for r in ranges) == sum(prof.modules[module].blocks)
+
+
+def test_compute_formula_is_near_the_engines_dry_run_at_1024(single) -> None:
+    """The formula a profile alone gets (sd-cli's path: 4096 image + 154 text tokens, T5 on
+    77-token chunks) against the dry run of sdplan's own graphs of the real layout: the
+    MMDiT within 15% above, the text encoders' largest (T5-XXL on one chunk) within 25%."""
+    pytest.importorskip("sdplan._ggml")
+    from sdplan.core.pipelines.compute import measure_compute
+
+    files = {"model": [str(single[0])]}
+    prof = read_model_files(files).profile()
+    measured = measure_compute(files, width=1024, height=1024)
+    formula = {m: compute_bytes(m, prof.modules[m], prof.architecture, width=1024, height=1024, batch=1)
+               for m in ("diffusion", "te")}
+    assert measured["diffusion"] <= formula["diffusion"] <= 1.15 * measured["diffusion"], (measured, formula)
+    assert measured["te"] <= formula["te"] <= 1.25 * measured["te"], (measured, formula)

@@ -207,7 +207,7 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
     try:
         return dict(engine.call(COMPUTE_JOB, {
             "model_files": files, "width": args.width, "height": args.height, "batch": args.batch_count,
-            "cfg": args.cfg_scale != 1.0,
+            "cfg": args.cfg_scale != 1.0, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
             "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")}}))
     except SdplanError as exc:
         log.info("no dry run of the engine: %s", exc)

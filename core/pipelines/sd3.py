@@ -31,7 +31,7 @@ from sdplan.core.modelfiles.checkpoint import read_model_files
 from sdplan.core.models.mmdit import MMDiT, unpatch
 from sdplan.core.pipelines.base import module_placements
 from sdplan.core.pipelines.flux_base import FluxFamilyPipeline, shapes
-from sdplan.core.pipelines.sd3_conditioner import Sd3Conditioner
+from sdplan.core.pipelines.sd3_conditioner import CHUNK, Sd3Conditioner
 from sdplan.core.sampling.flow import discrete_flow_sigmas
 
 __all__ = ["Sd3Pipeline", "MODULES", "DEFAULT_STEPS", "DEFAULT_CFG", "FLOW_SHIFT", "SCALE", "SHIFT"]
@@ -114,6 +114,23 @@ class Sd3Pipeline(FluxFamilyPipeline):
         """The MMDiT's velocity for latent ``x`` ``(1, 16, H, W)`` at ``sigma``."""
         out = self.runners["diffusion"].run(self.dit.inputs(x, context, pooled, sigma))["out"]
         return unpatch(out, x.shape[2], x.shape[3], self.dit.cfg.patch)
+
+    def dry_run_inputs(self, width: int, height: int) -> dict[str, list[tuple[Any, dict[str, tuple[int, ...]]]]]:
+        """Module -> ``(runner, input shapes)`` of the graphs a ``width x height`` generation
+        runs (one 77 + 77-token chunk; the DiT once per pass, CFG runs a second pass of the
+        same size; the VAE decoder on one latent), for a dry-run reserve of their compute
+        buffers (:mod:`sdplan.core.pipelines.compute`).
+
+        Raises:
+            InvalidArgument: a bad size; ValueError: a latent larger than the DiT's positions.
+        """
+        h, w = self._latent_size(width, height, self.vae_cfg.factor)
+        c = self.dit.cfg
+        dit = self.dit.inputs(np.zeros((1, 16, h, w), np.float32),
+                              np.zeros((1, 2 * CHUNK, c.context), np.float32), np.zeros((1, c.pooled), np.float32), 1.0)
+        return {"te": self.cond.dry_run_inputs(),
+                "diffusion": [(self.runners["diffusion"], {k: v.shape for k, v in dit.items()})],
+                "vae": [(self.runners["vae"], {"z": (1, 16, h, w)})]}
 
     def _default_sigmas(self, steps: int, tokens: int, shift: bool, flow_shift: float) -> np.ndarray:
         return discrete_flow_sigmas(steps, flow_shift)

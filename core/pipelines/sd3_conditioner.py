@@ -177,6 +177,17 @@ class Sd3Conditioner:
         pooled = np.concatenate([hid_l["pooled"][:1], hid_g["pooled"][:1]], axis=-1)
         return context.astype(np.float32), pooled.astype(np.float32)
 
+    def dry_run_inputs(self, clip_skip: int = 0) -> list[tuple[Any, dict[str, tuple[int, ...]]]]:
+        """``(runner, input shapes)`` of each encoder on one 77-token chunk, for a dry-run
+        reserve of their compute buffers (they run one after another)."""
+        runners = self._runners(_skip(clip_skip))
+        clip = {"ids": (1, CHUNK), "mask": (CHUNK, CHUNK), "eos": (1,)}
+        out = [(runners[n], dict(clip)) for n in ("clip_l", "clip_g")]
+        if self.t5 is not None:
+            ids = np.zeros((1, CHUNK), np.int32)
+            out.append((runners["t5xxl"], {k: v.shape for k, v in self.t5.inputs(ids).items()}))
+        return out
+
     def _t5(self, runner: Any, prompt: str, chunks: int) -> np.ndarray:
         """T5 states ``(chunks, 77, width)``: each chunk of the padded ids encoded alone."""
         assert self.t5 is not None

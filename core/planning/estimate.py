@@ -41,8 +41,9 @@ one level down, ``/4``); for DiTs ``N = (H/16)*(W/16) + text tokens``; for text 
 head) plus ``K`` feature maps of 128 channels at image size; for ESRGAN ``K`` maps of 64
 channels at image size. Constants are the published model configurations (Flux: hidden
 3072, 24 heads, 512 T5 tokens (schnell 256); Chroma: Flux's with sd-cli's 512 T5 tokens
-(sdplan's engine drops the masked ones, so it needs less); SD3-medium: 1536, 24 heads, 333
-tokens; SD3.5-large: 2432, 38 heads; Z-Image: 3840, 30 heads, 512 LLM tokens; FLUX.2 klein
+(sdplan's engine drops the masked ones, so it needs less); SD3-medium: 1536, 24 heads, 154
+text tokens (one chunk of 77 CLIP then 77 T5 rows, sd-cli's ``SD3CLIPEmbedder`` and sdplan's
+engine alike; its T5-XXL also runs 77-token chunks); SD3.5-large: 2432, 38 heads; Z-Image: 3840, 30 heads, 512 LLM tokens; FLUX.2 klein
 4B: 3072, 24 heads, 512 LLM tokens (9B: 4096, 32 heads; reference images add their tokens); SD1: 320
 channels, 8 heads; SD2: 320 channels, 5 heads;
 SDXL: 640 channels, 10 heads; T5-XXL: 64 heads, 10240 MLP, 512 tokens; CLIP-L/H/G:
@@ -83,12 +84,14 @@ ENGINES = ("sdplan", "sd-cli", "sd-cli-fa")
 
 # family -> (heads, width D, tokens rule): DiT tokens = latent/4 + text; UNet = latent / div
 _DIT = {"flux": (24, 3072, 512), "flux-schnell": (24, 3072, 256), "chroma": (24, 3072, 512),
-        "sd3": (24, 1536, 333), "sd3-large": (38, 2432, 333), "z_image": (30, 3840, 512),
+        "sd3": (24, 1536, 154), "sd3-large": (38, 2432, 154), "z_image": (30, 3840, 512),
         "flux2_klein": (24, 3072, 512), "flux2_klein-9b": (32, 4096, 512)}
 _UNET = {"sd1": (8, 320, 1), "sd2": (5, 320, 1), "sdxl": (10, 640, 4)}
 # encoder -> (heads, MLP width, tokens)
 _TE = {"t5xxl": (64, 10240, 512), "llm": (28, 18944, 512), "clip_l": (12, 3072, 77),
        "clip_h": (16, 4096, 77), "clip_g": (20, 5120, 77)}
+# family -> the tokens every encoder of its ``te`` runs at once (SD3: 77-token chunks, T5 too)
+_TE_TOKENS = {"sd3": 77}
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,8 @@ def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
     elif module == "te":
         encs = [e for e in (mp.encoders or {mp.block_encoder: 0}) if e in _TE]
         if encs:  # encoders run one after another: the largest buffer counts
-            return max(_attn(batch, _TE[e][0], _TE[e][2], _TE[e][1], flash) for e in encs)
+            return max(_attn(batch, _TE[e][0], _TE_TOKENS.get(family, _TE[e][2]), _TE[e][1], flash)
+                       for e in encs)
     elif module == "vae":
         return batch * _F32 * ((0 if flash else latent * latent) + _K * 128 * pixels)
     elif module == "upscaler":
