@@ -90,3 +90,31 @@ def test_missing_clip_g_is_a_clear_error(pool) -> None:
 
     with pytest.raises(ModelFileError, match="--clip_g"):
         Sd3Pipeline({k: v for k, v in FILES.items() if k != "clip_g"}, pool=pool)
+
+
+def test_skip_layer_guidance_matches_diffusers(pool, single) -> None:
+    """sd-cli's SLG (--slg-scale 2.5 --skip-layers [1] --skip-layer-start 0.2 --skip-layer-end 0.8:
+    steps 1 and 2 of 4 run a third pass with block 1 skipped) against diffusers'
+    ``skip_guidance_layers=[1]`` over the same steps; the skip pass runs on the loaded weights."""
+    import json
+
+    from sd3_util import FIX
+    from sdplan.core.errors import InvalidArgument
+    from sdplan.core.sampling.slg import SkipLayerGuidance
+
+    cfg = json.loads((FIX / "sd3_fixture_config.json").read_text())["slg"]
+    slg = SkipLayerGuidance(cfg["scale"], tuple(cfg["layers"]), cfg["start"], cfg["end"])
+    assert [i for i in range(4) if slg.active(i, 4)] == [1, 2]
+    sigmas = SamplingOptions(sigmas=tuple(float(s) for s in R["run_sigmas"][:-1]))
+    with Sd3Pipeline(FILES, pool=pool, n_threads=1, clip_heads=CLIP_HEADS) as pipe:
+        out = pipe.txt2img(PROMPT, 16, 16, steps=4, cfg_scale=4.5, noise=R["run_noise"], sampling=sigmas, slg=slg)
+        weights = pipe.runners["diffusion"].memory()["CPU"].weights
+        assert rel_err(out["latent"], R["run_slg_latent"]) < TOL
+        assert rel_err(single["latent"], R["run_slg_latent"]) > 5 * TOL  # SLG changes the picture (2.9%)
+        # off (scale 0) is the plain run; the skip pass added no weights
+        off = pipe.txt2img(PROMPT, 16, 16, steps=4, cfg_scale=4.5, noise=R["run_noise"], sampling=sigmas,
+                           slg=SkipLayerGuidance(0.0, (1,)))
+        np.testing.assert_allclose(off["latent"], single["latent"], atol=1e-6)
+        assert weights == single["memory"]["diffusion"]["CPU"]["now"].weights
+        with pytest.raises(InvalidArgument, match="skip-layers.*outside the MMDiT's blocks 0..2"):
+            pipe.txt2img(PROMPT, 16, 16, steps=4, slg=SkipLayerGuidance(2.5))  # sd-cli's default [7,8,9]

@@ -135,14 +135,15 @@ class FluxFamilyPipeline(Pipeline):
                 sampler: str, noise: np.ndarray | None,
                 preview: Callable[[int, np.ndarray], None] | None,
                 scheduler: str = "default", sampling: SamplingOptions | None = None,
-                flow_shift: float = 1.0) -> dict[str, np.ndarray]:
+                flow_shift: float = 1.0,
+                step_hook: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
         """Sample a ``(1, 16, h, w)`` latent from the seed's noise (``sampling.rng``; or
         ``noise``) and decode it. Returns ``{"latent", "image", "sigmas"}``.
 
         The sigmas: ``sampling.sigmas`` when given; else for ``scheduler`` ``default``
         :func:`~sdplan.core.sampling.flow.flux_sigmas` (``shift``: the image-size time shift),
         else that sd-cli scheduler over a flow schedule with ``sampling.flow_shift`` (default
-        ``flow_shift``)."""
+        ``flow_shift``). ``step_hook(done, n)``: the steps done (0 before the first) of ``n``."""
         opts = sampling or SamplingOptions()
         tokens = (h // 2) * (w // 2)
         fshift = opts.flow_shift if opts.flow_shift is not None else flow_shift
@@ -153,7 +154,13 @@ class FluxFamilyPipeline(Pipeline):
             sigmas = self._default_sigmas(steps, tokens, shift, fshift)
         start = rng((1, 16, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
 
+        n_steps = len(sigmas) - 1
+        if step_hook is not None:
+            step_hook(0, n_steps)
+
         def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
+            if step_hook is not None:
+                step_hook(i + 1, n_steps)
             if preview is not None:
                 preview(i, self._preview_rgb(den))
 

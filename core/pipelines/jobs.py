@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import ModelFileError
+from sdplan.core.errors import InvalidArgument, ModelFileError
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_model_files
 from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
 from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
@@ -58,6 +58,7 @@ from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.threads import check_between_steps, start_run
 from sdplan.core.sampling.flow import DEFAULT_STEPS
 from sdplan.core.sampling.options import SamplingOptions
+from sdplan.core.sampling.slg import SkipLayerGuidance
 
 #: The job that generates images (:func:`generate_job`) and the one that lists the engine
 #: process's devices (:func:`inventory_job`), as the engine names jobs.
@@ -129,6 +130,8 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     core = {k: v for k, v in files.items() if k not in ("taesd", "upscale_model")}
     placements = _placements(req, core)
     family = read_model_files(core).architecture.family
+    if family != "sd3" and SkipLayerGuidance.from_request(req).enabled:
+        raise InvalidArgument(f"--slg-scale: skip-layer guidance runs on SD3 / SD3.5 only, not on {family or 'this model'}")
     run = {"flux": _flux_run, "chroma": _chroma_run, "z_image": _zimage_run, "flux2_klein": _klein_run,
            "flux2": _flux2_dev_run, "sd3": _sd3_run}.get(family, _sd_run)
     seed = int(req.get("seed", 42))
@@ -378,7 +381,8 @@ def _sd3_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], c
                            negative_prompt=req.get("negative_prompt") or "", cfg_scale=float(req.get("cfg_scale", 7.0)),
                            steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
                            clip_skip=int(req.get("clip_skip") or 0), preview=cb,
-                           scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req))
+                           scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req),
+                           slg=SkipLayerGuidance.from_request(req))
         images.append(image_to_uint8(out["image"][0]))
     return images, {"total_sd3": time.perf_counter() - t0}
 

@@ -33,6 +33,7 @@ from sdplan.core.pipelines.base import module_placements
 from sdplan.core.pipelines.flux_base import FluxFamilyPipeline, shapes
 from sdplan.core.pipelines.sd3_conditioner import CHUNK, Sd3Conditioner
 from sdplan.core.sampling.flow import discrete_flow_sigmas
+from sdplan.core.sampling.slg import SkipLayerGuidance
 
 __all__ = ["Sd3Pipeline", "MODULES", "DEFAULT_STEPS", "DEFAULT_CFG", "FLOW_SHIFT", "SCALE", "SHIFT"]
 
@@ -139,7 +140,7 @@ class Sd3Pipeline(FluxFamilyPipeline):
                 cfg_scale: float = DEFAULT_CFG, steps: int | None = None, seed: int = 42, sampler: str = "euler",
                 clip_skip: int = 0, noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None, scheduler: str = "default",
-                sampling: Any = None) -> dict[str, np.ndarray]:
+                sampling: Any = None, slg: SkipLayerGuidance | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -154,27 +155,46 @@ class Sd3Pipeline(FluxFamilyPipeline):
             preview: ``preview(step, rgb_uint8 (H, W, 3))`` after each step.
             scheduler: ``default`` (sd-cli's discrete flow sigmas) or an sd-cli scheduler.
             sampling: ``SamplingOptions`` (``--flow-shift``, ``--eta``, ``--sigmas``, ``--rng``...).
+            slg: skip-layer guidance (:mod:`sdplan.core.sampling.slg`): on the steps of its
+                window a third DiT pass on the prompt with its blocks passed through, on the same
+                loaded weights; ``pred += scale (cond - skip)`` after CFG, as sd-cli.
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
 
         Raises:
-            InvalidArgument: a bad size or a non-finite ``cfg_scale``; SamplingError.
+            InvalidArgument: a bad size, a non-finite ``cfg_scale``, skip layers outside the
+                MMDiT's blocks; SamplingError.
         """
         h, w = self._latent_size(width, height, self.vae_cfg.factor)
         if not np.isfinite(cfg_scale):
             raise InvalidArgument(f"SD3 cfg_scale must be finite, got {cfg_scale}")
+        skip_dit = None
+        if slg is not None and slg.enabled:
+            try:
+                skip_dit = self.dit.skipping(slg.layers)
+            except ValueError as exc:
+                raise InvalidArgument(f"--skip-layers: {exc}") from None
+        step = [0, 0]  # steps done, of n
         with self.cond.session(clip_skip):
             cond = self.encode_prompt(prompt, clip_skip)
             uncond = self.encode_prompt(negative_prompt, clip_skip) if cfg_scale != 1.0 else None
 
         def vel(x: np.ndarray, s: float) -> np.ndarray:
             v = self.velocity(x, s, *cond)
-            if uncond is None:
-                return v
-            u = self.velocity(x, s, *uncond)
-            return (u + np.float32(cfg_scale) * (v - u)).astype(np.float32)
+            out = v
+            if uncond is not None:
+                u = self.velocity(x, s, *uncond)
+                out = (u + np.float32(cfg_scale) * (v - u)).astype(np.float32)
+            if skip_dit is not None and slg is not None and slg.active(step[0], step[1]):
+                with self.runners["diffusion"].variant(skip_dit):
+                    vs = self.velocity(x, s, *cond)
+                out = (out + np.float32(slg.scale) * (v - vs)).astype(np.float32)
+            return out
+
+        def hook(done: int, n: int) -> None:
+            step[:] = [done, n]
 
         return self._sample(vel, h, w, steps or DEFAULT_STEPS, shift=False, seed=seed, sampler=sampler,
                             noise=noise, preview=preview, scheduler=scheduler, sampling=sampling,
-                            flow_shift=FLOW_SHIFT)
+                            flow_shift=FLOW_SHIFT, step_hook=hook)

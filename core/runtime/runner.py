@@ -345,8 +345,29 @@ class ModuleRunner:
                 names.append(d)
         return gr.new_graph(backends, n_threads=self.n_threads), names
 
+    @contextlib.contextmanager
+    def variant(self, model: Any) -> Iterator[None]:
+        """Run ``model`` instead of the runner's graph inside the block, on the same loaded
+        weights (no second copy): a graph over the same tensors built differently (SD3's
+        skip-layer pass). Its graphs are cached apart from the runner's own.
+
+        Raises:
+            EngineError: ``model`` does not own the same tensors in the same blocks.
+        """
+        same = model.n_blocks == self.model.n_blocks and list(model.other_tensors()) == list(
+            self.model.other_tensors()) and all(model.block_tensors(i) == self.model.block_tensors(i)
+                                                for i in range(model.n_blocks))
+        if not same:
+            raise EngineError(f"{self.name}: a variant graph must own the runner's tensors", module=self.name)
+        own = self.model
+        self.model = model
+        try:
+            yield
+        finally:
+            self.model = own
+
     def _whole_graph(self, shapes: dict[str, tuple[int, ...]]) -> tuple[Any, list[str]]:
-        key = tuple(sorted(shapes.items()))
+        key = (self.model, *sorted(shapes.items()))
         if key in self._graphs:
             return self._graphs[key]
         devs = list(dict.fromkeys([self.main, *self.block_device]))
@@ -450,7 +471,7 @@ class ModuleRunner:
         return [s.blocks for s in self._segments(shapes)]
 
     def _segments(self, shapes: dict[str, tuple[int, ...]]) -> list[_Seg]:
-        key = tuple(sorted(shapes.items()))
+        key = (self.model, *sorted(shapes.items()))
         if key not in self._segs:
             self._segs[key] = self._plan_segments(shapes)
         return self._segs[key]
