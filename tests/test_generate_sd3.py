@@ -115,3 +115,37 @@ def test_split_over_two_rpc_servers(tmp_path: Path, files) -> None:
         assert args.run(args) == 0
     assert np.abs(png(split) - png(one)).max() <= 1
     assert "RPC0&RPC1" in read_generation(split).placement["backend"]
+
+
+def test_skip_layer_guidance_flags(tmp_path: Path, monkeypatch, files, capsys) -> None:
+    """--slg-scale 2.5 --skip-layers [1] --skip-layer-start 0.2 --skip-layer-end 0.8 give
+    diffusers' skip_guidance_layers latent decoded; the picture's parameters carry sd-cli's SLG
+    pairs and its record the flags; a non-SD3 model refuses SLG in one line."""
+    from sdplan.core.pipelines.demo import demo_model_path
+
+    monkeypatch.setattr(PhiloxNoise, "randn", lambda self, shape: R["run_noise"].copy())
+    out = tmp_path / "slg.png"
+    slg = ["--slg-scale", "2.5", "--skip-layers", "[1]", "--skip-layer-start", "0.2", "--skip-layer-end", "0.8"]
+    args = parse([*flags("-m", str(files["single"])), "--sigmas", SIGMAS, *slg, "-o", str(out), "--in-process"])
+    assert args.run(args) == 0
+    with Sd3Pipeline({"model": [files["single"]]}, n_threads=1, clip_heads=2) as pipe:
+        expected = image_to_uint8(pipe.decode(R["run_slg_latent"])[0]).astype(int)
+        plain = image_to_uint8(pipe.decode(R["run_latent"])[0]).astype(int)
+    assert np.abs(png(out) - expected).max() <= 2 < np.abs(png(out) - plain).max()
+    params = Image.open(out).text["parameters"]
+    assert ("CFG scale: 4.500000, SLG scale: 2.500000, Skip layers: [1, ], Skip layer start: 0.200000, "
+            "Skip layer end: 0.800000, Guidance:") in params
+    got = read_generation(out)
+    assert {k: got.settings[k] for k in ("slg_scale", "skip_layers", "skip_layer_start", "skip_layer_end")} == \
+        {"slg_scale": 2.5, "skip_layers": "[1]", "skip_layer_start": 0.2, "skip_layer_end": 0.8}
+    import json
+
+    command = json.loads(Image.open(out).text["sdplan"])["command"]
+    assert "--slg-scale 2.5 --skip-layers '[1]' --skip-layer-start 0.2 --skip-layer-end 0.8" in command
+    capsys.readouterr()
+    args = parse(["-m", str(demo_model_path()), "-p", "x", "-W", "64", "-H", "64", "--steps", "1", "--slg-scale", "2.5",
+                  "-o", str(tmp_path / "sd1.png"), "--in-process"])
+    assert args.run(args) == 2
+    err = capsys.readouterr().err
+    assert "--slg-scale: skip-layer guidance runs on SD3 / SD3.5 only, not on sd1" in err
+    assert not (tmp_path / "sd1.png").exists()

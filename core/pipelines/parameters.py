@@ -206,12 +206,12 @@ def _from_sdcpp(data: Mapping[str, Any], out: ImageParameters) -> None:
         s["guidance"] = float(guid["distilled_guidance"])
     slg = guid.get("slg") or {}
     if isinstance(slg.get("scale"), (int, float)) and slg["scale"] != 0:
-        s["slg_scale"] = float(slg["scale"])
+        s["slg_scale"] = round(float(slg["scale"]), 6)
         if isinstance(slg.get("layers"), list):
             s["skip_layers"] = format_layers(int(i) for i in slg["layers"])
         for key, name in (("skip_layer_start", "start"), ("skip_layer_end", "end")):
             if isinstance(slg.get(name), (int, float)):
-                s[key] = float(slg[name])
+                s[key] = round(float(slg[name]), 6)  # sd-cli writes float32 values
     if isinstance(samp.get("eta"), (int, float)):
         s["eta"] = float(samp["eta"])
     if isinstance(samp.get("flow_shift"), (int, float)):
