@@ -72,11 +72,13 @@ def flags(*model: str) -> list[str]:
 def test_single_file_gives_the_diffusers_latent_decoded(tmp_path: Path, monkeypatch, files) -> None:
     monkeypatch.setattr(PhiloxNoise, "randn", lambda self, shape: R["run_noise"].copy())
     out = tmp_path / "sd3.png"
-    args = parse([*flags("-m", str(files["single"])), "--sigmas", SIGMAS, "-o", str(out), "--in-process"])
+    args = parse([*flags("-m", str(files["single"])), "--sigmas", SIGMAS, "-o", str(out), "--in-process",
+                  "--preview-path", str(tmp_path / "prev")])
     assert args.run(args) == 0
     with Sd3Pipeline({"model": [files["single"]]}, n_threads=1, clip_heads=2) as pipe:
         expected = image_to_uint8(pipe.decode(R["run_latent"])[0]).astype(int)
     assert np.abs(png(out) - expected).max() <= 2
+    assert len(list((tmp_path / "prev").iterdir())) == 4  # a live preview per step
     params = Image.open(out).text["parameters"]
     assert params.startswith(PROMPT + "\n") and "Steps: 4" in params and "CFG scale: 4.5" in params
 
