@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from sdplan.core.errors import InvalidArgument
@@ -30,7 +31,7 @@ from sdplan.core.errors import InvalidArgument
 __all__ = ["SkipLayerGuidance", "parse_skip_layers", "format_layers", "DEFAULT_LAYERS", "DEFAULT_START", "DEFAULT_END"]
 
 #: sd-cli's defaults (``examples/common``: ``skip_layers = {7, 8, 9}``; 0.01 and 0.2).
-DEFAULT_LAYERS = (7, 8, 9)
+DEFAULT_LAYERS: tuple[int, ...] = (7, 8, 9)
 DEFAULT_START = 0.01
 DEFAULT_END = 0.2
 
@@ -109,13 +110,17 @@ class SkipLayerGuidance:
                 raise InvalidArgument(f"--{key.replace('_', '-')}: {v!r} is not a finite number")
             return f
 
-        raw = req.get("skip_layers")
+        raw: Any = req.get("skip_layers")
+        layers: tuple[int, ...]
         if raw is None:
             layers = DEFAULT_LAYERS
         elif isinstance(raw, str):
             layers = parse_skip_layers(raw)
         else:
-            layers = tuple(int(v) for v in raw)  # type: ignore[union-attr]
+            try:
+                layers = tuple(int(v) for v in raw)
+            except (TypeError, ValueError):
+                raise InvalidArgument(f"--skip-layers {raw!r}: not a list of block indices") from None
         if any(i < 0 for i in layers):
             raise InvalidArgument(f"--skip-layers {list(layers)}: block indices start at 0")
         return cls(num("slg_scale", 0.0), layers, num("skip_layer_start", DEFAULT_START),
