@@ -20,14 +20,22 @@ from typing import Any
 
 import numpy as np
 from sdplan.core.errors import SdplanError
+from sdplan.core.modelfiles.lora_names import AliasTable, flux_aliases
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.clip import causal_mask, clip_config, clip_text
 from sdplan.core.models.flux import FluxDiT, unpatchify
 from sdplan.core.models.t5 import T5Encoder
 from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
-from sdplan.core.models.vae import vae_config, vae_decode
+from sdplan.core.models.vae import vae_config, vae_decode, vae_moments
 from sdplan.core.pipelines.base import Pipeline, module_placements
+from sdplan.core.pipelines.img2img import (
+    ImageInput,
+    blend,
+    latent_mask,
+    sample_latent,
+    truncate_sigmas,
+)
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.flow import DEFAULT_STEPS, flux_sigmas, sample_flow
@@ -90,6 +98,7 @@ class FluxPipeline(Pipeline):
                  placements: Mapping[str, Any] | None = None, n_threads: int = 0,
                  dtypes: Mapping[str, str] | None = None, cancel: Any = None) -> None:
         super().__init__(pool, n_threads, cancel)
+        self.models = models
         self.placements = module_placements(MODULES, plan, placements)
         te = self.placements["te"]
         # CLIP-L: the te main device and residency, no blocks to split
@@ -111,6 +120,7 @@ class FluxPipeline(Pipeline):
         dec = [n for n in vae_shapes if n.startswith(prefix + "decoder.")]
         self.runners["vae"] = self._runner("vae", FunctionGraph(dec, {"z": "f32"}, self._decode), models.vae,
                                            self.placements["vae"], None)
+        self._vae_names = [n for n in vae_shapes if n.startswith((prefix + "encoder.", prefix + "quant_conv."))]
         self.preview: Callable[[np.ndarray], np.ndarray] | None = None
         if models.taesd is not None:
             self.preview = self._tae_decoder(models.taesd)
@@ -136,6 +146,35 @@ class FluxPipeline(Pipeline):
         runner = self._runner("preview", FunctionGraph(list(shapes), {"z": "f32"}, fn), path, pl, None)
         self.runners["preview"] = runner
         return lambda z: runner.run({"z": np.ascontiguousarray(z, dtype=np.float32)})["image"]
+
+    def lora_aliases(self) -> AliasTable:
+        """The LoRA names of the DiT, CLIP-L and T5 (:func:`~sdplan.core.modelfiles.lora_names.flux_aliases`)."""
+        runners = {m: self.runners[m] for m in ("diffusion", "clip_l", "t5xxl")}
+        return flux_aliases({m: list(r.wf.infos) for m, r in runners.items()},
+                            {n: tuple(i.shape) for r in runners.values() for n, i in r.wf.infos.items()})
+
+    def encode_sample(self, img: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """Image ``(1, 3, H, W)`` in [-1, 1] -> a draw of the autoencoder's latent
+        distribution with standard normal ``noise`` ``(1, 16, H/8, W/8)`` in model space
+        (``(z - SHIFT_FACTOR) * SCALE_FACTOR``). The encoder runs where the VAE is placed.
+
+        Raises:
+            SdplanError: the autoencoder file has no encoder.
+        """
+        if "vae_encoder" not in self.runners:
+            if not self._vae_names:
+                raise SdplanError(f"{self.models.vae}: the autoencoder has no encoder: img2img needs one")
+
+            def enc(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+                mean, logvar = vae_moments(g, w, ins["image"], self.vae_cfg)
+                return {"mean": mean, "logvar": logvar}
+
+            self.runners["vae_encoder"] = self._runner(
+                "vae_encoder", FunctionGraph(self._vae_names, {"image": "f32"}, enc), self.models.vae,
+                self.placements["vae"], None)
+        out = self.runners["vae_encoder"].run({"image": np.ascontiguousarray(img, dtype=np.float32)})
+        z = sample_latent(out["mean"], out["logvar"], noise)
+        return ((z - SHIFT_FACTOR) * SCALE_FACTOR).astype(np.float32)
 
     def _clip(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
         return {"hidden": clip_text(g, w, ins["ids"], ins["mask"], self.clip_cfg)}
@@ -183,8 +222,9 @@ class FluxPipeline(Pipeline):
                 seed: int = 42, sampler: str = "euler", guidance: float = 3.5,
                 t5_length: int = 256, noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None,
-                vae_scale: int = 8) -> dict[str, np.ndarray]:
-        """Generate one image.
+                vae_scale: int = 8, init: ImageInput | None = None) -> dict[str, np.ndarray]:
+        """Generate one image (from ``init``'s picture and mask when given:
+        :mod:`sdplan.core.pipelines.img2img`; the flow start is ``(1 - s) init + s noise``).
 
         Args:
             prompt: the prompt (sd-cli weighting syntax).
@@ -216,9 +256,21 @@ class FluxPipeline(Pipeline):
         rng = PhiloxNoise(seed)
         start = rng.randn((1, 16, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
         g = guidance if self.dit.cfg.guidance else None
+        ref, mask = None, None
+        if init is not None and init.image is not None:
+            ref = self.encode_sample(init.image, PhiloxNoise(seed).randn((1, 16, h, w)))
+            sigmas = truncate_sigmas(sigmas, init.strength)
+            s0 = np.float32(sigmas[0])
+            start = (ref * (np.float32(1.0) - s0) + start * s0).astype(np.float32)
+            if init.mask is not None:
+                mask = latent_mask(init.mask, vae_scale)
 
         def vel(x: np.ndarray, s: float) -> np.ndarray:
-            return self.velocity(x, s, context, pooled, g)
+            v = self.velocity(x, s, context, pooled, g)
+            if mask is None or ref is None or s <= 0:
+                return v
+            den = blend(x - np.float32(s) * v, ref, mask)  # blend the prediction, as sd-cli
+            return ((x - den) / np.float32(s)).astype(np.float32)
 
         def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
             if preview is not None:

@@ -15,7 +15,10 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
   ``flux_heads``, ``flux_axes``, ``t5_length`` (tiny models); ``previews``: send previews
   (default True);
 - ``taesd_decode``: decode the final images with the ``taesd`` TAE instead of the VAE
-  (sd-cli's ``--taesd`` without ``--taesd-preview-only``; default False: previews only).
+  (sd-cli's ``--taesd`` without ``--taesd-preview-only``; default False: previews only);
+- ``lora_model_dir``, ``lora_apply_mode``: where the prompt's ``<lora:NAME:W>`` files are
+  and how they apply (:mod:`sdplan.core.pipelines.lora`); ``init_img``, ``mask``,
+  ``strength``: image-to-image and inpainting (:mod:`sdplan.core.pipelines.img2img`).
 
 Messages: progress ``{"step", "total", "phase"}``, preview ``{"step", "total", "image"}``
 (uint8 (H, W, 3)); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings"}``.
@@ -33,6 +36,8 @@ import numpy as np
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_model_files
 from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
+from sdplan.core.pipelines.img2img import request_image_input
+from sdplan.core.pipelines.lora import prompt_loras
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
 from sdplan.core.pipelines.tae import Tae
@@ -116,7 +121,7 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     if seed < 0:
         seed = random.randrange(2**31)
     t0 = time.perf_counter()
-    images, timings = (_flux_run if flux else _sd_run)(ctx, req, files, core, placements, seed)
+    images, timings, info = (_flux_run if flux else _sd_run)(ctx, req, files, core, placements, seed)
     upscaler = _first(files, "upscale_model")
     if upscaler:
         ctx.progress(phase="upscale")
@@ -125,8 +130,22 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     timings["total"] = time.perf_counter() - t0
     params = {k: req.get(k) for k in ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale",
                                       "sampling_method", "scheduler", "batch_count", "clip_skip")}
-    params.update(seed=seed, architecture="flux" if flux else "sd")
+    params.update(seed=seed, architecture="flux" if flux else "sd", **info)
     return {"images": images, "params": params, "timings": timings}
+
+
+def _inputs(pipe: Any, req: Mapping[str, Any], width: int, height: int) -> tuple[str, Any, dict[str, Any]]:
+    """The prompt without its LoRA tags, the image input, and what they applied (LoRAs with
+    mode and keys that patch nothing; strength) after patching ``pipe`` with the LoRAs."""
+    prompt, loras = prompt_loras(req.get("prompt") or "", req.get("lora_model_dir"), pipe.lora_aliases())
+    mode = pipe.set_loras(loras, req.get("lora_apply_mode") or "auto")
+    init = request_image_input(dict(req), width, height)
+    info: dict[str, Any] = {}
+    if loras:
+        info.update(loras=pipe.loras.describe(), lora_apply_mode=mode, lora_unknown_keys=pipe.loras.unknown())
+    if init is not None:
+        info.update(strength=init.strength, init_img=req.get("init_img"), mask=req.get("mask"))
+    return prompt, init, info
 
 
 def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Callable[[int, np.ndarray], None] | None]:
@@ -143,7 +162,7 @@ def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Ca
 
 
 def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-            placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+            placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
     ov = dict(req.get("overrides") or {})
     threads = int(req.get("threads") or 0)
     taesd = _first(files, "taesd")
@@ -158,16 +177,18 @@ def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], co
     if sess.tae is not None:
         for r in sess.tae.runners.values():
             r.cancel = ctx.cancel
-    p = GenerateParams(req.get("prompt") or "", req.get("negative_prompt") or "", int(req.get("width", 512)),
-                       int(req.get("height", 512)), int(req.get("steps", 20)), float(req.get("cfg_scale", 7.0)),
+    width, height = int(req.get("width", 512)), int(req.get("height", 512))
+    prompt, init, info = _inputs(sess.sd, req, width, height)
+    p = GenerateParams(prompt, req.get("negative_prompt") or "", width,
+                       height, int(req.get("steps", 20)), float(req.get("cfg_scale", 7.0)),
                        seed, req.get("sampling_method") or "euler_a", req.get("scheduler") or "discrete",
                        int(req.get("batch_count") or 1), max(int(req.get("clip_skip") or 0), 0))
     on_step, preview = _emitters(ctx, req)
     images = sess.sd.txt2img(p, on_step, preview, vae_tile=int(req.get("vae_tile_size") or 0) or None,
                              preview_decoder=sess.tae.preview if sess.tae is not None else None,
                              decoder=sess.tae.decode if sess.tae is not None and req.get("taesd_decode")
-                             else None)
-    return images, dict(sess.sd.timings)
+                             else None, init=init)
+    return images, dict(sess.sd.timings), info
 
 
 class _SdSession:
@@ -194,7 +215,7 @@ class _SdSession:
 
 
 def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-              placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+              placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
     need = [k for k in ("diffusion_model", "t5xxl", "clip_l", "vae") if not files.get(k)]
     if need:
         raise ModelFileError("<request>", "a Flux run needs --diffusion-model, --t5xxl, --clip_l and --vae; "
@@ -211,6 +232,7 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
     on_step, preview = _emitters(ctx, req)
     steps = int(req.get("steps") or 0) or DEFAULT_STEPS[pipe.dit.cfg.variant]
     width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
+    prompt, init, info = _inputs(pipe, req, width, height)
     images: list[np.ndarray] = []
     t0 = time.perf_counter()
     for b in range(int(req.get("batch_count") or 1)):
@@ -218,12 +240,12 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
             on_step(i + 1, total)
             if preview is not None:
                 preview(i + 1, rgb)
-        out = pipe.txt2img(req.get("prompt") or "", width, height, steps=steps, seed=seed + b,
+        out = pipe.txt2img(prompt, width, height, steps=steps, seed=seed + b,
                            sampler=req.get("sampling_method") or "euler",
                            guidance=float(req.get("guidance") or 3.5),
-                           t5_length=int(ov.get("t5_length") or 256), preview=cb)
+                           t5_length=int(ov.get("t5_length") or 256), preview=cb, init=init)
         images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_flux": time.perf_counter() - t0}
+    return images, {"total_flux": time.perf_counter() - t0}, info
 
 
 def _upscale(ctx: Any, path: str, vae: Any, images: list[np.ndarray], repeats: int, threads: int) -> list[np.ndarray]:

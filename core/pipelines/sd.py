@@ -31,10 +31,19 @@ from typing import Any
 import numpy as np
 from sdplan.core.errors import ModelFileError, SdplanError
 from sdplan.core.modelfiles.checkpoint import ModelSet, read_model_files
+from sdplan.core.modelfiles.lora_names import AliasTable, aliases_for_family
 from sdplan.core.models import clip as clip_m
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
 from sdplan.core.pipelines.base import Pipeline, module_placements
+from sdplan.core.pipelines.img2img import (
+    ImageInput,
+    blend,
+    dilate,
+    latent_mask,
+    sample_latent,
+    truncate_sigmas,
+)
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.noise import PhiloxNoise, initial_latent
@@ -248,15 +257,18 @@ class StableDiffusion(Pipeline):
             yield run
 
     def denoiser(self, unet: Callable[..., np.ndarray], cond: np.ndarray, uncond: np.ndarray | None,
-                 cfg_scale: float) -> Denoiser:
+                 cfg_scale: float, concat: np.ndarray | None = None) -> Denoiser:
         """A k-diffusion style denoiser (eps or v :func:`~sdplan.core.sampling.schedules.scalings`);
-        with CFG both halves run as one batch: ``u + cfg (c - u)``."""
+        with CFG both halves run as one batch: ``u + cfg (c - u)``. ``concat`` ``(N, C, h, w)``
+        joins the scaled latent as extra input channels (inpainting UNets)."""
         guided = uncond is not None and cfg_scale != 1.0
 
         def denoise(x: np.ndarray, sigma: float) -> np.ndarray:
             c_skip, c_out, c_in = scalings(float(sigma), self.prediction)
             t = np.float32(self.schedule.sigma_to_t(float(sigma)))
             x_in = (x * c_in).astype(np.float32)
+            if concat is not None:
+                x_in = np.concatenate([x_in, concat], 1)
             n = x.shape[0]
             if guided:
                 assert uncond is not None
@@ -293,6 +305,53 @@ class StableDiffusion(Pipeline):
         img = np.ascontiguousarray(img, dtype=np.float32)
         return self.runners["vae"].run({"image": img})["mean"]
 
+    def encode_sample(self, img: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """Images ``(1, 3, H, W)`` in [-1, 1] -> a draw of their latent distribution with
+        standard normal ``noise`` ``(1, 4, H/8, W/8)``, times the scale factor: the
+        diffusion model's latent (:func:`~sdplan.core.pipelines.img2img.sample_latent`)."""
+        t0 = time.perf_counter()
+        out = self.runners["vae"].run({"image": np.ascontiguousarray(img, dtype=np.float32)})
+        self.timings["encode"] = self.timings.get("encode", 0.0) + time.perf_counter() - t0
+        return sample_latent(out["mean"], out["logvar"], noise) * np.float32(vae_m.SCALE_FACTOR)
+
+    @property
+    def inpaint(self) -> bool:
+        """An inpainting checkpoint: its UNet takes 9 input channels (latent, mask, masked
+        image latent)."""
+        return self.unet_cfg.in_channels == 9
+
+    def lora_aliases(self) -> AliasTable:
+        """The LoRA names of this checkpoint's UNet and text encoder
+        (:func:`~sdplan.core.modelfiles.lora_names.sd_aliases`)."""
+        names = {m: [t.info.name for t in self.ms.module_tensors(m)] for m in ("diffusion", "te")}
+        shapes = {t.info.name: tuple(t.info.shape) for t in self.ms.tensors}
+        return aliases_for_family(self.family, names, shapes)
+
+    def _image_latents(self, init: ImageInput | None, shape: tuple[int, ...],
+                       seed: int) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """``(init latent, blend mask, extra UNet channels)`` for ``init`` at the latent
+        ``shape`` (module docstring of :mod:`sdplan.core.pipelines.img2img`)."""
+        if init is None and not self.inpaint:
+            return None, None, None
+        init = init or ImageInput()
+        n, _, h, w = shape
+        f = self.vae_cfg.factor
+        lat_shape = (1, self.vae_cfg.latent_channels, h, w)
+        gen = PhiloxNoise(seed)  # sd-cli samples the encoder's distribution with the seed's RNG
+        first = gen.randn(lat_shape)
+        lat = self.encode_sample(init.image, first) if init.image is not None else None
+        pix = init.mask if init.mask is not None else np.ones((1, 1, h * f, w * f), np.float32)
+        m = latent_mask(pix, f)
+        concat = None
+        if self.inpaint:
+            masked = (self.encode_sample(init.image * (1.0 - pix), gen.randn(lat_shape))
+                      if init.image is not None else np.zeros(lat_shape, np.float32))
+            concat = np.repeat(np.concatenate([m, masked], 1), n, 0)
+            m = dilate(m)
+        if lat is None:
+            lat = np.zeros(lat_shape, np.float32)
+        return np.repeat(lat, n, 0), (np.repeat(m, n, 0) if init.mask is not None or self.inpaint else None), concat
+
     # ------------------------------------------------------------------ txt2img
 
     def txt2img(self, p: GenerateParams,
@@ -301,8 +360,13 @@ class StableDiffusion(Pipeline):
                 noise: np.ndarray | None = None, sigmas: np.ndarray | None = None,
                 vae_tile: int | None = None,
                 preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None,
-                decoder: Callable[[np.ndarray], np.ndarray] | None = None) -> list[np.ndarray]:
+                decoder: Callable[[np.ndarray], np.ndarray] | None = None,
+                init: ImageInput | None = None) -> list[np.ndarray]:
         """Generate ``p.batch`` images; returns ``(H, W, 3)`` uint8 arrays.
+
+        ``init`` makes it image-to-image / inpainting (:mod:`sdplan.core.pipelines.img2img`):
+        its picture (``(1, 3, H, W)`` in [-1, 1], the generation's size) is encoded by the
+        VAE, the schedule truncated by its strength, the latents outside its mask kept.
 
         ``on_step(step, total, latent)`` after every sampler step; ``preview(step, rgb)``
         with uint8 ``(h, w, 3)`` of the first image's denoised latent: the cheap
@@ -331,14 +395,19 @@ class StableDiffusion(Pipeline):
         if uncond is not None and uncond.shape != cond.shape:
             k = max(cond.shape[1], uncond.shape[1])
             cond, uncond = _pad_chunks(cond, k), _pad_chunks(uncond, k)
-        shape = (p.batch, self.unet_cfg.in_channels, p.height // self.vae_cfg.factor,
+        shape = (p.batch, self.vae_cfg.latent_channels, p.height // self.vae_cfg.factor,
                  p.width // self.vae_cfg.factor)
+        init_lat, mask, concat = self._image_latents(init, shape, p.seed)
         gen = PhiloxNoise(p.seed)
         if noise is None:
             noise = gen.randn(shape)
         if sigmas is None:
             sigmas = get_sigmas(p.scheduler, p.steps, self.schedule, self.family)
-        x = initial_latent(noise, sigmas)
+        if init is not None and init.image is not None and init_lat is not None:
+            sigmas = truncate_sigmas(sigmas, init.strength)
+            x = (init_lat + noise * np.float32(sigmas[0])).astype(np.float32)  # sd-cli's noise_scaling
+        else:
+            x = initial_latent(noise, sigmas)
         total = len(sigmas) - 1
 
         def cb(i: int, xi: np.ndarray, den: np.ndarray) -> None:
@@ -350,7 +419,10 @@ class StableDiffusion(Pipeline):
 
         t0 = time.perf_counter()
         with self.unet_session() as unet:
-            den = self.denoiser(unet, cond, uncond, p.cfg_scale)
+            den = self.denoiser(unet, cond, uncond, p.cfg_scale, concat)
+            if mask is not None and init_lat is not None:
+                plain, ref = den, init_lat
+                den = lambda xx, s: blend(plain(xx, s), ref, mask)  # noqa: E731
             latent = sample(p.sampler, den, x, sigmas, noise=gen, callback=cb, schedule=self.schedule)
         self.timings["sampling"] = time.perf_counter() - t0
         self.timings["per_step"] = self.timings["sampling"] / max(total, 1)
