@@ -137,6 +137,8 @@ def _clip(names: Collection[str], prefix: str, module: str) -> dict[str, Target]
     out: dict[str, Target] = {}
     for p in _weights(names, prefix):
         out[p] = Target(module, f"{prefix}{p}.weight")
+        if p.startswith("text_model."):  # transformers 5 saves CLIP without the text_model level
+            out.setdefault(p[len("text_model."):], out[p])
     return out
 
 
@@ -156,11 +158,13 @@ def _openclip(names: Collection[str], prefix: str, module: str,
             d = shapes[name][0] // 3
             for k, c in enumerate("qkv"):
                 out[f"{layer}self_attn.{c}_proj"] = Target(module, name, (k * d, (k + 1) * d))
+                out[f"encoder.layers.{i}.self_attn.{c}_proj"] = out[f"{layer}self_attn.{c}_proj"]
             continue
         ren = {"attn.out_proj.weight": "self_attn.out_proj", "mlp.c_fc.weight": "mlp.fc1",
                "mlp.c_proj.weight": "mlp.fc2"}.get(rest)
         if ren:
             out[layer + ren] = Target(module, name)
+            out[f"encoder.layers.{i}.{ren}"] = Target(module, name)
             out[f"transformer.resblocks.{i}.{rest[:-len('.weight')]}"] = Target(module, name)
     if prefix + "text_projection" in names:
         out["text_projection"] = Target(module, prefix + "text_projection")

@@ -22,9 +22,9 @@ A :class:`ModuleLora` applies them in one of sd-cli's two modes (``--lora-apply-
 - ``at_runtime`` (:meth:`ModuleLora.wrap`): the weight lookup hands the graph an
   :class:`~sdplan.core.runtime.graph.AdaptedWeight` and :func:`~sdplan.core.runtime.graph.linear`
   / :func:`~sdplan.core.runtime.graph.conv2d` add ``up(down(x)) + dense(x)`` beside the
-  weight's own product. The LoRA tensors (:meth:`ModuleLora.arrays`, f16 unless a file
-  gives f32) live on the device that runs their weight, so each range of a layer split
-  applies its own part.
+  weight's own product. The LoRA tensors (:meth:`ModuleLora.arrays`; f16 low-rank
+  factors, f32 dense deltas) live on the device that runs their weight, so each range of a
+  layer split applies its own part.
 
 ``auto`` (:func:`choose_mode`) picks as sd-cli does (``src/stable-diffusion.cpp``): at
 runtime when a weight of the model is quantized, layers stream, the diffusion model's
@@ -269,10 +269,16 @@ class ModuleLora:
         return [f"{n}{s}" for n in weights if n in self.patches
                 for s in (".lora_down", ".lora_up", ".lora_dense") if f"{n}{s}" in arrays]
 
+    def dtypes(self) -> dict[str, str]:
+        """The runtime dtype of each at-runtime tensor: :attr:`dtype` for ``down``/``up``,
+        f32 for dense deltas (LoHa/LoKr products lose too much in f16) and vectors."""
+        return {n: self.dtype if a.ndim > 1 and not n.endswith(".lora_dense") else "f32"
+                for n, a in self.arrays().items()}
+
     def nbytes(self) -> int:
-        """Bytes of the at-runtime tensors in :attr:`dtype` (vectors in f32)."""
-        size = 2 if self.dtype == "f16" else 4
-        return sum(a.size * (size if a.ndim > 1 else 4) for a in self.arrays().values())
+        """Bytes of the at-runtime tensors in their :meth:`dtypes`."""
+        dts = self.dtypes()
+        return sum(a.size * (2 if dts[n] == "f16" else 4) for n, a in self.arrays().items())
 
     def wrap(self, name: str, base: Any, lookup: Any) -> Any:
         """``base`` (the weight ``name``'s tensor) with its patch for the graph: an

@@ -233,8 +233,7 @@ class ModuleRunner:
         self.lora, self._lora_store = lora, None
         if lora is not None and lora.runtime:
             arrays = lora.arrays()
-            wf = WeightFile.from_arrays(arrays, f"LoRA of {self.name}",
-                                        dtypes={n: lora.dtype if a.ndim > 1 else "f32" for n, a in arrays.items()})
+            wf = WeightFile.from_arrays(arrays, f"LoRA of {self.name}", dtypes=lora.dtypes())
             self._lora_store = (wf, wf.new_store())
             for dev, names in self._lora_groups().items():
                 self._lora_store[1].plan(names, self.pool.get(dev))
