@@ -258,12 +258,16 @@ class FluxPipeline(Pipeline):
         g = guidance if self.dit.cfg.guidance else None
         ref, mask = None, None
         if init is not None and init.image is not None:
+            f = self.vae_cfg.factor
+            if init.image.shape[2:] != (h * f, w * f):
+                raise SdplanError(f"init image {init.image.shape[3]}x{init.image.shape[2]}: this autoencoder "
+                                  f"needs {w * f}x{h * f} pixels for a {width}x{height} generation")
             ref = self.encode_sample(init.image, PhiloxNoise(seed).randn((1, 16, h, w)))
             sigmas = truncate_sigmas(sigmas, init.strength)
             s0 = np.float32(sigmas[0])
             start = (ref * (np.float32(1.0) - s0) + start * s0).astype(np.float32)
             if init.mask is not None:
-                mask = latent_mask(init.mask, vae_scale)
+                mask = latent_mask(init.mask, f)
 
         def vel(x: np.ndarray, s: float) -> np.ndarray:
             v = self.velocity(x, s, context, pooled, g)

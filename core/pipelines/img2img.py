@@ -6,16 +6,19 @@
   distribution: ``mean + exp(0.5 clamp(logvar, -30, 20)) * noise`` with the first draw of
   the seed's generator (sd-cli's ``gaussian_latent_sample`` on its seeded RNG), then put in
   the diffusion model's latent space (SD: times 0.18215; Flux: ``(z - 0.1159) * 0.3611``).
-- ``--strength s`` below 1 truncates the sigma schedule of ``N`` steps to its last
-  ``t + 1`` sigmas, ``t = int(N s)`` (``t = N - 1`` when that is ``N``): strength 0 still runs
-  the one step from the smallest sigma to 0. Strength 1 keeps the whole schedule.
+- ``--strength s`` below 1 truncates the sigma schedule of ``N`` steps to
+  ``sigmas[N - t - 1:]``, ``t = int(N s)`` (``t = N - 1`` when that is ``N``): ``t + 1``
+  steps, so strength 0 still runs the one step from the smallest sigma to 0, and any
+  strength from ``(N - 1) / N`` on runs them all. Strength 1 keeps the whole schedule.
 - The start is ``noise_scaling(sigma_0, noise, init)``: ``init + sigma_0 noise`` for SD's
   denoisers, ``(1 - sigma_0) init + sigma_0 noise`` for flow models (so Flux at strength 1
   starts from the noise alone, exactly as text-to-image).
 - ``--mask`` (white = repaint) is read as grey, resized, rounded to 0/1, and reduced to the
   latent grid by taking the largest value of each cell (``NearestMax``). After every
-  denoiser call ``denoised = denoised * m + init * (1 - m)``, so unmasked latents stay the
-  init image's. Inpainting checkpoints (a 9-channel SD UNet) also take ``[mask, masked
+  denoiser call ``denoised = denoised * m + init * (1 - m)``, so unmasked latents end as the
+  init image's. Their pixels are the VAE's decoding of the whole latent, as in sd-cli: the
+  decoder's GroupNorm statistics and mid attention span the picture, so repainting a large
+  area shifts the colours of the rest a little (no pixel overlay is pasted back). Inpainting checkpoints (a 9-channel SD UNet) also take ``[mask, masked
   image latent]`` as extra input channels (the masked image is the init image with the
   masked pixels set to grey 0, encoded as the init image is, second draw of the
   generator), and blend with the mask dilated by a 3x3 maximum.
@@ -110,8 +113,9 @@ def dilate(mask: np.ndarray) -> np.ndarray:
 
 
 def truncate_sigmas(sigmas: np.ndarray, strength: float) -> np.ndarray:
-    """sd-cli's img2img schedule: for ``strength < 1`` the last ``t + 1`` of the ``N + 1``
-    sigmas, ``t = int(N * strength)`` (``N - 1`` when that equals ``N``); else all of them."""
+    """sd-cli's img2img schedule: for ``strength < 1``, ``sigmas[N - t - 1:]`` of the
+    ``N + 1`` sigmas (``t + 1`` steps), ``t = int(N * strength)`` (``N - 1`` when that equals
+    ``N``); else all of them."""
     steps = len(sigmas) - 1
     if strength >= 1.0:
         return np.asarray(sigmas)
