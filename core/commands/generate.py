@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sdplan.core.commands.options import add_input_arguments, input_request, validate_inputs
 from sdplan.core.errors import SdplanError
 from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
 
@@ -92,6 +93,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     adv.add_argument("--flux-heads", type=int, help="Flux DiT heads (default from the q-norm width)")
     adv.add_argument("--flux-axes", metavar="I,R,C", help="Flux RoPE axes widths (default hd/8 and halves)")
     adv.add_argument("--t5-length", type=int, default=256, help="T5 tokens after padding (Flux)")
+    add_input_arguments(p)
     add_placement_arguments(p)
     p.set_defaults(run=run)
     return p
@@ -112,18 +114,26 @@ class _DefaultStr(str):
 def apply_demo(args: argparse.Namespace) -> None:
     """With ``--demo``: ``-m`` the demo model, the demo's defaults
     (:mod:`sdplan.core.pipelines.demo`) for each of width, height, steps, CFG scale and the
-    sampler, where the command line left them at their defaults.
+    sampler, where the command line left them at their defaults, and its LoRA folder
+    without ``--lora-model-dir``.
 
     Raises:
         SdplanError: ``--demo`` together with ``-m`` or ``--diffusion-model``, or no demo file.
     """
     if not getattr(args, "demo", False):
         return
-    from sdplan.core.pipelines.demo import DEMO_DEFAULTS, DEMO_SAMPLER, demo_model_path
+    from sdplan.core.pipelines.demo import (
+        DEMO_DEFAULTS,
+        DEMO_SAMPLER,
+        demo_lora_dir,
+        demo_model_path,
+    )
 
     if args.model or args.diffusion_model:
         raise SdplanError("--demo replaces -m/--diffusion-model: give one or the other")
     args.model = str(demo_model_path())
+    if getattr(args, "lora_model_dir", "") is None:
+        args.lora_model_dir = str(demo_lora_dir())
     for key, value in DEMO_DEFAULTS.items():
         if isinstance(getattr(args, key), (_DefaultInt, _DefaultFloat)):
             setattr(args, key, value)
@@ -140,7 +150,7 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
     return files
 
 
-def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]]) -> tuple[Any, Any, Any]:
+def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]]) -> tuple[Any, Any, Any, Any]:
     from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
     from sdplan.core.pipelines.jobs import INVENTORY_JOB
     from sdplan.core.planning.estimate import estimate_plan
@@ -151,8 +161,12 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]])
     inventory = Inventory.from_json(engine.call(INVENTORY_JOB, {"rpc_servers": list(placement.rpc_servers)}))
     profile = profile_from_model_flags({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
     plan = resolve(placement, inventory, profile)
-    fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count)
-    return plan, inventory, fit
+    from sdplan.core.pipelines.inputs import plan_loras
+
+    loras = plan_loras(args.prompt, args.lora_model_dir or ".", args.lora_apply_mode, files, plan)
+    fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count,
+                        loras=loras.profiles)
+    return plan, inventory, fit, loras
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,11 +183,12 @@ def run(args: argparse.Namespace) -> int:
             apply_demo(args)
             validate(args)
             files = model_files(args)
-            plan, inventory, fit = _resolve(args, engine, files)
+            plan, inventory, fit, loras = _resolve(args, engine, files)
         except SdplanError as exc:
             print_error(exc)
             return 2
         print_tables(plan, inventory, fit)
+        _print_inputs(console, loras, args)
         if getattr(args, "demo", False) and not demo_caption_known(args.prompt):
             console.print("[yellow]note[/]: the demo model was trained on captions like "
                           "'a red circle on a blue background' (8 colours; circle, square, "
@@ -215,13 +230,14 @@ def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, se
             "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")},
             "overrides": {k: v for k, v in overrides.items() if v is not None},
             "previews": bool(args.preview_path),
-            "taesd_decode": bool(args.taesd) and not args.taesd_preview_only}
+            "taesd_decode": bool(args.taesd) and not args.taesd_preview_only, **input_request(args)}
 
 
 def validate(args: argparse.Namespace) -> None:
     """Check the generation flags before anything loads; raises SdplanError naming the flag."""
     import math
 
+    validate_inputs(args)
     from sdplan.core.sampling.flow import FLOW_SAMPLERS
     from sdplan.core.sampling.samplers import SAMPLERS
     from sdplan.core.sampling.schedules import SCHEDULES
@@ -253,6 +269,18 @@ def validate(args: argparse.Namespace) -> None:
                           f"({exc.strerror or exc})") from None
     if not os.access(folder, os.W_OK):
         raise SdplanError(f"-o/--output {args.output!r}: the folder {str(folder)!r} is not writable")
+
+
+def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
+    """One line each for the LoRAs (and keys of theirs that patch nothing) and the init picture."""
+    if loras.loras:
+        console.print(loras.summary(), highlight=False, markup=False)
+        for u in loras.unknown():
+            console.print(f"[yellow]LoRA key not applied[/]: {u}", highlight=False)
+    if args.init_img:
+        mask = f", mask {args.mask}" if args.mask else ""
+        console.print(f"image to image from {args.init_img}, strength {args.strength:g}{mask}",
+                      highlight=False, markup=False)
 
 
 def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any, console: Any) -> int:
@@ -293,7 +321,8 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
             engine.cancel()
             raise
     log.info("generated in %.2f s: %s", time.perf_counter() - t0, res.get("timings"))
-    text = generation_text({**req, "clip_skip": args.clip_skip}, files,
+    applied = {k: v for k, v in res.get("params", {}).items() if k in ("loras", "lora_apply_mode")}
+    text = generation_text({**req, "clip_skip": args.clip_skip, **applied}, files,
                            {"backend": plan.backend, "params_backend": plan.params_backend,
                             "max_vram": plan.max_vram})
     out = Path(args.output)

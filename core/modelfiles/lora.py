@@ -25,17 +25,19 @@ stable-diffusion.cpp's ``src/model/adapter/lora.hpp`` (LyCORIS' definitions).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from sdplan.core.errors import ModelFileError, SdplanError
+from sdplan.core.modelfiles.checkpoint import ModelSet
 from sdplan.core.modelfiles.lora_names import AliasTable, Target
 from sdplan.core.modelfiles.readers import TensorInfo, read_tensor_file
+from sdplan.core.planning.adapters import PLAN_MODULE, LoraProfile
 
 __all__ = ["LoraPart", "LoraFile", "read_lora", "find_lora_file", "LORA_EXTENSIONS", "guess_lora_family",
-           "KINDS"]
+           "KINDS", "runtime_bytes", "lora_profiles", "model_aliases", "quantized"]
 
 #: Extensions tried, in order, for a tag's name without one (sd-cli's list).
 LORA_EXTENSIONS = (".gguf", ".safetensors", ".pt", ".ckpt")
@@ -306,3 +308,73 @@ def guess_lora_family(path: str | Path) -> str:
             width = t.shape[-1] if len(t.shape) == 2 else (t.shape[1] if len(t.shape) == 4 else 0)
             return {768: "sd1", 1024: "sd2", 2048: "sdxl"}.get(int(width), "unknown")
     return "unknown"
+
+
+def _rank(lf: LoraFile, part: LoraPart) -> int:
+    info = lf.infos[part.keys["mid"] if "mid" in part.keys else part.keys["down"]]
+    return int(info.shape[0])
+
+
+def runtime_bytes(files: Sequence[LoraFile], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+    """Bytes the engine holds on a device for each patched weight in ``at_runtime`` mode
+    (:mod:`sdplan.core.runtime.lora`), from the headers alone: low-rank parts stacked into
+    ``down`` ``(R, in...)`` and ``up`` ``(out, R)`` in f16 (``R`` the summed ranks, ``up``
+    covering the whole output axis of a fused weight), dense parts (LoHa, LoKr, diff) one f32
+    copy of the weight. ``shapes``: weight name -> numpy-order shape. Keys: weight names."""
+    ranks: dict[str, int] = {}
+    dense: set[str] = set()
+    for lf in files:
+        for p in lf.parts:
+            if p.kind == "lora":
+                ranks[p.target.tensor] = ranks.get(p.target.tensor, 0) + _rank(lf, p)
+            else:
+                dense.add(p.target.tensor)
+    out: dict[str, int] = {}
+    for name in set(ranks) | dense:
+        shape = shapes[name]
+        inner = int(np.prod(shape[1:], dtype=np.int64))
+        r = ranks.get(name, 0)
+        out[name] = 2 * r * (inner + int(shape[0])) + (4 * int(np.prod(shape, dtype=np.int64)) if name in dense else 0)
+    return out
+
+
+def lora_profiles(files: Sequence[LoraFile], ms: ModelSet) -> dict[str, LoraProfile]:
+    """Per plan module, the at-runtime LoRA bytes of ``files`` per block of the module's
+    profile (:meth:`~sdplan.core.modelfiles.checkpoint.ModelSet.module_profile` order) and
+    outside blocks: what :func:`sdplan.core.planning.estimate.estimate_plan` counts."""
+    by_name = {t.info.name: t for t in ms.tensors}
+    sizes = runtime_bytes(files, {n: tuple(t.info.shape) for n, t in by_name.items()})
+    order: dict[str, list[tuple[int, int]]] = {}
+    blocks: dict[str, dict[int, int]] = {}
+    other: dict[str, int] = {}
+    for name, n in sizes.items():
+        t = by_name[name]
+        module = PLAN_MODULE.get(t.module, t.module)
+        if t.block is None:
+            other[module] = other.get(module, 0) + n
+            continue
+        if module not in order:
+            order[module] = sorted({u.block for u in ms.tensors if u.module == t.module and u.block is not None})
+        i = order[module].index(t.block)
+        blocks.setdefault(module, {})[i] = blocks.get(module, {}).get(i, 0) + n
+    return {m: LoraProfile(blocks.get(m, {}), other.get(m, 0)) for m in set(blocks) | set(other)}
+
+
+def model_aliases(ms: ModelSet) -> AliasTable:
+    """The :data:`~sdplan.core.modelfiles.lora_names.AliasTable` of a model set as its
+    pipeline names the modules (SD: ``diffusion``, ``te``; Flux: ``diffusion``, ``clip_l``,
+    ``t5xxl``), for planning before anything loads."""
+    from sdplan.core.modelfiles.lora_names import aliases_for_family
+
+    names: dict[str, list[str]] = {}
+    for t in ms.tensors:
+        names.setdefault(t.module, []).append(t.info.name)
+        if t.module == "te" and t.encoder:
+            names.setdefault(t.encoder, []).append(t.info.name)
+    return aliases_for_family(ms.architecture.family, names, {t.info.name: tuple(t.info.shape) for t in ms.tensors})
+
+
+def quantized(ms: ModelSet) -> bool:
+    """Whether a weight of the model set is quantized (sd-cli's ``auto`` apply-mode test)."""
+    plain = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL"}
+    return any(t.info.dtype.upper() not in plain for t in ms.tensors)

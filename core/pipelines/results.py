@@ -82,6 +82,25 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
         text["upscale_repeats"] = str(params.get("upscale_repeats") or 1)
     for key, value in (placement or {}).items():
         text[key] = value
+    text.update(input_text(params))
+    return text
+
+
+def input_text(params: Mapping[str, Any]) -> dict[str, str]:
+    """The PNG text chunks of a generation's LoRAs and picture inputs: ``loras`` (``name:weight``
+    each, from the job's ``loras``), ``lora_apply_mode``, ``init_img`` and ``mask`` (file
+    names), ``strength``. Absent inputs give no chunk."""
+    text: dict[str, str] = {}
+    loras = params.get("loras") or []
+    if loras:
+        text["loras"] = ", ".join(f"{lo['name']}:{float(lo['weight']):g}" for lo in loras)
+        if params.get("lora_apply_mode"):
+            text["lora_apply_mode"] = str(params["lora_apply_mode"])
+    for key in ("init_img", "mask"):
+        if params.get(key):
+            text[key] = os.path.basename(str(params[key]))
+    if params.get("init_img") and params.get("strength") is not None:
+        text["strength"] = f"{float(params['strength']):g}"
     return text
 
 

@@ -14,7 +14,10 @@ Three parts per module and device (bytes):
 - **compute**: the graph's compute buffer, estimated from the architecture below. A split
   module needs it on each of its devices (each runs whole layers).
 
-A device's total is its resident weights of every module plus the largest
+- **lora**: at-runtime LoRA tensors, resident beside the blocks they patch
+  (:mod:`sdplan.core.planning.adapters`; merged LoRAs take no device memory).
+
+A device's total is its resident weights and LoRA tensors of every module plus the largest
 ``staging + compute`` of one module, because sd-cli runs the modules one after another.
 
 Compute-buffer formula (bytes, F32 activations, no flash attention)::
@@ -40,8 +43,10 @@ pixels and batch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sdplan.core.planning.adapters import LoraProfile, lora_device_bytes
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB
 from sdplan.core.planning.profile import ModuleProfile, Profile
@@ -68,10 +73,11 @@ class ModuleEstimate:
     weights: dict[str, int] = field(default_factory=dict)
     staging: dict[str, int] = field(default_factory=dict)
     compute: dict[str, int] = field(default_factory=dict)
+    lora: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {"mode": self.mode, "devices": list(self.devices), "weights": self.weights,
-                "staging": self.staging, "compute": self.compute}
+                "staging": self.staging, "compute": self.compute, "lora": self.lora}
 
 
 @dataclass(frozen=True)
@@ -85,10 +91,11 @@ class DeviceTotals:
     total: int
     free: int
     budget: int
+    lora: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {"weights": self.weights, "staging": self.staging, "compute": self.compute,
-                "total": self.total, "free": self.free, "budget": self.budget}
+                "lora": self.lora, "total": self.total, "free": self.free, "budget": self.budget}
 
 
 @dataclass(frozen=True)
@@ -166,7 +173,8 @@ def _segment_peak(mp: ModuleProfile, budget: int, compute: int) -> int:
 
 
 def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
-                  width: int = 512, height: int = 512, batch: int = 1) -> FitReport:
+                  width: int = 512, height: int = 512, batch: int = 1,
+                  loras: Mapping[str, LoraProfile] | None = None) -> FitReport:
     """Estimate a resolved plan's memory per module and device and say whether it fits.
 
     Args:
@@ -176,6 +184,8 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         profile: the model's sizes; modules absent from it are not estimated.
         inventory: the devices with their free memory (bytes).
         width, height: image size in pixels; batch: images per run.
+        loras: per module, the at-runtime LoRA bytes kept on its devices (None or absent:
+            none, as for merged LoRAs).
 
     Returns:
         A :class:`FitReport`; ``fits`` is False when a device's total exceeds its free
@@ -216,7 +226,11 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
             if len(devs) == 1 and budget > 0 and mp.blocks:
                 staging = {main: min(mp.total, _segment_peak(mp, budget, comp))}
         compute = {d: comp for d in (devs if mplan.ranges else devs[:1])}
-        mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute)
+        lp = (loras or {}).get(name)
+        lora = lora_device_bytes(mplan, lp) if lp is not None else {}
+        if lora and mode != "runtime" and len(devs) == 1 and budgets.get(main, 0) > 0 and mp.blocks:
+            staging = {main: min(mp.total, _segment_peak(mp, budgets[main], comp + lora.get(main, 0)))}
+        mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute, lora)
     return _totals(mods, inventory, budgets, width, height, batch)
 
 
@@ -226,18 +240,20 @@ def _totals(mods: dict[str, ModuleEstimate], inventory: Inventory, budgets: dict
     reasons: list[str] = []
     for dev in inventory:
         w = sum(e.weights.get(dev.name, 0) for e in mods.values())
+        lora = sum(e.lora.get(dev.name, 0) for e in mods.values())
         transient = [(e.staging.get(dev.name, 0), e.compute.get(dev.name, 0))
                      for e in mods.values()]
         peak = max(transient, key=sum, default=(0, 0))
-        if not (w or sum(peak)):
+        if not (w or lora or sum(peak)):
             continue
         budget = budgets.get(dev.name, 0)
-        t = DeviceTotals(dev.name, w, peak[0], peak[1], w + sum(peak), dev.free, budget)
+        t = DeviceTotals(dev.name, w, peak[0], peak[1], w + lora + sum(peak), dev.free, budget, lora)
         devices[dev.name] = t
         if t.total > t.free:
             reasons.append(f"{dev.name}: needs {t.total / GIB:.2f} GiB (weights "
                            f"{w / GIB:.2f}, staging {peak[0] / GIB:.2f}, compute "
-                           f"{peak[1] / GIB:.2f}) but has {t.free / GIB:.2f} GiB free")
+                           f"{peak[1] / GIB:.2f}{f', LoRA {lora / GIB:.2f}' if lora else ''}) "
+                           f"but has {t.free / GIB:.2f} GiB free")
         elif budget > 0 and t.total > budget:
             reasons.append(f"{dev.name}: needs {t.total / GIB:.2f} GiB, over its --max-vram "
                            f"budget of {budget / GIB:.2f} GiB")

@@ -33,6 +33,15 @@ GENERATION_FLAGS: dict[str, tuple[tuple[str, ...], type]] = {
     "clip_skip": (("--clip-skip",), int),
     "guidance": (("--guidance",), float),
 }
+#: LoRA and picture-input flags, written after the generation flags above.
+INPUT_FLAGS: dict[str, tuple[tuple[str, ...], type]] = {
+    "lora_model_dir": (("--lora-model-dir",), str),
+    "lora_apply_mode": (("--lora-apply-mode",), str),
+    "init_img": (("--init-img", "-i"), str),
+    "mask": (("--mask",), str),
+    "strength": (("--strength",), float),
+}
+GENERATION_FLAGS.update(INPUT_FLAGS)
 BINARY_NAMES = frozenset({"sd-cli", "sd", "sd-cli.exe", "sd.exe"})
 
 _MODEL_BY_FLAG = {f: k for k, flags in MODEL_FLAGS.items() for f in flags}

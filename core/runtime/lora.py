@@ -41,13 +41,12 @@ from typing import Any
 import numpy as np
 from sdplan.core.errors import SdplanError
 from sdplan.core.modelfiles.lora import LoraFile, LoraPart
+from sdplan.core.planning.adapters import APPLY_MODES, lora_apply_mode
 from sdplan.core.runtime.graph import AdaptedWeight
 from sdplan.core.runtime.native import native
 
 __all__ = ["APPLY_MODES", "TargetPatch", "ModuleLora", "build_module_lora", "choose_mode", "part_delta"]
 
-#: ``--lora-apply-mode`` values.
-APPLY_MODES = ("auto", "immediately", "at_runtime")
 _PLAIN = {"f32": np.float32, "f16": np.float16}
 
 
@@ -320,18 +319,13 @@ def _from_f32(a: np.ndarray, dt: str) -> np.ndarray:
 
 
 def choose_mode(requested: str, quantized: bool, placement: Any = None, split: bool = False) -> str:
-    """The apply mode for ``requested`` (``auto``, ``immediately``, ``at_runtime``): auto is
-    ``at_runtime`` when ``quantized`` (a quantized weight in the model), when ``placement``
-    (the diffusion model's :class:`~sdplan.core.runtime.runner.ModulePlacement`) streams
-    layers or keeps its weights off its runtime device (``device``/``disk`` residency), or
-    when ``split`` (a module runs over several devices); else ``immediately``.
+    """The apply mode for ``requested`` (``auto``, ``immediately``, ``at_runtime``) by
+    :func:`sdplan.core.planning.adapters.lora_apply_mode`: ``placement`` is the diffusion
+    model's :class:`~sdplan.core.runtime.runner.ModulePlacement` (streaming, residency).
 
     Raises:
         SdplanError: an unknown mode.
     """
-    if requested not in APPLY_MODES:
-        raise SdplanError(f"--lora-apply-mode {requested!r}: choose one of {', '.join(APPLY_MODES)}")
-    if requested != "auto":
-        return requested
-    offloaded = placement is not None and (placement.stream_layers or placement.params_mode != "runtime")
-    return "at_runtime" if quantized or offloaded or split else "immediately"
+    return lora_apply_mode(requested, quantized=quantized,
+                           offloaded=placement is not None and placement.params_mode != "runtime",
+                           streaming=placement is not None and placement.stream_layers, split=split)
