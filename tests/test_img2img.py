@@ -20,8 +20,15 @@ import numpy as np
 import pytest
 from PIL import Image
 from sdplan.core.errors import SdplanError
-from sdplan.core.pipelines.img2img import (ImageInput, dilate, latent_mask, load_image, load_mask,
-                                           request_image_input, truncate_sigmas)
+from sdplan.core.pipelines.img2img import (
+    ImageInput,
+    dilate,
+    latent_mask,
+    load_image,
+    load_mask,
+    request_image_input,
+    truncate_sigmas,
+)
 
 FIX = Path(__file__).parent / "fixtures"
 

@@ -184,3 +184,32 @@ def test_changing_loras_rereads_the_weights(pool) -> None:
     assert rel_err(base, FREF["dit_dev_out"]) < 5e-3
     assert rel_err(with_lora, base) > 0.05
     np.testing.assert_array_equal(again, base)
+
+
+@pytest.mark.rpc
+@pytest.mark.parametrize("mode", MODES)
+def test_flux_split_over_two_rpc_servers_equals_one_device(mode: str) -> None:
+    """The engine job in its child process: the DiT split over RPC0 (blocks 0-1) and RPC1
+    (2-3) with two LoRAs from the prompt, against the same request on the CPU alone."""
+    from conftest import require_or_skip
+    from rpc_util import rpc_servers
+    from sdplan.core.pipelines.jobs import GENERATE_JOB
+    from sdplan.core.runtime.process import Engine
+
+    if not G.rpc_available():
+        require_or_skip("the loaded ggml has no RPC backend", "SDPLAN_REQUIRE_RPC")
+    req = {"model_files": {"diffusion_model": [str(DEV)], "t5xxl": [str(T5)], "clip_l": [str(CLIP)], "vae": [str(AE)]},
+           "prompt": "a photo of a cat<lora:lora_flux_peft:1><lora:lora_flux_kohya:0.5>", "width": 64, "height": 64,
+           "steps": 4, "seed": 3, "sampling_method": "euler", "threads": 1, "lora_model_dir": str(FIX),
+           "lora_apply_mode": mode, "overrides": {"clip_heads": 2, "flux_axes": list(AXES), "t5_length": 16},
+           "previews": False}
+    split = {"diffusion": ModulePlacement(("RPC0", "RPC1"), (BlockRange("RPC0", 0, 1), BlockRange("RPC1", 2, 3))),
+             "te": ModulePlacement(("RPC0",)), "vae": ModulePlacement(("RPC1",))}
+    with Engine() as engine:
+        here = engine.call(GENERATE_JOB, {"request": req})
+        with rpc_servers(2) as servers:
+            rpc = engine.call(GENERATE_JOB, {"request": {**req, "placements": split,
+                                                          "rpc_servers": [s.endpoint for s in servers]}})
+    assert here["params"]["lora_apply_mode"] == mode and rpc["params"]["lora_apply_mode"] == mode
+    assert [lo["name"] for lo in rpc["params"]["loras"]] == ["lora_flux_peft", "lora_flux_kohya"]
+    assert np.abs(rpc["images"][0].astype(int) - here["images"][0].astype(int)).max() <= 1

@@ -13,7 +13,12 @@ from safetensors.numpy import save_file
 from sdplan.core.errors import ModelFileError, SdplanError
 from sdplan.core.modelfiles.checkpoint import read_model_files
 from sdplan.core.modelfiles.lora import find_lora_file, guess_lora_family, read_lora
-from sdplan.core.modelfiles.lora_names import Target, aliases_for_family, flux_aliases, unet_ldm_to_diffusers
+from sdplan.core.modelfiles.lora_names import (
+    Target,
+    aliases_for_family,
+    flux_aliases,
+    unet_ldm_to_diffusers,
+)
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.text.lora_tags import extract_lora_tags, format_lora_tag
 from sdplan.core.text.prompt import PromptError

@@ -272,10 +272,13 @@ def generic_aliases(names: Mapping[str, Collection[str]], shapes: Mapping[str, t
 
 def aliases_for_family(family: str, names: Mapping[str, Collection[str]],
                        shapes: Mapping[str, tuple[int, ...]]) -> AliasTable:
-    """The alias table of ``family`` (``sd1``, ``sd2``, ``sdxl``, ``flux``; any other:
-    :func:`generic_aliases`)."""
-    if family in ("sd1", "sd2", "sdxl"):
+    """The alias table of ``family`` (``sd1``, ``sd2``, ``sdxl``, ``flux``); for another family
+    name, the layout of the diffusion model's names decides (an LDM UNet: SD's table; BFL
+    double blocks: Flux's), else :func:`generic_aliases`."""
+    diffusion = names.get("diffusion", ())
+    if family in ("sd1", "sd2", "sdxl") or any(n.startswith("model.diffusion_model.input_blocks.")
+                                                for n in diffusion):
         return sd_aliases(names, shapes)
-    if family == "flux":
+    if family == "flux" or any(".double_blocks." in "." + n for n in diffusion):
         return flux_aliases(names, shapes)
     return generic_aliases(names, shapes)
