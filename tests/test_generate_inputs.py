@@ -83,30 +83,32 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path, capsys, extra: list[str]
 
 
 def test_demo_with_its_lora_an_init_picture_and_a_mask(tmp_path: Path, capsys) -> None:
-    """The demo's ``outline`` LoRA draws the shape as an outline; with ``-i``/``--mask`` the
-    unmasked half stays the picture's (within its VAE round trip)."""
+    """The demo's ``outline`` LoRA (found without --lora-model-dir) draws the shape as an
+    outline where the plain model fills it (this caption and seed); with ``-i``/``--mask``
+    the PNG records the picture inputs."""
     from sdplan.core.pipelines.demo import demo_lora_dir
-    from sdplan.core.pipelines.demo_scenes import Scene, render
+    from sdplan.core.pipelines.demo_scenes import Scene, is_outlined, render
 
     if not (demo_lora_dir() / "outline.safetensors").is_file():
         pytest.skip("the demo LoRA is not installed")
-    out = tmp_path / "outline.png"
-    caption = "a yellow square on a blue background"
-    assert run(["--demo", "-p", f"{caption}<lora:outline:1>", "-t", "2", "-o", str(out), "--in-process"]) == 0
-    assert "LoRA outline x 1 (immediately)" in " ".join(capsys.readouterr().err.split())
-    img = np.asarray(Image.open(out).convert("RGB")).astype(int)
-    from sdplan.core.pipelines.demo_scenes import measure
-
-    m = measure(img)
-    assert m["background"] == "blue"
+    caption = "a white square on a purple background"
+    plain, lora = tmp_path / "plain.png", tmp_path / "outline.png"
+    assert run(["--demo", "-p", caption, "-s", "46", "-t", "2", "-o", str(plain), "--in-process"]) == 0
+    assert run(["--demo", "-p", f"{caption}<lora:outline:1>", "-s", "46", "-t", "2", "-o", str(lora),
+                "--in-process"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "LoRA outline x 1 (immediately)" in err and "note" not in err  # a known caption, tag aside
+    images = [np.asarray(Image.open(p).convert("RGB")) for p in (plain, lora)]
+    assert not is_outlined(images[0], "square") and is_outlined(images[1], "square")
+    assert Image.open(lora).text["loras"] == "outline:1"
     pic = tmp_path / "scene.png"
     Image.fromarray(render(Scene("circle", "red", "green", 40, 64, 26), 128)).save(pic)
     mask = tmp_path / "mask.png"
     mk = np.zeros((128, 128), np.uint8)
     mk[:, 72:] = 255
     Image.fromarray(mk).save(mask)
-    out2 = tmp_path / "inpaint.png"
+    out = tmp_path / "inpaint.png"
     assert run(["--demo", "-p", "a red circle on a green background", "-i", str(pic), "--mask", str(mask),
-                "--strength", "0.8", "-t", "2", "-o", str(out2), "--in-process"]) == 0
-    text = Image.open(out2).text
-    assert text["init_img"] == "scene.png" and text["strength"] == "0.8"
+                "--strength", "0.8", "-t", "2", "-o", str(out), "--in-process"]) == 0
+    text = Image.open(out).text
+    assert (text["init_img"], text["mask"], text["strength"]) == ("scene.png", "mask.png", "0.8")

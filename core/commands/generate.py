@@ -4,8 +4,9 @@ SD 1.x / 2.x from a single-file checkpoint (``-m``), or Flux from its files
 (``--diffusion-model --t5xxl --clip_l --vae``; architecture flux-dev / flux-schnell from
 :func:`sdplan.core.modelfiles.checkpoint.read_model_files`). The flags are sd-cli's spellings (``-m -p -n
 -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
---clip-skip --taesd --upscale-model --upscale-repeats`` and every placement flag), so a pasted
-sd-cli command works.
+--clip-skip --taesd --upscale-model --upscale-repeats``, the LoRA and picture inputs
+``--lora-model-dir --lora-apply-mode -i --strength --mask`` with ``<lora:NAME:WEIGHT>`` prompt
+tags, and every placement flag), so a pasted sd-cli command works.
 
 The engine runs in a child process (:class:`sdplan.core.runtime.process.Engine`; ``--in-process`` keeps
 it here for debugging): the live devices (RPC servers included) are asked of the engine
@@ -17,8 +18,9 @@ A dead engine process is a one-line error naming the signal and ggml's last mess
 
 PNG text chunks record the prompt, negative prompt, seed, steps, sampler, scheduler, cfg
 scale, clip skip, size, the model hash (``sha256`` of the first MiB of the file followed by
-its size in bytes, as decimal text; the chunk ``model_hash_method`` says so) and the
-canonical placement strings.
+its size in bytes, as decimal text; the chunk ``model_hash_method`` says so), the canonical
+placement strings, and the LoRAs (``loras``, ``lora_apply_mode``) and picture inputs
+(``init_img``, ``mask``, ``strength``) when given.
 
 Hyper-parameters small test models do not carry in their shapes (head counts, prediction,
 Flux RoPE axes) come from the flags below or from ``sdplan.*`` keys of the safetensors

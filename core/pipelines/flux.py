@@ -222,7 +222,8 @@ class FluxPipeline(Pipeline):
                 seed: int = 42, sampler: str = "euler", guidance: float = 3.5,
                 t5_length: int = 256, noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None,
-                vae_scale: int = 8, init: ImageInput | None = None) -> dict[str, np.ndarray]:
+                vae_scale: int = 8, init: ImageInput | None = None,
+                init_seed: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image (from ``init``'s picture and mask when given:
         :mod:`sdplan.core.pipelines.img2img`; the flow start is ``(1 - s) init + s noise``).
 
@@ -238,6 +239,8 @@ class FluxPipeline(Pipeline):
             preview: ``preview(step, rgb_uint8 (H, W, 3))`` after each step, from TAEF1 when
                 a ``taesd`` file is given, else the latent-to-RGB projection.
             vae_scale: pixels per latent cell (8 for Flux's autoencoder).
+            init: the picture (and mask) to start from; ``init_seed`` seeds the draw of its
+                latent (default ``seed``; sd-cli draws it once per request with the request's seed).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -262,7 +265,8 @@ class FluxPipeline(Pipeline):
             if init.image.shape[2:] != (h * f, w * f):
                 raise SdplanError(f"init image {init.image.shape[3]}x{init.image.shape[2]}: this autoencoder "
                                   f"needs {w * f}x{h * f} pixels for a {width}x{height} generation")
-            ref = self.encode_sample(init.image, PhiloxNoise(seed).randn((1, 16, h, w)))
+            ref = self.encode_sample(init.image, PhiloxNoise(seed if init_seed is None else init_seed).randn(
+                (1, 16, h, w)))
             sigmas = truncate_sigmas(sigmas, init.strength)
             s0 = np.float32(sigmas[0])
             start = (ref * (np.float32(1.0) - s0) + start * s0).astype(np.float32)

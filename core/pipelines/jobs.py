@@ -243,7 +243,7 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
         out = pipe.txt2img(prompt, width, height, steps=steps, seed=seed + b,
                            sampler=req.get("sampling_method") or "euler",
                            guidance=float(req.get("guidance") or 3.5),
-                           t5_length=int(ov.get("t5_length") or 256), preview=cb, init=init)
+                           t5_length=int(ov.get("t5_length") or 256), preview=cb, init=init, init_seed=seed)
         images.append(image_to_uint8(out["image"][0]))
     return images, {"total_flux": time.perf_counter() - t0}, info
 
