@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
 from sdplan.app.controller import PlanController
 from sdplan.app.inputs import InputsPanel
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
+from sdplan.core.errors import SdplanError
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +178,7 @@ class GenerationPanel(QFrame):
         form.addRow("Batch", self.batch)
         lay.addLayout(form)
         #: LoRAs and the picture to start from (sdplan.app.inputs).
-        self.inputs = InputsPanel(self._insert_tag, self._model_family)
+        self.inputs = InputsPanel(self._insert_tag, self._model_family, self._lora_table)
         lay.addWidget(self.inputs)
         buttons = QHBoxLayout()
         self.generate_btn = QPushButton("Generate")
@@ -305,6 +306,19 @@ class GenerationPanel(QFrame):
     def _model_family(self) -> str | None:
         arch = self.ctl.profile.architecture if self.ctl.profile is not None else None
         return arch.split("-")[0] if arch else None
+
+    def _lora_table(self) -> Any:
+        """The open model's LoRA alias table (headers only), or None."""
+        from sdplan.core.modelfiles.checkpoint import read_model_files
+        from sdplan.core.modelfiles.lora import model_aliases
+
+        files = {k: v for k, v in self.ctl.model_files.items() if k not in ("taesd", "upscale_model")}
+        if not files:
+            return None
+        try:
+            return model_aliases(read_model_files(files))
+        except (SdplanError, OSError, ValueError):
+            return None
 
     def _model_changed(self) -> None:
         """New model: its family's fit marks; the demo model brings its own LoRA folder."""

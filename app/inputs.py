@@ -2,8 +2,8 @@
 start from.
 
 - **LoRA**: the files of the LoRA folder (``--lora-model-dir``; with the demo model, its own
-  LoRAs) as rows of name, size, the family each was trained for (a check mark when it fits
-  the open model) and a weight; *Add* writes ``<lora:NAME:WEIGHT>`` into the prompt, as
+  LoRAs) as rows of name, size, the family each was trained for (a check mark and the open
+  model's family when every key of the file lands on the open model's weights) and a weight; *Add* writes ``<lora:NAME:WEIGHT>`` into the prompt, as
   sd-cli reads it. The apply mode (``--lora-apply-mode``) sits beside the folder.
 - **Init image**: drop a picture (or click to choose one) to start from it (``-i``), a
   second one as the inpainting mask (``--mask``, white = repaint), and the ``--strength``.
@@ -66,6 +66,18 @@ def lora_files(folder: str | Path | None) -> list[dict[str, Any]]:
     return out
 
 
+def _lands(path: str, table: Any) -> bool:
+    """Does every key of the LoRA file land on the model ``table`` describes?"""
+    if table is None:
+        return False
+    from sdplan.core.modelfiles.lora import read_lora
+
+    try:
+        return not read_lora(path, table).unknown
+    except (SdplanError, OSError, ValueError):
+        return False
+
+
 class PictureSlot(QLabel):
     """A square that takes a dropped picture file (or a click to choose one) and shows it;
     :attr:`path` is the file or None. Emits :attr:`picked` with the new path (None: cleared)."""
@@ -122,14 +134,16 @@ class PictureSlot(QLabel):
 
 class InputsPanel(QFrame):
     """See the module docstring. ``insert_tag(text)`` puts a LoRA tag into the prompt;
-    ``model_family()`` is the open model's family (for the fit marks)."""
+    ``model_family()`` is the open model's family and ``model_table()`` its LoRA alias table
+    or None (for the fit marks)."""
 
     changed = Signal()
 
     def __init__(self, insert_tag: Callable[[str], None], model_family: Callable[[], str | None],
-                 parent: QWidget | None = None) -> None:
+                 model_table: Callable[[], Any] | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.insert_tag, self.model_family = insert_tag, model_family
+        self.model_table = model_table or (lambda: None)
         self.folder: str | None = None
         self.files: list[dict[str, Any]] = []
         lay = QVBoxLayout(self)
@@ -163,7 +177,6 @@ class InputsPanel(QFrame):
         hh.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         for c in range(1, 5):
             hh.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
-        self.table.setMaximumHeight(96)
         lay.addWidget(self.table)
         self.empty = QLabel()
         self.empty.setObjectName("Muted")
@@ -216,13 +229,14 @@ class InputsPanel(QFrame):
     def refresh_fit(self) -> None:
         """Rebuild the rows (the fit marks follow the open model's family)."""
         family = self.model_family()
+        table = self.model_table()
         self.table.setRowCount(len(self.files))
         for i, f in enumerate(self.files):
-            fits = family is not None and f["family"] == family
+            fits = family is not None and (f["family"] == family or _lands(f["path"], table))
             self.table.setItem(i, 0, QTableWidgetItem(f["name"]))
             self.table.setItem(i, 1, QTableWidgetItem(f"{f['bytes'] / 2**20:.1f} MB" if f["bytes"] >= 2**20
                                                       else f"{max(f['bytes'] // 1024, 1)} KB"))
-            fam = QTableWidgetItem(("✓ " if fits else "") + f["family"])
+            fam = QTableWidgetItem(f"✓ {family}" if fits else f["family"])
             fam.setToolTip(f"trained for {f['family']}" + (" — fits the open model" if fits else ""))
             self.table.setItem(i, 2, fam)
             weight = QDoubleSpinBox()
@@ -235,6 +249,9 @@ class InputsPanel(QFrame):
             add.setToolTip(f"Insert <lora:{f['name']}:WEIGHT> into the prompt")
             add.clicked.connect(lambda _=False, r=i: self.add(r))
             self.table.setCellWidget(i, 4, add)
+        rows = min(max(len(self.files), 1), 3)
+        self.table.setFixedHeight(self.table.horizontalHeader().height() + rows * self.table.verticalHeader()
+                                  .defaultSectionSize() + 4)
         self.table.setVisible(bool(self.files))
         self.empty.setVisible(not self.files)
         self.empty.setText("No LoRA files in this folder (.safetensors, .gguf, .pt, .ckpt)"

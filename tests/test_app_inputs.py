@@ -124,3 +124,57 @@ def test_a_pasted_command_fills_the_inputs(qtbot, ctl, tmp_path, folder) -> None
     ctl.import_command(f"sd-cli -p 'x <lora:lora_flux_peft:1>' --lora-model-dir {folder} -i {pic} --strength 0.3")
     assert p.inputs.folder == str(folder) and p.inputs.init_slot.path == str(pic)
     assert p.inputs.strength.value() == pytest.approx(0.3)
+
+
+@pytest.mark.slow
+def test_demo_in_the_app_with_its_lora_and_a_picture(qtbot, tmp_path) -> None:
+    """The demo model in the panel: its LoRA folder is listed, Add puts the tag in the
+    prompt, the real engine draws the outlined square; then the same with an init picture and
+    mask (image to image and inpainting through the app)."""
+    from sdplan.app import main
+    from sdplan.app.worker import engine_unavailable_reason
+    from sdplan.core.pipelines.demo import demo_lora_dir
+    from sdplan.core.pipelines.demo_scenes import Scene, is_outlined, render
+
+    if not (demo_lora_dir() / "outline.safetensors").is_file():
+        pytest.skip("the demo LoRA is not installed")
+    assert engine_unavailable_reason() is None
+    inv = Inventory((Device("CPU", "cpu", "cpu", "CPU", 8 * GIB, 16 * GIB),))
+    c = PlanController(inv)
+    assert main.open_demo(c)
+    p = GenerationPanel(c, tmp_path / "history")
+    qtbot.addWidget(p)
+    p.show()
+    p.request_extra = {"threads": 2}
+    assert p.inputs.folder == str(demo_lora_dir())
+    names = [p.inputs.table.item(i, 0).text() for i in range(p.inputs.table.rowCount())]
+    assert names == ["outline"] and p.inputs.table.item(0, 2).text() == "✓ sd1"  # every key lands
+    p.prompt.setPlainText("a white square on a purple background")
+    p.seed.setValue(46)
+    p.inputs.add(0)
+    assert p.prompt.toPlainText() == "a white square on a purple background <lora:outline:1>"
+    assert "--lora-model-dir" in c.command_line()
+    assert p.generate()
+    qtbot.waitUntil(lambda: not p.is_running(), timeout=600_000)
+    assert not p.error_box.isVisible(), p.error_label.text()
+    img = p.last_images[0].convertToFormat(p.last_images[0].Format.Format_RGB888)
+    arr = np.frombuffer(img.constBits(), np.uint8).reshape(img.height(), img.bytesPerLine())[:, :img.width() * 3]
+    assert is_outlined(arr.reshape(img.height(), img.width(), 3), "square")
+    pic, mask = tmp_path / "scene.png", tmp_path / "mask.png"
+    Image.fromarray(render(Scene("circle", "red", "green", 40, 64, 26), 128)).save(pic)
+    mk = np.zeros((128, 128), np.uint8)
+    mk[:, 72:] = 255
+    Image.fromarray(mk).save(mask)
+    p.prompt.setPlainText("a red circle on a green background")
+    p.inputs.init_slot.choose(str(pic))
+    p.inputs.mask_slot.choose(str(mask))
+    p.inputs.strength.setValue(0.8)
+    assert p.generate()
+    qtbot.waitUntil(lambda: not p.is_running(), timeout=600_000)
+    assert not p.error_box.isVisible(), p.error_label.text()
+    saved = sorted((tmp_path / "history").glob("*.json"))
+    import json
+
+    params = json.loads(saved[-1].read_text())
+    assert params["init_img"] == str(pic) and params["mask"] == str(mask) and params["strength"] == 0.8
+    p.shutdown()
