@@ -18,6 +18,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoCommand, QUndoStack
 from sdplan.core.errors import PlanError, SdplanError
 from sdplan.core.modelfiles.checkpoint import files_by_flag
+from sdplan.core.planning.generation_defaults import generation_defaults
 from sdplan.core.planning.inventory import Device, Inventory, merge_rpc_devices
 from sdplan.core.planning.modules import MODULES, SPLITTABLE
 from sdplan.core.planning.placement import Placement
@@ -344,11 +345,20 @@ class PlanController(QObject):
             self.status.emit(f"model files not read: {exc}")
             self.model_file_flags = []  # unread files: nothing known about them
         else:
+            self._family_defaults(profile)
             self.profile = profile
             self.model_file_flags = extra
         self.model_files = files
         self._apply(self.placement, "load")
         self.modelChanged.emit()
+
+    def _family_defaults(self, profile: Profile | None) -> None:
+        """Take the new model family's generation settings (Chroma's CFG 4...; see
+        :func:`generation_defaults`) when the architecture changes; a pasted command or an
+        imported plan applies its own settings after this."""
+        arch = profile.architecture if profile is not None else None
+        if arch != (self.profile.architecture if self.profile is not None else None):
+            self.generation.update(generation_defaults(arch))
 
     def open_files(self, paths: Sequence[str]) -> None:
         """Open model files of any kind (classified by their tensor names). They join the
@@ -370,6 +380,7 @@ class PlanController(QObject):
 
     def set_profile(self, profile: Profile | None) -> None:
         """Plan with ``profile`` (block sizes) instead of the loaded files."""
+        self._family_defaults(profile)
         self.profile = profile
         self._apply(self.placement, "load")
         self.modelChanged.emit()

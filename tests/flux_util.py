@@ -13,13 +13,15 @@ T5 = FIX / "t5_tiny.safetensors"
 CLIP = FIX / "clip_l_tiny.safetensors"
 AE = FIX / "flux_ae_tiny.safetensors"
 REF = FIX / "flux_ref.safetensors"
+CHROMA = FIX / "chroma_tiny.safetensors"
+CHROMA_REF = FIX / "chroma_ref.safetensors"
 AXES = (4, 6, 6)
 
 
-def ref() -> dict[str, np.ndarray]:
+def ref(path: Path = REF) -> dict[str, np.ndarray]:
     from safetensors.numpy import load_file
 
-    return load_file(str(REF))
+    return load_file(str(path))
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:

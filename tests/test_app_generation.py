@@ -187,3 +187,23 @@ def test_real_engine_generates_with_live_previews_into_history(qtbot, tmp_path):
     assert engine is not None  # kept for the next run
     p.shutdown()
     assert p.client is None
+
+
+def test_family_defaults_follow_the_loaded_model(qtbot, tmp_path):
+    """Chroma's files bring its CFG 4 and euler to the panel; a user's change stays until the
+    family changes; a built-in FLUX.1 schnell profile brings 4 steps and CFG 1."""
+    from flux_util import AE, CHROMA, T5
+
+    inv = Inventory((Device("CPU", "cpu", "cpu", "CPU", 8 * GIB, 16 * GIB),))
+    c = PlanController(inv)
+    p = panel(qtbot, c, tmp_path, [])
+    assert p.cfg.value() == 1.0
+    c.load_model_files({"diffusion_model": [str(CHROMA)], "t5xxl": [str(T5)], "vae": [str(AE)]})
+    assert c.profile.architecture == "chroma"
+    assert (p.cfg.value(), p.steps.value(), p.sampler.currentText()) == (4.0, 20, "euler")
+    assert "--cfg-scale 4" in c.command_line()
+    p.cfg.setValue(5.5)
+    c.load_model_files({"diffusion_model": [str(CHROMA)], "t5xxl": [str(T5)], "vae": [str(AE)]})
+    assert p.cfg.value() == 5.5  # same family: the user's choice stays
+    c.plan_for_builtin("flux1-schnell-q8_0")
+    assert (p.cfg.value(), p.steps.value()) == (1.0, 4)

@@ -14,6 +14,8 @@ SDXL/Flux asset tables that record publisher tree-API sizes):
   4,265,146,304 (every tensor F32)
 - city96/FLUX.1-dev-gguf ``flux1-dev-Q4_0.gguf`` 6,791,167,136
 - city96/FLUX.1-schnell-gguf ``flux1-schnell-Q4_0.gguf`` 6,770,707,360
+- lodestones/Chroma1-HD ``Chroma1-HD.safetensors`` "17.8 GB" (BF16; the listing rounds to
+  0.1 GB, so the bound here is that rounding, 0.3%), 8.9 B parameters on its model card
 
 Tolerances: a safetensors file is its tensors plus an 8-byte length and a JSON header of
 tens of KiB (and, in full checkpoints, a few small buffers sdplan does not load), so the
@@ -64,9 +66,11 @@ def _file(name: str, file: str) -> int:
      6_791_167_136, GGUF_TOL),
     (lambda: load_builtin_profile("flux1-schnell-q4_0").modules["diffusion"].total,
      6_770_707_360, GGUF_TOL),
+    (lambda: load_builtin_profile("chroma1-hd-f16").modules["diffusion"].total,
+     17_800_000_000, 0.003),
 ], ids=["flux1-dev.safetensors", "ae.safetensors", "t5xxl_fp16.safetensors",
         "clip_l.safetensors", "sd_xl_base_1.0.safetensors", "v1-5-pruned-emaonly.safetensors",
-        "flux1-dev-Q4_0.gguf", "flux1-schnell-Q4_0.gguf"])
+        "flux1-dev-Q4_0.gguf", "flux1-schnell-Q4_0.gguf", "Chroma1-HD.safetensors"])
 def test_sizes_match_published_files(got, want, tol) -> None:
     _close(got(), want, tol)
 
@@ -136,7 +140,7 @@ def test_t5_q8_0_against_f16() -> None:
 
 def test_names_and_typos() -> None:
     names = profile_names()
-    assert len(names) == 35 and len(set(names)) == 35
+    assert len(names) == 40 and len(set(names)) == 40
     for n in ("flux1-dev-q8_0", "sd15-f16", "sdxl-base-q4_k", "sd35-large-q5_k"):
         assert n in names
     assert load_builtin_profile("FLUX1-DEV-Q8_0").name == "flux1-dev-q8_0"
@@ -155,6 +159,21 @@ def test_architectures() -> None:
     assert arch["sdxl-base-f16"] == "sdxl"
     assert arch["sd21-f16"] == "sd2"
     assert arch["sd15-f16"] == "sd1"
+    assert arch["chroma1-hd-q8_0"] == "chroma"
+
+
+def test_chroma_has_t5_only_and_flux_blocks() -> None:
+    """Chroma1-HD: FLUX.1's 19 + 38 blocks without their modulation, T5-XXL alone, FLUX.1's
+    autoencoder; its approximator (8.9 B - 8.6 B parameters) counts as non-block bytes."""
+    chroma, flux = load_builtin_profile("chroma1-hd-f16"), load_builtin_profile("flux1-dev-f16")
+    d = chroma.modules["diffusion"]
+    assert len(d.blocks) == 57
+    assert d.blocks[0] == flux.modules["diffusion"].blocks[0] - 2 * 2 * (3072 * 6 * 3072 + 6 * 3072)
+    assert d.blocks[19] == flux.modules["diffusion"].blocks[19] - 2 * (3072 * 3 * 3072 + 3 * 3072)
+    assert chroma.modules["te"].encoders == {"t5xxl": flux.modules["te"].encoders["t5xxl"]}
+    assert chroma.modules["vae"].total == flux.modules["vae"].total
+    approx = 64 * 5120 + 5120 + 5 * (2 * (5120 * 5120 + 5120) + 5120) + 5120 * 3072 + 3072
+    assert d.other == 2 * (approx + 3072 * 64 + 3072 + 3072 * 4096 + 3072 + 64 * 3072 + 64)
 
 
 def test_plan_model_profile_gives_ranges(shared_dir, capsys) -> None:

@@ -135,6 +135,9 @@ def total(sizes: dict[str, int], pred=lambda n: True) -> int:
     ("single_transformer_blocks.5.proj_out.weight", (3, 5)),   # sd-cli's rename
     ("model.transformer.resblocks.2.attn.in_proj_weight", (6, 2)),
     ("blk.4.attn_q.weight", (6, 4)),
+    # Chroma's approximator runs before the blocks: its layers are not blocks
+    ("distilled_guidance_layer.layers.3.in_layer.weight", None),
+    ("model.diffusion_model.distilled_guidance_layer.layers.0.out_layer.bias", None),
 ])
 def test_block_of_follows_spec_section_8(name: str, block: tuple[int, int] | None) -> None:
     assert block_of(name) == block
@@ -281,6 +284,31 @@ def test_flux_schnell_via_model_flag(tmp_path: Path) -> None:
     assert ms.architecture.name == "flux-schnell"
     assert any("no guidance_in" in e for e in ms.architecture.evidence)
     assert ms.modules() == ["diffusion"]
+
+
+def test_chroma_is_not_flux_schnell(tmp_path: Path) -> None:
+    """Chroma: FLUX.1 blocks without guidance_in, told apart by its distilled guidance layer;
+    its approximator's 'layers.K' stay non-block bytes. The same in diffusers' names, with
+    the ``model.diffusion_model.`` prefix, and Radiance's pixel-space patch embedder."""
+    approx = {f"distilled_guidance_layer.{n}": (8, 8) for n in (
+        "in_proj.weight", "layers.0.in_layer.weight", "layers.1.out_layer.weight", "out_proj.weight")}
+    spec = {k: v for k, v in flux(2, 3, guidance=False).items() if not k.startswith(("time_in.", "vector_in."))}
+    write_st(tmp_path / "Chroma1-HD.safetensors", {**spec, **approx})
+    write_st(tmp_path / "t5xxl.safetensors", t5("", 4))
+    ms = read_model_files({"diffusion_model": [tmp_path / "Chroma1-HD.safetensors"],
+                           "t5xxl": [tmp_path / "t5xxl.safetensors"]})
+    assert ms.architecture.name == "chroma"
+    assert any("distilled_guidance_layer" in e for e in ms.architecture.evidence)
+    diff = ms.profile().modules["diffusion"]
+    assert len(diff.blocks) == 5 and diff.other >= 4 * 8 * 8 * 2
+    write_st(tmp_path / "prefixed.safetensors", {"model.diffusion_model." + k: v for k, v in {**spec, **approx}.items()})
+    assert read_model_files({"model": [tmp_path / "prefixed.safetensors"]}).architecture.name == "chroma"
+    tr = {"transformer_blocks.0.attn.to_q.weight": (16, 16), "single_transformer_blocks.0.proj_mlp.weight": (32, 16),
+          "distilled_guidance_layer.in_proj.weight": (8, 64)}
+    write_st(tmp_path / "Chroma1-HD/transformer/diffusion_pytorch_model.safetensors", tr)
+    assert read_model_files({"model": [tmp_path / "Chroma1-HD"]}).architecture.name == "chroma"
+    write_st(tmp_path / "radiance.safetensors", {**spec, **approx, "img_in_patch.weight": (16, 3, 16, 16)})
+    assert read_model_files({"model": [tmp_path / "radiance.safetensors"]}).architecture.name == "chroma-radiance"
 
 
 def test_standalone_files_by_content(tmp_path: Path) -> None:

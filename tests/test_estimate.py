@@ -43,6 +43,9 @@ def test_compute_formula_per_architecture() -> None:
     flux_n = (1024 // 16) ** 2 + 512
     assert compute_bytes("diffusion", mp, "flux-dev", width=1024, height=1024, batch=2) == \
         attn(24, flux_n, 4 * 3072, batch=2)
+    # Chroma: FLUX.1's width with sd-cli's 512 T5 tokens (not the unknown-model fallback)
+    assert compute_bytes("diffusion", mp, "chroma", width=1024, height=1024, batch=1) == \
+        attn(24, flux_n, 4 * 3072)
     assert compute_bytes("diffusion", mp, "sd1", width=512, height=512, batch=1) == \
         attn(8, 64 * 64, 1280)
     assert compute_bytes("diffusion", mp, "sdxl", width=1024, height=1024, batch=1) == \

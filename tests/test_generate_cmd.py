@@ -270,3 +270,33 @@ def test_flux_split_over_two_rpc_servers(tmp_path: Path) -> None:
         assert args.run(args) == 0
     assert np.abs(png(split) - png(one)).max() <= 1
     assert "RPC0&RPC1" in Image.open(split).text["backend"]
+
+
+CHROMA = ["--diffusion-model", str(FIX / "chroma_tiny.safetensors"), "--t5xxl", str(FIX / "t5_tiny.safetensors"),
+          "--vae", str(FIX / "flux_ae_tiny.safetensors"), "--flux-axes", "4,6,6", "--t5-length", "16",
+          "-p", "a photo of a cat", "-W", "64", "-H", "64", "--steps", "4", "--cfg-scale", "4",
+          "--sampling-method", "euler", "-t", "1"]
+
+
+def test_chroma_files_give_diffusers_latent(tmp_path: Path, monkeypatch) -> None:
+    """Chroma's files (no --clip_l) run the Chroma pipeline: the PNG is diffusers'
+    ChromaPipeline latent decoded by the autoencoder."""
+    from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
+
+    ref = load_file(str(FIX / "chroma_ref.safetensors"))
+    monkeypatch.setattr(PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())
+    out = tmp_path / "chroma.png"
+    args = parse([*CHROMA, "-o", str(out), "--in-process"])
+    assert args.run(args) == 0
+    models = ChromaModels(FIX / "chroma_tiny.safetensors", FIX / "t5_tiny.safetensors",
+                          FIX / "flux_ae_tiny.safetensors", axes=(4, 6, 6))
+    with ChromaPipeline(models, n_threads=1) as pipe:
+        want = image_to_uint8(pipe.decode(ref["run_latent"])[0]).astype(int)
+    assert np.abs(png(out) - want).max() <= 2
+    assert Image.open(out).text["cfg_scale"] == "4"
+
+
+def test_chroma_files_need_t5_and_vae(tmp_path: Path, capsys) -> None:
+    args = parse([*CHROMA[:2], *CHROMA[6:], "-o", str(tmp_path / "x.png"), "--in-process"])
+    assert args.run(args) == 2
+    assert "--vae" in capsys.readouterr().err

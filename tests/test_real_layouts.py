@@ -12,6 +12,7 @@ import math
 import struct
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sdplan.core.modelfiles.checkpoint import read_model_files
 
@@ -130,3 +131,103 @@ def test_real_tae_and_esrgan_weights(shared_dir: Path) -> None:
     by_content = read_model_files({"model": [w / "realesr-animevideov3.safetensors",
                                              w / "taef2_encoder.safetensors"]})
     assert by_content.modules() == ["vae", "upscaler"]
+
+
+# --------------------------------------------------------------------------- Chroma
+# No Chroma layout is in ../shared/models: Chroma1-HD's is FLUX.1-dev's real layout without
+# the modulation Chroma prunes, plus the approximator as sd-cli's ChromaApproximator builds it
+# (in 64, hidden 5120, 5 layers, out 3072). tools/make_profiles.py derives the same layout
+# from diffusers' ChromaTransformer2DModel and its checkpoint converter: 643 tensors,
+# 8,899,983,424 parameters, "8.9 B" on the model card, "17.8 GB" in BF16 on the hub.
+CHROMA_PARAMS = 8_899_983_424
+
+
+def chroma_layout(layouts: dict[str, Layout]) -> Layout:
+    pruned = ("time_in.", "vector_in.", "guidance_in.", "final_layer.adaLN_modulation.")
+    out = {n: s for n, s in layouts["flux1_dev_bfl"].items()
+           if not n.startswith(pruned) and "_mod.lin." not in n and ".modulation.lin." not in n}
+    a = "distilled_guidance_layer."
+    out |= {a + "in_proj.weight": [5120, 64], a + "in_proj.bias": [5120],
+            a + "out_proj.weight": [3072, 5120], a + "out_proj.bias": [3072]}
+    for k in range(5):
+        out |= {f"{a}norms.{k}.scale": [5120]}
+        for lin in ("in_layer", "out_layer"):
+            out |= {f"{a}layers.{k}.{lin}.weight": [5120, 5120], f"{a}layers.{k}.{lin}.bias": [5120]}
+    return out
+
+
+def write_sparse_gguf(path: Path, shapes: Layout, quantise) -> int:
+    """A GGUF header for ``shapes`` (``quantise(name, shape)``: a ggml type name), data sparse;
+    returns the tensors' bytes."""
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(path), "flux")
+    sizes = []
+    for name, shape in shapes.items():
+        kind = gguf.GGMLQuantizationType[quantise(name, shape)]
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        sizes.append(math.prod(shape) // block * size)
+        w.add_tensor_info(name, (*shape[:-1], shape[-1] // block * size), np.uint8, sizes[-1], raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    with open(path, "r+b") as fh:  # data region: aligned start, each tensor padded to 32 bytes
+        start = -(-fh.seek(0, 2) // 32) * 32
+        fh.truncate(start + sum(-(-n // 32) * 32 for n in sizes))
+    return sum(sizes)
+
+
+def test_chroma1_hd_inspects_and_plans_with_a_layer_split(tmp_path: Path, layouts: dict[str, Layout]) -> None:
+    from sdplan.core.planning import plan as P
+    from sdplan.core.planning.inventory import Inventory
+
+    ch = chroma_layout(layouts)
+    assert len(ch) == 643 and sum(math.prod(s) for s in ch.values()) == CHROMA_PARAMS
+    dit = tmp_path / "Chroma1-HD.safetensors"
+    data = write_sparse(dit, ch)
+    assert abs(data - 17.8e9) < 0.003 * 17.8e9
+    flags = {"diffusion_model": [dit], "t5xxl": [tmp_path / "t5.safetensors"], "vae": [tmp_path / "ae.safetensors"]}
+    write_sparse(flags["t5xxl"][0], layouts["t5xxl_hf"], "F16")
+    write_sparse(flags["vae"][0], {n.removeprefix("first_stage_model."): s for n, s in layouts["sd_vae_ldm"].items()},
+                 "F32")
+    ms = read_model_files(flags)
+    assert ms.architecture.name == "chroma"
+    assert not any("double_blocks" in e and "schnell" in e for e in ms.architecture.evidence)
+    prof = ms.profile()
+    diff = prof.modules["diffusion"]
+    assert len(diff.blocks) == 57  # 19 double + 38 single; the approximator's layers are not blocks
+    assert diff.blocks[0] == nbytes(ch, lambda n: n.startswith("double_blocks.0."))
+    assert diff.blocks[19] == nbytes(ch, lambda n: n.startswith("single_blocks.0."))
+    assert diff.other == nbytes(ch, lambda n: "_blocks." not in n)
+    assert diff.other > nbytes(ch, lambda n: n.startswith("distilled_guidance_layer.")) > 0.5e9
+    assert diff.total == data
+    te = prof.modules["te"]
+    assert te.encoders == {"t5xxl": nbytes(layouts["t5xxl_hf"])} and len(te.blocks) == 24
+    gib = 1 << 30
+    inv = Inventory.from_json({"devices": [
+        {"name": n, "description": n, "type": "gpu", "registry": "CUDA", "free": 12 * gib, "total": 12 * gib}
+        for n in ("CUDA0", "CUDA1")] + [{"name": "CPU", "description": "host", "type": "cpu",
+                                         "registry": "CPU", "free": 64 * gib, "total": 64 * gib}]})
+    mp = P.resolve(["--backend", "diffusion=CUDA0&CUDA1,te=CPU"], inv, prof).modules["diffusion"]
+    assert [r.device for r in mp.ranges] == ["CUDA0", "CUDA1"]
+    assert mp.ranges[0].first_block == 0 and mp.ranges[-1].last_block == 56
+    assert sum(r.bytes for r in mp.ranges) == sum(diff.blocks) and mp.main_other_bytes == diff.other
+
+
+def test_chroma1_hd_q8_0_gguf(tmp_path: Path, layouts: dict[str, Layout]) -> None:
+    ch = chroma_layout(layouts)
+    keep = ("img_in.", "txt_in.", "final_layer.", "distilled_guidance_layer.")
+
+    def kind(name: str, shape: list[int]) -> str:
+        if len(shape) == 2 and name.endswith("weight") and not name.startswith(keep):
+            return "Q8_0"
+        return "F32" if len(shape) == 1 else "BF16"
+
+    path = tmp_path / "Chroma1-HD-Q8_0.gguf"
+    total = write_sparse_gguf(path, ch, kind)
+    ms = read_model_files({"diffusion_model": [path]})
+    assert ms.architecture.name == "chroma"
+    diff = ms.profile().modules["diffusion"]
+    assert len(diff.blocks) == 57 and diff.total == total
+    assert 0.5 < total / nbytes(ch) < 0.6  # mostly 34 bytes per 32 weights against 2 per weight
+    assert ms.dtype_mix("diffusion")["Q8_0"] > 0.9 * total

@@ -19,7 +19,14 @@ No weight is downloaded or allocated: tensor names and shapes come from
   on the meta device with the published hyper-parameters (SD3.5 medium/large MMDiT,
   OpenCLIP ViT-H/14 and ViT-bigG/14 text towers), renamed to the names sd-cli's files use
   (SAI ``joint_blocks.N.x_block...`` and OpenCLIP ``transformer.resblocks.N...``); the
-  renaming is checked against the real SD3-medium layout.
+  renaming is checked against the real SD3-medium layout;
+- Chroma1-HD (no published layout in ``shared/models``): FLUX.1-dev's real layout without the
+  modulation Chroma prunes (``{img,txt}_mod``, ``modulation``, ``final_layer.adaLN_modulation``,
+  ``time_in``, ``vector_in``, ``guidance_in``) plus sd-cli's ``ChromaApproximator``
+  (``distilled_guidance_layer``: 64 -> 5120, 5 layers, -> 3072), checked by diffusers' own
+  ``convert_chroma_transformer_checkpoint_to_diffusers``, which must consume every tensor and
+  give exactly the names and shapes of ``ChromaTransformer2DModel()`` (lodestones/Chroma1-HD
+  ``transformer/config.json`` is its defaults) on the meta device.
 
 Byte sizes per tensor: ``n_elements / block_size * type_size`` with ggml's
 ``gguf.GGML_QUANT_SIZES``.
@@ -34,7 +41,8 @@ GGUF files of FLUX.1, SD3.5, SDXL and SD1.x). Source: city96/ComfyUI-GGUF
    a tensor of more than one dimension with at least 512 elements, a multiple of 256
    elements and a last dimension that is not a multiple of 256 is stored as rows of 256.
 2. Quantisation: only 2-D tensors whose name ends in ``weight`` are quantised, except
-   Flux ``txt_in. img_in. time_in. vector_in. guidance_in. final_layer.``, SD3
+   Flux ``txt_in. img_in. time_in. vector_in. guidance_in. final_layer.`` (Chroma also
+   ``distilled_guidance_layer.``, as the community Chroma quantisations keep it), SD3
    ``final_layer. t_embedder. y_embedder. x_embedder. context_embedder. pos_embed``,
    SD1/SDXL ``time_embed. label_emb. conv_in. conv_out. input_blocks.0.0.weight
    out.2.weight`` (and their diffusers spellings), which keep the first pass's type.
@@ -259,6 +267,35 @@ def sd3_mmdit(**config: object) -> Layout:
     return list(out.items())
 
 
+def chroma_dit(layouts: dict) -> Layout:
+    """Chroma1-HD's BFL single-file layout (see the module docstring), checked with diffusers."""
+    pruned = ("time_in.", "vector_in.", "guidance_in.", "final_layer.adaLN_modulation.")
+    out: Layout = [(n, s) for n, s in _real(layouts, "flux1_dev_bfl")
+                   if not n.startswith(pruned) and "_mod.lin." not in n and ".modulation.lin." not in n]
+    a, hidden, width = "distilled_guidance_layer.", 5120, 3072
+    out += [(a + "in_proj.weight", (hidden, 64)), (a + "in_proj.bias", (hidden,))]
+    for k in range(5):
+        for lin in ("in_layer", "out_layer"):
+            out += [(f"{a}layers.{k}.{lin}.weight", (hidden, hidden)), (f"{a}layers.{k}.{lin}.bias", (hidden,))]
+        out.append((f"{a}norms.{k}.scale", (hidden,)))
+    out += [(a + "out_proj.weight", (width, hidden)), (a + "out_proj.bias", (width,))]
+    import torch
+    from diffusers import ChromaTransformer2DModel
+    from diffusers.loaders.single_file_utils import (
+        convert_chroma_transformer_checkpoint_to_diffusers,
+    )
+
+    with torch.device("meta"):
+        ref = ChromaTransformer2DModel()
+        ckpt = {n: torch.empty(s) for n, s in out}
+    conv = convert_chroma_transformer_checkpoint_to_diffusers(ckpt)
+    want = {n: tuple(t.shape) for n, t in ref.state_dict().items()}
+    if ckpt or {n: tuple(t.shape) for n, t in conv.items()} != want:
+        raise SystemExit(f"Chroma layout: {sorted(ckpt)[:4]} left over, or names/shapes differ from diffusers")
+    _check(out, _meta_params(ref), "Chroma1-HD DiT")
+    return out
+
+
 def check_sd3_renaming(layouts: dict) -> None:
     """The renaming reproduces the real SD3-medium layout exactly (names and shapes)."""
     mine = dict(sd3_mmdit(num_layers=24, num_attention_heads=24, caption_projection_dim=1536,
@@ -309,6 +346,7 @@ def nbytes(shape: tuple[int, ...], ggml_type: str) -> int:
 
 _KEEP = {
     "flux": ("txt_in.", "img_in.", "time_in.", "vector_in.", "guidance_in.", "final_layer."),
+    "chroma": ("txt_in.", "img_in.", "final_layer.", "distilled_guidance_layer."),
     "sd3": ("final_layer.", "time_text_embed.", "context_embedder.", "t_embedder.",
             "y_embedder.", "x_embedder.", "pos_embed"),
     "unet": ("class_embedding.", "time_embedding.", "add_embedding.", "time_embed.",
@@ -322,7 +360,7 @@ def gguf_type(name: str, shape: tuple[int, ...], quant: str, family: str,
     """``(ggml type, stored shape)`` of one diffusion-model tensor in a city96-style GGUF
     file of ``quant`` (see the module docstring for the rule and its source).
 
-    ``family`` is ``flux``, ``sd3`` or ``unet``; ``source`` the published dtype
+    ``family`` is ``flux``, ``chroma``, ``sd3`` or ``unet``; ``source`` the published dtype
     (``BF16``, ``F16`` or ``F32``).
     """
     import gguf
@@ -373,7 +411,7 @@ class ModelSpec:
 
     name: str
     title: str
-    family: str  # gguf rule family: flux, sd3, unet
+    family: str  # gguf rule family: flux, chroma, sd3, unet
     source: str  # published dtype of the diffusion weights
     diffusion: Layout
     diffusion_file: str
@@ -382,7 +420,7 @@ class ModelSpec:
 
 
 def build_specs(layouts: dict) -> list[ModelSpec]:
-    """The seven built-in models with their encoders and VAEs."""
+    """The eight built-in models with their encoders and VAEs."""
     clip_l_hf = _real(layouts, "clip_l_hf", prefix="text_model.")
     sd_vae = _real(layouts, "sd_vae_ldm")
     clip_g_hf = _clip_text(1280, 32, 20, 1280)  # laion/CLIP-ViT-bigG-14 text config
@@ -438,6 +476,8 @@ def build_specs(layouts: dict) -> list[ModelSpec]:
                   "flux1-dev.safetensors", (clip_l, ae), t5=True),
         ModelSpec("flux1-schnell", "FLUX.1 [schnell]", "flux", "BF16", flux_schnell,
                   "flux1-schnell.safetensors", (clip_l, ae), t5=True),
+        ModelSpec("chroma1-hd", "Chroma1-HD", "chroma", "BF16", chroma_dit(layouts),
+                  "Chroma1-HD.safetensors", (ae,), t5=True),
     ]
 
 

@@ -1,8 +1,9 @@
 """``sdplan generate``: text to image on sdplan's engine, placed by the plan.
 
-SD 1.x / 2.x from a single-file checkpoint (``-m``), or Flux from its files
-(``--diffusion-model --t5xxl --clip_l --vae``; architecture flux-dev / flux-schnell from
-:func:`sdplan.core.modelfiles.checkpoint.read_model_files`). The flags are sd-cli's spellings (``-m -p -n
+SD 1.x / 2.x from a single-file checkpoint (``-m``), Flux from its files
+(``--diffusion-model --t5xxl --clip_l --vae``) or Chroma from its (``--diffusion-model --t5xxl
+--vae``); the architecture (flux-dev, flux-schnell, chroma...) comes from
+:func:`sdplan.core.modelfiles.checkpoint.read_model_files`. The flags are sd-cli's spellings (``-m -p -n
 -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
 --clip-skip --taesd --upscale-model --upscale-repeats``, the LoRA and picture inputs
 ``--lora-model-dir --lora-apply-mode -i --strength --mask`` with ``<lora:NAME:WEIGHT>`` prompt
@@ -55,8 +56,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true",
                    help="use the packaged demo model (-m of the file in sdplan.resources; "
                         "default 128x128, 20 steps, CFG 5, euler)")
-    p.add_argument("--diffusion-model", metavar="PATH", help="Flux diffusion model")
-    p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux)")
+    p.add_argument("--diffusion-model", metavar="PATH", help="Flux or Chroma diffusion model")
+    p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux, Chroma)")
     p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux)")
     p.add_argument("--vae", metavar="PATH", help="VAE / autoencoder file")
     p.add_argument("--taesd", metavar="PATH",
@@ -94,7 +95,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     adv.add_argument("--prediction", choices=("eps", "v"), help="default: eps SD1, v SD2")
     adv.add_argument("--flux-heads", type=int, help="Flux DiT heads (default from the q-norm width)")
     adv.add_argument("--flux-axes", metavar="I,R,C", help="Flux RoPE axes widths (default hd/8 and halves)")
-    adv.add_argument("--t5-length", type=int, default=256, help="T5 tokens after padding (Flux)")
+    adv.add_argument("--t5-length", type=int, help="T5 tokens after padding (default: Flux 256, Chroma 512)")
     add_input_arguments(p)
     add_placement_arguments(p)
     p.set_defaults(run=run)
@@ -148,7 +149,7 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
     ``-m`` nor ``--diffusion-model`` is given."""
     files = {key: [str(getattr(args, attr))] for attr, key in FILE_FLAGS.items() if getattr(args, attr, None)}
     if "model" not in files and "diffusion_model" not in files:
-        raise SdplanError("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux files)")
+        raise SdplanError("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux or Chroma files)")
     return files
 
 

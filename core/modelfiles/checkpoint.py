@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 BLOCK_SEGMENTS = ("transformer_blocks", "joint_blocks", "double_blocks", "single_blocks",
                   "blocks", "block", "layers")
 _BLOCK_RE = re.compile(r"(?:^|\.)(" + "|".join(BLOCK_SEGMENTS) + r")\.(\d+)(?=\.|$)")
-_UNET_RE = re.compile(
-    r"(?:^|\.)(input_blocks|output_blocks|middle_block|down_blocks|up_blocks|mid_block)\.")
+_UNET_RE = re.compile(  # UNet stages, and Chroma's approximator (runs before the blocks)
+    r"(?:^|\.)(input_blocks|output_blocks|middle_block|down_blocks|up_blocks|mid_block"
+    r"|distilled_guidance_layer)\.")
 #: Names sd-cli converts to its own before its block rule sees them: diffusers Flux
 #: single blocks, OpenCLIP ``transformer.resblocks.N`` (-> ``encoder.layers.N``) and
 #: llama.cpp-named GGUF encoders (``blk.N``).
@@ -91,9 +92,10 @@ class ModelTensor:
 class Architecture:
     """Detected model family with the evidence (tensor names and shapes) for it.
 
-    ``family`` is ``sd1``, ``sd2``, ``sdxl``, ``sd3``, ``flux`` or ``unknown`` (loadable
-    but not recognised, or no diffusion model); ``variant`` refines it (Flux ``dev`` /
-    ``schnell``, SD3 ``medium`` / ``large`` / ``3.5-medium``, SDXL ``refiner``).
+    ``family`` is ``sd1``, ``sd2``, ``sdxl``, ``sd3``, ``flux``, ``chroma`` or ``unknown``
+    (loadable but not recognised, or no diffusion model); ``variant`` refines it (Flux ``dev``
+    / ``schnell``, Chroma ``radiance``, SD3 ``medium`` / ``large`` / ``3.5-medium``, SDXL
+    ``refiner``).
     """
 
     family: str
@@ -229,8 +231,9 @@ def block_of(name: str) -> tuple[int, int] | None:
 
     The first path segment of :data:`BLOCK_SEGMENTS` followed by a decimal index and then
     ``.`` or the end decides; names under a UNet stage (``input_blocks.``,
-    ``down_blocks.``...) are never block tensors. The rank orders segments as they execute
-    (Flux: ``double_blocks`` before ``single_blocks``). sd-cli's renames of diffusers Flux
+    ``down_blocks.``...) or Chroma's ``distilled_guidance_layer.`` (its ``layers.K`` run
+    before any block, in sd-cli's prelude segment) are never block tensors. The rank orders
+    segments as they execute (Flux: ``double_blocks`` before ``single_blocks``). sd-cli's renames of diffusers Flux
     ``single_transformer_blocks``, OpenCLIP ``resblocks`` and llama.cpp ``blk`` names
     apply first.
     """
@@ -500,7 +503,8 @@ def detect_architecture(ms: ModelSet) -> Architecture:
     """Architecture of the model set from its diffusion tensors' names and shapes.
 
     Rules: ``double_blocks``/``single_blocks`` (or diffusers ``single_transformer_blocks``)
-    -> flux, ``dev`` when a guidance embedder exists else ``schnell``; ``joint_blocks`` (or
+    -> flux, ``dev`` when a guidance embedder exists else ``schnell``, but ``chroma`` with
+    ``distilled_guidance_layer.in_proj.weight`` (sd-cli's test); ``joint_blocks`` (or
     diffusers ``context_embedder`` with ``pos_embed``) -> sd3; a UNet's cross-attention
     context width 768 -> sd1, 1024 -> sd2, 2048 with ``label_emb`` -> sdxl (1280:
     refiner); another width -> the family a file's ``sdplan.family`` metadata names (sd1 or
@@ -521,6 +525,10 @@ def detect_architecture(ms: ModelSet) -> Architecture:
         dbl, sgl = count("transformer_blocks"), count("single_transformer_blocks")
     if dbl or sgl:
         ev = [f"{dbl} double_blocks + {sgl} single_blocks (Flux MMDiT)"]
+        if "distilled_guidance_layer.in_proj.weight" in diff:
+            ev.append("distilled_guidance_layer instead of per-block modulation: Chroma")
+            return Architecture("chroma", "radiance" if "img_in_patch.weight" in diff else None,
+                                tuple(ev))
         guided = [n for n in names if n.startswith(("guidance_in.", "time_text_embed."
                                                    "guidance_embedder."))]
         if guided:

@@ -23,6 +23,12 @@ Latents: 16-channel ``(1, 16, H, W)`` latents are patchified 2x2 into ``(1, HW/4
 with channel order ``c*4 + 2*dy + dx`` (:func:`patchify`, :func:`unpatchify`, numpy).
 
 Blocks for layer split: double blocks 0..D-1, then single blocks as D..D+S-1.
+
+Variants: a config with ``approximator`` set is Chroma (``distilled_guidance_layer`` in
+place of the per-block ``mod.lin``/``modulation.lin``, no ``time_in``/``vector_in``/
+``guidance_in``/``final_layer.adaLN_modulation``); its graph is
+:class:`sdplan.core.models.chroma.ChromaDiT`, which takes its modulation vectors from
+:meth:`FluxDiT._mods`'s override.
 """
 
 from __future__ import annotations
@@ -65,7 +71,9 @@ class FluxConfig:
 
     Attributes: prefix, ``in_channels`` (64 = 16 latent channels x 2x2), ``width``,
     ``heads``, ``mlp`` (hidden width of the MLPs), ``context`` (T5 width), ``pooled`` (CLIP
-    width), ``n_double``, ``n_single``, ``guidance`` (dev), ``axes`` (RoPE widths per axis).
+    width; 0 without ``vector_in``), ``n_double``, ``n_single``, ``guidance`` (dev), ``axes``
+    (RoPE widths per axis), ``approximator``: Chroma's distilled guidance layer as (input
+    width, hidden width, layers), None for FLUX.1.
     """
 
     prefix: str
@@ -79,6 +87,7 @@ class FluxConfig:
     n_single: int
     guidance: bool
     axes: tuple[int, int, int]
+    approximator: tuple[int, int, int] | None = None
 
     @property
     def head_dim(self) -> int:
@@ -86,8 +95,9 @@ class FluxConfig:
 
     @property
     def variant(self) -> str:
-        """``dev`` with a guidance embedder, else ``schnell``."""
-        return "dev" if self.guidance else "schnell"
+        """``chroma`` with a distilled guidance layer, ``dev`` with a guidance embedder, else
+        ``schnell``."""
+        return "chroma" if self.approximator else "dev" if self.guidance else "schnell"
 
 
 def _default_axes(hd: int) -> tuple[int, int, int]:
@@ -106,7 +116,9 @@ def flux_config(weights: Mapping[str, Any], heads: int | None = None,
 
     Heads: ``heads`` when given, else width / head width where the head width is the length
     of ``query_norm.scale`` (falling back to :data:`HEAD_DIM`, Flux.1's 128). RoPE axes:
-    ``axes`` when given, else (hd/8, rest/2, rest/2): (16, 56, 56) for Flux.1.
+    ``axes`` when given, else (hd/8, rest/2, rest/2): (16, 56, 56) for Flux.1. Chroma (a
+    ``distilled_guidance_layer.in_proj.weight``, sd-cli's test) gets ``approximator`` from the
+    in_proj shape and the count of ``distilled_guidance_layer.layers.N``, and ``pooled`` 0.
 
     Raises:
         ModelLayoutError: missing tensors, blocks not numbered 0..N-1, width not divisible
@@ -116,7 +128,11 @@ def flux_config(weights: Mapping[str, Any], heads: int | None = None,
     w = Weights(weights, p)
     width, cin = w.shape("img_in.weight")
     context = w.shape("txt_in.weight")[1]
-    pooled = w.shape("vector_in.in_layer.weight")[1]
+    approx = None
+    if "distilled_guidance_layer.in_proj.weight" in w:
+        hidden, a_in = w.shape("distilled_guidance_layer.in_proj.weight")
+        approx = (a_in, hidden, len(w.indices("distilled_guidance_layer.layers.")))
+    pooled = 0 if approx else w.shape("vector_in.in_layer.weight")[1]
     dbl, sgl = w.indices("double_blocks."), w.indices("single_blocks.")
     for name, idx in (("double_blocks", dbl), ("single_blocks", sgl)):
         if idx != list(range(len(idx))):
@@ -134,7 +150,7 @@ def flux_config(weights: Mapping[str, Any], heads: int | None = None,
     if len(axes) != 3 or sum(axes) != hd or any(a % 2 for a in axes):
         raise ModelLayoutError(f"Flux RoPE axes {axes} must be three even widths summing to {hd}")
     return FluxConfig(p, cin, width, heads, mlp, context, pooled, len(dbl), len(sgl),
-                      "guidance_in.in_layer.weight" in w, axes)  # type: ignore[arg-type]
+                      "guidance_in.in_layer.weight" in w, axes, approx)  # type: ignore[arg-type]
 
 
 def patchify(latent: np.ndarray) -> np.ndarray:
@@ -190,6 +206,9 @@ class FluxDiT:
     """
 
     def __init__(self, cfg: FluxConfig, flash: bool = False) -> None:
+        if cfg.approximator is not None and type(self) is FluxDiT:
+            raise ModelLayoutError("a Chroma DiT (distilled_guidance_layer, no per-block modulation): "
+                                   "sdplan.core.models.chroma.ChromaDiT builds its graph")
         self.cfg = cfg
         self.flash = flash
         self.n_blocks = cfg.n_double + cfg.n_single
@@ -272,6 +291,19 @@ class FluxDiT:
         d = x.shape[-1] // n
         return [g.reshape(g.cont(g.view(x, (1, d), (n * d * 4, 4), k * d * 4)), (1, 1, d)) for k in range(n)]
 
+    def _mods(self, g: Any, w: Any, i: int, kind: str, state: dict[str, Any]) -> list[Any]:
+        """The modulation vectors ``(1, 1, D)`` of block ``i``: ``kind`` ``img``/``txt`` (double
+        blocks: shift, scale, gate of attention then MLP), ``single`` (shift, scale, gate) or
+        ``final`` (shift, scale of the final layer), from ``lin(silu(vec))``."""
+        c = self.cfg
+        svec = g.unary("silu", state["vec"])
+        if kind == "final":
+            return self._chunks(g, self._lin(g, w, svec, c.prefix + "final_layer.adaLN_modulation.1"), 2)
+        if kind == "single":
+            name = f"{c.prefix}single_blocks.{i - c.n_double}.modulation.lin"
+            return self._chunks(g, self._lin(g, w, svec, name), 3)
+        return self._chunks(g, self._lin(g, w, svec, f"{c.prefix}double_blocks.{i}.{kind}_mod.lin"), 6)
+
     def _modulate(self, g: Any, x: Any, shift: Any, scale: Any) -> Any:
         y = g.norm(x, EPS)
         return g.add(g.add(y, g.mul(y, scale)), shift)
@@ -323,10 +355,9 @@ class FluxDiT:
 
     def _double(self, g: Any, w: Any, i: int, state: dict[str, Any]) -> dict[str, Any]:
         c, p = self.cfg, f"{self.cfg.prefix}double_blocks.{i}."
-        svec = g.unary("silu", state["vec"])
         streams = {}
         for s in ("txt", "img"):
-            mod = self._chunks(g, self._lin(g, w, svec, p + s + "_mod.lin"), 6)
+            mod = self._mods(g, w, i, s, state)
             x = state[s]
             qkv = self._lin(g, w, self._modulate(g, x, mod[0], mod[1]), p + s + "_attn.qkv")
             q = self._qk_norm(g, self._heads(g, qkv, 0, 3), w(p + s + "_attn.norm.query_norm.scale"))
@@ -355,7 +386,7 @@ class FluxDiT:
         nt = state["txt"].shape[1]
         x = g.concat(state["txt"], state["img"], 1)
         _, n, d = x.shape
-        shift, scale, gate = self._chunks(g, self._lin(g, w, g.unary("silu", state["vec"]), p + "modulation.lin"), 3)
+        shift, scale, gate = self._mods(g, w, i, "single", state)
         h = self._lin(g, w, self._modulate(g, x, shift, scale), p + "linear1")  # (1, n, 3D + mlp)
         q = self._qk_norm(g, self._heads(g, h, 0, 3), w(p + "norm.query_norm.scale"))
         k = self._qk_norm(g, self._heads(g, h, 1, 3), w(p + "norm.key_norm.scale"))
@@ -373,6 +404,5 @@ class FluxDiT:
     def build_post(self, g: Any, w: Any, state: dict[str, Any]) -> dict[str, Any]:
         c = self.cfg
         img = state["img"]
-        mod = self._lin(g, w, g.unary("silu", state["vec"]), c.prefix + "final_layer.adaLN_modulation.1")
-        shift, scale = self._chunks(g, mod, 2)
+        shift, scale = self._mods(g, w, c.n_double + c.n_single, "final", state)
         return {"out": self._lin(g, w, self._modulate(g, img, shift, scale), c.prefix + "final_layer.linear")}

@@ -4,60 +4,41 @@ DiT, decoding with the 16-channel autoencoder, TAEF1 previews.
 Every module runs on the engine (:class:`sdplan.core.runtime.runner.ModuleRunner`) per its
 :class:`~sdplan.core.runtime.runner.ModulePlacement`: ``diffusion`` (the DiT; double then single
 blocks are the layer-split blocks), ``te`` (T5-XXL with its blocks split; CLIP-L runs on the
-``te`` main device with the same residency) and ``vae`` (and the TAEF1 preview decoder).
+``te`` main device with the same residency) and ``vae`` (and the TAEF1 preview decoder); the
+DiT runner, the autoencoder and previews are :mod:`sdplan.core.pipelines.flux_base`'s.
 Placements come from a resolved plan (:meth:`ModulePlacement.from_plan`) or are given per
 module; devices are looked up by name in a :class:`~sdplan.core.runtime.runner.BackendPool`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import SdplanError
-from sdplan.core.modelfiles.lora_names import AliasTable, flux_aliases
-from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.clip import causal_mask, clip_config, clip_text
-from sdplan.core.models.flux import FluxDiT, unpatchify
+from sdplan.core.models.flux import FluxDiT
 from sdplan.core.models.t5 import T5Encoder
-from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
-from sdplan.core.models.vae import vae_config, vae_decode, vae_moments
-from sdplan.core.pipelines.base import Pipeline, module_placements
-from sdplan.core.pipelines.img2img import (
-    ImageInput,
-    blend,
-    latent_mask,
-    sample_latent,
-    truncate_sigmas,
-)
+from sdplan.core.pipelines.base import module_placements
+from sdplan.core.pipelines.flux_base import FluxFamilyPipeline
+from sdplan.core.pipelines.flux_base import shapes as _shapes
+from sdplan.core.pipelines.img2img import ImageInput
 from sdplan.core.runtime.runner import ModulePlacement
-from sdplan.core.runtime.weights import WeightFile
-from sdplan.core.sampling.flow import DEFAULT_STEPS, flux_sigmas, sample_flow
-from sdplan.core.sampling.noise import PhiloxNoise
-from sdplan.core.sampling.preview import latent_to_rgb
+from sdplan.core.sampling.flow import DEFAULT_STEPS
 from sdplan.core.text.clip_tokenizer import EOS_ID, ClipTokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 from sdplan.core.text.t5_tokenizer import T5Tokenizer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FluxModels", "FluxPipeline", "txt2img", "SCALE_FACTOR", "SHIFT_FACTOR", "MODULES"]
+__all__ = ["FluxModels", "FluxPipeline", "txt2img", "MODULES"]
 
-#: Flux autoencoder latent scaling: ``z_model = (z_vae - SHIFT) * SCALE``.
-SCALE_FACTOR = 0.3611
-SHIFT_FACTOR = 0.1159
 #: The plan modules of a Flux run.
 MODULES = ("diffusion", "te", "vae")
-
-
-def _shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
-    return {t.name: tuple(t.shape) for t in read_tensor_file(path).tensors}
 
 
 @dataclass
@@ -76,7 +57,7 @@ class FluxModels:
     clip_heads: int | None = None
 
 
-class FluxPipeline(Pipeline):
+class FluxPipeline(FluxFamilyPipeline):
     """Flux.1 txt2img over engine module runners.
 
     Args:
@@ -98,7 +79,6 @@ class FluxPipeline(Pipeline):
                  placements: Mapping[str, Any] | None = None, n_threads: int = 0,
                  dtypes: Mapping[str, str] | None = None, cancel: Any = None) -> None:
         super().__init__(pool, n_threads, cancel)
-        self.models = models
         self.placements = module_placements(MODULES, plan, placements)
         te = self.placements["te"]
         # CLIP-L: the te main device and residency, no blocks to split
@@ -114,73 +94,10 @@ class FluxPipeline(Pipeline):
                       and "text_projection" not in n]
         self.runners["clip_l"] = self._runner(
             "clip_l", FunctionGraph(clip_names, {"ids": "i32", "mask": "f32"}, self._clip), models.clip_l, clip_pl, dtypes)
-        vae_shapes = _shapes(models.vae)
-        prefix = "first_stage_model." if any(n.startswith("first_stage_model.") for n in vae_shapes) else ""
-        self.vae_cfg = vae_config(vae_shapes, prefix)
-        dec = [n for n in vae_shapes if n.startswith(prefix + "decoder.")]
-        self.runners["vae"] = self._runner("vae", FunctionGraph(dec, {"z": "f32"}, self._decode), models.vae,
-                                           self.placements["vae"], None)
-        self._vae_names = [n for n in vae_shapes if n.startswith((prefix + "encoder.", prefix + "quant_conv."))]
-        self.preview: Callable[[np.ndarray], np.ndarray] | None = None
-        if models.taesd is not None:
-            self.preview = self._tae_decoder(models.taesd)
-
-    def _runner(self, name: str, model: Any, path: str | Path, placement: Any,
-                dtypes: Mapping[str, str] | None) -> Any:
-        names = list(model.other_tensors()) + [n for i in range(model.n_blocks) for n in model.block_tensors(i)]
-        wf = WeightFile(path, names, dtypes=dtypes, backend=self.pool.get(placement.devices[0]))
-        return self.new_runner(name, model, wf, placement)
-
-    def _tae_decoder(self, path: str | Path) -> Callable[[np.ndarray], np.ndarray]:
-        """TAEF1 decoder of ``path`` on the VAE's device: ``decode(latent (1, 16, h, w)) ->
-        image (1, 3, 8h, 8w)`` in about [0, 1]."""
-        shapes = _shapes(path)
-        layouts = detect_tae(shapes, str(path))
-        if "decoder" not in layouts:
-            raise SdplanError(f"{path}: no TAE decoder")
-
-        def fn(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
-            return {"image": tae_decode(g, split_tae(w, layouts["decoder"]), ins["z"])}
-
-        pl = ModulePlacement(self.placements["vae"].devices[:1])
-        runner = self._runner("preview", FunctionGraph(list(shapes), {"z": "f32"}, fn), path, pl, None)
-        self.runners["preview"] = runner
-        return lambda z: runner.run({"z": np.ascontiguousarray(z, dtype=np.float32)})["image"]
-
-    def lora_aliases(self) -> AliasTable:
-        """The LoRA names of the DiT, CLIP-L and T5 (:func:`~sdplan.core.modelfiles.lora_names.flux_aliases`)."""
-        runners = {m: self.runners[m] for m in ("diffusion", "clip_l", "t5xxl")}
-        return flux_aliases({m: list(r.wf.infos) for m, r in runners.items()},
-                            {n: tuple(i.shape) for r in runners.values() for n, i in r.wf.infos.items()})
-
-    def encode_sample(self, img: np.ndarray, noise: np.ndarray) -> np.ndarray:
-        """Image ``(1, 3, H, W)`` in [-1, 1] -> a draw of the autoencoder's latent
-        distribution with standard normal ``noise`` ``(1, 16, H/8, W/8)`` in model space
-        (``(z - SHIFT_FACTOR) * SCALE_FACTOR``). The encoder runs where the VAE is placed.
-
-        Raises:
-            SdplanError: the autoencoder file has no encoder.
-        """
-        if "vae_encoder" not in self.runners:
-            if not self._vae_names:
-                raise SdplanError(f"{self.models.vae}: the autoencoder has no encoder: img2img needs one")
-
-            def enc(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
-                mean, logvar = vae_moments(g, w, ins["image"], self.vae_cfg)
-                return {"mean": mean, "logvar": logvar}
-
-            self.runners["vae_encoder"] = self._runner(
-                "vae_encoder", FunctionGraph(self._vae_names, {"image": "f32"}, enc), self.models.vae,
-                self.placements["vae"], None)
-        out = self.runners["vae_encoder"].run({"image": np.ascontiguousarray(img, dtype=np.float32)})
-        z = sample_latent(out["mean"], out["logvar"], noise)
-        return ((z - SHIFT_FACTOR) * SCALE_FACTOR).astype(np.float32)
+        self._init_vae(models.vae, models.taesd)
 
     def _clip(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
         return {"hidden": clip_text(g, w, ins["ids"], ins["mask"], self.clip_cfg)}
-
-    def _decode(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
-        return {"image": vae_decode(g, w, ins["z"], self.vae_cfg)}
 
     # ------------------------------------------------------------------ stages
     def encode_prompt(self, prompt: str, t5_length: int = 256) -> tuple[np.ndarray, np.ndarray]:
@@ -198,34 +115,13 @@ class FluxPipeline(Pipeline):
         eos = int(np.argmax(ids[0] == EOS_ID))
         return context.astype(np.float32), h[:, eos, :].astype(np.float32)
 
-    def velocity(self, x: np.ndarray, sigma: float, context: np.ndarray, pooled: np.ndarray,
-                 guidance: float | None) -> np.ndarray:
-        """The DiT's velocity for latent ``x`` ``(1, 16, H, W)`` at ``sigma``."""
-
-        out = self.runners["diffusion"].run(self.dit.inputs(x, context, pooled, sigma, guidance))["out"]
-        return unpatchify(out, x.shape[2], x.shape[3])
-
-    @contextlib.contextmanager
-    def diffusion_session(self) -> Iterator[None]:
-        """Keep the DiT's run-scoped weights (params on a device, or disk) loaded across the
-        steps of a sampling loop; released when the block exits."""
-        with self.runners["diffusion"].session():
-            yield
-
-    def decode(self, latent: np.ndarray) -> np.ndarray:
-        """Image ``(1, 3, 8h, 8w)`` (about [-1, 1]) of a model-space latent: the VAE decodes
-        ``latent / SCALE_FACTOR + SHIFT_FACTOR``."""
-        z = (latent / SCALE_FACTOR + SHIFT_FACTOR).astype(np.float32)
-        return self.runners["vae"].run({"z": z})["image"]
-
     def txt2img(self, prompt: str, width: int, height: int, *, steps: int | None = None,
                 seed: int = 42, sampler: str = "euler", guidance: float = 3.5,
                 t5_length: int = 256, noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None,
                 vae_scale: int = 8, init: ImageInput | None = None,
                 init_seed: int | None = None) -> dict[str, np.ndarray]:
-        """Generate one image (from ``init``'s picture and mask when given:
-        :mod:`sdplan.core.pipelines.img2img`; the flow start is ``(1 - s) init + s noise``).
+        """Generate one image.
 
         Args:
             prompt: the prompt (sd-cli weighting syntax).
@@ -239,8 +135,9 @@ class FluxPipeline(Pipeline):
             preview: ``preview(step, rgb_uint8 (H, W, 3))`` after each step, from TAEF1 when
                 a ``taesd`` file is given, else the latent-to-RGB projection.
             vae_scale: pixels per latent cell (8 for Flux's autoencoder).
-            init: the picture (and mask) to start from; ``init_seed`` seeds the draw of its
-                latent (default ``seed``; sd-cli draws it once per request with the request's seed).
+            init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.img2img`);
+                ``init_seed`` seeds the draw of its latent (default ``seed``; sd-cli draws it
+                once per request with the request's seed).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -249,51 +146,17 @@ class FluxPipeline(Pipeline):
             SdplanError: a size that is not a multiple of ``2 * vae_scale``; SamplingError.
         """
 
-        if width % (2 * vae_scale) or height % (2 * vae_scale) or width <= 0 or height <= 0:
-            raise SdplanError(f"Flux image size {width}x{height} must be positive multiples of {2 * vae_scale}")
-        h, w = height // vae_scale, width // vae_scale
+        h, w = self._latent_size(width, height, vae_scale)
         variant = self.dit.cfg.variant
         steps = steps or DEFAULT_STEPS[variant]
-        sigmas = flux_sigmas(steps, (h // 2) * (w // 2), shift=variant == "dev")
         context, pooled = self.encode_prompt(prompt, t5_length)
-        rng = PhiloxNoise(seed)
-        start = rng.randn((1, 16, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
         g = guidance if self.dit.cfg.guidance else None
-        ref, mask = None, None
-        if init is not None and init.image is not None:
-            f = self.vae_cfg.factor
-            if init.image.shape[2:] != (h * f, w * f):
-                raise SdplanError(f"init image {init.image.shape[3]}x{init.image.shape[2]}: this autoencoder "
-                                  f"needs {w * f}x{h * f} pixels for a {width}x{height} generation")
-            ref = self.encode_sample(init.image, PhiloxNoise(seed if init_seed is None else init_seed).randn(
-                (1, 16, h, w)))
-            sigmas = truncate_sigmas(sigmas, init.strength)
-            s0 = np.float32(sigmas[0])
-            start = (ref * (np.float32(1.0) - s0) + start * s0).astype(np.float32)
-            if init.mask is not None:
-                mask = latent_mask(init.mask, f)
 
         def vel(x: np.ndarray, s: float) -> np.ndarray:
-            v = self.velocity(x, s, context, pooled, g)
-            if mask is None or ref is None or s <= 0:
-                return v
-            den = blend(x - np.float32(s) * v, ref, mask)  # blend the prediction, as sd-cli
-            return ((x - den) / np.float32(s)).astype(np.float32)
+            return self.velocity(x, s, context, pooled, g)
 
-        def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
-            if preview is not None:
-                preview(i, self._preview_rgb(den))
-
-        with self.diffusion_session():
-            latent = sample_flow(sampler, vel, start, sigmas, noise=rng, callback=cb)
-        return {"latent": latent, "image": self.decode(latent), "sigmas": sigmas}
-
-    def _preview_rgb(self, latent: np.ndarray) -> np.ndarray:
-        if self.preview is not None:
-            img = self.preview(latent / SCALE_FACTOR + SHIFT_FACTOR)
-            return (np.clip(img[0].transpose(1, 2, 0), 0, 1) * 255).round().astype(np.uint8)
-
-        return latent_to_rgb(latent, "flux")
+        return self._sample(vel, h, w, steps, shift=variant == "dev", seed=seed, sampler=sampler,
+                            noise=noise, preview=preview, init=init, init_seed=init_seed)
 
 
 def txt2img(models: FluxModels, plan: Any, prompt: str, width: int, height: int, pool: Any = None,

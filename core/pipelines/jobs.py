@@ -12,7 +12,8 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
   ``backend`` / ``params_backend`` / ``max_vram`` / ``stream_layers`` strings resolved in
   the engine process against its live devices; ``rpc_servers``: endpoints added there;
 - ``overrides``: ``clip_heads``, ``unet_heads``, ``unet_head_dim``, ``prediction``,
-  ``flux_heads``, ``flux_axes``, ``t5_length`` (tiny models); ``previews``: send previews
+  ``flux_heads``, ``flux_axes``, ``t5_length`` (tiny models), ``chroma_use_dit_mask``,
+  ``chroma_t5_mask_pad`` (sd-cli's Chroma model args); ``previews``: send previews
   (default True);
 - ``taesd_decode``: decode the final images with the ``taesd`` TAE instead of the VAE
   (sd-cli's ``--taesd`` without ``--taesd-preview-only``; default False: previews only);
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_model_files
+from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
 from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
 from sdplan.core.pipelines.img2img import request_image_input
 from sdplan.core.pipelines.lora import prompt_loras
@@ -102,8 +104,8 @@ def _cached(key: Any, make: Callable[[], Any]) -> Any:
 
 
 def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
-    """Run one request (see the comment above) in this process: SD 1.x/2.x, or Flux when the
-    files are a Flux set. Returns ``{"images", "params", "timings"}``.
+    """Run one request (see the comment above) in this process: SD 1.x/2.x, or Flux / Chroma
+    when the files are such a set. Returns ``{"images", "params", "timings"}``.
 
     Raises:
         ModelFileError / PlanError / EngineError: bad files, placement or devices;
@@ -116,12 +118,13 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
         ctx.add_rpc_servers(rpc)
     core = {k: v for k, v in files.items() if k not in ("taesd", "upscale_model")}
     placements = _placements(req, core)
-    flux = read_model_files(core).architecture.family == "flux"
+    family = read_model_files(core).architecture.family
+    run = {"flux": _flux_run, "chroma": _chroma_run}.get(family, _sd_run)
     seed = int(req.get("seed", 42))
     if seed < 0:
         seed = random.randrange(2**31)
     t0 = time.perf_counter()
-    images, timings, info = (_flux_run if flux else _sd_run)(ctx, req, files, core, placements, seed)
+    images, timings, info = run(ctx, req, files, core, placements, seed)
     upscaler = _first(files, "upscale_model")
     if upscaler:
         ctx.progress(phase="upscale")
@@ -130,7 +133,7 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     timings["total"] = time.perf_counter() - t0
     params = {k: req.get(k) for k in ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale",
                                       "sampling_method", "scheduler", "batch_count", "clip_skip")}
-    params.update(seed=seed, architecture="flux" if flux else "sd", **info)
+    params.update(seed=seed, architecture=family if run is not _sd_run else "sd", **info)
     return {"images": images, "params": params, "timings": timings}
 
 
@@ -246,6 +249,42 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
                            t5_length=int(ov.get("t5_length") or 256), preview=cb, init=init, init_seed=seed)
         images.append(image_to_uint8(out["image"][0]))
     return images, {"total_flux": time.perf_counter() - t0}, info
+
+
+def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
+                placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
+    need = [k for k in ("diffusion_model", "t5xxl", "vae") if not files.get(k)]
+    if need:
+        raise ModelFileError("<request>", "a Chroma run needs --diffusion-model, --t5xxl and --vae; "
+                                          f"missing {', '.join('--' + k.replace('_', '-') for k in need)}")
+    ov = dict(req.get("overrides") or {})
+    axes = ov.get("flux_axes")
+    models = ChromaModels(files["diffusion_model"][0], files["t5xxl"][0], files["vae"][0], _first(files, "taesd"),
+                          ov.get("flux_heads"), tuple(axes) if axes else None)
+    threads = int(req.get("threads") or 0)
+    key = ("chroma", repr(models), repr(sorted(placements.items())), threads)
+    pipe = _cached(key, lambda: ChromaPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
+    pipe.set_cancel(ctx.cancel)
+    on_step, preview = _emitters(ctx, req)
+    steps = int(req.get("steps") or 0) or 20
+    width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
+    prompt, init, info = _inputs(pipe, req, width, height)
+    images: list[np.ndarray] = []
+    t0 = time.perf_counter()
+    for b in range(int(req.get("batch_count") or 1)):
+        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
+            on_step(i + 1, total)
+            if preview is not None:
+                preview(i + 1, rgb)
+        out = pipe.txt2img(prompt, width, height,
+                           negative_prompt=req.get("negative_prompt") or "",
+                           cfg_scale=float(req.get("cfg_scale", 4.0)), steps=steps, seed=seed + b,
+                           sampler=req.get("sampling_method") or "euler", t5_length=int(ov.get("t5_length") or 512),
+                           mask_pad=int(ov.get("chroma_t5_mask_pad", 1)),
+                           dit_mask=bool(ov.get("chroma_use_dit_mask", True)), preview=cb, init=init,
+                           init_seed=seed)
+        images.append(image_to_uint8(out["image"][0]))
+    return images, {"total_chroma": time.perf_counter() - t0}, info
 
 
 def _upscale(ctx: Any, path: str, vae: Any, images: list[np.ndarray], repeats: int, threads: int) -> list[np.ndarray]:

@@ -1,0 +1,228 @@
+"""What the FLUX.1-family pipelines (FLUX.1 dev/schnell, Chroma) share: the DiT runner and
+its sampling loop, the 16-channel autoencoder with FLUX.1's latent scaling, TAEF1 previews.
+
+Modules run on the engine (:class:`sdplan.core.runtime.runner.ModuleRunner`) per their
+:class:`~sdplan.core.runtime.runner.ModulePlacement`: ``diffusion`` (the DiT; its double then
+single blocks are the layer-split blocks) and ``vae`` (and the TAEF1 preview decoder on the
+VAE's main device). A family's pipeline adds its text encoders and prompt encoding.
+
+Image to image and inpainting (:mod:`sdplan.core.pipelines.img2img`) happen here for every
+FLUX.1-family model: the autoencoder's encoder (a ``vae_encoder`` runner placed as the VAE,
+made on first use) gives the init latent, the flow start is ``(1 - s) init + s noise`` over the
+truncated schedule, and with a mask the DiT's prediction ``x - s v`` is blended with the init
+latent each step. LoRAs map onto the DiT and text encoders by
+:func:`~sdplan.core.modelfiles.lora_names.flux_aliases`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sdplan.core.errors import SdplanError
+from sdplan.core.modelfiles.lora_names import AliasTable, flux_aliases
+from sdplan.core.modelfiles.readers import read_tensor_file
+from sdplan.core.models.base import FunctionGraph
+from sdplan.core.models.flux import unpatchify
+from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
+from sdplan.core.models.vae import vae_config, vae_decode, vae_moments
+from sdplan.core.pipelines.base import Pipeline
+from sdplan.core.pipelines.img2img import (
+    ImageInput,
+    blend,
+    latent_mask,
+    sample_latent,
+    truncate_sigmas,
+)
+from sdplan.core.runtime.runner import ModulePlacement
+from sdplan.core.runtime.weights import WeightFile
+from sdplan.core.sampling.flow import flux_sigmas, sample_flow
+from sdplan.core.sampling.noise import PhiloxNoise
+from sdplan.core.sampling.preview import latent_to_rgb
+
+__all__ = ["FluxFamilyPipeline", "SCALE_FACTOR", "SHIFT_FACTOR", "shapes"]
+
+#: FLUX.1 autoencoder latent scaling: ``z_model = (z_vae - SHIFT) * SCALE``.
+SCALE_FACTOR = 0.3611
+SHIFT_FACTOR = 0.1159
+
+#: ``velocity(x, sigma) -> v``: the DiT's (guided) velocity for a latent ``(1, 16, h, w)``.
+Velocity = Callable[[np.ndarray, float], np.ndarray]
+
+
+def shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape of a weight file's header (no data read)."""
+    return {t.name: tuple(t.shape) for t in read_tensor_file(path).tensors}
+
+
+class FluxFamilyPipeline(Pipeline):
+    """Base of the FLUX.1-family pipelines: subclasses set :attr:`dit`, register the
+    ``diffusion`` runner with :meth:`_runner` and call :meth:`_init_vae`.
+
+    Attributes:
+        placements: module -> ModulePlacement (``diffusion``, ``te``, ``vae``).
+        dit: the DiT graph (a :class:`~sdplan.core.models.flux.FluxDiT`).
+        preview: the TAEF1 decoder ``latent (1, 16, h, w) -> image (1, 3, 8h, 8w)`` or None.
+    """
+
+    placements: dict[str, ModulePlacement]
+    dit: Any
+    preview: Callable[[np.ndarray], np.ndarray] | None = None
+
+    def _runner(self, name: str, model: Any, path: str | Path, placement: Any,
+                dtypes: Mapping[str, str] | None) -> Any:
+        names = list(model.other_tensors()) + [n for i in range(model.n_blocks) for n in model.block_tensors(i)]
+        wf = WeightFile(path, names, dtypes=dtypes, backend=self.pool.get(placement.devices[0]))
+        return self.new_runner(name, model, wf, placement)
+
+    def _init_vae(self, vae: str | Path, taesd: str | Path | None) -> None:
+        """The ``vae`` runner (decoder of the 16-channel autoencoder, with or without the
+        ``first_stage_model.`` prefix) and, with ``taesd``, the TAEF1 preview decoder."""
+        vae_shapes = shapes(vae)
+        prefix = "first_stage_model." if any(n.startswith("first_stage_model.") for n in vae_shapes) else ""
+        self.vae_cfg = vae_config(vae_shapes, prefix)
+        dec = [n for n in vae_shapes if n.startswith(prefix + "decoder.")]
+        self.runners["vae"] = self._runner("vae", FunctionGraph(dec, {"z": "f32"}, self._decode), vae,
+                                           self.placements["vae"], None)
+        self._vae_path = vae
+        self._vae_encoder = [n for n in vae_shapes if n.startswith((prefix + "encoder.", prefix + "quant_conv."))]
+        self.preview = self._tae_decoder(taesd) if taesd is not None else None
+
+    def lora_aliases(self) -> AliasTable:
+        """The LoRA names of the DiT and the text encoders it has
+        (:func:`~sdplan.core.modelfiles.lora_names.flux_aliases`)."""
+        runners = {m: self.runners[m] for m in ("diffusion", "clip_l", "t5xxl") if m in self.runners}
+        return flux_aliases({m: list(r.wf.infos) for m, r in runners.items()},
+                            {n: tuple(i.shape) for r in runners.values() for n, i in r.wf.infos.items()})
+
+    def encode_sample(self, img: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """Image ``(1, 3, H, W)`` in [-1, 1] -> a draw of the autoencoder's latent
+        distribution with standard normal ``noise`` ``(1, 16, H/f, W/f)``, in model space
+        (``(z - SHIFT_FACTOR) * SCALE_FACTOR``). The encoder runs where the VAE is placed.
+
+        Raises:
+            SdplanError: the autoencoder file has no encoder.
+        """
+        if "vae_encoder" not in self.runners:
+            if not self._vae_encoder:
+                raise SdplanError(f"{self._vae_path}: the autoencoder has no encoder: img2img needs one")
+
+            def enc(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+                mean, logvar = vae_moments(g, w, ins["image"], self.vae_cfg)
+                return {"mean": mean, "logvar": logvar}
+
+            self.runners["vae_encoder"] = self._runner(
+                "vae_encoder", FunctionGraph(self._vae_encoder, {"image": "f32"}, enc), self._vae_path,
+                self.placements["vae"], None)
+        out = self.runners["vae_encoder"].run({"image": np.ascontiguousarray(img, dtype=np.float32)})
+        z = sample_latent(out["mean"], out["logvar"], noise)
+        return ((z - SHIFT_FACTOR) * SCALE_FACTOR).astype(np.float32)
+
+    def _tae_decoder(self, path: str | Path) -> Callable[[np.ndarray], np.ndarray]:
+        """TAEF1 decoder of ``path`` on the VAE's device: ``decode(latent (1, 16, h, w)) ->
+        image (1, 3, 8h, 8w)`` in about [0, 1]."""
+        tae_shapes = shapes(path)
+        layouts = detect_tae(tae_shapes, str(path))
+        if "decoder" not in layouts:
+            raise SdplanError(f"{path}: no TAE decoder")
+
+        def fn(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+            return {"image": tae_decode(g, split_tae(w, layouts["decoder"]), ins["z"])}
+
+        pl = ModulePlacement(self.placements["vae"].devices[:1])
+        runner = self._runner("preview", FunctionGraph(list(tae_shapes), {"z": "f32"}, fn), path, pl, None)
+        self.runners["preview"] = runner
+        return lambda z: runner.run({"z": np.ascontiguousarray(z, dtype=np.float32)})["image"]
+
+    def _decode(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+        return {"image": vae_decode(g, w, ins["z"], self.vae_cfg)}
+
+    # ------------------------------------------------------------------ stages
+    def velocity(self, x: np.ndarray, sigma: float, context: np.ndarray, pooled: np.ndarray | None,
+                 guidance: float | None) -> np.ndarray:
+        """The DiT's velocity for latent ``x`` ``(1, 16, H, W)`` at ``sigma`` (``pooled`` and
+        ``guidance`` as the DiT's ``inputs`` takes them)."""
+        out = self.runners["diffusion"].run(self.dit.inputs(x, context, pooled, sigma, guidance))["out"]
+        return unpatchify(out, x.shape[2], x.shape[3])
+
+    @contextlib.contextmanager
+    def diffusion_session(self) -> Iterator[None]:
+        """Keep the DiT's run-scoped weights (params on a device, or disk) loaded across the
+        steps of a sampling loop; released when the block exits."""
+        with self.runners["diffusion"].session():
+            yield
+
+    def decode(self, latent: np.ndarray) -> np.ndarray:
+        """Image ``(1, 3, 8h, 8w)`` (about [-1, 1]) of a model-space latent: the VAE decodes
+        ``latent / SCALE_FACTOR + SHIFT_FACTOR``."""
+        z = (latent / SCALE_FACTOR + SHIFT_FACTOR).astype(np.float32)
+        return self.runners["vae"].run({"z": z})["image"]
+
+    def _latent_size(self, width: int, height: int, vae_scale: int) -> tuple[int, int]:
+        """``(h, w)`` of the latent of a ``width x height`` image.
+
+        Raises:
+            SdplanError: sizes that are not positive multiples of ``2 * vae_scale``.
+        """
+        if width % (2 * vae_scale) or height % (2 * vae_scale) or width <= 0 or height <= 0:
+            raise SdplanError(f"Flux image size {width}x{height} must be positive multiples of {2 * vae_scale}")
+        return height // vae_scale, width // vae_scale
+
+    def _sample(self, vel: Velocity, h: int, w: int, steps: int, *, shift: bool, seed: int,
+                sampler: str, noise: np.ndarray | None,
+                preview: Callable[[int, np.ndarray], None] | None,
+                init: ImageInput | None = None, init_seed: int | None = None) -> dict[str, np.ndarray]:
+        """Sample a ``(1, 16, h, w)`` latent from the seed's Philox noise (or ``noise``) over
+        :func:`~sdplan.core.sampling.flow.flux_sigmas` (``shift``: the image-size time shift)
+        with ``sampler``, then decode it. With ``init``'s picture (``(1, 3, h f, w f)``, ``f``
+        the autoencoder's factor): image to image (and its mask: inpainting) as the module
+        docstring says; ``init_seed`` (default ``seed``) seeds the draw of the init latent.
+        Returns ``{"latent", "image", "sigmas"}``.
+
+        Raises:
+            SdplanError: an init picture of the wrong size.
+        """
+        sigmas = flux_sigmas(steps, (h // 2) * (w // 2), shift=shift)
+        rng = PhiloxNoise(seed)
+        start = rng.randn((1, 16, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
+        if init is not None and init.image is not None:
+            f = self.vae_cfg.factor
+            if init.image.shape[2:] != (h * f, w * f):
+                raise SdplanError(f"init image {init.image.shape[3]}x{init.image.shape[2]}: this autoencoder "
+                                  f"needs {w * f}x{h * f} pixels for a {w * f}x{h * f}-pixel latent grid")
+            ref = self.encode_sample(init.image, PhiloxNoise(seed if init_seed is None else init_seed)
+                                     .randn((1, 16, h, w)))
+            sigmas = truncate_sigmas(sigmas, init.strength)
+            s0 = np.float32(sigmas[0])
+            start = (ref * (np.float32(1.0) - s0) + start * s0).astype(np.float32)
+            if init.mask is not None:
+                vel = _blended(vel, ref, latent_mask(init.mask, f))
+
+        def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
+            if preview is not None:
+                preview(i, self._preview_rgb(den))
+
+        with self.diffusion_session():
+            latent = sample_flow(sampler, vel, start, sigmas, noise=rng, callback=cb)
+        return {"latent": latent, "image": self.decode(latent), "sigmas": sigmas}
+
+    def _preview_rgb(self, latent: np.ndarray) -> np.ndarray:
+        if self.preview is not None:
+            img = self.preview(latent / SCALE_FACTOR + SHIFT_FACTOR)
+            return (np.clip(img[0].transpose(1, 2, 0), 0, 1) * 255).round().astype(np.uint8)
+        return latent_to_rgb(latent, "flux")
+
+
+def _blended(vel: Velocity, ref: np.ndarray, mask: np.ndarray) -> Velocity:
+    """``vel`` whose prediction ``x - s v`` keeps ``ref`` where ``mask`` is 0 (sd-cli blends
+    the denoised latent; a flow sampler's velocity is ``(x - denoised) / s``)."""
+    def blended(x: np.ndarray, s: float) -> np.ndarray:
+        v = vel(x, s)
+        if s <= 0:
+            return v
+        den = blend(x - np.float32(s) * v, ref, mask)
+        return ((x - den) / np.float32(s)).astype(np.float32)
+    return blended

@@ -1,0 +1,30 @@
+"""Generation settings a model family runs with unless the user chooses others.
+
+Keys are sd-cli's generation keys (``cfg_scale``, ``steps``, ``sampling_method``...), as the
+GUI's generation panel and :func:`sdplan.core.planning.sdcli.sdcli_command_line` use them.
+Sources: Chroma, stable-diffusion.cpp's ``docs/chroma.md`` example (``--cfg-scale 4.0
+--sampling-method euler``) with sd-cli's default 20 steps (diffusers' ``ChromaPipeline`` and
+the Chroma1 model cards also guide with a real CFG around 4); FLUX.1, sd-cli's ``docs/flux.md``
+(``--cfg-scale 1.0 --sampling-method euler``) and schnell's 4-step distillation.
+"""
+
+from __future__ import annotations
+
+__all__ = ["FAMILY_DEFAULTS", "generation_defaults"]
+
+#: Architecture name (``chroma``, ``flux-dev``...) or family -> generation settings.
+FAMILY_DEFAULTS: dict[str, dict[str, object]] = {
+    "chroma": {"cfg_scale": 4.0, "steps": 20, "sampling_method": "euler"},
+    "flux-dev": {"cfg_scale": 1.0, "steps": 20, "sampling_method": "euler"},
+    "flux-schnell": {"cfg_scale": 1.0, "steps": 4, "sampling_method": "euler"},
+}
+
+
+def generation_defaults(architecture: str | None) -> dict[str, object]:
+    """The settings of :data:`FAMILY_DEFAULTS` for an architecture name (``chroma``,
+    ``flux-dev``, ``sd3-large``...): its own entry, else its family's (the part before the
+    first ``-``), else none (a new dict each call)."""
+    if not architecture:
+        return {}
+    entry = FAMILY_DEFAULTS.get(architecture) or FAMILY_DEFAULTS.get(architecture.split("-")[0]) or {}
+    return dict(entry)
