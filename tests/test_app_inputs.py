@@ -178,3 +178,17 @@ def test_demo_in_the_app_with_its_lora_and_a_picture(qtbot, tmp_path) -> None:
     params = json.loads(saved[-1].read_text())
     assert params["init_img"] == str(pic) and params["mask"] == str(mask) and params["strength"] == 0.8
     p.shutdown()
+
+
+def test_the_board_draws_and_names_lora_bytes(qtbot, ctl, tmp_path, folder) -> None:
+    from sdplan.app.board.board import Board
+
+    board = Board(ctl)
+    qtbot.addWidget(board)
+    ctl.set_generation(prompt="a cat <lora:lora_flux_peft:1>", lora_model_dir=str(folder),
+                       lora_apply_mode="at_runtime")
+    col = board.columns["CPU"]
+    col.refresh()
+    segs = col.bar.data.segments
+    assert ("diffusion", "lora", ctl.fit.modules["diffusion"].lora["CPU"]) in segs
+    assert "LoRA · diffusion: " in col.bar.toolTip()

@@ -155,3 +155,22 @@ def test_family_guess(tmp_path: Path) -> None:
                    np.zeros((4, width), np.float16)}, str(path))
         assert guess_lora_family(path) == family
     assert guess_lora_family(FIX / "lora_sd1_kohya.safetensors") == "unknown"  # a 16-wide toy context
+
+
+def test_sd2_text_encoder_lora_lands_on_openclip_rows(tmp_path: Path) -> None:
+    """kohya trains SD 2.x's text encoder under transformers' names; the checkpoint holds
+    OpenCLIP's fused ``in_proj_weight``: q, k, v are its thirds."""
+    ms = read_model_files({"model": [FIX / "sd2_tiny.safetensors"]})
+    names = {m: [t.info.name for t in ms.module_tensors(m)] for m in ("diffusion", "te")}
+    table = aliases_for_family("sd2", names, {t.info.name: tuple(t.info.shape) for t in ms.tensors})
+    path = tmp_path / "te.safetensors"
+    down, up = np.zeros((4, 16), np.float16), np.zeros((16, 4), np.float16)
+    keys = {}
+    for part in ("k_proj", "out_proj"):
+        for role, arr in (("lora_down.weight", down), ("lora_up.weight", up)):
+            keys[f"lora_te_text_model_encoder_layers_1_self_attn_{part}.{role}"] = arr
+    save_file(keys, str(path))
+    lf = read_lora(path, table)
+    got = sorted((p.target.tensor, p.target.rows) for p in lf.parts)
+    assert got == [("cond_stage_model.model.transformer.resblocks.1.attn.in_proj_weight", (16, 32)),
+                   ("cond_stage_model.model.transformer.resblocks.1.attn.out_proj.weight", None)]

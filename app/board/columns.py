@@ -248,7 +248,7 @@ class DeviceColumn(_DropFrame):
         self.empty.setVisible(not self.cards)
 
 
-_PART_NAMES = {"weights": "resident weights", "staging": "staged range",
+_PART_NAMES = {"weights": "resident weights", "lora": "LoRA", "staging": "staged range",
                "compute": "compute estimate"}
 
 
