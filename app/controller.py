@@ -1,7 +1,7 @@
 """The board's controller: owns the current placement, the devices and the model profile.
 
-Every edit (a drop on the board, a residency switch, a budget, a keystroke in a flag field,
-a pasted command) becomes a new :class:`~sdplan.core.planning.placement.Placement` that is resolved
+Every edit (a drop on the board, a residency switch, a budget, an applied flag field, a
+pasted command) becomes a new :class:`~sdplan.core.planning.placement.Placement` that is resolved
 at once (:func:`sdplan.core.planning.plan.resolve`) and estimated (:func:`estimate_plan`); views
 redraw from :attr:`PlanController.plan` and :attr:`PlanController.fit` and never keep a
 copy of the placement. Undo/redo keep placement snapshots on a :class:`QUndoStack`.
@@ -25,13 +25,17 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
-from sdplan.core.planning.sdcli import import_sdcli_command, model_file_flags, sdcli_command_line
+from sdplan.core.planning.sdcli import (
+    GENERATION_FLAGS,
+    import_sdcli_command,
+    model_file_flags,
+    sdcli_command_line,
+)
 from sdplan.core.planning.session import plan_document, read_plan_document, save_plan_file
 
 log = logging.getLogger(__name__)
 
-#: Undo-merge id for consecutive keystrokes in the flag fields and budget drags.
-_MERGE_STRINGS = 1
+#: Undo-merge id for the moves of one budget-marker drag.
 _MERGE_BUDGET = 2
 
 #: Generation settings that the estimate and the sd-cli command use by default.
@@ -109,6 +113,7 @@ class PlanController(QObject):
         self._lora_cache: tuple[object, dict | None] = (None, None)
         self.error: PlanError | None = None
         self.fit = None
+        self._effects: dict[str, dict[str, dict[str, int]]] = {}
         pl = placement or Placement()
         self.plan: Plan = resolve(pl, inventory, profile)
         self._estimate()
@@ -136,9 +141,60 @@ class PlanController(QObject):
         """The inventory device called ``name``."""
         return next(d for d in self.inventory if d.name == name)
 
+    def residency_effects(self, module: str) -> dict[str, dict[str, int]]:
+        """What each other residency of ``module`` would change: mode (``runtime``,
+        ``device`` = weights in RAM on the CPU, ``disk``) -> device -> bytes its estimated
+        total would drop (negative: grow). Empty without an estimate; cached per plan."""
+        key = module  # the cache empties whenever the plan or its estimate changes
+        cached = self._effects.get(key)
+        if cached is not None:
+            return cached
+        out: dict[str, dict[str, int]] = {}
+        if self.fit is not None and self.profile is not None and module in self.profile.modules:
+            from sdplan.core.planning.estimate import estimate_plan
+
+            cpu = next((d.name for d in self.inventory if d.type == "cpu"), None)
+            g = self.generation
+            current = self.plan.modules[module].params.mode
+            runs_on = self.plan.modules[module].devices
+            for mode in ("runtime", "device", "disk"):
+                if mode == current or (mode == "device" and (cpu is None or cpu in runs_on)):
+                    continue  # "in RAM" on the CPU is where it runs already
+                try:
+                    pl = self.placement.set_residency(module, mode, cpu if mode == "device"
+                                                      else None)
+                    plan = resolve(pl, self.inventory, self.profile)
+                    alt = estimate_plan(plan, self.profile, self.inventory,
+                                        width=int(g.get("width") or 1024),
+                                        height=int(g.get("height") or 1024),
+                                        batch=int(g.get("batch_count") or 1))
+                except (PlanError, ValueError):
+                    continue
+                names = set(self.fit.devices) | set(alt.devices)
+                out[mode] = {d: (self.fit.devices[d].total if d in self.fit.devices else 0)
+                             - (alt.devices[d].total if d in alt.devices else 0)
+                             for d in sorted(names)}
+        self._effects[key] = out
+        return out
+
+    def peak_module(self, device: str) -> tuple[str, str] | None:
+        """``(module, part)`` that sets ``device``'s transient peak (``staging`` or
+        ``compute``), or None."""
+        fit = self.fit
+        if fit is None or device not in fit.devices:
+            return None
+        best = max(fit.modules.values(), key=lambda e: e.staging.get(device, 0)
+                   + e.compute.get(device, 0), default=None)
+        if best is None or not (best.staging.get(device, 0) + best.compute.get(device, 0)):
+            return None
+        part = "compute" if best.compute.get(device, 0) >= best.staging.get(device, 0) \
+            else "staging"
+        return best.module, part
+
     # ------------------------------------------------------------------ re-planning
     def _estimate(self) -> None:
         self.fit = None
+        self._effects = {}
         if self.profile is None:
             return
         from sdplan.core.planning.estimate import estimate_plan
@@ -276,25 +332,56 @@ class PlanController(QObject):
             self.planChanged.emit("board")
 
     # ------------------------------------------------------------------ strings
-    def set_strings(self, backend: str, params_backend: str, max_vram: str) -> bool:
-        """Re-plan from the three flag values (one keystroke = one call).
-
-        A :class:`PlanError` is published on :attr:`errorChanged` (with its flag and
-        span) and the plan stays as it was. Returns True when the strings resolved.
-        """
+    def _parse_strings(self, backend: str, params_backend: str, max_vram: str):  # noqa: ANN202
+        """``(placement, plan)`` of the three flag values, or the PlanError published on
+        :attr:`errorChanged` (None when they resolve: a previous error is cleared)."""
         try:
             parsed = Placement.from_strings(
                 backend, params_backend, max_vram, stream_layers=self.placement.stream_layers,
                 rpc_servers=self.placement.rpc_servers)
-            resolve(parsed, self.inventory, self.profile)
+            plan = resolve(parsed, self.inventory, self.profile)
         except PlanError as exc:
             self.error = exc
             self.errorChanged.emit(exc)
-            return False
+            return None
+        self.clear_string_error()
+        return parsed, plan
+
+    def clear_string_error(self) -> None:
+        """Forget the flag fields' error (Escape put them back)."""
         if self.error is not None:
             self.error = None
             self.errorChanged.emit(None)
-        self._push(parsed, "edit flags", _MERGE_STRINGS, source="strings")
+
+    def check_strings(self, backend: str, params_backend: str, max_vram: str):  # noqa: ANN201
+        """Check the three flag values while they are typed, without changing the plan: an
+        error is published on :attr:`errorChanged` (flag and span); otherwise returns the
+        estimate of the plan they would give (a FitReport, or None without a profile)."""
+        parsed = self._parse_strings(backend, params_backend, max_vram)
+        if parsed is None or self.profile is None:
+            return None
+        from sdplan.core.planning.estimate import estimate_plan
+
+        g = self.generation
+        try:
+            return estimate_plan(parsed[1], self.profile, self.inventory,
+                                 width=int(g.get("width") or 1024),
+                                 height=int(g.get("height") or 1024),
+                                 batch=int(g.get("batch_count") or 1))
+        except ValueError:
+            return None
+
+    def set_strings(self, backend: str, params_backend: str, max_vram: str) -> bool:
+        """Re-plan from the three flag values (an applied edit: Enter or leaving a field),
+        one undo step.
+
+        A :class:`PlanError` is published on :attr:`errorChanged` (with its flag and
+        span) and the plan stays as it was. Returns True when the strings resolved.
+        """
+        parsed = self._parse_strings(backend, params_backend, max_vram)
+        if parsed is None:
+            return False
+        self._push(parsed[0], "edit flags", source="strings")
         return True
 
     def command_line(self) -> str:
@@ -465,6 +552,37 @@ class PlanController(QObject):
         self._push(saved.placement, "import plan", source="load")
         self.modelChanged.emit()
         self.planChanged.emit("load")
+
+    def reuse_result(self, settings: Mapping[str, object],
+                     model_files: Mapping[str, Sequence[str]] | None = None,
+                     placement: Mapping[str, str] | None = None) -> list[str]:
+        """Put a result's settings back (the gallery's and the strip's "Reuse settings"):
+        its generation settings (sd-cli keys; others are ignored), its model files when
+        they all exist here, and its placement strings when they resolve on these devices.
+        Returns one note per part left as it was (files not found, a placement that does
+        not resolve); the panel reloads on ``planChanged("load")``."""
+        notes: list[str] = []
+        files = {k: list(v) for k, v in (model_files or {}).items()}
+        if files and files != self.model_files:
+            missing = [p for v in files.values() for p in v if not Path(p).is_file()]
+            if missing:
+                notes.append(f"model files not found here: {', '.join(missing)}")
+            else:
+                self.load_model_files(files, strict=False)
+        if placement:
+            try:
+                new = Placement.from_strings(
+                    placement.get("backend", ""), placement.get("params_backend", ""),
+                    placement.get("max_vram", ""), stream_layers=self.placement.stream_layers,
+                    rpc_servers=self.placement.rpc_servers)
+                self._push(new, "reuse settings", source="load")
+            except PlanError as exc:
+                notes.append(f"placement not restored: {exc}")
+        known = set(GENERATION_FLAGS) - {"output"}
+        self.generation.update({k: v for k, v in settings.items() if k in known})
+        self._estimate()
+        self.planChanged.emit("load")
+        return notes
 
     def save_plan(self, path: str | Path) -> None:
         """Write :meth:`plan_json` to ``path`` (raises OSError)."""

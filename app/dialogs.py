@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QMessageBox,
+    QPushButton,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -15,25 +16,45 @@ from PySide6.QtWidgets import (
 )
 from sdplan.app import strings
 from sdplan.core import __version__
-from sdplan.core.planning.autoplan import AutoPlan
+from sdplan.core.planning.autoplan_review import Alternative, AutoPlanReview
 from sdplan.core.runtime.native import NativeUnavailable, native
 
 
 class AutoPlanDialog(QDialog):
-    """Shows what Auto plan would change (before/after per module and flag) to accept."""
+    """Shows what Auto plan would change (before/after per module and flag) to accept,
+    what limits it (a budget of the user's rather than the hardware), and the alternatives
+    that fit when it does not (see :mod:`sdplan.core.planning.autoplan_review`).
 
-    def __init__(self, proposal: AutoPlan, rows: list[tuple[str, str, str]],
+    After ``exec()``: :attr:`choice` is the chosen alternative, or None for the proposal.
+    """
+
+    def __init__(self, review: AutoPlanReview, rows: list[tuple[str, str, str]],
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Auto plan")
-        self.proposal = proposal
+        self.review = review
+        self.proposal = review.proposal
+        self.choice: Alternative | None = None
         lay = QVBoxLayout(self)
-        verdict = QLabel(("✓ The proposal fits." if proposal.fits else
-                          "✕ Even the proposal does not fit these devices.")
-                         + " Review the changes:")
-        verdict.setObjectName("Verdict")
-        verdict.setProperty("fits", proposal.fits)
-        lay.addWidget(verdict)
+        fits = review.fit.fits
+        if review.worse:
+            text = ("✕ The proposal would fit worse than your current plan"
+                    + (", which fits" if review.current_fit.fits else "")
+                    + ": your plan stays unless you choose otherwise.")
+        elif fits:
+            text = "✓ The proposal fits. Review the changes:"
+        else:
+            text = "✕ Even the proposal does not fit. Review the changes:"
+        self.verdict = QLabel(text)
+        self.verdict.setObjectName("Verdict")
+        self.verdict.setProperty("fits", fits and not review.worse)
+        self.verdict.setWordWrap(True)
+        lay.addWidget(self.verdict)
+        self.limits = QLabel("\n".join("• " + line for line in review.limits))
+        self.limits.setObjectName("Error")
+        self.limits.setWordWrap(True)
+        self.limits.setVisible(bool(review.limits))
+        lay.addWidget(self.limits)
         self.table = QTableWidget(len(rows), 3)
         self.table.setHorizontalHeaderLabels(["", "Now", "Proposed"])
         for r, row in enumerate(rows):
@@ -42,19 +63,33 @@ class AutoPlanDialog(QDialog):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.table.verticalHeader().hide()
         lay.addWidget(self.table)
-        notes = QLabel("\n".join("• " + n for n in proposal.notes))
+        notes = QLabel("\n".join("• " + n for n in review.proposal.notes))
         notes.setObjectName("Muted")
         notes.setWordWrap(True)
         lay.addWidget(notes)
         if not rows:
             lay.addWidget(QLabel("The current plan is already what Auto plan proposes."))
+        self.alternative_buttons: list[QPushButton] = []
+        if review.alternatives:
+            head = QLabel("These would fit:")
+            head.setObjectName("Section")
+            lay.addWidget(head)
+            for alt in review.alternatives:
+                b = QPushButton(f"Use: {alt.label}")
+                b.clicked.connect(lambda _=False, a=alt: self._choose(a))
+                lay.addWidget(b)
+                self.alternative_buttons.append(b)
         box = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
         self.accept_btn = box.addButton("Apply proposal", QDialogButtonBox.ButtonRole.AcceptRole)
-        self.accept_btn.setEnabled(bool(rows))
+        self.accept_btn.setEnabled(bool(rows) and not review.worse)
         box.accepted.connect(self.accept)
         box.rejected.connect(self.reject)
         lay.addWidget(box)
-        self.resize(760, 380)
+        self.resize(760, 420)
+
+    def _choose(self, alt: Alternative) -> None:
+        self.choice = alt
+        self.accept()
 
 
 def versions() -> dict[str, str]:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PySide6.QtCore import QSize, Qt, QThread, Slot
-from PySide6.QtGui import QIcon, QImage, QPixmap
+from PySide6.QtCore import Qt, QThread, Signal, Slot
+from PySide6.QtGui import QImage, QPixmap
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
@@ -23,7 +23,6 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
-    QListWidget,
     QListWidgetItem,
     QPlainTextEdit,
     QProgressBar,
@@ -35,9 +34,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 from sdplan.app.controller import PlanController
+from sdplan.app.history_strip import HistoryStrip
 from sdplan.app.inputs import InputsPanel
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
 from sdplan.core.errors import SdplanError
+from sdplan.core.pipelines.results import read_result, result_text
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,10 @@ def describe_params(params: dict[str, Any]) -> str:
 
 class GenerationPanel(QFrame):
     """See module docstring. ``client_factory`` makes the engine client (tests pass a
-    replaying fake); ``history_dir`` is where results are saved."""
+    replaying fake); ``history_dir`` is where results are saved; ``resultSaved(str)``
+    names each image file written."""
+
+    resultSaved = Signal(str)
 
     def __init__(self, controller: PlanController, history_dir: str | Path,
                  client_factory: ClientFactory | None = None,
@@ -106,8 +110,10 @@ class GenerationPanel(QFrame):
         self.request_extra: dict[str, Any] = {}
         #: Steps of the current run whose live preview was shown (in order).
         self.preview_steps: list[int] = []
+        #: Why the engine is busy elsewhere (the queue runs), or None: Generate waits.
+        self.engine_busy: Any = lambda: None
         self.setObjectName("Panel")
-        self.setMinimumWidth(340)
+        self.setMinimumWidth(280)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(14, 12, 14, 12)
         lay.setSpacing(8)
@@ -213,7 +219,7 @@ class GenerationPanel(QFrame):
         lay.addWidget(self.error_box)
         self.preview = QLabel()
         self.preview.setAlignment(Qt.AlignmentFlag.AlignCenter)
-        self.preview.setMinimumHeight(120)
+        self.preview.setMinimumHeight(72)
         self.preview.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
         self.preview.setObjectName("Muted")
         self.preview.setText("The live preview appears here")
@@ -222,15 +228,10 @@ class GenerationPanel(QFrame):
         self.params_label.setObjectName("Caption")
         self.params_label.setWordWrap(True)
         lay.addWidget(self.params_label)
-        hl = QLabel("HISTORY")
+        hl = QLabel("TODAY")
         hl.setObjectName("Section")
         lay.addWidget(hl)
-        self.history = QListWidget()
-        self.history.setViewMode(QListWidget.ViewMode.IconMode)
-        self.history.setIconSize(QSize(48, 48))
-        self.history.setFixedHeight(70)
-        self.history.setFlow(QListWidget.Flow.LeftToRight)
-        self.history.setWrapping(False)
+        self.history = HistoryStrip(self.history_dir)
         self.history.itemActivated.connect(self._show_history)
         self.history.itemClicked.connect(self._show_history)
         lay.addWidget(self.history)
@@ -344,9 +345,9 @@ class GenerationPanel(QFrame):
                 return (f"Planning for {prof.name} without its files. Load a model to "
                         "generate (File → Open model files, or drop files here)")
             return "Load a model to generate (File → Open model files, or drop files here)"
-        if self.client_factory is None:
-            return engine_unavailable_reason() or None
-        return None
+        if self.client_factory is None and engine_unavailable_reason():
+            return engine_unavailable_reason()
+        return self.engine_busy()
 
     def update_state(self) -> None:
         """Enable Generate only with a model and an engine, and say why otherwise."""
@@ -354,8 +355,10 @@ class GenerationPanel(QFrame):
         running = self.thread is not None
         self.generate_btn.setEnabled(reason is None and not running)
         self.cancel_btn.setEnabled(running)
-        self.state.setText(reason or ("Generating…" if running else "Ready"))
-        self.state.setVisible(True)
+        self.state.setText(reason or "")
+        self.state.setVisible(reason is not None)  # one status line: the run's, below
+        if not running and not self.progress_label.text():
+            self.progress_label.setText("Ready")
 
     def request(self) -> dict[str, Any]:
         """The request sent to the engine: settings, strings, model files, RPC servers."""
@@ -446,7 +449,7 @@ class GenerationPanel(QFrame):
         self.params_label.setText(describe_params(params))
         self.progress.setValue(self.progress.maximum())
         self.progress_label.setText(f"done in {time.monotonic() - self._t0:.1f} s")
-        self._save(self.last_images, params)
+        self.save_results(self.last_images, params, self._last_request)
 
     @Slot(str)
     def on_error(self, message: str) -> None:
@@ -497,36 +500,41 @@ class GenerationPanel(QFrame):
             Qt.TransformationMode.SmoothTransformation))
 
     # ------------------------------------------------------------------ history
-    def _save(self, images: list[QImage], params: dict) -> None:
+    def save_results(self, images: list[QImage], params: dict,
+                     request: dict[str, Any] | None = None) -> list[Path]:
+        """Save results as PNGs carrying their settings, model files and placement as
+        text (:func:`sdplan.core.pipelines.results.result_text`; ``request`` is the engine
+        request they came from), each with a JSON file of ``params``; returns the paths."""
         try:
             self.history_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             self.ctl.status.emit(f"cannot save results to {self.history_dir}: {exc}")
-            return
+            return []
         stamp = time.strftime("%Y%m%d-%H%M%S")
+        text = result_text(params, request or {})
+        paths = []
         for i, img in enumerate(images):
             path = self.history_dir / f"{stamp}-{i}.png"
+            n = 1
+            while path.exists():  # a queue can finish two jobs within a second
+                path, n = self.history_dir / f"{stamp}-{i}-{n}.png", n + 1
+            for key, value in text.items():
+                img.setText(key, value)
             img.save(str(path))
             path.with_suffix(".json").write_text(json.dumps(params, indent=1, default=str))
-            self._add_history(path)
-
-    def _add_history(self, path: Path) -> None:
-        item = QListWidgetItem(QIcon(str(path)), "")
-        item.setData(Qt.ItemDataRole.UserRole, str(path))
-        item.setToolTip(path.name)
-        self.history.insertItem(0, item)
+            self.history.add(path)
+            paths.append(path)
+            self.resultSaved.emit(str(path))
+        return paths
 
     def _load_history(self) -> None:
-        if self.history_dir.is_dir():
-            for path in sorted(self.history_dir.glob("*.png"))[-30:]:
-                self._add_history(path)
+        self.history.load_today()
 
     def _show_history(self, item: QListWidgetItem) -> None:
+        """Show a strip item's image and the settings it records."""
         path = Path(item.data(Qt.ItemDataRole.UserRole))
         self._show(QImage(str(path)))
-        meta = path.with_suffix(".json")
-        if meta.exists():
-            try:
-                self.params_label.setText(describe_params(json.loads(meta.read_text())))
-            except (OSError, ValueError):
-                self.params_label.setText(path.name)
+        try:
+            self.params_label.setText(describe_params(read_result(path).settings))
+        except OSError:
+            self.params_label.setText(path.name)

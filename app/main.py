@@ -143,7 +143,7 @@ def _generate_and_wait(win: object, app: object, timeout_s: float = 600.0) -> bo
 
 def run_gui(args: argparse.Namespace) -> int:
     """Open the window for parsed ``sdplan gui`` options (or, with ``--screenshot OUT.png``,
-    render it offscreen at 1440x900, save it and exit). Returns the exit code (2 on a bad
+    render it offscreen at ``--size`` (1440x900), save it and exit). Returns the exit code (2 on a bad
     argument file)."""
     import os
 
@@ -173,9 +173,23 @@ def run_gui(args: argparse.Namespace) -> int:
     except SdplanError as exc:
         print(f"sdplan gui: {exc}", file=sys.stderr)
         return 2
+    if mode in win.theme_actions:
+        win.theme_actions[mode].setChecked(True)
     if args.screenshot:
-        win.resize(1440, 900)
+        win.resize(*getattr(args, "size", (1440, 900)))
         win.show()
+        tab = getattr(args, "tab", None)
+        if tab == "queue":
+            win.side.setCurrentWidget(win.queue_panel)
+        elif tab:
+            win.tabs.setCurrentIndex(("board", "library", "gallery").index(tab))
+        if tab == "library" and win.library.is_scanning():
+            import time
+
+            deadline = time.monotonic() + 120
+            while win.library.is_scanning() and time.monotonic() < deadline:
+                app.processEvents()
+                time.sleep(0.02)
         for _ in range(5):
             app.processEvents()
         if getattr(args, "generate", False) and not _generate_and_wait(win, app):

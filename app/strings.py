@@ -1,15 +1,26 @@
 """The flag strings, both ways: ``--backend``, ``--params-backend`` and ``--max-vram`` fields
 plus the full sd-cli command, always in sync with the board.
 
-Typing re-plans on every keystroke (:meth:`PlanController.set_strings`); an error
-underlines the exact span in its field (an input-method text format, so the field keeps
-its text and cursor) with the message below, and the board stays as it was.
+Typing checks the strings on every keystroke (:meth:`PlanController.check_strings`: an
+error underlines the exact span in its field, an input-method text format, so the field
+keeps its text and cursor, with the message below; a valid edit says whether it would fit)
+without touching the plan; Enter or leaving the field applies the edit as one undo step
+(:meth:`PlanController.set_strings`), Escape puts the fields back to the plan. Plan
+warnings about the flags show under the fields. The panel folds to one line
+(:meth:`StringsPanel.set_collapsed`) so the board can take the space.
 """
 
 from __future__ import annotations
 
 from PySide6.QtCore import QCoreApplication, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QFontDatabase, QInputMethodEvent, QTextCharFormat
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QFontDatabase,
+    QInputMethodEvent,
+    QKeyEvent,
+    QTextCharFormat,
+)
 from PySide6.QtWidgets import (
     QFrame,
     QGridLayout,
@@ -18,11 +29,13 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 from sdplan.app import theme
 from sdplan.app.controller import PlanController
+from sdplan.app.warnings import flag_warnings
 from sdplan.core.errors import PlanError
 
 BACKEND_HELP = (
@@ -46,7 +59,17 @@ VRAM_HELP = (
 
 
 class FlagField(QLineEdit):
-    """A flag value editor that underlines an error span (wavy red)."""
+    """A flag value editor that underlines an error span (wavy red); Escape emits
+    ``escaped`` (the panel restores the plan's value)."""
+
+    escaped = Signal()
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
+        if event.key() == Qt.Key.Key_Escape:
+            self.escaped.emit()
+            event.accept()
+            return
+        super().keyPressEvent(event)
 
     def __init__(self, flag: str, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -81,6 +104,7 @@ class StringsPanel(QFrame):
     """Three flag fields, the error line, and the sd-cli command with its buttons."""
 
     copyRequested = Signal()
+    collapsedChanged = Signal(bool)
     pasteRequested = Signal()
     exportRequested = Signal()
     importRequested = Signal()
@@ -89,12 +113,30 @@ class StringsPanel(QFrame):
         super().__init__(parent)
         self.ctl = controller
         self.setObjectName("Panel")
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(14, 12, 14, 12)
-        lay.setSpacing(8)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(14, 10, 14, 10)
+        outer.setSpacing(6)
+        top = QHBoxLayout()
+        self.toggle = QToolButton()
+        self.toggle.setAutoRaise(True)
+        self.toggle.setCheckable(True)
+        self.toggle.setToolTip("Fold the flags and the sd-cli command to one line")
+        self.toggle.toggled.connect(lambda on: self.set_collapsed(not on))
+        top.addWidget(self.toggle)
         title = QLabel("FLAGS")
         title.setObjectName("Section")
-        lay.addWidget(title)
+        top.addWidget(title)
+        self.summary = QLabel()
+        self.summary.setObjectName("Caption")
+        self.summary.setWordWrap(True)
+        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        top.addWidget(self.summary, 1)
+        outer.addLayout(top)
+        self.body = QWidget()
+        lay = QVBoxLayout(self.body)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(8)
+        outer.addWidget(self.body)
         grid = QGridLayout()
         grid.setHorizontalSpacing(10)
         grid.setVerticalSpacing(6)
@@ -112,6 +154,8 @@ class StringsPanel(QFrame):
                                   "--params-backend": "weights follow the runtime device",
                                   "--max-vram": "no budget"}[flag])
             f.textEdited.connect(self._edited)
+            f.editingFinished.connect(self.apply)
+            f.escaped.connect(self.revert)
             grid.addWidget(f, row, 1)
             lab.setBuddy(f)
             self.fields[flag] = f
@@ -122,6 +166,16 @@ class StringsPanel(QFrame):
         self.error.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.error.hide()
         lay.addWidget(self.error)
+        self.hint = QLabel()
+        self.hint.setObjectName("Caption")
+        self.hint.setWordWrap(True)
+        self.hint.hide()
+        lay.addWidget(self.hint)
+        self.warnings = QLabel()
+        self.warnings.setObjectName("Warning")
+        self.warnings.setWordWrap(True)
+        self.warnings.hide()
+        lay.addWidget(self.warnings)
         cmd_head = QHBoxLayout()
         ct = QLabel("SD-CLI COMMAND")
         ct.setObjectName("Section")
@@ -151,23 +205,77 @@ class StringsPanel(QFrame):
         lay.addWidget(self.command)
         controller.planChanged.connect(self.refresh)
         controller.errorChanged.connect(self.show_error)
-        controller.modelChanged.connect(lambda: self.refresh("load"))
+        controller.modelChanged.connect(self._model_changed)
+        self.toggle.setChecked(True)
         self.refresh("load")
 
-    def _edited(self, _: str) -> None:
+    # ------------------------------------------------------------------ folding
+    def set_collapsed(self, collapsed: bool) -> None:
+        """Fold to one line (the title and the flags as a summary) or unfold."""
+        self.body.setVisible(not collapsed)
+        self.summary.setVisible(collapsed)
+        # folded, the panel is one line high and the splitter gives the rest to the board
+        self.setMaximumHeight(self.minimumSizeHint().height() if collapsed else 16777215)
+        if self.toggle.isChecked() == collapsed:
+            self.toggle.setChecked(not collapsed)
+        self.toggle.setArrowType(Qt.ArrowType.RightArrow if collapsed else Qt.ArrowType.DownArrow)
+        self.collapsedChanged.emit(collapsed)
+
+    def is_collapsed(self) -> bool:
+        return not self.body.isVisibleTo(self)
+
+    # ------------------------------------------------------------------ editing
+    def texts(self) -> tuple[str, str, str]:
         f = self.fields
-        self.ctl.set_strings(f["--backend"].text(), f["--params-backend"].text(),
-                             f["--max-vram"].text())
+        return f["--backend"].text(), f["--params-backend"].text(), f["--max-vram"].text()
+
+    def _plan_texts(self) -> tuple[str, str, str]:
+        plan = self.ctl.plan
+        return plan.backend, plan.params_backend, plan.max_vram
+
+    def _edited(self, _: str) -> None:
+        """Check the typed strings (the plan stays as it is until Enter)."""
+        fit = self.ctl.check_strings(*self.texts())
+        if self.ctl.error is not None:
+            self.hint.hide()
+            return
+        verdict = ""
+        if fit is not None:
+            verdict = " — it fits" if fit.fits else f" — it would not fit ({fit.reasons[0]})"
+        self.hint.setText(f"↵ Enter applies this edit{verdict} · Esc puts the plan back")
+        self.hint.show()
+
+    def apply(self) -> bool:
+        """Apply the typed strings (Enter, or leaving a field); True when they resolved.
+        Unchanged strings do nothing."""
+        self.hint.hide()
+        if self.texts() == self._plan_texts() and self.ctl.error is None:
+            return True
+        return self.ctl.set_strings(*self.texts())
+
+    def revert(self) -> None:
+        """Escape: the fields show the plan again and the error goes."""
+        self.hint.hide()
+        self.ctl.clear_string_error()
+        self.refresh("load")
+
+    def _model_changed(self) -> None:
+        self.refresh("load")
 
     def refresh(self, source: str = "board") -> None:
-        """Rewrite the fields (unless the user is typing in them) and the command."""
+        """Rewrite the fields (unless the user is typing in them), the summary, the flag
+        warnings and the command."""
         plan = self.ctl.plan
         if source != "strings":
-            for flag, value in (("--backend", plan.backend),
-                                ("--params-backend", plan.params_backend),
-                                ("--max-vram", plan.max_vram)):
+            for flag, value in zip(self.fields, self._plan_texts(), strict=True):
                 if self.fields[flag].text() != value:
                     self.fields[flag].setText(value)
+        parts = [f"{flag} {value}" for flag, value in zip(self.fields, self._plan_texts(), strict=True)
+                 if value]
+        self.summary.setText("  ".join(parts) or "default placement (no flags)")
+        warns = [w.message for w in flag_warnings(plan, self.ctl.inventory)]
+        self.warnings.setText("\n".join("⚠ " + w for w in warns))
+        self.warnings.setVisible(bool(warns))
         self.command.setPlainText(self.ctl.command_line())
 
     def show_error(self, err: PlanError | None) -> None:
@@ -181,5 +289,6 @@ class StringsPanel(QFrame):
         if field is not None:
             span = err.span if err.span is not None else (0, len(field.text()))
             field.set_error(span)
-        self.error.setText(f"✕  {err}  [{err.code}] — the board keeps the last valid plan")
+        self.error.setText(f"✕  {err}  [{err.code}] — the board keeps the plan (Esc puts "
+                           "the fields back)")
         self.error.show()

@@ -125,6 +125,7 @@ QLabel#Caption {{ font-size: 8.5pt; }}
 QLabel#Section {{ color: {t.muted.name()}; font-size: 8.5pt; font-weight: 600;
     letter-spacing: 0.5px; }}
 QLabel#Error {{ color: {DANGER}; }}
+QLabel#Warning {{ color: {WARNING}; font-size: 8.5pt; }}
 QLabel#Badge {{ background: {t.track.name()}; color: {t.muted.name()}; border-radius: 4px;
     padding: 1px 6px; font-size: 8.5pt; }}
 QLabel#Verdict[fits="true"] {{ color: {OK}; font-weight: 600; }}
@@ -135,6 +136,8 @@ QPushButton#Primary:disabled {{ background: {t.track.name()}; color: {t.muted.na
 QToolButton#Segment {{ border: 1px solid {t.border.name()}; padding: 2px 6px;
     background: {t.surface.name()}; font-size: 8.5pt; }}
 QToolButton#Segment:checked {{ background: {ACCENT}; color: white; border-color: {ACCENT}; }}
+QToolButton#Segment:focus {{ border: 2px solid {ACCENT}; padding: 1px 5px; }}
+QToolButton#Segment:checked:focus {{ border: 2px solid {t.text.name()}; }}
 QLineEdit, QPlainTextEdit {{
     border: 1px solid {t.border.name()}; border-radius: 5px; padding: 3px 6px;
     background: {t.surface.name()}; }}

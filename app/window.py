@@ -10,6 +10,7 @@ from pathlib import Path
 from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import (
     QAction,
+    QActionGroup,
     QCloseEvent,
     QDragEnterEvent,
     QDropEvent,
@@ -26,7 +27,9 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QScrollArea,
+    QSizePolicy,
     QSplitter,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -34,13 +37,18 @@ from sdplan.app import theme
 from sdplan.app.board.board import Board
 from sdplan.app.controller import PlanController
 from sdplan.app.dialogs import AutoPlanDialog, about, syntax_help
+from sdplan.app.gallery import GalleryPanel
 from sdplan.app.generation import GenerationPanel
 from sdplan.app.icons import app_icon, dot_pixmap
+from sdplan.app.library_panel import LibraryPanel
+from sdplan.app.queue_panel import QueuePanel, QueueRunner
 from sdplan.app.rpc import RpcPanel
 from sdplan.app.strings import StringsPanel
 from sdplan.app.worker import ClientFactory
 from sdplan.core.errors import SdplanError
-from sdplan.core.planning.autoplan import auto_plan, plan_diff
+from sdplan.core.pipelines.job_queue import JobQueue
+from sdplan.core.planning.autoplan import plan_diff
+from sdplan.core.planning.autoplan_review import review_auto_plan
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import MODULES
 
@@ -65,7 +73,8 @@ class MainWindow(QMainWindow):
 
     def __init__(self, controller: PlanController, settings: QSettings | None = None, *,
                  client_factory: ClientFactory | None = None, auto_refresh: bool = False,
-                 history_dir: str | Path | None = None) -> None:
+                 history_dir: str | Path | None = None, queue_path: str | Path | None = None,
+                 library_cache: str | None = None) -> None:
         super().__init__()
         self.ctl = controller
         self.settings = settings or QSettings("sdplan", "sdplan")
@@ -74,46 +83,71 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         central = QWidget()
         outer = QHBoxLayout(central)
-        outer.setContentsMargins(12, 8, 12, 8)
-        split = QSplitter(Qt.Orientation.Horizontal)
-        left = QWidget()
-        ll = QVBoxLayout(left)
-        ll.setContentsMargins(0, 0, 0, 0)
-        ll.setSpacing(10)
+        outer.setContentsMargins(8, 6, 8, 6)
+        # left: the board (with the flags under it), the library and the gallery as tabs;
+        # right: the generation panel, the queue and RPC servers, in a resizable splitter
+        self.split = QSplitter(Qt.Orientation.Horizontal)
+        self.split.setChildrenCollapsible(False)
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        board_page = QWidget()
+        ll = QVBoxLayout(board_page)
+        ll.setContentsMargins(0, 6, 0, 0)
+        ll.setSpacing(8)
         head = QHBoxLayout()
         self.model_label = QLabel()
         self.model_label.setObjectName("Title")
-        head.addWidget(self.model_label)
+        self.model_label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        head.addWidget(self.model_label, 1)
         self.arch_label = QLabel()
         self.arch_label.setObjectName("Badge")
         head.addWidget(self.arch_label)
-        head.addStretch(1)
         self.verdict = QLabel()
         self.verdict.setObjectName("Verdict")
         head.addWidget(self.verdict)
         ll.addLayout(head)
         self.board = Board(controller)
-        ll.addWidget(self.board, 1)
+        ll.addWidget(self.board, 1)  # the board takes the space the folded flags leave
         self.strings = StringsPanel(controller)
         ll.addWidget(self.strings)
-        split.addWidget(left)
-        right = QWidget()
-        rl = QVBoxLayout(right)
-        rl.setContentsMargins(0, 0, 0, 0)
-        rl.setSpacing(10)
-        self.rpc = RpcPanel(controller)
-        rl.addWidget(self.rpc)
+        self.tabs.addTab(board_page, "Board")
+        self.library = LibraryPanel(controller, self.settings, library_cache)
+        self.tabs.addTab(self.library, "Library")
         hist = history_dir or Path(self.settings.fileName()).parent / "sdplan-history"
+        self.gallery = GalleryPanel([Path(hist)])
+        self.tabs.addTab(self.gallery, "Gallery")
+        self.tabs.currentChanged.connect(self._tab_changed)
+        self.split.addWidget(self.tabs)
+        self.side = QTabWidget()
+        self.side.setDocumentMode(True)
         self.generation = GenerationPanel(controller, hist, client_factory)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         scroll.setWidget(self.generation)
-        rl.addWidget(scroll, 1)
-        split.addWidget(right)
-        split.setStretchFactor(0, 3)
-        split.setStretchFactor(1, 1)
-        split.setSizes([1020, 380])
-        outer.addWidget(split)
+        # the panel scrolls vertically; it is never narrower than its contents
+        scroll.setMinimumWidth(self.generation.minimumSizeHint().width()
+                               + scroll.verticalScrollBar().sizeHint().width() + 2)
+        self.side.addTab(scroll, "Generate")
+        qpath = queue_path or Path(self.settings.fileName()).parent / "sdplan-queue.json"
+        self.queue = JobQueue(qpath)
+        if self.queue.counts()["queued"]:  # jobs left from the last session wait for Resume
+            self.queue.set_paused(True)
+        self.runner = QueueRunner(self.queue, self.generation, self)
+        self.queue_panel = QueuePanel(self.runner)
+        self.side.addTab(self.queue_panel, "Queue")
+        self.rpc = RpcPanel(controller)
+        self.rpc_page = QWidget()
+        rl = QVBoxLayout(self.rpc_page)
+        rl.setContentsMargins(0, 6, 0, 0)
+        rl.addWidget(self.rpc)
+        rl.addStretch(1)
+        self.side.addTab(self.rpc_page, "RPC servers")
+        self.split.addWidget(self.side)
+        self.split.setStretchFactor(0, 3)
+        self.split.setStretchFactor(1, 1)
+        self.split.setSizes([1040, 380])
+        outer.addWidget(self.split)
         self.setCentralWidget(central)
         self._actions()
         self.status_label = QLabel()
@@ -126,6 +160,14 @@ class MainWindow(QMainWindow):
         self.strings.pasteRequested.connect(self.paste_command)
         self.strings.exportRequested.connect(self.export_plan)
         self.strings.importRequested.connect(self.import_plan)
+        self.strings.collapsedChanged.connect(self._flags_folded)
+        self.generation.resultSaved.connect(self.gallery.add_result)
+        self.generation.history.reuseRequested.connect(self.reuse_result_file)
+        self.generation.history.galleryRequested.connect(self.show_in_gallery)
+        self.gallery.reuseRequested.connect(self.reuse_result)
+        self.gallery.status.connect(self.show_status)
+        self.queue_panel.openResult.connect(self.show_in_gallery)
+        self.library.scanned.connect(self._library_scanned)
         self.timer = QTimer(self)
         self.timer.setInterval(REFRESH_MS)
         self.timer.timeout.connect(self._timer_refresh)
@@ -154,10 +196,18 @@ class MainWindow(QMainWindow):
         K = QKeySequence.StandardKey
         self.open_act = self._act("&Open model files…", self.open_dialog, K.Open,
                                   "Open model files (safetensors, GGUF)")
-        self.undo_act = self.ctl.undo_stack.createUndoAction(self, "&Undo")
-        self.undo_act.setShortcut(K.Undo)
-        self.redo_act = self.ctl.undo_stack.createRedoAction(self, "&Redo")
+        # fixed texts (the step's name goes to the tooltip) so the toolbar never shifts
+        stack = self.ctl.undo_stack
+        self.undo_act = self._act("&Undo", stack.undo, K.Undo)
+        self.redo_act = self._act("&Redo", stack.redo)
         self.redo_act.setShortcuts([QKeySequence(K.Redo), QKeySequence("Ctrl+Y")])
+        # connected to the actions themselves (never to a lambda that outlives them)
+        stack.canUndoChanged.connect(self.undo_act.setEnabled)
+        stack.canRedoChanged.connect(self.redo_act.setEnabled)
+        stack.undoTextChanged.connect(self._undo_tip)
+        stack.redoTextChanged.connect(self._redo_tip)
+        self.undo_act.setEnabled(stack.canUndo())
+        self.redo_act.setEnabled(stack.canRedo())
         self.auto_act = self._act("&Auto plan…", self.auto_plan, "Ctrl+Shift+A",
                                   "Propose a placement that fits (largest modules on the most "
                                   "free memory, split, then weights to RAM or disk)")
@@ -199,9 +249,31 @@ class MainWindow(QMainWindow):
         plan.addAction(self.auto_refresh_act)
         view = self.menuBar().addMenu("&View")
         themes = view.addMenu("&Theme")
+        self.theme_group = QActionGroup(self)
+        self.theme_actions: dict[str, QAction] = {}
+        current = str(self.settings.value("view/theme") or "system")
         for mode in ("system", "light", "dark"):
             a = themes.addAction(mode.capitalize())
+            a.setCheckable(True)
+            a.setChecked(mode == current)
+            self.theme_group.addAction(a)
+            self.theme_actions[mode] = a
             a.triggered.connect(lambda _=False, md=mode: self.set_theme(md))
+        view.addSeparator()
+        self.flags_act = QAction("&Flags and sd-cli command", self, checkable=True)
+        self.flags_act.setShortcut("Ctrl+Shift+F")
+        self.flags_act.setChecked(True)
+        self.flags_act.toggled.connect(lambda on: self.strings.set_collapsed(not on))
+        view.addAction(self.flags_act)
+        for i, name in enumerate(("&Board", "&Library", "&Gallery")):
+            a = view.addAction(f"{name} tab")
+            a.setShortcut(f"Alt+{i + 1}")
+            a.triggered.connect(lambda _=False, idx=i: self.tabs.setCurrentIndex(idx))
+        self.queue_act = self._act("Add to &queue", lambda: self.queue_panel.add_current(),
+                                   "Ctrl+Shift+Return", "Queue the generation settings with "
+                                   "this plan")
+        plan.addSeparator()
+        plan.addAction(self.queue_act)
         help_menu = self.menuBar().addMenu("&Help")
         help_menu.addAction(self._act("Placement &strings…", lambda: syntax_help(self), "F1"))
         help_menu.addAction(self._act("&About sdplan", lambda: about(self)))
@@ -213,6 +285,12 @@ class MainWindow(QMainWindow):
         tb.addAction(self.auto_act)
         tb.addAction(self.refresh_act)
         self._recent_menu()
+
+    def _undo_tip(self, text: str) -> None:
+        self.undo_act.setToolTip(f"Undo {text}".strip())
+
+    def _redo_tip(self, text: str) -> None:
+        self.redo_act.setToolTip(f"Redo {text}".strip())
 
     def _builtin_menu(self) -> None:
         """"Plan for…": the built-in model profiles, one submenu per model."""
@@ -269,15 +347,17 @@ class MainWindow(QMainWindow):
                                     f"Estimated at {fit.width}x{fit.height}, batch {fit.batch}")
         self.verdict.style().unpolish(self.verdict)
         self.verdict.style().polish(self.verdict)
-        warns = self.ctl.plan.warnings
-        if warns and source != "generation":
-            self.show_status("⚠ " + "  ·  ".join(w.message for w in warns))
+        # plan warnings show next to the card, column or field they concern
         self.settings.setValue("plan/last", json.dumps(self.ctl.plan_json(), default=str))
 
     def _model_changed(self) -> None:
         prof = self.ctl.profile
-        files = [Path(p).name for v in self.ctl.model_files.values() for p in v]
-        name = (prof.name if prof and prof.name else None) or (files[0] if files else None)
+        files = self.ctl.model_files
+        main = (files.get("model") or files.get("diffusion_model") or
+                [p for v in files.values() for p in v] or [None])[0]
+        # the header names the open files (a pasted command's, even when they could not be
+        # read here); without files, the profile planned for
+        name = Path(main).name if main else (prof.name if prof and prof.name else None)
         self.model_label.setText(name or "No model loaded")
         arch = prof.architecture if prof else None
         self.arch_label.setText(arch or "")
@@ -431,6 +511,7 @@ class MainWindow(QMainWindow):
             self.ctl.refresh_inventory()
         except SdplanError as exc:
             self.rpc.show_error(str(exc))
+            self.side.setCurrentWidget(self.rpc_page)  # the error shows where it belongs
             return
         if not quiet:
             self.rpc.requery()
@@ -453,17 +534,97 @@ class MainWindow(QMainWindow):
             self.show_status("Auto plan needs model sizes: open model files first")
             return None
         g = self.ctl.generation
-        proposal = auto_plan(self.ctl.inventory, self.ctl.profile, self.ctl.placement,
-                             width=int(g.get("width") or 1024),
-                             height=int(g.get("height") or 1024),
-                             batch=int(g.get("batch_count") or 1))
-        rows = plan_diff(self.ctl.plan, proposal.plan, self.ctl.modules())
-        return AutoPlanDialog(proposal, rows, self)
+        review = review_auto_plan(self.ctl.inventory, self.ctl.profile, self.ctl.placement,
+                                  width=int(g.get("width") or 1024),
+                                  height=int(g.get("height") or 1024),
+                                  batch=int(g.get("batch_count") or 1))
+        rows = plan_diff(self.ctl.plan, review.proposal.plan, self.ctl.modules())
+        return AutoPlanDialog(review, rows, self)
 
     def auto_plan(self) -> None:
         dlg = self.propose()
         if dlg is not None and dlg.exec():
+            self.apply_auto_plan(dlg)
+
+    def apply_auto_plan(self, dlg: AutoPlanDialog) -> None:
+        """Apply the dialog's choice: an alternative (with its image size and batch), or
+        the proposal."""
+        alt = dlg.choice
+        if alt is None:
             self.ctl.edit(dlg.proposal.placement, "auto plan")
+            return
+        g = self.ctl.generation
+        if (alt.width, alt.height, alt.batch) != (g.get("width"), g.get("height"),
+                                                  g.get("batch_count")):
+            self.ctl.set_generation(width=alt.width, height=alt.height, batch_count=alt.batch)
+            self.ctl.planChanged.emit("load")  # the generation panel shows the new size
+        self.ctl.edit(alt.placement, f"auto plan: {alt.label}")
+        self.show_status(f"applied: {alt.label}")
+
+    def _flags_folded(self, collapsed: bool) -> None:
+        self.settings.setValue("view/flags_collapsed", collapsed)
+        if self.flags_act.isChecked() == collapsed:
+            self.flags_act.setChecked(not collapsed)
+
+    def fit_to_height(self, height: int) -> None:
+        """Fold the flags when the window is short (under 800 px) and the user has not
+        chosen: the board takes the space."""
+        saved = self.settings.value("view/flags_collapsed")
+        if saved is None:
+            self.strings.set_collapsed(height < 800)
+            self.settings.remove("view/flags_collapsed")  # still the user's to choose
+        else:
+            self.strings.set_collapsed(str(saved).lower() in ("true", "1"))
+
+    def showEvent(self, event: object) -> None:  # noqa: N802
+        if not self._shown:
+            self._shown = True
+            self.fit_to_height(self.height())
+        super().showEvent(event)  # type: ignore[arg-type]
+
+    _shown = False
+
+    # ------------------------------------------------------------------ tabs, results
+    def _tab_changed(self, index: int) -> None:
+        """The library scans and the gallery reads its folder the first time they show."""
+        page = self.tabs.widget(index)
+        if page is self.library and self.library.last_scan is None \
+                and not self.library.is_scanning():
+            self.library.scan()
+        elif page is self.gallery and not self._gallery_loaded:
+            self._gallery_loaded = True
+            self.gallery.reload()
+
+    _gallery_loaded = False
+
+    def _library_scanned(self) -> None:
+        if self.library.last_scan is not None:
+            self.show_status(self.library.status.text())
+
+    def show_in_gallery(self, path: str) -> None:
+        """Open the Gallery tab with ``path`` selected."""
+        self.tabs.setCurrentWidget(self.gallery)
+        if not self.gallery.select_path(path):
+            self.gallery.reload()
+            self.gallery.select_path(path)
+
+    def reuse_result_file(self, path: str) -> None:
+        from sdplan.core.pipelines.results import read_result
+
+        try:
+            self.reuse_result(read_result(path))
+        except OSError as exc:
+            self.show_status(f"cannot read {path}: {exc}")
+
+    def reuse_result(self, info: object) -> None:
+        """Put a result's settings (and its model files and placement, when they exist
+        here) back into the generation panel and the board."""
+        notes = self.ctl.reuse_result(info.settings, info.model_files,  # type: ignore[attr-defined]
+                                      info.placement)  # type: ignore[attr-defined]
+        self.side.setCurrentIndex(0)
+        name = Path(info.path).name  # type: ignore[attr-defined]
+        self.show_status(f"settings of {name} in the panel" + (
+            " (" + "; ".join(notes) + ")" if notes else ""))
 
     # ------------------------------------------------------------------ theme, close
     def set_theme(self, mode: str) -> None:
@@ -472,8 +633,12 @@ class MainWindow(QMainWindow):
             apply_theme(app, mode)
             self.settings.setValue("view/theme", mode)
             self.board.rebuild()
+        if mode in self.theme_actions:
+            self.theme_actions[mode].setChecked(True)
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802
+        self.runner.shutdown()
+        self.library.shutdown()
         self.generation.shutdown()
         self.settings.setValue("window/geometry", self.saveGeometry())
         self.settings.setValue("plan/last", json.dumps(self.ctl.plan_json(), default=str))

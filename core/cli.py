@@ -14,11 +14,20 @@ import sys
 from collections.abc import Sequence
 
 from sdplan.core import __version__
-from sdplan.core.commands import devices, generate, gui, inspect, plan, rpc_server, upscale
+from sdplan.core.commands import (
+    devices,
+    generate,
+    gui,
+    inspect,
+    library,
+    plan,
+    rpc_server,
+    upscale,
+)
 from sdplan.core.errors import SdplanError
 
 #: Subcommand modules, in help order.
-COMMANDS = (devices, rpc_server, plan, inspect, generate, upscale, gui)
+COMMANDS = (devices, rpc_server, plan, inspect, library, generate, upscale, gui)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -48,9 +48,10 @@ def rpc() -> None:
 def win(qtbot, tmp_path):
     ctl = PlanController(local(), None, Placement(), inventory_source=local)
     w = MainWindow(ctl, QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat),
-                   history_dir=tmp_path / "history")
+                   history_dir=tmp_path / "history", queue_path=tmp_path / "queue.json")
     qtbot.addWidget(w)
     w.show()
+    w.side.setCurrentWidget(w.rpc_page)  # the RPC servers tab, where the user adds them
     return w
 
 

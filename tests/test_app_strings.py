@@ -10,7 +10,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import pytest  # noqa: E402
 
 pytest.importorskip("pytestqt")
-from PySide6.QtCore import QSettings  # noqa: E402
+from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.app.window import MainWindow  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
@@ -48,25 +48,55 @@ def type_into(qtbot, field, text):
     qtbot.keyClicks(field, text)
 
 
-def test_typing_moves_cards_on_each_keystroke(win, qtbot):
+def enter(qtbot, field):
+    qtbot.keyClick(field, Qt.Key.Key_Return)
+
+
+def test_typing_checks_and_enter_applies(win, qtbot):
     f = win.strings.fields["--backend"]
     type_into(qtbot, f, "CUDA0,vae=CUDA1")
-    assert cards(win, "CUDA1") == ["vae"]
+    assert cards(win, "CUDA1") == []  # typed, not applied
+    assert win.strings.hint.isVisible() and "it fits" in win.strings.hint.text()
+    enter(qtbot, f)
+    assert cards(win, "CUDA1") == ["vae"] and not win.strings.hint.isVisible()
     assert f.text() == "CUDA0,vae=CUDA1"  # the field keeps what was typed
     assert "--backend CUDA0,vae=CUDA1" in win.strings.command.toPlainText()
-    qtbot.keyClicks(f, ",te=cpu")  # lower-case prefix resolves; board follows
+    qtbot.keyClicks(f, ",te=cpu")  # lower-case prefix resolves; board follows on Enter
+    enter(qtbot, f)
     assert cards(win, "CPU") == ["te"]
     assert win.ctl.plan.backend == "CUDA0,te=CPU,vae=CUDA1"
-    # a run of keystrokes is one undo step
+    # each applied edit is one undo step
+    win.undo_act.trigger()
+    assert win.ctl.plan.backend == "CUDA0,vae=CUDA1"
     win.undo_act.trigger()
     assert win.ctl.plan.backend == "CUDA0"
     assert f.text() == "CUDA0"
     assert cards(win, "CUDA0") == ["diffusion", "te", "vae"]
 
 
+def test_half_typed_values_never_reach_the_plan_and_escape_restores_it(win, qtbot):
+    before = win.ctl.plan
+    steps = win.ctl.undo_stack.count()
+    changes: list[str] = []
+    win.ctl.planChanged.connect(changes.append)
+    v = win.strings.fields["--max-vram"]
+    v.setFocus()
+    qtbot.keyClicks(v, "CUDA0=2")  # half of CUDA0=20: 2 GiB would not fit
+    assert "would not fit" in win.strings.hint.text()
+    assert win.verdict.text() == "✓ Fits" and changes == []  # no flash, no re-plan
+    qtbot.keyClick(v, Qt.Key.Key_Escape)
+    assert v.text() == "" and win.ctl.plan is before and not win.strings.hint.isVisible()
+    assert win.ctl.undo_stack.count() == steps
+    qtbot.keyClicks(v, "CUDA0=20")
+    v.clearFocus()  # leaving the field applies
+    assert win.ctl.plan.max_vram == "CUDA0=20" and win.ctl.undo_stack.count() == steps + 1
+    assert win.verdict.text() == "✓ Fits"
+
+
 def test_invalid_string_underlines_span_and_keeps_board(win, qtbot):
     f = win.strings.fields["--backend"]
     type_into(qtbot, f, "CUDA0,vae=CUDA1")
+    enter(qtbot, f)
     before = cards(win, "CUDA1")
     qtbot.keyClicks(f, ",te=CUDA7")
     text = f.text()
@@ -74,12 +104,14 @@ def test_invalid_string_underlines_span_and_keeps_board(win, qtbot):
     assert f.property("error") is True
     assert win.strings.error.isVisible()
     assert "CUDA7" in win.strings.error.text() and "device_not_found" in win.strings.error.text()
+    enter(qtbot, f)  # Enter cannot apply an error
     assert cards(win, "CUDA1") == before
     assert win.ctl.plan.backend == "CUDA0,vae=CUDA1"
-    # fixing the text clears the error and re-plans
+    # fixing the text clears the error; Enter re-plans
     f.backspace()
     qtbot.keyClicks(f, "1")
     assert f.error_span is None and not win.strings.error.isVisible()
+    enter(qtbot, f)
     assert cards(win, "CUDA1") == ["te", "vae"]
 
 
@@ -88,14 +120,16 @@ def test_module_typo_and_max_vram_errors(win, qtbot):
     type_into(qtbot, f, "vea=CPU")
     assert f.error_span == (0, 3)
     assert "did you mean vae" in win.strings.error.text()
-    type_into(qtbot, f, "")
+    qtbot.keyClick(f, Qt.Key.Key_Escape)
+    assert f.text() == "CUDA0" and f.error_span is None and not win.strings.error.isVisible()
     v = win.strings.fields["--max-vram"]
     type_into(qtbot, v, "CUDA0=6G")
     assert v.error_span == (6, 8)
-    assert win.ctl.plan.max_vram == "CUDA0=6"  # the last keystroke that resolved
+    assert win.ctl.plan.max_vram == ""  # nothing applied
     v.backspace()
     qtbot.keyClicks(v, ".5")
     assert v.error_span is None
+    enter(qtbot, v)
     assert win.ctl.plan.budgets["CUDA0"] == int(6.5 * GIB)
     assert win.board.columns["CUDA0"].budget.value() == 6.5
 
@@ -103,10 +137,22 @@ def test_module_typo_and_max_vram_errors(win, qtbot):
 def test_board_edit_rewrites_fields_canonically(win, qtbot):
     f = win.strings.fields["--params-backend"]
     type_into(qtbot, f, "TE=disk")
+    enter(qtbot, f)
     assert win.ctl.plan.params_backend == "te=disk"
     win.ctl.assign("vae", "CPU")  # a board edit: every field shows canonical strings
     assert f.text() == "te=disk"
     assert win.strings.fields["--backend"].text() == "CUDA0,vae=CPU"
+
+
+def test_flags_fold_to_one_line(win, qtbot):
+    s = win.strings
+    s.set_collapsed(True)
+    assert not s.body.isVisible() and s.summary.isVisible()
+    assert s.summary.text() == "--backend CUDA0"
+    assert win.settings.value("view/flags_collapsed") in (True, "true")
+    assert not win.flags_act.isChecked()
+    win.flags_act.trigger()
+    assert s.body.isVisible() and not s.summary.isVisible()
 
 
 def test_paste_sd_cli_command_imports_everything(win, tmp_path):

@@ -9,35 +9,17 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 from sdplan.core.modelfiles.checkpoint import read_model_files
-
-Layout = dict[str, list[int]]
+from sparse_writer import Layout, write_sparse
 
 
 @pytest.fixture(scope="module")
 def layouts(shared_dir: Path) -> dict[str, Layout]:
     return json.loads((shared_dir / "models/real_size_key_layouts.json").read_text())
-
-
-def write_sparse(path: Path, shapes: Layout, dtype: str = "BF16", prefix: str = "") -> int:
-    """Header with ``shapes`` (names prefixed), data region sparse; returns data bytes."""
-    size = {"BF16": 2, "F16": 2, "F32": 4}[dtype]
-    header, off = {}, 0
-    for name, shape in shapes.items():
-        n = math.prod(shape) * size
-        header[prefix + name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + n]}
-        off += n
-    hb = json.dumps(header).encode()
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(hb)) + hb)
-        fh.seek(off - 1, 1)
-        fh.write(b"\0")
-    return off
 
 
 def nbytes(shapes: Layout, pred=lambda n: True, size: int = 2) -> int:

@@ -8,7 +8,8 @@ Run with the ``ref`` extra (torch, diffusers, transformers) plus ``gguf``::
 No weight is downloaded or allocated: tensor names and shapes come from
 
 - the real layouts in ``shared/models/real_size_key_layouts.json`` (SD 1.5 UNet, SDXL
-  UNet, SD VAE, CLIP-L, T5-XXL encoder, FLUX.1-dev; FLUX.1-schnell is FLUX.1-dev without
+  UNet, SD VAE, CLIP-L, T5-XXL encoder, FLUX.1-dev, Z-Image Turbo, Qwen3-4B in transformers
+  and llama.cpp names; FLUX.1-schnell is FLUX.1-dev without
   its ``guidance_in`` embedder; SD 2.1's UNet is SD 1.5's with a 1024-wide
   cross-attention context and linear ``proj_in``/``proj_out``, as its published
   ``use_linear_in_transformer: true`` config says; the 16-channel SD3/Flux VAE is the SD
@@ -51,6 +52,11 @@ GGUF files of FLUX.1, SD3.5, SDXL and SD1.x). Source: city96/ComfyUI-GGUF
 
 The Q4_K/Q5_K profiles quantise uniformly (sd-cli ``--type q4_K``; city96's ``_K_S``
 files differ only where the patch's name rules match, which no Flux tensor does).
+Z-Image GGUF files (leejet/Z-Image-Turbo-GGUF) come from stable-diffusion.cpp's converter,
+whose ``tensor_should_be_converted`` keeps ``x_embedder. t_embedder. final_layer.`` (and
+biases) unquantised; the rest follows the first pass above.
+Qwen3-4B Q8_0 is llama.cpp's converter and ``llama-quantize Q8_0``: 1-D tensors F32, every
+matrix (the token embedding included) Q8_0.
 T5-XXL Q8_0 follows city96/t5-v1_1-xxl-encoder-gguf (llama.cpp's converter and
 llama-quantize): one token embedding (the tied copy is not written), 1-D tensors F32,
 the relative attention bias F16, every other matrix Q8_0.
@@ -58,7 +64,8 @@ the relative attention bias F16, every other matrix Q8_0.
 Profile composition (what a user passes to sd-cli): the diffusion model in the named
 quant type; text encoders in F16 (T5-XXL: F16 for ``-f16`` profiles, Q8_0 otherwise);
 VAEs as published (F16 inside the SD/SDXL/SD3.5 checkpoints, F32 ``ae.safetensors`` for
-FLUX.1).
+FLUX.1, Chroma and Z-Image); Z-Image's Qwen3-4B in BF16 (``qwen_3_4b.safetensors``) for
+``-f16``, Q8_0 GGUF otherwise.
 """
 
 from __future__ import annotations
@@ -351,6 +358,7 @@ _KEEP = {
             "y_embedder.", "x_embedder.", "pos_embed"),
     "unet": ("class_embedding.", "time_embedding.", "add_embedding.", "time_embed.",
              "label_emb.", "conv_in.", "conv_out."),
+    "z_image": ("x_embedder.", "t_embedder.", "final_layer."),
 }
 _KEEP_EXACT = {"unet": ("input_blocks.0.0.weight", "out.2.weight"), "sd3": ("proj_out.weight",)}
 
@@ -360,7 +368,7 @@ def gguf_type(name: str, shape: tuple[int, ...], quant: str, family: str,
     """``(ggml type, stored shape)`` of one diffusion-model tensor in a city96-style GGUF
     file of ``quant`` (see the module docstring for the rule and its source).
 
-    ``family`` is ``flux``, ``chroma``, ``sd3`` or ``unet``; ``source`` the published dtype
+    ``family`` is ``flux``, ``chroma``, ``sd3``, ``unet`` or ``z_image``; ``source`` the published dtype
     (``BF16``, ``F16`` or ``F32``).
     """
     import gguf
@@ -387,11 +395,14 @@ def gguf_type(name: str, shape: tuple[int, ...], quant: str, family: str,
 def component(key: str, module: str, encoder: str | None, file: str, layout: Layout,
               dtype: str, quant: str | None = None, family: str = "") -> Component:
     """Type and size every tensor of ``layout``: all ``dtype``, or for ``quant`` the GGUF
-    rule of :func:`gguf_type` (``family`` ``t5`` for the T5-XXL encoder file)."""
+    rule of :func:`gguf_type` (``family`` ``t5`` for the T5-XXL encoder file, ``llm`` for a
+    llama.cpp language model: vectors F32, matrices ``quant``)."""
     rows = []
     for name, shape in layout:
         t, stored = dtype, shape
-        if quant and family == "t5":
+        if quant and family == "llm":
+            t = "F32" if len(shape) == 1 else quant
+        elif quant and family == "t5":
             if name == "encoder.embed_tokens.weight":
                 continue  # tied to shared.weight; written once
             t = ("F32" if len(shape) == 1 else "F16" if "relative_attention_bias" in name
@@ -417,10 +428,11 @@ class ModelSpec:
     diffusion_file: str
     extras: tuple[Component, ...]
     t5: bool = False
+    qwen3: bool = False
 
 
 def build_specs(layouts: dict) -> list[ModelSpec]:
-    """The eight built-in models with their encoders and VAEs."""
+    """The nine built-in models with their encoders and VAEs."""
     clip_l_hf = _real(layouts, "clip_l_hf", prefix="text_model.")
     sd_vae = _real(layouts, "sd_vae_ldm")
     clip_g_hf = _clip_text(1280, 32, 20, 1280)  # laion/CLIP-ViT-bigG-14 text config
@@ -478,10 +490,13 @@ def build_specs(layouts: dict) -> list[ModelSpec]:
                   "flux1-schnell.safetensors", (clip_l, ae), t5=True),
         ModelSpec("chroma1-hd", "Chroma1-HD", "chroma", "BF16", chroma_dit(layouts),
                   "Chroma1-HD.safetensors", (ae,), t5=True),
+        ModelSpec("z-image-turbo", "Z-Image Turbo", "z_image", "BF16", _real(layouts, "z_image_turbo"),
+                  "z_image_turbo_bf16.safetensors", (ae,), qwen3=True),
     ]
 
 
-def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout) -> dict[str, object]:
+def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
+                  qwen3: tuple[Layout, Layout] = ([], [])) -> dict[str, object]:
     """The JSON entry of one built-in profile, classified by sdplan's own model-file code
     (modules, encoders, blocks of spec section 8, architecture detection)."""
     from sdplan.core.modelfiles.checkpoint import (
@@ -498,13 +513,15 @@ def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout) -> dict[str, 
         diff = component(f"{spec.name}:F16", "diffusion", None, diff_file, spec.diffusion,
                          spec.source if spec.source != "F32" else "F16")
         t5 = component("t5xxl:F16", "te", "t5xxl", "t5xxl_fp16.safetensors", t5_layout, "F16")
+        llm = component("qwen3-4b:BF16", "te", "llm", "qwen_3_4b.safetensors", qwen3[0], "BF16")
     else:
         diff_file = f"{spec.name}-{quant}.gguf"
         diff = component(f"{spec.name}:{quant}", "diffusion", None, diff_file,
                          spec.diffusion, spec.source, quant, spec.family)
         t5 = component("t5xxl:Q8_0", "te", "t5xxl", "t5-v1_1-xxl-encoder-Q8_0.gguf",
                        t5_layout, "F16", "Q8_0", "t5")
-    comps = [diff, *spec.extras, *([t5] if spec.t5 else [])]
+        llm = component("qwen3-4b:Q8_0", "te", "llm", "Qwen3-4B-Q8_0.gguf", qwen3[1], "BF16", "Q8_0", "llm")
+    comps = [diff, *spec.extras, *([t5] if spec.t5 else []), *([llm] if spec.qwen3 else [])]
     tensors = [ModelTensor(TensorInfo(n, t, s, b, 0, c.key), c.module, c.encoder)
                for c in comps for n, s, t, b in c.tensors]
     ms = ModelSet([], tensors)
@@ -543,11 +560,12 @@ def build_profiles(layouts: dict) -> dict[str, object]:
     """Every built-in profile, keyed by name (``flux1-dev-q8_0``...)."""
     _sdplan()
     t5_layout = _real(layouts, "t5xxl_hf")
+    qwen3 = (_real(layouts, "qwen3_4b_hf"), _real(layouts, "qwen3_4b_gguf"))
     out: dict[str, object] = {}
     for spec in build_specs(layouts):
         for suffix in QUANTS:
             name = f"{spec.name}-{suffix}"
-            out[name] = profile_entry(spec, suffix, t5_layout)
+            out[name] = profile_entry(spec, suffix, t5_layout, qwen3)
             log.info("%-20s %s", name, _summary(out[name]))
     return out
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 from sdplan.app.board.columns import DefaultTarget, DeviceColumn
 from sdplan.app.board.memory_bar import MemoryLegend
 from sdplan.app.board.model import BoardModel
 from sdplan.app.controller import PlanController
+
+#: Pause (ms) after the last edit before the cards' residency effects are estimated.
+EFFECTS_DELAY_MS = 150
 
 
 class Board(QWidget):
@@ -44,6 +47,12 @@ class Board(QWidget):
         self.scroll.setWidget(self.strip)
         lay.addWidget(self.scroll, 1)
         self.columns: dict[str, DeviceColumn] = {}
+        # what each residency would save is estimated once edits pause (not on every move
+        # of a drag: two more estimates per card)
+        self.effects_timer = QTimer(self)
+        self.effects_timer.setSingleShot(True)
+        self.effects_timer.setInterval(EFFECTS_DELAY_MS)
+        self.effects_timer.timeout.connect(self.update_effects)
         self.rebuild()
         controller.inventoryChanged.connect(self.rebuild)
         controller.planChanged.connect(self.refresh)
@@ -72,3 +81,11 @@ class Board(QWidget):
         for col in self.columns.values():
             col.refresh()
         self.hint.setVisible(not self.ctl.modules())
+        self.effects_timer.start()
+
+    def update_effects(self) -> None:
+        """Every card's residency-effect line, now."""
+        self.effects_timer.stop()
+        for col in self.columns.values():
+            for card in col.cards:
+                card.update_effect()

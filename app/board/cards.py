@@ -13,6 +13,7 @@ from PySide6.QtGui import (
     QContextMenuEvent,
     QDrag,
     QIcon,
+    QKeyEvent,
     QMouseEvent,
     QPainter,
     QPaintEvent,
@@ -34,12 +35,26 @@ from sdplan.app import theme
 from sdplan.app.board.model import BoardModel, Card
 from sdplan.app.controller import PlanController
 from sdplan.app.icons import dot_pixmap
+from sdplan.app.warnings import module_warnings
+from sdplan.app.wrap_label import WrapLabel
 from sdplan.core.planning.modules import GIB, SPLITTABLE
 
 
 def gib(nbytes: int | None) -> str:
     """Bytes as ``12.34 GiB`` (``-`` when unknown)."""
     return "-" if nbytes is None else f"{nbytes / GIB:.2f} GiB"
+
+
+def split_label(device: str, first: int, last: int, main: bool, width: float,
+                advance: object) -> str:
+    """The longest label of a split segment that fits ``width`` pixels whole (never a cut
+    one such as ``★CUDA(``): ``★CUDA0 0–18``, ``★CUDA0``, ``0–18``, then nothing (the
+    tooltip has it all). ``advance(text)`` measures text in pixels."""
+    star = "★" if main else ""
+    for text in (f"{star}{device} {first}–{last}", f"{star}{device}", f"{first}–{last}"):
+        if advance(text) <= width:  # type: ignore[operator]
+            return text
+    return ""
 
 
 class SplitStrip(QWidget):
@@ -74,11 +89,40 @@ class SplitStrip(QWidget):
             f = p.font()
             f.setPointSizeF(max(f.pointSizeF() * 0.8, 6.5))
             p.setFont(f)
-            label = f"{'★' if dev == self.main else ''}{dev} {a}–{b}"
-            p.drawText(QRectF(x + 2, 12, seg - 4, 16), Qt.AlignmentFlag.AlignLeft
-                       | Qt.AlignmentFlag.AlignVCenter, label)
+            label = split_label(dev, a, b, dev == self.main, seg - 4,
+                                p.fontMetrics().horizontalAdvance)
+            if label:
+                p.drawText(QRectF(x + 2, 12, seg - 4, 16), Qt.AlignmentFlag.AlignLeft
+                           | Qt.AlignmentFlag.AlignVCenter, label)
             x += seg
         p.end()
+
+
+class SegmentButton(QToolButton):
+    """One button of a segmented row (the residency switch): Left/Right (and Home/End)
+    ask for the neighbour (``stepTo``), which the card chooses like a radio group; the
+    focus ring shows (``QToolButton#Segment:focus``)."""
+
+    stepTo = Signal(object)  # the SegmentButton to choose
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("Segment")
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        self.row: list[SegmentButton] = []
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
+        keys = {Qt.Key.Key_Left: -1, Qt.Key.Key_Right: 1, Qt.Key.Key_Home: -99,
+                Qt.Key.Key_End: 99}
+        step = keys.get(Qt.Key(event.key()))
+        if step is None or self not in self.row or event.modifiers() & \
+                Qt.KeyboardModifier.AltModifier:
+            super().keyPressEvent(event)
+            return
+        i = max(0, min(len(self.row) - 1, self.row.index(self) + step))
+        if self.row[i] is not self:
+            self.stepTo.emit(self.row[i])
+        event.accept()
 
 
 class ModuleCard(QFrame):
@@ -96,6 +140,7 @@ class ModuleCard(QFrame):
         self.setAccessibleName(f"{self.module} card on {device}")
         self._press: QPoint | None = None
         self.signature: tuple = ()
+        self.effect_label: QLabel | None = None
         plan = controller.plan
         mp = plan.modules[self.module]
         self.devices = list(mp.devices)
@@ -124,10 +169,13 @@ class ModuleCard(QFrame):
         elif card.kind == "part":
             self._part_body(lay, mp)
         else:
-            note = QLabel(f"weights kept here, staged to {' & '.join(mp.devices)} when it runs")
+            note = WrapLabel(f"weights kept here, staged to {' & '.join(mp.devices)} when it "
+                             "runs")
             note.setObjectName("Caption")
-            note.setWordWrap(True)
             lay.addWidget(note)
+        self.warning_label = WrapLabel()
+        self.warning_label.setObjectName("Warning")
+        lay.addWidget(self.warning_label)
         self.mark_over()
 
     # ------------------------------------------------------------------ bodies
@@ -135,7 +183,7 @@ class ModuleCard(QFrame):
         prof = self.ctl.profile.get(self.module) if self.ctl.profile else None
         if self.module == "te" and prof is not None and prof.encoders:
             enc = "  ·  ".join(f"{e} {v / GIB:.2f}" for e, v in prof.encoders.items())
-            lab = QLabel(enc + " GiB")
+            lab = WrapLabel(enc + " GiB")
             lab.setObjectName("Caption")
             lab.setToolTip("Text encoders in this module; with a layer split only "
                            f"{prof.block_encoder or 'the largest'} is split, the others stay "
@@ -146,18 +194,22 @@ class ModuleCard(QFrame):
             if ranges:
                 lay.addWidget(SplitStrip(self.module, ranges, self.devices[0]))
             else:
-                lab = QLabel("split over " + " & ".join(self.devices) + " (load the model for "
+                lab = WrapLabel("split over " + " & ".join(self.devices) + " (load the model for "
                              "block ranges)")
                 lab.setObjectName("Caption")
                 lay.addWidget(lab)
         lay.addLayout(self._residency_row(mp))
+        self.effect_label = WrapLabel()
+        self.effect_label.setObjectName("Caption")
+        self.effect_label.hide()
+        lay.addWidget(self.effect_label)
 
     def _part_body(self, lay: QVBoxLayout, mp: object) -> None:
         rng = next((r for r in mp.ranges if r.device == self.device), None)  # type: ignore[attr-defined]
         text = (f"blocks {rng.first_block}–{rng.last_block} · {gib(rng.bytes)}" if rng
                 else "no blocks (too little memory)")
         row = QHBoxLayout()
-        lab = QLabel(f"{text}   main: ★{self.devices[0]}")
+        lab = WrapLabel(f"{text} · main: ★{self.devices[0]}")
         lab.setObjectName("Caption")
         row.addWidget(lab, 1)
         rm = QToolButton()
@@ -185,12 +237,17 @@ class ModuleCard(QFrame):
                   f"--params-backend {self.module}=CPU"),
                  ("disk", "Disk", "Nothing stays loaded: weights are read from the model file "
                   f"each time the module runs: --params-backend {self.module}=disk"))
+        row_buttons: list[SegmentButton] = []
         for mode, text, tip in specs:
-            b = QToolButton()
-            b.setObjectName("Segment")
+            b = SegmentButton()
+            b.setProperty("mode", mode)
+            row_buttons.append(b)
+            b.row = row_buttons
+            b.stepTo.connect(self._step_to)
             b.setCheckable(True)
             b.setText(text)
-            b.setToolTip(tip)
+            b.setToolTip(tip + "\n(Left/Right: the other choices)")
+            b.setMinimumWidth(b.sizeHint().width())  # the text is never elided
             b.setChecked(params.mode == mode)
             group.addButton(b)
             self.residency_buttons[mode] = b
@@ -211,6 +268,13 @@ class ModuleCard(QFrame):
             QToolButton.ToolButtonPopupMode.DelayedPopup)
         row.addStretch(1)
         return row
+
+    def _step_to(self, button: SegmentButton) -> None:
+        """Arrow key in the residency row: choose ``button``; the rebuilt card's same
+        button gets the focus back."""
+        self.model.focus_request = (self.module, self.device, button.property("mode"))
+        button.setFocus(Qt.FocusReason.TabFocusReason)
+        button.click()
 
     def _fill_weights_menu(self, menu: QMenu) -> None:
         """Devices to keep the weights on (built when the menu opens: cards are rebuilt often)."""
@@ -254,7 +318,53 @@ class ModuleCard(QFrame):
         if over:
             tip.insert(1, "Does not fit: " + "; ".join(r.split(": ", 1)[1] for r in reasons))
         self.size_label.setStyleSheet(f"color: {theme.DANGER};" if over else "")
+        tip.append("Alt+Left/Right moves it to the previous/next device")
         self.setToolTip("\n".join(tip))
+        warns = module_warnings(self.ctl.plan, self.ctl.inventory, self.module) \
+            if self.card.kind == "main" else []
+        self.warning_label.setText("\n".join("⚠ " + w for w in warns))
+        self.warning_label.setVisible(bool(warns))
+
+    def update_effect(self) -> None:
+        """Redraw the residency-effect line (the board calls it once a drag pauses: it
+        estimates the plan once per other residency)."""
+        if self.effect_label is not None:
+            text = self.effect_text()
+            if text != self.effect_label.text():
+                self.effect_label.setText(text)
+            self.effect_label.setVisible(bool(text))
+
+    def effect_text(self) -> str:
+        """What the other residencies would change on the runtime device (and where the
+        weights would go), or why they would change nothing there."""
+        effects = self.ctl.residency_effects(self.module)
+        if not effects:
+            return ""
+        dev = self.devices[0]
+        titles = {"runtime": "On device", "device": "In RAM", "disk": "Disk"}
+        parts = []
+        for mode, deltas in effects.items():
+            d = deltas.get(dev, 0)
+            others = [f"+{gib(-v)} on {n}" for n, v in deltas.items()
+                      if n != dev and v < -(GIB // 200)]
+            tail = f" ({', '.join(others)})" if others else ""
+            if d > GIB // 200:
+                parts.append(f"{titles[mode]} saves {gib(d)} on {dev}{tail}")
+            elif d < -(GIB // 200):
+                parts.append(f"{titles[mode]} needs {gib(-d)} more on {dev}{tail}")
+            else:
+                parts.append(f"{titles[mode]}: no change on {dev}")
+        if all(abs(v.get(dev, 0)) <= GIB // 200 for v in effects.values()):
+            peak = self.ctl.peak_module(dev)
+            if peak is not None and peak[0] == self.module:
+                prof = self.ctl.profile.get(self.module) if self.ctl.profile else None
+                why = (f": they are copied back while {self.module} runs, the peak there"
+                       + (" (a --max-vram budget runs it in segments)"
+                          if prof is not None and prof.blocks else ""))
+            else:
+                why = f": {peak[0]}'s {peak[1]} sets its peak" if peak else ""
+            return f"Moving the weights changes nothing on {dev}{why}"
+        return " · ".join(parts)
 
     # ------------------------------------------------------------------ drag
     def mousePressEvent(self, event: QMouseEvent) -> None:  # noqa: N802
@@ -317,3 +427,23 @@ class ModuleCard(QFrame):
 
     def contextMenuEvent(self, event: QContextMenuEvent) -> None:  # noqa: N802
         self.build_menu().exec(event.globalPos())
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
+        """Alt+Left/Right: run the module on the previous/next device (the new card
+        takes the focus); Shift+F10 or the Menu key: the context menu."""
+        step = {Qt.Key.Key_Left: -1, Qt.Key.Key_Right: 1}.get(Qt.Key(event.key()))
+        if step is not None and event.modifiers() & Qt.KeyboardModifier.AltModifier \
+                and self.card.kind != "weights":
+            self.move_by(step)
+            event.accept()
+            return
+        super().keyPressEvent(event)
+
+    def move_by(self, step: int) -> bool:
+        """Run the module on the device ``step`` columns away from this one (no wrap)."""
+        names = [d.name for d in self.ctl.inventory]
+        i = names.index(self.device) + step
+        if not 0 <= i < len(names):
+            return False
+        self.model.focus_request = (self.module, names[i], None)
+        return self.ctl.assign(self.module, names[i])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
 from PySide6.QtWidgets import (
     QComboBox,
@@ -19,6 +19,8 @@ from sdplan.app.board.memory_bar import BarData, MemoryBar
 from sdplan.app.board.model import DEFAULT, BoardModel
 from sdplan.app.controller import PlanController
 from sdplan.app.icons import device_pixmap
+from sdplan.app.warnings import device_warnings
+from sdplan.app.wrap_label import WrapLabel
 from sdplan.core.planning.modules import SPLITTABLE
 
 GIB = 1 << 30
@@ -91,7 +93,8 @@ class DeviceColumn(_DropFrame):
         super().__init__(controller, model, parent)
         self.target = device
         self.setObjectName("DeviceColumn")
-        self.setMinimumWidth(280)
+        # at least 280 px, and never narrower than its cards (their texts are never cut)
+        self.setMinimumWidth(0)
         dev = controller.device(device)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(14, 12, 14, 12)
@@ -115,9 +118,8 @@ class DeviceColumn(_DropFrame):
         self.verdict.setObjectName("Verdict")
         head.addWidget(self.verdict)
         lay.addLayout(head)
-        desc = QLabel(dev.description)
+        desc = WrapLabel(dev.description)
         desc.setObjectName("Muted")
-        desc.setWordWrap(True)
         lay.addWidget(desc)
         if dev.device_id:
             pci = QLabel(f"PCI {dev.device_id}")
@@ -126,9 +128,13 @@ class DeviceColumn(_DropFrame):
         self.bar = MemoryBar()
         self.bar.budgetDragged.connect(self._budget_dragged)
         lay.addWidget(self.bar)
-        self.figures = QLabel()
+        self.figures = WrapLabel()
         self.figures.setObjectName("Caption")
         lay.addWidget(self.figures)
+        self.warnings = WrapLabel()
+        self.warnings.setObjectName("Warning")
+        self.warnings.hide()
+        lay.addWidget(self.warnings)
         self.budget: QDoubleSpinBox | None = None
         if dev.is_gpu_like:
             row = QHBoxLayout()
@@ -163,6 +169,10 @@ class DeviceColumn(_DropFrame):
         lay.addStretch(1)
         self.cards: list[ModuleCard] = []
         self._updating = False
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        hint = super().minimumSizeHint()
+        return QSize(max(280, hint.width()), hint.height())
 
     def _budget_spin(self, value: float) -> None:
         if not self._updating:
@@ -246,6 +256,24 @@ class DeviceColumn(_DropFrame):
             widget.show()
         self.cards = cards
         self.empty.setVisible(not self.cards)
+        self._take_focus()
+        warns = device_warnings(ctl.plan, ctl.inventory, name)
+        self.warnings.setText("\n".join("⚠ " + w for w in warns))
+        self.warnings.setVisible(bool(warns))
+
+    def _take_focus(self) -> None:
+        """Give the keyboard focus to the card a keyboard move (or a residency key)
+        asked for, once it is in this column."""
+        req = self.model.focus_request
+        if req is None or req[1] != self.target:
+            return
+        card = next((c for c in self.cards if c.module == req[0] and c.card.kind == "main"),
+                    None)
+        if card is not None:
+            self.model.focus_request = None
+            buttons = getattr(card, "residency_buttons", {})
+            target = buttons.get(req[2]) if req[2] else None
+            (target or card).setFocus(Qt.FocusReason.OtherFocusReason)
 
 
 _PART_NAMES = {"weights": "resident weights", "lora": "LoRA", "staging": "staged range",
@@ -297,14 +325,17 @@ class DefaultTarget(_DropFrame):
         key.setObjectName("Badge")
         lay.addWidget(key)
         self.combo = QComboBox()
+        self.combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         self.combo.setToolTip("The --backend default: every module without its own entry "
                               "runs here")
         self.combo.activated.connect(self._pick)
         lay.addWidget(self.combo)
         self.follows = QLabel()
         self.follows.setObjectName("Muted")
+        self.follows.setWordWrap(True)  # wraps instead of widening the window
+        self.follows.setMinimumWidth(90)
         lay.addWidget(self.follows, 1)
-        blab = QLabel("Default budget")
+        blab = QLabel("Budget")
         blab.setObjectName("Caption")
         lay.addWidget(blab)
         self.budget = QDoubleSpinBox()
@@ -336,8 +367,10 @@ class DefaultTarget(_DropFrame):
         pl = self.ctl.placement
         self.combo.clear()
         current = pl.default.text() if pl.default else ""
-        for d in self.ctl.inventory:
-            self.combo.addItem(f"{d.name} — {d.description}", d.name)
+        for i, d in enumerate(self.ctl.inventory):
+            self.combo.addItem(d.name, d.name)  # the name is never cut; the rest in tips
+            self.combo.setItemData(i, f"{d.name} — {d.description}",
+                                   Qt.ItemDataRole.ToolTipRole)
         if "&" in current:
             self.combo.addItem(current.replace("&", " & "), current.split("&"))
         idx = next((i for i in range(self.combo.count())

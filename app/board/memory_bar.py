@@ -80,20 +80,45 @@ class MemoryLegend(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.theme = theme.current()
-        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+        policy = QSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
+        policy.setHeightForWidth(True)
+        self.setSizePolicy(policy)
         self.setToolTip("\n".join(f"{label}: {tip}" for _, label, tip in LEGEND))
 
     def _items(self) -> list[tuple[str, str, float]]:
         fm = self.fontMetrics()
         return [(part, label, float(fm.horizontalAdvance(label))) for part, label, _ in LEGEND]
 
+    def _rows(self, width: float) -> list[list[tuple[str, str, float]]]:
+        """The entries in lines that fit ``width`` (whole entries; never cut)."""
+        rows: list[list[tuple[str, str, float]]] = [[]]
+        x = 0.0
+        for part, label, w in self._items():
+            step = self.SWATCH + 6 + w + 14
+            if rows[-1] and x + step - 14 > width:
+                rows.append([])
+                x = 0.0
+            rows[-1].append((part, label, w))
+            x += step
+        return rows
+
+    def _line_h(self) -> int:
+        return max(self.fontMetrics().height(), self.SWATCH) + 4
+
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
         gap = self.SWATCH + 6 + 14
         width = sum(w + gap for _, _, w in self._items())
-        return QSize(int(width), max(self.fontMetrics().height(), self.SWATCH) + 4)
+        return QSize(int(width), self._line_h())
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt's name
-        return self.sizeHint()
+        widest = max(w for _, _, w in self._items()) + self.SWATCH + 6
+        return QSize(int(widest), self._line_h())
+
+    def hasHeightForWidth(self) -> bool:  # noqa: N802 - Qt's name
+        return True
+
+    def heightForWidth(self, width: int) -> int:  # noqa: N802 - Qt's name
+        return self._line_h() * len(self._rows(width))
 
     def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802
         t = self.theme = theme.current()  # follows theme switches
@@ -101,19 +126,20 @@ class MemoryLegend(QWidget):
         p.setRenderHint(QPainter.RenderHint.Antialiasing)
         sample = QColor(theme.ACCENT).lighter(110)
         fm = self.fontMetrics()
-        x = 0.0
-        cy = self.height() / 2
-        for part, label, w in self._items():
-            box = QRectF(x, cy - self.SWATCH / 2, self.SWATCH, self.SWATCH)
-            if part == "budget":
-                p.setPen(QPen(QColor(theme.ACCENT), 2))
-                p.drawLine(QPointF(box.center().x(), box.top() - 1),
-                           QPointF(box.center().x(), box.bottom() + 1))
-            else:
-                paint_part(p, box, part, sample, t)
-            p.setPen(t.muted)
-            p.drawText(QPointF(x + self.SWATCH + 6, cy + fm.ascent() / 2 - 1), label)
-            x += self.SWATCH + 6 + w + 14
+        for r, row in enumerate(self._rows(self.width())):
+            x = 0.0
+            cy = self._line_h() * r + self._line_h() / 2
+            for part, label, w in row:
+                box = QRectF(x, cy - self.SWATCH / 2, self.SWATCH, self.SWATCH)
+                if part == "budget":
+                    p.setPen(QPen(QColor(theme.ACCENT), 2))
+                    p.drawLine(QPointF(box.center().x(), box.top() - 1),
+                               QPointF(box.center().x(), box.bottom() + 1))
+                else:
+                    paint_part(p, box, part, sample, t)
+                p.setPen(t.muted)
+                p.drawText(QPointF(x + self.SWATCH + 6, cy + fm.ascent() / 2 - 1), label)
+                x += self.SWATCH + 6 + w + 14
         p.end()
 
 

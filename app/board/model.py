@@ -47,6 +47,9 @@ class BoardModel(QAbstractItemModel):
         self.ctl = controller
         self._targets: list[str] = []
         self._cards: dict[str, list[Card]] = {}
+        #: ``(module, device, residency mode or None)``: the card (or its residency button)
+        #: that takes the keyboard focus once rebuilt (a keyboard move or choice).
+        self.focus_request: tuple[str, str, str | None] | None = None
         self._build()
         controller.planChanged.connect(self.refresh)
         controller.inventoryChanged.connect(self.refresh)

@@ -1,8 +1,9 @@
 """``sdplan generate``: text to image on sdplan's engine, placed by the plan.
 
 SD 1.x / 2.x from a single-file checkpoint (``-m``), Flux from its files
-(``--diffusion-model --t5xxl --clip_l --vae``) or Chroma from its (``--diffusion-model --t5xxl
---vae``); the architecture (flux-dev, flux-schnell, chroma...) comes from
+(``--diffusion-model --t5xxl --clip_l --vae``), Chroma from its (``--diffusion-model --t5xxl
+--vae``) or Z-Image from its (``--diffusion-model --llm --vae``); the architecture (flux-dev,
+flux-schnell, chroma, z_image...) comes from
 :func:`sdplan.core.modelfiles.checkpoint.read_model_files`. The flags are sd-cli's spellings (``-m -p -n
 -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
 --clip-skip --taesd --upscale-model --upscale-repeats``, the LoRA and picture inputs
@@ -45,7 +46,7 @@ from sdplan.core.planning.placement import add_placement_arguments, placement_fr
 log = logging.getLogger(__name__)
 #: Model-file flags -> request keys.
 FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "t5xxl", "clip_l": "clip_l",
-              "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
+              "llm": "llm", "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -56,9 +57,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true",
                    help="use the packaged demo model (-m of the file in sdplan.resources; "
                         "default 128x128, 20 steps, CFG 5, euler)")
-    p.add_argument("--diffusion-model", metavar="PATH", help="Flux or Chroma diffusion model")
+    p.add_argument("--diffusion-model", metavar="PATH", help="Flux, Chroma or Z-Image diffusion model")
     p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux, Chroma)")
     p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux)")
+    p.add_argument("--llm", metavar="PATH", help="language-model text encoder (Z-Image: Qwen3)")
     p.add_argument("--vae", metavar="PATH", help="VAE / autoencoder file")
     p.add_argument("--taesd", metavar="PATH",
                    help="TAE (tiny autoencoder): decodes the final image fast, as sd-cli does, and "
@@ -149,7 +151,7 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
     ``-m`` nor ``--diffusion-model`` is given."""
     files = {key: [str(getattr(args, attr))] for attr, key in FILE_FLAGS.items() if getattr(args, attr, None)}
     if "model" not in files and "diffusion_model" not in files:
-        raise SdplanError("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux or Chroma files)")
+        raise SdplanError("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux, Chroma or Z-Image files)")
     return files
 
 

@@ -12,6 +12,17 @@ from sdplan.core.commands.options import add_source_arguments
 from sdplan.core.planning.placement import add_placement_arguments
 
 
+def _size(text: str) -> tuple[int, int]:
+    """argparse type: ``WxH`` in pixels, each at least 320."""
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WxH such as 1024x700, got {text!r}") from None
+    if w < 320 or h < 320:
+        raise argparse.ArgumentTypeError(f"{text}: each side must be at least 320 px")
+    return w, h
+
+
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="*", metavar="FILE", help="model files to open")
     add_source_arguments(p)
@@ -19,9 +30,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    "(the default when no files, profile or saved plan are given)")
     p.add_argument("--theme", choices=("system", "light", "dark"), help="colour theme")
     p.add_argument("--screenshot", metavar="OUT.png", help="render the main window offscreen "
-                   "at 1440x900 to this PNG and exit")
+                   "(at --size) to this PNG and exit")
     p.add_argument("--generate", action="store_true", help="with --screenshot: run one "
                    "generation with the window's settings and capture the finished result")
+    p.add_argument("--size", metavar="WxH", default="1440x900", type=_size,
+                   help="with --screenshot: the window size (default 1440x900)")
+    p.add_argument("--tab", choices=("board", "library", "gallery", "queue"),
+                   help="with --screenshot: the tab to show")
     g = p.add_argument_group("generation settings to start with (sd-cli's flags)")
     g.add_argument("-p", "--prompt", help="the prompt (<lora:NAME:WEIGHT> tags included)")
     g.add_argument("--lora-model-dir", metavar="DIR", help="the LoRA folder")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sdplan.core.errors import ModelFileError
+from sdplan.core.modelfiles.families import DIFFUSION_MARKERS, z_image_family
 from sdplan.core.modelfiles.readers import TensorFile, TensorInfo, read_tensor_file
 from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE, flag_for
 from sdplan.core.planning.profile import ModuleProfile, Profile
@@ -92,10 +93,9 @@ class ModelTensor:
 class Architecture:
     """Detected model family with the evidence (tensor names and shapes) for it.
 
-    ``family`` is ``sd1``, ``sd2``, ``sdxl``, ``sd3``, ``flux``, ``chroma`` or ``unknown``
-    (loadable but not recognised, or no diffusion model); ``variant`` refines it (Flux ``dev``
-    / ``schnell``, Chroma ``radiance``, SD3 ``medium`` / ``large`` / ``3.5-medium``, SDXL
-    ``refiner``).
+    ``family``: ``sd1``, ``sd2``, ``sdxl``, ``sd3``, ``flux``, ``chroma``, ``z_image`` or ``unknown``
+    (loadable but not recognised, or no diffusion model); ``variant`` refines it (Flux dev /
+    schnell, Chroma radiance, SD3 medium / large / 3.5-medium, SDXL refiner).
     """
 
     family: str
@@ -474,7 +474,7 @@ def detect_standalone(tf: TensorFile) -> tuple[str, str | None] | None:
     if has("id_encoder.", "fuse_module.", "qformer_perceiver."):
         return "photomaker", None
     if has("double_blocks.", "single_blocks.", "joint_blocks.", "input_blocks.",
-           "down_blocks.", "transformer_blocks.", "single_transformer_blocks."):
+           "down_blocks.", "transformer_blocks.", "single_transformer_blocks.", *DIFFUSION_MARKERS):
         return "diffusion", None
     if has("vision_model."):
         return "clip_vision", None
@@ -502,19 +502,21 @@ def _local(name: str) -> str:
 def detect_architecture(ms: ModelSet) -> Architecture:
     """Architecture of the model set from its diffusion tensors' names and shapes.
 
-    Rules: ``double_blocks``/``single_blocks`` (or diffusers ``single_transformer_blocks``)
-    -> flux, ``dev`` when a guidance embedder exists else ``schnell``, but ``chroma`` with
-    ``distilled_guidance_layer.in_proj.weight`` (sd-cli's test); ``joint_blocks`` (or
-    diffusers ``context_embedder`` with ``pos_embed``) -> sd3; a UNet's cross-attention
-    context width 768 -> sd1, 1024 -> sd2, 2048 with ``label_emb`` -> sdxl (1280:
-    refiner); another width -> the family a file's ``sdplan.family`` metadata names (sd1 or
-    sd2; scaled-down models such as the demo). Anything else with diffusion tensors is
-    ``unknown`` but loadable.
+    Rules: Z-Image (``families.z_image_family``) -> z_image; ``double_blocks``/``single_blocks``
+    (or diffusers ``single_transformer_blocks``) -> flux, ``dev`` when a guidance embedder
+    exists else ``schnell``, but ``chroma`` with ``distilled_guidance_layer.in_proj.weight``
+    (sd-cli's test); ``joint_blocks`` (or diffusers ``context_embedder`` with ``pos_embed``)
+    -> sd3; a UNet's cross-attention context width 768 -> sd1, 1024 -> sd2, 2048 with
+    ``label_emb`` -> sdxl (1280: refiner); another width -> the family a file's
+    ``sdplan.family`` metadata names (sd1 or sd2; scaled-down models such as the demo).
+    Anything else with diffusion tensors is ``unknown`` but loadable.
     """
     diff = {_local(t.info.name): t.info.shape for t in ms.module_tensors("diffusion")}
     if not diff:
         return Architecture("unknown", None, ("no diffusion model among the files",))
     names = list(diff)
+    if z := z_image_family(diff, [t.info.name for t in ms.module_tensors("te") if t.encoder == "llm"]):
+        return Architecture(*z)
 
     def count(seg: str) -> int:
         pat = re.compile(r"(?:^|\.)" + re.escape(seg) + r"\.(\d+)\.")

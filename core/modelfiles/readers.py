@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import mmap
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -319,8 +320,48 @@ def _read_gguf(p: Path, fh: object, size: int) -> TensorFile:
     return TensorFile(str(p), "gguf", tuple(tensors), metadata)
 
 
+def read_gguf_arrays(path: str | Path, keys: Iterable[str]) -> dict[str, list]:
+    """The GGUF metadata arrays named ``keys`` (strings as ``str``, numbers as ``int`` /
+    ``float``), e.g. a llama.cpp file's ``tokenizer.ggml.tokens``; keys the file lacks are
+    absent from the result. Bounded like :func:`read_tensor_file`.
+
+    Raises:
+        ModelFileError: not a GGUF file, or a malformed, truncated or hostile header.
+    """
+    from gguf import GGUFValueType
+
+    p, wanted = Path(path), set(keys)
+    out: dict[str, list] = {}
+    try:
+        with open(p, "rb") as fh:
+            size = _file_size(fh)
+            if fh.read(4) != _GGUF_MAGIC:
+                raise ModelFileError(p, "not a GGUF file")
+            scalars = _gguf_scalar_sizes()
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                c = _Cursor(p, buf, size)
+                c.pos = 4
+                (version,) = c.unpack("I", "version")
+                if version not in (2, 3):
+                    raise ModelFileError(p, f"unsupported GGUF version {version} (expected 2 or 3)")
+                _, n_kv = c.unpack("QQ", "counts")
+                if n_kv > (size - c.pos) // 12:
+                    raise ModelFileError(p, f"GGUF header claims {n_kv} key/value pairs, more "
+                                            f"than the file can hold")
+                for _ in range(n_kv):
+                    key = c.string("metadata key", _GGUF_MAX_NAME)
+                    (vtype,) = c.unpack("I", f"type of {key!r}")
+                    value = _gguf_value(c, vtype, key, scalars, GGUFValueType, key in wanted)
+                    if key in wanted and isinstance(value, list):
+                        out[key] = value
+    except OSError as exc:
+        raise ModelFileError(p, f"cannot read file: {exc.strerror or exc}") from None
+    return out
+
+
 def _gguf_value(c: _Cursor, vtype: int, key: str, scalars: dict[int, str],
-                T: type) -> object:  # noqa: N803 (the enum type)
+                T: type, keep: bool = False) -> object:  # noqa: N803 (the enum type)
+    """One metadata value; arrays are skipped (None) unless ``keep`` (a list then)."""
     if vtype in scalars:
         return c.unpack(scalars[vtype], f"value of {key!r}")[0]
     if vtype == T.STRING:  # type: ignore[attr-defined]
@@ -328,15 +369,22 @@ def _gguf_value(c: _Cursor, vtype: int, key: str, scalars: dict[int, str],
     if vtype == T.ARRAY:  # type: ignore[attr-defined]
         (itype, count) = c.unpack("IQ", f"array {key!r}")
         if itype in scalars:
-            c.need(count * struct.calcsize("<" + scalars[itype]), f"array {key!r}")
-            c.pos += count * struct.calcsize("<" + scalars[itype])
-            return None
+            item = struct.calcsize("<" + scalars[itype])
+            c.need(count * item, f"array {key!r}")
+            values = (list(struct.unpack_from(f"<{count}{scalars[itype]}", c.buf, c.pos))
+                      if keep else None)
+            c.pos += count * item
+            return values
         if itype == T.STRING:  # type: ignore[attr-defined]
             c.need(count * 8, f"array {key!r}")  # each string has an 8-byte length
-            for _ in range(count):
+            strings: list[str] = []
+            for i in range(count):
+                if keep:
+                    strings.append(c.string(f"item {i} of array {key!r}"))
+                    continue
                 (n,) = c.unpack("Q", f"array {key!r}")
                 c.need(n, f"array {key!r}")
                 c.pos += n
-            return None
+            return strings if keep else None
         raise ModelFileError(c.p, f"GGUF array {key!r} of unsupported item type {itype}")
     raise ModelFileError(c.p, f"GGUF key {key!r} has unknown value type {vtype}")

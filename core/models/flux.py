@@ -42,7 +42,7 @@ from sdplan.core.models.base import ModelLayoutError, Weights
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["FluxConfig", "FluxDiT", "flux_config", "find_prefix", "patchify", "unpatchify",
-           "rope_tables", "image_ids", "HEAD_DIM", "THETA"]
+           "rope_tables", "apply_rope", "image_ids", "HEAD_DIM", "THETA"]
 
 #: Flux.1's published head width; heads = width / HEAD_DIM unless the weights say otherwise.
 HEAD_DIM = 128
@@ -196,6 +196,19 @@ def rope_tables(ids: np.ndarray, axes: tuple[int, ...], theta: float = THETA) ->
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
+def apply_rope(g: Any, x: Any, cos: Any, sin: Any) -> Any:
+    """Rotate ``x`` ``(1, N, H, hd)`` (f32) by the tables of :func:`rope_tables` as graph
+    inputs ``(N, 1, hd/2, 1)``: each channel pair ``(2i, 2i+1)`` turns by its angle."""
+    _, n, h, hd = x.shape
+    xr = g.reshape(x, (n, h, hd // 2, 2))
+    st = (h * hd * 4, hd * 4, 8, 4)
+    x0 = g.cont(g.view(xr, (n, h, hd // 2, 1), st, 0))
+    x1 = g.cont(g.view(xr, (n, h, hd // 2, 1), st, 4))
+    o0 = g.sub(g.mul(x0, cos), g.mul(x1, sin))
+    o1 = g.add(g.mul(x0, sin), g.mul(x1, cos))
+    return g.reshape(g.concat(o0, o1, 3), (1, n, h, hd))
+
+
 class FluxDiT:
     """The DiT as a :class:`sdplan.core.models.ModuleGraph`.
 
@@ -318,21 +331,10 @@ class FluxDiT:
     def _qk_norm(self, g: Any, x: Any, scale: Any) -> Any:
         return g.mul(g.rms_norm(x, EPS), scale)
 
-    def _rope(self, g: Any, x: Any, cos: Any, sin: Any) -> Any:
-        c = self.cfg
-        _, n, h, hd = x.shape
-        xr = g.reshape(x, (n, h, hd // 2, 2))
-        st = (h * hd * 4, hd * 4, 8, 4)
-        x0 = g.cont(g.view(xr, (n, h, hd // 2, 1), st, 0))
-        x1 = g.cont(g.view(xr, (n, h, hd // 2, 1), st, 4))
-        o0 = g.sub(g.mul(x0, cos), g.mul(x1, sin))
-        o1 = g.add(g.mul(x0, sin), g.mul(x1, cos))
-        return g.reshape(g.concat(o0, o1, 3), (1, n, c.heads, hd))
-
     def _attention(self, g: Any, q: Any, k: Any, v: Any, state: dict[str, Any]) -> Any:
         """q, k, v ``(1, N, H, hd)`` -> ``(1, N, D)`` with RoPE on q and k."""
-        q = self._rope(g, q, state["pe_cos"], state["pe_sin"])
-        k = self._rope(g, k, state["pe_cos"], state["pe_sin"])
+        q = apply_rope(g, q, state["pe_cos"], state["pe_sin"])
+        k = apply_rope(g, k, state["pe_cos"], state["pe_sin"])
         perm = (0, 2, 1, 3)
         return gr.attention(g, g.cont(g.permute(q, perm)), g.cont(g.permute(k, perm)),
                             g.cont(g.permute(v, perm)), flash=self.flash)

@@ -188,18 +188,7 @@ class FluxFamilyPipeline(Pipeline):
         sigmas = flux_sigmas(steps, (h // 2) * (w // 2), shift=shift)
         rng = PhiloxNoise(seed)
         start = rng.randn((1, 16, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
-        if init is not None and init.image is not None:
-            f = self.vae_cfg.factor
-            if init.image.shape[2:] != (h * f, w * f):
-                raise SdplanError(f"init image {init.image.shape[3]}x{init.image.shape[2]}: this autoencoder "
-                                  f"needs {w * f}x{h * f} pixels for a {w * f}x{h * f}-pixel latent grid")
-            ref = self.encode_sample(init.image, PhiloxNoise(seed if init_seed is None else init_seed)
-                                     .randn((1, 16, h, w)))
-            sigmas = truncate_sigmas(sigmas, init.strength)
-            s0 = np.float32(sigmas[0])
-            start = (ref * (np.float32(1.0) - s0) + start * s0).astype(np.float32)
-            if init.mask is not None:
-                vel = _blended(vel, ref, latent_mask(init.mask, f))
+        start, sigmas, vel = self._image_start(start, sigmas, vel, init, seed if init_seed is None else init_seed)
 
         def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
             if preview is not None:
@@ -208,6 +197,30 @@ class FluxFamilyPipeline(Pipeline):
         with self.diffusion_session():
             latent = sample_flow(sampler, vel, start, sigmas, noise=rng, callback=cb)
         return {"latent": latent, "image": self.decode(latent), "sigmas": sigmas}
+
+    def _image_start(self, start: np.ndarray, sigmas: np.ndarray, vel: Velocity, init: ImageInput | None,
+                     seed: int) -> tuple[np.ndarray, np.ndarray, Velocity]:
+        """``(start, sigmas, vel)`` for ``init`` (None or no picture: unchanged): the init
+        latent (drawn with ``seed``'s first draw) noised to the truncated schedule's first
+        sigma, and ``vel`` blending the prediction with it where the mask is 0.
+
+        Raises:
+            SdplanError: a picture that is not ``(1, 3, h f, w f)`` for the latent ``start``.
+        """
+        if init is None or init.image is None:
+            return start, sigmas, vel
+        n, c, h, w = start.shape
+        f = self.vae_cfg.factor
+        if init.image.shape[2:] != (h * f, w * f):
+            raise SdplanError(f"init image {init.image.shape[3]}x{init.image.shape[2]}: this autoencoder "
+                              f"needs {w * f}x{h * f} pixels for a {h}x{w} latent")
+        ref = self.encode_sample(init.image, PhiloxNoise(seed).randn((1, c, h, w)))
+        sigmas = truncate_sigmas(sigmas, init.strength)
+        s0 = np.float32(sigmas[0])
+        start = (ref * (np.float32(1.0) - s0) + start * s0).astype(np.float32)
+        if init.mask is not None:
+            vel = _blended(vel, ref, latent_mask(init.mask, f))
+        return start, sigmas, vel
 
     def _preview_rgb(self, latent: np.ndarray) -> np.ndarray:
         if self.preview is not None:

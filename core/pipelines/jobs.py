@@ -4,7 +4,7 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
 :data:`GENERATE_JOB` and :data:`INVENTORY_JOB`. A *request* is a dict:
 
 - ``model_files``: sd-cli model flags -> paths (``model``, ``diffusion_model``, ``t5xxl``,
-  ``clip_l``, ``vae``, ``taesd``, ``upscale_model``);
+  ``clip_l``, ``llm``, ``vae``, ``taesd``, ``upscale_model``);
 - ``prompt``, ``negative_prompt``, ``width``, ``height``, ``steps``, ``cfg_scale``, ``seed``,
   ``sampling_method``, ``scheduler``, ``batch_count``, ``clip_skip``, ``guidance``,
   ``vae_tile_size``, ``upscale_repeats``, ``threads``;
@@ -44,6 +44,7 @@ from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
 from sdplan.core.pipelines.tae import Tae
 from sdplan.core.pipelines.upscale import Upscaler
+from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.runtime.devices import live_inventory
@@ -104,8 +105,8 @@ def _cached(key: Any, make: Callable[[], Any]) -> Any:
 
 
 def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
-    """Run one request (see the comment above) in this process: SD 1.x/2.x, or Flux / Chroma
-    when the files are such a set. Returns ``{"images", "params", "timings"}``.
+    """Run one request (see the comment above) in this process: SD 1.x/2.x, or Flux / Chroma /
+    Z-Image when the files are such a set. Returns ``{"images", "params", "timings"}``.
 
     Raises:
         ModelFileError / PlanError / EngineError: bad files, placement or devices;
@@ -119,7 +120,7 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     core = {k: v for k, v in files.items() if k not in ("taesd", "upscale_model")}
     placements = _placements(req, core)
     family = read_model_files(core).architecture.family
-    run = {"flux": _flux_run, "chroma": _chroma_run}.get(family, _sd_run)
+    run = {"flux": _flux_run, "chroma": _chroma_run, "z_image": _zimage_run}.get(family, _sd_run)
     seed = int(req.get("seed", 42))
     if seed < 0:
         seed = random.randrange(2**31)
@@ -285,6 +286,36 @@ def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
                            init_seed=seed)
         images.append(image_to_uint8(out["image"][0]))
     return images, {"total_chroma": time.perf_counter() - t0}, info
+
+
+def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
+                placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
+    need = [k for k in ("diffusion_model", "llm", "vae") if not files.get(k)]
+    if need:
+        raise ModelFileError("<request>", "a Z-Image run needs --diffusion-model, --llm and --vae; "
+                                          f"missing {', '.join('--' + k.replace('_', '-') for k in need)}")
+    models = ZImageModels(files["diffusion_model"][0], files["llm"][0], files["vae"][0], _first(files, "taesd"))
+    threads = int(req.get("threads") or 0)
+    key = ("z_image", repr(models), repr(sorted(placements.items())), threads)
+    pipe = _cached(key, lambda: ZImagePipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
+    pipe.set_cancel(ctx.cancel)
+    on_step, preview = _emitters(ctx, req)
+    steps = int(req.get("steps") or 0) or 8
+    width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
+    prompt, init, info = _inputs(pipe, req, width, height)
+    images: list[np.ndarray] = []
+    t0 = time.perf_counter()
+    for b in range(int(req.get("batch_count") or 1)):
+        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
+            on_step(i + 1, total)
+            if preview is not None:
+                preview(i + 1, rgb)
+        out = pipe.txt2img(prompt, width, height,
+                           steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
+                           cfg_scale=float(req.get("cfg_scale") or 1.0),
+                           negative_prompt=req.get("negative_prompt") or "", preview=cb, init=init, init_seed=seed)
+        images.append(image_to_uint8(out["image"][0]))
+    return images, {"total_z_image": time.perf_counter() - t0}, info
 
 
 def _upscale(ctx: Any, path: str, vae: Any, images: list[np.ndarray], repeats: int, threads: int) -> list[np.ndarray]:

@@ -1,14 +1,18 @@
 """Results: decoded images as pictures, and pictures as PNG files with their metadata.
 
 The one place the command line and the desktop app turn a generation into files: both
-write the same text chunks (prompt, settings, seed, model and its hash, placement).
+write the same text chunks (prompt, settings, seed, model and its hash, placement), and the
+one place they are read back (:func:`read_result`, for the app's gallery).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +145,158 @@ def read_png_text(path: str | Path) -> dict[str, str]:
 
     with Image.open(path) as im:
         return {str(k): str(v) for k, v in getattr(im, "text", {}).items()}
+
+
+# --------------------------------------------------------------------------- reading back
+
+#: Text chunk (JSON) with the model files by sd-cli flag key, so a result can rebuild its
+#: sd-cli command with full paths (``model`` holds only the main file's name).
+MODEL_FILES_KEY = "model_files"
+#: Chunk names of :func:`generation_text` -> the request key they hold.
+_CHUNK_KEYS = {"prompt": "prompt", "negative_prompt": "negative_prompt", "seed": "seed",
+               "steps": "steps", "sampler": "sampling_method", "scheduler": "scheduler",
+               "clip_skip": "clip_skip", "cfg_scale": "cfg_scale", "guidance": "guidance"}
+_INT_KEYS = ("seed", "steps", "clip_skip", "width", "height", "batch_count")
+_FLOAT_KEYS = ("cfg_scale", "guidance")
+#: "parameters" fields (``Steps: 20, Sampler: euler, ...``) -> request keys.
+_PARAMETER_FIELDS = {"steps": "steps", "sampler": "sampling_method", "cfg scale": "cfg_scale",
+                     "seed": "seed", "schedule type": "scheduler", "scheduler": "scheduler",
+                     "guidance": "guidance", "clip skip": "clip_skip", "model": "model"}
+
+
+def result_text(params: Mapping[str, Any], request: Mapping[str, Any]) -> dict[str, str]:
+    """The PNG text chunks of one result of an engine ``request``: :func:`generation_text`
+    of the result's ``params`` (falling back to the request's settings) with the request's
+    model files and placement, plus the model files as JSON (:data:`MODEL_FILES_KEY`)."""
+    files = request.get("model_files") or {}
+    merged = {**{k: v for k, v in request.items() if k not in ("model_files",)},
+              **{k: v for k, v in params.items() if v is not None}}
+    placement = {k: str(request.get(k) or "") for k in ("backend", "params_backend", "max_vram")
+                 if request.get(k)}
+    text = generation_text(merged, files, placement)
+    if files:
+        text[MODEL_FILES_KEY] = json.dumps({k: [v] if isinstance(v, str) else list(v)
+                                            for k, v in files.items()})
+    return text
+
+
+@dataclass
+class ResultInfo:
+    """What a result image says about itself.
+
+    Attributes:
+        path: the image file.
+        settings: generation settings by sd-cli's request keys (``prompt``, ``seed``,
+            ``width``, ``height``, ``steps``, ``cfg_scale``, ``sampling_method``...).
+        model: the model's file name (empty when unknown).
+        model_files: sd-cli model-file key -> paths, when the image records them.
+        placement: ``backend`` / ``params_backend`` / ``max_vram`` strings it ran with.
+        text: every text chunk as read.
+    """
+
+    path: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+    model_files: dict[str, list[str]] = field(default_factory=dict)
+    placement: dict[str, str] = field(default_factory=dict)
+    text: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def prompt(self) -> str:
+        return str(self.settings.get("prompt") or "")
+
+    def matches(self, query: str) -> bool:
+        """True when every word of ``query`` is in the prompt, negative prompt or model
+        name (case-insensitive)."""
+        hay = " ".join((self.prompt, str(self.settings.get("negative_prompt") or ""),
+                        self.model, *(p for v in self.model_files.values() for p in v))).lower()
+        return all(w in hay for w in query.lower().split())
+
+
+def parse_parameters(text: str) -> dict[str, Any]:
+    """Settings from an A1111-style ``parameters`` text chunk (as stable-diffusion.cpp and
+    other tools write it): the prompt lines, an optional ``Negative prompt:`` line, then one
+    line of ``Key: value`` fields separated by ``, ``. Unknown fields are dropped; a
+    ``Size: WxH`` field gives ``width`` and ``height``; ``Model`` gives ``model``."""
+    lines = text.strip().splitlines()
+    fields_line = ""
+    if lines and re.match(r"^\s*Steps:\s*\d", lines[-1]):
+        fields_line = lines.pop()
+    prompt: list[str] = []
+    negative: list[str] = []
+    in_negative = False
+    for line in lines:
+        if line.startswith("Negative prompt:"):
+            in_negative = True
+            line = line[len("Negative prompt:"):].strip()
+        (negative if in_negative else prompt).append(line)
+    out: dict[str, Any] = {"prompt": "\n".join(prompt).strip()}
+    if negative:
+        out["negative_prompt"] = "\n".join(negative).strip()
+    for m in re.finditer(r"\s*([\w ]+?):\s*(\"[^\"]*\"|[^,]*)(?:,|$)", fields_line):
+        key, value = m.group(1).strip().lower(), m.group(2).strip().strip('"')
+        if key == "size" and re.fullmatch(r"\d+x\d+", value):
+            w, h = value.split("x")
+            out["width"], out["height"] = int(w), int(h)
+        elif key in _PARAMETER_FIELDS:
+            out[_PARAMETER_FIELDS[key]] = value
+    return _typed(out)
+
+
+def _typed(values: dict[str, Any]) -> dict[str, Any]:
+    out = dict(values)
+    for key in _INT_KEYS:
+        if key in out:
+            try:
+                out[key] = int(str(out[key]))
+            except ValueError:
+                del out[key]
+    for key in _FLOAT_KEYS:
+        if key in out:
+            try:
+                out[key] = float(str(out[key]))
+            except ValueError:
+                del out[key]
+    return out
+
+
+def read_result(path: str | Path) -> ResultInfo:
+    """What a result image records: sdplan's text chunks (:func:`result_text`), else an
+    A1111-style ``parameters`` chunk (:func:`parse_parameters`), else the JSON file of
+    settings beside it (``<name>.json``, older app results).
+
+    Raises:
+        OSError: not a readable image.
+    """
+    text = read_png_text(path)
+    settings: dict[str, Any] = {}
+    if "parameters" in text:
+        settings.update(parse_parameters(text["parameters"]))
+    for chunk, key in _CHUNK_KEYS.items():
+        if chunk in text:
+            settings[key] = text[chunk]
+    if re.fullmatch(r"\d+x\d+", text.get("size", "")):
+        w, h = text["size"].split("x")
+        settings["width"], settings["height"] = int(w), int(h)
+    side = Path(path).with_suffix(".json")
+    if not settings and side.is_file():
+        try:
+            data = json.loads(side.read_text(encoding="utf-8"))
+            settings = {k: v for k, v in data.items() if isinstance(k, str)} \
+                if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            settings = {}
+    files: dict[str, list[str]] = {}
+    try:
+        raw = json.loads(text.get(MODEL_FILES_KEY) or "{}")
+        files = {str(k): [str(p) for p in v] for k, v in raw.items() if isinstance(v, list)}
+    except (ValueError, AttributeError):
+        files = {}
+    model = text.get("model") or str(settings.pop("model", "") or "")
+    if not model and files:
+        main = (files.get("model") or files.get("diffusion_model") or [""])[0]
+        model = os.path.basename(main)
+    placement = {k: text[k] for k in ("backend", "params_backend", "max_vram") if text.get(k)}
+    settings = {k: v for k, v in _typed(settings).items()
+                if k not in ("timings", "architecture", "model")}
+    return ResultInfo(str(path), settings, model, files, placement, text)

@@ -138,7 +138,11 @@ def _settle(placement: Placement, inventory: Inventory, profile: Profile, cpu: s
             continue
         break
     plan = resolve(placement, inventory, profile)
-    notes.append("still does not fit: the model needs more memory than these devices have")
+    fit = estimate_plan(plan, profile, inventory, width=width, height=height, batch=batch)
+    capped = [t.device for t in fit.devices.values() if t.budget and t.budget < t.total <= t.free]
+    notes.append(f"still does not fit: the --max-vram budget of {', '.join(capped)} is the "
+                 "limit, not the device's memory" if capped else
+                 "still does not fit: the model needs more memory than these devices have")
     return AutoPlan(plan.placement, plan, False, notes)
 
 

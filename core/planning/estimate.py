@@ -34,7 +34,8 @@ head) plus ``K`` feature maps of 128 channels at image size; for ESRGAN ``K`` ma
 channels at image size. Constants are the published model configurations (Flux: hidden
 3072, 24 heads, 512 T5 tokens (schnell 256); Chroma: Flux's with sd-cli's 512 T5 tokens
 (sdplan's engine drops the masked ones, so it needs less); SD3-medium: 1536, 24 heads, 333
-tokens; SD3.5-large: 2432, 38 heads; SD1: 320 channels, 8 heads; SD2: 320 channels, 5 heads;
+tokens; SD3.5-large: 2432, 38 heads; Z-Image: 3840, 30 heads, 512 LLM tokens; SD1: 320
+channels, 8 heads; SD2: 320 channels, 5 heads;
 SDXL: 640 channels, 10 heads; T5-XXL: 64 heads, 10240 MLP, 512 tokens; CLIP-L/H/G:
 12/16/20 heads, 3072/4096/5120 MLP, 77 tokens). ``K = 4`` is a rule of thumb for a block's
 live tensors; the engine's measured figure is the reference this estimate is checked
@@ -57,7 +58,7 @@ _F32 = 4
 
 # family -> (heads, width D, tokens rule): DiT tokens = latent/4 + text; UNet = latent / div
 _DIT = {"flux": (24, 3072, 512), "flux-schnell": (24, 3072, 256), "chroma": (24, 3072, 512),
-        "sd3": (24, 1536, 333), "sd3-large": (38, 2432, 333)}
+        "sd3": (24, 1536, 333), "sd3-large": (38, 2432, 333), "z_image": (30, 3840, 512)}
 _UNET = {"sd1": (8, 320, 1), "sd2": (5, 320, 1), "sdxl": (10, 640, 4)}
 # encoder -> (heads, MLP width, tokens)
 _TE = {"t5xxl": (64, 10240, 512), "llm": (28, 18944, 512), "clip_l": (12, 3072, 77),

@@ -5,7 +5,9 @@ GUI's generation panel and :func:`sdplan.core.planning.sdcli.sdcli_command_line`
 Sources: Chroma, stable-diffusion.cpp's ``docs/chroma.md`` example (``--cfg-scale 4.0
 --sampling-method euler``) with sd-cli's default 20 steps (diffusers' ``ChromaPipeline`` and
 the Chroma1 model cards also guide with a real CFG around 4); FLUX.1, sd-cli's ``docs/flux.md``
-(``--cfg-scale 1.0 --sampling-method euler``) and schnell's 4-step distillation.
+(``--cfg-scale 1.0 --sampling-method euler``) and schnell's 4-step distillation; Z-Image
+Turbo, its 8-step distillation without guidance (Tongyi's model card; sd-cli's
+``docs/z_image.md``: ``--cfg-scale 1.0 --steps 8``) with euler, sd-cli's sampler for DiTs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, object]] = {
     "chroma": {"cfg_scale": 4.0, "steps": 20, "sampling_method": "euler"},
     "flux-dev": {"cfg_scale": 1.0, "steps": 20, "sampling_method": "euler"},
     "flux-schnell": {"cfg_scale": 1.0, "steps": 4, "sampling_method": "euler"},
+    "z_image": {"cfg_scale": 1.0, "steps": 8, "sampling_method": "euler"},
 }
 
 

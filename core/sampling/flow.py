@@ -38,7 +38,7 @@ from sdplan.core.sampling.samplers import (
 from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule
 
 __all__ = ["FLOW_SAMPLERS", "FLOW_SAMPLER_FUNCTIONS", "DEFAULT_STEPS", "flux_mu", "time_shift",
-           "flux_sigmas", "flow_denoiser", "sample_flow_euler_ancestral", "sample_flow_lcm",
+           "flux_sigmas", "discrete_flow_sigmas", "flow_denoiser", "sample_flow_euler_ancestral", "sample_flow_lcm",
            "sample_flow"]
 
 #: sd-cli sampler names that apply to flow matching.
@@ -89,6 +89,28 @@ def flux_sigmas(steps: int, image_tokens: int | None = None, *, shift: bool = Tr
             mu = flux_mu(image_tokens)
         t = time_shift(mu, t)
     return t.astype(np.float32)
+
+
+def discrete_flow_sigmas(steps: int, shift: float = 3.0) -> np.ndarray:
+    """sd-cli's sigmas for its discrete flow models (SD3, Z-Image...): descending float32
+    ``(steps + 1,)`` ending in 0.
+
+    stable-diffusion.cpp's ``DiscreteFlowDenoiser`` with its default (``discrete``) scheduler:
+    ``t_i = 999 - i * 999 / (steps - 1)`` (one step: ``t = 999``), ``sigma_i = s(shift,
+    (t_i + 1) / 1000)`` with ``s(a, t) = a t / (1 + (a - 1) t)``, then a final 0. Z-Image's
+    shift is 3 (its scheduler config and sd-cli's default for the family).
+
+    Raises:
+        SamplingError: steps below 1 or a shift that is not positive.
+    """
+    if steps < 1:
+        raise SamplingError(f"steps must be at least 1, got {steps}")
+    if not shift > 0:
+        raise SamplingError(f"the flow shift must be positive, got {shift}")
+    t = np.array([999.0]) if steps == 1 else 999.0 - np.arange(steps) * (999.0 / (steps - 1))
+    t = (t + 1.0) / 1000.0
+    s = shift * t / (1.0 + (shift - 1.0) * t)
+    return np.append(s, 0.0).astype(np.float32)
 
 
 def flow_denoiser(velocity: VelocityFn) -> Denoiser:

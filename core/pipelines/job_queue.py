@@ -1,0 +1,283 @@
+"""The generation queue: jobs that run one after another on the engine, kept in a file.
+
+A :class:`Job` is one engine request (the generation settings with their own placement
+strings and model files, as :data:`sdplan.core.pipelines.jobs.GENERATE_JOB` takes it) and
+its state: ``queued`` -> ``running`` -> ``done`` / ``failed`` / ``cancelled``. A
+:class:`JobQueue` orders them, adds batches (one job per seed or per prompt), reorders,
+cancels, pauses, estimates the time left, and saves itself as JSON after every change, so
+the queue survives the app closing: a job that was running then is queued again when the
+file is read back.
+
+File format (``queue.json``)::
+
+    {"sdplan_queue": 1, "paused": bool,
+     "jobs": [{"id", "label", "request": {...}, "state", "error", "results": [paths],
+               "created", "started", "finished", "steps_done", "seconds"}, ...]}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FORMAT_KEY = "sdplan_queue"
+FORMAT_VERSION = 1
+STATES = ("queued", "running", "done", "failed", "cancelled")
+#: States a job ends in.
+FINISHED = ("done", "failed", "cancelled")
+
+
+@dataclass
+class Job:
+    """One queued generation.
+
+    Attributes:
+        id: a unique hex id.
+        label: what the list shows (the prompt's start and the seed).
+        request: the engine request (JSON values only).
+        state: one of :data:`STATES`.
+        error: why it failed (``failed``), or None.
+        results: image files written for it.
+        created, started, finished: wall-clock seconds (``time.time()``), or None.
+        steps_done: sampling steps done so far (progress of the running job).
+        seconds: run time of a finished job.
+    """
+
+    id: str
+    label: str
+    request: dict[str, Any]
+    state: str = "queued"
+    error: str | None = None
+    results: list[str] = field(default_factory=list)
+    created: float = 0.0
+    started: float | None = None
+    finished: float | None = None
+    steps_done: int = 0
+    seconds: float | None = None
+
+    @property
+    def steps(self) -> int:
+        """Sampling steps of the whole job (steps x batch count)."""
+        r = self.request
+        return max(int(r.get("steps") or 1), 1) * max(int(r.get("batch_count") or 1), 1)
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Job:
+        """A job from :meth:`to_json` (raises KeyError/TypeError/ValueError when malformed)."""
+        state = str(data.get("state") or "queued")
+        if state not in STATES:
+            raise ValueError(f"unknown job state {state!r}")
+        return cls(id=str(data["id"]), label=str(data.get("label") or ""),
+                   request=dict(data["request"]), state=state, error=data.get("error"),
+                   results=[str(p) for p in data.get("results") or []],
+                   created=float(data.get("created") or 0.0), started=data.get("started"),
+                   finished=data.get("finished"), steps_done=int(data.get("steps_done") or 0),
+                   seconds=data.get("seconds"))
+
+
+def job_label(request: Mapping[str, Any]) -> str:
+    """``“a lighthouse at dusk…” · seed 42 · 20 steps``: the list's text for a request."""
+    prompt = str(request.get("prompt") or "").strip().replace("\n", " ")
+    short = prompt if len(prompt) <= 40 else prompt[:39] + "…"
+    parts = [f"“{short}”" if short else "(no prompt)"]
+    if request.get("seed") is not None:
+        parts.append(f"seed {request['seed']}")
+    parts.append(f"{request.get('steps') or '?'} steps")
+    return " · ".join(parts)
+
+
+class JobQueue:
+    """Jobs in run order, saved to ``path`` after every change (no file: in memory only).
+
+    Reading a file that does not exist gives an empty queue; a corrupt one is set aside as
+    ``<name>.bad`` (logged) and the queue starts empty.
+    """
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.jobs: list[Job] = []
+        self.paused = False
+        if self.path is not None and self.path.exists():
+            self._load()
+
+    # ------------------------------------------------------------------ file
+    def _load(self) -> None:
+        assert self.path is not None
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or data.get(FORMAT_KEY) != FORMAT_VERSION:
+                raise ValueError("not an sdplan queue file")
+            jobs = [Job.from_json(j) for j in data.get("jobs") or []]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("queue %s unreadable (%s); starting empty", self.path, exc)
+            try:
+                os.replace(self.path, self.path.with_name(self.path.name + ".bad"))
+            except OSError:
+                pass
+            return
+        for j in jobs:
+            if j.state == "running":  # the app closed while it ran: run it again
+                j.state, j.started, j.steps_done = "queued", None, 0
+        self.jobs = jobs
+        self.paused = bool(data.get("paused"))
+
+    def save(self) -> None:
+        """Write the queue (atomically; a failure is logged, the queue stays in memory)."""
+        if self.path is None:
+            return
+        data = {FORMAT_KEY: FORMAT_VERSION, "paused": self.paused,
+                "jobs": [j.to_json() for j in self.jobs]}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("queue not saved to %s: %s", self.path, exc)
+
+    # ------------------------------------------------------------------ adding
+    def add(self, request: Mapping[str, Any], label: str | None = None) -> Job:
+        """Append one job for ``request`` (copied; must be JSON values)."""
+        req = json.loads(json.dumps(dict(request), default=str))
+        job = Job(uuid.uuid4().hex[:12], label or job_label(req), req, created=time.time())
+        self.jobs.append(job)
+        self.save()
+        return job
+
+    def add_batch(self, request: Mapping[str, Any], *, seeds: Sequence[int] = (),
+                  prompts: Sequence[str] = ()) -> list[Job]:
+        """One job per seed, or per prompt (both given: every prompt with every seed).
+
+        Raises:
+            ValueError: neither seeds nor prompts given.
+        """
+        if not seeds and not prompts:
+            raise ValueError("a batch needs seeds or prompts")
+        out = []
+        every_prompt: Sequence[Any] = prompts or [request.get("prompt")]
+        every_seed: Sequence[Any] = seeds or [request.get("seed")]
+        for prompt in every_prompt:
+            for seed in every_seed:
+                out.append(self.add({**request, "prompt": prompt, "seed": seed}))
+        return out
+
+    # ------------------------------------------------------------------ editing
+    def get(self, job_id: str) -> Job:
+        """The job with ``job_id`` (raises KeyError)."""
+        for j in self.jobs:
+            if j.id == job_id:
+                return j
+        raise KeyError(job_id)
+
+    def move(self, job_id: str, index: int) -> None:
+        """Move a job to position ``index`` (clamped) of the list."""
+        job = self.get(job_id)
+        self.jobs.remove(job)
+        self.jobs.insert(max(0, min(index, len(self.jobs))), job)
+        self.save()
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a queued job (True). A running job is cancelled by the runner, which
+        then calls :meth:`finish`; finished jobs are left as they are (False)."""
+        job = self.get(job_id)
+        if job.state != "queued":
+            return False
+        job.state, job.finished = "cancelled", time.time()
+        self.save()
+        return True
+
+    def retry(self, job_id: str) -> bool:
+        """Queue a failed or cancelled job again (True), at the end of the queue."""
+        job = self.get(job_id)
+        if job.state not in ("failed", "cancelled"):
+            return False
+        job.state, job.error, job.started, job.finished, job.steps_done = \
+            "queued", None, None, None, 0
+        self.jobs.remove(job)
+        self.jobs.append(job)
+        self.save()
+        return True
+
+    def remove(self, job_ids: Iterable[str]) -> None:
+        """Remove jobs that are not running."""
+        ids = set(job_ids)
+        self.jobs = [j for j in self.jobs if j.id not in ids or j.state == "running"]
+        self.save()
+
+    def clear_finished(self) -> None:
+        """Remove every done, failed and cancelled job."""
+        self.jobs = [j for j in self.jobs if j.state not in FINISHED]
+        self.save()
+
+    def set_paused(self, paused: bool) -> None:
+        """Pause (no new job starts; the running one finishes) or resume."""
+        self.paused = bool(paused)
+        self.save()
+
+    # ------------------------------------------------------------------ running
+    def next_queued(self) -> Job | None:
+        """The first queued job, or None (also while paused)."""
+        if self.paused:
+            return None
+        return next((j for j in self.jobs if j.state == "queued"), None)
+
+    def running(self) -> Job | None:
+        return next((j for j in self.jobs if j.state == "running"), None)
+
+    def start(self, job_id: str) -> Job:
+        """Mark a queued job running."""
+        job = self.get(job_id)
+        job.state, job.started, job.steps_done, job.error = "running", time.time(), 0, None
+        self.save()
+        return job
+
+    def finish(self, job_id: str, state: str, *, error: str | None = None,
+               results: Sequence[str] = ()) -> Job:
+        """Mark a job ``done``, ``failed`` or ``cancelled`` (raises ValueError otherwise)."""
+        if state not in FINISHED:
+            raise ValueError(f"a job finishes done, failed or cancelled, not {state!r}")
+        job = self.get(job_id)
+        job.state, job.error, job.finished = state, error, time.time()
+        job.results = [*job.results, *map(str, results)]
+        if job.started is not None:
+            job.seconds = job.finished - job.started
+        self.save()
+        return job
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per state."""
+        out = dict.fromkeys(STATES, 0)
+        for j in self.jobs:
+            out[j.state] += 1
+        return out
+
+    def seconds_per_step(self) -> float | None:
+        """Mean seconds per sampling step of the jobs done so far (None before the first)."""
+        done = [j for j in self.jobs if j.state == "done" and j.seconds]
+        steps = sum(j.steps for j in done)
+        return sum(j.seconds or 0.0 for j in done) / steps if steps else None
+
+    def remaining_seconds(self, seconds_per_step: float | None = None) -> float | None:
+        """Estimated seconds until every queued job and the running one are done: their
+        steps left times ``seconds_per_step`` (default :meth:`seconds_per_step`); None
+        without a rate."""
+        rate = seconds_per_step if seconds_per_step else self.seconds_per_step()
+        if not rate:
+            return None
+        left = sum(j.steps for j in self.jobs if j.state == "queued")
+        run = self.running()
+        if run is not None:
+            left += max(run.steps - run.steps_done, 0)
+        return left * rate
