@@ -17,10 +17,10 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoCommand, QUndoStack
 from sdplan.core.errors import PlanError, SdplanError
-from sdplan.core.modelfiles.checkpoint import files_by_flag
+from sdplan.core.modelfiles.flags import files_by_flag
 from sdplan.core.planning.generation_defaults import generation_defaults
 from sdplan.core.planning.inventory import Device, Inventory, merge_rpc_devices
-from sdplan.core.planning.modules import MODULES, SPLITTABLE
+from sdplan.core.planning.modules import MODEL_FLAGS, MODULES, SPLITTABLE
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.plan_types import Plan
@@ -28,6 +28,7 @@ from sdplan.core.planning.profile import Profile
 from sdplan.core.planning.sdcli import (
     GENERATION_FLAGS,
     import_sdcli_command,
+    merge_flags,
     model_file_flags,
     sdcli_command_line,
 )
@@ -109,6 +110,10 @@ class PlanController(QObject):
         self.model_file_flags: list[str] = []
         self.extra_modules: list[str] = []
         self.generation: dict[str, object] = dict(DEFAULT_GENERATION)
+        #: Arguments of a pasted command sdplan keeps without understanding (written back
+        #: verbatim, after its own flags), and the text each generation value was read from.
+        self.kept_args: list[str] = []
+        self.generation_text: dict[str, str] = {}
         self.undo_stack = QUndoStack(self)
         self._lora_cache: tuple[object, dict | None] = (None, None)
         self.error: PlanError | None = None
@@ -131,6 +136,34 @@ class PlanController(QObject):
         shown |= set(self.extra_modules)
         shown |= set(self.placement.runtime) | set(self.placement.params)
         return [m for m in MODULES if m in shown]
+
+    def editable(self) -> Placement:
+        """The placement a runtime or residency edit starts from: the current one, or, under
+        ``--auto-fit``, sd-cli's choice pinned as explicit strings (moving a card ends
+        auto-fit; budgets and RPC servers keep it)."""
+        return self.pinned_auto_fit() or self.placement
+
+    def pinned_auto_fit(self) -> Placement | None:
+        """sd-cli's ``--auto-fit`` choice as an explicit placement (``--auto-fit`` off), or
+        None when the plan is not auto-fit's."""
+        if self.plan.auto_fit is None:
+            return None
+        pl = self.placement
+        return Placement.from_strings(self.plan.backend, self.plan.params_backend,
+                                      self.plan.max_vram, stream_layers=pl.stream_layers,
+                                      rpc_servers=pl.rpc_servers, split_mode=self.plan.split_mode)
+
+    def set_auto_fit(self, on: bool) -> bool:
+        """Turn sd-cli's ``--auto-fit`` on (the board shows the placement it would choose) or
+        off (back to the default placement). Returns True when the plan changed."""
+        return self.edit(self.placement.with_auto_fit(on),
+                         "sd-cli auto-fit" if on else "auto-fit off")
+
+    def pin_auto_fit(self) -> bool:
+        """Replace ``--auto-fit`` with the explicit strings of its choice (same plan, sd-cli
+        no longer decides). False when the plan is not auto-fit's."""
+        pinned = self.pinned_auto_fit()
+        return pinned is not None and self.edit(pinned, "pin auto-fit's placement")
 
     def module_bytes(self, module: str) -> int | None:
         """Weight bytes of ``module`` from the profile, or None when unknown."""
@@ -200,13 +233,34 @@ class PlanController(QObject):
         from sdplan.core.planning.estimate import estimate_plan
 
         g = self.generation
+        size = (int(g.get("width") or 1024), int(g.get("height") or 1024),
+                int(g.get("batch_count") or 1))
         try:
             self.fit = estimate_plan(self.plan, self.profile, self.inventory,
-                                     width=int(g.get("width") or 1024),
-                                     height=int(g.get("height") or 1024),
-                                     batch=int(g.get("batch_count") or 1), loras=self._loras())
+                                     width=size[0], height=size[1], batch=size[2],
+                                     engine="sdplan", measured=self._measured(size),
+                                     loras=self._loras())
         except ValueError as exc:
             self.status.emit(f"estimate unavailable: {exc}")
+
+    def _measured(self, size: tuple[int, int, int]) -> dict[str, int] | None:
+        """Compute bytes per module of sdplan's engine for the loaded files at ``size``
+        (width, height, batch), by a dry run of its graphs on the CPU, cached per files
+        and size; None without files or when no dry run is possible."""
+        if not self.model_files:
+            return None
+        key = (repr(sorted(self.model_files.items())), size)
+        cache = self.__dict__.setdefault("_compute_cache", {})
+        if key not in cache:
+            try:
+                from sdplan.core.pipelines.compute import measure_compute
+
+                cache[key] = measure_compute(self.model_files, width=size[0], height=size[1],
+                                             batch=size[2]) or None
+            except Exception as exc:  # noqa: BLE001 - the fitted figures stand in
+                log.info("no dry run of the engine: %s", exc)
+                cache[key] = None
+        return cache[key]
 
     def _loras(self) -> dict | None:
         """At-runtime LoRA bytes per module for the prompt's tags (None without LoRAs or
@@ -260,12 +314,13 @@ class PlanController(QObject):
         """Run ``module`` on ``device`` alone."""
         if module not in self.modules():
             self.extra_modules.append(module)
-        return self.edit(self.placement.assign(module, device), f"{module} on {device}")
+        return self.edit(self.editable().assign(module, device), f"{module} on {device}")
 
     def follow_default(self, module: str) -> bool:
         """Remove ``module``'s own ``--backend`` entry so it runs on the default (all=)."""
-        runtime = {m: v for m, v in self.placement.runtime.items() if m != module}
-        return self.edit(dataclasses.replace(self.placement, runtime=runtime),
+        base = self.editable()
+        runtime = {m: v for m, v in base.runtime.items() if m != module}
+        return self.edit(dataclasses.replace(base, runtime=runtime),
                          f"{module} follows the default")
 
     def add_split_device(self, module: str, device: str) -> bool:
@@ -274,7 +329,7 @@ class PlanController(QObject):
         if module not in SPLITTABLE:
             self.status.emit(self.split_refusal(module))
             return False
-        return self.edit(self.placement.add_split_device(module, device),
+        return self.edit(self.editable().add_split_device(module, device),
                          f"split {module} onto {device}")
 
     @staticmethod
@@ -285,14 +340,14 @@ class PlanController(QObject):
 
     def remove_split_device(self, module: str, device: str) -> bool:
         """Take ``device`` out of ``module``'s split."""
-        return self.edit(self.placement.remove_split_device(module, device),
+        return self.edit(self.editable().remove_split_device(module, device),
                          f"remove {device} from {module}")
 
     def set_residency(self, module: str, mode: str, device: str | None = None) -> bool:
         """Residency of ``module``: ``runtime`` (on its device), ``device`` (weights on
         ``device``, staged when used) or ``disk``."""
         try:
-            new = self.placement.set_residency(module, mode, device)
+            new = self.editable().set_residency(module, mode, device)
         except PlanError as exc:
             self.status.emit(str(exc))
             return False
@@ -312,7 +367,7 @@ class PlanController(QObject):
 
     def set_default(self, device: str | Sequence[str]) -> bool:
         """The ``--backend`` default device (or device list)."""
-        return self.edit(self.placement.set_default(device), "default device")
+        return self.edit(self.editable().set_default(device), "default device")
 
     def set_rpc_servers(self, servers: Sequence[str], devices: Sequence[Device] = ()) -> None:
         """Set ``--rpc-servers`` to ``servers`` whose devices (``RPC0``, ``RPC1``... as a
@@ -386,13 +441,17 @@ class PlanController(QObject):
 
     def command_line(self) -> str:
         """The full sd-cli command for the model files, placement and generation settings."""
-        gen = {k: v for k, v in self.generation.items() if v not in (None, "")}
+        gen = {k: v for k, v in self.generation.items()
+               if v not in (None, "") and k in GENERATION_FLAGS}
         return sdcli_command_line(self.placement, self.model_files, gen,
-                                  extra=self.model_file_flags)
+                                  extra=merge_flags(self.kept_args, self.model_file_flags),
+                                  raw=self.generation_text)
 
     def import_command(self, text: str) -> list[str]:
         """Take model paths, placement and generation settings from a pasted sd-cli
-        command; returns the arguments sdplan does not know.
+        command (read as its shell reads it: :mod:`sdplan.core.planning.cmdline`); every
+        other argument is kept and written back verbatim by :meth:`command_line`. Returns
+        the arguments sdplan keeps without understanding.
 
         Raises:
             PlanError: the command cannot be read or its placement is wrong (the plan
@@ -405,9 +464,51 @@ class PlanController(QObject):
                      for k, v in cmd.model_files.items()}
             self.load_model_files(files, strict=False)
         self.generation.update(cmd.generation)
+        self.generation_text = dict(cmd.generation_text)
+        self.kept_args = cmd.extra_args()
         self._push(cmd.placement, "paste sd-cli command", source="load")
         self.planChanged.emit("load")
         return cmd.unknown_args
+
+    def import_png(self, path: str | Path) -> list[str]:
+        """Restore a run from a picture's metadata (sd-cli's ``parameters`` text or sdplan's
+        own): prompt and settings, the model files that exist here, and the placement strings.
+        Returns what was taken (for the status bar).
+
+        Raises:
+            SdplanError: the picture records no generation (nothing changes); PlanError: its
+                placement does not resolve on these devices (settings and files are kept).
+        """
+        from sdplan.core.pipelines.results import read_generation
+
+        try:
+            got = read_generation(path)
+        except OSError as exc:
+            raise SdplanError(f"{path}: {exc.strerror or exc}") from None
+        if not got.settings and not got.model_files:
+            raise SdplanError(f"{path}: no generation parameters in this picture")
+        taken: list[str] = []
+        settings = {k: v for k, v in got.settings.items() if k in GENERATION_FLAGS}
+        if settings:
+            self.generation.update(settings)
+            taken.append("settings")
+        files = {k: [p for p in v if Path(p).is_file()] for k, v in got.model_files.items()}
+        files = {k: v for k, v in files.items() if v and k in MODEL_FLAGS}
+        if files:
+            self.load_model_files(files, strict=False)
+            taken.append("model files")
+        elif got.model_files:
+            names = ", ".join(Path(p).name for v in got.model_files.values() for p in v)
+            taken.append(f"model names only ({names}: open those files)")
+        pl = got.placement
+        if pl.get("backend") or pl.get("params_backend") or pl.get("max_vram"):
+            placement = Placement.from_strings(
+                pl.get("backend", ""), pl.get("params_backend", ""), pl.get("max_vram", ""),
+                rpc_servers=pl.get("rpc_servers", ""), split_mode=pl.get("split_mode", ""))
+            self._push(placement, "placement from a picture", source="load")
+            taken.append("placement")
+        self.planChanged.emit("load")
+        return taken
 
     # ------------------------------------------------------------------ models
     def load_model_files(self, flags: Mapping[str, Sequence[str]], *, strict: bool = True) -> None:

@@ -10,6 +10,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +39,16 @@ from sdplan.app.history_strip import HistoryStrip
 from sdplan.app.inputs import InputsPanel
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
 from sdplan.core.errors import SdplanError
-from sdplan.core.pipelines.results import read_result, result_text
+from sdplan.core.pipelines.outputs import atomic_write
+from sdplan.core.pipelines.results import generation_text, read_result
+from sdplan.core.sampling.samplers import SAMPLERS as CORE_SAMPLERS
+from sdplan.core.sampling.schedules import SCHEDULES as CORE_SCHEDULES
 
 log = logging.getLogger(__name__)
 
-SAMPLERS = ("euler", "euler_a", "heun", "dpm2", "dpm++2s_a", "dpm++2m", "dpm++2mv2", "ipndm",
-            "ipndm_v", "lcm", "ddim_trailing", "tcd")
-SCHEDULES = ("discrete", "karras", "exponential", "ays", "gits", "sgm_uniform", "simple")
+#: The samplers and schedulers offered: the engine's own lists (sd-cli's names and order).
+SAMPLERS = CORE_SAMPLERS
+SCHEDULES = CORE_SCHEDULES
 
 
 def to_qimage(array: Any) -> QImage:
@@ -389,6 +393,13 @@ class GenerationPanel(QFrame):
 
         self._last_request = req
         self.preview_steps = []
+        from sdplan.core.errors import OutputError
+        from sdplan.core.pipelines.outputs import check_output_folder
+
+        try:  # before the engine loads anything: say now that results cannot be kept
+            check_output_folder("history", self.history_dir)
+        except OutputError as exc:
+            self.ctl.status.emit(f"results will not be saved: {exc}")
         self.error_box.hide()
         client = self.client
         if client is None:  # one engine process serves every run until it fails
@@ -502,26 +513,43 @@ class GenerationPanel(QFrame):
     # ------------------------------------------------------------------ history
     def save_results(self, images: list[QImage], params: dict,
                      request: dict[str, Any] | None = None) -> list[Path]:
-        """Save results as PNGs carrying their settings, model files and placement as
-        text (:func:`sdplan.core.pipelines.results.result_text`; ``request`` is the engine
-        request they came from), each with a JSON file of ``params``; returns the paths."""
+        """Save results as PNGs carrying sd-cli's "parameters" text and sdplan's own record
+        (:func:`sdplan.core.pipelines.results.generation_text`: the metadata ``sdplan
+        generate`` writes, so a picture restores its run when dropped on the window), each
+        with a JSON file of ``params``; ``request`` is the engine request they came from
+        (default: the last one). Returns the paths."""
         try:
             self.history_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            self.ctl.status.emit(f"cannot save results to {self.history_dir}: {exc}")
+            self.ctl.status.emit(f"not saved: cannot write to {self.history_dir} "
+                                 f"({exc.strerror or exc}); the picture stays on screen")
             return []
+        req = request or self._last_request or self.request()
+        run = {**{k: v for k, v in req.items() if k not in ("model_files", "placements")},
+               **{k: v for k, v in params.items() if v is not None}}
+        placement = {k: req.get(k) for k in ("backend", "params_backend", "max_vram", "split_mode")
+                     if req.get(k)}
+        if req.get("rpc_servers"):
+            placement["rpc_servers"] = ",".join(req["rpc_servers"])
+        command = self.ctl.command_line() if req is self._last_request else None
+        text = generation_text(run, req.get("model_files") or {}, placement, command)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        text = result_text(params, request or {})
+        settings = json.dumps(params, indent=1, default=str)
         paths = []
         for i, img in enumerate(images):
             path = self.history_dir / f"{stamp}-{i}.png"
             n = 1
             while path.exists():  # a queue can finish two jobs within a second
                 path, n = self.history_dir / f"{stamp}-{i}-{n}.png", n + 1
-            for key, value in text.items():
+            for key, value in (text | ({"batch_index": str(i)} if len(images) > 1 else {})).items():
                 img.setText(key, value)
-            img.save(str(path))
-            path.with_suffix(".json").write_text(json.dumps(params, indent=1, default=str))
+            try:  # atomically: a failure leaves no partial file, and the picture stays on screen
+                atomic_write(path, _png_writer(img))
+                atomic_write(path.with_suffix(".json"), lambda tmp: tmp.write_text(settings))
+            except OSError as exc:
+                self.ctl.status.emit(f"not saved: cannot write to {self.history_dir} "
+                                     f"({exc.strerror or exc}); the picture stays on screen")
+                return paths
             self.history.add(path)
             paths.append(path)
             self.resultSaved.emit(str(path))
@@ -538,3 +566,11 @@ class GenerationPanel(QFrame):
             self.params_label.setText(describe_params(read_result(path).settings))
         except OSError:
             self.params_label.setText(path.name)
+
+
+def _png_writer(img: QImage) -> Callable[[Path], None]:
+    """A writer of ``img`` as PNG to a temporary path (for :func:`atomic_write`)."""
+    def write(tmp: Path) -> None:
+        if not img.save(str(tmp), "PNG"):
+            raise OSError(f"Qt could not write {tmp.name}")
+    return write

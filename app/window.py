@@ -102,6 +102,10 @@ class MainWindow(QMainWindow):
         self.arch_label = QLabel()
         self.arch_label.setObjectName("Badge")
         head.addWidget(self.arch_label)
+        self.auto_fit_label = QLabel()
+        self.auto_fit_label.setObjectName("Badge")
+        self.auto_fit_label.hide()
+        head.addWidget(self.auto_fit_label)
         self.verdict = QLabel()
         self.verdict.setObjectName("Verdict")
         head.addWidget(self.verdict)
@@ -235,6 +239,15 @@ class MainWindow(QMainWindow):
         edit.addActions([self.copy_act, self.paste_act])
         plan = self.menuBar().addMenu("&Plan")
         plan.addAction(self.auto_act)
+        self.auto_fit_act = QAction("sd-cli &auto-fit", self, checkable=True)
+        self.auto_fit_act.setToolTip("Show the placement sd-cli's --auto-fit chooses for these "
+                                     "devices and budgets")
+        self.auto_fit_act.toggled.connect(self._toggle_auto_fit)
+        plan.addAction(self.auto_fit_act)
+        self.pin_act = self._act("&Pin auto-fit's placement", self.pin_auto_fit,
+                                 tip="Write sd-cli's auto-fit choice as explicit --backend / "
+                                     "--params-backend strings")
+        plan.addAction(self.pin_act)
         self.plan_for_menu = plan.addMenu("Plan &for…")
         self.plan_for_menu.setToolTipsVisible(True)
         self._builtin_menu()
@@ -348,6 +361,19 @@ class MainWindow(QMainWindow):
         self.verdict.style().unpolish(self.verdict)
         self.verdict.style().polish(self.verdict)
         # plan warnings show next to the card, column or field they concern
+        fitted = self.ctl.plan.auto_fit
+        self.auto_fit_act.blockSignals(True)
+        self.auto_fit_act.setChecked(self.ctl.placement.auto_fit)
+        self.auto_fit_act.blockSignals(False)
+        self.pin_act.setEnabled(fitted is not None)
+        self.auto_fit_label.setVisible(fitted is not None)
+        if fitted is not None:
+            self.auto_fit_label.setText("sd-cli auto-fit" + (" · time-share" if
+                                                             fitted.time_share else ""))
+            self.auto_fit_label.setToolTip(
+                f"sd-cli --auto-fit chooses --backend \"{fitted.backend}\""
+                + (f" --params-backend \"{fitted.params_backend}\"" if fitted.params_backend
+                   else "") + "\nMove a card or use Plan → Pin to make it explicit")
         self.settings.setValue("plan/last", json.dumps(self.ctl.plan_json(), default=str))
 
     def _model_changed(self) -> None:
@@ -408,8 +434,29 @@ class MainWindow(QMainWindow):
             event.acceptProposedAction()
             if len(paths) == 1 and paths[0].endswith(".json"):
                 self._import_plan_file(paths[0])
+            elif len(paths) == 1 and paths[0].lower().endswith(".png"):
+                self.import_png(paths[0])
             else:
                 self.open_files(paths)
+
+    def import_png(self, path: str) -> bool:
+        """Restore prompt, settings, model files and placement from a picture (sd-cli's or
+        sdplan's metadata); a message box says why not."""
+        try:
+            taken = self.ctl.import_png(path)
+        except SdplanError as exc:
+            QMessageBox.warning(self, "Cannot restore from the picture", str(exc))
+            return False
+        self.show_status(f"from {Path(path).name}: {', '.join(taken)}")
+        return True
+
+    # ------------------------------------------------------------------ auto-fit
+    def _toggle_auto_fit(self, on: bool) -> None:
+        self.ctl.set_auto_fit(on)
+
+    def pin_auto_fit(self) -> None:
+        if self.ctl.pin_auto_fit():
+            self.show_status("pinned auto-fit's placement as explicit strings")
 
     # ------------------------------------------------------------------ commands
     def copy_command(self) -> None:

@@ -1,8 +1,9 @@
 """The ``sdplan`` command: a dispatcher over the subcommands in :mod:`sdplan.core.commands`.
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)`` and
-``run(args) -> int``. Errors of sdplan's own hierarchy become one-line messages and exit
-code 2; without arguments the GUI starts.
+``run(args) -> int``. Errors of sdplan's own hierarchy become one-line messages
+(:mod:`sdplan.core.commands.messages`) and exit code 2; a closed output pipe is quiet;
+without arguments the GUI starts.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sdplan.core.commands import (
     rpc_server,
     upscale,
 )
+from sdplan.core.commands.messages import QuietStdout, print_error
 from sdplan.core.errors import SdplanError
 
 #: Subcommand modules, in help order.
@@ -50,7 +52,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     if not args_list:
         args_list = ["gui"]
-    args = parser.parse_args(args_list)
+    try:
+        args, extras = parser.parse_known_args(args_list)
+    except SdplanError as exc:  # a command whose parser reports in one line
+        print(f"sdplan {args_list[0]}: {exc}", file=sys.stderr)
+        return 2
+    if extras:
+        if getattr(args, "refuse_extras", None) is None:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        args.extra_argv = extras  # the command refuses or accepts them in one line
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -58,18 +68,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    real_stdout = sys.stdout
+    # A reader that goes away (``sdplan generate ... | head -1``) silences stdout; the
+    # command carries on (the image is still written).
+    sys.stdout = QuietStdout(real_stdout)  # type: ignore[assignment]
     try:
         return int(args.run(args) or 0)
     except SdplanError as exc:
-        print(f"sdplan {args.command}: {exc}", file=sys.stderr)
+        print_error(exc)
         return 2
     except KeyboardInterrupt:
         print("sdplan: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # The reader of our output went away (``sdplan devices --json | head``): stop quietly.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        # Output written around the wrapper (a child's inherited stdout): stop quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), real_stdout.fileno())
+        return 0
+    finally:
+        if isinstance(sys.stdout, QuietStdout):
+            sys.stdout.flush()
+            sys.stdout = real_stdout
 
 
 if __name__ == "__main__":  # pragma: no cover

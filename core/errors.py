@@ -5,6 +5,8 @@
 - :class:`ModelFileError`: a model file cannot be read or understood (names the file).
 - :class:`EngineError`: running a module failed (names the device and module).
 - :class:`InventoryError`: a device inventory cannot be read.
+- :class:`InvalidArgument`: a command-line value is out of range or inconsistent.
+- :class:`OutputError`: an output location cannot be written.
 
 The CLI turns any :class:`SdplanError` into a one-line message and exit code 2.
 """
@@ -92,3 +94,15 @@ class EngineError(SdplanError):
         super().__init__(f"{message} ({where})" if where else message)
         self.device = device
         self.module = module
+
+
+class InvalidArgument(SdplanError):
+    """A command-line value is out of range or inconsistent (names the flag)."""
+
+    code = "invalid_argument"
+
+
+class OutputError(SdplanError):
+    """An output location (image, preview folder, history) cannot be written."""
+
+    code = "output_unwritable"

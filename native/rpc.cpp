@@ -7,12 +7,16 @@
 // of ggml's device list. Each endpoint is registered once per process.
 #include "common.h"
 
+#include <ggml-rpc.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstring>
 #include <optional>
+#include <tuple>
 
 namespace sdplan {
 namespace {
@@ -83,9 +87,34 @@ void start_server(const std::string &endpoint, const std::vector<std::string> &d
           devices.data());
 }
 
+// The tensor-name length the loaded ggml library was built with: a tensor of a no-alloc
+// context is given a longer name than any build uses; ggml_set_name copies at most
+// sizeof(tensor->name) - 1 characters (the library's GGML_MAX_NAME - 1), whatever this
+// module's headers say.
+int library_max_name() {
+    ggml_init_params params{ggml_tensor_overhead() * 2 + 1024, nullptr, true};
+    ggml_context *ctx = ggml_init(params);
+    if (!ctx) throw std::runtime_error("ggml_init failed while probing the tensor-name length");
+    ggml_tensor *t = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, 1);
+    std::string longer(1023, 'n');
+    ggml_set_name(t, longer.c_str());
+    int n = (int)std::strlen(ggml_get_name(t)) + 1;
+    ggml_free(ctx);
+    return n;
+}
+
 }  // namespace
 
 void register_rpc(nb::module_ &m) {
+    m.def("ggml_max_name", []() { return (int)GGML_MAX_NAME; },
+          "GGML_MAX_NAME this module was compiled with: the bytes of a tensor name, which the\n"
+          "RPC tensor record carries (stable-diffusion.cpp builds ggml with 160).");
+    m.def("library_max_name", &library_max_name,
+          "GGML_MAX_NAME of the loaded ggml library, measured (the name a tensor keeps).");
+    m.def("rpc_protocol", []() {
+        return std::make_tuple((int)RPC_PROTO_MAJOR_VERSION, (int)RPC_PROTO_MINOR_VERSION,
+                               (int)RPC_PROTO_PATCH_VERSION);
+    }, "The ggml RPC protocol version of the headers this module was compiled with.");
     m.def("rpc_available", []() {
         return rpc_proc("ggml_backend_rpc_add_server") != nullptr &&
                rpc_proc("ggml_backend_rpc_start_server") != nullptr;

@@ -19,12 +19,8 @@ from PySide6.QtGui import QGuiApplication  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.app.gallery import GalleryPanel, InfoRole, result_command  # noqa: E402
 from sdplan.app.window import MainWindow  # noqa: E402
-from sdplan.core.pipelines.results import (  # noqa: E402
-    parse_parameters,
-    read_result,
-    result_text,
-    save_png,
-)
+from sdplan.core.pipelines.parameters import parse_parameters  # noqa: E402
+from sdplan.core.pipelines.results import read_result, result_text, save_png  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.planning.sdcli import import_sdcli_command  # noqa: E402
 
@@ -65,7 +61,7 @@ def test_read_result_of_each_format(tmp_path):
     assert other.settings == {"prompt": "a cat in a hat", "negative_prompt": "dogs, rain",
                               "steps": 30, "sampling_method": "euler_a", "cfg_scale": 7.0,
                               "seed": 1234, "width": 512, "height": 768}
-    assert other.model == "sd15" and parse_parameters("just a prompt") == {
+    assert other.model == "sd15" and parse_parameters("just a prompt").settings == {
         "prompt": "just a prompt"}
     save_png(np.zeros((8, 8, 3), np.uint8), tmp_path / "old.png")  # an older app result
     (tmp_path / "old.json").write_text(json.dumps({"prompt": "old one", "seed": 5,

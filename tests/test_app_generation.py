@@ -207,3 +207,21 @@ def test_family_defaults_follow_the_loaded_model(qtbot, tmp_path):
     assert p.cfg.value() == 5.5  # same family: the user's choice stays
     c.plan_for_builtin("flux1-schnell-q8_0")
     assert (p.cfg.value(), p.steps.value()) == (1.0, 4)
+
+
+def test_unwritable_history_warns_first_and_keeps_the_picture(qtbot, ctl, tmp_path):
+    """A history folder that cannot be created (a file in the way): said before the run
+    starts; the picture is still shown and no partial file is left."""
+    (tmp_path / "history").write_text("a file where the folder should be")
+    messages: list[str] = []
+    ctl.status.connect(messages.append)
+    p = panel(qtbot, ctl, tmp_path, [ReplayEngineClient(recorded(2))])
+    p.prompt.setPlainText("a lighthouse")
+    assert p.generate()
+    assert any(m.startswith("results will not be saved") for m in messages)
+    qtbot.waitUntil(lambda: not p.is_running(), timeout=5000)
+    assert p.last_images and p.last_images[0].pixelColor(0, 0).red() == 200
+    assert any(m.startswith("not saved: cannot write to") and "stays on screen" in m
+               for m in messages)
+    assert p.history.count() == 0 and [x.name for x in tmp_path.iterdir()] == ["history"]
+    p.shutdown()

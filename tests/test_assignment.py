@@ -150,8 +150,16 @@ def test_gib_rejects_units_and_non_numbers(text: str) -> None:
 def test_gib_to_bytes_exact_and_clamped() -> None:
     assert gib_to_bytes(Decimal("6.5")) == 6 * GIB + GIB // 2
     assert gib_to_bytes(Decimal("-1")) == -GIB
-    huge = parse_gib("1e999999999", "--max-vram", "", None)
-    assert gib_to_bytes(huge) == 1 << 62
+    assert gib_to_bytes(Decimal("1e999999999")) == 1 << 62
+
+
+@pytest.mark.parametrize("text", ["1e400", "-1e400", "1e999999999", "4294967297"])
+def test_gib_rejects_overflow(text: str) -> None:
+    """An overflowing budget is an error naming the value, not a silent 2^32 GiB."""
+    with pytest.raises(PlanError) as err:
+        parse_gib(text, "--max-vram", text, (0, len(text)))
+    assert err.value.code == "invalid_max_vram" and "out of range" in str(err.value)
+    assert parse_gib("4294967296", "--max-vram", "", None) == Decimal(4294967296)
 
 
 @pytest.mark.parametrize("value,name", [

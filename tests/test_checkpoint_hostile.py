@@ -239,3 +239,16 @@ def test_damaged_files_only_raise_model_file_errors(tmp_path: Path, kind: str, c
         read_tensor_file(bad)
     except ModelFileError as exc:
         assert bad.name in str(exc)
+
+
+@pytest.mark.parametrize("opener,closer", [("[", "]"), ('{"a":', "}")])
+def test_header_nested_thousands_deep(tmp_path: Path, opener: str, closer: str) -> None:
+    """A header nesting JSON 100,000 levels deep is one clear error, not a RecursionError."""
+    for depth, name in ((100_000, "deep"), (2_000, "medium")):
+        header = '{"t": ' + opener * depth + "1" + closer * depth + "}"
+        expect_error(raw_st(tmp_path / f"{name}.safetensors", header), "nests JSON deeper|not a dict|entry")
+    for where in ("__metadata__", "t"):  # deep nesting inside metadata or an entry
+        header = '{"' + where + '": {"x": ' + "[" * 50_000 + "1" + "]" * 50_000 + "}}"
+        path = raw_st(tmp_path / f"meta_{where}.safetensors", header)
+        with pytest.raises(ModelFileError):
+            read_tensor_file(path)

@@ -46,6 +46,11 @@ def test_compute_formula_per_architecture() -> None:
     # Chroma: FLUX.1's width with sd-cli's 512 T5 tokens (not the unknown-model fallback)
     assert compute_bytes("diffusion", mp, "chroma", width=1024, height=1024, batch=1) == \
         attn(24, flux_n, 4 * 3072)
+    # FLUX.2 klein: 512 Qwen3 tokens; 4B 24 heads of 3072, 9B 32 heads of 4096
+    assert compute_bytes("diffusion", mp, "flux2_klein-4b", width=1024, height=1024, batch=1) == \
+        attn(24, flux_n, 4 * 3072)
+    assert compute_bytes("diffusion", mp, "flux2_klein-9b", width=1024, height=1024, batch=1) == \
+        attn(32, flux_n, 4 * 4096)
     assert compute_bytes("diffusion", mp, "sd1", width=512, height=512, batch=1) == \
         attn(8, 64 * 64, 1280)
     assert compute_bytes("diffusion", mp, "sdxl", width=1024, height=1024, batch=1) == \

@@ -75,7 +75,7 @@ def test_euler_a_keeps_the_flow_marginal_scale() -> None:
 
 def test_errors() -> None:
     with pytest.raises(SamplingError, match="does not apply to flow matching"):
-        sample_flow("ddim_trailing", lambda x, s: x, np.zeros((1, 1, 2, 2)), flux_sigmas(2, 4))
+        sample_flow("tcd", lambda x, s: x, np.zeros((1, 1, 2, 2)), flux_sigmas(2, 4))
     with pytest.raises(SamplingError, match="noise source"):
         sample_flow("euler_a", lambda x, s: x, np.zeros((1, 1, 2, 2)), flux_sigmas(2, 4))
     with pytest.raises(SamplingError, match="at least 1"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from PIL import Image  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core.commands import generate  # noqa: E402
 from sdplan.core.pipelines import demo  # noqa: E402
-from sdplan.core.pipelines.results import image_to_uint8  # noqa: E402
+from sdplan.core.pipelines.results import image_to_uint8, read_generation  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
 from sdplan.core.sampling.schedules import get_sigmas  # noqa: E402
 
@@ -48,12 +49,21 @@ def test_generate_matches_reference_png(tmp_path: Path, monkeypatch) -> None:
     got = np.asarray(img.convert("RGB")).astype(int)
     assert np.abs(got - image_to_uint8(ref["run_image"][0]).astype(int)).max() <= 2
     text = img.text
-    assert text["prompt"] == "a photo of a cat" and text["seed"] == "1" and text["steps"] == "4"
-    assert text["sampler"] == "euler" and text["scheduler"] == "discrete" and text["cfg_scale"] == "7"
+    # sd-cli's "parameters" layout, as A1111-style tools read it
+    assert text["parameters"].startswith(
+        "a photo of a cat\nSteps: 4, CFG scale: 7.000000, Guidance: 3.500000, Eta: inf, "
+        "Seed: 1, Size: 16x16, Model: sd1_tiny.safetensors, RNG: cuda, Sampler: euler discrete, ")
+    got = read_generation(out)
+    assert got.source == "sdplan"
+    assert {k: got.settings[k] for k in ("prompt", "seed", "steps", "sampling_method",
+                                         "scheduler", "cfg_scale")} == {
+        "prompt": "a photo of a cat", "seed": 1, "steps": 4, "sampling_method": "euler",
+        "scheduler": "discrete", "cfg_scale": 7.0}
+    assert got.model_files == {"model": [str(MODEL)]}
     with open(MODEL, "rb") as fh:
         h = hashlib.sha256(fh.read(1 << 20) + str(os.path.getsize(MODEL)).encode()).hexdigest()
-    assert text["model_hash"] == h
-    assert "vae=disk" in text["params_backend"]
+    assert json.loads(text["sdplan"])["model_hash"] == h
+    assert "vae=disk" in got.placement["params_backend"]
     assert sorted(p.name for p in (tmp_path / "prev").iterdir()) == [f"preview_00{i}.png" for i in range(1, 5)]
 
 
@@ -162,7 +172,7 @@ def test_taesd_previews_and_upscaler(tmp_path: Path, monkeypatch) -> None:
         want = u.upscale_image(image_to_uint8(ref["run_image"][0])).astype(int)
     got = png(out)
     assert got.shape == (32, 32, 3) and np.abs(got - want).max() <= 3
-    assert Image.open(out).text["upscale_model"] == "compact_x2.pth"
+    assert json.loads(Image.open(out).text["sdplan"])["upscale"]["model"] == "compact_x2.pth"
 
 
 def test_taesd_decodes_the_final_image_like_sd_cli(tmp_path: Path, monkeypatch) -> None:
@@ -239,7 +249,7 @@ def test_flux_files_match_the_reference(tmp_path: Path, monkeypatch) -> None:
                   "--in-process", "--preview-path", str(tmp_path / "prev")])
     assert args.run(args) == 0
     assert np.abs(png(out) - image_to_uint8(ref["run_image"][0]).astype(int)).max() <= 2
-    assert Image.open(out).text["guidance"] == "3.5"
+    assert read_generation(out).settings["guidance"] == 3.5
     assert len(list((tmp_path / "prev").iterdir())) == 4
 
 
@@ -269,7 +279,7 @@ def test_flux_split_over_two_rpc_servers(tmp_path: Path) -> None:
                       "--backend", "diffusion=RPC0&RPC1,te=RPC0&RPC1"])
         assert args.run(args) == 0
     assert np.abs(png(split) - png(one)).max() <= 1
-    assert "RPC0&RPC1" in Image.open(split).text["backend"]
+    assert "RPC0&RPC1" in read_generation(split).placement["backend"]
 
 
 CHROMA = ["--diffusion-model", str(FIX / "chroma_tiny.safetensors"), "--t5xxl", str(FIX / "t5_tiny.safetensors"),
@@ -293,7 +303,7 @@ def test_chroma_files_give_diffusers_latent(tmp_path: Path, monkeypatch) -> None
     with ChromaPipeline(models, n_threads=1) as pipe:
         want = image_to_uint8(pipe.decode(ref["run_latent"])[0]).astype(int)
     assert np.abs(png(out) - want).max() <= 2
-    assert Image.open(out).text["cfg_scale"] == "4"
+    assert read_generation(out).settings["cfg_scale"] == 4.0
 
 
 def test_chroma_files_need_t5_and_vae(tmp_path: Path, capsys) -> None:

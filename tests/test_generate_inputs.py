@@ -1,11 +1,13 @@
 """``sdplan generate`` with LoRAs and pictures: prompt tags with ``--lora-model-dir`` and
 ``--lora-apply-mode``, ``-i`` (its size when ``-W``/``-H`` are not given), ``--strength``,
-``--mask``; the PNG text chunks record them; bad inputs are one-line errors before work; the
+``--mask``; the prompt keeps its tags in sd-cli's parameters text and sdplan's record holds
+the rest; bad inputs are one-line errors before work; the
 demo model with its own LoRA, an init picture and a mask."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from PIL import Image  # noqa: E402
 from sdplan.core.commands import generate  # noqa: E402
+from sdplan.core.pipelines.results import read_generation  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
 MODEL = FIX / "sd1_tiny.safetensors"
@@ -34,6 +37,12 @@ def run(argv: list[str]) -> int:
     return args.run(args)
 
 
+def recorded(path: Path) -> tuple[dict[str, str], dict]:
+    """A picture's text chunks and its ``sdplan`` record."""
+    text = Image.open(path).text
+    return text, json.loads(text["sdplan"])
+
+
 def pictures(tmp_path: Path) -> tuple[Path, Path]:
     pic, mask = tmp_path / "start.png", tmp_path / "mask.png"
     rng = np.random.default_rng(3)
@@ -49,18 +58,23 @@ def test_lora_tags_and_pictures_reach_the_png(tmp_path: Path) -> None:
     assert run([*BASE, "-p", "a photo of a cat", "-W", "16", "-H", "16", "-o", str(plain)]) == 0
     assert run([*BASE, "-p", "a photo of a cat<lora:lora_sd1_kohya:0.8>", "-W", "16", "-H", "16",
                 "--lora-model-dir", str(FIX), "--lora-apply-mode", "at_runtime", "-o", str(tagged)]) == 0
-    text = Image.open(tagged).text
-    assert text["prompt"] == "a photo of a cat<lora:lora_sd1_kohya:0.8>"
-    assert text["loras"] == "lora_sd1_kohya:0.8" and text["lora_apply_mode"] == "at_runtime"
+    text, doc = recorded(tagged)
+    assert text["parameters"].startswith("a photo of a cat<lora:lora_sd1_kohya:0.8>\n")  # as sd-cli writes it
+    assert doc["loras"] == [["lora_sd1_kohya", 0.8]] and doc["settings"]["lora_apply_mode"] == "at_runtime"
+    assert doc["settings"]["lora_model_dir"] == str(FIX)
     a, b = (np.asarray(Image.open(p).convert("RGB")).astype(int) for p in (plain, tagged))
     assert np.abs(a - b).mean() > 1  # the LoRA changed the picture
+    assert "lora_model_dir" not in recorded(plain)[1]["settings"]
     pic, mask = pictures(tmp_path)
     assert run([*BASE, "-p", "a photo of a cat", "-i", str(pic), "--mask", str(mask), "--strength", "0.5",
                 "-o", str(img2img)]) == 0
-    im = Image.open(img2img)
-    assert im.size == (16, 16)  # -W/-H from the picture
-    assert (im.text["init_img"], im.text["mask"], im.text["strength"]) == ("start.png", "mask.png", "0.5")
-    assert "loras" not in im.text
+    assert Image.open(img2img).size == (16, 16)  # -W/-H from the picture
+    _, doc = recorded(img2img)
+    assert (doc["settings"]["init_img"], doc["settings"]["mask"], doc["settings"]["strength"]) == (
+        str(pic), str(mask), 0.5)
+    assert "loras" not in doc
+    got = read_generation(img2img)  # --from-image restores the picture inputs
+    assert (got.settings["init_img"], got.settings["strength"]) == (str(pic), 0.5)
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -100,7 +114,7 @@ def test_demo_with_its_lora_an_init_picture_and_a_mask(tmp_path: Path, capsys) -
     assert "LoRA outline x 1 (immediately)" in err and "note" not in err  # a known caption, tag aside
     images = [np.asarray(Image.open(p).convert("RGB")) for p in (plain, lora)]
     assert not is_outlined(images[0], "square") and is_outlined(images[1], "square")
-    assert Image.open(lora).text["loras"] == "outline:1"
+    assert recorded(lora)[1]["loras"] == [["outline", 1.0]]
     pic = tmp_path / "scene.png"
     Image.fromarray(render(Scene("circle", "red", "green", 40, 64, 26), 128)).save(pic)
     mask = tmp_path / "mask.png"
@@ -110,5 +124,5 @@ def test_demo_with_its_lora_an_init_picture_and_a_mask(tmp_path: Path, capsys) -
     out = tmp_path / "inpaint.png"
     assert run(["--demo", "-p", "a red circle on a green background", "-i", str(pic), "--mask", str(mask),
                 "--strength", "0.8", "-t", "2", "-o", str(out), "--in-process"]) == 0
-    text = Image.open(out).text
-    assert (text["init_img"], text["mask"], text["strength"]) == ("scene.png", "mask.png", "0.8")
+    settings = recorded(out)[1]["settings"]
+    assert (settings["init_img"], settings["mask"], settings["strength"]) == (str(pic), str(mask), 0.8)

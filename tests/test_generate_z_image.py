@@ -18,7 +18,7 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from PIL import Image  # noqa: E402
 from sdplan.core.commands import generate  # noqa: E402
-from sdplan.core.pipelines.results import image_to_uint8  # noqa: E402
+from sdplan.core.pipelines.results import image_to_uint8, read_generation  # noqa: E402
 from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
 
@@ -55,8 +55,8 @@ def test_generate_gives_the_diffusers_latent_decoded(tmp_path: Path, monkeypatch
     with ZImagePipeline(ZImageModels(DIT, llm["hf"], AE), n_threads=1) as pipe:
         expected = image_to_uint8(pipe.decode(R["pipe.latent"])[0]).astype(int)
     assert np.abs(png(out) - expected).max() <= 2
-    text = Image.open(out).text
-    assert text["steps"] == "4" and text["cfg_scale"] == "1" and text["sampler"] == "euler"
+    s = read_generation(out).settings
+    assert s["steps"] == 4 and s["cfg_scale"] == 1.0 and s["sampling_method"] == "euler"
     assert len(list((tmp_path / "prev").iterdir())) == 4
 
 
@@ -96,4 +96,4 @@ def test_split_over_two_rpc_servers(tmp_path: Path, llm) -> None:
                       "--backend", "diffusion=RPC0&RPC1,te=RPC0&RPC1"])
         assert args.run(args) == 0
     assert np.abs(png(split) - png(one)).max() <= 1
-    assert "RPC0&RPC1" in Image.open(split).text["backend"]
+    assert "RPC0&RPC1" in read_generation(split).placement["backend"]

@@ -1,7 +1,12 @@
-"""Every golden case of ``../shared/cases/assignment_cases.jsonl`` through ``sdplan plan``.
+"""Every golden case of ``../shared/cases/assignment_cases.jsonl`` and of
+``tests/cases/split_mode_cases.jsonl`` (``--split-mode``, spec section 12, in the same
+format, using the shared inventories and profiles) through ``sdplan plan``.
 
-The file is read at collection time, so new cases run unchanged; each case calls the real
+The files are read at collection time, so new cases run unchanged; each case calls the real
 command function ``sdplan.core.cli.main`` with ``--devices``, ``--profile`` and ``--json``.
+Besides the shared format, a module's expectation may name ``split_mode`` (the mode in
+effect), ``row_shares`` (bytes per device in row mode) and ``ranges``; the case may name
+the canonical ``split_mode`` string.
 """
 
 from __future__ import annotations
@@ -14,13 +19,19 @@ from sdplan.core import cli
 
 CASES_FILE = Path(__file__).resolve().parent.parent.parent / "shared" / "cases" / \
     "assignment_cases.jsonl"
+SPLIT_MODE_FILE = Path(__file__).resolve().parent / "cases" / "split_mode_cases.jsonl"
 
 
 def _cases() -> list[dict]:
+    out = []
     if not CASES_FILE.is_file():
-        return [{"id": "no-shared-cases"}]
-    lines = CASES_FILE.read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+        out.append({"id": "no-shared-cases"})
+    else:
+        out += [json.loads(line) for line in CASES_FILE.read_text(encoding="utf-8").splitlines()
+                if line.strip()]
+    out += [json.loads(line) for line in SPLIT_MODE_FILE.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    return out
 
 
 CASES = _cases()
@@ -53,6 +64,11 @@ def test_golden_case(case: dict, shared_dir: Path, capsys: pytest.CaptureFixture
             assert got["devices"] == want["devices"], (module, got)
         if "params" in want:
             assert got["params"] == want["params"], (module, got)
+        for key in ("split_mode", "row_shares", "ranges"):
+            if key in want:
+                assert got.get(key) == want[key], (module, key, got)
+    if "split_mode" in expect:
+        assert out["split_mode"] == expect["split_mode"]
     for device, want_bytes in expect.get("budgets", {}).items():
         assert out["budgets"][device] == want_bytes, device
     codes = [w["code"] for w in out["warnings"]]

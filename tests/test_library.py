@@ -88,7 +88,7 @@ def test_each_file_is_listed_with_its_kind_and_family(folder, cache) -> None:
     assert by_name["sd3_medium.safetensors"].architecture == "sd3-medium"
     assert by_name["t5xxl_fp16.safetensors"].quant == "F16"
     assert by_name["sd1_ref.safetensors"].error.startswith("not a model")
-    assert list(lib.grouped(result.entries))[:4] == ["flux", "sd1", "sd3", "sdxl"]
+    assert list(lib.grouped(result.entries))[:5] == ["flux", "flux2_klein", "sd1", "sd3", "sdxl"]
 
 
 def test_a_second_scan_reads_no_header(folder, cache, monkeypatch) -> None:

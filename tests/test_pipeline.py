@@ -207,3 +207,31 @@ def test_engine_client_cancel_and_killed_child(client) -> None:
     assert last["type"] == "error" and "engine process died (signal SIGKILL)" in last["message"]
     client.start(REQUEST)  # a fresh child serves the next request
     assert drain(client)[-1]["type"] == "result"
+
+
+def test_sampling_options_reach_the_sampler() -> None:
+    """sd-cli's --rng, --sigmas, --eta and --extra-sample-args drive the run: a custom sigma
+    list sets the step count, another generator another start, CFG++ samplers run on the
+    pipeline's guided pair."""
+    from sdplan.core.sampling.options import SamplingOptions
+
+    with model("sd1") as sd:
+        base = GenerateParams("a cat", "blurry", 16, 16, 3, 5.0, 7, "euler", "discrete")
+        steps: list[int] = []
+        custom = GenerateParams("a cat", "blurry", 16, 16, 3, 5.0, 7, "euler", "discrete",
+                                sampling=SamplingOptions(sigmas=(14.6, 3.0, 0.5)))
+        sd.txt2img(custom, on_step=lambda i, n, x: steps.append(n))
+        assert steps == [3, 3, 3]  # 14.6, 3.0, 0.5 and the added 0
+        seen: list[np.ndarray] = []
+        cpu = GenerateParams("a cat", "blurry", 16, 16, 1, 5.0, 7, "euler", "discrete",
+                             sampling=SamplingOptions(rng="cpu"))
+        sd.txt2img(cpu, on_step=lambda i, n, x: seen.append(x))
+        # one Euler step from sigma_max to 0 returns the estimate; the start differs from
+        # Philox's, so does the image
+        assert not np.array_equal(sd.txt2img(base)[0], sd.txt2img(cpu)[0])
+        assert len(seen) == 1
+        for method in ("euler_cfg_pp", "dpm++2m_sde_bt"):
+            out = sd.txt2img(GenerateParams("a cat", "blurry", 16, 16, 3, 5.0, 7, method,
+                                            "karras", sampling=SamplingOptions(
+                                                extra={"lms_max_order": "2"})))
+            assert out[0].shape == (16, 16, 3) and out[0].dtype == np.uint8, method

@@ -333,7 +333,9 @@ def test_command_tables(tmp_path, capsys) -> None:
     assert "RTX 3060" in out and "6.00" in out
     assert cli.main(["plan", "--devices", str(inv_file), "--backend", "te=cuda9"]) == 2
     err = capsys.readouterr().err
-    assert "device_not_found" in err and "^^^^^" in err
+    # not a terminal: one line that names the span (carets only on a terminal)
+    assert err.count("\n") == 1 and err.startswith("error [device_not_found]: ")
+    assert "(at --backend characters 4-8)" in err
 
 
 def test_command_without_devices_falls_back_to_cpu(monkeypatch, capsys) -> None:
@@ -364,7 +366,7 @@ def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -
         def to_json(self) -> dict:
             return {"fits": True, **self.kw, "devices": {"CUDA0": {"total": GIB}}}
 
-    def fake_estimate(plan, profile, inventory, *, width, height, batch):
+    def fake_estimate(plan, profile, inventory, *, width, height, batch, engine="sdplan", measured=None):
         assert inventory == INV and profile.get("diffusion") is not None
         return Fit(width=width, height=height, batch=batch)
 

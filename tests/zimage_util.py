@@ -42,11 +42,11 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-def qwen3_hf() -> dict[str, np.ndarray]:
+def qwen3_hf(parts_path: Path = PARTS) -> dict[str, np.ndarray]:
     """The tiny encoder's tensors in transformers names (``model.`` prefix), embedding whole."""
     from safetensors.numpy import load_file
 
-    parts = load_file(str(PARTS))
+    parts = load_file(str(parts_path))
     ids, rows = parts.pop("embed.ids"), parts.pop("embed.rows")
     embed = np.zeros((VOCAB, rows.shape[1]), dtype=rows.dtype)
     embed[ids] = rows
@@ -66,15 +66,15 @@ def gguf_name(name: str) -> str:
     raise KeyError(name)
 
 
-def write_qwen3(dst: Path, fmt: str = "safetensors", dtype: str = "f16") -> Path:
-    """Write the tiny encoder to ``dst``: ``safetensors`` (transformers names, as stored), or
-    ``gguf`` with matrices in ``dtype`` (``f32``, ``f16``, ``q8_0``; vectors f32) and the
-    Qwen tokenizer in its metadata (as llama.cpp's converter writes it)."""
+def write_qwen3(dst: Path, fmt: str = "safetensors", dtype: str = "f16", parts: Path = PARTS) -> Path:
+    """Write the tiny encoder of ``parts`` to ``dst``: ``safetensors`` (transformers names, as
+    stored), or ``gguf`` with matrices in ``dtype`` (``f32``, ``f16``, ``q8_0``; vectors f32)
+    and the Qwen tokenizer in its metadata (as llama.cpp's converter writes it)."""
     import gguf
     from safetensors.numpy import save_file
     from sdplan.core.text.bpe_tokenizer import BPETokenizer
 
-    tensors = qwen3_hf()
+    tensors = qwen3_hf(parts)
     if fmt == "safetensors":
         save_file(tensors, str(dst))
         return dst
@@ -92,7 +92,7 @@ def write_qwen3(dst: Path, fmt: str = "safetensors", dtype: str = "f16") -> Path
         a = arr.astype(np.float32)
         if a.ndim != 2 or dtype == "f32":
             w.add_tensor(gguf_name(name), a)
-        elif dtype == "f16":
+        elif dtype == "f16" or a.shape[1] % 32:  # rows too short to quantise stay f16
             w.add_tensor(gguf_name(name), a.astype(np.float16))
         else:
             q = gguf.quants.quantize(a, kinds[dtype])

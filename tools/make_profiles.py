@@ -29,6 +29,18 @@ No weight is downloaded or allocated: tensor names and shapes come from
   give exactly the names and shapes of ``ChromaTransformer2DModel()`` (lodestones/Chroma1-HD
   ``transformer/config.json`` is its defaults) on the meta device.
 
+- FLUX.2 klein 4B, Qwen3-4B and the FLUX.2 autoencoder: their real layouts (the VAE in F32
+  with its int64 ``bn.num_batches_tracked``); FLUX.2 klein 9B (no published layout here): the
+  4B's real layout widened 3072 -> 4096 (every width that is a multiple of 3072 scales by 4/3;
+  the text width 7680 -> 12288, three Qwen3-8B states) with 8 double + 24 single blocks,
+  checked by diffusers' own ``convert_flux2_transformer_checkpoint_to_diffusers``, which must
+  give exactly the names and shapes of ``Flux2Transformer2DModel(num_layers=8,
+  num_single_layers=24, num_attention_heads=32, joint_attention_dim=12288,
+  guidance_embeds=False)`` (black-forest-labs/FLUX.2-klein-9B ``transformer/config.json``) on
+  the meta device; Qwen3-8B: Qwen3-4B's layouts widened 2560 -> 4096 and 9728 -> 12288,
+  checked against transformers' ``Qwen3Model`` of Qwen/Qwen3-8B's config on the meta device
+  (no ``lm_head``: sd-cli reads only the model's states).
+
 Byte sizes per tensor: ``n_elements / block_size * type_size`` with ggml's
 ``gguf.GGML_QUANT_SIZES``.
 
@@ -55,8 +67,11 @@ files differ only where the patch's name rules match, which no Flux tensor does)
 Z-Image GGUF files (leejet/Z-Image-Turbo-GGUF) come from stable-diffusion.cpp's converter,
 whose ``tensor_should_be_converted`` keeps ``x_embedder. t_embedder. final_layer.`` (and
 biases) unquantised; the rest follows the first pass above.
-Qwen3-4B Q8_0 is llama.cpp's converter and ``llama-quantize Q8_0``: 1-D tensors F32, every
-matrix (the token embedding included) Q8_0.
+FLUX.2 klein GGUF files (leejet/FLUX.2-klein-4B-GGUF and -9B-GGUF) come from the same
+converter, which keeps ``img_in. txt_in. time_in. guidance_in. final_layer.`` (FLUX.1's rule)
+and the q/k norm scales unquantised; the shared modulations are quantised.
+Qwen3-4B / Qwen3-8B Q8_0 is llama.cpp's converter and ``llama-quantize Q8_0``: 1-D tensors
+F32, every matrix (the token embedding included) Q8_0.
 T5-XXL Q8_0 follows city96/t5-v1_1-xxl-encoder-gguf (llama.cpp's converter and
 llama-quantize): one token embedding (the tied copy is not written), 1-D tensors F32,
 the relative attention bias F16, every other matrix Q8_0.
@@ -64,8 +79,9 @@ the relative attention bias F16, every other matrix Q8_0.
 Profile composition (what a user passes to sd-cli): the diffusion model in the named
 quant type; text encoders in F16 (T5-XXL: F16 for ``-f16`` profiles, Q8_0 otherwise);
 VAEs as published (F16 inside the SD/SDXL/SD3.5 checkpoints, F32 ``ae.safetensors`` for
-FLUX.1, Chroma and Z-Image); Z-Image's Qwen3-4B in BF16 (``qwen_3_4b.safetensors``) for
-``-f16``, Q8_0 GGUF otherwise.
+FLUX.1, Chroma and Z-Image; ``flux2-vae.safetensors`` F32 for FLUX.2 klein); Z-Image's and
+klein 4B's Qwen3-4B (klein 9B's Qwen3-8B) in BF16 (``qwen_3_4b.safetensors``) for ``-f16``,
+Q8_0 GGUF otherwise.
 """
 
 from __future__ import annotations
@@ -303,6 +319,60 @@ def chroma_dit(layouts: dict) -> Layout:
     return out
 
 
+def _widen(layout: Layout, dims: dict[int, int], unit: int = 0, scale: tuple[int, int] = (1, 1)) -> Layout:
+    """``layout`` with each dimension in ``dims`` replaced, and (with ``unit``) each multiple of
+    ``unit`` scaled by ``scale[0] / scale[1]``."""
+    def dim(d: int) -> int:
+        if d in dims:
+            return dims[d]
+        return d * scale[0] // scale[1] if unit and d % unit == 0 else d
+    return [(n, tuple(dim(d) for d in s)) for n, s in layout]
+
+
+def klein9b_dit(layouts: dict) -> Layout:
+    """FLUX.2 klein 9B's BFL layout from the 4B's real one (module docstring), checked with diffusers."""
+    base = _widen(_real(layouts, "flux2_klein_4b"), {7680: 12288}, 3072, (4, 3))
+    out: Layout = [(n, s) for n, s in base if "_blocks." not in n]
+    for seg, count in (("double_blocks.", 8), ("single_blocks.", 24)):
+        block0 = [(n, s) for n, s in base if n.startswith(seg + "0.")]
+        out += [(n.replace(seg + "0.", f"{seg}{i}.", 1), s) for i in range(count) for n, s in block0]
+    import torch
+    from diffusers import Flux2Transformer2DModel
+    from diffusers.loaders.single_file_utils import (
+        convert_flux2_transformer_checkpoint_to_diffusers,
+    )
+
+    with torch.device("meta"):  # black-forest-labs/FLUX.2-klein-9B transformer/config.json
+        ref = Flux2Transformer2DModel(num_layers=8, num_single_layers=24, num_attention_heads=32,
+                                      joint_attention_dim=12288, guidance_embeds=False)
+        ckpt = {n: torch.empty(s) for n, s in out}
+    conv = convert_flux2_transformer_checkpoint_to_diffusers(ckpt)
+    if ckpt or {n: tuple(t.shape) for n, t in conv.items()} != {n: tuple(t.shape) for n, t in ref.state_dict().items()}:
+        raise SystemExit("FLUX.2 klein 9B layout: names/shapes differ from diffusers' Flux2Transformer2DModel")
+    _check(out, _meta_params(ref), "FLUX.2 klein 9B DiT")
+    return out
+
+
+def qwen3_8b(layouts: dict) -> tuple[Layout, Layout]:
+    """Qwen3-8B in transformers and llama.cpp names from Qwen3-4B's real layouts, checked
+    against transformers' ``Qwen3Model`` (Qwen/Qwen3-8B config.json) on the meta device."""
+    dims = {2560: 4096, 9728: 12288}
+    hf, gg = _widen(_real(layouts, "qwen3_4b_hf"), dims), _widen(_real(layouts, "qwen3_4b_gguf"), dims)
+    import torch
+    from transformers import Qwen3Config, Qwen3Model
+
+    with torch.device("meta"):
+        ref = Qwen3Model(Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                                     head_dim=128))
+    want = {"model." + n: tuple(t.shape) for n, t in ref.state_dict().items()}
+    if dict(hf) != want:
+        raise SystemExit(f"Qwen3-8B layout differs from transformers: {sorted(set(dict(hf).items()) ^ set(want.items()))[:4]}")
+    _check(hf, _meta_params(ref), "Qwen3-8B")
+    _check(gg, _meta_params(ref), "Qwen3-8B (llama.cpp names)")
+    return hf, gg
+
+
 def check_sd3_renaming(layouts: dict) -> None:
     """The renaming reproduces the real SD3-medium layout exactly (names and shapes)."""
     mine = dict(sd3_mmdit(num_layers=24, num_attention_heads=24, caption_projection_dim=1536,
@@ -359,6 +429,7 @@ _KEEP = {
     "unet": ("class_embedding.", "time_embedding.", "add_embedding.", "time_embed.",
              "label_emb.", "conv_in.", "conv_out."),
     "z_image": ("x_embedder.", "t_embedder.", "final_layer."),
+    "flux2": ("txt_in.", "img_in.", "time_in.", "guidance_in.", "final_layer."),
 }
 _KEEP_EXACT = {"unet": ("input_blocks.0.0.weight", "out.2.weight"), "sd3": ("proj_out.weight",)}
 
@@ -368,7 +439,7 @@ def gguf_type(name: str, shape: tuple[int, ...], quant: str, family: str,
     """``(ggml type, stored shape)`` of one diffusion-model tensor in a city96-style GGUF
     file of ``quant`` (see the module docstring for the rule and its source).
 
-    ``family`` is ``flux``, ``chroma``, ``sd3``, ``unet`` or ``z_image``; ``source`` the published dtype
+    ``family`` is ``flux``, ``chroma``, ``sd3``, ``unet``, ``z_image`` or ``flux2``; ``source`` the published dtype
     (``BF16``, ``F16`` or ``F32``).
     """
     import gguf
@@ -429,10 +500,11 @@ class ModelSpec:
     extras: tuple[Component, ...]
     t5: bool = False
     qwen3: bool = False
+    qwen3_8b: bool = False
 
 
 def build_specs(layouts: dict) -> list[ModelSpec]:
-    """The nine built-in models with their encoders and VAEs."""
+    """The eleven built-in models with their encoders and VAEs."""
     clip_l_hf = _real(layouts, "clip_l_hf", prefix="text_model.")
     sd_vae = _real(layouts, "sd_vae_ldm")
     clip_g_hf = _clip_text(1280, 32, 20, 1280)  # laion/CLIP-ViT-bigG-14 text config
@@ -459,6 +531,9 @@ def build_specs(layouts: dict) -> list[ModelSpec]:
     sd3_vae = f16("vae-16ch:sd3", "vae", None, "sd3.5 checkpoint",
                   vae16(layouts, "first_stage_model."))
     ae = f16("vae-16ch:ae", "vae", None, "ae.safetensors", vae16(layouts, ""), "F32")
+    ae2 = Component("vae-flux2", "vae", None, "flux2-vae.safetensors", tuple(
+        (n, s, t, nbytes(s, t)) for n, s in _real(layouts, "flux2_vae")
+        for t in ["I64" if n == "bn.num_batches_tracked" else "F32"]))
 
     flux_dev = _real(layouts, "flux1_dev_bfl")
     flux_schnell = [(n, s) for n, s in flux_dev if not n.startswith("guidance_in.")]
@@ -492,11 +567,16 @@ def build_specs(layouts: dict) -> list[ModelSpec]:
                   "Chroma1-HD.safetensors", (ae,), t5=True),
         ModelSpec("z-image-turbo", "Z-Image Turbo", "z_image", "BF16", _real(layouts, "z_image_turbo"),
                   "z_image_turbo_bf16.safetensors", (ae,), qwen3=True),
+        ModelSpec("flux2-klein-4b", "FLUX.2 [klein] 4B", "flux2", "BF16", _real(layouts, "flux2_klein_4b"),
+                  "flux-2-klein-4b.safetensors", (ae2,), qwen3=True),
+        ModelSpec("flux2-klein-9b", "FLUX.2 [klein] 9B", "flux2", "BF16", klein9b_dit(layouts),
+                  "flux-2-klein-9b.safetensors", (ae2,), qwen3_8b=True),
     ]
 
 
 def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
-                  qwen3: tuple[Layout, Layout] = ([], [])) -> dict[str, object]:
+                  qwen3: tuple[Layout, Layout] = ([], []),
+                  qwen8: tuple[Layout, Layout] = ([], [])) -> dict[str, object]:
     """The JSON entry of one built-in profile, classified by sdplan's own model-file code
     (modules, encoders, blocks of spec section 8, architecture detection)."""
     from sdplan.core.modelfiles.checkpoint import (
@@ -514,6 +594,7 @@ def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
                          spec.source if spec.source != "F32" else "F16")
         t5 = component("t5xxl:F16", "te", "t5xxl", "t5xxl_fp16.safetensors", t5_layout, "F16")
         llm = component("qwen3-4b:BF16", "te", "llm", "qwen_3_4b.safetensors", qwen3[0], "BF16")
+        llm8 = component("qwen3-8b:BF16", "te", "llm", "qwen_3_8b.safetensors", qwen8[0], "BF16")
     else:
         diff_file = f"{spec.name}-{quant}.gguf"
         diff = component(f"{spec.name}:{quant}", "diffusion", None, diff_file,
@@ -521,7 +602,9 @@ def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
         t5 = component("t5xxl:Q8_0", "te", "t5xxl", "t5-v1_1-xxl-encoder-Q8_0.gguf",
                        t5_layout, "F16", "Q8_0", "t5")
         llm = component("qwen3-4b:Q8_0", "te", "llm", "Qwen3-4B-Q8_0.gguf", qwen3[1], "BF16", "Q8_0", "llm")
-    comps = [diff, *spec.extras, *([t5] if spec.t5 else []), *([llm] if spec.qwen3 else [])]
+        llm8 = component("qwen3-8b:Q8_0", "te", "llm", "Qwen3-8B-Q8_0.gguf", qwen8[1], "BF16", "Q8_0", "llm")
+    comps = [diff, *spec.extras, *([t5] if spec.t5 else []), *([llm] if spec.qwen3 else []),
+             *([llm8] if spec.qwen3_8b else [])]
     tensors = [ModelTensor(TensorInfo(n, t, s, b, 0, c.key), c.module, c.encoder)
                for c in comps for n, s, t, b in c.tensors]
     ms = ModelSet([], tensors)
@@ -561,11 +644,12 @@ def build_profiles(layouts: dict) -> dict[str, object]:
     _sdplan()
     t5_layout = _real(layouts, "t5xxl_hf")
     qwen3 = (_real(layouts, "qwen3_4b_hf"), _real(layouts, "qwen3_4b_gguf"))
+    qwen8 = qwen3_8b(layouts)
     out: dict[str, object] = {}
     for spec in build_specs(layouts):
         for suffix in QUANTS:
             name = f"{spec.name}-{suffix}"
-            out[name] = profile_entry(spec, suffix, t5_layout, qwen3)
+            out[name] = profile_entry(spec, suffix, t5_layout, qwen3, qwen8)
             log.info("%-20s %s", name, _summary(out[name]))
     return out
 

@@ -222,6 +222,8 @@ class DeviceColumn(_DropFrame):
                "GiB total"
         self.figures.setText(text)
         tip = bar_tooltip(dev, segs, headroom, budget, planned, reasons)
+        if fit is not None and hasattr(fit, "engine_label"):
+            tip += f"\nestimate for {fit.engine_label()}"
         self.bar.setToolTip(tip)
         self.setProperty("over", over)
         self.verdict.setText("over" if over else ("fits" if planned else ""))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
+from sdplan.core.commands.messages import print_error
 from sdplan.core.errors import SdplanError
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB
@@ -41,7 +41,8 @@ def _feature_line(feat: dict[str, Any]) -> str:
             f"llamafile {yes_no[feat['llamafile']]} · CPU {cpu or '-'}")
 
 
-def render_table(inv: Inventory, feat: dict[str, Any]) -> None:
+def render_table(inv: Inventory, feat: dict[str, Any],
+                 servers: list[dict[str, Any]] | None = None) -> None:
     """Print ``inv`` as a rich table followed by the feature line and warnings."""
     from rich.console import Console
     from rich.table import Table
@@ -59,6 +60,13 @@ def render_table(inv: Inventory, feat: dict[str, Any]) -> None:
                       f"{d.free / GIB:.1f}", f"{d.total / GIB:.1f}")
     console.print(table)
     console.print(_feature_line(feat), highlight=False)
+    for srv in servers or []:
+        console.print(f"RPC server {srv['endpoint']}: {srv['speaks']}", highlight=False,
+                      markup=False)
+    th = feat.get("cpu_threads")
+    if th:
+        console.print(f"CPU threads: {th['default']} ({th['reason']}; generate uses fewer "
+                      "while other programs keep cores busy)", highlight=False, soft_wrap=True)
     for w in feat["warnings"]:
         console.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
 
@@ -68,15 +76,30 @@ def run(args: argparse.Namespace) -> int:
     from sdplan.core.runtime import devices
 
     try:
-        inv = devices.live_inventory(devices.split_endpoints(args.rpc_servers))
+        endpoints = devices.split_endpoints(args.rpc_servers)
+        inv = devices.live_inventory(endpoints)
         feat = devices.features()
+        servers = _servers(endpoints)
     except SdplanError as exc:
-        print(f"sdplan devices: {exc}", file=sys.stderr)
+        print_error(exc)
         return 2
     if args.json:
         data = inv.to_json()
         data["features"] = feat
+        data["rpc_servers"] = servers
         print(json.dumps(data, indent=2))
     else:
-        render_table(inv, feat)
+        render_table(inv, feat, servers)
     return 0
+
+
+def _servers(endpoints: list[str]) -> list[dict[str, Any]]:
+    """What each RPC server speaks (protocol, tensor-name length), asked over the wire."""
+    from sdplan.core.runtime.rpc_wire import probe_server
+
+    out = []
+    for ep in endpoints:
+        info = probe_server(ep)
+        out.append({"endpoint": ep, "protocol": list(info.protocol),
+                    "max_name": info.max_name, "speaks": info.describe()})
+    return out

@@ -2,8 +2,9 @@
 
 SD 1.x / 2.x from a single-file checkpoint (``-m``), Flux from its files
 (``--diffusion-model --t5xxl --clip_l --vae``), Chroma from its (``--diffusion-model --t5xxl
---vae``) or Z-Image from its (``--diffusion-model --llm --vae``); the architecture (flux-dev,
-flux-schnell, chroma, z_image...) comes from
+--vae``), Z-Image or FLUX.2 klein from theirs (``--diffusion-model --llm --vae``; klein edits
+the ``-r/--ref-image`` pictures); the architecture (flux-dev, flux-schnell, chroma, z_image,
+flux2_klein-4b...) comes from
 :func:`sdplan.core.modelfiles.checkpoint.read_model_files`. The flags are sd-cli's spellings (``-m -p -n
 -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
 --clip-skip --taesd --upscale-model --upscale-repeats``, the LoRA and picture inputs
@@ -40,7 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from sdplan.core.commands.options import add_input_arguments, input_request, validate_inputs
-from sdplan.core.errors import SdplanError
+from sdplan.core.commands.sdcli_flags import (
+    add_sampling_arguments,
+    apply_from_image,
+    refuse_unsupported,
+    sampling_request,
+)
+from sdplan.core.errors import InvalidArgument, SdplanError
 from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
 
 log = logging.getLogger(__name__)
@@ -52,15 +59,18 @@ FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``sdplan generate`` on the dispatcher's subparsers."""
     p = subparsers.add_parser("generate", help="text to image (SD 1.x/2.x checkpoint or Flux files)",
-                              description="Generate images on sdplan's engine with sd-cli's flags.")
+                              description="Generate images on sdplan's engine with sd-cli's flags.",
+                              allow_abbrev=False)
     p.add_argument("-m", "--model", metavar="PATH", help="single-file SD checkpoint")
     p.add_argument("--demo", action="store_true",
                    help="use the packaged demo model (-m of the file in sdplan.resources; "
                         "default 128x128, 20 steps, CFG 5, euler)")
-    p.add_argument("--diffusion-model", metavar="PATH", help="Flux, Chroma or Z-Image diffusion model")
+    p.add_argument("--diffusion-model", metavar="PATH", help="Flux, Chroma, Z-Image or FLUX.2 klein diffusion model")
     p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux, Chroma)")
     p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux)")
-    p.add_argument("--llm", metavar="PATH", help="language-model text encoder (Z-Image: Qwen3)")
+    p.add_argument("--llm", metavar="PATH", help="language-model text encoder (Z-Image, FLUX.2 klein: Qwen3)")
+    p.add_argument("-r", "--ref-image", action="append", default=[], metavar="PATH",
+                   help="reference image to edit (FLUX.2 klein; repeat for several)")
     p.add_argument("--vae", metavar="PATH", help="VAE / autoencoder file")
     p.add_argument("--taesd", metavar="PATH",
                    help="TAE (tiny autoencoder): decodes the final image fast, as sd-cli does, and "
@@ -69,7 +79,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="use --taesd for previews only; the VAE decodes the final image")
     p.add_argument("--upscale-model", metavar="PATH", help="ESRGAN upscaler applied after decoding")
     p.add_argument("--upscale-repeats", type=int, default=1, help="times to run the upscaler")
-    p.add_argument("-p", "--prompt", required=True)
+    p.add_argument("-p", "--prompt", help="the prompt (required unless --from-image gives one)")
     p.add_argument("-n", "--negative-prompt", default="")
     p.add_argument("-W", "--width", type=int, default=_DefaultInt(512), help="image width in pixels")
     p.add_argument("-H", "--height", type=int, default=_DefaultInt(512), help="image height in pixels")
@@ -78,7 +88,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--guidance", type=float, default=3.5, help="Flux dev distilled guidance")
     p.add_argument("-s", "--seed", type=int, default=42, help="RNG seed (< 0: random)")
     p.add_argument("--sampling-method", default=_DefaultStr("euler_a"))
-    p.add_argument("--scheduler", default="discrete")
+    p.add_argument("--scheduler", default="default",
+                   help="sigma schedule (default: the model's, as sd-cli: discrete for SD, "
+                        "Flux's own for Flux)")
     p.add_argument("-b", "--batch-count", type=int, default=1)
     p.add_argument("-o", "--output", default="output.png", help="PNG path (batch: _N suffixes)")
     p.add_argument("--preview-path", metavar="DIR", help="write a preview PNG per step")
@@ -100,8 +112,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     adv.add_argument("--t5-length", type=int, help="T5 tokens after padding (default: Flux 256, Chroma 512)")
     add_input_arguments(p)
     add_placement_arguments(p)
-    p.set_defaults(run=run)
+    add_sampling_arguments(p)
+    p.set_defaults(run=run, parser_defaults=_defaults(p))
+    p.error = _one_line_error  # type: ignore[method-assign]
     return p
+
+
+def _one_line_error(message: str) -> None:
+    """argparse's error for generate: one line (the dispatcher prints it), no usage dump."""
+    raise SdplanError(f"{message} (see sdplan generate --help)")
+
+
+def _defaults(p: argparse.ArgumentParser) -> dict[str, Any]:
+    return {a.dest: a.default for a in p._actions if a.dest != "help"}
 
 
 class _DefaultInt(int):
@@ -135,7 +158,7 @@ def apply_demo(args: argparse.Namespace) -> None:
     )
 
     if args.model or args.diffusion_model:
-        raise SdplanError("--demo replaces -m/--diffusion-model: give one or the other")
+        raise InvalidArgument("--demo replaces -m/--diffusion-model: give one or the other")
     args.model = str(demo_model_path())
     if getattr(args, "lora_model_dir", "") is None:
         args.lora_model_dir = str(demo_lora_dir())
@@ -151,7 +174,8 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
     ``-m`` nor ``--diffusion-model`` is given."""
     files = {key: [str(getattr(args, attr))] for attr, key in FILE_FLAGS.items() if getattr(args, attr, None)}
     if "model" not in files and "diffusion_model" not in files:
-        raise SdplanError("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux, Chroma or Z-Image files)")
+        raise InvalidArgument("generate needs -m MODEL (SD checkpoint) or --diffusion-model (Flux, Chroma, Z-Image or "
+                              "FLUX.2 klein files)")
     return files
 
 
@@ -169,9 +193,33 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]])
     from sdplan.core.pipelines.inputs import plan_loras
 
     loras = plan_loras(args.prompt, args.lora_model_dir or ".", args.lora_apply_mode, files, plan)
+    measured = engine_compute(args, engine, files, plan)
     fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count,
-                        loras=loras.profiles)
+                        engine="sdplan", measured=measured, loras=loras.profiles)
     return plan, inventory, fit, loras
+
+
+def _profile(files: dict[str, list[str]]) -> Any:
+    from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+
+    return profile_from_model_flags({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
+
+
+def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[str]], plan: Any) -> dict[str, int]:
+    """Compute bytes per module of this run, measured by a dry run of the engine's graphs in
+    the engine process on the planned devices (:mod:`sdplan.core.pipelines.compute`); {}
+    when the family has no dry run or it fails (the estimate then uses its fitted figures)."""
+    from sdplan.core.pipelines.compute import COMPUTE_JOB
+    from sdplan.core.runtime.runner import ModulePlacement
+
+    try:
+        return dict(engine.call(COMPUTE_JOB, {
+            "model_files": files, "width": args.width, "height": args.height, "batch": args.batch_count,
+            "cfg": args.cfg_scale != 1.0,
+            "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")}}))
+    except SdplanError as exc:
+        log.info("no dry run of the engine: %s", exc)
+        return {}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -182,11 +230,22 @@ def run(args: argparse.Namespace) -> int:
     from sdplan.core.pipelines.demo import demo_caption_known
     from sdplan.core.runtime.process import Engine
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # piped stderr gets whole lines
+    try:
+        notes = refuse_unsupported(args, list(getattr(args, "extra_argv", None) or []))
+        taken = apply_from_image(args, getattr(args, "parser_defaults", {}))
+    except SdplanError as exc:
+        print(f"sdplan generate: {exc}", file=sys.stderr)
+        return 2
+    for note in [*notes, *([taken] if taken else [])]:
+        console.print(f"[yellow]note[/]: {note}", highlight=False, markup=False)
     with Engine(isolated=not args.in_process) as engine:
         try:
             apply_demo(args)
+            if not args.prompt:
+                raise SdplanError("generate needs -p PROMPT (or --from-image with a prompt)")
             validate(args)
+            sampling_request(args)
             files = model_files(args)
             plan, inventory, fit, loras = _resolve(args, engine, files)
         except SdplanError as exc:
@@ -202,14 +261,18 @@ def run(args: argparse.Namespace) -> int:
             if not args.force:
                 console.print("[bold red]refused[/]: the plan does not fit "
                               f"({'; '.join(fit.reasons)}); use --force to run anyway")
+                from sdplan.core.commands.plan import advise, print_advice
+
+                print_advice(advise(plan, _profile(files), inventory, fit, args))
                 return 3
             console.print("[yellow]--force[/]: running a plan that does not fit")
         try:
             return _generate(args, files, plan, engine, console)
-        except (SdplanError, ValueError) as exc:
-            from rich.markup import escape
-
-            console.print(f"[bold red]error[/]: {escape(str(exc))}", highlight=False)
+        except SdplanError as exc:
+            print_error(exc)
+            return 2
+        except ValueError as exc:
+            print_error(InvalidArgument(str(exc)))
             return 2
 
 
@@ -225,7 +288,7 @@ def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, se
         try:
             overrides["flux_axes"] = tuple(int(a) for a in args.flux_axes.split(","))
         except ValueError:
-            raise SdplanError(f"--flux-axes must be three integers like 16,56,56, got {args.flux_axes!r}") from None
+            raise InvalidArgument(f"--flux-axes must be three integers like 16,56,56, got {args.flux_axes!r}") from None
     return {"model_files": files, "prompt": args.prompt, "negative_prompt": args.negative_prompt,
             "width": args.width, "height": args.height, "steps": args.steps, "cfg_scale": args.cfg_scale,
             "guidance": args.guidance, "seed": seed, "sampling_method": args.sampling_method,
@@ -235,45 +298,65 @@ def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, se
             "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")},
             "overrides": {k: v for k, v in overrides.items() if v is not None},
             "previews": bool(args.preview_path),
-            "taesd_decode": bool(args.taesd) and not args.taesd_preview_only, **input_request(args)}
+            "taesd_decode": bool(args.taesd) and not args.taesd_preview_only,
+            "ref_images": [str(p) for p in getattr(args, "ref_image", None) or ()],
+            **sampling_request(args), **input_request(args)}
 
 
 def validate(args: argparse.Namespace) -> None:
-    """Check the generation flags before anything loads; raises SdplanError naming the flag."""
-    import math
-
-    validate_inputs(args)
+    """Check the generation flags and every output location before anything loads
+    (:mod:`sdplan.core.commands.limits`, :func:`check_outputs`); raises InvalidArgument or
+    OutputError naming the flag."""
+    from sdplan.core.commands.limits import check_generation
     from sdplan.core.sampling.flow import FLOW_SAMPLERS
     from sdplan.core.sampling.samplers import SAMPLERS
     from sdplan.core.sampling.schedules import SCHEDULES
 
-    for flag, value, low in (("-W/--width", args.width, 1), ("-H/--height", args.height, 1),
-                             ("--steps", args.steps, 1), ("-b/--batch-count", args.batch_count, 1),
-                             ("--upscale-repeats", args.upscale_repeats, 1),
-                             ("-t/--threads", args.threads, 0), ("--vae-tile-size", args.vae_tile_size, 0)):
-        if value < low:
-            raise SdplanError(f"{flag} must be at least {low}, got {value}")
-    for flag, fvalue in (("--cfg-scale", args.cfg_scale), ("--guidance", args.guidance)):
-        if not math.isfinite(fvalue):
-            raise SdplanError(f"{flag} must be a finite number, got {fvalue}")
+    validate_inputs(args)  # first: -W/-H may come from the init picture
+    check_generation(args)
     names = sorted(set(SAMPLERS) | set(FLOW_SAMPLERS) | {"ddim"})
     if args.sampling_method not in names:
-        raise SdplanError(f"--sampling-method {args.sampling_method!r} is unknown; choose one of "
-                          f"{', '.join(names)}")
+        raise InvalidArgument(f"--sampling-method {args.sampling_method!r} is unknown; choose one of "
+                              f"{', '.join(names)}")
     if args.scheduler not in (*SCHEDULES, "default"):
-        raise SdplanError(f"--scheduler {args.scheduler!r} is unknown; choose one of {', '.join(SCHEDULES)}")
-    out = Path(args.output)
-    if out.is_dir() or out.suffix.lower() != ".png":
-        raise SdplanError(f"-o/--output {args.output!r} must be a .png file path")
-    # Before any work: a picture that cannot be written is found out now, not after sampling.
-    folder = out.parent if str(out.parent) else Path(".")
+        raise InvalidArgument(f"--scheduler {args.scheduler!r} is unknown; choose one of {', '.join(SCHEDULES)}")
+    check_outputs(args)
+    if getattr(args, "ref_image", None):
+        from sdplan.core.pipelines.flux2 import load_ref_image
+
+        for path in args.ref_image:
+            load_ref_image(path)  # a missing or broken picture is a one-line error now
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Before any work: the image file (``-o``, a ``.png`` path in a folder that takes files
+    and has room for the batch) and the preview folder (``--preview-path``) are writable.
+
+    Raises:
+        OutputError: naming the flag and the path.
+    """
+    from sdplan.core.pipelines.outputs import check_output_file, check_output_folder
+
+    scale = 4 ** args.upscale_repeats if getattr(args, "upscale_model", None) else 1
+    raw = args.width * args.height * 3 * scale * scale  # an upper bound of a PNG's bytes
+    check_output_file("-o/--output", args.output, needed_bytes=raw * args.batch_count)
+    if args.preview_path:
+        check_output_folder("--preview-path", args.preview_path, needed_bytes=raw)
+
+
+def _command(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, seed: int) -> str:
+    """The sd-cli command of this run (recorded in the picture)."""
+    from sdplan.core.planning.sdcli import GENERATION_FLAGS, sdcli_command_line
+
+    gen = {k: getattr(args, k, None) for k in GENERATION_FLAGS if k != "output"}
+    gen["seed"] = seed
+    gen = {k: v for k, v in gen.items() if v not in (None, "", [])}
+    if gen.get("scheduler") == "default":
+        del gen["scheduler"]
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SdplanError(f"-o/--output {args.output!r}: cannot create the folder {str(folder)!r} "
-                          f"({exc.strerror or exc})") from None
-    if not os.access(folder, os.W_OK):
-        raise SdplanError(f"-o/--output {args.output!r}: the folder {str(folder)!r} is not writable")
+        return sdcli_command_line(plan.placement, {k: v for k, v in files.items()}, gen)
+    except (ValueError, TypeError):
+        return ""
 
 
 def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
@@ -306,6 +389,9 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
         first: dict[str, float] = {}
 
         def on_progress(info: dict[str, Any]) -> None:
+            if info.get("phase") == "threads":
+                bar.console.print(f"CPU threads: {info['threads']} ({info['reason']})",
+                                  highlight=False, markup=False)
             if "step" not in info:
                 return
             now = time.perf_counter()
@@ -317,8 +403,15 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
                        rate=f"{rate:.2f} steps/s" if rate else "")
 
         def on_preview(info: dict[str, Any]) -> None:
-            if preview_dir is not None:
+            nonlocal preview_dir
+            if preview_dir is None:
+                return
+            try:
                 save_png(info["image"], preview_dir / f"preview_{info['step']:03d}.png")
+            except OSError as exc:  # a preview lost must not lose the run
+                bar.console.print(f"warning: previews stop: cannot write in {str(preview_dir)!r} "
+                                  f"({exc.strerror or exc})", highlight=False, markup=False)
+                preview_dir = None
 
         try:
             res = engine.call(GENERATE_JOB, {"request": req}, on_progress, on_preview)
@@ -329,11 +422,40 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
     applied = {k: v for k, v in res.get("params", {}).items() if k in ("loras", "lora_apply_mode")}
     text = generation_text({**req, "clip_skip": args.clip_skip, **applied}, files,
                            {"backend": plan.backend, "params_backend": plan.params_backend,
-                            "max_vram": plan.max_vram})
-    out = Path(args.output)
-    images = res["images"]
+                            "max_vram": plan.max_vram, "split_mode": plan.split_mode,
+                            "rpc_servers": ",".join(plan.rpc_servers)},
+                           command=_command(args, files, plan, seed))
+    return write_images(res["images"], Path(args.output), text, console)
+
+
+def write_images(images: list[Any], out: Path, text: dict[str, str], console: Any) -> int:
+    """Write each image (``out``, or ``out_N`` for a batch) atomically and print its path on
+    stdout; an image whose write fails late (a full disk) goes to the temporary folder
+    instead, and the message says where. Returns 0, or 2 when an image could not be
+    written anywhere."""
+    from sdplan.core.pipelines.outputs import fallback_folder
+    from sdplan.core.pipelines.results import save_png
+
+    status = 0
     for i, img in enumerate(images):
         path = out if len(images) == 1 else out.with_name(f"{out.stem}_{i}{out.suffix or '.png'}")
-        save_png(img, path, text | {"batch_index": str(i)})
+        chunks = text | {"batch_index": str(i)}
+        try:
+            save_png(img, path, chunks)
+        except OSError as exc:
+            spare = fallback_folder() / f"sdplan-{os.getpid()}-{int(time.time())}-{path.name}"
+            try:
+                save_png(img, spare, chunks)
+            except OSError as exc2:
+                console.print(f"error [output_unwritable]: cannot write {str(path)!r} "
+                              f"({exc.strerror or exc}) nor {str(spare)!r} "
+                              f"({exc2.strerror or exc2}); the image is lost", highlight=False,
+                              markup=False, soft_wrap=True)
+                status = 2
+                continue
+            console.print(f"warning: cannot write {str(path)!r} ({exc.strerror or exc}); "
+                          f"the image was written to {str(spare)!r} instead", highlight=False,
+                          markup=False, soft_wrap=True)
+            path = spare
         print(path, file=sys.stdout)
-    return 0
+    return status

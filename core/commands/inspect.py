@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from sdplan.core.errors import SdplanError
+from sdplan.core.commands.messages import print_error
+from sdplan.core.errors import InvalidArgument, OutputError, SdplanError
 from sdplan.core.modelfiles.checkpoint import ModelSet, read_model_files
 from sdplan.core.planning.modules import GIB, MODEL_FLAGS
 
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     flags = flags_from_args(args)
     try:
         if not flags:
-            raise SdplanError("no model file given (FILE... or --diffusion-model, --t5xxl ...)")
+            raise InvalidArgument("no model file given (FILE... or --diffusion-model, --t5xxl ...)")
         ms = read_model_files(flags)
         if args.write_profile:
             out = Path(args.write_profile)
@@ -63,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
                 out.write_text(json.dumps(ms.profile().to_json(), indent=1) + "\n",
                                encoding="utf-8")
             except OSError as exc:
-                raise SdplanError(f"{out}: cannot write profile: {exc.strerror}") from None
+                raise OutputError(f"{out}: cannot write profile: {exc.strerror}") from None
     except SdplanError as exc:
         if args.json:
             print(json.dumps({"ok": False, "error": exc.to_json()}))
         else:
-            print(f"sdplan inspect: {exc}", file=sys.stderr)
+            print_error(exc)
         return 2
     if args.json:
         print(json.dumps({"ok": True, **ms.to_json()}, indent=1))

@@ -88,17 +88,17 @@ def validate_inputs(args: argparse.Namespace) -> None:
     picture's size (as sd-cli does).
 
     Raises:
-        SdplanError: naming the flag.
+        InvalidArgument: naming the flag.
     """
     import math
 
-    from sdplan.core.errors import SdplanError
+    from sdplan.core.errors import InvalidArgument
     from sdplan.core.pipelines.img2img import image_size, load_mask
 
     if not (math.isfinite(args.strength) and 0.0 <= args.strength <= 1.0):
-        raise SdplanError(f"--strength must be in [0, 1], got {args.strength}")
+        raise InvalidArgument(f"--strength must be in [0, 1], got {args.strength}")
     if args.mask and not args.init_img:
-        raise SdplanError("--mask needs -i/--init-img: the mask says which pixels of that picture to repaint")
+        raise InvalidArgument("--mask needs -i/--init-img: the mask says which pixels of that picture to repaint")
     if args.init_img:
         w, h = image_size(args.init_img)
         if args.mask:

@@ -3,6 +3,14 @@
 With ``--json`` the output is issue 3's contract: the plan's :meth:`Plan.to_json` (plus
 ``"fit"`` when a profile and the estimator are available), or on an error exit code 2 and
 ``{"ok": false, "error": {"code", "message", "span"}}``. Otherwise readable tables.
+
+``--command "sd-cli ..."`` plans a whole pasted sd-cli command (model files, placement,
+image size and batch from its flags; :func:`sdplan.core.planning.sdcli.import_sdcli_command`);
+its JSON adds ``"command"``: the written command, the arguments kept without being
+understood (``kept``: sd-cli options sdplan does not use; ``unknown``: not sd-cli options),
+the generation settings, the model files and the runtime flags the estimate of that sd-cli
+run takes into account (flash attention, direct convolutions, ``--mmap``,
+``--eager-load``: :class:`~sdplan.core.planning.estimate.RuntimeFlags`).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from typing import Any
 
 from sdplan.core.commands.options import add_source_arguments, load_inventory, profile_from_args
 from sdplan.core.errors import PlanError, SdplanError
+from sdplan.core.planning.autofit import RESERVES
 from sdplan.core.planning.estimate import estimate_plan
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB, MODEL_FLAGS, MODULES
@@ -52,32 +61,118 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-W", "--width", type=positive_int, default=512, help="image width (px) for the fit")
     p.add_argument("-H", "--height", type=positive_int, default=512, help="image height (px)")
     p.add_argument("-b", "--batch-count", type=positive_int, default=1, help="images per batch")
+    p.add_argument("--command", dest="sdcli_command", metavar="TEXT",
+                   help="plan a whole pasted sd-cli command (its model files, placement, "
+                        "size and batch); POSIX, cmd.exe and PowerShell quoting are read")
+    p.add_argument("--engine", choices=("sdplan", "sd-cli"), default="sdplan",
+                   help="whose memory to estimate: sdplan's own engine (default; with model "
+                        "files its graphs are measured by a dry run) or the sd-cli command "
+                        "the plan writes")
+    p.add_argument("--diffusion-fa", action="store_true",
+                   help="with --engine sd-cli: sd-cli runs the diffusion model with flash "
+                        "attention (its --diffusion-fa)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(run=run)
     return p
 
 
+def _from_command(args: argparse.Namespace) -> Any:
+    """Take model files, placement and size from ``--command`` into ``args``; returns the
+    :class:`~sdplan.core.planning.sdcli.ImportedCommand`.
+
+    Raises:
+        PlanError: ``conflicting_model_sources`` when placement or model flags are given as
+            well; import errors of the command.
+    """
+    from sdplan.core.planning.sdcli import import_sdcli_command
+
+    given = [f"--{k.replace('_', '-')}" for k in MODEL_FLAGS if getattr(args, k, None)]
+    given += [f for f, k in (("--backend", "backend"), ("--params-backend", "params_backend"),
+                             ("--max-vram", "max_vram"), ("--rpc-servers", "rpc_servers"),
+                             ("--split-mode", "split_mode")) if getattr(args, k, None)]
+    if given:
+        raise PlanError("conflicting_model_sources", f"--command carries the whole sd-cli "
+                        f"command; drop {', '.join(given)} or put them into it",
+                        flag="--command")
+    imp = import_sdcli_command(args.sdcli_command)
+    for key, value in imp.model_files.items():
+        setattr(args, key, [value] if isinstance(value, str) else list(value))
+    args.placement_override = imp.placement
+    gen = imp.generation
+    for key in ("width", "height", "batch_count"):
+        if isinstance(gen.get(key), int) and gen[key] >= 1:
+            setattr(args, key, gen[key])
+    return imp
+
+
+def _command_json(imp: Any, plan: Plan) -> dict[str, object]:
+    from sdplan.core.planning.sdcli import sdcli_command_line
+
+    return {"written": sdcli_command_line(plan.placement, imp.model_files, imp.generation,
+                                          program=imp.program or "sd-cli",
+                                          extra=imp.extra_args(), raw=imp.generation_text),
+            "kept": list(imp.kept), "unknown": list(imp.unknown),
+            "generation": dict(imp.generation), "model_files": dict(imp.model_files)}
+
+
 def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
-         args: argparse.Namespace) -> Any:
+         args: argparse.Namespace, files: dict[str, list[str]] | None = None,
+         flags: Any = None) -> Any:
+    """The memory estimate: for a pasted sd-cli command (``flags``, its runtime flags) the
+    sd-cli command's; else for ``--engine`` (sdplan's own engine measured by a dry run on
+    the model files when given)."""
     if profile is None:
         return None
+    if flags is not None:
+        return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
+                             batch=args.batch_count, flags=flags)
+    engine = engine_name(args)
+    measured = measure_files(files, args) if files and engine == "sdplan" else None
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
-                         batch=args.batch_count)
+                         batch=args.batch_count, engine=engine, measured=measured)
+
+
+def engine_name(args: argparse.Namespace) -> str:
+    """The estimate's engine from ``--engine`` and ``--diffusion-fa``."""
+    if getattr(args, "engine", "sdplan") == "sd-cli":
+        return "sd-cli-fa" if getattr(args, "diffusion_fa", False) else "sd-cli"
+    return "sdplan"
+
+
+def measure_files(files: dict[str, list[str]], args: argparse.Namespace) -> dict[str, int] | None:
+    """Compute bytes per module of sdplan's engine for the model files at the requested
+    size, by a dry run in this process on the CPU
+    (:func:`sdplan.core.pipelines.compute.measure_compute`); None when the engine is
+    unavailable (the estimate then uses its fitted figures)."""
+    try:
+        from sdplan.core.pipelines.compute import measure_compute
+
+        return measure_compute(files, width=args.width, height=args.height,
+                               batch=args.batch_count) or None
+    except (ImportError, RuntimeError, ValueError, SdplanError) as exc:
+        log.info("no dry run of the engine: %s", exc)
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
     """Resolve and print; 0 on success, 2 on any sdplan error (JSON error with ``--json``)."""
     if (getattr(args, "model_profile", None) or "").strip().lower() == "list":
         return _list_builtin(args.json)
+    imported = None
     try:
-        placement = placement_from_namespace(args)
+        if getattr(args, "sdcli_command", None):
+            imported = _from_command(args)
+            placement = args.placement_override
+        else:
+            placement = placement_from_namespace(args)
         inventory, extra = load_inventory(args.devices, placement.rpc_servers)
         files = {k: list(getattr(args, k)) for k in MODEL_FLAGS if getattr(args, k, None)}
         profile = profile_from_args(args, files)
         plan = resolve(placement, inventory, profile)
         if extra:
             plan = dataclasses.replace(plan, warnings=extra + plan.warnings)
-        fit = _fit(plan, profile, inventory, args)
+        fit = _fit(plan, profile, inventory, args, files,
+                   imported.runtime_flags() if imported is not None else None)
     except SdplanError as exc:
         err = exc.to_json()
         err.setdefault("span", None)
@@ -86,14 +181,58 @@ def run(args: argparse.Namespace) -> int:
         else:
             print_error(exc)
         return 2
+    advice = advise(plan, profile, inventory, fit, args)
     if args.json:
         out = plan.to_json()
         if fit is not None:
             out["fit"] = fit.to_json()
+            if advice:
+                out["fit"]["advice"] = advice
+        if imported is not None:
+            out["command"] = _command_json(imported, plan)
+            out["command"]["runtime_flags"] = imported.runtime_flags().to_json()
         print(json.dumps(out, indent=1))
     else:
         print_tables(plan, inventory, fit)
+        print_advice(advice)
+        if imported is not None:
+            cmd = _command_json(imported, plan)
+            console = stdout_console()
+            console.print("sd-cli command:", style="bold")
+            console.print(f"  {cmd['written']}", highlight=False, markup=False, soft_wrap=True)
+            kept = [*imported.kept, *imported.unknown]
+            if kept:
+                console.print("  kept as given: " + " ".join(kept), highlight=False,
+                              markup=False, soft_wrap=True)
     return 0
+
+
+def advise(plan: Plan, profile: Profile | None, inventory: Inventory, fit: Any,
+           args: argparse.Namespace) -> list[str]:
+    """When ``fit`` says the plan does not fit: the smallest change that would, from the
+    auto plan (:func:`sdplan.core.planning.autoplan.fit_advice`); else []."""
+    if fit is None or getattr(fit, "fits", True) or profile is None:
+        return []
+    from sdplan.core.planning.autoplan import fit_advice
+
+    try:
+        return fit_advice(plan, profile, inventory, width=fit.width, height=fit.height,
+                          batch=fit.batch, engine=fit.engine,
+                          measured={m: c for m, e in fit.modules.items() for c in
+                                    list(e.compute.values())[:1]
+                                    if fit.compute_source.get(m) == "measured"})
+    except SdplanError as exc:
+        log.info("no auto plan: %s", exc)
+        return []
+
+
+def print_advice(advice: list[str]) -> None:
+    """Print :func:`advise`'s lines under ``What would fit:``."""
+    if not advice:
+        return
+    print("What would fit (from the auto plan):")
+    for line in advice:
+        print(f"  {line}")
 
 
 def _list_builtin(as_json: bool) -> int:
@@ -131,18 +270,11 @@ def _list_builtin(as_json: bool) -> int:
 
 
 def print_error(exc: SdplanError) -> None:
-    """Print an sdplan error on stderr (code, message, and the flag text with a caret under
-    the span for a PlanError)."""
-    from rich.console import Console
-    from rich.markup import escape
+    """Print an sdplan error on stderr (:func:`sdplan.core.commands.messages.print_error`:
+    one line; on a terminal a PlanError's flag text with carets under the span)."""
+    from sdplan.core.commands.messages import print_error as _print
 
-    console = Console(stderr=True)
-    console.print(f"[bold red]error[/] {escape(f'[{exc.code}]')}: {escape(str(exc))}")
-    if isinstance(exc, PlanError) and exc.text is not None and exc.span is not None:
-        start, end = exc.span
-        console.print(f"  {exc.flag} {escape(exc.text)}", highlight=False)
-        pad = " " * (len(exc.flag or "") + 3 + start)
-        console.print(pad + "^" * max(end - start, 1), style="red", highlight=False)
+    _print(exc)
 
 
 def stdout_console() -> Any:
@@ -187,12 +319,35 @@ def print_tables(plan: Plan, inventory: Inventory, fit: Any) -> None:
                       highlight=False)
     if fit is not None:
         _print_fit(console, fit)
-    console.print("Canonical flags:", style="bold")
+    if plan.auto_fit is not None:
+        _print_auto_fit(console, plan.auto_fit)
+    console.print("Canonical flags:" if plan.auto_fit is None else
+                  "Canonical flags (pin sd-cli's --auto-fit choice with these):", style="bold")
     for flag, value in (("--backend", plan.backend), ("--params-backend", plan.params_backend),
-                        ("--max-vram", plan.max_vram)):
+                        ("--split-mode", plan.split_mode), ("--max-vram", plan.max_vram)):
         if value:
             console.print(f"  {flag} {value}", highlight=False, markup=False)
     sys.stdout.flush()
+
+
+def _print_auto_fit(console: Any, fitted: Any) -> None:
+    """sd-cli's ``--auto-fit`` choice: components, sizes, reserves, devices, its strings."""
+    from rich.table import Table
+
+    table = Table(title="sd-cli --auto-fit" + (" (time-share: weights load per phase)"
+                                               if fitted.time_share else ""))
+    for col in ("component", "GiB (as counted)", "reserve GiB", "runs on"):
+        table.add_column(col, justify="right" if "GiB" in col else "left")
+    for comp, size in fitted.components.items():
+        where = fitted.placement.get(comp)
+        table.add_row(comp, f"{size / GIB:.2f}", f"{RESERVES[comp] / GIB:.2f}",
+                      " & ".join(where) if where else "(not present)")
+    console.print(table)
+    budgets = ", ".join(f"{d.name} {d.budget / GIB:.2f} GiB" for d in fitted.devices)
+    console.print(f"  budgets: {budgets or 'no GPU'}", highlight=False, markup=False)
+    console.print(f"  sd-cli derives --backend \"{fitted.backend}\""
+                  + (f" --params-backend \"{fitted.params_backend}\""
+                     if fitted.params_backend else ""), highlight=False, markup=False)
 
 
 def _print_fit(console: Any, fit: Any) -> None:
@@ -218,6 +373,7 @@ def _print_fit(console: Any, fit: Any) -> None:
                                       else str(v.get(c, "")) for c in cols))
     console.print(table)
     verdict = "[green]fits[/]" if data.get("fits") else "[red]does not fit[/]"
-    console.print(f"Estimate: {verdict}")
+    label = fit.engine_label() if hasattr(fit, "engine_label") else None
+    console.print(f"Estimate: {verdict}" + (f" · for {escape(label)}" if label else ""))
     for reason in data.get("reasons") or []:
         console.print(f"  {escape(str(reason))}", highlight=False)

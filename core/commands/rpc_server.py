@@ -105,8 +105,10 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    protocol, max_name = devices.local_rpc_speaks()
     print(f"sdplan rpc-server: serving device {device} at {endpoint} "
-          f"({threads} threads); Ctrl+C stops", flush=True)
+          f"({threads} threads; ggml RPC {'.'.join(map(str, protocol))}, tensor names of "
+          f"{max_name} bytes); Ctrl+C stops", flush=True)
     if args.allow_remote and not devices.is_loopback_host(args.host):
         print("sdplan rpc-server: WARNING: reachable from the network without "
               "authentication", file=sys.stderr, flush=True)

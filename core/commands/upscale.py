@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sdplan.core.errors import ModelFileError, SdplanError
+from sdplan.core.errors import SdplanError
 from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
 
 log = logging.getLogger(__name__)
@@ -43,55 +43,93 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _read_image(path: Path) -> Any:
-    import numpy as np
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as im:
-            return np.asarray(im.convert("RGB"))
-    except FileNotFoundError:
-        raise ModelFileError(path, "no such image") from None
-    except (UnidentifiedImageError, OSError) as exc:
-        raise ModelFileError(path, f"cannot read image: {exc}") from None
+#: Output extensions ``-o`` accepts (Pillow writes each by its extension).
+OUTPUT_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Upscale and write the image; 0 on success, 2 on any sdplan error."""
+    """Upscale and write the image; 0 on success, 2 on any sdplan error. The flags, the
+    input picture and the output location are all checked before the model loads."""
+    from sdplan.core.commands.limits import check_upscale
+    from sdplan.core.commands.messages import print_error
+    from sdplan.core.pipelines.images import read_image_rgb
+    from sdplan.core.pipelines.outputs import check_output_file
     from sdplan.core.pipelines.upscale import Upscaler
     from sdplan.core.planning.plan import resolve
-    from sdplan.core.runtime.devices import live_inventory
+    from sdplan.core.runtime.devices import BackendManager, live_inventory
     from sdplan.core.runtime.runner import BackendPool, ModulePlacement
+    from sdplan.core.runtime.threads import choose_threads
 
-    if args.upscale_repeats < 1:
-        print("sdplan upscale: --upscale-repeats must be >= 1", file=sys.stderr)
-        return 2
-    if args.upscale_tile is not None and args.upscale_tile < 8:
-        print("sdplan upscale: --upscale-tile must be >= 8", file=sys.stderr)
-        return 2
     try:
+        check_upscale(args)
+        image = read_image_rgb(Path(args.input))
+        # x4 per repeat is the largest ESRGAN scale: an upper bound of the output's bytes
+        side = 4 ** args.upscale_repeats
+        check_input_size(image.shape[1], image.shape[0], side)
+        check_output_file("-o/--output", args.output, OUTPUT_SUFFIXES,
+                          needed_bytes=image.size * side * side)
         placement = placement_from_namespace(args)
         plan = resolve(placement, live_inventory(rpc_servers=list(placement.rpc_servers)))
         for w in plan.warnings:
             log.warning("%s: %s", w.code, w.message)
         mp = ModulePlacement.from_plan(plan, "upscaler")
-        image = _read_image(Path(args.input))
-        from sdplan.core.runtime.devices import BackendManager
-
-        with BackendManager(cpu_threads=args.threads or None) as manager:
+        threads = choose_threads(args.threads)
+        print(f"CPU threads: {threads.threads} ({threads.reason})", file=sys.stderr)
+        with BackendManager(cpu_threads=threads.threads) as manager:
             up = Upscaler(args.upscale_model, placement=mp, pool=BackendPool(manager),
-                          tile=args.upscale_tile, n_threads=args.threads)
+                          tile=args.upscale_tile, n_threads=threads.threads)
             try:
                 out = up.upscale_image(image, args.upscale_repeats)
             finally:
                 up.close()
+        path = _write(out, Path(args.output))
     except SdplanError as exc:
-        print(f"sdplan upscale: {exc}", file=sys.stderr)
+        print_error(exc)
         return 2
-    from PIL import Image
-
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(out).save(args.output)
-    print(f"{args.output}: {out.shape[1]}x{out.shape[0]} (x{up.scale ** args.upscale_repeats}, "
+    print(f"{path}: {out.shape[1]}x{out.shape[0]} (x{up.scale ** args.upscale_repeats}, "
           f"{mp.devices[0]}, weights {mp.params_mode})")
     return 0
+
+
+#: Largest output side (pixels) an upscale may produce: 4 GiB of RGB at most.
+MAX_OUTPUT_SIDE = 32768
+
+
+def check_input_size(width: int, height: int, scale: int) -> None:
+    """Refuse an input whose upscaled side could exceed :data:`MAX_OUTPUT_SIDE` pixels
+    (``scale``: the largest total factor); raises InvalidArgument naming the sizes."""
+    from sdplan.core.errors import InvalidArgument
+
+    if max(width, height) * scale > MAX_OUTPUT_SIDE:
+        raise InvalidArgument(f"-i/--init-img is {width}x{height}: upscaled up to x{scale} it could "
+                              f"reach {max(width, height) * scale} pixels a side, over the "
+                              f"{MAX_OUTPUT_SIDE} limit; use a smaller picture or fewer "
+                              "--upscale-repeats")
+
+
+def _write(image: Any, path: Path) -> Path:
+    """Write ``image`` atomically at ``path`` (format by extension); when that fails late,
+    in the temporary folder, with a warning naming both. Raises OutputError when neither
+    can be written."""
+    import os
+    import time
+
+    from PIL import Image
+    from sdplan.core.errors import OutputError
+    from sdplan.core.pipelines.outputs import atomic_write, fallback_folder
+
+    pic = Image.fromarray(image)
+    fmt = Image.registered_extensions().get(path.suffix.lower(), "PNG")
+    try:
+        return atomic_write(path, lambda tmp: pic.save(tmp, format=fmt))
+    except OSError as exc:
+        spare = fallback_folder() / f"sdplan-{os.getpid()}-{int(time.time())}-{path.name}"
+        try:
+            atomic_write(spare, lambda tmp: pic.save(tmp, format=fmt))
+        except OSError as exc2:
+            raise OutputError(f"-o/--output {str(path)!r}: cannot write it ({exc.strerror or exc}) "
+                              f"nor {str(spare)!r} ({exc2.strerror or exc2}); the image is "
+                              "lost") from None
+        print(f"warning: cannot write {str(path)!r} ({exc.strerror or exc}); the image was "
+              f"written to {str(spare)!r} instead", file=sys.stderr)
+        return spare

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sdplan.core.errors import ModelFileError
-from sdplan.core.modelfiles.families import DIFFUSION_MARKERS, z_image_family
+from sdplan.core.modelfiles.autofit_sizes import autofit_component_bytes, loaded_component_bytes
+from sdplan.core.modelfiles.families import DIFFUSION_MARKERS, detect_family
 from sdplan.core.modelfiles.readers import TensorFile, TensorInfo, read_tensor_file
-from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE, flag_for
+from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
 log = logging.getLogger(__name__)
@@ -93,9 +94,10 @@ class ModelTensor:
 class Architecture:
     """Detected model family with the evidence (tensor names and shapes) for it.
 
-    ``family``: ``sd1``, ``sd2``, ``sdxl``, ``sd3``, ``flux``, ``chroma``, ``z_image`` or ``unknown``
-    (loadable but not recognised, or no diffusion model); ``variant`` refines it (Flux dev /
-    schnell, Chroma radiance, SD3 medium / large / 3.5-medium, SDXL refiner).
+    ``family``: ``sd1``, ``sd2``, ``sdxl``, ``sd3``, ``flux``, ``chroma``, ``z_image``,
+    ``flux2_klein``, ``flux2`` or ``unknown`` (loadable but not recognised, or no diffusion
+    model); ``variant`` refines it (Flux dev / schnell, Chroma radiance, SD3 medium / large /
+    3.5-medium, SDXL refiner, FLUX.2 klein 4b / 9b, FLUX.2 dev).
     """
 
     family: str
@@ -191,7 +193,9 @@ class ModelSet:
         diff = self.module_tensors("diffusion")
         first = diff[0].info.file if diff else self.files[0].path if self.files else None
         name = Path(first).name if first else None
-        return Profile(modules=mods, name=name, architecture=self.architecture.name)
+        return Profile(modules=mods, name=name, architecture=self.architecture.name,
+                       autofit=autofit_component_bytes(self.tensors),
+                       autofit_loaded=loaded_component_bytes(self.tensors))
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready summary: files, architecture, modules (bytes, blocks, dtypes)."""
@@ -500,101 +504,12 @@ def _local(name: str) -> str:
 
 
 def detect_architecture(ms: ModelSet) -> Architecture:
-    """Architecture of the model set from its diffusion tensors' names and shapes.
-
-    Rules: Z-Image (``families.z_image_family``) -> z_image; ``double_blocks``/``single_blocks``
-    (or diffusers ``single_transformer_blocks``) -> flux, ``dev`` when a guidance embedder
-    exists else ``schnell``, but ``chroma`` with ``distilled_guidance_layer.in_proj.weight``
-    (sd-cli's test); ``joint_blocks`` (or diffusers ``context_embedder`` with ``pos_embed``)
-    -> sd3; a UNet's cross-attention context width 768 -> sd1, 1024 -> sd2, 2048 with
-    ``label_emb`` -> sdxl (1280: refiner); another width -> the family a file's
-    ``sdplan.family`` metadata names (sd1 or sd2; scaled-down models such as the demo).
-    Anything else with diffusion tensors is ``unknown`` but loadable.
-    """
+    """Architecture of the model set from its diffusion tensors' names and shapes: the rules of
+    :func:`sdplan.core.modelfiles.families.detect_family` (Z-Image, FLUX.2, FLUX.1 / Chroma,
+    SD3, the UNets by context width or ``sdplan.family`` metadata), given the diffusion tensors
+    without ``model.diffusion_model.``, the ``llm`` encoder's names and the files' metadata."""
     diff = {_local(t.info.name): t.info.shape for t in ms.module_tensors("diffusion")}
-    if not diff:
-        return Architecture("unknown", None, ("no diffusion model among the files",))
-    names = list(diff)
-    if z := z_image_family(diff, [t.info.name for t in ms.module_tensors("te") if t.encoder == "llm"]):
-        return Architecture(*z)
+    llm = [t.info.name for t in ms.module_tensors("te") if t.encoder == "llm"]
+    meta = [str(f.metadata.get("sdplan.family")) for f in ms.files if f.metadata.get("sdplan.family")]
+    return Architecture(*detect_family(diff, llm, meta))
 
-    def count(seg: str) -> int:
-        pat = re.compile(r"(?:^|\.)" + re.escape(seg) + r"\.(\d+)\.")
-        return len({m.group(1) for n in names for m in [pat.match(n)] if m})
-
-    dbl, sgl = count("double_blocks"), count("single_blocks")
-    if not (dbl or sgl) and any(n.startswith("single_transformer_blocks.") for n in names):
-        dbl, sgl = count("transformer_blocks"), count("single_transformer_blocks")
-    if dbl or sgl:
-        ev = [f"{dbl} double_blocks + {sgl} single_blocks (Flux MMDiT)"]
-        if "distilled_guidance_layer.in_proj.weight" in diff:
-            ev.append("distilled_guidance_layer instead of per-block modulation: Chroma")
-            return Architecture("chroma", "radiance" if "img_in_patch.weight" in diff else None,
-                                tuple(ev))
-        guided = [n for n in names if n.startswith(("guidance_in.", "time_text_embed."
-                                                   "guidance_embedder."))]
-        if guided:
-            ev.append(f"guidance embedder present ({guided[0]}): dev")
-            return Architecture("flux", "dev", tuple(ev))
-        ev.append("no guidance_in: schnell")
-        return Architecture("flux", "schnell", tuple(ev))
-    joint = count("joint_blocks")
-    if joint or ("pos_embed.proj.weight" in diff and "context_embedder.weight" in diff):
-        depth = joint or count("transformer_blocks")
-        ev = [f"{depth} joint blocks (SD3 MMDiT)"]
-        if any(".x_block.attn2." in n or ".attn2." in n for n in names):
-            ev.append("x_block.attn2 present (MMDiT-X)")
-            return Architecture("sd3", "3.5-medium", tuple(ev))
-        variant = {24: "medium", 38: "large"}.get(depth)
-        return Architecture("sd3", variant, tuple(ev))
-    ctx = None
-    for n, shape in diff.items():
-        if ".attn2.to_k.weight" in n and len(shape) == 2:
-            ctx = (n, shape[1])
-            break
-    if ctx is not None:
-        ev = [f"UNet cross-attention context {ctx[1]} ({ctx[0]} {list(diff[ctx[0]])})"]
-        sdxl_emb = any(n.startswith(("label_emb.", "add_embedding.")) for n in names)
-        if sdxl_emb:
-            ev.append("label_emb/add_embedding present (SDXL size conditioning)")
-        if ctx[1] == 2048:
-            return Architecture("sdxl", None, tuple(ev))
-        if ctx[1] == 1280 and sdxl_emb:
-            return Architecture("sdxl", "refiner", tuple(ev))
-        if ctx[1] == 768:
-            return Architecture("sd1", None, tuple(ev))
-        if ctx[1] == 1024:
-            return Architecture("sd2", None, tuple(ev))
-        # A scaled-down UNet (sdplan's demo model, test models) names its family in the
-        # file's metadata, as the pipeline reads it (pipeline.METADATA_KEYS).
-        named = {f.metadata.get("sdplan.family") for f in ms.files} & {"sd1", "sd2"}
-        if len(named) == 1 and not sdxl_emb:
-            family = named.pop()
-            ev.append(f"file metadata sdplan.family = {family}")
-            return Architecture(family, None, tuple(ev))
-    return Architecture("unknown", None,
-                        (f"no known diffusion layout among {len(diff)} tensors; "
-                         "loadable by name",))
-
-
-def files_by_flag(ms: ModelSet, flags: Mapping[str, Sequence[str | Path]]) -> dict[str, list[str]]:
-    """sd-cli model flags for the files of a model set: a file given as ``model`` whose
-    tensors all belong to one module (or one encoder) gets that module's flag
-    (``diffusion_model``, ``t5xxl``, ``vae``, ``taesd``...; :func:`flag_for`); anything else
-    keeps the flag it was given."""
-    by_file: dict[str, set[tuple[str, str | None, str]]] = {}
-    for t in ms.tensors:
-        by_file.setdefault(str(t.info.file), set()).add((t.module, t.encoder, t.role))
-    out: dict[str, list[str]] = {}
-    for key, paths in flags.items():
-        for p in paths:
-            flag = key
-            kinds = by_file.get(str(p), set())
-            if key == "model" and len({k[0] for k in kinds}) == 1:
-                encoders = {k[1] for k in kinds}
-                roles = {k[2] for k in kinds}
-                module = next(iter(kinds))[0]
-                if len(encoders) == 1 and len(roles) == 1:
-                    flag = flag_for(module, next(iter(encoders)), next(iter(roles)))
-            out.setdefault(flag, []).append(str(p))
-    return out

@@ -50,9 +50,9 @@ class Needs:
 #: Family (or ``family-variant``) -> what it pairs with (``latent_channels`` None: no VAE,
 #: a pixel-space model). Sources: sd-cli's documented model sets (SD1 CLIP-L; SD2 OpenCLIP
 #: ViT-H; SDXL CLIP-L + bigG; the refiner bigG alone; SD3 CLIP-L + bigG + T5-XXL; Flux
-#: CLIP-L + T5-XXL; Chroma T5-XXL alone, Chroma Radiance in pixel space; Z-Image a Qwen3
-#: LLM encoder; 4-channel SD VAEs, 16-channel Flux/SD3 autoencoders) and each family's
-#: training resolution.
+#: CLIP-L + T5-XXL; Chroma T5-XXL alone, Chroma Radiance in pixel space; Z-Image and FLUX.2
+#: klein a Qwen3 LLM encoder; 4-channel SD VAEs, 16-channel Flux/SD3 autoencoders, FLUX.2's
+#: 32-channel one) and each family's training resolution.
 FAMILY_NEEDS: dict[str, Needs] = {
     "sd1": Needs(("clip_l",), 4, 512),
     "sd2": Needs(("clip_h",), 4, 768),
@@ -63,6 +63,7 @@ FAMILY_NEEDS: dict[str, Needs] = {
     "chroma": Needs(("t5xxl",), 16, 1024),
     "chroma-radiance": Needs(("t5xxl",), None, 1024),
     "z_image": Needs(("llm",), 16, 1024),
+    "flux2_klein": Needs(("llm",), 32, 1024),
 }
 #: Verdicts from best to worst.
 VERDICTS = ("resident", "split", "offload", "none")
@@ -150,8 +151,15 @@ def combined_profile(parts: Sequence[LibraryEntry]) -> Profile:
         mods["te"] = _merge_te(te)
     first = profs[0] if profs else None
     ordered = {m: mods[m] for m in (*MODULES, *mods) if m in mods}
+    autofit: dict[str, int] = {}
+    loaded: dict[str, int] = {}
+    for prof in profs:  # sd-cli's auto-fit sizes add up over the files as read together
+        for total, part in ((autofit, prof.autofit), (loaded, prof.autofit_loaded)):
+            for m, b in part.items():
+                total[m] = total.get(m, 0) + int(b)
     return Profile(ordered, first.name if first else None,
-                   first.architecture if first else None)
+                   first.architecture if first else None, autofit=autofit,
+                   autofit_loaded=loaded)
 
 
 def _merge_te(parts: list[ModuleProfile]) -> ModuleProfile:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import mmap
 import struct
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +156,9 @@ def _read_safetensors(p: Path, fh: object, size: int, head: bytes) -> TensorFile
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelFileError(p, f"not a safetensors or GGUF file: header is not JSON ({exc})"
                              ) from None
+    except RecursionError:  # a real header nests 3 levels: {name: {"shape": [...]}}
+        raise ModelFileError(p, "not a safetensors file: its header nests JSON deeper than "
+                                f"Python's recursion limit ({sys.getrecursionlimit()})") from None
     if not isinstance(header, dict):
         raise ModelFileError(p, "not a safetensors file: header is not a JSON object")
     data_start = 8 + n

@@ -123,7 +123,8 @@ class ModuleGraph(Protocol):
     n_blocks: int
 
     def block_tensors(self, i: int) -> list[str]:
-        """Weight names of block ``i`` (0-based, execution order)."""
+        """Weight names of block ``i`` (0-based, execution order); IndexError for an ``i``
+        outside ``0..n_blocks - 1`` (:func:`check_block`)."""
 
     def other_tensors(self) -> list[str]:
         """Weight names outside every block."""
@@ -139,6 +140,13 @@ class ModuleGraph(Protocol):
 
     def build_post(self, g: Any, w: WeightLookup, state: dict[str, Tensor]) -> dict[str, Tensor]:
         """Non-block graph after the last block; returns the outputs."""
+
+
+def check_block(graph: Any, i: int) -> None:
+    """Raise IndexError naming ``graph`` unless ``0 <= i < graph.n_blocks`` (a block index of
+    :meth:`ModuleGraph.block_tensors`; negative indices are not blocks)."""
+    if not 0 <= i < graph.n_blocks:
+        raise IndexError(f"{type(graph).__name__} has blocks 0..{graph.n_blocks - 1}, not {i}")
 
 
 class WholeGraph:

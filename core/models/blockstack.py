@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sdplan.core.models.base import check_block
 from sdplan.core.runtime import graph as gr
 
 EPS = 1e-5
@@ -47,6 +48,7 @@ class BlockStack:
         self.n_blocks = cfg.n_blocks
 
     def block_tensors(self, i: int) -> list[str]:
+        check_block(self, i)
         p = f"blocks.{i}."
         return [p + s + "." + k for s in ("norm1", "attn.qkv", "attn.out", "norm2", "mlp.fc1", "mlp.fc2")
                 for k in ("weight", "bias")]

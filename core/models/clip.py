@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights, check_block
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["ClipConfig", "ClipGraph", "PREFIXES", "layer_prefix", "clip_config", "clip_text", "causal_mask", "find_prefix"]
@@ -236,6 +236,7 @@ class ClipGraph:
                 self._other.append(short)
 
     def block_tensors(self, i: int) -> list[str]:
+        check_block(self, i)
         return list(self._blocks[i])
 
     def other_tensors(self) -> list[str]:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights, check_block
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["FluxConfig", "FluxDiT", "flux_config", "find_prefix", "patchify", "unpatchify",
@@ -86,7 +86,7 @@ class FluxConfig:
     n_double: int
     n_single: int
     guidance: bool
-    axes: tuple[int, int, int]
+    axes: tuple[int, ...]
     approximator: tuple[int, int, int] | None = None
 
     @property
@@ -234,6 +234,7 @@ class FluxDiT:
 
     # ------------------------------------------------------------------ names
     def block_tensors(self, i: int) -> list[str]:
+        check_block(self, i)
         c = self.cfg
         if i < c.n_double:
             p = f"{c.prefix}double_blocks.{i}."
@@ -328,6 +329,10 @@ class FluxDiT:
         v = g.view(x, (1, n, c.width), (n * total * 4, total * 4, 4), part * c.width * 4)
         return g.reshape(g.cont(v), (1, n, c.heads, c.head_dim))
 
+    def _mlp_act(self, g: Any, h: Any) -> Any:
+        """The MLP activation on the up-projection ``h`` ``(1, N, F)``: GELU (tanh)."""
+        return g.unary("gelu", h)
+
     def _qk_norm(self, g: Any, x: Any, scale: Any) -> Any:
         return g.mul(g.rms_norm(x, EPS), scale)
 
@@ -377,7 +382,7 @@ class FluxDiT:
             x, mod, *_ = streams[s]
             x = g.add(x, g.mul(self._lin(g, w, parts[s], p + s + "_attn.proj"), mod[2]))
             h = self._lin(g, w, self._modulate(g, x, mod[3], mod[4]), p + s + "_mlp.0")
-            h = self._lin(g, w, g.unary("gelu", h), p + s + "_mlp.2")
+            h = self._lin(g, w, self._mlp_act(g, h), p + s + "_mlp.2")
             out[s] = g.add(x, g.mul(h, mod[5]))
         return out
 
@@ -395,8 +400,8 @@ class FluxDiT:
         v = self._heads(g, h, 2, 3)
         attn = self._attention(g, q, k, v, state)
         total = h.shape[2]
-        mlp = g.cont(g.view(h, (1, n, c.mlp), (n * total * 4, total * 4, 4), 3 * d * 4))
-        y = self._lin(g, w, g.concat(attn, g.unary("gelu", mlp), 2), p + "linear2")
+        mlp = g.cont(g.view(h, (1, n, total - 3 * d), (n * total * 4, total * 4, 4), 3 * d * 4))
+        y = self._lin(g, w, g.concat(attn, self._mlp_act(g, mlp), 2), p + "linear2")
         x = g.add(x, g.mul(y, gate))
         st = (n * d * 4, d * 4, 4)
         out["txt"] = g.cont(g.view(x, (1, nt, d), st, 0))

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights, check_block
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["LLMArch", "ARCHS", "LAYOUTS", "LLMConfig", "LLMEncoder", "llm_config", "find_layout",
@@ -205,6 +205,7 @@ class LLMEncoder:
 
     # ------------------------------------------------------------------ names
     def block_tensors(self, i: int) -> list[str]:
+        check_block(self, i)
         c = self.cfg
         names = [c.name(r, i) for r in ("q", "k", "v", "o", "gate", "up", "down", "norm1", "norm2")]
         if c.arch.qk_norm:

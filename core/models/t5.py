@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights, check_block
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["T5Config", "T5Encoder", "t5_config", "relative_buckets", "find_prefix"]
@@ -124,6 +124,7 @@ class T5Encoder:
         return f"{self.cfg.prefix}encoder.block.{i}."
 
     def block_tensors(self, i: int) -> list[str]:
+        check_block(self, i)
         p = self._p(i)
         names = [p + "layer.0.layer_norm.weight"] + [p + f"layer.0.SelfAttention.{c}.weight" for c in "qkvo"]
         names += [p + "layer.1.layer_norm.weight"] + [p + f"layer.1.DenseReluDense.{c}.weight"

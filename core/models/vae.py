@@ -7,7 +7,8 @@ conv_out}``. ResNet blocks are ``norm1, conv1, norm2, conv2`` and ``nin_shortcut
 ``conv_shortcut``) when the width changes; the mid attention is single-head with 1x1 convs
 ``q, k, v, proj_out``. The decoder runs ``up.I`` from the last level down to 0; level I > 0
 ends with a nearest 2x upsample and a 3x3 conv. The encoder's stride-2 downsample pads the
-right and bottom edges by one pixel first.
+right and bottom edges by one pixel first. The FLUX.2 autoencoder's BFL file keeps its 1x1
+quant convs inside the halves (``encoder.quant_conv``, ``decoder.post_quant_conv``).
 """
 
 from __future__ import annotations
@@ -119,8 +120,9 @@ def vae_decode(g: Any, weights: Mapping[str, Any], z: Tensor, cfg: VaeConfig | N
     """
     cfg = cfg or vae_config(weights)
     w = Weights(weights, cfg.prefix)
-    if "post_quant_conv.weight" in w:
-        z = gr.conv2d(g, z, w["post_quant_conv.weight"], w["post_quant_conv.bias"])
+    for pq in ("post_quant_conv.", "decoder.post_quant_conv."):  # LDM / BFL FLUX.2 names
+        if pq + "weight" in w:
+            z = gr.conv2d(g, z, w[pq + "weight"], w[pq + "bias"])
     d = w.sub("decoder.")
     h = gr.conv2d(g, z, d["conv_in.weight"], d["conv_in.bias"], padding=1)
     h = _mid(g, d, h)
@@ -170,8 +172,9 @@ def vae_moments(g: Any, weights: Mapping[str, Any], img: Tensor,
     h = _mid(g, e, h)
     h = gr.group_norm(g, h, _GROUPS, e["norm_out.weight"], e["norm_out.bias"], _EPS)
     h = gr.conv2d(g, g.unary("silu", h), e["conv_out.weight"], e["conv_out.bias"], padding=1)
-    if "quant_conv.weight" in w:
-        h = gr.conv2d(g, h, w["quant_conv.weight"], w["quant_conv.bias"])
+    for q in ("quant_conv.", "encoder.quant_conv."):  # LDM / BFL FLUX.2 names
+        if q + "weight" in w:
+            h = gr.conv2d(g, h, w[q + "weight"], w[q + "bias"])
     n, c2, hh, ww = h.shape
     zc = c2 // 2
     st = (c2 * hh * ww * 4, hh * ww * 4, ww * 4, 4)

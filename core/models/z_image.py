@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights, check_block
 from sdplan.core.models.flux import apply_rope, rope_tables
 from sdplan.core.runtime import graph as gr
 
@@ -211,6 +211,7 @@ class ZImageDiT:
         return names
 
     def block_tensors(self, i: int) -> list[str]:
+        check_block(self, i)
         return self._block_names(f"{self.cfg.prefix}layers.{i}.", True)
 
     def other_tensors(self) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from sdplan.core.errors import SdplanError
+from sdplan.core.errors import ModelFileError, SdplanError
 from sdplan.core.pipelines.demo_scenes import parse_caption
 
 #: The packaged demo model: ``sdplan.resources`` folder and file name.
@@ -30,12 +30,12 @@ def demo_model_path() -> Path:
     """The packaged demo model file.
 
     Raises:
-        SdplanError: this installation has no demo model file.
+        ModelFileError: this installation has no demo model file.
     """
     ref = resources.files("sdplan.resources").joinpath("/".join(DEMO_RESOURCE))
     path = Path(str(ref))
     if not path.is_file():
-        raise SdplanError(f"--demo: the demo model {path} is not installed")
+        raise ModelFileError(path, "the demo model (--demo) is not installed")
     return path
 
 

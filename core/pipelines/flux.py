@@ -29,6 +29,7 @@ from sdplan.core.pipelines.flux_base import shapes as _shapes
 from sdplan.core.pipelines.img2img import ImageInput
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.sampling.flow import DEFAULT_STEPS
+from sdplan.core.sampling.options import SamplingOptions
 from sdplan.core.text.clip_tokenizer import EOS_ID, ClipTokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 from sdplan.core.text.t5_tokenizer import T5Tokenizer
@@ -119,7 +120,8 @@ class FluxPipeline(FluxFamilyPipeline):
                 seed: int = 42, sampler: str = "euler", guidance: float = 3.5,
                 t5_length: int = 256, noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None,
-                vae_scale: int = 8, init: ImageInput | None = None,
+                vae_scale: int = 8, scheduler: str = "default",
+                sampling: SamplingOptions | None = None, init: ImageInput | None = None,
                 init_seed: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
@@ -135,6 +137,11 @@ class FluxPipeline(FluxFamilyPipeline):
             preview: ``preview(step, rgb_uint8 (H, W, 3))`` after each step, from TAEF1 when
                 a ``taesd`` file is given, else the latent-to-RGB projection.
             vae_scale: pixels per latent cell (8 for Flux's autoencoder).
+            scheduler: ``default`` (BFL's schedule: dev shifted by the token count, schnell
+                linear) or an sd-cli ``--scheduler`` name, run on the Flux flow
+                (:class:`~sdplan.core.sampling.schedules_more.FlowSchedule`, shift
+                ``--flow-shift``, default 1.15 for dev and 1 for schnell as sd-cli).
+            sampling: ``--eta``, ``--sigmas``, ``--rng`` and the other options.
             init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.img2img`);
                 ``init_seed`` seeds the draw of its latent (default ``seed``; sd-cli draws it
                 once per request with the request's seed).
@@ -156,7 +163,8 @@ class FluxPipeline(FluxFamilyPipeline):
             return self.velocity(x, s, context, pooled, g)
 
         return self._sample(vel, h, w, steps, shift=variant == "dev", seed=seed, sampler=sampler,
-                            noise=noise, preview=preview, init=init, init_seed=init_seed)
+                            noise=noise, preview=preview, scheduler=scheduler, sampling=sampling,
+                            flow_shift=1.15 if variant == "dev" else 1.0, init=init, init_seed=init_seed)
 
 
 def txt2img(models: FluxModels, plan: Any, prompt: str, width: int, height: int, pool: Any = None,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import SdplanError
+from sdplan.core.errors import InvalidArgument, SdplanError
 from sdplan.core.modelfiles.lora_names import AliasTable, flux_aliases
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
@@ -40,8 +40,10 @@ from sdplan.core.pipelines.img2img import (
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.flow import flux_sigmas, sample_flow
-from sdplan.core.sampling.noise import PhiloxNoise
+from sdplan.core.sampling.noise import NoiseSource, make_noise
+from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
+from sdplan.core.sampling.schedules_more import FlowSchedule
 
 __all__ = ["FluxFamilyPipeline", "SCALE_FACTOR", "SHIFT_FACTOR", "shapes"]
 
@@ -168,40 +170,54 @@ class FluxFamilyPipeline(Pipeline):
             SdplanError: sizes that are not positive multiples of ``2 * vae_scale``.
         """
         if width % (2 * vae_scale) or height % (2 * vae_scale) or width <= 0 or height <= 0:
-            raise SdplanError(f"Flux image size {width}x{height} must be positive multiples of {2 * vae_scale}")
+            raise InvalidArgument(f"Flux image size {width}x{height} must be positive multiples of {2 * vae_scale}")
         return height // vae_scale, width // vae_scale
 
     def _sample(self, vel: Velocity, h: int, w: int, steps: int, *, shift: bool, seed: int,
                 sampler: str, noise: np.ndarray | None,
                 preview: Callable[[int, np.ndarray], None] | None,
-                init: ImageInput | None = None, init_seed: int | None = None) -> dict[str, np.ndarray]:
-        """Sample a ``(1, 16, h, w)`` latent from the seed's Philox noise (or ``noise``) over
-        :func:`~sdplan.core.sampling.flow.flux_sigmas` (``shift``: the image-size time shift)
-        with ``sampler``, then decode it. With ``init``'s picture (``(1, 3, h f, w f)``, ``f``
-        the autoencoder's factor): image to image (and its mask: inpainting) as the module
-        docstring says; ``init_seed`` (default ``seed``) seeds the draw of the init latent.
-        Returns ``{"latent", "image", "sigmas"}``.
+                scheduler: str = "default", sampling: SamplingOptions | None = None,
+                flow_shift: float = 1.0, init: ImageInput | None = None,
+                init_seed: int | None = None) -> dict[str, np.ndarray]:
+        """Sample a ``(1, 16, h, w)`` latent from the seed's noise (``sampling.rng``; or
+        ``noise``) and decode it. Returns ``{"latent", "image", "sigmas"}``.
+
+        The sigmas: ``sampling.sigmas`` when given; else for ``scheduler`` ``default``
+        :func:`~sdplan.core.sampling.flow.flux_sigmas` (``shift``: the image-size time shift),
+        else that sd-cli scheduler over a flow schedule with ``sampling.flow_shift`` (default
+        ``flow_shift``). With ``init``'s picture (``(1, 3, h f, w f)``, ``f`` the
+        autoencoder's factor): image to image (and its mask: inpainting) as the module
+        docstring says; ``init_seed`` (default ``seed``) seeds the draw of the init latent
+        from the same generator (``sampling.rng``).
 
         Raises:
             SdplanError: an init picture of the wrong size.
         """
-        sigmas = flux_sigmas(steps, (h // 2) * (w // 2), shift=shift)
-        rng = PhiloxNoise(seed)
-        start = rng.randn((1, 16, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
-        start, sigmas, vel = self._image_start(start, sigmas, vel, init, seed if init_seed is None else init_seed)
+        opts = sampling or SamplingOptions()
+        tokens = (h // 2) * (w // 2)
+        fshift = opts.flow_shift if opts.flow_shift is not None else flow_shift
+        rng, sampler_noise, sigmas = prepare(opts, seed, steps,
+                                             "discrete" if scheduler == "default" else scheduler,
+                                             FlowSchedule(fshift, "flux"), image_tokens=tokens)
+        if scheduler == "default" and not opts.sigmas:
+            sigmas = flux_sigmas(steps, tokens, shift=shift)
+        start = rng((1, 16, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
+        start, sigmas, vel = self._image_start(
+            start, sigmas, vel, init, make_noise(opts.rng, seed if init_seed is None else init_seed))
 
         def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
             if preview is not None:
                 preview(i, self._preview_rgb(den))
 
         with self.diffusion_session():
-            latent = sample_flow(sampler, vel, start, sigmas, noise=rng, callback=cb)
+            latent = sample_flow(sampler, vel, start, sigmas, noise=sampler_noise, callback=cb,
+                                 eta=opts.eta, extra=opts.extra)
         return {"latent": latent, "image": self.decode(latent), "sigmas": sigmas}
 
     def _image_start(self, start: np.ndarray, sigmas: np.ndarray, vel: Velocity, init: ImageInput | None,
-                     seed: int) -> tuple[np.ndarray, np.ndarray, Velocity]:
+                     init_noise: NoiseSource) -> tuple[np.ndarray, np.ndarray, Velocity]:
         """``(start, sigmas, vel)`` for ``init`` (None or no picture: unchanged): the init
-        latent (drawn with ``seed``'s first draw) noised to the truncated schedule's first
+        latent (drawn with ``init_noise``'s first draw) noised to the truncated schedule's first
         sigma, and ``vel`` blending the prediction with it where the mask is 0.
 
         Raises:
@@ -214,7 +230,7 @@ class FluxFamilyPipeline(Pipeline):
         if init.image.shape[2:] != (h * f, w * f):
             raise SdplanError(f"init image {init.image.shape[3]}x{init.image.shape[2]}: this autoencoder "
                               f"needs {w * f}x{h * f} pixels for a {h}x{w} latent")
-        ref = self.encode_sample(init.image, PhiloxNoise(seed).randn((1, c, h, w)))
+        ref = self.encode_sample(init.image, init_noise((1, c, h, w)))
         sigmas = truncate_sigmas(sigmas, init.strength)
         s0 = np.float32(sigmas[0])
         start = (ref * (np.float32(1.0) - s0) + start * s0).astype(np.float32)

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from sdplan.core.errors import SdplanError
+from sdplan.core.errors import InvalidArgument, SdplanError
+from sdplan.core.pipelines.images import read_image_rgb
 
 __all__ = ["ImageInput", "load_image", "load_mask", "latent_mask", "dilate", "truncate_sigmas",
-           "sample_latent", "blend", "image_size"]
+           "sample_latent", "blend", "blended_denoiser", "image_size"]
 
 
 @dataclass
@@ -48,35 +49,39 @@ class ImageInput:
 
     def __post_init__(self) -> None:
         if not 0.0 <= float(self.strength) <= 1.0:
-            raise SdplanError(f"--strength must be in [0, 1], got {self.strength}")
+            raise InvalidArgument(f"--strength must be in [0, 1], got {self.strength}")
 
 
 def _open(path: str | Path, flag: str):  # noqa: ANN202 - a PIL image
-    from PIL import Image, UnidentifiedImageError
+    """The picture at ``path`` as an 8-bit RGB PIL image, read by value whatever its mode
+    (:func:`sdplan.core.pipelines.images.read_image_rgb`: 16-bit, alpha over white).
+
+    Raises:
+        InvalidArgument: not a readable picture (names ``flag`` and the file).
+    """
+    from PIL import Image
 
     try:
-        with Image.open(path) as im:
-            im.load()
-            return im.copy()
-    except (OSError, UnidentifiedImageError) as exc:
-        raise SdplanError(f"{flag} {str(path)!r}: not a readable picture ({exc})") from None
+        return Image.fromarray(read_image_rgb(path), "RGB")
+    except SdplanError as exc:
+        raise InvalidArgument(f"{flag} {str(path)!r}: not a readable picture ({exc})") from None
 
 
 def image_size(path: str | Path) -> tuple[int, int]:
-    """``(width, height)`` of a picture file. Raises SdplanError when unreadable."""
+    """``(width, height)`` of a picture file. Raises InvalidArgument when unreadable."""
     return _open(path, "-i/--init-img").size
 
 
 def load_image(path: str | Path, width: int, height: int) -> np.ndarray:
-    """A picture as ``(1, 3, height, width)`` float32 in [-1, 1] (RGB; resized bilinearly
-    when its size differs; alpha dropped).
+    """A picture as ``(1, 3, height, width)`` float32 in [-1, 1] (RGB by value, alpha over
+    white; resized bilinearly when its size differs).
 
     Raises:
-        SdplanError: not a readable picture (names the file).
+        InvalidArgument: not a readable picture (names the file).
     """
     from PIL import Image
 
-    im = _open(path, "-i/--init-img").convert("RGB")
+    im = _open(path, "-i/--init-img")
     if im.size != (width, height):
         im = im.resize((width, height), Image.Resampling.BILINEAR)
     a = np.asarray(im, dtype=np.float32) / 127.5 - 1.0
@@ -88,7 +93,7 @@ def load_mask(path: str | Path, width: int, height: int) -> np.ndarray:
     white = repaint).
 
     Raises:
-        SdplanError: not a readable picture.
+        InvalidArgument: not a readable picture.
     """
     from PIL import Image
 
@@ -139,6 +144,22 @@ def blend(denoised: np.ndarray, init: np.ndarray, mask: np.ndarray | None) -> np
     return (denoised * mask + init * (1.0 - mask)).astype(np.float32)
 
 
+def blended_denoiser(den, init: np.ndarray, mask: np.ndarray):  # noqa: ANN001, ANN201 - a Denoiser
+    """``den`` whose output is :func:`blend`-ed with ``init`` by ``mask`` after every call, as
+    sd-cli blends ``denoised``; a CFG++ sampler's ``with_uncond`` pair gets the blended guided
+    output beside the unblended unconditional one."""
+    def blended(x: np.ndarray, sigma: float) -> np.ndarray:
+        return blend(den(x, sigma), init, mask)
+
+    pair = getattr(den, "with_uncond", None)
+    if pair is not None:
+        def with_uncond(x: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+            guided, uncond = pair(x, sigma)
+            return blend(guided, init, mask), uncond
+        blended.with_uncond = with_uncond  # type: ignore[attr-defined]
+    return blended
+
+
 def request_image_input(req: dict, width: int, height: int) -> ImageInput | None:
     """The :class:`ImageInput` of an engine request (``init_img``, ``mask``, ``strength``
     keys; pictures read at ``width`` x ``height``), or None without ``init_img``.
@@ -150,7 +171,7 @@ def request_image_input(req: dict, width: int, height: int) -> ImageInput | None
     path, mask = req.get("init_img"), req.get("mask")
     if not path:
         if mask:
-            raise SdplanError("--mask needs -i/--init-img: the mask says which pixels of that picture to repaint")
+            raise InvalidArgument("--mask needs -i/--init-img: the mask says which pixels of that picture to repaint")
         return None
     strength = req.get("strength")
     return ImageInput(load_image(path, width, height), load_mask(mask, width, height) if mask else None,

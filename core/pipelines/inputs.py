@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sdplan.core.modelfiles.checkpoint import read_model_files
 from sdplan.core.modelfiles.lora import lora_profiles, model_aliases, quantized
-from sdplan.core.pipelines.lora import AppliedLora, prompt_loras
+from sdplan.core.pipelines.lora import AppliedLora, prompt_loras, refuse_inputs
 from sdplan.core.planning.adapters import LoraProfile, plan_lora_mode
 
 __all__ = ["PlannedLoras", "plan_loras"]
@@ -48,12 +48,15 @@ def plan_loras(prompt: str, lora_dir: str | Path | None, requested: str,
 
     Raises:
         PromptError / SdplanError / ModelFileError: a bad tag, a missing LoRA file, a file
-        that patches nothing of this model, an unknown mode.
+        that patches nothing of this model, an unknown mode; InvalidArgument: LoRAs for a
+        FLUX.2 model.
     """
     if "<lora:" not in prompt:
         return PlannedLoras(prompt)
     core = {k: list(v) for k, v in model_files.items() if k not in ("taesd", "upscale_model")}
     ms = read_model_files(core)
+    if ms.architecture.family.startswith("flux2"):
+        refuse_inputs({"prompt": prompt}, "FLUX.2")
     text, loras = prompt_loras(prompt, lora_dir, model_aliases(ms))
     if not loras:
         return PlannedLoras(text)

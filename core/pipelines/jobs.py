@@ -7,7 +7,9 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
   ``clip_l``, ``llm``, ``vae``, ``taesd``, ``upscale_model``);
 - ``prompt``, ``negative_prompt``, ``width``, ``height``, ``steps``, ``cfg_scale``, ``seed``,
   ``sampling_method``, ``scheduler``, ``batch_count``, ``clip_skip``, ``guidance``,
-  ``vae_tile_size``, ``upscale_repeats``, ``threads``;
+  ``vae_tile_size``, ``upscale_repeats``, ``threads``; sd-cli's sampling options ``eta``,
+  ``sigmas``, ``flow_shift``, ``timestep_shift``, ``rng``, ``sampler_rng``,
+  ``extra_sample_args`` (:meth:`sdplan.core.sampling.options.SamplingOptions.from_request`);
 - ``placements``: module -> ModulePlacement (the caller's resolved plan), or else
   ``backend`` / ``params_backend`` / ``max_vram`` / ``stream_layers`` strings resolved in
   the engine process against its live devices; ``rpc_servers``: endpoints added there;
@@ -16,13 +18,17 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
   ``chroma_t5_mask_pad`` (sd-cli's Chroma model args); ``previews``: send previews
   (default True);
 - ``taesd_decode``: decode the final images with the ``taesd`` TAE instead of the VAE
-  (sd-cli's ``--taesd`` without ``--taesd-preview-only``; default False: previews only);
+  (sd-cli's ``--taesd`` without ``--taesd-preview-only``; default False: previews only;
+  FLUX.2 klein honours it);
+- ``ref_images``: reference-image paths (sd-cli's ``-r/--ref-image``; FLUX.2 klein edits).
 - ``lora_model_dir``, ``lora_apply_mode``: where the prompt's ``<lora:NAME:W>`` files are
   and how they apply (:mod:`sdplan.core.pipelines.lora`); ``init_img``, ``mask``,
-  ``strength``: image-to-image and inpainting (:mod:`sdplan.core.pipelines.img2img`).
+  ``strength``: image-to-image and inpainting (:mod:`sdplan.core.pipelines.img2img`). SD and
+  the FLUX.1-family base (FLUX.1, Chroma, Z-Image) take them; FLUX.2 klein refuses them.
 
 Messages: progress ``{"step", "total", "phase"}``, preview ``{"step", "total", "image"}``
-(uint8 (H, W, 3)); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings"}``.
+(uint8 (H, W, 3)), and once ``{"phase": "threads", "threads", "reason"}`` (the CPU threads
+chosen); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings", "threads"}``.
 """
 
 from __future__ import annotations
@@ -38,8 +44,9 @@ from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_model_files
 from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
 from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
+from sdplan.core.pipelines.flux2 import KleinModels, KleinPipeline, load_ref_image
 from sdplan.core.pipelines.img2img import request_image_input
-from sdplan.core.pipelines.lora import prompt_loras
+from sdplan.core.pipelines.lora import prompt_loras, refuse_inputs
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
 from sdplan.core.pipelines.tae import Tae
@@ -49,7 +56,9 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.runtime.devices import live_inventory
 from sdplan.core.runtime.runner import ModulePlacement
+from sdplan.core.runtime.threads import check_between_steps, start_run
 from sdplan.core.sampling.flow import DEFAULT_STEPS
+from sdplan.core.sampling.options import SamplingOptions
 
 #: The job that generates images (:func:`generate_job`) and the one that lists the engine
 #: process's devices (:func:`inventory_job`), as the engine names jobs.
@@ -106,7 +115,7 @@ def _cached(key: Any, make: Callable[[], Any]) -> Any:
 
 def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     """Run one request (see the comment above) in this process: SD 1.x/2.x, or Flux / Chroma /
-    Z-Image when the files are such a set. Returns ``{"images", "params", "timings"}``.
+    Z-Image / FLUX.2 klein when the files are such a set. Returns ``{"images", "params", "timings"}``.
 
     Raises:
         ModelFileError / PlanError / EngineError: bad files, placement or devices;
@@ -120,10 +129,13 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     core = {k: v for k, v in files.items() if k not in ("taesd", "upscale_model")}
     placements = _placements(req, core)
     family = read_model_files(core).architecture.family
-    run = {"flux": _flux_run, "chroma": _chroma_run, "z_image": _zimage_run}.get(family, _sd_run)
+    run = {"flux": _flux_run, "chroma": _chroma_run, "z_image": _zimage_run, "flux2_klein": _klein_run,
+           "flux2": _flux2_dev_run}.get(family, _sd_run)
     seed = int(req.get("seed", 42))
     if seed < 0:
         seed = random.randrange(2**31)
+    threads = start_run(ctx.pool().manager, int(req.get("threads") or 0), ctx.progress)
+    req["threads"] = 0  # computes use the backends' count just set: a change reloads nothing
     t0 = time.perf_counter()
     images, timings, info = run(ctx, req, files, core, placements, seed)
     upscaler = _first(files, "upscale_model")
@@ -135,7 +147,8 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     params = {k: req.get(k) for k in ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale",
                                       "sampling_method", "scheduler", "batch_count", "clip_skip")}
     params.update(seed=seed, architecture=family if run is not _sd_run else "sd", **info)
-    return {"images": images, "params": params, "timings": timings}
+    return {"images": images, "params": params, "timings": timings,
+            "threads": {"threads": threads.threads, "reason": threads.reason}}
 
 
 def _inputs(pipe: Any, req: Mapping[str, Any], width: int, height: int) -> tuple[str, Any, dict[str, Any]]:
@@ -157,6 +170,7 @@ def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Ca
 
     def on_step(step: int, n: int, *_: Any) -> None:
         total["n"] = n
+        check_between_steps(ctx.progress)
         ctx.progress(step=step, total=n, phase="sampling")
 
     def preview(step: int, rgb: np.ndarray) -> None:
@@ -186,7 +200,8 @@ def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], co
     p = GenerateParams(prompt, req.get("negative_prompt") or "", width,
                        height, int(req.get("steps", 20)), float(req.get("cfg_scale", 7.0)),
                        seed, req.get("sampling_method") or "euler_a", req.get("scheduler") or "discrete",
-                       int(req.get("batch_count") or 1), max(int(req.get("clip_skip") or 0), 0))
+                       int(req.get("batch_count") or 1), max(int(req.get("clip_skip") or 0), 0),
+                       SamplingOptions.from_request(req))
     on_step, preview = _emitters(ctx, req)
     images = sess.sd.txt2img(p, on_step, preview, vae_tile=int(req.get("vae_tile_size") or 0) or None,
                              preview_decoder=sess.tae.preview if sess.tae is not None else None,
@@ -247,7 +262,9 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
         out = pipe.txt2img(prompt, width, height, steps=steps, seed=seed + b,
                            sampler=req.get("sampling_method") or "euler",
                            guidance=float(req.get("guidance") or 3.5),
-                           t5_length=int(ov.get("t5_length") or 256), preview=cb, init=init, init_seed=seed)
+                           t5_length=int(ov.get("t5_length") or 256), preview=cb, init=init, init_seed=seed,
+                           scheduler=req.get("scheduler") or "default",
+                           sampling=SamplingOptions.from_request(req))
         images.append(image_to_uint8(out["image"][0]))
     return images, {"total_flux": time.perf_counter() - t0}, info
 
@@ -316,6 +333,47 @@ def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
                            negative_prompt=req.get("negative_prompt") or "", preview=cb, init=init, init_seed=seed)
         images.append(image_to_uint8(out["image"][0]))
     return images, {"total_z_image": time.perf_counter() - t0}, info
+
+
+def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
+               placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
+    refuse_inputs(req, "FLUX.2 klein")
+    one = _first(files, "model")  # a single file holding all three
+    paths = {k: _first(files, k) or one for k in ("diffusion_model", "llm", "vae")}
+    need = [k for k, v in paths.items() if not v]
+    if need:
+        raise ModelFileError("<request>", "a FLUX.2 klein run needs --diffusion-model, --llm and --vae; "
+                                          f"missing {', '.join('--' + k.replace('_', '-') for k in need)}")
+    ov = dict(req.get("overrides") or {})
+    axes = ov.get("flux_axes")
+    models = KleinModels(paths["diffusion_model"], paths["llm"], paths["vae"], _first(files, "taesd"),  # type: ignore[arg-type]
+                         tuple(axes) if axes else None)
+    refs = [load_ref_image(p) for p in req.get("ref_images") or ()]
+    threads = int(req.get("threads") or 0)
+    key = ("flux2_klein", repr(models), repr(sorted(placements.items())), threads)
+    pipe = _cached(key, lambda: KleinPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
+    pipe.set_cancel(ctx.cancel)
+    on_step, preview = _emitters(ctx, req)
+    steps = int(req.get("steps") or 0) or 4
+    images: list[np.ndarray] = []
+    t0 = time.perf_counter()
+    for b in range(int(req.get("batch_count") or 1)):
+        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
+            on_step(i + 1, total)
+            if preview is not None:
+                preview(i + 1, rgb)
+        out = pipe.txt2img(req.get("prompt") or "", int(req.get("width", 1024)), int(req.get("height", 1024)),
+                           steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
+                           cfg_scale=float(req.get("cfg_scale") or 1.0), negative_prompt=req.get("negative_prompt") or "",
+                           ref_images=refs, preview=cb, tae_decode=bool(req.get("taesd_decode") and models.taesd),
+                           scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req))
+        images.append(image_to_uint8(out["image"][0]))
+    return images, {"total_flux2_klein": time.perf_counter() - t0}, {}
+
+
+def _flux2_dev_run(*_: Any) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
+    raise ModelFileError("<request>", "FLUX.2 [dev] (48 single blocks, Mistral Small 3.2 text encoder) is "
+                                      "recognised but sdplan generates with FLUX.2 klein only")
 
 
 def _upscale(ctx: Any, path: str, vae: Any, images: list[np.ndarray], repeats: int, threads: int) -> list[np.ndarray]:

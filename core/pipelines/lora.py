@@ -23,7 +23,7 @@ from sdplan.core.modelfiles.lora_names import AliasTable
 from sdplan.core.runtime.lora import build_module_lora, choose_mode
 from sdplan.core.text.lora_tags import extract_lora_tags
 
-__all__ = ["LoraState", "AppliedLora", "prompt_loras", "QUANTIZED_EXCLUDED"]
+__all__ = ["LoraState", "AppliedLora", "prompt_loras", "refuse_inputs", "QUANTIZED_EXCLUDED"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,23 @@ def prompt_loras(prompt: str, lora_dir: str | Path | None, table: AliasTable) ->
     text, tags = extract_lora_tags(prompt)
     out = [AppliedLora(t.name, t.weight, read_lora(find_lora_file(t.name, lora_dir), table)) for t in tags]
     return text, out
+
+
+def refuse_inputs(req: Mapping[str, Any], family: str) -> None:
+    """For a family that takes neither LoRAs nor picture inputs: raise before anything loads
+    when the request has ``<lora:...>`` tags in its prompt, ``init_img`` or ``mask``.
+
+    Raises:
+        InvalidArgument: one line naming the family and what it does not take.
+    """
+    from sdplan.core.errors import InvalidArgument
+
+    _, tags = extract_lora_tags(str(req.get("prompt") or ""))
+    given = ([f"LoRA {', '.join(t.name for t in tags)} (<lora:...> in the prompt)"] if tags else []) + \
+        [flag for key, flag in (("init_img", "-i/--init-img"), ("mask", "--mask")) if req.get(key)]
+    if given:
+        raise InvalidArgument(f"{family} takes no LoRAs, image to image or inpainting in sdplan yet: "
+                              f"remove {', '.join(given)}")
 
 
 @dataclass

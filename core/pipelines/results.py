@@ -1,8 +1,9 @@
 """Results: decoded images as pictures, and pictures as PNG files with their metadata.
 
 The one place the command line and the desktop app turn a generation into files: both
-write the same text chunks (prompt, settings, seed, model and its hash, placement), and the
-one place they are read back (:func:`read_result`, for the app's gallery).
+write the same text chunks, ``parameters`` as sd-cli writes it and ``sdplan`` (model paths,
+placement, hash), and read them back (:func:`read_generation`; :func:`read_result` for the
+app's gallery and history).
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sdplan.core.pipelines.outputs import atomic_write
+from sdplan.core.pipelines.parameters import ImageParameters, parse_parameters
 
 #: How :func:`model_hash` is computed (written beside it as ``model_hash_method``).
 MODEL_HASH_METHOD = "sha256(first 1 MiB + decimal file size)"
@@ -43,69 +45,72 @@ def model_hash(path: str | Path) -> str:
 
 
 def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
-                    placement: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The PNG text chunks of one generation.
+                    placement: Mapping[str, Any] | None = None,
+                    command: str | None = None) -> dict[str, str]:
+    """The PNG text chunks of one generation: ``parameters`` (sd-cli's layout, which sd-cli,
+    Stable Diffusion web UI style tools and galleries read;
+    :func:`~sdplan.core.pipelines.parameters.format_parameters`) and ``sdplan`` (JSON: the
+    full model paths, the placement strings, the settings, the model hash and the sd-cli
+    command, so sdplan restores a run exactly).
 
     Args:
         params: the generation settings by sd-cli's request keys (``prompt``,
             ``negative_prompt``, ``seed``, ``steps``, ``sampling_method``, ``scheduler``,
-            ``cfg_scale``, ``clip_skip``, ``width``, ``height``; ``guidance`` for Flux,
-            ``upscale_model``/``upscale_repeats`` when upscaled). Missing keys are left out.
-        model_files: model-file keys -> path or paths; ``model`` (else
-            ``diffusion_model``) names the model and is hashed (:func:`model_hash`).
-        placement: ``{"backend", "params_backend", "max_vram"}`` canonical strings.
+            ``cfg_scale``, ``clip_skip``, ``width``, ``height``, ``guidance``, ``eta``,
+            ``rng``, ...; ``upscale_model``/``upscale_repeats`` when upscaled;
+            ``lora_model_dir``, ``lora_apply_mode``, ``loras``, ``init_img``, ``mask``,
+            ``strength`` when given: recorded in ``sdplan`` only, as sd-cli writes none).
+        model_files: model-file keys -> path or paths; ``model`` (else ``diffusion_model``)
+            is hashed (:func:`model_hash`).
+        placement: ``backend``, ``params_backend``, ``max_vram`` (and ``split_mode``,
+            ``rpc_servers``) canonical strings.
+        command: the equivalent sd-cli command line, when known.
 
     Returns:
-        Text chunk name -> value (``software`` is ``sdplan``).
+        Text chunk name -> value.
     """
-    text: dict[str, str] = {}
-    simple = (("prompt", "prompt"), ("negative_prompt", "negative_prompt"), ("seed", "seed"),
-              ("steps", "steps"), ("sampler", "sampling_method"), ("scheduler", "scheduler"),
-              ("clip_skip", "clip_skip"))
-    for chunk, key in simple:
-        if params.get(key) is not None:
-            text[chunk] = str(params[key])
-    if params.get("cfg_scale") is not None:
-        text["cfg_scale"] = f"{float(params['cfg_scale']):g}"
-    if params.get("width") and params.get("height"):
-        text["size"] = f"{params['width']}x{params['height']}"
-    main = _first(model_files.get("model")) or _first(model_files.get("diffusion_model"))
+    from sdplan.core import __version__
+    from sdplan.core.pipelines.parameters import format_parameters
+
+    files = {k: [str(v)] if isinstance(v, (str, Path)) else [str(x) for x in v]
+             for k, v in model_files.items() if v}
+    settings = {k: v for k, v in params.items() if k in _SETTINGS and v is not None}
+    if not params.get("loras"):  # the folder and mode matter only to a run with LoRAs
+        settings = {k: v for k, v in settings.items() if k not in ("lora_model_dir", "lora_apply_mode")}
+    doc: dict[str, Any] = {"version": 1, "settings": settings, "model_files": files,
+                           "placement": {k: v for k, v in (placement or {}).items() if v}}
+    main = _first(files.get("model")) or _first(files.get("diffusion_model"))
     if main:
-        text["model"] = os.path.basename(main)
         try:
-            text["model_hash"] = model_hash(main)
-            text["model_hash_method"] = MODEL_HASH_METHOD
+            doc["model_hash"] = model_hash(main)
+            doc["model_hash_method"] = MODEL_HASH_METHOD
         except OSError:
             pass
-    text["software"] = "sdplan"
-    if "diffusion_model" in model_files and params.get("guidance") is not None:
-        text["guidance"] = f"{float(params['guidance']):g}"
-    upscaler = _first(model_files.get("upscale_model")) or params.get("upscale_model")
+    upscaler = _first(files.get("upscale_model")) or params.get("upscale_model")
     if upscaler:
-        text["upscale_model"] = os.path.basename(str(upscaler))
-        text["upscale_repeats"] = str(params.get("upscale_repeats") or 1)
-    for key, value in (placement or {}).items():
-        text[key] = value
-    text.update(input_text(params))
-    return text
+        doc["upscale"] = {"model": os.path.basename(str(upscaler)),
+                          "repeats": int(params.get("upscale_repeats") or 1)}
+    doc.update(_inputs(params))
+    if command:
+        doc["command"] = command
+    return {"parameters": format_parameters(settings, files, f"sdplan {__version__}"),
+            "sdplan": json.dumps(doc, separators=(",", ":"))}
 
 
-def input_text(params: Mapping[str, Any]) -> dict[str, str]:
-    """The PNG text chunks of a generation's LoRAs and picture inputs: ``loras`` (``name:weight``
-    each, from the job's ``loras``), ``lora_apply_mode``, ``init_img`` and ``mask`` (file
-    names), ``strength``. Absent inputs give no chunk."""
-    text: dict[str, str] = {}
+#: Settings a picture records (sd-cli's request keys).
+_SETTINGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "guidance",
+             "seed", "sampling_method", "scheduler", "batch_count", "clip_skip", "eta",
+             "sigmas", "flow_shift", "timestep_shift", "rng", "sampler_rng",
+             "extra_sample_args", "vae_tile_size", "upscale_repeats", "lora_model_dir",
+             "lora_apply_mode", "init_img", "mask", "strength")
+
+
+def _inputs(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``sdplan`` chunk's record of a generation's LoRAs (``loras``: ``[name, weight]``
+    each, from the job's ``loras``; the prompt keeps their ``<lora:...>`` tags as sd-cli
+    writes them). Nothing without LoRAs."""
     loras = params.get("loras") or []
-    if loras:
-        text["loras"] = ", ".join(f"{lo['name']}:{float(lo['weight']):g}" for lo in loras)
-        if params.get("lora_apply_mode"):
-            text["lora_apply_mode"] = str(params["lora_apply_mode"])
-    for key in ("init_img", "mask"):
-        if params.get(key):
-            text[key] = os.path.basename(str(params[key]))
-    if params.get("init_img") and params.get("strength") is not None:
-        text["strength"] = f"{float(params['strength']):g}"
-    return text
+    return {"loras": [[str(lo["name"]), float(lo["weight"])] for lo in loras]} if loras else {}
 
 
 def _first(value: Any) -> str | None:
@@ -119,7 +124,8 @@ def _first(value: Any) -> str | None:
 
 def save_png(image: np.ndarray, path: str | Path, text: Mapping[str, str] | None = None) -> Path:
     """Write uint8 ``(H, W, 3)`` ``image`` to ``path`` as PNG with ``text`` chunks (the
-    folder is created). Returns the path.
+    folder is created), atomically (:func:`sdplan.core.pipelines.outputs.atomic_write`: a
+    failure leaves no partial file). Returns the path.
 
     Raises:
         OSError: the file cannot be written.
@@ -129,14 +135,13 @@ def save_png(image: np.ndarray, path: str | Path, text: Mapping[str, str] | None
     info = PngImagePlugin.PngInfo()
     for k, v in (text or {}).items():
         info.add_text(k, v)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8)).save(out, pnginfo=info)
-    return out
+    pic = Image.fromarray(np.ascontiguousarray(image, dtype=np.uint8))
+    return atomic_write(path, lambda tmp: pic.save(tmp, format="PNG", pnginfo=info))
 
 
 def read_png_text(path: str | Path) -> dict[str, str]:
-    """The text chunks of a PNG file.
+    """The text chunks of a PNG file; ``tEXt`` chunks holding UTF-8 (as sd-cli writes them)
+    are decoded as UTF-8.
 
     Raises:
         OSError: not a readable image.
@@ -144,45 +149,63 @@ def read_png_text(path: str | Path) -> dict[str, str]:
     from PIL import Image
 
     with Image.open(path) as im:
-        return {str(k): str(v) for k, v in getattr(im, "text", {}).items()}
+        out = {}
+        for k, v in getattr(im, "text", {}).items():
+            text = str(v)
+            try:
+                text = text.encode("latin-1").decode("utf-8")
+            except (UnicodeEncodeError, UnicodeDecodeError):
+                pass
+            out[str(k)] = text
+        return out
 
 
-# --------------------------------------------------------------------------- reading back
+def read_generation(path: str | Path) -> ImageParameters:
+    """The generation a picture records: sdplan's ``sdplan`` chunk when present (full model
+    paths, placement), completed from ``parameters`` (sd-cli's, sdplan's or A1111's layout;
+    :func:`~sdplan.core.pipelines.parameters.parse_parameters`). Empty settings when the
+    picture records none.
 
-#: Text chunk (JSON) with the model files by sd-cli flag key, so a result can rebuild its
-#: sd-cli command with full paths (``model`` holds only the main file's name).
-MODEL_FILES_KEY = "model_files"
-#: Chunk names of :func:`generation_text` -> the request key they hold.
-_CHUNK_KEYS = {"prompt": "prompt", "negative_prompt": "negative_prompt", "seed": "seed",
-               "steps": "steps", "sampler": "sampling_method", "scheduler": "scheduler",
-               "clip_skip": "clip_skip", "cfg_scale": "cfg_scale", "guidance": "guidance"}
-_INT_KEYS = ("seed", "steps", "clip_skip", "width", "height", "batch_count")
-_FLOAT_KEYS = ("cfg_scale", "guidance")
-#: "parameters" fields (``Steps: 20, Sampler: euler, ...``) -> request keys.
-_PARAMETER_FIELDS = {"steps": "steps", "sampler": "sampling_method", "cfg scale": "cfg_scale",
-                     "seed": "seed", "schedule type": "scheduler", "scheduler": "scheduler",
-                     "guidance": "guidance", "clip skip": "clip_skip", "model": "model"}
+    Raises:
+        OSError: not a readable image.
+    """
+    return _generation(read_png_text(path))
 
+
+def _generation(text: Mapping[str, str]) -> ImageParameters:
+    out = parse_parameters(text["parameters"]) if "parameters" in text else ImageParameters()
+    raw = text.get("sdplan")
+    if raw:
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            out.settings.update(doc.get("settings") or {})
+            out.model_files = {str(k): [str(p) for p in v]
+                               for k, v in (doc.get("model_files") or {}).items()}
+            out.placement = {str(k): str(v) for k, v in (doc.get("placement") or {}).items()}
+            out.source = "sdplan"
+    return out
+
+
+# --------------------------------------------------------------------------- the app's results
 
 def result_text(params: Mapping[str, Any], request: Mapping[str, Any]) -> dict[str, str]:
-    """The PNG text chunks of one result of an engine ``request``: :func:`generation_text`
-    of the result's ``params`` (falling back to the request's settings) with the request's
-    model files and placement, plus the model files as JSON (:data:`MODEL_FILES_KEY`)."""
+    """The PNG text chunks of one result of an engine ``request`` (:func:`generation_text`):
+    the result's ``params`` over the request's settings, with the request's model files and
+    placement strings."""
     files = request.get("model_files") or {}
-    merged = {**{k: v for k, v in request.items() if k not in ("model_files",)},
+    merged = {**{k: v for k, v in request.items() if k != "model_files"},
               **{k: v for k, v in params.items() if v is not None}}
     placement = {k: str(request.get(k) or "") for k in ("backend", "params_backend", "max_vram")
                  if request.get(k)}
-    text = generation_text(merged, files, placement)
-    if files:
-        text[MODEL_FILES_KEY] = json.dumps({k: [v] if isinstance(v, str) else list(v)
-                                            for k, v in files.items()})
-    return text
+    return generation_text(merged, files, placement)
 
 
 @dataclass
 class ResultInfo:
-    """What a result image says about itself.
+    """What a result image says about itself (the app's gallery and history).
 
     Attributes:
         path: the image file.
@@ -207,96 +230,32 @@ class ResultInfo:
 
     def matches(self, query: str) -> bool:
         """True when every word of ``query`` is in the prompt, negative prompt or model
-        name (case-insensitive)."""
+        files (case-insensitive)."""
         hay = " ".join((self.prompt, str(self.settings.get("negative_prompt") or ""),
                         self.model, *(p for v in self.model_files.values() for p in v))).lower()
         return all(w in hay for w in query.lower().split())
 
 
-def parse_parameters(text: str) -> dict[str, Any]:
-    """Settings from an A1111-style ``parameters`` text chunk (as stable-diffusion.cpp and
-    other tools write it): the prompt lines, an optional ``Negative prompt:`` line, then one
-    line of ``Key: value`` fields separated by ``, ``. Unknown fields are dropped; a
-    ``Size: WxH`` field gives ``width`` and ``height``; ``Model`` gives ``model``."""
-    lines = text.strip().splitlines()
-    fields_line = ""
-    if lines and re.match(r"^\s*Steps:\s*\d", lines[-1]):
-        fields_line = lines.pop()
-    prompt: list[str] = []
-    negative: list[str] = []
-    in_negative = False
-    for line in lines:
-        if line.startswith("Negative prompt:"):
-            in_negative = True
-            line = line[len("Negative prompt:"):].strip()
-        (negative if in_negative else prompt).append(line)
-    out: dict[str, Any] = {"prompt": "\n".join(prompt).strip()}
-    if negative:
-        out["negative_prompt"] = "\n".join(negative).strip()
-    for m in re.finditer(r"\s*([\w ]+?):\s*(\"[^\"]*\"|[^,]*)(?:,|$)", fields_line):
-        key, value = m.group(1).strip().lower(), m.group(2).strip().strip('"')
-        if key == "size" and re.fullmatch(r"\d+x\d+", value):
-            w, h = value.split("x")
-            out["width"], out["height"] = int(w), int(h)
-        elif key in _PARAMETER_FIELDS:
-            out[_PARAMETER_FIELDS[key]] = value
-    return _typed(out)
-
-
-def _typed(values: dict[str, Any]) -> dict[str, Any]:
-    out = dict(values)
-    for key in _INT_KEYS:
-        if key in out:
-            try:
-                out[key] = int(str(out[key]))
-            except ValueError:
-                del out[key]
-    for key in _FLOAT_KEYS:
-        if key in out:
-            try:
-                out[key] = float(str(out[key]))
-            except ValueError:
-                del out[key]
-    return out
-
-
 def read_result(path: str | Path) -> ResultInfo:
-    """What a result image records: sdplan's text chunks (:func:`result_text`), else an
-    A1111-style ``parameters`` chunk (:func:`parse_parameters`), else the JSON file of
-    settings beside it (``<name>.json``, older app results).
+    """What a result image records (:func:`read_generation`), or for an older app result
+    without text chunks, the JSON file of settings beside it (``<name>.json``).
 
     Raises:
         OSError: not a readable image.
     """
     text = read_png_text(path)
-    settings: dict[str, Any] = {}
-    if "parameters" in text:
-        settings.update(parse_parameters(text["parameters"]))
-    for chunk, key in _CHUNK_KEYS.items():
-        if chunk in text:
-            settings[key] = text[chunk]
-    if re.fullmatch(r"\d+x\d+", text.get("size", "")):
-        w, h = text["size"].split("x")
-        settings["width"], settings["height"] = int(w), int(h)
+    gen = _generation(text)
+    settings = {k: v for k, v in gen.settings.items() if v not in (None, "")}
     side = Path(path).with_suffix(".json")
     if not settings and side.is_file():
         try:
             data = json.loads(side.read_text(encoding="utf-8"))
-            settings = {k: v for k, v in data.items() if isinstance(k, str)} \
-                if isinstance(data, dict) else {}
         except (OSError, ValueError):
-            settings = {}
-    files: dict[str, list[str]] = {}
-    try:
-        raw = json.loads(text.get(MODEL_FILES_KEY) or "{}")
-        files = {str(k): [str(p) for p in v] for k, v in raw.items() if isinstance(v, list)}
-    except (ValueError, AttributeError):
-        files = {}
-    model = text.get("model") or str(settings.pop("model", "") or "")
-    if not model and files:
-        main = (files.get("model") or files.get("diffusion_model") or [""])[0]
-        model = os.path.basename(main)
-    placement = {k: text[k] for k in ("backend", "params_backend", "max_vram") if text.get(k)}
-    settings = {k: v for k, v in _typed(settings).items()
-                if k not in ("timings", "architecture", "model")}
-    return ResultInfo(str(path), settings, model, files, placement, text)
+            data = None
+        if isinstance(data, dict):
+            settings = {k: v for k, v in data.items() if isinstance(k, str)
+                        and k not in ("timings", "architecture", "model")}
+    main = (gen.model_files.get("model") or gen.model_files.get("diffusion_model") or [""])[0]
+    return ResultInfo(str(path), settings, os.path.basename(main), gen.model_files,
+                      {k: v for k, v in gen.placement.items()
+                       if k in ("backend", "params_backend", "max_vram") and v}, dict(text))

@@ -24,12 +24,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import ModelFileError, SdplanError
+from sdplan.core.errors import InvalidArgument, ModelFileError
 from sdplan.core.modelfiles.checkpoint import ModelSet, read_model_files
 from sdplan.core.modelfiles.lora_names import AliasTable, aliases_for_family
 from sdplan.core.models import clip as clip_m
@@ -38,7 +38,7 @@ from sdplan.core.models import vae as vae_m
 from sdplan.core.pipelines.base import Pipeline, module_placements
 from sdplan.core.pipelines.img2img import (
     ImageInput,
-    blend,
+    blended_denoiser,
     dilate,
     latent_mask,
     sample_latent,
@@ -46,10 +46,11 @@ from sdplan.core.pipelines.img2img import (
 )
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.runtime.weights import WeightFile
-from sdplan.core.sampling.noise import PhiloxNoise, initial_latent
+from sdplan.core.sampling.noise import NoiseSource, initial_latent, make_noise
+from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
 from sdplan.core.sampling.samplers import sample
-from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule, get_sigmas, scalings
+from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule, scalings
 from sdplan.core.text.clip_tokenizer import ClipTokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 
@@ -110,7 +111,8 @@ def model_overrides(ms: ModelSet) -> dict[str, Any]:
 class GenerateParams:
     """What to generate (sd-cli's meanings): prompt, negative prompt, width/height in pixels,
     steps, cfg scale, seed, sampler (``--sampling-method``), scheduler, batch count, clip skip
-    (0 = the family default)."""
+    (0 = the family default); ``sampling``: sd-cli's other sampling options (``--eta``,
+    ``--sigmas``, ``--rng``...; :class:`~sdplan.core.sampling.options.SamplingOptions`)."""
 
     prompt: str
     negative_prompt: str = ""
@@ -123,6 +125,7 @@ class GenerateParams:
     scheduler: str = "discrete"
     batch: int = 1
     clip_skip: int = 0
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
 
 
 class StableDiffusion(Pipeline):
@@ -279,6 +282,25 @@ class StableDiffusion(Pipeline):
                 out = unet(x_in, t, np.repeat(cond, n, 0))
             return (x * c_skip + out * c_out).astype(np.float32)
 
+        def with_uncond(x: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+            # CFG++ samplers: both halves of the guided batch, combined and unconditional
+            c_skip, c_out, c_in = scalings(float(sigma), self.prediction)
+            t = np.float32(self.schedule.sigma_to_t(float(sigma)))
+            x_in = (x * c_in).astype(np.float32)
+            if concat is not None:
+                x_in = np.concatenate([x_in, concat], 1)
+            n = x.shape[0]
+            if not guided:
+                d = denoise(x, sigma)
+                return d, d
+            assert uncond is not None
+            ctx = np.concatenate([np.repeat(cond, n, 0), np.repeat(uncond, n, 0)], 0)
+            out = unet(np.concatenate([x_in, x_in], 0), t, ctx)
+            mixed = out[n:] + cfg_scale * (out[:n] - out[n:])
+            return ((x * c_skip + mixed * c_out).astype(np.float32),
+                    (x * c_skip + out[n:] * c_out).astype(np.float32))
+
+        denoise.with_uncond = with_uncond  # type: ignore[attr-defined]
         return denoise
 
     # ------------------------------------------------------------------ VAE
@@ -328,23 +350,24 @@ class StableDiffusion(Pipeline):
         return aliases_for_family(self.family, names, shapes)
 
     def _image_latents(self, init: ImageInput | None, shape: tuple[int, ...],
-                       seed: int) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+                       gen: NoiseSource) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         """``(init latent, blend mask, extra UNet channels)`` for ``init`` at the latent
-        ``shape`` (module docstring of :mod:`sdplan.core.pipelines.img2img`)."""
+        ``shape`` (module docstring of :mod:`sdplan.core.pipelines.img2img`); ``gen`` is a
+        fresh generator of the request's seed (sd-cli samples the encoder's distribution with
+        the seed's RNG before it draws the starting noise)."""
         if init is None and not self.inpaint:
             return None, None, None
         init = init or ImageInput()
         n, _, h, w = shape
         f = self.vae_cfg.factor
         lat_shape = (1, self.vae_cfg.latent_channels, h, w)
-        gen = PhiloxNoise(seed)  # sd-cli samples the encoder's distribution with the seed's RNG
-        first = gen.randn(lat_shape)
+        first = gen(lat_shape)
         lat = self.encode_sample(init.image, first) if init.image is not None else None
         pix = init.mask if init.mask is not None else np.ones((1, 1, h * f, w * f), np.float32)
         m = latent_mask(pix, f)
         concat = None
         if self.inpaint:
-            masked = (self.encode_sample(init.image * (1.0 - pix), gen.randn(lat_shape))
+            masked = (self.encode_sample(init.image * (1.0 - pix), gen(lat_shape))
                       if init.image is not None else np.zeros(lat_shape, np.float32))
             concat = np.repeat(np.concatenate([m, masked], 1), n, 0)
             m = dilate(m)
@@ -378,14 +401,14 @@ class StableDiffusion(Pipeline):
         sd-cli's ``--taesd`` does without ``--taesd-preview-only``).
 
         Raises:
-            SdplanError: width/height not positive multiples of the UNet's factor
+            InvalidArgument: width/height not positive multiples of the UNet's factor
                 (8 * 2^(levels-1) for SD).
             ~sdplan.core.sampling.errors.SamplingError: unknown sampler or scheduler.
             Cancelled: the cancel token fired.
         """
         f = self.vae_cfg.factor * 2 ** (len(self.unet_cfg.channel_mult) - 1)
         if p.width % f or p.height % f or p.width <= 0 or p.height <= 0:
-            raise SdplanError(f"-W/-H {p.width}x{p.height}: this model draws sizes that are "
+            raise InvalidArgument(f"-W/-H {p.width}x{p.height}: this model draws sizes that are "
                               f"positive multiples of {f} pixels")
         t0 = time.perf_counter()
         with self.text_session(p.clip_skip):
@@ -397,12 +420,13 @@ class StableDiffusion(Pipeline):
             cond, uncond = _pad_chunks(cond, k), _pad_chunks(uncond, k)
         shape = (p.batch, self.vae_cfg.latent_channels, p.height // self.vae_cfg.factor,
                  p.width // self.vae_cfg.factor)
-        init_lat, mask, concat = self._image_latents(init, shape, p.seed)
-        gen = PhiloxNoise(p.seed)
+        gen, sampler_noise, planned = prepare(p.sampling, p.seed, p.steps, p.scheduler,
+                                              self.schedule, self.family)
+        init_lat, mask, concat = self._image_latents(init, shape, make_noise(p.sampling.rng, p.seed))
         if noise is None:
-            noise = gen.randn(shape)
+            noise = gen(shape)
         if sigmas is None:
-            sigmas = get_sigmas(p.scheduler, p.steps, self.schedule, self.family)
+            sigmas = planned
         if init is not None and init.image is not None and init_lat is not None:
             sigmas = truncate_sigmas(sigmas, init.strength)
             x = (init_lat + noise * np.float32(sigmas[0])).astype(np.float32)  # sd-cli's noise_scaling
@@ -421,9 +445,9 @@ class StableDiffusion(Pipeline):
         with self.unet_session() as unet:
             den = self.denoiser(unet, cond, uncond, p.cfg_scale, concat)
             if mask is not None and init_lat is not None:
-                plain, ref = den, init_lat
-                den = lambda xx, s: blend(plain(xx, s), ref, mask)  # noqa: E731
-            latent = sample(p.sampler, den, x, sigmas, noise=gen, callback=cb, schedule=self.schedule)
+                den = blended_denoiser(den, init_lat, mask)
+            latent = sample(p.sampler, den, x, sigmas, noise=sampler_noise, callback=cb,
+                            schedule=self.schedule, eta=p.sampling.eta, extra=p.sampling.extra)
         self.timings["sampling"] = time.perf_counter() - t0
         self.timings["per_step"] = self.timings["sampling"] / max(total, 1)
         if decoder is not None:

@@ -164,7 +164,8 @@ class ZImagePipeline(FluxFamilyPipeline):
             v0 = self.velocity(x, s, uncond)
             return (v0 + np.float32(cfg_scale) * (v - v0)).astype(np.float32)
 
-        start, sigmas, vel = self._image_start(start, sigmas, vel, init, seed if init_seed is None else init_seed)
+        start, sigmas, vel = self._image_start(start, sigmas, vel, init,
+                                              PhiloxNoise(seed if init_seed is None else init_seed))
 
         def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
             if preview is not None:

@@ -231,12 +231,26 @@ def parse_gib(value: str, flag: str, text: str, span: Span | None) -> Decimal:
     """A ``--max-vram`` number in GiB as an exact Decimal (spec section 7).
 
     Raises:
-        PlanError: ``invalid_max_vram`` for anything but a plain decimal number.
+        PlanError: ``invalid_max_vram`` for anything but a plain decimal number, and for a
+            magnitude above 2^32 GiB (an overflow such as ``1e400`` is an error, not a
+            budget silently cut to the largest one).
     """
     if not _NUMBER.fullmatch(value):
         raise PlanError("invalid_max_vram", f"{flag}: '{value}' is not a number of GiB "
                         "(write GiB as a plain number, e.g. 6.5)", flag=flag, text=text, span=span)
-    return clamp_gib(Decimal(value))
+    gib = Decimal(value)
+    if gib.copy_abs() > _GIB_MAX:
+        raise PlanError("invalid_max_vram", f"{flag}: '{short_text(value)}' GiB is out of range "
+                        f"(at most {_GIB_MAX:f} GiB)", flag=flag, text=text, span=span)
+    return clamp_gib(gib)
+
+
+def short_text(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis and the full length, for
+    messages that quote user input (a 100,000-character flag must not fill the terminal)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 1]}… ({len(text)} characters)"
 
 
 #: Largest and smallest magnitudes kept; beyond them budgets are clamped (still exact bytes).

@@ -11,9 +11,11 @@ when RAM is short too; a single-device module whose staging alone overflows gets
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from sdplan.core.planning.estimate import compute_bytes, estimate_plan
+from sdplan.core.planning.estimate import estimate_plan, module_compute
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB, SPLITTABLE
 from sdplan.core.planning.placement import Placement
@@ -47,12 +49,15 @@ def _capacity(inv: Inventory, budgets: dict[str, int]) -> dict[str, int]:
 
 
 def auto_plan(inventory: Inventory, profile: Profile, base: Placement, *, width: int = 1024,
-              height: int = 1024, batch: int = 1) -> AutoPlan:
+              height: int = 1024, batch: int = 1, engine: str = "sdplan",
+              measured: Mapping[str, int] | None = None) -> AutoPlan:
     """Propose a placement for ``profile`` on ``inventory`` starting from ``base`` (its
     budgets and RPC servers are kept; module entries are rewritten).
 
-    ``width``/``height`` (pixels) and ``batch`` size the compute estimate
-    (:func:`sdplan.core.planning.estimate.compute_bytes`). Each device keeps :data:`HEADROOM` bytes
+    ``width``/``height`` (pixels) and ``batch`` size the compute estimate of ``engine``
+    (``measured``: compute bytes per module from a dry run, as for
+    :func:`~sdplan.core.planning.estimate.estimate_plan`)
+    (:func:`sdplan.core.planning.estimate.module_compute`, sdplan's engine). Each device keeps :data:`HEADROOM` bytes
     free when packing. The result's ``fits`` is the verdict of
     :func:`sdplan.core.planning.estimate.estimate_plan` on the proposed plan.
 
@@ -73,8 +78,9 @@ def auto_plan(inventory: Inventory, profile: Profile, base: Placement, *, width:
     order = sorted(profile.modules, key=lambda m: -profile.modules[m].total)
     for m in order:
         mp = profile.modules[m]
-        need = mp.total + compute_bytes(m, mp, profile.architecture, width=width,
-                                        height=height, batch=batch)
+        need = mp.total + module_compute(m, mp, profile.architecture, width=width,
+                                         height=height, batch=batch, engine=engine,
+                                         measured=measured)[0]
         best = max(left, key=lambda n: left[n])
         if left[best] >= need or len(left) == 1 or m not in SPLITTABLE:
             placement = placement.assign(m, best)
@@ -94,17 +100,19 @@ def auto_plan(inventory: Inventory, profile: Profile, base: Placement, *, width:
             left[name] -= mp.total * max(left[name], 1) // room
         notes.append(f"{m} ({mp.total / GIB:.1f} GiB) split over {' & '.join(chosen)}")
     return _settle(placement, inventory, profile, cpu.name if cpu else None, notes,
-                   width, height, batch)
+                   width, height, batch, {"engine": engine, "measured": measured})
 
 
 def _settle(placement: Placement, inventory: Inventory, profile: Profile, cpu: str | None,
-            notes: list[str], width: int, height: int, batch: int) -> AutoPlan:
+            notes: list[str], width: int, height: int, batch: int,
+            est: dict[str, Any]) -> AutoPlan:
     """Move weights off over-committed devices until the estimate fits (or nothing is left
     to move)."""
     moved: set[str] = set()
     for _ in range(24):
         plan = resolve(placement, inventory, profile)
-        fit = estimate_plan(plan, profile, inventory, width=width, height=height, batch=batch)
+        fit = estimate_plan(plan, profile, inventory, width=width, height=height, batch=batch,
+                            **est)
         if fit.fits:
             return AutoPlan(plan.placement, plan, True, notes)
         worst = max(fit.devices.values(), key=lambda t: t.total - (min(t.free, t.budget)
@@ -180,3 +188,27 @@ def plan_diff(old: Plan, new: Plan, modules: list[str]) -> list[tuple[str, str, 
         if x != y:
             rows.append((flag, x or "(empty)", y or "(empty)"))
     return rows
+
+
+def fit_advice(plan: Plan, profile: Profile, inventory: Inventory, *, width: int, height: int,
+               batch: int = 1, engine: str = "sdplan",
+               measured: Mapping[str, int] | None = None) -> list[str]:
+    """For a plan that does not fit: what would, from the auto plan started at the plan's
+    own placement (budgets and RPC servers kept). Lines: each module that moves
+    (``diffusion: CUDA0 -> CUDA0, weights on CPU``), then the flags to use; or one line
+    saying that no placement on these devices fits at this size.
+
+    Raises:
+        PlanError: the plan's placement does not resolve on ``inventory``.
+    """
+    proposal = auto_plan(inventory, profile, plan.placement, width=width, height=height,
+                         batch=batch, engine=engine, measured=measured)
+    if not proposal.fits:
+        return [f"no placement on these devices fits {width}x{height} (batch {batch}); "
+                "a smaller size or a quantized model would need less"]
+    rows = plan_diff(plan, proposal.plan, list(profile.modules))
+    lines = [f"{what}: {a} -> {b}" for what, a, b in rows if not what.startswith("--")]
+    flags = " ".join(f"{f} \"{v}\"" for f, v in (("--backend", proposal.plan.backend),
+                                                ("--params-backend", proposal.plan.params_backend),
+                                                ("--max-vram", proposal.plan.max_vram)) if v)
+    return [*lines, f"use: {flags}"]

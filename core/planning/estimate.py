@@ -3,8 +3,9 @@
 Three parts per module and device (bytes):
 
 - **weights** (resident between uses): residency ``runtime`` puts the module on its
-  runtime device (a split module: each range's blocks on its device, the non-block bytes on
-  the main device); ``device`` puts all of it on the params device; ``disk`` nothing.
+  runtime device (a layer split: each range's blocks on its device, the non-block bytes on
+  the main device; a row split: each device's share of the block rows, the non-block bytes
+  on the main device, which alone runs the graph and holds the compute buffer); ``device`` puts all of it on the params device; ``disk`` nothing.
 - **staging** (while the module runs): with ``device`` or ``disk`` residency the weights
   are copied to the runtime device(s): each range's blocks to its device plus the non-block
   bytes to the main device, or the whole module on a single device. With a ``--max-vram``
@@ -17,10 +18,16 @@ Three parts per module and device (bytes):
 - **lora**: at-runtime LoRA tensors, resident beside the blocks they patch
   (:mod:`sdplan.core.planning.adapters`; merged LoRAs take no device memory).
 
+The compute part is for the engine that runs the plan (``engine``): sdplan's own engine
+(a dry-run reserve of its graphs when the caller measured one, else figures fitted to those
+graphs, :mod:`sdplan.core.planning.engine_compute`), or sd-cli (the formula below, with or
+without ``--diffusion-fa``). :attr:`FitReport.engine` and :attr:`FitReport.compute_source`
+say which.
+
 A device's total is its resident weights and LoRA tensors of every module plus the largest
 ``staging + compute`` of one module, because sd-cli runs the modules one after another.
 
-Compute-buffer formula (bytes, F32 activations, no flash attention)::
+Compute-buffer formula (bytes, F32 activations, without flash attention)::
 
     compute = batch * 4 * (heads * N**2 + K * N * D)
 
@@ -34,21 +41,36 @@ head) plus ``K`` feature maps of 128 channels at image size; for ESRGAN ``K`` ma
 channels at image size. Constants are the published model configurations (Flux: hidden
 3072, 24 heads, 512 T5 tokens (schnell 256); Chroma: Flux's with sd-cli's 512 T5 tokens
 (sdplan's engine drops the masked ones, so it needs less); SD3-medium: 1536, 24 heads, 333
-tokens; SD3.5-large: 2432, 38 heads; Z-Image: 3840, 30 heads, 512 LLM tokens; SD1: 320
+tokens; SD3.5-large: 2432, 38 heads; Z-Image: 3840, 30 heads, 512 LLM tokens; FLUX.2 klein
+4B: 3072, 24 heads, 512 LLM tokens (9B: 4096, 32 heads; reference images add their tokens); SD1: 320
 channels, 8 heads; SD2: 320 channels, 5 heads;
 SDXL: 640 channels, 10 heads; T5-XXL: 64 heads, 10240 MLP, 512 tokens; CLIP-L/H/G:
 12/16/20 heads, 3072/4096/5120 MLP, 77 tokens). ``K = 4`` is a rule of thumb for a block's
 live tensors; the engine's measured figure is the reference this estimate is checked
 against. Unknown architectures use a quarter of the module's weights at 512x512, scaled by
 pixels and batch.
+
+The estimate of an sd-cli command (:class:`RuntimeFlags`, from the command's
+``--fa``/``--diffusion-fa``, ``--diffusion-conv-direct``/``--vae-conv-direct``, ``--mmap``
+and ``--eager-load``): flash attention drops the ``heads * N**2`` score matrix of the
+modules it covers (it is computed in tiles); sd-cli's default convolution lowers each 3x3
+convolution through an F16 ``im2col`` buffer of ``batch * 2 * 9 * C * P`` bytes for the
+widest one at full size (VAE decoder: ``C = 128`` at image size; UNets: the first level's
+channels at latent size), which ``--*-conv-direct`` removes; ``--mmap`` maps the files, so
+weights kept on the CPU are file pages the system can reclaim rather than allocations
+(counted apart, as ``mapped``); ``--eager-load`` loads every module's weights at start
+instead of at first use, which moves the peak earlier but not higher (the modules run once
+each and keep their weights), so it changes no figure.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from sdplan.core.planning.adapters import LoraProfile, lora_device_bytes
+from sdplan.core.planning.engine_compute import sdplan_compute_bytes
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB
 from sdplan.core.planning.profile import ModuleProfile, Profile
@@ -56,13 +78,56 @@ from sdplan.core.planning.profile import ModuleProfile, Profile
 _K = 4
 _F32 = 4
 
+#: Engines an estimate can be for (see :func:`module_compute`).
+ENGINES = ("sdplan", "sd-cli", "sd-cli-fa")
+
 # family -> (heads, width D, tokens rule): DiT tokens = latent/4 + text; UNet = latent / div
 _DIT = {"flux": (24, 3072, 512), "flux-schnell": (24, 3072, 256), "chroma": (24, 3072, 512),
-        "sd3": (24, 1536, 333), "sd3-large": (38, 2432, 333), "z_image": (30, 3840, 512)}
+        "sd3": (24, 1536, 333), "sd3-large": (38, 2432, 333), "z_image": (30, 3840, 512),
+        "flux2_klein": (24, 3072, 512), "flux2_klein-9b": (32, 4096, 512)}
 _UNET = {"sd1": (8, 320, 1), "sd2": (5, 320, 1), "sdxl": (10, 640, 4)}
 # encoder -> (heads, MLP width, tokens)
 _TE = {"t5xxl": (64, 10240, 512), "llm": (28, 18944, 512), "clip_l": (12, 3072, 77),
        "clip_h": (16, 4096, 77), "clip_g": (20, 5120, 77)}
+
+
+@dataclass(frozen=True)
+class RuntimeFlags:
+    """How the sd-cli command runs, for its estimate (module docstring).
+
+    Attributes:
+        flash_attention: modules computing attention in tiles (``--fa``: all,
+            ``--diffusion-fa``: ``diffusion``).
+        conv_direct: modules with direct convolutions (no ``im2col`` buffer).
+        mmap: ``--mmap``: CPU-resident weights are mapped file pages.
+        eager_load: ``--eager-load`` (no figure changes; recorded in the report).
+        im2col: estimate sd-cli's ``im2col`` convolution buffers (True for an sd-cli
+            command; sdplan's own engine chooses other convolution methods).
+    """
+
+    flash_attention: frozenset[str] = frozenset()
+    conv_direct: frozenset[str] = frozenset()
+    mmap: bool = False
+    eager_load: bool = False
+    im2col: bool = True
+
+    def to_json(self) -> dict[str, object]:
+        return {"flash_attention": sorted(self.flash_attention),
+                "conv_direct": sorted(self.conv_direct), "mmap": self.mmap,
+                "eager_load": self.eager_load, "im2col": self.im2col}
+
+
+def im2col_bytes(module: str, architecture: str | None, *, width: int, height: int,
+                 batch: int) -> int:
+    """sd-cli's F16 ``im2col`` buffer of ``module``'s widest 3x3 convolution in bytes
+    (module docstring): VAE ``batch * 2 * 9 * 128 * pixels``; SD/SDXL UNets
+    ``batch * 2 * 9 * 320 * latent pixels``; 0 for DiTs and other modules."""
+    family = (architecture or "").split("-")[0]
+    if module == "vae":
+        return batch * 2 * 9 * 128 * width * height
+    if module in ("diffusion", "controlnet") and family in _UNET:
+        return batch * 2 * 9 * 320 * (height // 8) * (width // 8)
+    return 0
 
 
 @dataclass(frozen=True)
@@ -111,28 +176,49 @@ class FitReport:
     width: int
     height: int
     batch: int
+    #: the engine the figures are for: ``sdplan`` (its own engine) or ``sd-cli``
+    engine: str = "sdplan"
+    #: per module, where its compute figure comes from: ``measured`` (a dry-run reserve of
+    #: the engine's graph), ``fitted`` (:mod:`~sdplan.core.planning.engine_compute`) or
+    #: ``formula`` (:func:`compute_bytes`)
+    compute_source: dict[str, str] = field(default_factory=dict)
+
+    def engine_label(self) -> str:
+        """One line naming the engine and how compute was estimated, e.g. ``sdplan's engine
+        (compute measured by a dry run)``."""
+        sources = sorted(set(self.compute_source.values()))
+        how = {"measured": "measured by a dry run of its graphs", "fitted": "fitted to its graphs",
+               "formula": "by formula"}
+        what = "; ".join(how[x] for x in sources) or "none"
+        name = "sdplan's engine" if self.engine == "sdplan" else (
+            "sd-cli" + (" with --diffusion-fa" if self.engine == "sd-cli-fa" else ""))
+        return f"{name} (compute {what})"
 
     def to_json(self) -> dict[str, object]:
         """JSON form (bytes) for ``sdplan plan --json`` under ``"fit"``."""
         return {"fits": self.fits, "reasons": list(self.reasons), "width": self.width,
-                "height": self.height, "batch": self.batch,
+                "height": self.height, "batch": self.batch, "engine": self.engine,
+                "compute_source": dict(self.compute_source),
                 "devices": {d: t.to_json() for d, t in self.devices.items()},
                 "modules": {m: e.to_json() for m, e in self.modules.items()}}
 
 
-def _attn(batch: int, heads: int, tokens: int, width: int) -> int:
-    return batch * _F32 * (heads * tokens * tokens + _K * tokens * width)
+def _attn(batch: int, heads: int, tokens: int, width: int, flash: bool = False) -> int:
+    return batch * _F32 * ((0 if flash else heads * tokens * tokens) + _K * tokens * width)
 
 
 def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
-                  width: int, height: int, batch: int) -> int:
-    """Compute-buffer estimate in bytes of one module (formula in the module docstring).
+                  width: int, height: int, batch: int, flash: bool = False) -> int:
+    """Compute-buffer estimate in bytes of one module (formula in the module docstring):
+    sd-cli's path (F32 activations); ``flash`` (sd-cli's ``--fa``/``--diffusion-fa``) drops
+    the ``heads * N**2`` attention score matrices.
 
     Args:
         module: module name (``diffusion``, ``te``, ``vae``...).
         mp: the module's weight sizes (unknown architectures scale from them).
         architecture: the profile's architecture name (``flux-dev``, ``sdxl``...) or None.
         width, height: image size in pixels; batch: images per run.
+        flash: flash attention (no ``heads * N**2`` score matrix).
     """
     arch = architecture or "unknown"
     family = arch.split("-")[0]
@@ -142,20 +228,20 @@ def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
         key = arch if arch in _DIT else family
         if key in _DIT:
             heads, dim, text = _DIT[key]
-            return _attn(batch, heads, latent // 4 + text, 4 * dim)
+            return _attn(batch, heads, latent // 4 + text, 4 * dim, flash)
         if family in _UNET:
             heads, ch, div = _UNET[family]
-            return _attn(batch, heads, latent // div, 4 * ch)
+            return _attn(batch, heads, latent // div, 4 * ch, flash)
     elif module == "te":
         encs = [e for e in (mp.encoders or {mp.block_encoder: 0}) if e in _TE]
         if encs:  # encoders run one after another: the largest buffer counts
-            return max(_attn(batch, _TE[e][0], _TE[e][2], _TE[e][1]) for e in encs)
+            return max(_attn(batch, _TE[e][0], _TE[e][2], _TE[e][1], flash) for e in encs)
     elif module == "vae":
-        return batch * _F32 * (latent * latent + _K * 128 * pixels)
+        return batch * _F32 * ((0 if flash else latent * latent) + _K * 128 * pixels)
     elif module == "upscaler":
         return batch * _F32 * _K * 64 * pixels
     elif module in ("clip_vision", "photomaker"):
-        return _attn(batch, 16, 257, 4096)
+        return _attn(batch, 16, 257, 4096, flash)
     return _fallback(mp, pixels, batch)
 
 
@@ -174,8 +260,32 @@ def _segment_peak(mp: ModuleProfile, budget: int, compute: int) -> int:
     return mp.other + max(peak, seg)
 
 
+def module_compute(module: str, mp: ModuleProfile, architecture: str | None, *, width: int,
+                   height: int, batch: int, engine: str = "sdplan",
+                   measured: Mapping[str, int] | None = None) -> tuple[int, str]:
+    """One module's compute bytes for ``engine`` and where the figure comes from.
+
+    ``engine`` ``sdplan``: ``measured[module]`` when given (a dry-run reserve), else the
+    fitted figures of :func:`sdplan.core.planning.engine_compute.sdplan_compute_bytes`, else
+    the formula; ``sd-cli``/``sd-cli-fa``: the formula of :func:`compute_bytes` without /
+    with ``--diffusion-fa``. Returns ``(bytes, "measured" | "fitted" | "formula")``.
+    """
+    if engine == "sdplan":
+        if measured and module in measured:
+            return int(measured[module]), "measured"
+        fitted = sdplan_compute_bytes(module, architecture, width=width, height=height,
+                                      batch=batch)
+        if fitted is not None:
+            return fitted, "fitted"
+    flash = engine == "sd-cli-fa" and module in ("diffusion", "controlnet")
+    return compute_bytes(module, mp, architecture, width=width, height=height, batch=batch,
+                         flash=flash), "formula"
+
+
 def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
-                  width: int = 512, height: int = 512, batch: int = 1,
+                  width: int = 512, height: int = 512, batch: int = 1, engine: str = "sdplan",
+                  measured: Mapping[str, int] | None = None,
+                  flags: RuntimeFlags | None = None,
                   loras: Mapping[str, LoraProfile] | None = None) -> FitReport:
     """Estimate a resolved plan's memory per module and device and say whether it fits.
 
@@ -186,6 +296,11 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         profile: the model's sizes; modules absent from it are not estimated.
         inventory: the devices with their free memory (bytes).
         width, height: image size in pixels; batch: images per run.
+        engine: ``sdplan`` (its own engine), ``sd-cli`` or ``sd-cli-fa`` (sd-cli with
+            ``--diffusion-fa``): whose compute buffers are estimated (:func:`module_compute`).
+        measured: module -> compute bytes measured by a dry-run reserve of sdplan's engine.
+        flags: estimate the sd-cli command run with these flags (module docstring; flash
+            attention per module, im2col columns, mmap); given, the engine is sd-cli's.
         loras: per module, the at-runtime LoRA bytes kept on its devices (None or absent:
             none, as for merged LoRAs).
 
@@ -194,10 +309,13 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         memory or its ``--max-vram`` budget, each such device giving one reason.
 
     Raises:
-        ValueError: width, height or batch not positive.
+        ValueError: width, height or batch not positive, or an unknown engine.
     """
     if width <= 0 or height <= 0 or batch <= 0:
         raise ValueError(f"image size {width}x{height} and batch {batch} must be positive")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
+    sources: dict[str, str] = {}
     mods: dict[str, ModuleEstimate] = {}
     budgets: dict[str, int] = dict(getattr(plan, "budgets", {}))
     for name, mp in profile.modules.items():
@@ -207,13 +325,26 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         devs = tuple(mplan.devices)
         main = devs[0]
         mode = mplan.params.mode
-        comp = compute_bytes(name, mp, profile.architecture, width=width, height=height,
-                             batch=batch)
+        if flags is not None:
+            comp = compute_bytes(name, mp, profile.architecture, width=width, height=height,
+                                 batch=batch, flash=name in flags.flash_attention)
+            if flags.im2col and name not in flags.conv_direct:
+                comp += im2col_bytes(name, profile.architecture, width=width, height=height,
+                                     batch=batch)
+            sources[name] = "formula"
+        else:
+            comp, sources[name] = module_compute(name, mp, profile.architecture, width=width,
+                                                 height=height, batch=batch, engine=engine,
+                                                 measured=measured)
         placed: dict[str, int] = {}
+        row_shares = getattr(mplan, "row_shares", None)
         if mplan.ranges:
             placed[main] = mp.other
             for r in mplan.ranges:
                 placed[r.device] = placed.get(r.device, 0) + r.bytes
+        elif row_shares:  # row split: block rows on every device, the rest on the main one
+            placed = dict(row_shares)
+            placed[main] = placed.get(main, 0) + mp.other
         else:
             placed[main] = mp.total
         weights: dict[str, int] = {}
@@ -228,12 +359,20 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
             if len(devs) == 1 and budget > 0 and mp.blocks:
                 staging = {main: min(mp.total, _segment_peak(mp, budget, comp))}
         compute = {d: comp for d in (devs if mplan.ranges else devs[:1])}
+        if flags is not None and flags.mmap:  # CPU-kept weights are mapped file pages
+            weights = {d: b for d, b in weights.items() if not _is_cpu(inventory, d)}
         lp = (loras or {}).get(name)
         lora = lora_device_bytes(mplan, lp) if lp is not None else {}
         if lora and mode != "runtime" and len(devs) == 1 and budgets.get(main, 0) > 0 and mp.blocks:
             staging = {main: min(mp.total, _segment_peak(mp, budgets[main], comp + lora.get(main, 0)))}
         mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute, lora)
-    return _totals(mods, inventory, budgets, width, height, batch)
+    report = _totals(mods, inventory, budgets, width, height, batch)
+    return dataclasses.replace(report, engine="sd-cli" if flags is not None else engine,
+                               compute_source=sources)
+
+
+def _is_cpu(inventory: Inventory, name: str) -> bool:
+    return any(d.name == name and d.type == "cpu" for d in inventory)
 
 
 def _totals(mods: dict[str, ModuleEstimate], inventory: Inventory, budgets: dict[str, int],

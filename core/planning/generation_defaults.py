@@ -7,7 +7,10 @@ Sources: Chroma, stable-diffusion.cpp's ``docs/chroma.md`` example (``--cfg-scal
 the Chroma1 model cards also guide with a real CFG around 4); FLUX.1, sd-cli's ``docs/flux.md``
 (``--cfg-scale 1.0 --sampling-method euler``) and schnell's 4-step distillation; Z-Image
 Turbo, its 8-step distillation without guidance (Tongyi's model card; sd-cli's
-``docs/z_image.md``: ``--cfg-scale 1.0 --steps 8``) with euler, sd-cli's sampler for DiTs.
+``docs/z_image.md``: ``--cfg-scale 1.0 --steps 8``) with euler, sd-cli's sampler for DiTs;
+FLUX.2 klein 4B / 9B, their 4-step distillation (sd-cli's ``docs/flux2.md``: ``--cfg-scale 1.0
+--steps 4``, euler; the klein *base* models, which no tensor tells apart, want CFG 4 and 20
+steps).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, object]] = {
     "flux-dev": {"cfg_scale": 1.0, "steps": 20, "sampling_method": "euler"},
     "flux-schnell": {"cfg_scale": 1.0, "steps": 4, "sampling_method": "euler"},
     "z_image": {"cfg_scale": 1.0, "steps": 8, "sampling_method": "euler"},
+    "flux2_klein": {"cfg_scale": 1.0, "steps": 4, "sampling_method": "euler"},
 }
 
 

@@ -58,6 +58,10 @@ class Placement:
         budgets: per-device ``--max-vram`` entries in written order.
         stream_layers: ``--stream-layers``.
         rpc_servers: ``--rpc-servers`` endpoints (``host:port``).
+        split_default: the ``--split-mode`` default (``layer``/``row``), or None (layer).
+        split_modes: module -> ``--split-mode`` for that module (spec section 12).
+        auto_fit: ``--auto-fit``: sd-cli derives ``--backend``/``--params-backend`` itself
+            (spec section 13; :mod:`sdplan.core.planning.autofit` predicts it).
         deprecated: compatibility flags used (each gives warning ``deprecated_flag``).
         texts: the joined flag values the spans point into (flag -> text).
         shadowed: overridden entries, still checked at resolution (spec section 11).
@@ -71,6 +75,9 @@ class Placement:
     budgets: tuple[BudgetEntry, ...] = ()
     stream_layers: bool = False
     rpc_servers: tuple[str, ...] = ()
+    split_default: str | None = None
+    split_modes: Mapping[str, str] = field(default_factory=dict)
+    auto_fit: bool = False
     deprecated: tuple[str, ...] = field(default=(), compare=False)
     texts: Mapping[str, str] = field(default_factory=dict, compare=False)
     shadowed: tuple[tuple[str, object], ...] = field(default=(), compare=False)
@@ -80,16 +87,19 @@ class Placement:
     def from_strings(cls, backend: str = "", params_backend: str = "", max_vram: str = "", *,
                      stream_layers: bool = False, rpc_servers: str | Sequence[str] = "",
                      clip_on_cpu: bool = False, vae_on_cpu: bool = False,
-                     control_net_cpu: bool = False, offload_to_cpu: bool = False) -> Placement:
-        """Parse joined flag values (spec sections 2, 4, 6, 7).
+                     control_net_cpu: bool = False, offload_to_cpu: bool = False,
+                     split_mode: str = "", auto_fit: bool = False) -> Placement:
+        """Parse joined flag values (spec sections 2, 4, 6, 7, 12, 13).
 
         ``rpc_servers`` is the joined ``host:port,...`` text or a list of endpoints. The
         compatibility flags prepend their entries (span None) as section 6 says.
+        ``split_mode`` is the joined ``--split-mode`` value (section 12).
 
         Raises:
             PlanError: any syntax error of the spec (``unknown_module``,
                 ``invalid_assignment``, ``invalid_device_list``, ``default_in_device_list``,
-                ``disk_not_runtime``, ``params_device_list``, ``invalid_max_vram``).
+                ``disk_not_runtime``, ``params_device_list``, ``invalid_max_vram``,
+                ``invalid_split_mode``).
         """
         flags = {"clip_on_cpu": clip_on_cpu, "vae_on_cpu": vae_on_cpu,
                  "control_net_cpu": control_net_cpu}
@@ -108,15 +118,17 @@ class Placement:
             lambda e: parse_params_value(e, "--params-backend", params_backend),
             "--params-backend", shadowed)
         b_default, budgets = _parse_max_vram(max_vram)
+        s_default, s_modes = parse_split_mode(split_mode)
         if isinstance(rpc_servers, str):
             servers = tuple(s.strip() for s in rpc_servers.split(",") if s.strip())
         else:
             servers = tuple(s.strip() for s in rpc_servers if s.strip())
         return cls(default=default, runtime=runtime, params_default=p_default, params=params,
                    budget_default=b_default, budgets=budgets, stream_layers=stream_layers,
-                   rpc_servers=servers, deprecated=deprecated,
+                   rpc_servers=servers, split_default=s_default, split_modes=s_modes,
+                   auto_fit=auto_fit, deprecated=deprecated,
                    texts={"--backend": backend, "--params-backend": params_backend,
-                          "--max-vram": max_vram},
+                          "--max-vram": max_vram, "--split-mode": split_mode},
                    shadowed=tuple(shadowed))
 
     @classmethod
@@ -136,7 +148,8 @@ class Placement:
     def to_strings(self) -> dict[str, str]:
         """The flag values ``{"backend", "params_backend", "max_vram"}``: canonical module
         names in :data:`MODULES` order, entries equal to the default omitted, device names as
-        held (exact names in a resolved plan's placement), GiB as plain numbers."""
+        held (exact names in a resolved plan's placement), GiB as plain numbers (the
+        ``--split-mode`` value is :meth:`split_mode_text`)."""
         parts = [self.default.text()] if self.default is not None else []
         for m in MODULES:
             v = self.runtime.get(m)
@@ -161,6 +174,20 @@ class Placement:
                 vparts.append(f"{b.key.text}={format_gib(b.gib)}")
         return {"backend": ",".join(parts), "params_backend": ",".join(pparts),
                 "max_vram": ",".join(vparts)}
+
+    def split_mode_text(self) -> str:
+        """The canonical ``--split-mode`` value: the default when it is ``row``, then the
+        module entries that differ from it (``""`` when everything is ``layer``)."""
+        sdefault = self.split_default or "layer"
+        sparts = [sdefault] if sdefault != "layer" else []
+        sparts += [f"{m}={self.split_modes[m]}" for m in MODULES
+                   if m in self.split_modes and self.split_modes[m] != sdefault]
+        return ",".join(sparts)
+
+    def split_mode_of(self, module: str) -> str:
+        """The ``--split-mode`` written for ``module``: its entry, else the default, else
+        ``layer``."""
+        return self.split_modes.get(module, self.split_default or "layer")
 
     def runtime_of(self, module: str) -> RuntimeValue | None:
         """The written runtime value for ``module``: its entry, else the default, else None."""
@@ -271,6 +298,34 @@ class Placement:
         """Set the ``--rpc-servers`` endpoints."""
         return self._plain(rpc_servers=tuple(servers))
 
+    def with_split_mode(self, module: str | None, mode: str | None) -> Placement:
+        """Set the ``--split-mode`` of ``module`` (None: the default) to ``layer``/``row``
+        (None removes the entry).
+
+        Raises:
+            PlanError: ``invalid_split_mode`` for another mode or a module that cannot
+                be split.
+        """
+        if mode is not None and mode not in SPLIT_MODES:
+            raise PlanError("invalid_split_mode", f"unknown split mode {mode!r} "
+                            "(use layer or row)")
+        if module is None:
+            return self._plain(split_default=mode)
+        m = _module(module)
+        if m not in SPLITTABLE:
+            raise PlanError("invalid_split_mode", f"{m} cannot be split; --split-mode applies "
+                            f"to {', '.join(SPLITTABLE)}")
+        modes = dict(self.split_modes)
+        if mode is None:
+            modes.pop(m, None)
+        else:
+            modes[m] = mode
+        return self._plain(split_modes=modes)
+
+    def with_auto_fit(self, on: bool) -> Placement:
+        """Turn ``--auto-fit`` on or off."""
+        return self._plain(auto_fit=bool(on))
+
 
 def _module(key: str) -> str:
     m = normalize_module(key)
@@ -297,6 +352,37 @@ def _last_wins(entries: list[Entry], parse, flag: str,  # type: ignore[no-untype
     return default, per
 
 
+#: ``--split-mode`` values (spec section 12).
+SPLIT_MODES = ("layer", "row")
+
+
+def parse_split_mode(text: str) -> tuple[str | None, dict[str, str]]:
+    """A joined ``--split-mode`` value (spec section 12): the default mode and the
+    per-module modes (lower-case ``layer``/``row``; later entries win).
+
+    Raises:
+        PlanError: ``invalid_split_mode`` for an empty key or value, an unknown mode (a
+            device list included) or a module that cannot be split; ``unknown_module``.
+    """
+    flag = "--split-mode"
+    default: str | None = None
+    modes: dict[str, str] = {}
+    for e in split_entries(text, flag, error_code="invalid_split_mode"):
+        value = e.value.strip().lower()
+        if value not in SPLIT_MODES:
+            raise PlanError("invalid_split_mode", f"{flag}: unknown mode '{e.value}' (use "
+                            "layer or row)", flag=flag, text=text, span=e.value_span)
+        if e.module is None:
+            default = value
+        elif e.module not in SPLITTABLE:
+            raise PlanError("invalid_split_mode", f"{flag}: {e.module} cannot be split; "
+                            f"--split-mode applies to {', '.join(SPLITTABLE)}", flag=flag,
+                            text=text, span=e.key.span if e.key is not None else e.span)
+        else:
+            modes[e.module] = value
+    return default, modes
+
+
 def _parse_max_vram(text: str) -> tuple[Decimal | None, tuple[BudgetEntry, ...]]:
     flag = "--max-vram"
     default = None
@@ -313,10 +399,11 @@ def _parse_max_vram(text: str) -> tuple[Decimal | None, tuple[BudgetEntry, ...]]
 # --------------------------------------------------------------------- argument lists
 #: Placement flags taking a value -> how repeats combine.
 PLACEMENT_VALUE_FLAGS = {"--backend": "join", "--params-backend": "join",
-                         "--max-vram": "last", "--rpc-servers": "join"}
+                         "--max-vram": "last", "--rpc-servers": "join", "--split-mode": "join"}
 PLACEMENT_SWITCHES = {"--stream-layers": "stream_layers", "--clip-on-cpu": "clip_on_cpu",
                       "--vae-on-cpu": "vae_on_cpu", "--control-net-cpu": "control_net_cpu",
-                      "--offload-to-cpu": "offload_to_cpu"}
+                      "--offload-to-cpu": "offload_to_cpu", "--auto-fit": "auto_fit"}
+
 
 def split_flag(arg: str) -> tuple[str, str | None]:
     """``--flag=value`` -> ``("--flag", "value")``; anything else -> ``(arg, None)``."""
@@ -354,7 +441,8 @@ def scan_placement_args(args: list[str]) -> tuple[Placement, list[str]]:
     vram = values["--max-vram"]
     placement = Placement.from_strings(
         ",".join(values["--backend"]), ",".join(values["--params-backend"]),
-        vram[-1] if vram else "", rpc_servers=",".join(values["--rpc-servers"]), **switches)
+        vram[-1] if vram else "", rpc_servers=",".join(values["--rpc-servers"]),
+        split_mode=",".join(values["--split-mode"]), **switches)
     return placement, rest
 
 
@@ -376,6 +464,12 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--control-net-cpu", action="store_true",
                    help="deprecated: --backend controlnet=cpu")
     g.add_argument("--offload-to-cpu", action="store_true", help="--params-backend *=cpu first")
+    g.add_argument("--split-mode", action="append", default=[], metavar="MODE",
+                   help="how a module on several devices splits: layer (default) or row "
+                        "(CUDA), or per module: diffusion=row,te=layer (repeats join)")
+    g.add_argument("--auto-fit", action="store_true",
+                   help="place diffusion, te and vae as sd-cli's --auto-fit would "
+                        "(ignores --backend/--params-backend)")
 
 
 def placement_from_namespace(ns: argparse.Namespace) -> Placement:
@@ -397,4 +491,6 @@ def placement_from_namespace(ns: argparse.Namespace) -> Placement:
         vae_on_cpu=bool(getattr(ns, "vae_on_cpu", False)),
         control_net_cpu=bool(getattr(ns, "control_net_cpu", False)),
         offload_to_cpu=bool(getattr(ns, "offload_to_cpu", False)),
+        split_mode=",".join(getattr(ns, "split_mode", None) or []),
+        auto_fit=bool(getattr(ns, "auto_fit", False)),
     )

@@ -3,11 +3,14 @@
 :func:`resolve` runs one pass per section of the behaviour spec, in this order:
 
 - :func:`deprecation_warnings`: compatibility flags (section 6);
+- :func:`auto_fit_placement`: ``--auto-fit`` replaces the runtime and params strings with
+  sd-cli's own choice (section 13, :mod:`sdplan.core.planning.autofit`);
 - :func:`check_device_names`: every written device name resolves (sections 3 and 11);
 - :func:`default_devices`: the default runtime devices (sections 4 and 5);
 - :func:`budget_entries` and :func:`budget_bytes`: ``--max-vram`` (section 7);
 - :func:`runtime_devices`: runtime devices per module, with the split rules (section 5);
 - :func:`layer_splits`: block ranges of split modules (section 8, :func:`split_ranges`);
+- :func:`row_splits`: ``--split-mode row`` where the devices allow it (section 12);
 - :func:`params_residency`: where each module's weights live (section 5);
 - :func:`stream_layers_warnings`: ``--stream-layers`` (section 9);
 - :func:`canonical_placement`: exact device names for the canonical strings (section 3).
@@ -25,6 +28,7 @@ placement and the flag glue in :mod:`sdplan.core.planning.placement`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -38,6 +42,7 @@ from sdplan.core.planning.assignment import (
     RuntimeValue,
     gib_to_bytes,
 )
+from sdplan.core.planning.autofit import AutoFit, auto_fit, component_bytes, undersized
 from sdplan.core.planning.inventory import Device, Inventory
 from sdplan.core.planning.modules import GIB, MODULES, SPLITTABLE
 from sdplan.core.planning.placement import (
@@ -56,11 +61,18 @@ INPUT_ONLY_WARNINGS = frozenset({"deprecated_flag", "duplicate_max_vram_device"}
 
 class Layout(NamedTuple):
     """A module's runtime devices after the layer-split rules (main device first), its block
-    ranges (empty unless split with a profile) and its non-block bytes on the main device."""
+    ranges (empty unless split with a profile), its non-block bytes on the main device and,
+    in row mode, each device's bytes of the block weights' rows."""
 
     devices: list[str]
     ranges: list[Range]
     main_other_bytes: int
+    row_shares: dict[str, int] = {}  # noqa: RUF012 - NamedTuple default, never mutated
+
+
+#: Backend registries whose devices offer a row-split buffer type (spec section 12): ggml's
+#: CUDA back end, under the registry names its CUDA, HIP (ROCm) and MUSA builds use.
+ROW_SPLIT_REGISTRIES = frozenset({"CUDA", "ROCM", "MUSA"})
 
 
 @functools.lru_cache(maxsize=16)
@@ -98,28 +110,83 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
     if idx.default is None:
         raise PlanError("device_not_found", "the device inventory is empty")
     deprecated = deprecation_warnings(pl.deprecated)
+    per_device, duplicates = budget_entries(pl, idx)
+    given = pl
+    pl, fitted, fit_warnings = auto_fit_placement(pl, inventory, per_device, profile)
     check_device_names(pl, idx)
     default_list = default_devices(pl, idx)
-    per_device, duplicates = budget_entries(pl, idx)
     budgets, disabled = budget_bytes(inventory, per_device, pl.budget_default)
     runtime, runtime_warnings = runtime_devices(pl, idx, default_list)
-    layouts, split_warnings = layer_splits(runtime, budgets, idx.devices, profile)
+    rows, row_warnings = row_splits(pl, runtime, idx.devices, profile)
+    layouts, split_warnings = layer_splits(
+        {m: d for m, d in runtime.items() if m not in rows}, budgets, idx.devices, profile)
+    layouts.update(rows)
     modules = {m: ModulePlan(lay.devices, params_residency(pl, m, lay.devices, idx),
-                             lay.ranges, lay.main_other_bytes) for m, lay in layouts.items()}
+                             lay.ranges, lay.main_other_bytes,
+                             "row" if m in rows else "layer",
+                             rows[m].row_shares if m in rows else {})
+               for m, lay in sorted(layouts.items(), key=lambda kv: MODULES.index(kv[0]))}
     streaming = stream_layers_warnings(pl.stream_layers, modules["diffusion"], budgets,
                                        idx.devices)
     canon = canonical_placement(pl, idx, default_list, per_device)
     strings = canon.to_strings()
+    if given.auto_fit:  # edit and write the --auto-fit placement, not its result
+        canon = dataclasses.replace(canon, default=None, runtime={}, params_default=None,
+                                    params={})
     return Plan(modules=modules, budgets=budgets,
-                warnings=[*deprecated, *duplicates, *disabled, *runtime_warnings,
-                          *split_warnings, *streaming],
+                warnings=[*deprecated, *fit_warnings, *duplicates, *disabled, *runtime_warnings,
+                          *row_warnings, *split_warnings, *streaming],
                 backend=strings["backend"], params_backend=strings["params_backend"],
                 max_vram=strings["max_vram"], placement=canon,
-                stream_layers=pl.stream_layers, rpc_servers=pl.rpc_servers)
+                stream_layers=pl.stream_layers, rpc_servers=pl.rpc_servers,
+                split_mode=canon.split_mode_text(), auto_fit=fitted)
 
 
 _DEPRECATED_MEANING = {"--clip-on-cpu": "--backend te=cpu", "--vae-on-cpu": "--backend vae=cpu",
                        "--control-net-cpu": "--backend controlnet=cpu"}
+
+
+def auto_fit_placement(pl: Placement, inventory: Inventory, per_device: Mapping[str, Decimal],
+                       profile: Profile | None
+                       ) -> tuple[Placement, AutoFit | None, list[PlanWarning]]:
+    """Spec section 13: with ``--auto-fit``, the placement whose runtime and params entries
+    are the ones sd-cli derives (:func:`~sdplan.core.planning.autofit.auto_fit` for the
+    profile's component sizes and the ``--max-vram`` entries per device), and the
+    :class:`~sdplan.core.planning.autofit.AutoFit` itself; without it, ``pl`` unchanged.
+
+    Warnings: ``auto_fit_overrides`` when ``--backend``/``--params-backend`` (or the
+    compatibility flags) were given too (sd-cli ignores them), ``auto_fit_no_gpu`` without
+    a GPU-type device, ``auto_fit_needs_model`` without a profile (no sizes: the default
+    placement), ``auto_fit_will_not_fit`` where the choice does not hold for the sizes
+    sd-cli loads (:func:`~sdplan.core.planning.autofit.undersized`).
+    """
+    if not pl.auto_fit:
+        return pl, None, []
+    warnings: list[PlanWarning] = []
+    if pl.default is not None or pl.runtime or pl.params_default is not None or pl.params:
+        warnings.append(PlanWarning("auto_fit_overrides", "--auto-fit ignores --backend and "
+                                    "--params-backend (sd-cli chooses them itself)"))
+    cleared = dataclasses.replace(pl, default=None, runtime={}, params_default=None, params={},
+                                  shadowed=(), texts={**pl.texts, "--backend": "",
+                                                      "--params-backend": ""})
+    if profile is None:
+        warnings.append(PlanWarning("auto_fit_needs_model", "--auto-fit sizes the model; "
+                                    "without model files or a profile the default placement "
+                                    "is shown"))
+        return cleared, None, warnings
+    fitted = auto_fit(component_bytes(profile), inventory, per_device, pl.budget_default)
+    if not fitted.devices:
+        warnings.append(PlanWarning("auto_fit_no_gpu", "--auto-fit found no GPU; sd-cli "
+                                    "uses the default placement"))
+    if profile.autofit_loaded:
+        for reason in undersized(fitted, profile.autofit_loaded):
+            warnings.append(PlanWarning("auto_fit_will_not_fit", "sd-cli's --auto-fit choice "
+                                        f"will not fit: {reason}"))
+    derived = Placement.from_strings(fitted.backend, fitted.params_backend)
+    return dataclasses.replace(cleared, runtime=derived.runtime, params=derived.params,
+                               texts={**cleared.texts, "--backend": fitted.backend,
+                                      "--params-backend": fitted.params_backend}
+                               ), fitted, warnings
 
 
 def deprecation_warnings(flags: Sequence[str]) -> list[PlanWarning]:
@@ -269,6 +336,48 @@ def budget_bytes(inventory: Inventory, per: Mapping[str, Decimal], default: Deci
     return out, warnings
 
 
+def row_splits(pl: Placement, runtime: Mapping[str, list[str]],
+               devices: Mapping[str, Device], profile: Profile | None
+               ) -> tuple[dict[str, Layout], list[PlanWarning]]:
+    """Spec section 12: the modules that run in row mode, with their row shares.
+
+    A split module whose ``--split-mode`` is ``row`` keeps it when all its devices belong to
+    one registry of :data:`ROW_SPLIT_REGISTRIES` and (with a profile) it has blocks;
+    otherwise it falls back to a layer split with warning ``row_split_unavailable``. Each
+    device's share of the block bytes is proportional to ``max(free - 2 GiB, free / 8)`` (1
+    when not positive; stable-diffusion.cpp's ``tensor_split`` weights), floored; the main
+    device holds the non-block bytes.
+    """
+    rows: dict[str, Layout] = {}
+    warnings: list[PlanWarning] = []
+    for m in SPLITTABLE:
+        devs = runtime.get(m) or []
+        if len(devs) < 2 or pl.split_mode_of(m) != "row":
+            continue
+        registries = {devices[d].registry.upper() for d in devs}
+        mp = profile.get(m) if profile is not None else None
+        reason = None
+        if len(registries) > 1:
+            reason = f"its devices {' & '.join(devs)} span registries {', '.join(sorted(registries))}"
+        elif not registries <= ROW_SPLIT_REGISTRIES:
+            reason = (f"{devices[devs[0]].registry} devices have no row-split buffer type "
+                      "(CUDA only)")
+        elif mp is not None and not mp.blocks:
+            reason = "it has no transformer blocks to split by rows"
+        if reason is not None:
+            warnings.append(PlanWarning("row_split_unavailable", f"{m}: row split unavailable "
+                                        f"({reason}); it uses a layer split"))
+            continue
+        shares: dict[str, int] = {}
+        if mp is not None:
+            w = [max(devices[d].free - 2 * GIB, devices[d].free // 8) for d in devs]
+            w = [x if x > 0 else 1 for x in w]
+            block_bytes = sum(mp.blocks)
+            shares = {d: block_bytes * x // sum(w) for d, x in zip(devs, w, strict=True)}
+        rows[m] = Layout(list(devs), [], mp.other if mp is not None else 0, shares)
+    return rows, warnings
+
+
 def layer_splits(runtime: Mapping[str, list[str]], budgets: Mapping[str, int],
                  devices: Mapping[str, Device], profile: Profile | None
                  ) -> tuple[dict[str, Layout], list[PlanWarning]]:
@@ -276,6 +385,8 @@ def layer_splits(runtime: Mapping[str, list[str]], budgets: Mapping[str, int],
     layouts: dict[str, Layout] = {}
     warnings: list[PlanWarning] = []
     for m in MODULES:
+        if m not in runtime:
+            continue
         mp = profile.get(m) if profile is not None else None
         layouts[m], found = layer_split(m, runtime[m], mp, budgets, devices)
         warnings += found
@@ -391,6 +502,8 @@ def canonical_placement(pl: Placement, idx: DeviceIndex, default_list: list[str]
                for m in MODULES if m in pl.runtime}
     params = {m: par(pl.params[m]) for m in MODULES if m in pl.params}
     return Placement(default=default,
+                     split_default=pl.split_default, split_modes=dict(pl.split_modes),
+                     auto_fit=pl.auto_fit,
                      runtime={m: v for m, v in runtime.items() if v != default},
                      params_default=p_default,
                      params={m: v for m, v in params.items() if v != p_default and not (

@@ -48,20 +48,31 @@ class ModulePlan:
     Attributes:
         devices: runtime devices, main device first (several only for a layer split).
         params: where its weights live between uses.
-        ranges: block ranges per device (split modules with a profile), else empty.
-        main_other_bytes: non-block weight bytes on the main device when ``ranges`` is set.
+        ranges: block ranges per device (layer split with a profile), else empty.
+        main_other_bytes: non-block weight bytes on the main device when ``ranges`` or
+            ``row_shares`` is set.
+        split_mode: ``layer`` or ``row``: how a module on several devices distributes its
+            weights (spec section 12), the mode in effect after any fallback.
+        row_shares: in row mode with a profile: device -> bytes of the block weights'
+            rows it holds (spec section 12), else empty.
     """
 
     devices: list[str]
     params: Params
     ranges: list[Range] = field(default_factory=list)
     main_other_bytes: int = 0
+    split_mode: str = "layer"
+    row_shares: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         d: dict[str, object] = {"devices": list(self.devices), "params": self.params.to_json(),
                                 "ranges": [r.to_json() for r in self.ranges]}
-        if self.ranges:
+        if self.ranges or self.row_shares:
             d["main_other_bytes"] = self.main_other_bytes
+        if len(self.devices) > 1:
+            d["split_mode"] = self.split_mode
+        if self.row_shares:
+            d["row_shares"] = dict(self.row_shares)
         return d
 
 
@@ -84,9 +95,12 @@ class Plan:
         modules: every module of :data:`MODULES` -> its :class:`ModulePlan`.
         budgets: every inventory device -> budget in bytes (0 = none/disabled).
         warnings: in the order found.
-        backend, params_backend, max_vram: canonical flag values.
+        backend, params_backend, max_vram, split_mode: canonical flag values.
         placement: the canonical placement (exact device names) to edit.
         stream_layers, rpc_servers: as given.
+        auto_fit: the placement sd-cli's ``--auto-fit`` derived (an
+            :class:`~sdplan.core.planning.autofit.AutoFit`) when the plan is for
+            ``--auto-fit``, else None.
     """
 
     modules: dict[str, ModulePlan]
@@ -98,6 +112,8 @@ class Plan:
     placement: Placement
     stream_layers: bool = False
     rpc_servers: tuple[str, ...] = ()
+    split_mode: str = ""
+    auto_fit: object | None = None
 
     def warning_codes(self) -> list[str]:
         """The warnings' codes, in order."""
@@ -105,11 +121,14 @@ class Plan:
 
     def to_json(self) -> dict[str, object]:
         """The ``sdplan plan --json`` object (issue 3's contract), ``ok`` true."""
-        return {
+        out: dict[str, object] = {
             "ok": True, "backend": self.backend, "params_backend": self.params_backend,
-            "max_vram": self.max_vram,
+            "max_vram": self.max_vram, "split_mode": self.split_mode,
             "modules": {m: self.modules[m].to_json() for m in MODULES},
             "budgets": dict(self.budgets),
             "warnings": [w.to_json() for w in self.warnings],
             "stream_layers": self.stream_layers, "rpc_servers": list(self.rpc_servers),
         }
+        if self.auto_fit is not None:
+            out["auto_fit"] = self.auto_fit.to_json()  # type: ignore[attr-defined]
+        return out

@@ -9,7 +9,8 @@ format of ``shared/cases/profiles``)::
                  "te": {"blocks": [...], "other": bytes,
                         "encoders": {"clip_l": bytes, "t5xxl": bytes}?},
                  ...},
-     "architecture": str?, "name": str?}
+     "architecture": str?, "name": str?,
+     "autofit": {"diffusion": bytes, "te": bytes, "vae": bytes}?}
 """
 
 from __future__ import annotations
@@ -57,11 +58,19 @@ class ModuleProfile:
 
 @dataclass(frozen=True)
 class Profile:
-    """Per-module sizes of a model (see module docstring for the JSON form)."""
+    """Per-module sizes of a model (see module docstring for the JSON form).
+
+    ``autofit`` holds the ``diffusion``/``te``/``vae`` sizes as sd-cli's ``--auto-fit``
+    counts them (file types plus 64 bytes per tensor, upstream's unused tensors left out;
+    :mod:`sdplan.core.planning.autofit`), and ``autofit_loaded`` the same components as
+    sd-cli allocates them (token embeddings it loads as F32), when known from the files.
+    """
 
     modules: Mapping[str, ModuleProfile]
     name: str | None = None
     architecture: str | None = None
+    autofit: Mapping[str, int] = field(default_factory=dict)
+    autofit_loaded: Mapping[str, int] = field(default_factory=dict)
 
     def get(self, module: str) -> ModuleProfile | None:
         return self.modules.get(module)
@@ -72,6 +81,10 @@ class Profile:
             d["name"] = self.name
         if self.architecture:
             d["architecture"] = self.architecture
+        if self.autofit:
+            d["autofit"] = dict(self.autofit)
+        if self.autofit_loaded:
+            d["autofit_loaded"] = dict(self.autofit_loaded)
         return d
 
     @classmethod
@@ -100,7 +113,16 @@ class Profile:
                 encoders={str(k): int(v) for k, v in enc.items()},
                 block_encoder=raw.get("block_encoder"),
             )
-        return cls(modules=mods, name=data.get("name"), architecture=data.get("architecture"))
+        sizes: dict[str, dict[str, int]] = {}
+        for key in ("autofit", "autofit_loaded"):
+            raw_sizes = data.get(key) or {}
+            if not isinstance(raw_sizes, dict) or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                    for v in raw_sizes.values()):
+                raise ModelFileError(source, f"'{key}' must map components to bytes")
+            sizes[key] = {str(k): int(v) for k, v in raw_sizes.items()}
+        return cls(modules=mods, name=data.get("name"), architecture=data.get("architecture"),
+                   autofit=sizes["autofit"], autofit_loaded=sizes["autofit_loaded"])
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:

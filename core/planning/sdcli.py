@@ -1,21 +1,41 @@
 """The sd-cli command line: write one for a placement, and read a pasted one back.
 
-:func:`sdcli_argv` is the one pure function that turns model files, a placement and
-generation settings into sd-cli's argument list (fixed order: model flags, placement flags,
-generation flags). :func:`import_sdcli_command` parses a pasted command (``shlex``) into the
-same three parts plus the arguments sdplan does not know.
+:func:`sdcli_argv` is the one pure function that turns model files, a placement, generation
+settings and the arguments sdplan keeps without understanding into sd-cli's argument list.
+Fixed order: model flags, placement flags (canonical), generation flags, then the kept
+arguments in the order they were pasted, so writing, reading and writing again gives the
+same line.
+
+:func:`import_sdcli_command` reads a pasted command: the text is split the way its shell
+splits it (:mod:`sdplan.core.planning.cmdline`: POSIX, cmd.exe, PowerShell, one argument per
+line), then every argument is matched against sd-cli's own argument table
+(:mod:`sdplan.core.planning.sdcli_table`), so a flag takes exactly the values sd-cli gives
+it. Model files, placement flags and the generation settings sdplan knows are taken apart;
+every other sd-cli option is kept verbatim (``kept``), and arguments sd-cli itself would not
+accept are kept too and reported (``unknown``).
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sdplan.core.errors import PlanError
-from sdplan.core.planning.modules import MODEL_FLAGS
-from sdplan.core.planning.placement import Placement, scan_placement_args, split_flag
+from sdplan.core.planning.cmdline import split_command_line, strip_program
+from sdplan.core.planning.estimate import RuntimeFlags
+from sdplan.core.planning.modules import MODEL_FLAGS, MODULES
+from sdplan.core.planning.placement import (
+    PLACEMENT_SWITCHES,
+    PLACEMENT_VALUE_FLAGS,
+    Placement,
+    scan_placement_args,
+)
+from sdplan.core.planning.sdcli_table import ALIASES, option
+
+__all__ = ["GENERATION_FLAGS", "Argument", "ImportedCommand", "sdcli_argv",
+           "sdcli_command_line", "model_file_flags", "import_sdcli_command", "parse_sdcli_args",
+           "merge_flags"]
 
 #: Generation keys in written order -> (flags, value type).
 GENERATION_FLAGS: dict[str, tuple[tuple[str, ...], type]] = {
@@ -32,6 +52,12 @@ GENERATION_FLAGS: dict[str, tuple[tuple[str, ...], type]] = {
     "output": (("--output", "-o"), str),
     "clip_skip": (("--clip-skip",), int),
     "guidance": (("--guidance",), float),
+    "eta": (("--eta",), float),
+    "sigmas": (("--sigmas",), str),
+    "flow_shift": (("--flow-shift",), float),
+    "timestep_shift": (("--timestep-shift",), int),
+    "rng": (("--rng",), str),
+    "sampler_rng": (("--sampler-rng",), str),
 }
 #: LoRA and picture-input flags, written after the generation flags above.
 INPUT_FLAGS: dict[str, tuple[tuple[str, ...], type]] = {
@@ -42,10 +68,10 @@ INPUT_FLAGS: dict[str, tuple[tuple[str, ...], type]] = {
     "strength": (("--strength",), float),
 }
 GENERATION_FLAGS.update(INPUT_FLAGS)
-BINARY_NAMES = frozenset({"sd-cli", "sd", "sd-cli.exe", "sd.exe"})
 
 _MODEL_BY_FLAG = {f: k for k, flags in MODEL_FLAGS.items() for f in flags}
 _GEN_BY_FLAG = {f: k for k, (flags, _) in GENERATION_FLAGS.items() for f in flags}
+_PLACEMENT = frozenset(PLACEMENT_VALUE_FLAGS) | frozenset(PLACEMENT_SWITCHES)
 
 
 def _fmt(value: object) -> str:
@@ -56,14 +82,30 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def _typed(key: str, text: str, flag: str) -> object:
+    typ = GENERATION_FLAGS[key][1]
+    try:
+        return typ(text)
+    except ValueError:
+        raise PlanError("invalid_assignment", f"{flag}: {text!r} is not "
+                        f"{'an integer' if typ is int else 'a number'}", flag=flag) from None
+
+
 def sdcli_argv(placement: Placement, model_files: Mapping[str, str | Sequence[str]],
-               generation: Mapping[str, object]) -> list[str]:
+               generation: Mapping[str, object], kept: Sequence[str] = (),
+               raw: Mapping[str, str] | None = None) -> list[str]:
     """sd-cli's arguments (without the program name) for a placement.
 
     Order: model flags in :data:`MODEL_FLAGS` order (a list value repeats its flag), then
-    ``--backend``, ``--params-backend``, ``--max-vram`` (canonical strings, omitted when
-    empty), ``--rpc-servers`` (joined with ``,``), ``--stream-layers``, then generation flags
-    in :data:`GENERATION_FLAGS` order (long spellings; whole floats written as integers).
+    ``--backend``, ``--params-backend``, ``--split-mode``, ``--max-vram`` (canonical strings,
+    omitted when empty), ``--rpc-servers`` (joined with ``,``), ``--stream-layers``,
+    ``--auto-fit``, then generation flags in :data:`GENERATION_FLAGS` order (long spellings;
+    whole floats written as integers unless ``raw`` holds the text the value was read from),
+    then ``kept`` as given.
+
+    Args:
+        raw: generation key -> the text a pasted command gave; written instead of the value
+            when it still reads as that value (a pasted ``--cfg-scale 7.0`` stays ``7.0``).
 
     Raises:
         ValueError: a key of ``model_files`` or ``generation`` that sd-cli has no flag for.
@@ -83,26 +125,54 @@ def sdcli_argv(placement: Placement, model_files: Mapping[str, str | Sequence[st
         for path in [value] if isinstance(value, str) else list(value):
             argv += [flags[0], str(path)]
     strings = placement.to_strings()
-    for flag, key in (("--backend", "backend"), ("--params-backend", "params_backend"),
-                      ("--max-vram", "max_vram")):
-        if strings[key]:
-            argv += [flag, strings[key]]
+    for flag, text in (("--backend", strings["backend"]),
+                       ("--params-backend", strings["params_backend"]),
+                       ("--split-mode", placement.split_mode_text()),
+                       ("--max-vram", strings["max_vram"])):
+        if text:
+            argv += [flag, text]
     if placement.rpc_servers:
         argv += ["--rpc-servers", ",".join(placement.rpc_servers)]
     if placement.stream_layers:
         argv.append("--stream-layers")
+    if placement.auto_fit:
+        argv.append("--auto-fit")
     for key, (flags, _) in GENERATION_FLAGS.items():
-        if generation.get(key) is not None:
-            argv += [flags[0], _fmt(generation[key])]
-    return argv
+        setting = generation.get(key)
+        if setting is None:
+            continue
+        text = (raw or {}).get(key)
+        if text is None or not _same(key, text, setting):
+            text = _fmt(setting)
+        argv += [flags[0], text]
+    return argv + list(kept)
+
+
+def _same(key: str, text: str, value: object) -> bool:
+    try:
+        return GENERATION_FLAGS[key][1](text) == value
+    except ValueError:
+        return False
 
 
 def sdcli_command_line(placement: Placement, model_files: Mapping[str, str | Sequence[str]],
                        generation: Mapping[str, object], program: str = "sd-cli",
-                       extra: Sequence[str] = ()) -> str:
+                       extra: Sequence[str] = (), raw: Mapping[str, str] | None = None) -> str:
     """:func:`sdcli_argv` as one shell-quoted line starting with ``program``, then ``extra``
-    (flags the model files call for, e.g. :func:`model_file_flags`)."""
-    return shlex.join([program, *sdcli_argv(placement, model_files, generation), *extra])
+    (kept arguments of a pasted command and flags the model files call for, e.g.
+    :func:`model_file_flags`; merge them with :func:`merge_flags`)."""
+    return shlex.join([program, *sdcli_argv(placement, model_files, generation, extra, raw)])
+
+
+def merge_flags(kept: Sequence[str], implied: Sequence[str]) -> list[str]:
+    """``kept`` arguments followed by the ``implied`` ones whose flag ``kept`` does not
+    already give (a pasted ``--prediction eps`` wins over the files' ``--prediction v``)."""
+    given = {a.flag for a in parse_sdcli_args(list(kept))}
+    out = list(kept)
+    for arg in parse_sdcli_args(list(implied)):
+        if arg.flag not in given:
+            out += arg.tokens
+    return out
 
 
 def model_file_flags(metadata: Sequence[Mapping[str, str]], family: str) -> list[str]:
@@ -123,72 +193,183 @@ def model_file_flags(metadata: Sequence[Mapping[str, str]], family: str) -> list
 
 
 @dataclass(frozen=True)
+class Argument:
+    """One argument of a command as sd-cli reads it.
+
+    Attributes:
+        spelling: the flag as written (``-p``, ``--tae``, ``--steps=4`` becomes ``--steps``).
+        flag: the option's long spelling in sd-cli's table with aliases resolved
+            (``--prompt``, ``--taesd``), or ``spelling`` when sd-cli has no such option.
+        values: the values it took (none for a switch).
+        known: whether sd-cli's table has the option.
+        tokens: the argument as written back: ``spelling`` and the values as separate words
+            (sd-cli has no ``--flag=value`` form).
+    """
+
+    spelling: str
+    flag: str
+    values: tuple[str, ...] = ()
+    known: bool = True
+
+    @property
+    def tokens(self) -> list[str]:
+        return [self.spelling, *self.values]
+
+    @property
+    def kind(self) -> str:
+        """``model``, ``placement``, ``generation``, ``kept`` (an sd-cli option sdplan
+        keeps without understanding) or ``unknown`` (not an sd-cli option)."""
+        if not self.known:
+            return "unknown"
+        if self.flag in _MODEL_BY_FLAG:
+            return "model"
+        if self.flag in _PLACEMENT:
+            return "placement"
+        if self.flag in _GEN_BY_FLAG:
+            return "generation"
+        return "kept"
+
+
+def parse_sdcli_args(args: list[str]) -> list[Argument]:
+    """Split an argument list (without the program) the way sd-cli does.
+
+    Each argument is looked up in sd-cli's table; an option of arity 1 takes the next
+    argument whatever it looks like. ``--flag=value`` of a table option is read as
+    ``--flag value`` (sdplan's own commands accept it). An argument that is no option of
+    the table becomes an unknown :class:`Argument` that takes the next argument as its value
+    when that one does not start with ``-``.
+
+    Raises:
+        PlanError: ``invalid_assignment`` for an option missing its value (naming it).
+    """
+    out: list[Argument] = []
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        opt = option(tok)
+        inline = None
+        spelling = tok
+        if opt is None and tok.startswith("--") and "=" in tok:
+            head, value = tok.split("=", 1)
+            if option(head) is not None and option(head).values:  # type: ignore[union-attr]
+                opt, inline, spelling = option(head), value, head
+        if opt is None:
+            values: tuple[str, ...] = ()
+            if tok.startswith("-") and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                values = (args[i + 1],)
+                i += 1
+            out.append(Argument(tok, tok, values, known=False))
+            i += 1
+            continue
+        flag = ALIASES.get(opt.long, opt.long)
+        if opt.values == 0:
+            out.append(Argument(spelling, flag))
+            i += 1
+            continue
+        if inline is None:
+            if i + 1 >= len(args):
+                raise PlanError("invalid_assignment", f"{spelling} needs a value", flag=flag)
+            inline = args[i + 1]
+            i += 1
+        out.append(Argument(spelling, flag, (inline,)))
+        i += 1
+    return out
+
+
+@dataclass(frozen=True)
 class ImportedCommand:
-    """A pasted sd-cli command split into what sdplan understands.
+    """A pasted sd-cli command split into what sdplan understands and what it keeps.
 
     Attributes:
         model_files: model key (:data:`MODEL_FLAGS`) -> path (a list when repeated).
         placement: the placement its flags describe.
         generation: generation key (:data:`GENERATION_FLAGS`) -> typed value.
-        unknown_args: arguments sdplan does not know, in order (a flag and, when the next
-            argument does not start with ``-``, its value).
+        kept: sd-cli options sdplan does not use, as written (flag, value) in order; the
+            written command carries them unchanged.
+        unknown: arguments that are not sd-cli options (sd-cli would refuse them), in order.
+        generation_text: generation key -> the text it was read from.
+        program: the program as written (``.\\bin\\sd.exe``), or None.
+        arguments: every argument, in order (:class:`Argument`).
     """
 
     model_files: dict[str, str | list[str]]
     placement: Placement
     generation: dict[str, object] = field(default_factory=dict)
-    unknown_args: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    generation_text: dict[str, str] = field(default_factory=dict)
+    program: str | None = None
+    arguments: tuple[Argument, ...] = ()
+
+    @property
+    def unknown_args(self) -> list[str]:
+        """Everything sdplan keeps without understanding: ``kept`` then ``unknown``."""
+        return [*self.kept, *self.unknown]
+
+    def runtime_flags(self) -> RuntimeFlags:
+        """How this command runs, for its memory estimate
+        (:class:`~sdplan.core.planning.estimate.RuntimeFlags`): ``--fa`` (every module) and
+        ``--diffusion-fa``, ``--diffusion-conv-direct`` and ``--vae-conv-direct``, ``--mmap``,
+        ``--eager-load``."""
+        given = {a.flag for a in self.arguments}
+        fa: set[str] = set(MODULES) if "--fa" in given else set()
+        if "--diffusion-fa" in given:
+            fa.add("diffusion")
+        direct = {m for flag, m in (("--diffusion-conv-direct", "diffusion"),
+                                    ("--vae-conv-direct", "vae")) if flag in given}
+        return RuntimeFlags(frozenset(fa), frozenset(direct), "--mmap" in given,
+                            "--eager-load" in given)
+
+    def extra_args(self) -> list[str]:
+        """The kept and unknown arguments in the order they were pasted (what the written
+        command appends after sdplan's own flags)."""
+        out: list[str] = []
+        for a in self.arguments:
+            if a.kind in ("kept", "unknown"):
+                out += a.tokens
+        return out
 
 
-def import_sdcli_command(text: str) -> ImportedCommand:
-    """Parse a pasted sd-cli command line (``shlex``; backslash-newline continuations allowed;
-    a leading ``sd-cli``/``sd``/path to the binary is skipped).
+def import_sdcli_command(text: str, dialect: str | None = None) -> ImportedCommand:
+    """Read a pasted sd-cli command line (module docstring); a leading ``sd-cli``/``sd``/
+    path to the binary is skipped.
+
+    Args:
+        text: the command as pasted (one or several lines).
+        dialect: ``posix``, ``windows``, ``powershell`` or ``lines``; default: detected.
 
     Raises:
         PlanError: ``invalid_assignment`` for unbalanced quotes, a flag missing its value or a
             generation value of the wrong type (naming the flag); placement errors as
             :meth:`Placement.from_strings`.
     """
-    try:
-        args = shlex.split(text.replace("\\\r\n", " ").replace("\\\n", " "))
-    except ValueError as exc:
-        raise PlanError("invalid_assignment", f"cannot read the command line: {exc}") from None
-    if args and not args[0].startswith("-") and (
-            os.path.basename(args[0]).lower() in BINARY_NAMES or "/" in args[0]
-            or "\\" in args[0]):
-        args = args[1:]
-    placement, rest = scan_placement_args(args)
+    program, args = strip_program(split_command_line(text, dialect))
+    parsed = parse_sdcli_args(args)
+    placement_tokens: list[str] = []
     model_files: dict[str, str | list[str]] = {}
     generation: dict[str, object] = {}
+    raw: dict[str, str] = {}
+    kept: list[str] = []
     unknown: list[str] = []
-    i = 0
-    while i < len(rest):
-        flag, inline = split_flag(rest[i])
-        key = _MODEL_BY_FLAG.get(flag) or _GEN_BY_FLAG.get(flag)
-        if key is None:
-            unknown.append(rest[i])
-            if inline is None and i + 1 < len(rest) and not rest[i + 1].startswith("-"):
-                unknown.append(rest[i + 1])
-                i += 1
-            i += 1
-            continue
-        if inline is None:
-            if i + 1 >= len(rest):
-                raise PlanError("invalid_assignment", f"{flag} needs a value", flag=flag)
-            inline = rest[i + 1]
-            i += 1
-        i += 1
-        if flag in _MODEL_BY_FLAG:
+    for a in parsed:
+        kind = a.kind
+        if kind == "placement":
+            placement_tokens += [a.flag, *a.values]
+        elif kind == "model":
+            key = _MODEL_BY_FLAG[a.flag]
             old = model_files.get(key)
-            if old is None:
-                model_files[key] = inline
-            else:
-                model_files[key] = [*([old] if isinstance(old, str) else old), inline]
-            continue
-        typ = GENERATION_FLAGS[key][1]
-        try:
-            generation[key] = typ(inline)
-        except ValueError:
-            raise PlanError("invalid_assignment", f"{flag}: {inline!r} is not "
-                            f"{'an integer' if typ is int else 'a number'}", flag=flag) from None
-    return ImportedCommand(model_files, placement, generation, unknown)
+            value = a.values[0]
+            model_files[key] = value if old is None else [
+                *([old] if isinstance(old, str) else old), value]
+        elif kind == "generation":
+            key = _GEN_BY_FLAG[a.flag]
+            generation[key] = _typed(key, a.values[0], a.spelling)
+            raw[key] = a.values[0]
+        elif kind == "kept":
+            kept += a.tokens
+        else:
+            unknown += a.tokens
+    placement, rest = scan_placement_args(placement_tokens)
+    assert not rest  # every token passed is a placement flag or its value
+    return ImportedCommand(model_files, placement, generation, kept, unknown, raw, program,
+                           tuple(parsed))

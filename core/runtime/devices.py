@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import platform
 import re
 import socket
@@ -30,20 +29,26 @@ from typing import Any
 from sdplan.core.errors import InventoryError
 from sdplan.core.planning.inventory import DEVICE_TYPES, Device, Inventory
 from sdplan.core.runtime.native import NativeUnavailable, native
+from sdplan.core.runtime.threads import choose_threads, usable_cpus
 
 log = logging.getLogger(__name__)
 
 #: How to get a ggml with the RPC backend and llamafile's sgemm kernels.
 RPC_INSTALL_COMMAND = (
     "pip install --no-binary libggml-python --no-cache-dir -C cmake.define.GGML_RPC=ON "
-    "-C cmake.define.GGML_LLAMAFILE=ON --force-reinstall libggml-python==0.20.2.post1"
+    "-C cmake.define.GGML_LLAMAFILE=ON -C cmake.define.CMAKE_C_FLAGS=-DGGML_MAX_NAME=160 "
+    "-C cmake.define.CMAKE_CXX_FLAGS=-DGGML_MAX_NAME=160 --force-reinstall "
+    "libggml-python==0.20.2.post1 (then reinstall sdplan)"
 )
 
 #: Seconds to wait for an RPC endpoint to accept a TCP connection before giving up.
 CONNECT_TIMEOUT_S = 3.0
 
-#: ggml CPU feature -> /proc/cpuinfo flag: a fast path the host has but ggml may lack.
-_X86_FAST_PATHS = {"AVX2": "avx2", "FMA": "fma", "F16C": "f16c", "AVX512": "avx512f"}
+#: ggml CPU feature -> (/proc/cpuinfo flag, ggml's CMake switch): a fast path the host has
+#: but ggml may lack. libggml-python builds with ``GGML_NATIVE=OFF`` (its pyproject.toml), so
+#: a source build has only the switches it is given.
+_X86_FAST_PATHS = {"AVX2": ("avx2", "GGML_AVX2"), "FMA": ("fma", "GGML_FMA"),
+                   "F16C": ("f16c", "GGML_F16C"), "AVX512": ("avx512f", "GGML_AVX512")}
 
 
 class RpcError(InventoryError):
@@ -147,6 +152,43 @@ def probe_rpc_servers(endpoints: Sequence[str], timeout: float = 30.0) -> None:
                    "`rpc-server` from the same ggml version?")
 
 
+def local_rpc_speaks() -> tuple[tuple[int, int, int], int]:
+    """``(protocol, name length)`` of the loaded ggml: its RPC protocol version and the
+    tensor-name length of its tensor records."""
+    ng = native()
+    return tuple(ng.rpc_protocol()), int(ng.library_max_name())  # type: ignore[return-value]
+
+
+def check_rpc_server(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse a server that does not speak this ggml's RPC: another protocol major version,
+    or tensor records of another name length (``GGML_MAX_NAME``: 160 in
+    stable-diffusion.cpp's builds, 64 in ggml's default), asked over the wire without
+    ggml (:mod:`sdplan.core.runtime.rpc_wire`), before ggml could abort on a misread record.
+
+    Raises:
+        RpcError: one line naming the endpoint, what it speaks and what this ggml speaks.
+    """
+    from sdplan.core.runtime.rpc_wire import probe_server
+
+    protocol, local = local_rpc_speaks()
+    try:
+        info = probe_server(endpoint, timeout=timeout)
+    except (OSError, ConnectionError) as exc:
+        raise RpcError(f"RPC server {endpoint} does not answer as a ggml RPC server of "
+                       f"protocol {protocol[0]} ({exc}); is it `sdplan rpc-server` or "
+                       "`rpc-server` from the same ggml version?") from None
+    if info.protocol[0] != protocol[0]:
+        raise RpcError(f"RPC server {endpoint} speaks ggml RPC "
+                       f"{'.'.join(map(str, info.protocol))}; this sdplan's ggml speaks "
+                       f"{'.'.join(map(str, protocol))}")
+    if info.max_name != local:
+        theirs = f"{info.max_name} bytes" if info.max_name else "a length sdplan cannot tell"
+        raise RpcError(f"RPC server {endpoint} speaks tensor names of {theirs}; this sdplan's "
+                       f"ggml uses {local} (GGML_MAX_NAME): run a server built with the same "
+                       "ggml (`sdplan rpc-server`, or rebuild sdplan's ggml with "
+                       f"-DGGML_MAX_NAME={info.max_name or 160})")
+
+
 def add_rpc_servers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_S) -> list[str]:
     """Add ggml RPC servers so their devices join the inventory; returns the sdplan names
     (``RPC0``...) of every device the given endpoints expose, in order.
@@ -167,6 +209,7 @@ def add_rpc_servers(endpoints: Sequence[str], timeout: float = CONNECT_TIMEOUT_S
     new = [ep for ep in endpoints if ep not in known]
     for endpoint in new:
         check_endpoint(endpoint, timeout)
+        check_rpc_server(endpoint, timeout)
     probe_rpc_servers(new)
     for endpoint in new:
         try:
@@ -282,12 +325,26 @@ def _host_cpu_flags() -> set[str]:
     return set()
 
 
+def missing_cpu_features_advice(missing: Sequence[str]) -> str:
+    """One line naming ggml CPU features (``AVX512``...) this CPU has but the loaded ggml
+    lacks, and the CMake switches that add them to libggml-python's source build."""
+    switches = " ".join(f"-C cmake.define.{_X86_FAST_PATHS[f][1]}=ON" for f in missing
+                        if f in _X86_FAST_PATHS)
+    return (f"ggml's CPU backend was built without {', '.join(missing)}, which this CPU has "
+            "(libggml-python builds with GGML_NATIVE=OFF); add "
+            f"{switches or '-C cmake.define.GGML_NATIVE=ON'} (or -C cmake.define.GGML_NATIVE=ON "
+            "for every feature of this CPU) to the install command's libggml-python switches "
+            "and reinstall it")
+
+
 def features() -> dict[str, Any]:
     """What the loaded ggml can do, with warnings when a fast path is missing.
 
     Returns ``{"ggml_version": str, "rpc": bool, "llamafile": bool,
-    "cpu_features": {name: value}, "registries": [str], "warnings": [str]}``; the CPU
-    features come from the CPU registry's ``ggml_backend_get_features`` proc address.
+    "cpu_features": {name: value}, "registries": [str], "cpu_threads": {"default": int,
+    "usable_cpus": int, "reason": str}, "warnings": [str]}``; the CPU features come from the
+    CPU registry's ``ggml_backend_get_features`` proc address; ``cpu_threads`` is the default
+    before other programs' load is measured (``generate`` measures it and may use fewer).
     """
     ng = native()
     try:
@@ -305,16 +362,18 @@ def features() -> dict[str, Any]:
                         f"slower); get them with: {RPC_INSTALL_COMMAND}")
     if platform.machine().lower() in ("x86_64", "amd64"):
         host = _host_cpu_flags()
-        missing = [f for f, flag in _X86_FAST_PATHS.items() if flag in host and f not in cpu]
+        missing = [f for f, (flag, _) in _X86_FAST_PATHS.items() if flag in host and f not in cpu]
         if missing:
-            warnings.append(f"ggml's CPU backend was built without {', '.join(missing)}, "
-                            "which this CPU has; rebuild libggml-python from source")
+            warnings.append(missing_cpu_features_advice(missing))
+    threads = choose_threads(0, measure=False)
     return {
         "ggml_version": str(ng.ggml_version()),
         "rpc": rpc,
         "llamafile": llamafile,
         "cpu_features": cpu,
         "registries": [r for r in ng.registry_names() if not r.startswith("RPC[")],
+        "cpu_threads": {"default": threads.threads, "usable_cpus": threads.cpus,
+                        "reason": threads.reason},
         "warnings": warnings,
     }
 
@@ -331,9 +390,10 @@ class BackendManager:
     """
 
     def __init__(self, cpu_threads: int | None = None) -> None:
-        """``cpu_threads``: threads of CPU-like backends; None means ``os.cpu_count()``."""
+        """``cpu_threads``: threads of CPU-like backends; None means the CPUs this process
+        may use (its affinity mask, :func:`sdplan.core.runtime.threads.usable_cpus`)."""
         self.native = native().BackendManager(self._check_threads(
-            os.cpu_count() or 1 if cpu_threads is None else cpu_threads))
+            len(usable_cpus()) if cpu_threads is None else cpu_threads))
 
     @staticmethod
     def _check_threads(n: object) -> int:
@@ -407,7 +467,7 @@ def fallback_inventory() -> Inventory:
         free = int(info.get("MemAvailable", "0 kB").split()[0]) * 1024
     except (OSError, ValueError):
         log.debug("cannot read /proc/meminfo", exc_info=True)
-    cpu = Device("CPU", f"CPU ({os.cpu_count() or 1} threads)", "cpu", "CPU", free, total)
+    cpu = Device("CPU", f"CPU ({len(usable_cpus())} threads)", "cpu", "CPU", free, total)
     return Inventory((cpu,))
 
 

@@ -73,7 +73,8 @@ from sdplan.core.runtime.native import native
 
 __all__ = [
     "new_graph", "on", "linear", "layer_norm", "group_norm", "attention", "conv2d",
-    "conv_transpose2d", "pixel_shuffle", "prelu", "gelu", "geglu", "NUMPY_DTYPES", "AdaptedWeight",
+    "conv_transpose2d", "pixel_shuffle", "prelu", "gelu", "geglu", "swiglu", "NUMPY_DTYPES",
+    "AdaptedWeight",
 ]
 
 #: Narrowest head width for which ``attention`` picks ggml's flash kernel by itself. Below it
@@ -274,3 +275,20 @@ def geglu(g: Graph, x: Tensor, approximate: bool = False) -> Tensor:
     a = g.view(x, (*lead, d), (*strides, es), 0)
     b = g.view(x, (*lead, d), (*strides, es), d * es)
     return g.mul(g.cont(a), gelu(g, g.cont(b), approximate))
+
+
+def swiglu(g: Graph, x: Tensor) -> Tensor:
+    """SwiGLU with the gate first (FLUX.2's fused MLP input; diffusers ``Flux2SwiGLU``,
+    stable-diffusion.cpp ``ggml_ext_silu_act``): ``gate, hidden`` = the two halves of the last
+    axis of ``x`` (f32 or f16); returns ``silu(gate) * hidden`` with shape ``(..., D/2)``."""
+    *lead, d2 = x.shape
+    d = d2 // 2
+    es = 4 if x.dtype == "f32" else 2
+    strides: list[int] = []
+    acc = d2 * es
+    for n in reversed(lead):
+        strides.insert(0, acc)
+        acc *= n
+    gate = g.view(x, (*lead, d), (*strides, es), 0)
+    hidden = g.view(x, (*lead, d), (*strides, es), d * es)
+    return g.mul(g.cont(hidden), g.unary("silu", g.cont(gate)))

@@ -7,7 +7,8 @@ ImportError deep inside a model. What the binding offers, model-agnostic:
 
 * devices and backends: ``list_devices``, ``BackendManager``, ``device_memory``,
   ``features``; RPC: ``rpc_available``, ``rpc_add_server``, ``rpc_servers``,
-  ``rpc_start_server``;
+  ``rpc_start_server``, ``rpc_protocol``; the tensor layout: ``ggml_max_name`` (compiled),
+  ``library_max_name`` (measured), ``tensor_overhead``;
 * weights: ``WeightStore`` (tensors by name in backend buffers, read from files in
   chunks, staged between stores), ``WeightBuffer``;
 * graphs: ``Graph`` (ops in numpy shape order, a ggml graph scheduler over several
@@ -29,12 +30,17 @@ class NativeUnavailable(InventoryError):
     code = "native_unavailable"
 
 
+_CHECKED: list[bool] = []
+
+
 def native() -> ModuleType:
-    """The native module ``sdplan._ggml``.
+    """The native module ``sdplan._ggml``, checked once to agree with the loaded ggml
+    library on the tensor layout (:func:`check_tensor_layout`).
 
     Raises:
-        NativeUnavailable: the extension is not built or cannot be loaded (the message says
-            to reinstall sdplan).
+        NativeUnavailable: the extension is not built or cannot be loaded, or it was built
+            for another tensor-name length than the library (the message says to reinstall
+            sdplan).
     """
     try:
         import sdplan._ggml as module
@@ -42,4 +48,26 @@ def native() -> ModuleType:
         raise NativeUnavailable(
             f"sdplan's native module sdplan._ggml cannot be loaded ({exc}); reinstall sdplan"
         ) from None
+    if not _CHECKED:
+        check_tensor_layout(module)
+        _CHECKED.append(True)
     return module
+
+
+def check_tensor_layout(module: ModuleType) -> None:
+    """The module and the ggml library must agree on ``GGML_MAX_NAME`` (it sizes every
+    ``ggml_tensor`` and the RPC tensor record): compare the module's compiled value with the
+    library's measured one.
+
+    Raises:
+        NativeUnavailable: they disagree (one line with both values and the fix).
+    """
+    if not hasattr(module, "ggml_max_name"):  # pragma: no cover - a module without the check
+        return
+    mine, lib = int(module.ggml_max_name()), int(module.library_max_name())
+    if mine != lib:
+        raise NativeUnavailable(
+            f"sdplan's native module was built for tensor names of {mine} bytes but the ggml "
+            f"library uses {lib}; "
+            "reinstall sdplan against this libggml-python "
+            "(pip install --no-build-isolation --force-reinstall --no-deps .)")

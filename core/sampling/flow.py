@@ -20,29 +20,33 @@ as ``e^mu / (e^mu + (1/t - 1))`` with ``mu`` linear in the image token count (0.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 from sdplan.core.sampling.errors import SamplingError
 from sdplan.core.sampling.noise import NoiseSource, require_noise
 from sdplan.core.sampling.samplers import (
-    Sampler,
+    SAMPLER_FUNCTIONS,
+    SAMPLERS,
+    TAKES_EXTRA,
     StepCallback,
-    sample_dpm2,
-    sample_dpmpp_2m,
-    sample_dpmpp_2m_v2,
-    sample_euler,
-    sample_heun,
+    sample_er_sde,
+    sample_euler_ge,
+    sample_res_2s,
+    sample_res_multistep,
 )
+from sdplan.core.sampling.samplers_more import sample_dpmpp_2s_ancestral_flow
 from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule
 
-__all__ = ["FLOW_SAMPLERS", "FLOW_SAMPLER_FUNCTIONS", "DEFAULT_STEPS", "flux_mu", "time_shift",
-           "flux_sigmas", "discrete_flow_sigmas", "flow_denoiser", "sample_flow_euler_ancestral", "sample_flow_lcm",
-           "sample_flow"]
+__all__ = ["FLOW_SAMPLERS", "FLOW_SAMPLER_FUNCTIONS", "DEFAULT_STEPS", "flux_mu", "flux2_mu", "time_shift",
+           "flux_sigmas", "discrete_flow_sigmas", "flow_denoiser", "sample_flow_euler_ancestral",
+           "sample_flow_lcm", "sample_flow_ddim_trailing", "sample_flow"]
 
-#: sd-cli sampler names that apply to flow matching.
-FLOW_SAMPLERS = ("euler", "euler_a", "heun", "dpm2", "dpm++2m", "dpm++2mv2", "lcm")
+#: sd-cli sampler names that apply to flow matching: all of sd-cli's but ``tcd`` (whose
+#: jumps are defined by the SD 1.x noise schedule's timesteps).
+FLOW_SAMPLERS = tuple(name for name in SAMPLERS if name != "tcd")
 #: Steps when none are given: schnell is distilled for 4, dev runs sd-cli's default 20.
 DEFAULT_STEPS = {"schnell": 4, "dev": 20}
 VelocityFn = Callable[[np.ndarray, float], np.ndarray]
@@ -54,6 +58,21 @@ def flux_mu(image_tokens: int, base_shift: float = 0.5, max_shift: float = 1.15,
     (4096, 1.15); a 1024x1024 image has 4096)."""
     slope = (max_shift - base_shift) / (max_tokens - base_tokens)
     return base_shift + slope * (image_tokens - base_tokens)
+
+
+def flux2_mu(image_tokens: int, steps: int) -> float:
+    """FLUX.2's empirical time shift ``mu`` for ``image_tokens`` latent cells (``H/16 * W/16``)
+    and ``steps`` (Black Forest Labs' ``flux2`` ``compute_empirical_mu``; stable-diffusion.cpp
+    ``Flux2Scheduler``; diffusers ``Flux2KleinPipeline``): above 4300 tokens
+    ``0.00016927 n + 0.45666666``; otherwise linear in the steps through that value at 200
+    steps and ``8.73809524e-05 n + 1.89833333`` at 10 steps."""
+    a1, b1, a2, b2 = 8.73809524e-05, 1.89833333, 0.00016927, 0.45666666
+    m200 = a2 * image_tokens + b2
+    if image_tokens > 4300:
+        return m200
+    m10 = a1 * image_tokens + b1
+    a = (m200 - m10) / 190.0
+    return a * steps + m200 - 200.0 * a
 
 
 def time_shift(mu: float, t: np.ndarray) -> np.ndarray:
@@ -115,9 +134,16 @@ def discrete_flow_sigmas(steps: int, shift: float = 3.0) -> np.ndarray:
 
 def flow_denoiser(velocity: VelocityFn) -> Denoiser:
     """``denoise(x, s) = x - s * velocity(x, s)`` as float32 of ``x``'s shape: the rectified-flow
-    x0 estimate, a denoiser for the samplers of :data:`FLOW_SAMPLER_FUNCTIONS`."""
+    x0 estimate, a denoiser for the samplers of :data:`FLOW_SAMPLER_FUNCTIONS`. The velocity
+    is already guided (Flux's distilled guidance), so ``with_uncond`` gives it twice."""
     def denoise(x: np.ndarray, s: float) -> np.ndarray:
         return (x - np.float32(s) * velocity(x, s)).astype(np.float32)
+
+    def both(x: np.ndarray, s: float) -> tuple[np.ndarray, np.ndarray]:
+        d = denoise(x, s)
+        return d, d
+
+    denoise.with_uncond = both  # type: ignore[attr-defined]
     return denoise
 
 
@@ -191,21 +217,36 @@ def sample_flow_lcm(denoise: Denoiser, x: np.ndarray, sigmas: np.ndarray, *,
     return x
 
 
-#: Flow sampler name -> its function: the ODE samplers are k-diffusion's, unchanged.
-FLOW_SAMPLER_FUNCTIONS: dict[str, Sampler] = {
-    "euler": sample_euler,
+def sample_flow_ddim_trailing(denoise: Denoiser, x: np.ndarray, sigmas: np.ndarray, *,
+                              noise: NoiseSource | None = None, eta: float | None = None,
+                              callback: StepCallback | None = None,
+                              schedule: DiscreteSchedule | None = None) -> np.ndarray:
+    """Flow ``ddim_trailing``: as sd-cli runs it on a flow model, the flow ``euler_a``
+    (:func:`sample_flow_euler_ancestral`) with ``eta`` default 0 (plain DDIM: deterministic
+    steps along the flow); arguments as there."""
+    return sample_flow_euler_ancestral(denoise, x, sigmas, noise=noise,
+                                       eta=0.0 if eta is None else eta, callback=callback)
+
+
+#: Flow sampler name -> its function: the ODE samplers are k-diffusion's, unchanged; the ones
+#: that add noise use the flow's ancestral step (sd-cli's ``is_flow_denoiser`` branches).
+FLOW_SAMPLER_FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {
+    **{name: SAMPLER_FUNCTIONS[name] for name in FLOW_SAMPLERS},
     "euler_a": sample_flow_euler_ancestral,
-    "heun": sample_heun,
-    "dpm2": sample_dpm2,
-    "dpm++2m": sample_dpmpp_2m,
-    "dpm++2mv2": sample_dpmpp_2m_v2,
+    "dpm++2s_a": sample_dpmpp_2s_ancestral_flow,
     "lcm": sample_flow_lcm,
+    "ddim_trailing": sample_flow_ddim_trailing,
+    "res_multistep": functools.partial(sample_res_multistep, flow=True),
+    "res_2s": functools.partial(sample_res_2s, flow=True),
+    "er_sde": functools.partial(sample_er_sde, flow=True),
+    "euler_ge": functools.partial(sample_euler_ge, flow=True),
 }
 
 
 def sample_flow(method: str, velocity: VelocityFn, noise0: np.ndarray, sigmas: np.ndarray, *,
-                noise: NoiseSource | None = None, eta: float = 1.0,
-                callback: StepCallback | None = None) -> np.ndarray:
+                noise: NoiseSource | None = None, eta: float | None = None,
+                callback: StepCallback | None = None,
+                extra: Mapping[str, str] | None = None) -> np.ndarray:
     """Sample from pure noise ``noise0`` (sigma ``sigmas[0]``, usually 1) down to 0.
 
     Args:
@@ -214,9 +255,10 @@ def sample_flow(method: str, velocity: VelocityFn, noise0: np.ndarray, sigmas: n
         noise0: the starting noise ``(N, C, H, W)``; the start is ``sigmas[0] * noise0``
             (exact for ``sigmas[0] = 1``).
         sigmas: descending to 0 (:func:`flux_sigmas`).
-        noise: fresh normals per step for euler_a and lcm.
-        eta: euler_a's noise amount (0 = euler).
+        noise: fresh normals per step for the samplers that add noise.
+        eta: noise amount; None gives sd-cli's default for the sampler (euler_a: 1).
         callback: ``callback(step, x, denoised)`` after each step.
+        extra: ``--extra-sample-args`` (``lms``, ``euler_ge``).
 
     Returns:
         The final latent, float32 ``(N, C, H, W)``.
@@ -230,5 +272,6 @@ def sample_flow(method: str, velocity: VelocityFn, noise0: np.ndarray, sigmas: n
                             f"(Flux takes: {', '.join(FLOW_SAMPLERS)})")
     den = flow_denoiser(velocity)
     x = (np.asarray(noise0, dtype=np.float32) * np.float32(sigmas[0])).astype(np.float32)
+    kwargs = {"extra": extra} if method in TAKES_EXTRA else {}
     return FLOW_SAMPLER_FUNCTIONS[method](den, x, sigmas, noise=noise, eta=eta,
-                                          callback=callback)
+                                          callback=callback, **kwargs)

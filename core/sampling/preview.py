@@ -1,8 +1,9 @@
 """Cheap latent previews: a fixed per-channel linear map from latent to RGB, every step.
 
 The coefficients are the fitted latent-to-RGB factors sd-cli uses for its previews (the
-ComfyUI ``latent_formats`` factors for SD 1.x/2.x, SDXL and Flux; the SD 3.5 reference code's
-factors for SD3). Per latent cell: ``rgb = latent @ P + b``, then ``rgb * 0.5 + 0.5``
+ComfyUI ``latent_formats`` factors for SD 1.x/2.x, SDXL, Flux and FLUX.2; the SD 3.5 reference
+code's factors for SD3). FLUX.2's apply per channel of its 32-channel latent: sd-cli unpatchifies
+the 128 diffusion channels 2x2 first, so one latent cell is 2x2 pixels. Per latent cell: ``rgb = latent @ P + b``, then ``rgb * 0.5 + 0.5``
 clamped to [0, 1] and scaled to 0..255 with truncation, as sd-cli writes it. One latent cell
 becomes one pixel (``scale`` repeats it for display).
 """
@@ -47,12 +48,33 @@ _SD3 = (
     [0.0, 0.0, 0.0],
 )  # fmt: skip
 
+_FLUX2 = (  # per channel of the 32-channel FLUX.2 latent (the 128 diffusion channels unpatchified)
+    [[0.000736, -0.008385, -0.019710], [-0.001352, -0.016392, 0.020693],
+     [-0.006376, 0.002428, 0.036736], [0.039384, 0.074167, 0.119789],
+     [0.007464, -0.005705, -0.004734], [-0.004086, 0.005287, -0.000409],
+     [-0.032835, 0.050802, -0.028120], [-0.003158, -0.000835, 0.000406],
+     [-0.112840, -0.084337, -0.023083], [0.001462, -0.006656, 0.000549],
+     [-0.009980, -0.007480, 0.009702], [0.032540, 0.000214, -0.061388],
+     [0.011023, 0.000694, 0.007143], [-0.001468, -0.006723, -0.001678],
+     [-0.005921, -0.010320, -0.003907], [-0.028434, 0.027584, 0.018457],
+     [0.014349, 0.011523, 0.000441], [0.009874, 0.003081, 0.001507],
+     [0.002218, 0.005712, 0.001563], [0.053010, -0.019844, 0.008683],
+     [-0.002507, 0.005384, 0.000938], [-0.002177, -0.011366, 0.003559],
+     [-0.000261, 0.015121, -0.003240], [-0.003944, -0.002083, 0.005043],
+     [-0.009138, 0.011336, 0.003781], [0.011429, 0.003985, -0.003855],
+     [0.010518, -0.005586, 0.010131], [0.007883, 0.002912, -0.001473],
+     [-0.003318, -0.003160, 0.003684], [-0.034560, -0.008740, 0.012996],
+     [0.000166, 0.001079, -0.012153], [0.017772, 0.000937, -0.011953]],
+    [-0.028738, -0.098463, -0.107619],
+)  # fmt: skip
+
 PROJECTIONS: dict[str, tuple[list[list[float]], list[float]]] = {
     "sd1": _SD,
     "sd2": _SD,
     "sdxl": _SDXL,
     "flux": _FLUX,
     "sd3": _SD3,
+    "flux2": _FLUX2,
 }
 
 
@@ -79,8 +101,9 @@ def latent_to_rgb(latent: np.ndarray, family: str, scale: int = 1) -> np.ndarray
 
     Args:
         latent: float array ``(C, H, W)`` or ``(1, C, H, W)``; C = 4 for sd1/sd2/sdxl,
-            16 for flux/sd3. A 3-channel latent is taken as RGB already.
-        family: ``sd1``, ``sd2``, ``sdxl``, ``flux`` or ``sd3``.
+            16 for flux/sd3, 32 for flux2 (unpatchified). A 3-channel latent is taken as RGB
+            already.
+        family: ``sd1``, ``sd2``, ``sdxl``, ``flux``, ``sd3`` or ``flux2``.
         scale: integer upscaling (nearest neighbour) for display, >= 1.
 
     Returns:

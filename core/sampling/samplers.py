@@ -10,9 +10,10 @@ dispatches by name (``ddim``, ``k_euler`` and ``k_euler_a`` are accepted as alia
 
 The algorithms follow k-diffusion's ``sampling.py`` (euler ... dpm++2m), the webui discussion
 8457 (dpm++2mv2), the LCM paper (lcm) and DDIM with "trailing" timesteps (Song et al. 2020,
-Lin et al. 2023) as sd-cli and diffusers' DDIMScheduler run it. One difference from sd-cli:
-sd-cli's ``dpm++2s_a`` evaluates its midpoint model call at ``sigma[i+1]``; sdplan evaluates it
-at the midpoint's own noise level, as DPM-Solver++(2S) and k-diffusion do.
+Lin et al. 2023) as sd-cli and diffusers' DDIMScheduler run it; the rest of sd-cli's 21
+(``ipndm`` ... ``lms``) live in :mod:`~sdplan.core.sampling.samplers_multistep` and
+:mod:`~sdplan.core.sampling.samplers_more`, each following stable-diffusion.cpp's
+``src/runtime/denoiser.hpp`` (commit 97d2990).
 
 Common to every sampler: ``x`` is not modified; each step casts the latent to the denoiser's
 output dtype (``ddim_trailing``: to ``x``'s) and then calls ``callback(step, x, denoised)``;
@@ -23,20 +24,49 @@ samplers that add noise take a fresh draw from ``noise`` per noised step and fai
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Mapping
 
 import numpy as np
 from sdplan.core.sampling.errors import SamplingError
 from sdplan.core.sampling.noise import NoiseSource, require_noise
+from sdplan.core.sampling.sampler_base import (
+    Sampler,
+    StepCallback,
+    ancestral_step,
+    no_callback,
+    sigma_steps,
+)
+from sdplan.core.sampling.samplers_more import (
+    sample_er_sde,
+    sample_euler_a_cfg_pp,
+    sample_euler_cfg_pp,
+    sample_euler_ge,
+    sample_res_2s,
+    sample_tcd,
+)
+from sdplan.core.sampling.samplers_multistep import (
+    sample_dpmpp_2m_sde,
+    sample_dpmpp_2m_sde_bt,
+    sample_ipndm,
+    sample_ipndm_v,
+    sample_lms,
+    sample_res_multistep,
+)
 from sdplan.core.sampling.schedules import TIMESTEPS, Denoiser, DiscreteSchedule
 
-__all__ = ["SAMPLERS", "StepCallback", "Sampler", "SAMPLER_FUNCTIONS", "ancestral_step",
-           "sample", "sample_euler", "sample_euler_ancestral", "sample_heun",
-           "sample_dpm2", "sample_dpmpp_2s_ancestral", "sample_dpmpp_2m", "sample_dpmpp_2m_v2",
-           "sample_lcm", "sample_ddim_trailing"]
+_sigma_steps = sigma_steps
+_no_callback = no_callback
 
-#: sd-cli ``--sampling-method`` names, each with an entry in :data:`SAMPLER_FUNCTIONS`.
+__all__ = ["SAMPLERS", "StepCallback", "Sampler", "SAMPLER_FUNCTIONS", "ancestral_step",
+           "DEFAULT_ETA", "sample", "sample_euler", "sample_euler_ancestral", "sample_heun",
+           "sample_dpm2", "sample_dpmpp_2s_ancestral", "sample_dpmpp_2m", "sample_dpmpp_2m_v2",
+           "sample_ipndm", "sample_ipndm_v", "sample_lcm", "sample_ddim_trailing",
+           "sample_tcd", "sample_res_multistep", "sample_res_2s", "sample_er_sde",
+           "sample_euler_cfg_pp", "sample_euler_a_cfg_pp", "sample_euler_ge",
+           "sample_dpmpp_2m_sde", "sample_dpmpp_2m_sde_bt", "sample_lms", "TAKES_EXTRA"]
+
+#: sd-cli ``--sampling-method`` names in sd-cli's order, each with an entry in
+#: :data:`SAMPLER_FUNCTIONS`: the one list the command line, the engine and the app offer.
 SAMPLERS = (
     "euler",
     "euler_a",
@@ -45,66 +75,26 @@ SAMPLERS = (
     "dpm++2s_a",
     "dpm++2m",
     "dpm++2mv2",
+    "ipndm",
+    "ipndm_v",
     "lcm",
     "ddim_trailing",
+    "tcd",
+    "res_multistep",
+    "res_2s",
+    "er_sde",
+    "euler_cfg_pp",
+    "euler_a_cfg_pp",
+    "euler_ge",
+    "dpm++2m_sde",
+    "dpm++2m_sde_bt",
+    "lms",
 )
 _ALIASES = {"ddim": "ddim_trailing", "k_euler": "euler", "k_euler_a": "euler_a"}
-#: ``callback(step, x, denoised)`` after each step, ``step`` from 0.
-StepCallback = Callable[[int, np.ndarray, np.ndarray], None]
-
-
-class Sampler(Protocol):
-    """The signature every sampler function shares (the entries of :data:`SAMPLER_FUNCTIONS`).
-
-    Args:
-        denoise: ``denoise(x, sigma) -> x0 estimate``, arrays of ``x``'s shape and dtype.
-        x: starting latent ``(N, C, H, W)`` at noise level ``sigmas[0]``; not modified.
-        sigmas: descending sigmas ending in 0, ``len - 1`` steps (any float dtype; the steps
-            are computed with Python floats).
-        noise: fresh standard normals per call, for the samplers that add noise.
-        eta: ancestral noise amount; None is the sampler's own default.
-        callback: ``callback(step, x, denoised)`` after each step.
-        schedule: the model's noise schedule (only ``ddim_trailing`` reads it).
-
-    Returns:
-        The final latent of ``x``'s shape, and its dtype for a denoiser that keeps it.
-    """
-
-    def __call__(self, denoise: Denoiser, x: np.ndarray, sigmas: np.ndarray, *,
-                 noise: NoiseSource | None = None, eta: float | None = None,
-                 callback: StepCallback | None = None,
-                 schedule: DiscreteSchedule | None = None) -> np.ndarray: ...
-
-
-def ancestral_step(sigma: float, sigma_next: float, eta: float = 1.0) -> tuple[float, float]:
-    """``(sigma_down, sigma_up)`` of an ancestral step (k-diffusion ``get_ancestral_step``).
-
-    ``sigma_up = min(sigma_next, eta sqrt(sigma_next^2 (sigma^2 - sigma_next^2) / sigma^2))``,
-    ``sigma_down = sqrt(sigma_next^2 - sigma_up^2)``; ``(sigma_next, 0)`` for ``eta = 0`` or
-    ``sigma_next = 0``. Python floats.
-    """
-    if not eta or sigma_next == 0.0:
-        return sigma_next, 0.0
-    up = min(sigma_next, eta * math.sqrt(sigma_next**2 * (sigma**2 - sigma_next**2) / sigma**2))
-    return math.sqrt(sigma_next**2 - up**2), up
-
-
-def _sigma_steps(sigmas: np.ndarray) -> list[float]:
-    """``sigmas`` as a list of Python floats (float64), checked to descend to 0.
-
-    Raises:
-        SamplingError: fewer than two sigmas, a rising pair, or a negative last sigma.
-    """
-    sig = [float(s) for s in np.asarray(sigmas, dtype=np.float64).ravel()]
-    if len(sig) < 2 or any(b > a for a, b in zip(sig, sig[1:], strict=False)) or sig[-1] < 0:
-        raise SamplingError(f"sigmas must descend to 0 over at least one step, got {sig[:4]}...")
-    return sig
-
-
-def _no_callback(i: int, x: np.ndarray, den: np.ndarray) -> None:
-    return None
-
-
+#: sd-cli's ``--eta`` default per sampler (``resolve_eta``); the others take 0 (and most
+#: ignore it).
+DEFAULT_ETA = {"euler_a": 1.0, "dpm++2s_a": 1.0, "er_sde": 1.0, "euler_a_cfg_pp": 1.0,
+               "dpm++2m_sde": 1.0, "dpm++2m_sde_bt": 1.0}
 # ----------------------------------------------------------------------------- samplers
 
 
@@ -340,8 +330,20 @@ SAMPLER_FUNCTIONS: dict[str, Sampler] = {
     "dpm++2s_a": sample_dpmpp_2s_ancestral,
     "dpm++2m": sample_dpmpp_2m,
     "dpm++2mv2": sample_dpmpp_2m_v2,
+    "ipndm": sample_ipndm,
+    "ipndm_v": sample_ipndm_v,
     "lcm": sample_lcm,
     "ddim_trailing": sample_ddim_trailing,
+    "tcd": sample_tcd,
+    "res_multistep": sample_res_multistep,
+    "res_2s": sample_res_2s,
+    "er_sde": sample_er_sde,
+    "euler_cfg_pp": sample_euler_cfg_pp,
+    "euler_a_cfg_pp": sample_euler_a_cfg_pp,
+    "euler_ge": sample_euler_ge,
+    "dpm++2m_sde": sample_dpmpp_2m_sde,
+    "dpm++2m_sde_bt": sample_dpmpp_2m_sde_bt,
+    "lms": sample_lms,
 }
 
 
@@ -355,6 +357,7 @@ def sample(
     eta: float | None = None,
     callback: StepCallback | None = None,
     schedule: DiscreteSchedule | None = None,
+    extra: Mapping[str, str] | None = None,
 ) -> np.ndarray:
     """Run a sampler from ``x`` (noise level ``sigmas[0]``) down the schedule ``sigmas``.
 
@@ -365,12 +368,14 @@ def sample(
             :func:`~sdplan.core.sampling.noise.initial_latent`; not modified.
         sigmas: descending sigmas ending in 0
             (:func:`~sdplan.core.sampling.schedules.get_sigmas`); ``len - 1`` steps.
-        noise: ``noise(shape) -> standard normals`` for ``euler_a``, ``dpm++2s_a``, ``lcm``
-            and ``ddim_trailing`` with ``eta > 0`` (e.g. the seed's
-            :class:`~sdplan.core.sampling.noise.PhiloxNoise`).
-        eta: ancestral noise amount: default 1 for euler_a/dpm++2s_a, 0 for ddim_trailing.
+        noise: ``noise(shape) -> standard normals`` for the samplers that add noise
+            (``euler_a``, ``dpm++2s_a``, ``lcm``, the SDE samplers, and the others with
+            ``eta > 0``), e.g. the seed's :class:`~sdplan.core.sampling.noise.PhiloxNoise`.
+        eta: noise amount; None gives sd-cli's default (:data:`DEFAULT_ETA`, else 0).
         callback: called as ``callback(step, x, denoised)`` after each step (previews).
-        schedule: the model's noise schedule (``ddim_trailing`` reads its alphas).
+        schedule: the model's noise schedule (``ddim_trailing`` and ``tcd`` read it).
+        extra: ``--extra-sample-args`` as key -> text (``lms_max_order``, ``lms_shift``,
+            ``lms_divisions`` for ``lms``; ``gamma`` for ``euler_ge``).
 
     Returns:
         The final latent, ``x``'s shape and dtype. For ``ddim_trailing`` it is at DDIM scale
@@ -382,5 +387,10 @@ def sample(
     name = _ALIASES.get(method, method)
     if name not in SAMPLERS:
         raise SamplingError(f"unknown --sampling-method {method!r} (known: {', '.join(SAMPLERS)})")
+    kwargs = {"extra": extra} if name in TAKES_EXTRA else {}
     return SAMPLER_FUNCTIONS[name](denoise, x, sigmas, noise=noise, eta=eta, callback=callback,
-                                   schedule=schedule)
+                                   schedule=schedule, **kwargs)
+
+
+#: Samplers that read ``--extra-sample-args`` (an ``extra`` keyword).
+TAKES_EXTRA = frozenset({"lms", "euler_ge"})

@@ -10,7 +10,8 @@ with arrays of the latent's shape (:data:`Denoiser`, what the samplers of
   ``DiscreteSchedule`` in ``external.py``).
 - :func:`get_sigmas`: the sigmas of a sampling run for an sd-cli ``--scheduler`` name:
   ``discrete`` (also ``default``), ``karras``, ``exponential``, ``ays``, ``sgm_uniform``,
-  ``simple`` (:data:`SCHEDULES`).
+  ``simple`` here, the other ten of :data:`SCHEDULES` in
+  :mod:`~sdplan.core.sampling.schedules_more`.
 - :func:`scalings` and :func:`model_denoiser`: a UNet's eps or v output as a denoiser
   (k-diffusion's ``CompVisDenoiser`` / ``CompVisVDenoiser``).
 """
@@ -18,11 +19,13 @@ with arrays of the latent's shape (:data:`Denoiser`, what the samplers of
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import numpy as np
+from sdplan.core.sampling import schedules_more as sm
 from sdplan.core.sampling.errors import SamplingError
+from sdplan.core.sampling.schedules_more import FlowSchedule
 
 __all__ = ["TIMESTEPS", "Denoiser", "DiscreteSchedule", "SCHEDULES", "get_sigmas", "scalings",
            "UNetFn", "model_denoiser"]
@@ -120,8 +123,13 @@ _AYS_SDXL = [
     0.0291671582,
 ]
 
-#: sd-cli ``--scheduler`` names (``default`` is accepted as ``discrete``).
-SCHEDULES = ("discrete", "karras", "exponential", "ays", "sgm_uniform", "simple")
+#: sd-cli ``--scheduler`` names in sd-cli's order (``default`` and ``normal`` are accepted
+#: as ``discrete``): the one list the command line, the engine and the app offer.
+SCHEDULES = ("discrete", "karras", "exponential", "ays", "gits", "sgm_uniform", "simple",
+             "smoothstep", "kl_optimal", "lcm", "bong_tangent", "ltx2", "logit_normal", "flux2",
+             "flux", "beta")
+#: Schedulers that need the image's token count (patches of the latent).
+TOKEN_SCHEDULES = frozenset({"ltx2", "logit_normal", "flux2", "flux"})
 
 
 def _loglinear_resample(levels: list[float], n: int) -> np.ndarray:
@@ -133,23 +141,31 @@ def _loglinear_resample(levels: list[float], n: int) -> np.ndarray:
 def get_sigmas(
     scheduler: str,
     steps: int,
-    schedule: DiscreteSchedule | None = None,
+    schedule: DiscreteSchedule | FlowSchedule | None = None,
     family: str = "sd1",
+    image_tokens: int | None = None,
+    extra: Mapping[str, str] | None = None,
 ) -> np.ndarray:
     """The ``steps + 1`` descending sigmas of a schedule, the last one 0.
 
     Args:
-        scheduler: an sd-cli ``--scheduler`` name from :data:`SCHEDULES` or ``default``.
+        scheduler: an sd-cli ``--scheduler`` name from :data:`SCHEDULES`, ``default`` or
+            ``normal``.
         steps: number of sampling steps, >= 1.
-        schedule: the model's noise schedule (default: SD 1.x/2.x :class:`DiscreteSchedule`).
+        schedule: the model's noise schedule (default: SD 1.x/2.x :class:`DiscreteSchedule`;
+            a flow model's :class:`~sdplan.core.sampling.schedules_more.FlowSchedule`).
         family: ``sd1``, ``sd2`` or ``sdxl``; only ``ays`` uses it (SDXL levels for ``sdxl``,
             the SD 1.5 levels otherwise).
+        image_tokens: the latent's patch count, for :data:`TOKEN_SCHEDULES`.
+        extra: ``--extra-sample-args`` (``beta``: ``alpha``, ``beta``; ``flux``:
+            ``base_shift``, ``max_shift``; ``ltx2`` and ``logit_normal``: theirs).
 
     Returns:
         float32 array of length ``steps + 1``.
 
     Raises:
-        SamplingError: unknown scheduler name or ``steps < 1``.
+        SamplingError: unknown scheduler name, ``steps < 1``, a token schedule without
+            ``image_tokens``, a bad ``extra`` value.
 
     Formulas: discrete and sgm_uniform/simple use timesteps mapped by ``t_to_sigma``
     (k-diffusion's DiscreteSchedule.get_sigmas / sd-cli); karras is Karras et al. eq. 5 with
@@ -160,8 +176,11 @@ def get_sigmas(
     if not isinstance(steps, int) or steps < 1:
         raise SamplingError(f"--steps must be a positive integer, got {steps!r}")
     sch = schedule or DiscreteSchedule()
-    name = "discrete" if scheduler == "default" else scheduler
+    name = "discrete" if scheduler in ("default", "normal") else scheduler
     smin, smax = sch.sigma_min, sch.sigma_max
+    if name in _MORE or name in TOKEN_SCHEDULES or name == "beta":
+        return np.asarray(_more_sigmas(name, steps, sch, image_tokens, extra),
+                          dtype=np.float64).astype(np.float32)
     t_max = TIMESTEPS - 1
     if name == "discrete":
         if steps == 1:
@@ -188,9 +207,34 @@ def get_sigmas(
         idx = t_max - (np.arange(steps) * (TIMESTEPS / steps)).astype(np.int64)
         body = sch.t_to_sigma(np.maximum(idx, 0).astype(np.float64))
     else:
-        known = ", ".join(("default",) + SCHEDULES)
+        known = ", ".join(SCHEDULES)
         raise SamplingError(f"unknown --scheduler {scheduler!r} (known: {known})")
     return np.append(np.asarray(body, dtype=np.float64), 0.0).astype(np.float32)
+
+
+_MORE = {"gits": sm.gits_sigmas, "smoothstep": sm.smoothstep_sigmas,
+         "kl_optimal": sm.kl_optimal_sigmas, "lcm": sm.lcm_sigmas,
+         "bong_tangent": sm.bong_tangent_sigmas}
+
+
+def _more_sigmas(name: str, steps: int, sch: DiscreteSchedule | FlowSchedule,
+                 image_tokens: int | None, extra: Mapping[str, str] | None) -> list[float]:
+    def t_to_sigma(t: float) -> float:
+        return float(sch.t_to_sigma(t))
+
+    if name in _MORE:
+        return _MORE[name](steps, sch.sigma_min, sch.sigma_max, t_to_sigma)
+    if name == "beta":
+        return sm.beta_sigmas(steps, sch.sigma_min, sch.sigma_max, t_to_sigma, extra)
+    if image_tokens is None or image_tokens < 1:
+        raise SamplingError(f"--scheduler {name} needs the image's token count")
+    if name == "flux":
+        return sm.flux_sigmas_mu(steps, sm.flux_mu_for(image_tokens, extra))
+    if name == "flux2":
+        return sm.flux2_sigmas(steps, image_tokens)
+    if name == "ltx2":
+        return sm.ltx2_sigmas(steps, image_tokens, extra)
+    return sm.logit_normal_sigmas(steps, image_tokens, extra)
 
 
 # ----------------------------------------------------------------------- model wrappers
@@ -234,7 +278,9 @@ def model_denoiser(
     Per call: ``t = sigma_to_t(sigma)``, ``out = unet(c_in x, t, cond)``; with ``uncond`` and
     ``cfg_scale != 1`` also ``u = unet(c_in x, t, uncond)`` and ``out = u + cfg (out - u)``;
     returns ``c_skip x + c_out out`` in ``x``'s shape and dtype (k-diffusion's
-    ``DiscreteEpsDDPMDenoiser`` / ``DiscreteVDDPMDenoiser`` forward, CFG as in sd-cli).
+    ``DiscreteEpsDDPMDenoiser`` / ``DiscreteVDDPMDenoiser`` forward, CFG as in sd-cli). Its
+    ``with_uncond(x, sigma)`` gives that estimate and the unconditional one (the guided one
+    again without ``uncond``), for the CFG++ samplers.
 
     Raises:
         SamplingError: ``prediction`` is neither ``eps`` nor ``v``.
@@ -242,14 +288,20 @@ def model_denoiser(
     sch = schedule or DiscreteSchedule()
     scalings(1.0, prediction)  # validates the name
 
-    def denoise(x: np.ndarray, sigma: float) -> np.ndarray:
+    def both(x: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
         c_skip, c_out, c_in = scalings(float(sigma), prediction)
         t = sch.sigma_to_t(float(sigma))
         x_in = (x * c_in).astype(x.dtype, copy=False)
         out = unet(x_in, t, cond)
+        out_u = out
         if uncond is not None and cfg_scale != 1.0:
             out_u = unet(x_in, t, uncond)
             out = out_u + cfg_scale * (out - out_u)
-        return (x * c_skip + out * c_out).astype(x.dtype, copy=False)
+        return ((x * c_skip + out * c_out).astype(x.dtype, copy=False),
+                (x * c_skip + out_u * c_out).astype(x.dtype, copy=False))
 
+    def denoise(x: np.ndarray, sigma: float) -> np.ndarray:
+        return both(x, sigma)[0]
+
+    denoise.with_uncond = both  # type: ignore[attr-defined]
     return denoise

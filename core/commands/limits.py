@@ -1,0 +1,100 @@
+"""Limits of the generation and upscale flags, checked before anything loads.
+
+Each check raises :class:`~sdplan.core.errors.InvalidArgument` naming the flag, the value
+and the allowed range. The bounds keep a run finite and its numbers meaningful; none is
+reached by a real use:
+
+- sizes: 1 .. :data:`MAX_SIDE` pixels a side (the model's own multiple is checked by its
+  pipeline); batch 1 .. :data:`MAX_BATCH`; steps 1 .. :data:`MAX_STEPS` (the discrete
+  schedules have 1000 training timesteps: more steps repeat timesteps);
+- CFG scale within +-:data:`MAX_CFG` and Flux guidance 0 .. :data:`MAX_GUIDANCE`, finite
+  (a CFG of 1e308 overflows float32 latents into NaN: an all-black picture);
+- prompts at most :data:`MAX_PROMPT_CHARS` characters (77-token chunks: 10,000 characters
+  is some 40 chunks of conditioning);
+- seed within a signed 64-bit integer (sd-cli's ``int64_t``); threads 0 .. :data:`MAX_THREADS`;
+  upscale repeats 1 .. :data:`MAX_UPSCALE_REPEATS`; VAE tiles 0 .. MAX_SIDE / 8 latent pixels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from sdplan.core.errors import InvalidArgument
+
+MAX_SIDE = 8192
+MAX_BATCH = 100
+MAX_STEPS = 1000
+MAX_CFG = 100.0
+MAX_GUIDANCE = 100.0
+MAX_PROMPT_CHARS = 10_000
+MAX_THREADS = 1024
+MAX_UPSCALE_REPEATS = 4
+MAX_CLIP_SKIP = 48
+SEED_RANGE = (-(2**63), 2**63 - 1)
+
+
+def check_int(flag: str, value: int, low: int, high: int) -> None:
+    """Raise InvalidArgument unless ``low <= value <= high``."""
+    if not low <= value <= high:
+        raise InvalidArgument(f"{flag} must be between {low} and {high}, got {_short(value)}")
+
+
+def check_float(flag: str, value: float, low: float, high: float) -> None:
+    """Raise InvalidArgument unless ``value`` is finite and ``low <= value <= high``."""
+    if not math.isfinite(value):
+        raise InvalidArgument(f"{flag} must be a finite number, got {value}")
+    if not low <= value <= high:
+        raise InvalidArgument(f"{flag} must be between {low:g} and {high:g}, got {value:g}")
+
+
+def check_text(flag: str, text: str, limit: int = MAX_PROMPT_CHARS) -> None:
+    """Raise InvalidArgument when ``text`` is longer than ``limit`` characters."""
+    if len(text) > limit:
+        raise InvalidArgument(f"{flag} is {len(text)} characters long; at most {limit}")
+
+
+def _short(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 40 else f"{text[:20]}… ({len(text)} digits)"
+
+
+def check_generation(args: argparse.Namespace) -> None:
+    """Check every numeric and text limit of ``sdplan generate``'s flags (module docstring);
+    flags the namespace lacks are skipped.
+
+    Raises:
+        InvalidArgument: the first flag out of range.
+    """
+    ints = (("-W/--width", "width", 1, MAX_SIDE), ("-H/--height", "height", 1, MAX_SIDE),
+            ("--steps", "steps", 1, MAX_STEPS), ("-b/--batch-count", "batch_count", 1, MAX_BATCH),
+            ("--upscale-repeats", "upscale_repeats", 1, MAX_UPSCALE_REPEATS),
+            ("-t/--threads", "threads", 0, MAX_THREADS),
+            ("--vae-tile-size", "vae_tile_size", 0, MAX_SIDE // 8),
+            ("--clip-skip", "clip_skip", -1, MAX_CLIP_SKIP),
+            ("-s/--seed", "seed", *SEED_RANGE), ("--t5-length", "t5_length", 1, 4096))
+    for flag, attr, low, high in ints:
+        value = getattr(args, attr, None)
+        if value is not None:
+            check_int(flag, int(value), low, high)
+    for flag, attr, flow, fhigh in (("--cfg-scale", "cfg_scale", -MAX_CFG, MAX_CFG),
+                                    ("--guidance", "guidance", 0.0, MAX_GUIDANCE)):
+        fvalue = getattr(args, attr, None)
+        if fvalue is not None:
+            check_float(flag, float(fvalue), flow, fhigh)
+    for flag, attr in (("-p/--prompt", "prompt"), ("-n/--negative-prompt", "negative_prompt")):
+        text = getattr(args, attr, None)
+        if text is not None:
+            check_text(flag, str(text))
+
+
+def check_upscale(args: argparse.Namespace) -> None:
+    """Check ``sdplan upscale``'s numeric flags (repeats, tile, threads).
+
+    Raises:
+        InvalidArgument: the first flag out of range.
+    """
+    check_int("--upscale-repeats", int(args.upscale_repeats), 1, MAX_UPSCALE_REPEATS)
+    if args.upscale_tile is not None:
+        check_int("--upscale-tile", int(args.upscale_tile), 8, MAX_SIDE)
+    check_int("-t/--threads", int(args.threads), 0, MAX_THREADS)

@@ -1,0 +1,149 @@
+"""``sdplan generate`` and sd-cli's full argument table: the sampling options sdplan's
+engine implements (``--eta``, ``--sigmas``, ``--flow-shift``, ``--timestep-shift``,
+``--rng``, ``--sampler-rng``, ``--extra-sample-args``), settings taken from a PNG
+(``--from-image``), and one clear line for everything else a pasted sd-cli command may hold.
+
+:func:`refuse_unsupported` looks at the arguments argparse did not take: sd-cli options that
+only tune sd-cli's own execution without changing the picture (:data:`NO_EFFECT`: flash
+attention, direct convolutions, memory mapping, eager loading, log verbosity) are accepted
+with a note; every other sd-cli option (:mod:`sdplan.core.planning.sdcli_table`) and every
+argument sd-cli does not know either is refused, all of them named in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from sdplan.core.errors import SdplanError
+from sdplan.core.planning.sdcli import parse_sdcli_args
+
+__all__ = ["NO_EFFECT", "add_sampling_arguments", "sampling_request", "refuse_unsupported",
+           "apply_from_image"]
+
+#: sd-cli options that change how sd-cli runs, not what it draws; generate accepts and
+#: ignores them (sdplan's engine chooses its own kernels and loads as the plan says).
+NO_EFFECT = frozenset({"--verbose", "--color", "--mmap", "--eager-load", "--fa",
+                       "--diffusion-fa", "--diffusion-conv-direct", "--vae-conv-direct"})
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    """Add sd-cli's sampling options the engine implements, and ``--from-image``."""
+    g = p.add_argument_group("sampling (as sd-cli spells it)")
+    g.add_argument("--eta", type=float, help="noise amount (default: the sampler's, as sd-cli)")
+    g.add_argument("--sigmas", metavar="S0,S1,...", help="custom sigma schedule (replaces "
+                   "--scheduler; a final 0 is added)")
+    g.add_argument("--flow-shift", type=float, help="flow models' timestep shift")
+    g.add_argument("--timestep-shift", type=int, default=0,
+                   help="SDXL (NitroFusion): shift timesteps to N/1000 of themselves")
+    g.add_argument("--rng", default="cuda", help="cuda (default), cpu or std_default")
+    g.add_argument("--sampler-rng", help="the sampler's generator (default: --rng)")
+    g.add_argument("--extra-sample-args", action="append", default=[], metavar="K=V,...",
+                   help="sampler/scheduler arguments (lms_max_order, gamma, alpha...)")
+    p.add_argument("--from-image", metavar="PNG",
+                   help="take prompt, settings, model files and placement from a PNG's "
+                        "parameters (sd-cli's or sdplan's); flags given here win")
+    p.set_defaults(refuse_extras=refuse_unsupported)
+
+
+def sampling_request(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine request keys of the sampling options
+    (:meth:`~sdplan.core.sampling.options.SamplingOptions.from_request`).
+
+    Raises:
+        SdplanError: a malformed ``--sigmas`` / ``--extra-sample-args`` or unknown rng (the
+            sampling error's one line).
+    """
+    from sdplan.core.sampling.options import SamplingOptions, parse_key_values, parse_sigmas
+
+    req: dict[str, Any] = {"eta": args.eta, "flow_shift": args.flow_shift,
+                           "timestep_shift": args.timestep_shift, "rng": args.rng,
+                           "sampler_rng": args.sampler_rng}
+    if args.sigmas:
+        req["sigmas"] = list(parse_sigmas(args.sigmas))
+    extra: dict[str, str] = {}
+    for text in args.extra_sample_args or []:
+        extra.update(parse_key_values(text))
+    req["extra_sample_args"] = extra
+    SamplingOptions.from_request(req)  # checks the names now, before any work
+    return req
+
+
+def refuse_unsupported(args: argparse.Namespace, extras: list[str]) -> list[str]:
+    """Check the arguments argparse left over; returns notes for the accepted ones
+    (:data:`NO_EFFECT`).
+
+    Raises:
+        SdplanError: one line naming every sd-cli option generate does not implement and
+            every argument that is no sd-cli option either.
+    """
+    try:
+        parsed = parse_sdcli_args(list(extras))
+    except SdplanError as exc:
+        raise SdplanError(f"cannot read the arguments {' '.join(extras)}: {exc}") from None
+    ignored, refused, unknown = [], [], []
+    for a in parsed:
+        if not a.known:
+            unknown.append(" ".join(a.tokens))
+        elif a.flag in NO_EFFECT:
+            ignored.append(a.spelling)
+        elif a.flag == "--mode" and a.values == ("img_gen",):
+            ignored.append("-M img_gen")
+        else:
+            refused.append(a.spelling)
+    parts = []
+    if refused:
+        parts.append(f"generate does not run these sd-cli options: {', '.join(refused)}")
+    if unknown:
+        parts.append(f"not sd-cli options: {', '.join(unknown)}")
+    if parts:
+        raise SdplanError("; ".join(parts) + " (sdplan plan --command keeps them in the "
+                          "written sd-cli command)")
+    return [f"{', '.join(ignored)}: no effect on sdplan's engine (it chooses its own kernels "
+            "and loading)"] if ignored else []
+
+
+def apply_from_image(args: argparse.Namespace, parser_defaults: dict[str, Any]) -> str | None:
+    """With ``--from-image PNG``: fill every setting the command line left at its default
+    from the PNG's parameters (:func:`sdplan.core.pipelines.results.read_generation`):
+    prompt, negative prompt, size, steps, CFG scale, guidance, seed, sampler, scheduler,
+    clip skip, eta, rng, model files (sdplan's own PNGs; only files that exist) and
+    placement strings. Returns a note of what was taken, or None without ``--from-image``.
+
+    Raises:
+        SdplanError: the PNG cannot be read or holds no generation parameters.
+    """
+    path = getattr(args, "from_image", None)
+    if not path:
+        return None
+    from sdplan.core.pipelines.results import read_generation
+
+    try:
+        got = read_generation(path)
+    except OSError as exc:
+        raise SdplanError(f"--from-image {path}: {exc.strerror or exc}") from None
+    if not got.settings and not got.model_files:
+        raise SdplanError(f"--from-image {path}: no generation parameters in this PNG")
+    taken = []
+    for key, value in got.settings.items():
+        if not hasattr(args, key):
+            continue
+        current = getattr(args, key)
+        if current is None or current == parser_defaults.get(key) or (
+                key == "prompt" and not current):
+            setattr(args, key, value)
+            taken.append(key)
+    flags = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "t5xxl",
+             "clip_l": "clip_l", "vae": "vae", "taesd": "taesd"}
+    if not any(getattr(args, k, None) for k in flags):
+        for key, paths in got.model_files.items():
+            if key in flags and paths and Path(paths[0]).is_file():
+                setattr(args, flags[key], paths[0])
+                taken.append(key)
+    for key in ("backend", "params_backend", "max_vram"):
+        value = got.placement.get(key)
+        if value and not getattr(args, key, None):
+            setattr(args, key, [value])
+            taken.append(key)
+    return f"from {path}: {', '.join(taken) if taken else 'nothing (the command line gives all)'}"

@@ -1,0 +1,50 @@
+"""FLUX.2 klein in the app: the full-size klein 4B, Qwen3-4B and FLUX.2 autoencoder files
+(sparse, from ../shared/models) opened together land on the board as ``diffusion``, ``te``
+and ``vae`` with their sd-cli flags, the DiT and the encoder split over two GPUs; the
+generation panel takes the distilled klein's settings (4 steps, CFG 1, euler)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("pytestqt")
+
+from sdplan.core.planning.placement import Placement  # noqa: E402
+from test_app_zimage import win  # noqa: E402,F401  (the two-GPU window fixture)
+from test_real_layouts import write_sparse  # noqa: E402
+from test_real_layouts_flux2 import vae_dtype, write_typed  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, shared_dir: Path) -> tuple[Path, Path, Path]:
+    layouts = json.loads((shared_dir / "models/real_size_key_layouts.json").read_text())
+    d = tmp_path_factory.mktemp("klein_app")
+    dit, llm, vae = d / "flux-2-klein-4b.safetensors", d / "qwen_3_4b.safetensors", d / "flux2-vae.safetensors"
+    write_sparse(dit, layouts["flux2_klein_4b"])
+    write_sparse(llm, layouts["qwen3_4b_hf"])
+    write_typed(vae, layouts["flux2_vae"], vae_dtype)
+    return dit, llm, vae
+
+
+def test_klein_files_open_with_its_flags_and_settings(win, files) -> None:  # noqa: F811
+    dit, llm, vae = files
+    panel = win.generation
+    panel.steps.setValue(30)
+    panel.cfg.setValue(6.0)
+    assert win.open_files([str(dit), str(llm), str(vae)])
+    ctl = win.ctl
+    assert ctl.model_files == {"diffusion_model": [str(dit)], "llm": [str(llm)], "vae": [str(vae)]}
+    assert ctl.profile.architecture == "flux2_klein-4b"
+    assert (panel.steps.value(), panel.cfg.value(), panel.sampler.currentText()) == (4, 1.0, "euler")
+    cmd = win.strings.command.toPlainText()
+    assert f"--diffusion-model {dit}" in cmd and f"--llm {llm}" in cmd and f"--vae {vae}" in cmd
+    assert ctl.edit(Placement.from_strings("diffusion=CUDA0&CUDA1,te=CUDA0&CUDA1", "", ""), "split both")
+    for module, n in (("diffusion", 25), ("te", 36)):
+        ranges = ctl.plan.modules[module].ranges
+        assert [r.device for r in ranges] == ["CUDA0", "CUDA1"] and ranges[-1].last_block == n - 1
