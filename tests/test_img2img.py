@@ -8,6 +8,8 @@
 - strength 1: Flux equals text-to-image bit for bit (its flow start ``(1 - 1) init + noise``);
   SD equals text-to-image started from ``noise + init / sigma_0`` (sd-cli's
   ``init + sigma_0 noise``), to rounding;
+- FLUX.1, Chroma and Z-Image through the FLUX.1-family base: the first velocity call sees
+  ``(1 - s0) init + s0 noise``, strength 1 is text-to-image, masks keep the init latent;
 - a 9-channel inpainting UNet against diffusers (``make_lora_fixtures.py``), and the pipeline
   feeding it ``[latent, mask, masked latent]`` while keeping the unmasked latents.
 """
@@ -263,3 +265,56 @@ def test_inpainting_checkpoint_takes_mask_and_masked_latent(tmp_path: Path) -> N
     # the blend uses the 3x3-dilated mask (columns 0..2): columns 3.. end as the init latent
     np.testing.assert_allclose(lat[-1][..., 3:], init[..., 3:], atol=1e-5)
     assert np.abs(lat[-1][..., :2] - init[..., :2]).mean() > 0.05
+
+
+@needs_graph
+@pytest.mark.parametrize("family", ["flux", "chroma", "z_image"])
+def test_flux_family_image_start(tmp_path: Path, family: str) -> None:
+    """FLUX.1, Chroma and Z-Image share the FLUX.1-family base's image start: the first
+    velocity call sees ``(1 - s0) init + s0 noise`` at the truncated schedule's first sigma;
+    strength 1 is text-to-image bit for bit; a mask keeps the init latent where it is 0;
+    strength 0 runs the one step from the smallest sigma, ending next to the init latent."""
+    from sdplan.core.sampling.noise import PhiloxNoise
+
+    img = np.random.default_rng(4).uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)  # the toy AE: f = 2
+    mask = np.zeros((1, 1, 16, 16), np.float32)
+    mask[..., 8:, :] = 1  # repaint the bottom half
+    kw: dict = dict(steps=4, seed=7)
+    if family == "flux":
+        from flux_util import AE, AXES, CLIP, DEV, T5
+        from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
+
+        pipe = FluxPipeline(FluxModels(DEV, T5, CLIP, AE, axes=AXES, clip_heads=2), n_threads=2)
+        kw["t5_length"] = 16
+    elif family == "chroma":
+        from flux_util import AE, AXES, CHROMA, T5
+        from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
+
+        pipe = ChromaPipeline(ChromaModels(CHROMA, T5, AE, axes=AXES), n_threads=2)
+        kw.update(t5_length=16, cfg_scale=1.0)
+    else:
+        from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline
+        from zimage_util import AE as ZAE
+        from zimage_util import DIT, write_qwen3
+
+        pipe = ZImagePipeline(ZImageModels(DIT, write_qwen3(tmp_path / "qwen3.safetensors"), ZAE), n_threads=2)
+    seen: list[np.ndarray] = []
+    with pipe:
+        txt = pipe.txt2img("a photo of a cat", 64, 64, **kw)
+        one = pipe.txt2img("a photo of a cat", 64, 64, init=ImageInput(img, None, 1.0), **kw)
+        half = pipe.txt2img("a photo of a cat", 64, 64, init=ImageInput(img, mask, 0.75), **kw)
+        zero = pipe.txt2img("a photo of a cat", 64, 64, init=ImageInput(img, None, 0.0), **kw)
+        plain = pipe.velocity
+        pipe.velocity = lambda x, *a, **k: (seen.append(x.copy()), plain(x, *a, **k))[1]  # type: ignore[method-assign]
+        mid = pipe.txt2img("a photo of a cat", 64, 64, init=ImageInput(img, None, 0.5), **kw)
+        ref = pipe.encode_sample(img, PhiloxNoise(7).randn((1, 16, 8, 8)))
+    s0 = np.float32(mid["sigmas"][0])
+    assert len(mid["sigmas"]) == 4 and 0 < s0 < 1  # t_enc 2: three steps (sd-cli runs t_enc + 1)
+    want = ref * (np.float32(1) - s0) + PhiloxNoise(7).randn((1, 16, 8, 8)) * s0
+    np.testing.assert_allclose(seen[0], want, atol=1e-5)
+    np.testing.assert_array_equal(one["image"], txt["image"])
+    assert len(half["sigmas"]) == 5 and len(zero["sigmas"]) == 2
+    np.testing.assert_allclose(half["latent"][:, :, :4], ref[:, :, :4], atol=1e-5)
+    assert np.abs(half["latent"][:, :, 4:] - ref[:, :, 4:]).mean() > 0.1
+    s = float(zero["sigmas"][0])
+    assert np.abs(zero["latent"] - ref).max() < 3 * s * (np.abs(ref).max() + 4)

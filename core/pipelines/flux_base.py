@@ -216,9 +216,11 @@ class FluxFamilyPipeline(Pipeline):
 
     def _image_start(self, start: np.ndarray, sigmas: np.ndarray, vel: Velocity, init: ImageInput | None,
                      init_noise: NoiseSource) -> tuple[np.ndarray, np.ndarray, Velocity]:
-        """``(start, sigmas, vel)`` for ``init`` (None or no picture: unchanged): the init
+        """``(noise0, sigmas, vel)`` for ``init`` (None or no picture: unchanged): the init
         latent (drawn with ``init_noise``'s first draw) noised to the truncated schedule's first
-        sigma, and ``vel`` blending the prediction with it where the mask is 0.
+        sigma ``s0``, ``(1 - s0) init + s0 noise``, given as the ``noise0`` that
+        :func:`~sdplan.core.sampling.flow.sample_flow` scales by ``s0``; and ``vel`` blending
+        the prediction with the init latent where the mask is 0.
 
         Raises:
             SdplanError: a picture that is not ``(1, 3, h f, w f)`` for the latent ``start``.
@@ -234,6 +236,8 @@ class FluxFamilyPipeline(Pipeline):
         sigmas = truncate_sigmas(sigmas, init.strength)
         s0 = np.float32(sigmas[0])
         start = (ref * (np.float32(1.0) - s0) + start * s0).astype(np.float32)
+        if s0 != 1.0:  # sample_flow starts from sigmas[0] * noise0
+            start = (start / s0).astype(np.float32)
         if init.mask is not None:
             vel = _blended(vel, ref, latent_mask(init.mask, f))
         return start, sigmas, vel
