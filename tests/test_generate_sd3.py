@@ -151,3 +151,29 @@ def test_skip_layer_guidance_flags(tmp_path: Path, monkeypatch, files, capsys) -
     err = capsys.readouterr().err
     assert "--slg-scale: skip-layer guidance runs on SD3 / SD3.5 only, not on sd1" in err
     assert not (tmp_path / "sd1.png").exists()
+
+
+def test_image_to_image_runs_and_loras_are_refused(tmp_path: Path, files, capsys) -> None:
+    """-i with --strength 0.5 runs SD3 from the picture (the record keeps the strength; the
+    image differs from text to image with the same seed); a <lora:...> tag is refused in one
+    line naming SD3 and the LoRA before the models load, and nothing is written."""
+    pic = tmp_path / "start.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(pic)
+    txt, i2i = tmp_path / "txt.png", tmp_path / "i2i.png"
+    for extra, out in (([], txt), (["-i", str(pic), "--strength", "0.5"], i2i)):
+        args = parse([*flags("-m", str(files["single"])), "-s", "3", *extra, "-o", str(out), "--in-process"])
+        assert args.run(args) == 0
+    assert read_generation(i2i).settings["strength"] == 0.5
+    assert np.abs(png(i2i) - png(txt)).max() > 0
+    from safetensors.numpy import save_file
+
+    save_file({"lora_unet_joint_blocks_0_x_block_attn_qkv.lora_down.weight": np.zeros((1, 8), np.float32)},
+              str(tmp_path / "style.safetensors"))
+    capsys.readouterr()
+    out = tmp_path / "lora.png"
+    args = parse([*flags("-m", str(files["single"])), "-p", "x <lora:style:1>", "--lora-model-dir", str(tmp_path),
+                  "-o", str(out), "--in-process"])
+    assert args.run(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "SD3 takes no LoRAs in sdplan yet: remove LoRA style" in err, err
+    assert not out.exists()

@@ -267,7 +267,7 @@ def _vae_sdxl(shared: Path, tmp: Path) -> Built:
     f = cfg.factor
     runs = [Run({"z": _normal((1, 4, 4, 4))}, {"image": (1, 3, 4 * f, 4 * f)}),
             Run({"z": _normal((1, 4, 2, 6))}, {"image": (1, 3, 2 * f, 6 * f)}),
-            Run({"image": _normal((1, 3, 2 * f, 3 * f), scale=0.5)}, {"mean": (1, 4, 2, 3)})]
+            Run({"image": _normal((1, 3, 2 * f, 3 * f), scale=0.5)}, {"mean": (1, 4, 2, 3), "logvar": (1, 4, 2, 3)})]
     return Built(VaeGraph(cfg, names, SDXL_CONV_SCALE), Path(wf.path), set(names), runs)
 
 
@@ -278,7 +278,7 @@ def _vae_sd1(shared: Path, tmp: Path) -> Built:
     assert cfg.factor == 2  # two levels in the tiny VAE
     runs = [Run({"z": _normal((1, 4, 8, 8))}, {"image": (1, 3, 16, 16)}),
             Run({"z": _normal((1, 4, 4, 6))}, {"image": (1, 3, 8, 12)}),
-            Run({"image": _normal((1, 3, 16, 12), scale=0.5)}, {"mean": (1, 4, 8, 6)})]
+            Run({"image": _normal((1, 3, 16, 12), scale=0.5)}, {"mean": (1, 4, 8, 6), "logvar": (1, 4, 8, 6)})]
     return Built(VaeGraph(cfg, names), Path(wf.path), owned, runs)
 
 

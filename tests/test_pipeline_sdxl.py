@@ -303,3 +303,26 @@ def test_reduced_variant_read_from_its_shapes(pool, tmp_path: Path) -> None:
             assert xl.runners["diffusion"].last_segments == (0 if budget == 0 else 8)
     assert outs[0].shape == (2, 4, 12, 8) and np.isfinite(outs[0]).all()
     assert rel_err(outs[1], outs[0]) <= 1e-5
+
+
+def test_image_to_image_encodes_with_the_sdxl_scale_factor(base) -> None:
+    """A picture's latent is the VAE's mean times SDXL's 0.13025 (not SD's 0.18215), and
+    strength 1 is text-to-image started from ``noise + init / sigma_0`` (sd-cli's start)."""
+    from sdplan.core.pipelines.img2img import ImageInput
+    from sdplan.core.sampling.noise import PhiloxNoise
+    from sdplan.core.sampling.schedules import get_sigmas
+
+    img = np.random.default_rng(0).uniform(-1, 1, (1, 3, H, W)).astype(np.float32)
+    mean = base.runners["vae"].run({"image": img})["mean"]
+    zero = np.zeros_like(mean)
+    np.testing.assert_allclose(base.encode_sample(img, zero), mean * np.float32(0.13025), rtol=1e-6)
+    p = params()
+    lat: list[np.ndarray] = []
+    a = base.txt2img(p, on_step=lambda i, n, x: lat.append(x), init=ImageInput(img, None, 1.0))[0]
+    shape = (1, 4, H // 2, W // 2)  # the tiny VAE: factor 2
+    init = base.encode_sample(img, PhiloxNoise(1).randn(shape))
+    noise = PhiloxNoise(1).randn(shape) + init / np.float32(get_sigmas("discrete", 4, base.schedule, "sdxl")[0])
+    lat2: list[np.ndarray] = []
+    b = base.txt2img(p, on_step=lambda i, n, x: lat2.append(x), noise=noise)[0]
+    np.testing.assert_allclose(lat[-1], lat2[-1], rtol=0, atol=1e-4 * np.abs(lat2[-1]).max())
+    assert np.abs(a.astype(int) - b.astype(int)).max() <= 1

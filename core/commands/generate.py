@@ -9,8 +9,9 @@ Flux from its files (``--diffusion-model --t5xxl --clip_l --vae``), Chroma from 
 flux-schnell, chroma, z_image, flux2_klein-4b...) comes from
 :func:`sdplan.core.modelfiles.checkpoint.read_model_files`. The flags are sd-cli's spellings (``-m -p -n
 -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
---clip-skip --taesd --upscale-model --upscale-repeats`` and every placement flag), so a pasted
-sd-cli command works.
+--clip-skip --taesd --upscale-model --upscale-repeats``, the LoRA and picture inputs
+``--lora-model-dir --lora-apply-mode -i --strength --mask`` with ``<lora:NAME:WEIGHT>`` prompt
+tags, and every placement flag), so a pasted sd-cli command works.
 
 The engine runs in a child process (:class:`sdplan.core.runtime.process.Engine`; ``--in-process`` keeps
 it here for debugging): the live devices (RPC servers included) are asked of the engine
@@ -22,8 +23,9 @@ A dead engine process is a one-line error naming the signal and ggml's last mess
 
 PNG text chunks record the prompt, negative prompt, seed, steps, sampler, scheduler, cfg
 scale, clip skip, size, the model hash (``sha256`` of the first MiB of the file followed by
-its size in bytes, as decimal text; the chunk ``model_hash_method`` says so) and the
-canonical placement strings.
+its size in bytes, as decimal text; the chunk ``model_hash_method`` says so), the canonical
+placement strings, and the LoRAs (``loras``, ``lora_apply_mode``) and picture inputs
+(``init_img``, ``mask``, ``strength``) when given.
 
 Hyper-parameters small test models do not carry in their shapes (head counts, prediction,
 Flux RoPE axes) come from the flags below or from ``sdplan.*`` keys of the safetensors
@@ -40,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sdplan.core.commands.options import add_input_arguments, input_request, validate_inputs
 from sdplan.core.commands.sdcli_flags import (
     add_sampling_arguments,
     apply_from_image,
@@ -114,6 +117,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     adv.add_argument("--flux-heads", type=int, help="Flux DiT heads (default from the q-norm width)")
     adv.add_argument("--flux-axes", metavar="I,R,C", help="Flux RoPE axes widths (default hd/8 and halves)")
     adv.add_argument("--t5-length", type=int, help="T5 tokens after padding (default: Flux 256, Chroma 512)")
+    add_input_arguments(p)
     add_placement_arguments(p)
     add_sampling_arguments(p)
     p.set_defaults(run=run, parser_defaults=_defaults(p))
@@ -145,18 +149,26 @@ class _DefaultStr(str):
 def apply_demo(args: argparse.Namespace) -> None:
     """With ``--demo``: ``-m`` the demo model, the demo's defaults
     (:mod:`sdplan.core.pipelines.demo`) for each of width, height, steps, CFG scale and the
-    sampler, where the command line left them at their defaults.
+    sampler, where the command line left them at their defaults, and its LoRA folder
+    without ``--lora-model-dir``.
 
     Raises:
         SdplanError: ``--demo`` together with ``-m`` or ``--diffusion-model``, or no demo file.
     """
     if not getattr(args, "demo", False):
         return
-    from sdplan.core.pipelines.demo import DEMO_DEFAULTS, DEMO_SAMPLER, demo_model_path
+    from sdplan.core.pipelines.demo import (
+        DEMO_DEFAULTS,
+        DEMO_SAMPLER,
+        demo_lora_dir,
+        demo_model_path,
+    )
 
     if args.model or args.diffusion_model:
         raise InvalidArgument("--demo replaces -m/--diffusion-model: give one or the other")
     args.model = str(demo_model_path())
+    if getattr(args, "lora_model_dir", "") is None:
+        args.lora_model_dir = str(demo_lora_dir())
     for key, value in DEMO_DEFAULTS.items():
         if isinstance(getattr(args, key), (_DefaultInt, _DefaultFloat)):
             setattr(args, key, value)
@@ -174,7 +186,7 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
     return files
 
 
-def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]]) -> tuple[Any, Any, Any]:
+def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]]) -> tuple[Any, Any, Any, Any]:
     from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
     from sdplan.core.pipelines.jobs import INVENTORY_JOB
     from sdplan.core.planning.estimate import estimate_plan
@@ -185,10 +197,13 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]])
     inventory = Inventory.from_json(engine.call(INVENTORY_JOB, {"rpc_servers": list(placement.rpc_servers)}))
     profile = profile_from_model_flags({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
     plan = resolve(placement, inventory, profile)
+    from sdplan.core.pipelines.inputs import plan_loras
+
+    loras = plan_loras(args.prompt, args.lora_model_dir or ".", args.lora_apply_mode, files, plan)
     measured = engine_compute(args, engine, files, plan)
     fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count,
-                        engine="sdplan", measured=measured)
-    return plan, inventory, fit
+                        engine="sdplan", measured=measured, loras=loras.profiles)
+    return plan, inventory, fit, loras
 
 
 def _profile(files: dict[str, list[str]]) -> Any:
@@ -239,11 +254,12 @@ def run(args: argparse.Namespace) -> int:
             validate(args)
             sampling_request(args)
             files = model_files(args)
-            plan, inventory, fit = _resolve(args, engine, files)
+            plan, inventory, fit, loras = _resolve(args, engine, files)
         except SdplanError as exc:
             print_error(exc)
             return 2
         print_tables(plan, inventory, fit)
+        _print_inputs(console, loras, args)
         if getattr(args, "demo", False) and not demo_caption_known(args.prompt):
             console.print("[yellow]note[/]: the demo model was trained on captions like "
                           "'a red circle on a blue background' (8 colours; circle, square, "
@@ -292,7 +308,7 @@ def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, se
             "taesd_decode": bool(args.taesd) and not args.taesd_preview_only,
             "ref_images": [str(p) for p in getattr(args, "ref_image", None) or ()],
             "force_sdxl_vae_conv_scale": bool(getattr(args, "force_sdxl_vae_conv_scale", False)),
-            **sampling_request(args)}
+            **sampling_request(args), **input_request(args)}
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -304,6 +320,7 @@ def validate(args: argparse.Namespace) -> None:
     from sdplan.core.sampling.samplers import SAMPLERS
     from sdplan.core.sampling.schedules import SCHEDULES
 
+    validate_inputs(args)  # first: -W/-H may come from the init picture
     check_generation(args)
     names = sorted(set(SAMPLERS) | set(FLOW_SAMPLERS) | {"ddim"})
     if args.sampling_method not in names:
@@ -348,6 +365,18 @@ def _command(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, s
         return sdcli_command_line(plan.placement, {k: v for k, v in files.items()}, gen)
     except (ValueError, TypeError):
         return ""
+
+
+def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
+    """One line each for the LoRAs (and keys of theirs that patch nothing) and the init picture."""
+    if loras.loras:
+        console.print(loras.summary(), highlight=False, markup=False)
+        for u in loras.unknown():
+            console.print(f"[yellow]LoRA key not applied[/]: {u}", highlight=False)
+    if args.init_img:
+        mask = f", mask {args.mask}" if args.mask else ""
+        console.print(f"image to image from {args.init_img}, strength {args.strength:g}{mask}",
+                      highlight=False, markup=False)
 
 
 def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any, console: Any) -> int:
@@ -400,7 +429,8 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
     log.info("generated in %.2f s: %s", time.perf_counter() - t0, res.get("timings"))
     for module, n in (res.get("segments") or {}).items():
         console.print(f"{module}: ran in {n} segments under the --max-vram budget", highlight=False)
-    text = generation_text({**req, "clip_skip": args.clip_skip}, files,
+    applied = {k: v for k, v in res.get("params", {}).items() if k in ("loras", "lora_apply_mode")}
+    text = generation_text({**req, "clip_skip": args.clip_skip, **applied}, files,
                            {"backend": plan.backend, "params_backend": plan.params_backend,
                             "max_vram": plan.max_vram, "split_mode": plan.split_mode,
                             "rpc_servers": ",".join(plan.rpc_servers)},

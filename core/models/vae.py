@@ -22,8 +22,8 @@ import numpy as np
 from sdplan.core.models.base import ModelLayoutError, Weights, WholeGraph
 from sdplan.core.runtime import graph as gr
 
-__all__ = ["VaeConfig", "VaeGraph", "PREFIX", "vae_config", "vae_decode", "vae_encode", "tiled_decode",
-           "SCALE_FACTOR", "SDXL_SCALE_FACTOR", "SDXL_CONV_SCALE"]
+__all__ = ["VaeConfig", "VaeGraph", "PREFIX", "vae_config", "vae_decode", "vae_encode", "vae_moments",
+           "tiled_decode", "SCALE_FACTOR", "SDXL_SCALE_FACTOR", "SDXL_CONV_SCALE"]
 
 Tensor = Any
 PREFIX = "first_stage_model."
@@ -155,6 +155,13 @@ def vae_encode(g: Any, weights: Mapping[str, Any], img: Tensor, cfg: VaeConfig |
     Raises:
         ValueError: H or W not divisible by the factor.
     """
+    return vae_moments(g, weights, img, cfg)[0]
+
+
+def vae_moments(g: Any, weights: Mapping[str, Any], img: Tensor,
+                cfg: VaeConfig | None = None) -> tuple[Tensor, Tensor]:
+    """``(mean, logvar)`` of the latent distribution of images (as :func:`vae_encode`;
+    logvar unclamped), each f32 ``(N, latent_channels, H/8, W/8)``."""
     cfg = cfg or vae_config(weights)
     if img.shape[-1] % cfg.factor or img.shape[-2] % cfg.factor:
         raise ValueError(f"vae_encode: image {img.shape[-2]}x{img.shape[-1]} is not divisible "
@@ -177,14 +184,16 @@ def vae_encode(g: Any, weights: Mapping[str, Any], img: Tensor, cfg: VaeConfig |
             h = gr.conv2d(g, h, w[q + "weight"], w[q + "bias"])
     n, c2, hh, ww = h.shape
     zc = c2 // 2
-    return g.cont(g.view(h, (n, zc, hh, ww), (c2 * hh * ww * 4, hh * ww * 4, ww * 4, 4), 0))
+    st = (c2 * hh * ww * 4, hh * ww * 4, ww * 4, 4)
+    return (g.cont(g.view(h, (n, zc, hh, ww), st, 0)),
+            g.cont(g.view(h, (n, zc, hh, ww), st, zc * hh * ww * 4)))
 
 
 class VaeGraph(WholeGraph):
     """The VAE as an engine module graph (:class:`sdplan.core.models.ModuleGraph`): whole,
     no blocks. Input ``z`` f32 ``(N, C, h, w)`` (already divided by the scale factor) gives
     output ``image`` ``(N, 3, 8h, 8w)``; input ``image`` f32 ``(N, 3, H, W)`` in [-1, 1]
-    gives ``mean`` ``(N, C, H/8, W/8)``. ``names``: checkpoint name -> store name.
+    gives ``mean`` and ``logvar`` ``(N, C, H/8, W/8)``. ``names``: checkpoint name -> store name.
     ``conv_scale`` != 1 computes every convolution as ``conv(x * s) / s + bias``
     (:data:`SDXL_CONV_SCALE`, sd-cli's ``--force-sdxl-vae-conv-scale``).
     """
@@ -207,7 +216,8 @@ class VaeGraph(WholeGraph):
             g = _ConvScaled(g, self.conv_scale)
         if "z" in inputs:
             return {"image": vae_decode(g, view, inputs["z"], self.cfg)}
-        return {"mean": vae_encode(g, view, inputs["image"], self.cfg)}
+        mean, logvar = vae_moments(g, view, inputs["image"], self.cfg)
+        return {"mean": mean, "logvar": logvar}
 
 
 class _ConvScaled:

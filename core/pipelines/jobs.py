@@ -22,6 +22,10 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
   (sd-cli's ``--taesd`` without ``--taesd-preview-only``; default False: previews only;
   FLUX.2 klein honours it);
 - ``ref_images``: reference-image paths (sd-cli's ``-r/--ref-image``; FLUX.2 klein edits).
+- ``lora_model_dir``, ``lora_apply_mode``: where the prompt's ``<lora:NAME:W>`` files are
+  and how they apply (:mod:`sdplan.core.pipelines.lora`); ``init_img``, ``mask``,
+  ``strength``: image-to-image and inpainting (:mod:`sdplan.core.pipelines.img2img`). SD and
+  the FLUX.1-family base (FLUX.1, Chroma, Z-Image) take them; FLUX.2 klein refuses them.
 
 Messages: progress ``{"step", "total", "phase"}``, preview ``{"step", "total", "image"}``
 (uint8 (H, W, 3)), and once ``{"phase": "threads", "threads", "reason"}`` (the CPU threads
@@ -44,6 +48,8 @@ from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_mod
 from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
 from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
 from sdplan.core.pipelines.flux2 import KleinModels, KleinPipeline, load_ref_image
+from sdplan.core.pipelines.img2img import request_image_input
+from sdplan.core.pipelines.lora import prompt_loras, refuse_inputs
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
 from sdplan.core.pipelines.sd3 import Sd3Pipeline
@@ -140,7 +146,7 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     threads = start_run(ctx.pool().manager, int(req.get("threads") or 0), ctx.progress)
     req["threads"] = 0  # computes use the backends' count just set: a change reloads nothing
     t0 = time.perf_counter()
-    images, timings = run(ctx, req, files, core, placements, seed)
+    images, timings, info = run(ctx, req, files, core, placements, seed)
     obj = _CACHE.get("obj")
     runners = obj.sd.runners if isinstance(obj, _SdSession) else getattr(obj, "runners", {})
     segments = {m: r.last_segments for m, r in runners.items() if r.last_segments}
@@ -152,9 +158,28 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     timings["total"] = time.perf_counter() - t0
     params = {k: req.get(k) for k in ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale",
                                       "sampling_method", "scheduler", "batch_count", "clip_skip")}
-    params.update(seed=seed, architecture=family if run is not _sd_run or family == "sdxl" else "sd")
+    params.update(seed=seed, architecture=family if run is not _sd_run or family == "sdxl" else "sd", **info)
     return {"images": images, "params": params, "timings": timings, "segments": segments,
             "threads": {"threads": threads.threads, "reason": threads.reason}}
+
+
+def _inputs(pipe: Any, req: Mapping[str, Any], width: int, height: int) -> tuple[str, Any, dict[str, Any]]:
+    """The prompt without its LoRA tags, the image input, and what they applied (LoRAs with
+    mode and keys that patch nothing; strength) after patching ``pipe`` with the LoRAs."""
+    prompt, loras = prompt_loras(req.get("prompt") or "", req.get("lora_model_dir"), pipe.lora_aliases())
+    mode = pipe.set_loras(loras, req.get("lora_apply_mode") or "auto")
+    init = request_image_input(dict(req), width, height)
+    info = _picture_info(req, init)
+    if loras:
+        info.update(loras=pipe.loras.describe(), lora_apply_mode=mode, lora_unknown_keys=pipe.loras.unknown())
+    return prompt, init, info
+
+
+def _picture_info(req: Mapping[str, Any], init: Any) -> dict[str, Any]:
+    """What an image input applied (strength, init picture, mask); empty without one."""
+    if init is None:
+        return {}
+    return {"strength": init.strength, "init_img": req.get("init_img"), "mask": req.get("mask")}
 
 
 def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Callable[[int, np.ndarray], None] | None]:
@@ -172,7 +197,7 @@ def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Ca
 
 
 def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-            placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+            placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
     ov = dict(req.get("overrides") or {})
     threads = int(req.get("threads") or 0)
     taesd = _first(files, "taesd")
@@ -188,8 +213,10 @@ def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], co
     if sess.tae is not None:
         for r in sess.tae.runners.values():
             r.cancel = ctx.cancel
-    p = GenerateParams(req.get("prompt") or "", req.get("negative_prompt") or "", int(req.get("width", 512)),
-                       int(req.get("height", 512)), int(req.get("steps", 20)), float(req.get("cfg_scale", 7.0)),
+    width, height = int(req.get("width", 512)), int(req.get("height", 512))
+    prompt, init, info = _inputs(sess.sd, req, width, height)
+    p = GenerateParams(prompt, req.get("negative_prompt") or "", width,
+                       height, int(req.get("steps", 20)), float(req.get("cfg_scale", 7.0)),
                        seed, req.get("sampling_method") or "euler_a", req.get("scheduler") or "discrete",
                        int(req.get("batch_count") or 1), max(int(req.get("clip_skip") or 0), 0),
                        SamplingOptions.from_request(req))
@@ -197,8 +224,8 @@ def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], co
     images = sess.sd.txt2img(p, on_step, preview, vae_tile=int(req.get("vae_tile_size") or 0) or None,
                              preview_decoder=sess.tae.preview if sess.tae is not None else None,
                              decoder=sess.tae.decode if sess.tae is not None and req.get("taesd_decode")
-                             else None)
-    return images, dict(sess.sd.timings)
+                             else None, init=init)
+    return images, dict(sess.sd.timings), info
 
 
 class _SdSession:
@@ -229,7 +256,7 @@ class _SdSession:
 
 
 def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-              placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+              placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
     need = [k for k in ("diffusion_model", "t5xxl", "clip_l", "vae") if not files.get(k)]
     if need:
         raise ModelFileError("<request>", "a Flux run needs --diffusion-model, --t5xxl, --clip_l and --vae; "
@@ -246,6 +273,7 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
     on_step, preview = _emitters(ctx, req)
     steps = int(req.get("steps") or 0) or DEFAULT_STEPS[pipe.dit.cfg.variant]
     width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
+    prompt, init, info = _inputs(pipe, req, width, height)
     images: list[np.ndarray] = []
     t0 = time.perf_counter()
     for b in range(int(req.get("batch_count") or 1)):
@@ -253,18 +281,18 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
             on_step(i + 1, total)
             if preview is not None:
                 preview(i + 1, rgb)
-        out = pipe.txt2img(req.get("prompt") or "", width, height, steps=steps, seed=seed + b,
+        out = pipe.txt2img(prompt, width, height, steps=steps, seed=seed + b,
                            sampler=req.get("sampling_method") or "euler",
                            guidance=float(req.get("guidance") or 3.5),
-                           t5_length=int(ov.get("t5_length") or 256), preview=cb,
+                           t5_length=int(ov.get("t5_length") or 256), preview=cb, init=init, init_seed=seed,
                            scheduler=req.get("scheduler") or "default",
                            sampling=SamplingOptions.from_request(req))
         images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_flux": time.perf_counter() - t0}
+    return images, {"total_flux": time.perf_counter() - t0}, info
 
 
 def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-                placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+                placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
     need = [k for k in ("diffusion_model", "t5xxl", "vae") if not files.get(k)]
     if need:
         raise ModelFileError("<request>", "a Chroma run needs --diffusion-model, --t5xxl and --vae; "
@@ -279,6 +307,8 @@ def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
     pipe.set_cancel(ctx.cancel)
     on_step, preview = _emitters(ctx, req)
     steps = int(req.get("steps") or 0) or 20
+    width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
+    prompt, init, info = _inputs(pipe, req, width, height)
     images: list[np.ndarray] = []
     t0 = time.perf_counter()
     for b in range(int(req.get("batch_count") or 1)):
@@ -286,18 +316,19 @@ def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
             on_step(i + 1, total)
             if preview is not None:
                 preview(i + 1, rgb)
-        out = pipe.txt2img(req.get("prompt") or "", int(req.get("width", 1024)), int(req.get("height", 1024)),
+        out = pipe.txt2img(prompt, width, height,
                            negative_prompt=req.get("negative_prompt") or "",
                            cfg_scale=float(req.get("cfg_scale", 4.0)), steps=steps, seed=seed + b,
                            sampler=req.get("sampling_method") or "euler", t5_length=int(ov.get("t5_length") or 512),
                            mask_pad=int(ov.get("chroma_t5_mask_pad", 1)),
-                           dit_mask=bool(ov.get("chroma_use_dit_mask", True)), preview=cb)
+                           dit_mask=bool(ov.get("chroma_use_dit_mask", True)), preview=cb, init=init,
+                           init_seed=seed)
         images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_chroma": time.perf_counter() - t0}
+    return images, {"total_chroma": time.perf_counter() - t0}, info
 
 
 def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-                placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+                placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
     need = [k for k in ("diffusion_model", "llm", "vae") if not files.get(k)]
     if need:
         raise ModelFileError("<request>", "a Z-Image run needs --diffusion-model, --llm and --vae; "
@@ -309,6 +340,8 @@ def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
     pipe.set_cancel(ctx.cancel)
     on_step, preview = _emitters(ctx, req)
     steps = int(req.get("steps") or 0) or 8
+    width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
+    prompt, init, info = _inputs(pipe, req, width, height)
     images: list[np.ndarray] = []
     t0 = time.perf_counter()
     for b in range(int(req.get("batch_count") or 1)):
@@ -316,16 +349,17 @@ def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
             on_step(i + 1, total)
             if preview is not None:
                 preview(i + 1, rgb)
-        out = pipe.txt2img(req.get("prompt") or "", int(req.get("width", 1024)), int(req.get("height", 1024)),
+        out = pipe.txt2img(prompt, width, height,
                            steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
                            cfg_scale=float(req.get("cfg_scale") or 1.0),
-                           negative_prompt=req.get("negative_prompt") or "", preview=cb)
+                           negative_prompt=req.get("negative_prompt") or "", preview=cb, init=init, init_seed=seed)
         images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_z_image": time.perf_counter() - t0}
+    return images, {"total_z_image": time.perf_counter() - t0}, info
 
 
 def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-               placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+               placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
+    refuse_inputs(req, "FLUX.2 klein")
     one = _first(files, "model")  # a single file holding all three
     paths = {k: _first(files, k) or one for k in ("diffusion_model", "llm", "vae")}
     need = [k for k, v in paths.items() if not v]
@@ -356,11 +390,12 @@ def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]],
                            ref_images=refs, preview=cb, tae_decode=bool(req.get("taesd_decode") and models.taesd),
                            scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req))
         images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_flux2_klein": time.perf_counter() - t0}
+    return images, {"total_flux2_klein": time.perf_counter() - t0}, {}
 
 
 def _sd3_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-             placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+             placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
+    refuse_inputs(req, "SD3", pictures=False)
     ov = dict(req.get("overrides") or {})
     threads = int(req.get("threads") or 0)
     sd3_files = {k: v for k, v in files.items() if k != "upscale_model"}
@@ -370,6 +405,8 @@ def _sd3_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], c
     pipe.set_cancel(ctx.cancel)
     on_step, preview = _emitters(ctx, req)
     steps = int(req.get("steps") or 0) or 20
+    width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
+    init = request_image_input(dict(req), width, height)
     images: list[np.ndarray] = []
     t0 = time.perf_counter()
     for b in range(int(req.get("batch_count") or 1)):
@@ -377,17 +414,17 @@ def _sd3_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], c
             on_step(i + 1, total)
             if preview is not None:
                 preview(i + 1, rgb)
-        out = pipe.txt2img(req.get("prompt") or "", int(req.get("width", 1024)), int(req.get("height", 1024)),
+        out = pipe.txt2img(req.get("prompt") or "", width, height,
                            negative_prompt=req.get("negative_prompt") or "", cfg_scale=float(req.get("cfg_scale", 7.0)),
                            steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
                            clip_skip=int(req.get("clip_skip") or 0), preview=cb,
                            scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req),
-                           slg=SkipLayerGuidance.from_request(req))
+                           slg=SkipLayerGuidance.from_request(req), init=init, init_seed=seed)
         images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_sd3": time.perf_counter() - t0}
+    return images, {"total_sd3": time.perf_counter() - t0}, _picture_info(req, init)
 
 
-def _flux2_dev_run(*_: Any) -> tuple[list[np.ndarray], dict[str, float]]:
+def _flux2_dev_run(*_: Any) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
     raise ModelFileError("<request>", "FLUX.2 [dev] (48 single blocks, Mistral Small 3.2 text encoder) is "
                                       "recognised but sdplan generates with FLUX.2 klein only")
 

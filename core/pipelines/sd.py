@@ -31,13 +31,22 @@ from typing import Any
 import numpy as np
 from sdplan.core.errors import InvalidArgument, ModelFileError
 from sdplan.core.modelfiles.checkpoint import ModelSet, read_model_files
+from sdplan.core.modelfiles.lora_names import AliasTable, aliases_for_family
 from sdplan.core.models import clip as clip_m
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
 from sdplan.core.pipelines.base import Pipeline, module_placements
+from sdplan.core.pipelines.img2img import (
+    ImageInput,
+    blended_denoiser,
+    dilate,
+    latent_mask,
+    sample_latent,
+    truncate_sigmas,
+)
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.runtime.weights import WeightFile
-from sdplan.core.sampling.noise import initial_latent
+from sdplan.core.sampling.noise import NoiseSource, initial_latent, make_noise
 from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
 from sdplan.core.sampling.samplers import sample
@@ -270,10 +279,13 @@ class StableDiffusion(Pipeline):
             yield run
 
     def denoiser(self, unet: Callable[..., np.ndarray], cond: Cond | np.ndarray,
-                 uncond: Cond | np.ndarray | None, cfg_scale: float) -> Denoiser:
+                 uncond: Cond | np.ndarray | None, cfg_scale: float,
+                 concat: np.ndarray | None = None) -> Denoiser:
         """A k-diffusion style denoiser (eps or v :func:`~sdplan.core.sampling.schedules.scalings`);
         with CFG both halves run as one batch: ``u + cfg (c - u)``. ``cond``/``uncond``: the
-        context ``(1, S, D)`` or a :data:`Cond` of one-row arrays (repeated per latent)."""
+        context ``(1, S, D)`` or a :data:`Cond` of one-row arrays (repeated per latent).
+        ``concat`` ``(N, C, h, w)`` joins the scaled latent as extra input channels
+        (inpainting UNets)."""
         guided = uncond is not None and cfg_scale != 1.0
         c = _as_cond(cond)
         u = _as_cond(uncond) if uncond is not None else None
@@ -282,6 +294,8 @@ class StableDiffusion(Pipeline):
             c_skip, c_out, c_in = scalings(float(sigma), self.prediction)
             t = np.float32(self.schedule.sigma_to_t(float(sigma)))
             x_in = (x * c_in).astype(np.float32)
+            if concat is not None:
+                x_in = np.concatenate([x_in, concat], 1)
             n = x.shape[0]
             if guided:
                 assert u is not None
@@ -297,6 +311,8 @@ class StableDiffusion(Pipeline):
             c_skip, c_out, c_in = scalings(float(sigma), self.prediction)
             t = np.float32(self.schedule.sigma_to_t(float(sigma)))
             x_in = (x * c_in).astype(np.float32)
+            if concat is not None:
+                x_in = np.concatenate([x_in, concat], 1)
             n = x.shape[0]
             if not guided:
                 d = denoise(x, sigma)
@@ -335,6 +351,55 @@ class StableDiffusion(Pipeline):
         img = np.ascontiguousarray(img, dtype=np.float32)
         return self.runners["vae"].run({"image": img})["mean"]
 
+    def encode_sample(self, img: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """Images ``(1, 3, H, W)`` in [-1, 1] -> a draw of their latent distribution with
+        standard normal ``noise`` ``(1, 4, H/8, W/8)``, times the scale factor (SD's 0.18215,
+        SDXL's 0.13025): the
+        diffusion model's latent (:func:`~sdplan.core.pipelines.img2img.sample_latent`)."""
+        t0 = time.perf_counter()
+        out = self.runners["vae"].run({"image": np.ascontiguousarray(img, dtype=np.float32)})
+        self.timings["encode"] = self.timings.get("encode", 0.0) + time.perf_counter() - t0
+        return sample_latent(out["mean"], out["logvar"], noise) * np.float32(self.scale_factor)
+
+    @property
+    def inpaint(self) -> bool:
+        """An inpainting checkpoint: its UNet takes 9 input channels (latent, mask, masked
+        image latent)."""
+        return self.unet_cfg.in_channels == 9
+
+    def lora_aliases(self) -> AliasTable:
+        """The LoRA names of this checkpoint's UNet and text encoder
+        (:func:`~sdplan.core.modelfiles.lora_names.sd_aliases`)."""
+        names = {m: [t.info.name for t in self.ms.module_tensors(m)] for m in ("diffusion", "te")}
+        shapes = {t.info.name: tuple(t.info.shape) for t in self.ms.tensors}
+        return aliases_for_family(self.family, names, shapes)
+
+    def _image_latents(self, init: ImageInput | None, shape: tuple[int, ...],
+                       gen: NoiseSource) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """``(init latent, blend mask, extra UNet channels)`` for ``init`` at the latent
+        ``shape`` (module docstring of :mod:`sdplan.core.pipelines.img2img`); ``gen`` is a
+        fresh generator of the request's seed (sd-cli samples the encoder's distribution with
+        the seed's RNG before it draws the starting noise)."""
+        if init is None and not self.inpaint:
+            return None, None, None
+        init = init or ImageInput()
+        n, _, h, w = shape
+        f = self.vae_cfg.factor
+        lat_shape = (1, self.vae_cfg.latent_channels, h, w)
+        first = gen(lat_shape)
+        lat = self.encode_sample(init.image, first) if init.image is not None else None
+        pix = init.mask if init.mask is not None else np.ones((1, 1, h * f, w * f), np.float32)
+        m = latent_mask(pix, f)
+        concat = None
+        if self.inpaint:
+            masked = (self.encode_sample(init.image * (1.0 - pix), gen(lat_shape))
+                      if init.image is not None else np.zeros(lat_shape, np.float32))
+            concat = np.repeat(np.concatenate([m, masked], 1), n, 0)
+            m = dilate(m)
+        if lat is None:
+            lat = np.zeros(lat_shape, np.float32)
+        return np.repeat(lat, n, 0), (np.repeat(m, n, 0) if init.mask is not None or self.inpaint else None), concat
+
     # ------------------------------------------------------------------ txt2img
 
     def txt2img(self, p: GenerateParams,
@@ -343,8 +408,13 @@ class StableDiffusion(Pipeline):
                 noise: np.ndarray | None = None, sigmas: np.ndarray | None = None,
                 vae_tile: int | None = None,
                 preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None,
-                decoder: Callable[[np.ndarray], np.ndarray] | None = None) -> list[np.ndarray]:
+                decoder: Callable[[np.ndarray], np.ndarray] | None = None,
+                init: ImageInput | None = None) -> list[np.ndarray]:
         """Generate ``p.batch`` images; returns ``(H, W, 3)`` uint8 arrays.
+
+        ``init`` makes it image-to-image / inpainting (:mod:`sdplan.core.pipelines.img2img`):
+        its picture (``(1, 3, H, W)`` in [-1, 1], the generation's size) is encoded by the
+        VAE, the schedule truncated by its strength, the latents outside its mask kept.
 
         ``on_step(step, total, latent)`` after every sampler step; ``preview(step, rgb)``
         with uint8 ``(h, w, 3)`` of the first image's denoised latent: the cheap
@@ -368,15 +438,20 @@ class StableDiffusion(Pipeline):
         t0 = time.perf_counter()
         cond, uncond = self.conditioning(p)
         self.timings["text_encode"] = time.perf_counter() - t0
-        shape = (p.batch, self.unet_cfg.in_channels, p.height // self.vae_cfg.factor,
+        shape = (p.batch, self.vae_cfg.latent_channels, p.height // self.vae_cfg.factor,
                  p.width // self.vae_cfg.factor)
         gen, sampler_noise, planned = prepare(p.sampling, p.seed, p.steps, p.scheduler,
                                               self.schedule, self.family)
+        init_lat, mask, concat = self._image_latents(init, shape, make_noise(p.sampling.rng, p.seed))
         if noise is None:
             noise = gen(shape)
         if sigmas is None:
             sigmas = planned
-        x = initial_latent(noise, sigmas)
+        if init is not None and init.image is not None and init_lat is not None:
+            sigmas = truncate_sigmas(sigmas, init.strength)
+            x = (init_lat + noise * np.float32(sigmas[0])).astype(np.float32)  # sd-cli's noise_scaling
+        else:
+            x = initial_latent(noise, sigmas)
         total = len(sigmas) - 1
 
         def cb(i: int, xi: np.ndarray, den: np.ndarray) -> None:
@@ -388,7 +463,9 @@ class StableDiffusion(Pipeline):
 
         t0 = time.perf_counter()
         with self.unet_session() as unet:
-            den = self.denoiser(unet, cond, uncond, p.cfg_scale)
+            den = self.denoiser(unet, cond, uncond, p.cfg_scale, concat)
+            if mask is not None and init_lat is not None:
+                den = blended_denoiser(den, init_lat, mask)
             latent = sample(p.sampler, den, x, sigmas, noise=sampler_noise, callback=cb,
                             schedule=self.schedule, eta=p.sampling.eta, extra=p.sampling.extra)
         self.timings["sampling"] = time.perf_counter() - t0

@@ -12,7 +12,9 @@ flow map; the DiT takes the timestep ``1000 sigma``. With ``cfg_scale != 1`` eve
 the DiT on the prompt and on the negative prompt and takes ``uncond + cfg (cond - uncond)``.
 Latent scaling of the SD3 autoencoder: ``z_model = (z_vae - 0.0609) * 1.5305`` (SD3's VAE
 config: ``scaling_factor`` 1.5305, ``shift_factor`` 0.0609). Defaults as sd-cli: 20 steps,
-euler, CFG 7.
+euler, CFG 7. Image to image and inpainting come from the FLUX.1-family base (the init
+picture encoded by the SD3 autoencoder's encoder, at SD3's latent scaling); LoRAs are refused
+(:meth:`Sd3Pipeline.lora_aliases`).
 
 Modules: ``diffusion`` (the MMDiT; its joint blocks are the layer-split blocks), ``te`` (T5-XXL
 split; both CLIPs on te's main device), ``vae`` (and a TAESD3 preview decoder), each per its
@@ -26,11 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import InvalidArgument, ModelFileError
+from sdplan.core.errors import InvalidArgument, ModelFileError, SdplanError
 from sdplan.core.modelfiles.checkpoint import read_model_files
+from sdplan.core.modelfiles.lora_names import AliasTable
 from sdplan.core.models.mmdit import MMDiT, unpatch
 from sdplan.core.pipelines.base import module_placements
 from sdplan.core.pipelines.flux_base import FluxFamilyPipeline, shapes
+from sdplan.core.pipelines.img2img import ImageInput
 from sdplan.core.pipelines.sd3_conditioner import CHUNK, Sd3Conditioner
 from sdplan.core.sampling.flow import discrete_flow_sigmas
 from sdplan.core.sampling.slg import SkipLayerGuidance
@@ -110,6 +114,15 @@ class Sd3Pipeline(FluxFamilyPipeline):
         """``(context (1, 154 K, 4096), pooled (1, 2048))`` float32 of ``prompt``."""
         return self.cond.encode(prompt, clip_skip)
 
+    def lora_aliases(self) -> AliasTable:
+        """SD3 takes no LoRA in sdplan yet (the MMDiT's fused attention weights have no LoRA
+        name table).
+
+        Raises:
+            SdplanError: always.
+        """
+        raise SdplanError("SD3 takes no LoRAs in sdplan yet")
+
     def velocity(self, x: np.ndarray, sigma: float, context: np.ndarray, pooled: np.ndarray | None,
                  guidance: float | None = None) -> np.ndarray:
         """The MMDiT's velocity for latent ``x`` ``(1, 16, H, W)`` at ``sigma``."""
@@ -140,7 +153,8 @@ class Sd3Pipeline(FluxFamilyPipeline):
                 cfg_scale: float = DEFAULT_CFG, steps: int | None = None, seed: int = 42, sampler: str = "euler",
                 clip_skip: int = 0, noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None, scheduler: str = "default",
-                sampling: Any = None, slg: SkipLayerGuidance | None = None) -> dict[str, np.ndarray]:
+                sampling: Any = None, slg: SkipLayerGuidance | None = None, init: ImageInput | None = None,
+                init_seed: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -157,14 +171,19 @@ class Sd3Pipeline(FluxFamilyPipeline):
             sampling: ``SamplingOptions`` (``--flow-shift``, ``--eta``, ``--sigmas``, ``--rng``...).
             slg: skip-layer guidance (:mod:`sdplan.core.sampling.slg`): on the steps of its
                 window a third DiT pass on the prompt with its blocks passed through, on the same
-                loaded weights; ``pred += scale (cond - skip)`` after CFG, as sd-cli.
+                loaded weights; ``pred += scale (cond - skip)`` after CFG, as sd-cli (its window
+                counts the steps that run: the truncated schedule's with an init picture).
+            init: image to image / inpainting (picture ``(1, 3, H, W)`` in [-1, 1], optional
+                mask, strength), as :class:`~sdplan.core.pipelines.flux_base.FluxFamilyPipeline`
+                does it; ``init_seed`` (default ``seed``) seeds the init latent's draw.
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
 
         Raises:
             InvalidArgument: a bad size, a non-finite ``cfg_scale``, skip layers outside the
-                MMDiT's blocks; SamplingError.
+                MMDiT's blocks; SdplanError: an init picture of the wrong size or an
+                autoencoder without its encoder; SamplingError.
         """
         h, w = self._latent_size(width, height, self.vae_cfg.factor)
         if not np.isfinite(cfg_scale):
@@ -197,4 +216,4 @@ class Sd3Pipeline(FluxFamilyPipeline):
 
         return self._sample(vel, h, w, steps or DEFAULT_STEPS, shift=False, seed=seed, sampler=sampler,
                             noise=noise, preview=preview, scheduler=scheduler, sampling=sampling,
-                            flow_shift=FLOW_SHIFT, step_hook=hook)
+                            flow_shift=FLOW_SHIFT, init=init, init_seed=init_seed, step_hook=hook)

@@ -12,12 +12,14 @@ Three parts per module and device (bytes):
 - **segments**: with a ``--max-vram`` budget on a single runtime device and units to cut at
   (the blocks, or a UNet's engine stages: input blocks, middle block, output blocks), the
   engine runs the module in segments packed in order so that the fixed bytes (everything
-  but the units) + segment + compute fit the budget (a unit larger than that is one
+  but the units) + at-runtime LoRA + segment + compute fit the budget (a unit larger than that is one
   segment). Only the fixed bytes plus the largest segment are there at once: the fixed
   bytes are the weights (``runtime``) or staged (``device``/``disk``), the segment is
   staging. A module that fits in one segment keeps its weights as without a budget.
 - **compute**: the graph's compute buffer, estimated from the architecture below. A split
   module needs it on each of its devices (each runs whole layers).
+- **lora**: at-runtime LoRA tensors, resident beside the blocks they patch
+  (:mod:`sdplan.core.planning.adapters`; merged LoRAs take no device memory).
 
 The compute part is for the engine that runs the plan (``engine``): sdplan's own engine
 (a dry-run reserve of its graphs when the caller measured one, else figures fitted to those
@@ -25,7 +27,7 @@ graphs, :mod:`sdplan.core.planning.engine_compute`), or sd-cli (the formula belo
 without ``--diffusion-fa``). :attr:`FitReport.engine` and :attr:`FitReport.compute_source`
 say which.
 
-A device's total is its resident weights of every module plus the largest
+A device's total is its resident weights and LoRA tensors of every module plus the largest
 ``staging + compute`` of one module, because sd-cli runs the modules one after another.
 
 Compute-buffer formula (bytes, F32 activations, without flash attention)::
@@ -71,6 +73,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sdplan.core.planning.adapters import LoraProfile, lora_device_bytes
 from sdplan.core.planning.engine_compute import sdplan_compute_bytes
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB
@@ -143,12 +146,13 @@ class ModuleEstimate:
     weights: dict[str, int] = field(default_factory=dict)
     staging: dict[str, int] = field(default_factory=dict)
     compute: dict[str, int] = field(default_factory=dict)
+    lora: dict[str, int] = field(default_factory=dict)
     #: bytes of each ``--max-vram`` segment, in execution order; empty when not segmented.
     segments: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, object]:
         d: dict[str, object] = {"mode": self.mode, "devices": list(self.devices), "weights": self.weights,
-                                "staging": self.staging, "compute": self.compute}
+                                "staging": self.staging, "compute": self.compute, "lora": self.lora}
         if self.segments:
             d["segments"] = list(self.segments)
         return d
@@ -165,10 +169,11 @@ class DeviceTotals:
     total: int
     free: int
     budget: int
+    lora: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {"weights": self.weights, "staging": self.staging, "compute": self.compute,
-                "total": self.total, "free": self.free, "budget": self.budget}
+                "lora": self.lora, "total": self.total, "free": self.free, "budget": self.budget}
 
 
 @dataclass(frozen=True)
@@ -296,7 +301,8 @@ def module_compute(module: str, mp: ModuleProfile, architecture: str | None, *, 
 def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
                   width: int = 512, height: int = 512, batch: int = 1, engine: str = "sdplan",
                   measured: Mapping[str, int] | None = None,
-                  flags: RuntimeFlags | None = None) -> FitReport:
+                  flags: RuntimeFlags | None = None,
+                  loras: Mapping[str, LoraProfile] | None = None) -> FitReport:
     """Estimate a resolved plan's memory per module and device and say whether it fits.
 
     Args:
@@ -311,6 +317,8 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         measured: module -> compute bytes measured by a dry-run reserve of sdplan's engine.
         flags: estimate the sd-cli command run with these flags (module docstring; flash
             attention per module, im2col columns, mmap); given, the engine is sd-cli's.
+        loras: per module, the at-runtime LoRA bytes kept on its devices (None or absent:
+            none, as for merged LoRAs).
 
     Returns:
         A :class:`FitReport`; ``fits`` is False when a device's total exceeds its free
@@ -363,12 +371,14 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
             if mode == "device" and mplan.params.device:
                 weights = {mplan.params.device: mp.total}
             staging = dict(placed)
+        lp = (loras or {}).get(name)
+        lora = lora_device_bytes(mplan, lp) if lp is not None else {}
         segs: list[int] = []
         budget = budgets.get(main, 0)
         units = mp.blocks or mp.stages
-        if len(devs) == 1 and budget > 0 and units:
+        if len(devs) == 1 and budget > 0 and units:  # at-runtime LoRA stays beside the fixed bytes
             fixed = mp.total - sum(units)
-            segs = segments(units, fixed, budget, comp)
+            segs = segments(units, fixed, budget, comp + lora.get(main, 0))
             if len(segs) > 1 and mode == "runtime":
                 weights, staging = {main: fixed}, {main: max(segs)}
             elif len(segs) > 1:
@@ -376,7 +386,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         compute = {d: comp for d in (devs if mplan.ranges else devs[:1])}
         if flags is not None and flags.mmap:  # CPU-kept weights are mapped file pages
             weights = {d: b for d, b in weights.items() if not _is_cpu(inventory, d)}
-        mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute,
+        mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute, lora,
                                     tuple(segs) if len(segs) > 1 else ())
     report = _totals(mods, inventory, budgets, width, height, batch)
     return dataclasses.replace(report, engine="sd-cli" if flags is not None else engine,
@@ -393,18 +403,20 @@ def _totals(mods: dict[str, ModuleEstimate], inventory: Inventory, budgets: dict
     reasons: list[str] = []
     for dev in inventory:
         w = sum(e.weights.get(dev.name, 0) for e in mods.values())
+        lora = sum(e.lora.get(dev.name, 0) for e in mods.values())
         transient = [(e.staging.get(dev.name, 0), e.compute.get(dev.name, 0))
                      for e in mods.values()]
         peak = max(transient, key=sum, default=(0, 0))
-        if not (w or sum(peak)):
+        if not (w or lora or sum(peak)):
             continue
         budget = budgets.get(dev.name, 0)
-        t = DeviceTotals(dev.name, w, peak[0], peak[1], w + sum(peak), dev.free, budget)
+        t = DeviceTotals(dev.name, w, peak[0], peak[1], w + lora + sum(peak), dev.free, budget, lora)
         devices[dev.name] = t
         if t.total > t.free:
             reasons.append(f"{dev.name}: needs {t.total / GIB:.2f} GiB (weights "
                            f"{w / GIB:.2f}, staging {peak[0] / GIB:.2f}, compute "
-                           f"{peak[1] / GIB:.2f}) but has {t.free / GIB:.2f} GiB free")
+                           f"{peak[1] / GIB:.2f}{f', LoRA {lora / GIB:.2f}' if lora else ''}) "
+                           f"but has {t.free / GIB:.2f} GiB free")
         elif budget > 0 and t.total > budget:
             reasons.append(f"{dev.name}: needs {t.total / GIB:.2f} GiB, over its --max-vram "
                            f"budget of {budget / GIB:.2f} GiB")

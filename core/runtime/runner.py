@@ -93,16 +93,19 @@ class ModulePlacement:
 @dataclass
 class DeviceMemory:
     """Bytes allocated on one device: resident or transient ``weights``, ``staging`` copies
-    of weights from a params device, ``compute`` buffers of graphs."""
+    of weights from a params device, ``compute`` buffers of graphs, ``lora`` tensors added
+    at runtime (:mod:`sdplan.core.runtime.lora`)."""
 
     weights: int = 0
     staging: int = 0
     compute: int = 0
+    lora: int = 0
 
     def peak(self, other: DeviceMemory) -> None:
         self.weights = max(self.weights, other.weights)
         self.staging = max(self.staging, other.staging)
         self.compute = max(self.compute, other.compute)
+        self.lora = max(self.lora, other.lora)
 
 
 class Cancelled(EngineError):
@@ -169,7 +172,7 @@ class BackendPool:
 @dataclass
 class _Buf:
     device: str
-    kind: str  # weights | staging
+    kind: str  # weights | staging | lora
     wb: Any
     keep: bool = False  # survives the end of a run
 
@@ -218,8 +221,42 @@ class ModuleRunner:
         #: segments the last run was cut into (0: not segmented).
         self.last_segments = 0
         self._peak: dict[str, DeviceMemory] = {}
+        #: LoRA patches of this module (:class:`sdplan.core.runtime.lora.ModuleLora`), see :meth:`set_lora`.
+        self.lora: Any = None
+        self._lora_store: Any = None
         for dev, names in self._groups().items():
             self.rt.plan(names, self.pool.get(dev))
+
+    def set_lora(self, lora: Any) -> None:
+        """Apply ``lora`` (a :class:`~sdplan.core.runtime.lora.ModuleLora`, None: none) from the
+        next run on: every buffer is freed (merged weights are read again), graphs are
+        rebuilt; at-runtime LoRA tensors go beside their weights, on each block's device."""
+        self.release()
+        self._graphs.clear()
+        self._segs.clear()
+        self.lora, self._lora_store = lora, None
+        if lora is not None and lora.runtime:
+            arrays = lora.arrays()
+            wf = WeightFile.from_arrays(arrays, f"LoRA of {self.name}", dtypes=lora.dtypes())
+            self._lora_store = (wf, wf.new_store())
+            for dev, names in self._lora_groups().items():
+                self._lora_store[1].plan(names, self.pool.get(dev))
+
+    def _lora_groups(self) -> dict[str, list[str]]:
+        """Runtime device -> at-runtime LoRA tensor names (resident where their weights run)."""
+        if self._lora_store is None:
+            return {}
+        groups = ({self.main: [n for ns in self._groups().values() for n in ns]} if self.segmented
+                  else self._groups())
+        out = {dev: self.lora.tensor_names(names) for dev, names in groups.items()}
+        return {d: n for d, n in out.items() if n}
+
+    def _weight(self, name: str) -> Any:
+        """The tensor graphs use for weight ``name`` (with its at-runtime LoRA beside it)."""
+        t = self.rt.tensor(name)
+        if self._lora_store is None:
+            return t
+        return self.lora.wrap(name, t, self._lora_store[1].tensor)
 
     # ------------------------------------------------------------------ weights
 
@@ -248,6 +285,8 @@ class ModuleRunner:
         else:
             buf = self._alloc(self.rt, names, device, "weights", keep)
             self.wf.read(self.rt, names)
+            if self.lora is not None and not self.lora.runtime:
+                self.lora.merge(self.rt, names)  # disk residency: merged on every load
         self._snapshot()
         return buf
 
@@ -263,6 +302,13 @@ class ModuleRunner:
             names = list(self.wf.infos)
             self._alloc(self.params, names, self.pl.params_device or self.main, "weights", True)
             self.wf.read(self.params, names)
+            if self.lora is not None and not self.lora.runtime:
+                self.lora.merge(self.params, names)
+        if self._lora_store is not None and not any(b.kind == "lora" for b in self._bufs):
+            wf, store = self._lora_store
+            for dev, names in self._lora_groups().items():
+                self._alloc(store, names, dev, "lora", True)
+                wf.read(store, names)
         if self.mode == "runtime":
             groups = ({self.main: self.model.other_tensors()} if self.segmented else self._groups())
             for dev, names in groups.items():
@@ -373,7 +419,7 @@ class ModuleRunner:
         devs = list(dict.fromkeys([self.main, *self.block_device]))
         g, names = self._new_graph(devs)
         idx = {d: names.index(d) for d in devs}
-        w = self.rt.tensor
+        w = self._weight
         with gr.on(g, 0):
             ins = {k: g.input(k, s, dt) for k, (s, dt) in self.model.input_specs(shapes).items()}
             state = self.model.build_pre(g, w, ins)
@@ -439,6 +485,8 @@ class ModuleRunner:
         backend = self.pool.get(self.main)
         compute = self.measure(shapes).get(self.main, 0)
         other = self.rt.alloc_size(self.model.other_tensors(), backend)
+        if self._lora_store is not None:  # resident beside the non-block weights
+            other += sum(self._lora_store[1].alloc_size(n, backend) for n in self._lora_groups().values())
         sizes = [self.rt.alloc_size(self.model.block_tensors(i), backend) for i in range(self.model.n_blocks)]
         avail = self.pl.budget - other - compute
         first = 0
@@ -481,7 +529,7 @@ class ModuleRunner:
         if seg.graph is not None:
             return seg.graph
         g, seg.devices = self._new_graph([self.main])
-        w = self.rt.tensor
+        w = self._weight
         if first:
             ins = {k: g.input(k, s, dt) for k, (s, dt) in self.model.input_specs(shapes).items()}
             state = self.model.build_pre(g, w, ins)
