@@ -155,6 +155,8 @@ class GenerationPanel(QFrame):
         self.size_preset = QComboBox()
         self.size_preset.setToolTip("Sizes the loaded model was trained for")
         self.size_preset.activated.connect(self._apply_preset)
+        for box in (self.width_box, self.height_box):
+            box.valueChanged.connect(self._show_preset)
         form.addRow("Preset", self.size_preset)
         self.steps = QSpinBox()
         self.steps.setRange(1, 200)
@@ -291,6 +293,13 @@ class GenerationPanel(QFrame):
         for w, h in sizes:
             self.size_preset.addItem(f"{w} × {h}", (w, h))
         self.size_preset.setEnabled(bool(sizes))
+        self._show_preset()
+
+    def _show_preset(self) -> None:
+        """Select the preset the size boxes hold, or "custom"."""
+        size = (self.width_box.value(), self.height_box.value())
+        found = [i for i in range(self.size_preset.count()) if self.size_preset.itemData(i) == size]
+        self.size_preset.setCurrentIndex(found[0] if found else 0)
 
     def _apply_preset(self, index: int) -> None:
         size = self.size_preset.itemData(index)

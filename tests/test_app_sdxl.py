@@ -54,9 +54,17 @@ def test_generation_panel_offers_sdxl_sizes(win) -> None:
     win.ctl.plan_for_builtin("sdxl-base-q8_0")
     items = [panel.size_preset.itemText(i) for i in range(panel.size_preset.count())]
     assert items[:3] == ["custom", "1024 × 1024", "1152 × 896"] and "832 × 1216" in items
+    # sd-cli's defaults for UNet models, at the size SDXL was trained at; the preset shows it
+    assert (panel.cfg.value(), panel.steps.value(), panel.sampler.currentText()) == (7.0, 20, "euler_a")
+    assert panel.size_preset.currentText() == "1024 × 1024"
     i = items.index("1216 × 832")
     panel.size_preset.activated.emit(i)
     assert (panel.width_box.value(), panel.height_box.value()) == (1216, 832)
     assert win.ctl.generation["width"] == 1216 and win.ctl.generation["height"] == 832
+    assert panel.size_preset.currentText() == "1216 × 832"
+    panel.width_box.setValue(1280)
+    assert panel.size_preset.currentText() == "custom"
     win.ctl.plan_for_builtin("sd15-f16")
     assert panel.size_preset.itemText(1) == "512 × 512"
+    assert (panel.width_box.value(), panel.height_box.value(), panel.cfg.value()) == (512, 512, 7.0)
+    assert panel.size_preset.currentText() == "512 × 512"

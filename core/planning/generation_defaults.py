@@ -26,6 +26,9 @@ FAMILY_DEFAULTS: dict[str, dict[str, object]] = {
     "z_image": {"cfg_scale": 1.0, "steps": 8, "sampling_method": "euler"},
     "flux2_klein": {"cfg_scale": 1.0, "steps": 4, "sampling_method": "euler"},
     "sd3": {"cfg_scale": 4.5, "steps": 20, "sampling_method": "euler"},
+    "sd1": {"cfg_scale": 7.0, "steps": 20, "sampling_method": "euler_a", "width": 512, "height": 512},
+    "sd2": {"cfg_scale": 7.0, "steps": 20, "sampling_method": "euler_a", "width": 512, "height": 512},
+    "sdxl": {"cfg_scale": 7.0, "steps": 20, "sampling_method": "euler_a", "width": 1024, "height": 1024},
 }
 
 
