@@ -115,6 +115,7 @@ class PlanController(QObject):
         self.kept_args: list[str] = []
         self.generation_text: dict[str, str] = {}
         self.undo_stack = QUndoStack(self)
+        self._lora_cache: tuple[object, dict | None] = (None, None)
         self.error: PlanError | None = None
         self.fit = None
         self._effects: dict[str, dict[str, dict[str, int]]] = {}
@@ -237,7 +238,8 @@ class PlanController(QObject):
         try:
             self.fit = estimate_plan(self.plan, self.profile, self.inventory,
                                      width=size[0], height=size[1], batch=size[2],
-                                     engine="sdplan", measured=self._measured(size))
+                                     engine="sdplan", measured=self._measured(size),
+                                     loras=self._loras())
         except ValueError as exc:
             self.status.emit(f"estimate unavailable: {exc}")
 
@@ -259,6 +261,26 @@ class PlanController(QObject):
                 log.info("no dry run of the engine: %s", exc)
                 cache[key] = None
         return cache[key]
+
+    def _loras(self) -> dict | None:
+        """At-runtime LoRA bytes per module for the prompt's tags (None without LoRAs or
+        when they cannot be planned: the reason goes to the status bar)."""
+        from sdplan.core.pipelines.inputs import plan_loras
+
+        g = self.generation
+        prompt = str(g.get("prompt") or "")
+        if "<lora:" not in prompt or not self.model_files:
+            return None
+        key = (prompt, g.get("lora_model_dir"), g.get("lora_apply_mode"), repr(self.model_files), self.plan.placement)
+        if self._lora_cache[0] != key:
+            try:
+                planned = plan_loras(prompt, str(g.get("lora_model_dir") or "."),
+                                     str(g.get("lora_apply_mode") or "auto"), self.model_files, self.plan)
+                self._lora_cache = (key, planned.profiles)
+            except (SdplanError, OSError, ValueError) as exc:
+                self.status.emit(f"LoRA not counted in the estimate: {exc}")
+                self._lora_cache = (key, None)
+        return self._lora_cache[1]
 
     def _apply(self, placement: Placement, source: str) -> None:
         """Resolve ``placement`` and make it current (called by undo commands)."""

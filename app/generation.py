@@ -36,9 +36,12 @@ from PySide6.QtWidgets import (
 )
 from sdplan.app.controller import PlanController
 from sdplan.app.history_strip import HistoryStrip
+from sdplan.app.inputs import InputsPanel
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
+from sdplan.core.errors import SdplanError
 from sdplan.core.pipelines.outputs import atomic_write
 from sdplan.core.pipelines.results import generation_text, read_result
+from sdplan.core.planning.sizes import recommended_sizes
 from sdplan.core.sampling.samplers import SAMPLERS as CORE_SAMPLERS
 from sdplan.core.sampling.schedules import SCHEDULES as CORE_SCHEDULES
 
@@ -149,6 +152,12 @@ class GenerationPanel(QFrame):
         size.addWidget(QLabel("×"))
         size.addWidget(self.height_box, 1)
         form.addRow("Size", size)
+        self.size_preset = QComboBox()
+        self.size_preset.setToolTip("Sizes the loaded model was trained for")
+        self.size_preset.activated.connect(self._apply_preset)
+        for box in (self.width_box, self.height_box):
+            box.valueChanged.connect(self._show_preset)
+        form.addRow("Preset", self.size_preset)
         self.steps = QSpinBox()
         self.steps.setRange(1, 200)
         self.cfg = QDoubleSpinBox()
@@ -185,6 +194,9 @@ class GenerationPanel(QFrame):
         self.batch.setRange(1, 64)
         form.addRow("Batch", self.batch)
         lay.addLayout(form)
+        #: LoRAs and the picture to start from (sdplan.app.inputs).
+        self.inputs = InputsPanel(self._insert_tag, self._model_family, self._lora_table)
+        lay.addWidget(self.inputs)
         buttons = QHBoxLayout()
         self.generate_btn = QPushButton("Generate")
         self.generate_btn.setObjectName("Primary")
@@ -242,9 +254,14 @@ class GenerationPanel(QFrame):
         self.schedule.currentTextChanged.connect(self._sync)
         self.prompt.textChanged.connect(self._sync)
         self.negative.textChanged.connect(self._sync)
+        self.inputs.changed.connect(self._sync)
         controller.modelChanged.connect(self.update_state)
+        controller.modelChanged.connect(self._fill_presets)
+        controller.modelChanged.connect(self._model_changed)
+        self._fill_presets()
         controller.planChanged.connect(self._from_controller)
         self._load_history()
+        self._model_changed()
         self.update_state()
 
     # ------------------------------------------------------------------ settings
@@ -265,6 +282,30 @@ class GenerationPanel(QFrame):
             self.prompt.setPlainText(str(g.get("prompt") or ""))
         if self.negative.toPlainText() != str(g.get("negative_prompt") or ""):
             self.negative.setPlainText(str(g.get("negative_prompt") or ""))
+        self.inputs.load(g)
+
+    def _fill_presets(self) -> None:
+        """The size presets of the loaded model's family (SDXL's buckets for SDXL)."""
+        prof = self.ctl.profile
+        sizes = recommended_sizes(prof.architecture if prof is not None else None)
+        self.size_preset.clear()
+        self.size_preset.addItem("custom" if sizes else "no presets for this model", None)
+        for w, h in sizes:
+            self.size_preset.addItem(f"{w} × {h}", (w, h))
+        self.size_preset.setEnabled(bool(sizes))
+        self._show_preset()
+
+    def _show_preset(self) -> None:
+        """Select the preset the size boxes hold, or "custom"."""
+        size = (self.width_box.value(), self.height_box.value())
+        found = [i for i in range(self.size_preset.count()) if self.size_preset.itemData(i) == size]
+        self.size_preset.setCurrentIndex(found[0] if found else 0)
+
+    def _apply_preset(self, index: int) -> None:
+        size = self.size_preset.itemData(index)
+        if size:
+            self.width_box.setValue(size[0])
+            self.height_box.setValue(size[1])
 
     def _from_controller(self, source: str) -> None:
         if source == "load":  # a pasted command or imported plan brings settings
@@ -281,7 +322,51 @@ class GenerationPanel(QFrame):
                 "width": self.width_box.value(), "height": self.height_box.value(),
                 "steps": self.steps.value(), "cfg_scale": self.cfg.value(),
                 "seed": self.seed.value(), "sampling_method": self.sampler.currentText(),
-                "scheduler": self.schedule.currentText(), "batch_count": self.batch.value()}
+                "scheduler": self.schedule.currentText(), "batch_count": self.batch.value(),
+                **self._inputs()}
+
+    def _inputs(self) -> dict[str, Any]:
+        """The inputs' keys, the LoRA ones only with a tag in the prompt (and the apply mode
+        only when not sd-cli's default ``auto``)."""
+        out = self.inputs.settings()
+        if "<lora:" not in self.prompt.toPlainText():
+            out["lora_model_dir"] = out["lora_apply_mode"] = None
+        elif out["lora_apply_mode"] == "auto":
+            out["lora_apply_mode"] = None
+        return out
+
+    def _insert_tag(self, tag: str) -> None:
+        """Append a LoRA tag to the prompt (sd-cli removes it from the encoded text)."""
+        text = self.prompt.toPlainText()
+        self.prompt.setPlainText(text + tag if not text or text.endswith((" ", ">")) else f"{text} {tag}")
+
+    def _model_family(self) -> str | None:
+        arch = self.ctl.profile.architecture if self.ctl.profile is not None else None
+        return arch.split("-")[0] if arch else None
+
+    def _lora_table(self) -> Any:
+        """The open model's LoRA alias table (headers only), or None."""
+        from sdplan.core.modelfiles.checkpoint import read_model_files
+        from sdplan.core.modelfiles.lora import model_aliases
+
+        files = {k: v for k, v in self.ctl.model_files.items() if k not in ("taesd", "upscale_model")}
+        if not files:
+            return None
+        try:
+            return model_aliases(read_model_files(files))
+        except (SdplanError, OSError, ValueError):
+            return None
+
+    def _model_changed(self) -> None:
+        """New model: its family's fit marks; the demo model brings its own LoRA folder."""
+        from sdplan.core.pipelines.demo import demo_lora_dir
+
+        if self.inputs.folder is None and not self.ctl.generation.get("lora_model_dir"):
+            files = [p for v in self.ctl.model_files.values() for p in v]
+            if any(Path(p).parent == demo_lora_dir().parent for p in files):
+                self.inputs.set_folder(demo_lora_dir())
+                return
+        self.inputs.refresh_fit()
 
     def _sync(self, *_: object) -> None:
         if not self._syncing:

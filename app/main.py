@@ -112,6 +112,8 @@ def build_window(args: argparse.Namespace, settings: object = None):  # noqa: AN
                 log.info("last plan not restored: %s", exc)
         if not restored:
             open_demo(ctl)
+    given = {k: getattr(args, k, None) for k in ("prompt", "lora_model_dir", "init_img", "mask", "strength")}
+    ctl.set_generation(**{k: v for k, v in given.items() if v is not None})
     win = MainWindow(ctl, qs, auto_refresh=not args.devices and not args.screenshot)  # type: ignore[arg-type]
     return ctl, win
 

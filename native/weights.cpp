@@ -389,6 +389,27 @@ void register_weights(nb::module_ &m) {
         return ggml_backend_supports_op(b->get(), r);
     }, nb::arg("backend"), nb::arg("dtype"), "Whether the backend multiplies matrices stored in this dtype.");
 
+    m.def("convert_rows", [](nb::bytes data, const std::string &src, const std::string &dst, int64_t ne0) {
+        ggml_type st = dtype_from_name(src, "convert_rows: src"), dt = dtype_from_name(dst, "convert_rows: dst");
+        if (ne0 <= 0 || ne0 % ggml_blck_size(st) || ne0 % ggml_blck_size(dt))
+            throw nb::value_error("convert_rows: the row length is not a whole number of blocks of both dtypes");
+        if (st != GGML_TYPE_F32 && !ggml_get_type_traits(st)->to_float)
+            throw nb::value_error(("convert_rows: no conversion from " + src).c_str());
+        const size_t in_row = ggml_row_size(st, ne0), out_row = ggml_row_size(dt, ne0);
+        if (data.size() % in_row) throw nb::value_error("convert_rows: data is not a whole number of rows");
+        const int64_t nrows = (int64_t)(data.size() / in_row);
+        std::string out((size_t)nrows * out_row, '\0');
+        std::vector<float> f32;
+        const char *in = data.c_str();
+        {
+            nb::gil_scoped_release nogil;
+            convert_rows(in, st, out.data(), dt, nrows, ne0, f32);
+        }
+        return nb::bytes(out.data(), out.size());
+    }, nb::arg("data"), nb::arg("src"), nb::arg("dst"), nb::arg("ne0"),
+    "Convert raw rows of ne0 elements from dtype src to dtype dst (through f32; any float or\n"
+    "quantized type ggml converts): the host side of merging a patch into a stored weight.");
+
     m.def("dtype_size", [](const std::string &dtype, int64_t n) {
         ggml_type t = dtype_from_name(dtype, "dtype_size");
         if (n % ggml_blck_size(t)) throw nb::value_error("dtype_size: n is not a whole number of blocks");

@@ -218,7 +218,7 @@ def test_bar_tooltip_and_legend_name_every_part_in_gib(win):
     win.ctl.set_budget("CUDA0", 8)
     assert "--max-vram budget (marker): 8.00 GiB" in col.bar.toolTip()
     labels = [label for _, label, _ in LEGEND]
-    assert labels == ["in use", "resident weights", "staged range", "compute estimate",
+    assert labels == ["in use", "resident weights", "LoRA", "staged range", "compute estimate",
                       "headroom", "--max-vram"]
     legend = win.board.legend
     assert legend.isVisible() and 0 < legend.sizeHint().width() < win.board.width()

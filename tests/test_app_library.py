@@ -102,6 +102,11 @@ def test_verdicts_follow_the_devices(qtbot, tmp_path, folder):
     assert p.verdicts[xl].verdict == "resident"
     ctl.set_inventory(Inventory((Device("CUDA0", "GTX 1060", "gpu", "CUDA", 5 * GIB, 6 * GIB),
                                  Device("CPU", "i5", "cpu", "CPU", 4 * GIB, 8 * GIB))))
+    # the UNet read from disk in --max-vram segments (its stages) fits a 6 GiB card
+    v = p.verdicts[xl]
+    assert v.verdict == "offload" and "diffusion=disk" in v.params_backend and v.max_vram
+    ctl.set_inventory(Inventory((Device("CUDA0", "GT 1030", "gpu", "CUDA", 1 * GIB, 2 * GIB),
+                                 Device("CPU", "i5", "cpu", "CPU", 4 * GIB, 8 * GIB))))
     assert p.verdicts[xl].verdict == "none"
     assert p.rows()[xl][2] == "✕ does not fit"
     p.filter.setText("sdxl")

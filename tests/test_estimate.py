@@ -51,6 +51,13 @@ def test_compute_formula_per_architecture() -> None:
         attn(24, flux_n, 4 * 3072)
     assert compute_bytes("diffusion", mp, "flux2_klein-9b", width=1024, height=1024, batch=1) == \
         attn(32, flux_n, 4 * 4096)
+    # SD3 / SD3.5: one chunk of 77 CLIP + 77 T5 rows (sd-cli's SD3CLIPEmbedder); medium 24
+    # heads of 1536, large 38 of 2432
+    sd3_n = (1024 // 16) ** 2 + 154
+    assert compute_bytes("diffusion", mp, "sd3-3.5-medium", width=1024, height=1024, batch=1) == \
+        attn(24, sd3_n, 4 * 1536)
+    assert compute_bytes("diffusion", mp, "sd3-large", width=1024, height=1024, batch=1) == \
+        attn(38, sd3_n, 4 * 2432)
     assert compute_bytes("diffusion", mp, "sd1", width=512, height=512, batch=1) == \
         attn(8, 64 * 64, 1280)
     assert compute_bytes("diffusion", mp, "sdxl", width=1024, height=1024, batch=1) == \
@@ -58,6 +65,10 @@ def test_compute_formula_per_architecture() -> None:
     te = ModuleProfile((), 1, {"clip_l": 1, "t5xxl": 1}, "t5xxl")
     assert compute_bytes("te", te, "flux-dev", width=512, height=512, batch=1) == \
         attn(64, 512, 10240)
+    # SD3's T5-XXL encodes 77-token chunks (sd-cli's chunk_len), not FLUX.1's 512 tokens
+    sd3_te = ModuleProfile((), 1, {"clip_l": 1, "clip_g": 1, "t5xxl": 1}, "t5xxl")
+    assert compute_bytes("te", sd3_te, "sd3-large", width=512, height=512, batch=1) == \
+        attn(64, 77, 10240)
     assert compute_bytes("vae", mp, "sd1", width=512, height=512, batch=1) == \
         4 * (4096**2 + 4 * 128 * 512 * 512)
     big = ModuleProfile((), 4 * GIB)

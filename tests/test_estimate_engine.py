@@ -159,3 +159,42 @@ def test_plan_names_the_engine_and_what_would_fit(tmp_path: Path) -> None:
     fit = json.loads(r.stdout)["fit"]
     assert not fit["fits"] and fit["advice"][-1].startswith("use: --backend")
     assert any(line.startswith("diffusion: CUDA0 -> CUDA0 & CUDA1") for line in fit["advice"])
+
+
+def test_sd3_estimate_matches_the_engine_peak_on_the_tiny_fixture(tmp_path: Path) -> None:
+    """SD3 as one file (MMDiT, encoders, autoencoder): the dry run of the engine's graphs
+    (CLIP-L, bigG, T5 on one chunk, the MMDiT on 256 image + 77 CLIP + 77 T5 tokens, the VAE
+    decoder) plus the weights is the peak the engine allocates over a CFG generation at the
+    largest size the tiny MMDiT draws (its position table: 64 px)."""
+    from sd3_util import CLIP_HEADS, write_single_file
+    from sdplan.core.pipelines.compute import measure_compute
+    from sdplan.core.pipelines.sd3 import Sd3Pipeline
+    from sdplan.core.runtime.devices import BackendManager
+    from sdplan.core.runtime.runner import BackendPool
+
+    files = {"model": [str(write_single_file(tmp_path / "sd3_all.safetensors"))]}
+    prof = profile_from_model_flags(files)
+    assert prof.architecture.startswith("sd3")
+    plan = resolve(["--backend", "CPU"], CPU_INV, prof)
+    measured = measure_compute(files, width=64, height=64, overrides={"clip_heads": CLIP_HEADS})
+    assert set(measured) == {"te", "diffusion", "vae"} and min(measured.values()) > 0
+    fit = estimate_plan(plan, prof, CPU_INV, width=64, height=64, measured=measured)
+    assert set(fit.compute_source.values()) == {"measured"}
+    with BackendManager(1) as manager:
+        pipe = Sd3Pipeline(files, None, BackendPool(manager), n_threads=1, clip_heads=CLIP_HEADS)
+        try:
+            pipe.txt2img("a photo of a cat", 64, 64, steps=1, cfg_scale=4.5)
+            peak = before = 0
+            computes = {}
+            for m in ("clip_l", "clip_g", "t5xxl", "diffusion", "vae"):  # run order; weights stay
+                own = pipe.runners[m].last_peak["CPU"]
+                computes[m] = own.compute
+                peak = max(peak, before + own.weights + own.staging + own.compute)
+                before += pipe.runners[m].memory()["CPU"].weights
+        finally:
+            pipe.close()
+    assert fit.modules["diffusion"].compute["CPU"] == computes["diffusion"]
+    assert fit.modules["vae"].compute["CPU"] == computes["vae"]
+    assert fit.modules["te"].compute["CPU"] == max(computes[m] for m in ("clip_l", "clip_g", "t5xxl"))
+    estimate = fit.devices["CPU"].total
+    assert 0.9 * peak <= estimate <= 1.1 * peak, (estimate, peak)

@@ -2,7 +2,8 @@
 model's flags as sd-cli's docs give them: ``--cfg-scale 1 --steps 4 --sampling-method euler``):
 the PNG is diffusers' decoded latent; a Q8_0 GGUF DiT runs; one prefixed single file (``-m``)
 gives the separate files' picture; ``-r`` edits a reference image; a missing encoder or a
-broken reference is a one-line error; ``--backend "diffusion=RPC0&RPC1,te=RPC0&RPC1"`` over
+broken reference is a one-line error, and so are LoRAs and picture inputs (klein takes none
+yet); ``--backend "diffusion=RPC0&RPC1,te=RPC0&RPC1"`` over
 two RPC servers gives the one-device image.
 
 The tiny autoencoder halves where FLUX.2's divides by 8, so a 64x64 request samples the
@@ -117,6 +118,27 @@ def test_missing_encoder_and_a_broken_reference_are_clear_errors(tmp_path: Path,
     assert args.run(args) == 2
     err = capsys.readouterr().err.replace("\n", "")
     assert "-r/--ref-image" in err and "not-a-picture.png" in err and "cannot read image" in err
+
+
+def test_loras_and_picture_inputs_are_refused_in_one_line(tmp_path: Path, files, capsys) -> None:
+    """FLUX.2 klein takes no LoRA, -i or --mask yet: each is named in one line before the
+    models load, and nothing is written."""
+    pic = tmp_path / "start.png"
+    Image.fromarray(np.full((64, 64, 3), 128, np.uint8)).save(pic)
+    lora = tmp_path / "style.safetensors"
+    from safetensors.numpy import save_file
+
+    save_file({"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight": np.zeros((1, 8), np.float32)},
+              str(lora))
+    for extra, named in ((["-p", "x <lora:style:1>", "--lora-model-dir", str(tmp_path)], "LoRA style"),
+                         (["-i", str(pic)], "-i/--init-img"),
+                         (["-i", str(pic), "--mask", str(pic)], "--mask")):
+        out = tmp_path / "x.png"
+        args = parse([*flags(DIT, files["llm"]), *extra, "-o", str(out), "--in-process"])
+        assert args.run(args) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "FLUX.2" in err and named in err and "takes no LoRAs" in err, err
+        assert not out.exists()
 
 
 @pytest.mark.rpc

@@ -43,17 +43,26 @@ from sdplan.core.modelfiles.checkpoint import read_model_files  # noqa: E402
 from sdplan.core.modelfiles.readers import read_tensor_file  # noqa: E402
 from sdplan.core.models.blockstack import BlockStack, BlockStackConfig, write_model  # noqa: E402
 from sdplan.core.models.chroma import ChromaDiT  # noqa: E402
-from sdplan.core.models.clip import ClipGraph, causal_mask, clip_config, clip_text  # noqa: E402
+from sdplan.core.models.clip import (  # noqa: E402
+    ClipGraph,
+    causal_mask,
+    clip_config,
+    clip_text,
+    find_prefix,
+    find_projection,
+)
 from sdplan.core.models.esrgan import UpscalerGraph, canonical_rrdb_names, detect_esrgan  # noqa: E402
 from sdplan.core.models.flux import FluxDiT  # noqa: E402
 from sdplan.core.models.flux2 import Flux2DiT  # noqa: E402
 from sdplan.core.models.llm import LLMEncoder  # noqa: E402
+from sdplan.core.models.mmdit import MMDiT  # noqa: E402
 from sdplan.core.models.t5 import T5Encoder  # noqa: E402
 from sdplan.core.models.tae import TaeGraph, detect_tae  # noqa: E402
 from sdplan.core.models.unet import UNetGraph, unet_config  # noqa: E402
-from sdplan.core.models.vae import VaeGraph, vae_config, vae_decode, vae_encode  # noqa: E402
+from sdplan.core.models.unet import find_prefix as unet_prefix  # noqa: E402
+from sdplan.core.models.vae import SDXL_CONV_SCALE, VaeGraph, vae_config, vae_decode, vae_encode  # noqa: E402
 from sdplan.core.models.z_image import ZImageDiT  # noqa: E402
-from sdplan.core.pipelines.sd import module_weight_file  # noqa: E402
+from sdplan.core.pipelines.sd import model_overrides, module_weight_file  # noqa: E402
 from sdplan.core.runtime import graph as gr  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
 from sdplan.core.runtime.weights import WeightFile  # noqa: E402
@@ -190,14 +199,76 @@ def _unet(family: str) -> Built:
     return Built(UNetGraph(cfg, names), Path(wf.path), owned, [run(1, 8, 8, 77), run(2, 16, 8, 20)])
 
 
-@case("unet-sd1", UNetGraph)
+@case("unet-sd1", UNetGraph, blocks=8)
 def _unet_sd1(shared: Path, tmp: Path) -> Built:
     return _unet("sd1")
 
 
-@case("unet-sd2", UNetGraph)
+@case("unet-sd2", UNetGraph, blocks=8)
 def _unet_sd2(shared: Path, tmp: Path) -> Built:
     return _unet("sd2")
+
+
+def _sdxl_unet(name: str) -> Built:
+    """An SDXL UNet (``label_emb``: the vector input ``vec``), its stages as blocks."""
+    ms = read_model_files({"model": [FIX / f"{name}_tiny.safetensors"]})
+    wf, names = module_weight_file(ms, "diffusion")
+    shapes = {t.info.name: tuple(t.info.shape) for t in ms.module_tensors("diffusion")}
+    meta = model_overrides(ms)
+    cfg = unet_config(shapes, "sdxl", None, meta["unet_head_dim"], unet_prefix(shapes))
+    assert cfg.adm_in_channels > 0
+
+    def run(n: int, h: int, w: int, s: int) -> Run:
+        return Run({"x": _normal((n, 4, h, w), h), "t": np.linspace(999, 1, n).astype(np.float32),
+                    "c": _normal((n, s, cfg.context_dim), s), "vec": _normal((n, cfg.adm_in_channels), n)},
+                   {"y": (n, 4, h, w)})
+    return Built(UNetGraph(cfg, names), Path(wf.path), set(names), [run(1, 8, 8, 77), run(2, 16, 8, 154)])
+
+
+@case("unet-sdxl", UNetGraph, blocks=8)
+def _unet_sdxl(shared: Path, tmp: Path) -> Built:
+    return _sdxl_unet("sdxl")
+
+
+@case("unet-sdxl-refiner", UNetGraph, blocks=12)
+def _unet_sdxl_refiner(shared: Path, tmp: Path) -> Built:
+    return _sdxl_unet("sdxl_refiner")
+
+
+@case("clip-g-sdxl-openclip-pooled", ClipGraph, blocks=3)
+def _clip_g_sdxl(shared: Path, tmp: Path) -> Built:
+    """SDXL's bigG in open_clip names (fused ``in_proj``) with its pooled projection: the
+    penultimate state and ``pooled`` at each sequence's end-of-text row."""
+    ms = read_model_files({"model": [FIX / "sdxl_tiny.safetensors"]})
+    te = {t.info.name: tuple(t.info.shape) for t in ms.module_tensors("te") if t.encoder == "clip_g"}
+    prefix, _ = find_prefix(te)
+    cfg = clip_config(te, n_heads=2, prefix=prefix, activation="gelu_erf")
+    proj = find_projection(te, prefix)
+    assert proj is not None and proj[1] == "matrix"
+    owned = {n for n in te if n.startswith(prefix) and not n.endswith(("position_ids", "logit_scale"))}
+    wf, names = module_weight_file(ms, "te", lambda n: n in owned)
+
+    def run(b: int, t: int) -> Run:
+        ids = _rng(t).integers(0, TOKENS, (b, t)).astype(np.int32)
+        eos = (np.arange(b) * t + t - 1 - np.arange(b)).astype(np.int32)
+        return Run({"ids": ids, "mask": causal_mask(t), "eos": eos},
+                   {"hidden": (b, t, cfg.width), "pooled": (b, te[proj[0]][1])})
+    return Built(ClipGraph(cfg, names, 2, final_ln=False, projection=proj), Path(wf.path), owned,
+                 [run(1, 77), run(2, 20)])
+
+
+@case("vae-sdxl-conv-scale", VaeGraph)
+def _vae_sdxl(shared: Path, tmp: Path) -> Built:
+    """SDXL's VAE with sd-cli's fp16 overflow guard (convolution inputs scaled by 1/32)."""
+    ms = read_model_files({"model": [FIX / "sdxl_tiny.safetensors"]})
+    wf, names = module_weight_file(ms, "vae")
+    shapes = {t.info.name: tuple(t.info.shape) for t in ms.module_tensors("vae")}
+    cfg = vae_config(shapes, "first_stage_model.")
+    f = cfg.factor
+    runs = [Run({"z": _normal((1, 4, 4, 4))}, {"image": (1, 3, 4 * f, 4 * f)}),
+            Run({"z": _normal((1, 4, 2, 6))}, {"image": (1, 3, 2 * f, 6 * f)}),
+            Run({"image": _normal((1, 3, 2 * f, 3 * f), scale=0.5)}, {"mean": (1, 4, 2, 3), "logvar": (1, 4, 2, 3)})]
+    return Built(VaeGraph(cfg, names, SDXL_CONV_SCALE), Path(wf.path), set(names), runs)
 
 
 @case("vae-sd1", VaeGraph)
@@ -207,7 +278,7 @@ def _vae_sd1(shared: Path, tmp: Path) -> Built:
     assert cfg.factor == 2  # two levels in the tiny VAE
     runs = [Run({"z": _normal((1, 4, 8, 8))}, {"image": (1, 3, 16, 16)}),
             Run({"z": _normal((1, 4, 4, 6))}, {"image": (1, 3, 8, 12)}),
-            Run({"image": _normal((1, 3, 16, 12), scale=0.5)}, {"mean": (1, 4, 8, 6)})]
+            Run({"image": _normal((1, 3, 16, 12), scale=0.5)}, {"mean": (1, 4, 8, 6), "logvar": (1, 4, 8, 6)})]
     return Built(VaeGraph(cfg, names), Path(wf.path), owned, runs)
 
 
@@ -249,6 +320,18 @@ def _chroma(shared: Path, tmp: Path) -> Built:
         ins = dit.inputs(_normal((1, 16, h, w), h), _normal((1, t, 16), t), None, 0.6)
         return Run(ins, {"out": (1, (h // 2) * (w // 2), 64)})
     return Built(dit, path, set(_names(path)), [run(8, 8, 16), run(4, 6, 5)])
+
+
+@case("mmdit-sd35-medium", MMDiT, blocks=3)
+def _mmdit(shared: Path, tmp: Path) -> Built:
+    path = FIX / "sd3_tiny.safetensors"  # the MMDiT beside its autoencoder, as SD3 single files
+    dit = MMDiT.from_weights(_shapes(path))
+
+    def run(h: int, w: int, t: int) -> Run:  # RMS qk norm, MMDiT-X attn2 in blocks 0-1
+        ins = dit.inputs(_normal((1, 16, h, w), h), _normal((1, t, 48), t), _normal((1, 32), 3), 0.6)
+        return Run(ins, {"out": (1, (h // 2) * (w // 2), 64)})
+    owned = {n for n in _names(path) if n.startswith("model.diffusion_model.")}
+    return Built(dit, path, owned, [run(8, 8, 154), run(4, 6, 20)])
 
 
 @case("flux2-klein", Flux2DiT, blocks=4)

@@ -262,8 +262,10 @@ def test_sdcli_argv_minimal_and_every_generation_flag() -> None:
         "--guidance", "6"]
     with pytest.raises(ValueError, match="lora"):
         sdcli_argv(pl, {"lora": "x"}, {})
-    with pytest.raises(ValueError, match="strength"):
-        sdcli_argv(pl, {}, {"strength": 0.5})
+    with pytest.raises(ValueError, match="control_strength"):
+        sdcli_argv(pl, {}, {"control_strength": 0.5})
+    assert sdcli_argv(pl, {}, {"init_img": "i.png", "strength": 0.5, "mask": "m.png", "lora_model_dir": "l"}) == [
+        "--lora-model-dir", "l", "--init-img", "i.png", "--mask", "m.png", "--strength", "0.5"]
 
 
 def test_import_sdcli_command() -> None:
@@ -273,8 +275,8 @@ def test_import_sdcli_command() -> None:
     imp = import_sdcli_command(text)
     assert imp.model_files == {"model": "my model.safetensors", "vae": "ae.sft"}
     assert imp.generation == {"prompt": 'a "red" cat', "width": 768, "steps": 20,
-                              "cfg_scale": 7.5, "seed": -1}
-    assert imp.unknown_args == ["--vae-tiling", "--lora-model-dir", "loras"]
+                              "cfg_scale": 7.5, "seed": -1, "lora_model_dir": "loras"}
+    assert imp.unknown_args == ["--vae-tiling"]
     p = resolve(imp.placement, INV)
     assert devices(p, "te") == ["CPU"] and devices(p, "vae") == ["CUDA1"]
     assert p.budgets["CUDA0"] == 21 * GIB and p.warning_codes() == ["deprecated_flag"]

@@ -104,3 +104,36 @@ def test_png_round_trip(tmp_path: Path) -> None:
     text = Image.open(path).text["parameters"]
     assert parse_parameters(text).settings["prompt"] == "ein Kätzchen 猫"
     assert "Sampler: euler, " in text  # the model's default scheduler is not named
+
+
+def test_skip_layer_guidance_in_both_layouts_and_the_sd_cli_command() -> None:
+    """SLG as sd-cli writes it: the text pairs only when on, the JSON's guidance.slg always
+    (float32 values); both read back; an sd-cli command with the flags imports and is written
+    back with them."""
+    from sdplan.core.planning.placement import Placement
+    from sdplan.core.planning.sdcli import import_sdcli_command, sdcli_argv
+
+    on = {"prompt": "p", "steps": 20, "cfg_scale": 4.5, "slg_scale": 2.5, "skip_layers": "[7,8,9]",
+          "skip_layer_start": 0.01, "skip_layer_end": 0.2}
+    text = format_parameters(on, {"model": "sd3.5_medium.safetensors"})
+    assert ("CFG scale: 4.500000, SLG scale: 2.500000, Skip layers: [7, 8, 9, ], Skip layer start: 0.010000, "
+            "Skip layer end: 0.200000, Guidance: 3.500000") in text
+    slg = {"slg_scale": 2.5, "skip_layers": "[7,8,9]", "skip_layer_start": 0.01, "skip_layer_end": 0.2}
+    assert {k: parse_parameters(text).settings[k] for k in slg} == slg
+    no_json = text.partition(", SDCPP: ")[0]
+    assert {k: parse_parameters(no_json).settings[k] for k in slg} == slg
+    sdcpp = json.loads(text.partition(", SDCPP: ")[2])
+    assert sdcpp["sampling"]["guidance"]["slg"] == {"scale": 2.5, "layers": [7, 8, 9], "start": 0.01, "end": 0.2}
+    sdcpp["sampling"]["guidance"]["slg"] = {"scale": 3.0, "layers": [8], "start": 0.009999999776482582,
+                                            "end": 0.20000000298023224}
+    got = parse_parameters("p\nSteps: 20, SDCPP: " + json.dumps(sdcpp)).settings
+    assert {k: got[k] for k in slg} == {"slg_scale": 3.0, "skip_layers": "[8]", "skip_layer_start": 0.01,
+                                        "skip_layer_end": 0.2}
+    off = format_parameters({**on, "slg_scale": 0.0}, {})
+    assert "SLG scale" not in off and "slg_scale" not in parse_parameters(off).settings
+    imp = import_sdcli_command("sd-cli -m sd3.5_medium.safetensors -p cat --slg-scale 2.5 --skip-layers [7,8] "
+                               "--skip-layer-start 0.01 --skip-layer-end 0.2")
+    assert {k: imp.generation[k] for k in slg} == {**slg, "skip_layers": "[7,8]"}
+    argv = sdcli_argv(Placement(), imp.model_files, imp.generation)
+    assert argv[argv.index("--slg-scale"):argv.index("--slg-scale") + 8] == [
+        "--slg-scale", "2.5", "--skip-layers", "[7,8]", "--skip-layer-start", "0.01", "--skip-layer-end", "0.2"]

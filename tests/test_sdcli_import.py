@@ -101,7 +101,7 @@ def test_arity_comes_from_the_table() -> None:
     assert [(a.flag, a.values, a.kind) for a in args] == [
         ("--max-vram", ("-1",), "placement"), ("--diffusion-fa", (), "kept"),
         ("--seed", ("-5",), "generation"), ("--sigmas", ("-1,2",), "generation"),
-        ("--cache-mode", ("easycache",), "kept"), ("--init-img", ("in.png",), "kept"),
+        ("--cache-mode", ("easycache",), "kept"), ("--init-img", ("in.png",), "generation"),
         ("--foo", ("bar",), "unknown"), ("--baz", (), "unknown"), ("--verbose", (), "kept")]
 
 
@@ -110,8 +110,8 @@ def test_windows_command_from_the_issue() -> None:
                                r'--lora-model-dir ..\Lora\ -p "a cat"')
     assert imp.program == r".\bin\Release\sd.exe"
     assert imp.model_files == {"model": r"..\..\models\v1-5.safetensors"}
-    assert imp.kept == ["--lora-model-dir", "..\\Lora\\"]
-    assert imp.generation == {"prompt": "a cat"}
+    assert imp.kept == []
+    assert imp.generation == {"lora_model_dir": "..\\Lora\\", "prompt": "a cat"}
 
 
 def test_windows_quoting_rules() -> None:

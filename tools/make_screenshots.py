@@ -1,7 +1,8 @@
 """Make the README's screenshots of the model library, the queue and the gallery, and of
 the board at 1024x700.
 
-Run: ``python tools/make_screenshots.py [--out docs/screenshots] [--jobs 5] [--steps 10]``.
+Run: ``python tools/make_screenshots.py [--out docs/screenshots] [--jobs 5] [--steps 10]
+[--only lora-img2img]``.
 
 - ``library.png``: a folder of sparse full-size files with the real tensor layouts of
   ``../shared/models`` (written to a temporary folder; no weights) and the test fixtures,
@@ -15,6 +16,9 @@ Run: ``python tools/make_screenshots.py [--out docs/screenshots] [--jobs 5] [--s
 - ``d1-flux-split.png`` and ``cpu-only.png`` (1440x900): FLUX.1-dev Q8_0 split over the
   two GPUs of ``../shared/cases/devices/D1.json``, and planned for a 24 GiB CPU-only machine
   with its text encoders read from disk.
+- ``lora-img2img.png`` (1440x900): the demo model with its outline LoRA added from the LoRA
+  list, starting from a rendered scene as the init picture, after a real generation on this
+  machine's CPU (``--only lora-img2img`` makes this one alone).
 """
 
 from __future__ import annotations
@@ -67,9 +71,12 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "docs" / "screenshots"))
     ap.add_argument("--jobs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--only", choices=["lora-img2img"], help="make this screenshot alone")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.only == "lora-img2img":
+        return lora_img2img(out, args.steps)
 
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
@@ -167,6 +174,56 @@ def main() -> int:
                                           "--params-backend", "te=disk"])):
         subprocess.run([*big, "--screenshot", str(out / name), *extra], check=True)
         print(out / name)
+    return 0
+
+
+def lora_img2img(out: Path, steps: int) -> int:
+    """``lora-img2img.png``: the demo model, its outline LoRA added from the list, a rendered
+    scene as the init picture (strength 0.7), the finished generation on screen."""
+    from PIL import Image
+    from PySide6.QtCore import QSettings
+    from PySide6.QtWidgets import QApplication
+    from sdplan.app.controller import PlanController
+    from sdplan.app.main import open_demo
+    from sdplan.app.window import MainWindow, apply_theme
+    from sdplan.core.pipelines.demo_scenes import Scene, render
+    from sdplan.core.planning.inventory import Inventory
+    from sdplan.core.planning.placement import Placement
+
+    app = QApplication.instance() or QApplication(["sdplan"])
+    apply_theme(app, "light")  # type: ignore[arg-type]
+    tmp = Path(tempfile.mkdtemp(prefix="sdplan-screenshots-"))
+    settings = QSettings(str(tmp / "sdplan.ini"), QSettings.Format.IniFormat)
+    ctl = PlanController(Inventory.from_json(DEVICES))
+    win = MainWindow(ctl, settings, history_dir=tmp / "history", queue_path=tmp / "queue.json",
+                     library_cache=str(tmp / "library-cache.json"))
+    win.resize(1440, 900)
+    win.show()
+    if not open_demo(ctl):
+        print("no demo model", file=sys.stderr)
+        return 2
+    ctl.edit(Placement.from_strings("CPU"), "CPU")
+    ctl.undo_stack.clear()
+    ctl.planChanged.emit("load")
+    g = win.generation
+    pump(app, lambda: g.inputs.table.rowCount() > 0, 10)
+    g.steps.setValue(steps)
+    g.seed.setValue(46)
+    g.prompt.setPlainText("a white square on a purple background")
+    g.inputs.add(0)  # the outline LoRA's tag into the prompt
+    pic = tmp / "start-scene.png"
+    Image.fromarray(render(Scene("square", "white", "purple", 64, 64, 30), 128)).save(pic)
+    g.inputs.init_slot.choose(str(pic))
+    g.inputs.strength.setValue(0.7)
+    g.request_extra = {"threads": 2}
+    if not g.generate() or not pump(app, lambda: not g.is_running(), 1800):
+        print("the generation did not finish", file=sys.stderr)
+        return 2
+    pump(app, lambda: False, 0.5)
+    win.grab().save(str(out / "lora-img2img.png"))
+    print(out / "lora-img2img.png")
+    g.shutdown()
+    win.close()
     return 0
 
 

@@ -202,6 +202,8 @@ class DeviceColumn(_DropFrame):
             for m, e in fit.modules.items():
                 if e.weights.get(name):
                     segs.append((m, "weights", e.weights[name]))
+                if e.lora.get(name):
+                    segs.append((m, "lora", e.lora[name]))
             peak = max(fit.modules.values(), key=lambda e: e.staging.get(name, 0)
                        + e.compute.get(name, 0), default=None)
             if peak is not None:
@@ -276,7 +278,7 @@ class DeviceColumn(_DropFrame):
             (target or card).setFocus(Qt.FocusReason.OtherFocusReason)
 
 
-_PART_NAMES = {"weights": "resident weights", "staging": "staged range",
+_PART_NAMES = {"weights": "resident weights", "lora": "LoRA", "staging": "staged range",
                "compute": "compute estimate"}
 
 

@@ -17,7 +17,8 @@ GIB = 1 << 30
 @dataclass
 class BarData:
     """What a bar shows (bytes). ``segments``: ``(module, part, bytes)`` with part
-    ``weights``, ``staging`` or ``compute``; ``budget`` 0 = none."""
+    ``weights``, ``lora`` (LoRA tensors kept beside the weights), ``staging`` or ``compute``;
+    ``budget`` 0 = none."""
 
     total: int = 0
     free: int = 0
@@ -29,12 +30,17 @@ class BarData:
 
 
 def paint_part(p: QPainter, rect: QRectF, part: str, colour: QColor, t: theme.Theme) -> None:
-    """Fill ``rect`` the way the bar draws ``part``: ``weights`` solid, ``staging`` light
+    """Fill ``rect`` the way the bar draws ``part``: ``weights`` solid, ``lora`` solid and
+    dotted, ``staging`` light
     and hatched, ``compute`` translucent, ``headroom`` a muted cross-hatch, ``others``
     (memory used by other programs) grey. Leaves the pen off."""
     p.setPen(Qt.PenStyle.NoPen)
     if part == "weights":
         p.setBrush(colour)
+    elif part == "lora":
+        p.setBrush(colour)
+        p.drawRect(rect)
+        p.setBrush(QBrush(colour.lighter(160), Qt.BrushStyle.Dense5Pattern))
     elif part == "staging":
         p.setBrush(colour.lighter(125) if t.dark else colour.lighter(115))
         p.drawRect(rect)
@@ -54,6 +60,8 @@ def paint_part(p: QPainter, rect: QRectF, part: str, colour: QColor, t: theme.Th
 LEGEND = (
     ("others", "in use", "Memory other programs already use on the device"),
     ("weights", "resident weights", "Weights kept on the device between uses"),
+    ("lora", "LoRA", "LoRA tensors added at runtime, kept beside the weights they patch "
+     "(--lora-apply-mode at_runtime; merged LoRAs take no room)"),
     ("staging", "staged range", "Weights (or a block range) copied in while the module runs, "
      "then released: --params-backend, disk residency or --max-vram segments"),
     ("compute", "compute estimate", "Activations and work buffers of the module that needs "

@@ -1,14 +1,17 @@
 """``sdplan generate``: text to image on sdplan's engine, placed by the plan.
 
-SD 1.x / 2.x from a single-file checkpoint (``-m``), Flux from its files
-(``--diffusion-model --t5xxl --clip_l --vae``), Chroma from its (``--diffusion-model --t5xxl
---vae``), Z-Image or FLUX.2 klein from theirs (``--diffusion-model --llm --vae``; klein edits
-the ``-r/--ref-image`` pictures); the architecture (flux-dev, flux-schnell, chroma, z_image,
-flux2_klein-4b...) comes from
+SD 1.x / 2.x from a single-file checkpoint (``-m``), SDXL from its single file or its parts
+(``--diffusion-model --clip_l --clip_g --vae``; ``--force-sdxl-vae-conv-scale`` as in sd-cli),
+Flux from its files (``--diffusion-model --t5xxl --clip_l --vae``), Chroma from its
+(``--diffusion-model --t5xxl --vae``), SD3 / SD3.5 from its single file (``-m``) or its parts
+(``--diffusion-model --clip_l --clip_g [--t5xxl] --vae``), Z-Image or FLUX.2 klein from theirs (``--diffusion-model
+--llm --vae``; klein edits the ``-r/--ref-image`` pictures); the architecture (sdxl, flux-dev,
+flux-schnell, chroma, z_image, flux2_klein-4b...) comes from
 :func:`sdplan.core.modelfiles.checkpoint.read_model_files`. The flags are sd-cli's spellings (``-m -p -n
 -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
---clip-skip --taesd --upscale-model --upscale-repeats`` and every placement flag), so a pasted
-sd-cli command works.
+--clip-skip --taesd --upscale-model --upscale-repeats``, the LoRA and picture inputs
+``--lora-model-dir --lora-apply-mode -i --strength --mask`` with ``<lora:NAME:WEIGHT>`` prompt
+tags, and every placement flag), so a pasted sd-cli command works.
 
 The engine runs in a child process (:class:`sdplan.core.runtime.process.Engine`; ``--in-process`` keeps
 it here for debugging): the live devices (RPC servers included) are asked of the engine
@@ -20,8 +23,9 @@ A dead engine process is a one-line error naming the signal and ggml's last mess
 
 PNG text chunks record the prompt, negative prompt, seed, steps, sampler, scheduler, cfg
 scale, clip skip, size, the model hash (``sha256`` of the first MiB of the file followed by
-its size in bytes, as decimal text; the chunk ``model_hash_method`` says so) and the
-canonical placement strings.
+its size in bytes, as decimal text; the chunk ``model_hash_method`` says so), the canonical
+placement strings, and the LoRAs (``loras``, ``lora_apply_mode``) and picture inputs
+(``init_img``, ``mask``, ``strength``) when given.
 
 Hyper-parameters small test models do not carry in their shapes (head counts, prediction,
 Flux RoPE axes) come from the flags below or from ``sdplan.*`` keys of the safetensors
@@ -38,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sdplan.core.commands.options import add_input_arguments, input_request, validate_inputs
 from sdplan.core.commands.sdcli_flags import (
     add_sampling_arguments,
     apply_from_image,
@@ -50,7 +55,7 @@ from sdplan.core.planning.placement import add_placement_arguments, placement_fr
 log = logging.getLogger(__name__)
 #: Model-file flags -> request keys.
 FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "t5xxl", "clip_l": "clip_l",
-              "llm": "llm", "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
+              "clip_g": "clip_g", "llm": "llm", "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -62,13 +67,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--demo", action="store_true",
                    help="use the packaged demo model (-m of the file in sdplan.resources; "
                         "default 128x128, 20 steps, CFG 5, euler)")
-    p.add_argument("--diffusion-model", metavar="PATH", help="Flux, Chroma, Z-Image or FLUX.2 klein diffusion model")
+    p.add_argument("--diffusion-model", metavar="PATH",
+                   help="Flux, Chroma, Z-Image or FLUX.2 klein diffusion model, or an SDXL UNet")
     p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux, Chroma)")
-    p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux)")
+    p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux, SDXL)")
+    p.add_argument("--clip_g", metavar="PATH", help="OpenCLIP bigG text encoder (SDXL)")
     p.add_argument("--llm", metavar="PATH", help="language-model text encoder (Z-Image, FLUX.2 klein: Qwen3)")
     p.add_argument("-r", "--ref-image", action="append", default=[], metavar="PATH",
                    help="reference image to edit (FLUX.2 klein; repeat for several)")
     p.add_argument("--vae", metavar="PATH", help="VAE / autoencoder file")
+    p.add_argument("--force-sdxl-vae-conv-scale", action="store_true",
+                   help="SDXL: scale the VAE's convolution inputs by 1/32 also with --vae (sd-cli's "
+                        "f16 overflow guard, applied anyway to the checkpoint's own VAE)")
     p.add_argument("--taesd", metavar="PATH",
                    help="TAE (tiny autoencoder): decodes the final image fast, as sd-cli does, and "
                         "the previews during sampling")
@@ -107,6 +117,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     adv.add_argument("--flux-heads", type=int, help="Flux DiT heads (default from the q-norm width)")
     adv.add_argument("--flux-axes", metavar="I,R,C", help="Flux RoPE axes widths (default hd/8 and halves)")
     adv.add_argument("--t5-length", type=int, help="T5 tokens after padding (default: Flux 256, Chroma 512)")
+    add_input_arguments(p)
     add_placement_arguments(p)
     add_sampling_arguments(p)
     p.set_defaults(run=run, parser_defaults=_defaults(p))
@@ -138,18 +149,26 @@ class _DefaultStr(str):
 def apply_demo(args: argparse.Namespace) -> None:
     """With ``--demo``: ``-m`` the demo model, the demo's defaults
     (:mod:`sdplan.core.pipelines.demo`) for each of width, height, steps, CFG scale and the
-    sampler, where the command line left them at their defaults.
+    sampler, where the command line left them at their defaults, and its LoRA folder
+    without ``--lora-model-dir``.
 
     Raises:
         SdplanError: ``--demo`` together with ``-m`` or ``--diffusion-model``, or no demo file.
     """
     if not getattr(args, "demo", False):
         return
-    from sdplan.core.pipelines.demo import DEMO_DEFAULTS, DEMO_SAMPLER, demo_model_path
+    from sdplan.core.pipelines.demo import (
+        DEMO_DEFAULTS,
+        DEMO_SAMPLER,
+        demo_lora_dir,
+        demo_model_path,
+    )
 
     if args.model or args.diffusion_model:
         raise InvalidArgument("--demo replaces -m/--diffusion-model: give one or the other")
     args.model = str(demo_model_path())
+    if getattr(args, "lora_model_dir", "") is None:
+        args.lora_model_dir = str(demo_lora_dir())
     for key, value in DEMO_DEFAULTS.items():
         if isinstance(getattr(args, key), (_DefaultInt, _DefaultFloat)):
             setattr(args, key, value)
@@ -167,7 +186,7 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
     return files
 
 
-def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]]) -> tuple[Any, Any, Any]:
+def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]]) -> tuple[Any, Any, Any, Any]:
     from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
     from sdplan.core.pipelines.jobs import INVENTORY_JOB
     from sdplan.core.planning.estimate import estimate_plan
@@ -178,10 +197,13 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]])
     inventory = Inventory.from_json(engine.call(INVENTORY_JOB, {"rpc_servers": list(placement.rpc_servers)}))
     profile = profile_from_model_flags({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
     plan = resolve(placement, inventory, profile)
+    from sdplan.core.pipelines.inputs import plan_loras
+
+    loras = plan_loras(args.prompt, args.lora_model_dir or ".", args.lora_apply_mode, files, plan)
     measured = engine_compute(args, engine, files, plan)
     fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count,
-                        engine="sdplan", measured=measured)
-    return plan, inventory, fit
+                        engine="sdplan", measured=measured, loras=loras.profiles)
+    return plan, inventory, fit, loras
 
 
 def _profile(files: dict[str, list[str]]) -> Any:
@@ -200,7 +222,7 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
     try:
         return dict(engine.call(COMPUTE_JOB, {
             "model_files": files, "width": args.width, "height": args.height, "batch": args.batch_count,
-            "cfg": args.cfg_scale != 1.0,
+            "cfg": args.cfg_scale != 1.0, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
             "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")}}))
     except SdplanError as exc:
         log.info("no dry run of the engine: %s", exc)
@@ -232,11 +254,12 @@ def run(args: argparse.Namespace) -> int:
             validate(args)
             sampling_request(args)
             files = model_files(args)
-            plan, inventory, fit = _resolve(args, engine, files)
+            plan, inventory, fit, loras = _resolve(args, engine, files)
         except SdplanError as exc:
             print_error(exc)
             return 2
         print_tables(plan, inventory, fit)
+        _print_inputs(console, loras, args)
         if getattr(args, "demo", False) and not demo_caption_known(args.prompt):
             console.print("[yellow]note[/]: the demo model was trained on captions like "
                           "'a red circle on a blue background' (8 colours; circle, square, "
@@ -284,7 +307,8 @@ def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, se
             "previews": bool(args.preview_path),
             "taesd_decode": bool(args.taesd) and not args.taesd_preview_only,
             "ref_images": [str(p) for p in getattr(args, "ref_image", None) or ()],
-            **sampling_request(args)}
+            "force_sdxl_vae_conv_scale": bool(getattr(args, "force_sdxl_vae_conv_scale", False)),
+            **sampling_request(args), **input_request(args)}
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -296,6 +320,7 @@ def validate(args: argparse.Namespace) -> None:
     from sdplan.core.sampling.samplers import SAMPLERS
     from sdplan.core.sampling.schedules import SCHEDULES
 
+    validate_inputs(args)  # first: -W/-H may come from the init picture
     check_generation(args)
     names = sorted(set(SAMPLERS) | set(FLOW_SAMPLERS) | {"ddim"})
     if args.sampling_method not in names:
@@ -340,6 +365,18 @@ def _command(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, s
         return sdcli_command_line(plan.placement, {k: v for k, v in files.items()}, gen)
     except (ValueError, TypeError):
         return ""
+
+
+def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
+    """One line each for the LoRAs (and keys of theirs that patch nothing) and the init picture."""
+    if loras.loras:
+        console.print(loras.summary(), highlight=False, markup=False)
+        for u in loras.unknown():
+            console.print(f"[yellow]LoRA key not applied[/]: {u}", highlight=False)
+    if args.init_img:
+        mask = f", mask {args.mask}" if args.mask else ""
+        console.print(f"image to image from {args.init_img}, strength {args.strength:g}{mask}",
+                      highlight=False, markup=False)
 
 
 def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any, console: Any) -> int:
@@ -390,7 +427,10 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
             engine.cancel()
             raise
     log.info("generated in %.2f s: %s", time.perf_counter() - t0, res.get("timings"))
-    text = generation_text({**req, "clip_skip": args.clip_skip}, files,
+    for module, n in (res.get("segments") or {}).items():
+        console.print(f"{module}: ran in {n} segments under the --max-vram budget", highlight=False)
+    applied = {k: v for k, v in res.get("params", {}).items() if k in ("loras", "lora_apply_mode")}
+    text = generation_text({**req, "clip_skip": args.clip_skip, **applied}, files,
                            {"backend": plan.backend, "params_backend": plan.params_backend,
                             "max_vram": plan.max_vram, "split_mode": plan.split_mode,
                             "rpc_servers": ",".join(plan.rpc_servers)},

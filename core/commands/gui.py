@@ -37,6 +37,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --screenshot: the window size (default 1440x900)")
     p.add_argument("--tab", choices=("board", "library", "gallery", "queue"),
                    help="with --screenshot: the tab to show")
+    g = p.add_argument_group("generation settings to start with (sd-cli's flags)")
+    g.add_argument("-p", "--prompt", help="the prompt (<lora:NAME:WEIGHT> tags included)")
+    g.add_argument("--lora-model-dir", metavar="DIR", help="the LoRA folder")
+    g.add_argument("-i", "--init-img", metavar="PATH", help="the picture to start from")
+    g.add_argument("--mask", metavar="PATH", help="its inpainting mask (white = repaint)")
+    g.add_argument("--strength", type=float, help="how much of the picture to repaint, 0..1")
     add_placement_arguments(p)
 
 

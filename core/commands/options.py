@@ -62,3 +62,54 @@ def load_inventory(path: str | None, rpc_servers: Sequence[str] = ()) -> tuple[I
     return inventory, [PlanWarning(
         "live_inventory_unavailable", f"live device query unavailable ({missing}); planning "
         "for the CPU alone (use --devices FILE to plan for other devices)")]
+
+
+def add_input_arguments(p: argparse.ArgumentParser) -> None:
+    """Add sd-cli's LoRA and picture-input flags: ``--lora-model-dir``,
+    ``--lora-apply-mode``, ``-i/--init-img``, ``--strength``, ``--mask``."""
+    from sdplan.core.planning.adapters import APPLY_MODES
+
+    g = p.add_argument_group("LoRA, image to image, inpainting (sd-cli's flags)")
+    g.add_argument("--lora-model-dir", metavar="DIR",
+                   help="folder of the prompt's <lora:NAME:WEIGHT> files (default: here; with "
+                        "--demo the demo model's LoRAs)")
+    g.add_argument("--lora-apply-mode", choices=APPLY_MODES, default="auto",
+                   help="merge LoRAs into the weights (immediately) or add them in the graph "
+                        "(at_runtime); auto: at_runtime for quantized, offloaded or split models")
+    g.add_argument("-i", "--init-img", metavar="PATH", help="start from this picture (img2img)")
+    g.add_argument("--strength", type=float, default=0.75,
+                   help="how much of --init-img to repaint, 0..1 (default 0.75)")
+    g.add_argument("--mask", metavar="PATH", help="inpainting mask for --init-img: white = repaint")
+
+
+def validate_inputs(args: argparse.Namespace) -> None:
+    """Check the picture flags before anything loads: strength in [0, 1], ``--mask`` only
+    with ``-i``, both readable pictures; ``-W``/``-H`` left at their defaults take the init
+    picture's size (as sd-cli does).
+
+    Raises:
+        InvalidArgument: naming the flag.
+    """
+    import math
+
+    from sdplan.core.errors import InvalidArgument
+    from sdplan.core.pipelines.img2img import image_size, load_mask
+
+    if not (math.isfinite(args.strength) and 0.0 <= args.strength <= 1.0):
+        raise InvalidArgument(f"--strength must be in [0, 1], got {args.strength}")
+    if args.mask and not args.init_img:
+        raise InvalidArgument("--mask needs -i/--init-img: the mask says which pixels of that picture to repaint")
+    if args.init_img:
+        w, h = image_size(args.init_img)
+        if args.mask:
+            load_mask(args.mask, 8, 8)  # readable?
+        for key, value in (("width", w), ("height", h)):
+            if type(getattr(args, key)) is not int:  # left at the default (a subclass of int)
+                setattr(args, key, value)
+
+
+def input_request(args: argparse.Namespace) -> dict[str, object]:
+    """The engine request keys of the LoRA and picture flags."""
+    return {"lora_model_dir": args.lora_model_dir or ".", "lora_apply_mode": args.lora_apply_mode,
+            "init_img": args.init_img, "mask": args.mask,
+            "strength": args.strength if args.init_img else None}

@@ -372,6 +372,12 @@ def _print_fit(console: Any, fit: Any) -> None:
         table.add_row(escape(name), *(f"{v.get(c, 0) / GIB:.2f}" if isinstance(v.get(c), int)
                                       else str(v.get(c, "")) for c in cols))
     console.print(table)
+    for module, m in (data.get("modules") or {}).items():
+        segs = m.get("segments") if isinstance(m, dict) else None
+        if segs:
+            console.print(f"{module}: {len(segs)} segments under the --max-vram budget of "
+                          f"{m['devices'][0]} (largest {max(segs) / GIB:.2f} GiB)",
+                          highlight=False, markup=False)
     verdict = "[green]fits[/]" if data.get("fits") else "[red]does not fit[/]"
     label = fit.engine_label() if hasattr(fit, "engine_label") else None
     console.print(f"Estimate: {verdict}" + (f" · for {escape(label)}" if label else ""))

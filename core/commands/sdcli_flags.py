@@ -1,6 +1,7 @@
 """``sdplan generate`` and sd-cli's full argument table: the sampling options sdplan's
 engine implements (``--eta``, ``--sigmas``, ``--flow-shift``, ``--timestep-shift``,
-``--rng``, ``--sampler-rng``, ``--extra-sample-args``), settings taken from a PNG
+``--rng``, ``--sampler-rng``, ``--extra-sample-args``; SD3's skip-layer guidance ``--slg-scale``,
+``--skip-layers``, ``--skip-layer-start``, ``--skip-layer-end``), settings taken from a PNG
 (``--from-image``), and one clear line for everything else a pasted sd-cli command may hold.
 
 :func:`refuse_unsupported` looks at the arguments argparse did not take: sd-cli options that
@@ -41,6 +42,15 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sampler-rng", help="the sampler's generator (default: --rng)")
     g.add_argument("--extra-sample-args", action="append", default=[], metavar="K=V,...",
                    help="sampler/scheduler arguments (lms_max_order, gamma, alpha...)")
+    slg = p.add_argument_group("skip-layer guidance (SD3 / SD3.5, as sd-cli spells it)")
+    slg.add_argument("--slg-scale", type=float, help="skip-layer guidance scale (default 0: off; "
+                     "2.5 suits SD3.5 medium)")
+    slg.add_argument("--skip-layers", metavar="[7,8,9]", help="MMDiT blocks the guidance pass skips "
+                     "(default [7,8,9])")
+    slg.add_argument("--skip-layer-start", type=float, help="SLG starts after this fraction of the "
+                     "steps (default 0.01)")
+    slg.add_argument("--skip-layer-end", type=float, help="SLG stops at this fraction of the steps "
+                     "(default 0.2)")
     p.add_argument("--from-image", metavar="PNG",
                    help="take prompt, settings, model files and placement from a PNG's "
                         "parameters (sd-cli's or sdplan's); flags given here win")
@@ -53,9 +63,11 @@ def sampling_request(args: argparse.Namespace) -> dict[str, Any]:
 
     Raises:
         SdplanError: a malformed ``--sigmas`` / ``--extra-sample-args`` or unknown rng (the
-            sampling error's one line).
+            sampling error's one line); InvalidArgument: malformed ``--skip-layers`` or SLG
+            numbers.
     """
     from sdplan.core.sampling.options import SamplingOptions, parse_key_values, parse_sigmas
+    from sdplan.core.sampling.slg import SkipLayerGuidance
 
     req: dict[str, Any] = {"eta": args.eta, "flow_shift": args.flow_shift,
                            "timestep_shift": args.timestep_shift, "rng": args.rng,
@@ -67,6 +79,10 @@ def sampling_request(args: argparse.Namespace) -> dict[str, Any]:
         extra.update(parse_key_values(text))
     req["extra_sample_args"] = extra
     SamplingOptions.from_request(req)  # checks the names now, before any work
+    req |= SkipLayerGuidance.from_request({  # checks the SLG values too
+        "slg_scale": getattr(args, "slg_scale", None), "skip_layers": getattr(args, "skip_layers", None),
+        "skip_layer_start": getattr(args, "skip_layer_start", None),
+        "skip_layer_end": getattr(args, "skip_layer_end", None)}).to_request()
     return req
 
 

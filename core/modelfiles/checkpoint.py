@@ -31,6 +31,7 @@ from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.autofit_sizes import autofit_component_bytes, loaded_component_bytes
 from sdplan.core.modelfiles.families import DIFFUSION_MARKERS, detect_family
 from sdplan.core.modelfiles.readers import TensorFile, TensorInfo, read_tensor_file
+from sdplan.core.modelfiles.unets import stage_bytes
 from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
@@ -184,7 +185,9 @@ class ModelSet:
         blocks = tuple(per_block[k] for k in sorted(per_block))
         if module == "te":
             return ModuleProfile(blocks, other, self.encoder_bytes(), self.block_encoder())
-        return ModuleProfile(blocks, other)
+        stages = () if blocks or module != "diffusion" else stage_bytes(
+            (t.info.name, t.info.nbytes) for t in self.module_tensors(module, role))
+        return ModuleProfile(blocks, other, stages=stages)
 
     def profile(self) -> Profile:
         """The planner's profile of this model set, named after the diffusion model's file
@@ -507,9 +510,11 @@ def detect_architecture(ms: ModelSet) -> Architecture:
     """Architecture of the model set from its diffusion tensors' names and shapes: the rules of
     :func:`sdplan.core.modelfiles.families.detect_family` (Z-Image, FLUX.2, FLUX.1 / Chroma,
     SD3, the UNets by context width or ``sdplan.family`` metadata), given the diffusion tensors
-    without ``model.diffusion_model.``, the ``llm`` encoder's names and the files' metadata."""
+    without ``model.diffusion_model.``, the ``llm`` encoder's names, the files' metadata and
+    the text encoders among the files."""
     diff = {_local(t.info.name): t.info.shape for t in ms.module_tensors("diffusion")}
     llm = [t.info.name for t in ms.module_tensors("te") if t.encoder == "llm"]
     meta = [str(f.metadata.get("sdplan.family")) for f in ms.files if f.metadata.get("sdplan.family")]
-    return Architecture(*detect_family(diff, llm, meta))
+    encoders = {t.encoder for t in ms.module_tensors("te")}
+    return Architecture(*detect_family(diff, llm, meta, encoders))
 

@@ -15,7 +15,8 @@ feeds it a model set's diffusion tensors, its ``llm`` encoder's names and the fi
   (``3.5-medium`` with MMDiT-X ``attn2``, ``medium`` at 24 blocks, ``large`` at 38);
 * a UNet's cross-attention context width: 768 -> ``sd1``, 1024 -> ``sd2``, 2048 ->
   ``sdxl`` (1280 with ``label_emb``: its ``refiner``); another width -> the family a file's
-  ``sdplan.family`` metadata names (sd1 or sd2; scaled-down models such as the demo);
+  ``sdplan.family`` metadata names (sd1 or sd2 without ``label_emb``, sdxl with it, a refiner
+  when no clip_l encoder is among the files; scaled-down models such as the demo);
 * anything else with diffusion tensors is ``unknown`` but loadable.
 
 :func:`llm_family` names the language model of a ``te`` file (the ``llm`` encoder).
@@ -24,7 +25,7 @@ feeds it a model set's diffusion tensors, its ``llm`` encoder's names and the fi
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 __all__ = ["detect_family", "z_image_family", "flux2_family", "llm_family", "DIFFUSION_MARKERS"]
 
@@ -135,7 +136,8 @@ def _sd3(diff: Mapping[str, tuple[int, ...]], names: list[str]) -> Family | None
     return "sd3", {24: "medium", 38: "large"}.get(depth), tuple(ev)
 
 
-def _unet(diff: Mapping[str, tuple[int, ...]], names: list[str], metadata_families: Iterable[str]) -> Family | None:
+def _unet(diff: Mapping[str, tuple[int, ...]], names: list[str], metadata_families: Iterable[str],
+          encoders: Collection[str | None]) -> Family | None:
     ctx = next(((n, s[1]) for n, s in diff.items() if ".attn2.to_k.weight" in n and len(s) == 2), None)
     if ctx is None:
         return None
@@ -143,34 +145,39 @@ def _unet(diff: Mapping[str, tuple[int, ...]], names: list[str], metadata_famili
     sdxl_emb = any(n.startswith(("label_emb.", "add_embedding.")) for n in names)
     if sdxl_emb:
         ev.append("label_emb/add_embedding present (SDXL size conditioning)")
-    if ctx[1] == 2048:
-        return "sdxl", None, tuple(ev)
+    known = {768: "sd1", 1024: "sd2", 2048: "sdxl"}
+    if ctx[1] in known:
+        return known[ctx[1]], None, tuple(ev)
     if ctx[1] == 1280 and sdxl_emb:
         return "sdxl", "refiner", tuple(ev)
-    if ctx[1] in (768, 1024):
-        return ("sd1" if ctx[1] == 768 else "sd2"), None, tuple(ev)
     # A scaled-down UNet (sdplan's demo model, test models) names its family in the file's
-    # metadata, as the pipeline reads it (pipeline.METADATA_KEYS).
-    named = set(metadata_families) & {"sd1", "sd2"}
-    if len(named) == 1 and not sdxl_emb:
+    # metadata, as the pipelines read it (sdplan.core.pipelines.sd.METADATA_KEYS): sd1 or sd2
+    # without label_emb, sdxl with it (its refiner when the text encoders lack clip_l).
+    named = set(metadata_families) & {"sd1", "sd2", "sdxl"}
+    if len(named) == 1 and (named == {"sdxl"}) == sdxl_emb:
         family = named.pop()
         ev.append(f"file metadata sdplan.family = {family}")
-        return family, None, tuple(ev)
+        enc = set(encoders) - {None}
+        refiner = family == "sdxl" and bool(enc) and "clip_l" not in enc
+        return family, "refiner" if refiner else None, tuple(ev)
     return None
 
 
 def detect_family(diffusion: Mapping[str, tuple[int, ...]], llm_names: Iterable[str] = (),
-                  metadata_families: Iterable[str] = ()) -> Family:
+                  metadata_families: Iterable[str] = (),
+                  encoders: Collection[str | None] = ()) -> Family:
     """``(family, variant, evidence)`` of diffusion tensors (names without
     ``model.diffusion_model.`` -> shapes), by the rules of the module docstring.
     ``llm_names``: the ``llm`` encoder's tensor names (named in the evidence);
-    ``metadata_families``: the files' ``sdplan.family`` metadata values."""
+    ``metadata_families``: the files' ``sdplan.family`` metadata values; ``encoders``: the
+    text encoders among the files (clip_l, clip_g, ...; a scaled-down SDXL UNet without
+    clip_l beside it is a refiner)."""
     if not diffusion:
         return "unknown", None, ("no diffusion model among the files",)
     names = list(diffusion)
     llm = list(llm_names)
     found = (z_image_family(diffusion, llm) or flux2_family(diffusion, llm) or _flux1(diffusion, names)
-             or _sd3(diffusion, names) or _unet(diffusion, names, metadata_families))
+             or _sd3(diffusion, names) or _unet(diffusion, names, metadata_families, encoders))
     if found is not None:
         return found
     return "unknown", None, (f"no known diffusion layout among {len(diffusion)} tensors; loadable by name",)

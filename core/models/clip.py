@@ -1,4 +1,5 @@
-"""CLIP text encoder graphs: SD 1.x (transformers names) and SD 2.x (OpenCLIP names).
+"""CLIP text encoder graphs: SD 1.x (transformers names), SD 2.x (OpenCLIP names) and the
+two SDXL encoders (CLIP ViT-L in transformers names, OpenCLIP ViT-bigG in either).
 
 Layouts (tensor names after the checkpoint prefix):
 
@@ -12,6 +13,17 @@ Layouts (tensor names after the checkpoint prefix):
 The encoder is the pre-LN transformer of Radford et al. 2021 with a causal mask. ``clip_skip``
 follows sd-cli / A1111: ``clip_skip = k`` stops after layer ``n_layers - k + 1`` and applies the
 final LayerNorm (1 = last layer; SD 2.x uses 2, the penultimate layer).
+
+SDXL prefixes: ``conditioner.embedders.0.transformer.text_model.`` (ViT-L),
+``conditioner.embedders.1.model.`` (bigG; the refiner's only encoder is
+``conditioner.embedders.0.model.``); standalone ``--clip_l``/``--clip_g`` files use
+transformers names under ``text_model.``. The *pooled* output (:class:`ClipGraph` with
+``projection``) is the final-LayerNorm state of the last layer at the first end-of-text
+token, times the text projection: OpenCLIP's ``text_projection`` matrix ``P`` as
+``pooled @ P`` (open_clip's ``encode_text``), or transformers' ``text_projection.weight``
+``W`` as ``pooled @ W.T``; diffusers' single-file converter stores ``W = P.T``. (sd-cli
+applies either tensor as a linear layer, which transposes ``P``; sdplan follows open_clip
+and diffusers.)
 """
 
 from __future__ import annotations
@@ -24,7 +36,8 @@ import numpy as np
 from sdplan.core.models.base import ModelLayoutError, Weights, check_block
 from sdplan.core.runtime import graph as gr
 
-__all__ = ["ClipConfig", "ClipGraph", "PREFIXES", "layer_prefix", "clip_config", "clip_text", "causal_mask", "find_prefix"]
+__all__ = ["ClipConfig", "ClipGraph", "PREFIXES", "layer_prefix", "clip_config", "clip_text", "causal_mask",
+           "find_prefix", "find_projection"]
 
 Tensor = Any
 
@@ -32,6 +45,11 @@ Tensor = Any
 PREFIXES = {
     "cond_stage_model.transformer.text_model.": "openai",
     "cond_stage_model.model.": "openclip",
+    "conditioner.embedders.0.transformer.text_model.": "openai",
+    "conditioner.embedders.1.model.": "openclip",
+    "conditioner.embedders.0.model.": "openclip",
+    "text_encoders.clip_l.transformer.text_model.": "openai",
+    "text_encoders.clip_g.transformer.text_model.": "openai",
     "text_model.": "openai",
     "": "openai",
 }
@@ -71,12 +89,28 @@ def find_prefix(names: Mapping[str, Any]) -> tuple[str, str]:
                            f"({', '.join(p or '(none)' for p in PREFIXES)}) is present")
 
 
+def find_projection(names: Mapping[str, Any], prefix: str) -> tuple[str, str] | None:
+    """``(name, kind)`` of the text projection of the encoder under ``prefix``: OpenCLIP's
+    ``{prefix}text_projection`` matrix (kind ``matrix``, applied as ``x @ P``) or
+    transformers' ``text_projection.weight`` beside ``text_model.`` (kind ``linear``,
+    ``x @ W.T``); None when there is none."""
+    if prefix + "text_projection" in names:
+        return prefix + "text_projection", "matrix"
+    parent = prefix[: -len("text_model.")] if prefix.endswith("text_model.") else prefix
+    if parent + "text_projection.weight" in names:
+        return parent + "text_projection.weight", "linear"
+    return None
+
+
 def clip_config(weights: Mapping[str, Any], n_heads: int | None = None,
-                prefix: str | None = None) -> ClipConfig:
+                prefix: str | None = None, activation: str | None = None) -> ClipConfig:
     """Infer a :class:`ClipConfig` from ``weights`` (tensors or shape tuples).
 
-    ``n_heads`` defaults to ``width // 64`` (CLIP ViT-L/14 and OpenCLIP ViT-H/14 both use
-    64-wide heads); tiny test models pass it explicitly.
+    ``n_heads`` defaults to ``width // 64`` (CLIP ViT-L/14, OpenCLIP ViT-H/14 and ViT-bigG/14
+    all use 64-wide heads); tiny test models pass it explicitly. The layout under an explicit
+    ``prefix`` is read from the names. ``activation`` (``gelu_quick``/``gelu_erf``) defaults
+    to GELU for OpenCLIP names and for transformers names 1024 or 1280 wide (ViT-H, ViT-bigG:
+    ``hidden_act: gelu``; sd-cli's rule), quick-GELU otherwise (OpenAI's ViT-L).
 
     Raises:
         ModelLayoutError: missing tensors, or ``width`` not divisible by ``n_heads``.
@@ -84,14 +118,14 @@ def clip_config(weights: Mapping[str, Any], n_heads: int | None = None,
     if prefix is None:
         prefix, layout = find_prefix(weights)
     else:
-        layout = PREFIXES.get(prefix, "openclip" if "model.model" in prefix else "openai")
+        layout = "openclip" if prefix + "token_embedding.weight" in weights else "openai"
     w = Weights(weights, prefix)
     if layout == "openai":
         vocab, width = w.shape("embeddings.token_embedding.weight")
         n_pos = w.shape("embeddings.position_embedding.weight")[0]
         layers = w.indices("encoder.layers.")
         mlp = w.shape("encoder.layers.0.mlp.fc1.weight")[0]
-        act = "gelu_quick"
+        act = "gelu_erf" if width in (1024, 1280) else "gelu_quick"
     else:
         vocab, width = w.shape("token_embedding.weight")
         n_pos = w.shape("positional_embedding")[0]
@@ -103,7 +137,7 @@ def clip_config(weights: Mapping[str, Any], n_heads: int | None = None,
         raise ModelLayoutError(f"CLIP width {width} is not divisible by {heads} heads")
     if layers != list(range(len(layers))):
         raise ModelLayoutError(f"CLIP layers are not numbered 0..N-1: {layers[:8]}")
-    return ClipConfig(layout, prefix, vocab, n_pos, width, mlp, len(layers), heads, act)
+    return ClipConfig(layout, prefix, vocab, n_pos, width, mlp, len(layers), heads, activation or act)
 
 
 def causal_mask(n: int) -> np.ndarray:
@@ -206,13 +240,19 @@ def layer_prefix(cfg: ClipConfig, i: int) -> str:
 
 class ClipGraph:
     """The CLIP text encoder as an engine module graph (:class:`sdplan.core.models.ModuleGraph`):
-    block ``i`` is layer ``i`` (``layers.N``, the unit of ``te`` layer split); embeddings and
-    the final LayerNorm are non-block tensors on the main device.
+    block ``i`` is layer ``i`` (``layers.N``, the unit of ``te`` layer split); embeddings, the
+    final LayerNorm and the text projection are non-block tensors on the main device.
 
     Inputs ``ids`` i32 ``(B, T)`` and ``mask`` f32 ``(T, T)`` (:func:`causal_mask`); output
     ``hidden`` f32 ``(B, T, D)``. Layers after ``n_layers - clip_skip + 1`` are identity
     blocks (their weights are still placed, as sd-cli loads them). ``names``: checkpoint name
-    -> store name of the encoder's weights (``position_ids`` and projections are left out).
+    -> store name of the encoder's weights (``position_ids`` left out; the projection only
+    with ``projection``).
+
+    With ``projection`` = :func:`find_projection`'s ``(name, kind)`` every layer runs and the
+    graph also takes ``eos`` i32 ``(B,)`` (the row ``b * T + position`` of each sequence's
+    first end-of-text token) and outputs ``pooled`` f32 ``(B, P)``: the last layer's state
+    after the final LayerNorm at that row, projected (see the module docstring).
 
     Raises ValueError for ``clip_skip`` outside 1..n_layers.
     """
@@ -224,10 +264,11 @@ class ClipGraph:
     cpu_bf16_kernels: tuple[str, ...] = ("amx", "avx512")
 
     def __init__(self, cfg: ClipConfig, names: Mapping[str, str], clip_skip: int = 1,
-                 final_ln: bool = True) -> None:
+                 final_ln: bool = True, projection: tuple[str, str] | None = None) -> None:
         if not 1 <= clip_skip <= cfg.n_layers:
             raise ValueError(f"clip_skip must be in 1..{cfg.n_layers}, got {clip_skip}")
         self.cfg, self.clip_skip, self.final_ln = cfg, clip_skip, final_ln
+        self.projection = projection
         self.n_blocks = cfg.n_layers
         self.names = dict(names)
         self._blocks: list[list[str]] = [[] for _ in range(cfg.n_layers)]
@@ -249,26 +290,48 @@ class ClipGraph:
         return list(self._other)
 
     def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
-        """``ids`` i32 ``(B, T)`` and ``mask`` f32 ``(T, T)``; ValueError otherwise."""
+        """``ids`` i32 ``(B, T)``, ``mask`` f32 ``(T, T)`` (and ``eos`` i32 ``(B,)`` with a
+        projection); ValueError otherwise."""
         ids, mask = tuple(shapes.get("ids", ())), tuple(shapes.get("mask", ()))
-        if len(ids) != 2 or mask != (ids[1], ids[1]) or ids[1] > self.cfg.n_positions:
-            raise ValueError(f"CLIP inputs must be ids (B, T<={self.cfg.n_positions}) and mask (T, T), "
-                             f"got {shapes}")
-        return {"ids": (ids, "i32"), "mask": (mask, "f32")}
+        want = {"ids", "mask"} | ({"eos"} if self.projection else set())
+        if (set(shapes) != want or len(ids) != 2 or mask != (ids[1], ids[1]) or ids[1] > self.cfg.n_positions
+                or (self.projection and tuple(shapes["eos"]) != (ids[0],))):
+            raise ValueError(f"CLIP inputs must be {', '.join(sorted(want))}: ids (B, T<={self.cfg.n_positions}), "
+                             f"mask (T, T){', eos (B,)' if self.projection else ''}; got {shapes}")
+        out: dict[str, tuple[tuple[int, ...], str]] = {"ids": (ids, "i32"), "mask": (mask, "f32")}
+        if self.projection:
+            out["eos"] = ((ids[0],), "i32")
+        return out
+
+    def _view(self, w: Any) -> Weights:
+        return Weights(w, self.cfg.prefix, self.names)
 
     def build_pre(self, g: Any, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-        x = _embed(g, Weights(w, self.cfg.prefix, self.names), self.cfg, inputs["ids"])
-        return {"x": x, "mask": inputs["mask"]}
+        x = _embed(g, self._view(w), self.cfg, inputs["ids"])
+        return {k: v for k, v in (("x", x), ("mask", inputs["mask"]), ("eos", inputs.get("eos")))
+                if v is not None}
 
     def build_block(self, g: Any, w: Any, i: int, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        if i > self.cfg.n_layers - self.clip_skip:
+        stop = self.cfg.n_layers - self.clip_skip
+        if i > stop and not self.projection:
             return state
-        x = _layer(g, Weights(w, self.cfg.prefix, self.names), self.cfg, i, state["x"],
-                   state["mask"])
-        return {"x": x, "mask": state["mask"]}
+        out = dict(state)
+        out["x"] = _layer(g, self._view(w), self.cfg, i, state["x"], state["mask"])
+        if self.projection and i == stop:
+            out["hidden"] = out["x"]
+        return out
 
     def build_post(self, g: Any, w: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        x = state["x"]
-        if self.final_ln:
-            x = _final(g, Weights(w, self.cfg.prefix, self.names), self.cfg, x)
-        return {"hidden": x}
+        view = self._view(w)
+        x = state.get("hidden", state["x"])
+        out = {"hidden": _final(g, view, self.cfg, x) if self.final_ln else x}
+        if self.projection:
+            last = _final(g, view, self.cfg, state["x"])
+            b, t, d = last.shape
+            pooled = g.get_rows(g.reshape(last, (b * t, d)), state["eos"])  # (B, D)
+            name, kind = self.projection
+            proj = w(self.names[name])
+            if kind == "matrix":  # x @ P with P (D, P): mul_mat takes P.T
+                proj = g.cont(g.transpose(proj))
+            out["pooled"] = gr.linear(g, pooled, proj)
+        return out

@@ -1,15 +1,28 @@
-"""The latent-diffusion UNet (SD 1.x / 2.x) in the original single-file layout.
+"""The latent-diffusion UNet (SD 1.x / 2.x, SDXL) in the original single-file layout.
 
-Names under ``model.diffusion_model.`` (Rombach et al. 2022, the CompVis ``openaimodel``):
-``time_embed.{0,2}``, ``input_blocks.N.M`` (``N.0`` the stem conv; then a ResBlock
-``in_layers/emb_layers/out_layers/skip_connection``, a SpatialTransformer ``norm, proj_in,
-transformer_blocks.K.{norm1, attn1, norm2, attn2, norm3, ff}, proj_out``, or a Downsample
-``op``), ``middle_block.{0,1,2}``, ``output_blocks.N.M`` (ResBlock, SpatialTransformer,
-Upsample ``conv``) and ``out.{0,2}``.
+Names under ``model.diffusion_model.`` (Rombach et al. 2022, the CompVis ``openaimodel``;
+SDXL: Podell et al. 2023, Stability's ``generative-models``), or without that prefix in a
+standalone ``--diffusion-model`` file: ``time_embed.{0,2}``, SDXL's vector conditioning
+``label_emb.0.{0,2}`` (linear, SiLU, linear of the ``adm`` vector), ``input_blocks.N.M``
+(``N.0`` the stem conv; then a ResBlock ``in_layers/emb_layers/out_layers/skip_connection``, a
+SpatialTransformer ``norm, proj_in, transformer_blocks.K.{norm1, attn1, norm2, attn2, norm3,
+ff}, proj_out``, or a Downsample ``op``), ``middle_block.{0,1,2}``, ``output_blocks.N.M``
+(ResBlock, SpatialTransformer, Upsample ``conv``) and ``out.{0,2}``. LoRA files name these
+same modules (``lora_unet_input_blocks_4_1_proj_in`` is ``input_blocks.4.1.proj_in``).
 
-Every hyper-parameter comes from the shapes (:func:`unet_config`), so scaled-down models load
-too. The head count is not in the shapes: SD 1.x uses 8 heads everywhere, SD 2.x a head width
-of 64 (:data:`FAMILY_HEADS`); pass ``num_heads`` or ``head_dim`` for other models.
+Every hyper-parameter comes from the shapes (:func:`unet_config`), so scaled-down models and
+the reduced SDXL variants load too: a SpatialTransformer runs as many transformer blocks as
+its weights have (SDXL: 2 at level 1 and 10 at level 2; SSD-1B and Vega fewer, per block), a
+level without SpatialTransformers has no attention (SDXL's first), and a middle block runs
+the layers it has (SSD-1B: one ResBlock). The head count is not in the shapes: SD 1.x uses 8
+heads everywhere, SD 2.x and SDXL a head width of 64 (:data:`FAMILY_HEADS`); pass
+``num_heads`` or ``head_dim`` for other models.
+
+Engine stages: :class:`UNetGraph` gives the runner one block per stage, ``input_blocks.N``
+(N >= 1), ``middle_block`` and ``output_blocks.N`` in execution order (:func:`unet_stages`),
+so ``--max-vram`` can cut the UNet into segments; the skip activations the output blocks
+take travel in the state between segments. These engine blocks are not the planner's blocks
+of spec section 8: a UNet is never layer-split across devices.
 """
 
 from __future__ import annotations
@@ -18,16 +31,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sdplan.core.models.base import ModelLayoutError, Weights, WholeGraph
+from sdplan.core.models.base import ModelLayoutError, Weights
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["UNetConfig", "UNetGraph", "PREFIX", "FAMILY_HEADS",
-           "unet_config", "unet"]
+           "unet_config", "unet", "unet_stages", "find_prefix"]
 
 Tensor = Any
 PREFIX = "model.diffusion_model."
-#: family -> (num_heads, head_dim); exactly one is set.
-FAMILY_HEADS = {"sd1": (8, None), "sd2": (None, 64)}
+#: family -> (num_heads, head_dim); exactly one is set (SDXL: ``num_head_channels: 64`` in
+#: Stability's ``sd_xl_base.yaml`` and ``sd_xl_refiner.yaml``).
+FAMILY_HEADS = {"sd1": (8, None), "sd2": (None, 64), "sdxl": (None, 64)}
 _GN_GROUPS = 32
 _RES_EPS = 1e-5
 _ST_EPS = 1e-6
@@ -48,6 +62,8 @@ class UNetConfig:
         context_dim: cross-attention context width.
         linear_proj: proj_in/proj_out are linear layers (SD 2.x) rather than 1x1 convs.
         num_heads, head_dim: the head rule (one of them set).
+        adm_in_channels: width of the ``label_emb`` vector input (SDXL 2816, the refiner
+            2560); 0 without ``label_emb``.
     """
 
     prefix: str
@@ -62,6 +78,7 @@ class UNetConfig:
     linear_proj: bool
     num_heads: int | None
     head_dim: int | None
+    adm_in_channels: int = 0
 
     def heads(self, channels: int) -> int:
         """Attention heads of a SpatialTransformer of ``channels`` width."""
@@ -71,11 +88,27 @@ class UNetConfig:
         return max(1, channels // self.head_dim)
 
 
+def find_prefix(names: Mapping[str, Any]) -> str:
+    """The UNet's name prefix among ``names``: :data:`PREFIX` (single file, sd-cli's GGUF
+    files) or none (a standalone ``--diffusion-model`` file, city96-style GGUF files).
+
+    Raises:
+        ModelLayoutError: no ``input_blocks.0.0.weight`` under either.
+    """
+    for prefix in (PREFIX, ""):
+        if prefix + "input_blocks.0.0.weight" in names:
+            return prefix
+    raise ModelLayoutError("no UNet: input_blocks.0.0.weight is missing (with or without "
+                           f"the {PREFIX} prefix)")
+
+
 def unet_config(weights: Mapping[str, Any], family: str = "sd1", num_heads: int | None = None,
                 head_dim: int | None = None, prefix: str = PREFIX) -> UNetConfig:
     """Infer a :class:`UNetConfig` from ``weights`` (tensors or shape tuples).
 
-    ``num_heads``/``head_dim`` override the family rule of :data:`FAMILY_HEADS`.
+    ``num_heads``/``head_dim`` override the family rule of :data:`FAMILY_HEADS`;
+    ``transformer_depth`` is the last SpatialTransformer's depth seen on the way down (the
+    graph reads each block's own depth from its weights).
 
     Raises:
         ModelLayoutError: missing stem/output tensors, or a block structure that is not a UNet.
@@ -109,9 +142,10 @@ def unet_config(weights: Mapping[str, Any], family: str = "sd1", num_heads: int 
         linear = len(w.shape("middle_block.1.proj_in.weight")) == 2
     if num_heads is None and head_dim is None:
         num_heads, head_dim = FAMILY_HEADS.get(family, FAMILY_HEADS["sd1"])
+    adm = w.shape("label_emb.0.0.weight")[1] if "label_emb.0.0.weight" in w else 0
     return UNetConfig(prefix, cin, cout, mc, tuple(lv[-1] // mc for lv in levels),
                       len(levels[0]), tuple(sorted(attn_levels)), depth, context, linear,
-                      num_heads, head_dim if not num_heads else None)
+                      num_heads, head_dim if not num_heads else None, adm)
 
 
 def _resblock(g: Any, w: Weights, x: Tensor, emb: Tensor) -> Tensor:
@@ -187,8 +221,49 @@ def _block(g: Any, w: Weights, x: Tensor, emb: Tensor, context: Tensor, cfg: UNe
     return x
 
 
+def unet_stages(weights: Mapping[str, Any], prefix: str = PREFIX) -> list[str]:
+    """The UNet's engine stages in execution order, as name prefixes after ``prefix``:
+    ``input_blocks.N.`` (N >= 1; N = 0 is the stem), ``middle_block.`` when present,
+    ``output_blocks.N.``.
+
+    Raises:
+        ModelLayoutError: no input or output blocks.
+    """
+    w = Weights(weights, prefix)
+    ins = [n for n in w.indices("input_blocks.") if n > 0]
+    outs = w.indices("output_blocks.")
+    if not ins or not outs:
+        raise ModelLayoutError(f"{prefix}: a UNet needs input_blocks.1... and output_blocks.0...")
+    mid = ["middle_block."] if w.indices("middle_block.") else []
+    return [f"input_blocks.{n}." for n in ins] + mid + [f"output_blocks.{n}." for n in outs]
+
+
+def _embedding(g: Any, w: Weights, t: Tensor, y: Tensor | None, cfg: UNetConfig) -> Tensor:
+    """Timestep embedding, plus ``label_emb`` of the vector ``y`` (SDXL): ``(N, 4*mc)``."""
+    emb = g.timestep_embedding(t, cfg.model_channels)
+    emb = gr.linear(g, emb, w["time_embed.0.weight"], w["time_embed.0.bias"])
+    emb = gr.linear(g, g.unary("silu", emb), w["time_embed.2.weight"], w["time_embed.2.bias"])
+    if cfg.adm_in_channels:
+        if y is None:
+            raise ValueError(f"unet: this UNet takes a vector y of width {cfg.adm_in_channels}")
+        v = gr.linear(g, y, w["label_emb.0.0.weight"], w["label_emb.0.0.bias"])
+        v = gr.linear(g, g.unary("silu", v), w["label_emb.0.2.weight"], w["label_emb.0.2.bias"])
+        emb = g.add(emb, v)
+    return emb
+
+
+def _check(x: Tensor, context: Tensor, y: Tensor | None, cfg: UNetConfig) -> None:
+    f = 2 ** (len(cfg.channel_mult) - 1)
+    if x.shape[-1] % f or x.shape[-2] % f:
+        raise ValueError(f"unet: latent {x.shape[-2]}x{x.shape[-1]} is not divisible by {f}")
+    if cfg.context_dim and context.shape[-1] != cfg.context_dim:
+        raise ValueError(f"unet: context width {context.shape[-1]} != {cfg.context_dim}")
+    if y is not None and tuple(y.shape) != (x.shape[0], cfg.adm_in_channels):
+        raise ValueError(f"unet: vector y must be ({x.shape[0]}, {cfg.adm_in_channels}), got {y.shape}")
+
+
 def unet(g: Any, weights: Mapping[str, Any], x: Tensor, t: Tensor, context: Tensor,
-         cfg: UNetConfig | None = None) -> Tensor:
+         cfg: UNetConfig | None = None, y: Tensor | None = None) -> Tensor:
     """The UNet's output (eps or v, as the model was trained).
 
     Args:
@@ -198,45 +273,54 @@ def unet(g: Any, weights: Mapping[str, Any], x: Tensor, t: Tensor, context: Tens
         t: f32 timesteps ``(N,)`` (0..999, fractional allowed).
         context: f32 cross-attention context ``(N, S, context_dim)``.
         cfg: hyper-parameters (default: :func:`unet_config` with the SD 1.x head rule).
+        y: f32 vector conditioning ``(N, adm_in_channels)`` for a UNet with ``label_emb``
+            (SDXL), else None.
 
     Returns:
         f32 ``(N, C_out, H, W)``.
 
     Raises:
-        ValueError: H or W not divisible by the downsampling factor, or context width wrong.
+        ValueError: H or W not divisible by the downsampling factor, a context or vector of
+            the wrong width, or no vector for a UNet that takes one.
     """
     cfg = cfg or unet_config(weights)
     w = Weights(weights, cfg.prefix)
-    f = 2 ** (len(cfg.channel_mult) - 1)
-    if x.shape[-1] % f or x.shape[-2] % f:
-        raise ValueError(f"unet: latent {x.shape[-2]}x{x.shape[-1]} is not divisible by {f}")
-    if cfg.context_dim and context.shape[-1] != cfg.context_dim:
-        raise ValueError(f"unet: context width {context.shape[-1]} != {cfg.context_dim}")
-    emb = g.timestep_embedding(t, cfg.model_channels)
-    emb = gr.linear(g, emb, w["time_embed.0.weight"], w["time_embed.0.bias"])
-    emb = gr.linear(g, g.unary("silu", emb), w["time_embed.2.weight"], w["time_embed.2.bias"])
+    _check(x, context, y, cfg)
+    emb = _embedding(g, w, t, y, cfg)
     h = gr.conv2d(g, x, w["input_blocks.0.0.weight"], w["input_blocks.0.0.bias"], padding=1)
     skips = [h]
-    for n in w.indices("input_blocks.")[1:]:
-        h = _block(g, w.sub(f"input_blocks.{n}."), h, emb, context, cfg)
-        skips.append(h)
-    h = _block(g, w.sub("middle_block."), h, emb, context, cfg)
-    for n in w.indices("output_blocks."):
-        if not skips:
-            raise ModelLayoutError("output_blocks outnumber the skip connections")
-        h = g.concat(h, skips.pop(), 1)
-        h = _block(g, w.sub(f"output_blocks.{n}."), h, emb, context, cfg)
+    for stage in unet_stages(weights, cfg.prefix):
+        if stage.startswith("output_blocks."):
+            if not skips:
+                raise ModelLayoutError("output_blocks outnumber the skip connections")
+            h = g.concat(h, skips.pop(), 1)
+        h = _block(g, w.sub(stage), h, emb, context, cfg)
+        if stage.startswith("input_blocks."):
+            skips.append(h)
+    return _out(g, w, h)
+
+
+def _out(g: Any, w: Weights, h: Tensor) -> Tensor:
     h = gr.group_norm(g, h, _GN_GROUPS, w["out.0.weight"], w["out.0.bias"], _RES_EPS)
     return gr.conv2d(g, g.unary("silu", h), w["out.2.weight"], w["out.2.bias"], padding=1)
 
 
-class UNetGraph(WholeGraph):
-    """The UNet as an engine module graph (:class:`sdplan.core.models.ModuleGraph`): no
-    splittable blocks (spec section 8: UNet stages are never block tensors), every weight on
-    the main device.
+class UNetGraph:
+    """The UNet as an engine module graph (:class:`sdplan.core.models.ModuleGraph`) whose
+    blocks are its stages (:func:`unet_stages`): block ``i`` holds the weights under stage
+    ``i``; the time embedding, ``label_emb``, the stem and ``out`` are non-block weights on
+    the main device. Spec section 8 still holds: these blocks are the runner's cut points for
+    ``--max-vram`` segments, never planner blocks for a layer split.
 
-    Inputs ``x`` f32 ``(N, C_in, H, W)``, ``t`` f32 ``(N,)``, ``c`` f32 ``(N, S, D)``; output
-    ``y`` ``(N, C_out, H, W)``. ``names``: checkpoint name -> store name of every UNet weight.
+    Inputs ``x`` f32 ``(N, C_in, H, W)``, ``t`` f32 ``(N,)``, ``c`` f32 ``(N, S, D)`` and, for
+    a UNet with ``label_emb``, ``vec`` f32 ``(N, adm_in_channels)`` (the model's ``y``);
+    output ``y`` ``(N, C_out, H, W)``. ``names``: checkpoint name -> store name of every UNet weight.
+
+    The state between blocks: ``h`` (the running activation), ``emb``, ``c`` and
+    ``skip.K`` for each skip activation not yet taken (K = 0 the stem's, K = N after
+    ``input_blocks.N``); an output block takes the highest K left.
+
+    Raises ModelLayoutError (from the constructor) for weights without UNet stages.
     """
 
     #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16
@@ -247,18 +331,64 @@ class UNetGraph(WholeGraph):
 
     def __init__(self, cfg: UNetConfig, names: Mapping[str, str]) -> None:
         self.cfg, self.names = cfg, dict(names)
+        self.stages = unet_stages(self.names, cfg.prefix)
+        self.n_blocks = len(self.stages)
+        self._blocks: list[list[str]] = [[] for _ in self.stages]
+        self._other: list[str] = []
+        heads = [cfg.prefix + s for s in self.stages]
+        for full, short in self.names.items():
+            for i, p in enumerate(heads):
+                if full.startswith(p):
+                    self._blocks[i].append(short)
+                    break
+            else:
+                self._other.append(short)
+
+    def block_tensors(self, i: int) -> list[str]:
+        """Store names of stage ``i``'s weights (IndexError outside 0..n_blocks-1)."""
+        if not 0 <= i < self.n_blocks:
+            raise IndexError(f"UNet stage {i} outside 0..{self.n_blocks - 1}")
+        return list(self._blocks[i])
 
     def other_tensors(self) -> list[str]:
-        return list(self.names.values())
+        return list(self._other)
 
     def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
-        """``x``, ``t`` and ``c`` as f32; ValueError when one is missing or ``t`` does not
-        have one entry per latent."""
-        if set(shapes) != {"x", "t", "c"}:
-            raise ValueError(f"UNet inputs are x, t, c; got {sorted(shapes)}")
+        """``x``, ``t``, ``c`` (and ``vec`` for a UNet with ``label_emb``) as f32; ValueError
+        when one is missing or extra, or ``t`` does not have one entry per latent."""
+        want = {"x", "t", "c"} | ({"vec"} if self.cfg.adm_in_channels else set())
+        if set(shapes) != want:
+            raise ValueError(f"UNet inputs are {', '.join(sorted(want))}; got {sorted(shapes)}")
         if tuple(shapes["t"]) != (shapes["x"][0],):
             raise ValueError(f"UNet: t must be ({shapes['x'][0]},), got {shapes['t']}")
-        return {k: (tuple(shapes[k]), "f32") for k in ("x", "t", "c")}
+        return {k: (tuple(shapes[k]), "f32") for k in sorted(want)}
 
-    def build(self, g: Any, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-        return {"y": unet(g, Weights(w, names=self.names), inputs["x"], inputs["t"], inputs["c"], self.cfg)}
+    def _view(self, w: Any) -> Weights:
+        return Weights(w, self.cfg.prefix, self.names)
+
+    def build_pre(self, g: Any, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        v = self._view(w)
+        _check(inputs["x"], inputs["c"], inputs.get("vec"), self.cfg)
+        emb = _embedding(g, v, inputs["t"], inputs.get("vec"), self.cfg)
+        h = gr.conv2d(g, inputs["x"], v["input_blocks.0.0.weight"], v["input_blocks.0.0.bias"], padding=1)
+        return {"h": h, "emb": emb, "c": inputs["c"], "skip.0": h}
+
+    def build_block(self, g: Any, w: Any, i: int, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        if not 0 <= i < self.n_blocks:
+            raise IndexError(f"UNet stage {i} outside 0..{self.n_blocks - 1}")
+        stage = self.stages[i]
+        out = dict(state)
+        h = state["h"]
+        if stage.startswith("output_blocks."):
+            left = [int(k[5:]) for k in state if k.startswith("skip.")]
+            if not left:
+                raise ModelLayoutError("output_blocks outnumber the skip connections")
+            h = g.concat(h, out.pop(f"skip.{max(left)}"), 1)
+        h = _block(g, self._view(w).sub(stage), h, state["emb"], state["c"], self.cfg)
+        out["h"] = h
+        if stage.startswith("input_blocks."):
+            out[f"skip.{int(stage.split('.')[1])}"] = h
+        return out
+
+    def build_post(self, g: Any, w: Any, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {"y": _out(g, self._view(w), state["h"])}

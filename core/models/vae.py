@@ -22,13 +22,20 @@ import numpy as np
 from sdplan.core.models.base import ModelLayoutError, Weights, WholeGraph
 from sdplan.core.runtime import graph as gr
 
-__all__ = ["VaeConfig", "VaeGraph", "PREFIX", "vae_config", "vae_decode", "vae_encode", "tiled_decode",
-           "SCALE_FACTOR"]
+__all__ = ["VaeConfig", "VaeGraph", "PREFIX", "vae_config", "vae_decode", "vae_encode", "vae_moments",
+           "tiled_decode", "SCALE_FACTOR", "SDXL_SCALE_FACTOR", "SDXL_CONV_SCALE"]
 
 Tensor = Any
 PREFIX = "first_stage_model."
 #: SD 1.x / 2.x latent scale (latent = mean * 0.18215).
 SCALE_FACTOR = 0.18215
+#: SDXL latent scale (``scale_factor: 0.13025`` in Stability's ``sd_xl_base.yaml``).
+SDXL_SCALE_FACTOR = 0.13025
+#: sd-cli's input scale around every VAE convolution of SDXL's own VAE (``1/32``): the
+#: original SDXL VAE overflows f16 activations, so each conv computes ``conv(x * s) / s``
+#: plus its bias (``ggml_ext_conv_2d``'s ``scale``). Exact in f32; it matters on backends
+#: that compute convolutions in f16.
+SDXL_CONV_SCALE = 1.0 / 32.0
 _GROUPS = 32
 _EPS = 1e-6
 
@@ -148,6 +155,13 @@ def vae_encode(g: Any, weights: Mapping[str, Any], img: Tensor, cfg: VaeConfig |
     Raises:
         ValueError: H or W not divisible by the factor.
     """
+    return vae_moments(g, weights, img, cfg)[0]
+
+
+def vae_moments(g: Any, weights: Mapping[str, Any], img: Tensor,
+                cfg: VaeConfig | None = None) -> tuple[Tensor, Tensor]:
+    """``(mean, logvar)`` of the latent distribution of images (as :func:`vae_encode`;
+    logvar unclamped), each f32 ``(N, latent_channels, H/8, W/8)``."""
     cfg = cfg or vae_config(weights)
     if img.shape[-1] % cfg.factor or img.shape[-2] % cfg.factor:
         raise ValueError(f"vae_encode: image {img.shape[-2]}x{img.shape[-1]} is not divisible "
@@ -170,24 +184,29 @@ def vae_encode(g: Any, weights: Mapping[str, Any], img: Tensor, cfg: VaeConfig |
             h = gr.conv2d(g, h, w[q + "weight"], w[q + "bias"])
     n, c2, hh, ww = h.shape
     zc = c2 // 2
-    return g.cont(g.view(h, (n, zc, hh, ww), (c2 * hh * ww * 4, hh * ww * 4, ww * 4, 4), 0))
+    st = (c2 * hh * ww * 4, hh * ww * 4, ww * 4, 4)
+    return (g.cont(g.view(h, (n, zc, hh, ww), st, 0)),
+            g.cont(g.view(h, (n, zc, hh, ww), st, zc * hh * ww * 4)))
 
 
 class VaeGraph(WholeGraph):
     """The VAE as an engine module graph (:class:`sdplan.core.models.ModuleGraph`): whole,
     no blocks. Input ``z`` f32 ``(N, C, h, w)`` (already divided by the scale factor) gives
     output ``image`` ``(N, 3, 8h, 8w)``; input ``image`` f32 ``(N, 3, H, W)`` in [-1, 1]
-    gives ``mean`` ``(N, C, H/8, W/8)``. ``names``: checkpoint name -> store name.
+    gives ``mean`` and ``logvar`` ``(N, C, H/8, W/8)``. ``names``: checkpoint name -> store name.
+    ``conv_scale`` != 1 computes every convolution as ``conv(x * s) / s + bias``
+    (:data:`SDXL_CONV_SCALE`, sd-cli's ``--force-sdxl-vae-conv-scale``).
     """
 
     #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16
     #: weights are held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16.py (1 thread,
-    #: medians of 3 interleaved processes), a 256 px decode took 0.27x the f16/Winograd path's time with AMX but 1.63x with AVX512_BF16 alone.
+    #: medians of 3 interleaved processes), a 256 px decode took 0.27x the f16/Winograd
+    #: path's time with AMX but 1.63x with AVX512_BF16 alone.
     #: Accuracy: tests/test_bf16_models.py.
     cpu_bf16_kernels: tuple[str, ...] = ("amx",)
 
-    def __init__(self, cfg: VaeConfig, names: Mapping[str, str]) -> None:
-        self.cfg, self.names = cfg, dict(names)
+    def __init__(self, cfg: VaeConfig, names: Mapping[str, str], conv_scale: float = 1.0) -> None:
+        self.cfg, self.names, self.conv_scale = cfg, dict(names), conv_scale
 
     def other_tensors(self) -> list[str]:
         return list(self.names.values())
@@ -200,9 +219,28 @@ class VaeGraph(WholeGraph):
 
     def build(self, g: Any, w: Any, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
         view = Weights(w, names=self.names)
+        if self.conv_scale != 1.0:
+            g = _ConvScaled(g, self.conv_scale)
         if "z" in inputs:
             return {"image": vae_decode(g, view, inputs["z"], self.cfg)}
-        return {"mean": vae_encode(g, view, inputs["image"], self.cfg)}
+        mean, logvar = vae_moments(g, view, inputs["image"], self.cfg)
+        return {"mean": mean, "logvar": logvar}
+
+
+class _ConvScaled:
+    """A graph whose ``conv_2d`` computes ``conv(x * s) / s`` and then adds the bias, as
+    sd-cli's ``ggml_ext_conv_2d`` with ``scale``; every other op is the graph's own."""
+
+    def __init__(self, g: Any, scale: float) -> None:
+        self._g, self._s = g, scale
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._g, name)
+
+    def conv_2d(self, w: Tensor, x: Tensor, *args: Any, bias: Tensor | None = None) -> Tensor:
+        g = self._g
+        y = g.scale(g.conv_2d(w, g.scale(x, self._s), *args), 1.0 / self._s)
+        return g.add(y, g.reshape(bias, (bias.shape[0], 1, 1))) if bias is not None else y
 
 
 def _starts(size: int, tile: int, overlap: int) -> list[int]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sdplan.core.modelfiles.lora_names import AliasTable
+from sdplan.core.pipelines.lora import AppliedLora, LoraState
 from sdplan.core.runtime.devices import BackendManager
 from sdplan.core.runtime.runner import BackendPool, CancelToken, ModulePlacement, ModuleRunner
 from sdplan.core.runtime.weights import WeightFile
@@ -44,13 +46,41 @@ class Pipeline:
         self.n_threads = n_threads
         self.cancel = cancel or CancelToken()
         self.runners: dict[str, ModuleRunner] = {}
+        self.placements: dict[str, ModulePlacement] = {}
+        #: The LoRAs in use (:meth:`set_loras`).
+        self.loras = LoraState()
 
     def new_runner(self, name: str, model: Any, weights: WeightFile,
                    placement: ModulePlacement) -> ModuleRunner:
         """A runner of ``model`` (a ModuleGraph) over ``weights`` placed by ``placement``,
         sharing this pipeline's pool, cancel token and threads (not registered: the caller
-        stores it in :attr:`runners` under the name it reports memory by)."""
-        return ModuleRunner(model, weights, placement, self.pool, self.cancel, name, self.n_threads)
+        stores it in :attr:`runners` under the name it reports memory by). The current
+        LoRAs patching module ``name`` are applied to it."""
+        runner = ModuleRunner(model, weights, placement, self.pool, self.cancel, name, self.n_threads)
+        if self.loras.applied:
+            self.loras.attach(name, runner)
+        return runner
+
+    def lora_aliases(self) -> AliasTable:
+        """The names a LoRA may give this pipeline's weights
+        (:mod:`sdplan.core.modelfiles.lora_names`); each family's pipeline defines them.
+
+        Raises:
+            SdplanError: a pipeline that takes no LoRA.
+        """
+        from sdplan.core.errors import SdplanError
+
+        raise SdplanError(f"{type(self).__name__} takes no LoRA")
+
+    def set_loras(self, loras: list[AppliedLora], mode: str = "auto") -> str | None:
+        """Patch the modules with ``loras`` (``[]``: none) from the next run on, applied in
+        ``mode`` (``auto``, ``immediately``, ``at_runtime``; see
+        :mod:`sdplan.core.runtime.lora`). Returns the mode in use (None without LoRAs).
+
+        Raises:
+            SdplanError: an unknown mode or a patch that does not fit its weight.
+        """
+        return self.loras.set(loras, mode, self.runners, self.placements)
 
     def set_cancel(self, token: CancelToken) -> None:
         """Use ``token`` for every module from now on."""

@@ -30,6 +30,7 @@ from sdplan.core.models.chroma import ChromaDiT, kept_tokens
 from sdplan.core.models.t5 import T5Encoder
 from sdplan.core.pipelines.base import module_placements
 from sdplan.core.pipelines.flux_base import FluxFamilyPipeline, shapes
+from sdplan.core.pipelines.img2img import ImageInput
 from sdplan.core.text.prompt import apply_prompt_weights
 from sdplan.core.text.t5_tokenizer import T5Tokenizer
 
@@ -116,7 +117,8 @@ class ChromaPipeline(FluxFamilyPipeline):
                 cfg_scale: float = 4.0, steps: int | None = None, seed: int = 42, sampler: str = "euler",
                 t5_length: int = T5_LENGTH, mask_pad: int = 1, dit_mask: bool = True,
                 noise: np.ndarray | None = None, preview: Callable[[int, np.ndarray], None] | None = None,
-                vae_scale: int = 8) -> dict[str, np.ndarray]:
+                vae_scale: int = 8, init: ImageInput | None = None,
+                init_seed: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -131,6 +133,9 @@ class ChromaPipeline(FluxFamilyPipeline):
             noise: an explicit starting noise ``(1, 16, h, w)`` instead of the seed's.
             preview: ``preview(step, rgb_uint8 (H, W, 3))`` after each step.
             vae_scale: pixels per latent cell (8 for the FLUX.1 autoencoder).
+            init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.img2img`);
+                ``init_seed`` seeds the draw of its latent (default ``seed``; sd-cli draws it
+                once per request with the request's seed).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -153,7 +158,7 @@ class ChromaPipeline(FluxFamilyPipeline):
             return (u + np.float32(cfg_scale) * (v - u)).astype(np.float32)
 
         return self._sample(vel, h, w, steps or DEFAULT_STEPS, shift=True, seed=seed, sampler=sampler,
-                            noise=noise, preview=preview)
+                            noise=noise, preview=preview, init=init, init_seed=init_seed)
 
 
 def txt2img(models: ChromaModels, plan: Any, prompt: str, width: int, height: int, pool: Any = None,

@@ -15,6 +15,8 @@ from sdplan.core.pipelines.demo_scenes import parse_caption
 
 #: The packaged demo model: ``sdplan.resources`` folder and file name.
 DEMO_RESOURCE = ("demo", "sdplan-demo-shapes.safetensors")
+#: The packaged demo LoRAs: ``sdplan.resources`` folder (``outline``: shapes drawn as outlines).
+DEMO_LORA_DIR = ("demo", "loras")
 #: Its generation defaults: size in pixels, steps and CFG scale.
 DEMO_DEFAULTS: dict[str, int | float] = {"width": 128, "height": 128, "steps": 20, "cfg_scale": 5.0}
 #: Its sampler and scheduler.
@@ -37,10 +39,18 @@ def demo_model_path() -> Path:
     return path
 
 
+def demo_lora_dir() -> Path:
+    """The folder of the demo model's LoRAs (it may be missing from an installation)."""
+    return Path(str(resources.files("sdplan.resources").joinpath("/".join(DEMO_LORA_DIR))))
+
+
 def demo_caption_known(prompt: str) -> bool:
-    """Is ``prompt`` one of the demo model's 168 training captions (any case/spacing)?"""
+    """Is ``prompt`` one of the demo model's 168 training captions (any case/spacing; LoRA
+    tags aside)?"""
+    from sdplan.core.text.lora_tags import extract_lora_tags
+
     try:
-        parse_caption(prompt)
+        parse_caption(extract_lora_tags(prompt)[0])
     except SdplanError:
         return False
     return True

@@ -268,6 +268,30 @@ def measure(image: np.ndarray) -> dict[str, object]:
     return out
 
 
+def is_outlined(image: np.ndarray, shape: str) -> bool:
+    """Is the picture's shape drawn as an outline (the demo's ``outline`` LoRA)? True when the
+    5x5 pixels at the middle of the shape region's bounding box (62% of the way down for a
+    triangle, whose middle is low) all have the background's colour while a shape region
+    exists around them (:func:`measure`'s background and threshold).
+
+    Raises:
+        SdplanError: an image that is not ``(H, W, 3)`` or an unknown shape.
+    """
+    if shape not in SHAPES:
+        raise SdplanError(f"demo scene: unknown shape {shape!r} (known: {', '.join(SHAPES)})")
+    a = _check_image(image)
+    m = measure(image)
+    mask = np.linalg.norm(a - np.asarray(m["background_rgb"]), axis=2) > DIFF_THRESHOLD
+    if mask.mean() < MIN_SHAPE_FRACTION:
+        return False
+    ys, xs = np.nonzero(mask)
+    y0, y1 = np.percentile(ys, [1, 99])
+    x0, x1 = np.percentile(xs, [1, 99])
+    cy = int(y0 + (0.62 if shape == "triangle" else 0.5) * (y1 - y0))
+    cx = int((x0 + x1) / 2)
+    return not mask[cy - 2:cy + 3, cx - 2:cx + 3].any()
+
+
 def caption_matches(image: np.ndarray, caption: str) -> dict[str, bool]:
     """Does the picture show what the caption says? One boolean per attribute.
 

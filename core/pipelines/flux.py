@@ -26,6 +26,7 @@ from sdplan.core.models.t5 import T5Encoder
 from sdplan.core.pipelines.base import module_placements
 from sdplan.core.pipelines.flux_base import FluxFamilyPipeline
 from sdplan.core.pipelines.flux_base import shapes as _shapes
+from sdplan.core.pipelines.img2img import ImageInput
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.sampling.flow import DEFAULT_STEPS
 from sdplan.core.sampling.options import SamplingOptions
@@ -120,7 +121,8 @@ class FluxPipeline(FluxFamilyPipeline):
                 t5_length: int = 256, noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None,
                 vae_scale: int = 8, scheduler: str = "default",
-                sampling: SamplingOptions | None = None) -> dict[str, np.ndarray]:
+                sampling: SamplingOptions | None = None, init: ImageInput | None = None,
+                init_seed: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -140,6 +142,9 @@ class FluxPipeline(FluxFamilyPipeline):
                 (:class:`~sdplan.core.sampling.schedules_more.FlowSchedule`, shift
                 ``--flow-shift``, default 1.15 for dev and 1 for schnell as sd-cli).
             sampling: ``--eta``, ``--sigmas``, ``--rng`` and the other options.
+            init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.img2img`);
+                ``init_seed`` seeds the draw of its latent (default ``seed``; sd-cli draws it
+                once per request with the request's seed).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -159,7 +164,7 @@ class FluxPipeline(FluxFamilyPipeline):
 
         return self._sample(vel, h, w, steps, shift=variant == "dev", seed=seed, sampler=sampler,
                             noise=noise, preview=preview, scheduler=scheduler, sampling=sampling,
-                            flow_shift=1.15 if variant == "dev" else 1.0)
+                            flow_shift=1.15 if variant == "dev" else 1.0, init=init, init_seed=init_seed)
 
 
 def txt2img(models: FluxModels, plan: Any, prompt: str, width: int, height: int, pool: Any = None,

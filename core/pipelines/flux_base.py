@@ -5,6 +5,13 @@ Modules run on the engine (:class:`sdplan.core.runtime.runner.ModuleRunner`) per
 :class:`~sdplan.core.runtime.runner.ModulePlacement`: ``diffusion`` (the DiT; its double then
 single blocks are the layer-split blocks) and ``vae`` (and the TAEF1 preview decoder on the
 VAE's main device). A family's pipeline adds its text encoders and prompt encoding.
+
+Image to image and inpainting (:mod:`sdplan.core.pipelines.img2img`) happen here for every
+FLUX.1-family model: the autoencoder's encoder (a ``vae_encoder`` runner placed as the VAE,
+made on first use) gives the init latent, the flow start is ``(1 - s) init + s noise`` over the
+truncated schedule, and with a mask the DiT's prediction ``x - s v`` is blended with the init
+latent each step. LoRAs map onto the DiT and text encoders by
+:func:`~sdplan.core.modelfiles.lora_names.flux_aliases`.
 """
 
 from __future__ import annotations
@@ -16,15 +23,24 @@ from typing import Any
 
 import numpy as np
 from sdplan.core.errors import InvalidArgument, SdplanError
+from sdplan.core.modelfiles.lora_names import AliasTable, flux_aliases
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux import unpatchify
 from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
-from sdplan.core.models.vae import vae_config, vae_decode
+from sdplan.core.models.vae import vae_config, vae_decode, vae_moments
 from sdplan.core.pipelines.base import Pipeline
+from sdplan.core.pipelines.img2img import (
+    ImageInput,
+    blend,
+    latent_mask,
+    sample_latent,
+    truncate_sigmas,
+)
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.flow import flux_sigmas, sample_flow
+from sdplan.core.sampling.noise import NoiseSource, make_noise
 from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
 from sdplan.core.sampling.schedules_more import FlowSchedule
@@ -57,6 +73,12 @@ class FluxFamilyPipeline(Pipeline):
     placements: dict[str, ModulePlacement]
     dit: Any
     preview: Callable[[np.ndarray], np.ndarray] | None = None
+    #: the autoencoder's latent scaling (``z_model = (z_vae - shift) * scale``), the latent
+    #: projection of previews without a TAE, the flow schedule of sd-cli's schedulers.
+    scale_factor = SCALE_FACTOR
+    shift_factor = SHIFT_FACTOR
+    preview_family = "flux"
+    schedule_kind = "flux"
 
     def _runner(self, name: str, model: Any, path: str | Path, placement: Any,
                 dtypes: Mapping[str, str] | None) -> Any:
@@ -73,7 +95,39 @@ class FluxFamilyPipeline(Pipeline):
         dec = [n for n in vae_shapes if n.startswith(prefix + "decoder.")]
         self.runners["vae"] = self._runner("vae", FunctionGraph(dec, {"z": "f32"}, self._decode), vae,
                                            self.placements["vae"], None)
+        self._vae_path = vae
+        self._vae_encoder = [n for n in vae_shapes if n.startswith((prefix + "encoder.", prefix + "quant_conv."))]
         self.preview = self._tae_decoder(taesd) if taesd is not None else None
+
+    def lora_aliases(self) -> AliasTable:
+        """The LoRA names of the DiT and the text encoders it has
+        (:func:`~sdplan.core.modelfiles.lora_names.flux_aliases`)."""
+        runners = {m: self.runners[m] for m in ("diffusion", "clip_l", "t5xxl") if m in self.runners}
+        return flux_aliases({m: list(r.wf.infos) for m, r in runners.items()},
+                            {n: tuple(i.shape) for r in runners.values() for n, i in r.wf.infos.items()})
+
+    def encode_sample(self, img: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """Image ``(1, 3, H, W)`` in [-1, 1] -> a draw of the autoencoder's latent
+        distribution with standard normal ``noise`` ``(1, 16, H/f, W/f)``, in model space
+        (``(z - shift_factor) * scale_factor``). The encoder runs where the VAE is placed.
+
+        Raises:
+            SdplanError: the autoencoder file has no encoder.
+        """
+        if "vae_encoder" not in self.runners:
+            if not self._vae_encoder:
+                raise SdplanError(f"{self._vae_path}: the autoencoder has no encoder: img2img needs one")
+
+            def enc(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+                mean, logvar = vae_moments(g, w, ins["image"], self.vae_cfg)
+                return {"mean": mean, "logvar": logvar}
+
+            self.runners["vae_encoder"] = self._runner(
+                "vae_encoder", FunctionGraph(self._vae_encoder, {"image": "f32"}, enc), self._vae_path,
+                self.placements["vae"], None)
+        out = self.runners["vae_encoder"].run({"image": np.ascontiguousarray(img, dtype=np.float32)})
+        z = sample_latent(out["mean"], out["logvar"], noise)
+        return ((z - self.shift_factor) * self.scale_factor).astype(np.float32)
 
     def _tae_decoder(self, path: str | Path) -> Callable[[np.ndarray], np.ndarray]:
         """TAEF1 decoder of ``path`` on the VAE's device: ``decode(latent (1, 16, h, w)) ->
@@ -111,8 +165,8 @@ class FluxFamilyPipeline(Pipeline):
 
     def decode(self, latent: np.ndarray) -> np.ndarray:
         """Image ``(1, 3, 8h, 8w)`` (about [-1, 1]) of a model-space latent: the VAE decodes
-        ``latent / SCALE_FACTOR + SHIFT_FACTOR``."""
-        z = (latent / SCALE_FACTOR + SHIFT_FACTOR).astype(np.float32)
+        ``latent / scale_factor + shift_factor``."""
+        z = (latent / self.scale_factor + self.shift_factor).astype(np.float32)
         return self.runners["vae"].run({"z": z})["image"]
 
     def _latent_size(self, width: int, height: int, vae_scale: int) -> tuple[int, int]:
@@ -129,25 +183,43 @@ class FluxFamilyPipeline(Pipeline):
                 sampler: str, noise: np.ndarray | None,
                 preview: Callable[[int, np.ndarray], None] | None,
                 scheduler: str = "default", sampling: SamplingOptions | None = None,
-                flow_shift: float = 1.0) -> dict[str, np.ndarray]:
+                flow_shift: float = 1.0, init: ImageInput | None = None,
+                init_seed: int | None = None,
+                step_hook: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
         """Sample a ``(1, 16, h, w)`` latent from the seed's noise (``sampling.rng``; or
         ``noise``) and decode it. Returns ``{"latent", "image", "sigmas"}``.
 
         The sigmas: ``sampling.sigmas`` when given; else for ``scheduler`` ``default``
         :func:`~sdplan.core.sampling.flow.flux_sigmas` (``shift``: the image-size time shift),
         else that sd-cli scheduler over a flow schedule with ``sampling.flow_shift`` (default
-        ``flow_shift``)."""
+        ``flow_shift``). With ``init``'s picture (``(1, 3, h f, w f)``, ``f`` the
+        autoencoder's factor): image to image (and its mask: inpainting) as the module
+        docstring says; ``init_seed`` (default ``seed``) seeds the draw of the init latent
+        from the same generator (``sampling.rng``). ``step_hook(done, n)``: the steps done
+        (0 before the first) of ``n`` (the truncated schedule's steps with an init picture).
+
+        Raises:
+            SdplanError: an init picture of the wrong size.
+        """
         opts = sampling or SamplingOptions()
         tokens = (h // 2) * (w // 2)
         fshift = opts.flow_shift if opts.flow_shift is not None else flow_shift
         rng, sampler_noise, sigmas = prepare(opts, seed, steps,
                                              "discrete" if scheduler == "default" else scheduler,
-                                             FlowSchedule(fshift, "flux"), image_tokens=tokens)
+                                             FlowSchedule(fshift, self.schedule_kind), image_tokens=tokens)
         if scheduler == "default" and not opts.sigmas:
-            sigmas = flux_sigmas(steps, tokens, shift=shift)
+            sigmas = self._default_sigmas(steps, tokens, shift, fshift)
         start = rng((1, 16, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
+        start, sigmas, vel = self._image_start(
+            start, sigmas, vel, init, make_noise(opts.rng, seed if init_seed is None else init_seed))
+
+        n_steps = len(sigmas) - 1
+        if step_hook is not None:
+            step_hook(0, n_steps)
 
         def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
+            if step_hook is not None:
+                step_hook(i + 1, n_steps)
             if preview is not None:
                 preview(i, self._preview_rgb(den))
 
@@ -156,8 +228,53 @@ class FluxFamilyPipeline(Pipeline):
                                  eta=opts.eta, extra=opts.extra)
         return {"latent": latent, "image": self.decode(latent), "sigmas": sigmas}
 
+    def _default_sigmas(self, steps: int, tokens: int, shift: bool, flow_shift: float) -> np.ndarray:
+        """The family's own sigmas (``--scheduler`` not given): FLUX.1's schedule, time-shifted
+        by the image's ``tokens`` when ``shift``."""
+        return flux_sigmas(steps, tokens, shift=shift)
+
+    def _image_start(self, start: np.ndarray, sigmas: np.ndarray, vel: Velocity, init: ImageInput | None,
+                     init_noise: NoiseSource) -> tuple[np.ndarray, np.ndarray, Velocity]:
+        """``(noise0, sigmas, vel)`` for ``init`` (None or no picture: unchanged): the init
+        latent (drawn with ``init_noise``'s first draw) noised to the truncated schedule's first
+        sigma ``s0``, ``(1 - s0) init + s0 noise``, given as the ``noise0`` that
+        :func:`~sdplan.core.sampling.flow.sample_flow` scales by ``s0``; and ``vel`` blending
+        the prediction with the init latent where the mask is 0.
+
+        Raises:
+            SdplanError: a picture that is not ``(1, 3, h f, w f)`` for the latent ``start``.
+        """
+        if init is None or init.image is None:
+            return start, sigmas, vel
+        n, c, h, w = start.shape
+        f = self.vae_cfg.factor
+        if init.image.shape[2:] != (h * f, w * f):
+            raise SdplanError(f"init image {init.image.shape[3]}x{init.image.shape[2]}: this autoencoder "
+                              f"needs {w * f}x{h * f} pixels for a {h}x{w} latent")
+        ref = self.encode_sample(init.image, init_noise((1, c, h, w)))
+        sigmas = truncate_sigmas(sigmas, init.strength)
+        s0 = np.float32(sigmas[0])
+        start = (ref * (np.float32(1.0) - s0) + start * s0).astype(np.float32)
+        if s0 != 1.0:  # sample_flow starts from sigmas[0] * noise0
+            start = (start / s0).astype(np.float32)
+        if init.mask is not None:
+            vel = _blended(vel, ref, latent_mask(init.mask, f))
+        return start, sigmas, vel
+
     def _preview_rgb(self, latent: np.ndarray) -> np.ndarray:
         if self.preview is not None:
-            img = self.preview(latent / SCALE_FACTOR + SHIFT_FACTOR)
+            img = self.preview(latent / self.scale_factor + self.shift_factor)
             return (np.clip(img[0].transpose(1, 2, 0), 0, 1) * 255).round().astype(np.uint8)
-        return latent_to_rgb(latent, "flux")
+        return latent_to_rgb(latent, self.preview_family)
+
+
+def _blended(vel: Velocity, ref: np.ndarray, mask: np.ndarray) -> Velocity:
+    """``vel`` whose prediction ``x - s v`` keeps ``ref`` where ``mask`` is 0 (sd-cli blends
+    the denoised latent; a flow sampler's velocity is ``(x - denoised) / s``)."""
+    def blended(x: np.ndarray, s: float) -> np.ndarray:
+        v = vel(x, s)
+        if s <= 0:
+            return v
+        den = blend(x - np.float32(s) * v, ref, mask)
+        return ((x - den) / np.float32(s)).astype(np.float32)
+    return blended

@@ -17,14 +17,21 @@ Jobs run in the engine process (:class:`sdplan.core.runtime.process.Engine`), na
   ``flux_heads``, ``flux_axes``, ``t5_length`` (tiny models), ``chroma_use_dit_mask``,
   ``chroma_t5_mask_pad`` (sd-cli's Chroma model args); ``previews``: send previews
   (default True);
+- ``force_sdxl_vae_conv_scale``: sd-cli's flag of that name (SDXL; default False);
 - ``taesd_decode``: decode the final images with the ``taesd`` TAE instead of the VAE
   (sd-cli's ``--taesd`` without ``--taesd-preview-only``; default False: previews only;
   FLUX.2 klein honours it);
 - ``ref_images``: reference-image paths (sd-cli's ``-r/--ref-image``; FLUX.2 klein edits).
+- ``lora_model_dir``, ``lora_apply_mode``: where the prompt's ``<lora:NAME:W>`` files are
+  and how they apply (:mod:`sdplan.core.pipelines.lora`); ``init_img``, ``mask``,
+  ``strength``: image-to-image and inpainting (:mod:`sdplan.core.pipelines.img2img`). SD and
+  the FLUX.1-family base (FLUX.1, Chroma, Z-Image) take them; FLUX.2 klein refuses them.
 
 Messages: progress ``{"step", "total", "phase"}``, preview ``{"step", "total", "image"}``
 (uint8 (H, W, 3)), and once ``{"phase": "threads", "threads", "reason"}`` (the CPU threads
-chosen); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings", "threads"}``.
+chosen); the result is ``{"images": [uint8 (H, W, 3)], "params", "timings", "threads",
+"segments"}`` (``segments``: module -> the ``--max-vram`` segments of its last run, for the
+modules that were cut).
 """
 
 from __future__ import annotations
@@ -36,10 +43,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import ModelFileError
+from sdplan.core.errors import InvalidArgument, ModelFileError
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_model_files
+from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
+from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
+from sdplan.core.pipelines.flux2 import KleinModels, KleinPipeline, load_ref_image
+from sdplan.core.pipelines.img2img import request_image_input
+from sdplan.core.pipelines.lora import prompt_loras, refuse_inputs
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
+from sdplan.core.pipelines.sd3 import Sd3Pipeline
+from sdplan.core.pipelines.sdxl import StableDiffusionXL
+from sdplan.core.pipelines.tae import Tae
+from sdplan.core.pipelines.upscale import Upscaler
+from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.runtime.devices import live_inventory
@@ -47,6 +64,7 @@ from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.threads import check_between_steps, start_run
 from sdplan.core.sampling.flow import DEFAULT_STEPS
 from sdplan.core.sampling.options import SamplingOptions
+from sdplan.core.sampling.slg import SkipLayerGuidance
 
 #: The job that generates images (:func:`generate_job`) and the one that lists the engine
 #: process's devices (:func:`inventory_job`), as the engine names jobs.
@@ -102,8 +120,9 @@ def _cached(key: Any, make: Callable[[], Any]) -> Any:
 
 
 def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
-    """Run one request (see the comment above) in this process: SD 1.x/2.x, or Flux / Chroma /
-    Z-Image / FLUX.2 klein when the files are such a set. Returns ``{"images", "params", "timings"}``.
+    """Run one request (see the comment above) in this process: SD 1.x/2.x, SDXL, or Flux /
+    Chroma / Z-Image / FLUX.2 klein when the files are such a set. Returns ``{"images",
+    "params", "timings", "threads", "segments"}``.
 
     Raises:
         ModelFileError / PlanError / EngineError: bad files, placement or devices;
@@ -117,15 +136,20 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     core = {k: v for k, v in files.items() if k not in ("taesd", "upscale_model")}
     placements = _placements(req, core)
     family = read_model_files(core).architecture.family
+    if family != "sd3" and SkipLayerGuidance.from_request(req).enabled:
+        raise InvalidArgument(f"--slg-scale: skip-layer guidance runs on SD3 / SD3.5 only, not on {family or 'this model'}")
     run = {"flux": _flux_run, "chroma": _chroma_run, "z_image": _zimage_run, "flux2_klein": _klein_run,
-           "flux2": _flux2_dev_run}.get(family, _sd_run)
+           "flux2": _flux2_dev_run, "sd3": _sd3_run}.get(family, _sd_run)
     seed = int(req.get("seed", 42))
     if seed < 0:
         seed = random.randrange(2**31)
     threads = start_run(ctx.pool().manager, int(req.get("threads") or 0), ctx.progress)
     req["threads"] = 0  # computes use the backends' count just set: a change reloads nothing
     t0 = time.perf_counter()
-    images, timings = run(ctx, req, files, core, placements, seed)
+    images, timings, info = run(ctx, req, files, core, placements, seed)
+    obj = _CACHE.get("obj")
+    runners = obj.sd.runners if isinstance(obj, _SdSession) else getattr(obj, "runners", {})
+    segments = {m: r.last_segments for m, r in runners.items() if r.last_segments}
     upscaler = _first(files, "upscale_model")
     if upscaler:
         ctx.progress(phase="upscale")
@@ -134,9 +158,28 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     timings["total"] = time.perf_counter() - t0
     params = {k: req.get(k) for k in ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale",
                                       "sampling_method", "scheduler", "batch_count", "clip_skip")}
-    params.update(seed=seed, architecture=family if run is not _sd_run else "sd")
-    return {"images": images, "params": params, "timings": timings,
+    params.update(seed=seed, architecture=family if run is not _sd_run or family == "sdxl" else "sd", **info)
+    return {"images": images, "params": params, "timings": timings, "segments": segments,
             "threads": {"threads": threads.threads, "reason": threads.reason}}
+
+
+def _inputs(pipe: Any, req: Mapping[str, Any], width: int, height: int) -> tuple[str, Any, dict[str, Any]]:
+    """The prompt without its LoRA tags, the image input, and what they applied (LoRAs with
+    mode and keys that patch nothing; strength) after patching ``pipe`` with the LoRAs."""
+    prompt, loras = prompt_loras(req.get("prompt") or "", req.get("lora_model_dir"), pipe.lora_aliases())
+    mode = pipe.set_loras(loras, req.get("lora_apply_mode") or "auto")
+    init = request_image_input(dict(req), width, height)
+    info = _picture_info(req, init)
+    if loras:
+        info.update(loras=pipe.loras.describe(), lora_apply_mode=mode, lora_unknown_keys=pipe.loras.unknown())
+    return prompt, init, info
+
+
+def _picture_info(req: Mapping[str, Any], init: Any) -> dict[str, Any]:
+    """What an image input applied (strength, init picture, mask); empty without one."""
+    if init is None:
+        return {}
+    return {"strength": init.strength, "init_img": req.get("init_img"), "mask": req.get("mask")}
 
 
 def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Callable[[int, np.ndarray], None] | None]:
@@ -154,23 +197,26 @@ def _emitters(ctx: Any, req: Mapping[str, Any]) -> tuple[Callable[..., None], Ca
 
 
 def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-            placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
+            placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
     ov = dict(req.get("overrides") or {})
     threads = int(req.get("threads") or 0)
     taesd = _first(files, "taesd")
     key = ("sd", repr(sorted(core.items())), repr(sorted(placements.items())), repr(sorted(ov.items())),
-           threads, taesd)
+           threads, taesd, bool(req.get("force_sdxl_vae_conv_scale")))
 
     def make() -> Any:
-        return _SdSession(core, placements, ov, threads, taesd, ctx.pool())
+        return _SdSession(core, placements, ov, threads, taesd, ctx.pool(),
+                          bool(req.get("force_sdxl_vae_conv_scale")))
 
     sess = _cached(key, make)
     sess.sd.set_cancel(ctx.cancel)
     if sess.tae is not None:
         for r in sess.tae.runners.values():
             r.cancel = ctx.cancel
-    p = GenerateParams(req.get("prompt") or "", req.get("negative_prompt") or "", int(req.get("width", 512)),
-                       int(req.get("height", 512)), int(req.get("steps", 20)), float(req.get("cfg_scale", 7.0)),
+    width, height = int(req.get("width", 512)), int(req.get("height", 512))
+    prompt, init, info = _inputs(sess.sd, req, width, height)
+    p = GenerateParams(prompt, req.get("negative_prompt") or "", width,
+                       height, int(req.get("steps", 20)), float(req.get("cfg_scale", 7.0)),
                        seed, req.get("sampling_method") or "euler_a", req.get("scheduler") or "discrete",
                        int(req.get("batch_count") or 1), max(int(req.get("clip_skip") or 0), 0),
                        SamplingOptions.from_request(req))
@@ -178,8 +224,8 @@ def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], co
     images = sess.sd.txt2img(p, on_step, preview, vae_tile=int(req.get("vae_tile_size") or 0) or None,
                              preview_decoder=sess.tae.preview if sess.tae is not None else None,
                              decoder=sess.tae.decode if sess.tae is not None and req.get("taesd_decode")
-                             else None)
-    return images, dict(sess.sd.timings)
+                             else None, init=init)
+    return images, dict(sess.sd.timings), info
 
 
 class _SdSession:
@@ -187,13 +233,15 @@ class _SdSession:
     weights resident)."""
 
     def __init__(self, files: Mapping[str, list[str]], placements: Mapping[str, Any], ov: Mapping[str, Any],
-                 threads: int, taesd: str | None, pool: Any) -> None:
+                 threads: int, taesd: str | None, pool: Any, force_vae_conv_scale: bool = False) -> None:
         kw = {k: ov[k] for k in ("clip_heads", "unet_heads", "unet_head_dim", "prediction", "family") if ov.get(k)}
-        self.sd = StableDiffusion(dict(files), None, pool, threads, placements=placements, **kw)
+        if read_model_files(files).architecture.family == "sdxl":
+            self.sd = StableDiffusionXL(dict(files), None, pool, threads, placements=placements,
+                                        force_vae_conv_scale=force_vae_conv_scale, **kw)
+        else:
+            self.sd = StableDiffusion(dict(files), None, pool, threads, placements=placements, **kw)
         self.tae = None
         if taesd:
-            from sdplan.core.pipelines.tae import Tae  # when used (start-up)
-
             try:
                 self.tae = Tae(taesd, placement=ModulePlacement(placements["vae"].devices[:1]), pool=pool,
                                n_threads=threads)
@@ -208,8 +256,7 @@ class _SdSession:
 
 
 def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-              placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
-    from sdplan.core.pipelines.flux import FluxModels, FluxPipeline  # when used (start-up)
+              placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
     need = [k for k in ("diffusion_model", "t5xxl", "clip_l", "vae") if not files.get(k)]
     if need:
         raise ModelFileError("<request>", "a Flux run needs --diffusion-model, --t5xxl, --clip_l and --vae; "
@@ -226,6 +273,7 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
     on_step, preview = _emitters(ctx, req)
     steps = int(req.get("steps") or 0) or DEFAULT_STEPS[pipe.dit.cfg.variant]
     width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
+    prompt, init, info = _inputs(pipe, req, width, height)
     images: list[np.ndarray] = []
     t0 = time.perf_counter()
     for b in range(int(req.get("batch_count") or 1)):
@@ -233,19 +281,18 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
             on_step(i + 1, total)
             if preview is not None:
                 preview(i + 1, rgb)
-        out = pipe.txt2img(req.get("prompt") or "", width, height, steps=steps, seed=seed + b,
+        out = pipe.txt2img(prompt, width, height, steps=steps, seed=seed + b,
                            sampler=req.get("sampling_method") or "euler",
                            guidance=float(req.get("guidance") or 3.5),
-                           t5_length=int(ov.get("t5_length") or 256), preview=cb,
+                           t5_length=int(ov.get("t5_length") or 256), preview=cb, init=init, init_seed=seed,
                            scheduler=req.get("scheduler") or "default",
                            sampling=SamplingOptions.from_request(req))
         images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_flux": time.perf_counter() - t0}
+    return images, {"total_flux": time.perf_counter() - t0}, info
 
 
 def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-                placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
-    from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline  # when used (start-up)
+                placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
     need = [k for k in ("diffusion_model", "t5xxl", "vae") if not files.get(k)]
     if need:
         raise ModelFileError("<request>", "a Chroma run needs --diffusion-model, --t5xxl and --vae; "
@@ -260,6 +307,8 @@ def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
     pipe.set_cancel(ctx.cancel)
     on_step, preview = _emitters(ctx, req)
     steps = int(req.get("steps") or 0) or 20
+    width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
+    prompt, init, info = _inputs(pipe, req, width, height)
     images: list[np.ndarray] = []
     t0 = time.perf_counter()
     for b in range(int(req.get("batch_count") or 1)):
@@ -267,19 +316,19 @@ def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
             on_step(i + 1, total)
             if preview is not None:
                 preview(i + 1, rgb)
-        out = pipe.txt2img(req.get("prompt") or "", int(req.get("width", 1024)), int(req.get("height", 1024)),
+        out = pipe.txt2img(prompt, width, height,
                            negative_prompt=req.get("negative_prompt") or "",
                            cfg_scale=float(req.get("cfg_scale", 4.0)), steps=steps, seed=seed + b,
                            sampler=req.get("sampling_method") or "euler", t5_length=int(ov.get("t5_length") or 512),
                            mask_pad=int(ov.get("chroma_t5_mask_pad", 1)),
-                           dit_mask=bool(ov.get("chroma_use_dit_mask", True)), preview=cb)
+                           dit_mask=bool(ov.get("chroma_use_dit_mask", True)), preview=cb, init=init,
+                           init_seed=seed)
         images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_chroma": time.perf_counter() - t0}
+    return images, {"total_chroma": time.perf_counter() - t0}, info
 
 
 def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-                placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
-    from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline  # when used (start-up)
+                placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
     need = [k for k in ("diffusion_model", "llm", "vae") if not files.get(k)]
     if need:
         raise ModelFileError("<request>", "a Z-Image run needs --diffusion-model, --llm and --vae; "
@@ -291,6 +340,8 @@ def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
     pipe.set_cancel(ctx.cancel)
     on_step, preview = _emitters(ctx, req)
     steps = int(req.get("steps") or 0) or 8
+    width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
+    prompt, init, info = _inputs(pipe, req, width, height)
     images: list[np.ndarray] = []
     t0 = time.perf_counter()
     for b in range(int(req.get("batch_count") or 1)):
@@ -298,21 +349,17 @@ def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
             on_step(i + 1, total)
             if preview is not None:
                 preview(i + 1, rgb)
-        out = pipe.txt2img(req.get("prompt") or "", int(req.get("width", 1024)), int(req.get("height", 1024)),
+        out = pipe.txt2img(prompt, width, height,
                            steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
                            cfg_scale=float(req.get("cfg_scale") or 1.0),
-                           negative_prompt=req.get("negative_prompt") or "", preview=cb)
+                           negative_prompt=req.get("negative_prompt") or "", preview=cb, init=init, init_seed=seed)
         images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_z_image": time.perf_counter() - t0}
+    return images, {"total_z_image": time.perf_counter() - t0}, info
 
 
 def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
-               placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float]]:
-    from sdplan.core.pipelines.flux2 import (  # when used (start-up)
-        KleinModels,
-        KleinPipeline,
-        load_ref_image,
-    )
+               placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
+    refuse_inputs(req, "FLUX.2 klein")
     one = _first(files, "model")  # a single file holding all three
     paths = {k: _first(files, k) or one for k in ("diffusion_model", "llm", "vae")}
     need = [k for k, v in paths.items() if not v]
@@ -343,17 +390,47 @@ def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]],
                            ref_images=refs, preview=cb, tae_decode=bool(req.get("taesd_decode") and models.taesd),
                            scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req))
         images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_flux2_klein": time.perf_counter() - t0}
+    return images, {"total_flux2_klein": time.perf_counter() - t0}, {}
 
 
-def _flux2_dev_run(*_: Any) -> tuple[list[np.ndarray], dict[str, float]]:
+def _sd3_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
+             placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
+    refuse_inputs(req, "SD3", pictures=False)
+    ov = dict(req.get("overrides") or {})
+    threads = int(req.get("threads") or 0)
+    sd3_files = {k: v for k, v in files.items() if k != "upscale_model"}
+    key = ("sd3", repr(sorted(sd3_files.items())), repr(sorted(placements.items())), threads, ov.get("clip_heads"))
+    pipe = _cached(key, lambda: Sd3Pipeline(sd3_files, None, ctx.pool(), placements, threads, cancel=ctx.cancel,
+                                            clip_heads=ov.get("clip_heads")))
+    pipe.set_cancel(ctx.cancel)
+    on_step, preview = _emitters(ctx, req)
+    steps = int(req.get("steps") or 0) or 20
+    width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
+    init = request_image_input(dict(req), width, height)
+    images: list[np.ndarray] = []
+    t0 = time.perf_counter()
+    for b in range(int(req.get("batch_count") or 1)):
+        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
+            on_step(i + 1, total)
+            if preview is not None:
+                preview(i + 1, rgb)
+        out = pipe.txt2img(req.get("prompt") or "", width, height,
+                           negative_prompt=req.get("negative_prompt") or "", cfg_scale=float(req.get("cfg_scale", 7.0)),
+                           steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
+                           clip_skip=int(req.get("clip_skip") or 0), preview=cb,
+                           scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req),
+                           slg=SkipLayerGuidance.from_request(req), init=init, init_seed=seed)
+        images.append(image_to_uint8(out["image"][0]))
+    return images, {"total_sd3": time.perf_counter() - t0}, _picture_info(req, init)
+
+
+def _flux2_dev_run(*_: Any) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
     raise ModelFileError("<request>", "FLUX.2 [dev] (48 single blocks, Mistral Small 3.2 text encoder) is "
                                       "recognised but sdplan generates with FLUX.2 klein only")
 
 
 def _upscale(ctx: Any, path: str, vae: Any, images: list[np.ndarray], repeats: int, threads: int) -> list[np.ndarray]:
     """Upscale uint8 images with the ESRGAN file on the VAE's main device (resident weights)."""
-    from sdplan.core.pipelines.upscale import Upscaler  # when used (start-up)
     with Upscaler(path, placement=ModulePlacement(vae.devices[:1]), pool=ctx.pool(), n_threads=threads) as up:
         up.runner.cancel = ctx.cancel
         return [up.upscale_image(img, repeats) for img in images]

@@ -17,6 +17,7 @@ into generation settings under sd-cli's request keys.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -24,6 +25,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from sdplan.core.errors import SdplanError
+from sdplan.core.sampling.slg import SkipLayerGuidance, format_layers, parse_skip_layers
 
 __all__ = ["ImageParameters", "format_parameters", "parse_parameters", "SCHEMA"]
 
@@ -50,7 +54,8 @@ class ImageParameters:
         settings: generation settings by sd-cli's request keys (``prompt``,
             ``negative_prompt``, ``width``, ``height``, ``steps``, ``cfg_scale``, ``guidance``,
             ``seed``, ``sampling_method``, ``scheduler``, ``clip_skip``, ``eta``, ``rng``,
-            ``sampler_rng``, ``sigmas`` (text), ``flow_shift``, ``timestep_shift``).
+            ``sampler_rng``, ``sigmas`` (text), ``flow_shift``, ``timestep_shift``; with SLG on:
+            ``slg_scale``, ``skip_layers`` (``[7,8,9]``), ``skip_layer_start``, ``skip_layer_end``).
         model_files: model-file key -> paths (full paths from sdplan's own pictures; file
             names only from sd-cli's).
         placement: ``backend``, ``params_backend``, ``max_vram``, ``split_mode``,
@@ -89,7 +94,9 @@ def format_parameters(params: Mapping[str, Any], model_files: Mapping[str, Any],
             ``cfg_scale``, ``guidance``, ``eta``, ``seed``, ``width``, ``height``,
             ``sampling_method``, ``scheduler`` (``default``: none written), ``sigmas``
             (custom list), ``clip_skip`` (-1 or absent: not written), ``rng``,
-            ``sampler_rng``, ``flow_shift``, ``timestep_shift``, ``extra_sample_args``).
+            ``sampler_rng``, ``flow_shift``, ``timestep_shift``, ``extra_sample_args``,
+            ``slg_scale``, ``skip_layers``, ``skip_layer_start``, ``skip_layer_end``: the SLG
+            pairs are written only when SLG is on, as sd-cli does).
         model_files: model-file key -> path(s); file names are written.
         version: the ``Version`` value.
     """
@@ -101,8 +108,12 @@ def format_parameters(params: Mapping[str, Any], model_files: Mapping[str, Any],
     guidance = float(p.get("guidance", 3.5))
     eta = p.get("eta")
     eta_f = float("inf") if eta is None else float(eta)
-    parts = [f"Steps: {int(p.get('steps') or 0)}", f"CFG scale: {_f(cfg)}",
-             f"Guidance: {_f(guidance)}", f"Eta: {_f(eta_f)}"]
+    slg = SkipLayerGuidance.from_request(p)
+    parts = [f"Steps: {int(p.get('steps') or 0)}", f"CFG scale: {_f(cfg)}"]
+    if slg.enabled:  # sd-cli writes these only when SLG is on
+        parts += [f"SLG scale: {_f(slg.scale)}", "Skip layers: [" + "".join(f"{i}, " for i in slg.layers) + "]",
+                  f"Skip layer start: {_f(slg.start)}", f"Skip layer end: {_f(slg.end)}"]
+    parts += [f"Guidance: {_f(guidance)}", f"Eta: {_f(eta_f)}"]
     extra = p.get("extra_sample_args")
     extra_text = extra if isinstance(extra, str) else ",".join(
         f"{k}={v}" for k, v in (extra or {}).items())
@@ -141,7 +152,9 @@ def format_parameters(params: Mapping[str, Any], model_files: Mapping[str, Any],
                      "eta": None if eta is None else float(eta),
                      "shifted_timestep": int(p.get("timestep_shift") or 0),
                      "flow_shift": p.get("flow_shift"), "extra_sample_args": extra_text,
-                     "guidance": {"txt_cfg": cfg, "distilled_guidance": guidance},
+                     "guidance": {"txt_cfg": cfg, "distilled_guidance": guidance,
+                                  "slg": {"scale": slg.scale, "layers": list(slg.layers), "start": slg.start,
+                                          "end": slg.end}},
                      "method": p.get("sampling_method") or "euler_a",
                      "custom_sigmas": [float(s) for s in (sigmas or [])]},
         "models": {k: _base(v) for k, v in model_files.items() if v},
@@ -191,6 +204,14 @@ def _from_sdcpp(data: Mapping[str, Any], out: ImageParameters) -> None:
         s["cfg_scale"] = float(guid["txt_cfg"])
     if isinstance(guid.get("distilled_guidance"), (int, float)):
         s["guidance"] = float(guid["distilled_guidance"])
+    slg = guid.get("slg") or {}
+    if isinstance(slg.get("scale"), (int, float)) and slg["scale"] != 0:
+        s["slg_scale"] = round(float(slg["scale"]), 6)
+        if isinstance(slg.get("layers"), list):
+            s["skip_layers"] = format_layers(int(i) for i in slg["layers"])
+        for key, name in (("skip_layer_start", "start"), ("skip_layer_end", "end")):
+            if isinstance(slg.get(name), (int, float)):
+                s[key] = round(float(slg[name]), 6)  # sd-cli writes float32 values
     if isinstance(samp.get("eta"), (int, float)):
         s["eta"] = float(samp["eta"])
     if isinstance(samp.get("flow_shift"), (int, float)):
@@ -255,6 +276,13 @@ def parse_parameters(text: str) -> ImageParameters:
                            ("seed", "Seed", int), ("clip_skip", "Clip skip", int)):
         if name in pairs and _num(pairs[name], typ) is not None:
             s[key] = _num(pairs[name], typ)
+    if _num(pairs.get("SLG scale", ""), float):
+        s["slg_scale"] = _num(pairs["SLG scale"], float)
+        with contextlib.suppress(SdplanError):
+            s["skip_layers"] = format_layers(parse_skip_layers(pairs.get("Skip layers", "")))
+        for key, name in (("skip_layer_start", "Skip layer start"), ("skip_layer_end", "Skip layer end")):
+            if _num(pairs.get(name, ""), float) is not None:
+                s[key] = _num(pairs[name], float)
     if "Size" in pairs and re.fullmatch(r"\d+x\d+", pairs["Size"]):
         w, h = pairs["Size"].split("x")
         s["width"], s["height"] = int(w), int(h)

@@ -57,7 +57,9 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
         params: the generation settings by sd-cli's request keys (``prompt``,
             ``negative_prompt``, ``seed``, ``steps``, ``sampling_method``, ``scheduler``,
             ``cfg_scale``, ``clip_skip``, ``width``, ``height``, ``guidance``, ``eta``,
-            ``rng``, ...; ``upscale_model``/``upscale_repeats`` when upscaled).
+            ``rng``, ...; ``upscale_model``/``upscale_repeats`` when upscaled;
+            ``lora_model_dir``, ``lora_apply_mode``, ``loras``, ``init_img``, ``mask``,
+            ``strength`` when given: recorded in ``sdplan`` only, as sd-cli writes none).
         model_files: model-file keys -> path or paths; ``model`` (else ``diffusion_model``)
             is hashed (:func:`model_hash`).
         placement: ``backend``, ``params_backend``, ``max_vram`` (and ``split_mode``,
@@ -73,6 +75,8 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
     files = {k: [str(v)] if isinstance(v, (str, Path)) else [str(x) for x in v]
              for k, v in model_files.items() if v}
     settings = {k: v for k, v in params.items() if k in _SETTINGS and v is not None}
+    if not params.get("loras"):  # the folder and mode matter only to a run with LoRAs
+        settings = {k: v for k, v in settings.items() if k not in ("lora_model_dir", "lora_apply_mode")}
     doc: dict[str, Any] = {"version": 1, "settings": settings, "model_files": files,
                            "placement": {k: v for k, v in (placement or {}).items() if v}}
     main = _first(files.get("model")) or _first(files.get("diffusion_model"))
@@ -86,6 +90,7 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
     if upscaler:
         doc["upscale"] = {"model": os.path.basename(str(upscaler)),
                           "repeats": int(params.get("upscale_repeats") or 1)}
+    doc.update(_inputs(params))
     if command:
         doc["command"] = command
     return {"parameters": format_parameters(settings, files, f"sdplan {__version__}"),
@@ -96,7 +101,17 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
 _SETTINGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "guidance",
              "seed", "sampling_method", "scheduler", "batch_count", "clip_skip", "eta",
              "sigmas", "flow_shift", "timestep_shift", "rng", "sampler_rng",
-             "extra_sample_args", "vae_tile_size", "upscale_repeats")
+             "extra_sample_args", "vae_tile_size", "upscale_repeats", "slg_scale", "skip_layers",
+             "skip_layer_start", "skip_layer_end", "lora_model_dir", "lora_apply_mode", "init_img",
+             "mask", "strength")
+
+
+def _inputs(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``sdplan`` chunk's record of a generation's LoRAs (``loras``: ``[name, weight]``
+    each, from the job's ``loras``; the prompt keeps their ``<lora:...>`` tags as sd-cli
+    writes them). Nothing without LoRAs."""
+    loras = params.get("loras") or []
+    return {"loras": [[str(lo["name"]), float(lo["weight"])] for lo in loras]} if loras else {}
 
 
 def _first(value: Any) -> str | None:

@@ -31,13 +31,22 @@ from typing import Any
 import numpy as np
 from sdplan.core.errors import InvalidArgument, ModelFileError
 from sdplan.core.modelfiles.checkpoint import ModelSet, read_model_files
+from sdplan.core.modelfiles.lora_names import AliasTable, aliases_for_family
 from sdplan.core.models import clip as clip_m
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
 from sdplan.core.pipelines.base import Pipeline, module_placements
+from sdplan.core.pipelines.img2img import (
+    ImageInput,
+    blended_denoiser,
+    dilate,
+    latent_mask,
+    sample_latent,
+    truncate_sigmas,
+)
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.runtime.weights import WeightFile
-from sdplan.core.sampling.noise import initial_latent
+from sdplan.core.sampling.noise import NoiseSource, initial_latent, make_noise
 from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
 from sdplan.core.sampling.samplers import sample
@@ -45,9 +54,14 @@ from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule, scalings
 from sdplan.core.text.clip_tokenizer import ClipTokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 
-__all__ = ["StableDiffusion", "GenerateParams", "module_weight_file", "model_overrides", "METADATA_KEYS"]
+__all__ = ["StableDiffusion", "GenerateParams", "Cond", "module_weight_file", "model_overrides",
+           "METADATA_KEYS"]
 
 log = logging.getLogger(__name__)
+
+#: The UNet's conditioning inputs besides ``x`` and ``t``: ``c`` the cross-attention context
+#: ``(B, S, D)``, and for SDXL ``vec`` the vector ``(B, adm)``; float32.
+Cond = dict[str, np.ndarray]
 
 #: Optional ``__metadata__`` keys of a safetensors model file (string values) -> the
 #: :class:`StableDiffusion` keyword they set: heads of tiny CLIP / UNet models, the
@@ -167,6 +181,7 @@ class StableDiffusion(Pipeline):
         self.prediction = prediction or ("v" if self.family == "sd2" else "eps")
         self.unet_cfg = unet_m.unet_config(shapes, self.family, unet_heads, unet_head_dim)
         self.vae_cfg = vae_m.vae_config(shapes)
+        self.scale_factor = vae_m.SCALE_FACTOR
         self.tokenizer = ClipTokenizer.for_family(self.family)
         self.schedule = DiscreteSchedule()
         self.placements = module_placements(("te", "diffusion", "vae"), plan, placements)
@@ -237,37 +252,58 @@ class StableDiffusion(Pipeline):
         hidden = apply_prompt_weights(hidden, weights)
         return hidden.reshape(1, -1, hidden.shape[-1]).astype(np.float32)
 
+    def conditioning(self, p: GenerateParams) -> tuple[Cond, Cond | None]:
+        """The UNet's conditioning of ``p``'s prompt and (with CFG) negative prompt:
+        ``{"c": (1, 77*K, D)}`` each, the shorter padded by repeating its last chunk."""
+        with self.text_session(p.clip_skip):
+            cond = self.encode_prompt(p.prompt, p.clip_skip)
+            uncond = self.encode_prompt(p.negative_prompt, p.clip_skip) if p.cfg_scale != 1.0 else None
+        if uncond is not None and uncond.shape != cond.shape:
+            k = max(cond.shape[1], uncond.shape[1])
+            cond, uncond = _pad_chunks(cond, k), _pad_chunks(uncond, k)
+        return {"c": cond}, (None if uncond is None else {"c": uncond})
+
     # ------------------------------------------------------------------ UNet
 
     @contextlib.contextmanager
-    def unet_session(self) -> Iterator[Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]]:
-        """``fn(x, t, context) -> out`` with the UNet's weights in use (graph per shape)."""
+    def unet_session(self) -> Iterator[Callable[[np.ndarray, np.ndarray, Cond], np.ndarray]]:
+        """``fn(x, t, cond) -> out`` with the UNet's weights in use (graph per shape);
+        ``cond`` is the context array or a :data:`Cond` of every conditioning input (``c``,
+        and SDXL's vector ``vec``), one row per latent."""
         runner = self.runners["diffusion"]
         with runner.session():
-            def run(x: np.ndarray, t: np.ndarray, ctx: np.ndarray) -> np.ndarray:
+            def run(x: np.ndarray, t: np.ndarray, cond: Cond | np.ndarray) -> np.ndarray:
                 ts = np.ascontiguousarray(np.broadcast_to(t, (x.shape[0],)), dtype=np.float32)
-                return runner.run({"x": np.ascontiguousarray(x, dtype=np.float32), "t": ts,
-                                   "c": np.ascontiguousarray(ctx, dtype=np.float32)})["y"]
+                ins = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in _as_cond(cond).items()}
+                return runner.run({"x": np.ascontiguousarray(x, dtype=np.float32), "t": ts, **ins})["y"]
             yield run
 
-    def denoiser(self, unet: Callable[..., np.ndarray], cond: np.ndarray, uncond: np.ndarray | None,
-                 cfg_scale: float) -> Denoiser:
+    def denoiser(self, unet: Callable[..., np.ndarray], cond: Cond | np.ndarray,
+                 uncond: Cond | np.ndarray | None, cfg_scale: float,
+                 concat: np.ndarray | None = None) -> Denoiser:
         """A k-diffusion style denoiser (eps or v :func:`~sdplan.core.sampling.schedules.scalings`);
-        with CFG both halves run as one batch: ``u + cfg (c - u)``."""
+        with CFG both halves run as one batch: ``u + cfg (c - u)``. ``cond``/``uncond``: the
+        context ``(1, S, D)`` or a :data:`Cond` of one-row arrays (repeated per latent).
+        ``concat`` ``(N, C, h, w)`` joins the scaled latent as extra input channels
+        (inpainting UNets)."""
         guided = uncond is not None and cfg_scale != 1.0
+        c = _as_cond(cond)
+        u = _as_cond(uncond) if uncond is not None else None
 
         def denoise(x: np.ndarray, sigma: float) -> np.ndarray:
             c_skip, c_out, c_in = scalings(float(sigma), self.prediction)
             t = np.float32(self.schedule.sigma_to_t(float(sigma)))
             x_in = (x * c_in).astype(np.float32)
+            if concat is not None:
+                x_in = np.concatenate([x_in, concat], 1)
             n = x.shape[0]
             if guided:
-                assert uncond is not None
-                ctx = np.concatenate([np.repeat(cond, n, 0), np.repeat(uncond, n, 0)], 0)
-                out = unet(np.concatenate([x_in, x_in], 0), t, ctx)
+                assert u is not None
+                both = {k: np.concatenate([np.repeat(c[k], n, 0), np.repeat(u[k], n, 0)], 0) for k in c}
+                out = unet(np.concatenate([x_in, x_in], 0), t, both)
                 out = out[n:] + cfg_scale * (out[:n] - out[n:])
             else:
-                out = unet(x_in, t, np.repeat(cond, n, 0))
+                out = unet(x_in, t, {k: np.repeat(v, n, 0) for k, v in c.items()})
             return (x * c_skip + out * c_out).astype(np.float32)
 
         def with_uncond(x: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
@@ -275,13 +311,15 @@ class StableDiffusion(Pipeline):
             c_skip, c_out, c_in = scalings(float(sigma), self.prediction)
             t = np.float32(self.schedule.sigma_to_t(float(sigma)))
             x_in = (x * c_in).astype(np.float32)
+            if concat is not None:
+                x_in = np.concatenate([x_in, concat], 1)
             n = x.shape[0]
             if not guided:
                 d = denoise(x, sigma)
                 return d, d
-            assert uncond is not None
-            ctx = np.concatenate([np.repeat(cond, n, 0), np.repeat(uncond, n, 0)], 0)
-            out = unet(np.concatenate([x_in, x_in], 0), t, ctx)
+            assert u is not None
+            both = {k: np.concatenate([np.repeat(c[k], n, 0), np.repeat(u[k], n, 0)], 0) for k in c}
+            out = unet(np.concatenate([x_in, x_in], 0), t, both)
             mixed = out[n:] + cfg_scale * (out[:n] - out[n:])
             return ((x * c_skip + mixed * c_out).astype(np.float32),
                     (x * c_skip + out[n:] * c_out).astype(np.float32))
@@ -295,7 +333,7 @@ class StableDiffusion(Pipeline):
         """Latent as sampled (``(N, 4, h, w)``, scaled) -> images ``(N, 3, 8h, 8w)`` in [-1, 1].
 
         ``tile`` (latent pixels) decodes in overlapping tiles when the latent is larger."""
-        z = np.ascontiguousarray(latent / vae_m.SCALE_FACTOR, dtype=np.float32)
+        z = np.ascontiguousarray(latent / self.scale_factor, dtype=np.float32)
         runner = self.runners["vae"]
         t0 = time.perf_counter()
         with runner.session():
@@ -313,6 +351,55 @@ class StableDiffusion(Pipeline):
         img = np.ascontiguousarray(img, dtype=np.float32)
         return self.runners["vae"].run({"image": img})["mean"]
 
+    def encode_sample(self, img: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """Images ``(1, 3, H, W)`` in [-1, 1] -> a draw of their latent distribution with
+        standard normal ``noise`` ``(1, 4, H/8, W/8)``, times the scale factor (SD's 0.18215,
+        SDXL's 0.13025): the
+        diffusion model's latent (:func:`~sdplan.core.pipelines.img2img.sample_latent`)."""
+        t0 = time.perf_counter()
+        out = self.runners["vae"].run({"image": np.ascontiguousarray(img, dtype=np.float32)})
+        self.timings["encode"] = self.timings.get("encode", 0.0) + time.perf_counter() - t0
+        return sample_latent(out["mean"], out["logvar"], noise) * np.float32(self.scale_factor)
+
+    @property
+    def inpaint(self) -> bool:
+        """An inpainting checkpoint: its UNet takes 9 input channels (latent, mask, masked
+        image latent)."""
+        return self.unet_cfg.in_channels == 9
+
+    def lora_aliases(self) -> AliasTable:
+        """The LoRA names of this checkpoint's UNet and text encoder
+        (:func:`~sdplan.core.modelfiles.lora_names.sd_aliases`)."""
+        names = {m: [t.info.name for t in self.ms.module_tensors(m)] for m in ("diffusion", "te")}
+        shapes = {t.info.name: tuple(t.info.shape) for t in self.ms.tensors}
+        return aliases_for_family(self.family, names, shapes)
+
+    def _image_latents(self, init: ImageInput | None, shape: tuple[int, ...],
+                       gen: NoiseSource) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """``(init latent, blend mask, extra UNet channels)`` for ``init`` at the latent
+        ``shape`` (module docstring of :mod:`sdplan.core.pipelines.img2img`); ``gen`` is a
+        fresh generator of the request's seed (sd-cli samples the encoder's distribution with
+        the seed's RNG before it draws the starting noise)."""
+        if init is None and not self.inpaint:
+            return None, None, None
+        init = init or ImageInput()
+        n, _, h, w = shape
+        f = self.vae_cfg.factor
+        lat_shape = (1, self.vae_cfg.latent_channels, h, w)
+        first = gen(lat_shape)
+        lat = self.encode_sample(init.image, first) if init.image is not None else None
+        pix = init.mask if init.mask is not None else np.ones((1, 1, h * f, w * f), np.float32)
+        m = latent_mask(pix, f)
+        concat = None
+        if self.inpaint:
+            masked = (self.encode_sample(init.image * (1.0 - pix), gen(lat_shape))
+                      if init.image is not None else np.zeros(lat_shape, np.float32))
+            concat = np.repeat(np.concatenate([m, masked], 1), n, 0)
+            m = dilate(m)
+        if lat is None:
+            lat = np.zeros(lat_shape, np.float32)
+        return np.repeat(lat, n, 0), (np.repeat(m, n, 0) if init.mask is not None or self.inpaint else None), concat
+
     # ------------------------------------------------------------------ txt2img
 
     def txt2img(self, p: GenerateParams,
@@ -321,8 +408,13 @@ class StableDiffusion(Pipeline):
                 noise: np.ndarray | None = None, sigmas: np.ndarray | None = None,
                 vae_tile: int | None = None,
                 preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None,
-                decoder: Callable[[np.ndarray], np.ndarray] | None = None) -> list[np.ndarray]:
+                decoder: Callable[[np.ndarray], np.ndarray] | None = None,
+                init: ImageInput | None = None) -> list[np.ndarray]:
         """Generate ``p.batch`` images; returns ``(H, W, 3)`` uint8 arrays.
+
+        ``init`` makes it image-to-image / inpainting (:mod:`sdplan.core.pipelines.img2img`):
+        its picture (``(1, 3, H, W)`` in [-1, 1], the generation's size) is encoded by the
+        VAE, the schedule truncated by its strength, the latents outside its mask kept.
 
         ``on_step(step, total, latent)`` after every sampler step; ``preview(step, rgb)``
         with uint8 ``(h, w, 3)`` of the first image's denoised latent: the cheap
@@ -344,22 +436,22 @@ class StableDiffusion(Pipeline):
             raise InvalidArgument(f"-W/-H {p.width}x{p.height}: this model draws sizes that are "
                               f"positive multiples of {f} pixels")
         t0 = time.perf_counter()
-        with self.text_session(p.clip_skip):
-            cond = self.encode_prompt(p.prompt, p.clip_skip)
-            uncond = self.encode_prompt(p.negative_prompt, p.clip_skip) if p.cfg_scale != 1.0 else None
+        cond, uncond = self.conditioning(p)
         self.timings["text_encode"] = time.perf_counter() - t0
-        if uncond is not None and uncond.shape != cond.shape:
-            k = max(cond.shape[1], uncond.shape[1])
-            cond, uncond = _pad_chunks(cond, k), _pad_chunks(uncond, k)
-        shape = (p.batch, self.unet_cfg.in_channels, p.height // self.vae_cfg.factor,
+        shape = (p.batch, self.vae_cfg.latent_channels, p.height // self.vae_cfg.factor,
                  p.width // self.vae_cfg.factor)
         gen, sampler_noise, planned = prepare(p.sampling, p.seed, p.steps, p.scheduler,
                                               self.schedule, self.family)
+        init_lat, mask, concat = self._image_latents(init, shape, make_noise(p.sampling.rng, p.seed))
         if noise is None:
             noise = gen(shape)
         if sigmas is None:
             sigmas = planned
-        x = initial_latent(noise, sigmas)
+        if init is not None and init.image is not None and init_lat is not None:
+            sigmas = truncate_sigmas(sigmas, init.strength)
+            x = (init_lat + noise * np.float32(sigmas[0])).astype(np.float32)  # sd-cli's noise_scaling
+        else:
+            x = initial_latent(noise, sigmas)
         total = len(sigmas) - 1
 
         def cb(i: int, xi: np.ndarray, den: np.ndarray) -> None:
@@ -371,7 +463,9 @@ class StableDiffusion(Pipeline):
 
         t0 = time.perf_counter()
         with self.unet_session() as unet:
-            den = self.denoiser(unet, cond, uncond, p.cfg_scale)
+            den = self.denoiser(unet, cond, uncond, p.cfg_scale, concat)
+            if mask is not None and init_lat is not None:
+                den = blended_denoiser(den, init_lat, mask)
             latent = sample(p.sampler, den, x, sigmas, noise=sampler_noise, callback=cb,
                             schedule=self.schedule, eta=p.sampling.eta, extra=p.sampling.extra)
         self.timings["sampling"] = time.perf_counter() - t0
@@ -383,6 +477,10 @@ class StableDiffusion(Pipeline):
         else:
             images = list(self.decode(latent, vae_tile))
         return [image_to_uint8(im) for im in images]
+
+
+def _as_cond(cond: Cond | np.ndarray) -> Cond:
+    return {"c": cond} if isinstance(cond, np.ndarray) else dict(cond)
 
 
 def _pad_chunks(ctx: np.ndarray, tokens: int) -> np.ndarray:

@@ -34,6 +34,7 @@ from sdplan.core.models.z_image import ZImageDiT, unpatchify
 from sdplan.core.pipelines.base import module_placements
 from sdplan.core.pipelines.flux_base import FluxFamilyPipeline
 from sdplan.core.pipelines.flux_base import shapes as _shapes
+from sdplan.core.pipelines.img2img import ImageInput
 from sdplan.core.planning.generation_defaults import generation_defaults
 from sdplan.core.sampling.flow import discrete_flow_sigmas, sample_flow
 from sdplan.core.sampling.noise import PhiloxNoise
@@ -122,7 +123,8 @@ class ZImagePipeline(FluxFamilyPipeline):
                 seed: int = 42, sampler: str = "euler", cfg_scale: float = 1.0, negative_prompt: str = "",
                 shift: float = SHIFT, noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None,
-                vae_scale: int = 8) -> dict[str, np.ndarray]:
+                vae_scale: int = 8, init: ImageInput | None = None,
+                init_seed: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -137,6 +139,8 @@ class ZImagePipeline(FluxFamilyPipeline):
             noise: an explicit starting noise ``(1, 16, h, w)`` instead of the seed's.
             preview: ``preview(step, rgb_uint8 (H, W, 3))`` after each step.
             vae_scale: pixels per latent cell (8 for the FLUX.1 autoencoder).
+            init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.img2img`);
+                ``init_seed`` seeds the draw of its latent (default ``seed``).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -159,6 +163,9 @@ class ZImagePipeline(FluxFamilyPipeline):
                 return v
             v0 = self.velocity(x, s, uncond)
             return (v0 + np.float32(cfg_scale) * (v - v0)).astype(np.float32)
+
+        start, sigmas, vel = self._image_start(start, sigmas, vel, init,
+                                              PhiloxNoise(seed if init_seed is None else init_seed))
 
         def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
             if preview is not None:

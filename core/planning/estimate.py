@@ -8,12 +8,18 @@ Three parts per module and device (bytes):
   on the main device, which alone runs the graph and holds the compute buffer); ``device`` puts all of it on the params device; ``disk`` nothing.
 - **staging** (while the module runs): with ``device`` or ``disk`` residency the weights
   are copied to the runtime device(s): each range's blocks to its device plus the non-block
-  bytes to the main device, or the whole module on a single device. With a ``--max-vram``
-  budget on a single runtime device and blocks to cut at, only the non-block bytes plus the
-  largest segment are there at once (segments are packed in block order so that non-block
-  bytes + segment + compute fit the budget; a block larger than that is one segment).
+  bytes to the main device, or the whole module on a single device.
+- **segments**: with a ``--max-vram`` budget on a single runtime device and units to cut at
+  (the blocks, or a UNet's engine stages: input blocks, middle block, output blocks), the
+  engine runs the module in segments packed in order so that the fixed bytes (everything
+  but the units) + at-runtime LoRA + segment + compute fit the budget (a unit larger than that is one
+  segment). Only the fixed bytes plus the largest segment are there at once: the fixed
+  bytes are the weights (``runtime``) or staged (``device``/``disk``), the segment is
+  staging. A module that fits in one segment keeps its weights as without a budget.
 - **compute**: the graph's compute buffer, estimated from the architecture below. A split
   module needs it on each of its devices (each runs whole layers).
+- **lora**: at-runtime LoRA tensors, resident beside the blocks they patch
+  (:mod:`sdplan.core.planning.adapters`; merged LoRAs take no device memory).
 
 The compute part is for the engine that runs the plan (``engine``): sdplan's own engine
 (a dry-run reserve of its graphs when the caller measured one, else figures fitted to those
@@ -21,7 +27,7 @@ graphs, :mod:`sdplan.core.planning.engine_compute`), or sd-cli (the formula belo
 without ``--diffusion-fa``). :attr:`FitReport.engine` and :attr:`FitReport.compute_source`
 say which.
 
-A device's total is its resident weights of every module plus the largest
+A device's total is its resident weights and LoRA tensors of every module plus the largest
 ``staging + compute`` of one module, because sd-cli runs the modules one after another.
 
 Compute-buffer formula (bytes, F32 activations, without flash attention)::
@@ -37,8 +43,9 @@ one level down, ``/4``); for DiTs ``N = (H/16)*(W/16) + text tokens``; for text 
 head) plus ``K`` feature maps of 128 channels at image size; for ESRGAN ``K`` maps of 64
 channels at image size. Constants are the published model configurations (Flux: hidden
 3072, 24 heads, 512 T5 tokens (schnell 256); Chroma: Flux's with sd-cli's 512 T5 tokens
-(sdplan's engine drops the masked ones, so it needs less); SD3-medium: 1536, 24 heads, 333
-tokens; SD3.5-large: 2432, 38 heads; Z-Image: 3840, 30 heads, 512 LLM tokens; FLUX.2 klein
+(sdplan's engine drops the masked ones, so it needs less); SD3-medium: 1536, 24 heads, 154
+text tokens (one chunk of 77 CLIP then 77 T5 rows, sd-cli's ``SD3CLIPEmbedder`` and sdplan's
+engine alike; its T5-XXL also runs 77-token chunks); SD3.5-large: 2432, 38 heads; Z-Image: 3840, 30 heads, 512 LLM tokens; FLUX.2 klein
 4B: 3072, 24 heads, 512 LLM tokens (9B: 4096, 32 heads; reference images add their tokens); SD1: 320
 channels, 8 heads; SD2: 320 channels, 5 heads;
 SDXL: 640 channels, 10 heads; T5-XXL: 64 heads, 10240 MLP, 512 tokens; CLIP-L/H/G:
@@ -66,6 +73,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sdplan.core.planning.adapters import LoraProfile, lora_device_bytes
 from sdplan.core.planning.engine_compute import sdplan_compute_bytes
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB
@@ -79,12 +87,14 @@ ENGINES = ("sdplan", "sd-cli", "sd-cli-fa")
 
 # family -> (heads, width D, tokens rule): DiT tokens = latent/4 + text; UNet = latent / div
 _DIT = {"flux": (24, 3072, 512), "flux-schnell": (24, 3072, 256), "chroma": (24, 3072, 512),
-        "sd3": (24, 1536, 333), "sd3-large": (38, 2432, 333), "z_image": (30, 3840, 512),
+        "sd3": (24, 1536, 154), "sd3-large": (38, 2432, 154), "z_image": (30, 3840, 512),
         "flux2_klein": (24, 3072, 512), "flux2_klein-9b": (32, 4096, 512)}
 _UNET = {"sd1": (8, 320, 1), "sd2": (5, 320, 1), "sdxl": (10, 640, 4)}
 # encoder -> (heads, MLP width, tokens)
 _TE = {"t5xxl": (64, 10240, 512), "llm": (28, 18944, 512), "clip_l": (12, 3072, 77),
        "clip_h": (16, 4096, 77), "clip_g": (20, 5120, 77)}
+# family -> the tokens every encoder of its ``te`` runs at once (SD3: 77-token chunks, T5 too)
+_TE_TOKENS = {"sd3": 77}
 
 
 @dataclass(frozen=True)
@@ -136,10 +146,16 @@ class ModuleEstimate:
     weights: dict[str, int] = field(default_factory=dict)
     staging: dict[str, int] = field(default_factory=dict)
     compute: dict[str, int] = field(default_factory=dict)
+    lora: dict[str, int] = field(default_factory=dict)
+    #: bytes of each ``--max-vram`` segment, in execution order; empty when not segmented.
+    segments: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, object]:
-        return {"mode": self.mode, "devices": list(self.devices), "weights": self.weights,
-                "staging": self.staging, "compute": self.compute}
+        d: dict[str, object] = {"mode": self.mode, "devices": list(self.devices), "weights": self.weights,
+                                "staging": self.staging, "compute": self.compute, "lora": self.lora}
+        if self.segments:
+            d["segments"] = list(self.segments)
+        return d
 
 
 @dataclass(frozen=True)
@@ -153,10 +169,11 @@ class DeviceTotals:
     total: int
     free: int
     budget: int
+    lora: int = 0
 
     def to_json(self) -> dict[str, object]:
         return {"weights": self.weights, "staging": self.staging, "compute": self.compute,
-                "total": self.total, "free": self.free, "budget": self.budget}
+                "lora": self.lora, "total": self.total, "free": self.free, "budget": self.budget}
 
 
 @dataclass(frozen=True)
@@ -229,7 +246,8 @@ def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
     elif module == "te":
         encs = [e for e in (mp.encoders or {mp.block_encoder: 0}) if e in _TE]
         if encs:  # encoders run one after another: the largest buffer counts
-            return max(_attn(batch, _TE[e][0], _TE[e][2], _TE[e][1], flash) for e in encs)
+            return max(_attn(batch, _TE[e][0], _TE_TOKENS.get(family, _TE[e][2]), _TE[e][1], flash)
+                       for e in encs)
     elif module == "vae":
         return batch * _F32 * ((0 if flash else latent * latent) + _K * 128 * pixels)
     elif module == "upscaler":
@@ -243,15 +261,19 @@ def _fallback(mp: ModuleProfile, pixels: int, batch: int) -> int:
     return mp.total // 4 * pixels * batch // (512 * 512)
 
 
-def _segment_peak(mp: ModuleProfile, budget: int, compute: int) -> int:
-    """Non-block bytes plus the largest budget-packed segment of blocks."""
-    room = budget - mp.other - compute
-    peak = seg = 0
-    for b in mp.blocks:
+def segments(units: tuple[int, ...], fixed: int, budget: int, compute: int) -> list[int]:
+    """Bytes of each segment when ``units`` (blocks or stages, in order) are packed so that
+    ``fixed + segment + compute`` fits ``budget`` (a unit larger than that is one segment),
+    as the engine's runner packs them."""
+    room = budget - fixed - compute
+    out: list[int] = []
+    seg = 0
+    for b in units:
         if seg and seg + b > room:
-            peak, seg = max(peak, seg), 0
+            out.append(seg)
+            seg = 0
         seg += b
-    return mp.other + max(peak, seg)
+    return out + ([seg] if units else [])
 
 
 def module_compute(module: str, mp: ModuleProfile, architecture: str | None, *, width: int,
@@ -279,7 +301,8 @@ def module_compute(module: str, mp: ModuleProfile, architecture: str | None, *, 
 def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
                   width: int = 512, height: int = 512, batch: int = 1, engine: str = "sdplan",
                   measured: Mapping[str, int] | None = None,
-                  flags: RuntimeFlags | None = None) -> FitReport:
+                  flags: RuntimeFlags | None = None,
+                  loras: Mapping[str, LoraProfile] | None = None) -> FitReport:
     """Estimate a resolved plan's memory per module and device and say whether it fits.
 
     Args:
@@ -294,6 +317,8 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         measured: module -> compute bytes measured by a dry-run reserve of sdplan's engine.
         flags: estimate the sd-cli command run with these flags (module docstring; flash
             attention per module, im2col columns, mmap); given, the engine is sd-cli's.
+        loras: per module, the at-runtime LoRA bytes kept on its devices (None or absent:
+            none, as for merged LoRAs).
 
     Returns:
         A :class:`FitReport`; ``fits`` is False when a device's total exceeds its free
@@ -346,13 +371,23 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
             if mode == "device" and mplan.params.device:
                 weights = {mplan.params.device: mp.total}
             staging = dict(placed)
-            budget = budgets.get(main, 0)
-            if len(devs) == 1 and budget > 0 and mp.blocks:
-                staging = {main: min(mp.total, _segment_peak(mp, budget, comp))}
+        lp = (loras or {}).get(name)
+        lora = lora_device_bytes(mplan, lp) if lp is not None else {}
+        segs: list[int] = []
+        budget = budgets.get(main, 0)
+        units = mp.blocks or mp.stages
+        if len(devs) == 1 and budget > 0 and units:  # at-runtime LoRA stays beside the fixed bytes
+            fixed = mp.total - sum(units)
+            segs = segments(units, fixed, budget, comp + lora.get(main, 0))
+            if len(segs) > 1 and mode == "runtime":
+                weights, staging = {main: fixed}, {main: max(segs)}
+            elif len(segs) > 1:
+                staging = {main: fixed + max(segs)}
         compute = {d: comp for d in (devs if mplan.ranges else devs[:1])}
         if flags is not None and flags.mmap:  # CPU-kept weights are mapped file pages
             weights = {d: b for d, b in weights.items() if not _is_cpu(inventory, d)}
-        mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute)
+        mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute, lora,
+                                    tuple(segs) if len(segs) > 1 else ())
     report = _totals(mods, inventory, budgets, width, height, batch)
     return dataclasses.replace(report, engine="sd-cli" if flags is not None else engine,
                                compute_source=sources)
@@ -368,18 +403,20 @@ def _totals(mods: dict[str, ModuleEstimate], inventory: Inventory, budgets: dict
     reasons: list[str] = []
     for dev in inventory:
         w = sum(e.weights.get(dev.name, 0) for e in mods.values())
+        lora = sum(e.lora.get(dev.name, 0) for e in mods.values())
         transient = [(e.staging.get(dev.name, 0), e.compute.get(dev.name, 0))
                      for e in mods.values()]
         peak = max(transient, key=sum, default=(0, 0))
-        if not (w or sum(peak)):
+        if not (w or lora or sum(peak)):
             continue
         budget = budgets.get(dev.name, 0)
-        t = DeviceTotals(dev.name, w, peak[0], peak[1], w + sum(peak), dev.free, budget)
+        t = DeviceTotals(dev.name, w, peak[0], peak[1], w + lora + sum(peak), dev.free, budget, lora)
         devices[dev.name] = t
         if t.total > t.free:
             reasons.append(f"{dev.name}: needs {t.total / GIB:.2f} GiB (weights "
                            f"{w / GIB:.2f}, staging {peak[0] / GIB:.2f}, compute "
-                           f"{peak[1] / GIB:.2f}) but has {t.free / GIB:.2f} GiB free")
+                           f"{peak[1] / GIB:.2f}{f', LoRA {lora / GIB:.2f}' if lora else ''}) "
+                           f"but has {t.free / GIB:.2f} GiB free")
         elif budget > 0 and t.total > budget:
             reasons.append(f"{dev.name}: needs {t.total / GIB:.2f} GiB, over its --max-vram "
                            f"budget of {budget / GIB:.2f} GiB")

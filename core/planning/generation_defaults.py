@@ -10,7 +10,8 @@ Turbo, its 8-step distillation without guidance (Tongyi's model card; sd-cli's
 ``docs/z_image.md``: ``--cfg-scale 1.0 --steps 8``) with euler, sd-cli's sampler for DiTs;
 FLUX.2 klein 4B / 9B, their 4-step distillation (sd-cli's ``docs/flux2.md``: ``--cfg-scale 1.0
 --steps 4``, euler; the klein *base* models, which no tensor tells apart, want CFG 4 and 20
-steps).
+steps); SD3 / SD3.5, sd-cli's ``docs/sd3.md`` (``--cfg-scale 4.5 --sampling-method euler``)
+with sd-cli's default 20 steps.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ FAMILY_DEFAULTS: dict[str, dict[str, object]] = {
     "flux-schnell": {"cfg_scale": 1.0, "steps": 4, "sampling_method": "euler"},
     "z_image": {"cfg_scale": 1.0, "steps": 8, "sampling_method": "euler"},
     "flux2_klein": {"cfg_scale": 1.0, "steps": 4, "sampling_method": "euler"},
+    "sd3": {"cfg_scale": 4.5, "steps": 20, "sampling_method": "euler"},
+    "sd1": {"cfg_scale": 7.0, "steps": 20, "sampling_method": "euler_a", "width": 512, "height": 512},
+    "sd2": {"cfg_scale": 7.0, "steps": 20, "sampling_method": "euler_a", "width": 512, "height": 512},
+    "sdxl": {"cfg_scale": 7.0, "steps": 20, "sampling_method": "euler_a", "width": 1024, "height": 1024},
 }
 
 

@@ -5,7 +5,7 @@ bytes of everything else, plus, for ``te``, a breakdown per encoder. JSON form (
 format of ``shared/cases/profiles``)::
 
     {"modules": {"diffusion": {"blocks": [bytes, ...], "other": bytes,
-                               "block_names": [...]?},
+                               "block_names": [...]?, "stages": [bytes, ...]?},
                  "te": {"blocks": [...], "other": bytes,
                         "encoders": {"clip_l": bytes, "t5xxl": bytes}?},
                  ...},
@@ -35,12 +35,17 @@ class ModuleProfile:
             ``llm``); empty otherwise.
         block_encoder: for ``te``: the encoder whose blocks are listed in ``blocks``
             (the dominant one, split across devices), or None.
+        stages: for a module without blocks whose graph the engine can still cut (a
+            UNet's input blocks, middle block and output blocks, in execution order): the
+            bytes of each stage, a breakdown of part of ``other``. ``--max-vram`` segments
+            pack stages; a layer split never uses them (spec section 8).
     """
 
     blocks: tuple[int, ...] = ()
     other: int = 0
     encoders: Mapping[str, int] = field(default_factory=dict)
     block_encoder: str | None = None
+    stages: tuple[int, ...] = ()
 
     @property
     def total(self) -> int:
@@ -53,6 +58,8 @@ class ModuleProfile:
             d["encoders"] = dict(self.encoders)
         if self.block_encoder:
             d["block_encoder"] = self.block_encoder
+        if self.stages:
+            d["stages"] = list(self.stages)
         return d
 
 
@@ -104,6 +111,12 @@ class Profile:
                 raise ModelFileError(source, f"module {name!r}: 'blocks' must be a list of bytes")
             if not isinstance(other, int) or isinstance(other, bool) or other < 0:
                 raise ModelFileError(source, f"module {name!r}: 'other' must be bytes")
+            stages = raw.get("stages", []) or []
+            if not isinstance(stages, list) or not all(
+                isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in stages
+            ) or sum(stages) > other:
+                raise ModelFileError(source, f"module {name!r}: 'stages' must be a list of bytes "
+                                             "within 'other'")
             enc = raw.get("encoders", {}) or {}
             if not isinstance(enc, dict):
                 raise ModelFileError(source, f"module {name!r}: 'encoders' must be an object")
@@ -112,6 +125,7 @@ class Profile:
                 other=other,
                 encoders={str(k): int(v) for k, v in enc.items()},
                 block_encoder=raw.get("block_encoder"),
+                stages=tuple(stages),
             )
         sizes: dict[str, dict[str, int]] = {}
         for key in ("autofit", "autofit_loaded"):

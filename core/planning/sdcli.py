@@ -52,6 +52,10 @@ GENERATION_FLAGS: dict[str, tuple[tuple[str, ...], type]] = {
     "output": (("--output", "-o"), str),
     "clip_skip": (("--clip-skip",), int),
     "guidance": (("--guidance",), float),
+    "slg_scale": (("--slg-scale",), float),
+    "skip_layers": (("--skip-layers",), str),
+    "skip_layer_start": (("--skip-layer-start",), float),
+    "skip_layer_end": (("--skip-layer-end",), float),
     "eta": (("--eta",), float),
     "sigmas": (("--sigmas",), str),
     "flow_shift": (("--flow-shift",), float),
@@ -59,6 +63,15 @@ GENERATION_FLAGS: dict[str, tuple[tuple[str, ...], type]] = {
     "rng": (("--rng",), str),
     "sampler_rng": (("--sampler-rng",), str),
 }
+#: LoRA and picture-input flags, written after the generation flags above.
+INPUT_FLAGS: dict[str, tuple[tuple[str, ...], type]] = {
+    "lora_model_dir": (("--lora-model-dir",), str),
+    "lora_apply_mode": (("--lora-apply-mode",), str),
+    "init_img": (("--init-img", "-i"), str),
+    "mask": (("--mask",), str),
+    "strength": (("--strength",), float),
+}
+GENERATION_FLAGS.update(INPUT_FLAGS)
 
 _MODEL_BY_FLAG = {f: k for k, flags in MODEL_FLAGS.items() for f in flags}
 _GEN_BY_FLAG = {f: k for k, (flags, _) in GENERATION_FLAGS.items() for f in flags}

@@ -80,6 +80,7 @@ from sdplan.core.runtime.native import native
 __all__ = [
     "new_graph", "on", "linear", "layer_norm", "group_norm", "attention", "conv2d",
     "conv_transpose2d", "pixel_shuffle", "prelu", "gelu", "geglu", "swiglu", "NUMPY_DTYPES",
+    "AdaptedWeight",
 ]
 
 #: Narrowest head width for which ``attention`` picks ggml's flash kernel by itself. Below it
@@ -123,11 +124,37 @@ def on(g: Graph, index: int | None) -> Iterator[None]:
         g.scope = old
 
 
+class AdaptedWeight:
+    """A weight with a low-rank patch beside it (LoRA applied at runtime,
+    :mod:`sdplan.core.runtime.lora`): :func:`linear` and :func:`conv2d` compute the weight's
+    own product and add ``up(down(x))`` and ``dense(x)``. ``down`` ``(R, in)`` / ``(R, in,
+    kh, kw)``, ``up`` ``(out, R)`` / ``(out, R, 1, 1)`` (scale folded in), ``dense`` of the
+    weight's shape; each may be None. ``shape``, ``dtype`` and other attributes are the
+    weight's, so graph code that only reads them sees the plain weight."""
+
+    __slots__ = ("base", "down", "up", "dense")
+
+    def __init__(self, base: Tensor, down: Tensor | None = None, up: Tensor | None = None,
+                 dense: Tensor | None = None) -> None:
+        self.base, self.down, self.up, self.dense = base, down, up, dense
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.base, name)
+
+
 def linear(g: Graph, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     """``x @ w.T + b``: x ``(..., in)``, w ``(out, in)``, b ``(out,)`` -> ``(..., out)``.
 
     A bf16 ``w`` on a CPU-only graph runs sdplan's bf16 kernel with the bias fused
-    (``Graph.mul_mat``); otherwise ggml's matrix product and an add."""
+    (``Graph.mul_mat``); otherwise ggml's matrix product and an add. An
+    :class:`AdaptedWeight` adds ``x @ (up @ down + dense).T`` as ``up(down(x))``."""
+    if isinstance(w, AdaptedWeight):
+        y = g.mul_mat(w.base, x)
+        if w.down is not None and w.up is not None:
+            y = g.add(y, g.mul_mat(w.up, g.mul_mat(w.down, x)))
+        if w.dense is not None:
+            y = g.add(y, g.mul_mat(w.dense, x))
+        return g.add(y, b) if b is not None else y
     return g.mul_mat(w, x, bias=b) if b is not None else g.mul_mat(w, x)
 
 
@@ -178,7 +205,16 @@ def conv2d(g: Graph, x: Tensor, w: Tensor, b: Tensor | None = None, stride: int 
     b ``(OC,)``; ints mean the same value on both axes. ``method`` picks the convolution path
     of ``Graph.conv_2d`` (``auto``, ``im2col``, ``cpu_im2col``, ``winograd``, ``direct``); ``direct=True``
     means ``direct``. The bias is added by ``Graph.conv_2d`` (inside the Winograd op, a
-    per-channel add otherwise). Raises ValueError for mismatched shapes or an unknown method."""
+    per-channel add otherwise). An :class:`AdaptedWeight` adds ``up(down(x))`` (``down``
+    with the weight's stride, padding and dilation, ``up`` 1x1) and ``dense(x)``. Raises
+    ValueError for mismatched shapes or an unknown method."""
+    if isinstance(w, AdaptedWeight):
+        y = conv2d(g, x, w.base, b, stride, padding, dilation, direct, method)
+        if w.down is not None and w.up is not None:
+            y = g.add(y, conv2d(g, conv2d(g, x, w.down, None, stride, padding, dilation), w.up))
+        if w.dense is not None:
+            y = g.add(y, conv2d(g, x, w.dense, None, stride, padding, dilation))
+        return y
     args = (w, x, _pair(stride), _pair(padding), _pair(dilation), direct, method)
     return g.conv_2d(*args, bias=b) if b is not None else g.conv_2d(*args)
 

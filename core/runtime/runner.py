@@ -93,16 +93,19 @@ class ModulePlacement:
 @dataclass
 class DeviceMemory:
     """Bytes allocated on one device: resident or transient ``weights``, ``staging`` copies
-    of weights from a params device, ``compute`` buffers of graphs."""
+    of weights from a params device, ``compute`` buffers of graphs, ``lora`` tensors added
+    at runtime (:mod:`sdplan.core.runtime.lora`)."""
 
     weights: int = 0
     staging: int = 0
     compute: int = 0
+    lora: int = 0
 
     def peak(self, other: DeviceMemory) -> None:
         self.weights = max(self.weights, other.weights)
         self.staging = max(self.staging, other.staging)
         self.compute = max(self.compute, other.compute)
+        self.lora = max(self.lora, other.lora)
 
 
 class Cancelled(EngineError):
@@ -169,7 +172,7 @@ class BackendPool:
 @dataclass
 class _Buf:
     device: str
-    kind: str  # weights | staging
+    kind: str  # weights | staging | lora
     wb: Any
     keep: bool = False  # survives the end of a run
 
@@ -180,6 +183,8 @@ class _Seg:
     graph: Any = None
     devices: list[str] = field(default_factory=list)
     resident: bool = False
+    inputs: dict[str, Any] = field(default_factory=dict)  # input name -> graph tensor
+    carry: dict[str, str] = field(default_factory=dict)  # state key -> input it passes on unchanged
 
 
 class ModuleRunner:
@@ -219,9 +224,45 @@ class ModuleRunner:
         self._segs: dict[tuple, list[_Seg]] = {}
         self._in_session = False
         self.last_peak: dict[str, DeviceMemory] = {}
+        #: segments the last run was cut into (0: not segmented).
+        self.last_segments = 0
         self._peak: dict[str, DeviceMemory] = {}
+        #: LoRA patches of this module (:class:`sdplan.core.runtime.lora.ModuleLora`), see :meth:`set_lora`.
+        self.lora: Any = None
+        self._lora_store: Any = None
         for dev, names in self._groups().items():
             self.rt.plan(names, self.pool.get(dev))
+
+    def set_lora(self, lora: Any) -> None:
+        """Apply ``lora`` (a :class:`~sdplan.core.runtime.lora.ModuleLora`, None: none) from the
+        next run on: every buffer is freed (merged weights are read again), graphs are
+        rebuilt; at-runtime LoRA tensors go beside their weights, on each block's device."""
+        self.release()
+        self._graphs.clear()
+        self._segs.clear()
+        self.lora, self._lora_store = lora, None
+        if lora is not None and lora.runtime:
+            arrays = lora.arrays()
+            wf = WeightFile.from_arrays(arrays, f"LoRA of {self.name}", dtypes=lora.dtypes())
+            self._lora_store = (wf, wf.new_store())
+            for dev, names in self._lora_groups().items():
+                self._lora_store[1].plan(names, self.pool.get(dev))
+
+    def _lora_groups(self) -> dict[str, list[str]]:
+        """Runtime device -> at-runtime LoRA tensor names (resident where their weights run)."""
+        if self._lora_store is None:
+            return {}
+        groups = ({self.main: [n for ns in self._groups().values() for n in ns]} if self.segmented
+                  else self._groups())
+        out = {dev: self.lora.tensor_names(names) for dev, names in groups.items()}
+        return {d: n for d, n in out.items() if n}
+
+    def _weight(self, name: str) -> Any:
+        """The tensor graphs use for weight ``name`` (with its at-runtime LoRA beside it)."""
+        t = self.rt.tensor(name)
+        if self._lora_store is None:
+            return t
+        return self.lora.wrap(name, t, self._lora_store[1].tensor)
 
     # ------------------------------------------------------------------ weights
 
@@ -250,6 +291,8 @@ class ModuleRunner:
         else:
             buf = self._alloc(self.rt, names, device, "weights", keep)
             self.wf.read(self.rt, names)
+            if self.lora is not None and not self.lora.runtime:
+                self.lora.merge(self.rt, names)  # disk residency: merged on every load
         self._snapshot()
         return buf
 
@@ -265,6 +308,13 @@ class ModuleRunner:
             names = list(self.wf.infos)
             self._alloc(self.params, names, self.pl.params_device or self.main, "weights", True)
             self.wf.read(self.params, names)
+            if self.lora is not None and not self.lora.runtime:
+                self.lora.merge(self.params, names)
+        if self._lora_store is not None and not any(b.kind == "lora" for b in self._bufs):
+            wf, store = self._lora_store
+            for dev, names in self._lora_groups().items():
+                self._alloc(store, names, dev, "lora", True)
+                wf.read(store, names)
         if self.mode == "runtime":
             groups = ({self.main: self.model.other_tensors()} if self.segmented else self._groups())
             for dev, names in groups.items():
@@ -347,14 +397,35 @@ class ModuleRunner:
                 names.append(d)
         return gr.new_graph(backends, n_threads=self.n_threads), names
 
+    @contextlib.contextmanager
+    def variant(self, model: Any) -> Iterator[None]:
+        """Run ``model`` instead of the runner's graph inside the block, on the same loaded
+        weights (no second copy): a graph over the same tensors built differently (SD3's
+        skip-layer pass). Its graphs are cached apart from the runner's own.
+
+        Raises:
+            EngineError: ``model`` does not own the same tensors in the same blocks.
+        """
+        same = model.n_blocks == self.model.n_blocks and list(model.other_tensors()) == list(
+            self.model.other_tensors()) and all(model.block_tensors(i) == self.model.block_tensors(i)
+                                                for i in range(model.n_blocks))
+        if not same:
+            raise EngineError(f"{self.name}: a variant graph must own the runner's tensors", module=self.name)
+        own = self.model
+        self.model = model
+        try:
+            yield
+        finally:
+            self.model = own
+
     def _whole_graph(self, shapes: dict[str, tuple[int, ...]]) -> tuple[Any, list[str]]:
-        key = tuple(sorted(shapes.items()))
+        key = (self.model, *sorted(shapes.items()))
         if key in self._graphs:
             return self._graphs[key]
         devs = list(dict.fromkeys([self.main, *self.block_device]))
         g, names = self._new_graph(devs)
         idx = {d: names.index(d) for d in devs}
-        w = self.rt.tensor
+        w = self._weight
         with gr.on(g, 0):
             ins = {k: g.input(k, s, dt) for k, (s, dt) in self.model.input_specs(shapes).items()}
             state = self.model.build_pre(g, w, ins)
@@ -403,9 +474,14 @@ class ModuleRunner:
             self.last_peak = self._peak
         return out
 
-    def _compute(self, g: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _compute(self, g: Any, inputs: Mapping[str, np.ndarray],
+                 tensors: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+        """Allocate, set ``inputs`` and compute; with ``tensors`` (input name -> graph tensor)
+        inputs the graph does not use are skipped."""
         g.allocate()
         for k, v in inputs.items():
+            if tensors is not None and not tensors[k].resident:
+                continue  # a state entry this segment neither reads nor changes
             g.set_input(k, np.ascontiguousarray(v))
         self._snapshot()
         self.cancel.compute(g)
@@ -415,6 +491,8 @@ class ModuleRunner:
         backend = self.pool.get(self.main)
         compute = self.measure(shapes).get(self.main, 0)
         other = self.rt.alloc_size(self.model.other_tensors(), backend)
+        if self._lora_store is not None:  # resident beside the non-block weights
+            other += sum(self._lora_store[1].alloc_size(n, backend) for n in self._lora_groups().values())
         sizes = [self.rt.alloc_size(self.model.block_tensors(i), backend) for i in range(self.model.n_blocks)]
         avail = self.pl.budget - other - compute
         first = 0
@@ -436,6 +514,8 @@ class ModuleRunner:
             used += sizes[i]
         if cur:
             segs.append(_Seg(cur))
+        if len(segs) == 1 and self.mode == "runtime":
+            segs[0].resident = True  # everything fits the budget: load once, as without one
         log.info("%s: %d segments for budget %d bytes (compute %d, non-block %d)",
                  self.name, len(segs), self.pl.budget, compute, other)
         return segs
@@ -445,7 +525,7 @@ class ModuleRunner:
         return [s.blocks for s in self._segments(shapes)]
 
     def _segments(self, shapes: dict[str, tuple[int, ...]]) -> list[_Seg]:
-        key = tuple(sorted(shapes.items()))
+        key = (self.model, *sorted(shapes.items()))
         if key not in self._segs:
             self._segs[key] = self._plan_segments(shapes)
         return self._segs[key]
@@ -455,17 +535,23 @@ class ModuleRunner:
         if seg.graph is not None:
             return seg.graph
         g, seg.devices = self._new_graph([self.main])
-        w = self.rt.tensor
+        w = self._weight
         if first:
             ins = {k: g.input(k, s, dt) for k, (s, dt) in self.model.input_specs(shapes).items()}
             state = self.model.build_pre(g, w, ins)
         else:
-            state = {k: g.input("state." + k, s, dt) for k, (s, dt) in feed.items()}
+            ins = {"state." + k: g.input("state." + k, s, dt) for k, (s, dt) in feed.items()}
+            state = {k: ins["state." + k] for k in feed}
         for i in seg.blocks:
             state = self.model.build_block(g, w, i, state)
             for t in state.values():
                 g.checkpoint(t)
-        outs = self.model.build_post(g, w, state) if last else {"state." + k: t for k, t in state.items()}
+        seg.inputs = ins
+        by_id = {id(t): n for n, t in ins.items()}
+        # state entries that are this segment's inputs unchanged stay on the host
+        seg.carry = {} if last else {k: by_id[id(t)] for k, t in state.items() if id(t) in by_id}
+        outs = self.model.build_post(g, w, state) if last else {
+            "state." + k: t for k, t in state.items() if k not in seg.carry}
         for k, t in outs.items():
             g.output(k, t)
         g.build()
@@ -474,6 +560,7 @@ class ModuleRunner:
 
     def _run_segments(self, inputs: Mapping[str, np.ndarray], shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
         segs = self._segments(shapes)
+        self.last_segments = len(segs)
         feed: dict[str, np.ndarray] = dict(inputs)
         specs: dict[str, tuple[tuple[int, ...], str]] = {}
         for k, seg in enumerate(segs):
@@ -484,14 +571,14 @@ class ModuleRunner:
                 buf = self._fill(names, self.main, keep=seg.resident)
             g = self._segment_graph(seg, k == 0, k == len(segs) - 1, specs, shapes)
             try:
-                out = self._compute(g, feed)
+                out = self._compute(g, feed, seg.inputs)
             finally:
                 g.free_compute()
                 if buf is not None and not seg.resident:
                     self._free(buf)
             if k < len(segs) - 1:
-                feed = {n: v for n, v in out.items()}
+                feed = {**out, **{"state." + key: feed[src] for key, src in seg.carry.items()}}
                 specs = {n[len("state."):]: (tuple(v.shape), {"float32": "f32", "float16": "f16", "int32": "i32"}[
-                    str(v.dtype)]) for n, v in out.items()}
+                    str(v.dtype)]) for n, v in feed.items()}
         return out
 

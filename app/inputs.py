@@ -1,0 +1,318 @@
+"""The generation panel's inputs beyond the prompt: the LoRAs of a folder and the picture to
+start from.
+
+- **LoRA**: the files of the LoRA folder (``--lora-model-dir``; with the demo model, its own
+  LoRAs) as rows of name, size, the family each was trained for (a check mark and the open
+  model's family when every key of the file lands on the open model's weights) and a weight; *Add* writes ``<lora:NAME:WEIGHT>`` into the prompt, as
+  sd-cli reads it. The apply mode (``--lora-apply-mode``) sits beside the folder.
+- **Init image**: drop a picture (or click to choose one) to start from it (``-i``), a
+  second one as the inpainting mask (``--mask``, white = repaint), and the ``--strength``.
+
+Every change is emitted as :attr:`InputsPanel.changed`; :meth:`InputsPanel.settings` gives
+the sd-cli keys (``lora_model_dir``, ``lora_apply_mode``, ``init_img``, ``mask``,
+``strength``) that the panel writes into the request and the sd-cli command.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QDragEnterEvent, QDropEvent, QMouseEvent, QPixmap
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFrame,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QTableWidget,
+    QTableWidgetItem,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+from sdplan.core.errors import SdplanError
+from sdplan.core.modelfiles.lora import LORA_EXTENSIONS, guess_lora_family
+from sdplan.core.planning.adapters import APPLY_MODES
+from sdplan.core.text.lora_tags import format_lora_tag
+
+log = logging.getLogger(__name__)
+
+PICTURES = "Pictures (*.png *.jpg *.jpeg *.webp *.bmp);;All files (*)"
+_PICTURE_EXT = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+
+
+def lora_files(folder: str | Path | None) -> list[dict[str, Any]]:
+    """The LoRA files directly in ``folder`` (sorted by name): ``{"name"`` (without the
+    extension, as a tag names it), ``"path"``, ``"bytes"``, ``"family"`` (:func:`guess_lora_family`;
+    ``?`` when unreadable)``}``. A missing folder has none."""
+    out: list[dict[str, Any]] = []
+    if not folder or not Path(folder).is_dir():
+        return out
+    for p in sorted(Path(folder).iterdir()):
+        if p.suffix.lower() not in LORA_EXTENSIONS or not p.is_file():
+            continue
+        try:
+            family = guess_lora_family(p) if p.suffix.lower() in (".safetensors", ".gguf") else "unknown"
+        except SdplanError:
+            family = "?"
+        out.append({"name": p.stem, "path": str(p), "bytes": p.stat().st_size, "family": family})
+    return out
+
+
+def _lands(path: str, table: Any) -> bool:
+    """Does every key of the LoRA file land on the model ``table`` describes?"""
+    if table is None:
+        return False
+    from sdplan.core.modelfiles.lora import read_lora
+
+    try:
+        return not read_lora(path, table).unknown
+    except (SdplanError, OSError, ValueError):
+        return False
+
+
+class PictureSlot(QLabel):
+    """A square that takes a dropped picture file (or a click to choose one) and shows it;
+    :attr:`path` is the file or None. Emits :attr:`picked` with the new path (None: cleared)."""
+
+    picked = Signal(object)
+
+    def __init__(self, title: str, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.title = title
+        self.path: str | None = None
+        self.setObjectName("PictureSlot")
+        self.setAcceptDrops(True)
+        self.setFixedSize(76, 76)
+        self.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.setWordWrap(True)
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.setToolTip(f"{title}: drop a picture here or click to choose one")
+        self.set_path(None)
+
+    def set_path(self, path: str | None) -> None:
+        """Show ``path`` (None: the empty slot) without emitting."""
+        self.path = path
+        pix = QPixmap(path) if path else QPixmap()
+        if path and not pix.isNull():
+            self.setPixmap(pix.scaled(72, 72, Qt.AspectRatioMode.KeepAspectRatio,
+                                      Qt.TransformationMode.SmoothTransformation))
+            self.setToolTip(f"{self.title}: {path}")
+        else:
+            self.setPixmap(QPixmap())
+            self.setText(f"{self.title}\ndrop here")
+
+    def choose(self, path: str | None) -> None:
+        """Take ``path`` (None: clear) and emit :attr:`picked`."""
+        self.set_path(path)
+        self.picked.emit(path)
+
+    def mousePressEvent(self, event: QMouseEvent) -> None:  # noqa: N802 - Qt's name
+        path, _ = QFileDialog.getOpenFileName(self, self.title, "", PICTURES)
+        if path:
+            self.choose(path)
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 - Qt's name
+        urls = event.mimeData().urls()
+        if urls and urls[0].isLocalFile() and urls[0].toLocalFile().lower().endswith(_PICTURE_EXT):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802 - Qt's name
+        urls = event.mimeData().urls()
+        if urls and urls[0].isLocalFile():
+            self.choose(urls[0].toLocalFile())
+            event.acceptProposedAction()
+
+
+class InputsPanel(QFrame):
+    """See the module docstring. ``insert_tag(text)`` puts a LoRA tag into the prompt;
+    ``model_family()`` is the open model's family and ``model_table()`` its LoRA alias table
+    or None (for the fit marks)."""
+
+    changed = Signal()
+
+    def __init__(self, insert_tag: Callable[[str], None], model_family: Callable[[], str | None],
+                 model_table: Callable[[], Any] | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.insert_tag, self.model_family = insert_tag, model_family
+        self.model_table = model_table or (lambda: None)
+        self.folder: str | None = None
+        self.files: list[dict[str, Any]] = []
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.setSpacing(4)
+        head = QHBoxLayout()
+        title = QLabel("LORA")
+        title.setObjectName("Section")
+        head.addWidget(title)
+        self.folder_label = QLabel()
+        self.folder_label.setObjectName("Caption")
+        head.addWidget(self.folder_label, 1)
+        self.folder_btn = QToolButton()
+        self.folder_btn.setText("Folder…")
+        self.folder_btn.setToolTip("The LoRA folder (--lora-model-dir)")
+        self.folder_btn.clicked.connect(self._choose_folder)
+        head.addWidget(self.folder_btn)
+        self.mode = QComboBox()
+        self.mode.addItems(APPLY_MODES)
+        self.mode.setToolTip("--lora-apply-mode: merge into the weights (immediately) or add in "
+                             "the graph (at_runtime); auto as sd-cli")
+        self.mode.currentTextChanged.connect(lambda *_: self.changed.emit())
+        head.addWidget(self.mode)
+        lay.addLayout(head)
+        self.table = QTableWidget(0, 5)
+        self.table.setHorizontalHeaderLabels(["LoRA", "size", "family", "weight", ""])
+        self.table.verticalHeader().hide()
+        self.table.setSelectionMode(QTableWidget.SelectionMode.NoSelection)
+        self.table.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        hh = self.table.horizontalHeader()
+        hh.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for c in range(1, 5):
+            hh.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
+        lay.addWidget(self.table)
+        self.empty = QLabel()
+        self.empty.setObjectName("Muted")
+        self.empty.setWordWrap(True)
+        lay.addWidget(self.empty)
+        pic_title = QLabel("INIT IMAGE")
+        pic_title.setObjectName("Section")
+        lay.addWidget(pic_title)
+        row = QHBoxLayout()
+        self.init_slot = PictureSlot("Picture")
+        self.mask_slot = PictureSlot("Mask")
+        self.mask_slot.setToolTip("Inpainting mask: white = repaint (drop a picture or click)")
+        for slot in (self.init_slot, self.mask_slot):
+            slot.picked.connect(self._picked)
+            row.addWidget(slot)
+        side = QVBoxLayout()
+        strength = QHBoxLayout()
+        strength.addWidget(QLabel("Strength"))
+        self.strength = QDoubleSpinBox()
+        self.strength.setRange(0.0, 1.0)
+        self.strength.setSingleStep(0.05)
+        self.strength.setValue(0.75)
+        self.strength.setToolTip("--strength: 0 keeps the picture, 1 repaints it all")
+        self.strength.valueChanged.connect(lambda *_: self.changed.emit())
+        strength.addWidget(self.strength, 1)
+        side.addLayout(strength)
+        self.clear_btn = QPushButton("Clear")
+        self.clear_btn.setToolTip("Text to image again: forget the picture and the mask")
+        self.clear_btn.clicked.connect(self.clear_pictures)
+        side.addWidget(self.clear_btn)
+        self.picture_note = QLabel()
+        self.picture_note.setObjectName("Caption")
+        self.picture_note.setWordWrap(True)
+        side.addWidget(self.picture_note)
+        side.addStretch(1)
+        row.addLayout(side, 1)
+        lay.addLayout(row)
+        self._update_note()
+
+    # ------------------------------------------------------------------ LoRA
+    def set_folder(self, folder: str | Path | None) -> None:
+        """List the LoRAs of ``folder`` (None: none)."""
+        self.folder = str(folder) if folder else None
+        self.folder_label.setText(Path(self.folder).name + "/" if self.folder else "no folder")
+        self.folder_label.setToolTip(self.folder or "Choose the folder of your LoRA files")
+        self.files = lora_files(self.folder)
+        self.refresh_fit()
+        self.changed.emit()
+
+    def refresh_fit(self) -> None:
+        """Rebuild the rows (the fit marks follow the open model's family)."""
+        family = self.model_family()
+        table = self.model_table()
+        self.table.setRowCount(len(self.files))
+        for i, f in enumerate(self.files):
+            fits = family is not None and (f["family"] == family or _lands(f["path"], table))
+            self.table.setItem(i, 0, QTableWidgetItem(f["name"]))
+            self.table.setItem(i, 1, QTableWidgetItem(f"{f['bytes'] / 2**20:.1f} MB" if f["bytes"] >= 2**20
+                                                      else f"{max(f['bytes'] // 1024, 1)} KB"))
+            fam = QTableWidgetItem(f"✓ {family}" if fits else f["family"])
+            fam.setToolTip(f"trained for {f['family']}" + (" — fits the open model" if fits else ""))
+            self.table.setItem(i, 2, fam)
+            weight = QDoubleSpinBox()
+            weight.setRange(-4.0, 4.0)
+            weight.setSingleStep(0.1)
+            weight.setValue(1.0)
+            self.table.setCellWidget(i, 3, weight)
+            add = QToolButton()
+            add.setText("Add")
+            add.setToolTip(f"Insert <lora:{f['name']}:WEIGHT> into the prompt")
+            add.clicked.connect(lambda _=False, r=i: self.add(r))
+            self.table.setCellWidget(i, 4, add)
+        rows = min(max(len(self.files), 1), 3)
+        self.table.setFixedHeight(self.table.horizontalHeader().height() + rows * self.table.verticalHeader()
+                                  .defaultSectionSize() + 4)
+        self.table.setVisible(bool(self.files))
+        self.empty.setVisible(not self.files)
+        self.empty.setText("No LoRA files in this folder (.safetensors, .gguf, .pt, .ckpt)"
+                           if self.folder else "Choose the folder of your LoRA files")
+
+    def add(self, row: int) -> str:
+        """Insert the tag of LoRA ``row`` at its weight into the prompt; returns the tag."""
+        box = self.table.cellWidget(row, 3)
+        weight = box.value() if isinstance(box, QDoubleSpinBox) else 1.0
+        tag = format_lora_tag(self.files[row]["name"], round(weight, 2))
+        self.insert_tag(tag)
+        return tag
+
+    def _choose_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "LoRA folder", self.folder or "")
+        if folder:
+            self.set_folder(folder)
+
+    # ------------------------------------------------------------------ pictures
+    def _picked(self, _: object) -> None:
+        self._update_note()
+        self.changed.emit()
+
+    def clear_pictures(self) -> None:
+        """Forget the init picture and the mask."""
+        self.init_slot.set_path(None)
+        self.mask_slot.set_path(None)
+        self._picked(None)
+
+    def _update_note(self) -> None:
+        init, mask = self.init_slot.path, self.mask_slot.path
+        if mask and not init:
+            note = "a mask needs a picture"
+        elif init:
+            note = "inpainting: white = repaint" if mask else "image to image"
+        else:
+            note = "text to image"
+        self.picture_note.setText(note)
+        self.strength.setEnabled(bool(init))
+        self.clear_btn.setEnabled(bool(init or mask))
+
+    # ------------------------------------------------------------------ settings
+    def settings(self) -> dict[str, object]:
+        """sd-cli's keys of these inputs (None where unset)."""
+        init = self.init_slot.path
+        return {"lora_model_dir": self.folder, "lora_apply_mode": self.mode.currentText(),
+                "init_img": init, "mask": self.mask_slot.path if init else None,
+                "strength": round(self.strength.value(), 2) if init else None}
+
+    def load(self, values: dict[str, object]) -> None:
+        """Show saved or pasted settings (keys of :meth:`settings`) without emitting."""
+        self.blockSignals(True)
+        try:
+            if values.get("lora_model_dir") and values["lora_model_dir"] != self.folder:
+                self.set_folder(str(values["lora_model_dir"]))
+            i = self.mode.findText(str(values.get("lora_apply_mode") or "auto"))
+            self.mode.setCurrentIndex(max(i, 0))
+            self.init_slot.set_path(str(values["init_img"]) if values.get("init_img") else None)
+            self.mask_slot.set_path(str(values["mask"]) if values.get("mask") else None)
+            if values.get("strength") is not None:
+                self.strength.setValue(float(values["strength"]))  # type: ignore[arg-type]
+            self._update_note()
+        finally:
+            self.blockSignals(False)

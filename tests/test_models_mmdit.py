@@ -1,0 +1,93 @@
+"""SD3 MMDiT graph against diffusers' ``SD3Transformer2DModel`` (a tiny SD3.5-medium-like model:
+RMS qk norm, MMDiT-X ``attn2`` blocks, a context-pre-only last block): one device, a layer
+split over two backends with disk residency, skip-layer guidance's skipped block, patches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sd3_util import SD3, T5, ref, rel_err
+from sdplan.core.models.base import ModelLayoutError
+from sdplan.core.models.mmdit import MMDiT, mmdit_config, patches, unpatch
+
+G = pytest.importorskip("sdplan._ggml")
+if not hasattr(G, "Graph"):
+    pytest.skip("the native module has no Graph", allow_module_level=True)
+from sdplan.core.pipelines.flux_base import shapes  # noqa: E402
+from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
+from sdplan.core.runtime.weights import WeightFile  # noqa: E402
+
+R = ref()
+TOL = 2e-3  # f16 matrices and f16 activations in mul_mat against an f32 torch reference
+
+
+@pytest.fixture(scope="module")
+def cpus():
+    second = G.init_backend("CPU")
+    second.set_n_threads(1)
+    p = BackendPool(G.BackendManager(1), extra={"CPU1": second})
+    yield p
+    p.manager.close()
+
+
+def run(pool, mod: MMDiT, ranges=None, mode="runtime") -> np.ndarray:
+    devices = ("CPU", "CPU1") if ranges else ("CPU",)
+    names = mod.other_tensors() + [n for i in range(mod.n_blocks) for n in mod.block_tensors(i)]
+    pl = ModulePlacement(devices, tuple(BlockRange(*r) for r in ranges or ()), mode)
+    r = ModuleRunner(mod, WeightFile(SD3, names, backend=pool.get("CPU")), pl, pool, n_threads=1)
+    try:
+        ins = mod.inputs(R["dit_latent"], R["dit_context"], R["dit_pooled"], float(R["dit_t"][0]) / 1000)
+        return unpatch(r.run(ins)["out"], 8, 8)
+    finally:
+        r.release()
+
+
+def test_config_from_shapes() -> None:
+    c = mmdit_config(shapes(SD3))
+    assert c.prefix == "model.diffusion_model."
+    assert (c.width, c.heads, c.mlp, c.context, c.pooled, c.depth) == (32, 2, 128, 48, 32, 3)
+    assert (c.qk_norm, sorted(c.x_self), c.pos_size, c.out_channels, c.variant) == ("rms", [0, 1], 16, 16,
+                                                                                      "3.5-medium")
+    with pytest.raises(ModelLayoutError, match="no SD3 MMDiT"):
+        mmdit_config(shapes(T5))
+
+
+def test_full_size_heads() -> None:
+    s = {"x_embedder.proj.weight": (1536, 16, 2, 2), "pos_embed": (1, 36864, 1536),
+         "joint_blocks.0.x_block.attn.qkv.weight": (4608, 1536), "joint_blocks.0.x_block.mlp.fc1.weight": (6144, 1536),
+         "context_embedder.weight": (1536, 4096), "y_embedder.mlp.0.weight": (1536, 2048),
+         "final_layer.linear.weight": (64, 1536)}
+    s |= {f"joint_blocks.{i}.x_block.attn.qkv.weight": (4608, 1536) for i in range(24)}
+    c = mmdit_config(s)
+    assert (c.heads, c.head_dim, c.pos_size, c.depth, c.qk_norm, c.variant) == (24, 64, 192, 24, None, "medium")
+
+
+def test_patches_round_trip_and_order() -> None:
+    lat = np.arange(2 * 4 * 6, dtype=np.float32).reshape(1, 2, 4, 6)
+    p = patches(lat)
+    assert p.shape == (1, 2, 3, 8)
+    assert p[0, 0, 1].tolist() == [lat[0, c, dy, 2 + dx] for c in range(2) for dy in range(2) for dx in range(2)]
+    out = np.array([[[dy * 100 + dx * 10 + c for dy in range(2) for dx in range(2) for c in range(2)]]] * 6,
+                   np.float32).reshape(1, 6, 8)
+    back = unpatch(out, 4, 6)
+    assert back[0, 1, 1, 0] == 101 and back[0, 1, 1, 1] == 111 and back[0, 0, 0, 1] == 10
+
+
+def test_one_device_matches_diffusers(cpus) -> None:
+    mod = MMDiT.from_weights(shapes(SD3))
+    assert rel_err(run(cpus, mod), R["dit_out"]) < TOL
+
+
+def test_split_with_disk_residency_matches(cpus) -> None:
+    mod = MMDiT.from_weights(shapes(SD3))
+    one = run(cpus, mod)
+    split = run(cpus, mod, [("CPU", 0, 0), ("CPU1", 1, 2)], "disk")
+    np.testing.assert_allclose(split, one, atol=1e-5)
+
+
+def test_skipped_block_matches_diffusers_skip_layers(cpus) -> None:
+    mod = MMDiT.from_weights(shapes(SD3)).skipping([1])
+    assert rel_err(run(cpus, mod), R["dit_out_skip1"]) < TOL
+    assert rel_err(R["dit_out_skip1"], R["dit_out"]) > 10 * TOL  # the skip changes the output
+    with pytest.raises(ValueError, match="outside"):
+        mod.skipping([3])
