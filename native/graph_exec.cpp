@@ -588,7 +588,8 @@ void register_graph(nb::module_ &m) {
         "conv_2d's message when conv_2d would refuse the method.");
     m.def("bf16_kernel", []() { return std::string(bf16_kernel_name(bf16_kernel())); },
           "The bf16 kernel graphs built now use for bf16 weights on CPU-only graphs: 'amx' (AMX-BF16\n"
-          "tiles), 'avx512' (AVX512_BF16 dot products) or 'off' (ggml's own mul_mat; conv kernels\n"
+          "tiles), 'avx512' (AVX512_BF16 dot products) or 'off' (the default until set_bf16_kernel;\n"
+          "ggml's own mul_mat; conv kernels\n"
           "converted to f32).");
     m.def("bf16_cpu_kernel", []() { return std::string(bf16_kernel_name(bf16_cpu_kernel())); },
           "The fastest bf16 kernel this CPU runs ('amx', 'avx512' or 'off'); AMX counts only when\n"

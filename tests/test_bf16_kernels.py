@@ -53,10 +53,11 @@ def kernel_path(name: str):
     """Fixture body: use the bf16 kernel ``name`` (skip when this CPU cannot run it), then auto."""
     if not _runnable(name):
         pytest.skip(f"this CPU runs the bf16 kernel {CPU_KERNEL!r}, not {name!r}")
+    before = G.bf16_kernel()
     G.set_bf16_kernel(name)
     assert G.bf16_kernel() == name
     yield name
-    G.set_bf16_kernel("auto")
+    G.set_bf16_kernel(before)
 
 
 def bf16(a: np.ndarray) -> np.ndarray:
@@ -300,16 +301,33 @@ def test_geglu_matches_reference(mgr, glu_simd, shape, approximate) -> None:
 def test_environment_variable_chooses_the_kernel() -> None:
     from sdplan.core.runtime import native as nat
 
+    before = G.bf16_kernel()
     try:
-        nat.apply_bf16_setting(G, "OFF")
+        nat.apply_bf16_setting(G, "AUTO")
+        assert G.bf16_kernel() == CPU_KERNEL
+        nat.apply_bf16_setting(G, "off")
         assert G.bf16_kernel() == "off"
         nat.apply_bf16_setting(G, "")  # empty: unchanged
         assert G.bf16_kernel() == "off"
         with pytest.raises(nat.NativeUnavailable, match="SDPLAN_BF16_KERNEL='fast'"):
             nat.apply_bf16_setting(G, "fast")
     finally:
-        G.set_bf16_kernel("auto")
-    assert G.bf16_kernel() == CPU_KERNEL
+        G.set_bf16_kernel(before)
+
+
+def test_kernel_is_opt_in() -> None:
+    """Without SDPLAN_BF16_KERNEL a fresh process runs no bf16 kernel (outputs as before)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "SDPLAN_BF16_KERNEL"}
+    code = "from sdplan.core.runtime.native import native; print(native().bf16_kernel())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "off"
+    env["SDPLAN_BF16_KERNEL"] = "auto"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == CPU_KERNEL
 
 
 def test_weights_held_in_bf16_only_where_the_kernel_runs(mgr, kernel) -> None:

@@ -86,7 +86,7 @@ def test_missing_fast_paths_are_warned(monkeypatch: pytest.MonkeyPatch) -> None:
         rpc_available=lambda: False,
         ggml_version=lambda: "0.0.1",
         registry_names=lambda: ["CPU"],
-        bf16_kernel=lambda: "avx512",
+        bf16_kernel=lambda: "avx512", bf16_cpu_kernel=lambda: "avx512",
     )
     monkeypatch.setattr(devices, "native", lambda: fake)
     monkeypatch.setattr(devices, "_host_cpu_flags", lambda: {"avx2", "fma", "avx512f"})
@@ -106,6 +106,7 @@ def test_complete_build_has_no_warnings(monkeypatch: pytest.MonkeyPatch) -> None
         backend_features=lambda reg: [("AVX2", "1"), ("LLAMAFILE", "1")],
         rpc_available=lambda: True, ggml_version=lambda: "0.0.1",
         registry_names=lambda: ["RPC", "CPU", "RPC[127.0.0.1:1]"], bf16_kernel=lambda: "off",
+        bf16_cpu_kernel=lambda: "off",
     )
     monkeypatch.setattr(devices, "native", lambda: fake)
     monkeypatch.setattr(devices, "_host_cpu_flags", lambda: {"avx2"})
@@ -155,3 +156,16 @@ def test_devices_command_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "Free GiB" in out and "Total GiB" in out
     assert "CPU" in out and f"{cpu.total / 1024**3:.1f}" in out
     assert f"ggml {native.ggml_version()}" in out
+
+
+def test_bf16_kernel_suggested_only_where_measured_to_help(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With AMX and the kernel off, devices suggests SDPLAN_BF16_KERNEL=auto (measured faster);
+    with AVX512_BF16 alone (the VAE measured slower) or the kernel on, nothing."""
+    for cpu_kernel, used, advised in (("amx", "off", True), ("avx512", "off", False), ("amx", "amx", False)):
+        fake = types.SimpleNamespace(
+            backend_features=lambda reg: [("AVX2", "1"), ("LLAMAFILE", "1")], rpc_available=lambda: True,
+            ggml_version=lambda: "0.0.1", registry_names=lambda: ["CPU"],
+            bf16_kernel=lambda used=used: used, bf16_cpu_kernel=lambda c=cpu_kernel: c)
+        monkeypatch.setattr(devices, "native", lambda fake=fake: fake)
+        monkeypatch.setattr(devices, "_host_cpu_flags", lambda: {"avx2"})
+        assert (devices.BF16_ADVICE in devices.features()["warnings"]) is advised

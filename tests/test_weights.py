@@ -59,9 +59,10 @@ def values(store, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
 @pytest.fixture
 def no_bf16_kernel():
     """The dtype policy of a CPU without sdplan's bf16 kernel (``SDPLAN_BF16_KERNEL=off``)."""
+    before = G.bf16_kernel()
     G.set_bf16_kernel("off")
     yield
-    G.set_bf16_kernel("auto")
+    G.set_bf16_kernel(before)
 
 
 def test_default_dtypes_and_reads_with_conversion_in_small_chunks(cpu, sample, no_bf16_kernel) -> None:
@@ -215,6 +216,8 @@ def test_float_matrices_held_in_bf16_where_the_cpu_runs_the_kernel(cpu) -> None:
     arrays = {"m64": RNG.standard_normal((8, 32)), "m16": RNG.standard_normal((8, 32)).astype(np.float16),
               "v32": RNG.standard_normal(32).astype(np.float32), "k": RNG.standard_normal((4, 2, 3, 3))}
     arrays["k16"] = arrays["k"].astype(np.float16)
+    before = G.bf16_kernel()
+    G.set_bf16_kernel("auto")
     wf = WeightFile.from_arrays(arrays, "net.pth", backend=cpu, dtypes={"m64": "f32"})
     assert wf.dtypes == {"m64": "f32", "m16": "f16", "v32": "f32", "k": "f32", "k16": "f16"}  # not asked
     wf.hold_for(cpu, bf16=True)
@@ -224,7 +227,7 @@ def test_float_matrices_held_in_bf16_where_the_cpu_runs_the_kernel(cpu) -> None:
         wf.hold_for(cpu, bf16=True)
         assert wf.dtypes == {"m64": "f32", "m16": "f16", "v32": "f32", "k": "f32", "k16": "f16"}
     finally:
-        G.set_bf16_kernel("auto")
+        G.set_bf16_kernel(before)
     store = wf.new_store()
     store.allocate(list(arrays), cpu)
     wf.read(store, list(arrays))
@@ -246,6 +249,7 @@ def test_f16_weights_read_into_bf16_round_to_nearest_even(cpu, tmp_path, n) -> N
     save_file({"w": a}, str(path))
     u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
     want = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)).tobytes()
+    before = G.bf16_kernel()
     for kernel in ("auto", "off"):
         G.set_bf16_kernel(kernel)
         try:
@@ -255,4 +259,4 @@ def test_f16_weights_read_into_bf16_round_to_nearest_even(cpu, tmp_path, n) -> N
             wf.read(store, ["w"])
             assert store.get_bytes("w") == want, kernel
         finally:
-            G.set_bf16_kernel("auto")
+            G.set_bf16_kernel(before)
