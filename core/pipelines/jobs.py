@@ -57,6 +57,7 @@ from sdplan.core.pipelines.sdxl import StableDiffusionXL
 from sdplan.core.pipelines.tae import Tae
 from sdplan.core.pipelines.upscale import Upscaler
 from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline
+from sdplan.core.planning.modules import MODEL_FILE_FLAGS
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.runtime.devices import live_inventory
@@ -117,6 +118,45 @@ def _cached(key: Any, make: Callable[[], Any]) -> Any:
         _CACHE["obj"] = make()
         _CACHE["key"] = key
     return _CACHE["obj"]
+
+
+def _require(files: Mapping[str, Any], keys: Sequence[str], family: str) -> None:
+    """Raise a one-line error naming sd-cli's flags for the ``keys`` (model-file keys such as
+    ``diffusion_model``) that ``files`` lacks, for a run of ``family``.
+
+    Raises:
+        ModelFileError: a needed file is missing.
+    """
+    need = [k for k in keys if not files.get(k)]
+    if need:
+        spell = {f.key: f.spellings[0] for f in MODEL_FILE_FLAGS}
+        flags = [spell.get(k, "--" + k) for k in keys]
+        raise ModelFileError("<request>", f"a {family} run needs {', '.join(flags[:-1])} and {flags[-1]}; "
+                                          f"missing {', '.join(spell.get(k, '--' + k) for k in need)}")
+
+
+def _open(ctx: Any, key: Any, make: Callable[[], Any]) -> Any:
+    """The cached pipeline for ``key`` (see :func:`_cached`), cancelled by this job's context."""
+    pipe = _cached(key, make)
+    pipe.set_cancel(ctx.cancel)
+    return pipe
+
+
+def _batch(ctx: Any, req: Mapping[str, Any], steps: int,
+           one: Callable[[int, Callable[[int, np.ndarray], None]], Mapping[str, Any]]) -> tuple[list[np.ndarray], float]:
+    """Run ``one(b, preview)`` for each of the request's ``batch_count`` images (``b`` = 0, 1...;
+    ``preview(i, rgb)`` reports step ``i + 1`` of ``steps`` and its preview) and return the
+    uint8 images and the seconds taken."""
+    on_step, preview = _emitters(ctx, req)
+
+    def cb(i: int, rgb: np.ndarray) -> None:
+        on_step(i + 1, steps)
+        if preview is not None:
+            preview(i + 1, rgb)
+
+    t0 = time.perf_counter()
+    images = [image_to_uint8(one(b, cb)["image"][0]) for b in range(int(req.get("batch_count") or 1))]
+    return images, time.perf_counter() - t0
 
 
 def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -257,10 +297,7 @@ class _SdSession:
 
 def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
               placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
-    need = [k for k in ("diffusion_model", "t5xxl", "clip_l", "vae") if not files.get(k)]
-    if need:
-        raise ModelFileError("<request>", "a Flux run needs --diffusion-model, --t5xxl, --clip_l and --vae; "
-                                          f"missing {', '.join('--' + k.replace('_', '-') for k in need)}")
+    _require(files, ("diffusion_model", "t5xxl", "clip_l", "vae"), "Flux")
     ov = dict(req.get("overrides") or {})
     axes = ov.get("flux_axes")
     models = FluxModels(files["diffusion_model"][0], files["t5xxl"][0], files["clip_l"][0], files["vae"][0],
@@ -268,93 +305,55 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
                         tuple(axes) if axes else None, ov.get("clip_heads"))
     threads = int(req.get("threads") or 0)
     key = ("flux", repr(models), repr(sorted(placements.items())), threads)
-    pipe = _cached(key, lambda: FluxPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
-    pipe.set_cancel(ctx.cancel)
-    on_step, preview = _emitters(ctx, req)
+    pipe = _open(ctx, key, lambda: FluxPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
     steps = int(req.get("steps") or 0) or DEFAULT_STEPS[pipe.dit.cfg.variant]
     width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
     prompt, init, info = _inputs(pipe, req, width, height)
-    images: list[np.ndarray] = []
-    t0 = time.perf_counter()
-    for b in range(int(req.get("batch_count") or 1)):
-        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
-            on_step(i + 1, total)
-            if preview is not None:
-                preview(i + 1, rgb)
-        out = pipe.txt2img(prompt, width, height, steps=steps, seed=seed + b,
-                           sampler=req.get("sampling_method") or "euler",
-                           guidance=float(req.get("guidance") or 3.5),
-                           t5_length=int(ov.get("t5_length") or 256), preview=cb, init=init, init_seed=seed,
-                           scheduler=req.get("scheduler") or "default",
-                           sampling=SamplingOptions.from_request(req))
-        images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_flux": time.perf_counter() - t0}, info
+    images, seconds = _batch(ctx, req, steps, lambda b, cb: pipe.txt2img(
+        prompt, width, height, steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
+        guidance=float(req.get("guidance") or 3.5), t5_length=int(ov.get("t5_length") or 256), preview=cb,
+        init=init, init_seed=seed, scheduler=req.get("scheduler") or "default",
+        sampling=SamplingOptions.from_request(req)))
+    return images, {"total_flux": seconds}, info
 
 
 def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
                 placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
-    need = [k for k in ("diffusion_model", "t5xxl", "vae") if not files.get(k)]
-    if need:
-        raise ModelFileError("<request>", "a Chroma run needs --diffusion-model, --t5xxl and --vae; "
-                                          f"missing {', '.join('--' + k.replace('_', '-') for k in need)}")
+    _require(files, ("diffusion_model", "t5xxl", "vae"), "Chroma")
     ov = dict(req.get("overrides") or {})
     axes = ov.get("flux_axes")
     models = ChromaModels(files["diffusion_model"][0], files["t5xxl"][0], files["vae"][0], _first(files, "taesd"),
                           ov.get("flux_heads"), tuple(axes) if axes else None)
     threads = int(req.get("threads") or 0)
     key = ("chroma", repr(models), repr(sorted(placements.items())), threads)
-    pipe = _cached(key, lambda: ChromaPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
-    pipe.set_cancel(ctx.cancel)
-    on_step, preview = _emitters(ctx, req)
+    pipe = _open(ctx, key, lambda: ChromaPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
     steps = int(req.get("steps") or 0) or 20
     width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
     prompt, init, info = _inputs(pipe, req, width, height)
-    images: list[np.ndarray] = []
-    t0 = time.perf_counter()
-    for b in range(int(req.get("batch_count") or 1)):
-        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
-            on_step(i + 1, total)
-            if preview is not None:
-                preview(i + 1, rgb)
-        out = pipe.txt2img(prompt, width, height,
-                           negative_prompt=req.get("negative_prompt") or "",
-                           cfg_scale=float(req.get("cfg_scale", 4.0)), steps=steps, seed=seed + b,
-                           sampler=req.get("sampling_method") or "euler", t5_length=int(ov.get("t5_length") or 512),
-                           mask_pad=int(ov.get("chroma_t5_mask_pad", 1)),
-                           dit_mask=bool(ov.get("chroma_use_dit_mask", True)), preview=cb, init=init,
-                           init_seed=seed)
-        images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_chroma": time.perf_counter() - t0}, info
+    images, seconds = _batch(ctx, req, steps, lambda b, cb: pipe.txt2img(
+        prompt, width, height, negative_prompt=req.get("negative_prompt") or "",
+        cfg_scale=float(req.get("cfg_scale", 4.0)), steps=steps, seed=seed + b,
+        sampler=req.get("sampling_method") or "euler", t5_length=int(ov.get("t5_length") or 512),
+        mask_pad=int(ov.get("chroma_t5_mask_pad", 1)), dit_mask=bool(ov.get("chroma_use_dit_mask", True)),
+        preview=cb, init=init, init_seed=seed))
+    return images, {"total_chroma": seconds}, info
 
 
 def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
                 placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
-    need = [k for k in ("diffusion_model", "llm", "vae") if not files.get(k)]
-    if need:
-        raise ModelFileError("<request>", "a Z-Image run needs --diffusion-model, --llm and --vae; "
-                                          f"missing {', '.join('--' + k.replace('_', '-') for k in need)}")
+    _require(files, ("diffusion_model", "llm", "vae"), "Z-Image")
     models = ZImageModels(files["diffusion_model"][0], files["llm"][0], files["vae"][0], _first(files, "taesd"))
     threads = int(req.get("threads") or 0)
     key = ("z_image", repr(models), repr(sorted(placements.items())), threads)
-    pipe = _cached(key, lambda: ZImagePipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
-    pipe.set_cancel(ctx.cancel)
-    on_step, preview = _emitters(ctx, req)
+    pipe = _open(ctx, key, lambda: ZImagePipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
     steps = int(req.get("steps") or 0) or 8
     width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
     prompt, init, info = _inputs(pipe, req, width, height)
-    images: list[np.ndarray] = []
-    t0 = time.perf_counter()
-    for b in range(int(req.get("batch_count") or 1)):
-        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
-            on_step(i + 1, total)
-            if preview is not None:
-                preview(i + 1, rgb)
-        out = pipe.txt2img(prompt, width, height,
-                           steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
-                           cfg_scale=float(req.get("cfg_scale") or 1.0),
-                           negative_prompt=req.get("negative_prompt") or "", preview=cb, init=init, init_seed=seed)
-        images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_z_image": time.perf_counter() - t0}, info
+    images, seconds = _batch(ctx, req, steps, lambda b, cb: pipe.txt2img(
+        prompt, width, height, steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
+        cfg_scale=float(req.get("cfg_scale") or 1.0), negative_prompt=req.get("negative_prompt") or "",
+        preview=cb, init=init, init_seed=seed))
+    return images, {"total_z_image": seconds}, info
 
 
 def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
@@ -362,10 +361,7 @@ def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]],
     refuse_inputs(req, "FLUX.2 klein")
     one = _first(files, "model")  # a single file holding all three
     paths = {k: _first(files, k) or one for k in ("diffusion_model", "llm", "vae")}
-    need = [k for k, v in paths.items() if not v]
-    if need:
-        raise ModelFileError("<request>", "a FLUX.2 klein run needs --diffusion-model, --llm and --vae; "
-                                          f"missing {', '.join('--' + k.replace('_', '-') for k in need)}")
+    _require(paths, tuple(paths), "FLUX.2 klein")
     ov = dict(req.get("overrides") or {})
     axes = ov.get("flux_axes")
     models = KleinModels(paths["diffusion_model"], paths["llm"], paths["vae"], _first(files, "taesd"),  # type: ignore[arg-type]
@@ -373,24 +369,15 @@ def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]],
     refs = [load_ref_image(p) for p in req.get("ref_images") or ()]
     threads = int(req.get("threads") or 0)
     key = ("flux2_klein", repr(models), repr(sorted(placements.items())), threads)
-    pipe = _cached(key, lambda: KleinPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
-    pipe.set_cancel(ctx.cancel)
-    on_step, preview = _emitters(ctx, req)
+    pipe = _open(ctx, key, lambda: KleinPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
     steps = int(req.get("steps") or 0) or 4
-    images: list[np.ndarray] = []
-    t0 = time.perf_counter()
-    for b in range(int(req.get("batch_count") or 1)):
-        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
-            on_step(i + 1, total)
-            if preview is not None:
-                preview(i + 1, rgb)
-        out = pipe.txt2img(req.get("prompt") or "", int(req.get("width", 1024)), int(req.get("height", 1024)),
-                           steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
-                           cfg_scale=float(req.get("cfg_scale") or 1.0), negative_prompt=req.get("negative_prompt") or "",
-                           ref_images=refs, preview=cb, tae_decode=bool(req.get("taesd_decode") and models.taesd),
-                           scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req))
-        images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_flux2_klein": time.perf_counter() - t0}, {}
+    images, seconds = _batch(ctx, req, steps, lambda b, cb: pipe.txt2img(
+        req.get("prompt") or "", int(req.get("width", 1024)), int(req.get("height", 1024)),
+        steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
+        cfg_scale=float(req.get("cfg_scale") or 1.0), negative_prompt=req.get("negative_prompt") or "",
+        ref_images=refs, preview=cb, tae_decode=bool(req.get("taesd_decode") and models.taesd),
+        scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req)))
+    return images, {"total_flux2_klein": seconds}, {}
 
 
 def _sd3_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
@@ -400,28 +387,18 @@ def _sd3_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], c
     threads = int(req.get("threads") or 0)
     sd3_files = {k: v for k, v in files.items() if k != "upscale_model"}
     key = ("sd3", repr(sorted(sd3_files.items())), repr(sorted(placements.items())), threads, ov.get("clip_heads"))
-    pipe = _cached(key, lambda: Sd3Pipeline(sd3_files, None, ctx.pool(), placements, threads, cancel=ctx.cancel,
-                                            clip_heads=ov.get("clip_heads")))
-    pipe.set_cancel(ctx.cancel)
-    on_step, preview = _emitters(ctx, req)
+    pipe = _open(ctx, key, lambda: Sd3Pipeline(sd3_files, None, ctx.pool(), placements, threads, cancel=ctx.cancel,
+                                               clip_heads=ov.get("clip_heads")))
     steps = int(req.get("steps") or 0) or 20
     width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
     init = request_image_input(dict(req), width, height)
-    images: list[np.ndarray] = []
-    t0 = time.perf_counter()
-    for b in range(int(req.get("batch_count") or 1)):
-        def cb(i: int, rgb: np.ndarray, total: int = steps) -> None:
-            on_step(i + 1, total)
-            if preview is not None:
-                preview(i + 1, rgb)
-        out = pipe.txt2img(req.get("prompt") or "", width, height,
-                           negative_prompt=req.get("negative_prompt") or "", cfg_scale=float(req.get("cfg_scale", 7.0)),
-                           steps=steps, seed=seed + b, sampler=req.get("sampling_method") or "euler",
-                           clip_skip=int(req.get("clip_skip") or 0), preview=cb,
-                           scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req),
-                           slg=SkipLayerGuidance.from_request(req), init=init, init_seed=seed)
-        images.append(image_to_uint8(out["image"][0]))
-    return images, {"total_sd3": time.perf_counter() - t0}, _picture_info(req, init)
+    images, seconds = _batch(ctx, req, steps, lambda b, cb: pipe.txt2img(
+        req.get("prompt") or "", width, height, negative_prompt=req.get("negative_prompt") or "",
+        cfg_scale=float(req.get("cfg_scale", 7.0)), steps=steps, seed=seed + b,
+        sampler=req.get("sampling_method") or "euler", clip_skip=int(req.get("clip_skip") or 0), preview=cb,
+        scheduler=req.get("scheduler") or "default", sampling=SamplingOptions.from_request(req),
+        slg=SkipLayerGuidance.from_request(req), init=init, init_seed=seed))
+    return images, {"total_sd3": seconds}, _picture_info(req, init)
 
 
 def _flux2_dev_run(*_: Any) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
