@@ -167,7 +167,9 @@ def test_taesd_previews_and_upscaler(tmp_path: Path, monkeypatch) -> None:
     assert args.run(args) == 0
     last = png(tmp_path / "prev" / "preview_004.png")
     expect = np.clip(np_decode(dec, ref["run_final_latent"][0]), 0, 1).transpose(1, 2, 0) * 255
-    assert last.shape == (64, 64, 3) and np.abs(last - expect).max() <= 4
+    # 5 levels: the pipeline's latent against diffusers', through a random TAE; the vectorised
+    # erf of GEGLU (native/kernels/glu.cpp) moves one pixel by one level (4.8; libm's erf: 3.8)
+    assert last.shape == (64, 64, 3) and np.abs(last - expect).max() <= 5
     with Upscaler(up, n_threads=2) as u:
         want = u.upscale_image(image_to_uint8(ref["run_image"][0])).astype(int)
     got = png(out)
@@ -192,7 +194,7 @@ def test_taesd_decodes_the_final_image_like_sd_cli(tmp_path: Path, monkeypatch) 
     assert args.run(args) == 0
     expect = np.clip(np_decode(dec, ref["run_final_latent"][0]), 0, 1).transpose(1, 2, 0) * 255
     got = png(out)
-    assert got.shape == (64, 64, 3) and np.abs(got - expect).max() <= 4
+    assert got.shape == (64, 64, 3) and np.abs(got - expect).max() <= 5  # as in the test above
 
 
 @pytest.mark.parametrize("flags, named", [
