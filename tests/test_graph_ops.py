@@ -450,3 +450,26 @@ def test_cancel_stops_a_long_compute_and_graph_stays_usable(cpu) -> None:
         ref = np.tanh(ref @ xs.T)
     close(g.get_output("y"), ref.astype(np.float32), 1e-3)
     assert full > 0.1
+
+
+@pytest.mark.skipif(G.bf16_kernel() != "off", reason="a bf16 kernel runs flash_attn as sdplan's op")
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_wide_heads_take_chunked_plain_path(cpu, monkeypatch, masked) -> None:
+    """Heads wider than FLASH_MAX_CPU_HEAD_DIM skip ggml's CPU flash kernel: the plain path,
+    its queries in chunks of at most PLAIN_CHUNK_BYTES of scores (here 4 rows: 3 chunks of 10
+    queries, the last short), with a row-sliced mask, equals the softmax reference."""
+    d = gr.FLASH_MAX_CPU_HEAD_DIM + 8
+    monkeypatch.setattr(gr, "PLAIN_CHUNK_BYTES", 4 * 2 * 2 * 7 * 4)
+    q, k, v = rand(2, 2, 10, d), rand(2, 2, 7, d), rand(2, 2, 7, d)
+    m = rand(10, 7) if masked else np.zeros((10, 7), np.float32)
+    g = gr.new_graph([cpu])
+    ins = {n: g.input(n, a.shape) for n, a in (("q", q), ("k", k), ("v", v), ("m", m))}
+    g.output("y", gr.attention(g, ins["q"], ins["k"], ins["v"], ins["m"]))
+    g.build()
+    g.allocate()
+    for n, a in (("q", q), ("k", k), ("v", v), ("m", m)):
+        g.set_input(n, a)
+    ops = [row[0] for row in g.profile()]
+    assert "FLASH_ATTN_EXT" not in ops and ops.count("SOFT_MAX") == 3
+    p = _softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + m)
+    close(g.get_output("y"), (p @ v).transpose(0, 2, 1, 3).reshape(2, 10, 2 * d), 1e-4)

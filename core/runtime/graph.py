@@ -89,6 +89,17 @@ __all__ = [
 #: 0.130 vs 0.233 s).
 FLASH_MIN_HEAD_DIM = 8
 
+#: Widest head for which ``attention`` picks ggml's flash kernel by itself on a CPU main
+#: backend (without sdplan's bf16 attention op). Above it ggml's CPU kernel, one query row
+#: at a time, is several times slower than the plain path (bench/bench_ops.py style timing,
+#: 2 threads, q/k/v (1, 1, N, 512) as in the SD / SDXL VAE mid-block: N=1024 flash 0.236 s vs
+#: plain 0.060 s; N=4096 5.78 vs 0.75 s). Head widths of 8..160 time within noise of each other.
+FLASH_MAX_CPU_HEAD_DIM = 256
+
+#: Largest f32 score matrix (bytes) the plain path builds at once when it stands in for the
+#: flash kernel; longer queries run in chunks of rows, so memory stays near this bound.
+PLAIN_CHUNK_BYTES = 64 << 20
+
 #: numpy dtype names of the dtypes that cross the Python boundary.
 NUMPY_DTYPES = {"f32": "float32", "f16": "float16", "i32": "int32"}
 
@@ -179,23 +190,59 @@ def attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
     ``(Nq, Nk)`` (added to the scores) -> ``(B, Nq, H*D)``.
 
     ``scale`` defaults to ``1/sqrt(D)``. ``flash=None`` uses ``flash_attn`` when the main
-    backend supports it and the head width is at least :data:`FLASH_MIN_HEAD_DIM` (True
-    forces it, False forces the plain softmax path).
+    backend supports it and the head width is at least :data:`FLASH_MIN_HEAD_DIM`, and on a
+    CPU main backend running ggml's kernel at most :data:`FLASH_MAX_CPU_HEAD_DIM` (wider
+    heads, the VAE mid-block's 512, take the plain path in query chunks of at most
+    :data:`PLAIN_CHUNK_BYTES` of scores). True forces flash, False the plain softmax path.
     """
     b, h, nq, d = q.shape
     s = 1.0 / math.sqrt(d) if scale is None else scale
+    chunked = False
     if flash is None and d < FLASH_MIN_HEAD_DIM:
         flash = False
+    elif flash is None and d > FLASH_MAX_CPU_HEAD_DIM and _ggml_cpu_flash(g):
+        flash, chunked = False, True
     if flash is not False:
         fa = g.flash_attn(q, k, v, mask, s)
         if flash or g.supports(fa, 0):
             return g.reshape(fa, (b, nq, h * v.shape[-1]))
-    kq = g.mul_mat(k, q)  # (B, H, Nq, Nk)
-    p = g.soft_max(kq, mask, s)
     vt = g.cont(g.transpose(v))  # (B, H, D, Nk)
-    o = g.mul_mat(vt, p)  # (B, H, Nq, D)
+    rows = max(1, PLAIN_CHUNK_BYTES // (4 * b * h * k.shape[2])) if chunked else nq
+    if rows < nq:
+        q = q if q.is_contiguous else g.cont(q)
+        mask = mask if mask is None or mask.is_contiguous else g.cont(mask)
+    parts = []
+    for r0 in range(0, nq, rows):
+        n = min(rows, nq - r0)
+        qc, mc = q, mask
+        if n < nq:
+            qe = q.nbytes // (b * h * nq * d)
+            qc = g.view(q, (b, h, n, d), (h * nq * d * qe, nq * d * qe, d * qe, qe), r0 * d * qe)
+            if mask is not None:
+                me = mask.nbytes // (mask.shape[0] * mask.shape[1])
+                mc = g.view(mask, (n, mask.shape[1]), (mask.shape[1] * me, me), r0 * mask.shape[1] * me)
+        p = g.soft_max(g.mul_mat(k, qc), mc, s)  # (B, H, n, Nk)
+        parts.append(g.mul_mat(vt, p))  # (B, H, n, D)
+    o = _concat_tree(g, parts, 2)
     o = g.cont(g.permute(o, (0, 2, 1, 3)))  # (B, Nq, H, D)
     return g.reshape(o, (b, nq, h * v.shape[-1]))
+
+
+def _ggml_cpu_flash(g: Graph) -> bool:
+    """Whether ``g.flash_attn`` would run ggml's CPU kernel: a CPU main backend and not
+    sdplan's bf16 attention op (which needs a bf16 kernel and a bf16 product or
+    ``g.bf16_attention``)."""
+    if not g.devices or not str(g.devices[0]).startswith("CPU"):
+        return False
+    return native().bf16_kernel() == "off" or not (g.bf16_products or g.bf16_attention)
+
+
+def _concat_tree(g: Graph, parts: list[Tensor], axis: int) -> Tensor:
+    """``parts`` joined along ``axis`` pairwise (each value copied about log2(len) times)."""
+    while len(parts) > 1:
+        parts = [g.concat(parts[i], parts[i + 1], axis) if i + 1 < len(parts) else parts[i]
+                 for i in range(0, len(parts), 2)]
+    return parts[0]
 
 
 def conv2d(g: Graph, x: Tensor, w: Tensor, b: Tensor | None = None, stride: int | tuple[int, int] = 1,
