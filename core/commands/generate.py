@@ -60,7 +60,7 @@ FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``sdplan generate`` on the dispatcher's subparsers."""
-    p = subparsers.add_parser("generate", help="text to image (SD 1.x/2.x checkpoint or Flux files)",
+    p = subparsers.add_parser("generate", help="text to image on sdplan's engine (SD 1.x/2.x, SDXL, SD3, FLUX.1, Chroma, Z-Image, FLUX.2 klein)",
                               description="Generate images on sdplan's engine with sd-cli's flags.",
                               allow_abbrev=False)
     p.add_argument("-m", "--model", metavar="PATH", help="single-file SD checkpoint")
