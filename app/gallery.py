@@ -45,9 +45,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 from sdplan.app.history_strip import result_tooltip
+from sdplan.core.errors import SdplanError
 from sdplan.core.pipelines.results import ResultInfo, read_result
-from sdplan.core.planning.placement import Placement
-from sdplan.core.planning.sdcli import GENERATION_FLAGS, sdcli_command_line
+from sdplan.core.planning.sdcli import picture_command
 
 log = logging.getLogger(__name__)
 
@@ -58,21 +58,17 @@ _ROOT = QModelIndex()
 
 
 def result_command(info: ResultInfo) -> str:
-    """The sd-cli command that makes ``info``'s image again: its model files (or the model
-    name the image records), placement and settings. Placement strings that no longer parse
-    are left out."""
+    """The sd-cli command that makes ``info``'s image again, written from what the picture
+    records (:func:`sdplan.core.planning.sdcli.picture_command`, the writer of the command
+    ``sdplan generate`` records): its model files (or the model name the image records),
+    placement, settings and the flags its model files call for. Placement strings that no
+    longer parse are left out."""
     files: dict[str, list[str]] = dict(info.model_files) or (
         {"model": [info.model]} if info.model else {})
     try:
-        pl = Placement.from_strings(info.placement.get("backend", ""),
-                                    info.placement.get("params_backend", ""),
-                                    info.placement.get("max_vram", ""))
-    except Exception:  # noqa: BLE001 - an old image's strings: the command without them
-        pl = Placement()
-    gen = {k: v for k, v in info.settings.items()
-           if k in GENERATION_FLAGS and k != "output" and v not in (None, "")}
-    gen["output"] = Path(info.path).name
-    return sdcli_command_line(pl, files, gen)
+        return picture_command(files, info.placement, info.settings, info.model_flags)
+    except SdplanError:  # an old image's strings: the command without them
+        return picture_command(files, {}, info.settings, info.model_flags)
 
 
 def describe_result(info: ResultInfo) -> str:

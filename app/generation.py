@@ -563,8 +563,10 @@ class GenerationPanel(QFrame):
                      if req.get(k)}
         if req.get("rpc_servers"):
             placement["rpc_servers"] = ",".join(req["rpc_servers"])
-        command = self.ctl.command_line() if req is self._last_request else None
-        text = generation_text(run, req.get("model_files") or {}, placement, command)
+        current = req is self._last_request  # the board's files and command are this run's
+        command = self.ctl.command_line() if current else None
+        text = generation_text(run, req.get("model_files") or {}, placement, command,
+                               file_flags=self.ctl.model_file_flags if current else None)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         settings = json.dumps(params, indent=1, default=str)
         paths = []

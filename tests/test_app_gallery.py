@@ -154,3 +154,33 @@ def test_window_gallery_reuse_puts_settings_in_the_panel(qtbot, tmp_path):
     assert (g.width_box.value(), g.height_box.value(), g.steps.value()) == (128, 64, 20)
     assert win.ctl.plan.backend == "CUDA0,te=CPU" and win.ctl.plan.params_backend == "vae=disk"
     assert "t5xxl.safetensors" in win.status_label.text()  # not found here: said so
+
+
+def test_copied_command_is_the_recorded_one(qtbot, tmp_path):
+    """A picture as ``sdplan generate`` writes it (the files' ``--prediction v`` recorded, the
+    default scheduler, sd-cli's own values, a LoRA folder without a tag): the gallery copies
+    the very command the picture records, with --prediction v and nothing sd-cli would
+    take differently; an older picture without the record still gives its command."""
+    from sdplan.core.pipelines.results import generation_text
+
+    settings = {"prompt": "a red circle on a blue background", "negative_prompt": "", "width": 128,
+                "height": 128, "steps": 20, "cfg_scale": 5.0, "guidance": 3.5, "seed": 42,
+                "sampling_method": "euler", "scheduler": "default", "batch_count": 1, "clip_skip": -1,
+                "rng": "cuda", "slg_scale": 0.0, "skip_layers": "[7,8,9]", "strength": 0.75,
+                "lora_model_dir": "/demo/loras", "lora_apply_mode": "auto"}
+    path = tmp_path / "demo.png"
+    save_png(np.zeros((8, 8, 3), np.uint8), path,
+             generation_text(settings, {"model": ["/m/demo.safetensors"]}, {"backend": "CPU"},
+                             file_flags=["--prediction", "v"]))
+    recorded = json.loads(read_result(path).text["sdplan"])["command"]
+    assert recorded == ("sd-cli --model /m/demo.safetensors --backend CPU --prompt 'a red circle on a blue "
+                        "background' --width 128 --height 128 --steps 20 --cfg-scale 5 --seed 42 "
+                        "--sampling-method euler --prediction v")
+    g = GalleryPanel([tmp_path])
+    qtbot.addWidget(g)
+    g.reload()
+    assert g.select_path(str(path))
+    assert g.copy_command() == recorded
+    (tmp_path / "old").mkdir()
+    [old] = write_results(tmp_path / "old", 1)
+    assert "--prediction" not in result_command(read_result(old))  # nothing recorded: nothing guessed

@@ -502,3 +502,21 @@ def test_devices_says_which_thread_count_and_why() -> None:
     th_info = json.loads(r.stdout)["features"]["cpu_threads"]
     assert th_info["default"] == len(os.sched_getaffinity(0)) == th_info["usable_cpus"]
     assert "CPU" in th_info["reason"]
+
+
+def test_atomic_write_gives_the_modes_of_a_plain_new_file(tmp_path: Path) -> None:
+    """A picture is readable by others as any new file would be (umask 022: 0o644; 077:
+    0o600), not mkstemp's 0o600 always."""
+    import os
+    import stat
+
+    from sdplan.core.pipelines.outputs import atomic_write
+
+    old = os.umask(0o022)
+    try:
+        a = atomic_write(tmp_path / "a.png", lambda p: p.write_bytes(b"x"))
+        os.umask(0o077)
+        b = atomic_write(tmp_path / "b.png", lambda p: p.write_bytes(b"x"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(a.stat().st_mode) == 0o644 and stat.S_IMODE(b.stat().st_mode) == 0o600

@@ -60,7 +60,7 @@ FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``sdplan generate`` on the dispatcher's subparsers."""
-    p = subparsers.add_parser("generate", help="text to image (SD 1.x/2.x checkpoint or Flux files)",
+    p = subparsers.add_parser("generate", help="text to image on sdplan's engine (SD 1.x/2.x, SDXL, SD3, FLUX.1, Chroma, Z-Image, FLUX.2 klein)",
                               description="Generate images on sdplan's engine with sd-cli's flags.",
                               allow_abbrev=False)
     p.add_argument("-m", "--model", metavar="PATH", help="single-file SD checkpoint")
@@ -186,19 +186,16 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
     return files
 
 
-def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]]) -> tuple[Any, Any, Any, Any]:
-    from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]], placement: Any,
+             profile: Any) -> tuple[Any, Any, Any, Any]:
+    from sdplan.core.pipelines.inputs import plan_loras
     from sdplan.core.pipelines.jobs import INVENTORY_JOB
     from sdplan.core.planning.estimate import estimate_plan
     from sdplan.core.planning.inventory import Inventory
     from sdplan.core.planning.plan import resolve
 
-    placement = placement_from_namespace(args)
     inventory = Inventory.from_json(engine.call(INVENTORY_JOB, {"rpc_servers": list(placement.rpc_servers)}))
-    profile = profile_from_model_flags({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
     plan = resolve(placement, inventory, profile)
-    from sdplan.core.pipelines.inputs import plan_loras
-
     loras = plan_loras(args.prompt, args.lora_model_dir or ".", args.lora_apply_mode, files, plan)
     measured = engine_compute(args, engine, files, plan)
     fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count,
@@ -206,10 +203,17 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]])
     return plan, inventory, fit, loras
 
 
-def _profile(files: dict[str, list[str]]) -> Any:
-    from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+def read_models(files: dict[str, list[str]]) -> Any:
+    """The model files' headers (:func:`sdplan.core.modelfiles.checkpoint.read_model_files`
+    of every file but ``--taesd``/``--upscale-model``): the family, the profile, the
+    metadata. Raises ModelFileError as it does."""
+    from sdplan.core.modelfiles.checkpoint import read_model_files
 
-    return profile_from_model_flags({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
+    return read_model_files({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
+
+
+def _profile(files: dict[str, list[str]]) -> Any:
+    return read_models(files).profile()
 
 
 def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[str]], plan: Any) -> dict[str, int]:
@@ -236,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
     from sdplan.core.commands.plan import print_error, print_tables
     from sdplan.core.pipelines.demo import demo_caption_known
     from sdplan.core.runtime.process import Engine
+    from sdplan.core.sampling.slg import refuse_other_families
 
     console = Console(stderr=True, soft_wrap=True)  # piped stderr gets whole lines
     try:
@@ -246,15 +251,22 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for note in [*notes, *([taken] if taken else [])]:
         console.print(f"[yellow]note[/]: {note}", highlight=False, markup=False)
+    try:  # everything the flags and the files' headers can refuse, before the engine starts
+        apply_demo(args)
+        if not args.prompt:
+            raise SdplanError("generate needs -p PROMPT (or --from-image with a prompt)")
+        validate(args)
+        sampling = sampling_request(args)
+        files = model_files(args)
+        placement = placement_from_namespace(args)
+        models = read_models(files)
+        refuse_other_families(models.architecture.family, sampling)
+    except SdplanError as exc:
+        print_error(exc)
+        return 2
     with Engine(isolated=not args.in_process) as engine:
         try:
-            apply_demo(args)
-            if not args.prompt:
-                raise SdplanError("generate needs -p PROMPT (or --from-image with a prompt)")
-            validate(args)
-            sampling_request(args)
-            files = model_files(args)
-            plan, inventory, fit, loras = _resolve(args, engine, files)
+            plan, inventory, fit, loras = _resolve(args, engine, files, placement, models.profile())
         except SdplanError as exc:
             print_error(exc)
             return 2
@@ -352,19 +364,19 @@ def check_outputs(args: argparse.Namespace) -> None:
         check_output_folder("--preview-path", args.preview_path, needed_bytes=raw)
 
 
-def _command(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, seed: int) -> str:
-    """The sd-cli command of this run (recorded in the picture)."""
-    from sdplan.core.planning.sdcli import GENERATION_FLAGS, sdcli_command_line
+def file_flags(args: argparse.Namespace, files: dict[str, list[str]]) -> list[str]:
+    """sd-cli flags the run needs beyond its settings: a ``--prediction`` given here, else the
+    one the model files call for (:func:`sdplan.core.planning.sdcli.model_file_flags`: the
+    demo model's ``--prediction v``); [] when the headers cannot be read."""
+    from sdplan.core.planning.sdcli import model_file_flags
 
-    gen = {k: getattr(args, k, None) for k in GENERATION_FLAGS if k != "output"}
-    gen["seed"] = seed
-    gen = {k: v for k, v in gen.items() if v not in (None, "", [])}
-    if gen.get("scheduler") == "default":
-        del gen["scheduler"]
+    if args.prediction:
+        return ["--prediction", args.prediction]
     try:
-        return sdcli_command_line(plan.placement, {k: v for k, v in files.items()}, gen)
-    except (ValueError, TypeError):
-        return ""
+        models = read_models(files)
+    except (SdplanError, OSError, ValueError):
+        return []
+    return model_file_flags([f.metadata for f in models.files], models.architecture.family)
 
 
 def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
@@ -434,7 +446,7 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
                            {"backend": plan.backend, "params_backend": plan.params_backend,
                             "max_vram": plan.max_vram, "split_mode": plan.split_mode,
                             "rpc_servers": ",".join(plan.rpc_servers)},
-                           command=_command(args, files, plan, seed))
+                           file_flags=file_flags(args, files))
     return write_images(res["images"], Path(args.output), text, console)
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from sdplan.core.errors import ModelFileError, SdplanError
+from sdplan.core.errors import InvalidArgument, ModelFileError
 from sdplan.core.modelfiles.checkpoint import ModelSet
 from sdplan.core.modelfiles.lora_names import AliasTable, Target
 from sdplan.core.modelfiles.readers import TensorInfo, read_tensor_file
@@ -148,7 +148,7 @@ def find_lora_file(name: str, lora_dir: str | Path | None) -> Path:
     :data:`LORA_EXTENSIONS` in order (sd-cli's rule).
 
     Raises:
-        SdplanError: no such file (the message names the tag and the folder).
+        InvalidArgument: no such file (the message names the tag and the folder).
     """
     raw = Path(name)
     base = raw if raw.is_absolute() else Path(lora_dir or ".") / raw
@@ -159,7 +159,7 @@ def find_lora_file(name: str, lora_dir: str | Path | None) -> Path:
         if cand.is_file():
             return cand
     where = f"--lora-model-dir {str(lora_dir)!r}" if lora_dir else "the working folder"
-    raise SdplanError(f"<lora:{name}:...>: no LoRA file {raw.name!r} (or with {', '.join(LORA_EXTENSIONS)}) "
+    raise InvalidArgument(f"<lora:{name}:...>: no LoRA file {raw.name!r} (or with {', '.join(LORA_EXTENSIONS)}) "
                       f"in {where}")
 
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import InvalidArgument, ModelFileError
+from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_model_files
 from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
 from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
@@ -65,7 +65,7 @@ from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.threads import check_between_steps, start_run
 from sdplan.core.sampling.flow import DEFAULT_STEPS
 from sdplan.core.sampling.options import SamplingOptions
-from sdplan.core.sampling.slg import SkipLayerGuidance
+from sdplan.core.sampling.slg import SkipLayerGuidance, refuse_other_families
 
 #: The job that generates images (:func:`generate_job`) and the one that lists the engine
 #: process's devices (:func:`inventory_job`), as the engine names jobs.
@@ -176,8 +176,7 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     core = {k: v for k, v in files.items() if k not in ("taesd", "upscale_model")}
     placements = _placements(req, core)
     family = read_model_files(core).architecture.family
-    if family != "sd3" and SkipLayerGuidance.from_request(req).enabled:
-        raise InvalidArgument(f"--slg-scale: skip-layer guidance runs on SD3 / SD3.5 only, not on {family or 'this model'}")
+    refuse_other_families(family, req)  # the generate command refuses it first; other callers here
     run = {"flux": _flux_run, "chroma": _chroma_run, "z_image": _zimage_run, "flux2_klein": _klein_run,
            "flux2": _flux2_dev_run, "sd3": _sd3_run}.get(family, _sd_run)
     seed = int(req.get("seed", 42))

@@ -102,6 +102,20 @@ def _temporary_beside(path: Path) -> Iterator[Path]:
             os.unlink(tmp)
 
 
+def _new_file_mode() -> int:
+    """The permission bits a plain ``open()`` gives a new file: 0o666 less the process umask
+    (read from /proc where it exists, so the umask is never changed under other threads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     """Write ``path`` atomically: ``write(tmp)`` fills a temporary file in the same folder,
     which is flushed to disk and renamed over ``path``. Returns ``path``.
@@ -119,6 +133,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
             os.fsync(fd)
         finally:
             os.close(fd)
+        os.chmod(tmp, _new_file_mode())  # mkstemp's 0o600 would hide pictures from others
         os.replace(tmp, out)
     return out
 

@@ -61,12 +61,15 @@ class ImageParameters:
         placement: ``backend``, ``params_backend``, ``max_vram``, ``split_mode``,
             ``rpc_servers`` strings (sdplan's pictures).
         source: ``sdplan``, ``sd-cli`` or ``a1111``.
+        model_flags: sd-cli flags the model files call for (``--prediction v``), when the
+            picture records them (sdplan's pictures), else None.
     """
 
     settings: dict[str, Any] = field(default_factory=dict)
     model_files: dict[str, list[str]] = field(default_factory=dict)
     placement: dict[str, str] = field(default_factory=dict)
     source: str = ""
+    model_flags: list[str] | None = None
 
 
 def _f(value: float) -> str:

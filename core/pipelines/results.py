@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from sdplan.core.pipelines.outputs import atomic_write
 from sdplan.core.pipelines.parameters import ImageParameters, parse_parameters
+from sdplan.core.planning.sdcli import picture_command
 
 #: How :func:`model_hash` is computed (written beside it as ``model_hash_method``).
 MODEL_HASH_METHOD = "sha256(first 1 MiB + decimal file size)"
@@ -46,7 +47,8 @@ def model_hash(path: str | Path) -> str:
 
 def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
                     placement: Mapping[str, Any] | None = None,
-                    command: str | None = None) -> dict[str, str]:
+                    command: str | None = None,
+                    file_flags: Sequence[str] | None = None) -> dict[str, str]:
     """The PNG text chunks of one generation: ``parameters`` (sd-cli's layout, which sd-cli,
     Stable Diffusion web UI style tools and galleries read;
     :func:`~sdplan.core.pipelines.parameters.format_parameters`) and ``sdplan`` (JSON: the
@@ -65,6 +67,10 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
         placement: ``backend``, ``params_backend``, ``max_vram`` (and ``split_mode``,
             ``rpc_servers``) canonical strings.
         command: the equivalent sd-cli command line, when known.
+        file_flags: the sd-cli flags the model files call for (``--prediction v``;
+            :func:`~sdplan.core.planning.sdcli.model_file_flags`), when known: recorded as
+            ``model_flags``, and without ``command`` the recorded command is written from the
+            record (:func:`~sdplan.core.planning.sdcli.picture_command`, as the gallery does).
 
     Returns:
         Text chunk name -> value.
@@ -91,6 +97,10 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
         doc["upscale"] = {"model": os.path.basename(str(upscaler)),
                           "repeats": int(params.get("upscale_repeats") or 1)}
     doc.update(_inputs(params))
+    if file_flags is not None:
+        doc["model_flags"] = [str(f) for f in file_flags]
+        if command is None:
+            command = picture_command(files, doc["placement"], settings, doc["model_flags"])
     if command:
         doc["command"] = command
     return {"parameters": format_parameters(settings, files, f"sdplan {__version__}"),
@@ -186,6 +196,8 @@ def _generation(text: Mapping[str, str]) -> ImageParameters:
             out.model_files = {str(k): [str(p) for p in v]
                                for k, v in (doc.get("model_files") or {}).items()}
             out.placement = {str(k): str(v) for k, v in (doc.get("placement") or {}).items()}
+            if isinstance(doc.get("model_flags"), list):
+                out.model_flags = [str(f) for f in doc["model_flags"]]
             out.source = "sdplan"
     return out
 
@@ -214,8 +226,11 @@ class ResultInfo:
             ``width``, ``height``, ``steps``, ``cfg_scale``, ``sampling_method``...).
         model: the model's file name (empty when unknown).
         model_files: sd-cli model-file key -> paths, when the image records them.
-        placement: ``backend`` / ``params_backend`` / ``max_vram`` strings it ran with.
+        placement: ``backend`` / ``params_backend`` / ``max_vram`` (and ``split_mode``,
+            ``rpc_servers``) strings it ran with.
         text: every text chunk as read.
+        model_flags: the sd-cli flags its model files call for (``--prediction v``), as
+            recorded; empty when none or not recorded.
     """
 
     path: str
@@ -224,6 +239,7 @@ class ResultInfo:
     model_files: dict[str, list[str]] = field(default_factory=dict)
     placement: dict[str, str] = field(default_factory=dict)
     text: dict[str, str] = field(default_factory=dict)
+    model_flags: list[str] = field(default_factory=list)
 
     @property
     def prompt(self) -> str:
@@ -259,4 +275,5 @@ def read_result(path: str | Path) -> ResultInfo:
     main = (gen.model_files.get("model") or gen.model_files.get("diffusion_model") or [""])[0]
     return ResultInfo(str(path), settings, os.path.basename(main), gen.model_files,
                       {k: v for k, v in gen.placement.items()
-                       if k in ("backend", "params_backend", "max_vram") and v}, dict(text))
+                       if k in ("backend", "params_backend", "max_vram", "split_mode", "rpc_servers") and v},
+                      dict(text), list(gen.model_flags or ()))

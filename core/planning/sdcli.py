@@ -17,6 +17,7 @@ accept are kept too and reported (``unknown``).
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from sdplan.core.planning.sdcli_table import ALIASES, option
 
 __all__ = ["GENERATION_FLAGS", "Argument", "ImportedCommand", "sdcli_argv",
            "sdcli_command_line", "model_file_flags", "import_sdcli_command", "parse_sdcli_args",
-           "merge_flags"]
+           "merge_flags", "picture_command", "SDCLI_DEFAULTS"]
 
 #: Generation keys in written order -> (flags, value type).
 GENERATION_FLAGS: dict[str, tuple[tuple[str, ...], type]] = {
@@ -194,6 +195,75 @@ def model_file_flags(metadata: Sequence[Mapping[str, str]], family: str) -> list
         if prediction in ("eps", "v") and prediction != default:
             return ["--prediction", prediction]
     return []
+
+
+#: sd-cli's own values of generation settings, left out of a picture's command when the picture
+#: has them (stable-diffusion.cpp ``examples/common/common.h``, ``sd_sample_params_init`` and
+#: ``sd_img_gen_params_init``: batch 1, distilled guidance 3.5, SLG off with layers [7,8,9] from
+#: 0.01 to 0.2, no timestep shift, the CUDA RNG, the default scheduler, no negative prompt).
+SDCLI_DEFAULTS: dict[str, object] = {
+    "negative_prompt": "", "scheduler": "default", "batch_count": 1, "guidance": 3.5,
+    "slg_scale": 0.0, "skip_layers": "[7,8,9]", "skip_layer_start": 0.01, "skip_layer_end": 0.2,
+    "timestep_shift": 0, "rng": "cuda",
+}
+#: A ``<lora:NAME:WEIGHT>`` prompt tag (the pattern of :mod:`sdplan.core.text.lora_tags`).
+_LORA_TAG = re.compile(r"<lora:[^:>]+:[^>]+>")
+_LORA_KEYS = ("lora_model_dir", "lora_apply_mode")
+_PICTURE_KEYS = ("init_img", "mask", "strength")
+
+
+def _is_default(key: str, value: object) -> bool:
+    if key == "clip_skip":  # sd-cli: <= 0 leaves the layer to the model
+        return isinstance(value, (int, float)) and value <= 0
+    if key not in SDCLI_DEFAULTS:
+        return False
+    default = SDCLI_DEFAULTS[key]
+    if key == "skip_layers":
+        return "".join(str(value).split()) == default
+    return bool(value == default)
+
+
+def picture_command(model_files: Mapping[str, str | Sequence[str]], placement: Mapping[str, str],
+                    settings: Mapping[str, object], file_flags: Sequence[str] = (),
+                    program: str = "sd-cli") -> str:
+    """The sd-cli command that makes a picture again, from what the picture records: the
+    one writer of ``sdplan generate``'s recorded command and the gallery's copied one.
+
+    Written: the model-file flags, the placement flags (from the recorded ``backend``,
+    ``params_backend``, ``max_vram``, ``split_mode``, ``rpc_servers`` strings), the generation
+    settings of :data:`GENERATION_FLAGS` except ``output`` and those equal to sd-cli's own
+    values (:data:`SDCLI_DEFAULTS`; a ``clip_skip`` <= 0), the LoRA flags
+    (``--lora-model-dir``, ``--lora-apply-mode``) only when the prompt has a
+    ``<lora:NAME:WEIGHT>`` tag, the picture flags (``--init-img``, ``--mask``, ``--strength``)
+    only with an init image, then ``file_flags``: the flags the model files call for
+    (:func:`model_file_flags`, e.g. ``--prediction v``), where the board's command writes them.
+
+    Args:
+        model_files: model-file key (:data:`MODEL_FLAGS`) -> path or paths; unknown keys are
+            left out.
+        placement: the recorded placement strings (empty ones are left out).
+        settings: generation settings by request key (unknown keys are ignored).
+        file_flags: sd-cli arguments appended as given.
+
+    Raises:
+        PlanError: recorded placement strings that no longer parse (spec errors of
+            :meth:`Placement.from_strings`).
+    """
+    pl = Placement.from_strings(placement.get("backend", ""), placement.get("params_backend", ""),
+                                placement.get("max_vram", ""), rpc_servers=placement.get("rpc_servers", ""),
+                                split_mode=placement.get("split_mode", ""))
+    files = {k: v for k, v in model_files.items() if k in MODEL_FLAGS and v}
+    loras = bool(_LORA_TAG.search(str(settings.get("prompt") or "")))
+    picture = bool(settings.get("init_img"))
+    gen: dict[str, object] = {}
+    for key in GENERATION_FLAGS:
+        value = settings.get(key)
+        if key == "output" or value is None or isinstance(value, bool) or _is_default(key, value):
+            continue
+        if (key in _LORA_KEYS and not loras) or (key in _PICTURE_KEYS and not picture) or value == "":
+            continue
+        gen[key] = ",".join(repr(float(v)) for v in value) if isinstance(value, (list, tuple)) else value
+    return sdcli_command_line(pl, files, gen, program=program, extra=list(file_flags))
 
 
 @dataclass(frozen=True)
