@@ -4,7 +4,6 @@ chunks record the run, and a plan that does not fit is refused without --force."
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -16,6 +15,7 @@ import pytest
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
+from generate_util import parse, png  # noqa: E402
 from PIL import Image  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core.commands import generate  # noqa: E402
@@ -26,13 +26,6 @@ from sdplan.core.sampling.schedules import get_sigmas  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
 MODEL = FIX / "sd1_tiny.safetensors"
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers()
-    generate.add_parser(sub)
-    return p.parse_args(["generate", *argv])
 
 
 def test_generate_matches_reference_png(tmp_path: Path, monkeypatch) -> None:
@@ -86,10 +79,6 @@ def test_generate_refuses_a_plan_that_does_not_fit(tmp_path: Path, capsys, monke
     assert "--force" in capsys.readouterr().err
     args = parse([*argv, "--force"])
     assert args.run(args) == 0 and out.exists()
-
-
-def png(path: Path) -> np.ndarray:
-    return np.asarray(Image.open(path).convert("RGB")).astype(int)
 
 
 BASE = ["-m", str(MODEL), "-p", "a cat", "-W", "16", "-H", "16", "--steps", "3", "--cfg-scale", "5",

@@ -5,7 +5,6 @@ used; and skip-layer guidance on a non-SD3 model refused before any plan output.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 from pathlib import Path
@@ -16,17 +15,15 @@ import pytest
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
+from generate_util import parse  # noqa: E402
 from PIL import Image  # noqa: E402
-from sdplan.core.commands import generate  # noqa: E402
 from sdplan.core.pipelines.demo import demo_lora_dir, demo_model_path  # noqa: E402
 from sdplan.core.pipelines.results import read_result  # noqa: E402
 from sdplan.core.planning.sdcli import GENERATION_FLAGS, SDCLI_DEFAULTS, import_sdcli_command  # noqa: E402
 
 
 def run(argv: list[str]) -> int:
-    p = argparse.ArgumentParser()
-    generate.add_parser(p.add_subparsers())
-    args = p.parse_args(["generate", *argv])
+    args = parse(argv)
     return args.run(args)
 
 

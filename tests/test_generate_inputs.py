@@ -6,7 +6,6 @@ demo model with its own LoRA, an init picture and a mask."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -16,20 +15,14 @@ import pytest
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
+from generate_util import parse  # noqa: E402
 from PIL import Image  # noqa: E402
-from sdplan.core.commands import generate  # noqa: E402
 from sdplan.core.pipelines.results import read_generation  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
 MODEL = FIX / "sd1_tiny.safetensors"
 BASE = ["-m", str(MODEL), "--steps", "2", "--cfg-scale", "7", "-s", "1", "--sampling-method", "euler",
         "--clip-heads", "2", "-t", "2", "--in-process"]
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    generate.add_parser(p.add_subparsers())
-    return p.parse_args(["generate", *argv])
 
 
 def run(argv: list[str]) -> int:

@@ -5,7 +5,6 @@ MMDiT with the encoders and VAE as separate files stays close to it, and ``--bac
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -15,25 +14,14 @@ from sd3_util import CLIP_G, CLIP_L, PROMPT, SD3, T5, ref, write_single_file
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
+from generate_util import parse, png  # noqa: E402
 from PIL import Image  # noqa: E402
-from sdplan.core.commands import generate  # noqa: E402
 from sdplan.core.pipelines.results import image_to_uint8, read_generation  # noqa: E402
 from sdplan.core.pipelines.sd3 import Sd3Pipeline  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
 
 R = ref()
 SIGMAS = ",".join(f"{float(s):.9g}" for s in R["run_sigmas"][:-1])
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers()
-    generate.add_parser(sub)
-    return p.parse_args(["generate", *argv])
-
-
-def png(path: Path) -> np.ndarray:
-    return np.asarray(Image.open(path).convert("RGB")).astype(int)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ weights); the TAE decode 4/255 against a numpy TAE decoder of the reference's fi
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -23,8 +22,8 @@ import pytest
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
+from generate_util import parse, png  # noqa: E402
 from PIL import Image  # noqa: E402
-from sdplan.core.commands import generate  # noqa: E402
 from sdplan.core.pipelines.results import image_to_uint8  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
 from sdplan.core.sampling.schedules import get_sigmas  # noqa: E402
@@ -32,16 +31,6 @@ from sdxl_util import BASE, ref, split_files, write_unet_gguf  # noqa: E402
 
 RUN = ["-p", "a photo of a cat", "-n", "blurry, low quality", "-W", "16", "-H", "24", "--steps", "4",
        "--cfg-scale", "5", "-s", "1", "--sampling-method", "euler", "--scheduler", "discrete", "-t", "2"]
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    generate.add_parser(p.add_subparsers())
-    return p.parse_args(["generate", *argv])
-
-
-def png(path: Path) -> np.ndarray:
-    return np.asarray(Image.open(path).convert("RGB")).astype(int)
 
 
 def gen(argv: list[str], out: Path) -> np.ndarray:

@@ -6,7 +6,6 @@ image."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -16,24 +15,12 @@ from zimage_util import AE, DIT, PROMPT, ref, write_qwen3
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
-from PIL import Image  # noqa: E402
-from sdplan.core.commands import generate  # noqa: E402
+from generate_util import parse, png  # noqa: E402
 from sdplan.core.pipelines.results import image_to_uint8, read_generation  # noqa: E402
 from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
 
 R = ref()
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers()
-    generate.add_parser(sub)
-    return p.parse_args(["generate", *argv])
-
-
-def png(path: Path) -> np.ndarray:
-    return np.asarray(Image.open(path).convert("RGB")).astype(int)
 
 
 @pytest.fixture(scope="module")
