@@ -142,6 +142,25 @@ class ModuleGraph(Protocol):
         """Non-block graph after the last block; returns the outputs."""
 
 
+#: Where a diffusion model's tensors start: a single-file checkpoint's prefix, or none (a
+#: separate diffusion-model file), as sd-cli reads them.
+DIFFUSION_PREFIXES = ("model.diffusion_model.", "")
+
+
+def diffusion_prefix(names: Mapping[str, Any], keys: tuple[str, ...], what: str) -> str:
+    """The prefix of :data:`DIFFUSION_PREFIXES` in front of every tensor name in ``keys``.
+
+    Raises:
+        ModelLayoutError: ``no {what}: 'key' and 'key' missing (with or without
+            'model.diffusion_model.')``.
+    """
+    for p in DIFFUSION_PREFIXES:
+        if all(p + k in names for k in keys):
+            return p
+    raise ModelLayoutError(f"no {what}: {' and '.join(repr(k) for k in keys)} missing "
+                           f"(with or without {DIFFUSION_PREFIXES[0]!r})")
+
+
 def check_block(graph: Any, i: int) -> None:
     """Raise IndexError naming ``graph`` unless ``0 <= i < graph.n_blocks`` (a block index of
     :meth:`ModuleGraph.block_tensors`; negative indices are not blocks)."""

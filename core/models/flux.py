@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core.models.base import ModelLayoutError, Weights, check_block
+from sdplan.core.models.base import ModelLayoutError, Weights, check_block, diffusion_prefix
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["FluxConfig", "FluxDiT", "flux_config", "find_prefix", "patchify", "unpatchify",
@@ -48,7 +48,6 @@ __all__ = ["FluxConfig", "FluxDiT", "flux_config", "find_prefix", "patchify", "u
 HEAD_DIM = 128
 THETA = 10000.0
 EPS = 1e-6
-PREFIXES = ("model.diffusion_model.", "")
 
 
 def find_prefix(names: Mapping[str, Any]) -> str:
@@ -57,12 +56,8 @@ def find_prefix(names: Mapping[str, Any]) -> str:
     Raises:
         ModelLayoutError: no Flux DiT among ``names``.
     """
-    for p in PREFIXES:
-        if p + "img_in.weight" in names and p + "double_blocks.0.img_attn.qkv.weight" in names:
-            return p
-    raise ModelLayoutError("no Flux DiT in the BFL layout: 'img_in.weight' and "
-                           "'double_blocks.0.img_attn.qkv.weight' missing (with or without "
-                           "'model.diffusion_model.')")
+    return diffusion_prefix(names, ("img_in.weight", "double_blocks.0.img_attn.qkv.weight"),
+                            "Flux DiT in the BFL layout")
 
 
 @dataclass(frozen=True)

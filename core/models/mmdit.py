@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.models.base import ModelLayoutError, Weights, diffusion_prefix
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["MMDiTConfig", "MMDiT", "mmdit_config", "find_prefix", "patches", "unpatch", "HEAD_DIM"]
@@ -49,7 +49,6 @@ __all__ = ["MMDiTConfig", "MMDiT", "mmdit_config", "find_prefix", "patches", "un
 #: SD3's head width (64 x heads = width; sd-cli's heads = depth).
 HEAD_DIM = 64
 EPS = 1e-6
-PREFIXES = ("model.diffusion_model.", "")
 
 
 def find_prefix(names: Mapping[str, Any]) -> str:
@@ -58,11 +57,8 @@ def find_prefix(names: Mapping[str, Any]) -> str:
     Raises:
         ModelLayoutError: no SD3 MMDiT among ``names``.
     """
-    for p in PREFIXES:
-        if p + "x_embedder.proj.weight" in names and p + "joint_blocks.0.x_block.attn.qkv.weight" in names:
-            return p
-    raise ModelLayoutError("no SD3 MMDiT: 'x_embedder.proj.weight' and 'joint_blocks.0.x_block.attn.qkv.weight' "
-                           "missing (with or without 'model.diffusion_model.')")
+    return diffusion_prefix(names, ("x_embedder.proj.weight", "joint_blocks.0.x_block.attn.qkv.weight"),
+                            "SD3 MMDiT")
 
 
 @dataclass(frozen=True)

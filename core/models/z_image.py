@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core.models.base import ModelLayoutError, Weights, check_block
+from sdplan.core.models.base import ModelLayoutError, Weights, check_block, diffusion_prefix
 from sdplan.core.models.flux import apply_rope, rope_tables
 from sdplan.core.runtime import graph as gr
 
@@ -49,7 +49,6 @@ THETA = 256.0
 PATCH = 2
 EPS = 1e-5
 FINAL_EPS = 1e-6
-PREFIXES = ("model.diffusion_model.", "")
 
 
 def find_prefix(names: Mapping[str, Any]) -> str:
@@ -58,11 +57,8 @@ def find_prefix(names: Mapping[str, Any]) -> str:
     Raises:
         ModelLayoutError: no Z-Image DiT among ``names``.
     """
-    for p in PREFIXES:
-        if p + "cap_embedder.1.weight" in names and p + "x_embedder.weight" in names:
-            return p
-    raise ModelLayoutError("no Z-Image DiT: 'cap_embedder.1.weight' and 'x_embedder.weight' "
-                           "missing (with or without 'model.diffusion_model.')")
+    return diffusion_prefix(names, ("cap_embedder.1.weight", "x_embedder.weight"),
+                            "Z-Image DiT")
 
 
 @dataclass(frozen=True)
