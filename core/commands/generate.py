@@ -189,7 +189,7 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
 def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]], placement: Any,
              profile: Any) -> tuple[Any, Any, Any, Any]:
     from sdplan.core.pipelines.inputs import plan_loras
-    from sdplan.core.pipelines.jobs import INVENTORY_JOB
+    from sdplan.core.pipelines.job_names import INVENTORY_JOB
     from sdplan.core.planning.estimate import estimate_plan
     from sdplan.core.planning.inventory import Inventory
     from sdplan.core.planning.plan import resolve
@@ -220,8 +220,8 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
     """Compute bytes per module of this run, measured by a dry run of the engine's graphs in
     the engine process on the planned devices (:mod:`sdplan.core.pipelines.compute`); {}
     when the family has no dry run or it fails (the estimate then uses its fitted figures)."""
-    from sdplan.core.pipelines.compute import COMPUTE_JOB
-    from sdplan.core.runtime.runner import ModulePlacement
+    from sdplan.core.pipelines.job_names import COMPUTE_JOB
+    from sdplan.core.runtime.placement import ModulePlacement
 
     try:
         return dict(engine.call(COMPUTE_JOB, {
@@ -298,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
 def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, seed: int) -> dict[str, Any]:
     """The engine request (:func:`sdplan.core.pipelines.jobs.generate_job`) of parsed flags and a
     resolved plan (its per-module placements travel with it)."""
-    from sdplan.core.runtime.runner import ModulePlacement
+    from sdplan.core.runtime.placement import ModulePlacement
 
     overrides = {"clip_heads": args.clip_heads, "unet_heads": args.unet_heads,
                  "unet_head_dim": args.unet_head_dim, "prediction": args.prediction,
@@ -328,9 +328,7 @@ def validate(args: argparse.Namespace) -> None:
     (:mod:`sdplan.core.commands.limits`, :func:`check_outputs`); raises InvalidArgument or
     OutputError naming the flag."""
     from sdplan.core.commands.limits import check_generation
-    from sdplan.core.sampling.flow import FLOW_SAMPLERS
-    from sdplan.core.sampling.samplers import SAMPLERS
-    from sdplan.core.sampling.schedules import SCHEDULES
+    from sdplan.core.sampling.names import FLOW_SAMPLERS, SAMPLERS, SCHEDULES
 
     validate_inputs(args)  # first: -W/-H may come from the init picture
     check_generation(args)
@@ -395,8 +393,7 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
     import random
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-    from sdplan.core.pipelines.jobs import GENERATE_JOB
-    from sdplan.core.pipelines.results import generation_text, save_png
+    from sdplan.core.pipelines.job_names import GENERATE_JOB
 
     seed = args.seed if args.seed >= 0 else random.randrange(2**31)
     req = request(args, files, plan, seed)
@@ -426,6 +423,8 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
             nonlocal preview_dir
             if preview_dir is None:
                 return
+            from sdplan.core.pipelines.results import save_png
+
             try:
                 save_png(info["image"], preview_dir / f"preview_{info['step']:03d}.png")
             except OSError as exc:  # a preview lost must not lose the run
@@ -439,6 +438,8 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
             engine.cancel()
             raise
     log.info("generated in %.2f s: %s", time.perf_counter() - t0, res.get("timings"))
+    from sdplan.core.pipelines.results import generation_text  # numpy: loaded once the engine runs
+
     for module, n in (res.get("segments") or {}).items():
         console.print(f"{module}: ran in {n} segments under the --max-vram budget", highlight=False)
     applied = {k: v for k, v in res.get("params", {}).items() if k in ("loras", "lora_apply_mode")}

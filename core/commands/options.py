@@ -93,13 +93,15 @@ def validate_inputs(args: argparse.Namespace) -> None:
     import math
 
     from sdplan.core.errors import InvalidArgument
-    from sdplan.core.pipelines.img2img import image_size, load_mask
 
     if not (math.isfinite(args.strength) and 0.0 <= args.strength <= 1.0):
         raise InvalidArgument(f"--strength must be in [0, 1], got {args.strength}")
     if args.mask and not args.init_img:
         raise InvalidArgument("--mask needs -i/--init-img: the mask says which pixels of that picture to repaint")
     if args.init_img:
+        # numpy and Pillow load only with a picture input
+        from sdplan.core.pipelines.img2img import image_size, load_mask
+
         w, h = image_size(args.init_img)
         if args.mask:
             load_mask(args.mask, 8, 8)  # readable?

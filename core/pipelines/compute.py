@@ -21,15 +21,13 @@ from typing import Any
 
 from sdplan.core.errors import SdplanError
 from sdplan.core.modelfiles.checkpoint import read_model_files
+from sdplan.core.pipelines.job_names import COMPUTE_JOB as COMPUTE_JOB
 from sdplan.core.pipelines.sd import StableDiffusion
 from sdplan.core.pipelines.sd3 import Sd3Pipeline
 from sdplan.core.runtime.devices import BackendManager
 from sdplan.core.runtime.runner import BackendPool
 
 log = logging.getLogger(__name__)
-
-#: The engine job of :func:`compute_job`.
-COMPUTE_JOB = "sdplan.core.pipelines.compute:compute_job"
 
 
 def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, height: int,

@@ -23,28 +23,15 @@ Only numpy and Pillow are used: the training script and the tests share this mod
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageDraw
 from sdplan.core.errors import SdplanError
+from sdplan.core.pipelines.demo_captions import COLORS, PALETTE, SHAPES, caption_for, parse_caption
 
 log = logging.getLogger(__name__)
 
-#: Colour names and their sRGB values (0..255); pairwise RGB distances are at least 110.
-PALETTE: dict[str, tuple[int, int, int]] = {
-    "red": (200, 20, 20),
-    "green": (30, 170, 50),
-    "blue": (30, 60, 220),
-    "yellow": (245, 235, 40),
-    "white": (245, 245, 245),
-    "black": (15, 15, 15),
-    "orange": (250, 125, 0),
-    "purple": (140, 40, 180),
-}
-COLORS: tuple[str, ...] = tuple(PALETTE)
-SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
 SIZE = 128  #: picture side in pixels
 MARGIN = 8  #: minimum distance in pixels between the shape and the picture's edge
 RADIUS_RANGE = (22, 40)  #: half-size of the shape in pixels (inclusive range)
@@ -56,7 +43,6 @@ MIN_SHAPE_FRACTION = 0.01  #: below this share of the picture no shape is found
 #: rendered scenes, and the limits sit half way between those.
 FILL_THRESHOLDS = (0.73, 0.92)
 _SUPERSAMPLE = 4
-_CAPTION_RE = re.compile(r"^\s*an? (\w+) (\w+) on an? (\w+) background\s*$")
 _PALETTE_ARRAY = np.array([PALETTE[c] for c in COLORS], dtype=np.float64)
 
 
@@ -83,48 +69,6 @@ class Scene:
     def caption(self) -> str:
         """The caption, e.g. ``"a red circle on a blue background"``."""
         return caption_for(self.color, self.shape, self.background)
-
-
-def _article(word: str) -> str:
-    return "an" if word[0] in "aeiou" else "a"
-
-
-def caption_for(color: str, shape: str, background: str) -> str:
-    """The caption of a scene: ``"a {color} {shape} on a {background} background"``.
-
-    The article is ``an`` before a vowel (``"an orange square on a black background"``).
-
-    Raises:
-        SdplanError: an unknown colour or shape, or the same colour for shape and background.
-    """
-    for what, value, known in (
-        ("shape colour", color, COLORS),
-        ("shape", shape, SHAPES),
-        ("background colour", background, COLORS),
-    ):
-        if value not in known:
-            raise SdplanError(f"demo scene: unknown {what} {value!r} (known: {', '.join(known)})")
-    if color == background:
-        raise SdplanError(f"demo scene: shape and background are both {color!r}")
-    return f"{_article(color)} {color} {shape} on {_article(background)} {background} background"
-
-
-def parse_caption(caption: str) -> tuple[str, str, str]:
-    """``(color, shape, background)`` of a caption written as :func:`caption_for` writes it.
-
-    Case and surrounding whitespace are ignored.
-
-    Raises:
-        SdplanError: the caption does not have that form or names an unknown colour or shape.
-    """
-    m = _CAPTION_RE.match(caption.lower())
-    if not m:
-        raise SdplanError(
-            f"demo caption {caption!r} is not of the form 'a COLOR SHAPE on a COLOR background'"
-        )
-    color, shape, background = m.groups()
-    caption_for(color, shape, background)  # validates the names
-    return color, shape, background
 
 
 def all_captions() -> list[str]:

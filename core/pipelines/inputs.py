@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sdplan.core.modelfiles.checkpoint import read_model_files
-from sdplan.core.modelfiles.lora import lora_profiles, model_aliases, quantized
-from sdplan.core.pipelines.lora import AppliedLora, prompt_loras, refuse_inputs
-from sdplan.core.planning.adapters import LoraProfile, plan_lora_mode
+if TYPE_CHECKING:  # the LoRA readers (numpy) load only for a prompt with LoRA tags
+    from sdplan.core.pipelines.lora import AppliedLora
+    from sdplan.core.planning.adapters import LoraProfile
 
 __all__ = ["PlannedLoras", "plan_loras"]
 
@@ -53,6 +53,11 @@ def plan_loras(prompt: str, lora_dir: str | Path | None, requested: str,
     """
     if "<lora:" not in prompt:
         return PlannedLoras(prompt)
+    from sdplan.core.modelfiles.checkpoint import read_model_files
+    from sdplan.core.modelfiles.lora import lora_profiles, model_aliases, quantized
+    from sdplan.core.pipelines.lora import prompt_loras, refuse_inputs
+    from sdplan.core.planning.adapters import plan_lora_mode
+
     core = {k: list(v) for k, v in model_files.items() if k not in ("taesd", "upscale_model")}
     ms = read_model_files(core)
     if ms.architecture.family.startswith("flux2"):

@@ -45,34 +45,23 @@ from typing import Any
 import numpy as np
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_model_files
-from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
-from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
-from sdplan.core.pipelines.flux2 import KleinModels, KleinPipeline, load_ref_image
 from sdplan.core.pipelines.img2img import request_image_input
+from sdplan.core.pipelines.job_names import GENERATE_JOB as GENERATE_JOB
+from sdplan.core.pipelines.job_names import INVENTORY_JOB as INVENTORY_JOB
 from sdplan.core.pipelines.lora import prompt_loras, refuse_inputs
 from sdplan.core.pipelines.results import image_to_uint8
 from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
-from sdplan.core.pipelines.sd3 import Sd3Pipeline
-from sdplan.core.pipelines.sdxl import StableDiffusionXL
-from sdplan.core.pipelines.tae import Tae
-from sdplan.core.pipelines.upscale import Upscaler
-from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline
 from sdplan.core.planning.modules import MODEL_FILE_FLAGS
-from sdplan.core.planning.placement import Placement
-from sdplan.core.planning.plan import resolve
 from sdplan.core.runtime.devices import live_inventory
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.threads import check_between_steps, start_run
-from sdplan.core.sampling.flow import DEFAULT_STEPS
 from sdplan.core.sampling.options import SamplingOptions
 from sdplan.core.sampling.slg import SkipLayerGuidance, refuse_other_families
 
-#: The job that generates images (:func:`generate_job`) and the one that lists the engine
-#: process's devices (:func:`inventory_job`), as the engine names jobs.
-GENERATE_JOB = "sdplan.core.pipelines.jobs:generate_job"
-INVENTORY_JOB = "sdplan.core.pipelines.jobs:inventory_job"
-
 _CACHE: dict[str, Any] = {}  # the engine process's loaded pipeline, reused by the next request
+
+# The other families' pipelines are imported by their run functions below: a request loads
+# only its own family's code (SD 1.x / 2.x, the default, is imported here).
 
 
 def inventory_job(ctx: Any, rpc_servers: Sequence[str] = ()) -> dict[str, Any]:
@@ -94,6 +83,9 @@ def _files(req: Mapping[str, Any]) -> dict[str, list[str]]:
 def _placements(req: Mapping[str, Any], files: Mapping[str, list[str]]) -> dict[str, Any]:
     if req.get("placements"):
         return dict(req["placements"])
+    from sdplan.core.planning.placement import Placement
+    from sdplan.core.planning.plan import resolve
+
     placement = Placement.from_strings(req.get("backend") or "", req.get("params_backend") or "",
                                        req.get("max_vram") or "", stream_layers=bool(req.get("stream_layers")),
                                        rpc_servers=list(req.get("rpc_servers") or []))
@@ -275,12 +267,16 @@ class _SdSession:
                  threads: int, taesd: str | None, pool: Any, force_vae_conv_scale: bool = False) -> None:
         kw = {k: ov[k] for k in ("clip_heads", "unet_heads", "unet_head_dim", "prediction", "family") if ov.get(k)}
         if read_model_files(files).architecture.family == "sdxl":
+            from sdplan.core.pipelines.sdxl import StableDiffusionXL
+
             self.sd = StableDiffusionXL(dict(files), None, pool, threads, placements=placements,
                                         force_vae_conv_scale=force_vae_conv_scale, **kw)
         else:
             self.sd = StableDiffusion(dict(files), None, pool, threads, placements=placements, **kw)
         self.tae = None
         if taesd:
+            from sdplan.core.pipelines.tae import Tae
+
             try:
                 self.tae = Tae(taesd, placement=ModulePlacement(placements["vae"].devices[:1]), pool=pool,
                                n_threads=threads)
@@ -296,6 +292,9 @@ class _SdSession:
 
 def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
               placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
+    from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
+    from sdplan.core.sampling.flow import DEFAULT_STEPS
+
     _require(files, ("diffusion_model", "t5xxl", "clip_l", "vae"), "Flux")
     ov = dict(req.get("overrides") or {})
     axes = ov.get("flux_axes")
@@ -318,6 +317,8 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
 
 def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
                 placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
+    from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
+
     _require(files, ("diffusion_model", "t5xxl", "vae"), "Chroma")
     ov = dict(req.get("overrides") or {})
     axes = ov.get("flux_axes")
@@ -340,6 +341,8 @@ def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
 
 def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
                 placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
+    from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline
+
     _require(files, ("diffusion_model", "llm", "vae"), "Z-Image")
     models = ZImageModels(files["diffusion_model"][0], files["llm"][0], files["vae"][0], _first(files, "taesd"))
     threads = int(req.get("threads") or 0)
@@ -357,6 +360,8 @@ def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
 
 def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
                placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
+    from sdplan.core.pipelines.flux2 import KleinModels, KleinPipeline, load_ref_image
+
     refuse_inputs(req, "FLUX.2 klein")
     one = _first(files, "model")  # a single file holding all three
     paths = {k: _first(files, k) or one for k in ("diffusion_model", "llm", "vae")}
@@ -381,6 +386,8 @@ def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]],
 
 def _sd3_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], core: Mapping[str, list[str]],
              placements: Mapping[str, Any], seed: int) -> tuple[list[np.ndarray], dict[str, float], dict[str, Any]]:
+    from sdplan.core.pipelines.sd3 import Sd3Pipeline
+
     refuse_inputs(req, "SD3", pictures=False)
     ov = dict(req.get("overrides") or {})
     threads = int(req.get("threads") or 0)
@@ -407,6 +414,8 @@ def _flux2_dev_run(*_: Any) -> tuple[list[np.ndarray], dict[str, float], dict[st
 
 def _upscale(ctx: Any, path: str, vae: Any, images: list[np.ndarray], repeats: int, threads: int) -> list[np.ndarray]:
     """Upscale uint8 images with the ESRGAN file on the VAE's main device (resident weights)."""
+    from sdplan.core.pipelines.upscale import Upscaler
+
     with Upscaler(path, placement=ModulePlacement(vae.devices[:1]), pool=ctx.pool(), n_threads=threads) as up:
         up.runner.cancel = ctx.cancel
         return [up.upscale_image(img, repeats) for img in images]

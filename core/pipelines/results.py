@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 from sdplan.core.pipelines.outputs import atomic_write
 from sdplan.core.pipelines.parameters import ImageParameters, parse_parameters
-from sdplan.core.planning.sdcli import picture_command
 
 #: How :func:`model_hash` is computed (written beside it as ``model_hash_method``).
 MODEL_HASH_METHOD = "sha256(first 1 MiB + decimal file size)"
@@ -100,6 +99,8 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
     if file_flags is not None:
         doc["model_flags"] = [str(f) for f in file_flags]
         if command is None:
+            from sdplan.core.planning.sdcli import picture_command  # the sd-cli table: only here
+
             command = picture_command(files, doc["placement"], settings, doc["model_flags"])
     if command:
         doc["command"] = command

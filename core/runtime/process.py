@@ -34,16 +34,9 @@ from dataclasses import asdict
 from typing import IO, Any
 
 from sdplan.core.errors import EngineError, SdplanError
-from sdplan.core.runtime.devices import add_rpc_servers
-from sdplan.core.runtime.runner import (
-    BackendPool,
-    BlockRange,
-    Cancelled,
-    CancelToken,
-    ModulePlacement,
-    ModuleRunner,
-)
-from sdplan.core.runtime.weights import WeightFile
+
+# The runner (numpy, the native module) is imported where a job runs, in the engine process
+# or in-process: the caller that only drives a child process never loads it.
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +84,16 @@ class JobContext:
         self._emit("preview", array)
 
     def add_rpc_servers(self, endpoints: list[str]) -> list[str]:
+        from sdplan.core.runtime.devices import add_rpc_servers
+
         return add_rpc_servers(endpoints) if endpoints else []
 
     def pool(self) -> Any:
         """The process's shared backends (one instance per device for every job)."""
         global _POOL
         if _POOL is None:
+            from sdplan.core.runtime.runner import BackendPool
+
             _POOL = BackendPool()
         return _POOL
 
@@ -111,6 +108,9 @@ def run_module_job(ctx: JobContext, model: str, model_args: dict[str, Any], path
     :class:`~sdplan.core.runtime.runner.ModulePlacement` (ranges as ``(device, first, last)``).
     Returns ``{"outputs", "peak", "after"}`` (memory as ``{device: {weights, staging,
     compute}}`` bytes)."""
+    from sdplan.core.runtime.runner import BlockRange, ModulePlacement, ModuleRunner
+    from sdplan.core.runtime.weights import WeightFile
+
     ctx.add_rpc_servers(list(rpc_servers or []))
     pl = dict(placement)
     pl["devices"] = tuple(pl["devices"])
@@ -136,6 +136,8 @@ def _emit_for_job(emit: Any, job: int, kind: str, payload: Any) -> None:
 
 def _child_main() -> int:
     """Entry of the child process: serve jobs until ``quit`` or end of input."""
+    from sdplan.core.runtime.runner import Cancelled, CancelToken
+
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     inp = sys.stdin.buffer
@@ -268,6 +270,8 @@ class Engine:
         return err
 
     def _call_local(self, func: str, params: dict[str, Any], on_progress: Any, on_preview: Any) -> Any:
+        from sdplan.core.runtime.runner import CancelToken
+
         token = self._local_cancel = CancelToken()
 
         def emit(kind: str, payload: Any) -> None:

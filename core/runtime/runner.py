@@ -33,62 +33,11 @@ from sdplan.core.errors import EngineError
 from sdplan.core.runtime import graph as gr
 from sdplan.core.runtime.devices import BackendManager
 from sdplan.core.runtime.native import native
+from sdplan.core.runtime.placement import BlockRange as BlockRange
+from sdplan.core.runtime.placement import ModulePlacement
 from sdplan.core.runtime.weights import WeightFile, bf16_kernel, cpu_bf16
 
 log = logging.getLogger(__name__)
-
-MODES = ("runtime", "device", "disk")
-
-
-@dataclass(frozen=True)
-class BlockRange:
-    """Blocks ``first_block``..``last_block`` (inclusive) run on ``device``."""
-
-    device: str
-    first_block: int
-    last_block: int
-
-
-@dataclass(frozen=True)
-class ModulePlacement:
-    """Where one module runs and where its weights live.
-
-    ``devices``: runtime devices, main device first. ``ranges``: block ranges per device
-    for a split (blocks outside every range run on the main device). ``params_mode``:
-    ``runtime``, ``device`` (weights on ``params_device``) or ``disk``. ``budget``: bytes
-    for graph-cut segmentation on a single device (0: none). ``stream_layers``: keep
-    leading segments resident (only with ``params_mode="device"`` and a budget).
-    """
-
-    devices: tuple[str, ...]
-    ranges: tuple[BlockRange, ...] = ()
-    params_mode: str = "runtime"
-    params_device: str | None = None
-    budget: int = 0
-    stream_layers: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.devices:
-            raise ValueError("ModulePlacement: devices must not be empty")
-        if self.params_mode not in MODES:
-            raise ValueError(f"ModulePlacement: params_mode must be one of {MODES}, got {self.params_mode!r}")
-        if (self.params_mode == "device") != (self.params_device is not None):
-            raise ValueError("ModulePlacement: params_device is required exactly for params_mode 'device'")
-        if self.budget < 0:
-            raise ValueError("ModulePlacement: budget must be >= 0 bytes")
-
-    @classmethod
-    def from_plan(cls, plan: Any, module: str) -> ModulePlacement:
-        """The placement of ``module`` in a resolved ``sdplan.core.planning.plan_types.Plan``: its devices,
-        ranges, params; the main device's budget for a single-device module (spec section
-        8 disables segmentation for a split); stream layers for diffusion only."""
-        mp = plan.modules[module]
-        devices = tuple(mp.devices)
-        budget = int(plan.budgets.get(devices[0], 0)) if len(devices) == 1 else 0
-        return cls(devices, tuple(BlockRange(r.device, r.first_block, r.last_block) for r in mp.ranges),
-                   mp.params.mode, mp.params.device, budget,
-                   bool(getattr(plan, "stream_layers", False)) and module == "diffusion")
-
 
 @dataclass
 class DeviceMemory:

@@ -26,10 +26,10 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 from sdplan.core.sampling.errors import SamplingError
+from sdplan.core.sampling.names import FLOW_SAMPLERS
 from sdplan.core.sampling.noise import NoiseSource, require_noise
 from sdplan.core.sampling.samplers import (
     SAMPLER_FUNCTIONS,
-    SAMPLERS,
     TAKES_EXTRA,
     StepCallback,
     sample_er_sde,
@@ -44,9 +44,6 @@ __all__ = ["FLOW_SAMPLERS", "FLOW_SAMPLER_FUNCTIONS", "DEFAULT_STEPS", "flux_mu"
            "flux_sigmas", "discrete_flow_sigmas", "flow_denoiser", "sample_flow_euler_ancestral",
            "sample_flow_lcm", "sample_flow_ddim_trailing", "sample_flow"]
 
-#: sd-cli sampler names that apply to flow matching: all of sd-cli's but ``tcd`` (whose
-#: jumps are defined by the SD 1.x noise schedule's timesteps).
-FLOW_SAMPLERS = tuple(name for name in SAMPLERS if name != "tcd")
 #: Steps when none are given: schnell is distilled for 4, dev runs sd-cli's default 20.
 DEFAULT_STEPS = {"schnell": 4, "dev": 20}
 VelocityFn = Callable[[np.ndarray, float], np.ndarray]

@@ -22,13 +22,10 @@ from typing import Protocol
 
 import numpy as np
 from sdplan.core.sampling.errors import SamplingError
+from sdplan.core.sampling.names import RNGS
 
 __all__ = ["NoiseSource", "require_noise", "PhiloxNoise", "TorchCpuNoise", "StdDefaultNoise",
            "RNGS", "make_noise", "initial_latent"]
-
-#: sd-cli ``--rng`` / ``--sampler-rng`` names.
-RNGS = ("std_default", "cuda", "cpu")
-
 
 class NoiseSource(Protocol):
     """Fresh noise for samplers: ``noise(shape) -> standard normals`` of ``shape``.

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from sdplan.core.sampling.errors import SamplingError
-from sdplan.core.sampling.noise import RNGS, NoiseSource, make_noise
-from sdplan.core.sampling.schedules import DiscreteSchedule, get_sigmas
-from sdplan.core.sampling.schedules_more import FlowSchedule
+from sdplan.core.sampling.names import RNGS
+
+if TYPE_CHECKING:  # numpy and the schedules load where a run prepares (not to check flags)
+    import numpy as np
+    from sdplan.core.sampling.noise import NoiseSource
+    from sdplan.core.sampling.schedules import DiscreteSchedule
+    from sdplan.core.sampling.schedules_more import FlowSchedule
 
 __all__ = ["SamplingOptions", "parse_sigmas", "parse_key_values", "prepare",
            "shifted_timestep"]
@@ -132,6 +135,10 @@ def prepare(opts: SamplingOptions, seed: int, steps: int, scheduler: str,
     Raises:
         SamplingError: custom sigmas that do not descend, scheduler errors.
     """
+    import numpy as np
+    from sdplan.core.sampling.noise import make_noise
+    from sdplan.core.sampling.schedules import get_sigmas
+
     start = make_noise(opts.rng, seed)
     sampler = start if opts.sampler_rng in (None, opts.rng) else \
         make_noise(opts.sampler_rng, seed)  # type: ignore[arg-type]

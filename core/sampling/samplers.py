@@ -28,6 +28,7 @@ from collections.abc import Mapping
 
 import numpy as np
 from sdplan.core.sampling.errors import SamplingError
+from sdplan.core.sampling.names import SAMPLERS
 from sdplan.core.sampling.noise import NoiseSource, require_noise
 from sdplan.core.sampling.sampler_base import (
     Sampler,
@@ -65,31 +66,6 @@ __all__ = ["SAMPLERS", "StepCallback", "Sampler", "SAMPLER_FUNCTIONS", "ancestra
            "sample_euler_cfg_pp", "sample_euler_a_cfg_pp", "sample_euler_ge",
            "sample_dpmpp_2m_sde", "sample_dpmpp_2m_sde_bt", "sample_lms", "TAKES_EXTRA"]
 
-#: sd-cli ``--sampling-method`` names in sd-cli's order, each with an entry in
-#: :data:`SAMPLER_FUNCTIONS`: the one list the command line, the engine and the app offer.
-SAMPLERS = (
-    "euler",
-    "euler_a",
-    "heun",
-    "dpm2",
-    "dpm++2s_a",
-    "dpm++2m",
-    "dpm++2mv2",
-    "ipndm",
-    "ipndm_v",
-    "lcm",
-    "ddim_trailing",
-    "tcd",
-    "res_multistep",
-    "res_2s",
-    "er_sde",
-    "euler_cfg_pp",
-    "euler_a_cfg_pp",
-    "euler_ge",
-    "dpm++2m_sde",
-    "dpm++2m_sde_bt",
-    "lms",
-)
 _ALIASES = {"ddim": "ddim_trailing", "k_euler": "euler", "k_euler_a": "euler_a"}
 #: sd-cli's ``--eta`` default per sampler (``resolve_eta``); the others take 0 (and most
 #: ignore it).

@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 from sdplan.core.sampling import schedules_more as sm
 from sdplan.core.sampling.errors import SamplingError
+from sdplan.core.sampling.names import SCHEDULES, TOKEN_SCHEDULES
 from sdplan.core.sampling.schedules_more import FlowSchedule
 
 __all__ = ["TIMESTEPS", "Denoiser", "DiscreteSchedule", "SCHEDULES", "get_sigmas", "scalings",
@@ -123,13 +124,6 @@ _AYS_SDXL = [
     0.0291671582,
 ]
 
-#: sd-cli ``--scheduler`` names in sd-cli's order (``default`` and ``normal`` are accepted
-#: as ``discrete``): the one list the command line, the engine and the app offer.
-SCHEDULES = ("discrete", "karras", "exponential", "ays", "gits", "sgm_uniform", "simple",
-             "smoothstep", "kl_optimal", "lcm", "bong_tangent", "ltx2", "logit_normal", "flux2",
-             "flux", "beta")
-#: Schedulers that need the image's token count (patches of the latent).
-TOKEN_SCHEDULES = frozenset({"ltx2", "logit_normal", "flux2", "flux"})
 
 
 def _loglinear_resample(levels: list[float], n: int) -> np.ndarray:

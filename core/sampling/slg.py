@@ -20,12 +20,12 @@ off), ``--skip-layers`` (``[7,8,9]``), ``--skip-layer-start`` (0.01), ``--skip-l
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from sdplan.core.errors import InvalidArgument
 
 __all__ = ["SkipLayerGuidance", "parse_skip_layers", "refuse_other_families", "format_layers", "DEFAULT_LAYERS", "DEFAULT_START", "DEFAULT_END"]
@@ -80,6 +80,8 @@ class SkipLayerGuidance:
         """Whether the 0-based ``step`` of ``steps`` runs the skip-layer pass (sd-cli's window)."""
         if not self.enabled:
             return False
+        import numpy as np  # float32 products, as sd-cli's window
+
         n = np.float32(steps + 1)
         first, last = int(np.float32(self.start) * n), int(np.float32(self.end) * n)
         return first < step + 1 < last
@@ -106,7 +108,7 @@ class SkipLayerGuidance:
                 f = float(v)  # type: ignore[arg-type]
             except (TypeError, ValueError):
                 raise InvalidArgument(f"--{key.replace('_', '-')}: {v!r} is not a number") from None
-            if not np.isfinite(f):
+            if not math.isfinite(f):
                 raise InvalidArgument(f"--{key.replace('_', '-')}: {v!r} is not a finite number")
             return f
 

@@ -21,10 +21,12 @@ upper-case ``B`` inside a word is kept (sd-cli's regex skips it).
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
 from sdplan.core.errors import SdplanError
+
+if TYPE_CHECKING:  # numpy loads where weights apply, not to read a prompt's syntax
+    import numpy as np
 
 ROUND_MULTIPLIER = 1.1
 SQUARE_MULTIPLIER = 1.0 / 1.1
@@ -170,6 +172,8 @@ def apply_prompt_weights(hidden: np.ndarray, weights: np.ndarray) -> np.ndarray:
     Raises:
         ValueError: the shapes do not match.
     """
+    import numpy as np
+
     hidden = np.asarray(hidden, dtype=np.float32)
     weights = np.asarray(weights, dtype=np.float32)
     if hidden.ndim != 3 or weights.shape != hidden.shape[:2]:

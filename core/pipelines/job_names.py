@@ -1,0 +1,18 @@
+"""The names of the engine jobs of image generation, as the engine process calls them
+(``"module:function"``, :class:`sdplan.core.runtime.process.Engine`).
+
+They live apart from the jobs (:mod:`sdplan.core.pipelines.jobs`,
+:mod:`sdplan.core.pipelines.compute`, which re-export them): a caller that drives an engine
+child process names a job without importing what runs it (numpy, the native module).
+"""
+
+from __future__ import annotations
+
+__all__ = ["GENERATE_JOB", "INVENTORY_JOB", "COMPUTE_JOB"]
+
+#: The job that generates images (:func:`sdplan.core.pipelines.jobs.generate_job`).
+GENERATE_JOB = "sdplan.core.pipelines.jobs:generate_job"
+#: The job that lists the engine process's devices (:func:`sdplan.core.pipelines.jobs.inventory_job`).
+INVENTORY_JOB = "sdplan.core.pipelines.jobs:inventory_job"
+#: The job that measures compute buffers by a dry run (:func:`sdplan.core.pipelines.compute.compute_job`).
+COMPUTE_JOB = "sdplan.core.pipelines.compute:compute_job"

@@ -1,0 +1,68 @@
+"""Where one module runs: :class:`ModulePlacement` and its :class:`BlockRange` items.
+
+The caller's resolved plan travels to the engine process as one placement per module
+(pickled), so this module imports neither numpy nor the native module: the command line
+builds placements before the engine starts. :mod:`sdplan.core.runtime.runner` runs them
+(and re-exports these names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MODES", "BlockRange", "ModulePlacement"]
+
+#: Params residencies (spec section 5): weights on the runtime device, on a params device
+#: (staged per use), or read from disk per use.
+MODES = ("runtime", "device", "disk")
+
+
+@dataclass(frozen=True)
+class BlockRange:
+    """Blocks ``first_block``..``last_block`` (inclusive) run on ``device``."""
+
+    device: str
+    first_block: int
+    last_block: int
+
+
+@dataclass(frozen=True)
+class ModulePlacement:
+    """Where one module runs and where its weights live.
+
+    ``devices``: runtime devices, main device first. ``ranges``: block ranges per device
+    for a split (blocks outside every range run on the main device). ``params_mode``:
+    ``runtime``, ``device`` (weights on ``params_device``) or ``disk``. ``budget``: bytes
+    for graph-cut segmentation on a single device (0: none). ``stream_layers``: keep
+    leading segments resident (only with ``params_mode="device"`` and a budget).
+    """
+
+    devices: tuple[str, ...]
+    ranges: tuple[BlockRange, ...] = ()
+    params_mode: str = "runtime"
+    params_device: str | None = None
+    budget: int = 0
+    stream_layers: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            raise ValueError("ModulePlacement: devices must not be empty")
+        if self.params_mode not in MODES:
+            raise ValueError(f"ModulePlacement: params_mode must be one of {MODES}, got {self.params_mode!r}")
+        if (self.params_mode == "device") != (self.params_device is not None):
+            raise ValueError("ModulePlacement: params_device is required exactly for params_mode 'device'")
+        if self.budget < 0:
+            raise ValueError("ModulePlacement: budget must be >= 0 bytes")
+
+    @classmethod
+    def from_plan(cls, plan: Any, module: str) -> ModulePlacement:
+        """The placement of ``module`` in a resolved ``sdplan.core.planning.plan_types.Plan``: its devices,
+        ranges, params; the main device's budget for a single-device module (spec section
+        8 disables segmentation for a split); stream layers for diffusion only."""
+        mp = plan.modules[module]
+        devices = tuple(mp.devices)
+        budget = int(plan.budgets.get(devices[0], 0)) if len(devices) == 1 else 0
+        return cls(devices, tuple(BlockRange(r.device, r.first_block, r.last_block) for r in mp.ranges),
+                   mp.params.mode, mp.params.device, budget,
+                   bool(getattr(plan, "stream_layers", False)) and module == "diffusion")
