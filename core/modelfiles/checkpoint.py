@@ -48,9 +48,9 @@ _UNET_RE = re.compile(  # UNet stages, and Chroma's approximator (runs before th
 #: Names sd-cli converts to its own before its block rule sees them: diffusers Flux
 #: single blocks, OpenCLIP ``transformer.resblocks.N`` (-> ``encoder.layers.N``) and
 #: llama.cpp-named GGUF encoders (``blk.N``).
-_SDCLI_RENAMES = ((re.compile(r"(^|\.)single_transformer_blocks\."), r"\1single_blocks."),
-                  (re.compile(r"(^|\.)resblocks\."), r"\1layers."),
-                  (re.compile(r"(^|\.)blk\."), r"\1layers."))
+_SDCLI_RENAMES = (("single_transformer_blocks.", re.compile(r"(^|\.)single_transformer_blocks\."), r"\1single_blocks."),
+                  ("resblocks.", re.compile(r"(^|\.)resblocks\."), r"\1layers."),
+                  ("blk.", re.compile(r"(^|\.)blk\."), r"\1layers."))
 
 # (prefix, module, encoder or None); the first matching prefix wins.
 _PREFIXES: tuple[tuple[str, str, str | None], ...] = (
@@ -244,8 +244,9 @@ def block_of(name: str) -> tuple[int, int] | None:
     ``single_transformer_blocks``, OpenCLIP ``resblocks`` and llama.cpp ``blk`` names
     apply first.
     """
-    for pattern, repl in _SDCLI_RENAMES:
-        name = pattern.sub(repl, name)
+    for part, pattern, repl in _SDCLI_RENAMES:
+        if part in name:  # each pattern needs its part: a name without it is left as it is
+            name = pattern.sub(repl, name)
     if _UNET_RE.search(name):
         return None
     m = _BLOCK_RE.search(name)

@@ -22,10 +22,15 @@ Formats:
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
 import mmap
+import os
 import struct
 import sys
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +48,13 @@ SAFETENSORS_DTYPES: dict[str, int] = {
     "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
     "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
 }
+
+#: Headers kept in this process (a run reads the same file's header in several places): the
+#: most recently read files, keyed by path and the file's identity, size and timestamps.
+HEADER_CACHE_FILES = 16
+#: A file whose timestamps are younger than this (seconds) is read again every time: a
+#: rewrite of the same size within one timestamp tick would otherwise look unchanged.
+HEADER_SETTLE_SECONDS = 2.0
 
 _GGUF_MAGIC = b"GGUF"
 _GGUF_MAX_DIMS = 4
@@ -88,6 +100,10 @@ class TensorFile:
 def read_tensor_file(path: str | Path) -> TensorFile:
     """Read the header of a ``.safetensors`` or ``.gguf`` file (format from its magic).
 
+    A header read before in this process is returned again while the file keeps its
+    identity, size and timestamps (the last :data:`HEADER_CACHE_FILES` files; never a file
+    changed in the last :data:`HEADER_SETTLE_SECONDS`): the result is the same as reading it.
+
     Raises:
         ModelFileError: the file is missing, unreadable, of another format (PyTorch pickle,
             anything else) or its header is malformed, truncated or hostile.
@@ -97,24 +113,49 @@ def read_tensor_file(path: str | Path) -> TensorFile:
         raise ModelFileError(p, "is a folder, not a model file")
     try:
         with open(p, "rb") as fh:
-            size = _file_size(fh)
-            head = fh.read(8)
-            if head[:4] == _GGUF_MAGIC:
-                return _read_gguf(p, fh, size)
-            n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
-            if head[:4] == b"PK\x03\x04" or (head[:1] == b"\x80" and n > size - 8):
-                raise ModelFileError(
-                    p, "is a PyTorch pickle checkpoint (.ckpt/.pt); only safetensors and "
-                    "GGUF headers can be read without loading weights")
-            return _read_safetensors(p, fh, size, head)
+            st = os.fstat(fh.fileno())
+            key = (str(p), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            known = _cached_header(key)
+            if known is not None:
+                return known
+            tf = _read_header(p, fh, st.st_size)
     except OSError as exc:
         raise ModelFileError(p, f"cannot read file: {exc.strerror or exc}") from None
+    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > HEADER_SETTLE_SECONDS * 1e9:
+        _keep_header(key, tf)
+    return tf
 
 
-def _file_size(fh: object) -> int:
-    import os
+def _read_header(p: Path, fh: object, size: int) -> TensorFile:
+    head = fh.read(8)  # type: ignore[attr-defined]
+    if head[:4] == _GGUF_MAGIC:
+        return _read_gguf(p, fh, size)
+    n = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+    if head[:4] == b"PK\x03\x04" or (head[:1] == b"\x80" and n > size - 8):
+        raise ModelFileError(
+            p, "is a PyTorch pickle checkpoint (.ckpt/.pt); only safetensors and "
+            "GGUF headers can be read without loading weights")
+    return _read_safetensors(p, fh, size, head)
 
-    return os.fstat(fh.fileno()).st_size  # type: ignore[attr-defined]
+
+_HEADERS: collections.OrderedDict[tuple[object, ...], TensorFile] = collections.OrderedDict()
+_HEADERS_LOCK = threading.Lock()
+
+
+def _cached_header(key: tuple[object, ...]) -> TensorFile | None:
+    with _HEADERS_LOCK:
+        tf = _HEADERS.get(key)
+        if tf is None:
+            return None
+        _HEADERS.move_to_end(key)
+    return dataclasses.replace(tf, metadata=dict(tf.metadata))  # the caller's own metadata
+
+
+def _keep_header(key: tuple[object, ...], tf: TensorFile) -> None:
+    with _HEADERS_LOCK:
+        _HEADERS[key] = dataclasses.replace(tf, metadata=dict(tf.metadata))
+        while len(_HEADERS) > HEADER_CACHE_FILES:
+            _HEADERS.popitem(last=False)
 
 
 # --------------------------------------------------------------------------- safetensors
@@ -338,7 +379,7 @@ def read_gguf_arrays(path: str | Path, keys: Iterable[str]) -> dict[str, list]:
     out: dict[str, list] = {}
     try:
         with open(p, "rb") as fh:
-            size = _file_size(fh)
+            size = os.fstat(fh.fileno()).st_size
             if fh.read(4) != _GGUF_MAGIC:
                 raise ModelFileError(p, "not a GGUF file")
             scalars = _gguf_scalar_sizes()
