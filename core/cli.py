@@ -4,6 +4,11 @@ Each subcommand lives in its own module exposing ``add_parser(subparsers)`` and
 ``run(args) -> int``. Errors of sdplan's own hierarchy become one-line messages
 (:mod:`sdplan.core.commands.messages`) and exit code 2; a closed output pipe is quiet;
 without arguments the GUI starts.
+
+A command that runs sdplan's engine in a child process (:data:`ENGINE_COMMANDS`) gets that
+child started first, before the subcommand modules load: the child's Python start and its
+imports overlap the command's own (:func:`sdplan.core.runtime.process.prestart`). Bad input
+still gets its one-line error at once; the child is then ended unused.
 """
 
 from __future__ import annotations
@@ -15,25 +20,30 @@ import sys
 from collections.abc import Sequence
 
 from sdplan.core import __version__
-from sdplan.core.commands import (
-    devices,
-    generate,
-    gui,
-    inspect,
-    library,
-    plan,
-    rpc_server,
-    upscale,
-)
 from sdplan.core.commands.messages import QuietStdout, print_error
 from sdplan.core.errors import SdplanError
+from sdplan.core.pipelines.job_names import COMPUTE_JOB, GENERATE_JOB
 
-#: Subcommand modules, in help order.
-COMMANDS = (devices, rpc_server, plan, inspect, library, generate, upscale, gui)
+#: Commands that run their jobs in an engine child process unless given ``--in-process``,
+#: with the modules of those jobs (the child imports them while the command starts).
+ENGINE_COMMANDS: dict[str, tuple[str, ...]] = {
+    "generate": tuple(job.partition(":")[0] for job in (GENERATE_JOB, COMPUTE_JOB)),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level argument parser with every available subcommand."""
+    from sdplan.core.commands import (
+        devices,
+        generate,
+        gui,
+        inspect,
+        library,
+        plan,
+        rpc_server,
+        upscale,
+    )
+
     parser = argparse.ArgumentParser(
         prog="sdplan",
         description="Plan and run stable-diffusion.cpp device placements on mixed hardware.",
@@ -41,14 +51,46 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sdplan {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMANDS:
+    for module in (devices, rpc_server, plan, inspect, library, generate, upscale, gui):  # help order
         module.add_parser(sub)
     return parser
+
+
+def engine_preload(args_list: Sequence[str]) -> tuple[str, ...]:
+    """The job modules an engine child should import for the command line ``args_list``
+    (:data:`ENGINE_COMMANDS`), or () when it names no such command, asks for help or the
+    version, or runs the engine ``--in-process``. A guess from the words alone, before
+    parsing: a wrong guess costs one unused child process, never a different result."""
+    for i, word in enumerate(args_list):
+        if word in ("-h", "--help", "--version"):
+            return ()
+        if not word.startswith("-"):
+            rest = args_list[i + 1:]
+            if any(w in ("-h", "--help", "--in-process") for w in rest):
+                return ()
+            return ENGINE_COMMANDS.get(word, ())
+    return ()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``sdplan`` command line; returns the process exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    preload = engine_preload(args_list)
+    if not preload:
+        return _main(args_list)
+    from sdplan.core.runtime.process import discard_prestarted, prestart
+
+    try:
+        prestart(preload)
+    except OSError:  # the command's engine reports it
+        pass
+    try:
+        return _main(args_list)
+    finally:
+        discard_prestarted()  # when the command took none (bad input, an early error)
+
+
+def _main(args_list: list[str]) -> int:
     parser = build_parser()
     if not args_list:
         args_list = ["gui"]

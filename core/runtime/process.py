@@ -13,10 +13,16 @@ the stream. Arrays travel as numpy arrays inside the pickles, never as files.
 A job is a function ``"package.module:function"`` called in the child as
 ``function(ctx, **params)``; ``ctx`` is a :class:`JobContext` (progress, preview, cancel
 token, backends, RPC servers). :func:`run_module_job` runs one module per a placement.
+
+:func:`prestart` starts a child before any :class:`Engine` asks for one (the command line,
+as soon as it knows the command needs one): its Python start and its imports of the named
+job modules overlap the caller's own start-up, and the next isolated :class:`Engine` of the
+process takes it; :func:`discard_prestarted` ends it when none did.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import functools
 import importlib
@@ -29,7 +35,7 @@ import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import IO, Any
 
@@ -41,6 +47,9 @@ from sdplan.core.errors import EngineError, SdplanError
 log = logging.getLogger(__name__)
 
 _POOL: Any = None  # the BackendPool of this process, created by the first job
+_SPARE: subprocess.Popen[bytes] | None = None  # a child started by prestart(), not yet taken
+_SPARE_LOCK = threading.Lock()
+_SPARE_AT_EXIT: list[bool] = []  # discard_prestarted() is registered at exit once
 
 #: stderr lines of the child kept for error messages.
 STDERR_LINES = 200
@@ -129,13 +138,66 @@ def run_module_job(ctx: JobContext, model: str, model_args: dict[str, Any], path
         runner.release()
 
 
+def _spawn(env: dict[str, str] | None, preload: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """A new engine child process (``preload``: modules it imports before serving jobs)."""
+    argv = [sys.executable, "-m", "sdplan.core.runtime.process"]
+    if preload:
+        argv += ["--preload", ",".join(preload)]
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+
+
+def prestart(preload: Sequence[str] = ()) -> None:
+    """Start an engine child process now, for the next isolated :class:`Engine` of this
+    process that inherits the environment (``env=None``); it imports the ``preload`` modules
+    (``"package.module"``, e.g. the modules of the jobs it will run) while it waits. A second
+    call while one waits does nothing. The caller ends an untaken child with
+    :func:`discard_prestarted` (also done at exit).
+
+    Raises:
+        OSError: the child process cannot be started.
+    """
+    global _SPARE
+    with _SPARE_LOCK:
+        if _SPARE is not None:
+            return
+        _SPARE = _spawn(None, preload)
+        if not _SPARE_AT_EXIT:
+            _SPARE_AT_EXIT.append(True)
+            atexit.register(discard_prestarted)
+
+
+def discard_prestarted() -> None:
+    """End the child :func:`prestart` started if no :class:`Engine` took it (idempotent)."""
+    proc = _take_prestarted()
+    if proc is not None:
+        _end(proc)
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """Kill a child that ran no job, and close its pipes."""
+    proc.kill()
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _take_prestarted() -> subprocess.Popen[bytes] | None:
+    global _SPARE
+    with _SPARE_LOCK:
+        proc, _SPARE = _SPARE, None
+    return proc
+
+
 def _emit_for_job(emit: Any, job: int, kind: str, payload: Any) -> None:
     """Send one progress/preview message of ``job`` through the child's ``emit``."""
     emit(kind, job, payload)
 
 
-def _child_main() -> int:
-    """Entry of the child process: serve jobs until ``quit`` or end of input."""
+def _child_main(argv: Sequence[str] = ()) -> int:
+    """Entry of the child process: import the ``--preload`` modules of ``argv``, then serve
+    jobs until ``quit`` or end of input."""
     from sdplan.core.runtime.runner import Cancelled, CancelToken
 
     out = os.fdopen(os.dup(1), "wb")
@@ -161,6 +223,12 @@ def _child_main() -> int:
                 jobs.put(msg)
 
     threading.Thread(target=reader, daemon=True).start()
+    if len(argv) == 2 and argv[0] == "--preload":
+        for name in argv[1].split(","):
+            try:
+                importlib.import_module(name)
+            except Exception:  # the job that needs it reports the error
+                log.debug("preload of %s failed", name, exc_info=True)
     while (msg := jobs.get()) is not None:
         _, job, func, params = msg
         token.reset()
@@ -207,9 +275,11 @@ class Engine:
         if not self.isolated or self.pid is not None:
             return
         self._stderr.clear()
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "sdplan.core.runtime.process"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env)
+        spare = _take_prestarted() if self.env is None else None
+        if spare is not None and spare.poll() is not None:  # it died waiting: start another
+            _end(spare)
+            spare = None
+        self._proc = spare or _spawn(self.env)
         threading.Thread(target=self._drain, args=(self._proc,), daemon=True).start()
 
     def _drain(self, proc: subprocess.Popen[bytes]) -> None:
@@ -319,4 +389,4 @@ class Engine:
 
 
 if __name__ == "__main__":
-    sys.exit(_child_main())
+    sys.exit(_child_main(sys.argv[1:]))

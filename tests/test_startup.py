@@ -1,0 +1,160 @@
+"""What ``sdplan generate`` does before its engine starts: the command line process loads
+neither numpy nor the native module (the engine child process does), the engine child is
+started before the command's modules load and ended when bad input stops the command, and
+a model file's header read twice in a process is read once while the file is unchanged.
+
+Speed itself is measured by ``bench/bench_startup.py``, not here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sdplan.core import cli
+from sdplan.core.modelfiles import readers
+from sdplan.core.runtime import process
+
+HEAVY = ("numpy", "sdplan._ggml", "PIL")
+
+
+def _python(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter; it prints one JSON line last."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "SDPLAN_PROBE_FILE"})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_importing_the_command_line_loads_no_numpy_nor_native_module() -> None:
+    got = _python("import json, sys\nimport sdplan.core.cli\nfrom sdplan.core.cli import build_parser\n"
+                  "build_parser()\n"
+                  f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    assert got == []
+
+
+def test_generate_plans_and_starts_its_engine_without_numpy_in_the_command_process(tmp_path: Path) -> None:
+    """A whole demo run through the command line: at each engine call (the devices, the dry
+    run, the generation) the command's own process has loaded none of numpy, Pillow or the
+    native module; the picture is written all the same."""
+    pytest.importorskip("sdplan._ggml")
+    out = tmp_path / "demo.png"
+    code = f"""
+import json, sys
+from sdplan.core.runtime import process
+seen = []
+real = process.Engine.call
+def call(self, func, *a, **k):
+    seen.append([func, [m for m in {HEAVY!r} if m in sys.modules], self.isolated])
+    return real(self, func, *a, **k)
+process.Engine.call = call
+from sdplan.core.cli import main
+code = main(["generate", "--demo", "-p", "a red circle on a blue background", "--steps", "2",
+             "-t", "1", "-o", {str(out)!r}])
+print(json.dumps({{"code": code, "seen": seen}}))
+"""
+    got = _python(code)
+    assert got["code"] == 0 and out.is_file()
+    assert [s[0].rsplit(":", 1)[1] for s in got["seen"]] == ["inventory_job", "compute_job", "generate_job"]
+    for func, loaded, isolated in got["seen"]:
+        assert isolated and loaded == [], (func, loaded)
+
+
+@pytest.mark.parametrize(("argv", "wanted"), [
+    (["generate", "--demo", "-p", "x"], True),
+    (["-v", "generate", "--demo"], True),
+    (["generate", "--demo", "--in-process"], False),
+    (["generate", "--help"], False),
+    (["-h", "generate"], False),
+    (["--version"], False),
+    (["plan", "--json"], False),
+    ([], False),
+])
+def test_an_engine_child_is_prestarted_only_for_an_isolated_generate(argv: list[str], wanted: bool) -> None:
+    preload = cli.engine_preload(argv)
+    assert bool(preload) == wanted
+    if wanted:
+        assert preload == ("sdplan.core.pipelines.jobs", "sdplan.core.pipelines.compute")
+
+
+@pytest.fixture
+def started(monkeypatch) -> list[subprocess.Popen[bytes]]:
+    """The engine child processes started during the test, in order."""
+    out: list[subprocess.Popen[bytes]] = []
+    spawn = process._spawn
+
+    def spy(env, preload=()):  # noqa: ANN001, ANN202
+        out.append(spawn(env, preload))
+        return out[-1]
+
+    monkeypatch.setattr(process, "_spawn", spy)
+    return out
+
+
+def test_bad_input_gets_its_line_and_the_prestarted_child_is_ended(started, capsys, tmp_path: Path) -> None:
+    """``--steps 0`` is refused in one line (exit 2) before anything is planned; the engine
+    child started for the command ran no job and is gone when the command returns."""
+    out = tmp_path / "no.png"
+    assert cli.main(["generate", "--demo", "-p", "a red circle on a blue background", "--steps", "0",
+                     "-o", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error [invalid_argument]: --steps must be between 1 and 1000, got 0"]
+    assert len(started) == 1 and started[0].poll() is not None  # ended, not left running
+    assert process._take_prestarted() is None and not out.exists()
+
+
+def test_an_engine_takes_the_prestarted_child(started) -> None:
+    """The next isolated engine runs its jobs in the child started before it (no second
+    child); an engine with an environment of its own starts its own."""
+    pytest.importorskip("sdplan._ggml")
+    process.prestart(("sdplan.core.pipelines.jobs",))
+    try:
+        with process.Engine() as engine:
+            inv = engine.call("sdplan.core.pipelines.jobs:inventory_job", {})
+            assert engine.pid == started[0].pid and len(started) == 1
+        assert "CPU" in [d["name"] for d in inv["devices"]]
+        process.prestart()
+        with process.Engine(env=dict(os.environ)) as engine:
+            engine.start()
+            assert len(started) == 3 and engine.pid == started[2].pid
+    finally:
+        process.discard_prestarted()
+    assert all(p.wait(10) is not None for p in started)
+
+
+def _safetensors(path: Path, values: bytes) -> None:
+    head = json.dumps({"w": {"dtype": "U8", "shape": [len(values)], "data_offsets": [0, len(values)]}}).encode()
+    path.write_bytes(len(head).to_bytes(8, "little") + head + values)
+
+
+def test_a_header_is_read_again_when_its_file_changes(tmp_path: Path, monkeypatch) -> None:
+    """A settled file's header comes from memory the second time; a rewrite of the same
+    size is read anew (a fresh file never comes from memory, a settled one is known by its
+    timestamps)."""
+    reads: list[str] = []
+    real = readers._read_header
+    monkeypatch.setattr(readers, "_read_header", lambda p, fh, size: reads.append(str(p)) or real(p, fh, size))
+    path = tmp_path / "m.safetensors"
+    _safetensors(path, b"abcd")
+    assert readers.read_tensor_file(path).tensors[0].shape == (4,)
+    _safetensors(path, b"wxyz")  # same size, just written: read again
+    readers.read_tensor_file(path)
+    assert len(reads) == 2
+    # settled: changed longer ago than the rule's seconds (none here: os.utime sets the
+    # status-change time to now, and the rule counts it too)
+    monkeypatch.setattr(readers, "HEADER_SETTLE_SECONDS", 0.0)
+    old = time.time() - 3600
+    os.utime(path, (old, old))
+    first = readers.read_tensor_file(path)
+    again = readers.read_tensor_file(path)
+    assert len(reads) == 3 and again == first
+    again.metadata["x"] = "y"  # the caller's own copy
+    assert "x" not in readers.read_tensor_file(path).metadata
+    head = json.dumps({"v": {"dtype": "U8", "shape": [2, 2], "data_offsets": [0, 4]}}).encode()
+    path.write_bytes(len(head).to_bytes(8, "little") + head + b"wxyz")
+    os.utime(path, (old - 10, old - 10))  # another (old) timestamp: read anew
+    assert [t.name for t in readers.read_tensor_file(path).tensors] == ["v"] and len(reads) == 4
