@@ -113,8 +113,9 @@ class Weights(Mapping[str, Any]):
 
     def indices(self, prefix: str) -> list[int]:
         """Sorted distinct ``i`` such that a tensor is named ``prefix{i}.``..."""
-        pat = re.compile(re.escape(self.prefix + prefix) + r"(\d+)\.")
-        return sorted({int(m.group(1)) for k in self._keys() if (m := pat.match(k))})
+        head = self.prefix + prefix
+        pat = re.compile(re.escape(head) + r"(\d+)\.")
+        return sorted({int(m.group(1)) for k in self._keys() if k.startswith(head) and (m := pat.match(k))})
 
 
 class ModuleGraph(Protocol):

@@ -23,7 +23,6 @@ from sdplan.core.errors import SdplanError
 from sdplan.core.modelfiles.checkpoint import read_model_files
 from sdplan.core.pipelines.job_names import COMPUTE_JOB as COMPUTE_JOB
 from sdplan.core.pipelines.sd import StableDiffusion
-from sdplan.core.pipelines.sd3 import Sd3Pipeline
 from sdplan.core.runtime.devices import BackendManager
 from sdplan.core.runtime.runner import BackendPool
 
@@ -86,6 +85,8 @@ def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, hei
 
 def _measure_sd3(files: Mapping[str, list[str]], width: int, height: int, pool: Any, own: bool,
                  placements: Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> dict[str, int]:
+    from sdplan.core.pipelines.sd3 import Sd3Pipeline  # SD3's code loads for SD3 files only
+
     try:
         with Sd3Pipeline(files, None, pool, placements, clip_heads=overrides.get("clip_heads")) as pipe:
             return {module: max(sum(r.measure(shapes).values()) for r, shapes in graphs)
