@@ -7,7 +7,13 @@ The probe is a ``sitecustomize`` put on ``PYTHONPATH`` for the measured processe
 a file and ends the process (no image is made; the command then reports a dead engine, which
 is expected). Medians over ``--repeat`` interleaved runs; prints the load average.
 
-Usage: ``python bench/bench_startup.py [--repeat 5]``.
+``--bytecode env`` (the default) runs the processes with this environment's bytecode setting
+(``PYTHONDONTWRITEBYTECODE=1`` makes every run compile sdplan's modules from source);
+``--bytecode cached`` runs them with their compiled bytecode kept in a temporary
+``PYTHONPYCACHEPREFIX`` filled by one unmeasured run of each command first, as an installed
+sdplan has it (pip compiles a package's modules when it installs them).
+
+Usage: ``python bench/bench_startup.py [--repeat 5] [--bytecode env|cached]``.
 """
 
 from __future__ import annotations
@@ -44,10 +50,13 @@ if os.environ.get("SDPLAN_PROBE_FILE"):
 '''
 
 
-def to_first_work(extra: list[str], probe_dir: Path) -> float:
+def to_first_work(extra: list[str], probe_dir: Path, bytecode: str = "env") -> float:
     out = probe_dir / "t.txt"
     out.unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=str(probe_dir), SDPLAN_PROBE_FILE=str(out), SDPLAN_PROBE_T0=repr(time.time()))
+    if bytecode == "cached":
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(probe_dir / "pycache")
     cmd = [sys.executable, "-m", "sdplan.core.cli", "generate", "--demo", "-p", "a red circle on a blue background",
            "-o", str(probe_dir / "out.png"), *extra]
     subprocess.run(cmd, env=env, capture_output=True, timeout=120)
@@ -65,17 +74,24 @@ def bare_python() -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--bytecode", choices=("env", "cached"), default="env",
+                    help="env: this environment's setting; cached: compiled once, then reused")
     a = ap.parse_args()
+    off = a.bytecode == "env" and bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+    print(f"bytecode: {a.bytecode} ({'compiled from source every run' if off else 'cached'})")
     print(f"load average before: {os.getloadavg()}")
     res: dict[str, list[float]] = {"python -c pass": [], "generate --demo (engine process)": [],
                                    "generate --demo --in-process": []}
     with tempfile.TemporaryDirectory() as d:
         probe = Path(d)
         (probe / "sitecustomize.py").write_text(PROBE)
+        if a.bytecode == "cached":  # fill the bytecode cache, unmeasured
+            to_first_work([], probe, a.bytecode)
+            to_first_work(["--in-process"], probe, a.bytecode)
         for _ in range(a.repeat):
             res["python -c pass"].append(bare_python())
-            res["generate --demo (engine process)"].append(to_first_work([], probe))
-            res["generate --demo --in-process"].append(to_first_work(["--in-process"], probe))
+            res["generate --demo (engine process)"].append(to_first_work([], probe, a.bytecode))
+            res["generate --demo --in-process"].append(to_first_work(["--in-process"], probe, a.bytecode))
     print(f"load average after: {os.getloadavg()}")
     base = statistics.median(res["python -c pass"])
     for k, v in res.items():

@@ -265,6 +265,9 @@ def run(args: argparse.Namespace) -> int:
         print_error(exc)
         return 2
     with Engine(isolated=not args.in_process) as engine:
+        if engine.isolated:  # the engine process starts (or finishes its imports) meanwhile
+            engine.start()
+            _load_output_modules()
         try:
             plan, inventory, fit, loras = _resolve(args, engine, files, placement, models.profile())
         except SdplanError as exc:
@@ -293,6 +296,13 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print_error(InvalidArgument(str(exc)))
             return 2
+
+
+def _load_output_modules() -> None:
+    """Import what prints the plan and the progress bar (rich's tables and progress)."""
+    import rich.markup  # noqa: F401
+    import rich.progress  # noqa: F401
+    import rich.table  # noqa: F401
 
 
 def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, seed: int) -> dict[str, Any]:
