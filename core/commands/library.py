@@ -19,22 +19,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sdplan.core.commands.options import load_inventory
 from sdplan.core.commands.plan import positive_int, stdout_console
 from sdplan.core.errors import SdplanError
-from sdplan.core.modelfiles.library import (
-    DIFFUSION_KINDS,
-    KIND_TITLES,
-    LibraryCache,
-    LibraryEntry,
-    grouped,
-    scan_library,
-)
-from sdplan.core.modelfiles.library_fit import FitVerdict, fit_verdict
 from sdplan.core.planning.modules import GIB
 from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
+
+if TYPE_CHECKING:  # the library's readers load when the command runs, not with the parser
+    from sdplan.core.modelfiles.library import LibraryEntry
+    from sdplan.core.modelfiles.library_fit import FitVerdict
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -72,6 +67,9 @@ def entry_json(e: LibraryEntry, fit: FitVerdict | None) -> dict[str, object]:
 def run(args: argparse.Namespace) -> int:
     """Scan, judge and print; 0 on success, 2 when no folder exists or the placement or
     inventory is wrong (one line on stderr)."""
+    from sdplan.core.modelfiles.library import DIFFUSION_KINDS, LibraryCache, scan_library
+    from sdplan.core.modelfiles.library_fit import fit_verdict
+
     placement = placement_from_namespace(args)
     inventory, warnings = load_inventory(args.devices, placement.rpc_servers)
     result = scan_library(args.folders, LibraryCache(args.cache) if args.cache else None)
@@ -103,6 +101,7 @@ def _print_table(entries: list[LibraryEntry], fits: dict[str, FitVerdict], read:
                  cached: int) -> None:
     from rich.markup import escape
     from rich.table import Table
+    from sdplan.core.modelfiles.library import KIND_TITLES, grouped
 
     console = stdout_console()
     groups = grouped(entries)

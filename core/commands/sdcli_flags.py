@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from sdplan.core.errors import SdplanError
-from sdplan.core.planning.sdcli import parse_sdcli_args
 
 __all__ = ["NO_EFFECT", "add_sampling_arguments", "sampling_request", "refuse_unsupported",
            "apply_from_image"]
@@ -94,6 +93,10 @@ def refuse_unsupported(args: argparse.Namespace, extras: list[str]) -> list[str]
         SdplanError: one line naming every sd-cli option generate does not implement and
             every argument that is no sd-cli option either.
     """
+    if not extras:
+        return []
+    from sdplan.core.planning.sdcli import parse_sdcli_args  # sd-cli's flag table
+
     try:
         parsed = parse_sdcli_args(list(extras))
     except SdplanError as exc:

@@ -16,12 +16,13 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sdplan.core.modelfiles.lora import LoraFile, find_lora_file, read_lora
 from sdplan.core.modelfiles.lora_names import AliasTable
-from sdplan.core.runtime.lora import build_module_lora, choose_mode
 from sdplan.core.text.lora_tags import extract_lora_tags
+
+if TYPE_CHECKING:  # the LoRA file reader and patches load with a first LoRA
+    from sdplan.core.modelfiles.lora import LoraFile
 
 __all__ = ["LoraState", "AppliedLora", "prompt_loras", "refuse_inputs", "QUANTIZED_EXCLUDED"]
 
@@ -50,6 +51,10 @@ def prompt_loras(prompt: str, lora_dir: str | Path | None, table: AliasTable) ->
         ModelFileError: a file that patches nothing of this model.
     """
     text, tags = extract_lora_tags(prompt)
+    if not tags:
+        return text, []
+    from sdplan.core.modelfiles.lora import find_lora_file, read_lora
+
     out = [AppliedLora(t.name, t.weight, read_lora(find_lora_file(t.name, lora_dir), table)) for t in tags]
     return text, out
 
@@ -91,10 +96,14 @@ class LoraState:
         Raises:
             SdplanError: an unknown mode or a patch that does not fit its weight.
         """
-        quantized = any(i.dtype.upper() not in QUANTIZED_EXCLUDED for r in runners.values()
-                        for i in r.wf.infos.values())
-        split = any(len(p.devices) > 1 for p in placements.values())
-        mode = choose_mode(requested, quantized, placements.get("diffusion"), split) if loras else None
+        mode = None
+        if loras:
+            from sdplan.core.runtime.lora import choose_mode
+
+            quantized = any(i.dtype.upper() not in QUANTIZED_EXCLUDED for r in runners.values()
+                            for i in r.wf.infos.values())
+            split = any(len(p.devices) > 1 for p in placements.values())
+            mode = choose_mode(requested, quantized, placements.get("diffusion"), split)
         key = (tuple((a.file.path, a.weight) for a in loras), mode)
         if key == self._key:
             return mode
@@ -108,6 +117,8 @@ class LoraState:
         parts = [(a.file, p, a.weight) for a in self.applied for p in a.file.parts if p.target.module == name]
         lora = None
         if parts:
+            from sdplan.core.runtime.lora import build_module_lora
+
             shapes = {n: tuple(i.shape) for n, i in runner.wf.infos.items()}
             lora = build_module_lora(name, parts, shapes, self.mode == "at_runtime")
         if lora is not None or runner.lora is not None:

@@ -14,11 +14,13 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sdplan.core.pipelines.outputs import atomic_write
-from sdplan.core.pipelines.parameters import ImageParameters, parse_parameters
+
+if TYPE_CHECKING:  # the parameters reader loads where a picture is read back
+    from sdplan.core.pipelines.parameters import ImageParameters
 
 #: How :func:`model_hash` is computed (written beside it as ``model_hash_method``).
 MODEL_HASH_METHOD = "sha256(first 1 MiB + decimal file size)"
@@ -185,6 +187,8 @@ def read_generation(path: str | Path) -> ImageParameters:
 
 
 def _generation(text: Mapping[str, str]) -> ImageParameters:
+    from sdplan.core.pipelines.parameters import ImageParameters, parse_parameters
+
     out = parse_parameters(text["parameters"]) if "parameters" in text else ImageParameters()
     raw = text.get("sdplan")
     if raw:
