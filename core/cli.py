@@ -7,22 +7,21 @@ without arguments the GUI starts.
 
 A command that runs sdplan's engine in a child process (:data:`ENGINE_COMMANDS`) gets that
 child started first, before the subcommand modules load: the child's Python start and its
-imports overlap the command's own (:func:`sdplan.core.runtime.process.prestart`). Bad input
-still gets its one-line error at once; the child is then ended unused.
+imports overlap the command's own (:func:`sdplan.core.runtime.prestart.prestart`). Bad input
+still gets its one-line error at once; the child is then ended unused. So that the child
+starts before anything else loads, this module imports the rest in its functions.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
-import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from sdplan.core import __version__
-from sdplan.core.commands.messages import QuietStdout, print_error
-from sdplan.core.errors import SdplanError
 from sdplan.core.pipelines.job_names import COMPUTE_JOB, GENERATE_JOB
+
+if TYPE_CHECKING:
+    import argparse
 
 #: Commands that run their jobs in an engine child process unless given ``--in-process``,
 #: with the modules of those jobs (the child imports them while the command starts).
@@ -33,6 +32,9 @@ ENGINE_COMMANDS: dict[str, tuple[str, ...]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the top-level argument parser with every available subcommand."""
+    import argparse
+
+    from sdplan.core import __version__
     from sdplan.core.commands import (
         devices,
         generate,
@@ -78,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     preload = engine_preload(args_list)
     if not preload:
         return _main(args_list)
-    from sdplan.core.runtime.process import discard_prestarted, prestart
+    from sdplan.core.runtime.prestart import discard_prestarted, prestart
 
     try:
         prestart(preload)
@@ -91,6 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args_list: list[str]) -> int:
+    import logging
+    import os
+
+    from sdplan.core.commands.messages import QuietStdout, print_error
+    from sdplan.core.errors import SdplanError
+
     parser = build_parser()
     if not args_list:
         args_list = ["gui"]

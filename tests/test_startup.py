@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sdplan.core import cli
 from sdplan.core.modelfiles import readers
-from sdplan.core.runtime import process
+from sdplan.core.runtime import prestart, process
 
 HEAVY = ("numpy", "sdplan._ggml", "PIL")
 
@@ -45,7 +45,7 @@ def test_generate_plans_and_starts_its_engine_without_numpy_in_the_command_proce
     out = tmp_path / "demo.png"
     code = f"""
 import json, sys
-from sdplan.core.runtime import process
+from sdplan.core.runtime import prestart, process
 seen = []
 real = process.Engine.call
 def call(self, func, *a, **k):
@@ -62,6 +62,26 @@ print(json.dumps({{"code": code, "seen": seen}}))
     assert [s[0].rsplit(":", 1)[1] for s in got["seen"]] == ["inventory_job", "compute_job", "generate_job"]
     for func, loaded, isolated in got["seen"]:
         assert isolated and loaded == [], (func, loaded)
+
+
+def test_the_engine_child_starts_before_the_command_modules_load(tmp_path: Path) -> None:
+    """The dispatcher starts the child first: when it is spawned no subcommand module, nor
+    argparse, nor numpy has loaded in the command's process."""
+    code = f"""
+import json, sys
+from sdplan.core.runtime import prestart
+seen = []
+real = prestart.spawn
+def spy(env, preload=()):
+    seen.append(sorted(m for m in sys.modules if m.startswith("sdplan.core.commands") or m in ("argparse", "numpy")))
+    return real(env, preload)
+prestart.spawn = spy
+from sdplan.core.cli import main
+code = main(["generate", "--demo", "-p", "a red circle on a blue background", "--steps", "0",
+             "-o", {str(tmp_path / "x.png")!r}])
+print(json.dumps({{"code": code, "seen": seen}}))
+"""
+    assert _python(code) == {"code": 2, "seen": [[]]}
 
 
 @pytest.mark.parametrize(("argv", "wanted"), [
@@ -85,13 +105,13 @@ def test_an_engine_child_is_prestarted_only_for_an_isolated_generate(argv: list[
 def started(monkeypatch) -> list[subprocess.Popen[bytes]]:
     """The engine child processes started during the test, in order."""
     out: list[subprocess.Popen[bytes]] = []
-    spawn = process._spawn
+    spawn = prestart.spawn
 
     def spy(env, preload=()):  # noqa: ANN001, ANN202
         out.append(spawn(env, preload))
         return out[-1]
 
-    monkeypatch.setattr(process, "_spawn", spy)
+    monkeypatch.setattr(prestart, "spawn", spy)
     return out
 
 
@@ -104,25 +124,25 @@ def test_bad_input_gets_its_line_and_the_prestarted_child_is_ended(started, caps
     err = capsys.readouterr().err.splitlines()
     assert err == ["error [invalid_argument]: --steps must be between 1 and 1000, got 0"]
     assert len(started) == 1 and started[0].poll() is not None  # ended, not left running
-    assert process._take_prestarted() is None and not out.exists()
+    assert prestart.take_prestarted() is None and not out.exists()
 
 
 def test_an_engine_takes_the_prestarted_child(started) -> None:
     """The next isolated engine runs its jobs in the child started before it (no second
     child); an engine with an environment of its own starts its own."""
     pytest.importorskip("sdplan._ggml")
-    process.prestart(("sdplan.core.pipelines.jobs",))
+    prestart.prestart(("sdplan.core.pipelines.jobs",))
     try:
         with process.Engine() as engine:
             inv = engine.call("sdplan.core.pipelines.jobs:inventory_job", {})
             assert engine.pid == started[0].pid and len(started) == 1
         assert "CPU" in [d["name"] for d in inv["devices"]]
-        process.prestart()
+        prestart.prestart()
         with process.Engine(env=dict(os.environ)) as engine:
             engine.start()
             assert len(started) == 3 and engine.pid == started[2].pid
     finally:
-        process.discard_prestarted()
+        prestart.discard_prestarted()
     assert all(p.wait(10) is not None for p in started)
 
 

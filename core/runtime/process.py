@@ -14,15 +14,14 @@ A job is a function ``"package.module:function"`` called in the child as
 ``function(ctx, **params)``; ``ctx`` is a :class:`JobContext` (progress, preview, cancel
 token, backends, RPC servers). :func:`run_module_job` runs one module per a placement.
 
-:func:`prestart` starts a child before any :class:`Engine` asks for one (the command line,
-as soon as it knows the command needs one): its Python start and its imports of the named
-job modules overlap the caller's own start-up, and the next isolated :class:`Engine` of the
-process takes it; :func:`discard_prestarted` ends it when none did.
+:func:`sdplan.core.runtime.prestart.prestart` starts a child before any :class:`Engine`
+asks for one (the command line, as soon as it knows the command needs one): its Python
+start and its imports of the named job modules overlap the caller's own start-up, and the
+next isolated :class:`Engine` of the process takes it.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
 import functools
 import importlib
@@ -40,6 +39,7 @@ from dataclasses import asdict
 from typing import IO, Any
 
 from sdplan.core.errors import EngineError, SdplanError
+from sdplan.core.runtime import prestart
 
 # The runner (numpy, the native module) is imported where a job runs, in the engine process
 # or in-process: the caller that only drives a child process never loads it.
@@ -47,9 +47,6 @@ from sdplan.core.errors import EngineError, SdplanError
 log = logging.getLogger(__name__)
 
 _POOL: Any = None  # the BackendPool of this process, created by the first job
-_SPARE: subprocess.Popen[bytes] | None = None  # a child started by prestart(), not yet taken
-_SPARE_LOCK = threading.Lock()
-_SPARE_AT_EXIT: list[bool] = []  # discard_prestarted() is registered at exit once
 
 #: stderr lines of the child kept for error messages.
 STDERR_LINES = 200
@@ -138,58 +135,6 @@ def run_module_job(ctx: JobContext, model: str, model_args: dict[str, Any], path
         runner.release()
 
 
-def _spawn(env: dict[str, str] | None, preload: Sequence[str] = ()) -> subprocess.Popen[bytes]:
-    """A new engine child process (``preload``: modules it imports before serving jobs)."""
-    argv = [sys.executable, "-m", "sdplan.core.runtime.process"]
-    if preload:
-        argv += ["--preload", ",".join(preload)]
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
-
-
-def prestart(preload: Sequence[str] = ()) -> None:
-    """Start an engine child process now, for the next isolated :class:`Engine` of this
-    process that inherits the environment (``env=None``); it imports the ``preload`` modules
-    (``"package.module"``, e.g. the modules of the jobs it will run) while it waits. A second
-    call while one waits does nothing. The caller ends an untaken child with
-    :func:`discard_prestarted` (also done at exit).
-
-    Raises:
-        OSError: the child process cannot be started.
-    """
-    global _SPARE
-    with _SPARE_LOCK:
-        if _SPARE is not None:
-            return
-        _SPARE = _spawn(None, preload)
-        if not _SPARE_AT_EXIT:
-            _SPARE_AT_EXIT.append(True)
-            atexit.register(discard_prestarted)
-
-
-def discard_prestarted() -> None:
-    """End the child :func:`prestart` started if no :class:`Engine` took it (idempotent)."""
-    proc = _take_prestarted()
-    if proc is not None:
-        _end(proc)
-
-
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    """Kill a child that ran no job, and close its pipes."""
-    proc.kill()
-    proc.wait()
-    for stream in (proc.stdin, proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
-
-
-def _take_prestarted() -> subprocess.Popen[bytes] | None:
-    global _SPARE
-    with _SPARE_LOCK:
-        proc, _SPARE = _SPARE, None
-    return proc
-
-
 def _emit_for_job(emit: Any, job: int, kind: str, payload: Any) -> None:
     """Send one progress/preview message of ``job`` through the child's ``emit``."""
     emit(kind, job, payload)
@@ -275,11 +220,11 @@ class Engine:
         if not self.isolated or self.pid is not None:
             return
         self._stderr.clear()
-        spare = _take_prestarted() if self.env is None else None
+        spare = prestart.take_prestarted() if self.env is None else None
         if spare is not None and spare.poll() is not None:  # it died waiting: start another
-            _end(spare)
+            prestart.end_unused(spare)
             spare = None
-        self._proc = spare or _spawn(self.env)
+        self._proc = spare or prestart.spawn(self.env)
         threading.Thread(target=self._drain, args=(self._proc,), daemon=True).start()
 
     def _drain(self, proc: subprocess.Popen[bytes]) -> None:
