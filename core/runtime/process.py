@@ -174,7 +174,13 @@ def _child_main(argv: Sequence[str] = ()) -> int:
                 importlib.import_module(name)
             except Exception:  # the job that needs it reports the error
                 log.debug("preload of %s failed", name, exc_info=True)
+    first = True
     while (msg := jobs.get()) is not None:
+        if first:  # the client's start-up until now is not other programs' CPU load
+            from sdplan.core.runtime.threads import count_parent_as_own
+
+            count_parent_as_own()
+            first = False
         _, job, func, params = msg
         token.reset()
         ctx = JobContext(functools.partial(_emit_for_job, emit, job), token)

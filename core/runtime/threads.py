@@ -16,8 +16,9 @@ The rule (:func:`choose_threads`):
 - a thread count the user gives (``-t N``) is an upper limit, capped at that number;
 - the count used is that limit less the cores other processes kept busy while this one
   started (Linux: ``/proc/stat`` busy time of those CPUs, less this process's own CPU time,
-  over the window since :func:`mark` or since this module was imported), rounded to the
-  nearest whole core, at least 1; during a run :class:`ThreadGovernor` re-measures between
+  over the window since :func:`mark` or since this module was imported; an engine process
+  started ahead of need counts its parent's CPU time up to its first job as its own,
+  :func:`count_parent_as_own`), rounded to the nearest whole core, at least 1; during a run :class:`ThreadGovernor` re-measures between
   sampler steps and follows the load as it changes.
 """
 
@@ -46,10 +47,26 @@ def usable_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
+def parent_cpu_seconds() -> float:
+    """CPU seconds (user + system) the parent process has used (Linux ``/proc``; 0.0 where
+    it cannot be read)."""
+    try:
+        with open(f"/proc/{os.getppid()}/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _HZ  # utime, stime (fields 14, 15)
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+#: CPU seconds of the parent process counted as this process's own (:func:`count_parent_as_own`).
+_credit = 0.0
+
+
 @dataclass(frozen=True)
 class CpuSample:
-    """A point in time: wall clock (s), this process's CPU time (s, all threads), and the
-    busy and total clock ticks of each CPU in ``cpus`` (empty where /proc/stat is absent)."""
+    """A point in time: wall clock (s), this process's CPU time (s, all threads; with the
+    parent's time :func:`count_parent_as_own` added), and the busy and total clock ticks of
+    each CPU in ``cpus`` (empty where /proc/stat is absent)."""
 
     wall: float
     own: float
@@ -77,7 +94,7 @@ class CpuSample:
                 total.append(t)
         except (OSError, KeyError, ValueError, IndexError):
             busy, total = [], []
-        return cls(time.monotonic(), time.process_time(), tuple(busy), tuple(total))
+        return cls(time.monotonic(), time.process_time() + _credit, tuple(busy), tuple(total))
 
 
 def other_load(before: CpuSample, after: CpuSample) -> float | None:
@@ -95,13 +112,25 @@ def other_load(before: CpuSample, after: CpuSample) -> float | None:
 
 
 _mark = CpuSample.now()
+_mark_parent = parent_cpu_seconds()
 
 
 def mark() -> None:
     """Start a new measuring window for the next default choice (the first starts when this
     module is imported)."""
-    global _mark
-    _mark = CpuSample.now()
+    global _mark, _mark_parent
+    _mark, _mark_parent = CpuSample.now(), parent_cpu_seconds()
+
+
+def count_parent_as_own() -> None:
+    """Count the CPU time the parent process used since the measuring window began as this
+    process's own. The engine process calls it when its first job arrives: started ahead of
+    need, it waited while its client (the parent) started up, and that work is not other
+    programs' load, as it would not be had the engine process started with its first job."""
+    global _credit, _mark_parent
+    now = parent_cpu_seconds()
+    _credit += max(0.0, now - _mark_parent)
+    _mark_parent = now
 
 
 @dataclass(frozen=True)
@@ -163,14 +192,14 @@ def choose_threads(requested: int = 0, *, measure: bool = True) -> ThreadChoice:
     limit = min(requested or cpus, cpus)
     load = None
     if limit > 1 and measure:
-        global _mark
+        global _mark, _mark_parent
         start = _mark
         wait = MIN_WINDOW_S - (time.monotonic() - start.wall)
         if wait > 0:
             time.sleep(wait)
         now = CpuSample.now(cpus_list)
         load = other_load(start, now) if len(start.busy) == cpus else None
-        _mark = now
+        _mark, _mark_parent = now, parent_cpu_seconds()
     n = _fit(limit, cpus, load)
     return ThreadChoice(n, cpus, requested, load, _reason(n, limit, cpus, requested, load))
 
