@@ -1,11 +1,15 @@
 // Weight stores: named tensors of a model file, allocated on demand into backend buffers
 // (whole sets or subsets: a block range, a segment), filled with large sequential reads
 // straight from the file (pread into a staging buffer, then ggml_backend_tensor_set),
-// converting dtypes on the way, and copied between stores for staging.
+// converting dtypes on the way, and copied between stores for staging. On the CPU, tensors
+// held in their file dtype are instead mapped from the file (copy-on-write, pages populated
+// from the page cache at once): no copy, and the page cache is the only copy in RAM.
 #include "tensor.h"
 #include "kernels/bf16_gemm.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nanobind/ndarray.h>
@@ -38,6 +42,8 @@ struct WeightBuffer {
     std::vector<ggml_tensor *> tensors;
     std::string device;
     size_t size = 0;
+    void *map_addr = nullptr;  // a file mapping the buffer points into (map_items), or none
+    size_t map_len = 0;
 
     ~WeightBuffer() { release(); }
     void release() {
@@ -48,6 +54,8 @@ struct WeightBuffer {
         }
         ggml_backend_buffer_free(buf);
         buf = nullptr;
+        if (map_addr) ::munmap(map_addr, map_len);
+        map_addr = nullptr;
         weight_epoch.fetch_add(1);
     }
 };
@@ -258,6 +266,112 @@ uint64_t read_items(const std::string &path, std::vector<ReadItem> items, size_t
     return total;
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14
+#endif
+
+// Populate [p, p + n) of a file mapping from the page cache (reading the file where it is not
+// cached), so that the first graph run does not take the page faults; false on a read error.
+bool populate(char *p, size_t n) {
+    if (::madvise(p, n, MADV_POPULATE_READ) == 0) return true;
+    if (errno != EINVAL) return false;  // EINVAL: a kernel without MADV_POPULATE_READ
+    const size_t page = (size_t)::sysconf(_SC_PAGESIZE);
+    volatile char sink = 0;
+    for (size_t i = 0; i < n; i += page) sink = sink + p[i];
+    return true;
+}
+
+// Place the tensors of `items` in a private mapping of the file (CPU backends only, every
+// tensor held in its file dtype at an offset aligned to its element size): a buffer that
+// points into the mapping, pages populated from the page cache. Returns nullptr when the
+// items cannot be mapped (the caller allocates and reads instead); throws on a short file.
+std::shared_ptr<WeightBuffer> map_items(std::shared_ptr<WeightStore> store, const std::string &path,
+                                        std::vector<ReadItem> items, std::shared_ptr<Backend> backend) {
+    if (!backend) throw nb::value_error("WeightStore.map: backend is None");
+    if (ggml_backend_dev_type(backend->device) != GGML_BACKEND_DEVICE_TYPE_CPU) return nullptr;
+    ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(backend->get());
+    if (!ggml_backend_buft_is_host(buft)) return nullptr;
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    std::sort(items.begin(), items.end(), [](const ReadItem &a, const ReadItem &b) { return a.offset < b.offset; });
+    items.erase(std::unique(items.begin(), items.end(), [](const ReadItem &a, const ReadItem &b) { return a.t == b.t; }),
+                items.end());
+    if (items.empty()) return nullptr;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    size_t total = 0;
+    for (auto &it : items) {
+        const ggml_tensor *t = it.t;
+        const size_t elem = ggml_is_quantized(t->type) ? 1 : ggml_type_size(t->type);
+        if (it.file_type != t->type || it.offset % elem) return nullptr;
+        lo = std::min<uint64_t>(lo, it.offset);
+        hi = std::max<uint64_t>(hi, it.offset + ggml_nbytes(t));
+        total += padded(ggml_backend_buft_get_alloc_size(buft, it.t), align);
+    }
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error(path + ": cannot open: " + std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        return nullptr;
+    }
+    if ((uint64_t)st.st_size < hi) {
+        ::close(fd);
+        throw std::runtime_error(path + ": file ends before offset " + std::to_string(hi));
+    }
+    const uint64_t page = (uint64_t)::sysconf(_SC_PAGESIZE), base = lo / page * page;
+    const size_t len = (size_t)(hi - base);
+    void *addr = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, (off_t)base);
+    ::close(fd);
+    if (addr == MAP_FAILED) return nullptr;
+    char *p = static_cast<char *>(addr);
+    bool ok = true;
+    {
+        nb::gil_scoped_release nogil;
+        // populate the tensors' bytes only (a block range maps the other blocks' bytes too)
+        auto range = [&](uint64_t from, uint64_t to) {  // file offsets [from, to)
+            const size_t start = (size_t)((from - base) / page * page);
+            ok = ok && populate(p + start, (size_t)(to - base) - start);
+        };
+        uint64_t a = items[0].offset, b = a;
+        for (auto &it : items) {
+            if (it.offset > b + page) {
+                range(a, b);
+                a = it.offset;
+            }
+            b = std::max<uint64_t>(b, it.offset + ggml_nbytes(it.t));
+        }
+        range(a, b);
+    }
+    if (!ok) {
+        const int err = errno;
+        ::munmap(addr, len);
+        throw std::runtime_error(path + ": read failed: " + std::strerror(err));
+    }
+    auto wb = std::make_shared<WeightBuffer>();
+    wb->ctx = store->ctx;
+    wb->device = backend->device_name;
+    wb->map_addr = addr;
+    wb->map_len = len;
+    wb->buf = ggml_backend_cpu_buffer_from_ptr(addr, len);
+    if (!wb->buf) {
+        ::munmap(addr, len);
+        wb->map_addr = nullptr;
+        throw std::runtime_error("WeightStore.map: could not wrap the mapping of " + path);
+    }
+    ggml_backend_buffer_set_usage(wb->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    wb->size = total + align;  // what allocate() reserves for the same tensors
+    for (auto &it : items) {
+        wb->tensors.push_back(it.t);
+        if (ggml_backend_tensor_alloc(wb->buf, it.t, p + (it.offset - base)) != GGML_STATUS_SUCCESS) {
+            wb->release();
+            throw std::runtime_error("WeightStore.map: tensor placement failed");
+        }
+    }
+    auto &bs = store->buffers;
+    bs.erase(std::remove_if(bs.begin(), bs.end(), [](auto &b) { return b->buf == nullptr; }), bs.end());
+    bs.push_back(wb);
+    return wb;
+}
+
 // Arrays that are only read: read-only numpy arrays are accepted.
 using InArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
 
@@ -269,6 +383,8 @@ void register_weights(nb::module_ &m) {
         .def_prop_ro("size", [](const WeightBuffer &b) { return b.buf ? b.size : (size_t)0; },
                      "Bytes of the backend buffer (0 once freed).")
         .def_prop_ro("freed", [](const WeightBuffer &b) { return b.buf == nullptr; })
+        .def_prop_ro("mapped", [](const WeightBuffer &b) { return b.map_addr != nullptr; },
+                     "Whether the tensors point into a mapping of their file (WeightStore.map).")
         .def_prop_ro("names", [](const WeightBuffer &b) {
             std::vector<std::string> n;
             for (auto *t : b.tensors) n.push_back(tensor_name(t));
@@ -340,6 +456,23 @@ void register_weights(nb::module_ &m) {
         "Fill allocated tensors from a file: items are (name, file offset in bytes, file dtype).\n"
         "Reads in file order with large preads (GIL released), converting the file dtype to the\n"
         "tensor's (float to float, or to a quantized type). Returns the file bytes read.")
+        .def("map", [](WeightStore &s, const std::string &path,
+                       const std::vector<std::tuple<std::string, uint64_t, std::string>> &items,
+                       std::shared_ptr<Backend> b) {
+            std::vector<ReadItem> v;
+            for (auto &[name, off, dt] : items) {
+                ggml_tensor *t = s.get(name);
+                if (t->buffer) throw nb::value_error(("WeightStore.map: tensor '" + name + "' is already allocated").c_str());
+                v.push_back({t, off, dtype_from_name(dt, ("WeightStore.map: tensor '" + name + "'").c_str())});
+            }
+            return map_items(s.shared_from_this(), path, v, b);
+        }, nb::arg("path"), nb::arg("items"), nb::arg("backend"),
+        "Place tensors in a private (copy-on-write) mapping of the file instead of allocating and\n"
+        "reading them: items as for read(). Only on a CPU backend, for tensors held in their file\n"
+        "dtype at offsets aligned to their element size; returns None otherwise (allocate and read\n"
+        "instead). The pages are populated from the page cache before it returns. Raises\n"
+        "RuntimeError for a file shorter than the items or a read error, ValueError when a tensor\n"
+        "is already allocated.")
         .def("copy_from", [](WeightStore &s, WeightStore &src, const std::vector<std::string> &names) {
             std::vector<std::pair<ggml_tensor *, ggml_tensor *>> pairs;
             for (auto &n : names) {
