@@ -18,6 +18,20 @@ import pytest
 # and test_bf16_models.py (which choose the kernel themselves).
 os.environ.setdefault("SDPLAN_BF16_KERNEL", "off")
 
+
+def _apply_kernel_setting() -> None:
+    """Load the native module now, so the setting holds before any test (or a module-level
+    skip condition) reads the kernel in use; tests that need the module skip on their own."""
+    from sdplan.core.runtime.native import NativeUnavailable, native
+
+    try:
+        native()
+    except NativeUnavailable:
+        pass
+
+
+_apply_kernel_setting()
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 

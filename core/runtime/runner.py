@@ -290,7 +290,7 @@ class ModuleRunner:
             self.rt.copy_from(self.params, list(names))
         else:
             buf = self._alloc(self.rt, names, device, "weights", keep)
-            self.wf.read(self.rt, names)
+            self.wf.read(self.rt, names, n_threads=self.n_threads)
             if self.lora is not None and not self.lora.runtime:
                 self.lora.merge(self.rt, names)  # disk residency: merged on every load
         self._snapshot()
@@ -307,7 +307,7 @@ class ModuleRunner:
             self.params = self.wf.new_store()
             names = list(self.wf.infos)
             self._alloc(self.params, names, self.pl.params_device or self.main, "weights", True)
-            self.wf.read(self.params, names)
+            self.wf.read(self.params, names, n_threads=self.n_threads)
             if self.lora is not None and not self.lora.runtime:
                 self.lora.merge(self.params, names)
         if self._lora_store is not None and not any(b.kind == "lora" for b in self._bufs):
