@@ -19,9 +19,13 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <tuple>
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -221,15 +225,97 @@ struct ReadItem {
     ggml_type file_type;
 };
 
+// Rows [r0, r0 + nr) of one item: the unit of work of a threaded host load.
+struct RowSpan {
+    const ReadItem *it;
+    int64_t r0, nr;
+};
+
+// Every item into a tensor in host memory, from a read-only mapping of the file, by `n_threads`
+// threads taking spans of about `chunk` file bytes in turn: each span is copied or converted
+// straight into its tensor (no staging copy), so the destination's page faults and the
+// conversions run on every thread. Returns false when the file cannot be mapped (the caller
+// reads instead); throws when the file is shorter than an item.
+bool read_host_mapped(const std::string &path, const std::vector<ReadItem> &items, size_t chunk, int n_threads,
+                      uint64_t &total) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error(path + ": cannot open: " + std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+        ::close(fd);
+        return false;
+    }
+    uint64_t hi = 0;
+    std::vector<RowSpan> spans;
+    for (auto &it : items) {
+        const int64_t ne0 = it.t->ne[0], nrows = ggml_nrows(it.t);
+        const size_t in_row = ggml_row_size(it.file_type, ne0);
+        hi = std::max<uint64_t>(hi, it.offset + in_row * (uint64_t)nrows);
+        const int64_t per = std::max<int64_t>(1, (int64_t)(chunk / std::max<size_t>(in_row, 1)));
+        for (int64_t r0 = 0; r0 < nrows; r0 += per) spans.push_back({&it, r0, std::min(per, nrows - r0)});
+    }
+    if ((uint64_t)st.st_size < hi) {
+        ::close(fd);
+        throw std::runtime_error(path + ": file ends before offset " + std::to_string(hi));
+    }
+    void *addr = ::mmap(nullptr, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (addr == MAP_FAILED) return false;
+    ::madvise(addr, (size_t)st.st_size, MADV_SEQUENTIAL);
+    const char *file = static_cast<const char *>(addr);
+    std::atomic<size_t> next{0};
+    std::atomic<uint64_t> bytes{0};
+    std::exception_ptr failed;
+    std::mutex failed_mu;
+    auto work = [&]() {
+        std::vector<float> f32;
+        try {
+        for (size_t i; (i = next.fetch_add(1)) < spans.size();) {
+            const RowSpan &sp = spans[i];
+            ggml_tensor *t = sp.it->t;
+            const int64_t ne0 = t->ne[0];
+            const size_t in_row = ggml_row_size(sp.it->file_type, ne0), out_row = ggml_row_size(t->type, ne0);
+            const char *src = file + sp.it->offset + in_row * (uint64_t)sp.r0;
+            char *dst = static_cast<char *>(t->data) + out_row * (size_t)sp.r0;
+            if (sp.it->file_type == t->type) std::memcpy(dst, src, in_row * (size_t)sp.nr);
+            else convert_rows(src, sp.it->file_type, dst, t->type, sp.nr, ne0, f32);
+            bytes.fetch_add(in_row * (uint64_t)sp.nr);
+        }
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(failed_mu);
+            if (!failed) failed = std::current_exception();
+            next.store(spans.size());
+        }
+    };
+    std::vector<std::thread> pool;
+    const int n = std::max(1, std::min<int>(n_threads, (int)spans.size()));
+    for (int k = 1; k < n; ++k) pool.emplace_back(work);
+    work();
+    for (auto &th : pool) th.join();
+    ::munmap(addr, (size_t)st.st_size);
+    if (failed) std::rethrow_exception(failed);
+    total += bytes.load();
+    return true;
+}
+
 // Reads every item into its allocated tensor; returns file bytes read.
-uint64_t read_items(const std::string &path, std::vector<ReadItem> items, size_t chunk) {
+uint64_t read_items(const std::string &path, std::vector<ReadItem> items, size_t chunk, int n_threads) {
     std::sort(items.begin(), items.end(), [](const ReadItem &a, const ReadItem &b) { return a.offset < b.offset; });
+    uint64_t total = 0;
+    std::vector<ReadItem> host;  // filled from a mapping of the file, on n_threads threads
+    for (auto &it : items)
+        if (ggml_backend_buffer_is_host(it.t->buffer)) host.push_back(it);
+    if (!host.empty() && read_host_mapped(path, host, chunk, n_threads, total)) {
+        items.erase(std::remove_if(items.begin(), items.end(),
+                                   [](const ReadItem &it) { return ggml_backend_buffer_is_host(it.t->buffer); }),
+                    items.end());
+        if (items.empty()) return total;
+    }
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw std::runtime_error(path + ": cannot open: " + std::strerror(errno));
 #ifdef POSIX_FADV_SEQUENTIAL
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 #endif
-    uint64_t total = 0;
     std::vector<char> staging, out;
     std::vector<float> f32;
     try {
@@ -435,7 +521,8 @@ void register_weights(nb::module_ &m) {
         "until WeightBuffer.free() or the store goes. Raises RuntimeError\n"
         "when the device cannot provide the memory, ValueError when a tensor is already allocated.")
         .def("read", [](WeightStore &s, const std::string &path,
-                        const std::vector<std::tuple<std::string, uint64_t, std::string>> &items, size_t chunk) {
+                        const std::vector<std::tuple<std::string, uint64_t, std::string>> &items, size_t chunk,
+                        int n_threads) {
             std::vector<ReadItem> v;
             for (auto &[name, off, dt] : items) {
                 ggml_tensor *t = s.get(name);
@@ -451,11 +538,13 @@ void register_weights(nb::module_ &m) {
             }
             if (chunk < 4096) throw nb::value_error("WeightStore.read: chunk_bytes must be >= 4096");
             nb::gil_scoped_release nogil;
-            return read_items(path, v, chunk);
-        }, nb::arg("path"), nb::arg("items"), nb::arg("chunk_bytes") = (size_t)64 << 20,
-        "Fill allocated tensors from a file: items are (name, file offset in bytes, file dtype).\n"
-        "Reads in file order with large preads (GIL released), converting the file dtype to the\n"
-        "tensor's (float to float, or to a quantized type). Returns the file bytes read.")
+            return read_items(path, v, chunk, std::max(1, n_threads));
+        }, nb::arg("path"), nb::arg("items"), nb::arg("chunk_bytes") = (size_t)64 << 20, nb::arg("n_threads") = 1,
+        "Fill allocated tensors from a file: items are (name, file offset in bytes, file dtype),\n"
+        "converting the file dtype to the tensor's (float to float, or to a quantized type), GIL\n"
+        "released. Tensors in host memory are filled from a read-only mapping of the file by\n"
+        "n_threads threads (spans of about chunk_bytes); the others with large preads in file\n"
+        "order. Returns the file bytes read. Raises RuntimeError when the file is short.")
         .def("map", [](WeightStore &s, const std::string &path,
                        const std::vector<std::tuple<std::string, uint64_t, std::string>> &items,
                        std::shared_ptr<Backend> b) {

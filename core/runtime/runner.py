@@ -296,7 +296,7 @@ class ModuleRunner:
             self._bufs.append(bufs[-1])
         if rest:
             bufs.append(self._alloc(store, rest, device, "weights", keep))
-            self.wf.read(store, rest)
+            self.wf.read(store, rest, n_threads=self.n_threads)
         return bufs
 
     def _fill(self, names: Sequence[str], device: str, keep: bool) -> list[_Buf]:

@@ -36,6 +36,7 @@ from typing import Any
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.readers import TensorInfo, read_tensor_file
 from sdplan.core.runtime.native import native
+from sdplan.core.runtime.threads import usable_cpus
 
 log = logging.getLogger(__name__)
 
@@ -157,16 +158,19 @@ class WeightFile:
         """A new, unallocated ``WeightStore`` of every tensor of this file."""
         return native().WeightStore(self.specs())
 
-    def read(self, store: Any, names: Sequence[str], chunk_bytes: int = CHUNK_BYTES) -> int:
+    def read(self, store: Any, names: Sequence[str], chunk_bytes: int = CHUNK_BYTES, n_threads: int = 0) -> int:
         """Fill the (allocated) tensors ``names`` of ``store`` from the file; returns bytes read.
+        Tensors in host memory are copied or converted by ``n_threads`` threads (0: one per CPU
+        this process may run on, at most 8).
 
         Raises ValueError for an unallocated tensor, RuntimeError when the file is short.
         """
         if self.arrays is not None:
             return self._set_arrays(store, names)
         items = [(n, self.infos[n].offset, ggml_dtype(self.infos[n].dtype)) for n in names]
+        threads = n_threads if n_threads > 0 else min(8, len(usable_cpus()))
         t0 = time.perf_counter()
-        n = int(store.read(self.path, items, chunk_bytes))
+        n = int(store.read(self.path, items, chunk_bytes, threads))
         dt = time.perf_counter() - t0
         log.debug("read %d bytes of %s in %.3f s", n, self.path, dt)
         return n
