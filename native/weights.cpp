@@ -1,11 +1,15 @@
 // Weight stores: named tensors of a model file, allocated on demand into backend buffers
 // (whole sets or subsets: a block range, a segment), filled with large sequential reads
 // straight from the file (pread into a staging buffer, then ggml_backend_tensor_set),
-// converting dtypes on the way, and copied between stores for staging.
+// converting dtypes on the way, and copied between stores for staging. On the CPU, tensors
+// held in their file dtype are instead mapped from the file (copy-on-write, pages populated
+// from the page cache at once): no copy, and the page cache is the only copy in RAM.
 #include "tensor.h"
 #include "kernels/bf16_gemm.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <nanobind/ndarray.h>
@@ -15,9 +19,13 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <tuple>
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -38,6 +46,8 @@ struct WeightBuffer {
     std::vector<ggml_tensor *> tensors;
     std::string device;
     size_t size = 0;
+    void *map_addr = nullptr;  // a file mapping the buffer points into (map_items), or none
+    size_t map_len = 0;
 
     ~WeightBuffer() { release(); }
     void release() {
@@ -48,6 +58,8 @@ struct WeightBuffer {
         }
         ggml_backend_buffer_free(buf);
         buf = nullptr;
+        if (map_addr) ::munmap(map_addr, map_len);
+        map_addr = nullptr;
         weight_epoch.fetch_add(1);
     }
 };
@@ -213,15 +225,97 @@ struct ReadItem {
     ggml_type file_type;
 };
 
+// Rows [r0, r0 + nr) of one item: the unit of work of a threaded host load.
+struct RowSpan {
+    const ReadItem *it;
+    int64_t r0, nr;
+};
+
+// Every item into a tensor in host memory, from a read-only mapping of the file, by `n_threads`
+// threads taking spans of about `chunk` file bytes in turn: each span is copied or converted
+// straight into its tensor (no staging copy), so the destination's page faults and the
+// conversions run on every thread. Returns false when the file cannot be mapped (the caller
+// reads instead); throws when the file is shorter than an item.
+bool read_host_mapped(const std::string &path, const std::vector<ReadItem> &items, size_t chunk, int n_threads,
+                      uint64_t &total) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error(path + ": cannot open: " + std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+        ::close(fd);
+        return false;
+    }
+    uint64_t hi = 0;
+    std::vector<RowSpan> spans;
+    for (auto &it : items) {
+        const int64_t ne0 = it.t->ne[0], nrows = ggml_nrows(it.t);
+        const size_t in_row = ggml_row_size(it.file_type, ne0);
+        hi = std::max<uint64_t>(hi, it.offset + in_row * (uint64_t)nrows);
+        const int64_t per = std::max<int64_t>(1, (int64_t)(chunk / std::max<size_t>(in_row, 1)));
+        for (int64_t r0 = 0; r0 < nrows; r0 += per) spans.push_back({&it, r0, std::min(per, nrows - r0)});
+    }
+    if ((uint64_t)st.st_size < hi) {
+        ::close(fd);
+        throw std::runtime_error(path + ": file ends before offset " + std::to_string(hi));
+    }
+    void *addr = ::mmap(nullptr, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (addr == MAP_FAILED) return false;
+    ::madvise(addr, (size_t)st.st_size, MADV_SEQUENTIAL);
+    const char *file = static_cast<const char *>(addr);
+    std::atomic<size_t> next{0};
+    std::atomic<uint64_t> bytes{0};
+    std::exception_ptr failed;
+    std::mutex failed_mu;
+    auto work = [&]() {
+        std::vector<float> f32;
+        try {
+        for (size_t i; (i = next.fetch_add(1)) < spans.size();) {
+            const RowSpan &sp = spans[i];
+            ggml_tensor *t = sp.it->t;
+            const int64_t ne0 = t->ne[0];
+            const size_t in_row = ggml_row_size(sp.it->file_type, ne0), out_row = ggml_row_size(t->type, ne0);
+            const char *src = file + sp.it->offset + in_row * (uint64_t)sp.r0;
+            char *dst = static_cast<char *>(t->data) + out_row * (size_t)sp.r0;
+            if (sp.it->file_type == t->type) std::memcpy(dst, src, in_row * (size_t)sp.nr);
+            else convert_rows(src, sp.it->file_type, dst, t->type, sp.nr, ne0, f32);
+            bytes.fetch_add(in_row * (uint64_t)sp.nr);
+        }
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(failed_mu);
+            if (!failed) failed = std::current_exception();
+            next.store(spans.size());
+        }
+    };
+    std::vector<std::thread> pool;
+    const int n = std::max(1, std::min<int>(n_threads, (int)spans.size()));
+    for (int k = 1; k < n; ++k) pool.emplace_back(work);
+    work();
+    for (auto &th : pool) th.join();
+    ::munmap(addr, (size_t)st.st_size);
+    if (failed) std::rethrow_exception(failed);
+    total += bytes.load();
+    return true;
+}
+
 // Reads every item into its allocated tensor; returns file bytes read.
-uint64_t read_items(const std::string &path, std::vector<ReadItem> items, size_t chunk) {
+uint64_t read_items(const std::string &path, std::vector<ReadItem> items, size_t chunk, int n_threads) {
     std::sort(items.begin(), items.end(), [](const ReadItem &a, const ReadItem &b) { return a.offset < b.offset; });
+    uint64_t total = 0;
+    std::vector<ReadItem> host;  // filled from a mapping of the file, on n_threads threads
+    for (auto &it : items)
+        if (ggml_backend_buffer_is_host(it.t->buffer)) host.push_back(it);
+    if (!host.empty() && read_host_mapped(path, host, chunk, n_threads, total)) {
+        items.erase(std::remove_if(items.begin(), items.end(),
+                                   [](const ReadItem &it) { return ggml_backend_buffer_is_host(it.t->buffer); }),
+                    items.end());
+        if (items.empty()) return total;
+    }
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw std::runtime_error(path + ": cannot open: " + std::strerror(errno));
 #ifdef POSIX_FADV_SEQUENTIAL
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 #endif
-    uint64_t total = 0;
     std::vector<char> staging, out;
     std::vector<float> f32;
     try {
@@ -258,6 +352,112 @@ uint64_t read_items(const std::string &path, std::vector<ReadItem> items, size_t
     return total;
 }
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14
+#endif
+
+// Populate [p, p + n) of a file mapping from the page cache (reading the file where it is not
+// cached), so that the first graph run does not take the page faults; false on a read error.
+bool populate(char *p, size_t n) {
+    if (::madvise(p, n, MADV_POPULATE_READ) == 0) return true;
+    if (errno != EINVAL) return false;  // EINVAL: a kernel without MADV_POPULATE_READ
+    const size_t page = (size_t)::sysconf(_SC_PAGESIZE);
+    volatile char sink = 0;
+    for (size_t i = 0; i < n; i += page) sink = sink + p[i];
+    return true;
+}
+
+// Place the tensors of `items` in a private mapping of the file (CPU backends only, every
+// tensor held in its file dtype at an offset aligned to its element size): a buffer that
+// points into the mapping, pages populated from the page cache. Returns nullptr when the
+// items cannot be mapped (the caller allocates and reads instead); throws on a short file.
+std::shared_ptr<WeightBuffer> map_items(std::shared_ptr<WeightStore> store, const std::string &path,
+                                        std::vector<ReadItem> items, std::shared_ptr<Backend> backend) {
+    if (!backend) throw nb::value_error("WeightStore.map: backend is None");
+    if (ggml_backend_dev_type(backend->device) != GGML_BACKEND_DEVICE_TYPE_CPU) return nullptr;
+    ggml_backend_buffer_type_t buft = ggml_backend_get_default_buffer_type(backend->get());
+    if (!ggml_backend_buft_is_host(buft)) return nullptr;
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    std::sort(items.begin(), items.end(), [](const ReadItem &a, const ReadItem &b) { return a.offset < b.offset; });
+    items.erase(std::unique(items.begin(), items.end(), [](const ReadItem &a, const ReadItem &b) { return a.t == b.t; }),
+                items.end());
+    if (items.empty()) return nullptr;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    size_t total = 0;
+    for (auto &it : items) {
+        const ggml_tensor *t = it.t;
+        const size_t elem = ggml_is_quantized(t->type) ? 1 : ggml_type_size(t->type);
+        if (it.file_type != t->type || it.offset % elem) return nullptr;
+        lo = std::min<uint64_t>(lo, it.offset);
+        hi = std::max<uint64_t>(hi, it.offset + ggml_nbytes(t));
+        total += padded(ggml_backend_buft_get_alloc_size(buft, it.t), align);
+    }
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error(path + ": cannot open: " + std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        ::close(fd);
+        return nullptr;
+    }
+    if ((uint64_t)st.st_size < hi) {
+        ::close(fd);
+        throw std::runtime_error(path + ": file ends before offset " + std::to_string(hi));
+    }
+    const uint64_t page = (uint64_t)::sysconf(_SC_PAGESIZE), base = lo / page * page;
+    const size_t len = (size_t)(hi - base);
+    void *addr = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, (off_t)base);
+    ::close(fd);
+    if (addr == MAP_FAILED) return nullptr;
+    char *p = static_cast<char *>(addr);
+    bool ok = true;
+    {
+        nb::gil_scoped_release nogil;
+        // populate the tensors' bytes only (a block range maps the other blocks' bytes too)
+        auto range = [&](uint64_t from, uint64_t to) {  // file offsets [from, to)
+            const size_t start = (size_t)((from - base) / page * page);
+            ok = ok && populate(p + start, (size_t)(to - base) - start);
+        };
+        uint64_t a = items[0].offset, b = a;
+        for (auto &it : items) {
+            if (it.offset > b + page) {
+                range(a, b);
+                a = it.offset;
+            }
+            b = std::max<uint64_t>(b, it.offset + ggml_nbytes(it.t));
+        }
+        range(a, b);
+    }
+    if (!ok) {
+        const int err = errno;
+        ::munmap(addr, len);
+        throw std::runtime_error(path + ": read failed: " + std::strerror(err));
+    }
+    auto wb = std::make_shared<WeightBuffer>();
+    wb->ctx = store->ctx;
+    wb->device = backend->device_name;
+    wb->map_addr = addr;
+    wb->map_len = len;
+    wb->buf = ggml_backend_cpu_buffer_from_ptr(addr, len);
+    if (!wb->buf) {
+        ::munmap(addr, len);
+        wb->map_addr = nullptr;
+        throw std::runtime_error("WeightStore.map: could not wrap the mapping of " + path);
+    }
+    ggml_backend_buffer_set_usage(wb->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    wb->size = total + align;  // what allocate() reserves for the same tensors
+    for (auto &it : items) {
+        wb->tensors.push_back(it.t);
+        if (ggml_backend_tensor_alloc(wb->buf, it.t, p + (it.offset - base)) != GGML_STATUS_SUCCESS) {
+            wb->release();
+            throw std::runtime_error("WeightStore.map: tensor placement failed");
+        }
+    }
+    auto &bs = store->buffers;
+    bs.erase(std::remove_if(bs.begin(), bs.end(), [](auto &b) { return b->buf == nullptr; }), bs.end());
+    bs.push_back(wb);
+    return wb;
+}
+
 // Arrays that are only read: read-only numpy arrays are accepted.
 using InArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
 
@@ -269,6 +469,8 @@ void register_weights(nb::module_ &m) {
         .def_prop_ro("size", [](const WeightBuffer &b) { return b.buf ? b.size : (size_t)0; },
                      "Bytes of the backend buffer (0 once freed).")
         .def_prop_ro("freed", [](const WeightBuffer &b) { return b.buf == nullptr; })
+        .def_prop_ro("mapped", [](const WeightBuffer &b) { return b.map_addr != nullptr; },
+                     "Whether the tensors point into a mapping of their file (WeightStore.map).")
         .def_prop_ro("names", [](const WeightBuffer &b) {
             std::vector<std::string> n;
             for (auto *t : b.tensors) n.push_back(tensor_name(t));
@@ -319,7 +521,8 @@ void register_weights(nb::module_ &m) {
         "until WeightBuffer.free() or the store goes. Raises RuntimeError\n"
         "when the device cannot provide the memory, ValueError when a tensor is already allocated.")
         .def("read", [](WeightStore &s, const std::string &path,
-                        const std::vector<std::tuple<std::string, uint64_t, std::string>> &items, size_t chunk) {
+                        const std::vector<std::tuple<std::string, uint64_t, std::string>> &items, size_t chunk,
+                        int n_threads) {
             std::vector<ReadItem> v;
             for (auto &[name, off, dt] : items) {
                 ggml_tensor *t = s.get(name);
@@ -335,11 +538,30 @@ void register_weights(nb::module_ &m) {
             }
             if (chunk < 4096) throw nb::value_error("WeightStore.read: chunk_bytes must be >= 4096");
             nb::gil_scoped_release nogil;
-            return read_items(path, v, chunk);
-        }, nb::arg("path"), nb::arg("items"), nb::arg("chunk_bytes") = (size_t)64 << 20,
-        "Fill allocated tensors from a file: items are (name, file offset in bytes, file dtype).\n"
-        "Reads in file order with large preads (GIL released), converting the file dtype to the\n"
-        "tensor's (float to float, or to a quantized type). Returns the file bytes read.")
+            return read_items(path, v, chunk, std::max(1, n_threads));
+        }, nb::arg("path"), nb::arg("items"), nb::arg("chunk_bytes") = (size_t)64 << 20, nb::arg("n_threads") = 1,
+        "Fill allocated tensors from a file: items are (name, file offset in bytes, file dtype),\n"
+        "converting the file dtype to the tensor's (float to float, or to a quantized type), GIL\n"
+        "released. Tensors in host memory are filled from a read-only mapping of the file by\n"
+        "n_threads threads (spans of about chunk_bytes); the others with large preads in file\n"
+        "order. Returns the file bytes read. Raises RuntimeError when the file is short.")
+        .def("map", [](WeightStore &s, const std::string &path,
+                       const std::vector<std::tuple<std::string, uint64_t, std::string>> &items,
+                       std::shared_ptr<Backend> b) {
+            std::vector<ReadItem> v;
+            for (auto &[name, off, dt] : items) {
+                ggml_tensor *t = s.get(name);
+                if (t->buffer) throw nb::value_error(("WeightStore.map: tensor '" + name + "' is already allocated").c_str());
+                v.push_back({t, off, dtype_from_name(dt, ("WeightStore.map: tensor '" + name + "'").c_str())});
+            }
+            return map_items(s.shared_from_this(), path, v, b);
+        }, nb::arg("path"), nb::arg("items"), nb::arg("backend"),
+        "Place tensors in a private (copy-on-write) mapping of the file instead of allocating and\n"
+        "reading them: items as for read(). Only on a CPU backend, for tensors held in their file\n"
+        "dtype at offsets aligned to their element size; returns None otherwise (allocate and read\n"
+        "instead). The pages are populated from the page cache before it returns. Raises\n"
+        "RuntimeError for a file shorter than the items or a read error, ValueError when a tensor\n"
+        "is already allocated.")
         .def("copy_from", [](WeightStore &s, WeightStore &src, const std::vector<std::string> &names) {
             std::vector<std::pair<ggml_tensor *, ggml_tensor *>> pairs;
             for (auto &n : names) {

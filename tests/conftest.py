@@ -12,6 +12,26 @@ from pathlib import Path
 
 import pytest
 
+# The f16 path (ggml's products, f16 weights) is what the parity tests' tolerances are for: the
+# suite runs it unless told otherwise. The bf16 kernels, sdplan's default on CPUs that have
+# them, are tested on every path the CPU runs, at their own tolerance, in test_bf16_kernels.py
+# and test_bf16_models.py (which choose the kernel themselves).
+os.environ.setdefault("SDPLAN_BF16_KERNEL", "off")
+
+
+def _apply_kernel_setting() -> None:
+    """Load the native module now, so the setting holds before any test (or a module-level
+    skip condition) reads the kernel in use; tests that need the module skip on their own."""
+    from sdplan.core.runtime.native import NativeUnavailable, native
+
+    try:
+        native()
+    except NativeUnavailable:
+        pass
+
+
+_apply_kernel_setting()
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 

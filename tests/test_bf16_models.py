@@ -132,3 +132,35 @@ def test_runner_holds_bf16_where_the_module_measured_faster(mgr, kernel_name) ->
             r = ModuleRunner(model, wf, ModulePlacement(("CPU",)), BackendPool(mgr))
             assert ("bf16" in set(r.wf.dtypes.values())) == (kernel_name in graph_cls.cpu_bf16_kernels)
             r.release()
+
+
+@pytest.mark.parametrize("family", ["sd1", "sd2"])
+def test_full_cfg_run_on_each_kernel_path_matches_diffusers(kernel, family) -> None:
+    """The whole pipeline as a user runs it (prompt, 4 euler steps with CFG, decode; every
+    module held as ModuleRunner holds it on this kernel path) against diffusers' fp32 run.
+
+    Tolerances: the final latent 1e-2 x max |ref| on the f16 path (test_pipeline's), 4e-2 with
+    the bf16 kernel; the picture within 2 levels of 255 (f16) and 8 (bf16) per channel, the
+    mean difference within 0.5 (f16) and 1.5 (bf16) levels. Measured (sd1 / sd2): f16 latent
+    1.9e-3 / 2.7e-3, picture max 1, mean 0.07 / 0.09; AVX512_BF16 1.5e-2 / 1.9e-2, max 3 / 4,
+    mean 0.64 / 0.69; AMX 1.6e-2 / 2.1e-2, max 5 / 4, mean 0.73 / 0.86.
+    """
+    from sdplan.core.pipelines.results import image_to_uint8
+    from sdplan.core.pipelines.sd import GenerateParams
+    from test_pipeline import model, ref
+
+    r = ref(family)
+    with model(family) as sd:
+        held = {name: set(runner.wf.dtypes.values()) for name, runner in sd.runners.items()}
+        latents: list[np.ndarray] = []
+        p = GenerateParams("a photo of a cat", "", 16, 16, 4, float(r["run_cfg_scale"][0]), 1, "euler", "discrete")
+        imgs = sd.txt2img(p, on_step=lambda i, n, x: latents.append(x), noise=r["run_noise"], sigmas=r["run_sigmas"])
+    assert ("bf16" in held["diffusion"]) == (kernel != "off")
+    assert ("bf16" in held["vae"]) == (kernel == "amx")
+    want = r["run_final_latent"]
+    err = float(np.abs(latents[-1] - want).max() / np.abs(want).max())
+    diff = np.abs(imgs[0].astype(int) - image_to_uint8(r["run_image"][0]).astype(int))
+    print(f"{family} {kernel}: latent {err:.2e}, picture max {diff.max()} mean {diff.mean():.3f}")
+    assert err <= (1e-2 if kernel == "off" else 4e-2)
+    assert diff.max() <= (2 if kernel == "off" else 8)
+    assert diff.mean() <= (0.5 if kernel == "off" else 1.5)

@@ -166,8 +166,8 @@ def _attn(g: Any, w: Weights, x: Tensor, ctx: Tensor, heads: int) -> Tensor:
     s = ctx.shape[1]
     d = c // heads
 
-    def split(t: Tensor, ln: int) -> Tensor:
-        return g.cont(g.permute(g.reshape(t, (n, ln, heads, d)), (0, 2, 1, 3)))
+    def split(t: Tensor, ln: int) -> Tensor:  # a view: the attention ops read strided heads
+        return g.permute(g.reshape(t, (n, ln, heads, d)), (0, 2, 1, 3))
 
     q = split(gr.linear(g, x, w["to_q.weight"]), length)
     k = split(gr.linear(g, ctx, w["to_k.weight"]), s)

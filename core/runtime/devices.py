@@ -59,7 +59,7 @@ _SUGGESTED_FAST_PATHS = ("AVX2", "FMA", "F16C")
 
 #: The one bf16 change ``sdplan devices`` suggests, where the CPU has AMX: measured by
 #: bench/bench_cpu_bf16.py (SD 1.5 size, 1 thread, medians of 3 interleaved processes).
-BF16_ADVICE = ("this CPU runs sdplan's AMX bf16 kernel, off by default: SDPLAN_BF16_KERNEL=auto "
+BF16_ADVICE = ("this CPU runs sdplan's AMX bf16 kernel, turned off here: SDPLAN_BF16_KERNEL=auto "
                "holds the UNet, VAE and CLIP in bf16 (measured: a 256/512 px step in 0.14x/0.12x, "
                "a decode in 0.32x/0.44x, text encoding in 0.26x the f16 path's time); outputs "
                "change by about 1% of their range")

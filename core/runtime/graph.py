@@ -202,6 +202,8 @@ def attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
         flash = False
     elif flash is None and d > FLASH_MAX_CPU_HEAD_DIM and _ggml_cpu_flash(g):
         flash, chunked = False, True
+    if flash is False or not _bf16_attention_op(g):  # only sdplan's op reads strided heads fast
+        q, k, v = (t if t.is_contiguous else g.cont(t) for t in (q, k, v))
     if flash is not False:
         fa = g.flash_attn(q, k, v, mask, s)
         if flash or g.supports(fa, 0):
@@ -228,13 +230,21 @@ def attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
     return g.reshape(o, (b, nq, h * v.shape[-1]))
 
 
+def _cpu_main(g: Graph) -> bool:
+    return bool(g.devices) and str(g.devices[0]).startswith("CPU")
+
+
+def _bf16_attention_op(g: Graph) -> bool:
+    """Whether ``g.flash_attn`` runs sdplan's bf16 attention op: a CPU main backend, a bf16
+    kernel, and a bf16 product in the graph or ``g.bf16_attention``. It reads q, k and v
+    through their strides (rows contiguous), so heads need no copy."""
+    return _cpu_main(g) and native().bf16_kernel() != "off" and bool(g.bf16_products or g.bf16_attention)
+
+
 def _ggml_cpu_flash(g: Graph) -> bool:
     """Whether ``g.flash_attn`` would run ggml's CPU kernel: a CPU main backend and not
-    sdplan's bf16 attention op (which needs a bf16 kernel and a bf16 product or
-    ``g.bf16_attention``)."""
-    if not g.devices or not str(g.devices[0]).startswith("CPU"):
-        return False
-    return native().bf16_kernel() == "off" or not (g.bf16_products or g.bf16_attention)
+    sdplan's bf16 attention op."""
+    return _cpu_main(g) and not _bf16_attention_op(g)
 
 
 def _concat_tree(g: Graph, parts: list[Tensor], axis: int) -> Tensor:

@@ -231,19 +231,35 @@ class ModuleRunner:
         self._bufs.append(buf)
         return buf
 
-    def _fill(self, names: Sequence[str], device: str, keep: bool) -> _Buf:
+    def _load(self, store: Any, names: Sequence[str], device: str, keep: bool) -> list[_Buf]:
+        """Place ``names`` of ``store`` on ``device`` filled from the file: those
+        :meth:`WeightFile.map` can map (a CPU, the file's dtype) mapped, the rest allocated
+        and read. Returns the buffers (one or two)."""
+        try:
+            wb, rest = self.wf.map(store, list(names), self.pool.get(device))
+        except RuntimeError as exc:
+            raise EngineError(f"{self.name}: {exc}", device=device, module=self.name) from None
+        bufs = []
+        if wb is not None:
+            bufs.append(_Buf(device, "weights", wb, keep))
+            self._bufs.append(bufs[-1])
+        if rest:
+            bufs.append(self._alloc(store, rest, device, "weights", keep))
+            self.wf.read(store, rest, n_threads=self.n_threads)
+        return bufs
+
+    def _fill(self, names: Sequence[str], device: str, keep: bool) -> list[_Buf]:
         """Allocate ``names`` on ``device`` in the runtime store and fill them: staged from
-        the params store (mode device) or read from the file."""
+        the params store (mode device) or from the file (:meth:`_load`). Returns the buffers."""
         if self.mode == "device":
-            buf = self._alloc(self.rt, names, device, "staging", keep)
+            bufs = [self._alloc(self.rt, names, device, "staging", keep)]
             self.rt.copy_from(self.params, list(names))
         else:
-            buf = self._alloc(self.rt, names, device, "weights", keep)
-            self.wf.read(self.rt, names)
+            bufs = self._load(self.rt, names, device, keep)
             if self.lora is not None and not self.lora.runtime:
                 self.lora.merge(self.rt, names)  # disk residency: merged on every load
         self._snapshot()
-        return buf
+        return bufs
 
     def _free(self, buf: _Buf) -> None:
         buf.wb.free()
@@ -255,8 +271,7 @@ class ModuleRunner:
         if self.mode == "device" and self.params is None:
             self.params = self.wf.new_store()
             names = list(self.wf.infos)
-            self._alloc(self.params, names, self.pl.params_device or self.main, "weights", True)
-            self.wf.read(self.params, names)
+            self._load(self.params, names, self.pl.params_device or self.main, True)
             if self.lora is not None and not self.lora.runtime:
                 self.lora.merge(self.params, names)
         if self._lora_store is not None and not any(b.kind == "lora" for b in self._bufs):
@@ -515,16 +530,17 @@ class ModuleRunner:
         for k, seg in enumerate(segs):
             self.cancel.check()
             names = [n for i in seg.blocks for n in self.model.block_tensors(i)]
-            buf = None
+            bufs = []
             if not all(self.rt.resident(n) for n in names):
-                buf = self._fill(names, self.main, keep=seg.resident)
+                bufs = self._fill(names, self.main, keep=seg.resident)
             g = self._segment_graph(seg, k == 0, k == len(segs) - 1, specs, shapes)
             try:
                 out = self._compute(g, feed, seg.inputs)
             finally:
                 g.free_compute()
-                if buf is not None and not seg.resident:
-                    self._free(buf)
+                if not seg.resident:
+                    for buf in bufs:
+                        self._free(buf)
             if k < len(segs) - 1:
                 feed = {**out, **{"state." + key: feed[src] for key, src in seg.carry.items()}}
                 specs = {n[len("state."):]: (tuple(v.shape), {"float32": "f32", "float16": "f16", "int32": "i32"}[

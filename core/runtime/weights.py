@@ -7,6 +7,11 @@ backend buffer on one device and filled straight from the file with large sequen
 (``WeightStore.read``: pread into a staging buffer, ``ggml_backend_tensor_set``, GIL
 released), converting dtypes the backend cannot consume.
 
+On a CPU, tensors held in their file dtype are mapped from the file instead
+(:meth:`WeightFile.map`, ``WeightStore.map``): a private copy-on-write mapping whose pages are
+populated from the page cache, so loading costs no copy and the page cache is the only copy
+of the weights in RAM (``SDPLAN_MMAP=0`` turns it off).
+
 Tensors may also come from numpy arrays in memory (:meth:`WeightFile.from_arrays`), written
 into the buffers with ``WeightStore.set_data``.
 
@@ -31,6 +36,7 @@ from typing import Any
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.readers import TensorInfo, read_tensor_file
 from sdplan.core.runtime.native import native
+from sdplan.core.runtime.threads import usable_cpus
 
 log = logging.getLogger(__name__)
 
@@ -152,19 +158,45 @@ class WeightFile:
         """A new, unallocated ``WeightStore`` of every tensor of this file."""
         return native().WeightStore(self.specs())
 
-    def read(self, store: Any, names: Sequence[str], chunk_bytes: int = CHUNK_BYTES) -> int:
+    def read(self, store: Any, names: Sequence[str], chunk_bytes: int = CHUNK_BYTES, n_threads: int = 0) -> int:
         """Fill the (allocated) tensors ``names`` of ``store`` from the file; returns bytes read.
+        Tensors in host memory are copied or converted by ``n_threads`` threads (0: one per CPU
+        this process may run on, at most 8).
 
         Raises ValueError for an unallocated tensor, RuntimeError when the file is short.
         """
         if self.arrays is not None:
             return self._set_arrays(store, names)
         items = [(n, self.infos[n].offset, ggml_dtype(self.infos[n].dtype)) for n in names]
+        threads = n_threads if n_threads > 0 else min(8, len(usable_cpus()))
         t0 = time.perf_counter()
-        n = int(store.read(self.path, items, chunk_bytes))
+        n = int(store.read(self.path, items, chunk_bytes, threads))
         dt = time.perf_counter() - t0
         log.debug("read %d bytes of %s in %.3f s", n, self.path, dt)
         return n
+
+    def map(self, store: Any, names: Sequence[str], backend: Any) -> tuple[Any | None, list[str]]:
+        """Place those of the tensors ``names`` of ``store`` (not yet allocated) that are held in
+        their file dtype in a mapping of the file on ``backend``: ``(WeightBuffer or None, the
+        names left)``. Nothing is mapped (None, every name) off the CPU, for tensors from
+        memory, misaligned tensors, or with ``SDPLAN_MMAP=0``; the caller allocates the names
+        left (biases and norms widened to f32, converted dtypes) and fills them with :meth:`read`.
+
+        Raises RuntimeError when the file is shorter than its header says or cannot be read.
+        """
+        if self.arrays is not None or os.environ.get("SDPLAN_MMAP", "1") == "0":
+            return None, list(names)
+        items = [(n, self.infos[n].offset, ggml_dtype(self.infos[n].dtype)) for n in names]
+        same = [it for it in items if it[2] == self.dtypes[it[0]]]
+        if not same:
+            return None, list(names)
+        t0 = time.perf_counter()
+        wb = store.map(self.path, same, backend)
+        if wb is None:
+            return None, list(names)
+        log.debug("mapped %d tensors of %s in %.3f s", len(same), self.path, time.perf_counter() - t0)
+        mapped = {it[0] for it in same}
+        return wb, [n for n in names if n not in mapped]
 
     def _set_arrays(self, store: Any, names: Sequence[str]) -> int:
         import numpy as np

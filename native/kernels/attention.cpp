@@ -1,7 +1,8 @@
 // Attention with bf16 products on the CPU (the bf16_attention custom op). Per batch and head
 // the keys are packed once into a panel for S = Q K^T (pairs of head-dimension values, 16 keys
 // per column group) and the values into a panel for O = P V (pairs of keys, 16 value columns
-// per group); then per block of 32 queries: the scaled queries rounded to bf16, S by the
+// per group); then per block of 32 queries: the queries scaled by scale * log2(e) (scores in
+// base 2) and rounded to bf16, S by the
 // blocked product of bf16_tiles.h (AMX tiles or AVX512_BF16), the softmax of whole rows in f32
 // (vectorized exp), the probabilities rounded to bf16, O by the same product, each row divided
 // by its sum. Threads split the batch-head pairs, and the query rows when there are fewer pairs
@@ -23,24 +24,24 @@ namespace {
 
 using namespace tiles;
 
-// exp(x) for x <= 88: 2^n p(f) with n = round(x / ln 2), f = x - n ln 2 (two-part ln 2), p the
-// degree-6 Taylor polynomial (relative error below 2e-7 on |f| <= ln 2 / 2); -inf and values
-// below -104 give 0 (the scale underflows).
-SDPLAN_AVX512 inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), f);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+// 2^x for x <= 127: 2^n p(f) with n = round(x), f = x - n (exact, |f| <= 1/2), p the degree-5
+// Taylor polynomial of e^(f ln 2) (relative error below 3e-6 on |f| <= 1/2, far below the
+// bf16 rounding of the probabilities, 2^-9); -inf and values below -150 give 0 (the scale
+// underflows). The scores are in base 2 (the queries carry log2(e)), so no ln 2 reduction.
+SDPLAN_AVX512 inline __m512 exp2_512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.3333558146428443e-3f);  // ln2^5 / 120
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));  // ln2^4 / 24
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));  // ln2^3 / 6
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));  // ln2^2 / 2
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));  // ln2
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
 }
+
+constexpr float kLog2e = 1.44269504088896341f;
 
 inline __mmask16 tail_mask(int64_t left) { return left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1); }
 
@@ -102,7 +103,8 @@ SDPLAN_AVX512 void pack_values(const char *base, size_t stride, int64_t n, int64
     }
 }
 
-// Softmax of `rows` score rows s [r][0..n) (+ mask rows, each `mrow` floats apart, or none)
+// Softmax of `rows` base-2 score rows s [r][0..n) (+ mask rows in natural units, each `mrow`
+// floats apart, or none; scaled by log2(e))
 // into bf16 probabilities p [r][0..ld) (zero past n; rows past `rows` up to 32 zero), and each
 // row's 1 / sum in inv.
 SDPLAN_AVX512 void softmax_rows(const float *s, int64_t rows, int64_t n, int64_t ld, const float *mask, int64_t mrow,
@@ -119,7 +121,7 @@ SDPLAN_AVX512 void softmax_rows(const float *s, int64_t rows, int64_t n, int64_t
         for (int64_t k = 0; k < n; k += 16) {
             const __mmask16 mk = tail_mask(n - k);
             __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), mk, sr + k);
-            if (mr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, mr + k));
+            if (mr) v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, mr + k), _mm512_set1_ps(kLog2e), v);
             vmax = _mm512_max_ps(vmax, v);
         }
         const float mx = _mm512_reduce_max_ps(vmax);
@@ -134,11 +136,11 @@ SDPLAN_AVX512 void softmax_rows(const float *s, int64_t rows, int64_t n, int64_t
             const __mmask16 m0 = tail_mask(n - k), m1 = tail_mask(n - k - 16);
             __m512 a = _mm512_maskz_loadu_ps(m0, sr + k), b = _mm512_maskz_loadu_ps(m1, sr + k + 16);
             if (mr) {
-                a = _mm512_add_ps(a, _mm512_maskz_loadu_ps(m0, mr + k));
-                b = _mm512_add_ps(b, _mm512_maskz_loadu_ps(m1, mr + k + 16));
+                a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, mr + k), _mm512_set1_ps(kLog2e), a);
+                b = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, mr + k + 16), _mm512_set1_ps(kLog2e), b);
             }
-            a = _mm512_maskz_mov_ps(m0, exp512(_mm512_sub_ps(a, vm)));
-            b = _mm512_maskz_mov_ps(m1, exp512(_mm512_sub_ps(b, vm)));
+            a = _mm512_maskz_mov_ps(m0, exp2_512(_mm512_sub_ps(a, vm)));
+            b = _mm512_maskz_mov_ps(m1, exp2_512(_mm512_sub_ps(b, vm)));
             vsum = _mm512_add_ps(vsum, _mm512_add_ps(a, b));
             _mm512_storeu_si512(pr + k, (__m512i)_mm512_cvtne2ps_pbh(b, a));
         }
@@ -180,7 +182,7 @@ SDPLAN_AMX void run(ggml_tensor *dst, int ith, int nth, float scale) {
             const int64_t rows = std::min<int64_t>(32, qe - q0);
             const int na = rows > 16 ? 2 : 1;
             rows_to_bf16((const char *)q->data + b * q->nb[3] + hq * q->nb[2] + q0 * q->nb[1], q->nb[1], rows, D,
-                         scale, Dp, qb);
+                         scale * kLog2e, Dp, qb);  // scores in base 2: softmax by exp2
             const RowGroup qa_rows[2] = {{qb, Dp * 2, qb, Dp * 2}, {qb + 16 * Dp, Dp * 2, qb + 16 * Dp, Dp * 2}};
             block_product<AMX>(qa_rows, na, kt, Nkp / 16, (Nk + 15) / 16, Dp, s, Nkp);
             const float *mrow = nullptr;

@@ -79,7 +79,7 @@ Bf16Kernel detect() {
 #endif
 }
 
-std::atomic<int> chosen{0};  // set_bf16_kernel's choice (default off: opt-in); -1: the CPU's
+std::atomic<int> chosen{-1};  // set_bf16_kernel's choice; -1 (the default): the CPU's
 
 }  // namespace
 
