@@ -18,8 +18,9 @@ The rule (:func:`choose_threads`):
   started (Linux: ``/proc/stat`` busy time of those CPUs, less this process's own CPU time,
   over the window since :func:`mark` or since this module was imported; an engine process
   started ahead of need counts its parent's CPU time up to its first job as its own,
-  :func:`count_parent_as_own`), rounded to the nearest whole core, at least 1; during a run :class:`ThreadGovernor` re-measures between
-  sampler steps and follows the load as it changes.
+  :func:`count_parent_as_own`), rounded to the nearest whole core, at least 1; during a run
+  :class:`ThreadGovernor` re-measures between sampler steps and follows the load as it
+  changes.
 """
 
 from __future__ import annotations
