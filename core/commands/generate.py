@@ -299,10 +299,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load_output_modules() -> None:
-    """Import what prints the plan and the progress bar (rich's tables and progress)."""
+    """Import what prints the plan and the progress bar: rich's tables and progress, and the
+    emoji table rich loads on the first text it prints with a colon."""
     import rich.markup  # noqa: F401
     import rich.progress  # noqa: F401
     import rich.table  # noqa: F401
+    from rich.emoji import Emoji
+
+    Emoji.replace("")
 
 
 def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, seed: int) -> dict[str, Any]:

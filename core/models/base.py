@@ -21,7 +21,6 @@ their layout with :class:`ModelLayoutError`. Graphs without blocks derive from
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
@@ -114,8 +113,13 @@ class Weights(Mapping[str, Any]):
     def indices(self, prefix: str) -> list[int]:
         """Sorted distinct ``i`` such that a tensor is named ``prefix{i}.``..."""
         head = self.prefix + prefix
-        pat = re.compile(re.escape(head) + r"(\d+)\.")
-        return sorted({int(m.group(1)) for k in self._keys() if k.startswith(head) and (m := pat.match(k))})
+        found = set()
+        for k in self._keys():
+            if k.startswith(head):  # prefix{digits}.rest (no pattern to compile per prefix)
+                num, dot, _ = k[len(head):].partition(".")
+                if dot and num.isdecimal():
+                    found.add(int(num))
+        return sorted(found)
 
 
 class ModuleGraph(Protocol):
