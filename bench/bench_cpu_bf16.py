@@ -10,8 +10,13 @@ weight load (every module's weights into their buffers) against reading the file
 cache); peak RSS. The checkpoint is random fp16 weights with SD 1.5's names and shapes
 (bench_sd.write_sd15_checkpoint, about 2 GB), written to a temporary folder.
 
+``--isa avx2`` stands in for an AVX2-only CPU on a newer one: sdplan without its bf16 kernels
+and with the scalar GELU (its vector GELU needs AVX-512; ggml itself must be a build without
+AVX-512, which ``sdplan devices`` shows), against diffusers fp32 with PyTorch and oneDNN held to
+AVX2 (``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2``).
+
 Usage: ``python bench/bench_cpu_bf16.py [--threads 2] [--sizes 256,512] [--rounds 3]
-[--kernels amx,off]``. Prints the load average before and after.
+[--kernels amx,off] [--isa avx2]``. Prints the load average before and after.
 """
 
 from __future__ import annotations
@@ -76,10 +81,12 @@ def read_file_s(path: Path) -> float:
     return once(go)
 
 
-def worker_sdplan(model: Path, threads: int, sizes: list[int]) -> dict[str, float]:
+def worker_sdplan(model: Path, threads: int, sizes: list[int], avx2: bool = False) -> dict[str, float]:
     from sdplan.core.pipelines.sd import StableDiffusion
     from sdplan.core.runtime.native import native
 
+    if avx2:
+        native().set_glu_simd(False)
     out: dict[str, float] = {}
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
@@ -112,9 +119,11 @@ def run_variant(name: str, a: argparse.Namespace, model: Path) -> dict[str, floa
         arg = json.dumps({"threads": a.threads, "sizes": a.sizes, "dtype": name.split("-")[1]})
         cmd = [a.ref_python, "-c", REF_CODE, arg]
         env = dict(os.environ)
+        if a.isa == "avx2":
+            env.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
     else:
         cmd = [sys.executable, __file__, "--worker", str(model), "--threads", str(a.threads),
-               "--sizes", ",".join(map(str, a.sizes))]
+               "--sizes", ",".join(map(str, a.sizes))] + (["--isa", a.isa] if a.isa else [])
         env = dict(os.environ, SDPLAN_BF16_KERNEL=name.split("-")[1])
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode:
@@ -132,18 +141,22 @@ def main() -> int:
     ap.add_argument("--shared", default=str(REPO.parent / "shared"))
     ap.add_argument("--no-ref", action="store_true", help="sdplan's kernel paths only (ratios to the first)")
     ap.add_argument("--model", help="an SD 1.5-size checkpoint to reuse (default: write one)")
+    ap.add_argument("--isa", choices=["avx2"], help="stand in for an AVX2-only CPU (see above)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.sizes = [int(s) for s in str(a.sizes).split(",")]
     if a.worker:
-        print(json.dumps(worker_sdplan(Path(a.worker), a.threads, a.sizes)))
+        print(json.dumps(worker_sdplan(Path(a.worker), a.threads, a.sizes, a.isa == "avx2")))
         return 0
     from bench_sd import write_sd15_checkpoint
     from sdplan.core.runtime.native import native
 
     cpu_kernel = native().bf16_cpu_kernel()
     kernels = a.kernels.split(",") if a.kernels else ([cpu_kernel] if cpu_kernel != "off" else []) + ["off"]
-    variants = [f"sdplan-{k}" for k in kernels] + ([] if a.no_ref else ["diffusers-fp32", "diffusers-bf16"])
+    ref_variants = ["diffusers-fp32", "diffusers-bf16"]
+    if a.isa == "avx2":  # no bf16 kernels, and no bf16 hardware to hold diffusers' bf16 to
+        kernels, ref_variants = ["off"], ["diffusers-fp32"]
+    variants = [f"sdplan-{k}" for k in kernels] + ([] if a.no_ref else ref_variants)
     print(f"load average before: {os.getloadavg()}; CPU bf16 kernel: {cpu_kernel}; threads {a.threads}")
     res: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as d:
