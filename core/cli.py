@@ -80,16 +80,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     preload = engine_preload(args_list)
     if not preload:
         return _main(args_list)
-    from sdplan.core.runtime.prestart import discard_prestarted, prestart
-
     try:
-        prestart(preload)
-    except OSError:  # the command's engine reports it
-        pass
+        from sdplan.core.runtime.prestart import discard_prestarted, prestart
+    except KeyboardInterrupt:
+        return _interrupted()
     try:
+        try:
+            prestart(preload)
+        except OSError:  # the command's engine reports it
+            pass
         return _main(args_list)
+    except KeyboardInterrupt:  # Ctrl-C while the engine child starts (_main handles its own)
+        return _interrupted()
     finally:
-        discard_prestarted()  # when the command took none (bad input, an early error)
+        discard_prestarted()  # when the command took none (bad input, an early error, Ctrl-C)
+
+
+def _interrupted() -> int:
+    print("sdplan: interrupted", file=sys.stderr)
+    return 130
 
 
 def _main(args_list: list[str]) -> int:

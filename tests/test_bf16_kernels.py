@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 G = pytest.importorskip("sdplan._ggml")
+from sdplan.core.errors import InvalidArgument  # noqa: E402
 from sdplan.core.runtime import graph as gr  # noqa: E402
 
 ORDER = ["off", "avx512", "amx"]
@@ -309,7 +310,7 @@ def test_environment_variable_chooses_the_kernel() -> None:
         assert G.bf16_kernel() == "off"
         nat.apply_bf16_setting(G, "")  # empty: unchanged
         assert G.bf16_kernel() == "off"
-        with pytest.raises(nat.NativeUnavailable, match="SDPLAN_BF16_KERNEL='fast'"):
+        with pytest.raises(InvalidArgument, match=r"^SDPLAN_BF16_KERNEL='fast': unknown bf16 kernel 'fast' \(auto"):
             nat.apply_bf16_setting(G, "fast")
     finally:
         G.set_bf16_kernel(before)

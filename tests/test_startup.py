@@ -204,3 +204,38 @@ def test_the_parents_cpu_time_is_read() -> None:
     got = _python("import json\nfrom sdplan.core.runtime.threads import parent_cpu_seconds\n"
                   "print(json.dumps(parent_cpu_seconds()))")
     assert got > 0.0  # this test process has run for a while
+
+
+def test_the_engines_pipeline_cache_loads_a_replaced_model_file_again(tmp_path: Path) -> None:
+    """A model file replaced (or rewritten) between two requests to one engine process gets a
+    new pipeline: weights of the old file are never reused under the new file's name."""
+    from sdplan.core.pipelines import jobs
+
+    model = tmp_path / "m.safetensors"
+    model.write_bytes(b"first")
+    files = {"model": [str(model)]}
+    made: list[int] = []
+
+    class Pipe:
+        def close(self) -> None:
+            pass
+
+    def make() -> Pipe:
+        made.append(1)
+        return Pipe()
+
+    jobs._CACHE.clear()
+    try:
+        first = jobs._cached(("sd", jobs._stamps(files)), make)
+        assert jobs._cached(("sd", jobs._stamps(files)), make) is first and len(made) == 1
+        other = tmp_path / "new.safetensors"
+        other.write_bytes(b"second, longer")
+        other.replace(model)  # an atomic replace: same path, another file
+        assert jobs._cached(("sd", jobs._stamps(files)), make) is not first and len(made) == 2
+        with open(model, "r+b") as fh:  # rewritten in place, same size
+            fh.write(b"SECOND")
+        os.utime(model, ns=(0, 10**9))  # a different modification time
+        jobs._cached(("sd", jobs._stamps(files)), make)
+        assert len(made) == 3
+    finally:
+        jobs._CACHE.clear()

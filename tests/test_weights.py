@@ -260,3 +260,14 @@ def test_f16_weights_read_into_bf16_round_to_nearest_even(cpu, tmp_path, n) -> N
             assert store.get_bytes("w") == want, kernel
         finally:
             G.set_bf16_kernel(before)
+
+
+def test_mapping_is_turned_off_by_the_usual_spellings(monkeypatch) -> None:
+    from sdplan.core.runtime.weights import MMAP_ENV, mmap_enabled
+
+    for value, on in (("", True), ("1", True), ("yes", True), ("0", False), ("false", False),
+                      (" OFF ", False), ("No", False)):
+        monkeypatch.setenv(MMAP_ENV, value)
+        assert mmap_enabled() is on, value
+    monkeypatch.delenv(MMAP_ENV)
+    assert mmap_enabled()

@@ -36,6 +36,7 @@ modules that were cut).
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -97,6 +98,22 @@ def _placements(req: Mapping[str, Any], files: Mapping[str, list[str]]) -> dict[
 def _first(files: Mapping[str, list[str]], key: str) -> str | None:
     paths = files.get(key) or []
     return paths[0] if paths else None
+
+
+def _stamps(files: Mapping[str, list[str]]) -> tuple[tuple[Any, ...], ...]:
+    """Each model file's identity and version (path, device, inode, size, modification and
+    change times, ns; the path alone when it cannot be read), for the pipeline cache's key: a
+    file replaced or rewritten between requests loads again instead of reusing old weights."""
+    out: list[tuple[Any, ...]] = []
+    for key in sorted(files):
+        for path in files[key]:
+            try:
+                st = os.stat(path)
+            except OSError:
+                out.append((key, path))
+                continue
+            out.append((key, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(out)
 
 
 def _cached(key: Any, make: Callable[[], Any]) -> Any:
@@ -239,7 +256,7 @@ def _sd_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], co
         return _SdSession(core, placements, ov, threads, taesd, ctx.pool(),
                           bool(req.get("force_sdxl_vae_conv_scale")))
 
-    sess = _cached(key, make)
+    sess = _cached((key, _stamps(files)), make)
     sess.sd.set_cancel(ctx.cancel)
     if sess.tae is not None:
         for r in sess.tae.runners.values():
@@ -303,7 +320,7 @@ def _flux_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], 
                         tuple(axes) if axes else None, ov.get("clip_heads"))
     threads = int(req.get("threads") or 0)
     key = ("flux", repr(models), repr(sorted(placements.items())), threads)
-    pipe = _open(ctx, key, lambda: FluxPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
+    pipe = _open(ctx, (key, _stamps(files)), lambda: FluxPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
     steps = int(req.get("steps") or 0) or DEFAULT_STEPS[pipe.dit.cfg.variant]
     width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
     prompt, init, info = _inputs(pipe, req, width, height)
@@ -326,7 +343,7 @@ def _chroma_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
                           ov.get("flux_heads"), tuple(axes) if axes else None)
     threads = int(req.get("threads") or 0)
     key = ("chroma", repr(models), repr(sorted(placements.items())), threads)
-    pipe = _open(ctx, key, lambda: ChromaPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
+    pipe = _open(ctx, (key, _stamps(files)), lambda: ChromaPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
     steps = int(req.get("steps") or 0) or 20
     width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
     prompt, init, info = _inputs(pipe, req, width, height)
@@ -347,7 +364,7 @@ def _zimage_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]]
     models = ZImageModels(files["diffusion_model"][0], files["llm"][0], files["vae"][0], _first(files, "taesd"))
     threads = int(req.get("threads") or 0)
     key = ("z_image", repr(models), repr(sorted(placements.items())), threads)
-    pipe = _open(ctx, key, lambda: ZImagePipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
+    pipe = _open(ctx, (key, _stamps(files)), lambda: ZImagePipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
     steps = int(req.get("steps") or 0) or 8
     width, height = int(req.get("width", 1024)), int(req.get("height", 1024))
     prompt, init, info = _inputs(pipe, req, width, height)
@@ -373,7 +390,7 @@ def _klein_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]],
     refs = [load_ref_image(p) for p in req.get("ref_images") or ()]
     threads = int(req.get("threads") or 0)
     key = ("flux2_klein", repr(models), repr(sorted(placements.items())), threads)
-    pipe = _open(ctx, key, lambda: KleinPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
+    pipe = _open(ctx, (key, _stamps(files)), lambda: KleinPipeline(models, None, ctx.pool(), placements, threads, cancel=ctx.cancel))
     steps = int(req.get("steps") or 0) or 4
     images, seconds = _batch(ctx, req, steps, lambda b, cb: pipe.txt2img(
         req.get("prompt") or "", int(req.get("width", 1024)), int(req.get("height", 1024)),
@@ -393,7 +410,7 @@ def _sd3_run(ctx: Any, req: Mapping[str, Any], files: Mapping[str, list[str]], c
     threads = int(req.get("threads") or 0)
     sd3_files = {k: v for k, v in files.items() if k != "upscale_model"}
     key = ("sd3", repr(sorted(sd3_files.items())), repr(sorted(placements.items())), threads, ov.get("clip_heads"))
-    pipe = _open(ctx, key, lambda: Sd3Pipeline(sd3_files, None, ctx.pool(), placements, threads, cancel=ctx.cancel,
+    pipe = _open(ctx, (key, _stamps(files)), lambda: Sd3Pipeline(sd3_files, None, ctx.pool(), placements, threads, cancel=ctx.cancel,
                                                clip_heads=ov.get("clip_heads")))
     steps = int(req.get("steps") or 0) or 20
     width, height = int(req.get("width", 1024)), int(req.get("height", 1024))

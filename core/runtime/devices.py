@@ -58,10 +58,11 @@ _SUGGESTED_FAST_PATHS = ("AVX2", "FMA", "F16C")
 
 
 #: The one bf16 change ``sdplan devices`` suggests, where the CPU has AMX: measured by
-#: bench/bench_cpu_bf16.py (SD 1.5 size, 1 thread, medians of 3 interleaved processes).
+#: bench/bench_cpu_bf16.py (SD 1.5 size, 2 threads, medians of 3 interleaved processes; the
+#: README's "CPU speed" table).
 BF16_ADVICE = ("this CPU runs sdplan's AMX bf16 kernel, turned off here: SDPLAN_BF16_KERNEL=auto "
-               "holds the UNet, VAE and CLIP in bf16 (measured: a 256/512 px step in 0.14x/0.12x, "
-               "a decode in 0.32x/0.44x, text encoding in 0.26x the f16 path's time); outputs "
+               "holds the UNet, VAE and CLIP in bf16 (measured: a 256/512 px step in 0.23x/0.18x, "
+               "a decode in 0.39x/0.49x, text encoding in 0.30x the f16 path's time); outputs "
                "change by about 1% of their range")
 
 

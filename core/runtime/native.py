@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
-from sdplan.core.errors import InventoryError
+from sdplan.core.errors import InvalidArgument, InventoryError
 
 
 class NativeUnavailable(InventoryError):
@@ -68,15 +68,17 @@ def apply_bf16_setting(module: ModuleType, value: str | None) -> None:
     off; None or empty: leave the default, auto).
 
     Raises:
-        NativeUnavailable: an unknown name or a kernel this CPU cannot run (the message names
-            the variable and what the CPU runs).
+        InvalidArgument: an unknown name or a kernel this CPU cannot run (the message names
+            the variable and what the CPU runs): a setting to correct, not a missing module,
+            so no command falls back to planning without the live devices.
     """
     if not value:
         return
     try:
         module.set_bf16_kernel(value.strip().lower())
     except ValueError as exc:
-        raise NativeUnavailable(f"{BF16_ENV}={value!r}: {exc}") from None
+        reason = str(exc).removeprefix("set_bf16_kernel: ")
+        raise InvalidArgument(f"{BF16_ENV}={value!r}: {reason}") from None
 
 
 def check_tensor_layout(module: ModuleType) -> None:

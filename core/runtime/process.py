@@ -278,6 +278,8 @@ class Engine:
                 cause = f"signal {signal.Signals(-code).name}"
             except ValueError:
                 cause = f"signal {-code}"
+            if -code == getattr(signal, "SIGBUS", None):  # weights are mapped from their files
+                cause += ": a model file was truncated or replaced while in use"
         else:
             cause = f"exit code {code}"
         lines = list(self._stderr)

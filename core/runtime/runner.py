@@ -245,7 +245,10 @@ class ModuleRunner:
             self._bufs.append(bufs[-1])
         if rest:
             bufs.append(self._alloc(store, rest, device, "weights", keep))
-            self.wf.read(store, rest, n_threads=self.n_threads)
+            try:
+                self.wf.read(store, rest, n_threads=self.n_threads)
+            except RuntimeError as exc:  # the file changed since its header was read
+                raise EngineError(f"{self.name}: {exc}", device=device, module=self.name) from None
         return bufs
 
     def _fill(self, names: Sequence[str], device: str, keep: bool) -> list[_Buf]:

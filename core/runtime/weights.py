@@ -47,6 +47,17 @@ CHUNK_BYTES = 64 * 2**20
 _WIDEN = {"f64": "f32", "i64": "i32"}
 
 
+#: Environment variable: ``0`` (or ``false``, ``off``, ``no``) reads weights into memory
+#: instead of mapping them from their files (:meth:`WeightFile.map`).
+MMAP_ENV = "SDPLAN_MMAP"
+
+
+def mmap_enabled() -> bool:
+    """Whether CPU weights held in their file's dtype are mapped from the file (``$SDPLAN_MMAP``
+    unset or anything but 0/false/off/no, case-insensitive)."""
+    return os.environ.get(MMAP_ENV, "").strip().lower() not in ("0", "false", "off", "no")
+
+
 def ggml_dtype(file_dtype: str) -> str:
     """ggml type name (lower case) of a safetensors or GGUF dtype (``BF16`` -> ``bf16``)."""
     return file_dtype.lower()
@@ -184,7 +195,7 @@ class WeightFile:
 
         Raises RuntimeError when the file is shorter than its header says or cannot be read.
         """
-        if self.arrays is not None or os.environ.get("SDPLAN_MMAP", "1") == "0":
+        if self.arrays is not None or not mmap_enabled():
             return None, list(names)
         items = [(n, self.infos[n].offset, ggml_dtype(self.infos[n].dtype)) for n in names]
         same = [it for it in items if it[2] == self.dtypes[it[0]]]
