@@ -127,6 +127,8 @@ def _main(args_list: list[str]) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if sys.stdout is None:  # started with stdout closed (``>&-``): nothing to show it on
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     real_stdout = sys.stdout
     # A reader that goes away (``sdplan generate ... | head -1``) silences stdout; the
     # command carries on (the image is still written).

@@ -239,3 +239,11 @@ def test_the_engines_pipeline_cache_loads_a_replaced_model_file_again(tmp_path: 
         assert len(made) == 3
     finally:
         jobs._CACHE.clear()
+
+
+def test_a_command_started_with_stdout_closed_runs() -> None:
+    """``sdplan devices >&-``: Python gives no sys.stdout; the command still runs (exit 0)."""
+    out = subprocess.run(["sh", "-c", 'exec "$0" -m sdplan.core.cli devices >&-', sys.executable],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
