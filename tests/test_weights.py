@@ -271,3 +271,35 @@ def test_mapping_is_turned_off_by_the_usual_spellings(monkeypatch) -> None:
         assert mmap_enabled() is on, value
     monkeypatch.delenv(MMAP_ENV)
     assert mmap_enabled()
+
+
+def test_a_file_changed_after_its_header_was_read_is_refused(cpu, sample, tmp_path) -> None:
+    """A module that loads later in a run (the VAE after sampling) must not mix in another
+    file's weights: replacing or rewriting the file after its header was read is an error
+    naming it, for reads and mappings alike; an unchanged file loads."""
+    import os
+
+    from sdplan.core.errors import ModelFileError
+
+    path, _ = sample
+    copy = tmp_path / "copy.safetensors"
+    copy.write_bytes(path.read_bytes())
+    wf = WeightFile(copy)
+    store = wf.new_store()
+    bufs = [store.allocate(["a"], cpu)]
+    assert wf.read(store, ["a"]) > 0
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(path.read_bytes())
+    other.replace(copy)  # same bytes, another file
+    with pytest.raises(ModelFileError, match=r"copy\.safetensors: the file changed since sdplan opened it"):
+        wf.map(store, ["b"], cpu)
+    wf = WeightFile(copy)  # opened again: loads
+    store = wf.new_store()
+    bufs.append(store.allocate(["a"], cpu))
+    wf.read(store, ["a"])
+    st = copy.stat()
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # rewritten in place
+    with pytest.raises(ModelFileError, match="changed since"):
+        wf.read(store, ["a"])
+    for b in bufs:
+        b.free()

@@ -58,6 +58,15 @@ def mmap_enabled() -> bool:
     return os.environ.get(MMAP_ENV, "").strip().lower() not in ("0", "false", "off", "no")
 
 
+def _file_identity(path: str) -> tuple[int, ...] | None:
+    """``(device, inode, size, modification time ns)`` of ``path``, None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def ggml_dtype(file_dtype: str) -> str:
     """ggml type name (lower case) of a safetensors or GGUF dtype (``BF16`` -> ``bf16``)."""
     return file_dtype.lower()
@@ -124,8 +133,11 @@ class WeightFile:
         self.path = str(path)
         #: name -> host array when the tensors come from memory (:meth:`from_arrays`).
         self.arrays: dict[str, Any] | None = None
+        #: the file's identity when its header was read (see :meth:`check_unchanged`).
+        self._identity: tuple[int, ...] | None = None
         if _arrays is None:
             index = {t.name: t for t in read_tensor_file(path).tensors}
+            self._identity = _file_identity(self.path)
         else:
             self.arrays = dict(_arrays)
             index = {n: _array_info(n, a, self.path) for n, a in self.arrays.items()}
@@ -174,10 +186,12 @@ class WeightFile:
         Tensors in host memory are copied or converted by ``n_threads`` threads (0: one per CPU
         this process may run on, at most 8).
 
-        Raises ValueError for an unallocated tensor, RuntimeError when the file is short.
+        Raises ValueError for an unallocated tensor, RuntimeError when the file is short,
+        ModelFileError when it changed since its header was read.
         """
         if self.arrays is not None:
             return self._set_arrays(store, names)
+        self.check_unchanged()
         items = [(n, self.infos[n].offset, ggml_dtype(self.infos[n].dtype)) for n in names]
         threads = n_threads if n_threads > 0 else min(8, len(usable_cpus()))
         t0 = time.perf_counter()
@@ -186,6 +200,14 @@ class WeightFile:
         log.debug("read %d bytes of %s in %.3f s", n, self.path, dt)
         return n
 
+    def check_unchanged(self) -> None:
+        """Raise ModelFileError when the file is no longer the one whose header was read
+        (replaced, or rewritten: another device, inode, size or modification time), so that a
+        module loading later in a run never mixes in another file's weights."""
+        if self.arrays is None and self._identity is not None and _file_identity(self.path) != self._identity:
+            raise ModelFileError(self.path, "the file changed since sdplan opened it (replaced or rewritten "
+                                            "while in use); run again")
+
     def map(self, store: Any, names: Sequence[str], backend: Any) -> tuple[Any | None, list[str]]:
         """Place those of the tensors ``names`` of ``store`` (not yet allocated) that are held in
         their file dtype in a mapping of the file on ``backend``: ``(WeightBuffer or None, the
@@ -193,8 +215,10 @@ class WeightFile:
         memory, misaligned tensors, or with ``SDPLAN_MMAP=0``; the caller allocates the names
         left (biases and norms widened to f32, converted dtypes) and fills them with :meth:`read`.
 
-        Raises RuntimeError when the file is shorter than its header says or cannot be read.
+        Raises RuntimeError when the file is shorter than its header says or cannot be read,
+        ModelFileError when it changed since its header was read.
         """
+        self.check_unchanged()
         if self.arrays is not None or not mmap_enabled():
             return None, list(names)
         items = [(n, self.infos[n].offset, ggml_dtype(self.infos[n].dtype)) for n in names]
