@@ -71,6 +71,13 @@ struct WeightStore : std::enable_shared_from_this<WeightStore> {
     std::map<ggml_tensor *, ggml_backend_buffer_type_t> planned;
     std::vector<std::shared_ptr<WeightBuffer>> buffers;
 
+    // Hold a new buffer of this store's tensors (dropping freed ones).
+    void keep(const std::shared_ptr<WeightBuffer> &wb) {
+        buffers.erase(std::remove_if(buffers.begin(), buffers.end(), [](auto &b) { return b->buf == nullptr; }),
+                      buffers.end());
+        buffers.push_back(wb);
+    }
+
     ggml_tensor *get(const std::string &name) const {
         auto it = by_name.find(name);
         if (it == by_name.end()) throw nb::key_error(("WeightStore: no tensor named '" + name + "'").c_str());
@@ -150,9 +157,7 @@ std::shared_ptr<WeightBuffer> allocate(std::shared_ptr<WeightStore> store, const
             throw std::runtime_error("WeightStore.allocate: tensor placement failed");
         }
     }
-    auto &bs = store->buffers;
-    bs.erase(std::remove_if(bs.begin(), bs.end(), [](auto &b) { return b->buf == nullptr; }), bs.end());
-    bs.push_back(wb);
+    store->keep(wb);
     return wb;
 }
 
@@ -270,17 +275,17 @@ bool read_host_mapped(const std::string &path, const std::vector<ReadItem> &item
     auto work = [&]() {
         std::vector<float> f32;
         try {
-        for (size_t i; (i = next.fetch_add(1)) < spans.size();) {
-            const RowSpan &sp = spans[i];
-            ggml_tensor *t = sp.it->t;
-            const int64_t ne0 = t->ne[0];
-            const size_t in_row = ggml_row_size(sp.it->file_type, ne0), out_row = ggml_row_size(t->type, ne0);
-            const char *src = file + sp.it->offset + in_row * (uint64_t)sp.r0;
-            char *dst = static_cast<char *>(t->data) + out_row * (size_t)sp.r0;
-            if (sp.it->file_type == t->type) std::memcpy(dst, src, in_row * (size_t)sp.nr);
-            else convert_rows(src, sp.it->file_type, dst, t->type, sp.nr, ne0, f32);
-            bytes.fetch_add(in_row * (uint64_t)sp.nr);
-        }
+            for (size_t i; (i = next.fetch_add(1)) < spans.size();) {
+                const RowSpan &sp = spans[i];
+                ggml_tensor *t = sp.it->t;
+                const int64_t ne0 = t->ne[0];
+                const size_t in_row = ggml_row_size(sp.it->file_type, ne0), out_row = ggml_row_size(t->type, ne0);
+                const char *src = file + sp.it->offset + in_row * (uint64_t)sp.r0;
+                char *dst = static_cast<char *>(t->data) + out_row * (size_t)sp.r0;
+                if (sp.it->file_type == t->type) std::memcpy(dst, src, in_row * (size_t)sp.nr);
+                else convert_rows(src, sp.it->file_type, dst, t->type, sp.nr, ne0, f32);
+                bytes.fetch_add(in_row * (uint64_t)sp.nr);
+            }
         } catch (...) {
             std::lock_guard<std::mutex> lock(failed_mu);
             if (!failed) failed = std::current_exception();
@@ -302,13 +307,12 @@ bool read_host_mapped(const std::string &path, const std::vector<ReadItem> &item
 uint64_t read_items(const std::string &path, std::vector<ReadItem> items, size_t chunk, int n_threads) {
     std::sort(items.begin(), items.end(), [](const ReadItem &a, const ReadItem &b) { return a.offset < b.offset; });
     uint64_t total = 0;
-    std::vector<ReadItem> host;  // filled from a mapping of the file, on n_threads threads
-    for (auto &it : items)
-        if (ggml_backend_buffer_is_host(it.t->buffer)) host.push_back(it);
-    if (!host.empty() && read_host_mapped(path, host, chunk, n_threads, total)) {
-        items.erase(std::remove_if(items.begin(), items.end(),
-                                   [](const ReadItem &it) { return ggml_backend_buffer_is_host(it.t->buffer); }),
-                    items.end());
+    // tensors in host memory last: filled from a mapping of the file, on n_threads threads
+    const auto host = std::stable_partition(items.begin(), items.end(), [](const ReadItem &it) {
+        return !ggml_backend_buffer_is_host(it.t->buffer);
+    });
+    if (host != items.end() && read_host_mapped(path, {host, items.end()}, chunk, n_threads, total)) {
+        items.erase(host, items.end());
         if (items.empty()) return total;
     }
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -452,9 +456,7 @@ std::shared_ptr<WeightBuffer> map_items(std::shared_ptr<WeightStore> store, cons
             throw std::runtime_error("WeightStore.map: tensor placement failed");
         }
     }
-    auto &bs = store->buffers;
-    bs.erase(std::remove_if(bs.begin(), bs.end(), [](auto &b) { return b->buf == nullptr; }), bs.end());
-    bs.push_back(wb);
+    store->keep(wb);
     return wb;
 }
 

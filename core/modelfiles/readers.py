@@ -97,6 +97,13 @@ class TensorFile:
         return sum(t.nbytes for t in self.tensors)
 
 
+def file_version(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """Which file a ``stat`` result describes and which version of it: ``(device, inode, size,
+    modification time ns, change time ns)``. Equal versions mean the same bytes (short of a
+    rewrite that keeps both times)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def read_tensor_file(path: str | Path) -> TensorFile:
     """Read the header of a ``.safetensors`` or ``.gguf`` file (format from its magic).
 
@@ -114,7 +121,7 @@ def read_tensor_file(path: str | Path) -> TensorFile:
     try:
         with open(p, "rb") as fh:
             st = os.fstat(fh.fileno())
-            key = (str(p), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            key = (str(p), *file_version(st))
             known = _cached_header(key)
             if known is not None:
                 return known

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_model_files
+from sdplan.core.modelfiles.readers import file_version
 from sdplan.core.pipelines.img2img import request_image_input
 from sdplan.core.pipelines.job_names import GENERATE_JOB as GENERATE_JOB
 from sdplan.core.pipelines.job_names import INVENTORY_JOB as INVENTORY_JOB
@@ -112,7 +113,7 @@ def _stamps(files: Mapping[str, list[str]]) -> tuple[tuple[Any, ...], ...]:
             except OSError:
                 out.append((key, path))
                 continue
-            out.append((key, path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+            out.append((key, path, *file_version(st)))
     return tuple(out)
 
 

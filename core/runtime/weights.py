@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from sdplan.core.errors import ModelFileError
-from sdplan.core.modelfiles.readers import TensorInfo, read_tensor_file
+from sdplan.core.modelfiles.readers import TensorInfo, file_version, read_tensor_file
 from sdplan.core.runtime.native import native
 from sdplan.core.runtime.threads import usable_cpus
 
@@ -59,12 +59,12 @@ def mmap_enabled() -> bool:
 
 
 def _file_identity(path: str) -> tuple[int, ...] | None:
-    """``(device, inode, size, modification time ns)`` of ``path``, None when it cannot be read."""
+    """``(device, inode, size, modification time ns)`` of ``path`` (:func:`file_version` less
+    the change time, which a chmod moves too), None when it cannot be read."""
     try:
-        st = os.stat(path)
+        return file_version(os.stat(path))[:4]
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def ggml_dtype(file_dtype: str) -> str:
