@@ -201,6 +201,11 @@ def attention_ref(q, k, v, mask, scale):
     (1, 4, 4, 64, 77, 64, False, 1),    # cross-attention to 77 tokens
     (1, 4, 2, 33, 20, 128, True, 2),    # grouped heads, a mask, odd lengths
     (1, 1, 1, 100, 37, 80, True, 2),    # one pair: threads split the query rows
+    (1, 1, 1, 70, 50, 24, False, 1),    # one k step of 32 (head width up to 32)
+    # more keys than a key block (256) and queries than a pass over the keys (128), both with
+    # tails: the online softmax across blocks, with rows that see only the first or the last
+    (1, 2, 2, 300, 600, 40, "blocks", 2),
+    (2, 1, 1, 160, 520, 64, "blocks", 1),
 ])
 def test_flash_attn_matches_reference(mgr, kernel, b, hq, hk, nq, nk, d, masked, threads) -> None:
     rng = np.random.default_rng(nq * 3 + nk + d)
@@ -208,7 +213,11 @@ def test_flash_attn_matches_reference(mgr, kernel, b, hq, hk, nq, nk, d, masked,
     k = rng.standard_normal((b, hk, nk, d)).astype(np.float32)
     v = rng.standard_normal((b, hk, nk, d)).astype(np.float32)
     mask = None
-    if masked:
+    if masked == "blocks":
+        mask = np.zeros((nq, nk), np.float32)
+        mask[0::2, :512] = -np.inf  # even rows see only keys 512.. (the last, partial block)
+        mask[1::4, 256:] = -np.inf  # every fourth row sees only the first block
+    elif masked:
         mask = np.where(rng.random((nq, nk)) < 0.2, -np.inf, 0.0).astype(np.float32)
         mask[:, 0] = 0.0  # every row keeps a key
     scale = 1.0 / math.sqrt(d)
