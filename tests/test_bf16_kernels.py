@@ -107,6 +107,7 @@ def _ops(rows) -> list[str]:
     ((300, 320), 77, 1),       # >= 128 rows per thread: x's rows as A, N odd
     ((2, 260, 72), 130, 2),    # rows path with 2 threads, N not a multiple of 16
     ((9, 33), 20, 1),          # odd depth: ggml's own product (the kernel needs an even K)
+    ((200, 4096), 300, 2),     # W over 2 MB: wide column blocks, K outermost
 ])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_linear_bf16_matches_reference(mgr, kernel, shape, n, threads, with_bias) -> None:
@@ -143,6 +144,10 @@ def conv_ref(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dil: int) -> n
     ((1, 2, 1, 2), 16, 3, 1, 1, 1, 1),     # one row, mostly padding
     ((2, 64, 16, 16), 48, 3, 1, 1, 1, 2),  # a UNet-like block: K = 576, several panels
     ((1, 3, 8, 8), 16, 3, 1, 1, 1, 1),     # odd depth (27): another conv method
+    # W over 2 MB: wide column blocks with K outermost in chunks (the last one short), a K
+    # tail (3474 = 108 * 32 + 18), a partial row group, threads splitting the rows
+    ((2, 386, 9, 13), 330, 3, 1, 1, 1, 2),
+    ((2, 400, 12, 12), 300, 3, 1, 1, 1, 1),  # two wide blocks, the second partial
 ])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_conv_bf16_matches_reference(mgr, kernel, xs, oc, k, stride, pad, dil, threads, with_bias) -> None:
