@@ -118,13 +118,13 @@ def test_dead_engine_process_is_a_clear_error(tmp_path: Path, monkeypatch, capsy
     from sdplan.core.runtime import process as worker
 
     class Killed(worker.Engine):
-        def call(self, func, params, on_progress=None, on_preview=None):  # type: ignore[no-untyped-def]
+        def result(self, job, on_progress=None, on_preview=None):  # type: ignore[no-untyped-def]
             def progress(info):  # type: ignore[no-untyped-def]
                 if info.get("step") == 1:
                     os.kill(self.pid, signal.SIGKILL)
                 if on_progress:
                     on_progress(info)
-            return super().call(func, params, progress, on_preview)
+            return super().result(job, progress, on_preview)
 
     monkeypatch.setattr(worker, "Engine", Killed)
     args = parse([*BASE, "--clip-heads", "2", "--steps", "20", "-o", str(tmp_path / "x.png")])

@@ -38,8 +38,9 @@ def test_importing_the_command_line_loads_no_numpy_nor_native_module() -> None:
 
 
 def test_generate_plans_and_starts_its_engine_without_numpy_in_the_command_process(tmp_path: Path) -> None:
-    """A whole demo run through the command line: at each engine call (the devices, the dry
-    run, the generation) the command's own process has loaded none of numpy, Pillow or the
+    """A whole demo run through the command line: at each engine job sent (the devices, the dry
+    run, the generation; the last before the plan's tables print) the command's own process has
+    loaded none of numpy, Pillow or the
     native module; the picture is written all the same."""
     pytest.importorskip("sdplan._ggml")
     out = tmp_path / "demo.png"
@@ -47,11 +48,18 @@ def test_generate_plans_and_starts_its_engine_without_numpy_in_the_command_proce
 import json, sys
 from sdplan.core.runtime import prestart, process
 seen = []
-real = process.Engine.call
-def call(self, func, *a, **k):
-    seen.append([func, [m for m in {HEAVY!r} if m in sys.modules], self.isolated])
+real = process.Engine.submit
+tables = []
+def submit(self, func, *a, **k):
+    seen.append([func, [m for m in {HEAVY!r} if m in sys.modules], self.isolated, len(tables)])
     return real(self, func, *a, **k)
-process.Engine.call = call
+process.Engine.submit = submit
+import sdplan.core.commands.plan as plan_cmd
+real_tables = plan_cmd.print_tables
+def print_tables(*a, **k):
+    tables.append(1)
+    return real_tables(*a, **k)
+plan_cmd.print_tables = print_tables
 from sdplan.core.cli import main
 code = main(["generate", "--demo", "-p", "a red circle on a blue background", "--steps", "2",
              "-t", "1", "-o", {str(out)!r}])
@@ -60,8 +68,9 @@ print(json.dumps({{"code": code, "seen": seen}}))
     got = _python(code)
     assert got["code"] == 0 and out.is_file()
     assert [s[0].rsplit(":", 1)[1] for s in got["seen"]] == ["inventory_job", "compute_job", "generate_job"]
-    for func, loaded, isolated in got["seen"]:
+    for func, loaded, isolated, _ in got["seen"]:
         assert isolated and loaded == [], (func, loaded)
+    assert [s[3] for s in got["seen"]] == [0, 0, 0]  # the picture's job is sent before the tables print
 
 
 def test_the_engine_child_starts_before_the_command_modules_load(tmp_path: Path) -> None:

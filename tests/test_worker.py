@@ -94,6 +94,39 @@ def test_in_process_engine_runs_the_same_job(model) -> None:
                                atol=3e-3, rtol=3e-3)
 
 
+@pytest.mark.parametrize("isolated", [True, False])
+def test_submitted_job_runs_while_the_caller_works_and_one_waits_at_a_time(model, isolated) -> None:
+    """submit() sends a job and returns at once; result() gives its outputs and progress;
+    a second submit before the result, or a result for another job, is refused."""
+    ref = reference(BlockStackConfig(**CFG), model[1], X)
+    with Engine(isolated=isolated) as e:
+        job_no = e.submit(JOB, job(model[0], X, runs=2))
+        with pytest.raises(ValueError, match="still waiting"):
+            e.submit(JOB, job(model[0], X))
+        with pytest.raises(ValueError, match="not waiting"):
+            e.result(job_no + 1)
+        steps: list[dict] = []
+        res = e.result(job_no, on_progress=steps.append)
+        np.testing.assert_allclose(res["outputs"]["y"], ref, atol=3e-3, rtol=3e-3)
+        assert steps == [{"step": 1, "steps": 2}, {"step": 2, "steps": 2}]
+        with pytest.raises(ValueError, match="not waiting"):
+            e.result(job_no)
+        assert e.call(JOB, job(model[0], X))["outputs"]["y"].shape == (1, 8, 16)
+
+
+def test_closing_with_a_submitted_job_cancels_it(model) -> None:
+    """An engine closed while a submitted job runs (the caller failed before waiting for it)
+    cancels the job and ends the child at once, not after the job or a time-out."""
+    long_x = np.random.default_rng(0).standard_normal((1, 1024, 16)).astype(np.float32)
+    e = Engine()
+    e.call(JOB, job(model[0], X))  # child warm
+    e.submit(JOB, job(model[0], long_x, runs=400))
+    time.sleep(0.3)
+    t0 = time.perf_counter()
+    e.close()
+    assert time.perf_counter() - t0 < 1.5 and e.pid is None
+
+
 @pytest.mark.rpc
 def test_split_over_two_rpc_servers_and_a_lost_server(engine, model) -> None:
     import sdplan._ggml as native

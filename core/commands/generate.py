@@ -273,13 +273,22 @@ def run(args: argparse.Namespace) -> int:
         except SdplanError as exc:
             print_error(exc)
             return 2
+        fits = fit is None or fit.fits
+        try:  # the engine starts on the picture while the tables print
+            job, req = _submit(args, files, plan, engine) if fits or args.force else (0, {})
+        except SdplanError as exc:
+            print_error(exc)
+            return 2
+        except ValueError as exc:
+            print_error(InvalidArgument(str(exc)))
+            return 2
         print_tables(plan, inventory, fit)
         _print_inputs(console, loras, args)
         if getattr(args, "demo", False) and not demo_caption_known(args.prompt):
             console.print("[yellow]note[/]: the demo model was trained on captions like "
                           "'a red circle on a blue background' (8 colours; circle, square, "
                           "triangle); other prompts give arbitrary shapes", highlight=False)
-        if fit is not None and not fit.fits:
+        if not fits:
             if not args.force:
                 console.print("[bold red]refused[/]: the plan does not fit "
                               f"({'; '.join(fit.reasons)}); use --force to run anyway")
@@ -289,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
                 return 3
             console.print("[yellow]--force[/]: running a plan that does not fit")
         try:
-            return _generate(args, files, plan, engine, console)
+            return _generate(args, files, plan, engine, console, job, req)
         except SdplanError as exc:
             print_error(exc)
             return 2
@@ -403,14 +412,22 @@ def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
                       highlight=False, markup=False)
 
 
-def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any, console: Any) -> int:
+def _submit(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any) -> tuple[int, dict[str, Any]]:
+    """Send the generation request to the engine (:meth:`Engine.submit`): its job number and
+    the request (the seed drawn when ``--seed`` is negative)."""
     import random
 
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
     from sdplan.core.pipelines.job_names import GENERATE_JOB
 
     seed = args.seed if args.seed >= 0 else random.randrange(2**31)
     req = request(args, files, plan, seed)
+    return engine.submit(GENERATE_JOB, {"request": req}), req
+
+
+def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any, console: Any,
+              job: int, req: dict[str, Any]) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
     preview_dir = Path(args.preview_path) if args.preview_path else None
     t0 = time.perf_counter()
     with Progress(TextColumn("sampling"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -447,7 +464,7 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
                 preview_dir = None
 
         try:
-            res = engine.call(GENERATE_JOB, {"request": req}, on_progress, on_preview)
+            res = engine.result(job, on_progress, on_preview)
         except KeyboardInterrupt:
             engine.cancel()
             raise

@@ -214,6 +214,7 @@ class Engine:
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
         self._write_lock = threading.Lock()
         self._job = 0
+        self._pending: tuple[int, str, dict[str, Any]] | None = None  # submitted, result not read yet
         self._local_cancel: Any = None
 
     @property
@@ -243,17 +244,50 @@ class Engine:
     def call(self, func: str, params: dict[str, Any], on_progress: Callable[[dict[str, Any]], None] | None = None,
              on_preview: Callable[[Any], None] | None = None) -> Any:
         """Run job ``func`` (``"module:function"``) with ``params``; returns its result."""
+        return self.result(self.submit(func, params), on_progress, on_preview)
+
+    def submit(self, func: str, params: dict[str, Any]) -> int:
+        """Send job ``func`` with ``params`` now, so that the child starts on it while this
+        process does other work; :meth:`result` then waits for it (one job at a time). In
+        process the job runs when :meth:`result` is called. Returns the job's number.
+
+        Raises:
+            EngineError: the child died.
+        """
+        if self._pending is not None:
+            raise ValueError(f"job {self._pending[0]} is still waiting for its result")
+        self._job += 1
+        self._pending = (self._job, func, params)
         if not self.isolated:
-            return self._call_local(func, params, on_progress, on_preview)
+            return self._job
         self.start()
         proc = self._proc
-        assert proc is not None and proc.stdin is not None and proc.stdout is not None
-        self._job += 1
+        assert proc is not None and proc.stdin is not None
         try:
             with self._write_lock:
                 _send(proc.stdin, ("job", self._job, func, params))
         except (BrokenPipeError, OSError):
+            self._pending = None
             raise self._died(proc) from None
+        return self._job
+
+    def result(self, job: int, on_progress: Callable[[dict[str, Any]], None] | None = None,
+               on_preview: Callable[[Any], None] | None = None) -> Any:
+        """The result of job number ``job`` (:meth:`submit`), handing its progress and
+        previews to ``on_progress`` and ``on_preview`` as they come.
+
+        Raises:
+            EngineError: the job failed or the child died.
+        """
+        if self._pending is None or self._pending[0] != job:
+            raise ValueError(f"job {job} is not waiting for its result")
+        _, func, params = self._pending
+        self._pending = None
+        if not self.isolated:
+            return self._call_local(func, params, on_progress, on_preview)
+        proc = self._proc
+        if proc is None or proc.stdout is None:
+            raise self._died(proc) if proc is not None else EngineError("the engine process is gone")
         while True:
             msg = _recv(proc.stdout)
             if msg is None:
@@ -320,13 +354,16 @@ class Engine:
                 pass
 
     def close(self) -> None:
-        """Stop the child (idempotent)."""
+        """Stop the child (idempotent); a job submitted and not waited for is cancelled."""
         proc, self._proc = self._proc, None
+        running, self._pending = self._pending is not None, None
         if proc is None:
             return
         try:
             with self._write_lock:
                 assert proc.stdin is not None
+                if running:
+                    _send(proc.stdin, ("cancel",))
                 _send(proc.stdin, ("quit",))
                 proc.stdin.close()
             proc.wait(5)
