@@ -107,6 +107,7 @@ def _ops(rows) -> list[str]:
     ((300, 320), 77, 1),       # >= 128 rows per thread: x's rows as A, N odd
     ((2, 260, 72), 130, 2),    # rows path with 2 threads, N not a multiple of 16
     ((9, 33), 20, 1),          # odd depth: ggml's own product (the kernel needs an even K)
+    ((200, 4096), 300, 2),     # W over 2 MB: wide column blocks, K outermost
 ])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_linear_bf16_matches_reference(mgr, kernel, shape, n, threads, with_bias) -> None:
@@ -143,6 +144,10 @@ def conv_ref(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dil: int) -> n
     ((1, 2, 1, 2), 16, 3, 1, 1, 1, 1),     # one row, mostly padding
     ((2, 64, 16, 16), 48, 3, 1, 1, 1, 2),  # a UNet-like block: K = 576, several panels
     ((1, 3, 8, 8), 16, 3, 1, 1, 1, 1),     # odd depth (27): another conv method
+    # W over 2 MB: wide column blocks with K outermost in chunks (the last one short), a K
+    # tail (3474 = 108 * 32 + 18), a partial row group, threads splitting the rows
+    ((2, 386, 9, 13), 330, 3, 1, 1, 1, 2),
+    ((2, 400, 12, 12), 300, 3, 1, 1, 1, 1),  # two wide blocks, the second partial
 ])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_conv_bf16_matches_reference(mgr, kernel, xs, oc, k, stride, pad, dil, threads, with_bias) -> None:
@@ -201,6 +206,11 @@ def attention_ref(q, k, v, mask, scale):
     (1, 4, 4, 64, 77, 64, False, 1),    # cross-attention to 77 tokens
     (1, 4, 2, 33, 20, 128, True, 2),    # grouped heads, a mask, odd lengths
     (1, 1, 1, 100, 37, 80, True, 2),    # one pair: threads split the query rows
+    (1, 1, 1, 70, 50, 24, False, 1),    # one k step of 32 (head width up to 32)
+    # more keys than a key block (256) and queries than a pass over the keys (128), both with
+    # tails: the online softmax across blocks, with rows that see only the first or the last
+    (1, 2, 2, 300, 600, 40, "blocks", 2),
+    (2, 1, 1, 160, 520, 64, "blocks", 1),
 ])
 def test_flash_attn_matches_reference(mgr, kernel, b, hq, hk, nq, nk, d, masked, threads) -> None:
     rng = np.random.default_rng(nq * 3 + nk + d)
@@ -208,7 +218,11 @@ def test_flash_attn_matches_reference(mgr, kernel, b, hq, hk, nq, nk, d, masked,
     k = rng.standard_normal((b, hk, nk, d)).astype(np.float32)
     v = rng.standard_normal((b, hk, nk, d)).astype(np.float32)
     mask = None
-    if masked:
+    if masked == "blocks":
+        mask = np.zeros((nq, nk), np.float32)
+        mask[0::2, :512] = -np.inf  # even rows see only keys 512.. (the last, partial block)
+        mask[1::4, 256:] = -np.inf  # every fourth row sees only the first block
+    elif masked:
         mask = np.where(rng.random((nq, nk)) < 0.2, -np.inf, 0.0).astype(np.float32)
         mask[:, 0] = 0.0  # every row keeps a key
     scale = 1.0 / math.sqrt(d)

@@ -2,11 +2,12 @@
 // the keys are packed once into a panel for S = Q K^T (pairs of head-dimension values, 16 keys
 // per column group) and the values into a panel for O = P V (pairs of keys, 16 value columns
 // per group); then per block of 32 queries: the queries scaled by scale * log2(e) (scores in
-// base 2) and rounded to bf16, S by the
-// blocked product of bf16_tiles.h (AMX tiles or AVX512_BF16), the softmax of whole rows in f32
-// (vectorized exp), the probabilities rounded to bf16, O by the same product, each row divided
-// by its sum. Threads split the batch-head pairs, and the query rows when there are fewer pairs
-// than two per thread.
+// base 2) and rounded to bf16, and per block of 256 keys (flash attention: the block's scores
+// stay in L1): S by the blocked product of bf16_tiles.h (AMX tiles or AVX512_BF16), the online
+// softmax in f32 (vectorized exp2; running maximum and sum per row, what was accumulated
+// rescaled when the maximum grows), the probabilities rounded to bf16, O += P V by the same
+// product; at the end each row divided by its sum. Threads split the batch-head pairs, and the
+// query rows when there are fewer pairs than two per thread.
 #include "kernels/attention.h"
 #include "kernels/bf16_gemm.h"
 #include "kernels/bf16_tiles.h"
@@ -24,20 +25,19 @@ namespace {
 
 using namespace tiles;
 
-// 2^x for x <= 127: 2^n p(f) with n = round(x), f = x - n (exact, |f| <= 1/2), p the degree-5
-// Taylor polynomial of e^(f ln 2) (relative error below 3e-6 on |f| <= 1/2, far below the
-// bf16 rounding of the probabilities, 2^-9); -inf and values below -150 give 0 (the scale
-// underflows). The scores are in base 2 (the queries carry log2(e)), so no ln 2 reduction.
+// 2^x for x <= 127: 2^n p(f) with n = round(x), f = x - n (exact, |f| <= 1/2), p the degree-3
+// polynomial that minimizes the largest relative error of 2^f on |f| <= 1/2 (7.5e-5, fitted by
+// iterated weighted least squares; 26 times below the bf16 rounding of the probabilities,
+// 2^-9); -inf and values below -150 give 0 (the scale underflows). The scores are in base 2 (the
+// queries carry log2(e)), so no ln 2 reduction.
 SDPLAN_AVX512 inline __m512 exp2_512(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.3333558146428443e-3f);  // ln2^5 / 120
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));  // ln2^4 / 24
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));  // ln2^3 / 6
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));  // ln2^2 / 2
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));  // ln2
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    __m512 p = _mm512_set1_ps(0.05517154186964035f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24261118471622467f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6932610273361206f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999280571937561f));
     return _mm512_scalef_ps(p, n);
 }
 
@@ -103,48 +103,93 @@ SDPLAN_AVX512 void pack_values(const char *base, size_t stride, int64_t n, int64
     }
 }
 
-// Softmax of `rows` base-2 score rows s [r][0..n) (+ mask rows in natural units, each `mrow`
-// floats apart, or none; scaled by log2(e))
-// into bf16 probabilities p [r][0..ld) (zero past n; rows past `rows` up to 32 zero), and each
-// row's 1 / sum in inv.
-SDPLAN_AVX512 void softmax_rows(const float *s, int64_t rows, int64_t n, int64_t ld, const float *mask, int64_t mrow,
-                                uint16_t *p, float *inv) {
+// One key block of the online softmax (flash attention): for each of `rows` query rows, the
+// base-2 scores s [r][0..n) (row stride ld; plus mask row mask + r * mrow in natural units,
+// scaled by log2(e), when given) update the row's running maximum mx[r] and sum sum[r]; the
+// block's probabilities against the new maximum go to p [r][0..round_up(n, 32)) as bf16 (row
+// stride pld; zero past n, and rows past `rows` up to 32 zero), and alpha[r] = 2^(old maximum -
+// new maximum) is the factor that rescales what the row accumulated before (1 when unchanged;
+// a row whose keys are all masked so far keeps maximum -inf and sum 0).
+SDPLAN_AVX512 void softmax_block(const float *s, int64_t ld, int64_t rows, int64_t n, const float *mask, int64_t mrow,
+                                 uint16_t *p, int64_t pld, float *mx, float *sum, float *alpha) {
+    constexpr float kInf = std::numeric_limits<float>::infinity();
+    const int64_t np = round_up(n, 32);
     for (int64_t r = 0; r < 32; ++r) {
-        uint16_t *pr = p + r * ld;
+        uint16_t *pr = p + r * pld;
+        alpha[r] = 1.0f;
         if (r >= rows) {
-            std::memset(pr, 0, (size_t)ld * 2);
+            std::memset(pr, 0, (size_t)np * 2);
             continue;
         }
         const float *sr = s + r * ld;
         const float *mr = mask ? mask + r * mrow : nullptr;
-        __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        __m512 vmax = _mm512_set1_ps(-kInf);
         for (int64_t k = 0; k < n; k += 16) {
             const __mmask16 mk = tail_mask(n - k);
-            __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), mk, sr + k);
+            __m512 v = _mm512_mask_loadu_ps(_mm512_set1_ps(-kInf), mk, sr + k);
             if (mr) v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, mr + k), _mm512_set1_ps(kLog2e), v);
             vmax = _mm512_max_ps(vmax, v);
         }
-        const float mx = _mm512_reduce_max_ps(vmax);
-        if (!(mx > -std::numeric_limits<float>::infinity())) {  // every key masked out: zero output
-            std::memset(pr, 0, (size_t)ld * 2);
-            inv[r] = 0.0f;
+        const float bmax = _mm512_reduce_max_ps(vmax);
+        if (!(bmax > -kInf)) {  // every key of this block masked out: nothing added
+            std::memset(pr, 0, (size_t)np * 2);
             continue;
         }
-        const __m512 vm = _mm512_set1_ps(mx);
+        const float m_new = std::max(mx[r], bmax);
+        alpha[r] = mx[r] > -kInf ? _mm512_cvtss_f32(exp2_512(_mm512_set1_ps(mx[r] - m_new))) : 0.0f;
+        mx[r] = m_new;
+        const __m512 vm = _mm512_set1_ps(m_new);
         __m512 vsum = _mm512_setzero_ps();
-        for (int64_t k = 0; k < ld; k += 32) {
+        for (int64_t k = 0; k < np; k += 32) {
             const __mmask16 m0 = tail_mask(n - k), m1 = tail_mask(n - k - 16);
-            __m512 a = _mm512_maskz_loadu_ps(m0, sr + k), b = _mm512_maskz_loadu_ps(m1, sr + k + 16);
+            __m512 x0 = _mm512_maskz_loadu_ps(m0, sr + k), x1 = _mm512_maskz_loadu_ps(m1, sr + k + 16);
             if (mr) {
-                a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, mr + k), _mm512_set1_ps(kLog2e), a);
-                b = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, mr + k + 16), _mm512_set1_ps(kLog2e), b);
+                x0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, mr + k), _mm512_set1_ps(kLog2e), x0);
+                x1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, mr + k + 16), _mm512_set1_ps(kLog2e), x1);
             }
-            a = _mm512_maskz_mov_ps(m0, exp2_512(_mm512_sub_ps(a, vm)));
-            b = _mm512_maskz_mov_ps(m1, exp2_512(_mm512_sub_ps(b, vm)));
-            vsum = _mm512_add_ps(vsum, _mm512_add_ps(a, b));
-            _mm512_storeu_si512(pr + k, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+            x0 = _mm512_maskz_mov_ps(m0, exp2_512(_mm512_sub_ps(x0, vm)));
+            x1 = _mm512_maskz_mov_ps(m1, exp2_512(_mm512_sub_ps(x1, vm)));
+            vsum = _mm512_add_ps(vsum, _mm512_add_ps(x0, x1));
+            _mm512_storeu_si512(pr + k, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
         }
-        inv[r] = 1.0f / _mm512_reduce_add_ps(vsum);
+        sum[r] = sum[r] * alpha[r] + _mm512_reduce_add_ps(vsum);
+    }
+}
+
+#ifndef ATTN_KEY_BLOCK
+#define ATTN_KEY_BLOCK 256
+#endif
+constexpr int64_t kKeyBlock = ATTN_KEY_BLOCK;  // keys per block: scores 32 x 256 f32 = 32 KB
+#ifndef ATTN_SUB_BLOCKS
+#define ATTN_SUB_BLOCKS 4
+#endif
+constexpr int64_t kSubBlocks = ATTN_SUB_BLOCKS;  // blocks of 32 queries sharing a pass over the keys
+
+// AMX scores for head widths up to 64 (one or two k steps): S [NA*16][gcols*16] (row stride ld)
+// = the queries (NA groups of 16 rows of qb, KS steps of 32 bf16, row stride KS * 32) x the key
+// panel's first gcols groups. The query tiles stay loaded across the key groups (tmm4..7), so
+// each group of 16 keys costs its KS key tiles, 2 KS products and NA stores.
+template <int NA, int KS>
+SDPLAN_AMX void amx_scores(const uint16_t *qb, const uint32_t *panel, int64_t gcols, float *s, int64_t ld) {
+    const int64_t qs = KS * 64, cs = ld * 4;
+    _tile_loadd(4, qb, qs);
+    if (NA > 1) _tile_loadd(5, qb + 16 * KS * 32, qs);
+    if (KS > 1) _tile_loadd(6, qb + 32, qs);
+    if (NA > 1 && KS > 1) _tile_loadd(7, qb + 16 * KS * 32 + 32, qs);
+    for (int64_t g = 0; g < gcols; ++g) {
+        const uint32_t *b = panel + g * KS * 256;
+        _tile_zero(0);
+        if (NA > 1) _tile_zero(1);
+        _tile_loadd(2, b, 64);
+        _tile_dpbf16ps(0, 4, 2);
+        if (NA > 1) _tile_dpbf16ps(1, 5, 2);
+        if (KS > 1) {
+            _tile_loadd(3, b + 256, 64);
+            _tile_dpbf16ps(0, 6, 3);
+            if (NA > 1) _tile_dpbf16ps(1, 7, 3);
+        }
+        _tile_stored(0, s + g * 16, cs);
+        if (NA > 1) _tile_stored(1, s + 16 * ld + g * 16, cs);
     }
 }
 
@@ -162,11 +207,11 @@ SDPLAN_AMX void run(ggml_tensor *dst, int ith, int nth, float scale) {
     thread_local std::vector<char> kt_buf, vp_buf, qb_buf, s_buf, p_buf, o_buf;
     uint32_t *kt = aligned<uint32_t>(kt_buf, (size_t)(Nkp / 16) * (Dp / 32) * 256);
     uint32_t *vp = aligned<uint32_t>(vp_buf, (size_t)(Dvp / 16) * (Nkp / 32) * 256);
-    uint16_t *qb = aligned<uint16_t>(qb_buf, (size_t)32 * Dp);
-    float *s = aligned<float>(s_buf, (size_t)32 * Nkp);
-    uint16_t *pb = aligned<uint16_t>(p_buf, (size_t)32 * Nkp);
-    float *o = aligned<float>(o_buf, (size_t)32 * Dvp);
-    alignas(64) float inv[32];
+    uint16_t *qb = aligned<uint16_t>(qb_buf, (size_t)kSubBlocks * 32 * Dp);
+    float *s = aligned<float>(s_buf, (size_t)32 * kKeyBlock);
+    uint16_t *pb = aligned<uint16_t>(p_buf, (size_t)kSubBlocks * 32 * Nkp);
+    float *o = aligned<float>(o_buf, (size_t)kSubBlocks * 32 * Dvp);
+    alignas(64) float mx[kSubBlocks][32], sum[kSubBlocks][32], alpha[32];
     if (AMX) amx_configure();
     int64_t packed = -1;
     for (int64_t it = i0; it < i1; ++it) {
@@ -178,26 +223,65 @@ SDPLAN_AMX void run(ggml_tensor *dst, int ith, int nth, float scale) {
             packed = b * Hk + hk;
         }
         const int64_t qa = q32 * part / qsplit * 32, qe = std::min(Nq, q32 * (part + 1) / qsplit * 32);
-        for (int64_t q0 = qa; q0 < qe; q0 += 32) {
-            const int64_t rows = std::min<int64_t>(32, qe - q0);
-            const int na = rows > 16 ? 2 : 1;
-            rows_to_bf16((const char *)q->data + b * q->nb[3] + hq * q->nb[2] + q0 * q->nb[1], q->nb[1], rows, D,
-                         scale * kLog2e, Dp, qb);  // scores in base 2: softmax by exp2
-            const RowGroup qa_rows[2] = {{qb, Dp * 2, qb, Dp * 2}, {qb + 16 * Dp, Dp * 2, qb + 16 * Dp, Dp * 2}};
-            block_product<AMX>(qa_rows, na, kt, Nkp / 16, (Nk + 15) / 16, Dp, s, Nkp);
-            const float *mrow = nullptr;
-            if (m) mrow = (const float *)((const char *)m->data + (b % m->ne[3]) * m->nb[3] +
-                                          (hq % m->ne[2]) * m->nb[2] + q0 * m->nb[1]);
-            softmax_rows(s, rows, Nk, Nkp, mrow, m ? m->nb[1] / 4 : 0, pb, inv);
-            const int64_t KF = Nkp / 32 * 32;
-            const RowGroup pa[2] = {{pb, Nkp * 2, pb + KF, Nkp * 2}, {pb + 16 * Nkp, Nkp * 2, pb + 16 * Nkp + KF, Nkp * 2}};
-            block_product<AMX>(pa, na, vp, Dvp / 16, Dvp / 16, Nkp, o, Dvp);
-            for (int64_t r = 0; r < rows; ++r) {
-                float *out = (float *)((char *)dst->data + b * dst->nb[3] + (q0 + r) * dst->nb[2] + hq * dst->nb[1]);
-                const __m512 sc = _mm512_set1_ps(inv[r]);
-                for (int64_t c = 0; c < Dv; c += 16) {
-                    const __mmask16 mk = tail_mask(Dv - c);
-                    _mm512_mask_storeu_ps(out + c, mk, _mm512_mul_ps(_mm512_loadu_ps(o + r * Dvp + c), sc));
+        // up to kSubBlocks blocks of 32 queries go through the key blocks together, so that each
+        // key block's panels are read from L2 once for all of them
+        for (int64_t Q0 = qa; Q0 < qe; Q0 += 32 * kSubBlocks) {
+            const int64_t nsub = std::min<int64_t>(kSubBlocks, (qe - Q0 + 31) / 32);
+            for (int64_t j = 0; j < nsub; ++j) {
+                const int64_t q0 = Q0 + 32 * j, rows = std::min<int64_t>(32, qe - q0);
+                rows_to_bf16((const char *)q->data + b * q->nb[3] + hq * q->nb[2] + q0 * q->nb[1], q->nb[1], rows,
+                             D, scale * kLog2e, Dp, qb + j * 32 * Dp);  // scores in base 2: softmax by exp2
+                std::fill(mx[j], mx[j] + 32, -std::numeric_limits<float>::infinity());
+                std::fill(sum[j], sum[j] + 32, 0.0f);
+            }
+            // per key block: S = Q K^T of the block (in L1), its online softmax, O += P V
+            for (int64_t k0 = 0; k0 < Nk; k0 += kKeyBlock) {
+                const int64_t nb = std::min(kKeyBlock, Nk - k0), kg = (nb + 15) / 16;
+                const uint32_t *kblock = kt + (k0 / 16) * (Dp / 32) * 256;
+                for (int64_t j = 0; j < nsub; ++j) {
+                    const int64_t q0 = Q0 + 32 * j, rows = std::min<int64_t>(32, qe - q0);
+                    const int na = rows > 16 ? 2 : 1;
+                    const uint16_t *qj = qb + j * 32 * Dp;
+                    uint16_t *pj = pb + j * 32 * Nkp;
+                    float *oj = o + j * 32 * Dvp;
+                    if (AMX && Dp == 32) {
+                        if (na == 2) amx_scores<2, 1>(qj, kblock, kg, s, kKeyBlock);
+                        else amx_scores<1, 1>(qj, kblock, kg, s, kKeyBlock);
+                    } else if (AMX && Dp == 64) {
+                        if (na == 2) amx_scores<2, 2>(qj, kblock, kg, s, kKeyBlock);
+                        else amx_scores<1, 2>(qj, kblock, kg, s, kKeyBlock);
+                    } else {
+                        const RowGroup qr[2] = {{qj, Dp * 2, qj, Dp * 2}, {qj + 16 * Dp, Dp * 2, qj + 16 * Dp, Dp * 2}};
+                        block_product<AMX>(qr, na, kblock, kg, kg, Dp, s, kKeyBlock);
+                    }
+                    const float *mrow = nullptr;
+                    if (m) mrow = (const float *)((const char *)m->data + (b % m->ne[3]) * m->nb[3] +
+                                                  (hq % m->ne[2]) * m->nb[2] + q0 * m->nb[1]) + k0;
+                    softmax_block(s, kKeyBlock, rows, nb, mrow, m ? m->nb[1] / 4 : 0, pj + k0, Nkp, mx[j], sum[j],
+                                  alpha);
+                    if (k0 > 0)
+                        for (int64_t r = 0; r < rows; ++r)
+                            if (alpha[r] != 1.0f) {
+                                const __m512 sc = _mm512_set1_ps(alpha[r]);
+                                for (int64_t c = 0; c < Dvp; c += 16)
+                                    _mm512_storeu_ps(oj + r * Dvp + c, _mm512_mul_ps(_mm512_loadu_ps(oj + r * Dvp + c), sc));
+                            }
+                    // K = Nkp, a multiple of 32: the rows' tail pointers are never read
+                    const RowGroup pa[2] = {{pj, Nkp * 2, pj, Nkp * 2}, {pj + 16 * Nkp, Nkp * 2, pj + 16 * Nkp, Nkp * 2}};
+                    block_product<AMX>(pa, na, vp, Dvp / 16, Dvp / 16, Nkp, oj, Dvp, k0 / 32, (k0 + nb + 31) / 32,
+                                       k0 > 0);
+                }
+            }
+            for (int64_t j = 0; j < nsub; ++j) {
+                const int64_t q0 = Q0 + 32 * j, rows = std::min<int64_t>(32, qe - q0);
+                const float *oj = o + j * 32 * Dvp;
+                for (int64_t r = 0; r < rows; ++r) {
+                    float *out = (float *)((char *)dst->data + b * dst->nb[3] + (q0 + r) * dst->nb[2] + hq * dst->nb[1]);
+                    const __m512 sc = _mm512_set1_ps(sum[j][r] > 0.0f ? 1.0f / sum[j][r] : 0.0f);  // all masked: zero
+                    for (int64_t c = 0; c < Dv; c += 16) {
+                        const __mmask16 mk = tail_mask(Dv - c);
+                        _mm512_mask_storeu_ps(out + c, mk, _mm512_mul_ps(_mm512_loadu_ps(oj + r * Dvp + c), sc));
+                    }
                 }
             }
         }

@@ -181,16 +181,18 @@ SDPLAN_AVX512 void avx_block(const RowGroup *a, const uint32_t *panel, int64_t G
 constexpr int64_t kChunkSteps = KB_CHUNK;  // k steps (32 k) per chunk: 32 rows of W x 384 k = 24 KB
 
 // C [na*16][gcols*16] (row stride ld) = the row groups a x the panel's first gcols column
-// groups over all of K, in chunks of k that keep the 32 rows in L1 while the column groups go
-// by (one chunk when there is a single pair of groups).
+// groups over the k steps s0 .. s1 of K (s1 < 0: all of K), in chunks of k that keep the 32
+// rows in L1 while the column groups go by (chunks of `chunk_steps`; one chunk when there is a
+// single pair of groups); C is overwritten, or added to when `accumulate`.
 template <bool AMX>
 SDPLAN_AMX void block_product(const RowGroup *a, int na, const uint32_t *panel, int64_t G, int64_t gcols, int64_t K,
-                              float *c, int64_t ld) {
-    const int64_t KS = (K + 31) / 32;
-    const int64_t chunk = gcols > 2 ? kChunkSteps : KS;
-    for (int64_t sb = 0; sb < KS; sb += chunk) {
-        const Steps st{sb, std::min(KS, sb + chunk), K / 32, K};
-        const bool acc = sb > 0;
+                              float *c, int64_t ld, int64_t s0 = 0, int64_t s1 = -1, bool accumulate = false,
+                              int64_t chunk_steps = kChunkSteps) {
+    const int64_t KS = (K + 31) / 32, end = s1 < 0 ? KS : std::min(KS, s1);
+    const int64_t chunk = gcols > 2 ? chunk_steps : end - s0;
+    for (int64_t sb = s0; sb < end; sb += chunk) {
+        const Steps st{sb, std::min(end, sb + chunk), K / 32, K};
+        const bool acc = accumulate || sb > s0;
         for (int64_t g = 0; g < gcols; g += 2) {
             const int nb = g + 1 < gcols ? 2 : 1;
             float *cg = c + g * 16;
