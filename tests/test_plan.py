@@ -338,6 +338,44 @@ def test_command_tables(tmp_path, capsys) -> None:
     assert "(at --backend characters 4-8)" in err
 
 
+def _table(text: str, title: str) -> dict[str, dict[str, str]]:
+    """The rows of the printed table ``title`` as ``{first cell: {column: cell}}``."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.strip() == title)
+    head = [c.strip() for c in lines[start + 2].strip("┃").split("┃")]
+    rows: dict[str, dict[str, str]] = {}
+    for ln in lines[start + 4:]:
+        if not ln.startswith("│"):
+            break
+        cells = [c.strip() for c in ln.strip("│").split("│")]
+        rows[cells[0]] = dict(zip(head, cells, strict=True))
+    return rows
+
+
+@pytest.mark.parametrize(("max_vram", "cuda0", "cuda1"), [
+    ("cuda1=3", "-", "3.00"),  # CUDA0 without a budget
+    ("cuda0=0,cuda1=3", "-", "3.00"),  # 0 disables CUDA0's (spec section 7): none, as unset
+    ("cuda0=0.001,cuda1=2.5,cpu=4", "0.00", "2.50"),  # set, however small; the CPU has none
+])
+def test_memory_table_shows_a_budget_only_where_one_is_set(tmp_path, capsys, max_vram: str,
+                                                          cuda0: str, cuda1: str) -> None:
+    inv_file, prof = tmp_path / "inv.json", tmp_path / "p.json"
+    inv_file.write_text(json.dumps(INV.to_json()))
+    prof.write_text(json.dumps(Profile({"diffusion": ModuleProfile((GIB // 4,) * 4, 0),
+                                        "te": ModuleProfile((), GIB // 8),
+                                        "vae": ModuleProfile((), GIB // 16)}).to_json()))
+    assert cli.main(["plan", "--devices", str(inv_file), "--profile", str(prof), "--backend",
+                     "te=cpu,diffusion=cuda0,vae=cuda1", "--max-vram", max_vram]) == 0
+    out = capsys.readouterr().out
+    memory = _table(out, "Memory estimate (GiB)")
+    assert {d: row["budget"] for d, row in memory.items()} == {"CUDA0": cuda0, "CUDA1": cuda1,
+                                                               "CPU": "-"}
+    assert memory["CPU"]["weights"] == "0.12" and memory["CUDA1"]["weights"] == "0.06"
+    devices = _table(out, "Devices")  # the same budgets as the devices table shows them
+    assert {d: row["budget GiB"] for d, row in devices.items()} == {
+        "CUDA0": cuda0, "CUDA1": cuda1, "CPU": "-"}
+
+
 def test_command_without_devices_falls_back_to_cpu(monkeypatch, capsys) -> None:
     import sys
 

@@ -180,6 +180,65 @@ def test_upscale_creates_a_missing_folder(tmp_path: Path, small_png: Path, upsca
     assert [p.name for p in out.parent.iterdir()] == ["out.webp"]  # no temporary left
 
 
+# ---------------------------------------------------------------------------- model paths
+
+DEMO_MODEL = "{demo}"  # replaced by the demo model's path
+
+
+def _special(tmp_path: Path, kind: str) -> tuple[str, str]:
+    """A path of ``kind`` (``fifo``: made in ``tmp_path``; ``chardev``: /dev/null) and how
+    the error names it."""
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "pipe.safetensors")
+        return str(tmp_path / "pipe.safetensors"), "a FIFO"
+    return "/dev/null", "a character device"
+
+
+@pytest.mark.parametrize(("argv", "kind"), [
+    (["plan", "-m", "{p}"], "fifo"),
+    (["plan", "-m", "{p}"], "chardev"),
+    (["plan", "-m", DEMO_MODEL, "--vae", "{p}"], "fifo"),
+    (["inspect", "{p}"], "fifo"),
+    (["inspect", "{p}"], "chardev"),
+    (["generate", "-p", "x", "-m", "{p}"], "fifo"),
+    (["generate", "-p", "x", "--diffusion-model", "{p}"], "chardev"),
+    (["generate", "--demo", "-p", "x", "--taesd", "{p}"], "fifo"),
+    (["generate", "--demo", "-p", "x", "--taesd", "{p}"], "chardev"),
+    (["generate", "--demo", "-p", "x", "--upscale-model", "{p}"], "fifo"),
+    (["upscale", "-i", "{png}", "--upscale-model", "{p}"], "fifo"),
+    (["upscale", "-i", "{png}", "--upscale-model", "{p}"], "chardev"),
+], ids=lambda v: v if isinstance(v, str) else "-".join(a for a in v if not a.startswith("{")))
+def test_a_fifo_or_device_as_model_path_is_named_before_any_work(argv: list[str], kind: str,
+                                                                 tmp_path: Path,
+                                                                 small_png: Path) -> None:
+    """Named for what it is (never a folder), exit 2 on one line, before the engine samples
+    or anything is written; a FIFO is never opened (that would wait for a writer)."""
+    from sdplan.core.pipelines.demo import demo_model_path
+
+    path, what = _special(tmp_path, kind)
+    out = tmp_path / "out.png"
+    values = {"{p}": path, "{png}": str(small_png), DEMO_MODEL: str(demo_model_path())}
+    writes = ["-o", str(out)] if argv[0] in ("generate", "upscale") else []
+    r = sdplan(*[values.get(a, a) for a in argv], *writes, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert one_line_error(r.stderr, "invalid_model_file") == (
+        f"error [invalid_model_file]: {path}: not a regular file ({what})")
+    assert "sampling" not in r.stderr and "CPU threads" not in r.stderr and r.stdout == ""
+    assert not out.exists()
+
+
+def test_a_fifo_in_a_library_folder_is_listed_not_read(tmp_path: Path) -> None:
+    import json
+
+    os.mkfifo(tmp_path / "pipe.safetensors")
+    r = sdplan("library", "--json", "--cache", str(tmp_path / "cache.json"), str(tmp_path),
+               timeout=120)
+    assert r.returncode == 0, r.stderr
+    files = json.loads(r.stdout)["files"]
+    assert [(Path(f["path"]).name, f["error"]) for f in files] == [
+        ("pipe.safetensors", "not a regular file (a FIFO)")]
+
+
 def _limit_file_size(limit: int):  # type: ignore[no-untyped-def]
     """preexec_fn: files larger than ``limit`` bytes fail with EFBIG, as on a full disk
     (Python ignores SIGXFSZ)."""

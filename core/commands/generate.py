@@ -205,11 +205,16 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]],
 
 def read_models(files: dict[str, list[str]]) -> Any:
     """The model files' headers (:func:`sdplan.core.modelfiles.checkpoint.read_model_files`
-    of every file but ``--taesd``/``--upscale-model``): the family, the profile, the
-    metadata. Raises ModelFileError as it does."""
+    of every file but ``--taesd``/``--upscale-model``, which the engine reads later: here
+    they are only checked to be regular files): the family, the profile, the metadata.
+    Raises ModelFileError as it does."""
     from sdplan.core.modelfiles.checkpoint import read_model_files
+    from sdplan.core.modelfiles.readers import check_model_file
 
-    return read_model_files({k: v for k, v in files.items() if k not in ("taesd", "upscale_model")})
+    late = ("taesd", "upscale_model")
+    for path in (p for key in late for p in files.get(key, ())):
+        check_model_file(path)
+    return read_model_files({k: v for k, v in files.items() if k not in late})
 
 
 def _profile(files: dict[str, list[str]]) -> Any:

@@ -350,6 +350,15 @@ def _print_auto_fit(console: Any, fitted: Any) -> None:
                      if fitted.params_backend else ""), highlight=False, markup=False)
 
 
+def _fit_cell(column: str, value: object) -> str:
+    """One cell of the memory estimate table: bytes in GiB; a ``budget`` of 0 bytes (the
+    device has none: a CPU, no ``--max-vram`` entry or one that disables it) as ``-``, as
+    in the devices table."""
+    if column == "budget" and value == 0:
+        return "-"
+    return f"{value / GIB:.2f}" if isinstance(value, int) else str(value)
+
+
 def _print_fit(console: Any, fit: Any) -> None:
     """The estimator's own rich rendering when it has one, else a table of its JSON form's
     per-device figures (bytes shown in GiB) and its verdict."""
@@ -369,8 +378,7 @@ def _print_fit(console: Any, fit: Any) -> None:
     for c in cols:
         table.add_column(c, justify="right")
     for name, v in rows.items():
-        table.add_row(escape(name), *(f"{v.get(c, 0) / GIB:.2f}" if isinstance(v.get(c), int)
-                                      else str(v.get(c, "")) for c in cols))
+        table.add_row(escape(name), *(_fit_cell(c, v.get(c, "")) for c in cols))
     console.print(table)
     for module, m in (data.get("modules") or {}).items():
         segs = m.get("segments") if isinstance(m, dict) else None

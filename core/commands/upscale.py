@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     input picture and the output location are all checked before the model loads."""
     from sdplan.core.commands.limits import check_upscale
     from sdplan.core.commands.messages import print_error
+    from sdplan.core.modelfiles.readers import check_model_file
     from sdplan.core.pipelines.images import read_image_rgb
     from sdplan.core.pipelines.outputs import check_output_file
     from sdplan.core.pipelines.upscale import Upscaler
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         check_input_size(image.shape[1], image.shape[0], side)
         check_output_file("-o/--output", args.output, OUTPUT_SUFFIXES,
                           needed_bytes=image.size * side * side)
+        check_model_file(args.upscale_model)
         placement = placement_from_namespace(args)
         plan = resolve(placement, live_inventory(rpc_servers=list(placement.rpc_servers)))
         for w in plan.warnings:

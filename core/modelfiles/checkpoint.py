@@ -30,7 +30,12 @@ from pathlib import Path
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.autofit_sizes import autofit_component_bytes, loaded_component_bytes
 from sdplan.core.modelfiles.families import DIFFUSION_MARKERS, detect_family
-from sdplan.core.modelfiles.readers import TensorFile, TensorInfo, read_tensor_file
+from sdplan.core.modelfiles.readers import (
+    TensorFile,
+    TensorInfo,
+    read_tensor_file,
+    refuse_special_file,
+)
 from sdplan.core.modelfiles.unets import stage_bytes
 from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE
 from sdplan.core.planning.profile import ModuleProfile, Profile
@@ -356,6 +361,7 @@ def _expand(path: Path, key: str) -> list[tuple[TensorFile, str | None]]:
     The second item is the diffusers component (``unet``...) or None."""
     if not path.exists():
         raise ModelFileError(path, "no such file or folder")
+    refuse_special_file(path)
     if path.is_file():
         return [(read_tensor_file(path), None)]
     comps = [d for d in _DIFFUSERS_DIRS if (path / d).is_dir()]

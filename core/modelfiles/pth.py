@@ -34,6 +34,7 @@ from typing import IO, Any
 
 import numpy as np
 from sdplan.core.errors import ModelFileError
+from sdplan.core.modelfiles.readers import refuse_special_file
 
 __all__ = ["read_pth", "load_pth_tensors", "is_pth", "STORAGE_DTYPES"]
 
@@ -326,12 +327,13 @@ def read_pth(path: str | Path) -> Any:
     float32), without executing any code from the file.
 
     Raises:
-        ModelFileError: naming the file: missing or unreadable, not a PyTorch checkpoint,
-            truncated, or the pickle names a global outside the allow-list, holds an object
-            that is not a tensor or plain container, or a tensor that does not fit its
-            storage.
+        ModelFileError: naming the file: missing or unreadable, not a regular file, not a
+            PyTorch checkpoint, truncated, or the pickle names a global outside the
+            allow-list, holds an object that is not a tensor or plain container, or a tensor
+            that does not fit its storage.
     """
     p = Path(path)
+    refuse_special_file(p)
     try:
         if zipfile.is_zipfile(p):
             obj = _read_zip(p)

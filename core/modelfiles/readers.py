@@ -27,6 +27,7 @@ import dataclasses
 import json
 import mmap
 import os
+import stat
 import struct
 import sys
 import threading
@@ -104,6 +105,43 @@ def file_version(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+_SPECIAL_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_file_kind(path: str | Path) -> str | None:
+    """What ``path`` is when it is neither a regular file nor a folder (``"a FIFO"``, ``"a
+    character device"``, ``"a block device"``, ``"a socket"``), else None (also when it does
+    not exist). Only stats the path: opening a FIFO would block until a writer comes."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return next((name for test, name in _SPECIAL_KINDS if test(mode)), None)
+
+
+def refuse_special_file(path: str | Path) -> None:
+    """Raise ModelFileError ``"PATH: not a regular file (a FIFO)"`` (or another
+    :func:`special_file_kind`) for such a path; a file, a folder or a missing path passes."""
+    kind = special_file_kind(path)
+    if kind is not None:
+        raise ModelFileError(path, f"not a regular file ({kind})")
+
+
+def check_model_file(path: str | Path) -> None:
+    """Refuse a model path that is not a regular file, without opening it.
+
+    Raises:
+        ModelFileError: naming ``path``: no such file, a folder, or not a regular file (a
+            FIFO, a character device, ...).
+    """
+    refuse_special_file(path)
+    if os.path.isdir(path):
+        raise ModelFileError(path, "is a folder, not a model file")
+    if not os.path.isfile(path):
+        raise ModelFileError(path, "no such file")
+
+
 def read_tensor_file(path: str | Path) -> TensorFile:
     """Read the header of a ``.safetensors`` or ``.gguf`` file (format from its magic).
 
@@ -112,12 +150,14 @@ def read_tensor_file(path: str | Path) -> TensorFile:
     changed in the last :data:`HEADER_SETTLE_SECONDS`): the result is the same as reading it.
 
     Raises:
-        ModelFileError: the file is missing, unreadable, of another format (PyTorch pickle,
-            anything else) or its header is malformed, truncated or hostile.
+        ModelFileError: the file is missing, a folder or not a regular file, unreadable, of
+            another format (PyTorch pickle, anything else) or its header is malformed,
+            truncated or hostile.
     """
     p = Path(path)
     if p.is_dir():
         raise ModelFileError(p, "is a folder, not a model file")
+    refuse_special_file(p)
     try:
         with open(p, "rb") as fh:
             st = os.fstat(fh.fileno())

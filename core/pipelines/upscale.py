@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.pth import is_pth, load_pth_tensors
-from sdplan.core.modelfiles.readers import read_tensor_file
+from sdplan.core.modelfiles.readers import check_model_file, read_tensor_file
 from sdplan.core.models.esrgan import UpscalerGraph, canonical_rrdb_names, detect_esrgan, tile_grid
 from sdplan.core.pipelines.base import Pipeline
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement, ModuleRunner
@@ -57,8 +56,7 @@ def _weight_file(path: Path) -> tuple[dict[str, tuple[int, ...]], Any]:
     """``(shapes, make)``: the tensor shapes of an upscaler file and ``make(names, dtypes)``
     building its :class:`~sdplan.core.runtime.weights.WeightFile`: read from the file itself for
     safetensors/GGUF, from the arrays of the restricted reader for a .pth/.ckpt."""
-    if not path.is_file():
-        raise ModelFileError(path, "no such file")
+    check_model_file(path)
     if is_pth(path):
         arrays = load_pth_tensors(path)
         return ({k: tuple(v.shape) for k, v in arrays.items()},

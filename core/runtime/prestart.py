@@ -15,6 +15,7 @@ the child before loading anything else.
 from __future__ import annotations
 
 import atexit
+import os
 import subprocess
 import sys
 import threading
@@ -30,7 +31,9 @@ _AT_EXIT: list[bool] = []  # discard_prestarted() is registered at exit once
 def spawn(env: dict[str, str] | None, preload: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     """A new engine child process with pipes on its stdin, stdout and stderr; ``env``: its
     environment (None: this one's); ``preload``: modules (``"package.module"``) it imports
-    before serving jobs.
+    before serving jobs. The child ends when this process does: started from the main
+    thread it is told this process's id (on Linux the kernel kills it when this thread
+    ends); from any thread it exits when its stdin closes without a ``quit``.
 
     Raises:
         OSError: the process cannot be started.
@@ -38,6 +41,8 @@ def spawn(env: dict[str, str] | None, preload: Sequence[str] = ()) -> subprocess
     argv = [sys.executable, "-m", "sdplan.core.runtime.process"]
     if preload:
         argv += ["--preload", ",".join(preload)]
+    if threading.current_thread() is threading.main_thread():  # its end is the process's
+        argv += ["--parent", str(os.getpid())]
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env)
 

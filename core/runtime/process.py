@@ -140,9 +140,30 @@ def _emit_for_job(emit: Any, job: int, kind: str, payload: Any) -> None:
     emit(kind, job, payload)
 
 
+def _end_with_parent(parent: int) -> None:
+    """Make this process end when process ``parent`` does. On Linux the kernel sends SIGKILL
+    when the thread that started this process ends (``prctl(PR_SET_PDEATHSIG)``): the parent
+    names itself only when its main thread starts the child (:func:`prestart.spawn`). Exits
+    at once when ``parent`` is already gone (it ended before the request took effect)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # no prctl: the end of stdin still ends the child
+            log.debug("prctl(PR_SET_PDEATHSIG) unavailable", exc_info=True)
+    if os.getppid() != parent:
+        os._exit(0)
+
+
 def _child_main(argv: Sequence[str] = ()) -> int:
-    """Entry of the child process: import the ``--preload`` modules of ``argv``, then serve
-    jobs until ``quit`` or end of input."""
+    """Entry of the child process: with ``--parent PID`` end with that process
+    (:func:`_end_with_parent`), import the ``--preload`` modules (comma-separated) of
+    ``argv``, then serve jobs until ``quit``. The end of input without ``quit`` means the
+    parent is gone: the child exits at once, also in the middle of a job."""
+    opts = dict(zip(argv[::2], argv[1::2], strict=False))  # "--name value" pairs
+    if "--parent" in opts:
+        _end_with_parent(int(opts["--parent"]))
     from sdplan.core.runtime.runner import Cancelled, CancelToken
 
     out = os.fdopen(os.dup(1), "wb")
@@ -159,7 +180,9 @@ def _child_main(argv: Sequence[str] = ()) -> int:
     def reader() -> None:
         while True:
             msg = _recv(inp)
-            if msg is None or msg[0] == "quit":
+            if msg is None:  # the parent died (it sends quit before it closes the pipe)
+                os._exit(0)
+            if msg[0] == "quit":
                 jobs.put(None)
                 return
             if msg[0] == "cancel":
@@ -168,8 +191,8 @@ def _child_main(argv: Sequence[str] = ()) -> int:
                 jobs.put(msg)
 
     threading.Thread(target=reader, daemon=True).start()
-    if len(argv) == 2 and argv[0] == "--preload":
-        for name in argv[1].split(","):
+    if "--preload" in opts:
+        for name in opts["--preload"].split(","):
             try:
                 importlib.import_module(name)
             except Exception:  # the job that needs it reports the error
