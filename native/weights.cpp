@@ -166,7 +166,21 @@ std::shared_ptr<WeightBuffer> allocate(std::shared_ptr<WeightStore> store, const
 // on CPUs that run a bf16 kernel (AVX512F, AVX512BW, AVX512_BF16): the bf16 weights' load.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void f16_to_bf16_avx512(const uint16_t *s,
                                                                                        uint16_t *d, int64_t n) {
-    for (int64_t i = 0; i < n; i += 32) {
+    int64_t i = 0;
+    // the destination is written once and read only when a graph runs: from its first 64-byte
+    // boundary on, whole blocks go out with streaming stores (no read for ownership, no cache
+    // fill); the elements before it and the tail take the masked loop below
+    const int64_t lead = (int64_t)((64 - reinterpret_cast<uintptr_t>(d) % 64) % 64) / 2;
+    if (reinterpret_cast<uintptr_t>(d) % 2 == 0 && lead + 32 <= n) {
+        for (; i < lead; ++i) d[i] = ggml_fp32_to_bf16(ggml_fp16_to_fp32(s[i])).bits;
+        for (; i + 32 <= n; i += 32) {
+            const __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i)));
+            const __m512 b = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i + 16)));
+            _mm512_stream_si512((__m512i *)(d + i), (__m512i)_mm512_cvtne2ps_pbh(b, a));
+        }
+        _mm_sfence();
+    }
+    for (; i < n; i += 32) {
         const int64_t left = n - i;
         const __mmask16 lo = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
         const __mmask16 hi = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
