@@ -303,3 +303,32 @@ def test_a_file_changed_after_its_header_was_read_is_refused(cpu, sample, tmp_pa
         wf.read(store, ["a"])
     for b in bufs:
         b.free()
+
+
+def rne_bf16(a: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bf16, nearest even (finite inputs), as uint16 bits."""
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+@pytest.mark.skipif(G.bf16_cpu_kernel() == "off", reason="this CPU runs no bf16 kernel")
+@pytest.mark.parametrize("shape,chunk", [
+    ((37, 45), 4096),   # rows of 90 bytes: spans start off every 64-byte boundary
+    ((3, 7), 4096),     # shorter than one 32-value block
+    ((3, 2085), 4096),  # one row per span (4170 bytes): unaligned starts, blocks, a masked tail
+    ((64, 640), 1 << 20),  # whole 64-byte blocks, one span
+])
+def test_f16_to_bf16_on_load_rounds_each_value_to_nearest_even(cpu, tmp_path, shape, chunk) -> None:
+    """An f16 tensor held in bf16 (the CPU bf16 kernel's weights) is converted while it is read,
+    on several threads, into the exact nearest-even bf16 of each value: spans of any length
+    and alignment, with and without the streaming-store body."""
+    a = (RNG.standard_normal(shape) * 3).astype(np.float16)
+    a.flat[:4] = [65504.0, -0.0, 6e-8, 1.0009765625]  # f16's largest, negative zero, a subnormal, 1 + 2^-10
+    path = tmp_path / "f16.safetensors"
+    write_safetensors(path, {"w": ("F16", a, a.shape)})
+    wf = WeightFile(path, backend=cpu, dtypes={"w": "bf16"})
+    store = wf.new_store()
+    store.allocate(["w"], cpu)
+    wf.read(store, ["w"], chunk_bytes=chunk, n_threads=2)
+    got = np.frombuffer(store.get_bytes("w"), np.uint16).reshape(shape)
+    np.testing.assert_array_equal(got, rne_bf16(a.astype(np.float32)).reshape(shape))
