@@ -98,6 +98,14 @@ def best(fn: Callable[[], Any], repeat: int) -> float:
 def sdplan_case(cpu: Any, kind: str, p: tuple[Any, ...], threads: int, repeat: int,
                 wdtype: str = "f16", method: str = "auto") -> float:
     """Seconds for one op of ``kind`` at parameters ``p`` on the CPU backend ``cpu``."""
+    return best(build_case(cpu, kind, p, threads, wdtype, method).compute, repeat)
+
+
+def build_case(cpu: Any, kind: str, p: tuple[Any, ...], threads: int, wdtype: str = "f16",
+               method: str = "auto") -> Any:
+    """The graph of one :data:`CASES` op of ``kind`` at parameters ``p`` on the CPU backend
+    ``cpu``, its inputs set (seeded random f32, weights of ``wdtype`` scaled by 0.02): ready
+    for ``compute()`` or ``profile()``."""
     from sdplan.core.runtime import graph as gr
 
     rng = np.random.default_rng(0)
@@ -130,7 +138,7 @@ def sdplan_case(cpu: Any, kind: str, p: tuple[Any, ...], threads: int, repeat: i
     g.output("y", y)
     for name, arr in arrays.items():
         g.set_input(name, arr)
-    return best(g.compute, repeat)
+    return g
 
 
 def torch_times(python: str, cases: list[tuple[str, str, tuple[Any, ...]]], threads: int,

@@ -97,8 +97,22 @@ def test_missing_fast_paths_are_warned(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "RPC backend" in text and "llamafile" in text
     assert devices.RPC_INSTALL_COMMAND in text
     assert "AVX2, FMA" in text and "F16C" not in text
-    # AVX-512 is not suggested: a native ggml build measured slower (issue 20)
-    assert "AVX512" not in text and feat["bf16_kernel"] == "avx512"
+    assert "-C cmake.define.GGML_AVX2=ON -C cmake.define.GGML_FMA=ON to the install" in text
+    # neither AVX-512 nor a native build is suggested: the native build measured slower
+    # (bench/bench_ggml_build.py; devices._SUGGESTED_FAST_PATHS)
+    assert "AVX512" not in text and "GGML_NATIVE=ON" not in text and feat["bf16_kernel"] == "avx512"
+
+
+def test_cpu_feature_advice_refuses_features_without_a_switch() -> None:
+    """The advice names a CMake switch per feature; it never falls back to GGML_NATIVE=ON."""
+    assert devices.missing_cpu_features_advice(["FMA"]) == (
+        "ggml's CPU backend was built without FMA, which this CPU has (libggml-python builds with "
+        "GGML_NATIVE=OFF); add -C cmake.define.GGML_FMA=ON to the install command's libggml-python "
+        "switches and reinstall it")
+    with pytest.raises(ValueError, match="AMX_INT8"):
+        devices.missing_cpu_features_advice(["AVX2", "AMX_INT8"])
+    with pytest.raises(ValueError, match="CPU features"):
+        devices.missing_cpu_features_advice([])
 
 
 def test_complete_build_has_no_warnings(monkeypatch: pytest.MonkeyPatch) -> None:

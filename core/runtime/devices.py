@@ -50,10 +50,17 @@ CONNECT_TIMEOUT_S = 3.0
 _X86_FAST_PATHS = {"AVX2": ("avx2", "GGML_AVX2"), "FMA": ("fma", "GGML_FMA"),
                    "F16C": ("f16c", "GGML_F16C"), "AVX512": ("avx512f", "GGML_AVX512")}
 
-#: The features ``sdplan devices`` suggests rebuilding ggml for. Not AVX512: built with the
-#: native instruction set (AVX-512 included) stable-diffusion.cpp's ggml 0.19 ran an SD 1.5
-#: step 1.35x slower at 256 px and 1.93x slower at 512 px on an AVX-512 EPYC (issue 20's
-#: measurement), and sdplan's own bf16 kernels use AVX-512/AMX without it.
+#: The features ``sdplan devices`` suggests rebuilding ggml for, each by its own switch. Measured
+#: by bench/bench_ggml_build.py (ggml 0.20.2 under sdplan, SD 1.5-size UNet step at 256 px with
+#: CFG, 2 threads, medians of 3 interleaved processes, Xeon with AMX; README "CPU speed"): the
+#: README's build against one without AVX2, FMA and F16C ran the f16 path's step
+#: (``SDPLAN_BF16_KERNEL=off``, what a CPU without AMX or AVX512_BF16 runs) in 0.07x the time, the
+#: bf16 path's in 0.95x (noise). Not AVX512 nor GGML_NATIVE=ON: a native build (AVX-512, VNNI,
+#: AVX512_BF16, AMX) ran the bf16 path's step in 0.94x (within the 1.54x spread: ggml runs about
+#: 14% of it) and the f16 path's in 2.53x, as ggml's CPU flash attention takes its tiled kernel
+#: only for head widths that are a multiple of the vector width (16 floats with AVX-512; SD 1.x's
+#: 40-wide heads fall back, 15-17x slower), though its f16 products ran in 0.61-0.77x. sdplan's
+#: own bf16 kernels use AVX-512 and AMX in either build.
 _SUGGESTED_FAST_PATHS = ("AVX2", "FMA", "F16C")
 
 
@@ -341,15 +348,17 @@ def _host_cpu_flags() -> set[str]:
 
 
 def missing_cpu_features_advice(missing: Sequence[str]) -> str:
-    """One line naming ggml CPU features (``AVX512``...) this CPU has but the loaded ggml
-    lacks, and the CMake switches that add them to libggml-python's source build."""
-    switches = " ".join(f"-C cmake.define.{_X86_FAST_PATHS[f][1]}=ON" for f in missing
-                        if f in _X86_FAST_PATHS)
+    """One line naming ggml CPU features (``AVX2``...) this CPU has but the loaded ggml lacks,
+    and the CMake switch of each (:data:`_X86_FAST_PATHS`) to add to libggml-python's source
+    build; never ``GGML_NATIVE=ON``, which measured slower (see :data:`_SUGGESTED_FAST_PATHS`).
+    Raises ``ValueError`` for a feature without a known switch."""
+    unknown = [f for f in missing if f not in _X86_FAST_PATHS]
+    if unknown or not missing:
+        raise ValueError(f"no ggml CMake switch known for CPU features {unknown or list(missing)}")
+    switches = " ".join(f"-C cmake.define.{_X86_FAST_PATHS[f][1]}=ON" for f in missing)
     return (f"ggml's CPU backend was built without {', '.join(missing)}, which this CPU has "
-            "(libggml-python builds with GGML_NATIVE=OFF); add "
-            f"{switches or '-C cmake.define.GGML_NATIVE=ON'} (or -C cmake.define.GGML_NATIVE=ON "
-            "for every feature of this CPU) to the install command's libggml-python switches "
-            "and reinstall it")
+            f"(libggml-python builds with GGML_NATIVE=OFF); add {switches} to the install "
+            "command's libggml-python switches and reinstall it")
 
 
 def features() -> dict[str, Any]:
