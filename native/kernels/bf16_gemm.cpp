@@ -228,14 +228,16 @@ SDPLAN_AVX512 void pack_conv(const Problem &p, int64_t c0, int64_t Mb, uint32_t 
     alignas(64) static const uint16_t kIdx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
                                                   8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
     const __m512i idx = _mm512_load_si512(kIdx);
-    for (int64_t j = 0; j < pairs; ++j) {
+    int64_t ic0 = 0, r0 = 0;  // im2col row k0 = 2j as channel and kernel position, kept without divisions
+    for (int64_t j = 0; j < pairs; ++j, r0 += 2) {
         const int64_t k0 = 2 * j, k1 = k0 + 1;
+        while (r0 >= KK) r0 -= KK, ++ic0;
         uint32_t *dst = panel + (j / 16) * 256 + (j % 16) * 16;
         if (k0 >= p.K) {
             for (int64_t g = 0; g < G; ++g) _mm512_store_si512(dst + g * KS * 256, _mm512_setzero_si512());
             continue;
         }
-        const int64_t ic0 = k0 / KK, r0 = k0 % KK, ic1 = k1 / KK, r1 = k1 % KK;
+        const int64_t ic1 = r0 + 1 < KK ? ic0 : ic0 + 1, r1 = r0 + 1 < KK ? r0 + 1 : 0;
         const bool has1 = k1 < p.K;
         for (int64_t g = 0; g < G; ++g) {
             const __m512 v0 = conv_load(p.x, plane, ic0, r0, g, G, Mb, offs, pg);
