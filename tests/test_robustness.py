@@ -227,6 +227,29 @@ def test_a_fifo_or_device_as_model_path_is_named_before_any_work(argv: list[str]
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("argv", "kind", "line"), [
+    (["-i", "{p}"], "fifo", "error [invalid_argument]: -i/--init-img '{p}': not a readable picture "
+                            "({p}: not a regular file ({what}))"),
+    (["-i", "{png}", "--mask", "{p}"], "fifo", "error [invalid_argument]: --mask '{p}': not a readable "
+                                               "picture ({p}: not a regular file ({what}))"),
+    (["-i", "{p}"], "chardev", "error [invalid_argument]: -i/--init-img '{p}': not a readable picture "
+                               "({p}: not a regular file ({what}))"),
+    (["--from-image", "{p}"], "fifo", "sdplan generate: --from-image {p}: not a regular file ({what})"),
+], ids=["init-fifo", "mask-fifo", "init-chardev", "from-image-fifo"])
+def test_a_fifo_or_device_as_picture_input_is_named_before_any_work(argv: list[str], kind: str, line: str,
+                                                                   tmp_path: Path, small_png: Path) -> None:
+    """-i, --mask and --from-image refuse a FIFO or a device in one line, exit 2, without
+    opening it (a FIFO would wait for a writer) and before anything is sampled or written."""
+    path, what = _special(tmp_path, kind)
+    out = tmp_path / "out.png"
+    values = {"{p}": path, "{png}": str(small_png)}
+    r = sdplan("generate", "--demo", "-p", "x", *[values.get(a, a) for a in argv], "-o", str(out), timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines[-1] == line.format(p=path, what=what), r.stderr
+    assert "sampling" not in r.stderr and r.stdout == "" and not out.exists()
+
+
 def test_a_fifo_in_a_library_folder_is_listed_not_read(tmp_path: Path) -> None:
     import json
 

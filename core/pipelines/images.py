@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 from sdplan.core.errors import ModelFileError
+from sdplan.core.modelfiles.readers import refuse_special_file
 
 #: The colour transparent areas are composited over (RGB, 0..255).
 BACKGROUND = (255, 255, 255)
@@ -69,10 +70,12 @@ def read_image_rgb(path: str | Path) -> np.ndarray:
     """The picture at ``path`` as uint8 ``(H, W, 3)`` (:func:`to_rgb8`).
 
     Raises:
-        ModelFileError: no such file, not a picture Pillow reads, or a mode it cannot convert.
+        ModelFileError: no such file, not a regular file (a FIFO, a device), not a picture
+            Pillow reads, or a mode it cannot convert.
     """
     from PIL import Image, UnidentifiedImageError
 
+    refuse_special_file(path)  # a FIFO would block the open until a writer comes
     try:
         with Image.open(path) as im:
             im.seek(0)

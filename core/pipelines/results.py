@@ -158,10 +158,14 @@ def read_png_text(path: str | Path) -> dict[str, str]:
     are decoded as UTF-8.
 
     Raises:
-        OSError: not a readable image.
+        OSError: not a readable image (a FIFO or a device is refused without opening it).
     """
     from PIL import Image
+    from sdplan.core.modelfiles.readers import special_file_kind
 
+    kind = special_file_kind(path)
+    if kind is not None:  # a FIFO would block the open until a writer comes
+        raise OSError(f"not a regular file ({kind})")
     with Image.open(path) as im:
         out = {}
         for k, v in getattr(im, "text", {}).items():
