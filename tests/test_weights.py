@@ -317,11 +317,12 @@ def rne_bf16(a: np.ndarray) -> np.ndarray:
     ((3, 7), 4096),     # shorter than one 32-value block
     ((3, 2085), 4096),  # one row per span (4170 bytes): unaligned starts, blocks, a masked tail
     ((64, 640), 1 << 20),  # whole 64-byte blocks, one span
+    ((600, 1000), 1 << 22),  # one span filled in three pieces (512 KB each, the last short)
 ])
 def test_f16_to_bf16_on_load_rounds_each_value_to_nearest_even(cpu, tmp_path, shape, chunk) -> None:
     """An f16 tensor held in bf16 (the CPU bf16 kernel's weights) is converted while it is read,
     on several threads, into the exact nearest-even bf16 of each value: spans of any length
-    and alignment, with and without the streaming-store body."""
+    and alignment, and spans filled in pieces."""
     a = (RNG.standard_normal(shape) * 3).astype(np.float16)
     a.flat[:4] = [65504.0, -0.0, 6e-8, 1.0009765625]  # f16's largest, negative zero, a subnormal, 1 + 2^-10
     path = tmp_path / "f16.safetensors"
