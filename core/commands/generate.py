@@ -281,12 +281,8 @@ def run(args: argparse.Namespace) -> int:
         fits = fit is None or fit.fits
         try:  # the engine starts on the picture while the tables print
             job, req = _submit(args, files, plan, engine) if fits or args.force else (0, {})
-        except SdplanError as exc:
-            print_error(exc)
-            return 2
-        except ValueError as exc:
-            print_error(InvalidArgument(str(exc)))
-            return 2
+        except (SdplanError, ValueError) as exc:
+            return _failed(exc)
         print_tables(plan, inventory, fit)
         _print_inputs(console, loras, args)
         if getattr(args, "demo", False) and not demo_caption_known(args.prompt):
@@ -304,12 +300,16 @@ def run(args: argparse.Namespace) -> int:
             console.print("[yellow]--force[/]: running a plan that does not fit")
         try:
             return _generate(args, files, plan, engine, console, job, req)
-        except SdplanError as exc:
-            print_error(exc)
-            return 2
-        except ValueError as exc:
-            print_error(InvalidArgument(str(exc)))
-            return 2
+        except (SdplanError, ValueError) as exc:
+            return _failed(exc)
+
+
+def _failed(exc: Exception) -> int:
+    """Print an engine request's error (a ValueError as an invalid argument); exit code 2."""
+    from sdplan.core.commands.plan import print_error
+
+    print_error(exc if isinstance(exc, SdplanError) else InvalidArgument(str(exc)))
+    return 2
 
 
 def _load_output_modules() -> None:
