@@ -308,9 +308,8 @@ class Engine:
         self._pending = None
         if not self.isolated:
             return self._call_local(func, params, on_progress, on_preview)
-        proc = self._proc
-        if proc is None or proc.stdout is None:
-            raise self._died(proc) if proc is not None else EngineError("the engine process is gone")
+        proc = self._proc  # submit() started it; close() would have dropped the pending job
+        assert proc is not None and proc.stdout is not None
         while True:
             msg = _recv(proc.stdout)
             if msg is None:

@@ -323,25 +323,25 @@ constexpr int64_t kWideAccBytes = 2048 * 1024;  // f32 accumulators of all rows 
 constexpr int64_t kWideSteps = KB_WIDE_STEPS;  // k steps per chunk of a wide block
 
 // Columns per block when W is larger than an L2 cache: up to 256, as many as keep the f32
-// accumulators of all N rows within kWideAccBytes; never fewer than the narrow choice.
-inline int64_t wide_columns(int64_t N, int64_t KS, int64_t cols) {
-    const int64_t narrow = panel_columns(KS, cols);
+// accumulators of all N rows within kWideAccBytes; never fewer than `narrow` (panel_columns).
+inline int64_t wide_columns(int64_t N, int64_t narrow, int64_t cols) {
     const int64_t wide = std::clamp<int64_t>(kWideAccBytes / (round_up(N, 32) * 4) / 32 * 32, 32, 256);
     return std::min(std::max(narrow, wide), round_up(cols, 32));
 }
 
 // Each work item is one block of Mb columns (its panel packed once per thread) and a range of
 // W's rows. Narrow blocks (W fits an L2 cache): per 32 rows of W, C [32][Mb] over all of K in
-// L1 (block_product). Wide blocks (W larger): K in chunks of kChunkSteps outermost, each chunk
-// of the panel (32 k x Mb, in L2) multiplied by every row of the range into f32 accumulators
+// L1 (block_product). Wide blocks (W larger): K in chunks of kWideSteps outermost, each chunk
+// of the panel (kWideSteps * 32 k x Mb, in L2) multiplied by every row of the range into f32 accumulators
 // [rows][Mb], so W streams from memory once per column block instead of once per narrow block
 // (the convolutions with 640 to 2560 input channels: 3.8 GB of W traffic -> 0.5 GB at 32 x 32
 // with 2560 channels).
 template <bool AMX>
 SDPLAN_AMX void run(const Problem &p, int ith, int nth) {
     const int64_t K = p.K, KS = (K + 31) / 32, cols = p.M * p.images;
-    const bool wide = p.N * K * 2 > kWideWeightBytes && cols > panel_columns(KS, cols);
-    const int64_t Mb = wide ? wide_columns(p.N, KS, cols) : panel_columns(KS, cols);
+    const int64_t narrow = panel_columns(KS, cols);
+    const bool wide = p.N * K * 2 > kWideWeightBytes && cols > narrow;
+    const int64_t Mb = wide ? wide_columns(p.N, narrow, cols) : narrow;
     const int64_t mblocks = (cols + Mb - 1) / Mb, G = Mb / 16;
     const int64_t n32 = (p.N + 31) / 32;
     // split the rows of W when there are fewer column blocks than 2 per thread
