@@ -3,8 +3,8 @@ in one run, as ratios.
 
 Each variant runs in its own process (interleaved rounds; medians over ``--rounds``): sdplan
 with ``SDPLAN_BF16_KERNEL`` = each path this CPU runs (``amx``, ``avx512``, ``off``: f16 weights,
-ggml's products, the Winograd convolution), and diffusers (``--ref-python``, the ``ref``
-extra) in fp32 and in bf16. Per process: text encode (CLIP, 77 tokens), one UNet step with CFG
+sdplan's AVX2/FMA product, the Winograd convolution), and diffusers (``--ref-python``, the
+``ref`` extra) in fp32 and in bf16. Per process: text encode (CLIP, 77 tokens), one UNet step with CFG
 (batch 2) and a VAE decode at each ``--sizes`` (pixels), after one warm-up call each; sdplan's
 weight load (every module's weights into their buffers) against reading the file (warm page
 cache); peak RSS. The checkpoint is random fp16 weights with SD 1.5's names and shapes

@@ -7,6 +7,7 @@
 #include "graph.h"
 #include "kernels/attention.h"
 #include "kernels/bf16_gemm.h"
+#include "kernels/fma_gemm.h"
 #include "kernels/glu.h"
 #include "kernels/group_norm.h"
 #include "kernels/im2col.h"
@@ -256,6 +257,14 @@ Tensor Graph::mul_mat(const Tensor &a, const Tensor &b, std::optional<Tensor> bi
         ggml_tensor *args[3] = {to_f32(contig(tb)), contig(ta), tc ? to_f32(contig(tc)) : nullptr};
         return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, ta->ne[1], tb->ne[1], tb->ne[2], tb->ne[3], args,
                                   tc ? 3 : 2, bf16_gemm, GGML_N_TASKS_MAX, custom_params.back().data()),
+                   nd);
+    }
+    if (ta->type == GGML_TYPE_F16 && fma_gemm_on() && ta->ne[2] == 1 && ta->ne[3] == 1 && all_cpu()) {
+        // the FMA product: x f32 contiguous, w f16 contiguous (widened as packed), the bias fused
+        custom_params.push_back({0, 1, 1, 0, 0, 1, 1, 0});
+        ggml_tensor *args[3] = {to_f32(contig(tb)), contig(ta), tc ? to_f32(contig(tc)) : nullptr};
+        return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, ta->ne[1], tb->ne[1], tb->ne[2], tb->ne[3], args,
+                                  tc ? 3 : 2, fma_gemm, GGML_N_TASKS_MAX, custom_params.back().data()),
                    nd);
     }
     if (ggml_is_transposed(ta)) ta = ggml_cont(ctx->ctx, ta);
@@ -523,6 +532,7 @@ const char *conv_method_name(ConvMethod method) {
     case ConvMethod::winograd: return "winograd";
     case ConvMethod::direct: return "direct";
     case ConvMethod::bf16: return "bf16";
+    case ConvMethod::fma: return "fma";
     }
     return "?";
 }
@@ -532,7 +542,7 @@ int64_t conv_out_size(int64_t in, int64_t k, int s, int p, int d) { return (in +
 ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, int64_t> kernel,
                               std::pair<int, int> stride, std::pair<int, int> pad, std::pair<int, int> dil,
                               std::pair<int64_t, int64_t> image, int64_t batch, int64_t out_channels, bool all_cpu,
-                              bool avx2_fma, bool bf16, int64_t in_channels) {
+                              bool avx2_fma, bool bf16, int64_t in_channels, bool fma) {
     auto invalid = [](std::string msg) { return ConvChoice{ConvMethod::im2col, std::move(msg)}; };
     // conv_2d has checked all of this (with the shapes in its messages) before it asks
     if (kernel.first < 1 || kernel.second < 1 || image.first < 1 || image.second < 1 || batch < 1 || out_channels < 1)
@@ -544,13 +554,18 @@ ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, i
     if (OW < 1 || OH < 1) return invalid("kernel larger than padded input");
 
     if (requested != "auto" && requested != "im2col" && requested != "direct" && requested != "cpu_im2col" &&
-        requested != "winograd" && requested != "bf16")
-        return invalid("method must be auto, im2col, cpu_im2col, winograd, direct or bf16, got '" + requested + "'");
+        requested != "winograd" && requested != "bf16" && requested != "fma")
+        return invalid("method must be auto, im2col, cpu_im2col, winograd, direct, bf16 or fma, got '" + requested +
+                       "'");
     const bool even_depth = in_channels * kernel.first * kernel.second % 2 == 0;
     if (requested == "bf16" && (!bf16 || !all_cpu || !even_depth))
         return invalid("method 'bf16' needs a bf16 kernel with an even depth (in channels x KH x KW), a CPU that "
                        "runs a bf16 kernel (AVX512_BF16 or AMX) and a graph whose backends are all CPUs");
     if (requested == "bf16") return {ConvMethod::bf16, {}};
+    if (requested == "fma" && (!fma || !all_cpu))
+        return invalid("method 'fma' needs an f16 or f32 kernel, a CPU with AVX2, FMA and F16C and a graph whose "
+                       "backends are all CPUs");
+    if (requested == "fma") return {ConvMethod::fma, {}};
     const bool wino_shape = kernel.first == 3 && kernel.second == 3 && stride.first == 1 && stride.second == 1 &&
                             pad.first == 1 && pad.second == 1 && dil.first == 1 && dil.second == 1;
     if (requested == "winograd" && (!wino_shape || !all_cpu))
@@ -574,6 +589,9 @@ ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, i
     // narrower images (bench/bench_ops.py --methods cpu_im2col,winograd).
     if (wino_shape && all_cpu && avx2_fma && OW >= 2 * 16 && out_channels >= kWinoLanes)
         return {ConvMethod::winograd, {}};
+    // fma: the columns gathered straight into the product's packed panels (no im2col buffer)
+    // and multiplied in f32 by FMA: FMAGEMM_RULE
+    if (fma && all_cpu) return {ConvMethod::fma, {}};
     const int64_t pixels = OW * OH * batch;
     return {all_cpu && 2 * pixels >= out_channels ? ConvMethod::cpu_im2col : ConvMethod::im2col, {}};
 }
@@ -603,12 +621,15 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
                                                  wino_fast_cpu(),
                                                  tw->type == GGML_TYPE_BF16 && bf16_kernel() != Bf16Kernel::none &&
                                                      ggml_nelements(tx) < INT32_MAX,  // the op's offsets are int32
-                                                 tw->ne[2]);
+                                                 tw->ne[2],
+                                                 (tw->type == GGML_TYPE_F16 || tw->type == GGML_TYPE_F32) &&
+                                                     fma_gemm_on());
     if (!choice.error.empty()) fail("conv_2d", choice.error);
     if (tw->type == GGML_TYPE_BF16 && choice.method != ConvMethod::bf16) tw = to_f32(contig(tw));
     const ConvOperands a{tw, tx, tb, bias ? &*bias : nullptr, stride, pad, dil, OW, OH};
     switch (choice.method) {
     case ConvMethod::bf16: return lower_conv_bf16(a);
+    case ConvMethod::fma: return lower_conv_fma(a);
     case ConvMethod::winograd: return lower_conv_winograd(a);
     case ConvMethod::cpu_im2col: return lower_conv_cpu_im2col(a);
     case ConvMethod::direct: return lower_conv_direct(a);
@@ -640,6 +661,16 @@ Tensor Graph::lower_conv_bf16(const ConvOperands &a) {
     ggml_tensor *args[3] = {to_f32(contig(a.x)), contig(a.w), a.b ? to_f32(contig(a.b)) : nullptr};
     return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, a.OW, a.OH, a.w->ne[3], a.x->ne[3], args, a.b ? 3 : 2,
                               bf16_gemm, GGML_N_TASKS_MAX, custom_params.back().data()),
+               4);
+}
+
+// Columns gathered in f32 and multiplied by FMA, bias added, in one CPU op.
+Tensor Graph::lower_conv_fma(const ConvOperands &a) {
+    custom_params.push_back({1, a.stride.second, a.stride.first, a.pad.second, a.pad.first, a.dil.second,
+                             a.dil.first, 0});
+    ggml_tensor *args[3] = {to_f32(contig(a.x)), contig(a.w), a.b ? to_f32(contig(a.b)) : nullptr};
+    return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, a.OW, a.OH, a.w->ne[3], a.x->ne[3], args, a.b ? 3 : 2,
+                              fma_gemm, GGML_N_TASKS_MAX, custom_params.back().data()),
                4);
 }
 

@@ -29,8 +29,9 @@ bool is_view_op(ggml_op op);
 // The ways Graph::conv_2d lowers a convolution: im2col (ggml's im2col + mul_mat), cpu_im2col
 // (channels-last columns by a CPU op, kernels/im2col.cpp), winograd (one fused CPU op,
 // kernels/winograd.cpp), direct (ggml_conv_2d_direct), bf16 (im2col columns packed in bf16 and
-// multiplied by the bf16 kernel in one CPU op, kernels/bf16_gemm.cpp).
-enum class ConvMethod { im2col, cpu_im2col, winograd, direct, bf16 };
+// multiplied by the bf16 kernel in one CPU op, kernels/bf16_gemm.cpp), fma (im2col columns
+// gathered in f32 and multiplied by FMA in one CPU op, kernels/fma_gemm.cpp).
+enum class ConvMethod { im2col, cpu_im2col, winograd, direct, bf16, fma };
 const char *conv_method_name(ConvMethod method);
 
 // Output size along one axis of a convolution (input in, kernel k, stride s, padding p, dilation d).
@@ -54,12 +55,14 @@ struct ConvChoice {
 // all_cpu and the output has at least half as many pixels (OW * OH * batch) as the kernel has
 // output channels; else im2col. Explicit winograd needs the Winograd shape and all_cpu (not
 // avx2_fma: without it a slower generic micro-kernel runs); cpu_im2col needs all_cpu; bf16
-// needs bf16, all_cpu and an even depth (in_channels * KH * KW). Other methods take a bf16
-// kernel converted to f32.
+// needs bf16, all_cpu and an even depth (in_channels * KH * KW). fma: the kernel is f16 or f32
+// and the CPU runs the FMA product (fma_gemm_on()); auto takes fma where it would take
+// cpu_im2col or im2col when all_cpu and fma; explicit fma needs both. Other methods take a
+// bf16 kernel converted to f32.
 ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, int64_t> kernel,
                               std::pair<int, int> stride, std::pair<int, int> pad, std::pair<int, int> dil,
                               std::pair<int64_t, int64_t> image, int64_t batch, int64_t out_channels, bool all_cpu,
-                              bool avx2_fma, bool bf16 = false, int64_t in_channels = 0);
+                              bool avx2_fma, bool bf16 = false, int64_t in_channels = 0, bool fma = false);
 
 // The operands of one conv_2d, validated, as its lowerings take them (ggml ne order inside
 // the tensors; pairs (H, W)).
@@ -140,6 +143,7 @@ struct Graph {
     Tensor lower_conv_winograd(const ConvOperands &a);
     Tensor lower_conv_direct(const ConvOperands &a);
     Tensor lower_conv_bf16(const ConvOperands &a);
+    Tensor lower_conv_fma(const ConvOperands &a);
     Tensor conv_add_bias(const ConvOperands &a, const Tensor &y);       // the column and direct paths' bias
     Tensor conv_columns_result(const ConvOperands &a, ggml_tensor *mm);  // [OW*OH*N, OC] -> (N, OC, OH, OW)
     bool all_cpu() const;

@@ -2,6 +2,7 @@
 // Tensor and Graph.
 #include "graph.h"
 #include "kernels/bf16_gemm.h"
+#include "kernels/fma_gemm.h"
 #include "kernels/glu.h"
 #include "kernels/winograd.h"
 
@@ -570,26 +571,28 @@ void register_graph(nb::module_ &m) {
     using P64 = std::pair<int64_t, int64_t>;
     m.def("choose_conv_method",
         [](const std::string &method, P64 kernel, P64 image, int64_t out_channels, bool all_cpu, bool avx2_fma,
-           P2 stride, P2 padding, P2 dilation, int64_t batch, bool bf16, int64_t in_channels) {
+           P2 stride, P2 padding, P2 dilation, int64_t batch, bool bf16, int64_t in_channels, bool fma) {
             ConvChoice c = choose_conv_method(method, kernel, stride, padding, dilation, image, batch, out_channels,
-                                              all_cpu, avx2_fma, bf16, in_channels);
+                                              all_cpu, avx2_fma, bf16, in_channels, fma);
             if (!c.error.empty()) throw nb::value_error(("conv_2d: " + c.error).c_str());
             return std::string(conv_method_name(c.method));
         },
         nb::arg("method"), nb::kw_only(), nb::arg("kernel"), nb::arg("image"), nb::arg("out_channels"),
         nb::arg("all_cpu"), nb::arg("avx2_fma"), nb::arg("stride") = P2{1, 1}, nb::arg("padding") = P2{0, 0},
         nb::arg("dilation") = P2{1, 1}, nb::arg("batch") = 1, nb::arg("bf16") = false, nb::arg("in_channels") = 0,
-        "The method Graph.conv_2d lowers a convolution with (im2col, cpu_im2col, winograd, direct\n"
-        "or bf16), from plain values and without a graph: method as given to conv_2d (auto or an\n"
+        nb::arg("fma") = false,
+        "The method Graph.conv_2d lowers a convolution with (im2col, cpu_im2col, winograd, direct,\n"
+        "bf16 or fma), from plain values and without a graph: method as given to conv_2d (auto or an\n"
         "explicit one), kernel (KH, KW), image (H, W) of the input, the output channels, whether\n"
         "every backend of the graph is a CPU, whether the CPU has AVX2 and FMA (cpu_avx2_fma()),\n"
         "stride/padding/dilation (H, W), the batch, whether the kernel is bf16 on a CPU that runs\n"
-        "a bf16 kernel (bf16_kernel() != 'off') and the input channels. Raises ValueError with\n"
+        "a bf16 kernel (bf16_kernel() != 'off'), the input channels and whether the kernel is f16\n"
+        "or f32 on a CPU that runs the FMA product (fma_gemm()). Raises ValueError with\n"
         "conv_2d's message when conv_2d would refuse the method.");
     m.def("bf16_kernel", []() { return std::string(bf16_kernel_name(bf16_kernel())); },
           "The bf16 kernel graphs built now use for bf16 weights on CPU-only graphs: 'amx' (AMX-BF16\n"
           "tiles), 'avx512' (AVX512_BF16 dot products) or 'off' (the default until set_bf16_kernel;\n"
-          "ggml's own mul_mat; conv kernels\n"
+          "f16 weights, the FMA product or ggml's mul_mat; conv kernels\n"
           "converted to f32).");
     m.def("bf16_cpu_kernel", []() { return std::string(bf16_kernel_name(bf16_cpu_kernel())); },
           "The fastest bf16 kernel this CPU runs ('amx', 'avx512' or 'off'); AMX counts only when\n"
@@ -603,6 +606,13 @@ void register_graph(nb::module_ &m) {
     m.def("set_glu_simd", &set_glu_simd, nb::arg("on"),
           "Allow (True, the default) or forbid the AVX-512 GELU/GEGLU (vectorized erf) for graphs built\n"
           "and computed from now on; forbidden, unary('gelu_erf') is ggml's and geglu uses erff.");
+    m.def("set_fma_gemm", &set_fma_gemm, nb::arg("on"),
+          "Allow (True, the default) or forbid the FMA product (f16/f32 weights widened to f32 and\n"
+          "multiplied by AVX2/FMA in sdplan's own kernel) for graphs built from now on; forbidden,\n"
+          "linear layers use ggml's mul_mat and conv_2d's auto method its other methods.");
+    m.def("fma_gemm", &fma_gemm_on,
+          "True when graphs built now multiply f16 linear weights and f16/f32 convolution kernels on\n"
+          "CPU-only graphs with the FMA product (the CPU has AVX2, FMA and F16C; set_fma_gemm).");
     m.def("glu_simd", &glu_avx512, "True when GELU (erf) and GEGLU run their AVX-512 versions.");
     m.def("cpu_avx2_fma", &wino_fast_cpu,
           "True when this CPU has AVX2 and FMA (conv_2d's auto method then takes winograd for wide\n"

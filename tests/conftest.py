@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-# The f16 path (ggml's products, f16 weights) is what the parity tests' tolerances are for: the
+# The f16 path (f16 weights; sdplan's FMA products, or ggml's on a CPU without AVX2, FMA and
+# F16C) is what the parity tests' tolerances are for: the
 # suite runs it unless told otherwise. The bf16 kernels, sdplan's default on CPUs that have
 # them, are tested on every path the CPU runs, at their own tolerance, in test_bf16_kernels.py
 # and test_bf16_models.py (which choose the kernel themselves).

@@ -22,6 +22,24 @@ from pathlib import Path
 
 PYTHON = sys.executable
 
+#: The environment for a client process whose graphs must compute like RPC devices do: RPC
+#: devices multiply with ggml's products (sdplan's FMA product runs on CPU-only graphs), so a
+#: split over RPC servers is compared with a CPU run that uses ggml's products too.
+GGML_PRODUCTS_ENV = {**os.environ, "SDPLAN_FMA_GEMM": "off"}
+
+
+@contextlib.contextmanager
+def ggml_products() -> Iterator[None]:
+    """Graphs built inside use ggml's products, not the FMA product (see GGML_PRODUCTS_ENV)."""
+    from sdplan._ggml import fma_gemm, set_fma_gemm
+
+    before = fma_gemm()
+    set_fma_gemm(False)
+    try:
+        yield
+    finally:
+        set_fma_gemm(before)
+
 
 def sdplan_cmd(*args: str) -> list[str]:
     """The command line running ``sdplan ARGS`` with this interpreter."""

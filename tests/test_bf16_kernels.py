@@ -332,7 +332,7 @@ def test_environment_variable_chooses_the_kernel() -> None:
 
 def test_kernel_is_the_cpus_by_default() -> None:
     """Without SDPLAN_BF16_KERNEL a fresh process runs the CPU's fastest bf16 kernel; ``off``
-    turns it off (f16 weights, ggml's products)."""
+    turns it off (f16 weights, multiplied by the FMA product or ggml's)."""
     import os
     import subprocess
     import sys

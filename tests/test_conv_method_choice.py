@@ -1,7 +1,8 @@
 """``sdplan._ggml.choose_conv_method``: the rule by which ``Graph.conv_2d`` picks its
 convolution method (auto) or refuses an explicit one, over the rule's boundaries (3x3 and other
 kernels, stride/padding/dilation, output widths around 32 and 64, output channels around 16,
-pixels against output channels, CPU-only graphs or not, AVX2/FMA or not); and that conv_2d on
+pixels against output channels, CPU-only graphs or not, AVX2/FMA or not, the FMA product or
+not); and that conv_2d on
 real graphs does what the chooser says (same ops, same output as the method named explicitly;
 same error messages)."""
 
@@ -16,10 +17,12 @@ import pytest
 G = pytest.importorskip("sdplan._ggml")
 from sdplan.core.runtime import graph as gr  # noqa: E402
 
-UNKNOWN = "conv_2d: method must be auto, im2col, cpu_im2col, winograd, direct or bf16, got '{}'"
+UNKNOWN = "conv_2d: method must be auto, im2col, cpu_im2col, winograd, direct, bf16 or fma, got '{}'"
 WINO_SHAPE = ("conv_2d: method 'winograd' needs a 3x3 kernel, stride 1, padding 1, dilation 1 and a graph "
               "whose backends are all CPUs")
 CPU_ONLY = "conv_2d: method 'cpu_im2col' needs a graph whose backends are all CPUs"
+FMA_NEEDS = ("conv_2d: method 'fma' needs an f16 or f32 kernel, a CPU with AVX2, FMA and F16C and a graph "
+             "whose backends are all CPUs")
 GEOMETRY = "conv_2d: stride and dilation must be >= 1, padding >= 0"
 TOO_SMALL = "conv_2d: kernel larger than padded input"
 DIMS = "conv_2d: kernel, image, batch and output channels must be >= 1"
@@ -96,6 +99,21 @@ CHOICES = [
     ({"method": "winograd", "image": (1, 1)}, "winograd"),
     ({"method": "winograd", "out_channels": 1}, "winograd"),
     ({"method": "winograd", "image": (8, 8), "batch": 2, "out_channels": 1280}, "winograd"),
+    # the FMA product (f16/f32 kernels on a CPU with AVX2, FMA and F16C) takes what cpu_im2col
+    # and im2col would on CPU-only graphs; winograd and bf16 keep theirs
+    ({"fma": True}, "winograd"),
+    ({"fma": True, "image": (8, 31)}, "fma"),
+    ({"fma": True, "out_channels": 15}, "fma"),
+    ({"fma": True, "image": (8, 8), "batch": 2, "out_channels": 1280}, "fma"),
+    ({"fma": True, "kernel": (1, 1), "padding": (0, 0), "image": (2, 2), "out_channels": 9}, "fma"),
+    ({"fma": True, "stride": (2, 2)}, "fma"),
+    ({"fma": True, "avx2_fma": False}, "fma"),
+    ({"fma": True, "all_cpu": False}, "im2col"),
+    ({"fma": True, "bf16": True, "in_channels": 4, "image": (8, 31)}, "bf16"),
+    ({"fma": True, "bf16": True, "in_channels": 3, "image": (8, 31)}, "fma"),  # odd depth: not bf16
+    ({"method": "fma", "fma": True}, "fma"),
+    ({"method": "fma", "fma": True, "kernel": (5, 5), "stride": (2, 2)}, "fma"),
+    ({"method": "cpu_im2col", "fma": True, "image": (8, 31)}, "cpu_im2col"),
 ]
 
 # (changes to BASE, conv_2d's error message)
@@ -110,6 +128,8 @@ ERRORS = [
     ({"method": "winograd", "padding": (2, 1)}, WINO_SHAPE),
     ({"method": "winograd", "dilation": (2, 2)}, WINO_SHAPE),
     ({"method": "cpu_im2col", "all_cpu": False}, CPU_ONLY),
+    ({"method": "fma"}, FMA_NEEDS),
+    ({"method": "fma", "fma": True, "all_cpu": False}, FMA_NEEDS),
     ({"method": "fft"}, UNKNOWN.format("fft")),
     ({"method": ""}, UNKNOWN.format("")),
     ({"method": "Auto"}, UNKNOWN.format("Auto")),
@@ -148,7 +168,7 @@ def out_size(n: int, k: int, s: int, p: int, d: int) -> int:
 
 
 def documented_rule(method: str, kernel, image, out_channels, all_cpu, avx2_fma, stride, padding,
-                    dilation, batch) -> str:
+                    dilation, batch, fma=False) -> str:
     """The rule as core/runtime/graph.py documents it (valid geometry only)."""
     wino_shape = (kernel, stride, padding, dilation) == ((3, 3), (1, 1), (1, 1), (1, 1))
     ow = out_size(image[1], kernel[1], stride[1], padding[1], dilation[1])
@@ -157,21 +177,27 @@ def documented_rule(method: str, kernel, image, out_channels, all_cpu, avx2_fma,
         return "winograd" if wino_shape and all_cpu else "refused"
     if method == "cpu_im2col":
         return "cpu_im2col" if all_cpu else "refused"
+    if method == "fma":
+        return "fma" if all_cpu and fma else "refused"
     if method != "auto":
         return method
     if wino_shape and all_cpu and avx2_fma and ow >= 32 and out_channels >= 16:
         return "winograd"
+    if all_cpu and fma:
+        return "fma"
     return "cpu_im2col" if all_cpu and 2 * ow * oh * batch >= out_channels else "im2col"
 
 
 def test_sweep_matches_the_documented_rule() -> None:
     counts: dict[str, int] = {}
-    for method, kernel, stride, padding, dilation, width, height, oc, batch, cpu, avx in itertools.product(
-            ["auto", "winograd", "cpu_im2col", "im2col", "direct"], [(3, 3), (1, 1), (3, 1), (5, 5)],
+    for method, kernel, stride, padding, dilation, width, height, oc, batch, cpu, avx, fma in itertools.product(
+            ["auto", "winograd", "cpu_im2col", "im2col", "direct", "fma"], [(3, 3), (1, 1), (3, 1), (5, 5)],
             [(1, 1), (2, 1), (1, 2)], [(1, 1), (0, 0), (0, 1), (2, 2)], [(1, 1), (2, 1)],
-            [8, 31, 32, 33, 64], [1, 4], [1, 15, 16, 17, 300], [1, 2], [True, False], [True, False]):
+            [8, 31, 32, 33, 64], [1, 4], [1, 15, 16, 17, 300], [1, 2], [True, False], [True, False],
+            [True, False]):
         args = {"kernel": kernel, "image": (height, width), "out_channels": oc, "all_cpu": cpu,
-                "avx2_fma": avx, "stride": stride, "padding": padding, "dilation": dilation, "batch": batch}
+                "avx2_fma": avx, "stride": stride, "padding": padding, "dilation": dilation, "batch": batch,
+                "fma": fma}
         if min(out_size(height, kernel[0], stride[0], padding[0], dilation[0]),
                out_size(width, kernel[1], stride[1], padding[1], dilation[1])) < 1:
             continue
@@ -182,7 +208,7 @@ def test_sweep_matches_the_documented_rule() -> None:
             got = "refused"
         assert got == want, (method, args)
         counts[got] = counts.get(got, 0) + 1
-    assert set(counts) == {"winograd", "cpu_im2col", "im2col", "direct", "refused"}
+    assert set(counts) == {"winograd", "cpu_im2col", "im2col", "direct", "fma", "refused"}
 
 
 # ---- conv_2d on real (CPU-only) graphs does what the chooser says
@@ -228,7 +254,8 @@ GRAPHS = [
 @pytest.mark.parametrize("wdtype", ["f32", "f16"])
 def test_conv_2d_takes_the_chosen_method(cpu, n, ic, oc, h, w, k, s, p, wdtype) -> None:
     method = G.choose_conv_method("auto", kernel=(k, k), image=(h, w), out_channels=oc, all_cpu=True,
-                                  avx2_fma=G.cpu_avx2_fma(), stride=(s, s), padding=(p, p), batch=n)
+                                  avx2_fma=G.cpu_avx2_fma(), stride=(s, s), padding=(p, p), batch=n,
+                                  fma=G.fma_gemm())
     rng = np.random.default_rng(n * 1000 + oc * 10 + w)
     x = rng.standard_normal((n, ic, h, w)).astype(np.float32)
     kernel = (rng.standard_normal((oc, ic, k, k)) * 0.2).astype(np.float32)
@@ -237,10 +264,33 @@ def test_conv_2d_takes_the_chosen_method(cpu, n, ic, oc, h, w, k, s, p, wdtype) 
     chosen, chosen_ops = run_conv(cpu, x, kernel, method, s, p, wdtype, bias)
     assert auto_ops == chosen_ops
     np.testing.assert_array_equal(auto, chosen)
-    # the ops tell the methods apart: no IM2COL and no MUL_MAT in the fused Winograd op,
-    # ggml's IM2COL for im2col, custom ops and a MUL_MAT for cpu_im2col
+    # the ops tell the methods apart: no IM2COL and no MUL_MAT in the fused Winograd and FMA
+    # ops, ggml's IM2COL for im2col, custom ops and a MUL_MAT for cpu_im2col
     assert ("IM2COL" in auto_ops) == (method == "im2col")
-    assert ("MUL_MAT" in auto_ops) == (method != "winograd")
+    assert ("MUL_MAT" in auto_ops) == (method not in ("winograd", "fma"))
+
+
+@pytest.mark.parametrize("n,ic,oc,h,w,k,s,p", GRAPHS)
+def test_conv_2d_without_the_fma_product(cpu, n, ic, oc, h, w, k, s, p) -> None:
+    """set_fma_gemm(False): the graphs take the methods of a CPU without it (and the same
+    values as the FMA product within f16 rounding of the columns)."""
+    if not G.fma_gemm():
+        pytest.skip("this CPU does not run the FMA product")
+    method = G.choose_conv_method("auto", kernel=(k, k), image=(h, w), out_channels=oc, all_cpu=True,
+                                  avx2_fma=G.cpu_avx2_fma(), stride=(s, s), padding=(p, p), batch=n)
+    rng = np.random.default_rng(oc * 10 + w)
+    x = rng.standard_normal((n, ic, h, w)).astype(np.float32)
+    kernel = (rng.standard_normal((oc, ic, k, k)) * 0.2).astype(np.float32)
+    with_fma, fma_ops = run_conv(cpu, x, kernel, "auto", s, p, "f32")
+    G.set_fma_gemm(False)
+    try:
+        assert not G.fma_gemm()
+        without, ops = run_conv(cpu, x, kernel, "auto", s, p, "f32")
+    finally:
+        G.set_fma_gemm(True)
+    assert ("MUL_MAT" in ops) == (method != "winograd")
+    assert "MUL_MAT" not in fma_ops  # winograd or the FMA product's one op
+    np.testing.assert_allclose(with_fma, without, rtol=0, atol=1e-4 * np.abs(without).max())
 
 
 def test_graphs_cover_every_auto_choice() -> None:
@@ -248,6 +298,10 @@ def test_graphs_cover_every_auto_choice() -> None:
                                    avx2_fma=True, stride=(s, s), padding=(p, p), batch=n)
               for n, _, oc, h, w, k, s, p in GRAPHS}
     assert chosen == {"winograd", "cpu_im2col", "im2col"}
+    with_fma = {G.choose_conv_method("auto", kernel=(k, k), image=(h, w), out_channels=oc, all_cpu=True,
+                                     avx2_fma=True, stride=(s, s), padding=(p, p), batch=n, fma=True)
+                for n, _, oc, h, w, k, s, p in GRAPHS}
+    assert with_fma == {"winograd", "fma"}
 
 
 @pytest.mark.parametrize("changes", [
@@ -278,3 +332,5 @@ def test_cpu_avx2_fma_reads_the_cpu_flags() -> None:
     if flags is None:
         pytest.skip("no CPU flags in /proc/cpuinfo")
     assert G.cpu_avx2_fma() == ({"avx2", "fma"} <= flags)
+    G.set_fma_gemm(True)
+    assert G.fma_gemm() == ({"avx2", "fma", "f16c"} <= flags)

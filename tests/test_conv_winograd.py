@@ -104,17 +104,25 @@ def test_auto_takes_winograd_for_wide_images(mgr) -> None:
     wide = rng.standard_normal((1, 8, 4, 32)).astype(np.float32)
     narrow = rng.standard_normal((1, 8, 4, 30)).astype(np.float32)
     y, ops = run_conv(mgr, wide, k, "auto", profile=True)
-    assert "MUL_MAT" not in ops  # no column matrix product: the fused Winograd op
+    # no column matrix product: the kernel transform and the fused Winograd op
+    assert "MUL_MAT" not in ops and ops.count("CUSTOM") == 2
     assert np.abs(y - conv3x3_ref(wide, k)).max() <= 2e-5 * np.abs(y).max()
+
+    def column_path(ops: list[str]) -> bool:
+        """ggml's column product (cpu_im2col, im2col) or the FMA product's single op."""
+        return "MUL_MAT" in ops if not G.fma_gemm() else ops == ["CUSTOM"]
+
     _, ops = run_conv(mgr, narrow, k, "auto", profile=True)
-    assert "MUL_MAT" in ops
+    assert column_path(ops)
     # fewer than 16 output channels: the column path too
     _, ops = run_conv(mgr, wide, k[:8], "auto", profile=True)
-    assert "MUL_MAT" in ops
+    assert column_path(ops)
 
 
-@pytest.mark.parametrize("method", ["winograd", "cpu_im2col", "im2col"])
+@pytest.mark.parametrize("method", ["winograd", "cpu_im2col", "im2col", "fma"])
 def test_bias_added_once_by_every_path(mgr, method) -> None:
+    if method == "fma" and not G.fma_gemm():
+        pytest.skip("this CPU does not run the FMA product")
     rng = np.random.default_rng(11)
     x = rng.standard_normal((1, 6, 5, 70)).astype(np.float32)
     k = (rng.standard_normal((20, 6, 3, 3)) * 0.2).astype(np.float32)

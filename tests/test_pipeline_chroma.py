@@ -170,20 +170,20 @@ print(json.dumps(res))
 @pytest.mark.rpc
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
 def test_rpc_split_matches_one_device_and_memory_follows_the_plan(single, pool, tmp_path, dtype) -> None:
-    from rpc_util import rpc_servers
+    from rpc_util import GGML_PRODUCTS_ENV, ggml_products, rpc_servers
 
     dit = CHROMA
-    one = single["latent"]
     if dtype == "q8_0":
         pytest.importorskip("gguf")
         dit = tmp_path / "chroma-Q8_0.gguf"
         write_gguf(CHROMA, dit, "q8_0")
+    with ggml_products():  # what the RPC devices multiply with
         one = run(pool, models=ChromaModels(dit, T5, AE, axes=AXES))["latent"]
     np.save(tmp_path / "noise.npy", R["run_noise"])
     with rpc_servers(2) as (s0, s1):
         res = subprocess.run([sys.executable, "-c", RPC_SCRIPT.format(tests=str(FIX.parent)), s0.endpoint,
                               s1.endpoint, str(tmp_path / "noise.npy"), str(tmp_path / "latent.npy"), str(dit)],
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=300, env=GGML_PRODUCTS_ENV)
         assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose(np.load(tmp_path / "latent.npy"), one, atol=1e-4)

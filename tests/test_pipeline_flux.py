@@ -55,6 +55,15 @@ def single(pool) -> dict[str, np.ndarray]:
     return run(pool)
 
 
+@pytest.fixture(scope="module")
+def single_ggml(pool) -> dict[str, np.ndarray]:
+    """One device with ggml's products, what RPC devices multiply with (rpc_util.ggml_products)."""
+    from rpc_util import ggml_products
+
+    with ggml_products():
+        return run(pool)
+
+
 def test_one_device_matches_reference(single) -> None:
     np.testing.assert_allclose(single["sigmas"], R["run_sigmas"], atol=1e-7)
     assert rel_err(single["latent"], R["run_latent"]) < TOL
@@ -120,18 +129,18 @@ print(json.dumps(res))
 
 @pytest.mark.rpc
 @pytest.mark.parametrize("te_split", [False, True])
-def test_rpc_split_matches_and_memory_follows_the_plan(single, tmp_path, te_split) -> None:
-    from rpc_util import rpc_servers
+def test_rpc_split_matches_and_memory_follows_the_plan(single_ggml, tmp_path, te_split) -> None:
+    from rpc_util import GGML_PRODUCTS_ENV, rpc_servers
 
     np.save(tmp_path / "noise.npy", R["run_noise"])
     with rpc_servers(2) as (s0, s1):
         res = subprocess.run([sys.executable, "-c", RPC_SCRIPT.format(tests=str(FIX.parent), te_split=te_split), s0.endpoint,
                               s1.endpoint, str(tmp_path / "noise.npy"), str(tmp_path / "image.npy")],
-                             capture_output=True, text=True, timeout=300)
+                             capture_output=True, text=True, timeout=300, env=GGML_PRODUCTS_ENV)
         assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     image = np.load(tmp_path / "image.npy")
-    np.testing.assert_allclose(image, single["image"], atol=1e-4)
+    np.testing.assert_allclose(image, single_ggml["image"], atol=1e-4)
     for module, key in (("diffusion", "diffusion"), ("te", "t5xxl"))[: 2 if te_split else 1]:
         p = out["plan"][module]
         placed = out["placed"][key]

@@ -38,7 +38,8 @@ def _feature_line(feat: dict[str, Any]) -> str:
     cpu = " ".join(k for k, v in feat["cpu_features"].items() if v not in ("", "0")
                    and k != "LLAMAFILE")
     bf16 = feat.get("bf16_kernel", "off")
-    kernel = {"off": "off (f16 weights, ggml's products)", "amx": "amx (UNet, VAE, CLIP in bf16)",
+    f16 = "sdplan's FMA products" if feat.get("fma_gemm") else "ggml's products"
+    kernel = {"off": f"off (f16 weights, {f16})", "amx": "amx (UNet, VAE, CLIP in bf16)",
               "avx512": "avx512 (UNet, CLIP in bf16; the VAE's f16 path measured faster)"}.get(bf16, bf16)
     return (f"ggml {feat['ggml_version']} · RPC {yes_no[feat['rpc']]} · "
             f"llamafile {yes_no[feat['llamafile']]} · CPU {cpu or '-'} · sdplan bf16 kernel {kernel}")

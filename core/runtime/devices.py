@@ -366,7 +366,9 @@ def features() -> dict[str, Any]:
 
     Returns ``{"ggml_version": str, "rpc": bool, "llamafile": bool,
     "cpu_features": {name: value}, "registries": [str], "cpu_threads": {"default": int,
-    "usable_cpus": int, "reason": str}, "bf16_kernel": str, "warnings": [str]}``;
+    "usable_cpus": int, "reason": str}, "bf16_kernel": str, "bf16_cpu_kernel": str,
+    "fma_gemm": bool, "warnings": [str]}``; ``fma_gemm``: f16 linear weights and f16/f32
+    convolution kernels on the CPU are multiplied by sdplan's FMA product (``SDPLAN_FMA_GEMM``);
     ``bf16_kernel`` is sdplan's CPU bf16 kernel in use (``amx``, ``avx512`` or ``off``; see
     ``SDPLAN_BF16_KERNEL``): the modules measured faster with it hold f16 weights in bf16 and
     run it (``cpu_bf16_kernels`` of their model class); the CPU features come from the
@@ -406,6 +408,7 @@ def features() -> dict[str, Any]:
                         "reason": threads.reason},
         "bf16_kernel": str(ng.bf16_kernel()),
         "bf16_cpu_kernel": str(ng.bf16_cpu_kernel()),
+        "fma_gemm": bool(ng.fma_gemm()),
         "warnings": warnings,
     }
 

@@ -47,11 +47,13 @@ sigmoid, tanh, exp, sqr, sqrt, abs, neg, sin, cos, log; ``geglu(x, approximate=F
 max_bias=0)`` over the last axis of ``a*scale + mask``, ``flash_attn(q, k, v, mask=None,
 scale=1)`` with q ``(B, H, Nq, D)``, k/v ``(B, Hkv, Nk, D)`` returning ``(B, Nq, H, Dv)``,
 ``conv_2d(w, x, stride=(1,1), padding=(0,0), dilation=(1,1), direct=False, method="auto", bias=None)``
-(method: ``im2col``, ``cpu_im2col``, ``winograd``, ``direct``; on CPU-only graphs auto takes
+(method: ``im2col``, ``cpu_im2col``, ``winograd``, ``direct``, ``bf16``, ``fma``; on CPU-only
+graphs auto takes ``bf16`` for a bf16 kernel where the CPU runs a bf16 kernel, else
 ``winograd`` (F(2x2,3x3), from 64 pixels wide F(4x4,3x3), f32 arithmetic) for 3x3, stride 1,
 padding 1, dilation 1 kernels with at least 16 output channels on outputs at least 32 pixels
-wide when the CPU has AVX2 and FMA, else ``cpu_im2col`` when the output has at least OC/2
-pixels (batch included); ``im2col`` otherwise. The rule is the plain function
+wide when the CPU has AVX2 and FMA, else ``fma`` (sdplan's f32 FMA product; an f16 or f32
+kernel on a CPU with AVX2, FMA and F16C, ``sdplan._ggml.fma_gemm()``), else ``cpu_im2col``
+when the output has at least OC/2 pixels (batch included); ``im2col`` otherwise. The rule is the plain function
 ``sdplan._ggml.choose_conv_method(method, *, kernel, image, out_channels, all_cpu, avx2_fma,
 stride, padding, dilation, batch)``, pairs ``(H, W)``: it returns the method ``conv_2d`` lowers
 with, or raises conv_2d's ``ValueError`` for a method it refuses, without building a graph;

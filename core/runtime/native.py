@@ -52,6 +52,7 @@ def native() -> ModuleType:
     if not _CHECKED:
         check_tensor_layout(module)
         apply_bf16_setting(module, os.environ.get(BF16_ENV))
+        apply_fma_setting(module, os.environ.get(FMA_ENV))
         _CHECKED.append(True)
     return module
 
@@ -59,8 +60,15 @@ def native() -> ModuleType:
 #: Environment variable choosing the CPU bf16 kernel (auto, amx, avx512, off) for this process
 #: and the engine processes it starts; unset means auto, the fastest the CPU runs (bf16 weights
 #: change outputs by about 1% of their range against f16's 0.1%, tests/test_bf16_models.py;
-#: ``off`` keeps f16 weights and ggml's products).
+#: ``off`` keeps f16 weights, multiplied by sdplan's FMA product where the CPU has AVX2, FMA and
+#: F16C, else by ggml's).
 BF16_ENV = "SDPLAN_BF16_KERNEL"
+
+#: Environment variable turning sdplan's FMA product (f16 linear weights and f16/f32
+#: convolution kernels widened to f32 and multiplied with AVX2/FMA, native/kernels/fma_gemm.cpp)
+#: on or off for this process and its engine processes; unset means on where the CPU runs it.
+#: ``off`` hands those products to ggml (which rounds the activations to f16 as well).
+FMA_ENV = "SDPLAN_FMA_GEMM"
 
 
 def apply_bf16_setting(module: ModuleType, value: str | None) -> None:
@@ -79,6 +87,21 @@ def apply_bf16_setting(module: ModuleType, value: str | None) -> None:
     except ValueError as exc:
         reason = str(exc).removeprefix("set_bf16_kernel: ")
         raise InvalidArgument(f"{BF16_ENV}={value!r}: {reason}") from None
+
+
+def apply_fma_setting(module: ModuleType, value: str | None) -> None:
+    """Turn the FMA product on or off (``$SDPLAN_FMA_GEMM``: on, off, 1, 0; None or empty:
+    leave the default, on where the CPU runs it).
+
+    Raises:
+        InvalidArgument: any other value (the message names the variable and the choices).
+    """
+    if not value:
+        return
+    choice = {"on": True, "1": True, "off": False, "0": False}.get(value.strip().lower())
+    if choice is None:
+        raise InvalidArgument(f"{FMA_ENV}={value!r}: expected on or off (1 or 0)")
+    module.set_fma_gemm(choice)
 
 
 def check_tensor_layout(module: ModuleType) -> None:

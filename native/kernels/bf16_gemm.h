@@ -20,7 +20,8 @@ enum class Bf16Kernel { none = 0, avx512 = 1, amx = 2 };
 Bf16Kernel bf16_cpu_kernel();
 
 // The kernel graphs built from now on use: the CPU's (auto) unless set_bf16_kernel chose
-// another (off: f16 weights and ggml's products; bf16 weights change outputs by about 1%).
+// another (off: f16 weights, multiplied by fma_gemm where the CPU runs it, else by ggml's
+// mul_mat; bf16 weights change outputs by about 1%).
 Bf16Kernel bf16_kernel();
 
 // Use `name` (auto, amx, avx512, off) for the graphs built from now on. Returns an empty

@@ -1,0 +1,405 @@
+// f32 matrix products with FMA for f16 or f32 weights (the fma_gemm custom op): the linear
+// layers and convolutions of an AVX2-only CPU (or one whose bf16 kernel is turned off).
+//
+// C [rows][cols] = A [rows][K] B [K][cols] in the loop order of BLIS (Van Zee & van de Geijn,
+// "BLIS: A Framework for Rapidly Instantiating BLAS Functionality", ACM TOMS 2015): per block
+// of up to NC columns and KC of depth, B is packed into micro-panels of 16 columns ([k][16]
+// f32; one is 16 KB, read from L1), and per block of MC rows A into micro-panels of 6 rows
+// ([k][6] f32; the block stays in L2); a 6 x 16 micro-kernel holds C's block in 12 ymm
+// accumulators and per k reads two vectors of B and broadcasts six values of A (12 FMAs).
+// - convolution: rows = output channels (A = the kernel's rows, f16 widened as they are
+//   packed), cols = output pixels of all images (B = the im2col columns, gathered from x as
+//   they are packed; no im2col buffer), C = the output planes, the bias added per row;
+// - linear: rows = x's rows (A = x), cols = W's rows (B = W transposed and widened as it is
+//   packed), C = dst's rows, the bias added per column.
+// Packing per call is what lets the weights stay f16 in memory (as in the file): each f16 value
+// is widened once per block of up to NC columns, against 2 NC flops of work.
+// Threads split the column blocks, and the rows too when there are fewer than two blocks per
+// thread. The functions carry a target attribute and run only where fma_gemm_cpu() is true.
+#include "kernels/fma_gemm.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define SDPLAN_FMA_X86 1
+#define SDPLAN_FMA __attribute__((target("avx2,fma,f16c")))
+#endif
+
+namespace sdplan {
+
+bool fma_gemm_cpu() {
+#ifdef SDPLAN_FMA_X86
+    static const bool ok =
+        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return ok;
+#else
+    return false;
+#endif
+}
+
+namespace {
+std::atomic<bool> forbidden{false};  // set_fma_gemm(false)
+}  // namespace
+
+bool fma_gemm_on() { return fma_gemm_cpu() && !forbidden.load(); }
+
+void set_fma_gemm(bool on) { forbidden.store(!on); }
+
+#ifdef SDPLAN_FMA_X86
+
+namespace {
+
+constexpr int64_t MR = 6, NR = 16;  // the micro-kernel's rows and columns
+#ifndef KB_FMA_KC
+#define KB_FMA_KC 256
+#endif
+#ifndef KB_FMA_MC
+#define KB_FMA_MC 96
+#endif
+#ifndef KB_FMA_NC
+#define KB_FMA_NC 512
+#endif
+constexpr int64_t KC = KB_FMA_KC;  // depth per packed block
+constexpr int64_t MC = KB_FMA_MC;  // rows per packed block of A (MC x KC f32: 96 KB)
+constexpr int64_t NC = KB_FMA_NC;  // at most this many columns per packed block of B (512 KB)
+static_assert(MC % MR == 0 && NC % NR == 0, "blocks hold whole micro-panels");
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+template <typename T>
+T *aligned(std::vector<char> &buf, size_t n) {
+    buf.resize(n * sizeof(T) + 64);
+    const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
+    return reinterpret_cast<T *>(buf.data() + (64 - p % 64) % 64);
+}
+
+struct Problem {
+    bool conv, w16;            // a convolution; W is f16 (else f32)
+    int64_t rows, cols, K;     // C [rows][cols]
+    int64_t N, M, images;      // W's rows; x's rows (linear) or output pixels per image (conv)
+    int64_t IW, IH, OW, KW, KH;  // convolution geometry
+    int s0, s1, p0, p1, d0, d1;
+    const float *x;
+    int64_t x_img;  // floats between input images
+    const void *w;
+    const float *bias;
+    float *dst;
+    int64_t dst_img;  // floats between output images
+};
+
+// ---- packing
+
+// In-register transpose of 8 rows of 8 floats: r[i] becomes column i.
+SDPLAN_FMA inline void transpose8(__m256 r[8]) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20), r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20), r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31), r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31), r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// 8 values from element i of a row-major matrix of f16 (F16) or f32, widened to f32.
+template <bool F16>
+SDPLAN_FMA inline __m256 load8(const void *m, int64_t i) {
+    if (F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)m + i)));
+    return _mm256_loadu_ps((const float *)m + i);
+}
+
+template <bool F16>
+SDPLAN_FMA inline float load1(const void *m, int64_t i) {
+    if (F16) return _cvtsh_ss(((const uint16_t *)m)[i]);
+    return ((const float *)m)[i];
+}
+
+// A: rows i0 .. i0 + mc of a row-major [rows][K] matrix (f16 or f32), depth pc .. pc + kc, as
+// micro-panels ap[p][k][6] (rows past `rows` zero). Writes up to 8 floats past the last panel.
+template <bool F16>
+SDPLAN_FMA void pack_a(const void *src, int64_t K, int64_t rows, int64_t i0, int64_t mc, int64_t pc, int64_t kc,
+                       float *ap) {
+    const int64_t k8 = kc / 8 * 8;
+    for (int64_t ir = 0; ir < mc; ir += MR) {
+        float *o = ap + ir * kc;
+        const int64_t valid = std::clamp<int64_t>(rows - (i0 + ir), 0, MR);
+        const int64_t row0 = (i0 + ir) * K + pc;
+        for (int64_t k = 0; k < k8; k += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; ++i) r[i] = i < valid ? load8<F16>(src, row0 + i * K + k) : _mm256_setzero_ps();
+            transpose8(r);
+            // each store writes 8 floats at a 6-float step: the next k (or panel) overwrites the last 2
+            for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(o + (k + kk) * MR, r[kk]);
+        }
+        for (int64_t k = k8; k < kc; ++k)
+            for (int i = 0; i < MR; ++i) o[k * MR + i] = i < valid ? load1<F16>(src, row0 + i * K + k) : 0.0f;
+    }
+}
+
+// B for a linear layer: W^T, i.e. columns j0 .. j0 + ncp are W's rows (f16 or f32, zero past N),
+// depth pc .. pc + kc, as micro-panels bp[g][k][16].
+template <bool F16>
+SDPLAN_FMA void pack_b_linear(const Problem &p, int64_t j0, int64_t ncp, int64_t pc, int64_t kc, float *bp) {
+    const int64_t k8 = kc / 8 * 8;
+    for (int64_t g = 0; g < ncp / NR; ++g)
+        for (int64_t h = 0; h < NR; h += 8) {
+            const int64_t n0 = j0 + g * NR + h, row0 = n0 * p.K + pc;
+            const int64_t valid = std::clamp<int64_t>(p.N - n0, 0, 8);
+            float *o = bp + g * kc * NR + h;
+            for (int64_t k = 0; k < k8; k += 8) {
+                __m256 r[8];
+                for (int i = 0; i < 8; ++i) r[i] = i < valid ? load8<F16>(p.w, row0 + i * p.K + k) : _mm256_setzero_ps();
+                transpose8(r);
+                for (int kk = 0; kk < 8; ++kk) _mm256_store_ps(o + (k + kk) * NR, r[kk]);
+            }
+            for (int64_t k = k8; k < kc; ++k)
+                for (int i = 0; i < 8; ++i) o[k * NR + i] = i < valid ? load1<F16>(p.w, row0 + i * p.K + k) : 0.0f;
+        }
+}
+
+// Convolution: where each column's input value lies, per kernel position r = kh * KW + kw:
+// offs[r * ncp + c] = the offset (floats from x's channel) of column j0 + c's value, -1 outside
+// the input or past the last column; per group of 16 columns, the valid ones' mask and whether
+// they are consecutive in x (then loaded from `start`).
+struct PosGroup {
+    int64_t start;
+    uint32_t mask;
+    bool contiguous;
+};
+
+void conv_tables(const Problem &p, int64_t j0, int64_t ncp, int64_t *offs, PosGroup *pg) {
+    const int64_t KK = p.KW * p.KH, G = ncp / NR;
+    for (int64_t r = 0; r < KK; ++r) {
+        const int64_t kh = r / p.KW, kw = r % p.KW;
+        int64_t *o = offs + r * ncp;
+        for (int64_t c = 0; c < ncp; ++c) {
+            const int64_t col = j0 + c;
+            o[c] = -1;
+            if (col >= p.cols) continue;
+            const int64_t img = col / p.M, m = col % p.M, oh = m / p.OW, ow = m % p.OW;
+            const int64_t iy = oh * p.s1 - p.p1 + kh * p.d1, ix = ow * p.s0 - p.p0 + kw * p.d0;
+            if (iy >= 0 && iy < p.IH && ix >= 0 && ix < p.IW) o[c] = img * p.x_img + iy * p.IW + ix;
+        }
+        for (int64_t g = 0; g < G; ++g) {
+            PosGroup q{0, 0, true};
+            bool first = true;
+            for (int i = 0; i < NR; ++i) {
+                const int64_t v = o[g * NR + i];
+                if (v < 0) continue;
+                q.mask |= 1u << i;
+                if (first) q.start = v - i, first = false;
+                else if (v - i != q.start) q.contiguous = false;
+            }
+            pg[r * G + g] = q;
+        }
+    }
+}
+
+// 8 lanes' masks (all ones where bit i of `bits` is set).
+SDPLAN_FMA inline __m256i lane_mask(uint32_t bits) {
+    const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), sel), sel);
+}
+
+// B for a convolution: the im2col rows pc .. pc + kc (k = ic * KH * KW + kh * KW + kw) of the
+// columns in the tables, as micro-panels bp[g][k][16].
+SDPLAN_FMA void pack_b_conv(const Problem &p, int64_t ncp, int64_t pc, int64_t kc, const int64_t *offs,
+                            const PosGroup *pg, float *bp) {
+    const int64_t KK = p.KW * p.KH, G = ncp / NR, plane = p.IW * p.IH;
+    int64_t ic = pc / KK, r = pc % KK;
+    for (int64_t k = 0; k < kc; ++k) {
+        const float *base = p.x + ic * plane;
+        for (int64_t g = 0; g < G; ++g) {
+            float *o = bp + g * kc * NR + k * NR;
+            const PosGroup &q = pg[r * G + g];
+            if (q.mask == 0xffff && q.contiguous) {
+                _mm256_store_ps(o, _mm256_loadu_ps(base + q.start));
+                _mm256_store_ps(o + 8, _mm256_loadu_ps(base + q.start + 8));
+            } else if (q.contiguous) {  // the first or last group of an output row (the padding)
+                _mm256_store_ps(o, _mm256_maskload_ps(base + q.start, lane_mask(q.mask)));
+                _mm256_store_ps(o + 8, _mm256_maskload_ps(base + q.start + 8, lane_mask(q.mask >> 8)));
+            } else {
+                const int64_t *off = offs + r * ncp + g * NR;
+                for (int i = 0; i < NR; ++i) o[i] = off[i] < 0 ? 0.0f : base[off[i]];
+            }
+        }
+        if (++r == KK) r = 0, ++ic;
+    }
+}
+
+// ---- the micro-kernel and C
+
+// C row of 16 (two vectors) after the product: mode 0 adds C's values, 1 the bias vectors.
+SDPLAN_FMA inline void put(float *c, __m256 lo, __m256 hi, int mode, __m256 blo, __m256 bhi) {
+    if (mode == 0) lo = _mm256_add_ps(lo, _mm256_loadu_ps(c)), hi = _mm256_add_ps(hi, _mm256_loadu_ps(c + 8));
+    else lo = _mm256_add_ps(lo, blo), hi = _mm256_add_ps(hi, bhi);
+    _mm256_storeu_ps(c, lo);
+    _mm256_storeu_ps(c + 8, hi);
+}
+
+// C [6][16] (row stride ldc) from a [k][6] and b [k][16] over kc: mode 0 C += A B, mode 1
+// C = A B + bias (rb: one value per row, cb: 16 per column, or neither), mode 2 C = A B.
+// The accumulators are named variables (an array of __m256 would live on the stack).
+SDPLAN_FMA void micro(const float *a, const float *b, int64_t kc, float *c, int64_t ldc, int mode, const float *rb,
+                      const float *cb) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00,
+           c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (int64_t k = 0; k < kc; ++k, a += MR, b += NR) {
+        const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+        __m256 av = _mm256_broadcast_ss(a);
+        c00 = _mm256_fmadd_ps(av, b0, c00), c01 = _mm256_fmadd_ps(av, b1, c01);
+        av = _mm256_broadcast_ss(a + 1);
+        c10 = _mm256_fmadd_ps(av, b0, c10), c11 = _mm256_fmadd_ps(av, b1, c11);
+        av = _mm256_broadcast_ss(a + 2);
+        c20 = _mm256_fmadd_ps(av, b0, c20), c21 = _mm256_fmadd_ps(av, b1, c21);
+        av = _mm256_broadcast_ss(a + 3);
+        c30 = _mm256_fmadd_ps(av, b0, c30), c31 = _mm256_fmadd_ps(av, b1, c31);
+        av = _mm256_broadcast_ss(a + 4);
+        c40 = _mm256_fmadd_ps(av, b0, c40), c41 = _mm256_fmadd_ps(av, b1, c41);
+        av = _mm256_broadcast_ss(a + 5);
+        c50 = _mm256_fmadd_ps(av, b0, c50), c51 = _mm256_fmadd_ps(av, b1, c51);
+    }
+    const __m256 z = _mm256_setzero_ps();
+    const __m256 clo = mode == 1 && cb ? _mm256_loadu_ps(cb) : z, chi = mode == 1 && cb ? _mm256_loadu_ps(cb + 8) : z;
+    const int m = mode == 0 ? 0 : 1;  // mode 2 adds zero vectors
+    const bool rows = mode == 1 && rb;
+    __m256 v = rows ? _mm256_set1_ps(rb[0]) : z;
+    put(c, c00, c01, m, _mm256_add_ps(clo, v), _mm256_add_ps(chi, v));
+    v = rows ? _mm256_set1_ps(rb[1]) : z;
+    put(c + ldc, c10, c11, m, _mm256_add_ps(clo, v), _mm256_add_ps(chi, v));
+    v = rows ? _mm256_set1_ps(rb[2]) : z;
+    put(c + 2 * ldc, c20, c21, m, _mm256_add_ps(clo, v), _mm256_add_ps(chi, v));
+    v = rows ? _mm256_set1_ps(rb[3]) : z;
+    put(c + 3 * ldc, c30, c31, m, _mm256_add_ps(clo, v), _mm256_add_ps(chi, v));
+    v = rows ? _mm256_set1_ps(rb[4]) : z;
+    put(c + 4 * ldc, c40, c41, m, _mm256_add_ps(clo, v), _mm256_add_ps(chi, v));
+    v = rows ? _mm256_set1_ps(rb[5]) : z;
+    put(c + 5 * ldc, c50, c51, m, _mm256_add_ps(clo, v), _mm256_add_ps(chi, v));
+}
+
+// C's element (i, j): a convolution's column j is pixel j % M of image j / M.
+inline float *c_at(const Problem &p, int64_t i, int64_t j) {
+    if (!p.conv) return p.dst + i * p.cols + j;
+    return p.dst + (j / p.M) * p.dst_img + i * p.M + j % p.M;
+}
+
+// The 6 x 16 block of C at (i, j): straight into dst when it lies whole in one image's rows,
+// else through a local block (edges of C, columns that cross from one image into the next).
+SDPLAN_FMA void block(const Problem &p, const float *a, const float *b, int64_t kc, int64_t i, int64_t j,
+                      bool first) {
+    const int64_t vr = std::min(MR, p.rows - i), vc = std::min(NR, p.cols - j);
+    const bool whole = vr == MR && vc == NR && (!p.conv || j % p.M + NR <= p.M);
+    if (whole) {
+        const int64_t ldc = p.conv ? p.M : p.cols;
+        const float *rb = p.conv && p.bias ? p.bias + i : nullptr, *cb = !p.conv && p.bias ? p.bias + j : nullptr;
+        micro(a, b, kc, c_at(p, i, j), ldc, first ? 1 : 0, rb, cb);
+        return;
+    }
+    alignas(32) float t[MR * NR];
+    micro(a, b, kc, t, NR, 2, nullptr, nullptr);
+    for (int64_t r = 0; r < vr; ++r)
+        for (int64_t q = 0; q < vc; ++q) {
+            float *d = c_at(p, i + r, j + q);
+            const float base = !first ? *d : !p.bias ? 0.0f : p.conv ? p.bias[i + r] : p.bias[j + q];
+            *d = base + t[r * NR + q];
+        }
+}
+
+// ---- driver
+
+// Work items: column blocks (of at most NC, as equal as multiples of 16 allow) times parts of
+// the rows (split when there are fewer than two blocks per thread); each thread takes a run of
+// items, and its consecutive parts of one column block are one range of rows.
+SDPLAN_FMA void run(const Problem &p, int ith, int nth) {
+    const int64_t cblocks = round_up((p.cols + NC - 1) / NC, nth);  // a multiple of the threads: balanced
+    const int64_t ncb = round_up((p.cols + cblocks - 1) / cblocks, NR);  // columns per block
+    const int64_t panels = (p.rows + MR - 1) / MR;
+    const int64_t nsplit = std::clamp<int64_t>((2 * nth + cblocks - 1) / cblocks, 1, panels);
+    const int64_t items = cblocks * nsplit;
+    const int64_t i0 = items * ith / nth, i1 = items * (ith + 1) / nth;
+    if (i0 >= i1) return;
+    // K in chunks of about KC (a depth up to 1.5 KC in one: C is read and written once per chunk)
+    const int64_t chunks = std::max<int64_t>(1, (p.K + KC / 2) / KC);
+    const int64_t kcmax = round_up((p.K + chunks - 1) / chunks, 8);
+    thread_local std::vector<char> a_buf, b_buf, offs_buf, pg_buf;
+    float *ap = aligned<float>(a_buf, (size_t)MC * kcmax + 8);
+    float *bp = aligned<float>(b_buf, (size_t)ncb * kcmax);
+    const size_t kk = p.conv ? (size_t)(p.KW * p.KH) : 0;
+    int64_t *offs = aligned<int64_t>(offs_buf, kk * ncb);
+    PosGroup *pg = aligned<PosGroup>(pg_buf, kk * (ncb / NR));
+    for (int64_t it = i0; it < i1;) {
+        // this thread's consecutive parts of one column block form one run of rows (B packed once)
+        const int64_t cb = it / nsplit, first_part = it % nsplit;
+        const int64_t last = std::min(i1, (cb + 1) * nsplit);
+        const int64_t parts_end = last - cb * nsplit;
+        it = last;
+        const int64_t j0 = cb * ncb;
+        if (j0 >= p.cols) continue;
+        const int64_t ncp = std::min(ncb, round_up(p.cols - j0, NR));
+        const int64_t r0 = panels * first_part / nsplit * MR;
+        const int64_t r1 = std::min(p.rows, panels * parts_end / nsplit * MR);
+        if (r0 >= r1) continue;
+        if (p.conv) conv_tables(p, j0, ncp, offs, pg);
+        for (int64_t pc = 0; pc < p.K; pc += kcmax) {
+            const int64_t kc = std::min(kcmax, p.K - pc);
+            if (p.conv) pack_b_conv(p, ncp, pc, kc, offs, pg, bp);
+            else if (p.w16) pack_b_linear<true>(p, j0, ncp, pc, kc, bp);
+            else pack_b_linear<false>(p, j0, ncp, pc, kc, bp);
+            for (int64_t ic = r0; ic < r1; ic += MC) {
+                const int64_t mc = std::min(MC, r1 - ic);
+                if (!p.conv) pack_a<false>(p.x, p.K, p.rows, ic, mc, pc, kc, ap);
+                else if (p.w16) pack_a<true>(p.w, p.K, p.rows, ic, mc, pc, kc, ap);
+                else pack_a<false>(p.w, p.K, p.rows, ic, mc, pc, kc, ap);
+                for (int64_t jr = 0; jr < ncp; jr += NR)
+                    for (int64_t ir = 0; ir < mc; ir += MR)
+                        block(p, ap + ir * kc, bp + jr * kc, kc, ic + ir, j0 + jr, pc == 0);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+#endif  // SDPLAN_FMA_X86
+
+void fma_gemm(ggml_tensor *dst, int ith, int nth, void *userdata) {
+#ifdef SDPLAN_FMA_X86
+    FmaGemmParams prm;
+    std::memcpy(&prm, userdata, sizeof prm);
+    const ggml_tensor *x = dst->src[0], *w = dst->src[1], *b = dst->src[2];
+    Problem p{};
+    p.conv = prm.conv != 0;
+    p.w16 = w->type == GGML_TYPE_F16;
+    p.x = (const float *)x->data;
+    p.w = w->data;
+    p.bias = b ? (const float *)b->data : nullptr;
+    p.dst = (float *)dst->data;
+    if (p.conv) {
+        p.IW = x->ne[0], p.IH = x->ne[1], p.images = x->ne[3];
+        p.KW = w->ne[0], p.KH = w->ne[1], p.N = w->ne[3];
+        p.OW = dst->ne[0];
+        p.K = p.KW * p.KH * x->ne[2], p.M = p.OW * dst->ne[1];
+        p.s0 = prm.s0, p.s1 = prm.s1, p.p0 = prm.p0, p.p1 = prm.p1, p.d0 = prm.d0, p.d1 = prm.d1;
+        p.x_img = (int64_t)(x->nb[3] / sizeof(float));
+        p.dst_img = (int64_t)(dst->nb[3] / sizeof(float));
+        p.rows = p.N, p.cols = p.M * p.images;
+    } else {
+        p.K = x->ne[0], p.N = w->ne[1], p.M = ggml_nrows(x), p.images = 1;
+        p.rows = p.M, p.cols = p.N;
+    }
+    run(p, ith, nth);
+#else
+    (void)dst, (void)ith, (void)nth, (void)userdata;
+#endif
+}
+
+}  // namespace sdplan
