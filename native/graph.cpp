@@ -7,6 +7,7 @@
 #include "graph.h"
 #include "kernels/attention.h"
 #include "kernels/bf16_gemm.h"
+#include "kernels/fma_attention.h"
 #include "kernels/fma_gemm.h"
 #include "kernels/glu.h"
 #include "kernels/group_norm.h"
@@ -467,9 +468,10 @@ Tensor Graph::flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std:
         fail("flash_attn", "incompatible q " + shape_str(q) + ", k " + shape_str(k) + ", v " + shape_str(v) +
                                " (k,v share B, heads and length; q's heads a multiple of k's; head dims equal)");
     const Bf16Kernel kern = bf16_kernel();
-    if (kern != Bf16Kernel::none && (bf16_products || attention_bf16) && max_bias == 0.0f && softcap == 0.0f &&
-        all_cpu()) {
-        // sdplan's attention op: bf16 products (AMX or AVX512_BF16), f32 softmax
+    const bool bf16 = kern != Bf16Kernel::none && (bf16_products || attention_bf16);
+    if ((bf16 || fma_gemm_on()) && max_bias == 0.0f && softcap == 0.0f && all_cpu()) {
+        // sdplan's attention ops: bf16 products (AMX or AVX512_BF16) with an f32 softmax, or
+        // everything in f32 with FMA (a CPU without a bf16 kernel, or weights not in bf16)
         auto rows_f32 = [&](ggml_tensor *t) {
             t = t->type == GGML_TYPE_F32 ? t : ggml_cast(ctx->ctx, contig(t), GGML_TYPE_F32);
             return rows_contiguous(t) ? t : ggml_cont(ctx->ctx, t);
@@ -485,10 +487,12 @@ Tensor Graph::flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std:
         }
         int bits;
         std::memcpy(&bits, &scale_, sizeof bits);
-        custom_params.push_back({(int)kern, bits, 0, 0, 0, 0, 0, 0});
+        if (bf16) custom_params.push_back({(int)kern, bits, 0, 0, 0, 0, 0, 0});
+        else custom_params.push_back({bits, 0, 0, 0, 0, 0, 0, 0});
         ggml_tensor *args[4] = {rows_f32(tq), rows_f32(tk), rows_f32(tv), m};
         return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, tv->ne[0], tq->ne[2], tq->ne[1], tq->ne[3], args,
-                                  m ? 4 : 3, bf16_attention, GGML_N_TASKS_MAX, custom_params.back().data()),
+                                  m ? 4 : 3, bf16 ? bf16_attention : fma_attention, GGML_N_TASKS_MAX,
+                                  custom_params.back().data()),
                    4);
     }
     tq = to_f32(tq);

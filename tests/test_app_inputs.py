@@ -172,10 +172,12 @@ def test_demo_in_the_app_with_its_lora_and_a_picture(qtbot, tmp_path) -> None:
     assert p.generate()
     qtbot.waitUntil(lambda: not p.is_running(), timeout=600_000)
     assert not p.error_box.isVisible(), p.error_label.text()
-    saved = sorted((tmp_path / "history").glob("*.json"))
+    # the newest settings file (two pictures made within one second are named <stamp>-0.json
+    # and <stamp>-0-1.json, which sort the other way round)
+    newest = max((tmp_path / "history").glob("*.json"), key=lambda f: f.stat().st_mtime_ns)
     import json
 
-    params = json.loads(saved[-1].read_text())
+    params = json.loads(newest.read_text())
     assert params["init_img"] == str(pic) and params["mask"] == str(mask) and params["strength"] == 0.8
     p.shutdown()
 

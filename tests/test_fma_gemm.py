@@ -199,3 +199,98 @@ def test_devices_line_names_the_products() -> None:
     assert "sdplan bf16 kernel off (f16 weights, sdplan's FMA products)" in _feature_line(feat)
     feat["fma_gemm"] = False
     assert "sdplan bf16 kernel off (f16 weights, ggml's products)" in _feature_line(feat)
+
+
+# ---- attention (native/kernels/fma_attention.cpp)
+
+
+def attention_ref(q, k, v, mask, scale):
+    """softmax(scale q k^T + mask) v in float64, (B, Nq, H, Dv); a row whose keys are all masked
+    gives zeros (the op's rule)."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, rep, 1).astype(np.float64), np.repeat(v, rep, 1).astype(np.float64)
+    s = np.einsum("bhqd,bhkd->bhqk", q.astype(np.float64), k) * scale
+    if mask is not None:
+        s = s + mask
+    top = s.max(-1, keepdims=True)
+    p = np.exp(s - np.where(np.isfinite(top), top, 0.0))
+    total = p.sum(-1, keepdims=True)
+    p = np.divide(p, total, out=np.zeros_like(p), where=total > 0)
+    return np.einsum("bhqk,bhkd->bqhd", p, v)
+
+
+# (B, Hq, Hk, Nq, Nk, D, Dv, mask): SD's 40-wide heads, one key block (240) and several with
+# tails, grouped heads, head widths off 6 and 8, value widths other than the keys', masks that
+# hide whole key blocks and whole rows
+ATTENTION = [
+    (2, 2, 2, 50, 50, 40, 40, None),
+    (1, 4, 4, 64, 77, 64, 64, None),
+    (1, 4, 2, 33, 20, 128, 128, "random"),
+    (1, 1, 1, 100, 37, 80, 80, "causal"),
+    (1, 2, 2, 70, 600, 24, 17, "blocks"),
+    (2, 1, 1, 17, 481, 7, 9, "rows"),
+]
+
+
+@pytest.mark.parametrize("b,hq,hk,nq,nk,d,dv,masked", ATTENTION)
+def test_attention_against_float64(cpu, b, hq, hk, nq, nk, d, dv, masked) -> None:
+    rng = np.random.default_rng(nq * 3 + nk + d)
+    q = rng.standard_normal((b, hq, nq, d)).astype(np.float32)
+    k = rng.standard_normal((b, hk, nk, d)).astype(np.float32)
+    v = rng.standard_normal((b, hk, nk, dv)).astype(np.float32)
+    mask = None
+    if masked == "random":
+        mask = np.where(rng.random((nq, nk)) < 0.3, -np.inf, rng.standard_normal((nq, nk))).astype(np.float32)
+    elif masked == "causal":
+        mask = np.triu(np.full((nq, nk), -np.inf, np.float32), 1)
+    elif masked == "blocks":  # even rows see only the keys after the first two blocks of 240
+        mask = np.zeros((nq, nk), np.float32)
+        mask[0::2, :480] = -np.inf
+        mask[1::4, 240:] = -np.inf  # every fourth row only the first block
+    elif masked == "rows":  # rows with no key at all give zeros
+        mask = np.zeros((nq, nk), np.float32)
+        mask[3] = -np.inf
+        mask[10, :470] = -np.inf
+    scale = 1.0 / np.sqrt(d)
+    ref = attention_ref(q, k, v, mask, scale)
+    results = []
+    for threads in (1, 2, 3):
+        g = gr.new_graph([cpu], n_threads=threads)
+        ins = [g.input("q", q.shape), g.input("k", k.shape), g.input("v", v.shape)]
+        mi = g.input("m", mask.shape) if mask is not None else None
+        g.output("o", g.flash_attn(*ins, mi, scale))
+        for name, arr in (("q", q), ("k", k), ("v", v), ("m", mask)):
+            if arr is not None:
+                g.set_input(name, arr)
+        ops = [r[0] for r in g.profile()]
+        assert ops == ["CUSTOM"]
+        o = g.get_output("o")
+        assert o.shape == ref.shape
+        err = np.abs(o - ref).max()
+        assert err <= 1e-5 * np.abs(v).max(), err
+        results.append(o)
+    if masked == "rows":
+        assert not results[0][:, 3].any()
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
+
+
+def test_attention_probabilities_to_f32_precision(cpu) -> None:
+    """Two keys with values 1 and 0: each query's output is its first probability,
+    sigmoid(score difference), over differences from -20 to 20. exp2's polynomial (relative
+    error 2.4e-7) and the f32 scaling keep it within 2e-6 of itself (a polynomial one degree
+    short is off by about 4e-5)."""
+    diff = np.linspace(-20, 20, 4001).astype(np.float32)
+    q = diff.reshape(1, 1, -1, 1)
+    k = np.array([1.0, 0.0], np.float32).reshape(1, 1, 2, 1)
+    v = np.array([1.0, 0.0], np.float32).reshape(1, 1, 2, 1)
+    g = gr.new_graph([cpu], n_threads=2)
+    ins = [g.input("q", q.shape), g.input("k", k.shape), g.input("v", v.shape)]
+    g.output("o", g.flash_attn(*ins, None, 1.0))
+    for name, arr in (("q", q), ("k", k), ("v", v)):
+        g.set_input(name, arr)
+    g.compute()
+    o = g.get_output("o").reshape(-1).astype(np.float64)
+    p = 1.0 / (1.0 + np.exp(-diff.astype(np.float64)))
+    rel = np.abs(o - p) / p
+    assert rel.max() <= 2e-6, rel.max()

@@ -195,7 +195,9 @@ def test_attention_picks_flash_by_head_width(cpu, d, flash_node) -> None:
     for n, a in (("q", q), ("k", k), ("v", v)):
         g.set_input(n, a)
     ops = {row[0] for row in g.profile()}
-    assert ("FLASH_ATTN_EXT" in ops) is flash_node
+    # the flash kernel: sdplan's FMA attention op (a CUSTOM node) where the CPU runs it, else ggml's
+    flash_op = "CUSTOM" if G.fma_gemm() else "FLASH_ATTN_EXT"
+    assert (flash_op in ops) is flash_node
     ref = (_softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(d)) @ v).transpose(0, 2, 1, 3)
     close(g.get_output("y"), ref.reshape(1, 6, 2 * d), 5e-3)
 
@@ -460,19 +462,30 @@ def test_cancel_stops_a_long_compute_and_graph_stays_usable(cpu) -> None:
 def test_attention_wide_heads_take_chunked_plain_path(cpu, monkeypatch, masked) -> None:
     """Heads wider than FLASH_MAX_CPU_HEAD_DIM skip ggml's CPU flash kernel: the plain path,
     its queries in chunks of at most PLAIN_CHUNK_BYTES of scores (here 4 rows: 3 chunks of 10
-    queries, the last short), with a row-sliced mask, equals the softmax reference."""
+    queries, the last short), with a row-sliced mask, equals the softmax reference. With the
+    FMA attention op (a CPU with AVX2, FMA and F16C) they take that op instead, unchunked."""
     d = gr.FLASH_MAX_CPU_HEAD_DIM + 8
     monkeypatch.setattr(gr, "PLAIN_CHUNK_BYTES", 4 * 2 * 2 * 7 * 4)
     q, k, v = rand(2, 2, 10, d), rand(2, 2, 7, d), rand(2, 2, 7, d)
     m = rand(10, 7) if masked else np.zeros((10, 7), np.float32)
-    g = gr.new_graph([cpu])
-    ins = {n: g.input(n, a.shape) for n, a in (("q", q), ("k", k), ("v", v), ("m", m))}
-    g.output("y", gr.attention(g, ins["q"], ins["k"], ins["v"], ins["m"]))
-    g.build()
-    g.allocate()
-    for n, a in (("q", q), ("k", k), ("v", v), ("m", m)):
-        g.set_input(n, a)
-    ops = [row[0] for row in g.profile()]
-    assert "FLASH_ATTN_EXT" not in ops and ops.count("SOFT_MAX") == 3
     p = _softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + m)
-    close(g.get_output("y"), (p @ v).transpose(0, 2, 1, 3).reshape(2, 10, 2 * d), 1e-4)
+    ref = (p @ v).transpose(0, 2, 1, 3).reshape(2, 10, 2 * d)
+    fma = bool(G.fma_gemm())
+    for use_fma in ([False, True] if fma else [False]):
+        G.set_fma_gemm(use_fma)
+        try:
+            g = gr.new_graph([cpu])
+            ins = {n: g.input(n, a.shape) for n, a in (("q", q), ("k", k), ("v", v), ("m", m))}
+            g.output("y", gr.attention(g, ins["q"], ins["k"], ins["v"], ins["m"]))
+        finally:
+            G.set_fma_gemm(fma)
+        g.build()
+        g.allocate()
+        for n, a in (("q", q), ("k", k), ("v", v), ("m", m)):
+            g.set_input(n, a)
+        ops = [row[0] for row in g.profile()]
+        if use_fma:
+            assert "CUSTOM" in ops and "SOFT_MAX" not in ops
+        else:
+            assert "FLASH_ATTN_EXT" not in ops and ops.count("SOFT_MAX") == 3
+        close(g.get_output("y"), ref, 1e-4)

@@ -24,6 +24,11 @@ Conventions
   a bf16 kernel in ``conv_2d`` and every ``flash_attn`` run it (native/kernels): operands rounded
   to bf16, f32 sums. ``sdplan._ggml.set_bf16_kernel("off")`` turns it off for graphs built
   afterwards.
+* **f32 FMA products on the CPU**: on CPU-only graphs where the CPU has AVX2, FMA and F16C
+  (``sdplan._ggml.fma_gemm()``), an f16 2-D ``a`` in ``mul_mat``, f16/f32 kernels in
+  ``conv_2d`` (method ``fma``, where ``winograd`` is not taken) and ``flash_attn`` (where the
+  bf16 op does not run) use sdplan's own kernels (native/kernels/fma_*.cpp): every value
+  widened to f32, f32 sums. ``sdplan._ggml.set_fma_gemm(False)`` hands them back to ggml.
 * Ops never let ggml assert: bad shapes or dtypes raise ``ValueError`` naming the op and the
   shapes. Non-contiguous operands are made contiguous where an op needs it.
 * A graph is built once per input shape (``g.input(...)``, ops, ``g.output(name, t)``), then
@@ -92,7 +97,7 @@ __all__ = [
 FLASH_MIN_HEAD_DIM = 8
 
 #: Widest head for which ``attention`` picks ggml's flash kernel by itself on a CPU main
-#: backend (without sdplan's bf16 attention op). Above it ggml's CPU kernel, one query row
+#: backend (without sdplan's attention ops). Above it ggml's CPU kernel, one query row
 #: at a time, is several times slower than the plain path (bench/bench_ops.py style timing,
 #: 2 threads, q/k/v (1, 1, N, 512) as in the SD / SDXL VAE mid-block: N=1024 flash 0.236 s vs
 #: plain 0.060 s; N=4096 5.78 vs 0.75 s). Head widths of 8..160 time within noise of each other.
@@ -204,7 +209,7 @@ def attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
         flash = False
     elif flash is None and d > FLASH_MAX_CPU_HEAD_DIM and _ggml_cpu_flash(g):
         flash, chunked = False, True
-    if flash is False or not _bf16_attention_op(g):  # only sdplan's op reads strided heads fast
+    if flash is False or not _sdplan_attention_op(g):  # only sdplan's ops read strided heads fast
         q, k, v = (t if t.is_contiguous else g.cont(t) for t in (q, k, v))
     if flash is not False:
         fa = g.flash_attn(q, k, v, mask, s)
@@ -236,17 +241,20 @@ def _cpu_main(g: Graph) -> bool:
     return bool(g.devices) and str(g.devices[0]).startswith("CPU")
 
 
-def _bf16_attention_op(g: Graph) -> bool:
-    """Whether ``g.flash_attn`` runs sdplan's bf16 attention op: a CPU main backend, a bf16
-    kernel, and a bf16 product in the graph or ``g.bf16_attention``. It reads q, k and v
-    through their strides (rows contiguous), so heads need no copy."""
-    return _cpu_main(g) and native().bf16_kernel() != "off" and bool(g.bf16_products or g.bf16_attention)
+def _sdplan_attention_op(g: Graph) -> bool:
+    """Whether ``g.flash_attn`` runs one of sdplan's attention ops: a CPU main backend, and
+    either the bf16 op (a bf16 kernel, and a bf16 product in the graph or ``g.bf16_attention``)
+    or the f32 FMA op (``sdplan._ggml.fma_gemm()``). Both read q, k and v through their strides
+    (rows contiguous), so heads need no copy."""
+    ng = native()
+    bf16 = ng.bf16_kernel() != "off" and bool(g.bf16_products or g.bf16_attention)
+    return _cpu_main(g) and (bf16 or bool(ng.fma_gemm()))
 
 
 def _ggml_cpu_flash(g: Graph) -> bool:
-    """Whether ``g.flash_attn`` would run ggml's CPU kernel: a CPU main backend and not
-    sdplan's bf16 attention op."""
-    return _cpu_main(g) and not _bf16_attention_op(g)
+    """Whether ``g.flash_attn`` would run ggml's CPU kernel: a CPU main backend and none of
+    sdplan's attention ops."""
+    return _cpu_main(g) and not _sdplan_attention_op(g)
 
 
 def _concat_tree(g: Graph, parts: list[Tensor], axis: int) -> Tensor:
