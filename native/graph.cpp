@@ -589,8 +589,10 @@ ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, i
     // bench/bench_ops.py; deep UNet levels with 8x8 images and 1280 channels lose otherwise).
     // winograd (AVX2/FMA CPUs) takes 3x3 convolutions whose rows hold at least 16 tiles of 2
     // pixels (the micro-kernel's width) and at least 16 output channels (its panel): 0.5-0.8x
-    // the time of cpu_im2col at the VAE's and the UNet's 32x32..256x256 sizes, slower on
-    // narrower images (bench/bench_ops.py --methods cpu_im2col,winograd).
+    // the time of cpu_im2col at the VAE's and the UNet's 32x32..256x256 sizes, 0.6-0.8x that of
+    // fma at 32x32 (bench/bench_ops.py --methods cpu_im2col,winograd,fma). Narrower: the UNet's
+    // 16x16 level (rows of 8 tiles packed back to back) measured 0.7-1.3x fma's time per op and
+    // a slower 256 px step, so fma keeps it.
     if (wino_shape && all_cpu && avx2_fma && OW >= 2 * 16 && out_channels >= kWinoLanes)
         return {ConvMethod::winograd, {}};
     // fma: the columns gathered straight into the product's packed panels (no im2col buffer)

@@ -136,3 +136,19 @@ def test_bias_shape_checked(mgr) -> None:
     w, x = g.input("w", (4, 3, 3, 3)), g.input("x", (1, 3, 8, 8))
     with pytest.raises(ValueError, match="conv_2d: bias must be"):
         g.conv_2d(w, x, (1, 1), (1, 1), bias=g.input("b", (5,)))
+
+
+@pytest.mark.parametrize("n,h,w", [(2, 16, 16), (1, 30, 22), (3, 9, 17), (2, 14, 26)])
+def test_winograd_rows_back_to_back(mgr, n, h, w) -> None:
+    """Rows narrower than the micro-kernel's 16 tiles (8 to 15 tiles of 2) are packed back to
+    back in a block: several rows per block, the block's last group partial; every thread count
+    gives the same values (each output computed in the same order whatever the blocks)."""
+    rng = np.random.default_rng(n * 100 + h + w)
+    x = rng.standard_normal((n, 24, h, w)).astype(np.float32)
+    k = (rng.standard_normal((20, 24, 3, 3)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(20).astype(np.float32)
+    ref = conv3x3_ref(x, k) + b[:, None, None]
+    outs = [run_conv(mgr, x, k, "winograd", threads=t, bias=b)[0] for t in (1, 2, 3)]
+    assert np.abs(outs[0] - ref).max() <= 2e-5 * np.abs(ref).max()
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])

@@ -391,7 +391,10 @@ SDPLAN_WINO_INLINE void conv_body(ggml_tensor *dst, int ith, int nth) {
     const int64_t ld = block_tiles(IC, TX, T), segs = (TX + ld - 1) / ld;
     int64_t rows = segs == 1 ? std::max<int64_t>(1, block_tiles(IC, 1 << 20, T) / ld) : 1;
     rows = std::max<int64_t>(1, std::min(rows, N * TY / (2 * nth)));
-    const int64_t groups = (TY + rows - 1) / rows, ldv = rows * ld;
+    // several whole rows: their tiles back to back (row stride TX), so that rows narrower than
+    // the micro-kernel's 16 tiles fill it
+    const int64_t rs = segs == 1 && rows > 1 ? TX : ld;
+    const int64_t groups = (TY + rows - 1) / rows, ldv = round_up(rows * rs, NT);
     const int64_t blocks = N * groups * segs;
     const int64_t b0 = blocks * ith / nth, b1 = blocks * (ith + 1) / nth;
     thread_local std::vector<float> v_buf, m_buf, scratch;
@@ -401,17 +404,17 @@ SDPLAN_WINO_INLINE void conv_body(ggml_tensor *dst, int ith, int nth) {
     for (int64_t b = b0; b < b1; ++b) {
         const int64_t n = b / (groups * segs), ty0 = (b / segs) % groups * rows, tx0 = (b % segs) * ld;
         const int64_t mb = std::min(ld, TX - tx0), nr = std::min(rows, TY - ty0);
-        const int64_t tiles = (nr - 1) * ld + round_up(mb, NT);
+        const int64_t tiles = round_up((nr - 1) * rs + mb, NT);
         for (int64_t r = 0; r < nr; ++r) {
-            if (T == 4) input_transform4(x, n, ty0 + r, tx0, mb, ld, ldv, v + r * ld, scratch);
-            else input_transform(x, n, ty0 + r, tx0, mb, ld, ldv, v + r * ld, scratch);
+            if (T == 4) input_transform4(x, n, ty0 + r, tx0, mb, rs, ldv, v + r * rs, scratch);
+            else input_transform(x, n, ty0 + r, tx0, mb, rs, ldv, v + r * rs, scratch);
         }
         for (int64_t ocb = 0; ocb < OCB; ++ocb) {
             for (int e = 0; e < E; ++e)
                 panel_product<AVX>(U + (ocb * E + e) * IC * L, v + e * IC * ldv, ldv, IC, m + e * L * ldv, tiles);
             for (int64_t r = 0; r < nr; ++r) {
-                if (T == 4) output_transform4(dst, n, ty0 + r, tx0, mb, ld, ldv, ocb, m + r * ld, bias, scratch);
-                else output_transform(dst, n, ty0 + r, tx0, mb, ld, ldv, ocb, m + r * ld, bias, scratch);
+                if (T == 4) output_transform4(dst, n, ty0 + r, tx0, mb, rs, ldv, ocb, m + r * rs, bias, scratch);
+                else output_transform(dst, n, ty0 + r, tx0, mb, rs, ldv, ocb, m + r * rs, bias, scratch);
             }
         }
     }
