@@ -10,8 +10,10 @@ seconds per op for both and the ratio sdplan / reference (below 1: sdplan is fas
 
 Conv cases run once per path (``variants``): the kernel dtype (f16: what SD checkpoints
 hold, f32) and the method of ``Graph.conv_2d`` (``auto``, ``im2col``, ``cpu_im2col``,
-``winograd``, ``direct``); attention cases once per path of ``graph.attention`` (``auto``,
-``flash``: ggml's flash attention, ``plain``: matrix products and softmax).
+``winograd``, ``direct``, ``fma``; ``SDPLAN_FMA_GEMM=off`` in the environment times the linear
+cases and ``auto`` with ggml's products instead of sdplan's FMA ones); attention cases once
+per path of ``graph.attention`` (``auto``, ``flash``: the flash kernel, sdplan's own where the
+CPU runs one, else ggml's; ``plain``: matrix products and softmax).
 
 Usage: ``python bench/bench_ops.py [--threads 2] [--repeat 3] [--only SUBSTRING]
 [--methods auto,im2col,direct] [--dtypes f16,f32] [--attention auto,flash,plain] [--json]``.
