@@ -57,7 +57,8 @@ struct ConvChoice {
 // avx2_fma: without it a slower generic micro-kernel runs); cpu_im2col needs all_cpu; bf16
 // needs bf16, all_cpu and an even depth (in_channels * KH * KW). fma: the kernel is f16 or f32
 // and the CPU runs the FMA product (fma_gemm_on()); auto takes fma where it would take
-// cpu_im2col or im2col when all_cpu and fma; explicit fma needs both. Other methods take a
+// cpu_im2col or im2col when all_cpu and fma and the output has at least kFmaMinColumns (64)
+// pixels, batch included; explicit fma needs all_cpu and fma. Other methods take a
 // bf16 kernel converted to f32.
 ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, int64_t> kernel,
                               std::pair<int, int> stride, std::pair<int, int> pad, std::pair<int, int> dil,

@@ -105,7 +105,12 @@ CHOICES = [
     ({"fma": True, "image": (8, 31)}, "fma"),
     ({"fma": True, "out_channels": 15}, "fma"),
     ({"fma": True, "image": (8, 8), "batch": 2, "out_channels": 1280}, "fma"),
-    ({"fma": True, "kernel": (1, 1), "padding": (0, 0), "image": (2, 2), "out_channels": 9}, "fma"),
+    # ... from 64 output pixels, batch included (fewer do not pay for packing the whole kernel)
+    ({"fma": True, "kernel": (1, 1), "padding": (0, 0), "image": (2, 2), "out_channels": 9}, "im2col"),
+    ({"fma": True, "kernel": (1, 1), "padding": (0, 0), "image": (2, 2), "out_channels": 8}, "cpu_im2col"),
+    ({"fma": True, "image": (4, 8), "batch": 2, "out_channels": 1280}, "fma"),
+    ({"fma": True, "image": (4, 8), "batch": 1, "out_channels": 1280}, "im2col"),
+    ({"fma": True, "image": (7, 9), "batch": 1, "out_channels": 16}, "cpu_im2col"),
     ({"fma": True, "stride": (2, 2)}, "fma"),
     ({"fma": True, "avx2_fma": False}, "fma"),
     ({"fma": True, "all_cpu": False}, "im2col"),
@@ -183,7 +188,7 @@ def documented_rule(method: str, kernel, image, out_channels, all_cpu, avx2_fma,
         return method
     if wino_shape and all_cpu and avx2_fma and ow >= 32 and out_channels >= 16:
         return "winograd"
-    if all_cpu and fma:
+    if all_cpu and fma and ow * oh * batch >= 64:
         return "fma"
     return "cpu_im2col" if all_cpu and 2 * ow * oh * batch >= out_channels else "im2col"
 
@@ -289,7 +294,9 @@ def test_conv_2d_without_the_fma_product(cpu, n, ic, oc, h, w, k, s, p) -> None:
     finally:
         G.set_fma_gemm(True)
     assert ("MUL_MAT" in ops) == (method != "winograd")
-    assert "MUL_MAT" not in fma_ops  # winograd or the FMA product's one op
+    method_fma = G.choose_conv_method("auto", kernel=(k, k), image=(h, w), out_channels=oc, all_cpu=True,
+                                      avx2_fma=G.cpu_avx2_fma(), stride=(s, s), padding=(p, p), batch=n, fma=True)
+    assert ("MUL_MAT" in fma_ops) == (method_fma not in ("winograd", "fma"))
     np.testing.assert_allclose(with_fma, without, rtol=0, atol=1e-4 * np.abs(without).max())
 
 
@@ -301,7 +308,8 @@ def test_graphs_cover_every_auto_choice() -> None:
     with_fma = {G.choose_conv_method("auto", kernel=(k, k), image=(h, w), out_channels=oc, all_cpu=True,
                                      avx2_fma=True, stride=(s, s), padding=(p, p), batch=n, fma=True)
                 for n, _, oc, h, w, k, s, p in GRAPHS}
-    assert with_fma == {"winograd", "fma"}
+    # the FMA product from 64 output pixels; the smallest graphs keep the column paths
+    assert with_fma == {"winograd", "fma", "cpu_im2col", "im2col"}
 
 
 @pytest.mark.parametrize("changes", [

@@ -45,11 +45,11 @@ def linear(cpu, x, w, b, threads: int, profile: bool = False):
     return g.get_output("y"), ops
 
 
-# (rows of x, K, N): micro-panel edges (rows not a multiple of 6, columns not of 16 or 8), depth
+# (rows of x, at least 32 (kFmaMinRows), K, N): micro-panel edges (rows not a multiple of 6, columns not of 16 or 8), depth
 # tails (K below 8, not a multiple of 8, more than one chunk of about 256), several column blocks
 LINEAR = [
-    (1, 8, 16), (5, 7, 17), (77, 768, 768), (13, 33, 40), (300, 320, 1280), (64, 385, 23),
-    (7, 1000, 530), (2049, 40, 70), (6, 1536, 1100),
+    (32, 8, 16), (35, 7, 17), (77, 768, 768), (37, 33, 40), (300, 320, 1280), (64, 385, 23),
+    (41, 1000, 530), (2049, 40, 70), (36, 1536, 1100),
 ]
 
 
@@ -82,6 +82,17 @@ def test_linear_batched_rows(cpu) -> None:
     ref = x.astype(np.float64) @ w.astype(np.float64).T
     assert y.shape == (2, 3, 50, 33)
     assert (np.abs(y - ref) <= bound(96, np.abs(x) @ np.abs(w).astype(np.float64).T)).all()
+
+
+def test_linear_below_32_rows_keeps_ggmls_product(cpu) -> None:
+    """Fewer than 32 rows of x do not pay for packing the whole weight: ggml's product."""
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((48, 64)) * 0.1).astype(np.float16)
+    for rows, op in ((31, "MUL_MAT"), (32, "CUSTOM")):
+        x = rng.standard_normal((rows, 64)).astype(np.float32)
+        y, ops = linear(cpu, x, w, None, 2, profile=True)
+        assert op in ops and (op == "CUSTOM") == (ops == ["CUSTOM"])
+        np.testing.assert_allclose(y, x @ w.astype(np.float32).T, rtol=0, atol=2e-3 * np.abs(y).max())
 
 
 def test_linear_uses_the_op_unless_forbidden(cpu) -> None:

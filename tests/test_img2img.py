@@ -180,7 +180,10 @@ def test_sd_strength_1_is_txt2img_from_the_init_offset_noise() -> None:
         lat2: list[np.ndarray] = []
         b = sd.txt2img(p, on_step=lambda i, n, x: lat2.append(x), noise=noise)[0]
         plain = sd.txt2img(p)[0]
-    np.testing.assert_allclose(lat[-1], lat2[-1], rtol=0, atol=1e-4 * np.abs(lat2[-1]).max())
+    # the two starts, init + sigma_0 noise and sigma_0 (noise + init / sigma_0), differ by f32
+    # rounding (an ulp); layers small enough for ggml's products round activations to f16, where
+    # such a difference can flip one f16 rounding (2^-11 relative) that four steps then carry
+    np.testing.assert_allclose(lat[-1], lat2[-1], rtol=0, atol=5e-3 * np.abs(lat2[-1]).max())
     assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
     assert not np.array_equal(a, plain)  # sd-cli's start keeps the init latent at sigma_max
 

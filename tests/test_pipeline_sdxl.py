@@ -325,7 +325,7 @@ def test_image_to_image_encodes_with_the_sdxl_scale_factor(base) -> None:
     lat2: list[np.ndarray] = []
     b = base.txt2img(p, on_step=lambda i, n, x: lat2.append(x), noise=noise)[0]
     # the two starts, init + sigma_0 noise and sigma_0 (noise + init / sigma_0), differ by f32
-    # rounding (an ulp); four steps of the random UNet grow that to about 3e-4 of the range
-    # with f32 products (ggml's, which round the activations to f16, absorbed most of it)
-    np.testing.assert_allclose(lat[-1], lat2[-1], rtol=0, atol=1e-3 * np.abs(lat2[-1]).max())
+    # rounding (an ulp); four steps of the random UNet grow that to about 3e-4 of the range with
+    # f32 products, more where a small layer's f16 rounding (ggml's products) flips
+    np.testing.assert_allclose(lat[-1], lat2[-1], rtol=0, atol=5e-3 * np.abs(lat2[-1]).max())
     assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
