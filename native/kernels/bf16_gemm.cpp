@@ -21,6 +21,7 @@
 // per element); the products are exact in f32 and summed in f32.
 #include "kernels/bf16_gemm.h"
 #include "kernels/bf16_tiles.h"
+#include "kernels/conv_columns.h"
 
 #include <algorithm>
 #include <atomic>
@@ -169,49 +170,18 @@ SDPLAN_AVX512 void pack_linear(const Problem &p, int64_t c0, int64_t Mb, uint32_
     }
 }
 
-// Convolution: where each column's input value lies, per kernel position r = kh * KW + kw:
-// offs[r * Mb + c] = the offset (floats from x) of column c0 + c's value (column: image
-// col / M, output pixel col % M), -1 outside the input or past the last column; and per group
-// of 16 columns, whether the valid ones are consecutive in x (one masked load, from `start`).
-struct PosGroup {
-    int64_t start;
-    uint16_t mask;
-    bool contiguous;
-};
-
-void conv_tables(const Problem &p, int64_t c0, int64_t Mb, int32_t *offs, PosGroup *pg) {
-    const int64_t KK = p.KW * p.KH, G = Mb / 16, cols = p.M * p.images;
-    const int64_t img_floats = (int64_t)(p.x_img / sizeof(float));
-    for (int64_t r = 0; r < KK; ++r) {
-        const int64_t kh = r / p.KW, kw = r % p.KW;
-        int32_t *o = offs + r * Mb;
-        for (int64_t c = 0; c < Mb; ++c) {
-            const int64_t col = c0 + c;
-            o[c] = -1;
-            if (col >= cols) continue;
-            const int64_t img = col / p.M, m = col % p.M, oh = m / p.OW, ow = m % p.OW;
-            const int64_t iy = oh * p.s1 - p.p1 + kh * p.d1, ix = ow * p.s0 - p.p0 + kw * p.d0;
-            if (iy >= 0 && iy < p.IH && ix >= 0 && ix < p.IW) o[c] = (int32_t)(img * img_floats + iy * p.IW + ix);
-        }
-        for (int64_t g = 0; g < G; ++g) {
-            PosGroup q{0, 0, true};
-            bool first = true;
-            for (int i = 0; i < 16; ++i) {
-                const int32_t v = o[g * 16 + i];
-                if (v < 0) continue;
-                q.mask |= (uint16_t)(1u << i);
-                if (first) q.start = (int64_t)v - i, first = false;
-                else if ((int64_t)v - i != q.start) q.contiguous = false;
-            }
-            pg[r * G + g] = q;
-        }
-    }
+// Convolution: where each column's input value lies (conv_columns.h: int32 offsets, the op
+// refuses inputs of 2^31 floats or more).
+void conv_tables(const Problem &p, int64_t c0, int64_t Mb, int32_t *offs, ColumnGroup *pg) {
+    const ConvColumns g{p.IW, p.IH, p.OW, p.M, p.M * p.images, p.KW, p.KH, (int64_t)(p.x_img / sizeof(float)),
+                        p.s0, p.s1, p.p0, p.p1, p.d0, p.d1};
+    column_tables(g, c0, Mb, offs, pg);
 }
 
 // The 16 values of im2col row k (channel ic, position r) for column group g, in f32.
 SDPLAN_AVX512 inline __m512 conv_load(const float *x, int64_t plane, int64_t ic, int64_t r, int64_t g, int64_t G,
-                                      int64_t Mb, const int32_t *offs, const PosGroup *pg) {
-    const PosGroup &q = pg[r * G + g];
+                                      int64_t Mb, const int32_t *offs, const ColumnGroup *pg) {
+    const ColumnGroup &q = pg[r * G + g];
     const float *base = x + ic * plane;
     if (q.contiguous) return _mm512_maskz_loadu_ps(q.mask, base + q.start);
     const __m512i idx = _mm512_loadu_si512(offs + r * Mb + g * 16);
@@ -221,7 +191,7 @@ SDPLAN_AVX512 inline __m512 conv_load(const float *x, int64_t plane, int64_t ic,
 // Convolution: the panel of columns c0 .. c0 + Mb: per pair of k (im2col rows k = ic * KK + r),
 // the two rows' 16-column groups rounded to bf16 and interleaved (VPERMW) into panel rows.
 SDPLAN_AVX512 void pack_conv(const Problem &p, int64_t c0, int64_t Mb, uint32_t *panel, int32_t *offs,
-                             PosGroup *pg) {
+                             ColumnGroup *pg) {
     const int64_t G = Mb / 16, KS = (p.K + 31) / 32, pairs = KS * 16, KK = p.KW * p.KH;
     const int64_t plane = p.IW * p.IH;
     conv_tables(p, c0, Mb, offs, pg);
@@ -354,7 +324,7 @@ SDPLAN_AMX void run(const Problem &p, int ith, int nth) {
     uint32_t *panel = aligned<uint32_t>(panel_buf, (size_t)KS * 16 * Mb);
     const size_t kk = p.conv ? (size_t)(p.KW * p.KH) : 0;
     int32_t *offs = aligned<int32_t>(offs_buf, kk * Mb);
-    PosGroup *pg = aligned<PosGroup>(pg_buf, kk * (Mb / 16));
+    ColumnGroup *pg = aligned<ColumnGroup>(pg_buf, kk * (Mb / 16));
     uint16_t *pad = aligned<uint16_t>(pad_buf, (size_t)16 * KS * 32);
     const int64_t max_rows = wide ? (n32 + nsplit - 1) / nsplit * 32 + 32 : 32;
     uint16_t *tail = aligned<uint16_t>(tail_buf, (size_t)max_rows * 32);

@@ -22,6 +22,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/buffers.h"
+
 #ifdef SDPLAN_BF16_X86
 
 namespace sdplan::tiles {
@@ -31,15 +33,8 @@ namespace sdplan::tiles {
 #endif
 constexpr int64_t kPanelBytes = KB_PANEL * 1024;  // target panel size (K x Mb bf16)
 
-inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-
-// n elements of T in buf, starting at a 64-byte boundary.
-template <typename T>
-T *aligned(std::vector<char> &buf, size_t n) {
-    buf.resize(n * sizeof(T) + 64);
-    const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
-    return reinterpret_cast<T *>(buf.data() + (64 - p % 64) % 64);
-}
+using kernels::aligned;
+using kernels::round_up;
 
 // 16 x 16 transpose of 32-bit elements: dst row i = column i of src (byte strides).
 SDPLAN_AVX512 inline void transpose16(const void *src, int64_t sstride, void *dst, int64_t dstride) {

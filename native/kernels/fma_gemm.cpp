@@ -24,6 +24,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/conv_columns.h"
 #include "kernels/fma_tiles.h"
 
 namespace sdplan {
@@ -125,42 +126,10 @@ SDPLAN_FMA void pack_b_linear(const Problem &p, int64_t j0, int64_t ncp, int64_t
         }
 }
 
-// Convolution: where each column's input value lies, per kernel position r = kh * KW + kw:
-// offs[r * ncp + c] = the offset (floats from x's channel) of column j0 + c's value, -1 outside
-// the input or past the last column; per group of 16 columns, the valid ones' mask and whether
-// they are consecutive in x (then loaded from `start`).
-struct PosGroup {
-    int64_t start;
-    uint32_t mask;
-    bool contiguous;
-};
-
-void conv_tables(const Problem &p, int64_t j0, int64_t ncp, int64_t *offs, PosGroup *pg) {
-    const int64_t KK = p.KW * p.KH, G = ncp / NR;
-    for (int64_t r = 0; r < KK; ++r) {
-        const int64_t kh = r / p.KW, kw = r % p.KW;
-        int64_t *o = offs + r * ncp;
-        for (int64_t c = 0; c < ncp; ++c) {
-            const int64_t col = j0 + c;
-            o[c] = -1;
-            if (col >= p.cols) continue;
-            const int64_t img = col / p.M, m = col % p.M, oh = m / p.OW, ow = m % p.OW;
-            const int64_t iy = oh * p.s1 - p.p1 + kh * p.d1, ix = ow * p.s0 - p.p0 + kw * p.d0;
-            if (iy >= 0 && iy < p.IH && ix >= 0 && ix < p.IW) o[c] = img * p.x_img + iy * p.IW + ix;
-        }
-        for (int64_t g = 0; g < G; ++g) {
-            PosGroup q{0, 0, true};
-            bool first = true;
-            for (int i = 0; i < NR; ++i) {
-                const int64_t v = o[g * NR + i];
-                if (v < 0) continue;
-                q.mask |= 1u << i;
-                if (first) q.start = v - i, first = false;
-                else if (v - i != q.start) q.contiguous = false;
-            }
-            pg[r * G + g] = q;
-        }
-    }
+// Convolution: where each column's input value lies (conv_columns.h).
+void conv_tables(const Problem &p, int64_t j0, int64_t ncp, int64_t *offs, ColumnGroup *pg) {
+    const ConvColumns g{p.IW, p.IH, p.OW, p.M, p.cols, p.KW, p.KH, p.x_img, p.s0, p.s1, p.p0, p.p1, p.d0, p.d1};
+    column_tables(g, j0, ncp, offs, pg);
 }
 
 // 8 lanes' masks (all ones where bit i of `bits` is set).
@@ -172,14 +141,14 @@ SDPLAN_FMA inline __m256i lane_mask(uint32_t bits) {
 // B for a convolution: the im2col rows pc .. pc + kc (k = ic * KH * KW + kh * KW + kw) of the
 // columns in the tables, as micro-panels bp[g][k][16].
 SDPLAN_FMA void pack_b_conv(const Problem &p, int64_t ncp, int64_t pc, int64_t kc, const int64_t *offs,
-                            const PosGroup *pg, float *bp) {
+                            const ColumnGroup *pg, float *bp) {
     const int64_t KK = p.KW * p.KH, G = ncp / NR, plane = p.IW * p.IH;
     int64_t ic = pc / KK, r = pc % KK;
     for (int64_t k = 0; k < kc; ++k) {
         const float *base = p.x + ic * plane;
         for (int64_t g = 0; g < G; ++g) {
             float *o = bp + g * kc * NR + k * NR;
-            const PosGroup &q = pg[r * G + g];
+            const ColumnGroup &q = pg[r * G + g];
             if (q.mask == 0xffff && q.contiguous) {
                 _mm256_store_ps(o, _mm256_loadu_ps(base + q.start));
                 _mm256_store_ps(o + 8, _mm256_loadu_ps(base + q.start + 8));
@@ -246,7 +215,7 @@ SDPLAN_FMA void run(const Problem &p, int ith, int nth) {
     float *bp = aligned<float>(b_buf, (size_t)ncb * kcmax);
     const size_t kk = p.conv ? (size_t)(p.KW * p.KH) : 0;
     int64_t *offs = aligned<int64_t>(offs_buf, kk * ncb);
-    PosGroup *pg = aligned<PosGroup>(pg_buf, kk * (ncb / NR));
+    ColumnGroup *pg = aligned<ColumnGroup>(pg_buf, kk * (ncb / NR));
     for (int64_t it = i0; it < i1;) {
         // this thread's consecutive parts of one column block form one run of rows (B packed once)
         const int64_t cb = it / nsplit, first_part = it % nsplit;

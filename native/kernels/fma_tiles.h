@@ -15,20 +15,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/buffers.h"
+
 #ifdef SDPLAN_FMA_X86
 
 namespace sdplan::fma {
 
 constexpr int64_t MR = 6, NR = 16;  // the micro-kernel's rows and columns
 
-inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-
-template <typename T>
-T *aligned(std::vector<char> &buf, size_t n) {
-    buf.resize(n * sizeof(T) + 64);
-    const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
-    return reinterpret_cast<T *>(buf.data() + (64 - p % 64) % 64);
-}
+using kernels::aligned;
+using kernels::round_up;
 
 // In-register transpose of 8 rows of 8 floats: r[i] becomes column i.
 SDPLAN_FMA inline void transpose8(__m256 r[8]) {

@@ -26,6 +26,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/buffers.h"
+
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
 #define SDPLAN_WINO_X86 1
@@ -49,7 +51,7 @@ constexpr int64_t L = kWinoLanes;  // output channels per kernel panel
 constexpr int64_t NT = 16;         // tiles per micro-kernel call (two vectors of 8)
 constexpr int64_t kPrefetch = 4;   // input channels read ahead
 
-int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+using kernels::round_up;
 
 // Tiles per block row (a multiple of NT, at most the row's tiles rounded up): 32, or 64 for
 // F(2x2) from 512 input channels, where the kernel panels (IC x 16 floats) outgrow L1 and are
