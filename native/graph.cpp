@@ -236,6 +236,14 @@ void Graph::checkpoint(const Tensor &x) {
 
 // ---- linear algebra and elementwise
 
+ggml_tensor *Graph::product_op(ggml_custom_op_t fn, const std::array<int, 8> &params, ggml_tensor *x, ggml_tensor *w,
+                               ggml_tensor *b, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
+    custom_params.push_back(params);
+    ggml_tensor *args[3] = {to_f32(contig(x)), contig(w), b ? to_f32(contig(b)) : nullptr};
+    return ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, ne0, ne1, ne2, ne3, args, b ? 3 : 2, fn, GGML_N_TASKS_MAX,
+                          custom_params.back().data());
+}
+
 Tensor Graph::mul_mat(const Tensor &a, const Tensor &b, std::optional<Tensor> bias) {
     room("mul_mat", 8);
     ggml_tensor *ta = use("mul_mat", a), *tb = use("mul_mat", b);
@@ -254,19 +262,15 @@ Tensor Graph::mul_mat(const Tensor &a, const Tensor &b, std::optional<Tensor> bi
         ta->ne[0] % 2 == 0 && all_cpu()) {
         // the bf16 kernel: x f32 contiguous, w bf16 contiguous, the bias fused
         bf16_products = true;
-        custom_params.push_back({(int)kern, 0, 1, 1, 0, 0, 1, 1});
-        ggml_tensor *args[3] = {to_f32(contig(tb)), contig(ta), tc ? to_f32(contig(tc)) : nullptr};
-        return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, ta->ne[1], tb->ne[1], tb->ne[2], tb->ne[3], args,
-                                  tc ? 3 : 2, bf16_gemm, GGML_N_TASKS_MAX, custom_params.back().data()),
+        return own(product_op(bf16_gemm, {(int)kern, 0, 1, 1, 0, 0, 1, 1}, tb, ta, tc, ta->ne[1], tb->ne[1], tb->ne[2],
+                              tb->ne[3]),
                    nd);
     }
     if (ta->type == GGML_TYPE_F16 && fma_gemm_on() && ta->ne[2] == 1 && ta->ne[3] == 1 && all_cpu() &&
         ggml_nrows(tb) >= kFmaMinRows) {
         // the FMA product: x f32 contiguous, w f16 contiguous (widened as packed), the bias fused
-        custom_params.push_back({0, 1, 1, 0, 0, 1, 1, 0});
-        ggml_tensor *args[3] = {to_f32(contig(tb)), contig(ta), tc ? to_f32(contig(tc)) : nullptr};
-        return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, ta->ne[1], tb->ne[1], tb->ne[2], tb->ne[3], args,
-                                  tc ? 3 : 2, fma_gemm, GGML_N_TASKS_MAX, custom_params.back().data()),
+        return own(product_op(fma_gemm, {0, 1, 1, 0, 0, 1, 1, 0}, tb, ta, tc, ta->ne[1], tb->ne[1], tb->ne[2],
+                              tb->ne[3]),
                    nd);
     }
     if (ggml_is_transposed(ta)) ta = ggml_cont(ctx->ctx, ta);
@@ -665,21 +669,18 @@ Tensor Graph::lower_conv_winograd(const ConvOperands &a) {
 // Columns packed in bf16 and multiplied by the bf16 kernel, bias added, in one CPU op.
 Tensor Graph::lower_conv_bf16(const ConvOperands &a) {
     bf16_products = true;
-    custom_params.push_back({(int)bf16_kernel(), 1, a.stride.second, a.stride.first, a.pad.second, a.pad.first,
-                             a.dil.second, a.dil.first});
-    ggml_tensor *args[3] = {to_f32(contig(a.x)), contig(a.w), a.b ? to_f32(contig(a.b)) : nullptr};
-    return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, a.OW, a.OH, a.w->ne[3], a.x->ne[3], args, a.b ? 3 : 2,
-                              bf16_gemm, GGML_N_TASKS_MAX, custom_params.back().data()),
+    return own(product_op(bf16_gemm,
+                          {(int)bf16_kernel(), 1, a.stride.second, a.stride.first, a.pad.second, a.pad.first,
+                           a.dil.second, a.dil.first},
+                          a.x, a.w, a.b, a.OW, a.OH, a.w->ne[3], a.x->ne[3]),
                4);
 }
 
 // Columns gathered in f32 and multiplied by FMA, bias added, in one CPU op.
 Tensor Graph::lower_conv_fma(const ConvOperands &a) {
-    custom_params.push_back({1, a.stride.second, a.stride.first, a.pad.second, a.pad.first, a.dil.second,
-                             a.dil.first, 0});
-    ggml_tensor *args[3] = {to_f32(contig(a.x)), contig(a.w), a.b ? to_f32(contig(a.b)) : nullptr};
-    return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, a.OW, a.OH, a.w->ne[3], a.x->ne[3], args, a.b ? 3 : 2,
-                              fma_gemm, GGML_N_TASKS_MAX, custom_params.back().data()),
+    return own(product_op(fma_gemm,
+                          {1, a.stride.second, a.stride.first, a.pad.second, a.pad.first, a.dil.second, a.dil.first, 0},
+                          a.x, a.w, a.b, a.OW, a.OH, a.w->ne[3], a.x->ne[3]),
                4);
 }
 

@@ -108,6 +108,10 @@ struct Graph {
     ggml_tensor *contig(ggml_tensor *t);
     ggml_tensor *to_f32(ggml_tensor *t);
     void set_scope(int index);
+    // One of sdplan's CPU product ops (bf16_gemm, fma_gemm): x as f32 and w contiguous, the bias
+    // (if any) as f32, params kept as the op's userdata, an f32 result of ne0..ne3.
+    ggml_tensor *product_op(ggml_custom_op_t fn, const std::array<int, 8> &params, ggml_tensor *x, ggml_tensor *w,
+                            ggml_tensor *b, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
 
     // ops (numpy-order shapes)
     Tensor input(const std::string &name, const std::vector<int64_t> &shape, const std::string &dtype);
