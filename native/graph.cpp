@@ -472,6 +472,16 @@ Tensor Graph::flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std:
         tv->ne[1] != tk->ne[1] || tv->ne[2] != tk->ne[2])
         fail("flash_attn", "incompatible q " + shape_str(q) + ", k " + shape_str(k) + ", v " + shape_str(v) +
                                " (k,v share B, heads and length; q's heads a multiple of k's; head dims equal)");
+    ggml_tensor *m = nullptr;
+    if (mask) {
+        m = use("flash_attn", *mask);
+        if (!is_float(m->type)) fail("flash_attn", "mask must be float, got " + shape_str(*mask));
+        if (m->ne[0] != tk->ne[1] || m->ne[1] < tq->ne[1] || tq->ne[2] % m->ne[2] || tq->ne[3] % m->ne[3])
+            fail("flash_attn", "mask " + shape_str(*mask) + " does not fit q " + shape_str(q) + " and k " +
+                                   shape_str(k) + " (mask (.., Nq, Nk))");
+    } else if (max_bias > 0.0f) {
+        fail("flash_attn", "max_bias (ALiBi) needs a mask");
+    }
     const Bf16Kernel kern = bf16_kernel();
     const bool bf16 = kern != Bf16Kernel::none && (bf16_products || attention_bf16);
     if ((bf16 || fma_gemm_on()) && max_bias == 0.0f && softcap == 0.0f && all_cpu()) {
@@ -481,15 +491,7 @@ Tensor Graph::flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std:
             t = t->type == GGML_TYPE_F32 ? t : ggml_cast(ctx->ctx, contig(t), GGML_TYPE_F32);
             return rows_contiguous(t) ? t : ggml_cont(ctx->ctx, t);
         };
-        ggml_tensor *m = nullptr;
-        if (mask) {
-            m = use("flash_attn", *mask);
-            if (!is_float(m->type)) fail("flash_attn", "mask must be float, got " + shape_str(*mask));
-            if (m->ne[0] != tk->ne[1] || m->ne[1] < tq->ne[1] || tq->ne[2] % m->ne[2] || tq->ne[3] % m->ne[3])
-                fail("flash_attn", "mask " + shape_str(*mask) + " does not fit q " + shape_str(q) + " and k " +
-                                       shape_str(k) + " (mask (.., Nq, Nk))");
-            m = to_f32(contig(m));
-        }
+        if (m) m = to_f32(contig(m));
         int bits;
         std::memcpy(&bits, &scale_, sizeof bits);
         if (bf16) custom_params.push_back({(int)kern, bits, 0, 0, 0, 0, 0, 0});
@@ -503,17 +505,9 @@ Tensor Graph::flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std:
     tq = to_f32(tq);
     if (tk->type != GGML_TYPE_F16) tk = ggml_cast(ctx->ctx, contig(tk), GGML_TYPE_F16);
     if (tv->type != GGML_TYPE_F16) tv = ggml_cast(ctx->ctx, contig(tv), GGML_TYPE_F16);
-    ggml_tensor *m = nullptr;
-    if (mask) {
-        m = use("flash_attn", *mask);
-        if (!is_float(m->type)) fail("flash_attn", "mask must be float, got " + shape_str(*mask));
-        if (m->ne[0] != tk->ne[1] || m->ne[1] < tq->ne[1] || tq->ne[2] % m->ne[2] || tq->ne[3] % m->ne[3])
-            fail("flash_attn", "mask " + shape_str(*mask) + " does not fit q " + shape_str(q) + " and k " +
-                                   shape_str(k) + " (mask (.., Nq, Nk))");
+    if (m) {
         if (m->type != GGML_TYPE_F16) m = ggml_cast(ctx->ctx, contig(m), GGML_TYPE_F16);
         m = contig(m);
-    } else if (max_bias > 0.0f) {
-        fail("flash_attn", "max_bias (ALiBi) needs a mask");
     }
     ggml_tensor *r = ggml_flash_attn_ext(ctx->ctx, tq, tk, tv, m, scale_, max_bias, softcap);
     ggml_flash_attn_ext_set_prec(r, GGML_PREC_F32);

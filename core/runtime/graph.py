@@ -27,8 +27,8 @@ Conventions
 * **f32 FMA products on the CPU**: on CPU-only graphs where the CPU has AVX2, FMA and F16C
   (``sdplan._ggml.fma_gemm()``), an f16 2-D ``a`` in ``mul_mat`` with at least 32 rows of
   ``b``, f16/f32 kernels in ``conv_2d`` (method ``fma``, where ``winograd`` is not taken, from
-  64 output pixels) and ``flash_attn`` (where the bf16 op does not run) use sdplan's own kernels (native/kernels/fma_*.cpp): every value
-  widened to f32, f32 sums. ``sdplan._ggml.set_fma_gemm(False)`` hands them back to ggml.
+  64 output pixels) and ``flash_attn`` (where the bf16 op does not run) use sdplan's own
+  kernels (native/kernels/fma_*.cpp): every value widened to f32, f32 sums. ``sdplan._ggml.set_fma_gemm(False)`` hands them back to ggml.
 * Ops never let ggml assert: bad shapes or dtypes raise ``ValueError`` naming the op and the
   shapes. Non-contiguous operands are made contiguous where an op needs it.
 * A graph is built once per input shape (``g.input(...)``, ops, ``g.output(name, t)``), then
@@ -58,8 +58,8 @@ graphs auto takes ``bf16`` for a bf16 kernel where the CPU runs a bf16 kernel, e
 padding 1, dilation 1 kernels with at least 16 output channels on outputs at least 32 pixels
 wide when the CPU has AVX2 and FMA, else ``fma`` (sdplan's f32 FMA product; an f16 or f32
 kernel on a CPU with AVX2, FMA and F16C, ``sdplan._ggml.fma_gemm()``, and at least 64 output
-pixels, batch included), else ``cpu_im2col``
-when the output has at least OC/2 pixels (batch included); ``im2col`` otherwise. The rule is the plain function
+pixels, batch included), else ``cpu_im2col`` when the output has at least OC/2 pixels (batch
+included); ``im2col`` otherwise. The rule is the plain function
 ``sdplan._ggml.choose_conv_method(method, *, kernel, image, out_channels, all_cpu, avx2_fma,
 stride, padding, dilation, batch)``, pairs ``(H, W)``: it returns the method ``conv_2d`` lowers
 with, or raises conv_2d's ``ValueError`` for a method it refuses, without building a graph;
