@@ -108,6 +108,9 @@ class PlanController(QObject):
         #: sd-cli flags the open model files call for (``--prediction v``), see
         #: :func:`sdplan.core.planning.sdcli.model_file_flags`.
         self.model_file_flags: list[str] = []
+        #: Pixels each image side must be a multiple of for the open files (None: unknown),
+        #: see :func:`sdplan.core.pipelines.size_rule.size_multiple`.
+        self.size_multiple: int | None = None
         self.extra_modules: list[str] = []
         self.generation: dict[str, object] = dict(DEFAULT_GENERATION)
         #: Arguments of a pasted command sdplan keeps without understanding (written back
@@ -520,6 +523,7 @@ class PlanController(QObject):
                 the paths are kept for the command and the message goes to the status bar).
         """
         from sdplan.core.modelfiles.checkpoint import read_model_files
+        from sdplan.core.pipelines.size_rule import size_multiple
 
         files = {k: list(v) for k, v in flags.items()}
         try:
@@ -527,15 +531,18 @@ class PlanController(QObject):
             profile = ms.profile()
             files = files_by_flag(ms, files)
             extra = model_file_flags([f.metadata for f in ms.files], ms.architecture.family)
+            multiple = size_multiple(ms)
         except (SdplanError, OSError, ValueError) as exc:
             if strict:
                 raise  # nothing changed
             self.status.emit(f"model files not read: {exc}")
             self.model_file_flags = []  # unread files: nothing known about them
+            self.size_multiple = None
         else:
             self._family_defaults(profile)
             self.profile = profile
             self.model_file_flags = extra
+            self.size_multiple = multiple
         self.model_files = files
         self._apply(self.placement, "load")
         self.modelChanged.emit()
@@ -586,6 +593,7 @@ class PlanController(QObject):
         profile = load_builtin_profile(name)
         self.model_files = {}
         self.model_file_flags = []
+        self.size_multiple = None
         self.set_profile(profile)
         self.status.emit(f"planning for the built-in profile {name} (no files needed)")
 

@@ -157,6 +157,7 @@ class GenerationPanel(QFrame):
         self.size_preset.activated.connect(self._apply_preset)
         for box in (self.width_box, self.height_box):
             box.valueChanged.connect(self._show_preset)
+            box.valueChanged.connect(self.update_state)
         form.addRow("Preset", self.size_preset)
         self.steps = QSpinBox()
         self.steps.setRange(1, 200)
@@ -381,6 +382,10 @@ class GenerationPanel(QFrame):
                 return (f"Planning for {prof.name} without its files. Load a model to "
                         "generate (File → Open model files, or drop files here)")
             return "Load a model to generate (File → Open model files, or drop files here)"
+        f = self.ctl.size_multiple
+        w, h = self.width_box.value(), self.height_box.value()
+        if f and (w % f or h % f):
+            return f"Size {w} × {h} px: this model draws sizes that are multiples of {f} px"
         if self.client_factory is None and engine_unavailable_reason():
             return engine_unavailable_reason()
         return self.engine_busy()

@@ -225,3 +225,26 @@ def test_unwritable_history_warns_first_and_keeps_the_picture(qtbot, ctl, tmp_pa
                for m in messages)
     assert p.history.count() == 0 and [x.name for x in tmp_path.iterdir()] == ["history"]
     p.shutdown()
+
+
+def test_a_size_the_model_cannot_draw_disables_generate(qtbot, tmp_path):
+    """The demo draws multiples of 32 pixels (from its headers: 8 x 2^2): 100 px wide
+    disables Generate with the reason before any engine starts; 96 enables it again."""
+    from sdplan.core.pipelines.demo import demo_model_path
+
+    inv = Inventory((Device("CPU", "cpu", "cpu", "CPU", 8 * GIB, 16 * GIB),))
+    c = PlanController(inv)
+    c.load_model_files({"model": [str(demo_model_path())]})
+    assert c.size_multiple == 32
+    started = []
+    p = GenerationPanel(c, tmp_path / "h", client_factory=lambda: started.append(1) or ReplayEngineClient([]))
+    qtbot.addWidget(p)
+    p.width_box.setValue(100)
+    p.height_box.setValue(64)
+    assert not p.generate_btn.isEnabled()
+    assert p.state.text() == "Size 100 × 64 px: this model draws sizes that are multiples of 32 px"
+    assert not p.generate() and not started
+    p.width_box.setValue(96)
+    assert p.generate_btn.isEnabled() and p.state.isHidden()
+    c.load_model_files({"diffusion_model": ["/nonexistent/x.safetensors"]}, strict=False)
+    assert c.size_multiple is None  # unread files: the engine checks when it starts

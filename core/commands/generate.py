@@ -244,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from sdplan.core.commands.plan import print_error, print_tables
     from sdplan.core.pipelines.demo import demo_caption_known
+    from sdplan.core.pipelines.size_rule import check_size
     from sdplan.core.runtime.process import Engine
     from sdplan.core.sampling.slg import refuse_other_families
 
@@ -266,6 +267,7 @@ def run(args: argparse.Namespace) -> int:
         placement = placement_from_namespace(args)
         models = read_models(files)
         refuse_other_families(models.architecture.family, sampling)
+        check_size(models, args.width, args.height)
     except SdplanError as exc:
         print_error(exc)
         return 2

@@ -1,0 +1,93 @@
+"""The size rule read from headers (:mod:`sdplan.core.pipelines.size_rule`) agrees with the
+pipelines' own checks, and ``generate`` refuses a bad size before the engine starts.
+
+The expected multiples are worked out here from the published architectures: SD 1.5's UNet
+has four levels (channel_mult 1, 2, 4, 4: three downsamplings), SDXL's three (1, 2, 4), each
+times the autoencoder's 8; the DiTs patchify 2x2 latent cells (2 * 8).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sdplan.core.cli import main
+from sdplan.core.errors import InvalidArgument
+from sdplan.core.modelfiles.checkpoint import read_model_files
+from sdplan.core.pipelines.demo import demo_model_path
+from sdplan.core.pipelines.size_rule import check_size, size_multiple
+from sparse_writer import Layout, write_sparse
+
+
+@pytest.fixture(scope="module")
+def layouts(shared_dir: Path) -> dict[str, Layout]:
+    return json.loads((shared_dir / "models/real_size_key_layouts.json").read_text())
+
+
+def _models(tmp_path: Path, name: str, shapes: Layout, flag: str = "model", prefix: str = ""):
+    path = tmp_path / f"{name}.safetensors"
+    write_sparse(path, shapes, "F16", prefix)
+    return read_model_files({flag: [path]})
+
+
+def test_sd15_single_file_is_64(tmp_path: Path, layouts: dict[str, Layout]) -> None:
+    ms = _models(tmp_path, "v1-5", {**layouts["sd15_unet_ldm"], **layouts["sd_vae_ldm"]})
+    assert ms.architecture.family == "sd1"
+    assert size_multiple(ms) == 64
+    check_size(ms, 512, 768)
+    with pytest.raises(InvalidArgument, match=r"^-W/-H 512x520: .* multiples of 64 pixels$"):
+        check_size(ms, 512, 520)
+
+
+def test_sdxl_unet_without_vae_is_32(tmp_path: Path, layouts: dict[str, Layout]) -> None:
+    ms = _models(tmp_path, "sdxl_unet", layouts["sdxl_unet_ldm"])
+    assert ms.architecture.family == "sdxl"
+    assert size_multiple(ms) == 32  # no VAE in the set: the SD autoencoder's 8 assumed
+    check_size(ms, 1216, 832)
+    with pytest.raises(InvalidArgument, match="multiples of 32"):
+        check_size(ms, 1000, 1024)
+
+
+def test_dits_are_16(tmp_path: Path, layouts: dict[str, Layout]) -> None:
+    flux = _models(tmp_path, "flux", layouts["flux1_dev_bfl"], "diffusion_model")
+    sd3 = _models(tmp_path, "sd3", layouts["sd3_medium_sai"], prefix="model.diffusion_model.")
+    assert (flux.architecture.family, sd3.architecture.family) == ("flux", "sd3")
+    assert size_multiple(flux) == size_multiple(sd3) == 16
+    check_size(flux, 1008, 16)
+    with pytest.raises(InvalidArgument, match="multiples of 16"):
+        check_size(sd3, 1000, 1024)
+    with pytest.raises(InvalidArgument, match="0x1024"):
+        check_size(flux, 0, 1024)
+
+
+def test_demo_matches_its_pipeline() -> None:
+    ms = read_model_files({"model": [demo_model_path()]})
+    from sdplan.core.pipelines.sd import StableDiffusion
+
+    with StableDiffusion(demo_model_path(), n_threads=1) as sd:
+        f = sd.vae_cfg.factor * 2 ** (len(sd.unet_cfg.channel_mult) - 1)
+    assert size_multiple(ms) == f
+
+
+def test_unknown_layout_leaves_the_check_to_the_pipeline(tmp_path: Path, layouts: dict[str, Layout]) -> None:
+    ms = _models(tmp_path, "clip", layouts["clip_l_hf"], "clip_l", "text_model.")
+    assert size_multiple(ms) is None
+    check_size(ms, 100, 100)  # nothing to say from the headers
+
+
+def test_generate_refuses_a_bad_size_before_the_engine_starts(tmp_path: Path, capsys, monkeypatch) -> None:
+    from sdplan.core.runtime import process
+
+    def no_engine(*a, **k):
+        raise AssertionError("the engine started")
+
+    monkeypatch.setattr(process.Engine, "__init__", no_engine)
+    out = tmp_path / "x.png"
+    code = main(["generate", "--demo", "-p", "a red circle", "-W", "100", "-H", "64", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].endswith(
+        "-W/-H 100x64: this model draws sizes that are positive multiples of 32 pixels"), err
+    assert not out.exists()
