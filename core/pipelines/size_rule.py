@@ -9,7 +9,9 @@ already has, lets ``generate`` refuse such a size before the engine loads anythi
 
 from __future__ import annotations
 
-from sdplan.core.errors import InvalidArgument, SdplanError
+import re
+
+from sdplan.core.errors import InvalidArgument
 from sdplan.core.modelfiles.checkpoint import ModelSet
 
 __all__ = ["check_size", "size_multiple"]
@@ -23,20 +25,24 @@ PATCH_FAMILIES = ("sd3", "flux", "chroma", "z_image", "flux2_klein", "flux2")
 DEFAULT_VAE_FACTOR = 8
 
 
-def _shapes(models: ModelSet, module: str) -> dict[str, tuple[int, ...]]:
-    return {t.info.name: tuple(t.info.shape) for t in models.module_tensors(module)}
+_DOWNSAMPLE = re.compile(r"^(?:model\.diffusion_model\.)?input_blocks\.(\d+)\.0\.op\.weight$")
+_UNET_STEM = re.compile(r"^(?:model\.diffusion_model\.)?input_blocks\.0\.0\.weight$")
+_VAE_LEVEL = re.compile(r"^(?:first_stage_model\.)?(decoder\.up|encoder\.down)\.(\d+)\.")
+
+
+def _names(models: ModelSet, module: str) -> list[str]:
+    return [t.info.name for t in models.module_tensors(module)]
 
 
 def _vae_factor(models: ModelSet) -> int:
-    from sdplan.core.models import vae
-
-    shapes = _shapes(models, "vae")
-    for prefix in (vae.PREFIX, ""):
-        try:
-            return vae.vae_config(shapes, prefix).factor
-        except (SdplanError, KeyError, IndexError, ValueError):
-            continue
-    return DEFAULT_VAE_FACTOR
+    """2^(levels - 1) of the set's autoencoder (``decoder.up.N`` or ``encoder.down.N``, as
+    :func:`sdplan.core.models.vae.vae_config` counts them), or :data:`DEFAULT_VAE_FACTOR`."""
+    levels: dict[str, set[int]] = {"decoder.up": set(), "encoder.down": set()}
+    for name in _names(models, "vae"):
+        if m := _VAE_LEVEL.match(name):
+            levels[m[1]].add(int(m[2]))
+    n = len(levels["decoder.up"]) or len(levels["encoder.down"])
+    return 2 ** (n - 1) if n else DEFAULT_VAE_FACTOR
 
 
 def size_multiple(models: ModelSet) -> int | None:
@@ -46,21 +52,21 @@ def size_multiple(models: ModelSet) -> int | None:
 
     Source: the pipelines' own checks (:meth:`sdplan.core.pipelines.sd.StableDiffusion.generate`
     for the UNet families: ``vae factor * 2 ** (len(channel_mult) - 1)``, e.g. 64 for SD 1.5, 32
-    for SDXL; ``2 * vae factor`` = 16 for the patchifying DiTs).
+    for SDXL; ``2 * vae factor`` = 16 for the patchifying DiTs). The UNet's levels are its
+    downsamplings plus one (``input_blocks.N.0.op``, as
+    :func:`sdplan.core.models.unet.unet_config` counts them), read from the names alone: this
+    runs in the command's process, which does not load numpy or the model graphs.
     """
     family = models.architecture.family
     if family in PATCH_FAMILIES:
         return 2 * _vae_factor(models)
     if family not in UNET_FAMILIES:
         return None
-    from sdplan.core.models import unet
-
-    shapes = _shapes(models, "diffusion")
-    try:
-        cfg = unet.unet_config(shapes, family, prefix=unet.find_prefix(shapes))
-    except (SdplanError, KeyError, IndexError, ValueError):
+    names = _names(models, "diffusion")
+    if not any(_UNET_STEM.match(n) for n in names):
         return None
-    return _vae_factor(models) * 2 ** (len(cfg.channel_mult) - 1)
+    downsamples = {m[1] for n in names if (m := _DOWNSAMPLE.match(n))}
+    return _vae_factor(models) * 2 ** len(downsamples)
 
 
 def check_size(models: ModelSet, width: int, height: int) -> None:
