@@ -2,8 +2,8 @@
 
 Each case builds one small graph holding the op at an SD 1.5 size (3x3 convolutions at the
 VAE decoder's and the UNet's widths, linear layers at CLIP's and the UNet's token counts,
-group norm, attention), computes it ``--repeat`` times after a warm-up and keeps the best
-time; the reference computes the same op with torch in a subprocess
+group norm, attention, the layout copies around attention blocks), computes it ``--repeat``
+times after a warm-up and keeps the best time; the reference computes the same op with torch in a subprocess
 (``--torch-python``, default /work/venv-ref/bin/python, ``torch.set_num_threads``) or, when
 that interpreter is missing, with numpy in this process (matrix products only). Printed:
 seconds per op for both and the ratio sdplan / reference (below 1: sdplan is faster).
@@ -59,6 +59,9 @@ CASES: list[tuple[str, str, tuple[Any, ...]]] = [
     ("attention unet 2x8x1024 d40", "attention", (2, 8, 1024, 1024, 40, False)),
     ("attention unet cross 2x8x1024x77 d40", "attention", (2, 8, 1024, 77, 40, False)),
     ("attention clip 12x77 d64 causal", "attention", (1, 12, 77, 77, 64, True)),
+    ("layout unet 320ch 64x64 b2 to tokens", "layout", ((2, 320, 64, 64), (0, 2, 3, 1))),
+    ("layout unet tokens to 320ch 64x64 b2", "layout", ((2, 64, 64, 320), (0, 3, 1, 2))),
+    ("layout unet 1280ch 16x16 b2 to tokens", "layout", ((2, 1280, 16, 16), (0, 2, 3, 1))),
 ]
 
 TORCH_SCRIPT = r"""
@@ -84,6 +87,9 @@ for name, kind, p in a["cases"]:
     elif kind == "group_norm":
         x = torch.randn(*p)
         out[name] = best(lambda: F.group_norm(x, 32, eps=1e-6))
+    elif kind == "layout":
+        x = torch.randn(*p[0])
+        out[name] = best(lambda: x.permute(*p[1]).contiguous())
     else:
         b, hh, nq, nk, d, causal = p
         q = torch.randn(b, hh, nq, d); k = torch.randn(b, hh, nk, d); v = torch.randn(b, hh, nk, d)
@@ -129,6 +135,8 @@ def build_case(cpu: Any, kind: str, p: tuple[Any, ...], threads: int, wdtype: st
         y = gr.linear(g, x, wt)
     elif kind == "group_norm":
         y = g.group_norm(inp("x", p), 32, 1e-6)
+    elif kind == "layout":  # the contiguous copy of a permuted view (attention blocks' layouts)
+        y = g.cont(g.permute(inp("x", tuple(p[0])), list(p[1])))
     else:
         b, hh, nq, nk, d, causal = p
         q, k_, v = inp("q", (b, hh, nq, d)), inp("k", (b, hh, nk, d)), inp("v", (b, hh, nk, d))

@@ -12,6 +12,7 @@
 #include "kernels/glu.h"
 #include "kernels/group_norm.h"
 #include "kernels/im2col.h"
+#include "kernels/transpose.h"
 #include "kernels/winograd.h"
 
 #include <nanobind/ndarray.h>
@@ -186,7 +187,17 @@ Tensor Graph::own(ggml_tensor *r, int ndim) {
     return out;
 }
 
-ggml_tensor *Graph::contig(ggml_tensor *t) { return ggml_is_contiguous(t) ? t : ggml_cont(ctx->ctx, t); }
+ggml_tensor *Graph::contig(ggml_tensor *t) { return ggml_is_contiguous(t) ? t : copy_contiguous(t); }
+
+ggml_tensor *Graph::copy_contiguous(ggml_tensor *t) {
+    if (const int d = all_cpu() ? transpose_copy_dim(t) : -1; d > 0) {  // a permuted view: blocked transposes
+        custom_params.push_back({d, 0, 0, 0, 0, 0, 0, 0});
+        ggml_tensor *args[1] = {t};
+        return ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, t->ne[0], t->ne[1], t->ne[2], t->ne[3], args, 1,
+                              cpu_transpose_copy, GGML_N_TASKS_MAX, custom_params.back().data());
+    }
+    return ggml_cont(ctx->ctx, t);
+}
 
 ggml_tensor *Graph::to_f32(ggml_tensor *t) {
     if (t->type == GGML_TYPE_F32) return t;
@@ -888,7 +899,7 @@ Tensor Graph::view(const Tensor &a, const std::vector<int64_t> &shape, std::opti
 
 Tensor Graph::cont(const Tensor &a) {
     room("cont", 1);
-    return own(ggml_cont(ctx->ctx, use("cont", a)), a.ndim);
+    return own(copy_contiguous(use("cont", a)), a.ndim);
 }
 
 Tensor Graph::cast(const Tensor &a, const std::string &dtype) {

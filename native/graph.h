@@ -106,6 +106,9 @@ struct Graph {
     ggml_tensor *use(const char *op, const Tensor &x);
     Tensor own(ggml_tensor *r, int ndim);
     ggml_tensor *contig(ggml_tensor *t);
+    // A contiguous copy of t: sdplan's blocked transposes for a permuted f32 view on CPU-only
+    // graphs (kernels/transpose.h), ggml_cont otherwise.
+    ggml_tensor *copy_contiguous(ggml_tensor *t);
     ggml_tensor *to_f32(ggml_tensor *t);
     void set_scope(int index);
     // One of sdplan's CPU product ops (bf16_gemm, fma_gemm): x as f32 and w contiguous, the bias
