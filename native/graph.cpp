@@ -343,6 +343,12 @@ Tensor Graph::unary(const std::string &name, const Tensor &a) {
                                   GGML_N_TASKS_MAX, nullptr),
                    a.ndim);
     }
+    if (name == "gelu_quick" && fma_gemm_on() && all_cpu()) {  // f32 and vectorized (kernels/glu.cpp)
+        ggml_tensor *args[1] = {t};
+        return own(ggml_custom_4d(c, GGML_TYPE_F32, t->ne[0], t->ne[1], t->ne[2], t->ne[3], args, 1,
+                                  cpu_gelu_quick, GGML_N_TASKS_MAX, nullptr),
+                   a.ndim);
+    }
     if (name == "gelu") r = ggml_gelu(c, t);
     else if (name == "gelu_erf") r = ggml_gelu_erf(c, t);
     else if (name == "gelu_quick") r = ggml_gelu_quick(c, t);

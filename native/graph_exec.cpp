@@ -610,7 +610,8 @@ void register_graph(nb::module_ &m) {
     m.def("set_fma_gemm", &set_fma_gemm, nb::arg("on"),
           "Allow (True, the default) or forbid the FMA product (f16/f32 weights widened to f32 and\n"
           "multiplied by AVX2/FMA in sdplan's own kernel) for graphs built from now on; forbidden,\n"
-          "linear layers use ggml's mul_mat and conv_2d's auto method its other methods.");
+          "linear layers use ggml's mul_mat, conv_2d's auto method its other methods, attention and\n"
+          "unary('gelu_quick') ggml's ops.");
     m.def("fma_gemm", &fma_gemm_on,
           "True when graphs built now multiply f16 linear weights and f16/f32 convolution kernels on\n"
           "CPU-only graphs with the FMA product (the CPU has AVX2, FMA and F16C; set_fma_gemm).");

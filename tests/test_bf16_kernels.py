@@ -310,6 +310,32 @@ def test_gelu_erf_matches_reference(mgr, glu_simd, shape) -> None:
     assert np.all(np.abs(y - ref) <= 2e-6 + 2e-6 * np.abs(ref)), float(np.max(np.abs(y - ref)))
 
 
+@pytest.mark.parametrize("shape", [(3, 37), (2, 5, 64), (1, 77, 3072)])
+@pytest.mark.parametrize("fma", [True, False], ids=["sdplan", "ggml"])
+def test_gelu_quick_matches_reference(mgr, shape, fma) -> None:
+    """Quick GELU (CLIP ViT-L's activation): sdplan's f32 op within 1e-6 relative (plus 1e-7
+    absolute) of float64; ggml's (x rounded to f16 for a table) only within 3e-3, which the
+    first bound refuses."""
+    if fma and not G.fma_gemm():
+        pytest.skip("this CPU does not run sdplan's FMA kernels")
+    x = _gelu_input(np.random.default_rng(shape[-1] + 7), shape)
+    G.set_fma_gemm(fma)
+    try:
+        g = gr.new_graph([mgr.get("CPU")], n_threads=2)
+        g.output("y", g.unary("gelu_quick", g.input("x", shape)))
+    finally:
+        G.set_fma_gemm(True)
+    g.set_input("x", x)
+    ops = [r[0] for r in g.profile()]
+    y = np.array(g.get_output("y")).astype(np.float64)
+    assert ("CUSTOM" in ops) == fma, ops
+    x64 = x.astype(np.float64)
+    ref = x64 / (1 + np.exp(-1.702 * x64))
+    err = np.abs(y - ref) - 1e-7
+    assert np.all(err <= 1e-6 * np.abs(ref)) == fma, float(np.max(err / np.abs(ref).clip(1e-30)))
+    assert np.all(err <= 3e-3 * np.abs(ref) + 1e-3)
+
+
 @pytest.mark.parametrize("shape", [(3, 74), (2, 5, 128), (1, 2, 2 * 1283)])
 @pytest.mark.parametrize("approximate", [False, True])
 def test_geglu_matches_reference(mgr, glu_simd, shape, approximate) -> None:

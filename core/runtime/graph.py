@@ -210,7 +210,7 @@ def attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
         flash = False
     elif flash is None and d > FLASH_MAX_CPU_HEAD_DIM and _ggml_cpu_flash(g):
         flash, chunked = False, True
-    if flash is False or not _sdplan_attention_op(g):  # only sdplan's ops read strided heads fast
+    if flash is False or not sdplan_attention_op(g):  # only sdplan's ops read strided heads fast
         q, k, v = (t if t.is_contiguous else g.cont(t) for t in (q, k, v))
     if flash is not False:
         fa = g.flash_attn(q, k, v, mask, s)
@@ -242,7 +242,7 @@ def _cpu_main(g: Graph) -> bool:
     return bool(g.devices) and str(g.devices[0]).startswith("CPU")
 
 
-def _sdplan_attention_op(g: Graph) -> bool:
+def sdplan_attention_op(g: Graph) -> bool:
     """Whether ``g.flash_attn`` runs one of sdplan's attention ops: a CPU main backend, and
     either the bf16 op (a bf16 kernel, and a bf16 product in the graph or ``g.bf16_attention``)
     or the f32 FMA op (``sdplan._ggml.fma_gemm()``). Both read q, k and v through their strides
@@ -255,7 +255,7 @@ def _sdplan_attention_op(g: Graph) -> bool:
 def _ggml_cpu_flash(g: Graph) -> bool:
     """Whether ``g.flash_attn`` would run ggml's CPU kernel: a CPU main backend and none of
     sdplan's attention ops."""
-    return _cpu_main(g) and not _sdplan_attention_op(g)
+    return _cpu_main(g) and not sdplan_attention_op(g)
 
 
 def _concat_tree(g: Graph, parts: list[Tensor], axis: int) -> Tensor:

@@ -29,26 +29,6 @@ namespace {
 
 using namespace fma;
 
-// 2^x: 2^n p(f) with n = round(x) (at least -126), f = x - n (exact, |f| <= 1/2), p the
-// degree-5 polynomial of least largest relative error of 2^f on |f| <= 1/2 (2.4e-7 with f32
-// Horner steps, fitted by iterated weighted least squares); x below -126, -inf and NaN give 0.
-// The scores are in base 2 (the queries carry log2 e), so no ln 2 reduction.
-SDPLAN_FMA inline __m256 exp2_256(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-126.0f);
-    const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-    x = _mm256_max_ps(x, lo);
-    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_sub_ps(x, n);
-    __m256 p = _mm256_set1_ps(0.001327647129073739f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.009675541892647743f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.05550713464617729f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.24022120237350464f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931469440460205f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0000001192092896f));
-    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-    return _mm256_and_ps(_mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e)), keep);
-}
-
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr int64_t kKeys = 240;    // keys per block (a multiple of 6 and of 16)
 constexpr int64_t kGroups = 4;    // groups of 16 queries per block

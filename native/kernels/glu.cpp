@@ -5,6 +5,8 @@
 // 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), computed as x exp(2u) / (exp(2u) + 1).
 // Threads split the rows.
 #include "kernels/glu.h"
+#include "kernels/fma_gemm.h"
+#include "kernels/fma_tiles.h"
 
 #include <atomic>
 
@@ -126,6 +128,48 @@ void cpu_gelu_erf(ggml_tensor *dst, int ith, int nth, void *) {
     for (int64_t c = chunks * ith / nth; c < chunks * (ith + 1) / nth; ++c) {
         const int64_t i0 = c * chunk;
         row(false, (const float *)x->data + i0, nullptr, (float *)dst->data + i0, std::min(chunk, n - i0));
+    }
+}
+
+namespace {
+
+// Quick GELU, x sigmoid(1.702 x) = x / (1 + 2^(-1.702 log2(e) x)), for n values; the exponent
+// at most 126 (x below -52: the result is x / 2^126, about 0 as it should be).
+void gelu_quick_scalar(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-1.702f * x[i]));
+}
+
+#ifdef SDPLAN_FMA_X86
+SDPLAN_FMA void gelu_quick_avx2(const float *x, float *y, int64_t n) {
+    const __m256 c = _mm256_set1_ps(-1.702f * 1.44269504088896341f), hi = _mm256_set1_ps(126.0f);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 e = fma::exp2_256(_mm256_min_ps(_mm256_mul_ps(v, c), hi));
+        _mm256_storeu_ps(y + i, _mm256_div_ps(v, _mm256_add_ps(one, e)));
+    }
+    gelu_quick_scalar(x + i, y + i, n - i);
+}
+#endif
+
+}  // namespace
+
+void cpu_gelu_quick(ggml_tensor *dst, int ith, int nth, void *) {
+    const ggml_tensor *x = dst->src[0];
+    const int64_t n = ggml_nelements(x), chunk = 4096;
+    const int64_t chunks = (n + chunk - 1) / chunk;
+    for (int64_t c = chunks * ith / nth; c < chunks * (ith + 1) / nth; ++c) {
+        const int64_t i0 = c * chunk, m = std::min(chunk, n - i0);
+        const float *src = (const float *)x->data + i0;
+        float *out = (float *)dst->data + i0;
+#ifdef SDPLAN_FMA_X86
+        if (fma_gemm_cpu()) {
+            gelu_quick_avx2(src, out, m);
+            continue;
+        }
+#endif
+        gelu_quick_scalar(src, out, m);
     }
 }
 

@@ -1,5 +1,6 @@
-// GELU (erf form) and GEGLU for the CPU backend (glu.cpp): custom ggml CPU ops with a
-// vectorized erf, behind Graph::unary("gelu_erf") and Graph::geglu on CPU-only graphs.
+// GELU (erf form), quick GELU and GEGLU for the CPU backend (glu.cpp): custom ggml CPU ops
+// with a vectorized erf or exp, behind Graph::unary("gelu_erf"), unary("gelu_quick") and
+// Graph::geglu on CPU-only graphs.
 #pragma once
 
 #include <ggml.h>
@@ -16,6 +17,12 @@ void set_glu_simd(bool on);
 // Custom op: dst = x * Phi(x) (GELU, erf form) elementwise; src 0: x f32 contiguous, dst f32
 // of its shape.
 void cpu_gelu_erf(ggml_tensor *dst, int ith, int nth, void *userdata);
+
+// Custom op: quick GELU, dst = x * sigmoid(1.702 x) (OpenAI CLIP's activation) elementwise in
+// f32 (relative error about 3e-7; ggml's gelu_quick rounds x to f16 for a table); src 0: x
+// f32 contiguous. AVX2 with FMA where the CPU has them (fma_gemm_cpu()), a scalar loop
+// otherwise; Graph::unary takes it with sdplan's FMA kernels (fma_gemm_on()).
+void cpu_gelu_quick(ggml_tensor *dst, int ith, int nth, void *userdata);
 
 // Custom op: GEGLU in diffusers' order: src 0 x f32 contiguous [2D, rows...]; dst f32
 // [D, rows...]: dst[r][i] = x[r][i] * gelu(x[r][D + i]), gelu the erf form, or with userdata
