@@ -270,7 +270,8 @@ class LLMEncoder:
         q = self._heads(g, w, h, "q", i, c.heads, state)
         k = self._heads(g, w, h, "k", i, c.kv_heads, state)
         v = self._heads(g, w, h, "v", i, c.kv_heads, state)
-        a = gr.attention(g, q, k, v, state["mask"], flash=False)  # (B, T, H*hd)
+        # sdplan's CPU attention ops where they run (as CLIP's), else the plain softmax path
+        a = gr.attention(g, q, k, v, state["mask"], flash=True if gr.sdplan_attention_op(g) else False)
         x = g.add(x, gr.linear(g, a, w(c.name("o", i))))
         h = self._norm(g, x, w(c.name("norm2", i)))
         gate = g.unary("silu", gr.linear(g, h, w(c.name("gate", i))))
