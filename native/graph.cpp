@@ -12,6 +12,7 @@
 #include "kernels/glu.h"
 #include "kernels/group_norm.h"
 #include "kernels/im2col.h"
+#include "kernels/layer_norm.h"
 #include "kernels/transpose.h"
 #include "kernels/winograd.h"
 
@@ -457,6 +458,38 @@ Tensor Graph::group_norm_affine(const Tensor &a, int n_groups, float eps, std::o
     };
     if (tw) r = ggml_mul(c, r, per_channel(tw));
     if (tb) r = ggml_add(c, r, per_channel(tb));
+    return own(r, a.ndim);
+}
+
+Tensor Graph::layer_norm(const Tensor &a, float eps, std::optional<Tensor> weight, std::optional<Tensor> bias) {
+    room("layer_norm", 10);
+    ggml_tensor *t = use("layer_norm", a);
+    if (!is_float(t->type)) fail("layer_norm", "float tensor required, got " + shape_str(a));
+    if (!(eps >= 0.0f)) fail("layer_norm", "eps must be >= 0");
+    const int64_t D = t->ne[0];
+    ggml_tensor *tw = nullptr, *tb = nullptr;
+    for (auto [opt, dst] : {std::pair{&weight, &tw}, std::pair{&bias, &tb}}) {
+        if (!*opt) continue;
+        ggml_tensor *v = use("layer_norm", **opt);
+        if (ggml_nelements(v) != D || !is_float(v->type))
+            fail("layer_norm", "weight and bias must be float vectors of the last axis' " + std::to_string(D) +
+                                   " values, got " + shape_str(**opt));
+        *dst = ggml_reshape_1d(ctx->ctx, to_f32(contig(v)), D);
+    }
+    t = to_f32(contig(t));
+    ggml_context *c = ctx->ctx;
+    if (all_cpu()) {  // one pass (kernels/layer_norm.cpp)
+        std::array<int, 8> prm{};
+        std::memcpy(&prm[0], &eps, sizeof eps);
+        custom_params.push_back(prm);
+        ggml_tensor *args[3] = {t, tw, tb};
+        return own(ggml_custom_4d(c, GGML_TYPE_F32, t->ne[0], t->ne[1], t->ne[2], t->ne[3], args, 3, cpu_layer_norm,
+                                  GGML_N_TASKS_MAX, custom_params.back().data()),
+                   a.ndim);
+    }
+    ggml_tensor *r = ggml_norm(c, t, eps);
+    if (tw) r = ggml_mul(c, r, tw);
+    if (tb) r = ggml_add(c, r, tb);
     return own(r, a.ndim);
 }
 

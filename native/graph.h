@@ -135,6 +135,8 @@ struct Graph {
     // GroupNorm with an optional per-channel affine (fused into one op on CPU-only graphs)
     Tensor group_norm_affine(const Tensor &a, int n_groups, float eps, std::optional<Tensor> weight,
                              std::optional<Tensor> bias);
+    // LayerNorm over the last axis with an optional affine (one op on CPU-only graphs)
+    Tensor layer_norm(const Tensor &a, float eps, std::optional<Tensor> weight, std::optional<Tensor> bias);
     Tensor soft_max(const Tensor &a, std::optional<Tensor> mask, float scale, float max_bias);
     Tensor flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std::optional<Tensor> mask, float scale,
                       float max_bias, float softcap);

@@ -455,6 +455,11 @@ void register_graph(nb::module_ &m) {
              nb::arg("weight") = nb::none(), nb::arg("bias") = nb::none(),
              "GroupNorm of (N, C, H, W) or (C, H, W) over n_groups channel groups, then * weight + bias\n"
              "(each (C,), optional). One fused op when every backend of the graph is a CPU.")
+        .def("layer_norm", &Graph::layer_norm, nb::arg("a"), nb::arg("eps") = 1e-5f, nb::arg("weight") = nb::none(),
+             nb::arg("bias") = nb::none(),
+             "LayerNorm over the last axis (mean and biased variance of each row, as torch.nn.LayerNorm),\n"
+             "then * weight + bias (each of the last axis' length, optional). One fused op when every\n"
+             "backend of the graph is a CPU; ggml's norm, mul and add elsewhere.")
         .def("soft_max", &Graph::soft_max, nb::arg("a"), nb::arg("mask") = nb::none(), nb::arg("scale") = 1.0f,
              nb::arg("max_bias") = 0.0f)
         .def("flash_attn", &Graph::flash_attn, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("mask") = nb::none(),

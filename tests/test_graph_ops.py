@@ -123,6 +123,43 @@ def test_layer_norm_and_rms_norm(cpu) -> None:
     close(run(cpu, lambda g, x: g.rms_norm(x, 1e-6), {"x": x}), rms)
 
 
+@pytest.mark.parametrize("shape", [(3, 7), (2, 5, 320), (1, 77, 768), (4, 1283), (2, 2, 3, 24)])
+@pytest.mark.parametrize("affine", ["both", "weight", "bias", "none"])
+@pytest.mark.parametrize("wdtype", ["f32", "f16"])
+def test_layer_norm_fused_affine(cpu, shape, affine, wdtype) -> None:
+    """The fused op (CPU-only graphs) against float64 within 2e-5 of the output's scale: rows
+    with a large common offset (mean 40, spread 3: the centred variance matters), tails past
+    the 8-lane blocks, f16 weights (widened), either affine part alone; the op is one node."""
+    rng = np.random.default_rng(shape[-1] + len(affine))
+    x = (rng.standard_normal(shape) * 3 + 40).astype(np.float32)
+    d = shape[-1]
+    w = rng.standard_normal(d).astype(np.float32) if affine in ("both", "weight") else None
+    b = rng.standard_normal(d).astype(np.float32) if affine in ("both", "bias") else None
+    if wdtype == "f16":
+        w = None if w is None else w.astype(np.float16)
+        b = None if b is None else b.astype(np.float16)
+    arrays = {"x": x} | ({"w": w} if w is not None else {}) | ({"b": b} if b is not None else {})
+    g = gr.new_graph([cpu], n_threads=2)
+    ins = {k: g.input(k, v.shape, "f16" if v.dtype == np.float16 else "f32") for k, v in arrays.items()}
+    g.output("y", gr.layer_norm(g, ins["x"], ins.get("w"), ins.get("b"), 1e-5))
+    for k, v in arrays.items():
+        g.set_input(k, v)
+    ops = [r[0] for r in g.profile() if r[0] not in ("RESHAPE", "VIEW", "CPY")]
+    assert ops == ["CUSTOM"], ops
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5)
+    ref = ref * (w.astype(np.float64) if w is not None else 1.0) + (b.astype(np.float64) if b is not None else 0.0)
+    y = g.get_output("y")
+    assert y.shape == x.shape
+    assert np.abs(y - ref).max() <= 2e-5 * np.abs(ref).max()
+
+
+def test_layer_norm_refuses_a_mismatched_weight(cpu) -> None:
+    g = gr.new_graph([cpu])
+    with pytest.raises(ValueError, match="layer_norm: weight and bias must be float vectors of the last axis' 8"):
+        g.layer_norm(g.input("x", (3, 8)), 1e-5, weight=g.input("w", (7,)))
+
+
 def _group_norm_ref(x, groups, w, b, eps=1e-6):
     lead = x.shape[:-3]
     c = x.shape[-3]

@@ -178,11 +178,9 @@ def linear(g: Graph, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
 
 
 def layer_norm(g: Graph, x: Tensor, w: Tensor | None, b: Tensor | None, eps: float = 1e-5) -> Tensor:
-    """LayerNorm over the last axis: ``norm(x) * w + b`` (w, b ``(D,)``, either may be None)."""
-    y = g.norm(x, eps)
-    if w is not None:
-        y = g.mul(y, w)
-    return g.add(y, b) if b is not None else y
+    """LayerNorm over the last axis: ``norm(x) * w + b`` (w, b ``(D,)``, either may be None);
+    one fused op on CPU-only graphs (``Graph.layer_norm``)."""
+    return g.layer_norm(x, eps, weight=w, bias=b)
 
 
 def group_norm(g: Graph, x: Tensor, n_groups: int, w: Tensor | None, b: Tensor | None,
