@@ -336,6 +336,30 @@ def test_gelu_quick_matches_reference(mgr, shape, fma) -> None:
     assert np.all(err <= 3e-3 * np.abs(ref) + 1e-3)
 
 
+def test_gelu_quick_far_negative_and_infinite_inputs(mgr) -> None:
+    """x sigmoid(1.702 x) where exp(-1.702 x) overflows f32: -0 for a finite x (x below about
+    -52), NaN for -inf and NaN, inf for inf, as float64 computes it, whether the value sits in
+    an 8-wide vector of the AVX2 loop or in the scalar tail (element 8 of 9)."""
+    if not G.fma_gemm():
+        pytest.skip("this CPU does not run sdplan's FMA kernels")
+    vals = np.array([-3.4e38, -1e38, -1e36, -1e30, -100.0, -60.0, -np.inf, np.inf, np.nan, 3.4e38], np.float32)
+    with np.errstate(all="ignore"):
+        x64 = vals.astype(np.float64)
+        want = x64 * (1 / (1 + np.exp(-1.702 * x64)))
+    for pos in range(9):  # 8 vector lanes, then the scalar tail
+        x = np.zeros((len(vals), 9), np.float32)
+        x[:, pos] = vals
+        g = gr.new_graph([mgr.get("CPU")], n_threads=1)
+        g.output("y", g.unary("gelu_quick", g.input("x", x.shape)))
+        g.set_input("x", x)
+        assert "CUSTOM" in [r[0] for r in g.profile()]
+        y = np.array(g.get_output("y"))[:, pos].astype(np.float64)
+        assert np.array_equal(np.isnan(y), np.isnan(want)), (pos, y, want)
+        assert np.array_equal(y[np.isinf(want)], want[np.isinf(want)]), (pos, y, want)
+        ok = np.isfinite(want)
+        assert np.all(np.abs(y[ok] - want[ok]) <= 1e-6 * np.abs(want[ok]) + 1e-30), (pos, y, want)
+
+
 @pytest.mark.parametrize("shape", [(3, 74), (2, 5, 128), (1, 2, 2 * 1283)])
 @pytest.mark.parametrize("approximate", [False, True])
 def test_geglu_matches_reference(mgr, glu_simd, shape, approximate) -> None:

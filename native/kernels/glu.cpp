@@ -133,8 +133,10 @@ void cpu_gelu_erf(ggml_tensor *dst, int ith, int nth, void *) {
 
 namespace {
 
-// Quick GELU, x sigmoid(1.702 x) = x / (1 + 2^(-1.702 log2(e) x)), for n values; the exponent
-// at most 126 (x below -52: the result is x / 2^126, about 0 as it should be).
+// Quick GELU, x sigmoid(1.702 x) = x / (1 + 2^(-1.702 log2(e) x)), for n values. Where the
+// exponent passes 126 (x below about -52) exp overflows f32 in the scalar loop and x / inf gives
+// -0 (NaN for -inf); the vector loop clamps the exponent to 126 for exp2_256 and then takes x * 0
+// for those lanes, the same values (x / 2^126 alone would be -4 at x = -3.4e38, and -inf at -inf).
 void gelu_quick_scalar(const float *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = x[i] / (1.0f + std::exp(-1.702f * x[i]));
 }
@@ -145,9 +147,11 @@ SDPLAN_FMA void gelu_quick_avx2(const float *x, float *y, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.0f);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_loadu_ps(x + i);
-        const __m256 e = fma::exp2_256(_mm256_min_ps(_mm256_mul_ps(v, c), hi));
-        _mm256_storeu_ps(y + i, _mm256_div_ps(v, _mm256_add_ps(one, e)));
+        const __m256 v = _mm256_loadu_ps(x + i), t = _mm256_mul_ps(v, c);
+        const __m256 e = fma::exp2_256(_mm256_min_ps(t, hi));
+        const __m256 far = _mm256_cmp_ps(t, hi, _CMP_GT_OQ);  // exp overflows: x * 0
+        const __m256 r = _mm256_div_ps(v, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(y + i, _mm256_blendv_ps(r, _mm256_mul_ps(v, _mm256_setzero_ps()), far));
     }
     gelu_quick_scalar(x + i, y + i, n - i);
 }
