@@ -91,3 +91,36 @@ def test_generate_refuses_a_bad_size_before_the_engine_starts(tmp_path: Path, ca
     assert len(lines) == 1 and lines[0].endswith(
         "-W/-H 100x64: this model draws sizes that are positive multiples of 32 pixels"), err
     assert not out.exists()
+
+
+def test_flux_family_multiple_is_the_pipelines_16_whatever_the_autoencoder(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Flux, Chroma, Z-Image and FLUX.2 klein take the latent at 1/8 of the image whatever the
+    autoencoder (their pipelines' ``vae_scale`` 8: 16 px per side), so the tiny fixtures' two-level
+    autoencoders change nothing; SD3's pipeline scales with its autoencoder's factor (2 x 2 = 4 for
+    the tiny one, as its pipeline checks). ``generate -W 36`` with the tiny Flux files is refused
+    before the engine starts, not by the pipeline after it."""
+    from sdplan.core.runtime import process
+
+    fix = Path(__file__).parent / "fixtures"
+    flux = {"diffusion_model": [fix / "flux_dev_tiny.safetensors"], "vae": [fix / "flux_ae_tiny.safetensors"]}
+    zimage = {"diffusion_model": [fix / "z_image_tiny.safetensors"], "vae": [fix / "flux_ae_tiny.safetensors"]}
+    klein = {"diffusion_model": [fix / "flux2_klein_tiny.safetensors"], "vae": [fix / "flux2_ae_tiny.safetensors"]}
+    chroma = {"diffusion_model": [fix / "chroma_tiny.safetensors"], "vae": [fix / "flux_ae_tiny.safetensors"]}
+    sd3 = {"model": [fix / "sd3_tiny.safetensors"]}
+    for files, family in ((flux, "flux"), (zimage, "z_image"), (klein, "flux2_klein"), (chroma, "chroma")):
+        ms = read_model_files(files)
+        assert (ms.architecture.family, size_multiple(ms)) == (family, 16)
+    ms = read_model_files(sd3)
+    assert (ms.architecture.family, size_multiple(ms)) == ("sd3", 4)
+
+    def no_engine(*a, **k):
+        raise AssertionError("the engine started")
+
+    monkeypatch.setattr(process.Engine, "__init__", no_engine)
+    code = main(["generate", "--diffusion-model", str(fix / "flux_dev_tiny.safetensors"), "--t5xxl",
+                 str(fix / "t5_tiny.safetensors"), "--clip_l", str(fix / "clip_l_tiny.safetensors"), "--vae",
+                 str(fix / "flux_ae_tiny.safetensors"), "-p", "a cat", "-W", "36", "-H", "64",
+                 "-o", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().endswith("-W/-H 36x64: this model draws sizes that are positive "
+                                              "multiples of 16 pixels"), err

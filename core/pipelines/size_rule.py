@@ -20,6 +20,9 @@ __all__ = ["check_size", "size_multiple"]
 UNET_FAMILIES = ("sd1", "sd2", "sdxl")
 #: Families whose diffusion model patchifies 2x2 latent cells (factor: twice the VAE's).
 PATCH_FAMILIES = ("sd3", "flux", "chroma", "z_image", "flux2_klein", "flux2")
+#: Of those, the ones whose pipelines take the latent at 1/:data:`DEFAULT_VAE_FACTOR` of the image
+#: whatever the autoencoder (their ``vae_scale`` argument, 8); SD3's uses its autoencoder's factor.
+FIXED_VAE_SCALE_FAMILIES = ("flux", "chroma", "z_image", "flux2_klein", "flux2")
 #: Pixels per latent cell of every autoencoder these families ship with (SD, SDXL, SD3,
 #: FLUX.1 and FLUX.2 VAEs all downsample 3 times).
 DEFAULT_VAE_FACTOR = 8
@@ -52,12 +55,15 @@ def size_multiple(models: ModelSet) -> int | None:
 
     Source: the pipelines' own checks (:meth:`sdplan.core.pipelines.sd.StableDiffusion.generate`
     for the UNet families: ``vae factor * 2 ** (len(channel_mult) - 1)``, e.g. 64 for SD 1.5, 32
-    for SDXL; ``2 * vae factor`` = 16 for the patchifying DiTs). The UNet's levels are its
+    for SDXL; ``2 * vae factor`` = 16 for SD3; ``2 * vae_scale`` = 16 for Flux, Chroma, Z-Image
+    and FLUX.2, whose pipelines take ``vae_scale`` 8 whatever the autoencoder). The UNet's levels are its
     downsamplings plus one (``input_blocks.N.0.op``, as
     :func:`sdplan.core.models.unet.unet_config` counts them), read from the names alone: this
     runs in the command's process, which does not load numpy or the model graphs.
     """
     family = models.architecture.family
+    if family in FIXED_VAE_SCALE_FAMILIES:
+        return 2 * DEFAULT_VAE_FACTOR
     if family in PATCH_FAMILIES:
         return 2 * _vae_factor(models)
     if family not in UNET_FAMILIES:
