@@ -124,3 +124,26 @@ def test_flux_family_multiple_is_the_pipelines_16_whatever_the_autoencoder(tmp_p
     err = capsys.readouterr().err
     assert code == 2 and err.strip().endswith("-W/-H 36x64: this model draws sizes that are positive "
                                               "multiples of 16 pixels"), err
+
+
+def test_a_size_taken_from_the_init_picture_is_named_as_such(tmp_path: Path, capsys, monkeypatch) -> None:
+    """No -W/-H and an init picture the model cannot draw at: the message names -i and says
+    that -W/-H resize it (sd-cli's rule: -W/-H default to the picture's size)."""
+    from PIL import Image
+    from sdplan.core.runtime import process
+
+    monkeypatch.setattr(process.Engine, "__init__", lambda *a, **k: (_ for _ in ()).throw(AssertionError("engine")))
+    tiny = Path(__file__).parent / "fixtures" / "sd1_tiny.safetensors"
+    f = size_multiple(read_model_files({"model": [tiny]}))
+    assert f and f > 1
+    pic = tmp_path / "pic.png"
+    Image.new("RGB", (3 * f + 1, 2 * f), (10, 20, 30)).save(pic)
+    code = main(["generate", "-m", str(tiny), "-i", str(pic), "-p", "x", "-o", str(tmp_path / "o.png")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.endswith(f"-i/--init-img is {3 * f + 1}x{2 * f} and this model draws sizes that are positive "
+                        f"multiples of {f} pixels: give -W/-H (the picture is resized to them)"), err
+    code = main(["generate", "-m", str(tiny), "-i", str(pic), "-W", str(3 * f + 1), "-H", str(2 * f),
+                 "-p", "x", "-o", str(tmp_path / "o.png")])
+    assert code == 2 and capsys.readouterr().err.strip().endswith(f"-W/-H {3 * f + 1}x{2 * f}: this model draws "
+                                                                  f"sizes that are positive multiples of {f} pixels")

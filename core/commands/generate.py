@@ -267,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
         placement = placement_from_namespace(args)
         models = read_models(files)
         refuse_other_families(models.architecture.family, sampling)
-        check_size(models, args.width, args.height)
+        check_size(models, args.width, args.height, getattr(args, "size_from_init_img", False))
     except SdplanError as exc:
         print_error(exc)
         return 2

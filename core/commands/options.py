@@ -85,7 +85,7 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
 def validate_inputs(args: argparse.Namespace) -> None:
     """Check the picture flags before anything loads: strength in [0, 1], ``--mask`` only
     with ``-i``, both readable pictures; ``-W``/``-H`` left at their defaults take the init
-    picture's size (as sd-cli does).
+    picture's size (as sd-cli does; ``--demo``'s own size counts as given).
 
     Raises:
         InvalidArgument: naming the flag.
@@ -108,6 +108,7 @@ def validate_inputs(args: argparse.Namespace) -> None:
         for key, value in (("width", w), ("height", h)):
             if type(getattr(args, key)) is not int:  # left at the default (a subclass of int)
                 setattr(args, key, value)
+                args.size_from_init_img = True  # for the size check's message
 
 
 def input_request(args: argparse.Namespace) -> dict[str, object]:

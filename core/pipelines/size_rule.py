@@ -50,8 +50,9 @@ def _vae_factor(models: ModelSet) -> int:
 
 def size_multiple(models: ModelSet) -> int | None:
     """Pixels that each image side must be a positive multiple of for ``models``, or None
-    when the headers do not tell (an unknown family, a layout other than sd-cli's names: the
-    pipeline still checks when it starts).
+    when the headers do not tell (an unknown family without sd-cli's UNet names, a layout other
+    than sd-cli's names: the pipeline still checks when it starts). An unknown family with a
+    UNet is taken as SD's (the engine runs it with the SD pipeline).
 
     Source: the pipelines' own checks (:meth:`sdplan.core.pipelines.sd.StableDiffusion.generate`
     for the UNet families: ``vae factor * 2 ** (len(channel_mult) - 1)``, e.g. 64 for SD 1.5, 32
@@ -66,7 +67,7 @@ def size_multiple(models: ModelSet) -> int | None:
         return 2 * DEFAULT_VAE_FACTOR
     if family in PATCH_FAMILIES:
         return 2 * _vae_factor(models)
-    if family not in UNET_FAMILIES:
+    if family not in UNET_FAMILIES and family != "unknown":  # unknown with a UNet: the SD pipeline runs it
         return None
     names = _names(models, "diffusion")
     if not any(_UNET_STEM.match(n) for n in names):
@@ -75,8 +76,10 @@ def size_multiple(models: ModelSet) -> int | None:
     return _vae_factor(models) * 2 ** len(downsamples)
 
 
-def check_size(models: ModelSet, width: int, height: int) -> None:
+def check_size(models: ModelSet, width: int, height: int, from_init_img: bool = False) -> None:
     """Refuse ``width`` x ``height`` (pixels) that ``models`` cannot draw, before anything loads.
+    ``from_init_img``: the size is the ``-i`` picture's (no ``-W``/``-H`` given), which the
+    message then names.
 
     Raises:
         InvalidArgument: a side that is not a positive multiple of :func:`size_multiple`, in
@@ -84,5 +87,8 @@ def check_size(models: ModelSet, width: int, height: int) -> None:
     """
     f = size_multiple(models)
     if f and (width % f or height % f or width <= 0 or height <= 0):
-        raise InvalidArgument(f"-W/-H {width}x{height}: this model draws sizes that are "
-                              f"positive multiples of {f} pixels")
+        rule = f"this model draws sizes that are positive multiples of {f} pixels"
+        if from_init_img:
+            raise InvalidArgument(f"-i/--init-img is {width}x{height} and {rule}: give -W/-H "
+                                  "(the picture is resized to them)")
+        raise InvalidArgument(f"-W/-H {width}x{height}: {rule}")
