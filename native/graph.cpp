@@ -474,7 +474,8 @@ Tensor Graph::layer_norm(const Tensor &a, float eps, std::optional<Tensor> weigh
         if (ggml_nelements(v) != D || !is_float(v->type))
             fail("layer_norm", "weight and bias must be float vectors of the last axis' " + std::to_string(D) +
                                    " values, got " + shape_str(**opt));
-        *dst = ggml_reshape_1d(ctx->ctx, to_f32(contig(v)), D);
+        v = to_f32(contig(v));
+        *dst = v->ne[0] == D ? v : ggml_reshape_1d(ctx->ctx, v, D);  // no view of a (D,) weight: it stays on its device
     }
     t = to_f32(contig(t));
     ggml_context *c = ctx->ctx;
