@@ -167,7 +167,8 @@ def _qkv(g: Any, w: Weights, cfg: ClipConfig, x: Tensor, attn: str) -> list[Tens
         es = 4
         strides = (t * 3 * d * es, 3 * d * es, es)
         outs = [g.cont(g.view(fused, (b, t, d), strides, i * d * es)) for i in range(3)]
-    return [g.cont(g.permute(g.reshape(o, (b, t, h, d // h)), (0, 2, 1, 3))) for o in outs]
+    # views: sdplan's attention ops read the heads through their strides, the plain path copies
+    return [g.permute(g.reshape(o, (b, t, h, d // h)), (0, 2, 1, 3)) for o in outs]
 
 
 def clip_text(g: Any, weights: Mapping[str, Any], ids: Tensor, mask: Tensor,
