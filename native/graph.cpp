@@ -188,7 +188,16 @@ Tensor Graph::own(ggml_tensor *r, int ndim) {
     return out;
 }
 
-ggml_tensor *Graph::contig(ggml_tensor *t) { return ggml_is_contiguous(t) ? t : copy_contiguous(t); }
+// Strictly packed: every stride the product of the sizes inside it, size-1 dimensions included
+// (ggml_is_contiguous ignores those, while some ggml ops assert the strict layout).
+static bool packed(const ggml_tensor *t) {
+    if (t->nb[0] != ggml_type_size(t->type)) return false;
+    for (int d = 1; d < GGML_MAX_DIMS; ++d)
+        if (t->nb[d] != t->nb[d - 1] * (size_t)(d == 1 ? t->ne[0] / ggml_blck_size(t->type) : t->ne[d - 1])) return false;
+    return true;
+}
+
+ggml_tensor *Graph::contig(ggml_tensor *t) { return ggml_is_contiguous(t) && packed(t) ? t : copy_contiguous(t); }
 
 ggml_tensor *Graph::copy_contiguous(ggml_tensor *t) {
     if (const int d = all_cpu() ? transpose_copy_dim(t) : -1; d > 0) {  // a permuted view: blocked transposes
@@ -934,6 +943,12 @@ Tensor Graph::view(const Tensor &a, const std::vector<int64_t> &shape, std::opti
     if (last > ggml_nbytes(t))
         fail("view", "view reaches byte " + std::to_string(last) + " of a tensor of " +
                          std::to_string(ggml_nbytes(t)) + " bytes " + shape_str(a));
+    size_t dense = es;  // ggml asserts that the view's elements, packed, fit after the offset
+    for (int d = 0; d < 4; ++d) dense *= (size_t)ne[d];
+    if ((size_t)offset + dense > ggml_nbytes(t))
+        fail("view", "ggml needs the view's " + std::to_string(dense) + " bytes (its elements, packed) after offset " +
+                         std::to_string(offset) + " within the tensor's " + std::to_string(ggml_nbytes(t)) +
+                         " bytes " + shape_str(a) + "; broadcast the tensor instead");
     return own(ggml_view_4d(ctx->ctx, t, ne[0], ne[1], ne[2], ne[3], nb[1], nb[2], nb[3], (size_t)offset), n);
 }
 

@@ -526,3 +526,27 @@ def test_attention_wide_heads_take_chunked_plain_path(cpu, monkeypatch, masked) 
         else:
             assert "FLASH_ATTN_EXT" not in ops and ops.count("SOFT_MAX") == 3
         close(g.get_output("y"), ref, 1e-4)
+
+
+def test_a_view_ggml_cannot_make_is_refused_in_one_line(cpu) -> None:
+    """A zero-stride view with more elements than its tensor passes the reach check but ggml
+    would abort the process on it (its elements, packed, must fit after the offset)."""
+    g = gr.new_graph([cpu])
+    x = g.input("x", (4, 8))
+    with pytest.raises(ValueError, match=r"^view: ggml needs the view's 256 bytes .* within the tensor's 128 bytes"):
+        g.view(x, (8, 8), (0, 4), 0)
+    ok = g.view(x, (4, 4), (32, 4), 16)  # a strided view inside the tensor still works
+    g.output("y", g.cont(ok))
+    a = rand(4, 8)
+    g.set_input("x", a)
+    g.compute()
+    assert np.array_equal(g.get_output("y"), a[:, 4:])
+
+
+def test_ops_on_transposed_views_with_a_size_1_axis(cpu) -> None:
+    """ggml counts a view with a size-1 axis as contiguous while its element-wise ops assert
+    strictly packed strides: such inputs are copied first instead of aborting the process."""
+    a = rand(31, 65, 1)
+    close(run(cpu, lambda g, a: g.scale(g.transpose(a), 2.0), {"a": a}), 2.0 * a.transpose(0, 2, 1), 1e-6)
+    close(run(cpu, lambda g, a: g.unary("silu", g.transpose(a)), {"a": a}),
+          (a / (1 + np.exp(-a))).transpose(0, 2, 1), 1e-5)
