@@ -201,10 +201,8 @@ ggml_tensor *Graph::contig(ggml_tensor *t) { return ggml_is_contiguous(t) && pac
 
 ggml_tensor *Graph::copy_contiguous(ggml_tensor *t) {
     if (const int d = all_cpu() ? transpose_copy_dim(t) : -1; d > 0) {  // a permuted view: blocked transposes
-        custom_params.push_back({d, 0, 0, 0, 0, 0, 0, 0});
-        ggml_tensor *args[1] = {t};
-        return ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, t->ne[0], t->ne[1], t->ne[2], t->ne[3], args, 1,
-                              cpu_transpose_copy, GGML_N_TASKS_MAX, custom_params.back().data());
+        const std::array<int, 8> prm{d};
+        return cpu_op(cpu_transpose_copy, {t->ne[0], t->ne[1], t->ne[2], t->ne[3]}, {t}, &prm);
     }
     return ggml_cont(ctx->ctx, t);
 }
@@ -257,12 +255,24 @@ void Graph::checkpoint(const Tensor &x) {
 
 // ---- linear algebra and elementwise
 
+ggml_tensor *Graph::cpu_op(ggml_custom_op_t fn, const std::array<int64_t, 4> &ne,
+                           std::initializer_list<ggml_tensor *> args, const std::array<int, 8> *params) {
+    void *userdata = nullptr;
+    if (params) {
+        custom_params.push_back(*params);
+        userdata = custom_params.back().data();
+    }
+    std::vector<ggml_tensor *> srcs(args);
+    return ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, ne[0], ne[1], ne[2], ne[3], srcs.data(), (int)srcs.size(), fn,
+                          GGML_N_TASKS_MAX, userdata);
+}
+
 ggml_tensor *Graph::product_op(ggml_custom_op_t fn, const std::array<int, 8> &params, ggml_tensor *x, ggml_tensor *w,
                                ggml_tensor *b, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
-    custom_params.push_back(params);
-    ggml_tensor *args[3] = {to_f32(contig(x)), contig(w), b ? to_f32(contig(b)) : nullptr};
-    return ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, ne0, ne1, ne2, ne3, args, b ? 3 : 2, fn, GGML_N_TASKS_MAX,
-                          custom_params.back().data());
+    x = to_f32(contig(x));
+    w = contig(w);
+    if (!b) return cpu_op(fn, {ne0, ne1, ne2, ne3}, {x, w}, &params);
+    return cpu_op(fn, {ne0, ne1, ne2, ne3}, {x, w, to_f32(contig(b))}, &params);
 }
 
 Tensor Graph::mul_mat(const Tensor &a, const Tensor &b, std::optional<Tensor> bias) {
@@ -347,18 +357,11 @@ Tensor Graph::unary(const std::string &name, const Tensor &a) {
     t = to_f32(contig(t));
     ggml_context *c = ctx->ctx;
     ggml_tensor *r = nullptr;
-    if (name == "gelu_erf" && glu_avx512() && all_cpu()) {  // vectorized erf (kernels/glu.cpp)
-        ggml_tensor *args[1] = {t};
-        return own(ggml_custom_4d(c, GGML_TYPE_F32, t->ne[0], t->ne[1], t->ne[2], t->ne[3], args, 1, cpu_gelu_erf,
-                                  GGML_N_TASKS_MAX, nullptr),
-                   a.ndim);
-    }
-    if (name == "gelu_quick" && fma_gemm_on() && all_cpu()) {  // f32 and vectorized (kernels/glu.cpp)
-        ggml_tensor *args[1] = {t};
-        return own(ggml_custom_4d(c, GGML_TYPE_F32, t->ne[0], t->ne[1], t->ne[2], t->ne[3], args, 1,
-                                  cpu_gelu_quick, GGML_N_TASKS_MAX, nullptr),
-                   a.ndim);
-    }
+    // sdplan's CPU ops (kernels/glu.cpp): the erf GELU vectorized with AVX-512, quick GELU in f32 with AVX2
+    ggml_custom_op_t own_op = name == "gelu_erf" && glu_avx512()     ? cpu_gelu_erf
+                              : name == "gelu_quick" && fma_gemm_on() ? cpu_gelu_quick
+                                                                      : nullptr;
+    if (own_op && all_cpu()) return own(cpu_op(own_op, {t->ne[0], t->ne[1], t->ne[2], t->ne[3]}, {t}), a.ndim);
     if (name == "gelu") r = ggml_gelu(c, t);
     else if (name == "gelu_erf") r = ggml_gelu_erf(c, t);
     else if (name == "gelu_quick") r = ggml_gelu_quick(c, t);
@@ -387,11 +390,8 @@ Tensor Graph::geglu(const Tensor &x, bool approximate) {
     ggml_context *c = ctx->ctx;
     const int64_t D = t->ne[0] / 2;
     if (all_cpu()) {  // one op (kernels/glu.cpp)
-        custom_params.push_back({approximate ? 1 : 0, 0, 0, 0, 0, 0, 0, 0});
-        ggml_tensor *args[1] = {t};
-        return own(ggml_custom_4d(c, GGML_TYPE_F32, D, t->ne[1], t->ne[2], t->ne[3], args, 1, cpu_geglu,
-                                  GGML_N_TASKS_MAX, custom_params.back().data()),
-                   x.ndim);
+        const std::array<int, 8> prm{approximate ? 1 : 0};
+        return own(cpu_op(cpu_geglu, {D, t->ne[1], t->ne[2], t->ne[3]}, {t}, &prm), x.ndim);
     }
     ggml_tensor *h = ggml_cont(c, ggml_view_4d(c, t, D, t->ne[1], t->ne[2], t->ne[3], t->nb[1], t->nb[2], t->nb[3], 0));
     ggml_tensor *gate = ggml_cont(c, ggml_view_4d(c, t, D, t->ne[1], t->ne[2], t->ne[3], t->nb[1], t->nb[2], t->nb[3],
@@ -430,6 +430,15 @@ Tensor Graph::norm(const std::string &kind, const Tensor &a, float eps, int n_gr
     return own(ggml_group_norm(ctx->ctx, t, n_groups, eps), a.ndim);
 }
 
+ggml_tensor *Graph::norm_vector(const char *op, const std::optional<Tensor> &v, int64_t n, const char *axis) {
+    if (!v) return nullptr;
+    ggml_tensor *t = use(op, *v);
+    if (ggml_nelements(t) != n || !is_float(t->type))
+        fail(op, std::string("weight and bias must be float vectors of ") + axis + std::to_string(n) + " values, got " +
+                     shape_str(*v));
+    return to_f32(contig(t));
+}
+
 Tensor Graph::group_norm_affine(const Tensor &a, int n_groups, float eps, std::optional<Tensor> weight,
                                 std::optional<Tensor> bias) {
     room("group_norm", 10);
@@ -440,26 +449,14 @@ Tensor Graph::group_norm_affine(const Tensor &a, int n_groups, float eps, std::o
     const int64_t C = t->ne[2];
     if (n_groups < 1 || n_groups > C)
         fail("group_norm", "n_groups " + std::to_string(n_groups) + " must be in 1..C for " + shape_str(a));
-    ggml_tensor *tw = nullptr, *tb = nullptr;
-    for (auto [opt, dst] : {std::pair{&weight, &tw}, std::pair{&bias, &tb}}) {
-        if (!*opt) continue;
-        ggml_tensor *v = use("group_norm", **opt);
-        if (ggml_nelements(v) != C || !is_float(v->type))
-            fail("group_norm", "weight and bias must be float vectors of C=" + std::to_string(C) + " values, got " +
-                                   shape_str(**opt));
-        *dst = to_f32(contig(v));
-    }
+    ggml_tensor *tw = norm_vector("group_norm", weight, C, "C="), *tb = norm_vector("group_norm", bias, C, "C=");
     t = to_f32(contig(t));
     ggml_context *c = ctx->ctx;
     if (all_cpu() && C % n_groups == 0) {
         std::array<int, 8> prm{};
         prm[0] = n_groups;
         std::memcpy(&prm[1], &eps, sizeof eps);
-        custom_params.push_back(prm);
-        ggml_tensor *args[3] = {t, tw, tb};
-        ggml_tensor *r = ggml_custom_4d(c, GGML_TYPE_F32, t->ne[0], t->ne[1], t->ne[2], t->ne[3], args, 3,
-                                        cpu_group_norm, GGML_N_TASKS_MAX, custom_params.back().data());
-        return own(r, a.ndim);
+        return own(cpu_op(cpu_group_norm, {t->ne[0], t->ne[1], t->ne[2], t->ne[3]}, {t, tw, tb}, &prm), a.ndim);
     }
     ggml_tensor *r = ggml_group_norm(c, t, n_groups, eps);
     auto per_channel = [&](ggml_tensor *v) {  // [C] -> [W, 1, C, 1] rows (see binary())
@@ -476,26 +473,16 @@ Tensor Graph::layer_norm(const Tensor &a, float eps, std::optional<Tensor> weigh
     if (!is_float(t->type)) fail("layer_norm", "float tensor required, got " + shape_str(a));
     if (!(eps >= 0.0f)) fail("layer_norm", "eps must be >= 0");
     const int64_t D = t->ne[0];
-    ggml_tensor *tw = nullptr, *tb = nullptr;
-    for (auto [opt, dst] : {std::pair{&weight, &tw}, std::pair{&bias, &tb}}) {
-        if (!*opt) continue;
-        ggml_tensor *v = use("layer_norm", **opt);
-        if (ggml_nelements(v) != D || !is_float(v->type))
-            fail("layer_norm", "weight and bias must be float vectors of the last axis' " + std::to_string(D) +
-                                   " values, got " + shape_str(**opt));
-        v = to_f32(contig(v));
-        *dst = v->ne[0] == D ? v : ggml_reshape_1d(ctx->ctx, v, D);  // no view of a (D,) weight: it stays on its device
-    }
+    ggml_tensor *tw = norm_vector("layer_norm", weight, D, "the last axis' ");
+    ggml_tensor *tb = norm_vector("layer_norm", bias, D, "the last axis' ");
+    for (ggml_tensor **v : {&tw, &tb})  // no view of a (D,) weight: it stays on its device
+        if (*v && (*v)->ne[0] != D) *v = ggml_reshape_1d(ctx->ctx, *v, D);
     t = to_f32(contig(t));
     ggml_context *c = ctx->ctx;
     if (all_cpu()) {  // one pass (kernels/layer_norm.cpp)
         std::array<int, 8> prm{};
         std::memcpy(&prm[0], &eps, sizeof eps);
-        custom_params.push_back(prm);
-        ggml_tensor *args[3] = {t, tw, tb};
-        return own(ggml_custom_4d(c, GGML_TYPE_F32, t->ne[0], t->ne[1], t->ne[2], t->ne[3], args, 3, cpu_layer_norm,
-                                  GGML_N_TASKS_MAX, custom_params.back().data()),
-                   a.ndim);
+        return own(cpu_op(cpu_layer_norm, {t->ne[0], t->ne[1], t->ne[2], t->ne[3]}, {t, tw, tb}, &prm), a.ndim);
     }
     ggml_tensor *r = ggml_norm(c, t, eps);
     if (tw) r = ggml_mul(c, r, tw);
@@ -554,13 +541,11 @@ Tensor Graph::flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std:
         if (m) m = to_f32(contig(m));
         int bits;
         std::memcpy(&bits, &scale_, sizeof bits);
-        if (bf16) custom_params.push_back({(int)kern, bits, 0, 0, 0, 0, 0, 0});
-        else custom_params.push_back({bits, 0, 0, 0, 0, 0, 0, 0});
-        ggml_tensor *args[4] = {rows_f32(tq), rows_f32(tk), rows_f32(tv), m};
-        return own(ggml_custom_4d(ctx->ctx, GGML_TYPE_F32, tv->ne[0], tq->ne[2], tq->ne[1], tq->ne[3], args,
-                                  m ? 4 : 3, bf16 ? bf16_attention : fma_attention, GGML_N_TASKS_MAX,
-                                  custom_params.back().data()),
-                   4);
+        const std::array<int, 8> prm = bf16 ? std::array<int, 8>{(int)kern, bits} : std::array<int, 8>{bits};
+        const std::array<int64_t, 4> ne{tv->ne[0], tq->ne[2], tq->ne[1], tq->ne[3]};
+        ggml_custom_op_t fn = bf16 ? bf16_attention : fma_attention;
+        ggml_tensor *q32 = rows_f32(tq), *k32 = rows_f32(tk), *v32 = rows_f32(tv);
+        return own(m ? cpu_op(fn, ne, {q32, k32, v32, m}, &prm) : cpu_op(fn, ne, {q32, k32, v32}, &prm), 4);
     }
     tq = to_f32(tq);
     if (tk->type != GGML_TYPE_F16) tk = ggml_cast(ctx->ctx, contig(tk), GGML_TYPE_F16);
