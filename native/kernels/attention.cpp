@@ -200,9 +200,7 @@ SDPLAN_AMX void run(ggml_tensor *dst, int ith, int nth, float scale) {
     const int64_t Nk = k->ne[1], Hk = k->ne[2], Dv = v->ne[0];
     const int64_t Dp = round_up(D, 32), Nkp = round_up(Nk, 32), Dvp = round_up(Dv, 16);
     const int64_t heads = B * Hq, q32 = (Nq + 31) / 32;
-    const int64_t qsplit = std::clamp<int64_t>((2 * nth + heads - 1) / heads, 1, q32);
-    const int64_t items = heads * qsplit;
-    const int64_t i0 = items * ith / nth, i1 = items * (ith + 1) / nth;
+    const auto [qsplit, i0, i1] = split_work(heads, q32, ith, nth);
     if (i0 >= i1) return;
     thread_local std::vector<char> kt_buf, vp_buf, qb_buf, s_buf, p_buf, o_buf;
     uint32_t *kt = aligned<uint32_t>(kt_buf, (size_t)(Nkp / 16) * (Dp / 32) * 256);

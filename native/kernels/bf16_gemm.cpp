@@ -315,9 +315,7 @@ SDPLAN_AMX void run(const Problem &p, int ith, int nth) {
     const int64_t mblocks = (cols + Mb - 1) / Mb, G = Mb / 16;
     const int64_t n32 = (p.N + 31) / 32;
     // split the rows of W when there are fewer column blocks than 2 per thread
-    const int64_t nsplit = std::clamp<int64_t>((2 * nth + mblocks - 1) / mblocks, 1, n32);
-    const int64_t items = mblocks * nsplit;
-    const int64_t i0 = items * ith / nth, i1 = items * (ith + 1) / nth;
+    const auto [nsplit, i0, i1] = split_work(mblocks, n32, ith, nth);
     if (i0 >= i1) return;
     thread_local std::vector<char> panel_buf, offs_buf, pg_buf, pad_buf, tail_buf, c_buf;
     thread_local std::vector<RowGroup> groups;

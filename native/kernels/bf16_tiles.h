@@ -35,6 +35,7 @@ constexpr int64_t kPanelBytes = KB_PANEL * 1024;  // target panel size (K x Mb b
 
 using kernels::aligned;
 using kernels::round_up;
+using kernels::split_work;
 
 // 16 x 16 transpose of 32-bit elements: dst row i = column i of src (byte strides).
 SDPLAN_AVX512 inline void transpose16(const void *src, int64_t sstride, void *dst, int64_t dstride) {

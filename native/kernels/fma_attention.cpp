@@ -117,9 +117,7 @@ SDPLAN_FMA void run(ggml_tensor *dst, int ith, int nth, float scale) {
     const int64_t Nk = k->ne[1], Hk = k->ne[2], Dv = v->ne[0];
     const int64_t Nk6 = round_up(Nk, MR), Dv6 = round_up(Dv, MR);
     const int64_t heads = B * Hq, qblocks = (Nq + NR - 1) / NR;
-    const int64_t qsplit = std::clamp<int64_t>((2 * nth + heads - 1) / heads, 1, qblocks);
-    const int64_t items = heads * qsplit;
-    const int64_t i0 = items * ith / nth, i1 = items * (ith + 1) / nth;
+    const auto [qsplit, i0, i1] = split_work(heads, qblocks, ith, nth);
     if (i0 >= i1) return;
     thread_local std::vector<char> kp_buf, vp_buf, qp_buf, s_buf, o_buf;
     float *kp = aligned<float>(kp_buf, (size_t)Nk6 * D);

@@ -203,9 +203,7 @@ SDPLAN_FMA void run(const Problem &p, int ith, int nth) {
     const int64_t cblocks = round_up((p.cols + NC - 1) / NC, nth);  // a multiple of the threads: balanced
     const int64_t ncb = round_up((p.cols + cblocks - 1) / cblocks, NR);  // columns per block
     const int64_t panels = (p.rows + MR - 1) / MR;
-    const int64_t nsplit = std::clamp<int64_t>((2 * nth + cblocks - 1) / cblocks, 1, panels);
-    const int64_t items = cblocks * nsplit;
-    const int64_t i0 = items * ith / nth, i1 = items * (ith + 1) / nth;
+    const auto [nsplit, i0, i1] = split_work(cblocks, panels, ith, nth);
     if (i0 >= i1) return;
     // K in chunks of about KC (a depth up to 1.5 KC in one: C is read and written once per chunk)
     const int64_t chunks = std::max<int64_t>(1, (p.K + KC / 2) / KC);

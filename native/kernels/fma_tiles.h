@@ -25,6 +25,7 @@ constexpr int64_t MR = 6, NR = 16;  // the micro-kernel's rows and columns
 
 using kernels::aligned;
 using kernels::round_up;
+using kernels::split_work;
 
 // In-register transpose of 8 rows of 8 floats: r[i] becomes column i.
 SDPLAN_FMA inline void transpose8(__m256 r[8]) {
