@@ -222,7 +222,7 @@ def _layer(g: Any, w: Weights, cfg: ClipConfig, i: int, x: Tensor, mask: Tensor)
     q, k, v = _qkv(g, w, cfg, h, n["attn"])
     # sdplan's CPU attention ops (f32 FMA or bf16) take the causal mask as it is; elsewhere the
     # plain softmax path (ggml's flash attention would round K and V to f16)
-    a = gr.attention(g, q, k, v, mask, flash=True if gr.sdplan_attention_op(g) else False)
+    a = gr.attention(g, q, k, v, mask, flash=gr.sdplan_attention_op(g))
     x = g.add(x, gr.linear(g, a, w[n["out"] + ".weight"], w[n["out"] + ".bias"]))
     h = gr.layer_norm(g, x, w[n["ln2"] + ".weight"], w[n["ln2"] + ".bias"], _LN_EPS)
     h = g.unary(cfg.activation, gr.linear(g, h, w[n["fc1"] + ".weight"], w[n["fc1"] + ".bias"]))

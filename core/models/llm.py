@@ -271,7 +271,7 @@ class LLMEncoder:
         k = self._heads(g, w, h, "k", i, c.kv_heads, state)
         v = self._heads(g, w, h, "v", i, c.kv_heads, state)
         # sdplan's CPU attention ops where they run (as CLIP's), else the plain softmax path
-        a = gr.attention(g, q, k, v, state["mask"], flash=True if gr.sdplan_attention_op(g) else False)
+        a = gr.attention(g, q, k, v, state["mask"], flash=gr.sdplan_attention_op(g))
         x = g.add(x, gr.linear(g, a, w(c.name("o", i))))
         h = self._norm(g, x, w(c.name("norm2", i)))
         gate = g.unary("silu", gr.linear(g, h, w(c.name("gate", i))))
