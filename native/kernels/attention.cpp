@@ -207,7 +207,7 @@ SDPLAN_AMX void run(ggml_tensor *dst, int ith, int nth, float scale) {
     uint32_t *vp = aligned<uint32_t>(vp_buf, (size_t)(Dvp / 16) * (Nkp / 32) * 256);
     uint16_t *qb = aligned<uint16_t>(qb_buf, (size_t)kSubBlocks * 32 * Dp);
     float *s = aligned<float>(s_buf, (size_t)32 * kKeyBlock);
-    uint16_t *pb = aligned<uint16_t>(p_buf, (size_t)kSubBlocks * 32 * Nkp);
+    uint16_t *pb = aligned<uint16_t>(p_buf, (size_t)kSubBlocks * 32 * kKeyBlock);
     float *o = aligned<float>(o_buf, (size_t)kSubBlocks * 32 * Dvp);
     alignas(64) float mx[kSubBlocks][32], sum[kSubBlocks][32], alpha[32];
     if (AMX) amx_configure();
@@ -240,7 +240,7 @@ SDPLAN_AMX void run(ggml_tensor *dst, int ith, int nth, float scale) {
                     const int64_t q0 = Q0 + 32 * j, rows = std::min<int64_t>(32, qe - q0);
                     const int na = rows > 16 ? 2 : 1;
                     const uint16_t *qj = qb + j * 32 * Dp;
-                    uint16_t *pj = pb + j * 32 * Nkp;
+                    uint16_t *pj = pb + j * 32 * kKeyBlock;
                     float *oj = o + j * 32 * Dvp;
                     if (AMX && Dp == 32) {
                         if (na == 2) amx_scores<2, 1>(qj, kblock, kg, s, kKeyBlock);
@@ -255,7 +255,7 @@ SDPLAN_AMX void run(ggml_tensor *dst, int ith, int nth, float scale) {
                     const float *mrow = nullptr;
                     if (m) mrow = (const float *)((const char *)m->data + (b % m->ne[3]) * m->nb[3] +
                                                   (hq % m->ne[2]) * m->nb[2] + q0 * m->nb[1]) + k0;
-                    softmax_block(s, kKeyBlock, rows, nb, mrow, m ? m->nb[1] / 4 : 0, pj + k0, Nkp, mx[j], sum[j],
+                    softmax_block(s, kKeyBlock, rows, nb, mrow, m ? m->nb[1] / 4 : 0, pj, kKeyBlock, mx[j], sum[j],
                                   alpha);
                     if (k0 > 0)
                         for (int64_t r = 0; r < rows; ++r)
@@ -264,10 +264,13 @@ SDPLAN_AMX void run(ggml_tensor *dst, int ith, int nth, float scale) {
                                 for (int64_t c = 0; c < Dvp; c += 16)
                                     _mm512_storeu_ps(oj + r * Dvp + c, _mm512_mul_ps(_mm512_loadu_ps(oj + r * Dvp + c), sc));
                             }
-                    // K = Nkp, a multiple of 32: the rows' tail pointers are never read
-                    const RowGroup pa[2] = {{pj, Nkp * 2, pj, Nkp * 2}, {pj + 16 * Nkp, Nkp * 2, pj + 16 * Nkp, Nkp * 2}};
-                    block_product<AMX>(pa, na, vp, Dvp / 16, Dvp / 16, Nkp, oj, Dvp, k0 / 32, (k0 + nb + 31) / 32,
-                                       k0 > 0);
+                    // the block's k steps: the value panel from step k0 / 32 on (K = Nkp keeps its column
+                    // groups' spacing), the probabilities from their block's start; K is a multiple of
+                    // 32, so the rows' tail pointers are never read
+                    const int64_t pl = kKeyBlock * 2;
+                    const RowGroup pa[2] = {{pj, pl, pj, pl}, {pj + 16 * kKeyBlock, pl, pj + 16 * kKeyBlock, pl}};
+                    block_product<AMX>(pa, na, vp + (k0 / 32) * 256, Dvp / 16, Dvp / 16, Nkp, oj, Dvp, 0,
+                                       (nb + 31) / 32, k0 > 0);
                 }
             }
             for (int64_t j = 0; j < nsub; ++j) {
