@@ -9,6 +9,7 @@ from flux_util import AE, AXES, CLIP, DEV, SCHNELL, T5, ref, rel_err, write_gguf
 from sdplan.core.models.base import ModelLayoutError
 from sdplan.core.models.flux import (
     FluxDiT,
+    apply_rope,
     flux_config,
     image_ids,
     patchify,
@@ -87,6 +88,28 @@ def test_rope_tables() -> None:
     # axis 2 (column) starts at channel pair 2 + 3 = 5 with frequency 1
     np.testing.assert_allclose(np.arccos(np.clip(cos[:, 5], -1, 1)), ids[:, 2], atol=1e-5)
     np.testing.assert_allclose(sin[:, 6], np.sin(ids[:, 2] * 10000 ** (-2 / 6)), atol=1e-6)
+
+
+@pytest.mark.parametrize("n,heads,hd,axes", [(37, 3, 128, (32, 48, 48)), (5, 2, 8, (2, 2, 4)), (300, 4, 64, (16, 24, 24))])
+def test_apply_rope_turns_each_channel_pair(cpus, n, heads, hd, axes) -> None:
+    """apply_rope against float64 numpy: pair (2i, 2i+1) of every head turned by its angle
+    (the graph splits the pairs into planes first; a plane's rows are hd/2 long)."""
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 64, (n, 3)).astype(np.float64)
+    cos, sin = rope_tables(ids, axes)
+    x = rng.standard_normal((1, n, heads, hd)).astype(np.float32)
+    g = G.Graph([cpus.get("CPU")], n_threads=2)
+    xi = g.input("x", (1, n, heads, hd), "f32")
+    ci, si = (g.input(k, (n, 1, hd // 2, 1), "f32") for k in ("cos", "sin"))
+    g.output("y", apply_rope(g, xi, ci, si))
+    g.set_input("x", x)
+    g.set_input("cos", cos[:, None, :, None].copy())
+    g.set_input("sin", sin[:, None, :, None].copy())
+    g.compute()
+    xr = x.reshape(1, n, heads, hd // 2, 2).astype(np.float64)
+    c, s = cos[None, :, None, :].astype(np.float64), sin[None, :, None, :].astype(np.float64)
+    want = np.stack([xr[..., 0] * c - xr[..., 1] * s, xr[..., 0] * s + xr[..., 1] * c], -1).reshape(x.shape)
+    np.testing.assert_allclose(g.get_output("y"), want, rtol=0, atol=2e-6)
 
 
 @pytest.mark.parametrize("path,name", [(SCHNELL, "schnell"), (DEV, "dev")])

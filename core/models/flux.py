@@ -193,15 +193,24 @@ def rope_tables(ids: np.ndarray, axes: tuple[int, ...], theta: float = THETA) ->
 
 def apply_rope(g: Any, x: Any, cos: Any, sin: Any) -> Any:
     """Rotate ``x`` ``(1, N, H, hd)`` (f32) by the tables of :func:`rope_tables` as graph
-    inputs ``(N, 1, hd/2, 1)``: each channel pair ``(2i, 2i+1)`` turns by its angle."""
+    inputs ``(N, 1, hd/2, 1)``: each channel pair ``(2i, 2i+1)`` turns by its angle.
+
+    The pairs are first split into two planes ``(N, H, 2, hd/2)``, so that every product
+    runs along rows of ``hd/2`` values (the tables broadcast over the heads); multiplying
+    the ``(..., hd/2, 1)`` columns directly made each row one value long, which the CPU
+    backend runs one value at a time (about 20% of a Z-Image layer's time at 288 tokens).
+    """
     _, n, h, hd = x.shape
-    xr = g.reshape(x, (n, h, hd // 2, 2))
-    st = (h * hd * 4, hd * 4, 8, 4)
-    x0 = g.cont(g.view(xr, (n, h, hd // 2, 1), st, 0))
-    x1 = g.cont(g.view(xr, (n, h, hd // 2, 1), st, 4))
-    o0 = g.sub(g.mul(x0, cos), g.mul(x1, sin))
-    o1 = g.add(g.mul(x0, sin), g.mul(x1, cos))
-    return g.reshape(g.concat(o0, o1, 3), (1, n, h, hd))
+    half = hd // 2
+    planes = g.cont(g.permute(g.reshape(x, (n, h, half, 2)), (0, 1, 3, 2)))  # (N, H, 2, hd/2)
+    st = (h * hd * 4, hd * 4, hd * 4, 4)
+    x0 = g.view(planes, (n, h, 1, half), st, 0)
+    x1 = g.view(planes, (n, h, 1, half), st, half * 4)
+    c, s = g.reshape(cos, (n, 1, 1, half)), g.reshape(sin, (n, 1, 1, half))
+    o0 = g.sub(g.mul(x0, c), g.mul(x1, s))
+    o1 = g.add(g.mul(x0, s), g.mul(x1, c))
+    pairs = g.permute(g.concat(o0, o1, 2), (0, 1, 3, 2))  # (N, H, hd/2, 2)
+    return g.reshape(g.cont(pairs), (1, n, h, hd))
 
 
 class FluxDiT:
