@@ -111,6 +111,14 @@ class T5Encoder:
     computes the bias ``(heads, T, T)`` that the state hands to every later block.
     """
 
+    #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16 weights are
+    #: held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
+    #: 3 interleaved processes, two runs, random f16 weights), a T5-XXL call (one block at the real
+    #: width, 128 tokens) took 0.16-0.22x the f16 path's time with AMX; AVX512_BF16 alone 0.75-0.90x
+    #: (within the host's spread), so those CPUs keep f16's precision.
+    #: Accuracy: tests/test_bf16_dit_models.py.
+    cpu_bf16_kernels: tuple[str, ...] = ("amx",)
+
     def __init__(self, cfg: T5Config) -> None:
         self.cfg = cfg
         self.n_blocks = cfg.n_blocks

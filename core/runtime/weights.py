@@ -17,7 +17,7 @@ into the buffers with ``WeightStore.set_data``.
 
 Dtype policy (:func:`runtime_dtype`): vectors (biases, norm weights) become f32; for a module
 whose model class lists this CPU's bf16 kernel in ``cpu_bf16_kernels`` (UNet and CLIP: AMX and
-AVX512_BF16; VAE: AMX), run by CPUs that all run sdplan's bf16 kernel (AMX or AVX512_BF16, :func:`cpu_bf16`), 16-bit float matrices
+AVX512_BF16; VAE, the DiTs, T5 and the LLM encoders: AMX), run by CPUs that all run sdplan's bf16 kernel (AMX or AVX512_BF16, :func:`cpu_bf16`), 16-bit float matrices
 and conv kernels (f16, bf16 in the file) become bf16 (f32 files keep f32); otherwise conv kernels (4-D) f16 unless already f32, and matrices
 keep the file dtype when the backend multiplies it, otherwise f32 (bf16, f64) or f16 (quantized
 kernels ggml cannot run there). A :class:`~sdplan.core.runtime.runner.ModuleRunner` applies the
