@@ -13,6 +13,7 @@
 #include "kernels/group_norm.h"
 #include "kernels/im2col.h"
 #include "kernels/layer_norm.h"
+#include "kernels/rope.h"
 #include "kernels/transpose.h"
 #include "kernels/winograd.h"
 
@@ -357,8 +358,9 @@ Tensor Graph::unary(const std::string &name, const Tensor &a) {
     t = to_f32(contig(t));
     ggml_context *c = ctx->ctx;
     ggml_tensor *r = nullptr;
-    // sdplan's CPU ops (kernels/glu.cpp): the erf GELU vectorized with AVX-512, quick GELU in f32 with AVX2
+    // sdplan's CPU ops (kernels/glu.cpp): both GELUs vectorized with AVX-512, quick GELU in f32 with AVX2
     ggml_custom_op_t own_op = name == "gelu_erf" && glu_avx512()     ? cpu_gelu_erf
+                              : name == "gelu" && glu_avx512() && fma_gemm_on() ? cpu_gelu_tanh
                               : name == "gelu_quick" && fma_gemm_on() ? cpu_gelu_quick
                                                                       : nullptr;
     if (own_op && all_cpu()) return own(cpu_op(own_op, {t->ne[0], t->ne[1], t->ne[2], t->ne[3]}, {t}), a.ndim);
@@ -488,6 +490,37 @@ Tensor Graph::layer_norm(const Tensor &a, float eps, std::optional<Tensor> weigh
     if (tw) r = ggml_mul(c, r, tw);
     if (tb) r = ggml_add(c, r, tb);
     return own(r, a.ndim);
+}
+
+// x (B, N, H, hd) turned pair by pair by the tables cos and sin (N x hd/2 values each, contiguous):
+// kernels/rope.cpp on CPU-only graphs; elsewhere the pairs split into two planes (hd/2-long rows,
+// so each product broadcasts a table row over the heads), the four products, and the planes
+// joined and interleaved back.
+Tensor Graph::rope_pairs(const Tensor &x, const Tensor &cos, const Tensor &sin) {
+    room("rope_pairs", 16);
+    ggml_tensor *t = to_f32(use("rope_pairs", x));
+    ggml_tensor *tc = use("rope_pairs", cos), *ts = use("rope_pairs", sin);
+    const int64_t hd = t->ne[0], H = t->ne[1], N = t->ne[2], B = t->ne[3], half = hd / 2;
+    if (hd % 2 != 0) fail("rope_pairs", "the last axis must be even, got " + shape_str(x));
+    for (ggml_tensor *v : {tc, ts})
+        if (v->type != GGML_TYPE_F32 || !ggml_is_contiguous(v) || ggml_nelements(v) != N * half)
+            fail("rope_pairs", "cos and sin must be contiguous f32 tables of " + std::to_string(N) + " x " +
+                                   std::to_string(half) + " values, got " + shape_str(v == tc ? cos : sin));
+    if (t->nb[0] != ggml_type_size(t->type)) t = copy_contiguous(t);
+    ggml_context *c = ctx->ctx;
+    if (all_cpu()) return own(cpu_op(cpu_rope_pairs, {hd, H, N, B}, {t, tc, ts}), x.ndim);
+    t = contig(t);
+    ggml_tensor *planes = ggml_cont(c, ggml_permute(c, ggml_reshape_4d(c, t, 2, half, H, N * B), 1, 0, 2, 3));
+    const size_t f = sizeof(float);
+    ggml_tensor *x0 = ggml_view_4d(c, planes, half, 1, H, N * B, half * f, hd * f, H * hd * f, 0);
+    ggml_tensor *x1 = ggml_view_4d(c, planes, half, 1, H, N * B, half * f, hd * f, H * hd * f, half * f);
+    ggml_tensor *cc = ggml_reshape_4d(c, tc, half, 1, 1, N), *ss = ggml_reshape_4d(c, ts, half, 1, 1, N);
+    if (B > 1) cc = ggml_repeat(c, cc, ggml_new_tensor_4d(c, GGML_TYPE_F32, half, 1, 1, N * B)),
+               ss = ggml_repeat(c, ss, ggml_new_tensor_4d(c, GGML_TYPE_F32, half, 1, 1, N * B));
+    ggml_tensor *o0 = ggml_sub(c, ggml_mul(c, x0, cc), ggml_mul(c, x1, ss));
+    ggml_tensor *o1 = ggml_add(c, ggml_mul(c, x0, ss), ggml_mul(c, x1, cc));
+    ggml_tensor *pairs = ggml_cont(c, ggml_permute(c, ggml_concat(c, o0, o1, 1), 1, 0, 2, 3));  // [2, hd/2, H, N B]
+    return own(ggml_reshape_4d(c, pairs, hd, H, N, B), x.ndim);
 }
 
 Tensor Graph::soft_max(const Tensor &a, std::optional<Tensor> mask, float scale_, float max_bias) {

@@ -145,6 +145,7 @@ struct Graph {
                              std::optional<Tensor> bias);
     // LayerNorm over the last axis with an optional affine (one op on CPU-only graphs)
     Tensor layer_norm(const Tensor &a, float eps, std::optional<Tensor> weight, std::optional<Tensor> bias);
+    Tensor rope_pairs(const Tensor &x, const Tensor &cos, const Tensor &sin);
     Tensor soft_max(const Tensor &a, std::optional<Tensor> mask, float scale, float max_bias);
     Tensor flash_attn(const Tensor &q, const Tensor &k, const Tensor &v, std::optional<Tensor> mask, float scale,
                       float max_bias, float softcap);

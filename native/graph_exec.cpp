@@ -455,6 +455,7 @@ void register_graph(nb::module_ &m) {
              nb::arg("weight") = nb::none(), nb::arg("bias") = nb::none(),
              "GroupNorm of (N, C, H, W) or (C, H, W) over n_groups channel groups, then * weight + bias\n"
              "(each (C,), optional). One fused op when every backend of the graph is a CPU.")
+        .def("rope_pairs", &Graph::rope_pairs, nb::arg("x"), nb::arg("cos"), nb::arg("sin"))
         .def("layer_norm", &Graph::layer_norm, nb::arg("a"), nb::arg("eps") = 1e-5f, nb::arg("weight") = nb::none(),
              nb::arg("bias") = nb::none(),
              "LayerNorm over the last axis (mean and biased variance of each row, as torch.nn.LayerNorm),\n"

@@ -298,16 +298,23 @@ def _gelu_input(rng, shape) -> np.ndarray:
 
 
 @pytest.mark.parametrize("shape", [(3, 37), (2, 5, 64), (1, 4100)])
-def test_gelu_erf_matches_reference(mgr, glu_simd, shape) -> None:
+@pytest.mark.parametrize("approximate", [False, True], ids=["erf", "tanh"])
+def test_gelu_matches_reference(mgr, glu_simd, shape, approximate) -> None:
+    """Both GELUs: sdplan's AVX-512 op within 2e-6 of float64; without it ggml's op, whose tanh
+    form rounds x to f16 for a table on the CPU (held to 2e-3 here, and shown to miss 2e-6)."""
     x = _gelu_input(np.random.default_rng(shape[-1]), shape)
     g = gr.new_graph([mgr.get("CPU")], n_threads=2)
-    g.output("y", gr.gelu(g, g.input("x", shape)))
+    g.output("y", gr.gelu(g, g.input("x", shape), approximate))
     g.set_input("x", x)
     ops = [r[0] for r in g.profile()]
     y = np.array(g.get_output("y"))
     assert ("CUSTOM" in ops) == glu_simd, ops
-    ref = _gelu_ref(x, False)
-    assert np.all(np.abs(y - ref) <= 2e-6 + 2e-6 * np.abs(ref)), float(np.max(np.abs(y - ref)))
+    ref = _gelu_ref(x, approximate)
+    err = np.abs(y - ref) / (1 + np.abs(ref))
+    if glu_simd or not approximate:
+        assert np.all(np.abs(y - ref) <= 2e-6 + 2e-6 * np.abs(ref)), float(np.max(np.abs(y - ref)))
+    else:
+        assert 2e-6 < err.max() <= 2e-3, float(err.max())
 
 
 @pytest.mark.parametrize("shape", [(3, 37), (2, 5, 64), (1, 77, 3072)])

@@ -160,6 +160,15 @@ def test_layer_norm_refuses_a_mismatched_weight(cpu) -> None:
         g.layer_norm(g.input("x", (3, 8)), 1e-5, weight=g.input("w", (7,)))
 
 
+def test_rope_pairs_refuses_bad_tables_and_odd_widths(cpu) -> None:
+    g = gr.new_graph([cpu])
+    x = g.input("x", (1, 5, 2, 8))
+    with pytest.raises(ValueError, match="rope_pairs: cos and sin must be contiguous f32 tables of 5 x 4 values"):
+        g.rope_pairs(x, g.input("c", (5, 3)), g.input("s", (5, 4)))
+    with pytest.raises(ValueError, match="rope_pairs: the last axis must be even"):
+        g.rope_pairs(g.input("y", (1, 5, 2, 7)), g.input("c2", (5, 3)), g.input("s2", (5, 3)))
+
+
 def _group_norm_ref(x, groups, w, b, eps=1e-6):
     lead = x.shape[:-3]
     c = x.shape[-3]

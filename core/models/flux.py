@@ -193,24 +193,12 @@ def rope_tables(ids: np.ndarray, axes: tuple[int, ...], theta: float = THETA) ->
 
 def apply_rope(g: Any, x: Any, cos: Any, sin: Any) -> Any:
     """Rotate ``x`` ``(1, N, H, hd)`` (f32) by the tables of :func:`rope_tables` as graph
-    inputs ``(N, 1, hd/2, 1)``: each channel pair ``(2i, 2i+1)`` turns by its angle.
-
-    The pairs are first split into two planes ``(N, H, 2, hd/2)``, so that every product
-    runs along rows of ``hd/2`` values (the tables broadcast over the heads); multiplying
-    the ``(..., hd/2, 1)`` columns directly made each row one value long, which the CPU
-    backend runs one value at a time (about 20% of a Z-Image layer's time at 288 tokens).
-    """
-    _, n, h, hd = x.shape
-    half = hd // 2
-    planes = g.cont(g.permute(g.reshape(x, (n, h, half, 2)), (0, 1, 3, 2)))  # (N, H, 2, hd/2)
-    st = (h * hd * 4, hd * 4, hd * 4, 4)
-    x0 = g.view(planes, (n, h, 1, half), st, 0)
-    x1 = g.view(planes, (n, h, 1, half), st, half * 4)
-    c, s = g.reshape(cos, (n, 1, 1, half)), g.reshape(sin, (n, 1, 1, half))
-    o0 = g.sub(g.mul(x0, c), g.mul(x1, s))
-    o1 = g.add(g.mul(x0, s), g.mul(x1, c))
-    pairs = g.permute(g.concat(o0, o1, 2), (0, 1, 3, 2))  # (N, H, hd/2, 2)
-    return g.reshape(g.cont(pairs), (1, n, h, hd))
+    inputs ``(N, 1, hd/2, 1)``: each channel pair ``(2i, 2i+1)`` turns by its angle
+    (``Graph.rope_pairs``: one pass on CPU-only graphs; elsewhere the pairs are split into two
+    planes so that each product runs along rows of hd/2 values. Multiplying the
+    ``(..., hd/2, 1)`` columns directly made each row one value long, which the CPU backend
+    ran a value at a time: about a fifth of a Z-Image layer's time at 288 tokens)."""
+    return g.rope_pairs(x, cos, sin)
 
 
 class FluxDiT:
@@ -353,9 +341,9 @@ class FluxDiT:
         """q, k, v ``(1, N, H, hd)`` -> ``(1, N, D)`` with RoPE on q and k."""
         q = apply_rope(g, q, state["pe_cos"], state["pe_sin"])
         k = apply_rope(g, k, state["pe_cos"], state["pe_sin"])
-        perm = (0, 2, 1, 3)
-        return gr.attention(g, g.cont(g.permute(q, perm)), g.cont(g.permute(k, perm)),
-                            g.cont(g.permute(v, perm)), flash=self.flash)
+        perm = (0, 2, 1, 3)  # heads as views: gr.attention copies them only for a path that needs it
+        return gr.attention(g, g.permute(q, perm), g.permute(k, perm), g.permute(v, perm),
+                            flash=gr.dit_flash(g, self.flash))
 
     # ------------------------------------------------------------------ ModuleGraph
     def build_pre(self, g: Any, w: Any, inputs: dict[str, Any]) -> dict[str, Any]:

@@ -297,7 +297,7 @@ class MMDiT:
         return out[0], out[1], out[2]
 
     def _attend(self, g: Any, q: Any, k: Any, v: Any) -> Any:
-        return gr.attention(g, q, k, v, flash=self.flash)
+        return gr.attention(g, q, k, v, flash=gr.dit_flash(g, self.flash))
 
     def _mlp(self, g: Any, w: Any, x: Any, name: str) -> Any:
         h = g.unary("gelu", self._lin(g, w, x, name + ".mlp.fc1"))

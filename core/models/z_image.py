@@ -295,9 +295,9 @@ class ZImageDiT:
         q = apply_rope(g, self._rms(g, part(0, c.heads), w(p + "attention.q_norm.weight")), cos, sin)
         k = apply_rope(g, self._rms(g, part(c.heads, c.kv_heads), w(p + "attention.k_norm.weight")), cos, sin)
         v = part(c.heads + c.kv_heads, c.kv_heads)
-        perm = (0, 2, 1, 3)
-        a = gr.attention(g, g.cont(g.permute(q, perm)), g.cont(g.permute(k, perm)),
-                         g.cont(g.permute(v, perm)), flash=self.flash)
+        perm = (0, 2, 1, 3)  # heads as views: gr.attention copies them only for a path that needs it
+        a = gr.attention(g, g.permute(q, perm), g.permute(k, perm), g.permute(v, perm),
+                         flash=gr.dit_flash(g, self.flash))
         return gr.linear(g, a, w(p + "attention.out.weight"))
 
     def _block(self, g: Any, w: Any, p: str, x: Any, cos: Any, sin: Any, cond: Any | None) -> Any:

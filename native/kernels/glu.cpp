@@ -121,15 +121,22 @@ bool glu_avx512() { return glu_cpu_avx512() && !simd_off.load(); }
 
 void set_glu_simd(bool on) { simd_off.store(!on); }
 
-void cpu_gelu_erf(ggml_tensor *dst, int ith, int nth, void *) {
+namespace {
+// Every value of dst's source through the erf GELU or the tanh one, in chunks split among threads.
+void gelu_values(ggml_tensor *dst, int ith, int nth, bool tanh) {
     const ggml_tensor *x = dst->src[0];
     const int64_t n = ggml_nelements(x), chunk = 4096;
     const int64_t chunks = (n + chunk - 1) / chunk;
     for (int64_t c = chunks * ith / nth; c < chunks * (ith + 1) / nth; ++c) {
         const int64_t i0 = c * chunk;
-        row(false, (const float *)x->data + i0, nullptr, (float *)dst->data + i0, std::min(chunk, n - i0));
+        row(tanh, (const float *)x->data + i0, nullptr, (float *)dst->data + i0, std::min(chunk, n - i0));
     }
 }
+}  // namespace
+
+void cpu_gelu_erf(ggml_tensor *dst, int ith, int nth, void *) { gelu_values(dst, ith, nth, false); }
+
+void cpu_gelu_tanh(ggml_tensor *dst, int ith, int nth, void *) { gelu_values(dst, ith, nth, true); }
 
 namespace {
 

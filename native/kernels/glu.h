@@ -18,6 +18,10 @@ void set_glu_simd(bool on);
 // of its shape.
 void cpu_gelu_erf(ggml_tensor *dst, int ith, int nth, void *userdata);
 
+// Custom op: GELU's tanh approximation (the DiTs' and T5's activation) elementwise in f32, as
+// cpu_gelu_erf (ggml's gelu rounds x to f16 for a table on the CPU: errors up to about 1e-3).
+void cpu_gelu_tanh(ggml_tensor *dst, int ith, int nth, void *userdata);
+
 // Custom op: quick GELU, dst = x * sigmoid(1.702 x) (OpenAI CLIP's activation) elementwise in
 // f32 (relative error about 3e-7; ggml's gelu_quick rounds x to f16 for a table); src 0: x
 // f32 contiguous. AVX2 with FMA where the CPU has them (fma_gemm_cpu()), a scalar loop
