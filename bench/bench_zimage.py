@@ -5,8 +5,9 @@ the Qwen3-4B text encoder at its real width (2560, 32 query / 8 key-value heads 
 9728) with ``--llm-blocks`` of its 36 blocks (vocabulary cut to 4096 rows: the lookup does
 not change the time) on a ``--tokens`` prompt.
 
-sdplan runs random f16 weights (as sd-cli runs f16 files; its CPU multiplies f16 matrices
-directly); the references run their modules in float32, torch's CPU default, in a subprocess
+sdplan runs random f16 weights as a user's f16 file runs (held in bf16 where the CPU has AMX,
+the modules' ``cpu_bf16_kernels``; else multiplied as f16); the references run their modules
+in float32, torch's CPU default, and in bfloat16, in a subprocess
 with the reference interpreter (``--ref-python``, default the checkout's ``.venv-ref``, else
 /work/venv-ref; torch 2.13 CPU). Best of ``--repeat`` calls after one warm-up.
 
@@ -51,11 +52,16 @@ ids = torch.zeros(n, 3, dtype=torch.int64); ids[:, 0] = torch.arange(n) % 1024
 freqs = RopeEmbedder(256.0, [32, 48, 48], [1024, 512, 512])(ids).unsqueeze(0)
 x = torch.randn(1, n, a["width"]); c = torch.randn(1, a["adaln"])
 out = {"block": best(lambda: blk(x, None, freqs, c))}
+blk = blk.to(torch.bfloat16)
+xb, cb = x.to(torch.bfloat16), c.to(torch.bfloat16)
+out["block_bf16"] = best(lambda: blk(xb, None, freqs, cb))
 del blk
 from transformers import Qwen3Config, Qwen3Model
 llm = Qwen3Model(Qwen3Config(num_hidden_layers=a["llm_blocks"], **a["llm"])).eval()
 tok = torch.randint(0, a["llm"]["vocab_size"], (1, a["tokens"]))
 out["encoder"] = best(lambda: llm(input_ids=tok))
+llm = llm.to(torch.bfloat16)
+out["encoder_bf16"] = best(lambda: llm(input_ids=tok))
 print(json.dumps(out))
 '''
 
@@ -108,13 +114,15 @@ def write_llm(path: Path, blocks: int, seed: int = 1) -> None:
 
 class OneBlock:
     """The Z-Image DiT's main layer 0 alone as a ModuleGraph: inputs ``x`` (1, L, 3840),
-    ``cond`` (1, 256), ``pe_cos`` / ``pe_sin`` (L, 1, 64, 1); output ``x``."""
+    ``cond`` (1, 256), ``pe_cos`` / ``pe_sin`` (L, 1, 64, 1); output ``x``. Its weights are
+    held as the whole DiT's are (``cpu_bf16_kernels``: bf16 where the CPU has AMX)."""
 
     n_blocks = 1
 
     def __init__(self) -> None:
         from sdplan.core.models.z_image import ZImageConfig, ZImageDiT
 
+        self.cpu_bf16_kernels = ZImageDiT.cpu_bf16_kernels
         self.dit = ZImageDiT(ZImageConfig("", 16, WIDTH, HEADS, HEADS, WIDTH // HEADS, FFN, 2560, ADALN,
                                           1, 0, 0, AXES))
 
@@ -192,10 +200,12 @@ def main() -> int:
     ref = json.loads(res.stdout.strip().splitlines()[-1])
     print(f"Z-Image main layer, {img + txt} tokens; Qwen3-4B width, {a.llm_blocks} blocks, {a.tokens} tokens; "
           f"{a.threads} thread(s)")
-    print(f"{'':22} {'sdplan s':>10} {'reference s':>12} {'ratio':>7}")
+    print(f"{'':22} {'sdplan s':>10} {'torch fp32 s':>13} {'ratio':>7} {'torch bf16 s':>13} {'ratio':>7}")
     for key, label, rkey in (("block", "DiT layer", "block"), ("block_flash", "DiT layer (flash attn)", "block"),
                              ("encoder", "Qwen3 encoder", "encoder")):
-        print(f"{label:22} {ours[key]:10.3f} {ref[rkey]:12.3f} {ours[key] / ref[rkey]:7.2f}")
+        bf = ref.get(rkey + "_bf16")
+        tail = f" {bf:13.3f} {ours[key] / bf:7.2f}" if bf else ""
+        print(f"{label:22} {ours[key]:10.3f} {ref[rkey]:13.3f} {ours[key] / ref[rkey]:7.2f}{tail}")
     print(json.dumps({"sdplan": ours, "reference": ref}), file=sys.stderr)
     return 0
 
