@@ -189,9 +189,10 @@ class LLMEncoder:
 
     #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16 weights are
     #: held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
-    #: 3 interleaved processes, two runs, random f16 weights), a Qwen3-4B call (one block at the real
-    #: width, 128 tokens) took 0.12-0.19x the f16 path's time with AMX; AVX512_BF16 alone 0.82-0.84x,
-    #: within the host's spread of the other modules' 0.75-1.03x, so those CPUs keep f16's precision.
+    #: 3 interleaved processes, three runs, random f16 weights), a Qwen3-4B call (one block at the real
+    #: width, 128 tokens) took 0.12-0.19x the f16 path's time with AMX; AVX512_BF16 alone 0.81-0.84x
+    #: (the other modules 0.73-1.03x, within this host's spread; the UNet's 0.70x is the one counted),
+    #: so those CPUs keep f16's precision.
     #: Accuracy: tests/test_bf16_dit_models.py.
     cpu_bf16_kernels: tuple[str, ...] = ("amx",)
 

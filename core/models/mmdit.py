@@ -171,8 +171,8 @@ class MMDiT:
 
     #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16 weights are
     #: held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
-    #: 3 interleaved processes, two runs, random f16 weights), an SD3-medium call (one joint block at
-    #: the real width, 256 image and 128 text tokens) took 0.48-0.51x the f16 path's time with AMX;
+    #: 3 interleaved processes, three runs, random f16 weights), an SD3-medium call (one joint block at
+    #: the real width, 256 image and 128 text tokens) took 0.24-0.51x the f16 path's time with AMX;
     #: AVX512_BF16 alone 0.97-1.00x, so those CPUs keep f16's precision.
     #: Accuracy: tests/test_bf16_dit_models.py.
     cpu_bf16_kernels: tuple[str, ...] = ("amx",)

@@ -113,9 +113,9 @@ class T5Encoder:
 
     #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16 weights are
     #: held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
-    #: 3 interleaved processes, two runs, random f16 weights), a T5-XXL call (one block at the real
-    #: width, 128 tokens) took 0.16-0.22x the f16 path's time with AMX; AVX512_BF16 alone 0.75-0.90x
-    #: (within the host's spread), so those CPUs keep f16's precision.
+    #: 3 interleaved processes, three runs, random f16 weights), a T5-XXL call (one block at the real
+    #: width, 128 tokens) took 0.14-0.22x the f16 path's time with AMX; AVX512_BF16 alone 0.75-0.90x,
+    #: within this host's spread, so those CPUs keep f16's precision.
     #: Accuracy: tests/test_bf16_dit_models.py.
     cpu_bf16_kernels: tuple[str, ...] = ("amx",)
 

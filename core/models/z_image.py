@@ -187,9 +187,9 @@ class ZImageDiT:
 
     #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16 weights are
     #: held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
-    #: 3 interleaved processes, two runs, random f16 weights), a Z-Image Turbo call (one main, one
+    #: 3 interleaved processes, three runs, random f16 weights), a Z-Image Turbo call (one main, one
     #: noise-refiner and one context-refiner layer at the real width, 256 image and 128 text tokens)
-    #: took 0.21-0.25x the f16 path's time with AMX; AVX512_BF16 alone 0.88-1.03x, so those CPUs keep
+    #: took 0.15-0.25x the f16 path's time with AMX; AVX512_BF16 alone 0.78-1.03x, so those CPUs keep
     #: f16's precision.
     #: Accuracy: tests/test_bf16_dit_models.py.
     cpu_bf16_kernels: tuple[str, ...] = ("amx",)
