@@ -498,7 +498,9 @@ Tensor Graph::layer_norm(const Tensor &a, float eps, std::optional<Tensor> weigh
 // joined and interleaved back.
 Tensor Graph::rope_pairs(const Tensor &x, const Tensor &cos, const Tensor &sin) {
     room("rope_pairs", 16);
-    ggml_tensor *t = to_f32(use("rope_pairs", x));
+    ggml_tensor *t = use("rope_pairs", x);
+    if (!is_float(t->type)) fail("rope_pairs", "x must be a float tensor (f32, f16 or bf16), got " + shape_str(x));
+    t = to_f32(t);
     ggml_tensor *tc = use("rope_pairs", cos), *ts = use("rope_pairs", sin);
     const int64_t hd = t->ne[0], H = t->ne[1], N = t->ne[2], B = t->ne[3], half = hd / 2;
     if (hd % 2 != 0) fail("rope_pairs", "the last axis must be even, got " + shape_str(x));

@@ -167,6 +167,10 @@ def test_rope_pairs_refuses_bad_tables_and_odd_widths(cpu) -> None:
         g.rope_pairs(x, g.input("c", (5, 3)), g.input("s", (5, 4)))
     with pytest.raises(ValueError, match="rope_pairs: the last axis must be even"):
         g.rope_pairs(g.input("y", (1, 5, 2, 7)), g.input("c2", (5, 3)), g.input("s2", (5, 3)))
+    for dtype in ("f64", "i32", "i8"):  # ggml cannot turn these into f32 in a graph (it aborted at compute)
+        with pytest.raises(ValueError, match="rope_pairs: x must be a float tensor"):
+            g.rope_pairs(g.input(f"x_{dtype}", (1, 5, 2, 8), dtype), g.input(f"c_{dtype}", (5, 4)),
+                         g.input(f"s_{dtype}", (5, 4)))
 
 
 def _group_norm_ref(x, groups, w, b, eps=1e-6):

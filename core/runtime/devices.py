@@ -71,7 +71,7 @@ _SUGGESTED_FAST_PATHS = ("AVX2", "FMA", "F16C")
 BF16_ADVICE = ("this CPU runs sdplan's AMX bf16 kernel, turned off here: SDPLAN_BF16_KERNEL=auto "
                "holds the UNets, DiTs, VAE and text encoders in bf16 (measured: an SD 1.5 256/512 px "
                "step in 0.23x/0.18x, a decode in 0.39x/0.49x, text encoding in 0.30x, a DiT or T5/Qwen3 "
-               "call in 0.12x-0.51x the f16 path's time); outputs change by about 1% of their range")
+               "call in 0.12x-0.51x the f16 path's time); outputs change by about 1% of their range (T5's up to 3%)")
 
 
 class RpcError(InventoryError):
