@@ -164,3 +164,32 @@ def test_classes_list_the_amx_kernel_only() -> None:
     every one of these modules, AVX512_BF16 alone 0.75-1.03x (kept in f16)."""
     for cls in (FluxDiT, ChromaDiT, Flux2DiT, ZImageDiT, MMDiT, T5Encoder, LLMEncoder):
         assert cls.cpu_bf16_kernels == ("amx",), cls
+
+
+def test_z_image_pipeline_on_each_kernel_path_matches_diffusers(kernel, tmp_path) -> None:
+    """The whole Z-Image Turbo run as a user makes it (Qwen3 encoder, 4 euler steps, decode; each
+    module held as ModuleRunner holds it on this kernel path) against diffusers' ZImagePipeline.
+    Tolerances: the f16 path test_pipeline_z_image's 3e-3 for the context and the final latent,
+    the bf16 path 2e-2. Measured: f16 context 3.0e-5, latent 6.7e-5; AMX 2.5e-3 and 2.3e-3 (the
+    DiT, the Qwen3 encoder and the VAE all in bf16)."""
+    from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline
+    from zimage_util import AE, DIT, PROMPT, ref, write_qwen3
+
+    R = ref()
+    llm = write_qwen3(tmp_path / "qwen_3_tiny.safetensors")
+    pool = BackendPool(G.BackendManager(1))
+    pipe = ZImagePipeline(ZImageModels(DIT, llm, AE), pool=pool, n_threads=2)
+    try:
+        out = pipe.txt2img(PROMPT, 16, 16, steps=4, noise=R["pipe.noise"], vae_scale=2)
+        context = pipe.encode_prompt(PROMPT)
+        held = {name: {d for n, d in r.wf.dtypes.items() if len(r.wf.infos[n].shape) >= 2}
+                for name, r in pipe.runners.items()}
+    finally:
+        pipe.close()
+        pool.manager.close()
+    errs = rel_err(context, R["llm.hidden_m2"]), rel_err(out["latent"], R["pipe.latent"])
+    print(f"z_image {kernel}: held {held}, context {errs[0]:.2e}, latent {errs[1]:.2e}")
+    assert all(("bf16" in held[m]) == (kernel == "amx") for m in ("diffusion", "llm", "vae")), held
+    tol = BF16_TOL if kernel == "amx" else 3e-3
+    assert errs[0] < tol and errs[1] < tol
+    assert np.isfinite(out["image"]).all()

@@ -207,15 +207,19 @@ class WholeGraph:
 class FunctionGraph(WholeGraph):
     """A graph without blocks built by one function ``fn(g, weights, inputs) -> outputs``,
     ``weights`` a :class:`Weights` view restricted to ``names``; ``specs`` gives the inputs'
-    dtypes (their shapes come from the arrays of a run).
+    dtypes (their shapes come from the arrays of a run); ``cpu_bf16_kernels`` the CPU bf16
+    kernels with which its weights are held in bf16, as the graph class whose function it runs
+    lists them (e.g. ``VaeGraph.cpu_bf16_kernels`` for a VAE decoder function).
 
     Raises:
         ValueError: from :meth:`input_specs` when an input is missing.
     """
 
     def __init__(self, names: list[str], specs: dict[str, str],
-                 fn: Callable[[Any, Weights, dict[str, Any]], dict[str, Any]]) -> None:
+                 fn: Callable[[Any, Weights, dict[str, Any]], dict[str, Any]],
+                 cpu_bf16_kernels: tuple[str, ...] = ()) -> None:
         self.names, self.specs, self.fn = list(names), dict(specs), fn
+        self.cpu_bf16_kernels = tuple(cpu_bf16_kernels)
 
     def other_tensors(self) -> list[str]:
         return list(self.names)

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 from sdplan.core.models.base import FunctionGraph
-from sdplan.core.models.clip import causal_mask, clip_config, clip_text
+from sdplan.core.models.clip import ClipGraph, causal_mask, clip_config, clip_text
 from sdplan.core.models.flux import FluxDiT
 from sdplan.core.models.t5 import T5Encoder
 from sdplan.core.pipelines.base import module_placements
@@ -94,7 +94,8 @@ class FluxPipeline(FluxFamilyPipeline):
         clip_names = [n for n in clip_shapes if n.startswith(self.clip_cfg.prefix) and "position_ids" not in n
                       and "text_projection" not in n]
         self.runners["clip_l"] = self._runner(
-            "clip_l", FunctionGraph(clip_names, {"ids": "i32", "mask": "f32"}, self._clip), models.clip_l, clip_pl, dtypes)
+            "clip_l", FunctionGraph(clip_names, {"ids": "i32", "mask": "f32"}, self._clip, ClipGraph.cpu_bf16_kernels),
+            models.clip_l, clip_pl, dtypes)
         self._init_vae(models.vae, models.taesd)
 
     def _clip(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:

@@ -49,7 +49,7 @@ from sdplan.core.models.llm import LLMEncoder, llm_config
 from sdplan.core.models.tae import detect_tae
 from sdplan.core.models.vae import vae_encode
 from sdplan.core.pipelines.base import module_placements
-from sdplan.core.pipelines.flux_base import FluxFamilyPipeline, shapes
+from sdplan.core.pipelines.flux_base import VAE_BF16, FluxFamilyPipeline, shapes
 from sdplan.core.pipelines.images import read_image_rgb
 from sdplan.core.pipelines.z_image import is_gguf
 from sdplan.core.planning.generation_defaults import generation_defaults
@@ -246,7 +246,7 @@ class KleinPipeline(FluxFamilyPipeline):
             def fn(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
                 return {"mean": vae_encode(g, w, ins["image"], self.vae_cfg)}
 
-            self.runners["vae_encoder"] = self._runner("vae", FunctionGraph(names, {"image": "f32"}, fn),
+            self.runners["vae_encoder"] = self._runner("vae", FunctionGraph(names, {"image": "f32"}, fn, VAE_BF16),
                                                        self.vae_path, self.placements["vae"], None)
         img = np.asarray(image, np.float32).transpose(2, 0, 1)[None] / np.float32(127.5) - np.float32(1.0)
         mean = self.runners["vae_encoder"].run({"image": np.ascontiguousarray(img)})["mean"]

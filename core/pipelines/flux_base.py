@@ -28,7 +28,7 @@ from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux import unpatchify
 from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
-from sdplan.core.models.vae import vae_config, vae_decode, vae_moments
+from sdplan.core.models.vae import VaeGraph, vae_config, vae_decode, vae_moments
 from sdplan.core.pipelines.base import Pipeline
 from sdplan.core.pipelines.img2img import (
     ImageInput,
@@ -46,6 +46,10 @@ from sdplan.core.sampling.preview import latent_to_rgb
 from sdplan.core.sampling.schedules_more import FlowSchedule
 
 __all__ = ["FluxFamilyPipeline", "SCALE_FACTOR", "SHIFT_FACTOR", "shapes"]
+
+#: The CPU bf16 kernels with which the autoencoder's decoder and encoder functions hold their
+#: weights in bf16: the SD VAE's rule (the same blocks; :class:`VaeGraph`).
+VAE_BF16 = VaeGraph.cpu_bf16_kernels
 
 #: FLUX.1 autoencoder latent scaling: ``z_model = (z_vae - SHIFT) * SCALE``.
 SCALE_FACTOR = 0.3611
@@ -93,7 +97,7 @@ class FluxFamilyPipeline(Pipeline):
         prefix = "first_stage_model." if any(n.startswith("first_stage_model.") for n in vae_shapes) else ""
         self.vae_cfg = vae_config(vae_shapes, prefix)
         dec = [n for n in vae_shapes if n.startswith(prefix + "decoder.")]
-        self.runners["vae"] = self._runner("vae", FunctionGraph(dec, {"z": "f32"}, self._decode), vae,
+        self.runners["vae"] = self._runner("vae", FunctionGraph(dec, {"z": "f32"}, self._decode, VAE_BF16), vae,
                                            self.placements["vae"], None)
         self._vae_path = vae
         self._vae_encoder = [n for n in vae_shapes if n.startswith((prefix + "encoder.", prefix + "quant_conv."))]
@@ -123,7 +127,7 @@ class FluxFamilyPipeline(Pipeline):
                 return {"mean": mean, "logvar": logvar}
 
             self.runners["vae_encoder"] = self._runner(
-                "vae_encoder", FunctionGraph(self._vae_encoder, {"image": "f32"}, enc), self._vae_path,
+                "vae_encoder", FunctionGraph(self._vae_encoder, {"image": "f32"}, enc, VAE_BF16), self._vae_path,
                 self.placements["vae"], None)
         out = self.runners["vae_encoder"].run({"image": np.ascontiguousarray(img, dtype=np.float32)})
         z = sample_latent(out["mean"], out["logvar"], noise)
