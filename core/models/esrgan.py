@@ -264,6 +264,14 @@ class UpscalerGraph(WholeGraph):
     blocks; input ``"image"`` f32 ``(1, C, H, W)``, output ``"image"`` ``(1, C, sH, sW)``.
     ``names`` maps canonical weight names to the file's."""
 
+    #: The CPU bf16 kernels with which the Upscaler holds the convolution kernels in bf16 (the
+    #: files' f32 kernels rounded; everything else stays f32): measured by bench/bench_upscale.py
+    #: (SRVGGNetCompact x4, a 256 px picture, 2 threads, best of 3, two runs each) 0.339-0.390 s
+    #: against the f32 path's 0.578-0.663 s; output within 2.4e-2 of PyTorch fp32 there (1.1e-2,
+    #: mean 7.2e-4, on tests/test_models_esrgan.py's picture). AVX512_BF16 alone: not listed (the
+    #: SD VAE's convolutions measured slower with it than on their f32/f16 paths).
+    cpu_bf16_kernels: tuple[str, ...] = ("amx",)
+
     def __init__(self, cfg: EsrganConfig, names: Mapping[str, str]) -> None:
         self.cfg, self.names = cfg, dict(names)
 
