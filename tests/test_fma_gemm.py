@@ -214,7 +214,7 @@ def test_devices_line_names_the_products() -> None:
     # on a CPU with a bf16 kernel the line still says whether the FMA products run (f16 weights
     # not held in bf16, attention of modules without bf16 weights)
     feat["bf16_kernel"] = "amx"
-    assert _feature_line(feat).endswith("sdplan bf16 kernel amx (UNets, DiTs, VAE, text encoders in bf16) · sdplan FMA products [red]no[/]")
+    assert _feature_line(feat).endswith("sdplan bf16 kernel amx (UNets, DiTs, VAEs, text encoders, upscalers in bf16) · sdplan FMA products [red]no[/]")
 
 
 # ---- attention (native/kernels/fma_attention.cpp)

@@ -67,11 +67,13 @@ _SUGGESTED_FAST_PATHS = ("AVX2", "FMA", "F16C")
 #: The one bf16 change ``sdplan devices`` suggests, where the CPU has AMX: measured by
 #: bench/bench_cpu_bf16.py (SD 1.5 size, 2 threads, medians of 3 interleaved processes; the
 #: README's "CPU speed" table) and bench/bench_cpu_bf16_families.py (a call of the FLUX.1,
-#: FLUX.2 klein, Z-Image and SD3 DiTs, T5-XXL and Qwen3-4B at their real widths).
+#: FLUX.2 klein, Z-Image and SD3 DiTs, T5-XXL and Qwen3-4B at their real widths) and
+#: bench/bench_upscale.py (an x4 SRVGGNetCompact upscale).
 BF16_ADVICE = ("this CPU runs sdplan's AMX bf16 kernel, turned off here: SDPLAN_BF16_KERNEL=auto "
-               "holds the UNets, DiTs, VAE and text encoders in bf16 (measured: an SD 1.5 256/512 px "
+               "holds the UNets, DiTs, VAEs, text encoders and upscalers in bf16 (measured: an SD 1.5 256/512 px "
                "step in 0.23x/0.18x, a decode in 0.39x/0.49x, text encoding in 0.30x, a DiT or T5/Qwen3 "
-               "call in 0.12x-0.51x the f16 path's time); outputs change by about 1% of their range (T5's up to 3%)")
+               "call in 0.12x-0.51x the f16 path's time, an x4 upscale in 0.51x-0.67x the f32 path's); outputs "
+               "change by about 1% of their range (T5's up to 3%)")
 
 
 class RpcError(InventoryError):
