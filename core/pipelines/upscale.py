@@ -24,8 +24,8 @@ from sdplan.core.modelfiles.pth import is_pth, load_pth_tensors
 from sdplan.core.modelfiles.readers import check_model_file, read_tensor_file
 from sdplan.core.models.esrgan import UpscalerGraph, canonical_rrdb_names, detect_esrgan, tile_grid
 from sdplan.core.pipelines.base import Pipeline
-from sdplan.core.runtime.runner import BackendPool, ModulePlacement, ModuleRunner
-from sdplan.core.runtime.weights import WeightFile, bf16_kernel, cpu_bf16
+from sdplan.core.runtime.runner import BackendPool, ModulePlacement, ModuleRunner, holds_bf16
+from sdplan.core.runtime.weights import WeightFile
 
 __all__ = ["Upscaler", "to_array", "to_image", "TILE_SIZES", "DEFAULT_TILE"]
 
@@ -94,7 +94,7 @@ class Upscaler(Pipeline):
         # f32 (these networks are small and f16 im2col is slower on CPUs), but the convolution
         # kernels in bf16 where every device of the placement runs a CPU bf16 kernel the graph
         # lists (UpscalerGraph.cpu_bf16_kernels)
-        conv = "bf16" if self._bf16_kernels(model) else "f32"
+        conv = "bf16" if holds_bf16(model, self.placement, self.pool) else "f32"
         wf = make(files, {n: conv if len(shapes[n]) == 4 else "f32" for n in files})
         self.runners["upscaler"] = self.new_runner("upscaler", model, wf, self.placement)
         self.overlap = self.cfg.receptive_radius if overlap is None else overlap
@@ -102,13 +102,6 @@ class Upscaler(Pipeline):
         self._tiles: dict[tuple[int, int, int], int] = {}
         log.info("%s: %s x%d, %d features, %d convs/blocks", self.path, self.cfg.kind, self.cfg.scale,
                  self.cfg.features, self.cfg.n_conv)
-
-    def _bf16_kernels(self, model: UpscalerGraph) -> bool:
-        """Whether the convolution kernels are held in bf16: this CPU's bf16 kernel is one the
-        graph lists and every device of the placement (params device included) runs it."""
-        pl = self.placement
-        held_on = list(pl.devices) + ([pl.params_device] if pl.params_device else [])
-        return bf16_kernel() in model.cpu_bf16_kernels and all(cpu_bf16(self.pool.get(d)) for d in held_on)
 
     @property
     def runner(self) -> ModuleRunner:

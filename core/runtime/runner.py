@@ -136,6 +136,15 @@ class _Seg:
     carry: dict[str, str] = field(default_factory=dict)  # state key -> input it passes on unchanged
 
 
+def holds_bf16(model: Any, placement: ModulePlacement, pool: BackendPool) -> bool:
+    """Whether a module's 16-bit float weights are held in bf16: the model measured faster with
+    this CPU's bf16 kernel (it lists it in ``cpu_bf16_kernels``) and every device of the
+    placement, params device included, runs it (:func:`~sdplan.core.runtime.weights.cpu_bf16`):
+    one dtype policy for all of them, so a split across CPUs computes what one CPU does."""
+    held_on = list(placement.devices) + ([placement.params_device] if placement.params_device else [])
+    return bf16_kernel() in getattr(model, "cpu_bf16_kernels", ()) and all(cpu_bf16(pool.get(d)) for d in held_on)
+
+
 class ModuleRunner:
     """Runs one module per its placement (see the module docstring).
 
@@ -160,11 +169,7 @@ class ModuleRunner:
         if self.mode == "device" and placement.params_device == self.main and len(placement.devices) == 1:
             self.mode = "runtime"  # params on the only runtime device: follows runtime
         self.segmented = len(placement.devices) == 1 and placement.budget > 0 and model.n_blocks > 0
-        held_on = list(placement.devices) + ([placement.params_device] if placement.params_device else [])
-        if bf16_kernel() in getattr(model, "cpu_bf16_kernels", ()) and all(cpu_bf16(pool.get(d)) for d in held_on):
-            # the model measured faster with this CPU's bf16 kernel (``cpu_bf16_kernels``) and
-            # every device runs it: one dtype policy for all of them, so a split across CPUs
-            # computes what one CPU does
+        if holds_bf16(model, placement, pool):
             weights.hold_for(pool.get(self.main), bf16=True)
         self.rt = weights.new_store()
         self.params: Any = None
