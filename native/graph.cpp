@@ -508,9 +508,11 @@ Tensor Graph::rope_pairs(const Tensor &x, const Tensor &cos, const Tensor &sin) 
         if (v->type != GGML_TYPE_F32 || !ggml_is_contiguous(v) || ggml_nelements(v) != N * half)
             fail("rope_pairs", "cos and sin must be contiguous f32 tables of " + std::to_string(N) + " x " +
                                    std::to_string(half) + " values, got " + shape_str(v == tc ? cos : sin));
-    if (t->nb[0] != ggml_type_size(t->type)) t = copy_contiguous(t);
     ggml_context *c = ctx->ctx;
-    if (all_cpu()) return own(cpu_op(cpu_rope_pairs, {hd, H, N, B}, {t, tc, ts}), x.ndim);
+    if (all_cpu()) {  // the op reads rows through their strides; the values of a row must be adjacent
+        if (t->nb[0] != ggml_type_size(t->type)) t = copy_contiguous(t);
+        return own(cpu_op(cpu_rope_pairs, {hd, H, N, B}, {t, tc, ts}), x.ndim);
+    }
     t = contig(t);
     ggml_tensor *planes = ggml_cont(c, ggml_permute(c, ggml_reshape_4d(c, t, 2, half, H, N * B), 1, 0, 2, 3));
     const size_t f = sizeof(float);

@@ -112,8 +112,6 @@ struct Graph {
     ggml_tensor *copy_contiguous(ggml_tensor *t);
     ggml_tensor *to_f32(ggml_tensor *t);
     void set_scope(int index);
-    // One of sdplan's CPU product ops (bf16_gemm, fma_gemm): x as f32 and w contiguous, the bias
-    // (if any) as f32, params kept as the op's userdata, an f32 result of ne0..ne3.
     // A CPU custom op (ggml_custom_4d): f32 output of sizes ne over the sources args (null
     // entries allowed), userdata a copy of params kept for the graph's life (none: null).
     ggml_tensor *cpu_op(ggml_custom_op_t fn, const std::array<int64_t, 4> &ne, std::initializer_list<ggml_tensor *> args,
@@ -121,6 +119,8 @@ struct Graph {
     // A norm's optional weight or bias: a float vector of n values, as f32 (null when absent);
     // `axis` names the values in the error ("C=", "the last axis' ").
     ggml_tensor *norm_vector(const char *op, const std::optional<Tensor> &v, int64_t n, const char *axis);
+    // One of sdplan's CPU product ops (bf16_gemm, fma_gemm): x as f32 and w contiguous, the bias
+    // (if any) as f32, params kept as the op's userdata, an f32 result of ne0..ne3.
     ggml_tensor *product_op(ggml_custom_op_t fn, const std::array<int, 8> &params, ggml_tensor *x, ggml_tensor *w,
                             ggml_tensor *b, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
 

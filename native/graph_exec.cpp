@@ -455,7 +455,11 @@ void register_graph(nb::module_ &m) {
              nb::arg("weight") = nb::none(), nb::arg("bias") = nb::none(),
              "GroupNorm of (N, C, H, W) or (C, H, W) over n_groups channel groups, then * weight + bias\n"
              "(each (C,), optional). One fused op when every backend of the graph is a CPU.")
-        .def("rope_pairs", &Graph::rope_pairs, nb::arg("x"), nb::arg("cos"), nb::arg("sin"))
+        .def("rope_pairs", &Graph::rope_pairs, nb::arg("x"), nb::arg("cos"), nb::arg("sin"),
+             "RoPE of the Flux-style DiTs: x (B, N, H, hd) float, cos and sin contiguous f32 tables of\n"
+             "N x hd/2 values; channel pair (2i, 2i+1) of token n turned by angle (n, i). One op when every\n"
+             "backend of the graph is a CPU; ggml's products on two planes of the pairs elsewhere.\n"
+             "Raises ValueError for an odd hd, a non-float x or tables of another size or layout.")
         .def("layer_norm", &Graph::layer_norm, nb::arg("a"), nb::arg("eps") = 1e-5f, nb::arg("weight") = nb::none(),
              nb::arg("bias") = nb::none(),
              "LayerNorm over the last axis (mean and biased variance of each row, as torch.nn.LayerNorm),\n"
