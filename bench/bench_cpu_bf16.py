@@ -10,8 +10,9 @@ weight load (every module's weights into their buffers) against reading the file
 cache); peak RSS. The checkpoint is random fp16 weights with SD 1.5's names and shapes
 (bench_sd.write_sd15_checkpoint, about 2 GB), written to a temporary folder.
 
-``--isa avx2`` stands in for an AVX2-only CPU on a newer one: sdplan without its bf16 kernels
-and with the scalar GELU (its vector GELU needs AVX-512; ggml itself must be a build without
+On a CPU without bf16 products (AVX2 only) sdplan runs its f16 path and diffusers runs in fp32
+only. ``--isa avx2`` stands in for such a CPU on a newer one: sdplan without its bf16 kernels
+and with its AVX2 GELU/GEGLU instead of the AVX-512 ones (ggml itself must be a build without
 AVX-512, which ``sdplan devices`` shows), against diffusers fp32 with PyTorch and oneDNN held to
 AVX2 (``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2`` for the convolutions and
 ``MKL_ENABLE_INSTRUCTIONS=AVX2`` for the linear layers and attention, which PyTorch hands to MKL:
@@ -87,8 +88,8 @@ def worker_sdplan(model: Path, threads: int, sizes: list[int], avx2: bool = Fals
     from sdplan.core.pipelines.sd import StableDiffusion
     from sdplan.core.runtime.native import native
 
-    if avx2:
-        native().set_glu_simd(False)
+    if avx2:  # the AVX2 GELU/GEGLU, as an AVX2-only CPU runs them
+        native().set_glu_simd(True, False)
     out: dict[str, float] = {}
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
@@ -156,7 +157,9 @@ def main() -> int:
 
     cpu_kernel = native().bf16_cpu_kernel()
     kernels = a.kernels.split(",") if a.kernels else ([cpu_kernel] if cpu_kernel != "off" else []) + ["off"]
-    ref_variants = ["diffusers-fp32", "diffusers-bf16"]
+    # diffusers in bf16 where the CPU multiplies bf16 (AVX512_BF16, AMX); elsewhere PyTorch
+    # widens bf16 to f32 around each product and fp32 is its best dtype
+    ref_variants = ["diffusers-fp32"] + (["diffusers-bf16"] if cpu_kernel != "off" else [])
     if a.isa == "avx2":  # no bf16 kernels, and no bf16 hardware to hold diffusers' bf16 to
         kernels, ref_variants = ["off"], ["diffusers-fp32"]
     variants = [f"sdplan-{k}" for k in kernels] + ([] if a.no_ref else ref_variants)

@@ -358,9 +358,10 @@ Tensor Graph::unary(const std::string &name, const Tensor &a) {
     t = to_f32(contig(t));
     ggml_context *c = ctx->ctx;
     ggml_tensor *r = nullptr;
-    // sdplan's CPU ops (kernels/glu.cpp): both GELUs vectorized with AVX-512, quick GELU in f32 with AVX2
-    ggml_custom_op_t own_op = name == "gelu_erf" && glu_avx512()     ? cpu_gelu_erf
-                              : name == "gelu" && glu_avx512() && fma_gemm_on() ? cpu_gelu_tanh
+    // sdplan's CPU ops (kernels/glu.cpp): both GELUs vectorized (AVX-512, else AVX2 with FMA),
+    // quick GELU in f32 with AVX2
+    ggml_custom_op_t own_op = name == "gelu_erf" && glu_simd()       ? cpu_gelu_erf
+                              : name == "gelu" && glu_simd() && fma_gemm_on() ? cpu_gelu_tanh
                               : name == "gelu_quick" && fma_gemm_on() ? cpu_gelu_quick
                                                                       : nullptr;
     if (own_op && all_cpu()) return own(cpu_op(own_op, {t->ne[0], t->ne[1], t->ne[2], t->ne[3]}, {t}), a.ndim);

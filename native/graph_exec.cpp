@@ -614,9 +614,11 @@ void register_graph(nb::module_ &m) {
         }, nb::arg("name"),
         "Use the bf16 kernel `name` (auto, amx, avx512, off) for graphs built from now on (tests and\n"
         "benchmarks compare them). Raises ValueError for an unknown name or one this CPU cannot run.");
-    m.def("set_glu_simd", &set_glu_simd, nb::arg("on"),
-          "Allow (True, the default) or forbid the AVX-512 GELU/GEGLU (vectorized erf) for graphs built\n"
-          "and computed from now on; forbidden, unary('gelu_erf') is ggml's and geglu uses erff.");
+    m.def("set_glu_simd", &set_glu_simd, nb::arg("on"), nb::arg("allow_avx512") = true,
+          "Allow (True, the default) or forbid the vectorized GELU/GEGLU (erf and tanh forms; AVX-512,\n"
+          "else AVX2 with FMA) for graphs built and computed from now on; forbidden, unary('gelu_erf')\n"
+          "and unary('gelu') are ggml's and geglu uses erff/expf. allow_avx512=False keeps to the AVX2\n"
+          "version on an AVX-512 CPU.");
     m.def("set_fma_gemm", &set_fma_gemm, nb::arg("on"),
           "Allow (True, the default) or forbid the FMA product (f16/f32 weights widened to f32 and\n"
           "multiplied by AVX2/FMA in sdplan's own kernel) for graphs built from now on; forbidden,\n"
@@ -625,7 +627,10 @@ void register_graph(nb::module_ &m) {
     m.def("fma_gemm", &fma_gemm_on,
           "True when graphs built now multiply f16 linear weights and f16/f32 convolution kernels on\n"
           "CPU-only graphs with the FMA product (the CPU has AVX2, FMA and F16C; set_fma_gemm).");
-    m.def("glu_simd", &glu_avx512, "True when GELU (erf) and GEGLU run their AVX-512 versions.");
+    m.def("glu_simd", &glu_simd,
+          "True when GELU (erf and tanh forms) and GEGLU run vectorized (AVX-512, or AVX2 with FMA).");
+    m.def("glu_simd_name", []() { return std::string(glu_simd_name()); },
+          "The GELU/GEGLU version graphs run now: 'avx512', 'avx2' or 'off' (scalar).");
     m.def("cpu_avx2_fma", &wino_fast_cpu,
           "True when this CPU has AVX2 and FMA (conv_2d's auto method then takes winograd for wide\n"
           "3x3 convolutions): the avx2_fma of choose_conv_method.");

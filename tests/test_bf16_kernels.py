@@ -1,7 +1,7 @@
 """sdplan's CPU kernels behind mul_mat, conv_2d, flash_attn, gelu_erf and geglu against float64
 numpy references, on every path this CPU runs: the bf16 kernel with AMX tiles, with
 AVX512_BF16 dot products, and ``off`` (ggml's own ops; what a CPU without either runs), chosen
-with ``set_bf16_kernel``; GELU/GEGLU with the AVX-512 erf and with the scalar one
+with ``set_bf16_kernel``; GELU/GEGLU with the AVX-512 erf, the AVX2 one and the scalar one
 (``set_glu_simd``). Paths the CPU cannot run are skipped.
 
 Tolerances (stated, not tuned to pass):
@@ -14,7 +14,7 @@ Tolerances (stated, not tuned to pass):
 * attention (q, k and the probabilities in bf16; ggml's ``off`` path holds k and v in f16):
   ``<= 2e-2 * max|v|`` against float64;
 * GELU/GEGLU: ``<= 2e-6`` absolute plus ``2e-6`` relative against float64 (the vectorized
-  erf's polynomial has relative error below 2e-7).
+  erf's polynomial has relative error below 2e-7, in 16 or 8 lanes alike).
 """
 
 from __future__ import annotations
@@ -281,12 +281,28 @@ def _gelu_ref(x: np.ndarray, approximate: bool) -> np.ndarray:
     return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
 
 
-@pytest.fixture(params=[True, False], ids=["simd", "scalar"])
+def _cpu_glu_versions() -> set[str]:
+    """The GELU/GEGLU versions this CPU runs: 'avx512' and/or 'avx2' (AVX2 with FMA)."""
+    have = set()
+    try:
+        G.set_glu_simd(True, True)
+        have.add(G.glu_simd_name())
+        G.set_glu_simd(True, False)
+        have.add(G.glu_simd_name())
+    finally:
+        G.set_glu_simd(True)
+    return have - {"off"}
+
+
+@pytest.fixture(params=["avx512", "avx2", "scalar"])
 def glu_simd(request):
-    if request.param and not G.glu_simd():
-        pytest.skip("this CPU has no AVX-512 for GELU/GEGLU")
-    G.set_glu_simd(request.param)
-    yield request.param
+    """Each GELU/GEGLU version in turn (True for the vectorized ones): AVX-512, AVX2 with FMA
+    (also on an AVX-512 CPU, where it is forced), the C library's erff/expf."""
+    if request.param != "scalar" and request.param not in _cpu_glu_versions():
+        pytest.skip(f"this CPU does not run the {request.param} GELU/GEGLU")
+    G.set_glu_simd(request.param != "scalar", request.param == "avx512")
+    assert G.glu_simd_name() == {"scalar": "off"}.get(request.param, request.param)
+    yield request.param != "scalar"
     G.set_glu_simd(True)
 
 
@@ -300,8 +316,9 @@ def _gelu_input(rng, shape) -> np.ndarray:
 @pytest.mark.parametrize("shape", [(3, 37), (2, 5, 64), (1, 4100)])
 @pytest.mark.parametrize("approximate", [False, True], ids=["erf", "tanh"])
 def test_gelu_matches_reference(mgr, glu_simd, shape, approximate) -> None:
-    """Both GELUs: sdplan's AVX-512 op within 2e-6 of float64; without it ggml's op, whose tanh
-    form rounds x to f16 for a table on the CPU (held to 2e-3 here, and shown to miss 2e-6)."""
+    """Both GELUs: sdplan's vectorized op (AVX-512 or AVX2) within 2e-6 of float64; without it
+    ggml's op, whose tanh form rounds x to f16 for a table on the CPU (held to 2e-3 here, and
+    shown to miss 2e-6)."""
     x = _gelu_input(np.random.default_rng(shape[-1]), shape)
     g = gr.new_graph([mgr.get("CPU")], n_threads=2)
     g.output("y", gr.gelu(g, g.input("x", shape), approximate))
@@ -315,6 +332,22 @@ def test_gelu_matches_reference(mgr, glu_simd, shape, approximate) -> None:
         assert np.all(np.abs(y - ref) <= 2e-6 + 2e-6 * np.abs(ref)), float(np.max(np.abs(y - ref)))
     else:
         assert 2e-6 < err.max() <= 2e-3, float(err.max())
+
+
+@pytest.mark.parametrize("approximate", [False, True], ids=["erf", "tanh"])
+def test_gelu_far_inputs(mgr, glu_simd, approximate) -> None:
+    """Inputs where x^3 or z^2 overflow f32 and exp is clamped: x itself far above zero, 0 (within
+    2e-6) far below, in every lane of a vector and in the masked tail (11 values)."""
+    if not glu_simd:
+        pytest.skip("the scalar path is the C library's")
+    vals = np.array([1e30, -1e30, 3e38, -3e38, 1e6, -1e6, 200.0, -200.0, 88.0, -88.0, -104.0], np.float32)
+    g = gr.new_graph([mgr.get("CPU")], n_threads=1)
+    g.output("y", gr.gelu(g, g.input("x", (1, len(vals))), approximate))
+    g.set_input("x", vals[None])
+    g.compute()
+    y = np.array(g.get_output("y"))[0].astype(np.float64)
+    want = np.where(vals > 0, vals, 0.0).astype(np.float64)
+    assert np.all(np.abs(y - want) <= 2e-6 + 2e-6 * np.abs(want)), (y, want)
 
 
 @pytest.mark.parametrize("shape", [(3, 37), (2, 5, 64), (1, 77, 3072)])

@@ -1,7 +1,8 @@
-// GELU and GEGLU with a vectorized erf (see glu.h). erf(z) for z >= 0 by Abramowitz & Stegun
-// 7.1.26, 1 - (a1 t + ... + a5 t^5) exp(-z^2) with t = 1 / (1 + p z), absolute error below
-// 1.5e-7 (Handbook of Mathematical Functions, 1964), odd extension for z < 0; exp by range
-// reduction and a degree-6 polynomial (relative error below 2e-7). The tanh approximation is
+// GELU and GEGLU with a vectorized erf (see glu.h), 16 lanes with AVX-512 or 8 with AVX2 and
+// FMA (the same formulas). erf(z) for z >= 0 by Abramowitz & Stegun 7.1.26,
+// 1 - (a1 t + ... + a5 t^5) exp(-z^2) with t = 1 / (1 + p z), absolute error below 1.5e-7
+// (Handbook of Mathematical Functions, 1964), odd extension for z < 0; exp by range reduction
+// and a degree-6 polynomial (relative error below 2e-7). The tanh approximation is
 // 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), computed as x exp(2u) / (exp(2u) + 1).
 // Threads split the rows.
 #include "kernels/glu.h"
@@ -88,11 +89,84 @@ SDPLAN_GLU_AVX512 void row_avx512(const float *x, const float *mul, float *out, 
 }
 #endif
 
+#ifdef SDPLAN_FMA_X86
+// exp(x) as exp_ps above in 8 lanes: x clamped to [-87, 88] (AVX2 has no scalef: 2^n is put into
+// the exponent bits, so n stays within the normal exponents; below -87 the result is about
+// 1e-38 instead of a subnormal or 0, which both GELUs multiply away).
+SDPLAN_FMA inline __m256 exp_256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    f = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), f);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+SDPLAN_FMA inline __m256 gelu_erf_256(__m256 x) {
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN));
+    const __m256 z = _mm256_mul_ps(x, _mm256_set1_ps(0.70710678118654752f));
+    const __m256 az = _mm256_andnot_ps(sign, z);
+    const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(az, _mm256_set1_ps(0.3275911f), _mm256_set1_ps(1.0f)));
+    __m256 poly = _mm256_set1_ps(1.061405429f);
+    poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(-1.453152027f));
+    poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(1.421413741f));
+    poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(-0.284496736f));
+    poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(0.254829592f));
+    poly = _mm256_mul_ps(poly, t);
+    const __m256 e = exp_256(_mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), az), az));
+    __m256 erf = _mm256_fnmadd_ps(poly, e, _mm256_set1_ps(1.0f));  // erf(|z|)
+    erf = _mm256_or_ps(erf, _mm256_and_ps(z, sign));                 // sign of z
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(_mm256_set1_ps(1.0f), erf));
+}
+
+SDPLAN_FMA inline __m256 gelu_tanh_256(__m256 x) {
+    const __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                                   _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x), _mm256_mul_ps(x, x), x));
+    const __m256 u2 = _mm256_add_ps(u, u), e = exp_256(u2);
+    const __m256 y = _mm256_mul_ps(x, _mm256_div_ps(e, _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+    // below 2u = -87 (x below about -10) the clamped exp would leave x * 1e-38, up to -5 at
+    // x = -3e38: those lanes take x * 0 (-0, NaN for -inf), the value to f32's precision
+    const __m256 far = _mm256_cmp_ps(u2, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    return _mm256_blendv_ps(y, _mm256_mul_ps(x, _mm256_setzero_ps()), far);
+}
+
+// row_avx512 in 8 lanes; the last partial vector through masked loads and stores, so that every
+// value takes the same formula wherever it sits in the row.
+template <bool TANH>
+SDPLAN_FMA void row_avx2(const float *x, const float *mul, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i += 8) {
+        const int64_t left = n - i;
+        const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)std::min<int64_t>(left, 8)),
+                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 v = left >= 8 ? _mm256_loadu_ps(x + i) : _mm256_maskload_ps(x + i, mk);
+        __m256 y = TANH ? gelu_tanh_256(v) : gelu_erf_256(v);
+        if (mul) y = _mm256_mul_ps(y, left >= 8 ? _mm256_loadu_ps(mul + i) : _mm256_maskload_ps(mul + i, mk));
+        if (left >= 8) _mm256_storeu_ps(out + i, y);
+        else _mm256_maskstore_ps(out + i, mk, y);
+    }
+}
+#endif
+
 void row(bool tanh, const float *x, const float *mul, float *out, int64_t n) {
 #ifdef SDPLAN_GLU_X86
     if (glu_avx512()) {
         if (tanh) row_avx512<true>(x, mul, out, n);
         else row_avx512<false>(x, mul, out, n);
+        return;
+    }
+#endif
+#ifdef SDPLAN_FMA_X86
+    if (glu_simd()) {  // not AVX-512: AVX2 with FMA
+        if (tanh) row_avx2<true>(x, mul, out, n);
+        else row_avx2<false>(x, mul, out, n);
         return;
     }
 #endif
@@ -105,7 +179,8 @@ void row(bool tanh, const float *x, const float *mul, float *out, int64_t n) {
 }  // namespace
 
 namespace {
-std::atomic<bool> simd_off{false};  // set_glu_simd(false): the scalar path (tests compare both)
+std::atomic<bool> simd_off{false};    // set_glu_simd(false): the scalar path (tests compare them)
+std::atomic<bool> avx512_off{false};  // set_glu_simd(true, false): the AVX2 path on an AVX-512 CPU
 }  // namespace
 
 bool glu_cpu_avx512() {
@@ -117,9 +192,16 @@ bool glu_cpu_avx512() {
 #endif
 }
 
-bool glu_avx512() { return glu_cpu_avx512() && !simd_off.load(); }
+bool glu_avx512() { return glu_cpu_avx512() && !simd_off.load() && !avx512_off.load(); }
 
-void set_glu_simd(bool on) { simd_off.store(!on); }
+bool glu_simd() { return (glu_cpu_avx512() || fma_gemm_cpu()) && !simd_off.load(); }
+
+const char *glu_simd_name() { return glu_avx512() ? "avx512" : glu_simd() ? "avx2" : "off"; }
+
+void set_glu_simd(bool on, bool allow_avx512) {
+    simd_off.store(!on);
+    avx512_off.store(!allow_avx512);
+}
 
 namespace {
 // Every value of dst's source through the erf GELU or the tanh one, in chunks split among threads.

@@ -8,11 +8,17 @@
 namespace sdplan {
 
 // True when the ops run their AVX-512 versions: the CPU has them (glu_cpu_avx512()) and
-// set_glu_simd(false) was not called (otherwise they use the C library's erff).
+// set_glu_simd did not forbid them.
 bool glu_avx512();
 bool glu_cpu_avx512();
-// Allow (true, the default) or forbid the AVX-512 versions for computes from now on.
-void set_glu_simd(bool on);
+// True when the ops run vectorized: AVX-512 (glu_avx512()), else AVX2 with FMA where the CPU has
+// them (fma_gemm_cpu()); false after set_glu_simd(false) (the C library's erff and expf).
+bool glu_simd();
+// "avx512", "avx2" or "off": the version the ops run now.
+const char *glu_simd_name();
+// Allow (on, the default) or forbid the vectorized versions for computes from now on;
+// allow_avx512 false keeps to the AVX2 one on an AVX-512 CPU (tests cover both there).
+void set_glu_simd(bool on, bool allow_avx512 = true);
 
 // Custom op: dst = x * Phi(x) (GELU, erf form) elementwise; src 0: x f32 contiguous, dst f32
 // of its shape.
