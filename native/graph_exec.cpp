@@ -628,7 +628,8 @@ void register_graph(nb::module_ &m) {
           "True when graphs built now multiply f16 linear weights and f16/f32 convolution kernels on\n"
           "CPU-only graphs with the FMA product (the CPU has AVX2, FMA and F16C; set_fma_gemm).");
     m.def("glu_simd", &glu_simd,
-          "True when GELU (erf and tanh forms) and GEGLU run vectorized (AVX-512, or AVX2 with FMA).");
+          "True when GELU (erf and tanh forms) and GEGLU run vectorized (AVX-512, or AVX2 with FMA).\n"
+          "unary('gelu') (the tanh form) takes it only while fma_gemm() is on too; else ggml's GELU.");
     m.def("glu_simd_name", []() { return std::string(glu_simd_name()); },
           "The GELU/GEGLU version graphs run now: 'avx512', 'avx2' or 'off' (scalar).");
     m.def("cpu_avx2_fma", &wino_fast_cpu,

@@ -1,10 +1,8 @@
-// GELU and GEGLU with a vectorized erf (see glu.h), 16 lanes with AVX-512 or 8 with AVX2 and
-// FMA (the same formulas). erf(z) for z >= 0 by Abramowitz & Stegun 7.1.26,
-// 1 - (a1 t + ... + a5 t^5) exp(-z^2) with t = 1 / (1 + p z), absolute error below 1.5e-7
-// (Handbook of Mathematical Functions, 1964), odd extension for z < 0; exp by range reduction
-// and a degree-6 polynomial (relative error below 2e-7). The tanh approximation is
-// 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), computed as x exp(2u) / (exp(2u) + 1).
-// Threads split the rows.
+// GELU and GEGLU vectorized (see glu.h), 16 lanes with AVX-512 or 8 with AVX2 and FMA, one
+// formula for both widths (gelu_erf_v, gelu_tanh_v below): the erf form through erfc with a
+// relative error bound, the tanh form 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3),
+// as x exp(2u) / (exp(2u) + 1); exp by range reduction and a degree-6 polynomial. The scalar
+// path (set_glu_simd(false)) is the C library's erff and expf. Threads split the rows.
 #include "kernels/glu.h"
 #include "kernels/fma_gemm.h"
 #include "kernels/fma_tiles.h"
@@ -34,55 +32,93 @@ float gelu_tanh_scalar(float x) {
 }
 
 #ifdef SDPLAN_GLU_X86
-SDPLAN_GLU_AVX512 inline __m512 exp_ps(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), f);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+// One formula for every vector width: F is __m256 or __m512 (GCC/Clang vector types, so
+// arithmetic, comparisons and scalar operands are element-wise), I the int32 vector of its size.
+// The functions are inlined into each ISA's row loop below, whose target attribute then picks
+// the instructions; nothing here names an ISA.
+template <class F> struct Ints;
+template <> struct Ints<__m256> { typedef int32_t I __attribute__((vector_size(32))); };
+template <> struct Ints<__m512> { typedef int32_t I __attribute__((vector_size(64))); };
+
+#define SDPLAN_GLU_VEC inline __attribute__((always_inline))
+
+// m ? a : b per lane (m from a comparison: all bits set or clear).
+template <class F, class I = typename Ints<F>::I>
+SDPLAN_GLU_VEC F select(I m, F a, F b) { return (F)(((I)a & m) | ((I)b & ~m)); }
+
+// v in every lane.
+template <class F>
+SDPLAN_GLU_VEC F splat(float v) { return F{} + v; }
+
+// exp(x) for x clamped to [-87, 88]: n = round(x / ln 2) (by adding and subtracting 1.5 * 2^23),
+// f = x - n ln 2 in two parts (Cody-Waite), e^f by its degree-6 Taylor polynomial (|f| <= ln 2 / 2:
+// relative error below 2e-7), 2^n put into the exponent bits (n stays a normal exponent; below
+// -87 the result is about 1e-38 instead of a subnormal or 0, which both GELUs multiply away).
+template <class F, class I = typename Ints<F>::I>
+SDPLAN_GLU_VEC F exp_v(F x) {
+    x = select<F>(x < -87.0f, splat<F>(-87.0f), x);
+    x = select<F>(x > 88.0f, splat<F>(88.0f), x);
+    const F n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    F f = x - n * 0.693145751953125f;
+    f = f - n * 1.428606765330187e-06f;
+    F p = f * (1.0f / 720) + 1.0f / 120;
+    p = p * f + 1.0f / 24;
+    p = p * f + 1.0f / 6;
+    p = p * f + 0.5f;
+    p = p * f + 1.0f;
+    p = p * f + 1.0f;
+    const I e = (__builtin_convertvector(n, I) + 127) << 23;
+    return p * (F)e;
 }
 
-SDPLAN_GLU_AVX512 inline __m512 gelu_erf_ps(__m512 x) {
-    const __m512 z = _mm512_mul_ps(x, _mm512_set1_ps(0.70710678118654752f));
-    const __m512 az = _mm512_abs_ps(z);
-    const __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(az, _mm512_set1_ps(0.3275911f), _mm512_set1_ps(1.0f)));
-    __m512 poly = _mm512_set1_ps(1.061405429f);
-    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(-1.453152027f));
-    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(1.421413741f));
-    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(-0.284496736f));
-    poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(0.254829592f));
-    poly = _mm512_mul_ps(poly, t);
-    const __m512 e = exp_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), az), az));
-    __m512 erf = _mm512_fnmadd_ps(poly, e, _mm512_set1_ps(1.0f));             // erf(|z|)
-    erf = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(erf),       // sign of z
-                                              _mm512_and_si512(_mm512_castps_si512(z), _mm512_set1_epi32(INT32_MIN))));
-    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), _mm512_add_ps(_mm512_set1_ps(1.0f), erf));
+// GELU, erf form: x Phi(x) = x (1 - erfc(z) / 2) for x >= 0 and x erfc(|z|) / 2 below, z = x / sqrt 2,
+// with erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + z / 2), P of degree 9: fractional error below
+// 1.2e-7 for every z >= 0 (the Chebyshev fit of Press et al., Numerical Recipes, 2nd ed., 6.2
+// "erfcc"). A relative bound on erfc keeps the negative tail (x Phi(x) small) accurate relative to
+// itself, which an absolute bound on erf (1 + erf cancels there) does not.
+template <class F, class I = typename Ints<F>::I>
+SDPLAN_GLU_VEC F gelu_erf_v(F x) {
+    const F z = (F)((I)(x * 0.70710678118654752f) & 0x7fffffff);  // |x| / sqrt 2
+    const F t = 1.0f / (z * 0.5f + 1.0f);
+    F p = t * 0.17087277f - 0.82215223f;
+    p = p * t + 1.48851587f;
+    p = p * t - 1.13520398f;
+    p = p * t + 0.27886807f;
+    p = p * t - 0.18628806f;
+    p = p * t + 0.09678418f;
+    p = p * t + 0.37409196f;
+    p = p * t + 1.00002368f;
+    p = p * t - 1.26551223f;
+    // the exponent p - z^2 with z^2 = x^2 / 2 from x itself (z's rounding would move exp(-z^2)
+    // by 2 z^2 * 6e-8 relative, 2e-6 at z = 4) and the rounding error r of both steps (x^2's by
+    // FMA where the compiler fuses x * x - h, the subtraction's by TwoSum): exp(p - z^2) =
+    // exp(a) (1 + r) to f32's precision
+    const F h = x * x, q = h * 0.5f, ql = (x * x - h) * 0.5f;
+    const F a = p - q, b = a + q;
+    // past exp's clamp (and for x^2 = inf, where r would be NaN) erfc is below 1e-38: no r
+    const F r = select<F>(a < -87.0f, F{}, ((p - b) + (b - a - q)) - ql);
+    const F c = t * (exp_v<F>(a) * (r + 1.0f));  // erfc(|z|)
+    return x * select<F>(x >= 0.0f, 1.0f - c * 0.5f, c * 0.5f);
 }
 
-SDPLAN_GLU_AVX512 inline __m512 gelu_tanh_ps(__m512 x) {
-    const __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
-                                   _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x), _mm512_mul_ps(x, x), x));
-    // 0.5 (1 + tanh(u)) = e / (e + 1), e = exp(2u) (clamped finite): no cancellation near -1
-    const __m512 e = exp_ps(_mm512_add_ps(u, u));
-    return _mm512_mul_ps(x, _mm512_div_ps(e, _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+// GELU, tanh form: 0.5 (1 + tanh(u)) = e / (e + 1), e = exp(2u) (clamped finite): no
+// cancellation near -1. Below 2u = -87 (x below about -10) the clamped exp would leave
+// x * 1e-38, up to -5 at x = -3e38: those lanes take x * 0 (-0, NaN for -inf).
+template <class F, class I = typename Ints<F>::I>
+SDPLAN_GLU_VEC F gelu_tanh_v(F x) {
+    const F u2 = (x * x * (0.044715f * 0.7978845608028654f * 2.0f) + 0.7978845608028654f * 2.0f) * x;
+    const F e = exp_v<F>(u2);
+    return select<F>(u2 < -87.0f, x * 0.0f, x * (e / (e + 1.0f)));
 }
 
-// out[i] = (mul ? mul[i] : 1) * gelu(x[i]) for i < n.
+// out[i] = (mul ? mul[i] : 1) * gelu(x[i]) for i < n, 16 lanes.
 template <bool TANH>
 SDPLAN_GLU_AVX512 void row_avx512(const float *x, const float *mul, float *out, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {
         const int64_t left = n - i;
         const __mmask16 mk = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
         const __m512 v = _mm512_maskz_loadu_ps(mk, x + i);
-        __m512 y = TANH ? gelu_tanh_ps(v) : gelu_erf_ps(v);
+        __m512 y = TANH ? gelu_tanh_v(v) : gelu_erf_v(v);
         if (mul) y = _mm512_mul_ps(y, _mm512_maskz_loadu_ps(mk, mul + i));
         _mm512_mask_storeu_ps(out + i, mk, y);
     }
@@ -90,54 +126,6 @@ SDPLAN_GLU_AVX512 void row_avx512(const float *x, const float *mul, float *out, 
 #endif
 
 #ifdef SDPLAN_FMA_X86
-// exp(x) as exp_ps above in 8 lanes: x clamped to [-87, 88] (AVX2 has no scalef: 2^n is put into
-// the exponent bits, so n stays within the normal exponents; below -87 the result is about
-// 1e-38 instead of a subnormal or 0, which both GELUs multiply away).
-SDPLAN_FMA inline __m256 exp_256(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    f = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), f);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-SDPLAN_FMA inline __m256 gelu_erf_256(__m256 x) {
-    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN));
-    const __m256 z = _mm256_mul_ps(x, _mm256_set1_ps(0.70710678118654752f));
-    const __m256 az = _mm256_andnot_ps(sign, z);
-    const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(az, _mm256_set1_ps(0.3275911f), _mm256_set1_ps(1.0f)));
-    __m256 poly = _mm256_set1_ps(1.061405429f);
-    poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(-1.453152027f));
-    poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(1.421413741f));
-    poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(-0.284496736f));
-    poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(0.254829592f));
-    poly = _mm256_mul_ps(poly, t);
-    const __m256 e = exp_256(_mm256_mul_ps(_mm256_sub_ps(_mm256_setzero_ps(), az), az));
-    __m256 erf = _mm256_fnmadd_ps(poly, e, _mm256_set1_ps(1.0f));  // erf(|z|)
-    erf = _mm256_or_ps(erf, _mm256_and_ps(z, sign));                 // sign of z
-    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(_mm256_set1_ps(1.0f), erf));
-}
-
-SDPLAN_FMA inline __m256 gelu_tanh_256(__m256 x) {
-    const __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
-                                   _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x), _mm256_mul_ps(x, x), x));
-    const __m256 u2 = _mm256_add_ps(u, u), e = exp_256(u2);
-    const __m256 y = _mm256_mul_ps(x, _mm256_div_ps(e, _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
-    // below 2u = -87 (x below about -10) the clamped exp would leave x * 1e-38, up to -5 at
-    // x = -3e38: those lanes take x * 0 (-0, NaN for -inf), the value to f32's precision
-    const __m256 far = _mm256_cmp_ps(u2, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-    return _mm256_blendv_ps(y, _mm256_mul_ps(x, _mm256_setzero_ps()), far);
-}
-
 // row_avx512 in 8 lanes; the last partial vector through masked loads and stores, so that every
 // value takes the same formula wherever it sits in the row.
 template <bool TANH>
@@ -147,7 +135,7 @@ SDPLAN_FMA void row_avx2(const float *x, const float *mul, float *out, int64_t n
         const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)std::min<int64_t>(left, 8)),
                                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         const __m256 v = left >= 8 ? _mm256_loadu_ps(x + i) : _mm256_maskload_ps(x + i, mk);
-        __m256 y = TANH ? gelu_tanh_256(v) : gelu_erf_256(v);
+        __m256 y = TANH ? gelu_tanh_v(v) : gelu_erf_v(v);
         if (mul) y = _mm256_mul_ps(y, left >= 8 ? _mm256_loadu_ps(mul + i) : _mm256_maskload_ps(mul + i, mk));
         if (left >= 8) _mm256_storeu_ps(out + i, y);
         else _mm256_maskstore_ps(out + i, mk, y);

@@ -1,6 +1,6 @@
-// GELU (erf form), quick GELU and GEGLU for the CPU backend (glu.cpp): custom ggml CPU ops
-// with a vectorized erf or exp, behind Graph::unary("gelu_erf"), unary("gelu_quick") and
-// Graph::geglu on CPU-only graphs.
+// GELU (erf and tanh forms), quick GELU and GEGLU for the CPU backend (glu.cpp): custom ggml
+// CPU ops with a vectorized erfc or exp, behind Graph::unary("gelu_erf"), unary("gelu"),
+// unary("gelu_quick") and Graph::geglu on CPU-only graphs.
 #pragma once
 
 #include <ggml.h>
@@ -13,6 +13,8 @@ bool glu_avx512();
 bool glu_cpu_avx512();
 // True when the ops run vectorized: AVX-512 (glu_avx512()), else AVX2 with FMA where the CPU has
 // them (fma_gemm_cpu()); false after set_glu_simd(false) (the C library's erff and expf).
+// unary("gelu") takes the tanh op only while the FMA products are on as well (fma_gemm_on()):
+// with them off it is ggml's GELU, as on the devices an RPC comparison runs.
 bool glu_simd();
 // "avx512", "avx2" or "off": the version the ops run now.
 const char *glu_simd_name();
