@@ -36,9 +36,14 @@ float gelu_tanh_scalar(float x) {
 // arithmetic, comparisons and scalar operands are element-wise), I the int32 vector of its size.
 // The functions are inlined into each ISA's row loop below, whose target attribute then picks
 // the instructions; nothing here names an ISA.
-template <class F> struct Ints;
-template <> struct Ints<__m256> { typedef int32_t I __attribute__((vector_size(32))); };
-template <> struct Ints<__m512> { typedef int32_t I __attribute__((vector_size(64))); };
+template <class F> struct Ints { typedef int32_t I __attribute__((vector_size(sizeof(F)))); };
+
+// Only ever inlined into a function of the matching target, so the ABI of passing these vectors
+// by value (GCC's -Wpsabi note about functions without that target, given where the templates
+// are instantiated, at the end of the file: hence for the whole file) never applies.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 
 #define SDPLAN_GLU_VEC inline __attribute__((always_inline))
 
