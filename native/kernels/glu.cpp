@@ -135,16 +135,19 @@ SDPLAN_GLU_AVX512 void row_avx512(const float *x, const float *mul, float *out, 
 // value takes the same formula wherever it sits in the row.
 template <bool TANH>
 SDPLAN_FMA void row_avx2(const float *x, const float *mul, float *out, int64_t n) {
-    for (int64_t i = 0; i < n; i += 8) {
-        const int64_t left = n - i;
-        const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)std::min<int64_t>(left, 8)),
-                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        const __m256 v = left >= 8 ? _mm256_loadu_ps(x + i) : _mm256_maskload_ps(x + i, mk);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
         __m256 y = TANH ? gelu_tanh_v(v) : gelu_erf_v(v);
-        if (mul) y = _mm256_mul_ps(y, left >= 8 ? _mm256_loadu_ps(mul + i) : _mm256_maskload_ps(mul + i, mk));
-        if (left >= 8) _mm256_storeu_ps(out + i, y);
-        else _mm256_maskstore_ps(out + i, mk, y);
+        if (mul) y = _mm256_mul_ps(y, _mm256_loadu_ps(mul + i));
+        _mm256_storeu_ps(out + i, y);
     }
+    if (i == n) return;
+    const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 v = _mm256_maskload_ps(x + i, mk);
+    __m256 y = TANH ? gelu_tanh_v(v) : gelu_erf_v(v);
+    if (mul) y = _mm256_mul_ps(y, _mm256_maskload_ps(mul + i, mk));
+    _mm256_maskstore_ps(out + i, mk, y);
 }
 #endif
 
