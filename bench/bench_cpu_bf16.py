@@ -19,7 +19,8 @@ AVX2 (``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2`` for the convolut
 without it they ran with AVX-512, 1.5-1.65x faster on this machine).
 
 Usage: ``python bench/bench_cpu_bf16.py [--threads 2] [--sizes 256,512] [--rounds 3]
-[--kernels amx,off] [--isa avx2]``. Prints the load average before and after.
+[--kernels amx,off] [--isa avx2] [--ref-dtypes fp32,bf16]`` (the ratios are to the fastest
+diffusers dtype that ran). Prints the load average before and after.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ def worker_sdplan(model: Path, threads: int, sizes: list[int], avx2: bool = Fals
         for r in (te, sd.runners["diffusion"], sd.runners["vae"]):
             r.prepare()
         out["load"] = time.perf_counter() - t0
-        out["bf16_weights"] = float(any(d == "bf16" for d in sd.runners["diffusion"].wf.dtypes.values()))
+        # 1: the UNet's products run the bf16 kernel (f16 weights rounded as they are used)
+        out["unet_bf16"] = float(sd.runners["diffusion"].bf16)
+        out["vae_bf16"] = float(sd.runners["vae"].bf16)
         ids = np.full((1, 77), 49407, np.int32)
         ids[0, :5] = [49406, 320, 1125, 539, 320]
         with sd.text_session():  # weights stay loaded, as diffusers' do
@@ -146,6 +149,8 @@ def main() -> int:
     ap.add_argument("--no-ref", action="store_true", help="sdplan's kernel paths only (ratios to the first)")
     ap.add_argument("--model", help="an SD 1.5-size checkpoint to reuse (default: write one)")
     ap.add_argument("--isa", choices=["avx2"], help="stand in for an AVX2-only CPU (see above)")
+    ap.add_argument("--ref-dtypes", default="", help="diffusers dtypes to run (default: fp32, and bf16 "
+                    "where the CPU multiplies bf16)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     a.sizes = [int(s) for s in str(a.sizes).split(",")]
@@ -162,6 +167,8 @@ def main() -> int:
     ref_variants = ["diffusers-fp32"] + (["diffusers-bf16"] if cpu_kernel != "off" else [])
     if a.isa == "avx2":  # no bf16 kernels, and no bf16 hardware to hold diffusers' bf16 to
         kernels, ref_variants = ["off"], ["diffusers-fp32"]
+    if a.ref_dtypes:
+        ref_variants = [f"diffusers-{d}" for d in a.ref_dtypes.split(",")]
     variants = [f"sdplan-{k}" for k in kernels] + ([] if a.no_ref else ref_variants)
     print(f"load average before: {os.getloadavg()}; CPU bf16 kernel: {cpu_kernel}; threads {a.threads}")
     res: dict[str, list[dict[str, float]]] = {v: [] for v in variants}

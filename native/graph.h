@@ -172,6 +172,10 @@ struct Graph {
     // follows), or always when attention_bf16 is set (tests, benchmarks).
     bool bf16_products = false;
     bool attention_bf16 = false;
+    // f16 weights of mul_mat and conv_2d run the bf16 kernel too (rounded to bf16 as they are
+    // used, the same bits as weights converted to bf16 at load): set per module by the runner
+    // where the module runs faster in bf16, so the weights stay f16, mapped from the file.
+    bool f16_as_bf16 = false;
     Tensor conv_transpose_2d(const Tensor &w, const Tensor &x, int stride);
     Tensor upscale(const Tensor &a, int factor);
     Tensor interpolate(const Tensor &a, const std::vector<int64_t> &shape, const std::string &mode, bool align_corners);

@@ -188,6 +188,66 @@ def test_conv_auto_takes_bf16_only_with_the_kernel(kernel) -> None:
     assert G.choose_conv_method("auto", bf16=False, in_channels=320, **args) == "winograd"
 
 
+def _f16_as_bf16_pair(mgr, kind, x, w, b, threads, conv_args=None):
+    """The product of x and the f16 weight ``w``: once with ``g.f16_as_bf16`` (the kernel rounds
+    the f16 values as it uses them), once with the same weight converted to bf16 in the graph
+    (a bf16 source: the kernel's op shows in the profile); returns both outputs and the second
+    graph's op names."""
+    outs, ops = [], []
+    for in_kernel in (True, False):
+        g = gr.new_graph([mgr.get("CPU")], n_threads=threads)
+        g.f16_as_bf16 = in_kernel
+        xi, wi = g.input("x", x.shape), g.input("w", w.shape, "f16")
+        bi = g.input("b", b.shape) if b is not None else None
+        wt = wi if in_kernel else g.cast(wi, "bf16")
+        y = gr.linear(g, xi, wt, bi) if kind == "linear" else gr.conv2d(g, xi, wt, bi, **conv_args)
+        g.output("y", y)
+        g.set_input("x", x)
+        g.set_input("w", w)
+        if b is not None:
+            g.set_input("b", b)
+        ops = _ops(g.profile())
+        outs.append(np.array(g.get_output("y")))
+    return outs[0], outs[1], ops
+
+
+@pytest.mark.parametrize("case", [
+    ("linear", (5, 40), 24, 1),        # column blocks, a K tail, a partial row group
+    ("linear", (130, 96), 640, 2),     # row split
+    ("linear", (300, 320), 77, 1),     # x's rows as A: W packed per panel
+    ("linear", (200, 4096), 300, 2),   # W over 2 MB: wide blocks, f16 rows converted per chunk
+    ("conv", (2, 64, 16, 16), 48, 2),
+    ("conv", (2, 386, 9, 13), 330, 2),  # wide, K tail (3474), partial row group, row split
+    ("conv", (2, 400, 12, 12), 300, 1),
+])
+def test_f16_weights_in_the_kernel_match_bf16_weights(mgr, kernel, case) -> None:
+    """f16 weights rounded to bf16 inside the kernel (weights left in the file's dtype) give
+    the same bits as weights converted to bf16 before (the load's conversion: both round to
+    nearest even), on every path of the kernel; without a kernel (``off``) the f16 weights
+    keep their products (the FMA kernel's f32, ggml's with x in f16), closer to the exact
+    product than bf16's."""
+    kind, xs, n, threads = case
+    rng = np.random.default_rng(n + xs[1])
+    x = rng.standard_normal(xs).astype(np.float32)
+    wshape = (n, xs[-1]) if kind == "linear" else (n, xs[1], 3, 3)
+    # f16 values with more than bf16's 8 significant bits, ties and subnormals among them
+    w = (rng.standard_normal(wshape) * 0.2).astype(np.float16)
+    w.flat[:4] = np.array([1.00390625, 1.01171875, 3e-6, -6.1e-5], np.float16)  # ties to even, subnormal
+    b = rng.standard_normal(n).astype(np.float32)
+    y, y_cast, ops = _f16_as_bf16_pair(mgr, kind, x, w, b, threads, dict(stride=1, padding=1, dilation=1))
+    ref = (lambda xx, ww: xx @ ww.T) if kind == "linear" else (lambda xx, ww: conv_ref(xx, ww, 1, 1, 1))
+    bb = b if kind == "linear" else b[None, :, None, None]
+    if kernel != "off":
+        assert "BF16" in ops, ops
+        np.testing.assert_array_equal(y, y_cast)
+        _check_product(y, x, bf16(w.astype(np.float32)), bb, ref)
+    else:
+        exact = ref(x.astype(np.float64), w.astype(np.float64)) + bb
+        scale = ref(np.abs(x).astype(np.float64), np.abs(w).astype(np.float64))
+        # ggml's f16 product (fewer than 32 rows) rounds x to f16: 2**-11 relative per element
+        assert np.all(np.abs(y - exact) <= 2.0 ** -10 * scale + 1e-5)
+
+
 def attention_ref(q, k, v, mask, scale):
     hq, hk = q.shape[1], k.shape[1]
     k = np.repeat(k, hq // hk, axis=1).astype(np.float64)
@@ -488,7 +548,7 @@ def test_kernel_is_the_cpus_by_default() -> None:
     assert out.stdout.strip() == "off"
 
 
-def test_weights_held_in_bf16_only_where_the_kernel_runs(mgr, kernel) -> None:
+def test_weights_keep_their_dtype_for_the_kernel(mgr, kernel) -> None:
     from sdplan.core.modelfiles.readers import TensorInfo
     from sdplan.core.runtime.weights import runtime_dtype
 
@@ -496,6 +556,12 @@ def test_weights_held_in_bf16_only_where_the_kernel_runs(mgr, kernel) -> None:
     on = kernel != "off"
     for shape in ((320, 768), (320, 320, 3, 3)):
         info = TensorInfo("w", "F16", shape, 0, 0, "m.safetensors")
-        assert runtime_dtype(info, cpu, bf16=True) == ("bf16" if on else "f16")
-        assert runtime_dtype(info, cpu) == "f16"  # only for a module that asks
+        # AMX: converted as it loads; AVX512_BF16: f16 stays f16 (the kernel rounds it as it
+        # uses it: mapped from the file)
+        assert runtime_dtype(info, cpu, bf16=True) == ("bf16" if kernel == "amx" else "f16")
+        assert runtime_dtype(info, cpu) == "f16"
+    # a bf16 conv kernel stays bf16 for a module whose products run the kernel, else f16
+    info = TensorInfo("w", "BF16", (320, 320, 3, 3), 0, 0, "m.safetensors")
+    assert runtime_dtype(info, cpu, bf16=True) == ("bf16" if on else "f16")
+    assert runtime_dtype(info, cpu) == "f16"
     assert runtime_dtype(TensorInfo("b", "F16", (320,), 0, 0, "m.safetensors"), cpu, bf16=True) == "f32"

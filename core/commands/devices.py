@@ -40,7 +40,8 @@ def _feature_line(feat: dict[str, Any]) -> str:
     bf16 = feat.get("bf16_kernel", "off")
     f16 = "sdplan's FMA products" if feat.get("fma_gemm") else "ggml's products"
     kernel = {"off": f"off (f16 weights, {f16})", "amx": "amx (UNets, DiTs, VAEs, text encoders, upscalers in bf16)",
-              "avx512": "avx512 (UNets, CLIP in bf16; the rest in f16: with AVX512_BF16 alone measured no faster in bf16)"}.get(bf16, bf16)
+              "avx512": ("avx512 (UNet and CLIP products in bf16 from their f16 weights, rounded as used; the rest f16: "
+                         "measured no faster in bf16 with AVX512_BF16 alone)")}.get(bf16, bf16)
     # with the bf16 kernel off its parenthesis already names the products
     fma = f" · sdplan FMA products {yes_no[bool(feat['fma_gemm'])]}" if "fma_gemm" in feat and bf16 != "off" else ""
     return (f"ggml {feat['ggml_version']} · RPC {yes_no[feat['rpc']]} · "

@@ -137,10 +137,13 @@ class _Seg:
 
 
 def holds_bf16(model: Any, placement: ModulePlacement, pool: BackendPool) -> bool:
-    """Whether a module's 16-bit float weights are held in bf16: the model measured faster with
-    this CPU's bf16 kernel (it lists it in ``cpu_bf16_kernels``) and every device of the
-    placement, params device included, runs it (:func:`~sdplan.core.runtime.weights.cpu_bf16`):
-    one dtype policy for all of them, so a split across CPUs computes what one CPU does."""
+    """Whether a module's matrix products and convolutions with 16-bit float weights run in bf16:
+    the model measured faster with this CPU's bf16 kernel (it lists it in ``cpu_bf16_kernels``)
+    and every device of the placement, params device included, runs it
+    (:func:`~sdplan.core.runtime.weights.cpu_bf16`): one policy for all of them, so a split
+    across CPUs computes what one CPU does. f16 weights become bf16 as they load, or stay f16
+    (mapped from the file) and the kernel rounds them as it uses them (``Graph.f16_as_bf16``),
+    per :func:`~sdplan.core.runtime.weights.bf16_at_load`."""
     held_on = list(placement.devices) + ([placement.params_device] if placement.params_device else [])
     return bf16_kernel() in getattr(model, "cpu_bf16_kernels", ()) and all(cpu_bf16(pool.get(d)) for d in held_on)
 
@@ -169,7 +172,9 @@ class ModuleRunner:
         if self.mode == "device" and placement.params_device == self.main and len(placement.devices) == 1:
             self.mode = "runtime"  # params on the only runtime device: follows runtime
         self.segmented = len(placement.devices) == 1 and placement.budget > 0 and model.n_blocks > 0
-        if holds_bf16(model, placement, pool):
+        #: f16 weights of this module's products run the CPU bf16 kernel (:func:`holds_bf16`).
+        self.bf16 = holds_bf16(model, placement, pool)
+        if self.bf16:
             weights.hold_for(pool.get(self.main), bf16=True)
         self.rt = weights.new_store()
         self.params: Any = None
@@ -367,7 +372,9 @@ class ModuleRunner:
             if all(b is not o for o in backends):
                 backends.append(b)
                 names.append(d)
-        return gr.new_graph(backends, n_threads=self.n_threads), names
+        g = gr.new_graph(backends, n_threads=self.n_threads)
+        g.f16_as_bf16 = self.bf16
+        return g, names
 
     @contextlib.contextmanager
     def variant(self, model: Any) -> Iterator[None]:

@@ -16,9 +16,11 @@ Tensors may also come from numpy arrays in memory (:meth:`WeightFile.from_arrays
 into the buffers with ``WeightStore.set_data``.
 
 Dtype policy (:func:`runtime_dtype`): vectors (biases, norm weights) become f32; for a module
-whose model class lists this CPU's bf16 kernel in ``cpu_bf16_kernels`` (UNet and CLIP: AMX and
-AVX512_BF16; VAE, the DiTs, T5 and the LLM encoders: AMX), run by CPUs that all run sdplan's bf16 kernel (AMX or AVX512_BF16, :func:`cpu_bf16`), 16-bit float matrices
-and conv kernels (f16, bf16 in the file) become bf16 (f32 files keep f32); otherwise conv kernels (4-D) f16 unless already f32, and matrices
+whose model class lists this CPU's bf16 kernel in ``cpu_bf16_kernels``, run by CPUs that all
+run sdplan's bf16 kernel (AMX or AVX512_BF16, :func:`cpu_bf16`), 16-bit float matrices and conv
+kernels become bf16 as they load with AMX, and keep their file's dtype (f16 or bf16) with
+AVX512_BF16, whose kernel rounds f16 to bf16 as it uses it, so the f16 weights stay mapped
+from the file (:func:`bf16_at_load`; f32 files keep f32); otherwise conv kernels (4-D) f16 unless already f32, and matrices
 keep the file dtype when the backend multiplies it, otherwise f32 (bf16, f64) or f16 (quantized
 kernels ggml cannot run there). A :class:`~sdplan.core.runtime.runner.ModuleRunner` applies the
 policy for the device its module runs on (:meth:`WeightFile.hold_for`).
@@ -92,10 +94,27 @@ def bf16_kernel() -> str:
     return str(native().bf16_kernel())
 
 
+def bf16_at_load() -> bool:
+    """Whether the f16 weights of modules whose products run the CPU bf16 kernel are converted
+    to bf16 as they load (AMX), rather than kept f16 and rounded by the kernel as it uses them
+    (AVX512_BF16; ``Graph.f16_as_bf16``): the same bits either way.
+
+    Measured (bench/bench_cpu_bf16.py, SD 1.5 size, 2 threads, AMD EPYC with AVX512_BF16): the
+    load 0.20 s in f16 against 2.6 s with the conversion (first touch of 1.7 GiB of fresh
+    memory on that VM), the products 0.96-1.06x their time with bf16 weights at the UNet's
+    shapes (1.13x for 1280 channels at 8x8, where each weight value serves 256 flops). AMX
+    multiplies about 4x faster, so the conversion would weigh about 4x more per use there: kept
+    at load (0.55 s, 1.86x the file read, on a Xeon).
+    """
+    return bf16_kernel() == "amx"
+
+
 def runtime_dtype(info: TensorInfo, backend: Any | None = None, bf16: bool = False) -> str:
     """The dtype a tensor is held in on ``backend`` (None: keep what ggml can hold); ``bf16``:
-    the module may hold its 16-bit float matrices and conv kernels in bf16 when ``backend`` is
-    a CPU running sdplan's bf16 kernel (:func:`cpu_bf16`).
+    the module's products run sdplan's bf16 kernel when ``backend`` is a CPU running it
+    (:func:`cpu_bf16`): its 16-bit float matrices and conv kernels become bf16 where
+    :func:`bf16_at_load`, else keep the file's dtype (f16 or bf16: the kernel reads both; bf16
+    conv kernels are not widened to f16).
 
     Raises ModelFileError for dtypes ggml has no conversion from (integers other than i32).
     """
@@ -109,7 +128,7 @@ def runtime_dtype(info: TensorInfo, backend: Any | None = None, bf16: bool = Fal
     if len(info.shape) <= 1:
         return "f32"
     if bf16 and dt in ("f16", "bf16") and len(info.shape) in (2, 4) and cpu_bf16(backend):
-        return "bf16"
+        return "bf16" if bf16_at_load() else dt
     if len(info.shape) == 4:
         return dt if dt in ("f32", "f16") else "f16"
     if backend is not None:

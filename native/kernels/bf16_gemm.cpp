@@ -1,8 +1,11 @@
 // bf16 matrix products for linear layers and convolutions on the CPU (the bf16_gemm custom op).
 //
-// The product is computed as C[n][m] = sum_k W[n][k] X[k][m]: W is the weight as stored (bf16,
-// row n of K values: a linear weight [N][K], a conv kernel [OC][IC*KH*KW]), read in place and
-// never re-packed; X holds the activations (x's rows for a linear layer, im2col columns for a
+// The product is computed as C[n][m] = sum_k W[n][k] X[k][m]: W is the weight as stored (bf16
+// or f16, row n of K values: a linear weight [N][K], a conv kernel [OC][IC*KH*KW]); bf16 rows
+// are read in place and never re-packed, f16 rows are rounded to bf16 as they are used (per
+// block of 32 rows and chunk of k, into a buffer that stays in L1/L2: the weights keep their
+// file's dtype in memory, mapped from the file, and each value is converted once per block of
+// up to 256 columns, against 512 flops of work); X holds the activations (x's rows for a linear layer, im2col columns for a
 // convolution), rounded to bf16 and packed per block of Mb columns into a panel in the VNNI
 // order both kernels read: pairs of k (k = 2j, 2j+1) of 16 columns form one 64-byte row,
 //   panel[((g * KS) + s) * 256 + jj * 16 + mm] = {X[2j][m], X[2j+1][m]}  (j = 16 s + jj,
@@ -17,8 +20,9 @@
 // of W when there are too few blocks). Every function that uses AVX-512 or AMX carries a target
 // attribute and runs only after run-time detection, so one binary runs everywhere.
 //
-// Numerics: W is bf16 (8 significant bits) and X is rounded to bf16 (relative error <= 2^-9
-// per element); the products are exact in f32 and summed in f32.
+// Numerics: W is bf16 (8 significant bits; f16 weights rounded to nearest even, as the load's
+// f16 -> bf16 conversion does, so both give the same bits) and X is rounded to bf16 (relative
+// error <= 2^-9 per element); the products are exact in f32 and summed in f32.
 #include "kernels/bf16_gemm.h"
 #include "kernels/bf16_tiles.h"
 #include "kernels/conv_columns.h"
@@ -137,6 +141,7 @@ struct Problem {
     const float *x;
     size_t x_img;  // bytes between input images (conv)
     const uint16_t *w;
+    bool w_f16;  // W holds f16 values (rounded to bf16 as used), else bf16
     const float *bias;
     float *dst;
     size_t dst_img;  // bytes between output images (conv)
@@ -218,6 +223,36 @@ SDPLAN_AVX512 void pack_conv(const Problem &p, int64_t c0, int64_t Mb, uint32_t 
 }
 
 // ---- rows of W
+
+// 32 values of W from `src` (zero where `mk` is clear) as bf16: f16 widened (exact) and rounded
+// to nearest even, bf16 as they are.
+SDPLAN_AVX512 inline __m512i load_w32(const uint16_t *src, __mmask32 mk, bool f16) {
+    const __m512i v = _mm512_maskz_loadu_epi16(mk, src);
+    if (!f16) return v;
+    const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(v)), hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(v, 1));
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+inline __mmask32 mask32(int64_t left) {
+    return left >= 32 ? 0xffffffffu : left <= 0 ? 0 : (__mmask32)((1ull << left) - 1);
+}
+
+// Rows n0 .. n0 + 16 of an f16 W over the k steps s0 .. s1, rounded to bf16 into out
+// [16][(s1 - s0) * 32] (zero past N and past K): a row group that starts at step s0.
+SDPLAN_AVX512 RowGroup convert_rows_f16(const Problem &p, int64_t n0, int64_t s0, int64_t s1, uint16_t *out) {
+    const int64_t ld = (s1 - s0) * 32, rows = std::clamp<int64_t>(p.N - n0, 0, 16), KF = p.K / 32;
+    for (int64_t r = 0; r < 16; ++r) {
+        uint16_t *o = out + r * ld;
+        if (r >= rows) {
+            std::fill(o, o + ld, (uint16_t)0);
+            continue;
+        }
+        const uint16_t *src = p.w + (n0 + r) * p.K;
+        for (int64_t s = s0; s < s1; ++s) _mm512_storeu_si512(o + (s - s0) * 32, load_w32(src + s * 32, mask32(p.K - s * 32), true));
+    }
+    // the tail step (K % 32 != 0) lies in the buffer like the others, zero-padded
+    return {out, ld * 2, KF < s1 ? out + (KF - s0) * 32 : out, ld * 2, s0};
+}
 
 // Rows n0 .. n0 + 16 of W. Past N or past K the values come from zero-padded copies in `pad`
 // (16 x KS*32 bf16) or `tail` (16 x 32 bf16).
@@ -317,16 +352,22 @@ SDPLAN_AMX void run(const Problem &p, int ith, int nth) {
     // split the rows of W when there are fewer column blocks than 2 per thread
     const auto [nsplit, i0, i1] = split_work(mblocks, n32, ith, nth);
     if (i0 >= i1) return;
-    thread_local std::vector<char> panel_buf, offs_buf, pg_buf, pad_buf, tail_buf, c_buf;
+    thread_local std::vector<char> panel_buf, offs_buf, pg_buf, pad_buf, tail_buf, c_buf, cvt_buf;
     thread_local std::vector<RowGroup> groups;
     uint32_t *panel = aligned<uint32_t>(panel_buf, (size_t)KS * 16 * Mb);
     const size_t kk = p.conv ? (size_t)(p.KW * p.KH) : 0;
     int32_t *offs = aligned<int32_t>(offs_buf, kk * Mb);
     ColumnGroup *pg = aligned<ColumnGroup>(pg_buf, kk * (Mb / 16));
     uint16_t *pad = aligned<uint16_t>(pad_buf, (size_t)16 * KS * 32);
-    const int64_t max_rows = wide ? (n32 + nsplit - 1) / nsplit * 32 + 32 : 32;
+    const int64_t range_rows = (n32 + nsplit - 1) / nsplit * 32 + 32;  // rows of W per work item, at most
+    const int64_t max_rows = wide ? range_rows : 32;
     uint16_t *tail = aligned<uint16_t>(tail_buf, (size_t)max_rows * 32);
     float *c = aligned<float>(c_buf, (size_t)max_rows * Mb);
+    // f16 W rounded to bf16: narrow blocks convert the thread's rows once (W fits an L2 cache and
+    // every column block reads all of it), wide blocks per chunk of k and 32 rows
+    uint16_t *cvt = p.w_f16 ? aligned<uint16_t>(cvt_buf, (size_t)(wide ? 32 * std::min(KS, kWideSteps) : range_rows * KS) * 32)
+                            : nullptr;
+    int64_t cvt_r0 = -1, cvt_r1 = -1;  // narrow: the rows of W converted in cvt (groups)
     if (AMX) amx_configure();
     int64_t packed = -1;
     for (int64_t it = i0; it < i1; ++it) {
@@ -340,24 +381,41 @@ SDPLAN_AMX void run(const Problem &p, int ith, int nth) {
         const int64_t r0 = n32 * part / nsplit * 32, r1 = std::min(p.N, n32 * (part + 1) / nsplit * 32);
         const int64_t gcols = std::min<int64_t>(G, (cols - c0 + 15) / 16);  // column groups holding data
         if (!wide) {
+            if (p.w_f16 && (r0 != cvt_r0 || r1 != cvt_r1)) {
+                groups.clear();
+                for (int64_t n0 = r0; n0 < r1; n0 += 16)
+                    groups.push_back(convert_rows_f16(p, n0, 0, KS, cvt + (n0 - r0) * KS * 32));
+                cvt_r0 = r0, cvt_r1 = r1;
+            }
             for (int64_t n0 = r0; n0 < r1; n0 += 32) {
                 const int na = n0 + 16 < r1 ? 2 : 1;
                 RowGroup a[2];
-                a[0] = row_group(p, n0, pad, tail);
-                if (na > 1) a[1] = row_group(p, n0 + 16, pad, tail + 16 * 32);
+                if (p.w_f16) {
+                    a[0] = groups[(n0 - r0) / 16];
+                    if (na > 1) a[1] = groups[(n0 - r0) / 16 + 1];
+                } else {
+                    a[0] = row_group(p, n0, pad, tail);
+                    if (na > 1) a[1] = row_group(p, n0 + 16, pad, tail + 16 * 32);
+                }
                 block_product<AMX>(a, na, panel, G, gcols, K, c, Mb);
                 store_block(p, n0, c0, na * 16, gcols * 16, c, Mb);
             }
             continue;
         }
         groups.clear();  // the range's row groups (only the last can be partial: one pad)
-        for (int64_t n0 = r0; n0 < r1; n0 += 16) groups.push_back(row_group(p, n0, pad, tail + (n0 - r0) * 32));
+        if (!p.w_f16)
+            for (int64_t n0 = r0; n0 < r1; n0 += 16) groups.push_back(row_group(p, n0, pad, tail + (n0 - r0) * 32));
         for (int64_t sb = 0; sb < KS; sb += kWideSteps) {
             const int64_t se = std::min(KS, sb + kWideSteps);
             for (int64_t n0 = r0; n0 < r1; n0 += 32) {
                 const int na = n0 + 16 < r1 ? 2 : 1;
-                block_product<AMX>(&groups[(n0 - r0) / 16], na, panel, G, gcols, K, c + (n0 - r0) * Mb, Mb, sb, se,
-                                   sb > 0, kWideSteps);
+                RowGroup cv[2];  // f16 W: this chunk of the 32 rows, converted (48 steps: 96 KB)
+                if (p.w_f16) {
+                    cv[0] = convert_rows_f16(p, n0, sb, se, cvt);
+                    if (na > 1) cv[1] = convert_rows_f16(p, n0 + 16, sb, se, cvt + 16 * (se - sb) * 32);
+                }
+                block_product<AMX>(p.w_f16 ? cv : &groups[(n0 - r0) / 16], na, panel, G, gcols, K, c + (n0 - r0) * Mb,
+                                   Mb, sb, se, sb > 0, kWideSteps);
             }
         }
         for (int64_t n0 = r0; n0 < r1; n0 += 32)
@@ -387,7 +445,7 @@ SDPLAN_AVX512 void convert_rows(const Problem &p, int64_t rb, int64_t n, int64_t
     }
 }
 
-// W's rows n0 .. n0 + Nb (zero past N and past K) in the panel order: per group of 16 rows and
+// W's rows n0 .. n0 + Nb (zero past N and past K; f16 rounded to bf16) in the panel order: per group of 16 rows and
 // step of 32 k, 16 rows of 16 bf16 pairs transposed into the panel's 16 rows.
 SDPLAN_AVX512 void pack_weight(const Problem &p, int64_t n0, int64_t Nb, uint32_t *panel) {
     const int64_t G = Nb / 16, KS = (p.K + 31) / 32;
@@ -395,10 +453,9 @@ SDPLAN_AVX512 void pack_weight(const Problem &p, int64_t n0, int64_t Nb, uint32_
     for (int64_t g = 0; g < G; ++g) {
         const int64_t rows = std::clamp<int64_t>(p.N - (n0 + g * 16), 0, 16);
         for (int64_t s = 0; s < KS; ++s) {
-            const int64_t left = p.K - s * 32;
-            const __mmask32 mk = left >= 32 ? 0xffffffffu : (__mmask32)((1ull << left) - 1);
+            const __mmask32 mk = mask32(p.K - s * 32);
             for (int64_t r = 0; r < 16; ++r)
-                _mm512_store_si512(blk[r], r < rows ? _mm512_maskz_loadu_epi16(mk, p.w + (n0 + g * 16 + r) * p.K + s * 32)
+                _mm512_store_si512(blk[r], r < rows ? load_w32(p.w + (n0 + g * 16 + r) * p.K + s * 32, mk, p.w_f16)
                                                     : _mm512_setzero_si512());
             transpose16(blk, 64, panel + (g * KS + s) * 256, 64);
         }
@@ -464,6 +521,7 @@ void bf16_gemm(ggml_tensor *dst, int ith, int nth, void *userdata) {
     p.conv = prm.conv != 0;
     p.x = (const float *)x->data;
     p.w = (const uint16_t *)w->data;
+    p.w_f16 = w->type == GGML_TYPE_F16;
     p.bias = b ? (const float *)b->data : nullptr;
     p.dst = (float *)dst->data;
     if (p.conv) {

@@ -64,12 +64,14 @@ SDPLAN_AVX512 inline void transpose16(const void *src, int64_t sstride, void *ds
 }
 
 // 16 rows of W for one A tile / 16 kernel rows: pointer and byte stride; `tail` the last k step
-// (K % 32 != 0), zero-padded to 32 k.
+// (K % 32 != 0), zero-padded to 32 k; `s_base` the k step that `p` points at (0: the rows'
+// start; rows converted from f16 per chunk of k start at the chunk's first step).
 struct RowGroup {
     const uint16_t *p;
     int64_t stride;
     const uint16_t *tail;
     int64_t tail_stride;
+    int64_t s_base = 0;
 };
 
 // ---- kernels: C [NA*16][NB*16] (row stride ld floats) += rows x panel columns g0*16 ... over
@@ -117,8 +119,8 @@ SDPLAN_AMX void amx_block(const RowGroup *a, const uint32_t *panel, int64_t G, i
     const uint32_t *b = panel + (g0 * KS + st.sb) * 256;
     for (int64_t s = st.sb; s < st.se; ++s, b += 256) {
         if (s < st.KF) {
-            _tile_loadd(4, a[0].p + s * 32, a[0].stride);
-            if (NA > 1) _tile_loadd(5, a[1].p + s * 32, a[1].stride);
+            _tile_loadd(4, a[0].p + (s - a[0].s_base) * 32, a[0].stride);
+            if (NA > 1) _tile_loadd(5, a[1].p + (s - a[1].s_base) * 32, a[1].stride);
         } else {
             _tile_loadd(4, a[0].tail, a[0].tail_stride);
             if (NA > 1) _tile_loadd(5, a[1].tail, a[1].tail_stride);
@@ -150,7 +152,7 @@ SDPLAN_AVX512 void avx_rows8(const RowGroup &a, int r0, const uint32_t *panel, i
         const uint32_t *b = panel + (g0 * KS + s) * 256 + jj * 16;
         __m512bh bv[NB];
         for (int q = 0; q < NB; ++q) bv[q] = (__m512bh)_mm512_load_si512(b + q * KS * 256);
-        const char *ap = s < st.KF ? (const char *)(a.p + 2 * j) + r0 * a.stride
+        const char *ap = s < st.KF ? (const char *)(a.p + 2 * (j - 16 * a.s_base)) + r0 * a.stride
                                    : (const char *)(a.tail + 2 * jj) + r0 * a.tail_stride;
         const int64_t stride = s < st.KF ? a.stride : a.tail_stride;
         for (int r = 0; r < 8; ++r) {
