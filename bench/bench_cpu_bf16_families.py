@@ -7,9 +7,10 @@ Each family's module is built from the tensor names and shapes of the real check
 every block of one family has the same shapes, so a call's time per block is the model's)
 with the embedding tables cut to 4096 rows (a lookup's time does not depend on them): random
 f16 matrices and f32 vectors, as a downloaded f16 file has them. Per family and kernel a
-process (``SDPLAN_BF16_KERNEL`` = ``amx``, ``avx512`` or ``off``) holds the weights as that
-kernel wants (bf16 for the two bf16 kernels, as a model class listing the kernel in
-``cpu_bf16_kernels`` does; f16 for ``off``) and times one call (DiTs: a 256x256 image, 256 image
+process (``SDPLAN_BF16_KERNEL`` = ``amx``, ``avx512`` or ``off``) runs the module as a model
+class listing that kernel in ``cpu_bf16_kernels`` is run (bf16 products: with AMX the weights
+converted to bf16 as they load, with AVX512_BF16 kept f16 and rounded by the kernel; ``off``:
+f16 products) and times one call (DiTs: a 256x256 image, 256 image
 tokens and ``--txt`` text tokens, no flash attention as sd-cli's default; encoders: ``--tokens``
 tokens), best of ``--repeat`` after one warm-up. Rounds interleave the kernels; medians over
 ``--rounds``. The load average is printed before and after.

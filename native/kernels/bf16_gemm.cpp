@@ -363,9 +363,12 @@ SDPLAN_AMX void run(const Problem &p, int ith, int nth) {
     const int64_t max_rows = wide ? range_rows : 32;
     uint16_t *tail = aligned<uint16_t>(tail_buf, (size_t)max_rows * 32);
     float *c = aligned<float>(c_buf, (size_t)max_rows * Mb);
-    // f16 W rounded to bf16: narrow blocks convert the thread's rows once (W fits an L2 cache and
-    // every column block reads all of it), wide blocks per chunk of k and 32 rows
-    uint16_t *cvt = p.w_f16 ? aligned<uint16_t>(cvt_buf, (size_t)(wide ? 32 * std::min(KS, kWideSteps) : range_rows * KS) * 32)
+    // f16 W rounded to bf16: narrow blocks convert the thread's rows once when they fit an L2
+    // cache (every column block reads all of them), else per 32 rows; wide blocks per chunk of k
+    // and 32 rows
+    const bool keep_rows = !wide && range_rows * KS * 64 <= kWideWeightBytes / 2;
+    uint16_t *cvt = p.w_f16 ? aligned<uint16_t>(cvt_buf, (size_t)(wide ? 32 * std::min(KS, kWideSteps)
+                                                                        : (keep_rows ? range_rows : 32) * KS) * 32)
                             : nullptr;
     int64_t cvt_r0 = -1, cvt_r1 = -1;  // narrow: the rows of W converted in cvt (groups)
     if (AMX) amx_configure();
@@ -381,7 +384,7 @@ SDPLAN_AMX void run(const Problem &p, int ith, int nth) {
         const int64_t r0 = n32 * part / nsplit * 32, r1 = std::min(p.N, n32 * (part + 1) / nsplit * 32);
         const int64_t gcols = std::min<int64_t>(G, (cols - c0 + 15) / 16);  // column groups holding data
         if (!wide) {
-            if (p.w_f16 && (r0 != cvt_r0 || r1 != cvt_r1)) {
+            if (p.w_f16 && keep_rows && (r0 != cvt_r0 || r1 != cvt_r1)) {
                 groups.clear();
                 for (int64_t n0 = r0; n0 < r1; n0 += 16)
                     groups.push_back(convert_rows_f16(p, n0, 0, KS, cvt + (n0 - r0) * KS * 32));
@@ -390,9 +393,12 @@ SDPLAN_AMX void run(const Problem &p, int ith, int nth) {
             for (int64_t n0 = r0; n0 < r1; n0 += 32) {
                 const int na = n0 + 16 < r1 ? 2 : 1;
                 RowGroup a[2];
-                if (p.w_f16) {
+                if (p.w_f16 && keep_rows) {
                     a[0] = groups[(n0 - r0) / 16];
                     if (na > 1) a[1] = groups[(n0 - r0) / 16 + 1];
+                } else if (p.w_f16) {
+                    a[0] = convert_rows_f16(p, n0, 0, KS, cvt);
+                    if (na > 1) a[1] = convert_rows_f16(p, n0 + 16, 0, KS, cvt + 16 * KS * 32);
                 } else {
                     a[0] = row_group(p, n0, pad, tail);
                     if (na > 1) a[1] = row_group(p, n0 + 16, pad, tail + 16 * 32);
