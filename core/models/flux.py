@@ -211,14 +211,18 @@ class FluxDiT:
     """
 
     #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16 weights are
-    #: held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
+    #: run in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
     #: 3 interleaved processes, three runs, random f16 weights), a FLUX.1-dev call (one double and one
     #: single block at the real width, 256 image and 128 text tokens) took 0.19-0.29x the f16 path's
     #: time with AMX, FLUX.2 klein's (Flux2DiT) 0.19-0.28x; Chroma's blocks are FLUX.1's. AVX512_BF16
     #: alone: 0.73-0.92x and 0.75-0.99x, within this host's spread (one figure moves up to 2x between
-    #: runs), so those CPUs keep f16's precision.
+    #: runs), so that Xeon keeps f16's precision.
     #: Accuracy: tests/test_bf16_dit_models.py.
-    cpu_bf16_kernels: tuple[str, ...] = ("amx",)
+    #: With AVX512_BF16 alone it depends on the core: on an AMD EPYC (Zen 4) this module's call took
+    #: 0.53x (FLUX.2 klein 0.51x) the f16 path's time (the families' benchmark, medians of 3 interleaved processes), hence
+    #: ``avx512_fast``: bf16 where the CPU's AVX512_BF16 product measures fast
+    #: (sdplan.core.runtime.bf16_rule; the Xeon above does not, the EPYC does).
+    cpu_bf16_kernels: tuple[str, ...] = ("amx", "avx512_fast")
 
     def __init__(self, cfg: FluxConfig, flash: bool = False) -> None:
         if cfg.approximator is not None and type(self) is FluxDiT:

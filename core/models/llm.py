@@ -188,13 +188,17 @@ class LLMEncoder:
     """
 
     #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16 weights are
-    #: held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
+    #: run in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
     #: 3 interleaved processes, three runs, random f16 weights), a Qwen3-4B call (one block at the real
     #: width, 128 tokens) took 0.12-0.19x the f16 path's time with AMX; AVX512_BF16 alone 0.81-0.84x
     #: (the other modules 0.73-1.03x, within this host's spread; the UNet's 0.70x is the one counted),
-    #: so those CPUs keep f16's precision.
+    #: so that Xeon keeps f16's precision.
     #: Accuracy: tests/test_bf16_dit_models.py.
-    cpu_bf16_kernels: tuple[str, ...] = ("amx",)
+    #: With AVX512_BF16 alone it depends on the core: on an AMD EPYC (Zen 4) this module's call took
+    #: 0.49x the f16 path's time (the families' benchmark, medians of 3 interleaved processes), hence
+    #: ``avx512_fast``: bf16 where the CPU's AVX512_BF16 product measures fast
+    #: (sdplan.core.runtime.bf16_rule; the Xeon above does not, the EPYC does).
+    cpu_bf16_kernels: tuple[str, ...] = ("amx", "avx512_fast")
 
     def __init__(self, cfg: LLMConfig, out_layers: Sequence[int] | None = None) -> None:
         self.cfg = cfg

@@ -170,12 +170,16 @@ class MMDiT:
     """
 
     #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16 weights are
-    #: held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
+    #: run in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
     #: 3 interleaved processes, three runs, random f16 weights), an SD3-medium call (one joint block at
     #: the real width, 256 image and 128 text tokens) took 0.24-0.51x the f16 path's time with AMX;
-    #: AVX512_BF16 alone 0.97-1.00x, so those CPUs keep f16's precision.
+    #: AVX512_BF16 alone 0.97-1.00x, so that Xeon keeps f16's precision.
     #: Accuracy: tests/test_bf16_dit_models.py.
-    cpu_bf16_kernels: tuple[str, ...] = ("amx",)
+    #: With AVX512_BF16 alone it depends on the core: on an AMD EPYC (Zen 4) this module's call took
+    #: 0.67x the f16 path's time (the families' benchmark, medians of 3 interleaved processes), hence
+    #: ``avx512_fast``: bf16 where the CPU's AVX512_BF16 product measures fast
+    #: (sdplan.core.runtime.bf16_rule; the Xeon above does not, the EPYC does).
+    cpu_bf16_kernels: tuple[str, ...] = ("amx", "avx512_fast")
 
     def __init__(self, cfg: MMDiTConfig, flash: bool = False) -> None:
         self.cfg = cfg

@@ -112,12 +112,16 @@ class T5Encoder:
     """
 
     #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16 weights are
-    #: held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
+    #: run in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
     #: 3 interleaved processes, three runs, random f16 weights), a T5-XXL call (one block at the real
     #: width, 128 tokens) took 0.14-0.22x the f16 path's time with AMX; AVX512_BF16 alone 0.75-0.90x,
-    #: within this host's spread, so those CPUs keep f16's precision.
+    #: within this host's spread, so that Xeon keeps f16's precision.
     #: Accuracy: tests/test_bf16_dit_models.py.
-    cpu_bf16_kernels: tuple[str, ...] = ("amx",)
+    #: With AVX512_BF16 alone it depends on the core: on an AMD EPYC (Zen 4) this module's call took
+    #: 0.57x the f16 path's time (the families' benchmark, medians of 3 interleaved processes), hence
+    #: ``avx512_fast``: bf16 where the CPU's AVX512_BF16 product measures fast
+    #: (sdplan.core.runtime.bf16_rule; the Xeon above does not, the EPYC does).
+    cpu_bf16_kernels: tuple[str, ...] = ("amx", "avx512_fast")
 
     def __init__(self, cfg: T5Config) -> None:
         self.cfg = cfg

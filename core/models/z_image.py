@@ -186,13 +186,17 @@ class ZImageDiT:
     """
 
     #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16 weights are
-    #: held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
+    #: run in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16_families.py (2 threads, medians of
     #: 3 interleaved processes, three runs, random f16 weights), a Z-Image Turbo call (one main, one
     #: noise-refiner and one context-refiner layer at the real width, 256 image and 128 text tokens)
-    #: took 0.15-0.25x the f16 path's time with AMX; AVX512_BF16 alone 0.78-1.03x, so those CPUs keep
-    #: f16's precision.
+    #: took 0.15-0.25x the f16 path's time with AMX; AVX512_BF16 alone 0.78-1.03x on that Xeon, so
+    #: it keeps f16's precision.
     #: Accuracy: tests/test_bf16_dit_models.py.
-    cpu_bf16_kernels: tuple[str, ...] = ("amx",)
+    #: With AVX512_BF16 alone it depends on the core: on an AMD EPYC (Zen 4) this module's call took
+    #: 0.51x the f16 path's time (the families' benchmark, medians of 3 interleaved processes), hence
+    #: ``avx512_fast``: bf16 where the CPU's AVX512_BF16 product measures fast
+    #: (sdplan.core.runtime.bf16_rule; the Xeon above does not, the EPYC does).
+    cpu_bf16_kernels: tuple[str, ...] = ("amx", "avx512_fast")
 
     def __init__(self, cfg: ZImageConfig, flash: bool = False) -> None:
         self.cfg = cfg

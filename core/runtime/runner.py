@@ -31,11 +31,12 @@ from typing import Any
 import numpy as np
 from sdplan.core.errors import EngineError
 from sdplan.core.runtime import graph as gr
+from sdplan.core.runtime.bf16_rule import bf16_fits
 from sdplan.core.runtime.devices import BackendManager
 from sdplan.core.runtime.native import native
 from sdplan.core.runtime.placement import BlockRange as BlockRange
 from sdplan.core.runtime.placement import ModulePlacement
-from sdplan.core.runtime.weights import WeightFile, bf16_kernel, cpu_bf16
+from sdplan.core.runtime.weights import WeightFile, cpu_bf16
 
 log = logging.getLogger(__name__)
 
@@ -138,14 +139,15 @@ class _Seg:
 
 def holds_bf16(model: Any, placement: ModulePlacement, pool: BackendPool) -> bool:
     """Whether a module's matrix products and convolutions with 16-bit float weights run in bf16:
-    the model measured faster with this CPU's bf16 kernel (it lists it in ``cpu_bf16_kernels``)
-    and every device of the placement, params device included, runs it
+    the model measured faster with this CPU's bf16 kernel (it lists it in ``cpu_bf16_kernels``,
+    or ``avx512_fast`` where AVX512_BF16 measured fast here:
+    :func:`~sdplan.core.runtime.bf16_rule.bf16_fits`) and every device of the placement, params device included, runs it
     (:func:`~sdplan.core.runtime.weights.cpu_bf16`): one policy for all of them, so a split
     across CPUs computes what one CPU does. f16 weights become bf16 as they load, or stay f16
     (mapped from the file) and the kernel rounds them as it uses them (``Graph.f16_as_bf16``),
     per :func:`~sdplan.core.runtime.weights.bf16_at_load`."""
     held_on = list(placement.devices) + ([placement.params_device] if placement.params_device else [])
-    return bf16_kernel() in getattr(model, "cpu_bf16_kernels", ()) and all(cpu_bf16(pool.get(d)) for d in held_on)
+    return bf16_fits(getattr(model, "cpu_bf16_kernels", ())) and all(cpu_bf16(pool.get(d)) for d in held_on)
 
 
 class ModuleRunner:
