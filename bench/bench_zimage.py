@@ -5,8 +5,9 @@ the Qwen3-4B text encoder at its real width (2560, 32 query / 8 key-value heads 
 9728) with ``--llm-blocks`` of its 36 blocks (vocabulary cut to 4096 rows: the lookup does
 not change the time) on a ``--tokens`` prompt.
 
-sdplan runs random f16 weights as a user's f16 file runs (held in bf16 where the CPU has AMX,
-the modules' ``cpu_bf16_kernels``; else multiplied as f16); the references run their modules
+sdplan runs random f16 weights as a user's f16 file runs (bf16 products where the CPU has AMX,
+or AVX512_BF16 measured fast: the modules' ``cpu_bf16_kernels``, core/runtime/bf16_rule.py;
+else f16 products); the references run their modules
 in float32, torch's CPU default, and in bfloat16, in a subprocess
 with the reference interpreter (``--ref-python``, default the checkout's ``.venv-ref``, else
 /work/venv-ref; torch 2.13 CPU). Best of ``--repeat`` calls after one warm-up.
