@@ -49,7 +49,7 @@ struct ConvChoice {
 // cpu_im2col, winograd, direct or bf16; pairs are (H, W) like conv_2d's arguments (kernel (KH, KW),
 // image: the input's (H, W)); all_cpu: every backend of the graph is a CPU; avx2_fma: the CPU
 // runs the Winograd AVX2/FMA micro-kernel (wino_fast_cpu()); bf16: the kernel is held in bf16
-// and the CPU runs a bf16 kernel (bf16_kernel() != none). auto takes bf16 when bf16 and all_cpu
+// (or in f16 on a graph with f16_as_bf16) and the CPU runs a bf16 kernel (bf16_kernel() != none). auto takes bf16 when bf16 and all_cpu
 // and the depth (IC*KH*KW) is even; else winograd for 3x3,
 // stride 1, padding 1, dilation 1 kernels with >= 16 output channels (one kernel panel) on
 // outputs >= 32 pixels wide (16 tiles of 2) when all_cpu and avx2_fma; else cpu_im2col when
@@ -168,13 +168,15 @@ struct Graph {
     bool all_cpu() const;
     std::deque<std::array<int, 8>> custom_params;  // userdata of custom CPU ops (stable addresses)
     // flash_attn runs sdplan's bf16 attention op (on CPU-only graphs, with a bf16 kernel) once
-    // the graph has a bf16 product (its weights are held in bf16: the attention's precision then
-    // follows), or always when attention_bf16 is set (tests, benchmarks).
+    // the graph has a bf16 product (its weights are bf16, or f16 with f16_as_bf16: the
+    // attention's precision then follows), or always when attention_bf16 is set (tests, benchmarks).
     bool bf16_products = false;
     bool attention_bf16 = false;
     // f16 weights of mul_mat and conv_2d run the bf16 kernel too (rounded to bf16 as they are
     // used, the same bits as weights converted to bf16 at load): set per module by the runner
-    // where the module runs faster in bf16, so the weights stay f16, mapped from the file.
+    // where the module runs faster in bf16 and its weights stay f16 (AVX512_BF16), so they stay
+    // mapped from the file. It covers every f16 operand of the graph's products (a LoRA's f16
+    // factors applied at runtime too: their branch then carries bf16's rounding as well).
     bool f16_as_bf16 = false;
     Tensor conv_transpose_2d(const Tensor &w, const Tensor &x, int stride);
     Tensor upscale(const Tensor &a, int factor);

@@ -433,7 +433,7 @@ void register_graph(nb::module_ &m) {
         .def_rw("f16_as_bf16", &Graph::f16_as_bf16,
                 "mul_mat and conv_2d with f16 weights run sdplan's bf16 kernel as bf16 weights do (CPU-only\n"
                 "graphs, a bf16 kernel): the f16 values rounded to bf16 as they are used, so the weights stay\n"
-                "in f16 (mapped from the file) and give the same result as weights converted at load.")
+                "in f16 (mapped from the file); each product gives the bits that weights converted to bf16 give.")
         .def_prop_ro("bf16_products", [](const Graph &g) { return g.bf16_products; },
                      "True once a mul_mat or conv_2d of this graph ran the bf16 kernel.")
         .def("mul_mat", &Graph::mul_mat, nb::arg("a"), nb::arg("b"), nb::arg("bias") = nb::none(),

@@ -4,7 +4,7 @@ AVX512_BF16 where it measured fast on the CPU at hand (``cpu_bf16_kernels = ("am
 LLMEncoder; sdplan.core.runtime.bf16_rule) against the diffusers/transformers references of
 their tiny fixtures, run as ModuleRunner runs them, on every kernel path this CPU runs:
 ``off`` f16 products; ``avx512`` bf16 products where ``avx512_bf16_speedup()`` reaches
-``FAST_SPEEDUP`` (a Zen 4 EPYC: 1.9), else f16; ``amx`` bf16 (weights converted as they load).
+``FAST_SPEEDUP`` (a Zen 4 EPYC: 1.6-2.3), else f16; ``amx`` bf16 (weights converted as they load).
 
 Tolerance, max abs error / max |reference| (the families' tests' ``rel_err``): the f16 path the
 families' own 2e-3 (T5: 5e-3, its f16 GELU table); bf16 ``BF16_TOL`` 2e-2 as the SD modules'

@@ -216,6 +216,7 @@ def _f16_as_bf16_pair(mgr, kind, x, w, b, threads, conv_args=None):
     ("linear", (130, 96), 640, 2),     # row split
     ("linear", (300, 320), 77, 1),     # x's rows as A: W packed per panel
     ("linear", (200, 4096), 300, 2),   # W over 2 MB: wide blocks, f16 rows converted per chunk
+    ("linear", (5, 1024), 2048, 1),    # one narrow block, rows past half an L2: converted per 32 rows
     ("conv", (2, 64, 16, 16), 48, 2),
     ("conv", (2, 386, 9, 13), 330, 2),  # wide, K tail (3474), partial row group, row split
     ("conv", (2, 400, 12, 12), 300, 1),
@@ -223,7 +224,8 @@ def _f16_as_bf16_pair(mgr, kind, x, w, b, threads, conv_args=None):
 def test_f16_weights_in_the_kernel_match_bf16_weights(mgr, kernel, case) -> None:
     """f16 weights rounded to bf16 inside the kernel (weights left in the file's dtype) give
     the same bits as weights converted to bf16 before (the load's conversion: both round to
-    nearest even), on every path of the kernel; without a kernel (``off``) the f16 weights
+    nearest even), on every path of the kernel (bitwise: neither the FMA product nor ggml's gives
+    these bits, so the first graph ran the kernel); without a kernel (``off``) the f16 weights
     keep their products (the FMA kernel's f32, ggml's with x in f16), closer to the exact
     product than bf16's."""
     kind, xs, n, threads = case

@@ -139,7 +139,7 @@ def test_runner_runs_bf16_where_the_module_measured_faster(mgr, kernel_name) -> 
             assert r.bf16 == (kernel_name in graph_cls.cpu_bf16_kernels)
             assert ("bf16" in set(r.wf.dtypes.values())) == (r.bf16 and kernel_name == "amx")
             g, _ = r._new_graph(["CPU"])
-            assert g.f16_as_bf16 == r.bf16
+            assert g.f16_as_bf16 == (r.bf16 and kernel_name != "amx")  # AMX: converted at load
             r.release()
 
 

@@ -208,7 +208,7 @@ class FunctionGraph(WholeGraph):
     """A graph without blocks built by one function ``fn(g, weights, inputs) -> outputs``,
     ``weights`` a :class:`Weights` view restricted to ``names``; ``specs`` gives the inputs'
     dtypes (their shapes come from the arrays of a run); ``cpu_bf16_kernels`` the CPU bf16
-    kernels with which its weights are held in bf16, as the graph class whose function it runs
+    kernels with which its products run in bf16 (core/runtime/bf16_rule.py), as the graph class whose function it runs
     lists them (e.g. ``VaeGraph.cpu_bf16_kernels`` for a VAE decoder function).
 
     Raises:

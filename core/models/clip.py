@@ -260,8 +260,8 @@ class ClipGraph:
     Raises ValueError for ``clip_skip`` outside 1..n_layers.
     """
 
-    #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's f16/bf16
-    #: weights are held in bf16 (ModuleRunner): measured by bench/bench_cpu_bf16.py (1 thread,
+    #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's products with
+    #: f16/bf16 weights run in bf16 (ModuleRunner; AMX converts the weights as they load): measured by bench/bench_cpu_bf16.py (1 thread,
     #: medians of 3 interleaved processes), text encoding took 0.39x (AMX) and 0.67x (AVX512_BF16) the f16 path's time.
     #: Accuracy: tests/test_bf16_models.py.
     cpu_bf16_kernels: tuple[str, ...] = ("amx", "avx512")

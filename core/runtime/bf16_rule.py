@@ -23,13 +23,18 @@ import numpy as np
 from sdplan.core.runtime.native import native
 
 #: Smallest measured speed-up (f16 product time / bf16 product time) at which the modules
-#: listing ``avx512_fast`` take AVX512_BF16: the Zen 4 EPYC measured 1.7-1.9x, the Xeon's
-#: modules 0.97-1.37x (see the module docstring); 1.5 lies between them.
+#: listing ``avx512_fast`` take AVX512_BF16. Set from the Zen 4 EPYC's timed product (1.6-2.1x
+#: over many processes, 1.9-2.0x typically) and the Xeon's whole modules (0.97-1.37x; its timed
+#: product was not measured, and as products are most of a module's time it should lie near
+#: those); 1.5 lies between them.
 FAST_SPEEDUP = 1.5
 
 #: The timed product: x (rows, depth) f32 by an f16 weight (cols, depth), one thread (a DiT's
-#: 256 image tokens at width 1024: 0.54 GFLOP, about 3 ms with AVX512_BF16 on a Zen 4 core).
+#: 256 image tokens at width 1024: 0.54 GFLOP, about 4 ms with AVX512_BF16 on a Zen 4 core).
 SHAPE = (256, 1024, 1024)
+
+#: Timings of each product (interleaved; the smallest counts).
+REPEAT = 5
 
 
 def _product_graph(f16_as_bf16: bool) -> Any:
@@ -47,32 +52,35 @@ def _product_graph(f16_as_bf16: bool) -> Any:
     return g
 
 
-def _seconds(g: Any) -> float:
-    t0 = time.perf_counter()
+def _cpu_seconds(g: Any) -> float:
+    """CPU time of one compute: a one-thread graph computes on the calling thread, so the
+    thread's CPU time leaves out the time other programs held the core."""
+    t0 = time.thread_time()
     g.compute()
-    return time.perf_counter() - t0
+    return time.thread_time() - t0
 
 
 def avx512_bf16_speedup() -> float:
-    """f16 FMA product time / AVX512_BF16 product time on this CPU (above 1: bf16 is faster),
-    best of 3 interleaved timings each at :data:`SHAPE` on one thread; measured once per
-    process (about 30 ms). 0.0 where there is nothing to compare: the bf16 kernel in use is not
-    ``avx512`` (AMX, or none) or the CPU has no FMA product.
+    """The f16 product's time / the AVX512_BF16 product's on this CPU (above 1: bf16 is faster):
+    the smallest of :data:`REPEAT` interleaved timings each at :data:`SHAPE` on one thread, as
+    CPU time of the computing thread; measured once per process and f16 product path (sdplan's
+    FMA product, or ggml's where it is turned off), about 0.1-0.2 s. 0.0 where the bf16 kernel
+    in use is not ``avx512`` (AMX, or none): nothing to choose.
     """
     ng = native()
-    if str(ng.bf16_kernel()) != "avx512" or not ng.fma_gemm():
+    if str(ng.bf16_kernel()) != "avx512":
         return 0.0
-    return _measured_speedup()
+    return _measured_speedup(bool(ng.fma_gemm()))
 
 
-@functools.lru_cache(maxsize=1)
-def _measured_speedup() -> float:
+@functools.lru_cache(maxsize=2)
+def _measured_speedup(fma: bool) -> float:
     graphs = _product_graph(True), _product_graph(False)
     bf16, f16 = [], []
-    for _ in range(3):
-        bf16.append(_seconds(graphs[0]))
-        f16.append(_seconds(graphs[1]))
-    return min(f16) / min(bf16)
+    for _ in range(REPEAT):
+        bf16.append(_cpu_seconds(graphs[0]))
+        f16.append(_cpu_seconds(graphs[1]))
+    return min(f16) / max(min(bf16), 1e-9)
 
 
 def bf16_fits(kernels: Any) -> bool:

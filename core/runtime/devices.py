@@ -373,8 +373,8 @@ def features() -> dict[str, Any]:
     "fma_gemm": bool, "warnings": [str]}``; ``fma_gemm``: f16 linear weights and f16/f32
     convolution kernels on the CPU are multiplied by sdplan's FMA product (``SDPLAN_FMA_GEMM``);
     ``bf16_kernel`` is sdplan's CPU bf16 kernel in use (``amx``, ``avx512`` or ``off``; see
-    ``SDPLAN_BF16_KERNEL``): the modules measured faster with it hold f16 weights in bf16 and
-    run it (``cpu_bf16_kernels`` of their model class); the CPU features come from the
+    ``SDPLAN_BF16_KERNEL``): the modules measured faster with it run their products in bf16
+    (``cpu_bf16_kernels`` of their model class, core/runtime/bf16_rule.py); the CPU features come from the
     CPU registry's ``ggml_backend_get_features`` proc address; ``cpu_threads`` is the default
     before other programs' load is measured (``generate`` measures it and may use fewer).
     """

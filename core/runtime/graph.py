@@ -165,7 +165,7 @@ def linear(g: Graph, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     """``x @ w.T + b``: x ``(..., in)``, w ``(out, in)``, b ``(out,)`` -> ``(..., out)``.
 
     A bf16 ``w`` on a CPU-only graph runs sdplan's bf16 kernel with the bias fused
-    (``Graph.mul_mat``); otherwise ggml's matrix product and an add. An
+    (``Graph.mul_mat``), an f16 one too where the graph has ``f16_as_bf16``; otherwise ggml's matrix product and an add. An
     :class:`AdaptedWeight` adds ``x @ (up @ down + dense).T`` as ``up(down(x))``."""
     if isinstance(w, AdaptedWeight):
         y = g.mul_mat(w.base, x)

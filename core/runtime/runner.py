@@ -36,7 +36,7 @@ from sdplan.core.runtime.devices import BackendManager
 from sdplan.core.runtime.native import native
 from sdplan.core.runtime.placement import BlockRange as BlockRange
 from sdplan.core.runtime.placement import ModulePlacement
-from sdplan.core.runtime.weights import WeightFile, cpu_bf16
+from sdplan.core.runtime.weights import WeightFile, bf16_at_load, cpu_bf16
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,8 @@ def holds_bf16(model: Any, placement: ModulePlacement, pool: BackendPool) -> boo
     (mapped from the file) and the kernel rounds them as it uses them (``Graph.f16_as_bf16``),
     per :func:`~sdplan.core.runtime.weights.bf16_at_load`."""
     held_on = list(placement.devices) + ([placement.params_device] if placement.params_device else [])
-    return bf16_fits(getattr(model, "cpu_bf16_kernels", ())) and all(cpu_bf16(pool.get(d)) for d in held_on)
+    # the devices first: bf16_fits may time a product on the CPU (once per process)
+    return all(cpu_bf16(pool.get(d)) for d in held_on) and bf16_fits(getattr(model, "cpu_bf16_kernels", ()))
 
 
 class ModuleRunner:
@@ -375,7 +376,9 @@ class ModuleRunner:
                 backends.append(b)
                 names.append(d)
         g = gr.new_graph(backends, n_threads=self.n_threads)
-        g.f16_as_bf16 = self.bf16
+        # f16 weights through the bf16 kernel where they stay f16 (AVX512_BF16); with AMX they were
+        # converted as they loaded, and other f16 operands (LoRA factors) keep their f16 products
+        g.f16_as_bf16 = self.bf16 and not bf16_at_load()
         return g, names
 
     @contextlib.contextmanager

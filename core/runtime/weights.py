@@ -77,10 +77,11 @@ def ggml_dtype(file_dtype: str) -> str:
 def cpu_bf16(backend: Any | None) -> bool:
     """True when ``backend`` is a local CPU backend and this CPU runs sdplan's bf16 kernel
     (``sdplan._ggml.bf16_kernel()`` is ``amx`` or ``avx512``): matrix products and
-    convolutions with bf16 weights then run it (native/kernels/bf16_gemm.cpp).
+    convolutions with bf16 weights then run it (native/kernels/bf16_gemm.cpp), and f16 ones in
+    graphs with ``f16_as_bf16``.
 
-    Which modules hold bf16 weights is measured per module and kernel (their model class's
-    ``cpu_bf16_kernels``; bench/bench_cpu_bf16.py).
+    Which modules run their products in bf16 is measured per module and kernel (their model
+    class's ``cpu_bf16_kernels``; bench/bench_cpu_bf16.py, core/runtime/bf16_rule.py).
     """
     if backend is None:
         return False
@@ -97,7 +98,8 @@ def bf16_kernel() -> str:
 def bf16_at_load() -> bool:
     """Whether the f16 weights of modules whose products run the CPU bf16 kernel are converted
     to bf16 as they load (AMX), rather than kept f16 and rounded by the kernel as it uses them
-    (AVX512_BF16; ``Graph.f16_as_bf16``): the same bits either way.
+    (AVX512_BF16; ``Graph.f16_as_bf16``): each product gives the same bits either way (ops
+    outside the kernel, such as embedding lookups, read f16 values in the second case).
 
     Measured (bench/bench_cpu_bf16.py, SD 1.5 size, 2 threads, AMD EPYC with AVX512_BF16): the
     load 0.20 s in f16 against 2.6 s with the conversion (first touch of 1.7 GiB of fresh

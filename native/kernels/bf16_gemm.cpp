@@ -363,9 +363,9 @@ SDPLAN_AMX void run(const Problem &p, int ith, int nth) {
     const int64_t max_rows = wide ? range_rows : 32;
     uint16_t *tail = aligned<uint16_t>(tail_buf, (size_t)max_rows * 32);
     float *c = aligned<float>(c_buf, (size_t)max_rows * Mb);
-    // f16 W rounded to bf16: narrow blocks convert the thread's rows once when they fit an L2
-    // cache (every column block reads all of them), else per 32 rows; wide blocks per chunk of k
-    // and 32 rows
+    // f16 W rounded to bf16: narrow blocks convert the thread's rows once when they fit half an
+    // L2 cache (1 MB; every column block reads all of them), else per 32 rows; wide blocks per
+    // chunk of k and 32 rows
     const bool keep_rows = !wide && range_rows * KS * 64 <= kWideWeightBytes / 2;
     uint16_t *cvt = p.w_f16 ? aligned<uint16_t>(cvt_buf, (size_t)(wide ? 32 * std::min(KS, kWideSteps)
                                                                         : (keep_rows ? range_rows : 32) * KS) * 32)
