@@ -2,12 +2,13 @@
 //
 // The product is computed as C[n][m] = sum_k W[n][k] X[k][m]: W is the weight as stored (bf16
 // or f16, row n of K values: a linear weight [N][K], a conv kernel [OC][IC*KH*KW]); bf16 rows
-// are read in place and never re-packed, f16 rows are rounded to bf16 as they are used (per
-// block of 32 rows and chunk of k, into a buffer that stays in L1/L2: the weights keep their
-// file's dtype in memory, mapped from the file, and each value is converted once per block of
-// up to 256 columns, against 512 flops of work); X holds the activations (x's rows for a linear layer, im2col columns for a
-// convolution), rounded to bf16 and packed per block of Mb columns into a panel in the VNNI
-// order both kernels read: pairs of k (k = 2j, 2j+1) of 16 columns form one 64-byte row,
+// are read in place and never re-packed, f16 rows are rounded to bf16 as they are used, into a
+// buffer that stays in L2 (see run(): a thread's rows once per call where they fit half an L2,
+// else per 32 rows, or per 32 rows and chunk of k for wide blocks; run_rows(): as W is packed),
+// so the weights keep their file's dtype in memory, mapped from the file; X holds the
+// activations (x's rows for a linear layer, im2col columns for a convolution), rounded to bf16
+// and packed per block of Mb columns into a panel in the VNNI order both kernels read: pairs
+// of k (k = 2j, 2j+1) of 16 columns form one 64-byte row,
 //   panel[((g * KS) + s) * 256 + jj * 16 + mm] = {X[2j][m], X[2j+1][m]}  (j = 16 s + jj,
 //   m = 16 g + mm; zero past K and past the last column).
 // Two kernels compute 16 x 16 blocks of C from it, accumulating in f32:
@@ -248,7 +249,8 @@ SDPLAN_AVX512 RowGroup convert_rows_f16(const Problem &p, int64_t n0, int64_t s0
             continue;
         }
         const uint16_t *src = p.w + (n0 + r) * p.K;
-        for (int64_t s = s0; s < s1; ++s) _mm512_storeu_si512(o + (s - s0) * 32, load_w32(src + s * 32, mask32(p.K - s * 32), true));
+        for (int64_t s = s0; s < s1; ++s)
+            _mm512_storeu_si512(o + (s - s0) * 32, load_w32(src + s * 32, mask32(p.K - s * 32), true));
     }
     // the tail step (K % 32 != 0) lies in the buffer like the others, zero-padded
     return {out, ld * 2, KF < s1 ? out + (KF - s0) * 32 : out, ld * 2, s0};
