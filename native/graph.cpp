@@ -290,8 +290,8 @@ Tensor Graph::mul_mat(const Tensor &a, const Tensor &b, std::optional<Tensor> bi
                             shape_str(a) + ", got " + shape_str(*bias));
     const int nd = std::max({a.ndim, b.ndim, 2});
     const Bf16Kernel kern = bf16_kernel();
-    if ((ta->type == GGML_TYPE_BF16 || (ta->type == GGML_TYPE_F16 && f16_as_bf16)) && kern != Bf16Kernel::none &&
-        ta->ne[2] == 1 && ta->ne[3] == 1 && ta->ne[0] % 2 == 0 && all_cpu()) {
+    if (bf16_weight(ta) && kern != Bf16Kernel::none && ta->ne[2] == 1 && ta->ne[3] == 1 && ta->ne[0] % 2 == 0 &&
+        all_cpu()) {
         // the bf16 kernel: x f32 contiguous, w bf16 (or f16, rounded as used) contiguous, the bias fused
         bf16_products = true;
         return own(product_op(bf16_gemm, {(int)kern, 0, 1, 1, 0, 0, 1, 1}, tb, ta, tc, ta->ne[1], tb->ne[1], tb->ne[2],
@@ -709,8 +709,7 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
     const ConvChoice choice = choose_conv_method(direct ? "direct" : method, {tw->ne[1], tw->ne[0]}, stride, pad, dil,
                                                  {tx->ne[1], tx->ne[0]}, tx->ne[3], tw->ne[3], all_cpu(),
                                                  wino_fast_cpu(),
-                                                 (tw->type == GGML_TYPE_BF16 || (tw->type == GGML_TYPE_F16 && f16_as_bf16)) &&
-                                                     bf16_kernel() != Bf16Kernel::none &&
+                                                 bf16_weight(tw) && bf16_kernel() != Bf16Kernel::none &&
                                                      ggml_nelements(tx) < INT32_MAX,  // the op's offsets are int32
                                                  tw->ne[2],
                                                  (tw->type == GGML_TYPE_F16 || tw->type == GGML_TYPE_F32) &&

@@ -166,6 +166,10 @@ struct Graph {
     Tensor conv_add_bias(const ConvOperands &a, const Tensor &y);       // the column and direct paths' bias
     Tensor conv_columns_result(const ConvOperands &a, ggml_tensor *mm);  // [OW*OH*N, OC] -> (N, OC, OH, OW)
     bool all_cpu() const;
+    // w runs the bf16 kernel where the CPU has one: bf16, or f16 on a graph with f16_as_bf16
+    bool bf16_weight(const ggml_tensor *w) const {
+        return w->type == GGML_TYPE_BF16 || (w->type == GGML_TYPE_F16 && f16_as_bf16);
+    }
     std::deque<std::array<int, 8>> custom_params;  // userdata of custom CPU ops (stable addresses)
     // flash_attn runs sdplan's bf16 attention op (on CPU-only graphs, with a bf16 kernel) once
     // the graph has a bf16 product (its weights are bf16, or f16 with f16_as_bf16: the
