@@ -636,6 +636,12 @@ void register_graph(nb::module_ &m) {
           "unary('gelu') (the tanh form) takes it only while fma_gemm() is on too; else ggml's GELU.");
     m.def("glu_simd_name", []() { return std::string(glu_simd_name()); },
           "The GELU/GEGLU version graphs run now: 'avx512', 'avx2' or 'off' (scalar).");
+    m.def("set_wino_avx512", &set_wino_avx512, nb::arg("allow"),
+          "Allow (True, the default) or forbid the Winograd convolution's AVX-512 micro-kernel and\n"
+          "transforms on an AVX-512 CPU (forbidden: the AVX2/FMA ones) from the next compute on.");
+    m.def("wino_kernel", []() { return std::string(wino_kernel_name()); },
+          "The Winograd convolution's path now: 'avx512' (16 output channels by 16 tiles of 512-bit\n"
+          "accumulators), 'avx2' (6 channels by 16 tiles of 256-bit ones) or 'generic' (plain loops).");
     m.def("cpu_avx2_fma", &wino_fast_cpu,
           "True when this CPU has AVX2 and FMA (conv_2d's auto method then takes winograd for wide\n"
           "3x3 convolutions): the avx2_fma of choose_conv_method.");

@@ -152,3 +152,37 @@ def test_winograd_rows_back_to_back(mgr, n, h, w) -> None:
     assert np.abs(outs[0] - ref).max() <= 2e-5 * np.abs(ref).max()
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[0], outs[2])
+
+
+@pytest.mark.skipif(not G.cpu_avx2_fma() or "avx512f" not in _cpu_flags(),
+                    reason="the AVX-512 path needs an AVX-512F CPU")
+@pytest.mark.parametrize("n,ic,oc,h,w,wdtype", [
+    (2, 20, 21, 9, 37, "f32"),    # F(2x2): a partial second panel, odd width
+    (1, 8, 16, 70, 67, "f16"),    # F(4x4): two blocks per row, the second partial
+    (1, 33, 40, 5, 34, "f32"),    # odd channel counts
+    (3, 4, 16, 41, 31, "f16"),    # rows back to back in a block
+    (1, 64, 48, 64, 64, "f32"),   # F(4x4), three panels, whole blocks
+    (2, 24, 20, 14, 26, "f32"),   # F(2x2), rows of 13 tiles back to back
+])
+def test_avx512_path_gives_the_avx2_bits(mgr, n, ic, oc, h, w, wdtype) -> None:
+    """The AVX-512 micro-kernel (16 channels x 16 tiles) and transforms sum every product in the
+    AVX2 path's order: the same bits, at 1 and 2 threads, and within the f32 bound of the
+    float64 reference."""
+    rng = np.random.default_rng(n * 7 + ic + h * w)
+    x = rng.standard_normal((n, ic, h, w)).astype(np.float32)
+    k = (rng.standard_normal((oc, ic, 3, 3)) * 0.2).astype(np.float32)
+    b = rng.standard_normal(oc).astype(np.float32)
+    assert G.wino_kernel() == "avx512"
+    try:
+        wide = [run_conv(mgr, x, k, "winograd", threads=t, wdtype=wdtype, bias=b)[0] for t in (1, 2)]
+        G.set_wino_avx512(False)
+        assert G.wino_kernel() == "avx2"
+        narrow = [run_conv(mgr, x, k, "winograd", threads=t, wdtype=wdtype, bias=b)[0] for t in (1, 2)]
+    finally:
+        G.set_wino_avx512(True)
+    for a, c in zip(wide, narrow, strict=True):
+        np.testing.assert_array_equal(a, c)
+    if wdtype == "f16":
+        k, b = k.astype(np.float16).astype(np.float32), b.astype(np.float16).astype(np.float32)
+    ref = conv3x3_ref(x, k) + b[:, None, None]
+    assert np.abs(wide[0] - ref).max() <= 2e-5 * max(1.0, np.abs(ref).max())

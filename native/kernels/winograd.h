@@ -30,4 +30,15 @@ void wino_conv(ggml_tensor *dst, int ith, int nth, void *userdata);
 // True when this CPU runs the AVX2/FMA micro-kernel (the generic one is slower than im2col).
 bool wino_fast_cpu();
 
+// True when convolutions run the AVX-512 micro-kernel and transforms (an AVX-512F CPU, unless
+// set_wino_avx512(false)); else the AVX2/FMA ones where wino_fast_cpu(), else plain loops.
+bool wino_avx512();
+
+// Allow (the default) or forbid the AVX-512 path on an AVX-512 CPU (tests compare both paths;
+// benchmarks time them). Takes effect at the next compute.
+void set_wino_avx512(bool allow);
+
+// The path convolutions run now: "avx512", "avx2" or "generic".
+const char *wino_kernel_name();
+
 }  // namespace sdplan
