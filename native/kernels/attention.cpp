@@ -249,8 +249,12 @@ SDPLAN_AMX void run(ggml_tensor *dst, int ith, int nth, float scale) {
                         if (na == 2) amx_scores<2, 2>(qj, kblock, kg, s, kKeyBlock);
                         else amx_scores<1, 2>(qj, kblock, kg, s, kKeyBlock);
                     } else {
-                        const RowGroup qr[2] = {{qj, Dp * 2, qj, Dp * 2}, {qj + 16 * Dp, Dp * 2, qj + 16 * Dp, Dp * 2}};
-                        block_product<AMX>(qr, na, kblock, kg, kg, Dp, s, kKeyBlock);
+                        // depth D, not Dp: VDPBF16PS stops at the last pair of the head dimension (a
+                        // width of 40 takes 20 pairs, not 32); the last step's rows start at 32 KF
+                        const int64_t kf = D / 32 * 32;
+                        const RowGroup qr[2] = {{qj, Dp * 2, qj + kf, Dp * 2},
+                                                {qj + 16 * Dp, Dp * 2, qj + 16 * Dp + kf, Dp * 2}};
+                        block_product<AMX>(qr, na, kblock, kg, kg, AMX ? Dp : D, s, kKeyBlock);
                     }
                     const float *mrow = nullptr;
                     if (m) mrow = (const float *)((const char *)m->data + (b % m->ne[3]) * m->nb[3] +
