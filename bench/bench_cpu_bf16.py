@@ -12,7 +12,7 @@ cache); peak RSS. The checkpoint is random fp16 weights with SD 1.5's names and 
 
 On a CPU without bf16 products (AVX2 only) sdplan runs its f16 path and diffusers runs in fp32
 only. ``--isa avx2`` stands in for such a CPU on a newer one: sdplan without its bf16 kernels
-and with its AVX2 GELU/GEGLU instead of the AVX-512 ones (ggml itself must be a build without
+and with its AVX2 GELU/GEGLU and Winograd convolution instead of the AVX-512 ones (ggml itself must be a build without
 AVX-512, which ``sdplan devices`` shows), against diffusers fp32 with PyTorch and oneDNN held to
 AVX2 (``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2`` for the convolutions and
 ``MKL_ENABLE_INSTRUCTIONS=AVX2`` for the linear layers and attention, which PyTorch hands to MKL:
@@ -89,8 +89,9 @@ def worker_sdplan(model: Path, threads: int, sizes: list[int], avx2: bool = Fals
     from sdplan.core.pipelines.sd import StableDiffusion
     from sdplan.core.runtime.native import native
 
-    if avx2:  # the AVX2 GELU/GEGLU, as an AVX2-only CPU runs them
+    if avx2:  # the AVX2 GELU/GEGLU and Winograd convolution, as an AVX2-only CPU runs them
         native().set_glu_simd(True, False)
+        native().set_wino_avx512(False)
     out: dict[str, float] = {}
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
