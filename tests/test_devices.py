@@ -86,7 +86,7 @@ def test_missing_fast_paths_are_warned(monkeypatch: pytest.MonkeyPatch) -> None:
         rpc_available=lambda: False,
         ggml_version=lambda: "0.0.1",
         registry_names=lambda: ["CPU"],
-        bf16_kernel=lambda: "avx512", bf16_cpu_kernel=lambda: "avx512", fma_gemm=lambda: True,
+        bf16_kernel=lambda: "avx512", bf16_cpu_kernel=lambda: "avx512", fma_gemm=lambda: True, wino_kernel=lambda: "avx512",
     )
     monkeypatch.setattr(devices, "native", lambda: fake)
     monkeypatch.setattr(devices, "_host_cpu_flags", lambda: {"avx2", "fma", "avx512f"})
@@ -120,7 +120,7 @@ def test_complete_build_has_no_warnings(monkeypatch: pytest.MonkeyPatch) -> None
         backend_features=lambda reg: [("AVX2", "1"), ("LLAMAFILE", "1")],
         rpc_available=lambda: True, ggml_version=lambda: "0.0.1",
         registry_names=lambda: ["RPC", "CPU", "RPC[127.0.0.1:1]"], bf16_kernel=lambda: "off",
-        bf16_cpu_kernel=lambda: "off", fma_gemm=lambda: False,
+        bf16_cpu_kernel=lambda: "off", fma_gemm=lambda: False, wino_kernel=lambda: "generic",
     )
     monkeypatch.setattr(devices, "native", lambda: fake)
     monkeypatch.setattr(devices, "_host_cpu_flags", lambda: {"avx2"})
@@ -179,7 +179,8 @@ def test_bf16_kernel_suggested_only_where_measured_to_help(monkeypatch: pytest.M
         fake = types.SimpleNamespace(
             backend_features=lambda reg: [("AVX2", "1"), ("LLAMAFILE", "1")], rpc_available=lambda: True,
             ggml_version=lambda: "0.0.1", registry_names=lambda: ["CPU"],
-            bf16_kernel=lambda used=used: used, bf16_cpu_kernel=lambda c=cpu_kernel: c, fma_gemm=lambda: True)
+            bf16_kernel=lambda used=used: used, bf16_cpu_kernel=lambda c=cpu_kernel: c, fma_gemm=lambda: True,
+            wino_kernel=lambda: "avx2")
         monkeypatch.setattr(devices, "native", lambda fake=fake: fake)
         monkeypatch.setattr(devices, "_host_cpu_flags", lambda: {"avx2"})
         assert (devices.BF16_ADVICE in devices.features()["warnings"]) is advised

@@ -215,6 +215,9 @@ def test_devices_line_names_the_products() -> None:
     # not held in bf16, attention of modules without bf16 weights)
     feat["bf16_kernel"] = "amx"
     assert _feature_line(feat).endswith("sdplan bf16 kernel amx (UNets, DiTs, VAEs, text encoders, upscalers in bf16) · sdplan FMA products [red]no[/]")
+    # and which build of the Winograd convolution runs (the VAEs' wide 3x3 convolutions)
+    feat["wino_kernel"] = "avx512"
+    assert _feature_line(feat).endswith("sdplan FMA products [red]no[/] · sdplan Winograd avx512")
 
 
 # ---- attention (native/kernels/fma_attention.cpp)

@@ -55,8 +55,9 @@ def _feature_line(feat: dict[str, Any]) -> str:
         "off": f"off (f16 weights, {f16})", "amx": "amx (UNets, DiTs, VAEs, text encoders, upscalers in bf16)"}.get(bf16, bf16)
     # with the bf16 kernel off its parenthesis already names the products
     fma = f" · sdplan FMA products {yes_no[bool(feat['fma_gemm'])]}" if "fma_gemm" in feat and bf16 != "off" else ""
+    wino = f" · sdplan Winograd {feat['wino_kernel']}" if "wino_kernel" in feat else ""
     return (f"ggml {feat['ggml_version']} · RPC {yes_no[feat['rpc']]} · "
-            f"llamafile {yes_no[feat['llamafile']]} · CPU {cpu or '-'} · sdplan bf16 kernel {kernel}{fma}")
+            f"llamafile {yes_no[feat['llamafile']]} · CPU {cpu or '-'} · sdplan bf16 kernel {kernel}{fma}{wino}")
 
 
 def render_table(inv: Inventory, feat: dict[str, Any],

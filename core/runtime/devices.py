@@ -370,8 +370,10 @@ def features() -> dict[str, Any]:
     Returns ``{"ggml_version": str, "rpc": bool, "llamafile": bool,
     "cpu_features": {name: value}, "registries": [str], "cpu_threads": {"default": int,
     "usable_cpus": int, "reason": str}, "bf16_kernel": str, "bf16_cpu_kernel": str,
-    "fma_gemm": bool, "warnings": [str]}``; ``fma_gemm``: f16 linear weights and f16/f32
-    convolution kernels on the CPU are multiplied by sdplan's FMA product (``SDPLAN_FMA_GEMM``);
+    "fma_gemm": bool, "wino_kernel": str, "warnings": [str]}``; ``fma_gemm``: f16 linear weights
+    and f16/f32 convolution kernels on the CPU are multiplied by sdplan's FMA product
+    (``SDPLAN_FMA_GEMM``); ``wino_kernel`` is the build of sdplan's Winograd convolution (3x3
+    f16/f32 kernels on wide images: ``avx512``, ``avx2`` or ``generic``);
     ``bf16_kernel`` is sdplan's CPU bf16 kernel in use (``amx``, ``avx512`` or ``off``; see
     ``SDPLAN_BF16_KERNEL``): the modules measured faster with it run their products in bf16
     (``cpu_bf16_kernels`` of their model class, core/runtime/bf16_rule.py); the CPU features come from the
@@ -412,6 +414,7 @@ def features() -> dict[str, Any]:
         "bf16_kernel": str(ng.bf16_kernel()),
         "bf16_cpu_kernel": str(ng.bf16_cpu_kernel()),
         "fma_gemm": bool(ng.fma_gemm()),
+        "wino_kernel": str(ng.wino_kernel()),
         "warnings": warnings,
     }
 
