@@ -191,20 +191,26 @@ SDPLAN_AMX void block_product(const RowGroup *a, int na, const uint32_t *panel, 
     for (int64_t sb = s0; sb < end; sb += chunk) {
         const Steps st{sb, std::min(end, sb + chunk), K / 32, K};
         const bool acc = accumulate || sb > s0;
-        for (int64_t g = 0; g < gcols; g += 2) {
-            const int nb = g + 1 < gcols ? 2 : 1;
+        for (int64_t g = 0; g < gcols;) {
+            // AVX512_BF16: an odd count of three or more groups starts with three at once (8 rows x
+            // 48 columns in 24 accumulators: attention's values 40 or 80 wide), then pairs
+            const int nb = !AMX && (gcols - g) % 2 == 1 && gcols - g >= 3 ? 3 : g + 1 < gcols ? 2 : 1;
             float *cg = c + g * 16;
             if (AMX) {
                 if (na == 2 && nb == 2) amx_block<2, 2>(a, panel, G, g, st, acc, cg, ld);
                 else if (na == 2) amx_block<2, 1>(a, panel, G, g, st, acc, cg, ld);
                 else if (nb == 2) amx_block<1, 2>(a, panel, G, g, st, acc, cg, ld);
                 else amx_block<1, 1>(a, panel, G, g, st, acc, cg, ld);
+            } else if (nb == 3) {
+                if (na == 2) avx_block<2, 3>(a, panel, G, g, st, acc, cg, ld);
+                else avx_block<1, 3>(a, panel, G, g, st, acc, cg, ld);
             } else {
                 if (na == 2 && nb == 2) avx_block<2, 2>(a, panel, G, g, st, acc, cg, ld);
                 else if (na == 2) avx_block<2, 1>(a, panel, G, g, st, acc, cg, ld);
                 else if (nb == 2) avx_block<1, 2>(a, panel, G, g, st, acc, cg, ld);
                 else avx_block<1, 1>(a, panel, G, g, st, acc, cg, ld);
             }
+            g += nb;
         }
     }
 }
