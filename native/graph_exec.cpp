@@ -394,7 +394,9 @@ void register_graph(nb::module_ &m) {
     nb::class_<Graph>(m, "Graph",
         "A ggml compute graph over backends (first = main device, last = a CPU backend as\n"
         "the scheduler's fallback). Build it once per input shape with the op methods,\n"
-        "declare outputs, then set_input/compute/get_output as often as needed.")
+        "declare outputs, then set_input/compute/get_output as often as needed. Set every input\n"
+        "again before each compute: the graph's intermediates reuse the inputs' memory once their\n"
+        "last reader has run, so a second compute without them reads what those left there.")
         .def(nb::init<std::vector<std::shared_ptr<Backend>>, int, int>(), nb::arg("backends"),
              nb::arg("max_nodes") = 16384, nb::arg("n_threads") = 0)
         .def_prop_ro("devices", [](const Graph &g) {
