@@ -17,7 +17,7 @@
 // kernel panel U[e][IC][16] streamed), then the output transform straight into y. All
 // arithmetic is f32 (the transformed kernel too). Three builds of the op, chosen at run time
 // (target attributes): AVX-512 (all 16 channels x 16 tiles in 512-bit accumulators, each
-// weight broadcast from memory into its FMA: 0.7-0.85x the AVX2 op's time on a Zen 4 EPYC,
+// weight broadcast from memory into its FMA: 0.7-0.9x the AVX2 op's time on a Zen 4 EPYC,
 // 1 thread, the SD VAE's 3x3 sizes), AVX2/FMA (6 channels x 16 tiles of 256-bit ones), plain
 // loops otherwise. Every product sums over the input channels in the same order in each.
 #include "kernels/winograd.h"
@@ -37,8 +37,6 @@
 #define SDPLAN_WINO_X86 1
 #endif
 
-// The driver is inlined into each ISA's entry point (so that the AVX2 one's transforms are
-// vectorized with AVX2); plain inline (and no prefetch) for other compilers.
 // The transforms' loops read and write distinct buffers (or distinct parts of one); with
 // more streams than GCC versions a loop for, it would leave them scalar without being told.
 #if defined(__clang__)
@@ -49,6 +47,8 @@
 #define SDPLAN_WINO_IVDEP
 #endif
 
+// The driver is inlined into each ISA's entry point (so that each build's transforms are
+// vectorized with its ISA); plain inline (and no prefetch) for other compilers.
 #if defined(__GNUC__)
 #define SDPLAN_WINO_INLINE inline __attribute__((always_inline))
 #define SDPLAN_WINO_PREFETCH(p) __builtin_prefetch(p)
@@ -62,7 +62,7 @@ namespace sdplan {
 namespace {
 
 constexpr int64_t L = kWinoLanes;  // output channels per kernel panel
-constexpr int64_t NT = 16;         // tiles per micro-kernel call (two vectors of 8)
+constexpr int64_t NT = 16;         // tiles per micro-kernel call (two 256-bit vectors, or one 512-bit)
 constexpr int64_t kPrefetch = 4;   // input channels read ahead
 constexpr int kIsaGeneric = 0, kIsaAvx2 = 1, kIsaAvx512 = 2;  // micro-kernel and transforms' ISA
 
