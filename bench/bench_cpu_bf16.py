@@ -12,9 +12,9 @@ cache); peak RSS. The checkpoint is random fp16 weights with SD 1.5's names and 
 
 On a CPU without bf16 products (AVX2 only) sdplan runs its f16 path and diffusers runs in fp32
 only. ``--isa avx2`` stands in for such a CPU on a newer one: sdplan without its bf16 kernels
-and with its AVX2 GELU/GEGLU and Winograd convolution instead of the AVX-512 ones (ggml itself must be a build without
-AVX-512, which ``sdplan devices`` shows), against diffusers fp32 with PyTorch and oneDNN held to
-AVX2 (``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2`` for the convolutions and
+and with its AVX2 GELU/GEGLU and Winograd convolution instead of the AVX-512 ones (ggml itself
+must be a build without AVX-512, which ``sdplan devices`` shows), against diffusers fp32 with
+PyTorch and oneDNN held to AVX2 (``ATEN_CPU_CAPABILITY=avx2``, ``ONEDNN_MAX_CPU_ISA=AVX2`` for the convolutions and
 ``MKL_ENABLE_INSTRUCTIONS=AVX2`` for the linear layers and attention, which PyTorch hands to MKL:
 without it they ran with AVX-512, 1.5-1.65x faster on this machine).
 

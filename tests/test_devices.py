@@ -86,7 +86,8 @@ def test_missing_fast_paths_are_warned(monkeypatch: pytest.MonkeyPatch) -> None:
         rpc_available=lambda: False,
         ggml_version=lambda: "0.0.1",
         registry_names=lambda: ["CPU"],
-        bf16_kernel=lambda: "avx512", bf16_cpu_kernel=lambda: "avx512", fma_gemm=lambda: True, wino_kernel=lambda: "avx512",
+        bf16_kernel=lambda: "avx512", bf16_cpu_kernel=lambda: "avx512", fma_gemm=lambda: True,
+        wino_kernel=lambda: "avx512",
     )
     monkeypatch.setattr(devices, "native", lambda: fake)
     monkeypatch.setattr(devices, "_host_cpu_flags", lambda: {"avx2", "fma", "avx512f"})
