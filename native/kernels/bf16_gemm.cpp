@@ -348,7 +348,11 @@ SDPLAN_AMX void run(const Problem &p, int ith, int nth) {
     const int64_t K = p.K, KS = (K + 31) / 32, cols = p.M * p.images;
     const int64_t narrow = panel_columns(KS, cols);
     const bool wide = p.N * K * 2 > kWideWeightBytes && cols > narrow;
-    const int64_t Mb = wide ? wide_columns(p.N, narrow, cols) : narrow;
+    // narrow blocks of even width (multiples of 32): with 128-column panels 192 columns run as
+    // 96 + 96, not 128 + 64, which gave one of two threads twice the other's columns
+    const int64_t nblocks = (cols + narrow - 1) / narrow;
+    const int64_t Mb = wide ? wide_columns(p.N, narrow, cols)
+                            : std::min(narrow, round_up((cols + nblocks - 1) / nblocks, 32));
     const int64_t mblocks = (cols + Mb - 1) / Mb, G = Mb / 16;
     const int64_t n32 = (p.N + 31) / 32;
     // split the rows of W when there are fewer column blocks than 2 per thread
