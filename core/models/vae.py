@@ -201,8 +201,8 @@ class VaeGraph(WholeGraph):
     #: The CPU bf16 kernels (sdplan._ggml.bf16_kernel()) with which this module's products with
     #: f16/bf16 weights run in bf16 (ModuleRunner; AMX converts the weights as they load): measured by bench/bench_cpu_bf16.py (1 thread,
     #: medians of 3 interleaved processes), a 256 px decode took 0.27x the f16/Winograd
-    #: path's time with AMX but 1.63x with AVX512_BF16 alone on a Xeon and 1.00x on a Zen 4
-    #: EPYC (1.93 s both ways, profiled).
+    #: path's time with AMX but 1.63x with AVX512_BF16 alone on a Xeon and 1.6x on a Zen 4
+    #: EPYC since the Winograd convolution's AVX-512 build (2.2 s against 1.3-1.4 s, profiled).
     #: Accuracy: tests/test_bf16_models.py.
     cpu_bf16_kernels: tuple[str, ...] = ("amx",)
 

@@ -614,7 +614,6 @@ void wino_pack_kernel(ggml_tensor *dst, int ith, int nth, void *) {
 }
 
 void wino_conv(ggml_tensor *dst, int ith, int nth, void *) {
-
     const bool f4 = dst->src[1]->ne[2] == 36;
 #ifdef SDPLAN_WINO_X86
     if (wino_avx512()) {
