@@ -628,7 +628,7 @@ int64_t conv_out_size(int64_t in, int64_t k, int s, int p, int d) { return (in +
 ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, int64_t> kernel,
                               std::pair<int, int> stride, std::pair<int, int> pad, std::pair<int, int> dil,
                               std::pair<int64_t, int64_t> image, int64_t batch, int64_t out_channels, bool all_cpu,
-                              bool avx2_fma, bool bf16, int64_t in_channels, bool fma) {
+                              bool avx2_fma, bool bf16, int64_t in_channels, bool fma, bool wino_f4_first) {
     auto invalid = [](std::string msg) { return ConvChoice{ConvMethod::im2col, std::move(msg)}; };
     // conv_2d has checked all of this (with the shapes in its messages) before it asks
     if (kernel.first < 1 || kernel.second < 1 || image.first < 1 || image.second < 1 || batch < 1 || out_channels < 1)
@@ -663,7 +663,14 @@ ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, i
     if (requested == "cpu_im2col") return {ConvMethod::cpu_im2col, {}};
     if (requested == "winograd") return {ConvMethod::winograd, {}};
     if (requested == "direct") return {ConvMethod::direct, {}};
-    // auto. bf16 (a bf16 kernel on a CPU with a bf16 kernel): 0.1-0.3x the time of winograd's f32
+    // auto. Where F(4x4, 3x3) runs (64 pixels wide and more) its f32 product in the AVX-512 build
+    // takes a quarter of the multiplications at half the AVX512_BF16 product's rate: on a Zen 4
+    // EPYC, 2 threads, the UNet's 64x64 convolutions (320 to 960 -> 320 and 640 channels, batch
+    // 2) took 0.5-0.65x the bf16 product's time; at 32 pixels (F(2x2)) 0.85-1.4x, so bf16 keeps
+    // those (bench/bench_ops.py --methods winograd,bf16). Not with AMX (below).
+    if (wino_f4_first && wino_shape && all_cpu && OW >= 64 && out_channels >= kWinoLanes)
+        return {ConvMethod::winograd, {}};
+    // bf16 (a bf16 kernel on a CPU with a bf16 kernel): 0.1-0.3x the time of winograd's f32
     // at the UNet's and the VAE's sizes with AMX (bench/bench_ops.py --methods winograd,bf16).
     if (bf16 && all_cpu && even_depth) return {ConvMethod::bf16, {}};
     // cpu_im2col copies the kernel into its column order at each compute: worth it while
@@ -713,7 +720,8 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
                                                      ggml_nelements(tx) < INT32_MAX,  // the op's offsets are int32
                                                  tw->ne[2],
                                                  (tw->type == GGML_TYPE_F16 || tw->type == GGML_TYPE_F32) &&
-                                                     fma_gemm_on());
+                                                     fma_gemm_on(),
+                                                 bf16_kernel() == Bf16Kernel::avx512 && wino_avx512());
     if (!choice.error.empty()) fail("conv_2d", choice.error);
     if (tw->type == GGML_TYPE_BF16 && choice.method != ConvMethod::bf16) tw = to_f32(contig(tw));
     const ConvOperands a{tw, tx, tb, bias ? &*bias : nullptr, stride, pad, dil, OW, OH};

@@ -49,8 +49,12 @@ struct ConvChoice {
 // cpu_im2col, winograd, direct or bf16; pairs are (H, W) like conv_2d's arguments (kernel (KH, KW),
 // image: the input's (H, W)); all_cpu: every backend of the graph is a CPU; avx2_fma: the CPU
 // runs the Winograd AVX2/FMA micro-kernel (wino_fast_cpu()); bf16: the kernel is held in bf16
-// (or in f16 on a graph with f16_as_bf16) and the CPU runs a bf16 kernel (bf16_kernel() != none). auto takes bf16 when bf16 and all_cpu
-// and the depth (IC*KH*KW) is even; else winograd for 3x3,
+// (or in f16 on a graph with f16_as_bf16) and the CPU runs a bf16 kernel (bf16_kernel() != none);
+// wino_f4_first: the F(4x4, 3x3) Winograd path outruns that bf16 kernel (the kernel is
+// AVX512_BF16, not AMX, and the Winograd convolution runs its AVX-512 build). auto takes
+// winograd when wino_f4_first, all_cpu, the Winograd shape, >= 16 output channels and outputs
+// >= 64 pixels wide (F(4x4)); else bf16 when bf16 and all_cpu and the depth (IC*KH*KW) is even;
+// else winograd for 3x3,
 // stride 1, padding 1, dilation 1 kernels with >= 16 output channels (one kernel panel) on
 // outputs >= 32 pixels wide (16 tiles of 2) when all_cpu and avx2_fma; else cpu_im2col when
 // all_cpu and the output has at least half as many pixels (OW * OH * batch) as the kernel has
@@ -64,7 +68,8 @@ struct ConvChoice {
 ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, int64_t> kernel,
                               std::pair<int, int> stride, std::pair<int, int> pad, std::pair<int, int> dil,
                               std::pair<int64_t, int64_t> image, int64_t batch, int64_t out_channels, bool all_cpu,
-                              bool avx2_fma, bool bf16 = false, int64_t in_channels = 0, bool fma = false);
+                              bool avx2_fma, bool bf16 = false, int64_t in_channels = 0, bool fma = false,
+                              bool wino_f4_first = false);
 
 // The operands of one conv_2d, validated, as its lowerings take them (ggml ne order inside
 // the tensors; pairs (H, W)).

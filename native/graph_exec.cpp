@@ -588,23 +588,26 @@ void register_graph(nb::module_ &m) {
     using P64 = std::pair<int64_t, int64_t>;
     m.def("choose_conv_method",
         [](const std::string &method, P64 kernel, P64 image, int64_t out_channels, bool all_cpu, bool avx2_fma,
-           P2 stride, P2 padding, P2 dilation, int64_t batch, bool bf16, int64_t in_channels, bool fma) {
+           P2 stride, P2 padding, P2 dilation, int64_t batch, bool bf16, int64_t in_channels, bool fma,
+           bool wino_f4_first) {
             ConvChoice c = choose_conv_method(method, kernel, stride, padding, dilation, image, batch, out_channels,
-                                              all_cpu, avx2_fma, bf16, in_channels, fma);
+                                              all_cpu, avx2_fma, bf16, in_channels, fma, wino_f4_first);
             if (!c.error.empty()) throw nb::value_error(("conv_2d: " + c.error).c_str());
             return std::string(conv_method_name(c.method));
         },
         nb::arg("method"), nb::kw_only(), nb::arg("kernel"), nb::arg("image"), nb::arg("out_channels"),
         nb::arg("all_cpu"), nb::arg("avx2_fma"), nb::arg("stride") = P2{1, 1}, nb::arg("padding") = P2{0, 0},
         nb::arg("dilation") = P2{1, 1}, nb::arg("batch") = 1, nb::arg("bf16") = false, nb::arg("in_channels") = 0,
-        nb::arg("fma") = false,
+        nb::arg("fma") = false, nb::arg("wino_f4_first") = false,
         "The method Graph.conv_2d lowers a convolution with (im2col, cpu_im2col, winograd, direct,\n"
         "bf16 or fma), from plain values and without a graph: method as given to conv_2d (auto or an\n"
         "explicit one), kernel (KH, KW), image (H, W) of the input, the output channels, whether\n"
         "every backend of the graph is a CPU, whether the CPU has AVX2 and FMA (cpu_avx2_fma()),\n"
         "stride/padding/dilation (H, W), the batch, whether the kernel is bf16 on a CPU that runs\n"
         "a bf16 kernel (bf16_kernel() != 'off'), the input channels and whether the kernel is f16\n"
-        "or f32 on a CPU that runs the FMA product (fma_gemm()). Raises ValueError with\n"
+        "or f32 on a CPU that runs the FMA product (fma_gemm()), and whether the Winograd F(4x4)\n"
+        "path outruns the bf16 kernel (bf16_kernel() == 'avx512' and wino_kernel() == 'avx512':\n"
+        "conv_2d then takes winograd for 3x3 convolutions from 64 pixels wide). Raises ValueError with\n"
         "conv_2d's message when conv_2d would refuse the method.");
     m.def("bf16_kernel", []() { return std::string(bf16_kernel_name(bf16_kernel())); },
           "The bf16 kernel graphs built now use for bf16 weights on CPU-only graphs: 'amx' (AMX-BF16\n"

@@ -188,6 +188,48 @@ def test_conv_auto_takes_bf16_only_with_the_kernel(kernel) -> None:
     assert G.choose_conv_method("auto", bf16=False, in_channels=320, **args) == "winograd"
 
 
+def _conv_auto(mgr, x, w, method="auto"):
+    """(output, op names) of a 3x3 convolution (padding 1) of x with the bf16 weight ``w``."""
+    g = gr.new_graph([mgr.get("CPU")], n_threads=2)
+    xi, wi = g.input("x", x.shape), g.input("w", w.shape)
+    g.output("y", gr.conv2d(g, xi, g.cast(wi, "bf16"), padding=1, method=method))
+    g.set_input("x", x)
+    g.set_input("w", w)
+    ops = _ops(g.profile())
+    return np.array(g.get_output("y")), ops
+
+
+@pytest.mark.parametrize("wino_avx512", [True, False])
+def test_conv_auto_takes_winograd_f4_before_the_avx512_bf16_kernel(mgr, kernel, wino_avx512) -> None:
+    """From 64 pixels wide (F(4x4, 3x3)) the Winograd convolution's AVX-512 build outruns the
+    AVX512_BF16 product, not AMX: auto takes winograd there for a bf16 kernel when the bf16
+    kernel is avx512 and the Winograd path avx512, bf16 at 63 pixels; the graph does what the
+    chooser says (the same output as the method named)."""
+    if not wino_avx512 and G.wino_kernel() != "avx512":
+        pytest.skip("the Winograd convolution has no AVX-512 path to turn off on this CPU")
+    G.set_wino_avx512(wino_avx512)
+    try:
+        f4_first = kernel == "avx512" and G.wino_kernel() == "avx512"
+        rng = np.random.default_rng(64)
+        w = bf16((rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32))
+        for width in (64, 63):
+            want = G.choose_conv_method("auto", kernel=(3, 3), image=(5, width), out_channels=16, all_cpu=True,
+                                        avx2_fma=G.cpu_avx2_fma(), padding=(1, 1), bf16=kernel != "off",
+                                        in_channels=8, wino_f4_first=f4_first)
+            if kernel == "off":
+                assert want == "winograd"
+            else:
+                assert want == ("winograd" if f4_first and width == 64 else "bf16"), (width, want)
+            x = rng.standard_normal((1, 8, 5, width)).astype(np.float32)
+            auto, ops = _conv_auto(mgr, x, w)
+            named, named_ops = _conv_auto(mgr, x, w, want)
+            assert ops == named_ops
+            assert ("BF16" in ops) == (want == "bf16"), ops
+            np.testing.assert_array_equal(auto, named)
+    finally:
+        G.set_wino_avx512(True)
+
+
 def _f16_as_bf16_pair(mgr, kind, x, w, b, threads, conv_args=None):
     """The product of x and the f16 weight ``w``: once with ``g.f16_as_bf16`` (the kernel rounds
     the f16 values as it uses them), once with the same weight converted to bf16 in the graph

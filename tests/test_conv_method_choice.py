@@ -116,6 +116,16 @@ CHOICES = [
     ({"fma": True, "all_cpu": False}, "im2col"),
     ({"fma": True, "bf16": True, "in_channels": 4, "image": (8, 31)}, "bf16"),
     ({"fma": True, "bf16": True, "in_channels": 3, "image": (8, 31)}, "fma"),  # odd depth: not bf16
+    # the F(4x4, 3x3) Winograd path before the AVX512_BF16 kernel (wino_f4_first): from 64
+    # pixels wide, 16 output channels, the Winograd shape, CPU-only graphs; bf16 elsewhere
+    ({"bf16": True, "in_channels": 4, "image": (8, 64), "wino_f4_first": True}, "winograd"),
+    ({"bf16": True, "in_channels": 4, "image": (8, 63), "wino_f4_first": True}, "bf16"),
+    ({"bf16": True, "in_channels": 4, "image": (8, 64)}, "bf16"),
+    ({"bf16": True, "in_channels": 4, "image": (8, 64), "wino_f4_first": True, "out_channels": 15}, "bf16"),
+    ({"bf16": True, "in_channels": 4, "image": (8, 130), "wino_f4_first": True, "stride": (2, 2)}, "bf16"),
+    ({"bf16": True, "in_channels": 4, "image": (8, 64), "wino_f4_first": True, "all_cpu": False}, "im2col"),
+    ({"bf16": True, "in_channels": 4, "image": (8, 64), "wino_f4_first": True, "avx2_fma": False}, "winograd"),
+    ({"method": "bf16", "bf16": True, "in_channels": 4, "image": (8, 64), "wino_f4_first": True}, "bf16"),
     ({"method": "fma", "fma": True}, "fma"),
     ({"method": "fma", "fma": True, "kernel": (5, 5), "stride": (2, 2)}, "fma"),
     ({"method": "cpu_im2col", "fma": True, "image": (8, 31)}, "cpu_im2col"),
