@@ -663,12 +663,13 @@ ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, i
     if (requested == "cpu_im2col") return {ConvMethod::cpu_im2col, {}};
     if (requested == "winograd") return {ConvMethod::winograd, {}};
     if (requested == "direct") return {ConvMethod::direct, {}};
-    // auto. Where F(4x4, 3x3) runs (64 pixels wide and more) its f32 product in the AVX-512 build
+    // auto. Where F(4x4, 3x3) runs (32 pixels wide and more) its f32 product in the AVX-512 build
     // takes a quarter of the multiplications at half the AVX512_BF16 product's rate: on a Zen 4
-    // EPYC, 2 threads, the UNet's 64x64 convolutions (320 to 960 -> 320 and 640 channels, batch
-    // 2) took 0.5-0.65x the bf16 product's time; at 32 pixels (F(2x2)) 0.85-1.4x, so bf16 keeps
-    // those (bench/bench_ops.py --methods winograd,bf16). Not with AMX (below).
-    if (wino_f4_first && wino_shape && all_cpu && OW >= 64 && out_channels >= kWinoLanes)
+    // EPYC, 2 threads, batch 2, the UNet's 64x64 convolutions (320 to 960 -> 320 and 640
+    // channels) took 0.5-0.65x the bf16 product's time, its 32x32 ones (320 to 1920 -> 320 to
+    // 1280 channels) 0.4-0.85x; at 16x16 and 8x8 2-5x (packing the transformed kernel), so bf16
+    // keeps those (bench/bench_ops.py --methods winograd,bf16). Not with AMX (below).
+    if (wino_f4_first && wino_shape && all_cpu && OW >= 32 && out_channels >= kWinoLanes)
         return {ConvMethod::winograd, {}};
     // bf16 (a bf16 kernel on a CPU with a bf16 kernel): 0.1-0.3x the time of winograd's f32
     // at the UNet's and the VAE's sizes with AMX (bench/bench_ops.py --methods winograd,bf16).
@@ -737,7 +738,7 @@ Tensor Graph::conv_2d(const Tensor &w, const Tensor &x, std::pair<int, int> stri
 }
 
 // The kernel transformed and packed at each compute (wino_pack_kernel), then one fused op that
-// also adds the bias; F(4x4, 3x3) from 64 pixels wide, F(2x2, 3x3) below.
+// also adds the bias; F(4x4, 3x3) from 32 pixels wide, F(2x2, 3x3) below.
 Tensor Graph::lower_conv_winograd(const ConvOperands &a) {
     ggml_context *c = ctx->ctx;
     ggml_tensor *tw = a.w;

@@ -53,7 +53,7 @@ struct ConvChoice {
 // wino_f4_first: the F(4x4, 3x3) Winograd path outruns that bf16 kernel (the kernel is
 // AVX512_BF16, not AMX, and the Winograd convolution runs its AVX-512 build). auto takes
 // winograd when wino_f4_first, all_cpu, the Winograd shape, >= 16 output channels and outputs
-// >= 64 pixels wide (F(4x4)); else bf16 when bf16 and all_cpu and the depth (IC*KH*KW) is even;
+// >= 32 pixels wide (F(4x4)); else bf16 when bf16 and all_cpu and the depth (IC*KH*KW) is even;
 // else winograd for 3x3,
 // stride 1, padding 1, dilation 1 kernels with >= 16 output channels (one kernel panel) on
 // outputs >= 32 pixels wide (16 tiles of 2) when all_cpu and avx2_fma; else cpu_im2col when

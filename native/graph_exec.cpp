@@ -487,7 +487,7 @@ void register_graph(nb::module_ &m) {
              "F16C and the output has >= 64 pixels (batch included), else cpu_im2col when the image\n"
              "has >= OC/2 pixels; im2col otherwise), im2col (ggml's im2col + mul_mat, columns in the kernel's dtype), cpu_im2col\n"
              "(columns in (kh, kw, ic) order by a CPU op that copies whole channel runs), winograd\n"
-             "(F(2x2,3x3), from 64 pixels wide F(4x4,3x3), f32, one fused CPU op that also adds the\n"
+             "(F(2x2,3x3), from 32 pixels wide F(4x4,3x3), f32, one fused CPU op that also adds the\n"
              "bias), direct (ggml_conv_2d_direct), bf16 (bf16 kernel only: im2col columns rounded to bf16\n"
              "and multiplied in one CPU op by AMX tiles or AVX512_BF16, f32 sums, the bias fused); other\n"
              "methods take a bf16 kernel converted to f32; direct=True means method='direct'.\n"
@@ -607,7 +607,7 @@ void register_graph(nb::module_ &m) {
         "a bf16 kernel (bf16_kernel() != 'off'), the input channels and whether the kernel is f16\n"
         "or f32 on a CPU that runs the FMA product (fma_gemm()), and whether the Winograd F(4x4)\n"
         "path outruns the bf16 kernel (bf16_kernel() == 'avx512' and wino_kernel() == 'avx512':\n"
-        "conv_2d then takes winograd for 3x3 convolutions from 64 pixels wide). Raises ValueError with\n"
+        "conv_2d then takes winograd for 3x3 convolutions from 32 pixels wide). Raises ValueError with\n"
         "conv_2d's message when conv_2d would refuse the method.");
     m.def("bf16_kernel", []() { return std::string(bf16_kernel_name(bf16_kernel())); },
           "The bf16 kernel graphs built now use for bf16 weights on CPU-only graphs: 'amx' (AMX-BF16\n"

@@ -139,7 +139,8 @@ def conv_ref(x: np.ndarray, w: np.ndarray, stride: int, pad: int, dil: int) -> n
 
 
 @pytest.mark.parametrize("xs,oc,k,stride,pad,dil,threads", [
-    ((1, 4, 10, 37), 20, 3, 1, 1, 1, 1),   # 3x3 padding 1: contiguous groups and edge gathers
+    ((1, 4, 10, 31), 20, 3, 1, 1, 1, 1),   # 3x3 padding 1: contiguous groups and edge gathers (from
+                                           # 32 pixels wide Winograd F(4x4) may come first)
     ((2, 8, 9, 9), 17, 1, 1, 0, 1, 2),     # 1x1, batch 2 (columns across images), OC odd
     ((1, 6, 15, 16), 32, 3, 2, 1, 1, 2),   # stride 2: gathered columns
     ((1, 10, 12, 19), 40, 3, 1, 2, 2, 1),  # dilation 2
@@ -201,9 +202,9 @@ def _conv_auto(mgr, x, w, method="auto"):
 
 @pytest.mark.parametrize("wino_avx512", [True, False])
 def test_conv_auto_takes_winograd_f4_before_the_avx512_bf16_kernel(mgr, kernel, wino_avx512) -> None:
-    """From 64 pixels wide (F(4x4, 3x3)) the Winograd convolution's AVX-512 build outruns the
+    """From 32 pixels wide (F(4x4, 3x3)) the Winograd convolution's AVX-512 build outruns the
     AVX512_BF16 product, not AMX: auto takes winograd there for a bf16 kernel when the bf16
-    kernel is avx512 and the Winograd path avx512, bf16 at 63 pixels; the graph does what the
+    kernel is avx512 and the Winograd path avx512, bf16 at 31 pixels; the graph does what the
     chooser says (the same output as the method named)."""
     if not wino_avx512 and G.wino_kernel() != "avx512":
         pytest.skip("the Winograd convolution has no AVX-512 path to turn off on this CPU")
@@ -212,14 +213,14 @@ def test_conv_auto_takes_winograd_f4_before_the_avx512_bf16_kernel(mgr, kernel, 
         f4_first = kernel == "avx512" and G.wino_kernel() == "avx512"
         rng = np.random.default_rng(64)
         w = bf16((rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32))
-        for width in (64, 63):
+        for width in (32, 31):
             want = G.choose_conv_method("auto", kernel=(3, 3), image=(5, width), out_channels=16, all_cpu=True,
                                         avx2_fma=G.cpu_avx2_fma(), padding=(1, 1), bf16=kernel != "off",
                                         in_channels=8, wino_f4_first=f4_first)
-            if kernel == "off":
-                assert want == "winograd"
+            if kernel == "off":  # the f32 kernel's rule: winograd from 32 pixels wide on AVX2/FMA CPUs
+                assert (want == "winograd") == (width == 32 and G.cpu_avx2_fma()), (width, want)
             else:
-                assert want == ("winograd" if f4_first and width == 64 else "bf16"), (width, want)
+                assert want == ("winograd" if f4_first and width == 32 else "bf16"), (width, want)
             x = rng.standard_normal((1, 8, 5, width)).astype(np.float32)
             auto, ops = _conv_auto(mgr, x, w)
             named, named_ops = _conv_auto(mgr, x, w, want)

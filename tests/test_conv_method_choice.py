@@ -43,7 +43,7 @@ CHOICES = [
     ({}, "winograd"),
     ({"image": (8, 31)}, "cpu_im2col"),
     ({"image": (8, 33)}, "winograd"),
-    ({"image": (8, 63)}, "winograd"),   # F(2x2, 3x3) below 64 pixels, F(4x4, 3x3) from 64:
+    ({"image": (8, 63)}, "winograd"),   # F(2x2, 3x3) below 32 pixels, F(4x4, 3x3) from 32:
     ({"image": (8, 64)}, "winograd"),   # the same method either way
     ({"image": (8, 65)}, "winograd"),
     ({"image": (1, 32)}, "winograd"),
@@ -116,10 +116,12 @@ CHOICES = [
     ({"fma": True, "all_cpu": False}, "im2col"),
     ({"fma": True, "bf16": True, "in_channels": 4, "image": (8, 31)}, "bf16"),
     ({"fma": True, "bf16": True, "in_channels": 3, "image": (8, 31)}, "fma"),  # odd depth: not bf16
-    # the F(4x4, 3x3) Winograd path before the AVX512_BF16 kernel (wino_f4_first): from 64
+    # the F(4x4, 3x3) Winograd path before the AVX512_BF16 kernel (wino_f4_first): from 32
     # pixels wide, 16 output channels, the Winograd shape, CPU-only graphs; bf16 elsewhere
     ({"bf16": True, "in_channels": 4, "image": (8, 64), "wino_f4_first": True}, "winograd"),
-    ({"bf16": True, "in_channels": 4, "image": (8, 63), "wino_f4_first": True}, "bf16"),
+    ({"bf16": True, "in_channels": 4, "image": (8, 32), "wino_f4_first": True}, "winograd"),
+    ({"bf16": True, "in_channels": 4, "image": (8, 31), "wino_f4_first": True}, "bf16"),
+    ({"bf16": True, "in_channels": 4, "image": (16, 16), "wino_f4_first": True}, "bf16"),
     ({"bf16": True, "in_channels": 4, "image": (8, 64)}, "bf16"),
     ({"bf16": True, "in_channels": 4, "image": (8, 64), "wino_f4_first": True, "out_channels": 15}, "bf16"),
     ({"bf16": True, "in_channels": 4, "image": (8, 130), "wino_f4_first": True, "stride": (2, 2)}, "bf16"),

@@ -1,4 +1,4 @@
-"""conv_2d's Winograd path on the CPU (F(2x2, 3x3) below 64 pixels wide, F(4x4, 3x3) from 64)
+"""conv_2d's Winograd path on the CPU (F(2x2, 3x3) below 32 pixels wide, F(4x4, 3x3) from 32)
 against a float64 numpy convolution: several tile blocks per row, odd sizes, channel counts
 that fill no kernel panel, batches, threads; and that ``auto`` takes it for wide images on
 AVX2/FMA CPUs."""
@@ -61,14 +61,17 @@ def run_conv(mgr, x: np.ndarray, w: np.ndarray, method: str, threads: int = 1, w
 
 
 @pytest.mark.parametrize("n,ic,oc,h,w", [
-    (2, 20, 21, 9, 37),    # batch, output channels past one 16-wide panel, odd width
-    (1, 8, 16, 70, 67),    # two tile blocks per row, the second partial; odd height and width
-    (1, 33, 40, 5, 34),    # odd channel counts
+    # F(2x2, 3x3) below 32 pixels wide
+    (2, 20, 21, 9, 29),    # batch, output channels past one 16-wide panel, odd width
+    (1, 33, 40, 5, 30),    # odd channel counts
     (1, 3, 17, 1, 2),      # a single tile, mostly padding
-    # from 64 pixels wide F(4x4, 3x3)
+    (3, 4, 16, 41, 31),    # narrow rows: blocks of two whole tile rows, the last one alone
+    # from 32 pixels wide F(4x4, 3x3)
+    (2, 20, 21, 9, 37),    # the same at 37 pixels: 10 tiles per row, the last partial
+    (1, 33, 40, 5, 34),
+    (1, 8, 16, 70, 67),    # two tile blocks per row, the second partial; odd height and width
     (2, 16, 16, 9, 64),    # exactly 16 tiles per row: blocks of two rows, a partial last tile row
     (1, 5, 18, 7, 150),    # two blocks of tiles per row (32 + 6), widths not a multiple of 4
-    (3, 4, 16, 41, 31),    # narrow rows: blocks of two whole tile rows, the last one alone
 ])
 @pytest.mark.parametrize("wdtype", ["f32", "f16"])
 def test_winograd_matches_reference(mgr, n, ic, oc, h, w, wdtype) -> None:
@@ -138,9 +141,11 @@ def test_bias_shape_checked(mgr) -> None:
         g.conv_2d(w, x, (1, 1), (1, 1), bias=g.input("b", (5,)))
 
 
-@pytest.mark.parametrize("n,h,w", [(2, 16, 16), (1, 30, 22), (3, 9, 17), (2, 14, 26)])
+@pytest.mark.parametrize("n,h,w", [(2, 16, 16), (1, 30, 22), (3, 9, 17), (2, 14, 26), (2, 9, 32), (1, 13, 44),
+                                   (3, 5, 50)])
 def test_winograd_rows_back_to_back(mgr, n, h, w) -> None:
-    """Rows narrower than the micro-kernel's 16 tiles (8 to 15 tiles of 2) are packed back to
+    """Rows narrower than the micro-kernel's 16 tiles (8 to 15 tiles of 2, or of 4 from 32
+    pixels wide) are packed back to
     back in a block: several rows per block, the block's last group partial; every thread count
     gives the same values (each output computed in the same order whatever the blocks)."""
     rng = np.random.default_rng(n * 100 + h + w)
@@ -156,7 +161,8 @@ def test_winograd_rows_back_to_back(mgr, n, h, w) -> None:
 
 @pytest.mark.skipif(G.wino_kernel() != "avx512", reason="the AVX-512 path needs an AVX-512F CPU")
 @pytest.mark.parametrize("n,ic,oc,h,w,wdtype", [
-    (2, 20, 21, 9, 37, "f32"),    # F(2x2): a partial second panel, odd width
+    (2, 20, 21, 9, 29, "f32"),    # F(2x2): a partial second panel, odd width
+    (2, 20, 21, 9, 37, "f32"),    # F(4x4): the same, 10 tiles per row
     (1, 8, 16, 70, 67, "f16"),    # F(4x4): two blocks per row, the second partial
     (1, 33, 40, 5, 34, "f32"),    # odd channel counts
     (3, 4, 16, 41, 31, "f16"),    # rows back to back in a block

@@ -54,9 +54,9 @@ scale=1)`` with q ``(B, H, Nq, D)``, k/v ``(B, Hkv, Nk, D)`` returning ``(B, Nq,
 ``conv_2d(w, x, stride=(1,1), padding=(0,0), dilation=(1,1), direct=False, method="auto", bias=None)``
 (method: ``im2col``, ``cpu_im2col``, ``winograd``, ``direct``, ``bf16``, ``fma``; on CPU-only
 graphs auto takes ``bf16`` for a bf16 kernel where the CPU runs a bf16 kernel (except
-``winograd`` for the Winograd shape from 64 pixels wide where that kernel is AVX512_BF16 and
-the Winograd path AVX-512: F(4x4,3x3) in f32 took 0.5-0.65x its time on a Zen 4), else
-``winograd`` (F(2x2,3x3), from 64 pixels wide F(4x4,3x3), f32 arithmetic) for 3x3, stride 1,
+``winograd`` for the Winograd shape from 32 pixels wide where that kernel is AVX512_BF16 and
+the Winograd path AVX-512: F(4x4,3x3) in f32 took 0.4-0.85x its time on a Zen 4), else
+``winograd`` (F(2x2,3x3), from 32 pixels wide F(4x4,3x3), f32 arithmetic) for 3x3, stride 1,
 padding 1, dilation 1 kernels with at least 16 output channels on outputs at least 32 pixels
 wide when the CPU has AVX2 and FMA, else ``fma`` (sdplan's f32 FMA product; an f16 or f32
 kernel on a CPU with AVX2, FMA and F16C, ``sdplan._ggml.fma_gemm()``, and at least 64 output

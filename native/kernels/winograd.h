@@ -12,9 +12,11 @@ namespace sdplan {
 constexpr int64_t kWinoLanes = 16;
 
 // Transformed elements per tile for output rows ``width`` pixels wide: 36 (F(4x4, 3x3)) from
-// 64 pixels, where a row still holds 16 tiles (the micro-kernel's width), else 16 (F(2x2, 3x3)).
-// (Measured at the SD VAE's and UNet's sizes, 1 thread: F(4x4) 0.5-0.85x the time of F(2x2)
-// from 64 pixels, slower at 32.)
+// 32 pixels, else 16 (F(2x2, 3x3)). Measured on a Zen 4 EPYC, 2 threads, batch 1-2, 64 to 1280
+// channels at 32 to 48 pixels wide: F(4x4) 0.6-0.8x the time of F(2x2) with the AVX-512 build,
+// 0.75-0.9x with the AVX2 one (F(4x4) had been slower at 32 pixels before the transforms were
+// vectorized; it was taken from 64 then). At 8 and 16 pixels the transformed kernel (2.25x
+// larger) costs more than F(4x4) saves.
 int64_t wino_elements(int64_t width);
 
 // Custom op: a 3x3 kernel w [3, 3, IC, OC] (ggml ne, f32 or f16, src 0) transformed to
