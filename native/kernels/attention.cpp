@@ -30,8 +30,13 @@ using namespace tiles;
 // iterated weighted least squares; 26 times below the bf16 rounding of the probabilities,
 // 2^-9); -inf and values below -150 give 0 (the scale underflows). The scores are in base 2 (the
 // queries carry log2(e)), so no ln 2 reduction.
-SDPLAN_AVX512 inline __m512 exp2_512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+SDPLAN_AVX512 inline __m512 exp2_512_finite(__m512 x);
+
+SDPLAN_AVX512 inline __m512 exp2_512(__m512 x) { return exp2_512_finite(_mm512_max_ps(x, _mm512_set1_ps(-150.0f))); }
+
+// The same for finite x (no -inf: the clamp above keeps -inf - -inf from making a NaN); below
+// -150 the scale alone underflows to 0.
+SDPLAN_AVX512 inline __m512 exp2_512_finite(__m512 x) {
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(0.05517154186964035f);
@@ -140,6 +145,16 @@ SDPLAN_AVX512 void softmax_block(const float *s, int64_t ld, int64_t rows, int64
         mx[r] = m_new;
         const __m512 vm = _mm512_set1_ps(m_new);
         __m512 vsum = _mm512_setzero_ps();
+        if (!mr && n == np) {  // a whole block without a mask: no lane masks, every score finite
+            for (int64_t k = 0; k < np; k += 32) {
+                const __m512 x0 = exp2_512_finite(_mm512_sub_ps(_mm512_loadu_ps(sr + k), vm));
+                const __m512 x1 = exp2_512_finite(_mm512_sub_ps(_mm512_loadu_ps(sr + k + 16), vm));
+                vsum = _mm512_add_ps(vsum, _mm512_add_ps(x0, x1));
+                _mm512_storeu_si512(pr + k, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+            }
+            sum[r] = sum[r] * alpha[r] + _mm512_reduce_add_ps(vsum);
+            continue;
+        }
         for (int64_t k = 0; k < np; k += 32) {
             const __mmask16 m0 = tail_mask(n - k), m1 = tail_mask(n - k - 16);
             __m512 x0 = _mm512_maskz_loadu_ps(m0, sr + k), x1 = _mm512_maskz_loadu_ps(m1, sr + k + 16);
@@ -191,6 +206,41 @@ SDPLAN_AMX void amx_scores(const uint16_t *qb, const uint32_t *panel, int64_t gc
         _tile_stored(0, s + g * 16, cs);
         if (NA > 1) _tile_stored(1, s + 16 * ld + g * 16, cs);
     }
+}
+
+// AVX512_BF16 scores of one block: S [rows][gcols*16] (row stride ld) = `rows` (16 or 32)
+// bf16 query rows (row stride qld values, zero-padded past the head width) x the key panel's
+// first gcols groups (KS k steps each), over the first `pairs` pairs of the head dimension. Per
+// 8 query rows and 2 key groups, 16 accumulators over all pairs, written once: the same
+// products in the same order as block_product (the same bits) without its per-call set-up (GCC
+// kept its accumulators on the stack around the loop), which cost a fifth of the scores at a
+// head width of 40 (20 pairs per call).
+SDPLAN_AVX512 void avx_scores(const uint16_t *q, int64_t qld, int64_t rows, const uint32_t *panel, int64_t KS,
+                              int64_t gcols, int64_t pairs, float *s, int64_t ld) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 8)
+        for (int64_t g = 0; g < gcols; g += 2) {
+            const uint32_t *b0 = panel + g * KS * 256, *b1 = b0 + KS * 256;
+            const bool two = g + 1 < gcols;
+            __m512 c0[8], c1[8];
+            for (int r = 0; r < 8; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+            const uint16_t *qr = q + r0 * qld;
+            for (int64_t j = 0; j < pairs; ++j) {
+                const int64_t off = (j / 16) * 256 + (j % 16) * 16;
+                const __m512bh k0 = (__m512bh)_mm512_load_si512(b0 + off);
+                const __m512bh k1 = two ? (__m512bh)_mm512_load_si512(b1 + off) : k0;
+                for (int r = 0; r < 8; ++r) {
+                    uint32_t v;
+                    std::memcpy(&v, qr + r * qld + 2 * j, 4);
+                    const __m512bh a = (__m512bh)_mm512_set1_epi32((int)v);
+                    c0[r] = _mm512_dpbf16_ps(c0[r], a, k0);
+                    c1[r] = _mm512_dpbf16_ps(c1[r], a, k1);
+                }
+            }
+            for (int r = 0; r < 8; ++r) {
+                _mm512_storeu_ps(s + (r0 + r) * ld + g * 16, c0[r]);
+                if (two) _mm512_storeu_ps(s + (r0 + r) * ld + g * 16 + 16, c1[r]);
+            }
+        }
 }
 
 template <bool AMX>
@@ -248,13 +298,13 @@ SDPLAN_AMX void run(ggml_tensor *dst, int ith, int nth, float scale) {
                     } else if (AMX && Dp == 64) {
                         if (na == 2) amx_scores<2, 2>(qj, kblock, kg, s, kKeyBlock);
                         else amx_scores<1, 2>(qj, kblock, kg, s, kKeyBlock);
+                    } else if (AMX) {
+                        const RowGroup qr[2] = {{qj, Dp * 2, qj, Dp * 2}, {qj + 16 * Dp, Dp * 2, qj + 16 * Dp, Dp * 2}};
+                        block_product<AMX>(qr, na, kblock, kg, kg, Dp, s, kKeyBlock);
                     } else {
-                        // depth D, not Dp: VDPBF16PS stops at the last pair of the head dimension (a
-                        // width of 40 takes 20 pairs, not 32); the last step's rows start at 32 KF
-                        const int64_t kf = D / 32 * 32;
-                        const RowGroup qr[2] = {{qj, Dp * 2, qj + kf, Dp * 2},
-                                                {qj + 16 * Dp, Dp * 2, qj + 16 * Dp + kf, Dp * 2}};
-                        block_product<AMX>(qr, na, kblock, kg, kg, AMX ? Dp : D, s, kKeyBlock);
+                        // VDPBF16PS stops at the last pair of the head dimension (a width of 40
+                        // takes 20 pairs, not 32)
+                        avx_scores(qj, Dp, na * 16, kblock, Dp / 32, kg, (D + 1) / 2, s, kKeyBlock);
                     }
                     const float *mrow = nullptr;
                     if (m) mrow = (const float *)((const char *)m->data + (b % m->ne[3]) * m->nb[3] +
@@ -273,8 +323,9 @@ SDPLAN_AMX void run(ggml_tensor *dst, int ith, int nth, float scale) {
                     // 32, so the rows' tail pointers are never read
                     const int64_t pl = kKeyBlock * 2;
                     const RowGroup pa[2] = {{pj, pl, pj, pl}, {pj + 16 * kKeyBlock, pl, pj + 16 * kKeyBlock, pl}};
+                    // value widths of 8 past a multiple of 16 (SD 1.x's 40): the last group in 256 bits
                     block_product<AMX>(pa, na, vp + (k0 / 32) * 256, Dvp / 16, Dvp / 16, Nkp, oj, Dvp, 0,
-                                       (nb + 31) / 32, k0 > 0);
+                                       (nb + 31) / 32, k0 > 0, kChunkSteps, Dv % 16 != 0 && Dv % 16 <= 8);
                 }
             }
             for (int64_t j = 0; j < nsub; ++j) {

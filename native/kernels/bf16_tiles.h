@@ -138,20 +138,28 @@ SDPLAN_AMX void amx_block(const RowGroup *a, const uint32_t *panel, int64_t G, i
     if (NA > 1 && NB > 1) _tile_stored(3, c11, cs);
 }
 
-// 8 rows (r0 .. r0 + 8 of a row group) x NB*16 columns with VDPBF16PS.
-template <int NB>
+// 8 rows (r0 .. r0 + 8 of a row group) x NB*16 columns with VDPBF16PS; HALF: the last of the
+// NB groups only 8 columns wide, in 256-bit accumulators (half the work of a 512-bit one where
+// the core splits those in two, as Zen 4 does; each lane computes the same, so the same bits).
+template <int NB, bool HALF = false>
 SDPLAN_AVX512 void avx_rows8(const RowGroup &a, int r0, const uint32_t *panel, int64_t G, int64_t g0, Steps st,
                              bool accumulate, float *c, int64_t ld) {
-    __m512 acc[8][NB];
-    for (int r = 0; r < 8; ++r)
-        for (int q = 0; q < NB; ++q)
+    constexpr int NF = HALF ? NB - 1 : NB;  // full 16-column groups
+    __m512 acc[8][NF > 0 ? NF : 1];
+    __m256 half[8];
+    for (int r = 0; r < 8; ++r) {
+        for (int q = 0; q < NF; ++q)
             acc[r][q] = accumulate ? _mm512_loadu_ps(c + r * ld + q * 16) : _mm512_setzero_ps();
+        if (HALF) half[r] = accumulate ? _mm256_loadu_ps(c + r * ld + NF * 16) : _mm256_setzero_ps();
+    }
     const int64_t j_end = std::min(st.se * 16, (st.K + 1) / 2), KS = (st.K + 31) / 32;
     for (int64_t j = st.sb * 16; j < j_end; ++j) {
         const int64_t s = j / 16, jj = j % 16;
         const uint32_t *b = panel + (g0 * KS + s) * 256 + jj * 16;
-        __m512bh bv[NB];
-        for (int q = 0; q < NB; ++q) bv[q] = (__m512bh)_mm512_load_si512(b + q * KS * 256);
+        __m512bh bv[NF > 0 ? NF : 1];
+        for (int q = 0; q < NF; ++q) bv[q] = (__m512bh)_mm512_load_si512(b + q * KS * 256);
+        __m256bh hb;
+        if (HALF) hb = (__m256bh)_mm256_load_si256((const __m256i *)(b + NF * KS * 256));
         const char *ap = s < st.KF ? (const char *)(a.p + 2 * (j - 16 * a.s_base)) + r0 * a.stride
                                    : (const char *)(a.tail + 2 * jj) + r0 * a.tail_stride;
         const int64_t stride = s < st.KF ? a.stride : a.tail_stride;
@@ -159,18 +167,22 @@ SDPLAN_AVX512 void avx_rows8(const RowGroup &a, int r0, const uint32_t *panel, i
             uint32_t v;
             std::memcpy(&v, ap + r * stride, 4);
             const __m512bh av = (__m512bh)_mm512_set1_epi32((int)v);
-            for (int q = 0; q < NB; ++q) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], av, bv[q]);
+            for (int q = 0; q < NF; ++q) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], av, bv[q]);
+            if (HALF) half[r] = _mm256_dpbf16_ps(half[r], (__m256bh)_mm512_castsi512_si256((__m512i)av), hb);
         }
     }
-    for (int r = 0; r < 8; ++r)
-        for (int q = 0; q < NB; ++q) _mm512_storeu_ps(c + r * ld + q * 16, acc[r][q]);
+    for (int r = 0; r < 8; ++r) {
+        for (int q = 0; q < NF; ++q) _mm512_storeu_ps(c + r * ld + q * 16, acc[r][q]);
+        if (HALF) _mm256_storeu_ps(c + r * ld + NF * 16, half[r]);
+    }
 }
 
-template <int NA, int NB>
+template <int NA, int NB, bool HALF = false>
 SDPLAN_AVX512 void avx_block(const RowGroup *a, const uint32_t *panel, int64_t G, int64_t g0, Steps st, bool acc,
                              float *c, int64_t ld) {
     for (int t = 0; t < NA; ++t)
-        for (int h = 0; h < 2; ++h) avx_rows8<NB>(a[t], 8 * h, panel, G, g0, st, acc, c + (t * 16 + 8 * h) * ld, ld);
+        for (int h = 0; h < 2; ++h)
+            avx_rows8<NB, HALF>(a[t], 8 * h, panel, G, g0, st, acc, c + (t * 16 + 8 * h) * ld, ld);
 }
 
 #ifndef KB_CHUNK
@@ -181,11 +193,13 @@ constexpr int64_t kChunkSteps = KB_CHUNK;  // k steps (32 k) per chunk: 32 rows 
 // C [na*16][gcols*16] (row stride ld) = the row groups a x the panel's first gcols column
 // groups over the k steps s0 .. s1 of K (s1 < 0: all of K), in chunks of k that keep the 32
 // rows in L1 while the column groups go by (chunks of `chunk_steps`; one chunk when there is a
-// single pair of groups); C is overwritten, or added to when `accumulate`.
+// single pair of groups); C is overwritten, or added to when `accumulate`. half_last: only the
+// last group's first 8 columns are wanted (AVX512_BF16 computes just those; C's other 8 columns
+// of that group are left as they were).
 template <bool AMX>
 SDPLAN_AMX void block_product(const RowGroup *a, int na, const uint32_t *panel, int64_t G, int64_t gcols, int64_t K,
                               float *c, int64_t ld, int64_t s0 = 0, int64_t s1 = -1, bool accumulate = false,
-                              int64_t chunk_steps = kChunkSteps) {
+                              int64_t chunk_steps = kChunkSteps, bool half_last = false) {
     const int64_t KS = (K + 31) / 32, end = s1 < 0 ? KS : std::min(KS, s1);
     const int64_t chunk = gcols > 2 ? chunk_steps : end - s0;
     for (int64_t sb = s0; sb < end; sb += chunk) {
@@ -201,6 +215,13 @@ SDPLAN_AMX void block_product(const RowGroup *a, int na, const uint32_t *panel, 
                 else if (na == 2) amx_block<2, 1>(a, panel, G, g, st, acc, cg, ld);
                 else if (nb == 2) amx_block<1, 2>(a, panel, G, g, st, acc, cg, ld);
                 else amx_block<1, 1>(a, panel, G, g, st, acc, cg, ld);
+            } else if (half_last && g + nb == gcols) {  // the last group 8 columns wide
+                if (nb == 3 && na == 2) avx_block<2, 3, true>(a, panel, G, g, st, acc, cg, ld);
+                else if (nb == 3) avx_block<1, 3, true>(a, panel, G, g, st, acc, cg, ld);
+                else if (nb == 2 && na == 2) avx_block<2, 2, true>(a, panel, G, g, st, acc, cg, ld);
+                else if (nb == 2) avx_block<1, 2, true>(a, panel, G, g, st, acc, cg, ld);
+                else if (na == 2) avx_block<2, 1, true>(a, panel, G, g, st, acc, cg, ld);
+                else avx_block<1, 1, true>(a, panel, G, g, st, acc, cg, ld);
             } else if (nb == 3) {
                 if (na == 2) avx_block<2, 3>(a, panel, G, g, st, acc, cg, ld);
                 else avx_block<1, 3>(a, panel, G, g, st, acc, cg, ld);
