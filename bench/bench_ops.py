@@ -10,7 +10,8 @@ seconds per op for both and the ratio sdplan / reference (below 1: sdplan is fas
 
 Conv cases run once per path (``variants``): the kernel dtype (f16: what SD checkpoints
 hold, f32) and the method of ``Graph.conv_2d`` (``auto``, ``im2col``, ``cpu_im2col``,
-``winograd``, ``direct``, ``fma``; ``SDPLAN_FMA_GEMM=off`` in the environment times the linear
+``winograd``, ``direct``, ``fma``, ``bf16``: f16 kernels rounded to bf16 in sdplan's bf16 product
+where the CPU runs one; ``SDPLAN_FMA_GEMM=off`` in the environment times the linear
 cases and ``auto`` with ggml's products instead of sdplan's FMA ones); attention cases once
 per path of ``graph.attention`` (``auto``, ``flash``: the flash kernel, sdplan's own where the
 CPU runs one, else ggml's; ``plain``: matrix products and softmax).
@@ -44,6 +45,7 @@ CASES: list[tuple[str, str, tuple[Any, ...]]] = [
     ("conv3x3 vae 512ch 32x32", "conv", (1, 512, 512, 32, 32, 3)),
     ("conv3x3 vae 128->3 256x256", "conv", (1, 128, 3, 256, 256, 3)),
     ("conv3x3 unet 320ch 32x32 b2", "conv", (2, 320, 320, 32, 32, 3)),
+    ("conv3x3 unet 640ch 32x32 b2", "conv", (2, 640, 640, 32, 32, 3)),
     ("conv3x3 unet 640ch 16x16 b2", "conv", (2, 640, 640, 16, 16, 3)),
     ("conv3x3 unet 1280ch 8x8 b2", "conv", (2, 1280, 1280, 8, 8, 3)),
     ("conv1x1 vae 512ch 32x32", "conv", (1, 512, 512, 32, 32, 1)),
@@ -118,6 +120,9 @@ def build_case(cpu: Any, kind: str, p: tuple[Any, ...], threads: int, wdtype: st
 
     rng = np.random.default_rng(0)
     g = gr.new_graph([cpu], n_threads=threads)
+    # the bf16 method multiplies f16 kernels as the UNet's runner has it on AVX512_BF16 CPUs:
+    # rounded to bf16 in the product
+    g.f16_as_bf16 = method == "bf16"
     arrays: dict[str, np.ndarray] = {}
 
     def inp(name: str, shape: tuple[int, ...], dtype: str = "f32", scale: float = 1.0) -> Any:
