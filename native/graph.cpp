@@ -669,7 +669,7 @@ ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, i
     // channels) took 0.5-0.65x the bf16 product's time, its 32x32 ones (320 to 1920 -> 320 to
     // 1280 channels) 0.4-0.85x; at 16x16 and 8x8 2-5x (packing the transformed kernel), so bf16
     // keeps those (bench/bench_ops.py --methods winograd,bf16). Not with AMX (below).
-    if (wino_f4_first && wino_shape && all_cpu && OW >= 32 && out_channels >= kWinoLanes)
+    if (wino_f4_first && avx2_fma && wino_shape && all_cpu && OW >= 32 && out_channels >= kWinoLanes)
         return {ConvMethod::winograd, {}};
     // bf16 (a bf16 kernel on a CPU with a bf16 kernel): 0.1-0.3x the time of winograd's f32
     // at the UNet's and the VAE's sizes with AMX (bench/bench_ops.py --methods winograd,bf16).

@@ -52,7 +52,7 @@ struct ConvChoice {
 // (or in f16 on a graph with f16_as_bf16) and the CPU runs a bf16 kernel (bf16_kernel() != none);
 // wino_f4_first: the F(4x4, 3x3) Winograd path outruns that bf16 kernel (the kernel is
 // AVX512_BF16, not AMX, and the Winograd convolution runs its AVX-512 build). auto takes
-// winograd when wino_f4_first, all_cpu, the Winograd shape, >= 16 output channels and outputs
+// winograd when wino_f4_first, avx2_fma, all_cpu, the Winograd shape, >= 16 output channels and outputs
 // >= 32 pixels wide (F(4x4)); else bf16 when bf16 and all_cpu and the depth (IC*KH*KW) is even;
 // else winograd for 3x3,
 // stride 1, padding 1, dilation 1 kernels with >= 16 output channels (one kernel panel) on

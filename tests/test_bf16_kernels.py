@@ -352,6 +352,34 @@ def test_flash_attn_matches_reference(mgr, kernel, b, hq, hk, nq, nk, d, masked,
     assert err <= 2e-2 * float(np.max(np.abs(v))), err
 
 
+@pytest.mark.parametrize("nk", [64, 256, 270, 512])
+def test_flash_attn_same_with_and_without_a_zero_mask(mgr, kernel, nk) -> None:
+    """Whole key blocks without a mask take a path of their own (no lane masks): a NaN or
+    infinite key gives the same outputs as with an all-zero mask, so the same data does not
+    turn NaN or not by whether a mask is passed."""
+    if kernel == "off":
+        pytest.skip("the bf16 attention op only")
+    rng = np.random.default_rng(nk)
+    q = rng.standard_normal((1, 2, 40, 40)).astype(np.float32)
+    k = rng.standard_normal((1, 2, nk, 40)).astype(np.float32)
+    v = rng.standard_normal((1, 2, nk, 40)).astype(np.float32)
+    k[0, 0, 7, 5] = np.nan
+    k[0, 1, 3, 2] = np.inf
+    outs = []
+    for mask in (None, np.zeros((40, nk), np.float32)):
+        g = gr.new_graph([mgr.get("CPU")], n_threads=2)
+        g.bf16_attention = True
+        qi, ki, vi = g.input("q", q.shape), g.input("k", k.shape), g.input("v", v.shape)
+        mi = g.input("m", mask.shape) if mask is not None else None
+        g.output("o", g.flash_attn(qi, ki, vi, mi, scale=1.0 / math.sqrt(40)))
+        for name, arr in (("q", q), ("k", k), ("v", v), ("m", mask)):
+            if arr is not None:
+                g.set_input(name, arr)
+        g.compute()
+        outs.append(np.array(g.get_output("o")))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("with_product", [False, True])
 def test_attention_follows_the_graphs_products(mgr, kernel, with_product) -> None:
     """flash_attn runs the bf16 attention op only once the graph has a bf16 product (weights held

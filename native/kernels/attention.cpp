@@ -30,13 +30,8 @@ using namespace tiles;
 // iterated weighted least squares; 26 times below the bf16 rounding of the probabilities,
 // 2^-9); -inf and values below -150 give 0 (the scale underflows). The scores are in base 2 (the
 // queries carry log2(e)), so no ln 2 reduction.
-SDPLAN_AVX512 inline __m512 exp2_512_finite(__m512 x);
-
-SDPLAN_AVX512 inline __m512 exp2_512(__m512 x) { return exp2_512_finite(_mm512_max_ps(x, _mm512_set1_ps(-150.0f))); }
-
-// The same for finite x (no -inf: the clamp above keeps -inf - -inf from making a NaN); below
-// -150 the scale alone underflows to 0.
-SDPLAN_AVX512 inline __m512 exp2_512_finite(__m512 x) {
+SDPLAN_AVX512 inline __m512 exp2_512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));  // also NaN (-inf - -inf, NaN scores) -> -150
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(x, n);
     __m512 p = _mm512_set1_ps(0.05517154186964035f);
@@ -145,10 +140,10 @@ SDPLAN_AVX512 void softmax_block(const float *s, int64_t ld, int64_t rows, int64
         mx[r] = m_new;
         const __m512 vm = _mm512_set1_ps(m_new);
         __m512 vsum = _mm512_setzero_ps();
-        if (!mr && n == np) {  // a whole block without a mask: no lane masks, every score finite
+        if (!mr && n == np) {  // a whole block without a mask: no lane masks (the same values)
             for (int64_t k = 0; k < np; k += 32) {
-                const __m512 x0 = exp2_512_finite(_mm512_sub_ps(_mm512_loadu_ps(sr + k), vm));
-                const __m512 x1 = exp2_512_finite(_mm512_sub_ps(_mm512_loadu_ps(sr + k + 16), vm));
+                const __m512 x0 = exp2_512(_mm512_sub_ps(_mm512_loadu_ps(sr + k), vm));
+                const __m512 x1 = exp2_512(_mm512_sub_ps(_mm512_loadu_ps(sr + k + 16), vm));
                 vsum = _mm512_add_ps(vsum, _mm512_add_ps(x0, x1));
                 _mm512_storeu_si512(pr + k, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
             }
