@@ -185,3 +185,17 @@ def test_bf16_kernel_suggested_only_where_measured_to_help(monkeypatch: pytest.M
         monkeypatch.setattr(devices, "native", lambda fake=fake: fake)
         monkeypatch.setattr(devices, "_host_cpu_flags", lambda: {"avx2"})
         assert (devices.BF16_ADVICE in devices.features()["warnings"]) is advised
+
+
+def test_avx512_line_names_the_winograd_convolutions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With AVX512_BF16 alone and the Winograd convolution's AVX-512 build, conv_2d takes f32
+    Winograd for the UNets' 3x3 convolutions from 32 px wide: the feature line says so."""
+    from sdplan.core.commands import devices as command
+    from sdplan.core.runtime import bf16_rule
+
+    monkeypatch.setattr(bf16_rule, "avx512_bf16_speedup", lambda: 1.8)
+    with_wino = command._avx512_line("avx512")
+    assert "UNets and CLIP in bf16 (3x3 convolutions from 32 px wide: f32 Winograd)" in with_wino
+    assert "measured 1.8x" in with_wino
+    for build in ("avx2", None):
+        assert "Winograd" not in command._avx512_line(build)

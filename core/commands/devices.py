@@ -33,16 +33,19 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(run=run)
 
 
-def _avx512_line() -> str:
-    """What runs in bf16 with AVX512_BF16 alone: the UNets and CLIP always, the DiTs and their text
-    encoders where the kernel measured fast here (sdplan.core.runtime.bf16_rule)."""
+def _avx512_line(wino: str | None = None) -> str:
+    """What runs in bf16 with AVX512_BF16 alone: the UNets and CLIP always (their 3x3
+    convolutions from 32 pixels wide in f32 by the Winograd convolution when ``wino``, its
+    build, is avx512: conv_2d's rule), the DiTs and their text encoders where the kernel
+    measured fast here (sdplan.core.runtime.bf16_rule)."""
     from sdplan.core.runtime.bf16_rule import FAST_SPEEDUP, avx512_bf16_speedup
 
     s = avx512_bf16_speedup()
     fast = s >= FAST_SPEEDUP
     rest = "DiTs and their text encoders too" if fast else "DiTs and their text encoders in f16"
-    return (f"avx512 (UNets and CLIP in bf16, {rest}: bf16 products measured {s:.1f}x the f16 ones here; "
-            "f16 weights rounded as used; VAEs f16)")
+    convs = " (3x3 convolutions from 32 px wide: f32 Winograd)" if wino == "avx512" else ""
+    return (f"avx512 (UNets and CLIP in bf16{convs}, {rest}: bf16 products measured {s:.1f}x the f16 ones "
+            "here; f16 weights rounded as used; VAEs f16)")
 
 
 def _feature_line(feat: dict[str, Any]) -> str:
@@ -51,7 +54,7 @@ def _feature_line(feat: dict[str, Any]) -> str:
                    and k != "LLAMAFILE")
     bf16 = feat.get("bf16_kernel", "off")
     f16 = "sdplan's FMA products" if feat.get("fma_gemm") else "ggml's products"
-    kernel = _avx512_line() if bf16 == "avx512" else {
+    kernel = _avx512_line(feat.get("wino_kernel")) if bf16 == "avx512" else {
         "off": f"off (f16 weights, {f16})", "amx": "amx (UNets, DiTs, VAEs, text encoders, upscalers in bf16)"}.get(bf16, bf16)
     # with the bf16 kernel off its parenthesis already names the products
     fma = f" · sdplan FMA products {yes_no[bool(feat['fma_gemm'])]}" if "fma_gemm" in feat and bf16 != "off" else ""
