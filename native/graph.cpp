@@ -663,34 +663,33 @@ ConvChoice choose_conv_method(const std::string &requested, std::pair<int64_t, i
     if (requested == "cpu_im2col") return {ConvMethod::cpu_im2col, {}};
     if (requested == "winograd") return {ConvMethod::winograd, {}};
     if (requested == "direct") return {ConvMethod::direct, {}};
-    // auto. Where F(4x4, 3x3) runs (32 pixels wide and more) its f32 product in the AVX-512 build
-    // takes a quarter of the multiplications at half the AVX512_BF16 product's rate: on a Zen 4
-    // EPYC, 2 threads, batch 2, the UNet's 64x64 convolutions (320 to 960 -> 320 and 640
-    // channels) took 0.5-0.65x the bf16 product's time, its 32x32 ones (320 to 1920 -> 320 to
-    // 1280 channels) 0.4-0.85x; at 16x16 and 8x8 2-5x (packing the transformed kernel), so bf16
-    // keeps those (bench/bench_ops.py --methods winograd,bf16). Not with AMX (below).
-    if (wino_f4_first && avx2_fma && wino_shape && all_cpu && OW >= 32 && out_channels >= kWinoLanes)
-        return {ConvMethod::winograd, {}};
+    // auto. winograd (AVX2/FMA CPUs) takes 3x3 convolutions whose rows hold at least 16 tiles of 2
+    // pixels (the micro-kernel's width; from 32 pixels F(4x4) runs, wino_elements) and at least
+    // 16 output channels (its panel): 0.5-0.8x the time of cpu_im2col at the VAE's and the UNet's
+    // 32x32..256x256 sizes, 0.6-0.8x that of fma at 32x32 (bench/bench_ops.py --methods
+    // cpu_im2col,winograd,fma). Narrower: the UNet's 16x16 level (rows of 8 tiles packed back to
+    // back) measured 0.7-1.3x fma's time per op and a slower 256 px step, so fma keeps it.
+    const bool wino_auto = wino_shape && all_cpu && avx2_fma && OW >= 2 * 16 && out_channels >= kWinoLanes;
+    // Where it takes them, F(4x4)'s f32 product in the AVX-512 build does a quarter of the
+    // multiplications at half the AVX512_BF16 product's rate: on a Zen 4 EPYC, 2 threads, batch
+    // 2, the UNet's 64x64 convolutions (320 to 960 -> 320 and 640 channels) took 0.5-0.65x the
+    // bf16 product's time, its 32x32 ones (320 to 1920 -> 320 to 1280 channels) 0.4-0.85x; at
+    // 16x16 and 8x8 2-5x (packing the transformed kernel), so bf16 keeps those
+    // (bench/bench_ops.py --methods winograd,bf16). Not with AMX (below).
+    if (wino_f4_first && wino_auto) return {ConvMethod::winograd, {}};
     // bf16 (a bf16 kernel on a CPU with a bf16 kernel): 0.1-0.3x the time of winograd's f32
     // at the UNet's and the VAE's sizes with AMX (bench/bench_ops.py --methods winograd,bf16).
     if (bf16 && all_cpu && even_depth) return {ConvMethod::bf16, {}};
-    // cpu_im2col copies the kernel into its column order at each compute: worth it while
-    // the image has at least half as many pixels as the kernel has output channels (measured by
-    // bench/bench_ops.py; deep UNet levels with 8x8 images and 1280 channels lose otherwise).
-    // winograd (AVX2/FMA CPUs) takes 3x3 convolutions whose rows hold at least 16 tiles of 2
-    // pixels (the micro-kernel's width) and at least 16 output channels (its panel): 0.5-0.8x
-    // the time of cpu_im2col at the VAE's and the UNet's 32x32..256x256 sizes, 0.6-0.8x that of
-    // fma at 32x32 (bench/bench_ops.py --methods cpu_im2col,winograd,fma). Narrower: the UNet's
-    // 16x16 level (rows of 8 tiles packed back to back) measured 0.7-1.3x fma's time per op and
-    // a slower 256 px step, so fma keeps it.
-    if (wino_shape && all_cpu && avx2_fma && OW >= 2 * 16 && out_channels >= kWinoLanes)
-        return {ConvMethod::winograd, {}};
+    if (wino_auto) return {ConvMethod::winograd, {}};
     // fma: the columns gathered straight into the product's packed panels (no im2col buffer)
     // and multiplied in f32 by FMA, from 64 output pixels (batch included): it widens and packs
     // the whole kernel per call, which fewer columns do not pay for (3x3, 1280 -> 1280, batch 2,
     // 2 threads: 0.6-0.85x ggml's time from 7x7, about 1.0x at 4x4 to 6x6, 5-6x at 1x1 and 2x2)
     const int64_t pixels = OW * OH * batch;
     if (fma && all_cpu && pixels >= kFmaMinColumns) return {ConvMethod::fma, {}};
+    // cpu_im2col copies the kernel into its column order at each compute: worth it while
+    // the image has at least half as many pixels as the kernel has output channels (measured by
+    // bench/bench_ops.py; deep UNet levels with 8x8 images and 1280 channels lose otherwise).
     return {all_cpu && 2 * pixels >= out_channels ? ConvMethod::cpu_im2col : ConvMethod::im2col, {}};
 }
 

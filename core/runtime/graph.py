@@ -63,9 +63,9 @@ kernel on a CPU with AVX2, FMA and F16C, ``sdplan._ggml.fma_gemm()``, and at lea
 pixels, batch included), else ``cpu_im2col`` when the output has at least OC/2 pixels (batch
 included); ``im2col`` otherwise. The rule is the plain function
 ``sdplan._ggml.choose_conv_method(method, *, kernel, image, out_channels, all_cpu, avx2_fma,
-stride, padding, dilation, batch, bf16, in_channels, fma, wino_f4_first)``, pairs ``(H, W)``: it returns the method ``conv_2d`` lowers
-with, or raises conv_2d's ``ValueError`` for a method it refuses, without building a graph;
-``sdplan._ggml.cpu_avx2_fma()`` is this CPU's ``avx2_fma``),
+stride, padding, dilation, batch, bf16, in_channels, fma, wino_f4_first)``, pairs ``(H, W)``:
+it returns the method ``conv_2d`` lowers with, or raises conv_2d's ``ValueError`` for a method
+it refuses, without building a graph; ``sdplan._ggml.cpu_avx2_fma()`` is this CPU's ``avx2_fma``),
 ``conv_transpose_2d(w, x, stride)`` (w ``(IC, OC, KH, KW)``, no padding),
 ``upscale(a, factor)`` (nearest, last two axes), ``interpolate(a, shape, mode)``,
 ``pad(a, [(before, after), ...])`` (zeros), ``concat(a, b, axis)``, ``permute(a, axes)``
