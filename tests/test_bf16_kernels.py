@@ -354,9 +354,9 @@ def test_flash_attn_matches_reference(mgr, kernel, b, hq, hk, nq, nk, d, masked,
 
 @pytest.mark.parametrize("nk", [64, 256, 270, 512])
 def test_flash_attn_same_with_and_without_a_zero_mask(mgr, kernel, nk) -> None:
-    """Whole key blocks without a mask take a path of their own (no lane masks): a NaN or
-    infinite key gives the same outputs as with an all-zero mask, so the same data does not
-    turn NaN or not by whether a mask is passed."""
+    """A NaN or infinite key gives the same outputs with no mask as with an all-zero mask (the
+    softmax clamps the scores either way), so the same data does not turn NaN or not by
+    whether a mask is passed."""
     if kernel == "off":
         pytest.skip("the bf16 attention op only")
     rng = np.random.default_rng(nk)

@@ -140,16 +140,6 @@ SDPLAN_AVX512 void softmax_block(const float *s, int64_t ld, int64_t rows, int64
         mx[r] = m_new;
         const __m512 vm = _mm512_set1_ps(m_new);
         __m512 vsum = _mm512_setzero_ps();
-        if (!mr && n == np) {  // a whole block without a mask: no lane masks (the same values)
-            for (int64_t k = 0; k < np; k += 32) {
-                const __m512 x0 = exp2_512(_mm512_sub_ps(_mm512_loadu_ps(sr + k), vm));
-                const __m512 x1 = exp2_512(_mm512_sub_ps(_mm512_loadu_ps(sr + k + 16), vm));
-                vsum = _mm512_add_ps(vsum, _mm512_add_ps(x0, x1));
-                _mm512_storeu_si512(pr + k, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
-            }
-            sum[r] = sum[r] * alpha[r] + _mm512_reduce_add_ps(vsum);
-            continue;
-        }
         for (int64_t k = 0; k < np; k += 32) {
             const __mmask16 m0 = tail_mask(n - k), m1 = tail_mask(n - k - 16);
             __m512 x0 = _mm512_maskz_loadu_ps(m0, sr + k), x1 = _mm512_maskz_loadu_ps(m1, sr + k + 16);
