@@ -483,10 +483,13 @@ def test_graph_is_reused_across_inputs_and_reserve_reports_bytes(cpu) -> None:
 
 
 def test_cancel_stops_a_long_compute_and_graph_stays_usable(cpu) -> None:
+    # 1200 products of 256 x 256 (about 1 s on two Zen 4 cores): the cancel at 0.1 s lands
+    # mid-compute with a wide margin (with 300, 0.25-0.3 s, one CI run saw no cancel)
+    layers = 1200
     g = gr.new_graph([cpu])
     x = g.input("x", (256, 256))
     h = x
-    for _ in range(300):
+    for _ in range(layers):
         h = g.unary("tanh", g.mul_mat(x, h))
     g.output("y", h)
     xs = rand(256, 256) * 0.01
@@ -501,7 +504,7 @@ def test_cancel_stops_a_long_compute_and_graph_stays_usable(cpu) -> None:
     g.compute()  # still usable, and the full run takes longer than the cancelled one
     full = time.perf_counter() - t0
     ref = xs
-    for _ in range(300):
+    for _ in range(layers):
         ref = np.tanh(ref @ xs.T)
     close(g.get_output("y"), ref.astype(np.float32), 1e-3)
     assert full > 0.1
