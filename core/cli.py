@@ -6,10 +6,12 @@ Each subcommand lives in its own module exposing ``add_parser(subparsers)`` and
 without arguments the GUI starts.
 
 A command that runs sdplan's engine in a child process (:data:`ENGINE_COMMANDS`) gets that
-child started first, before the subcommand modules load: the child's Python start and its
-imports overlap the command's own (:func:`sdplan.core.runtime.prestart.prestart`). Bad input
-still gets its one-line error at once; the child is then ended unused. So that the child
-starts before anything else loads, this module imports the rest in its functions.
+child started first, before the subcommand modules load: the child's imports overlap the
+command's own (:func:`sdplan.core.runtime.prestart.prestart`; on Linux the command's process,
+single-threaded with only the standard library loaded, forks it, so it skips a Python start).
+Bad input still gets its one-line error at once; the child is then ended unused. So that the
+child starts before anything else loads, this module imports the rest in its functions, and
+a command line that names its command loads that command's module alone (:func:`build_parser`).
 """
 
 from __future__ import annotations
@@ -30,22 +32,25 @@ ENGINE_COMMANDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the top-level argument parser with every available subcommand."""
+#: The subcommands in help order: name -> its module in :mod:`sdplan.core.commands`.
+COMMANDS: dict[str, str] = {
+    "devices": "devices", "rpc-server": "rpc_server", "plan": "plan", "inspect": "inspect",
+    "library": "library", "generate": "generate", "upscale": "upscale", "gui": "gui",
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Build the top-level argument parser with every subcommand, or with ``command`` alone
+    (a name of :data:`COMMANDS`): a command line that names its command gets the same
+    results, help and errors from it, without loading the other commands' modules (their
+    imports would compete for the CPU with the engine child starting meanwhile)."""
     import argparse
+    import importlib
 
     from sdplan.core import __version__
-    from sdplan.core.commands import (
-        devices,
-        generate,
-        gui,
-        inspect,
-        library,
-        plan,
-        rpc_server,
-        upscale,
-    )
 
+    names = [command] if command in COMMANDS else list(COMMANDS)
+    modules = [importlib.import_module(f"sdplan.core.commands.{COMMANDS[name]}") for name in names]
     parser = argparse.ArgumentParser(
         prog="sdplan",
         description="Plan and run stable-diffusion.cpp device placements on mixed hardware.",
@@ -53,9 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sdplan {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (devices, rpc_server, plan, inspect, library, generate, upscale, gui):  # help order
+    for module in modules:
         module.add_parser(sub)
     return parser
+
+
+def command_word(args_list: Sequence[str]) -> str | None:
+    """The subcommand a command line names: its first word that is not an option (the
+    top-level options take no value); None when there is none or the top-level help comes
+    first (it lists every command)."""
+    for word in args_list:
+        if word in ("-h", "--help"):
+            return None
+        if not word.startswith("-"):
+            return word
+    return None
 
 
 def engine_preload(args_list: Sequence[str]) -> tuple[str, ...]:
@@ -85,8 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _interrupted()
     try:
-        try:
-            prestart(preload)
+        try:  # this process's own command line: nothing else runs in it yet, so it may fork
+            prestart(preload, fork=argv is None)
         except OSError:  # the command's engine reports it
             pass
         return _main(args_list)
@@ -108,9 +125,9 @@ def _main(args_list: list[str]) -> int:
     from sdplan.core.commands.messages import QuietStdout, print_error
     from sdplan.core.errors import SdplanError
 
-    parser = build_parser()
     if not args_list:
         args_list = ["gui"]
+    parser = build_parser(command_word(args_list))
     try:
         args, extras = parser.parse_known_args(args_list)
     except SdplanError as exc:  # a command whose parser reports in one line

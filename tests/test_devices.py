@@ -91,7 +91,7 @@ def test_missing_fast_paths_are_warned(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     monkeypatch.setattr(devices, "native", lambda: fake)
     monkeypatch.setattr(devices, "_host_cpu_flags", lambda: {"avx2", "fma", "avx512f"})
-    monkeypatch.setattr(devices.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(devices, "_machine", lambda: "x86_64")
     feat = devices.features()
     assert feat["rpc"] is False and feat["llamafile"] is False
     text = "\n".join(feat["warnings"])

@@ -46,7 +46,9 @@ def alive(pid: int) -> bool:
 
 
 def engine_children(parent: int) -> list[int]:
-    """Process ids of the engine child processes whose parent is ``parent``."""
+    """Process ids of the engine child processes whose parent is ``parent``: spawned (their
+    command line runs the engine module) or forked by the command line (named
+    ``sdplan-engine``)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -54,9 +56,11 @@ def engine_children(parent: int) -> list[int]:
         st = _stat(int(entry.name))
         try:
             cmd = (entry / "cmdline").read_bytes()
+            name = (entry / "comm").read_text().strip()
         except OSError:
             continue
-        if st is not None and int(st[1]) == parent and b"sdplan.core.runtime.process" in cmd:
+        if st is not None and int(st[1]) == parent and (b"sdplan.core.runtime.process" in cmd
+                                                          or name == "sdplan-engine"):
             found.append(int(entry.name))
     return found
 
@@ -95,6 +99,8 @@ def test_generate_ended_mid_step_ends_its_engine_child(tmp_path: Path, sig: int)
             pytest.fail(f"generate ended early with {proc.wait()}")
         children = engine_children(proc.pid)
         assert len(children) == 1
+        # the command line, single-threaded at its start, forked its child (not a new Python)
+        assert Path(f"/proc/{children[0]}/comm").read_text().strip() == "sdplan-engine"
         time.sleep(1.0)
         assert alive(children[0])  # inside its first step
         proc.send_signal(sig)

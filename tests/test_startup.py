@@ -155,6 +155,118 @@ def test_an_engine_takes_the_prestarted_child(started) -> None:
     assert all(p.wait(10) is not None for p in started)
 
 
+FORKED = """
+import json, os, sys, threading
+from sdplan.core.runtime import prestart
+seen = {"could": prestart.can_fork()}
+prestart.prestart(("sdplan.core.pipelines.jobs",), fork=True)
+child = prestart.take_prestarted()
+seen["kind"] = type(child).__name__
+with open(f"/proc/{child.pid}/stat") as fh:
+    seen["ppid"] = int(fh.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+seen["numpy_here"] = "numpy" in sys.modules
+from sdplan.core.runtime import process
+engine = process.Engine()
+engine._proc = child  # as Engine.start() takes a prestarted child
+threading.Thread(target=engine._drain, args=(child,), daemon=True).start()
+inv = engine.call("sdplan.core.pipelines.jobs:inventory_job", {})
+seen["comm"] = open(f"/proc/{child.pid}/comm").read().strip()  # named before it serves jobs
+seen["devices"] = [d["name"] for d in inv["devices"]]
+try:
+    engine.call("sdplan.core.pipelines.jobs:no_such_job", {})
+except Exception as exc:
+    seen["error"] = type(exc).__name__
+seen["alive_after_error"] = child.poll() is None
+engine.close()
+seen["code"] = child.returncode
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the command line forks on Linux only")
+def test_a_single_threaded_command_line_forks_its_engine_child() -> None:
+    """``prestart(fork=True)`` in a fresh single-threaded process forks the child: it is a
+    direct child named ``sdplan-engine``, imports its jobs' modules (numpy among them) in
+    its own memory, serves jobs and errors as a spawned child does, and exits 0 on close."""
+    pytest.importorskip("sdplan._ggml")
+    got = _python(FORKED)
+    assert got["could"] and got["kind"] == "ForkedChild" and got["ppid"] and not got["numpy_here"]
+    assert got["comm"] == "sdplan-engine" and "CPU" in got["devices"]
+    assert got["error"] == "EngineError" and got["alive_after_error"] and got["code"] == 0
+
+
+def test_no_fork_with_other_threads_or_native_modules_loaded(monkeypatch) -> None:
+    """Forking copies a process as it is: with a second thread running, or numpy (its BLAS
+    threads) loaded, ``prestart(fork=True)`` spawns a fresh interpreter instead."""
+    import threading
+
+    assert "numpy" in sys.modules or "pytest" in sys.modules
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        assert not prestart.can_fork()
+    finally:
+        stop.set()
+        worker.join()
+    monkeypatch.setitem(sys.modules, "numpy", sys.modules.get("numpy", object()))
+    assert not prestart.can_fork()
+    prestart.prestart((), fork=True)
+    try:
+        child = prestart.take_prestarted()
+        assert isinstance(child, subprocess.Popen)
+    finally:
+        prestart.end_unused(child)
+
+
+def test_a_forked_childs_wait_poll_and_kill() -> None:
+    """:class:`ForkedChild` answers as Popen does: ``wait(timeout)`` raises TimeoutExpired
+    while the child runs, ``kill()`` ends it and its status is minus the signal."""
+    import signal
+
+    pid = os.fork()
+    if pid == 0:  # a child that waits to be killed
+        time.sleep(60)
+        os._exit(3)
+    r, w = os.pipe()
+    child = prestart.ForkedChild(pid, open(w, "wb"), open(r, "rb"), open(os.devnull, "rb"))
+    try:
+        assert child.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(0.05)
+        child.kill()
+        assert child.wait(10) == -signal.SIGKILL and child.poll() == -signal.SIGKILL
+        child.kill()  # reaped: nothing to signal, no error
+    finally:
+        for stream in (child.stdin, child.stdout, child.stderr):
+            stream.close()
+
+
+def test_a_command_line_builds_its_own_commands_parser_alone() -> None:
+    """A command line naming its command loads that command's module only, and the parser
+    it gets gives the same usage and the same command help as the full one."""
+    import argparse
+
+    full = cli.build_parser()
+
+    def commands(parser: argparse.ArgumentParser) -> dict:
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+    assert list(commands(full)) == list(cli.COMMANDS)
+    for name in cli.COMMANDS:
+        one = cli.build_parser(name)
+        assert list(commands(one)) == [name]
+        assert commands(one)[name].format_help() == commands(full)[name].format_help()
+        assert one.format_usage() == full.format_usage()
+    assert cli.command_word(["-v", "generate", "-p", "x"]) == "generate"
+    assert cli.command_word(["-h", "generate"]) is None and cli.command_word(["-v"]) is None
+    got = _python("import json, sys\nfrom sdplan.core import cli\ncli.build_parser(cli.command_word(['generate']))\n"
+                  "print(json.dumps(sorted(m for m in sys.modules if m.startswith('sdplan.core.commands.'))))")
+    assert "sdplan.core.commands.generate" in got
+    assert not {"sdplan.core.commands.devices", "sdplan.core.commands.gui", "sdplan.core.commands.rpc_server",
+                "sdplan.core.commands.upscale", "sdplan.core.commands.library"} & set(got)
+
+
 def _safetensors(path: Path, values: bytes) -> None:
     head = json.dumps({"w": {"dtype": "U8", "shape": [len(values)], "data_offsets": [0, len(values)]}}).encode()
     path.write_bytes(len(head).to_bytes(8, "little") + head + values)

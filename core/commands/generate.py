@@ -241,14 +241,12 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
 def run(args: argparse.Namespace) -> int:
     """Plan, generate, write PNGs; 0 on success, 2 on an sdplan error (a dead engine
     process included), 3 when the plan does not fit (without ``--force``)."""
-    from rich.console import Console
     from sdplan.core.commands.plan import print_error, print_tables
     from sdplan.core.pipelines.demo import demo_caption_known
     from sdplan.core.pipelines.size_rule import check_size
     from sdplan.core.runtime.process import Engine
     from sdplan.core.sampling.slg import refuse_other_families
 
-    console = Console(stderr=True, soft_wrap=True)  # piped stderr gets whole lines
     try:
         notes = refuse_unsupported(args, list(getattr(args, "extra_argv", None) or []))
         taken = apply_from_image(args, getattr(args, "parser_defaults", {}))
@@ -256,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"sdplan generate: {exc}", file=sys.stderr)
         return 2
     for note in [*notes, *([taken] if taken else [])]:
-        console.print(f"[yellow]note[/]: {note}", highlight=False, markup=False)
+        _stderr_console().print(f"[yellow]note[/]: {note}", highlight=False, markup=False)
     try:  # everything the flags and the files' headers can refuse, before the engine starts
         apply_demo(args)
         if not args.prompt:
@@ -272,9 +270,7 @@ def run(args: argparse.Namespace) -> int:
         print_error(exc)
         return 2
     with Engine(isolated=not args.in_process) as engine:
-        if engine.isolated:  # the engine process starts (or finishes its imports) meanwhile
-            engine.start()
-            _load_output_modules()
+        engine.start()  # an isolated engine's child process starts (or finishes its imports)
         try:
             plan, inventory, fit, loras = _resolve(args, engine, files, placement, models.profile())
         except SdplanError as exc:
@@ -285,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
             job, req = _submit(args, files, plan, engine) if fits or args.force else (0, {})
         except (SdplanError, ValueError) as exc:
             return _failed(exc)
+        console = _stderr_console()  # rich loads here, while the engine works on the picture
         print_tables(plan, inventory, fit)
         _print_inputs(console, loras, args)
         if getattr(args, "demo", False) and not demo_caption_known(args.prompt):
@@ -300,6 +297,8 @@ def run(args: argparse.Namespace) -> int:
                 print_advice(advise(plan, _profile(files), inventory, fit, args))
                 return 3
             console.print("[yellow]--force[/]: running a plan that does not fit")
+        if engine.isolated:
+            _load_output_modules()
         try:
             return _generate(args, files, plan, engine, console, job, req)
         except (SdplanError, ValueError) as exc:
@@ -314,15 +313,27 @@ def _failed(exc: Exception) -> int:
     return 2
 
 
+def _stderr_console() -> Any:
+    """A rich console on stderr that wraps no line (piped stderr gets whole lines). Rich is
+    imported here, not before the engine has its job: its 25-40 ms of imports would delay
+    the jobs the engine waits for."""
+    from rich.console import Console
+
+    return Console(stderr=True, soft_wrap=True)
+
+
 def _load_output_modules() -> None:
-    """Import what prints the plan and the progress bar: rich's tables and progress, and the
-    emoji table rich loads on the first text it prints with a colon."""
+    """Import what prints the plan, the progress bar and the result while the engine process
+    makes the picture: rich's tables and progress, the emoji table rich loads on the first
+    text it prints with a colon, and numpy and Pillow, which unpack and write the images."""
     import rich.markup  # noqa: F401
     import rich.progress  # noqa: F401
     import rich.table  # noqa: F401
     from rich.emoji import Emoji
 
     Emoji.replace("")
+    from PIL import Image, PngImagePlugin  # noqa: F401
+    from sdplan.core.pipelines import results  # noqa: F401 - numpy
 
 
 def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, seed: int) -> dict[str, Any]:

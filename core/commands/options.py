@@ -9,11 +9,9 @@ from collections.abc import Mapping, Sequence
 
 from sdplan.core.errors import PlanError
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
-from sdplan.core.planning.builtin_profiles import load_profile_option
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.plan import PlanWarning
 from sdplan.core.planning.profile import Profile
-from sdplan.core.runtime.devices import local_inventory
 
 
 def add_source_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,6 +41,8 @@ def profile_from_args(args: argparse.Namespace,
                         "model files; give one of them",
                         flag="--model-profile" if builtin else "--profile")
     if builtin or given:
+        from sdplan.core.planning.builtin_profiles import load_profile_option  # package data
+
         return load_profile_option(given, builtin)
     return profile_from_model_flags(model_files) if model_files else None
 
@@ -56,6 +56,8 @@ def load_inventory(path: str | None, rpc_servers: Sequence[str] = ()) -> tuple[I
     """
     if path:
         return Inventory.load(path), []
+    from sdplan.core.runtime.devices import local_inventory  # its native module, its threads rule
+
     inventory, missing = local_inventory(rpc_servers)
     if missing is None:
         return inventory, []

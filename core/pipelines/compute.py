@@ -53,14 +53,15 @@ def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, hei
     """
     files = {k: [str(p) for p in v] for k, v in model_files.items()
              if k not in ("taesd", "upscale_model")}
-    family = read_model_files(files).architecture.family
+    models = read_model_files(files)
+    family = models.architecture.family
     if family not in ("sd1", "sd2", "sd3"):
         return {}
     own = pool is None
     pool = pool if pool is not None else BackendPool(BackendManager(cpu_threads=1))
     if family == "sd3":
         return _measure_sd3(files, width, height, pool, own, placements, overrides or {})
-    sd = StableDiffusion(files, None, pool, placements=placements)
+    sd = StableDiffusion(models, None, pool, placements=placements)
     try:
         lh, lw = height // sd.vae_cfg.factor, width // sd.vae_cfg.factor
         n = batch * (2 if cfg else 1)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -54,6 +53,8 @@ def check_output_folder(flag: str, folder: str | Path, needed_bytes: int = 0) ->
         raise OutputError(f"{flag} {str(path)!r}: cannot create the folder "
                           f"({_reason(exc)})") from None
     try:
+        import tempfile  # shutil, random: loaded when a file is written
+
         fd, probe = tempfile.mkstemp(dir=path, prefix=".sdplan-probe-")
         os.close(fd)
         os.unlink(probe)
@@ -93,6 +94,8 @@ def check_output_file(flag: str, path: str | Path, suffixes: tuple[str, ...] = (
 
 @contextlib.contextmanager
 def _temporary_beside(path: Path) -> Iterator[Path]:
+    import tempfile  # shutil, random: loaded when a file is written
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     os.close(fd)
     try:
@@ -140,6 +143,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
 
 def fallback_folder() -> Path:
     """The system's temporary folder: where an output that failed late is written instead."""
+    import tempfile  # shutil, random: loaded when a file is written
+
     return Path(tempfile.gettempdir())
 
 

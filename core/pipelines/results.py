@@ -8,7 +8,6 @@ app's gallery and history).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -39,6 +38,8 @@ def model_hash(path: str | Path) -> str:
     Raises:
         OSError: the file cannot be read.
     """
+    import hashlib  # OpenSSL's library: loaded where a hash is made, not by the engine process
+
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         h.update(fh.read(1 << 20))

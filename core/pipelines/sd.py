@@ -137,8 +137,9 @@ class StableDiffusion(Pipeline):
     """An SD 1.x / 2.x checkpoint ready to run on the engine.
 
     Args:
-        model: the single-file checkpoint (``-m``), or sd-cli model flags
-            (``{"model": [...], "vae": [...]}``).
+        model: the single-file checkpoint (``-m``), sd-cli model flags
+            (``{"model": [...], "vae": [...]}``), or those flags' files already read
+            (:func:`~sdplan.core.modelfiles.checkpoint.read_model_files`).
         plan: a resolved :class:`~sdplan.core.planning.plan_types.Plan` (None: everything on the CPU).
         pool: an :class:`~sdplan.core.runtime.runner.BackendPool` (None: a private one whose CPU
             uses ``n_threads`` threads).
@@ -157,14 +158,16 @@ class StableDiffusion(Pipeline):
         EngineError: a planned device that has no backend here (when a module first runs).
     """
 
-    def __init__(self, model: str | Path | Mapping[str, Sequence[str | Path]], plan: Any = None,
+    def __init__(self, model: str | Path | Mapping[str, Sequence[str | Path]] | ModelSet, plan: Any = None,
                  pool: Any = None, n_threads: int = 0, family: str | None = None,
                  prediction: str | None = None, clip_heads: int | None = None,
                  unet_heads: int | None = None, unet_head_dim: int | None = None,
                  placements: Mapping[str, Any] | None = None, cancel: Any = None) -> None:
         super().__init__(pool, n_threads, cancel)
-        flags = {"model": [model]} if isinstance(model, (str, Path)) else dict(model)
-        self.ms = read_model_files(flags)
+        if isinstance(model, ModelSet):
+            self.ms = model
+        else:
+            self.ms = read_model_files({"model": [model]} if isinstance(model, (str, Path)) else dict(model))
         self.path = str(self.ms.files[0].path)
         missing = [m for m in ("te", "diffusion", "vae") if not self.ms.module_tensors(m)]
         if missing:

@@ -15,11 +15,9 @@ servers only in processes that may die with them.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import platform
+import os
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
@@ -129,6 +127,8 @@ def split_endpoints(values: Iterable[str]) -> list[str]:
 def check_endpoint(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Check that ``endpoint`` (``host:port``) accepts a TCP connection within ``timeout``
     seconds; raises :class:`RpcError` naming the endpoint otherwise."""
+    import socket  # RPC only: not loaded by an engine process that uses none
+
     host, port = parse_endpoint(endpoint)
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -394,7 +394,7 @@ def features() -> dict[str, Any]:
     if not llamafile:
         warnings.append("ggml lacks llamafile's sgemm kernels (CPU sampling about 1.8x "
                         f"slower); get them with: {RPC_INSTALL_COMMAND}")
-    if platform.machine().lower() in ("x86_64", "amd64"):
+    if _machine().lower() in ("x86_64", "amd64"):
         host = _host_cpu_flags()
         missing = [f for f, (flag, _) in _X86_FAST_PATHS.items()
                    if flag in host and f not in cpu and f in _SUGGESTED_FAST_PATHS]
@@ -482,9 +482,22 @@ class BackendManager:
         self.close()
 
 
+def _machine() -> str:
+    """The machine's architecture name (``x86_64``, ``aarch64``; ``platform.machine()``,
+    without loading the platform module where ``os.uname`` gives it)."""
+    if hasattr(os, "uname"):
+        return os.uname().machine
+    import platform
+
+    return platform.machine()
+
+
 def is_loopback_host(host: str) -> bool:
     """True when ``host`` (IP literal or name) only means this machine: a loopback
     address, or a name all of whose addresses are loopback."""
+    import ipaddress
+    import socket
+
     value = host.strip().strip("[]")
     try:
         return ipaddress.ip_address(value).is_loopback

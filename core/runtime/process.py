@@ -156,12 +156,27 @@ def _end_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def _child_main(argv: Sequence[str] = ()) -> int:
+def _set_name(name: str) -> None:
+    """Name this process ``name`` in ``/proc/PID/comm`` (Linux ``prctl(PR_SET_NAME)``, at
+    most 15 bytes kept); elsewhere nothing."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name.encode()[:15]))  # 15: PR_SET_NAME
+        except (OSError, AttributeError):
+            log.debug("prctl(PR_SET_NAME) unavailable", exc_info=True)
+
+
+def child_main(argv: Sequence[str] = ()) -> int:
     """Entry of the child process: with ``--parent PID`` end with that process
-    (:func:`_end_with_parent`), import the ``--preload`` modules (comma-separated) of
-    ``argv``, then serve jobs until ``quit``. The end of input without ``quit`` means the
-    parent is gone: the child exits at once, also in the middle of a job."""
+    (:func:`_end_with_parent`), with ``--name NAME`` take that process name (a forked child:
+    :func:`sdplan.core.runtime.prestart.fork_engine`), import the ``--preload`` modules
+    (comma-separated) of ``argv``, then serve jobs until ``quit``. The end of input without
+    ``quit`` means the parent is gone: the child exits at once, also in the middle of a job."""
     opts = dict(zip(argv[::2], argv[1::2], strict=False))  # "--name value" pairs
+    if "--name" in opts:
+        _set_name(opts["--name"])
     if "--parent" in opts:
         _end_with_parent(int(opts["--parent"]))
     from sdplan.core.runtime.runner import Cancelled, CancelToken
@@ -233,7 +248,7 @@ class Engine:
     def __init__(self, isolated: bool = True, env: dict[str, str] | None = None) -> None:
         self.isolated = isolated
         self.env = env
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: prestart.Child | None = None
         self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_LINES)
         self._write_lock = threading.Lock()
         self._job = 0
@@ -257,7 +272,7 @@ class Engine:
         self._proc = spare or prestart.spawn(self.env)
         threading.Thread(target=self._drain, args=(self._proc,), daemon=True).start()
 
-    def _drain(self, proc: subprocess.Popen[bytes]) -> None:
+    def _drain(self, proc: prestart.Child) -> None:
         assert proc.stderr is not None
         for line in proc.stderr:
             text = line.decode(errors="replace").rstrip()
@@ -326,7 +341,7 @@ class Engine:
                 err.code = payload[0]
                 raise err
 
-    def _died(self, proc: subprocess.Popen[bytes]) -> EngineError:
+    def _died(self, proc: prestart.Child) -> EngineError:
         code = proc.wait()
         self._proc = None
         if code < 0:
@@ -401,4 +416,4 @@ class Engine:
 
 
 if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1:]))
+    sys.exit(child_main(sys.argv[1:]))
