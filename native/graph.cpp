@@ -443,8 +443,8 @@ ggml_tensor *Graph::norm_vector(const char *op, const std::optional<Tensor> &v, 
 }
 
 Tensor Graph::group_norm_affine(const Tensor &a, int n_groups, float eps, std::optional<Tensor> weight,
-                                std::optional<Tensor> bias) {
-    room("group_norm", 10);
+                                std::optional<Tensor> bias, bool silu) {
+    room("group_norm", 12);
     ggml_tensor *t = use("group_norm", a);
     if (!is_float(t->type)) fail("group_norm", "float tensor required, got " + shape_str(a));
     if (!(eps >= 0.0f)) fail("group_norm", "eps must be >= 0");
@@ -459,6 +459,7 @@ Tensor Graph::group_norm_affine(const Tensor &a, int n_groups, float eps, std::o
         std::array<int, 8> prm{};
         prm[0] = n_groups;
         std::memcpy(&prm[1], &eps, sizeof eps);
+        prm[2] = silu ? 1 : 0;
         return own(cpu_op(cpu_group_norm, {t->ne[0], t->ne[1], t->ne[2], t->ne[3]}, {t, tw, tb}, &prm), a.ndim);
     }
     ggml_tensor *r = ggml_group_norm(c, t, n_groups, eps);
@@ -467,6 +468,7 @@ Tensor Graph::group_norm_affine(const Tensor &a, int n_groups, float eps, std::o
     };
     if (tw) r = ggml_mul(c, r, per_channel(tw));
     if (tb) r = ggml_add(c, r, per_channel(tb));
+    if (silu) r = ggml_silu(c, r);
     return own(r, a.ndim);
 }
 

@@ -147,7 +147,7 @@ struct Graph {
     Tensor norm(const std::string &kind, const Tensor &a, float eps, int n_groups);
     // GroupNorm with an optional per-channel affine (fused into one op on CPU-only graphs)
     Tensor group_norm_affine(const Tensor &a, int n_groups, float eps, std::optional<Tensor> weight,
-                             std::optional<Tensor> bias);
+                             std::optional<Tensor> bias, bool silu = false);
     // LayerNorm over the last axis with an optional affine (one op on CPU-only graphs)
     Tensor layer_norm(const Tensor &a, float eps, std::optional<Tensor> weight, std::optional<Tensor> bias);
     Tensor rope_pairs(const Tensor &x, const Tensor &cos, const Tensor &sin);

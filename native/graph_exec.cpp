@@ -458,9 +458,10 @@ void register_graph(nb::module_ &m) {
         .def("rms_norm", [](Graph &g, const Tensor &a, float eps) { return g.norm("rms_norm", a, eps, 0); },
              nb::arg("a"), nb::arg("eps") = 1e-6f)
         .def("group_norm", &Graph::group_norm_affine, nb::arg("a"), nb::arg("n_groups"), nb::arg("eps") = 1e-6f,
-             nb::arg("weight") = nb::none(), nb::arg("bias") = nb::none(),
+             nb::arg("weight") = nb::none(), nb::arg("bias") = nb::none(), nb::arg("silu") = false,
              "GroupNorm of (N, C, H, W) or (C, H, W) over n_groups channel groups, then * weight + bias\n"
-             "(each (C,), optional). One fused op when every backend of the graph is a CPU.")
+             "(each (C,), optional), then SiLU when silu. One fused op when every backend of the graph\n"
+             "is a CPU (its SiLU through the GELUs' vectorized exp: see set_glu_simd).")
         .def("rope_pairs", &Graph::rope_pairs, nb::arg("x"), nb::arg("cos"), nb::arg("sin"),
              "RoPE of the Flux-style DiTs: x (B, N, H, hd) float, cos and sin contiguous f32 tables of\n"
              "N x hd/2 values; channel pair (2i, 2i+1) of token n turned by angle (n, i). One op when every\n"

@@ -149,12 +149,12 @@ def unet_config(weights: Mapping[str, Any], family: str = "sd1", num_heads: int 
 
 
 def _resblock(g: Any, w: Weights, x: Tensor, emb: Tensor) -> Tensor:
-    h = gr.group_norm(g, x, _GN_GROUPS, w["in_layers.0.weight"], w["in_layers.0.bias"], _RES_EPS)
-    h = gr.conv2d(g, g.unary("silu", h), w["in_layers.2.weight"], w["in_layers.2.bias"], padding=1)
+    h = gr.group_norm(g, x, _GN_GROUPS, w["in_layers.0.weight"], w["in_layers.0.bias"], _RES_EPS, silu=True)
+    h = gr.conv2d(g, h, w["in_layers.2.weight"], w["in_layers.2.bias"], padding=1)
     e = gr.linear(g, g.unary("silu", emb), w["emb_layers.1.weight"], w["emb_layers.1.bias"])  # (N, C)
     h = g.add(h, g.reshape(e, (e.shape[0], e.shape[1], 1, 1)))
-    h = gr.group_norm(g, h, _GN_GROUPS, w["out_layers.0.weight"], w["out_layers.0.bias"], _RES_EPS)
-    h = gr.conv2d(g, g.unary("silu", h), w["out_layers.3.weight"], w["out_layers.3.bias"], padding=1)
+    h = gr.group_norm(g, h, _GN_GROUPS, w["out_layers.0.weight"], w["out_layers.0.bias"], _RES_EPS, silu=True)
+    h = gr.conv2d(g, h, w["out_layers.3.weight"], w["out_layers.3.bias"], padding=1)
     if "skip_connection.weight" in w:
         x = gr.conv2d(g, x, w["skip_connection.weight"], w["skip_connection.bias"])
     return g.add(x, h)
@@ -301,8 +301,8 @@ def unet(g: Any, weights: Mapping[str, Any], x: Tensor, t: Tensor, context: Tens
 
 
 def _out(g: Any, w: Weights, h: Tensor) -> Tensor:
-    h = gr.group_norm(g, h, _GN_GROUPS, w["out.0.weight"], w["out.0.bias"], _RES_EPS)
-    return gr.conv2d(g, g.unary("silu", h), w["out.2.weight"], w["out.2.bias"], padding=1)
+    h = gr.group_norm(g, h, _GN_GROUPS, w["out.0.weight"], w["out.0.bias"], _RES_EPS, silu=True)
+    return gr.conv2d(g, h, w["out.2.weight"], w["out.2.bias"], padding=1)
 
 
 class UNetGraph:

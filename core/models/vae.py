@@ -86,10 +86,10 @@ def vae_config(weights: Mapping[str, Any], prefix: str = PREFIX) -> VaeConfig:
 
 
 def _resnet(g: Any, w: Weights, x: Tensor) -> Tensor:
-    h = gr.group_norm(g, x, _GROUPS, w["norm1.weight"], w["norm1.bias"], _EPS)
-    h = gr.conv2d(g, g.unary("silu", h), w["conv1.weight"], w["conv1.bias"], padding=1)
-    h = gr.group_norm(g, h, _GROUPS, w["norm2.weight"], w["norm2.bias"], _EPS)
-    h = gr.conv2d(g, g.unary("silu", h), w["conv2.weight"], w["conv2.bias"], padding=1)
+    h = gr.group_norm(g, x, _GROUPS, w["norm1.weight"], w["norm1.bias"], _EPS, silu=True)
+    h = gr.conv2d(g, h, w["conv1.weight"], w["conv1.bias"], padding=1)
+    h = gr.group_norm(g, h, _GROUPS, w["norm2.weight"], w["norm2.bias"], _EPS, silu=True)
+    h = gr.conv2d(g, h, w["conv2.weight"], w["conv2.bias"], padding=1)
     for name in ("nin_shortcut", "conv_shortcut"):
         if f"{name}.weight" in w:
             x = gr.conv2d(g, x, w[f"{name}.weight"], w[f"{name}.bias"])
@@ -139,8 +139,8 @@ def vae_decode(g: Any, weights: Mapping[str, Any], z: Tensor, cfg: VaeConfig | N
         if f"up.{i}.upsample.conv.weight" in d:
             h = gr.conv2d(g, g.upscale(h, 2), d[f"up.{i}.upsample.conv.weight"],
                           d[f"up.{i}.upsample.conv.bias"], padding=1)
-    h = gr.group_norm(g, h, _GROUPS, d["norm_out.weight"], d["norm_out.bias"], _EPS)
-    return gr.conv2d(g, g.unary("silu", h), d["conv_out.weight"], d["conv_out.bias"], padding=1)
+    h = gr.group_norm(g, h, _GROUPS, d["norm_out.weight"], d["norm_out.bias"], _EPS, silu=True)
+    return gr.conv2d(g, h, d["conv_out.weight"], d["conv_out.bias"], padding=1)
 
 
 def vae_encode(g: Any, weights: Mapping[str, Any], img: Tensor, cfg: VaeConfig | None = None) -> Tensor:
@@ -177,8 +177,8 @@ def vae_moments(g: Any, weights: Mapping[str, Any], img: Tensor,
             h = gr.conv2d(g, h, e[f"down.{i}.downsample.conv.weight"],
                           e[f"down.{i}.downsample.conv.bias"], stride=2)
     h = _mid(g, e, h)
-    h = gr.group_norm(g, h, _GROUPS, e["norm_out.weight"], e["norm_out.bias"], _EPS)
-    h = gr.conv2d(g, g.unary("silu", h), e["conv_out.weight"], e["conv_out.bias"], padding=1)
+    h = gr.group_norm(g, h, _GROUPS, e["norm_out.weight"], e["norm_out.bias"], _EPS, silu=True)
+    h = gr.conv2d(g, h, e["conv_out.weight"], e["conv_out.bias"], padding=1)
     for q in ("quant_conv.", "encoder.quant_conv."):  # LDM / BFL FLUX.2 names
         if q + "weight" in w:
             h = gr.conv2d(g, h, w[q + "weight"], w[q + "bias"])

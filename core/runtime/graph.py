@@ -48,7 +48,8 @@ Native op methods of ``Graph`` (all shapes numpy order): ``input(name, shape, dt
 sigmoid, tanh, exp, sqr, sqrt, abs, neg, sin, cos, log; ``geglu(x, approximate=False)``,
 ``leaky_relu(a, slope)``,
 ``clamp(a, min, max)``, ``norm(a, eps)`` and ``rms_norm(a, eps)`` over the last axis,
-``group_norm(a, n_groups, eps, weight=None, bias=None)`` over (C, H, W) groups, ``soft_max(a, mask=None, scale=1,
+``group_norm(a, n_groups, eps, weight=None, bias=None, silu=False)`` over (C, H, W) groups (then
+SiLU), ``soft_max(a, mask=None, scale=1,
 max_bias=0)`` over the last axis of ``a*scale + mask``, ``flash_attn(q, k, v, mask=None,
 scale=1)`` with q ``(B, H, Nq, D)``, k/v ``(B, Hkv, Nk, D)`` returning ``(B, Nq, H, Dv)``,
 ``conv_2d(w, x, stride=(1,1), padding=(0,0), dilation=(1,1), direct=False, method="auto", bias=None)``
@@ -186,10 +187,12 @@ def layer_norm(g: Graph, x: Tensor, w: Tensor | None, b: Tensor | None, eps: flo
 
 
 def group_norm(g: Graph, x: Tensor, n_groups: int, w: Tensor | None, b: Tensor | None,
-               eps: float = 1e-6) -> Tensor:
+               eps: float = 1e-6, silu: bool = False) -> Tensor:
     """GroupNorm of ``(N, C, H, W)`` with per-channel affine ``w, b`` of shape ``(C,)`` (either
-    may be None); one fused op on CPU-only graphs (``Graph.group_norm``)."""
-    return g.group_norm(x, n_groups, eps, weight=w, bias=b)
+    may be None), then SiLU with ``silu`` (the UNets' and VAEs' norm-then-activation); one
+    fused op on CPU-only graphs (``Graph.group_norm``): on a 2-core Zen 4 a 134 MB map's
+    GroupNorm and SiLU 44.9 ms as two ops, 32.0 ms its GroupNorm alone before the fusion."""
+    return g.group_norm(x, n_groups, eps, weight=w, bias=b, silu=silu)
 
 
 def attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,

@@ -36,6 +36,11 @@ void cpu_gelu_tanh(ggml_tensor *dst, int ith, int nth, void *userdata);
 // otherwise; Graph::unary takes it with sdplan's FMA kernels (fma_gemm_on()).
 void cpu_gelu_quick(ggml_tensor *dst, int ith, int nth, void *userdata);
 
+// out[i] = silu(x[i] * scale + shift) = v / (1 + exp(-v)) for i < n (out may be x): the
+// affine and SiLU of GroupNorm's fused write (group_norm.cpp); vectorized as the GELUs are
+// (glu_simd(), glu_avx512(); exp's relative error below 2e-7), else the C library's expf.
+void silu_affine_row(const float *x, float *out, int64_t n, float scale, float shift);
+
 // Custom op: GEGLU in diffusers' order: src 0 x f32 contiguous [2D, rows...]; dst f32
 // [D, rows...]: dst[r][i] = x[r][i] * gelu(x[r][D + i]), gelu the erf form, or with userdata
 // pointing at a nonzero int the tanh approximation.
