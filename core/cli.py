@@ -68,7 +68,7 @@ def command_word(args_list: Sequence[str]) -> str | None:
     top-level options take no value); None when there is none or the top-level help comes
     first (it lists every command)."""
     for word in args_list:
-        if word in ("-h", "--help"):
+        if word in ("-h", "--help", "-", "--"):  # "--", "-": argparse reads what follows itself
             return None
         if not word.startswith("-"):
             return word

@@ -676,3 +676,23 @@ def test_group_norm_with_its_silu_in_one_op(mgr, glu_simd, shape, groups) -> Non
         ref = v / (1.0 + np.exp(-v))
     np.testing.assert_allclose(out[True], ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out[True], out[False], rtol=1e-6, atol=1e-6)
+
+
+def test_group_norm_silu_far_negative_values(mgr, glu_simd) -> None:
+    """Past exp's clamp the fused SiLU gives the formula's limits, as x / (1 + expf(-x)) does:
+    -0 for finite values from -1e2 to -3e38, NaN for -inf and NaN, the value itself far above 0
+    (weight 0 and the bias as the value, so the GroupNorm part is exact), in every lane and in
+    a partial vector's tail."""
+    vals = np.array([-1e2, -1e4, -1e30, -1e36, -1e38, -3e38, -np.inf, np.nan, 1e2, 1e30, 3e38], np.float32)
+    c = len(vals)
+    g = gr.new_graph([mgr.get("CPU")], n_threads=1)
+    g.output("y", gr.group_norm(g, g.input("x", (1, c, 3, 7)), c, g.input("w", (c,)), g.input("b", (c,)), 1e-5,
+                                silu=True))
+    g.set_input("x", np.random.default_rng(0).standard_normal((1, c, 3, 7)).astype(np.float32))
+    g.set_input("w", np.zeros(c, np.float32))
+    g.set_input("b", vals)
+    g.compute()
+    y = np.array(g.get_output("y"))[0].reshape(c, -1)
+    assert np.all(y[:6] == 0.0) and np.all(np.signbit(y[:6])), y[:6, 0]  # -0
+    assert np.all(np.isnan(y[6:8]))
+    np.testing.assert_array_equal(y[8:], np.repeat(vals[8:, None], y.shape[1], axis=1))

@@ -260,6 +260,7 @@ def test_a_command_line_builds_its_own_commands_parser_alone() -> None:
         assert one.format_usage() == full.format_usage()
     assert cli.command_word(["-v", "generate", "-p", "x"]) == "generate"
     assert cli.command_word(["-h", "generate"]) is None and cli.command_word(["-v"]) is None
+    assert cli.command_word(["--", "generate"]) is None and cli.command_word(["-", "generate"]) is None
     got = _python("import json, sys\nfrom sdplan.core import cli\ncli.build_parser(cli.command_word(['generate']))\n"
                   "print(json.dumps(sorted(m for m in sys.modules if m.startswith('sdplan.core.commands.'))))")
     assert "sdplan.core.commands.generate" in got

@@ -244,13 +244,24 @@ def prestart(preload: Sequence[str] = (), fork: bool = False) -> None:
         OSError: the child process cannot be started.
     """
     global _SPARE
+    if fork and can_fork():  # the only thread: no lock needed, and the child inherits none held
+        if _SPARE is None:
+            _SPARE = fork_engine(preload)
+            _register_at_exit()
+        return
     with _LOCK:
         if _SPARE is not None:
             return
-        _SPARE = fork_engine(preload) if fork and can_fork() else spawn(None, preload)
-        if not _AT_EXIT:
-            _AT_EXIT.append(True)
-            atexit.register(discard_prestarted)
+        _SPARE = spawn(None, preload)
+        _register_at_exit()
+
+
+def _register_at_exit() -> None:
+    """Register :func:`discard_prestarted` at exit once (callers hold _LOCK or are the only
+    thread)."""
+    if not _AT_EXIT:
+        _AT_EXIT.append(True)
+        atexit.register(discard_prestarted)
 
 
 def take_prestarted() -> Child | None:

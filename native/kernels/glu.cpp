@@ -116,6 +116,12 @@ SDPLAN_GLU_VEC F gelu_tanh_v(F x) {
     return select<F>(u2 < -87.0f, x * 0.0f, x * (e / (e + 1.0f)));
 }
 
+// SiLU, v / (1 + exp(-v)); below -88 (exp_v clamped) v * 0, as 1 + expf(-v) = inf gives.
+template <class F, class I = typename Ints<F>::I>
+SDPLAN_GLU_VEC F silu_v(F v) {
+    return select<F>(v < -88.0f, v * 0.0f, v / (exp_v<F>(-v) + 1.0f));
+}
+
 // out[i] = (mul ? mul[i] : 1) * gelu(x[i]) for i < n, 16 lanes.
 template <bool TANH>
 SDPLAN_GLU_AVX512 void row_avx512(const float *x, const float *mul, float *out, int64_t n) {
@@ -244,9 +250,8 @@ SDPLAN_FMA void gelu_quick_avx2(const float *x, float *y, int64_t n) {
 
 // SiLU of an affine map, out[i] = v / (1 + exp(-v)) with v = x[i] * scale + shift, for n values:
 // exp_v's range reduction and degree-6 polynomial (relative error below 2e-7) where vectorized,
-// the C library's expf otherwise. Past exp_v's clamp the formula still gives the limits: v for
-// v > 87, v * 1.6e-38 (a tiny negative) for v < -88; NaN for NaN and -inf (-inf / inf), as expf's
-// x / (1 + expf(-x)) does.
+// the C library's expf otherwise. The limits as expf's x / (1 + expf(-x)) gives them: v for
+// v > 87; for v < -88, past exp_v's clamp, v * 0 (-0, and NaN for -inf: -inf / inf); NaN for NaN.
 void silu_affine_scalar(const float *x, float *out, int64_t n, float scale, float shift) {
     for (int64_t i = 0; i < n; ++i) {
         const float v = x[i] * scale + shift;
@@ -261,7 +266,7 @@ SDPLAN_GLU_AVX512 void silu_affine_avx512(const float *x, float *out, int64_t n,
         const int64_t left = n - i;
         const __mmask16 mk = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
         const __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + i), a, b);
-        _mm512_mask_storeu_ps(out + i, mk, v / (exp_v<__m512>(-v) + 1.0f));
+        _mm512_mask_storeu_ps(out + i, mk, silu_v(v));
     }
 }
 #endif
@@ -272,12 +277,12 @@ SDPLAN_FMA void silu_affine_avx2(const float *x, float *out, int64_t n, float sc
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), a, b);
-        _mm256_storeu_ps(out + i, v / (exp_v<__m256>(-v) + 1.0f));
+        _mm256_storeu_ps(out + i, silu_v(v));
     }
     if (i == n) return;
     const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     const __m256 v = _mm256_fmadd_ps(_mm256_maskload_ps(x + i, mk), a, b);
-    _mm256_maskstore_ps(out + i, mk, v / (exp_v<__m256>(-v) + 1.0f));
+    _mm256_maskstore_ps(out + i, mk, silu_v(v));
 }
 #endif
 
