@@ -47,8 +47,8 @@ class ForkedChild:
     """An engine child made by :func:`fork_engine`, with the part of
     :class:`subprocess.Popen`'s interface the engine uses: ``pid``, ``stdin`` (binary
     writer), ``stdout`` and ``stderr`` (binary readers), ``returncode``, :meth:`poll`,
-    :meth:`wait` and :meth:`kill`. ``returncode`` follows Popen: the exit code, or minus the
-    signal number that ended the process."""
+    :meth:`wait`, :meth:`send_signal`, :meth:`kill` and :meth:`terminate`. ``returncode``
+    follows Popen: the exit code, or minus the signal number that ended the process."""
 
     def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes], stderr: IO[bytes]) -> None:
         self.pid = pid
@@ -102,22 +102,21 @@ class ForkedChild:
             delay = min(delay * 2, 0.05)
         return code
 
-    def kill(self) -> None:
-        """Send SIGKILL unless the child has been reaped."""
+    def send_signal(self, sig: int) -> None:
+        """Send signal ``sig`` unless the child has been reaped (as Popen.send_signal)."""
         if self.returncode is None:
             try:
-                os.kill(self.pid, signal.SIGKILL)
+                os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
+
+    def kill(self) -> None:
+        """Send SIGKILL unless the child has been reaped."""
+        self.send_signal(signal.SIGKILL)
 
     def terminate(self) -> None:
         """Send SIGTERM unless the child has been reaped."""
-        if self.returncode is None:
-            try:
-                os.kill(self.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
+        self.send_signal(signal.SIGTERM)
 
 Child = Union[subprocess.Popen, ForkedChild]  # noqa: UP007 - a runtime alias
 
