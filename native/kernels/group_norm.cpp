@@ -16,22 +16,26 @@ namespace {
 
 constexpr int kLanes = 16;  // independent partial sums per row (vectorized without reassociation)
 
-// Sum and sum of squares of row[0..n), each as 16 interleaved float partial sums (element i
-// goes to sum i % 16) added in double at the end: one vectorizable loop, and each partial sum
-// covers n / 16 values, not n.
-void row_sums(const float *row, int64_t n, double &sum, double &sq) {
+// Sum and sum of squares of row[0..n) - k, each as 16 interleaved float partial sums (element
+// i goes to sum i % 16) added in double at the end: one vectorizable loop, and each partial sum
+// covers n / 16 values, not n. The shift k (a value of the group) keeps the variance from the
+// cancellation of E[x^2] - E[x]^2 when the mean is large against the spread (unshifted, values
+// of mean 1000 and std 1 came out up to 0.45 off after normalizing), for one subtraction per
+// value and no second pass over the group.
+void row_sums(const float *row, int64_t n, float k, double &sum, double &sq) {
     float s1[kLanes] = {}, s2[kLanes] = {};
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes) {
         for (int l = 0; l < kLanes; ++l) {
-            const float v = row[i + l];
+            const float v = row[i + l] - k;
             s1[l] += v;
             s2[l] += v * v;
         }
     }
     for (int l = 0; i < n; ++i, ++l) {
-        s1[l] += row[i];
-        s2[l] += row[i] * row[i];
+        const float v = row[i] - k;
+        s1[l] += v;
+        s2[l] += v * v;
     }
     for (int l = 0; l < kLanes; ++l) {
         sum += s1[l];
@@ -59,17 +63,20 @@ void cpu_group_norm(ggml_tensor *dst, int ith, int nth, void *userdata) {
     for (int64_t j = j0; j < j1; ++j) {
         const int64_t n = j / n_groups, grp = j % n_groups;
         const int64_t c0 = grp * C / n_groups, c1 = (grp + 1) * C / n_groups;
+        const float *first = (const float *)((const char *)x->data + n * x->nb[3] + c0 * x->nb[2]);
+        const float k = std::isfinite(first[0]) ? first[0] : 0.0f;
         double sum = 0.0, sq = 0.0;
         for (int64_t c = c0; c < c1; ++c)
-            row_sums((const float *)((const char *)x->data + n * x->nb[3] + c * x->nb[2]), HW, sum, sq);
+            row_sums((const float *)((const char *)x->data + n * x->nb[3] + c * x->nb[2]), HW, k, sum, sq);
         const double cnt = (double)(c1 - c0) * HW;
-        const double mean = sum / cnt;
-        const double var = std::max(0.0, sq / cnt - mean * mean);
+        const double dmean = sum / cnt;  // mean - k
+        const double mean = k + dmean;
+        const double var = std::max(0.0, sq / cnt - dmean * dmean);
         const float rstd = (float)(1.0 / std::sqrt(var + eps));
         for (int64_t c = c0; c < c1; ++c) {
             const float g = gamma ? ((const float *)gamma->data)[c] : 1.0f;
             const float b = beta ? ((const float *)beta->data)[c] : 0.0f;
-            const float scale = g * rstd, shift = b - (float)mean * scale;
+            const float scale = g * rstd, shift = (float)(b - mean * scale);
             const float *row = (const float *)((const char *)x->data + n * x->nb[3] + c * x->nb[2]);
             float *out = (float *)((char *)dst->data + n * dst->nb[3] + c * dst->nb[2]);
             if (silu) {
