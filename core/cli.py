@@ -146,10 +146,14 @@ def _main(args_list: list[str]) -> int:
         return 2
     if sys.stdout is None:  # started with stdout closed (``>&-``): nothing to show it on
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
-    real_stdout = sys.stdout
-    # A reader that goes away (``sdplan generate ... | head -1``) silences stdout; the
-    # command carries on (the image is still written).
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    real_stdout, real_stderr = sys.stdout, sys.stderr
+    # A reader that goes away (``sdplan generate ... | head -1``, or ``2>&1 | head -1`` for
+    # the progress on stderr) silences that stream; the command carries on (the image is
+    # still written).
     sys.stdout = QuietStdout(real_stdout)  # type: ignore[assignment]
+    sys.stderr = QuietStdout(real_stderr)  # type: ignore[assignment]
     try:
         return int(args.run(args) or 0)
     except SdplanError as exc:
@@ -166,6 +170,9 @@ def _main(args_list: list[str]) -> int:
         if isinstance(sys.stdout, QuietStdout):
             sys.stdout.flush()
             sys.stdout = real_stdout
+        if isinstance(sys.stderr, QuietStdout):
+            sys.stderr.flush()
+            sys.stderr = real_stderr
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -454,6 +454,20 @@ def test_broken_pipe_is_quiet_and_keeps_the_image(tmp_path: Path) -> None:
     assert out.exists()
 
 
+def test_broken_pipe_on_stderr_is_quiet_and_keeps_the_image(tmp_path: Path) -> None:
+    """``sdplan generate ... 2>&1 | head -1``: the reader goes away while the plan's tables and
+    the progress go to stderr: exit 0 and the image written (it exited 1 without the image)."""
+    out = tmp_path / "x.png"
+    proc = subprocess.Popen(sdplan_cmd("generate", "--demo", "-p", "a red circle on a blue "
+                                       "background", "--steps", "2", "-t", "1", "-o", str(out)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()  # what `head -1` does
+    assert proc.wait(timeout=600) == 0, first
+    assert out.exists() and out.stat().st_size > 0
+
+
 def test_errors_are_whole_lines_with_real_codes() -> None:
     long_value = "te=" + "x" * 100_000
     r = sdplan("plan", "--model-profile", "sd15-f16", "--backend", long_value)

@@ -90,9 +90,9 @@ def _isatty(stream: Any) -> bool:
 
 
 class QuietStdout:
-    """A ``sys.stdout`` wrapper that turns a broken pipe into silence: after the first
-    :class:`BrokenPipeError` the real stdout is pointed at ``/dev/null`` (so the final flush
-    at exit cannot fail either) and :attr:`broken` is True."""
+    """A ``sys.stdout`` (or ``sys.stderr``) wrapper that turns a broken pipe into silence:
+    after the first :class:`BrokenPipeError` the real stream's file descriptor is pointed at
+    ``/dev/null`` (so the final flush at exit cannot fail either) and :attr:`broken` is True."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
