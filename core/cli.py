@@ -137,10 +137,6 @@ def _main(args_list: list[str]) -> int:
         if getattr(args, "refuse_extras", None) is None:
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         args.extra_argv = extras  # the command refuses or accepts them in one line
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
     if args.command is None:
         parser.print_help()
         return 2
@@ -154,6 +150,10 @@ def _main(args_list: list[str]) -> int:
     # still written).
     sys.stdout = QuietStdout(real_stdout)  # type: ignore[assignment]
     sys.stderr = QuietStdout(real_stderr)  # type: ignore[assignment]
+    logging.basicConfig(  # on the wrapped stderr
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     try:
         return int(args.run(args) or 0)
     except SdplanError as exc:
