@@ -16,24 +16,27 @@ namespace {
 
 constexpr int kLanes = 16;  // independent partial sums per row (vectorized without reassociation)
 
-// Sum and sum of squares of row[0..n) - k, each as 16 interleaved float partial sums (element
-// i goes to sum i % 16) added in double at the end: one vectorizable loop, and each partial sum
-// covers n / 16 values, not n. The shift k (a value of the group) keeps the variance from the
-// cancellation of E[x^2] - E[x]^2 when the mean is large against the spread (unshifted, values
-// of mean 1000 and std 1 came out up to 0.09 off after normalizing, and at mean -3000 and std
-// 0.5 the variance cancelled to 0), for one subtraction per value and no second pass.
-void row_sums(const float *row, int64_t n, float k, double &sum, double &sq) {
-    float s1[kLanes] = {}, s2[kLanes] = {};
+// Sum and sum of squares of row[0..n) - k, each as 16 interleaved double partial sums (element
+// i goes to sum i % 16): one loop the compiler vectorizes (the target wrappers below), each
+// partial sum covering n / 16 values. About a shift k (a value of the group), so that the
+// variance E[(x-k)^2] - E[x-k]^2 keeps its digits when the mean is large against the spread
+// (about 0 and in float sums, values of mean 1000 and std 1 came out up to 0.09 off after
+// normalizing, and at mean -3000 and std 0.5 the variance cancelled to 0); in double, so that a
+// k far from the mean (an outlier as the group's first value: 1000 std off gave 2e-2 with float
+// sums) costs no accuracy a float32 result shows and x - k cannot overflow.
+inline __attribute__((always_inline)) void row_sums_body(const float *row, int64_t n, double k, double &sum,
+                                                         double &sq) {
+    double s1[kLanes] = {}, s2[kLanes] = {};
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes) {
         for (int l = 0; l < kLanes; ++l) {
-            const float v = row[i + l] - k;
+            const double v = (double)row[i + l] - k;
             s1[l] += v;
             s2[l] += v * v;
         }
     }
     for (int l = 0; i < n; ++i, ++l) {
-        const float v = row[i] - k;
+        const double v = (double)row[i] - k;
         s1[l] += v;
         s2[l] += v * v;
     }
@@ -41,6 +44,25 @@ void row_sums(const float *row, int64_t n, float k, double &sum, double &sq) {
         sum += s1[l];
         sq += s2[l];
     }
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+__attribute__((target("avx512f"))) void row_sums_avx512(const float *row, int64_t n, double k, double &sum,
+                                                        double &sq) {
+    row_sums_body(row, n, k, sum, sq);
+}
+__attribute__((target("avx2,fma"))) void row_sums_avx2(const float *row, int64_t n, double k, double &sum,
+                                                       double &sq) {
+    row_sums_body(row, n, k, sum, sq);
+}
+#endif
+
+void row_sums(const float *row, int64_t n, double k, double &sum, double &sq) {
+#if defined(__GNUC__) && defined(__x86_64__)
+    if (glu_avx512()) return row_sums_avx512(row, n, k, sum, sq);
+    if (glu_simd()) return row_sums_avx2(row, n, k, sum, sq);
+#endif
+    row_sums_body(row, n, k, sum, sq);
 }
 
 }  // namespace
@@ -64,7 +86,7 @@ void cpu_group_norm(ggml_tensor *dst, int ith, int nth, void *userdata) {
         const int64_t n = j / n_groups, grp = j % n_groups;
         const int64_t c0 = grp * C / n_groups, c1 = (grp + 1) * C / n_groups;
         const float *first = (const float *)((const char *)x->data + n * x->nb[3] + c0 * x->nb[2]);
-        const float k = std::isfinite(first[0]) ? first[0] : 0.0f;
+        const double k = std::isfinite(first[0]) ? first[0] : 0.0;
         double sum = 0.0, sq = 0.0;
         for (int64_t c = c0; c < c1; ++c)
             row_sums((const float *)((const char *)x->data + n * x->nb[3] + c * x->nb[2]), HW, k, sum, sq);
