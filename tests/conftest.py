@@ -50,3 +50,16 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         require_or_skip(f"{SHARED} is absent", "SDPLAN_REQUIRE_SHARED")
     return SHARED
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:  # noqa: ARG001 - pytest's signature
+    """Close the engine's process-wide backends that in-process engine tests created
+    (``process._POOL``, held for a process's lifetime by design), so that the native manager is
+    freed while its module is alive rather than reported as leaked at the interpreter's exit."""
+    import sys
+
+    process = sys.modules.get("sdplan.core.runtime.process")
+    pool = getattr(process, "_POOL", None)
+    if pool is not None:
+        pool.manager.close()
+        process._POOL = None  # type: ignore[union-attr]
