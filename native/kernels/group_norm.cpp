@@ -24,8 +24,13 @@ constexpr int kLanes = 16;  // independent partial sums per row (vectorized with
 // normalizing, and at mean -3000 and std 0.5 the variance cancelled to 0); in double, so that a
 // k far from the mean (an outlier as the group's first value: 1000 std off gave 2e-2 with float
 // sums) costs no accuracy a float32 result shows and x - k cannot overflow.
-inline __attribute__((always_inline)) void row_sums_body(const float *row, int64_t n, double k, double &sum,
-                                                         double &sq) {
+#if defined(__GNUC__)
+#define SDPLAN_GN_INLINE inline __attribute__((always_inline))  // into each target's wrapper
+#else
+#define SDPLAN_GN_INLINE inline
+#endif
+
+SDPLAN_GN_INLINE void row_sums_body(const float *row, int64_t n, double k, double &sum, double &sq) {
     double s1[kLanes] = {}, s2[kLanes] = {};
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes) {
