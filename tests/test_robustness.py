@@ -438,15 +438,22 @@ def test_upscale_16bit_grey_is_not_white(tmp_path: Path, upscaler: Path) -> None
 # ---------------------------------------------------------------------------- output
 
 
+def _generate_until_the_reader_goes(out: Path, stderr: int) -> tuple[subprocess.Popen, bytes]:
+    """Start a 2-step demo generation writing ``out`` with stdout piped (and stderr as given),
+    read its first line and close the pipe, as ``| head -1`` does: the process, its first line."""
+    proc = subprocess.Popen(sdplan_cmd("generate", "--demo", "-p", "a red circle on a blue "
+                                       "background", "--steps", "2", "-t", "1", "-o", str(out)),
+                            stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    return proc, first
+
+
 def test_broken_pipe_is_quiet_and_keeps_the_image(tmp_path: Path) -> None:
     """``sdplan generate ... | head -1``: exit 0, no message, the image written."""
     out = tmp_path / "x.png"
-    proc = subprocess.Popen(sdplan_cmd("generate", "--demo", "-p", "a red circle on a blue "
-                                       "background", "--steps", "2", "-t", "1", "-o", str(out)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    proc.stdout.readline()
-    proc.stdout.close()  # what `head -1` does
+    proc, _ = _generate_until_the_reader_goes(out, subprocess.PIPE)
     _, err = proc.communicate(timeout=600)
     text = err.decode()
     assert proc.returncode == 0, text
@@ -458,12 +465,7 @@ def test_broken_pipe_on_stderr_is_quiet_and_keeps_the_image(tmp_path: Path) -> N
     """``sdplan generate ... 2>&1 | head -1``: the reader goes away while the plan's tables and
     the progress go to stderr: exit 0 and the image written (it exited 1 without the image)."""
     out = tmp_path / "x.png"
-    proc = subprocess.Popen(sdplan_cmd("generate", "--demo", "-p", "a red circle on a blue "
-                                       "background", "--steps", "2", "-t", "1", "-o", str(out)),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    assert proc.stdout is not None
-    first = proc.stdout.readline()
-    proc.stdout.close()  # what `head -1` does
+    proc, first = _generate_until_the_reader_goes(out, subprocess.STDOUT)
     assert proc.wait(timeout=600) == 0, first
     assert out.exists() and out.stat().st_size > 0
 

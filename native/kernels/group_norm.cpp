@@ -90,11 +90,12 @@ void cpu_group_norm(ggml_tensor *dst, int ith, int nth, void *userdata) {
     for (int64_t j = j0; j < j1; ++j) {
         const int64_t n = j / n_groups, grp = j % n_groups;
         const int64_t c0 = grp * C / n_groups, c1 = (grp + 1) * C / n_groups;
-        const float *first = (const float *)((const char *)x->data + n * x->nb[3] + c0 * x->nb[2]);
-        const double k = std::isfinite(first[0]) ? first[0] : 0.0;
+        const auto src_row = [&](int64_t c) {
+            return (const float *)((const char *)x->data + n * x->nb[3] + c * x->nb[2]);
+        };
+        const double k = std::isfinite(src_row(c0)[0]) ? src_row(c0)[0] : 0.0;
         double sum = 0.0, sq = 0.0;
-        for (int64_t c = c0; c < c1; ++c)
-            row_sums((const float *)((const char *)x->data + n * x->nb[3] + c * x->nb[2]), HW, k, sum, sq);
+        for (int64_t c = c0; c < c1; ++c) row_sums(src_row(c), HW, k, sum, sq);
         const double cnt = (double)(c1 - c0) * HW;
         const double dmean = sum / cnt;  // mean - k
         const double mean = k + dmean;
@@ -104,7 +105,7 @@ void cpu_group_norm(ggml_tensor *dst, int ith, int nth, void *userdata) {
             const float g = gamma ? ((const float *)gamma->data)[c] : 1.0f;
             const float b = beta ? ((const float *)beta->data)[c] : 0.0f;
             const float scale = g * rstd, shift = (float)(b - mean * scale);
-            const float *row = (const float *)((const char *)x->data + n * x->nb[3] + c * x->nb[2]);
+            const float *row = src_row(c);
             float *out = (float *)((char *)dst->data + n * dst->nb[3] + c * dst->nb[2]);
             if (silu) {
                 silu_affine_row(row, out, HW, scale, shift);
