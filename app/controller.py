@@ -17,8 +17,8 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoCommand, QUndoStack
 from sdplan.core.errors import PlanError, SdplanError
+from sdplan.core.families import generation_defaults
 from sdplan.core.modelfiles.flags import files_by_flag
-from sdplan.core.planning.generation_defaults import generation_defaults
 from sdplan.core.planning.inventory import Device, Inventory, merge_rpc_devices
 from sdplan.core.planning.modules import MODEL_FLAGS, MODULES, SPLITTABLE
 from sdplan.core.planning.placement import Placement

@@ -39,9 +39,9 @@ from sdplan.app.history_strip import HistoryStrip
 from sdplan.app.inputs import InputsPanel
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
 from sdplan.core.errors import SdplanError
+from sdplan.core.families import recommended_sizes
 from sdplan.core.pipelines.outputs import atomic_write
 from sdplan.core.pipelines.results import generation_text, read_result
-from sdplan.core.planning.sizes import recommended_sizes
 from sdplan.core.sampling.samplers import SAMPLERS as CORE_SAMPLERS
 from sdplan.core.sampling.schedules import SCHEDULES as CORE_SCHEDULES
 

@@ -163,5 +163,5 @@ def test_image_to_image_runs_and_loras_are_refused(tmp_path: Path, files, capsys
                   "-o", str(out), "--in-process"])
     assert args.run(args) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "SD3 takes no LoRAs in sdplan yet: remove LoRA style" in err, err
+    assert "SD3 / SD3.5 takes no LoRAs in sdplan yet: remove LoRA style" in err, err
     assert not out.exists()

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sdplan.core.errors import ModelFileError
+from sdplan.core.families import DiffusionTensors, detect_family
+from sdplan.core.families.z_image import DIFFUSION_MARKERS
 from sdplan.core.modelfiles.autofit_sizes import autofit_component_bytes, loaded_component_bytes
-from sdplan.core.modelfiles.families import DIFFUSION_MARKERS, detect_family
 from sdplan.core.modelfiles.readers import (
     TensorFile,
     TensorInfo,
@@ -514,14 +515,15 @@ def _local(name: str) -> str:
 
 
 def detect_architecture(ms: ModelSet) -> Architecture:
-    """Architecture of the model set from its diffusion tensors' names and shapes: the rules of
-    :func:`sdplan.core.modelfiles.families.detect_family` (Z-Image, FLUX.2, FLUX.1 / Chroma,
-    SD3, the UNets by context width or ``sdplan.family`` metadata), given the diffusion tensors
-    without ``model.diffusion_model.``, the ``llm`` encoder's names, the files' metadata and
-    the text encoders among the files."""
+    """Architecture of the model set from its diffusion tensors' names and shapes: the family
+    registry's rules (:func:`sdplan.core.families.detect_family`: Z-Image, FLUX.2, FLUX.1 /
+    Chroma, SD3, the UNets by context width or ``sdplan.family`` metadata), given the diffusion
+    tensors without ``model.diffusion_model.``, the ``llm`` encoder's names, the files'
+    metadata and the text encoders among the files."""
     diff = {_local(t.info.name): t.info.shape for t in ms.module_tensors("diffusion")}
     llm = [t.info.name for t in ms.module_tensors("te") if t.encoder == "llm"]
     meta = [str(f.metadata.get("sdplan.family")) for f in ms.files if f.metadata.get("sdplan.family")]
     encoders = {t.encoder for t in ms.module_tensors("te")}
-    return Architecture(*detect_family(diff, llm, meta, encoders))
+    return Architecture(*detect_family(DiffusionTensors(diff, tuple(llm), tuple(meta),
+                                                        frozenset(e for e in encoders if e))))
 

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sdplan.core.errors import ModelFileError
+from sdplan.core.families import lora_family as registry_lora_family
 from sdplan.core.modelfiles import checkpoint as _ckpt
 from sdplan.core.modelfiles.checkpoint import ModelSet, ModelTensor, read_model_files
 from sdplan.core.modelfiles.readers import TensorFile, read_tensor_file
@@ -52,7 +53,6 @@ DIFFUSION_KINDS = ("checkpoint", "diffusion")
 
 _LORA_RE = re.compile(r"(?:^|[._])(lora_(?:up|down|A|B)|lora\.(?:up|down)|hada_w[12]_[ab]|"
                       r"lokr_w[12])(?:\.|$)")
-_CONTEXT_FAMILY = {768: "sd1", 1024: "sd2", 2048: "sdxl"}
 
 
 @dataclass(frozen=True)
@@ -176,10 +176,12 @@ def classifier_stamp() -> str:
     new family never shows an old description from the cache."""
     import hashlib
 
-    from sdplan.core.modelfiles import checkpoint, families, readers
+    from sdplan.core import families
+    from sdplan.core.modelfiles import checkpoint, readers
 
+    rules = [sys.modules[n] for n in sorted(sys.modules) if n.startswith("sdplan.core.families.")]
     h = hashlib.sha256()
-    for mod in (readers, families, checkpoint, sys.modules[__name__]):
+    for mod in (readers, families, *rules, checkpoint, sys.modules[__name__]):
         try:
             h.update(Path(str(mod.__file__)).read_bytes())
         except OSError:
@@ -441,25 +443,12 @@ def lora_family(tf: TensorFile) -> str | None:
     """The family a LoRA (or LyCORIS) file adapts, or None when ``tf`` is not one.
 
     A LoRA has ``lora_up``/``lora_down`` (kohya), ``lora_A``/``lora_B`` (PEFT) or LoHa /
-    LoKr factors. Family: Flux block names (``double_blocks``, ``single_blocks``,
-    ``single_transformer_blocks``) -> ``flux``; SD3 ``joint_blocks`` -> ``sd3``; a second
-    text encoder (``lora_te2_``) -> ``sdxl``; else the width of a cross-attention key's
-    down projection (768 ``sd1``, 1024 ``sd2``, 2048 ``sdxl``); ``unknown`` otherwise.
+    LoKr factors; its family is the registry's answer from its names and shapes
+    (:func:`sdplan.core.families.lora_family`: FLUX.1 block names, SD3 ``joint_blocks``, a
+    second text encoder for SDXL, else the cross-attention width 768 / 1024 / 2048), else
+    ``unknown``.
     """
     names = [t.name for t in tf.tensors]
     if not names or not any(_LORA_RE.search(n) for n in names):
         return None
-    flat = [n.replace("_", ".") for n in names]
-    if any("double.blocks" in n or "single.blocks" in n or "single.transformer.blocks" in n
-           for n in flat):
-        return "flux"
-    if any("joint.blocks" in n for n in flat):
-        return "sd3"
-    if any(n.startswith("lora_te2_") for n in names):
-        return "sdxl"
-    for t in tf.tensors:
-        n = t.name.replace("_", ".")
-        if "attn2" in n and "to.k" in n and ("lora.down" in n or "lora.A" in n) \
-                and len(t.shape) == 2:
-            return _CONTEXT_FAMILY.get(t.shape[1], "unknown")
-    return "unknown"
+    return registry_lora_family(names, {t.name: tuple(t.shape) for t in tf.tensors})

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 from sdplan.core.errors import InvalidArgument, ModelFileError
+from sdplan.core.families import lora_family
 from sdplan.core.modelfiles.checkpoint import ModelSet
 from sdplan.core.modelfiles.lora_names import AliasTable, Target
 from sdplan.core.modelfiles.readers import TensorInfo, read_tensor_file
@@ -290,24 +291,16 @@ def read_lora(path: str | Path, table: AliasTable) -> LoraFile:
 
 def guess_lora_family(path: str | Path) -> str:
     """The model family a LoRA file was trained for, from its key names and shapes (header
-    only): ``flux``, ``sdxl``, ``sd1``, ``sd2`` or ``unknown``. SD 1.x/2.x/SDXL are told
-    apart by the cross-attention context width (768, 1024, 2048: the input width of an
-    ``attn2.to_k`` down matrix) or a second text encoder.
+    only; :func:`sdplan.core.families.lora_family`): ``flux``, ``sd3``, ``sdxl``, ``sd1``,
+    ``sd2`` or ``unknown``. SD 1.x/2.x/SDXL are told apart by the cross-attention context
+    width (768, 1024, 2048: the input width of an ``attn2.to_k`` down matrix) or a second text
+    encoder.
 
     Raises:
         ModelFileError: unreadable file.
     """
     tensors = read_tensor_file(path).tensors
-    names = [t.name for t in tensors]
-    if any(s in n for n in names for s in ("double_blocks", "single_blocks", "single_transformer_blocks")):
-        return "flux"
-    if any(n.startswith(("lora_te2_", "text_encoder_2.")) for n in names):
-        return "sdxl"
-    for t in tensors:
-        if re.search(r"attn2[._]to_k", t.name) and _split(t.name) and _split(t.name)[1] == "down":  # type: ignore[index]
-            width = t.shape[-1] if len(t.shape) == 2 else (t.shape[1] if len(t.shape) == 4 else 0)
-            return {768: "sd1", 1024: "sd2", 2048: "sdxl"}.get(int(width), "unknown")
-    return "unknown"
+    return lora_family([t.name for t in tensors], {t.name: tuple(t.shape) for t in tensors})
 
 
 def _rank(lf: LoraFile, part: LoraPart) -> int:

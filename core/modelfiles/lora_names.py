@@ -28,6 +28,8 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from sdplan.core.families import family as registry_family
+
 __all__ = ["Target", "AliasTable", "sd_aliases", "flux_aliases", "generic_aliases",
            "unet_ldm_to_diffusers", "aliases_for_family"]
 
@@ -272,13 +274,16 @@ def generic_aliases(names: Mapping[str, Collection[str]], shapes: Mapping[str, t
 
 def aliases_for_family(family: str, names: Mapping[str, Collection[str]],
                        shapes: Mapping[str, tuple[int, ...]]) -> AliasTable:
-    """The alias table of ``family`` (``sd1``, ``sd2``, ``sdxl``, ``flux``); for another family
-    name, the layout of the diffusion model's names decides (an LDM UNet: SD's table; BFL
-    double blocks: Flux's), else :func:`generic_aliases`."""
+    """The alias table of ``family``: its registry entry's table
+    (:attr:`sdplan.core.families.declaration.Family.lora_names`: ``sd`` for the UNet families,
+    ``flux`` for the FLUX.1-layout DiTs); for another family, the layout of the diffusion
+    model's names decides (an LDM UNet: SD's table; BFL double blocks: Flux's), else
+    :func:`generic_aliases`."""
     diffusion = names.get("diffusion", ())
-    if family in ("sd1", "sd2", "sdxl") or any(n.startswith("model.diffusion_model.input_blocks.")
-                                                for n in diffusion):
+    fam = registry_family(family)
+    kind = fam.lora_names if fam is not None else "generic"
+    if kind == "sd" or any(n.startswith("model.diffusion_model.input_blocks.") for n in diffusion):
         return sd_aliases(names, shapes)
-    if family == "flux" or any(".double_blocks." in "." + n for n in diffusion):
+    if kind == "flux" or any(".double_blocks." in "." + n for n in diffusion):
         return flux_aliases(names, shapes)
     return generic_aliases(names, shapes)

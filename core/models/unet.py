@@ -15,7 +15,8 @@ the reduced SDXL variants load too: a SpatialTransformer runs as many transforme
 its weights have (SDXL: 2 at level 1 and 10 at level 2; SSD-1B and Vega fewer, per block), a
 level without SpatialTransformers has no attention (SDXL's first), and a middle block runs
 the layers it has (SSD-1B: one ResBlock). The head count is not in the shapes: SD 1.x uses 8
-heads everywhere, SD 2.x and SDXL a head width of 64 (:data:`FAMILY_HEADS`); pass
+heads everywhere, SD 2.x and SDXL a head width of 64 (their registry entries'
+:attr:`~sdplan.core.families.declaration.Family.unet_heads`); pass
 ``num_heads`` or ``head_dim`` for other models.
 
 Engine stages: :class:`UNetGraph` gives the runner one block per stage, ``input_blocks.N``
@@ -31,17 +32,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sdplan.core.families import family as registry_family
 from sdplan.core.models.base import ModelLayoutError, Weights
 from sdplan.core.runtime import graph as gr
 
-__all__ = ["UNetConfig", "UNetGraph", "PREFIX", "FAMILY_HEADS",
+__all__ = ["UNetConfig", "UNetGraph", "PREFIX",
            "unet_config", "unet", "unet_stages", "find_prefix"]
 
 Tensor = Any
 PREFIX = "model.diffusion_model."
-#: family -> (num_heads, head_dim); exactly one is set (SDXL: ``num_head_channels: 64`` in
-#: Stability's ``sd_xl_base.yaml`` and ``sd_xl_refiner.yaml``).
-FAMILY_HEADS = {"sd1": (8, None), "sd2": (None, 64), "sdxl": (None, 64)}
+#: (num_heads, head_dim) of a UNet whose family names none: SD 1.x's 8 heads.
+DEFAULT_HEADS = (8, None)
 _GN_GROUPS = 32
 _RES_EPS = 1e-5
 _ST_EPS = 1e-6
@@ -106,7 +107,8 @@ def unet_config(weights: Mapping[str, Any], family: str = "sd1", num_heads: int 
                 head_dim: int | None = None, prefix: str = PREFIX) -> UNetConfig:
     """Infer a :class:`UNetConfig` from ``weights`` (tensors or shape tuples).
 
-    ``num_heads``/``head_dim`` override the family rule of :data:`FAMILY_HEADS`;
+    ``num_heads``/``head_dim`` override the family's rule (its registry entry's ``unet_heads``;
+    SD 1.x's 8 heads for a family without one);
     ``transformer_depth`` is the last SpatialTransformer's depth seen on the way down (the
     graph reads each block's own depth from its weights).
 
@@ -141,7 +143,8 @@ def unet_config(weights: Mapping[str, Any], family: str = "sd1", num_heads: int 
         depth = len(w.indices("middle_block.1.transformer_blocks."))
         linear = len(w.shape("middle_block.1.proj_in.weight")) == 2
     if num_heads is None and head_dim is None:
-        num_heads, head_dim = FAMILY_HEADS.get(family, FAMILY_HEADS["sd1"])
+        fam = registry_family(family)
+        num_heads, head_dim = (fam.unet_heads if fam is not None and fam.unet_heads else DEFAULT_HEADS)
     adm = w.shape("label_emb.0.0.weight")[1] if "label_emb.0.0.weight" in w else 0
     return UNetConfig(prefix, cin, cout, mc, tuple(lv[-1] // mc for lv in levels),
                       len(levels[0]), tuple(sorted(attn_levels)), depth, context, linear,

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 from sdplan.core.errors import ModelFileError, SdplanError
+from sdplan.core.families import generation_defaults
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux2 import Flux2DiT, patchify_latent, unpatchify_latent, untokens
@@ -52,7 +53,6 @@ from sdplan.core.pipelines.base import module_placements
 from sdplan.core.pipelines.flux_base import VAE_BF16, FluxFamilyPipeline, shapes
 from sdplan.core.pipelines.images import read_image_rgb
 from sdplan.core.pipelines.z_image import is_gguf
-from sdplan.core.planning.generation_defaults import generation_defaults
 from sdplan.core.sampling.flow import flux2_mu, flux_sigmas, sample_flow
 from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
@@ -257,7 +257,7 @@ class KleinPipeline(FluxFamilyPipeline):
         if self.preview is not None:
             img = self.preview(z)
             return (np.clip(img[0].transpose(1, 2, 0), 0, 1) * 255).round().astype(np.uint8)
-        return latent_to_rgb(z, "flux2")
+        return latent_to_rgb(z, "flux2_ae")
 
     def txt2img(self, prompt: str, width: int, height: int, *, steps: int | None = None, seed: int = 42,
                 sampler: str = "euler", cfg_scale: float = 1.0, negative_prompt: str = "",

@@ -81,7 +81,7 @@ class FluxFamilyPipeline(Pipeline):
     #: projection of previews without a TAE, the flow schedule of sd-cli's schedulers.
     scale_factor = SCALE_FACTOR
     shift_factor = SHIFT_FACTOR
-    preview_family = "flux"
+    latent_format = "flux_ae"
     schedule_kind = "flux"
 
     def _runner(self, name: str, model: Any, path: str | Path, placement: Any,
@@ -269,7 +269,7 @@ class FluxFamilyPipeline(Pipeline):
         if self.preview is not None:
             img = self.preview(latent / self.scale_factor + self.shift_factor)
             return (np.clip(img[0].transpose(1, 2, 0), 0, 1) * 255).round().astype(np.uint8)
-        return latent_to_rgb(latent, self.preview_family)
+        return latent_to_rgb(latent, self.latent_format)
 
 
 def _blended(vel: Velocity, ref: np.ndarray, mask: np.ndarray) -> Velocity:

@@ -53,6 +53,8 @@ def plan_loras(prompt: str, lora_dir: str | Path | None, requested: str,
     """
     if "<lora:" not in prompt:
         return PlannedLoras(prompt)
+    from sdplan.core.families import family as registry_family
+    from sdplan.core.families.options import LORA
     from sdplan.core.modelfiles.checkpoint import read_model_files
     from sdplan.core.modelfiles.lora import lora_profiles, model_aliases, quantized
     from sdplan.core.pipelines.lora import prompt_loras, refuse_inputs
@@ -60,10 +62,9 @@ def plan_loras(prompt: str, lora_dir: str | Path | None, requested: str,
 
     core = {k: list(v) for k, v in model_files.items() if k not in ("taesd", "upscale_model")}
     ms = read_model_files(core)
-    if ms.architecture.family.startswith("flux2"):
-        refuse_inputs({"prompt": prompt}, "FLUX.2")
-    if ms.architecture.family == "sd3":
-        refuse_inputs({"prompt": prompt}, "SD3", pictures=False)
+    fam = registry_family(ms.architecture.family)
+    if fam is not None and not fam.honours(LORA):
+        refuse_inputs({"prompt": prompt}, fam.title, pictures=False)
     text, loras = prompt_loras(prompt, lora_dir, model_aliases(ms))
     if not loras:
         return PlannedLoras(text)

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 from sdplan.core.errors import InvalidArgument, ModelFileError
+from sdplan.core.families import family as registry_family
 from sdplan.core.modelfiles.checkpoint import ModelSet, read_model_files
 from sdplan.core.modelfiles.lora_names import AliasTable, aliases_for_family
 from sdplan.core.models import clip as clip_m
@@ -181,7 +182,8 @@ class StableDiffusion(Pipeline):
         shapes = {t.info.name: tuple(t.info.shape) for t in self.ms.tensors}
         self.clip_cfg = clip_m.clip_config(shapes, n_heads=clip_heads)
         self.family = family or ("sd2" if self.clip_cfg.layout == "openclip" else "sd1")
-        self.prediction = prediction or ("v" if self.family == "sd2" else "eps")
+        self.declared = registry_family(self.family)
+        self.prediction = prediction or (self.declared.prediction if self.declared else None) or "eps"
         self.unet_cfg = unet_m.unet_config(shapes, self.family, unet_heads, unet_head_dim)
         self.vae_cfg = vae_m.vae_config(shapes)
         self.scale_factor = vae_m.SCALE_FACTOR
@@ -226,7 +228,7 @@ class StableDiffusion(Pipeline):
     # ------------------------------------------------------------------ text encoder
 
     def _skip(self, clip_skip: int) -> int:
-        return clip_skip if clip_skip > 0 else (2 if self.family == "sd2" else 1)
+        return clip_skip if clip_skip > 0 else (self.declared.defaults.clip_skip if self.declared else 1)
 
     @contextlib.contextmanager
     def text_session(self, clip_skip: int = 0) -> Iterator[None]:

@@ -84,7 +84,7 @@ class Sd3Pipeline(FluxFamilyPipeline):
 
     scale_factor = SCALE
     shift_factor = SHIFT
-    preview_family = "sd3"
+    latent_format = "sd3_ae"
     schedule_kind = "sd3"
 
     def __init__(self, files: Mapping[str, Sequence[str | Path]], plan: Any = None, pool: Any = None,

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 from sdplan.core.errors import ModelFileError
+from sdplan.core.families import family as registry_family
 from sdplan.core.modelfiles.checkpoint import ModelTensor, read_model_files
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
@@ -84,6 +85,7 @@ class StableDiffusionXL(StableDiffusion):
             raise ModelFileError(self.path, f"no {', '.join(missing)} tensors: not an SDXL model set")
         meta = model_overrides(self.ms)
         self.family = "sdxl"
+        self.declared = registry_family(self.family)
         self.prediction = prediction or meta.get("prediction") or "eps"
         diff = self.ms.module_tensors("diffusion")
         shapes = {t.info.name: tuple(t.info.shape) for t in diff}

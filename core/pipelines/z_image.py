@@ -29,13 +29,13 @@ from typing import Any
 
 import numpy as np
 from sdplan.core.errors import SdplanError
+from sdplan.core.families import generation_defaults
 from sdplan.core.models.llm import LLMEncoder, llm_config
 from sdplan.core.models.z_image import ZImageDiT, unpatchify
 from sdplan.core.pipelines.base import module_placements
 from sdplan.core.pipelines.flux_base import FluxFamilyPipeline
 from sdplan.core.pipelines.flux_base import shapes as _shapes
 from sdplan.core.pipelines.img2img import ImageInput
-from sdplan.core.planning.generation_defaults import generation_defaults
 from sdplan.core.sampling.flow import discrete_flow_sigmas, sample_flow
 from sdplan.core.sampling.noise import PhiloxNoise
 from sdplan.core.text.bpe_tokenizer import BPETokenizer

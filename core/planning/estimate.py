@@ -73,6 +73,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sdplan.core.families import ComputeShape, family_of, variant_of
 from sdplan.core.planning.adapters import LoraProfile, lora_device_bytes
 from sdplan.core.planning.engine_compute import sdplan_compute_bytes
 from sdplan.core.planning.inventory import Inventory
@@ -85,16 +86,16 @@ _F32 = 4
 #: Engines an estimate can be for (see :func:`module_compute`).
 ENGINES = ("sdplan", "sd-cli", "sd-cli-fa")
 
-# family -> (heads, width D, tokens rule): DiT tokens = latent/4 + text; UNet = latent / div
-_DIT = {"flux": (24, 3072, 512), "flux-schnell": (24, 3072, 256), "chroma": (24, 3072, 512),
-        "sd3": (24, 1536, 154), "sd3-large": (38, 2432, 154), "z_image": (30, 3840, 512),
-        "flux2_klein": (24, 3072, 512), "flux2_klein-9b": (32, 4096, 512)}
-_UNET = {"sd1": (8, 320, 1), "sd2": (5, 320, 1), "sdxl": (10, 640, 4)}
 # encoder -> (heads, MLP width, tokens)
 _TE = {"t5xxl": (64, 10240, 512), "llm": (28, 18944, 512), "clip_l": (12, 3072, 77),
        "clip_h": (16, 4096, 77), "clip_g": (20, 5120, 77)}
-# family -> the tokens every encoder of its ``te`` runs at once (SD3: 77-token chunks, T5 too)
-_TE_TOKENS = {"sd3": 77}
+
+
+def _shape(architecture: str | None) -> ComputeShape | None:
+    """The family's published compute constants for an architecture name (its variant's when
+    it has its own; :attr:`sdplan.core.families.declaration.Family.compute`), or None."""
+    fam = family_of(architecture)
+    return fam.compute_for(variant_of(architecture)) if fam is not None else None
 
 
 @dataclass(frozen=True)
@@ -128,10 +129,10 @@ def im2col_bytes(module: str, architecture: str | None, *, width: int, height: i
     """sd-cli's F16 ``im2col`` buffer of ``module``'s widest 3x3 convolution in bytes
     (module docstring): VAE ``batch * 2 * 9 * 128 * pixels``; SD/SDXL UNets
     ``batch * 2 * 9 * 320 * latent pixels``; 0 for DiTs and other modules."""
-    family = (architecture or "").split("-")[0]
+    shape = _shape(architecture)
     if module == "vae":
         return batch * 2 * 9 * 128 * width * height
-    if module in ("diffusion", "controlnet") and family in _UNET:
+    if module in ("diffusion", "controlnet") and shape is not None and shape.kind == "unet":
         return batch * 2 * 9 * 320 * (height // 8) * (width // 8)
     return 0
 
@@ -231,22 +232,19 @@ def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
         width, height: image size in pixels; batch: images per run.
         flash: flash attention (no ``heads * N**2`` score matrix).
     """
-    arch = architecture or "unknown"
-    family = arch.split("-")[0]
+    shape = _shape(architecture)
     latent = (height // 8) * (width // 8)
     pixels = width * height
     if module in ("diffusion", "controlnet"):
-        key = arch if arch in _DIT else family
-        if key in _DIT:
-            heads, dim, text = _DIT[key]
-            return _attn(batch, heads, latent // 4 + text, 4 * dim, flash)
-        if family in _UNET:
-            heads, ch, div = _UNET[family]
-            return _attn(batch, heads, latent // div, 4 * ch, flash)
+        if shape is not None and shape.kind == "dit":
+            return _attn(batch, shape.heads, latent // 4 + shape.tokens, 4 * shape.width, flash)
+        if shape is not None and shape.kind == "unet":
+            return _attn(batch, shape.heads, latent // shape.tokens, 4 * shape.width, flash)
     elif module == "te":
         encs = [e for e in (mp.encoders or {mp.block_encoder: 0}) if e in _TE]
+        te_tokens = shape.te_tokens if shape is not None else None
         if encs:  # encoders run one after another: the largest buffer counts
-            return max(_attn(batch, _TE[e][0], _TE_TOKENS.get(family, _TE[e][2]), _TE[e][1], flash)
+            return max(_attn(batch, _TE[e][0], te_tokens or _TE[e][2], _TE[e][1], flash)
                        for e in encs)
     elif module == "vae":
         return batch * _F32 * ((0 if flash else latent * latent) + _K * 128 * pixels)

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sdplan.core.errors import PlanError
+from sdplan.core.families import family_of
 from sdplan.core.planning.cmdline import split_command_line, strip_program
 from sdplan.core.planning.estimate import RuntimeFlags
 from sdplan.core.planning.modules import MODEL_FLAGS, MODULES
@@ -186,9 +187,11 @@ def model_file_flags(metadata: Sequence[Mapping[str, str]], family: str) -> list
     sd-cli takes a UNet's prediction type from its family (eps for SD 1.x); a file whose
     ``sdplan.prediction`` metadata says otherwise (sdplan's demo model is an SD 1.x-layout
     v-prediction model) needs ``--prediction v``. ``family`` is the detected architecture
-    family (``sd1``, ``sd2``...).
+    family (``sd1``, ``sd2``...); its default prediction is the registry's
+    (:attr:`sdplan.core.families.declaration.Family.prediction`).
     """
-    default = {"sd1": "eps", "sd2": "v"}.get(family)
+    fam = family_of(family)
+    default = fam.prediction if fam is not None else None
     said = {m.get("sdplan.prediction") for m in metadata} - {None}
     if default and len(said) == 1:
         prediction = said.pop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 from sdplan.core.errors import SdplanError
+from sdplan.core.families import family as registry_family
 
 _SD = (
     [[0.337366, 0.216344, 0.257386],
@@ -68,27 +69,40 @@ _FLUX2 = (  # per channel of the 32-channel FLUX.2 latent (the 128 diffusion cha
     [-0.028738, -0.098463, -0.107619],
 )  # fmt: skip
 
+#: Latent format (a family's :attr:`~sdplan.core.families.declaration.Family.latent_format`)
+#: -> ``(P, b)``: the SD 1.x/2.x VAE, SDXL's, the 16-channel FLUX.1 autoencoder (also
+#: Chroma's and Z-Image's), SD3's, and FLUX.2's 32-channel one.
 PROJECTIONS: dict[str, tuple[list[list[float]], list[float]]] = {
-    "sd1": _SD,
-    "sd2": _SD,
-    "sdxl": _SDXL,
-    "flux": _FLUX,
-    "sd3": _SD3,
-    "flux2": _FLUX2,
+    "sd_vae": _SD,
+    "sdxl_vae": _SDXL,
+    "flux_ae": _FLUX,
+    "sd3_ae": _SD3,
+    "flux2_ae": _FLUX2,
 }
 
 
+def _format(name: str) -> str:
+    """A latent format name, or the format of the family called ``name`` (``sd1``...)."""
+    if name in PROJECTIONS:
+        return name
+    fam = registry_family(name)
+    return fam.latent_format if fam is not None else name
+
+
 def projection(family: str, channels: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(P, b)``: float32 ``(channels, 3)`` matrix and ``(3,)`` bias for ``family``.
+    """``(P, b)``: float32 ``(channels, 3)`` matrix and ``(3,)`` bias for a latent format
+    (:data:`PROJECTIONS`) or a family's name (its format).
 
     Raises:
-        SdplanError: unknown family, or a family whose latents do not have ``channels``.
+        SdplanError: unknown format or family, or a format whose latents do not have
+            ``channels``.
     """
-    if family not in PROJECTIONS:
+    fmt = _format(family)
+    if fmt not in PROJECTIONS:
         raise SdplanError(
             f"preview: unknown model family {family!r} (known: {sorted(PROJECTIONS)})"
         )
-    proj, bias = PROJECTIONS[family]
+    proj, bias = PROJECTIONS[fmt]
     if len(proj) != channels:
         raise SdplanError(
             f"preview: {family} latents have {len(proj)} channels, this latent has {channels}"
@@ -103,7 +117,8 @@ def latent_to_rgb(latent: np.ndarray, family: str, scale: int = 1) -> np.ndarray
         latent: float array ``(C, H, W)`` or ``(1, C, H, W)``; C = 4 for sd1/sd2/sdxl,
             16 for flux/sd3, 32 for flux2 (unpatchified). A 3-channel latent is taken as RGB
             already.
-        family: ``sd1``, ``sd2``, ``sdxl``, ``flux``, ``sd3`` or ``flux2``.
+        family: a latent format of :data:`PROJECTIONS` (``sd_vae``, ``flux_ae``...) or a
+            family's name (``sd1``, ``sdxl``, ``flux``, ``sd3``...: its format).
         scale: integer upscaling (nearest neighbour) for display, >= 1.
 
     Returns:
