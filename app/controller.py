@@ -268,7 +268,7 @@ class PlanController(QObject):
     def _loras(self) -> dict | None:
         """At-runtime LoRA bytes per module for the prompt's tags (None without LoRAs or
         when they cannot be planned: the reason goes to the status bar)."""
-        from sdplan.core.pipelines.inputs import plan_loras
+        from sdplan.core.pipelines.stages.inputs import plan_loras
 
         g = self.generation
         prompt = str(g.get("prompt") or "")
@@ -482,7 +482,7 @@ class PlanController(QObject):
             SdplanError: the picture records no generation (nothing changes); PlanError: its
                 placement does not resolve on these devices (settings and files are kept).
         """
-        from sdplan.core.pipelines.results import read_generation
+        from sdplan.core.pipelines.stages.results import read_generation
 
         try:
             got = read_generation(path)
@@ -664,9 +664,12 @@ class PlanController(QObject):
 
     def reuse_result(self, settings: Mapping[str, object],
                      model_files: Mapping[str, Sequence[str]] | None = None,
-                     placement: Mapping[str, str] | None = None) -> list[str]:
+                     placement: Mapping[str, str] | None = None,
+                     architecture: str | None = None) -> list[str]:
         """Put a result's settings back (the gallery's and the strip's "Reuse settings"):
-        its generation settings (sd-cli keys; others are ignored), its model files when
+        its generation settings (sd-cli keys, through
+        :func:`~sdplan.core.pipelines.stages.results.reusable_settings`: what the command line's
+        ``--from-image`` takes; others are ignored), its model files when
         they all exist here, and its placement strings when they resolve on these devices.
         Returns one note per part left as it was (files not found, a placement that does
         not resolve); the panel reloads on ``planChanged("load")``."""
@@ -687,8 +690,12 @@ class PlanController(QObject):
                 self._push(new, "reuse settings", source="load")
             except PlanError as exc:
                 notes.append(f"placement not restored: {exc}")
+        from sdplan.core.pipelines.stages.parameters import ImageParameters
+        from sdplan.core.pipelines.stages.results import reusable_settings
+
         known = set(GENERATION_FLAGS) - {"output"}
-        self.generation.update({k: v for k, v in settings.items() if k in known})
+        given = reusable_settings(ImageParameters(dict(settings)), architecture)
+        self.generation.update({k: v for k, v in given.items() if k in known})
         self._estimate()
         self.planChanged.emit("load")
         return notes

@@ -1,7 +1,7 @@
 """The gallery: every result image in the results folder (and folders the user adds), with
 its metadata, searchable by prompt and model.
 
-Metadata comes from the image itself (:func:`sdplan.core.pipelines.results.read_result`:
+Metadata comes from the image itself (:func:`sdplan.core.pipelines.stages.results.read_result`:
 sdplan's text chunks, an sd-cli/A1111 ``parameters`` chunk, or the older JSON file beside
 it). Thumbnails load lazily: the view asks only for the rows it shows, and each thumbnail
 is decoded at thumbnail size on a thread pool, then kept. A result opens full size, gives
@@ -46,7 +46,7 @@ from PySide6.QtWidgets import (
 )
 from sdplan.app.history_strip import result_tooltip
 from sdplan.core.errors import SdplanError
-from sdplan.core.pipelines.results import ResultInfo, read_result
+from sdplan.core.pipelines.stages.results import ResultInfo, read_result
 from sdplan.core.planning.sdcli import picture_command
 
 log = logging.getLogger(__name__)

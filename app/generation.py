@@ -40,8 +40,8 @@ from sdplan.app.inputs import InputsPanel
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
 from sdplan.core.errors import SdplanError
 from sdplan.core.families import recommended_sizes
-from sdplan.core.pipelines.outputs import atomic_write
-from sdplan.core.pipelines.results import generation_text, read_result
+from sdplan.core.pipelines.stages.outputs import atomic_write
+from sdplan.core.pipelines.stages.results import read_result
 from sdplan.core.sampling.samplers import SAMPLERS as CORE_SAMPLERS
 from sdplan.core.sampling.schedules import SCHEDULES as CORE_SCHEDULES
 
@@ -69,6 +69,15 @@ def to_qimage(array: Any) -> QImage:
     h, w, c = a.shape
     fmt = QImage.Format.Format_RGB888 if c == 3 else QImage.Format.Format_RGBA8888
     return QImage(a.data, w, h, w * c, fmt).copy()
+
+
+def session_request(ctl: PlanController, settings: dict[str, Any]) -> dict[str, Any]:
+    """The engine request of ``settings`` on the controller's files and resolved plan (the
+    plan on the board), in JSON form (:func:`sdplan.core.pipelines.request.planned_request`)."""
+    from sdplan.core.pipelines.request import planned_request
+
+    files = {k: list(v) for k, v in ctl.model_files.items()}
+    return planned_request(settings, files, ctl.plan, ctl.fit, ctl.inventory).to_dict()
 
 
 def describe_params(params: dict[str, Any]) -> str:
@@ -360,7 +369,7 @@ class GenerationPanel(QFrame):
 
     def _model_changed(self) -> None:
         """New model: its family's fit marks; the demo model brings its own LoRA folder."""
-        from sdplan.core.pipelines.demo import demo_lora_dir
+        from sdplan.core.pipelines.demo.model import demo_lora_dir
 
         if self.inputs.folder is None and not self.ctl.generation.get("lora_model_dir"):
             files = [p for v in self.ctl.model_files.values() for p in v]
@@ -386,9 +395,30 @@ class GenerationPanel(QFrame):
         w, h = self.width_box.value(), self.height_box.value()
         if f and (w % f or h % f):
             return f"Size {w} × {h} px: this model draws sizes that are multiples of {f} px"
+        refusal = self.refusal()
+        if refusal:
+            return refusal
         if self.client_factory is None and engine_unavailable_reason():
             return engine_unavailable_reason()
         return self.engine_busy()
+
+    def refusal(self) -> str | None:
+        """Why the loaded family would refuse these settings (a sampler, scheduler or option
+        it does not take; :meth:`~sdplan.core.pipelines.request.GenerationRequest.check`), or
+        None: the same check the engine makes, before anything loads."""
+        from sdplan.core.families import family_of, variant_of
+        from sdplan.core.pipelines.request import FALLBACK, GenerationRequest
+
+        arch = self.ctl.profile.architecture if self.ctl.profile is not None else None
+        fam = family_of(arch) or family_of(FALLBACK)
+        if fam is None:
+            return None
+        try:
+            GenerationRequest.from_settings({**self.settings(), **self.request_extra},
+                                            self.ctl.model_files).check(fam, variant_of(arch))
+        except SdplanError as exc:
+            return str(exc)
+        return None
 
     def update_state(self) -> None:
         """Enable Generate only with a model and an engine, and say why otherwise."""
@@ -402,13 +432,15 @@ class GenerationPanel(QFrame):
             self.progress_label.setText("Ready")
 
     def request(self) -> dict[str, Any]:
-        """The request sent to the engine: settings, strings, model files, RPC servers."""
-        plan = self.ctl.plan
-        return {**self.settings(), "backend": plan.backend,
-                "params_backend": plan.params_backend, "max_vram": plan.max_vram,
-                "rpc_servers": list(plan.rpc_servers), "stream_layers": plan.stream_layers,
-                "model_files": {k: list(v) for k, v in self.ctl.model_files.items()},
-                **self.request_extra}
+        """The request sent to the engine (:class:`~sdplan.core.pipelines.request.GenerationRequest`
+        in its JSON form, as a queued job keeps it): the panel's settings, the model files and
+        the board's resolved plan, whose devices the engine checks against its own before it
+        loads anything (:class:`~sdplan.core.runtime.run_plan.RunPlan`).
+
+        Raises:
+            SdplanError: a malformed setting (the panel's fields keep them well-formed).
+        """
+        return session_request(self.ctl, {**self.settings(), **self.request_extra})
 
     # ------------------------------------------------------------------ running
     def generate(self) -> bool:
@@ -431,7 +463,7 @@ class GenerationPanel(QFrame):
         self._last_request = req
         self.preview_steps = []
         from sdplan.core.errors import OutputError
-        from sdplan.core.pipelines.outputs import check_output_folder
+        from sdplan.core.pipelines.stages.outputs import check_output_folder
 
         try:  # before the engine loads anything: say now that results cannot be kept
             check_output_folder("history", self.history_dir)
@@ -490,14 +522,18 @@ class GenerationPanel(QFrame):
                 log.debug("bad preview: %s", exc)
 
     @Slot(object, object)
-    def on_result(self, images: list, params: dict) -> None:
+    def on_result(self, images: list, result: dict) -> None:
+        """Show and save a finished run's pictures; ``result`` is the engine's record
+        (``params``, ``plan``, ``model_flags``, ``placements``, ``timings``) or its params alone."""
+        record = result if "params" in result else {"params": result}
         self.last_images = [to_qimage(a) for a in images]
         if self.last_images:
             self._show(self.last_images[0])
-        self.params_label.setText(describe_params(params))
+        self.params_label.setText(describe_params({**record["params"], "timings": record.get("timings")
+                                                   or record["params"].get("timings")}))
         self.progress.setValue(self.progress.maximum())
         self.progress_label.setText(f"done in {time.monotonic() - self._t0:.1f} s")
-        self.save_results(self.last_images, params, self._last_request)
+        self.save_results(images, record, self._last_request)
 
     @Slot(str)
     def on_error(self, message: str) -> None:
@@ -548,13 +584,17 @@ class GenerationPanel(QFrame):
             Qt.TransformationMode.SmoothTransformation))
 
     # ------------------------------------------------------------------ history
-    def save_results(self, images: list[QImage], params: dict,
+    def save_results(self, images: list[Any], result: dict,
                      request: dict[str, Any] | None = None) -> list[Path]:
-        """Save results as PNGs carrying sd-cli's "parameters" text and sdplan's own record
-        (:func:`sdplan.core.pipelines.results.generation_text`: the metadata ``sdplan
-        generate`` writes, so a picture restores its run when dropped on the window), each
-        with a JSON file of ``params``; ``request`` is the engine request they came from
-        (default: the last one). Returns the paths."""
+        """Save a run's pictures (uint8 ``(H, W, 3)`` arrays, or QImages) in the history
+        folder as PNGs carrying the record ``sdplan generate`` writes
+        (:func:`sdplan.core.pipelines.stages.results.picture_text`: sd-cli's "parameters"
+        text, the settings that ran, the plan, the model flags and the sd-cli command), each
+        with a JSON file of its params, so a picture restores its run when dropped on the
+        window. ``result`` is the engine's record (or its params alone); ``request`` the
+        request it came from (default: the last one). Returns the paths."""
+        from sdplan.core.pipelines.stages.results import picture_text, save_png
+
         try:
             self.history_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -562,28 +602,28 @@ class GenerationPanel(QFrame):
                                  f"({exc.strerror or exc}); the picture stays on screen")
             return []
         req = request or self._last_request or self.request()
-        run = {**{k: v for k, v in req.items() if k not in ("model_files", "placements")},
-               **{k: v for k, v in params.items() if v is not None}}
-        placement = {k: req.get(k) for k in ("backend", "params_backend", "max_vram", "split_mode")
-                     if req.get(k)}
-        if req.get("rpc_servers"):
-            placement["rpc_servers"] = ",".join(req["rpc_servers"])
-        current = req is self._last_request  # the board's files and command are this run's
-        command = self.ctl.command_line() if current else None
-        text = generation_text(run, req.get("model_files") or {}, placement, command,
-                               file_flags=self.ctl.model_file_flags if current else None)
+        record = dict(result) if "params" in result else {"params": dict(result)}
+        record["params"] = {**_request_settings(req), **record["params"]}  # the engine's word wins
+        if not record.get("plan"):  # an engine that did not say: the request's own plan
+            plan = req.get("plan") or {}
+            record["plan"] = dict(plan.get("strings") or {}) if isinstance(plan, dict) else {}
+        text = picture_text(record, req.get("model_files") or {})
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        settings = json.dumps(params, indent=1, default=str)
+        settings = json.dumps(record["params"], indent=1, default=str)
         paths = []
         for i, img in enumerate(images):
             path = self.history_dir / f"{stamp}-{i}.png"
             n = 1
             while path.exists():  # a queue can finish two jobs within a second
                 path, n = self.history_dir / f"{stamp}-{i}-{n}.png", n + 1
-            for key, value in (text | ({"batch_index": str(i)} if len(images) > 1 else {})).items():
-                img.setText(key, value)
+            chunks = text | ({"batch_index": str(i)} if len(images) > 1 else {})
             try:  # atomically: a failure leaves no partial file, and the picture stays on screen
-                atomic_write(path, _png_writer(img))
+                if isinstance(img, QImage):
+                    for key, value in chunks.items():
+                        img.setText(key, value)
+                    atomic_write(path, _png_writer(img))
+                else:
+                    save_png(_uint8(img), path, chunks)
                 atomic_write(path.with_suffix(".json"), lambda tmp: tmp.write_text(settings))
             except OSError as exc:
                 self.ctl.status.emit(f"not saved: cannot write to {self.history_dir} "
@@ -605,6 +645,24 @@ class GenerationPanel(QFrame):
             self.params_label.setText(describe_params(read_result(path).settings))
         except OSError:
             self.params_label.setText(path.name)
+
+
+def _uint8(img: Any) -> np.ndarray:
+    """An engine picture as uint8 ``(H, W, 3)`` (float pictures in [0, 1] are scaled)."""
+    a = np.asarray(img)
+    if a.dtype != np.uint8:
+        a = (np.clip(a.astype(np.float32), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    return a
+
+
+def _request_settings(req: dict[str, Any]) -> dict[str, Any]:
+    """The settings a request asked for (a record from an engine that gave fewer)."""
+    from sdplan.core.pipelines.request import GenerationRequest
+
+    try:
+        return GenerationRequest.from_dict(req).settings()
+    except (SdplanError, ValueError, TypeError):
+        return {}
 
 
 def _png_writer(img: QImage) -> Callable[[Path], None]:

@@ -1,7 +1,7 @@
 """Today's strip: the results of today, newest first, under the generation panel.
 
 Each thumbnail's tooltip gives its prompt, seed and size (read back from the image with
-:func:`sdplan.core.pipelines.results.read_result`); clicking shows it in the panel,
+:func:`sdplan.core.pipelines.stages.results.read_result`); clicking shows it in the panel,
 the context menu (or Enter) offers "Reuse settings" and "Show in gallery". Older results
 live in the gallery.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from PySide6.QtCore import QPoint, QSize, Qt, Signal
 from PySide6.QtGui import QIcon, QImageReader, QKeyEvent, QPixmap
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QMenu, QWidget
-from sdplan.core.pipelines.results import ResultInfo, read_result
+from sdplan.core.pipelines.stages.results import ResultInfo, read_result
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from sdplan.core.errors import SdplanError
-from sdplan.core.pipelines import demo
+from sdplan.core.pipelines.demo import model as demo
 from sdplan.core.planning.autoplan import auto_plan
 from sdplan.core.planning.builtin_profiles import load_profile_option
 from sdplan.core.planning.inventory import Inventory, merge_rpc_devices

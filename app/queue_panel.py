@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
-from sdplan.app.generation import GenerationPanel, to_qimage
+from sdplan.app.generation import GenerationPanel
 from sdplan.app.worker import GenerationWorker
 from sdplan.core.pipelines.job_queue import Job, JobQueue
 
@@ -223,13 +223,12 @@ class QueueRunner(QObject):
         self.progress.emit(self.job.id, self.job.steps_done, self.job.steps)
 
     @Slot(object, object)
-    def on_result(self, images: list, params: dict) -> None:
+    def on_result(self, images: list, result: dict) -> None:
         if self._closing:
             return
         if self.job is None:
             return
-        qimages = [to_qimage(a) for a in images]
-        paths = self.panel.save_results(qimages, params, self.job.request)
+        paths = self.panel.save_results(images, result, self.job.request)
         self._results = [str(p) for p in paths]
         self.queue.finish(self.job.id, "done", results=self._results)
         self.jobFinished.emit(self.job.id, "done")

@@ -656,7 +656,7 @@ class MainWindow(QMainWindow):
             self.gallery.select_path(path)
 
     def reuse_result_file(self, path: str) -> None:
-        from sdplan.core.pipelines.results import read_result
+        from sdplan.core.pipelines.stages.results import read_result
 
         try:
             self.reuse_result(read_result(path))
@@ -667,7 +667,8 @@ class MainWindow(QMainWindow):
         """Put a result's settings (and its model files and placement, when they exist
         here) back into the generation panel and the board."""
         notes = self.ctl.reuse_result(info.settings, info.model_files,  # type: ignore[attr-defined]
-                                      info.placement)  # type: ignore[attr-defined]
+                                      info.placement,  # type: ignore[attr-defined]
+                                      getattr(info, "architecture", None))
         self.side.setCurrentIndex(0)
         name = Path(info.path).name  # type: ignore[attr-defined]
         self.show_status(f"settings of {name} in the panel" + (

@@ -66,7 +66,7 @@ class GenerationWorker(QObject):
     to slots of GUI-thread objects (queued across threads)."""
 
     progress = Signal(int, int, object)  # step, total, preview ndarray or None
-    result = Signal(object, object)  # images (list of ndarray), params dict
+    result = Signal(object, object)  # images (list of ndarray), the engine's record (params, plan...)
     error = Signal(str)
     cancelled = Signal()
     finished = Signal()
@@ -101,7 +101,9 @@ class GenerationWorker(QObject):
                 if kind == "progress":
                     self.progress.emit(int(msg["step"]), int(msg["total"]), msg.get("preview"))
                 elif kind == "result":
-                    self.result.emit(list(msg.get("images") or []), dict(msg.get("params") or {}))
+                    record = dict(msg.get("record") or {})
+                    record["params"] = dict(msg.get("params") or record.get("params") or {})
+                    self.result.emit(list(msg.get("images") or []), record)
                     break
                 elif kind == "error":
                     self.error.emit(str(msg.get("message") or "the engine failed"))

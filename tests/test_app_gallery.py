@@ -19,8 +19,8 @@ from PySide6.QtGui import QGuiApplication  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.app.gallery import GalleryPanel, InfoRole, result_command  # noqa: E402
 from sdplan.app.window import MainWindow  # noqa: E402
-from sdplan.core.pipelines.parameters import parse_parameters  # noqa: E402
-from sdplan.core.pipelines.results import read_result, result_text, save_png  # noqa: E402
+from sdplan.core.pipelines.stages.parameters import parse_parameters  # noqa: E402
+from sdplan.core.pipelines.stages.results import read_result, result_text, save_png  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.planning.sdcli import import_sdcli_command  # noqa: E402
 
@@ -161,7 +161,7 @@ def test_copied_command_is_the_recorded_one(qtbot, tmp_path):
     default scheduler, sd-cli's own values, a LoRA folder without a tag): the gallery copies
     the very command the picture records, with --prediction v and nothing sd-cli would
     take differently; an older picture without the record still gives its command."""
-    from sdplan.core.pipelines.results import generation_text
+    from sdplan.core.pipelines.stages.results import generation_text
 
     settings = {"prompt": "a red circle on a blue background", "negative_prompt": "", "width": 128,
                 "height": 128, "steps": 20, "cfg_scale": 5.0, "guidance": 3.5, "seed": 42,

@@ -86,7 +86,7 @@ def test_progress_preview_result_and_history(qtbot, ctl, tmp_path):
     assert p.history.count() == 1
     assert "seed 7" in p.params_label.text() and "steps 4" in p.params_label.text()
     req = client.requests[0]
-    assert req["prompt"] == "a lighthouse" and req["backend"] == ctl.plan.backend
+    assert req["prompt"] == "a lighthouse" and req["plan"]["strings"]["backend"] == ctl.plan.backend
     assert req["model_files"] == {"diffusion_model": ["/nonexistent/model.safetensors"]}
     assert not client.closed and p.generate_btn.isEnabled()  # kept for the next run
     p.shutdown()
@@ -230,7 +230,7 @@ def test_unwritable_history_warns_first_and_keeps_the_picture(qtbot, ctl, tmp_pa
 def test_a_size_the_model_cannot_draw_disables_generate(qtbot, tmp_path):
     """The demo draws multiples of 32 pixels (from its headers: 8 x 2^2): 100 px wide
     disables Generate with the reason before any engine starts; 96 enables it again."""
-    from sdplan.core.pipelines.demo import demo_model_path
+    from sdplan.core.pipelines.demo.model import demo_model_path
 
     inv = Inventory((Device("CPU", "cpu", "cpu", "CPU", 8 * GIB, 16 * GIB),))
     c = PlanController(inv)

@@ -133,8 +133,8 @@ def test_demo_in_the_app_with_its_lora_and_a_picture(qtbot, tmp_path) -> None:
     mask (image to image and inpainting through the app)."""
     from sdplan.app import main
     from sdplan.app.worker import engine_unavailable_reason
-    from sdplan.core.pipelines.demo import demo_lora_dir
-    from sdplan.core.pipelines.demo_scenes import Scene, is_outlined, render
+    from sdplan.core.pipelines.demo.model import demo_lora_dir
+    from sdplan.core.pipelines.demo.scenes import Scene, is_outlined, render
 
     if not (demo_lora_dir() / "outline.safetensors").is_file():
         pytest.skip("the demo LoRA is not installed")

@@ -21,7 +21,7 @@ from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.app.generation import GenerationPanel  # noqa: E402
 from sdplan.app.queue_panel import QueuePanel, QueueRunner, clock  # noqa: E402
 from sdplan.core.pipelines.job_queue import JobQueue  # noqa: E402
-from sdplan.core.pipelines.results import read_result  # noqa: E402
+from sdplan.core.pipelines.stages.results import read_result  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 
 GIB = 1 << 30

@@ -16,8 +16,8 @@ pytest.importorskip("pytestqt")
 from replay_client import ReplayEngineClient  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.app.generation import SAMPLERS, SCHEDULES, GenerationPanel  # noqa: E402
-from sdplan.core.pipelines.parameters import parse_parameters  # noqa: E402
-from sdplan.core.pipelines.results import read_generation, read_png_text  # noqa: E402
+from sdplan.core.pipelines.stages.parameters import parse_parameters  # noqa: E402
+from sdplan.core.pipelines.stages.results import read_generation, read_png_text  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.planning.profile import ModuleProfile, Profile  # noqa: E402
 from sdplan.core.sampling import samplers, schedules  # noqa: E402

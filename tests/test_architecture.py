@@ -49,7 +49,7 @@ def _plant(root: Path, rel: str, code: str) -> None:
     ("core/text/prompt.py", "from sdplan.core.sampling import samplers\n",
      "layer text may not import layer sampling"),
     # Qt from core, under TYPE_CHECKING
-    ("core/pipelines/sd.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+    ("core/pipelines/sd/pipeline.py", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
      "    from PySide6.QtCore import QObject\n", "core never imports Qt"),
     # the native module outside its door
     ("core/models/unet.py", "def _planted():\n    import sdplan._ggml\n",
@@ -98,7 +98,7 @@ def test_layers_of_modules() -> None:
     assert archcheck.layer_of("numpy") is None
     assert archcheck.check_edge("sdplan.core.commands.gui", "sdplan.app.main") is None
     assert archcheck.check_edge("sdplan.core.commands.plan", "sdplan.app.main") is not None
-    assert archcheck.check_edge("sdplan.core.pipelines.sd", "sdplan.core.models.unet") is None
+    assert archcheck.check_edge("sdplan.core.pipelines.sd.pipeline", "sdplan.core.models.unet") is None
 
 
 # ----------------------------------------------------------------------------- sizes and homes

@@ -40,7 +40,7 @@ from sdplan.core.models.mmdit import MMDiT, unpatch  # noqa: E402
 from sdplan.core.models.t5 import T5Encoder  # noqa: E402
 from sdplan.core.models.z_image import ZImageDiT  # noqa: E402
 from sdplan.core.models.z_image import unpatchify as z_unpatchify  # noqa: E402
-from sdplan.core.pipelines.flux_base import shapes  # noqa: E402
+from sdplan.core.pipelines.stages.flow_dit import shapes  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement, ModuleRunner  # noqa: E402
 from sdplan.core.runtime.weights import WeightFile  # noqa: E402
 from test_bf16_kernels import ORDER, kernel_path  # noqa: E402
@@ -220,7 +220,7 @@ def test_z_image_pipeline_on_each_kernel_path_matches_diffusers(kernel, tmp_path
     Tolerances: the f16 path test_pipeline_z_image's 3e-3 for the context and the final latent,
     the bf16 path 2e-2. Measured: f16 context 3.0e-5, latent 6.7e-5; AMX 2.5e-3 and 2.3e-3 (the
     DiT, the Qwen3 encoder and the VAE all in bf16)."""
-    from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline
+    from sdplan.core.pipelines.z_image.pipeline import ZImageModels, ZImagePipeline
     from zimage_util import AE, DIT, PROMPT, ref, write_qwen3
 
     R = ref()

@@ -19,8 +19,8 @@ from generate_util import parse, png  # noqa: E402
 from PIL import Image  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core.commands import generate  # noqa: E402
-from sdplan.core.pipelines import demo  # noqa: E402
-from sdplan.core.pipelines.results import image_to_uint8, read_generation  # noqa: E402
+from sdplan.core.pipelines.demo import model as demo  # noqa: E402
+from sdplan.core.pipelines.stages.results import image_to_uint8, read_generation  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
 from sdplan.core.sampling.schedules import get_sigmas  # noqa: E402
 
@@ -139,7 +139,7 @@ def test_taesd_previews_and_upscaler(tmp_path: Path, monkeypatch) -> None:
     final latent for the last one); --upscale-model doubles the reference image."""
     from pth_writer import compact_weights, save_compact
     from safetensors.numpy import save_file
-    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.pipelines.stages.upscale import Upscaler
     from test_models_tae import np_decode, tae_weights
 
     ref = load_file(str(FIX / "sd1_ref.safetensors"))
@@ -282,7 +282,7 @@ CHROMA = ["--diffusion-model", str(FIX / "chroma_tiny.safetensors"), "--t5xxl", 
 def test_chroma_files_give_diffusers_latent(tmp_path: Path, monkeypatch) -> None:
     """Chroma's files (no --clip_l) run the Chroma pipeline: the PNG is diffusers'
     ChromaPipeline latent decoded by the autoencoder."""
-    from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
+    from sdplan.core.pipelines.chroma.pipeline import ChromaModels, ChromaPipeline
 
     ref = load_file(str(FIX / "chroma_ref.safetensors"))
     monkeypatch.setattr(PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())

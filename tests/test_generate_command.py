@@ -17,8 +17,8 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from generate_util import parse  # noqa: E402
 from PIL import Image  # noqa: E402
-from sdplan.core.pipelines.demo import demo_lora_dir, demo_model_path  # noqa: E402
-from sdplan.core.pipelines.results import read_result  # noqa: E402
+from sdplan.core.pipelines.demo.model import demo_lora_dir, demo_model_path  # noqa: E402
+from sdplan.core.pipelines.stages.results import read_result  # noqa: E402
 from sdplan.core.planning.sdcli import GENERATION_FLAGS, SDCLI_DEFAULTS, import_sdcli_command  # noqa: E402
 
 
@@ -103,5 +103,5 @@ def test_skip_layer_guidance_on_sd1_is_refused_before_the_plan(tmp_path: Path, c
     assert cap.out == ""
     lines = cap.err.splitlines()
     assert len(lines) == 1 and lines[0].endswith(
-        "--slg-scale: skip-layer guidance runs on SD3 / SD3.5 only, not on sd1"), lines
+        "--slg-scale 2: SD 1.x does not take it in sdplan; remove it"), lines
     assert not out.exists()

@@ -17,7 +17,7 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from generate_util import parse  # noqa: E402
 from PIL import Image  # noqa: E402
-from sdplan.core.pipelines.results import read_generation  # noqa: E402
+from sdplan.core.pipelines.stages.results import read_generation  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
 MODEL = FIX / "sd1_tiny.safetensors"
@@ -93,8 +93,8 @@ def test_demo_with_its_lora_an_init_picture_and_a_mask(tmp_path: Path, capsys) -
     """The demo's ``outline`` LoRA (found without --lora-model-dir) draws the shape as an
     outline where the plain model fills it (this caption and seed); with ``-i``/``--mask``
     the PNG records the picture inputs."""
-    from sdplan.core.pipelines.demo import demo_lora_dir
-    from sdplan.core.pipelines.demo_scenes import Scene, is_outlined, render
+    from sdplan.core.pipelines.demo.model import demo_lora_dir
+    from sdplan.core.pipelines.demo.scenes import Scene, is_outlined, render
 
     if not (demo_lora_dir() / "outline.safetensors").is_file():
         pytest.skip("the demo LoRA is not installed")

@@ -13,7 +13,7 @@ from sdplan.core import cli
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
-from sdplan.core.pipelines.results import generation_text, read_generation, save_png  # noqa: E402
+from sdplan.core.pipelines.stages.results import generation_text, read_generation, save_png  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
 MODEL = FIX / "sd1_tiny.safetensors"

@@ -24,7 +24,7 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from generate_util import parse, png  # noqa: E402
 from PIL import Image  # noqa: E402
-from sdplan.core.pipelines.results import image_to_uint8  # noqa: E402
+from sdplan.core.pipelines.stages.results import image_to_uint8  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
 from sdplan.core.sampling.schedules import get_sigmas  # noqa: E402
 from sdxl_util import BASE, ref, split_files, write_unet_gguf  # noqa: E402
@@ -84,7 +84,7 @@ def test_separate_files_q8_0_gguf_and_taesdxl(tmp_path: Path, ref_noise) -> None
 def _stage_budget() -> float:
     """GiB for the UNet's fixed weights, its compute buffer and its largest stage: the
     runner packs two or more smaller stages per segment and the largest alone."""
-    from sdplan.core.pipelines.sdxl import StableDiffusionXL
+    from sdplan.core.pipelines.sdxl.pipeline import StableDiffusionXL
 
     with StableDiffusionXL(BASE, n_threads=2) as sd:
         r = sd.runners["diffusion"]

@@ -62,7 +62,7 @@ from sdplan.core.models.unet import UNetGraph, unet_config  # noqa: E402
 from sdplan.core.models.unet import find_prefix as unet_prefix  # noqa: E402
 from sdplan.core.models.vae import SDXL_CONV_SCALE, VaeGraph, vae_config, vae_decode, vae_encode  # noqa: E402
 from sdplan.core.models.z_image import ZImageDiT  # noqa: E402
-from sdplan.core.pipelines.sd import model_overrides, module_weight_file  # noqa: E402
+from sdplan.core.pipelines.sd.pipeline import model_overrides, module_weight_file  # noqa: E402
 from sdplan.core.runtime import graph as gr  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
 from sdplan.core.runtime.weights import WeightFile  # noqa: E402

@@ -18,7 +18,7 @@ if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
 pytest.importorskip("sdplan.core.models.vae")
 from sdplan.core.errors import SdplanError  # noqa: E402
-from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline  # noqa: E402
+from sdplan.core.pipelines.chroma.pipeline import ChromaModels, ChromaPipeline  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement  # noqa: E402
 
 R = ref(CHROMA_REF)
@@ -101,7 +101,7 @@ def test_taef1_previews(pool, single, tmp_path) -> None:
     """With a TAEF1 (random weights), previews are its decoding of each step's x0 estimate:
     the last one is the final latent's, as a numpy reference of the TAE decodes it."""
     from safetensors.numpy import save_file
-    from sdplan.core.pipelines.flux_base import SCALE_FACTOR, SHIFT_FACTOR
+    from sdplan.core.pipelines.stages.flow_dit import SCALE_FACTOR, SHIFT_FACTOR
     from test_models_tae import np_decode, tae_weights
 
     wt = tae_weights(np.random.default_rng(3), "decoder", 16, pool=(3,))
@@ -138,7 +138,7 @@ from sdplan.core.planning import plan as P
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement
 from sdplan.core.planning.inventory import Inventory
-from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
+from sdplan.core.pipelines.chroma.pipeline import ChromaModels, ChromaPipeline
 
 dit = sys.argv[5]
 devices.add_rpc_servers(sys.argv[1:3])

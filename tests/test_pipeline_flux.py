@@ -16,7 +16,7 @@ G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
 pytest.importorskip("sdplan.core.models.vae")
-from sdplan.core.pipelines.flux import FluxModels, FluxPipeline  # noqa: E402
+from sdplan.core.pipelines.flux.pipeline import FluxModels, FluxPipeline  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement  # noqa: E402
 
 R = ref()
@@ -100,7 +100,7 @@ from sdplan.core.planning import plan as P
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement
 from sdplan.core.planning.inventory import Inventory
-from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
+from sdplan.core.pipelines.flux.pipeline import FluxModels, FluxPipeline
 
 devices.add_rpc_servers(sys.argv[1:3])
 gib = 1 << 30

@@ -21,10 +21,10 @@ import pytest
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
-from sdplan.core.pipelines.results import image_to_uint8  # noqa: E402
-from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion  # noqa: E402
-from sdplan.core.pipelines.sdxl import StableDiffusionXL  # noqa: E402
-from sdplan.core.pipelines.sdxl_conditioner import fourier_embedding, openclip_ids  # noqa: E402
+from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion  # noqa: E402
+from sdplan.core.pipelines.sdxl.conditioner import fourier_embedding, openclip_ids  # noqa: E402
+from sdplan.core.pipelines.sdxl.pipeline import StableDiffusionXL  # noqa: E402
+from sdplan.core.pipelines.stages.results import image_to_uint8  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement  # noqa: E402
 from sdxl_util import BASE, FIX, REFINER, ref, rel_err, split_files, write_unet_gguf  # noqa: E402
 
@@ -308,7 +308,7 @@ def test_reduced_variant_read_from_its_shapes(pool, tmp_path: Path) -> None:
 def test_image_to_image_encodes_with_the_sdxl_scale_factor(base) -> None:
     """A picture's latent is the VAE's mean times SDXL's 0.13025 (not SD's 0.18215), and
     strength 1 is text-to-image started from ``noise + init / sigma_0`` (sd-cli's start)."""
-    from sdplan.core.pipelines.img2img import ImageInput
+    from sdplan.core.pipelines.stages.img2img import ImageInput
     from sdplan.core.sampling.noise import PhiloxNoise
     from sdplan.core.sampling.schedules import get_sigmas
 

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-from sdplan.core.pipelines.parameters import format_parameters, parse_parameters
-from sdplan.core.pipelines.results import generation_text, read_generation, save_png
+from sdplan.core.pipelines.stages.parameters import format_parameters, parse_parameters
+from sdplan.core.pipelines.stages.results import generation_text, read_generation, save_png
 
 CASES = Path(__file__).parent / "cases" / "sdcli_png_parameters.json"
 

@@ -14,7 +14,7 @@ from sd3_util import CLIP_G, CLIP_HEADS, CLIP_L, PROMPT, SD3, T5, ref
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
-from sdplan.core.pipelines.sd3 import SCALE, SHIFT, Sd3Pipeline  # noqa: E402
+from sdplan.core.pipelines.sd3.pipeline import SCALE, SHIFT, Sd3Pipeline  # noqa: E402
 from sdplan.core.sampling.preview import latent_to_rgb  # noqa: E402
 from test_models_tae import np_decode, tae_weights  # noqa: E402
 

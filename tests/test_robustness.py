@@ -213,7 +213,7 @@ def test_a_fifo_or_device_as_model_path_is_named_before_any_work(argv: list[str]
                                                                  small_png: Path) -> None:
     """Named for what it is (never a folder), exit 2 on one line, before the engine samples
     or anything is written; a FIFO is never opened (that would wait for a writer)."""
-    from sdplan.core.pipelines.demo import demo_model_path
+    from sdplan.core.pipelines.demo.model import demo_model_path
 
     path, what = _special(tmp_path, kind)
     out = tmp_path / "out.png"
@@ -286,7 +286,7 @@ def test_late_write_failure_keeps_the_image(tmp_path: Path, monkeypatch: pytest.
     goes to the temporary folder and the warning names both places."""
     from rich.console import Console
     from sdplan.core.commands.generate import write_images
-    from sdplan.core.pipelines import outputs, results
+    from sdplan.core.pipelines.stages import outputs, results
 
     spare_dir = tmp_path / "spare"
     spare_dir.mkdir()
@@ -311,7 +311,7 @@ def test_late_write_failure_keeps_the_image(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_atomic_write_failure_keeps_the_old_file(tmp_path: Path) -> None:
-    from sdplan.core.pipelines.outputs import atomic_write
+    from sdplan.core.pipelines.stages.outputs import atomic_write
 
     target = tmp_path / "keep.txt"
     target.write_text("old")
@@ -333,7 +333,7 @@ def test_generate_preview_folder_is_checked_first(tmp_path: Path) -> None:
 
 
 def test_check_output_folder_reports_a_full_disk(tmp_path: Path) -> None:
-    from sdplan.core.pipelines.outputs import check_output_folder
+    from sdplan.core.pipelines.stages.outputs import check_output_folder
 
     st = os.statvfs(tmp_path)
     with pytest.raises(OutputError, match="MiB free"):
@@ -348,7 +348,7 @@ def test_generate_survives_a_preview_write_failure_and_a_full_disk(tmp_path: Pat
     line, no partial file."""
     prev = tmp_path / "prev"
     out = tmp_path / "o" / "x.png"
-    code = ("import sys, shutil, pathlib, sdplan.core.pipelines.results as r\n"
+    code = ("import sys, shutil, pathlib, sdplan.core.pipelines.stages.results as r\n"
             "orig = r.save_png\n"
             "def once(img, path, text=None):\n"
             "    p = pathlib.Path(path)\n"
@@ -407,7 +407,7 @@ def _modes(tmp_path: Path) -> list[tuple[str, Path, np.ndarray]]:
 
 
 def test_every_picture_mode_converts_by_value(tmp_path: Path) -> None:
-    from sdplan.core.pipelines.images import read_image_rgb
+    from sdplan.core.pipelines.stages.images import read_image_rgb
 
     for name, path, want in _modes(tmp_path):
         got = read_image_rgb(path)
@@ -609,7 +609,7 @@ def test_atomic_write_gives_the_modes_of_a_plain_new_file(tmp_path: Path) -> Non
     import os
     import stat
 
-    from sdplan.core.pipelines.outputs import atomic_write
+    from sdplan.core.pipelines.stages.outputs import atomic_write
 
     old = os.umask(0o022)
     try:

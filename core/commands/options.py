@@ -102,7 +102,7 @@ def validate_inputs(args: argparse.Namespace) -> None:
         raise InvalidArgument("--mask needs -i/--init-img: the mask says which pixels of that picture to repaint")
     if args.init_img:
         # numpy and Pillow load only with a picture input
-        from sdplan.core.pipelines.img2img import image_size, load_mask
+        from sdplan.core.pipelines.stages.img2img import image_size, load_mask
 
         w, h = image_size(args.init_img)
         if args.mask:

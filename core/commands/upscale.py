@@ -53,9 +53,9 @@ def run(args: argparse.Namespace) -> int:
     from sdplan.core.commands.limits import check_upscale
     from sdplan.core.commands.messages import print_error
     from sdplan.core.modelfiles.readers import check_model_file
-    from sdplan.core.pipelines.images import read_image_rgb
-    from sdplan.core.pipelines.outputs import check_output_file
-    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.pipelines.stages.images import read_image_rgb
+    from sdplan.core.pipelines.stages.outputs import check_output_file
+    from sdplan.core.pipelines.stages.upscale import Upscaler
     from sdplan.core.planning.plan import resolve
     from sdplan.core.runtime.devices import BackendManager, live_inventory
     from sdplan.core.runtime.runner import BackendPool, ModulePlacement
@@ -118,7 +118,7 @@ def _write(image: Any, path: Path) -> Path:
 
     from PIL import Image
     from sdplan.core.errors import OutputError
-    from sdplan.core.pipelines.outputs import atomic_write, fallback_folder
+    from sdplan.core.pipelines.stages.outputs import atomic_write, fallback_folder
 
     pic = Image.fromarray(image)
     fmt = Image.registered_extensions().get(path.suffix.lower(), "PNG")

@@ -32,7 +32,7 @@ SDXL = Family(
     name="sdxl", title="SDXL", detect=unet_rule("sdxl", 2048, True), lora_rule=_lora,
     files=(("model",), ("diffusion_model",)),
     options=UNET_OPTIONS | {o.VAE_CONV_SCALE}, sampling="discrete",
-    defaults=Defaults(7.0, 20, "euler_a", 1024, 1024), sizes=SIZES,
+    defaults=Defaults(7.0, 20, "euler_a", 1024, 1024, clip_skip=2), sizes=SIZES,
     size_rule="unet", latent_format="sdxl_vae",
     companions=Companions(("clip_l", "clip_g"), 4, 1024, prefers="xl", avoids=""),
     variant_companions={"refiner": Companions(("clip_g",), 4, 1024, prefers="xl", avoids="")},

@@ -49,7 +49,7 @@ def size_multiple(models: ModelSet) -> int | None:
     UNet is taken as SD's (the engine runs it with the SD pipeline).
 
     The rule is the family's :attr:`~sdplan.core.families.declaration.Family.size_rule`.
-    Source: the pipelines' own checks (:meth:`sdplan.core.pipelines.sd.StableDiffusion.generate`
+    Source: the pipelines' own checks (:meth:`sdplan.core.pipelines.sd.pipeline.StableDiffusion.generate`
     for the UNet families: ``vae factor * 2 ** (len(channel_mult) - 1)``, e.g. 64 for SD 1.5, 32
     for SDXL; ``2 * vae factor`` = 16 for SD3; ``2 * vae_scale`` = 16 for Flux, Chroma, Z-Image
     and FLUX.2, whose pipelines take ``vae_scale`` 8 whatever the autoencoder). The UNet's levels are its

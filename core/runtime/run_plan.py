@@ -138,6 +138,16 @@ class RunPlan:
             raise EngineError("the devices changed since the plan was made: " + "; ".join(diff)
                               + ". Plan again on the devices there are now (or free the memory)")
 
+    def unreachable(self, reason: str) -> EngineError:
+        """The one-line error for RPC servers of the plan that cannot be reached now: each
+        device of the plan on such a server is named as gone, with ``reason`` (the
+        connection error, naming the endpoint)."""
+        gone = [n for n in self.devices if n.description and n.description in reason] or \
+            [n for n in self.devices if n.name.startswith("RPC")]
+        names = ", ".join(f"{n.name} ({n.description})" for n in gone) or ", ".join(self.rpc_servers)
+        return EngineError(f"the devices changed since the plan was made: {names} is gone ({reason}). "
+                           "Start the RPC server again, or plan again on the devices there are now")
+
     def to_json(self) -> dict[str, object]:
         """JSON form (a queued job keeps its plan)."""
         return {"placements": {m: _placement_json(p) for m, p in self.placements.items()},

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sdplan.core.modelfiles.lora_names import AliasTable
-from sdplan.core.pipelines.lora import AppliedLora, LoraState
+from sdplan.core.pipelines.stages.lora import AppliedLora, LoraState
 from sdplan.core.runtime.devices import BackendManager
 from sdplan.core.runtime.runner import BackendPool, CancelToken, ModulePlacement, ModuleRunner
 from sdplan.core.runtime.weights import WeightFile

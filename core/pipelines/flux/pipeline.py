@@ -5,7 +5,7 @@ Every module runs on the engine (:class:`sdplan.core.runtime.runner.ModuleRunner
 :class:`~sdplan.core.runtime.runner.ModulePlacement`: ``diffusion`` (the DiT; double then single
 blocks are the layer-split blocks), ``te`` (T5-XXL with its blocks split; CLIP-L runs on the
 ``te`` main device with the same residency) and ``vae`` (and the TAEF1 preview decoder); the
-DiT runner, the autoencoder and previews are :mod:`sdplan.core.pipelines.flux_base`'s.
+DiT runner, the autoencoder and previews are :mod:`sdplan.core.pipelines.stages.flow_dit`'s.
 Placements come from a resolved plan (:meth:`ModulePlacement.from_plan`) or are given per
 module; devices are looked up by name in a :class:`~sdplan.core.runtime.runner.BackendPool`.
 """
@@ -23,10 +23,10 @@ from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.clip import ClipGraph, causal_mask, clip_config, clip_text
 from sdplan.core.models.flux import FluxDiT
 from sdplan.core.models.t5 import T5Encoder
-from sdplan.core.pipelines.base import module_placements
-from sdplan.core.pipelines.flux_base import FluxFamilyPipeline
-from sdplan.core.pipelines.flux_base import shapes as _shapes
-from sdplan.core.pipelines.img2img import ImageInput
+from sdplan.core.pipelines.stages.base import module_placements
+from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline
+from sdplan.core.pipelines.stages.flow_dit import shapes as _shapes
+from sdplan.core.pipelines.stages.img2img import ImageInput
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.sampling.flow import DEFAULT_STEPS
 from sdplan.core.sampling.options import SamplingOptions
@@ -58,7 +58,7 @@ class FluxModels:
     clip_heads: int | None = None
 
 
-class FluxPipeline(FluxFamilyPipeline):
+class FluxPipeline(FlowDiTPipeline):
     """Flux.1 txt2img over engine module runners.
 
     Args:
@@ -143,7 +143,7 @@ class FluxPipeline(FluxFamilyPipeline):
                 (:class:`~sdplan.core.sampling.schedules_more.FlowSchedule`, shift
                 ``--flow-shift``, default 1.15 for dev and 1 for schnell as sd-cli).
             sampling: ``--eta``, ``--sigmas``, ``--rng`` and the other options.
-            init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.img2img`);
+            init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.stages.img2img`);
                 ``init_seed`` seeds the draw of its latent (default ``seed``; sd-cli draws it
                 once per request with the request's seed).
 

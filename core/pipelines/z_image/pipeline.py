@@ -32,12 +32,12 @@ from sdplan.core.errors import SdplanError
 from sdplan.core.families import generation_defaults
 from sdplan.core.models.llm import LLMEncoder, llm_config
 from sdplan.core.models.z_image import ZImageDiT, unpatchify
-from sdplan.core.pipelines.base import module_placements
-from sdplan.core.pipelines.flux_base import FluxFamilyPipeline
-from sdplan.core.pipelines.flux_base import shapes as _shapes
-from sdplan.core.pipelines.img2img import ImageInput
-from sdplan.core.sampling.flow import discrete_flow_sigmas, sample_flow
-from sdplan.core.sampling.noise import PhiloxNoise
+from sdplan.core.pipelines.stages.base import module_placements
+from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline
+from sdplan.core.pipelines.stages.flow_dit import shapes as _shapes
+from sdplan.core.pipelines.stages.img2img import ImageInput
+from sdplan.core.sampling.flow import discrete_flow_sigmas
+from sdplan.core.sampling.options import SamplingOptions
 from sdplan.core.text.bpe_tokenizer import BPETokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
 
@@ -64,15 +64,15 @@ class ZImageModels:
     axes: tuple[int, int, int] | None = None
 
 
-class ZImagePipeline(FluxFamilyPipeline):
+class ZImagePipeline(FlowDiTPipeline):
     """Z-Image txt2img over engine module runners (see the module docstring); the FLUX.1
     autoencoder, its previews and the DiT session come from
-    :class:`~sdplan.core.pipelines.flux_base.FluxFamilyPipeline`.
+    :class:`~sdplan.core.pipelines.stages.flow_dit.FlowDiTPipeline`.
 
     Args:
         models: the model files.
         plan: a resolved ``Plan`` giving each module's placement; None: the CPU.
-        pool, placements, n_threads, dtypes, cancel: as :class:`~sdplan.core.pipelines.flux.FluxPipeline`.
+        pool, placements, n_threads, dtypes, cancel: as :class:`~sdplan.core.pipelines.flux.pipeline.FluxPipeline`.
         flash: ggml's flash attention in the DiT (sd-cli's ``--diffusion-fa``).
 
     Raises:
@@ -80,6 +80,9 @@ class ZImagePipeline(FluxFamilyPipeline):
         SdplanError: an encoder whose width is not the DiT's caption width.
         EngineError: a device without a backend, or memory that cannot be allocated.
     """
+
+    #: sd-cli's Z-Image denoiser is the discrete flow schedule (SD3's time shift, shift 3).
+    schedule_kind = "sd3"
 
     def __init__(self, models: ZImageModels, plan: Any = None, pool: Any = None,
                  placements: Mapping[str, Any] | None = None, n_threads: int = 0,
@@ -124,7 +127,8 @@ class ZImagePipeline(FluxFamilyPipeline):
                 shift: float = SHIFT, noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None,
                 vae_scale: int = 8, init: ImageInput | None = None,
-                init_seed: int | None = None) -> dict[str, np.ndarray]:
+                init_seed: int | None = None, scheduler: str = "default",
+                sampling: SamplingOptions | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -135,12 +139,16 @@ class ZImagePipeline(FluxFamilyPipeline):
             seed: Philox seed of the starting noise (and of ancestral samplers).
             sampler: a :data:`sdplan.core.sampling.flow.FLOW_SAMPLERS` name.
             cfg_scale: classifier-free guidance scale (1: none).
-            shift: the flow shift of the sigma schedule.
+            shift: the flow shift of the sigma schedule (``sampling.flow_shift`` wins).
             noise: an explicit starting noise ``(1, 16, h, w)`` instead of the seed's.
             preview: ``preview(step, rgb_uint8 (H, W, 3))`` after each step.
             vae_scale: pixels per latent cell (8 for the FLUX.1 autoencoder).
-            init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.img2img`);
+            init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.stages.img2img`);
                 ``init_seed`` seeds the draw of its latent (default ``seed``).
+            scheduler, sampling: sd-cli's ``--scheduler`` (``default``: the discrete flow
+                schedule of ``shift``) and its other sampling options (``--sigmas``, ``--eta``,
+                ``--flow-shift``, ``--rng``...), through the shared flow loop
+                (:meth:`~sdplan.core.pipelines.stages.flow_dit.FlowDiTPipeline._sample`).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -151,11 +159,8 @@ class ZImagePipeline(FluxFamilyPipeline):
         if width % (2 * vae_scale) or height % (2 * vae_scale) or width <= 0 or height <= 0:
             raise SdplanError(f"Z-Image image size {width}x{height} must be positive multiples of {2 * vae_scale}")
         h, w = height // vae_scale, width // vae_scale
-        sigmas = discrete_flow_sigmas(steps or int(DEFAULTS["steps"]), shift)
         context = self.encode_prompt(prompt)
         uncond = self.encode_prompt(negative_prompt) if cfg_scale != 1.0 else None
-        rng = PhiloxNoise(seed)
-        start = rng.randn((1, self.dit.cfg.channels, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
 
         def vel(x: np.ndarray, s: float) -> np.ndarray:
             v = self.velocity(x, s, context)
@@ -164,16 +169,13 @@ class ZImagePipeline(FluxFamilyPipeline):
             v0 = self.velocity(x, s, uncond)
             return (v0 + np.float32(cfg_scale) * (v - v0)).astype(np.float32)
 
-        start, sigmas, vel = self._image_start(start, sigmas, vel, init,
-                                              PhiloxNoise(seed if init_seed is None else init_seed))
+        return self._sample(vel, h, w, steps or int(DEFAULTS["steps"]), shift=False, seed=seed,
+                            sampler=sampler, noise=noise, preview=preview, scheduler=scheduler,
+                            sampling=sampling, flow_shift=shift, init=init, init_seed=init_seed)
 
-        def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
-            if preview is not None:
-                preview(i, self._preview_rgb(den))
-
-        with self.diffusion_session():
-            latent = sample_flow(sampler, vel, start, sigmas, noise=rng, callback=cb)
-        return {"latent": latent, "image": self.decode(latent), "sigmas": sigmas}
+    def _default_sigmas(self, steps: int, tokens: int, shift: bool, flow_shift: float) -> np.ndarray:
+        """Z-Image's own sigmas: the discrete flow schedule of ``flow_shift``."""
+        return discrete_flow_sigmas(steps, flow_shift)
 
 
 def is_gguf(path: str | Path) -> bool:

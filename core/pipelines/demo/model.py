@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 from sdplan.core.errors import ModelFileError, SdplanError
-from sdplan.core.pipelines.demo_captions import parse_caption
+from sdplan.core.pipelines.demo.captions import parse_caption
 
 #: The packaged demo model: ``sdplan.resources`` folder and file name.
 DEMO_RESOURCE = ("demo", "sdplan-demo-shapes.safetensors")

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sdplan.core.pipelines.outputs import atomic_write
+from sdplan.core.pipelines.stages.outputs import atomic_write
 
 if TYPE_CHECKING:  # the parameters reader loads where a picture is read back
-    from sdplan.core.pipelines.parameters import ImageParameters
+    from sdplan.core.pipelines.stages.parameters import ImageParameters
 
 #: How :func:`model_hash` is computed (written beside it as ``model_hash_method``).
 MODEL_HASH_METHOD = "sha256(first 1 MiB + decimal file size)"
@@ -47,13 +47,27 @@ def model_hash(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def picture_text(result: Mapping[str, Any], model_files: Mapping[str, Any]) -> dict[str, str]:
+    """The PNG text chunks of an engine result (:func:`sdplan.core.pipelines.jobs.generate_job`):
+    the settings that ran (``params``), the plan's strings (``plan``), the model flags
+    (``model_flags``), where each module ran (``placements``) and the engine's ``timings``,
+    through :func:`generation_text`. The one writer of a picture's record: the command line
+    and the app call it alike.
+    """
+    return generation_text(result.get("params") or {}, model_files, result.get("plan") or {},
+                           file_flags=list(result.get("model_flags") or ()),
+                           ran=result.get("placements"), timings=result.get("timings"))
+
+
 def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
                     placement: Mapping[str, Any] | None = None,
                     command: str | None = None,
-                    file_flags: Sequence[str] | None = None) -> dict[str, str]:
+                    file_flags: Sequence[str] | None = None,
+                    ran: Mapping[str, Any] | None = None,
+                    timings: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The PNG text chunks of one generation: ``parameters`` (sd-cli's layout, which sd-cli,
     Stable Diffusion web UI style tools and galleries read;
-    :func:`~sdplan.core.pipelines.parameters.format_parameters`) and ``sdplan`` (JSON: the
+    :func:`~sdplan.core.pipelines.stages.parameters.format_parameters`) and ``sdplan`` (JSON: the
     full model paths, the placement strings, the settings, the model hash and the sd-cli
     command, so sdplan restores a run exactly).
 
@@ -73,12 +87,14 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
             :func:`~sdplan.core.planning.sdcli.model_file_flags`), when known: recorded as
             ``model_flags``, and without ``command`` the recorded command is written from the
             record (:func:`~sdplan.core.planning.sdcli.picture_command`, as the gallery does).
+        ran: module -> where it ran (devices, ranges, residency), recorded as ``ran``.
+        timings: the engine's seconds per phase, recorded as ``timings``.
 
     Returns:
         Text chunk name -> value.
     """
     from sdplan.core import __version__
-    from sdplan.core.pipelines.parameters import format_parameters
+    from sdplan.core.pipelines.stages.parameters import format_parameters
 
     files = {k: [str(v)] if isinstance(v, (str, Path)) else [str(x) for x in v]
              for k, v in model_files.items() if v}
@@ -107,6 +123,12 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
             command = picture_command(files, doc["placement"], settings, doc["model_flags"])
     if command:
         doc["command"] = command
+    if ran:
+        doc["ran"] = {str(k): v for k, v in ran.items()}
+    if timings:
+        doc["timings"] = {str(k): round(float(v), 4) for k, v in timings.items() if isinstance(v, (int, float))}
+    if params.get("architecture"):
+        doc["architecture"] = str(params["architecture"])
     return {"parameters": format_parameters(settings, files, f"sdplan {__version__}"),
             "sdplan": json.dumps(doc, separators=(",", ":"))}
 
@@ -117,7 +139,7 @@ _SETTINGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale
              "sigmas", "flow_shift", "timestep_shift", "rng", "sampler_rng",
              "extra_sample_args", "vae_tile_size", "upscale_repeats", "slg_scale", "skip_layers",
              "skip_layer_start", "skip_layer_end", "lora_model_dir", "lora_apply_mode", "init_img",
-             "mask", "strength")
+             "mask", "strength", "ref_images")
 
 
 def _inputs(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -139,7 +161,7 @@ def _first(value: Any) -> str | None:
 
 def save_png(image: np.ndarray, path: str | Path, text: Mapping[str, str] | None = None) -> Path:
     """Write uint8 ``(H, W, 3)`` ``image`` to ``path`` as PNG with ``text`` chunks (the
-    folder is created), atomically (:func:`sdplan.core.pipelines.outputs.atomic_write`: a
+    folder is created), atomically (:func:`sdplan.core.pipelines.stages.outputs.atomic_write`: a
     failure leaves no partial file). Returns the path.
 
     Raises:
@@ -182,7 +204,7 @@ def read_png_text(path: str | Path) -> dict[str, str]:
 def read_generation(path: str | Path) -> ImageParameters:
     """The generation a picture records: sdplan's ``sdplan`` chunk when present (full model
     paths, placement), completed from ``parameters`` (sd-cli's, sdplan's or A1111's layout;
-    :func:`~sdplan.core.pipelines.parameters.parse_parameters`). Empty settings when the
+    :func:`~sdplan.core.pipelines.stages.parameters.parse_parameters`). Empty settings when the
     picture records none.
 
     Raises:
@@ -192,7 +214,7 @@ def read_generation(path: str | Path) -> ImageParameters:
 
 
 def _generation(text: Mapping[str, str]) -> ImageParameters:
-    from sdplan.core.pipelines.parameters import ImageParameters, parse_parameters
+    from sdplan.core.pipelines.stages.parameters import ImageParameters, parse_parameters
 
     out = parse_parameters(text["parameters"]) if "parameters" in text else ImageParameters()
     raw = text.get("sdplan")
@@ -208,8 +230,39 @@ def _generation(text: Mapping[str, str]) -> ImageParameters:
             out.placement = {str(k): str(v) for k, v in (doc.get("placement") or {}).items()}
             if isinstance(doc.get("model_flags"), list):
                 out.model_flags = [str(f) for f in doc["model_flags"]]
+            if isinstance(doc.get("architecture"), str):
+                out.architecture = doc["architecture"]
             out.source = "sdplan"
     return out
+
+
+#: sd-cli's "parameters" text writes these on every picture, whether the run used them or not
+#: (its defaults): a picture without sdplan's record says nothing when they hold them.
+_WRITTEN_ALWAYS = {"guidance": 3.5, "rng": "cuda", "eta": float("inf")}
+#: Settings a reused picture gives back (sd-cli's request keys).
+REUSED = tuple(k for k in _SETTINGS if k not in ("batch_count",))
+
+
+def reusable_settings(gen: ImageParameters | ResultInfo, architecture: str | None = None) -> dict[str, Any]:
+    """The settings a picture gives back to a new run (the command line's ``--from-image``
+    and the app's "Reuse settings" alike): its generation settings by sd-cli's request keys,
+    without what only the record's format wrote. A picture with sdplan's record
+    (``architecture`` there, or given) keeps the options its family honours; one without
+    (sd-cli's, A1111's) drops the values sd-cli's text writes on every picture (guidance 3.5,
+    rng cuda, eta inf), which no run chose."""
+    from sdplan.core.families import family_of
+    from sdplan.core.families.options import GUIDANCE, RNG
+
+    settings = {k: v for k, v in gen.settings.items() if k in REUSED and v not in (None, "")}
+    arch = architecture or getattr(gen, "architecture", None)
+    fam = family_of(arch) if arch else None
+    if fam is None:
+        return {k: v for k, v in settings.items() if _WRITTEN_ALWAYS.get(k, object()) != v}
+    if not fam.honours(GUIDANCE):
+        settings.pop("guidance", None)
+    if not fam.honours(RNG) and settings.get("rng") == "cuda":
+        settings.pop("rng")
+    return settings
 
 
 # --------------------------------------------------------------------------- the app's results
@@ -241,6 +294,7 @@ class ResultInfo:
         text: every text chunk as read.
         model_flags: the sd-cli flags its model files call for (``--prediction v``), as
             recorded; empty when none or not recorded.
+        architecture: the architecture that ran (``sd1``, ``flux-dev``...), when recorded.
     """
 
     path: str
@@ -250,6 +304,7 @@ class ResultInfo:
     placement: dict[str, str] = field(default_factory=dict)
     text: dict[str, str] = field(default_factory=dict)
     model_flags: list[str] = field(default_factory=list)
+    architecture: str | None = None
 
     @property
     def prompt(self) -> str:
@@ -286,4 +341,4 @@ def read_result(path: str | Path) -> ResultInfo:
     return ResultInfo(str(path), settings, os.path.basename(main), gen.model_files,
                       {k: v for k, v in gen.placement.items()
                        if k in ("backend", "params_backend", "max_vram", "split_mode", "rpc_servers") and v},
-                      dict(text), list(gen.model_flags or ()))
+                      dict(text), list(gen.model_flags or ()), gen.architecture)

@@ -28,9 +28,10 @@ import numpy as np
 from sdplan.core.errors import SdplanError
 from sdplan.core.models.chroma import ChromaDiT, kept_tokens
 from sdplan.core.models.t5 import T5Encoder
-from sdplan.core.pipelines.base import module_placements
-from sdplan.core.pipelines.flux_base import FluxFamilyPipeline, shapes
-from sdplan.core.pipelines.img2img import ImageInput
+from sdplan.core.pipelines.stages.base import module_placements
+from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline, shapes
+from sdplan.core.pipelines.stages.img2img import ImageInput
+from sdplan.core.sampling.options import SamplingOptions
 from sdplan.core.text.prompt import apply_prompt_weights
 from sdplan.core.text.t5_tokenizer import T5Tokenizer
 
@@ -58,7 +59,7 @@ class ChromaModels:
     axes: tuple[int, int, int] | None = None
 
 
-class ChromaPipeline(FluxFamilyPipeline):
+class ChromaPipeline(FlowDiTPipeline):
     """Chroma txt2img over engine module runners.
 
     Args:
@@ -118,13 +119,17 @@ class ChromaPipeline(FluxFamilyPipeline):
                 t5_length: int = T5_LENGTH, mask_pad: int = 1, dit_mask: bool = True,
                 noise: np.ndarray | None = None, preview: Callable[[int, np.ndarray], None] | None = None,
                 vae_scale: int = 8, init: ImageInput | None = None,
-                init_seed: int | None = None) -> dict[str, np.ndarray]:
+                init_seed: int | None = None, scheduler: str = "default",
+                sampling: SamplingOptions | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
             prompt, negative_prompt: the prompts (sd-cli weighting syntax).
             width, height: image size in pixels (multiples of ``2 * vae_scale``).
             cfg_scale: classifier-free guidance (``--cfg-scale``; 1 runs the prompt alone).
+            scheduler, sampling: sd-cli's ``--scheduler`` (``default``: FLUX.1's time-shifted
+                schedule) and its other sampling options (``--sigmas``, ``--eta``,
+                ``--flow-shift``, ``--rng``...).
             steps: sampling steps (default 20).
             seed: Philox seed of the starting noise (and of ancestral samplers).
             sampler: a :data:`sdplan.core.sampling.flow.FLOW_SAMPLERS` name.
@@ -133,7 +138,7 @@ class ChromaPipeline(FluxFamilyPipeline):
             noise: an explicit starting noise ``(1, 16, h, w)`` instead of the seed's.
             preview: ``preview(step, rgb_uint8 (H, W, 3))`` after each step.
             vae_scale: pixels per latent cell (8 for the FLUX.1 autoencoder).
-            init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.img2img`);
+            init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.stages.img2img`);
                 ``init_seed`` seeds the draw of its latent (default ``seed``; sd-cli draws it
                 once per request with the request's seed).
 
@@ -158,7 +163,8 @@ class ChromaPipeline(FluxFamilyPipeline):
             return (u + np.float32(cfg_scale) * (v - u)).astype(np.float32)
 
         return self._sample(vel, h, w, steps or DEFAULT_STEPS, shift=True, seed=seed, sampler=sampler,
-                            noise=noise, preview=preview, init=init, init_seed=init_seed)
+                            noise=noise, preview=preview, init=init, init_seed=init_seed,
+                            scheduler=scheduler, sampling=sampling)
 
 
 def txt2img(models: ChromaModels, plan: Any, prompt: str, width: int, height: int, pool: Any = None,

@@ -49,10 +49,10 @@ from sdplan.core.models.flux2 import Flux2DiT, patchify_latent, unpatchify_laten
 from sdplan.core.models.llm import LLMEncoder, llm_config
 from sdplan.core.models.tae import detect_tae
 from sdplan.core.models.vae import vae_encode
-from sdplan.core.pipelines.base import module_placements
-from sdplan.core.pipelines.flux_base import VAE_BF16, FluxFamilyPipeline, shapes
-from sdplan.core.pipelines.images import read_image_rgb
-from sdplan.core.pipelines.z_image import is_gguf
+from sdplan.core.pipelines.stages.base import module_placements
+from sdplan.core.pipelines.stages.flow_dit import VAE_BF16, FlowDiTPipeline, shapes
+from sdplan.core.pipelines.stages.images import read_image_rgb
+from sdplan.core.pipelines.z_image.pipeline import is_gguf
 from sdplan.core.sampling.flow import flux2_mu, flux_sigmas, sample_flow
 from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
@@ -114,7 +114,7 @@ def resize_nearest(image: np.ndarray, width: int, height: int) -> np.ndarray:
 
 def load_ref_image(path: str | Path) -> np.ndarray:
     """A reference image file as uint8 ``(H, W, 3)`` RGB, any mode Pillow reads
-    (:func:`sdplan.core.pipelines.images.read_image_rgb`).
+    (:func:`sdplan.core.pipelines.stages.images.read_image_rgb`).
 
     Raises:
         SdplanError: a missing or unreadable image, naming ``-r/--ref-image``.
@@ -143,15 +143,15 @@ def _read_vector(path: str | Path, name: str) -> np.ndarray | None:
     return raw.astype(np.float32)
 
 
-class KleinPipeline(FluxFamilyPipeline):
+class KleinPipeline(FlowDiTPipeline):
     """FLUX.2 klein txt2img and editing over engine module runners (module docstring); the
     DiT runner and its session come from
-    :class:`~sdplan.core.pipelines.flux_base.FluxFamilyPipeline`.
+    :class:`~sdplan.core.pipelines.stages.flow_dit.FlowDiTPipeline`.
 
     Args:
         models: the model files.
         plan: a resolved ``Plan`` giving each module's placement; None: the CPU.
-        pool, placements, n_threads, dtypes, cancel: as :class:`~sdplan.core.pipelines.flux.FluxPipeline`.
+        pool, placements, n_threads, dtypes, cancel: as :class:`~sdplan.core.pipelines.flux.pipeline.FluxPipeline`.
         flash: ggml's flash attention in the DiT (sd-cli's ``--diffusion-fa``).
 
     Raises:

@@ -10,7 +10,7 @@ import numpy as np
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.tae import TaeGraph, TaeLayout, detect_tae
-from sdplan.core.pipelines.base import Pipeline
+from sdplan.core.pipelines.stages.base import Pipeline
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement
 from sdplan.core.runtime.weights import WeightFile
 

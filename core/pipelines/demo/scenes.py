@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 from sdplan.core.errors import SdplanError
-from sdplan.core.pipelines.demo_captions import COLORS, PALETTE, SHAPES, caption_for, parse_caption
+from sdplan.core.pipelines.demo.captions import COLORS, PALETTE, SHAPES, caption_for, parse_caption
 
 log = logging.getLogger(__name__)
 

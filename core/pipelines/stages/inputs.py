@@ -1,7 +1,7 @@
 """A generation's LoRAs planned before anything loads: the command line and the app read the
 prompt's tags, find and map each file onto the model's names (headers only), pick the apply
 mode for the plan, and hand the estimate the bytes at-runtime LoRAs keep on each device.
-The engine job repeats the tag reading on its side (:func:`sdplan.core.pipelines.lora.prompt_loras`).
+The engine job repeats the tag reading on its side (:func:`sdplan.core.pipelines.stages.lora.prompt_loras`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the LoRA readers (numpy) load only for a prompt with LoRA tags
-    from sdplan.core.pipelines.lora import AppliedLora
+    from sdplan.core.pipelines.stages.lora import AppliedLora
     from sdplan.core.planning.adapters import LoraProfile
 
 __all__ = ["PlannedLoras", "plan_loras"]
@@ -49,22 +49,23 @@ def plan_loras(prompt: str, lora_dir: str | Path | None, requested: str,
     Raises:
         PromptError / SdplanError / ModelFileError: a bad tag, a missing LoRA file, a file
         that patches nothing of this model, an unknown mode; InvalidArgument: LoRAs for a
-        FLUX.2 or SD3 model.
+        family whose pipeline takes none (its registry entry).
     """
     if "<lora:" not in prompt:
         return PlannedLoras(prompt)
+    from sdplan.core.errors import InvalidArgument
     from sdplan.core.families import family as registry_family
-    from sdplan.core.families.options import LORA
+    from sdplan.core.families.options import LORA, OPTIONS
     from sdplan.core.modelfiles.checkpoint import read_model_files
     from sdplan.core.modelfiles.lora import lora_profiles, model_aliases, quantized
-    from sdplan.core.pipelines.lora import prompt_loras, refuse_inputs
+    from sdplan.core.pipelines.stages.lora import prompt_loras
     from sdplan.core.planning.adapters import plan_lora_mode
 
     core = {k: list(v) for k, v in model_files.items() if k not in ("taesd", "upscale_model")}
     ms = read_model_files(core)
     fam = registry_family(ms.architecture.family)
     if fam is not None and not fam.honours(LORA):
-        refuse_inputs({"prompt": prompt}, fam.title, pictures=False)
+        raise InvalidArgument(f"{OPTIONS[LORA]}: {fam.title} does not take it in sdplan; remove it")
     text, loras = prompt_loras(prompt, lora_dir, model_aliases(ms))
     if not loras:
         return PlannedLoras(text)

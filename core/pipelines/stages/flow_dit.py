@@ -6,7 +6,7 @@ Modules run on the engine (:class:`sdplan.core.runtime.runner.ModuleRunner`) per
 single blocks are the layer-split blocks) and ``vae`` (and the TAEF1 preview decoder on the
 VAE's main device). A family's pipeline adds its text encoders and prompt encoding.
 
-Image to image and inpainting (:mod:`sdplan.core.pipelines.img2img`) happen here for every
+Image to image and inpainting (:mod:`sdplan.core.pipelines.stages.img2img`) happen here for every
 FLUX.1-family model: the autoencoder's encoder (a ``vae_encoder`` runner placed as the VAE,
 made on first use) gives the init latent, the flow start is ``(1 - s) init + s noise`` over the
 truncated schedule, and with a mask the DiT's prediction ``x - s v`` is blended with the init
@@ -29,8 +29,8 @@ from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux import unpatchify
 from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
 from sdplan.core.models.vae import VaeGraph, vae_config, vae_decode, vae_moments
-from sdplan.core.pipelines.base import Pipeline
-from sdplan.core.pipelines.img2img import (
+from sdplan.core.pipelines.stages.base import Pipeline
+from sdplan.core.pipelines.stages.img2img import (
     ImageInput,
     blend,
     latent_mask,
@@ -45,7 +45,7 @@ from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
 from sdplan.core.sampling.schedules_more import FlowSchedule
 
-__all__ = ["FluxFamilyPipeline", "SCALE_FACTOR", "SHIFT_FACTOR", "shapes"]
+__all__ = ["FlowDiTPipeline", "SCALE_FACTOR", "SHIFT_FACTOR", "shapes"]
 
 #: The CPU bf16 kernels with which the autoencoder's decoder and encoder functions hold their
 #: weights in bf16: the SD VAE's rule (the same blocks; :class:`VaeGraph`).
@@ -64,7 +64,7 @@ def shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     return {t.name: tuple(t.shape) for t in read_tensor_file(path).tensors}
 
 
-class FluxFamilyPipeline(Pipeline):
+class FlowDiTPipeline(Pipeline):
     """Base of the FLUX.1-family pipelines: subclasses set :attr:`dit`, register the
     ``diffusion`` runner with :meth:`_runner` and call :meth:`_init_vae`.
 

@@ -63,6 +63,7 @@ class ImageParameters:
         source: ``sdplan``, ``sd-cli`` or ``a1111``.
         model_flags: sd-cli flags the model files call for (``--prediction v``), when the
             picture records them (sdplan's pictures), else None.
+        architecture: the architecture that ran (sdplan's pictures), else None.
     """
 
     settings: dict[str, Any] = field(default_factory=dict)
@@ -70,6 +71,7 @@ class ImageParameters:
     placement: dict[str, str] = field(default_factory=dict)
     source: str = ""
     model_flags: list[str] | None = None
+    architecture: str | None = None
 
 
 def _f(value: float) -> str:

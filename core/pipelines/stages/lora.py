@@ -3,7 +3,7 @@
 :func:`prompt_loras` reads a prompt's ``<lora:NAME:WEIGHT>`` tags
 (:func:`sdplan.core.text.lora_tags.extract_lora_tags`), finds each file under the LoRA
 folder and maps its keys onto the pipeline's weights (the pipeline's
-:meth:`~sdplan.core.pipelines.base.Pipeline.lora_aliases`). :class:`LoraState` keeps a
+:meth:`~sdplan.core.pipelines.stages.base.Pipeline.lora_aliases`). :class:`LoraState` keeps a
 pipeline's current LoRAs and mode and gives every runner, present or created later (SD's
 text encoder is rebuilt when the clip skip changes), its
 :class:`~sdplan.core.runtime.lora.ModuleLora`; a request with the same LoRAs changes
@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sdplan.core.errors import SdplanError
 from sdplan.core.modelfiles.lora_names import AliasTable
 from sdplan.core.text.lora_tags import extract_lora_tags
 
 if TYPE_CHECKING:  # the LoRA file reader and patches load with a first LoRA
     from sdplan.core.modelfiles.lora import LoraFile
 
-__all__ = ["LoraState", "AppliedLora", "prompt_loras", "refuse_inputs", "QUANTIZED_EXCLUDED"]
+__all__ = ["LoraState", "AppliedLora", "prompt_loras", "apply_request_loras", "QUANTIZED_EXCLUDED"]
 
 log = logging.getLogger(__name__)
 
@@ -59,23 +60,36 @@ def prompt_loras(prompt: str, lora_dir: str | Path | None, table: AliasTable) ->
     return text, out
 
 
-def refuse_inputs(req: Mapping[str, Any], family: str, pictures: bool = True) -> None:
-    """For a family that takes no LoRAs (and, with ``pictures``, no picture inputs either):
-    raise before anything loads when the request has ``<lora:...>`` tags in its prompt (or,
-    with ``pictures``, ``init_img`` or ``mask``).
+def apply_request_loras(pipe: Any, request: Any) -> tuple[str, Any, dict[str, Any]]:
+    """Patch ``pipe`` with the LoRAs of a checked request's prompt (none: the previous ones
+    are removed) and read its image input: ``(the prompt without its LoRA tags, the
+    ImageInput or None, what they applied)``; what applied is the strength and pictures of
+    an image input, and with LoRAs their names, weights, the mode in use and their keys that
+    patch nothing. A family that takes no LoRA gets the prompt as it is (the request check
+    refused its tags already).
 
     Raises:
-        InvalidArgument: one line naming the family and what it does not take.
+        PromptError / SdplanError / ModelFileError: a bad tag, a missing or unfitting LoRA file;
+        SdplanError: an unreadable picture.
     """
-    from sdplan.core.errors import InvalidArgument
+    from sdplan.core.pipelines.stages.img2img import request_image_input
 
-    _, tags = extract_lora_tags(str(req.get("prompt") or ""))
-    given = [f"LoRA {', '.join(t.name for t in tags)} (<lora:...> in the prompt)"] if tags else []
-    if pictures:
-        given += [flag for key, flag in (("init_img", "-i/--init-img"), ("mask", "--mask")) if req.get(key)]
-    if given:
-        what = "LoRAs, image to image or inpainting" if pictures else "LoRAs"
-        raise InvalidArgument(f"{family} takes no {what} in sdplan yet: remove {', '.join(given)}")
+    prompt, loras, mode = request.prompt, list[AppliedLora](), None
+    try:
+        table = pipe.lora_aliases()
+    except SdplanError:
+        table = None
+    if table is not None:
+        prompt, loras = prompt_loras(request.prompt, request.lora_model_dir, table)
+        mode = pipe.set_loras(loras, request.lora_apply_mode or "auto")
+    init = request_image_input({"init_img": request.init_img, "mask": request.mask,
+                                "strength": request.strength}, int(request.width), int(request.height))
+    info: dict[str, Any] = {}
+    if init is not None:
+        info = {"strength": init.strength, "init_img": request.init_img, "mask": request.mask}
+    if loras:
+        info.update(loras=pipe.loras.describe(), lora_apply_mode=mode, lora_unknown_keys=pipe.loras.unknown())
+    return prompt, init, info
 
 
 @dataclass

@@ -23,7 +23,7 @@ import numpy as np
 from sdplan.core.modelfiles.pth import is_pth, load_pth_tensors
 from sdplan.core.modelfiles.readers import check_model_file, read_tensor_file
 from sdplan.core.models.esrgan import UpscalerGraph, canonical_rrdb_names, detect_esrgan, tile_grid
-from sdplan.core.pipelines.base import Pipeline
+from sdplan.core.pipelines.stages.base import Pipeline
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement, ModuleRunner, holds_bf16
 from sdplan.core.runtime.weights import WeightFile
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 from sdplan.core.errors import InvalidArgument, SdplanError
-from sdplan.core.pipelines.images import read_image_rgb
+from sdplan.core.pipelines.stages.images import read_image_rgb
 
 __all__ = ["ImageInput", "load_image", "load_mask", "latent_mask", "dilate", "truncate_sigmas",
            "sample_latent", "blend", "blended_denoiser", "image_size"]
@@ -54,7 +54,7 @@ class ImageInput:
 
 def _open(path: str | Path, flag: str):  # noqa: ANN202 - a PIL image
     """The picture at ``path`` as an 8-bit RGB PIL image, read by value whatever its mode
-    (:func:`sdplan.core.pipelines.images.read_image_rgb`: 16-bit, alpha over white).
+    (:func:`sdplan.core.pipelines.stages.images.read_image_rgb`: 16-bit, alpha over white).
 
     Raises:
         InvalidArgument: not a readable picture (names ``flag`` and the file).

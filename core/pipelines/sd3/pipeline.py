@@ -5,7 +5,7 @@ guidance with the negative prompt, flow-matching sampling with the MMDiT, decodi
 Files as sd-cli takes them: one file holding everything (``-m``: ``model.diffusion_model.``,
 ``first_stage_model.``, ``text_encoders.{clip_l,clip_g,t5xxl}.transformer.``; T5 may be absent)
 or separate ``--diffusion-model``, ``--clip_l``, ``--clip_g``, ``--t5xxl``, ``--vae`` files,
-in any mix. Conditioning: :mod:`sdplan.core.pipelines.sd3_conditioner`. Sigmas: sd-cli's
+in any mix. Conditioning: :mod:`sdplan.core.pipelines.sd3.conditioner`. Sigmas: sd-cli's
 discrete flow schedule (:func:`~sdplan.core.sampling.flow.discrete_flow_sigmas`) with
 ``--flow-shift`` (default 3.0, sd-cli's for SD3), or an sd-cli ``--scheduler`` over the SD3
 flow map; the DiT takes the timestep ``1000 sigma``. With ``cfg_scale != 1`` every step runs
@@ -18,7 +18,7 @@ picture encoded by the SD3 autoencoder's encoder, at SD3's latent scaling); LoRA
 
 Modules: ``diffusion`` (the MMDiT; its joint blocks are the layer-split blocks), ``te`` (T5-XXL
 split; both CLIPs on te's main device), ``vae`` (and a TAESD3 preview decoder), each per its
-ModulePlacement; the runner and autoencoder code is :mod:`~sdplan.core.pipelines.flux_base`'s.
+ModulePlacement; the runner and autoencoder code is :mod:`~sdplan.core.pipelines.stages.flow_dit`'s.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from sdplan.core.errors import InvalidArgument, ModelFileError, SdplanError
 from sdplan.core.modelfiles.checkpoint import read_model_files
 from sdplan.core.modelfiles.lora_names import AliasTable
 from sdplan.core.models.mmdit import MMDiT, unpatch
-from sdplan.core.pipelines.base import module_placements
-from sdplan.core.pipelines.flux_base import FluxFamilyPipeline, shapes
-from sdplan.core.pipelines.img2img import ImageInput
-from sdplan.core.pipelines.sd3_conditioner import CHUNK, Sd3Conditioner
+from sdplan.core.pipelines.sd3.conditioner import CHUNK, Sd3Conditioner
+from sdplan.core.pipelines.stages.base import module_placements
+from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline, shapes
+from sdplan.core.pipelines.stages.img2img import ImageInput
 from sdplan.core.sampling.flow import discrete_flow_sigmas
 from sdplan.core.sampling.slg import SkipLayerGuidance
 
@@ -61,7 +61,7 @@ def _file_of(ms: Any, module: str, label: str) -> str:
     return files[0]
 
 
-class Sd3Pipeline(FluxFamilyPipeline):
+class Sd3Pipeline(FlowDiTPipeline):
     """SD3 / SD3.5 txt2img over engine module runners.
 
     Args:
@@ -174,7 +174,7 @@ class Sd3Pipeline(FluxFamilyPipeline):
                 loaded weights; ``pred += scale (cond - skip)`` after CFG, as sd-cli (its window
                 counts the steps that run: the truncated schedule's with an init picture).
             init: image to image / inpainting (picture ``(1, 3, H, W)`` in [-1, 1], optional
-                mask, strength), as :class:`~sdplan.core.pipelines.flux_base.FluxFamilyPipeline`
+                mask, strength), as :class:`~sdplan.core.pipelines.stages.flow_dit.FlowDiTPipeline`
                 does it; ``init_seed`` (default ``seed``) seeds the init latent's draw.
 
         Returns:

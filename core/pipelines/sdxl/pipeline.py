@@ -1,9 +1,9 @@
 """Text-to-image for SDXL (base, refiner and the checkpoints in their layout: Pony,
 Illustrious, NoobAI, SDXL-Turbo/Lightning, SSD-1B, Vega) on sdplan's engine.
 
-:class:`StableDiffusionXL` is :class:`~sdplan.core.pipelines.sd.StableDiffusion` with SDXL's
+:class:`StableDiffusionXL` is :class:`~sdplan.core.pipelines.sd.pipeline.StableDiffusion` with SDXL's
 parts: the two-encoder conditioner with its pooled embedding and vector
-(:mod:`sdplan.core.pipelines.sdxl_conditioner`), the UNet with ``label_emb``
+(:mod:`sdplan.core.pipelines.sdxl.conditioner`), the UNet with ``label_emb``
 (:mod:`sdplan.core.models.unet`; depths per block from the shapes) and the VAE with its
 0.13025 latent scale. Every layout users download loads: the original single file
 (``model.diffusion_model.``, ``conditioner.embedders.N.``, ``first_stage_model.``), separate
@@ -33,13 +33,13 @@ from sdplan.core.families import family as registry_family
 from sdplan.core.modelfiles.checkpoint import ModelTensor, read_model_files
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
-from sdplan.core.pipelines.base import Pipeline, module_placements
-from sdplan.core.pipelines.sd import Cond, GenerateParams, StableDiffusion, model_overrides
-from sdplan.core.pipelines.sdxl_conditioner import (
+from sdplan.core.pipelines.sd.pipeline import Cond, GenerateParams, StableDiffusion, model_overrides
+from sdplan.core.pipelines.sdxl.conditioner import (
     DEFAULT_AESTHETIC,
     DEFAULT_NEGATIVE_AESTHETIC,
     SdxlConditioner,
 )
+from sdplan.core.pipelines.stages.base import Pipeline, module_placements
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.schedules import DiscreteSchedule
 

@@ -32,7 +32,7 @@ from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.checkpoint import ModelSet, ModelTensor
 from sdplan.core.models import clip as clip_m
 from sdplan.core.models.t5 import T5Encoder
-from sdplan.core.pipelines.sdxl_conditioner import openclip_ids
+from sdplan.core.pipelines.sdxl.conditioner import openclip_ids
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.text.clip_tokenizer import EOS_ID, ClipTokenizer

@@ -36,8 +36,8 @@ from sdplan.core.modelfiles.lora_names import AliasTable, aliases_for_family
 from sdplan.core.models import clip as clip_m
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
-from sdplan.core.pipelines.base import Pipeline, module_placements
-from sdplan.core.pipelines.img2img import (
+from sdplan.core.pipelines.stages.base import Pipeline, module_placements
+from sdplan.core.pipelines.stages.img2img import (
     ImageInput,
     blended_denoiser,
     dilate,
@@ -45,7 +45,7 @@ from sdplan.core.pipelines.img2img import (
     sample_latent,
     truncate_sigmas,
 )
-from sdplan.core.pipelines.results import image_to_uint8
+from sdplan.core.pipelines.stages.results import image_to_uint8
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.noise import NoiseSource, initial_latent, make_noise
 from sdplan.core.sampling.options import SamplingOptions, prepare
@@ -360,7 +360,7 @@ class StableDiffusion(Pipeline):
         """Images ``(1, 3, H, W)`` in [-1, 1] -> a draw of their latent distribution with
         standard normal ``noise`` ``(1, 4, H/8, W/8)``, times the scale factor (SD's 0.18215,
         SDXL's 0.13025): the
-        diffusion model's latent (:func:`~sdplan.core.pipelines.img2img.sample_latent`)."""
+        diffusion model's latent (:func:`~sdplan.core.pipelines.stages.img2img.sample_latent`)."""
         t0 = time.perf_counter()
         out = self.runners["vae"].run({"image": np.ascontiguousarray(img, dtype=np.float32)})
         self.timings["encode"] = self.timings.get("encode", 0.0) + time.perf_counter() - t0
@@ -382,7 +382,7 @@ class StableDiffusion(Pipeline):
     def _image_latents(self, init: ImageInput | None, shape: tuple[int, ...],
                        gen: NoiseSource) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         """``(init latent, blend mask, extra UNet channels)`` for ``init`` at the latent
-        ``shape`` (module docstring of :mod:`sdplan.core.pipelines.img2img`); ``gen`` is a
+        ``shape`` (module docstring of :mod:`sdplan.core.pipelines.stages.img2img`); ``gen`` is a
         fresh generator of the request's seed (sd-cli samples the encoder's distribution with
         the seed's RNG before it draws the starting noise)."""
         if init is None and not self.inpaint:
@@ -417,7 +417,7 @@ class StableDiffusion(Pipeline):
                 init: ImageInput | None = None) -> list[np.ndarray]:
         """Generate ``p.batch`` images; returns ``(H, W, 3)`` uint8 arrays.
 
-        ``init`` makes it image-to-image / inpainting (:mod:`sdplan.core.pipelines.img2img`):
+        ``init`` makes it image-to-image / inpainting (:mod:`sdplan.core.pipelines.stages.img2img`):
         its picture (``(1, 3, H, W)`` in [-1, 1], the generation's size) is encoded by the
         VAE, the schedule truncated by its strength, the latents outside its mask kept.
 

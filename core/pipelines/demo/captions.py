@@ -1,7 +1,7 @@
 """The demo model's captions: its colour palette, its shapes, and the caption syntax.
 
 A caption names one coloured shape on a plain coloured background, such as
-``"a red circle on a blue background"``; :mod:`sdplan.core.pipelines.demo_scenes` draws and
+``"a red circle on a blue background"``; :mod:`sdplan.core.pipelines.demo.scenes` draws and
 measures such scenes. Kept apart from that module (numpy, Pillow) so the command line can
 check a prompt against the demo's captions without loading either.
 """

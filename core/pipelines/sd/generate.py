@@ -1,0 +1,114 @@
+"""The engine's entry for SD 1.x / 2.x (the registry's ``pipeline`` and ``dry_run``).
+
+:func:`generate` runs a checked :class:`~sdplan.core.pipelines.request.GenerationRequest` on
+a :class:`~sdplan.core.pipelines.sd.pipeline.StableDiffusion` placed by the run's plan (kept
+loaded for the next request with the same files, placements and model overrides), with its
+LoRAs, image input, TAE previews or decode and VAE tiles. :func:`run_unet` is the same for
+any UNet pipeline (SDXL's passes its own). :func:`measure` is the compute dry run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sdplan.core.pipelines.request import GenerationRequest
+from sdplan.core.pipelines.run_context import FamilyResult, RunContext
+from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
+from sdplan.core.pipelines.stages.lora import apply_request_loras
+from sdplan.core.runtime.placement import ModulePlacement
+
+__all__ = ["generate", "run_unet", "measure", "UnetSession"]
+
+
+class UnetSession:
+    """A loaded UNet pipeline and its optional TAE (on the VAE's main device, weights
+    resident), closed together."""
+
+    def __init__(self, sd: Any, taesd: str | None, placements: Mapping[str, ModulePlacement], pool: Any) -> None:
+        self.sd = sd
+        self.tae = None
+        if taesd:
+            from sdplan.core.pipelines.stages.tae import Tae
+
+            try:
+                self.tae = Tae(taesd, placement=ModulePlacement(placements["vae"].devices[:1]), pool=pool)
+            except BaseException:
+                sd.close()
+                raise
+
+    @property
+    def runners(self) -> dict[str, Any]:
+        return dict(self.sd.runners)
+
+    def set_cancel(self, token: Any) -> None:
+        self.sd.set_cancel(token)
+        if self.tae is not None:
+            for r in self.tae.runners.values():
+                r.cancel = token
+
+    def close(self) -> None:
+        if self.tae is not None:
+            self.tae.close()
+        self.sd.close()
+
+
+def run_unet(request: GenerationRequest, plan: Mapping[str, ModulePlacement], progress: RunContext,
+             make: Callable[[dict[str, list[str]], dict[str, Any]], Any], key: tuple[Any, ...] = ()) -> FamilyResult:
+    """Run ``request`` on a UNet pipeline ``make(files, keywords)`` (module docstring)."""
+    ov = request.overrides
+    kw = {k: v for k, v in ov.to_mapping().items() if k in ("clip_heads", "unet_heads", "unet_head_dim", "prediction")}
+    taesd = request.file("taesd")
+    files = request.model_set
+    sess = progress.cached(("unet", key, repr(sorted(files.items())), repr(sorted(plan.items())),
+                            repr(sorted(kw.items())), taesd),
+                           lambda: UnetSession(make(files, {**kw, "placements": dict(plan), "pool": progress.pool()}),
+                                               taesd, plan, progress.pool()))
+    prompt, init, info = apply_request_loras(sess.sd, request)
+    p = GenerateParams(prompt, request.negative_prompt, int(request.width or 0), int(request.height or 0),
+                       int(request.steps or 0), float(request.cfg_scale or 0.0), request.seed,
+                       str(request.sampling_method), request.scheduler, request.batch_count, request.clip_skip,
+                       request.sampling)
+    tae = sess.tae
+    images = sess.sd.txt2img(p, lambda step, n, *_: progress.step(step, n), progress.preview,
+                             vae_tile=request.vae_tile_size or None,
+                             preview_decoder=tae.preview if tae is not None else None,
+                             decoder=tae.decode if tae is not None and request.taesd_decode else None, init=init)
+    return {"images": images, "timings": dict(sess.sd.timings), "info": info, "runners": sess.runners}
+
+
+def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], progress: RunContext) -> FamilyResult:
+    """Generate the request's pictures with SD 1.x / 2.x (or a UNet of sd-cli's names that no
+    rule recognises). Returns images, timings, what the inputs applied, the runners.
+
+    Raises:
+        ModelFileError / EngineError / SdplanError: bad files, devices, LoRAs or pictures.
+    """
+    def make(files: dict[str, list[str]], kw: dict[str, Any]) -> Any:
+        return StableDiffusion(files, None, kw.pop("pool"), 0, **kw)
+
+    return run_unet(request, plan, progress, make)
+
+
+def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
+            pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> dict[str, int]:
+    """Compute-buffer bytes per module of an SD 1.x / 2.x generation (the text encoder on one
+    77-token chunk, the UNet on the CFG batch, the VAE decoder on the batch), by a dry-run
+    reserve on ``pool``'s backends (:mod:`sdplan.core.pipelines.compute`).
+
+    Raises:
+        ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
+    """
+    sd = StableDiffusion(dict(model_files), None, pool, placements=placements)
+    try:
+        lh, lw = height // sd.vae_cfg.factor, width // sd.vae_cfg.factor
+        n = batch * (2 if cfg else 1)
+        shapes = {
+            "te": (sd._te(sd._skip(0), True), {"ids": (1, 77), "mask": (77, 77)}),
+            "diffusion": (sd.runners["diffusion"], {"x": (n, sd.unet_cfg.in_channels, lh, lw),
+                                                    "t": (n,), "c": (n, 77, sd.unet_cfg.context_dim)}),
+            "vae": (sd.runners["vae"], {"z": (batch, sd.unet_cfg.out_channels, lh, lw)}),
+        }
+        return {module: sum(runner.measure(inputs).values()) for module, (runner, inputs) in shapes.items()}
+    finally:
+        sd.close()
