@@ -186,7 +186,7 @@ def lora_img2img(out: Path, steps: int) -> int:
     from sdplan.app.controller import PlanController
     from sdplan.app.main import open_demo
     from sdplan.app.window import MainWindow, apply_theme
-    from sdplan.core.pipelines.demo_scenes import Scene, render
+    from sdplan.core.pipelines.demo.scenes import Scene, render
     from sdplan.core.planning.inventory import Inventory
     from sdplan.core.planning.placement import Placement
 
