@@ -183,12 +183,10 @@ def test_classes_list_amx_and_fast_avx512() -> None:
         assert cls.cpu_bf16_kernels == ("amx", "avx512_fast"), cls
 
 
-def test_fast_avx512_rule(monkeypatch) -> None:
+def test_fast_avx512_rule() -> None:
     """avx512_fast counts only with the avx512 kernel in use and a measured speed-up of at
     least FAST_SPEEDUP; listed kernels count as they are."""
-    from types import SimpleNamespace
-
-    from sdplan.core.runtime import bf16_rule
+    from sdplan.core.runtime.kernels import CpuKernels
 
     for kernel, speedup, kernels, want in [
         ("avx512", 1.9, ("amx", "avx512_fast"), True),
@@ -198,9 +196,8 @@ def test_fast_avx512_rule(monkeypatch) -> None:
         ("off", 0.0, ("amx", "avx512_fast"), False),
         ("avx512", 1.9, ("amx",), False),
     ]:
-        monkeypatch.setattr(bf16_rule, "native", lambda k=kernel: SimpleNamespace(bf16_kernel=lambda: k))
-        monkeypatch.setattr(bf16_rule, "avx512_bf16_speedup", lambda s=speedup: s)
-        assert bf16_rule.bf16_fits(kernels) is want, (kernel, speedup, kernels)
+        choice = CpuKernels(bf16=kernel, cpu_bf16=kernel, fma_gemm=True, wino="avx512", glu="avx512")
+        assert choice.holds_bf16(kernels, lambda s=speedup: s) is want, (kernel, speedup, kernels)
 
 
 def test_measured_speedup_where_the_cpu_runs_avx512_bf16() -> None:

@@ -376,7 +376,8 @@ def features() -> dict[str, Any]:
     f16/f32 kernels on wide images: ``avx512``, ``avx2`` or ``generic``);
     ``bf16_kernel`` is sdplan's CPU bf16 kernel in use (``amx``, ``avx512`` or ``off``; see
     ``SDPLAN_BF16_KERNEL``): the modules measured faster with it run their products in bf16
-    (``cpu_bf16_kernels`` of their model class, core/runtime/bf16_rule.py); the CPU features come from the
+    (``cpu_bf16_kernels`` of their model class; the choice is
+    :func:`sdplan.core.runtime.kernels.current`'s, ``kernel_sources`` says where each came from); the CPU features come from the
     CPU registry's ``ggml_backend_get_features`` proc address; ``cpu_threads`` is the default
     before other programs' load is measured (``generate`` measures it and may use fewer).
     """
@@ -400,7 +401,10 @@ def features() -> dict[str, Any]:
                    if flag in host and f not in cpu and f in _SUGGESTED_FAST_PATHS]
         if missing:
             warnings.append(missing_cpu_features_advice(missing))
-    if str(ng.bf16_kernel()) == "off" and str(ng.bf16_cpu_kernel()) == "amx":
+    from sdplan.core.runtime.kernels import running
+
+    chosen = running(ng)
+    if chosen.bf16 == "off" and chosen.cpu_bf16 == "amx":
         warnings.append(BF16_ADVICE)
     threads = choose_threads(0, measure=False)
     return {
@@ -411,10 +415,11 @@ def features() -> dict[str, Any]:
         "registries": [r for r in ng.registry_names() if not r.startswith("RPC[")],
         "cpu_threads": {"default": threads.threads, "usable_cpus": threads.cpus,
                         "reason": threads.reason},
-        "bf16_kernel": str(ng.bf16_kernel()),
-        "bf16_cpu_kernel": str(ng.bf16_cpu_kernel()),
-        "fma_gemm": bool(ng.fma_gemm()),
-        "wino_kernel": str(ng.wino_kernel()),
+        "bf16_kernel": chosen.bf16,
+        "bf16_cpu_kernel": chosen.cpu_bf16,
+        "fma_gemm": chosen.fma_gemm,
+        "wino_kernel": chosen.wino,
+        "kernel_sources": dict(chosen.why),
         "warnings": warnings,
     }
 
