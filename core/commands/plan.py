@@ -19,19 +19,27 @@ import argparse
 import dataclasses
 import json
 import logging
+import shlex
 import sys
 from typing import Any
 
-from sdplan.core.commands.options import add_source_arguments, load_inventory, profile_from_args
+from sdplan.core.commands.options import (
+    add_source_arguments,
+    load_inventory,
+    profile_from_args,
+    target_from_args,
+)
 from sdplan.core.errors import PlanError, SdplanError
 from sdplan.core.planning.autofit import RESERVES
+from sdplan.core.planning.autofit_newest import TIERS, NewestAutoFit
 from sdplan.core.planning.estimate import estimate_plan
 from sdplan.core.planning.inventory import Inventory
-from sdplan.core.planning.modules import GIB, MODEL_FLAGS, MODULES
+from sdplan.core.planning.modules import GIB, MODEL_FLAGS, PLACED_MODULES
 from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
 from sdplan.core.planning.plan import resolve
-from sdplan.core.planning.plan_types import Plan
+from sdplan.core.planning.plan_types import Plan, PlanWarning
 from sdplan.core.planning.profile import Profile
+from sdplan.core.planning.target import Target
 
 log = logging.getLogger(__name__)
 
@@ -105,14 +113,47 @@ def _from_command(args: argparse.Namespace) -> Any:
     return imp
 
 
-def _command_json(imp: Any, plan: Plan) -> dict[str, object]:
-    from sdplan.core.planning.sdcli import sdcli_command_line
+def _command_json(imp: Any, written: Any) -> dict[str, object]:
+    from sdplan.core.planning.sdcli import kept_for_dialect, sdcli_command_line
 
-    return {"written": sdcli_command_line(plan.placement, imp.model_files, imp.generation,
-                                          program=imp.program or "sd-cli",
-                                          extra=imp.extra_args(), raw=imp.generation_text),
-            "kept": list(imp.kept), "unknown": list(imp.unknown),
+    kept, dropped = kept_for_dialect(imp.extra_args(), written.dialect)
+    return {"written": sdcli_command_line(written.placement, imp.model_files, imp.generation,
+                                          program=imp.program or "sd-cli", extra=kept,
+                                          raw=imp.generation_text, dialect=written.dialect),
+            "dialect": written.dialect, "source_dialect": imp.dialect,
+            "left_out": dropped, "kept": list(imp.kept), "unknown": list(imp.unknown),
             "generation": dict(imp.generation), "model_files": dict(imp.model_files)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """The sd-cli placement flags a plan writes for its target's dialect (spec section 14):
+    ``placement`` written with ``dialect``; ``notes`` say what was added or left out,
+    ``left_out`` (among them) what the dialect cannot say."""
+
+    dialect: str
+    placement: Any
+    notes: list[str]
+    left_out: list[str]
+
+    def argv(self) -> list[str]:
+        from sdplan.core.planning.sdcli_write import placement_argv
+
+        return placement_argv(self.placement, self.dialect)
+
+    def to_json(self) -> dict[str, object]:
+        return {"dialect": self.dialect, "flags": self.argv(), "notes": list(self.notes)}
+
+
+def plan_targets(args: argparse.Namespace, imported: Any) -> tuple[Target, Target]:
+    """``(target, plan_target)``: what the plan is written for, and the sd-cli whose reading
+    of the flags is planned: a pasted command whose syntax shows another dialect than the
+    target's is planned as it runs there and written for the target."""
+    target = target_from_args(args, imported.dialect if imported is not None else None,
+                              pasted=imported is not None)
+    if imported is not None and imported.dialect not in (None, target.dialect):
+        return target, Target("sd-cli", imported.dialect, True, "the command's syntax")
+    return target, target
 
 
 def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
@@ -126,7 +167,9 @@ def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
     if flags is not None:
         return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
                              batch=args.batch_count, flags=flags)
-    engine = engine_name(args)
+    engine = "sd-cli" if plan.target.sdcli else engine_name(args)
+    if engine == "sd-cli" and getattr(args, "diffusion_fa", False):
+        engine = "sd-cli-fa"
     measured = measure_files(files, args) if files and engine == "sdplan" else None
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
                          batch=args.batch_count, engine=engine, measured=measured)
@@ -165,10 +208,15 @@ def run(args: argparse.Namespace) -> int:
             placement = args.placement_override
         else:
             placement = placement_from_namespace(args)
+        target, plan_target = plan_targets(args, imported)
         inventory, extra = load_inventory(args.devices, placement.rpc_servers)
         files = {k: list(getattr(args, k)) for k in MODEL_FLAGS if getattr(args, k, None)}
         profile = profile_from_args(args, files)
-        plan = resolve(placement, inventory, profile)
+        plan = resolve(placement, inventory, profile, plan_target)
+        written = written_flags(plan, target, inventory, profile)
+        extra = extra + [PlanWarning("not_in_dialect", f"sd-cli ({written.dialect}) has no "
+                                     f"{what}; it is left out of the written flags")
+                         for what in written.left_out]
         if extra:
             plan = dataclasses.replace(plan, warnings=extra + plan.warnings)
         fit = _fit(plan, profile, inventory, args, files,
@@ -188,15 +236,16 @@ def run(args: argparse.Namespace) -> int:
             out["fit"] = fit.to_json()
             if advice:
                 out["fit"]["advice"] = advice
+        out["sdcli"] = written.to_json()
         if imported is not None:
-            out["command"] = _command_json(imported, plan)
+            out["command"] = _command_json(imported, written)
             out["command"]["runtime_flags"] = imported.runtime_flags().to_json()
         print(json.dumps(out, indent=1))
     else:
-        print_tables(plan, inventory, fit)
+        print_tables(plan, inventory, fit, written)
         print_advice(advice)
         if imported is not None:
-            cmd = _command_json(imported, plan)
+            cmd = _command_json(imported, written)
             console = stdout_console()
             console.print("sd-cli command:", style="bold")
             console.print(f"  {cmd['written']}", highlight=False, markup=False, soft_wrap=True)
@@ -205,6 +254,16 @@ def run(args: argparse.Namespace) -> int:
                 console.print("  kept as given: " + " ".join(kept), highlight=False,
                               markup=False, soft_wrap=True)
     return 0
+
+
+def written_flags(plan: Plan, target: Target, inventory: Inventory,
+                  profile: Profile | None) -> Written:
+    """The placement flags for ``target``'s sd-cli dialect that run ``plan`` as planned
+    (:func:`~sdplan.core.planning.sdcli_write.written_placement`)."""
+    from sdplan.core.planning.sdcli_write import unwritable, written_placement
+
+    placement, notes = written_placement(plan, target.dialect, inventory, profile)
+    return Written(target.dialect, placement, notes, unwritable(plan.placement, target.dialect))
 
 
 def advise(plan: Plan, profile: Profile | None, inventory: Inventory, fit: Any,
@@ -288,17 +347,20 @@ def stdout_console() -> Any:
     return Console(width=None if sys.stdout.isatty() else 200)
 
 
-def print_tables(plan: Plan, inventory: Inventory, fit: Any) -> None:
-    """Print the plan on stdout: modules, devices with budgets, warnings, the fit estimate
-    (when given) and the canonical flags."""
+def print_tables(plan: Plan, inventory: Inventory, fit: Any, written: Written | None = None
+                 ) -> None:
+    """Print the plan on stdout: its target, modules, devices with budgets, warnings, the fit
+    estimate (when given), the canonical flags and the sd-cli flags ``written`` for the
+    target's dialect."""
     from rich.markup import escape
     from rich.table import Table
 
     console = stdout_console()
+    console.print(f"Plan for {plan.target.label()}", highlight=False, markup=False)
     mods = Table(title="Modules")
     for col in ("module", "runs on", "weights", "block ranges"):
         mods.add_column(col)
-    for m in MODULES:
+    for m in PLACED_MODULES:
         mp = plan.modules[m]
         weights = {"runtime": "follow runtime", "disk": "disk"}.get(mp.params.mode,
                                                                     str(mp.params.device))
@@ -327,21 +389,33 @@ def print_tables(plan: Plan, inventory: Inventory, fit: Any) -> None:
                         ("--split-mode", plan.split_mode), ("--max-vram", plan.max_vram)):
         if value:
             console.print(f"  {flag} {value}", highlight=False, markup=False)
+    if written is not None:
+        console.print(f"sd-cli ({written.dialect}) placement flags:", style="bold")
+        console.print("  " + (shlex.join(written.argv()) or "(none)"), highlight=False,
+                      markup=False, soft_wrap=True)
+        for note in written.notes:
+            console.print(f"  {note}", highlight=False, markup=False)
     sys.stdout.flush()
 
 
 def _print_auto_fit(console: Any, fitted: Any) -> None:
-    """sd-cli's ``--auto-fit`` choice: components, sizes, reserves, devices, its strings."""
+    """sd-cli's auto-fit choice (the snapshot's or the newest's): components, sizes,
+    reserves, devices, where the weights went, its strings."""
     from rich.table import Table
 
-    table = Table(title="sd-cli --auto-fit" + (" (time-share: weights load per phase)"
-                                               if fitted.time_share else ""))
-    for col in ("component", "GiB (as counted)", "reserve GiB", "runs on"):
+    newest = isinstance(fitted, NewestAutoFit)
+    table = Table(title="sd-cli auto-fit" + (" (newest: keeps --backend, chooses residency)"
+                                             if newest else " (time-share: weights load per "
+                                             "phase)" if fitted.time_share else ""))
+    for col in ("component", "GiB (as counted)", "reserve GiB", "runs on", "weights"):
         table.add_column(col, justify="right" if "GiB" in col else "left")
     for comp, size in fitted.components.items():
-        where = fitted.placement.get(comp)
+        where = fitted.runtime.get(comp) if newest else fitted.placement.get(comp)
+        tier = TIERS.get(fitted.tiers.get(comp, 0), "") if newest else (
+            "disk" if fitted.time_share and where and where != ["cpu"] else "where it runs")
         table.add_row(comp, f"{size / GIB:.2f}", f"{RESERVES[comp] / GIB:.2f}",
-                      " & ".join(where) if where else "(not present)")
+                      " & ".join(where) if where and size else "(not present)",
+                      tier if size else "")
     console.print(table)
     budgets = ", ".join(f"{d.name} {d.budget / GIB:.2f} GiB" for d in fitted.devices)
     console.print(f"  budgets: {budgets or 'no GPU'}", highlight=False, markup=False)

@@ -3,8 +3,9 @@
 :func:`resolve` runs one pass per section of the behaviour spec, in this order:
 
 - :func:`deprecation_warnings`: compatibility flags (section 6);
-- :func:`auto_fit_placement`: ``--auto-fit`` replaces the runtime and params strings with
-  sd-cli's own choice (section 13, :mod:`sdplan.core.planning.autofit`);
+- :func:`~sdplan.core.planning.autofit_plan.fit_placement`: sd-cli's auto-fit replaces the
+  runtime and params strings with its own choice (sections 13 and 14.1, for the plan's
+  :class:`~sdplan.core.planning.target.Target`);
 - :func:`check_device_names`: every written device name resolves (sections 3 and 11);
 - :func:`default_devices`: the default runtime devices (sections 4 and 5);
 - :func:`budget_entries` and :func:`budget_bytes`: ``--max-vram`` (section 7);
@@ -42,9 +43,9 @@ from sdplan.core.planning.assignment import (
     RuntimeValue,
     gib_to_bytes,
 )
-from sdplan.core.planning.autofit import AutoFit, auto_fit, component_bytes, undersized
+from sdplan.core.planning.autofit_plan import auto_fit_semantics, fit_placement
 from sdplan.core.planning.inventory import Device, Inventory
-from sdplan.core.planning.modules import GIB, MODULES, SPLITTABLE
+from sdplan.core.planning.modules import GIB, PLACED_MODULES, SPLITTABLE
 from sdplan.core.planning.placement import (
     BudgetEntry,
     Placement,
@@ -52,6 +53,7 @@ from sdplan.core.planning.placement import (
 )
 from sdplan.core.planning.plan_types import ModulePlan, Params, Plan, PlanWarning, Range
 from sdplan.core.planning.profile import ModuleProfile, Profile
+from sdplan.core.planning.target import Target
 
 __all__ = ["resolve", "split_ranges"]
 
@@ -91,7 +93,7 @@ def _placement(source: Placement | Sequence[str] | argparse.Namespace) -> Placem
 
 
 def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: Inventory,
-            profile: Profile | None = None) -> Plan:
+            profile: Profile | None = None, target: Target | None = None) -> Plan:
     """Resolve a placement (or sd-cli placement arguments) into a :class:`Plan`.
 
     Args:
@@ -101,18 +103,24 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
             split ranges).
         profile: per-module block sizes; when given, split modules get block ranges
             (spec section 8) and UNet-style modules (no blocks) warning ``no_blocks``.
+        target: what the plan is for (default: sdplan's engine); an sd-cli target reads the
+            flags as that sd-cli does (its auto-fit, spec section 14).
 
     Raises:
         PlanError: any error code of spec section 11, with the flag and span.
     """
     pl = _placement(source)
+    target = target or Target()
     idx = _index(inventory)
     if idx.default is None:
         raise PlanError("device_not_found", "the device inventory is empty")
     deprecated = deprecation_warnings(pl.deprecated)
     per_device, duplicates = budget_entries(pl, idx)
     given = pl
-    pl, fitted, fit_warnings = auto_fit_placement(pl, inventory, per_device, profile)
+    semantics = auto_fit_semantics(pl, target)
+    pl, fitted, fit_warnings = fit_placement(
+        pl, inventory, per_device, profile, target,
+        lambda v: device_names(v, idx, given.texts.get("--backend")))
     check_device_names(pl, idx)
     default_list = default_devices(pl, idx)
     budgets, disabled = budget_bytes(inventory, per_device, pl.budget_default)
@@ -125,68 +133,30 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
                              lay.ranges, lay.main_other_bytes,
                              "row" if m in rows else "layer",
                              rows[m].row_shares if m in rows else {})
-               for m, lay in sorted(layouts.items(), key=lambda kv: MODULES.index(kv[0]))}
+               for m, lay in sorted(layouts.items(), key=lambda kv: PLACED_MODULES.index(kv[0]))}
     streaming = stream_layers_warnings(pl.stream_layers, modules["diffusion"], budgets,
                                        idx.devices)
     canon = canonical_placement(pl, idx, default_list, per_device)
     strings = canon.to_strings()
-    if given.auto_fit:  # edit and write the --auto-fit placement, not its result
+    if semantics == "snapshot":  # edit and write the --auto-fit placement, not its result
         canon = dataclasses.replace(canon, default=None, runtime={}, params_default=None,
                                     params={})
+    elif semantics == "newest":  # the written --backend, without auto-fit's additions
+        canon = canonical_placement(given, idx, default_list, per_device)
+        if given.default is None:
+            canon = dataclasses.replace(canon, default=None, runtime={
+                m: v for m, v in canon.runtime.items() if m in given.runtime})
     return Plan(modules=modules, budgets=budgets,
                 warnings=[*deprecated, *fit_warnings, *duplicates, *disabled, *runtime_warnings,
                           *row_warnings, *split_warnings, *streaming],
                 backend=strings["backend"], params_backend=strings["params_backend"],
                 max_vram=strings["max_vram"], placement=canon,
                 stream_layers=pl.stream_layers, rpc_servers=pl.rpc_servers,
-                split_mode=canon.split_mode_text(), auto_fit=fitted)
+                split_mode=canon.split_mode_text(), auto_fit=fitted, target=target)
 
 
 _DEPRECATED_MEANING = {"--clip-on-cpu": "--backend te=cpu", "--vae-on-cpu": "--backend vae=cpu",
                        "--control-net-cpu": "--backend controlnet=cpu"}
-
-
-def auto_fit_placement(pl: Placement, inventory: Inventory, per_device: Mapping[str, Decimal],
-                       profile: Profile | None
-                       ) -> tuple[Placement, AutoFit | None, list[PlanWarning]]:
-    """Spec section 13: with ``--auto-fit``, the placement whose runtime and params entries
-    are the ones sd-cli derives (:func:`~sdplan.core.planning.autofit.auto_fit` for the
-    profile's component sizes and the ``--max-vram`` entries per device), and the
-    :class:`~sdplan.core.planning.autofit.AutoFit` itself; without it, ``pl`` unchanged.
-
-    Warnings: ``auto_fit_overrides`` when ``--backend``/``--params-backend`` (or the
-    compatibility flags) were given too (sd-cli ignores them), ``auto_fit_no_gpu`` without
-    a GPU-type device, ``auto_fit_needs_model`` without a profile (no sizes: the default
-    placement), ``auto_fit_will_not_fit`` where the choice does not hold for the sizes
-    sd-cli loads (:func:`~sdplan.core.planning.autofit.undersized`).
-    """
-    if not pl.auto_fit:
-        return pl, None, []
-    warnings: list[PlanWarning] = []
-    if pl.default is not None or pl.runtime or pl.params_default is not None or pl.params:
-        warnings.append(PlanWarning("auto_fit_overrides", "--auto-fit ignores --backend and "
-                                    "--params-backend (sd-cli chooses them itself)"))
-    cleared = dataclasses.replace(pl, default=None, runtime={}, params_default=None, params={},
-                                  shadowed=(), texts={**pl.texts, "--backend": "",
-                                                      "--params-backend": ""})
-    if profile is None:
-        warnings.append(PlanWarning("auto_fit_needs_model", "--auto-fit sizes the model; "
-                                    "without model files or a profile the default placement "
-                                    "is shown"))
-        return cleared, None, warnings
-    fitted = auto_fit(component_bytes(profile), inventory, per_device, pl.budget_default)
-    if not fitted.devices:
-        warnings.append(PlanWarning("auto_fit_no_gpu", "--auto-fit found no GPU; sd-cli "
-                                    "uses the default placement"))
-    if profile.autofit_loaded:
-        for reason in undersized(fitted, profile.autofit_loaded):
-            warnings.append(PlanWarning("auto_fit_will_not_fit", "sd-cli's --auto-fit choice "
-                                        f"will not fit: {reason}"))
-    derived = Placement.from_strings(fitted.backend, fitted.params_backend)
-    return dataclasses.replace(cleared, runtime=derived.runtime, params=derived.params,
-                               texts={**cleared.texts, "--backend": fitted.backend,
-                                      "--params-backend": fitted.params_backend}
-                               ), fitted, warnings
 
 
 def deprecation_warnings(flags: Sequence[str]) -> list[PlanWarning]:
@@ -206,8 +176,8 @@ def check_device_names(pl: Placement, idx: DeviceIndex) -> None:
     for flag in ("--backend", "--params-backend"):
         text = pl.texts.get(flag)
         refs: list[Ref] = []
-        values: list[object] = [pl.default, *pl.runtime.values()] if flag == "--backend" else \
-            [pl.params_default, *pl.params.values()]
+        values: list[object] = [pl.default, *pl.runtime.values(), pl.cfg] \
+            if flag == "--backend" else [pl.params_default, *pl.params.values()]
         values += [v for f, v in pl.shadowed if f == flag]
         for v in values:
             if isinstance(v, RuntimeValue):
@@ -251,7 +221,7 @@ def runtime_devices(pl: Placement, idx: DeviceIndex, default_list: list[str]
     devices: dict[str, list[str]] = {}
     warnings: list[PlanWarning] = []
     inherited: list[str] = []
-    for m in MODULES:
+    for m in PLACED_MODULES:
         value = pl.runtime.get(m)
         devs = device_names(value, idx, text) if value is not None else list(default_list)
         if len(devs) > 1 and m not in SPLITTABLE:
@@ -381,10 +351,11 @@ def row_splits(pl: Placement, runtime: Mapping[str, list[str]],
 def layer_splits(runtime: Mapping[str, list[str]], budgets: Mapping[str, int],
                  devices: Mapping[str, Device], profile: Profile | None
                  ) -> tuple[dict[str, Layout], list[PlanWarning]]:
-    """Spec section 8 for every module in :data:`MODULES` order (see :func:`layer_split`)."""
+    """Spec section 8 for every module in :data:`PLACED_MODULES` order (see
+    :func:`layer_split`)."""
     layouts: dict[str, Layout] = {}
     warnings: list[PlanWarning] = []
-    for m in MODULES:
+    for m in PLACED_MODULES:
         if m not in runtime:
             continue
         mp = profile.get(m) if profile is not None else None
@@ -499,11 +470,14 @@ def canonical_placement(pl: Placement, idx: DeviceIndex, default_list: list[str]
     default = RuntimeValue.of(*default_list)
     p_default = par(pl.params_default) if pl.params_default else None
     runtime = {m: RuntimeValue.of(*device_names(pl.runtime[m], idx, None))
-               for m in MODULES if m in pl.runtime}
-    params = {m: par(pl.params[m]) for m in MODULES if m in pl.params}
+               for m in PLACED_MODULES if m in pl.runtime}
+    params = {m: par(pl.params[m]) for m in PLACED_MODULES if m in pl.params}
+    cfg = RuntimeValue.of(*device_names(pl.cfg, idx, None)) if pl.cfg is not None else None
     return Placement(default=default,
                      split_default=pl.split_default, split_modes=dict(pl.split_modes),
-                     auto_fit=pl.auto_fit,
+                     auto_fit=pl.auto_fit, auto_fit_word=pl.auto_fit_word,
+                     split_ratio=pl.split_ratio, cfg=cfg, disable_prefetch=pl.disable_prefetch,
+                     disable_segmented_compute=pl.disable_segmented_compute,
                      runtime={m: v for m, v in runtime.items() if v != default},
                      params_default=p_default,
                      params={m: v for m, v in params.items() if v != p_default and not (

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sdplan.core.planning.modules import MODULES
+from sdplan.core.planning.modules import PLACED_MODULES
 from sdplan.core.planning.placement import Placement
+from sdplan.core.planning.target import Target
 
 
 @dataclass(frozen=True)
@@ -92,15 +93,17 @@ class Plan:
     """A resolved placement.
 
     Attributes:
-        modules: every module of :data:`MODULES` -> its :class:`ModulePlan`.
+        modules: every module of :data:`PLACED_MODULES` -> its :class:`ModulePlan`.
         budgets: every inventory device -> budget in bytes (0 = none/disabled).
         warnings: in the order found.
         backend, params_backend, max_vram, split_mode: canonical flag values.
         placement: the canonical placement (exact device names) to edit.
         stream_layers, rpc_servers: as given.
-        auto_fit: the placement sd-cli's ``--auto-fit`` derived (an
-            :class:`~sdplan.core.planning.autofit.AutoFit`) when the plan is for
-            ``--auto-fit``, else None.
+        auto_fit: the placement sd-cli's auto-fit derived (an
+            :class:`~sdplan.core.planning.autofit.AutoFit` for the snapshot's switch, a
+            :class:`~sdplan.core.planning.autofit_newest.NewestAutoFit` for the newest
+            sd-cli) when one applies, else None.
+        target: what the plan is for (:class:`~sdplan.core.planning.target.Target`).
     """
 
     modules: dict[str, ModulePlan]
@@ -114,6 +117,7 @@ class Plan:
     rpc_servers: tuple[str, ...] = ()
     split_mode: str = ""
     auto_fit: object | None = None
+    target: Target = field(default_factory=Target)
 
     def warning_codes(self) -> list[str]:
         """The warnings' codes, in order."""
@@ -124,10 +128,11 @@ class Plan:
         out: dict[str, object] = {
             "ok": True, "backend": self.backend, "params_backend": self.params_backend,
             "max_vram": self.max_vram, "split_mode": self.split_mode,
-            "modules": {m: self.modules[m].to_json() for m in MODULES},
+            "modules": {m: self.modules[m].to_json() for m in PLACED_MODULES},
             "budgets": dict(self.budgets),
             "warnings": [w.to_json() for w in self.warnings],
             "stream_layers": self.stream_layers, "rpc_servers": list(self.rpc_servers),
+            "target": self.target.to_json(),
         }
         if self.auto_fit is not None:
             out["auto_fit"] = self.auto_fit.to_json()  # type: ignore[attr-defined]

@@ -30,9 +30,12 @@ from sdplan.core.planning.placement import (
     PLACEMENT_SWITCHES,
     PLACEMENT_VALUE_FLAGS,
     Placement,
+    auto_fit_value,
     scan_placement_args,
 )
 from sdplan.core.planning.sdcli_table import ALIASES, option
+from sdplan.core.planning.sdcli_write import placement_argv
+from sdplan.core.planning.target import dialect_of_args, flag_in_dialect
 
 __all__ = ["GENERATION_FLAGS", "Argument", "ImportedCommand", "sdcli_argv",
            "sdcli_command_line", "model_file_flags", "import_sdcli_command", "parse_sdcli_args",
@@ -98,19 +101,21 @@ def _typed(key: str, text: str, flag: str) -> object:
 
 def sdcli_argv(placement: Placement, model_files: Mapping[str, str | Sequence[str]],
                generation: Mapping[str, object], kept: Sequence[str] = (),
-               raw: Mapping[str, str] | None = None) -> list[str]:
+               raw: Mapping[str, str] | None = None, dialect: str | None = None) -> list[str]:
     """sd-cli's arguments (without the program name) for a placement.
 
     Order: model flags in :data:`MODEL_FLAGS` order (a list value repeats its flag), then
-    ``--backend``, ``--params-backend``, ``--split-mode``, ``--max-vram`` (canonical strings,
-    omitted when empty), ``--rpc-servers`` (joined with ``,``), ``--stream-layers``,
-    ``--auto-fit``, then generation flags in :data:`GENERATION_FLAGS` order (long spellings;
-    whole floats written as integers unless ``raw`` holds the text the value was read from),
-    then ``kept`` as given.
+    the placement flags of :func:`~sdplan.core.planning.sdcli_write.placement_argv`
+    (canonical strings, omitted when empty), then generation flags in
+    :data:`GENERATION_FLAGS` order (long spellings; whole floats written as integers unless
+    ``raw`` holds the text the value was read from), then ``kept`` as given.
 
     Args:
         raw: generation key -> the text a pasted command gave; written instead of the value
             when it still reads as that value (a pasted ``--cfg-scale 7.0`` stays ``7.0``).
+        dialect: ``snapshot`` or ``newest``: write the placement flags as that sd-cli spells
+            them (spec section 14); None: as the placement holds them. ``kept`` is written
+            as given (:func:`kept_for_dialect` filters it).
 
     Raises:
         ValueError: a key of ``model_files`` or ``generation`` that sd-cli has no flag for.
@@ -129,19 +134,7 @@ def sdcli_argv(placement: Placement, model_files: Mapping[str, str | Sequence[st
             continue
         for path in [value] if isinstance(value, str) else list(value):
             argv += [flags[0], str(path)]
-    strings = placement.to_strings()
-    for flag, text in (("--backend", strings["backend"]),
-                       ("--params-backend", strings["params_backend"]),
-                       ("--split-mode", placement.split_mode_text()),
-                       ("--max-vram", strings["max_vram"])):
-        if text:
-            argv += [flag, text]
-    if placement.rpc_servers:
-        argv += ["--rpc-servers", ",".join(placement.rpc_servers)]
-    if placement.stream_layers:
-        argv.append("--stream-layers")
-    if placement.auto_fit:
-        argv.append("--auto-fit")
+    argv += placement_argv(placement, dialect)
     for key, (flags, _) in GENERATION_FLAGS.items():
         setting = generation.get(key)
         if setting is None:
@@ -162,11 +155,24 @@ def _same(key: str, text: str, value: object) -> bool:
 
 def sdcli_command_line(placement: Placement, model_files: Mapping[str, str | Sequence[str]],
                        generation: Mapping[str, object], program: str = "sd-cli",
-                       extra: Sequence[str] = (), raw: Mapping[str, str] | None = None) -> str:
+                       extra: Sequence[str] = (), raw: Mapping[str, str] | None = None,
+                       dialect: str | None = None) -> str:
     """:func:`sdcli_argv` as one shell-quoted line starting with ``program``, then ``extra``
     (kept arguments of a pasted command and flags the model files call for, e.g.
     :func:`model_file_flags`; merge them with :func:`merge_flags`)."""
-    return shlex.join([program, *sdcli_argv(placement, model_files, generation, extra, raw)])
+    return shlex.join([program, *sdcli_argv(placement, model_files, generation, extra, raw,
+                                            dialect)])
+
+
+def kept_for_dialect(kept: Sequence[str], dialect: str) -> tuple[list[str], list[str]]:
+    """``kept`` arguments split into those sd-cli in ``dialect`` has and those it lacks
+    (:func:`~sdplan.core.planning.target.flag_in_dialect`; arguments that are no sd-cli
+    option stay kept), each in order as written tokens."""
+    out: list[str] = []
+    dropped: list[str] = []
+    for a in parse_sdcli_args(list(kept)):
+        (out if not a.known or flag_in_dialect(a.flag, dialect) else dropped).extend(a.tokens)
+    return out, dropped
 
 
 def merge_flags(kept: Sequence[str], implied: Sequence[str]) -> list[str]:
@@ -308,7 +314,8 @@ def parse_sdcli_args(args: list[str]) -> list[Argument]:
     """Split an argument list (without the program) the way sd-cli does.
 
     Each argument is looked up in sd-cli's table; an option of arity 1 takes the next
-    argument whatever it looks like. ``--flag=value`` of a table option is read as
+    argument whatever it looks like; ``--auto-fit`` takes the next argument only when it
+    is ``on`` or ``off`` (spec section 14.2: both dialects read). ``--flag=value`` of a table option is read as
     ``--flag value`` (sdplan's own commands accept it). An argument that is no option of
     the table becomes an unknown :class:`Argument` that takes the next argument as its value
     when that one does not start with ``-``.
@@ -325,7 +332,8 @@ def parse_sdcli_args(args: list[str]) -> list[Argument]:
         spelling = tok
         if opt is None and tok.startswith("--") and "=" in tok:
             head, value = tok.split("=", 1)
-            if option(head) is not None and option(head).values:  # type: ignore[union-attr]
+            if option(head) is not None and (option(head).values  # type: ignore[union-attr]
+                                             or head == "--auto-fit"):
                 opt, inline, spelling = option(head), value, head
         if opt is None:
             values: tuple[str, ...] = ()
@@ -336,6 +344,16 @@ def parse_sdcli_args(args: list[str]) -> list[Argument]:
             i += 1
             continue
         flag = ALIASES.get(opt.long, opt.long)
+        if flag == "--auto-fit":  # the newest sd-cli's on|off, or the snapshot's switch
+            word = inline.strip().lower() if inline is not None else auto_fit_value(args, i)
+            if word is not None and word not in ("on", "off"):
+                raise PlanError("invalid_assignment", f"--auto-fit takes on or off, not "
+                                f"'{inline}'", flag="--auto-fit")
+            if inline is None and word is not None:
+                i += 1
+            out.append(Argument(spelling, flag, (word,) if word is not None else ()))
+            i += 1
+            continue
         if opt.values == 0:
             out.append(Argument(spelling, flag))
             i += 1
@@ -364,6 +382,8 @@ class ImportedCommand:
         generation_text: generation key -> the text it was read from.
         program: the program as written (``.\\bin\\sd.exe``), or None.
         arguments: every argument, in order (:class:`Argument`).
+        dialect: the sd-cli dialect the command's own syntax shows (``snapshot``,
+            ``newest``; :func:`~sdplan.core.planning.target.dialect_of_args`), or None.
     """
 
     model_files: dict[str, str | list[str]]
@@ -374,6 +394,7 @@ class ImportedCommand:
     generation_text: dict[str, str] = field(default_factory=dict)
     program: str | None = None
     arguments: tuple[Argument, ...] = ()
+    dialect: str | None = None
 
     @property
     def unknown_args(self) -> list[str]:
@@ -446,4 +467,4 @@ def import_sdcli_command(text: str, dialect: str | None = None) -> ImportedComma
     placement, rest = scan_placement_args(placement_tokens)
     assert not rest  # every token passed is a placement flag or its value
     return ImportedCommand(model_files, placement, generation, kept, unknown, raw, program,
-                           tuple(parsed))
+                           tuple(parsed), dialect_of_args(args))
