@@ -26,7 +26,8 @@ The rules (stable-diffusion.cpp's newest ``docs/backend.md``, "Automatic placeme
   4. disk.
 
   A component computing on the CPU uses RAM (its runtime device) or disk. When offloaded
-  diffusion already needs the whole budget of its main GPU, te and vae are offloaded too.
+  diffusion already needs the whole budget of its main GPU, te and vae are offloaded too:
+  the room kept there for diffusion's staged weights and reserve (step 1) leaves them none.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from sdplan.core.planning.autofit import COMPONENTS, RESERVES, AutoFitDevice, au
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB
 
-__all__ = ["NewestAutoFit", "newest_auto_fit", "ram_keep", "TIERS", "newest_undersized"]
+__all__ = ["NewestAutoFit", "newest_auto_fit", "ram_keep", "TIERS", "newest_undersized",
+           "largest_budget"]
 
 #: Where a component's weights went, by tier number (module docstring).
 TIERS = {1: "compute GPU", 2: "RAM", 3: "another GPU", 4: "disk"}
@@ -83,7 +85,8 @@ class NewestAutoFit:
                 "devices": [d.to_json() for d in self.devices]}
 
 
-def _largest_budget(devices: Sequence[AutoFitDevice]) -> str | None:
+def largest_budget(devices: Sequence[AutoFitDevice]) -> str | None:
+    """The name of the GPU with the largest budget (the first on a tie), or None."""
     best: AutoFitDevice | None = None
     for d in devices:
         if best is None or d.budget > best.budget:
@@ -118,7 +121,7 @@ def newest_auto_fit(components: Mapping[str, int], inventory: Inventory,
                                                                                   max_vram_default)))
                     for d in inventory if d.type == "gpu")
     budget = {d.name: d.budget for d in devices}
-    first_gpu = _largest_budget(devices)
+    first_gpu = largest_budget(devices)
     placed_runtime: dict[str, list[str]] = {}
     for m, devs in runtime.items():
         if devs:
@@ -137,13 +140,12 @@ def newest_auto_fit(components: Mapping[str, int], inventory: Inventory,
                 work[d] = max(work[d], RESERVES[c])
     residency: dict[str, tuple[str, str | None]] = {}
     tiers: dict[str, int] = {}
-    forced = False
     order = [c for c in COMPONENTS if sizes[c] and c in placed_runtime]
     for pos, c in enumerate(order):
         size, devs = sizes[c], placed_runtime[c]
         gpus = [d for d in devs if d in budget]
         tier = 0
-        if gpus and len(gpus) == len(devs) and not forced:
+        if gpus and len(gpus) == len(devs):
             fits = True
             for d in gpus:
                 staging = sum(big.get(later, 0) for later in order[pos + 1:]
@@ -179,8 +181,6 @@ def newest_auto_fit(components: Mapping[str, int], inventory: Inventory,
         if tier > 1 and gpus:  # offloaded: its weights are staged where it runs
             for d in gpus:
                 work[d] = max(work[d], size + RESERVES[c])
-            if c == "diffusion" and size + RESERVES[c] >= budget[gpus[0]]:
-                forced = True
     backend = ",".join(f"{m}={'&'.join(d)}" for m, d in placed_runtime.items())
     params = []
     for c, (mode, dev) in residency.items():

@@ -19,7 +19,12 @@ from decimal import Decimal
 
 from sdplan.core.planning.assignment import ParamsValue, Ref, RuntimeValue
 from sdplan.core.planning.autofit import AutoFit, auto_fit, component_bytes, undersized
-from sdplan.core.planning.autofit_newest import NewestAutoFit, newest_auto_fit, newest_undersized
+from sdplan.core.planning.autofit_newest import (
+    NewestAutoFit,
+    largest_budget,
+    newest_auto_fit,
+    newest_undersized,
+)
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import PLACED_MODULES
 from sdplan.core.planning.placement import Placement
@@ -147,14 +152,12 @@ def newest_auto_fit_placement(pl: Placement, inventory: Inventory,
         for reason in newest_undersized(fitted, profile.autofit_loaded):
             warnings.append(PlanWarning("auto_fit_will_not_fit", "the newest sd-cli's auto-fit "
                                         f"choice will not fit: {reason}"))
-    new_runtime = dict(pl.runtime)
-    for m, devs in fitted.runtime.items():
-        if runtime[m] is None:
-            new_runtime[m] = RuntimeValue.of(*devs)
+    first = largest_budget(fitted.devices)
+    default = pl.default if pl.default is not None or first is None else RuntimeValue.of(first)
     params = {}
     for c, (mode, dev) in fitted.residency.items():
         if mode == "disk":
             params[c] = ParamsValue("disk")
         elif mode == "device" and dev is not None:
             params[c] = ParamsValue("device", Ref(dev))
-    return dataclasses.replace(pl, runtime=new_runtime, params=params), fitted, warnings
+    return dataclasses.replace(pl, default=default, params=params), fitted, warnings

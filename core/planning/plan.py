@@ -145,7 +145,7 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
         canon = canonical_placement(given, idx, default_list, per_device)
         if given.default is None:
             canon = dataclasses.replace(canon, default=None, runtime={
-                m: v for m, v in canon.runtime.items() if m in given.runtime})
+                m: RuntimeValue.of(*device_names(v, idx, None)) for m, v in given.runtime.items()})
     return Plan(modules=modules, budgets=budgets,
                 warnings=[*deprecated, *fit_warnings, *duplicates, *disabled, *runtime_warnings,
                           *row_warnings, *split_warnings, *streaming],
