@@ -40,6 +40,7 @@ from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.plan_types import Plan, PlanWarning
 from sdplan.core.planning.profile import Profile
 from sdplan.core.planning.target import Target
+from sdplan.core.planning.vae_tiling import vae_scale_factor
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ def _from_command(args: argparse.Namespace) -> Any:
                         f"command; drop {', '.join(given)} or put them into it",
                         flag="--command")
     imp = import_sdcli_command(args.sdcli_command)
+    imp.vae_tiling(imp.dialect, 8)  # malformed tiling values fail before any file is read
     for key, value in imp.model_files.items():
         setattr(args, key, [value] if isinstance(value, str) else list(value))
     args.placement_override = imp.placement
@@ -113,16 +115,46 @@ def _from_command(args: argparse.Namespace) -> Any:
     return imp
 
 
-def _command_json(imp: Any, written: Any) -> dict[str, object]:
-    from sdplan.core.planning.sdcli import kept_for_dialect, sdcli_command_line
+def _command_json(imp: Any, written: Any, scale: int) -> dict[str, object]:
+    """The pasted command written for ``written``'s dialect: its kept arguments without the
+    options that dialect lacks, tile sizes converted when the command's own dialect is known
+    and differs (``scale``: the VAE's image pixels per latent pixel)."""
+    from sdplan.core.planning.sdcli import (
+        convert_kept_tiles,
+        kept_for_dialect,
+        sdcli_command_line,
+    )
 
     kept, dropped = kept_for_dialect(imp.extra_args(), written.dialect)
+    if imp.dialect is not None and imp.dialect != written.dialect:
+        kept = convert_kept_tiles(kept, imp.dialect, written.dialect, scale)
     return {"written": sdcli_command_line(written.placement, imp.model_files, imp.generation,
                                           program=imp.program or "sd-cli", extra=kept,
                                           raw=imp.generation_text, dialect=written.dialect),
-            "dialect": written.dialect, "source_dialect": imp.dialect,
+            "dialect": written.dialect, "source_dialect": imp.dialect, "notes": written.notes,
             "left_out": dropped, "kept": list(imp.kept), "unknown": list(imp.unknown),
-            "generation": dict(imp.generation), "model_files": dict(imp.model_files)}
+            "generation": dict(imp.generation), "model_files": dict(imp.model_files),
+            "module_files": imp.module_files(),
+            "vae_tiling": imp.vae_tiling(imp.dialect or written.dialect, scale).to_json()}
+
+
+def tiling_warnings(imp: Any, plan_target: Target, scale: int) -> list[PlanWarning]:
+    """Check the pasted command's VAE tiling values (spec section 14.7) and flag a
+    ``--vae-tile-size`` whose units are unknown (warning ``vae_tile_size_units``: neither
+    the command's syntax nor a named dialect says whether it is in image or latent pixels).
+
+    Raises:
+        PlanError: ``invalid_vae_tiling`` for a malformed value.
+    """
+    dialect = imp.dialect or (plan_target.dialect if plan_target.known else None)
+    imp.vae_tiling(dialect, scale)
+    sizes = [a.values[0] for a in imp.arguments if a.flag == "--vae-tile-size" and a.values]
+    if dialect is not None or not sizes:
+        return []
+    return [PlanWarning("vae_tile_size_units", f"--vae-tile-size {sizes[-1]}: the newest "
+                        "sd-cli reads image pixels, the snapshot latent pixels (x"
+                        f"{scale} for this VAE); read as image pixels; name the dialect with "
+                        "--sdcli-dialect to convert it")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +246,9 @@ def run(args: argparse.Namespace) -> int:
         profile = profile_from_args(args, files)
         plan = resolve(placement, inventory, profile, plan_target)
         written = written_flags(plan, target, inventory, profile)
+        scale = vae_scale_factor(profile.architecture if profile is not None else None)
+        if imported is not None:
+            extra = extra + tiling_warnings(imported, plan_target, scale)
         extra = extra + [PlanWarning("not_in_dialect", f"sd-cli ({written.dialect}) has no "
                                      f"{what}; it is left out of the written flags")
                          for what in written.left_out]
@@ -238,14 +273,14 @@ def run(args: argparse.Namespace) -> int:
                 out["fit"]["advice"] = advice
         out["sdcli"] = written.to_json()
         if imported is not None:
-            out["command"] = _command_json(imported, written)
+            out["command"] = _command_json(imported, written, scale)
             out["command"]["runtime_flags"] = imported.runtime_flags().to_json()
         print(json.dumps(out, indent=1))
     else:
         print_tables(plan, inventory, fit, written)
         print_advice(advice)
         if imported is not None:
-            cmd = _command_json(imported, written)
+            cmd = _command_json(imported, written, scale)
             console = stdout_console()
             console.print("sd-cli command:", style="bold")
             console.print(f"  {cmd['written']}", highlight=False, markup=False, soft_wrap=True)

@@ -17,6 +17,7 @@ accept are kept too and reported (``unknown``).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,13 @@ from sdplan.core.planning.placement import (
 from sdplan.core.planning.sdcli_table import ALIASES, option
 from sdplan.core.planning.sdcli_write import placement_argv
 from sdplan.core.planning.target import dialect_of_args, flag_in_dialect
+from sdplan.core.planning.vae_tiling import (
+    VaeTiling,
+    convert_tile_size,
+    parse_overlap,
+    parse_relative_size,
+    parse_tile_size,
+)
 
 __all__ = ["GENERATION_FLAGS", "Argument", "ImportedCommand", "sdcli_argv",
            "sdcli_command_line", "model_file_flags", "import_sdcli_command", "parse_sdcli_args",
@@ -80,6 +88,9 @@ GENERATION_FLAGS.update(INPUT_FLAGS)
 _MODEL_BY_FLAG = {f: k for k, flags in MODEL_FLAGS.items() for f in flags}
 _GEN_BY_FLAG = {f: k for k, (flags, _) in GENERATION_FLAGS.items() for f in flags}
 _PLACEMENT = frozenset(PLACEMENT_VALUE_FLAGS) | frozenset(PLACEMENT_SWITCHES)
+#: The newest sd-cli's model-file flags that feed a module without holding its weights
+#: (spec section 14.8) -> the module they feed.
+COMPANION_FLAGS = {"--tokenizer": "te", "--llm_vision": "te", "--embeddings-connectors": "te"}
 
 
 def _fmt(value: object) -> str:
@@ -162,6 +173,24 @@ def sdcli_command_line(placement: Placement, model_files: Mapping[str, str | Seq
     :func:`model_file_flags`; merge them with :func:`merge_flags`)."""
     return shlex.join([program, *sdcli_argv(placement, model_files, generation, extra, raw,
                                             dialect)])
+
+
+def convert_kept_tiles(kept: Sequence[str], from_dialect: str, to_dialect: str, scale: int
+                       ) -> list[str]:
+    """``kept`` with every ``--vae-tile-size`` value converted from ``from_dialect``'s units
+    to ``to_dialect``'s (:func:`~sdplan.core.planning.vae_tiling.convert_tile_size`), the
+    rest as written.
+
+    Raises:
+        PlanError: ``invalid_vae_tiling`` for a malformed tile size.
+    """
+    out: list[str] = []
+    for a in parse_sdcli_args(list(kept)):
+        if a.flag == "--vae-tile-size" and a.values:
+            out += [a.spelling, convert_tile_size(a.values[0], from_dialect, to_dialect, scale)]
+        else:
+            out += a.tokens
+    return out
 
 
 def kept_for_dialect(kept: Sequence[str], dialect: str) -> tuple[list[str], list[str]]:
@@ -414,6 +443,39 @@ class ImportedCommand:
                                     ("--vae-conv-direct", "vae")) if flag in given}
         return RuntimeFlags(frozenset(fa), frozenset(direct), "--mmap" in given,
                             "--eager-load" in given)
+
+    def module_files(self) -> dict[str, dict[str, str]]:
+        """Files of the newest sd-cli's flags that feed a module without being its weights
+        file (spec section 14.8): module -> flag -> path (``--tokenizer``, ``--llm_vision``,
+        ``--embeddings-connectors`` feed ``te``). They stay kept arguments, written back
+        where they were pasted."""
+        out: dict[str, dict[str, str]] = {}
+        for a in self.arguments:
+            if a.flag in COMPANION_FLAGS and a.values:
+                out.setdefault(COMPANION_FLAGS[a.flag], {})[a.flag] = a.values[0]
+        return out
+
+    def vae_tiling(self, dialect: str | None, scale: int) -> VaeTiling:
+        """The command's VAE tiling in the newest sd-cli's units (spec section 14.7):
+        ``--vae-tile-size`` read as ``dialect`` writes it (snapshot: latent pixels, times
+        ``scale``), the overlap clamped to 0..0.5.
+
+        Raises:
+            PlanError: ``invalid_vae_tiling`` for a malformed value (naming the flag).
+        """
+        tiling = VaeTiling()
+        for a in self.arguments:
+            if a.flag == "--vae-tiling":
+                tiling = dataclasses.replace(tiling, enabled=True)
+            elif a.flag == "--vae-tile-size" and a.values:
+                text = convert_tile_size(a.values[0], dialect or "newest", "newest", scale)
+                tiling = dataclasses.replace(tiling, tile_px=parse_tile_size(text))
+            elif a.flag == "--vae-tile-overlap" and a.values:
+                tiling = dataclasses.replace(
+                    tiling, overlap=min(max(parse_overlap(a.values[0]), 0.0), 0.5))
+            elif a.flag == "--vae-relative-tile-size" and a.values:
+                tiling = dataclasses.replace(tiling, relative=parse_relative_size(a.values[0]))
+        return tiling
 
     def extra_args(self) -> list[str]:
         """The kept and unknown arguments in the order they were pasted (what the written

@@ -106,8 +106,9 @@ def dialect_of_args(args: Sequence[str]) -> str | None:
     """The dialect a pasted argument list shows by its own syntax, or None.
 
     Newest: ``--auto-fit on|off`` (or ``--auto-fit=on|off``), one of
-    :data:`NEWEST_ONLY_FLAGS`, a ``cfg=`` entry in ``--backend`` or a ``WxH``
-    ``--vae-tile-size``. Snapshot: the bare ``--auto-fit`` switch or ``--stream-layers``.
+    :data:`NEWEST_ONLY_FLAGS` or a ``cfg=`` entry in ``--backend`` (a ``WxH``
+    ``--vae-tile-size`` is no sign: the snapshot takes it too, in latent pixels). Snapshot:
+    the bare ``--auto-fit`` switch or ``--stream-layers``.
     A command showing both is read as newest (its newest options would not run on the
     snapshot).
     """
@@ -125,8 +126,6 @@ def dialect_of_args(args: Sequence[str]) -> str | None:
         elif flag in SNAPSHOT_ONLY_FLAGS:
             snapshot = True
         elif flag == "--backend" and re.search(r"(?:^|,)\s*cfg\s*=", nxt, re.IGNORECASE):
-            newest = True
-        elif flag == "--vae-tile-size" and "x" in nxt.lower():
             newest = True
     if newest:
         return "newest"
