@@ -138,6 +138,19 @@ def _command_json(imp: Any, written: Any, scale: int) -> dict[str, object]:
             "vae_tiling": imp.vae_tiling(imp.dialect or written.dialect, scale).to_json()}
 
 
+def command_cfg(plan: Plan, imp: Any) -> Plan:
+    """``plan`` with the pasted command's reasons for sd-cli's sequential CFG path applied to
+    its parallel-CFG device (:func:`~sdplan.core.planning.split_policy.cfg_command_reasons`)."""
+    from sdplan.core.planning.split_policy import cfg_command_reasons, with_reasons
+
+    if plan.cfg is None:
+        return plan
+    reasons = cfg_command_reasons(imp.generation, {a.flag for a in imp.arguments},
+                                  set(imp.model_files))
+    cfg, found = with_reasons(plan.cfg, reasons)
+    return dataclasses.replace(plan, cfg=cfg, warnings=[*plan.warnings, *found])
+
+
 def tiling_warnings(imp: Any, plan_target: Target, scale: int) -> list[PlanWarning]:
     """Check the pasted command's VAE tiling values (spec section 14.7) and flag a
     ``--vae-tile-size`` whose units are unknown (warning ``vae_tile_size_units``: neither
@@ -245,6 +258,8 @@ def run(args: argparse.Namespace) -> int:
         files = {k: list(getattr(args, k)) for k in MODEL_FLAGS if getattr(args, k, None)}
         profile = profile_from_args(args, files)
         plan = resolve(placement, inventory, profile, plan_target)
+        if imported is not None:
+            plan = command_cfg(plan, imported)
         written = written_flags(plan, target, inventory, profile)
         scale = vae_scale_factor(profile.architecture if profile is not None else None)
         if imported is not None:
@@ -399,10 +414,19 @@ def print_tables(plan: Plan, inventory: Inventory, fit: Any, written: Written | 
         mp = plan.modules[m]
         weights = {"runtime": "follow runtime", "disk": "disk"}.get(mp.params.mode,
                                                                     str(mp.params.device))
-        ranges = ", ".join(f"{r.device}: {r.first_block}-{r.last_block} "
-                           f"({r.bytes / GIB:.2f} GiB)" for r in mp.ranges)
+        unit = "stages " if mp.range_unit == "stage" else ""
+        ranges = ", ".join(f"{r.device}: {unit}{r.first_block}-{r.last_block} "
+                           f"({r.bytes / GIB:.2f} GiB"
+                           + (f", {r.streamed / GIB:.2f} streamed" if r.streamed else "") + ")"
+                           for r in mp.ranges)
         mods.add_row(m, " & ".join(mp.devices), escape(weights), escape(ranges))
     console.print(mods)
+    if plan.split_ratio is not None:
+        console.print(f"--split-ratio {plan.split_ratio.text()}", highlight=False, markup=False)
+    if plan.cfg is not None:
+        state = "parallel" if plan.cfg.active else "sequential: " + "; ".join(plan.cfg.reasons)
+        console.print(f"CFG copy of diffusion on {plan.cfg.device} ({state})", highlight=False,
+                      markup=False)
     devs = Table(title="Devices")
     for col in ("device", "type", "description", "free GiB", "total GiB", "budget GiB"):
         devs.add_column(col, justify="right" if "GiB" in col else "left")

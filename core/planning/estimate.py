@@ -354,8 +354,8 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
                                                  measured=measured)
         placed: dict[str, int] = {}
         row_shares = getattr(mplan, "row_shares", None)
-        if mplan.ranges:
-            placed[main] = mp.other
+        if mplan.ranges:  # a UNet split by stages keeps only its non-stage bytes on main
+            placed[main] = getattr(mplan, "main_other_bytes", mp.other)
             for r in mplan.ranges:
                 placed[r.device] = placed.get(r.device, 0) + r.bytes
         elif row_shares:  # row split: block rows on every device, the rest on the main one

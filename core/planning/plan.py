@@ -53,6 +53,15 @@ from sdplan.core.planning.placement import (
 )
 from sdplan.core.planning.plan_types import ModulePlan, Params, Plan, PlanWarning, Range
 from sdplan.core.planning.profile import ModuleProfile, Profile
+from sdplan.core.planning.sdcli_split import (
+    fill_first,
+    newest_budget,
+    ratio_ranges,
+    sdcli_capacities,
+    spread_capacities,
+)
+from sdplan.core.planning.split_policy import cfg_plan, split_ratio_check
+from sdplan.core.planning.split_ratio import SplitRatio
 from sdplan.core.planning.target import Target
 
 __all__ = ["resolve", "split_ranges"]
@@ -63,13 +72,14 @@ INPUT_ONLY_WARNINGS = frozenset({"deprecated_flag", "duplicate_max_vram_device"}
 
 class Layout(NamedTuple):
     """A module's runtime devices after the layer-split rules (main device first), its block
-    ranges (empty unless split with a profile), its non-block bytes on the main device and,
-    in row mode, each device's bytes of the block weights' rows."""
+    ranges (empty unless split with a profile), its non-block bytes on the main device, in
+    row mode each device's bytes of the block weights' rows, and what the ranges count."""
 
     devices: list[str]
     ranges: list[Range]
     main_other_bytes: int
     row_shares: dict[str, int] = {}  # noqa: RUF012 - NamedTuple default, never mutated
+    unit: str = "block"
 
 
 #: Backend registries whose devices offer a row-split buffer type (spec section 12): ggml's
@@ -127,12 +137,17 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
     runtime, runtime_warnings = runtime_devices(pl, idx, default_list)
     rows, row_warnings = row_splits(pl, runtime, idx.devices, profile)
     layouts, split_warnings = layer_splits(
-        {m: d for m, d in runtime.items() if m not in rows}, budgets, idx.devices, profile)
+        {m: d for m, d in runtime.items() if m not in rows}, budgets, idx.devices, profile,
+        target, pl.split_ratio)
+    split_warnings += split_ratio_check(pl, {m: lay.devices for m, lay in layouts.items()})
+    diffusion = layouts.get("diffusion")
+    cfg, cfg_warnings = cfg_plan(pl, idx, diffusion.devices if diffusion else None, target,
+                                 profile)
     layouts.update(rows)
     modules = {m: ModulePlan(lay.devices, params_residency(pl, m, lay.devices, idx),
                              lay.ranges, lay.main_other_bytes,
                              "row" if m in rows else "layer",
-                             rows[m].row_shares if m in rows else {})
+                             rows[m].row_shares if m in rows else {}, lay.unit)
                for m, lay in sorted(layouts.items(), key=lambda kv: PLACED_MODULES.index(kv[0]))}
     streaming = stream_layers_warnings(pl.stream_layers, modules["diffusion"], budgets,
                                        idx.devices)
@@ -148,11 +163,12 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
                 m: RuntimeValue.of(*device_names(v, idx, None)) for m, v in given.runtime.items()})
     return Plan(modules=modules, budgets=budgets,
                 warnings=[*deprecated, *fit_warnings, *duplicates, *disabled, *runtime_warnings,
-                          *row_warnings, *split_warnings, *streaming],
+                          *row_warnings, *split_warnings, *cfg_warnings, *streaming],
                 backend=strings["backend"], params_backend=strings["params_backend"],
                 max_vram=strings["max_vram"], placement=canon,
                 stream_layers=pl.stream_layers, rpc_servers=pl.rpc_servers,
-                split_mode=canon.split_mode_text(), auto_fit=fitted, target=target)
+                split_mode=canon.split_mode_text(), auto_fit=fitted, target=target,
+                split_ratio=pl.split_ratio, cfg=cfg)
 
 
 _DEPRECATED_MEANING = {"--clip-on-cpu": "--backend te=cpu", "--vae-on-cpu": "--backend vae=cpu",
@@ -349,9 +365,10 @@ def row_splits(pl: Placement, runtime: Mapping[str, list[str]],
 
 
 def layer_splits(runtime: Mapping[str, list[str]], budgets: Mapping[str, int],
-                 devices: Mapping[str, Device], profile: Profile | None
+                 devices: Mapping[str, Device], profile: Profile | None,
+                 target: Target | None = None, split_ratio: SplitRatio | None = None
                  ) -> tuple[dict[str, Layout], list[PlanWarning]]:
-    """Spec section 8 for every module in :data:`PLACED_MODULES` order (see
+    """Spec sections 8 and 14.3-14.4 for every module in :data:`PLACED_MODULES` order (see
     :func:`layer_split`)."""
     layouts: dict[str, Layout] = {}
     warnings: list[PlanWarning] = []
@@ -359,26 +376,43 @@ def layer_splits(runtime: Mapping[str, list[str]], budgets: Mapping[str, int],
         if m not in runtime:
             continue
         mp = profile.get(m) if profile is not None else None
-        layouts[m], found = layer_split(m, runtime[m], mp, budgets, devices)
+        layouts[m], found = layer_split(m, runtime[m], mp, budgets, devices, target or Target(),
+                                        split_ratio)
         warnings += found
     return layouts, warnings
 
 
 def layer_split(module: str, runtime: list[str], mp: ModuleProfile | None,
-                budgets: Mapping[str, int], devices: Mapping[str, Device]
+                budgets: Mapping[str, int], devices: Mapping[str, Device],
+                target: Target | None = None, split_ratio: SplitRatio | None = None
                 ) -> tuple[Layout, list[PlanWarning]]:
-    """Spec section 8: the layout of one module on ``runtime`` (several devices = a split).
+    """The layout of one module on ``runtime`` (several devices = a split).
 
-    A split module without blocks (UNet) runs on its first device (warning ``no_blocks``);
-    otherwise budgets on its devices give warning ``split_disables_max_vram`` and cap their
-    free memory, and with a profile the blocks get :func:`split_ranges` (warning
-    ``device_gets_no_blocks`` for each device left without a range).
+    Budgets on a split module's devices give warning ``split_disables_max_vram`` (they cap
+    its ranges instead). Ranges (warning ``device_gets_no_blocks`` for each device left
+    without one):
+
+    - ``--split-ratio r0,r1,...``: fixed fractions of the block bytes
+      (:func:`~sdplan.core.planning.sdcli_split.ratio_ranges`);
+    - for an sd-cli target, or ``--split-ratio vram``: each device filled in order as that
+      sd-cli fills it (:func:`sdcli_ranges`), a UNet's stages spread too; ``auto`` (the
+      newest sd-cli's default) gives warning ``split_ratio_auto``;
+    - for sdplan's engine: section 8 (:func:`split_ranges`); a module without blocks (UNet)
+      runs on its first device (warning ``no_blocks``, saying what sd-cli does instead).
     """
+    target = target or Target()
     if len(runtime) <= 1:
         return Layout(runtime, [], 0), []
-    if mp is not None and not mp.blocks:
+    units = mp.blocks or (mp.stages if target.sdcli else ()) if mp is not None else ()
+    kind = split_ratio.kind if split_ratio is not None else ("auto" if target.sdcli else "")
+    if mp is not None and not units:
+        if mp.stages:
+            return Layout(runtime[:1], [], 0), [PlanWarning(
+                "no_blocks", f"{module} has no splittable blocks (UNet); sdplan's engine runs it "
+                f"on {runtime[0]} (sd-cli instead cuts its graph into segments and spreads "
+                f"them over {' & '.join(runtime)})")]
         return Layout(runtime[:1], [], 0), [PlanWarning(
-            "no_blocks", f"{module} has no splittable blocks (UNet); it runs on {runtime[0]}")]
+            "no_blocks", f"{module} has no splittable blocks; it runs on {runtime[0]}")]
     warnings: list[PlanWarning] = []
     budgeted = [d for d in runtime if budgets[d] > 0]
     if budgeted:
@@ -387,14 +421,56 @@ def layer_split(module: str, runtime: list[str], mp: ModuleProfile | None,
                                     f"budgets of {', '.join(budgeted)} cap its ranges"))
     if mp is None:
         return Layout(runtime, [], 0), warnings
-    free = [min(devices[d].free, budgets[d]) if budgets[d] > 0 else devices[d].free
-            for d in runtime]
-    ranges = split_ranges(runtime, free, mp)
+    fixed = mp.other - (sum(mp.stages) if not mp.blocks else 0)
+    unit = "block" if mp.blocks else "stage"
+    if split_ratio is not None and split_ratio.kind == "ratios":
+        ranges = ratio_ranges(runtime, split_ratio.fractions(), units)
+    elif target.sdcli or kind == "vram":
+        ranges, found = sdcli_ranges(module, runtime, units, fixed, budgets, devices,
+                                     target.dialect if target.sdcli else "newest")
+        warnings += found
+        if target.sdcli and kind == "auto" and target.dialect == "newest":
+            warnings.append(PlanWarning("split_ratio_auto", f"{module}: sd-cli's --split-ratio "
+                                        "auto measures the devices at start-up and may move "
+                                        "blocks to where they run fastest; the ranges shown "
+                                        "fill each device in order (--split-ratio vram)"))
+    else:
+        free = [min(devices[d].free, budgets[d]) if budgets[d] > 0 else devices[d].free
+                for d in runtime]
+        ranges = split_ranges(runtime, free, mp)
     for d in runtime:
         if not any(r.device == d for r in ranges):
-            warnings.append(PlanWarning("device_gets_no_blocks", f"{module}: {d} gets no blocks "
-                                        "(too little memory or too few blocks)"))
-    return Layout(runtime, ranges, mp.other), warnings
+            warnings.append(PlanWarning("device_gets_no_blocks", f"{module}: {d} gets no "
+                                        f"{unit}s (too little memory or too few {unit}s)"))
+    return Layout(runtime, ranges, fixed, unit=unit), warnings
+
+
+def sdcli_ranges(module: str, runtime: list[str], units: Sequence[int], fixed: int,
+                 budgets: Mapping[str, int], devices: Mapping[str, Device], dialect: str
+                 ) -> tuple[list[Range], list[PlanWarning]]:
+    """Spec section 14.3: the ranges sd-cli in ``dialect`` fills
+    (:mod:`sdplan.core.planning.sdcli_split`); the snapshot stops when its last device cannot
+    hold the rest (warning ``split_over_capacity``), the newest streams the excess (warning
+    ``split_streams``)."""
+    free = [devices[d].free for d in runtime]
+    budget = [budgets[d] for d in runtime]
+    caps = sdcli_capacities(free, budget, dialect)
+    total = fixed + sum(units)
+    fill = caps if dialect == "snapshot" else spread_capacities(
+        caps, [newest_budget(f, b) for f, b in zip(free, budget, strict=True)], total)
+    ranges = fill_first(runtime, fill, units, fixed, caps)
+    warnings = []
+    streamed = sum(r.streamed for r in ranges)
+    if streamed and dialect == "snapshot":
+        warnings.append(PlanWarning("split_over_capacity", f"{module}: {streamed / GIB:.2f} GiB "
+                                    f"more than {' & '.join(runtime)} hold (free memory less 2 "
+                                    "GiB, capped by --max-vram); the snapshot sd-cli stops "
+                                    "with 'segment ... needs ... MB'"))
+    elif streamed:
+        warnings.append(PlanWarning("split_streams", f"{module}: {streamed / GIB:.2f} GiB of "
+                                    f"weights beyond what {' & '.join(runtime)} keep (budget "
+                                    "less 2 GiB headroom each) are streamed per segment"))
+    return ranges, warnings
 
 
 def stream_layers_warnings(stream_layers: bool, diffusion: ModulePlan,
