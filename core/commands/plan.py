@@ -203,12 +203,29 @@ def plan_targets(args: argparse.Namespace, imported: Any) -> tuple[Target, Targe
 
 def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
          args: argparse.Namespace, files: dict[str, list[str]] | None = None,
-         flags: Any = None) -> Any:
-    """The memory estimate: for a pasted sd-cli command (``flags``, its runtime flags) the
-    sd-cli command's; else for ``--engine`` (sdplan's own engine measured by a dry run on
-    the model files when given)."""
+         flags: Any = None, tiling: Any = None) -> tuple[Any, Any]:
+    """The memory estimate and, for the newest sd-cli, its forecast
+    (:func:`~sdplan.core.planning.sdcli_estimate.sdcli_estimate`: scratch reserve, graph-cut
+    segments, the VAE retry, the CFG copy): for a pasted sd-cli command (``flags``, its
+    runtime flags; ``tiling``, its VAE tiling) or an sd-cli target the sd-cli command's;
+    else for ``--engine`` (sdplan's own engine measured by a dry run on the model files
+    when given)."""
     if profile is None:
-        return None
+        return None, None
+    if plan.target.sdcli and plan.target.dialect == "newest":
+        from sdplan.core.planning.estimate import RuntimeFlags
+        from sdplan.core.planning.sdcli_estimate import sdcli_estimate
+
+        if flags is None:
+            flags = RuntimeFlags(frozenset({"diffusion"}) if getattr(args, "diffusion_fa", False)
+                                 else frozenset())
+        return sdcli_estimate(plan, profile, inventory, width=args.width, height=args.height,
+                              batch=args.batch_count, flags=flags, tiling=tiling)
+    return _plain_fit(plan, profile, inventory, args, files, flags), None
+
+
+def _plain_fit(plan: Plan, profile: Profile, inventory: Inventory, args: argparse.Namespace,
+               files: dict[str, list[str]] | None, flags: Any) -> Any:
     if flags is not None:
         return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
                              batch=args.batch_count, flags=flags)
@@ -269,8 +286,10 @@ def run(args: argparse.Namespace) -> int:
                          for what in written.left_out]
         if extra:
             plan = dataclasses.replace(plan, warnings=extra + plan.warnings)
-        fit = _fit(plan, profile, inventory, args, files,
-                   imported.runtime_flags() if imported is not None else None)
+        fit, forecast = _fit(plan, profile, inventory, args, files,
+                             imported.runtime_flags() if imported is not None else None,
+                             imported.vae_tiling(imported.dialect or plan_target.dialect, scale)
+                             if imported is not None else None)
     except SdplanError as exc:
         err = exc.to_json()
         err.setdefault("span", None)
@@ -286,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
             out["fit"] = fit.to_json()
             if advice:
                 out["fit"]["advice"] = advice
+            if forecast is not None:
+                out["fit"]["sdcli"] = forecast.to_json()
         out["sdcli"] = written.to_json()
         if imported is not None:
             out["command"] = _command_json(imported, written, scale)
@@ -293,6 +314,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
     else:
         print_tables(plan, inventory, fit, written)
+        if forecast is not None:
+            from sdplan.core.planning.sdcli_estimate import forecast_lines
+
+            for line in forecast_lines(forecast):
+                print(f"  {line}")
         print_advice(advice)
         if imported is not None:
             cmd = _command_json(imported, written, scale)
