@@ -136,10 +136,11 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
     budgets, disabled = budget_bytes(inventory, per_device, pl.budget_default)
     runtime, runtime_warnings = runtime_devices(pl, idx, default_list)
     rows, row_warnings = row_splits(pl, runtime, idx.devices, profile)
-    layouts, split_warnings = layer_splits(
-        {m: d for m, d in runtime.items() if m not in rows}, budgets, idx.devices, profile,
-        target, pl.split_ratio)
-    split_warnings += split_ratio_check(pl, {m: lay.devices for m, lay in layouts.items()})
+    layered = {m: d for m, d in runtime.items() if m not in rows}
+    ratio_warnings = split_ratio_check(pl, layered)
+    layouts, split_warnings = layer_splits(layered, budgets, idx.devices, profile, target,
+                                           pl.split_ratio)
+    split_warnings = ratio_warnings + split_warnings
     diffusion = layouts.get("diffusion")
     cfg, cfg_warnings = cfg_plan(pl, idx, diffusion.devices if diffusion else None, target,
                                  profile)
@@ -156,9 +157,9 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
     if semantics == "snapshot":  # edit and write the --auto-fit placement, not its result
         canon = dataclasses.replace(canon, default=None, runtime={}, params_default=None,
                                     params={})
-    elif semantics == "newest":  # the written --backend, without auto-fit's additions
+    elif semantics == "newest" or target.sdcli:  # the written --backend as sd-cli reads it
         canon = canonical_placement(given, idx, default_list, per_device)
-        if given.default is None:
+        if given.default is None:  # no default written: sd-cli's own (its auto-fit's) stays
             canon = dataclasses.replace(canon, default=None, runtime={
                 m: RuntimeValue.of(*device_names(v, idx, None)) for m, v in given.runtime.items()})
     return Plan(modules=modules, budgets=budgets,
@@ -403,6 +404,8 @@ def layer_split(module: str, runtime: list[str], mp: ModuleProfile | None,
     target = target or Target()
     if len(runtime) <= 1:
         return Layout(runtime, [], 0), []
+    if target.sdcli and target.dialect == "snapshot":
+        split_ratio = None  # the snapshot has no --split-ratio (its written flags drop it)
     units = mp.blocks or (mp.stages if target.sdcli else ()) if mp is not None else ()
     kind = split_ratio.kind if split_ratio is not None else ("auto" if target.sdcli else "")
     if mp is not None and not units:

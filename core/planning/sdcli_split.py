@@ -106,7 +106,13 @@ def ratio_ranges(devices: Sequence[str], fractions: Sequence[Decimal], units: Se
                  ) -> list[Range]:
     """``--split-ratio r0,r1,...``: block ``k`` goes to the first device whose cumulative
     fraction of all block bytes reaches the midpoint of ``k``'s bytes (exact Decimal
-    arithmetic). One :class:`Range` per device that received blocks."""
+    arithmetic). One :class:`Range` per device that received blocks.
+
+    Raises:
+        ValueError: when the fractions and the devices differ in number.
+    """
+    if len(fractions) != len(devices):
+        raise ValueError(f"{len(fractions)} fractions for {len(devices)} devices")
     total = Decimal(sum(units))
     bounds: list[Decimal] = []
     acc = Decimal(0)
