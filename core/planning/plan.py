@@ -415,7 +415,7 @@ def layer_split(module: str, runtime: list[str], mp: ModuleProfile | None,
                 f"on {runtime[0]} (sd-cli instead cuts its graph into segments and spreads "
                 f"them over {' & '.join(runtime)})")]
         return Layout(runtime[:1], [], 0), [PlanWarning(
-            "no_blocks", f"{module} has no splittable blocks; it runs on {runtime[0]}")]
+            "no_blocks", f"{module} has no splittable blocks (UNet); it runs on {runtime[0]}")]
     warnings: list[PlanWarning] = []
     budgeted = [d for d in runtime if budgets[d] > 0]
     if budgeted:

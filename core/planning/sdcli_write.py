@@ -4,17 +4,16 @@ on the newest sd-cli (spec section 14.2).
 :func:`placement_argv` writes a placement's flags for ``snapshot``, ``newest`` or, with no
 dialect, exactly as held (a pasted command written back). :func:`newest_placement` is the
 placement to write so that the newest sd-cli, whose auto-fit is on unless turned off,
-runs a plan as it was planned: unchanged when its auto-fit would choose the same, else with
-explicit ``--params-backend`` entries for every module whose weights do not follow its
-runtime device (any explicit entry turns auto-fit off), or ``--auto-fit off`` where every
-module's weights follow runtime.
+runs a plan as it was planned: a plan's placement writes an explicit ``--params-backend``
+entry for every module whose weights do not follow its runtime device (any explicit entry
+turns auto-fit off); when none does and its auto-fit would choose otherwise,
+``--auto-fit off`` is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from sdplan.core.planning.assignment import ParamsValue, Ref
 from sdplan.core.planning.autofit_newest import NewestAutoFit
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.placement import Placement
@@ -101,9 +100,9 @@ def newest_placement(plan: Plan, inventory: Inventory, profile: Profile | None
     sdplan's engine or the snapshot) the written strings are pinned (the snapshot switch's
     derived strings, exact device names), ``--stream-layers`` is left out, and the newest
     sd-cli's reading of them (:func:`~sdplan.core.planning.plan.resolve` for that target) is
-    compared with the plan: when residency differs, explicit ``--params-backend`` entries are
-    written for every module whose weights do not follow runtime, or ``--auto-fit off`` when
-    all of them do.
+    compared with the plan: the placement carries an explicit ``--params-backend`` entry for
+    every module whose weights do not follow runtime (which turns auto-fit off), so residency
+    can differ only where all follow runtime; then ``--auto-fit off`` is written.
 
     Raises:
         PlanError: as :func:`~sdplan.core.planning.plan.resolve` (not for a resolved plan's
@@ -121,22 +120,9 @@ def newest_placement(plan: Plan, inventory: Inventory, profile: Profile | None
                                    auto_fit=False, auto_fit_word="")
     if same_residency(resolve(base, inventory, profile, newest), plan):
         return base, notes
-    explicit: dict[str, ParamsValue] = {}
-    for m, mp in plan.modules.items():
-        if mp.params.mode == "disk":
-            explicit[m] = ParamsValue("disk")
-        elif mp.params.mode == "device" and mp.params.device is not None:
-            explicit[m] = ParamsValue("device", Ref(mp.params.device))
-    if explicit:
-        out = dataclasses.replace(base, params_default=None, params=explicit, auto_fit=False,
-                                  auto_fit_word="")
-        notes.append("explicit --params-backend entries (they turn the newest sd-cli's "
-                     "auto-fit off, so it keeps this residency)")
-    else:
-        out = dataclasses.replace(base, auto_fit=False, auto_fit_word="off")
-        notes.append("--auto-fit off (the newest sd-cli's auto-fit would move weights; here "
-                     "they follow their runtime devices)")
-    return out, notes
+    notes.append("--auto-fit off (the newest sd-cli's auto-fit would move weights; here they "
+                 "follow their runtime devices)")
+    return dataclasses.replace(base, auto_fit=False, auto_fit_word="off"), notes
 
 
 
