@@ -12,6 +12,7 @@ from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.plan import PlanWarning
 from sdplan.core.planning.profile import Profile
+from sdplan.core.planning.target import Target, dialect_from_help
 
 
 def add_source_arguments(p: argparse.ArgumentParser) -> None:
@@ -118,3 +119,62 @@ def input_request(args: argparse.Namespace) -> dict[str, object]:
     return {"lora_model_dir": args.lora_model_dir or ".", "lora_apply_mode": args.lora_apply_mode,
             "init_img": args.init_img, "mask": args.mask,
             "strength": args.strength if args.init_img else None}
+
+
+#: Seconds ``--sdcli PATH --help`` may take before sdplan gives up on it.
+HELP_TIMEOUT_S = 5.0
+
+
+def read_sdcli_help(path: str, timeout: float | None = None) -> str:
+    """The ``--help`` text (stdout and stderr) of the sd-cli binary at ``path``, given
+    ``timeout`` seconds (default :data:`HELP_TIMEOUT_S`).
+
+    Raises:
+        InvalidArgument: naming ``--sdcli`` and the path when it cannot be run or does not
+            answer within ``timeout`` seconds.
+    """
+    import subprocess
+
+    from sdplan.core.errors import InvalidArgument
+
+    timeout = HELP_TIMEOUT_S if timeout is None else timeout
+    try:
+        proc = subprocess.run([path, "--help"], capture_output=True, text=True,
+                              errors="replace", timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise InvalidArgument(f"--sdcli {path}: no such program") from None
+    except PermissionError:
+        raise InvalidArgument(f"--sdcli {path}: not executable") from None
+    except subprocess.TimeoutExpired:
+        raise InvalidArgument(f"--sdcli {path}: '--help' did not finish within {timeout:g} s; "
+                              "name the dialect with --sdcli-dialect instead") from None
+    except OSError as exc:
+        raise InvalidArgument(f"--sdcli {path}: cannot run it ({exc.strerror or exc})") from None
+    return proc.stdout + proc.stderr
+
+
+def target_from_args(args: argparse.Namespace, command_dialect: str | None = None,
+                     pasted: bool = False) -> Target:
+    """What the plan is for (spec section 14): ``--sdcli-dialect`` names the sd-cli dialect;
+    ``--sdcli PATH`` has its ``--help`` read (:func:`read_sdcli_help`,
+    :func:`~sdplan.core.planning.target.dialect_from_help`; unknown: newest); a pasted
+    command (``pasted``) is for sd-cli, in the dialect its own syntax shows
+    (``command_dialect``) when neither flag names one; otherwise sdplan's engine.
+
+    Raises:
+        InvalidArgument: an ``--sdcli`` binary that cannot be run.
+    """
+    named = getattr(args, "sdcli_dialect", None)
+    if named:
+        return Target("sd-cli", named, True, "--sdcli-dialect")
+    path = getattr(args, "sdcli_path", None)
+    if path:
+        found = dialect_from_help(read_sdcli_help(path))
+        if found is None:
+            return Target("sd-cli", "newest", False, f"{path} --help shows neither; newest assumed")
+        return Target("sd-cli", found, True, f"{path} --help")
+    if pasted:
+        if command_dialect is not None:
+            return Target("sd-cli", command_dialect, True, "the command's syntax")
+        return Target("sd-cli", "newest", False, "assumed")
+    return Target()

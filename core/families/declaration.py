@@ -159,6 +159,8 @@ class Family:
         ays_levels: the Align Your Steps table its ``ays`` scheduler uses (``sd15``,
             ``sdxl``).
         clip_pad: the CLIP tokenizer's pad token (``eos``, or ``zero`` for OpenCLIP).
+        vae_scale: image pixels per latent pixel as sd-cli tiles its autoencoder (8; FLUX.2's
+            packs 2x2 latents: 16).
         pipeline: ``"module:function"`` of its generation (None: recognised, not run).
         refusal: why a recognised family is not run (with ``pipeline`` None).
         dry_run: ``"module:function"`` measuring its compute buffers (None: formulas only).
@@ -188,6 +190,7 @@ class Family:
     unet_heads: tuple[int | None, int | None] | None = None
     ays_levels: str = "sd15"
     clip_pad: str = "eos"
+    vae_scale: int = 8
     pipeline: str | None = None
     refusal: str = ""
     dry_run: str | None = None

@@ -68,7 +68,7 @@ FLUX2_KLEIN = Family(
                        o.RNG, o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.REF_IMAGES, o.TAESD,
                        o.TAESD_DECODE, o.UPSCALE}),
     sampling="flow", defaults=Defaults(1.0, 4, "euler"),
-    size_rule="patch8", latent_format="flux2_ae",
+    size_rule="patch8", latent_format="flux2_ae", vae_scale=16,
     companions=Companions(("llm",), 32, 1024),
     compute=ComputeShape("dit", 24, 3072, 512),
     variant_compute={"9b": ComputeShape("dit", 32, 4096, 512)},
@@ -78,7 +78,7 @@ FLUX2_DEV = Family(
     name="flux2", title="FLUX.2 dev", detect=_dev,
     files=(("diffusion_model", "llm", "vae"),), options=frozenset(), sampling="flow",
     defaults=Defaults(1.0, 20, "euler"), size_rule="patch8",
-    latent_format="flux2_ae", companions=Companions(("llm",), 32, 1024),
+    latent_format="flux2_ae", vae_scale=16, companions=Companions(("llm",), 32, 1024),
     refusal="FLUX.2 [dev] (48 single blocks, Mistral Small 3.2 text encoder) is recognised but "
             "sdplan generates with FLUX.2 klein only")
 

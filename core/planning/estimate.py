@@ -300,7 +300,8 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
                   width: int = 512, height: int = 512, batch: int = 1, engine: str = "sdplan",
                   measured: Mapping[str, int] | None = None,
                   flags: RuntimeFlags | None = None,
-                  loras: Mapping[str, LoraProfile] | None = None) -> FitReport:
+                  loras: Mapping[str, LoraProfile] | None = None,
+                  reserve: int = 0) -> FitReport:
     """Estimate a resolved plan's memory per module and device and say whether it fits.
 
     Args:
@@ -317,6 +318,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
             attention per module, im2col columns, mmap); given, the engine is sd-cli's.
         loras: per module, the at-runtime LoRA bytes kept on its devices (None or absent:
             none, as for merged LoRAs).
+        reserve: bytes each GPU-like device keeps free (:func:`totals`).
 
     Returns:
         A :class:`FitReport`; ``fits`` is False when a device's total exceeds its free
@@ -352,8 +354,8 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
                                                  measured=measured)
         placed: dict[str, int] = {}
         row_shares = getattr(mplan, "row_shares", None)
-        if mplan.ranges:
-            placed[main] = mp.other
+        if mplan.ranges:  # a UNet split by stages keeps only its non-stage bytes on main
+            placed[main] = getattr(mplan, "main_other_bytes", mp.other)
             for r in mplan.ranges:
                 placed[r.device] = placed.get(r.device, 0) + r.bytes
         elif row_shares:  # row split: block rows on every device, the rest on the main one
@@ -386,7 +388,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
             weights = {d: b for d, b in weights.items() if not _is_cpu(inventory, d)}
         mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute, lora,
                                     tuple(segs) if len(segs) > 1 else ())
-    report = _totals(mods, inventory, budgets, width, height, batch)
+    report = totals(mods, inventory, budgets, width, height, batch, reserve)
     return dataclasses.replace(report, engine="sd-cli" if flags is not None else engine,
                                compute_source=sources)
 
@@ -395,8 +397,12 @@ def _is_cpu(inventory: Inventory, name: str) -> bool:
     return any(d.name == name and d.type == "cpu" for d in inventory)
 
 
-def _totals(mods: dict[str, ModuleEstimate], inventory: Inventory, budgets: dict[str, int],
-            width: int, height: int, batch: int) -> FitReport:
+def totals(mods: Mapping[str, ModuleEstimate], inventory: Inventory, budgets: Mapping[str, int],
+           width: int, height: int, batch: int, reserve: int = 0) -> FitReport:
+    """Per-device totals of module estimates and the verdict: a device's resident weights
+    and LoRA tensors plus the largest ``staging + compute`` of one module must fit its free
+    memory less ``reserve`` bytes on a GPU-like device (the newest sd-cli keeps 512 MiB of
+    scratch at every capacity check, spec section 14.6) and its ``--max-vram`` budget."""
     devices: dict[str, DeviceTotals] = {}
     reasons: list[str] = []
     for dev in inventory:
@@ -410,12 +416,14 @@ def _totals(mods: dict[str, ModuleEstimate], inventory: Inventory, budgets: dict
         budget = budgets.get(dev.name, 0)
         t = DeviceTotals(dev.name, w, peak[0], peak[1], w + lora + sum(peak), dev.free, budget, lora)
         devices[dev.name] = t
-        if t.total > t.free:
+        keep = reserve if dev.is_gpu_like else 0
+        if t.total + keep > t.free:
             reasons.append(f"{dev.name}: needs {t.total / GIB:.2f} GiB (weights "
                            f"{w / GIB:.2f}, staging {peak[0] / GIB:.2f}, compute "
                            f"{peak[1] / GIB:.2f}{f', LoRA {lora / GIB:.2f}' if lora else ''}) "
-                           f"but has {t.free / GIB:.2f} GiB free")
+                           f"but has {t.free / GIB:.2f} GiB free"
+                           + (f" less {keep / GIB:.2f} GiB of scratch" if keep else ""))
         elif budget > 0 and t.total > budget:
             reasons.append(f"{dev.name}: needs {t.total / GIB:.2f} GiB, over its --max-vram "
                            f"budget of {budget / GIB:.2f} GiB")
-    return FitReport(devices, mods, not reasons, reasons, width, height, batch)
+    return FitReport(devices, dict(mods), not reasons, reasons, width, height, batch)

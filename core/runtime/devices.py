@@ -129,10 +129,11 @@ def check_endpoint(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
     seconds; raises :class:`RpcError` naming the endpoint otherwise."""
     import socket  # RPC only: not loaded by an engine process that uses none
 
+    from sdplan.core.runtime.rpc_wire import abandon
+
     host, port = parse_endpoint(endpoint)
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            pass
+        abandon(socket.create_connection((host, port), timeout=timeout))
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
         raise RpcError(
@@ -191,13 +192,18 @@ def check_rpc_server(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
     ggml (:mod:`sdplan.core.runtime.rpc_wire`), before ggml could abort on a misread record.
 
     Raises:
-        RpcError: one line naming the endpoint, what it speaks and what this ggml speaks.
+        RpcError: one line naming the endpoint, what it speaks and what this ggml speaks;
+            or that it is busy serving another client (connected, no answer in ``timeout``).
     """
-    from sdplan.core.runtime.rpc_wire import probe_server
+    from sdplan.core.runtime.rpc_wire import RpcBusy, probe_server
 
     protocol, local = local_rpc_speaks()
     try:
         info = probe_server(endpoint, timeout=timeout)
+    except RpcBusy as exc:
+        raise RpcError(f"RPC server {endpoint} is busy: {exc}. A ggml RPC server serves one "
+                       "client at a time; wait until its other client (sd-cli, another "
+                       "sdplan) finishes, or start a second server on another port") from None
     except (OSError, ConnectionError) as exc:
         raise RpcError(f"RPC server {endpoint} does not answer as a ggml RPC server of "
                        f"protocol {protocol[0]} ({exc}); is it `sdplan rpc-server` or "
