@@ -121,7 +121,8 @@ class ChromaPipeline(FlowDiTPipeline):
                 noise: np.ndarray | None = None, preview: Callable[[int, np.ndarray], None] | None = None,
                 vae_scale: int = 8, init: ImageInput | None = None,
                 init_seed: int | None = None, scheduler: str = "default",
-                sampling: SamplingOptions | None = None, tae_decode: bool = False) -> dict[str, np.ndarray]:
+                sampling: SamplingOptions | None = None, tae_decode: bool = False,
+                vae_tile: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -143,6 +144,7 @@ class ChromaPipeline(FlowDiTPipeline):
                 ``init_seed`` seeds the draw of its latent (default ``seed``; sd-cli draws it
                 once per request with the request's seed).
             tae_decode: the ``taesd`` TAE decodes the final image instead of the VAE.
+            vae_tile: the VAE decodes in tiles of this many latent pixels (``--vae-tiling``).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -164,7 +166,8 @@ class ChromaPipeline(FlowDiTPipeline):
 
         return self._sample(vel, h, w, steps or DEFAULT_STEPS, shift=True, seed=seed, sampler=sampler,
                             noise=noise, preview=preview, init=init, init_seed=init_seed,
-                            scheduler=scheduler, sampling=sampling, tae_decode=tae_decode)
+                            scheduler=scheduler, sampling=sampling, tae_decode=tae_decode,
+                            vae_tile=vae_tile)
 
 
 def txt2img(models: ChromaModels, plan: Any, prompt: str, width: int, height: int, pool: Any = None,

@@ -125,7 +125,7 @@ class FluxPipeline(FlowDiTPipeline):
                 vae_scale: int = 8, scheduler: str = "default",
                 sampling: SamplingOptions | None = None, init: ImageInput | None = None,
                 init_seed: int | None = None, negative_prompt: str = "", cfg_scale: float = 1.0,
-                tae_decode: bool = False) -> dict[str, np.ndarray]:
+                tae_decode: bool = False, vae_tile: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -153,6 +153,7 @@ class FluxPipeline(FlowDiTPipeline):
                 ``init_seed`` seeds the draw of its latent (default ``seed``; sd-cli draws it
                 once per request with the request's seed).
             tae_decode: the ``taesd`` TAE decodes the final image instead of the VAE.
+            vae_tile: the VAE decodes in tiles of this many latent pixels (``--vae-tiling``).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -177,7 +178,7 @@ class FluxPipeline(FlowDiTPipeline):
         return self._sample(vel, h, w, steps, shift=variant == "dev", seed=seed, sampler=sampler,
                             noise=noise, preview=preview, scheduler=scheduler, sampling=sampling,
                             flow_shift=1.15 if variant == "dev" else 1.0, init=init, init_seed=init_seed,
-                            tae_decode=tae_decode)
+                            tae_decode=tae_decode, vae_tile=vae_tile)
 
 
 def txt2img(models: FluxModels, plan: Any, prompt: str, width: int, height: int, pool: Any = None,

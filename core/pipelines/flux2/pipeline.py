@@ -229,9 +229,10 @@ class KleinPipeline(FlowDiTPipeline):
         """The autoencoder's latent ``(1, 32, 2h, 2w)`` of a diffusion latent ``(1, 128, h, w)``."""
         return unpatchify_latent(latent * self.bn_std + self.bn_mean)
 
-    def decode(self, latent: np.ndarray) -> np.ndarray:
-        """Image ``(1, 3, H, W)`` (about [-1, 1]) of a diffusion latent ``(1, 128, h, w)``."""
-        return self.runners["vae"].run({"z": self.to_vae(latent).astype(np.float32)})["image"]
+    def decode(self, latent: np.ndarray, tile: int | None = None) -> np.ndarray:
+        """Image ``(1, 3, H, W)`` (about [-1, 1]) of a diffusion latent ``(1, 128, h, w)``
+        (``tile``: the autoencoder's latent decoded in tiles, :meth:`vae_decode`)."""
+        return self.vae_decode(self.to_vae(latent).astype(np.float32), tile)
 
     def encode_image(self, image: np.ndarray) -> np.ndarray:
         """The normalised diffusion latent ``(1, 128, H/16, W/16)`` of ``image`` uint8
@@ -267,7 +268,7 @@ class KleinPipeline(FlowDiTPipeline):
                 ref_images: Sequence[np.ndarray] = (), noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None, vae_scale: int = 8,
                 tae_decode: bool = False, scheduler: str = "default",
-                sampling: SamplingOptions | None = None) -> dict[str, np.ndarray]:
+                sampling: SamplingOptions | None = None, vae_tile: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image (with ``ref_images``: edit them).
 
         Args:
@@ -287,6 +288,7 @@ class KleinPipeline(FlowDiTPipeline):
                 sd-cli scheduler over FLUX.1's flow schedule of shift ``sampling.flow_shift``
                 (default 1, sd-cli's for klein: no guidance embedder).
             sampling: ``--eta``, ``--sigmas``, ``--rng`` and the other options.
+            vae_tile: decode in tiles of this many autoencoder latent pixels (``--vae-tiling``).
 
         Returns:
             ``{"latent": (1, 128, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -332,5 +334,5 @@ class KleinPipeline(FlowDiTPipeline):
         with self.diffusion_session():
             latent = sample_flow(sampler, vel, start, sigmas, noise=sampler_noise, callback=cb, eta=opts.eta,
                                  extra=opts.extra)
-        image = self.tae_image(latent) if tae_decode else self.decode(latent)
+        image = self.tae_image(latent) if tae_decode else self.decode(latent, vae_tile)
         return {"latent": latent, "image": image, "sigmas": sigmas}

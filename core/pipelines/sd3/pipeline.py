@@ -154,7 +154,8 @@ class Sd3Pipeline(FlowDiTPipeline):
                 clip_skip: int = 0, noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None, scheduler: str = "default",
                 sampling: Any = None, slg: SkipLayerGuidance | None = None, init: ImageInput | None = None,
-                init_seed: int | None = None, tae_decode: bool = False) -> dict[str, np.ndarray]:
+                init_seed: int | None = None, tae_decode: bool = False,
+                vae_tile: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -177,6 +178,7 @@ class Sd3Pipeline(FlowDiTPipeline):
                 mask, strength), as :class:`~sdplan.core.pipelines.stages.flow_dit.FlowDiTPipeline`
                 does it; ``init_seed`` (default ``seed``) seeds the init latent's draw.
             tae_decode: the ``taesd`` TAE (TAESD3) decodes the final image instead of the VAE.
+            vae_tile: the VAE decodes in tiles of this many latent pixels (``--vae-tiling``).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -225,4 +227,4 @@ class Sd3Pipeline(FlowDiTPipeline):
         return self._sample(vel, h, w, steps or DEFAULT_STEPS, shift=False, seed=seed, sampler=sampler,
                             noise=noise, preview=preview, scheduler=scheduler, sampling=sampling,
                             flow_shift=FLOW_SHIFT, init=init, init_seed=init_seed, step_hook=hook,
-                            tae_decode=tae_decode)
+                            tae_decode=tae_decode, vae_tile=vae_tile)

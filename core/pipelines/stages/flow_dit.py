@@ -28,7 +28,7 @@ from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux import unpatchify
 from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
-from sdplan.core.models.vae import VaeGraph, vae_config, vae_decode, vae_moments
+from sdplan.core.models.vae import VaeGraph, tiled_decode, vae_config, vae_decode, vae_moments
 from sdplan.core.pipelines.stages.base import Pipeline
 from sdplan.core.pipelines.stages.img2img import (
     ImageInput,
@@ -167,11 +167,25 @@ class FlowDiTPipeline(Pipeline):
         with self.runners["diffusion"].session():
             yield
 
-    def decode(self, latent: np.ndarray) -> np.ndarray:
+    def decode(self, latent: np.ndarray, tile: int | None = None) -> np.ndarray:
         """Image ``(1, 3, 8h, 8w)`` (about [-1, 1]) of a model-space latent: the VAE decodes
-        ``latent / scale_factor + shift_factor``."""
-        z = (latent / self.scale_factor + self.shift_factor).astype(np.float32)
-        return self.runners["vae"].run({"z": z})["image"]
+        ``latent / scale_factor + shift_factor`` (:meth:`vae_decode`; ``tile``: in tiles)."""
+        return self.vae_decode((latent / self.scale_factor + self.shift_factor).astype(np.float32), tile)
+
+    def vae_decode(self, z: np.ndarray, tile: int | None = None) -> np.ndarray:
+        """The VAE's image of its own latent ``z`` ``(1, C, h, w)``; with ``tile`` (latent
+        pixels, sd-cli's ``--vae-tiling``) a latent larger than it is decoded in overlapping
+        tiles of ``tile`` squared (overlap ``tile // 4``, at least 1) blended as the UNet
+        families do (:func:`~sdplan.core.models.vae.tiled_decode`)."""
+        runner = self.runners["vae"]
+
+        def one(zt: np.ndarray) -> np.ndarray:
+            return runner.run({"z": np.ascontiguousarray(zt, dtype=np.float32)})["image"]
+
+        if tile and (z.shape[-1] > tile or z.shape[-2] > tile):
+            with runner.session():
+                return tiled_decode(one, z, tile, max(1, tile // 4), self.vae_cfg.factor)
+        return one(z)
 
     def _latent_size(self, width: int, height: int, vae_scale: int) -> tuple[int, int]:
         """``(h, w)`` of the latent of a ``width x height`` image.
@@ -190,7 +204,7 @@ class FlowDiTPipeline(Pipeline):
                 flow_shift: float = 1.0, init: ImageInput | None = None,
                 init_seed: int | None = None,
                 step_hook: Callable[[int, int], None] | None = None,
-                tae_decode: bool = False) -> dict[str, np.ndarray]:
+                tae_decode: bool = False, vae_tile: int | None = None) -> dict[str, np.ndarray]:
         """Sample a ``(1, 16, h, w)`` latent from the seed's noise (``sampling.rng``; or
         ``noise``) and decode it. Returns ``{"latent", "image", "sigmas"}``.
 
@@ -203,7 +217,7 @@ class FlowDiTPipeline(Pipeline):
         from the same generator (``sampling.rng``). ``step_hook(done, n)``: the steps done
         (0 before the first) of ``n`` (the truncated schedule's steps with an init picture).
         ``tae_decode``: the ``taesd`` TAE decodes the final latent instead of the VAE
-        (:meth:`tae_image`).
+        (:meth:`tae_image`); ``vae_tile``: the VAE decodes in tiles (:meth:`vae_decode`).
 
         Raises:
             SdplanError: an init picture of the wrong size; ``tae_decode`` without a TAE.
@@ -235,7 +249,7 @@ class FlowDiTPipeline(Pipeline):
         with self.diffusion_session():
             latent = sample_flow(sampler, vel, start, sigmas, noise=sampler_noise, callback=cb,
                                  eta=opts.eta, extra=opts.extra)
-        image = self.tae_image(latent) if tae_decode else self.decode(latent)
+        image = self.tae_image(latent) if tae_decode else self.decode(latent, vae_tile)
         return {"latent": latent, "image": image, "sigmas": sigmas}
 
     def _default_sigmas(self, steps: int, tokens: int, shift: bool, flow_shift: float) -> np.ndarray:

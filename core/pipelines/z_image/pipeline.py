@@ -128,7 +128,8 @@ class ZImagePipeline(FlowDiTPipeline):
                 preview: Callable[[int, np.ndarray], None] | None = None,
                 vae_scale: int = 8, init: ImageInput | None = None,
                 init_seed: int | None = None, scheduler: str = "default",
-                sampling: SamplingOptions | None = None, tae_decode: bool = False) -> dict[str, np.ndarray]:
+                sampling: SamplingOptions | None = None, tae_decode: bool = False,
+                vae_tile: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -150,6 +151,7 @@ class ZImagePipeline(FlowDiTPipeline):
                 ``--flow-shift``, ``--rng``...), through the shared flow loop
                 (:meth:`~sdplan.core.pipelines.stages.flow_dit.FlowDiTPipeline._sample`).
             tae_decode: the ``taesd`` TAE decodes the final image instead of the VAE.
+            vae_tile: the VAE decodes in tiles of this many latent pixels (``--vae-tiling``).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -170,7 +172,7 @@ class ZImagePipeline(FlowDiTPipeline):
         return self._sample(vel, h, w, steps or int(DEFAULTS["steps"]), shift=False, seed=seed,
                             sampler=sampler, noise=noise, preview=preview, scheduler=scheduler,
                             sampling=sampling, flow_shift=shift, init=init, init_seed=init_seed,
-                            tae_decode=tae_decode)
+                            tae_decode=tae_decode, vae_tile=vae_tile)
 
     def _default_sigmas(self, steps: int, tokens: int, shift: bool, flow_shift: float) -> np.ndarray:
         """Z-Image's own sigmas: the discrete flow schedule of ``flow_shift``."""
