@@ -343,6 +343,10 @@ def test_every_option_is_honoured_or_refused(name: str, opt: str, env, runs, mon
     got = runs.run(name, _merged(c.context, c.change))
     for key, value in c.recorded.items():
         assert got["params"].get(key) == value, (key, got["params"].get(key))
+    if opt == o.LORA:
+        row = env["rows"][name]
+        assert [(lo["name"], lo["weight"]) for lo in got["params"]["loras"]] == [(row.lora, 1.0)]
+        assert got["params"]["loras"][0]["patched"] >= 1
     if c.check == "previews":
         assert base["previews"] and _differs(got["previews"], base["previews"])
         assert not _differs(got["images"], base["images"])  # previews only
