@@ -244,6 +244,28 @@ def test_flux_files_match_the_reference(tmp_path: Path, monkeypatch) -> None:
     assert len(list((tmp_path / "prev").iterdir())) == 4
 
 
+def test_flux_taesd_decodes_the_final_image_unless_preview_only(tmp_path: Path) -> None:
+    """FLUX.1 with --taesd runs (it was refused once) and the TAEF1 decodes the final picture,
+    as sd-cli does: 64x64 from the 8x8 latent where the toy autoencoder gives 16x16; the
+    record says so. With --taesd-preview-only the VAE's picture, bit for bit."""
+    from safetensors.numpy import save_file
+    from test_models_tae import tae_weights
+
+    tae = tmp_path / "taef1.safetensors"
+    save_file(tae_weights(np.random.default_rng(2), "decoder", 16), str(tae))
+    base = ["--diffusion-model", str(FIX / "flux_dev_tiny.safetensors"), *FLUX, "--in-process"]
+    out = {}
+    for name, extra in (("vae", []), ("tae", ["--taesd", str(tae)]),
+                        ("preview", ["--taesd", str(tae), "--taesd-preview-only"])):
+        out[name] = tmp_path / f"{name}.png"
+        args = parse([*base, *extra, "-o", str(out[name])])
+        assert args.run(args) == 0
+    assert png(out["vae"]).shape == (16, 16, 3) and png(out["tae"]).shape == (64, 64, 3)
+    assert np.array_equal(png(out["preview"]), png(out["vae"]))
+    assert read_generation(out["tae"]).settings["taesd_decode"] is True
+    assert "taesd_decode" not in read_generation(out["preview"]).settings
+
+
 def test_flux_files_need_every_part(tmp_path: Path, capsys) -> None:
     args = parse(["--diffusion-model", str(FIX / "flux_dev_tiny.safetensors"), *FLUX[2:], "-o",
                   str(tmp_path / "x.png"), "--in-process"])

@@ -51,9 +51,12 @@ def test_every_refused_option_is_named_with_the_family_in_one_line() -> None:
     text = str(exc.value)
     assert "\n" not in text and "SD 1.x does not take them" in text
     assert "--guidance 5" in text and "--slg-scale 2" in text and "-r/--ref-image" in text
-    with pytest.raises(InvalidArgument, match=r"-n/--negative-prompt, --cfg-scale 4: FLUX.1 does not take them"):
-        GenerationRequest.from_settings({"prompt": "x", "negative_prompt": "y", "cfg_scale": 4},
-                                        {"diffusion_model": "d", "t5xxl": "t", "clip_l": "c", "vae": "v"}).check(FLUX)
+    with pytest.raises(InvalidArgument, match=r"--guidance 5, --clip-skip 2: Chroma does not take them"):
+        GenerationRequest.from_settings({"prompt": "x", "guidance": 5, "clip_skip": 2},
+                                        {"diffusion_model": "d", "t5xxl": "t", "vae": "v"}).check(family("chroma"))
+    # FLUX.1 runs real CFG with the negative prompt, as sd-cli
+    GenerationRequest.from_settings({"prompt": "x", "negative_prompt": "y", "cfg_scale": 4},
+                                    {"diffusion_model": "d", "t5xxl": "t", "clip_l": "c", "vae": "v"}).check(FLUX)
     # values equal to the family's default are no option at all
     GenerationRequest.from_settings({"prompt": "x", "cfg_scale": 1.0, "guidance": 3.5},
                                     {"diffusion_model": "d", "t5xxl": "t", "clip_l": "c", "vae": "v"}).check(FLUX)

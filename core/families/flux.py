@@ -59,8 +59,9 @@ def flux1_lora(names: Sequence[str], shapes: Mapping[str, tuple[int, ...]]) -> b
 FLUX = Family(
     name="flux", title="FLUX.1", detect=_detect, lora_rule=flux1_lora,
     files=(("diffusion_model", "t5xxl", "clip_l", "vae"),),
-    options=frozenset({o.GUIDANCE, o.BATCH, o.ETA, o.SIGMAS, o.FLOW_SHIFT, o.RNG, o.SAMPLER_RNG,
-                       o.EXTRA_SAMPLE_ARGS, o.LORA, o.INIT_IMG, o.MASK, o.TAESD, o.UPSCALE}),
+    options=frozenset({o.NEGATIVE_PROMPT, o.CFG_SCALE, o.GUIDANCE, o.BATCH, o.ETA, o.SIGMAS, o.FLOW_SHIFT,
+                       o.RNG, o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.LORA, o.INIT_IMG, o.MASK, o.TAESD,
+                       o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
     sampling="flow", defaults=Defaults(1.0, 20, "euler", guidance=3.5),
     variant_defaults={"schnell": Defaults(1.0, 4, "euler", guidance=3.5)},
     sizes=FLUX_SIZES, size_rule="patch8", latent_format="flux_ae",

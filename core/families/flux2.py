@@ -66,7 +66,7 @@ FLUX2_KLEIN = Family(
     files=(("model",), ("diffusion_model", "llm", "vae")),
     options=frozenset({o.NEGATIVE_PROMPT, o.CFG_SCALE, o.BATCH, o.ETA, o.SIGMAS, o.FLOW_SHIFT,
                        o.RNG, o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.REF_IMAGES, o.TAESD,
-                       o.TAESD_DECODE, o.UPSCALE}),
+                       o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
     sampling="flow", defaults=Defaults(1.0, 4, "euler"),
     size_rule="patch8", latent_format="flux2_ae", vae_scale=16,
     companions=Companions(("llm",), 32, 1024),

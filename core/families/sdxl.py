@@ -31,7 +31,7 @@ SIZES = ((1024, 1024), (1152, 896), (896, 1152), (1216, 832), (832, 1216), (1344
 SDXL = Family(
     name="sdxl", title="SDXL", detect=unet_rule("sdxl", 2048, True), lora_rule=_lora,
     files=(("model",), ("diffusion_model",)),
-    options=UNET_OPTIONS | {o.VAE_CONV_SCALE}, sampling="discrete",
+    options=UNET_OPTIONS | {o.VAE_CONV_SCALE, o.TIMESTEP_SHIFT}, sampling="discrete",
     defaults=Defaults(7.0, 20, "euler_a", 1024, 1024, clip_skip=2), sizes=SIZES,
     size_rule="unet", latent_format="sdxl_vae",
     companions=Companions(("clip_l", "clip_g"), 4, 1024, prefers="xl", avoids=""),

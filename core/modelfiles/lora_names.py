@@ -181,15 +181,20 @@ _SD_TE = (("cond_stage_model.transformer.", "te1", "clip"), ("cond_stage_model.m
 
 
 def sd_aliases(names: Mapping[str, Collection[str]], shapes: Mapping[str, tuple[int, ...]]) -> AliasTable:
-    """The :data:`AliasTable` of an SD 1.x / 2.x / SDXL single-file checkpoint.
+    """The :data:`AliasTable` of an SD 1.x / 2.x / SDXL checkpoint: a single file, or a
+    separate UNet file (its names without ``model.diffusion_model.``); the text encoders of
+    single files only.
 
     Args:
         names: module (``diffusion``, ``te``) -> its tensor names.
         shapes: tensor name -> numpy-order shape (for OpenCLIP's fused q/k/v rows).
     """
     table: AliasTable = {"unet": {}, "te1": {}, "te2": {}}
-    for prefix in ("model.diffusion_model.",):
-        table["unet"].update(_unet(names.get("diffusion", ()), prefix, "diffusion"))
+    unet = names.get("diffusion", ())
+    # a single file's UNet is under model.diffusion_model.; a separate UNet file
+    # (--diffusion-model) has its names bare
+    prefix = "model.diffusion_model." if any(n.startswith("model.diffusion_model.") for n in unet) else ""
+    table["unet"].update(_unet(unet, prefix, "diffusion"))
     te = names.get("te", ())
     for prefix, space, layout in _SD_TE:
         if not any(n.startswith(prefix) for n in te):

@@ -355,8 +355,9 @@ class GenerationRequest:
         """The settings by sd-cli's request keys, as a picture records them: the prompts,
         size, steps, CFG, seed, sampler, scheduler, batch, CLIP skip, and each option this
         request sets (with ``fam``: ``guidance`` only where the family honours it, the CLIP skip
-        only when it is not the family's own, which sd-cli takes by itself). None values are
-        left out."""
+        only when it is not the family's own, which sd-cli takes by itself; ``taesd_decode``
+        when the ``taesd`` file decoded the final picture, ``force_sdxl_vae_conv_scale`` when
+        set). None values are left out."""
         sm = self.sampling
         out: dict[str, Any] = {
             "prompt": self.prompt, "negative_prompt": self.negative_prompt or None,
@@ -383,6 +384,10 @@ class GenerationRequest:
             out["vae_tile_size"] = self.vae_tile_size
         if self.file("upscale_model"):
             out.update(upscale_model=self.file("upscale_model"), upscale_repeats=self.upscale_repeats)
+        if self.taesd_decode and self.file("taesd"):
+            out["taesd_decode"] = True
+        if self.force_sdxl_vae_conv_scale:
+            out["force_sdxl_vae_conv_scale"] = True
         return {k: v for k, v in out.items() if v is not None}
 
     def to_dict(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from sdplan.core.models.t5 import T5Encoder
 from sdplan.core.pipelines.stages.base import module_placements
 from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline, shapes
 from sdplan.core.pipelines.stages.img2img import ImageInput
+from sdplan.core.sampling.flow import guided_velocity
 from sdplan.core.sampling.options import SamplingOptions
 from sdplan.core.text.prompt import apply_prompt_weights
 from sdplan.core.text.t5_tokenizer import T5Tokenizer
@@ -120,7 +121,8 @@ class ChromaPipeline(FlowDiTPipeline):
                 noise: np.ndarray | None = None, preview: Callable[[int, np.ndarray], None] | None = None,
                 vae_scale: int = 8, init: ImageInput | None = None,
                 init_seed: int | None = None, scheduler: str = "default",
-                sampling: SamplingOptions | None = None) -> dict[str, np.ndarray]:
+                sampling: SamplingOptions | None = None, tae_decode: bool = False,
+                vae_tile: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -141,12 +143,15 @@ class ChromaPipeline(FlowDiTPipeline):
             init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.stages.img2img`);
                 ``init_seed`` seeds the draw of its latent (default ``seed``; sd-cli draws it
                 once per request with the request's seed).
+            tae_decode: the ``taesd`` TAE decodes the final image instead of the VAE.
+            vae_tile: the VAE decodes in tiles of this many latent pixels (``--vae-tiling``).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
 
         Raises:
-            SdplanError: a bad size or a non-finite ``cfg_scale``; SamplingError.
+            SdplanError: a bad size, a non-finite ``cfg_scale``, ``tae_decode`` without a TAE;
+                SamplingError.
         """
         h, w = self._latent_size(width, height, vae_scale)
         if not np.isfinite(cfg_scale):
@@ -155,16 +160,14 @@ class ChromaPipeline(FlowDiTPipeline):
         uncond = (self.encode_prompt(negative_prompt, t5_length, mask_pad=mask_pad, dit_mask=dit_mask)
                   if cfg_scale != 1.0 else None)
 
-        def vel(x: np.ndarray, s: float) -> np.ndarray:
-            v = self.velocity(x, s, cond, None, None)
-            if uncond is None:
-                return v
-            u = self.velocity(x, s, uncond, None, None)
-            return (u + np.float32(cfg_scale) * (v - u)).astype(np.float32)
+        vel = guided_velocity(lambda x, s: self.velocity(x, s, cond, None, None),
+                              None if uncond is None else lambda x, s: self.velocity(x, s, uncond, None, None),
+                              cfg_scale)
 
         return self._sample(vel, h, w, steps or DEFAULT_STEPS, shift=True, seed=seed, sampler=sampler,
                             noise=noise, preview=preview, init=init, init_seed=init_seed,
-                            scheduler=scheduler, sampling=sampling)
+                            scheduler=scheduler, sampling=sampling, tae_decode=tae_decode,
+                            vae_tile=vae_tile)
 
 
 def txt2img(models: ChromaModels, plan: Any, prompt: str, width: int, height: int, pool: Any = None,

@@ -1,7 +1,8 @@
 """The engine's entry for FLUX.1 dev / schnell (the registry's ``pipeline``): a checked request
 on a :class:`~sdplan.core.pipelines.flux.pipeline.FluxPipeline` placed by the run's plan (kept
 loaded for the next request with the same files and placements), with its LoRAs and image
-input, one picture per seed of the batch."""
+input, real CFG with the negative prompt, the TAE's final decode, one picture per seed of the
+batch."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ __all__ = ["generate"]
 
 
 def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], progress: RunContext) -> FamilyResult:
-    """Generate the request's pictures with FLUX.1 (``guidance``: its distilled guidance).
+    """Generate the request's pictures with FLUX.1 (``guidance``: its distilled guidance; real
+    CFG with the negative prompt when ``cfg_scale`` is not 1, as sd-cli; the TAE's final decode
+    when asked).
 
     Raises:
         ModelFileError / EngineError / SdplanError: bad files, devices, LoRAs or pictures.
@@ -34,5 +37,7 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
         prompt, int(request.width or 0), int(request.height or 0), steps=steps, seed=seed + b,
         sampler=str(request.sampling_method), guidance=float(request.guidance or 0.0),
         t5_length=ov.t5_length or 256, preview=cb, init=init, init_seed=seed, scheduler=request.scheduler,
-        sampling=request.sampling))
+        sampling=request.sampling, negative_prompt=request.negative_prompt,
+        cfg_scale=float(request.cfg_scale if request.cfg_scale is not None else 1.0),
+        tae_decode=bool(request.taesd_decode and models.taesd), vae_tile=request.vae_tile_size or None))
     return {"images": images, "timings": {"sampling_and_decode": seconds}, "info": info, "runners": pipe.runners}

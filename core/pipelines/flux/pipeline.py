@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sdplan.core.errors import SdplanError
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.clip import ClipGraph, causal_mask, clip_config, clip_text
 from sdplan.core.models.flux import FluxDiT
@@ -28,7 +29,7 @@ from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline
 from sdplan.core.pipelines.stages.flow_dit import shapes as _shapes
 from sdplan.core.pipelines.stages.img2img import ImageInput
 from sdplan.core.runtime.runner import ModulePlacement
-from sdplan.core.sampling.flow import DEFAULT_STEPS
+from sdplan.core.sampling.flow import DEFAULT_STEPS, guided_velocity
 from sdplan.core.sampling.options import SamplingOptions
 from sdplan.core.text.clip_tokenizer import EOS_ID, ClipTokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
@@ -123,7 +124,8 @@ class FluxPipeline(FlowDiTPipeline):
                 preview: Callable[[int, np.ndarray], None] | None = None,
                 vae_scale: int = 8, scheduler: str = "default",
                 sampling: SamplingOptions | None = None, init: ImageInput | None = None,
-                init_seed: int | None = None) -> dict[str, np.ndarray]:
+                init_seed: int | None = None, negative_prompt: str = "", cfg_scale: float = 1.0,
+                tae_decode: bool = False, vae_tile: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -133,6 +135,10 @@ class FluxPipeline(FlowDiTPipeline):
             seed: Philox seed of the starting noise (and of ancestral samplers).
             sampler: a :data:`sdplan.core.sampling.flow.FLOW_SAMPLERS` name.
             guidance: dev's distilled guidance (``--guidance``; schnell ignores it).
+            negative_prompt, cfg_scale: real classifier-free guidance as sd-cli runs it for
+                FLUX.1 with ``--cfg-scale`` other than 1: each step runs the DiT on the prompt
+                and on the negative prompt (both with the distilled guidance) and takes
+                ``uncond + cfg (cond - uncond)``; at 1 the negative prompt is not encoded.
             t5_length: T5 tokens after padding (256 as sd-cli for Flux).
             noise: an explicit starting noise ``(1, 16, h, w)`` instead of the seed's.
             preview: ``preview(step, rgb_uint8 (H, W, 3))`` after each step, from TAEF1 when
@@ -146,26 +152,33 @@ class FluxPipeline(FlowDiTPipeline):
             init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.stages.img2img`);
                 ``init_seed`` seeds the draw of its latent (default ``seed``; sd-cli draws it
                 once per request with the request's seed).
+            tae_decode: the ``taesd`` TAE decodes the final image instead of the VAE.
+            vae_tile: the VAE decodes in tiles of this many latent pixels (``--vae-tiling``).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
 
         Raises:
-            SdplanError: a size that is not a multiple of ``2 * vae_scale``; SamplingError.
+            SdplanError: a size that is not a multiple of ``2 * vae_scale``, a non-finite
+                ``cfg_scale``, ``tae_decode`` without a TAE; SamplingError.
         """
 
         h, w = self._latent_size(width, height, vae_scale)
+        if not np.isfinite(cfg_scale):
+            raise SdplanError(f"FLUX.1 cfg_scale must be finite, got {cfg_scale}")
         variant = self.dit.cfg.variant
         steps = steps or DEFAULT_STEPS[variant]
         context, pooled = self.encode_prompt(prompt, t5_length)
+        uncond = self.encode_prompt(negative_prompt, t5_length) if cfg_scale != 1.0 else None
         g = guidance if self.dit.cfg.guidance else None
 
-        def vel(x: np.ndarray, s: float) -> np.ndarray:
-            return self.velocity(x, s, context, pooled, g)
+        vel = guided_velocity(lambda x, s: self.velocity(x, s, context, pooled, g),
+                              None if uncond is None else lambda x, s: self.velocity(x, s, *uncond, g), cfg_scale)
 
         return self._sample(vel, h, w, steps, shift=variant == "dev", seed=seed, sampler=sampler,
                             noise=noise, preview=preview, scheduler=scheduler, sampling=sampling,
-                            flow_shift=1.15 if variant == "dev" else 1.0, init=init, init_seed=init_seed)
+                            flow_shift=1.15 if variant == "dev" else 1.0, init=init, init_seed=init_seed,
+                            tae_decode=tae_decode, vae_tile=vae_tile)
 
 
 def txt2img(models: FluxModels, plan: Any, prompt: str, width: int, height: int, pool: Any = None,

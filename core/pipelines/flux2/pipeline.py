@@ -53,7 +53,7 @@ from sdplan.core.pipelines.stages.base import module_placements
 from sdplan.core.pipelines.stages.flow_dit import VAE_BF16, FlowDiTPipeline, shapes
 from sdplan.core.pipelines.stages.images import read_image_rgb
 from sdplan.core.pipelines.z_image.pipeline import is_gguf
-from sdplan.core.sampling.flow import flux2_mu, flux_sigmas, sample_flow
+from sdplan.core.sampling.flow import flux2_mu, flux_sigmas, guided_velocity, sample_flow
 from sdplan.core.sampling.options import SamplingOptions, prepare
 from sdplan.core.sampling.preview import latent_to_rgb
 from sdplan.core.sampling.schedules_more import FlowSchedule
@@ -229,9 +229,10 @@ class KleinPipeline(FlowDiTPipeline):
         """The autoencoder's latent ``(1, 32, 2h, 2w)`` of a diffusion latent ``(1, 128, h, w)``."""
         return unpatchify_latent(latent * self.bn_std + self.bn_mean)
 
-    def decode(self, latent: np.ndarray) -> np.ndarray:
-        """Image ``(1, 3, H, W)`` (about [-1, 1]) of a diffusion latent ``(1, 128, h, w)``."""
-        return self.runners["vae"].run({"z": self.to_vae(latent).astype(np.float32)})["image"]
+    def decode(self, latent: np.ndarray, tile: int | None = None) -> np.ndarray:
+        """Image ``(1, 3, H, W)`` (about [-1, 1]) of a diffusion latent ``(1, 128, h, w)``
+        (``tile``: the autoencoder's latent decoded in tiles, :meth:`vae_decode`)."""
+        return self.vae_decode(self.to_vae(latent).astype(np.float32), tile)
 
     def encode_image(self, image: np.ndarray) -> np.ndarray:
         """The normalised diffusion latent ``(1, 128, H/16, W/16)`` of ``image`` uint8
@@ -252,19 +253,22 @@ class KleinPipeline(FlowDiTPipeline):
         mean = self.runners["vae_encoder"].run({"image": np.ascontiguousarray(img)})["mean"]
         return ((patchify_latent(mean) - self.bn_mean) / self.bn_std).astype(np.float32)
 
+    def tae_latent(self, latent: np.ndarray) -> np.ndarray:
+        """TAEF2's input: the normalised diffusion latent unpatchified to 32 channels (sd-cli's
+        ``TinyImageAutoEncoder`` for FLUX.2)."""
+        return unpatchify_latent(latent)
+
     def _preview_rgb(self, latent: np.ndarray) -> np.ndarray:
-        z = unpatchify_latent(latent)
         if self.preview is not None:
-            img = self.preview(z)
-            return (np.clip(img[0].transpose(1, 2, 0), 0, 1) * 255).round().astype(np.uint8)
-        return latent_to_rgb(z, "flux2_ae")
+            return super()._preview_rgb(latent)
+        return latent_to_rgb(unpatchify_latent(latent), "flux2_ae")
 
     def txt2img(self, prompt: str, width: int, height: int, *, steps: int | None = None, seed: int = 42,
                 sampler: str = "euler", cfg_scale: float = 1.0, negative_prompt: str = "",
                 ref_images: Sequence[np.ndarray] = (), noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None, vae_scale: int = 8,
                 tae_decode: bool = False, scheduler: str = "default",
-                sampling: SamplingOptions | None = None) -> dict[str, np.ndarray]:
+                sampling: SamplingOptions | None = None, vae_tile: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image (with ``ref_images``: edit them).
 
         Args:
@@ -284,6 +288,7 @@ class KleinPipeline(FlowDiTPipeline):
                 sd-cli scheduler over FLUX.1's flow schedule of shift ``sampling.flow_shift``
                 (default 1, sd-cli's for klein: no guidance embedder).
             sampling: ``--eta``, ``--sigmas``, ``--rng`` and the other options.
+            vae_tile: decode in tiles of this many autoencoder latent pixels (``--vae-tiling``).
 
         Returns:
             ``{"latent": (1, 128, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -318,12 +323,9 @@ class KleinPipeline(FlowDiTPipeline):
         uncond = self.encode_prompt(negative_prompt) if cfg_scale != 1.0 else None
         start = rng((1, self.dit.cfg.in_channels, h, w)) if noise is None else np.asarray(noise, np.float32)
 
-        def vel(x: np.ndarray, s: float) -> np.ndarray:
-            v = self.velocity(x, s, context, refs=refs)
-            if uncond is None:
-                return v
-            v0 = self.velocity(x, s, uncond, refs=refs)
-            return (v0 + np.float32(cfg_scale) * (v - v0)).astype(np.float32)
+        vel = guided_velocity(lambda x, s: self.velocity(x, s, context, refs=refs),
+                              None if uncond is None else lambda x, s: self.velocity(x, s, uncond, refs=refs),
+                              cfg_scale)
 
         def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
             if preview is not None:
@@ -332,9 +334,5 @@ class KleinPipeline(FlowDiTPipeline):
         with self.diffusion_session():
             latent = sample_flow(sampler, vel, start, sigmas, noise=sampler_noise, callback=cb, eta=opts.eta,
                                  extra=opts.extra)
-        if tae_decode:
-            assert self.preview is not None
-            image = self.preview(unpatchify_latent(latent)) * np.float32(2.0) - np.float32(1.0)
-        else:
-            image = self.decode(latent)
+        image = self.tae_image(latent) if tae_decode else self.decode(latent, vae_tile)
         return {"latent": latent, "image": image, "sigmas": sigmas}

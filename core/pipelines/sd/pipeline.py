@@ -48,7 +48,7 @@ from sdplan.core.pipelines.stages.img2img import (
 from sdplan.core.pipelines.stages.results import image_to_uint8
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.noise import NoiseSource, initial_latent, make_noise
-from sdplan.core.sampling.options import SamplingOptions, prepare
+from sdplan.core.sampling.options import SamplingOptions, prepare, shifted_timestep
 from sdplan.core.sampling.preview import latent_to_rgb
 from sdplan.core.sampling.samplers import sample
 from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule, scalings
@@ -283,21 +283,34 @@ class StableDiffusion(Pipeline):
                 return runner.run({"x": np.ascontiguousarray(x, dtype=np.float32), "t": ts, **ins})["y"]
             yield run
 
+    def step_scalings(self, sigma: float, timestep_shift: int = 0) -> tuple[float, float, float, float]:
+        """``(t, c_skip, c_out, c_in)`` of a step at ``sigma``: the UNet's timestep and the
+        prediction's :func:`~sdplan.core.sampling.schedules.scalings`; with ``timestep_shift``
+        (sd-cli's ``--timestep-shift``, 1..1000) the UNet sees the shifted timestep and its
+        output is combined with that timestep's scalings
+        (:func:`~sdplan.core.sampling.options.shifted_timestep`)."""
+        c_skip, c_out, c_in = scalings(float(sigma), self.prediction)
+        t = self.schedule.sigma_to_t(float(sigma))
+        if timestep_shift > 0:
+            t, c_skip, c_out = shifted_timestep(float(sigma), timestep_shift, self.schedule,
+                                                lambda s: scalings(s, self.prediction))
+        return float(t), c_skip, c_out, c_in
+
     def denoiser(self, unet: Callable[..., np.ndarray], cond: Cond | np.ndarray,
                  uncond: Cond | np.ndarray | None, cfg_scale: float,
-                 concat: np.ndarray | None = None) -> Denoiser:
+                 concat: np.ndarray | None = None, timestep_shift: int = 0) -> Denoiser:
         """A k-diffusion style denoiser (eps or v :func:`~sdplan.core.sampling.schedules.scalings`);
         with CFG both halves run as one batch: ``u + cfg (c - u)``. ``cond``/``uncond``: the
         context ``(1, S, D)`` or a :data:`Cond` of one-row arrays (repeated per latent).
         ``concat`` ``(N, C, h, w)`` joins the scaled latent as extra input channels
-        (inpainting UNets)."""
+        (inpainting UNets). ``timestep_shift``: :meth:`step_scalings`."""
         guided = uncond is not None and cfg_scale != 1.0
         c = _as_cond(cond)
         u = _as_cond(uncond) if uncond is not None else None
 
         def denoise(x: np.ndarray, sigma: float) -> np.ndarray:
-            c_skip, c_out, c_in = scalings(float(sigma), self.prediction)
-            t = np.float32(self.schedule.sigma_to_t(float(sigma)))
+            ts, c_skip, c_out, c_in = self.step_scalings(sigma, timestep_shift)
+            t = np.float32(ts)
             x_in = (x * c_in).astype(np.float32)
             if concat is not None:
                 x_in = np.concatenate([x_in, concat], 1)
@@ -313,8 +326,8 @@ class StableDiffusion(Pipeline):
 
         def with_uncond(x: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
             # CFG++ samplers: both halves of the guided batch, combined and unconditional
-            c_skip, c_out, c_in = scalings(float(sigma), self.prediction)
-            t = np.float32(self.schedule.sigma_to_t(float(sigma)))
+            ts, c_skip, c_out, c_in = self.step_scalings(sigma, timestep_shift)
+            t = np.float32(ts)
             x_in = (x * c_in).astype(np.float32)
             if concat is not None:
                 x_in = np.concatenate([x_in, concat], 1)
@@ -468,7 +481,7 @@ class StableDiffusion(Pipeline):
 
         t0 = time.perf_counter()
         with self.unet_session() as unet:
-            den = self.denoiser(unet, cond, uncond, p.cfg_scale, concat)
+            den = self.denoiser(unet, cond, uncond, p.cfg_scale, concat, p.sampling.timestep_shift)
             if mask is not None and init_lat is not None:
                 den = blended_denoiser(den, init_lat, mask)
             latent = sample(p.sampler, den, x, sigmas, noise=sampler_noise, callback=cb,

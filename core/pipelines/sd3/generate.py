@@ -35,7 +35,8 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
         prompt, int(request.width or 0), int(request.height or 0), negative_prompt=request.negative_prompt,
         cfg_scale=float(request.cfg_scale or 0.0), steps=steps, seed=seed + b, sampler=str(request.sampling_method),
         clip_skip=request.clip_skip, preview=cb, scheduler=request.scheduler, sampling=request.sampling,
-        slg=request.slg, init=init, init_seed=seed))
+        slg=request.slg, init=init, init_seed=seed, tae_decode=bool(request.taesd_decode and request.file("taesd")),
+        vae_tile=request.vae_tile_size or None))
     return {"images": images, "timings": {"sampling_and_decode": seconds}, "info": info, "runners": pipe.runners}
 
 

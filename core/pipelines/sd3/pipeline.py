@@ -154,7 +154,8 @@ class Sd3Pipeline(FlowDiTPipeline):
                 clip_skip: int = 0, noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None, scheduler: str = "default",
                 sampling: Any = None, slg: SkipLayerGuidance | None = None, init: ImageInput | None = None,
-                init_seed: int | None = None) -> dict[str, np.ndarray]:
+                init_seed: int | None = None, tae_decode: bool = False,
+                vae_tile: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -176,14 +177,16 @@ class Sd3Pipeline(FlowDiTPipeline):
             init: image to image / inpainting (picture ``(1, 3, H, W)`` in [-1, 1], optional
                 mask, strength), as :class:`~sdplan.core.pipelines.stages.flow_dit.FlowDiTPipeline`
                 does it; ``init_seed`` (default ``seed``) seeds the init latent's draw.
+            tae_decode: the ``taesd`` TAE (TAESD3) decodes the final image instead of the VAE.
+            vae_tile: the VAE decodes in tiles of this many latent pixels (``--vae-tiling``).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
 
         Raises:
             InvalidArgument: a bad size, a non-finite ``cfg_scale``, skip layers outside the
-                MMDiT's blocks; SdplanError: an init picture of the wrong size or an
-                autoencoder without its encoder; SamplingError.
+                MMDiT's blocks; SdplanError: an init picture of the wrong size, an
+                autoencoder without its encoder, ``tae_decode`` without a TAE; SamplingError.
         """
         h, w = self._latent_size(width, height, self.vae_cfg.factor)
         if not np.isfinite(cfg_scale):
@@ -199,9 +202,11 @@ class Sd3Pipeline(FlowDiTPipeline):
             cond = self.encode_prompt(prompt, clip_skip)
             uncond = self.encode_prompt(negative_prompt, clip_skip) if cfg_scale != 1.0 else None
 
-        def vel(x: np.ndarray, s: float) -> np.ndarray:
+        def both(x: np.ndarray, s: float) -> tuple[np.ndarray, np.ndarray]:
+            """``(guided velocity, unconditional velocity)`` (CFG++ samplers read the second;
+            without a negative pass it is the guided one, as for a velocity guided already)."""
             v = self.velocity(x, s, *cond)
-            out = v
+            out, u = v, None
             if uncond is not None:
                 u = self.velocity(x, s, *uncond)
                 out = (u + np.float32(cfg_scale) * (v - u)).astype(np.float32)
@@ -209,11 +214,17 @@ class Sd3Pipeline(FlowDiTPipeline):
                 with self.runners["diffusion"].variant(skip_dit):
                     vs = self.velocity(x, s, *cond)
                 out = (out + np.float32(slg.scale) * (v - vs)).astype(np.float32)
-            return out
+            return out, (out if u is None else u)
+
+        def vel(x: np.ndarray, s: float) -> np.ndarray:
+            return both(x, s)[0]
+
+        vel.with_uncond = both  # type: ignore[attr-defined]
 
         def hook(done: int, n: int) -> None:
             step[:] = [done, n]
 
         return self._sample(vel, h, w, steps or DEFAULT_STEPS, shift=False, seed=seed, sampler=sampler,
                             noise=noise, preview=preview, scheduler=scheduler, sampling=sampling,
-                            flow_shift=FLOW_SHIFT, init=init, init_seed=init_seed, step_hook=hook)
+                            flow_shift=FLOW_SHIFT, init=init, init_seed=init_seed, step_hook=hook,
+                            tae_decode=tae_decode, vae_tile=vae_tile)

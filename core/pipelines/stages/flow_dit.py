@@ -28,7 +28,7 @@ from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux import unpatchify
 from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
-from sdplan.core.models.vae import VaeGraph, vae_config, vae_decode, vae_moments
+from sdplan.core.models.vae import VaeGraph, tiled_decode, vae_config, vae_decode, vae_moments
 from sdplan.core.pipelines.stages.base import Pipeline
 from sdplan.core.pipelines.stages.img2img import (
     ImageInput,
@@ -167,11 +167,25 @@ class FlowDiTPipeline(Pipeline):
         with self.runners["diffusion"].session():
             yield
 
-    def decode(self, latent: np.ndarray) -> np.ndarray:
+    def decode(self, latent: np.ndarray, tile: int | None = None) -> np.ndarray:
         """Image ``(1, 3, 8h, 8w)`` (about [-1, 1]) of a model-space latent: the VAE decodes
-        ``latent / scale_factor + shift_factor``."""
-        z = (latent / self.scale_factor + self.shift_factor).astype(np.float32)
-        return self.runners["vae"].run({"z": z})["image"]
+        ``latent / scale_factor + shift_factor`` (:meth:`vae_decode`; ``tile``: in tiles)."""
+        return self.vae_decode((latent / self.scale_factor + self.shift_factor).astype(np.float32), tile)
+
+    def vae_decode(self, z: np.ndarray, tile: int | None = None) -> np.ndarray:
+        """The VAE's image of its own latent ``z`` ``(1, C, h, w)``; with ``tile`` (latent
+        pixels, sd-cli's ``--vae-tiling``) a latent larger than it is decoded in overlapping
+        tiles of ``tile`` squared (overlap ``tile // 4``, at least 1) blended as the UNet
+        families do (:func:`~sdplan.core.models.vae.tiled_decode`)."""
+        runner = self.runners["vae"]
+
+        def one(zt: np.ndarray) -> np.ndarray:
+            return runner.run({"z": np.ascontiguousarray(zt, dtype=np.float32)})["image"]
+
+        if tile and (z.shape[-1] > tile or z.shape[-2] > tile):
+            with runner.session():
+                return tiled_decode(one, z, tile, max(1, tile // 4), self.vae_cfg.factor)
+        return one(z)
 
     def _latent_size(self, width: int, height: int, vae_scale: int) -> tuple[int, int]:
         """``(h, w)`` of the latent of a ``width x height`` image.
@@ -189,7 +203,8 @@ class FlowDiTPipeline(Pipeline):
                 scheduler: str = "default", sampling: SamplingOptions | None = None,
                 flow_shift: float = 1.0, init: ImageInput | None = None,
                 init_seed: int | None = None,
-                step_hook: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
+                step_hook: Callable[[int, int], None] | None = None,
+                tae_decode: bool = False, vae_tile: int | None = None) -> dict[str, np.ndarray]:
         """Sample a ``(1, 16, h, w)`` latent from the seed's noise (``sampling.rng``; or
         ``noise``) and decode it. Returns ``{"latent", "image", "sigmas"}``.
 
@@ -201,10 +216,14 @@ class FlowDiTPipeline(Pipeline):
         docstring says; ``init_seed`` (default ``seed``) seeds the draw of the init latent
         from the same generator (``sampling.rng``). ``step_hook(done, n)``: the steps done
         (0 before the first) of ``n`` (the truncated schedule's steps with an init picture).
+        ``tae_decode``: the ``taesd`` TAE decodes the final latent instead of the VAE
+        (:meth:`tae_image`); ``vae_tile``: the VAE decodes in tiles (:meth:`vae_decode`).
 
         Raises:
-            SdplanError: an init picture of the wrong size.
+            SdplanError: an init picture of the wrong size; ``tae_decode`` without a TAE.
         """
+        if tae_decode and self.preview is None:
+            raise SdplanError("decoding with the TAE needs a --taesd file")
         opts = sampling or SamplingOptions()
         tokens = (h // 2) * (w // 2)
         fshift = opts.flow_shift if opts.flow_shift is not None else flow_shift
@@ -230,7 +249,8 @@ class FlowDiTPipeline(Pipeline):
         with self.diffusion_session():
             latent = sample_flow(sampler, vel, start, sigmas, noise=sampler_noise, callback=cb,
                                  eta=opts.eta, extra=opts.extra)
-        return {"latent": latent, "image": self.decode(latent), "sigmas": sigmas}
+        image = self.tae_image(latent) if tae_decode else self.decode(latent, vae_tile)
+        return {"latent": latent, "image": image, "sigmas": sigmas}
 
     def _default_sigmas(self, steps: int, tokens: int, shift: bool, flow_shift: float) -> np.ndarray:
         """The family's own sigmas (``--scheduler`` not given): FLUX.1's schedule, time-shifted
@@ -265,20 +285,50 @@ class FlowDiTPipeline(Pipeline):
             vel = _blended(vel, ref, latent_mask(init.mask, f))
         return start, sigmas, vel
 
+    def tae_latent(self, latent: np.ndarray) -> np.ndarray:
+        """The TAE decoder's input for a diffusion latent: the latent itself. TAESD, TAEF1 and
+        TAESD3 decode the diffusion model's latent space (sd-cli's ``TinyAutoEncoder`` maps
+        diffusion latents to its own unchanged; ComfyUI's TAESD scales a VAE latent back to
+        it), not the autoencoder's ``latent / scale_factor + shift_factor``."""
+        return latent
+
+    def tae_image(self, latent: np.ndarray) -> np.ndarray:
+        """Image ``(1, 3, H, W)`` float32 in about [-1, 1] of a diffusion latent decoded by the
+        ``taesd`` TAE (sd-cli's final decode with ``--taesd`` without ``--taesd-preview-only``).
+
+        Raises:
+            SdplanError: no TAE decoder was loaded (no ``taesd`` file).
+        """
+        if self.preview is None:
+            raise SdplanError("decoding with the TAE needs a --taesd file")
+        return (self.preview(self.tae_latent(latent)) * np.float32(2.0) - np.float32(1.0)).astype(np.float32)
+
     def _preview_rgb(self, latent: np.ndarray) -> np.ndarray:
         if self.preview is not None:
-            img = self.preview(latent / self.scale_factor + self.shift_factor)
+            img = self.preview(self.tae_latent(latent))
             return (np.clip(img[0].transpose(1, 2, 0), 0, 1) * 255).round().astype(np.uint8)
         return latent_to_rgb(latent, self.latent_format)
 
 
 def _blended(vel: Velocity, ref: np.ndarray, mask: np.ndarray) -> Velocity:
     """``vel`` whose prediction ``x - s v`` keeps ``ref`` where ``mask`` is 0 (sd-cli blends
-    the denoised latent; a flow sampler's velocity is ``(x - denoised) / s``)."""
-    def blended(x: np.ndarray, s: float) -> np.ndarray:
-        v = vel(x, s)
+    the denoised latent; a flow sampler's velocity is ``(x - denoised) / s``); a ``vel`` with
+    ``with_uncond`` (:func:`~sdplan.core.sampling.flow.guided_velocity`) keeps it, both
+    predictions blended."""
+    def one(x: np.ndarray, s: float, v: np.ndarray) -> np.ndarray:
         if s <= 0:
             return v
         den = blend(x - np.float32(s) * v, ref, mask)
         return ((x - den) / np.float32(s)).astype(np.float32)
+
+    def blended(x: np.ndarray, s: float) -> np.ndarray:
+        return one(x, s, vel(x, s))
+
+    pair = getattr(vel, "with_uncond", None)
+    if pair is not None:
+        def both(x: np.ndarray, s: float) -> tuple[np.ndarray, np.ndarray]:
+            v, u = pair(x, s)
+            return one(x, s, v), one(x, s, u)
+
+        blended.with_uncond = both  # type: ignore[attr-defined]
     return blended

@@ -139,7 +139,7 @@ _SETTINGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale
              "sigmas", "flow_shift", "timestep_shift", "rng", "sampler_rng",
              "extra_sample_args", "vae_tile_size", "upscale_repeats", "slg_scale", "skip_layers",
              "skip_layer_start", "skip_layer_end", "lora_model_dir", "lora_apply_mode", "init_img",
-             "mask", "strength", "ref_images")
+             "mask", "strength", "ref_images", "taesd_decode", "force_sdxl_vae_conv_scale")
 
 
 def _inputs(params: Mapping[str, Any]) -> dict[str, Any]:

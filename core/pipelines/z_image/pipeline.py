@@ -36,7 +36,7 @@ from sdplan.core.pipelines.stages.base import module_placements
 from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline
 from sdplan.core.pipelines.stages.flow_dit import shapes as _shapes
 from sdplan.core.pipelines.stages.img2img import ImageInput
-from sdplan.core.sampling.flow import discrete_flow_sigmas
+from sdplan.core.sampling.flow import discrete_flow_sigmas, guided_velocity
 from sdplan.core.sampling.options import SamplingOptions
 from sdplan.core.text.bpe_tokenizer import BPETokenizer
 from sdplan.core.text.prompt import apply_prompt_weights
@@ -128,7 +128,8 @@ class ZImagePipeline(FlowDiTPipeline):
                 preview: Callable[[int, np.ndarray], None] | None = None,
                 vae_scale: int = 8, init: ImageInput | None = None,
                 init_seed: int | None = None, scheduler: str = "default",
-                sampling: SamplingOptions | None = None) -> dict[str, np.ndarray]:
+                sampling: SamplingOptions | None = None, tae_decode: bool = False,
+                vae_tile: int | None = None) -> dict[str, np.ndarray]:
         """Generate one image.
 
         Args:
@@ -149,12 +150,15 @@ class ZImagePipeline(FlowDiTPipeline):
                 schedule of ``shift``) and its other sampling options (``--sigmas``, ``--eta``,
                 ``--flow-shift``, ``--rng``...), through the shared flow loop
                 (:meth:`~sdplan.core.pipelines.stages.flow_dit.FlowDiTPipeline._sample`).
+            tae_decode: the ``taesd`` TAE decodes the final image instead of the VAE.
+            vae_tile: the VAE decodes in tiles of this many latent pixels (``--vae-tiling``).
 
         Returns:
             ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
 
         Raises:
-            SdplanError: a size that is not a multiple of ``2 * vae_scale``; SamplingError.
+            SdplanError: a size that is not a multiple of ``2 * vae_scale``, ``tae_decode``
+                without a TAE; SamplingError.
         """
         if width % (2 * vae_scale) or height % (2 * vae_scale) or width <= 0 or height <= 0:
             raise SdplanError(f"Z-Image image size {width}x{height} must be positive multiples of {2 * vae_scale}")
@@ -162,16 +166,13 @@ class ZImagePipeline(FlowDiTPipeline):
         context = self.encode_prompt(prompt)
         uncond = self.encode_prompt(negative_prompt) if cfg_scale != 1.0 else None
 
-        def vel(x: np.ndarray, s: float) -> np.ndarray:
-            v = self.velocity(x, s, context)
-            if uncond is None:
-                return v
-            v0 = self.velocity(x, s, uncond)
-            return (v0 + np.float32(cfg_scale) * (v - v0)).astype(np.float32)
+        vel = guided_velocity(lambda x, s: self.velocity(x, s, context),
+                              None if uncond is None else lambda x, s: self.velocity(x, s, uncond), cfg_scale)
 
         return self._sample(vel, h, w, steps or int(DEFAULTS["steps"]), shift=False, seed=seed,
                             sampler=sampler, noise=noise, preview=preview, scheduler=scheduler,
-                            sampling=sampling, flow_shift=shift, init=init, init_seed=init_seed)
+                            sampling=sampling, flow_shift=shift, init=init, init_seed=init_seed,
+                            tae_decode=tae_decode, vae_tile=vae_tile)
 
     def _default_sigmas(self, steps: int, tokens: int, shift: bool, flow_shift: float) -> np.ndarray:
         """Z-Image's own sigmas: the discrete flow schedule of ``flow_shift``."""
