@@ -366,8 +366,9 @@ def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, se
 
 def validate(args: argparse.Namespace) -> None:
     """Check the generation flags and every output location before anything loads
-    (:mod:`sdplan.core.commands.limits`, :func:`check_outputs`); raises InvalidArgument or
-    OutputError naming the flag."""
+    (:mod:`sdplan.core.commands.limits`, :func:`check_outputs`, no output over an input:
+    :mod:`sdplan.core.commands.same_file`); raises InvalidArgument or OutputError naming the
+    flag."""
     from sdplan.core.commands.limits import check_generation
     from sdplan.core.sampling.names import FLOW_SAMPLERS, SAMPLERS, SCHEDULES
 
@@ -380,6 +381,9 @@ def validate(args: argparse.Namespace) -> None:
     if args.scheduler not in (*SCHEDULES, "default"):
         raise InvalidArgument(f"--scheduler {args.scheduler!r} is unknown; choose one of {', '.join(SCHEDULES)}")
     check_outputs(args)
+    from sdplan.core.commands.same_file import check_generate
+
+    check_generate(args)  # no output is an input
     if getattr(args, "ref_image", None):
         from sdplan.core.pipelines.flux2 import load_ref_image
 

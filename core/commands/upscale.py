@@ -49,9 +49,11 @@ OUTPUT_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 
 def run(args: argparse.Namespace) -> int:
     """Upscale and write the image; 0 on success, 2 on any sdplan error. The flags, the
-    input picture and the output location are all checked before the model loads."""
+    input picture and the output location (never one of the inputs) are all checked before the
+    model loads."""
     from sdplan.core.commands.limits import check_upscale
     from sdplan.core.commands.messages import print_error
+    from sdplan.core.commands.same_file import check_files
     from sdplan.core.modelfiles.readers import check_model_file
     from sdplan.core.pipelines.images import read_image_rgb
     from sdplan.core.pipelines.outputs import check_output_file
@@ -63,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         check_upscale(args)
+        check_files([("-o/--output", args.output)],
+                    [("-i/--init-img", args.input), ("--upscale-model", args.upscale_model)])
         image = read_image_rgb(Path(args.input))
         # x4 per repeat is the largest ESRGAN scale: an upper bound of the output's bytes
         side = 4 ** args.upscale_repeats
