@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sdplan.core.pipelines.outputs import atomic_write
+from sdplan.core.planning import bounded_json
+from sdplan.core.planning.record_check import checked_record, checked_settings
 
 if TYPE_CHECKING:  # the parameters reader loads where a picture is read back
     from sdplan.core.pipelines.parameters import ImageParameters
@@ -198,7 +200,7 @@ def _generation(text: Mapping[str, str]) -> ImageParameters:
     raw = text.get("sdplan")
     if raw:
         try:
-            doc = json.loads(raw)
+            doc = checked_record(bounded_json.loads(raw, "the sdplan record of a picture"))
         except ValueError:
             doc = None
         if isinstance(doc, dict):
@@ -276,12 +278,12 @@ def read_result(path: str | Path) -> ResultInfo:
     side = Path(path).with_suffix(".json")
     if not settings and side.is_file():
         try:
-            data = json.loads(side.read_text(encoding="utf-8"))
+            data = bounded_json.read_json(side, what="settings file")
         except (OSError, ValueError):
             data = None
         if isinstance(data, dict):
-            settings = {k: v for k, v in data.items() if isinstance(k, str)
-                        and k not in ("timings", "architecture", "model")}
+            settings = {k: v for k, v in checked_settings(data).items()
+                        if k not in ("timings", "architecture", "model")}
     main = (gen.model_files.get("model") or gen.model_files.get("diffusion_model") or [""])[0]
     return ResultInfo(str(path), settings, os.path.basename(main), gen.model_files,
                       {k: v for k, v in gen.placement.items()

@@ -36,7 +36,10 @@ _SPECIAL = ((stat_mod.S_ISFIFO, "a FIFO"), (stat_mod.S_ISCHR, "a character devic
 
 def reason(exc: BaseException) -> str:
     """The operating system's words for ``exc``, lower case (``"file name too long"``,
-    ``"permission denied"``); a NUL character in a path for the ValueError Python raises."""
+    ``"permission denied"``); a NUL character in a path for the ValueError Python raises; a
+    :class:`PathError`'s message without its path."""
+    if isinstance(exc, PathError):
+        return str(exc).removeprefix(f"{exc.path}: ")
     if isinstance(exc, ValueError):
         return "the path holds a NUL character"
     text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
