@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sdplan.core.errors import SdplanError
+from sdplan.core.errors import NonFiniteError, SdplanError
 from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
                           tile=args.upscale_tile, n_threads=threads.threads)
             try:
                 out = up.upscale_image(image, args.upscale_repeats)
+            except NonFiniteError as exc:  # name the likely cause: the upscaler's weights
+                from sdplan.core.pipelines.finite import likely_causes
+
+                raise exc.with_causes(likely_causes({"model_files": {"upscale_model": [args.upscale_model]}})) from None
             finally:
                 up.close()
         path = _write(out, Path(args.output))

@@ -47,6 +47,7 @@ import numpy as np
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_model_files
 from sdplan.core.modelfiles.readers import file_version
+from sdplan.core.pipelines.finite import explains_non_finite
 from sdplan.core.pipelines.img2img import request_image_input
 from sdplan.core.pipelines.job_names import GENERATE_JOB as GENERATE_JOB
 from sdplan.core.pipelines.job_names import INVENTORY_JOB as INVENTORY_JOB
@@ -169,6 +170,7 @@ def _batch(ctx: Any, req: Mapping[str, Any], steps: int,
     return images, time.perf_counter() - t0
 
 
+@explains_non_finite  # a NaN/inf latent or picture: an error naming the likely cause
 def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
     """Run one request (see the comment above) in this process: SD 1.x/2.x, SDXL, or Flux /
     Chroma / Z-Image / FLUX.2 klein when the files are such a set. Returns ``{"images",
@@ -176,6 +178,7 @@ def generate_job(ctx: Any, request: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises:
         ModelFileError / PlanError / EngineError: bad files, placement or devices;
+        NonFiniteError: a latent or picture became NaN/inf (naming the likely cause);
         Cancelled: ``ctx.cancel`` fired; ValueError: bad sizes.
     """
     req = dict(request)

@@ -19,6 +19,7 @@ import numpy as np
 from sdplan.core.pipelines.outputs import atomic_write
 from sdplan.core.planning import bounded_json
 from sdplan.core.planning.record_check import checked_record, checked_settings
+from sdplan.core.sampling.finite import check_finite
 
 if TYPE_CHECKING:  # the parameters reader loads where a picture is read back
     from sdplan.core.pipelines.parameters import ImageParameters
@@ -28,7 +29,12 @@ MODEL_HASH_METHOD = "sha256(first 1 MiB + decimal file size)"
 
 
 def image_to_uint8(img: np.ndarray) -> np.ndarray:
-    """``(3, H, W)`` float in [-1, 1] -> ``(H, W, 3)`` uint8 (clamped, rounded)."""
+    """``(3, H, W)`` float in [-1, 1] -> ``(H, W, 3)`` uint8 (clamped, rounded).
+
+    Raises:
+        NonFiniteError: a NaN or infinity in ``img`` (it would be black).
+    """
+    check_finite(img, "decoded picture")
     x = np.clip((img + 1.0) * 127.5, 0, 255)
     return np.ascontiguousarray(np.round(x).astype(np.uint8).transpose(1, 2, 0))
 
