@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.models.unet_check import check_unet
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["UNetConfig", "UNetGraph", "PREFIX", "FAMILY_HEADS",
@@ -111,7 +112,9 @@ def unet_config(weights: Mapping[str, Any], family: str = "sd1", num_heads: int 
     graph reads each block's own depth from its weights).
 
     Raises:
-        ModelLayoutError: missing stem/output tensors, or a block structure that is not a UNet.
+        ModelLayoutError: missing stem/output tensors, a block structure that is not a UNet,
+            tensor shapes that do not fit together or channels that do not split into the
+            heads (:func:`sdplan.core.models.unet_check.check_unet`, naming the tensor).
     """
     w = Weights(weights, prefix)
     mc, cin = w.shape("input_blocks.0.0.weight")[:2]
@@ -143,6 +146,7 @@ def unet_config(weights: Mapping[str, Any], family: str = "sd1", num_heads: int 
     if num_heads is None and head_dim is None:
         num_heads, head_dim = FAMILY_HEADS.get(family, FAMILY_HEADS["sd1"])
     adm = w.shape("label_emb.0.0.weight")[1] if "label_emb.0.0.weight" in w else 0
+    check_unet(weights, prefix, context, num_heads, None if num_heads else head_dim)
     return UNetConfig(prefix, cin, cout, mc, tuple(lv[-1] // mc for lv in levels),
                       len(levels[0]), tuple(sorted(attn_levels)), depth, context, linear,
                       num_heads, head_dim if not num_heads else None, adm)
