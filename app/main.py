@@ -7,6 +7,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from sdplan.core.errors import SdplanError
 from sdplan.core.pipelines import demo
@@ -173,19 +174,31 @@ def run_gui(args: argparse.Namespace) -> int:
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
     from sdplan.app.icons import app_icon
-    from sdplan.app.window import apply_theme
 
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "sdplan"])
     app.setApplicationName("sdplan")
     app.setOrganizationName("sdplan")
     app.setWindowIcon(app_icon())
-    settings = QSettings("sdplan", "sdplan")
-    scratch = None
     if args.screenshot:  # render without reading or overwriting the user's saved session
+        import gc
         import tempfile
 
         scratch = tempfile.TemporaryDirectory(prefix="sdplan-screenshot-")
-        settings = QSettings(str(Path(scratch.name) / "sdplan.ini"), QSettings.Format.IniFormat)
+        try:
+            return _open_window(args, app, QSettings(str(Path(scratch.name) / "sdplan.ini"),
+                                                     QSettings.Format.IniFormat))
+        finally:  # the window and its settings are gone (their last write done), then the folder
+            gc.collect()
+            scratch.cleanup()
+    return _open_window(args, app, QSettings("sdplan", "sdplan"))
+
+
+def _open_window(args: argparse.Namespace, app: Any, settings: Any) -> int:
+    """Build the window with ``settings`` and show it (the event loop's exit code), or with
+    ``--screenshot`` render it, save the picture and close it (0, or 2 when it cannot)."""
+    from PySide6.QtCore import QEvent
+    from sdplan.app.window import apply_theme
+
     mode = "light" if args.screenshot and not args.theme else (
         args.theme or str(settings.value("view/theme") or "system"))
     apply_theme(app, mode)  # type: ignore[arg-type]
@@ -219,6 +232,8 @@ def run_gui(args: argparse.Namespace) -> int:
         out = Path(args.screenshot)
         ok = win.grab().save(str(out))
         win.close()
+        win.deleteLater()
+        app.sendPostedEvents(None, QEvent.Type.DeferredDelete)  # its settings written now
         if not ok:
             print(f"sdplan gui: cannot write {out}", file=sys.stderr)
             return 2

@@ -432,6 +432,8 @@ def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
         mask = f", mask {args.mask}" if args.mask else ""
         console.print(f"image to image from {args.init_img}, strength {args.strength:g}{mask}",
                       highlight=False, markup=False)
+    for note in getattr(args, "picture_notes", None) or ():  # a picture of another shape
+        console.print(f"note: {note}", highlight=False, markup=False)
 
 
 def _submit(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any) -> tuple[int, dict[str, Any]]:

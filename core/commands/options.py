@@ -89,6 +89,9 @@ def validate_inputs(args: argparse.Namespace) -> None:
     with ``-i``, both readable pictures; ``-W``/``-H`` left at their defaults take the init
     picture's size (as sd-cli does; ``--demo``'s own size counts as given).
 
+    A picture (or mask) of another shape than it will be used at is noted in
+    ``args.picture_notes`` (:func:`picture_notes`).
+
     Raises:
         InvalidArgument: naming the flag.
     """
@@ -100,17 +103,45 @@ def validate_inputs(args: argparse.Namespace) -> None:
         raise InvalidArgument(f"--strength must be in [0, 1], got {args.strength}")
     if args.mask and not args.init_img:
         raise InvalidArgument("--mask needs -i/--init-img: the mask says which pixels of that picture to repaint")
+    args.picture_notes = []
     if args.init_img:
         # numpy and Pillow load only with a picture input
-        from sdplan.core.pipelines.img2img import image_size, load_mask
+        from sdplan.core.pipelines.img2img import image_size
 
         w, h = image_size(args.init_img)
-        if args.mask:
-            load_mask(args.mask, 8, 8)  # readable?
+        mask = image_size(args.mask, "--mask") if args.mask else None  # readable?
         for key, value in (("width", w), ("height", h)):
             if type(getattr(args, key)) is not int:  # left at the default (a subclass of int)
                 setattr(args, key, value)
                 args.size_from_init_img = True  # for the size check's message
+        args.picture_notes = picture_notes((w, h), mask, args.width, args.height)
+
+
+def _aspect_differs(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether two ``(width, height)`` differ in aspect ratio by more than 1%."""
+    import math
+
+    return abs(math.log((a[0] / a[1]) / (b[0] / b[1]))) > math.log(1.01)
+
+
+def picture_notes(init: tuple[int, int], mask: tuple[int, int] | None, width: int,
+                  height: int) -> list[str]:
+    """What is done to picture inputs of another shape: an init picture whose aspect ratio is
+    not the generation's is stretched to ``width`` x ``height`` (sd-cli resizes it as
+    well, without a word); a mask of another size than the init picture is resized to the
+    generation's size too, so its pixels land where the same fraction of the picture is.
+    Sizes in pixels; one line each."""
+    out = []
+    if _aspect_differs(init, (width, height)):
+        out.append(f"-i/--init-img is {init[0]}x{init[1]} and is stretched to {width}x{height} "
+                   f"(its aspect ratio {init[0] / init[1]:.3g} becomes {width / height:.3g}); "
+                   "crop it to that shape to keep its proportions")
+    if mask is not None and mask != init:
+        how = "stretched" if _aspect_differs(mask, (width, height)) else "resized"
+        out.append(f"--mask is {mask[0]}x{mask[1]}, the init picture {init[0]}x{init[1]}: the "
+                   f"mask is {how} to {width}x{height}, so it marks the same fractions of the "
+                   "picture, not the same pixels")
+    return out
 
 
 def input_request(args: argparse.Namespace) -> dict[str, object]:

@@ -67,9 +67,10 @@ def _open(path: str | Path, flag: str):  # noqa: ANN202 - a PIL image
         raise InvalidArgument(f"{flag} {str(path)!r}: not a readable picture ({exc})") from None
 
 
-def image_size(path: str | Path) -> tuple[int, int]:
-    """``(width, height)`` of a picture file. Raises InvalidArgument when unreadable."""
-    return _open(path, "-i/--init-img").size
+def image_size(path: str | Path, flag: str = "-i/--init-img") -> tuple[int, int]:
+    """``(width, height)`` of a picture file. Raises InvalidArgument naming ``flag`` when
+    unreadable."""
+    return _open(path, flag).size
 
 
 def load_image(path: str | Path, width: int, height: int) -> np.ndarray:
