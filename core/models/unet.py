@@ -146,7 +146,8 @@ def unet_config(weights: Mapping[str, Any], family: str = "sd1", num_heads: int 
     if num_heads is None and head_dim is None:
         num_heads, head_dim = FAMILY_HEADS.get(family, FAMILY_HEADS["sd1"])
     adm = w.shape("label_emb.0.0.weight")[1] if "label_emb.0.0.weight" in w else 0
-    check_unet(weights, prefix, context, num_heads, None if num_heads else head_dim)
+    check_unet(weights, prefix, context, num_heads, None if num_heads else head_dim,
+               unet_stages(weights, prefix))
     return UNetConfig(prefix, cin, cout, mc, tuple(lv[-1] // mc for lv in levels),
                       len(levels[0]), tuple(sorted(attn_levels)), depth, context, linear,
                       num_heads, head_dim if not num_heads else None, adm)

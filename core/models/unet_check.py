@@ -16,7 +16,7 @@ Shapes are numpy order: a convolution ``(C_out, C_in, k, k)``, a linear layer ``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sdplan.core.models.base import ModelLayoutError, Weights
@@ -91,7 +91,7 @@ def _transformer(w: Weights, h: int, context: int, num_heads: int | None,
 
 
 def check_unet(weights: Mapping[str, Any], prefix: str, context: int, num_heads: int | None,
-               head_dim: int | None) -> None:
+               head_dim: int | None, stages: Sequence[str]) -> None:
     """Follow channels and resolution through the UNet (module docstring).
 
     Args:
@@ -99,19 +99,19 @@ def check_unet(weights: Mapping[str, Any], prefix: str, context: int, num_heads:
         prefix: the UNet's name prefix (``model.diffusion_model.`` or none).
         context: the cross-attention context width (0: none).
         num_heads, head_dim: the head rule (one of them set).
+        stages: the UNet's stages in execution order
+            (:func:`~sdplan.core.models.unet.unet_stages`).
 
     Raises:
         ModelLayoutError: naming the first tensor whose shape does not fit.
     """
-    from sdplan.core.models.unet import unet_stages
-
     w = Weights(weights, prefix)
     stem = w.shape("input_blocks.0.0.weight")
     h = stem[0]
     emb = w.shape("time_embed.2.weight")[0]
     level = 0
     skips = [(h, level, "input_blocks.0")]
-    for stage in unet_stages(weights, prefix):
+    for stage in stages:
         if stage.startswith("output_blocks."):
             if not skips:
                 raise ModelLayoutError(f"{prefix}{stage[:-1]}: the output blocks outnumber the "
