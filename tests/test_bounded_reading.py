@@ -98,7 +98,7 @@ def test_read_json_reads_no_more_than_its_limit(tmp_path: Path, monkeypatch) -> 
         return out
 
     monkeypatch.setattr(bounded_json.paths, "read_bytes", counting)
-    with pytest.raises(JsonRefused, match="larger than the 1000 byte limit"):
+    with pytest.raises(JsonRefused, match="larger than the 1000 byte limit of a JSON inventory"):
         read_json(big, JsonLimits(max_bytes=1000), what="inventory")
     assert read == [1001]
 
@@ -106,7 +106,7 @@ def test_read_json_reads_no_more_than_its_limit(tmp_path: Path, monkeypatch) -> 
 def test_read_json_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    for path, message in ((fifo, "not a regular file (a FIFO)"), (tmp_path, "is a folder, not a inventory"),
+    for path, message in ((fifo, "not a regular file (a FIFO)"), (tmp_path, "is a folder, not an inventory"),
                           (tmp_path / "none.json", "no such inventory"),
                           (tmp_path / LONG, "file name too long"), ("/dev/zero", "a character device")):
         with pytest.raises(PathError) as err:

@@ -411,12 +411,13 @@ def _component_files(folder: Path) -> list[TensorFile]:
     if indexes:
         idx = indexes[0]
         try:  # the one bounded JSON reader
-            weight_map = read_json(idx, what="shard index")["weight_map"]
+            doc = read_json(idx, what="shard index")
+            weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
             if not isinstance(weight_map, dict) or not all(
                     isinstance(v, str) for v in weight_map.values()):
-                raise ValueError("'weight_map' is not a map of tensor names to shard files")
+                raise ValueError("no 'weight_map' of tensor names to shard files")
             shards = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError) as exc:
             reason = str(exc).removeprefix(f"{idx}: ")
             raise ModelFileError(idx, f"unreadable shard index ({reason})") from None
         out = []

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -154,8 +155,9 @@ def loads(text: str | bytes, source: str = "JSON", limits: JsonLimits = DEFAULT_
     except json.JSONDecodeError as exc:
         raise JsonRefused(f"{source}: not JSON ({exc.msg} at line {exc.lineno} "
                           f"column {exc.colno})") from None
-    except ValueError as exc:  # an integer of more than 4300 digits
-        raise JsonRefused(f"{source}: not JSON ({str(exc)[:120]})") from None
+    except ValueError:  # Python's limit on the digits of an integer (4300)
+        raise JsonRefused(f"{source}: not JSON (an integer of more than "
+                          f"{sys.get_int_max_str_digits()} digits)") from None
     if _walk_depth(doc, limits.max_depth) > limits.max_depth:
         raise JsonRefused(f"{source}: JSON nested deeper than {limits.max_depth} levels")
     return doc
@@ -180,6 +182,6 @@ def read_json(path: str | os.PathLike[str], limits: JsonLimits = DEFAULT_LIMITS,
     """
     raw = paths.read_bytes(path, limits.max_bytes, what)
     if len(raw) > limits.max_bytes:
-        raise JsonRefused(f"{os.fspath(path)}: a {what} larger than the {limits.max_bytes} "
-                          "byte limit of JSON")
+        raise JsonRefused(f"{os.fspath(path)}: larger than the {limits.max_bytes} byte limit of "
+                          f"a JSON {what}")
     return loads(raw, os.fspath(path), limits, object_pairs_hook)

@@ -110,7 +110,7 @@ def open_regular(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
     if st is None:
         raise PathError(os.fspath(path), f"no such {what}")
     if stat_mod.S_ISDIR(st.st_mode):
-        raise PathError(os.fspath(path), f"is a folder, not a {what}")
+        raise PathError(os.fspath(path), f"is a folder, not {'an' if what[:1] in 'aeiou' else 'a'} {what}")
     kind = special_kind(st)
     if kind is not None:
         raise PathError(os.fspath(path), f"not a regular file ({kind})")
