@@ -273,7 +273,7 @@ def _check_run(s: dict[str, Path], argv: list[str]) -> None:
         assert json.loads(out)["ok"] is False, (argv, out[-500:])
     elif code == 2:
         assert len(lines) == 1, (argv, err[-1000:])
-    named = [Path(v) for f, v in zip(argv, argv[1:]) if f in ("-o", "--preview-path")]
+    named = [Path(v) for f, v in zip(argv, argv[1:], strict=False) if f in ("-o", "--preview-path")]
     after = _snapshot(s["inputs"])
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
     # no file created, changed or removed but the outputs the command line names
