@@ -316,3 +316,20 @@ def test_a_legacy_storage_claiming_past_the_file_and_zero_strides(tmp_path: Path
     save(state_dict({"w": wide}), path2)
     with pytest.raises(ModelFileError, match=r"tensor of size \(1048576, 1024\) needs 4294967296 bytes"):
         read_pth(path2)
+
+
+def test_from_image_takes_recorded_sigmas_and_sample_args(tmp_path: Path, capsys) -> None:
+    """A picture's record holds ``sigmas`` as a list and ``extra_sample_args`` as a map:
+    ``--from-image`` turns them back into the flags' values."""
+    pytest.importorskip("sdplan._ggml")
+    first = tmp_path / "first.png"
+    base = ["generate", "-m", str(DEMO), "-p", "a red circle", "-W", "64", "-H", "64", "-t", "1",
+            "--in-process"]
+    assert main([*base, "--sigmas", "14,7,1,0", "--sampling-method", "euler_ge",
+                 "--extra-sample-args", "gamma=0.5", "-o", str(first)]) == 0
+    again = tmp_path / "again.png"
+    assert main(["generate", "--from-image", str(first), "-t", "1", "--in-process", "-o", str(again)]) == 0
+    capsys.readouterr()
+    got = read_result(again).settings
+    assert got["sigmas"] == [14.0, 7.0, 1.0, 0.0] and got["extra_sample_args"] == {"gamma": "0.5"}
+    assert got["sampling_method"] == "euler_ge"

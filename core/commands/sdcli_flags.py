@@ -14,7 +14,6 @@ argument sd-cli does not know either is refused, all of them named in one line.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from sdplan.core.errors import SdplanError
@@ -85,6 +84,28 @@ def sampling_request(args: argparse.Namespace) -> dict[str, Any]:
     return req
 
 
+def _flag_value(key: str, value: Any) -> Any:
+    """A recorded setting in the form its flag's value takes: ``sigmas`` as the text
+    ``--sigmas`` reads, ``extra_sample_args`` as the list of ``k=v,...`` texts."""
+    if key == "sigmas" and isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    if key == "extra_sample_args":
+        if isinstance(value, dict):
+            return [",".join(f"{k}={v}" for k, v in value.items())] if value else []
+        return [str(value)] if value else []
+    return value
+
+
+def _is_file(path: str) -> bool:
+    """Whether a path a picture records is a file here (a name too long: no)."""
+    from sdplan.core.planning import paths
+
+    try:
+        return paths.is_file(path)
+    except OSError:
+        return False
+
+
 def refuse_unsupported(args: argparse.Namespace, extras: list[str]) -> list[str]:
     """Check the arguments argparse left over; returns notes for the accepted ones
     (:data:`NO_EFFECT`).
@@ -151,14 +172,14 @@ def apply_from_image(args: argparse.Namespace, parser_defaults: dict[str, Any]) 
         current = getattr(args, key)
         if current is None or current == parser_defaults.get(key) or (
                 key == "prompt" and not current):
-            setattr(args, key, value)
+            setattr(args, key, _flag_value(key, value))
             taken.append(key)
     flags = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "t5xxl",
              "clip_l": "clip_l", "vae": "vae", "taesd": "taesd"}
     if not any(getattr(args, k, None) for k in flags):
-        for key, paths in got.model_files.items():
-            if key in flags and paths and Path(paths[0]).is_file():
-                setattr(args, flags[key], paths[0])
+        for key, found in got.model_files.items():
+            if key in flags and found and _is_file(found[0]):
+                setattr(args, flags[key], found[0])
                 taken.append(key)
     for key in ("backend", "params_backend", "max_vram"):
         value = got.placement.get(key)
