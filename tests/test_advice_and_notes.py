@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 from rpc_util import sdplan_cmd
 from sdplan.core.cli import main
-from sdplan.core.commands.options import picture_notes
+from sdplan.core.pipelines.img2img import picture_notes
 from sdplan.core.planning.autoplan_review import review_advice, review_auto_plan
 from sdplan.core.planning.estimate import estimate_plan
 from sdplan.core.planning.inventory import Inventory

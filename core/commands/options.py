@@ -90,7 +90,7 @@ def validate_inputs(args: argparse.Namespace) -> None:
     picture's size (as sd-cli does; ``--demo``'s own size counts as given).
 
     A picture (or mask) of another shape than it will be used at is noted in
-    ``args.picture_notes`` (:func:`picture_notes`).
+    ``args.picture_notes`` (:func:`sdplan.core.pipelines.img2img.picture_notes`).
 
     Raises:
         InvalidArgument: naming the flag.
@@ -106,7 +106,7 @@ def validate_inputs(args: argparse.Namespace) -> None:
     args.picture_notes = []
     if args.init_img:
         # numpy and Pillow load only with a picture input
-        from sdplan.core.pipelines.img2img import image_size
+        from sdplan.core.pipelines.img2img import image_size, picture_notes
 
         w, h = image_size(args.init_img)
         mask = image_size(args.mask, "--mask") if args.mask else None  # readable?
@@ -115,33 +115,6 @@ def validate_inputs(args: argparse.Namespace) -> None:
                 setattr(args, key, value)
                 args.size_from_init_img = True  # for the size check's message
         args.picture_notes = picture_notes((w, h), mask, args.width, args.height)
-
-
-def _aspect_differs(a: tuple[int, int], b: tuple[int, int]) -> bool:
-    """Whether two ``(width, height)`` differ in aspect ratio by more than 1%."""
-    import math
-
-    return abs(math.log((a[0] / a[1]) / (b[0] / b[1]))) > math.log(1.01)
-
-
-def picture_notes(init: tuple[int, int], mask: tuple[int, int] | None, width: int,
-                  height: int) -> list[str]:
-    """What is done to picture inputs of another shape: an init picture whose aspect ratio is
-    not the generation's is stretched to ``width`` x ``height`` (sd-cli resizes it as
-    well, without a word); a mask of another size than the init picture is resized to the
-    generation's size too, so its pixels land where the same fraction of the picture is.
-    Sizes in pixels; one line each."""
-    out = []
-    if _aspect_differs(init, (width, height)):
-        out.append(f"-i/--init-img is {init[0]}x{init[1]} and is stretched to {width}x{height} "
-                   f"(its aspect ratio {init[0] / init[1]:.3g} becomes {width / height:.3g}); "
-                   "crop it to that shape to keep its proportions")
-    if mask is not None and mask != init:
-        how = "stretched" if _aspect_differs(mask, (width, height)) else "resized"
-        out.append(f"--mask is {mask[0]}x{mask[1]}, the init picture {init[0]}x{init[1]}: the "
-                   f"mask is {how} to {width}x{height}, so it marks the same fractions of the "
-                   "picture, not the same pixels")
-    return out
 
 
 def input_request(args: argparse.Namespace) -> dict[str, object]:
