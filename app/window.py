@@ -7,7 +7,7 @@ import json
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
 from PySide6.QtGui import (
     QAction,
     QActionGroup,
@@ -135,6 +135,7 @@ class MainWindow(QMainWindow):
         self.side.addTab(scroll, "Generate")
         qpath = queue_path or Path(self.settings.fileName()).parent / "sdplan-queue.json"
         self.queue = JobQueue(qpath)
+        self.startup_notes: list[str] = list(self.queue.notes)  # files set aside at start
         if self.queue.counts()["queued"]:  # jobs left from the last session wait for Resume
             self.queue.set_paused(True)
         self.runner = QueueRunner(self.queue, self.generation, self)
@@ -179,10 +180,13 @@ class MainWindow(QMainWindow):
         self._model_changed()
         self._plan_changed("load")
         geo = self.settings.value("window/geometry")
-        if geo is not None:
+        if isinstance(geo, (QByteArray, bytes)):  # anything else: a damaged settings file
             self.restoreGeometry(geo)
         else:
             self.resize(1440, 900)
+        if self.startup_notes:
+            self.show_status(self.startup_notes[-1])
+            self.status_label.setToolTip("\n".join(self.startup_notes))
 
     # ------------------------------------------------------------------ actions
     def _act(self, text: str, slot: object, shortcut: QKeySequence | str | None = None,
@@ -347,6 +351,13 @@ class MainWindow(QMainWindow):
     def show_status(self, text: str) -> None:
         self.status_label.setText(text)
 
+    def add_startup_note(self, text: str) -> None:
+        """Keep and show a note on a store read at start-up (a file set aside); the
+        status line's tooltip lists them all."""
+        self.startup_notes.append(text)
+        self.show_status(text)
+        self.status_label.setToolTip("\n".join(self.startup_notes))
+
     def _plan_changed(self, source: str) -> None:
         fit = self.ctl.fit
         if fit is None:
@@ -414,7 +425,8 @@ class MainWindow(QMainWindow):
 
     def recent_files(self) -> list[str]:
         value = self.settings.value("files/recent") or []
-        return [str(v) for v in ([value] if isinstance(value, str) else value)]
+        return [str(v) for v in ([value] if isinstance(value, str) else
+                                 value if isinstance(value, (list, tuple)) else [])]
 
     def _recent_menu(self) -> None:
         self.recent_menu.clear()
@@ -496,10 +508,11 @@ class MainWindow(QMainWindow):
             self._import_plan_file(path)
 
     def _import_plan_file(self, path: str) -> bool:
+        from sdplan.core.planning.bounded_json import read_json  # one bounded reader
+
         try:
-            self.ctl.load_plan_json(json.loads(Path(path).read_text(encoding="utf-8")),
-                                    source=path)
-        except (OSError, ValueError, SdplanError) as exc:
+            self.ctl.load_plan_json(read_json(path, what="plan file"), source=path)
+        except (OSError, ValueError, TypeError, SdplanError) as exc:
             QMessageBox.warning(self, "Cannot import the plan", f"{path}: {exc}")
             return False
         return True

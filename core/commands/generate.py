@@ -392,8 +392,9 @@ def checked_request(args: argparse.Namespace, files: dict[str, list[str]], model
 
 def validate(args: argparse.Namespace) -> None:
     """Check the generation flags and every output location before anything loads
-    (:mod:`sdplan.core.commands.limits`, :func:`check_outputs`); raises InvalidArgument or
-    OutputError naming the flag."""
+    (:mod:`sdplan.core.commands.limits`, :func:`check_outputs`, no output over an input:
+    :mod:`sdplan.core.commands.same_file`); raises InvalidArgument or OutputError naming the
+    flag."""
     from sdplan.core.commands.limits import check_generation
     from sdplan.core.sampling.names import FLOW_SAMPLERS, SAMPLERS, SCHEDULES
 
@@ -406,6 +407,9 @@ def validate(args: argparse.Namespace) -> None:
     if args.scheduler not in (*SCHEDULES, "default", "normal"):
         raise InvalidArgument(f"--scheduler {args.scheduler!r} is unknown; choose one of {', '.join(SCHEDULES)}")
     check_outputs(args)
+    from sdplan.core.commands.same_file import check_generate
+
+    check_generate(args)  # no output is an input
     if getattr(args, "ref_image", None):
         from sdplan.core.pipelines.flux2.pipeline import load_ref_image
 
@@ -439,6 +443,8 @@ def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
         mask = f", mask {args.mask}" if args.mask else ""
         console.print(f"image to image from {args.init_img}, strength {args.strength:g}{mask}",
                       highlight=False, markup=False)
+    for note in getattr(args, "picture_notes", None) or ():  # a picture of another shape
+        console.print(f"note: {note}", highlight=False, markup=False)
 
 
 def _submit(req: Any, plan: Any, fit: Any, inventory: Any, args: argparse.Namespace, engine: Any) -> int:

@@ -90,6 +90,9 @@ def validate_inputs(args: argparse.Namespace) -> None:
     with ``-i``, both readable pictures; ``-W``/``-H`` left at their defaults take the init
     picture's size (as sd-cli does; ``--demo``'s own size counts as given).
 
+    A picture (or mask) of another shape than it will be used at is noted in
+    ``args.picture_notes`` (:func:`sdplan.core.pipelines.img2img.picture_notes`).
+
     Raises:
         InvalidArgument: naming the flag.
     """
@@ -101,17 +104,18 @@ def validate_inputs(args: argparse.Namespace) -> None:
         raise InvalidArgument(f"--strength must be in [0, 1], got {args.strength}")
     if args.mask and not args.init_img:
         raise InvalidArgument("--mask needs -i/--init-img: the mask says which pixels of that picture to repaint")
+    args.picture_notes = []
     if args.init_img:
         # numpy and Pillow load only with a picture input
-        from sdplan.core.pipelines.stages.img2img import image_size, load_mask
+        from sdplan.core.pipelines.stages.img2img import image_size, picture_notes
 
         w, h = image_size(args.init_img)
-        if args.mask:
-            load_mask(args.mask, 8, 8)  # readable?
+        mask = image_size(args.mask, "--mask") if args.mask else None  # readable?
         for key, value in (("width", w), ("height", h)):
             if type(getattr(args, key)) is not int:  # left at the default (a subclass of int)
                 setattr(args, key, value)
                 args.size_from_init_img = True  # for the size check's message
+        args.picture_notes = picture_notes((w, h), mask, args.width, args.height)
 
 
 def input_request(args: argparse.Namespace) -> dict[str, object]:

@@ -345,17 +345,18 @@ def written_flags(plan: Plan, target: Target, inventory: Inventory,
 def advise(plan: Plan, profile: Profile | None, inventory: Inventory, fit: Any,
            args: argparse.Namespace) -> list[str]:
     """When ``fit`` says the plan does not fit: the smallest change that would, from the
-    auto plan (:func:`sdplan.core.planning.autoplan.fit_advice`); else []."""
+    board's Auto plan search (:func:`sdplan.core.planning.autoplan_review.review_advice`);
+    else []."""
     if fit is None or getattr(fit, "fits", True) or profile is None:
         return []
-    from sdplan.core.planning.autoplan import fit_advice
+    from sdplan.core.planning.autoplan_review import review_advice
 
     try:
-        return fit_advice(plan, profile, inventory, width=fit.width, height=fit.height,
-                          batch=fit.batch, engine=fit.engine,
-                          measured={m: c for m, e in fit.modules.items() for c in
-                                    list(e.compute.values())[:1]
-                                    if fit.compute_source.get(m) == "measured"})
+        return review_advice(plan, profile, inventory, width=fit.width, height=fit.height,
+                             batch=fit.batch, engine=fit.engine,
+                             measured={m: c for m, e in fit.modules.items() for c in
+                                       list(e.compute.values())[:1]
+                                       if fit.compute_source.get(m) == "measured"})
     except SdplanError as exc:
         log.info("no auto plan: %s", exc)
         return []

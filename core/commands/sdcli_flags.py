@@ -14,7 +14,6 @@ argument sd-cli does not know either is refused, all of them named in one line.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from sdplan.core.errors import SdplanError
@@ -85,6 +84,16 @@ def sampling_request(args: argparse.Namespace) -> dict[str, Any]:
     return req
 
 
+def _is_file(path: str) -> bool:
+    """Whether a path a picture records is a file here (a name too long: no)."""
+    from sdplan.core.planning import paths
+
+    try:
+        return paths.is_file(path)
+    except OSError:
+        return False
+
+
 def refuse_unsupported(args: argparse.Namespace, extras: list[str]) -> list[str]:
     """Check the arguments argparse left over; returns notes for the accepted ones
     (:data:`NO_EFFECT`).
@@ -129,7 +138,7 @@ def _as_flag_value(key: str, value: Any) -> Any:
     if key == "sigmas" and not isinstance(value, str):
         return ",".join(f"{float(v):g}" for v in value)
     if key == "extra_sample_args" and isinstance(value, dict):
-        return [",".join(f"{k}={v}" for k, v in value.items())]
+        return [",".join(f"{k}={v}" for k, v in value.items())] if value else []
     if key == "extra_sample_args" and isinstance(value, str):
         return [value]
     if key == "skip_layers" and not isinstance(value, str):
@@ -170,9 +179,9 @@ def apply_from_image(args: argparse.Namespace, parser_defaults: dict[str, Any]) 
             setattr(args, key, _as_flag_value(key, value))
             taken.append(key)
     if not (getattr(args, "model", None) or getattr(args, "diffusion_model", None)):
-        for key, paths in got.model_files.items():  # every model file the record names
-            if hasattr(args, key) and not getattr(args, key, None) and paths and Path(paths[0]).is_file():
-                setattr(args, key, paths[0])
+        for key, found in got.model_files.items():  # every model file the record names
+            if hasattr(args, key) and not getattr(args, key, None) and found and _is_file(found[0]):
+                setattr(args, key, found[0])
                 taken.append(key)
     for key in ("backend", "params_backend", "max_vram", "split_mode"):
         value = got.placement.get(key)

@@ -19,15 +19,15 @@ DiTs without prefix, T5 ``encoder.block.N``, CLIP ``text_model.``, VAE ``encoder
 
 from __future__ import annotations
 
-import json
 import logging
 import re
+import stat
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sdplan.core.errors import ModelFileError
+from sdplan.core.errors import ModelFileError, PathError
 from sdplan.core.families import DiffusionTensors, detect_family
 from sdplan.core.families.z_image import DIFFUSION_MARKERS
 from sdplan.core.modelfiles.autofit_sizes import autofit_component_bytes, loaded_component_bytes
@@ -36,8 +36,11 @@ from sdplan.core.modelfiles.readers import (
     TensorInfo,
     read_tensor_file,
     refuse_special_file,
+    stat_model_path,
 )
 from sdplan.core.modelfiles.unets import stage_bytes
+from sdplan.core.planning import paths as safe_paths
+from sdplan.core.planning.bounded_json import read_json
 from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
@@ -360,12 +363,13 @@ def _check_duplicates(tensors: list[ModelTensor]) -> None:
 def _expand(path: Path, key: str) -> list[tuple[TensorFile, str | None]]:
     """Files of one flag value: a file, a component folder or a diffusers pipeline folder.
     The second item is the diffusers component (``unet``...) or None."""
-    if not path.exists():
+    st = stat_model_path(path)
+    if st is None:
         raise ModelFileError(path, "no such file or folder")
     refuse_special_file(path)
-    if path.is_file():
+    if stat.S_ISREG(st.st_mode):
         return [(read_tensor_file(path), None)]
-    comps = [d for d in _DIFFUSERS_DIRS if (path / d).is_dir()]
+    comps = [d for d in _DIFFUSERS_DIRS if _is_dir(path / d)]
     if comps:
         if key != "model":
             raise ModelFileError(path, f"a diffusers pipeline folder goes to -m/--model, "
@@ -381,22 +385,47 @@ def _expand(path: Path, key: str) -> list[tuple[TensorFile, str | None]]:
     return [(tf, None) for tf in files]
 
 
+def _is_dir(path: Path) -> bool:
+    st = stat_model_path(path)
+    return st is not None and stat.S_ISDIR(st.st_mode)
+
+
+def _is_file(path: Path, index: Path, shard: str) -> bool:
+    """Whether a shard an index names is a regular file; a name that cannot be a file (too
+    long...) is an error naming the index."""
+    try:
+        return safe_paths.is_file(path)
+    except PathError as exc:
+        raise ModelFileError(index, f"shard {shorten_name(shard)!r}: "
+                                    f"{safe_paths.reason(exc)}") from None
+
+
+def shorten_name(name: str, limit: int = 80) -> str:
+    """``name`` when at most ``limit`` characters, else its head, ``…`` and its length."""
+    return name if len(name) <= limit else f"{name[:limit - 20]}… ({len(name)} characters)"
+
+
 def _component_files(folder: Path) -> list[TensorFile]:
     """Headers of one diffusers component folder: its sharded index, else its single
     (non-variant preferred) safetensors file."""
     indexes = sorted(folder.glob("*.safetensors.index.json"))
     if indexes:
         idx = indexes[0]
-        try:
-            weight_map = json.loads(idx.read_text(encoding="utf-8"))["weight_map"]
-            shards = sorted({str(v) for v in weight_map.values()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ModelFileError(idx, f"unreadable shard index ({exc})") from None
+        try:  # the one bounded JSON reader
+            doc = read_json(idx, what="shard index")
+            weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+            if not isinstance(weight_map, dict) or not all(
+                    isinstance(v, str) for v in weight_map.values()):
+                raise ValueError("no 'weight_map' of tensor names to shard files")
+            shards = sorted(set(weight_map.values()))
+        except (OSError, ValueError) as exc:
+            reason = str(exc).removeprefix(f"{idx}: ")
+            raise ModelFileError(idx, f"unreadable shard index ({reason})") from None
         out = []
         for shard in shards:
             sp = folder / shard
-            if Path(shard).name != shard or not sp.is_file():
-                raise ModelFileError(idx, f"shard {shard!r} is missing from {folder}")
+            if Path(shard).name != shard or not _is_file(sp, idx, shard):
+                raise ModelFileError(idx, f"shard {shorten_name(shard)!r} is missing from {folder}")
             tf = read_tensor_file(sp)
             listed = {n for n, f in weight_map.items() if f == shard}
             if listed != {t.name for t in tf.tensors}:

@@ -31,6 +31,8 @@ from sdplan.core.families import lora_family as registry_lora_family
 from sdplan.core.modelfiles import checkpoint as _ckpt
 from sdplan.core.modelfiles.checkpoint import ModelSet, ModelTensor, read_model_files
 from sdplan.core.modelfiles.readers import TensorFile, read_tensor_file
+from sdplan.core.planning import paths as safe_paths
+from sdplan.core.planning.bounded_json import read_json
 
 log = logging.getLogger(__name__)
 
@@ -189,26 +191,46 @@ def classifier_stamp() -> str:
     return h.hexdigest()[:16]
 
 
+def _starts_as_cache(path: Path) -> bool:
+    """Whether the file at ``path`` is empty or starts as JSON text of an object (as every
+    cache sdplan writes does)."""
+    try:
+        with safe_paths.open_regular(path, "library cache") as fh:
+            head = fh.read(1)
+    except OSError:
+        return False
+    return head in (b"", b"{")
+
+
 class LibraryCache:
     """Entries by absolute path, read from and written to one JSON file (``path``;
     default :func:`cache_dir` / :data:`CACHE_NAME`), valid for the code that wrote it
     (:func:`classifier_stamp`). A missing, unreadable or other code's cache is an empty one
-    (logged), never an error."""
+    (logged), never an error. The file is read with the bounded JSON reader
+    (:func:`sdplan.core.planning.bounded_json.read_json`). A broken cache (text starting
+    with ``{`` that is not JSON) is replaced; a file that is not text JSON (a model file given
+    as ``--cache``, say) or JSON of another kind (an object without a ``stamp``) is
+    :attr:`foreign` and never replaced."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else cache_dir() / CACHE_NAME
         self.entries: dict[str, LibraryEntry] = {}
         self._dirty = False
         self.stamp = classifier_stamp()
+        self.foreign = False
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            if not safe_paths.exists(self.path):
+                return
+            self.foreign = not _starts_as_cache(self.path)
+            raw = read_json(self.path, what="library cache")
+            if not isinstance(raw, dict) or "stamp" not in raw:
+                self.foreign = True
+                raise ValueError("not an sdplan library cache")
             if raw.get("stamp") != self.stamp:
                 raise ValueError("written by other code (the file descriptions may differ)")
             for item in raw.get("entries", []):
                 e = LibraryEntry.from_json(item)
                 self.entries[e.path] = e
-        except FileNotFoundError:
-            pass
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.info("library cache %s not used: %s", self.path, exc)
             self.entries = {}
@@ -233,6 +255,10 @@ class LibraryCache:
     def save(self) -> None:
         """Write the cache when it changed (atomically; a failure is logged)."""
         if not self._dirty:
+            return
+        if self.foreign:
+            log.warning("library cache %s not written: that file is not an sdplan cache",
+                        self.path)
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -280,7 +306,12 @@ def find_model_files(folders: Sequence[str | Path]) -> tuple[list[Path], list[st
     missing: list[str] = []
     for folder in folders:
         root = Path(os.path.abspath(Path(folder).expanduser()))
-        if not root.is_dir():
+        try:
+            there = safe_paths.is_dir(root)
+        except OSError as exc:  # a name too long, a folder without search permission
+            missing.append(f"{folder} ({safe_paths.reason(exc)})")
+            continue
+        if not there:
             missing.append(str(folder))
             continue
         for dirpath, dirnames, filenames in os.walk(root):

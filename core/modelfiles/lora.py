@@ -32,9 +32,10 @@ from pathlib import Path
 import numpy as np
 from sdplan.core.errors import InvalidArgument, ModelFileError
 from sdplan.core.families import lora_family
-from sdplan.core.modelfiles.checkpoint import ModelSet
+from sdplan.core.modelfiles.checkpoint import ModelSet, shorten_name
 from sdplan.core.modelfiles.lora_names import AliasTable, Target
 from sdplan.core.modelfiles.readers import TensorInfo, read_tensor_file
+from sdplan.core.planning import paths as safe_paths
 from sdplan.core.planning.adapters import PLAN_MODULE, LoraProfile
 
 __all__ = ["LoraPart", "LoraFile", "read_lora", "find_lora_file", "LORA_EXTENSIONS", "guess_lora_family",
@@ -149,18 +150,25 @@ def find_lora_file(name: str, lora_dir: str | Path | None) -> Path:
     :data:`LORA_EXTENSIONS` in order (sd-cli's rule).
 
     Raises:
-        InvalidArgument: no such file (the message names the tag and the folder).
+        InvalidArgument: no such file, or a name that cannot be a file (too long, in a
+            folder without search permission...); the message names the tag and the folder.
     """
     raw = Path(name)
     base = raw if raw.is_absolute() else Path(lora_dir or ".") / raw
-    if base.is_file():
-        return base
-    for ext in LORA_EXTENSIONS:
-        cand = base.with_name(base.name + ext)
-        if cand.is_file():
-            return cand
+    tag = f"<lora:{shorten_name(name)}:...>"
+    try:
+        if safe_paths.is_file(base):
+            return base
+        for ext in LORA_EXTENSIONS:
+            cand = base.with_name(base.name + ext)
+            if safe_paths.is_file(cand):
+                return cand
+    except OSError as exc:  # PathError: a name too long, a folder without permission
+        raise InvalidArgument(f"{tag}: {safe_paths.reason(exc)}") from None
+    except ValueError:  # Path.with_name of a name without a file name ("/", ".")
+        raise InvalidArgument(f"{tag}: not a file name") from None
     where = f"--lora-model-dir {str(lora_dir)!r}" if lora_dir else "the working folder"
-    raise InvalidArgument(f"<lora:{name}:...>: no LoRA file {raw.name!r} (or with {', '.join(LORA_EXTENSIONS)}) "
+    raise InvalidArgument(f"{tag}: no LoRA file {shorten_name(raw.name)!r} (or with {', '.join(LORA_EXTENSIONS)}) "
                       f"in {where}")
 
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from sdplan.core.families import family as registry_family
 from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.models.unet_check import check_unet
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["UNetConfig", "UNetGraph", "PREFIX",
@@ -113,7 +114,9 @@ def unet_config(weights: Mapping[str, Any], family: str = "sd1", num_heads: int 
     graph reads each block's own depth from its weights).
 
     Raises:
-        ModelLayoutError: missing stem/output tensors, or a block structure that is not a UNet.
+        ModelLayoutError: missing stem/output tensors, a block structure that is not a UNet,
+            tensor shapes that do not fit together or channels that do not split into the
+            heads (:func:`sdplan.core.models.unet_check.check_unet`, naming the tensor).
     """
     w = Weights(weights, prefix)
     mc, cin = w.shape("input_blocks.0.0.weight")[:2]
@@ -146,6 +149,8 @@ def unet_config(weights: Mapping[str, Any], family: str = "sd1", num_heads: int 
         fam = registry_family(family)
         num_heads, head_dim = (fam.unet_heads if fam is not None and fam.unet_heads else DEFAULT_HEADS)
     adm = w.shape("label_emb.0.0.weight")[1] if "label_emb.0.0.weight" in w else 0
+    check_unet(weights, prefix, context, num_heads, None if num_heads else head_dim,
+               unet_stages(weights, prefix))
     return UNetConfig(prefix, cin, cout, mc, tuple(lv[-1] // mc for lv in levels),
                       len(levels[0]), tuple(sorted(attn_levels)), depth, context, linear,
                       num_heads, head_dim if not num_heads else None, adm)

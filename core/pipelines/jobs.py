@@ -30,6 +30,7 @@ import numpy as np
 from sdplan.core.errors import ModelFileError, SdplanError
 from sdplan.core.families import Family
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags, read_model_files
+from sdplan.core.pipelines.finite import explains_non_finite
 from sdplan.core.pipelines.job_names import GENERATE_JOB as GENERATE_JOB
 from sdplan.core.pipelines.job_names import INVENTORY_JOB as INVENTORY_JOB
 from sdplan.core.pipelines.request import GenerationRequest, family_for
@@ -88,12 +89,14 @@ def _plan(ctx: Any, req: GenerationRequest, files: Mapping[str, list[str]]) -> R
     return RunPlan.from_plan(resolve(placement, inventory, profile_from_model_flags(files)))
 
 
+@explains_non_finite  # a NaN/inf latent or picture: an error naming the likely cause
 def generate_job(ctx: Any, request: GenerationRequest | Mapping[str, Any]) -> dict[str, Any]:
     """Run one request in this process (module docstring).
 
     Raises:
         ModelFileError / PlanError / EngineError: bad files, placement or devices (a device
             of the plan gone or shrunk); InvalidArgument: an option the family does not take;
+        NonFiniteError: a latent or picture became NaN/inf (naming the likely cause);
         Cancelled: ``ctx.cancel`` fired; ValueError: bad sizes.
     """
     req = request_of(request)

@@ -188,27 +188,3 @@ def plan_diff(old: Plan, new: Plan, modules: list[str]) -> list[tuple[str, str, 
         if x != y:
             rows.append((flag, x or "(empty)", y or "(empty)"))
     return rows
-
-
-def fit_advice(plan: Plan, profile: Profile, inventory: Inventory, *, width: int, height: int,
-               batch: int = 1, engine: str = "sdplan",
-               measured: Mapping[str, int] | None = None) -> list[str]:
-    """For a plan that does not fit: what would, from the auto plan started at the plan's
-    own placement (budgets and RPC servers kept). Lines: each module that moves
-    (``diffusion: CUDA0 -> CUDA0, weights on CPU``), then the flags to use; or one line
-    saying that no placement on these devices fits at this size.
-
-    Raises:
-        PlanError: the plan's placement does not resolve on ``inventory``.
-    """
-    proposal = auto_plan(inventory, profile, plan.placement, width=width, height=height,
-                         batch=batch, engine=engine, measured=measured)
-    if not proposal.fits:
-        return [f"no placement on these devices fits {width}x{height} (batch {batch}); "
-                "a smaller size or a quantized model would need less"]
-    rows = plan_diff(plan, proposal.plan, list(profile.modules))
-    lines = [f"{what}: {a} -> {b}" for what, a, b in rows if not what.startswith("--")]
-    flags = " ".join(f"{f} \"{v}\"" for f, v in (("--backend", proposal.plan.backend),
-                                                ("--params-backend", proposal.plan.params_backend),
-                                                ("--max-vram", proposal.plan.max_vram)) if v)
-    return [*lines, f"use: {flags}"]

@@ -20,15 +20,15 @@ Index format (``format`` 1)::
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from sdplan.core.errors import ModelFileError, PlanError
+from sdplan.core.planning import paths
+from sdplan.core.planning.bounded_json import JsonLimits, JsonRefused, loads
 from sdplan.core.planning.profile import Profile
 
 log = logging.getLogger(__name__)
@@ -68,12 +68,11 @@ def _index() -> dict[str, Any]:
     source = "sdplan.resources/" + "/".join(INDEX)
     try:
         ref = resources.files("sdplan.resources").joinpath("/".join(INDEX))
-        data = json.loads(ref.read_text(encoding="utf-8"))
+        data = loads(ref.read_bytes(), source, JsonLimits(max_bytes=64 * 2**20))
     except (OSError, ModuleNotFoundError) as exc:
         raise ModelFileError(source, f"built-in profiles are missing ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ModelFileError(source, f"built-in profiles are not valid JSON ({exc.msg})"
-                             ) from None
+    except JsonRefused as exc:
+        raise ModelFileError(source, f"built-in profiles are not valid JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != 1 or not isinstance(
             data.get("profiles"), dict):
         raise ModelFileError(source, "built-in profiles: expected format 1 with 'profiles'")
@@ -141,6 +140,6 @@ def load_profile_option(profile: str | None = None, model_profile: str | None = 
         return load_builtin_profile(model_profile)
     if not profile:
         return None
-    if Path(profile).exists() or profile.lower().endswith(".json"):
+    if paths.exists(profile) or profile.lower().endswith(".json"):
         return Profile.load(profile)
     return load_builtin_profile(profile)

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 from sdplan.core.sampling.errors import SamplingError
+from sdplan.core.sampling.finite import check_finite, finite_steps
 from sdplan.core.sampling.names import FLOW_SAMPLERS
 from sdplan.core.sampling.noise import NoiseSource, require_noise
 from sdplan.core.sampling.samplers import (
@@ -291,6 +292,8 @@ def sample_flow(method: str, velocity: VelocityFn, noise0: np.ndarray, sigmas: n
     Raises:
         SamplingError: unknown method, a sampler that does not apply to flow matching, bad
             sigmas or a missing noise source.
+        NonFiniteError: a latent holds NaN or infinite values after a step
+            (:mod:`sdplan.core.sampling.finite`).
     """
     if method not in FLOW_SAMPLERS:
         raise SamplingError(f"--sampling-method {method!r} does not apply to flow matching "
@@ -298,5 +301,6 @@ def sample_flow(method: str, velocity: VelocityFn, noise0: np.ndarray, sigmas: n
     den = flow_denoiser(velocity)
     x = (np.asarray(noise0, dtype=np.float32) * np.float32(sigmas[0])).astype(np.float32)
     kwargs = {"extra": extra} if method in TAKES_EXTRA else {}
-    return FLOW_SAMPLER_FUNCTIONS[method](den, x, sigmas, noise=noise, eta=eta,
-                                          callback=callback, **kwargs)
+    callback = finite_steps(callback, len(sigmas) - 1)  # NaN/inf: an error, never black
+    return check_finite(FLOW_SAMPLER_FUNCTIONS[method](den, x, sigmas, noise=noise, eta=eta,
+                                                       callback=callback, **kwargs), "final latent")

@@ -36,6 +36,7 @@ from sdplan.core.modelfiles.lora_names import AliasTable, aliases_for_family
 from sdplan.core.models import clip as clip_m
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
+from sdplan.core.pipelines.layout_errors import naming_the_file
 from sdplan.core.pipelines.stages.base import Pipeline, module_placements
 from sdplan.core.pipelines.stages.img2img import (
     ImageInput,
@@ -99,7 +100,8 @@ def model_overrides(ms: ModelSet) -> dict[str, Any]:
     """The :data:`METADATA_KEYS` found in the files' metadata, as keyword arguments.
 
     Raises:
-        ModelFileError: a value that is not of the key's type.
+        ModelFileError: a value that is not of the key's type, or a head count or width
+            outside 1..4096.
     """
     out: dict[str, Any] = {}
     for f in ms.files:
@@ -108,8 +110,11 @@ def model_overrides(ms: ModelSet) -> dict[str, Any]:
                 try:
                     out[kw] = typ(f.metadata[key])
                 except ValueError:
-                    raise ModelFileError(f.path, f"metadata {key}={f.metadata[key]!r} is not "
-                                                 f"{typ.__name__}") from None
+                    raise ModelFileError(f.path, f"metadata {key}={f.metadata[key][:40]!r} is "
+                                                 f"not {typ.__name__}") from None
+                if typ is int and not 1 <= out[kw] <= 4096:  # a head count or width
+                    raise ModelFileError(f.path, f"metadata {key}={f.metadata[key][:40]!r}: a "
+                                                 "head count or width is between 1 and 4096")
     return out
 
 
@@ -174,18 +179,20 @@ class StableDiffusion(Pipeline):
         if missing:
             raise ModelFileError(self.path, f"no {', '.join(missing)} tensors: not an SD checkpoint")
         meta = model_overrides(self.ms)
+        given = {"clip_heads": clip_heads, "unet_heads": unet_heads, "unet_head_dim": unet_head_dim}
         family = family or meta.get("family")
         prediction = prediction or meta.get("prediction")
         clip_heads = clip_heads or meta.get("clip_heads")
         unet_heads = unet_heads or meta.get("unet_heads")
         unet_head_dim = unet_head_dim or meta.get("unet_head_dim")
         shapes = {t.info.name: tuple(t.info.shape) for t in self.ms.tensors}
-        self.clip_cfg = clip_m.clip_config(shapes, n_heads=clip_heads)
-        self.family = family or ("sd2" if self.clip_cfg.layout == "openclip" else "sd1")
-        self.declared = registry_family(self.family)
-        self.prediction = prediction or (self.declared.prediction if self.declared else None) or "eps"
-        self.unet_cfg = unet_m.unet_config(shapes, self.family, unet_heads, unet_head_dim)
-        self.vae_cfg = vae_m.vae_config(shapes)
+        with naming_the_file(self.path, given, meta):  # shapes and heads, before any graph
+            self.clip_cfg = clip_m.clip_config(shapes, n_heads=clip_heads)
+            self.family = family or ("sd2" if self.clip_cfg.layout == "openclip" else "sd1")
+            self.declared = registry_family(self.family)
+            self.prediction = prediction or (self.declared.prediction if self.declared else None) or "eps"
+            self.unet_cfg = unet_m.unet_config(shapes, self.family, unet_heads, unet_head_dim)
+            self.vae_cfg = vae_m.vae_config(shapes)
         self.scale_factor = vae_m.SCALE_FACTOR
         self.tokenizer = ClipTokenizer.for_family(self.family)
         self.schedule = DiscreteSchedule()

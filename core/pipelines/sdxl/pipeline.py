@@ -33,6 +33,7 @@ from sdplan.core.families import family as registry_family
 from sdplan.core.modelfiles.checkpoint import ModelTensor, read_model_files
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
+from sdplan.core.pipelines.layout_errors import naming_the_file
 from sdplan.core.pipelines.sd.pipeline import Cond, GenerateParams, StableDiffusion, model_overrides
 from sdplan.core.pipelines.sdxl.conditioner import (
     DEFAULT_AESTHETIC,
@@ -90,8 +91,10 @@ class StableDiffusionXL(StableDiffusion):
         diff = self.ms.module_tensors("diffusion")
         shapes = {t.info.name: tuple(t.info.shape) for t in diff}
         prefix = unet_m.find_prefix(shapes)
-        self.unet_cfg = unet_m.unet_config(shapes, "sdxl", unet_heads or meta.get("unet_heads"),
-                                           unet_head_dim or meta.get("unet_head_dim"), prefix)
+        with naming_the_file(diff[0].info.file, {"unet_heads": unet_heads, "unet_head_dim": unet_head_dim},
+                             meta):  # shapes and heads, before any graph
+            self.unet_cfg = unet_m.unet_config(shapes, "sdxl", unet_heads or meta.get("unet_heads"),
+                                               unet_head_dim or meta.get("unet_head_dim"), prefix)
         if not self.unet_cfg.adm_in_channels:
             raise ModelFileError(diff[0].info.file, "the UNet has no label_emb: not an SDXL UNet")
         self.placements = module_placements(("te", "diffusion", "vae"), plan, placements)

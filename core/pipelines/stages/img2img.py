@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from sdplan.core.errors import InvalidArgument, SdplanError
 from sdplan.core.pipelines.stages.images import read_image_rgb
 
 __all__ = ["ImageInput", "load_image", "load_mask", "latent_mask", "dilate", "truncate_sigmas",
-           "sample_latent", "blend", "blended_denoiser", "image_size"]
+           "sample_latent", "blend", "blended_denoiser", "image_size", "picture_notes"]
 
 
 @dataclass
@@ -67,9 +68,35 @@ def _open(path: str | Path, flag: str):  # noqa: ANN202 - a PIL image
         raise InvalidArgument(f"{flag} {str(path)!r}: not a readable picture ({exc})") from None
 
 
-def image_size(path: str | Path) -> tuple[int, int]:
-    """``(width, height)`` of a picture file. Raises InvalidArgument when unreadable."""
-    return _open(path, "-i/--init-img").size
+def image_size(path: str | Path, flag: str = "-i/--init-img") -> tuple[int, int]:
+    """``(width, height)`` of a picture file. Raises InvalidArgument naming ``flag`` when
+    unreadable."""
+    return _open(path, flag).size
+
+
+def _aspect_differs(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether two ``(width, height)`` differ in aspect ratio by more than 1%."""
+    return abs(math.log((a[0] / a[1]) / (b[0] / b[1]))) > math.log(1.01)
+
+
+def picture_notes(init: tuple[int, int], mask: tuple[int, int] | None, width: int,
+                  height: int) -> list[str]:
+    """What is done to picture inputs of another shape: an init picture whose aspect ratio is
+    not the generation's is stretched to ``width`` x ``height`` (sd-cli resizes it as
+    well, without a word); a mask of another size than the init picture is resized to the
+    generation's size too, so its pixels land where the same fraction of the picture is.
+    Sizes in pixels; one line each."""
+    out = []
+    if _aspect_differs(init, (width, height)):
+        out.append(f"-i/--init-img is {init[0]}x{init[1]} and is stretched to {width}x{height} "
+                   f"(its aspect ratio {init[0] / init[1]:.3g} becomes {width / height:.3g}); "
+                   "crop it to that shape to keep its proportions")
+    if mask is not None and mask != init:
+        how = "stretched" if _aspect_differs(mask, (width, height)) else "resized"
+        out.append(f"--mask is {mask[0]}x{mask[1]}, the init picture {init[0]}x{init[1]}: the "
+                   f"mask is {how} to {width}x{height}, so it marks the same fractions of the "
+                   "picture, not the same pixels")
+    return out
 
 
 def load_image(path: str | Path, width: int, height: int) -> np.ndarray:

@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from sdplan.core.errors import OutputError
+from sdplan.core.planning import paths
 
 #: Bytes kept free on a file system beyond a write's own estimate (metadata, other writers).
 HEADROOM_BYTES = 1 << 20
@@ -26,6 +28,16 @@ HEADROOM_BYTES = 1 << 20
 
 def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc) or type(exc).__name__
+
+
+def _probe(flag: str, path: Path) -> os.stat_result | None:
+    """``os.stat(path)``, None when nothing is there; OutputError naming ``flag`` for a path
+    that cannot be examined (:func:`sdplan.core.planning.paths.probe`: a name too long, a
+    folder without search permission)."""
+    try:
+        return paths.probe(path)
+    except OSError as exc:
+        raise OutputError(f"{flag} {str(path)!r}: {paths.reason(exc)}") from None
 
 
 def check_output_folder(flag: str, folder: str | Path, needed_bytes: int = 0) -> Path:
@@ -44,7 +56,8 @@ def check_output_folder(flag: str, folder: str | Path, needed_bytes: int = 0) ->
         OutputError: the folder cannot be created, is not a folder, is read-only or full.
     """
     path = Path(folder) if str(folder) else Path(".")
-    if path.exists() and not path.is_dir():
+    found = _probe(flag, path)
+    if found is not None and not stat.S_ISDIR(found.st_mode):
         raise OutputError(f"{flag} {str(path)!r}: cannot create the folder (a file of that "
                           "name is in the way)")
     try:
@@ -82,7 +95,8 @@ def check_output_file(flag: str, path: str | Path, suffixes: tuple[str, ...] = (
         OutputError: naming ``flag`` and the path.
     """
     out = Path(path)
-    if not str(path) or out.is_dir() or str(path).endswith(("/", os.sep)):
+    st = _probe(flag, out) if str(path) else None
+    if not str(path) or (st is not None and stat.S_ISDIR(st.st_mode)) or str(path).endswith(("/", os.sep)):
         raise OutputError(f"{flag} {str(path)!r}: a file name is needed, not a folder")
     if out.suffix.lower() not in suffixes:
         what = f"the extension {out.suffix!r}" if out.suffix else "no extension"

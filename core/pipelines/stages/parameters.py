@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sdplan.core.errors import SdplanError
+from sdplan.core.planning.bounded_json import loads
 from sdplan.core.sampling.slg import SkipLayerGuidance, format_layers, parse_skip_layers
 
 __all__ = ["ImageParameters", "format_parameters", "parse_parameters", "SCHEMA"]
@@ -252,8 +253,8 @@ def parse_parameters(text: str) -> ImageParameters:
     body, sep, tail = text.partition(", SDCPP: {")
     sdcpp: dict[str, Any] | None = None
     if sep:
-        try:
-            sdcpp = json.loads("{" + tail)
+        try:  # the one bounded JSON reader (a picture's text is anyone's)
+            sdcpp = loads("{" + tail, "the SDCPP record of a picture")
         except ValueError:
             sdcpp = None
     lines = body.split("\n")
@@ -304,8 +305,9 @@ def parse_parameters(text: str) -> ImageParameters:
     for key, name in (("diffusion_model", "Unet"), ("vae", "VAE")):
         if pairs.get(name):
             out.model_files[key] = [pairs[name]]
-    if sdcpp is not None:
-        _from_sdcpp(sdcpp, out)
+    if isinstance(sdcpp, dict):
+        with contextlib.suppress(TypeError, ValueError, AttributeError):  # a record of other shapes
+            _from_sdcpp(sdcpp, out)
         out.model_files.pop("te", None)
     return out
 

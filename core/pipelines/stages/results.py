@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sdplan.core.pipelines.stages.outputs import atomic_write
+from sdplan.core.planning import bounded_json
+from sdplan.core.planning.record_check import checked_record, checked_settings
+from sdplan.core.sampling.finite import check_finite
 
 if TYPE_CHECKING:  # the parameters reader loads where a picture is read back
     from sdplan.core.pipelines.stages.parameters import ImageParameters
@@ -26,7 +29,12 @@ MODEL_HASH_METHOD = "sha256(first 1 MiB + decimal file size)"
 
 
 def image_to_uint8(img: np.ndarray) -> np.ndarray:
-    """``(3, H, W)`` float in [-1, 1] -> ``(H, W, 3)`` uint8 (clamped, rounded)."""
+    """``(3, H, W)`` float in [-1, 1] -> ``(H, W, 3)`` uint8 (clamped, rounded).
+
+    Raises:
+        NonFiniteError: a NaN or infinity in ``img`` (it would be black).
+    """
+    check_finite(img, "decoded picture")
     x = np.clip((img + 1.0) * 127.5, 0, 255)
     return np.ascontiguousarray(np.round(x).astype(np.uint8).transpose(1, 2, 0))
 
@@ -220,7 +228,7 @@ def _generation(text: Mapping[str, str]) -> ImageParameters:
     raw = text.get("sdplan")
     if raw:
         try:
-            doc = json.loads(raw)
+            doc = checked_record(bounded_json.loads(raw, "the sdplan record of a picture"))
         except ValueError:
             doc = None
         if isinstance(doc, dict):
@@ -331,12 +339,12 @@ def read_result(path: str | Path) -> ResultInfo:
     side = Path(path).with_suffix(".json")
     if not settings and side.is_file():
         try:
-            data = json.loads(side.read_text(encoding="utf-8"))
+            data = bounded_json.read_json(side, what="settings file")
         except (OSError, ValueError):
             data = None
         if isinstance(data, dict):
-            settings = {k: v for k, v in data.items() if isinstance(k, str)
-                        and k not in ("timings", "architecture", "model")}
+            settings = {k: v for k, v in checked_settings(data).items()
+                        if k not in ("timings", "architecture", "model")}
     main = (gen.model_files.get("model") or gen.model_files.get("diffusion_model") or [""])[0]
     return ResultInfo(str(path), settings, os.path.basename(main), gen.model_files,
                       {k: v for k, v in gen.placement.items()

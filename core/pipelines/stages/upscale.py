@@ -26,6 +26,7 @@ from sdplan.core.models.esrgan import UpscalerGraph, canonical_rrdb_names, detec
 from sdplan.core.pipelines.stages.base import Pipeline
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement, ModuleRunner, holds_bf16
 from sdplan.core.runtime.weights import WeightFile
+from sdplan.core.sampling.finite import check_finite
 
 __all__ = ["Upscaler", "to_array", "to_image", "TILE_SIZES", "DEFAULT_TILE"]
 
@@ -48,7 +49,12 @@ def to_array(image: np.ndarray) -> np.ndarray:
 
 
 def to_image(x: np.ndarray) -> np.ndarray:
-    """float ``(1, 3, H, W)`` (clamped to [0, 1]) -> uint8 ``(H, W, 3)``, rounded."""
+    """float ``(1, 3, H, W)`` (clamped to [0, 1]) -> uint8 ``(H, W, 3)``, rounded.
+
+    Raises:
+        NonFiniteError: a NaN or infinity in ``x`` (the upscaler's weights overflowed).
+    """
+    check_finite(x, "upscaled picture")
     return (np.clip(x[0], 0.0, 1.0).transpose(1, 2, 0) * 255.0 + 0.5).astype(np.uint8)
 
 
