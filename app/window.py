@@ -9,14 +9,10 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import (
-    QAction,
-    QActionGroup,
     QCloseEvent,
     QDragEnterEvent,
     QDropEvent,
     QGuiApplication,
-    QIcon,
-    QKeySequence,
 )
 from PySide6.QtWidgets import (
     QApplication,
@@ -36,11 +32,12 @@ from PySide6.QtWidgets import (
 from sdplan.app import theme
 from sdplan.app.board.board import Board
 from sdplan.app.controller import PlanController
-from sdplan.app.dialogs import AutoPlanDialog, about, syntax_help
+from sdplan.app.dialogs import AutoPlanDialog
 from sdplan.app.gallery import GalleryPanel
 from sdplan.app.generation import GenerationPanel
-from sdplan.app.icons import app_icon, dot_pixmap
+from sdplan.app.icons import app_icon
 from sdplan.app.library_panel import LibraryPanel
+from sdplan.app.menus import install_menus
 from sdplan.app.queue_panel import QueuePanel, QueueRunner
 from sdplan.app.rpc import RpcPanel
 from sdplan.app.strings import StringsPanel
@@ -48,9 +45,6 @@ from sdplan.app.worker import ClientFactory
 from sdplan.core.errors import SdplanError
 from sdplan.core.pipelines.job_queue import JobQueue
 from sdplan.core.planning.autoplan import plan_diff
-from sdplan.core.planning.autoplan_review import review_auto_plan
-from sdplan.core.planning.inventory import Inventory
-from sdplan.core.planning.modules import MODULES
 
 log = logging.getLogger(__name__)
 MAX_RECENT = 8
@@ -153,7 +147,8 @@ class MainWindow(QMainWindow):
         self.split.setSizes([1040, 380])
         outer.addWidget(self.split)
         self.setCentralWidget(central)
-        self._actions()
+        install_menus(self)
+        self._recent_menu()
         self.status_label = QLabel()
         self.statusBar().addWidget(self.status_label, 1)
         controller.status.connect(self.show_status)
@@ -185,154 +180,15 @@ class MainWindow(QMainWindow):
             self.resize(1440, 900)
 
     # ------------------------------------------------------------------ actions
-    def _act(self, text: str, slot: object, shortcut: QKeySequence | str | None = None,
-             tip: str = "") -> QAction:
-        a = QAction(text, self)
-        if shortcut is not None:
-            a.setShortcut(QKeySequence(shortcut))
-        if tip:
-            a.setToolTip(tip)
-            a.setStatusTip(tip)
-        a.triggered.connect(slot)
-        return a
-
-    def _actions(self) -> None:
-        K = QKeySequence.StandardKey
-        self.open_act = self._act("&Open model files…", self.open_dialog, K.Open,
-                                  "Open model files (safetensors, GGUF)")
-        # fixed texts (the step's name goes to the tooltip) so the toolbar never shifts
-        stack = self.ctl.undo_stack
-        self.undo_act = self._act("&Undo", stack.undo, K.Undo)
-        self.redo_act = self._act("&Redo", stack.redo)
-        self.redo_act.setShortcuts([QKeySequence(K.Redo), QKeySequence("Ctrl+Y")])
-        # connected to the actions themselves (never to a lambda that outlives them)
-        stack.canUndoChanged.connect(self.undo_act.setEnabled)
-        stack.canRedoChanged.connect(self.redo_act.setEnabled)
-        stack.undoTextChanged.connect(self._undo_tip)
-        stack.redoTextChanged.connect(self._redo_tip)
-        self.undo_act.setEnabled(stack.canUndo())
-        self.redo_act.setEnabled(stack.canRedo())
-        self.auto_act = self._act("&Auto plan…", self.auto_plan, "Ctrl+Shift+A",
-                                  "Propose a placement that fits (largest modules on the most "
-                                  "free memory, split, then weights to RAM or disk)")
-        self.refresh_act = self._act("&Refresh devices", self.refresh_devices, "F5",
-                                     "Re-read free memory of every device")
-        self.copy_act = self._act("&Copy sd-cli command", self.copy_command, "Ctrl+Shift+C")
-        self.paste_act = self._act("&Paste sd-cli command", self.paste_command, "Ctrl+Shift+V")
-        file_menu = self.menuBar().addMenu("&File")
-        file_menu.addAction(self.open_act)
-        self.recent_menu = file_menu.addMenu("Open &recent")
-        file_menu.addSeparator()
-        file_menu.addAction(self._act("&Import plan…", self.import_plan, "Ctrl+I"))
-        file_menu.addAction(self._act("&Export plan…", self.export_plan, "Ctrl+E"))
-        file_menu.addSeparator()
-        file_menu.addAction(self._act("Load &hardware profile…", self.load_hardware,
-                                      tip="Plan for the devices of another machine"))
-        file_menu.addAction(self._act("&Save hardware profile…", self.save_hardware,
-                                      tip="Save these devices as an inventory JSON"))
-        file_menu.addAction(self._act("Load model &profile…", self.load_profile))
-        file_menu.addSeparator()
-        file_menu.addAction(self._act("&Quit", self.close, K.Quit))
-        edit = self.menuBar().addMenu("&Edit")
-        edit.addActions([self.undo_act, self.redo_act])
-        edit.addSeparator()
-        edit.addActions([self.copy_act, self.paste_act])
-        plan = self.menuBar().addMenu("&Plan")
-        plan.addAction(self.auto_act)
-        self.auto_fit_act = QAction("sd-cli &auto-fit", self, checkable=True)
-        self.auto_fit_act.setToolTip("Show the placement sd-cli's --auto-fit chooses for these "
-                                     "devices and budgets")
-        self.auto_fit_act.toggled.connect(self._toggle_auto_fit)
-        plan.addAction(self.auto_fit_act)
-        self.pin_act = self._act("&Pin auto-fit's placement", self.pin_auto_fit,
-                                 tip="Write sd-cli's auto-fit choice as explicit --backend / "
-                                     "--params-backend strings")
-        plan.addAction(self.pin_act)
-        self.plan_for_menu = plan.addMenu("Plan &for…")
-        self.plan_for_menu.setToolTipsVisible(True)
-        self._builtin_menu()
-        self.add_module_menu = plan.addMenu("Add &module")
-        for m in MODULES:
-            a = self.add_module_menu.addAction(QIcon(dot_pixmap(theme.module_colour(m))),
-                                               f"{theme.MODULE_TITLES[m]} ({m})")
-            a.triggered.connect(lambda _=False, mod=m: self.ctl.add_module(mod))
-        plan.addAction(self.refresh_act)
-        self.auto_refresh_act = QAction("Refresh free memory every 5 s", self, checkable=True)
-        self.auto_refresh_act.toggled.connect(self.set_auto_refresh)
-        plan.addAction(self.auto_refresh_act)
-        view = self.menuBar().addMenu("&View")
-        themes = view.addMenu("&Theme")
-        self.theme_group = QActionGroup(self)
-        self.theme_actions: dict[str, QAction] = {}
-        current = str(self.settings.value("view/theme") or "system")
-        for mode in ("system", "light", "dark"):
-            a = themes.addAction(mode.capitalize())
-            a.setCheckable(True)
-            a.setChecked(mode == current)
-            self.theme_group.addAction(a)
-            self.theme_actions[mode] = a
-            a.triggered.connect(lambda _=False, md=mode: self.set_theme(md))
-        view.addSeparator()
-        self.flags_act = QAction("&Flags and sd-cli command", self, checkable=True)
-        self.flags_act.setShortcut("Ctrl+Shift+F")
-        self.flags_act.setChecked(True)
-        self.flags_act.toggled.connect(lambda on: self.strings.set_collapsed(not on))
-        view.addAction(self.flags_act)
-        for i, name in enumerate(("&Board", "&Library", "&Gallery")):
-            a = view.addAction(f"{name} tab")
-            a.setShortcut(f"Alt+{i + 1}")
-            a.triggered.connect(lambda _=False, idx=i: self.tabs.setCurrentIndex(idx))
-        self.queue_act = self._act("Add to &queue", lambda: self.queue_panel.add_current(),
-                                   "Ctrl+Shift+Return", "Queue the generation settings with "
-                                   "this plan")
-        plan.addSeparator()
-        plan.addAction(self.queue_act)
-        help_menu = self.menuBar().addMenu("&Help")
-        help_menu.addAction(self._act("Placement &strings…", lambda: syntax_help(self), "F1"))
-        help_menu.addAction(self._act("&About sdplan", lambda: about(self)))
-        tb = self.addToolBar("Main")
-        tb.setMovable(False)
-        tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
-        tb.addActions([self.open_act, self.undo_act, self.redo_act])
-        tb.addSeparator()
-        tb.addAction(self.auto_act)
-        tb.addAction(self.refresh_act)
-        self._recent_menu()
-
-    def _undo_tip(self, text: str) -> None:
+    def undo_tip(self, text: str) -> None:
         self.undo_act.setToolTip(f"Undo {text}".strip())
 
-    def _redo_tip(self, text: str) -> None:
+    def redo_tip(self, text: str) -> None:
         self.redo_act.setToolTip(f"Redo {text}".strip())
 
-    def _builtin_menu(self) -> None:
-        """"Plan for…": the built-in model profiles, one submenu per model."""
-        from sdplan.core.planning.builtin_profiles import list_profiles
-
-        try:
-            infos = list_profiles()
-        except SdplanError as exc:
-            self.plan_for_menu.setEnabled(False)
-            self.plan_for_menu.setToolTip(str(exc))
-            return
-        groups: dict[str, object] = {}
-        for info in infos:
-            model = info.title.removesuffix(" " + info.quant)
-            sub = groups.get(model)
-            if sub is None:
-                sub = groups[model] = self.plan_for_menu.addMenu(model)
-                sub.setToolTipsVisible(True)  # type: ignore[attr-defined]
-            a = sub.addAction(f"{info.quant}  ·  {info.total_bytes / (1 << 30):.1f} GiB")  # type: ignore[attr-defined]
-            a.setData(info.name)
-            a.setToolTip("\n".join([info.name, *(f"{f}: {b / (1 << 30):.2f} GiB"
-                                                  for f, b in info.files.items()),
-                                     *([info.note] if info.note else [])]))
-        self.plan_for_menu.triggered.connect(self._plan_for_triggered)
-
-    def _plan_for_triggered(self, action: QAction) -> None:
-        name = action.data()
-        if name:
-            self.plan_for(str(name))
+    def show_flags(self, on: bool) -> None:
+        """Unfold (``on``) or fold the flags panel."""
+        self.strings.set_collapsed(not on)
 
     def plan_for(self, name: str) -> bool:
         """Plan for the built-in profile ``name`` (errors in a message box)."""
@@ -377,18 +233,11 @@ class MainWindow(QMainWindow):
         self.settings.setValue("plan/last", json.dumps(self.ctl.plan_json(), default=str))
 
     def _model_changed(self) -> None:
-        prof = self.ctl.profile
-        files = self.ctl.model_files
-        main = (files.get("model") or files.get("diffusion_model") or
-                [p for v in files.values() for p in v] or [None])[0]
-        # the header names the open files (a pasted command's, even when they could not be
-        # read here); without files, the profile planned for
-        name = Path(main).name if main else (prof.name if prof and prof.name else None)
-        self.model_label.setText(name or "No model loaded")
-        arch = prof.architecture if prof else None
+        name, arch = self.ctl.session.title()
+        self.model_label.setText(name)
         self.arch_label.setText(arch or "")
         self.arch_label.setVisible(bool(arch))
-        if files:
+        if self.ctl.model_files:
             self.model_label.setToolTip("\n".join(
                 f"--{k.replace('_', '-')} {p}" for k, v in self.ctl.model_files.items()
                 for p in v))
@@ -451,9 +300,6 @@ class MainWindow(QMainWindow):
         return True
 
     # ------------------------------------------------------------------ auto-fit
-    def _toggle_auto_fit(self, on: bool) -> None:
-        self.ctl.set_auto_fit(on)
-
     def pin_auto_fit(self) -> None:
         if self.ctl.pin_auto_fit():
             self.show_status("pinned auto-fit's placement as explicit strings")
@@ -507,19 +353,16 @@ class MainWindow(QMainWindow):
     def load_hardware(self, path: str | None = None) -> bool:
         """Plan for the devices of a saved inventory (a hardware profile); asks for the file
         when ``path`` is None. Refreshes stop (the devices are not this machine's)."""
-        if not isinstance(path, str):  # a menu action passes its checked state
+        if path is None:
             path, _ = QFileDialog.getOpenFileName(self, "Load hardware profile", "",
                                                   "Device inventory (*.json)")
             if not path:
                 return False
         try:
-            inv = Inventory.load(path)
+            self.ctl.load_hardware(path)
         except SdplanError as exc:
             QMessageBox.warning(self, "Cannot load the hardware profile", str(exc))
             return False
-        self.ctl.inventory_source = None
-        self.ctl.rpc_devices = [d for d in inv if d.registry.upper() == "RPC"]
-        self.ctl.set_inventory(inv)
         self.auto_refresh_act.setChecked(False)
         self.show_status(f"planning for the devices in {Path(path).name}")
         return True
@@ -527,12 +370,12 @@ class MainWindow(QMainWindow):
     def save_hardware(self, path: str | None = None) -> bool:
         """Save the devices (with their free memory now) as an inventory JSON file that
         ``sdplan plan --devices`` and Load hardware profile read back."""
-        if not isinstance(path, str):  # a menu action passes its checked state
+        if path is None:
             path, _ = QFileDialog.getSaveFileName(self, "Save hardware profile",
                                                   "devices.json", "Device inventory (*.json)")
             if not path:
                 return False
-        data = {"devices": [d.to_json() for d in self.ctl.inventory]}
+        data = self.ctl.session.hardware_json()
         try:
             Path(path).write_text(json.dumps(data, indent=1), encoding="utf-8")
         except OSError as exc:
@@ -577,14 +420,11 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ auto plan
     def propose(self) -> AutoPlanDialog | None:
         """The Auto plan dialog for the current model (None without a profile)."""
-        if self.ctl.profile is None:
-            self.show_status("Auto plan needs model sizes: open model files first")
+        try:
+            review = self.ctl.session.auto_plan_review()
+        except SdplanError as exc:
+            self.show_status(str(exc))
             return None
-        g = self.ctl.generation
-        review = review_auto_plan(self.ctl.inventory, self.ctl.profile, self.ctl.placement,
-                                  width=int(g.get("width") or 1024),
-                                  height=int(g.get("height") or 1024),
-                                  batch=int(g.get("batch_count") or 1))
         rows = plan_diff(self.ctl.plan, review.proposal.plan, self.ctl.modules())
         return AutoPlanDialog(review, rows, self)
 

@@ -1,0 +1,215 @@
+"""The session as the app and tests use it: :class:`~sdplan.core.session.board.BoardSession`
+(the board's state, estimates and edits) with what comes from outside it: a pasted sd-cli
+command, a picture's metadata, a saved plan and a result's "Reuse settings".
+
+Each import changes the session in place and makes its placement current; a caller that
+keeps undo steps takes :meth:`~sdplan.core.session.board.BoardSession.snapshot` before and
+after and restores the first to undo the whole import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sdplan.core.errors import PlanError, SdplanError
+from sdplan.core.planning.modules import MODEL_FLAGS
+from sdplan.core.planning.placement import Placement
+from sdplan.core.session.board import BoardSession
+
+
+class Session(BoardSession):
+    """A board session that also imports commands, pictures, saved plans and results (see
+    module docstring)."""
+
+    def import_command(self, text: str) -> list[str]:
+        """Take model paths, placement and generation settings from a pasted sd-cli
+        command (read as its shell reads it: :mod:`sdplan.core.planning.cmdline`); every
+        other argument is kept and written back verbatim by :meth:`command_line`. Returns
+        the arguments sdplan keeps without understanding.
+
+        Raises:
+            PlanError: the command cannot be read or its placement is wrong (nothing
+                changes).
+        """
+        from sdplan.core.planning.sdcli import import_sdcli_command
+
+        cmd = import_sdcli_command(text)
+        self.resolve(cmd.placement)  # raise before changing
+        if cmd.model_files:
+            files = {k: [v] if isinstance(v, str) else list(v)
+                     for k, v in cmd.model_files.items()}
+            self.load_model_files(files, strict=False)
+        self.generation.update(cmd.generation)
+        self.generation_text = dict(cmd.generation_text)
+        self.kept_args = cmd.extra_args()
+        self.apply(cmd.placement)
+        return cmd.unknown_args
+
+    def import_png(self, path: str | Path) -> list[str]:
+        """Restore a run from a picture's metadata (sd-cli's ``parameters`` text or sdplan's
+        own): prompt and settings, the model files that exist here, and the placement
+        strings. Returns what was taken (for the status bar).
+
+        Raises:
+            SdplanError: the picture records no generation (nothing changes); PlanError: its
+                placement does not resolve on these devices (settings and files are kept).
+        """
+        from sdplan.core.pipelines.stages.results import read_generation
+        from sdplan.core.planning.sdcli import GENERATION_FLAGS
+
+        try:
+            got = read_generation(path)
+        except OSError as exc:
+            raise SdplanError(f"{path}: {exc.strerror or exc}") from None
+        if not got.settings and not got.model_files:
+            raise SdplanError(f"{path}: no generation parameters in this picture")
+        taken: list[str] = []
+        settings = {k: v for k, v in got.settings.items() if k in GENERATION_FLAGS}
+        if settings:
+            self.generation.update(settings)
+            taken.append("settings")
+        files = {k: [p for p in v if Path(p).is_file()] for k, v in got.model_files.items()}
+        files = {k: v for k, v in files.items() if v and k in MODEL_FLAGS}
+        if files:
+            self.load_model_files(files, strict=False)
+            taken.append("model files")
+        elif got.model_files:
+            names = ", ".join(Path(p).name for v in got.model_files.values() for p in v)
+            taken.append(f"model names only ({names}: open those files)")
+        pl = got.placement
+        if pl.get("backend") or pl.get("params_backend") or pl.get("max_vram"):
+            placement = Placement.from_strings(
+                pl.get("backend", ""), pl.get("params_backend", ""), pl.get("max_vram", ""),
+                rpc_servers=pl.get("rpc_servers", ""), split_mode=pl.get("split_mode", ""))
+            self.apply(placement)
+            taken.append("placement")
+        else:
+            self.estimate()
+        return taken
+
+    def load_plan_json(self, data: object, *, source: str = "plan") -> None:
+        """Restore a plan saved by :meth:`plan_json`.
+
+        Raises:
+            PlanError: the JSON is not a plan or its strings do not resolve here (nothing
+                changes).
+        """
+        from sdplan.core.planning.session import read_plan_document
+
+        saved = read_plan_document(data, source)
+        self.resolve(saved.placement)
+        if saved.model_files and saved.model_files != self.model_files:
+            self.load_model_files(saved.model_files, strict=False)
+        self.generation.update(saved.generation)
+        self.extra_modules = list(saved.extra_modules)
+        self.apply(saved.placement)
+
+    def reuse_result(self, settings: Mapping[str, object],
+                     model_files: Mapping[str, Sequence[str]] | None = None,
+                     placement: Mapping[str, str] | None = None,
+                     architecture: str | None = None) -> list[str]:
+        """Put a result's settings back (the gallery's and the strip's "Reuse settings"):
+        its generation settings (sd-cli keys, through
+        :func:`~sdplan.core.pipelines.stages.results.reusable_settings`: what the command
+        line's ``--from-image`` takes; others are ignored), its model files when they all
+        exist here, and its placement strings when they resolve on these devices. Returns one
+        note per part left as it was (files not found, a placement that does not resolve)."""
+        from sdplan.core.pipelines.stages.parameters import ImageParameters
+        from sdplan.core.pipelines.stages.results import reusable_settings
+        from sdplan.core.planning.sdcli import GENERATION_FLAGS
+
+        notes: list[str] = []
+        files = {k: list(v) for k, v in (model_files or {}).items()}
+        if files and files != self.model_files:
+            missing = [p for v in files.values() for p in v if not Path(p).is_file()]
+            if missing:
+                notes.append(f"model files not found here: {', '.join(missing)}")
+            else:
+                self.load_model_files(files, strict=False)
+        new: Placement | None = None
+        if placement:
+            try:
+                new = Placement.from_strings(
+                    placement.get("backend", ""), placement.get("params_backend", ""),
+                    placement.get("max_vram", ""), stream_layers=self.placement.stream_layers,
+                    rpc_servers=self.placement.rpc_servers)
+                self.resolve(new)
+            except PlanError as exc:
+                notes.append(f"placement not restored: {exc}")
+                new = None
+        known = set(GENERATION_FLAGS) - {"output"}
+        given = reusable_settings(ImageParameters(dict(settings)), architecture)
+        self.generation.update({k: v for k, v in given.items() if k in known})
+        self.apply(new if new is not None else self.placement)
+        return notes
+
+    # ------------------------------------------------------------------ runs
+    def request(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """``settings`` (sd-cli's request keys) as the engine request of the open files and
+        the resolved plan on the board, in JSON form
+        (:func:`sdplan.core.pipelines.request.planned_request`; the engine checks the plan's
+        devices against its own before it loads anything).
+
+        Raises:
+            SdplanError: a malformed setting.
+        """
+        from sdplan.core.pipelines.request import planned_request
+
+        files = {k: list(v) for k, v in self.model_files.items()}
+        return planned_request(settings, files, self.plan, self.fit, self.inventory).to_dict()
+
+    def refusal(self, settings: Mapping[str, Any]) -> str | None:
+        """Why the open family would refuse ``settings`` (a sampler, scheduler or option it
+        does not take; :meth:`~sdplan.core.pipelines.request.GenerationRequest.check`), or
+        None: the check the engine makes, before anything loads."""
+        from sdplan.core.families import family_of, variant_of
+        from sdplan.core.pipelines.request import FALLBACK, GenerationRequest
+
+        arch = self.profile.architecture if self.profile is not None else None
+        fam = family_of(arch) or family_of(FALLBACK)
+        if fam is None:
+            return None
+        try:
+            GenerationRequest.from_settings(settings, self.model_files).check(fam, variant_of(arch))
+        except SdplanError as exc:
+            return str(exc)
+        return None
+
+    def unavailable_reason(self, settings: Mapping[str, Any]) -> str | None:
+        """Why ``settings`` cannot be generated with the open files now (no files, a size
+        the model cannot draw, an option the family refuses), or None."""
+        if not self.model_files:
+            prof = self.profile
+            if prof is not None and prof.name:
+                return (f"Planning for {prof.name} without its files. Load a model to "
+                        "generate (File → Open model files, or drop files here)")
+            return "Load a model to generate (File → Open model files, or drop files here)"
+        f = self.size_multiple
+        w, h = int(settings.get("width") or 0), int(settings.get("height") or 0)
+        if f and (w % f or h % f):
+            return f"Size {w} × {h} px: this model draws sizes that are multiples of {f} px"
+        return self.refusal(settings)
+
+    def lora_table(self) -> Any:
+        """The open model's LoRA alias table (headers only;
+        :func:`~sdplan.core.modelfiles.lora.model_aliases`), or None without readable files."""
+        from sdplan.core.modelfiles.checkpoint import read_model_files
+        from sdplan.core.modelfiles.lora import model_aliases
+
+        files = {k: v for k, v in self.model_files.items() if k not in ("taesd", "upscale_model")}
+        if not files:
+            return None
+        try:
+            return model_aliases(read_model_files(files))
+        except (SdplanError, OSError, ValueError):
+            return None
+
+    def own_lora_folder(self) -> Path | None:
+        """The LoRA folder the open files bring (the demo model's own), or None."""
+        from sdplan.core.pipelines.demo.model import demo_lora_dir
+
+        folder = demo_lora_dir()
+        files = [p for v in self.model_files.values() for p in v]
+        return folder if any(Path(p).parent == folder.parent for p in files) else None
