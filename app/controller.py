@@ -23,6 +23,7 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
 from sdplan.core.session.board import InventorySource
+from sdplan.core.session.paste import PastedCommand
 from sdplan.core.session.session import Session
 from sdplan.core.session.state import DEFAULT_GENERATION, SessionState
 
@@ -338,10 +339,11 @@ class PlanController(QObject):
         return self.session.command_line()
 
     # ------------------------------------------------------------------ imports
-    def import_command(self, text: str) -> list[str]:
+    def import_command(self, text: str) -> PastedCommand:
         """Take files, placement and settings from a pasted sd-cli command, as one undo step
+        restoring everything it changed
         (:meth:`~sdplan.core.session.session.Session.import_command`). Returns the arguments
-        sdplan keeps without understanding.
+        sdplan keeps without understanding and the notes (files not on this machine...).
 
         Raises:
             PlanError: the command cannot be read or its placement is wrong (nothing changes).

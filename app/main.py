@@ -176,6 +176,7 @@ def run_gui(args: argparse.Namespace) -> int:
     if mode in win.theme_actions:
         win.theme_actions[mode].setChecked(True)
     if args.screenshot:
+        win.keep_size = True  # the picture's size, whatever the (offscreen) screen
         win.resize(*getattr(args, "size", (1440, 900)))
         win.show()
         tab = getattr(args, "tab", None)

@@ -233,6 +233,11 @@ class StringsPanel(QFrame):
         plan = self.ctl.plan
         return plan.backend, plan.params_backend, plan.max_vram
 
+    def typed_hints(self) -> list[str]:
+        """What the typed ``--backend`` value probably meant otherwise
+        (``diffusion=CUDA0,CUDA1``: did you mean ``diffusion=CUDA0&CUDA1``?)."""
+        return self.ctl.session.string_hints(self.texts()[0])
+
     def _edited(self, _: str) -> None:
         """Check the typed strings (the plan stays as it is until Enter)."""
         fit = self.ctl.check_strings(*self.texts())
@@ -242,7 +247,8 @@ class StringsPanel(QFrame):
         verdict = ""
         if fit is not None:
             verdict = " — it fits" if fit.fits else f" — it would not fit ({fit.reasons[0]})"
-        self.hint.setText(f"↵ Enter applies this edit{verdict} · Esc puts the plan back")
+        hints = "".join(f"\n→ {h}" for h in self.typed_hints())
+        self.hint.setText(f"↵ Enter applies this edit{verdict} · Esc puts the plan back{hints}")
         self.hint.show()
 
     def apply(self) -> bool:
@@ -274,6 +280,7 @@ class StringsPanel(QFrame):
                  if value]
         self.summary.setText("  ".join(parts) or "default placement (no flags)")
         warns = [w.message for w in flag_warnings(plan, self.ctl.inventory)]
+        warns += self.typed_hints()  # what the value as typed probably meant otherwise
         self.warnings.setText("\n".join("⚠ " + w for w in warns))
         self.warnings.setVisible(bool(warns))
         self.command.setPlainText(self.ctl.command_line())

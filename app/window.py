@@ -7,18 +7,18 @@ import json
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtCore import QRect, QSettings, Qt, QTimer
 from PySide6.QtGui import (
     QCloseEvent,
     QDragEnterEvent,
     QDropEvent,
     QGuiApplication,
+    QResizeEvent,
 )
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
@@ -40,6 +40,7 @@ from sdplan.app.library_panel import LibraryPanel
 from sdplan.app.menus import install_menus
 from sdplan.app.queue_panel import QueuePanel, QueueRunner
 from sdplan.app.rpc import RpcPanel
+from sdplan.app.screen import FOLD_BELOW, first_geometry, fitted
 from sdplan.app.strings import StringsPanel
 from sdplan.app.worker import ClientFactory
 from sdplan.core.errors import SdplanError
@@ -174,10 +175,8 @@ class MainWindow(QMainWindow):
         self._model_changed()
         self._plan_changed("load")
         geo = self.settings.value("window/geometry")
-        if geo is not None:
-            self.restoreGeometry(geo)
-        else:
-            self.resize(1440, 900)
+        if geo is None or not self.restoreGeometry(geo):
+            self.setGeometry(first_geometry(self._available()))
 
     # ------------------------------------------------------------------ actions
     def undo_tip(self, text: str) -> None:
@@ -206,7 +205,8 @@ class MainWindow(QMainWindow):
     def _plan_changed(self, source: str) -> None:
         fit = self.ctl.fit
         if fit is None:
-            self.verdict.setText("no model: sizes unknown")
+            self.verdict.setText("sizes unknown: model files not on this machine"
+                                 if self.ctl.session.missing_files else "no model: sizes unknown")
             self.verdict.setProperty("fits", True)
         else:
             self.verdict.setText("✓ Fits" if fit.fits else f"✕ Does not fit "
@@ -237,6 +237,8 @@ class MainWindow(QMainWindow):
         self.model_label.setText(name)
         self.arch_label.setText(arch or "")
         self.arch_label.setVisible(bool(arch))
+        self.arch_label.setToolTip(f"sizes from {self.ctl.session.profile_source}"
+                                   if self.ctl.session.profile_source else "")
         if self.ctl.model_files:
             self.model_label.setToolTip("\n".join(
                 f"--{k.replace('_', '-')} {p}" for k, v in self.ctl.model_files.items()
@@ -310,22 +312,33 @@ class MainWindow(QMainWindow):
         self.show_status("sd-cli command copied")
 
     def paste_command(self, text: str | None = None) -> bool:
-        """Import an sd-cli command (the clipboard's, or asked for when it is empty)."""
-        if text is None:
-            text = QGuiApplication.clipboard().text()
-            if not text.strip():
-                text, ok = QInputDialog.getMultiLineText(self, "Paste sd-cli command",
-                                                         "sd-cli command:")
-                if not ok:
-                    return False
+        """The one paste path (Edit menu, Ctrl+Shift+V, the flags panel's button): with
+        ``text`` the command is imported at once; without, the paste dialog opens with the
+        clipboard's text and shows what it will bring before Import applies it
+        (:class:`~sdplan.app.paste_dialog.PasteDialog`, kept as :attr:`paste_dialog`)."""
+        if text is not None:
+            return self.apply_paste(text)
+        from sdplan.app.paste_dialog import PasteDialog
+
+        dlg = PasteDialog(self.ctl.session, QGuiApplication.clipboard().text(), self)
+        self.paste_dialog = dlg
+        dlg.accepted.connect(lambda: self.apply_paste(dlg.text()))
+        dlg.open()
+        return True
+
+    paste_dialog = None
+
+    def apply_paste(self, text: str) -> bool:
+        """Import an sd-cli command as one undo step; the status bar says what it brought
+        (files not on this machine, where the sizes come from, ignored arguments)."""
         try:
-            unknown = self.ctl.import_command(text)
+            pasted = self.ctl.import_command(text)
         except SdplanError as exc:
             self.show_status(f"✕ cannot import the command: {exc}")
             self.strings.show_error(exc if hasattr(exc, "span") else None)  # type: ignore[arg-type]
             return False
-        self.show_status("imported the sd-cli command" + (
-            f" (ignored: {' '.join(unknown)})" if unknown else ""))
+        extra = [*pasted.notes, *([f"ignored: {' '.join(pasted.unknown)}"] if pasted.unknown else [])]
+        self.show_status("imported the sd-cli command" + (f" ({'; '.join(extra)})" if extra else ""))
         return True
 
     def export_plan(self) -> None:
@@ -454,22 +467,47 @@ class MainWindow(QMainWindow):
             self.flags_act.setChecked(not collapsed)
 
     def fit_to_height(self, height: int) -> None:
-        """Fold the flags when the window is short (under 800 px) and the user has not
-        chosen: the board takes the space."""
+        """Fold the flags when the window is short (under :data:`~sdplan.app.screen.FOLD_BELOW`
+        px) and the user has not chosen: the board takes the space. Called whenever the
+        window's height changes (first show, resize, maximise)."""
         saved = self.settings.value("view/flags_collapsed")
         if saved is None:
-            self.strings.set_collapsed(height < 800)
+            fold = height < FOLD_BELOW
+            if fold != self.strings.is_collapsed():
+                self.strings.set_collapsed(fold)
             self.settings.remove("view/flags_collapsed")  # still the user's to choose
         else:
             self.strings.set_collapsed(str(saved).lower() in ("true", "1"))
 
+    def _available(self) -> QRect:
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        return screen.availableGeometry()
+
     def showEvent(self, event: object) -> None:  # noqa: N802
+        super().showEvent(event)  # type: ignore[arg-type]
         if not self._shown:
             self._shown = True
             self.fit_to_height(self.height())
-        super().showEvent(event)  # type: ignore[arg-type]
+            QTimer.singleShot(0, self._onto_screen)
+
+    def _onto_screen(self) -> None:
+        """Once shown with its real frame: bring a window larger than the screen back
+        inside it (a saved geometry from a larger screen, a tall frame); not a window sized
+        on purpose (:attr:`keep_size`: ``--screenshot --size``)."""
+        if self.keep_size or self.isMaximized() or self.isFullScreen():
+            return
+        inside = fitted(self.frameGeometry(), self.geometry(), self._available())
+        if inside is not None:
+            self.setGeometry(inside)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        if self._shown and event.size().height() != event.oldSize().height():
+            self.fit_to_height(event.size().height())
 
     _shown = False
+    #: The window keeps the size it was given, screen or not (``sdplan gui --screenshot``).
+    keep_size = False
 
     # ------------------------------------------------------------------ tabs, results
     def _tab_changed(self, index: int) -> None:

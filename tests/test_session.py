@@ -148,11 +148,14 @@ def test_an_imported_command_and_its_snapshot_restored_whole(tmp_path: Path) -> 
     unknown = s.import_command(
         f"sd-cli --diffusion-model {tmp_path}/z.gguf -p 'a fox' --steps 6 -W 768 "
         "--backend CUDA1 --vae-tiling --weird")
-    assert unknown == ["--vae-tiling", "--weird"]
+    assert unknown.unknown == ["--vae-tiling", "--weird"]
     assert s.model_files == {"diffusion_model": [f"{tmp_path}/z.gguf"]}
     assert s.generation["prompt"] == "a fox" and s.generation["steps"] == 6
     assert s.plan.backend == "CUDA1" and "--vae-tiling --weird" in s.command_line()
-    assert any("model files not read" in n for n in s.notes)  # type: ignore[attr-defined]
+    assert unknown.notes == ["model files not on this machine: z.gguf; sizes unknown: no "
+                             "built-in profile matches z.gguf"]
+    assert s.profile is None and s.fit is None  # never the previous model's sizes
+    assert s.missing_by_module() == {"diffusion": ["z.gguf"]} and s.modules() == ["diffusion"]
     s.restore(before)
     assert s.snapshot() == before
     assert s.model_files == {} and s.generation["prompt"] == "before"

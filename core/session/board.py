@@ -30,6 +30,7 @@ from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
 from sdplan.core.planning.session import plan_document, save_plan_file
+from sdplan.core.session.estimates import Estimates
 from sdplan.core.session.state import DEFAULT_GENERATION, SessionState
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 InventorySource = Callable[[], Inventory]
 
 
-class BoardSession:
+class BoardSession(Estimates):
     """Current placement + inventory + profile -> plan and fit, with the model files and the
     generation settings (see module docstring).
 
@@ -73,37 +74,51 @@ class BoardSession:
         self.model_file_flags: list[str] = []
         self.size_multiple: int | None = None
         self.extra_modules: list[str] = []
+        self.missing_files: list[str] = []
+        self.profile_source: str | None = None
         self.generation: dict[str, Any] = dict(DEFAULT_GENERATION)
         self.kept_args: list[str] = []
         self.generation_text: dict[str, str] = {}
         self.error: PlanError | None = None
         self.fit: Any = None
         self._effects: dict[str, dict[str, dict[str, int]]] = {}
-        self._lora_cache: tuple[object, dict | None] = (None, None)
+        self._lora_cache = (None, None)
         self._compute_cache: dict[object, dict[str, int] | None] = {}
         self.plan: Plan = resolve(placement or Placement(), inventory, profile)
         self.estimate()
 
     # ------------------------------------------------------------------ state
-    @property
-    def placement(self) -> Placement:
-        """The canonical placement of the current plan (what edits start from)."""
-        return self.plan.placement
-
-    def size(self) -> tuple[int, int, int]:
-        """``(width, height, batch)`` of the generation settings (pixels; 1024 and 1 when
-        unset)."""
-        g = self.generation
-        return (int(g.get("width") or 1024), int(g.get("height") or 1024),
-                int(g.get("batch_count") or 1))
-
     def modules(self) -> list[str]:
         """Modules shown as cards: the profile's, those the user added, and those the
         placement names explicitly; in :data:`MODULES` order."""
-        shown = set(self.profile.modules) if self.profile else set()
+        shown = set(self.profile.modules) if self.profile else self.file_modules()
         shown |= set(self.extra_modules)
         shown |= set(self.placement.runtime) | set(self.placement.params)
         return [m for m in MODULES if m in shown]
+
+    def file_modules(self) -> set[str]:
+        """The modules the model files' flags stand for (``--diffusion-model``: diffusion;
+        ``-m``: diffusion, te and vae), read or not."""
+        from sdplan.core.planning.modules import FLAG_TARGETS
+
+        out: set[str] = set()
+        for key in self.model_files:
+            module = FLAG_TARGETS.get(key, (None, None, ""))[0]
+            out |= {module} if module else ({"diffusion", "te", "vae"} if key == "model" else set())
+        return out
+
+    def missing_by_module(self) -> dict[str, list[str]]:
+        """Module -> names of its model files that are not on this machine (a pasted
+        command's); empty when every file is here."""
+        from sdplan.core.planning.modules import FLAG_TARGETS
+
+        out: dict[str, list[str]] = {}
+        missing = set(self.missing_files)
+        for key, paths in self.model_files.items():
+            module = FLAG_TARGETS.get(key, (None, None, ""))[0]
+            for mod in [module] if module else (["diffusion", "te", "vae"] if key == "model" else []):
+                out.setdefault(mod, []).extend(Path(p).name for p in paths if p in missing)
+        return {m: v for m, v in out.items() if v}
 
     def module_bytes(self, module: str) -> int | None:
         """Weight bytes of ``module`` from the profile, or None when unknown."""
@@ -119,7 +134,8 @@ class BoardSession:
         return SessionState(self.placement, {k: list(v) for k, v in self.model_files.items()},
                             self.profile, tuple(self.model_file_flags), self.size_multiple,
                             dict(self.generation), dict(self.generation_text),
-                            tuple(self.kept_args), tuple(self.extra_modules))
+                            tuple(self.kept_args), tuple(self.extra_modules),
+                            tuple(self.missing_files), self.profile_source)
 
     def restore(self, state: SessionState) -> None:
         """Make ``state`` current (no file is read again); the placement falls back to the
@@ -132,6 +148,8 @@ class BoardSession:
         self.generation_text = dict(state.generation_text)
         self.kept_args = list(state.kept_args)
         self.extra_modules = list(state.extra_modules)
+        self.missing_files = list(state.missing_files)
+        self.profile_source = state.profile_source
         self._replan(state.placement)
 
     def title(self) -> tuple[str, str | None]:
@@ -145,124 +163,6 @@ class BoardSession:
         prof = self.profile
         name = Path(main).name if main else (prof.name if prof and prof.name else None)
         return name or "No model loaded", (prof.architecture if prof else None)
-
-    # ------------------------------------------------------------------ estimates
-    def estimate(self) -> None:
-        """Estimate the current plan at the settings' size (``fit``; None without a
-        profile or when the estimate cannot be made: ``notify`` says why)."""
-        self.fit = None
-        self._effects = {}
-        if self.profile is None:
-            return
-        from sdplan.core.planning.estimate import estimate_plan
-
-        size = self.size()
-        try:
-            self.fit = estimate_plan(self.plan, self.profile, self.inventory,
-                                     width=size[0], height=size[1], batch=size[2],
-                                     engine="sdplan", measured=self.measured(size),
-                                     loras=self.lora_profiles())
-        except ValueError as exc:
-            self.notify(f"estimate unavailable: {exc}")
-
-    def measured(self, size: tuple[int, int, int]) -> dict[str, int] | None:
-        """Compute bytes per module of sdplan's engine for the open files at ``size``
-        (width, height, batch), by a dry run of its graphs on the CPU
-        (:func:`~sdplan.core.pipelines.compute.measure_compute`), cached per files and size;
-        None without files or when no dry run is possible."""
-        if not self.model_files:
-            return None
-        key = (repr(sorted(self.model_files.items())), size)
-        if key not in self._compute_cache:
-            try:
-                from sdplan.core.pipelines.compute import measure_compute
-
-                self._compute_cache[key] = measure_compute(
-                    self.model_files, width=size[0], height=size[1], batch=size[2]) or None
-            except Exception as exc:  # noqa: BLE001 - the fitted figures stand in
-                log.info("no dry run of the engine: %s", exc)
-                self._compute_cache[key] = None
-        return self._compute_cache[key]
-
-    def lora_profiles(self) -> dict | None:
-        """At-runtime LoRA bytes per module for the prompt's ``<lora:...>`` tags
-        (:func:`~sdplan.core.pipelines.stages.inputs.plan_loras`, cached), or None without
-        LoRAs or when they cannot be planned (``notify`` says why)."""
-        from sdplan.core.pipelines.stages.inputs import plan_loras
-
-        g = self.generation
-        prompt = str(g.get("prompt") or "")
-        if "<lora:" not in prompt or not self.model_files:
-            return None
-        key = (prompt, g.get("lora_model_dir"), g.get("lora_apply_mode"),
-               repr(self.model_files), self.plan.placement)
-        if self._lora_cache[0] != key:
-            try:
-                planned = plan_loras(prompt, str(g.get("lora_model_dir") or "."),
-                                     str(g.get("lora_apply_mode") or "auto"), self.model_files,
-                                     self.plan)
-                self._lora_cache = (key, planned.profiles)
-            except (SdplanError, OSError, ValueError) as exc:
-                self.notify(f"LoRA not counted in the estimate: {exc}")
-                self._lora_cache = (key, None)
-        return self._lora_cache[1]
-
-    def estimate_of(self, plan: Plan) -> Any:
-        """The estimate of another ``plan`` at the settings' size (the fitted compute
-        figures, no dry run), or None without a profile or when it cannot be made."""
-        if self.profile is None:
-            return None
-        from sdplan.core.planning.estimate import estimate_plan
-
-        w, h, b = self.size()
-        try:
-            return estimate_plan(plan, self.profile, self.inventory, width=w, height=h, batch=b)
-        except ValueError:
-            return None
-
-    def residency_effects(self, module: str) -> dict[str, dict[str, int]]:
-        """What each other residency of ``module`` would change: mode (``runtime``,
-        ``device`` = weights in RAM on the CPU, ``disk``) -> device -> bytes its estimated
-        total would drop (negative: grow). Empty without an estimate; cached per plan."""
-        cached = self._effects.get(module)
-        if cached is not None:
-            return cached
-        out: dict[str, dict[str, int]] = {}
-        if self.fit is not None and self.profile is not None and module in self.profile.modules:
-            cpu = next((d.name for d in self.inventory if d.type == "cpu"), None)
-            current = self.plan.modules[module].params.mode
-            runs_on = self.plan.modules[module].devices
-            for mode in ("runtime", "device", "disk"):
-                if mode == current or (mode == "device" and (cpu is None or cpu in runs_on)):
-                    continue  # "in RAM" on the CPU is where it runs already
-                try:
-                    pl = self.placement.set_residency(module, mode,
-                                                      cpu if mode == "device" else None)
-                    alt = self.estimate_of(resolve(pl, self.inventory, self.profile))
-                except PlanError:
-                    continue
-                if alt is None:
-                    continue
-                names = set(self.fit.devices) | set(alt.devices)
-                out[mode] = {d: (self.fit.devices[d].total if d in self.fit.devices else 0)
-                             - (alt.devices[d].total if d in alt.devices else 0)
-                             for d in sorted(names)}
-        self._effects[module] = out
-        return out
-
-    def peak_module(self, device: str) -> tuple[str, str] | None:
-        """``(module, part)`` that sets ``device``'s transient peak (``staging`` or
-        ``compute``), or None."""
-        fit = self.fit
-        if fit is None or device not in fit.devices:
-            return None
-        best = max(fit.modules.values(), key=lambda e: e.staging.get(device, 0)
-                   + e.compute.get(device, 0), default=None)
-        if best is None or not (best.staging.get(device, 0) + best.compute.get(device, 0)):
-            return None
-        part = "compute" if best.compute.get(device, 0) >= best.staging.get(device, 0) \
-            else "staging"
-        return best.module, part
 
     # ------------------------------------------------------------------ the plan
     def resolve(self, placement: Placement) -> Plan:
@@ -372,12 +272,39 @@ class BoardSession:
         """``(placement, plan)`` of the three flag values (RPC servers and streaming kept).
 
         Raises:
-            PlanError: they do not parse or resolve.
+            PlanError: they do not parse or resolve; a device no device here is called
+                (``cuda:1``) is followed by the name it most likely means
+                (:func:`~sdplan.core.planning.hints.device_suggestion`).
         """
-        parsed = Placement.from_strings(backend, params_backend, max_vram,
-                                        stream_layers=self.placement.stream_layers,
-                                        rpc_servers=self.placement.rpc_servers)
-        return parsed, self.resolve(parsed)
+        try:
+            parsed = Placement.from_strings(backend, params_backend, max_vram,
+                                            stream_layers=self.placement.stream_layers,
+                                            rpc_servers=self.placement.rpc_servers)
+            return parsed, self.resolve(parsed)
+        except PlanError as exc:
+            raise self._suggested(exc) from None
+
+    def _suggested(self, exc: PlanError) -> PlanError:
+        """``exc`` with "did you mean CUDA1?" when it names a device written another way."""
+        from sdplan.core.planning.hints import device_suggestion
+
+        if exc.code != "device_not_found" or not exc.text or exc.span is None:
+            return exc
+        written = exc.text[exc.span[0]:exc.span[1]]
+        name = device_suggestion(written, [d.name for d in self.inventory],
+                                 [(d.name, d.registry, d.is_gpu_like) for d in self.inventory])
+        if name is None:
+            return exc
+        return PlanError(exc.code, f"{exc}; did you mean {name}?", flag=exc.flag,
+                         text=exc.text, span=exc.span)
+
+    @staticmethod
+    def string_hints(backend: str) -> list[str]:
+        """What a valid ``--backend`` value probably meant otherwise
+        (:func:`~sdplan.core.planning.hints.comma_split_hints`)."""
+        from sdplan.core.planning.hints import comma_split_hints
+
+        return comma_split_hints(backend)
 
     def command_line(self) -> str:
         """The full sd-cli command for the model files, placement and generation settings."""
@@ -426,6 +353,8 @@ class BoardSession:
             self.model_file_flags = extra
             self.size_multiple = multiple
         self.model_files = files
+        self.missing_files = [p for v in files.values() for p in v if not Path(p).exists()]
+        self.profile_source = None
         self.apply(self.placement)
         return note
 
@@ -459,6 +388,7 @@ class BoardSession:
         """Plan with ``profile`` (block sizes) instead of the open files' own."""
         self._family_defaults(profile)
         self.profile = profile
+        self.profile_source = None
         self.apply(self.placement)
 
     def plan_for_builtin(self, name: str) -> None:
@@ -473,6 +403,7 @@ class BoardSession:
 
         profile = load_builtin_profile(name)
         self.model_files = {}
+        self.missing_files = []
         self.model_file_flags = []
         self.size_multiple = None
         self.set_profile(profile)

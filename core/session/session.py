@@ -17,35 +17,31 @@ from sdplan.core.errors import PlanError, SdplanError
 from sdplan.core.planning.modules import MODEL_FLAGS
 from sdplan.core.planning.placement import Placement
 from sdplan.core.session.board import BoardSession
+from sdplan.core.session.paste import CommandPreview, PastedCommand, import_command, preview_command
 
 
 class Session(BoardSession):
     """A board session that also imports commands, pictures, saved plans and results (see
     module docstring)."""
 
-    def import_command(self, text: str) -> list[str]:
-        """Take model paths, placement and generation settings from a pasted sd-cli
-        command (read as its shell reads it: :mod:`sdplan.core.planning.cmdline`); every
-        other argument is kept and written back verbatim by :meth:`command_line`. Returns
-        the arguments sdplan keeps without understanding.
+    def preview_command(self, text: str) -> CommandPreview:
+        """What a pasted sd-cli command would bring, nothing changed
+        (:func:`~sdplan.core.session.paste.preview_command`)."""
+        return preview_command(self, text)
+
+    def import_command(self, text: str) -> PastedCommand:
+        """Take model files, placement and generation settings from a pasted sd-cli command
+        (read as its shell reads it: :mod:`sdplan.core.planning.cmdline`): the settings are
+        the command's over sd-cli's defaults for that model, files not on this machine plan
+        from the built-in profile their name matches; every other argument is kept and
+        written back verbatim by :meth:`command_line`
+        (:func:`~sdplan.core.session.paste.import_command`).
 
         Raises:
             PlanError: the command cannot be read or its placement is wrong (nothing
                 changes).
         """
-        from sdplan.core.planning.sdcli import import_sdcli_command
-
-        cmd = import_sdcli_command(text)
-        self.resolve(cmd.placement)  # raise before changing
-        if cmd.model_files:
-            files = {k: [v] if isinstance(v, str) else list(v)
-                     for k, v in cmd.model_files.items()}
-            self.load_model_files(files, strict=False)
-        self.generation.update(cmd.generation)
-        self.generation_text = dict(cmd.generation_text)
-        self.kept_args = cmd.extra_args()
-        self.apply(cmd.placement)
-        return cmd.unknown_args
+        return import_command(self, text)
 
     def import_png(self, path: str | Path) -> list[str]:
         """Restore a run from a picture's metadata (sd-cli's ``parameters`` text or sdplan's

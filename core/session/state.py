@@ -45,6 +45,9 @@ class SessionState:
         generation_text: the text each pasted generation value was read from.
         kept_args: a pasted command's arguments written back verbatim.
         extra_modules: modules added to the board by hand.
+        missing_files: model files named (a pasted command's) that are not on this machine.
+        profile_source: where the sizes come from when the files are not here (``built-in
+            profile NAME``), or None.
     """
 
     placement: Placement
@@ -56,3 +59,5 @@ class SessionState:
     generation_text: dict[str, str] = field(default_factory=dict)
     kept_args: tuple[str, ...] = ()
     extra_modules: tuple[str, ...] = ()
+    missing_files: tuple[str, ...] = ()
+    profile_source: str | None = None
