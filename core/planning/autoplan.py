@@ -70,12 +70,12 @@ def auto_plan(inventory: Inventory, profile: Profile, base: Placement, *, width:
         PlanError: ``base`` does not resolve on ``inventory``.
     """
     greedy = _packed(inventory, profile, base, width, height, batch, engine, measured)
-    est = {"width": width, "height": height, "batch": batch, "engine": engine,
-           "measured": measured}
     base_plan = resolve(base, inventory, profile)
-    if estimate_plan(base_plan, profile, inventory, **est).fits:
+    if estimate_plan(base_plan, profile, inventory, width=width, height=height, batch=batch,
+                     engine=engine, measured=measured).fits:
         return greedy
-    small = smallest_change(inventory, profile, base, **est)
+    small = smallest_change(inventory, profile, base, width=width, height=height, batch=batch,
+                            engine=engine, measured=measured)
     if small is None:
         return greedy
     if not greedy.fits or len(small.notes) < _changed(base_plan, greedy.plan, profile):
