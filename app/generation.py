@@ -15,9 +15,6 @@ from typing import Any
 from PySide6.QtCore import Qt, QThread, Signal, Slot
 from PySide6.QtGui import QImage, QPixmap
 from PySide6.QtWidgets import (
-    QComboBox,
-    QDoubleSpinBox,
-    QFormLayout,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -26,7 +23,6 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSizePolicy,
-    QSpinBox,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -35,7 +31,9 @@ from sdplan.app.controller import PlanController
 from sdplan.app.history_strip import HistoryStrip
 from sdplan.app.inputs import InputsPanel
 from sdplan.app.pictures import to_qimage, write_pictures
+from sdplan.app.settings_form import settings_form
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
+from sdplan.app.wrap_label import ElidedLabel
 from sdplan.core.families import recommended_sizes
 from sdplan.core.pipelines.stages.results import read_result
 from sdplan.core.sampling.samplers import SAMPLERS as CORE_SAMPLERS
@@ -57,6 +55,7 @@ class GenerationPanel(QFrame):
     names each image file written."""
 
     resultSaved = Signal(str)
+    outputFolderChanged = Signal(str)
 
     def __init__(self, controller: PlanController, history_dir: str | Path,
                  client_factory: ClientFactory | None = None,
@@ -99,64 +98,7 @@ class GenerationPanel(QFrame):
         self.negative.setPlaceholderText("Negative prompt")
         self.negative.setMaximumHeight(40)
         lay.addWidget(self.negative)
-        form = QFormLayout()
-        form.setHorizontalSpacing(10)
-        form.setVerticalSpacing(6)
-        size = QHBoxLayout()
-        self.width_box, self.height_box = QSpinBox(), QSpinBox()
-        for box in (self.width_box, self.height_box):
-            box.setRange(64, 4096)
-            box.setSingleStep(64)
-            box.setSuffix(" px")
-            box.setKeyboardTracking(False)
-        size.setSpacing(8)
-        size.addWidget(self.width_box, 1)
-        size.addWidget(QLabel("×"))
-        size.addWidget(self.height_box, 1)
-        form.addRow("Size", size)
-        self.size_preset = QComboBox()
-        self.size_preset.setToolTip("Sizes the loaded model was trained for")
-        self.size_preset.activated.connect(self._apply_preset)
-        for box in (self.width_box, self.height_box):
-            box.valueChanged.connect(self._show_preset)
-            box.valueChanged.connect(self.update_state)
-        form.addRow("Preset", self.size_preset)
-        self.steps = QSpinBox()
-        self.steps.setRange(1, 200)
-        self.cfg = QDoubleSpinBox()
-        self.cfg.setRange(0.0, 30.0)
-        self.cfg.setSingleStep(0.5)
-        sc = QHBoxLayout()
-        sc.setSpacing(8)
-        sc.addWidget(self.steps, 1)
-        cfg_label = QLabel("CFG")
-        cfg_label.setContentsMargins(8, 0, 0, 0)
-        cfg_label.setToolTip("Classifier-free guidance scale (--cfg-scale)")
-        sc.addWidget(cfg_label)
-        sc.addWidget(self.cfg, 1)
-        form.addRow("Steps", sc)
-        seed_row = QHBoxLayout()
-        self.seed = QSpinBox()
-        self.seed.setRange(-1, 2**31 - 1)
-        self.seed.setSpecialValueText("random")
-        self.dice = QToolButton()
-        self.dice.setText("⚄")
-        self.dice.setToolTip("New random seed")
-        self.dice.clicked.connect(lambda: self.seed.setValue(random.randrange(2**31 - 1)))
-        seed_row.addWidget(self.seed, 1)
-        seed_row.addWidget(self.dice)
-        form.addRow("Seed", seed_row)
-        self.sampler, self.schedule = QComboBox(), QComboBox()
-        self.sampler.addItems(SAMPLERS)
-        self.schedule.addItems(SCHEDULES)
-        ss = QHBoxLayout()
-        ss.addWidget(self.sampler, 1)
-        ss.addWidget(self.schedule, 1)
-        form.addRow("Sampler", ss)
-        self.batch = QSpinBox()
-        self.batch.setRange(1, 64)
-        form.addRow("Batch", self.batch)
-        lay.addLayout(form)
+        lay.addLayout(settings_form(self))
         #: LoRAs and the picture to start from (sdplan.app.inputs).
         self.inputs = InputsPanel(self._insert_tag, self._model_family, self._lora_table)
         lay.addWidget(self.inputs)
@@ -172,6 +114,17 @@ class GenerationPanel(QFrame):
         buttons.addWidget(self.generate_btn, 1)
         buttons.addWidget(self.cancel_btn)
         lay.addLayout(buttons)
+        out_row = QHBoxLayout()
+        self.output_label = ElidedLabel()
+        self.output_label.setObjectName("Caption")
+        out_row.addWidget(self.output_label, 1)
+        self.output_btn = QToolButton()
+        self.output_btn.setText("Change…")
+        self.output_btn.setToolTip("Choose the folder pictures are saved in")
+        self.output_btn.clicked.connect(self.choose_output_folder)
+        out_row.addWidget(self.output_btn)
+        lay.addLayout(out_row)
+        self._show_output_folder()
         self.progress = QProgressBar()
         self.progress.setTextVisible(False)
         self.progress.setMaximumHeight(6)
@@ -194,7 +147,9 @@ class GenerationPanel(QFrame):
         self.preview = QLabel()
         self.preview.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.preview.setMinimumHeight(72)
-        self.preview.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
+        # a shown picture never asks for more room: the panel keeps its height and the
+        # scroll area does not move under the cursor
+        self.preview.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)
         self.preview.setObjectName("Muted")
         self.preview.setText("The live preview appears here")
         lay.addWidget(self.preview, 1)
@@ -340,7 +295,12 @@ class GenerationPanel(QFrame):
         return self.ctl.session.refusal({**self.settings(), **self.request_extra})
 
     def update_state(self) -> None:
-        """Enable Generate only with a model and an engine, and say why otherwise."""
+        """Enable Generate only with a model and an engine, and say why otherwise; say when
+        the size is far from what the model was trained for."""
+        note = self.ctl.session.size_note(self.width_box.value(), self.height_box.value()) \
+            if self.ctl.model_files else None
+        self.size_note.setText(note or "")
+        self.size_note.setVisible(note is not None)
         reason = self.unavailable_reason()
         running = self.thread is not None
         self.generate_btn.setEnabled(reason is None and not running)
@@ -501,6 +461,33 @@ class GenerationPanel(QFrame):
         self.preview.setPixmap(QPixmap.fromImage(img).scaled(
             w, h, Qt.AspectRatioMode.KeepAspectRatio,
             Qt.TransformationMode.SmoothTransformation))
+
+    # ------------------------------------------------------------------ output folder
+    def _show_output_folder(self) -> None:
+        folder = str(self.history_dir)
+        home = str(Path.home())
+        shown = "~" + folder[len(home):] if folder.startswith(home) else folder
+        self.output_label.setText(f"Saved to {shown}")
+
+    def set_history_dir(self, folder: str | Path) -> None:
+        """Save pictures in ``folder`` from now on (today's strip follows it)."""
+        self.history_dir = Path(folder)
+        self.history.folder = self.history_dir
+        self._show_output_folder()
+
+    def choose_output_folder(self, folder: str | None = None) -> bool:
+        """Ask for the output folder (or take ``folder``), use it and emit
+        ``outputFolderChanged``; False when none was chosen."""
+        if not folder:
+            from PySide6.QtWidgets import QFileDialog
+
+            folder = QFileDialog.getExistingDirectory(self, "Save pictures in",
+                                                      str(self.history_dir))
+        if not folder:
+            return False
+        self.set_history_dir(folder)
+        self.outputFolderChanged.emit(str(folder))
+        return True
 
     # ------------------------------------------------------------------ history
     def save_results(self, images: list[Any], result: dict,

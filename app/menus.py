@@ -48,7 +48,14 @@ def install_menus(win: MainWindow) -> None:
     stack = win.ctl.undo_stack
     win.undo_act = act(win, "&Undo", stack.undo, K.Undo)
     win.redo_act = act(win, "&Redo", stack.redo)
-    win.redo_act.setShortcuts([QKeySequence(K.Redo), QKeySequence("Ctrl+Y")])
+    # the platform's Redo keys and both common ones, each once (a key given twice to one
+    # action is ambiguous to Qt: neither fires)
+    redo_keys: list[QKeySequence] = []
+    for key in [*QKeySequence.keyBindings(K.Redo), QKeySequence("Ctrl+Y"),
+                QKeySequence("Ctrl+Shift+Z")]:
+        if key.toString() and all(key != k for k in redo_keys):
+            redo_keys.append(key)
+    win.redo_act.setShortcuts(redo_keys)
     # connected to the actions themselves (never to a lambda that outlives them)
     stack.canUndoChanged.connect(win.undo_act.setEnabled)
     stack.canRedoChanged.connect(win.redo_act.setEnabled)
@@ -75,6 +82,10 @@ def install_menus(win: MainWindow) -> None:
     file_menu.addAction(act(win, "&Save hardware profile…", win.save_hardware,
                             tip="Save these devices as an inventory JSON"))
     file_menu.addAction(act(win, "Load model &profile…", win.load_profile))
+    file_menu.addSeparator()
+    win.output_act = act(win, "O&utput folder…", win.choose_output_folder,
+                         tip="Where generated pictures are saved (the gallery shows them)")
+    file_menu.addAction(win.output_act)
     file_menu.addSeparator()
     file_menu.addAction(act(win, "&Quit", win.close, K.Quit))
     edit = win.menuBar().addMenu("&Edit")

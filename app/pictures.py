@@ -55,19 +55,20 @@ def write_pictures(folder: Path, images: Sequence[Any], record: Mapping[str, Any
                    saved: Callable[[Path], None] = lambda path: None) -> list[Path]:
     """Save a run's pictures (uint8 ``(H, W, 3)`` arrays, or QImages) in ``folder`` as
     ``<date-time>-<i>.png`` (never over an existing file), each carrying the record's text
-    chunks (:func:`~sdplan.core.pipelines.stages.results.picture_text`; ``batch_index`` for a
-    batch) and a JSON file of its params beside it, atomically. ``saved`` is called with each
+    chunks (:func:`~sdplan.core.pipelines.stages.results.picture_text`: file names, never
+    folders; ``batch_index`` for a batch) and, beside it, the gallery's index of it with the
+    full paths (:func:`~sdplan.core.pipelines.stages.results.index_record`), atomically. ``saved`` is called with each
     path written. Returns the paths.
 
     Raises:
         OSError: the folder or a file cannot be written (the pictures written so far stay).
     """
-    from sdplan.core.pipelines.stages.results import picture_text, save_png
+    from sdplan.core.pipelines.stages.results import index_record, picture_text, save_png
 
     folder.mkdir(parents=True, exist_ok=True)
     text = picture_text(record, model_files)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    settings = json.dumps(record["params"], indent=1, default=str)
+    index = json.dumps(index_record(record["params"], model_files), indent=1, default=str)
     paths = []
     for i, img in enumerate(images):
         path = folder / f"{stamp}-{i}.png"
@@ -81,7 +82,7 @@ def write_pictures(folder: Path, images: Sequence[Any], record: Mapping[str, Any
             atomic_write(path, _png_writer(img))
         else:
             save_png(uint8_picture(img), path, chunks)
-        atomic_write(path.with_suffix(".json"), lambda tmp: tmp.write_text(settings))
+        atomic_write(path.with_suffix(".json"), lambda tmp: tmp.write_text(index))
         paths.append(path)
         saved(path)
     return paths

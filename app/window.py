@@ -38,6 +38,8 @@ from sdplan.app.generation import GenerationPanel
 from sdplan.app.icons import app_icon
 from sdplan.app.library_panel import LibraryPanel
 from sdplan.app.menus import install_menus
+from sdplan.app.outputs import SETTING as OUTPUT_SETTING
+from sdplan.app.outputs import older_results, output_folder
 from sdplan.app.queue_panel import QueuePanel, QueueRunner
 from sdplan.app.rpc import RpcPanel
 from sdplan.app.screen import FOLD_BELOW, first_geometry, fitted
@@ -112,8 +114,10 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(board_page, "Board")
         self.library = LibraryPanel(controller, self.settings, library_cache)
         self.tabs.addTab(self.library, "Library")
-        hist = history_dir or Path(self.settings.fileName()).parent / "sdplan-history"
-        self.gallery = GalleryPanel([Path(hist)])
+        # pictures go to the output folder (``history_dir`` when given: tests, scripts)
+        hist = Path(history_dir) if history_dir else output_folder(self.settings)
+        older = None if history_dir else older_results(self.settings)
+        self.gallery = GalleryPanel([hist, *([older] if older and older != hist else [])])
         self.tabs.addTab(self.gallery, "Gallery")
         self.tabs.currentChanged.connect(self._tab_changed)
         self.split.addWidget(self.tabs)
@@ -162,6 +166,7 @@ class MainWindow(QMainWindow):
         self.strings.importRequested.connect(self.import_plan)
         self.strings.collapsedChanged.connect(self._flags_folded)
         self.generation.resultSaved.connect(self.gallery.add_result)
+        self.generation.outputFolderChanged.connect(self._output_folder_changed)
         self.generation.history.reuseRequested.connect(self.reuse_result_file)
         self.generation.history.galleryRequested.connect(self.show_in_gallery)
         self.gallery.reuseRequested.connect(self.reuse_result)
@@ -551,6 +556,16 @@ class MainWindow(QMainWindow):
         name = Path(info.path).name  # type: ignore[attr-defined]
         self.show_status(f"settings of {name} in the panel" + (
             " (" + "; ".join(notes) + ")" if notes else ""))
+
+    def choose_output_folder(self) -> None:
+        """File → Output folder…: where pictures are saved from now on."""
+        self.generation.choose_output_folder()
+
+    def _output_folder_changed(self, folder: str) -> None:
+        """Keep the chosen folder (settings), show its pictures in the gallery, say so."""
+        self.settings.setValue(OUTPUT_SETTING, folder)
+        self.gallery.add_folder(folder)
+        self.show_status(f"pictures are saved in {folder}")
 
     # ------------------------------------------------------------------ theme, close
     def set_theme(self, mode: str) -> None:

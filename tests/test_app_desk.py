@@ -264,3 +264,168 @@ def test_flag_fields_say_what_a_comma_list_and_a_cuda_colon_mean(qtbot, tmp_path
     qtbot.keyClicks(f, "diffusion=cuda:1")
     assert win.ctl.error is not None and str(win.ctl.error).endswith("did you mean CUDA1?")
     assert "did you mean CUDA1?" in win.strings.error.text()
+
+
+# ----------------------------------------------------------------------------- 7. output folder
+
+def test_pictures_go_to_an_output_folder_the_user_sees_and_changes(qtbot, tmp_path, monkeypatch):
+    import numpy as np
+    from replay_client import ReplayEngineClient
+    from sdplan.app import outputs
+    from sdplan.core.pipelines.stages.results import read_png_text, read_result
+
+    monkeypatch.setattr(outputs.QStandardPaths, "writableLocation",
+                        lambda where: str(tmp_path / "Pictures"))
+    assert outputs.default_output_folder() == tmp_path / "Pictures" / "sdplan"
+    settings = QSettings(str(tmp_path / "cfg" / "s.ini"), QSettings.Format.IniFormat)
+    ctl = PlanController(inventory(), flux(), Placement())
+    model = tmp_path / "models" / "tiny.safetensors"
+    model.parent.mkdir()
+    model.write_bytes(TINY.read_bytes())
+    ctl.load_model_files({"model": [str(model)]}, strict=False)
+    img = np.full((8, 8, 3), 80, np.uint8)
+    client = ReplayEngineClient([{"type": "result", "images": [img], "params": {"seed": 3}}] * 2)
+    win = MainWindow(ctl, settings, client_factory=lambda: client,
+                     queue_path=tmp_path / "q.json", library_cache=str(tmp_path / "lib.json"))
+    qtbot.addWidget(win)
+    first = tmp_path / "Pictures" / "sdplan"
+    assert win.generation.history_dir == first and first in win.gallery.folders
+    assert "Pictures/sdplan" in win.generation.output_label.toolTip()
+    assert "sdplan-history" not in str(win.generation.history_dir)  # not the settings folder
+    chosen = tmp_path / "my pictures"
+    assert win.generation.choose_output_folder(str(chosen))
+    assert settings.value(outputs.SETTING) == str(chosen) and chosen in win.gallery.folders
+    assert win.generation.output_label.toolTip() == f"Saved to {chosen}"
+    win.generation.prompt.setPlainText("a lighthouse")
+    assert win.generation.generate()
+    qtbot.waitUntil(lambda: not win.generation.is_running(), timeout=5000)
+    [pic] = sorted(chosen.glob("*.png"))
+    assert win.gallery.select_path(str(pic))
+    # the picture names its files; the gallery's index beside it keeps where they are
+    chunks = "".join(read_png_text(pic).values())
+    assert str(tmp_path) not in chunks and "tiny.safetensors" in chunks
+    assert read_result(pic).model_files == {"model": [str(model)]}
+    # the queue saves where the panel does
+    job = win.queue_panel.add_current()  # the queue starts it at once
+    assert job is not None
+    qtbot.waitUntil(lambda: win.runner.queue.get(job.id).state == "done", timeout=5000)
+    assert len(list(chosen.glob("*.png"))) == 2
+    # a new window over the same settings saves there too
+    again = MainWindow(PlanController(inventory(), flux(), Placement()),
+                       QSettings(settings.fileName(), QSettings.Format.IniFormat),
+                       queue_path=tmp_path / "q2.json", library_cache=str(tmp_path / "lib.json"))
+    qtbot.addWidget(again)
+    assert again.generation.history_dir == chosen
+
+
+# ----------------------------------------------------------------------------- 8. small items
+
+def test_ctrl_z_in_a_flag_field_after_enter_undoes_the_plan(qtbot, tmp_path):
+    win = make_window(qtbot, tmp_path)
+    win.show()
+    with qtbot.waitActive(win):  # shortcuts act in the active window
+        win.activateWindow()
+    f = win.strings.fields["--backend"]
+    f.setFocus()
+    f.selectAll()
+    f.del_()
+    qtbot.keyClicks(f, "CUDA1")
+    qtbot.keyClick(f, Qt.Key.Key_Return)
+    assert win.ctl.plan.backend == "CUDA1" and f.text() == "CUDA1"
+    qtbot.keyClick(f, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
+    assert win.ctl.plan.modules["diffusion"].devices == ["CUDA0"]  # the plan, not the text
+    assert f.text() == win.ctl.plan.backend
+    qtbot.keyClick(f, Qt.Key.Key_Y, Qt.KeyboardModifier.ControlModifier)
+    assert win.ctl.plan.backend == "CUDA1"
+    # while an edit is typed, Ctrl+Z undoes the typing and leaves the plan alone
+    qtbot.keyClicks(f, ",vae=CPU")
+    qtbot.keyClick(f, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
+    assert win.ctl.plan.backend == "CUDA1" and f.text() != "CUDA1,vae=CPU"
+
+
+def test_a_double_click_on_the_bar_places_the_budget_without_alt(qtbot, tmp_path):
+    from PySide6.QtCore import QPointF
+
+    win = make_window(qtbot, tmp_path)
+    win.show()
+    qtbot.waitExposed(win)
+    bar = win.board.columns["CUDA1"].bar
+    assert "double-click the bar to place it" in bar.toolTip()
+    x = bar.width() * 0.6
+    qtbot.mouseDClick(bar, Qt.MouseButton.LeftButton, pos=QPointF(x, bar.height() / 2).toPoint())
+    budget = win.ctl.plan.budgets.get("CUDA1")
+    assert budget is not None and abs(budget / GIB - round(bar._gib_at(x), 1)) < 0.051
+    assert win.ctl.undo_stack.undoText() == "budget CUDA1"
+
+
+def test_steps_take_what_the_command_line_takes(qtbot, tmp_path):
+    from sdplan.app.settings_form import MAX_STEPS
+    from sdplan.core.commands.limits import MAX_STEPS as CLI_MAX
+
+    win = make_window(qtbot, tmp_path)
+    box = win.generation.steps
+    assert box.maximum() == MAX_STEPS == CLI_MAX
+    box.setFocus()
+    box.selectAll()
+    qtbot.keyClicks(box, "250")
+    qtbot.keyClick(box, Qt.Key.Key_Return)
+    assert box.value() == 250 and win.ctl.generation["steps"] == 250
+
+
+def test_a_result_does_not_grow_the_panel_or_scroll_it(qtbot, tmp_path):
+    import numpy as np
+
+    win = make_window(qtbot, tmp_path)
+    win.resize(1366, 700)
+    win.show()
+    qtbot.waitExposed(win)
+    panel = win.generation
+    scroll = win.side.widget(0)
+    bar = scroll.verticalScrollBar()
+    bar.setValue(bar.maximum() // 2)
+    before = (panel.minimumSizeHint().height(), panel.height(), bar.value(), bar.maximum())
+    panel.on_result([np.full((1024, 1024, 3), 200, np.uint8)], {"params": {"seed": 1}})
+    qtbot.wait(50)
+    assert panel.preview.pixmap() is not None and not panel.preview.pixmap().isNull()
+    assert (panel.minimumSizeHint().height(), panel.height(), bar.value(), bar.maximum()) == before
+
+
+def test_the_queue_shows_each_jobs_size_and_a_thumbnail_when_done(qtbot, tmp_path):
+    import numpy as np
+    from PIL import Image
+    from sdplan.core.pipelines.job_queue import JobQueue
+
+    win = make_window(qtbot, tmp_path)
+    ctl = win.ctl
+    ctl.load_model_files({"model": [str(TINY)]}, strict=False)
+    win.generation.width_box.setValue(768)
+    win.generation.height_box.setValue(512)
+    q: JobQueue = win.runner.queue
+    job = win.queue_panel.add_current()
+    assert job is not None
+    item = win.queue_panel.list.item(0)
+    assert "768×512 px" in item.text() and item.icon().isNull()
+    pic = tmp_path / "done.png"
+    Image.fromarray(np.full((32, 32, 3), 120, np.uint8)).save(pic)
+    q.finish(job.id, "done", results=[str(pic)])
+    win.queue_panel.refresh()
+    item = win.queue_panel.list.item(0)
+    assert not item.icon().isNull() and "768×512 px" in item.text()
+
+
+def test_the_demo_says_it_was_trained_at_128_px(qtbot, tmp_path):
+    from sdplan.app.main import open_demo
+
+    ctl = PlanController(inventory())
+    assert open_demo(ctl)
+    w = MainWindow(ctl, QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat),
+                   history_dir=tmp_path / "h", queue_path=tmp_path / "q.json")
+    qtbot.addWidget(w)
+    w.show()
+    panel = w.generation
+    assert panel.size_note.isHidden()  # 128 x 128: what it was trained for
+    panel.width_box.setValue(384)
+    panel.height_box.setValue(384)
+    assert panel.size_note.isVisible()
+    assert panel.size_note.text() == ("sdplan-demo-shapes.safetensors was trained at 128 × 128 px: "
+                                      "at 384 × 384 px its pictures may repeat or break their shapes")

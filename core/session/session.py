@@ -46,28 +46,39 @@ class Session(BoardSession):
     def import_png(self, path: str | Path) -> list[str]:
         """Restore a run from a picture's metadata (sd-cli's ``parameters`` text or sdplan's
         own): prompt and settings, the model files that exist here, and the placement
-        strings. Returns what was taken (for the status bar).
+        strings. The picture names its files by name: they are looked for beside it, in the
+        current folder and among the model library's files. Returns what was taken (for the
+        status bar).
 
         Raises:
             SdplanError: the picture records no generation (nothing changes); PlanError: its
                 placement does not resolve on these devices (settings and files are kept).
         """
-        from sdplan.core.pipelines.stages.results import read_generation
+        from sdplan.core.pipelines.stages.results import (
+            locate_inputs,
+            locate_model_files,
+            read_generation,
+            read_result,
+        )
         from sdplan.core.planning.sdcli import GENERATION_FLAGS
 
         try:
             got = read_generation(path)
+            mine = read_result(path)  # the app's index beside its own pictures: full paths
         except OSError as exc:
             raise SdplanError(f"{path}: {exc.strerror or exc}") from None
         if not got.settings and not got.model_files:
             raise SdplanError(f"{path}: no generation parameters in this picture")
         taken: list[str] = []
-        settings = {k: v for k, v in got.settings.items() if k in GENERATION_FLAGS}
+        recorded = {**got.settings, **{k: v for k, v in mine.settings.items() if k in got.settings}}
+        settings = {k: v for k, v in locate_inputs(recorded, path).items()
+                    if k in GENERATION_FLAGS}
         if settings:
             self.generation.update(settings)
             taken.append("settings")
-        files = {k: [p for p in v if Path(p).is_file()] for k, v in got.model_files.items()}
-        files = {k: v for k, v in files.items() if v and k in MODEL_FLAGS}
+        found = locate_model_files(mine.model_files or got.model_files, path,
+                                   sha256=got.model_hash)
+        files = {k: v for k, v in found.items() if k in MODEL_FLAGS}
         if files:
             self.load_model_files(files, strict=False)
             taken.append("model files")
@@ -202,10 +213,41 @@ class Session(BoardSession):
         except (SdplanError, OSError, ValueError):
             return None
 
+    def is_demo(self) -> bool:
+        """Whether the open files are the built-in demo model's."""
+        from sdplan.core.pipelines.demo.model import demo_lora_dir
+
+        home = demo_lora_dir().parent
+        return any(Path(p).parent == home for v in self.model_files.values() for p in v)
+
     def own_lora_folder(self) -> Path | None:
         """The LoRA folder the open files bring (the demo model's own), or None."""
         from sdplan.core.pipelines.demo.model import demo_lora_dir
 
-        folder = demo_lora_dir()
-        files = [p for v in self.model_files.values() for p in v]
-        return folder if any(Path(p).parent == folder.parent for p in files) else None
+        return demo_lora_dir() if self.is_demo() else None
+
+    def trained_sizes(self) -> tuple[tuple[int, int], ...]:
+        """The picture sizes ``(width, height)`` in pixels the open model was trained for:
+        the demo model's 128 x 128, else its family's
+        (:func:`~sdplan.core.families.recommended_sizes`); empty when unknown."""
+        from sdplan.core.families import recommended_sizes
+        from sdplan.core.pipelines.demo.model import DEMO_DEFAULTS
+
+        if self.is_demo():
+            return ((int(DEMO_DEFAULTS["width"]), int(DEMO_DEFAULTS["height"])),)
+        return recommended_sizes(self.profile.architecture if self.profile else None)
+
+    def size_note(self, width: int, height: int) -> str | None:
+        """A line for a picture size far from what the model was trained for (a side over
+        1.5 times its largest trained side, or under half its smallest), else None: such
+        pictures repeat or break their shapes. Nothing is refused."""
+        sizes = self.trained_sizes()
+        if not sizes or (width, height) in sizes:
+            return None
+        big = max(max(w, h) for w, h in sizes)
+        small = min(min(w, h) for w, h in sizes)
+        if max(width, height) <= big * 1.5 and min(width, height) >= small / 2:
+            return None
+        tw, th = sizes[0]
+        return (f"{self.title()[0]} was trained at {tw} × {th} px: at {width} × {height} px "
+                "its pictures may repeat or break their shapes")
