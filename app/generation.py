@@ -156,6 +156,9 @@ class GenerationPanel(QFrame):
         self.params_label = QLabel()
         self.params_label.setObjectName("Caption")
         self.params_label.setWordWrap(True)
+        # two lines, always: a result's caption never moves what is above or below it
+        self.params_label.setFixedHeight(self.params_label.fontMetrics().lineSpacing() * 2 + 4)
+        self.params_label.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
         lay.addWidget(self.params_label)
         hl = QLabel("TODAY")
         hl.setObjectName("Section")
@@ -408,7 +411,7 @@ class GenerationPanel(QFrame):
         self.last_images = [to_qimage(a) for a in images]
         if self.last_images:
             self._show(self.last_images[0])
-        self.params_label.setText(describe_params({**record["params"], "timings": record.get("timings")
+        self._caption(describe_params({**record["params"], "timings": record.get("timings")
                                                    or record["params"].get("timings")}))
         self.progress.setValue(self.progress.maximum())
         self.progress_label.setText(f"done in {time.monotonic() - self._t0:.1f} s")
@@ -454,6 +457,11 @@ class GenerationPanel(QFrame):
             self.thread.quit()
             self.thread.wait(10_000)
         self.close_engine()
+
+    def _caption(self, text: str) -> None:
+        """The result's caption (two lines; the tooltip has all of it)."""
+        self.params_label.setText(text)
+        self.params_label.setToolTip(text)
 
     def _show(self, img: QImage) -> None:
         """Show ``img`` scaled to fit the preview area (aspect kept)."""
@@ -523,7 +531,7 @@ class GenerationPanel(QFrame):
         path = Path(item.data(Qt.ItemDataRole.UserRole))
         self._show(QImage(str(path)))
         try:
-            self.params_label.setText(describe_params(read_result(path).settings))
+            self._caption(describe_params(read_result(path).settings))
         except OSError:
-            self.params_label.setText(path.name)
+            self._caption(path.name)
 

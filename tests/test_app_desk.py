@@ -372,22 +372,39 @@ def test_steps_take_what_the_command_line_takes(qtbot, tmp_path):
     assert box.value() == 250 and win.ctl.generation["steps"] == 250
 
 
-def test_a_result_does_not_grow_the_panel_or_scroll_it(qtbot, tmp_path):
+@pytest.mark.parametrize("size", [(1440, 900), (1366, 700)])
+def test_a_result_neither_grows_the_panel_nor_moves_it_under_the_cursor(qtbot, tmp_path, size):
+    """A run with live previews and a result whose caption takes two lines: the Generate
+    button stays where it was, the panel keeps its height and the scroll area its range."""
     import numpy as np
+    from PySide6.QtCore import QPoint
+    from replay_client import ReplayEngineClient
 
-    win = make_window(qtbot, tmp_path)
-    win.resize(1366, 700)
+    prev = np.full((64, 64, 3), 90, np.uint8)
+    client = ReplayEngineClient([
+        {"type": "progress", "step": 1, "total": 2, "preview": prev},
+        {"type": "progress", "step": 2, "total": 2, "preview": prev},
+        {"type": "result", "images": [np.full((1024, 1024, 3), 200, np.uint8)],
+         "params": {"seed": 1, "prompt": "a lighthouse on a cliff at dusk " * 6}}])
+    win = make_window(qtbot, tmp_path, client_factory=lambda: client)
+    win.ctl.load_model_files({"model": [str(TINY)]}, strict=False)
+    win.resize(*size)
     win.show()
     qtbot.waitExposed(win)
     panel = win.generation
-    scroll = win.side.widget(0)
-    bar = scroll.verticalScrollBar()
-    bar.setValue(bar.maximum() // 2)
-    before = (panel.minimumSizeHint().height(), panel.height(), bar.value(), bar.maximum())
-    panel.on_result([np.full((1024, 1024, 3), 200, np.uint8)], {"params": {"seed": 1}})
+    bar = win.side.widget(0).verticalScrollBar()
+
+    def where() -> tuple[int, int, int, int]:
+        return (panel.generate_btn.mapTo(win, QPoint(0, 0)).y(), panel.height(), bar.value(),
+                bar.maximum())
+
+    before = where()
+    panel.prompt.setPlainText("x")
+    assert panel.generate()
+    qtbot.waitUntil(lambda: not panel.is_running(), timeout=5000)
     qtbot.wait(50)
-    assert panel.preview.pixmap() is not None and not panel.preview.pixmap().isNull()
-    assert (panel.minimumSizeHint().height(), panel.height(), bar.value(), bar.maximum()) == before
+    assert not panel.preview.pixmap().isNull() and panel.params_label.text()
+    assert where() == before
 
 
 def test_the_queue_shows_each_jobs_size_and_a_thumbnail_when_done(qtbot, tmp_path):

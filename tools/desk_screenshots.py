@@ -2,11 +2,14 @@
 screen size, a first run (fresh settings: the demo model) and the same window maximised.
 
     python tools/desk_screenshots.py OUT_DIR [--sizes 1024x700,1366x768,1920x1080]
+        [--prefix NAME] [--gui "ARGS"]
 
-Writes ``OUT_DIR/<W>x<H>-first.png`` and ``<W>x<H>-maximised.png`` (the whole screen, window
-frame included) and ``OUT_DIR/geometry.json``: per size and state, the screen's available
-geometry, the window's frame geometry, the board's height, the number of module cards shown
-and whether the flags are folded. Needs ``Xvfb`` and ``openbox`` on PATH (Debian/Ubuntu:
+Writes ``OUT_DIR/<prefix><W>x<H>-first.png`` and ``<prefix><W>x<H>-maximised.png`` (the whole
+screen, window frame included) and ``OUT_DIR/<prefix>geometry.json``: per size and state, the
+screen's available geometry, the window's frame geometry, the board's height, the number of
+module cards shown and whether the flags are folded. ``--gui`` passes ``sdplan gui``
+arguments (``--devices D.json --model-profile flux1-dev-q8_0 --backend ...``); without them
+the window opens as a first run does (the demo model on this machine's devices). Needs ``Xvfb`` and ``openbox`` on PATH (Debian/Ubuntu:
 ``apt install xvfb openbox libxcb-icccm4 libxcb-keysyms1 libxcb-cursor0``).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,7 +27,7 @@ import time
 from pathlib import Path
 
 
-def _child(out: Path, label: str) -> dict:
+def _child(out: Path, label: str, gui: list[str]) -> dict:
     """In the X session: open the window as a first run, grab the screen, maximise, grab."""
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
@@ -34,7 +38,7 @@ def _child(out: Path, label: str) -> dict:
 
     app = QApplication([sys.argv[0]])
     apply_theme(app, "light")
-    args = build_parser().parse_args([])
+    args = build_parser().parse_args(gui)
     settings = QSettings(str(Path(os.environ["XDG_CONFIG_HOME"]) / "sdplan.ini"),
                          QSettings.Format.IniFormat)
     _, win = build_window(args, settings)
@@ -71,11 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--sizes", default="1024x700,1366x768,1920x1080")
+    ap.add_argument("--prefix", default="")
+    ap.add_argument("--gui", default="", help="sdplan gui arguments, as one string")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.child:
-        print(json.dumps(_child(a.out, a.child)))
+        print(json.dumps(_child(a.out, a.child, shlex.split(a.gui))))
         return 0
     for tool in ("Xvfb", "openbox"):
         if shutil.which(tool) is None:
@@ -95,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                                   stderr=subprocess.DEVNULL)
             time.sleep(1.0)
             try:
-                res = subprocess.run([sys.executable, __file__, str(a.out), "--child", size],
+                res = subprocess.run([sys.executable, __file__, str(a.out), "--child",
+                                      f"{a.prefix}{size}", "--gui", a.gui],
                                      env=env, capture_output=True, text=True, timeout=300)
             finally:
                 wm.terminate()
@@ -107,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             report[size] = json.loads(res.stdout.strip().splitlines()[-1])
             print(size, json.dumps(report[size]))
-    (a.out / "geometry.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    (a.out / f"{a.prefix}geometry.json").write_text(json.dumps(report, indent=1),
+                                                    encoding="utf-8")
     return 0
 
 
