@@ -284,3 +284,15 @@ def test_title_names_the_pasted_model_even_unread() -> None:
     s.model_files = {"diffusion_model": ["/x/z_image_turbo.gguf"], "vae": ["/x/ae.safetensors"]}
     assert s.title()[0] == "z_image_turbo.gguf"
     assert session(profile=None).title() == ("No model loaded", None)
+
+
+def test_unreadable_files_leave_the_sizes_unknown_never_the_previous_models(tmp_path: Path) -> None:
+    s = session()
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\0" * 64)
+    note = s.load_model_files({"model": [str(junk)]}, strict=False)
+    assert note is not None and note.startswith("model files not read")
+    assert s.profile is None and s.fit is None and s.module_bytes("diffusion") is None
+    assert s.model_files == {"model": [str(junk)]} and s.modules() == ["diffusion", "te", "vae"]
+    with pytest.raises(SdplanError):
+        session().load_model_files({"model": [str(junk)]})

@@ -321,7 +321,8 @@ class BoardSession(Estimates):
         """Read model files (headers only) into the profile; ``flags`` maps sd-cli model
         keys (``model``, ``diffusion_model``, ``t5xxl``...) to paths. A new architecture
         brings its family's generation settings. Returns why the files could not be read
-        (only when not ``strict``: the paths are kept for the command), else None.
+        (only when not ``strict``: the paths are kept for the command and the sizes are
+        unknown, never the previous model's), else None.
 
         Raises:
             SdplanError, OSError, ValueError: a file is unreadable or not a model (only when
@@ -345,8 +346,9 @@ class BoardSession(Estimates):
                 raise  # nothing changed
             note = f"model files not read: {exc}"
             self.notify(note)
-            self.model_file_flags = []  # unread files: nothing known about them
-            self.size_multiple = None
+            self.model_file_flags = []  # unread files: nothing known about them, and
+            self.size_multiple = None  # never the previous model's sizes
+            self.profile = None
         else:
             self._family_defaults(profile)
             self.profile = profile
