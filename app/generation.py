@@ -6,21 +6,15 @@ QThread; the UI never blocks.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from PySide6.QtCore import Qt, QThread, Signal, Slot
 from PySide6.QtGui import QImage, QPixmap
 from PySide6.QtWidgets import (
-    QComboBox,
-    QDoubleSpinBox,
-    QFormLayout,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -29,7 +23,6 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSizePolicy,
-    QSpinBox,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -37,13 +30,15 @@ from PySide6.QtWidgets import (
 from sdplan.app.controller import PlanController
 from sdplan.app.history_strip import HistoryStrip
 from sdplan.app.inputs import InputsPanel
+from sdplan.app.pictures import to_qimage, write_pictures
+from sdplan.app.settings_form import settings_form
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
-from sdplan.core.errors import SdplanError
+from sdplan.app.wrap_label import ElidedLabel
 from sdplan.core.families import recommended_sizes
-from sdplan.core.pipelines.stages.outputs import atomic_write
 from sdplan.core.pipelines.stages.results import read_result
 from sdplan.core.sampling.samplers import SAMPLERS as CORE_SAMPLERS
 from sdplan.core.sampling.schedules import SCHEDULES as CORE_SCHEDULES
+from sdplan.core.session.runs import describe_params, run_record
 
 log = logging.getLogger(__name__)
 
@@ -51,51 +46,7 @@ log = logging.getLogger(__name__)
 SAMPLERS = CORE_SAMPLERS
 SCHEDULES = CORE_SCHEDULES
 
-
-def to_qimage(array: Any) -> QImage:
-    """An (H, W, 3|4) uint8 or float [0, 1] array (or (H, W) grey) as a QImage copy.
-
-    Raises:
-        ValueError: any other shape.
-    """
-    a = np.asarray(array)
-    if a.dtype != np.uint8:
-        a = (np.clip(a.astype(np.float32), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-    if a.ndim == 2:
-        a = np.repeat(a[:, :, None], 3, axis=2)
-    if a.ndim != 3 or a.shape[2] not in (3, 4):
-        raise ValueError(f"an image must be (H, W, 3) or (H, W, 4), not {a.shape}")
-    a = np.ascontiguousarray(a)
-    h, w, c = a.shape
-    fmt = QImage.Format.Format_RGB888 if c == 3 else QImage.Format.Format_RGBA8888
-    return QImage(a.data, w, h, w * c, fmt).copy()
-
-
-def session_request(ctl: PlanController, settings: dict[str, Any]) -> dict[str, Any]:
-    """The engine request of ``settings`` on the controller's files and resolved plan (the
-    plan on the board), in JSON form (:func:`sdplan.core.pipelines.request.planned_request`)."""
-    from sdplan.core.pipelines.request import planned_request
-
-    files = {k: list(v) for k, v in ctl.model_files.items()}
-    return planned_request(settings, files, ctl.plan, ctl.fit, ctl.inventory).to_dict()
-
-
-def describe_params(params: dict[str, Any]) -> str:
-    """One caption line for a result's parameters: prompt, size, steps, CFG, seed, sampler
-    and the run time in seconds when known (``timings['total']``)."""
-    parts = []
-    if params.get("prompt"):
-        parts.append(f"“{params['prompt']}”")
-    if params.get("width") and params.get("height"):
-        parts.append(f"{params['width']}×{params['height']}")
-    for key, label in (("steps", "steps"), ("cfg_scale", "CFG"), ("seed", "seed"),
-                       ("sampling_method", "")):
-        if params.get(key) is not None:
-            parts.append(f"{label} {params[key]}".strip())
-    timings = params.get("timings")
-    if isinstance(timings, dict) and isinstance(timings.get("total"), (int, float)):
-        parts.append(f"{timings['total']:.1f} s")
-    return "  ·  ".join(parts)
+__all__ = ["SAMPLERS", "SCHEDULES", "GenerationPanel", "describe_params", "to_qimage"]
 
 
 class GenerationPanel(QFrame):
@@ -104,6 +55,7 @@ class GenerationPanel(QFrame):
     names each image file written."""
 
     resultSaved = Signal(str)
+    outputFolderChanged = Signal(str)
 
     def __init__(self, controller: PlanController, history_dir: str | Path,
                  client_factory: ClientFactory | None = None,
@@ -146,64 +98,7 @@ class GenerationPanel(QFrame):
         self.negative.setPlaceholderText("Negative prompt")
         self.negative.setMaximumHeight(40)
         lay.addWidget(self.negative)
-        form = QFormLayout()
-        form.setHorizontalSpacing(10)
-        form.setVerticalSpacing(6)
-        size = QHBoxLayout()
-        self.width_box, self.height_box = QSpinBox(), QSpinBox()
-        for box in (self.width_box, self.height_box):
-            box.setRange(64, 4096)
-            box.setSingleStep(64)
-            box.setSuffix(" px")
-            box.setKeyboardTracking(False)
-        size.setSpacing(8)
-        size.addWidget(self.width_box, 1)
-        size.addWidget(QLabel("×"))
-        size.addWidget(self.height_box, 1)
-        form.addRow("Size", size)
-        self.size_preset = QComboBox()
-        self.size_preset.setToolTip("Sizes the loaded model was trained for")
-        self.size_preset.activated.connect(self._apply_preset)
-        for box in (self.width_box, self.height_box):
-            box.valueChanged.connect(self._show_preset)
-            box.valueChanged.connect(self.update_state)
-        form.addRow("Preset", self.size_preset)
-        self.steps = QSpinBox()
-        self.steps.setRange(1, 200)
-        self.cfg = QDoubleSpinBox()
-        self.cfg.setRange(0.0, 30.0)
-        self.cfg.setSingleStep(0.5)
-        sc = QHBoxLayout()
-        sc.setSpacing(8)
-        sc.addWidget(self.steps, 1)
-        cfg_label = QLabel("CFG")
-        cfg_label.setContentsMargins(8, 0, 0, 0)
-        cfg_label.setToolTip("Classifier-free guidance scale (--cfg-scale)")
-        sc.addWidget(cfg_label)
-        sc.addWidget(self.cfg, 1)
-        form.addRow("Steps", sc)
-        seed_row = QHBoxLayout()
-        self.seed = QSpinBox()
-        self.seed.setRange(-1, 2**31 - 1)
-        self.seed.setSpecialValueText("random")
-        self.dice = QToolButton()
-        self.dice.setText("⚄")
-        self.dice.setToolTip("New random seed")
-        self.dice.clicked.connect(lambda: self.seed.setValue(random.randrange(2**31 - 1)))
-        seed_row.addWidget(self.seed, 1)
-        seed_row.addWidget(self.dice)
-        form.addRow("Seed", seed_row)
-        self.sampler, self.schedule = QComboBox(), QComboBox()
-        self.sampler.addItems(SAMPLERS)
-        self.schedule.addItems(SCHEDULES)
-        ss = QHBoxLayout()
-        ss.addWidget(self.sampler, 1)
-        ss.addWidget(self.schedule, 1)
-        form.addRow("Sampler", ss)
-        self.batch = QSpinBox()
-        self.batch.setRange(1, 64)
-        form.addRow("Batch", self.batch)
-        lay.addLayout(form)
+        lay.addLayout(settings_form(self))
         #: LoRAs and the picture to start from (sdplan.app.inputs).
         self.inputs = InputsPanel(self._insert_tag, self._model_family, self._lora_table)
         lay.addWidget(self.inputs)
@@ -219,6 +114,17 @@ class GenerationPanel(QFrame):
         buttons.addWidget(self.generate_btn, 1)
         buttons.addWidget(self.cancel_btn)
         lay.addLayout(buttons)
+        out_row = QHBoxLayout()
+        self.output_label = ElidedLabel()
+        self.output_label.setObjectName("Caption")
+        out_row.addWidget(self.output_label, 1)
+        self.output_btn = QToolButton()
+        self.output_btn.setText("Change…")
+        self.output_btn.setToolTip("Choose the folder pictures are saved in")
+        self.output_btn.clicked.connect(self.choose_output_folder)
+        out_row.addWidget(self.output_btn)
+        lay.addLayout(out_row)
+        self._show_output_folder()
         self.progress = QProgressBar()
         self.progress.setTextVisible(False)
         self.progress.setMaximumHeight(6)
@@ -241,13 +147,18 @@ class GenerationPanel(QFrame):
         self.preview = QLabel()
         self.preview.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.preview.setMinimumHeight(72)
-        self.preview.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
+        # a shown picture never asks for more room: the panel keeps its height and the
+        # scroll area does not move under the cursor
+        self.preview.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)
         self.preview.setObjectName("Muted")
         self.preview.setText("The live preview appears here")
         lay.addWidget(self.preview, 1)
         self.params_label = QLabel()
         self.params_label.setObjectName("Caption")
         self.params_label.setWordWrap(True)
+        # two lines, always: a result's caption never moves what is above or below it
+        self.params_label.setFixedHeight(self.params_label.fontMetrics().lineSpacing() * 2 + 4)
+        self.params_label.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
         lay.addWidget(self.params_label)
         hl = QLabel("TODAY")
         hl.setObjectName("Section")
@@ -356,25 +267,14 @@ class GenerationPanel(QFrame):
 
     def _lora_table(self) -> Any:
         """The open model's LoRA alias table (headers only), or None."""
-        from sdplan.core.modelfiles.checkpoint import read_model_files
-        from sdplan.core.modelfiles.lora import model_aliases
-
-        files = {k: v for k, v in self.ctl.model_files.items() if k not in ("taesd", "upscale_model")}
-        if not files:
-            return None
-        try:
-            return model_aliases(read_model_files(files))
-        except (SdplanError, OSError, ValueError):
-            return None
+        return self.ctl.session.lora_table()
 
     def _model_changed(self) -> None:
         """New model: its family's fit marks; the demo model brings its own LoRA folder."""
-        from sdplan.core.pipelines.demo.model import demo_lora_dir
-
         if self.inputs.folder is None and not self.ctl.generation.get("lora_model_dir"):
-            files = [p for v in self.ctl.model_files.values() for p in v]
-            if any(Path(p).parent == demo_lora_dir().parent for p in files):
-                self.inputs.set_folder(demo_lora_dir())
+            own = self.ctl.session.own_lora_folder()
+            if own is not None:
+                self.inputs.set_folder(own)
                 return
         self.inputs.refresh_fit()
 
@@ -385,43 +285,25 @@ class GenerationPanel(QFrame):
     # ------------------------------------------------------------------ state
     def unavailable_reason(self) -> str | None:
         """Why Generate is disabled now, or None."""
-        if not self.ctl.model_files:
-            prof = self.ctl.profile
-            if prof is not None and prof.name:
-                return (f"Planning for {prof.name} without its files. Load a model to "
-                        "generate (File → Open model files, or drop files here)")
-            return "Load a model to generate (File → Open model files, or drop files here)"
-        f = self.ctl.size_multiple
-        w, h = self.width_box.value(), self.height_box.value()
-        if f and (w % f or h % f):
-            return f"Size {w} × {h} px: this model draws sizes that are multiples of {f} px"
-        refusal = self.refusal()
-        if refusal:
-            return refusal
+        reason = self.ctl.session.unavailable_reason({**self.settings(), **self.request_extra})
+        if reason:
+            return reason
         if self.client_factory is None and engine_unavailable_reason():
             return engine_unavailable_reason()
         return self.engine_busy()
 
     def refusal(self) -> str | None:
-        """Why the loaded family would refuse these settings (a sampler, scheduler or option
-        it does not take; :meth:`~sdplan.core.pipelines.request.GenerationRequest.check`), or
-        None: the same check the engine makes, before anything loads."""
-        from sdplan.core.families import family_of, variant_of
-        from sdplan.core.pipelines.request import FALLBACK, GenerationRequest
-
-        arch = self.ctl.profile.architecture if self.ctl.profile is not None else None
-        fam = family_of(arch) or family_of(FALLBACK)
-        if fam is None:
-            return None
-        try:
-            GenerationRequest.from_settings({**self.settings(), **self.request_extra},
-                                            self.ctl.model_files).check(fam, variant_of(arch))
-        except SdplanError as exc:
-            return str(exc)
-        return None
+        """Why the open family would refuse these settings, or None (the engine's check,
+        before anything loads)."""
+        return self.ctl.session.refusal({**self.settings(), **self.request_extra})
 
     def update_state(self) -> None:
-        """Enable Generate only with a model and an engine, and say why otherwise."""
+        """Enable Generate only with a model and an engine, and say why otherwise; say when
+        the size is far from what the model was trained for."""
+        note = self.ctl.session.size_note(self.width_box.value(), self.height_box.value()) \
+            if self.ctl.model_files else None
+        self.size_note.setText(note or "")
+        self.size_note.setVisible(note is not None)
         reason = self.unavailable_reason()
         running = self.thread is not None
         self.generate_btn.setEnabled(reason is None and not running)
@@ -440,7 +322,7 @@ class GenerationPanel(QFrame):
         Raises:
             SdplanError: a malformed setting (the panel's fields keep them well-formed).
         """
-        return session_request(self.ctl, {**self.settings(), **self.request_extra})
+        return self.ctl.session.request({**self.settings(), **self.request_extra})
 
     # ------------------------------------------------------------------ running
     def generate(self) -> bool:
@@ -529,7 +411,7 @@ class GenerationPanel(QFrame):
         self.last_images = [to_qimage(a) for a in images]
         if self.last_images:
             self._show(self.last_images[0])
-        self.params_label.setText(describe_params({**record["params"], "timings": record.get("timings")
+        self._caption(describe_params({**record["params"], "timings": record.get("timings")
                                                    or record["params"].get("timings")}))
         self.progress.setValue(self.progress.maximum())
         self.progress_label.setText(f"done in {time.monotonic() - self._t0:.1f} s")
@@ -576,6 +458,11 @@ class GenerationPanel(QFrame):
             self.thread.wait(10_000)
         self.close_engine()
 
+    def _caption(self, text: str) -> None:
+        """The result's caption (two lines; the tooltip has all of it)."""
+        self.params_label.setText(text)
+        self.params_label.setToolTip(text)
+
     def _show(self, img: QImage) -> None:
         """Show ``img`` scaled to fit the preview area (aspect kept)."""
         w, h = max(self.preview.width(), 64), max(self.preview.height(), 64)
@@ -583,55 +470,57 @@ class GenerationPanel(QFrame):
             w, h, Qt.AspectRatioMode.KeepAspectRatio,
             Qt.TransformationMode.SmoothTransformation))
 
+    # ------------------------------------------------------------------ output folder
+    def _show_output_folder(self) -> None:
+        folder = str(self.history_dir)
+        home = str(Path.home())
+        shown = "~" + folder[len(home):] if folder.startswith(home) else folder
+        self.output_label.setText(f"Saved to {shown}")
+
+    def set_history_dir(self, folder: str | Path) -> None:
+        """Save pictures in ``folder`` from now on (today's strip follows it)."""
+        self.history_dir = Path(folder)
+        self.history.folder = self.history_dir
+        self._show_output_folder()
+
+    def choose_output_folder(self, folder: str | None = None) -> bool:
+        """Ask for the output folder (or take ``folder``), use it and emit
+        ``outputFolderChanged``; False when none was chosen."""
+        if not folder:
+            from PySide6.QtWidgets import QFileDialog
+
+            folder = QFileDialog.getExistingDirectory(self, "Save pictures in",
+                                                      str(self.history_dir))
+        if not folder:
+            return False
+        self.set_history_dir(folder)
+        self.outputFolderChanged.emit(str(folder))
+        return True
+
     # ------------------------------------------------------------------ history
     def save_results(self, images: list[Any], result: dict,
                      request: dict[str, Any] | None = None) -> list[Path]:
         """Save a run's pictures (uint8 ``(H, W, 3)`` arrays, or QImages) in the history
         folder as PNGs carrying the record ``sdplan generate`` writes
-        (:func:`sdplan.core.pipelines.stages.results.picture_text`: sd-cli's "parameters"
-        text, the settings that ran, the plan, the model flags and the sd-cli command), each
-        with a JSON file of its params, so a picture restores its run when dropped on the
-        window. ``result`` is the engine's record (or its params alone); ``request`` the
-        request it came from (default: the last one). Returns the paths."""
-        from sdplan.core.pipelines.stages.results import picture_text, save_png
+        (:func:`sdplan.app.pictures.write_pictures`), so a picture restores its run when
+        dropped on the window. ``result`` is the engine's record (or its params alone);
+        ``request`` the request it came from (default: the last one). Returns the paths; a
+        folder that cannot be written is said on the status bar (the picture stays on
+        screen)."""
+        req = request or self._last_request or self.request()
+        record = run_record(result, req)
+        paths: list[Path] = []
+
+        def saved(path: Path) -> None:
+            paths.append(path)
+            self.history.add(path)
+            self.resultSaved.emit(str(path))
 
         try:
-            self.history_dir.mkdir(parents=True, exist_ok=True)
+            write_pictures(self.history_dir, images, record, req.get("model_files") or {}, saved)
         except OSError as exc:
             self.ctl.status.emit(f"not saved: cannot write to {self.history_dir} "
                                  f"({exc.strerror or exc}); the picture stays on screen")
-            return []
-        req = request or self._last_request or self.request()
-        record = dict(result) if "params" in result else {"params": dict(result)}
-        record["params"] = {**_request_settings(req), **record["params"]}  # the engine's word wins
-        if not record.get("plan"):  # an engine that did not say: the request's own plan
-            plan = req.get("plan") or {}
-            record["plan"] = dict(plan.get("strings") or {}) if isinstance(plan, dict) else {}
-        text = picture_text(record, req.get("model_files") or {})
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        settings = json.dumps(record["params"], indent=1, default=str)
-        paths = []
-        for i, img in enumerate(images):
-            path = self.history_dir / f"{stamp}-{i}.png"
-            n = 1
-            while path.exists():  # a queue can finish two jobs within a second
-                path, n = self.history_dir / f"{stamp}-{i}-{n}.png", n + 1
-            chunks = text | ({"batch_index": str(i)} if len(images) > 1 else {})
-            try:  # atomically: a failure leaves no partial file, and the picture stays on screen
-                if isinstance(img, QImage):
-                    for key, value in chunks.items():
-                        img.setText(key, value)
-                    atomic_write(path, _png_writer(img))
-                else:
-                    save_png(_uint8(img), path, chunks)
-                atomic_write(path.with_suffix(".json"), lambda tmp: tmp.write_text(settings))
-            except OSError as exc:
-                self.ctl.status.emit(f"not saved: cannot write to {self.history_dir} "
-                                     f"({exc.strerror or exc}); the picture stays on screen")
-                return paths
-            self.history.add(path)
-            paths.append(path)
-            self.resultSaved.emit(str(path))
         return paths
 
     def _load_history(self) -> None:
@@ -642,32 +531,7 @@ class GenerationPanel(QFrame):
         path = Path(item.data(Qt.ItemDataRole.UserRole))
         self._show(QImage(str(path)))
         try:
-            self.params_label.setText(describe_params(read_result(path).settings))
+            self._caption(describe_params(read_result(path).settings))
         except OSError:
-            self.params_label.setText(path.name)
+            self._caption(path.name)
 
-
-def _uint8(img: Any) -> np.ndarray:
-    """An engine picture as uint8 ``(H, W, 3)`` (float pictures in [0, 1] are scaled)."""
-    a = np.asarray(img)
-    if a.dtype != np.uint8:
-        a = (np.clip(a.astype(np.float32), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-    return a
-
-
-def _request_settings(req: dict[str, Any]) -> dict[str, Any]:
-    """The settings a request asked for (a record from an engine that gave fewer)."""
-    from sdplan.core.pipelines.request import GenerationRequest
-
-    try:
-        return GenerationRequest.from_dict(req).settings()
-    except (SdplanError, ValueError, TypeError):
-        return {}
-
-
-def _png_writer(img: QImage) -> Callable[[Path], None]:
-    """A writer of ``img`` as PNG to a temporary path (for :func:`atomic_write`)."""
-    def write(tmp: Path) -> None:
-        if not img.save(str(tmp), "PNG"):
-            raise OSError(f"Qt could not write {tmp.name}")
-    return write

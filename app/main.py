@@ -210,6 +210,7 @@ def _open_window(args: argparse.Namespace, app: Any, settings: Any) -> int:
     if mode in win.theme_actions:
         win.theme_actions[mode].setChecked(True)
     if args.screenshot:
+        win.keep_size = True  # the picture's size, whatever the (offscreen) screen
         win.resize(*getattr(args, "size", (1440, 900)))
         win.show()
         tab = getattr(args, "tab", None)

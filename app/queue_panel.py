@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, QSize, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtWidgets import (
     QButtonGroup,
     QDialog,
@@ -41,6 +41,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 from sdplan.app.generation import GenerationPanel
+from sdplan.app.history_strip import thumbnail
 from sdplan.app.worker import GenerationWorker
 from sdplan.core.pipelines.job_queue import Job, JobQueue
 
@@ -48,6 +49,14 @@ log = logging.getLogger(__name__)
 
 JobRole = Qt.ItemDataRole.UserRole
 STATE_MARKS = {"queued": "○", "running": "▶", "done": "✓", "failed": "✕", "cancelled": "⊘"}
+
+
+def job_size(job: Job) -> str:
+    """``W×H px`` (``, batch N`` when more than one) of a job's request."""
+    r = job.request
+    text = f"{r.get('width') or '?'}×{r.get('height') or '?'} px"
+    batch = int(r.get("batch_count") or 1)
+    return text + (f", batch {batch}" if batch > 1 else "")
 
 
 def clock(seconds: float | None) -> str:
@@ -379,6 +388,7 @@ class QueuePanel(QFrame):
         self.list = QListWidget()
         self.list.setAccessibleName("Queued jobs")
         self.list.setWordWrap(True)
+        self.list.setIconSize(QSize(40, 40))
         self.list.itemActivated.connect(self._activated)
         self.list.currentItemChanged.connect(lambda *_: self._buttons())
         lay.addWidget(self.list, 1)
@@ -491,7 +501,7 @@ class QueuePanel(QFrame):
             extra = " — cancelled"
         elif job.state == "running":
             extra = f" — step {job.steps_done}/{job.steps}"
-        return f"{STATE_MARKS[job.state]} {job.label}{extra}"
+        return f"{STATE_MARKS[job.state]} {job.label} · {job_size(job)}{extra}"
 
     def refresh(self) -> None:
         """Redraw the list, the buttons and both progress lines."""
@@ -500,6 +510,9 @@ class QueuePanel(QFrame):
         for job in self.runner.queue.jobs:
             item = QListWidgetItem(self.item_text(job))
             item.setData(JobRole, job.id)
+            shown = next((p for p in job.results if Path(p).is_file()), None)
+            if shown is not None:  # a finished job shows its first picture
+                item.setIcon(thumbnail(shown, 40))
             tip = [job.label, f"state: {job.state}"]
             if job.error:
                 tip.append(job.error)

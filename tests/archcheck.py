@@ -14,6 +14,7 @@ one above or a sibling of its rank::
     runtime    the engine's Python side
     models     graph definitions
     pipelines  one per family, and the engine jobs
+    session    the desktop session without Qt: the board's state and operations
     commands   sdplan.core.cli and sdplan.core.commands.*
     app        sdplan.app.*
 
@@ -36,7 +37,7 @@ PACKAGES = {"core": "sdplan.core", "app": "sdplan.app"}
 
 #: Layer name -> rank; a module may import ranks lower than its own, and its own layer.
 RANKS = {"base": 0, "families": 1, "planning": 2, "modelfiles": 3, "text": 4, "sampling": 4,
-         "runtime": 5, "models": 6, "pipelines": 7, "commands": 8, "app": 9}
+         "runtime": 5, "models": 6, "pipelines": 7, "session": 8, "commands": 9, "app": 10}
 
 QT = ("PySide6", "shiboken6")
 NATIVE = "sdplan._ggml"

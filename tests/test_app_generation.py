@@ -179,7 +179,8 @@ def test_real_engine_generates_with_live_previews_into_history(qtbot, tmp_path):
 
     back = QImage(str(saved[0]))
     assert back.convertToFormat(img.format()) == img
-    params = json.loads(saved[0].with_suffix(".json").read_text())
+    index = json.loads(saved[0].with_suffix(".json").read_text())  # the gallery's index
+    params = index["settings"]
     assert params["seed"] == 7 and params["prompt"] == "a red circle on a blue background"
     assert params["width"] == 64 and params["steps"] == 4
     assert "“a red circle on a blue background”" in p.params_label.text()

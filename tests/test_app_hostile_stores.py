@@ -61,8 +61,9 @@ def stores(tmp_path: Path) -> dict[str, Path]:
     qs.setValue("plan/last", '{"backend": "CPU", "model_files": ' + DEEP + "}")
     qs.setValue("window/geometry", "not a geometry")
     qs.setValue("files/recent", 12)
-    qs.sync()
     hist = tmp_path / "sdplan-history"
+    qs.setValue("output/folder", str(hist))  # the pictures' folder: the gallery and today's strip
+    qs.sync()
     hist.mkdir()
     for i in (1, 2):
         good_result(hist, i)

@@ -177,7 +177,7 @@ def test_demo_in_the_app_with_its_lora_and_a_picture(qtbot, tmp_path) -> None:
     newest = max((tmp_path / "history").glob("*.json"), key=lambda f: f.stat().st_mtime_ns)
     import json
 
-    params = json.loads(newest.read_text())
+    params = json.loads(newest.read_text())["settings"]  # the gallery's index: full paths
     assert params["init_img"] == str(pic) and params["mask"] == str(mask) and params["strength"] == 0.8
     p.shutdown()
 

@@ -1,7 +1,7 @@
 """The app's request path and the command line give the same picture and the same record.
 
 For the demo model and for a DiT fixture (Chroma), the request the app builds
-(:func:`sdplan.app.generation.session_request`: the generation panel's settings, the open
+(:meth:`sdplan.core.session.session.Session.request`: the generation panel's settings, the open
 model files and the board's resolved plan) runs through the engine job
 (:func:`sdplan.core.pipelines.jobs.generate_job`, in this process) and is saved by the
 panel's :meth:`~sdplan.app.generation.GenerationPanel.save_results`; ``sdplan generate
@@ -32,7 +32,7 @@ if not hasattr(G, "Graph"):
 from generate_util import parse, png  # noqa: E402
 from PIL import Image  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
-from sdplan.app.generation import GenerationPanel, session_request  # noqa: E402
+from sdplan.app.generation import GenerationPanel  # noqa: E402
 from sdplan.core.pipelines.demo.model import DEMO_PROMPT, demo_model_path  # noqa: E402
 from sdplan.core.pipelines.jobs import generate_job  # noqa: E402
 from sdplan.core.runtime.devices import live_inventory  # noqa: E402
@@ -85,7 +85,7 @@ def test_the_app_and_the_command_line_make_the_same_picture_and_record(case: str
     assert c["board"](ctl)  # the plan on the board (the demo: the VAE's weights read from disk)
     panel = GenerationPanel(ctl, tmp_path / "history", client_factory=lambda: None)
     qtbot.addWidget(panel)
-    req = session_request(ctl, {**c["settings"], **c["extra"]})
+    req = ctl.session.request({**c["settings"], **c["extra"]})
     result = generate_job(JobContext(lambda *a: None, CancelToken()), req)
     [app_png] = panel.save_results(result["images"], result, req)
 

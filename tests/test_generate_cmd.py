@@ -43,16 +43,20 @@ def test_generate_matches_reference_png(tmp_path: Path, monkeypatch) -> None:
     assert np.abs(got - image_to_uint8(ref["run_image"][0]).astype(int)).max() <= 2
     text = img.text
     # sd-cli's "parameters" layout, as A1111-style tools read it
+    full = hashlib.sha256(MODEL.read_bytes()).hexdigest()  # web UI's Model hash: its first 10
     assert text["parameters"].startswith(
         "a photo of a cat\nSteps: 4, CFG scale: 7.000000, Guidance: 3.500000, Eta: inf, "
-        "Seed: 1, Size: 16x16, Model: sd1_tiny.safetensors, RNG: cuda, Sampler: euler discrete, ")
+        f"Seed: 1, Size: 16x16, Model hash: {full[:10]}, Model: sd1_tiny.safetensors, RNG: cuda, "
+        "Sampler: euler discrete, ")
+    assert json.loads(text["sdplan"])["sha256"] == full
     got = read_generation(out)
     assert got.source == "sdplan"
     assert {k: got.settings[k] for k in ("prompt", "seed", "steps", "sampling_method",
                                          "scheduler", "cfg_scale")} == {
         "prompt": "a photo of a cat", "seed": 1, "steps": 4, "sampling_method": "euler",
         "scheduler": "discrete", "cfg_scale": 7.0}
-    assert got.model_files == {"model": [str(MODEL)]}
+    assert got.model_files == {"model": [MODEL.name]}  # a name: the picture is safe to share
+    assert str(MODEL.parent) not in text["sdplan"] + text["parameters"]
     with open(MODEL, "rb") as fh:
         h = hashlib.sha256(fh.read(1 << 20) + str(os.path.getsize(MODEL)).encode()).hexdigest()
     assert json.loads(text["sdplan"])["model_hash"] == h

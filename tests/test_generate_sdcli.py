@@ -44,7 +44,9 @@ def test_bad_values_are_one_line(tmp_path: Path, capsys, argv, message) -> None:
     assert code == 2 and message in err and "usage:" not in err and "Traceback" not in err
 
 
-def test_sampling_flags_and_from_image(tmp_path: Path, capsys) -> None:
+def test_sampling_flags_and_from_image(tmp_path: Path, capsys, monkeypatch) -> None:
+    from PIL import Image
+
     first = tmp_path / "first.png"
     code = cli.main(["generate", "-m", str(MODEL), "-p", "a red cat", "-n", "blurry", "-W", "16",
                      "-H", "16", "--steps", "3", "--cfg-scale", "5", "-s", "11",
@@ -59,11 +61,16 @@ def test_sampling_flags_and_from_image(tmp_path: Path, capsys) -> None:
                                          "sampling_method", "scheduler", "eta")} == {
         "prompt": "a red cat", "negative_prompt": "blurry", "steps": 3, "seed": 11,
         "rng": "cpu", "sampling_method": "res_multistep", "scheduler": "kl_optimal", "eta": 0.0}
-    # restore everything from the picture: same image; a flag given wins
+    # the picture names its model by file name: not found from here, one line says so
+    assert str(MODEL.parent) not in "".join(Image.open(first).text.values())
     again = tmp_path / "again.png"
+    assert cli.main(["generate", "--from-image", str(first), "-o", str(again), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert "the model file sd1_tiny.safetensors is not beside the picture" in err and not again.exists()
+    # restore everything from the picture where its model is (the current folder): same
+    # image; a flag given wins
+    monkeypatch.chdir(MODEL.parent)
     assert cli.main(["generate", "--from-image", str(first), "-o", str(again), *TINY]) == 0
-    from PIL import Image
-
     a = np.asarray(Image.open(first).convert("RGB"))
     assert np.array_equal(a, np.asarray(Image.open(again).convert("RGB")))
     assert "vae=disk" in read_generation(again).placement["params_backend"]

@@ -529,27 +529,45 @@ def test_missing_qt_library_names_the_packages() -> None:
     assert "libfoo.so.3" in missing_library_reason("libfoo.so.3: cannot open shared object", "xcb")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("cc") is None,
-                    reason="needs Linux and a C compiler")
-def test_qt_platform_check_names_the_library_a_plugin_lacks(tmp_path: Path) -> None:
-    """A plugin linked against a library that is then removed: the check names that library
-    (Qt would abort naming the plugin)."""
-    from sdplan.core.commands.gui import qt_platform_reason
-
+def _stand_in_plugin(tmp_path: Path, soname: str, *, calls_it: bool) -> Path:
+    """A shared object ``libqxcb.so`` that needs the library ``soname`` (built, then removed
+    from ``tmp_path``): the dynamic loader looks for ``soname`` on the system. With
+    ``calls_it`` the plugin also calls a function only the stand-in defined."""
     (tmp_path / "a.c").write_text("int sdplan_dep(void) { return 1; }\n")
-    (tmp_path / "p.c").write_text("int sdplan_dep(void);\nint plug(void) { return sdplan_dep(); }\n")
-    dep = tmp_path / "libxcb-icccm.so.4"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(dep), "-Wl,-soname,libxcb-icccm.so.4",
+    body = ("int sdplan_dep(void);\nint plug(void) { return sdplan_dep(); }\n" if calls_it
+            else "int plug(void) { return 1; }\n")
+    (tmp_path / "p.c").write_text(body)
+    dep = tmp_path / soname
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(dep), f"-Wl,-soname,{soname}",
                     str(tmp_path / "a.c")], check=True)
     plugin = tmp_path / "libqxcb.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(plugin), str(tmp_path / "p.c"),
                     "-Wl,--no-as-needed", str(dep)], check=True)
     dep.unlink()
+    return plugin
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("cc") is None,
+                    reason="needs Linux and a C compiler")
+def test_qt_platform_check_names_the_library_a_plugin_lacks(tmp_path: Path) -> None:
+    """A plugin linked against a library that is then removed: the check names that library
+    (Qt would abort naming the plugin). A library no system has is always named; for
+    libxcb-icccm.so.4 (which a machine with a desktop has) the package is named where the
+    library is missing, and the plugin loads where it is present."""
+    from sdplan.core.commands.gui import qt_platform_reason
+
+    (tmp_path / "invented").mkdir()
+    invented = _stand_in_plugin(tmp_path / "invented", "libsdplan-stand-in.so.7", calls_it=True)
+    reason = qt_platform_reason("xcb", invented)
+    assert reason is not None and "libsdplan-stand-in.so.7" in reason, reason
+
+    (tmp_path / "icccm").mkdir()
+    plugin = _stand_in_plugin(tmp_path / "icccm", "libxcb-icccm.so.4", calls_it=False)
     env_has = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.CDLL('libxcb-icccm.so.4')"],
                              capture_output=True).returncode == 0
     reason = qt_platform_reason("xcb", plugin)
     if env_has:  # the system has it: the plugin loads
-        assert reason is None
+        assert reason is None, reason
     else:
         assert reason is not None and "libxcb-icccm.so.4" in reason and "libxcb-icccm4" in reason
 

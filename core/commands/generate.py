@@ -22,10 +22,14 @@ previews (latent projection, or TAESD with ``--taesd``) are written to ``--previ
 A dead engine process is a one-line error naming the signal and ggml's last message.
 
 PNG text chunks record the prompt, negative prompt, seed, steps, sampler, scheduler, cfg
-scale, clip skip, size, the model hash (``sha256`` of the first MiB of the file followed by
-its size in bytes, as decimal text; the chunk ``model_hash_method`` says so), the canonical
-placement strings, and the LoRAs (``loras``, ``lora_apply_mode``) and picture inputs
-(``init_img``, ``mask``, ``strength``) when given.
+scale, clip skip, size, the model hashes (``model_hash``: ``sha256`` of the first MiB of the
+file followed by its size in bytes, as decimal text, the chunk ``model_hash_method`` says so;
+``sha256`` of the whole file, computed once and cached with the model library, whose first 10
+hex digits are web UI's ``Model hash`` in ``parameters``), the canonical placement strings,
+and the LoRAs (``loras``, ``lora_apply_mode``) and picture inputs (``init_img``, ``mask``,
+``strength``) when given. Files and folders are named by their names only, so a picture is
+safe to share; ``--from-image`` finds them again beside the picture, in the current folder or
+in the model library.
 
 Hyper-parameters small test models do not carry in their shapes (head counts, prediction,
 Flux RoPE axes) come from the flags below or from ``sdplan.*`` keys of the safetensors

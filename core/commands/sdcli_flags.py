@@ -14,6 +14,7 @@ argument sd-cli does not know either is refused, all of them named in one line.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from sdplan.core.errors import SdplanError
@@ -151,8 +152,10 @@ def apply_from_image(args: argparse.Namespace, parser_defaults: dict[str, Any]) 
     from the PNG's parameters (:func:`sdplan.core.pipelines.stages.results.reusable_settings`,
     what the app's "Reuse settings" takes too): the prompts, size, steps, CFG, guidance where
     the family takes it, seed, sampler, scheduler, clip skip, the sampling and SLG options,
-    LoRA folder and picture inputs, the model files (sdplan's own PNGs; only files that exist)
-    and the placement strings. Returns a note of what was taken, or None without
+    LoRA folder and picture inputs (found beside the picture or in the current folder), the
+    model files (sdplan's own PNGs name them by file name: found as they are, beside the
+    picture, in the current folder or among the model library's files) and the placement
+    strings. Returns a note of what was taken, or None without
     ``--from-image``.
 
     Raises:
@@ -161,7 +164,12 @@ def apply_from_image(args: argparse.Namespace, parser_defaults: dict[str, Any]) 
     path = getattr(args, "from_image", None)
     if not path:
         return None
-    from sdplan.core.pipelines.stages.results import read_generation, reusable_settings
+    from sdplan.core.pipelines.stages.results import (
+        locate_inputs,
+        locate_model_files,
+        read_generation,
+        reusable_settings,
+    )
 
     try:
         got = read_generation(path)
@@ -170,7 +178,7 @@ def apply_from_image(args: argparse.Namespace, parser_defaults: dict[str, Any]) 
     if not got.settings and not got.model_files:
         raise SdplanError(f"--from-image {path}: no generation parameters in this PNG")
     taken = []
-    for key, value in reusable_settings(got).items():
+    for key, value in locate_inputs(reusable_settings(got), path).items():
         if not hasattr(args, key):
             continue
         current = getattr(args, key)
@@ -179,10 +187,18 @@ def apply_from_image(args: argparse.Namespace, parser_defaults: dict[str, Any]) 
             setattr(args, key, _as_flag_value(key, value))
             taken.append(key)
     if not (getattr(args, "model", None) or getattr(args, "diffusion_model", None)):
-        for key, found in got.model_files.items():  # every model file the record names
-            if hasattr(args, key) and not getattr(args, key, None) and found and _is_file(found[0]):
-                setattr(args, key, found[0])
+        # every model file the record names, by its name: beside the picture, in the current
+        # folder or in the model library (its SHA-256 first when the picture records it)
+        found = locate_model_files(got.model_files, path, sha256=got.model_hash)
+        for key, paths in found.items():
+            if hasattr(args, key) and not getattr(args, key, None):
+                setattr(args, key, paths[0])
                 taken.append(key)
+        lost = [Path(p).name for k, v in got.model_files.items() if k not in found for p in v]
+        if lost and not (getattr(args, "model", None) or getattr(args, "diffusion_model", None)):
+            raise SdplanError(f"--from-image {path}: the model file {', '.join(lost)} is not "
+                              "beside the picture, in the current folder or in the model "
+                              "library; give it with -m or --diffusion-model")
     for key in ("backend", "params_backend", "max_vram", "split_mode"):
         value = got.placement.get(key)
         if value and hasattr(args, key) and not getattr(args, key, None):

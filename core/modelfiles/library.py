@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -215,6 +216,10 @@ class LibraryCache:
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else cache_dir() / CACHE_NAME
         self.entries: dict[str, LibraryEntry] = {}
+        #: Absolute path -> ``[size, mtime_ns, sha256 hex]`` of the whole file
+        #: (:func:`file_sha256`); kept whatever code wrote the entries (a hash does not depend
+        #: on it).
+        self.hashes: dict[str, list] = {}
         self._dirty = False
         self.stamp = classifier_stamp()
         self.foreign = False
@@ -226,6 +231,10 @@ class LibraryCache:
             if not isinstance(raw, dict) or "stamp" not in raw:
                 self.foreign = True
                 raise ValueError("not an sdplan library cache")
+            hashes = raw.get("sha256")
+            if isinstance(hashes, dict):
+                self.hashes = {str(k): list(v) for k, v in hashes.items()
+                               if isinstance(v, list) and len(v) == 3}
             if raw.get("stamp") != self.stamp:
                 raise ValueError("written by other code (the file descriptions may differ)")
             for item in raw.get("entries", []):
@@ -263,12 +272,55 @@ class LibraryCache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
-            data = {"stamp": self.stamp, "entries": [e.to_json() for e in self.entries.values()]}
+            data = {"stamp": self.stamp, "entries": [e.to_json() for e in self.entries.values()],
+                    "sha256": self.hashes}
             tmp.write_text(json.dumps(data), encoding="utf-8")
             os.replace(tmp, self.path)
             self._dirty = False
         except OSError as exc:
             log.warning("library cache %s not written: %s", self.path, exc)
+
+
+    def sha256(self, path: str | Path) -> str:
+        """The SHA-256 (hex) of the whole file ``path``, from the cache while its size and
+        modification time are unchanged, else read and kept (:meth:`save` writes it).
+
+        Raises:
+            OSError: the file cannot be read.
+        """
+        import hashlib
+
+        key = os.path.abspath(path)
+        st = os.stat(key)
+        got = self.hashes.get(key)
+        if got is not None and got[0] == st.st_size and got[1] == st.st_mtime_ns:
+            return str(got[2])
+        h = hashlib.sha256()
+        with open(key, "rb") as fh:
+            for block in iter(lambda: fh.read(8 << 20), b""):
+                h.update(block)
+        self.hashes[key] = [st.st_size, st.st_mtime_ns, h.hexdigest()]
+        self._dirty = True
+        return h.hexdigest()
+
+
+_HASH_LOCK = threading.Lock()
+
+
+def file_sha256(path: str | Path, cache: LibraryCache | None = None) -> str:
+    """The SHA-256 (hex) of a model file, computed once and kept with the library's header
+    cache (:meth:`LibraryCache.sha256`; the default cache file, saved at once). Its first 10
+    hex digits are the ``Model hash`` Stable Diffusion web UI writes (its "AutoV2" hash), by
+    which model sites link a picture to its model. Safe to call from several threads.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with _HASH_LOCK:
+        c = cache if cache is not None else LibraryCache()
+        digest = c.sha256(path)
+        c.save()
+        return digest
 
 
 # --------------------------------------------------------------------------- scanning

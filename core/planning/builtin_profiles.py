@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from sdplan.core.errors import ModelFileError, PlanError
@@ -143,3 +145,48 @@ def load_profile_option(profile: str | None = None, model_profile: str | None = 
     if paths.exists(profile) or profile.lower().endswith(".json"):
         return Profile.load(profile)
     return load_builtin_profile(profile)
+
+
+#: A quantisation written in a file name (``Q4_K_M``, ``q8_0``, ``bf16``...).
+_QUANT_RE = re.compile(r"(q\d_(?:k|0|1)(?:_[sml])?|bf16|fp16|f16|fp8|f32)", re.IGNORECASE)
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def match_builtin_profile(file_name: str) -> str | None:
+    """The built-in profile a model file's name stands for, or None: the model named in it
+    (``flux1-dev``, ``z_image_turbo``, a published file's name such as
+    ``v1-5-pruned-emaonly``; case, ``-``, ``_`` and ``.`` ignored, the longest name found
+    wins) and its quantisation (``Q8_0``, ``Q4_K_M`` -> ``q4_k``; ``bf16``/``fp16`` or a
+    ``.safetensors`` file without one -> ``f16``).
+
+    Raises:
+        ModelFileError: the shipped index is missing or malformed.
+    """
+    base = Path(file_name.replace("\\", "/")).name
+    stem, suffix = Path(base).stem, Path(base).suffix.lower()
+    found = _QUANT_RE.search(stem)
+    if found:
+        q = found.group(1).lower()
+        quant = "f16" if q in ("bf16", "fp16", "f16") else re.sub(r"_[sml]$", "", q)
+    elif suffix in (".safetensors", ".sft", ".ckpt"):
+        quant = "f16"
+    else:
+        return None
+    text = _squash(_QUANT_RE.sub("", stem))
+    best: tuple[int, str] | None = None
+    for name, entry in _index().items():
+        model = name.rsplit("-", 1)[0]
+        keys = {_squash(model)}
+        first = next(iter(entry.get("files") or {}), "")
+        if name.endswith("-f16") and first:
+            keys.add(_squash(_QUANT_RE.sub("", Path(first).stem)))
+        for key in keys:
+            if key and key in text and (best is None or len(key) > best[0]):
+                best = (len(key), model)
+    if best is None:
+        return None
+    name = f"{best[1]}-{quant}"
+    return name if name in _index() else None

@@ -65,6 +65,8 @@ class ImageParameters:
         model_flags: sd-cli flags the model files call for (``--prediction v``), when the
             picture records them (sdplan's pictures), else None.
         architecture: the architecture that ran (sdplan's pictures), else None.
+        model_hash: the model file's SHA-256 (sdplan's pictures: all of it) or its first 10
+            hex digits (web UI's ``Model hash``), lower-case, when the picture records it.
     """
 
     settings: dict[str, Any] = field(default_factory=dict)
@@ -73,6 +75,7 @@ class ImageParameters:
     source: str = ""
     model_flags: list[str] | None = None
     architecture: str | None = None
+    model_hash: str | None = None
 
 
 def _f(value: float) -> str:
@@ -92,7 +95,7 @@ def _base(path: Any) -> str:
 
 
 def format_parameters(params: Mapping[str, Any], model_files: Mapping[str, Any],
-                      version: str = "sdplan") -> str:
+                      version: str = "sdplan", model_hash: str | None = None) -> str:
     """The ``parameters`` text of one picture in sd-cli's layout (module docstring).
 
     Args:
@@ -105,6 +108,8 @@ def format_parameters(params: Mapping[str, Any], model_files: Mapping[str, Any],
             pairs are written only when SLG is on, as sd-cli does).
         model_files: model-file key -> path(s); file names are written.
         version: the ``Version`` value.
+        model_hash: Stable Diffusion web UI's ``Model hash`` (the first 10 hex digits of the
+            model file's SHA-256), written before ``Model`` as web UI does, when known.
     """
     p = dict(params)
     text = f"{p.get('prompt') or ''}\n"
@@ -127,7 +132,9 @@ def format_parameters(params: Mapping[str, Any], model_files: Mapping[str, Any],
         parts.append(f"Extra sample args: {extra_text}")
     parts += [f"Seed: {int(p.get('seed') or 0)}",
               f"Size: {int(p.get('width') or 0)}x{int(p.get('height') or 0)}",
-              f"Model: {_base(model_files.get('model'))}", f"RNG: {p.get('rng') or 'cuda'}"]
+              *([f"Model hash: {model_hash}"] if model_hash else []),
+              f"Model: {_base(model_files.get('model'))}",
+              f"RNG: {p.get('rng') or 'cuda'}"]
     if p.get("sampler_rng"):
         parts.append(f"Sampler RNG: {p['sampler_rng']}")
     sampler = f"Sampler: {p.get('sampling_method') or 'euler_a'}"
@@ -299,6 +306,8 @@ def parse_parameters(text: str) -> ImageParameters:
         _sampler(pairs["Sampler"], pairs.get("Schedule type"), s)
     if pairs.get("Model"):
         out.model_files["model"] = [pairs["Model"]]
+    if re.fullmatch(r"[0-9a-fA-F]{8,64}", pairs.get("Model hash", "")):
+        out.model_hash = pairs["Model hash"].lower()
     tes = re.findall(r"(?:^|, )TE: ([^,]+)", lines[last])
     for name in tes:
         out.model_files.setdefault("te", []).append(name.strip())

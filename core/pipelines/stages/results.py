@@ -74,10 +74,13 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
                     ran: Mapping[str, Any] | None = None,
                     timings: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The PNG text chunks of one generation: ``parameters`` (sd-cli's layout, which sd-cli,
-    Stable Diffusion web UI style tools and galleries read;
-    :func:`~sdplan.core.pipelines.stages.parameters.format_parameters`) and ``sdplan`` (JSON: the
-    full model paths, the placement strings, the settings, the model hash and the sd-cli
-    command, so sdplan restores a run exactly).
+    Stable Diffusion web UI style tools and galleries read, with web UI's ``Model hash``;
+    :func:`~sdplan.core.pipelines.stages.parameters.format_parameters`) and ``sdplan`` (JSON:
+    the model files, the placement strings, the settings, the model's hashes and the sd-cli
+    command, so sdplan restores a run). A picture is safe to share: every file it names
+    (model files, the init picture, the mask, the LoRA folder, reference pictures, the
+    command's) is named by its file name, never its folder (:func:`locate_model_files`
+    finds them again).
 
     Args:
         params: the generation settings by sd-cli's request keys (``prompt``,
@@ -87,10 +90,12 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
             ``lora_model_dir``, ``lora_apply_mode``, ``loras``, ``init_img``, ``mask``,
             ``strength`` when given: recorded in ``sdplan`` only, as sd-cli writes none).
         model_files: model-file keys -> path or paths; ``model`` (else ``diffusion_model``)
-            is hashed (:func:`model_hash`).
+            is hashed: ``model_hash`` (:func:`model_hash`, quick) and ``sha256`` of the whole
+            file (:func:`~sdplan.core.modelfiles.library.file_sha256`, computed once and
+            cached), whose first 10 hex digits are the ``Model hash``.
         placement: ``backend``, ``params_backend``, ``max_vram`` (and ``split_mode``,
             ``rpc_servers``) canonical strings.
-        command: the equivalent sd-cli command line, when known.
+        command: the equivalent sd-cli command line, when known (recorded as given).
         file_flags: the sd-cli flags the model files call for (``--prediction v``;
             :func:`~sdplan.core.planning.sdcli.model_file_flags`), when known: recorded as
             ``model_flags``, and without ``command`` the recorded command is written from the
@@ -104,23 +109,29 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
     from sdplan.core import __version__
     from sdplan.core.pipelines.stages.parameters import format_parameters
 
-    files = {k: [str(v)] if isinstance(v, (str, Path)) else [str(x) for x in v]
+    paths = {k: [str(v)] if isinstance(v, (str, Path)) else [str(x) for x in v]
              for k, v in model_files.items() if v}
-    settings = {k: v for k, v in params.items() if k in _SETTINGS and v is not None}
+    files = {k: [_name(p) for p in v] for k, v in paths.items()}
+    settings = {k: _named(k, v) for k, v in params.items() if k in _SETTINGS and v is not None}
     if not params.get("loras"):  # the folder and mode matter only to a run with LoRAs
         settings = {k: v for k, v in settings.items() if k not in ("lora_model_dir", "lora_apply_mode")}
     doc: dict[str, Any] = {"version": 1, "settings": settings, "model_files": files,
                            "placement": {k: v for k, v in (placement or {}).items() if v}}
-    main = _first(files.get("model")) or _first(files.get("diffusion_model"))
+    main = _first(paths.get("model")) or _first(paths.get("diffusion_model"))
+    a1111 = None
     if main:
         try:
             doc["model_hash"] = model_hash(main)
             doc["model_hash_method"] = MODEL_HASH_METHOD
+            from sdplan.core.modelfiles.library import file_sha256
+
+            doc["sha256"] = file_sha256(main)
+            a1111 = doc["sha256"][:10]
         except OSError:
             pass
     upscaler = _first(files.get("upscale_model")) or params.get("upscale_model")
     if upscaler:
-        doc["upscale"] = {"model": os.path.basename(str(upscaler)),
+        doc["upscale"] = {"model": _name(str(upscaler)),
                           "repeats": int(params.get("upscale_repeats") or 1)}
     doc.update(_inputs(params))
     if file_flags is not None:
@@ -137,8 +148,27 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
         doc["timings"] = {str(k): round(float(v), 4) for k, v in timings.items() if isinstance(v, (int, float))}
     if params.get("architecture"):
         doc["architecture"] = str(params["architecture"])
-    return {"parameters": format_parameters(settings, files, f"sdplan {__version__}"),
+    return {"parameters": format_parameters(settings, files, f"sdplan {__version__}",
+                                            model_hash=a1111),
             "sdplan": json.dumps(doc, separators=(",", ":"))}
+
+
+#: Settings that name a file or a folder: a picture records their names only.
+PATH_SETTINGS = ("init_img", "mask", "lora_model_dir", "ref_images")
+
+
+def _name(path: str) -> str:
+    """A path's last component (either separator), as a shared picture names a file."""
+    return os.path.basename(str(path).replace("\\", "/").rstrip("/")) or str(path)
+
+
+def _named(key: str, value: Any) -> Any:
+    """``value`` of setting ``key`` with any file or folder named by its last component."""
+    if key not in PATH_SETTINGS or value in (None, ""):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_name(str(v)) for v in value]
+    return _name(str(value))
 
 
 #: Settings a picture records (sd-cli's request keys).
@@ -240,7 +270,75 @@ def _generation(text: Mapping[str, str]) -> ImageParameters:
                 out.model_flags = [str(f) for f in doc["model_flags"]]
             if isinstance(doc.get("architecture"), str):
                 out.architecture = doc["architecture"]
+            if isinstance(doc.get("sha256"), str):
+                out.model_hash = doc["sha256"].lower()
             out.source = "sdplan"
+    return out
+
+
+def locate_model_files(files: Mapping[str, Sequence[str]], picture: str | Path, *,
+                       sha256: str | None = None, cache: Any = None) -> dict[str, list[str]]:
+    """The model files a picture names, found on this machine: a path that exists as it is;
+    else a file of that name beside the picture, in the current folder, among the files
+    shipped with sdplan (the demo model and its LoRAs), or among the files the model library
+    has seen (``cache``: a
+    :class:`~sdplan.core.modelfiles.library.LibraryCache`, default the user's), the one whose
+    cached SHA-256 starts with ``sha256`` first when the picture records it. A key whose
+    files are not all found is left out.
+
+    Returns:
+        Model-file key -> full paths.
+    """
+    from sdplan.core.modelfiles.library import LibraryCache
+
+    from sdplan.core.pipelines.demo.model import demo_lora_dir, demo_model_path
+
+    folders = [Path(picture).resolve().parent, Path.cwd(), demo_model_path().parent, demo_lora_dir()]
+    known: list[str] | None = None
+    out: dict[str, list[str]] = {}
+    for key, names in files.items():
+        found = []
+        for name in names:
+            if Path(name).is_file():
+                found.append(str(Path(name).resolve()))
+                continue
+            base = _name(name)
+            here = next((str(f / base) for f in folders if (f / base).is_file()), None)
+            if here is None:
+                if known is None:
+                    lib = cache if cache is not None else LibraryCache()
+                    hashes = getattr(lib, "hashes", {})
+                    known = sorted(lib.entries, key=lambda p: not (sha256 and str(
+                        (hashes.get(p) or [0, 0, ""])[2]).startswith(sha256)))
+                here = next((p for p in known if _name(p) == base and Path(p).is_file()), None)
+            if here is None:
+                break
+            found.append(here)
+        if len(found) == len(names) and found:
+            out[key] = found
+    return out
+
+
+def locate_inputs(settings: Mapping[str, Any], picture: str | Path) -> dict[str, Any]:
+    """``settings`` with each file or folder a picture names by name only (``init_img``,
+    ``mask``, ``lora_model_dir``, ``ref_images``) found beside the picture or in the current
+    folder; a name found in neither stays as it is (the run then says it is missing)."""
+    from sdplan.core.pipelines.demo.model import demo_lora_dir, demo_model_path
+
+    folders = [Path(picture).resolve().parent, Path.cwd(), demo_model_path().parent, demo_lora_dir()]
+
+    def find(name: str) -> str:
+        if Path(name).exists():
+            return name
+        return next((str(f / name) for f in folders if (f / name).exists()), name)
+
+    out = dict(settings)
+    for key in PATH_SETTINGS:
+        value = out.get(key)
+        if isinstance(value, str) and value:
+            out[key] = find(value)
+        elif isinstance(value, (list, tuple)):
+            out[key] = [find(str(v)) for v in value]
     return out
 
 
@@ -326,9 +424,49 @@ class ResultInfo:
         return all(w in hay for w in query.lower().split())
 
 
+#: The version key of a picture's index file (:func:`index_record`).
+INDEX_KEY = "sdplan_index"
+
+
+def index_record(params: Mapping[str, Any], model_files: Mapping[str, Any]) -> dict[str, Any]:
+    """What the app keeps beside a picture it saved (``<name>.json``, the gallery's index of
+    it, never shared with the picture): the settings that ran and the model files with their
+    full paths, which the picture itself names by file name only."""
+    files = {k: [str(v)] if isinstance(v, (str, Path)) else [str(x) for x in v]
+             for k, v in model_files.items() if v}
+    return {INDEX_KEY: 1, "settings": dict(params), "model_files": files}
+
+
+def _index(path: str | Path) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """The settings and full model paths of a picture's index file (an older app's file of
+    settings alone too); empty when there is none or it cannot be read."""
+    side = Path(path).with_suffix(".json")
+    try:  # bounded: a hostile index beside a picture is one file set aside, never a crash
+        data = bounded_json.read_json(side, what="picture index") if side.is_file() else None
+    except (OSError, ValueError):
+        data = None
+    if not isinstance(data, dict):
+        return {}, {}
+    if INDEX_KEY not in data:  # an older app's: the settings alone
+        return {k: v for k, v in checked_settings(data).items()
+                if k not in ("timings", "architecture", "model")}, {}
+    settings = data.get("settings")
+    files = data.get("model_files")
+    return (dict(settings) if isinstance(settings, dict) else {},
+            {str(k): [str(p) for p in v] for k, v in files.items() if isinstance(v, list)}
+            if isinstance(files, dict) else {})
+
+
+def _same_names(named: Any, full: Any) -> bool:
+    a = named if isinstance(named, (list, tuple)) else [named]
+    b = full if isinstance(full, (list, tuple)) else [full]
+    return len(a) == len(b) and all(_name(str(x)) == _name(str(y)) for x, y in zip(a, b, strict=True))
+
+
 def read_result(path: str | Path) -> ResultInfo:
-    """What a result image records (:func:`read_generation`), or for an older app result
-    without text chunks, the JSON file of settings beside it (``<name>.json``).
+    """What a result image records (:func:`read_generation`), with the full paths of its
+    files from the app's index beside it (:func:`index_record`) where they are the files the
+    picture names; for an older app result without text chunks, the settings of that file.
 
     Raises:
         OSError: not a readable image.
@@ -336,17 +474,18 @@ def read_result(path: str | Path) -> ResultInfo:
     text = read_png_text(path)
     gen = _generation(text)
     settings = {k: v for k, v in gen.settings.items() if v not in (None, "")}
-    side = Path(path).with_suffix(".json")
-    if not settings and side.is_file():
-        try:
-            data = bounded_json.read_json(side, what="settings file")
-        except (OSError, ValueError):
-            data = None
-        if isinstance(data, dict):
-            settings = {k: v for k, v in checked_settings(data).items()
-                        if k not in ("timings", "architecture", "model")}
-    main = (gen.model_files.get("model") or gen.model_files.get("diffusion_model") or [""])[0]
-    return ResultInfo(str(path), settings, os.path.basename(main), gen.model_files,
+    kept, full = _index(path)
+    if not settings:
+        settings = {k: v for k, v in kept.items() if k != "timings"}
+    for key in PATH_SETTINGS:  # the index's full path of a file the picture names
+        if key in settings and kept.get(key) and _same_names(settings[key], kept[key]):
+            settings[key] = kept[key]
+    files = dict(gen.model_files)
+    for key, paths in full.items():
+        if key not in files or _same_names(files[key], paths):
+            files[key] = paths
+    main = (files.get("model") or files.get("diffusion_model") or [""])[0]
+    return ResultInfo(str(path), settings, os.path.basename(main), files,
                       {k: v for k, v in gen.placement.items()
                        if k in ("backend", "params_backend", "max_vram", "split_mode", "rpc_servers") and v},
                       dict(text), list(gen.model_flags or ()), gen.architecture)
