@@ -290,7 +290,6 @@ def locate_model_files(files: Mapping[str, Sequence[str]], picture: str | Path, 
         Model-file key -> full paths.
     """
     from sdplan.core.modelfiles.library import LibraryCache
-
     from sdplan.core.pipelines.demo.model import demo_lora_dir, demo_model_path
 
     folders = [Path(picture).resolve().parent, Path.cwd(), demo_model_path().parent, demo_lora_dir()]
