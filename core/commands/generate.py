@@ -237,7 +237,8 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
         return dict(engine.call(COMPUTE_JOB, {
             "model_files": files, "width": args.width, "height": args.height, "batch": args.batch_count,
             "cfg": args.cfg_scale != 1.0, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
-            "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")}}))
+            "placements": {m: ModulePlacement.from_plan(plan, m)
+                           for m in ("diffusion", "te", "vae", "controlnet", "upscaler") if m in plan.modules}}))
     except SdplanError as exc:
         log.info("no dry run of the engine: %s", exc)
         return {}
@@ -275,7 +276,10 @@ def run(args: argparse.Namespace) -> int:
     with Engine(isolated=not args.in_process) as engine:
         engine.start()  # an isolated engine's child process starts (or finishes its imports)
         try:
-            plan, inventory, fit, loras = _resolve(args, engine, files, placement, models.profile())
+            from sdplan.core.commands.generate_modules import with_late_modules
+
+            profile = with_late_modules(models.profile(), files, req.hires_model())
+            plan, inventory, fit, loras = _resolve(args, engine, files, placement, profile)
         except SdplanError as exc:
             print_error(exc)
             return 2
@@ -456,7 +460,8 @@ def _submit(req: Any, plan: Any, fit: Any, inventory: Any, args: argparse.Namesp
     from sdplan.core.pipelines.job_names import GENERATE_JOB
     from sdplan.core.runtime.run_plan import RunPlan
 
-    run_plan = RunPlan.from_plan(plan, fit, inventory, check_memory=not args.force)
+    run_plan = RunPlan.from_plan(plan, fit, inventory, check_memory=not args.force,
+                                 modules=tuple(m for m in req.modules() if m in plan.modules))
     return engine.submit(GENERATE_JOB, {"request": replace(req, plan=run_plan)})
 
 

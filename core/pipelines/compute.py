@@ -33,8 +33,8 @@ def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, hei
                     batch: int = 1, cfg: bool = True, pool: Any = None,
                     placements: Mapping[str, Any] | None = None,
                     overrides: Mapping[str, Any] | None = None) -> dict[str, int]:
-    """Compute-buffer bytes per module (``te``, ``diffusion``, ``vae``; all devices of a
-    module summed) of a generation at ``width`` x ``height`` pixels, measured by the family's
+    """Compute-buffer bytes per module (``te``, ``diffusion``, ``vae``, and ``upscaler`` for an
+    ``upscale_model`` file; all devices of a module summed) of a generation at ``width`` x ``height`` pixels, measured by the family's
     dry-run reserve. Empty for families without one (the caller falls back to a formula).
 
     Args:
@@ -61,8 +61,15 @@ def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, hei
     own = pool is None
     pool = pool if pool is not None else BackendPool(BackendManager(cpu_threads=1))
     try:
-        return dict(measure(files, width=width, height=height, batch=batch, cfg=cfg, pool=pool,
-                            placements=placements, overrides=dict(overrides or {})))
+        out = dict(measure(files, width=width, height=height, batch=batch, cfg=cfg, pool=pool,
+                           placements=placements, overrides=dict(overrides or {})))
+        upscaler = list(model_files.get("upscale_model") or ())
+        if upscaler:  # it upscales the decoded picture, after every other module
+            from sdplan.core.pipelines.stages.upscale import measure_upscaler
+
+            out["upscaler"] = measure_upscaler(upscaler[0], width, height,
+                                               (placements or {}).get("upscaler"), pool)
+        return out
     except (ValueError, RuntimeError, SdplanError) as exc:
         log.info("dry-run reserve unavailable: %s", exc)
         return {}

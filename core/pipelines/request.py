@@ -262,6 +262,23 @@ class GenerationRequest:
         """The first path of model-file ``key``, or None."""
         return next((v[0] for k, v in self.model_files if k == key and v), None)
 
+    def modules(self) -> tuple[str, ...]:
+        """The placed modules this request runs (spec section 1's names), in run order:
+        ``te``, ``diffusion`` and ``vae`` always, ``controlnet`` with a ControlNet file, and
+        ``upscaler`` with an ``upscale_model`` file or a hires fix upscaled by a model: the
+        modules whose placements the run's plan carries and whose devices it checks."""
+        out = ["te", "diffusion", "vae"]
+        if self.control_net:
+            out.insert(1, "controlnet")
+        if self.file("upscale_model") or self.hires_model():
+            out.append("upscaler")
+        return tuple(out)
+
+    def hires_model(self) -> str | None:
+        """The ESRGAN file the hires fix upscales with, or None (no hires fix, or an
+        interpolating upscaler)."""
+        return None
+
     # ------------------------------------------------------------------ checking
     def options_set(self, fam: Family) -> dict[str, str]:
         """The generation options this request sets away from their defaults (the family's,
@@ -443,5 +460,7 @@ def planned_request(settings: Mapping[str, Any], model_files: Mapping[str, Any],
         InvalidArgument / SamplingError: malformed settings.
     """
     fits = fit is None or bool(getattr(fit, "fits", True))
-    run_plan = RunPlan.from_plan(plan, fit, inventory, check_memory=fits)
-    return GenerationRequest.from_settings(settings, model_files, plan=run_plan)
+    req = GenerationRequest.from_settings(settings, model_files)
+    run_plan = RunPlan.from_plan(plan, fit, inventory, check_memory=fits,
+                                 modules=tuple(m for m in req.modules() if m in plan.modules))
+    return replace(req, plan=run_plan)
