@@ -109,13 +109,12 @@ def test_the_upscaler_estimate_is_the_engine_peak(upscaler: str) -> None:
     from sdplan.core.commands.generate_modules import with_late_modules
     from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
     from sdplan.core.pipelines.compute import measure_compute
+    from sdplan.core.pipelines.demo.model import demo_model_path
     from sdplan.core.pipelines.stages.upscale import Upscaler
     from sdplan.core.planning.estimate import estimate_plan
     from sdplan.core.planning.plan import resolve
     from sdplan.core.runtime.devices import BackendManager
     from sdplan.core.runtime.runner import BackendPool
-
-    from sdplan.core.pipelines.demo.model import demo_model_path
 
     cpu_inv = Inventory((Device("CPU", "host", "cpu", "CPU", 16 * GIB, 16 * GIB),))
     files = {"model": [str(demo_model_path())], "upscale_model": [upscaler]}

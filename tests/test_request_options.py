@@ -276,8 +276,9 @@ def change_of(opt: str, name: str, env: dict[str, Any]) -> Change:
         return Change({"files": {"taesd": [row.tae]}}, {}, {"previews": True}, check="previews")
     if opt == o.TAESD_DECODE:
         return Change({"taesd_decode": True}, {"taesd_decode": True}, {"files": {"taesd": [row.tae]}})
-    if opt == o.VAE_TILING:
-        return Change({"vae_tile_size": 2}, {"vae_tile_size": 2})
+    if opt == o.VAE_TILING:  # 64 px: a latent larger than sd-cli's smallest tile (4 latent pixels)
+        tiling = {"enabled": True, "tile_px": [8, 8], "overlap": 0.5, "relative": None}  # 4 latent px at least
+        return Change({"vae_tiling": tiling}, {"vae_tiling": tiling}, {"width": 64, "height": 64})
     if opt == o.UPSCALE:
         return Change({"files": {"upscale_model": [env["upscaler"]]}},
                       {"upscale_model": env["upscaler"], "upscale_repeats": 1}, check="size")

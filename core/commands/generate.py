@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sdplan.core.commands.generate_modules import add_module_arguments, module_request
 from sdplan.core.commands.options import add_input_arguments, input_request, validate_inputs
 from sdplan.core.commands.sdcli_flags import (
     add_sampling_arguments,
@@ -107,8 +108,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="output.png", help="PNG path (batch: _N suffixes)")
     p.add_argument("--preview-path", metavar="DIR", help="write a preview PNG per step")
     p.add_argument("--clip-skip", type=int, default=-1, help="<= 0: the family default")
-    p.add_argument("--vae-tile-size", type=int, default=0, metavar="LATENT_PX",
-                   help="decode in tiles of this many latent pixels (0: whole)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: ggml's default)")
     p.add_argument("--force", action="store_true", help="run even when the plan does not fit")
     p.add_argument("--in-process", action="store_true",
@@ -123,6 +122,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     adv.add_argument("--flux-axes", metavar="I,R,C", help="Flux RoPE axes widths (default hd/8 and halves)")
     adv.add_argument("--t5-length", type=int, help="T5 tokens after padding (default: Flux 256, Chroma 512)")
     add_input_arguments(p)
+    add_module_arguments(p)
     add_placement_arguments(p)
     add_sampling_arguments(p)
     p.set_defaults(run=run, parser_defaults=_defaults(p))
@@ -237,6 +237,7 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
         return dict(engine.call(COMPUTE_JOB, {
             "model_files": files, "width": args.width, "height": args.height, "batch": args.batch_count,
             "cfg": args.cfg_scale != 1.0, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
+            "vae_tiling": module_request(args)["vae_tiling"],
             "placements": {m: ModulePlacement.from_plan(plan, m)
                            for m in ("diffusion", "te", "vae", "controlnet", "upscaler") if m in plan.modules}}))
     except SdplanError as exc:
@@ -366,13 +367,13 @@ def request_settings(args: argparse.Namespace) -> dict[str, Any]:
             "cfg_scale": given(args.cfg_scale), "guidance": args.guidance, "seed": args.seed,
             "sampling_method": given(args.sampling_method), "scheduler": args.scheduler,
             "batch_count": args.batch_count, "clip_skip": max(args.clip_skip, 0),
-            "vae_tile_size": args.vae_tile_size, "upscale_repeats": args.upscale_repeats,
+            "upscale_repeats": args.upscale_repeats,
             "threads": args.threads, "overrides": {k: v for k, v in overrides.items() if v is not None},
             "previews": bool(args.preview_path),
             "taesd_decode": bool(args.taesd) and not args.taesd_preview_only,
             "ref_images": [str(p) for p in getattr(args, "ref_image", None) or ()],
             "force_sdxl_vae_conv_scale": bool(getattr(args, "force_sdxl_vae_conv_scale", False)),
-            **sampling_request(args), **input_request(args)}
+            **sampling_request(args), **input_request(args), **module_request(args)}
 
 
 def checked_request(args: argparse.Namespace, files: dict[str, list[str]], models: Any) -> Any:

@@ -29,6 +29,7 @@ from sdplan.core.families import family as registry_family
 from sdplan.core.families import options as o
 from sdplan.core.families.declaration import Family
 from sdplan.core.planning.modules import MODEL_FILE_FLAGS
+from sdplan.core.planning.vae_tiling import VaeTiling
 from sdplan.core.runtime.run_plan import RunPlan
 from sdplan.core.sampling.names import samplers_for, schedulers_for
 from sdplan.core.sampling.options import SamplingOptions, parse_key_values, parse_sigmas
@@ -149,7 +150,12 @@ class GenerationRequest:
         init_img, mask, strength: image to image and inpainting.
         ref_images: reference pictures (FLUX.2 klein edits).
         taesd_decode: decode the final image with the ``taesd`` file (else previews only).
-        vae_tile_size: decode in tiles of this many latent pixels (0: whole).
+        vae_tiling: ``--vae-tiling``, ``--vae-tile-size`` (image pixels, ``WxH``),
+            ``--vae-tile-overlap``, ``--vae-relative-tile-size`` (the newest sd-cli's, spec
+            section 14.7; a size without ``--vae-tiling`` is the tile of the retry after a
+            decode that does not fit).
+        vae_tile_size: an older request's tile in latent pixels (tiling on); :meth:`check`
+            turns it into :attr:`vae_tiling` with the family's VAE scale.
         upscale_repeats: upscaler passes (with an ``upscale_model`` file).
         control_net, hires: ControlNet and hires fix (set: refused by every family today).
         previews: send a preview per step.
@@ -183,6 +189,7 @@ class GenerationRequest:
     strength: float = 0.75
     ref_images: tuple[str, ...] = ()
     taesd_decode: bool = False
+    vae_tiling: VaeTiling = field(default_factory=VaeTiling)
     vae_tile_size: int = 0
     upscale_repeats: int = 1
     control_net: str | None = None
@@ -240,6 +247,7 @@ class GenerationRequest:
             strength=float(s["strength"]) if s.get("strength") is not None else 0.75,
             ref_images=tuple(str(p) for p in s.get("ref_images") or ()),
             taesd_decode=bool(s.get("taesd_decode")),
+            vae_tiling=VaeTiling.from_json(s["vae_tiling"]) if s.get("vae_tiling") else VaeTiling(),
             vae_tile_size=int(s.get("vae_tile_size") or 0),
             upscale_repeats=int(s.get("upscale_repeats") or 1),
             control_net=s.get("control_net") or None, hires=bool(s.get("hires")),
@@ -314,7 +322,8 @@ class GenerationRequest:
             put(o.LORA)
         for opt, on in ((o.INIT_IMG, self.init_img), (o.MASK, self.mask), (o.REF_IMAGES, self.ref_images),
                         (o.TAESD, self.file("taesd")), (o.TAESD_DECODE, self.taesd_decode and self.file("taesd")),
-                        (o.VAE_TILING, self.vae_tile_size), (o.UPSCALE, self.file("upscale_model")),
+                        (o.VAE_TILING, self.vae_tile_size or self.vae_tiling.enabled or self.vae_tiling.customised),
+                        (o.UPSCALE, self.file("upscale_model")),
                         (o.CONTROL, self.control_net), (o.HIRES, self.hires),
                         (o.VAE_CONV_SCALE, self.force_sdxl_vae_conv_scale)):
             if on:
@@ -350,7 +359,11 @@ class GenerationRequest:
                                   f"remove {them}")
         if self.cfg_scale is not None and not math.isfinite(self.cfg_scale):
             raise InvalidArgument(f"--cfg-scale must be a finite number, got {self.cfg_scale}")
-        return replace(self, width=self.width or d.width or SIDE_DEFAULT,
+        tiling = self.vae_tiling
+        if self.vae_tile_size:  # an older request: latent pixels, tiling on
+            px = self.vae_tile_size * fam.vae_scale
+            tiling = replace(tiling, enabled=True, tile_px=(px, px))
+        return replace(self, vae_tiling=tiling, vae_tile_size=0, width=self.width or d.width or SIDE_DEFAULT,
                        height=self.height or d.height or SIDE_DEFAULT, steps=self.steps or d.steps,
                        cfg_scale=d.cfg_scale if self.cfg_scale is None else self.cfg_scale,
                        guidance=d.guidance if self.guidance is None else self.guidance,
@@ -399,6 +412,8 @@ class GenerationRequest:
             out["ref_images"] = list(self.ref_images)
         if self.vae_tile_size:
             out["vae_tile_size"] = self.vae_tile_size
+        if self.vae_tiling.enabled or self.vae_tiling.customised:
+            out["vae_tiling"] = self.vae_tiling.to_json()
         if self.file("upscale_model"):
             out.update(upscale_model=self.file("upscale_model"), upscale_repeats=self.upscale_repeats)
         if self.taesd_decode and self.file("taesd"):
@@ -422,7 +437,8 @@ class GenerationRequest:
             "lora_model_dir": self.lora_model_dir, "lora_apply_mode": self.lora_apply_mode,
             "init_img": self.init_img, "mask": self.mask, "strength": self.strength,
             "ref_images": list(self.ref_images), "taesd_decode": self.taesd_decode,
-            "vae_tile_size": self.vae_tile_size, "upscale_repeats": self.upscale_repeats,
+            "vae_tiling": self.vae_tiling.to_json(), "vae_tile_size": self.vae_tile_size,
+            "upscale_repeats": self.upscale_repeats,
             "control_net": self.control_net, "hires": self.hires, "previews": self.previews,
             "threads": self.threads, "force_sdxl_vae_conv_scale": self.force_sdxl_vae_conv_scale,
             "overrides": self.overrides.to_mapping(), **dict(self.placement_strings)}

@@ -36,5 +36,5 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
         mask_pad=1 if ov.chroma_t5_mask_pad is None else ov.chroma_t5_mask_pad,
         dit_mask=True if ov.chroma_use_dit_mask is None else ov.chroma_use_dit_mask,
         preview=cb, init=init, init_seed=seed, scheduler=request.scheduler, sampling=request.sampling,
-        tae_decode=bool(request.taesd_decode and models.taesd), vae_tile=request.vae_tile_size or None))
-    return {"images": images, "timings": {"sampling_and_decode": seconds}, "info": info, "runners": pipe.runners}
+        tae_decode=bool(request.taesd_decode and models.taesd), vae_tile=request.vae_tiling))
+    return {"images": images, "timings": {"sampling_and_decode": seconds}, "info": {**info, **pipe.run_info()}, "runners": pipe.runners}

@@ -39,5 +39,5 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
         t5_length=ov.t5_length or 256, preview=cb, init=init, init_seed=seed, scheduler=request.scheduler,
         sampling=request.sampling, negative_prompt=request.negative_prompt,
         cfg_scale=float(request.cfg_scale if request.cfg_scale is not None else 1.0),
-        tae_decode=bool(request.taesd_decode and models.taesd), vae_tile=request.vae_tile_size or None))
-    return {"images": images, "timings": {"sampling_and_decode": seconds}, "info": info, "runners": pipe.runners}
+        tae_decode=bool(request.taesd_decode and models.taesd), vae_tile=request.vae_tiling))
+    return {"images": images, "timings": {"sampling_and_decode": seconds}, "info": {**info, **pipe.run_info()}, "runners": pipe.runners}

@@ -71,10 +71,10 @@ def run_unet(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
                        request.sampling)
     tae = sess.tae
     images = sess.sd.txt2img(p, lambda step, n, *_: progress.step(step, n), progress.preview,
-                             vae_tile=request.vae_tile_size or None,
+                             vae_tile=request.vae_tiling,
                              preview_decoder=tae.preview if tae is not None else None,
                              decoder=tae.decode if tae is not None and request.taesd_decode else None, init=init)
-    return {"images": images, "timings": dict(sess.sd.timings), "info": info, "runners": sess.runners}
+    return {"images": images, "timings": dict(sess.sd.timings), "info": {**info, **sess.sd.run_info()}, "runners": sess.runners}
 
 
 def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], progress: RunContext) -> FamilyResult:
@@ -91,10 +91,12 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
 
 
 def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
-            pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> dict[str, int]:
+            pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
+            vae_tile: tuple[int, int] | None = None) -> dict[str, int]:
     """Compute-buffer bytes per module of an SD 1.x / 2.x generation (the text encoder on one
-    77-token chunk, the UNet on the CFG batch, the VAE decoder on the batch), by a dry-run
-    reserve on ``pool``'s backends (:mod:`sdplan.core.pipelines.compute`).
+    77-token chunk, the UNet on the CFG batch, the VAE decoder on the batch, or on one tile of
+    ``vae_tile`` ``(w, h)`` latent pixels), by a dry-run reserve on ``pool``'s backends
+    (:mod:`sdplan.core.pipelines.compute`).
 
     Raises:
         ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
@@ -102,12 +104,13 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
     sd = StableDiffusion(dict(model_files), None, pool, placements=placements)
     try:
         lh, lw = height // sd.vae_cfg.factor, width // sd.vae_cfg.factor
+        th, tw = (vae_tile[1], vae_tile[0]) if vae_tile else (lh, lw)
         n = batch * (2 if cfg else 1)
         shapes = {
             "te": (sd._te(sd._skip(0), True), {"ids": (1, 77), "mask": (77, 77)}),
             "diffusion": (sd.runners["diffusion"], {"x": (n, sd.unet_cfg.in_channels, lh, lw),
                                                     "t": (n,), "c": (n, 77, sd.unet_cfg.context_dim)}),
-            "vae": (sd.runners["vae"], {"z": (batch, sd.unet_cfg.out_channels, lh, lw)}),
+            "vae": (sd.runners["vae"], {"z": (batch, sd.unet_cfg.out_channels, th, tw)}),
         }
         return {module: sum(runner.measure(inputs).values()) for module, (runner, inputs) in shapes.items()}
     finally:

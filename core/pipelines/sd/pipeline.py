@@ -47,6 +47,12 @@ from sdplan.core.pipelines.stages.img2img import (
     truncate_sigmas,
 )
 from sdplan.core.pipelines.stages.results import image_to_uint8
+from sdplan.core.pipelines.stages.vae_tiles import (
+    as_tiling,
+    decode_tiled,
+    encode_tiled,
+    fits_budget,
+)
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.noise import NoiseSource, initial_latent, make_noise
 from sdplan.core.sampling.options import SamplingOptions, prepare, shifted_timestep
@@ -354,27 +360,40 @@ class StableDiffusion(Pipeline):
 
     # ------------------------------------------------------------------ VAE
 
-    def decode(self, latent: np.ndarray, tile: int | None = None) -> np.ndarray:
+    def decode(self, latent: np.ndarray, tile: Any = None) -> np.ndarray:
         """Latent as sampled (``(N, 4, h, w)``, scaled) -> images ``(N, 3, 8h, 8w)`` in [-1, 1].
 
-        ``tile`` (latent pixels) decodes in overlapping tiles when the latent is larger."""
+        ``tile``: a :class:`~sdplan.core.planning.vae_tiling.VaeTiling` (or latent pixels, the
+        snapshot's ``--vae-tile-size``) decodes in sd-cli's tiles; a whole decode that does
+        not fit the VAE's budget is retried in tiles
+        (:func:`~sdplan.core.pipelines.stages.vae_tiles.decode_tiled`)."""
         z = np.ascontiguousarray(latent / self.scale_factor, dtype=np.float32)
         runner = self.runners["vae"]
+        f = self.vae_cfg.factor
         t0 = time.perf_counter()
         with runner.session():
             def one(zt: np.ndarray) -> np.ndarray:
                 return runner.run({"z": zt})["image"]
-            if tile and (z.shape[-1] > tile or z.shape[-2] > tile):
-                out = vae_m.tiled_decode(one, z, tile, max(1, tile // 4), self.vae_cfg.factor)
-            else:
-                out = one(z)
+            out, self.last_decode = decode_tiled(one, z, as_tiling(tile, f), f, fits_budget(runner))
         self.timings["decode"] = time.perf_counter() - t0
         return out
 
+    def _moments(self, img: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean, logvar)`` of images ``(N, 3, H, W)`` in [-1, 1], in sd-cli's encode tiles
+        when the run's :attr:`vae_tiling` is on."""
+        runner = self.runners["vae"]
+        img = np.ascontiguousarray(img, dtype=np.float32)
+        with runner.session():
+            def one(part: np.ndarray) -> np.ndarray:
+                out = runner.run({"image": part})
+                return np.concatenate([out["mean"], out["logvar"]], 1)
+            both = encode_tiled(one, img, self.vae_tiling, self.vae_cfg.factor)
+        c = both.shape[1] // 2
+        return both[:, :c], both[:, c:]
+
     def encode_image(self, img: np.ndarray) -> np.ndarray:
         """Images ``(N, 3, H, W)`` in [-1, 1] -> latent means ``(N, 4, H/8, W/8)`` (unscaled)."""
-        img = np.ascontiguousarray(img, dtype=np.float32)
-        return self.runners["vae"].run({"image": img})["mean"]
+        return self._moments(img)[0]
 
     def encode_sample(self, img: np.ndarray, noise: np.ndarray) -> np.ndarray:
         """Images ``(1, 3, H, W)`` in [-1, 1] -> a draw of their latent distribution with
@@ -382,9 +401,9 @@ class StableDiffusion(Pipeline):
         SDXL's 0.13025): the
         diffusion model's latent (:func:`~sdplan.core.pipelines.stages.img2img.sample_latent`)."""
         t0 = time.perf_counter()
-        out = self.runners["vae"].run({"image": np.ascontiguousarray(img, dtype=np.float32)})
+        mean, logvar = self._moments(img)
         self.timings["encode"] = self.timings.get("encode", 0.0) + time.perf_counter() - t0
-        return sample_latent(out["mean"], out["logvar"], noise) * np.float32(self.scale_factor)
+        return sample_latent(mean, logvar, noise) * np.float32(self.scale_factor)
 
     @property
     def inpaint(self) -> bool:
@@ -431,7 +450,7 @@ class StableDiffusion(Pipeline):
                 on_step: Callable[[int, int, np.ndarray], None] | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None,
                 noise: np.ndarray | None = None, sigmas: np.ndarray | None = None,
-                vae_tile: int | None = None,
+                vae_tile: Any = None,
                 preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None,
                 decoder: Callable[[np.ndarray], np.ndarray] | None = None,
                 init: ImageInput | None = None) -> list[np.ndarray]:
@@ -460,6 +479,7 @@ class StableDiffusion(Pipeline):
         if p.width % f or p.height % f or p.width <= 0 or p.height <= 0:
             raise InvalidArgument(f"-W/-H {p.width}x{p.height}: this model draws sizes that are "
                               f"positive multiples of {f} pixels")
+        self.vae_tiling, self.last_decode = as_tiling(vae_tile, self.vae_cfg.factor), None
         t0 = time.perf_counter()
         cond, uncond = self.conditioning(p)
         self.timings["text_encode"] = time.perf_counter() - t0

@@ -28,7 +28,7 @@ from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux import unpatchify
 from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
-from sdplan.core.models.vae import VaeGraph, tiled_decode, vae_config, vae_decode, vae_moments
+from sdplan.core.models.vae import VaeGraph, vae_config, vae_decode, vae_moments
 from sdplan.core.pipelines.stages.base import Pipeline
 from sdplan.core.pipelines.stages.img2img import (
     ImageInput,
@@ -36,6 +36,12 @@ from sdplan.core.pipelines.stages.img2img import (
     latent_mask,
     sample_latent,
     truncate_sigmas,
+)
+from sdplan.core.pipelines.stages.vae_tiles import (
+    as_tiling,
+    decode_tiled,
+    encode_tiled,
+    fits_budget,
 )
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.weights import WeightFile
@@ -129,8 +135,16 @@ class FlowDiTPipeline(Pipeline):
             self.runners["vae_encoder"] = self._runner(
                 "vae_encoder", FunctionGraph(self._vae_encoder, {"image": "f32"}, enc, VAE_BF16), self._vae_path,
                 self.placements["vae"], None)
-        out = self.runners["vae_encoder"].run({"image": np.ascontiguousarray(img, dtype=np.float32)})
-        z = sample_latent(out["mean"], out["logvar"], noise)
+        runner = self.runners["vae_encoder"]
+
+        def one(part: np.ndarray) -> np.ndarray:
+            out = runner.run({"image": part})
+            return np.concatenate([out["mean"], out["logvar"]], 1)
+
+        with runner.session():
+            both = encode_tiled(one, np.ascontiguousarray(img, dtype=np.float32), self.vae_tiling, self.vae_cfg.factor)
+        c = both.shape[1] // 2
+        z = sample_latent(both[:, :c], both[:, c:], noise)
         return ((z - self.shift_factor) * self.scale_factor).astype(np.float32)
 
     def _tae_decoder(self, path: str | Path) -> Callable[[np.ndarray], np.ndarray]:
@@ -167,25 +181,26 @@ class FlowDiTPipeline(Pipeline):
         with self.runners["diffusion"].session():
             yield
 
-    def decode(self, latent: np.ndarray, tile: int | None = None) -> np.ndarray:
+    def decode(self, latent: np.ndarray, tile: Any = None) -> np.ndarray:
         """Image ``(1, 3, 8h, 8w)`` (about [-1, 1]) of a model-space latent: the VAE decodes
         ``latent / scale_factor + shift_factor`` (:meth:`vae_decode`; ``tile``: in tiles)."""
         return self.vae_decode((latent / self.scale_factor + self.shift_factor).astype(np.float32), tile)
 
-    def vae_decode(self, z: np.ndarray, tile: int | None = None) -> np.ndarray:
-        """The VAE's image of its own latent ``z`` ``(1, C, h, w)``; with ``tile`` (latent
-        pixels, sd-cli's ``--vae-tiling``) a latent larger than it is decoded in overlapping
-        tiles of ``tile`` squared (overlap ``tile // 4``, at least 1) blended as the UNet
-        families do (:func:`~sdplan.core.models.vae.tiled_decode`)."""
+    def vae_decode(self, z: np.ndarray, tile: Any = None) -> np.ndarray:
+        """The VAE's image of its own latent ``z`` ``(1, C, h, w)``; with ``tile`` (a
+        :class:`~sdplan.core.planning.vae_tiling.VaeTiling`, or latent pixels as the snapshot's
+        ``--vae-tile-size``) in sd-cli's overlapping tiles, and a whole decode that does not
+        fit the VAE's budget retried in tiles
+        (:func:`~sdplan.core.pipelines.stages.vae_tiles.decode_tiled`)."""
         runner = self.runners["vae"]
+        f = self.vae_cfg.factor
 
         def one(zt: np.ndarray) -> np.ndarray:
             return runner.run({"z": np.ascontiguousarray(zt, dtype=np.float32)})["image"]
 
-        if tile and (z.shape[-1] > tile or z.shape[-2] > tile):
-            with runner.session():
-                return tiled_decode(one, z, tile, max(1, tile // 4), self.vae_cfg.factor)
-        return one(z)
+        with runner.session():
+            out, self.last_decode = decode_tiled(one, z, as_tiling(tile, f), f, fits_budget(runner))
+        return out
 
     def _latent_size(self, width: int, height: int, vae_scale: int) -> tuple[int, int]:
         """``(h, w)`` of the latent of a ``width x height`` image.
@@ -204,7 +219,7 @@ class FlowDiTPipeline(Pipeline):
                 flow_shift: float = 1.0, init: ImageInput | None = None,
                 init_seed: int | None = None,
                 step_hook: Callable[[int, int], None] | None = None,
-                tae_decode: bool = False, vae_tile: int | None = None) -> dict[str, np.ndarray]:
+                tae_decode: bool = False, vae_tile: Any = None) -> dict[str, np.ndarray]:
         """Sample a ``(1, 16, h, w)`` latent from the seed's noise (``sampling.rng``; or
         ``noise``) and decode it. Returns ``{"latent", "image", "sigmas"}``.
 
@@ -224,6 +239,7 @@ class FlowDiTPipeline(Pipeline):
         """
         if tae_decode and self.preview is None:
             raise SdplanError("decoding with the TAE needs a --taesd file")
+        self.vae_tiling, self.last_decode = as_tiling(vae_tile, self.vae_cfg.factor), None
         opts = sampling or SamplingOptions()
         tokens = (h // 2) * (w // 2)
         fshift = opts.flow_shift if opts.flow_shift is not None else flow_shift

@@ -145,7 +145,7 @@ def generation_text(params: Mapping[str, Any], model_files: Mapping[str, Any],
 _SETTINGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "guidance",
              "seed", "sampling_method", "scheduler", "batch_count", "clip_skip", "eta",
              "sigmas", "flow_shift", "timestep_shift", "rng", "sampler_rng",
-             "extra_sample_args", "vae_tile_size", "upscale_repeats", "slg_scale", "skip_layers",
+             "extra_sample_args", "vae_tile_size", "vae_tiling", "upscale_repeats", "slg_scale", "skip_layers",
              "skip_layer_start", "skip_layer_end", "lora_model_dir", "lora_apply_mode", "init_img",
              "mask", "strength", "ref_images", "taesd_decode", "force_sdxl_vae_conv_scale")
 

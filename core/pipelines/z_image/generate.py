@@ -33,5 +33,5 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
         sampler=str(request.sampling_method), cfg_scale=float(request.cfg_scale or 0.0),
         negative_prompt=request.negative_prompt, preview=cb, init=init, init_seed=seed,
         scheduler=request.scheduler, sampling=request.sampling,
-        tae_decode=bool(request.taesd_decode and models.taesd), vae_tile=request.vae_tile_size or None))
-    return {"images": images, "timings": {"sampling_and_decode": seconds}, "info": info, "runners": pipe.runners}
+        tae_decode=bool(request.taesd_decode and models.taesd), vae_tile=request.vae_tiling))
+    return {"images": images, "timings": {"sampling_and_decode": seconds}, "info": {**info, **pipe.run_info()}, "runners": pipe.runners}
