@@ -283,9 +283,11 @@ def change_of(opt: str, name: str, env: dict[str, Any]) -> Change:
         return Change({"files": {"upscale_model": [env["upscaler"]]}},
                       {"upscale_model": env["upscaler"], "upscale_repeats": 1}, check="size")
     if opt == o.CONTROL:
-        return Change({"control_net": str(env["dir"] / "control.safetensors")}, {})
-    if opt == o.HIRES:
-        return Change({"hires": True}, {})
+        return Change({"control_net": str(env["dir"] / "control.safetensors"), "control_image": env["picture"]}, {})
+    if opt == o.HIRES:  # 32 px -> 64 (a multiple of sd-cli's 64 for the UNets)
+        hires = {"enabled": True, "upscaler": "Latent", "scale": 2.0, "width": 0, "height": 0, "steps": 0,
+                 "denoising_strength": 0.7, "upscalers_dir": None}
+        return Change({"hires": hires}, {"hires": hires}, {"width": 32, "height": 32}, check="size")
     if opt == o.VAE_CONV_SCALE:
         # the checkpoint's own VAE is always scaled (sd-cli's rule): the flag acts on a --vae
         # file. Scaling by 1/32 and back is exact in floating point (an f16 overflow guard), so

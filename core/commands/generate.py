@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sdplan.core.commands.generate_modules import add_module_arguments, module_request
+from sdplan.core.commands.generate_modules import add_module_arguments, hires_size, module_request
 from sdplan.core.commands.options import add_input_arguments, input_request, validate_inputs
 from sdplan.core.commands.sdcli_flags import (
     add_sampling_arguments,
@@ -203,7 +203,8 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]],
     plan = resolve(placement, inventory, profile)
     loras = plan_loras(args.prompt, args.lora_model_dir or ".", args.lora_apply_mode, files, plan)
     measured = engine_compute(args, engine, files, plan)
-    fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count,
+    width, height = hires_size(args)  # the second pass of a hires fix is the largest
+    fit = estimate_plan(plan, profile, inventory, width=width, height=height, batch=args.batch_count,
                         engine="sdplan", measured=measured, loras=loras.profiles)
     return plan, inventory, fit, loras
 
@@ -233,9 +234,10 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
     from sdplan.core.pipelines.job_names import COMPUTE_JOB
     from sdplan.core.runtime.placement import ModulePlacement
 
+    width, height = hires_size(args)
     try:
         return dict(engine.call(COMPUTE_JOB, {
-            "model_files": files, "width": args.width, "height": args.height, "batch": args.batch_count,
+            "model_files": files, "width": width, "height": height, "batch": args.batch_count,
             "cfg": args.cfg_scale != 1.0, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
             "vae_tiling": module_request(args)["vae_tiling"],
             "placements": {m: ModulePlacement.from_plan(plan, m)

@@ -23,14 +23,33 @@ from sdplan.core.errors import InvalidArgument, PlanError
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
 __all__ = ["UPSCALER_WEIGHT_BYTES", "late_module_profile", "with_late_modules", "add_module_arguments",
-           "module_request", "MAX_TILE_PX"]
+           "module_request", "hires_size", "MAX_TILE_PX"]
 
 #: Largest ``--vae-tile-size`` side (image pixels): the largest picture side generate draws.
 MAX_TILE_PX = 16384
 
 
 def add_module_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the VAE tiling flags (module docstring) to ``sdplan generate``."""
+    """Add the VAE tiling, hires fix and ControlNet flags (module docstring) to ``sdplan
+    generate``."""
+    h = p.add_argument_group("hires fix (sd-cli's flags)")
+    h.add_argument("--hires", action="store_true", help="a second pass at a larger size (sd-cli's hires fix)")
+    h.add_argument("--hires-upscaler", default="Latent",
+                   help="Latent, Latent (nearest), Latent (nearest-exact), Latent (antialiased), Latent (bicubic), "
+                        "Latent (bicubic antialiased), Lanczos, Nearest, None, or an ESRGAN model's name in "
+                        "--hires-upscalers-dir (default: Latent)")
+    h.add_argument("--hires-upscalers-dir", metavar="DIR", help="folder of the ESRGAN models --hires-upscaler names")
+    h.add_argument("--hires-scale", type=float, default=2.0, help="hires size over the picture's (default 2)")
+    h.add_argument("--hires-width", type=int, default=0, help="hires width in pixels (0: from --hires-scale)")
+    h.add_argument("--hires-height", type=int, default=0, help="hires height in pixels (0: from --hires-scale)")
+    h.add_argument("--hires-steps", type=int, default=0, help="second pass steps (0: --steps)")
+    h.add_argument("--hires-denoising-strength", type=float, default=0.7,
+                   help="how much the second pass changes the upscaled picture, (0, 1] (default 0.7)")
+    c = p.add_argument_group("ControlNet (sd-cli's flags)")
+    c.add_argument("--control-net", metavar="PATH", help="ControlNet model file (SD 1.x/2.x, SDXL)")
+    c.add_argument("--control-image", metavar="PATH", help="the picture that steers ControlNet")
+    c.add_argument("--control-strength", type=float, default=0.9, help="ControlNet's strength (default 0.9)")
+    c.add_argument("--canny", action="store_true", help="apply the Canny edge preprocessor to --control-image")
     g = p.add_argument_group("VAE tiling (the newest sd-cli's flags)")
     g.add_argument("--vae-tiling", action="store_true",
                    help="decode (and encode) the picture in overlapping tiles")
@@ -69,7 +88,39 @@ def module_request(args: argparse.Namespace) -> dict[str, Any]:
     if relative is not None and max(relative) > MAX_TILE_PX:
         raise InvalidArgument(f"--vae-relative-tile-size {rel_text}: at most {MAX_TILE_PX} tiles a side")
     tiling = VaeTiling(bool(getattr(args, "vae_tiling", False)), size, overlap, relative)
-    return {"vae_tiling": tiling.to_json() if tiling.enabled or tiling.customised else None}
+    out: dict[str, Any] = {"vae_tiling": tiling.to_json() if tiling.enabled or tiling.customised else None}
+    if getattr(args, "hires", False):
+        from sdplan.core.pipelines.request_parts import HiresFix
+
+        for flag, value, high in (("--hires-width", args.hires_width, MAX_TILE_PX),
+                                  ("--hires-height", args.hires_height, MAX_TILE_PX),
+                                  ("--hires-steps", args.hires_steps, 1000)):
+            if not 0 <= int(value) <= high:
+                raise InvalidArgument(f"{flag} {value}: must be in 0..{high}")
+        if not math.isfinite(args.hires_scale) or args.hires_scale > 16:
+            raise InvalidArgument(f"--hires-scale {args.hires_scale}: at most 16")
+        fix = HiresFix(True, args.hires_upscaler, args.hires_scale, args.hires_width, args.hires_height,
+                       args.hires_steps, args.hires_denoising_strength, args.hires_upscalers_dir)
+        fix.check()
+        out["hires"] = fix.to_json()
+    if getattr(args, "control_net", None):
+        if not math.isfinite(args.control_strength):
+            raise InvalidArgument(f"--control-strength {args.control_strength}: must be a finite number")
+        out.update(control_net=str(args.control_net), control_image=args.control_image,
+                   control_strength=args.control_strength, canny=bool(args.canny))
+    return out
+
+
+def hires_size(args: argparse.Namespace) -> tuple[int, int]:
+    """The largest picture a run of ``args`` samples: the hires fix's target with
+    ``--hires`` (the second pass), else ``-W`` x ``-H``. The family's alignment is sd-cli's
+    for a UNet (64 pixels); the estimate only needs the size."""
+    if not getattr(args, "hires", False):
+        return int(args.width), int(args.height)
+    from sdplan.core.pipelines.request_parts import HiresFix
+
+    fix = HiresFix(True, args.hires_upscaler, args.hires_scale, args.hires_width, args.hires_height)
+    return fix.target(int(args.width), int(args.height), 8)
 
 #: Bytes per upscaler parameter as the engine holds it: f32 (``stages/upscale.py``; its
 #: convolution kernels may be bf16 on AMX CPUs, which only makes the figure an upper bound).

@@ -28,6 +28,7 @@ from sdplan.core.families import UNKNOWN
 from sdplan.core.families import family as registry_family
 from sdplan.core.families import options as o
 from sdplan.core.families.declaration import Family
+from sdplan.core.pipelines.request_parts import ControlInput, HiresFix
 from sdplan.core.planning.modules import MODEL_FILE_FLAGS
 from sdplan.core.planning.vae_tiling import VaeTiling
 from sdplan.core.runtime.run_plan import RunPlan
@@ -157,7 +158,9 @@ class GenerationRequest:
         vae_tile_size: an older request's tile in latent pixels (tiling on); :meth:`check`
             turns it into :attr:`vae_tiling` with the family's VAE scale.
         upscale_repeats: upscaler passes (with an ``upscale_model`` file).
-        control_net, hires: ControlNet and hires fix (set: refused by every family today).
+        control_net: ``--control-net``, the ControlNet file; control: its picture, strength
+            and ``--canny`` (:class:`~sdplan.core.pipelines.request_parts.ControlInput`).
+        hires: sd-cli's hires fix (:class:`~sdplan.core.pipelines.request_parts.HiresFix`).
         previews: send a preview per step.
         threads: CPU threads (0: the engine's choice).
         force_sdxl_vae_conv_scale: sd-cli's flag of that name.
@@ -193,7 +196,8 @@ class GenerationRequest:
     vae_tile_size: int = 0
     upscale_repeats: int = 1
     control_net: str | None = None
-    hires: bool = False
+    control: ControlInput = field(default_factory=ControlInput)
+    hires: HiresFix = field(default_factory=HiresFix)
     previews: bool = True
     threads: int = 0
     force_sdxl_vae_conv_scale: bool = False
@@ -250,7 +254,9 @@ class GenerationRequest:
             vae_tiling=VaeTiling.from_json(s["vae_tiling"]) if s.get("vae_tiling") else VaeTiling(),
             vae_tile_size=int(s.get("vae_tile_size") or 0),
             upscale_repeats=int(s.get("upscale_repeats") or 1),
-            control_net=s.get("control_net") or None, hires=bool(s.get("hires")),
+            control_net=s.get("control_net") or None,
+            control=ControlInput.from_request(s.get("control") if isinstance(s.get("control"), Mapping) else s),
+            hires=HiresFix.from_request(s),
             previews=bool(s.get("previews", True)), threads=int(s.get("threads") or 0),
             force_sdxl_vae_conv_scale=bool(s.get("force_sdxl_vae_conv_scale")),
             overrides=ModelOverrides.from_mapping(s.get("overrides")),
@@ -284,8 +290,12 @@ class GenerationRequest:
 
     def hires_model(self) -> str | None:
         """The ESRGAN file the hires fix upscales with, or None (no hires fix, or an
-        interpolating upscaler)."""
-        return None
+        interpolating upscaler).
+
+        Raises:
+            InvalidArgument: a model name with no file in ``--hires-upscalers-dir``.
+        """
+        return self.hires.model_path()
 
     # ------------------------------------------------------------------ checking
     def options_set(self, fam: Family) -> dict[str, str]:
@@ -324,7 +334,7 @@ class GenerationRequest:
                         (o.TAESD, self.file("taesd")), (o.TAESD_DECODE, self.taesd_decode and self.file("taesd")),
                         (o.VAE_TILING, self.vae_tile_size or self.vae_tiling.enabled or self.vae_tiling.customised),
                         (o.UPSCALE, self.file("upscale_model")),
-                        (o.CONTROL, self.control_net), (o.HIRES, self.hires),
+                        (o.CONTROL, self.control_net), (o.HIRES, self.hires.active),
                         (o.VAE_CONV_SCALE, self.force_sdxl_vae_conv_scale)):
             if on:
                 put(opt)
@@ -359,6 +369,13 @@ class GenerationRequest:
                                   f"remove {them}")
         if self.cfg_scale is not None and not math.isfinite(self.cfg_scale):
             raise InvalidArgument(f"--cfg-scale must be a finite number, got {self.cfg_scale}")
+        if self.hires.active:
+            if self.mask:
+                raise InvalidArgument("--hires with --mask: sdplan does not run the hires fix of an "
+                                      "inpainting; remove one of them")
+            self.hires_model()  # a model upscaler's file, named before anything loads
+        if self.control_net and not self.control.image:
+            raise InvalidArgument("--control-net needs --control-image (the picture that steers it)")
         tiling = self.vae_tiling
         if self.vae_tile_size:  # an older request: latent pixels, tiling on
             px = self.vae_tile_size * fam.vae_scale
@@ -420,6 +437,10 @@ class GenerationRequest:
             out["taesd_decode"] = True
         if self.force_sdxl_vae_conv_scale:
             out["force_sdxl_vae_conv_scale"] = True
+        if self.hires.active:
+            out["hires"] = self.hires.to_json()
+        if self.control_net:
+            out.update(control_net=self.control_net, control=self.control.to_json())
         return {k: v for k, v in out.items() if v is not None}
 
     def to_dict(self) -> dict[str, Any]:
@@ -439,7 +460,8 @@ class GenerationRequest:
             "ref_images": list(self.ref_images), "taesd_decode": self.taesd_decode,
             "vae_tiling": self.vae_tiling.to_json(), "vae_tile_size": self.vae_tile_size,
             "upscale_repeats": self.upscale_repeats,
-            "control_net": self.control_net, "hires": self.hires, "previews": self.previews,
+            "control_net": self.control_net, "control": self.control.to_json(), "hires": self.hires.to_json(),
+            "previews": self.previews,
             "threads": self.threads, "force_sdxl_vae_conv_scale": self.force_sdxl_vae_conv_scale,
             "overrides": self.overrides.to_mapping(), **dict(self.placement_strings)}
         if self.plan is not None:

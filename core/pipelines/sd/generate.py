@@ -9,7 +9,8 @@ any UNet pipeline (SDXL's passes its own). :func:`measure` is the compute dry ru
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from sdplan.core.pipelines.request import GenerationRequest
@@ -70,11 +71,37 @@ def run_unet(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
                        str(request.sampling_method), request.scheduler, request.batch_count, request.clip_skip,
                        request.sampling)
     tae = sess.tae
-    images = sess.sd.txt2img(p, lambda step, n, *_: progress.step(step, n), progress.preview,
-                             vae_tile=request.vae_tiling,
-                             preview_decoder=tae.preview if tae is not None else None,
-                             decoder=tae.decode if tae is not None and request.taesd_decode else None, init=init)
+    with hires_upscaler(request, plan, progress) as upscaler:
+        images = sess.sd.txt2img(p, lambda step, n, *_: progress.step(step, n), progress.preview,
+                                 vae_tile=request.vae_tiling,
+                                 preview_decoder=tae.preview if tae is not None else None,
+                                 decoder=tae.decode if tae is not None and request.taesd_decode else None, init=init,
+                                 hires=request.hires, upscaler=upscaler)
+    if request.hires.active:
+        info = {**info, "hires_size": [int(images[0].shape[1]), int(images[0].shape[0])]}
     return {"images": images, "timings": dict(sess.sd.timings), "info": {**info, **sess.sd.run_info()}, "runners": sess.runners}
+
+
+@contextlib.contextmanager
+def hires_upscaler(request: GenerationRequest, plan: Mapping[str, ModulePlacement],
+                   progress: RunContext) -> Iterator[Any]:
+    """The hires fix's ESRGAN model (an :class:`~sdplan.core.pipelines.stages.upscale.Upscaler`
+    on the ``upscaler`` module's planned device, with its residency and budget; without a plan
+    entry, the VAE's main device), closed after the run; None for sd-cli's own upscalers."""
+    path = request.hires_model()
+    if not path:
+        yield None
+        return
+    from sdplan.core.pipelines.stages.upscale import Upscaler
+
+    place = plan.get("upscaler") or ModulePlacement(plan["vae"].devices[:1])
+    up = Upscaler(path, placement=ModulePlacement(place.devices[:1], (), place.params_mode, place.params_device,
+                                                  place.budget), pool=progress.pool())
+    up.runner.cancel = progress.cancel
+    try:
+        yield up
+    finally:
+        up.close()
 
 
 def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], progress: RunContext) -> FamilyResult:

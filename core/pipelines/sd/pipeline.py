@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,9 @@ from sdplan.core.models import clip as clip_m
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
 from sdplan.core.pipelines.layout_errors import naming_the_file
+from sdplan.core.pipelines.request_parts import HiresFix
 from sdplan.core.pipelines.stages.base import Pipeline, module_placements
+from sdplan.core.pipelines.stages.hires import hires_sigmas, upscale_latent
 from sdplan.core.pipelines.stages.img2img import (
     ImageInput,
     blended_denoiser,
@@ -453,7 +456,8 @@ class StableDiffusion(Pipeline):
                 vae_tile: Any = None,
                 preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None,
                 decoder: Callable[[np.ndarray], np.ndarray] | None = None,
-                init: ImageInput | None = None) -> list[np.ndarray]:
+                init: ImageInput | None = None, hires: HiresFix | None = None,
+                upscaler: Any = None) -> list[np.ndarray]:
         """Generate ``p.batch`` images; returns ``(H, W, 3)`` uint8 arrays.
 
         ``init`` makes it image-to-image / inpainting (:mod:`sdplan.core.pipelines.stages.img2img`):
@@ -467,7 +471,10 @@ class StableDiffusion(Pipeline):
         override the seeded Philox noise ``(batch, 4, H/8, W/8)`` and the schedule (tests).
         ``decoder(latent (1, 4, h, w)) -> float32 (1, 3, H, W)`` in about [0, 1] replaces the
         VAE for the final images (a TAESD's :meth:`~sdplan.core.models.tae.Tae.decode`: what
-        sd-cli's ``--taesd`` does without ``--taesd-preview-only``).
+        sd-cli's ``--taesd`` does without ``--taesd-preview-only``). ``hires``: sd-cli's hires
+        fix (:mod:`sdplan.core.pipelines.stages.hires`; ``upscaler``: its ESRGAN model's
+        :class:`~sdplan.core.pipelines.stages.upscale.Upscaler`), a second pass per picture at
+        the hires size before the final decode.
 
         Raises:
             InvalidArgument: width/height not positive multiples of the UNet's factor
@@ -515,6 +522,11 @@ class StableDiffusion(Pipeline):
                             schedule=self.schedule, eta=p.sampling.eta, extra=p.sampling.extra)
         self.timings["sampling"] = time.perf_counter() - t0
         self.timings["per_step"] = self.timings["sampling"] / max(total, 1)
+        if hires is not None and hires.active:
+            t0 = time.perf_counter()
+            latent = np.concatenate([self._hires_pass(latent[b:b + 1], b, p, cond, uncond, hires, upscaler, on_step)
+                                     for b in range(latent.shape[0])])
+            self.timings["hires"] = time.perf_counter() - t0
         if decoder is not None:
             t0 = time.perf_counter()
             images = [decoder(latent[i:i + 1])[0] * 2.0 - 1.0 for i in range(latent.shape[0])]
@@ -522,6 +534,31 @@ class StableDiffusion(Pipeline):
         else:
             images = list(self.decode(latent, vae_tile))
         return [image_to_uint8(im) for im in images]
+
+
+    def _hires_pass(self, latent: np.ndarray, b: int, p: GenerateParams, cond: Cond, uncond: Cond | None,
+                    fix: HiresFix, upscaler: Any,
+                    on_step: Callable[[int, int, np.ndarray], None] | None) -> np.ndarray:
+        """Picture ``b``'s hires fix second pass (:mod:`sdplan.core.pipelines.stages.hires`):
+        its final latent ``(1, 4, h, w)`` upscaled and sampled again at the hires size."""
+        levels = 2 ** (len(self.unet_cfg.channel_mult) - 1)
+        f = self.vae_cfg.factor
+        target = fix.target(p.width, p.height, math.lcm(f * 8, f * levels))  # sd-cli: VAE x UNet's 8
+        opts = replace(p.sampling, sigmas=())
+        gen, sampler_noise, _ = prepare(opts, p.seed + b, p.steps, p.scheduler, self.schedule, self.family)
+        up = upscale_latent(latent, fix, target, f, lambda z: self.decode(z, self.vae_tiling),
+                            self.encode_sample, gen, upscaler)
+        noise = gen(up.shape)
+        sigmas = hires_sigmas(lambda n: prepare(opts, p.seed + b, n, p.scheduler, self.schedule, self.family)[2],
+                              p.steps, fix)
+        self.hires_sigmas = sigmas
+        x = (up + noise * np.float32(sigmas[0])).astype(np.float32)
+        total = len(sigmas) - 1
+        with self.unet_session() as unet:
+            den = self.denoiser(unet, cond, uncond, p.cfg_scale, None, p.sampling.timestep_shift)
+            return sample(p.sampler, den, x, sigmas, noise=sampler_noise, schedule=self.schedule,
+                          eta=p.sampling.eta, extra=p.sampling.extra,
+                          callback=(lambda i, xi, d: on_step(i + 1, total, xi)) if on_step else None)
 
 
 def _as_cond(cond: Cond | np.ndarray) -> Cond:
