@@ -168,12 +168,17 @@ def env(tmp_path_factory) -> dict[str, Any]:
             (d / name).mkdir(exist_ok=True)
             row.lora = _lora(d / name / f"style_{name}.safetensors", row.files)
     save_file(compact_weights(feat=4, n_conv=1), str(d / "up_x2.safetensors"))
+    from controlnet_util import controlnet_from_unet
+
+    controlnets = {name: controlnet_from_unet(row.files["model"][0], d / f"controlnet_{name}.safetensors")
+                   for name, row in rows.items() if registry_family(name).honours(o.CONTROL)}  # type: ignore[union-attr]
     pic = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
     mask = np.zeros((32, 32), np.uint8)
     mask[:, 16:] = 255
     Image.fromarray(mask).save(d / "mask.png")
     return {"rows": rows, "dir": d, "sdxl_vae": sdxl_util.split_files(d / "sdxl")["vae"], "lora_dirs": {n: str(demo_lora_dir() if n == "sd1" else d / n) for n in rows},
             "upscaler": str(d / "up_x2.safetensors"), "picture": _png(d / "picture.png", pic),
+            "controlnets": controlnets,
             "mask": str(d / "mask.png")}
 
 
@@ -283,7 +288,8 @@ def change_of(opt: str, name: str, env: dict[str, Any]) -> Change:
         return Change({"files": {"upscale_model": [env["upscaler"]]}},
                       {"upscale_model": env["upscaler"], "upscale_repeats": 1}, check="size")
     if opt == o.CONTROL:
-        return Change({"control_net": str(env["dir"] / "control.safetensors"), "control_image": env["picture"]}, {})
+        net = env["controlnets"].get(name, str(env["dir"] / "control.safetensors"))
+        return Change({"control_net": net, "control_image": env["picture"]}, {"control_net": net})
     if opt == o.HIRES:  # 32 px -> 64 (a multiple of sd-cli's 64 for the UNets)
         hires = {"enabled": True, "upscaler": "Latent", "scale": 2.0, "width": 0, "height": 0, "steps": 0,
                  "denoising_strength": 0.7, "upscalers_dir": None}

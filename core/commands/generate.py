@@ -281,8 +281,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             from sdplan.core.commands.generate_modules import with_late_modules
 
-            profile = with_late_modules(models.profile(), files, req.hires_model())
-            plan, inventory, fit, loras = _resolve(args, engine, files, placement, profile)
+            late = {**files, **({"control_net": [str(args.control_net)]} if args.control_net else {})}
+            profile = with_late_modules(models.profile(), late, req.hires_model())
+            plan, inventory, fit, loras = _resolve(args, engine, late, placement, profile)
         except SdplanError as exc:
             print_error(exc)
             return 2

@@ -58,7 +58,7 @@ def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, hei
     """
     files = {k: [str(p) for p in v] for k, v in model_files.items()
              if k not in ("taesd", "upscale_model")}
-    arch = read_model_files(files).architecture
+    arch = read_model_files({k: v for k, v in files.items() if k != "control_net"}).architecture
     fam = family(arch.family) if arch.family != UNKNOWN else None
     if fam is None or fam.dry_run is None:
         return {}

@@ -26,9 +26,21 @@ class UnetSession:
     """A loaded UNet pipeline and its optional TAE (on the VAE's main device, weights
     resident), closed together."""
 
-    def __init__(self, sd: Any, taesd: str | None, placements: Mapping[str, ModulePlacement], pool: Any) -> None:
+    def __init__(self, sd: Any, taesd: str | None, placements: Mapping[str, ModulePlacement], pool: Any,
+                 control_net: str | None = None) -> None:
         self.sd = sd
         self.tae = None
+        self.control = None
+        if control_net:  # the controlnet module: its own placement (else the UNet's device)
+            from sdplan.core.pipelines.stages.control import ControlNetStage
+
+            place = placements.get("controlnet") or ModulePlacement(placements["diffusion"].devices[:1])
+            try:
+                self.control = ControlNetStage(sd, control_net, place)
+            except BaseException:
+                sd.close()
+                raise
+            sd.runners["controlnet"] = self.control.runner
         if taesd:
             from sdplan.core.pipelines.stages.tae import Tae
 
@@ -62,21 +74,28 @@ def run_unet(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
     taesd = request.file("taesd")
     files = request.model_set
     sess = progress.cached(("unet", key, repr(sorted(files.items())), repr(sorted(plan.items())),
-                            repr(sorted(kw.items())), taesd),
+                            repr(sorted(kw.items())), taesd, request.control_net),
                            lambda: UnetSession(make(files, {**kw, "placements": dict(plan), "pool": progress.pool()}),
-                                               taesd, plan, progress.pool()))
+                                               taesd, plan, progress.pool(), request.control_net))
     prompt, init, info = apply_request_loras(sess.sd, request)
     p = GenerateParams(prompt, request.negative_prompt, int(request.width or 0), int(request.height or 0),
                        int(request.steps or 0), float(request.cfg_scale or 0.0), request.seed,
                        str(request.sampling_method), request.scheduler, request.batch_count, request.clip_skip,
                        request.sampling)
     tae = sess.tae
+    control = None
+    if sess.control is not None and request.control.image:
+        from sdplan.core.pipelines.stages.control import control_picture
+
+        f = sess.sd.vae_cfg.factor  # the hint encoder divides by 8 whatever the VAE's factor
+        hint = control_picture(request.control.image, p.width // f * 8, p.height // f * 8, request.control.canny)
+        control = (sess.control, hint, request.control.strength)
     with hires_upscaler(request, plan, progress) as upscaler:
         images = sess.sd.txt2img(p, lambda step, n, *_: progress.step(step, n), progress.preview,
                                  vae_tile=request.vae_tiling,
                                  preview_decoder=tae.preview if tae is not None else None,
                                  decoder=tae.decode if tae is not None and request.taesd_decode else None, init=init,
-                                 hires=request.hires, upscaler=upscaler)
+                                 hires=request.hires, upscaler=upscaler, control=control)
     if request.hires.active:
         info = {**info, "hires_size": [int(images[0].shape[1]), int(images[0].shape[0])]}
     return {"images": images, "timings": dict(sess.sd.timings), "info": {**info, **sess.sd.run_info()}, "runners": sess.runners}
@@ -122,8 +141,9 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
             vae_tile: tuple[int, int] | None = None) -> dict[str, int]:
     """Compute-buffer bytes per module of an SD 1.x / 2.x generation (the text encoder on one
     77-token chunk, the UNet on the CFG batch, the VAE decoder on the batch, or on one tile of
-    ``vae_tile`` ``(w, h)`` latent pixels), by a dry-run reserve on ``pool``'s backends
-    (:mod:`sdplan.core.pipelines.compute`).
+    ``vae_tile`` ``(w, h)`` latent pixels; with a ``control_net`` file the ControlNet on the
+    batch and the UNet with its residuals as inputs), by a dry-run reserve on ``pool``'s
+    backends (:mod:`sdplan.core.pipelines.compute`).
 
     Raises:
         ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
@@ -133,12 +153,23 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
         lh, lw = height // sd.vae_cfg.factor, width // sd.vae_cfg.factor
         th, tw = (vae_tile[1], vae_tile[0]) if vae_tile else (lh, lw)
         n = batch * (2 if cfg else 1)
-        shapes = {
+        shapes: dict[str, tuple[Any, dict[str, tuple[int, ...]]]] = {
             "te": (sd._te(sd._skip(0), True), {"ids": (1, 77), "mask": (77, 77)}),
             "diffusion": (sd.runners["diffusion"], {"x": (n, sd.unet_cfg.in_channels, lh, lw),
                                                     "t": (n,), "c": (n, 77, sd.unet_cfg.context_dim)}),
             "vae": (sd.runners["vae"], {"z": (batch, sd.unet_cfg.out_channels, th, tw)}),
         }
-        return {module: sum(runner.measure(inputs).values()) for module, (runner, inputs) in shapes.items()}
+        out: dict[str, int] = {}
+        control = list(model_files.get("control_net") or ())
+        if control:  # its residuals are UNet inputs too; it runs once for both CFG halves
+            from sdplan.core.pipelines.stages.control import ControlNetStage
+
+            place = (placements or {}).get("controlnet") or ModulePlacement(("CPU",))
+            stage = ControlNetStage(sd, control[0], place)
+            sd.runners["controlnet"] = stage.runner
+            out["controlnet"] = stage.measure(batch, lh, lw)
+            shapes["diffusion"][1].update(stage.output_shapes(n, lh, lw))
+        out.update({module: sum(runner.measure(inputs).values()) for module, (runner, inputs) in shapes.items()})
+        return out
     finally:
         sd.close()

@@ -40,7 +40,8 @@ from sdplan.core.models import vae as vae_m
 from sdplan.core.pipelines.layout_errors import naming_the_file
 from sdplan.core.pipelines.request_parts import HiresFix
 from sdplan.core.pipelines.stages.base import Pipeline, module_placements
-from sdplan.core.pipelines.stages.hires import hires_sigmas, upscale_latent
+from sdplan.core.pipelines.stages.control import controlled
+from sdplan.core.pipelines.stages.hires import hires_sigmas, interpolate, upscale_latent
 from sdplan.core.pipelines.stages.img2img import (
     ImageInput,
     blended_denoiser,
@@ -457,7 +458,7 @@ class StableDiffusion(Pipeline):
                 preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None,
                 decoder: Callable[[np.ndarray], np.ndarray] | None = None,
                 init: ImageInput | None = None, hires: HiresFix | None = None,
-                upscaler: Any = None) -> list[np.ndarray]:
+                upscaler: Any = None, control: Any = None) -> list[np.ndarray]:
         """Generate ``p.batch`` images; returns ``(H, W, 3)`` uint8 arrays.
 
         ``init`` makes it image-to-image / inpainting (:mod:`sdplan.core.pipelines.stages.img2img`):
@@ -474,7 +475,8 @@ class StableDiffusion(Pipeline):
         sd-cli's ``--taesd`` does without ``--taesd-preview-only``). ``hires``: sd-cli's hires
         fix (:mod:`sdplan.core.pipelines.stages.hires`; ``upscaler``: its ESRGAN model's
         :class:`~sdplan.core.pipelines.stages.upscale.Upscaler`), a second pass per picture at
-        the hires size before the final decode.
+        the hires size before the final decode. ``control``: ``(ControlNetStage, picture
+        (1, 3, H, W) in [0, 1], strength)`` (:mod:`sdplan.core.pipelines.stages.control`).
 
         Raises:
             InvalidArgument: width/height not positive multiples of the UNet's factor
@@ -514,7 +516,8 @@ class StableDiffusion(Pipeline):
                 preview(i + 1, rgb)
 
         t0 = time.perf_counter()
-        with self.unet_session() as unet:
+        self._control = control
+        with self.unet_session() as unet, self._controlled(unet, cond, shape[-1]) as unet:
             den = self.denoiser(unet, cond, uncond, p.cfg_scale, concat, p.sampling.timestep_shift)
             if mask is not None and init_lat is not None:
                 den = blended_denoiser(den, init_lat, mask)
@@ -554,11 +557,27 @@ class StableDiffusion(Pipeline):
         self.hires_sigmas = sigmas
         x = (up + noise * np.float32(sigmas[0])).astype(np.float32)
         total = len(sigmas) - 1
-        with self.unet_session() as unet:
+        with self.unet_session() as unet, self._controlled(unet, cond, up.shape[-1]) as unet:
             den = self.denoiser(unet, cond, uncond, p.cfg_scale, None, p.sampling.timestep_shift)
             return sample(p.sampler, den, x, sigmas, noise=sampler_noise, schedule=self.schedule,
                           eta=p.sampling.eta, extra=p.sampling.extra,
                           callback=(lambda i, xi, d: on_step(i + 1, total, xi)) if on_step else None)
+
+
+    @contextlib.contextmanager
+    def _controlled(self, unet: Any, cond: Cond, latent_w: int) -> Iterator[Any]:
+        """``unet`` with the run's ControlNet residuals (its weights in use meanwhile), the
+        control picture resized to 8 pixels per latent pixel of a pass ``latent_w`` wide (a
+        ControlNet's hint encoder divides by 8); ``unet`` itself without one."""
+        if not getattr(self, "_control", None):
+            yield unet
+            return
+        stage, hint, strength = self._control
+        width = latent_w * 8
+        if hint.shape[-1] != width:  # the hires pass: the picture at its size
+            hint = interpolate(hint, hint.shape[-2] * width // hint.shape[-1], width, "bilinear")
+        with stage.session():
+            yield controlled(unet, stage, hint, strength, _as_cond(cond), self.vae_cfg.latent_channels)
 
 
 def _as_cond(cond: Cond | np.ndarray) -> Cond:
