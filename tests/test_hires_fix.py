@@ -1,4 +1,4 @@
-"""sd-cli's hires fix on sdplan's engine (SD 1.x/2.x and SDXL).
+"""sd-cli's hires fix on sdplan's engine (SD 1.x/2.x, SDXL, and the flow families with image to image).
 
 ``--hires --hires-scale 2`` doubles the picture; the first pass is the plain run's, step for
 step; the second pass runs sd-cli's truncated schedule (``N = int(steps / strength)``
@@ -196,3 +196,33 @@ def test_the_flags() -> None:
         with pytest.raises(InvalidArgument) as exc:
             module_request(parse(["-m", "m", "-p", "x", "--hires", *bad]))
         assert flag in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_flow_family_runs_the_second_pass(tmp_path: Path) -> None:
+    """FLUX.1 dev (tiny) at 32 px with ``--hires-scale 2``: a 64 px picture; the second pass
+    runs FLUX.1's own schedule for the hires picture's tokens, truncated as sd-cli does; the
+    first pass is the plain run's (same seed, same first-pass latent shape)."""
+    import flux_util
+    from sdplan.core.pipelines import jobs
+    from sdplan.core.runtime.process import JobContext
+    from sdplan.core.runtime.runner import CancelToken
+    from sdplan.core.sampling.flow import flux_sigmas
+    from test_request_options import _autoencoder_x8
+
+    ae = _autoencoder_x8(flux_util.AE, tmp_path / "ae_x8.safetensors")
+    req: dict[str, Any] = {"model_files": {"diffusion_model": [str(flux_util.DEV)], "t5xxl": [str(flux_util.T5)],
+                                           "clip_l": [str(flux_util.CLIP)], "vae": [ae]},
+                           "prompt": "a photo of a cat", "width": 32, "height": 32, "steps": 4, "seed": 1,
+                           "threads": 1, "previews": False,
+                           "overrides": {"clip_heads": 2, "flux_axes": [4, 6, 6], "t5_length": 16}}
+    ctx = JobContext(lambda *a: None, CancelToken())
+    plain = jobs.generate_job(ctx, req)
+    fix = HiresFix(True, steps=3, denoising_strength=0.5)
+    got = jobs.generate_job(ctx, {**req, "hires": fix.to_json()})
+    assert plain["images"][0].shape == (32, 32, 3) and got["images"][0].shape == (64, 64, 3)
+    pipe = jobs.loaded_pipeline()
+    tokens = (64 // 16) * (64 // 16)
+    want = hires_sigmas(lambda n: flux_sigmas(n, tokens, shift=True), 4, fix)
+    np.testing.assert_array_equal(pipe.hires_sigmas, want)
+    assert len(want) - 1 == 3 + 1  # int(6 * 0.5) + 1 steps of the 6-step schedule
+    assert got["params"]["hires"]["denoising_strength"] == 0.5

@@ -9,13 +9,13 @@ any UNet pipeline (SDXL's passes its own). :func:`measure` is the compute dry ru
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sdplan.core.pipelines.request import GenerationRequest
 from sdplan.core.pipelines.run_context import FamilyResult, RunContext
 from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
+from sdplan.core.pipelines.stages.hires import hires_upscaler
 from sdplan.core.pipelines.stages.lora import apply_request_loras
 from sdplan.core.runtime.placement import ModulePlacement
 
@@ -90,7 +90,7 @@ def run_unet(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
         f = sess.sd.vae_cfg.factor  # the hint encoder divides by 8 whatever the VAE's factor
         hint = control_picture(request.control.image, p.width // f * 8, p.height // f * 8, request.control.canny)
         control = (sess.control, hint, request.control.strength)
-    with hires_upscaler(request, plan, progress) as upscaler:
+    with hires_upscaler(request, plan, progress.pool(), progress.cancel) as upscaler:
         images = sess.sd.txt2img(p, lambda step, n, *_: progress.step(step, n), progress.preview,
                                  vae_tile=request.vae_tiling,
                                  preview_decoder=tae.preview if tae is not None else None,
@@ -99,28 +99,6 @@ def run_unet(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
     if request.hires.active:
         info = {**info, "hires_size": [int(images[0].shape[1]), int(images[0].shape[0])]}
     return {"images": images, "timings": dict(sess.sd.timings), "info": {**info, **sess.sd.run_info()}, "runners": sess.runners}
-
-
-@contextlib.contextmanager
-def hires_upscaler(request: GenerationRequest, plan: Mapping[str, ModulePlacement],
-                   progress: RunContext) -> Iterator[Any]:
-    """The hires fix's ESRGAN model (an :class:`~sdplan.core.pipelines.stages.upscale.Upscaler`
-    on the ``upscaler`` module's planned device, with its residency and budget; without a plan
-    entry, the VAE's main device), closed after the run; None for sd-cli's own upscalers."""
-    path = request.hires_model()
-    if not path:
-        yield None
-        return
-    from sdplan.core.pipelines.stages.upscale import Upscaler
-
-    place = plan.get("upscaler") or ModulePlacement(plan["vae"].devices[:1])
-    up = Upscaler(path, placement=ModulePlacement(place.devices[:1], (), place.params_mode, place.params_device,
-                                                  place.budget), pool=progress.pool())
-    up.runner.cancel = progress.cancel
-    try:
-        yield up
-    finally:
-        up.close()
 
 
 def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], progress: RunContext) -> FamilyResult:

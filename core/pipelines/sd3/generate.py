@@ -12,6 +12,7 @@ from typing import Any
 from sdplan.core.pipelines.request import GenerationRequest
 from sdplan.core.pipelines.run_context import FamilyResult, RunContext
 from sdplan.core.pipelines.sd3.pipeline import Sd3Pipeline
+from sdplan.core.pipelines.stages.hires import flow_hires
 from sdplan.core.pipelines.stages.lora import apply_request_loras
 from sdplan.core.runtime.placement import ModulePlacement
 
@@ -31,12 +32,13 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
                                                clip_heads=heads))
     prompt, init, info = apply_request_loras(pipe, request)
     steps, seed = int(request.steps or 0), request.seed
-    images, seconds = progress.batch(steps, lambda b, cb: pipe.txt2img(
-        prompt, int(request.width or 0), int(request.height or 0), negative_prompt=request.negative_prompt,
-        cfg_scale=float(request.cfg_scale or 0.0), steps=steps, seed=seed + b, sampler=str(request.sampling_method),
-        clip_skip=request.clip_skip, preview=cb, scheduler=request.scheduler, sampling=request.sampling,
-        slg=request.slg, init=init, init_seed=seed, tae_decode=bool(request.taesd_decode and request.file("taesd")),
-        vae_tile=request.vae_tiling))
+    with flow_hires(pipe, request, plan, progress):
+        images, seconds = progress.batch(steps, lambda b, cb: pipe.txt2img(
+            prompt, int(request.width or 0), int(request.height or 0), negative_prompt=request.negative_prompt,
+            cfg_scale=float(request.cfg_scale or 0.0), steps=steps, seed=seed + b, sampler=str(request.sampling_method),
+            clip_skip=request.clip_skip, preview=cb, scheduler=request.scheduler, sampling=request.sampling,
+            slg=request.slg, init=init, init_seed=seed, tae_decode=bool(request.taesd_decode and request.file("taesd")),
+            vae_tile=request.vae_tiling))
     return {"images": images, "timings": {"sampling_and_decode": seconds}, "info": {**info, **pipe.run_info()}, "runners": pipe.runners}
 
 

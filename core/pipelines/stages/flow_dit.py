@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,9 @@ from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux import unpatchify
 from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
 from sdplan.core.models.vae import VaeGraph, vae_config, vae_decode, vae_moments
+from sdplan.core.pipelines.request_parts import HiresFix
 from sdplan.core.pipelines.stages.base import Pipeline
+from sdplan.core.pipelines.stages.hires import hires_sigmas, upscale_latent
 from sdplan.core.pipelines.stages.img2img import (
     ImageInput,
     blend,
@@ -265,8 +268,48 @@ class FlowDiTPipeline(Pipeline):
         with self.diffusion_session():
             latent = sample_flow(sampler, vel, start, sigmas, noise=sampler_noise, callback=cb,
                                  eta=opts.eta, extra=opts.extra)
+        fix, upscaler = getattr(self, "hires", None) or (None, None)
+        if fix is not None and fix.active:
+            latent = self._hires_pass(latent, vel, fix, upscaler, seed, steps, scheduler, opts, shift, fshift,
+                                      sampler, step_hook)
         image = self.tae_image(latent) if tae_decode else self.decode(latent, vae_tile)
         return {"latent": latent, "image": image, "sigmas": sigmas}
+
+    def _hires_pass(self, latent: np.ndarray, vel: Velocity, fix: HiresFix, upscaler: Any, seed: int, steps: int,
+                    scheduler: str, opts: SamplingOptions, shift: bool, fshift: float, sampler: str,
+                    step_hook: Callable[[int, int], None] | None) -> np.ndarray:
+        """The hires fix's second pass (:mod:`sdplan.core.pipelines.stages.hires`) of a
+        model-space latent ``(1, C, h, w)``: upscaled, noised as flow image to image does
+        (``(1 - s0) x + s0 noise``), sampled with the first pass's scheduler at the hires size.
+        Set ``self.hires = (HiresFix, Upscaler or None)`` before a run to have it."""
+        f = self.vae_cfg.factor
+        target = fix.target(latent.shape[-1] * f, latent.shape[-2] * f, 2 * f)
+        plain = replace(opts, sigmas=())
+        gen, sampler_noise, _ = prepare(plain, seed, steps, "discrete" if scheduler == "default" else scheduler,
+                                        FlowSchedule(fshift, self.schedule_kind))
+        up = upscale_latent(latent, fix, target, f, lambda z: self.decode(z, self.vae_tiling), self.encode_sample,
+                            gen, upscaler)
+        noise = gen(up.shape)
+        tokens = (up.shape[-2] // 2) * (up.shape[-1] // 2)
+
+        def sigmas_for(n: int) -> np.ndarray:
+            if scheduler == "default":
+                return self._default_sigmas(n, tokens, shift, fshift)
+            return prepare(plain, seed, n, scheduler, FlowSchedule(fshift, self.schedule_kind), image_tokens=tokens)[2]
+
+        sigmas = hires_sigmas(sigmas_for, steps, fix)
+        self.hires_sigmas = sigmas
+        s0 = np.float32(sigmas[0])
+        start = ((up * (np.float32(1.0) - s0) + noise * s0) / s0).astype(np.float32)  # sample_flow scales by s0
+        n = len(sigmas) - 1
+
+        def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
+            if step_hook is not None:
+                step_hook(i + 1, n)
+
+        with self.diffusion_session():
+            return sample_flow(sampler, vel, start, sigmas, noise=sampler_noise, callback=cb, eta=opts.eta,
+                               extra=opts.extra)
 
     def _default_sigmas(self, steps: int, tokens: int, shift: bool, flow_shift: float) -> np.ndarray:
         """The family's own sigmas (``--scheduler`` not given): FLUX.1's schedule, time-shifted

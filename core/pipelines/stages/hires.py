@@ -24,14 +24,15 @@ modes the hires fix uses, separable along both axes.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 from sdplan.core.pipelines.request_parts import HiresFix
 
-__all__ = ["interpolate", "hires_sigmas", "upscale_latent", "LATENT_MODES"]
+__all__ = ["interpolate", "hires_sigmas", "upscale_latent", "hires_upscaler", "flow_hires", "LATENT_MODES"]
 
 #: ``--hires-upscaler`` latent names -> (interpolation mode, antialias).
 LATENT_MODES = {"Latent": ("bilinear", False), "Latent (nearest)": ("nearest", False),
@@ -137,3 +138,49 @@ def upscale_latent(latent: np.ndarray, fix: HiresFix, target: tuple[int, int], f
         up = np.clip(interpolate(img, th, tw, "lanczos" if fix.upscaler == "Lanczos" else "nearest"), 0.0, 1.0)
     shape = (1, latent.shape[1], th // factor, tw // factor)
     return encode((up * 2.0 - 1.0).astype(np.float32), draw(shape))
+
+
+@contextlib.contextmanager
+def hires_upscaler(request: Any, plan: Mapping[str, Any], pool: Any, cancel: Any = None) -> Iterator[Any]:
+    """The hires fix's ESRGAN model of ``request`` (a
+    :class:`~sdplan.core.pipelines.request.GenerationRequest`): an
+    :class:`~sdplan.core.pipelines.stages.upscale.Upscaler` on the ``upscaler`` module's
+    planned device with its residency and budget (without a plan entry, the VAE's main
+    device), closed after the run; None for sd-cli's own upscalers.
+
+    Raises:
+        InvalidArgument: a model name with no file; ModelFileError: not an upscaler.
+    """
+    path = request.hires_model()
+    if not path:
+        yield None
+        return
+    from sdplan.core.pipelines.stages.upscale import Upscaler
+    from sdplan.core.runtime.placement import ModulePlacement
+
+    place = plan.get("upscaler") or ModulePlacement(plan["vae"].devices[:1])
+    up = Upscaler(path, placement=ModulePlacement(place.devices[:1], (), place.params_mode, place.params_device,
+                                                  place.budget), pool=pool)
+    if cancel is not None:
+        up.runner.cancel = cancel
+    try:
+        yield up
+    finally:
+        up.close()
+
+
+@contextlib.contextmanager
+def flow_hires(pipe: Any, request: Any, plan: Mapping[str, Any], progress: Any) -> Iterator[None]:
+    """A flow family's run with the request's hires fix: ``pipe.hires`` is ``(HiresFix,
+    Upscaler or None)`` meanwhile (read by
+    :meth:`~sdplan.core.pipelines.stages.flow_dit.FlowDiTPipeline._hires_pass`), None after."""
+    if not request.hires.active:
+        pipe.hires = None
+        yield
+        return
+    with hires_upscaler(request, plan, progress.pool(), progress.cancel) as up:
+        pipe.hires = (request.hires, up)
+        try:
+            yield
+        finally:
+            pipe.hires = None
