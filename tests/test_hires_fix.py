@@ -226,3 +226,37 @@ def test_a_flow_family_runs_the_second_pass(tmp_path: Path) -> None:
     np.testing.assert_array_equal(pipe.hires_sigmas, want)
     assert len(want) - 1 == 3 + 1  # int(6 * 0.5) + 1 steps of the 6-step schedule
     assert got["params"]["hires"]["denoising_strength"] == 0.5
+
+
+def test_the_estimate_holds_the_second_pass() -> None:
+    """The command's estimate is for the largest pass (``hires_size``): the UNet's and the
+    VAE's dry runs at the hires size plus their weights against what their runners allocated
+    in the second pass and the final decode of a demo run, within 10%."""
+    from generate_util import parse
+    from sdplan.core.commands.generate_modules import hires_size
+    from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+    from sdplan.core.pipelines.compute import measure_compute
+    from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
+    from sdplan.core.planning.estimate import estimate_plan
+    from sdplan.core.planning.inventory import Device, Inventory
+    from sdplan.core.planning.plan import resolve
+
+    args = parse(["-m", _demo(), "-p", PROMPT, "-W", "64", "-H", "64", "--hires"])
+    assert hires_size(args) == (128, 128)
+    files = {"model": [_demo()]}
+    inv = Inventory((Device("CPU", "host", "cpu", "CPU", 16 * GIB, 16 * GIB),))
+    prof = profile_from_model_flags(files)
+    fit = estimate_plan(resolve(["--backend", "CPU"], inv, prof), prof, inv, width=128, height=128,
+                        measured=measure_compute(files, width=128, height=128))
+    sd = StableDiffusion(files, None, None, 1)
+    try:
+        sd.txt2img(GenerateParams(PROMPT, "", 64, 64, steps=2, cfg_scale=5.0, sampler="euler"),
+                   hires=HiresFix(True, steps=1))
+        for module in ("diffusion", "vae"):
+            own = sd.runners[module].last_peak["CPU"]
+            peak = own.weights + own.staging + own.compute
+            est = fit.modules[module]
+            estimate = est.weights["CPU"] + est.compute["CPU"]
+            assert 0.9 * peak <= estimate <= 1.1 * peak, (module, estimate, peak)
+    finally:
+        sd.close()
