@@ -96,6 +96,81 @@ def test_the_residuals_reach_the_unet_once_per_cfg_batch(tiny) -> None:
     assert_close(one["ctl.mid"], r["cn_mid"] * 0.5, 2e-3)
 
 
+def _canny_loops(rgb: np.ndarray) -> np.ndarray:
+    """sd-cli's ``preprocess_canny`` transcribed loop for loop (pixel by pixel, its direction
+    tests as written): the reference of the vectorised :func:`canny`."""
+    h, w = rgb.shape[:2]
+    gray = (np.float32(0.2989) * rgb[..., 0] + np.float32(0.5870) * rgb[..., 1]
+            + np.float32(0.1140) * rgb[..., 2]).astype(np.float32)
+
+    def conv(img: np.ndarray, k: np.ndarray, pad: int) -> np.ndarray:
+        out = np.zeros_like(img)
+        for y in range(h):
+            for x in range(w):
+                acc = np.float32(0)
+                for ky in range(k.shape[0]):
+                    for kx in range(k.shape[1]):
+                        iy, ix = y + ky - pad, x + kx - pad
+                        if 0 <= iy < h and 0 <= ix < w:
+                            acc += img[iy, ix] * k[ky, kx]
+                out[y, x] = acc
+        return out
+
+    s2 = np.float32(1.4) ** 2
+    gk = np.array([[np.exp(-((a - 2) ** 2 + (b - 2) ** 2) / (2 * s2)) / (2 * np.float32(np.pi) * s2)
+                    for b in range(5)] for a in range(5)], np.float32)
+    gray = conv(gray, gk, 2)
+    ix = conv(gray, np.array([[-1, 0, 1], [-2, 0, 2], [-1, 0, 1]], np.float32), 1)
+    iy = conv(gray, np.array([[1, 2, 1], [0, 0, 0], [-1, -2, -1]], np.float32), 1)
+    g = np.sqrt(ix * ix + iy * iy)
+    g = g / g.max()
+    d = np.arctan2(iy, ix)
+    res = np.zeros_like(g)
+    for y in range(1, h - 1):
+        for x in range(1, w - 1):
+            a = d[y, x] * 180.0 / np.pi
+            a = a + 180.0 if a < 0 else a
+            q = r = 1.0
+            if (0 >= a and a < 22.5) or (157.5 >= a and a <= 180):
+                q, r = g[y + 1, x], g[y - 1, x]
+            elif 22.5 >= a and a < 67.5:
+                q, r = g[y - 1, x + 1], g[y + 1, x - 1]
+            elif 67.5 >= a and a < 112.5:
+                q, r = g[y, x + 1], g[y, x - 1]
+            elif 112.5 >= a and a < 157.5:
+                q, r = g[y - 1, x - 1], g[y + 1, x + 1]
+            res[y, x] = g[y, x] if g[y, x] >= q and g[y, x] >= r else 0.0
+    ht = res.max() * np.float32(0.08)
+    lt = ht * np.float32(0.08)
+    for y in range(h):
+        for x in range(w):
+            v = res[y, x]
+            if v >= ht:
+                res[y, x] = 1.0
+            elif lt <= v <= ht:
+                res[y, x] = 0.8
+            if not (3 <= x <= w - 3 and 3 <= y <= h - 3):
+                res[y, x] = 0.0
+    for y in range(1, h - 1):
+        for x in range(1, w - 1):
+            if res[y, x] == np.float32(0.8):
+                strong = any(res[yy, xx] == 1.0 for yy, xx in ((y - 1, x + 1), (y, x + 1), (y - 1, x),
+                                                                (y + 1, x), (y - 1, x - 1), (y, x - 1)))
+                res[y, x] = 1.0 if strong else 0.0
+    return res
+
+
+def test_canny_is_sd_clis_loops() -> None:
+    rng = np.random.default_rng(4)
+    img = np.zeros((24, 28, 3), np.float32)
+    img[6:18, 5:20] = rng.uniform(0.4, 1.0, 3)
+    img += rng.uniform(0, 0.15, img.shape).astype(np.float32)
+    want = _canny_loops(img)
+    got = canny(img)
+    assert (want == 1.0).sum() > 10
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
 def test_canny_draws_a_squares_outline() -> None:
     img = np.zeros((48, 48, 3), np.float32)
     img[14:34, 14:34] = 1.0

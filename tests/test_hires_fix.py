@@ -260,3 +260,34 @@ def test_the_estimate_holds_the_second_pass() -> None:
             assert 0.9 * peak <= estimate <= 1.1 * peak, (module, estimate, peak)
     finally:
         sd.close()
+
+
+@pytest.mark.rpc
+def test_the_hires_model_upscaler_on_an_rpc_device(upscalers: Path) -> None:
+    """The hires fix's ESRGAN on RPC0 (weights on the CPU, staged per use), the rest on the
+    CPU, in the engine child: the picture equals the one-device picture within 1/255 and the
+    record names RPC0 for the upscaler."""
+    from conftest import require_or_skip
+    from rpc_util import rpc_servers
+    from sdplan.core.pipelines.jobs import GENERATE_JOB
+    from sdplan.core.runtime.process import Engine
+    from sdplan.core.runtime.run_plan import RunPlan
+
+    if not G.rpc_available():
+        require_or_skip("the loaded ggml has no RPC backend", "SDPLAN_REQUIRE_RPC")
+    cpu = ModulePlacement(("CPU",))
+    req: dict[str, Any] = {"model_files": {"model": [_demo()]}, "prompt": PROMPT, "width": 64, "height": 64,
+                           "steps": 2, "seed": 1, "threads": 1, "previews": False,
+                           "hires": {"enabled": True, "upscaler": "compact_x2", "upscalers_dir": str(upscalers),
+                                     "steps": 2, "denoising_strength": 0.5}}
+    with Engine() as engine:
+        here = engine.call(GENERATE_JOB, {"request": {**req, "plan": RunPlan(
+            {"te": cpu, "diffusion": cpu, "vae": cpu, "upscaler": cpu}).to_json()}})
+        with rpc_servers(1) as (server,):
+            far = RunPlan({"te": cpu, "diffusion": cpu, "vae": cpu,
+                           "upscaler": ModulePlacement(("RPC0",), params_mode="device", params_device="CPU")},
+                          (server.endpoint,))
+            rpc = engine.call(GENERATE_JOB, {"request": {**req, "plan": far.to_json()}})
+    assert rpc["placements"]["upscaler"] == {"devices": ["RPC0"], "params": "device", "params_device": "CPU"}
+    assert rpc["images"][0].shape == (128, 128, 3)
+    assert np.abs(rpc["images"][0].astype(int) - here["images"][0].astype(int)).max() <= 1

@@ -435,7 +435,8 @@ def check_outputs(args: argparse.Namespace) -> None:
     from sdplan.core.pipelines.stages.outputs import check_output_file, check_output_folder
 
     scale = 4 ** args.upscale_repeats if getattr(args, "upscale_model", None) else 1
-    raw = args.width * args.height * 3 * scale * scale  # an upper bound of a PNG's bytes
+    width, height = hires_size(args) if getattr(args, "hires", False) else (args.width, args.height)
+    raw = width * height * 3 * scale * scale  # an upper bound of a PNG's bytes
     check_output_file("-o/--output", args.output, needed_bytes=raw * args.batch_count)
     if args.preview_path:
         check_output_folder("--preview-path", args.preview_path, needed_bytes=raw)
