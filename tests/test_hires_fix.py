@@ -189,6 +189,8 @@ def test_the_flags() -> None:
     assert got == {"enabled": True, "upscaler": "Latent (bicubic)", "scale": 1.5, "width": 0, "height": 0,
                    "steps": 6, "denoising_strength": 0.4, "upscalers_dir": None}
     assert hires_size(args) == (96, 72)
+    args.hires_multiple = 64  # a UNet family's, as the checked request sets it (sd-cli's VAE x 8)
+    assert hires_size(args) == (128, 128)
     assert "hires" not in module_request(parse(["-m", "m", "-p", "x"]))
     for bad, flag in ((["--hires-denoising-strength", "0"], "--hires-denoising-strength"),
                       (["--hires-width", "-3"], "--hires-width"), (["--hires-scale", "100"], "--hires-scale"),

@@ -394,6 +394,9 @@ def checked_request(args: argparse.Namespace, files: dict[str, list[str]], model
     fam, variant = family_for(models.architecture)
     req = GenerationRequest.from_settings(request_settings(args), files).check(fam, variant)
     args.width, args.height, args.steps = req.width, req.height, req.steps
+    # the hires target's alignment as the family's pipeline makes it: sd-cli's 64 for a UNet
+    # (VAE x the UNet's 8), two latent pixels for the flow DiTs (their patches)
+    args.hires_multiple = 64 if fam.size_rule == "unet" else 2 * fam.vae_scale
     args.cfg_scale, args.sampling_method = req.cfg_scale, req.sampling_method
     return req
 

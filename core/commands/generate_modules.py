@@ -113,14 +113,14 @@ def module_request(args: argparse.Namespace) -> dict[str, Any]:
 
 def hires_size(args: argparse.Namespace) -> tuple[int, int]:
     """The largest picture a run of ``args`` samples: the hires fix's target with
-    ``--hires`` (the second pass), else ``-W`` x ``-H``. The family's alignment is sd-cli's
-    for a UNet (64 pixels); the estimate only needs the size."""
+    ``--hires`` (the second pass), aligned to ``args.hires_multiple`` (the family's, set when
+    the request is checked; 8 before), else ``-W`` x ``-H``."""
     if not getattr(args, "hires", False):
         return int(args.width), int(args.height)
     from sdplan.core.pipelines.request_parts import HiresFix
 
     fix = HiresFix(True, args.hires_upscaler, args.hires_scale, args.hires_width, args.hires_height)
-    return fix.target(int(args.width), int(args.height), 8)
+    return fix.target(int(args.width), int(args.height), int(getattr(args, "hires_multiple", 8) or 8))
 
 #: Bytes per upscaler parameter as the engine holds it: f32 (``stages/upscale.py``; its
 #: convolution kernels may be bf16 on AMX CPUs, which only makes the figure an upper bound).
