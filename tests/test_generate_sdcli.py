@@ -22,12 +22,12 @@ TINY = ["--clip-heads", "2", "-t", "2", "--in-process"]
 
 def test_unimplemented_flags_are_refused_in_one_line(tmp_path: Path, capsys) -> None:
     code = cli.main(["generate", "-m", str(MODEL), "-p", "x", "--cache-mode", "easycache",
-                     "-o", str(tmp_path / "x.png"), "--vae-tiling", "--hires", "--frobnicate",
+                     "-o", str(tmp_path / "x.png"), "--circular", "--increase-ref-index", "--frobnicate",
                      "3", "--diffusion-fa", *TINY])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "Traceback" not in err
     assert err.startswith("sdplan generate: generate does not run these sd-cli options: "
-                          "--cache-mode, --vae-tiling, --hires; not sd-cli options: "
+                          "--cache-mode, --circular, --increase-ref-index; not sd-cli options: "
                           "--frobnicate 3")
     assert not (tmp_path / "x.png").exists()
 

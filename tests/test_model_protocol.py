@@ -51,6 +51,7 @@ from sdplan.core.models.clip import (  # noqa: E402
     find_prefix,
     find_projection,
 )
+from sdplan.core.models.controlnet import ControlNetGraph, controlnet_config, residual_shapes  # noqa: E402
 from sdplan.core.models.esrgan import UpscalerGraph, canonical_rrdb_names, detect_esrgan  # noqa: E402
 from sdplan.core.models.flux import FluxDiT  # noqa: E402
 from sdplan.core.models.flux2 import Flux2DiT  # noqa: E402
@@ -228,6 +229,45 @@ def _sdxl_unet(name: str) -> Built:
 @case("unet-sdxl", UNetGraph, blocks=8)
 def _unet_sdxl(shared: Path, tmp: Path) -> Built:
     return _sdxl_unet("sdxl")
+
+
+@case("controlnet-sd1", ControlNetGraph)
+def _controlnet_sd1(shared: Path, tmp: Path) -> Built:
+    """The tiny SD1 ControlNet (``control_model.``): the stem's and each input block's
+    residual, then the middle block's."""
+    path = FIX / "sd1_controlnet_tiny.safetensors"
+    shapes = _shapes(path)
+    cfg = controlnet_config(shapes, 8, None)
+    graph = ControlNetGraph(cfg, {n: n for n in shapes})
+
+    def run(n: int, h: int, w: int, s: int) -> Run:
+        ins = {"x": _normal((n, 4, h, w), h), "hint": _normal((n, 3, 8 * h, 8 * w), w, 0.5) ** 2,
+               "t": np.linspace(999, 1, n).astype(np.float32), "c": _normal((n, s, 16), s)}
+        chans = {0: 32, 1: 32, 2: 32, 3: 64}
+        res = {0: (h, w), 1: (h, w), 2: (h // 2, w // 2), 3: (h // 2, w // 2)}
+        outs = {f"ctl.{b}": (n, chans[b], *res[b]) for b in (0, 1, 2, 3)}
+        return Run(ins, {**outs, "ctl.mid": (n, 64, h // 2, w // 2)})
+    return Built(graph, path, set(shapes), [run(1, 8, 8, 77), run(2, 4, 8, 20)])
+
+
+@case("controlnet-sdxl", ControlNetGraph)
+def _controlnet_sdxl(shared: Path, tmp: Path) -> Built:
+    """A ControlNet of the tiny SDXL UNet (``label_emb``: the vector input ``vec``)."""
+    from controlnet_util import controlnet_from_unet
+
+    path = Path(controlnet_from_unet(FIX / "sdxl_tiny.safetensors", tmp / "sdxl_controlnet.safetensors"))
+    shapes = _shapes(path)
+    meta = model_overrides(read_model_files({"model": [FIX / "sdxl_tiny.safetensors"]}))
+    cfg = controlnet_config(shapes, None, meta["unet_head_dim"])
+    graph = ControlNetGraph(cfg, {n: n for n in shapes})
+    assert cfg.adm_in_channels > 0
+
+    def run(n: int, h: int, w: int) -> Run:
+        ins = {"x": _normal((n, 4, h, w), h), "hint": _normal((n, 3, 8 * h, 8 * w), w, 0.5) ** 2,
+               "t": np.linspace(999, 1, n).astype(np.float32), "c": _normal((n, 77, cfg.context_dim), 1),
+               "vec": _normal((n, cfg.adm_in_channels), n)}
+        return Run(ins, residual_shapes(graph, shapes, n, h, w))
+    return Built(graph, path, set(shapes), [run(1, 8, 8), run(2, 8, 4)])
 
 
 @case("unet-sdxl-refiner", UNetGraph, blocks=12)

@@ -168,12 +168,17 @@ def env(tmp_path_factory) -> dict[str, Any]:
             (d / name).mkdir(exist_ok=True)
             row.lora = _lora(d / name / f"style_{name}.safetensors", row.files)
     save_file(compact_weights(feat=4, n_conv=1), str(d / "up_x2.safetensors"))
+    from controlnet_util import controlnet_from_unet
+
+    controlnets = {name: controlnet_from_unet(row.files["model"][0], d / f"controlnet_{name}.safetensors")
+                   for name, row in rows.items() if registry_family(name).honours(o.CONTROL)}  # type: ignore[union-attr]
     pic = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
     mask = np.zeros((32, 32), np.uint8)
     mask[:, 16:] = 255
     Image.fromarray(mask).save(d / "mask.png")
     return {"rows": rows, "dir": d, "sdxl_vae": sdxl_util.split_files(d / "sdxl")["vae"], "lora_dirs": {n: str(demo_lora_dir() if n == "sd1" else d / n) for n in rows},
             "upscaler": str(d / "up_x2.safetensors"), "picture": _png(d / "picture.png", pic),
+            "controlnets": controlnets,
             "mask": str(d / "mask.png")}
 
 
@@ -276,15 +281,19 @@ def change_of(opt: str, name: str, env: dict[str, Any]) -> Change:
         return Change({"files": {"taesd": [row.tae]}}, {}, {"previews": True}, check="previews")
     if opt == o.TAESD_DECODE:
         return Change({"taesd_decode": True}, {"taesd_decode": True}, {"files": {"taesd": [row.tae]}})
-    if opt == o.VAE_TILING:
-        return Change({"vae_tile_size": 2}, {"vae_tile_size": 2})
+    if opt == o.VAE_TILING:  # 64 px: a latent larger than sd-cli's smallest tile (4 latent pixels)
+        tiling = {"enabled": True, "tile_px": [8, 8], "overlap": 0.5, "relative": None}  # 4 latent px at least
+        return Change({"vae_tiling": tiling}, {"vae_tiling": tiling}, {"width": 64, "height": 64})
     if opt == o.UPSCALE:
         return Change({"files": {"upscale_model": [env["upscaler"]]}},
                       {"upscale_model": env["upscaler"], "upscale_repeats": 1}, check="size")
     if opt == o.CONTROL:
-        return Change({"control_net": str(env["dir"] / "control.safetensors")}, {})
-    if opt == o.HIRES:
-        return Change({"hires": True}, {})
+        net = env["controlnets"].get(name, str(env["dir"] / "control.safetensors"))
+        return Change({"control_net": net, "control_image": env["picture"]}, {"control_net": net})
+    if opt == o.HIRES:  # 32 px -> 64 (a multiple of sd-cli's 64 for the UNets)
+        hires = {"enabled": True, "upscaler": "Latent", "scale": 2.0, "width": 0, "height": 0, "steps": 0,
+                 "denoising_strength": 0.7, "upscalers_dir": None}
+        return Change({"hires": hires}, {"hires": hires}, {"width": 32, "height": 32}, check="size")
     if opt == o.VAE_CONV_SCALE:
         # the checkpoint's own VAE is always scaled (sd-cli's rule): the flag acts on a --vae
         # file. Scaling by 1/32 and back is exact in floating point (an f16 overflow guard), so

@@ -160,7 +160,8 @@ def test_vae_tiling_units() -> None:
     # 1024x768 image, 8x VAE: latent 128x96; default 256 px -> 32 latent pixels
     assert VaeTiling(True).tile_latent(1024, 768, 8) == (32, 32)
     assert VaeTiling(True, (16, 300)).tile_latent(1024, 768, 8) == (4, 37)  # at least 4
-    assert VaeTiling(True, relative=(0.5, 3.0)).tile_latent(1024, 768, 8) == (64, 32)
+    # 3 tiles per axis overlapping by half: 96 / (3 - 1.5 + 0.5) = 48 (sd-cli's get_tile_sizes)
+    assert VaeTiling(True, relative=(0.5, 3.0)).tile_latent(1024, 768, 8) == (64, 48)
 
 
 def test_switches_tiling_and_new_files_survive_writing(tmp_path: Path, capsys) -> None:  # noqa: ANN001

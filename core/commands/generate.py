@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sdplan.core.commands.generate_modules import add_module_arguments, hires_size, module_request
 from sdplan.core.commands.options import add_input_arguments, input_request, validate_inputs
 from sdplan.core.commands.sdcli_flags import (
     add_sampling_arguments,
@@ -111,8 +112,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="output.png", help="PNG path (batch: _N suffixes)")
     p.add_argument("--preview-path", metavar="DIR", help="write a preview PNG per step")
     p.add_argument("--clip-skip", type=int, default=-1, help="<= 0: the family default")
-    p.add_argument("--vae-tile-size", type=int, default=0, metavar="LATENT_PX",
-                   help="decode in tiles of this many latent pixels (0: whole)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: ggml's default)")
     p.add_argument("--force", action="store_true", help="run even when the plan does not fit")
     p.add_argument("--in-process", action="store_true",
@@ -127,6 +126,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     adv.add_argument("--flux-axes", metavar="I,R,C", help="Flux RoPE axes widths (default hd/8 and halves)")
     adv.add_argument("--t5-length", type=int, help="T5 tokens after padding (default: Flux 256, Chroma 512)")
     add_input_arguments(p)
+    add_module_arguments(p)
     add_placement_arguments(p)
     add_sampling_arguments(p)
     p.set_defaults(run=run, parser_defaults=_defaults(p))
@@ -207,7 +207,8 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]],
     plan = resolve(placement, inventory, profile)
     loras = plan_loras(args.prompt, args.lora_model_dir or ".", args.lora_apply_mode, files, plan)
     measured = engine_compute(args, engine, files, plan)
-    fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count,
+    width, height = hires_size(args)  # the second pass of a hires fix is the largest
+    fit = estimate_plan(plan, profile, inventory, width=width, height=height, batch=args.batch_count,
                         engine="sdplan", measured=measured, loras=loras.profiles)
     return plan, inventory, fit, loras
 
@@ -237,11 +238,14 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
     from sdplan.core.pipelines.job_names import COMPUTE_JOB
     from sdplan.core.runtime.placement import ModulePlacement
 
+    width, height = hires_size(args)
     try:
         return dict(engine.call(COMPUTE_JOB, {
-            "model_files": files, "width": args.width, "height": args.height, "batch": args.batch_count,
+            "model_files": files, "width": width, "height": height, "batch": args.batch_count,
             "cfg": args.cfg_scale != 1.0, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
-            "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")}}))
+            "vae_tiling": module_request(args)["vae_tiling"],
+            "placements": {m: ModulePlacement.from_plan(plan, m)
+                           for m in ("diffusion", "te", "vae", "controlnet", "upscaler") if m in plan.modules}}))
     except SdplanError as exc:
         log.info("no dry run of the engine: %s", exc)
         return {}
@@ -279,7 +283,11 @@ def run(args: argparse.Namespace) -> int:
     with Engine(isolated=not args.in_process) as engine:
         engine.start()  # an isolated engine's child process starts (or finishes its imports)
         try:
-            plan, inventory, fit, loras = _resolve(args, engine, files, placement, models.profile())
+            from sdplan.core.commands.generate_modules import with_late_modules
+
+            late = {**files, **({"control_net": [str(args.control_net)]} if args.control_net else {})}
+            profile = with_late_modules(models.profile(), late, req.hires_model())
+            plan, inventory, fit, loras = _resolve(args, engine, late, placement, profile)
         except SdplanError as exc:
             print_error(exc)
             return 2
@@ -366,13 +374,13 @@ def request_settings(args: argparse.Namespace) -> dict[str, Any]:
             "cfg_scale": given(args.cfg_scale), "guidance": args.guidance, "seed": args.seed,
             "sampling_method": given(args.sampling_method), "scheduler": args.scheduler,
             "batch_count": args.batch_count, "clip_skip": max(args.clip_skip, 0),
-            "vae_tile_size": args.vae_tile_size, "upscale_repeats": args.upscale_repeats,
+            "upscale_repeats": args.upscale_repeats,
             "threads": args.threads, "overrides": {k: v for k, v in overrides.items() if v is not None},
             "previews": bool(args.preview_path),
             "taesd_decode": bool(args.taesd) and not args.taesd_preview_only,
             "ref_images": [str(p) for p in getattr(args, "ref_image", None) or ()],
             "force_sdxl_vae_conv_scale": bool(getattr(args, "force_sdxl_vae_conv_scale", False)),
-            **sampling_request(args), **input_request(args)}
+            **sampling_request(args), **input_request(args), **module_request(args)}
 
 
 def checked_request(args: argparse.Namespace, files: dict[str, list[str]], models: Any) -> Any:
@@ -390,6 +398,9 @@ def checked_request(args: argparse.Namespace, files: dict[str, list[str]], model
     fam, variant = family_for(models.architecture)
     req = GenerationRequest.from_settings(request_settings(args), files).check(fam, variant)
     args.width, args.height, args.steps = req.width, req.height, req.steps
+    # the hires target's alignment as the family's pipeline makes it: sd-cli's 64 for a UNet
+    # (VAE x the UNet's 8), two latent pixels for the flow DiTs (their patches)
+    args.hires_multiple = 64 if fam.size_rule == "unet" else 2 * fam.vae_scale
     args.cfg_scale, args.sampling_method = req.cfg_scale, req.sampling_method
     return req
 
@@ -431,7 +442,8 @@ def check_outputs(args: argparse.Namespace) -> None:
     from sdplan.core.pipelines.stages.outputs import check_output_file, check_output_folder
 
     scale = 4 ** args.upscale_repeats if getattr(args, "upscale_model", None) else 1
-    raw = args.width * args.height * 3 * scale * scale  # an upper bound of a PNG's bytes
+    width, height = hires_size(args) if getattr(args, "hires", False) else (args.width, args.height)
+    raw = width * height * 3 * scale * scale  # an upper bound of a PNG's bytes
     check_output_file("-o/--output", args.output, needed_bytes=raw * args.batch_count)
     if args.preview_path:
         check_output_folder("--preview-path", args.preview_path, needed_bytes=raw)
@@ -460,7 +472,8 @@ def _submit(req: Any, plan: Any, fit: Any, inventory: Any, args: argparse.Namesp
     from sdplan.core.pipelines.job_names import GENERATE_JOB
     from sdplan.core.runtime.run_plan import RunPlan
 
-    run_plan = RunPlan.from_plan(plan, fit, inventory, check_memory=not args.force)
+    run_plan = RunPlan.from_plan(plan, fit, inventory, check_memory=not args.force,
+                                 modules=tuple(m for m in req.modules() if m in plan.modules))
     return engine.submit(GENERATE_JOB, {"request": replace(req, plan=run_plan)})
 
 

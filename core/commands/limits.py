@@ -74,7 +74,6 @@ def check_generation(args: argparse.Namespace) -> None:
             ("--steps", "steps", 1, MAX_STEPS), ("-b/--batch-count", "batch_count", 1, MAX_BATCH),
             ("--upscale-repeats", "upscale_repeats", 1, MAX_UPSCALE_REPEATS),
             ("-t/--threads", "threads", 0, MAX_THREADS),
-            ("--vae-tile-size", "vae_tile_size", 0, MAX_SIDE // 8),
             ("--clip-skip", "clip_skip", -1, MAX_CLIP_SKIP),
             ("-s/--seed", "seed", *SEED_RANGE), ("--t5-length", "t5_length", 1, 4096),
             *((flag, attr, 1, MAX_HEADS) for flag, attr in (

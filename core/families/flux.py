@@ -61,7 +61,7 @@ FLUX = Family(
     files=(("diffusion_model", "t5xxl", "clip_l", "vae"),),
     options=frozenset({o.NEGATIVE_PROMPT, o.CFG_SCALE, o.GUIDANCE, o.BATCH, o.ETA, o.SIGMAS, o.FLOW_SHIFT,
                        o.RNG, o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.LORA, o.INIT_IMG, o.MASK, o.TAESD,
-                       o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
+                       o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE, o.HIRES}),
     sampling="flow", defaults=Defaults(1.0, 20, "euler", guidance=3.5),
     variant_defaults={"schnell": Defaults(1.0, 4, "euler", guidance=3.5)},
     sizes=FLUX_SIZES, size_rule="patch8", latent_format="flux_ae",

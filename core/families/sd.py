@@ -28,7 +28,7 @@ from sdplan.core.families.tensors import lora_context_width
 #: What the SD pipeline honours (sdplan.core.pipelines.sd.pipeline).
 UNET_OPTIONS = frozenset({o.NEGATIVE_PROMPT, o.CFG_SCALE, o.CLIP_SKIP, o.BATCH, o.ETA, o.SIGMAS,
                           o.RNG, o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.LORA, o.INIT_IMG, o.MASK,
-                          o.TAESD, o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE})
+                          o.TAESD, o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE, o.HIRES, o.CONTROL})
 
 
 def unet_context(t: DiffusionTensors) -> tuple[str, int] | None:

@@ -46,7 +46,7 @@ SD3 = Family(
     files=(("model",), ("diffusion_model", "clip_l", "clip_g", "vae")),
     options=frozenset({o.NEGATIVE_PROMPT, o.CFG_SCALE, o.CLIP_SKIP, o.BATCH, o.ETA, o.SIGMAS,
                        o.FLOW_SHIFT, o.RNG, o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.SLG,
-                       o.INIT_IMG, o.MASK, o.TAESD, o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
+                       o.INIT_IMG, o.MASK, o.TAESD, o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE, o.HIRES}),
     sampling="flow", defaults=Defaults(4.5, 20, "euler", clip_skip=2),
     sizes=((1024, 1024), (1216, 832), (832, 1216), (1344, 768), (768, 1344)),
     size_rule="patch", latent_format="sd3_ae",

@@ -44,7 +44,7 @@ Z_IMAGE = Family(
     files=(("diffusion_model", "llm", "vae"),),
     options=frozenset({o.NEGATIVE_PROMPT, o.CFG_SCALE, o.BATCH, o.ETA, o.SIGMAS, o.FLOW_SHIFT, o.RNG,
                        o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.LORA, o.INIT_IMG, o.MASK, o.TAESD,
-                       o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
+                       o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE, o.HIRES}),
     sampling="flow", defaults=Defaults(1.0, 8, "euler"),
     sizes=FLUX_SIZES, size_rule="patch8", latent_format="flux_ae",
     companions=Companions(("llm",), 16, 1024),

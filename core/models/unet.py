@@ -326,7 +326,10 @@ class UNetGraph:
 
     The state between blocks: ``h`` (the running activation), ``emb``, ``c`` and
     ``skip.K`` for each skip activation not yet taken (K = 0 the stem's, K = N after
-    ``input_blocks.N``); an output block takes the highest K left.
+    ``input_blocks.N``); an output block takes the highest K left. A ControlNet's outputs
+    (:class:`~sdplan.core.models.controlnet.ControlNetGraph`, times the strength) travel as
+    inputs ``ctl.K``, added to skip K as it is taken, and ``ctl.mid``, added to the middle
+    block's output (sd-cli's UNet with ``controls``).
 
     Raises ModelLayoutError (from the constructor) for weights without UNet stages.
     """
@@ -362,9 +365,11 @@ class UNetGraph:
         return list(self._other)
 
     def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
-        """``x``, ``t``, ``c`` (and ``vec`` for a UNet with ``label_emb``) as f32; ValueError
-        when one is missing or extra, or ``t`` does not have one entry per latent."""
+        """``x``, ``t``, ``c`` (and ``vec`` for a UNet with ``label_emb``) as f32, and a
+        ControlNet's ``ctl.N`` / ``ctl.mid`` (already times the control strength) when given;
+        ValueError when one is missing or extra, or ``t`` does not have one entry per latent."""
         want = {"x", "t", "c"} | ({"vec"} if self.cfg.adm_in_channels else set())
+        want |= {k for k in shapes if k.startswith("ctl.")}
         if set(shapes) != want:
             raise ValueError(f"UNet inputs are {', '.join(sorted(want))}; got {sorted(shapes)}")
         if tuple(shapes["t"]) != (shapes["x"][0],):
@@ -379,7 +384,8 @@ class UNetGraph:
         _check(inputs["x"], inputs["c"], inputs.get("vec"), self.cfg)
         emb = _embedding(g, v, inputs["t"], inputs.get("vec"), self.cfg)
         h = gr.conv2d(g, inputs["x"], v["input_blocks.0.0.weight"], v["input_blocks.0.0.bias"], padding=1)
-        return {"h": h, "emb": emb, "c": inputs["c"], "skip.0": h}
+        return {"h": h, "emb": emb, "c": inputs["c"], "skip.0": h,
+                **{k: t for k, t in inputs.items() if k.startswith("ctl.")}}
 
     def build_block(self, g: Any, w: Any, i: int, state: dict[str, Tensor]) -> dict[str, Tensor]:
         if not 0 <= i < self.n_blocks:
@@ -391,8 +397,12 @@ class UNetGraph:
             left = [int(k[5:]) for k in state if k.startswith("skip.")]
             if not left:
                 raise ModelLayoutError("output_blocks outnumber the skip connections")
-            h = g.concat(h, out.pop(f"skip.{max(left)}"), 1)
+            skip = out.pop(f"skip.{max(left)}")
+            ctl = out.pop(f"ctl.{max(left)}", None)  # a ControlNet's residual for this skip
+            h = g.concat(h, skip if ctl is None else g.add(skip, ctl), 1)
         h = _block(g, self._view(w).sub(stage), h, state["emb"], state["c"], self.cfg)
+        if stage == "middle_block." and "ctl.mid" in out:
+            h = g.add(h, out.pop("ctl.mid"))
         out["h"] = h
         if stage.startswith("input_blocks."):
             out[f"skip.{int(stage.split('.')[1])}"] = h

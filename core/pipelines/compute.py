@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, height: int,
                     batch: int = 1, cfg: bool = True, pool: Any = None,
                     placements: Mapping[str, Any] | None = None,
-                    overrides: Mapping[str, Any] | None = None) -> dict[str, int]:
-    """Compute-buffer bytes per module (``te``, ``diffusion``, ``vae``; all devices of a
-    module summed) of a generation at ``width`` x ``height`` pixels, measured by the family's
+                    overrides: Mapping[str, Any] | None = None,
+                    vae_tiling: Any = None) -> dict[str, int]:
+    """Compute-buffer bytes per module (``te``, ``diffusion``, ``vae``, and ``upscaler`` for an
+    ``upscale_model`` file; all devices of a module summed) of a generation at ``width`` x ``height`` pixels, measured by the family's
     dry-run reserve. Empty for families without one (the caller falls back to a formula).
 
     Args:
@@ -45,6 +46,11 @@ def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, hei
         pool: backends (None: a private CPU pool, closed afterwards).
         placements: module -> ModulePlacement (None: the CPU).
         overrides: pipeline settings for tiny models (``clip_heads``).
+        vae_tiling: ``--vae-tiling`` (a :class:`~sdplan.core.planning.vae_tiling.VaeTiling` or
+            its JSON form): the VAE is measured on one of its tiles. Without it, a VAE whose
+            whole decode does not fit its placement's budget (weights plus compute) is
+            measured on the tile the engine's retry settles on
+            (:func:`~sdplan.core.pipelines.stages.vae_tiles.retry_tiles`): the tiled peak.
 
     Raises:
         ModelFileError: unreadable files. Graph errors (a size the model cannot draw) give
@@ -52,7 +58,7 @@ def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, hei
     """
     files = {k: [str(p) for p in v] for k, v in model_files.items()
              if k not in ("taesd", "upscale_model")}
-    arch = read_model_files(files).architecture
+    arch = read_model_files({k: v for k, v in files.items() if k != "control_net"}).architecture
     fam = family(arch.family) if arch.family != UNKNOWN else None
     if fam is None or fam.dry_run is None:
         return {}
@@ -61,8 +67,35 @@ def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, hei
     own = pool is None
     pool = pool if pool is not None else BackendPool(BackendManager(cpu_threads=1))
     try:
-        return dict(measure(files, width=width, height=height, batch=batch, cfg=cfg, pool=pool,
-                            placements=placements, overrides=dict(overrides or {})))
+        from sdplan.core.planning.vae_tiling import VaeTiling
+
+        def run(tile: tuple[int, int] | None) -> dict[str, int]:
+            extra = {"vae_tile": tile} if tile else {}
+            return dict(measure(files, width=width, height=height, batch=batch, cfg=cfg, pool=pool,
+                                placements=placements, overrides=dict(overrides or {}), **extra))
+
+        tiling = VaeTiling.from_json(vae_tiling) if vae_tiling else None
+        scale = fam.vae_scale
+        if tiling is not None and tiling.enabled:
+            out = run(tiling.tile_latent(width, height, scale))
+        else:
+            out = run(None)
+            budget = int(getattr((placements or {}).get("vae"), "budget", 0) or 0)
+            weights = read_model_files(files).module_profile("vae").total if budget else 0
+            if budget and "vae" in out and weights + out["vae"] > budget:  # the engine retries in tiles
+                from sdplan.core.pipelines.stages.vae_tiles import retry_tiles
+
+                for tile in retry_tiles(width // scale, height // scale, tiling, scale):
+                    out["vae"] = run(tile)["vae"]
+                    if weights + out["vae"] <= budget:
+                        break
+        upscaler = list(model_files.get("upscale_model") or ())
+        if upscaler:  # it upscales the decoded picture, after every other module
+            from sdplan.core.pipelines.stages.upscale import measure_upscaler
+
+            out["upscaler"] = measure_upscaler(upscaler[0], width, height,
+                                               (placements or {}).get("upscaler"), pool)
+        return out
     except (ValueError, RuntimeError, SdplanError) as exc:
         log.info("dry-run reserve unavailable: %s", exc)
         return {}
@@ -73,7 +106,8 @@ def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, hei
 
 def compute_job(ctx: Any, model_files: Mapping[str, Sequence[str]], width: int, height: int,
                 batch: int = 1, cfg: bool = True, placements: Mapping[str, Any] | None = None,
-                overrides: Mapping[str, Any] | None = None) -> dict[str, int]:
+                overrides: Mapping[str, Any] | None = None, vae_tiling: Any = None) -> dict[str, int]:
     """:func:`measure_compute` in the engine process, on its shared backends."""
     return measure_compute(model_files, width=width, height=height, batch=batch, cfg=cfg,
-                           pool=ctx.pool(), placements=placements, overrides=overrides)
+                           pool=ctx.pool(), placements=placements, overrides=overrides,
+                           vae_tiling=vae_tiling)

@@ -86,7 +86,8 @@ def _plan(ctx: Any, req: GenerationRequest, files: Mapping[str, list[str]]) -> R
     if placement.rpc_servers:
         ctx.add_rpc_servers(list(placement.rpc_servers))
     inventory = live_inventory(rpc_servers=list(placement.rpc_servers))
-    return RunPlan.from_plan(resolve(placement, inventory, profile_from_model_flags(files)))
+    resolved = resolve(placement, inventory, profile_from_model_flags(files))
+    return RunPlan.from_plan(resolved, modules=tuple(m for m in req.modules() if m in resolved.modules))
 
 
 @explains_non_finite  # a NaN/inf latent or picture: an error naming the likely cause
@@ -113,10 +114,12 @@ def generate_job(ctx: Any, request: GenerationRequest | Mapping[str, Any]) -> di
     images = list(out["images"])
     segments = {m: r.last_segments for m, r in (out.get("runners") or {}).items() if r.last_segments}
     upscaler = req.file("upscale_model")
+    where = {m: _where(p) for m, p in plan.placements.items() if m in req.modules()}
+    if "upscaler" in req.modules():
+        where["upscaler"] = _where(upscaler_placement(plan))
     if upscaler:
         ctx.progress(phase="upscale")
-        images = _upscale(ctx, upscaler, plan.placements.get("upscaler") or plan.placements["vae"], images,
-                          req.upscale_repeats)
+        images = _upscale(ctx, upscaler, upscaler_placement(plan), images, req.upscale_repeats)
     timings = {**out.get("timings", {}), "total": time.perf_counter() - t0}
     params = {**req.settings(fam), "architecture": fam.name if variant is None else f"{fam.name}-{variant}",
               **out.get("info", {})}
@@ -124,7 +127,7 @@ def generate_job(ctx: Any, request: GenerationRequest | Mapping[str, Any]) -> di
              model_file_flags([f.metadata for f in models.files], models.architecture.family))
     return {"images": images, "params": params, "timings": timings, "segments": segments,
             "threads": {"threads": threads.threads, "reason": threads.reason},
-            "placements": {m: _where(p) for m, p in plan.placements.items()},
+            "placements": where,
             "plan": dict(plan.strings), "model_flags": flags}
 
 
@@ -147,11 +150,21 @@ def _where(p: ModulePlacement) -> dict[str, Any]:
     return out
 
 
+def upscaler_placement(plan: RunPlan) -> ModulePlacement:
+    """Where the ``upscaler`` module runs: its placement in the plan (runtime device,
+    residency, budget), or, for a plan made without it (a request of an older sdplan), the
+    VAE's main device with resident weights."""
+    place = plan.placements.get("upscaler")
+    return place if place is not None else ModulePlacement(plan.placements["vae"].devices[:1])
+
+
 def _upscale(ctx: Any, path: str, place: ModulePlacement, images: list[np.ndarray], repeats: int) -> list[np.ndarray]:
-    """Upscale uint8 images with the ESRGAN file on ``place``'s main device (resident weights)."""
+    """Upscale uint8 images with the ESRGAN file as ``place`` says (its main device, its
+    residency, its budget's tile)."""
     from sdplan.core.pipelines.stages.upscale import Upscaler
 
-    with Upscaler(path, placement=ModulePlacement(place.devices[:1]), pool=ctx.pool()) as up:
+    with Upscaler(path, placement=ModulePlacement(place.devices[:1], (), place.params_mode, place.params_device,
+                                                   place.budget), pool=ctx.pool()) as up:
         up.runner.cancel = ctx.cancel
         return [up.upscale_image(img, repeats) for img in images]
 

@@ -28,7 +28,9 @@ from sdplan.core.families import UNKNOWN
 from sdplan.core.families import family as registry_family
 from sdplan.core.families import options as o
 from sdplan.core.families.declaration import Family
+from sdplan.core.pipelines.request_parts import ControlInput, HiresFix
 from sdplan.core.planning.modules import MODEL_FILE_FLAGS
+from sdplan.core.planning.vae_tiling import VaeTiling
 from sdplan.core.runtime.run_plan import RunPlan
 from sdplan.core.sampling.names import samplers_for, schedulers_for
 from sdplan.core.sampling.options import SamplingOptions, parse_key_values, parse_sigmas
@@ -149,9 +151,16 @@ class GenerationRequest:
         init_img, mask, strength: image to image and inpainting.
         ref_images: reference pictures (FLUX.2 klein edits).
         taesd_decode: decode the final image with the ``taesd`` file (else previews only).
-        vae_tile_size: decode in tiles of this many latent pixels (0: whole).
+        vae_tiling: ``--vae-tiling``, ``--vae-tile-size`` (image pixels, ``WxH``),
+            ``--vae-tile-overlap``, ``--vae-relative-tile-size`` (the newest sd-cli's, spec
+            section 14.7; a size without ``--vae-tiling`` is the tile of the retry after a
+            decode that does not fit).
+        vae_tile_size: an older request's tile in latent pixels (tiling on); :meth:`check`
+            turns it into :attr:`vae_tiling` with the family's VAE scale.
         upscale_repeats: upscaler passes (with an ``upscale_model`` file).
-        control_net, hires: ControlNet and hires fix (set: refused by every family today).
+        control_net: ``--control-net``, the ControlNet file; control: its picture, strength
+            and ``--canny`` (:class:`~sdplan.core.pipelines.request_parts.ControlInput`).
+        hires: sd-cli's hires fix (:class:`~sdplan.core.pipelines.request_parts.HiresFix`).
         previews: send a preview per step.
         threads: CPU threads (0: the engine's choice).
         force_sdxl_vae_conv_scale: sd-cli's flag of that name.
@@ -183,10 +192,12 @@ class GenerationRequest:
     strength: float = 0.75
     ref_images: tuple[str, ...] = ()
     taesd_decode: bool = False
+    vae_tiling: VaeTiling = field(default_factory=VaeTiling)
     vae_tile_size: int = 0
     upscale_repeats: int = 1
     control_net: str | None = None
-    hires: bool = False
+    control: ControlInput = field(default_factory=ControlInput)
+    hires: HiresFix = field(default_factory=HiresFix)
     previews: bool = True
     threads: int = 0
     force_sdxl_vae_conv_scale: bool = False
@@ -240,9 +251,12 @@ class GenerationRequest:
             strength=float(s["strength"]) if s.get("strength") is not None else 0.75,
             ref_images=tuple(str(p) for p in s.get("ref_images") or ()),
             taesd_decode=bool(s.get("taesd_decode")),
+            vae_tiling=VaeTiling.from_json(s["vae_tiling"]) if s.get("vae_tiling") else VaeTiling(),
             vae_tile_size=int(s.get("vae_tile_size") or 0),
             upscale_repeats=int(s.get("upscale_repeats") or 1),
-            control_net=s.get("control_net") or None, hires=bool(s.get("hires")),
+            control_net=s.get("control_net") or None,
+            control=ControlInput.from_request(s.get("control") if isinstance(s.get("control"), Mapping) else s),
+            hires=HiresFix.from_request(s),
             previews=bool(s.get("previews", True)), threads=int(s.get("threads") or 0),
             force_sdxl_vae_conv_scale=bool(s.get("force_sdxl_vae_conv_scale")),
             overrides=ModelOverrides.from_mapping(s.get("overrides")),
@@ -261,6 +275,27 @@ class GenerationRequest:
     def file(self, key: str) -> str | None:
         """The first path of model-file ``key``, or None."""
         return next((v[0] for k, v in self.model_files if k == key and v), None)
+
+    def modules(self) -> tuple[str, ...]:
+        """The placed modules this request runs (spec section 1's names), in run order:
+        ``te``, ``diffusion`` and ``vae`` always, ``controlnet`` with a ControlNet file, and
+        ``upscaler`` with an ``upscale_model`` file or a hires fix upscaled by a model: the
+        modules whose placements the run's plan carries and whose devices it checks."""
+        out = ["te", "diffusion", "vae"]
+        if self.control_net:
+            out.insert(1, "controlnet")
+        if self.file("upscale_model") or self.hires_model():
+            out.append("upscaler")
+        return tuple(out)
+
+    def hires_model(self) -> str | None:
+        """The ESRGAN file the hires fix upscales with, or None (no hires fix, or an
+        interpolating upscaler).
+
+        Raises:
+            InvalidArgument: a model name with no file in ``--hires-upscalers-dir``.
+        """
+        return self.hires.model_path()
 
     # ------------------------------------------------------------------ checking
     def options_set(self, fam: Family) -> dict[str, str]:
@@ -297,8 +332,9 @@ class GenerationRequest:
             put(o.LORA)
         for opt, on in ((o.INIT_IMG, self.init_img), (o.MASK, self.mask), (o.REF_IMAGES, self.ref_images),
                         (o.TAESD, self.file("taesd")), (o.TAESD_DECODE, self.taesd_decode and self.file("taesd")),
-                        (o.VAE_TILING, self.vae_tile_size), (o.UPSCALE, self.file("upscale_model")),
-                        (o.CONTROL, self.control_net), (o.HIRES, self.hires),
+                        (o.VAE_TILING, self.vae_tile_size or self.vae_tiling.enabled or self.vae_tiling.customised),
+                        (o.UPSCALE, self.file("upscale_model")),
+                        (o.CONTROL, self.control_net), (o.HIRES, self.hires.active),
                         (o.VAE_CONV_SCALE, self.force_sdxl_vae_conv_scale)):
             if on:
                 put(opt)
@@ -333,7 +369,18 @@ class GenerationRequest:
                                   f"remove {them}")
         if self.cfg_scale is not None and not math.isfinite(self.cfg_scale):
             raise InvalidArgument(f"--cfg-scale must be a finite number, got {self.cfg_scale}")
-        return replace(self, width=self.width or d.width or SIDE_DEFAULT,
+        if self.hires.active:
+            if self.mask:
+                raise InvalidArgument("--hires with --mask: sdplan does not run the hires fix of an "
+                                      "inpainting; remove one of them")
+            self.hires_model()  # a model upscaler's file, named before anything loads
+        if self.control_net and not self.control.image:
+            raise InvalidArgument("--control-net needs --control-image (the picture that steers it)")
+        tiling = self.vae_tiling
+        if self.vae_tile_size:  # an older request: latent pixels, tiling on
+            px = self.vae_tile_size * fam.vae_scale
+            tiling = replace(tiling, enabled=True, tile_px=(px, px))
+        return replace(self, vae_tiling=tiling, vae_tile_size=0, width=self.width or d.width or SIDE_DEFAULT,
                        height=self.height or d.height or SIDE_DEFAULT, steps=self.steps or d.steps,
                        cfg_scale=d.cfg_scale if self.cfg_scale is None else self.cfg_scale,
                        guidance=d.guidance if self.guidance is None else self.guidance,
@@ -382,12 +429,18 @@ class GenerationRequest:
             out["ref_images"] = list(self.ref_images)
         if self.vae_tile_size:
             out["vae_tile_size"] = self.vae_tile_size
+        if self.vae_tiling.enabled or self.vae_tiling.customised:
+            out["vae_tiling"] = self.vae_tiling.to_json()
         if self.file("upscale_model"):
             out.update(upscale_model=self.file("upscale_model"), upscale_repeats=self.upscale_repeats)
         if self.taesd_decode and self.file("taesd"):
             out["taesd_decode"] = True
         if self.force_sdxl_vae_conv_scale:
             out["force_sdxl_vae_conv_scale"] = True
+        if self.hires.active:
+            out["hires"] = self.hires.to_json()
+        if self.control_net:
+            out.update(control_net=self.control_net, control=self.control.to_json())
         return {k: v for k, v in out.items() if v is not None}
 
     def to_dict(self) -> dict[str, Any]:
@@ -405,8 +458,10 @@ class GenerationRequest:
             "lora_model_dir": self.lora_model_dir, "lora_apply_mode": self.lora_apply_mode,
             "init_img": self.init_img, "mask": self.mask, "strength": self.strength,
             "ref_images": list(self.ref_images), "taesd_decode": self.taesd_decode,
-            "vae_tile_size": self.vae_tile_size, "upscale_repeats": self.upscale_repeats,
-            "control_net": self.control_net, "hires": self.hires, "previews": self.previews,
+            "vae_tiling": self.vae_tiling.to_json(), "vae_tile_size": self.vae_tile_size,
+            "upscale_repeats": self.upscale_repeats,
+            "control_net": self.control_net, "control": self.control.to_json(), "hires": self.hires.to_json(),
+            "previews": self.previews,
             "threads": self.threads, "force_sdxl_vae_conv_scale": self.force_sdxl_vae_conv_scale,
             "overrides": self.overrides.to_mapping(), **dict(self.placement_strings)}
         if self.plan is not None:
@@ -443,5 +498,7 @@ def planned_request(settings: Mapping[str, Any], model_files: Mapping[str, Any],
         InvalidArgument / SamplingError: malformed settings.
     """
     fits = fit is None or bool(getattr(fit, "fits", True))
-    run_plan = RunPlan.from_plan(plan, fit, inventory, check_memory=fits)
-    return GenerationRequest.from_settings(settings, model_files, plan=run_plan)
+    req = GenerationRequest.from_settings(settings, model_files)
+    run_plan = RunPlan.from_plan(plan, fit, inventory, check_memory=fits,
+                                 modules=tuple(m for m in req.modules() if m in plan.modules))
+    return replace(req, plan=run_plan)

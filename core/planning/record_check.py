@@ -23,6 +23,8 @@ _INT = frozenset({"width", "height", "steps", "seed", "batch_count", "clip_skip"
                   "timestep_shift", "vae_tile_size", "upscale_repeats"})
 _FLOAT = frozenset({"cfg_scale", "guidance", "eta", "flow_shift", "slg_scale",
                     "skip_layer_start", "skip_layer_end", "strength"})
+#: Settings that are maps of plain values (VAE tiling, hires fix, ControlNet).
+_MAPS = frozenset({"vae_tiling", "hires", "control"})
 #: Longest text kept from a record (characters): a prompt is at most 10,000.
 MAX_TEXT = 100_000
 
@@ -44,6 +46,10 @@ def _keep(key: str, v: object) -> bool:
     if key == "sigmas":
         return (isinstance(v, list) and len(v) <= 10_000 and all(_number(x) for x in v)) or (
             isinstance(v, str) and len(v) <= MAX_TEXT)
+    if key in _MAPS:
+        return isinstance(v, dict) and len(v) <= 64 and all(
+            x is None or isinstance(x, bool) or _number(x) or (isinstance(x, str) and len(x) <= MAX_TEXT)
+            or (isinstance(x, list) and len(x) <= 4 and all(_number(y) for y in x)) for x in v.values())
     if key == "extra_sample_args":
         return (isinstance(v, dict) and all(isinstance(x, str) for x in v.values())) or (
             isinstance(v, str) and len(v) <= MAX_TEXT)

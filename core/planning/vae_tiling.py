@@ -121,23 +121,63 @@ class VaeTiling:
     overlap: float = 0.5
     relative: tuple[float, float] | None = None
 
-    def tile_latent(self, width: int, height: int, scale: int) -> tuple[int, int]:
-        """The tile in latent pixels for a ``width`` x ``height`` image: the relative size
-        when given (a fraction of the latent, or the latent over that many tiles), else the
-        pixel size (0: 256) rounded down to the scale factor, at least
-        :data:`MIN_TILE_LATENT` and at most the latent itself."""
+    @property
+    def clamped_overlap(self) -> float:
+        """The overlap factor as the newest sd-cli uses it: clamped to 0..0.5."""
+        return min(max(self.overlap, 0.0), 0.5)
+
+    def tile_latent(self, width: int, height: int, scale: int, factor: float = 1.0) -> tuple[int, int]:
+        """The tile in latent pixels for a ``width`` x ``height`` image, as sd-cli's
+        ``VAE::get_tile_sizes`` computes it: a relative size up to 1 is that fraction of the
+        latent; above 1 it is that many tiles per axis, overlapping by :attr:`clamped_overlap`
+        (the fraction ``1 / (r - r * overlap + overlap)``, rounded); else the pixel size (0:
+        256) over ``scale``; then times ``factor`` (2 for encoding), at most the latent and
+        at least :data:`MIN_TILE_LATENT`."""
         lat = (max(width // scale, 1), max(height // scale, 1))
+        ov = self.clamped_overlap
         out = []
         for i, axis in enumerate(lat):
             if self.relative is not None:
                 r = self.relative[i]
-                t = int(axis * r) if r <= 1 else math.ceil(axis / r)
+                r = 1.0 / (r - r * ov + ov) if r > 1 else r
+                t = int(math.floor(axis * r + 0.5))  # C++ std::round: halves away from 0
             else:
                 px = self.tile_px[i] or DEFAULT_TILE_PX
                 t = px // scale
-            out.append(min(max(t, MIN_TILE_LATENT), axis))
+            t = int(t * factor)
+            out.append(max(min(t, axis), MIN_TILE_LATENT))
         return out[0], out[1]
 
+    @classmethod
+    def from_json(cls, data: object) -> VaeTiling:
+        """The inverse of :meth:`to_json` (a mapping; absent keys keep their defaults).
+
+        Raises:
+            PlanError: ``invalid_vae_tiling`` for values of the wrong kind.
+        """
+        if isinstance(data, VaeTiling):
+            return data
+        if not isinstance(data, dict):
+            raise PlanError("invalid_vae_tiling", f"VAE tiling must be a mapping, got {type(data).__name__}")
+        try:
+            px = data.get("tile_px") or (0, 0)
+            rel = data.get("relative")
+            out = cls(bool(data.get("enabled")), (int(px[0]), int(px[1])),
+                      float(data["overlap"]) if data.get("overlap") is not None else 0.5,
+                      (float(rel[0]), float(rel[1])) if rel else None)
+        except (TypeError, ValueError, IndexError) as exc:
+            raise PlanError("invalid_vae_tiling", f"VAE tiling {data!r}: {exc}") from None
+        if min(out.tile_px) < 0 or not math.isfinite(out.overlap) or (
+                out.relative is not None and not all(v > 0 and math.isfinite(v) for v in out.relative)):
+            raise PlanError("invalid_vae_tiling", f"VAE tiling {data!r}: sizes must be positive")
+        return out
+
+    @property
+    def customised(self) -> bool:
+        """Any setting away from sd-cli's defaults (a tile size, overlap or relative size)."""
+        return bool(any(self.tile_px) or self.overlap != 0.5 or self.relative is not None)
+
     def to_json(self) -> dict[str, object]:
+        """JSON form (:meth:`from_json` reads it back)."""
         return {"enabled": self.enabled, "tile_px": list(self.tile_px), "overlap": self.overlap,
                 "relative": list(self.relative) if self.relative is not None else None}

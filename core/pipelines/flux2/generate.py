@@ -35,5 +35,5 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
         sampler=str(request.sampling_method), cfg_scale=float(request.cfg_scale or 0.0),
         negative_prompt=request.negative_prompt, ref_images=refs, preview=cb,
         tae_decode=bool(request.taesd_decode and models.taesd), scheduler=request.scheduler,
-        sampling=request.sampling, vae_tile=request.vae_tile_size or None))
-    return {"images": images, "timings": {"sampling_and_decode": seconds}, "info": {}, "runners": pipe.runners}
+        sampling=request.sampling, vae_tile=request.vae_tiling))
+    return {"images": images, "timings": {"sampling_and_decode": seconds}, "info": pipe.run_info(), "runners": pipe.runners}

@@ -52,6 +52,7 @@ from sdplan.core.models.vae import vae_encode
 from sdplan.core.pipelines.stages.base import module_placements
 from sdplan.core.pipelines.stages.flow_dit import VAE_BF16, FlowDiTPipeline, shapes
 from sdplan.core.pipelines.stages.images import read_image_rgb
+from sdplan.core.pipelines.stages.vae_tiles import as_tiling, encode_tiled
 from sdplan.core.pipelines.z_image.pipeline import is_gguf
 from sdplan.core.sampling.flow import flux2_mu, flux_sigmas, guided_velocity, sample_flow
 from sdplan.core.sampling.options import SamplingOptions, prepare
@@ -229,7 +230,7 @@ class KleinPipeline(FlowDiTPipeline):
         """The autoencoder's latent ``(1, 32, 2h, 2w)`` of a diffusion latent ``(1, 128, h, w)``."""
         return unpatchify_latent(latent * self.bn_std + self.bn_mean)
 
-    def decode(self, latent: np.ndarray, tile: int | None = None) -> np.ndarray:
+    def decode(self, latent: np.ndarray, tile: Any = None) -> np.ndarray:
         """Image ``(1, 3, H, W)`` (about [-1, 1]) of a diffusion latent ``(1, 128, h, w)``
         (``tile``: the autoencoder's latent decoded in tiles, :meth:`vae_decode`)."""
         return self.vae_decode(self.to_vae(latent).astype(np.float32), tile)
@@ -250,7 +251,10 @@ class KleinPipeline(FlowDiTPipeline):
             self.runners["vae_encoder"] = self._runner("vae", FunctionGraph(names, {"image": "f32"}, fn, VAE_BF16),
                                                        self.vae_path, self.placements["vae"], None)
         img = np.asarray(image, np.float32).transpose(2, 0, 1)[None] / np.float32(127.5) - np.float32(1.0)
-        mean = self.runners["vae_encoder"].run({"image": np.ascontiguousarray(img)})["mean"]
+        runner = self.runners["vae_encoder"]
+        with runner.session():
+            mean = encode_tiled(lambda part: runner.run({"image": part})["mean"], np.ascontiguousarray(img),
+                                self.vae_tiling, self.vae_cfg.factor)
         return ((patchify_latent(mean) - self.bn_mean) / self.bn_std).astype(np.float32)
 
     def tae_latent(self, latent: np.ndarray) -> np.ndarray:
@@ -268,7 +272,7 @@ class KleinPipeline(FlowDiTPipeline):
                 ref_images: Sequence[np.ndarray] = (), noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None, vae_scale: int = 8,
                 tae_decode: bool = False, scheduler: str = "default",
-                sampling: SamplingOptions | None = None, vae_tile: int | None = None) -> dict[str, np.ndarray]:
+                sampling: SamplingOptions | None = None, vae_tile: Any = None) -> dict[str, np.ndarray]:
         """Generate one image (with ``ref_images``: edit them).
 
         Args:
@@ -288,7 +292,9 @@ class KleinPipeline(FlowDiTPipeline):
                 sd-cli scheduler over FLUX.1's flow schedule of shift ``sampling.flow_shift``
                 (default 1, sd-cli's for klein: no guidance embedder).
             sampling: ``--eta``, ``--sigmas``, ``--rng`` and the other options.
-            vae_tile: decode in tiles of this many autoencoder latent pixels (``--vae-tiling``).
+            vae_tile: ``--vae-tiling`` (a :class:`~sdplan.core.planning.vae_tiling.VaeTiling`, or
+                tiles of this many autoencoder latent pixels): the autoencoder decodes (and
+                encodes the reference pictures) in tiles of its own latent.
 
         Returns:
             ``{"latent": (1, 128, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -304,6 +310,7 @@ class KleinPipeline(FlowDiTPipeline):
             raise SdplanError(f"FLUX.2 cfg_scale must be finite, got {cfg_scale}")
         if tae_decode and self.preview is None:
             raise SdplanError("decoding with the TAE needs a --taesd file")
+        self.vae_tiling, self.last_decode = as_tiling(vae_tile, self.vae_cfg.factor), None
         refs = []
         for k, img in enumerate(ref_images):
             arr = np.asarray(img)

@@ -15,6 +15,7 @@ from typing import Any
 from sdplan.core.pipelines.request import GenerationRequest
 from sdplan.core.pipelines.run_context import FamilyResult, RunContext
 from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
+from sdplan.core.pipelines.stages.hires import hires_upscaler
 from sdplan.core.pipelines.stages.lora import apply_request_loras
 from sdplan.core.runtime.placement import ModulePlacement
 
@@ -25,9 +26,21 @@ class UnetSession:
     """A loaded UNet pipeline and its optional TAE (on the VAE's main device, weights
     resident), closed together."""
 
-    def __init__(self, sd: Any, taesd: str | None, placements: Mapping[str, ModulePlacement], pool: Any) -> None:
+    def __init__(self, sd: Any, taesd: str | None, placements: Mapping[str, ModulePlacement], pool: Any,
+                 control_net: str | None = None) -> None:
         self.sd = sd
         self.tae = None
+        self.control = None
+        if control_net:  # the controlnet module: its own placement (else the UNet's device)
+            from sdplan.core.pipelines.stages.control import ControlNetStage
+
+            place = placements.get("controlnet") or ModulePlacement(placements["diffusion"].devices[:1])
+            try:
+                self.control = ControlNetStage(sd, control_net, place)
+            except BaseException:
+                sd.close()
+                raise
+            sd.runners["controlnet"] = self.control.runner
         if taesd:
             from sdplan.core.pipelines.stages.tae import Tae
 
@@ -61,20 +74,31 @@ def run_unet(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
     taesd = request.file("taesd")
     files = request.model_set
     sess = progress.cached(("unet", key, repr(sorted(files.items())), repr(sorted(plan.items())),
-                            repr(sorted(kw.items())), taesd),
+                            repr(sorted(kw.items())), taesd, request.control_net),
                            lambda: UnetSession(make(files, {**kw, "placements": dict(plan), "pool": progress.pool()}),
-                                               taesd, plan, progress.pool()))
+                                               taesd, plan, progress.pool(), request.control_net))
     prompt, init, info = apply_request_loras(sess.sd, request)
     p = GenerateParams(prompt, request.negative_prompt, int(request.width or 0), int(request.height or 0),
                        int(request.steps or 0), float(request.cfg_scale or 0.0), request.seed,
                        str(request.sampling_method), request.scheduler, request.batch_count, request.clip_skip,
                        request.sampling)
     tae = sess.tae
-    images = sess.sd.txt2img(p, lambda step, n, *_: progress.step(step, n), progress.preview,
-                             vae_tile=request.vae_tile_size or None,
-                             preview_decoder=tae.preview if tae is not None else None,
-                             decoder=tae.decode if tae is not None and request.taesd_decode else None, init=init)
-    return {"images": images, "timings": dict(sess.sd.timings), "info": info, "runners": sess.runners}
+    control = None
+    if sess.control is not None and request.control.image:
+        from sdplan.core.pipelines.stages.control import control_picture
+
+        f = sess.sd.vae_cfg.factor  # the hint encoder divides by 8 whatever the VAE's factor
+        hint = control_picture(request.control.image, p.width // f * 8, p.height // f * 8, request.control.canny)
+        control = (sess.control, hint, request.control.strength)
+    with hires_upscaler(request, plan, progress.pool(), progress.cancel) as upscaler:
+        images = sess.sd.txt2img(p, lambda step, n, *_: progress.step(step, n), progress.preview,
+                                 vae_tile=request.vae_tiling,
+                                 preview_decoder=tae.preview if tae is not None else None,
+                                 decoder=tae.decode if tae is not None and request.taesd_decode else None, init=init,
+                                 hires=request.hires, upscaler=upscaler, control=control)
+    if request.hires.active:
+        info = {**info, "hires_size": [int(images[0].shape[1]), int(images[0].shape[0])]}
+    return {"images": images, "timings": dict(sess.sd.timings), "info": {**info, **sess.sd.run_info()}, "runners": sess.runners}
 
 
 def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], progress: RunContext) -> FamilyResult:
@@ -91,10 +115,13 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
 
 
 def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
-            pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> dict[str, int]:
+            pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
+            vae_tile: tuple[int, int] | None = None) -> dict[str, int]:
     """Compute-buffer bytes per module of an SD 1.x / 2.x generation (the text encoder on one
-    77-token chunk, the UNet on the CFG batch, the VAE decoder on the batch), by a dry-run
-    reserve on ``pool``'s backends (:mod:`sdplan.core.pipelines.compute`).
+    77-token chunk, the UNet on the CFG batch, the VAE decoder on the batch, or on one tile of
+    ``vae_tile`` ``(w, h)`` latent pixels; with a ``control_net`` file the ControlNet on the
+    batch and the UNet with its residuals as inputs), by a dry-run reserve on ``pool``'s
+    backends (:mod:`sdplan.core.pipelines.compute`).
 
     Raises:
         ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
@@ -102,13 +129,25 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
     sd = StableDiffusion(dict(model_files), None, pool, placements=placements)
     try:
         lh, lw = height // sd.vae_cfg.factor, width // sd.vae_cfg.factor
+        th, tw = (vae_tile[1], vae_tile[0]) if vae_tile else (lh, lw)
         n = batch * (2 if cfg else 1)
-        shapes = {
+        shapes: dict[str, tuple[Any, dict[str, tuple[int, ...]]]] = {
             "te": (sd._te(sd._skip(0), True), {"ids": (1, 77), "mask": (77, 77)}),
             "diffusion": (sd.runners["diffusion"], {"x": (n, sd.unet_cfg.in_channels, lh, lw),
                                                     "t": (n,), "c": (n, 77, sd.unet_cfg.context_dim)}),
-            "vae": (sd.runners["vae"], {"z": (batch, sd.unet_cfg.out_channels, lh, lw)}),
+            "vae": (sd.runners["vae"], {"z": (batch, sd.unet_cfg.out_channels, th, tw)}),
         }
-        return {module: sum(runner.measure(inputs).values()) for module, (runner, inputs) in shapes.items()}
+        out: dict[str, int] = {}
+        control = list(model_files.get("control_net") or ())
+        if control:  # its residuals are UNet inputs too; it runs once for both CFG halves
+            from sdplan.core.pipelines.stages.control import ControlNetStage
+
+            place = (placements or {}).get("controlnet") or ModulePlacement(("CPU",))
+            stage = ControlNetStage(sd, control[0], place)
+            sd.runners["controlnet"] = stage.runner
+            out["controlnet"] = stage.measure(batch, lh, lw)
+            shapes["diffusion"][1].update(stage.output_shapes(n, lh, lw))
+        out.update({module: sum(runner.measure(inputs).values()) for module, (runner, inputs) in shapes.items()})
+        return out
     finally:
         sd.close()

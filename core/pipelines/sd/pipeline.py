@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,10 @@ from sdplan.core.models import clip as clip_m
 from sdplan.core.models import unet as unet_m
 from sdplan.core.models import vae as vae_m
 from sdplan.core.pipelines.layout_errors import naming_the_file
+from sdplan.core.pipelines.request_parts import HiresFix
 from sdplan.core.pipelines.stages.base import Pipeline, module_placements
+from sdplan.core.pipelines.stages.control import controlled
+from sdplan.core.pipelines.stages.hires import hires_sigmas, interpolate, upscale_latent
 from sdplan.core.pipelines.stages.img2img import (
     ImageInput,
     blended_denoiser,
@@ -47,6 +51,12 @@ from sdplan.core.pipelines.stages.img2img import (
     truncate_sigmas,
 )
 from sdplan.core.pipelines.stages.results import image_to_uint8
+from sdplan.core.pipelines.stages.vae_tiles import (
+    as_tiling,
+    decode_tiled,
+    encode_tiled,
+    fits_budget,
+)
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.noise import NoiseSource, initial_latent, make_noise
 from sdplan.core.sampling.options import SamplingOptions, prepare, shifted_timestep
@@ -354,27 +364,40 @@ class StableDiffusion(Pipeline):
 
     # ------------------------------------------------------------------ VAE
 
-    def decode(self, latent: np.ndarray, tile: int | None = None) -> np.ndarray:
+    def decode(self, latent: np.ndarray, tile: Any = None) -> np.ndarray:
         """Latent as sampled (``(N, 4, h, w)``, scaled) -> images ``(N, 3, 8h, 8w)`` in [-1, 1].
 
-        ``tile`` (latent pixels) decodes in overlapping tiles when the latent is larger."""
+        ``tile``: a :class:`~sdplan.core.planning.vae_tiling.VaeTiling` (or latent pixels, the
+        snapshot's ``--vae-tile-size``) decodes in sd-cli's tiles; a whole decode that does
+        not fit the VAE's budget is retried in tiles
+        (:func:`~sdplan.core.pipelines.stages.vae_tiles.decode_tiled`)."""
         z = np.ascontiguousarray(latent / self.scale_factor, dtype=np.float32)
         runner = self.runners["vae"]
+        f = self.vae_cfg.factor
         t0 = time.perf_counter()
         with runner.session():
             def one(zt: np.ndarray) -> np.ndarray:
                 return runner.run({"z": zt})["image"]
-            if tile and (z.shape[-1] > tile or z.shape[-2] > tile):
-                out = vae_m.tiled_decode(one, z, tile, max(1, tile // 4), self.vae_cfg.factor)
-            else:
-                out = one(z)
+            out, self.last_decode = decode_tiled(one, z, as_tiling(tile, f), f, fits_budget(runner))
         self.timings["decode"] = time.perf_counter() - t0
         return out
 
+    def _moments(self, img: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean, logvar)`` of images ``(N, 3, H, W)`` in [-1, 1], in sd-cli's encode tiles
+        when the run's :attr:`vae_tiling` is on."""
+        runner = self.runners["vae"]
+        img = np.ascontiguousarray(img, dtype=np.float32)
+        with runner.session():
+            def one(part: np.ndarray) -> np.ndarray:
+                out = runner.run({"image": part})
+                return np.concatenate([out["mean"], out["logvar"]], 1)
+            both = encode_tiled(one, img, self.vae_tiling, self.vae_cfg.factor)
+        c = both.shape[1] // 2
+        return both[:, :c], both[:, c:]
+
     def encode_image(self, img: np.ndarray) -> np.ndarray:
         """Images ``(N, 3, H, W)`` in [-1, 1] -> latent means ``(N, 4, H/8, W/8)`` (unscaled)."""
-        img = np.ascontiguousarray(img, dtype=np.float32)
-        return self.runners["vae"].run({"image": img})["mean"]
+        return self._moments(img)[0]
 
     def encode_sample(self, img: np.ndarray, noise: np.ndarray) -> np.ndarray:
         """Images ``(1, 3, H, W)`` in [-1, 1] -> a draw of their latent distribution with
@@ -382,9 +405,9 @@ class StableDiffusion(Pipeline):
         SDXL's 0.13025): the
         diffusion model's latent (:func:`~sdplan.core.pipelines.stages.img2img.sample_latent`)."""
         t0 = time.perf_counter()
-        out = self.runners["vae"].run({"image": np.ascontiguousarray(img, dtype=np.float32)})
+        mean, logvar = self._moments(img)
         self.timings["encode"] = self.timings.get("encode", 0.0) + time.perf_counter() - t0
-        return sample_latent(out["mean"], out["logvar"], noise) * np.float32(self.scale_factor)
+        return sample_latent(mean, logvar, noise) * np.float32(self.scale_factor)
 
     @property
     def inpaint(self) -> bool:
@@ -431,10 +454,11 @@ class StableDiffusion(Pipeline):
                 on_step: Callable[[int, int, np.ndarray], None] | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None,
                 noise: np.ndarray | None = None, sigmas: np.ndarray | None = None,
-                vae_tile: int | None = None,
+                vae_tile: Any = None,
                 preview_decoder: Callable[[np.ndarray], np.ndarray] | None = None,
                 decoder: Callable[[np.ndarray], np.ndarray] | None = None,
-                init: ImageInput | None = None) -> list[np.ndarray]:
+                init: ImageInput | None = None, hires: HiresFix | None = None,
+                upscaler: Any = None, control: Any = None) -> list[np.ndarray]:
         """Generate ``p.batch`` images; returns ``(H, W, 3)`` uint8 arrays.
 
         ``init`` makes it image-to-image / inpainting (:mod:`sdplan.core.pipelines.stages.img2img`):
@@ -448,7 +472,11 @@ class StableDiffusion(Pipeline):
         override the seeded Philox noise ``(batch, 4, H/8, W/8)`` and the schedule (tests).
         ``decoder(latent (1, 4, h, w)) -> float32 (1, 3, H, W)`` in about [0, 1] replaces the
         VAE for the final images (a TAESD's :meth:`~sdplan.core.models.tae.Tae.decode`: what
-        sd-cli's ``--taesd`` does without ``--taesd-preview-only``).
+        sd-cli's ``--taesd`` does without ``--taesd-preview-only``). ``hires``: sd-cli's hires
+        fix (:mod:`sdplan.core.pipelines.stages.hires`; ``upscaler``: its ESRGAN model's
+        :class:`~sdplan.core.pipelines.stages.upscale.Upscaler`), a second pass per picture at
+        the hires size before the final decode. ``control``: ``(ControlNetStage, picture
+        (1, 3, H, W) in [0, 1], strength)`` (:mod:`sdplan.core.pipelines.stages.control`).
 
         Raises:
             InvalidArgument: width/height not positive multiples of the UNet's factor
@@ -460,6 +488,7 @@ class StableDiffusion(Pipeline):
         if p.width % f or p.height % f or p.width <= 0 or p.height <= 0:
             raise InvalidArgument(f"-W/-H {p.width}x{p.height}: this model draws sizes that are "
                               f"positive multiples of {f} pixels")
+        self.vae_tiling, self.last_decode = as_tiling(vae_tile, self.vae_cfg.factor), None
         t0 = time.perf_counter()
         cond, uncond = self.conditioning(p)
         self.timings["text_encode"] = time.perf_counter() - t0
@@ -487,7 +516,8 @@ class StableDiffusion(Pipeline):
                 preview(i + 1, rgb)
 
         t0 = time.perf_counter()
-        with self.unet_session() as unet:
+        self._control = control
+        with self.unet_session() as unet, self._controlled(unet, cond, shape[-1]) as unet:
             den = self.denoiser(unet, cond, uncond, p.cfg_scale, concat, p.sampling.timestep_shift)
             if mask is not None and init_lat is not None:
                 den = blended_denoiser(den, init_lat, mask)
@@ -495,6 +525,11 @@ class StableDiffusion(Pipeline):
                             schedule=self.schedule, eta=p.sampling.eta, extra=p.sampling.extra)
         self.timings["sampling"] = time.perf_counter() - t0
         self.timings["per_step"] = self.timings["sampling"] / max(total, 1)
+        if hires is not None and hires.active:
+            t0 = time.perf_counter()
+            latent = np.concatenate([self._hires_pass(latent[b:b + 1], b, p, cond, uncond, hires, upscaler, on_step)
+                                     for b in range(latent.shape[0])])
+            self.timings["hires"] = time.perf_counter() - t0
         if decoder is not None:
             t0 = time.perf_counter()
             images = [decoder(latent[i:i + 1])[0] * 2.0 - 1.0 for i in range(latent.shape[0])]
@@ -502,6 +537,47 @@ class StableDiffusion(Pipeline):
         else:
             images = list(self.decode(latent, vae_tile))
         return [image_to_uint8(im) for im in images]
+
+
+    def _hires_pass(self, latent: np.ndarray, b: int, p: GenerateParams, cond: Cond, uncond: Cond | None,
+                    fix: HiresFix, upscaler: Any,
+                    on_step: Callable[[int, int, np.ndarray], None] | None) -> np.ndarray:
+        """Picture ``b``'s hires fix second pass (:mod:`sdplan.core.pipelines.stages.hires`):
+        its final latent ``(1, 4, h, w)`` upscaled and sampled again at the hires size."""
+        levels = 2 ** (len(self.unet_cfg.channel_mult) - 1)
+        f = self.vae_cfg.factor
+        target = fix.target(p.width, p.height, math.lcm(f * 8, f * levels))  # sd-cli: VAE x UNet's 8
+        opts = replace(p.sampling, sigmas=())
+        gen, sampler_noise, _ = prepare(opts, p.seed + b, p.steps, p.scheduler, self.schedule, self.family)
+        up = upscale_latent(latent, fix, target, f, lambda z: self.decode(z, self.vae_tiling),
+                            self.encode_sample, gen, upscaler)
+        noise = gen(up.shape)
+        sigmas = hires_sigmas(lambda n: prepare(opts, p.seed + b, n, p.scheduler, self.schedule, self.family)[2],
+                              p.steps, fix)
+        self.hires_sigmas = sigmas
+        x = (up + noise * np.float32(sigmas[0])).astype(np.float32)
+        total = len(sigmas) - 1
+        with self.unet_session() as unet, self._controlled(unet, cond, up.shape[-1]) as unet:
+            den = self.denoiser(unet, cond, uncond, p.cfg_scale, None, p.sampling.timestep_shift)
+            return sample(p.sampler, den, x, sigmas, noise=sampler_noise, schedule=self.schedule,
+                          eta=p.sampling.eta, extra=p.sampling.extra,
+                          callback=(lambda i, xi, d: on_step(i + 1, total, xi)) if on_step else None)
+
+
+    @contextlib.contextmanager
+    def _controlled(self, unet: Any, cond: Cond, latent_w: int) -> Iterator[Any]:
+        """``unet`` with the run's ControlNet residuals (its weights in use meanwhile), the
+        control picture resized to 8 pixels per latent pixel of a pass ``latent_w`` wide (a
+        ControlNet's hint encoder divides by 8); ``unet`` itself without one."""
+        if not getattr(self, "_control", None):
+            yield unet
+            return
+        stage, hint, strength = self._control
+        width = latent_w * 8
+        if hint.shape[-1] != width:  # the hires pass: the picture at its size
+            hint = interpolate(hint, hint.shape[-2] * width // hint.shape[-1], width, "bilinear")
+        with stage.session():
+            yield controlled(unet, stage, hint, strength, _as_cond(cond), self.vae_cfg.latent_channels)
 
 
 def _as_cond(cond: Cond | np.ndarray) -> Cond:

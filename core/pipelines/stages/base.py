@@ -49,6 +49,16 @@ class Pipeline:
         self.placements: dict[str, ModulePlacement] = {}
         #: The LoRAs in use (:meth:`set_loras`).
         self.loras = LoraState()
+        #: VAE tiling of the run in progress (``--vae-tiling``; None: whole) and how the
+        #: last decode ran (:class:`~sdplan.core.pipelines.stages.vae_tiles.TileRun`).
+        self.vae_tiling: Any = None
+        self.last_decode: Any = None
+
+    def run_info(self) -> dict[str, Any]:
+        """What the last run adds to the picture's record: ``vae_tiles`` (the tiles the last
+        decode ran in, and whether they were a retry) when it decoded in tiles."""
+        run = self.last_decode
+        return {"vae_tiles": run.to_json()} if run is not None and run.tile else {}
 
     def new_runner(self, name: str, model: Any, weights: WeightFile,
                    placement: ModulePlacement) -> ModuleRunner:

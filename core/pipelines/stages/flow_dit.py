@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +29,22 @@ from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux import unpatchify
 from sdplan.core.models.tae import detect_tae, split_tae, tae_decode
-from sdplan.core.models.vae import VaeGraph, tiled_decode, vae_config, vae_decode, vae_moments
+from sdplan.core.models.vae import VaeGraph, vae_config, vae_decode, vae_moments
+from sdplan.core.pipelines.request_parts import HiresFix
 from sdplan.core.pipelines.stages.base import Pipeline
+from sdplan.core.pipelines.stages.hires import hires_sigmas, upscale_latent
 from sdplan.core.pipelines.stages.img2img import (
     ImageInput,
     blend,
     latent_mask,
     sample_latent,
     truncate_sigmas,
+)
+from sdplan.core.pipelines.stages.vae_tiles import (
+    as_tiling,
+    decode_tiled,
+    encode_tiled,
+    fits_budget,
 )
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.weights import WeightFile
@@ -129,8 +138,16 @@ class FlowDiTPipeline(Pipeline):
             self.runners["vae_encoder"] = self._runner(
                 "vae_encoder", FunctionGraph(self._vae_encoder, {"image": "f32"}, enc, VAE_BF16), self._vae_path,
                 self.placements["vae"], None)
-        out = self.runners["vae_encoder"].run({"image": np.ascontiguousarray(img, dtype=np.float32)})
-        z = sample_latent(out["mean"], out["logvar"], noise)
+        runner = self.runners["vae_encoder"]
+
+        def one(part: np.ndarray) -> np.ndarray:
+            out = runner.run({"image": part})
+            return np.concatenate([out["mean"], out["logvar"]], 1)
+
+        with runner.session():
+            both = encode_tiled(one, np.ascontiguousarray(img, dtype=np.float32), self.vae_tiling, self.vae_cfg.factor)
+        c = both.shape[1] // 2
+        z = sample_latent(both[:, :c], both[:, c:], noise)
         return ((z - self.shift_factor) * self.scale_factor).astype(np.float32)
 
     def _tae_decoder(self, path: str | Path) -> Callable[[np.ndarray], np.ndarray]:
@@ -167,25 +184,26 @@ class FlowDiTPipeline(Pipeline):
         with self.runners["diffusion"].session():
             yield
 
-    def decode(self, latent: np.ndarray, tile: int | None = None) -> np.ndarray:
+    def decode(self, latent: np.ndarray, tile: Any = None) -> np.ndarray:
         """Image ``(1, 3, 8h, 8w)`` (about [-1, 1]) of a model-space latent: the VAE decodes
         ``latent / scale_factor + shift_factor`` (:meth:`vae_decode`; ``tile``: in tiles)."""
         return self.vae_decode((latent / self.scale_factor + self.shift_factor).astype(np.float32), tile)
 
-    def vae_decode(self, z: np.ndarray, tile: int | None = None) -> np.ndarray:
-        """The VAE's image of its own latent ``z`` ``(1, C, h, w)``; with ``tile`` (latent
-        pixels, sd-cli's ``--vae-tiling``) a latent larger than it is decoded in overlapping
-        tiles of ``tile`` squared (overlap ``tile // 4``, at least 1) blended as the UNet
-        families do (:func:`~sdplan.core.models.vae.tiled_decode`)."""
+    def vae_decode(self, z: np.ndarray, tile: Any = None) -> np.ndarray:
+        """The VAE's image of its own latent ``z`` ``(1, C, h, w)``; with ``tile`` (a
+        :class:`~sdplan.core.planning.vae_tiling.VaeTiling`, or latent pixels as the snapshot's
+        ``--vae-tile-size``) in sd-cli's overlapping tiles, and a whole decode that does not
+        fit the VAE's budget retried in tiles
+        (:func:`~sdplan.core.pipelines.stages.vae_tiles.decode_tiled`)."""
         runner = self.runners["vae"]
+        f = self.vae_cfg.factor
 
         def one(zt: np.ndarray) -> np.ndarray:
             return runner.run({"z": np.ascontiguousarray(zt, dtype=np.float32)})["image"]
 
-        if tile and (z.shape[-1] > tile or z.shape[-2] > tile):
-            with runner.session():
-                return tiled_decode(one, z, tile, max(1, tile // 4), self.vae_cfg.factor)
-        return one(z)
+        with runner.session():
+            out, self.last_decode = decode_tiled(one, z, as_tiling(tile, f), f, fits_budget(runner))
+        return out
 
     def _latent_size(self, width: int, height: int, vae_scale: int) -> tuple[int, int]:
         """``(h, w)`` of the latent of a ``width x height`` image.
@@ -204,7 +222,7 @@ class FlowDiTPipeline(Pipeline):
                 flow_shift: float = 1.0, init: ImageInput | None = None,
                 init_seed: int | None = None,
                 step_hook: Callable[[int, int], None] | None = None,
-                tae_decode: bool = False, vae_tile: int | None = None) -> dict[str, np.ndarray]:
+                tae_decode: bool = False, vae_tile: Any = None) -> dict[str, np.ndarray]:
         """Sample a ``(1, 16, h, w)`` latent from the seed's noise (``sampling.rng``; or
         ``noise``) and decode it. Returns ``{"latent", "image", "sigmas"}``.
 
@@ -224,6 +242,7 @@ class FlowDiTPipeline(Pipeline):
         """
         if tae_decode and self.preview is None:
             raise SdplanError("decoding with the TAE needs a --taesd file")
+        self.vae_tiling, self.last_decode = as_tiling(vae_tile, self.vae_cfg.factor), None
         opts = sampling or SamplingOptions()
         tokens = (h // 2) * (w // 2)
         fshift = opts.flow_shift if opts.flow_shift is not None else flow_shift
@@ -249,8 +268,48 @@ class FlowDiTPipeline(Pipeline):
         with self.diffusion_session():
             latent = sample_flow(sampler, vel, start, sigmas, noise=sampler_noise, callback=cb,
                                  eta=opts.eta, extra=opts.extra)
+        fix, upscaler = getattr(self, "hires", None) or (None, None)
+        if fix is not None and fix.active:
+            latent = self._hires_pass(latent, vel, fix, upscaler, seed, steps, scheduler, opts, shift, fshift,
+                                      sampler, step_hook)
         image = self.tae_image(latent) if tae_decode else self.decode(latent, vae_tile)
         return {"latent": latent, "image": image, "sigmas": sigmas}
+
+    def _hires_pass(self, latent: np.ndarray, vel: Velocity, fix: HiresFix, upscaler: Any, seed: int, steps: int,
+                    scheduler: str, opts: SamplingOptions, shift: bool, fshift: float, sampler: str,
+                    step_hook: Callable[[int, int], None] | None) -> np.ndarray:
+        """The hires fix's second pass (:mod:`sdplan.core.pipelines.stages.hires`) of a
+        model-space latent ``(1, C, h, w)``: upscaled, noised as flow image to image does
+        (``(1 - s0) x + s0 noise``), sampled with the first pass's scheduler at the hires size.
+        Set ``self.hires = (HiresFix, Upscaler or None)`` before a run to have it."""
+        f = self.vae_cfg.factor
+        target = fix.target(latent.shape[-1] * f, latent.shape[-2] * f, 2 * f)
+        plain = replace(opts, sigmas=())
+        gen, sampler_noise, _ = prepare(plain, seed, steps, "discrete" if scheduler == "default" else scheduler,
+                                        FlowSchedule(fshift, self.schedule_kind))
+        up = upscale_latent(latent, fix, target, f, lambda z: self.decode(z, self.vae_tiling), self.encode_sample,
+                            gen, upscaler)
+        noise = gen(up.shape)
+        tokens = (up.shape[-2] // 2) * (up.shape[-1] // 2)
+
+        def sigmas_for(n: int) -> np.ndarray:
+            if scheduler == "default":
+                return self._default_sigmas(n, tokens, shift, fshift)
+            return prepare(plain, seed, n, scheduler, FlowSchedule(fshift, self.schedule_kind), image_tokens=tokens)[2]
+
+        sigmas = hires_sigmas(sigmas_for, steps, fix)
+        self.hires_sigmas = sigmas
+        s0 = np.float32(sigmas[0])
+        start = ((up * (np.float32(1.0) - s0) + noise * s0) / s0).astype(np.float32)  # sample_flow scales by s0
+        n = len(sigmas) - 1
+
+        def cb(i: int, x: np.ndarray, den: np.ndarray) -> None:
+            if step_hook is not None:
+                step_hook(i + 1, n)
+
+        with self.diffusion_session():
+            return sample_flow(sampler, vel, start, sigmas, noise=sampler_noise, callback=cb, eta=opts.eta,
+                               extra=opts.extra)
 
     def _default_sigmas(self, steps: int, tokens: int, shift: bool, flow_shift: float) -> np.ndarray:
         """The family's own sigmas (``--scheduler`` not given): FLUX.1's schedule, time-shifted

@@ -175,7 +175,7 @@ def _named(key: str, value: Any) -> Any:
 _SETTINGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale", "guidance",
              "seed", "sampling_method", "scheduler", "batch_count", "clip_skip", "eta",
              "sigmas", "flow_shift", "timestep_shift", "rng", "sampler_rng",
-             "extra_sample_args", "vae_tile_size", "upscale_repeats", "slg_scale", "skip_layers",
+             "extra_sample_args", "vae_tile_size", "vae_tiling", "hires", "control_net", "control", "upscale_repeats", "slg_scale", "skip_layers",
              "skip_layer_start", "skip_layer_end", "lora_model_dir", "lora_apply_mode", "init_img",
              "mask", "strength", "ref_images", "taesd_decode", "force_sdxl_vae_conv_scale")
 
@@ -345,7 +345,8 @@ def locate_inputs(settings: Mapping[str, Any], picture: str | Path) -> dict[str,
 #: (its defaults): a picture without sdplan's record says nothing when they hold them.
 _WRITTEN_ALWAYS = {"guidance": 3.5, "rng": "cuda", "eta": float("inf")}
 #: Settings a reused picture gives back (sd-cli's request keys).
-REUSED = tuple(k for k in _SETTINGS if k not in ("batch_count",))
+#: The maps of several flags (tiling, hires fix, ControlNet) are recorded, not reused.
+REUSED = tuple(k for k in _SETTINGS if k not in ("batch_count", "vae_tiling", "hires", "control_net", "control"))
 
 
 def reusable_settings(gen: ImageParameters | ResultInfo, architecture: str | None = None) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from sdplan.core.runtime.runner import BackendPool, ModulePlacement, ModuleRunne
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.finite import check_finite
 
-__all__ = ["Upscaler", "to_array", "to_image", "TILE_SIZES", "DEFAULT_TILE"]
+__all__ = ["Upscaler", "to_array", "to_image", "TILE_SIZES", "DEFAULT_TILE", "measure_upscaler"]
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +151,14 @@ class Upscaler(Pipeline):
                 return t
         return self._align(TILE_SIZES[-1])
 
+    def tile_compute(self, h: int, w: int) -> int:
+        """Compute-buffer bytes (all devices) of the tile graph an ``h`` x ``w`` picture runs
+        (:meth:`choose_tile`'s tile with its context), measured by the scheduler's dry-run
+        reserve without loading a weight."""
+        hh, ww = self._align(h), self._align(w)
+        region, _ = tile_grid(hh, ww, self.choose_tile(hh, ww), self._align(self.overlap), self.cfg.unshuffle)
+        return sum(self.runner.measure({"image": (1, self.cfg.in_channels, *region)}).values())
+
     def upscale_array(self, x: np.ndarray, repeats: int = 1) -> np.ndarray:
         """float32 ``(1, C, H, W)`` in [0, 1] -> ``(1, C, H*s^r, W*s^r)``; between repeats
         the image is clamped to [0, 1]; the final result is not. Raises ValueError for a
@@ -192,3 +200,19 @@ class Upscaler(Pipeline):
         """uint8 ``(H, W, 3)`` -> uint8 ``(H*s^r, W*s^r, 3)``."""
         return to_image(self.upscale_array(to_array(image), repeats))
 
+
+
+def measure_upscaler(path: str | Path, width: int, height: int, placement: ModulePlacement | None,
+                     pool: BackendPool) -> int:
+    """Compute-buffer bytes of upscaling a ``width`` x ``height`` picture once with the
+    upscaler file on ``placement`` (its budget chooses the tile, :meth:`Upscaler.choose_tile`),
+    by a dry-run reserve: no weight loads.
+
+    Raises:
+        ModelFileError: not an upscaler file; EngineError: a device without a backend.
+    """
+    up = Upscaler(path, placement=placement, pool=pool)
+    try:
+        return up.tile_compute(height, width)
+    finally:
+        up.close()
