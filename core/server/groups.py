@@ -249,15 +249,35 @@ class GroupWorker:
                 plan = {"backend": p.backend, "params_backend": p.params_backend, "max_vram": p.max_vram,
                         "rpc_servers": list(p.rpc_servers), "command": sess.command_line()}
                 fit = sess.fit.to_json() if sess.fit is not None else None
+        peak = measured_peak(self.memory)
+        ratio = {d: (fit["devices"][d]["total"] / n if n else None) for d, n in peak.items()
+                 if fit is not None and d in fit["devices"]}
         return {**self.group.to_json(), "model": self.loaded, "jobs_run": self.jobs_run,
                 "engine_pid": getattr(self.engine, "pid", None), "plan": plan, "estimate": fit,
-                "memory": self.memory, "last_job": self.last}
+                "memory": self.memory, "measured_peak": peak, "estimate_over_peak": ratio,
+                "last_job": self.last}
 
     def close(self) -> None:
         """Stop the engine process (a running job is cancelled)."""
         self.engine.close()
         if self._thread is not None:
             self._thread.join(10)
+
+
+def measured_peak(memory: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """Each device's measured peak in bytes from a pipeline memory report
+    (:func:`sdplan.core.pipelines.served.pipeline_memory`): the modules' weights, staging
+    and LoRA bytes at their peaks together, plus the largest compute buffer of one module
+    (modules run one after another and each frees its compute buffers after its run: their
+    ``cache`` compute is 0), the quantity the plan's estimate predicts per device."""
+    held: dict[str, int] = {}
+    compute: dict[str, int] = {}
+    for devices in memory.values():
+        for dev, mem in devices.items():
+            pk = mem["peak"]
+            held[dev] = held.get(dev, 0) + int(pk["weights"]) + int(pk["staging"]) + int(pk["lora"])
+            compute[dev] = max(compute.get(dev, 0), int(pk["compute"]))
+    return {d: held[d] + compute.get(d, 0) for d in held}
 
 
 def _engine(group: DeviceGroup) -> Any:
