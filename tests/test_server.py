@@ -16,14 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from rpc_util import sdplan_cmd
-from server_util import picture, serving
-
 from sdplan.core.errors import InvalidArgument, RequestRefused
 from sdplan.core.pipelines.job_queue import JobQueue
 from sdplan.core.server import apis
 from sdplan.core.server.groups import parse_group
 from sdplan.core.server.limits import ServerLimits
 from sdplan.core.server.service import check_bind
+from server_util import picture, serving
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DEMO_PROMPT = "a red circle on a blue background"
