@@ -68,7 +68,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     srv.add_argument("--device-group", action="append", default=[], metavar="SPEC",
                      help="one engine per group, the plan replicated: local, local:NAME=VALUE "
                           "(CUDA_VISIBLE_DEVICES=1) or rpc:HOST:PORT[,HOST:PORT]; repeatable")
-    srv.add_argument("--queue-file", metavar="FILE", help="record the queue in this file (the app's format)")
+    srv.add_argument("--queue-file", metavar="FILE",
+                     help="record the queue in this file (the app's format); the app's queue view shows "
+                          "the jobs of sdplan-server-queue.json beside its own queue file")
     srv.add_argument("--max-body-mb", type=float, default=32.0, help="largest request body, MiB (default 32)")
     srv.add_argument("--max-pixels", type=int, default=2048 * 2048, help="largest width x height (default 2048x2048)")
     srv.add_argument("--max-batch", type=int, default=8, help="most images per request (default 8)")
