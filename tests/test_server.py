@@ -290,3 +290,40 @@ def test_model_swap_frees_the_previous_model_and_needs_the_key(tmp_path):
                         override_settings={"sd_model_checkpoint": "sd1_tiny"})
         assert r.image.size == (64, 64) and r.info["sd_model_name"] == "sd1_tiny"
         assert r.info["loaded"] is False
+
+
+def _job(name: str = "m", steps: int = 2, batch: int = 1):
+    from types import SimpleNamespace
+
+    from sdplan.core.pipelines.request import GenerationRequest
+    from sdplan.core.server.queue import ServerJob
+
+    req = GenerationRequest.from_settings({"prompt": "a", "steps": steps, "batch_count": batch,
+                                           "width": 64, "height": 64}, {"model": ["m.safetensors"]})
+    return ServerJob("", None, SimpleNamespace(name=name), req, {})
+
+
+def test_queue_order_limit_cancel_and_prediction():
+    from sdplan.core.server.queue import ServerQueue
+
+    q = ServerQueue(max_queue=2)
+    a, b = q.submit(_job()), q.submit(_job(steps=4))
+    with pytest.raises(RequestRefused) as e:
+        q.submit(_job())
+    assert (e.value.code, e.value.status) == ("queue_full", 429)
+    assert (q.position(a), q.position(b)) == (0, 1)
+    assert q.predicted(a) is None  # nothing measured yet: no prediction
+    assert q.cancel(b.id) == "cancelled" and b.done.is_set()
+    with pytest.raises(RequestRefused) as e:
+        q.cancel(b.id)
+    assert e.value.status == 409
+    taken = q.take("g0", timeout=0)
+    assert taken is a and a.state == "running" and q.record.get(a.id).group == "g0"
+    q.time_model.observe(a, 1.0, loaded_now=True)  # the first run loads: no rate from it
+    q.finish(a, "done")
+    q.time_model.observe(a, 0.5, loaded_now=False)  # 2 steps in 0.5 s
+    c = q.submit(_job(steps=8, batch=2))
+    assert q.predicted(c) == pytest.approx(16 * 0.25)  # the model is not loaded on a group
+    assert q.counts() == {"queued": 1, "running": 0, "done": 1, "failed": 0, "cancelled": 1}
+    q.close()
+    assert c.state == "cancelled" and q.take("g0", timeout=0) is None
