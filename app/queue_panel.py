@@ -347,7 +347,8 @@ class QueuePanel(QFrame):
 
     openResult = Signal(str)
 
-    def __init__(self, runner: QueueRunner, parent: QWidget | None = None) -> None:
+    def __init__(self, runner: QueueRunner, parent: QWidget | None = None,
+                 server_file: Path | None = None) -> None:
         super().__init__(parent)
         self.runner = runner
         self.setObjectName("Panel")
@@ -417,6 +418,10 @@ class QueuePanel(QFrame):
         self.job_label.setObjectName("Caption")
         self.job_label.setWordWrap(True)
         lay.addWidget(self.job_label)
+        from sdplan.app.server_queue import ServerJobs
+
+        self.server_jobs = ServerJobs(server_file)  # sdplan serve's jobs, read-only
+        lay.addWidget(self.server_jobs)
         runner.changed.connect(self.refresh)
         runner.progress.connect(self._progress)
         self.refresh()

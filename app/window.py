@@ -43,6 +43,7 @@ from sdplan.app.outputs import older_results, output_folder
 from sdplan.app.queue_panel import QueuePanel, QueueRunner
 from sdplan.app.rpc import RpcPanel
 from sdplan.app.screen import FOLD_BELOW, first_geometry, fitted
+from sdplan.app.server_queue import SERVER_QUEUE_NAME
 from sdplan.app.strings import StringsPanel
 from sdplan.app.worker import ClientFactory
 from sdplan.core.errors import SdplanError
@@ -138,7 +139,7 @@ class MainWindow(QMainWindow):
         if self.queue.counts()["queued"]:  # jobs left from the last session wait for Resume
             self.queue.set_paused(True)
         self.runner = QueueRunner(self.queue, self.generation, self)
-        self.queue_panel = QueuePanel(self.runner)
+        self.queue_panel = QueuePanel(self.runner, server_file=qpath.parent / SERVER_QUEUE_NAME)
         self.side.addTab(self.queue_panel, "Queue")
         self.rpc = RpcPanel(controller)
         self.rpc_page = QWidget()

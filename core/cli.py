@@ -35,7 +35,7 @@ ENGINE_COMMANDS: dict[str, tuple[str, ...]] = {
 #: The subcommands in help order: name -> its module in :mod:`sdplan.core.commands`.
 COMMANDS: dict[str, str] = {
     "devices": "devices", "rpc-server": "rpc_server", "plan": "plan", "inspect": "inspect",
-    "library": "library", "generate": "generate", "upscale": "upscale", "gui": "gui",
+    "library": "library", "generate": "generate", "upscale": "upscale", "serve": "serve", "gui": "gui",
 }
 
 

@@ -149,3 +149,20 @@ class NonFiniteError(SdplanError):
     def with_causes(self, causes: tuple[str, ...]) -> NonFiniteError:
         """The same error naming ``causes`` (the first found first)."""
         return NonFiniteError(self.what, tuple(causes))
+
+
+class RequestRefused(SdplanError):
+    """An HTTP request a server refuses before any work: malformed, over a stated limit,
+    unauthorised, for a model it does not have, or while its queue is full.
+
+    Attributes:
+        code: a stable code (``invalid_json``, ``too_large``, ``queue_full``...).
+        status: the HTTP status the server answers with (400, 401, 404, 413, 429...).
+    """
+
+    code = "invalid_request"
+
+    def __init__(self, message: str, code: str = "invalid_request", status: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status

@@ -15,6 +15,7 @@ one above or a sibling of its rank::
     models     graph definitions
     pipelines  one per family, and the engine jobs
     session    the desktop session without Qt: the board's state and operations
+    server     ``sdplan serve`` below its command: APIs, queue, device groups, metrics
     commands   sdplan.core.cli and sdplan.core.commands.*
     app        sdplan.app.*
 
@@ -37,7 +38,7 @@ PACKAGES = {"core": "sdplan.core", "app": "sdplan.app"}
 
 #: Layer name -> rank; a module may import ranks lower than its own, and its own layer.
 RANKS = {"base": 0, "families": 1, "planning": 2, "modelfiles": 3, "text": 4, "sampling": 4,
-         "runtime": 5, "models": 6, "pipelines": 7, "session": 8, "commands": 9, "app": 10}
+         "runtime": 5, "models": 6, "pipelines": 7, "session": 8, "server": 9, "commands": 10, "app": 11}
 
 QT = ("PySide6", "shiboken6")
 NATIVE = "sdplan._ggml"

@@ -12,7 +12,13 @@ File format (``queue.json``)::
 
     {"sdplan_queue": 1, "paused": bool,
      "jobs": [{"id", "label", "request": {...}, "state", "error", "results": [paths],
-               "created", "started", "finished", "steps_done", "seconds"}, ...]}
+               "created", "started", "finished", "steps_done", "seconds",
+               "origin", "group", "predicted"}, ...]}
+
+The same format holds a server's queue (``sdplan serve --queue-file``: ``origin``
+``server``, the device ``group`` of each job and its ``predicted`` seconds);
+:meth:`JobQueue.read` reads such a file without changing it (the app shows a server's
+jobs beside its own).
 """
 
 from __future__ import annotations
@@ -53,6 +59,10 @@ class Job:
         created, started, finished: wall-clock seconds (``time.time()``), or None.
         steps_done: sampling steps done so far (progress of the running job).
         seconds: run time of a finished job.
+        origin: who queued it: ``app`` (the window) or ``server`` (a client of
+            ``sdplan serve``, which keeps its jobs in a queue of this format).
+        group: the device group that runs or ran it (a server's), or None.
+        predicted: the seconds it is predicted to take, or None without a prediction.
     """
 
     id: str
@@ -66,6 +76,9 @@ class Job:
     finished: float | None = None
     steps_done: int = 0
     seconds: float | None = None
+    origin: str = "app"
+    group: str | None = None
+    predicted: float | None = None
 
     @property
     def steps(self) -> int:
@@ -90,7 +103,7 @@ class Job:
         state = str(data.get("state") or "queued")
         if state not in STATES:
             raise ValueError(f"unknown job state {state[:40]!r}")
-        times = {k: data.get(k) for k in ("started", "finished", "seconds")}
+        times = {k: data.get(k) for k in ("started", "finished", "seconds", "predicted")}
         for k, v in times.items():
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise TypeError(f"job field {k!r} is not a number")
@@ -102,7 +115,10 @@ class Job:
                    error=None if data.get("error") is None else str(data["error"]),
                    results=list(results), created=float(data.get("created") or 0.0),
                    started=times["started"], finished=times["finished"],
-                   steps_done=int(data.get("steps_done") or 0), seconds=times["seconds"])
+                   steps_done=int(data.get("steps_done") or 0), seconds=times["seconds"],
+                   origin=str(data.get("origin") or "app"),
+                   group=None if data.get("group") is None else str(data["group"]),
+                   predicted=times["predicted"])
 
 
 def job_label(request: Mapping[str, Any]) -> str:
@@ -148,6 +164,26 @@ class JobQueue:
             return
         if there:
             self._load()
+
+    @classmethod
+    def read(cls, path: str | Path) -> list[Job]:
+        """The jobs of the queue file ``path`` as they are there, nothing changed or set aside
+        (another process's queue: a server's); [] when it cannot be read or is not a queue,
+        skipping entries that are not jobs."""
+        try:
+            data = read_json(Path(path), what="queue file")
+        except (OSError, ValueError):
+            return []
+        if not isinstance(data, dict) or data.get(FORMAT_KEY) != FORMAT_VERSION \
+                or not isinstance(data.get("jobs"), list):
+            return []
+        out = []
+        for entry in data["jobs"]:
+            try:
+                out.append(Job.from_json(entry))
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+                continue
+        return out
 
     # ------------------------------------------------------------------ file
     def _note(self, text: str) -> None:
@@ -215,10 +251,13 @@ class JobQueue:
             log.warning("queue not saved to %s: %s", self.path, exc)
 
     # ------------------------------------------------------------------ adding
-    def add(self, request: Mapping[str, Any], label: str | None = None) -> Job:
-        """Append one job for ``request`` (copied; must be JSON values)."""
+    def add(self, request: Mapping[str, Any], label: str | None = None, *, origin: str = "app",
+            job_id: str | None = None) -> Job:
+        """Append one job for ``request`` (copied; must be JSON values), queued by
+        ``origin`` (``app``, ``server``), with ``job_id`` (default: a new hex id)."""
         req = json.loads(json.dumps(dict(request), default=str))
-        job = Job(uuid.uuid4().hex[:12], label or job_label(req), req, created=time.time())
+        job = Job(job_id or uuid.uuid4().hex[:12], label or job_label(req), req, created=time.time(),
+                  origin=origin)
         self.jobs.append(job)
         self.save()
         return job
