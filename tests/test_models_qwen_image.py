@@ -157,11 +157,11 @@ def test_autoencoder_matches_diffusers(cpus, part) -> None:
     if part == "decoder":
         names = [n for n in sh if n.startswith(("decoder.", "conv2."))]
         fg = FunctionGraph(names, {"z": "f32"}, lambda g, w, ins: {"out": vae_decode(g, w, ins["z"], cfg, sh)})
-        inputs, want, tol = {"z": R["vae.z"]}, R["vae.decoded"], 1e-4
+        inputs, want, tol = {"z": R["vae.z"]}, R["vae.decoded"], 1e-3
     else:
         names = [n for n in sh if n.startswith(("encoder.", "conv1."))]
         fg = FunctionGraph(names, {"x": "f32"}, lambda g, w, ins: {"out": vae_encode(g, w, ins["x"], cfg, sh)})
-        inputs, want, tol = {"x": R["vae.picture"]}, R["vae.mean"], 5e-4
+        inputs, want, tol = {"x": R["vae.picture"]}, R["vae.mean"], 1e-3
     r = ModuleRunner(fg, weight_file(VAE, names, cpus.get("CPU")), ModulePlacement(("CPU",)), cpus, n_threads=1)
     try:
         assert rel_err(r.run(inputs)["out"], want) < tol
