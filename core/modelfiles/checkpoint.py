@@ -557,10 +557,10 @@ def detect_architecture(ms: ModelSet) -> Architecture:
     """Architecture of the model set from its diffusion tensors' names and shapes: the family
     registry's rules (:func:`sdplan.core.families.detect_family`: Z-Image, FLUX.2, FLUX.1 /
     Chroma, SD3, the UNets by context width or ``sdplan.family`` metadata), given the diffusion
-    tensors without ``model.diffusion_model.``, the ``llm`` encoder's names, the files'
-    metadata and the text encoders among the files."""
+    tensors without ``model.diffusion_model.``, the ``llm`` encoder's names (its vision tower's
+    included), the files' metadata and the text encoders among the files."""
     diff = {_local(t.info.name): t.info.shape for t in ms.module_tensors("diffusion")}
-    llm = [t.info.name for t in ms.module_tensors("te") if t.encoder == "llm"]
+    llm = [t.info.name for t in ms.module_tensors("te") if t.encoder in ("llm", "llm_vision")]
     meta = [str(f.metadata.get("sdplan.family")) for f in ms.files if f.metadata.get("sdplan.family")]
     encoders = {t.encoder for t in ms.module_tensors("te")}
     return Architecture(*detect_family(DiffusionTensors(diff, tuple(llm), tuple(meta),
