@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from sdplan.core.pipelines.qwen_image.pipeline import DROP, QwenImageModels, QwenImagePipeline
+from sdplan.core.pipelines.qwen_image.pipeline import DROP, TEMPLATE, QwenImageModels, QwenImagePipeline
 from sdplan.core.pipelines.request import GenerationRequest
 from sdplan.core.pipelines.run_context import FamilyResult, RunContext
 from sdplan.core.pipelines.stages.hires import flow_hires
@@ -51,9 +51,11 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
             pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
             vae_tile: tuple[int, int] | None = None) -> dict[str, int]:
     """Compute-buffer bytes per module of a Qwen-Image generation: the LLM on the template and
-    :data:`DRY_RUN_TOKENS` prompt tokens, the DiT on one latent with those text tokens (the CFG
-    passes run one after another, so neither ``batch`` nor ``cfg`` grows it), the autoencoder's
-    decoder on one latent (or one tile of ``vae_tile`` ``(w, h)`` latent pixels).
+    :data:`DRY_RUN_TOKENS` prompt tokens; the DiT on one latent with those text tokens and, with
+    ``cfg``, its graph for the empty negative prompt's tokens too (the prompt is not padded, so
+    the two passes have graphs of their own, and the engine keeps both over the sampling loop;
+    ``batch`` does not grow it: pictures run one after another); the autoencoder's decoder on one
+    latent (or one tile of ``vae_tile`` ``(w, h)`` latent pixels).
 
     Raises:
         ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
@@ -62,10 +64,13 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
                              tuple(overrides["flux_axes"]) if overrides.get("flux_axes") else None)
     with QwenImagePipeline(models, None, pool, placements) as pipe:
         h, w = height // 8, width // 8
-        dit = pipe.dit.inputs(np.zeros((1, 16, h, w), np.float32),
-                              np.zeros((1, DRY_RUN_TOKENS, pipe.dit.cfg.context), np.float32), 1.0)
+        tokens = [DRY_RUN_TOKENS]
+        if cfg:
+            tokens.append(pipe.tokenizer.encode_prompt("", *TEMPLATE).length - DROP)
+        dit = [pipe.dit.inputs(np.zeros((1, 16, h, w), np.float32),
+                               np.zeros((1, t, pipe.dit.cfg.context), np.float32), 1.0) for t in tokens]
         vae = (1, 16, vae_tile[1], vae_tile[0]) if vae_tile else (1, 16, h, w)
-        graphs = {"te": (pipe.runners["llm"], {"ids": (1, DROP + DRY_RUN_TOKENS)}),
-                  "diffusion": (pipe.runners["diffusion"], {k: v.shape for k, v in dit.items()}),
-                  "vae": (pipe.runners["vae"], {"z": vae})}
-        return {module: sum(r.measure(s).values()) for module, (r, s) in graphs.items()}
+        graphs = {"te": (pipe.runners["llm"], [{"ids": (1, DROP + DRY_RUN_TOKENS)}]),
+                  "diffusion": (pipe.runners["diffusion"], [{k: v.shape for k, v in d.items()} for d in dit]),
+                  "vae": (pipe.runners["vae"], [{"z": vae}])}
+        return {module: sum(sum(r.measure(s).values()) for s in shapes) for module, (r, shapes) in graphs.items()}
