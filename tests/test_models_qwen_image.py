@@ -151,22 +151,28 @@ def test_autoencoder_structure_and_folded_weights() -> None:
 @pytest.mark.parametrize("part", ["decoder", "encoder"])
 def test_autoencoder_matches_diffusers(cpus, part) -> None:
     """One frame through the causal 3-D autoencoder: the decoder's output before diffusers'
-    clamp, and the encoder's mean, against diffusers' ``AutoencoderKLQwenImage``."""
+    clamp, and the encoder's mean, against diffusers' ``AutoencoderKLQwenImage`` (f16 kernels as
+    the engine holds them; f32 to 1e-5)."""
     sh = shapes(VAE)
     cfg = wan_vae_config(sh)
     if part == "decoder":
         names = [n for n in sh if n.startswith(("decoder.", "conv2."))]
         fg = FunctionGraph(names, {"z": "f32"}, lambda g, w, ins: {"out": vae_decode(g, w, ins["z"], cfg, sh)})
-        inputs, want, tol = {"z": R["vae.z"]}, R["vae.decoded"], 1e-3
+        inputs, want, tol = {"z": R["vae.z"]}, R["vae.decoded"], 3e-3
     else:
         names = [n for n in sh if n.startswith(("encoder.", "conv1."))]
         fg = FunctionGraph(names, {"x": "f32"}, lambda g, w, ins: {"out": vae_encode(g, w, ins["x"], cfg, sh)})
-        inputs, want, tol = {"x": R["vae.picture"]}, R["vae.mean"], 1e-3
+        inputs, want, tol = {"x": R["vae.picture"]}, R["vae.mean"], 3e-3
     r = ModuleRunner(fg, weight_file(VAE, names, cpus.get("CPU")), ModulePlacement(("CPU",)), cpus, n_threads=1)
+    wf32 = weight_file(VAE, names, cpus.get("CPU"))
+    wf32.dtypes = {n: "f32" for n in names}
+    f32 = ModuleRunner(fg, wf32, ModulePlacement(("CPU",)), cpus, n_threads=1)
     try:
-        assert rel_err(r.run(inputs)["out"], want) < tol
+        assert rel_err(r.run(inputs)["out"], want) < tol  # f16 kernels
+        assert rel_err(f32.run(inputs)["out"], want) < 1e-5
     finally:
         r.release()
+        f32.release()
 
 
 def test_text_encoder_states_match_transformers(cpus) -> None:
