@@ -12,7 +12,13 @@ from flux_util import rel_err, write_gguf
 from qwen_image_util import DIT, LLM, PROMPT, VAE, ref
 from sdplan.core.models.base import FunctionGraph, ModelLayoutError
 from sdplan.core.models.qwen_image import QwenImageDiT, position_ids, qwen_image_config
-from sdplan.core.models.qwen_image_vae import folded_shape, vae_decode, vae_encode, wan_vae_config, weight_file
+from sdplan.core.models.qwen_image_vae import (
+    folded_shape,
+    vae_decode,
+    vae_encode,
+    wan_vae_config,
+    weight_file,
+)
 
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):

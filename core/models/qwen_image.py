@@ -97,11 +97,9 @@ def qwen_image_config(weights: Mapping[str, Any], axes: Sequence[int] | None = N
     hd = w.shape("transformer_blocks.0.attn.norm_q.weight")[0]
     if hd <= 0 or width % hd:
         raise ModelLayoutError(f"Qwen-Image width {width} is not divisible by the head width {hd}")
-    if axes is None:
-        a0 = hd // 8
-        ax = (a0, (hd - a0) // 2, hd - a0 - (hd - a0) // 2)
-    else:
-        ax = tuple(int(a) for a in axes)
+    a0 = hd // 8
+    ax: tuple[int, ...] = ((a0, (hd - a0) // 2, hd - a0 - (hd - a0) // 2) if axes is None
+                           else tuple(int(a) for a in axes))
     if len(ax) != 3 or sum(ax) != hd or any(a <= 0 or a % 2 for a in ax):
         raise ModelLayoutError(f"Qwen-Image RoPE axes {ax} must be three even widths summing to the head width {hd}")
     return QwenImageConfig(p, cin, width, width // hd, w.shape("txt_in.weight")[1],

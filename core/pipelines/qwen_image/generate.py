@@ -10,7 +10,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from sdplan.core.pipelines.qwen_image.pipeline import DROP, TEMPLATE, QwenImageModels, QwenImagePipeline
+from sdplan.core.pipelines.qwen_image.pipeline import (
+    DROP,
+    TEMPLATE,
+    QwenImageModels,
+    QwenImagePipeline,
+)
 from sdplan.core.pipelines.request import GenerationRequest
 from sdplan.core.pipelines.run_context import FamilyResult, RunContext
 from sdplan.core.pipelines.stages.hires import flow_hires
