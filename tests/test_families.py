@@ -31,7 +31,7 @@ import familycheck  # noqa: E402
 
 def test_every_declaration_is_complete() -> None:
     names = [f.name for f in FAMILIES]
-    assert len(names) == len(set(names)) == 9
+    assert len(names) == len(set(names)) == 10
     for fam in FAMILIES:
         assert fam.options <= set(OPTIONS), (fam.name, fam.options - set(OPTIONS))
         assert fam.sampling in ("discrete", "flow")
@@ -87,6 +87,18 @@ def test_detection_by_layout() -> None:
     assert detect_family(DiffusionTensors(klein))[:2] == ("flux2_klein", "4b")
     dev = dict(klein, **{f"single_blocks.{i}.linear1.weight": (1, 1) for i in range(48)})
     assert detect_family(DiffusionTensors(dev))[:2] == ("flux2", "dev")
+    qwen = {"transformer_blocks.0.img_mod.1.weight": (18432, 3072), "txt_norm.weight": (3584,),
+            "img_in.weight": (3072, 64), "txt_in.weight": (3072, 3584)}
+    llm = ("model.layers.0.self_attn.q_proj.bias", "model.layers.1.input_layernorm.weight", "visual.blocks.0.attn.qkv.weight")
+    fam, variant, evidence = detect_family(DiffusionTensors(qwen, llm))
+    assert (fam, variant) == ("qwen_image", None)
+    assert evidence[1:] == ("width 3072, text width 3584: a Qwen2.5-VL-7B text encoder", "text encoder: qwen2.5, 2 blocks",
+                            "vision tower: 1 blocks (reference pictures; stays on the main device)")
+    layered = dict(qwen, **{"time_text_embed.addition_t_embedding.weight": (2, 3072)})
+    assert detect_family(DiffusionTensors(layered))[:2] == ("qwen_image", "layered")
+    mage = dict(qwen, **{"img_in.weight": (3072, 128)})  # MageFlow's 128 inputs (sd-cli's test): not Qwen-Image
+    assert detect_family(DiffusionTensors(mage))[0] == "unknown"
+    assert generation_defaults("qwen_image") == {"cfg_scale": 2.5, "steps": 20, "sampling_method": "euler"}
     assert detect_family(DiffusionTensors({}))[0] == "unknown"
 
 

@@ -57,6 +57,7 @@ from sdplan.core.models.flux import FluxDiT  # noqa: E402
 from sdplan.core.models.flux2 import Flux2DiT  # noqa: E402
 from sdplan.core.models.llm import LLMEncoder  # noqa: E402
 from sdplan.core.models.mmdit import MMDiT  # noqa: E402
+from sdplan.core.models.qwen_image import QwenImageDiT  # noqa: E402
 from sdplan.core.models.t5 import T5Encoder  # noqa: E402
 from sdplan.core.models.tae import TaeGraph, detect_tae  # noqa: E402
 from sdplan.core.models.unet import UNetGraph, unet_config  # noqa: E402
@@ -409,6 +410,18 @@ def _llm(shared: Path, tmp: Path) -> Built:
     def run(t: int) -> Run:
         return Run(enc.inputs(_rng(t).choice(used, (1, t))), {"hidden": (1, t, 32)})
     return Built(enc, path, set(_names(path)), [run(17), run(6)])
+
+
+@case("qwen-image", QwenImageDiT, blocks=2)
+def _qwen_image(shared: Path, tmp: Path) -> Built:
+    path = FIX / "qwen_image_tiny.safetensors"
+    dit = QwenImageDiT.from_weights(_shapes(path))
+
+    def run(h: int, w: int, t: int, refs: tuple[tuple[int, int], ...]) -> Run:  # 2x2 patches of 64 values
+        ins = dit.inputs(_normal((1, 16, h, w), h), _normal((1, t, 16), t), 0.6,
+                         [_normal((1, 16, *r), 7) for r in refs])
+        return Run(ins, {"out": (1, (h * w + sum(a * b for a, b in refs)) // 4, 64)})
+    return Built(dit, path, set(_names(path)), [run(8, 8, 9, ()), run(4, 6, 20, ((2, 4),))])
 
 
 @case("z-image", ZImageDiT, blocks=4)

@@ -105,7 +105,8 @@ class DiffusionTensors:
 
     Attributes:
         shapes: diffusion tensor name (without ``model.diffusion_model.``) -> shape.
-        llm_names: the ``llm`` text encoder's tensor names (for the evidence).
+        llm_names: the ``llm`` text encoder's tensor names, its vision tower's included (for the
+            evidence).
         metadata_families: the files' ``sdplan.family`` metadata values (scaled-down models).
         encoders: the text encoders among the files (``clip_l``, ``clip_g``, ...).
     """

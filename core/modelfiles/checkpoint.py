@@ -77,6 +77,8 @@ _EMBEDDER_RE = re.compile(r"^conditioner\.embedders\.(\d+)\.(transformer|model)\
 _DIFFUSERS_DIRS = {"unet": "diffusion", "transformer": "diffusion", "text_encoder": "te",
                    "text_encoder_2": "te", "text_encoder_3": "te", "vae": "vae",
                    "controlnet": "controlnet"}
+#: An LLM encoder's vision tower (Qwen2.5-VL ``visual.``, with or without ``text_encoders.llm.``).
+_VISION_RE = re.compile(r"(?:^|\.)visual\.")
 _T5_RE = re.compile(r"(?:^|\.)(encoder\.block|enc\.blk)\.\d+\.")
 _CLIP_BY_WIDTH = {768: "clip_l", 1024: "clip_h", 1280: "clip_g"}
 
@@ -88,7 +90,8 @@ class ModelTensor:
     Attributes:
         info: the header entry (name, dtype, shape, bytes, offset, file).
         module: module name of spec section 1.
-        encoder: for ``te``: ``clip_l``/``clip_g``/``clip_h``/``t5xxl``/``llm``; else None.
+        encoder: for ``te``: ``clip_l``/``clip_g``/``clip_h``/``t5xxl``/``llm``/``llm_vision`` (an
+            LLM's vision tower); else None.
         role: ``main``, or ``preview`` for a ``--taesd`` tiny autoencoder.
         block: ``(segment rank, index)`` of its block (spec section 8) or None.
     """
@@ -315,7 +318,7 @@ def read_model_files(flags: Mapping[str, Sequence[str | Path]]) -> ModelSet:
                     enc = _detect_encoder(tf)
                 cls = [(t, module, enc) for t in tf.tensors]
                 ign = []
-            tensors.extend(ModelTensor(t, m, e, role) for t, m, e in cls)
+            tensors.extend(ModelTensor(t, m, _vision(t.name, m, e), role) for t, m, e in cls)
             ignored.extend(ign)
     _check_duplicates(tensors)
     ms = ModelSet(files, [], ignored)
@@ -339,6 +342,13 @@ def _dominant(tensors: Iterable[ModelTensor]) -> str | None:
     big = [e for e in ("t5xxl", "llm") if enc[e]]
     pool = big or list(enc)
     return max(pool, key=lambda e: enc[e]) if pool else None
+
+
+def _vision(name: str, module: str, encoder: str | None) -> str | None:
+    """The encoder of a ``te`` tensor: ``llm_vision`` for an LLM's vision tower (``visual.``,
+    Qwen2.5-VL's; sd-cli's ``--llm_vision`` part, never split: it stays on the main device),
+    else ``encoder``."""
+    return "llm_vision" if module == "te" and encoder == "llm" and _VISION_RE.search(name) else encoder
 
 
 def _with_block(t: ModelTensor, dominant: str | None) -> ModelTensor:
@@ -547,10 +557,10 @@ def detect_architecture(ms: ModelSet) -> Architecture:
     """Architecture of the model set from its diffusion tensors' names and shapes: the family
     registry's rules (:func:`sdplan.core.families.detect_family`: Z-Image, FLUX.2, FLUX.1 /
     Chroma, SD3, the UNets by context width or ``sdplan.family`` metadata), given the diffusion
-    tensors without ``model.diffusion_model.``, the ``llm`` encoder's names, the files'
-    metadata and the text encoders among the files."""
+    tensors without ``model.diffusion_model.``, the ``llm`` encoder's names (its vision tower's
+    included), the files' metadata and the text encoders among the files."""
     diff = {_local(t.info.name): t.info.shape for t in ms.module_tensors("diffusion")}
-    llm = [t.info.name for t in ms.module_tensors("te") if t.encoder == "llm"]
+    llm = [t.info.name for t in ms.module_tensors("te") if t.encoder in ("llm", "llm_vision")]
     meta = [str(f.metadata.get("sdplan.family")) for f in ms.files if f.metadata.get("sdplan.family")]
     encoders = {t.encoder for t in ms.module_tensors("te")}
     return Architecture(*detect_family(DiffusionTensors(diff, tuple(llm), tuple(meta),

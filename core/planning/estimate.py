@@ -6,6 +6,8 @@ Three parts per module and device (bytes):
   runtime device (a layer split: each range's blocks on its device, the non-block bytes on
   the main device; a row split: each device's share of the block rows, the non-block bytes
   on the main device, which alone runs the graph and holds the compute buffer); ``device`` puts all of it on the params device; ``disk`` nothing.
+  An LLM encoder's vision tower (``te``'s ``llm_vision`` bytes: Qwen2.5-VL's) is never split
+  (sd-cli keeps it on the main device) and counts only for a run given reference pictures.
 - **staging** (while the module runs): with ``device`` or ``disk`` residency the weights
   are copied to the runtime device(s): each range's blocks to its device plus the non-block
   bytes to the main device, or the whole module on a single device.
@@ -301,7 +303,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
                   measured: Mapping[str, int] | None = None,
                   flags: RuntimeFlags | None = None,
                   loras: Mapping[str, LoraProfile] | None = None,
-                  reserve: int = 0) -> FitReport:
+                  reserve: int = 0, ref_images: int = 0) -> FitReport:
     """Estimate a resolved plan's memory per module and device and say whether it fits.
 
     Args:
@@ -319,6 +321,9 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         loras: per module, the at-runtime LoRA bytes kept on its devices (None or absent:
             none, as for merged LoRAs).
         reserve: bytes each GPU-like device keeps free (:func:`totals`).
+        ref_images: reference pictures the run is given (``-r``): an LLM encoder's vision
+            tower (``te``'s ``llm_vision`` bytes, on the main device) is loaded only for them,
+            as sd-cli encodes the pictures with it; without any it is not counted.
 
     Returns:
         A :class:`FitReport`; ``fits`` is False when a device's total exceeds its free
@@ -354,22 +359,24 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
                                                  measured=measured)
         placed: dict[str, int] = {}
         row_shares = getattr(mplan, "row_shares", None)
+        unused = mp.encoders.get("llm_vision", 0) if name == "te" and not ref_images else 0
+        total = mp.total - unused
         if mplan.ranges:  # a UNet split by stages keeps only its non-stage bytes on main
-            placed[main] = getattr(mplan, "main_other_bytes", mp.other)
+            placed[main] = getattr(mplan, "main_other_bytes", mp.other) - unused
             for r in mplan.ranges:
                 placed[r.device] = placed.get(r.device, 0) + r.bytes
         elif row_shares:  # row split: block rows on every device, the rest on the main one
             placed = dict(row_shares)
-            placed[main] = placed.get(main, 0) + mp.other
+            placed[main] = placed.get(main, 0) + mp.other - unused
         else:
-            placed[main] = mp.total
+            placed[main] = total
         weights: dict[str, int] = {}
         staging: dict[str, int] = {}
         if mode == "runtime":
             weights = placed
         else:
             if mode == "device" and mplan.params.device:
-                weights = {mplan.params.device: mp.total}
+                weights = {mplan.params.device: total}
             staging = dict(placed)
         lp = (loras or {}).get(name)
         lora = lora_device_bytes(mplan, lp) if lp is not None else {}
@@ -377,7 +384,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         budget = budgets.get(main, 0)
         units = mp.blocks or mp.stages
         if len(devs) == 1 and budget > 0 and units:  # at-runtime LoRA stays beside the fixed bytes
-            fixed = mp.total - sum(units)
+            fixed = total - sum(units)
             segs = segments(units, fixed, budget, comp + lora.get(main, 0))
             if len(segs) > 1 and mode == "runtime":
                 weights, staging = {main: fixed}, {main: max(segs)}

@@ -2,7 +2,8 @@
 
 The coefficients are the fitted latent-to-RGB factors sd-cli uses for its previews (the
 ComfyUI ``latent_formats`` factors for SD 1.x/2.x, SDXL, Flux and FLUX.2; the SD 3.5 reference
-code's factors for SD3). FLUX.2's apply per channel of its 32-channel latent: sd-cli unpatchifies
+code's factors for SD3; stable-diffusion.cpp ``latent-preview.h``'s Wan 2.1 factors for
+Qwen-Image, on its normalised diffusion latent as sd-cli previews it). FLUX.2's apply per channel of its 32-channel latent: sd-cli unpatchifies
 the 128 diffusion channels 2x2 first, so one latent cell is 2x2 pixels. Per latent cell: ``rgb = latent @ P + b``, then ``rgb * 0.5 + 0.5``
 clamped to [0, 1] and scaled to 0..255 with truncation, as sd-cli writes it. One latent cell
 becomes one pixel (``scale`` repeats it for display).
@@ -69,15 +70,28 @@ _FLUX2 = (  # per channel of the 32-channel FLUX.2 latent (the 128 diffusion cha
     [-0.028738, -0.098463, -0.107619],
 )  # fmt: skip
 
+_WAN21 = (  # the Wan 2.1 autoencoder's 16 channels (Qwen-Image's): sd-cli's wan_21_latent_rgb_proj
+    [[0.015123, -0.148418, 0.479828], [0.003652, -0.010680, -0.037142],
+     [0.212264, 0.063033, 0.016779], [0.232999, 0.406476, 0.220125],
+     [-0.051864, -0.082384, -0.069396], [0.085005, -0.161492, 0.010689],
+     [-0.245369, -0.506846, -0.117010], [-0.151145, 0.017721, 0.007207],
+     [-0.293239, -0.207936, -0.421135], [-0.187721, 0.050783, 0.177649],
+     [-0.013067, 0.265964, 0.166578], [0.028327, 0.109329, 0.108642],
+     [-0.205343, 0.043991, 0.148914], [0.014307, -0.048647, -0.007219],
+     [0.217150, 0.053074, 0.319923], [0.155357, 0.083156, 0.064780]],
+    [-0.270270, -0.234976, -0.456853],
+)  # fmt: skip
+
 #: Latent format (a family's :attr:`~sdplan.core.families.declaration.Family.latent_format`)
 #: -> ``(P, b)``: the SD 1.x/2.x VAE, SDXL's, the 16-channel FLUX.1 autoencoder (also
-#: Chroma's and Z-Image's), SD3's, and FLUX.2's 32-channel one.
+#: Chroma's and Z-Image's), SD3's, FLUX.2's 32-channel one, and Wan 2.1's (Qwen-Image's).
 PROJECTIONS: dict[str, tuple[list[list[float]], list[float]]] = {
     "sd_vae": _SD,
     "sdxl_vae": _SDXL,
     "flux_ae": _FLUX,
     "sd3_ae": _SD3,
     "flux2_ae": _FLUX2,
+    "wan21_vae": _WAN21,
 }
 
 
