@@ -222,7 +222,8 @@ def module_summary(request: Mapping[str, Any]) -> list[str]:
         parts.append(f"denoise {_num(fix.denoising_strength)}")
         out.append(", ".join(parts))
     if request.get("control_net"):
-        ctl = request.get("control") if isinstance(request.get("control"), Mapping) else request
+        given = request.get("control")
+        ctl: Mapping[str, Any] = given if isinstance(given, Mapping) else request
         strength = ctl.get("control_strength")
         text = f"ControlNet {Path(str(request['control_net'])).name} × " \
                f"{_num(float(strength) if strength is not None else 0.9)}"
