@@ -35,7 +35,7 @@ from sdplan.core.planning.vae_tiling import VaeTiling, convert_tile_size
 
 __all__ = ["GROUP_OPTIONS", "option_refusals", "esrgan_models", "late_modules",
            "late_module_profile", "with_late_modules", "peak_size", "module_flags",
-           "module_summary", "UPSCALER_WEIGHT_BYTES"]
+           "module_summary", "command_changes", "UPSCALER_WEIGHT_BYTES"]
 
 #: The generation panel's groups -> the registry option each one sets.
 GROUP_OPTIONS = {"hires": o.HIRES, "vae_tiling": o.VAE_TILING, "control": o.CONTROL}
@@ -243,4 +243,25 @@ def module_summary(request: Mapping[str, Any]) -> list[str]:
     up = next(iter(files.get("upscale_model") or ()), None) if isinstance(files, Mapping) else None
     if up:
         out.append(f"upscaler {Path(str(up)).name}")
+    return out
+
+
+def command_changes(before: str, after: str) -> list[str]:
+    """What ``after`` (a shell-quoted command line) changes of ``before``, token by token, for
+    people: ``+ --auto-fit off`` (added), ``- --stream-layers`` (left out),
+    ``--vae-tile-size 16x16 → 128x128`` (a value changed; the flag before it named). Empty when
+    they are the same."""
+    import difflib
+    import shlex
+
+    a, b = shlex.split(before), shlex.split(after)
+    out: list[str] = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op == "insert":
+            out.append("+ " + shlex.join(b[j1:j2]))
+        elif op == "delete":
+            out.append("- " + shlex.join(a[i1:i2]))
+        elif op == "replace":
+            flag = a[i1 - 1] + " " if i1 > 0 and a[i1 - 1].startswith("-") and not a[i1].startswith("-") else ""
+            out.append(f"{flag}{shlex.join(a[i1:i2])} → {shlex.join(b[j1:j2])}")
     return out
