@@ -91,27 +91,39 @@ class ModuleGroups(QWidget):
         self._hires(lay)
         self._tiling(lay)
         self._control(lay)
-        for key, box in self.groups.items():
-            box.setCheckable(True)
+        for box in self.groups.values():
             box.setChecked(False)
             box.toggled.connect(self._emit)
-            note = QLabel()
-            note.setObjectName("Caption")
-            note.setWordWrap(True)
-            note.hide()
-            self.notes[key] = note
-            lay.addWidget(note)
 
     # ------------------------------------------------------------------ building
     def _group(self, lay: QVBoxLayout, key: str, title: str, tip: str) -> QFormLayout:
         box = QGroupBox(title)
+        box.setCheckable(True)
         box.setToolTip(tip)
         self._tips[key] = tip
-        form = QFormLayout(box)
+        body = QWidget()  # shown while the group is on: an unchecked group is its title alone
+        body.setVisible(False)
+        inner = QVBoxLayout(box)
+        inner.setContentsMargins(0, 0, 0, 0)
+        inner.addWidget(body)
+
+        def show(on: bool) -> None:
+            body.setVisible(on)
+            inner.setContentsMargins(*((8, 2, 8, 4) if on else (0, 0, 0, 0)))
+
+        box.toggled.connect(show)
+        form = QFormLayout(body)
+        form.setContentsMargins(0, 0, 0, 0)
         form.setHorizontalSpacing(8)
         form.setVerticalSpacing(4)
         lay.addWidget(box)
+        note = QLabel()  # the family's refusal, under its group
+        note.setObjectName("Caption")
+        note.setWordWrap(True)
+        note.hide()
+        lay.addWidget(note)
         self.groups[key] = box
+        self.notes[key] = note
         return form
 
     def _hires(self, lay: QVBoxLayout) -> None:
