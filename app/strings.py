@@ -213,7 +213,6 @@ class StringsPanel(QFrame):
                                 "on|off, image-pixel VAE tiles) or the snapshot the spec was "
                                 "recorded from; as planned writes the flags as the board holds them")
         self.dialect.activated.connect(self._dialect_chosen)
-        cmd_head.addWidget(self.dialect)
         cmd_head.addStretch(1)
         self.buttons: dict[str, QPushButton] = {}
         for key, text, tip, sig in (
@@ -237,12 +236,15 @@ class StringsPanel(QFrame):
         self.command.setMaximumHeight(self.fontMetrics().lineSpacing() * 4 + 14)
         self.command.setToolTip("The exact sd-cli command for this plan (always in sync)")
         lay.addWidget(self.command)
+        target = QHBoxLayout()  # the dialect under the command: the buttons' row stays as wide
+        target.addWidget(self.dialect)
         self.changes = QLabel()
         self.changes.setObjectName("Caption")
         self.changes.setWordWrap(True)
         self.changes.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.changes.hide()
-        lay.addWidget(self.changes)
+        target.addWidget(self.changes, 1)
+        lay.addLayout(target)
         controller.planChanged.connect(self.refresh)
         controller.errorChanged.connect(self.show_error)
         controller.modelChanged.connect(self._model_changed)
