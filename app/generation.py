@@ -278,12 +278,16 @@ class GenerationPanel(QFrame):
 
     def _model_changed(self) -> None:
         """New model: its family's fit marks and groups; the demo model brings its own LoRA
-        folder."""
+        folder (listed without pushing the panel's fields over what an import just brought)."""
         self.module_groups.set_refusals(self.ctl.profile.architecture if self.ctl.profile else None)
         if self.inputs.folder is None and not self.ctl.generation.get("lora_model_dir"):
             own = self.ctl.session.own_lora_folder()
             if own is not None:
-                self.inputs.set_folder(own)
+                self._syncing, was = True, self._syncing
+                try:
+                    self.inputs.set_folder(own)
+                finally:
+                    self._syncing = was
                 return
         self.inputs.refresh_fit()
 

@@ -277,3 +277,41 @@ def test_the_queue_shows_each_jobs_options(tmp_path: Path) -> None:
                              " · upscaler x4.pth")
     plain = Job(id="2", label="a dog", request={"width": 64, "height": 64, "hires": {"enabled": False}})
     assert job_size(plain) == "64×64 px"
+
+
+def test_a_pasted_command_fills_the_groups_and_runs_them(qtbot, tmp_path: Path, demo_net: str,
+                                                         upscalers: Path) -> None:
+    """The hires fix, ControlNet and tiling flags of a pasted command become the groups'
+    settings (the ControlNet's file a setting, no longer a model file): the panel shows them,
+    the request carries them as the groups build them, the command writes each flag once."""
+    import shlex
+
+    picture = control_png(tmp_path / "control.png")
+    ctl = PlanController(live_inventory())
+    panel = GenerationPanel(ctl, tmp_path / "history", client_factory=lambda: None)
+    qtbot.addWidget(panel)
+    pasted = shlex.join(["sd-cli", "-m", str(demo_model_path()), "-p", "a cat", "--weird",
+                         *flags(demo_net, picture, upscalers)])
+    assert ctl.import_command(pasted).unknown[-1] == "--weird"
+    assert ctl.model_files == {"model": [str(demo_model_path())]} and ctl.kept_args == ["--weird"]
+    assert ctl.generation["prompt"] == panel.prompt.toPlainText() == "a cat"  # the demo's LoRA folder
+    # listed as the model opened did not push the panel's fields over the paste
+    g = panel.module_groups
+    assert all(box.isChecked() for box in g.groups.values())
+    assert g.hires_upscaler.currentText() == "compact_x2" and g.hires_dir.text() == str(upscalers)
+    assert (g.tile_width.value(), g.tile_height.value(), g.tile_overlap.value()) == (32, 48, 0.25)
+    assert g.control_net.text() == demo_net and g.canny.isChecked() and g.control_strength.value() == 0.8
+    assert ctl.modules() == ["diffusion", "te", "vae", "controlnet", "upscaler"]
+    req = GenerationRequest.from_dict(panel.request())
+    assert req.control_net == demo_net and req.control.image == picture and req.control.canny
+    assert req.hires.upscaler == "compact_x2" and req.hires.steps == 2 and req.vae_tiling.tile_px == (32, 48)
+    argv = shlex.split(ctl.command_line())
+    for flag in ("--control-net", "--hires", "--vae-tiling", "--canny", "--weird"):
+        assert argv.count(flag) == 1, flag
+    # the same flags read back give the same settings (nothing kept twice, nothing lost)
+    again = PlanController(live_inventory())
+    again.import_command(ctl.command_line())
+    assert {k: again.generation.get(k) for k in g.settings()} == {k: ctl.generation.get(k) for k in g.settings()}
+    # undo puts the board back as it was before the paste
+    ctl.undo_stack.undo()
+    assert not any(box.isChecked() for box in g.groups.values()) and "controlnet" not in ctl.modules()

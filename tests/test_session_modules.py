@@ -66,3 +66,21 @@ def test_summary_of_relative_tiles_and_a_malformed_part() -> None:
     assert module_summary({"vae_tiling": "junk", "hires": {"enabled": True, "scale": "x"}}) == []
     assert module_summary({"hires": {"enabled": True, "width": 1024, "upscaler": "Lanczos"}}) == \
         ["hires 1024×1024 px Lanczos, denoise 0.7"]
+
+
+def test_lifting_a_pasted_commands_module_flags() -> None:
+    from sdplan.core.session.modules import lift_module_args
+
+    got, kept = lift_module_args(["--hires", "--hires-scale", "1.5", "--weird", "--control-image", "c.png",
+                                  "--canny", "--vae-tiling", "--vae-tile-size", "32x16", "--x", "1"],
+                                 "cn.safetensors", "snapshot", 8)
+    assert got["hires"]["scale"] == 1.5 and got["hires"]["enabled"]
+    assert got["vae_tiling"]["tile_px"] == [256, 128]  # the snapshot's latent pixels, times 8
+    assert (got["control_net"], got["control_image"], got["control_strength"], got["canny"]) == \
+        ("cn.safetensors", "c.png", 0.9, True)
+    assert kept == ["--weird", "--x", "1"]
+    # without --hires (sd-cli ignores them) or a ControlNet file, and malformed values: kept as written
+    got, kept = lift_module_args(["--hires-scale", "1.5", "--control-image", "c.png", "--vae-tile-size", "0x",
+                                  "--hires", "--hires-steps", "x"], None, None, 8)
+    assert got == {} and kept == ["--hires-scale", "1.5", "--control-image", "c.png", "--vae-tile-size", "0x",
+                                  "--hires", "--hires-steps", "x"]

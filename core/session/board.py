@@ -376,7 +376,7 @@ class BoardSession(Estimates):
         except SdplanError as exc:
             modules, notes = [], [*notes, f"hires, ControlNet and tiling flags left out: {exc}"]
         line = sdcli_command_line(placement, self.model_files, gen,
-                                  extra=merge_flags(kept, [*self.model_file_flags, *modules]),
+                                  extra=merge_flags([*modules, *kept], self.model_file_flags),
                                   raw=self.generation_text, dialect=dialect)
         return line, notes
 

@@ -35,7 +35,7 @@ from sdplan.core.planning.vae_tiling import VaeTiling, convert_tile_size
 
 __all__ = ["GROUP_OPTIONS", "option_refusals", "esrgan_models", "late_modules",
            "late_module_profile", "with_late_modules", "peak_size", "module_flags",
-           "module_summary", "command_changes", "UPSCALER_WEIGHT_BYTES"]
+           "module_summary", "command_changes", "lift_module_args", "UPSCALER_WEIGHT_BYTES"]
 
 #: The generation panel's groups -> the registry option each one sets.
 GROUP_OPTIONS = {"hires": o.HIRES, "vae_tiling": o.VAE_TILING, "control": o.CONTROL}
@@ -265,3 +265,88 @@ def command_changes(before: str, after: str) -> list[str]:
             flag = a[i1 - 1] + " " if i1 > 0 and a[i1 - 1].startswith("-") and not a[i1].startswith("-") else ""
             out.append(f"{flag}{shlex.join(a[i1:i2])} → {shlex.join(b[j1:j2])}")
     return out
+
+
+#: ``--hires-*`` flags -> the hires fix's attribute and its type.
+_HIRES_FLAGS = {"--hires-upscaler": ("upscaler", str), "--hires-upscalers-dir": ("upscalers_dir", str),
+                "--hires-scale": ("scale", float), "--hires-width": ("width", int),
+                "--hires-height": ("height", int), "--hires-steps": ("steps", int),
+                "--hires-denoising-strength": ("denoising_strength", float)}
+_TILE_FLAGS = ("--vae-tiling", "--vae-tile-size", "--vae-tile-overlap", "--vae-relative-tile-size")
+_CONTROL_FLAGS = ("--control-image", "--control-strength", "--canny")
+
+
+def lift_module_args(kept: Sequence[str], control_net: str | None, dialect: str | None,
+                     scale: int) -> tuple[dict[str, Any], list[str]]:
+    """A pasted command's kept arguments split into the settings of the panel's groups
+    (sd-cli's request keys ``hires``, ``vae_tiling``, ``control_net``, ``control_image``,
+    ``control_strength``, ``canny``) and the arguments still kept, in order.
+
+    The hires flags are taken with ``--hires`` (without it sd-cli ignores them: they stay
+    kept); the ControlNet's with its file ``control_net`` (a pasted ``--control-net``); the
+    VAE tiling's always, ``--vae-tile-size`` read in ``dialect``'s units (snapshot: latent
+    pixels, ``scale`` image pixels each; None: image pixels). A part whose values sd-cli would
+    refuse stays kept as written (the written command carries it; the request names it).
+    """
+    from sdplan.core.planning.sdcli import parse_sdcli_args
+    from sdplan.core.planning.vae_tiling import parse_overlap, parse_relative_size, parse_tile_size
+
+    args = parse_sdcli_args(list(kept))
+    given = {a.flag for a in args}
+    parts: dict[str, list[Any]] = {"hires": [], "tiles": [], "control": []}
+    rest: list[Any] = []
+    for a in args:
+        if a.flag == "--hires" or (a.flag in _HIRES_FLAGS and a.values and "--hires" in given):
+            parts["hires"].append(a)
+        elif a.flag in _TILE_FLAGS and (a.values or a.flag == "--vae-tiling"):
+            parts["tiles"].append(a)
+        elif a.flag in _CONTROL_FLAGS and control_net and (a.values or a.flag == "--canny"):
+            parts["control"].append(a)
+        else:
+            rest.append(a)
+    out: dict[str, Any] = {}
+    if parts["hires"]:
+        d: dict[str, Any] = {"enabled": True}
+        try:
+            for a in parts["hires"]:
+                if a.flag in _HIRES_FLAGS:
+                    key, typ = _HIRES_FLAGS[a.flag]
+                    d[key] = typ(a.values[0])
+            out["hires"] = HiresFix.from_request({"hires": d}).to_json()
+        except (ValueError, InvalidArgument):
+            rest += parts["hires"]
+    if parts["tiles"]:
+        tiling = VaeTiling()
+        try:
+            for a in parts["tiles"]:
+                if a.flag == "--vae-tiling":
+                    tiling = replace(tiling, enabled=True)
+                elif a.flag == "--vae-tile-size":
+                    text = convert_tile_size(a.values[0], dialect or "newest", "newest", scale)
+                    tiling = replace(tiling, tile_px=parse_tile_size(text))
+                elif a.flag == "--vae-tile-overlap":
+                    tiling = replace(tiling, overlap=min(max(parse_overlap(a.values[0]), 0.0), 0.5))
+                else:
+                    tiling = replace(tiling, relative=parse_relative_size(a.values[0]))
+            out["vae_tiling"] = tiling.to_json()
+        except PlanError:
+            rest += parts["tiles"]
+    if control_net:
+        c: dict[str, Any] = {"control_net": control_net, "control_image": None, "control_strength": 0.9,
+                             "canny": False}
+        try:
+            for a in parts["control"]:
+                if a.flag == "--canny":
+                    c["canny"] = True
+                elif a.flag == "--control-image":
+                    c["control_image"] = a.values[0]
+                else:
+                    c["control_strength"] = float(a.values[0])
+                    if not math.isfinite(c["control_strength"]):
+                        raise ValueError(a.values[0])
+            out.update(c)
+        except ValueError:
+            rest += parts["control"]
+            out["control_net"] = control_net
+    order = {id(a): i for i, a in enumerate(args)}
+    return out, [t for a in sorted(rest, key=lambda a: order[id(a)]) for t in a.tokens]
