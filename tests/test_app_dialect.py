@@ -80,6 +80,9 @@ def test_the_choice_is_kept_in_the_saved_session(qtbot, tmp_path) -> None:
     ctl = PlanController(D)
     ctl.load_model_files({"model": [str(demo_model_path())]})
     ctl.set_sdcli_dialect("snapshot")
+    hires = {"enabled": True, "upscaler": "Lanczos", "scale": 1.5, "width": 0, "height": 0, "steps": 4,
+             "denoising_strength": 0.5, "upscalers_dir": None}
+    ctl.set_generation(vae_tiling=TILES, hires=hires)
     doc = json.loads(json.dumps(ctl.plan_json()))
     assert doc["sdcli_dialect"] == "snapshot"
     qs = QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat)
@@ -88,7 +91,9 @@ def test_the_choice_is_kept_in_the_saved_session(qtbot, tmp_path) -> None:
     assert again.sdcli_dialect is None
     assert restore_last_plan(again, qs) == (True, None)
     assert again.sdcli_dialect == "snapshot"
+    assert again.generation["vae_tiling"] == TILES and again.generation["hires"] == hires
     assert again.command_line() == ctl.command_line()
+    assert "--vae-tile-size 16x16" in again.command_line() and "--hires-scale 1.5" in again.command_line()
     # a saved plan without the key (or with another value) writes as held
     again.load_plan_json({**doc, "sdcli_dialect": "1.0"})
     assert again.sdcli_dialect is None
