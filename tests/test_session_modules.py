@@ -84,3 +84,17 @@ def test_lifting_a_pasted_commands_module_flags() -> None:
                                   "--hires", "--hires-steps", "x"], None, None, 8)
     assert got == {} and kept == ["--hires-scale", "1.5", "--control-image", "c.png", "--vae-tile-size", "0x",
                                   "--hires", "--hires-steps", "x"]
+
+
+def test_a_pasted_tile_size_of_unknown_dialect_is_said() -> None:
+    from sdplan.core.pipelines.demo.model import demo_model_path
+    from sdplan.core.planning.inventory import Device, Inventory
+    from sdplan.core.session.session import Session
+
+    s = Session(Inventory((Device("CPU", "host", "cpu", "CPU", 8 << 30, 8 << 30),)))
+    pasted = s.import_command(f"sd-cli -m {demo_model_path()} -p x --vae-tiling --vae-tile-size 32")
+    assert s.generation["vae_tiling"]["tile_px"] == [32, 32]
+    assert pasted.notes == ["--vae-tile-size read in image pixels (the newest sd-cli's); the command does not "
+                            "show whether it was written for the snapshot, whose tiles are latent pixels"]
+    pasted = s.import_command(f"sd-cli -m {demo_model_path()} -p x --auto-fit --vae-tile-size 32")  # snapshot
+    assert s.generation["vae_tiling"]["tile_px"] == [256, 256] and pasted.notes == []

@@ -200,6 +200,11 @@ def import_command(session: BoardSession, text: str) -> PastedCommand:
                 notes.append(f"model files not on this machine: {names}; {sizes}")
             elif model.profile is None:
                 notes.append(sizes)
+        tiles = (lifted.get("vae_tiling") or {}).get("tile_px") or [0, 0]
+        if any(tiles) and cmd.dialect is None:  # spec section 14.7: said, not guessed silently
+            notes.append("--vae-tile-size read in image pixels (the newest sd-cli's); the "
+                         "command does not show whether it was written for the snapshot, "
+                         "whose tiles are latent pixels")
         session.generation = {**sdcli_defaults(model.architecture), "prompt": "",
                               **cmd.generation, **lifted}
         session.generation_text = dict(cmd.generation_text)
