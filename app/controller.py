@@ -85,7 +85,8 @@ class PlanController(QObject):
 
     Signals:
         planChanged(str): the plan or fit changed; the argument is the source of the change
-            (``board``, ``strings``, ``undo``, ``load``, ``generation``). String fields
+            (``board``, ``strings``, ``undo``, ``load``, ``generation``, ``dialect``: the
+            sd-cli dialect of the written command). String fields
             rewrite themselves unless the source is ``strings`` (the user is typing there).
         errorChanged(object): the current :class:`PlanError` of the flag fields, or None.
         inventoryChanged(): devices changed (columns to rebuild).
@@ -335,8 +336,39 @@ class PlanController(QObject):
         return True
 
     def command_line(self) -> str:
-        """The full sd-cli command for the model files, placement and generation settings."""
+        """The full sd-cli command for the model files, placement and generation settings,
+        written for :attr:`sdcli_dialect`."""
         return self.session.command_line()
+
+    @property
+    def sdcli_dialect(self) -> str | None:
+        """The sd-cli dialect the command is written for (``newest``, ``snapshot``; None: the
+        placement as held)."""
+        return self.session.sdcli_dialect
+
+    def set_sdcli_dialect(self, dialect: str | None) -> None:
+        """Write the command for ``dialect`` from now on (kept in the saved plan); views
+        redraw (``planChanged("dialect")``).
+
+        Raises:
+            PlanError: an unknown dialect.
+        """
+        if dialect != self.session.sdcli_dialect:
+            self.session.set_sdcli_dialect(dialect)
+            self.planChanged.emit("dialect")
+
+    def dialect_changes(self) -> list[str]:
+        """What the command for the chosen dialect changes of the one for the other dialect
+        (``+ --auto-fit off``...; :func:`~sdplan.core.session.modules.command_changes`), then
+        the notes on what writing it added or left out; empty with no dialect chosen."""
+        from sdplan.core.session.modules import command_changes
+
+        dialect = self.session.sdcli_dialect
+        if dialect is None:
+            return []
+        other = "snapshot" if dialect == "newest" else "newest"
+        line, notes = self.session.written_command(dialect)
+        return [*command_changes(self.session.written_command(other)[0], line), *notes]
 
     # ------------------------------------------------------------------ imports
     def import_command(self, text: str) -> PastedCommand:

@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 from sdplan.app.controller import PlanController
 from sdplan.app.history_strip import HistoryStrip
 from sdplan.app.inputs import InputsPanel
+from sdplan.app.module_groups import ModuleGroups
 from sdplan.app.pictures import to_qimage, write_pictures
 from sdplan.app.settings_form import settings_form
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
@@ -102,6 +103,9 @@ class GenerationPanel(QFrame):
         #: LoRAs and the picture to start from (sdplan.app.inputs).
         self.inputs = InputsPanel(self._insert_tag, self._model_family, self._lora_table)
         lay.addWidget(self.inputs)
+        #: The hires fix, VAE tiling and ControlNet groups (sdplan.app.module_groups).
+        self.module_groups = ModuleGroups()
+        lay.addWidget(self.module_groups)
         buttons = QHBoxLayout()
         self.generate_btn = QPushButton("Generate")
         self.generate_btn.setObjectName("Primary")
@@ -176,6 +180,8 @@ class GenerationPanel(QFrame):
         self.prompt.textChanged.connect(self._sync)
         self.negative.textChanged.connect(self._sync)
         self.inputs.changed.connect(self._sync)
+        self.module_groups.changed.connect(self._sync)
+        self.module_groups.changed.connect(self.update_state)
         controller.modelChanged.connect(self.update_state)
         controller.modelChanged.connect(self._fill_presets)
         controller.modelChanged.connect(self._model_changed)
@@ -204,6 +210,7 @@ class GenerationPanel(QFrame):
         if self.negative.toPlainText() != str(g.get("negative_prompt") or ""):
             self.negative.setPlainText(str(g.get("negative_prompt") or ""))
         self.inputs.load(g)
+        self.module_groups.load(g)
 
     def _fill_presets(self) -> None:
         """The size presets of the loaded model's family (SDXL's buckets for SDXL)."""
@@ -244,7 +251,7 @@ class GenerationPanel(QFrame):
                 "steps": self.steps.value(), "cfg_scale": self.cfg.value(),
                 "seed": self.seed.value(), "sampling_method": self.sampler.currentText(),
                 "scheduler": self.schedule.currentText(), "batch_count": self.batch.value(),
-                **self._inputs()}
+                **self._inputs(), **self.module_groups.settings()}
 
     def _inputs(self) -> dict[str, Any]:
         """The inputs' keys, the LoRA ones only with a tag in the prompt (and the apply mode
@@ -270,11 +277,17 @@ class GenerationPanel(QFrame):
         return self.ctl.session.lora_table()
 
     def _model_changed(self) -> None:
-        """New model: its family's fit marks; the demo model brings its own LoRA folder."""
+        """New model: its family's fit marks and groups; the demo model brings its own LoRA
+        folder (listed without pushing the panel's fields over what an import just brought)."""
+        self.module_groups.set_refusals(self.ctl.profile.architecture if self.ctl.profile else None)
         if self.inputs.folder is None and not self.ctl.generation.get("lora_model_dir"):
             own = self.ctl.session.own_lora_folder()
             if own is not None:
-                self.inputs.set_folder(own)
+                self._syncing, was = True, self._syncing
+                try:
+                    self.inputs.set_folder(own)
+                finally:
+                    self._syncing = was
                 return
         self.inputs.refresh_fit()
 

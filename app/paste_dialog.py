@@ -20,6 +20,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+from sdplan.core.errors import SdplanError
+from sdplan.core.session.modules import module_flags
 from sdplan.core.session.paste import CommandPreview
 from sdplan.core.session.session import Session
 
@@ -53,6 +55,13 @@ def describe_preview(preview: CommandPreview) -> str:
             value = html.escape(str(preview.settings[key]))
             parts.append(f"{flag} {value}" + ("" if key in given else " <i>(default)</i>"))
     lines.append("Settings: " + ", ".join(parts))
+    try:
+        modules = module_flags(preview.settings)
+    except SdplanError:  # shown as kept: the request names what is wrong
+        modules = []
+    if modules:
+        lines.append("Hires fix, ControlNet, VAE tiling (the panel's groups): <code>"
+                     + html.escape(" ".join(modules)) + "</code>")
     if preview.kept:
         lines.append("Kept as written: <code>" + html.escape(" ".join(preview.kept)) + "</code>")
     if preview.unknown:

@@ -44,6 +44,7 @@ from sdplan.app.generation import GenerationPanel
 from sdplan.app.history_strip import thumbnail
 from sdplan.app.worker import GenerationWorker
 from sdplan.core.pipelines.job_queue import Job, JobQueue
+from sdplan.core.session.modules import module_summary
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +53,14 @@ STATE_MARKS = {"queued": "○", "running": "▶", "done": "✓", "failed": "✕"
 
 
 def job_size(job: Job) -> str:
-    """``W×H px`` (``, batch N`` when more than one) of a job's request."""
+    """``W×H px`` (``, batch N`` when more than one) of a job's request, then the hires fix,
+    ControlNet, VAE tiles and upscaler it runs
+    (:func:`~sdplan.core.session.modules.module_summary`)."""
     r = job.request
     text = f"{r.get('width') or '?'}×{r.get('height') or '?'} px"
     batch = int(r.get("batch_count") or 1)
-    return text + (f", batch {batch}" if batch > 1 else "")
+    return text + (f", batch {batch}" if batch > 1 else "") + "".join(
+        f" · {part}" for part in module_summary(r))
 
 
 def clock(seconds: float | None) -> str:
@@ -518,7 +522,7 @@ class QueuePanel(QFrame):
             shown = next((p for p in job.results if Path(p).is_file()), None)
             if shown is not None:  # a finished job shows its first picture
                 item.setIcon(thumbnail(shown, 40))
-            tip = [job.label, f"state: {job.state}"]
+            tip = [job.label, f"state: {job.state}", *module_summary(job.request)]
             if job.error:
                 tip.append(job.error)
             tip += [f"result: {Path(p).name}" for p in job.results]

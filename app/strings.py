@@ -25,6 +25,7 @@ from PySide6.QtGui import (
     QTextCharFormat,
 )
 from PySide6.QtWidgets import (
+    QComboBox,
     QFrame,
     QGridLayout,
     QHBoxLayout,
@@ -59,6 +60,10 @@ VRAM_HELP = (
     "<code>10</code> every GPU · <code>CUDA0=8,CUDA1=6</code> per device · "
     "<code>-2</code> keep 2 GiB free · <code>0</code> no budget. Single-device modules "
     "then run in segments that fit.")
+
+#: The sd-cli targets the written command offers: (shown, dialect; None: as the board holds it).
+DIALECT_CHOICES = (("as planned", None), ("sd-cli newest", "newest"),
+                   ("sd-cli snapshot", "snapshot"))
 
 
 class FlagField(QLineEdit):
@@ -201,6 +206,13 @@ class StringsPanel(QFrame):
         ct = QLabel("SD-CLI COMMAND")
         ct.setObjectName("Section")
         cmd_head.addWidget(ct)
+        self.dialect = QComboBox()
+        for text, value in DIALECT_CHOICES:
+            self.dialect.addItem(text, value)
+        self.dialect.setToolTip("The sd-cli the command is written for: the newest (auto-fit "
+                                "on|off, image-pixel VAE tiles) or the snapshot the spec was "
+                                "recorded from; as planned writes the flags as the board holds them")
+        self.dialect.activated.connect(self._dialect_chosen)
         cmd_head.addStretch(1)
         self.buttons: dict[str, QPushButton] = {}
         for key, text, tip, sig in (
@@ -224,6 +236,15 @@ class StringsPanel(QFrame):
         self.command.setMaximumHeight(self.fontMetrics().lineSpacing() * 4 + 14)
         self.command.setToolTip("The exact sd-cli command for this plan (always in sync)")
         lay.addWidget(self.command)
+        target = QHBoxLayout()  # the dialect under the command: the buttons' row stays as wide
+        target.addWidget(self.dialect)
+        self.changes = QLabel()
+        self.changes.setObjectName("Caption")
+        self.changes.setWordWrap(True)
+        self.changes.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.changes.hide()
+        target.addWidget(self.changes, 1)
+        lay.addLayout(target)
         controller.planChanged.connect(self.refresh)
         controller.errorChanged.connect(self.show_error)
         controller.modelChanged.connect(self._model_changed)
@@ -305,6 +326,16 @@ class StringsPanel(QFrame):
         self.warnings.setText("\n".join("⚠ " + w for w in warns))
         self.warnings.setVisible(bool(warns))
         self.command.setPlainText(self.ctl.command_line())
+        i = self.dialect.findData(self.ctl.sdcli_dialect)
+        self.dialect.setCurrentIndex(max(i, 0))
+        changes = self.ctl.dialect_changes()
+        other = "snapshot" if self.ctl.sdcli_dialect == "newest" else "newest"
+        self.changes.setText(f"For sd-cli {self.ctl.sdcli_dialect}, against the {other}: "
+                             + " · ".join(changes) if changes else "")
+        self.changes.setVisible(bool(changes))
+
+    def _dialect_chosen(self, index: int) -> None:
+        self.ctl.set_sdcli_dialect(self.dialect.itemData(index))
 
     def show_error(self, err: PlanError | None) -> None:
         """Underline the span of ``err`` in its field and show the message (None clears)."""

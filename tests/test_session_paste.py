@@ -98,9 +98,11 @@ def test_preview_changes_nothing_and_import_replaces_the_settings(tmp_path: Path
     assert preview.placement == {"backend": "CUDA1", "params_backend": "", "max_vram": ""}
     assert preview.settings == {"width": 512, "height": 512, "steps": 6, "cfg_scale": 1.0,
                                 "sampling_method": "euler", "scheduler": "default", "seed": 7,
-                                "batch_count": 1, "prompt": "a harbour"}
-    assert preview.given == ("prompt", "steps", "seed")
-    assert preview.kept == ("--vae-tiling",) and preview.unknown == ("--bogus",)
+                                "batch_count": 1, "prompt": "a harbour",  # --vae-tiling: the panel's
+                                "vae_tiling": {"enabled": True, "tile_px": [0, 0], "overlap": 0.5,
+                                               "relative": None}}
+    assert preview.given == ("prompt", "steps", "seed", "vae_tiling")
+    assert preview.kept == () and preview.unknown == ("--bogus",)
     assert s.preview_command("sd-cli --backend 'x").error is not None
     pasted = s.import_command(text)
     assert s.generation == preview.settings  # the previous CFG, size, guidance, clip skip gone

@@ -66,7 +66,11 @@ class BoardSession(Estimates):
                  inventory_source: InventorySource | None = None,
                  notify: Callable[[str], None] | None = None) -> None:
         self.inventory = inventory
-        self.profile = profile
+        self._profile = profile
+        self._late: tuple[object, Profile | None] = (None, None)
+        #: The sd-cli dialect the written command is for (``newest``, ``snapshot``; None:
+        #: the placement's flags as held, a pasted command's own spelling).
+        self.sdcli_dialect: str | None = None
         self.inventory_source = inventory_source
         self.notify: Callable[[str], None] = notify or (lambda text: None)
         self.rpc_devices: list[Device] = [d for d in inventory if d.registry.upper() == "RPC"]
@@ -88,6 +92,26 @@ class BoardSession(Estimates):
         self.estimate()
 
     # ------------------------------------------------------------------ state
+    @property
+    def profile(self) -> Profile | None:
+        """The profile planned with: the files' (or a built-in one) with the ``upscaler`` and
+        ``controlnet`` modules the generation settings run
+        (:func:`~sdplan.core.session.modules.with_late_modules`, read once per file)."""
+        from sdplan.core.session.modules import late_modules, with_late_modules
+
+        late = late_modules(self.generation, self.model_files) if self._profile is not None else {}
+        key = (self._profile, tuple(sorted(late.items())))
+        if self._late[0] != key:
+            notes: list[str] = []
+            self._late = (key, with_late_modules(self._profile, late, notes))
+            for note in notes:
+                self.notify(note)
+        return self._late[1]
+
+    @profile.setter
+    def profile(self, profile: Profile | None) -> None:
+        self._profile = profile
+
     def modules(self) -> list[str]:
         """Modules shown as cards: the profile's, those the user added, and those the
         placement names explicitly; in :data:`MODULES` order."""
@@ -132,7 +156,7 @@ class BoardSession(Estimates):
     def snapshot(self) -> SessionState:
         """Everything a paste or an import changes, as one value (:meth:`restore` puts it back)."""
         return SessionState(self.placement, {k: list(v) for k, v in self.model_files.items()},
-                            self.profile, tuple(self.model_file_flags), self.size_multiple,
+                            self._profile, tuple(self.model_file_flags), self.size_multiple,
                             dict(self.generation), dict(self.generation_text),
                             tuple(self.kept_args), tuple(self.extra_modules),
                             tuple(self.missing_files), self.profile_source)
@@ -307,14 +331,67 @@ class BoardSession(Estimates):
         return comma_split_hints(backend)
 
     def command_line(self) -> str:
-        """The full sd-cli command for the model files, placement and generation settings."""
-        from sdplan.core.planning.sdcli import GENERATION_FLAGS, merge_flags, sdcli_command_line
+        """The full sd-cli command for the model files, placement and generation settings
+        (with the hires fix, ControlNet and VAE tiling flags), written for
+        :attr:`sdcli_dialect` (:meth:`written_command`)."""
+        return self.written_command()[0]
 
+    def written_command(self, dialect: str | None = None) -> tuple[str, list[str]]:
+        """``(command, notes)``: the sd-cli command for ``dialect`` (default
+        :attr:`sdcli_dialect`; None writes the placement as held) and what writing it for that
+        dialect added or left out (:func:`~sdplan.core.planning.sdcli_write.written_placement`:
+        ``--auto-fit off`` where the newest sd-cli's auto-fit would move weights; kept options
+        the dialect lacks).
+
+        Raises:
+            nothing: a placement the dialect cannot write as planned is written as held, its
+            PlanError in the notes.
+        """
+        from sdplan.core.planning.sdcli import (
+            GENERATION_FLAGS,
+            kept_for_dialect,
+            merge_flags,
+            sdcli_command_line,
+        )
+        from sdplan.core.planning.sdcli_write import written_placement
+        from sdplan.core.planning.vae_tiling import vae_scale_factor
+        from sdplan.core.session.modules import module_flags
+
+        dialect = self.sdcli_dialect if dialect is None else dialect
         gen = {k: v for k, v in self.generation.items()
                if v not in (None, "") and k in GENERATION_FLAGS}
-        return sdcli_command_line(self.placement, self.model_files, gen,
-                                  extra=merge_flags(self.kept_args, self.model_file_flags),
-                                  raw=self.generation_text)
+        placement, notes, kept = self.placement, [], list(self.kept_args)
+        arch = self.profile.architecture if self.profile is not None else None
+        if dialect is not None:
+            try:
+                placement, notes = written_placement(self.plan, dialect, self.inventory,
+                                                     self.profile)
+            except PlanError as exc:
+                notes = [f"placement written as held: {exc}"]
+            kept, dropped = kept_for_dialect(kept, dialect)
+            notes += [f"{a} left out (sd-cli {dialect} has no such option)" for a in dropped
+                      if a.startswith("-")]
+        try:
+            modules = module_flags(self.generation, dialect, vae_scale_factor(arch))
+        except SdplanError as exc:
+            modules, notes = [], [*notes, f"hires, ControlNet and tiling flags left out: {exc}"]
+        line = sdcli_command_line(placement, self.model_files, gen,
+                                  extra=merge_flags([*modules, *kept], self.model_file_flags),
+                                  raw=self.generation_text, dialect=dialect)
+        return line, notes
+
+    def set_sdcli_dialect(self, dialect: str | None) -> None:
+        """Write the sd-cli command for ``dialect`` (``newest``, ``snapshot``; None: as held).
+
+        Raises:
+            PlanError: ``invalid_dialect`` for another name.
+        """
+        from sdplan.core.planning.target import DIALECTS
+
+        if dialect is not None and dialect not in DIALECTS:
+            raise PlanError("invalid_dialect", f"sd-cli dialect {dialect!r}: one of "
+                            f"{', '.join(DIALECTS)}")
+        self.sdcli_dialect = dialect
 
     # ------------------------------------------------------------------ models
     def load_model_files(self, flags: Mapping[str, Sequence[str]], *, strict: bool = True) -> str | None:
@@ -469,8 +546,12 @@ class BoardSession(Estimates):
         changed = {k: v for k, v in values.items() if self.generation.get(k) != v}
         if not changed:
             return False
+        before = self.profile
         self.generation.update(changed)
-        self.estimate()
+        if self.profile is not before:  # an upscaler or ControlNet came or went: placed anew
+            self._replan(self.placement)
+        else:
+            self.estimate()
         return True
 
     def auto_plan_review(self) -> Any:
@@ -493,8 +574,11 @@ class BoardSession(Estimates):
     def plan_json(self) -> dict[str, object]:
         """The plan as saved by "Export plan"
         (:func:`sdplan.core.planning.session.plan_document`)."""
-        return plan_document(self.plan, self.model_files, self.generation, self.extra_modules,
-                             self.fit)
+        doc = plan_document(self.plan, self.model_files, self.generation, self.extra_modules,
+                            self.fit)
+        if self.sdcli_dialect is not None:
+            doc["sdcli_dialect"] = self.sdcli_dialect
+        return doc
 
     def save_plan(self, path: str | Path) -> None:
         """Write :meth:`plan_json` to ``path`` (raises OSError)."""

@@ -46,17 +46,25 @@ class Estimates:
         return (int(g.get("width") or 1024), int(g.get("height") or 1024),
                 int(g.get("batch_count") or 1))
 
+    def peak_size(self) -> tuple[int, int, int]:
+        """:meth:`size` with the largest picture the run samples: the hires fix's second
+        pass when it is on (:func:`~sdplan.core.session.modules.peak_size`)."""
+        from sdplan.core.session.modules import peak_size
+
+        w, h = peak_size(self.generation, self.profile.architecture if self.profile else None)
+        return w, h, self.size()[2]
+
     # ------------------------------------------------------------------ estimates
     def estimate(self) -> None:
-        """Estimate the current plan at the settings' size (``fit``; None without a
-        profile or when the estimate cannot be made: ``notify`` says why)."""
+        """Estimate the current plan at the size of its largest pass (``fit``; None without
+        a profile or when the estimate cannot be made: ``notify`` says why)."""
         self.fit = None
         self._effects = {}
         if self.profile is None:
             return
         from sdplan.core.planning.estimate import estimate_plan
 
-        size = self.size()
+        size = self.peak_size()
         try:
             self.fit = estimate_plan(self.plan, self.profile, self.inventory,
                                      width=size[0], height=size[1], batch=size[2],
@@ -68,17 +76,24 @@ class Estimates:
     def measured(self, size: tuple[int, int, int]) -> dict[str, int] | None:
         """Compute bytes per module of sdplan's engine for the open files at ``size``
         (width, height, batch), by a dry run of its graphs on the CPU
-        (:func:`~sdplan.core.pipelines.compute.measure_compute`), cached per files and size;
-        None without files or when no dry run is possible."""
+        (:func:`~sdplan.core.pipelines.compute.measure_compute`; with the settings' ControlNet
+        and VAE tiling), cached per files, size and tiling; None without files or when no dry
+        run is possible."""
         if not self.model_files:
             return None
-        key = (repr(sorted(self.model_files.items())), size)
+        files = dict(self.model_files)
+        g = self.generation
+        if g.get("control_net"):  # measured with the ControlNet's graph, as generate measures
+            files["control_net"] = [str(g["control_net"])]
+        tiling = g.get("vae_tiling") or None
+        key = (repr(sorted(files.items())), size, repr(tiling))
         if key not in self._compute_cache:
             try:
                 from sdplan.core.pipelines.compute import measure_compute
 
                 self._compute_cache[key] = measure_compute(
-                    self.model_files, width=size[0], height=size[1], batch=size[2]) or None
+                    files, width=size[0], height=size[1], batch=size[2],
+                    vae_tiling=tiling) or None
             except Exception as exc:  # noqa: BLE001 - the fitted figures stand in
                 log.info("no dry run of the engine: %s", exc)
                 self._compute_cache[key] = None

@@ -128,6 +128,23 @@ def _model(session: BoardSession, files: dict[str, list[str]]) -> _Model:
     return _Model(files, None, f"unknown: no built-in profile matches {what}")
 
 
+def _lifted(cmd: Any, model: _Model, args: list[str]
+            ) -> tuple[dict[str, Any], list[str], dict[str, list[str]]]:
+    """The hires fix, VAE tiling and ControlNet of ``args`` (the command's kept arguments) as
+    the generation panel's settings (:func:`~sdplan.core.session.modules.lift_module_args`),
+    the arguments still kept, and the model files without the command's ControlNet file (a
+    setting from now on)."""
+    from sdplan.core.planning.vae_tiling import vae_scale_factor
+    from sdplan.core.session.modules import lift_module_args
+
+    files = {k: list(v) for k, v in model.files.items()}
+    net = next(iter(_files(cmd).get("control_net") or ()), None)
+    lifted, kept = lift_module_args(args, net, cmd.dialect, vae_scale_factor(model.architecture))
+    if "control_net" in lifted:
+        files.pop("control_net", None)
+    return lifted, kept, files
+
+
 def preview_command(session: BoardSession, text: str) -> CommandPreview:
     """What ``text`` (an sd-cli command) would bring to ``session``, nothing changed (see
     :class:`CommandPreview`; a command that cannot be read gives its error)."""
@@ -140,12 +157,15 @@ def preview_command(session: BoardSession, text: str) -> CommandPreview:
         return CommandPreview(error=str(exc))
     files = _files(cmd)
     model = _model(session, files)
+    lifted, _, _ = _lifted(cmd, model, cmd.extra_args())
+    kept = _lifted(cmd, model, list(cmd.kept))[1]
     strings = cmd.placement.to_strings()
     return CommandPreview(
         files=tuple((k, p, Path(p).is_file()) for k, v in files.items() for p in v),
         placement={k: strings.get(k, "") for k in ("backend", "params_backend", "max_vram")},
-        settings={**sdcli_defaults(model.architecture), "prompt": "", **cmd.generation},
-        given=tuple(cmd.generation), kept=tuple(cmd.kept), unknown=tuple(cmd.unknown),
+        settings={**sdcli_defaults(model.architecture), "prompt": "", **cmd.generation, **lifted},
+        given=(*cmd.generation, *lifted),
+        kept=tuple(kept), unknown=tuple(cmd.unknown),
         sizes=model.sizes, architecture=model.architecture)
 
 
@@ -164,9 +184,10 @@ def import_command(session: BoardSession, text: str) -> PastedCommand:
     try:
         files = _files(cmd)
         model = _model(session, files)
+        lifted, kept, lifted_files = _lifted(cmd, model, cmd.extra_args())
         notes: list[str] = []
         if files:
-            session.model_files = model.files
+            session.model_files = lifted_files
             session.missing_files = [p for v in files.values() for p in v if not Path(p).is_file()]
             session.profile, session.model_file_flags = model.profile, model.flags
             session.size_multiple = model.multiple
@@ -179,10 +200,15 @@ def import_command(session: BoardSession, text: str) -> PastedCommand:
                 notes.append(f"model files not on this machine: {names}; {sizes}")
             elif model.profile is None:
                 notes.append(sizes)
+        tiles = (lifted.get("vae_tiling") or {}).get("tile_px") or [0, 0]
+        if any(tiles) and cmd.dialect is None:  # spec section 14.7: said, not guessed silently
+            notes.append("--vae-tile-size read in image pixels (the newest sd-cli's); the "
+                         "command does not show whether it was written for the snapshot, "
+                         "whose tiles are latent pixels")
         session.generation = {**sdcli_defaults(model.architecture), "prompt": "",
-                              **cmd.generation}
+                              **cmd.generation, **lifted}
         session.generation_text = dict(cmd.generation_text)
-        session.kept_args = cmd.extra_args()
+        session.kept_args = kept
         session.apply(cmd.placement)
     except BaseException:
         session.restore(before)

@@ -111,6 +111,8 @@ class Session(BoardSession):
             self.load_model_files(saved.model_files, strict=False)
         self.generation.update(saved.generation)
         self.extra_modules = list(saved.extra_modules)
+        dialect = data.get("sdcli_dialect") if isinstance(data, dict) else None
+        self.sdcli_dialect = dialect if dialect in ("newest", "snapshot") else None
         self.apply(saved.placement)
 
     def reuse_result(self, settings: Mapping[str, object],
