@@ -165,7 +165,8 @@ def run_sdcli(sdcli: str, argv: list[str], steps: int, log: Path) -> dict[str, f
 def sdcli_convert(sdcli: str, src: Path, dst: Path, qtype: str) -> Path:
     """``src`` converted to GGUF ``qtype`` by sd-cli (once; kept beside)."""
     if not dst.exists():
-        subprocess.run([sdcli, "-M", "convert", "-m", str(src), "-o", str(dst), "--type", qtype], check=True,
+        subprocess.run([sdcli, "-M", "convert", "-m", str(src), "-o", str(dst), "--type", qtype.replace("_k", "_K")],
+                       check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return dst
 
