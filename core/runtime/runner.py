@@ -385,6 +385,8 @@ class ModuleRunner:
         # f16 weights through the bf16 kernel where they stay f16 (AVX512_BF16); with AMX they were
         # converted as they loaded, and other f16 operands (LoRA factors) keep their f16 products
         g.f16_as_bf16 = self.bf16 and not bf16_at_load()
+        # Q8_0/Q4_K/Q5_K weights dequantised block by block into the same kernel (never at load)
+        g.quant_as_bf16 = self.bf16
         return g, names
 
     @contextlib.contextmanager
