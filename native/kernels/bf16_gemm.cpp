@@ -2,7 +2,8 @@
 //
 // The product is computed as C[n][m] = sum_k W[n][k] X[k][m]: W is the weight as stored (bf16
 // or f16, row n of K values: a linear weight [N][K], a conv kernel [OC][IC*KH*KW]); bf16 rows
-// are read in place and never re-packed, f16 rows are rounded to bf16 as they are used, into a
+// are read in place and never re-packed, f16 rows (and Q8_0 / Q4_K / Q5_K rows of a linear
+// layer, dequantised per block of 32 values) are rounded to bf16 as they are used, into a
 // buffer that stays in L2 (see run(): a thread's rows once per call where they fit half an L2,
 // else per 32 rows, or per 32 rows and chunk of k for wide blocks; run_rows(): as W is packed),
 // so the weights keep their file's dtype in memory, mapped from the file; X holds the
