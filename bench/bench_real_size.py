@@ -90,6 +90,17 @@ def sdplan_worker(argv: list[str]) -> dict[str, Any]:
             acc["@load"] = acc.get("@load", 0.0) + time.perf_counter() - t0
 
     R.ModuleRunner.run, R.ModuleRunner._load = run, load  # type: ignore[method-assign]
+    from sdplan.core.pipelines import jobs
+
+    chosen: dict[str, Any] = {}
+    start0 = jobs.start_run
+
+    def start_run(*a: Any, **k: Any) -> Any:  # the threads generate chose (it lowers -t on a busy host)
+        got = start0(*a, **k)
+        chosen.update(threads=got.threads, reason=got.reason)
+        return got
+
+    jobs.start_run = start_run  # type: ignore[assignment]
     from sdplan.core.cli import main
 
     t0 = time.perf_counter()
@@ -98,7 +109,7 @@ def sdplan_worker(argv: list[str]) -> dict[str, Any]:
     if rc:
         raise SystemExit(f"sdplan generate exited {rc}")
     # a module's run includes its run-scoped weight loads (disk residency): counted once, in load
-    return {"whole": whole, "runs": acc, "calls": calls, "peak_rss": _vm_hwm()}
+    return {"whole": whole, "runs": acc, "calls": calls, "peak_rss": _vm_hwm(), "threads": chosen}
 
 
 def _vm_hwm() -> int:
@@ -298,13 +309,14 @@ def run_family(a: argparse.Namespace, fam: str, files: dict[str, Path], px: int,
         res = _child("--sdplan-worker", argv)
         row["sdplan"] = sdplan_parts(res, steps)
         row["sdplan"]["calls"] = res["calls"]
+        row["sdplan"]["threads"] = res.get("threads", {})
         est_files = {flag.lstrip("-").replace("-", "_"): [str(p)] for flag, p in files.items()}
         placement = {"params_backend": a.params_backend} if a.params_backend else {}
         try:
             row["estimate"] = _child("--estimate-worker", [est_files, px, placement])
         except RuntimeError as exc:
             row["estimate"] = {"error": str(exc).splitlines()[-1]}
-        print(f"  sdplan: {_fmt(row['sdplan'])}", flush=True)
+        print(f"  sdplan: {_fmt(row['sdplan'])}; threads {row['sdplan']['threads']}", flush=True)
     if "sdcli" in a.parts and a.sdcli:
         sargv = gen_args(files, px, steps, cfg, sampler, a.threads, tmp / f"{fam}-sdcli.png", a.params_backend)
         row["sdcli"] = run_sdcli(a.sdcli, sargv, steps, tmp / f"{fam}-sdcli.log")
@@ -399,7 +411,9 @@ def main() -> int:
             if not a.sdcli:
                 raise SystemExit("--quant needs SDCLI (sd-cli converts the files)")
             key = "--diffusion-model" if "--diffusion-model" in files else "--model"
-            src = files[key]
+            recipe = rsf.RECIPES[fam]
+            assert not isinstance(recipe, str)
+            src = keep / fam / next(mf.name for mf in recipe if mf.flag == key)  # the released dtype's file
             variants = [(q, {**files, key: sdcli_convert(a.sdcli, src, src.with_suffix(f".{q}.gguf"), q)})
                         for q in a.quant.split(",")]
         for q, fs in variants:
