@@ -27,7 +27,9 @@ Per family and engine, one whole generation (one picture, seed 42) in a fresh pr
 ``--quant q8_0,q4_k,q5_k`` instead runs the quantised products: the family's diffusion model
 converted by sd-cli to each type, the same GGUF file through both engines (step time, whole
 picture, peak RSS). ``--params-backend 'diffusion=disk,te=disk,vae=disk'`` (any placement string)
-goes to both engines as it is.
+goes to both engines as it is; sdplan's row then also says how many bytes of the model files
+the page cache still holds after the run (``cached_after``, ``mincore``), and
+``--no-page-cache-advice`` runs sdplan without the disk residency's ``POSIX_FADV_DONTNEED``.
 
 Usage::
 
@@ -90,6 +92,10 @@ def sdplan_worker(argv: list[str]) -> dict[str, Any]:
             acc["@load"] = acc.get("@load", 0.0) + time.perf_counter() - t0
 
     R.ModuleRunner.run, R.ModuleRunner._load = run, load  # type: ignore[method-assign]
+    if os.environ.get("BENCH_NO_PAGE_CACHE_ADVICE"):  # --no-page-cache-advice: as before the advice
+        from sdplan.core.runtime.weights import WeightFile
+
+        WeightFile.drop_cache = lambda self, names: 0  # type: ignore[method-assign]
     from sdplan.core.pipelines import jobs
 
     chosen: dict[str, Any] = {}
@@ -109,7 +115,25 @@ def sdplan_worker(argv: list[str]) -> dict[str, Any]:
     if rc:
         raise SystemExit(f"sdplan generate exited {rc}")
     # a module's run includes its run-scoped weight loads (disk residency): counted once, in load
-    return {"whole": whole, "runs": acc, "calls": calls, "peak_rss": _vm_hwm(), "threads": chosen}
+    return {"whole": whole, "runs": acc, "calls": calls, "peak_rss": _vm_hwm(), "threads": chosen,
+            "cached_after": page_cache_bytes([argv[i + 1] for i, w in enumerate(argv[:-1]) if w in FILE_FLAGS])}
+
+
+FILE_FLAGS = ("--model", "--diffusion-model", "--clip_l", "--clip_g", "--t5xxl", "--llm", "--vae")
+
+
+def page_cache_bytes(paths: list[str]) -> int:
+    """Bytes of these files in the page cache now (``mincore``; 0 where it cannot be read)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from test_disk_page_cache import cached_fraction
+    except ImportError:
+        return 0
+    total = 0
+    for p in paths:
+        size = Path(p).stat().st_size
+        total += int(cached_fraction(Path(p), [(0, size)]) * size)
+    return total
 
 
 def _vm_hwm() -> int:
@@ -145,8 +169,11 @@ def sdplan_parts(res: dict[str, Any], steps: int) -> dict[str, float]:
     diff = runs.pop("diffusion", 0.0)
     dec = sum(v for k, v in runs.items() if k in ("vae", "taesd"))
     text = sum(v for k, v in runs.items() if k not in ("vae", "taesd", "upscaler", "control"))
-    return {"text": text, "step": diff / max(steps, 1), "decode": dec, "load": load, "whole": res["whole"],
-            "peak_rss": res["peak_rss"]}
+    out = {"text": text, "step": diff / max(steps, 1), "decode": dec, "load": load, "whole": res["whole"],
+           "peak_rss": res["peak_rss"]}
+    if "cached_after" in res:  # the model files' bytes left in the page cache after the run
+        out["cached_after"] = res["cached_after"]
+    return out
 
 
 # --------------------------------------------------------------------------- sd-cli
@@ -330,7 +357,7 @@ def run_family(a: argparse.Namespace, fam: str, files: dict[str, Path], px: int,
 
 
 def _fmt(d: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v / MIB:.0f} MiB" if k == "peak_rss" else f"{k} {v:.3f}"
+    return ", ".join(f"{k} {v / MIB:.0f} MiB" if k in ("peak_rss", "cached_after") else f"{k} {v:.3f}"
                      for k, v in d.items() if isinstance(v, float | int) and k not in ("calls",))
 
 
@@ -381,6 +408,8 @@ def main() -> int:
     ap.add_argument("--size", type=int, help="instead of the family's native size (pixels, square)")
     ap.add_argument("--quant", default="", help="GGUF types of the diffusion model to run (q8_0,q4_k,q5_k)")
     ap.add_argument("--params-backend", default="", help="placement string given to both engines")
+    ap.add_argument("--no-page-cache-advice", action="store_true",
+                    help="sdplan without the disk residency's POSIX_FADV_DONTNEED (the page cache it leaves)")
     ap.add_argument("--sdcli", default=os.environ.get("SDCLI", ""))
     ap.add_argument("--ref-python", default=REF_PYTHON)
     ap.add_argument("--ref-dtype", default="bf16" if native().bf16_cpu_kernel() != "off" else "fp32")
@@ -389,6 +418,8 @@ def main() -> int:
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args()
     a.parts = a.parts.split(",")
+    if a.no_page_cache_advice:
+        os.environ["BENCH_NO_PAGE_CACHE_ADVICE"] = "1"
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), "?")
     print(f"host CPU: {cpu}; sdplan bf16 kernel {native().bf16_kernel()}; threads {a.threads}; "
