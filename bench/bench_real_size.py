@@ -184,6 +184,17 @@ SDCLI_LINES = {"text": r"get_learned_condition completed, taking ([\d.]+)s",
                "load": r"loading tensors completed, taking ([\d.]+)s"}
 
 
+def sdcli_phases(text: str) -> dict[str, float]:
+    """Seconds per phase from sd-cli's log: each phase's lines summed (it loads each module's
+    tensors when the module first runs, one ``loading tensors`` line each)."""
+    out: dict[str, float] = {}
+    for k, rx in SDCLI_LINES.items():
+        found = re.findall(rx, text)
+        if found:
+            out[k] = sum(float(v) for v in found)
+    return out
+
+
 def run_sdcli(sdcli: str, argv: list[str], steps: int, log: Path) -> dict[str, float]:
     """One sd-cli generation: its logged phases, wall time and peak RSS (``wait4``)."""
     t0 = time.perf_counter()
@@ -194,7 +205,7 @@ def run_sdcli(sdcli: str, argv: list[str], steps: int, log: Path) -> dict[str, f
     text = log.read_text(errors="replace")
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"sd-cli failed ({log}):\n{text[-2000:]}")
-    got = {k: float(m.group(1)) for k, rx in SDCLI_LINES.items() if (m := re.search(rx, text))}
+    got = sdcli_phases(text)
     return {"text": got.get("text", float("nan")), "step": got.get("sampling", float("nan")) / max(steps, 1),
             "decode": got.get("decode", float("nan")), "load": got.get("load", float("nan")), "whole": whole,
             "peak_rss": ru.ru_maxrss * 1024}
