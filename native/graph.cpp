@@ -290,7 +290,7 @@ Tensor Graph::mul_mat(const Tensor &a, const Tensor &b, std::optional<Tensor> bi
                             shape_str(a) + ", got " + shape_str(*bias));
     const int nd = std::max({a.ndim, b.ndim, 2});
     const Bf16Kernel kern = bf16_kernel();
-    if (bf16_weight(ta) && kern != Bf16Kernel::none && ta->ne[2] == 1 && ta->ne[3] == 1 && ta->ne[0] % 2 == 0 &&
+    if ((bf16_weight(ta) || bf16_quant_weight(ta)) && kern != Bf16Kernel::none && ta->ne[2] == 1 && ta->ne[3] == 1 && ta->ne[0] % 2 == 0 &&
         all_cpu()) {
         // the bf16 kernel: x f32 contiguous, w bf16 (or f16, rounded as used) contiguous, the bias fused
         bf16_products = true;

@@ -187,6 +187,16 @@ struct Graph {
     // mapped from the file. It covers every f16 operand of the graph's products (a LoRA's f16
     // factors applied at runtime too: their branch then carries bf16's rounding as well).
     bool f16_as_bf16 = false;
+    // mul_mat with Q8_0, Q4_K or Q5_K weights runs the bf16 kernel too, each block dequantised
+    // as ggml does and rounded to bf16 as it is used (kernels/bf16_gemm.cpp), instead of ggml's
+    // quantised product (which also quantises the activations to 8 bits): set per module by the
+    // runner where its products run in bf16 (AMX or AVX512_BF16 measured fast); the weights stay
+    // quantised in memory, mapped from the file.
+    bool quant_as_bf16 = false;
+    bool bf16_quant_weight(const ggml_tensor *w) const {
+        return quant_as_bf16 &&
+               (w->type == GGML_TYPE_Q8_0 || w->type == GGML_TYPE_Q4_K || w->type == GGML_TYPE_Q5_K);
+    }
     Tensor conv_transpose_2d(const Tensor &w, const Tensor &x, int stride);
     Tensor upscale(const Tensor &a, int factor);
     Tensor interpolate(const Tensor &a, const std::vector<int64_t> &shape, const std::string &mode, bool align_corners);

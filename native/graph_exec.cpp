@@ -436,6 +436,10 @@ void register_graph(nb::module_ &m) {
                 "mul_mat and conv_2d with f16 weights run sdplan's bf16 kernel as bf16 weights do (CPU-only\n"
                 "graphs, a bf16 kernel): the f16 values rounded to bf16 as they are used, so the weights stay\n"
                 "in f16 (mapped from the file); each product gives the bits that weights converted to bf16 give.")
+        .def_rw("quant_as_bf16", &Graph::quant_as_bf16,
+                "mul_mat with Q8_0, Q4_K or Q5_K weights runs sdplan's bf16 kernel (CPU-only graphs, a bf16\n"
+                "kernel): each block dequantised as ggml does and rounded to bf16 as it is used; the weights\n"
+                "stay quantised (mapped from the file).")
         .def_prop_ro("bf16_products", [](const Graph &g) { return g.bf16_products; },
                      "True once a mul_mat or conv_2d of this graph ran the bf16 kernel.")
         .def("mul_mat", &Graph::mul_mat, nb::arg("a"), nb::arg("b"), nb::arg("bias") = nb::none(),

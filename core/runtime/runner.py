@@ -263,6 +263,9 @@ class ModuleRunner:
                 self.wf.read(store, rest, n_threads=self.n_threads)
             except RuntimeError as exc:  # the file changed since its header was read
                 raise EngineError(f"{self.name}: {exc}", device=device, module=self.name) from None
+            if self.mode == "disk" and not self.segmented:
+                # read once per session into their own buffers: the page cache's copy is spare
+                self.wf.drop_cache(rest)
         return bufs
 
     def _fill(self, names: Sequence[str], device: str, keep: bool) -> list[_Buf]:
@@ -324,6 +327,8 @@ class ModuleRunner:
                 self._free(buf)
             for g, _ in self._graphs.values():
                 g.free_compute()
+            if self.mode == "disk":  # nothing of the module stays in RAM, page cache included
+                self.wf.drop_cache([n for ns in self._groups().values() for n in ns])
 
     def release(self) -> None:
         """Free every buffer of this runner (weights, staging, params, compute)."""
@@ -380,6 +385,8 @@ class ModuleRunner:
         # f16 weights through the bf16 kernel where they stay f16 (AVX512_BF16); with AMX they were
         # converted as they loaded, and other f16 operands (LoRA factors) keep their f16 products
         g.f16_as_bf16 = self.bf16 and not bf16_at_load()
+        # Q8_0/Q4_K/Q5_K weights dequantised block by block into the same kernel (never at load)
+        g.quant_as_bf16 = self.bf16
         return g, names
 
     @contextlib.contextmanager

@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 #: Bytes per pread when a tensor must be staged (device buffers or dtype conversion).
 CHUNK_BYTES = 64 * 2**20
 
+#: Spans of a file closer than this are advised as one (:meth:`WeightFile.drop_cache`): the
+#: gaps between one module's tensors are other modules' tensors or headers, and one call per
+#: tensor would cost more than the few pages of the gap.
+DROP_GAP_BYTES = 1 << 20
+
 #: File dtypes ggml cannot hold as such, and what they become.
 _WIDEN = {"f64": "f32", "i64": "i32"}
 
@@ -254,6 +259,46 @@ class WeightFile:
         log.debug("mapped %d tensors of %s in %.3f s", len(same), self.path, time.perf_counter() - t0)
         mapped = {it[0] for it in same}
         return wb, [n for n in names if n not in mapped]
+
+    def file_spans(self, names: Iterable[str], gap: int = DROP_GAP_BYTES) -> list[tuple[int, int]]:
+        """The file's byte spans ``[(offset, length)]`` holding the tensors ``names``, in file
+        order, spans closer than ``gap`` bytes merged (empty for tensors from memory)."""
+        if self.arrays is not None:
+            return []
+        spans = sorted((self.infos[n].offset, self.infos[n].offset + self.infos[n].nbytes) for n in names)
+        out: list[list[int]] = []
+        for a, b in spans:
+            if out and a - out[-1][1] <= gap:
+                out[-1][1] = max(out[-1][1], b)
+            else:
+                out.append([a, b])
+        return [(a, b - a) for a, b in out if b > a]
+
+    def drop_cache(self, names: Iterable[str]) -> int:
+        """Tell the kernel the file bytes of ``names`` will not be read again soon
+        (``posix_fadvise(POSIX_FADV_DONTNEED)`` over :meth:`file_spans`), so that weights held
+        on disk (residency ``disk``) leave no copy in the page cache once their buffers are
+        freed. Pages still mapped (by this process or another) stay: the advice drops only
+        clean, unmapped page-cache pages. Returns the bytes advised; 0 where the platform has
+        no ``posix_fadvise``, for tensors from memory, or when the file cannot be opened
+        (the advice is an optimisation, never an error)."""
+        spans = self.file_spans(names)
+        if not spans or not hasattr(os, "posix_fadvise"):
+            return 0
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return 0
+        done = 0
+        try:
+            for off, length in spans:
+                os.posix_fadvise(fd, off, length, os.POSIX_FADV_DONTNEED)
+                done += length
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        return done
 
     def _set_arrays(self, store: Any, names: Sequence[str]) -> int:
         import numpy as np

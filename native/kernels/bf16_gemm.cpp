@@ -2,7 +2,8 @@
 //
 // The product is computed as C[n][m] = sum_k W[n][k] X[k][m]: W is the weight as stored (bf16
 // or f16, row n of K values: a linear weight [N][K], a conv kernel [OC][IC*KH*KW]); bf16 rows
-// are read in place and never re-packed, f16 rows are rounded to bf16 as they are used, into a
+// are read in place and never re-packed, f16 rows (and Q8_0 / Q4_K / Q5_K rows of a linear
+// layer, dequantised per block of 32 values) are rounded to bf16 as they are used, into a
 // buffer that stays in L2 (see run(): a thread's rows once per call where they fit half an L2,
 // else per 32 rows, or per 32 rows and chunk of k for wide blocks; run_rows(): as W is packed),
 // so the weights keep their file's dtype in memory, mapped from the file; X holds the
@@ -142,7 +143,11 @@ struct Problem {
     const float *x;
     size_t x_img;  // bytes between input images (conv)
     const uint16_t *w;
-    bool w_f16;  // W holds f16 values (rounded to bf16 as used), else bf16
+    bool w_f16;  // W holds f16 values, or quantised blocks (wq), rounded to bf16 as used; else bf16
+    // W in ggml's quantised blocks (Q8_0, Q4_K, Q5_K; 0: none): row n at wq_data + n * wq_row
+    int wq;
+    const uint8_t *wq_data;
+    size_t wq_row;
     const float *bias;
     float *dst;
     size_t dst_img;  // bytes between output images (conv)
@@ -234,6 +239,55 @@ SDPLAN_AVX512 inline __m512i load_w32(const uint16_t *src, __mmask32 mk, bool f1
     return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
+// Quantised W: the 32 values of row `row`, k step `s` (k = 32 s .. 32 s + 31) dequantised as
+// ggml's dequantize_row_* computes them (f32: d * q for Q8_0, d * sc * q - dmin * m for the
+// K-quants' sub-blocks of 32) and rounded to bf16 (nearest even). Block layouts (ggml-common.h):
+// Q8_0 {f16 d; i8 qs[32]} per 32 values; Q4_K {f16 d, dmin; u8 scales[12]; u8 qs[128]} and
+// Q5_K {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]} per 256 values, sub-block j's
+// 6-bit scale and min packed in `scales` as get_scale_min_k4 reads them, its 4-bit values the
+// low (j even) or high (j odd) nibbles of qs[32 (j / 2) ..], Q5_K's fifth bit bit j of qh[l].
+SDPLAN_AVX512 inline __m512 f16_broadcast(const uint8_t *h) {
+    uint16_t v;
+    std::memcpy(&v, h, 2);
+    return _mm512_cvtph_ps(_mm256_set1_epi16((short)v));
+}
+
+SDPLAN_AVX512 inline __m512i load_wq32(const Problem &p, int64_t row, int64_t s) {
+    const uint8_t *r = p.wq_data + (size_t)row * p.wq_row;
+    if (p.wq == GGML_TYPE_Q8_0) {
+        const uint8_t *b = r + (size_t)s * 34;
+        const __m512 d = f16_broadcast(b);
+        const __m128i q0 = _mm_loadu_si128((const __m128i *)(b + 2)), q1 = _mm_loadu_si128((const __m128i *)(b + 18));
+        const __m512 lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)));
+        const __m512 hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)));
+        return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    }
+    const bool q5 = p.wq == GGML_TYPE_Q5_K;
+    const int j = (int)(s & 7);
+    const uint8_t *b = r + (size_t)(s >> 3) * (q5 ? 176 : 144);
+    const uint8_t *sc = b + 4;
+    int scale, mn;
+    if (j < 4) {
+        scale = sc[j] & 63, mn = sc[j + 4] & 63;
+    } else {
+        scale = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), mn = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+    const __m512 d = _mm512_mul_ps(f16_broadcast(b), _mm512_set1_ps((float)scale));
+    const __m512 m = _mm512_mul_ps(f16_broadcast(b + 2), _mm512_set1_ps((float)mn));
+    const uint8_t *qs = b + (q5 ? 48 : 16) + 32 * (j >> 1);
+    __m256i q = _mm256_loadu_si256((const __m256i *)qs);
+    if (j & 1) q = _mm256_srli_epi16(q, 4);
+    q = _mm256_and_si256(q, _mm256_set1_epi8(0x0F));
+    if (q5) {  // bit j of qh[l] is the value's fifth bit
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+        const __m256i bit = _mm256_and_si256(_mm256_srli_epi16(qh, j), _mm256_set1_epi8(1));
+        q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
+    }
+    const __m512 lo = _mm512_fmsub_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q))), m);
+    const __m512 hi = _mm512_fmsub_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(q, 1))), m);
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
 inline __mmask32 mask32(int64_t left) {
     return left >= 32 ? 0xffffffffu : left <= 0 ? 0 : (__mmask32)((1ull << left) - 1);
 }
@@ -246,6 +300,10 @@ SDPLAN_AVX512 RowGroup convert_rows_f16(const Problem &p, int64_t n0, int64_t s0
         uint16_t *o = out + r * ld;
         if (r >= rows) {
             std::fill(o, o + ld, (uint16_t)0);
+            continue;
+        }
+        if (p.wq) {  // K is a multiple of the block (32 or 256): whole steps
+            for (int64_t s = s0; s < s1; ++s) _mm512_storeu_si512(o + (s - s0) * 32, load_wq32(p, n0 + r, s));
             continue;
         }
         const uint16_t *src = p.w + (n0 + r) * p.K;
@@ -467,8 +525,9 @@ SDPLAN_AVX512 void pack_weight(const Problem &p, int64_t n0, int64_t Nb, uint32_
         for (int64_t s = 0; s < KS; ++s) {
             const __mmask32 mk = mask32(p.K - s * 32);
             for (int64_t r = 0; r < 16; ++r)
-                _mm512_store_si512(blk[r], r < rows ? load_w32(p.w + (n0 + g * 16 + r) * p.K + s * 32, mk, p.w_f16)
-                                                    : _mm512_setzero_si512());
+                _mm512_store_si512(blk[r], r >= rows ? _mm512_setzero_si512()
+                                           : p.wq   ? load_wq32(p, n0 + g * 16 + r, s)
+                                                    : load_w32(p.w + (n0 + g * 16 + r) * p.K + s * 32, mk, p.w_f16));
             transpose16(blk, 64, panel + (g * KS + s) * 256, 64);
         }
     }
@@ -534,6 +593,10 @@ void bf16_gemm(ggml_tensor *dst, int ith, int nth, void *userdata) {
     p.x = (const float *)x->data;
     p.w = (const uint16_t *)w->data;
     p.w_f16 = w->type == GGML_TYPE_F16;
+    if (w->type == GGML_TYPE_Q8_0 || w->type == GGML_TYPE_Q4_K || w->type == GGML_TYPE_Q5_K) {
+        p.wq = w->type, p.wq_data = (const uint8_t *)w->data, p.wq_row = w->nb[1];
+        p.w_f16 = true;  // converted as used, as f16 rows are
+    }
     p.bias = b ? (const float *)b->data : nullptr;
     p.dst = (float *)dst->data;
     if (p.conv) {

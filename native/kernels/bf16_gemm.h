@@ -39,7 +39,9 @@ struct Bf16GemmParams {
 static_assert(sizeof(Bf16GemmParams) == sizeof(std::array<int, 8>), "Bf16GemmParams is 8 ints");
 
 // Custom op. src 0: x f32, contiguous; src 1: w bf16 or f16 (rounded to bf16 as it is used,
-// nearest even), contiguous; src 2 (optional): bias f32.
+// nearest even), or, for a linear layer, Q8_0 / Q4_K / Q5_K blocks (each block dequantised as
+// ggml's dequantize_row_* does, then rounded to bf16 as it is used), contiguous; src 2
+// (optional): bias f32.
 // Linear (conv 0): x [K, M...] (M = the product of the outer dims), w [K, N], bias [N];
 // dst f32 [N, M...]: dst[m][n] = sum_k w[n][k] x[m][k] + bias[n].
 // Convolution (conv 1): x [IW, IH, IC, B], w [KW, KH, IC, OC], bias [OC]; dst f32

@@ -1,0 +1,473 @@
+"""Every family the engine runs, at its native size and step count, with random weights in the
+released layouts: sdplan against diffusers (PyTorch's best dtype on this CPU) and against sd-cli
+(``SDCLI=path``), in one script.
+
+Families come from the registry (:data:`sdplan.core.families.registry.FAMILIES` that ``runs``),
+each with its sd-cli defaults (size, steps, CFG scale, sampler: ``generation_defaults``) and its
+files (``real_size_files.RECIPES``: the real tensor names and shapes of
+``../shared/models/real_size_key_layouts.json``, the released dtypes, random values). A file
+whose bf16/f16 size does not fit the RAM left (``MemAvailable`` less the other files of its set
+and 2 GiB) is converted to Q8_0 by sd-cli (``-M convert``) and both engines run that GGUF.
+
+Per family and engine, one whole generation (one picture, seed 42) in a fresh process:
+
+- sdplan: ``sdplan generate ... --in-process`` in a worker whose ``ModuleRunner`` calls are timed
+  (text = the text encoders' runs, step = the diffusion model's runs / steps, CFG included,
+  decode = the VAE's runs, load = the weights' mapping and reads), whole = the command's wall
+  time, peak RSS = the worker's ``VmHWM``; the estimate is what ``generate`` plans (weights and
+  dry-run compute, CPU total) from a process of its own;
+- sd-cli: the same flags; its own log lines give text (``get_learned_condition``), sampling /
+  steps, decode (``decode_first_stage``) and load (``loading tensors``), its wall time and peak
+  RSS (``wait4``) the rest;
+- diffusers (``--ref-python``, torch 2.13 CPU; sd1 and sdxl only here): the modules built from
+  their published configurations with random weights in the dtype ``--ref-dtype`` (default bf16
+  where the CPU has AVX512_BF16 or AMX, else fp32), one text encode, one step (CFG: batch 2),
+  one decode, each after a warm-up call; whole = text + steps x step + decode (computed).
+
+``--quant q8_0,q4_k,q5_k`` instead runs the quantised products: the family's diffusion model
+converted by sd-cli to each type, the same GGUF file through both engines (step time, whole
+picture, peak RSS). ``--params-backend 'diffusion=disk,te=disk,vae=disk'`` (any placement string)
+goes to both engines as it is; sdplan's row then also says how many bytes of the model files
+the page cache still holds after the run (``cached_after``, ``mincore``), and
+``--no-page-cache-advice`` runs sdplan without the disk residency's ``POSIX_FADV_DONTNEED``.
+
+Usage::
+
+    python bench/bench_real_size.py [--families sd1,sdxl] [--parts sdplan,sdcli,diffusers]
+        [--threads 2] [--steps N] [--size PX] [--keep DIR] [--quant q8_0,q4_k]
+        [--params-backend ASSIGN] [--json OUT]
+
+``--steps``/``--size`` override the native figures (the table says so). Figures not measured
+are printed as ``-``. Prints the load average before and after; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import real_size_files as rsf  # noqa: E402
+
+GIB = 1 << 30
+MIB = 1 << 20
+REF_PYTHON = next((str(p) for p in (REPO / ".venv-ref/bin/python", Path("/work/venv-ref/bin/python")) if p.exists()),
+                  "python3")
+PROMPT = "a lighthouse on a cliff at sunset, oil painting"
+
+# --------------------------------------------------------------------------- sdplan worker
+
+
+def sdplan_worker(argv: list[str]) -> dict[str, Any]:
+    """Run ``sdplan generate argv --in-process`` here, timing every ModuleRunner call."""
+    from sdplan.core.runtime import runner as R
+
+    acc: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    run0, load0 = R.ModuleRunner.run, R.ModuleRunner._load
+
+    def run(self: Any, inputs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return run0(self, inputs)
+        finally:
+            acc[self.name] = acc.get(self.name, 0.0) + time.perf_counter() - t0
+            calls[self.name] = calls.get(self.name, 0) + 1
+
+    def load(self: Any, *a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return load0(self, *a, **k)
+        finally:
+            acc["@load"] = acc.get("@load", 0.0) + time.perf_counter() - t0
+
+    R.ModuleRunner.run, R.ModuleRunner._load = run, load  # type: ignore[method-assign]
+    if os.environ.get("BENCH_NO_PAGE_CACHE_ADVICE"):  # --no-page-cache-advice: as before the advice
+        from sdplan.core.runtime.weights import WeightFile
+
+        WeightFile.drop_cache = lambda self, names: 0  # type: ignore[method-assign]
+    from sdplan.core.pipelines import jobs
+
+    chosen: dict[str, Any] = {}
+    start0 = jobs.start_run
+
+    def start_run(*a: Any, **k: Any) -> Any:  # the threads generate chose (it lowers -t on a busy host)
+        got = start0(*a, **k)
+        chosen.update(threads=got.threads, reason=got.reason)
+        return got
+
+    jobs.start_run = start_run  # type: ignore[assignment]
+    from sdplan.core.cli import main
+
+    t0 = time.perf_counter()
+    rc = main(["generate", *argv, "--in-process"])
+    whole = time.perf_counter() - t0
+    if rc:
+        raise SystemExit(f"sdplan generate exited {rc}")
+    # a module's run includes its run-scoped weight loads (disk residency): counted once, in load
+    return {"whole": whole, "runs": acc, "calls": calls, "peak_rss": _vm_hwm(), "threads": chosen,
+            "cached_after": page_cache_bytes([argv[i + 1] for i, w in enumerate(argv[:-1]) if w in FILE_FLAGS])}
+
+
+FILE_FLAGS = ("--model", "--diffusion-model", "--clip_l", "--clip_g", "--t5xxl", "--llm", "--vae")
+
+
+def page_cache_bytes(paths: list[str]) -> int:
+    """Bytes of these files in the page cache now (``mincore``; 0 where it cannot be read)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    try:
+        from test_disk_page_cache import cached_fraction
+    except ImportError:
+        return 0
+    total = 0
+    for p in paths:
+        size = Path(p).stat().st_size
+        total += int(cached_fraction(Path(p), [(0, size)]) * size)
+    return total
+
+
+def _vm_hwm() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def estimate_worker(files: dict[str, list[str]], px: int, placement: dict[str, str]) -> dict[str, Any]:
+    """What ``generate`` plans for the run on the CPU (bytes): weights, compute, total."""
+    from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+    from sdplan.core.pipelines.compute import measure_compute
+    from sdplan.core.planning.estimate import estimate_plan
+    from sdplan.core.planning.placement import Placement
+    from sdplan.core.planning.plan import resolve
+    from sdplan.core.runtime.devices import live_inventory
+
+    inv = live_inventory()
+    prof = profile_from_model_flags(files)
+    plan = resolve(Placement.from_strings(placement.get("backend", "CPU"), placement.get("params_backend", ""), ""),
+                   inv, prof)
+    fit = estimate_plan(plan, prof, inv, width=px, height=px, engine="sdplan",
+                        measured=measure_compute(files, width=px, height=px))
+    d = fit.devices["CPU"]
+    return {"estimate": d.total, "weights": d.weights, "compute": d.compute}
+
+
+def sdplan_parts(res: dict[str, Any], steps: int) -> dict[str, float]:
+    """text / step / decode / load / whole (seconds) and peak RSS (bytes) of a worker's result."""
+    runs = dict(res["runs"])
+    load = runs.pop("@load", 0.0)
+    diff = runs.pop("diffusion", 0.0)
+    dec = sum(v for k, v in runs.items() if k in ("vae", "taesd"))
+    text = sum(v for k, v in runs.items() if k not in ("vae", "taesd", "upscaler", "control"))
+    out = {"text": text, "step": diff / max(steps, 1), "decode": dec, "load": load, "whole": res["whole"],
+           "peak_rss": res["peak_rss"]}
+    if "cached_after" in res:  # the model files' bytes left in the page cache after the run
+        out["cached_after"] = res["cached_after"]
+    return out
+
+
+# --------------------------------------------------------------------------- sd-cli
+
+SDCLI_LINES = {"text": r"get_learned_condition completed, taking ([\d.]+)s",
+               "sampling": r"sampling completed, taking ([\d.]+)s",
+               "decode": r"decode_first_stage completed, taking ([\d.]+)s",
+               "load": r"loading tensors completed, taking ([\d.]+)s"}
+
+
+def sdcli_phases(text: str) -> dict[str, float]:
+    """Seconds per phase from sd-cli's log: each phase's lines summed (it loads each module's
+    tensors when the module first runs, one ``loading tensors`` line each)."""
+    out: dict[str, float] = {}
+    for k, rx in SDCLI_LINES.items():
+        found = re.findall(rx, text)
+        if found:
+            out[k] = sum(float(v) for v in found)
+    return out
+
+
+def run_sdcli(sdcli: str, argv: list[str], steps: int, log: Path) -> dict[str, float]:
+    """One sd-cli generation: its logged phases, wall time and peak RSS (``wait4``)."""
+    t0 = time.perf_counter()
+    with open(log, "w") as fh:
+        p = subprocess.Popen([sdcli, *argv, "-v"], stdout=fh, stderr=subprocess.STDOUT)
+        _, status, ru = os.wait4(p.pid, 0)
+    whole = time.perf_counter() - t0
+    text = log.read_text(errors="replace")
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"sd-cli failed ({log}):\n{text[-2000:]}")
+    got = sdcli_phases(text)
+    return {"text": got.get("text", float("nan")), "step": got.get("sampling", float("nan")) / max(steps, 1),
+            "decode": got.get("decode", float("nan")), "load": got.get("load", float("nan")), "whole": whole,
+            "peak_rss": ru.ru_maxrss * 1024}
+
+
+def sdcli_convert(sdcli: str, src: Path, dst: Path, qtype: str) -> Path:
+    """``src`` converted to GGUF ``qtype`` by sd-cli (once; kept beside)."""
+    if not dst.exists():
+        subprocess.run([sdcli, "-M", "convert", "-m", str(src), "-o", str(dst), "--type", qtype.replace("_k", "_K")],
+                       check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return dst
+
+
+# --------------------------------------------------------------------------- diffusers
+
+REF_CODE = r'''
+import json, sys, time, resource, torch
+a = json.loads(sys.argv[1])
+torch.set_num_threads(a["threads"]); torch.set_grad_enabled(False); torch.manual_seed(0)
+dt = torch.bfloat16 if a["dtype"] == "bf16" else torch.float32
+from diffusers import AutoencoderKL, UNet2DConditionModel
+from transformers import CLIPTextConfig, CLIPTextModel
+fam, px = a["family"], a["px"]
+VAE = dict(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",)*4,
+           up_block_types=("UpDecoderBlock2D",)*4, layers_per_block=2, latent_channels=4)
+CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, num_hidden_layers=12,
+              hidden_act="quick_gelu")
+t0 = time.perf_counter()
+if fam == "sd1":
+    unet = UNet2DConditionModel(cross_attention_dim=768, attention_head_dim=8)
+    encs = [CLIPTextModel(CLIPTextConfig(**CLIP_L))]
+    ctx_dim, extra = 768, {}
+elif fam == "sdxl":
+    unet = UNet2DConditionModel(sample_size=128, layers_per_block=2, block_out_channels=(320, 640, 1280),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+        transformer_layers_per_block=(1, 2, 10), attention_head_dim=(5, 10, 20), cross_attention_dim=2048,
+        use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=256,
+        projection_class_embeddings_input_dim=2816)
+    encs = [CLIPTextModel(CLIPTextConfig(**CLIP_L)),
+            CLIPTextModel(CLIPTextConfig(hidden_size=1280, intermediate_size=5120, num_attention_heads=20,
+                                         num_hidden_layers=32, hidden_act="gelu"))]
+    ctx_dim = 2048
+    extra = {"added_cond_kwargs": {"text_embeds": torch.randn(2, 1280, dtype=dt),
+                                   "time_ids": torch.tensor([[px, px, 0, 0, px, px]] * 2, dtype=dt)}}
+else:
+    raise SystemExit(f"no diffusers reference for {fam}")
+vae = AutoencoderKL(**VAE)
+for m in (unet, vae, *encs): m.eval().to(dt)
+build = time.perf_counter() - t0
+def once(fn):
+    fn(); t0 = time.perf_counter(); fn(); return time.perf_counter() - t0
+ids = torch.randint(0, 49000, (1, 77))
+out = {"text": sum(once(lambda e=e: e(ids)) for e in encs)}
+h = px // 8
+x = torch.randn(2, 4, h, h, dtype=dt); ctx = torch.randn(2, 77, ctx_dim, dtype=dt)
+out["step"] = once(lambda: unet(x, torch.tensor([500.0, 500.0]), encoder_hidden_states=ctx, **extra))
+out["decode"] = once(lambda: vae.decode(x[:1]))
+out["whole"] = out["text"] + a["steps"] * out["step"] + out["decode"]
+out["build"] = build
+out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps(out))
+'''
+
+REF_FAMILIES = ("sd1", "sdxl")
+
+
+def run_diffusers(a: argparse.Namespace, fam: str, px: int, steps: int) -> dict[str, float] | None:
+    if fam not in REF_FAMILIES:
+        return None
+    arg = json.dumps({"threads": a.threads, "dtype": a.ref_dtype, "family": fam, "px": px, "steps": steps})
+    res = subprocess.run([a.ref_python, "-c", REF_CODE, arg], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"diffusers {fam} failed:\n{res.stderr[-2000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------- files and runs
+
+
+def mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def model_files(a: argparse.Namespace, fam: str, folder: Path) -> tuple[dict[str, Path], list[str]]:
+    """The family's files (written once into ``folder``), Q8_0 where bf16 does not fit RAM:
+    ``({flag: path}, notes)``."""
+    recipe = rsf.RECIPES[fam]
+    assert not isinstance(recipe, str)
+    lay = rsf.layouts(Path(a.shared))
+    folder.mkdir(parents=True, exist_ok=True)
+    sizes = {mf.flag: rsf._header(rsf.shapes_of(mf, lay), mf.dtype)[1] for mf in recipe}
+    out: dict[str, Path] = {}
+    notes: list[str] = []
+    for mf in recipe:
+        path = folder / mf.name
+        if not path.exists() or path.stat().st_size < sizes[mf.flag]:
+            t0 = time.perf_counter()
+            rsf.write_random(path, mf, lay)
+            print(f"  wrote {path.name} ({sizes[mf.flag] / GIB:.2f} GiB) in {time.perf_counter() - t0:.0f} s",
+                  flush=True)
+        # the largest module must fit beside nothing else: its own bytes and 2 GiB of compute
+        if sizes[mf.flag] + 2 * GIB > mem_available():
+            if not a.sdcli:
+                raise SystemExit(f"{fam}: {mf.name} ({sizes[mf.flag] / GIB:.1f} GiB) does not fit in RAM and "
+                                 "no SDCLI to convert it to Q8_0")
+            path = sdcli_convert(a.sdcli, path, path.with_suffix(".q8_0.gguf"), "q8_0")
+            notes.append(f"{mf.name} as Q8_0 (bf16 does not fit in RAM)")
+        out[mf.flag] = path
+    return out, notes
+
+
+def gen_args(files: dict[str, Path], px: int, steps: int, cfg: float, sampler: str, threads: int, out: Path,
+             params_backend: str) -> list[str]:
+    argv = [x for flag, p in files.items() for x in (flag, str(p))]
+    argv += ["-p", PROMPT, "-W", str(px), "-H", str(px), "--steps", str(steps), "--cfg-scale", str(cfg),
+             "--sampling-method", sampler, "-s", "42", "-t", str(threads), "-o", str(out)]
+    if params_backend:
+        argv += ["--params-backend", params_backend]
+    return argv
+
+
+def _child(mode: str, payload: Any) -> dict[str, Any]:
+    res = subprocess.run([sys.executable, __file__, mode, json.dumps(payload)], capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"{mode} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def run_family(a: argparse.Namespace, fam: str, files: dict[str, Path], px: int, steps: int, cfg: float,
+               sampler: str, tmp: Path) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    argv = gen_args(files, px, steps, cfg, sampler, a.threads, tmp / f"{fam}-sdplan.png", a.params_backend)
+    if "sdplan" in a.parts:
+        res = _child("--sdplan-worker", argv)
+        row["sdplan"] = sdplan_parts(res, steps)
+        row["sdplan"]["calls"] = res["calls"]
+        row["sdplan"]["threads"] = res.get("threads", {})
+        est_files = {flag.lstrip("-").replace("-", "_"): [str(p)] for flag, p in files.items()}
+        placement = {"params_backend": a.params_backend} if a.params_backend else {}
+        try:
+            row["estimate"] = _child("--estimate-worker", [est_files, px, placement])
+        except RuntimeError as exc:
+            row["estimate"] = {"error": str(exc).splitlines()[-1]}
+        print(f"  sdplan: {_fmt(row['sdplan'])}; threads {row['sdplan']['threads']}", flush=True)
+    if "sdcli" in a.parts and a.sdcli:
+        sargv = gen_args(files, px, steps, cfg, sampler, a.threads, tmp / f"{fam}-sdcli.png", a.params_backend)
+        row["sdcli"] = run_sdcli(a.sdcli, sargv, steps, tmp / f"{fam}-sdcli.log")
+        print(f"  sd-cli: {_fmt(row['sdcli'])}", flush=True)
+    if "diffusers" in a.parts:
+        ref = run_diffusers(a, fam, px, steps)
+        if ref is not None:
+            row["diffusers"] = ref
+            print(f"  diffusers {a.ref_dtype}: {_fmt(ref)}", flush=True)
+    return row
+
+
+def _fmt(d: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v / MIB:.0f} MiB" if k in ("peak_rss", "cached_after") else f"{k} {v:.3f}"
+                     for k, v in d.items() if isinstance(v, float | int) and k not in ("calls",))
+
+
+def print_table(rows: dict[str, dict[str, Any]], a: argparse.Namespace) -> None:
+    cols = ("text", "step", "decode", "load", "whole", "peak_rss")
+    print(f"\n{a.threads} thread(s); seconds (ratio sdplan / other); '-' not measured")
+    print("| family | size, steps | engine | " + " | ".join(cols) + " | estimate / peak |")
+    print("|---" * (len(cols) + 4) + "|")
+    for fam, row in rows.items():
+        ours = row.get("sdplan", {})
+        est = row.get("estimate", {})
+        for eng in ("sdplan", "sdcli", "diffusers"):
+            r = row.get(eng)
+            if r is None:
+                continue
+            cells = []
+            for c in cols:
+                v = r.get(c)
+                if v is None or v != v:
+                    cells.append("-")
+                    continue
+                s = f"{v / MIB:.0f} MiB" if c == "peak_rss" else f"{v:.2f}"
+                if eng != "sdplan" and ours.get(c) and v:
+                    s += f" ({ours[c] / v:.2f}x)"
+                cells.append(s)
+            tail = ""
+            if eng == "sdplan" and est.get("estimate"):
+                tail = f"{est['estimate'] / GIB:.2f} / {r['peak_rss'] / GIB:.2f} GiB"
+            print(f"| {fam} | {row['size']}, {row['steps']} | {eng} | " + " | ".join(cells) + f" | {tail} |")
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--sdplan-worker":
+        print(json.dumps(sdplan_worker(json.loads(sys.argv[2]))))
+        return 0
+    if len(sys.argv) > 2 and sys.argv[1] == "--estimate-worker":
+        print(json.dumps(estimate_worker(*json.loads(sys.argv[2]))))
+        return 0
+    from sdplan.core.families.registry import FAMILIES, generation_defaults, recommended_sizes
+    from sdplan.core.runtime.native import native
+
+    running = [f.name for f in FAMILIES if f.runs]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--families", default=",".join(running))
+    ap.add_argument("--parts", default="sdplan,sdcli,diffusers")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, help="instead of the family's default step count")
+    ap.add_argument("--size", type=int, help="instead of the family's native size (pixels, square)")
+    ap.add_argument("--quant", default="", help="GGUF types of the diffusion model to run (q8_0,q4_k,q5_k)")
+    ap.add_argument("--params-backend", default="", help="placement string given to both engines")
+    ap.add_argument("--no-page-cache-advice", action="store_true",
+                    help="sdplan without the disk residency's POSIX_FADV_DONTNEED (the page cache it leaves)")
+    ap.add_argument("--sdcli", default=os.environ.get("SDCLI", ""))
+    ap.add_argument("--ref-python", default=REF_PYTHON)
+    ap.add_argument("--ref-dtype", default="bf16" if native().bf16_cpu_kernel() != "off" else "fp32")
+    ap.add_argument("--shared", default=str(REPO.parent / "shared"))
+    ap.add_argument("--keep", default="/tmp/sdplan-real-size", help="folder for the model files (kept)")
+    ap.add_argument("--json", help="write the rows here")
+    a = ap.parse_args()
+    a.parts = a.parts.split(",")
+    if a.no_page_cache_advice:
+        os.environ["BENCH_NO_PAGE_CACHE_ADVICE"] = "1"
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "?")
+    print(f"host CPU: {cpu}; sdplan bf16 kernel {native().bf16_kernel()}; threads {a.threads}; "
+          f"load average before: {os.getloadavg()}; RAM available {mem_available() / GIB:.1f} GiB")
+    rows: dict[str, dict[str, Any]] = {}
+    keep = Path(a.keep)
+    for fam in a.families.split(","):
+        recipe = rsf.RECIPES.get(fam)
+        if recipe is None or isinstance(recipe, str):
+            print(f"{fam}: not run: {recipe or 'no recipe'}")
+            continue
+        d = generation_defaults(fam)
+        px = a.size or (recommended_sizes(fam) or ((1024, 1024),))[0][0]
+        steps = a.steps or int(d.get("steps", 20))  # type: ignore[call-overload]
+        cfg, sampler = float(d.get("cfg_scale", 1.0)), str(d.get("sampling_method", "euler"))  # type: ignore[arg-type]
+        print(f"{fam}: {px} px, {steps} steps, CFG {cfg}, {sampler}", flush=True)
+        files, notes = model_files(a, fam, keep / fam)
+        variants = [("", files)]
+        if a.quant:
+            if not a.sdcli:
+                raise SystemExit("--quant needs SDCLI (sd-cli converts the files)")
+            key = "--diffusion-model" if "--diffusion-model" in files else "--model"
+            recipe = rsf.RECIPES[fam]
+            assert not isinstance(recipe, str)
+            src = keep / fam / next(mf.name for mf in recipe if mf.flag == key)  # the released dtype's file
+            variants = [(q, {**files, key: sdcli_convert(a.sdcli, src, src.with_suffix(f".{q}.gguf"), q)})
+                        for q in a.quant.split(",")]
+        for q, fs in variants:
+            name = f"{fam} {q}".strip()
+            row = run_family(a, fam, fs, px, steps, cfg, sampler, keep)
+            rows[name] = {**row, "size": px, "steps": steps, "notes": notes}
+    print(f"\nload average after: {os.getloadavg()}")
+    print_table(rows, a)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The real-size benchmark's inputs: every family the engine runs has a recipe of files in
+the released layouts (or says why not), each recipe's files are read back as that family with
+the real tensor counts, random files hold the values the writer promises, and sd-cli's log
+lines are read into the benchmark's figures (bench/bench_real_size.py,
+bench/real_size_files.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sdplan.core.families.registry import FAMILIES
+from sdplan.core.modelfiles.checkpoint import read_model_files
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import bench_real_size as brs  # noqa: E402
+import real_size_files as rsf  # noqa: E402
+
+
+def test_every_running_family_has_a_recipe_or_a_reason() -> None:
+    running = {f.name for f in FAMILIES if f.runs}
+    assert running <= set(rsf.RECIPES), running - set(rsf.RECIPES)
+    for fam, recipe in rsf.RECIPES.items():
+        assert fam in running, fam
+        if isinstance(recipe, str):
+            assert "../shared/models" in recipe  # the reason names what is missing
+        else:
+            assert recipe and all(mf.flag.startswith("--") for mf in recipe)
+
+
+@pytest.mark.parametrize("fam", [f for f, r in rsf.RECIPES.items() if not isinstance(r, str)])
+def test_recipe_files_read_as_their_family(fam: str, tmp_path: Path, shared_dir: Path) -> None:
+    lay = rsf.layouts(shared_dir)
+    recipe = rsf.RECIPES[fam]
+    assert not isinstance(recipe, str)
+    flags = {}
+    total = 0
+    for mf in recipe:
+        path = tmp_path / mf.name
+        total += rsf.write_sparse_header(path, mf, lay)
+        flags[mf.flag.lstrip("-").replace("-", "_")] = [str(path)]
+        n_layout = sum(len(lay[p.key]) for p in mf.parts)
+        with open(path, "rb") as fh:
+            (hlen,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(hlen))
+        assert len(header) == n_layout  # every real tensor, none added or lost to a prefix clash
+    ms = read_model_files(flags)
+    assert ms.architecture.family == fam
+    assert total > 10**9  # real size: gigabytes of weights
+
+
+def test_write_random_values(tmp_path: Path) -> None:
+    lay = {"k": {"a.weight": [64, 48], "a.norm.weight": [48], "a.bias": [64],
+                 "embeddings.position_ids": [1, 77], "conv.weight": [8, 4, 3, 3]}}
+    for dtype, np_dt in (("F16", np.float16), ("F32", np.float32)):
+        mf = rsf.ModelFile("--model", "m.safetensors", (rsf.FilePart("k", "p."),), dtype)
+        path = tmp_path / f"m_{dtype}.safetensors"
+        size = rsf.write_random(path, mf, lay, pool_values=4096)
+        raw = path.read_bytes()
+        (hlen,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8:8 + hlen])
+        data = raw[8 + hlen:]
+        assert len(data) == size and hlen % 8 == 0
+
+        def arr(name: str, header: dict = header, data: bytes = data) -> np.ndarray:
+            h = header["p." + name]
+            dt = {"F16": np.float16, "F32": np.float32, "I64": np.int64}[h["dtype"]]
+            a, b = h["data_offsets"]
+            return np.frombuffer(data[a:b], dt).reshape(h["shape"])
+
+        w = arr("a.weight").astype(np.float32)
+        assert header["p.a.weight"]["dtype"] == dtype and w.dtype == np.float32
+        assert 0.012 < float(w.std()) < 0.028 and abs(float(w.mean())) < 0.005
+        assert np.all(arr("a.norm.weight") == 1.0) and np.all(arr("a.bias") == 0.0)
+        assert arr("a.norm.weight").dtype == np.float32  # vectors are f32 in every file here
+        np.testing.assert_array_equal(arr("embeddings.position_ids"), np.arange(77).reshape(1, 77))
+        assert arr("conv.weight").shape == (8, 4, 3, 3) and arr("conv.weight").dtype == np_dt
+    # bf16: the top half of the f32 pattern, so its values are f32 values truncated
+    mf = rsf.ModelFile("--model", "b.safetensors", (rsf.FilePart("k"),), "BF16")
+    path = tmp_path / "b.safetensors"
+    rsf.write_random(path, mf, lay, pool_values=4096)
+    raw = path.read_bytes()
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    h = json.loads(raw[8:8 + hlen])["a.weight"]
+    a, b = h["data_offsets"]
+    bits = np.frombuffer(raw[8 + hlen + a:8 + hlen + b], np.uint16).astype(np.uint32) << 16
+    vals = bits.view(np.float32)
+    assert h["dtype"] == "BF16" and math.isclose(float(vals.std()), 0.02, rel_tol=0.3)
+
+
+def test_sdcli_log_lines_are_read(tmp_path: Path) -> None:
+    log = tmp_path / "sdcli.log"
+    log.write_text("[INFO ] loading tensors completed, taking 1.25s (read: 1.00s, memcpy: 0.00s)\n"
+                   "[INFO ] get_learned_condition completed, taking 0.08s\n"
+                   "[INFO ] sampling completed, taking 40.00s\n"
+                   "[INFO ] decode_first_stage completed, taking 5.50s\n")
+    got = brs.sdcli_phases(log.read_text() + "[INFO ] loading tensors completed, taking 7.25s (read: 7.19s)\n")
+    assert got == {"load": 8.5, "text": 0.08, "sampling": 40.0, "decode": 5.5}  # each module's load summed
+
+
+def test_sdplan_parts_split_the_runs() -> None:
+    res = {"whole": 10.0, "peak_rss": 3 << 30,
+           "runs": {"te": 0.5, "clip_g": 0.25, "diffusion": 8.0, "vae": 1.0, "@load": 0.2}}
+    got = brs.sdplan_parts(res, steps=4)
+    assert got == {"text": 0.75, "step": 2.0, "decode": 1.0, "load": 0.2, "whole": 10.0, "peak_rss": 3 << 30}
