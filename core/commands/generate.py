@@ -247,8 +247,12 @@ def run(args: argparse.Namespace) -> int:
     from sdplan.core.runtime.process import Engine
     from sdplan.core.sampling.slg import refuse_other_families
 
+    extras = list(getattr(args, "extra_argv", None) or [])
+    if any(x in ("-v", "--verbose") for x in extras):  # sd-cli's -v: print predicted beside measured
+        args.verbose = True
+        extras = [x for x in extras if x not in ("-v", "--verbose")]
     try:
-        notes = refuse_unsupported(args, list(getattr(args, "extra_argv", None) or []))
+        notes = refuse_unsupported(args, extras)
         taken = apply_from_image(args, getattr(args, "parser_defaults", {}))
     except SdplanError as exc:
         print(f"sdplan generate: {exc}", file=sys.stderr)
@@ -277,6 +281,8 @@ def run(args: argparse.Namespace) -> int:
             print_error(exc)
             return 2
         fits = fit is None or fit.fits
+        predicted = _predict(args, engine, files, plan, inventory, models.profile(), fit) \
+            if getattr(args, "verbose", False) else None
         try:  # the engine starts on the picture while the tables print
             job, req = _submit(args, files, plan, engine) if fits or args.force else (0, {})
         except (SdplanError, ValueError) as exc:
@@ -300,7 +306,7 @@ def run(args: argparse.Namespace) -> int:
         if engine.isolated:
             _load_output_modules()
         try:
-            return _generate(args, files, plan, engine, console, job, req)
+            return _generate(args, files, plan, engine, console, job, req, predicted)
         except (SdplanError, ValueError) as exc:
             return _failed(exc)
 
@@ -442,8 +448,50 @@ def _submit(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, en
     return engine.submit(GENERATE_JOB, {"request": req}), req
 
 
+def _predict(args: argparse.Namespace, engine: Any, files: dict[str, list[str]], plan: Any, inventory: Any,
+             profile: Any, fit: Any) -> Any:
+    """The predicted time of this run (``-v``): the work of the engine's graphs counted in
+    the engine process on the planned devices (:data:`~sdplan.core.pipelines.job_names.WORK_JOB`),
+    priced with the devices' measured profiles (:mod:`sdplan.core.commands.time_estimate`);
+    None when it cannot be made (logged)."""
+    from sdplan.core.commands import time_estimate as te
+    from sdplan.core.pipelines.job_names import WORK_JOB
+    from sdplan.core.planning.work import works_from_json
+    from sdplan.core.runtime.placement import ModulePlacement
+
+    try:
+        settings = te.settings_of(args)
+        works = works_from_json(engine.call(WORK_JOB, {
+            "model_files": files, "width": args.width, "height": args.height, "batch": args.batch_count,
+            "cfg": settings.cfg, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
+            "placements": {m: ModulePlacement.from_plan(plan, m) for m in te.COUNTED}}))
+        return te.predict(plan, te.with_profiles(inventory, settings.threads), profile, settings, works, files, fit)
+    except SdplanError as exc:
+        log.info("no time prediction: %s", exc)
+        return None
+
+
+def measured_timings(step_times: list[float], engine_timings: dict[str, Any]) -> dict[str, float]:
+    """A picture's measured ``{"step_s", "image_s"}``: the median of the intervals between
+    the progress messages of consecutive sampler steps (``step_times``: seconds since the
+    message before, the first one's 0; the first step also builds the graph, so it is left
+    out; with one step, the engine's own ``per_step``), and the engine's whole time for the
+    request (``total``: load, text, sampling, decode); a figure that was not measured is
+    left out."""
+    import statistics
+
+    out: dict[str, float] = {}
+    if len(step_times) > 1:
+        out["step_s"] = round(statistics.median(step_times[1:]), 6)
+    elif isinstance(engine_timings.get("per_step"), (int, float)):
+        out["step_s"] = round(float(engine_timings["per_step"]), 6)
+    if isinstance(engine_timings.get("total"), (int, float)):
+        out["image_s"] = round(float(engine_timings["total"]), 6)
+    return out
+
+
 def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any, console: Any,
-              job: int, req: dict[str, Any]) -> int:
+              job: int, req: dict[str, Any], predicted: Any = None) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     preview_dir = Path(args.preview_path) if args.preview_path else None
@@ -453,6 +501,7 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
                   transient=False) as bar:
         task = bar.add_task("sampling", total=args.steps, rate="")
         first: dict[str, float] = {}
+        step_times: list[float] = []
 
         def on_progress(info: dict[str, Any]) -> None:
             if info.get("phase") == "threads":
@@ -461,6 +510,8 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
             if "step" not in info:
                 return
             now = time.perf_counter()
+            step_times.append(now - first.get("last", now))
+            first["last"] = now
             first.setdefault("t", now)
             first.setdefault("step", info["step"])
             done = info["step"] - first["step"]
@@ -493,12 +544,24 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
 
     for module, n in (res.get("segments") or {}).items():
         console.print(f"{module}: ran in {n} segments under the --max-vram budget", highlight=False)
+    timings = measured_timings(step_times, res.get("timings") or {})
+    res.setdefault("timings", {}).update(timings)
+    if predicted is not None:
+        from sdplan.core.commands.time_estimate import print_time
+
+        print_time(console, predicted, timings)
     applied = {k: v for k, v in res.get("params", {}).items() if k in ("loras", "lora_apply_mode")}
     text = generation_text({**req, "clip_skip": args.clip_skip, **applied}, files,
                            {"backend": plan.backend, "params_backend": plan.params_backend,
                             "max_vram": plan.max_vram, "split_mode": plan.split_mode,
                             "rpc_servers": ",".join(plan.rpc_servers)},
                            file_flags=file_flags(args, files))
+    if timings:
+        import json
+
+        doc = json.loads(text["sdplan"])
+        doc["timings"] = timings
+        text["sdplan"] = json.dumps(doc, separators=(",", ":"))
     return write_images(res["images"], Path(args.output), text, console)
 
 

@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 from sdplan.core.commands.options import add_source_arguments, load_inventory, profile_from_args
+from sdplan.core.commands.time_estimate import add_time_arguments
 from sdplan.core.errors import PlanError, SdplanError
 from sdplan.core.planning.autofit import RESERVES
 from sdplan.core.planning.estimate import estimate_plan
@@ -72,6 +73,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="with --engine sd-cli: sd-cli runs the diffusion model with flash "
                         "attention (its --diffusion-fa)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_time_arguments(p)
     p.set_defaults(run=run)
     return p
 
@@ -132,6 +134,21 @@ def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
                          batch=args.batch_count, engine=engine, measured=measured)
 
 
+def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argparse.Namespace,
+          files: dict[str, list[str]], fit: Any, live: bool) -> Any:
+    """The predicted time of sdplan's engine running the plan
+    (:mod:`sdplan.core.commands.time_estimate`), or None without a profile or for another
+    engine; the devices' profiles are the inventory file's, else those measured here."""
+    if profile is None or engine_name(args) != "sdplan":
+        return None
+    from sdplan.core.commands import time_estimate as te
+
+    settings = te.settings_of(args)
+    inventory = te.with_profiles(inventory, settings.threads)
+    works = te.count_here(files, plan, inventory, settings, live) if files else {}
+    return te.predict(plan, inventory, profile, settings, works, files, fit)
+
+
 def engine_name(args: argparse.Namespace) -> str:
     """The estimate's engine from ``--engine`` and ``--diffusion-fa``."""
     if getattr(args, "engine", "sdplan") == "sd-cli":
@@ -173,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
             plan = dataclasses.replace(plan, warnings=extra + plan.warnings)
         fit = _fit(plan, profile, inventory, args, files,
                    imported.runtime_flags() if imported is not None else None)
+        timing = _time(plan, profile, inventory, args, files, fit, live=not args.devices)
     except SdplanError as exc:
         err = exc.to_json()
         err.setdefault("span", None)
@@ -191,10 +209,16 @@ def run(args: argparse.Namespace) -> int:
         if imported is not None:
             out["command"] = _command_json(imported, plan)
             out["command"]["runtime_flags"] = imported.runtime_flags().to_json()
+        if timing is not None:
+            out["time"] = timing.to_json()
         print(json.dumps(out, indent=1))
     else:
         print_tables(plan, inventory, fit)
         print_advice(advice)
+        if timing is not None:
+            from sdplan.core.commands.time_estimate import print_time
+
+            print_time(stdout_console(), timing)
         if imported is not None:
             cmd = _command_json(imported, plan)
             console = stdout_console()

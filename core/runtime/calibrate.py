@@ -1,0 +1,503 @@
+"""Device profiles measured on the device: a few seconds of products, copies and reads.
+
+:func:`calibrate_device` times, on one device through the engine's own graph code (so the
+kernels measured are the ones the engine runs there):
+
+- the fixed cost of computing a graph (one tiny node) and of each further node (a chain of
+  64 tiny nodes); the bandwidth and fixed cost of memory-bound ops (adds, GroupNorm with
+  SiLU, GELU and LayerNorm on 32 MiB and on 128 KiB);
+- matrix products ``(N, K) x (M, K)^T`` with f16, bf16, q8_0 and f32 weights at four sizes
+  from 0.5 MFLOP to 3.4 GFLOP (on a CPU with sdplan's bf16 kernel, f16 also as the kernel
+  runs it for the modules that hold f16 weights in bf16), 3x3 convolutions at three sizes
+  and attention at three sizes (head widths 40 and 64): FLOP/s per op size, net of the
+  fixed costs and of the graph's memory-bound nodes;
+- host-to-device and device-to-host copies of a small and a large tensor (for an RPC device
+  that is the network link): bandwidth and latency.
+
+:func:`calibrate_drive` reads a 64 MiB file it writes on a drive: cold (its pages dropped
+from the page cache after ``fsync``), cached, and mapped (every page first touched).
+
+Profiles are kept per device identity (registry, name or RPC endpoint, description, total
+memory) and CPU thread count in ``$XDG_CACHE_HOME/sdplan/device-profiles.json`` (default
+``~/.cache``); ``sdplan devices --calibrate`` measures again.
+:func:`with_cached_profiles` puts them on an inventory's devices.
+
+This module imports nothing heavy until a measurement runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sdplan.core.planning.device_profile import DeviceProfile, DriveProfile, Link, default_profile
+from sdplan.core.planning.inventory import Device, Inventory
+
+log = logging.getLogger(__name__)
+
+#: Product shapes (M, K, N rows): 0.5 MFLOP, 13 MFLOP, 0.42 GFLOP, 3.4 GFLOP.
+PRODUCTS = ((64, 64, 64), (320, 320, 64), (640, 640, 512), (1280, 1280, 1024))
+#: 3x3 convolutions (batch, channels in = out, height = width): 4.7 MFLOP to 1.2 GFLOP.
+CONVS = ((2, 32, 16), (2, 64, 16), (2, 640, 8), (2, 320, 16), (1, 128, 64))
+#: Attention (batch, heads, tokens, head width): the widths of the demo (8), SD 1.x (40),
+#: CLIP, SD 2.x, SDXL and the DiTs (64), the VAEs' single head (512).
+ATTENTIONS = ((2, 8, 256, 8), (1, 12, 77, 64), (2, 8, 256, 40), (1, 8, 1024, 40), (2, 10, 1024, 64),
+              (1, 1, 256, 512), (1, 1, 1024, 512))
+#: FLOP a timed chain of products aims at (:func:`_chain`).
+CHAIN_FLOP = 5e7
+#: Weight dtypes measured.
+DTYPES = ("f16", "bf16", "q8_0", "f32")
+#: Bytes of the large memory-bound ops' operand.
+MEM_BYTES = 32 << 20
+#: Repeats per timing (the median is kept).
+REPEAT = 5
+
+
+def cache_path() -> Path:
+    """Where measured profiles are kept (``$XDG_CACHE_HOME/sdplan/device-profiles.json``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "sdplan" / "device-profiles.json"
+
+
+def identity(device: Device) -> str:
+    """The key a device's profile is kept under: registry, the RPC endpoint or the name,
+    description and total memory (bytes)."""
+    where = device.description if device.registry.upper() == "RPC" else device.name
+    return f"{device.registry}|{where}|{device.description}|{device.total}"
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        data = json.loads(cache_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def store(device: Device | None, profile: DeviceProfile | DriveProfile) -> None:
+    """Keep ``profile`` in the cache file (a device's under its :func:`identity` and thread
+    count; a drive's under its path). Written atomically."""
+    data = _read_cache()
+    if isinstance(profile, DriveProfile):
+        data.setdefault("drives", {})[profile.path] = profile.to_json()
+    else:
+        assert device is not None
+        data.setdefault("devices", {}).setdefault(identity(device), {})[str(profile.threads)] = profile.to_json()
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def cached_profile(device: Device, threads: int = 0) -> DeviceProfile | None:
+    """The kept profile of ``device``: the one measured with ``threads`` CPU threads, else
+    the one with the most threads; None when none was kept (or the entry is unreadable)."""
+    entries = _read_cache().get("devices", {}).get(identity(device), {})
+    if not isinstance(entries, dict) or not entries:
+        return None
+    key = str(threads) if str(threads) in entries else max(entries, key=lambda k: int(k) if k.isdigit() else -1)
+    try:
+        return DeviceProfile.from_json(entries[key], source=str(cache_path()))
+    except Exception:  # a damaged cache entry is ignored, not fatal
+        log.info("ignoring the kept profile of %s", device.name, exc_info=True)
+        return None
+
+
+def cached_drives() -> tuple[DriveProfile, ...]:
+    """Every kept drive profile."""
+    out = []
+    for path, raw in (_read_cache().get("drives") or {}).items():
+        try:
+            out.append(DriveProfile.from_json(raw, source=str(cache_path())))
+        except Exception:
+            log.info("ignoring the kept drive profile of %s", path, exc_info=True)
+    return tuple(out)
+
+
+def with_cached_profiles(inventory: Inventory, threads: int = 0) -> Inventory:
+    """``inventory`` with each device's kept profile (devices that already carry one, from
+    an inventory file, keep theirs) and the kept drives when it has none."""
+    devices = tuple(d if d.profile is not None else replace(d, profile=cached_profile(d, threads))
+                    for d in inventory)
+    return Inventory(devices, inventory.drives or cached_drives())
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def _median(fn: Callable[[], object], repeat: int = REPEAT) -> float:
+    fn()  # warm-up: allocation, first touch, caches
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _chain(flops: float, sync_s: float = 0.0) -> int:
+    """How many ops of ``flops`` FLOP a timed graph chains: enough for about
+    :data:`CHAIN_FLOP` (fixed per-graph costs fade), more where waiting for a compute takes
+    a round trip of ``sync_s`` seconds (``sync_s / 0.1 ms`` times as many, so the round
+    trip's jitter fades too), 1 to 64."""
+    target = CHAIN_FLOP * max(1.0, sync_s / 1e-4)
+    return max(1, min(64, round(target / flops)))
+
+
+class _Bench:
+    """Graphs on one device, timed."""
+
+    def __init__(self, backend: Any, cpu: Any, threads: int) -> None:
+        from sdplan.core.runtime import graph as gr
+
+        self.gr = gr
+        self.backend, self.cpu, self.threads = backend, cpu, threads
+        self.is_cpu = backend is cpu
+        self.graph_s = 0.0
+        self.node_s = 0.0
+        self.op_s = 0.0
+        self.mem_bps = 1e10
+        self.sync_s = 0.0  # the read-back that waits for a compute (an RPC round trip)
+        self.h2d: Link | None = None  # inputs live in host memory and are copied in per compute
+
+    def graph(self, build: Callable[[Any], dict[str, Any]], f16_as_bf16: bool = False,
+              attention_bf16: bool = False) -> tuple[float, Any]:
+        """Build with ``build(g) -> {input name: array}`` (its last op's result is read back
+        as one value, which waits for the compute where a device computes asynchronously, as
+        ggml's RPC client does), compute, return (median seconds less the read-back's
+        latency and, off the CPU, less copying the inputs in: the scheduler keeps graph
+        inputs in host memory; the graph's work on this device)."""
+        from sdplan.core.runtime.work_count import graph_work
+
+        g = self.gr.new_graph([self.backend] if self.is_cpu else [self.backend, self.cpu],
+                              n_threads=self.threads)
+        g.f16_as_bf16 = f16_as_bf16
+        g.bf16_attention = attention_bf16
+        with self.gr.on(g, 0):  # every op on the device measured, as the runner pins them
+            feed = build(g)
+            last = g.output_names[-1]
+        g.build()
+        g.allocate()
+        for k, v in feed.items():
+            g.set_input(k, v)
+
+        def run() -> None:
+            g.compute()
+            g.get_output(last)
+
+        t = max(_median(run) - self.sync_s, 0.0)
+        work = graph_work(g, ["dev", "cpu"])
+        g.free_compute()
+        if self.h2d is not None and not self.is_cpu:
+            t = max(t - self.h2d.seconds(work.input_bytes, work.inputs), t / 4)
+        return t, work.devices.get("dev")
+
+    def net(self, t: float, dev: Any) -> float:
+        """Seconds of a graph's compute ops: ``t`` less the fixed costs and the memory-bound
+        nodes (at least a quarter of ``t``)."""
+        if dev is None:
+            return t
+        rest = self.graph_s + dev.nodes * self.node_s + dev.mem_bytes / self.mem_bps + dev.mem_ops * self.op_s
+        return max(t - rest, t / 4)
+
+
+def _filled(g: Any, shape: tuple[int, ...]) -> Any:
+    """An input of ``shape`` made on the device from a small seed input ``x`` (its last axis,
+    repeated): what a timing feeds in costs no host-to-device copy of the whole tensor."""
+    seed = g.input("x", (1,) * (len(shape) - 1) + (shape[-1],))
+    return g.repeat(seed, shape)
+
+
+def _seed(np: Any, shape: tuple[int, ...]) -> dict[str, Any]:
+    """The values of :func:`_filled`'s seed input."""
+    return {"x": np.random.default_rng(0).standard_normal((1,) * (len(shape) - 1) + (shape[-1],)).astype(np.float32)}
+
+
+def _one(g: Any, y: Any) -> Any:
+    """A one-value copy of ``y``'s first element (what the timing reads back)."""
+    return g.cont(g.view(y, (1,), None, 0))
+
+
+def _weights(np: Any, ng: Any, backend: Any, dtype: str, shape: tuple[int, ...], n: int) -> tuple[Any, Any]:
+    """A WeightStore with ``n`` weights ``w0``.. of ``dtype`` and ``shape`` on ``backend``,
+    small random values; (store, buffer)."""
+    names = [f"w{i}" for i in range(n)]
+    store = ng.WeightStore([(name, dtype, shape) for name in names])
+    buf = store.allocate(names, backend)
+    rng = np.random.default_rng(0)
+    for name in names:
+        vals = rng.standard_normal(math.prod(shape)).astype(np.float32) * 0.05
+        if dtype == "f32":
+            data = vals
+        elif dtype == "f16":
+            data = vals.astype(np.float16)
+        else:
+            data = np.frombuffer(ng.convert_rows(vals.tobytes(), "f32", dtype, shape[-1]), np.uint8)
+        store.set_data(name, np.ascontiguousarray(data))
+    return store, buf
+
+
+#: The parts of a measurement (:func:`calibrate_device`'s ``parts``).
+PARTS = ("fixed", "products", "convolutions", "attention", "links")
+
+
+def _fixed(b: _Bench, chain: Callable[[int], Callable[[Any], dict[str, Any]]], np: Any, rng: Any,
+           say: Callable[[str], None], device: str) -> None:
+    """The fixed costs: per graph, per node, per memory-bound op, and the memory bandwidth."""
+    say(f"{device}: fixed costs")
+    b.graph_s = b.graph(chain(1))[0]
+    t64 = b.graph(chain(65))[0]
+    b.node_s = max((t64 - b.graph_s) / 64, 0.0)
+
+    def mix(n: int, k: int) -> Callable[[Any], dict[str, Any]]:
+        """``k`` rounds of the memory-bound ops models run most (add, GroupNorm with SiLU,
+        GELU, LayerNorm) on ``n`` floats laid out (1, 32, n/32/16, 16)."""
+        shape = (1, 32, n // 512, 16)
+
+        def build(g: Any) -> dict[str, Any]:
+            x = _filled(g, shape)
+            y = x
+            for _ in range(k):
+                y = g.add(y, x)
+                y = g.group_norm(y, 32, 1e-5, silu=True)
+                y = g.unary("gelu", y)
+                y = g.layer_norm(y, 1e-5)
+            g.output("y", _one(g, y))
+            return _seed(np, shape)
+        return build
+
+    t_big, dev_big = b.graph(mix(MEM_BYTES // 4, 2))
+    b.mem_bps = dev_big.mem_bytes / max(t_big - b.graph_s - dev_big.nodes * b.node_s, t_big / 4)
+    t_small, dev_small = b.graph(mix(32 << 10, 16))
+    b.op_s = max(t_small - b.graph_s - dev_small.nodes * b.node_s - dev_small.mem_bytes / b.mem_bps, 0.0) / max(
+        dev_small.mem_ops, 1)
+
+
+
+def calibrate_device(manager: Any, device: str, threads: int = 0,
+                     progress: Callable[[str], None] | None = None,
+                     parts: Sequence[str] = PARTS) -> DeviceProfile:
+    """Measure ``device`` (sdplan name) with backends of ``manager`` (a BackendManager; its
+    CPU thread count is set to ``threads`` when > 0). A few seconds (more behind a slow
+    link). Returns a measured :class:`DeviceProfile` (with ``parts`` a subset of
+    :data:`PARTS`, only those parts are measured: the others keep the stated defaults of a
+    device of its type, and such a profile is for tests, not for keeping).
+
+    Each product, convolution and attention is timed as a chain of up to 64 ops with their
+    own weights (:func:`_chain`), as a model graph runs them one after another; the rate is
+    the chain's FLOP over its time less the fixed per-graph cost.
+
+    Raises:
+        InventoryError: unknown device; RuntimeError: ggml fails on the device.
+    """
+    import numpy as np
+    from sdplan.core.runtime.native import native
+
+    ng = native()
+    if threads > 0:
+        manager.cpu_threads = threads
+    backend, cpu = manager.get(device), manager.get("CPU")
+    is_cpu = ng.device_type(backend.device_name) == "cpu"
+    b = _Bench(backend, cpu, threads if threads > 0 else int(manager.cpu_threads))
+    say = progress or (lambda _: None)
+    rng = np.random.default_rng(0)
+
+    def chain(n: int) -> Callable[[Any], dict[str, Any]]:
+        def build(g: Any) -> dict[str, Any]:
+            x = g.input("x", (16,))
+            for _ in range(n):
+                x = g.scale(x, 1.0001)
+            g.output("y", x)
+            return {"x": np.ones(16, np.float32)}
+        return build
+
+    default = default_profile(str(ng.device_type(backend.device_name)), "RPC" if device.startswith("RPC") else "")
+    say(f"{device}: transfers")
+    h2d, d2h = _links(np, ng, backend) if "links" in parts else (default.h2d, default.d2h)
+    b.sync_s = d2h.latency_s if not is_cpu else 0.0
+    b.h2d = h2d
+
+    b.graph_s, b.node_s, b.op_s, b.mem_bps = default.graph_s, default.node_s, default.op_s, default.mem_bps
+    rates: dict[str, list[tuple[float, float]]] = {k: list(v) for k, v in default.rates.items()}
+    if "fixed" in parts:
+        _fixed(b, chain, np, rng, say, device)
+    else:
+        b.graph_s = b.graph(chain(1))[0]
+    if any(p in parts for p in ("products", "convolutions", "attention")):
+        rates = {}
+
+    def record(intent: str | None, flops: float, n: int, t: float, dev: Any) -> None:
+        """The op class's rate for ``n`` ops of ``flops`` FLOP (``intent``: the device's
+        default path, the fixed per-graph cost off) and the rate of each kernel that ran (the
+        memory-bound nodes off too)."""
+        if intent is not None:
+            rates.setdefault(intent, []).append((flops, flops * n / max(t - b.graph_s, t / 4)))
+        ops = [o for o in (dev.ops if dev else ()) if o.count]
+        total = sum(o.flops * o.count for o in ops)
+        if total > 0:
+            rate = total / b.net(t, dev)
+            for key in {f"{o.cls}/{o.kernel}:{o.dtype}" for o in ops}:
+                rates.setdefault(key, []).append((total / sum(o.count for o in ops), rate))
+
+    bf16_cpu = is_cpu and ng.bf16_kernel() != "off"
+    for dtype in (DTYPES if "products" in parts else ()):
+        if not ng.supports_mul_mat(backend, dtype):
+            continue
+        say(f"{device}: {dtype} products")
+        for as_bf16 in ((False, True) if bf16_cpu and dtype == "f16" else (False,)):
+            for m, k, rows in PRODUCTS:
+                n = _chain(2.0 * m * k * rows, b.sync_s)
+                store, buf = _weights(np, ng, backend, dtype, (m, k), n)
+
+                def mm(g: Any, store: Any = store, k: int = k, rows: int = rows, n: int = n) -> dict[str, Any]:
+                    y = _filled(g, (rows, k))
+                    for i in range(n):
+                        y = g.mul_mat(store.tensor(f"w{i}"), y)
+                    g.output("y", _one(g, y))
+                    return _seed(np, (rows, k))
+
+                t, dev = b.graph(mm, f16_as_bf16=as_bf16)
+                record(None if as_bf16 else f"mm:{dtype}", 2.0 * m * k * rows, n, t, dev)
+                buf.free()
+    say(f"{device}: convolutions and attention")
+    for as_bf16 in ((False, True) if bf16_cpu else (False,)):
+        for batch, ch, px in (CONVS if "convolutions" in parts else ()):
+            n = _chain(2.0 * batch * ch * px * px * ch * 9, b.sync_s)
+            store, buf = _weights(np, ng, backend, "f16", (ch, ch, 3, 3), n)
+
+            def conv(g: Any, store: Any = store, batch: int = batch, ch: int = ch, px: int = px,
+                     n: int = n) -> dict[str, Any]:
+                y = _filled(g, (batch, ch, px, px))
+                for i in range(n):
+                    y = b.gr.conv2d(g, y, store.tensor(f"w{i}"), None, 1, 1)  # stride 1, padding 1
+                g.output("y", _one(g, y))
+                return _seed(np, (batch, ch, px, px))
+
+            t, dev = b.graph(conv, f16_as_bf16=as_bf16)
+            record(None if as_bf16 else "conv:f16", 2.0 * batch * ch * px * px * ch * 9, n, t, dev)
+            buf.free()
+        for bsz, heads, tokens, width in (ATTENTIONS if "attention" in parts else ()):
+            flops = 2.0 * bsz * heads * tokens * tokens * 2 * width
+            n = _chain(flops, b.sync_s)
+
+            def attn(g: Any, bsz: int = bsz, heads: int = heads, tokens: int = tokens, width: int = width,
+                     n: int = n) -> dict[str, Any]:
+                shape = (bsz, heads, tokens, width)
+                q = _filled(g, shape)
+                k, v = g.scale(q, 0.5), g.scale(q, -1.0)
+                for i in range(n):
+                    g.output(f"y{i}", _one(g, b.gr.attention(g, q, k, v, scale=1.0 / (i + 1))))
+                return _seed(np, shape)
+
+            t, dev = b.graph(attn, f16_as_bf16=as_bf16, attention_bf16=as_bf16)
+            record(None if as_bf16 else "attn:f16", flops, n, t, dev)
+    return DeviceProfile(rates={k: tuple(sorted(v)) for k, v in rates.items()}, mem_bps=b.mem_bps,
+                         node_s=b.node_s, graph_s=b.graph_s, h2d=h2d, d2h=d2h,
+                         threads=b.threads if is_cpu else 0, source="measured",
+                         measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), op_s=b.op_s)
+
+
+def _links(np: Any, ng: Any, backend: Any) -> tuple[Link, Link]:
+    """Host-to-device and device-to-host links of ``backend``: a 4 KiB copy's time is the
+    latency; a copy sized to take about 0.1 s (1 to 32 MiB) gives the bandwidth."""
+    small = 1024
+
+    def times(n: int) -> tuple[float, float]:
+        store = ng.WeightStore([("t", "f32", (n,))])
+        buf = store.allocate(["t"], backend)
+        arr = np.ones(n, np.float32)
+        try:
+            return _median(lambda: store.set_data("t", arr)), _median(lambda: store.get_bytes("t"))
+        finally:
+            buf.free()
+
+    up0, down0 = times(small)
+    probe = (1 << 20) // 4
+    up1, down1 = times(probe)
+    est = probe * 4 / max(min(up1 - up0, down1 - down0), 1e-6)
+    big = int(min(max(est * 0.1, 1 << 20), 32 << 20)) // 4
+    up, down = times(big) if big > probe else (up1, down1)
+    n = max(big, probe) * 4 - small * 4
+    return (Link(n / max(up - up0, 1e-9), up0), Link(n / max(down - down0, 1e-9), down0))
+
+
+def calibrate_drive(folder: str | Path, size: int = 64 << 20) -> DriveProfile:
+    """Read speeds of the drive holding ``folder``: a ``size``-byte file written there is
+    read cold (its pages dropped after ``fsync``; where the system cannot drop them the
+    figure is a cached read), cached, and mapped with every page touched. The file is
+    removed afterwards.
+
+    Raises:
+        OSError: the folder cannot take the file.
+    """
+    import mmap
+
+    folder = Path(folder).resolve()
+    block = os.urandom(1 << 20)
+    fd, name = tempfile.mkstemp(prefix=".sdplan-drive-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for _ in range(size >> 20):
+                fh.write(block)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+        def read() -> float:
+            t0 = time.perf_counter()
+            with open(name, "rb", buffering=0) as fh:
+                buf = bytearray(8 << 20)
+                while fh.readinto(buf):
+                    pass
+            return time.perf_counter() - t0
+
+        def drop() -> None:
+            with open(name, "rb") as fh:
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+        drop()
+        cold = read()
+        cached = min(read() for _ in range(3))
+
+        def touch() -> float:
+            with open(name, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                t0 = time.perf_counter()
+                page = mmap.PAGESIZE
+                sum(mm[i] for i in range(0, len(mm), page))
+                return time.perf_counter() - t0
+
+        mapped = min(touch() for _ in range(3))
+    finally:
+        os.unlink(name)
+    return DriveProfile(str(folder), size / cold, size / cached, size / mapped)
+
+
+def calibrate_inventory(manager: Any, inventory: Inventory, threads: int = 0,
+                        drives: Sequence[str | Path] = (),
+                        progress: Callable[[str], None] | None = None) -> Inventory:
+    """Measure every device of ``inventory`` and each drive holding a folder of ``drives``,
+    keep the profiles (:func:`store`) and return the inventory with them."""
+    devices = []
+    for d in inventory:
+        prof = calibrate_device(manager, d.name, threads, progress)
+        store(d, prof)
+        devices.append(replace(d, profile=prof))
+    measured = []
+    for folder in drives:
+        if progress:
+            progress(f"drive of {folder}")
+        dp = calibrate_drive(folder)
+        store(None, dp)
+        measured.append(dp)
+    kept = [d for d in cached_drives() if d.path not in {m.path for m in measured}]
+    return Inventory(tuple(devices), tuple(measured) + tuple(kept))

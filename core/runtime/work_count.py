@@ -1,0 +1,142 @@
+"""Count a built graph's work: operations and bytes per device, without computing it.
+
+:func:`graph_work` walks the nodes of a built ``sdplan._ggml.Graph``
+(``sdplan._ggml.graph_nodes``: op, kernel, shape, dtype, bytes, device, sources) and sums
+them into a :class:`~sdplan.core.planning.work.GraphWork`:
+
+- products (``MUL_MAT``, sdplan's ``bf16_gemm``/``fma_gemm`` custom ops): class ``mm``,
+  ``2 * output elements * K`` FLOP, ``K`` the weight's inner length (for a weight of shape
+  ggml ``[K, M]`` the row length; for a convolution kernel ``[KW, KH, IC, OC]`` run as one
+  product op, ``KW * KH * IC``; such an op with a kernel wider than 1x1 is class ``conv``);
+- sdplan's Winograd convolution (``winograd``): class ``conv``, the direct product's
+  ``2 * output elements * 9 * IC`` FLOP (its weight is the source of the kernel-packing node
+  before it), so convolutions count the same on every device whatever method runs them;
+- attention (ggml's ``FLASH_ATTN_EXT``, sdplan's ``bf16_attention``/``fma_attention``):
+  class ``attn``, ``2 * B * H * Nq * Nk * (D + Dv)`` FLOP (scores and values);
+- every other node that computes (not a view): memory-bound, its output's bytes plus its
+  sources' bytes, and one memory op (each has a fixed cost besides its bytes).
+
+A node runs on the device it was pinned to (the runner pins every node: block ranges to
+their device, the rest to the main device); a node's source made on another device is one
+copy per compute (deduplicated per destination), and the graph's inputs live on the main
+device. Weights are counted once per device that uses them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from sdplan.core.planning.work import DeviceWork, GraphWork, OpGroup
+from sdplan.core.runtime.native import native
+
+#: ggml ops that only view their source: no work, but still a node.
+_PRODUCT_KERNELS = ("bf16_gemm", "fma_gemm")
+_ATTENTION_KERNELS = ("FLASH_ATTN_EXT", "bf16_attention", "fma_attention")
+
+
+def _elems(ne: Sequence[int]) -> int:
+    return math.prod(ne)
+
+
+def _outer(ne: Sequence[int]) -> int:
+    """The outermost dimension of a weight larger than 1 (its output channels or rows)."""
+    for n in reversed(ne):
+        if n > 1:
+            return int(n)
+    return 1
+
+
+def classify(node: tuple[Any, ...], nodes: Sequence[tuple[Any, ...]]) -> tuple[str, str, float] | None:
+    """``(class, weight dtype, FLOP)`` of a compute node (module docstring), or None for a
+    memory-bound or view node. ``nodes``: the graph's nodes (a Winograd node's weight is a
+    source of its kernel-packing node)."""
+    _, kernel, ne, _, _, view, _, srcs = node
+    if view:
+        return None
+    out = _elems(ne)
+    if kernel == "MUL_MAT":
+        a = srcs[0]
+        return "mm", a[2], 2.0 * out * a[1][0]
+    if kernel in _PRODUCT_KERNELS and len(srcs) >= 2:
+        w = srcs[1]
+        cls = "conv" if len(w[1]) == 4 and w[1][0] * w[1][1] > 1 and w[1][2] > 1 else "mm"
+        return cls, w[2], 2.0 * out * _elems(w[1]) / _outer(w[1])
+    if kernel == "winograd" and len(srcs) >= 2:
+        packed = srcs[1]
+        w = nodes[packed[0]][7][0] if packed[0] >= 0 and nodes[packed[0]][7] else packed
+        return "conv", w[2], 2.0 * out * 9 * w[1][2]
+    if kernel in _ATTENTION_KERNELS and len(srcs) >= 3:
+        q, k = srcs[0], srcs[1]
+        dv = ne[0]
+        return "attn", k[2], 2.0 * (out / dv) * k[1][1] * (q[1][0] + dv)
+    return None
+
+
+def kernel_key(node: tuple[Any, ...]) -> str:
+    """The kernel name a node's work is priced by: ggml's op name or sdplan's kernel; for
+    attention with ``@d`` and the head width appended (``bf16_attention@d40``), since its
+    rate depends on the width as much as on the size."""
+    kernel = node[1]
+    if kernel in _ATTENTION_KERNELS and node[7]:
+        return f"{kernel}@d{node[7][0][1][0]}"
+    return str(kernel)
+
+
+def graph_work(g: Any, devices: Sequence[str]) -> GraphWork:
+    """The work of built graph ``g`` whose backends are ``devices`` (sdplan device names in
+    the graph's scheduler order, main device first).
+
+    Raises:
+        ValueError: ``g`` is not built.
+    """
+    nodes = native().graph_nodes(g)
+    main = devices[0]
+
+    def dev(i: int) -> str:
+        return devices[i] if 0 <= i < len(devices) else main
+
+    groups: dict[str, dict[tuple[str, str, str, float], int]] = defaultdict(lambda: defaultdict(int))
+    mem: dict[str, float] = defaultdict(float)
+    mem_ops: dict[str, int] = defaultdict(int)
+    count: dict[str, int] = defaultdict(int)
+    weights: dict[str, dict[int, int]] = defaultdict(dict)
+    copies: dict[str, int] = defaultdict(int)
+    copied: set[tuple[int, str]] = set()
+    used: set[int] = set()
+    inputs: dict[int, int] = {}
+    for node in nodes:
+        _, kernel, _, _, nbytes, view, backend, srcs = node
+        d = dev(backend)
+        count[d] += 1
+        for sid, _, _, sbytes, weight, _ in srcs:
+            if sid >= 0:
+                used.add(sid)
+            if weight:
+                weights[d][sid] = int(sbytes)
+                continue
+            if sid < 0:
+                inputs[sid] = max(inputs.get(sid, 0), int(sbytes))
+            src_dev = dev(nodes[sid][6]) if sid >= 0 else main
+            if src_dev != d and not view and (sid, d) not in copied:
+                copied.add((sid, d))
+                copies[f"{src_dev}>{d}"] += int(sbytes)
+        if view:
+            continue
+        work = classify(node, nodes)
+        if work is None:
+            mem[d] += nbytes + sum(s[3] for s in srcs)
+            mem_ops[d] += 1
+        else:
+            cls, dtype, flops = work
+            groups[d][(cls, kernel_key(node), dtype, float(flops))] += 1
+    outs = [n for i, n in enumerate(nodes) if i not in used and not n[5]]
+    out_devs = {}
+    for name in dict.fromkeys([*count, *groups]):
+        ops = tuple(OpGroup(c, k, t, f, n) for (c, k, t, f), n in sorted(groups[name].items()))
+        out_devs[name] = DeviceWork(ops, mem[name], count[name], len(weights[name]),
+                                    sum(weights[name].values()), mem_ops[name])
+    return GraphWork(main, out_devs, sum(inputs.values()), len(inputs),
+                     sum(int(n[4]) for n in outs), len(outs), dict(copies))
