@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -58,8 +57,9 @@ CHAIN_FLOP = 5e7
 DTYPES = ("f16", "bf16", "q8_0", "f32")
 #: Bytes of the large memory-bound ops' operand.
 MEM_BYTES = 32 << 20
-#: Repeats per timing (the median is kept).
-REPEAT = 5
+#: Calls per timing at least (their mean is kept), and seconds at least (:func:`_timed`).
+REPEAT = 3
+LEAST_S = 0.05
 
 
 def cache_path() -> Path:
@@ -135,14 +135,21 @@ def with_cached_profiles(inventory: Inventory, threads: int = 0) -> Inventory:
 # --------------------------------------------------------------------------- measuring
 
 
-def _median(fn: Callable[[], object], repeat: int = REPEAT) -> float:
-    fn()  # warm-up: allocation, first touch, caches
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+def _timed(fn: Callable[[], object], repeat: int = REPEAT, least_s: float = LEAST_S) -> float:
+    """Mean seconds of a call of ``fn``, after one untimed call (allocation, first touch,
+    caches): calls until at least ``repeat`` calls and ``least_s`` seconds. A mean over a
+    stretch of time, not the fastest call: on a machine other programs share, a model's
+    steps run at the average speed the device gives, and short timings that slip between
+    other programs' time slices would overstate it."""
+    fn()
+    n = 0
+    t0 = time.perf_counter()
+    while True:
         fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+        n += 1
+        took = time.perf_counter() - t0
+        if n >= repeat and took >= least_s:
+            return took / n
 
 
 def _chain(flops: float, sync_s: float = 0.0) -> int:
@@ -195,7 +202,7 @@ class _Bench:
             g.compute()
             g.get_output(last)
 
-        t = max(_median(run) - self.sync_s, 0.0)
+        t = max(_timed(run) - self.sync_s, 0.0)
         work = graph_work(g, ["dev", "cpu"])
         g.free_compute()
         if self.h2d is not None and not self.is_cpu:
@@ -417,7 +424,7 @@ def _links(np: Any, ng: Any, backend: Any) -> tuple[Link, Link]:
         buf = store.allocate(["t"], backend)
         arr = np.ones(n, np.float32)
         try:
-            return _median(lambda: store.set_data("t", arr)), _median(lambda: store.get_bytes("t"))
+            return _timed(lambda: store.set_data("t", arr)), _timed(lambda: store.get_bytes("t"))
         finally:
             buf.free()
 

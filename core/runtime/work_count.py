@@ -132,7 +132,7 @@ def graph_work(g: Any, devices: Sequence[str]) -> GraphWork:
         else:
             cls, dtype, flops = work
             groups[d][(cls, kernel_key(node), dtype, float(flops))] += 1
-    outs = [n for i, n in enumerate(nodes) if i not in used and not n[5]]
+    outs = [n for i, n in enumerate(nodes) if i not in used]  # what nothing reads: the outputs
     out_devs = {}
     for name in dict.fromkeys([*count, *groups]):
         ops = tuple(OpGroup(c, k, t, f, n) for (c, k, t, f), n in sorted(groups[name].items()))

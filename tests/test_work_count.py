@@ -1,0 +1,152 @@
+"""The work of built graphs (:mod:`sdplan.core.runtime.work_count`): products, convolutions
+and attention counted against their textbook FLOP whatever kernel runs them, memory-bound
+bytes, devices and the copies between them, weights; and the work engine job of the demo."""
+
+from __future__ import annotations
+
+import pytest
+from sdplan.core.errors import ModelFileError
+
+pytest.importorskip("sdplan._ggml")
+
+from conftest import REPO  # noqa: E402
+from sdplan.core.pipelines.work import count_work  # noqa: E402
+from sdplan.core.planning.work import GraphWork, works_from_json  # noqa: E402
+from sdplan.core.runtime import graph as gr  # noqa: E402
+from sdplan.core.runtime.devices import BackendManager  # noqa: E402
+from sdplan.core.runtime.native import native  # noqa: E402
+from sdplan.core.runtime.work_count import graph_work  # noqa: E402
+
+DEMO = REPO / "resources" / "demo" / "sdplan-demo-shapes.safetensors"
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    with BackendManager(cpu_threads=1) as m:
+        yield m.get("CPU")
+
+
+def _weights(backend, **shapes):
+    ng = native()
+    store = ng.WeightStore([(n, "f16" if len(s) > 1 else "f32", s) for n, s in shapes.items()])
+    buf = store.allocate(list(shapes), backend)
+    return store, buf
+
+
+def _work(backends, build) -> GraphWork:
+    g = gr.new_graph(backends, n_threads=1)
+    with gr.on(g, 0):
+        build(g)
+    g.build()
+    return graph_work(g, ["A", "B", "C"][:len(backends)])
+
+
+def test_a_product_is_2mkn_flops_with_its_weights_dtype(cpu) -> None:
+    store, _ = _weights(cpu, w=(96, 64))
+
+    def build(g):
+        g.output("y", g.mul_mat(store.tensor("w"), g.input("x", (2, 40, 64))))
+
+    w = _work([cpu], build).devices["A"]
+    assert [(o.cls, o.dtype, o.flops, o.count) for o in w.ops] == [("mm", "f16", 2.0 * 96 * 64 * 80, 1)]
+    assert (w.weights, w.weight_bytes) == (1, 96 * 64 * 2)
+
+
+@pytest.mark.parametrize("method", ["im2col", "cpu_im2col", "winograd", "fma", "bf16"])
+def test_a_convolution_counts_the_direct_products_flops_whatever_runs_it(cpu, method) -> None:
+    ng = native()
+    if method == "fma" and not ng.fma_gemm():
+        pytest.skip("no FMA product on this CPU")
+    if method == "bf16" and ng.bf16_cpu_kernel() == "off":
+        pytest.skip("no bf16 kernel on this CPU")
+    if method == "winograd" and not ng.cpu_avx2_fma():
+        pytest.skip("no AVX2/FMA Winograd kernel here")
+    if method == "bf16":
+        before = ng.bf16_kernel()
+        ng.set_bf16_kernel("auto")
+    store, _ = _weights(cpu, w=(32, 16, 3, 3))
+    try:
+        def build(g):
+            g.f16_as_bf16 = method == "bf16"
+            x = g.input("x", (2, 16, 40, 40))
+            g.output("y", gr.conv2d(g, x, store.tensor("w"), None, 1, 1, method=method))
+
+        w = _work([cpu], build).devices["A"]
+    finally:
+        if method == "bf16":
+            ng.set_bf16_kernel(before)
+    direct = 2.0 * 2 * 32 * 40 * 40 * 16 * 9  # batch, out channels, output pixels, in channels, 3x3
+    assert sum(o.flops * o.count for o in w.ops) == direct
+    # the column paths multiply columns by the kernel as a plain product; the fused ops are convolutions
+    assert {o.cls for o in w.ops} == ({"mm"} if method in ("im2col", "cpu_im2col") else {"conv"})
+
+
+def test_attention_counts_scores_and_values_with_its_head_width(cpu) -> None:
+    def build(g):
+        q = g.input("q", (1, 4, 50, 32))
+        k, v = g.input("k", (1, 4, 70, 32)), g.input("v", (1, 4, 70, 32))
+        g.output("y", g.flash_attn(q, k, v, None, 0.1))
+
+    w = _work([cpu], build).devices["A"]
+    attn = [o for o in w.ops if o.cls == "attn"]
+    assert len(attn) == 1 and attn[0].flops == 2.0 * 4 * 50 * 70 * (32 + 32)
+    assert attn[0].kernel.endswith("@d32")
+
+
+def test_memory_bound_ops_count_their_bytes_and_views_count_as_nodes(cpu) -> None:
+    def build(g):
+        a, b = g.input("a", (1000,)), g.input("b", (1000,))
+        s = g.add(a, b)
+        g.output("y", g.reshape(s, (10, 100)))
+
+    work = _work([cpu], build)
+    w = work.devices["A"]
+    assert w.ops == () and w.mem_ops >= 1
+    assert w.mem_bytes >= 3 * 4000  # the add reads two and writes one
+    assert w.nodes >= 2  # the add and the reshape (a view), and an output copy
+    assert (work.input_bytes, work.inputs) == (8000, 2)
+    assert work.output_bytes == 4000 and work.outputs == 1
+
+
+def test_a_split_counts_each_devices_work_and_the_copies_between_them(cpu) -> None:
+    other = native().init_backend("CPU")
+    store, _ = _weights(cpu, w0=(64, 64), w1=(64, 64))
+    g = gr.new_graph([cpu, other], n_threads=1)
+    with gr.on(g, 0):
+        x = g.input("x", (8, 64))
+        h = g.mul_mat(store.tensor("w0"), x)
+    with gr.on(g, 1):
+        y = g.mul_mat(store.tensor("w1"), g.add(h, x))  # reads the first device's h and the input
+    with gr.on(g, 0):
+        g.output("y", g.scale(y, 2.0))
+    g.build()
+    work = graph_work(g, ["A", "B"])
+    flops = 2.0 * 64 * 64 * 8
+    assert sum(o.flops for o in work.devices["A"].ops) == flops
+    assert sum(o.flops for o in work.devices["B"].ops) == flops
+    assert work.copies == {"A>B": 2 * 8 * 64 * 4, "B>A": 8 * 64 * 4}  # h and x there, y back
+    assert work.devices["B"].weights == 1 and work.devices["A"].weights == 1
+
+
+def test_the_work_job_counts_the_demo_generation() -> None:
+    works = count_work({"model": [str(DEMO)]}, width=128, height=128, cfg=True)
+    assert set(works) == {"te", "diffusion", "vae"}
+    te, unet, vae = works["te"][0], works["diffusion"][0], works["vae"][0]
+    assert (te.phase, te.calls, unet.phase, unet.calls, vae.phase, vae.calls) == ("text", 2, "step", 1, "decode", 1)
+    assert unet.graph.devices["CPU"].flops > 0 and vae.graph.devices["CPU"].weight_bytes > 0
+    # without guidance the UNet's batch halves: so do its products
+    one = count_work({"model": [str(DEMO)]}, width=128, height=128, cfg=False)
+    mm = lambda w: sum(o.flops * o.count for o in w.graph.devices["CPU"].ops if o.cls != "attn")  # noqa: E731
+    assert mm(one["diffusion"][0]) == pytest.approx(mm(unet) / 2, rel=0.02)
+    assert one["te"][0].calls == 1
+    # the JSON form reads back
+    back = works_from_json({m: [w.to_json() for w in ws] for m, ws in works.items()})
+    assert back["diffusion"][0] == unet
+
+
+def test_families_without_a_count_give_none_and_a_missing_file_is_an_error(tmp_path) -> None:
+    fix = REPO / "tests" / "fixtures"
+    files = {"diffusion_model": [str(fix / "flux_dev_tiny.safetensors")], "vae": [str(fix / "flux_ae_tiny.safetensors")]}
+    assert count_work(files, width=64, height=64) == {}
+    with pytest.raises(ModelFileError, match="missing.safetensors"):
+        count_work({"model": [str(tmp_path / "missing.safetensors")]}, width=64, height=64)
