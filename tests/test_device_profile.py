@@ -52,6 +52,15 @@ def test_attention_takes_the_nearest_measured_head_width() -> None:
     assert p.rate("attn", "fma_attention@d40", "f32", 1e6) == 1e11  # another kernel: no width match
 
 
+def test_memory_bound_kernels_have_their_own_rates_by_size() -> None:
+    p = DeviceProfile({"mm:f16": ((1.0, 1e11),)}, mem_bps=2e10, node_s=0.0, graph_s=0.0, h2d=Link(1.0, 0.0),
+                      d2h=Link(1.0, 0.0), mem_rates={"SILU": ((1e5, 4e9), (1e7, 6e9))})
+    assert p.mem_rate("SILU", 1e3) == 4e9 and p.mem_rate("SILU", 1e9) == 6e9
+    assert p.mem_rate("SILU", 1e6) == pytest.approx(math.sqrt(4e9 * 6e9))
+    assert p.mem_rate("ADD", 1e6) == 2e10  # not measured: the memory bandwidth
+    assert DeviceProfile.from_json(p.to_json()) == p
+
+
 def test_a_profile_round_trips_through_an_inventory_file(tmp_path) -> None:
     inv = Inventory.from_json({"devices": [
         {"name": "CPU", "type": "cpu", "registry": "CPU", "free": 10, "total": 20,

@@ -92,6 +92,16 @@ def test_residency_moves_weights_once_per_use() -> None:
     assert disk.load_s == pytest.approx(cpu.load_s - 1.7e9 / DRIVE.map_bps)
 
 
+def test_memory_bound_ops_are_priced_by_their_kernels_rates() -> None:
+    from sdplan.core.planning.timing import device_seconds
+
+    p = DeviceProfile({"mm:f16": ((1.0, 1e11),)}, mem_bps=1e10, node_s=0.0, graph_s=0.0, h2d=Link(1.0, 0.0),
+                      d2h=Link(1.0, 0.0), mem_rates={"SILU": ((1e6, 2e9),)})
+    dw = DeviceWork(mem_bytes=3e8, mem_kernels={"SILU": (1e8, 50), "ADD": (2e8, 50)})
+    assert device_seconds(p, dw) == pytest.approx(1e8 / 2e9 + 2e8 / 1e10)
+    assert device_seconds(p, DeviceWork(mem_bytes=3e8)) == pytest.approx(3e8 / 1e10)  # no breakdown
+
+
 def test_split_copies_cross_the_links_and_cpu_sides_are_host_memory() -> None:
     gw = GraphWork("RPC0", {"RPC0": DeviceWork(), "CPU": DeviceWork()}, copies={"RPC0>CPU": 10**6, "CPU>RPC0": 10**6})
     from sdplan.core.planning.timing import _Profiles, graph_seconds

@@ -103,6 +103,8 @@ def test_memory_bound_ops_count_their_bytes_and_views_count_as_nodes(cpu) -> Non
     w = work.devices["A"]
     assert w.ops == () and w.mem_ops >= 1
     assert w.mem_bytes >= 3 * 4000  # the add reads two and writes one
+    assert w.mem_kernels["ADD"] == (3 * 4000, 1)
+    assert sum(b for b, _ in w.mem_kernels.values()) == w.mem_bytes
     assert w.nodes >= 2  # the add and the reshape (a view), and an output copy
     assert (work.input_bytes, work.inputs) == (8000, 2)
     assert work.output_bytes == 4000 and work.outputs == 1

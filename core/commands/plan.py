@@ -101,8 +101,11 @@ def _from_command(args: argparse.Namespace) -> Any:
         setattr(args, key, [value] if isinstance(value, str) else list(value))
     args.placement_override = imp.placement
     gen = imp.generation
-    for key in ("width", "height", "batch_count"):
+    for key in ("width", "height", "batch_count", "steps"):
         if isinstance(gen.get(key), int) and gen[key] >= 1:
+            setattr(args, key, gen[key])
+    for key, kind in (("cfg_scale", float), ("sampling_method", str)):  # for the time prediction
+        if isinstance(gen.get(key), kind):
             setattr(args, key, gen[key])
     return imp
 

@@ -10,6 +10,7 @@ JSON form of a device profile (seconds, bytes, FLOP)::
 
     {"source": "measured", "measured": "2026-01-02T03:04:05Z", "threads": 2,
      "graph_s": 4e-05, "node_s": 3e-06, "op_s": 5e-06, "mem_bps": 9.1e9,
+     "mem_rates": {"ADD": [[3e5, 2e10], [5e7, 1.1e10]], "SILU": [...], ...},
      "h2d": {"bps": 2.1e9, "latency_s": 6e-05}, "d2h": {"bps": 2.3e9, "latency_s": 5e-05},
      "rates": {"mm:f16": [[1.3e7, 4.1e10], [4.2e8, 9.8e10]], "bf16_gemm:f16": [...], ...}}
 
@@ -72,6 +73,9 @@ class DeviceProfile:
             for an RPC device also the node's share of sending the graph).
         op_s: seconds of fixed cost per memory-bound op beyond ``node_s`` (small ops do
             not reach the bandwidth).
+        mem_rates: memory-bound ops by kernel (``ADD``, ``SILU``, ``GROUP_NORM``,
+            ``group_norm``...): ``((bytes of one op, bytes per second), ...)`` sorted by
+            size (a small op's data sits in cache); a kernel not listed moves at ``mem_bps``.
         graph_s: seconds of fixed cost per graph computed on the device (a round trip for
             an RPC device).
         h2d, d2h: host-to-device and device-to-host :class:`Link`.
@@ -90,6 +94,13 @@ class DeviceProfile:
     source: str = "measured"
     measured: str = ""
     op_s: float = 0.0
+    mem_rates: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+
+    def mem_rate(self, kernel: str, nbytes: float) -> float:
+        """Bytes per second of a memory-bound op of ``nbytes`` run by ``kernel``
+        (interpolated like :meth:`rate`; ``mem_bps`` for a kernel not measured)."""
+        pts = self.mem_rates.get(kernel)
+        return interpolate(pts, nbytes) if pts else self.mem_bps
 
     def rate(self, cls: str, kernel: str, dtype: str, work: float) -> float:
         """FLOP/s for one op of ``work`` FLOP: the points of ``cls/kernel:dtype`` when the
@@ -127,6 +138,7 @@ class DeviceProfile:
         return {"source": self.source, "measured": self.measured, "threads": self.threads,
                 "graph_s": self.graph_s, "node_s": self.node_s, "op_s": self.op_s, "mem_bps": self.mem_bps,
                 "h2d": self.h2d.to_json(), "d2h": self.d2h.to_json(),
+                "mem_rates": {k: [list(p) for p in v] for k, v in sorted(self.mem_rates.items())},
                 "rates": {k: [list(p) for p in v] for k, v in sorted(self.rates.items())}}
 
     @classmethod
@@ -155,14 +167,14 @@ class DeviceProfile:
             raise InventoryError(f"{source}: 'rates' must be a non-empty object")
         rates: dict[str, tuple[tuple[float, float], ...]] = {}
         for key, pts in raw_rates.items():
-            ok = isinstance(pts, list) and pts and all(
-                isinstance(p, list) and len(p) == 2 and all(
-                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-                    for x in p) for p in pts)
-            if not ok:
+            if not _points(pts):
                 raise InventoryError(f"{source}: rates[{key!r}] must be a list of [work, rate] "
                                      "pairs of positive numbers")
             rates[str(key)] = tuple(sorted((float(a), float(b)) for a, b in pts))
+        mem_rates = data.get("mem_rates") or {}
+        if not isinstance(mem_rates, dict) or not all(_points(v) for v in mem_rates.values()):
+            raise InventoryError(f"{source}: 'mem_rates' must map kernels to lists of [bytes, bytes per "
+                                 "second] pairs of positive numbers")
         threads = data.get("threads", 0)
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
             raise InventoryError(f"{source}: 'threads' must be an int >= 0")
@@ -170,7 +182,17 @@ class DeviceProfile:
                    graph_s=num(data, "graph_s", "", False), h2d=links["h2d"], d2h=links["d2h"],
                    threads=threads, source=str(data.get("source") or "measured"),
                    measured=str(data.get("measured") or ""),
-                   op_s=num(data, "op_s", "", False) if "op_s" in data else 0.0)
+                   op_s=num(data, "op_s", "", False) if "op_s" in data else 0.0,
+                   mem_rates={str(k): tuple(sorted((float(a), float(b)) for a, b in v))
+                              for k, v in mem_rates.items()})
+
+
+def _points(pts: object) -> bool:
+    """Whether ``pts`` is a non-empty list of ``[positive, positive]`` number pairs."""
+    return isinstance(pts, list) and bool(pts) and all(
+        isinstance(p, list) and len(p) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in p)
+        for p in pts)
 
 
 def interpolate(points: tuple[tuple[float, float], ...], work: float) -> float:

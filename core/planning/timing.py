@@ -8,7 +8,8 @@ traffic the plan's residency causes, as sdplan's engine moves weights
 
 - **one graph call** on its devices, one after another as the graph scheduler runs them:
   per device ``sum(FLOP / rate(class, kernel, dtype, op size))`` over its ops, plus its
-  memory-bound bytes at the device's memory bandwidth and ``op_s`` per memory-bound op,
+  memory-bound bytes at the device's rate for each such kernel (its memory bandwidth for a
+  kernel not measured) and ``op_s`` per memory-bound op,
   plus ``nodes * node_s + graph_s``;
   the inputs copied to the main device and the outputs back (host links); the activations
   copied at split boundaries (the residual stream of a layer split, the conditioning each
@@ -35,7 +36,8 @@ profile's name, else 2 for f16) does ``2 * P * T`` FLOP per call, ``T`` its toke
 :data:`UNET_TOKENS_PER_LATENT_PX`, text encoders their context (77 per CLIP chunk, 512
 for T5 and LLM encoders, 77 per chunk for SD3's); VAE decoders
 :data:`VAE_FLOP_PER_PX` per image pixel scaled by their size against SD's VAE. These two
-constants come from the engine's own count of SD 1.5's UNet and VAE (dry run at 512 px).
+constants come from the engine's own count of SD 1.5's UNet and VAE (the work job on a
+real-size SD 1.5 layout at 512 px).
 """
 
 from __future__ import annotations
@@ -65,12 +67,12 @@ TEXT_TOKENS = {"flux": 512, "chroma": 512, "sd3": 154, "z_image": 512, "flux2": 
 ENCODER_TOKENS = {"clip_l": 77, "clip_g": 77, "clip_h": 77, "t5xxl": 512, "llm": 512}
 
 #: UNet FLOP per call = 2 * params * latent pixels * this: SD 1.5's UNet, counted by the
-#: engine at 512 px (64x64 latent, one image), 0.79 TFLOP for its 860 M parameters.
-UNET_TOKENS_PER_LATENT_PX = 0.1123
-#: VAE decoder FLOP per image pixel (SD's VAE, 83.6 M parameters, counted at 512 px:
-#: 1.24 TFLOP); other VAEs scale by their size against it.
-VAE_FLOP_PER_PX = 4.74e6
-SD_VAE_BYTES = 167_000_000
+#: engine at 512 px (64x64 latent, one image): 0.803 TFLOP for its 860 M parameters.
+UNET_TOKENS_PER_LATENT_PX = 0.1141
+#: VAE decoder FLOP per image pixel: SD's VAE (167 MB in f16), counted by the engine at
+#: 512 px: 2.51 TFLOP; other VAEs scale by their size against it (:data:`SD_VAE_BYTES`).
+VAE_FLOP_PER_PX = 9.59e6
+SD_VAE_BYTES = 167_307_726
 
 #: Bytes per weight of file types named in profile names (``flux1-dev-q8_0``).
 _BYTES_PER_WEIGHT = (("q8_0", 1.0625), ("q6_k", 0.8203), ("q5_k", 0.6875), ("q5_0", 0.6875),
@@ -200,7 +202,7 @@ class _Profiles:
 def _scaled(p: DeviceProfile, f: float) -> DeviceProfile:
     rates = {k: tuple((w, r * f) for w, r in v) for k, v in p.rates.items()}
     return DeviceProfile(rates, p.mem_bps * f, p.node_s, p.graph_s, p.h2d, p.d2h, p.threads, p.source, p.measured,
-                         p.op_s)
+                         p.op_s, {k: tuple((b, r * f) for b, r in v) for k, v in p.mem_rates.items()})
 
 
 def _copy_s(prof: _Profiles, src: str, dst: str, nbytes: float, transfers: int = 1) -> float:
@@ -225,8 +227,9 @@ def op_seconds(p: DeviceProfile, op: OpGroup) -> float:
 
 def device_seconds(p: DeviceProfile, dw: DeviceWork) -> float:
     """Seconds of one device's share of a graph call (module docstring)."""
-    return (sum(op_seconds(p, o) for o in dw.ops) + dw.mem_bytes / p.mem_bps + dw.mem_ops * p.op_s
-            + dw.nodes * p.node_s + p.graph_s)
+    mem = (sum(b / p.mem_rate(k, b / max(n, 1)) for k, (b, n) in dw.mem_kernels.items()) if dw.mem_kernels
+           else dw.mem_bytes / p.mem_bps)
+    return sum(op_seconds(p, o) for o in dw.ops) + mem + dw.mem_ops * p.op_s + dw.nodes * p.node_s + p.graph_s
 
 
 def graph_seconds(gw: GraphWork, prof: _Profiles) -> dict[str, float]:

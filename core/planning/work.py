@@ -7,7 +7,8 @@ seconds with each device's profile. JSON form of a :class:`GraphWork`::
 
     {"main": "RPC0",
      "devices": {"RPC0": {"ops": [["mm", "MUL_MAT", "f16", 1.3e8, 12], ...],
-                          "mem_bytes": 4.1e7, "mem_ops": 240, "nodes": 812,
+                          "mem_bytes": 4.1e7, "mem_ops": 240,
+                          "mem_kernels": {"ADD": [1.2e7, 40], "SILU": [8e6, 22], ...}, "nodes": 812,
                           "weights": 196, "weight_bytes": 1.7e9}},
      "input_bytes": 49152, "inputs": 3, "output_bytes": 32768, "outputs": 1,
      "copies": {"RPC0>RPC1": 655360}}
@@ -55,6 +56,9 @@ class DeviceWork:
     weights: int = 0
     weight_bytes: int = 0
     mem_ops: int = 0
+    #: the memory-bound ops by kernel (ggml's op, ``SILU``, ``GROUP_NORM``..., or sdplan's CPU
+    #: kernel): ``(bytes, ops)``, the bytes summing to ``mem_bytes``; empty: not broken down.
+    mem_kernels: Mapping[str, tuple[float, int]] = field(default_factory=dict)
 
     @property
     def flops(self) -> float:
@@ -63,8 +67,9 @@ class DeviceWork:
 
     def to_json(self) -> dict[str, object]:
         return {"ops": [o.to_json() for o in self.ops], "mem_bytes": self.mem_bytes,
-                "mem_ops": self.mem_ops, "nodes": self.nodes, "weights": self.weights,
-                "weight_bytes": self.weight_bytes}
+                "mem_ops": self.mem_ops, "mem_kernels": {k: list(v) for k, v in self.mem_kernels.items()},
+                "nodes": self.nodes,
+                "weights": self.weights, "weight_bytes": self.weight_bytes}
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,9 @@ class GraphWork:
                 ops = tuple(OpGroup(str(c), str(k), str(t), float(f), int(n)) for c, k, t, f, n in d["ops"])
                 devs[str(name)] = DeviceWork(ops, float(d["mem_bytes"]), int(d["nodes"]),
                                              int(d.get("weights", 0)), int(d.get("weight_bytes", 0)),
-                                             int(d.get("mem_ops", 0)))
+                                             int(d.get("mem_ops", 0)),
+                                             {str(k): (float(b), int(n))
+                                              for k, (b, n) in (d.get("mem_kernels") or {}).items()})
             return cls(str(data["main"]), devs, int(data.get("input_bytes", 0)), int(data.get("inputs", 0)),
                        int(data.get("output_bytes", 0)), int(data.get("outputs", 0)),
                        {str(k): int(v) for k, v in (data.get("copies") or {}).items()})

@@ -4,8 +4,9 @@
 kernels measured are the ones the engine runs there):
 
 - the fixed cost of computing a graph (one tiny node) and of each further node (a chain of
-  64 tiny nodes); the bandwidth and fixed cost of memory-bound ops (adds, GroupNorm with
-  SiLU, GELU and LayerNorm on 32 MiB and on 128 KiB);
+  64 tiny nodes); each memory-bound kernel the models run (adds, products by a tensor,
+  SiLU, GELUs, copies of transposed views, softmax, LayerNorm, GroupNorm, GEGLU, upscaling,
+  concatenation: :data:`MEM_OPS`) on 128 KiB and on 16 MiB;
 - matrix products ``(N, K) x (M, K)^T`` with f16, bf16, q8_0 and f32 weights at four sizes
   from 0.5 MFLOP to 3.4 GFLOP (on a CPU with sdplan's bf16 kernel, f16 also as the kernel
   runs it for the modules that hold f16 weights in bf16), 3x3 convolutions at three sizes
@@ -55,7 +56,7 @@ ATTENTIONS = ((2, 8, 256, 8), (1, 12, 77, 64), (2, 8, 256, 40), (1, 8, 1024, 40)
 CHAIN_FLOP = 5e7
 #: Weight dtypes measured.
 DTYPES = ("f16", "bf16", "q8_0", "f32")
-#: Bytes of the large memory-bound ops' operand.
+#: Bytes of the large memory-bound ops' operand (twice the 16 MiB of :data:`MEM_OPS`).
 MEM_BYTES = 32 << 20
 #: Calls per timing at least (their mean is kept), and seconds at least (:func:`_timed`).
 REPEAT = 3
@@ -176,6 +177,7 @@ class _Bench:
         self.mem_bps = 1e10
         self.sync_s = 0.0  # the read-back that waits for a compute (an RPC round trip)
         self.h2d: Link | None = None  # inputs live in host memory and are copied in per compute
+        self.mem_rates: dict[str, list[tuple[float, float]]] = {}
 
     def graph(self, build: Callable[[Any], dict[str, Any]], f16_as_bf16: bool = False,
               attention_bf16: bool = False) -> tuple[float, Any]:
@@ -202,20 +204,50 @@ class _Bench:
             g.compute()
             g.get_output(last)
 
-        t = max(_timed(run) - self.sync_s, 0.0)
+        t = max(_timed(run) - self.sync_s, 1e-7)
         work = graph_work(g, ["dev", "cpu"])
         g.free_compute()
         if self.h2d is not None and not self.is_cpu:
             t = max(t - self.h2d.seconds(work.input_bytes, work.inputs), t / 4)
         return t, work.devices.get("dev")
 
+    def mem_s(self, dev: Any, skip: frozenset[str] = frozenset()) -> float:
+        """Seconds of a graph's memory-bound ops on this device by the rates measured so far
+        (the kernels in ``skip`` left out)."""
+        from sdplan.core.planning.device_profile import interpolate
+
+        total = 0.0
+        for k, (nbytes, n) in dev.mem_kernels.items():
+            if k in skip:
+                continue
+            pts = tuple(sorted(self.mem_rates[k])) if k in self.mem_rates else ()
+            total += nbytes / (interpolate(pts, nbytes / max(n, 1)) if pts else self.mem_bps)
+        return total
+
     def net(self, t: float, dev: Any) -> float:
         """Seconds of a graph's compute ops: ``t`` less the fixed costs and the memory-bound
         nodes (at least a quarter of ``t``)."""
         if dev is None:
             return t
-        rest = self.graph_s + dev.nodes * self.node_s + dev.mem_bytes / self.mem_bps + dev.mem_ops * self.op_s
+        rest = self.graph_s + dev.nodes * self.node_s + self.mem_s(dev) + dev.mem_ops * self.op_s
         return max(t - rest, t / 4)
+
+    def mem_graph(self, build: Callable[[Any], dict[str, Any]], done: set[str]) -> None:
+        """Time a graph of memory-bound ops and give its time, less the fixed costs and the
+        kernels in ``done`` (measured at this size already), to its other kernels (one rate
+        for their bytes); they join ``done``."""
+        t, dev = self.graph(build)
+        if dev is None:
+            return
+        new = frozenset(k for k in dev.mem_kernels if k not in done)
+        done.update(new)
+        if not new:
+            return
+        left = max(t - self.graph_s - dev.nodes * self.node_s - self.mem_s(dev, new), t / 4, 1e-7)
+        nbytes = sum(dev.mem_kernels[k][0] for k in new)
+        ops = sum(dev.mem_kernels[k][1] for k in new)
+        for k in new:
+            self.mem_rates.setdefault(k, []).append((nbytes / max(ops, 1), nbytes / left))
 
 
 def _filled(g: Any, shape: tuple[int, ...]) -> Any:
@@ -231,8 +263,8 @@ def _seed(np: Any, shape: tuple[int, ...]) -> dict[str, Any]:
 
 
 def _one(g: Any, y: Any) -> Any:
-    """A one-value copy of ``y``'s first element (what the timing reads back)."""
-    return g.cont(g.view(y, (1,), None, 0))
+    """A one-value view of ``y``'s first element (what the timing reads back: no copy)."""
+    return g.view(y, (1,), None, 0)
 
 
 def _weights(np: Any, ng: Any, backend: Any, dtype: str, shape: tuple[int, ...], n: int) -> tuple[Any, Any]:
@@ -258,37 +290,62 @@ def _weights(np: Any, ng: Any, backend: Any, dtype: str, shape: tuple[int, ...],
 PARTS = ("fixed", "products", "convolutions", "attention", "links")
 
 
+#: Memory-bound ops timed one kernel at a time, each on a tensor of 128 KiB and of 16 MiB:
+#: ``(name, shape-keeping?, build(g, y, x) -> result)``. The simple ones come first: a
+#: composite op's graph (GroupNorm on a device without sdplan's fused op: GROUP_NORM, MUL,
+#: ADD) prices the kernels already measured and takes the rest of its time for its own.
+MEM_OPS: tuple[tuple[str, bool, Callable[[Any, Any, Any], Any]], ...] = (
+    ("add", True, lambda g, y, x: g.add(y, x)),
+    ("mul", True, lambda g, y, x: g.mul(y, x)),
+    ("scale", True, lambda g, y, x: g.scale(y, 0.5)),
+    ("silu", True, lambda g, y, x: g.unary("silu", y)),
+    ("gelu", True, lambda g, y, x: g.unary("gelu", y)),
+    ("gelu_erf", True, lambda g, y, x: g.unary("gelu_erf", y)),
+    ("gelu_quick", True, lambda g, y, x: g.unary("gelu_quick", y)),
+    ("transpose", True, lambda g, y, x: g.cont(g.permute(y, (0, 1, 3, 2)))),
+    ("soft_max", True, lambda g, y, x: g.soft_max(y)),
+    ("layer_norm", True, lambda g, y, x: g.layer_norm(y, 1e-5)),
+    ("group_norm", True, lambda g, y, x: g.group_norm(y, 32, 1e-5)),
+    ("group_norm_silu", True, lambda g, y, x: g.group_norm(y, 32, 1e-5, silu=True)),
+    ("geglu", False, lambda g, y, x: g.geglu(x)),
+    ("upscale", False, lambda g, y, x: g.upscale(x, 2)),
+    ("concat", False, lambda g, y, x: g.concat(x, x, 1)),
+)
+
+
 def _fixed(b: _Bench, chain: Callable[[int], Callable[[Any], dict[str, Any]]], np: Any, rng: Any,
            say: Callable[[str], None], device: str) -> None:
-    """The fixed costs: per graph, per node, per memory-bound op, and the memory bandwidth."""
+    """The fixed costs per graph and per node, and the memory-bound ops' rates by kernel
+    (:data:`MEM_OPS`; the memory bandwidth is the add's on the large tensor)."""
     say(f"{device}: fixed costs")
     b.graph_s = b.graph(chain(1))[0]
     t64 = b.graph(chain(65))[0]
     b.node_s = max((t64 - b.graph_s) / 64, 0.0)
+    say(f"{device}: memory-bound ops")
+    for floats, k in ((32 << 10, 16), (MEM_BYTES // 8, 2)):
+        shape = (1, 32, floats // 32 // 64, 64)
+        done: set[str] = set()
 
-    def mix(n: int, k: int) -> Callable[[Any], dict[str, Any]]:
-        """``k`` rounds of the memory-bound ops models run most (add, GroupNorm with SiLU,
-        GELU, LayerNorm) on ``n`` floats laid out (1, 32, n/32/16, 16)."""
-        shape = (1, 32, n // 512, 16)
-
-        def build(g: Any) -> dict[str, Any]:
-            x = _filled(g, shape)
-            y = x
-            for _ in range(k):
-                y = g.add(y, x)
-                y = g.group_norm(y, 32, 1e-5, silu=True)
-                y = g.unary("gelu", y)
-                y = g.layer_norm(y, 1e-5)
-            g.output("y", _one(g, y))
+        def fill(g: Any, shape: tuple[int, ...] = shape) -> dict[str, Any]:
+            g.output("y", _one(g, _filled(g, shape)))
             return _seed(np, shape)
-        return build
 
-    t_big, dev_big = b.graph(mix(MEM_BYTES // 4, 2))
-    b.mem_bps = dev_big.mem_bytes / max(t_big - b.graph_s - dev_big.nodes * b.node_s, t_big / 4)
-    t_small, dev_small = b.graph(mix(32 << 10, 16))
-    b.op_s = max(t_small - b.graph_s - dev_small.nodes * b.node_s - dev_small.mem_bytes / b.mem_bps, 0.0) / max(
-        dev_small.mem_ops, 1)
+        b.mem_graph(fill, done)
+        for _, keeps, op in MEM_OPS:
+            def build(g: Any, op: Any = op, keeps: bool = keeps, k: int = k,
+                      shape: tuple[int, ...] = shape) -> dict[str, Any]:
+                x = _filled(g, shape)
+                y = x
+                for i in range(k):
+                    y = op(g, y, x) if keeps else g.output(f"y{i}", _one(g, op(g, y, x)))
+                if keeps:
+                    g.output("y", _one(g, y))
+                return _seed(np, shape)
 
+            b.mem_graph(build, done)
+    add = b.mem_rates.get("ADD")
+    if add:
+        b.mem_bps = max(add)[1]
 
 
 def calibrate_device(manager: Any, device: str, threads: int = 0,
@@ -411,7 +468,8 @@ def calibrate_device(manager: Any, device: str, threads: int = 0,
     return DeviceProfile(rates={k: tuple(sorted(v)) for k, v in rates.items()}, mem_bps=b.mem_bps,
                          node_s=b.node_s, graph_s=b.graph_s, h2d=h2d, d2h=d2h,
                          threads=b.threads if is_cpu else 0, source="measured",
-                         measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), op_s=b.op_s)
+                         measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), op_s=b.op_s,
+                         mem_rates={k: tuple(sorted(v)) for k, v in b.mem_rates.items()})
 
 
 def _links(np: Any, ng: Any, backend: Any) -> tuple[Link, Link]:

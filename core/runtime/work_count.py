@@ -14,7 +14,9 @@ them into a :class:`~sdplan.core.planning.work.GraphWork`:
 - attention (ggml's ``FLASH_ATTN_EXT``, sdplan's ``bf16_attention``/``fma_attention``):
   class ``attn``, ``2 * B * H * Nq * Nk * (D + Dv)`` FLOP (scores and values);
 - every other node that computes (not a view): memory-bound, its output's bytes plus its
-  sources' bytes, and one memory op (each has a fixed cost besides its bytes).
+  sources' bytes, and one memory op (each has a fixed cost besides its bytes); the bytes are
+  kept per kernel too (:func:`mem_kernel`), since a GroupNorm or a SiLU moves its bytes
+  slower than an add.
 
 A node runs on the device it was pinned to (the runner pins every node: block ranges to
 their device, the rest to the main device); a node's source made on another device is one
@@ -75,6 +77,12 @@ def classify(node: tuple[Any, ...], nodes: Sequence[tuple[Any, ...]]) -> tuple[s
     return None
 
 
+def mem_kernel(node: tuple[Any, ...]) -> str:
+    """The kernel a memory-bound node's bytes are priced by: sdplan's CPU kernel for a custom
+    op, else ggml's op description (the unary and GLU ops by their own names: ``SILU``)."""
+    return str(node[1]) if node[0] == "CUSTOM" else str(node[0])
+
+
 def kernel_key(node: tuple[Any, ...]) -> str:
     """The kernel name a node's work is priced by: ggml's op name or sdplan's kernel; for
     attention with ``@d`` and the head width appended (``bf16_attention@d40``), since its
@@ -101,6 +109,7 @@ def graph_work(g: Any, devices: Sequence[str]) -> GraphWork:
     groups: dict[str, dict[tuple[str, str, str, float], int]] = defaultdict(lambda: defaultdict(int))
     mem: dict[str, float] = defaultdict(float)
     mem_ops: dict[str, int] = defaultdict(int)
+    mem_kernels: dict[str, dict[str, tuple[float, int]]] = defaultdict(dict)
     count: dict[str, int] = defaultdict(int)
     weights: dict[str, dict[int, int]] = defaultdict(dict)
     copies: dict[str, int] = defaultdict(int)
@@ -127,8 +136,11 @@ def graph_work(g: Any, devices: Sequence[str]) -> GraphWork:
             continue
         work = classify(node, nodes)
         if work is None:
-            mem[d] += nbytes + sum(s[3] for s in srcs)
+            moved = nbytes + sum(s[3] for s in srcs)
+            mem[d] += moved
             mem_ops[d] += 1
+            kb, kn = mem_kernels[d].get(mem_kernel(node), (0.0, 0))
+            mem_kernels[d][mem_kernel(node)] = (kb + moved, kn + 1)
         else:
             cls, dtype, flops = work
             groups[d][(cls, kernel_key(node), dtype, float(flops))] += 1
@@ -137,6 +149,6 @@ def graph_work(g: Any, devices: Sequence[str]) -> GraphWork:
     for name in dict.fromkeys([*count, *groups]):
         ops = tuple(OpGroup(c, k, t, f, n) for (c, k, t, f), n in sorted(groups[name].items()))
         out_devs[name] = DeviceWork(ops, mem[name], count[name], len(weights[name]),
-                                    sum(weights[name].values()), mem_ops[name])
+                                    sum(weights[name].values()), mem_ops[name], dict(mem_kernels[name]))
     return GraphWork(main, out_devs, sum(inputs.values()), len(inputs),
                      sum(int(n[4]) for n in outs), len(outs), dict(copies))
