@@ -134,3 +134,20 @@ def test_another_machines_inventory_is_planned_without_this_machines_devices() -
     assert t["step_s"] > 0 and t["image_s"] > t["step_s"] * 20
     # the diffusion model's weights cross the 100 MB/s link once, at load
     assert t["load_s"] > 1.5e9 / 110e6
+
+
+def test_another_machines_devices_price_the_work_counted_on_stand_ins() -> None:
+    """With model files, the work is counted on CPU backends standing in for the file's
+    devices (the RPC device's graphs are counted as its own), priced by each device's
+    profile (its op classes where this CPU's kernels are not its own)."""
+    pytest.importorskip("sdplan._ggml")
+    demo = REPO / "resources" / "demo" / "sdplan-demo-shapes.safetensors"
+    done = subprocess.run(sdplan_cmd("plan", "--devices", str(EXAMPLE), "-m", str(demo), "--backend",
+                                     "te=CPU,diffusion=RPC0,vae=CPU", "-W", "128", "-H", "128", "--json"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    t = json.loads(done.stdout)["time"]
+    assert {m: v[0]["source"] for m, v in t["modules"].items()} == {"te": "counted", "diffusion": "counted",
+                                                                    "vae": "counted"}
+    assert set(t["modules"]["diffusion"][0]["call_s"]) == {"RPC0", "io", "copies"}
+    assert t["modules"]["diffusion"][0]["call_s"]["io"] > 2e-3  # a read-back crosses the 1 ms link twice
