@@ -163,7 +163,7 @@ def run_model(model: Path, size: int, a: argparse.Namespace, rpc: list[str]) -> 
         done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], capture_output=True,
                               text=True, env=env, timeout=3600)
     if done.returncode != 0:
-        raise SystemExit(f"worker failed:\n{done.stderr[-4000:]}")
+        raise SystemExit(f"worker failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
     if a.verbose:
         print(done.stderr, file=sys.stderr)
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -65,8 +65,27 @@ using Src = std::tuple<int, std::vector<int64_t>, std::string, size_t, bool, int
 using Node = std::tuple<std::string, std::string, std::vector<int64_t>, std::string, size_t, bool, int,
                         std::vector<Src>>;
 
-std::vector<Node> graph_nodes(const Graph &g) {
+std::vector<Node> graph_nodes(Graph &g) {
     if (!g.gf) throw nb::value_error("graph_nodes: the graph is not built");
+    // The scheduler's split points nodes' sources at its copies (on another backend) and
+    // Graph keeps the originals: read the graph as built, then leave the split as it was
+    // (after free_compute those copies are gone; the next allocation restores again).
+    std::vector<std::array<ggml_tensor *, GGML_MAX_SRC>> now;
+    now.reserve(g.orig_src.size());
+    for (auto &ns : g.orig_src) {
+        std::array<ggml_tensor *, GGML_MAX_SRC> cur{};
+        for (int j = 0; j < GGML_MAX_SRC; ++j) cur[j] = ns.first->src[j];
+        now.push_back(cur);
+    }
+    g.restore_srcs();
+    struct PutBack {
+        Graph &g;
+        std::vector<std::array<ggml_tensor *, GGML_MAX_SRC>> &now;
+        ~PutBack() {
+            for (size_t i = 0; i < g.orig_src.size(); ++i)
+                for (int j = 0; j < GGML_MAX_SRC; ++j) g.orig_src[i].first->src[j] = now[i][j];
+        }
+    } put_back{g, now};
     const int n = ggml_graph_n_nodes(g.gf);
     std::unordered_map<const ggml_tensor *, int> index, pins, leafs;
     for (const auto &a : g.assign) pins[a.first] = a.second;

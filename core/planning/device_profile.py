@@ -10,6 +10,7 @@ JSON form of a device profile (seconds, bytes, FLOP)::
 
     {"source": "measured", "measured": "2026-01-02T03:04:05Z", "threads": 2,
      "graph_s": 4e-05, "node_s": 3e-06, "op_s": 5e-06, "mem_bps": 9.1e9,
+     "alloc_s": 2e-4, "alloc_byte_s": 2.5e-10,
      "mem_rates": {"ADD": [[3e5, 2e10], [5e7, 1.1e10]], "SILU": [...], ...},
      "h2d": {"bps": 2.1e9, "latency_s": 6e-05}, "d2h": {"bps": 2.3e9, "latency_s": 5e-05},
      "rates": {"mm:f16": [[1.3e7, 4.1e10], [4.2e8, 9.8e10]], "bf16_gemm:f16": [...], ...}}
@@ -19,11 +20,12 @@ work: a product of 13 MFLOP runs slower per FLOP than one of 3 GFLOP, and a pred
 the rate at its own op's size. Keys are the op *class* and weight dtype (``mm:f16``,
 ``conv:f16``, ``attn:f16``: what the device's own path gives for that operation, its fixed
 costs taken off) and, for each kernel that ran, the class, kernel and dtype
-(``mm/bf16_gemm:f16``, ``conv/winograd:f16``, ``mm/MUL_MAT:q8_0``; attention kernels with
-their head width, ``attn/bf16_attention@d40:f32``; its memory-bound nodes taken off too):
-:meth:`DeviceProfile.rate` takes the kernel's figure when the profile has it (the engine
-built the graph on this device; for attention the nearest head width measured), else the
-class's (a graph built elsewhere).
+(``mm/bf16_gemm:f16``, ``mm/MUL_MAT:q8_0``; attention kernels with their head width,
+``attn/bf16_attention@d40:f32``, convolutions with their output channels,
+``conv/winograd@c128:f16``; its memory-bound nodes taken off too): :meth:`DeviceProfile.rate`
+takes the kernel's figure when the profile has it (the engine built the graph on this
+device; for a tagged kernel the nearest width measured), else the class's (a graph built
+elsewhere).
 
 Devices without a profile get :func:`default_profile` for their type, stated in
 :data:`DEFAULTS` (order-of-magnitude figures, not measurements: the output says so).
@@ -73,6 +75,10 @@ class DeviceProfile:
             for an RPC device also the node's share of sending the graph).
         op_s: seconds of fixed cost per memory-bound op beyond ``node_s`` (small ops do
             not reach the bandwidth).
+        alloc_s, alloc_byte_s: seconds a graph's first compute after allocating its compute
+            buffers takes beyond a later one (the scheduler's reserve and allocation, round
+            trips to an RPC device, the first touch of fresh memory), fixed and per byte of
+            the buffers: paid once per use, as the engine frees them after each use.
         mem_rates: memory-bound ops by kernel (``ADD``, ``SILU``, ``GROUP_NORM``,
             ``group_norm``...): ``((bytes of one op, bytes per second), ...)`` sorted by
             size (a small op's data sits in cache); a kernel not listed moves at ``mem_bps``.
@@ -95,6 +101,8 @@ class DeviceProfile:
     measured: str = ""
     op_s: float = 0.0
     mem_rates: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    alloc_s: float = 0.0
+    alloc_byte_s: float = 0.0
 
     def mem_rate(self, kernel: str, nbytes: float) -> float:
         """Bytes per second of a memory-bound op of ``nbytes`` run by ``kernel``
@@ -114,18 +122,21 @@ class DeviceProfile:
         return interpolate(pts, work)
 
     def _nearest_width(self, cls: str, kernel: str, dtype: str) -> tuple[tuple[float, float], ...]:
-        """For ``kernel@dN``: the points of the same kernel at the measured head width
-        nearest to N (in ratio)."""
-        base, _, width = kernel.partition("@d")
-        if not width.isdigit():
+        """For a kernel with a shape tag (``name@dN``: head width, ``name@cN``: output
+        channels): the points of the same kernel at the measured tag value nearest to N (in
+        ratio)."""
+        base, at, tag = kernel.partition("@")
+        if not at or len(tag) < 2 or not tag[1:].isdigit():
             return ()
+        letter, value = tag[0], int(tag[1:])
         best: tuple[float, str] | None = None
         for key in self.rates:
             head, _, dt = key.rpartition(":")
             k_cls, _, k_kernel = head.partition("/")
-            k_base, _, k_width = k_kernel.partition("@d")
-            if k_cls == cls and k_base == base and dt == dtype and k_width.isdigit():
-                dist = abs(math.log(int(k_width) / int(width)))
+            k_base, k_at, k_tag = k_kernel.partition("@")
+            if (k_cls == cls and k_base == base and dt == dtype and k_at and k_tag[:1] == letter
+                    and k_tag[1:].isdigit() and int(k_tag[1:]) > 0):
+                dist = abs(math.log(int(k_tag[1:]) / max(value, 1)))
                 if best is None or dist < best[0]:
                     best = (dist, key)
         return self.rates[best[1]] if best else ()
@@ -137,6 +148,7 @@ class DeviceProfile:
     def to_json(self) -> dict[str, object]:
         return {"source": self.source, "measured": self.measured, "threads": self.threads,
                 "graph_s": self.graph_s, "node_s": self.node_s, "op_s": self.op_s, "mem_bps": self.mem_bps,
+                "alloc_s": self.alloc_s, "alloc_byte_s": self.alloc_byte_s,
                 "h2d": self.h2d.to_json(), "d2h": self.d2h.to_json(),
                 "mem_rates": {k: [list(p) for p in v] for k, v in sorted(self.mem_rates.items())},
                 "rates": {k: [list(p) for p in v] for k, v in sorted(self.rates.items())}}
@@ -184,7 +196,9 @@ class DeviceProfile:
                    measured=str(data.get("measured") or ""),
                    op_s=num(data, "op_s", "", False) if "op_s" in data else 0.0,
                    mem_rates={str(k): tuple(sorted((float(a), float(b)) for a, b in v))
-                              for k, v in mem_rates.items()})
+                              for k, v in mem_rates.items()},
+                   alloc_s=num(data, "alloc_s", "", False) if "alloc_s" in data else 0.0,
+                   alloc_byte_s=num(data, "alloc_byte_s", "", False) if "alloc_byte_s" in data else 0.0)
 
 
 def _points(pts: object) -> bool:

@@ -19,7 +19,8 @@ traffic the plan's residency causes, as sdplan's engine moves weights
   device reads the file, page cache warm, and uploads every tensor); ``device`` residency
   reads them once into the params device and copies them to the runtime devices once per
   *use* (a text encoding, a whole sampling loop, a decode); ``disk`` reads (or maps) them
-  once per use. A module cut into ``--max-vram`` segments moves its segments per call.
+  once per use. A module cut into ``--max-vram`` segments moves its segments per call. Each
+  use also allocates its graphs' compute buffers (the engine frees them after a use).
 - **a picture**: load, the text encoder's calls (one per prompt; CFG adds the negative
   one), ``steps`` sampler steps (a second-order sampler evaluates twice per step; SD's CFG
   runs as one batch of 2N, SD3's as two passes), and the decode, each use with its weight
@@ -103,8 +104,8 @@ class RunSettings:
 class ModuleTime:
     """One module's seconds: ``call_s`` per graph call by device (its share; ``io`` and
     ``copies`` for the transfers of a call), ``calls`` per use, ``uses`` per picture
-    (its phase), ``stage_s`` of weight traffic per use, ``load_s`` once, ``source`` of its
-    work (``counted`` or ``formula``)."""
+    (its phase), ``stage_s`` of weight traffic and buffer allocation per use, ``load_s``
+    once, ``source`` of its work (``counted`` or ``formula``)."""
 
     module: str
     phase: str
@@ -202,7 +203,8 @@ class _Profiles:
 def _scaled(p: DeviceProfile, f: float) -> DeviceProfile:
     rates = {k: tuple((w, r * f) for w, r in v) for k, v in p.rates.items()}
     return DeviceProfile(rates, p.mem_bps * f, p.node_s, p.graph_s, p.h2d, p.d2h, p.threads, p.source, p.measured,
-                         p.op_s, {k: tuple((b, r * f) for b, r in v) for k, v in p.mem_rates.items()})
+                         p.op_s, {k: tuple((b, r * f) for b, r in v) for k, v in p.mem_rates.items()},
+                         p.alloc_s, p.alloc_byte_s)
 
 
 def _copy_s(prof: _Profiles, src: str, dst: str, nbytes: float, transfers: int = 1) -> float:
@@ -230,6 +232,12 @@ def device_seconds(p: DeviceProfile, dw: DeviceWork) -> float:
     mem = (sum(b / p.mem_rate(k, b / max(n, 1)) for k, (b, n) in dw.mem_kernels.items()) if dw.mem_kernels
            else dw.mem_bytes / p.mem_bps)
     return sum(op_seconds(p, o) for o in dw.ops) + mem + dw.mem_ops * p.op_s + dw.nodes * p.node_s + p.graph_s
+
+
+def alloc_seconds(gw: GraphWork, prof: _Profiles) -> float:
+    """Seconds of allocating a graph's compute buffers on each of its devices and first
+    touching them (once per use)."""
+    return sum(prof(d).alloc_s + dw.buffer_bytes * prof(d).alloc_byte_s for d, dw in gw.devices.items())
 
 
 def graph_seconds(gw: GraphWork, prof: _Profiles) -> dict[str, float]:
@@ -384,8 +392,8 @@ def predict_time(plan: object, inventory: Inventory, profile: Profile | None, se
             if per_call_stage:
                 call["segments"] = per_call_stage
             calls = w.calls * (settings.evaluations if w.phase == "step" else 1)
-            t = ModuleTime(module, w.phase, call, calls, stage if i == 0 else 0.0, load if i == 0 else 0.0,
-                           w.source)
+            t = ModuleTime(module, w.phase, call, calls, (stage if i == 0 else 0.0) + alloc_seconds(w.graph, prof),
+                           load if i == 0 else 0.0, w.source)
             times.append(t)
             phase_s[w.phase] += t.calls * t.call_total
             stage_use[w.phase] += t.stage_s

@@ -59,6 +59,8 @@ class DeviceWork:
     #: the memory-bound ops by kernel (ggml's op, ``SILU``, ``GROUP_NORM``..., or sdplan's CPU
     #: kernel): ``(bytes, ops)``, the bytes summing to ``mem_bytes``; empty: not broken down.
     mem_kernels: Mapping[str, tuple[float, int]] = field(default_factory=dict)
+    #: bytes of the device's compute buffer for this graph (0: not measured)
+    buffer_bytes: int = 0
 
     @property
     def flops(self) -> float:
@@ -68,7 +70,7 @@ class DeviceWork:
     def to_json(self) -> dict[str, object]:
         return {"ops": [o.to_json() for o in self.ops], "mem_bytes": self.mem_bytes,
                 "mem_ops": self.mem_ops, "mem_kernels": {k: list(v) for k, v in self.mem_kernels.items()},
-                "nodes": self.nodes,
+                "nodes": self.nodes, "buffer_bytes": self.buffer_bytes,
                 "weights": self.weights, "weight_bytes": self.weight_bytes}
 
 
@@ -108,7 +110,8 @@ class GraphWork:
                                              int(d.get("weights", 0)), int(d.get("weight_bytes", 0)),
                                              int(d.get("mem_ops", 0)),
                                              {str(k): (float(b), int(n))
-                                              for k, (b, n) in (d.get("mem_kernels") or {}).items()})
+                                              for k, (b, n) in (d.get("mem_kernels") or {}).items()},
+                                             int(d.get("buffer_bytes", 0)))
             return cls(str(data["main"]), devs, int(data.get("input_bytes", 0)), int(data.get("inputs", 0)),
                        int(data.get("output_bytes", 0)), int(data.get("outputs", 0)),
                        {str(k): int(v) for k, v in (data.get("copies") or {}).items()})

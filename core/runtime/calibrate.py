@@ -4,7 +4,9 @@
 kernels measured are the ones the engine runs there):
 
 - the fixed cost of computing a graph (one tiny node) and of each further node (a chain of
-  64 tiny nodes); each memory-bound kernel the models run (adds, products by a tensor,
+  64 tiny nodes), and of a graph's first compute after allocating its compute buffers, fixed
+  and per byte of them (every graph timed); each
+  memory-bound kernel the models run (adds, products by a tensor,
   SiLU, GELUs, copies of transposed views, softmax, LayerNorm, GroupNorm, GEGLU, upscaling,
   concatenation: :data:`MEM_OPS`) on 128 KiB and on 16 MiB;
 - matrix products ``(N, K) x (M, K)^T`` with f16, bf16, q8_0 and f32 weights at four sizes
@@ -32,6 +34,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -46,8 +49,15 @@ log = logging.getLogger(__name__)
 
 #: Product shapes (M, K, N rows): 0.5 MFLOP, 13 MFLOP, 0.42 GFLOP, 3.4 GFLOP.
 PRODUCTS = ((64, 64, 64), (320, 320, 64), (640, 640, 512), (1280, 1280, 1024))
-#: 3x3 convolutions (batch, channels in = out, height = width): 4.7 MFLOP to 1.2 GFLOP.
-CONVS = ((2, 32, 16), (2, 64, 16), (2, 640, 8), (2, 320, 16), (1, 128, 64))
+#: More product shapes for f16 weights, as UNets and text encoders use them: 1x1 convolutions
+#: and projections over a few hundred tokens, cross-attention over 77 or 154 text tokens, an
+#: MLP's widening (M, K, N rows; 2 to 1700 MFLOP).
+F16_PRODUCTS = ((64, 64, 512), (512, 64, 512), (64, 768, 154), (320, 768, 77), (1280, 320, 2048))
+#: 3x3 convolutions (batch, channels in = out, height = width): 4.7 MFLOP to 4.8 GFLOP, two
+#: sizes for each of the channel counts the models use (the demo's 32 to 128, SD's UNet 320 to
+#: 1280, its VAE 128 to 512), as a UNet and a VAE decoder run them.
+CONVS = ((2, 32, 16), (1, 32, 128), (2, 64, 16), (1, 64, 64), (1, 128, 64), (1, 128, 128), (2, 320, 16),
+         (1, 320, 32), (1, 512, 16), (1, 512, 32), (2, 640, 8), (2, 1280, 4), (2, 1280, 8))
 #: Attention (batch, heads, tokens, head width): the widths of the demo (8), SD 1.x (40),
 #: CLIP, SD 2.x, SDXL and the DiTs (64), the VAEs' single head (512).
 ATTENTIONS = ((2, 8, 256, 8), (1, 12, 77, 64), (2, 8, 256, 40), (1, 8, 1024, 40), (2, 10, 1024, 64),
@@ -136,13 +146,14 @@ def with_cached_profiles(inventory: Inventory, threads: int = 0) -> Inventory:
 # --------------------------------------------------------------------------- measuring
 
 
-def _timed(fn: Callable[[], object], repeat: int = REPEAT, least_s: float = LEAST_S) -> float:
+def _timed(fn: Callable[[], object], repeat: int = REPEAT, least_s: float = LEAST_S, warm: bool = True) -> float:
     """Mean seconds of a call of ``fn``, after one untimed call (allocation, first touch,
-    caches): calls until at least ``repeat`` calls and ``least_s`` seconds. A mean over a
-    stretch of time, not the fastest call: on a machine other programs share, a model's
-    steps run at the average speed the device gives, and short timings that slip between
-    other programs' time slices would overstate it."""
-    fn()
+    caches; ``warm`` False: the caller made it): calls until at least ``repeat`` calls and
+    ``least_s`` seconds. A mean over a stretch of time, not the fastest call: on a machine
+    other programs share, a model's steps run at the average speed the device gives, and
+    short timings that slip between other programs' time slices would overstate it."""
+    if warm:
+        fn()
     n = 0
     t0 = time.perf_counter()
     while True:
@@ -178,6 +189,7 @@ class _Bench:
         self.sync_s = 0.0  # the read-back that waits for a compute (an RPC round trip)
         self.h2d: Link | None = None  # inputs live in host memory and are copied in per compute
         self.mem_rates: dict[str, list[tuple[float, float]]] = {}
+        self.allocs: list[tuple[int, float]] = []  # (buffer bytes, first compute's extra seconds)
 
     def graph(self, build: Callable[[Any], dict[str, Any]], f16_as_bf16: bool = False,
               attention_bf16: bool = False) -> tuple[float, Any]:
@@ -196,6 +208,7 @@ class _Bench:
             feed = build(g)
             last = g.output_names[-1]
         g.build()
+        t_first = time.perf_counter()
         g.allocate()
         for k, v in feed.items():
             g.set_input(k, v)
@@ -204,9 +217,13 @@ class _Bench:
             g.compute()
             g.get_output(last)
 
-        t = max(_timed(run) - self.sync_s, 1e-7)
-        work = graph_work(g, ["dev", "cpu"])
+        run()  # the first compute after allocating: fresh buffers, first touch
+        t_first = time.perf_counter() - t_first
+        t = max(_timed(run, warm=False) - self.sync_s, 1e-7)
+        sizes = g.compute_buffer_sizes()
+        work = graph_work(g, ["dev", "cpu"], {"dev": int(sizes[0])})
         g.free_compute()
+        self.allocs.append((int(sizes[0]), max(t_first - self.sync_s - t, 0.0)))
         if self.h2d is not None and not self.is_cpu:
             t = max(t - self.h2d.seconds(work.input_bytes, work.inputs), t / 4)
         return t, work.devices.get("dev")
@@ -271,8 +288,8 @@ def _weights(np: Any, ng: Any, backend: Any, dtype: str, shape: tuple[int, ...],
     """A WeightStore with ``n`` weights ``w0``.. of ``dtype`` and ``shape`` on ``backend``,
     small random values; (store, buffer)."""
     names = [f"w{i}" for i in range(n)]
-    store = ng.WeightStore([(name, dtype, shape) for name in names])
-    buf = store.allocate(names, backend)
+    store = ng.WeightStore([(name, dtype, shape) for name in names] + [("sync", "f32", (1,))])
+    buf = store.allocate([*names, "sync"], backend)
     rng = np.random.default_rng(0)
     for name in names:
         vals = rng.standard_normal(math.prod(shape)).astype(np.float32) * 0.05
@@ -283,6 +300,7 @@ def _weights(np: Any, ng: Any, backend: Any, dtype: str, shape: tuple[int, ...],
         else:
             data = np.frombuffer(ng.convert_rows(vals.tobytes(), "f32", dtype, shape[-1]), np.uint8)
         store.set_data(name, np.ascontiguousarray(data))
+    store.get_bytes("sync")  # waits until a device that takes uploads asynchronously has them all
     return store, buf
 
 
@@ -346,6 +364,19 @@ def _fixed(b: _Bench, chain: Callable[[int], Callable[[Any], dict[str, Any]]], n
     add = b.mem_rates.get("ADD")
     if add:
         b.mem_bps = max(add)[1]
+
+
+def _alloc_fit(allocs: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """``(fixed seconds, seconds per buffer byte)`` of a graph's first compute after
+    allocating its compute buffers, beyond a later compute: the Theil-Sen line through the
+    graphs timed (the median of the pairwise slopes, then the median intercept: one stalled
+    timing does not tilt it), both at least 0."""
+    if not allocs:
+        return 0.0, 0.0
+    pts = sorted(allocs)
+    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(pts) for x2, y2 in pts[i + 1:] if x2 > x1]
+    slope = max(statistics.median(slopes), 0.0) if slopes else 0.0
+    return max(statistics.median(y - slope * x for x, y in pts), 0.0), slope
 
 
 def calibrate_device(manager: Any, device: str, threads: int = 0,
@@ -419,15 +450,20 @@ def calibrate_device(manager: Any, device: str, threads: int = 0,
             continue
         say(f"{device}: {dtype} products")
         for as_bf16 in ((False, True) if bf16_cpu and dtype == "f16" else (False,)):
-            for m, k, rows in PRODUCTS:
+            for m, k, rows in PRODUCTS + (F16_PRODUCTS if dtype == "f16" else ()):
                 n = _chain(2.0 * m * k * rows, b.sync_s)
                 store, buf = _weights(np, ng, backend, dtype, (m, k), n)
 
-                def mm(g: Any, store: Any = store, k: int = k, rows: int = rows, n: int = n) -> dict[str, Any]:
-                    y = _filled(g, (rows, k))
-                    for i in range(n):
-                        y = g.mul_mat(store.tensor(f"w{i}"), y)
-                    g.output("y", _one(g, y))
+                def mm(g: Any, store: Any = store, m: int = m, k: int = k, rows: int = rows,
+                       n: int = n) -> dict[str, Any]:
+                    x = _filled(g, (rows, k))
+                    y = x
+                    for i in range(n):  # a chain where the shape allows it, else each from x
+                        y = g.mul_mat(store.tensor(f"w{i}"), y if m == k else x)
+                        if m != k:
+                            g.output(f"y{i}", _one(g, y))
+                    if m == k:
+                        g.output("y", _one(g, y))
                     return _seed(np, (rows, k))
 
                 t, dev = b.graph(mm, f16_as_bf16=as_bf16)
@@ -465,11 +501,13 @@ def calibrate_device(manager: Any, device: str, threads: int = 0,
 
             t, dev = b.graph(attn, f16_as_bf16=as_bf16, attention_bf16=as_bf16)
             record(None if as_bf16 else "attn:f16", flops, n, t, dev)
+    alloc_s, alloc_byte_s = _alloc_fit(b.allocs)
     return DeviceProfile(rates={k: tuple(sorted(v)) for k, v in rates.items()}, mem_bps=b.mem_bps,
                          node_s=b.node_s, graph_s=b.graph_s, h2d=h2d, d2h=d2h,
                          threads=b.threads if is_cpu else 0, source="measured",
                          measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), op_s=b.op_s,
-                         mem_rates={k: tuple(sorted(v)) for k, v in b.mem_rates.items()})
+                         mem_rates={k: tuple(sorted(v)) for k, v in b.mem_rates.items()},
+                         alloc_s=alloc_s, alloc_byte_s=alloc_byte_s)
 
 
 def _links(np: Any, ng: Any, backend: Any) -> tuple[Link, Link]:
