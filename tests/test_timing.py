@@ -10,7 +10,12 @@ from sdplan.core.planning.device_profile import DEFAULTS, DeviceProfile, DrivePr
 from sdplan.core.planning.inventory import Device, Inventory
 from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.profile import ModuleProfile, Profile
-from sdplan.core.planning.timing import UNET_TOKENS_PER_LATENT_PX, RunSettings, predict_time
+from sdplan.core.planning.timing import (
+    RPC_TENSOR_BYTES,
+    UNET_TOKENS_PER_LATENT_PX,
+    RunSettings,
+    predict_time,
+)
 from sdplan.core.planning.work import DeviceWork, GraphWork, ModuleWork, OpGroup
 
 GB = 10**9
@@ -65,7 +70,8 @@ def test_an_rpc_device_pays_its_link_for_inputs_outputs_and_weights() -> None:
     plan = resolve(["--backend", "RPC0"], _inv(), PROFILE)
     rep = predict_time(plan, _inv(), PROFILE, RunSettings(steps=10, sampler="euler"), _works("RPC0"), PATHS)
     io = 3 * 1e-4 + 500_000 / 1e8 + 2e-3 + 30_000 / 2e8
-    step = _device_s(RPC_P, 1e10, 5e10, 1e8, 1000) + io  # the kernel's own rate (MUL_MAT)
+    records = (100 + 3) * RPC_TENSOR_BYTES / 1e8  # its weights' and inputs' records go with the graph
+    step = _device_s(RPC_P, 1e10, 5e10, 1e8, 1000) + io + records  # the kernel's own rate (MUL_MAT)
     assert rep.step_s == pytest.approx(step)
     # runtime weights: read from the page cache and uploaded tensor by tensor, once
     upload = sum(b / DRIVE.cached_bps + 100 * 1e-4 + b / 1e8 for b in (200e6, 1700e6, 160e6))
@@ -134,7 +140,7 @@ def test_a_cpu_profile_is_scaled_to_the_runs_threads_and_missing_profiles_are_st
     assert any(n.startswith("RPC0: no measured profile") for n in rep.notes)
     flops, mem, node, graph, link, lat = DEFAULTS["rpc"]
     assert rep.modules["diffusion"][0].call_s["RPC0"] == pytest.approx(
-        10 * 1e10 / flops + 1e8 / mem + 1000 * node + graph)
+        10 * 1e10 / flops + 1e8 / mem + 1000 * node + graph + (100 + 3) * RPC_TENSOR_BYTES / link)
 
 
 def test_without_a_count_the_parameter_formula_is_used_and_stated() -> None:

@@ -79,6 +79,8 @@ class DeviceProfile:
             buffers takes beyond a later one (the scheduler's reserve and allocation, round
             trips to an RPC device, the first touch of fresh memory), fixed and per byte of
             the buffers: paid once per use, as the engine frees them after each use.
+        alloc_query_s: seconds each node whose size the backend is asked for (attention,
+            on an RPC device: round trips) adds to an allocation.
         mem_rates: memory-bound ops by kernel (``ADD``, ``SILU``, ``GROUP_NORM``,
             ``group_norm``...): ``((bytes of one op, bytes per second), ...)`` sorted by
             size (a small op's data sits in cache); a kernel not listed moves at ``mem_bps``.
@@ -103,6 +105,7 @@ class DeviceProfile:
     mem_rates: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     alloc_s: float = 0.0
     alloc_byte_s: float = 0.0
+    alloc_query_s: float = 0.0
 
     def mem_rate(self, kernel: str, nbytes: float) -> float:
         """Bytes per second of a memory-bound op of ``nbytes`` run by ``kernel``
@@ -149,6 +152,7 @@ class DeviceProfile:
         return {"source": self.source, "measured": self.measured, "threads": self.threads,
                 "graph_s": self.graph_s, "node_s": self.node_s, "op_s": self.op_s, "mem_bps": self.mem_bps,
                 "alloc_s": self.alloc_s, "alloc_byte_s": self.alloc_byte_s,
+                "alloc_query_s": self.alloc_query_s,
                 "h2d": self.h2d.to_json(), "d2h": self.d2h.to_json(),
                 "mem_rates": {k: [list(p) for p in v] for k, v in sorted(self.mem_rates.items())},
                 "rates": {k: [list(p) for p in v] for k, v in sorted(self.rates.items())}}
@@ -198,7 +202,8 @@ class DeviceProfile:
                    mem_rates={str(k): tuple(sorted((float(a), float(b)) for a, b in v))
                               for k, v in mem_rates.items()},
                    alloc_s=num(data, "alloc_s", "", False) if "alloc_s" in data else 0.0,
-                   alloc_byte_s=num(data, "alloc_byte_s", "", False) if "alloc_byte_s" in data else 0.0)
+                   alloc_byte_s=num(data, "alloc_byte_s", "", False) if "alloc_byte_s" in data else 0.0,
+                   alloc_query_s=num(data, "alloc_query_s", "", False) if "alloc_query_s" in data else 0.0)
 
 
 def _points(pts: object) -> bool:

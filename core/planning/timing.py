@@ -204,7 +204,7 @@ def _scaled(p: DeviceProfile, f: float) -> DeviceProfile:
     rates = {k: tuple((w, r * f) for w, r in v) for k, v in p.rates.items()}
     return DeviceProfile(rates, p.mem_bps * f, p.node_s, p.graph_s, p.h2d, p.d2h, p.threads, p.source, p.measured,
                          p.op_s, {k: tuple((b, r * f) for b, r in v) for k, v in p.mem_rates.items()},
-                         p.alloc_s, p.alloc_byte_s)
+                         p.alloc_s, p.alloc_byte_s, p.alloc_query_s)
 
 
 def _copy_s(prof: _Profiles, src: str, dst: str, nbytes: float, transfers: int = 1) -> float:
@@ -237,13 +237,25 @@ def device_seconds(p: DeviceProfile, dw: DeviceWork) -> float:
 def alloc_seconds(gw: GraphWork, prof: _Profiles) -> float:
     """Seconds of allocating a graph's compute buffers on each of its devices and first
     touching them (once per use)."""
-    return sum(prof(d).alloc_s + dw.buffer_bytes * prof(d).alloc_byte_s for d, dw in gw.devices.items())
+    return sum(prof(d).alloc_s + dw.buffer_bytes * prof(d).alloc_byte_s + dw.alloc_queries * prof(d).alloc_query_s
+               for d, dw in gw.devices.items())
+
+
+#: Bytes ggml's RPC client sends per tensor of a graph at every compute (its ``rpc_tensor``
+#: record with 160-byte names, as sdplan's ggml is built, and the tensor's id in the list).
+RPC_TENSOR_BYTES = 396
 
 
 def graph_seconds(gw: GraphWork, prof: _Profiles) -> dict[str, float]:
     """Seconds of one call of a graph: each device's share, ``io`` (inputs to the main
-    device and outputs back) and ``copies`` (activations between devices)."""
+    device and outputs back; for an RPC device also its weights' records, which go with the
+    graph at every compute: the nodes' own are in its per-node cost) and ``copies``
+    (activations between devices)."""
     out = {d: device_seconds(prof(d), dw) for d, dw in gw.devices.items()}
+    for d, dw in gw.devices.items():
+        dev = prof.device(d)
+        if dev is not None and dev.registry.upper() == "RPC":
+            out[d] += (dw.weights + gw.inputs) * RPC_TENSOR_BYTES / prof(d).h2d.bps
     main = gw.main
     io = _copy_s(prof, "CPU", main, gw.input_bytes, max(gw.inputs, 1)) if not prof.is_cpu(main) else 0.0
     io += _copy_s(prof, main, "CPU", gw.output_bytes, max(gw.outputs, 1)) if not prof.is_cpu(main) else 0.0

@@ -61,6 +61,9 @@ class DeviceWork:
     mem_kernels: Mapping[str, tuple[float, int]] = field(default_factory=dict)
     #: bytes of the device's compute buffer for this graph (0: not measured)
     buffer_bytes: int = 0
+    #: nodes whose buffer size the device's backend is asked for when the graph's buffers are
+    #: allocated (ggml's RPC client asks the server for each attention node)
+    alloc_queries: int = 0
 
     @property
     def flops(self) -> float:
@@ -70,7 +73,7 @@ class DeviceWork:
     def to_json(self) -> dict[str, object]:
         return {"ops": [o.to_json() for o in self.ops], "mem_bytes": self.mem_bytes,
                 "mem_ops": self.mem_ops, "mem_kernels": {k: list(v) for k, v in self.mem_kernels.items()},
-                "nodes": self.nodes, "buffer_bytes": self.buffer_bytes,
+                "nodes": self.nodes, "buffer_bytes": self.buffer_bytes, "alloc_queries": self.alloc_queries,
                 "weights": self.weights, "weight_bytes": self.weight_bytes}
 
 
@@ -111,7 +114,7 @@ class GraphWork:
                                              int(d.get("mem_ops", 0)),
                                              {str(k): (float(b), int(n))
                                               for k, (b, n) in (d.get("mem_kernels") or {}).items()},
-                                             int(d.get("buffer_bytes", 0)))
+                                             int(d.get("buffer_bytes", 0)), int(d.get("alloc_queries", 0)))
             return cls(str(data["main"]), devs, int(data.get("input_bytes", 0)), int(data.get("inputs", 0)),
                        int(data.get("output_bytes", 0)), int(data.get("outputs", 0)),
                        {str(k): int(v) for k, v in (data.get("copies") or {}).items()})

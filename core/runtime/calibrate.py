@@ -190,6 +190,7 @@ class _Bench:
         self.h2d: Link | None = None  # inputs live in host memory and are copied in per compute
         self.mem_rates: dict[str, list[tuple[float, float]]] = {}
         self.allocs: list[tuple[int, float]] = []  # (buffer bytes, first compute's extra seconds)
+        self.alloc_query_s = 0.0
 
     def graph(self, build: Callable[[Any], dict[str, Any]], f16_as_bf16: bool = False,
               attention_bf16: bool = False) -> tuple[float, Any]:
@@ -364,6 +365,34 @@ def _fixed(b: _Bench, chain: Callable[[int], Callable[[Any], dict[str, Any]]], n
     add = b.mem_rates.get("ADD")
     if add:
         b.mem_bps = max(add)[1]
+    if not b.is_cpu:
+        b.alloc_query_s = _query_cost(b, np)
+
+
+def _query_cost(b: _Bench, np: Any) -> float:
+    """Seconds each attention node adds to allocating a graph's buffers on the device
+    (ggml's RPC client asks the server for the size of each, at every allocation): the
+    allocation of a graph of 8 small attentions against the same graph with products in
+    their place, the fastest of 3 each."""
+    def alloc(flash: bool) -> float:
+        g = b.gr.new_graph([b.backend, b.cpu], n_threads=b.threads)
+        with b.gr.on(g, 0):
+            q = g.input("x", (1, 2, 16, 16))
+            y = q
+            for _ in range(8):
+                y = g.flash_attn(y, q, q, None, 0.25) if flash else g.mul_mat(q, y)
+                y = g.reshape(y, (1, 2, 16, 16))
+            g.output("y", _one(g, y))
+        g.build()
+        best = math.inf
+        for _ in range(3):
+            t0 = time.perf_counter()
+            g.allocate()
+            best = min(best, time.perf_counter() - t0)
+            g.free_compute()
+        return best
+
+    return max(alloc(True) - alloc(False), 0.0) / 8
 
 
 def _alloc_fit(allocs: Sequence[tuple[int, float]]) -> tuple[float, float]:
@@ -507,7 +536,7 @@ def calibrate_device(manager: Any, device: str, threads: int = 0,
                          threads=b.threads if is_cpu else 0, source="measured",
                          measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), op_s=b.op_s,
                          mem_rates={k: tuple(sorted(v)) for k, v in b.mem_rates.items()},
-                         alloc_s=alloc_s, alloc_byte_s=alloc_byte_s)
+                         alloc_s=alloc_s, alloc_byte_s=alloc_byte_s, alloc_query_s=b.alloc_query_s)
 
 
 def _links(np: Any, ng: Any, backend: Any) -> tuple[Link, Link]:

@@ -40,6 +40,8 @@ from sdplan.core.runtime.native import native
 _PRODUCT_KERNELS = ("bf16_gemm", "fma_gemm")
 _ATTENTION_KERNELS = ("FLASH_ATTN_EXT", "bf16_attention", "fma_attention")
 _COLUMN_KERNELS = ("IM2COL", "cpu_im2col")
+#: ops whose buffer size ggml's RPC client asks the server for at every allocation
+_QUERIED = ("FLASH_ATTN_EXT", "MUL_MAT_ID")
 
 
 def _elems(ne: Sequence[int]) -> int:
@@ -140,6 +142,7 @@ def graph_work(g: Any, devices: Sequence[str], buffers: Mapping[str, int] | None
     mem: dict[str, float] = defaultdict(float)
     mem_ops: dict[str, int] = defaultdict(int)
     mem_kernels: dict[str, dict[str, tuple[float, int]]] = defaultdict(dict)
+    queries: dict[str, int] = defaultdict(int)
     count: dict[str, int] = defaultdict(int)
     weights: dict[str, dict[int, int]] = defaultdict(dict)
     copies: dict[str, int] = defaultdict(int)
@@ -164,6 +167,8 @@ def graph_work(g: Any, devices: Sequence[str], buffers: Mapping[str, int] | None
                 copies[f"{src_dev}>{d}"] += int(sbytes)
         if view or index in folded:
             continue
+        if kernel in _QUERIED:
+            queries[d] += 1
         work = classify(node, nodes)
         if work is None:
             moved = nbytes + sum(s[3] for s in srcs)
@@ -180,6 +185,6 @@ def graph_work(g: Any, devices: Sequence[str], buffers: Mapping[str, int] | None
         ops = tuple(OpGroup(c, k, t, f, n) for (c, k, t, f), n in sorted(groups[name].items()))
         out_devs[name] = DeviceWork(ops, mem[name], count[name], len(weights[name]),
                                     sum(weights[name].values()), mem_ops[name], dict(mem_kernels[name]),
-                                    int((buffers or {}).get(name, 0)))
+                                    int((buffers or {}).get(name, 0)), queries[name])
     return GraphWork(main, out_devs, sum(inputs.values()), len(inputs),
                      sum(int(n[4]) for n in outs), len(outs), dict(copies))
