@@ -1,5 +1,5 @@
 """Measured device and drive profiles (:mod:`sdplan.core.runtime.calibrate`): what a
-measurement holds, where it is kept, ``sdplan devices --calibrate``, a throttled RPC link
+measurement holds, where it is kept (:mod:`sdplan.core.runtime.profile_cache`), ``sdplan devices --calibrate``, a throttled RPC link
 measured as throttled, and a plan for another machine's shipped inventory predicted
 without touching this machine's devices."""
 
@@ -18,7 +18,7 @@ from rpc_throttle import Throttle
 from rpc_util import PYTHON, rpc_servers, sdplan_cmd
 from sdplan.core.planning.device_profile import DeviceProfile, DriveProfile, Link
 from sdplan.core.planning.inventory import Device, Inventory
-from sdplan.core.runtime import calibrate
+from sdplan.core.runtime import calibrate, profile_cache
 
 EXAMPLE = REPO / "resources" / "inventories" / "epyc-2core-rpc-100mbps.json"
 
@@ -36,17 +36,17 @@ def _profile(threads: int, rate: float) -> DeviceProfile:
 def test_profiles_are_kept_per_device_and_thread_count(cache) -> None:
     cpu = Device("CPU", "AMD EPYC", "cpu", "CPU", 1, 100)
     rpc = Device("RPC0", "10.0.0.2:50052", "gpu", "RPC", 1, 100)
-    calibrate.store(cpu, _profile(1, 5e10))
-    calibrate.store(cpu, _profile(2, 9e10))
-    calibrate.store(None, DriveProfile("/models", 1.0, 2.0, 3.0))
-    assert json.loads(cache.read_text())["devices"][calibrate.identity(cpu)].keys() == {"1", "2"}
-    assert calibrate.cached_profile(cpu, 1) == _profile(1, 5e10)
-    assert calibrate.cached_profile(cpu, 4) == _profile(2, 9e10)  # none for 4: the most threads
-    assert calibrate.cached_profile(rpc) is None
+    profile_cache.store(cpu, _profile(1, 5e10))
+    profile_cache.store(cpu, _profile(2, 9e10))
+    profile_cache.store(None, DriveProfile("/models", 1.0, 2.0, 3.0))
+    assert json.loads(cache.read_text())["devices"][profile_cache.identity(cpu)].keys() == {"1", "2"}
+    assert profile_cache.cached_profile(cpu, 1) == _profile(1, 5e10)
+    assert profile_cache.cached_profile(cpu, 4) == _profile(2, 9e10)  # none for 4: the most threads
+    assert profile_cache.cached_profile(rpc) is None
     # an RPC device is known by its endpoint, not by the name it got in this process
-    calibrate.store(rpc, _profile(0, 1e12))
-    assert calibrate.cached_profile(replace(rpc, name="RPC3")) == _profile(0, 1e12)
-    inv = calibrate.with_cached_profiles(Inventory((cpu, replace(rpc, profile=_profile(0, 7.0)))), 1)
+    profile_cache.store(rpc, _profile(0, 1e12))
+    assert profile_cache.cached_profile(replace(rpc, name="RPC3")) == _profile(0, 1e12)
+    inv = profile_cache.with_cached_profiles(Inventory((cpu, replace(rpc, profile=_profile(0, 7.0)))), 1)
     assert inv.get("CPU").profile == _profile(1, 5e10)
     assert inv.get("RPC0").profile == _profile(0, 7.0)  # an inventory file's own profile stays
     assert inv.drives == (DriveProfile("/models", 1.0, 2.0, 3.0),)
@@ -56,9 +56,9 @@ def test_a_damaged_cache_is_ignored(cache) -> None:
     cache.parent.mkdir(parents=True)
     cache.write_text("{not json")
     cpu = Device("CPU", "x", "cpu", "CPU", 1, 2)
-    assert calibrate.cached_profile(cpu) is None and calibrate.cached_drives() == ()
-    calibrate.store(cpu, _profile(1, 1.0))  # and is replaced by the next measurement
-    assert calibrate.cached_profile(cpu, 1) == _profile(1, 1.0)
+    assert profile_cache.cached_profile(cpu) is None and profile_cache.cached_drives() == ()
+    profile_cache.store(cpu, _profile(1, 1.0))  # and is replaced by the next measurement
+    assert profile_cache.cached_profile(cpu, 1) == _profile(1, 1.0)
 
 
 def test_a_drive_is_read_cold_cached_and_mapped(tmp_path) -> None:

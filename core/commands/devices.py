@@ -110,7 +110,7 @@ def render_table(inv: Inventory, feat: dict[str, Any],
 
 def run(args: argparse.Namespace) -> int:
     """List the devices; exit code 2 with a one-line message on an sdplan error."""
-    from sdplan.core.runtime import calibrate, devices
+    from sdplan.core.runtime import devices, profile_cache
 
     try:
         if getattr(args, "threads", 0) < 0:
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "calibrate", False):
             inv = _calibrate(inv, int(threads), args.drive, quiet=args.json)
         else:
-            inv = calibrate.with_cached_profiles(inv, int(threads))
+            inv = profile_cache.with_cached_profiles(inv, int(threads))
     except SdplanError as exc:
         print_error(exc)
         return 2

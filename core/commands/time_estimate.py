@@ -58,8 +58,8 @@ def settings_of(args: argparse.Namespace) -> RunSettings:
 
 def with_profiles(inventory: Inventory, threads: int = 0) -> Inventory:
     """``inventory`` with the profiles measured here for devices that carry none
-    (:func:`sdplan.core.runtime.calibrate.with_cached_profiles`)."""
-    from sdplan.core.runtime.calibrate import with_cached_profiles
+    (:func:`sdplan.core.runtime.profile_cache.with_cached_profiles`)."""
+    from sdplan.core.runtime.profile_cache import with_cached_profiles
 
     return with_cached_profiles(inventory, threads)
 
