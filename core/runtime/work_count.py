@@ -97,8 +97,15 @@ def _columns(nodes: Sequence[tuple[Any, ...]], sid: int) -> int | None:
 
 def mem_kernel(node: tuple[Any, ...]) -> str:
     """The kernel a memory-bound node's bytes are priced by: sdplan's CPU kernel for a custom
-    op, else ggml's op description (the unary and GLU ops by their own names: ``SILU``)."""
-    return str(node[1]) if node[0] == "CUSTOM" else str(node[0])
+    op, else ggml's op description (the unary and GLU ops by their own names: ``SILU``); an
+    element-wise ``ADD``/``SUB``/``MUL``/``DIV`` that broadcasts a smaller operand (a bias
+    over channels) as ``ADD@b``: it moves its bytes at another rate."""
+    if node[0] == "CUSTOM":
+        return str(node[1])
+    srcs = node[7]
+    if node[0] in ("ADD", "SUB", "MUL", "DIV") and len(srcs) >= 2 and srcs[1][3] < srcs[0][3]:
+        return f"{node[0]}@b"
+    return str(node[0])
 
 
 def kernel_key(node: tuple[Any, ...], nodes: Sequence[tuple[Any, ...]] = ()) -> str:
