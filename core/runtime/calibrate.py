@@ -51,11 +51,12 @@ PRODUCTS = ((64, 64, 64), (320, 320, 64), (640, 640, 512), (1280, 1280, 1024))
 #: and projections over a few hundred tokens, cross-attention over 77 or 154 text tokens, an
 #: MLP's widening (M, K, N rows; 2 to 1700 MFLOP).
 F16_PRODUCTS = ((64, 64, 512), (512, 64, 512), (64, 768, 154), (320, 768, 77), (1280, 320, 2048))
-#: 3x3 convolutions (batch, channels in = out, height = width): 4.7 MFLOP to 4.8 GFLOP, two
-#: sizes for each of the channel counts the models use (the demo's 32 to 128, SD's UNet 320 to
-#: 1280, its VAE 128 to 512), as a UNet and a VAE decoder run them.
-CONVS = ((2, 32, 16), (1, 32, 128), (2, 64, 16), (1, 64, 64), (1, 128, 64), (1, 128, 128), (2, 320, 16),
-         (1, 320, 32), (1, 512, 16), (1, 512, 32), (2, 640, 8), (2, 1280, 4), (2, 1280, 8))
+#: 3x3 convolutions (batch, channels in = out, height = width): 4.7 MFLOP to 19 GFLOP, two
+#: or three sizes for each of the channel counts the models use (the demo's 32 to 128, SD's
+#: UNet 320 to 1280, its VAE 128 to 512: up to a 256 px decode's last level, whose columns no
+#: cache holds), as a UNet and a VAE decoder run them.
+CONVS = ((2, 32, 16), (1, 32, 128), (2, 64, 16), (1, 64, 64), (1, 128, 64), (1, 128, 128), (1, 128, 256),
+         (2, 320, 16), (1, 320, 32), (1, 512, 16), (1, 512, 32), (2, 640, 8), (2, 1280, 4), (2, 1280, 8))
 #: Attention (batch, heads, tokens, head width): the widths of the demo (8), SD 1.x (40),
 #: CLIP, SD 2.x, SDXL and the DiTs (64), the VAEs' single head (512).
 ATTENTIONS = ((2, 8, 256, 8), (1, 12, 77, 64), (2, 8, 256, 40), (1, 8, 1024, 40), (2, 10, 1024, 64),
