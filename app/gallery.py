@@ -1,7 +1,7 @@
 """The gallery: every result image in the results folder (and folders the user adds), with
 its metadata, searchable by prompt and model.
 
-Metadata comes from the image itself (:func:`sdplan.core.pipelines.results.read_result`:
+Metadata comes from the image itself (:func:`sdplan.core.pipelines.stages.results.read_result`:
 sdplan's text chunks, an sd-cli/A1111 ``parameters`` chunk, or the older JSON file beside
 it). Thumbnails load lazily: the view asks only for the rows it shows, and each thumbnail
 is decoded at thumbnail size on a thread pool, then kept. A result opens full size, gives
@@ -46,7 +46,8 @@ from PySide6.QtWidgets import (
 )
 from sdplan.app.history_strip import result_tooltip
 from sdplan.core.errors import SdplanError
-from sdplan.core.pipelines.results import ResultInfo, read_result
+from sdplan.core.pipelines.stages.results import ResultInfo, read_result
+from sdplan.core.planning import paths
 from sdplan.core.planning.sdcli import picture_command
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,21 @@ THUMB = 128
 InfoRole = Qt.ItemDataRole.UserRole + 1
 Index = QModelIndex | QPersistentModelIndex
 _ROOT = QModelIndex()
+
+
+def _read_or_note(path: Path, notes: list[str]) -> ResultInfo | None:
+    """:func:`read_result` of one picture; when its record cannot be read, the picture with
+    its file name alone; None (and a line in ``notes``) when it is no readable picture."""
+    try:
+        return read_result(path)
+    except OSError as exc:  # not a picture (or gone): not a result
+        log.debug("not a result %s: %s", path, exc)
+        return None
+    except Exception as exc:  # noqa: BLE001 - one picture never hides the others
+        notes.append(f"{path.name}: its record is not read ({type(exc).__name__}: "
+                     f"{str(exc)[:120]}); shown by its file name")
+        log.warning("%s", notes[-1])
+        return ResultInfo(str(path))
 
 
 def result_command(info: ResultInfo) -> str:
@@ -126,6 +142,7 @@ class GalleryModel(QAbstractListModel):
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.items: list[ResultInfo] = []
+        self.notes: list[str] = []
         self.thumbs: dict[str, QIcon] = {}
         self.decoded: list[str] = []
         self._pending: set[str] = set()
@@ -139,22 +156,30 @@ class GalleryModel(QAbstractListModel):
 
     def load(self, folders: list[Path]) -> int:
         """Read the metadata of every PNG in ``folders`` (not the pixels); returns the
-        number of results."""
+        number of results. A picture whose record cannot be read is shown without it, one
+        that cannot be read at all is left out; either is a line of :attr:`notes` and never
+        hides the others; a folder that cannot be listed is a note too."""
         found: list[tuple[float, Path]] = []
+        self.notes = []
         for folder in folders:
-            if folder.is_dir():
-                for p in folder.glob("*.png"):
-                    try:
-                        found.append((p.stat().st_mtime, p))
-                    except OSError:
-                        continue
+            try:
+                if not paths.is_dir(folder):
+                    continue
+                listed = list(folder.glob("*.png"))
+            except OSError as exc:
+                self.notes.append(f"gallery folder {folder} not read: {paths.reason(exc)}")
+                continue
+            for p in listed:
+                try:
+                    found.append((p.stat().st_mtime, p))
+                except OSError:
+                    continue
         found.sort(key=lambda t: (t[0], t[1].name), reverse=True)
         items = []
         for _, p in found:
-            try:
-                items.append(read_result(p))
-            except OSError as exc:
-                log.debug("not a result %s: %s", p, exc)
+            info = _read_or_note(p, self.notes)
+            if info is not None:
+                items.append(info)
         self.beginResetModel()
         self.items = items
         self.thumbs = {k: v for k, v in self.thumbs.items() if any(i.path == k for i in items)}
@@ -162,10 +187,9 @@ class GalleryModel(QAbstractListModel):
         return len(items)
 
     def add(self, path: str | Path) -> None:
-        """Put a new result first."""
-        try:
-            info = read_result(path)
-        except OSError:
+        """Put a new result first (a picture that cannot be read is a note, not a row)."""
+        info = _read_or_note(Path(path), self.notes)
+        if info is None:
             return
         self.beginInsertRows(_ROOT, 0, 0)
         self.items.insert(0, info)
@@ -349,6 +373,9 @@ class GalleryPanel(QWidget):
     def reload(self) -> int:
         n = self.model.load(self.folders)
         self._count()
+        if self.model.notes:  # pictures set aside: say so, the good ones are shown
+            more = f" (and {len(self.model.notes) - 1} more)" if len(self.model.notes) > 1 else ""
+            self.status.emit(f"gallery: {self.model.notes[0]}{more}")
         return n
 
     def add_folder(self, folder: str | Path) -> None:

@@ -6,21 +6,15 @@ QThread; the UI never blocks.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from PySide6.QtCore import Qt, QThread, Signal, Slot
 from PySide6.QtGui import QImage, QPixmap
 from PySide6.QtWidgets import (
-    QComboBox,
-    QDoubleSpinBox,
-    QFormLayout,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -29,7 +23,6 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSizePolicy,
-    QSpinBox,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -37,13 +30,15 @@ from PySide6.QtWidgets import (
 from sdplan.app.controller import PlanController
 from sdplan.app.history_strip import HistoryStrip
 from sdplan.app.inputs import InputsPanel
+from sdplan.app.pictures import to_qimage, write_pictures
+from sdplan.app.settings_form import settings_form
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
-from sdplan.core.errors import SdplanError
-from sdplan.core.pipelines.outputs import atomic_write
-from sdplan.core.pipelines.results import generation_text, read_result
-from sdplan.core.planning.sizes import recommended_sizes
+from sdplan.app.wrap_label import ElidedLabel
+from sdplan.core.families import recommended_sizes
+from sdplan.core.pipelines.stages.results import read_result
 from sdplan.core.sampling.samplers import SAMPLERS as CORE_SAMPLERS
 from sdplan.core.sampling.schedules import SCHEDULES as CORE_SCHEDULES
+from sdplan.core.session.runs import describe_params, run_record
 
 log = logging.getLogger(__name__)
 
@@ -51,42 +46,7 @@ log = logging.getLogger(__name__)
 SAMPLERS = CORE_SAMPLERS
 SCHEDULES = CORE_SCHEDULES
 
-
-def to_qimage(array: Any) -> QImage:
-    """An (H, W, 3|4) uint8 or float [0, 1] array (or (H, W) grey) as a QImage copy.
-
-    Raises:
-        ValueError: any other shape.
-    """
-    a = np.asarray(array)
-    if a.dtype != np.uint8:
-        a = (np.clip(a.astype(np.float32), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-    if a.ndim == 2:
-        a = np.repeat(a[:, :, None], 3, axis=2)
-    if a.ndim != 3 or a.shape[2] not in (3, 4):
-        raise ValueError(f"an image must be (H, W, 3) or (H, W, 4), not {a.shape}")
-    a = np.ascontiguousarray(a)
-    h, w, c = a.shape
-    fmt = QImage.Format.Format_RGB888 if c == 3 else QImage.Format.Format_RGBA8888
-    return QImage(a.data, w, h, w * c, fmt).copy()
-
-
-def describe_params(params: dict[str, Any]) -> str:
-    """One caption line for a result's parameters: prompt, size, steps, CFG, seed, sampler
-    and the run time in seconds when known (``timings['total']``)."""
-    parts = []
-    if params.get("prompt"):
-        parts.append(f"“{params['prompt']}”")
-    if params.get("width") and params.get("height"):
-        parts.append(f"{params['width']}×{params['height']}")
-    for key, label in (("steps", "steps"), ("cfg_scale", "CFG"), ("seed", "seed"),
-                       ("sampling_method", "")):
-        if params.get(key) is not None:
-            parts.append(f"{label} {params[key]}".strip())
-    timings = params.get("timings")
-    if isinstance(timings, dict) and isinstance(timings.get("total"), (int, float)):
-        parts.append(f"{timings['total']:.1f} s")
-    return "  ·  ".join(parts)
+__all__ = ["SAMPLERS", "SCHEDULES", "GenerationPanel", "describe_params", "to_qimage"]
 
 
 class GenerationPanel(QFrame):
@@ -95,6 +55,7 @@ class GenerationPanel(QFrame):
     names each image file written."""
 
     resultSaved = Signal(str)
+    outputFolderChanged = Signal(str)
 
     def __init__(self, controller: PlanController, history_dir: str | Path,
                  client_factory: ClientFactory | None = None,
@@ -137,64 +98,7 @@ class GenerationPanel(QFrame):
         self.negative.setPlaceholderText("Negative prompt")
         self.negative.setMaximumHeight(40)
         lay.addWidget(self.negative)
-        form = QFormLayout()
-        form.setHorizontalSpacing(10)
-        form.setVerticalSpacing(6)
-        size = QHBoxLayout()
-        self.width_box, self.height_box = QSpinBox(), QSpinBox()
-        for box in (self.width_box, self.height_box):
-            box.setRange(64, 4096)
-            box.setSingleStep(64)
-            box.setSuffix(" px")
-            box.setKeyboardTracking(False)
-        size.setSpacing(8)
-        size.addWidget(self.width_box, 1)
-        size.addWidget(QLabel("×"))
-        size.addWidget(self.height_box, 1)
-        form.addRow("Size", size)
-        self.size_preset = QComboBox()
-        self.size_preset.setToolTip("Sizes the loaded model was trained for")
-        self.size_preset.activated.connect(self._apply_preset)
-        for box in (self.width_box, self.height_box):
-            box.valueChanged.connect(self._show_preset)
-            box.valueChanged.connect(self.update_state)
-        form.addRow("Preset", self.size_preset)
-        self.steps = QSpinBox()
-        self.steps.setRange(1, 200)
-        self.cfg = QDoubleSpinBox()
-        self.cfg.setRange(0.0, 30.0)
-        self.cfg.setSingleStep(0.5)
-        sc = QHBoxLayout()
-        sc.setSpacing(8)
-        sc.addWidget(self.steps, 1)
-        cfg_label = QLabel("CFG")
-        cfg_label.setContentsMargins(8, 0, 0, 0)
-        cfg_label.setToolTip("Classifier-free guidance scale (--cfg-scale)")
-        sc.addWidget(cfg_label)
-        sc.addWidget(self.cfg, 1)
-        form.addRow("Steps", sc)
-        seed_row = QHBoxLayout()
-        self.seed = QSpinBox()
-        self.seed.setRange(-1, 2**31 - 1)
-        self.seed.setSpecialValueText("random")
-        self.dice = QToolButton()
-        self.dice.setText("⚄")
-        self.dice.setToolTip("New random seed")
-        self.dice.clicked.connect(lambda: self.seed.setValue(random.randrange(2**31 - 1)))
-        seed_row.addWidget(self.seed, 1)
-        seed_row.addWidget(self.dice)
-        form.addRow("Seed", seed_row)
-        self.sampler, self.schedule = QComboBox(), QComboBox()
-        self.sampler.addItems(SAMPLERS)
-        self.schedule.addItems(SCHEDULES)
-        ss = QHBoxLayout()
-        ss.addWidget(self.sampler, 1)
-        ss.addWidget(self.schedule, 1)
-        form.addRow("Sampler", ss)
-        self.batch = QSpinBox()
-        self.batch.setRange(1, 64)
-        form.addRow("Batch", self.batch)
-        lay.addLayout(form)
+        lay.addLayout(settings_form(self))
         #: LoRAs and the picture to start from (sdplan.app.inputs).
         self.inputs = InputsPanel(self._insert_tag, self._model_family, self._lora_table)
         lay.addWidget(self.inputs)
@@ -210,6 +114,17 @@ class GenerationPanel(QFrame):
         buttons.addWidget(self.generate_btn, 1)
         buttons.addWidget(self.cancel_btn)
         lay.addLayout(buttons)
+        out_row = QHBoxLayout()
+        self.output_label = ElidedLabel()
+        self.output_label.setObjectName("Caption")
+        out_row.addWidget(self.output_label, 1)
+        self.output_btn = QToolButton()
+        self.output_btn.setText("Change…")
+        self.output_btn.setToolTip("Choose the folder pictures are saved in")
+        self.output_btn.clicked.connect(self.choose_output_folder)
+        out_row.addWidget(self.output_btn)
+        lay.addLayout(out_row)
+        self._show_output_folder()
         self.progress = QProgressBar()
         self.progress.setTextVisible(False)
         self.progress.setMaximumHeight(6)
@@ -232,13 +147,18 @@ class GenerationPanel(QFrame):
         self.preview = QLabel()
         self.preview.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.preview.setMinimumHeight(72)
-        self.preview.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
+        # a shown picture never asks for more room: the panel keeps its height and the
+        # scroll area does not move under the cursor
+        self.preview.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)
         self.preview.setObjectName("Muted")
         self.preview.setText("The live preview appears here")
         lay.addWidget(self.preview, 1)
         self.params_label = QLabel()
         self.params_label.setObjectName("Caption")
         self.params_label.setWordWrap(True)
+        # two lines, always: a result's caption never moves what is above or below it
+        self.params_label.setFixedHeight(self.params_label.fontMetrics().lineSpacing() * 2 + 4)
+        self.params_label.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
         lay.addWidget(self.params_label)
         hl = QLabel("TODAY")
         hl.setObjectName("Section")
@@ -347,25 +267,14 @@ class GenerationPanel(QFrame):
 
     def _lora_table(self) -> Any:
         """The open model's LoRA alias table (headers only), or None."""
-        from sdplan.core.modelfiles.checkpoint import read_model_files
-        from sdplan.core.modelfiles.lora import model_aliases
-
-        files = {k: v for k, v in self.ctl.model_files.items() if k not in ("taesd", "upscale_model")}
-        if not files:
-            return None
-        try:
-            return model_aliases(read_model_files(files))
-        except (SdplanError, OSError, ValueError):
-            return None
+        return self.ctl.session.lora_table()
 
     def _model_changed(self) -> None:
         """New model: its family's fit marks; the demo model brings its own LoRA folder."""
-        from sdplan.core.pipelines.demo import demo_lora_dir
-
         if self.inputs.folder is None and not self.ctl.generation.get("lora_model_dir"):
-            files = [p for v in self.ctl.model_files.values() for p in v]
-            if any(Path(p).parent == demo_lora_dir().parent for p in files):
-                self.inputs.set_folder(demo_lora_dir())
+            own = self.ctl.session.own_lora_folder()
+            if own is not None:
+                self.inputs.set_folder(own)
                 return
         self.inputs.refresh_fit()
 
@@ -376,22 +285,25 @@ class GenerationPanel(QFrame):
     # ------------------------------------------------------------------ state
     def unavailable_reason(self) -> str | None:
         """Why Generate is disabled now, or None."""
-        if not self.ctl.model_files:
-            prof = self.ctl.profile
-            if prof is not None and prof.name:
-                return (f"Planning for {prof.name} without its files. Load a model to "
-                        "generate (File → Open model files, or drop files here)")
-            return "Load a model to generate (File → Open model files, or drop files here)"
-        f = self.ctl.size_multiple
-        w, h = self.width_box.value(), self.height_box.value()
-        if f and (w % f or h % f):
-            return f"Size {w} × {h} px: this model draws sizes that are multiples of {f} px"
+        reason = self.ctl.session.unavailable_reason({**self.settings(), **self.request_extra})
+        if reason:
+            return reason
         if self.client_factory is None and engine_unavailable_reason():
             return engine_unavailable_reason()
         return self.engine_busy()
 
+    def refusal(self) -> str | None:
+        """Why the open family would refuse these settings, or None (the engine's check,
+        before anything loads)."""
+        return self.ctl.session.refusal({**self.settings(), **self.request_extra})
+
     def update_state(self) -> None:
-        """Enable Generate only with a model and an engine, and say why otherwise."""
+        """Enable Generate only with a model and an engine, and say why otherwise; say when
+        the size is far from what the model was trained for."""
+        note = self.ctl.session.size_note(self.width_box.value(), self.height_box.value()) \
+            if self.ctl.model_files else None
+        self.size_note.setText(note or "")
+        self.size_note.setVisible(note is not None)
         reason = self.unavailable_reason()
         running = self.thread is not None
         self.generate_btn.setEnabled(reason is None and not running)
@@ -402,13 +314,15 @@ class GenerationPanel(QFrame):
             self.progress_label.setText("Ready")
 
     def request(self) -> dict[str, Any]:
-        """The request sent to the engine: settings, strings, model files, RPC servers."""
-        plan = self.ctl.plan
-        return {**self.settings(), "backend": plan.backend,
-                "params_backend": plan.params_backend, "max_vram": plan.max_vram,
-                "rpc_servers": list(plan.rpc_servers), "stream_layers": plan.stream_layers,
-                "model_files": {k: list(v) for k, v in self.ctl.model_files.items()},
-                **self.request_extra}
+        """The request sent to the engine (:class:`~sdplan.core.pipelines.request.GenerationRequest`
+        in its JSON form, as a queued job keeps it): the panel's settings, the model files and
+        the board's resolved plan, whose devices the engine checks against its own before it
+        loads anything (:class:`~sdplan.core.runtime.run_plan.RunPlan`).
+
+        Raises:
+            SdplanError: a malformed setting (the panel's fields keep them well-formed).
+        """
+        return self.ctl.session.request({**self.settings(), **self.request_extra})
 
     # ------------------------------------------------------------------ running
     def generate(self) -> bool:
@@ -431,7 +345,7 @@ class GenerationPanel(QFrame):
         self._last_request = req
         self.preview_steps = []
         from sdplan.core.errors import OutputError
-        from sdplan.core.pipelines.outputs import check_output_folder
+        from sdplan.core.pipelines.stages.outputs import check_output_folder
 
         try:  # before the engine loads anything: say now that results cannot be kept
             check_output_folder("history", self.history_dir)
@@ -490,14 +404,18 @@ class GenerationPanel(QFrame):
                 log.debug("bad preview: %s", exc)
 
     @Slot(object, object)
-    def on_result(self, images: list, params: dict) -> None:
+    def on_result(self, images: list, result: dict) -> None:
+        """Show and save a finished run's pictures; ``result`` is the engine's record
+        (``params``, ``plan``, ``model_flags``, ``placements``, ``timings``) or its params alone."""
+        record = result if "params" in result else {"params": result}
         self.last_images = [to_qimage(a) for a in images]
         if self.last_images:
             self._show(self.last_images[0])
-        self.params_label.setText(describe_params(params))
+        self._caption(describe_params({**record["params"], "timings": record.get("timings")
+                                                   or record["params"].get("timings")}))
         self.progress.setValue(self.progress.maximum())
         self.progress_label.setText(f"done in {time.monotonic() - self._t0:.1f} s")
-        self.save_results(self.last_images, params, self._last_request)
+        self.save_results(images, record, self._last_request)
 
     @Slot(str)
     def on_error(self, message: str) -> None:
@@ -540,6 +458,11 @@ class GenerationPanel(QFrame):
             self.thread.wait(10_000)
         self.close_engine()
 
+    def _caption(self, text: str) -> None:
+        """The result's caption (two lines; the tooltip has all of it)."""
+        self.params_label.setText(text)
+        self.params_label.setToolTip(text)
+
     def _show(self, img: QImage) -> None:
         """Show ``img`` scaled to fit the preview area (aspect kept)."""
         w, h = max(self.preview.width(), 64), max(self.preview.height(), 64)
@@ -547,51 +470,57 @@ class GenerationPanel(QFrame):
             w, h, Qt.AspectRatioMode.KeepAspectRatio,
             Qt.TransformationMode.SmoothTransformation))
 
+    # ------------------------------------------------------------------ output folder
+    def _show_output_folder(self) -> None:
+        folder = str(self.history_dir)
+        home = str(Path.home())
+        shown = "~" + folder[len(home):] if folder.startswith(home) else folder
+        self.output_label.setText(f"Saved to {shown}")
+
+    def set_history_dir(self, folder: str | Path) -> None:
+        """Save pictures in ``folder`` from now on (today's strip follows it)."""
+        self.history_dir = Path(folder)
+        self.history.folder = self.history_dir
+        self._show_output_folder()
+
+    def choose_output_folder(self, folder: str | None = None) -> bool:
+        """Ask for the output folder (or take ``folder``), use it and emit
+        ``outputFolderChanged``; False when none was chosen."""
+        if not folder:
+            from PySide6.QtWidgets import QFileDialog
+
+            folder = QFileDialog.getExistingDirectory(self, "Save pictures in",
+                                                      str(self.history_dir))
+        if not folder:
+            return False
+        self.set_history_dir(folder)
+        self.outputFolderChanged.emit(str(folder))
+        return True
+
     # ------------------------------------------------------------------ history
-    def save_results(self, images: list[QImage], params: dict,
+    def save_results(self, images: list[Any], result: dict,
                      request: dict[str, Any] | None = None) -> list[Path]:
-        """Save results as PNGs carrying sd-cli's "parameters" text and sdplan's own record
-        (:func:`sdplan.core.pipelines.results.generation_text`: the metadata ``sdplan
-        generate`` writes, so a picture restores its run when dropped on the window), each
-        with a JSON file of ``params``; ``request`` is the engine request they came from
-        (default: the last one). Returns the paths."""
+        """Save a run's pictures (uint8 ``(H, W, 3)`` arrays, or QImages) in the history
+        folder as PNGs carrying the record ``sdplan generate`` writes
+        (:func:`sdplan.app.pictures.write_pictures`), so a picture restores its run when
+        dropped on the window. ``result`` is the engine's record (or its params alone);
+        ``request`` the request it came from (default: the last one). Returns the paths; a
+        folder that cannot be written is said on the status bar (the picture stays on
+        screen)."""
+        req = request or self._last_request or self.request()
+        record = run_record(result, req)
+        paths: list[Path] = []
+
+        def saved(path: Path) -> None:
+            paths.append(path)
+            self.history.add(path)
+            self.resultSaved.emit(str(path))
+
         try:
-            self.history_dir.mkdir(parents=True, exist_ok=True)
+            write_pictures(self.history_dir, images, record, req.get("model_files") or {}, saved)
         except OSError as exc:
             self.ctl.status.emit(f"not saved: cannot write to {self.history_dir} "
                                  f"({exc.strerror or exc}); the picture stays on screen")
-            return []
-        req = request or self._last_request or self.request()
-        run = {**{k: v for k, v in req.items() if k not in ("model_files", "placements")},
-               **{k: v for k, v in params.items() if v is not None}}
-        placement = {k: req.get(k) for k in ("backend", "params_backend", "max_vram", "split_mode")
-                     if req.get(k)}
-        if req.get("rpc_servers"):
-            placement["rpc_servers"] = ",".join(req["rpc_servers"])
-        current = req is self._last_request  # the board's files and command are this run's
-        command = self.ctl.command_line() if current else None
-        text = generation_text(run, req.get("model_files") or {}, placement, command,
-                               file_flags=self.ctl.model_file_flags if current else None)
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        settings = json.dumps(params, indent=1, default=str)
-        paths = []
-        for i, img in enumerate(images):
-            path = self.history_dir / f"{stamp}-{i}.png"
-            n = 1
-            while path.exists():  # a queue can finish two jobs within a second
-                path, n = self.history_dir / f"{stamp}-{i}-{n}.png", n + 1
-            for key, value in (text | ({"batch_index": str(i)} if len(images) > 1 else {})).items():
-                img.setText(key, value)
-            try:  # atomically: a failure leaves no partial file, and the picture stays on screen
-                atomic_write(path, _png_writer(img))
-                atomic_write(path.with_suffix(".json"), lambda tmp: tmp.write_text(settings))
-            except OSError as exc:
-                self.ctl.status.emit(f"not saved: cannot write to {self.history_dir} "
-                                     f"({exc.strerror or exc}); the picture stays on screen")
-                return paths
-            self.history.add(path)
-            paths.append(path)
-            self.resultSaved.emit(str(path))
         return paths
 
     def _load_history(self) -> None:
@@ -602,14 +531,7 @@ class GenerationPanel(QFrame):
         path = Path(item.data(Qt.ItemDataRole.UserRole))
         self._show(QImage(str(path)))
         try:
-            self.params_label.setText(describe_params(read_result(path).settings))
+            self._caption(describe_params(read_result(path).settings))
         except OSError:
-            self.params_label.setText(path.name)
+            self._caption(path.name)
 
-
-def _png_writer(img: QImage) -> Callable[[Path], None]:
-    """A writer of ``img`` as PNG to a temporary path (for :func:`atomic_write`)."""
-    def write(tmp: Path) -> None:
-        if not img.save(str(tmp), "PNG"):
-            raise OSError(f"Qt could not write {tmp.name}")
-    return write

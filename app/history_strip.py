@@ -1,13 +1,14 @@
 """Today's strip: the results of today, newest first, under the generation panel.
 
 Each thumbnail's tooltip gives its prompt, seed and size (read back from the image with
-:func:`sdplan.core.pipelines.results.read_result`); clicking shows it in the panel,
+:func:`sdplan.core.pipelines.stages.results.read_result`); clicking shows it in the panel,
 the context menu (or Enter) offers "Reuse settings" and "Show in gallery". Older results
 live in the gallery.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import logging
 from pathlib import Path
@@ -15,7 +16,8 @@ from pathlib import Path
 from PySide6.QtCore import QPoint, QSize, Qt, Signal
 from PySide6.QtGui import QIcon, QImageReader, QKeyEvent, QPixmap
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QMenu, QWidget
-from sdplan.core.pipelines.results import ResultInfo, read_result
+from sdplan.core.pipelines.stages.results import ResultInfo, read_result
+from sdplan.core.planning import paths
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,9 @@ class HistoryStrip(QListWidget):
         except OSError as exc:
             log.debug("no metadata for %s: %s", path, exc)
             item.setToolTip(Path(path).name)
+        except Exception as exc:  # noqa: BLE001 - a picture's record never stops the strip
+            log.warning("%s: its record is not read (%s: %s)", path, type(exc).__name__, exc)
+            item.setToolTip(Path(path).name)
         self.insertItem(0, item)
         while self.count() > MAX_ITEMS:
             self.takeItem(self.count() - 1)
@@ -92,11 +97,18 @@ class HistoryStrip(QListWidget):
     def load_today(self, today: _dt.date | None = None) -> int:
         """Show the folder's results written today (by modification time); returns how many."""
         day = today or _dt.date.today()
-        if not self.folder.is_dir():
+        stamps: dict[Path, float] = {}
+        try:
+            if not paths.is_dir(self.folder):
+                return 0
+            for p in self.folder.glob("*.png"):
+                with contextlib.suppress(OSError):
+                    stamps[p] = p.stat().st_mtime
+        except OSError as exc:  # a folder that cannot be listed: nothing to show
+            log.warning("results folder %s not read: %s", self.folder, exc)
             return 0
-        todays = [p for p in self.folder.glob("*.png")
-                  if _dt.date.fromtimestamp(p.stat().st_mtime) == day]
-        todays.sort(key=lambda p: (p.stat().st_mtime, p.name))
+        todays = [p for p, t in stamps.items() if _dt.date.fromtimestamp(t) == day]
+        todays.sort(key=lambda p: (stamps[p], p.name))
         for p in todays[-MAX_ITEMS:]:
             self.add(p)
         return len(todays[-MAX_ITEMS:])

@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
 )
 from sdplan.core.errors import SdplanError
 from sdplan.core.modelfiles.lora import LORA_EXTENSIONS, guess_lora_family
+from sdplan.core.pipelines.stages.img2img import picture_notes
 from sdplan.core.planning.adapters import APPLY_MODES
 from sdplan.core.text.lora_tags import format_lora_tag
 
@@ -76,6 +77,20 @@ def _lands(path: str, table: Any) -> bool:
         return not read_lora(path, table).unknown
     except (SdplanError, OSError, ValueError):
         return False
+
+
+def _mask_note(init: str, mask: str | None) -> str:
+    """``; the mask ... is stretched ...`` when the mask's size is not the picture's
+    (:func:`sdplan.core.pipelines.img2img.picture_notes`); empty otherwise."""
+    from PySide6.QtGui import QImageReader
+
+    if not mask:
+        return ""
+    a, b = QImageReader(init).size(), QImageReader(mask).size()
+    if not (a.isValid() and b.isValid()) or a.isEmpty() or b.isEmpty():
+        return ""
+    notes = picture_notes((a.width(), a.height()), (b.width(), b.height()), a.width(), a.height())
+    return f"; {notes[0]}" if notes else ""
 
 
 class PictureSlot(QLabel):
@@ -287,6 +302,7 @@ class InputsPanel(QFrame):
             note = "a mask needs a picture"
         elif init:
             note = "inpainting: white = repaint" if mask else "image to image"
+            note += _mask_note(init, mask)
         else:
             note = "text to image"
         self.picture_note.setText(note)

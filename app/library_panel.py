@@ -186,7 +186,8 @@ class LibraryPanel(QWidget):
     # ------------------------------------------------------------------ folders
     def folder_list(self) -> list[str]:
         value = self.settings.value("library/folders") or []
-        return [str(v) for v in ([value] if isinstance(value, str) else value)]
+        return [str(v) for v in ([value] if isinstance(value, str) else
+                                 value if isinstance(value, (list, tuple)) else [])]
 
     def add_folder(self, folder: str | Path) -> None:
         """Add ``folder`` (kept in the settings) and scan."""

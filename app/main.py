@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from sdplan.core.errors import SdplanError
-from sdplan.core.pipelines import demo
+from sdplan.core.pipelines.demo import model as demo
 from sdplan.core.planning.autoplan import auto_plan
 from sdplan.core.planning.builtin_profiles import load_profile_option
 from sdplan.core.planning.inventory import Inventory, merge_rpc_devices
@@ -89,6 +89,7 @@ def build_window(args: argparse.Namespace, settings: object = None):  # noqa: AN
     profile = load_profile_option(args.profile, getattr(args, "model_profile", None))
     ctl = PlanController(inventory, profile, placement, inventory_source=source)
     qs = settings or QSettings("sdplan", "sdplan")
+    notes: list[str] = []
     args.profile = args.profile or getattr(args, "model_profile", None)
     flags_given = any(getattr(args, k, None) for k in ("backend", "params_backend", "max_vram"))
     if args.files:
@@ -97,25 +98,46 @@ def build_window(args: argparse.Namespace, settings: object = None):  # noqa: AN
         if not open_demo(ctl):
             raise SdplanError("the demo model is not installed (resources/demo)")
     elif not flags_given and not args.profile:
-        restored = False
         # a screenshot shows what a new user sees (the demo), never the last session
-        last = None if args.screenshot else qs.value("plan/last")  # type: ignore[union-attr]
-        if last:
-            try:
-                data = json.loads(str(last))
-                files = [p for v in (data.get("model_files") or {}).values() for p in v]
-                if files and all(Path(p).is_file() for p in files):
-                    ctl.load_plan_json(data, source="last session")
-                    ctl.undo_stack.clear()
-                    restored = True
-            except (SdplanError, ValueError, AttributeError, TypeError) as exc:
-                log.info("last plan not restored: %s", exc)
+        restored, note = (False, None) if args.screenshot else restore_last_plan(ctl, qs)
+        if note:
+            notes.append(note)
         if not restored:
             open_demo(ctl)
     given = {k: getattr(args, k, None) for k in ("prompt", "lora_model_dir", "init_img", "mask", "strength")}
     ctl.set_generation(**{k: v for k, v in given.items() if v is not None})
     win = MainWindow(ctl, qs, auto_refresh=not args.devices and not args.screenshot)  # type: ignore[arg-type]
+    for note in notes:
+        win.add_startup_note(note)
     return ctl, win
+
+
+def restore_last_plan(ctl: object, qs: object) -> tuple[bool, str | None]:
+    """Restore the last session's plan (QSettings ``plan/last``, read with the bounded JSON
+    reader) when all its model files are still here: ``(restored, note)``. A saved plan that
+    cannot be read is set aside (moved to ``plan/last-set-aside``) with a note, and the app
+    starts as without one; files that are gone leave it in place, without a note."""
+    from sdplan.core.planning import paths
+    from sdplan.core.planning.bounded_json import loads
+
+    last = qs.value("plan/last")  # type: ignore[attr-defined]
+    if not last:
+        return False, None
+    try:
+        data = loads(str(last), "the last session's plan")
+        files = [p for v in (data.get("model_files") or {}).values() for p in v]
+        if not (files and all(isinstance(p, str) and paths.is_file(p) for p in files)):
+            return False, None
+        ctl.load_plan_json(data, source="last session")  # type: ignore[attr-defined]
+        ctl.undo_stack.clear()  # type: ignore[attr-defined]
+        return True, None
+    except (SdplanError, OSError, ValueError, AttributeError, TypeError, KeyError) as exc:
+        qs.setValue("plan/last-set-aside", str(last))  # type: ignore[attr-defined]
+        qs.remove("plan/last")  # type: ignore[attr-defined]
+        note = (f"the last session's plan was not restored ({type(exc).__name__}: "
+                f"{str(exc)[:160]}); it was set aside")
+        log.warning("%s", note)
+        return False, note
 
 
 def _generate_and_wait(win: object, app: object, timeout_s: float = 600.0) -> bool:
@@ -152,19 +174,31 @@ def run_gui(args: argparse.Namespace) -> int:
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
     from sdplan.app.icons import app_icon
-    from sdplan.app.window import apply_theme
 
     app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "sdplan"])
     app.setApplicationName("sdplan")
     app.setOrganizationName("sdplan")
     app.setWindowIcon(app_icon())
-    settings = QSettings("sdplan", "sdplan")
-    scratch = None
     if args.screenshot:  # render without reading or overwriting the user's saved session
+        import gc
         import tempfile
 
         scratch = tempfile.TemporaryDirectory(prefix="sdplan-screenshot-")
-        settings = QSettings(str(Path(scratch.name) / "sdplan.ini"), QSettings.Format.IniFormat)
+        try:
+            return _open_window(args, app, QSettings(str(Path(scratch.name) / "sdplan.ini"),
+                                                     QSettings.Format.IniFormat))
+        finally:  # the window and its settings are gone (their last write done), then the folder
+            gc.collect()
+            scratch.cleanup()
+    return _open_window(args, app, QSettings("sdplan", "sdplan"))
+
+
+def _open_window(args: argparse.Namespace, app: Any, settings: Any) -> int:
+    """Build the window with ``settings`` and show it (the event loop's exit code), or with
+    ``--screenshot`` render it, save the picture and close it (0, or 2 when it cannot)."""
+    from PySide6.QtCore import QEvent
+    from sdplan.app.window import apply_theme
+
     mode = "light" if args.screenshot and not args.theme else (
         args.theme or str(settings.value("view/theme") or "system"))
     apply_theme(app, mode)  # type: ignore[arg-type]
@@ -176,6 +210,7 @@ def run_gui(args: argparse.Namespace) -> int:
     if mode in win.theme_actions:
         win.theme_actions[mode].setChecked(True)
     if args.screenshot:
+        win.keep_size = True  # the picture's size, whatever the (offscreen) screen
         win.resize(*getattr(args, "size", (1440, 900)))
         win.show()
         tab = getattr(args, "tab", None)
@@ -198,6 +233,8 @@ def run_gui(args: argparse.Namespace) -> int:
         out = Path(args.screenshot)
         ok = win.grab().save(str(out))
         win.close()
+        win.deleteLater()
+        app.sendPostedEvents(None, QEvent.Type.DeferredDelete)  # its settings written now
         if not ok:
             print(f"sdplan gui: cannot write {out}", file=sys.stderr)
             return 2

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, QSize, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtWidgets import (
     QButtonGroup,
     QDialog,
@@ -40,7 +40,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
-from sdplan.app.generation import GenerationPanel, to_qimage
+from sdplan.app.generation import GenerationPanel
+from sdplan.app.history_strip import thumbnail
 from sdplan.app.worker import GenerationWorker
 from sdplan.core.pipelines.job_queue import Job, JobQueue
 
@@ -48,6 +49,14 @@ log = logging.getLogger(__name__)
 
 JobRole = Qt.ItemDataRole.UserRole
 STATE_MARKS = {"queued": "○", "running": "▶", "done": "✓", "failed": "✕", "cancelled": "⊘"}
+
+
+def job_size(job: Job) -> str:
+    """``W×H px`` (``, batch N`` when more than one) of a job's request."""
+    r = job.request
+    text = f"{r.get('width') or '?'}×{r.get('height') or '?'} px"
+    batch = int(r.get("batch_count") or 1)
+    return text + (f", batch {batch}" if batch > 1 else "")
 
 
 def clock(seconds: float | None) -> str:
@@ -223,13 +232,12 @@ class QueueRunner(QObject):
         self.progress.emit(self.job.id, self.job.steps_done, self.job.steps)
 
     @Slot(object, object)
-    def on_result(self, images: list, params: dict) -> None:
+    def on_result(self, images: list, result: dict) -> None:
         if self._closing:
             return
         if self.job is None:
             return
-        qimages = [to_qimage(a) for a in images]
-        paths = self.panel.save_results(qimages, params, self.job.request)
+        paths = self.panel.save_results(images, result, self.job.request)
         self._results = [str(p) for p in paths]
         self.queue.finish(self.job.id, "done", results=self._results)
         self.jobFinished.emit(self.job.id, "done")
@@ -339,7 +347,8 @@ class QueuePanel(QFrame):
 
     openResult = Signal(str)
 
-    def __init__(self, runner: QueueRunner, parent: QWidget | None = None) -> None:
+    def __init__(self, runner: QueueRunner, parent: QWidget | None = None,
+                 server_file: Path | None = None) -> None:
         super().__init__(parent)
         self.runner = runner
         self.setObjectName("Panel")
@@ -380,6 +389,7 @@ class QueuePanel(QFrame):
         self.list = QListWidget()
         self.list.setAccessibleName("Queued jobs")
         self.list.setWordWrap(True)
+        self.list.setIconSize(QSize(40, 40))
         self.list.itemActivated.connect(self._activated)
         self.list.currentItemChanged.connect(lambda *_: self._buttons())
         lay.addWidget(self.list, 1)
@@ -408,6 +418,10 @@ class QueuePanel(QFrame):
         self.job_label.setObjectName("Caption")
         self.job_label.setWordWrap(True)
         lay.addWidget(self.job_label)
+        from sdplan.app.server_queue import ServerJobs
+
+        self.server_jobs = ServerJobs(server_file)  # sdplan serve's jobs, read-only
+        lay.addWidget(self.server_jobs)
         runner.changed.connect(self.refresh)
         runner.progress.connect(self._progress)
         self.refresh()
@@ -492,7 +506,7 @@ class QueuePanel(QFrame):
             extra = " — cancelled"
         elif job.state == "running":
             extra = f" — step {job.steps_done}/{job.steps}"
-        return f"{STATE_MARKS[job.state]} {job.label}{extra}"
+        return f"{STATE_MARKS[job.state]} {job.label} · {job_size(job)}{extra}"
 
     def refresh(self) -> None:
         """Redraw the list, the buttons and both progress lines."""
@@ -501,6 +515,9 @@ class QueuePanel(QFrame):
         for job in self.runner.queue.jobs:
             item = QListWidgetItem(self.item_text(job))
             item.setData(JobRole, job.id)
+            shown = next((p for p in job.results if Path(p).is_file()), None)
+            if shown is not None:  # a finished job shows its first picture
+                item.setIcon(thumbnail(shown, 40))
             tip = [job.label, f"state: {job.state}"]
             if job.error:
                 tip.append(job.error)

@@ -11,7 +11,6 @@ the controller's inventory; the engine process registers them itself when it run
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -49,8 +48,10 @@ def parse_rpc_devices(stdout: str, servers: Sequence[str]) -> list[Device]:
         InventoryError: the output is not an inventory, or it lacks a device for one of
             ``servers`` (named in the message).
     """
+    from sdplan.core.planning.bounded_json import loads  # the one bounded reader
+
     try:
-        data = json.loads(stdout)
+        data = loads(stdout, "sdplan devices --json")
     except ValueError as exc:
         raise InventoryError(f"sdplan devices printed no JSON inventory ({exc})") from None
     inv = Inventory.from_json(data, source="sdplan devices --json")

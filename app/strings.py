@@ -12,13 +12,16 @@ warnings about the flags show under the fields. The panel folds to one line
 
 from __future__ import annotations
 
-from PySide6.QtCore import QCoreApplication, Qt, Signal
+from collections.abc import Callable
+
+from PySide6.QtCore import QCoreApplication, QEvent, Qt, Signal
 from PySide6.QtGui import (
     QColor,
     QFont,
     QFontDatabase,
     QInputMethodEvent,
     QKeyEvent,
+    QKeySequence,
     QTextCharFormat,
 )
 from PySide6.QtWidgets import (
@@ -60,9 +63,26 @@ VRAM_HELP = (
 
 class FlagField(QLineEdit):
     """A flag value editor that underlines an error span (wavy red); Escape emits
-    ``escaped`` (the panel restores the plan's value)."""
+    ``escaped`` (the panel restores the plan's value). Undo and Redo (Ctrl+Z, Ctrl+Shift+Z,
+    Ctrl+Y) go to the plan's undo stack once the value is applied (it equals
+    :attr:`applied` ``()``); while an edit is typed they undo the typing."""
 
     escaped = Signal()
+    #: The plan's value of this flag now (set by the panel); None: the field keeps its own undo.
+    applied: Callable[[], str] | None = None
+
+    def _plan_shortcut(self, e: QEvent) -> bool:
+        """Whether ``e`` is an Undo/Redo key the plan's stack takes (the value is applied)."""
+        if self.applied is None or not isinstance(e, QKeyEvent) or self.text() != self.applied():
+            return False
+        return (e.matches(QKeySequence.StandardKey.Undo) or e.matches(QKeySequence.StandardKey.Redo)
+                or (e.key() == Qt.Key.Key_Y and e.modifiers() == Qt.KeyboardModifier.ControlModifier))
+
+    def event(self, e: QEvent) -> bool:  # noqa: D102 - Qt's name
+        if e.type() == QEvent.Type.ShortcutOverride and self._plan_shortcut(e):
+            e.ignore()  # not the field's: the window's Undo/Redo shortcut runs
+            return False
+        return super().event(e)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
         if event.key() == Qt.Key.Key_Escape:
@@ -156,6 +176,7 @@ class StringsPanel(QFrame):
             f.textEdited.connect(self._edited)
             f.editingFinished.connect(self.apply)
             f.escaped.connect(self.revert)
+            f.applied = lambda i=row: self._plan_texts()[i]
             grid.addWidget(f, row, 1)
             lab.setBuddy(f)
             self.fields[flag] = f
@@ -233,6 +254,11 @@ class StringsPanel(QFrame):
         plan = self.ctl.plan
         return plan.backend, plan.params_backend, plan.max_vram
 
+    def typed_hints(self) -> list[str]:
+        """What the typed ``--backend`` value probably meant otherwise
+        (``diffusion=CUDA0,CUDA1``: did you mean ``diffusion=CUDA0&CUDA1``?)."""
+        return self.ctl.session.string_hints(self.texts()[0])
+
     def _edited(self, _: str) -> None:
         """Check the typed strings (the plan stays as it is until Enter)."""
         fit = self.ctl.check_strings(*self.texts())
@@ -242,7 +268,8 @@ class StringsPanel(QFrame):
         verdict = ""
         if fit is not None:
             verdict = " — it fits" if fit.fits else f" — it would not fit ({fit.reasons[0]})"
-        self.hint.setText(f"↵ Enter applies this edit{verdict} · Esc puts the plan back")
+        hints = "".join(f"\n→ {h}" for h in self.typed_hints())
+        self.hint.setText(f"↵ Enter applies this edit{verdict} · Esc puts the plan back{hints}")
         self.hint.show()
 
     def apply(self) -> bool:
@@ -274,6 +301,7 @@ class StringsPanel(QFrame):
                  if value]
         self.summary.setText("  ".join(parts) or "default placement (no flags)")
         warns = [w.message for w in flag_warnings(plan, self.ctl.inventory)]
+        warns += self.typed_hints()  # what the value as typed probably meant otherwise
         self.warnings.setText("\n".join("⚠ " + w for w in warns))
         self.warnings.setVisible(bool(warns))
         self.command.setPlainText(self.ctl.command_line())

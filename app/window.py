@@ -7,22 +7,18 @@ import json
 import logging
 from pathlib import Path
 
-from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtCore import QByteArray, QRect, QSettings, Qt, QTimer
 from PySide6.QtGui import (
-    QAction,
-    QActionGroup,
     QCloseEvent,
     QDragEnterEvent,
     QDropEvent,
     QGuiApplication,
-    QIcon,
-    QKeySequence,
+    QResizeEvent,
 )
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
@@ -36,21 +32,23 @@ from PySide6.QtWidgets import (
 from sdplan.app import theme
 from sdplan.app.board.board import Board
 from sdplan.app.controller import PlanController
-from sdplan.app.dialogs import AutoPlanDialog, about, syntax_help
+from sdplan.app.dialogs import AutoPlanDialog
 from sdplan.app.gallery import GalleryPanel
 from sdplan.app.generation import GenerationPanel
-from sdplan.app.icons import app_icon, dot_pixmap
+from sdplan.app.icons import app_icon
 from sdplan.app.library_panel import LibraryPanel
+from sdplan.app.menus import install_menus
+from sdplan.app.outputs import SETTING as OUTPUT_SETTING
+from sdplan.app.outputs import older_results, output_folder
 from sdplan.app.queue_panel import QueuePanel, QueueRunner
 from sdplan.app.rpc import RpcPanel
+from sdplan.app.screen import FOLD_BELOW, first_geometry, fitted
+from sdplan.app.server_queue import SERVER_QUEUE_NAME
 from sdplan.app.strings import StringsPanel
 from sdplan.app.worker import ClientFactory
 from sdplan.core.errors import SdplanError
 from sdplan.core.pipelines.job_queue import JobQueue
 from sdplan.core.planning.autoplan import plan_diff
-from sdplan.core.planning.autoplan_review import review_auto_plan
-from sdplan.core.planning.inventory import Inventory
-from sdplan.core.planning.modules import MODULES
 
 log = logging.getLogger(__name__)
 MAX_RECENT = 8
@@ -117,8 +115,10 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(board_page, "Board")
         self.library = LibraryPanel(controller, self.settings, library_cache)
         self.tabs.addTab(self.library, "Library")
-        hist = history_dir or Path(self.settings.fileName()).parent / "sdplan-history"
-        self.gallery = GalleryPanel([Path(hist)])
+        # pictures go to the output folder (``history_dir`` when given: tests, scripts)
+        hist = Path(history_dir) if history_dir else output_folder(self.settings)
+        older = None if history_dir else older_results(self.settings)
+        self.gallery = GalleryPanel([hist, *([older] if older and older != hist else [])])
         self.tabs.addTab(self.gallery, "Gallery")
         self.tabs.currentChanged.connect(self._tab_changed)
         self.split.addWidget(self.tabs)
@@ -135,10 +135,11 @@ class MainWindow(QMainWindow):
         self.side.addTab(scroll, "Generate")
         qpath = queue_path or Path(self.settings.fileName()).parent / "sdplan-queue.json"
         self.queue = JobQueue(qpath)
+        self.startup_notes: list[str] = list(self.queue.notes)  # files set aside at start
         if self.queue.counts()["queued"]:  # jobs left from the last session wait for Resume
             self.queue.set_paused(True)
         self.runner = QueueRunner(self.queue, self.generation, self)
-        self.queue_panel = QueuePanel(self.runner)
+        self.queue_panel = QueuePanel(self.runner, server_file=qpath.parent / SERVER_QUEUE_NAME)
         self.side.addTab(self.queue_panel, "Queue")
         self.rpc = RpcPanel(controller)
         self.rpc_page = QWidget()
@@ -153,7 +154,8 @@ class MainWindow(QMainWindow):
         self.split.setSizes([1040, 380])
         outer.addWidget(self.split)
         self.setCentralWidget(central)
-        self._actions()
+        install_menus(self)
+        self._recent_menu()
         self.status_label = QLabel()
         self.statusBar().addWidget(self.status_label, 1)
         controller.status.connect(self.show_status)
@@ -166,6 +168,7 @@ class MainWindow(QMainWindow):
         self.strings.importRequested.connect(self.import_plan)
         self.strings.collapsedChanged.connect(self._flags_folded)
         self.generation.resultSaved.connect(self.gallery.add_result)
+        self.generation.outputFolderChanged.connect(self._output_folder_changed)
         self.generation.history.reuseRequested.connect(self.reuse_result_file)
         self.generation.history.galleryRequested.connect(self.show_in_gallery)
         self.gallery.reuseRequested.connect(self.reuse_result)
@@ -179,160 +182,22 @@ class MainWindow(QMainWindow):
         self._model_changed()
         self._plan_changed("load")
         geo = self.settings.value("window/geometry")
-        if geo is not None:
-            self.restoreGeometry(geo)
-        else:
-            self.resize(1440, 900)
+        if not isinstance(geo, (QByteArray, bytes)) or not self.restoreGeometry(geo):
+            self.setGeometry(first_geometry(self._available()))  # none, or a damaged settings file
+        if self.startup_notes:
+            self.show_status(self.startup_notes[-1])
+            self.status_label.setToolTip("\n".join(self.startup_notes))
 
     # ------------------------------------------------------------------ actions
-    def _act(self, text: str, slot: object, shortcut: QKeySequence | str | None = None,
-             tip: str = "") -> QAction:
-        a = QAction(text, self)
-        if shortcut is not None:
-            a.setShortcut(QKeySequence(shortcut))
-        if tip:
-            a.setToolTip(tip)
-            a.setStatusTip(tip)
-        a.triggered.connect(slot)
-        return a
-
-    def _actions(self) -> None:
-        K = QKeySequence.StandardKey
-        self.open_act = self._act("&Open model files…", self.open_dialog, K.Open,
-                                  "Open model files (safetensors, GGUF)")
-        # fixed texts (the step's name goes to the tooltip) so the toolbar never shifts
-        stack = self.ctl.undo_stack
-        self.undo_act = self._act("&Undo", stack.undo, K.Undo)
-        self.redo_act = self._act("&Redo", stack.redo)
-        self.redo_act.setShortcuts([QKeySequence(K.Redo), QKeySequence("Ctrl+Y")])
-        # connected to the actions themselves (never to a lambda that outlives them)
-        stack.canUndoChanged.connect(self.undo_act.setEnabled)
-        stack.canRedoChanged.connect(self.redo_act.setEnabled)
-        stack.undoTextChanged.connect(self._undo_tip)
-        stack.redoTextChanged.connect(self._redo_tip)
-        self.undo_act.setEnabled(stack.canUndo())
-        self.redo_act.setEnabled(stack.canRedo())
-        self.auto_act = self._act("&Auto plan…", self.auto_plan, "Ctrl+Shift+A",
-                                  "Propose a placement that fits (largest modules on the most "
-                                  "free memory, split, then weights to RAM or disk)")
-        self.refresh_act = self._act("&Refresh devices", self.refresh_devices, "F5",
-                                     "Re-read free memory of every device")
-        self.copy_act = self._act("&Copy sd-cli command", self.copy_command, "Ctrl+Shift+C")
-        self.paste_act = self._act("&Paste sd-cli command", self.paste_command, "Ctrl+Shift+V")
-        file_menu = self.menuBar().addMenu("&File")
-        file_menu.addAction(self.open_act)
-        self.recent_menu = file_menu.addMenu("Open &recent")
-        file_menu.addSeparator()
-        file_menu.addAction(self._act("&Import plan…", self.import_plan, "Ctrl+I"))
-        file_menu.addAction(self._act("&Export plan…", self.export_plan, "Ctrl+E"))
-        file_menu.addSeparator()
-        file_menu.addAction(self._act("Load &hardware profile…", self.load_hardware,
-                                      tip="Plan for the devices of another machine"))
-        file_menu.addAction(self._act("&Save hardware profile…", self.save_hardware,
-                                      tip="Save these devices as an inventory JSON"))
-        file_menu.addAction(self._act("Load model &profile…", self.load_profile))
-        file_menu.addSeparator()
-        file_menu.addAction(self._act("&Quit", self.close, K.Quit))
-        edit = self.menuBar().addMenu("&Edit")
-        edit.addActions([self.undo_act, self.redo_act])
-        edit.addSeparator()
-        edit.addActions([self.copy_act, self.paste_act])
-        plan = self.menuBar().addMenu("&Plan")
-        plan.addAction(self.auto_act)
-        self.auto_fit_act = QAction("sd-cli &auto-fit", self, checkable=True)
-        self.auto_fit_act.setToolTip("Show the placement sd-cli's --auto-fit chooses for these "
-                                     "devices and budgets")
-        self.auto_fit_act.toggled.connect(self._toggle_auto_fit)
-        plan.addAction(self.auto_fit_act)
-        self.pin_act = self._act("&Pin auto-fit's placement", self.pin_auto_fit,
-                                 tip="Write sd-cli's auto-fit choice as explicit --backend / "
-                                     "--params-backend strings")
-        plan.addAction(self.pin_act)
-        self.plan_for_menu = plan.addMenu("Plan &for…")
-        self.plan_for_menu.setToolTipsVisible(True)
-        self._builtin_menu()
-        self.add_module_menu = plan.addMenu("Add &module")
-        for m in MODULES:
-            a = self.add_module_menu.addAction(QIcon(dot_pixmap(theme.module_colour(m))),
-                                               f"{theme.MODULE_TITLES[m]} ({m})")
-            a.triggered.connect(lambda _=False, mod=m: self.ctl.add_module(mod))
-        plan.addAction(self.refresh_act)
-        self.auto_refresh_act = QAction("Refresh free memory every 5 s", self, checkable=True)
-        self.auto_refresh_act.toggled.connect(self.set_auto_refresh)
-        plan.addAction(self.auto_refresh_act)
-        view = self.menuBar().addMenu("&View")
-        themes = view.addMenu("&Theme")
-        self.theme_group = QActionGroup(self)
-        self.theme_actions: dict[str, QAction] = {}
-        current = str(self.settings.value("view/theme") or "system")
-        for mode in ("system", "light", "dark"):
-            a = themes.addAction(mode.capitalize())
-            a.setCheckable(True)
-            a.setChecked(mode == current)
-            self.theme_group.addAction(a)
-            self.theme_actions[mode] = a
-            a.triggered.connect(lambda _=False, md=mode: self.set_theme(md))
-        view.addSeparator()
-        self.flags_act = QAction("&Flags and sd-cli command", self, checkable=True)
-        self.flags_act.setShortcut("Ctrl+Shift+F")
-        self.flags_act.setChecked(True)
-        self.flags_act.toggled.connect(lambda on: self.strings.set_collapsed(not on))
-        view.addAction(self.flags_act)
-        for i, name in enumerate(("&Board", "&Library", "&Gallery")):
-            a = view.addAction(f"{name} tab")
-            a.setShortcut(f"Alt+{i + 1}")
-            a.triggered.connect(lambda _=False, idx=i: self.tabs.setCurrentIndex(idx))
-        self.queue_act = self._act("Add to &queue", lambda: self.queue_panel.add_current(),
-                                   "Ctrl+Shift+Return", "Queue the generation settings with "
-                                   "this plan")
-        plan.addSeparator()
-        plan.addAction(self.queue_act)
-        help_menu = self.menuBar().addMenu("&Help")
-        help_menu.addAction(self._act("Placement &strings…", lambda: syntax_help(self), "F1"))
-        help_menu.addAction(self._act("&About sdplan", lambda: about(self)))
-        tb = self.addToolBar("Main")
-        tb.setMovable(False)
-        tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
-        tb.addActions([self.open_act, self.undo_act, self.redo_act])
-        tb.addSeparator()
-        tb.addAction(self.auto_act)
-        tb.addAction(self.refresh_act)
-        self._recent_menu()
-
-    def _undo_tip(self, text: str) -> None:
+    def undo_tip(self, text: str) -> None:
         self.undo_act.setToolTip(f"Undo {text}".strip())
 
-    def _redo_tip(self, text: str) -> None:
+    def redo_tip(self, text: str) -> None:
         self.redo_act.setToolTip(f"Redo {text}".strip())
 
-    def _builtin_menu(self) -> None:
-        """"Plan for…": the built-in model profiles, one submenu per model."""
-        from sdplan.core.planning.builtin_profiles import list_profiles
-
-        try:
-            infos = list_profiles()
-        except SdplanError as exc:
-            self.plan_for_menu.setEnabled(False)
-            self.plan_for_menu.setToolTip(str(exc))
-            return
-        groups: dict[str, object] = {}
-        for info in infos:
-            model = info.title.removesuffix(" " + info.quant)
-            sub = groups.get(model)
-            if sub is None:
-                sub = groups[model] = self.plan_for_menu.addMenu(model)
-                sub.setToolTipsVisible(True)  # type: ignore[attr-defined]
-            a = sub.addAction(f"{info.quant}  ·  {info.total_bytes / (1 << 30):.1f} GiB")  # type: ignore[attr-defined]
-            a.setData(info.name)
-            a.setToolTip("\n".join([info.name, *(f"{f}: {b / (1 << 30):.2f} GiB"
-                                                  for f, b in info.files.items()),
-                                     *([info.note] if info.note else [])]))
-        self.plan_for_menu.triggered.connect(self._plan_for_triggered)
-
-    def _plan_for_triggered(self, action: QAction) -> None:
-        name = action.data()
-        if name:
-            self.plan_for(str(name))
+    def show_flags(self, on: bool) -> None:
+        """Unfold (``on``) or fold the flags panel."""
+        self.strings.set_collapsed(not on)
 
     def plan_for(self, name: str) -> bool:
         """Plan for the built-in profile ``name`` (errors in a message box)."""
@@ -347,10 +212,18 @@ class MainWindow(QMainWindow):
     def show_status(self, text: str) -> None:
         self.status_label.setText(text)
 
+    def add_startup_note(self, text: str) -> None:
+        """Keep and show a note on a store read at start-up (a file set aside); the
+        status line's tooltip lists them all."""
+        self.startup_notes.append(text)
+        self.show_status(text)
+        self.status_label.setToolTip("\n".join(self.startup_notes))
+
     def _plan_changed(self, source: str) -> None:
         fit = self.ctl.fit
         if fit is None:
-            self.verdict.setText("no model: sizes unknown")
+            self.verdict.setText("sizes unknown: model files not on this machine"
+                                 if self.ctl.session.missing_files else "no model: sizes unknown")
             self.verdict.setProperty("fits", True)
         else:
             self.verdict.setText("✓ Fits" if fit.fits else f"✕ Does not fit "
@@ -377,18 +250,13 @@ class MainWindow(QMainWindow):
         self.settings.setValue("plan/last", json.dumps(self.ctl.plan_json(), default=str))
 
     def _model_changed(self) -> None:
-        prof = self.ctl.profile
-        files = self.ctl.model_files
-        main = (files.get("model") or files.get("diffusion_model") or
-                [p for v in files.values() for p in v] or [None])[0]
-        # the header names the open files (a pasted command's, even when they could not be
-        # read here); without files, the profile planned for
-        name = Path(main).name if main else (prof.name if prof and prof.name else None)
-        self.model_label.setText(name or "No model loaded")
-        arch = prof.architecture if prof else None
+        name, arch = self.ctl.session.title()
+        self.model_label.setText(name)
         self.arch_label.setText(arch or "")
         self.arch_label.setVisible(bool(arch))
-        if files:
+        self.arch_label.setToolTip(f"sizes from {self.ctl.session.profile_source}"
+                                   if self.ctl.session.profile_source else "")
+        if self.ctl.model_files:
             self.model_label.setToolTip("\n".join(
                 f"--{k.replace('_', '-')} {p}" for k, v in self.ctl.model_files.items()
                 for p in v))
@@ -414,7 +282,8 @@ class MainWindow(QMainWindow):
 
     def recent_files(self) -> list[str]:
         value = self.settings.value("files/recent") or []
-        return [str(v) for v in ([value] if isinstance(value, str) else value)]
+        return [str(v) for v in ([value] if isinstance(value, str) else
+                                 value if isinstance(value, (list, tuple)) else [])]
 
     def _recent_menu(self) -> None:
         self.recent_menu.clear()
@@ -451,9 +320,6 @@ class MainWindow(QMainWindow):
         return True
 
     # ------------------------------------------------------------------ auto-fit
-    def _toggle_auto_fit(self, on: bool) -> None:
-        self.ctl.set_auto_fit(on)
-
     def pin_auto_fit(self) -> None:
         if self.ctl.pin_auto_fit():
             self.show_status("pinned auto-fit's placement as explicit strings")
@@ -464,22 +330,33 @@ class MainWindow(QMainWindow):
         self.show_status("sd-cli command copied")
 
     def paste_command(self, text: str | None = None) -> bool:
-        """Import an sd-cli command (the clipboard's, or asked for when it is empty)."""
-        if text is None:
-            text = QGuiApplication.clipboard().text()
-            if not text.strip():
-                text, ok = QInputDialog.getMultiLineText(self, "Paste sd-cli command",
-                                                         "sd-cli command:")
-                if not ok:
-                    return False
+        """The one paste path (Edit menu, Ctrl+Shift+V, the flags panel's button): with
+        ``text`` the command is imported at once; without, the paste dialog opens with the
+        clipboard's text and shows what it will bring before Import applies it
+        (:class:`~sdplan.app.paste_dialog.PasteDialog`, kept as :attr:`paste_dialog`)."""
+        if text is not None:
+            return self.apply_paste(text)
+        from sdplan.app.paste_dialog import PasteDialog
+
+        dlg = PasteDialog(self.ctl.session, QGuiApplication.clipboard().text(), self)
+        self.paste_dialog = dlg
+        dlg.accepted.connect(lambda: self.apply_paste(dlg.text()))
+        dlg.open()
+        return True
+
+    paste_dialog = None
+
+    def apply_paste(self, text: str) -> bool:
+        """Import an sd-cli command as one undo step; the status bar says what it brought
+        (files not on this machine, where the sizes come from, ignored arguments)."""
         try:
-            unknown = self.ctl.import_command(text)
+            pasted = self.ctl.import_command(text)
         except SdplanError as exc:
             self.show_status(f"✕ cannot import the command: {exc}")
             self.strings.show_error(exc if hasattr(exc, "span") else None)  # type: ignore[arg-type]
             return False
-        self.show_status("imported the sd-cli command" + (
-            f" (ignored: {' '.join(unknown)})" if unknown else ""))
+        extra = [*pasted.notes, *([f"ignored: {' '.join(pasted.unknown)}"] if pasted.unknown else [])]
+        self.show_status("imported the sd-cli command" + (f" ({'; '.join(extra)})" if extra else ""))
         return True
 
     def export_plan(self) -> None:
@@ -496,10 +373,11 @@ class MainWindow(QMainWindow):
             self._import_plan_file(path)
 
     def _import_plan_file(self, path: str) -> bool:
+        from sdplan.core.planning.bounded_json import read_json  # one bounded reader
+
         try:
-            self.ctl.load_plan_json(json.loads(Path(path).read_text(encoding="utf-8")),
-                                    source=path)
-        except (OSError, ValueError, SdplanError) as exc:
+            self.ctl.load_plan_json(read_json(path, what="plan file"), source=path)
+        except (OSError, ValueError, TypeError, SdplanError) as exc:
             QMessageBox.warning(self, "Cannot import the plan", f"{path}: {exc}")
             return False
         return True
@@ -507,19 +385,16 @@ class MainWindow(QMainWindow):
     def load_hardware(self, path: str | None = None) -> bool:
         """Plan for the devices of a saved inventory (a hardware profile); asks for the file
         when ``path`` is None. Refreshes stop (the devices are not this machine's)."""
-        if not isinstance(path, str):  # a menu action passes its checked state
+        if path is None:
             path, _ = QFileDialog.getOpenFileName(self, "Load hardware profile", "",
                                                   "Device inventory (*.json)")
             if not path:
                 return False
         try:
-            inv = Inventory.load(path)
+            self.ctl.load_hardware(path)
         except SdplanError as exc:
             QMessageBox.warning(self, "Cannot load the hardware profile", str(exc))
             return False
-        self.ctl.inventory_source = None
-        self.ctl.rpc_devices = [d for d in inv if d.registry.upper() == "RPC"]
-        self.ctl.set_inventory(inv)
         self.auto_refresh_act.setChecked(False)
         self.show_status(f"planning for the devices in {Path(path).name}")
         return True
@@ -527,12 +402,12 @@ class MainWindow(QMainWindow):
     def save_hardware(self, path: str | None = None) -> bool:
         """Save the devices (with their free memory now) as an inventory JSON file that
         ``sdplan plan --devices`` and Load hardware profile read back."""
-        if not isinstance(path, str):  # a menu action passes its checked state
+        if path is None:
             path, _ = QFileDialog.getSaveFileName(self, "Save hardware profile",
                                                   "devices.json", "Device inventory (*.json)")
             if not path:
                 return False
-        data = {"devices": [d.to_json() for d in self.ctl.inventory]}
+        data = self.ctl.session.hardware_json()
         try:
             Path(path).write_text(json.dumps(data, indent=1), encoding="utf-8")
         except OSError as exc:
@@ -577,14 +452,11 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ auto plan
     def propose(self) -> AutoPlanDialog | None:
         """The Auto plan dialog for the current model (None without a profile)."""
-        if self.ctl.profile is None:
-            self.show_status("Auto plan needs model sizes: open model files first")
+        try:
+            review = self.ctl.session.auto_plan_review()
+        except SdplanError as exc:
+            self.show_status(str(exc))
             return None
-        g = self.ctl.generation
-        review = review_auto_plan(self.ctl.inventory, self.ctl.profile, self.ctl.placement,
-                                  width=int(g.get("width") or 1024),
-                                  height=int(g.get("height") or 1024),
-                                  batch=int(g.get("batch_count") or 1))
         rows = plan_diff(self.ctl.plan, review.proposal.plan, self.ctl.modules())
         return AutoPlanDialog(review, rows, self)
 
@@ -614,22 +486,47 @@ class MainWindow(QMainWindow):
             self.flags_act.setChecked(not collapsed)
 
     def fit_to_height(self, height: int) -> None:
-        """Fold the flags when the window is short (under 800 px) and the user has not
-        chosen: the board takes the space."""
+        """Fold the flags when the window is short (under :data:`~sdplan.app.screen.FOLD_BELOW`
+        px) and the user has not chosen: the board takes the space. Called whenever the
+        window's height changes (first show, resize, maximise)."""
         saved = self.settings.value("view/flags_collapsed")
         if saved is None:
-            self.strings.set_collapsed(height < 800)
+            fold = height < FOLD_BELOW
+            if fold != self.strings.is_collapsed():
+                self.strings.set_collapsed(fold)
             self.settings.remove("view/flags_collapsed")  # still the user's to choose
         else:
             self.strings.set_collapsed(str(saved).lower() in ("true", "1"))
 
+    def _available(self) -> QRect:
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        return screen.availableGeometry()
+
     def showEvent(self, event: object) -> None:  # noqa: N802
+        super().showEvent(event)  # type: ignore[arg-type]
         if not self._shown:
             self._shown = True
             self.fit_to_height(self.height())
-        super().showEvent(event)  # type: ignore[arg-type]
+            QTimer.singleShot(0, self._onto_screen)
+
+    def _onto_screen(self) -> None:
+        """Once shown with its real frame: bring a window larger than the screen back
+        inside it (a saved geometry from a larger screen, a tall frame); not a window sized
+        on purpose (:attr:`keep_size`: ``--screenshot --size``)."""
+        if self.keep_size or self.isMaximized() or self.isFullScreen():
+            return
+        inside = fitted(self.frameGeometry(), self.geometry(), self._available())
+        if inside is not None:
+            self.setGeometry(inside)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        if self._shown and event.size().height() != event.oldSize().height():
+            self.fit_to_height(event.size().height())
 
     _shown = False
+    #: The window keeps the size it was given, screen or not (``sdplan gui --screenshot``).
+    keep_size = False
 
     # ------------------------------------------------------------------ tabs, results
     def _tab_changed(self, index: int) -> None:
@@ -656,7 +553,7 @@ class MainWindow(QMainWindow):
             self.gallery.select_path(path)
 
     def reuse_result_file(self, path: str) -> None:
-        from sdplan.core.pipelines.results import read_result
+        from sdplan.core.pipelines.stages.results import read_result
 
         try:
             self.reuse_result(read_result(path))
@@ -667,11 +564,22 @@ class MainWindow(QMainWindow):
         """Put a result's settings (and its model files and placement, when they exist
         here) back into the generation panel and the board."""
         notes = self.ctl.reuse_result(info.settings, info.model_files,  # type: ignore[attr-defined]
-                                      info.placement)  # type: ignore[attr-defined]
+                                      info.placement,  # type: ignore[attr-defined]
+                                      getattr(info, "architecture", None))
         self.side.setCurrentIndex(0)
         name = Path(info.path).name  # type: ignore[attr-defined]
         self.show_status(f"settings of {name} in the panel" + (
             " (" + "; ".join(notes) + ")" if notes else ""))
+
+    def choose_output_folder(self) -> None:
+        """File → Output folder…: where pictures are saved from now on."""
+        self.generation.choose_output_folder()
+
+    def _output_folder_changed(self, folder: str) -> None:
+        """Keep the chosen folder (settings), show its pictures in the gallery, say so."""
+        self.settings.setValue(OUTPUT_SETTING, folder)
+        self.gallery.add_folder(folder)
+        self.show_status(f"pictures are saved in {folder}")
 
     # ------------------------------------------------------------------ theme, close
     def set_theme(self, mode: str) -> None:

@@ -66,7 +66,7 @@ class GenerationWorker(QObject):
     to slots of GUI-thread objects (queued across threads)."""
 
     progress = Signal(int, int, object)  # step, total, preview ndarray or None
-    result = Signal(object, object)  # images (list of ndarray), params dict
+    result = Signal(object, object)  # images (list of ndarray), the engine's record (params, plan...)
     error = Signal(str)
     cancelled = Signal()
     finished = Signal()
@@ -87,7 +87,11 @@ class GenerationWorker(QObject):
 
     @Slot()
     def run(self) -> None:
-        """Start the request and relay messages until a terminal one (or a failure)."""
+        """Start the request and relay messages until a terminal one (or a failure). The
+        model file's SHA-256 its pictures record is read meanwhile on a thread of its own
+        (:func:`warm_model_hash`; once per file), so saving the result never waits for it."""
+        hashing = threading.Thread(target=warm_model_hash, args=(self.request,), daemon=True)
+        hashing.start()
         try:
             self.client.start(self.request)
             while True:
@@ -101,7 +105,10 @@ class GenerationWorker(QObject):
                 if kind == "progress":
                     self.progress.emit(int(msg["step"]), int(msg["total"]), msg.get("preview"))
                 elif kind == "result":
-                    self.result.emit(list(msg.get("images") or []), dict(msg.get("params") or {}))
+                    record = dict(msg.get("record") or {})
+                    record["params"] = dict(msg.get("params") or record.get("params") or {})
+                    hashing.join()
+                    self.result.emit(list(msg.get("images") or []), record)
                     break
                 elif kind == "error":
                     self.error.emit(str(msg.get("message") or "the engine failed"))
@@ -115,6 +122,21 @@ class GenerationWorker(QObject):
             self.error.emit(f"{type(exc).__name__}: {exc}")
         finally:
             self.finished.emit()
+
+
+def warm_model_hash(request: dict[str, Any]) -> None:
+    """Read the SHA-256 of the request's main model file into the library's cache
+    (:func:`sdplan.core.modelfiles.library.file_sha256`) so that the picture's record finds
+    it there; a file that cannot be read is left to the record (which then has no hash)."""
+    from sdplan.core.modelfiles.library import file_sha256
+
+    files = request.get("model_files") or {}
+    paths = files.get("model") or files.get("diffusion_model") or []
+    if paths:
+        try:
+            file_sha256(str(paths[0]))
+        except OSError as exc:
+            log.debug("no model hash for %s: %s", paths[0], exc)
 
 
 def now() -> float:

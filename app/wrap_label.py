@@ -31,3 +31,30 @@ class WrapLabel(QLabel):
     def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
         super().resizeEvent(event)
         self._fit()
+
+
+class ElidedLabel(QLabel):
+    """A one-line label that shows as much of its text as its width allows, the middle
+    elided (a long folder path keeps its start and its end); the tooltip has it all."""
+
+    def __init__(self, text: str = "", parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.full = ""
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # noqa: N802 - Qt's name
+        self.full = text
+        self.setToolTip(text)
+        self._elide()
+
+    def _elide(self) -> None:
+        from PySide6.QtCore import Qt
+
+        shown = self.fontMetrics().elidedText(self.full, Qt.TextElideMode.ElideMiddle,
+                                              max(self.width(), 40))
+        super().setText(shown)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._elide()

@@ -86,7 +86,7 @@ def read_file_s(path: Path) -> float:
 
 
 def worker_sdplan(model: Path, threads: int, sizes: list[int], avx2: bool = False) -> dict[str, float]:
-    from sdplan.core.pipelines.sd import StableDiffusion
+    from sdplan.core.pipelines.sd.pipeline import StableDiffusion
     from sdplan.core.runtime.native import native
 
     if avx2:  # the AVX2 GELU/GEGLU and Winograd convolution, as an AVX2-only CPU runs them

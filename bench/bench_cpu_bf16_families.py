@@ -111,7 +111,7 @@ def module_and_inputs(family: str, shapes: dict[str, tuple[int, ...]], txt: int,
 
 def worker(family: str, path: str, threads: int, repeat: int, txt: int, tokens: int) -> dict[str, float]:
     """One call of ``family``'s module from ``path`` under this process's bf16 kernel."""
-    from sdplan.core.pipelines.flux_base import shapes as file_shapes
+    from sdplan.core.pipelines.stages.flow_dit import shapes as file_shapes
     from sdplan.core.runtime.devices import BackendManager
     from sdplan.core.runtime.native import native
     from sdplan.core.runtime.runner import BackendPool, ModulePlacement, ModuleRunner

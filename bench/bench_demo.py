@@ -45,7 +45,7 @@ def sdplan_side(threads: int, repeat: int) -> dict[str, float]:
     """``{"load": s, "picture": s}`` for sdplan on the CPU backend."""
     from sdplan import _ggml as G
     from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
-    from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
+    from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
     from sdplan.core.planning.inventory import Device, Inventory
     from sdplan.core.planning.plan import resolve
     from sdplan.core.runtime.runner import BackendPool

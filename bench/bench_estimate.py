@@ -84,7 +84,7 @@ def estimates(model: Path, width: int, height: int) -> dict[str, int]:
 def measured_peak(model: Path, width: int, height: int, threads: int) -> dict[str, float]:
     """The engine's real peak over one generation (1 step, CFG) on the CPU: bytes, and the
     RSS growth, and the seconds it took."""
-    from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
+    from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
     from sdplan.core.runtime.devices import BackendManager
     from sdplan.core.runtime.runner import BackendPool
 
@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--models", default="demo,sd15")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    from sdplan.core.pipelines.demo import demo_model_path
+    from sdplan.core.pipelines.demo.model import demo_model_path
 
     with tempfile.TemporaryDirectory() as tmp:
         models = {"demo": demo_model_path(), "sd15": None}

@@ -207,7 +207,7 @@ def worker_step(model: Path, threads: int, px: int, repeat: int) -> dict[str, An
     """One UNet step with CFG (batch 2) at ``px``: median of ``repeat`` after a warm-up,
     and one profiled step summed per ggml op (seconds)."""
     import numpy as np
-    from sdplan.core.pipelines.sd import StableDiffusion
+    from sdplan.core.pipelines.sd.pipeline import StableDiffusion
     from sdplan.core.runtime.native import native
 
     rng = np.random.default_rng(0)

@@ -26,9 +26,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    from sdplan.core.pipelines.demo import demo_lora_dir, demo_model_path
-    from sdplan.core.pipelines.lora import prompt_loras
-    from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
+    from sdplan.core.pipelines.demo.model import demo_lora_dir, demo_model_path
+    from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
+    from sdplan.core.pipelines.stages.lora import prompt_loras
     from sdplan.core.runtime.runner import ModulePlacement
 
     lora_dir = demo_lora_dir()

@@ -69,7 +69,7 @@ def worker(cfg: dict) -> dict:
     from dataclasses import replace
 
     from sdplan.core.modelfiles.checkpoint import read_model_files
-    from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
+    from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
     from sdplan.core.pipelines.work import count_work
     from sdplan.core.planning.inventory import Inventory
     from sdplan.core.planning.plan import resolve

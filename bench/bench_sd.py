@@ -89,7 +89,7 @@ def best(fn, repeat: int) -> float:
 
 
 def bench_sdplan(model: Path, latent: int, threads: int, repeat: int, tiny: bool) -> dict[str, float]:
-    from sdplan.core.pipelines.sd import StableDiffusion
+    from sdplan.core.pipelines.sd.pipeline import StableDiffusion
 
     kw = {"clip_heads": 2} if tiny else {}
     rng = np.random.default_rng(0)

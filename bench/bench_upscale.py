@@ -65,7 +65,7 @@ print(json.dumps({"seconds": best, "threads": torch.get_num_threads(), "torch": 
 
 def bench_sdplan(model: Path, x: np.ndarray, threads: int, runs: int) -> tuple[float, np.ndarray]:
     """Best seconds of ``runs`` whole-picture upscales on the CPU, and the output."""
-    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.pipelines.stages.upscale import Upscaler
     from sdplan.core.runtime.devices import BackendManager
     from sdplan.core.runtime.runner import BackendPool
 

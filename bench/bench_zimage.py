@@ -150,7 +150,7 @@ def bench_sdplan(tmp: Path, a: argparse.Namespace, img: int, txt: int) -> dict[s
     from sdplan.core.models.flux import rope_tables
     from sdplan.core.models.llm import LLMEncoder
     from sdplan.core.models.z_image import THETA, position_ids
-    from sdplan.core.pipelines.flux_base import shapes as _shapes
+    from sdplan.core.pipelines.stages.flow_dit import shapes as _shapes
     from sdplan.core.runtime.devices import BackendManager
     from sdplan.core.runtime.runner import BackendPool, ModulePlacement, ModuleRunner
     from sdplan.core.runtime.weights import WeightFile

@@ -17,8 +17,8 @@ a command line that names its command loads that command's module alone (:func:`
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NoReturn
 
 from sdplan.core.pipelines.job_names import COMPUTE_JOB, GENERATE_JOB
 
@@ -35,7 +35,7 @@ ENGINE_COMMANDS: dict[str, tuple[str, ...]] = {
 #: The subcommands in help order: name -> its module in :mod:`sdplan.core.commands`.
 COMMANDS: dict[str, str] = {
     "devices": "devices", "rpc-server": "rpc_server", "plan": "plan", "inspect": "inspect",
-    "library": "library", "generate": "generate", "upscale": "upscale", "gui": "gui",
+    "library": "library", "generate": "generate", "upscale": "upscale", "serve": "serve", "gui": "gui",
 }
 
 
@@ -60,7 +60,21 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in modules:
         module.add_parser(sub)
+    parser.error = _one_line_error("")  # type: ignore[method-assign,assignment]
+    for name, p in sub.choices.items():  # every command's argument errors: one line too
+        p.error = _one_line_error(name)  # type: ignore[method-assign,assignment]
     return parser
+
+
+def _one_line_error(command: str) -> Callable[[str], NoReturn]:
+    """argparse's ``error`` for ``sdplan COMMAND``: an SdplanError the dispatcher prints in
+    one line (``sdplan plan: argument -W/--width: invalid positive_int value: 'x' (see
+    sdplan plan --help)``), instead of the usage text and the message on two."""
+    def error(message: str) -> NoReturn:
+        from sdplan.core.errors import SdplanError
+
+        raise SdplanError(f"{message} (see sdplan {command + ' ' if command else ''}--help)")
+    return error
 
 
 def command_word(args_list: Sequence[str]) -> str | None:
@@ -122,7 +136,7 @@ def _main(args_list: list[str]) -> int:
     import logging
     import os
 
-    from sdplan.core.commands.messages import QuietStdout, print_error
+    from sdplan.core.commands.messages import QuietStdout, print_error, shorten
     from sdplan.core.errors import SdplanError
 
     if not args_list:
@@ -130,12 +144,14 @@ def _main(args_list: list[str]) -> int:
     parser = build_parser(command_word(args_list))
     try:
         args, extras = parser.parse_known_args(args_list)
-    except SdplanError as exc:  # a command whose parser reports in one line
-        print(f"sdplan {args_list[0]}: {exc}", file=sys.stderr)
+        if extras and getattr(args, "refuse_extras", None) is None:
+            _one_line_error(args.command or "")(f"unrecognized arguments: {' '.join(extras)}")
+    except SdplanError as exc:  # every parser reports in one line
+        word = command_word(args_list)
+        print(f"sdplan{' ' + shorten(word, 40) if word in COMMANDS else ''}: {shorten(str(exc))}",
+              file=sys.stderr)
         return 2
     if extras:
-        if getattr(args, "refuse_extras", None) is None:
-            parser.error(f"unrecognized arguments: {' '.join(extras)}")
         args.extra_argv = extras  # the command refuses or accepts them in one line
     if args.command is None:
         parser.print_help()

@@ -7,6 +7,10 @@
 - :class:`InventoryError`: a device inventory cannot be read.
 - :class:`InvalidArgument`: a command-line value is out of range or inconsistent.
 - :class:`OutputError`: an output location cannot be written.
+- :class:`PathError`: a path cannot be used at all (too long, no permission, a loop of
+  links...): names the path; also an :class:`OSError`, so code that reads files catches it.
+- :class:`NonFiniteError`: the engine's numbers became NaN or infinite (names the step and
+  the likely cause).
 
 The CLI turns any :class:`SdplanError` into a one-line message and exit code 2.
 """
@@ -106,3 +110,59 @@ class OutputError(SdplanError):
     """An output location (image, preview folder, history) cannot be written."""
 
     code = "output_unwritable"
+
+
+class PathError(SdplanError, OSError):
+    """A path that cannot be used: its name is too long, a folder on the way denies
+    search permission, a loop of links, an I/O error... (``"PATH: file name too long"``).
+
+    Also an :class:`OSError`: code that catches the errors of reading a file catches this.
+
+    Attributes:
+        path: the path concerned.
+    """
+
+    code = "bad_path"
+
+    def __init__(self, path: object, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = str(path)
+
+
+class NonFiniteError(SdplanError):
+    """A latent or picture holds NaN or infinite values: the weights, the sigma schedule
+    or a LoRA weight made the maths overflow.
+
+    Attributes:
+        what: what was checked (``"latent after step 3 of 20"``, ``"decoded picture"``).
+        causes: the likely causes found, in the words the message uses.
+    """
+
+    code = "non_finite_result"
+
+    def __init__(self, what: str, causes: tuple[str, ...] = ()) -> None:
+        self.what = what
+        self.causes = tuple(causes)
+        why = ("; likely cause: " + "; ".join(causes)) if causes else ""
+        super().__init__(f"the {what} holds NaN or infinite values (nothing was written){why}")
+
+    def with_causes(self, causes: tuple[str, ...]) -> NonFiniteError:
+        """The same error naming ``causes`` (the first found first)."""
+        return NonFiniteError(self.what, tuple(causes))
+
+
+class RequestRefused(SdplanError):
+    """An HTTP request a server refuses before any work: malformed, over a stated limit,
+    unauthorised, for a model it does not have, or while its queue is full.
+
+    Attributes:
+        code: a stable code (``invalid_json``, ``too_large``, ``queue_full``...).
+        status: the HTTP status the server answers with (400, 401, 404, 413, 429...).
+    """
+
+    code = "invalid_request"
+
+    def __init__(self, message: str, code: str = "invalid_request", status: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status

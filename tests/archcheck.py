@@ -7,16 +7,19 @@ Layers, lowest first; a module may import its own layer and the layers below it,
 one above or a sibling of its rank::
 
     base       sdplan.core (package), sdplan.core.errors
+    families   the family registry: one declaration per model family (pure Python)
     planning   placement strings -> plan (pure Python)
     modelfiles model files -> tensors, modules, families
     text | sampling      tokenizers and prompts | schedules, samplers, previews
     runtime    the engine's Python side
     models     graph definitions
     pipelines  one per family, and the engine jobs
+    session    the desktop session without Qt: the board's state and operations
+    server     ``sdplan serve`` below its command: APIs, queue, device groups, metrics
     commands   sdplan.core.cli and sdplan.core.commands.*
     app        sdplan.app.*
 
-Besides the order: planning imports neither numpy, the native module nor Qt; core never
+Besides the order: families and planning import neither numpy, the native module nor Qt; core never
 imports Qt or ``sdplan.app`` but for the ``gui`` command's single entry
 (``sdplan.core.commands.gui`` -> ``sdplan.app.main``); only ``sdplan.core.runtime.native``
 imports ``sdplan._ggml``; the app never imports a command module; and no two
@@ -34,8 +37,8 @@ from pathlib import Path
 PACKAGES = {"core": "sdplan.core", "app": "sdplan.app"}
 
 #: Layer name -> rank; a module may import ranks lower than its own, and its own layer.
-RANKS = {"base": 0, "planning": 1, "modelfiles": 2, "text": 3, "sampling": 3, "runtime": 4,
-         "models": 5, "pipelines": 6, "commands": 7, "app": 8}
+RANKS = {"base": 0, "families": 1, "planning": 2, "modelfiles": 3, "text": 4, "sampling": 4,
+         "runtime": 5, "models": 6, "pipelines": 7, "session": 8, "server": 9, "commands": 10, "app": 11}
 
 QT = ("PySide6", "shiboken6")
 NATIVE = "sdplan._ggml"
@@ -124,11 +127,11 @@ def check_edge(module: str, target: str) -> str | None:
             return "core never imports Qt"
         if target.startswith("sdplan.app") and (module, target) != GUI_ENTRY:
             return "core never imports the app (only the gui command's entry does)"
-    if src == "planning":
+    if src in ("planning", "families"):
         if _top(target) == "numpy":
-            return "planning is pure Python: no numpy"
+            return f"{src} is pure Python: no numpy"
         if _top(target) in QT:
-            return "planning imports no Qt"
+            return f"{src} imports no Qt"
     if target == NATIVE and module != NATIVE_DOOR:
         return f"only {NATIVE_DOOR} imports the native module"
     dst = layer_of(target)

@@ -227,7 +227,8 @@ def test_history_items_tooltips_reuse_and_one_status_line(qtbot, tmp_path):
     msgs = [{"type": "progress", "step": 1, "total": 1, "preview": None},
             {"type": "result", "images": [img], "params": {"seed": 7, "steps": 1}}]
     win = make_window(qtbot, tmp_path, client_factory=lambda: ReplayEngineClient(msgs))
-    win.ctl.load_model_files({"diffusion_model": ["/m/flux1-dev.safetensors"]}, strict=False)
+    win.ctl.load_model_files({"diffusion_model": ["/m/flux1-dev.safetensors"], "t5xxl": ["/m/t5.safetensors"],
+                              "clip_l": ["/m/clip_l.safetensors"], "vae": ["/m/ae.safetensors"]}, strict=False)
     g = win.generation
     g.prompt.setPlainText("a lighthouse at dusk")
     g.seed.setValue(7)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -19,8 +20,13 @@ from PySide6.QtGui import QGuiApplication  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.app.gallery import GalleryPanel, InfoRole, result_command  # noqa: E402
 from sdplan.app.window import MainWindow  # noqa: E402
-from sdplan.core.pipelines.parameters import parse_parameters  # noqa: E402
-from sdplan.core.pipelines.results import read_result, result_text, save_png  # noqa: E402
+from sdplan.core.pipelines.stages.parameters import parse_parameters  # noqa: E402
+from sdplan.core.pipelines.stages.results import (  # noqa: E402
+    index_record,
+    read_result,
+    result_text,
+    save_png,
+)
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.planning.sdcli import import_sdcli_command  # noqa: E402
 
@@ -39,6 +45,9 @@ def write_results(folder, n: int, model: str = "/m/flux1-dev.safetensors") -> li
         img = np.full((64, 128, 3), i * 3 % 256, np.uint8)
         path = folder / f"2026-{i:04d}.png"
         save_png(img, path, result_text({"seed": i}, req))
+        # and the gallery's index beside it, as the app writes it: the full paths
+        path.with_suffix(".json").write_text(json.dumps(index_record(
+            {**req, "seed": i}, req["model_files"])))
         os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
         paths.append(str(path))
     return paths
@@ -52,7 +61,11 @@ def test_read_result_of_each_format(tmp_path):
     assert info.settings["cfg_scale"] == 3.5 and info.settings["sampling_method"] == "euler"
     assert info.model == "flux1-dev.safetensors"
     assert info.model_files == {"diffusion_model": ["/m/flux1-dev.safetensors"],
-                                "t5xxl": ["/m/t5xxl.safetensors"]}
+                                "t5xxl": ["/m/t5xxl.safetensors"]}  # from the index
+    assert "/m/" not in "".join(info.text.values())  # the picture names files, not folders
+    Path(p).with_suffix(".json").unlink()
+    assert read_result(p).model_files == {"diffusion_model": ["flux1-dev.safetensors"],
+                                          "t5xxl": ["t5xxl.safetensors"]}
     assert info.placement == {"backend": "CUDA0,te=CPU", "params_backend": "vae=disk"}
     text = ("a cat in a hat\nNegative prompt: dogs, rain\nSteps: 30, Sampler: euler_a, "
             "CFG scale: 7, Seed: 1234, Size: 512x768, Model: sd15, Version: x")
@@ -161,7 +174,7 @@ def test_copied_command_is_the_recorded_one(qtbot, tmp_path):
     default scheduler, sd-cli's own values, a LoRA folder without a tag): the gallery copies
     the very command the picture records, with --prediction v and nothing sd-cli would
     take differently; an older picture without the record still gives its command."""
-    from sdplan.core.pipelines.results import generation_text
+    from sdplan.core.pipelines.stages.results import generation_text
 
     settings = {"prompt": "a red circle on a blue background", "negative_prompt": "", "width": 128,
                 "height": 128, "steps": 20, "cfg_scale": 5.0, "guidance": 3.5, "seed": 42,
@@ -173,7 +186,7 @@ def test_copied_command_is_the_recorded_one(qtbot, tmp_path):
              generation_text(settings, {"model": ["/m/demo.safetensors"]}, {"backend": "CPU"},
                              file_flags=["--prediction", "v"]))
     recorded = json.loads(read_result(path).text["sdplan"])["command"]
-    assert recorded == ("sd-cli --model /m/demo.safetensors --backend CPU --prompt 'a red circle on a blue "
+    assert recorded == ("sd-cli --model demo.safetensors --backend CPU --prompt 'a red circle on a blue "
                         "background' --width 128 --height 128 --steps 20 --cfg-scale 5 --seed 42 "
                         "--sampling-method euler --prediction v")
     g = GalleryPanel([tmp_path])

@@ -86,7 +86,7 @@ def test_progress_preview_result_and_history(qtbot, ctl, tmp_path):
     assert p.history.count() == 1
     assert "seed 7" in p.params_label.text() and "steps 4" in p.params_label.text()
     req = client.requests[0]
-    assert req["prompt"] == "a lighthouse" and req["backend"] == ctl.plan.backend
+    assert req["prompt"] == "a lighthouse" and req["plan"]["strings"]["backend"] == ctl.plan.backend
     assert req["model_files"] == {"diffusion_model": ["/nonexistent/model.safetensors"]}
     assert not client.closed and p.generate_btn.isEnabled()  # kept for the next run
     p.shutdown()
@@ -179,7 +179,8 @@ def test_real_engine_generates_with_live_previews_into_history(qtbot, tmp_path):
 
     back = QImage(str(saved[0]))
     assert back.convertToFormat(img.format()) == img
-    params = json.loads(saved[0].with_suffix(".json").read_text())
+    index = json.loads(saved[0].with_suffix(".json").read_text())  # the gallery's index
+    params = index["settings"]
     assert params["seed"] == 7 and params["prompt"] == "a red circle on a blue background"
     assert params["width"] == 64 and params["steps"] == 4
     assert "“a red circle on a blue background”" in p.params_label.text()
@@ -230,7 +231,7 @@ def test_unwritable_history_warns_first_and_keeps_the_picture(qtbot, ctl, tmp_pa
 def test_a_size_the_model_cannot_draw_disables_generate(qtbot, tmp_path):
     """The demo draws multiples of 32 pixels (from its headers: 8 x 2^2): 100 px wide
     disables Generate with the reason before any engine starts; 96 enables it again."""
-    from sdplan.core.pipelines.demo import demo_model_path
+    from sdplan.core.pipelines.demo.model import demo_model_path
 
     inv = Inventory((Device("CPU", "cpu", "cpu", "CPU", 8 * GIB, 16 * GIB),))
     c = PlanController(inv)

@@ -133,8 +133,8 @@ def test_demo_in_the_app_with_its_lora_and_a_picture(qtbot, tmp_path) -> None:
     mask (image to image and inpainting through the app)."""
     from sdplan.app import main
     from sdplan.app.worker import engine_unavailable_reason
-    from sdplan.core.pipelines.demo import demo_lora_dir
-    from sdplan.core.pipelines.demo_scenes import Scene, is_outlined, render
+    from sdplan.core.pipelines.demo.model import demo_lora_dir
+    from sdplan.core.pipelines.demo.scenes import Scene, is_outlined, render
 
     if not (demo_lora_dir() / "outline.safetensors").is_file():
         pytest.skip("the demo LoRA is not installed")
@@ -177,7 +177,7 @@ def test_demo_in_the_app_with_its_lora_and_a_picture(qtbot, tmp_path) -> None:
     newest = max((tmp_path / "history").glob("*.json"), key=lambda f: f.stat().st_mtime_ns)
     import json
 
-    params = json.loads(newest.read_text())
+    params = json.loads(newest.read_text())["settings"]  # the gallery's index: full paths
     assert params["init_img"] == str(pic) and params["mask"] == str(mask) and params["strength"] == 0.8
     p.shutdown()
 
@@ -194,3 +194,15 @@ def test_the_board_draws_and_names_lora_bytes(qtbot, ctl, tmp_path, folder) -> N
     segs = col.bar.data.segments
     assert ("diffusion", "lora", ctl.fit.modules["diffusion"].lora["CPU"]) in segs
     assert "LoRA · diffusion: " in col.bar.toolTip()
+
+
+def test_a_mask_of_another_size_gets_a_note(qtbot, ctl, tmp_path) -> None:
+    p = make_panel(qtbot, ctl, tmp_path)
+    pic, mask = tmp_path / "start.png", tmp_path / "mask.png"
+    Image.fromarray(np.full((16, 16, 3), 90, np.uint8)).save(pic)
+    Image.fromarray(np.full((8, 32), 255, np.uint8)).save(mask)
+    drop(p.inputs.init_slot, pic)
+    drop(p.inputs.mask_slot, mask)
+    assert p.inputs.picture_note.text() == (
+        "inpainting: white = repaint; --mask is 32x8, the init picture 16x16: the mask is "
+        "stretched to 16x16, so it marks the same fractions of the picture, not the same pixels")

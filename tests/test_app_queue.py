@@ -21,7 +21,7 @@ from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.app.generation import GenerationPanel  # noqa: E402
 from sdplan.app.queue_panel import QueuePanel, QueueRunner, clock  # noqa: E402
 from sdplan.core.pipelines.job_queue import JobQueue  # noqa: E402
-from sdplan.core.pipelines.results import read_result  # noqa: E402
+from sdplan.core.pipelines.stages.results import read_result  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 
 GIB = 1 << 30
@@ -243,3 +243,25 @@ def test_jobs_left_from_the_last_session_wait_for_resume(qtbot, tmp_path):
     wait_idle(qtbot, win.runner)
     assert win.queue.jobs[0].state == "done" and factory.clients[0].requests[0]["seed"] == 3
     win.close()
+
+
+def test_queue_view_shows_server_jobs(qtbot, tmp_path):
+    """The queue view lists the jobs ``sdplan serve --queue-file`` records, with their device
+    group and predicted time, read again when the file changes; hidden without such jobs."""
+    from sdplan.app.server_queue import ServerJobs
+
+    path = tmp_path / "sdplan-server-queue.json"
+    view = ServerJobs(path)
+    qtbot.addWidget(view)
+    assert view.isHidden() and view.list.count() == 0
+    q = JobQueue(path)
+    q.add({"prompt": "an app job", "steps": 2})
+    job = q.add({"prompt": "a red circle", "seed": 3, "steps": 2}, origin="server", job_id="job_a")
+    job.predicted = 1.25
+    q.start("job_a").group = "g1"
+    q.save()
+    assert view.reload()
+    assert [view.list.item(i).text() for i in range(view.list.count())] == [
+        "▶ “a red circle” · seed 3 · 2 steps · group g1 · step 0/2 · predicted 1.2 s"]
+    assert not view.isHidden()
+    assert not view.reload()  # unchanged file: not read again

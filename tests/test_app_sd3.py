@@ -71,6 +71,7 @@ def test_the_panel_generates_with_live_previews(qtbot, tmp_path: Path) -> None:
     assert len(p.last_images) == 1 and (p.last_images[0].width(), p.last_images[0].height()) == (64, 64)
     saved = sorted((tmp_path / "history").glob("*.png"))
     assert len(saved) == 1
-    params = json.loads(saved[0].with_suffix(".json").read_text())
+    index = json.loads(saved[0].with_suffix(".json").read_text())  # the gallery's index
+    params = index["settings"]
     assert params["prompt"] == PROMPT and params["steps"] == 3 and params["seed"] == 11
     p.shutdown()

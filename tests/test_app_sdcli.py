@@ -16,8 +16,12 @@ pytest.importorskip("pytestqt")
 from replay_client import ReplayEngineClient  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
 from sdplan.app.generation import SAMPLERS, SCHEDULES, GenerationPanel  # noqa: E402
-from sdplan.core.pipelines.parameters import parse_parameters  # noqa: E402
-from sdplan.core.pipelines.results import read_generation, read_png_text  # noqa: E402
+from sdplan.core.pipelines.stages.parameters import parse_parameters  # noqa: E402
+from sdplan.core.pipelines.stages.results import (  # noqa: E402
+    read_generation,
+    read_png_text,
+    read_result,
+)
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.planning.profile import ModuleProfile, Profile  # noqa: E402
 from sdplan.core.sampling import samplers, schedules  # noqa: E402
@@ -64,7 +68,9 @@ def test_app_pictures_round_trip_through_the_reader_and_the_window(qtbot, tmp_pa
     assert seen["sampling_method"] == "dpm++2m_sde" and seen["scheduler"] == "beta"
     assert seen["seed"] == 1234 and seen["steps"] == 6
     got = read_generation(saved[0])
-    assert got.model_files == {"model": [str(model)]}
+    assert got.model_files == {"model": ["tiny.safetensors"]}  # a name: safe to share
+    assert str(tmp_path) not in read_png_text(saved[0])["sdplan"]
+    assert read_result(saved[0]).model_files == {"model": [str(model)]}  # the app's index
     assert got.placement["backend"] == ctl.plan.backend and "vae=disk" in \
         got.placement["params_backend"]
     p.shutdown()

@@ -160,3 +160,45 @@ def test_plan_diff_lists_modules_then_flags():
                     ("--params-backend", "(empty)", "te=disk")]
     assert plan_diff(old, old, ["diffusion", "te", "vae"]) == []
     assert describe_plan(new, ["vae"]) == {"vae": "CUDA0"}
+
+
+def test_under_a_budget_the_smallest_change_that_fits_is_proposed():
+    """SD3.5 medium (f16, the built-in profile) on two cards under ``--max-vram 4``: CUDA1
+    needs 4.13 GiB, and one residency change (the VAE's weights in RAM) fits. The proposal
+    is that change, under the user's budget, not a fresh split that does not fit."""
+    from sdplan.core.planning.autoplan import smallest_change
+    from sdplan.core.planning.builtin_profiles import load_builtin_profile
+
+    inv = Inventory((gpu("CUDA0", 24, 25), gpu("CUDA1", 12, 13), cpu(48)))
+    prof = load_builtin_profile("sd35-medium-f16")
+    mine = Placement.from_strings("CUDA1,te=CUDA0", "", "4")
+    now = estimate_plan(resolve(mine, inv, prof), prof, inv, width=1024, height=1024)
+    assert not now.fits and now.reasons == [
+        "CUDA1: needs 4.13 GiB, over its --max-vram budget of 4.00 GiB"]
+    prop = auto_plan(inv, prof, mine, width=1024, height=1024)
+    assert prop.fits
+    assert prop.notes == ["vae weights kept in RAM (CPU) and staged to the device"]
+    assert (prop.plan.backend, prop.plan.params_backend, prop.plan.max_vram) == (
+        "CUDA1,te=CUDA0", "vae=CPU", "4")
+    # the proposal's plan is the current one with that single change, checked again
+    again = resolve(mine.set_residency("vae", "device", "CPU"), inv, prof)
+    assert estimate_plan(again, prof, inv, width=1024, height=1024).fits
+    assert describe_plan(again, list(prof.modules)) == describe_plan(prop.plan, list(prof.modules))
+    assert smallest_change(inv, prof, mine, width=1024, height=1024).notes == prop.notes
+
+
+def test_the_smallest_change_takes_two_modules_when_one_is_not_enough_never_the_cpu():
+    from sdplan.core.planning.autoplan import smallest_change
+
+    inv = Inventory((gpu("CUDA0", 22, 24), gpu("CUDA1", 11, 12), cpu(48)))
+    prof = flux()
+    # the diffusion model staged from RAM to CUDA1 (11 GiB free) overflows it
+    mine = Placement.from_strings("CUDA1,te=CUDA0", "diffusion=CPU")
+    assert not estimate_plan(resolve(mine, inv, prof), prof, inv, width=1024, height=1024).fits
+    assert smallest_change(inv, prof, mine, width=1024, height=1024, most=1) is None
+    change = smallest_change(inv, prof, mine, width=1024, height=1024)
+    assert change is not None and change.notes == [
+        "diffusion split onto CUDA0", "te weights kept in RAM (CPU) and staged to the device"]
+    fit = estimate_plan(change.plan, prof, inv, width=1024, height=1024)
+    assert fit.fits and change.plan.modules["diffusion"].devices == ["CUDA1", "CUDA0"]
+    assert all(p.devices != ["CPU"] for p in change.plan.modules.values())

@@ -40,7 +40,7 @@ from sdplan.core.models.mmdit import MMDiT, unpatch  # noqa: E402
 from sdplan.core.models.t5 import T5Encoder  # noqa: E402
 from sdplan.core.models.z_image import ZImageDiT  # noqa: E402
 from sdplan.core.models.z_image import unpatchify as z_unpatchify  # noqa: E402
-from sdplan.core.pipelines.flux_base import shapes  # noqa: E402
+from sdplan.core.pipelines.stages.flow_dit import shapes  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement, ModuleRunner  # noqa: E402
 from sdplan.core.runtime.weights import WeightFile  # noqa: E402
 from test_bf16_kernels import ORDER, kernel_path  # noqa: E402
@@ -183,12 +183,10 @@ def test_classes_list_amx_and_fast_avx512() -> None:
         assert cls.cpu_bf16_kernels == ("amx", "avx512_fast"), cls
 
 
-def test_fast_avx512_rule(monkeypatch) -> None:
+def test_fast_avx512_rule() -> None:
     """avx512_fast counts only with the avx512 kernel in use and a measured speed-up of at
     least FAST_SPEEDUP; listed kernels count as they are."""
-    from types import SimpleNamespace
-
-    from sdplan.core.runtime import bf16_rule
+    from sdplan.core.runtime.kernels import CpuKernels
 
     for kernel, speedup, kernels, want in [
         ("avx512", 1.9, ("amx", "avx512_fast"), True),
@@ -198,9 +196,8 @@ def test_fast_avx512_rule(monkeypatch) -> None:
         ("off", 0.0, ("amx", "avx512_fast"), False),
         ("avx512", 1.9, ("amx",), False),
     ]:
-        monkeypatch.setattr(bf16_rule, "native", lambda k=kernel: SimpleNamespace(bf16_kernel=lambda: k))
-        monkeypatch.setattr(bf16_rule, "avx512_bf16_speedup", lambda s=speedup: s)
-        assert bf16_rule.bf16_fits(kernels) is want, (kernel, speedup, kernels)
+        choice = CpuKernels(bf16=kernel, cpu_bf16=kernel, fma_gemm=True, wino="avx512", glu="avx512")
+        assert choice.holds_bf16(kernels, lambda s=speedup: s) is want, (kernel, speedup, kernels)
 
 
 def test_measured_speedup_where_the_cpu_runs_avx512_bf16() -> None:
@@ -220,7 +217,7 @@ def test_z_image_pipeline_on_each_kernel_path_matches_diffusers(kernel, tmp_path
     Tolerances: the f16 path test_pipeline_z_image's 3e-3 for the context and the final latent,
     the bf16 path 2e-2. Measured: f16 context 3.0e-5, latent 6.7e-5; AMX 2.5e-3 and 2.3e-3 (the
     DiT, the Qwen3 encoder and the VAE all in bf16)."""
-    from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline
+    from sdplan.core.pipelines.z_image.pipeline import ZImageModels, ZImagePipeline
     from zimage_util import AE, DIT, PROMPT, ref, write_qwen3
 
     R = ref()

@@ -589,20 +589,27 @@ def test_geglu_matches_reference(mgr, glu_simd, shape, approximate) -> None:
 
 
 def test_environment_variable_chooses_the_kernel() -> None:
-    from sdplan.core.runtime import native as nat
+    """The kernel choice reads SDPLAN_BF16_KERNEL (in one place: sdplan.core.runtime.kernels)
+    and hands the native module a decision."""
+    from sdplan.core.runtime import kernels
 
-    before = G.bf16_kernel()
+    before = kernels.current(G)
     try:
-        nat.apply_bf16_setting(G, "AUTO")
-        assert G.bf16_kernel() == CPU_KERNEL
-        nat.apply_bf16_setting(G, "off")
-        assert G.bf16_kernel() == "off"
-        nat.apply_bf16_setting(G, "")  # empty: unchanged
-        assert G.bf16_kernel() == "off"
-        with pytest.raises(InvalidArgument, match=r"^SDPLAN_BF16_KERNEL='fast': unknown bf16 kernel 'fast' \(auto"):
-            nat.apply_bf16_setting(G, "fast")
+        assert kernels.choose(G, {"SDPLAN_BF16_KERNEL": "AUTO"}).bf16 == CPU_KERNEL
+        off = kernels.choose(G, {"SDPLAN_BF16_KERNEL": "off"})
+        assert off.bf16 == "off" and off.cpu_bf16 == CPU_KERNEL and off.why["bf16"] == "SDPLAN_BF16_KERNEL=off"
+        assert kernels.choose(G, {}).bf16 == CPU_KERNEL  # unset: the CPU's
+        kernels.apply(G, off)
+        assert G.bf16_kernel() == "off" and kernels.current(G).bf16 == "off"
+        assert not kernels.current(G).holds_bf16(("amx", "avx512", "avx512_fast"), lambda: 9.0)
+        with pytest.raises(InvalidArgument, match=r"^SDPLAN_BF16_KERNEL='fast': expected auto, amx, avx512 or off$"):
+            kernels.choose(G, {"SDPLAN_BF16_KERNEL": "fast"})
+        if CPU_KERNEL != "amx":
+            with pytest.raises(InvalidArgument, match=rf"^SDPLAN_BF16_KERNEL='amx': this CPU runs {CPU_KERNEL} at best$"):
+                kernels.choose(G, {"SDPLAN_BF16_KERNEL": "amx"})
     finally:
-        G.set_bf16_kernel(before)
+        kernels.apply(G, before)
+    assert kernels.current(G) == before
 
 
 def test_kernel_is_the_cpus_by_default() -> None:

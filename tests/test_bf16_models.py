@@ -24,7 +24,7 @@ G = pytest.importorskip("sdplan._ggml")
 from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core.modelfiles.checkpoint import read_model_files  # noqa: E402
 from sdplan.core.models import clip, unet, vae  # noqa: E402
-from sdplan.core.pipelines.sd import module_weight_file  # noqa: E402
+from sdplan.core.pipelines.sd.pipeline import module_weight_file  # noqa: E402
 from sdplan.core.runtime import graph as gr  # noqa: E402
 from test_bf16_kernels import ORDER, kernel_path  # noqa: E402
 from test_models_clip import FIX, assert_close  # noqa: E402
@@ -154,8 +154,8 @@ def test_full_cfg_run_on_each_kernel_path_matches_diffusers(kernel, family) -> N
     1.9e-3 / 2.7e-3, picture max 1, mean 0.07 / 0.09; AVX512_BF16 1.5e-2 / 1.9e-2, max 3 / 4,
     mean 0.64 / 0.69; AMX 1.6e-2 / 2.1e-2, max 5 / 4, mean 0.73 / 0.86.
     """
-    from sdplan.core.pipelines.results import image_to_uint8
-    from sdplan.core.pipelines.sd import GenerateParams
+    from sdplan.core.pipelines.sd.pipeline import GenerateParams
+    from sdplan.core.pipelines.stages.results import image_to_uint8
     from test_pipeline import model, ref
 
     r = ref(family)

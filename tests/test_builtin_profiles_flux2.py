@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from sdplan.core.cli import main
+from sdplan.core.families import generation_defaults
 from sdplan.core.planning.builtin_profiles import list_profiles, load_builtin_profile
-from sdplan.core.planning.generation_defaults import generation_defaults
 
 Q8_0 = 34 / 32  # ggml block_q8_0: 32 values in 34 bytes
 QUANTS = ("f16", "q8_0", "q5_k", "q4_k", "q4_0")

@@ -1,7 +1,7 @@
 """The packaged demo model draws what its captions say, through sdplan's own pipeline.
 
 Pictures for captions the model was trained on are measured with
-:func:`sdplan.core.pipelines.demo_scenes.caption_matches` (background colour from the border, shape
+:func:`sdplan.core.pipelines.demo.scenes.caption_matches` (background colour from the border, shape
 colour and kind from the pixels that differ from it). Chance for a picture with random
 colours and shape: background 1/8, shape colour 1/7, shape kind 1/3, all three about
 1/168 = 0.006. The test asks for at least :data:`MIN_ALL` of the pictures right on all
@@ -23,8 +23,8 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags  # noqa: E402
-from sdplan.core.pipelines import demo_scenes as ds  # noqa: E402
-from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion  # noqa: E402
+from sdplan.core.pipelines.demo import scenes as ds  # noqa: E402
+from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.planning.plan import resolve  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool  # noqa: E402

@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from sdplan.core.errors import SdplanError
-from sdplan.core.pipelines import demo_scenes as ds
+from sdplan.core.pipelines.demo import scenes as ds
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,7 @@ def test_generate_ended_mid_step_ends_its_engine_child(tmp_path: Path, sig: int)
 
 DRIVER = """
 import json, sys, time
-from sdplan.core.pipelines.demo import demo_model_path
+from sdplan.core.pipelines.demo.model import demo_model_path
 from sdplan.core.pipelines.jobs import GENERATE_JOB
 from sdplan.core.runtime.client import EngineClient
 

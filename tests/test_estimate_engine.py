@@ -32,14 +32,14 @@ def _engine() -> None:
 
 
 def _demo() -> Path:
-    from sdplan.core.pipelines.demo import demo_model_path
+    from sdplan.core.pipelines.demo.model import demo_model_path
 
     return demo_model_path()
 
 
 def test_demo_estimate_matches_the_engine_peak_at_512() -> None:
     from sdplan.core.pipelines.compute import measure_compute
-    from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
+    from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
     from sdplan.core.runtime.devices import BackendManager
     from sdplan.core.runtime.runner import BackendPool
 
@@ -168,7 +168,7 @@ def test_sd3_estimate_matches_the_engine_peak_on_the_tiny_fixture(tmp_path: Path
     largest size the tiny MMDiT draws (its position table: 64 px)."""
     from sd3_util import CLIP_HEADS, write_single_file
     from sdplan.core.pipelines.compute import measure_compute
-    from sdplan.core.pipelines.sd3 import Sd3Pipeline
+    from sdplan.core.pipelines.sd3.pipeline import Sd3Pipeline
     from sdplan.core.runtime.devices import BackendManager
     from sdplan.core.runtime.runner import BackendPool
 

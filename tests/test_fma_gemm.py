@@ -185,21 +185,23 @@ def test_conv_against_float64(cpu, n, ic, oc, h, w, k, s, p, d, wdtype) -> None:
 
 
 def test_environment_setting() -> None:
+    """SDPLAN_FMA_GEMM is read by the kernel choice (sdplan.core.runtime.kernels) alone."""
     from sdplan.core.errors import InvalidArgument
-    from sdplan.core.runtime import native as nat
+    from sdplan.core.runtime import kernels
 
+    before = kernels.current(G)
     try:
-        nat.apply_fma_setting(G, "off")
-        assert not G.fma_gemm()
-        nat.apply_fma_setting(G, "")  # empty: unchanged
-        assert not G.fma_gemm()
-        nat.apply_fma_setting(G, " ON ")
-        assert G.fma_gemm()
+        off = kernels.choose(G, {"SDPLAN_FMA_GEMM": "off"})
+        assert not off.fma_gemm and off.why["fma_gemm"] == "SDPLAN_FMA_GEMM=off"
+        assert kernels.choose(G, {"SDPLAN_FMA_GEMM": ""}).fma_gemm == bool(G.cpu_avx2_fma())  # empty: auto
+        assert kernels.choose(G, {"SDPLAN_FMA_GEMM": " ON "}).fma_gemm == bool(G.cpu_avx2_fma())
+        kernels.apply(G, off)
+        assert not G.fma_gemm() and not kernels.current(G).fma_gemm
         with pytest.raises(InvalidArgument, match=r"^SDPLAN_FMA_GEMM='fast': expected on or off \(1 or 0\)$"):
-            nat.apply_fma_setting(G, "fast")
-        assert G.fma_gemm()
+            kernels.choose(G, {"SDPLAN_FMA_GEMM": "fast"})
     finally:
-        G.set_fma_gemm(True)
+        kernels.apply(G, before)
+    assert G.fma_gemm() == before.fma_gemm
 
 
 def test_devices_line_names_the_products() -> None:

@@ -19,8 +19,8 @@ from generate_util import parse, png  # noqa: E402
 from PIL import Image  # noqa: E402
 from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core.commands import generate  # noqa: E402
-from sdplan.core.pipelines import demo  # noqa: E402
-from sdplan.core.pipelines.results import image_to_uint8, read_generation  # noqa: E402
+from sdplan.core.pipelines.demo import model as demo  # noqa: E402
+from sdplan.core.pipelines.stages.results import image_to_uint8, read_generation  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
 from sdplan.core.sampling.schedules import get_sigmas  # noqa: E402
 
@@ -43,16 +43,20 @@ def test_generate_matches_reference_png(tmp_path: Path, monkeypatch) -> None:
     assert np.abs(got - image_to_uint8(ref["run_image"][0]).astype(int)).max() <= 2
     text = img.text
     # sd-cli's "parameters" layout, as A1111-style tools read it
+    full = hashlib.sha256(MODEL.read_bytes()).hexdigest()  # web UI's Model hash: its first 10
     assert text["parameters"].startswith(
         "a photo of a cat\nSteps: 4, CFG scale: 7.000000, Guidance: 3.500000, Eta: inf, "
-        "Seed: 1, Size: 16x16, Model: sd1_tiny.safetensors, RNG: cuda, Sampler: euler discrete, ")
+        f"Seed: 1, Size: 16x16, Model hash: {full[:10]}, Model: sd1_tiny.safetensors, RNG: cuda, "
+        "Sampler: euler discrete, ")
+    assert json.loads(text["sdplan"])["sha256"] == full
     got = read_generation(out)
     assert got.source == "sdplan"
     assert {k: got.settings[k] for k in ("prompt", "seed", "steps", "sampling_method",
                                          "scheduler", "cfg_scale")} == {
         "prompt": "a photo of a cat", "seed": 1, "steps": 4, "sampling_method": "euler",
         "scheduler": "discrete", "cfg_scale": 7.0}
-    assert got.model_files == {"model": [str(MODEL)]}
+    assert got.model_files == {"model": [MODEL.name]}  # a name: the picture is safe to share
+    assert str(MODEL.parent) not in text["sdplan"] + text["parameters"]
     with open(MODEL, "rb") as fh:
         h = hashlib.sha256(fh.read(1 << 20) + str(os.path.getsize(MODEL)).encode()).hexdigest()
     assert json.loads(text["sdplan"])["model_hash"] == h
@@ -139,7 +143,7 @@ def test_taesd_previews_and_upscaler(tmp_path: Path, monkeypatch) -> None:
     final latent for the last one); --upscale-model doubles the reference image."""
     from pth_writer import compact_weights, save_compact
     from safetensors.numpy import save_file
-    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.pipelines.stages.upscale import Upscaler
     from test_models_tae import np_decode, tae_weights
 
     ref = load_file(str(FIX / "sd1_ref.safetensors"))
@@ -244,6 +248,28 @@ def test_flux_files_match_the_reference(tmp_path: Path, monkeypatch) -> None:
     assert len(list((tmp_path / "prev").iterdir())) == 4
 
 
+def test_flux_taesd_decodes_the_final_image_unless_preview_only(tmp_path: Path) -> None:
+    """FLUX.1 with --taesd runs (it was refused once) and the TAEF1 decodes the final picture,
+    as sd-cli does: 64x64 from the 8x8 latent where the toy autoencoder gives 16x16; the
+    record says so. With --taesd-preview-only the VAE's picture, bit for bit."""
+    from safetensors.numpy import save_file
+    from test_models_tae import tae_weights
+
+    tae = tmp_path / "taef1.safetensors"
+    save_file(tae_weights(np.random.default_rng(2), "decoder", 16), str(tae))
+    base = ["--diffusion-model", str(FIX / "flux_dev_tiny.safetensors"), *FLUX, "--in-process"]
+    out = {}
+    for name, extra in (("vae", []), ("tae", ["--taesd", str(tae)]),
+                        ("preview", ["--taesd", str(tae), "--taesd-preview-only"])):
+        out[name] = tmp_path / f"{name}.png"
+        args = parse([*base, *extra, "-o", str(out[name])])
+        assert args.run(args) == 0
+    assert png(out["vae"]).shape == (16, 16, 3) and png(out["tae"]).shape == (64, 64, 3)
+    assert np.array_equal(png(out["preview"]), png(out["vae"]))
+    assert read_generation(out["tae"]).settings["taesd_decode"] is True
+    assert "taesd_decode" not in read_generation(out["preview"]).settings
+
+
 def test_flux_files_need_every_part(tmp_path: Path, capsys) -> None:
     args = parse(["--diffusion-model", str(FIX / "flux_dev_tiny.safetensors"), *FLUX[2:], "-o",
                   str(tmp_path / "x.png"), "--in-process"])
@@ -282,7 +308,7 @@ CHROMA = ["--diffusion-model", str(FIX / "chroma_tiny.safetensors"), "--t5xxl", 
 def test_chroma_files_give_diffusers_latent(tmp_path: Path, monkeypatch) -> None:
     """Chroma's files (no --clip_l) run the Chroma pipeline: the PNG is diffusers'
     ChromaPipeline latent decoded by the autoencoder."""
-    from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
+    from sdplan.core.pipelines.chroma.pipeline import ChromaModels, ChromaPipeline
 
     ref = load_file(str(FIX / "chroma_ref.safetensors"))
     monkeypatch.setattr(PhiloxNoise, "randn", lambda self, shape: ref["run_noise"].copy())

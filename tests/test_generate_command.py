@@ -17,8 +17,8 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from generate_util import parse  # noqa: E402
 from PIL import Image  # noqa: E402
-from sdplan.core.pipelines.demo import demo_lora_dir, demo_model_path  # noqa: E402
-from sdplan.core.pipelines.results import read_result  # noqa: E402
+from sdplan.core.pipelines.demo.model import demo_lora_dir, demo_model_path  # noqa: E402
+from sdplan.core.pipelines.stages.results import read_result  # noqa: E402
 from sdplan.core.planning.sdcli import GENERATION_FLAGS, SDCLI_DEFAULTS, import_sdcli_command  # noqa: E402
 
 
@@ -58,14 +58,14 @@ def test_demo_picture_command_is_the_gallerys_and_reads_back(tmp_path: Path) -> 
                 "-o", str(out), "--in-process"]) == 0
     doc = record(out)
     cmd = doc["command"]
-    assert cmd == (f"sd-cli --model {demo_model_path()} --backend CPU --prompt 'a red circle on a blue background' "
+    assert cmd == (f"sd-cli --model {demo_model_path().name} --backend CPU --prompt 'a red circle on a blue background' "
                    "--width 128 --height 128 --steps 2 --cfg-scale 5 --seed 42 --sampling-method euler "
                    "--prediction v")
     assert "--lora-model-dir" not in cmd and "--strength" not in cmd and "--scheduler" not in cmd
     assert doc["model_flags"] == ["--prediction", "v"]
     assert gallery_command(out) == cmd
     back = import_sdcli_command(cmd)
-    assert back.model_files == {"model": str(demo_model_path())} and back.kept == ["--prediction", "v"]
+    assert back.model_files == {"model": demo_model_path().name} and back.kept == ["--prediction", "v"]
     assert back.placement.to_strings()["backend"] == doc["placement"]["backend"]
     same_settings(cmd, doc["settings"])
 
@@ -80,11 +80,13 @@ def test_lora_tag_and_init_picture_are_in_the_command(tmp_path: Path) -> None:
                 "--strength", "0.6", "--steps", "2", "-t", "1", "-o", str(out), "--in-process"]) == 0
     doc = record(out)
     cmd = doc["command"]
-    assert (f"--lora-model-dir {demo_lora_dir()} --lora-apply-mode immediately --init-img {pic} --strength 0.6 "
+    # a shared picture names files and folders, never where they are
+    assert ("--lora-model-dir loras --lora-apply-mode immediately --init-img start.png --strength 0.6 "
             "--prediction v") in cmd
+    assert str(tmp_path) not in json.dumps(doc) and str(demo_lora_dir()) not in json.dumps(doc)
     assert gallery_command(out) == cmd
     back = import_sdcli_command(cmd)
-    assert (back.generation["strength"], back.generation["init_img"]) == (0.6, str(pic))
+    assert (back.generation["strength"], back.generation["init_img"]) == (0.6, "start.png")
     same_settings(cmd, doc["settings"])
 
 
@@ -103,5 +105,5 @@ def test_skip_layer_guidance_on_sd1_is_refused_before_the_plan(tmp_path: Path, c
     assert cap.out == ""
     lines = cap.err.splitlines()
     assert len(lines) == 1 and lines[0].endswith(
-        "--slg-scale: skip-layer guidance runs on SD3 / SD3.5 only, not on sd1"), lines
+        "--slg-scale 2: SD 1.x does not take it in sdplan; remove it"), lines
     assert not out.exists()

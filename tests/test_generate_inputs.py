@@ -17,7 +17,7 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from generate_util import parse  # noqa: E402
 from PIL import Image  # noqa: E402
-from sdplan.core.pipelines.results import read_generation  # noqa: E402
+from sdplan.core.pipelines.stages.results import read_generation  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
 MODEL = FIX / "sd1_tiny.safetensors"
@@ -54,7 +54,7 @@ def test_lora_tags_and_pictures_reach_the_png(tmp_path: Path) -> None:
     text, doc = recorded(tagged)
     assert text["parameters"].startswith("a photo of a cat<lora:lora_sd1_kohya:0.8>\n")  # as sd-cli writes it
     assert doc["loras"] == [["lora_sd1_kohya", 0.8]] and doc["settings"]["lora_apply_mode"] == "at_runtime"
-    assert doc["settings"]["lora_model_dir"] == str(FIX)
+    assert doc["settings"]["lora_model_dir"] == FIX.name  # the folder's name, not where it is
     a, b = (np.asarray(Image.open(p).convert("RGB")).astype(int) for p in (plain, tagged))
     assert np.abs(a - b).mean() > 1  # the LoRA changed the picture
     assert "lora_model_dir" not in recorded(plain)[1]["settings"]
@@ -64,10 +64,13 @@ def test_lora_tags_and_pictures_reach_the_png(tmp_path: Path) -> None:
     assert Image.open(img2img).size == (16, 16)  # -W/-H from the picture
     _, doc = recorded(img2img)
     assert (doc["settings"]["init_img"], doc["settings"]["mask"], doc["settings"]["strength"]) == (
-        str(pic), str(mask), 0.5)
+        pic.name, mask.name, 0.5)
     assert "loras" not in doc
-    got = read_generation(img2img)  # --from-image restores the picture inputs
-    assert (got.settings["init_img"], got.settings["strength"]) == (str(pic), 0.5)
+    got = read_generation(img2img)  # --from-image finds the picture inputs beside it
+    from sdplan.core.pipelines.stages.results import locate_inputs
+
+    found = locate_inputs(got.settings, img2img)
+    assert (found["init_img"], found["mask"], got.settings["strength"]) == (str(pic), str(mask), 0.5)
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -93,8 +96,8 @@ def test_demo_with_its_lora_an_init_picture_and_a_mask(tmp_path: Path, capsys) -
     """The demo's ``outline`` LoRA (found without --lora-model-dir) draws the shape as an
     outline where the plain model fills it (this caption and seed); with ``-i``/``--mask``
     the PNG records the picture inputs."""
-    from sdplan.core.pipelines.demo import demo_lora_dir
-    from sdplan.core.pipelines.demo_scenes import Scene, is_outlined, render
+    from sdplan.core.pipelines.demo.model import demo_lora_dir
+    from sdplan.core.pipelines.demo.scenes import Scene, is_outlined, render
 
     if not (demo_lora_dir() / "outline.safetensors").is_file():
         pytest.skip("the demo LoRA is not installed")
@@ -118,4 +121,4 @@ def test_demo_with_its_lora_an_init_picture_and_a_mask(tmp_path: Path, capsys) -
     assert run(["--demo", "-p", "a red circle on a green background", "-i", str(pic), "--mask", str(mask),
                 "--strength", "0.8", "-t", "2", "-o", str(out), "--in-process"]) == 0
     settings = recorded(out)[1]["settings"]
-    assert (settings["init_img"], settings["mask"], settings["strength"]) == (str(pic), str(mask), 0.8)
+    assert (settings["init_img"], settings["mask"], settings["strength"]) == (pic.name, mask.name, 0.8)

@@ -16,8 +16,8 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from generate_util import parse, png  # noqa: E402
 from PIL import Image  # noqa: E402
-from sdplan.core.pipelines.results import image_to_uint8, read_generation  # noqa: E402
-from sdplan.core.pipelines.sd3 import Sd3Pipeline  # noqa: E402
+from sdplan.core.pipelines.sd3.pipeline import Sd3Pipeline  # noqa: E402
+from sdplan.core.pipelines.stages.results import image_to_uint8, read_generation  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
 
 R = ref()
@@ -111,7 +111,7 @@ def test_skip_layer_guidance_flags(tmp_path: Path, monkeypatch, files, capsys) -
     """--slg-scale 2.5 --skip-layers [1] --skip-layer-start 0.2 --skip-layer-end 0.8 give
     diffusers' skip_guidance_layers latent decoded; the picture's parameters carry sd-cli's SLG
     pairs and its record the flags; a non-SD3 model refuses SLG in one line."""
-    from sdplan.core.pipelines.demo import demo_model_path
+    from sdplan.core.pipelines.demo.model import demo_model_path
 
     monkeypatch.setattr(PhiloxNoise, "randn", lambda self, shape: R["run_noise"].copy())
     out = tmp_path / "slg.png"
@@ -137,7 +137,7 @@ def test_skip_layer_guidance_flags(tmp_path: Path, monkeypatch, files, capsys) -
                   "-o", str(tmp_path / "sd1.png"), "--in-process"])
     assert args.run(args) == 2
     err = capsys.readouterr().err
-    assert "--slg-scale: skip-layer guidance runs on SD3 / SD3.5 only, not on sd1" in err
+    assert "--slg-scale 2.5: SD 1.x does not take it in sdplan; remove it" in err
     assert not (tmp_path / "sd1.png").exists()
 
 
@@ -163,5 +163,5 @@ def test_image_to_image_runs_and_loras_are_refused(tmp_path: Path, files, capsys
                   "-o", str(out), "--in-process"])
     assert args.run(args) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "SD3 takes no LoRAs in sdplan yet: remove LoRA style" in err, err
+    assert "<lora:...> prompt tags: SD3 / SD3.5 does not take it in sdplan; remove it" in err, err
     assert not out.exists()

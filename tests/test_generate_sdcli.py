@@ -13,7 +13,7 @@ from sdplan.core import cli
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
-from sdplan.core.pipelines.results import generation_text, read_generation, save_png  # noqa: E402
+from sdplan.core.pipelines.stages.results import generation_text, read_generation, save_png  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
 MODEL = FIX / "sd1_tiny.safetensors"
@@ -22,12 +22,12 @@ TINY = ["--clip-heads", "2", "-t", "2", "--in-process"]
 
 def test_unimplemented_flags_are_refused_in_one_line(tmp_path: Path, capsys) -> None:
     code = cli.main(["generate", "-m", str(MODEL), "-p", "x", "--cache-mode", "easycache",
-                     "-o", str(tmp_path / "x.png"), "--vae-tiling", "--hires", "--frobnicate",
+                     "-o", str(tmp_path / "x.png"), "--circular", "--increase-ref-index", "--frobnicate",
                      "3", "--diffusion-fa", *TINY])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "Traceback" not in err
     assert err.startswith("sdplan generate: generate does not run these sd-cli options: "
-                          "--cache-mode, --vae-tiling, --hires; not sd-cli options: "
+                          "--cache-mode, --circular, --increase-ref-index; not sd-cli options: "
                           "--frobnicate 3")
     assert not (tmp_path / "x.png").exists()
 
@@ -44,7 +44,9 @@ def test_bad_values_are_one_line(tmp_path: Path, capsys, argv, message) -> None:
     assert code == 2 and message in err and "usage:" not in err and "Traceback" not in err
 
 
-def test_sampling_flags_and_from_image(tmp_path: Path, capsys) -> None:
+def test_sampling_flags_and_from_image(tmp_path: Path, capsys, monkeypatch) -> None:
+    from PIL import Image
+
     first = tmp_path / "first.png"
     code = cli.main(["generate", "-m", str(MODEL), "-p", "a red cat", "-n", "blurry", "-W", "16",
                      "-H", "16", "--steps", "3", "--cfg-scale", "5", "-s", "11",
@@ -59,11 +61,16 @@ def test_sampling_flags_and_from_image(tmp_path: Path, capsys) -> None:
                                          "sampling_method", "scheduler", "eta")} == {
         "prompt": "a red cat", "negative_prompt": "blurry", "steps": 3, "seed": 11,
         "rng": "cpu", "sampling_method": "res_multistep", "scheduler": "kl_optimal", "eta": 0.0}
-    # restore everything from the picture: same image; a flag given wins
+    # the picture names its model by file name: not found from here, one line says so
+    assert str(MODEL.parent) not in "".join(Image.open(first).text.values())
     again = tmp_path / "again.png"
+    assert cli.main(["generate", "--from-image", str(first), "-o", str(again), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert "the model file sd1_tiny.safetensors is not beside the picture" in err and not again.exists()
+    # restore everything from the picture where its model is (the current folder): same
+    # image; a flag given wins
+    monkeypatch.chdir(MODEL.parent)
     assert cli.main(["generate", "--from-image", str(first), "-o", str(again), *TINY]) == 0
-    from PIL import Image
-
     a = np.asarray(Image.open(first).convert("RGB"))
     assert np.array_equal(a, np.asarray(Image.open(again).convert("RGB")))
     assert "vae=disk" in read_generation(again).placement["params_backend"]

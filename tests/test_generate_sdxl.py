@@ -24,7 +24,7 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from generate_util import parse, png  # noqa: E402
 from PIL import Image  # noqa: E402
-from sdplan.core.pipelines.results import image_to_uint8  # noqa: E402
+from sdplan.core.pipelines.stages.results import image_to_uint8  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
 from sdplan.core.sampling.schedules import get_sigmas  # noqa: E402
 from sdxl_util import BASE, ref, split_files, write_unet_gguf  # noqa: E402
@@ -81,10 +81,31 @@ def test_separate_files_q8_0_gguf_and_taesdxl(tmp_path: Path, ref_noise) -> None
     assert fast.shape == (96, 64, 3) and np.abs(fast - expect).max() <= 4
 
 
+def test_a_lora_patches_a_separate_unet_file_as_the_single_file(tmp_path: Path) -> None:
+    """A kohya LoRA of the UNet (``input_blocks.3.1.proj_out`` in the LDM names) patches the
+    ``--diffusion-model`` file, whose names have no ``model.diffusion_model.`` prefix, as it
+    patches the single file: the same picture, another than without it."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(6)
+    key = "lora_unet_input_blocks_3_1_proj_out"
+    save_file({f"{key}.lora_down.weight": rng.standard_normal((2, 32)).astype(np.float32),
+               f"{key}.lora_up.weight": 3 * rng.standard_normal((32, 2)).astype(np.float32)},
+              str(tmp_path / "style.safetensors"))
+    flags = split_files(tmp_path)
+    parts = ["--diffusion-model", flags["diffusion_model"][0], "--clip_l", flags["clip_l"][0], "--clip_g",
+             flags["clip_g"][0], "--vae", flags["vae"][0]]
+    lora = ["-p", "a photo of a cat<lora:style:1>", "--lora-model-dir", str(tmp_path), "--in-process"]
+    one = gen(["-m", str(BASE), *lora], tmp_path / "one.png")
+    sep = gen([*parts, *lora], tmp_path / "sep.png")
+    plain = gen([*parts, "--in-process"], tmp_path / "plain.png")
+    assert np.abs(sep - one).max() <= 2 and np.abs(sep - plain).max() > 8
+
+
 def _stage_budget() -> float:
     """GiB for the UNet's fixed weights, its compute buffer and its largest stage: the
     runner packs two or more smaller stages per segment and the largest alone."""
-    from sdplan.core.pipelines.sdxl import StableDiffusionXL
+    from sdplan.core.pipelines.sdxl.pipeline import StableDiffusionXL
 
     with StableDiffusionXL(BASE, n_threads=2) as sd:
         r = sd.runners["diffusion"]

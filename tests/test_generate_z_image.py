@@ -16,8 +16,8 @@ G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from generate_util import parse, png  # noqa: E402
-from sdplan.core.pipelines.results import image_to_uint8, read_generation  # noqa: E402
-from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline  # noqa: E402
+from sdplan.core.pipelines.stages.results import image_to_uint8, read_generation  # noqa: E402
+from sdplan.core.pipelines.z_image.pipeline import ZImageModels, ZImagePipeline  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
 
 R = ref()

@@ -1,4 +1,4 @@
-"""Image-to-image and inpainting as sd-cli does them (:mod:`sdplan.core.pipelines.img2img`).
+"""Image-to-image and inpainting as sd-cli does them (:mod:`sdplan.core.pipelines.stages.img2img`).
 
 - the helpers: sigma truncation (sd-cli's ``t_enc = int(steps * strength)`` rule), the latent
   mask (largest value per cell), 3x3 dilation, picture loading;
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from sdplan.core.errors import SdplanError
-from sdplan.core.pipelines.img2img import (
+from sdplan.core.pipelines.stages.img2img import (
     ImageInput,
     dilate,
     latent_mask,
@@ -87,8 +87,8 @@ needs_graph = pytest.mark.skipif(not hasattr(G, "Graph"), reason="the native mod
 
 @pytest.fixture(scope="module")
 def demo():
-    from sdplan.core.pipelines.demo import demo_model_path
-    from sdplan.core.pipelines.sd import StableDiffusion
+    from sdplan.core.pipelines.demo.model import demo_model_path
+    from sdplan.core.pipelines.sd.pipeline import StableDiffusion
 
     sd = StableDiffusion(demo_model_path(), n_threads=2)
     yield sd
@@ -96,14 +96,14 @@ def demo():
 
 
 def demo_picture() -> np.ndarray:
-    from sdplan.core.pipelines.demo_scenes import Scene, render
+    from sdplan.core.pipelines.demo.scenes import Scene, render
 
     rgb = render(Scene("square", "yellow", "blue", 64, 64, 22), 128)
     return (rgb.astype(np.float32) / 127.5 - 1.0).transpose(2, 0, 1)[None]
 
 
 def roundtrip(sd, img: np.ndarray, seed: int) -> np.ndarray:
-    from sdplan.core.pipelines.results import image_to_uint8
+    from sdplan.core.pipelines.stages.results import image_to_uint8
     from sdplan.core.sampling.noise import PhiloxNoise
 
     lat = sd.encode_sample(img, PhiloxNoise(seed).randn((1, 4, 16, 16)))
@@ -111,13 +111,13 @@ def roundtrip(sd, img: np.ndarray, seed: int) -> np.ndarray:
 
 
 def params(prompt: str = "a yellow square on a blue background", seed: int = 5):
-    from sdplan.core.pipelines.sd import GenerateParams
+    from sdplan.core.pipelines.sd.pipeline import GenerateParams
 
     return GenerateParams(prompt, "", 128, 128, 20, 5.0, seed, "euler", "discrete")
 
 
 def as_uint8(img: np.ndarray) -> np.ndarray:
-    from sdplan.core.pipelines.results import image_to_uint8
+    from sdplan.core.pipelines.stages.results import image_to_uint8
 
     return image_to_uint8(img[0])
 
@@ -165,7 +165,7 @@ def test_inpainting_keeps_unmasked_pixels_and_repaints_masked_ones(demo) -> None
 
 @needs_graph
 def test_sd_strength_1_is_txt2img_from_the_init_offset_noise() -> None:
-    from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
+    from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
     from sdplan.core.sampling.noise import PhiloxNoise
     from sdplan.core.sampling.schedules import get_sigmas
 
@@ -191,7 +191,7 @@ def test_sd_strength_1_is_txt2img_from_the_init_offset_noise() -> None:
 @needs_graph
 def test_flux_strength_1_equals_txt2img_and_masks_keep_the_init_latent() -> None:
     from flux_util import AE, AXES, CLIP, DEV, T5
-    from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
+    from sdplan.core.pipelines.flux.pipeline import FluxModels, FluxPipeline
     from sdplan.core.sampling.noise import PhiloxNoise
 
     img = np.random.default_rng(1).uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)  # the toy AE: f = 2
@@ -229,7 +229,7 @@ def joined_inpaint_model(tmp_path: Path) -> Path:
 def test_inpainting_checkpoint_takes_mask_and_masked_latent(tmp_path: Path) -> None:
     from flux_util import rel_err
     from safetensors.numpy import load_file
-    from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
+    from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
 
     ref = load_file(str(FIX / "lora_ref.safetensors"))
     sref = load_file(str(FIX / "sd1_ref.safetensors"))
@@ -287,26 +287,26 @@ def test_flux_family_image_start(tmp_path: Path, family: str) -> None:
     size = 64
     if family == "flux":
         from flux_util import AE, AXES, CLIP, DEV, T5
-        from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
+        from sdplan.core.pipelines.flux.pipeline import FluxModels, FluxPipeline
 
         pipe = FluxPipeline(FluxModels(DEV, T5, CLIP, AE, axes=AXES, clip_heads=2), n_threads=2)
         kw["t5_length"] = 16
     elif family == "chroma":
         from flux_util import AE, AXES, CHROMA, T5
-        from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
+        from sdplan.core.pipelines.chroma.pipeline import ChromaModels, ChromaPipeline
 
         pipe = ChromaPipeline(ChromaModels(CHROMA, T5, AE, axes=AXES), n_threads=2)
         kw.update(t5_length=16, cfg_scale=1.0)
     elif family == "sd3":
         from sd3_util import CLIP_G, CLIP_HEADS, CLIP_L, SD3, T5
-        from sdplan.core.pipelines.sd3 import Sd3Pipeline
+        from sdplan.core.pipelines.sd3.pipeline import Sd3Pipeline
 
         pipe = Sd3Pipeline({"diffusion_model": [SD3], "clip_l": [CLIP_L], "clip_g": [CLIP_G], "t5xxl": [T5],
                             "vae": [SD3]}, n_threads=2, clip_heads=CLIP_HEADS)
         kw["cfg_scale"] = 1.0
         size = 16  # its toy autoencoder: f = 2
     else:
-        from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline
+        from sdplan.core.pipelines.z_image.pipeline import ZImageModels, ZImagePipeline
         from zimage_util import AE as ZAE
         from zimage_util import DIT, write_qwen3
 

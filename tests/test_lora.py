@@ -24,9 +24,9 @@ from safetensors.numpy import load_file
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
-from sdplan.core.pipelines.flux import FluxModels, FluxPipeline  # noqa: E402
-from sdplan.core.pipelines.lora import prompt_loras  # noqa: E402
-from sdplan.core.pipelines.sd import StableDiffusion  # noqa: E402
+from sdplan.core.pipelines.flux.pipeline import FluxModels, FluxPipeline  # noqa: E402
+from sdplan.core.pipelines.sd.pipeline import StableDiffusion  # noqa: E402
+from sdplan.core.pipelines.stages.lora import prompt_loras  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement  # noqa: E402
 
 LREF = load_file(str(FIX / "lora_ref.safetensors"))
@@ -80,7 +80,7 @@ def test_sd1_lora_matches_diffusers(pool, case: str, mode: str) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_sd1_full_run_with_a_prompt_tag(pool, mode: str) -> None:
-    from sdplan.core.pipelines.sd import GenerateParams
+    from sdplan.core.pipelines.sd.pipeline import GenerateParams
 
     with StableDiffusion(SD1, pool=pool, clip_heads=2, n_threads=1) as sd:
         prompt, loras = prompt_loras("a photo of a cat<lora:lora_sd1_kohya:1>", FIX, sd.lora_aliases())

@@ -24,8 +24,8 @@ if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
 from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags  # noqa: E402
-from sdplan.core.pipelines.flux import FluxModels, FluxPipeline  # noqa: E402
-from sdplan.core.pipelines.inputs import plan_loras  # noqa: E402
+from sdplan.core.pipelines.flux.pipeline import FluxModels, FluxPipeline  # noqa: E402
+from sdplan.core.pipelines.stages.inputs import plan_loras  # noqa: E402
 from sdplan.core.planning.estimate import estimate_plan  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.planning.plan import resolve  # noqa: E402
@@ -54,7 +54,7 @@ def measured(pool, plan, mode: str) -> dict[str, dict[str, int]]:
     """Per device: resident weight and LoRA bytes of every runner after running each once."""
     with FluxPipeline(FluxModels(DEV, T5, CLIP, AE, axes=AXES, clip_heads=2), plan=plan, pool=pool,
                       n_threads=1) as pipe:
-        from sdplan.core.pipelines.lora import prompt_loras
+        from sdplan.core.pipelines.stages.lora import prompt_loras
 
         _, loras = prompt_loras(PROMPT, FIX, pipe.lora_aliases())
         assert pipe.set_loras(loras, mode) == mode
@@ -114,9 +114,9 @@ def test_demo_estimate_with_its_lora_matches_the_engine_peak(mode: str) -> None:
     generation: within 10% (measured: 111.36 MB estimated against a 111.43 MB peak at runtime,
     the LoRA 375040 bytes against 375072 allocated; 110.98 against 111.06 MB merged)."""
     from sdplan.core.pipelines.compute import measure_compute
-    from sdplan.core.pipelines.demo import demo_lora_dir, demo_model_path
-    from sdplan.core.pipelines.lora import prompt_loras
-    from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion
+    from sdplan.core.pipelines.demo.model import demo_lora_dir, demo_model_path
+    from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
+    from sdplan.core.pipelines.stages.lora import prompt_loras
     from sdplan.core.runtime.devices import BackendManager
 
     if not (demo_lora_dir() / "outline.safetensors").is_file():

@@ -51,18 +51,20 @@ from sdplan.core.models.clip import (  # noqa: E402
     find_prefix,
     find_projection,
 )
+from sdplan.core.models.controlnet import ControlNetGraph, controlnet_config, residual_shapes  # noqa: E402
 from sdplan.core.models.esrgan import UpscalerGraph, canonical_rrdb_names, detect_esrgan  # noqa: E402
 from sdplan.core.models.flux import FluxDiT  # noqa: E402
 from sdplan.core.models.flux2 import Flux2DiT  # noqa: E402
 from sdplan.core.models.llm import LLMEncoder  # noqa: E402
 from sdplan.core.models.mmdit import MMDiT  # noqa: E402
+from sdplan.core.models.qwen_image import QwenImageDiT  # noqa: E402
 from sdplan.core.models.t5 import T5Encoder  # noqa: E402
 from sdplan.core.models.tae import TaeGraph, detect_tae  # noqa: E402
 from sdplan.core.models.unet import UNetGraph, unet_config  # noqa: E402
 from sdplan.core.models.unet import find_prefix as unet_prefix  # noqa: E402
 from sdplan.core.models.vae import SDXL_CONV_SCALE, VaeGraph, vae_config, vae_decode, vae_encode  # noqa: E402
 from sdplan.core.models.z_image import ZImageDiT  # noqa: E402
-from sdplan.core.pipelines.sd import model_overrides, module_weight_file  # noqa: E402
+from sdplan.core.pipelines.sd.pipeline import model_overrides, module_weight_file  # noqa: E402
 from sdplan.core.runtime import graph as gr  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
 from sdplan.core.runtime.weights import WeightFile  # noqa: E402
@@ -230,6 +232,45 @@ def _unet_sdxl(shared: Path, tmp: Path) -> Built:
     return _sdxl_unet("sdxl")
 
 
+@case("controlnet-sd1", ControlNetGraph)
+def _controlnet_sd1(shared: Path, tmp: Path) -> Built:
+    """The tiny SD1 ControlNet (``control_model.``): the stem's and each input block's
+    residual, then the middle block's."""
+    path = FIX / "sd1_controlnet_tiny.safetensors"
+    shapes = _shapes(path)
+    cfg = controlnet_config(shapes, 8, None)
+    graph = ControlNetGraph(cfg, {n: n for n in shapes})
+
+    def run(n: int, h: int, w: int, s: int) -> Run:
+        ins = {"x": _normal((n, 4, h, w), h), "hint": _normal((n, 3, 8 * h, 8 * w), w, 0.5) ** 2,
+               "t": np.linspace(999, 1, n).astype(np.float32), "c": _normal((n, s, 16), s)}
+        chans = {0: 32, 1: 32, 2: 32, 3: 64}
+        res = {0: (h, w), 1: (h, w), 2: (h // 2, w // 2), 3: (h // 2, w // 2)}
+        outs = {f"ctl.{b}": (n, chans[b], *res[b]) for b in (0, 1, 2, 3)}
+        return Run(ins, {**outs, "ctl.mid": (n, 64, h // 2, w // 2)})
+    return Built(graph, path, set(shapes), [run(1, 8, 8, 77), run(2, 4, 8, 20)])
+
+
+@case("controlnet-sdxl", ControlNetGraph)
+def _controlnet_sdxl(shared: Path, tmp: Path) -> Built:
+    """A ControlNet of the tiny SDXL UNet (``label_emb``: the vector input ``vec``)."""
+    from controlnet_util import controlnet_from_unet
+
+    path = Path(controlnet_from_unet(FIX / "sdxl_tiny.safetensors", tmp / "sdxl_controlnet.safetensors"))
+    shapes = _shapes(path)
+    meta = model_overrides(read_model_files({"model": [FIX / "sdxl_tiny.safetensors"]}))
+    cfg = controlnet_config(shapes, None, meta["unet_head_dim"])
+    graph = ControlNetGraph(cfg, {n: n for n in shapes})
+    assert cfg.adm_in_channels > 0
+
+    def run(n: int, h: int, w: int) -> Run:
+        ins = {"x": _normal((n, 4, h, w), h), "hint": _normal((n, 3, 8 * h, 8 * w), w, 0.5) ** 2,
+               "t": np.linspace(999, 1, n).astype(np.float32), "c": _normal((n, 77, cfg.context_dim), 1),
+               "vec": _normal((n, cfg.adm_in_channels), n)}
+        return Run(ins, residual_shapes(graph, shapes, n, h, w))
+    return Built(graph, path, set(shapes), [run(1, 8, 8), run(2, 8, 4)])
+
+
 @case("unet-sdxl-refiner", UNetGraph, blocks=12)
 def _unet_sdxl_refiner(shared: Path, tmp: Path) -> Built:
     return _sdxl_unet("sdxl_refiner")
@@ -369,6 +410,18 @@ def _llm(shared: Path, tmp: Path) -> Built:
     def run(t: int) -> Run:
         return Run(enc.inputs(_rng(t).choice(used, (1, t))), {"hidden": (1, t, 32)})
     return Built(enc, path, set(_names(path)), [run(17), run(6)])
+
+
+@case("qwen-image", QwenImageDiT, blocks=2)
+def _qwen_image(shared: Path, tmp: Path) -> Built:
+    path = FIX / "qwen_image_tiny.safetensors"
+    dit = QwenImageDiT.from_weights(_shapes(path))
+
+    def run(h: int, w: int, t: int, refs: tuple[tuple[int, int], ...]) -> Run:  # 2x2 patches of 64 values
+        ins = dit.inputs(_normal((1, 16, h, w), h), _normal((1, t, 16), t), 0.6,
+                         [_normal((1, 16, *r), 7) for r in refs])
+        return Run(ins, {"out": (1, (h * w + sum(a * b for a, b in refs)) // 4, 64)})
+    return Built(dit, path, set(_names(path)), [run(8, 8, 9, ()), run(4, 6, 20, ((2, 4),))])
 
 
 @case("z-image", ZImageDiT, blocks=4)

@@ -19,7 +19,7 @@ if not hasattr(G, "Graph"):
 from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core.modelfiles.checkpoint import read_model_files  # noqa: E402
 from sdplan.core.models import clip  # noqa: E402
-from sdplan.core.pipelines.sd import module_weight_file  # noqa: E402
+from sdplan.core.pipelines.sd.pipeline import module_weight_file  # noqa: E402
 from sdplan.core.runtime import graph as gr  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"

@@ -184,7 +184,7 @@ def test_tile_grid_covers_once_with_context(h: int, w: int, tile: int, overlap: 
 @pytest.mark.parametrize("cin,unshuffle,n_up", [(3, 1, 2), (12, 2, 2)])
 def test_rrdb_matches_numpy(tmp_path: Path, old_names: bool, cin: int, unshuffle: int, n_up: int) -> None:
     _engine()
-    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.pipelines.stages.upscale import Upscaler
 
     rng = np.random.default_rng(1)
     wt = rrdb_weights(rng, cin, n_up=n_up)
@@ -204,7 +204,7 @@ def test_torch_saved_compact_pth_matches_numpy(tmp_path: Path, legacy: bool) -> 
     through the restricted reader and the engine, gives the numpy reference output."""
     _engine()
     from pth_writer import compact_weights, save_compact
-    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.pipelines.stages.upscale import Upscaler
 
     wt = compact_weights()
     path = save_compact(tmp_path / "compact_x2.pth", wt, legacy=legacy)
@@ -240,7 +240,7 @@ def test_numpy_compact_matches_torch() -> None:
 @pytest.fixture(scope="module")
 def compact(shared_dir: Path):  # type: ignore[no-untyped-def]
     _engine()
-    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.pipelines.stages.upscale import Upscaler
 
     w = shared_dir / "weights"
     ref = load_file(str(w / "reference" / "realesr_animevideov3_x4.safetensors"))
@@ -286,7 +286,7 @@ def test_real_compact_x4_on_each_cpu_kernel_path(shared_dir: Path, kernel: str) 
     1e-4 as before. Measured with AMX: max 1.1e-2 (3 levels of 255 at the worst pixel), mean 7.2e-4;
     the f32 path 4.0e-6 and 1.8e-7."""
     _engine()
-    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.pipelines.stages.upscale import Upscaler
     from test_bf16_kernels import kernel_path
 
     w = shared_dir / "weights"

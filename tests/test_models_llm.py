@@ -14,7 +14,7 @@ from zimage_util import qwen3_hf, ref, rel_err, write_qwen3
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
-from sdplan.core.pipelines.flux_base import shapes as _shapes  # noqa: E402
+from sdplan.core.pipelines.stages.flow_dit import shapes as _shapes  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
 from sdplan.core.runtime.weights import WeightFile  # noqa: E402
 

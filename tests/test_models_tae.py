@@ -149,7 +149,7 @@ def test_random_taesd_matches_numpy(tmp_path: Path) -> None:
     """A 4-channel TAE in one file with diffusers-style prefixes, skip convs and a pool
     branch, against the numpy reference."""
     _engine()
-    from sdplan.core.pipelines.tae import Tae
+    from sdplan.core.pipelines.stages.tae import Tae
 
     rng = np.random.default_rng(1)
     enc = tae_weights(rng, "encoder", 4, skip=(3,), pool=(12,))
@@ -184,7 +184,7 @@ def taef2(shared_dir: Path):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("mode", ["runtime", "disk"])
 def test_real_taef2_matches_reference(taef2, mode: str) -> None:  # type: ignore[no-untyped-def]
     _engine()
-    from sdplan.core.pipelines.tae import Tae
+    from sdplan.core.pipelines.stages.tae import Tae
     from sdplan.core.runtime.runner import ModulePlacement
 
     paths, ref = taef2
@@ -210,7 +210,7 @@ import numpy as np
 from safetensors.numpy import load_file
 from sdplan.core.runtime import devices
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement
-from sdplan.core.pipelines.tae import Tae
+from sdplan.core.pipelines.stages.tae import Tae
 
 devices.add_rpc_servers([sys.argv[1]])
 ref = load_file(sys.argv[3])

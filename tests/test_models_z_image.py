@@ -22,7 +22,7 @@ from zimage_util import DIT, ref, rel_err
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
-from sdplan.core.pipelines.flux_base import shapes as _shapes  # noqa: E402
+from sdplan.core.pipelines.stages.flow_dit import shapes as _shapes  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
 from sdplan.core.runtime.weights import WeightFile  # noqa: E402
 

@@ -19,8 +19,8 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core.errors import SdplanError  # noqa: E402
-from sdplan.core.pipelines.results import image_to_uint8  # noqa: E402
-from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion  # noqa: E402
+from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion  # noqa: E402
+from sdplan.core.pipelines.stages.results import image_to_uint8  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.planning.plan import resolve  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement  # noqa: E402

@@ -18,7 +18,7 @@ if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
 pytest.importorskip("sdplan.core.models.vae")
 from sdplan.core.errors import SdplanError  # noqa: E402
-from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline  # noqa: E402
+from sdplan.core.pipelines.chroma.pipeline import ChromaModels, ChromaPipeline  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement  # noqa: E402
 
 R = ref(CHROMA_REF)
@@ -97,11 +97,13 @@ def test_q8_0_gguf_dit(single, pool, tmp_path) -> None:
     assert rel_err(out["latent"], R["run_latent"]) < 3e-2 + TOL
 
 
-def test_taef1_previews(pool, single, tmp_path) -> None:
+def test_taef1_previews_and_final_decode(pool, single, tmp_path) -> None:
     """With a TAEF1 (random weights), previews are its decoding of each step's x0 estimate:
-    the last one is the final latent's, as a numpy reference of the TAE decodes it."""
+    the last one is the final latent's, as a numpy reference of the TAE decodes it. The TAE
+    takes the diffusion latent as it is (sd-cli's TinyAutoEncoder: no autoencoder scaling).
+    With ``tae_decode`` the TAE also decodes the final picture (sd-cli's ``--taesd`` without
+    ``--taesd-preview-only``): the same numpy decode, mapped to [-1, 1]."""
     from safetensors.numpy import save_file
-    from sdplan.core.pipelines.flux_base import SCALE_FACTOR, SHIFT_FACTOR
     from test_models_tae import np_decode, tae_weights
 
     wt = tae_weights(np.random.default_rng(3), "decoder", 16, pool=(3,))
@@ -111,11 +113,32 @@ def test_taef1_previews(pool, single, tmp_path) -> None:
     with ChromaPipeline(models, pool=pool, n_threads=1) as pipe:
         out = pipe.txt2img(PROMPT, 64, 64, steps=4, cfg_scale=4.0, t5_length=16, noise=R["run_noise"],
                            preview=lambda i, rgb: frames.append(rgb))
+        fast = pipe.txt2img(PROMPT, 64, 64, steps=4, cfg_scale=4.0, t5_length=16, noise=R["run_noise"],
+                            tae_decode=True)
     np.testing.assert_allclose(out["latent"], single["latent"], atol=1e-6)
     assert len(frames) == 4 and frames[-1].shape == (64, 64, 3)
-    want = np_decode(wt, (single["latent"][0] / SCALE_FACTOR + SHIFT_FACTOR).astype(np.float32))
-    want = (np.clip(want.transpose(1, 2, 0), 0, 1) * 255).round()
+    decoded = np_decode(wt, single["latent"][0].astype(np.float64))
+    want = (np.clip(decoded.transpose(1, 2, 0), 0, 1) * 255).round()
     assert np.abs(frames[-1].astype(int) - want.astype(int)).max() <= 2
+    assert fast["image"].shape == (1, 3, 64, 64)
+    np.testing.assert_allclose(fast["image"][0], decoded * 2 - 1, atol=2e-2)
+    assert out["image"].shape == (1, 3, 16, 16)  # the VAE's picture: the toy autoencoder halves
+
+
+def test_vae_tiles(pool, single) -> None:
+    """``--vae-tile-size`` on the FLUX.1 autoencoder: a latent no larger than a tile decodes
+    whole, bit for bit; 4-pixel tiles of the 8x8 latent (overlap 1) give the whole picture
+    within the per-tile GroupNorm statistics' difference (the UNet families' tiling,
+    test_models_vae), not the same pixels."""
+    with ChromaPipeline(MODELS, pool=pool, n_threads=1) as pipe:
+        whole = pipe.decode(single["latent"])
+        np.testing.assert_array_equal(pipe.decode(single["latent"], 8), whole)
+        tiled = pipe.decode(single["latent"], 4)
+        out = pipe.txt2img(PROMPT, 64, 64, steps=4, cfg_scale=4.0, t5_length=16, noise=R["run_noise"], vae_tile=4)
+    assert tiled.shape == whole.shape == (1, 3, 16, 16)
+    np.testing.assert_allclose(out["image"], tiled, atol=1e-5)
+    assert np.abs(tiled - whole).max() > 1e-3
+    assert np.corrcoef(tiled.ravel(), whole.ravel())[0, 1] > 0.8  # measured 0.87: a random 2-level VAE
 
 
 def test_bad_inputs_are_errors(pool, tmp_path) -> None:
@@ -138,7 +161,7 @@ from sdplan.core.planning import plan as P
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement
 from sdplan.core.planning.inventory import Inventory
-from sdplan.core.pipelines.chroma import ChromaModels, ChromaPipeline
+from sdplan.core.pipelines.chroma.pipeline import ChromaModels, ChromaPipeline
 
 dit = sys.argv[5]
 devices.add_rpc_servers(sys.argv[1:3])

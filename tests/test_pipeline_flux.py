@@ -16,7 +16,7 @@ G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
 pytest.importorskip("sdplan.core.models.vae")
-from sdplan.core.pipelines.flux import FluxModels, FluxPipeline  # noqa: E402
+from sdplan.core.pipelines.flux.pipeline import FluxModels, FluxPipeline  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement  # noqa: E402
 
 R = ref()
@@ -83,6 +83,36 @@ def test_split_with_disk_residency_matches_one_device(single, pool) -> None:
         assert all(m["peak"].weights > 0 for m in mem.values())
 
 
+def test_real_cfg_with_the_negative_prompt(pool, single) -> None:
+    """``--cfg-scale`` other than 1 runs sd-cli's real CFG on FLUX.1: each step the DiT on the
+    prompt and on the negative prompt (both with the distilled guidance), ``u + cfg (c - u)``;
+    the final latents equal a numpy Euler loop over the pipeline's own velocities, and the
+    CFG++ sampler's equal its loop on the unconditional estimate. At CFG 1 the negative prompt
+    is not read: the reference run's latent."""
+    neg, cfg = "a photo", 3.0
+    with FluxPipeline(MODELS, pool=pool, n_threads=1) as pipe:
+        same = pipe.txt2img(PROMPT, 64, 64, steps=4, t5_length=16, noise=R["run_noise"], negative_prompt=neg)
+        out = pipe.txt2img(PROMPT, 64, 64, steps=4, t5_length=16, noise=R["run_noise"], negative_prompt=neg,
+                           cfg_scale=cfg)
+        pp = pipe.txt2img(PROMPT, 64, 64, steps=4, t5_length=16, noise=R["run_noise"], negative_prompt=neg,
+                          cfg_scale=cfg, sampler="euler_cfg_pp")
+        c, u = pipe.encode_prompt(PROMPT, 16), pipe.encode_prompt(neg, 16)
+        sig = [float(s) for s in out["sigmas"]]
+        x = R["run_noise"].astype(np.float32) * np.float32(sig[0])
+        y = x.copy()
+        for s, s2 in zip(sig, sig[1:], strict=False):
+            vc, vu = pipe.velocity(x, s, *c, 3.5), pipe.velocity(x, s, *u, 3.5)
+            x = x + np.float32(s2 - s) * (vu + np.float32(cfg) * (vc - vu))
+            yc, yu = pipe.velocity(y, s, *c, 3.5), pipe.velocity(y, s, *u, 3.5)
+            den, den_u = y - np.float32(s) * (yu + np.float32(cfg) * (yc - yu)), y - np.float32(s) * yu
+            y = den + np.float32(s2 / s) * (y - den_u) if s2 > 0 else den
+    np.testing.assert_array_equal(same["latent"], single["latent"])
+    np.testing.assert_allclose(out["latent"], x, atol=1e-4)
+    np.testing.assert_allclose(pp["latent"], y, atol=1e-4)
+    assert np.abs(out["latent"] - single["latent"]).max() > 0.01  # the tiny random DiT moves little
+    assert np.abs(pp["latent"] - out["latent"]).max() > 0.01
+
+
 def test_bad_size_is_an_error() -> None:  # a private pool of the CPU
     from sdplan.core.errors import SdplanError
 
@@ -100,7 +130,7 @@ from sdplan.core.planning import plan as P
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement
 from sdplan.core.planning.inventory import Inventory
-from sdplan.core.pipelines.flux import FluxModels, FluxPipeline
+from sdplan.core.pipelines.flux.pipeline import FluxModels, FluxPipeline
 
 devices.add_rpc_servers(sys.argv[1:3])
 gib = 1 << 30

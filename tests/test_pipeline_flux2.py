@@ -17,7 +17,12 @@ if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
 from sdplan.core.errors import ModelFileError, SdplanError  # noqa: E402
 from sdplan.core.models.flux2 import patchify_latent, unpatchify_latent  # noqa: E402
-from sdplan.core.pipelines.flux2 import KleinModels, KleinPipeline, ref_size, resize_nearest  # noqa: E402
+from sdplan.core.pipelines.flux2.pipeline import (  # noqa: E402
+    KleinModels,
+    KleinPipeline,
+    ref_size,
+    resize_nearest,
+)
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement  # noqa: E402
 
 R = ref()

@@ -20,7 +20,7 @@ if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
 from safetensors.numpy import load_file  # noqa: E402
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags  # noqa: E402
-from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion  # noqa: E402
+from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.planning.plan import resolve  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool  # noqa: E402

@@ -12,7 +12,7 @@ from sd3_util import CLIP_G, CLIP_HEADS, CLIP_L, PROMPT, SD3, T5, ref, rel_err, 
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
-from sdplan.core.pipelines.sd3 import Sd3Pipeline  # noqa: E402
+from sdplan.core.pipelines.sd3.pipeline import Sd3Pipeline  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement  # noqa: E402
 from sdplan.core.sampling.flow import discrete_flow_sigmas  # noqa: E402
 from sdplan.core.sampling.options import SamplingOptions  # noqa: E402

@@ -21,10 +21,10 @@ import pytest
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
-from sdplan.core.pipelines.results import image_to_uint8  # noqa: E402
-from sdplan.core.pipelines.sd import GenerateParams, StableDiffusion  # noqa: E402
-from sdplan.core.pipelines.sdxl import StableDiffusionXL  # noqa: E402
-from sdplan.core.pipelines.sdxl_conditioner import fourier_embedding, openclip_ids  # noqa: E402
+from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion  # noqa: E402
+from sdplan.core.pipelines.sdxl.conditioner import fourier_embedding, openclip_ids  # noqa: E402
+from sdplan.core.pipelines.sdxl.pipeline import StableDiffusionXL  # noqa: E402
+from sdplan.core.pipelines.stages.results import image_to_uint8  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, ModulePlacement  # noqa: E402
 from sdxl_util import BASE, FIX, REFINER, ref, rel_err, split_files, write_unet_gguf  # noqa: E402
 
@@ -308,7 +308,7 @@ def test_reduced_variant_read_from_its_shapes(pool, tmp_path: Path) -> None:
 def test_image_to_image_encodes_with_the_sdxl_scale_factor(base) -> None:
     """A picture's latent is the VAE's mean times SDXL's 0.13025 (not SD's 0.18215), and
     strength 1 is text-to-image started from ``noise + init / sigma_0`` (sd-cli's start)."""
-    from sdplan.core.pipelines.img2img import ImageInput
+    from sdplan.core.pipelines.stages.img2img import ImageInput
     from sdplan.core.sampling.noise import PhiloxNoise
     from sdplan.core.sampling.schedules import get_sigmas
 
@@ -329,3 +329,34 @@ def test_image_to_image_encodes_with_the_sdxl_scale_factor(base) -> None:
     # f32 products, more where a small layer's f16 rounding (ggml's products) flips
     np.testing.assert_allclose(lat[-1], lat2[-1], rtol=0, atol=5e-3 * np.abs(lat2[-1]).max())
     assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
+
+
+def test_timestep_shift_gives_the_unet_the_shifted_timestep(base) -> None:
+    """sd-cli's ``--timestep-shift N`` (its ``adjust_sample_step_scalings``, SDXL only): at
+    sigma ``s`` the UNet runs at timestep ``t' = round(t(s) N / 1000)`` on the input scaled by
+    ``c_in(s)``, and the prediction is ``x c_in(s) / c_in(s') + c_out(s') F`` with ``s'`` the
+    sigma of ``t'``. The reference here is SD's scaled-linear beta schedule written out in
+    numpy (alphas_cumprod, log-sigma interpolation), against a recording UNet stand-in."""
+    betas = np.linspace(0.00085 ** 0.5, 0.012 ** 0.5, 1000, dtype=np.float64) ** 2
+    table = np.sqrt((1 - np.cumprod(1 - betas)) / np.cumprod(1 - betas))
+    x = np.random.default_rng(0).standard_normal((1, 4, 3, 2)).astype(np.float32)
+    seen: list[tuple[float, np.ndarray]] = []
+
+    def unet(x_in: np.ndarray, t: np.ndarray, cond: dict) -> np.ndarray:
+        seen.append((float(np.asarray(t).reshape(-1)[0]), x_in.copy()))
+        return (0.5 * x_in + 0.25).astype(np.float32)
+
+    cond = {"c": np.zeros((1, 77, 8), np.float32), "vec": np.zeros((1, 8), np.float32)}
+    for sigma, shift in ((5.0, 300), (0.7, 250), (14.0, 1000)):
+        seen.clear()
+        got = base.denoiser(unet, cond, None, 1.0, timestep_shift=shift)(x, sigma)
+        t = np.interp(np.log(sigma), np.log(table), np.arange(1000))
+        t2 = int(min(max(round(t * shift / 1000), 0), 999))
+        s2 = table[t2]
+        c_in, c_in2 = 1 / np.sqrt(sigma ** 2 + 1), 1 / np.sqrt(s2 ** 2 + 1)
+        assert seen[0][0] == t2
+        np.testing.assert_allclose(seen[0][1], x * c_in, rtol=1e-6)
+        want = x * (c_in / c_in2) + (-s2) * (0.5 * x * c_in + 0.25)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    plain = base.denoiser(unet, cond, None, 1.0)(x, 5.0)
+    np.testing.assert_allclose(plain, x + (-5.0) * (0.5 * x / np.sqrt(26) + 0.25), rtol=1e-4, atol=1e-5)

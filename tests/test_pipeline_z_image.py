@@ -14,7 +14,7 @@ G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
 from sdplan.core.errors import SdplanError  # noqa: E402
-from sdplan.core.pipelines.z_image import ZImageModels, ZImagePipeline  # noqa: E402
+from sdplan.core.pipelines.z_image.pipeline import ZImageModels, ZImagePipeline  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement  # noqa: E402
 
 R = ref()

@@ -30,8 +30,12 @@ def test_plan_command_json(shared_dir: Path, capsys: pytest.CaptureFixture[str])
     assert cmd["unknown"] == ["--frobnicate", "3"]
     assert cmd["generation"] == {"prompt": "a cat", "width": 768, "height": 512,
                                  "cfg_scale": 1.0}
+    # a pasted command is planned for sd-cli (its syntax shows no dialect: the newest), whose
+    # auto-fit keeps the written --backend, so it is written back as pasted (exact names)
+    assert out["target"] == {"engine": "sd-cli", "dialect": "newest", "known": False,
+                             "source": "assumed"}
     assert cmd["written"] == (
-        f"./sd-cli --diffusion-model {shlex.quote(str(model))} --backend CUDA0,diffusion=CUDA1 "
+        f"./sd-cli --diffusion-model {shlex.quote(str(model))} --backend diffusion=CUDA1 "
         "--prompt 'a cat' --width 768 --height 512 --cfg-scale 1.0 --diffusion-fa "
         "--cache-mode easycache --frobnicate 3")
     # the size of the command drives the estimate

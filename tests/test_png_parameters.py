@@ -4,12 +4,18 @@ through PNG files."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import numpy as np
-from sdplan.core.pipelines.parameters import format_parameters, parse_parameters
-from sdplan.core.pipelines.results import generation_text, read_generation, save_png
+from sdplan.core.pipelines.stages.parameters import format_parameters, parse_parameters
+from sdplan.core.pipelines.stages.results import (
+    generation_text,
+    read_generation,
+    read_png_text,
+    save_png,
+)
 
 CASES = Path(__file__).parent / "cases" / "sdcli_png_parameters.json"
 
@@ -95,7 +101,9 @@ def test_png_round_trip(tmp_path: Path) -> None:
     got = read_generation(path)
     assert got.source == "sdplan" and {k: got.settings[k] for k in params} == params
     assert got.settings["guidance"] == 3.5 and got.settings["rng"] == "cuda"  # as written
-    assert got.model_files == {"model": [str(model)]}
+    assert got.model_files == {"model": ["model.safetensors"]}  # its name, not its folder
+    assert str(tmp_path) not in "".join(read_png_text(path).values())
+    assert got.model_hash == hashlib.sha256(model.read_bytes()).hexdigest()
     assert got.placement == {"backend": "CPU,vae=CUDA0", "params_backend": "vae=disk",
                              "split_mode": "row"}
     # what other tools read: the parameters text alone

@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sdplan.core.errors import SdplanError
+from sdplan.core.families import family_of
 from sdplan.core.sampling.preview import PROJECTIONS, latent_to_rgb, projection
 
 
 def reference_pixel(values: np.ndarray, family: str) -> list[int]:
     """One pixel computed the slow way: sum over channels, bias, range change, truncation."""
-    proj, bias = PROJECTIONS[family]
+    proj, bias = PROJECTIONS[family_of(family).latent_format]  # type: ignore[union-attr]
     out = []
     for k in range(3):
         v = sum(float(values[c]) * proj[c][k] for c in range(len(values))) + bias[k]
@@ -39,7 +40,7 @@ def test_saturation_and_zero_latent() -> None:
     # column sums of the SD factors: R and G positive, B negative
     assert img[0, 0].tolist() == [255, 255, 0]
     zero = latent_to_rgb(np.zeros((4, 1, 1), np.float32), "sd1")
-    assert zero[0, 0].tolist() == [int((b * 0.5 + 0.5) * 255) for b in PROJECTIONS["sd1"][1]]
+    assert zero[0, 0].tolist() == [int((b * 0.5 + 0.5) * 255) for b in PROJECTIONS["sd_vae"][1]]
 
 
 def test_scale_repeats_pixels() -> None:

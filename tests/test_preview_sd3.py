@@ -14,7 +14,7 @@ from sd3_util import CLIP_G, CLIP_HEADS, CLIP_L, PROMPT, SD3, T5, ref
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
-from sdplan.core.pipelines.sd3 import SCALE, SHIFT, Sd3Pipeline  # noqa: E402
+from sdplan.core.pipelines.sd3.pipeline import SCALE, SHIFT, Sd3Pipeline  # noqa: E402
 from sdplan.core.sampling.preview import latent_to_rgb  # noqa: E402
 from test_models_tae import np_decode, tae_weights  # noqa: E402
 
@@ -41,6 +41,8 @@ def test_latent_projection_previews_every_step() -> None:
 
 
 def test_taesd3_previews(tmp_path: Path) -> None:
+    """TAESD3 decodes the diffusion latent as it is (sd-cli's TinyAutoEncoder maps diffusion
+    latents to its own unchanged; the SD3 autoencoder's scale and shift are the VAE's)."""
     rng = np.random.default_rng(3)
     dec = tae_weights(rng, "decoder", 16)
     path = tmp_path / "taesd3_decoder.safetensors"
@@ -48,6 +50,8 @@ def test_taesd3_previews(tmp_path: Path) -> None:
     out, frames, runners = generate({**FILES, "taesd": [path]})
     assert "preview" in runners and len(frames) == 4
     assert all(f.shape == (64, 64, 3) and f.dtype == np.uint8 for _, f in frames)  # TAE: 8x the latent
-    want = np_decode(dec, (out["latent"][0] / SCALE + SHIFT).astype(np.float32))
+    want = np_decode(dec, out["latent"][0].astype(np.float64))
     want = (np.clip(want.transpose(1, 2, 0), 0, 1) * 255).round()
     assert np.abs(frames[-1][1].astype(int) - want.astype(int)).max() <= 1
+    vae_space = np_decode(dec, (out["latent"][0] / SCALE + SHIFT).astype(np.float64))
+    assert np.abs(frames[-1][1].astype(int) - (np.clip(vae_space.transpose(1, 2, 0), 0, 1) * 255).round()).max() > 8

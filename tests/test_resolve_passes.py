@@ -9,7 +9,7 @@ import pytest
 from sdplan.core.errors import PlanError
 from sdplan.core.planning.assignment import DeviceIndex, RuntimeValue
 from sdplan.core.planning.inventory import Device, Inventory
-from sdplan.core.planning.modules import MODULES
+from sdplan.core.planning.modules import MODULES, PLACED_MODULES
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import (
     Layout,
@@ -103,10 +103,11 @@ def test_default_devices() -> None:
 def test_runtime_devices_default_list_splits_only_splittable_modules() -> None:
     default = ["CUDA0", "CUDA1"]
     devices, warnings = runtime_devices(pl("cuda0&cuda1"), IDX, default)
-    assert devices == {m: (default if m in ("diffusion", "te") else ["CUDA0"]) for m in MODULES}
+    assert devices == {m: (default if m in ("diffusion", "te") else ["CUDA0"])
+                       for m in PLACED_MODULES}
     assert warnings == [PlanWarning(
-        "split_not_supported", "clip_vision, vae, controlnet, photomaker, upscaler, detector "
-        "cannot run on several devices; they run on CUDA0")]
+        "split_not_supported", "clip_vision, vae, controlnet, photomaker, upscaler, detector, "
+        "audio_encoder cannot run on several devices; they run on CUDA0")]
 
 
 def test_runtime_devices_module_lists_split_and_cpu_rules() -> None:

@@ -213,7 +213,7 @@ def test_a_fifo_or_device_as_model_path_is_named_before_any_work(argv: list[str]
                                                                  small_png: Path) -> None:
     """Named for what it is (never a folder), exit 2 on one line, before the engine samples
     or anything is written; a FIFO is never opened (that would wait for a writer)."""
-    from sdplan.core.pipelines.demo import demo_model_path
+    from sdplan.core.pipelines.demo.model import demo_model_path
 
     path, what = _special(tmp_path, kind)
     out = tmp_path / "out.png"
@@ -286,7 +286,7 @@ def test_late_write_failure_keeps_the_image(tmp_path: Path, monkeypatch: pytest.
     goes to the temporary folder and the warning names both places."""
     from rich.console import Console
     from sdplan.core.commands.generate import write_images
-    from sdplan.core.pipelines import outputs, results
+    from sdplan.core.pipelines.stages import outputs, results
 
     spare_dir = tmp_path / "spare"
     spare_dir.mkdir()
@@ -311,7 +311,7 @@ def test_late_write_failure_keeps_the_image(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_atomic_write_failure_keeps_the_old_file(tmp_path: Path) -> None:
-    from sdplan.core.pipelines.outputs import atomic_write
+    from sdplan.core.pipelines.stages.outputs import atomic_write
 
     target = tmp_path / "keep.txt"
     target.write_text("old")
@@ -333,7 +333,7 @@ def test_generate_preview_folder_is_checked_first(tmp_path: Path) -> None:
 
 
 def test_check_output_folder_reports_a_full_disk(tmp_path: Path) -> None:
-    from sdplan.core.pipelines.outputs import check_output_folder
+    from sdplan.core.pipelines.stages.outputs import check_output_folder
 
     st = os.statvfs(tmp_path)
     with pytest.raises(OutputError, match="MiB free"):
@@ -348,7 +348,7 @@ def test_generate_survives_a_preview_write_failure_and_a_full_disk(tmp_path: Pat
     line, no partial file."""
     prev = tmp_path / "prev"
     out = tmp_path / "o" / "x.png"
-    code = ("import sys, shutil, pathlib, sdplan.core.pipelines.results as r\n"
+    code = ("import sys, shutil, pathlib, sdplan.core.pipelines.stages.results as r\n"
             "orig = r.save_png\n"
             "def once(img, path, text=None):\n"
             "    p = pathlib.Path(path)\n"
@@ -407,7 +407,7 @@ def _modes(tmp_path: Path) -> list[tuple[str, Path, np.ndarray]]:
 
 
 def test_every_picture_mode_converts_by_value(tmp_path: Path) -> None:
-    from sdplan.core.pipelines.images import read_image_rgb
+    from sdplan.core.pipelines.stages.images import read_image_rgb
 
     for name, path, want in _modes(tmp_path):
         got = read_image_rgb(path)
@@ -529,27 +529,45 @@ def test_missing_qt_library_names_the_packages() -> None:
     assert "libfoo.so.3" in missing_library_reason("libfoo.so.3: cannot open shared object", "xcb")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("cc") is None,
-                    reason="needs Linux and a C compiler")
-def test_qt_platform_check_names_the_library_a_plugin_lacks(tmp_path: Path) -> None:
-    """A plugin linked against a library that is then removed: the check names that library
-    (Qt would abort naming the plugin)."""
-    from sdplan.core.commands.gui import qt_platform_reason
-
+def _stand_in_plugin(tmp_path: Path, soname: str, *, calls_it: bool) -> Path:
+    """A shared object ``libqxcb.so`` that needs the library ``soname`` (built, then removed
+    from ``tmp_path``): the dynamic loader looks for ``soname`` on the system. With
+    ``calls_it`` the plugin also calls a function only the stand-in defined."""
     (tmp_path / "a.c").write_text("int sdplan_dep(void) { return 1; }\n")
-    (tmp_path / "p.c").write_text("int sdplan_dep(void);\nint plug(void) { return sdplan_dep(); }\n")
-    dep = tmp_path / "libxcb-icccm.so.4"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(dep), "-Wl,-soname,libxcb-icccm.so.4",
+    body = ("int sdplan_dep(void);\nint plug(void) { return sdplan_dep(); }\n" if calls_it
+            else "int plug(void) { return 1; }\n")
+    (tmp_path / "p.c").write_text(body)
+    dep = tmp_path / soname
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(dep), f"-Wl,-soname,{soname}",
                     str(tmp_path / "a.c")], check=True)
     plugin = tmp_path / "libqxcb.so"
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(plugin), str(tmp_path / "p.c"),
                     "-Wl,--no-as-needed", str(dep)], check=True)
     dep.unlink()
+    return plugin
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("cc") is None,
+                    reason="needs Linux and a C compiler")
+def test_qt_platform_check_names_the_library_a_plugin_lacks(tmp_path: Path) -> None:
+    """A plugin linked against a library that is then removed: the check names that library
+    (Qt would abort naming the plugin). A library no system has is always named; for
+    libxcb-icccm.so.4 (which a machine with a desktop has) the package is named where the
+    library is missing, and the plugin loads where it is present."""
+    from sdplan.core.commands.gui import qt_platform_reason
+
+    (tmp_path / "invented").mkdir()
+    invented = _stand_in_plugin(tmp_path / "invented", "libsdplan-stand-in.so.7", calls_it=True)
+    reason = qt_platform_reason("xcb", invented)
+    assert reason is not None and "libsdplan-stand-in.so.7" in reason, reason
+
+    (tmp_path / "icccm").mkdir()
+    plugin = _stand_in_plugin(tmp_path / "icccm", "libxcb-icccm.so.4", calls_it=False)
     env_has = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.CDLL('libxcb-icccm.so.4')"],
                              capture_output=True).returncode == 0
     reason = qt_platform_reason("xcb", plugin)
     if env_has:  # the system has it: the plugin loads
-        assert reason is None
+        assert reason is None, reason
     else:
         assert reason is not None and "libxcb-icccm.so.4" in reason and "libxcb-icccm4" in reason
 
@@ -609,7 +627,7 @@ def test_atomic_write_gives_the_modes_of_a_plain_new_file(tmp_path: Path) -> Non
     import os
     import stat
 
-    from sdplan.core.pipelines.outputs import atomic_write
+    from sdplan.core.pipelines.stages.outputs import atomic_write
 
     old = os.umask(0o022)
     try:

@@ -6,13 +6,11 @@ process whose server goes away, and the pytest process must outlive the servers.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
-import socket
 import subprocess
+import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
@@ -101,22 +99,23 @@ def test_unreachable_endpoint_is_a_clear_error(rpc: None) -> None:
 
 @pytest.mark.rpc
 def test_non_rpc_peer_is_an_error_not_an_abort(rpc: None) -> None:
-    """A port that accepts TCP but does not speak ggml RPC (here: a fake HTTP reply)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-
-    def answer_http() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = listener.accept()
-                with conn:
-                    conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
-
-    threading.Thread(target=answer_http, daemon=True).start()
+    """A port that accepts TCP but does not speak ggml RPC (here: a fake HTTP reply). The peer
+    is a process of its own: a thread of this process could wait for the interpreter lock
+    while earlier tests' native threads hold it, and then look like a busy server."""
+    peer = subprocess.Popen([sys.executable, "-c", (
+        "import socket, sys\n"
+        "s = socket.create_server(('127.0.0.1', 0))\n"
+        "print(s.getsockname()[1], flush=True)\n"
+        "while True:\n"
+        "    c, _ = s.accept()\n"
+        "    c.sendall(b'HTTP/1.0 400 Bad Request\\r\\n\\r\\n')\n"
+        "    c.close()\n")], stdout=subprocess.PIPE, text=True)
     try:
+        port = int(peer.stdout.readline())  # type: ignore[union-attr]
         res = sdplan("devices", "--rpc-servers", f"127.0.0.1:{port}")
     finally:
-        listener.close()
+        peer.kill()
+        peer.wait()
     assert res.returncode == 2
     assert f"127.0.0.1:{port} does not answer as a ggml RPC server" in res.stderr
     assert "Traceback" not in res.stderr

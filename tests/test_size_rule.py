@@ -15,7 +15,7 @@ import pytest
 from sdplan.core.cli import main
 from sdplan.core.errors import InvalidArgument
 from sdplan.core.modelfiles.checkpoint import read_model_files
-from sdplan.core.pipelines.demo import demo_model_path
+from sdplan.core.pipelines.demo.model import demo_model_path
 from sdplan.core.pipelines.size_rule import check_size, size_multiple
 from sparse_writer import Layout, write_sparse
 
@@ -63,7 +63,7 @@ def test_dits_are_16(tmp_path: Path, layouts: dict[str, Layout]) -> None:
 
 def test_demo_matches_its_pipeline() -> None:
     ms = read_model_files({"model": [demo_model_path()]})
-    from sdplan.core.pipelines.sd import StableDiffusion
+    from sdplan.core.pipelines.sd.pipeline import StableDiffusion
 
     with StableDiffusion(demo_model_path(), n_threads=1) as sd:
         f = sd.vae_cfg.factor * 2 ** (len(sd.unet_cfg.channel_mult) - 1)

@@ -311,11 +311,13 @@ def test_the_parents_cpu_time_is_read() -> None:
 def test_the_engines_pipeline_cache_loads_a_replaced_model_file_again(tmp_path: Path) -> None:
     """A model file replaced (or rewritten) between two requests to one engine process gets a
     new pipeline: weights of the old file are never reused under the new file's name."""
-    from sdplan.core.pipelines import jobs
+    from types import SimpleNamespace
+
+    from sdplan.core.pipelines import run_context
+    from sdplan.core.pipelines.request import GenerationRequest
 
     model = tmp_path / "m.safetensors"
     model.write_bytes(b"first")
-    files = {"model": [str(model)]}
     made: list[int] = []
 
     class Pipe:
@@ -326,21 +328,23 @@ def test_the_engines_pipeline_cache_loads_a_replaced_model_file_again(tmp_path: 
         made.append(1)
         return Pipe()
 
-    jobs._CACHE.clear()
+    ctx = run_context.RunContext(SimpleNamespace(cancel=None),
+                                 GenerationRequest.from_settings({"prompt": "x"}, {"model": [str(model)]}))
+    run_context.close_cached()
     try:
-        first = jobs._cached(("sd", jobs._stamps(files)), make)
-        assert jobs._cached(("sd", jobs._stamps(files)), make) is first and len(made) == 1
+        first = ctx.cached("sd", make)
+        assert ctx.cached("sd", make) is first and len(made) == 1
         other = tmp_path / "new.safetensors"
         other.write_bytes(b"second, longer")
         other.replace(model)  # an atomic replace: same path, another file
-        assert jobs._cached(("sd", jobs._stamps(files)), make) is not first and len(made) == 2
+        assert ctx.cached("sd", make) is not first and len(made) == 2
         with open(model, "r+b") as fh:  # rewritten in place, same size
             fh.write(b"SECOND")
         os.utime(model, ns=(0, 10**9))  # a different modification time
-        jobs._cached(("sd", jobs._stamps(files)), make)
+        ctx.cached("sd", make)
         assert len(made) == 3
     finally:
-        jobs._CACHE.clear()
+        run_context.close_cached()
 
 
 def test_a_command_started_with_stdout_closed_runs() -> None:

@@ -155,3 +155,36 @@ def test_without_a_count_the_parameter_formula_is_used_and_stated() -> None:
     rep = predict_time(resolve(["--backend", "CPU"], inv, flux), inv, flux, RunSettings(1024, 1024, cfg=False), {}, {})
     tokens = (128 * 128) / 4 + 512
     assert rep.step_s == pytest.approx(2 * (12e9 / 1.0625) * tokens / 1e11 + CPU_P.graph_s)
+    # Qwen-Image's DiT attends with the registry's 256 text tokens
+    qwen = Profile({"diffusion": ModuleProfile((), 40_000_000_000)}, name="qwen-image-bf16", architecture="qwen_image")
+    rep = predict_time(resolve(["--backend", "CPU"], inv, qwen), inv, qwen, RunSettings(1024, 1024, cfg=False), {}, {})
+    assert rep.step_s == pytest.approx(2 * (40e9 / 2) * ((128 * 128) / 4 + 256) / 1e11 + CPU_P.graph_s)
+
+
+def test_a_planned_module_without_a_price_is_named_never_a_silent_zero() -> None:
+    """An upscaler in the model set has neither a count nor a formula: its time is left out
+    and the notes say so; a ControlNet's counted work is priced per evaluation like the UNet."""
+    inv = _inv()
+    prof = Profile({**PROFILE.modules, "upscaler": ModuleProfile((), 64_000_000),
+                    "controlnet": ModuleProfile((), 700_000_000)}, name="sd15", architecture="sd1")
+    plan = resolve(["--backend", "CPU"], inv, prof)
+    works = _works("CPU")
+    cn = GraphWork("CPU", {"CPU": DeviceWork((OpGroup("mm", "MUL_MAT", "f16", 3e9, 10),), 0.0, 0, 50, 700_000_000)})
+    works["controlnet"] = [ModuleWork("controlnet", "step", cn, 1)]
+    rep = predict_time(plan, inv, prof, RunSettings(512, 512, 1, 20, "euler", True, 2), works, PATHS)
+    base = predict_time(resolve(["--backend", "CPU"], inv, PROFILE), inv, PROFILE,
+                        RunSettings(512, 512, 1, 20, "euler", True, 2), _works("CPU"), PATHS)
+    assert rep.step_s - base.step_s == pytest.approx(10 * 3e9 / 1e11 + CPU_P.graph_s)
+    assert "upscaler: not priced (no count of its graphs and no formula for it); its time is left out" in rep.notes
+    assert "upscaler" not in rep.modules
+
+
+def test_a_hires_fix_is_named_as_not_priced() -> None:
+    from sdplan.core.commands.time_estimate import unpriced
+    from sdplan.core.pipelines.request import GenerationRequest
+
+    plain = GenerationRequest.from_settings({"prompt": "p", "model_files": {"model": ["m.safetensors"]}})
+    assert unpriced(plain) == [] and unpriced(None) == []
+    hires = GenerationRequest.from_settings({"prompt": "p", "model_files": {"model": ["m.safetensors"]},
+                                             "hires": True})
+    assert [n.split(":")[0] for n in unpriced(hires)] == ["hires fix"]

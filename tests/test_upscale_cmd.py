@@ -93,7 +93,7 @@ def test_budget_tiles_same_picture(real, tmp_path: Path) -> None:  # type: ignor
     """A 96 x 80 picture under a 6 MiB budget runs in tiles and gives the untiled picture to
     rounding (the CPU has no budget in a plan, spec section 7: the placement is given directly; the
     whole picture needs about 8 MiB with the Winograd convolution, more with im2col)."""
-    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.pipelines.stages.upscale import Upscaler
     from sdplan.core.runtime.runner import ModulePlacement
 
     model, src, _, _ = real

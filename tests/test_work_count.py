@@ -181,3 +181,53 @@ def test_a_graph_split_and_computed_is_read_as_built_and_computes_the_same_after
     g.free_compute()
     assert graph_work(g, ["A", "B"]) == first
     assert first.copies == {"A>B": 2 * 4 * 8 * 4, "B>A": 4 * 8 * 4}
+
+
+def test_qwen_image_is_counted_per_prompt_graph_of_its_dit() -> None:
+    """Qwen-Image's count through the registry: the LLM once, the DiT's prompt graph and, with
+    CFG, its negative prompt's graph (fewer text tokens, so less work), the decoder once."""
+    from qwen_image_util import SIZE, files
+
+    works = count_work(files(), width=SIZE, height=SIZE, cfg=True)
+    assert set(works) == {"te", "diffusion", "vae"}
+    prompt, negative = works["diffusion"]
+    assert (prompt.phase, prompt.calls, negative.calls) == ("step", 1, 1)
+    flops = lambda w: sum(o.flops * o.count for o in w.graph.devices["CPU"].ops)  # noqa: E731
+    assert 0 < flops(negative) < flops(prompt)
+    assert [(w.phase, w.calls) for w in works["te"]] == [("text", 1)]
+    assert [(w.phase, w.calls) for w in works["vae"]] == [("decode", 1)]
+    # no guidance: one DiT graph; two pictures: each graph twice (pictures run one by one)
+    assert len(count_work(files(), width=SIZE, height=SIZE, cfg=False)["diffusion"]) == 1
+    assert [w.calls for w in count_work(files(), width=SIZE, height=SIZE, batch=2)["diffusion"]] == [2, 2]
+
+
+def test_a_controlnet_is_counted_beside_the_unet_on_the_conditional_batch(tmp_path) -> None:
+    from controlnet_util import controlnet_from_unet
+
+    net = controlnet_from_unet(DEMO, tmp_path / "demo_controlnet.safetensors")
+    works = count_work({"model": [str(DEMO)], "control_net": [net]}, width=128, height=128, cfg=True)
+    plain = count_work({"model": [str(DEMO)]}, width=128, height=128, cfg=True)
+    (cn,) = works["controlnet"]
+    assert (cn.phase, cn.calls) == ("step", 1)
+    flops = lambda w: sum(o.flops * o.count for o in w.graph.devices["CPU"].ops)  # noqa: E731
+    assert flops(cn) > 0 and cn.graph.devices["CPU"].weight_bytes > 0
+    # it runs on the conditional batch alone: guidance leaves it as it is, a second picture doubles it
+    no_cfg = count_work({"model": [str(DEMO)], "control_net": [net]}, width=128, height=128, cfg=False)
+    two = count_work({"model": [str(DEMO)], "control_net": [net]}, width=128, height=128, batch=2, cfg=False)
+    assert flops(no_cfg["controlnet"][0]) == pytest.approx(flops(cn))
+    assert flops(two["controlnet"][0]) == pytest.approx(2 * flops(cn), rel=0.02)
+    # the UNet itself takes the residuals as more inputs
+    assert works["diffusion"][0].graph.inputs > plain["diffusion"][0].graph.inputs
+
+
+def test_vae_tiling_counts_one_tile_per_tile_of_the_grid() -> None:
+    """--vae-tiling with 64 px tiles on a 128 px picture (16 latent pixels, tiles of 8 with half
+    overlap): sd-cli's grid has 3 x 3 tiles; each decode is one tile's graph."""
+    from sdplan.core.planning.vae_tiling import VaeTiling
+
+    whole = count_work({"model": [str(DEMO)]}, width=128, height=128)["vae"][0]
+    tiled = count_work({"model": [str(DEMO)]}, width=128, height=128,
+                       vae_tiling=VaeTiling(True, (64, 64)).to_json())["vae"][0]
+    assert tiled.calls == 9
+    flops = lambda w: sum(o.flops * o.count for o in w.graph.devices["CPU"].ops)  # noqa: E731
+    assert flops(tiled) == pytest.approx(flops(whole) / 4, rel=0.05)

@@ -41,6 +41,13 @@ No weight is downloaded or allocated: tensor names and shapes come from
   checked against transformers' ``Qwen3Model`` of Qwen/Qwen3-8B's config on the meta device
   (no ``lm_head``: sd-cli reads only the model's states).
 
+- Qwen-Image, Qwen2.5-VL-7B and the Qwen-Image VAE: their real layouts in BF16 (the published
+  ``qwen_image_bf16.safetensors``, ``qwen_2.5_vl_7b.safetensors`` with its vision tower and
+  ``lm_head``, ``qwen_image_vae.safetensors``; the files' sizes less their headers); the GGUF
+  profiles take ``Qwen2.5-VL-7B-Instruct-Q8_0.gguf`` (the text model in llama.cpp names, its
+  ``output`` head included, no vision tower: that is the separate ``mmproj`` file sd-cli reads
+  with ``--llm_vision``).
+
 Byte sizes per tensor: ``n_elements / block_size * type_size`` with ggml's
 ``gguf.GGML_QUANT_SIZES``.
 
@@ -70,6 +77,10 @@ biases) unquantised; the rest follows the first pass above.
 FLUX.2 klein GGUF files (leejet/FLUX.2-klein-4B-GGUF and -9B-GGUF) come from the same
 converter, which keeps ``img_in. txt_in. time_in. guidance_in. final_layer.`` (FLUX.1's rule)
 and the q/k norm scales unquantised; the shared modulations are quantised.
+Qwen-Image GGUF files (QuantStack/Qwen-Image-GGUF, city96's tools) are assumed to keep FLUX.1's
+kind of tensors unquantised: the embedders and the final layer (``img_in. txt_in.
+time_text_embed. norm_out. proj_out.``); every block matrix is quantised (all rows are 3072 or
+12288 wide: whole K-quant blocks).
 Qwen3-4B / Qwen3-8B Q8_0 is llama.cpp's converter and ``llama-quantize Q8_0``: 1-D tensors
 F32, every matrix (the token embedding included) Q8_0.
 T5-XXL Q8_0 follows city96/t5-v1_1-xxl-encoder-gguf (llama.cpp's converter and
@@ -430,6 +441,7 @@ _KEEP = {
              "label_emb.", "conv_in.", "conv_out."),
     "z_image": ("x_embedder.", "t_embedder.", "final_layer."),
     "flux2": ("txt_in.", "img_in.", "time_in.", "guidance_in.", "final_layer."),
+    "qwen_image": ("img_in.", "txt_in.", "time_text_embed.", "norm_out.", "proj_out."),
 }
 _KEEP_EXACT = {"unet": ("input_blocks.0.0.weight", "out.2.weight"), "sd3": ("proj_out.weight",)}
 
@@ -439,7 +451,8 @@ def gguf_type(name: str, shape: tuple[int, ...], quant: str, family: str,
     """``(ggml type, stored shape)`` of one diffusion-model tensor in a city96-style GGUF
     file of ``quant`` (see the module docstring for the rule and its source).
 
-    ``family`` is ``flux``, ``chroma``, ``sd3``, ``unet``, ``z_image`` or ``flux2``; ``source`` the published dtype
+    ``family`` is ``flux``, ``chroma``, ``sd3``, ``unet``, ``z_image``, ``flux2`` or ``qwen_image``; ``source`` the
+    published dtype
     (``BF16``, ``F16`` or ``F32``).
     """
     import gguf
@@ -501,10 +514,11 @@ class ModelSpec:
     t5: bool = False
     qwen3: bool = False
     qwen3_8b: bool = False
+    qwen25vl: bool = False
 
 
 def build_specs(layouts: dict) -> list[ModelSpec]:
-    """The eleven built-in models with their encoders and VAEs."""
+    """The twelve built-in models with their encoders and VAEs."""
     clip_l_hf = _real(layouts, "clip_l_hf", prefix="text_model.")
     sd_vae = _real(layouts, "sd_vae_ldm")
     clip_g_hf = _clip_text(1280, 32, 20, 1280)  # laion/CLIP-ViT-bigG-14 text config
@@ -534,6 +548,9 @@ def build_specs(layouts: dict) -> list[ModelSpec]:
     ae2 = Component("vae-flux2", "vae", None, "flux2-vae.safetensors", tuple(
         (n, s, t, nbytes(s, t)) for n, s in _real(layouts, "flux2_vae")
         for t in ["I64" if n == "bn.num_batches_tracked" else "F32"]))
+
+    qwen_vae = f16("vae-wan21:qwen_image", "vae", None, "qwen_image_vae.safetensors",
+                   _real(layouts, "qwen_image_vae"), "BF16")
 
     flux_dev = _real(layouts, "flux1_dev_bfl")
     flux_schnell = [(n, s) for n, s in flux_dev if not n.startswith("guidance_in.")]
@@ -571,12 +588,60 @@ def build_specs(layouts: dict) -> list[ModelSpec]:
                   "flux-2-klein-4b.safetensors", (ae2,), qwen3=True),
         ModelSpec("flux2-klein-9b", "FLUX.2 [klein] 9B", "flux2", "BF16", klein9b_dit(layouts),
                   "flux-2-klein-9b.safetensors", (ae2,), qwen3_8b=True),
+        ModelSpec("qwen-image", "Qwen-Image", "qwen_image", "BF16", _real(layouts, "qwen_image_dit"),
+                  "qwen_image_bf16.safetensors", (qwen_vae,), qwen25vl=True),
     ]
+
+
+#: transformers -> llama.cpp names of a Qwen2 / Qwen2.5 language model's block tensors
+#: (llama.cpp ``gguf-py`` ``tensor_mapping.py``).
+_LLAMA_BLOCK = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+                "post_attention_layernorm": "ffn_norm"}
+
+
+def qwen25vl(layouts: dict) -> tuple[Layout, Layout, Layout]:
+    """Qwen2.5-VL-7B as Qwen-Image's ``--llm`` files: ``(the Comfy file's LLM part with its
+    lm_head, its vision tower, the LLM in llama.cpp names)``; the last is
+    ``Qwen2.5-VL-7B-Instruct-Q8_0.gguf``'s text model (``token_embd``, ``blk.N.*``,
+    ``output_norm``, ``output``: its untied head), whose vision tower ships apart (``mmproj``)."""
+    full = _real(layouts, "qwen25vl_7b_llm")
+    vision = [(n, s) for n, s in full if n.startswith("visual.")]
+    text = [(n, s) for n, s in full if not n.startswith("visual.")]
+    gguf: Layout = []
+    for name, shape in text:
+        if name == "model.embed_tokens.weight":
+            gguf.append(("token_embd.weight", shape))
+        elif name == "model.norm.weight":
+            gguf.append(("output_norm.weight", shape))
+        elif name == "lm_head.weight":
+            gguf.append(("output.weight", shape))
+        else:
+            _, _, i, rest = name.split(".", 3)
+            role, kind = rest.rsplit(".", 1)
+            gguf.append((f"blk.{i}.{_LLAMA_BLOCK[role]}.{kind}", shape))
+    return text, vision, gguf
+
+
+def _qwen25vl_components(quant: str, qwen25: tuple[Layout, Layout, Layout]) -> list[Component]:
+    """Qwen-Image's encoder: the Comfy ``qwen_2.5_vl_7b.safetensors`` in BF16 (the LLM with its
+    lm_head, and the vision tower as ``llm_vision``: sd-cli's ``--llm_vision`` part) for the
+    ``f16`` profile; ``Qwen2.5-VL-7B-Instruct-Q8_0.gguf`` (vectors F32, matrices Q8_0, no vision
+    tower) for the GGUF ones."""
+    text, vision, gguf = qwen25
+    if quant == "F16":
+        return [component("qwen25vl-7b:BF16", "te", "llm", "qwen_2.5_vl_7b.safetensors", text, "BF16"),
+                component("qwen25vl-7b-vision:BF16", "te", "llm_vision", "qwen_2.5_vl_7b.safetensors", vision,
+                          "BF16")]
+    return [component("qwen25vl-7b:Q8_0", "te", "llm", "Qwen2.5-VL-7B-Instruct-Q8_0.gguf", gguf, "BF16", "Q8_0",
+                      "llm")]
 
 
 def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
                   qwen3: tuple[Layout, Layout] = ([], []),
-                  qwen8: tuple[Layout, Layout] = ([], [])) -> dict[str, object]:
+                  qwen8: tuple[Layout, Layout] = ([], []),
+                  qwen25: tuple[Layout, Layout, Layout] = ([], [], [])) -> dict[str, object]:
     """The JSON entry of one built-in profile, classified by sdplan's own model-file code
     (modules, encoders, blocks of spec section 8, architecture detection)."""
     from sdplan.core.modelfiles.checkpoint import (
@@ -605,6 +670,8 @@ def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
         llm8 = component("qwen3-8b:Q8_0", "te", "llm", "Qwen3-8B-Q8_0.gguf", qwen8[1], "BF16", "Q8_0", "llm")
     comps = [diff, *spec.extras, *([t5] if spec.t5 else []), *([llm] if spec.qwen3 else []),
              *([llm8] if spec.qwen3_8b else [])]
+    if spec.qwen25vl:
+        comps += _qwen25vl_components(quant, qwen25)
     tensors = [ModelTensor(TensorInfo(n, t, s, b, 0, c.key), c.module, c.encoder)
                for c in comps for n, s, t, b in c.tensors]
     ms = ModelSet([], tensors)
@@ -645,11 +712,12 @@ def build_profiles(layouts: dict) -> dict[str, object]:
     t5_layout = _real(layouts, "t5xxl_hf")
     qwen3 = (_real(layouts, "qwen3_4b_hf"), _real(layouts, "qwen3_4b_gguf"))
     qwen8 = qwen3_8b(layouts)
+    qwen25 = qwen25vl(layouts)
     out: dict[str, object] = {}
     for spec in build_specs(layouts):
         for suffix in QUANTS:
             name = f"{spec.name}-{suffix}"
-            out[name] = profile_entry(spec, suffix, t5_layout, qwen3, qwen8)
+            out[name] = profile_entry(spec, suffix, t5_layout, qwen3, qwen8, qwen25)
             log.info("%-20s %s", name, _summary(out[name]))
     return out
 

@@ -1,5 +1,6 @@
-"""Make the README's screenshots of the model library, the queue and the gallery, and of
-the board at 1024x700.
+"""Make the README's screenshots of the model library, the queue and the gallery, rendered
+offscreen (the window on real screens, with a window manager, is
+``tools/desk_screenshots.py``'s).
 
 Run: ``python tools/make_screenshots.py [--out docs/screenshots] [--jobs 5] [--steps 10]
 [--only lora-img2img]``.
@@ -10,9 +11,6 @@ Run: ``python tools/make_screenshots.py [--out docs/screenshots] [--jobs 5] [--s
 - ``queue.png`` and ``gallery.png``: ``--jobs`` real generations of the bundled demo model on
   this machine's CPU, queued with different captions and seeds; the queue is captured while
   a job runs, the gallery once all are done.
-- ``board-1024x700.png`` and ``board-1024x700-split.png``: ``sdplan gui --screenshot
-  --size 1024x700`` of the demo (what a new user sees) and of FLUX.1-dev Q8_0 split over two
-  GPUs of a hardware profile.
 - ``d1-flux-split.png`` and ``cpu-only.png`` (1440x900): FLUX.1-dev Q8_0 split over the
   two GPUs of ``../shared/cases/devices/D1.json``, and planned for a 24 GiB CPU-only machine
   with its text encoders read from disk.
@@ -152,16 +150,6 @@ def main() -> int:
     print(out / "gallery.png")
     win.close()
 
-    # the board at 1024x700
-    devices = tmp / "two-gpus.json"
-    devices.write_text(json.dumps(TWO_GPUS))
-    sdplan = [sys.executable, "-m", "sdplan.core.cli", "gui", "--size", "1024x700"]
-    for name, extra in (("board-1024x700.png", []),
-                        ("board-1024x700-split.png",
-                         ["--devices", str(devices), "--model-profile", "flux1-dev-q8_0",
-                          "--backend", "CUDA0,diffusion=CUDA0&CUDA1,te=CPU"])):
-        subprocess.run([*sdplan, "--screenshot", str(out / name), *extra], check=True)
-        print(out / name)
     cpu = tmp / "cpu-only.json"
     cpu.write_text(json.dumps({"devices": [{"name": "CPU", "description": "CPU", "type": "cpu",
                                             "registry": "CPU", "free": 20 * GIB,
@@ -186,7 +174,7 @@ def lora_img2img(out: Path, steps: int) -> int:
     from sdplan.app.controller import PlanController
     from sdplan.app.main import open_demo
     from sdplan.app.window import MainWindow, apply_theme
-    from sdplan.core.pipelines.demo_scenes import Scene, render
+    from sdplan.core.pipelines.demo.scenes import Scene, render
     from sdplan.core.planning.inventory import Inventory
     from sdplan.core.planning.placement import Placement
 

@@ -164,6 +164,16 @@ class ModuleCard(QFrame):
         self.size_label.setObjectName("Muted")
         head.addWidget(self.size_label)
         lay.addLayout(head)
+        missing = controller.session.missing_by_module().get(self.module)
+        self.missing_label: WrapLabel | None = None
+        if missing and card.kind != "part":
+            source = controller.session.profile_source
+            self.missing_label = WrapLabel(
+                f"✕ not on this machine: {', '.join(missing)} — "
+                + (f"sizes from {source}" if source and controller.profile is not None
+                   else "sizes unknown"))
+            self.missing_label.setObjectName("Warning")
+            lay.addWidget(self.missing_label)
         if card.kind == "main":
             self._main_body(lay, mp)
         elif card.kind == "part":

@@ -305,7 +305,7 @@ def bar_tooltip(dev: object, segs: list[tuple[str, str, int]], headroom: int, bu
     lines.append(f"left: {gib(limit - planned)}" if planned <= limit
                  else f"short by {gib(planned - limit)}")
     if dev.is_gpu_like:  # type: ignore[attr-defined]
-        lines.append("Drag the marker to set the budget (Alt+click the bar to place it)")
+        lines.append("Drag the marker to set the budget (double-click the bar to place it)")
     return "\n".join(lines)
 
 

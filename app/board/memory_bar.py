@@ -145,7 +145,8 @@ class MemoryLegend(QWidget):
 
 class MemoryBar(QWidget):
     """Paints :class:`BarData`; emits ``budgetDragged(gib)`` while the marker is dragged
-    (0 removes the budget when dragged to the far left)."""
+    (0 removes the budget when dragged to the far left), and once where the bar is
+    double-clicked or Ctrl+clicked (the marker is placed there)."""
 
     budgetDragged = Signal(float)
     budgetReleased = Signal()
@@ -241,9 +242,19 @@ class MemoryBar(QWidget):
             return super().mousePressEvent(event)
         mx = self._marker_x()
         x = event.position().x()
-        if mx is None or abs(x - mx) <= 6 or event.modifiers() & Qt.KeyboardModifier.AltModifier:
+        if mx is None or abs(x - mx) <= 6 or event.modifiers() & Qt.KeyboardModifier.ControlModifier:
             self._dragging = True
             self.budgetDragged.emit(round(self._gib_at(x), 1))
+        event.accept()
+
+    def mouseDoubleClickEvent(self, event: QMouseEvent) -> None:  # noqa: N802
+        """A double-click places the budget marker where it is (no modifier: window
+        managers take Alt+click to move windows)."""
+        if not self.data.budget_enabled or event.button() != Qt.MouseButton.LeftButton:
+            return super().mouseDoubleClickEvent(event)
+        self._dragging = False
+        self.budgetDragged.emit(round(self._gib_at(event.position().x()), 1))
+        self.budgetReleased.emit()
         event.accept()
 
     def mouseMoveEvent(self, event: QMouseEvent) -> None:  # noqa: N802

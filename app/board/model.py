@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QAbstractItemModel, QMimeData, QModelIndex, QPersistentModelIndex, Qt
 from sdplan.app.controller import PlanController
+from sdplan.core.planning.bounded_json import loads
 
 MIME = "application/x-sdplan-module"
 ModuleRole = Qt.ItemDataRole.UserRole + 1
@@ -173,11 +174,19 @@ class BoardModel(QAbstractItemModel):
 
     @staticmethod
     def decode(data: QMimeData) -> tuple[list[str], str]:
-        """Modules and source device of mime data made by :meth:`mimeData`."""
+        """Modules and source device of mime data made by :meth:`mimeData` (read with the
+        bounded JSON reader: a drop may come from another program); ``([], "")`` for
+        anything else."""
         if not data.hasFormat(MIME):
             return [], ""
-        raw = json.loads(bytes(data.data(MIME).data()).decode())
-        return [str(m) for m in raw.get("modules", [])], str(raw.get("from", ""))
+        try:
+            raw = loads(bytes(data.data(MIME).data()), "dropped modules")
+        except ValueError:
+            return [], ""
+        mods = raw.get("modules", []) if isinstance(raw, dict) else None
+        if not isinstance(mods, list):
+            return [], ""
+        return [str(m) for m in mods], str(raw.get("from", ""))
 
     def canDropMimeData(self, data: QMimeData, action: Qt.DropAction, row: int,  # noqa: N802
                         column: int, parent: Index) -> bool:

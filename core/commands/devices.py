@@ -47,10 +47,11 @@ def _avx512_line(wino: str | None = None) -> str:
     convolutions from 32 pixels wide in f32 by the Winograd convolution when ``wino``, its
     build, is avx512: conv_2d's rule), the DiTs and their text encoders where the kernel
     measured fast here (sdplan.core.runtime.bf16_rule)."""
-    from sdplan.core.runtime.bf16_rule import FAST_SPEEDUP, avx512_bf16_speedup
+    from sdplan.core.runtime.bf16_rule import avx512_bf16_speedup
+    from sdplan.core.runtime.native import cpu_kernels
 
     s = avx512_bf16_speedup()
-    fast = s >= FAST_SPEEDUP
+    fast = cpu_kernels().avx512_fast(lambda: s)
     rest = "DiTs and their text encoders too" if fast else "DiTs and their text encoders in f16"
     convs = " (3x3 convolutions from 32 px wide: f32 Winograd)" if wino == "avx512" else ""
     return (f"avx512 (UNets and CLIP in bf16{convs}, {rest}: bf16 products measured {s:.1f}x the f16 ones "

@@ -22,14 +22,18 @@ previews (latent projection, or TAESD with ``--taesd``) are written to ``--previ
 A dead engine process is a one-line error naming the signal and ggml's last message.
 
 PNG text chunks record the prompt, negative prompt, seed, steps, sampler, scheduler, cfg
-scale, clip skip, size, the model hash (``sha256`` of the first MiB of the file followed by
-its size in bytes, as decimal text; the chunk ``model_hash_method`` says so), the canonical
-placement strings, and the LoRAs (``loras``, ``lora_apply_mode``) and picture inputs
-(``init_img``, ``mask``, ``strength``) when given.
+scale, clip skip, size, the model hashes (``model_hash``: ``sha256`` of the first MiB of the
+file followed by its size in bytes, as decimal text, the chunk ``model_hash_method`` says so;
+``sha256`` of the whole file, computed once and cached with the model library, whose first 10
+hex digits are web UI's ``Model hash`` in ``parameters``), the canonical placement strings,
+and the LoRAs (``loras``, ``lora_apply_mode``) and picture inputs (``init_img``, ``mask``,
+``strength``) when given. Files and folders are named by their names only, so a picture is
+safe to share; ``--from-image`` finds them again beside the picture, in the current folder or
+in the model library.
 
 Hyper-parameters small test models do not carry in their shapes (head counts, prediction,
 Flux RoPE axes) come from the flags below or from ``sdplan.*`` keys of the safetensors
-``__metadata__`` (:data:`sdplan.core.pipelines.sd.METADATA_KEYS`).
+``__metadata__`` (:data:`sdplan.core.pipelines.sd.pipeline.METADATA_KEYS`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sdplan.core.commands.generate_modules import add_module_arguments, hires_size, module_request
 from sdplan.core.commands.options import add_input_arguments, input_request, validate_inputs
 from sdplan.core.commands.sdcli_flags import (
     add_sampling_arguments,
@@ -88,13 +93,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--upscale-repeats", type=int, default=1, help="times to run the upscaler")
     p.add_argument("-p", "--prompt", help="the prompt (required unless --from-image gives one)")
     p.add_argument("-n", "--negative-prompt", default="")
-    p.add_argument("-W", "--width", type=int, default=_DefaultInt(512), help="image width in pixels")
-    p.add_argument("-H", "--height", type=int, default=_DefaultInt(512), help="image height in pixels")
-    p.add_argument("--steps", type=int, default=_DefaultInt(20))
-    p.add_argument("--cfg-scale", type=float, default=_DefaultFloat(7.0))
-    p.add_argument("--guidance", type=float, default=3.5, help="Flux dev distilled guidance")
+    p.add_argument("-W", "--width", type=int, default=_DefaultInt(512),
+                   help="image width in pixels (default: the family's, else 512)")
+    p.add_argument("-H", "--height", type=int, default=_DefaultInt(512),
+                   help="image height in pixels (default: the family's, else 512)")
+    p.add_argument("--steps", type=int, default=_DefaultInt(20),
+                   help="sampling steps (default: the family's: 20; FLUX.1 schnell and FLUX.2 klein 4, Z-Image 8)")
+    p.add_argument("--cfg-scale", type=float, default=_DefaultFloat(7.0),
+                   help="classifier-free guidance (default: the family's: SD 7, SD3 4.5, Chroma 4, the distilled DiTs 1)")
+    p.add_argument("--guidance", type=float, help="FLUX.1 dev distilled guidance (default 3.5)")
     p.add_argument("-s", "--seed", type=int, default=42, help="RNG seed (< 0: random)")
-    p.add_argument("--sampling-method", default=_DefaultStr("euler_a"))
+    p.add_argument("--sampling-method", default=_DefaultStr("euler_a"),
+                   help="sampler (default: the family's: euler_a for the UNets, euler for the DiTs)")
     p.add_argument("--scheduler", default="default",
                    help="sigma schedule (default: the model's, as sd-cli: discrete for SD, "
                         "Flux's own for Flux)")
@@ -102,8 +112,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="output.png", help="PNG path (batch: _N suffixes)")
     p.add_argument("--preview-path", metavar="DIR", help="write a preview PNG per step")
     p.add_argument("--clip-skip", type=int, default=-1, help="<= 0: the family default")
-    p.add_argument("--vae-tile-size", type=int, default=0, metavar="LATENT_PX",
-                   help="decode in tiles of this many latent pixels (0: whole)")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: ggml's default)")
     p.add_argument("--force", action="store_true", help="run even when the plan does not fit")
     p.add_argument("--in-process", action="store_true",
@@ -118,6 +126,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     adv.add_argument("--flux-axes", metavar="I,R,C", help="Flux RoPE axes widths (default hd/8 and halves)")
     adv.add_argument("--t5-length", type=int, help="T5 tokens after padding (default: Flux 256, Chroma 512)")
     add_input_arguments(p)
+    add_module_arguments(p)
     add_placement_arguments(p)
     add_sampling_arguments(p)
     p.set_defaults(run=run, parser_defaults=_defaults(p))
@@ -148,7 +157,7 @@ class _DefaultStr(str):
 
 def apply_demo(args: argparse.Namespace) -> None:
     """With ``--demo``: ``-m`` the demo model, the demo's defaults
-    (:mod:`sdplan.core.pipelines.demo`) for each of width, height, steps, CFG scale and the
+    (:mod:`sdplan.core.pipelines.demo.model`) for each of width, height, steps, CFG scale and the
     sampler, where the command line left them at their defaults, and its LoRA folder
     without ``--lora-model-dir``.
 
@@ -157,7 +166,7 @@ def apply_demo(args: argparse.Namespace) -> None:
     """
     if not getattr(args, "demo", False):
         return
-    from sdplan.core.pipelines.demo import (
+    from sdplan.core.pipelines.demo.model import (
         DEMO_DEFAULTS,
         DEMO_SAMPLER,
         demo_lora_dir,
@@ -188,8 +197,8 @@ def model_files(args: argparse.Namespace) -> dict[str, list[str]]:
 
 def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]], placement: Any,
              profile: Any) -> tuple[Any, Any, Any, Any]:
-    from sdplan.core.pipelines.inputs import plan_loras
     from sdplan.core.pipelines.job_names import INVENTORY_JOB
+    from sdplan.core.pipelines.stages.inputs import plan_loras
     from sdplan.core.planning.estimate import estimate_plan
     from sdplan.core.planning.inventory import Inventory
     from sdplan.core.planning.plan import resolve
@@ -198,8 +207,10 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]],
     plan = resolve(placement, inventory, profile)
     loras = plan_loras(args.prompt, args.lora_model_dir or ".", args.lora_apply_mode, files, plan)
     measured = engine_compute(args, engine, files, plan)
-    fit = estimate_plan(plan, profile, inventory, width=args.width, height=args.height, batch=args.batch_count,
-                        engine="sdplan", measured=measured, loras=loras.profiles)
+    width, height = hires_size(args)  # the second pass of a hires fix is the largest
+    fit = estimate_plan(plan, profile, inventory, width=width, height=height, batch=args.batch_count,
+                        engine="sdplan", measured=measured, loras=loras.profiles,
+                        ref_images=len(getattr(args, "ref_image", None) or ()))
     return plan, inventory, fit, loras
 
 
@@ -228,11 +239,14 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
     from sdplan.core.pipelines.job_names import COMPUTE_JOB
     from sdplan.core.runtime.placement import ModulePlacement
 
+    width, height = hires_size(args)
     try:
         return dict(engine.call(COMPUTE_JOB, {
-            "model_files": files, "width": args.width, "height": args.height, "batch": args.batch_count,
+            "model_files": files, "width": width, "height": height, "batch": args.batch_count,
             "cfg": args.cfg_scale != 1.0, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
-            "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")}}))
+            "vae_tiling": module_request(args)["vae_tiling"],
+            "placements": {m: ModulePlacement.from_plan(plan, m)
+                           for m in ("diffusion", "te", "vae", "controlnet", "upscaler") if m in plan.modules}}))
     except SdplanError as exc:
         log.info("no dry run of the engine: %s", exc)
         return {}
@@ -242,10 +256,9 @@ def run(args: argparse.Namespace) -> int:
     """Plan, generate, write PNGs; 0 on success, 2 on an sdplan error (a dead engine
     process included), 3 when the plan does not fit (without ``--force``)."""
     from sdplan.core.commands.plan import print_error, print_tables
-    from sdplan.core.pipelines.demo import demo_caption_known
+    from sdplan.core.pipelines.demo.model import demo_caption_known
     from sdplan.core.pipelines.size_rule import check_size
     from sdplan.core.runtime.process import Engine
-    from sdplan.core.sampling.slg import refuse_other_families
 
     extras = list(getattr(args, "extra_argv", None) or [])
     if any(x in ("-v", "--verbose") for x in extras):  # sd-cli's -v: print predicted beside measured
@@ -264,11 +277,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.prompt:
             raise SdplanError("generate needs -p PROMPT (or --from-image with a prompt)")
         validate(args)
-        sampling = sampling_request(args)
         files = model_files(args)
         placement = placement_from_namespace(args)
         models = read_models(files)
-        refuse_other_families(models.architecture.family, sampling)
+        req = checked_request(args, files, models)
         check_size(models, args.width, args.height, getattr(args, "size_from_init_img", False))
     except SdplanError as exc:
         print_error(exc)
@@ -276,15 +288,21 @@ def run(args: argparse.Namespace) -> int:
     with Engine(isolated=not args.in_process) as engine:
         engine.start()  # an isolated engine's child process starts (or finishes its imports)
         try:
-            plan, inventory, fit, loras = _resolve(args, engine, files, placement, models.profile())
+            from sdplan.core.commands.generate_modules import with_late_modules
+
+            late = {**files, **({"control_net": [str(args.control_net)]} if args.control_net else {})}
+            profile = with_late_modules(models.profile(), late, req.hires_model())
+            plan, inventory, fit, loras = _resolve(args, engine, late, placement, profile)
         except SdplanError as exc:
             print_error(exc)
             return 2
         fits = fit is None or fit.fits
-        predicted = _predict(args, engine, files, plan, inventory, models.profile(), fit) \
+        from sdplan.core.commands.time_estimate import predict_run
+
+        predicted = predict_run(args, engine, files, plan, inventory, profile, fit, req) \
             if getattr(args, "verbose", False) else None
         try:  # the engine starts on the picture while the tables print
-            job, req = _submit(args, files, plan, engine) if fits or args.force else (0, {})
+            job = _submit(req, plan, fit, inventory, args, engine) if fits or args.force else 0
         except (SdplanError, ValueError) as exc:
             return _failed(exc)
         console = _stderr_console()  # rich loads here, while the engine works on the picture
@@ -306,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
         if engine.isolated:
             _load_output_modules()
         try:
-            return _generate(args, files, plan, engine, console, job, req, predicted)
+            return _generate(args, files, engine, console, job, predicted)
         except (SdplanError, ValueError) as exc:
             return _failed(exc)
 
@@ -339,13 +357,18 @@ def _load_output_modules() -> None:
 
     Emoji.replace("")
     from PIL import Image, PngImagePlugin  # noqa: F401
-    from sdplan.core.pipelines import results  # noqa: F401 - numpy
+    from sdplan.core.pipelines.stages import results  # noqa: F401 - numpy
 
 
-def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, seed: int) -> dict[str, Any]:
-    """The engine request (:func:`sdplan.core.pipelines.jobs.generate_job`) of parsed flags and a
-    resolved plan (its per-module placements travel with it)."""
-    from sdplan.core.runtime.placement import ModulePlacement
+def request_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The generation settings of the parsed flags by sd-cli's request keys; a flag left at its
+    parser default is None (the family's default applies when the request is checked).
+
+    Raises:
+        InvalidArgument / SdplanError: malformed ``--flux-axes``, ``--sigmas``, SLG values...
+    """
+    def given(value: Any) -> Any:
+        return None if isinstance(value, (_DefaultInt, _DefaultFloat, _DefaultStr)) else value
 
     overrides = {"clip_heads": args.clip_heads, "unet_heads": args.unet_heads,
                  "unet_head_dim": args.unet_head_dim, "prediction": args.prediction,
@@ -355,39 +378,64 @@ def request(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, se
             overrides["flux_axes"] = tuple(int(a) for a in args.flux_axes.split(","))
         except ValueError:
             raise InvalidArgument(f"--flux-axes must be three integers like 16,56,56, got {args.flux_axes!r}") from None
-    return {"model_files": files, "prompt": args.prompt, "negative_prompt": args.negative_prompt,
-            "width": args.width, "height": args.height, "steps": args.steps, "cfg_scale": args.cfg_scale,
-            "guidance": args.guidance, "seed": seed, "sampling_method": args.sampling_method,
-            "scheduler": args.scheduler, "batch_count": args.batch_count, "clip_skip": max(args.clip_skip, 0),
-            "vae_tile_size": args.vae_tile_size, "upscale_repeats": args.upscale_repeats,
-            "threads": args.threads, "rpc_servers": list(plan.rpc_servers),
-            "placements": {m: ModulePlacement.from_plan(plan, m) for m in ("diffusion", "te", "vae")},
-            "overrides": {k: v for k, v in overrides.items() if v is not None},
+    return {"prompt": args.prompt, "negative_prompt": args.negative_prompt,
+            "width": given(args.width), "height": given(args.height), "steps": given(args.steps),
+            "cfg_scale": given(args.cfg_scale), "guidance": args.guidance, "seed": args.seed,
+            "sampling_method": given(args.sampling_method), "scheduler": args.scheduler,
+            "batch_count": args.batch_count, "clip_skip": max(args.clip_skip, 0),
+            "upscale_repeats": args.upscale_repeats,
+            "threads": args.threads, "overrides": {k: v for k, v in overrides.items() if v is not None},
             "previews": bool(args.preview_path),
             "taesd_decode": bool(args.taesd) and not args.taesd_preview_only,
             "ref_images": [str(p) for p in getattr(args, "ref_image", None) or ()],
             "force_sdxl_vae_conv_scale": bool(getattr(args, "force_sdxl_vae_conv_scale", False)),
-            **sampling_request(args), **input_request(args)}
+            **sampling_request(args), **input_request(args), **module_request(args)}
+
+
+def checked_request(args: argparse.Namespace, files: dict[str, list[str]], models: Any) -> Any:
+    """The generation request of the flags and ``files`` checked against the family the
+    files' headers show (:meth:`~sdplan.core.pipelines.request.GenerationRequest.check`),
+    before anything loads; the resolved size, steps, CFG and sampler are written back to
+    ``args`` (the plan's estimate and the size check use them).
+
+    Raises:
+        ModelFileError: a family that is not run, incomplete files; InvalidArgument: a
+            sampler, scheduler or option the family does not take, naming each.
+    """
+    from sdplan.core.pipelines.request import GenerationRequest, family_for
+
+    fam, variant = family_for(models.architecture)
+    req = GenerationRequest.from_settings(request_settings(args), files).check(fam, variant)
+    args.width, args.height, args.steps = req.width, req.height, req.steps
+    # the hires target's alignment as the family's pipeline makes it: sd-cli's 64 for a UNet
+    # (VAE x the UNet's 8), two latent pixels for the flow DiTs (their patches)
+    args.hires_multiple = 64 if fam.size_rule == "unet" else 2 * fam.vae_scale
+    args.cfg_scale, args.sampling_method = req.cfg_scale, req.sampling_method
+    return req
 
 
 def validate(args: argparse.Namespace) -> None:
     """Check the generation flags and every output location before anything loads
-    (:mod:`sdplan.core.commands.limits`, :func:`check_outputs`); raises InvalidArgument or
-    OutputError naming the flag."""
+    (:mod:`sdplan.core.commands.limits`, :func:`check_outputs`, no output over an input:
+    :mod:`sdplan.core.commands.same_file`); raises InvalidArgument or OutputError naming the
+    flag."""
     from sdplan.core.commands.limits import check_generation
     from sdplan.core.sampling.names import FLOW_SAMPLERS, SAMPLERS, SCHEDULES
 
     validate_inputs(args)  # first: -W/-H may come from the init picture
     check_generation(args)
     names = sorted(set(SAMPLERS) | set(FLOW_SAMPLERS) | {"ddim"})
-    if args.sampling_method not in names:
+    if args.sampling_method not in names:  # the family's own list is checked with the files
         raise InvalidArgument(f"--sampling-method {args.sampling_method!r} is unknown; choose one of "
                               f"{', '.join(names)}")
-    if args.scheduler not in (*SCHEDULES, "default"):
+    if args.scheduler not in (*SCHEDULES, "default", "normal"):
         raise InvalidArgument(f"--scheduler {args.scheduler!r} is unknown; choose one of {', '.join(SCHEDULES)}")
     check_outputs(args)
+    from sdplan.core.commands.same_file import check_generate
+
+    check_generate(args)  # no output is an input
     if getattr(args, "ref_image", None):
-        from sdplan.core.pipelines.flux2 import load_ref_image
+        from sdplan.core.pipelines.flux2.pipeline import load_ref_image
 
         for path in args.ref_image:
             load_ref_image(path)  # a missing or broken picture is a one-line error now
@@ -400,28 +448,14 @@ def check_outputs(args: argparse.Namespace) -> None:
     Raises:
         OutputError: naming the flag and the path.
     """
-    from sdplan.core.pipelines.outputs import check_output_file, check_output_folder
+    from sdplan.core.pipelines.stages.outputs import check_output_file, check_output_folder
 
     scale = 4 ** args.upscale_repeats if getattr(args, "upscale_model", None) else 1
-    raw = args.width * args.height * 3 * scale * scale  # an upper bound of a PNG's bytes
+    width, height = hires_size(args) if getattr(args, "hires", False) else (args.width, args.height)
+    raw = width * height * 3 * scale * scale  # an upper bound of a PNG's bytes
     check_output_file("-o/--output", args.output, needed_bytes=raw * args.batch_count)
     if args.preview_path:
         check_output_folder("--preview-path", args.preview_path, needed_bytes=raw)
-
-
-def file_flags(args: argparse.Namespace, files: dict[str, list[str]]) -> list[str]:
-    """sd-cli flags the run needs beyond its settings: a ``--prediction`` given here, else the
-    one the model files call for (:func:`sdplan.core.planning.sdcli.model_file_flags`: the
-    demo model's ``--prediction v``); [] when the headers cannot be read."""
-    from sdplan.core.planning.sdcli import model_file_flags
-
-    if args.prediction:
-        return ["--prediction", args.prediction]
-    try:
-        models = read_models(files)
-    except (SdplanError, OSError, ValueError):
-        return []
-    return model_file_flags([f.metadata for f in models.files], models.architecture.family)
 
 
 def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
@@ -434,64 +468,26 @@ def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
         mask = f", mask {args.mask}" if args.mask else ""
         console.print(f"image to image from {args.init_img}, strength {args.strength:g}{mask}",
                       highlight=False, markup=False)
+    for note in getattr(args, "picture_notes", None) or ():  # a picture of another shape
+        console.print(f"note: {note}", highlight=False, markup=False)
 
 
-def _submit(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any) -> tuple[int, dict[str, Any]]:
-    """Send the generation request to the engine (:meth:`Engine.submit`): its job number and
-    the request (the seed drawn when ``--seed`` is negative)."""
-    import random
+def _submit(req: Any, plan: Any, fit: Any, inventory: Any, args: argparse.Namespace, engine: Any) -> int:
+    """Send the checked request with the resolved plan the tables show (its devices' needs
+    from ``fit``, checked by the engine against its live devices) to the engine
+    (:meth:`Engine.submit`); its job number."""
+    from dataclasses import replace
 
     from sdplan.core.pipelines.job_names import GENERATE_JOB
+    from sdplan.core.runtime.run_plan import RunPlan
 
-    seed = args.seed if args.seed >= 0 else random.randrange(2**31)
-    req = request(args, files, plan, seed)
-    return engine.submit(GENERATE_JOB, {"request": req}), req
-
-
-def _predict(args: argparse.Namespace, engine: Any, files: dict[str, list[str]], plan: Any, inventory: Any,
-             profile: Any, fit: Any) -> Any:
-    """The predicted time of this run (``-v``): the work of the engine's graphs counted in
-    the engine process on the planned devices (:data:`~sdplan.core.pipelines.job_names.WORK_JOB`),
-    priced with the devices' measured profiles (:mod:`sdplan.core.commands.time_estimate`);
-    None when it cannot be made (logged)."""
-    from sdplan.core.commands import time_estimate as te
-    from sdplan.core.pipelines.job_names import WORK_JOB
-    from sdplan.core.planning.work import works_from_json
-    from sdplan.core.runtime.placement import ModulePlacement
-
-    try:
-        settings = te.settings_of(args)
-        works = works_from_json(engine.call(WORK_JOB, {
-            "model_files": files, "width": args.width, "height": args.height, "batch": args.batch_count,
-            "cfg": settings.cfg, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
-            "placements": {m: ModulePlacement.from_plan(plan, m) for m in te.COUNTED}}))
-        return te.predict(plan, te.with_profiles(inventory, settings.threads), profile, settings, works, files, fit)
-    except SdplanError as exc:
-        log.info("no time prediction: %s", exc)
-        return None
+    run_plan = RunPlan.from_plan(plan, fit, inventory, check_memory=not args.force,
+                                 modules=tuple(m for m in req.modules() if m in plan.modules))
+    return engine.submit(GENERATE_JOB, {"request": replace(req, plan=run_plan)})
 
 
-def measured_timings(step_times: list[float], engine_timings: dict[str, Any]) -> dict[str, float]:
-    """A picture's measured ``{"step_s", "image_s"}``: the median of the intervals between
-    the progress messages of consecutive sampler steps (``step_times``: seconds since the
-    message before, the first one's 0; the first step also builds the graph, so it is left
-    out; with one step, the engine's own ``per_step``), and the engine's whole time for the
-    request (``total``: load, text, sampling, decode); a figure that was not measured is
-    left out."""
-    import statistics
-
-    out: dict[str, float] = {}
-    if len(step_times) > 1:
-        out["step_s"] = round(statistics.median(step_times[1:]), 6)
-    elif isinstance(engine_timings.get("per_step"), (int, float)):
-        out["step_s"] = round(float(engine_timings["per_step"]), 6)
-    if isinstance(engine_timings.get("total"), (int, float)):
-        out["image_s"] = round(float(engine_timings["total"]), 6)
-    return out
-
-
-def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, engine: Any, console: Any,
-              job: int, req: dict[str, Any], predicted: Any = None) -> int:
+def _generate(args: argparse.Namespace, files: dict[str, list[str]], engine: Any, console: Any, job: int,
+              predicted: Any = None) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     preview_dir = Path(args.preview_path) if args.preview_path else None
@@ -523,7 +519,7 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
             nonlocal preview_dir
             if preview_dir is None:
                 return
-            from sdplan.core.pipelines.results import save_png
+            from sdplan.core.pipelines.stages.results import save_png
 
             try:
                 save_png(info["image"], preview_dir / f"preview_{info['step']:03d}.png")
@@ -540,29 +536,19 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], plan: Any, 
     # the job was sent before the tables printed: the engine's own timings say what it took
     log.info("picture ready %.2f s after the tables; engine timings (s): %s", time.perf_counter() - t0,
              res.get("timings"))
-    from sdplan.core.pipelines.results import generation_text  # numpy: loaded once the engine runs
+    from sdplan.core.pipelines.stages.results import (
+        picture_text,  # numpy: loaded once the engine runs
+    )
 
     for module, n in (res.get("segments") or {}).items():
         console.print(f"{module}: ran in {n} segments under the --max-vram budget", highlight=False)
+    from sdplan.core.commands.time_estimate import measured_timings, print_time
+
     timings = measured_timings(step_times, res.get("timings") or {})
-    res.setdefault("timings", {}).update(timings)
+    res["timings"] = {**(res.get("timings") or {}), **timings}
     if predicted is not None:
-        from sdplan.core.commands.time_estimate import print_time
-
         print_time(console, predicted, timings)
-    applied = {k: v for k, v in res.get("params", {}).items() if k in ("loras", "lora_apply_mode")}
-    text = generation_text({**req, "clip_skip": args.clip_skip, **applied}, files,
-                           {"backend": plan.backend, "params_backend": plan.params_backend,
-                            "max_vram": plan.max_vram, "split_mode": plan.split_mode,
-                            "rpc_servers": ",".join(plan.rpc_servers)},
-                           file_flags=file_flags(args, files))
-    if timings:
-        import json
-
-        doc = json.loads(text["sdplan"])
-        doc["timings"] = timings
-        text["sdplan"] = json.dumps(doc, separators=(",", ":"))
-    return write_images(res["images"], Path(args.output), text, console)
+    return write_images(res["images"], Path(args.output), picture_text(res, files), console)
 
 
 def write_images(images: list[Any], out: Path, text: dict[str, str], console: Any) -> int:
@@ -570,8 +556,8 @@ def write_images(images: list[Any], out: Path, text: dict[str, str], console: An
     stdout; an image whose write fails late (a full disk) goes to the temporary folder
     instead, and the message says where. Returns 0, or 2 when an image could not be
     written anywhere."""
-    from sdplan.core.pipelines.outputs import fallback_folder
-    from sdplan.core.pipelines.results import save_png
+    from sdplan.core.pipelines.stages.outputs import fallback_folder
+    from sdplan.core.pipelines.stages.results import save_png
 
     status = 0
     for i, img in enumerate(images):

@@ -181,6 +181,16 @@ def qt_platform_reason(platform: str | None = None, plugin: str | os.PathLike[st
     return missing_library_reason(lines[-1] if lines else f"exit code {res.returncode}", plat)
 
 
+def _inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``(flag, path)`` of the files ``sdplan gui`` reads from its command line."""
+    out = [("FILE", str(p)) for p in getattr(args, "files", None) or ()]
+    for attr, flag in (("devices", "--devices"), ("profile", "--profile"),
+                       ("init_img", "-i/--init-img"), ("mask", "--mask")):
+        if getattr(args, attr, None):
+            out.append((flag, str(getattr(args, attr))))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the GUI; 2 when PySide6 is missing, no display exists, or an argument file is bad."""
     reason = None if getattr(args, "screenshot", None) else no_display_reason()
@@ -188,6 +198,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"sdplan gui: {reason}", file=sys.stderr)
         return 2
     if getattr(args, "screenshot", None):
+        from sdplan.core.commands.messages import print_error
+        from sdplan.core.commands.same_file import check_files
+        from sdplan.core.errors import SdplanError
+
+        try:  # the picture is never written over a file the window reads
+            check_files([("--screenshot", args.screenshot)], _inputs(args))
+        except SdplanError as exc:
+            print_error(exc)
+            return 2
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     reason = qt_platform_reason()
     if reason:

@@ -56,6 +56,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not flags:
             raise InvalidArgument("no model file given (FILE... or --diffusion-model, --t5xxl ...)")
+        if args.write_profile:
+            from sdplan.core.commands.same_file import check_files
+
+            check_files([("--write-profile", args.write_profile)],
+                        [(MODEL_FLAGS[k][0], p) for k, v in flags.items() for p in v])
         ms = read_model_files(flags)
         if args.write_profile:
             out = Path(args.write_profile)

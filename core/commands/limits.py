@@ -12,7 +12,8 @@ reached by a real use:
 - prompts at most :data:`MAX_PROMPT_CHARS` characters (77-token chunks: 10,000 characters
   is some 40 chunks of conditioning);
 - seed within a signed 64-bit integer (sd-cli's ``int64_t``); threads 0 .. :data:`MAX_THREADS`;
-  upscale repeats 1 .. :data:`MAX_UPSCALE_REPEATS`; VAE tiles 0 .. MAX_SIDE / 8 latent pixels.
+  upscale repeats 1 .. :data:`MAX_UPSCALE_REPEATS`; VAE tiles 0 .. MAX_SIDE / 8 latent pixels;
+  head counts and widths 1 .. :data:`MAX_HEADS`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ MAX_PROMPT_CHARS = 10_000
 MAX_THREADS = 1024
 MAX_UPSCALE_REPEATS = 4
 MAX_CLIP_SKIP = 48
+#: Largest head count or head width of ``--clip-heads``, ``--unet-heads``, ``--unet-head-dim``,
+#: ``--flux-heads`` (whether they split the tensors is checked against the model's shapes).
+MAX_HEADS = 4096
 SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
@@ -70,9 +74,11 @@ def check_generation(args: argparse.Namespace) -> None:
             ("--steps", "steps", 1, MAX_STEPS), ("-b/--batch-count", "batch_count", 1, MAX_BATCH),
             ("--upscale-repeats", "upscale_repeats", 1, MAX_UPSCALE_REPEATS),
             ("-t/--threads", "threads", 0, MAX_THREADS),
-            ("--vae-tile-size", "vae_tile_size", 0, MAX_SIDE // 8),
             ("--clip-skip", "clip_skip", -1, MAX_CLIP_SKIP),
-            ("-s/--seed", "seed", *SEED_RANGE), ("--t5-length", "t5_length", 1, 4096))
+            ("-s/--seed", "seed", *SEED_RANGE), ("--t5-length", "t5_length", 1, 4096),
+            *((flag, attr, 1, MAX_HEADS) for flag, attr in (
+                ("--clip-heads", "clip_heads"), ("--unet-heads", "unet_heads"),
+                ("--unet-head-dim", "unet_head_dim"), ("--flux-heads", "flux_heads"))))
     for flag, attr, low, high in ints:
         value = getattr(args, attr, None)
         if value is not None:

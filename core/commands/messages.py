@@ -6,9 +6,10 @@
   the span; elsewhere the span is named in the line (``at --backend characters 5-9``).
 - User text quoted in a message is shortened (:func:`shorten`), so a 100,000-character
   flag value gives a message of a few hundred characters.
-- :class:`QuietStdout` stands in for ``sys.stdout`` during a command: when the reader goes
-  away (``sdplan generate ... | head -1``) further output is dropped silently and the
-  command carries on, so the image is still written.
+- :class:`QuietStdout` stands in for ``sys.stdout`` (and ``sys.stderr``) during a command:
+  when the reader goes away (``sdplan generate ... | head -1``) or the stream cannot be
+  written at all (``>/dev/full``: no space left; an I/O error on a lost terminal), further
+  output is dropped silently and the command carries on, so the image is still written.
 """
 
 from __future__ import annotations
@@ -90,9 +91,11 @@ def _isatty(stream: Any) -> bool:
 
 
 class QuietStdout:
-    """A ``sys.stdout`` (or ``sys.stderr``) wrapper that turns a broken pipe into silence:
-    after the first :class:`BrokenPipeError` the real stream's file descriptor is pointed at
-    ``/dev/null`` (so the final flush at exit cannot fail either) and :attr:`broken` is True."""
+    """A ``sys.stdout`` (or ``sys.stderr``) wrapper that turns a stream that cannot be written
+    into silence: after the first :class:`OSError` of a write or flush (a broken pipe, a full
+    device, an I/O error) the real stream's file descriptor is pointed at ``/dev/null`` (so
+    the final flush at exit cannot fail either) and :attr:`broken` is True. Output is never
+    worth losing the picture for."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
@@ -112,7 +115,7 @@ class QuietStdout:
             return len(text)
         try:
             return self.stream.write(text)
-        except BrokenPipeError:
+        except OSError:  # BrokenPipeError, ENOSPC (>/dev/full), EIO
             self._gone()
             return len(text)
 
@@ -121,7 +124,7 @@ class QuietStdout:
             return
         try:
             self.stream.flush()
-        except BrokenPipeError:
+        except OSError:  # BrokenPipeError, ENOSPC (>/dev/full), EIO
             self._gone()
 
     def __getattr__(self, name: str) -> Any:

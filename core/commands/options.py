@@ -12,6 +12,7 @@ from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.plan import PlanWarning
 from sdplan.core.planning.profile import Profile
+from sdplan.core.planning.target import Target, dialect_from_help
 
 
 def add_source_arguments(p: argparse.ArgumentParser) -> None:
@@ -89,6 +90,9 @@ def validate_inputs(args: argparse.Namespace) -> None:
     with ``-i``, both readable pictures; ``-W``/``-H`` left at their defaults take the init
     picture's size (as sd-cli does; ``--demo``'s own size counts as given).
 
+    A picture (or mask) of another shape than it will be used at is noted in
+    ``args.picture_notes`` (:func:`sdplan.core.pipelines.img2img.picture_notes`).
+
     Raises:
         InvalidArgument: naming the flag.
     """
@@ -100,17 +104,18 @@ def validate_inputs(args: argparse.Namespace) -> None:
         raise InvalidArgument(f"--strength must be in [0, 1], got {args.strength}")
     if args.mask and not args.init_img:
         raise InvalidArgument("--mask needs -i/--init-img: the mask says which pixels of that picture to repaint")
+    args.picture_notes = []
     if args.init_img:
         # numpy and Pillow load only with a picture input
-        from sdplan.core.pipelines.img2img import image_size, load_mask
+        from sdplan.core.pipelines.stages.img2img import image_size, picture_notes
 
         w, h = image_size(args.init_img)
-        if args.mask:
-            load_mask(args.mask, 8, 8)  # readable?
+        mask = image_size(args.mask, "--mask") if args.mask else None  # readable?
         for key, value in (("width", w), ("height", h)):
             if type(getattr(args, key)) is not int:  # left at the default (a subclass of int)
                 setattr(args, key, value)
                 args.size_from_init_img = True  # for the size check's message
+        args.picture_notes = picture_notes((w, h), mask, args.width, args.height)
 
 
 def input_request(args: argparse.Namespace) -> dict[str, object]:
@@ -118,3 +123,62 @@ def input_request(args: argparse.Namespace) -> dict[str, object]:
     return {"lora_model_dir": args.lora_model_dir or ".", "lora_apply_mode": args.lora_apply_mode,
             "init_img": args.init_img, "mask": args.mask,
             "strength": args.strength if args.init_img else None}
+
+
+#: Seconds ``--sdcli PATH --help`` may take before sdplan gives up on it.
+HELP_TIMEOUT_S = 5.0
+
+
+def read_sdcli_help(path: str, timeout: float | None = None) -> str:
+    """The ``--help`` text (stdout and stderr) of the sd-cli binary at ``path``, given
+    ``timeout`` seconds (default :data:`HELP_TIMEOUT_S`).
+
+    Raises:
+        InvalidArgument: naming ``--sdcli`` and the path when it cannot be run or does not
+            answer within ``timeout`` seconds.
+    """
+    import subprocess
+
+    from sdplan.core.errors import InvalidArgument
+
+    timeout = HELP_TIMEOUT_S if timeout is None else timeout
+    try:
+        proc = subprocess.run([path, "--help"], capture_output=True, text=True,
+                              errors="replace", timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise InvalidArgument(f"--sdcli {path}: no such program") from None
+    except PermissionError:
+        raise InvalidArgument(f"--sdcli {path}: not executable") from None
+    except subprocess.TimeoutExpired:
+        raise InvalidArgument(f"--sdcli {path}: '--help' did not finish within {timeout:g} s; "
+                              "name the dialect with --sdcli-dialect instead") from None
+    except OSError as exc:
+        raise InvalidArgument(f"--sdcli {path}: cannot run it ({exc.strerror or exc})") from None
+    return proc.stdout + proc.stderr
+
+
+def target_from_args(args: argparse.Namespace, command_dialect: str | None = None,
+                     pasted: bool = False) -> Target:
+    """What the plan is for (spec section 14): ``--sdcli-dialect`` names the sd-cli dialect;
+    ``--sdcli PATH`` has its ``--help`` read (:func:`read_sdcli_help`,
+    :func:`~sdplan.core.planning.target.dialect_from_help`; unknown: newest); a pasted
+    command (``pasted``) is for sd-cli, in the dialect its own syntax shows
+    (``command_dialect``) when neither flag names one; otherwise sdplan's engine.
+
+    Raises:
+        InvalidArgument: an ``--sdcli`` binary that cannot be run.
+    """
+    named = getattr(args, "sdcli_dialect", None)
+    if named:
+        return Target("sd-cli", named, True, "--sdcli-dialect")
+    path = getattr(args, "sdcli_path", None)
+    if path:
+        found = dialect_from_help(read_sdcli_help(path))
+        if found is None:
+            return Target("sd-cli", "newest", False, f"{path} --help shows neither; newest assumed")
+        return Target("sd-cli", found, True, f"{path} --help")
+    if pasted:
+        if command_dialect is not None:
+            return Target("sd-cli", command_dialect, True, "the command's syntax")
+        return Target("sd-cli", "newest", False, "assumed")
+    return Target()

@@ -19,20 +19,29 @@ import argparse
 import dataclasses
 import json
 import logging
+import shlex
 import sys
 from typing import Any
 
-from sdplan.core.commands.options import add_source_arguments, load_inventory, profile_from_args
+from sdplan.core.commands.options import (
+    add_source_arguments,
+    load_inventory,
+    profile_from_args,
+    target_from_args,
+)
 from sdplan.core.commands.time_estimate import add_time_arguments
 from sdplan.core.errors import PlanError, SdplanError
 from sdplan.core.planning.autofit import RESERVES
+from sdplan.core.planning.autofit_newest import TIERS, NewestAutoFit
 from sdplan.core.planning.estimate import estimate_plan
 from sdplan.core.planning.inventory import Inventory
-from sdplan.core.planning.modules import GIB, MODEL_FLAGS, MODULES
+from sdplan.core.planning.modules import GIB, MODEL_FLAGS, PLACED_MODULES
 from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
 from sdplan.core.planning.plan import resolve
-from sdplan.core.planning.plan_types import Plan
+from sdplan.core.planning.plan_types import Plan, PlanWarning
 from sdplan.core.planning.profile import Profile
+from sdplan.core.planning.target import Target
+from sdplan.core.planning.vae_tiling import vae_scale_factor
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +106,7 @@ def _from_command(args: argparse.Namespace) -> Any:
                         f"command; drop {', '.join(given)} or put them into it",
                         flag="--command")
     imp = import_sdcli_command(args.sdcli_command)
+    imp.vae_tiling(imp.dialect, 8)  # malformed tiling values fail before any file is read
     for key, value in imp.model_files.items():
         setattr(args, key, [value] if isinstance(value, str) else list(value))
     args.placement_override = imp.placement
@@ -110,28 +120,123 @@ def _from_command(args: argparse.Namespace) -> Any:
     return imp
 
 
-def _command_json(imp: Any, plan: Plan) -> dict[str, object]:
-    from sdplan.core.planning.sdcli import sdcli_command_line
+def _command_json(imp: Any, written: Any, scale: int) -> dict[str, object]:
+    """The pasted command written for ``written``'s dialect: its kept arguments without the
+    options that dialect lacks, tile sizes converted when the command's own dialect is known
+    and differs (``scale``: the VAE's image pixels per latent pixel)."""
+    from sdplan.core.planning.sdcli import (
+        convert_kept_tiles,
+        kept_for_dialect,
+        sdcli_command_line,
+    )
 
-    return {"written": sdcli_command_line(plan.placement, imp.model_files, imp.generation,
-                                          program=imp.program or "sd-cli",
-                                          extra=imp.extra_args(), raw=imp.generation_text),
-            "kept": list(imp.kept), "unknown": list(imp.unknown),
-            "generation": dict(imp.generation), "model_files": dict(imp.model_files)}
+    kept, dropped = kept_for_dialect(imp.extra_args(), written.dialect)
+    if imp.dialect is not None and imp.dialect != written.dialect:
+        kept = convert_kept_tiles(kept, imp.dialect, written.dialect, scale)
+    return {"written": sdcli_command_line(written.placement, imp.model_files, imp.generation,
+                                          program=imp.program or "sd-cli", extra=kept,
+                                          raw=imp.generation_text, dialect=written.dialect),
+            "dialect": written.dialect, "source_dialect": imp.dialect, "notes": written.notes,
+            "left_out": dropped, "kept": list(imp.kept), "unknown": list(imp.unknown),
+            "generation": dict(imp.generation), "model_files": dict(imp.model_files),
+            "module_files": imp.module_files(),
+            "vae_tiling": imp.vae_tiling(imp.dialect or written.dialect, scale).to_json()}
+
+
+def command_cfg(plan: Plan, imp: Any) -> Plan:
+    """``plan`` with the pasted command's reasons for sd-cli's sequential CFG path applied to
+    its parallel-CFG device (:func:`~sdplan.core.planning.split_policy.cfg_command_reasons`)."""
+    from sdplan.core.planning.split_policy import cfg_command_reasons, with_reasons
+
+    if plan.cfg is None:
+        return plan
+    reasons = cfg_command_reasons(imp.generation, {a.flag for a in imp.arguments},
+                                  set(imp.model_files))
+    cfg, found = with_reasons(plan.cfg, reasons)
+    return dataclasses.replace(plan, cfg=cfg, warnings=[*plan.warnings, *found])
+
+
+def tiling_warnings(imp: Any, plan_target: Target, scale: int) -> list[PlanWarning]:
+    """Check the pasted command's VAE tiling values (spec section 14.7) and flag a
+    ``--vae-tile-size`` whose units are unknown (warning ``vae_tile_size_units``: neither
+    the command's syntax nor a named dialect says whether it is in image or latent pixels).
+
+    Raises:
+        PlanError: ``invalid_vae_tiling`` for a malformed value.
+    """
+    dialect = imp.dialect or (plan_target.dialect if plan_target.known else None)
+    imp.vae_tiling(dialect, scale)
+    sizes = [a.values[0] for a in imp.arguments if a.flag == "--vae-tile-size" and a.values]
+    if dialect is not None or not sizes:
+        return []
+    return [PlanWarning("vae_tile_size_units", f"--vae-tile-size {sizes[-1]}: the newest "
+                        "sd-cli reads image pixels, the snapshot latent pixels (x"
+                        f"{scale} for this VAE); read as image pixels; name the dialect with "
+                        "--sdcli-dialect to convert it")]
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """The sd-cli placement flags a plan writes for its target's dialect (spec section 14):
+    ``placement`` written with ``dialect``; ``notes`` say what was added or left out,
+    ``left_out`` (among them) what the dialect cannot say."""
+
+    dialect: str
+    placement: Any
+    notes: list[str]
+    left_out: list[str]
+
+    def argv(self) -> list[str]:
+        from sdplan.core.planning.sdcli_write import placement_argv
+
+        return placement_argv(self.placement, self.dialect)
+
+    def to_json(self) -> dict[str, object]:
+        return {"dialect": self.dialect, "flags": self.argv(), "notes": list(self.notes)}
+
+
+def plan_targets(args: argparse.Namespace, imported: Any) -> tuple[Target, Target]:
+    """``(target, plan_target)``: what the plan is written for, and the sd-cli whose reading
+    of the flags is planned: a pasted command whose syntax shows another dialect than the
+    target's is planned as it runs there and written for the target."""
+    target = target_from_args(args, imported.dialect if imported is not None else None,
+                              pasted=imported is not None)
+    if imported is not None and imported.dialect not in (None, target.dialect):
+        return target, Target("sd-cli", imported.dialect, True, "the command's syntax")
+    return target, target
 
 
 def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
          args: argparse.Namespace, files: dict[str, list[str]] | None = None,
-         flags: Any = None) -> Any:
-    """The memory estimate: for a pasted sd-cli command (``flags``, its runtime flags) the
-    sd-cli command's; else for ``--engine`` (sdplan's own engine measured by a dry run on
-    the model files when given)."""
+         flags: Any = None, tiling: Any = None) -> tuple[Any, Any]:
+    """The memory estimate and, for the newest sd-cli, its forecast
+    (:func:`~sdplan.core.planning.sdcli_estimate.sdcli_estimate`: scratch reserve, graph-cut
+    segments, the VAE retry, the CFG copy): for a pasted sd-cli command (``flags``, its
+    runtime flags; ``tiling``, its VAE tiling) or an sd-cli target the sd-cli command's;
+    else for ``--engine`` (sdplan's own engine measured by a dry run on the model files
+    when given)."""
     if profile is None:
-        return None
+        return None, None
+    if plan.target.sdcli and plan.target.dialect == "newest":
+        from sdplan.core.planning.estimate import RuntimeFlags
+        from sdplan.core.planning.sdcli_estimate import sdcli_estimate
+
+        if flags is None:
+            flags = RuntimeFlags(frozenset({"diffusion"}) if getattr(args, "diffusion_fa", False)
+                                 else frozenset())
+        return sdcli_estimate(plan, profile, inventory, width=args.width, height=args.height,
+                              batch=args.batch_count, flags=flags, tiling=tiling)
+    return _plain_fit(plan, profile, inventory, args, files, flags), None
+
+
+def _plain_fit(plan: Plan, profile: Profile, inventory: Inventory, args: argparse.Namespace,
+               files: dict[str, list[str]] | None, flags: Any) -> Any:
     if flags is not None:
         return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
                              batch=args.batch_count, flags=flags)
-    engine = engine_name(args)
+    engine = "sd-cli" if plan.target.sdcli else engine_name(args)
+    if engine == "sd-cli" and getattr(args, "diffusion_fa", False):
+        engine = "sd-cli-fa"
     measured = measure_files(files, args) if files and engine == "sdplan" else None
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
                          batch=args.batch_count, engine=engine, measured=measured)
@@ -141,8 +246,9 @@ def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argpa
           files: dict[str, list[str]], fit: Any, live: bool) -> Any:
     """The predicted time of sdplan's engine running the plan
     (:mod:`sdplan.core.commands.time_estimate`), or None without a profile or for another
-    engine; the devices' profiles are the inventory file's, else those measured here."""
-    if profile is None or engine_name(args) != "sdplan":
+    engine or an sd-cli target; the devices' profiles are the inventory file's, else those
+    measured here."""
+    if profile is None or plan.target.sdcli or engine_name(args) != "sdplan":
         return None
     from sdplan.core.commands import time_estimate as te
 
@@ -185,14 +291,26 @@ def run(args: argparse.Namespace) -> int:
             placement = args.placement_override
         else:
             placement = placement_from_namespace(args)
+        target, plan_target = plan_targets(args, imported)
         inventory, extra = load_inventory(args.devices, placement.rpc_servers)
         files = {k: list(getattr(args, k)) for k in MODEL_FLAGS if getattr(args, k, None)}
         profile = profile_from_args(args, files)
-        plan = resolve(placement, inventory, profile)
+        plan = resolve(placement, inventory, profile, plan_target)
+        if imported is not None:
+            plan = command_cfg(plan, imported)
+        written = written_flags(plan, target, inventory, profile)
+        scale = vae_scale_factor(profile.architecture if profile is not None else None)
+        if imported is not None:
+            extra = extra + tiling_warnings(imported, plan_target, scale)
+        extra = extra + [PlanWarning("not_in_dialect", f"sd-cli ({written.dialect}) has no "
+                                     f"{what}; it is left out of the written flags")
+                         for what in written.left_out]
         if extra:
             plan = dataclasses.replace(plan, warnings=extra + plan.warnings)
-        fit = _fit(plan, profile, inventory, args, files,
-                   imported.runtime_flags() if imported is not None else None)
+        fit, forecast = _fit(plan, profile, inventory, args, files,
+                             imported.runtime_flags() if imported is not None else None,
+                             imported.vae_tiling(imported.dialect or plan_target.dialect, scale)
+                             if imported is not None else None)
         timing = _time(plan, profile, inventory, args, files, fit, live=not args.devices)
     except SdplanError as exc:
         err = exc.to_json()
@@ -209,21 +327,29 @@ def run(args: argparse.Namespace) -> int:
             out["fit"] = fit.to_json()
             if advice:
                 out["fit"]["advice"] = advice
+            if forecast is not None:
+                out["fit"]["sdcli"] = forecast.to_json()
+        out["sdcli"] = written.to_json()
         if imported is not None:
-            out["command"] = _command_json(imported, plan)
+            out["command"] = _command_json(imported, written, scale)
             out["command"]["runtime_flags"] = imported.runtime_flags().to_json()
         if timing is not None:
             out["time"] = timing.to_json()
         print(json.dumps(out, indent=1))
     else:
-        print_tables(plan, inventory, fit)
+        print_tables(plan, inventory, fit, written)
+        if forecast is not None:
+            from sdplan.core.planning.sdcli_estimate import forecast_lines
+
+            for line in forecast_lines(forecast):
+                print(f"  {line}")
         print_advice(advice)
         if timing is not None:
             from sdplan.core.commands.time_estimate import print_time
 
             print_time(stdout_console(), timing)
         if imported is not None:
-            cmd = _command_json(imported, plan)
+            cmd = _command_json(imported, written, scale)
             console = stdout_console()
             console.print("sd-cli command:", style="bold")
             console.print(f"  {cmd['written']}", highlight=False, markup=False, soft_wrap=True)
@@ -234,20 +360,31 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def written_flags(plan: Plan, target: Target, inventory: Inventory,
+                  profile: Profile | None) -> Written:
+    """The placement flags for ``target``'s sd-cli dialect that run ``plan`` as planned
+    (:func:`~sdplan.core.planning.sdcli_write.written_placement`)."""
+    from sdplan.core.planning.sdcli_write import unwritable, written_placement
+
+    placement, notes = written_placement(plan, target.dialect, inventory, profile)
+    return Written(target.dialect, placement, notes, unwritable(plan.placement, target.dialect))
+
+
 def advise(plan: Plan, profile: Profile | None, inventory: Inventory, fit: Any,
            args: argparse.Namespace) -> list[str]:
     """When ``fit`` says the plan does not fit: the smallest change that would, from the
-    auto plan (:func:`sdplan.core.planning.autoplan.fit_advice`); else []."""
+    board's Auto plan search (:func:`sdplan.core.planning.autoplan_review.review_advice`);
+    else []."""
     if fit is None or getattr(fit, "fits", True) or profile is None:
         return []
-    from sdplan.core.planning.autoplan import fit_advice
+    from sdplan.core.planning.autoplan_review import review_advice
 
     try:
-        return fit_advice(plan, profile, inventory, width=fit.width, height=fit.height,
-                          batch=fit.batch, engine=fit.engine,
-                          measured={m: c for m, e in fit.modules.items() for c in
-                                    list(e.compute.values())[:1]
-                                    if fit.compute_source.get(m) == "measured"})
+        return review_advice(plan, profile, inventory, width=fit.width, height=fit.height,
+                             batch=fit.batch, engine=fit.engine,
+                             measured={m: c for m, e in fit.modules.items() for c in
+                                       list(e.compute.values())[:1]
+                                       if fit.compute_source.get(m) == "measured"})
     except SdplanError as exc:
         log.info("no auto plan: %s", exc)
         return []
@@ -315,24 +452,36 @@ def stdout_console() -> Any:
     return Console(width=None if sys.stdout.isatty() else 200)
 
 
-def print_tables(plan: Plan, inventory: Inventory, fit: Any) -> None:
-    """Print the plan on stdout: modules, devices with budgets, warnings, the fit estimate
-    (when given) and the canonical flags."""
+def print_tables(plan: Plan, inventory: Inventory, fit: Any, written: Written | None = None
+                 ) -> None:
+    """Print the plan on stdout: its target, modules, devices with budgets, warnings, the fit
+    estimate (when given), the canonical flags and the sd-cli flags ``written`` for the
+    target's dialect."""
     from rich.markup import escape
     from rich.table import Table
 
     console = stdout_console()
+    console.print(f"Plan for {plan.target.label()}", highlight=False, markup=False)
     mods = Table(title="Modules")
     for col in ("module", "runs on", "weights", "block ranges"):
         mods.add_column(col)
-    for m in MODULES:
+    for m in PLACED_MODULES:
         mp = plan.modules[m]
         weights = {"runtime": "follow runtime", "disk": "disk"}.get(mp.params.mode,
                                                                     str(mp.params.device))
-        ranges = ", ".join(f"{r.device}: {r.first_block}-{r.last_block} "
-                           f"({r.bytes / GIB:.2f} GiB)" for r in mp.ranges)
+        unit = "stages " if mp.range_unit == "stage" else ""
+        ranges = ", ".join(f"{r.device}: {unit}{r.first_block}-{r.last_block} "
+                           f"({r.bytes / GIB:.2f} GiB"
+                           + (f", {r.streamed / GIB:.2f} streamed" if r.streamed else "") + ")"
+                           for r in mp.ranges)
         mods.add_row(m, " & ".join(mp.devices), escape(weights), escape(ranges))
     console.print(mods)
+    if plan.split_ratio is not None:
+        console.print(f"--split-ratio {plan.split_ratio.text()}", highlight=False, markup=False)
+    if plan.cfg is not None:
+        state = "parallel" if plan.cfg.active else "sequential: " + "; ".join(plan.cfg.reasons)
+        console.print(f"CFG copy of diffusion on {plan.cfg.device} ({state})", highlight=False,
+                      markup=False)
     devs = Table(title="Devices")
     for col in ("device", "type", "description", "free GiB", "total GiB", "budget GiB"):
         devs.add_column(col, justify="right" if "GiB" in col else "left")
@@ -354,21 +503,33 @@ def print_tables(plan: Plan, inventory: Inventory, fit: Any) -> None:
                         ("--split-mode", plan.split_mode), ("--max-vram", plan.max_vram)):
         if value:
             console.print(f"  {flag} {value}", highlight=False, markup=False)
+    if written is not None:
+        console.print(f"sd-cli ({written.dialect}) placement flags:", style="bold")
+        console.print("  " + (shlex.join(written.argv()) or "(none)"), highlight=False,
+                      markup=False, soft_wrap=True)
+        for note in written.notes:
+            console.print(f"  {note}", highlight=False, markup=False)
     sys.stdout.flush()
 
 
 def _print_auto_fit(console: Any, fitted: Any) -> None:
-    """sd-cli's ``--auto-fit`` choice: components, sizes, reserves, devices, its strings."""
+    """sd-cli's auto-fit choice (the snapshot's or the newest's): components, sizes,
+    reserves, devices, where the weights went, its strings."""
     from rich.table import Table
 
-    table = Table(title="sd-cli --auto-fit" + (" (time-share: weights load per phase)"
-                                               if fitted.time_share else ""))
-    for col in ("component", "GiB (as counted)", "reserve GiB", "runs on"):
+    newest = isinstance(fitted, NewestAutoFit)
+    table = Table(title="sd-cli auto-fit" + (" (newest: keeps --backend, chooses residency)"
+                                             if newest else " (time-share: weights load per "
+                                             "phase)" if fitted.time_share else ""))
+    for col in ("component", "GiB (as counted)", "reserve GiB", "runs on", "weights"):
         table.add_column(col, justify="right" if "GiB" in col else "left")
     for comp, size in fitted.components.items():
-        where = fitted.placement.get(comp)
+        where = fitted.runtime.get(comp) if newest else fitted.placement.get(comp)
+        tier = TIERS.get(fitted.tiers.get(comp, 0), "") if newest else (
+            "disk" if fitted.time_share and where and where != ["cpu"] else "where it runs")
         table.add_row(comp, f"{size / GIB:.2f}", f"{RESERVES[comp] / GIB:.2f}",
-                      " & ".join(where) if where else "(not present)")
+                      " & ".join(where) if where and size else "(not present)",
+                      tier if size else "")
     console.print(table)
     budgets = ", ".join(f"{d.name} {d.budget / GIB:.2f} GiB" for d in fitted.devices)
     console.print(f"  budgets: {budgets or 'no GPU'}", highlight=False, markup=False)

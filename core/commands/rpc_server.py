@@ -76,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
             "device's memory and run work on it. Pass --allow-remote to do it anyway on a "
             "trusted network."
         )
+    if ":" in args.host.strip("[]"):
+        return _fail(f"--host {args.host}: ggml's RPC server listens on IPv4 only; use "
+                     "127.0.0.1 (or an IPv4 address with --allow-remote)")
     try:
         devices.require_rpc()
         device = _resolve_device(args.device)

@@ -85,6 +85,16 @@ def sampling_request(args: argparse.Namespace) -> dict[str, Any]:
     return req
 
 
+def _is_file(path: str) -> bool:
+    """Whether a path a picture records is a file here (a name too long: no)."""
+    from sdplan.core.planning import paths
+
+    try:
+        return paths.is_file(path)
+    except OSError:
+        return False
+
+
 def refuse_unsupported(args: argparse.Namespace, extras: list[str]) -> list[str]:
     """Check the arguments argparse left over; returns notes for the accepted ones
     (:data:`NO_EFFECT`).
@@ -123,12 +133,30 @@ def refuse_unsupported(args: argparse.Namespace, extras: list[str]) -> list[str]
             "and loading)"] if ignored else []
 
 
+def _as_flag_value(key: str, value: Any) -> Any:
+    """A recorded setting as its flag's parsed value: ``--sigmas`` and ``--skip-layers`` text,
+    ``--extra-sample-args`` as the list of ``K=V,...`` texts argparse collects."""
+    if key == "sigmas" and not isinstance(value, str):
+        return ",".join(f"{float(v):g}" for v in value)
+    if key == "extra_sample_args" and isinstance(value, dict):
+        return [",".join(f"{k}={v}" for k, v in value.items())] if value else []
+    if key == "extra_sample_args" and isinstance(value, str):
+        return [value]
+    if key == "skip_layers" and not isinstance(value, str):
+        return "[" + ",".join(str(int(v)) for v in value) + "]"
+    return value
+
+
 def apply_from_image(args: argparse.Namespace, parser_defaults: dict[str, Any]) -> str | None:
     """With ``--from-image PNG``: fill every setting the command line left at its default
-    from the PNG's parameters (:func:`sdplan.core.pipelines.results.read_generation`):
-    prompt, negative prompt, size, steps, CFG scale, guidance, seed, sampler, scheduler,
-    clip skip, eta, rng, model files (sdplan's own PNGs; only files that exist) and
-    placement strings. Returns a note of what was taken, or None without ``--from-image``.
+    from the PNG's parameters (:func:`sdplan.core.pipelines.stages.results.reusable_settings`,
+    what the app's "Reuse settings" takes too): the prompts, size, steps, CFG, guidance where
+    the family takes it, seed, sampler, scheduler, clip skip, the sampling and SLG options,
+    LoRA folder and picture inputs (found beside the picture or in the current folder), the
+    model files (sdplan's own PNGs name them by file name: found as they are, beside the
+    picture, in the current folder or among the model library's files) and the placement
+    strings. Returns a note of what was taken, or None without
+    ``--from-image``.
 
     Raises:
         SdplanError: the PNG cannot be read or holds no generation parameters.
@@ -136,7 +164,12 @@ def apply_from_image(args: argparse.Namespace, parser_defaults: dict[str, Any]) 
     path = getattr(args, "from_image", None)
     if not path:
         return None
-    from sdplan.core.pipelines.results import read_generation
+    from sdplan.core.pipelines.stages.results import (
+        locate_inputs,
+        locate_model_files,
+        read_generation,
+        reusable_settings,
+    )
 
     try:
         got = read_generation(path)
@@ -145,24 +178,34 @@ def apply_from_image(args: argparse.Namespace, parser_defaults: dict[str, Any]) 
     if not got.settings and not got.model_files:
         raise SdplanError(f"--from-image {path}: no generation parameters in this PNG")
     taken = []
-    for key, value in got.settings.items():
+    for key, value in locate_inputs(reusable_settings(got), path).items():
         if not hasattr(args, key):
             continue
         current = getattr(args, key)
         if current is None or current == parser_defaults.get(key) or (
                 key == "prompt" and not current):
-            setattr(args, key, value)
+            setattr(args, key, _as_flag_value(key, value))
             taken.append(key)
-    flags = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "t5xxl",
-             "clip_l": "clip_l", "vae": "vae", "taesd": "taesd"}
-    if not any(getattr(args, k, None) for k in flags):
-        for key, paths in got.model_files.items():
-            if key in flags and paths and Path(paths[0]).is_file():
-                setattr(args, flags[key], paths[0])
+    if not (getattr(args, "model", None) or getattr(args, "diffusion_model", None)):
+        # every model file the record names, by its name: beside the picture, in the current
+        # folder or in the model library (its SHA-256 first when the picture records it)
+        found = locate_model_files(got.model_files, path, sha256=got.model_hash)
+        for key, paths in found.items():
+            if hasattr(args, key) and not getattr(args, key, None):
+                setattr(args, key, paths[0])
                 taken.append(key)
-    for key in ("backend", "params_backend", "max_vram"):
+        lost = [Path(p).name for k, v in got.model_files.items() if k not in found for p in v]
+        if lost and not (getattr(args, "model", None) or getattr(args, "diffusion_model", None)):
+            raise SdplanError(f"--from-image {path}: the model file {', '.join(lost)} is not "
+                              "beside the picture, in the current folder or in the model "
+                              "library; give it with -m or --diffusion-model")
+    for key in ("backend", "params_backend", "max_vram", "split_mode"):
         value = got.placement.get(key)
-        if value and not getattr(args, key, None):
-            setattr(args, key, [value])
+        if value and hasattr(args, key) and not getattr(args, key, None):
+            setattr(args, key, [value] if key != "split_mode" else value)
             taken.append(key)
+    servers = got.placement.get("rpc_servers")
+    if servers and hasattr(args, "rpc_servers") and not getattr(args, "rpc_servers", None):
+        args.rpc_servers = servers
+        taken.append("rpc_servers")
     return f"from {path}: {', '.join(taken) if taken else 'nothing (the command line gives all)'}"

@@ -23,8 +23,8 @@ from sdplan.core.planning.work import ModuleWork
 
 log = logging.getLogger(__name__)
 
-#: Modules the engine's work count covers.
-COUNTED = ("te", "diffusion", "vae")
+#: Modules the engine's work count covers (a ControlNet where the family's count has one).
+COUNTED = ("te", "diffusion", "controlnet", "vae")
 
 
 def add_time_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,7 +77,7 @@ def count_here(files: Mapping[str, Sequence[str]], plan: Any, inventory: Invento
         from sdplan.core.runtime.placement import ModulePlacement
         from sdplan.core.runtime.runner import BackendPool
 
-        placements = {m: ModulePlacement.from_plan(plan, m) for m in COUNTED}
+        placements = {m: ModulePlacement.from_plan(plan, m) for m in COUNTED if m in plan.modules}
         manager = BackendManager(cpu_threads=1)
         extra = {} if live else {d.name: native().init_backend("CPU") for d in inventory if d.name != "CPU"}
         try:
@@ -137,3 +137,66 @@ def print_time(console: Any, report: TimeReport, measured: Mapping[str, float] |
                   f"decode {report.decode_s:.3f})", highlight=False, markup=False)
     for note in report.notes:
         console.print(f"  note: {note}", highlight=False, markup=False)
+
+
+def predict_run(args: argparse.Namespace, engine: Any, files: dict[str, list[str]], plan: Any,
+                inventory: Inventory, profile: Any, fit: Any, req: Any = None) -> TimeReport | None:
+    """The predicted time of this run (``-v``): the work of the engine's graphs counted in
+    the engine process on the planned devices (:data:`~sdplan.core.pipelines.job_names.WORK_JOB`;
+    a ControlNet and VAE tiles as the request asks), priced with the devices' measured
+    profiles (:func:`predict`); the parts of ``req`` (a
+    :class:`~sdplan.core.pipelines.request.GenerationRequest`) it does not price are named in
+    its notes (:func:`unpriced`). None when it cannot be made (logged)."""
+    from dataclasses import replace
+
+    from sdplan.core.pipelines.job_names import WORK_JOB
+    from sdplan.core.planning.work import works_from_json
+    from sdplan.core.runtime.placement import ModulePlacement
+
+    try:
+        settings = settings_of(args)
+        tiling = getattr(req, "vae_tiling", None)
+        work_files = {**files, **({"control_net": [str(req.control_net)]} if getattr(req, "control_net", None) else {})}
+        works = works_from_json(engine.call(WORK_JOB, {
+            "model_files": work_files, "width": args.width, "height": args.height, "batch": args.batch_count,
+            "cfg": settings.cfg, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
+            "placements": {m: ModulePlacement.from_plan(plan, m) for m in COUNTED if m in plan.modules},
+            "vae_tiling": tiling.to_json() if tiling is not None and tiling.enabled else None}))
+        report = predict(plan, with_profiles(inventory, settings.threads), profile, settings, works, files, fit)
+        extra = unpriced(req)
+        return replace(report, notes=(*report.notes, *extra)) if extra else report
+    except SdplanError as exc:
+        log.info("no time prediction: %s", exc)
+        return None
+
+
+def unpriced(req: Any) -> list[str]:
+    """Notes naming the parts of a request the prediction leaves out (never priced as
+    nothing in silence): the hires fix's second pass (its steps and decode at the hires size,
+    the upscale between the passes). Planned modules without a price (an upscaler) are named
+    by :func:`~sdplan.core.planning.timing.predict_time` itself."""
+    out = []
+    hires = getattr(req, "hires", None)
+    if hires is not None and getattr(hires, "active", False):
+        out.append("hires fix: its second pass (sampling and decode at the hires size) and the "
+                   "upscale between the passes are not priced; the prediction is the first pass's")
+    return out
+
+
+def measured_timings(step_times: list[float], engine_timings: dict[str, Any]) -> dict[str, float]:
+    """A picture's measured ``{"step_s", "image_s"}``: the median of the intervals between
+    the progress messages of consecutive sampler steps (``step_times``: seconds since the
+    message before, the first one's 0; the first step also builds the graph, so it is left
+    out; with one step, the engine's own ``per_step``), and the engine's whole time for the
+    request (``total``: load, text, sampling, decode); a figure that was not measured is
+    left out."""
+    import statistics
+
+    out: dict[str, float] = {}
+    if len(step_times) > 1:
+        out["step_s"] = round(statistics.median(step_times[1:]), 6)
+    elif isinstance(engine_timings.get("per_step"), (int, float)):
+        out["step_s"] = round(float(engine_timings["per_step"]), 6)
+    if isinstance(engine_timings.get("total"), (int, float)):
+        out["image_s"] = round(float(engine_timings["total"]), 6)
+    return out

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sdplan.core.errors import SdplanError
+from sdplan.core.errors import NonFiniteError, SdplanError
 from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
 
 log = logging.getLogger(__name__)
@@ -49,13 +49,15 @@ OUTPUT_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 
 def run(args: argparse.Namespace) -> int:
     """Upscale and write the image; 0 on success, 2 on any sdplan error. The flags, the
-    input picture and the output location are all checked before the model loads."""
+    input picture and the output location (never one of the inputs) are all checked before the
+    model loads."""
     from sdplan.core.commands.limits import check_upscale
     from sdplan.core.commands.messages import print_error
+    from sdplan.core.commands.same_file import check_files
     from sdplan.core.modelfiles.readers import check_model_file
-    from sdplan.core.pipelines.images import read_image_rgb
-    from sdplan.core.pipelines.outputs import check_output_file
-    from sdplan.core.pipelines.upscale import Upscaler
+    from sdplan.core.pipelines.stages.images import read_image_rgb
+    from sdplan.core.pipelines.stages.outputs import check_output_file
+    from sdplan.core.pipelines.stages.upscale import Upscaler
     from sdplan.core.planning.plan import resolve
     from sdplan.core.runtime.devices import BackendManager, live_inventory
     from sdplan.core.runtime.runner import BackendPool, ModulePlacement
@@ -63,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         check_upscale(args)
+        check_files([("-o/--output", args.output)],
+                    [("-i/--init-img", args.input), ("--upscale-model", args.upscale_model)])
         image = read_image_rgb(Path(args.input))
         # x4 per repeat is the largest ESRGAN scale: an upper bound of the output's bytes
         side = 4 ** args.upscale_repeats
@@ -82,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
                           tile=args.upscale_tile, n_threads=threads.threads)
             try:
                 out = up.upscale_image(image, args.upscale_repeats)
+            except NonFiniteError as exc:  # name the likely cause: the upscaler's weights
+                from sdplan.core.pipelines.finite import likely_causes
+
+                raise exc.with_causes(likely_causes({"model_files": {"upscale_model": [args.upscale_model]}})) from None
             finally:
                 up.close()
         path = _write(out, Path(args.output))
@@ -118,7 +126,7 @@ def _write(image: Any, path: Path) -> Path:
 
     from PIL import Image
     from sdplan.core.errors import OutputError
-    from sdplan.core.pipelines.outputs import atomic_write, fallback_folder
+    from sdplan.core.pipelines.stages.outputs import atomic_write, fallback_folder
 
     pic = Image.fromarray(image)
     fmt = Image.registered_extensions().get(path.suffix.lower(), "PNG")

@@ -19,24 +19,28 @@ DiTs without prefix, T5 ``encoder.block.N``, CLIP ``text_model.``, VAE ``encoder
 
 from __future__ import annotations
 
-import json
 import logging
 import re
+import stat
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sdplan.core.errors import ModelFileError
+from sdplan.core.errors import ModelFileError, PathError
+from sdplan.core.families import DiffusionTensors, detect_family
+from sdplan.core.families.z_image import DIFFUSION_MARKERS
 from sdplan.core.modelfiles.autofit_sizes import autofit_component_bytes, loaded_component_bytes
-from sdplan.core.modelfiles.families import DIFFUSION_MARKERS, detect_family
 from sdplan.core.modelfiles.readers import (
     TensorFile,
     TensorInfo,
     read_tensor_file,
     refuse_special_file,
+    stat_model_path,
 )
 from sdplan.core.modelfiles.unets import stage_bytes
+from sdplan.core.planning import paths as safe_paths
+from sdplan.core.planning.bounded_json import read_json
 from sdplan.core.planning.modules import ENCODERS, FLAG_TARGETS, MODULES, SPLITTABLE
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
@@ -73,6 +77,8 @@ _EMBEDDER_RE = re.compile(r"^conditioner\.embedders\.(\d+)\.(transformer|model)\
 _DIFFUSERS_DIRS = {"unet": "diffusion", "transformer": "diffusion", "text_encoder": "te",
                    "text_encoder_2": "te", "text_encoder_3": "te", "vae": "vae",
                    "controlnet": "controlnet"}
+#: An LLM encoder's vision tower (Qwen2.5-VL ``visual.``, with or without ``text_encoders.llm.``).
+_VISION_RE = re.compile(r"(?:^|\.)visual\.")
 _T5_RE = re.compile(r"(?:^|\.)(encoder\.block|enc\.blk)\.\d+\.")
 _CLIP_BY_WIDTH = {768: "clip_l", 1024: "clip_h", 1280: "clip_g"}
 
@@ -84,7 +90,8 @@ class ModelTensor:
     Attributes:
         info: the header entry (name, dtype, shape, bytes, offset, file).
         module: module name of spec section 1.
-        encoder: for ``te``: ``clip_l``/``clip_g``/``clip_h``/``t5xxl``/``llm``; else None.
+        encoder: for ``te``: ``clip_l``/``clip_g``/``clip_h``/``t5xxl``/``llm``/``llm_vision`` (an
+            LLM's vision tower); else None.
         role: ``main``, or ``preview`` for a ``--taesd`` tiny autoencoder.
         block: ``(segment rank, index)`` of its block (spec section 8) or None.
     """
@@ -311,7 +318,7 @@ def read_model_files(flags: Mapping[str, Sequence[str | Path]]) -> ModelSet:
                     enc = _detect_encoder(tf)
                 cls = [(t, module, enc) for t in tf.tensors]
                 ign = []
-            tensors.extend(ModelTensor(t, m, e, role) for t, m, e in cls)
+            tensors.extend(ModelTensor(t, m, _vision(t.name, m, e), role) for t, m, e in cls)
             ignored.extend(ign)
     _check_duplicates(tensors)
     ms = ModelSet(files, [], ignored)
@@ -337,6 +344,13 @@ def _dominant(tensors: Iterable[ModelTensor]) -> str | None:
     return max(pool, key=lambda e: enc[e]) if pool else None
 
 
+def _vision(name: str, module: str, encoder: str | None) -> str | None:
+    """The encoder of a ``te`` tensor: ``llm_vision`` for an LLM's vision tower (``visual.``,
+    Qwen2.5-VL's; sd-cli's ``--llm_vision`` part, never split: it stays on the main device),
+    else ``encoder``."""
+    return "llm_vision" if module == "te" and encoder == "llm" and _VISION_RE.search(name) else encoder
+
+
 def _with_block(t: ModelTensor, dominant: str | None) -> ModelTensor:
     if t.module not in SPLITTABLE or t.role != "main":
         return t
@@ -359,12 +373,13 @@ def _check_duplicates(tensors: list[ModelTensor]) -> None:
 def _expand(path: Path, key: str) -> list[tuple[TensorFile, str | None]]:
     """Files of one flag value: a file, a component folder or a diffusers pipeline folder.
     The second item is the diffusers component (``unet``...) or None."""
-    if not path.exists():
+    st = stat_model_path(path)
+    if st is None:
         raise ModelFileError(path, "no such file or folder")
     refuse_special_file(path)
-    if path.is_file():
+    if stat.S_ISREG(st.st_mode):
         return [(read_tensor_file(path), None)]
-    comps = [d for d in _DIFFUSERS_DIRS if (path / d).is_dir()]
+    comps = [d for d in _DIFFUSERS_DIRS if _is_dir(path / d)]
     if comps:
         if key != "model":
             raise ModelFileError(path, f"a diffusers pipeline folder goes to -m/--model, "
@@ -380,22 +395,47 @@ def _expand(path: Path, key: str) -> list[tuple[TensorFile, str | None]]:
     return [(tf, None) for tf in files]
 
 
+def _is_dir(path: Path) -> bool:
+    st = stat_model_path(path)
+    return st is not None and stat.S_ISDIR(st.st_mode)
+
+
+def _is_file(path: Path, index: Path, shard: str) -> bool:
+    """Whether a shard an index names is a regular file; a name that cannot be a file (too
+    long...) is an error naming the index."""
+    try:
+        return safe_paths.is_file(path)
+    except PathError as exc:
+        raise ModelFileError(index, f"shard {shorten_name(shard)!r}: "
+                                    f"{safe_paths.reason(exc)}") from None
+
+
+def shorten_name(name: str, limit: int = 80) -> str:
+    """``name`` when at most ``limit`` characters, else its head, ``…`` and its length."""
+    return name if len(name) <= limit else f"{name[:limit - 20]}… ({len(name)} characters)"
+
+
 def _component_files(folder: Path) -> list[TensorFile]:
     """Headers of one diffusers component folder: its sharded index, else its single
     (non-variant preferred) safetensors file."""
     indexes = sorted(folder.glob("*.safetensors.index.json"))
     if indexes:
         idx = indexes[0]
-        try:
-            weight_map = json.loads(idx.read_text(encoding="utf-8"))["weight_map"]
-            shards = sorted({str(v) for v in weight_map.values()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ModelFileError(idx, f"unreadable shard index ({exc})") from None
+        try:  # the one bounded JSON reader
+            doc = read_json(idx, what="shard index")
+            weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+            if not isinstance(weight_map, dict) or not all(
+                    isinstance(v, str) for v in weight_map.values()):
+                raise ValueError("no 'weight_map' of tensor names to shard files")
+            shards = sorted(set(weight_map.values()))
+        except (OSError, ValueError) as exc:
+            reason = str(exc).removeprefix(f"{idx}: ")
+            raise ModelFileError(idx, f"unreadable shard index ({reason})") from None
         out = []
         for shard in shards:
             sp = folder / shard
-            if Path(shard).name != shard or not sp.is_file():
-                raise ModelFileError(idx, f"shard {shard!r} is missing from {folder}")
+            if Path(shard).name != shard or not _is_file(sp, idx, shard):
+                raise ModelFileError(idx, f"shard {shorten_name(shard)!r} is missing from {folder}")
             tf = read_tensor_file(sp)
             listed = {n for n, f in weight_map.items() if f == shard}
             if listed != {t.name for t in tf.tensors}:
@@ -514,14 +554,15 @@ def _local(name: str) -> str:
 
 
 def detect_architecture(ms: ModelSet) -> Architecture:
-    """Architecture of the model set from its diffusion tensors' names and shapes: the rules of
-    :func:`sdplan.core.modelfiles.families.detect_family` (Z-Image, FLUX.2, FLUX.1 / Chroma,
-    SD3, the UNets by context width or ``sdplan.family`` metadata), given the diffusion tensors
-    without ``model.diffusion_model.``, the ``llm`` encoder's names, the files' metadata and
-    the text encoders among the files."""
+    """Architecture of the model set from its diffusion tensors' names and shapes: the family
+    registry's rules (:func:`sdplan.core.families.detect_family`: Z-Image, FLUX.2, FLUX.1 /
+    Chroma, SD3, the UNets by context width or ``sdplan.family`` metadata), given the diffusion
+    tensors without ``model.diffusion_model.``, the ``llm`` encoder's names (its vision tower's
+    included), the files' metadata and the text encoders among the files."""
     diff = {_local(t.info.name): t.info.shape for t in ms.module_tensors("diffusion")}
-    llm = [t.info.name for t in ms.module_tensors("te") if t.encoder == "llm"]
+    llm = [t.info.name for t in ms.module_tensors("te") if t.encoder in ("llm", "llm_vision")]
     meta = [str(f.metadata.get("sdplan.family")) for f in ms.files if f.metadata.get("sdplan.family")]
     encoders = {t.encoder for t in ms.module_tensors("te")}
-    return Architecture(*detect_family(diff, llm, meta, encoders))
+    return Architecture(*detect_family(DiffusionTensors(diff, tuple(llm), tuple(meta),
+                                                        frozenset(e for e in encoders if e))))
 

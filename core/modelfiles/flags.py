@@ -24,7 +24,8 @@ def files_by_flag(ms: ModelSet, flags: Mapping[str, Sequence[str | Path]]) -> di
             flag = key
             kinds = by_file.get(str(p), set())
             if key == "model" and len({k[0] for k in kinds}) == 1:
-                encoders = {k[1] for k in kinds}
+                # an LLM's vision tower is part of its --llm file
+                encoders = {"llm" if k[1] == "llm_vision" else k[1] for k in kinds}
                 roles = {k[2] for k in kinds}
                 module = next(iter(kinds))[0]
                 if len(encoders) == 1 and len(roles) == 1:

@@ -21,15 +21,19 @@ import logging
 import os
 import re
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sdplan.core.errors import ModelFileError
+from sdplan.core.families import lora_family as registry_lora_family
 from sdplan.core.modelfiles import checkpoint as _ckpt
 from sdplan.core.modelfiles.checkpoint import ModelSet, ModelTensor, read_model_files
 from sdplan.core.modelfiles.readers import TensorFile, read_tensor_file
+from sdplan.core.planning import paths as safe_paths
+from sdplan.core.planning.bounded_json import read_json
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +56,6 @@ DIFFUSION_KINDS = ("checkpoint", "diffusion")
 
 _LORA_RE = re.compile(r"(?:^|[._])(lora_(?:up|down|A|B)|lora\.(?:up|down)|hada_w[12]_[ab]|"
                       r"lokr_w[12])(?:\.|$)")
-_CONTEXT_FAMILY = {768: "sd1", 1024: "sd2", 2048: "sdxl"}
 
 
 @dataclass(frozen=True)
@@ -176,10 +179,12 @@ def classifier_stamp() -> str:
     new family never shows an old description from the cache."""
     import hashlib
 
-    from sdplan.core.modelfiles import checkpoint, families, readers
+    from sdplan.core import families
+    from sdplan.core.modelfiles import checkpoint, readers
 
+    rules = [sys.modules[n] for n in sorted(sys.modules) if n.startswith("sdplan.core.families.")]
     h = hashlib.sha256()
-    for mod in (readers, families, checkpoint, sys.modules[__name__]):
+    for mod in (readers, families, *rules, checkpoint, sys.modules[__name__]):
         try:
             h.update(Path(str(mod.__file__)).read_bytes())
         except OSError:
@@ -187,26 +192,54 @@ def classifier_stamp() -> str:
     return h.hexdigest()[:16]
 
 
+def _starts_as_cache(path: Path) -> bool:
+    """Whether the file at ``path`` is empty or starts as JSON text of an object (as every
+    cache sdplan writes does)."""
+    try:
+        with safe_paths.open_regular(path, "library cache") as fh:
+            head = fh.read(1)
+    except OSError:
+        return False
+    return head in (b"", b"{")
+
+
 class LibraryCache:
     """Entries by absolute path, read from and written to one JSON file (``path``;
     default :func:`cache_dir` / :data:`CACHE_NAME`), valid for the code that wrote it
     (:func:`classifier_stamp`). A missing, unreadable or other code's cache is an empty one
-    (logged), never an error."""
+    (logged), never an error. The file is read with the bounded JSON reader
+    (:func:`sdplan.core.planning.bounded_json.read_json`). A broken cache (text starting
+    with ``{`` that is not JSON) is replaced; a file that is not text JSON (a model file given
+    as ``--cache``, say) or JSON of another kind (an object without a ``stamp``) is
+    :attr:`foreign` and never replaced."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else cache_dir() / CACHE_NAME
         self.entries: dict[str, LibraryEntry] = {}
+        #: Absolute path -> ``[size, mtime_ns, sha256 hex]`` of the whole file
+        #: (:func:`file_sha256`); kept whatever code wrote the entries (a hash does not depend
+        #: on it).
+        self.hashes: dict[str, list] = {}
         self._dirty = False
         self.stamp = classifier_stamp()
+        self.foreign = False
         try:
-            raw = json.loads(self.path.read_text(encoding="utf-8"))
+            if not safe_paths.exists(self.path):
+                return
+            self.foreign = not _starts_as_cache(self.path)
+            raw = read_json(self.path, what="library cache")
+            if not isinstance(raw, dict) or "stamp" not in raw:
+                self.foreign = True
+                raise ValueError("not an sdplan library cache")
+            hashes = raw.get("sha256")
+            if isinstance(hashes, dict):
+                self.hashes = {str(k): list(v) for k, v in hashes.items()
+                               if isinstance(v, list) and len(v) == 3}
             if raw.get("stamp") != self.stamp:
                 raise ValueError("written by other code (the file descriptions may differ)")
             for item in raw.get("entries", []):
                 e = LibraryEntry.from_json(item)
                 self.entries[e.path] = e
-        except FileNotFoundError:
-            pass
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.info("library cache %s not used: %s", self.path, exc)
             self.entries = {}
@@ -232,15 +265,62 @@ class LibraryCache:
         """Write the cache when it changed (atomically; a failure is logged)."""
         if not self._dirty:
             return
+        if self.foreign:
+            log.warning("library cache %s not written: that file is not an sdplan cache",
+                        self.path)
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
-            data = {"stamp": self.stamp, "entries": [e.to_json() for e in self.entries.values()]}
+            data = {"stamp": self.stamp, "entries": [e.to_json() for e in self.entries.values()],
+                    "sha256": self.hashes}
             tmp.write_text(json.dumps(data), encoding="utf-8")
             os.replace(tmp, self.path)
             self._dirty = False
         except OSError as exc:
             log.warning("library cache %s not written: %s", self.path, exc)
+
+
+    def sha256(self, path: str | Path) -> str:
+        """The SHA-256 (hex) of the whole file ``path``, from the cache while its size and
+        modification time are unchanged, else read and kept (:meth:`save` writes it).
+
+        Raises:
+            OSError: the file cannot be read.
+        """
+        import hashlib
+
+        key = os.path.abspath(path)
+        st = os.stat(key)
+        got = self.hashes.get(key)
+        if got is not None and got[0] == st.st_size and got[1] == st.st_mtime_ns:
+            return str(got[2])
+        h = hashlib.sha256()
+        with open(key, "rb") as fh:
+            for block in iter(lambda: fh.read(8 << 20), b""):
+                h.update(block)
+        self.hashes[key] = [st.st_size, st.st_mtime_ns, h.hexdigest()]
+        self._dirty = True
+        return h.hexdigest()
+
+
+_HASH_LOCK = threading.Lock()
+
+
+def file_sha256(path: str | Path, cache: LibraryCache | None = None) -> str:
+    """The SHA-256 (hex) of a model file, computed once and kept with the library's header
+    cache (:meth:`LibraryCache.sha256`; the default cache file, saved at once). Its first 10
+    hex digits are the ``Model hash`` Stable Diffusion web UI writes (its "AutoV2" hash), by
+    which model sites link a picture to its model. Safe to call from several threads.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with _HASH_LOCK:
+        c = cache if cache is not None else LibraryCache()
+        digest = c.sha256(path)
+        c.save()
+        return digest
 
 
 # --------------------------------------------------------------------------- scanning
@@ -278,7 +358,12 @@ def find_model_files(folders: Sequence[str | Path]) -> tuple[list[Path], list[st
     missing: list[str] = []
     for folder in folders:
         root = Path(os.path.abspath(Path(folder).expanduser()))
-        if not root.is_dir():
+        try:
+            there = safe_paths.is_dir(root)
+        except OSError as exc:  # a name too long, a folder without search permission
+            missing.append(f"{folder} ({safe_paths.reason(exc)})")
+            continue
+        if not there:
             missing.append(str(folder))
             continue
         for dirpath, dirnames, filenames in os.walk(root):
@@ -441,25 +526,12 @@ def lora_family(tf: TensorFile) -> str | None:
     """The family a LoRA (or LyCORIS) file adapts, or None when ``tf`` is not one.
 
     A LoRA has ``lora_up``/``lora_down`` (kohya), ``lora_A``/``lora_B`` (PEFT) or LoHa /
-    LoKr factors. Family: Flux block names (``double_blocks``, ``single_blocks``,
-    ``single_transformer_blocks``) -> ``flux``; SD3 ``joint_blocks`` -> ``sd3``; a second
-    text encoder (``lora_te2_``) -> ``sdxl``; else the width of a cross-attention key's
-    down projection (768 ``sd1``, 1024 ``sd2``, 2048 ``sdxl``); ``unknown`` otherwise.
+    LoKr factors; its family is the registry's answer from its names and shapes
+    (:func:`sdplan.core.families.lora_family`: FLUX.1 block names, SD3 ``joint_blocks``, a
+    second text encoder for SDXL, else the cross-attention width 768 / 1024 / 2048), else
+    ``unknown``.
     """
     names = [t.name for t in tf.tensors]
     if not names or not any(_LORA_RE.search(n) for n in names):
         return None
-    flat = [n.replace("_", ".") for n in names]
-    if any("double.blocks" in n or "single.blocks" in n or "single.transformer.blocks" in n
-           for n in flat):
-        return "flux"
-    if any("joint.blocks" in n for n in flat):
-        return "sd3"
-    if any(n.startswith("lora_te2_") for n in names):
-        return "sdxl"
-    for t in tf.tensors:
-        n = t.name.replace("_", ".")
-        if "attn2" in n and "to.k" in n and ("lora.down" in n or "lora.A" in n) \
-                and len(t.shape) == 2:
-            return _CONTEXT_FAMILY.get(t.shape[1], "unknown")
-    return "unknown"
+    return registry_lora_family(names, {t.name: tuple(t.shape) for t in tf.tensors})

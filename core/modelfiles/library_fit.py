@@ -1,6 +1,6 @@
 """What each diffusion model of the library needs, and whether it fits on the devices.
 
-A diffusion model alone does not generate: :data:`FAMILY_NEEDS` says which text encoders
+A diffusion model alone does not generate: its family's companions (:func:`needs_of`) say which text encoders
 and which VAE (by latent channels) each family pairs with, and :func:`companions` finds
 them among the library's entries (the model's own folder first). :func:`fit_verdict`
 then asks the planner the question the library answers at a glance, on the model with its
@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sdplan.core.families import Companions, family
 from sdplan.core.modelfiles.library import DIFFUSION_KINDS, LibraryEntry
 from sdplan.core.planning.autoplan import auto_plan
 from sdplan.core.planning.estimate import FitReport, estimate_plan
@@ -36,45 +37,22 @@ from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
-
-@dataclass(frozen=True)
-class Needs:
-    """A family's companions: the text encoders it reads and its VAE's latent channels,
-    and its native image size (pixels) for the fit."""
-
-    encoders: tuple[str, ...]
-    latent_channels: int | None
-    size: int
-
-
-#: Family (or ``family-variant``) -> what it pairs with (``latent_channels`` None: no VAE,
-#: a pixel-space model). Sources: sd-cli's documented model sets (SD1 CLIP-L; SD2 OpenCLIP
-#: ViT-H; SDXL CLIP-L + bigG; the refiner bigG alone; SD3 CLIP-L + bigG + T5-XXL; Flux
-#: CLIP-L + T5-XXL; Chroma T5-XXL alone, Chroma Radiance in pixel space; Z-Image and FLUX.2
-#: klein a Qwen3 LLM encoder; 4-channel SD VAEs, 16-channel Flux/SD3 autoencoders, FLUX.2's
-#: 32-channel one) and each family's training resolution.
-FAMILY_NEEDS: dict[str, Needs] = {
-    "sd1": Needs(("clip_l",), 4, 512),
-    "sd2": Needs(("clip_h",), 4, 768),
-    "sdxl": Needs(("clip_l", "clip_g"), 4, 1024),
-    "sdxl-refiner": Needs(("clip_g",), 4, 1024),
-    "sd3": Needs(("clip_l", "clip_g", "t5xxl"), 16, 1024),
-    "flux": Needs(("clip_l", "t5xxl"), 16, 1024),
-    "chroma": Needs(("t5xxl",), 16, 1024),
-    "chroma-radiance": Needs(("t5xxl",), None, 1024),
-    "z_image": Needs(("llm",), 16, 1024),
-    "flux2_klein": Needs(("llm",), 32, 1024),
-}
 #: Verdicts from best to worst.
 VERDICTS = ("resident", "split", "offload", "none")
 VERDICT_TITLES = {"resident": "fits resident", "split": "fits with a split",
                   "offload": "fits with offload", "none": "does not fit"}
 
 
-def needs_of(entry: LibraryEntry) -> Needs | None:
-    """What ``entry``'s family pairs with (None for an unknown family)."""
-    arch = entry.architecture or ""
-    return FAMILY_NEEDS.get(arch) or FAMILY_NEEDS.get(entry.family or "")
+def needs_of(entry: LibraryEntry) -> Companions | None:
+    """What ``entry``'s family pairs with (its variant's companions; None for an unknown
+    family): the registry's :attr:`~sdplan.core.families.declaration.Family.companions`,
+    from sd-cli's documented model sets (SD1 CLIP-L; SD2 OpenCLIP ViT-H; SDXL CLIP-L + bigG;
+    the refiner bigG alone; SD3 CLIP-L + bigG + T5-XXL; Flux CLIP-L + T5-XXL; Chroma T5-XXL
+    alone, Chroma Radiance in pixel space; Z-Image and FLUX.2 klein a Qwen3 LLM encoder;
+    4-channel SD VAEs, 16-channel Flux/SD3 autoencoders, FLUX.2's 32-channel one) and each
+    family's training resolution."""
+    fam = family(entry.family)
+    return fam.companions_for(entry.variant) if fam is not None else None
 
 
 def native_size(entry: LibraryEntry) -> int:
@@ -83,15 +61,16 @@ def native_size(entry: LibraryEntry) -> int:
     return needs.size if needs else 512
 
 
-def _rank(candidate: LibraryEntry, model: LibraryEntry, family: str | None) -> tuple:
+def _rank(candidate: LibraryEntry, model: LibraryEntry, needs: Companions) -> tuple:
     """Closest folder first (longest common path), then, for SDXL, names with ``xl``,
     then the larger file (full precision over a quantised copy), then the path."""
     try:
         common = len(Path(os.path.commonpath([candidate.path, model.path])).parts)
     except ValueError:  # other drives
         common = 0
-    xl_name = "xl" in candidate.name.lower()
-    return (-common, xl_name != (family == "sdxl"), -candidate.weight_bytes, candidate.path)
+    name = candidate.name.lower()
+    odd = bool(needs.prefers and needs.prefers not in name) or bool(needs.avoids and needs.avoids in name)
+    return (-common, odd, -candidate.weight_bytes, candidate.path)
 
 
 def companions(model: LibraryEntry, entries: Sequence[LibraryEntry]
@@ -117,14 +96,14 @@ def companions(model: LibraryEntry, entries: Sequence[LibraryEntry]
             continue
         cands = [e for e in ok if e.kind == "encoder" and e.encoders == (enc,)]
         if cands:
-            flags[enc] = [min(cands, key=lambda e: _rank(e, model, model.family)).path]
+            flags[enc] = [min(cands, key=lambda e: _rank(e, model, needs)).path]
         else:
             missing.append(enc)
     if "vae" not in model.modules and needs.latent_channels is not None:
         cands = [e for e in ok if e.kind == "vae"
                  and e.latent_channels == needs.latent_channels]
         if cands:
-            flags["vae"] = [min(cands, key=lambda e: _rank(e, model, model.family)).path]
+            flags["vae"] = [min(cands, key=lambda e: _rank(e, model, needs)).path]
         else:
             missing.append("vae")
     return flags, tuple(missing)

@@ -31,9 +31,11 @@ from pathlib import Path
 
 import numpy as np
 from sdplan.core.errors import InvalidArgument, ModelFileError
-from sdplan.core.modelfiles.checkpoint import ModelSet
+from sdplan.core.families import lora_family
+from sdplan.core.modelfiles.checkpoint import ModelSet, shorten_name
 from sdplan.core.modelfiles.lora_names import AliasTable, Target
 from sdplan.core.modelfiles.readers import TensorInfo, read_tensor_file
+from sdplan.core.planning import paths as safe_paths
 from sdplan.core.planning.adapters import PLAN_MODULE, LoraProfile
 
 __all__ = ["LoraPart", "LoraFile", "read_lora", "find_lora_file", "LORA_EXTENSIONS", "guess_lora_family",
@@ -148,18 +150,25 @@ def find_lora_file(name: str, lora_dir: str | Path | None) -> Path:
     :data:`LORA_EXTENSIONS` in order (sd-cli's rule).
 
     Raises:
-        InvalidArgument: no such file (the message names the tag and the folder).
+        InvalidArgument: no such file, or a name that cannot be a file (too long, in a
+            folder without search permission...); the message names the tag and the folder.
     """
     raw = Path(name)
     base = raw if raw.is_absolute() else Path(lora_dir or ".") / raw
-    if base.is_file():
-        return base
-    for ext in LORA_EXTENSIONS:
-        cand = base.with_name(base.name + ext)
-        if cand.is_file():
-            return cand
+    tag = f"<lora:{shorten_name(name)}:...>"
+    try:
+        if safe_paths.is_file(base):
+            return base
+        for ext in LORA_EXTENSIONS:
+            cand = base.with_name(base.name + ext)
+            if safe_paths.is_file(cand):
+                return cand
+    except OSError as exc:  # PathError: a name too long, a folder without permission
+        raise InvalidArgument(f"{tag}: {safe_paths.reason(exc)}") from None
+    except ValueError:  # Path.with_name of a name without a file name ("/", ".")
+        raise InvalidArgument(f"{tag}: not a file name") from None
     where = f"--lora-model-dir {str(lora_dir)!r}" if lora_dir else "the working folder"
-    raise InvalidArgument(f"<lora:{name}:...>: no LoRA file {raw.name!r} (or with {', '.join(LORA_EXTENSIONS)}) "
+    raise InvalidArgument(f"{tag}: no LoRA file {shorten_name(raw.name)!r} (or with {', '.join(LORA_EXTENSIONS)}) "
                       f"in {where}")
 
 
@@ -290,24 +299,16 @@ def read_lora(path: str | Path, table: AliasTable) -> LoraFile:
 
 def guess_lora_family(path: str | Path) -> str:
     """The model family a LoRA file was trained for, from its key names and shapes (header
-    only): ``flux``, ``sdxl``, ``sd1``, ``sd2`` or ``unknown``. SD 1.x/2.x/SDXL are told
-    apart by the cross-attention context width (768, 1024, 2048: the input width of an
-    ``attn2.to_k`` down matrix) or a second text encoder.
+    only; :func:`sdplan.core.families.lora_family`): ``flux``, ``sd3``, ``sdxl``, ``sd1``,
+    ``sd2`` or ``unknown``. SD 1.x/2.x/SDXL are told apart by the cross-attention context
+    width (768, 1024, 2048: the input width of an ``attn2.to_k`` down matrix) or a second text
+    encoder.
 
     Raises:
         ModelFileError: unreadable file.
     """
     tensors = read_tensor_file(path).tensors
-    names = [t.name for t in tensors]
-    if any(s in n for n in names for s in ("double_blocks", "single_blocks", "single_transformer_blocks")):
-        return "flux"
-    if any(n.startswith(("lora_te2_", "text_encoder_2.")) for n in names):
-        return "sdxl"
-    for t in tensors:
-        if re.search(r"attn2[._]to_k", t.name) and _split(t.name) and _split(t.name)[1] == "down":  # type: ignore[index]
-            width = t.shape[-1] if len(t.shape) == 2 else (t.shape[1] if len(t.shape) == 4 else 0)
-            return {768: "sd1", 1024: "sd2", 2048: "sdxl"}.get(int(width), "unknown")
-    return "unknown"
+    return lora_family([t.name for t in tensors], {t.name: tuple(t.shape) for t in tensors})
 
 
 def _rank(lf: LoraFile, part: LoraPart) -> int:

@@ -28,6 +28,8 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from sdplan.core.families import family as registry_family
+
 __all__ = ["Target", "AliasTable", "sd_aliases", "flux_aliases", "generic_aliases",
            "unet_ldm_to_diffusers", "aliases_for_family"]
 
@@ -179,15 +181,20 @@ _SD_TE = (("cond_stage_model.transformer.", "te1", "clip"), ("cond_stage_model.m
 
 
 def sd_aliases(names: Mapping[str, Collection[str]], shapes: Mapping[str, tuple[int, ...]]) -> AliasTable:
-    """The :data:`AliasTable` of an SD 1.x / 2.x / SDXL single-file checkpoint.
+    """The :data:`AliasTable` of an SD 1.x / 2.x / SDXL checkpoint: a single file, or a
+    separate UNet file (its names without ``model.diffusion_model.``); the text encoders of
+    single files only.
 
     Args:
         names: module (``diffusion``, ``te``) -> its tensor names.
         shapes: tensor name -> numpy-order shape (for OpenCLIP's fused q/k/v rows).
     """
     table: AliasTable = {"unet": {}, "te1": {}, "te2": {}}
-    for prefix in ("model.diffusion_model.",):
-        table["unet"].update(_unet(names.get("diffusion", ()), prefix, "diffusion"))
+    unet = names.get("diffusion", ())
+    # a single file's UNet is under model.diffusion_model.; a separate UNet file
+    # (--diffusion-model) has its names bare
+    prefix = "model.diffusion_model." if any(n.startswith("model.diffusion_model.") for n in unet) else ""
+    table["unet"].update(_unet(unet, prefix, "diffusion"))
     te = names.get("te", ())
     for prefix, space, layout in _SD_TE:
         if not any(n.startswith(prefix) for n in te):
@@ -272,13 +279,16 @@ def generic_aliases(names: Mapping[str, Collection[str]], shapes: Mapping[str, t
 
 def aliases_for_family(family: str, names: Mapping[str, Collection[str]],
                        shapes: Mapping[str, tuple[int, ...]]) -> AliasTable:
-    """The alias table of ``family`` (``sd1``, ``sd2``, ``sdxl``, ``flux``); for another family
-    name, the layout of the diffusion model's names decides (an LDM UNet: SD's table; BFL
-    double blocks: Flux's), else :func:`generic_aliases`."""
+    """The alias table of ``family``: its registry entry's table
+    (:attr:`sdplan.core.families.declaration.Family.lora_names`: ``sd`` for the UNet families,
+    ``flux`` for the FLUX.1-layout DiTs); for another family, the layout of the diffusion
+    model's names decides (an LDM UNet: SD's table; BFL double blocks: Flux's), else
+    :func:`generic_aliases`."""
     diffusion = names.get("diffusion", ())
-    if family in ("sd1", "sd2", "sdxl") or any(n.startswith("model.diffusion_model.input_blocks.")
-                                                for n in diffusion):
+    fam = registry_family(family)
+    kind = fam.lora_names if fam is not None else "generic"
+    if kind == "sd" or any(n.startswith("model.diffusion_model.input_blocks.") for n in diffusion):
         return sd_aliases(names, shapes)
-    if family == "flux" or any(".double_blocks." in "." + n for n in diffusion):
+    if kind == "flux" or any(".double_blocks." in "." + n for n in diffusion):
         return flux_aliases(names, shapes)
     return generic_aliases(names, shapes)

@@ -21,9 +21,11 @@ and from files it writes.
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import logging
 import math
+import os
 import pickle
 import re
 import struct
@@ -34,7 +36,7 @@ from typing import IO, Any
 
 import numpy as np
 from sdplan.core.errors import ModelFileError
-from sdplan.core.modelfiles.readers import refuse_special_file
+from sdplan.core.modelfiles.readers import check_model_file
 
 __all__ = ["read_pth", "load_pth_tensors", "is_pth", "STORAGE_DTYPES"]
 
@@ -47,12 +49,43 @@ STORAGE_DTYPES: dict[str, str] = {
     "ByteStorage": "u1", "BoolStorage": "?",
 }
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
-_MAX_ENTRY = 1 << 36  # 64 GiB: no upscaler or checkpoint storage is larger
 _KEY = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+#: Largest object pickle read (bytes): a state dict's pickle holds names and geometry only.
+MAX_PICKLE_BYTES = 16 * 2**20
+#: The sane maximum of what a checkpoint's storages and rebuilt tensors may take in memory
+#: (bytes): this many times the file's own size, plus :data:`BUDGET_SLACK`, and never more
+#: than :data:`MAX_TOTAL_BYTES`. ``torch.save`` stores its entries uncompressed (a ratio of
+#: 1); a zip entry that inflates further (a zip bomb: 4 MB claiming gigabytes) or a tensor
+#: that repeats its storage by zero strides past this budget is refused before it is read.
+BUDGET_RATIO = 4
+#: Bytes added to the budget of a small file (its own size times :data:`BUDGET_RATIO`).
+BUDGET_SLACK = 64 * 2**20
+#: The budget's ceiling (bytes): no upscaler or LoRA checkpoint is larger.
+MAX_TOTAL_BYTES = 16 * 2**30
+#: Bytes read from a compressed entry at a time (the entry is streamed into its storage).
+_CHUNK = 1 << 22
 
 
 class _Refused(Exception):
     """Raised inside the unpickler; turned into ModelFileError naming the file."""
+
+
+class _Budget:
+    """Bytes a checkpoint may still take in memory (see :data:`BUDGET_RATIO`)."""
+
+    __slots__ = ("left", "total")
+
+    def __init__(self, file_bytes: int) -> None:
+        self.total = min(MAX_TOTAL_BYTES, BUDGET_RATIO * file_bytes + BUDGET_SLACK)
+        self.left = self.total
+
+    def take(self, n: int, what: str) -> None:
+        if n > self.left:
+            raise _Refused(f"{what} needs {n} bytes, past the {self.total} byte budget of a "
+                           f"checkpoint this size ({BUDGET_RATIO} times the file plus "
+                           f"{BUDGET_SLACK >> 20} MiB; a zip bomb or a tensor repeating its "
+                           "storage)")
+        self.left -= n
 
 
 class _StorageType:
@@ -99,8 +132,10 @@ def _ints(v: object, what: str) -> tuple[int, ...]:
     return tuple(int(i) for i in v)
 
 
-def _rebuild_tensor(storage: object, offset: object, size: object, stride: object, *rest: object) -> _Tensor:
-    """``torch._utils._rebuild_tensor_v2`` in numpy: a bounds-checked strided copy."""
+def _rebuild_tensor(storage: object, offset: object, size: object, stride: object, *rest: object,
+                    budget: _Budget | None = None) -> _Tensor:
+    """``torch._utils._rebuild_tensor_v2`` in numpy: a bounds-checked strided copy, its bytes
+    taken from ``budget``."""
     if not isinstance(storage, _Storage):
         raise _Refused("tensor rebuilt from something that is not a storage")
     shape, strides = _ints(size, "tensor size"), _ints(stride, "tensor stride")
@@ -117,6 +152,8 @@ def _rebuild_tensor(storage: object, offset: object, size: object, stride: objec
             raise _Refused(f"tensor (offset {offset}, size {shape}, stride {strides}) reaches past "
                            f"its storage of {data.size} elements")
         item = data.dtype.itemsize
+        if budget is not None:
+            budget.take(math.prod(shape) * (4 if storage.bf16 else item), f"tensor of size {shape}")
         arr = np.lib.stride_tricks.as_strided(data[offset:], shape, tuple(s * item for s in strides),
                                               writeable=False).copy()
     if storage.bf16:
@@ -141,17 +178,23 @@ _ALLOWED: dict[tuple[str, str], Callable[..., Any] | _StorageType] = {
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
-    """Resolves only :data:`_ALLOWED` globals; persistent ids go to ``load_storage``."""
+    """Resolves only :data:`_ALLOWED` globals; persistent ids go to ``load_storage``; rebuilt
+    tensors take their bytes from ``budget``."""
 
-    def __init__(self, fh: IO[bytes], load_storage: Callable[[tuple[Any, ...]], _Storage]) -> None:
+    def __init__(self, fh: IO[bytes], load_storage: Callable[[tuple[Any, ...]], _Storage],
+                 budget: _Budget | None = None) -> None:
         super().__init__(fh)
         self._load_storage = load_storage
+        self.budget = budget
 
     def find_class(self, module: str, name: str) -> Any:
         try:
-            return _ALLOWED[(module, name)]
+            found = _ALLOWED[(module, name)]
         except KeyError:
             raise _Refused(f"refused global {module}.{name}") from None
+        if found is _rebuild_tensor and self.budget is not None:
+            return functools.partial(_rebuild_tensor, budget=self.budget)
+        return found
 
     def persistent_load(self, pid: Any) -> Any:
         if not isinstance(pid, tuple) or not pid or pid[0] != "storage":
@@ -179,7 +222,7 @@ def _check_result(obj: Any, depth: int = 0) -> Any:
     raise _Refused(f"refused object of type {type(obj).__name__}")
 
 
-def _storage_of(stype: object, numel: object, raw: bytes, big_endian: bool = False) -> _Storage:
+def _storage_of(stype: object, numel: object, raw: bytes | bytearray, big_endian: bool = False) -> _Storage:
     if not isinstance(stype, _StorageType) or not isinstance(numel, int) or numel < 0:
         raise _Refused("storage reference without a storage type or element count")
     need = numel * stype.dtype.itemsize
@@ -190,7 +233,25 @@ def _storage_of(stype: object, numel: object, raw: bytes, big_endian: bool = Fal
     return _Storage(data, stype.name == "BFloat16Storage")
 
 
-def _read_zip(p: Path) -> Any:
+def _read_entry(zf: zipfile.ZipFile, info: zipfile.ZipInfo, need: int) -> bytearray:
+    """The first ``need`` bytes of an archive entry, streamed in chunks into one buffer (never
+    more than ``need`` bytes held); refused when the entry declares fewer or yields fewer."""
+    if info.file_size < need:
+        raise _Refused(f"archive entry {info.filename} holds {info.file_size} bytes, {need} needed")
+    out = bytearray(need)
+    view = memoryview(out)
+    done = 0
+    with zf.open(info) as fh:  # a ZipExtFile (a BufferedIOBase)
+        assert isinstance(fh, io.BufferedIOBase)
+        while done < need:
+            n = fh.readinto(view[done:done + _CHUNK])
+            if not n:
+                raise _Refused(f"archive entry {info.filename} ends after {done} of {need} bytes")
+            done += n
+    return out
+
+
+def _read_zip(p: Path, budget: _Budget) -> Any:
     with zipfile.ZipFile(p) as zf:
         infos = {i.filename: i for i in zf.infolist()}
         pkls = [n for n in infos if n.endswith("/data.pkl") and n.count("/") == 1]
@@ -199,30 +260,45 @@ def _read_zip(p: Path) -> Any:
         root = pkls[0][: -len("data.pkl")]
         big = False
         if root + "byteorder" in infos:
-            big = zf.read(root + "byteorder").strip() == b"big"
+            info = infos[root + "byteorder"]
+            big = _read_entry(zf, info, min(info.file_size, 16)).strip() == b"big"
         cache: dict[str, _Storage] = {}
 
-        def entry(name: str) -> bytes:
+        def entry(name: str, need: int) -> bytearray:
             info = infos.get(name)
             if info is None:
                 raise _Refused(f"missing archive entry {name}")
-            if info.file_size > _MAX_ENTRY:
-                raise _Refused(f"archive entry {name} claims {info.file_size} bytes")
-            return zf.read(info)
+            budget.take(need, f"archive entry {name}")
+            return _read_entry(zf, info, need)
 
         def load_storage(pid: tuple[Any, ...]) -> _Storage:
             if len(pid) != 5 or not isinstance(pid[2], str) or not _KEY.match(pid[2]):
                 raise _Refused(f"bad storage reference {str(pid)[:80]!r}")
             _, stype, key, _location, numel = pid
             if key not in cache:
-                cache[key] = _storage_of(stype, numel, entry(f"{root}data/{key}"), big)
+                need = _storage_bytes(stype, numel)
+                cache[key] = _storage_of(stype, numel, entry(f"{root}data/{key}", need), big)
             return cache[key]
 
-        return _RestrictedUnpickler(io.BytesIO(entry(pkls[0])), load_storage).load()
+        pkl = infos[pkls[0]]
+        if pkl.file_size > MAX_PICKLE_BYTES:
+            raise _Refused(f"object pickle {pkl.filename} of {pkl.file_size} bytes (limit "
+                           f"{MAX_PICKLE_BYTES})")
+        raw = entry(pkls[0], pkl.file_size)
+        return _RestrictedUnpickler(io.BytesIO(raw), load_storage, budget).load()
 
 
-def _read_legacy(p: Path) -> Any:
+def _storage_bytes(stype: object, numel: object) -> int:
+    """Bytes of a storage reference's data; refused when it names no storage type or count."""
+    if not isinstance(stype, _StorageType) or not isinstance(numel, int) or numel < 0:
+        raise _Refused("storage reference without a storage type or element count")
+    return numel * stype.dtype.itemsize
+
+
+def _read_legacy(p: Path, budget: _Budget) -> Any:
     with open(p, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+
         def plain(what: str) -> Any:
             def no_storage(pid: tuple[Any, ...]) -> _Storage:
                 raise _Refused(f"storage reference in the {what}")
@@ -259,7 +335,7 @@ def _read_legacy(p: Path) -> Any:
             return vs
 
         # Tensors need their storage data, which follows the pickle: rebuild lazily.
-        obj = _LazyUnpickler(fh, load_storage).load()
+        obj = _LazyUnpickler(fh, load_storage, budget).load()
         keys = plain("storage key list")
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise _Refused("storage key list is not a list of strings")
@@ -271,16 +347,18 @@ def _read_legacy(p: Path) -> Any:
             if len(head) != 8:
                 raise _Refused(f"file ends before storage {key!r}")
             (numel,) = struct.unpack("<q" if little else ">q", head)
-            if numel < 0 or numel * stype.dtype.itemsize > _MAX_ENTRY:
-                raise _Refused(f"storage {key!r} claims {numel} elements")
-            raw = fh.read(numel * stype.dtype.itemsize)
+            need = numel * stype.dtype.itemsize
+            if numel < 0 or need > size - fh.tell():
+                raise _Refused(f"storage {key!r} claims {numel} elements, past the end of the file")
+            budget.take(need, f"storage {key!r}")
+            raw = fh.read(need)
             roots[key].data = _storage_of(stype, numel, raw, not little).data
         for vs, key, voff, vsize in views:
             root = roots[key].data
             if voff + vsize > root.size:
                 raise _Refused(f"storage view past the end of storage {key!r}")
             vs.data = root[voff:voff + vsize]
-        return _resolve_lazy(obj)
+        return _resolve_lazy(obj, budget=budget)
 
 
 class _LazyTensor:
@@ -298,21 +376,22 @@ class _LazyTensor:
 class _LazyUnpickler(_RestrictedUnpickler):
     def find_class(self, module: str, name: str) -> Any:
         found = super().find_class(module, name)
-        return _LazyTensor if found is _rebuild_tensor else found
+        rebuild = isinstance(found, functools.partial) and found.func is _rebuild_tensor
+        return _LazyTensor if found is _rebuild_tensor or rebuild else found
 
 
-def _resolve_lazy(obj: Any, depth: int = 0) -> Any:
+def _resolve_lazy(obj: Any, depth: int = 0, budget: _Budget | None = None) -> Any:
     if depth > 64:
         raise _Refused("containers nested deeper than 64")
     if isinstance(obj, _LazyTensor):
-        return _rebuild_tensor(*obj.args)
+        return _rebuild_tensor(*obj.args, budget=budget)
     if isinstance(obj, _Tensor) or not isinstance(obj, (dict, list, tuple)):
         return obj
     if isinstance(obj, dict):
         for k in list(obj):
-            obj[k] = _resolve_lazy(obj[k], depth + 1)
+            obj[k] = _resolve_lazy(obj[k], depth + 1, budget)
         return obj
-    return type(obj)(_resolve_lazy(v, depth + 1) for v in obj)
+    return type(obj)(_resolve_lazy(v, depth + 1, budget) for v in obj)
 
 
 def is_pth(path: str | Path) -> bool:
@@ -333,13 +412,14 @@ def read_pth(path: str | Path) -> Any:
             that does not fit its storage.
     """
     p = Path(path)
-    refuse_special_file(p)
+    check_model_file(p)
     try:
+        budget = _Budget(os.path.getsize(p))
         if zipfile.is_zipfile(p):
-            obj = _read_zip(p)
+            obj = _read_zip(p, budget)
         else:
-            obj = _read_legacy(p)
-        obj = _resolve_lazy(obj) if not isinstance(obj, _Tensor) else obj
+            obj = _read_legacy(p, budget)
+        obj = _resolve_lazy(obj, budget=budget) if not isinstance(obj, _Tensor) else obj
         return _check_result(obj)
     except _Refused as exc:
         raise ModelFileError(p, f"PyTorch checkpoint refused: {exc}") from None

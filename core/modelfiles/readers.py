@@ -24,23 +24,28 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import mmap
 import os
 import stat
 import struct
-import sys
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sdplan.core.errors import ModelFileError
+from sdplan.core.errors import ModelFileError, PathError
+from sdplan.core.planning import paths
+from sdplan.core.planning.bounded_json import JsonLimits, JsonRefused, loads
 
 #: Largest safetensors JSON header accepted (bytes). Real full-size checkpoints need a
 #: few hundred KiB; anything above this is refused before it is read.
 MAX_HEADER_BYTES = 100 * 2**20
+
+#: Bounds of a safetensors JSON header (:mod:`sdplan.core.planning.bounded_json`): a real
+#: header nests 3 levels and holds some ten values per tensor.
+HEADER_LIMITS = JsonLimits(max_bytes=MAX_HEADER_BYTES, max_depth=8, max_containers=2_000_000,
+                           max_items=8_000_000)
 
 #: safetensors dtype -> bytes per element.
 SAFETENSORS_DTYPES: dict[str, int] = {
@@ -109,10 +114,30 @@ _SPECIAL_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"
                   (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
+def model_path_error(exc: PathError) -> ModelFileError:
+    """The :class:`ModelFileError` of a path that cannot be examined (same path, same words)."""
+    return ModelFileError(exc.path, str(exc).removeprefix(f"{exc.path}: "))
+
+
+def stat_model_path(path: str | Path) -> os.stat_result | None:
+    """``os.stat`` of a model path, None when nothing is there
+    (:func:`sdplan.core.planning.paths.probe`).
+
+    Raises:
+        ModelFileError: the path cannot be examined (name too long, permission denied, loop
+            of links...), naming it.
+    """
+    try:
+        return paths.probe(path)
+    except PathError as exc:
+        raise model_path_error(exc) from None
+
+
 def special_file_kind(path: str | Path) -> str | None:
     """What ``path`` is when it is neither a regular file nor a folder (``"a FIFO"``, ``"a
     character device"``, ``"a block device"``, ``"a socket"``), else None (also when it does
-    not exist). Only stats the path: opening a FIFO would block until a writer comes."""
+    not exist or cannot be examined). Only stats the path: opening a FIFO would block until
+    a writer comes."""
     try:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
@@ -122,8 +147,10 @@ def special_file_kind(path: str | Path) -> str | None:
 
 def refuse_special_file(path: str | Path) -> None:
     """Raise ModelFileError ``"PATH: not a regular file (a FIFO)"`` (or another
-    :func:`special_file_kind`) for such a path; a file, a folder or a missing path passes."""
-    kind = special_file_kind(path)
+    :func:`special_file_kind`) for such a path, or naming a path that cannot be examined
+    (``"PATH: file name too long"``); a file, a folder or a missing path passes."""
+    st = stat_model_path(path)
+    kind = paths.special_kind(st) if st is not None else None
     if kind is not None:
         raise ModelFileError(path, f"not a regular file ({kind})")
 
@@ -132,14 +159,18 @@ def check_model_file(path: str | Path) -> None:
     """Refuse a model path that is not a regular file, without opening it.
 
     Raises:
-        ModelFileError: naming ``path``: no such file, a folder, or not a regular file (a
-            FIFO, a character device, ...).
+        ModelFileError: naming ``path``: no such file, a folder, not a regular file (a
+            FIFO, a character device, ...), or a path that cannot be examined (name too
+            long, permission denied...).
     """
-    refuse_special_file(path)
-    if os.path.isdir(path):
-        raise ModelFileError(path, "is a folder, not a model file")
-    if not os.path.isfile(path):
+    st = stat_model_path(path)
+    if st is None:
         raise ModelFileError(path, "no such file")
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelFileError(path, "is a folder, not a model file")
+    kind = paths.special_kind(st)
+    if kind is not None:
+        raise ModelFileError(path, f"not a regular file ({kind})")
 
 
 def read_tensor_file(path: str | Path) -> TensorFile:
@@ -155,9 +186,7 @@ def read_tensor_file(path: str | Path) -> TensorFile:
             truncated or hostile.
     """
     p = Path(path)
-    if p.is_dir():
-        raise ModelFileError(p, "is a folder, not a model file")
-    refuse_special_file(p)
+    check_model_file(p)
     try:
         with open(p, "rb") as fh:
             st = os.fstat(fh.fileno())
@@ -237,16 +266,12 @@ def _read_safetensors(p: Path, fh: object, size: int, head: bytes) -> TensorFile
     raw = fh.read(n)  # type: ignore[attr-defined]
     if len(raw) != n:
         raise ModelFileError(p, "truncated: header shorter than its declared length")
-    try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    try:  # a real header nests 3 levels: {name: {"shape": [...]}}
+        header = loads(raw, "header", HEADER_LIMITS, object_pairs_hook=_no_duplicates)
     except _DuplicateKeyError as exc:
         raise ModelFileError(p, f"duplicate tensor name {exc.args[0]!r} in header") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelFileError(p, f"not a safetensors or GGUF file: header is not JSON ({exc})"
-                             ) from None
-    except RecursionError:  # a real header nests 3 levels: {name: {"shape": [...]}}
-        raise ModelFileError(p, "not a safetensors file: its header nests JSON deeper than "
-                                f"Python's recursion limit ({sys.getrecursionlimit()})") from None
+    except JsonRefused as exc:
+        raise ModelFileError(p, f"not a safetensors or GGUF file: {exc}") from None
     if not isinstance(header, dict):
         raise ModelFileError(p, "not a safetensors file: header is not a JSON object")
     data_start = 8 + n

@@ -1,6 +1,6 @@
 """UNet checkpoints (SD 1.x/2.x, SDXL): their engine stages, the units ``--max-vram``
 segmentation cuts a UNet at (spec section 8 keeps UNets unsplittable; these are not planner
-blocks). Their family is one of the rules of :mod:`sdplan.core.modelfiles.families`.
+blocks). Their family is one of the family registry's rules (:mod:`sdplan.core.families`).
 
 Stages in execution order (the original single-file names, with or without the
 ``model.diffusion_model.`` prefix): ``input_blocks.N`` for N >= 1 (``input_blocks.0`` is the

@@ -133,8 +133,12 @@ def clip_config(weights: Mapping[str, Any], n_heads: int | None = None,
         mlp = w.shape("transformer.resblocks.0.mlp.c_fc.weight")[0]
         act = "gelu_erf"
     heads = n_heads or max(1, width // 64)
+    emb = "embeddings.token_embedding.weight" if layout == "openai" else "token_embedding.weight"
+    if heads < 1:
+        raise ModelLayoutError(f"a head count must be at least 1, got {heads}")
     if width % heads:
-        raise ModelLayoutError(f"CLIP width {width} is not divisible by {heads} heads")
+        raise ModelLayoutError(f"tensor {prefix}{emb}: CLIP width {width} is not divisible by "
+                               f"{heads} heads")
     if layers != list(range(len(layers))):
         raise ModelLayoutError(f"CLIP layers are not numbered 0..N-1: {layers[:8]}")
     return ClipConfig(layout, prefix, vocab, n_pos, width, mlp, len(layers), heads, activation or act)

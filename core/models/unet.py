@@ -15,7 +15,8 @@ the reduced SDXL variants load too: a SpatialTransformer runs as many transforme
 its weights have (SDXL: 2 at level 1 and 10 at level 2; SSD-1B and Vega fewer, per block), a
 level without SpatialTransformers has no attention (SDXL's first), and a middle block runs
 the layers it has (SSD-1B: one ResBlock). The head count is not in the shapes: SD 1.x uses 8
-heads everywhere, SD 2.x and SDXL a head width of 64 (:data:`FAMILY_HEADS`); pass
+heads everywhere, SD 2.x and SDXL a head width of 64 (their registry entries'
+:attr:`~sdplan.core.families.declaration.Family.unet_heads`); pass
 ``num_heads`` or ``head_dim`` for other models.
 
 Engine stages: :class:`UNetGraph` gives the runner one block per stage, ``input_blocks.N``
@@ -31,17 +32,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sdplan.core.families import family as registry_family
 from sdplan.core.models.base import ModelLayoutError, Weights
+from sdplan.core.models.unet_check import check_unet
 from sdplan.core.runtime import graph as gr
 
-__all__ = ["UNetConfig", "UNetGraph", "PREFIX", "FAMILY_HEADS",
+__all__ = ["UNetConfig", "UNetGraph", "PREFIX",
            "unet_config", "unet", "unet_stages", "find_prefix"]
 
 Tensor = Any
 PREFIX = "model.diffusion_model."
-#: family -> (num_heads, head_dim); exactly one is set (SDXL: ``num_head_channels: 64`` in
-#: Stability's ``sd_xl_base.yaml`` and ``sd_xl_refiner.yaml``).
-FAMILY_HEADS = {"sd1": (8, None), "sd2": (None, 64), "sdxl": (None, 64)}
+#: (num_heads, head_dim) of a UNet whose family names none: SD 1.x's 8 heads.
+DEFAULT_HEADS = (8, None)
 _GN_GROUPS = 32
 _RES_EPS = 1e-5
 _ST_EPS = 1e-6
@@ -106,12 +108,15 @@ def unet_config(weights: Mapping[str, Any], family: str = "sd1", num_heads: int 
                 head_dim: int | None = None, prefix: str = PREFIX) -> UNetConfig:
     """Infer a :class:`UNetConfig` from ``weights`` (tensors or shape tuples).
 
-    ``num_heads``/``head_dim`` override the family rule of :data:`FAMILY_HEADS`;
+    ``num_heads``/``head_dim`` override the family's rule (its registry entry's ``unet_heads``;
+    SD 1.x's 8 heads for a family without one);
     ``transformer_depth`` is the last SpatialTransformer's depth seen on the way down (the
     graph reads each block's own depth from its weights).
 
     Raises:
-        ModelLayoutError: missing stem/output tensors, or a block structure that is not a UNet.
+        ModelLayoutError: missing stem/output tensors, a block structure that is not a UNet,
+            tensor shapes that do not fit together or channels that do not split into the
+            heads (:func:`sdplan.core.models.unet_check.check_unet`, naming the tensor).
     """
     w = Weights(weights, prefix)
     mc, cin = w.shape("input_blocks.0.0.weight")[:2]
@@ -141,8 +146,11 @@ def unet_config(weights: Mapping[str, Any], family: str = "sd1", num_heads: int 
         depth = len(w.indices("middle_block.1.transformer_blocks."))
         linear = len(w.shape("middle_block.1.proj_in.weight")) == 2
     if num_heads is None and head_dim is None:
-        num_heads, head_dim = FAMILY_HEADS.get(family, FAMILY_HEADS["sd1"])
+        fam = registry_family(family)
+        num_heads, head_dim = (fam.unet_heads if fam is not None and fam.unet_heads else DEFAULT_HEADS)
     adm = w.shape("label_emb.0.0.weight")[1] if "label_emb.0.0.weight" in w else 0
+    check_unet(weights, prefix, context, num_heads, None if num_heads else head_dim,
+               unet_stages(weights, prefix))
     return UNetConfig(prefix, cin, cout, mc, tuple(lv[-1] // mc for lv in levels),
                       len(levels[0]), tuple(sorted(attn_levels)), depth, context, linear,
                       num_heads, head_dim if not num_heads else None, adm)
@@ -318,7 +326,10 @@ class UNetGraph:
 
     The state between blocks: ``h`` (the running activation), ``emb``, ``c`` and
     ``skip.K`` for each skip activation not yet taken (K = 0 the stem's, K = N after
-    ``input_blocks.N``); an output block takes the highest K left.
+    ``input_blocks.N``); an output block takes the highest K left. A ControlNet's outputs
+    (:class:`~sdplan.core.models.controlnet.ControlNetGraph`, times the strength) travel as
+    inputs ``ctl.K``, added to skip K as it is taken, and ``ctl.mid``, added to the middle
+    block's output (sd-cli's UNet with ``controls``).
 
     Raises ModelLayoutError (from the constructor) for weights without UNet stages.
     """
@@ -354,9 +365,11 @@ class UNetGraph:
         return list(self._other)
 
     def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
-        """``x``, ``t``, ``c`` (and ``vec`` for a UNet with ``label_emb``) as f32; ValueError
-        when one is missing or extra, or ``t`` does not have one entry per latent."""
+        """``x``, ``t``, ``c`` (and ``vec`` for a UNet with ``label_emb``) as f32, and a
+        ControlNet's ``ctl.N`` / ``ctl.mid`` (already times the control strength) when given;
+        ValueError when one is missing or extra, or ``t`` does not have one entry per latent."""
         want = {"x", "t", "c"} | ({"vec"} if self.cfg.adm_in_channels else set())
+        want |= {k for k in shapes if k.startswith("ctl.")}
         if set(shapes) != want:
             raise ValueError(f"UNet inputs are {', '.join(sorted(want))}; got {sorted(shapes)}")
         if tuple(shapes["t"]) != (shapes["x"][0],):
@@ -371,7 +384,8 @@ class UNetGraph:
         _check(inputs["x"], inputs["c"], inputs.get("vec"), self.cfg)
         emb = _embedding(g, v, inputs["t"], inputs.get("vec"), self.cfg)
         h = gr.conv2d(g, inputs["x"], v["input_blocks.0.0.weight"], v["input_blocks.0.0.bias"], padding=1)
-        return {"h": h, "emb": emb, "c": inputs["c"], "skip.0": h}
+        return {"h": h, "emb": emb, "c": inputs["c"], "skip.0": h,
+                **{k: t for k, t in inputs.items() if k.startswith("ctl.")}}
 
     def build_block(self, g: Any, w: Any, i: int, state: dict[str, Tensor]) -> dict[str, Tensor]:
         if not 0 <= i < self.n_blocks:
@@ -383,8 +397,12 @@ class UNetGraph:
             left = [int(k[5:]) for k in state if k.startswith("skip.")]
             if not left:
                 raise ModelLayoutError("output_blocks outnumber the skip connections")
-            h = g.concat(h, out.pop(f"skip.{max(left)}"), 1)
+            skip = out.pop(f"skip.{max(left)}")
+            ctl = out.pop(f"ctl.{max(left)}", None)  # a ControlNet's residual for this skip
+            h = g.concat(h, skip if ctl is None else g.add(skip, ctl), 1)
         h = _block(g, self._view(w).sub(stage), h, state["emb"], state["c"], self.cfg)
+        if stage == "middle_block." and "ctl.mid" in out:
+            h = g.add(h, out.pop("ctl.mid"))
         out["h"] = h
         if stage.startswith("input_blocks."):
             out[f"skip.{int(stage.split('.')[1])}"] = h

@@ -12,7 +12,13 @@ File format (``queue.json``)::
 
     {"sdplan_queue": 1, "paused": bool,
      "jobs": [{"id", "label", "request": {...}, "state", "error", "results": [paths],
-               "created", "started", "finished", "steps_done", "seconds"}, ...]}
+               "created", "started", "finished", "steps_done", "seconds",
+               "origin", "group", "predicted"}, ...]}
+
+The same format holds a server's queue (``sdplan serve --queue-file``: ``origin``
+``server``, the device ``group`` of each job and its ``predicted`` seconds);
+:meth:`JobQueue.read` reads such a file without changing it (the app shows a server's
+jobs beside its own).
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sdplan.core.planning import paths
+from sdplan.core.planning.bounded_json import read_json
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +59,10 @@ class Job:
         created, started, finished: wall-clock seconds (``time.time()``), or None.
         steps_done: sampling steps done so far (progress of the running job).
         seconds: run time of a finished job.
+        origin: who queued it: ``app`` (the window) or ``server`` (a client of
+            ``sdplan serve``, which keeps its jobs in a queue of this format).
+        group: the device group that runs or ran it (a server's), or None.
+        predicted: the seconds it is predicted to take, or None without a prediction.
     """
 
     id: str
@@ -63,28 +76,49 @@ class Job:
     finished: float | None = None
     steps_done: int = 0
     seconds: float | None = None
+    origin: str = "app"
+    group: str | None = None
+    predicted: float | None = None
 
     @property
     def steps(self) -> int:
-        """Sampling steps of the whole job (steps x batch count)."""
+        """Sampling steps of the whole job (steps x batch count; 1 each where the request
+        holds no whole number)."""
         r = self.request
-        return max(int(r.get("steps") or 1), 1) * max(int(r.get("batch_count") or 1), 1)
+        return max(_whole(r.get("steps")), 1) * max(_whole(r.get("batch_count")), 1)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Job:
-        """A job from :meth:`to_json` (raises KeyError/TypeError/ValueError when malformed)."""
+        """A job from :meth:`to_json`.
+
+        Raises:
+            KeyError, TypeError, ValueError: a malformed entry (not a map, no ``id`` or
+                ``request``, a field of another type, an unknown state).
+        """
+        if not isinstance(data, Mapping) or not isinstance(data.get("request"), dict):
+            raise TypeError("a job is a map with an 'id' and a 'request' map")
         state = str(data.get("state") or "queued")
         if state not in STATES:
-            raise ValueError(f"unknown job state {state!r}")
+            raise ValueError(f"unknown job state {state[:40]!r}")
+        times = {k: data.get(k) for k in ("started", "finished", "seconds", "predicted")}
+        for k, v in times.items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise TypeError(f"job field {k!r} is not a number")
+        results = data.get("results") or []
+        if not isinstance(results, list) or not all(isinstance(p, str) for p in results):
+            raise TypeError("job field 'results' is not a list of paths")
         return cls(id=str(data["id"]), label=str(data.get("label") or ""),
-                   request=dict(data["request"]), state=state, error=data.get("error"),
-                   results=[str(p) for p in data.get("results") or []],
-                   created=float(data.get("created") or 0.0), started=data.get("started"),
-                   finished=data.get("finished"), steps_done=int(data.get("steps_done") or 0),
-                   seconds=data.get("seconds"))
+                   request=dict(data["request"]), state=state,
+                   error=None if data.get("error") is None else str(data["error"]),
+                   results=list(results), created=float(data.get("created") or 0.0),
+                   started=times["started"], finished=times["finished"],
+                   steps_done=int(data.get("steps_done") or 0), seconds=times["seconds"],
+                   origin=str(data.get("origin") or "app"),
+                   group=None if data.get("group") is None else str(data["group"]),
+                   predicted=times["predicted"])
 
 
 def job_label(request: Mapping[str, Any]) -> str:
@@ -98,35 +132,104 @@ def job_label(request: Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def _whole(value: object) -> int:
+    """``value`` as a whole number, 1 when it is none (a hostile file's text or list)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return 1
+    return int(min(max(value, -2**31), 2**31))
+
+
 class JobQueue:
     """Jobs in run order, saved to ``path`` after every change (no file: in memory only).
 
-    Reading a file that does not exist gives an empty queue; a corrupt one is set aside as
-    ``<name>.bad`` (logged) and the queue starts empty.
+    The file is read with the bounded JSON reader
+    (:func:`sdplan.core.planning.bounded_json.read_json`). Reading a file that does not
+    exist gives an empty queue; one that cannot be read at all is set aside as
+    ``<name>.bad`` and the queue starts empty; entries that are not jobs are set aside in
+    ``<name>.bad`` and the good ones kept. Each is a line of :attr:`notes` (and logged).
     """
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else None
         self.jobs: list[Job] = []
         self.paused = False
-        if self.path is not None and self.path.exists():
+        self.notes: list[str] = []
+        if self.path is None:
+            return
+        try:
+            there = paths.exists(self.path)
+        except OSError as exc:  # a name too long, a folder without search permission
+            self._note(f"the queue file cannot be read ({exc}); the queue starts empty")
+            self.path = None  # nothing is saved where nothing could be read
+            return
+        if there:
             self._load()
 
+    @classmethod
+    def read(cls, path: str | Path) -> list[Job]:
+        """The jobs of the queue file ``path`` as they are there, nothing changed or set aside
+        (another process's queue: a server's); [] when it cannot be read or is not a queue,
+        skipping entries that are not jobs."""
+        try:
+            data = read_json(Path(path), what="queue file")
+        except (OSError, ValueError):
+            return []
+        if not isinstance(data, dict) or data.get(FORMAT_KEY) != FORMAT_VERSION \
+                or not isinstance(data.get("jobs"), list):
+            return []
+        out = []
+        for entry in data["jobs"]:
+            try:
+                out.append(Job.from_json(entry))
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+                continue
+        return out
+
     # ------------------------------------------------------------------ file
+    def _note(self, text: str) -> None:
+        log.warning("%s", text)
+        self.notes.append(text)
+
+    def _set_aside(self, what: object) -> Path | None:
+        """Write ``what`` (the file's entries that are not jobs) to ``<name>.bad``, or move
+        the whole file there (``what`` None). Returns that path, None when it failed."""
+        assert self.path is not None
+        bad = self.path.with_name(self.path.name + ".bad")
+        try:
+            if what is None:
+                os.replace(self.path, bad)
+            else:
+                bad.write_text(json.dumps(what, indent=1, default=str), encoding="utf-8")
+        except OSError:
+            return None
+        return bad
+
     def _load(self) -> None:
         assert self.path is not None
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = read_json(self.path, what="queue file")
             if not isinstance(data, dict) or data.get(FORMAT_KEY) != FORMAT_VERSION:
-                raise ValueError("not an sdplan queue file")
-            jobs = [Job.from_json(j) for j in data.get("jobs") or []]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("queue %s unreadable (%s); starting empty", self.path, exc)
-            try:
-                os.replace(self.path, self.path.with_name(self.path.name + ".bad"))
-            except OSError:
-                pass
+                raise ValueError(f"{self.path}: not an sdplan queue file")
+            entries = data.get("jobs") or []
+            if not isinstance(entries, list):
+                raise ValueError(f"{self.path}: 'jobs' is not a list")
+        except (OSError, ValueError) as exc:  # PathError, JsonRefused
+            bad = self._set_aside(None)
+            where = f"; it was set aside as {bad}" if bad else ""
+            self._note(f"queue not restored: {exc}{where}; the queue starts empty")
             return
+        jobs: list[Job] = []
+        refused: list[object] = []
+        for entry in entries:
+            try:
+                jobs.append(Job.from_json(entry))
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+                refused.append(entry)
+        if refused:
+            bad = self._set_aside(refused)
+            where = f"; they were set aside in {bad}" if bad else ""
+            self._note(f"{len(refused)} of {len(entries)} entries of the queue {self.path} are "
+                       f"not jobs{where}; the other {len(jobs)} are kept")
         for j in jobs:
             if j.state == "running":  # the app closed while it ran: run it again
                 j.state, j.started, j.steps_done = "queued", None, 0
@@ -148,10 +251,13 @@ class JobQueue:
             log.warning("queue not saved to %s: %s", self.path, exc)
 
     # ------------------------------------------------------------------ adding
-    def add(self, request: Mapping[str, Any], label: str | None = None) -> Job:
-        """Append one job for ``request`` (copied; must be JSON values)."""
+    def add(self, request: Mapping[str, Any], label: str | None = None, *, origin: str = "app",
+            job_id: str | None = None) -> Job:
+        """Append one job for ``request`` (copied; must be JSON values), queued by
+        ``origin`` (``app``, ``server``), with ``job_id`` (default: a new hex id)."""
         req = json.loads(json.dumps(dict(request), default=str))
-        job = Job(uuid.uuid4().hex[:12], label or job_label(req), req, created=time.time())
+        job = Job(job_id or uuid.uuid4().hex[:12], label or job_label(req), req, created=time.time(),
+                  origin=origin)
         self.jobs.append(job)
         self.save()
         return job

@@ -12,17 +12,11 @@ from __future__ import annotations
 import re
 
 from sdplan.core.errors import InvalidArgument
+from sdplan.core.families import family as registry_family
 from sdplan.core.modelfiles.checkpoint import ModelSet
 
 __all__ = ["check_size", "size_multiple"]
 
-#: Families whose diffusion model is a UNet (factor: VAE factor times 2^(levels - 1)).
-UNET_FAMILIES = ("sd1", "sd2", "sdxl")
-#: Families whose diffusion model patchifies 2x2 latent cells (factor: twice the VAE's).
-PATCH_FAMILIES = ("sd3", "flux", "chroma", "z_image", "flux2_klein", "flux2")
-#: Of those, the ones whose pipelines take the latent at 1/:data:`DEFAULT_VAE_FACTOR` of the image
-#: whatever the autoencoder (their ``vae_scale`` argument, 8); SD3's uses its autoencoder's factor.
-FIXED_VAE_SCALE_FAMILIES = ("flux", "chroma", "z_image", "flux2_klein", "flux2")
 #: Pixels per latent cell of every autoencoder these families ship with (SD, SDXL, SD3,
 #: FLUX.1 and FLUX.2 VAEs all downsample 3 times).
 DEFAULT_VAE_FACTOR = 8
@@ -54,7 +48,8 @@ def size_multiple(models: ModelSet) -> int | None:
     than sd-cli's names: the pipeline still checks when it starts). An unknown family with a
     UNet is taken as SD's (the engine runs it with the SD pipeline).
 
-    Source: the pipelines' own checks (:meth:`sdplan.core.pipelines.sd.StableDiffusion.generate`
+    The rule is the family's :attr:`~sdplan.core.families.declaration.Family.size_rule`.
+    Source: the pipelines' own checks (:meth:`sdplan.core.pipelines.sd.pipeline.StableDiffusion.generate`
     for the UNet families: ``vae factor * 2 ** (len(channel_mult) - 1)``, e.g. 64 for SD 1.5, 32
     for SDXL; ``2 * vae factor`` = 16 for SD3; ``2 * vae_scale`` = 16 for Flux, Chroma, Z-Image
     and FLUX.2, whose pipelines take ``vae_scale`` 8 whatever the autoencoder). The UNet's levels are its
@@ -62,13 +57,12 @@ def size_multiple(models: ModelSet) -> int | None:
     :func:`sdplan.core.models.unet.unet_config` counts them), read from the names alone: this
     runs in the command's process, which does not load numpy or the model graphs.
     """
-    family = models.architecture.family
-    if family in FIXED_VAE_SCALE_FAMILIES:
+    fam = registry_family(models.architecture.family)
+    rule = fam.size_rule if fam is not None else "unet"  # unknown with a UNet: the SD pipeline runs it
+    if rule == "patch8":
         return 2 * DEFAULT_VAE_FACTOR
-    if family in PATCH_FAMILIES:
+    if rule == "patch":
         return 2 * _vae_factor(models)
-    if family not in UNET_FAMILIES and family != "unknown":  # unknown with a UNet: the SD pipeline runs it
-        return None
     names = _names(models, "diffusion")
     if not any(_UNET_STEM.match(n) for n in names):
         return None

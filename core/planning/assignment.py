@@ -34,6 +34,7 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "photomaker": ("photomaker", "photomakerid", "pmid", "photo"),
     "upscaler": ("upscaler", "esrgan", "hires"),
     "detector": ("detector", "adetailer", "yolo"),
+    "audio_encoder": ("audioencoder",),
 }
 #: Normalised key -> canonical module name.
 MODULE_KEYS: dict[str, str] = {k: m for m, keys in _ALIASES.items() for k in keys}
@@ -140,7 +141,8 @@ def _sub(span: Span | None, raw: str, offset: int) -> Span | None:
 
 
 def split_entries(text: str, flag: str, *, prefix: Sequence[str] = (),
-                  error_code: str = "invalid_assignment", modules: bool = True) -> list[Entry]:
+                  error_code: str = "invalid_assignment", modules: bool = True,
+                  extra_keys: frozenset[str] = frozenset()) -> list[Entry]:
     """Split a flag's joined value into entries (spec section 2, steps 1-4).
 
     Args:
@@ -150,6 +152,8 @@ def split_entries(text: str, flag: str, *, prefix: Sequence[str] = (),
         error_code: code for an empty key or value.
         modules: when True keys are module names (``unknown_module`` on others);
             when False keys are kept as written (``--max-vram`` device keys).
+        extra_keys: normalised keys accepted besides the modules (``--backend``'s ``cfg``,
+            spec section 14.5); such an entry's ``module`` is the key.
 
     Raises:
         PlanError: ``error_code`` for an empty key or value, ``unknown_module``.
@@ -172,6 +176,9 @@ def split_entries(text: str, flag: str, *, prefix: Sequence[str] = (),
             entries.append(Entry(None, Ref(key, key_span), val, val_span, span))
             continue
         module = normalize_module(key) if modules else None
+        norm = key.lower().replace("-", "").replace("_", "")
+        if modules and module is None and norm in extra_keys:
+            module = norm
         if modules and module is None:
             raise PlanError("unknown_module", f"{flag}: unknown module '{key}'{module_hint(key)}",
                             flag=flag, text=text, span=key_span)

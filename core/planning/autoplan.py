@@ -1,16 +1,21 @@
 """Auto plan: propose a placement that fits the devices (the app shows it as a diff).
 
-Rule (issue 8): the largest modules go to the device with the most free memory; when no
-single device holds a splittable module it is split over the GPUs with the most free
-memory; while the estimate still does not fit, the largest resident module on the most
-over-committed device keeps its weights in RAM (``--params-backend m=CPU``), or on disk
-when RAM is short too; a single-device module whose staging alone overflows gets a
-``--max-vram`` budget so it runs in segments. Every step is checked with
+Rule: when the user's plan does not fit, the smallest change of it that fits comes first
+(:func:`smallest_change`: one module, then two, moved to another GPU, split onto one, its
+weights kept in RAM or on disk; under the user's budgets). Otherwise the
+largest modules go to the device with the most free memory; when no single device holds a
+splittable module it is split over the GPUs with the most free memory; while the estimate
+still does not fit, the largest resident module on the most over-committed device keeps its
+weights in RAM (``--params-backend m=CPU``), or on disk when RAM is short too; a
+single-device module whose staging alone overflows gets a ``--max-vram`` budget so it runs
+in segments. The small change is proposed instead of a fresh packing that fits only when it
+changes fewer modules. Every step is checked with
 :func:`sdplan.core.planning.estimate.estimate_plan`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +69,119 @@ def auto_plan(inventory: Inventory, profile: Profile, base: Placement, *, width:
     Raises:
         PlanError: ``base`` does not resolve on ``inventory``.
     """
+    greedy = _packed(inventory, profile, base, width, height, batch, engine, measured)
+    base_plan = resolve(base, inventory, profile)
+    if estimate_plan(base_plan, profile, inventory, width=width, height=height, batch=batch,
+                     engine=engine, measured=measured).fits:
+        return greedy
+    small = smallest_change(inventory, profile, base, width=width, height=height, batch=batch,
+                            engine=engine, measured=measured)
+    if small is None:
+        return greedy
+    if not greedy.fits or len(small.notes) < _changed(base_plan, greedy.plan, profile):
+        return small
+    return greedy
+
+
+def _changed(old: Plan, new: Plan, profile: Profile) -> int:
+    """How many of the profile's modules run or keep their weights elsewhere in ``new``."""
+    a, b = describe_plan(old, list(profile.modules)), describe_plan(new, list(profile.modules))
+    return sum(a[m] != b[m] for m in profile.modules)
+
+
+#: Kinds of change :func:`smallest_change` tries, cheapest first (the rank breaks ties).
+CHANGE_RANK = {"move": 0, "split": 1, "ram": 2, "disk": 3, "cpu": 4}
+
+
+def _edits(base: Placement, plan: Plan, inventory: Inventory,
+           profile: Profile) -> list[tuple[int, str, str, Placement]]:
+    """Every single change of one module of ``plan``: ``(rank, module, note, placement)``."""
+    cpu = next((d.name for d in inventory if d.type == "cpu"), None)
+    gpus = [d.name for d in inventory if d.is_gpu_like]
+    out: list[tuple[int, str, str, Placement]] = []
+    for m in profile.modules:
+        mp = plan.modules[m]
+        for g in gpus:
+            if mp.devices != [g]:
+                out.append((CHANGE_RANK["move"], m, f"{m} on {g}", base.assign(m, g)))
+            if m in SPLITTABLE and g not in mp.devices and profile.modules[m].blocks:
+                out.append((CHANGE_RANK["split"], m, f"{m} split onto {g}",
+                            base.add_split_device(m, g)))
+        if cpu and mp.params.mode != "device" and cpu not in mp.devices:
+            out.append((CHANGE_RANK["ram"], m, f"{m} weights kept in RAM ({cpu}) and staged "
+                        "to the device", base.set_residency(m, "device", cpu)))
+        if mp.params.mode != "disk":
+            out.append((CHANGE_RANK["disk"], m, f"{m} weights read from disk when it runs",
+                        base.set_residency(m, "disk")))
+        if cpu and not gpus and mp.devices != [cpu]:
+            out.append((CHANGE_RANK["cpu"], m, f"{m} on {cpu}", base.assign(m, cpu)))
+    return out
+
+
+def smallest_change(inventory: Inventory, profile: Profile, base: Placement, *,
+                    width: int = 1024, height: int = 1024, batch: int = 1,
+                    engine: str = "sdplan", measured: Mapping[str, int] | None = None,
+                    most: int = 2) -> AutoPlan | None:
+    """The smallest change of ``base`` (its budgets and RPC servers kept) that fits: one
+    module changed before two (up to ``most``), then the cheapest kind (:data:`CHANGE_RANK`:
+    another GPU, a split, weights in RAM, on disk, the CPU), then the most memory left on
+    the fullest device; a module is moved to the CPU only where there is no GPU. Each candidate is checked with
+    :func:`~sdplan.core.planning.estimate.estimate_plan` at ``width`` x ``height`` pixels and
+    ``batch``. None when no such change fits; the proposal's notes name each change.
+
+    Raises:
+        PlanError: ``base`` does not resolve on ``inventory``.
+    """
+    import itertools
+
+    from sdplan.core.errors import PlanError
+
+    plan = resolve(base, inventory, profile)
+    singles = _edits(base, plan, inventory, profile)
+    est = {"width": width, "height": height, "batch": batch, "engine": engine,
+           "measured": measured}
+    best: tuple[tuple[int, int, int, int], AutoPlan] | None = None
+    for n in range(1, most + 1):
+        for combo in itertools.combinations(singles, n):
+            if len({m for _, m, _, _ in combo}) < n:
+                continue  # two changes of one module
+            ranks = [r for r, _, _, _ in combo]
+            on_cpu = int(CHANGE_RANK["cpu"] in ranks)
+            if best is not None and (on_cpu, n) > best[0][:2]:
+                continue
+            try:
+                pl = base
+                for _, m, _, one in combo:
+                    pl = _apply_edit(pl, one, m)
+                cand = resolve(pl, inventory, profile)
+            except PlanError:
+                continue
+            fit = estimate_plan(cand, profile, inventory, **est)
+            if not fit.fits:
+                continue
+            room = min(((min(t.free, t.budget) if t.budget else t.free) - t.total
+                        for t in fit.devices.values()), default=0)
+            key = (on_cpu, n, sum(ranks), -room)
+            if best is None or key < best[0]:
+                best = (key, AutoPlan(cand.placement, cand, True, [t for _, _, t, _ in combo]))
+    return best[1] if best is not None else None
+
+
+def _apply_edit(placement: Placement, edited: Placement, module: str) -> Placement:
+    """``placement`` with ``module``'s runtime and residency entries taken from ``edited``
+    (a single change of the same base), so two changes of different modules combine."""
+    runtime = {k: v for k, v in placement.runtime.items() if k != module}
+    params = {k: v for k, v in placement.params.items() if k != module}
+    if module in edited.runtime:
+        runtime[module] = edited.runtime[module]
+    if module in edited.params:
+        params[module] = edited.params[module]
+    return dataclasses.replace(placement, runtime=runtime, params=params)
+
+
+def _packed(inventory: Inventory, profile: Profile, base: Placement, width: int, height: int,
+            batch: int, engine: str, measured: Mapping[str, int] | None) -> AutoPlan:
+    """The fresh packing of the module docstring, from ``base``'s budgets and RPC servers."""
     notes: list[str] = []
     base_plan = resolve(base, inventory, profile)
     gpus = [d for d in inventory if d.is_gpu_like]
@@ -188,27 +306,3 @@ def plan_diff(old: Plan, new: Plan, modules: list[str]) -> list[tuple[str, str, 
         if x != y:
             rows.append((flag, x or "(empty)", y or "(empty)"))
     return rows
-
-
-def fit_advice(plan: Plan, profile: Profile, inventory: Inventory, *, width: int, height: int,
-               batch: int = 1, engine: str = "sdplan",
-               measured: Mapping[str, int] | None = None) -> list[str]:
-    """For a plan that does not fit: what would, from the auto plan started at the plan's
-    own placement (budgets and RPC servers kept). Lines: each module that moves
-    (``diffusion: CUDA0 -> CUDA0, weights on CPU``), then the flags to use; or one line
-    saying that no placement on these devices fits at this size.
-
-    Raises:
-        PlanError: the plan's placement does not resolve on ``inventory``.
-    """
-    proposal = auto_plan(inventory, profile, plan.placement, width=width, height=height,
-                         batch=batch, engine=engine, measured=measured)
-    if not proposal.fits:
-        return [f"no placement on these devices fits {width}x{height} (batch {batch}); "
-                "a smaller size or a quantized model would need less"]
-    rows = plan_diff(plan, proposal.plan, list(profile.modules))
-    lines = [f"{what}: {a} -> {b}" for what, a, b in rows if not what.startswith("--")]
-    flags = " ".join(f"{f} \"{v}\"" for f, v in (("--backend", proposal.plan.backend),
-                                                ("--params-backend", proposal.plan.params_backend),
-                                                ("--max-vram", proposal.plan.max_vram)) if v)
-    return [*lines, f"use: {flags}"]

@@ -5,21 +5,29 @@ has, what limits it, and which alternatives would fit.
 and can end with a plan that fits worse than the current one. :func:`review_auto_plan`
 compares the two estimates (:func:`sdplan.core.planning.estimate.estimate_plan`), names a
 budget of the user's that is the limit (not the hardware), and tries alternatives, each
-checked by the estimate: Auto plan without those budgets, at half the image size, with
-one image per batch, and keeping the current plan when it already fits.
+checked by the estimate: the current plan or the proposal with every module's weights in
+RAM (sd-cli's ``--offload-to-cpu``: the devices hold only what runs, within their
+budgets), Auto plan without those budgets, at half the image size, with one image per
+batch, and keeping the current plan when it already fits.
+
+The board's Auto plan dialog and the command line's "What would fit" advice
+(:func:`review_advice`, ``sdplan plan`` and ``sdplan generate`` on a plan that does not fit)
+both come from this one search.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from sdplan.core.planning.autoplan import AutoPlan, auto_plan
+from sdplan.core.planning.autoplan import AutoPlan, auto_plan, plan_diff
 from sdplan.core.planning.estimate import FitReport, estimate_plan
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
+from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
 
 
@@ -79,18 +87,36 @@ def budget_limits(fit: FitReport, placement: Placement) -> list[str]:
     return out
 
 
+def offloaded(placement: Placement, profile: Profile, inventory: Inventory) -> Placement | None:
+    """``placement`` with every module's weights in RAM on the CPU (sd-cli's
+    ``--offload-to-cpu``), or None without a CPU device."""
+    cpu = next((d.name for d in inventory if d.type == "cpu"), None)
+    if cpu is None:
+        return None
+    for m in profile.modules:
+        placement = placement.set_residency(m, "device", cpu)
+    return placement
+
+
 def review_auto_plan(inventory: Inventory, profile: Profile, current: Placement, *,
-                     width: int, height: int, batch: int = 1) -> AutoPlanReview:
-    """Auto plan from ``current`` with the review described in the module docstring.
+                     width: int, height: int, batch: int = 1, engine: str = "sdplan",
+                     measured: Mapping[str, int] | None = None) -> AutoPlanReview:
+    """Auto plan from ``current`` with the review described in the module docstring
+    (``engine``, ``measured``: as :func:`~sdplan.core.planning.estimate.estimate_plan`).
 
     Raises:
         PlanError: ``current`` does not resolve on ``inventory``.
     """
     def estimate(pl: Placement, w: int = width, h: int = height, b: int = batch) -> FitReport:
         return estimate_plan(resolve(pl, inventory, profile), profile, inventory,
-                             width=w, height=h, batch=b)
+                             width=w, height=h, batch=b, engine=engine,
+                             measured=measured if (w, h, b) == (width, height, batch) else None)
 
-    proposal = auto_plan(inventory, profile, current, width=width, height=height, batch=batch)
+    def auto(pl: Placement, w: int = width, h: int = height, b: int = batch) -> AutoPlan:
+        return auto_plan(inventory, profile, pl, width=w, height=h, batch=b, engine=engine,
+                         measured=measured if (w, h, b) == (width, height, batch) else None)
+
+    proposal = auto(current)
     fit = estimate(proposal.placement)
     now = estimate(current)
     worse = (now.fits and not fit.fits) or (not now.fits and not fit.fits
@@ -101,9 +127,15 @@ def review_auto_plan(inventory: Inventory, profile: Profile, current: Placement,
         if now.fits:
             alts.append(Alternative("keep the current plan (it fits)", current, width,
                                     height, batch))
+        for base, label in ((current, "the current plan"), (proposal.placement, "Auto plan")):
+            off = offloaded(base, profile, inventory)
+            if off is not None and not now.fits and estimate(off).fits:
+                alts.append(Alternative(f"{label} with every module's weights in RAM "
+                                        "(--offload-to-cpu)", off, width, height, batch))
+                break
         if current.budgets or current.budget_default is not None:
             free = dataclasses.replace(current, budgets=(), budget_default=None)
-            alt = auto_plan(inventory, profile, free, width=width, height=height, batch=batch)
+            alt = auto(free)
             if estimate(alt.placement).fits:
                 alts.append(Alternative("Auto plan without your --max-vram budgets",
                                         alt.placement, width, height, batch))
@@ -111,9 +143,45 @@ def review_auto_plan(inventory: Inventory, profile: Profile, current: Placement,
         if batch > 1:
             smaller.insert(0, (width, height, 1))
         for w, h, b in smaller:
-            alt = auto_plan(inventory, profile, current, width=w, height=h, batch=b)
+            alt = auto(current, w, h, b)
             if estimate(alt.placement, w, h, b).fits:
                 what = f"at {w}x{h}" if (w, h) != (width, height) else "one image per batch"
                 alts.append(Alternative(f"Auto plan {what}", alt.placement, w, h, b))
                 break
     return AutoPlanReview(proposal, fit, now, worse, limits, alts)
+
+
+def review_advice(plan: Plan, profile: Profile, inventory: Inventory, *, width: int,
+                  height: int, batch: int = 1, engine: str = "sdplan",
+                  measured: Mapping[str, int] | None = None) -> list[str]:
+    """For a plan that does not fit: what would, from :func:`review_auto_plan` (the board's
+    search) started at the plan's own placement. Lines: the proposal's changes (each module
+    that moves, ``diffusion: CUDA0 -> CUDA0, weights on CPU``, then ``use:`` and the
+    flags) when it fits; else the first alternative that fits, named first (``the current
+    plan with every module's weights in RAM (--offload-to-cpu):``, or at another size);
+    else one line saying that no placement on these devices fits at this size.
+
+    Raises:
+        PlanError: the plan's placement does not resolve on ``inventory``.
+    """
+    review = review_auto_plan(inventory, profile, plan.placement, width=width, height=height,
+                              batch=batch, engine=engine, measured=measured)
+    if review.fit.fits and not review.worse:
+        return _changes(plan, review.proposal.plan, profile)
+    for alt in review.alternatives:
+        if alt.placement == plan.placement:
+            continue
+        head = alt.label if (alt.width, alt.height, alt.batch) == (width, height, batch) else \
+            f"{alt.label} (-W {alt.width} -H {alt.height} -b {alt.batch})"
+        return [f"{head}:", *_changes(plan, resolve(alt.placement, inventory, profile), profile)]
+    return [f"no placement on these devices fits {width}x{height} (batch {batch}); "
+            "a smaller size or a quantized model would need less"]
+
+
+def _changes(old: Plan, new: Plan, profile: Profile) -> list[str]:
+    rows = plan_diff(old, new, list(profile.modules))
+    lines = [f"{what}: {a} -> {b}" for what, a, b in rows if not what.startswith("--")]
+    flags = " ".join(f"{f} \"{v}\"" for f, v in (("--backend", new.backend),
+                                                ("--params-backend", new.params_backend),
+                                                ("--max-vram", new.max_vram)) if v)
+    return [*lines, f"use: {flags}"]

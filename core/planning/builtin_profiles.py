@@ -20,8 +20,8 @@ Index format (``format`` 1)::
 from __future__ import annotations
 
 import difflib
-import json
 import logging
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from sdplan.core.errors import ModelFileError, PlanError
+from sdplan.core.planning import paths
+from sdplan.core.planning.bounded_json import JsonLimits, JsonRefused, loads
 from sdplan.core.planning.profile import Profile
 
 log = logging.getLogger(__name__)
@@ -68,12 +70,11 @@ def _index() -> dict[str, Any]:
     source = "sdplan.resources/" + "/".join(INDEX)
     try:
         ref = resources.files("sdplan.resources").joinpath("/".join(INDEX))
-        data = json.loads(ref.read_text(encoding="utf-8"))
+        data = loads(ref.read_bytes(), source, JsonLimits(max_bytes=64 * 2**20))
     except (OSError, ModuleNotFoundError) as exc:
         raise ModelFileError(source, f"built-in profiles are missing ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ModelFileError(source, f"built-in profiles are not valid JSON ({exc.msg})"
-                             ) from None
+    except JsonRefused as exc:
+        raise ModelFileError(source, f"built-in profiles are not valid JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != 1 or not isinstance(
             data.get("profiles"), dict):
         raise ModelFileError(source, "built-in profiles: expected format 1 with 'profiles'")
@@ -141,6 +142,51 @@ def load_profile_option(profile: str | None = None, model_profile: str | None = 
         return load_builtin_profile(model_profile)
     if not profile:
         return None
-    if Path(profile).exists() or profile.lower().endswith(".json"):
+    if paths.exists(profile) or profile.lower().endswith(".json"):
         return Profile.load(profile)
     return load_builtin_profile(profile)
+
+
+#: A quantisation written in a file name (``Q4_K_M``, ``q8_0``, ``bf16``...).
+_QUANT_RE = re.compile(r"(q\d_(?:k|0|1)(?:_[sml])?|bf16|fp16|f16|fp8|f32)", re.IGNORECASE)
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def match_builtin_profile(file_name: str) -> str | None:
+    """The built-in profile a model file's name stands for, or None: the model named in it
+    (``flux1-dev``, ``z_image_turbo``, a published file's name such as
+    ``v1-5-pruned-emaonly``; case, ``-``, ``_`` and ``.`` ignored, the longest name found
+    wins) and its quantisation (``Q8_0``, ``Q4_K_M`` -> ``q4_k``; ``bf16``/``fp16`` or a
+    ``.safetensors`` file without one -> ``f16``).
+
+    Raises:
+        ModelFileError: the shipped index is missing or malformed.
+    """
+    base = Path(file_name.replace("\\", "/")).name
+    stem, suffix = Path(base).stem, Path(base).suffix.lower()
+    found = _QUANT_RE.search(stem)
+    if found:
+        q = found.group(1).lower()
+        quant = "f16" if q in ("bf16", "fp16", "f16") else re.sub(r"_[sml]$", "", q)
+    elif suffix in (".safetensors", ".sft", ".ckpt"):
+        quant = "f16"
+    else:
+        return None
+    text = _squash(_QUANT_RE.sub("", stem))
+    best: tuple[int, str] | None = None
+    for name, entry in _index().items():
+        model = name.rsplit("-", 1)[0]
+        keys = {_squash(model)}
+        first = next(iter(entry.get("files") or {}), "")
+        if name.endswith("-f16") and first:
+            keys.add(_squash(_QUANT_RE.sub("", Path(first).stem)))
+        for key in keys:
+            if key and key in text and (best is None or len(key) > best[0]):
+                best = (len(key), model)
+    if best is None:
+        return None
+    name = f"{best[1]}-{quant}"
+    return name if name in _index() else None

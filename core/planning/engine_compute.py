@@ -23,13 +23,13 @@ CFG doubles the UNet's batch):
 
 from __future__ import annotations
 
+from sdplan.core.families import family_of
+
 UNET_BYTES_PER_PX = 460
 VAE_BYTES_PER_PX = {"wide": 2816, "narrow": 3328}
 VAE_WIDE_PX = 640
 TE_BYTES_PER_CHUNK = 1_600_000
 
-#: Architectures the figures were fitted on (the engine's SD 1.x / 2.x pipeline).
-FITTED = ("sd1", "sd2")
 
 
 def sdplan_compute_bytes(module: str, architecture: str | None, *, width: int, height: int,
@@ -43,8 +43,8 @@ def sdplan_compute_bytes(module: str, architecture: str | None, *, width: int, h
         width, height: image size in pixels; batch: images per run.
         cfg: classifier-free guidance (the UNet runs both halves as one batch of 2*batch).
     """
-    family = (architecture or "").split("-")[0]
-    if family not in FITTED:
+    fam = family_of(architecture)
+    if fam is None or not fam.fitted_compute:  # the figures were fitted on SD 1.x / 2.x
         return None
     pixels = width * height
     if module == "diffusion":

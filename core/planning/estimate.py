@@ -6,6 +6,8 @@ Three parts per module and device (bytes):
   runtime device (a layer split: each range's blocks on its device, the non-block bytes on
   the main device; a row split: each device's share of the block rows, the non-block bytes
   on the main device, which alone runs the graph and holds the compute buffer); ``device`` puts all of it on the params device; ``disk`` nothing.
+  An LLM encoder's vision tower (``te``'s ``llm_vision`` bytes: Qwen2.5-VL's) is never split
+  (sd-cli keeps it on the main device) and counts only for a run given reference pictures.
 - **staging** (while the module runs): with ``device`` or ``disk`` residency the weights
   are copied to the runtime device(s): each range's blocks to its device plus the non-block
   bytes to the main device, or the whole module on a single device.
@@ -73,6 +75,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from sdplan.core.families import ComputeShape, family_of, variant_of
 from sdplan.core.planning.adapters import LoraProfile, lora_device_bytes
 from sdplan.core.planning.engine_compute import sdplan_compute_bytes
 from sdplan.core.planning.inventory import Inventory
@@ -85,16 +88,16 @@ _F32 = 4
 #: Engines an estimate can be for (see :func:`module_compute`).
 ENGINES = ("sdplan", "sd-cli", "sd-cli-fa")
 
-# family -> (heads, width D, tokens rule): DiT tokens = latent/4 + text; UNet = latent / div
-_DIT = {"flux": (24, 3072, 512), "flux-schnell": (24, 3072, 256), "chroma": (24, 3072, 512),
-        "sd3": (24, 1536, 154), "sd3-large": (38, 2432, 154), "z_image": (30, 3840, 512),
-        "flux2_klein": (24, 3072, 512), "flux2_klein-9b": (32, 4096, 512)}
-_UNET = {"sd1": (8, 320, 1), "sd2": (5, 320, 1), "sdxl": (10, 640, 4)}
 # encoder -> (heads, MLP width, tokens)
 _TE = {"t5xxl": (64, 10240, 512), "llm": (28, 18944, 512), "clip_l": (12, 3072, 77),
        "clip_h": (16, 4096, 77), "clip_g": (20, 5120, 77)}
-# family -> the tokens every encoder of its ``te`` runs at once (SD3: 77-token chunks, T5 too)
-_TE_TOKENS = {"sd3": 77}
+
+
+def _shape(architecture: str | None) -> ComputeShape | None:
+    """The family's published compute constants for an architecture name (its variant's when
+    it has its own; :attr:`sdplan.core.families.declaration.Family.compute`), or None."""
+    fam = family_of(architecture)
+    return fam.compute_for(variant_of(architecture)) if fam is not None else None
 
 
 @dataclass(frozen=True)
@@ -128,10 +131,10 @@ def im2col_bytes(module: str, architecture: str | None, *, width: int, height: i
     """sd-cli's F16 ``im2col`` buffer of ``module``'s widest 3x3 convolution in bytes
     (module docstring): VAE ``batch * 2 * 9 * 128 * pixels``; SD/SDXL UNets
     ``batch * 2 * 9 * 320 * latent pixels``; 0 for DiTs and other modules."""
-    family = (architecture or "").split("-")[0]
+    shape = _shape(architecture)
     if module == "vae":
         return batch * 2 * 9 * 128 * width * height
-    if module in ("diffusion", "controlnet") and family in _UNET:
+    if module in ("diffusion", "controlnet") and shape is not None and shape.kind == "unet":
         return batch * 2 * 9 * 320 * (height // 8) * (width // 8)
     return 0
 
@@ -231,22 +234,19 @@ def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
         width, height: image size in pixels; batch: images per run.
         flash: flash attention (no ``heads * N**2`` score matrix).
     """
-    arch = architecture or "unknown"
-    family = arch.split("-")[0]
+    shape = _shape(architecture)
     latent = (height // 8) * (width // 8)
     pixels = width * height
     if module in ("diffusion", "controlnet"):
-        key = arch if arch in _DIT else family
-        if key in _DIT:
-            heads, dim, text = _DIT[key]
-            return _attn(batch, heads, latent // 4 + text, 4 * dim, flash)
-        if family in _UNET:
-            heads, ch, div = _UNET[family]
-            return _attn(batch, heads, latent // div, 4 * ch, flash)
+        if shape is not None and shape.kind == "dit":
+            return _attn(batch, shape.heads, latent // 4 + shape.tokens, 4 * shape.width, flash)
+        if shape is not None and shape.kind == "unet":
+            return _attn(batch, shape.heads, latent // shape.tokens, 4 * shape.width, flash)
     elif module == "te":
         encs = [e for e in (mp.encoders or {mp.block_encoder: 0}) if e in _TE]
+        te_tokens = shape.te_tokens if shape is not None else None
         if encs:  # encoders run one after another: the largest buffer counts
-            return max(_attn(batch, _TE[e][0], _TE_TOKENS.get(family, _TE[e][2]), _TE[e][1], flash)
+            return max(_attn(batch, _TE[e][0], te_tokens or _TE[e][2], _TE[e][1], flash)
                        for e in encs)
     elif module == "vae":
         return batch * _F32 * ((0 if flash else latent * latent) + _K * 128 * pixels)
@@ -302,7 +302,8 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
                   width: int = 512, height: int = 512, batch: int = 1, engine: str = "sdplan",
                   measured: Mapping[str, int] | None = None,
                   flags: RuntimeFlags | None = None,
-                  loras: Mapping[str, LoraProfile] | None = None) -> FitReport:
+                  loras: Mapping[str, LoraProfile] | None = None,
+                  reserve: int = 0, ref_images: int = 0) -> FitReport:
     """Estimate a resolved plan's memory per module and device and say whether it fits.
 
     Args:
@@ -319,6 +320,10 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
             attention per module, im2col columns, mmap); given, the engine is sd-cli's.
         loras: per module, the at-runtime LoRA bytes kept on its devices (None or absent:
             none, as for merged LoRAs).
+        reserve: bytes each GPU-like device keeps free (:func:`totals`).
+        ref_images: reference pictures the run is given (``-r``): an LLM encoder's vision
+            tower (``te``'s ``llm_vision`` bytes, on the main device) is loaded only for them,
+            as sd-cli encodes the pictures with it; without any it is not counted.
 
     Returns:
         A :class:`FitReport`; ``fits`` is False when a device's total exceeds its free
@@ -354,22 +359,24 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
                                                  measured=measured)
         placed: dict[str, int] = {}
         row_shares = getattr(mplan, "row_shares", None)
-        if mplan.ranges:
-            placed[main] = mp.other
+        unused = mp.encoders.get("llm_vision", 0) if name == "te" and not ref_images else 0
+        total = mp.total - unused
+        if mplan.ranges:  # a UNet split by stages keeps only its non-stage bytes on main
+            placed[main] = getattr(mplan, "main_other_bytes", mp.other) - unused
             for r in mplan.ranges:
                 placed[r.device] = placed.get(r.device, 0) + r.bytes
         elif row_shares:  # row split: block rows on every device, the rest on the main one
             placed = dict(row_shares)
-            placed[main] = placed.get(main, 0) + mp.other
+            placed[main] = placed.get(main, 0) + mp.other - unused
         else:
-            placed[main] = mp.total
+            placed[main] = total
         weights: dict[str, int] = {}
         staging: dict[str, int] = {}
         if mode == "runtime":
             weights = placed
         else:
             if mode == "device" and mplan.params.device:
-                weights = {mplan.params.device: mp.total}
+                weights = {mplan.params.device: total}
             staging = dict(placed)
         lp = (loras or {}).get(name)
         lora = lora_device_bytes(mplan, lp) if lp is not None else {}
@@ -377,7 +384,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         budget = budgets.get(main, 0)
         units = mp.blocks or mp.stages
         if len(devs) == 1 and budget > 0 and units:  # at-runtime LoRA stays beside the fixed bytes
-            fixed = mp.total - sum(units)
+            fixed = total - sum(units)
             segs = segments(units, fixed, budget, comp + lora.get(main, 0))
             if len(segs) > 1 and mode == "runtime":
                 weights, staging = {main: fixed}, {main: max(segs)}
@@ -388,7 +395,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
             weights = {d: b for d, b in weights.items() if not _is_cpu(inventory, d)}
         mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute, lora,
                                     tuple(segs) if len(segs) > 1 else ())
-    report = _totals(mods, inventory, budgets, width, height, batch)
+    report = totals(mods, inventory, budgets, width, height, batch, reserve)
     return dataclasses.replace(report, engine="sd-cli" if flags is not None else engine,
                                compute_source=sources)
 
@@ -397,8 +404,12 @@ def _is_cpu(inventory: Inventory, name: str) -> bool:
     return any(d.name == name and d.type == "cpu" for d in inventory)
 
 
-def _totals(mods: dict[str, ModuleEstimate], inventory: Inventory, budgets: dict[str, int],
-            width: int, height: int, batch: int) -> FitReport:
+def totals(mods: Mapping[str, ModuleEstimate], inventory: Inventory, budgets: Mapping[str, int],
+           width: int, height: int, batch: int, reserve: int = 0) -> FitReport:
+    """Per-device totals of module estimates and the verdict: a device's resident weights
+    and LoRA tensors plus the largest ``staging + compute`` of one module must fit its free
+    memory less ``reserve`` bytes on a GPU-like device (the newest sd-cli keeps 512 MiB of
+    scratch at every capacity check, spec section 14.6) and its ``--max-vram`` budget."""
     devices: dict[str, DeviceTotals] = {}
     reasons: list[str] = []
     for dev in inventory:
@@ -412,12 +423,14 @@ def _totals(mods: dict[str, ModuleEstimate], inventory: Inventory, budgets: dict
         budget = budgets.get(dev.name, 0)
         t = DeviceTotals(dev.name, w, peak[0], peak[1], w + lora + sum(peak), dev.free, budget, lora)
         devices[dev.name] = t
-        if t.total > t.free:
+        keep = reserve if dev.is_gpu_like else 0
+        if t.total + keep > t.free:
             reasons.append(f"{dev.name}: needs {t.total / GIB:.2f} GiB (weights "
                            f"{w / GIB:.2f}, staging {peak[0] / GIB:.2f}, compute "
                            f"{peak[1] / GIB:.2f}{f', LoRA {lora / GIB:.2f}' if lora else ''}) "
-                           f"but has {t.free / GIB:.2f} GiB free")
+                           f"but has {t.free / GIB:.2f} GiB free"
+                           + (f" less {keep / GIB:.2f} GiB of scratch" if keep else ""))
         elif budget > 0 and t.total > budget:
             reasons.append(f"{dev.name}: needs {t.total / GIB:.2f} GiB, over its --max-vram "
                            f"budget of {budget / GIB:.2f} GiB")
-    return FitReport(devices, mods, not reasons, reasons, width, height, batch)
+    return FitReport(devices, dict(mods), not reasons, reasons, width, height, batch)

@@ -10,12 +10,12 @@ and the inventory's ``"drives"`` (read speeds of drives,
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sdplan.core.errors import InventoryError
+from sdplan.core.planning.bounded_json import read_json
 from sdplan.core.planning.device_profile import DeviceProfile, DriveProfile
 
 DEVICE_TYPES = ("cpu", "gpu", "igpu", "accel")
@@ -146,16 +146,13 @@ class Inventory:
 
     @classmethod
     def load(cls, path: str | Path) -> Inventory:
-        """Read an inventory JSON file; raises :class:`InventoryError` naming the file."""
+        """Read an inventory JSON file (:func:`sdplan.core.planning.bounded_json.read_json`);
+        raises :class:`InventoryError` naming the file."""
         p = Path(path)
         try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise InventoryError(f"{p}: cannot read inventory: {exc.strerror}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InventoryError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+            data = read_json(p, what="inventory")
+        except (OSError, ValueError) as exc:  # PathError naming the path, JsonRefused
+            raise InventoryError(str(exc)) from None
         return cls.from_json(data, source=str(p))
 
 

@@ -17,11 +17,15 @@ GIB = 1 << 30
 MODULES: tuple[str, ...] = (
     "diffusion", "te", "clip_vision", "vae", "controlnet", "photomaker", "upscaler", "detector",
 )
+#: Every module a placement names: :data:`MODULES` and the newest sd-cli's ``audio_encoder``
+#: (spec section 14.8: a single-device module like ``clip_vision``), written after them.
+PLACED_MODULES: tuple[str, ...] = (*MODULES, "audio_encoder")
 #: Modules that may run on several devices (layer split; spec section 8).
 SPLITTABLE: tuple[str, ...] = ("diffusion", "te")
 #: Text encoders of ``te``: CLIP ViT-L, OpenCLIP ViT-bigG, OpenCLIP ViT-H (SD 2.x), T5-XXL,
-#: and a decoder-only language model (Qwen, Mistral, ...).
-ENCODERS: tuple[str, ...] = ("clip_l", "clip_g", "clip_h", "t5xxl", "llm")
+#: a decoder-only language model (Qwen, Mistral, ...), and the vision tower of such a model
+#: (Qwen2.5-VL's, sd-cli's ``--llm_vision`` part: reference pictures; never split).
+ENCODERS: tuple[str, ...] = ("clip_l", "clip_g", "clip_h", "t5xxl", "llm", "llm_vision")
 
 
 @dataclass(frozen=True)

@@ -17,32 +17,34 @@ from decimal import Decimal
 
 from sdplan.core.errors import PlanError
 from sdplan.core.planning.assignment import (
-    Entry,
     ParamsValue,
     Ref,
     RuntimeValue,
-    Span,
     format_gib,
     normalize_module,
     parse_gib,
-    parse_params_value,
-    parse_runtime_value,
     split_entries,
 )
-from sdplan.core.planning.modules import MODULES, SPLITTABLE
+from sdplan.core.planning.modules import PLACED_MODULES, SPLITTABLE
+from sdplan.core.planning.placement_parse import (
+    CFG_KEY,
+    SPLIT_MODES,
+    BudgetEntry,
+    last_wins,
+    params_not_cfg,
+    parse_max_vram,
+    parse_split_mode,
+    runtime_or_cfg,
+)
+from sdplan.core.planning.split_ratio import SplitRatio, parse_split_ratio
+
+__all__ = ["BudgetEntry", "Placement", "SPLIT_MODES", "PLACEMENT_VALUE_FLAGS",
+           "PLACEMENT_SWITCHES", "scan_placement_args", "add_placement_arguments",
+           "placement_from_namespace", "split_flag"]
 
 #: Compatibility flags in the order they are applied, with the ``--backend`` entry each adds.
 COMPAT_BACKEND = (("clip_on_cpu", "te=cpu"), ("vae_on_cpu", "vae=cpu"),
                   ("control_net_cpu", "controlnet=cpu"))
-
-
-@dataclass(frozen=True)
-class BudgetEntry:
-    """One ``--max-vram`` device entry: ``key`` names a device, ``gib`` in GiB (< 0 = spare)."""
-
-    key: Ref
-    gib: Decimal
-    span: Span | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,17 @@ class Placement:
         rpc_servers: ``--rpc-servers`` endpoints (``host:port``).
         split_default: the ``--split-mode`` default (``layer``/``row``), or None (layer).
         split_modes: module -> ``--split-mode`` for that module (spec section 12).
-        auto_fit: ``--auto-fit``: sd-cli derives ``--backend``/``--params-backend`` itself
-            (spec section 13; :mod:`sdplan.core.planning.autofit` predicts it).
+        auto_fit: ``--auto-fit`` on: sd-cli derives the placement itself (spec section 13
+            for the bare switch, 14.1 for ``--auto-fit on``; :mod:`~sdplan.core.planning.autofit`
+            and :mod:`~sdplan.core.planning.autofit_newest` predict it).
+        auto_fit_word: how ``--auto-fit`` was written: ``""`` (the bare snapshot switch, or
+            absent), ``on`` or ``off`` (the newest sd-cli's values; ``off`` keeps
+            ``auto_fit`` False).
+        split_ratio: ``--split-ratio`` (spec section 14.4), or None (sd-cli's ``auto``).
+        cfg: the ``--backend cfg=DEVICE`` value (spec section 14.5: the device of the second
+            diffusion copy for parallel CFG), or None.
+        disable_prefetch, disable_segmented_compute: the newest sd-cli's switches (spec
+            section 14.2).
         deprecated: compatibility flags used (each gives warning ``deprecated_flag``).
         texts: the joined flag values the spans point into (flag -> text).
         shadowed: overridden entries, still checked at resolution (spec section 11).
@@ -78,6 +89,11 @@ class Placement:
     split_default: str | None = None
     split_modes: Mapping[str, str] = field(default_factory=dict)
     auto_fit: bool = False
+    auto_fit_word: str = ""
+    split_ratio: SplitRatio | None = None
+    cfg: RuntimeValue | None = None
+    disable_prefetch: bool = False
+    disable_segmented_compute: bool = False
     deprecated: tuple[str, ...] = field(default=(), compare=False)
     texts: Mapping[str, str] = field(default_factory=dict, compare=False)
     shadowed: tuple[tuple[str, object], ...] = field(default=(), compare=False)
@@ -88,18 +104,23 @@ class Placement:
                      stream_layers: bool = False, rpc_servers: str | Sequence[str] = "",
                      clip_on_cpu: bool = False, vae_on_cpu: bool = False,
                      control_net_cpu: bool = False, offload_to_cpu: bool = False,
-                     split_mode: str = "", auto_fit: bool = False) -> Placement:
-        """Parse joined flag values (spec sections 2, 4, 6, 7, 12, 13).
+                     split_mode: str = "", auto_fit: bool | str = False,
+                     split_ratio: str = "", disable_prefetch: bool = False,
+                     disable_segmented_compute: bool = False) -> Placement:
+        """Parse joined flag values (spec sections 2, 4, 6, 7, 12, 13, 14).
 
         ``rpc_servers`` is the joined ``host:port,...`` text or a list of endpoints. The
         compatibility flags prepend their entries (span None) as section 6 says.
-        ``split_mode`` is the joined ``--split-mode`` value (section 12).
+        ``split_mode`` is the joined ``--split-mode`` value (section 12). ``auto_fit`` is
+        True (the bare switch), False (absent) or the word ``on``/``off`` (section 14.1);
+        ``split_ratio`` the last ``--split-ratio`` value (section 14.4). A ``cfg=DEVICE``
+        entry of ``--backend`` names the parallel-CFG device (section 14.5).
 
         Raises:
             PlanError: any syntax error of the spec (``unknown_module``,
                 ``invalid_assignment``, ``invalid_device_list``, ``default_in_device_list``,
                 ``disk_not_runtime``, ``params_device_list``, ``invalid_max_vram``,
-                ``invalid_split_mode``).
+                ``invalid_split_mode``, ``invalid_split_ratio``, ``invalid_cfg_device``).
         """
         flags = {"clip_on_cpu": clip_on_cpu, "vae_on_cpu": vae_on_cpu,
                  "control_net_cpu": control_net_cpu}
@@ -109,16 +130,20 @@ class Placement:
             if flags[name]:
                 prefix.insert(0, entry)
         shadowed: list[tuple[str, object]] = []
-        default, runtime = _last_wins(
-            split_entries(backend, "--backend", prefix=prefix),
-            lambda e: parse_runtime_value(e, "--backend", backend), "--backend", shadowed)
-        p_default, params = _last_wins(
+        default, runtime = last_wins(
+            split_entries(backend, "--backend", prefix=prefix, extra_keys=CFG_KEY),
+            lambda e: runtime_or_cfg(e, backend), "--backend", shadowed)
+        cfg = runtime.pop("cfg", None)
+        p_default, params = last_wins(
             split_entries(params_backend, "--params-backend",
-                          prefix=["*=cpu"] if offload_to_cpu else []),
-            lambda e: parse_params_value(e, "--params-backend", params_backend),
-            "--params-backend", shadowed)
-        b_default, budgets = _parse_max_vram(max_vram)
+                          prefix=["*=cpu"] if offload_to_cpu else [], extra_keys=CFG_KEY),
+            lambda e: params_not_cfg(e, params_backend), "--params-backend", shadowed)
+        b_default, budgets = parse_max_vram(max_vram)
         s_default, s_modes = parse_split_mode(split_mode)
+        word = auto_fit.strip().lower() if isinstance(auto_fit, str) else ""
+        if isinstance(auto_fit, str) and word not in ("on", "off", "switch", ""):
+            raise PlanError("invalid_assignment", f"--auto-fit takes on or off, not "
+                            f"'{auto_fit}'", flag="--auto-fit")
         if isinstance(rpc_servers, str):
             servers = tuple(s.strip() for s in rpc_servers.split(",") if s.strip())
         else:
@@ -126,9 +151,14 @@ class Placement:
         return cls(default=default, runtime=runtime, params_default=p_default, params=params,
                    budget_default=b_default, budgets=budgets, stream_layers=stream_layers,
                    rpc_servers=servers, split_default=s_default, split_modes=s_modes,
-                   auto_fit=auto_fit, deprecated=deprecated,
+                   auto_fit=auto_fit is True or word in ("on", "switch"),
+                   auto_fit_word=word if word in ("on", "off") else "",
+                   split_ratio=parse_split_ratio(split_ratio), cfg=cfg,
+                   disable_prefetch=disable_prefetch,
+                   disable_segmented_compute=disable_segmented_compute, deprecated=deprecated,
                    texts={"--backend": backend, "--params-backend": params_backend,
-                          "--max-vram": max_vram, "--split-mode": split_mode},
+                          "--max-vram": max_vram, "--split-mode": split_mode,
+                          "--split-ratio": split_ratio},
                    shadowed=tuple(shadowed))
 
     @classmethod
@@ -147,16 +177,18 @@ class Placement:
     # ----------------------------------------------------------------- writing
     def to_strings(self) -> dict[str, str]:
         """The flag values ``{"backend", "params_backend", "max_vram"}``: canonical module
-        names in :data:`MODULES` order, entries equal to the default omitted, device names as
-        held (exact names in a resolved plan's placement), GiB as plain numbers (the
-        ``--split-mode`` value is :meth:`split_mode_text`)."""
+        names in :data:`PLACED_MODULES` order, then ``cfg=DEVICE``, entries equal to the
+        default omitted, device names as held (exact names in a resolved plan's placement),
+        GiB as plain numbers (the ``--split-mode`` value is :meth:`split_mode_text`)."""
         parts = [self.default.text()] if self.default is not None else []
-        for m in MODULES:
+        for m in PLACED_MODULES:
             v = self.runtime.get(m)
             if v is not None and v != self.default:
                 parts.append(f"{m}={v.text()}")
+        if self.cfg is not None:
+            parts.append(f"cfg={self.cfg.text()}")
         pparts = [self.params_default.text()] if self.params_default is not None else []
-        for m in MODULES:
+        for m in PLACED_MODULES:
             pv = self.params.get(m)
             if pv is None or pv == self.params_default:
                 continue
@@ -180,7 +212,7 @@ class Placement:
         module entries that differ from it (``""`` when everything is ``layer``)."""
         sdefault = self.split_default or "layer"
         sparts = [sdefault] if sdefault != "layer" else []
-        sparts += [f"{m}={self.split_modes[m]}" for m in MODULES
+        sparts += [f"{m}={self.split_modes[m]}" for m in PLACED_MODULES
                    if m in self.split_modes and self.split_modes[m] != sdefault]
         return ",".join(sparts)
 
@@ -323,8 +355,39 @@ class Placement:
         return self._plain(split_modes=modes)
 
     def with_auto_fit(self, on: bool) -> Placement:
-        """Turn ``--auto-fit`` on or off."""
-        return self._plain(auto_fit=bool(on))
+        """Turn the ``--auto-fit`` switch on or off (section 13's bare switch)."""
+        return self._plain(auto_fit=bool(on), auto_fit_word="")
+
+    @property
+    def auto_fit_mode(self) -> str | None:
+        """How ``--auto-fit`` is given: ``switch`` (the snapshot's bare switch), ``on``,
+        ``off`` (the newest sd-cli's words), or None (absent)."""
+        if self.auto_fit_word:
+            return self.auto_fit_word
+        return "switch" if self.auto_fit else None
+
+    def with_auto_fit_mode(self, mode: str | None) -> Placement:
+        """Set ``--auto-fit`` to ``switch``, ``on``, ``off`` or None (absent).
+
+        Raises:
+            PlanError: ``invalid_assignment`` for another mode.
+        """
+        if mode not in ("switch", "on", "off", None):
+            raise PlanError("invalid_assignment", f"--auto-fit takes on or off, not {mode!r}")
+        return self._plain(auto_fit=mode in ("switch", "on"),
+                           auto_fit_word=mode if mode in ("on", "off") else "")
+
+    def with_split_ratio(self, text: str | None) -> Placement:
+        """Set ``--split-ratio`` (``auto``, ``vram``, ``r0,r1,...``; None or ``""`` removes it).
+
+        Raises:
+            PlanError: ``invalid_split_ratio``.
+        """
+        return self._plain(split_ratio=parse_split_ratio(text or ""))
+
+    def with_cfg(self, device: str | None) -> Placement:
+        """Set the parallel-CFG device (``--backend cfg=DEVICE``; None removes it)."""
+        return self._plain(cfg=RuntimeValue.of(device) if device else None)
 
 
 def _module(key: str) -> str:
@@ -334,75 +397,18 @@ def _module(key: str) -> str:
     return m
 
 
-def _last_wins(entries: list[Entry], parse, flag: str,  # type: ignore[no-untyped-def]
-               shadowed: list[tuple[str, object]]):
-    """Apply "later entry wins" (spec section 2, steps 5-6); overridden values are kept in
-    ``shadowed`` so resolution still checks their device names."""
-    default = None
-    per: dict[str, object] = {}
-    for e in entries:
-        value = parse(e)
-        old = per.get(e.module) if e.module is not None else default
-        if old is not None:
-            shadowed.append((flag, old))
-        if e.module is None:
-            default = value
-        else:
-            per[e.module] = value
-    return default, per
-
-
-#: ``--split-mode`` values (spec section 12).
-SPLIT_MODES = ("layer", "row")
-
-
-def parse_split_mode(text: str) -> tuple[str | None, dict[str, str]]:
-    """A joined ``--split-mode`` value (spec section 12): the default mode and the
-    per-module modes (lower-case ``layer``/``row``; later entries win).
-
-    Raises:
-        PlanError: ``invalid_split_mode`` for an empty key or value, an unknown mode (a
-            device list included) or a module that cannot be split; ``unknown_module``.
-    """
-    flag = "--split-mode"
-    default: str | None = None
-    modes: dict[str, str] = {}
-    for e in split_entries(text, flag, error_code="invalid_split_mode"):
-        value = e.value.strip().lower()
-        if value not in SPLIT_MODES:
-            raise PlanError("invalid_split_mode", f"{flag}: unknown mode '{e.value}' (use "
-                            "layer or row)", flag=flag, text=text, span=e.value_span)
-        if e.module is None:
-            default = value
-        elif e.module not in SPLITTABLE:
-            raise PlanError("invalid_split_mode", f"{flag}: {e.module} cannot be split; "
-                            f"--split-mode applies to {', '.join(SPLITTABLE)}", flag=flag,
-                            text=text, span=e.key.span if e.key is not None else e.span)
-        else:
-            modes[e.module] = value
-    return default, modes
-
-
-def _parse_max_vram(text: str) -> tuple[Decimal | None, tuple[BudgetEntry, ...]]:
-    flag = "--max-vram"
-    default = None
-    budgets = []
-    for e in split_entries(text, flag, error_code="invalid_max_vram", modules=False):
-        gib = parse_gib(e.value, flag, text, e.value_span)
-        if e.key is None or e.key.text.lower() in ("all", "default", "*"):
-            default = gib
-        else:
-            budgets.append(BudgetEntry(e.key, gib, e.span))
-    return default, tuple(budgets)
-
-
 # --------------------------------------------------------------------- argument lists
 #: Placement flags taking a value -> how repeats combine.
 PLACEMENT_VALUE_FLAGS = {"--backend": "join", "--params-backend": "join",
-                         "--max-vram": "last", "--rpc-servers": "join", "--split-mode": "join"}
+                         "--max-vram": "last", "--rpc-servers": "join", "--split-mode": "join",
+                         "--split-ratio": "last"}
 PLACEMENT_SWITCHES = {"--stream-layers": "stream_layers", "--clip-on-cpu": "clip_on_cpu",
                       "--vae-on-cpu": "vae_on_cpu", "--control-net-cpu": "control_net_cpu",
-                      "--offload-to-cpu": "offload_to_cpu", "--auto-fit": "auto_fit"}
+                      "--offload-to-cpu": "offload_to_cpu", "--auto-fit": "auto_fit",
+                      "--disable-prefetch": "disable_prefetch",
+                      "--disable-segmented-compute": "disable_segmented_compute"}
+#: The values ``--auto-fit`` takes in the newest sd-cli (spec section 14.1).
+AUTO_FIT_WORDS = ("on", "off")
 
 
 def split_flag(arg: str) -> tuple[str, str | None]:
@@ -413,15 +419,28 @@ def split_flag(arg: str) -> tuple[str, str | None]:
     return arg, None
 
 
+def auto_fit_value(args: Sequence[str], i: int) -> str | None:
+    """The value of an ``--auto-fit`` at ``args[i]`` (spec section 14.2: both dialects are
+    read): ``on``/``off`` when the next argument is that word (any case), else None (the
+    snapshot's bare switch; a following word that is not on or off is not its value)."""
+    if i + 1 < len(args) and args[i + 1].strip().lower() in AUTO_FIT_WORDS:
+        return args[i + 1].strip().lower()
+    return None
+
+
 def scan_placement_args(args: list[str]) -> tuple[Placement, list[str]]:
     """Take sd-cli's placement flags out of ``args``; returns the placement and the rest.
 
+    ``--auto-fit`` is read in both dialects: followed by ``on``/``off`` (or written
+    ``--auto-fit=on``) it takes that word, else it is the bare switch (on); the last one
+    given wins, as sd-cli keeps an option's last value.
+
     Raises:
         PlanError: from :meth:`Placement.from_strings`; ``invalid_assignment`` when a
-            placement flag has no value.
+            placement flag has no value or ``--auto-fit=`` a word other than on/off.
     """
     values: dict[str, list[str]] = {f: [] for f in PLACEMENT_VALUE_FLAGS}
-    switches: dict[str, bool] = {}
+    switches: dict[str, bool | str] = {}
     rest: list[str] = []
     i = 0
     while i < len(args):
@@ -433,32 +452,49 @@ def scan_placement_args(args: list[str]) -> tuple[Placement, list[str]]:
                 inline = args[i + 1]
                 i += 1
             values[flag].append(inline)
+        elif flag == "--auto-fit":
+            word = inline if inline is not None else auto_fit_value(args, i)
+            if inline is None and word is not None:
+                i += 1
+            switches["auto_fit"] = word if word is not None else True
         elif args[i] in PLACEMENT_SWITCHES:
             switches[PLACEMENT_SWITCHES[args[i]]] = True
         else:
             rest.append(args[i])
         i += 1
     vram = values["--max-vram"]
+    ratio = values["--split-ratio"]
     placement = Placement.from_strings(
         ",".join(values["--backend"]), ",".join(values["--params-backend"]),
         vram[-1] if vram else "", rpc_servers=",".join(values["--rpc-servers"]),
-        split_mode=",".join(values["--split-mode"]), **switches)
+        split_mode=",".join(values["--split-mode"]), split_ratio=ratio[-1] if ratio else "",
+        **switches)  # type: ignore[arg-type]
     return placement, rest
 
 
 # --------------------------------------------------------------------- argparse glue
+def _auto_fit_word(text: str) -> str:
+    word = text.strip().lower()
+    if word not in AUTO_FIT_WORDS:
+        raise argparse.ArgumentTypeError(f"takes on or off, not {text!r}")
+    return word
+
+
 def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add sd-cli's placement flags to ``parser`` (repeatable ones collect in lists)."""
+    """Add sd-cli's placement flags to ``parser`` (repeatable ones collect in lists), and the
+    target of the plan: ``--sdcli-dialect`` and ``--sdcli`` (spec section 14)."""
     g = parser.add_argument_group("placement (as sd-cli spells it)")
     g.add_argument("--backend", action="append", default=[], metavar="ASSIGN",
-                   help="runtime devices: DEVICE,module=DEVICE[&DEVICE...] (repeats join)")
+                   help="runtime devices: DEVICE,module=DEVICE[&DEVICE...],cfg=DEVICE "
+                        "(repeats join)")
     g.add_argument("--params-backend", action="append", default=[], metavar="ASSIGN",
                    help="weight residency: DEVICE|disk,module=DEVICE|disk (repeats join)")
     g.add_argument("--max-vram", action="append", default=[], metavar="GIB",
                    help="budgets in GiB: N,device=N (negative = spare; last one wins; "
                         "write --max-vram=-1,cuda0=4 when the value starts with '-')")
     g.add_argument("--rpc-servers", action="append", default=[], metavar="HOST:PORT,...")
-    g.add_argument("--stream-layers", action="store_true")
+    g.add_argument("--stream-layers", action="store_true",
+                   help="snapshot sd-cli only (the newest streams by itself)")
     g.add_argument("--clip-on-cpu", action="store_true", help="deprecated: --backend te=cpu")
     g.add_argument("--vae-on-cpu", action="store_true", help="deprecated: --backend vae=cpu")
     g.add_argument("--control-net-cpu", action="store_true",
@@ -467,20 +503,36 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--split-mode", action="append", default=[], metavar="MODE",
                    help="how a module on several devices splits: layer (default) or row "
                         "(CUDA), or per module: diffusion=row,te=layer (repeats join)")
-    g.add_argument("--auto-fit", action="store_true",
-                   help="place diffusion, te and vae as sd-cli's --auto-fit would "
-                        "(ignores --backend/--params-backend)")
+    g.add_argument("--auto-fit", nargs="?", const=True, type=_auto_fit_word,
+                   metavar="on|off",
+                   help="sd-cli chooses the placement: bare, the snapshot's switch "
+                        "(ignores --backend/--params-backend); on|off, the newest sd-cli's "
+                        "(on keeps --backend; explicit --params-backend entries turn it off)")
+    g.add_argument("--split-ratio", action="append", default=[], metavar="auto|vram|R0,R1",
+                   help="newest sd-cli: how a layer split places blocks (last one wins)")
+    g.add_argument("--disable-prefetch", action="store_true",
+                   help="newest sd-cli: no asynchronous next-segment prefetch")
+    g.add_argument("--disable-segmented-compute", action="store_true",
+                   help="newest sd-cli: run every graph whole (no graph-cut segments)")
+    t = parser.add_argument_group("target (which sd-cli the flags are for)")
+    t.add_argument("--sdcli-dialect", choices=("snapshot", "newest"),
+                   help="plan for sd-cli in this dialect (default: sdplan's engine; with "
+                        "--command, the command's own syntax, else newest)")
+    t.add_argument("--sdcli", metavar="PATH", dest="sdcli_path",
+                   help="plan for this sd-cli binary; its --help text tells the dialect")
 
 
 def placement_from_namespace(ns: argparse.Namespace) -> Placement:
     """The placement of flags added by :func:`add_placement_arguments` (spec section 2.7:
     ``--backend``, ``--params-backend``, ``--rpc-servers`` join with ``,``; the last
-    ``--max-vram`` wins).
+    ``--max-vram`` and ``--split-ratio`` win).
 
     Raises:
         PlanError: as :meth:`Placement.from_strings`.
     """
     vram = list(getattr(ns, "max_vram", None) or [])
+    ratio = list(getattr(ns, "split_ratio", None) or [])
+    auto_fit = getattr(ns, "auto_fit", None)
     return Placement.from_strings(
         ",".join(getattr(ns, "backend", None) or []),
         ",".join(getattr(ns, "params_backend", None) or []),
@@ -492,5 +544,8 @@ def placement_from_namespace(ns: argparse.Namespace) -> Placement:
         control_net_cpu=bool(getattr(ns, "control_net_cpu", False)),
         offload_to_cpu=bool(getattr(ns, "offload_to_cpu", False)),
         split_mode=",".join(getattr(ns, "split_mode", None) or []),
-        auto_fit=bool(getattr(ns, "auto_fit", False)),
+        auto_fit=auto_fit if isinstance(auto_fit, str) else bool(auto_fit),
+        split_ratio=ratio[-1] if ratio else "",
+        disable_prefetch=bool(getattr(ns, "disable_prefetch", False)),
+        disable_segmented_compute=bool(getattr(ns, "disable_segmented_compute", False)),
     )

@@ -3,8 +3,9 @@
 :func:`resolve` runs one pass per section of the behaviour spec, in this order:
 
 - :func:`deprecation_warnings`: compatibility flags (section 6);
-- :func:`auto_fit_placement`: ``--auto-fit`` replaces the runtime and params strings with
-  sd-cli's own choice (section 13, :mod:`sdplan.core.planning.autofit`);
+- :func:`~sdplan.core.planning.autofit_plan.fit_placement`: sd-cli's auto-fit replaces the
+  runtime and params strings with its own choice (sections 13 and 14.1, for the plan's
+  :class:`~sdplan.core.planning.target.Target`);
 - :func:`check_device_names`: every written device name resolves (sections 3 and 11);
 - :func:`default_devices`: the default runtime devices (sections 4 and 5);
 - :func:`budget_entries` and :func:`budget_bytes`: ``--max-vram`` (section 7);
@@ -42,9 +43,9 @@ from sdplan.core.planning.assignment import (
     RuntimeValue,
     gib_to_bytes,
 )
-from sdplan.core.planning.autofit import AutoFit, auto_fit, component_bytes, undersized
+from sdplan.core.planning.autofit_plan import auto_fit_semantics, fit_placement
 from sdplan.core.planning.inventory import Device, Inventory
-from sdplan.core.planning.modules import GIB, MODULES, SPLITTABLE
+from sdplan.core.planning.modules import GIB, PLACED_MODULES, SPLITTABLE
 from sdplan.core.planning.placement import (
     BudgetEntry,
     Placement,
@@ -52,6 +53,16 @@ from sdplan.core.planning.placement import (
 )
 from sdplan.core.planning.plan_types import ModulePlan, Params, Plan, PlanWarning, Range
 from sdplan.core.planning.profile import ModuleProfile, Profile
+from sdplan.core.planning.sdcli_split import (
+    fill_first,
+    newest_budget,
+    ratio_ranges,
+    sdcli_capacities,
+    spread_capacities,
+)
+from sdplan.core.planning.split_policy import cfg_plan, split_ratio_check
+from sdplan.core.planning.split_ratio import SplitRatio
+from sdplan.core.planning.target import Target
 
 __all__ = ["resolve", "split_ranges"]
 
@@ -61,13 +72,14 @@ INPUT_ONLY_WARNINGS = frozenset({"deprecated_flag", "duplicate_max_vram_device"}
 
 class Layout(NamedTuple):
     """A module's runtime devices after the layer-split rules (main device first), its block
-    ranges (empty unless split with a profile), its non-block bytes on the main device and,
-    in row mode, each device's bytes of the block weights' rows."""
+    ranges (empty unless split with a profile), its non-block bytes on the main device, in
+    row mode each device's bytes of the block weights' rows, and what the ranges count."""
 
     devices: list[str]
     ranges: list[Range]
     main_other_bytes: int
     row_shares: dict[str, int] = {}  # noqa: RUF012 - NamedTuple default, never mutated
+    unit: str = "block"
 
 
 #: Backend registries whose devices offer a row-split buffer type (spec section 12): ggml's
@@ -91,7 +103,7 @@ def _placement(source: Placement | Sequence[str] | argparse.Namespace) -> Placem
 
 
 def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: Inventory,
-            profile: Profile | None = None) -> Plan:
+            profile: Profile | None = None, target: Target | None = None) -> Plan:
     """Resolve a placement (or sd-cli placement arguments) into a :class:`Plan`.
 
     Args:
@@ -101,92 +113,67 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
             split ranges).
         profile: per-module block sizes; when given, split modules get block ranges
             (spec section 8) and UNet-style modules (no blocks) warning ``no_blocks``.
+        target: what the plan is for (default: sdplan's engine); an sd-cli target reads the
+            flags as that sd-cli does (its auto-fit, spec section 14).
 
     Raises:
         PlanError: any error code of spec section 11, with the flag and span.
     """
     pl = _placement(source)
+    target = target or Target()
     idx = _index(inventory)
     if idx.default is None:
         raise PlanError("device_not_found", "the device inventory is empty")
     deprecated = deprecation_warnings(pl.deprecated)
     per_device, duplicates = budget_entries(pl, idx)
     given = pl
-    pl, fitted, fit_warnings = auto_fit_placement(pl, inventory, per_device, profile)
+    semantics = auto_fit_semantics(pl, target)
+    pl, fitted, fit_warnings = fit_placement(
+        pl, inventory, per_device, profile, target,
+        lambda v: device_names(v, idx, given.texts.get("--backend")))
     check_device_names(pl, idx)
     default_list = default_devices(pl, idx)
     budgets, disabled = budget_bytes(inventory, per_device, pl.budget_default)
     runtime, runtime_warnings = runtime_devices(pl, idx, default_list)
     rows, row_warnings = row_splits(pl, runtime, idx.devices, profile)
-    layouts, split_warnings = layer_splits(
-        {m: d for m, d in runtime.items() if m not in rows}, budgets, idx.devices, profile)
+    layered = {m: d for m, d in runtime.items() if m not in rows}
+    ratio_warnings = split_ratio_check(pl, layered)
+    layouts, split_warnings = layer_splits(layered, budgets, idx.devices, profile, target,
+                                           pl.split_ratio)
+    split_warnings = ratio_warnings + split_warnings
+    diffusion = layouts.get("diffusion")
+    cfg, cfg_warnings = cfg_plan(pl, idx, diffusion.devices if diffusion else None, target,
+                                 profile)
     layouts.update(rows)
     modules = {m: ModulePlan(lay.devices, params_residency(pl, m, lay.devices, idx),
                              lay.ranges, lay.main_other_bytes,
                              "row" if m in rows else "layer",
-                             rows[m].row_shares if m in rows else {})
-               for m, lay in sorted(layouts.items(), key=lambda kv: MODULES.index(kv[0]))}
+                             rows[m].row_shares if m in rows else {}, lay.unit)
+               for m, lay in sorted(layouts.items(), key=lambda kv: PLACED_MODULES.index(kv[0]))}
     streaming = stream_layers_warnings(pl.stream_layers, modules["diffusion"], budgets,
                                        idx.devices)
     canon = canonical_placement(pl, idx, default_list, per_device)
     strings = canon.to_strings()
-    if given.auto_fit:  # edit and write the --auto-fit placement, not its result
+    if semantics == "snapshot":  # edit and write the --auto-fit placement, not its result
         canon = dataclasses.replace(canon, default=None, runtime={}, params_default=None,
                                     params={})
+    elif semantics == "newest" or target.sdcli:  # the written --backend as sd-cli reads it
+        canon = canonical_placement(given, idx, default_list, per_device)
+        if given.default is None:  # no default written: sd-cli's own (its auto-fit's) stays
+            canon = dataclasses.replace(canon, default=None, runtime={
+                m: RuntimeValue.of(*device_names(v, idx, None)) for m, v in given.runtime.items()})
     return Plan(modules=modules, budgets=budgets,
                 warnings=[*deprecated, *fit_warnings, *duplicates, *disabled, *runtime_warnings,
-                          *row_warnings, *split_warnings, *streaming],
+                          *row_warnings, *split_warnings, *cfg_warnings, *streaming],
                 backend=strings["backend"], params_backend=strings["params_backend"],
                 max_vram=strings["max_vram"], placement=canon,
                 stream_layers=pl.stream_layers, rpc_servers=pl.rpc_servers,
-                split_mode=canon.split_mode_text(), auto_fit=fitted)
+                split_mode=canon.split_mode_text(), auto_fit=fitted, target=target,
+                split_ratio=pl.split_ratio, cfg=cfg)
 
 
 _DEPRECATED_MEANING = {"--clip-on-cpu": "--backend te=cpu", "--vae-on-cpu": "--backend vae=cpu",
                        "--control-net-cpu": "--backend controlnet=cpu"}
-
-
-def auto_fit_placement(pl: Placement, inventory: Inventory, per_device: Mapping[str, Decimal],
-                       profile: Profile | None
-                       ) -> tuple[Placement, AutoFit | None, list[PlanWarning]]:
-    """Spec section 13: with ``--auto-fit``, the placement whose runtime and params entries
-    are the ones sd-cli derives (:func:`~sdplan.core.planning.autofit.auto_fit` for the
-    profile's component sizes and the ``--max-vram`` entries per device), and the
-    :class:`~sdplan.core.planning.autofit.AutoFit` itself; without it, ``pl`` unchanged.
-
-    Warnings: ``auto_fit_overrides`` when ``--backend``/``--params-backend`` (or the
-    compatibility flags) were given too (sd-cli ignores them), ``auto_fit_no_gpu`` without
-    a GPU-type device, ``auto_fit_needs_model`` without a profile (no sizes: the default
-    placement), ``auto_fit_will_not_fit`` where the choice does not hold for the sizes
-    sd-cli loads (:func:`~sdplan.core.planning.autofit.undersized`).
-    """
-    if not pl.auto_fit:
-        return pl, None, []
-    warnings: list[PlanWarning] = []
-    if pl.default is not None or pl.runtime or pl.params_default is not None or pl.params:
-        warnings.append(PlanWarning("auto_fit_overrides", "--auto-fit ignores --backend and "
-                                    "--params-backend (sd-cli chooses them itself)"))
-    cleared = dataclasses.replace(pl, default=None, runtime={}, params_default=None, params={},
-                                  shadowed=(), texts={**pl.texts, "--backend": "",
-                                                      "--params-backend": ""})
-    if profile is None:
-        warnings.append(PlanWarning("auto_fit_needs_model", "--auto-fit sizes the model; "
-                                    "without model files or a profile the default placement "
-                                    "is shown"))
-        return cleared, None, warnings
-    fitted = auto_fit(component_bytes(profile), inventory, per_device, pl.budget_default)
-    if not fitted.devices:
-        warnings.append(PlanWarning("auto_fit_no_gpu", "--auto-fit found no GPU; sd-cli "
-                                    "uses the default placement"))
-    if profile.autofit_loaded:
-        for reason in undersized(fitted, profile.autofit_loaded):
-            warnings.append(PlanWarning("auto_fit_will_not_fit", "sd-cli's --auto-fit choice "
-                                        f"will not fit: {reason}"))
-    derived = Placement.from_strings(fitted.backend, fitted.params_backend)
-    return dataclasses.replace(cleared, runtime=derived.runtime, params=derived.params,
-                               texts={**cleared.texts, "--backend": fitted.backend,
-                                      "--params-backend": fitted.params_backend}
-                               ), fitted, warnings
 
 
 def deprecation_warnings(flags: Sequence[str]) -> list[PlanWarning]:
@@ -206,8 +193,8 @@ def check_device_names(pl: Placement, idx: DeviceIndex) -> None:
     for flag in ("--backend", "--params-backend"):
         text = pl.texts.get(flag)
         refs: list[Ref] = []
-        values: list[object] = [pl.default, *pl.runtime.values()] if flag == "--backend" else \
-            [pl.params_default, *pl.params.values()]
+        values: list[object] = [pl.default, *pl.runtime.values(), pl.cfg] \
+            if flag == "--backend" else [pl.params_default, *pl.params.values()]
         values += [v for f, v in pl.shadowed if f == flag]
         for v in values:
             if isinstance(v, RuntimeValue):
@@ -251,7 +238,7 @@ def runtime_devices(pl: Placement, idx: DeviceIndex, default_list: list[str]
     devices: dict[str, list[str]] = {}
     warnings: list[PlanWarning] = []
     inherited: list[str] = []
-    for m in MODULES:
+    for m in PLACED_MODULES:
         value = pl.runtime.get(m)
         devs = device_names(value, idx, text) if value is not None else list(default_list)
         if len(devs) > 1 and m not in SPLITTABLE:
@@ -379,33 +366,54 @@ def row_splits(pl: Placement, runtime: Mapping[str, list[str]],
 
 
 def layer_splits(runtime: Mapping[str, list[str]], budgets: Mapping[str, int],
-                 devices: Mapping[str, Device], profile: Profile | None
+                 devices: Mapping[str, Device], profile: Profile | None,
+                 target: Target | None = None, split_ratio: SplitRatio | None = None
                  ) -> tuple[dict[str, Layout], list[PlanWarning]]:
-    """Spec section 8 for every module in :data:`MODULES` order (see :func:`layer_split`)."""
+    """Spec sections 8 and 14.3-14.4 for every module in :data:`PLACED_MODULES` order (see
+    :func:`layer_split`)."""
     layouts: dict[str, Layout] = {}
     warnings: list[PlanWarning] = []
-    for m in MODULES:
+    for m in PLACED_MODULES:
         if m not in runtime:
             continue
         mp = profile.get(m) if profile is not None else None
-        layouts[m], found = layer_split(m, runtime[m], mp, budgets, devices)
+        layouts[m], found = layer_split(m, runtime[m], mp, budgets, devices, target or Target(),
+                                        split_ratio)
         warnings += found
     return layouts, warnings
 
 
 def layer_split(module: str, runtime: list[str], mp: ModuleProfile | None,
-                budgets: Mapping[str, int], devices: Mapping[str, Device]
+                budgets: Mapping[str, int], devices: Mapping[str, Device],
+                target: Target | None = None, split_ratio: SplitRatio | None = None
                 ) -> tuple[Layout, list[PlanWarning]]:
-    """Spec section 8: the layout of one module on ``runtime`` (several devices = a split).
+    """The layout of one module on ``runtime`` (several devices = a split).
 
-    A split module without blocks (UNet) runs on its first device (warning ``no_blocks``);
-    otherwise budgets on its devices give warning ``split_disables_max_vram`` and cap their
-    free memory, and with a profile the blocks get :func:`split_ranges` (warning
-    ``device_gets_no_blocks`` for each device left without a range).
+    Budgets on a split module's devices give warning ``split_disables_max_vram`` (they cap
+    its ranges instead). Ranges (warning ``device_gets_no_blocks`` for each device left
+    without one):
+
+    - ``--split-ratio r0,r1,...``: fixed fractions of the block bytes
+      (:func:`~sdplan.core.planning.sdcli_split.ratio_ranges`);
+    - for an sd-cli target, or ``--split-ratio vram``: each device filled in order as that
+      sd-cli fills it (:func:`sdcli_ranges`), a UNet's stages spread too; ``auto`` (the
+      newest sd-cli's default) gives warning ``split_ratio_auto``;
+    - for sdplan's engine: section 8 (:func:`split_ranges`); a module without blocks (UNet)
+      runs on its first device (warning ``no_blocks``, saying what sd-cli does instead).
     """
+    target = target or Target()
     if len(runtime) <= 1:
         return Layout(runtime, [], 0), []
-    if mp is not None and not mp.blocks:
+    if target.sdcli and target.dialect == "snapshot":
+        split_ratio = None  # the snapshot has no --split-ratio (its written flags drop it)
+    units = mp.blocks or (mp.stages if target.sdcli else ()) if mp is not None else ()
+    kind = split_ratio.kind if split_ratio is not None else ("auto" if target.sdcli else "")
+    if mp is not None and not units:
+        if mp.stages:
+            return Layout(runtime[:1], [], 0), [PlanWarning(
+                "no_blocks", f"{module} has no splittable blocks (UNet); sdplan's engine runs it "
+                f"on {runtime[0]} (sd-cli instead cuts its graph into segments and spreads "
+                f"them over {' & '.join(runtime)})")]
         return Layout(runtime[:1], [], 0), [PlanWarning(
             "no_blocks", f"{module} has no splittable blocks (UNet); it runs on {runtime[0]}")]
     warnings: list[PlanWarning] = []
@@ -416,14 +424,56 @@ def layer_split(module: str, runtime: list[str], mp: ModuleProfile | None,
                                     f"budgets of {', '.join(budgeted)} cap its ranges"))
     if mp is None:
         return Layout(runtime, [], 0), warnings
-    free = [min(devices[d].free, budgets[d]) if budgets[d] > 0 else devices[d].free
-            for d in runtime]
-    ranges = split_ranges(runtime, free, mp)
+    fixed = mp.other - (sum(mp.stages) if not mp.blocks else 0)
+    unit = "block" if mp.blocks else "stage"
+    if split_ratio is not None and split_ratio.kind == "ratios":
+        ranges = ratio_ranges(runtime, split_ratio.fractions(), units)
+    elif target.sdcli or kind == "vram":
+        ranges, found = sdcli_ranges(module, runtime, units, fixed, budgets, devices,
+                                     target.dialect if target.sdcli else "newest")
+        warnings += found
+        if target.sdcli and kind == "auto" and target.dialect == "newest":
+            warnings.append(PlanWarning("split_ratio_auto", f"{module}: sd-cli's --split-ratio "
+                                        "auto measures the devices at start-up and may move "
+                                        "blocks to where they run fastest; the ranges shown "
+                                        "fill each device in order (--split-ratio vram)"))
+    else:
+        free = [min(devices[d].free, budgets[d]) if budgets[d] > 0 else devices[d].free
+                for d in runtime]
+        ranges = split_ranges(runtime, free, mp)
     for d in runtime:
         if not any(r.device == d for r in ranges):
-            warnings.append(PlanWarning("device_gets_no_blocks", f"{module}: {d} gets no blocks "
-                                        "(too little memory or too few blocks)"))
-    return Layout(runtime, ranges, mp.other), warnings
+            warnings.append(PlanWarning("device_gets_no_blocks", f"{module}: {d} gets no "
+                                        f"{unit}s (too little memory or too few {unit}s)"))
+    return Layout(runtime, ranges, fixed, unit=unit), warnings
+
+
+def sdcli_ranges(module: str, runtime: list[str], units: Sequence[int], fixed: int,
+                 budgets: Mapping[str, int], devices: Mapping[str, Device], dialect: str
+                 ) -> tuple[list[Range], list[PlanWarning]]:
+    """Spec section 14.3: the ranges sd-cli in ``dialect`` fills
+    (:mod:`sdplan.core.planning.sdcli_split`); the snapshot stops when its last device cannot
+    hold the rest (warning ``split_over_capacity``), the newest streams the excess (warning
+    ``split_streams``)."""
+    free = [devices[d].free for d in runtime]
+    budget = [budgets[d] for d in runtime]
+    caps = sdcli_capacities(free, budget, dialect)
+    total = fixed + sum(units)
+    fill = caps if dialect == "snapshot" else spread_capacities(
+        caps, [newest_budget(f, b) for f, b in zip(free, budget, strict=True)], total)
+    ranges = fill_first(runtime, fill, units, fixed, caps)
+    warnings = []
+    streamed = sum(r.streamed for r in ranges)
+    if streamed and dialect == "snapshot":
+        warnings.append(PlanWarning("split_over_capacity", f"{module}: {streamed / GIB:.2f} GiB "
+                                    f"more than {' & '.join(runtime)} hold (free memory less 2 "
+                                    "GiB, capped by --max-vram); the snapshot sd-cli stops "
+                                    "with 'segment ... needs ... MB'"))
+    elif streamed:
+        warnings.append(PlanWarning("split_streams", f"{module}: {streamed / GIB:.2f} GiB of "
+                                    f"weights beyond what {' & '.join(runtime)} keep (budget "
+                                    "less 2 GiB headroom each) are streamed per segment"))
+    return ranges, warnings
 
 
 def stream_layers_warnings(stream_layers: bool, diffusion: ModulePlan,
@@ -499,11 +549,14 @@ def canonical_placement(pl: Placement, idx: DeviceIndex, default_list: list[str]
     default = RuntimeValue.of(*default_list)
     p_default = par(pl.params_default) if pl.params_default else None
     runtime = {m: RuntimeValue.of(*device_names(pl.runtime[m], idx, None))
-               for m in MODULES if m in pl.runtime}
-    params = {m: par(pl.params[m]) for m in MODULES if m in pl.params}
+               for m in PLACED_MODULES if m in pl.runtime}
+    params = {m: par(pl.params[m]) for m in PLACED_MODULES if m in pl.params}
+    cfg = RuntimeValue.of(*device_names(pl.cfg, idx, None)) if pl.cfg is not None else None
     return Placement(default=default,
                      split_default=pl.split_default, split_modes=dict(pl.split_modes),
-                     auto_fit=pl.auto_fit,
+                     auto_fit=pl.auto_fit, auto_fit_word=pl.auto_fit_word,
+                     split_ratio=pl.split_ratio, cfg=cfg, disable_prefetch=pl.disable_prefetch,
+                     disable_segmented_compute=pl.disable_segmented_compute,
                      runtime={m: v for m, v in runtime.items() if v != default},
                      params_default=p_default,
                      params={m: v for m, v in params.items() if v != p_default and not (

@@ -10,23 +10,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sdplan.core.planning.modules import MODULES
+from sdplan.core.planning.modules import PLACED_MODULES
 from sdplan.core.planning.placement import Placement
+from sdplan.core.planning.split_ratio import SplitRatio
+from sdplan.core.planning.target import Target
 
 
 @dataclass(frozen=True)
 class Range:
     """Blocks ``first_block``..``last_block`` (inclusive) of a split module on ``device``;
-    ``bytes`` is the sum of those blocks' weight bytes."""
+    ``bytes`` is the sum of those blocks' weight bytes; ``streamed`` the part of them the
+    newest sd-cli streams per segment rather than keeping resident (spec section 14.3).
+    For a UNet planned for sd-cli the units are its stages (:attr:`ModulePlan.range_unit`)."""
 
     device: str
     first_block: int
     last_block: int
     bytes: int
+    streamed: int = 0
 
     def to_json(self) -> dict[str, object]:
-        return {"device": self.device, "first_block": self.first_block,
-                "last_block": self.last_block, "bytes": self.bytes}
+        d: dict[str, object] = {"device": self.device, "first_block": self.first_block,
+                                "last_block": self.last_block, "bytes": self.bytes}
+        if self.streamed:
+            d["streamed"] = self.streamed
+        return d
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,9 @@ class ModulePlan:
             weights (spec section 12), the mode in effect after any fallback.
         row_shares: in row mode with a profile: device -> bytes of the block weights'
             rows it holds (spec section 12), else empty.
+        range_unit: what ``ranges`` count: ``block`` (transformer blocks), or ``stage``
+            (a UNet's input blocks, middle block, output blocks: the graph-cut segments
+            sd-cli spreads over the devices, spec section 14.3).
     """
 
     devices: list[str]
@@ -63,6 +74,7 @@ class ModulePlan:
     main_other_bytes: int = 0
     split_mode: str = "layer"
     row_shares: dict[str, int] = field(default_factory=dict)
+    range_unit: str = "block"
 
     def to_json(self) -> dict[str, object]:
         d: dict[str, object] = {"devices": list(self.devices), "params": self.params.to_json(),
@@ -73,7 +85,24 @@ class ModulePlan:
             d["split_mode"] = self.split_mode
         if self.row_shares:
             d["row_shares"] = dict(self.row_shares)
+        if self.ranges and self.range_unit != "block":
+            d["range_unit"] = self.range_unit
         return d
+
+
+@dataclass(frozen=True)
+class CfgPlan:
+    """Parallel CFG (spec section 14.5): ``device`` holds a second copy of the diffusion
+    weights (following diffusion's residency) and runs the unconditional pass beside the
+    conditional one; ``active`` False when sd-cli keeps the sequential path, ``reasons``
+    saying why."""
+
+    device: str
+    active: bool = True
+    reasons: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        return {"device": self.device, "active": self.active, "reasons": list(self.reasons)}
 
 
 @dataclass(frozen=True)
@@ -92,15 +121,19 @@ class Plan:
     """A resolved placement.
 
     Attributes:
-        modules: every module of :data:`MODULES` -> its :class:`ModulePlan`.
+        modules: every module of :data:`PLACED_MODULES` -> its :class:`ModulePlan`.
         budgets: every inventory device -> budget in bytes (0 = none/disabled).
         warnings: in the order found.
         backend, params_backend, max_vram, split_mode: canonical flag values.
         placement: the canonical placement (exact device names) to edit.
         stream_layers, rpc_servers: as given.
-        auto_fit: the placement sd-cli's ``--auto-fit`` derived (an
-            :class:`~sdplan.core.planning.autofit.AutoFit`) when the plan is for
-            ``--auto-fit``, else None.
+        auto_fit: the placement sd-cli's auto-fit derived (an
+            :class:`~sdplan.core.planning.autofit.AutoFit` for the snapshot's switch, a
+            :class:`~sdplan.core.planning.autofit_newest.NewestAutoFit` for the newest
+            sd-cli) when one applies, else None.
+        target: what the plan is for (:class:`~sdplan.core.planning.target.Target`).
+        split_ratio: ``--split-ratio`` as parsed (spec section 14.4), or None.
+        cfg: the parallel-CFG device and whether sd-cli uses it (spec section 14.5), or None.
     """
 
     modules: dict[str, ModulePlan]
@@ -114,6 +147,9 @@ class Plan:
     rpc_servers: tuple[str, ...] = ()
     split_mode: str = ""
     auto_fit: object | None = None
+    target: Target = field(default_factory=Target)
+    split_ratio: SplitRatio | None = None
+    cfg: CfgPlan | None = None
 
     def warning_codes(self) -> list[str]:
         """The warnings' codes, in order."""
@@ -124,10 +160,13 @@ class Plan:
         out: dict[str, object] = {
             "ok": True, "backend": self.backend, "params_backend": self.params_backend,
             "max_vram": self.max_vram, "split_mode": self.split_mode,
-            "modules": {m: self.modules[m].to_json() for m in MODULES},
+            "modules": {m: self.modules[m].to_json() for m in PLACED_MODULES},
             "budgets": dict(self.budgets),
             "warnings": [w.to_json() for w in self.warnings],
             "stream_layers": self.stream_layers, "rpc_servers": list(self.rpc_servers),
+            "target": self.target.to_json(),
+            "split_ratio": self.split_ratio.to_json() if self.split_ratio is not None else None,
+            "cfg": self.cfg.to_json() if self.cfg is not None else None,
         }
         if self.auto_fit is not None:
             out["auto_fit"] = self.auto_fit.to_json()  # type: ignore[attr-defined]

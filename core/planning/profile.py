@@ -15,12 +15,12 @@ format of ``shared/cases/profiles``)::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sdplan.core.errors import ModelFileError
+from sdplan.core.planning.bounded_json import read_json
 
 
 @dataclass(frozen=True)
@@ -140,12 +140,11 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        """Read a profile JSON file; raises :class:`ModelFileError` naming the file."""
+        """Read a profile JSON file (:func:`sdplan.core.planning.bounded_json.read_json`);
+        raises :class:`ModelFileError` naming the file."""
         p = Path(path)
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ModelFileError(p, f"cannot read profile: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ModelFileError(p, f"profile is not valid JSON ({exc.msg})") from None
+            data = read_json(p, what="profile")
+        except (OSError, ValueError) as exc:  # PathError naming the path, JsonRefused
+            raise ModelFileError(p, f"cannot read profile: {str(exc).removeprefix(f'{p}: ')}") from None
         return cls.from_json(data, source=str(p))

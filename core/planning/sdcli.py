@@ -17,12 +17,14 @@ accept are kept too and reported (``unknown``).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sdplan.core.errors import PlanError
+from sdplan.core.families import family_of
 from sdplan.core.planning.cmdline import split_command_line, strip_program
 from sdplan.core.planning.estimate import RuntimeFlags
 from sdplan.core.planning.modules import MODEL_FLAGS, MODULES
@@ -30,9 +32,19 @@ from sdplan.core.planning.placement import (
     PLACEMENT_SWITCHES,
     PLACEMENT_VALUE_FLAGS,
     Placement,
+    auto_fit_value,
     scan_placement_args,
 )
 from sdplan.core.planning.sdcli_table import ALIASES, option
+from sdplan.core.planning.sdcli_write import placement_argv
+from sdplan.core.planning.target import dialect_of_args, flag_in_dialect
+from sdplan.core.planning.vae_tiling import (
+    VaeTiling,
+    convert_tile_size,
+    parse_overlap,
+    parse_relative_size,
+    parse_tile_size,
+)
 
 __all__ = ["GENERATION_FLAGS", "Argument", "ImportedCommand", "sdcli_argv",
            "sdcli_command_line", "model_file_flags", "import_sdcli_command", "parse_sdcli_args",
@@ -77,6 +89,9 @@ GENERATION_FLAGS.update(INPUT_FLAGS)
 _MODEL_BY_FLAG = {f: k for k, flags in MODEL_FLAGS.items() for f in flags}
 _GEN_BY_FLAG = {f: k for k, (flags, _) in GENERATION_FLAGS.items() for f in flags}
 _PLACEMENT = frozenset(PLACEMENT_VALUE_FLAGS) | frozenset(PLACEMENT_SWITCHES)
+#: The newest sd-cli's model-file flags that feed a module without holding its weights
+#: (spec section 14.8) -> the module they feed.
+COMPANION_FLAGS = {"--tokenizer": "te", "--llm_vision": "te", "--embeddings-connectors": "te"}
 
 
 def _fmt(value: object) -> str:
@@ -98,19 +113,21 @@ def _typed(key: str, text: str, flag: str) -> object:
 
 def sdcli_argv(placement: Placement, model_files: Mapping[str, str | Sequence[str]],
                generation: Mapping[str, object], kept: Sequence[str] = (),
-               raw: Mapping[str, str] | None = None) -> list[str]:
+               raw: Mapping[str, str] | None = None, dialect: str | None = None) -> list[str]:
     """sd-cli's arguments (without the program name) for a placement.
 
     Order: model flags in :data:`MODEL_FLAGS` order (a list value repeats its flag), then
-    ``--backend``, ``--params-backend``, ``--split-mode``, ``--max-vram`` (canonical strings,
-    omitted when empty), ``--rpc-servers`` (joined with ``,``), ``--stream-layers``,
-    ``--auto-fit``, then generation flags in :data:`GENERATION_FLAGS` order (long spellings;
-    whole floats written as integers unless ``raw`` holds the text the value was read from),
-    then ``kept`` as given.
+    the placement flags of :func:`~sdplan.core.planning.sdcli_write.placement_argv`
+    (canonical strings, omitted when empty), then generation flags in
+    :data:`GENERATION_FLAGS` order (long spellings; whole floats written as integers unless
+    ``raw`` holds the text the value was read from), then ``kept`` as given.
 
     Args:
         raw: generation key -> the text a pasted command gave; written instead of the value
             when it still reads as that value (a pasted ``--cfg-scale 7.0`` stays ``7.0``).
+        dialect: ``snapshot`` or ``newest``: write the placement flags as that sd-cli spells
+            them (spec section 14); None: as the placement holds them. ``kept`` is written
+            as given (:func:`kept_for_dialect` filters it).
 
     Raises:
         ValueError: a key of ``model_files`` or ``generation`` that sd-cli has no flag for.
@@ -129,19 +146,7 @@ def sdcli_argv(placement: Placement, model_files: Mapping[str, str | Sequence[st
             continue
         for path in [value] if isinstance(value, str) else list(value):
             argv += [flags[0], str(path)]
-    strings = placement.to_strings()
-    for flag, text in (("--backend", strings["backend"]),
-                       ("--params-backend", strings["params_backend"]),
-                       ("--split-mode", placement.split_mode_text()),
-                       ("--max-vram", strings["max_vram"])):
-        if text:
-            argv += [flag, text]
-    if placement.rpc_servers:
-        argv += ["--rpc-servers", ",".join(placement.rpc_servers)]
-    if placement.stream_layers:
-        argv.append("--stream-layers")
-    if placement.auto_fit:
-        argv.append("--auto-fit")
+    argv += placement_argv(placement, dialect)
     for key, (flags, _) in GENERATION_FLAGS.items():
         setting = generation.get(key)
         if setting is None:
@@ -162,11 +167,42 @@ def _same(key: str, text: str, value: object) -> bool:
 
 def sdcli_command_line(placement: Placement, model_files: Mapping[str, str | Sequence[str]],
                        generation: Mapping[str, object], program: str = "sd-cli",
-                       extra: Sequence[str] = (), raw: Mapping[str, str] | None = None) -> str:
+                       extra: Sequence[str] = (), raw: Mapping[str, str] | None = None,
+                       dialect: str | None = None) -> str:
     """:func:`sdcli_argv` as one shell-quoted line starting with ``program``, then ``extra``
     (kept arguments of a pasted command and flags the model files call for, e.g.
     :func:`model_file_flags`; merge them with :func:`merge_flags`)."""
-    return shlex.join([program, *sdcli_argv(placement, model_files, generation, extra, raw)])
+    return shlex.join([program, *sdcli_argv(placement, model_files, generation, extra, raw,
+                                            dialect)])
+
+
+def convert_kept_tiles(kept: Sequence[str], from_dialect: str, to_dialect: str, scale: int
+                       ) -> list[str]:
+    """``kept`` with every ``--vae-tile-size`` value converted from ``from_dialect``'s units
+    to ``to_dialect``'s (:func:`~sdplan.core.planning.vae_tiling.convert_tile_size`), the
+    rest as written.
+
+    Raises:
+        PlanError: ``invalid_vae_tiling`` for a malformed tile size.
+    """
+    out: list[str] = []
+    for a in parse_sdcli_args(list(kept)):
+        if a.flag == "--vae-tile-size" and a.values:
+            out += [a.spelling, convert_tile_size(a.values[0], from_dialect, to_dialect, scale)]
+        else:
+            out += a.tokens
+    return out
+
+
+def kept_for_dialect(kept: Sequence[str], dialect: str) -> tuple[list[str], list[str]]:
+    """``kept`` arguments split into those sd-cli in ``dialect`` has and those it lacks
+    (:func:`~sdplan.core.planning.target.flag_in_dialect`; arguments that are no sd-cli
+    option stay kept), each in order as written tokens."""
+    out: list[str] = []
+    dropped: list[str] = []
+    for a in parse_sdcli_args(list(kept)):
+        (out if not a.known or flag_in_dialect(a.flag, dialect) else dropped).extend(a.tokens)
+    return out, dropped
 
 
 def merge_flags(kept: Sequence[str], implied: Sequence[str]) -> list[str]:
@@ -186,9 +222,11 @@ def model_file_flags(metadata: Sequence[Mapping[str, str]], family: str) -> list
     sd-cli takes a UNet's prediction type from its family (eps for SD 1.x); a file whose
     ``sdplan.prediction`` metadata says otherwise (sdplan's demo model is an SD 1.x-layout
     v-prediction model) needs ``--prediction v``. ``family`` is the detected architecture
-    family (``sd1``, ``sd2``...).
+    family (``sd1``, ``sd2``...); its default prediction is the registry's
+    (:attr:`sdplan.core.families.declaration.Family.prediction`).
     """
-    default = {"sd1": "eps", "sd2": "v"}.get(family)
+    fam = family_of(family)
+    default = fam.prediction if fam is not None else None
     said = {m.get("sdplan.prediction") for m in metadata} - {None}
     if default and len(said) == 1:
         prediction = said.pop()
@@ -308,7 +346,8 @@ def parse_sdcli_args(args: list[str]) -> list[Argument]:
     """Split an argument list (without the program) the way sd-cli does.
 
     Each argument is looked up in sd-cli's table; an option of arity 1 takes the next
-    argument whatever it looks like. ``--flag=value`` of a table option is read as
+    argument whatever it looks like; ``--auto-fit`` takes the next argument only when it
+    is ``on`` or ``off`` (spec section 14.2: both dialects read). ``--flag=value`` of a table option is read as
     ``--flag value`` (sdplan's own commands accept it). An argument that is no option of
     the table becomes an unknown :class:`Argument` that takes the next argument as its value
     when that one does not start with ``-``.
@@ -325,7 +364,8 @@ def parse_sdcli_args(args: list[str]) -> list[Argument]:
         spelling = tok
         if opt is None and tok.startswith("--") and "=" in tok:
             head, value = tok.split("=", 1)
-            if option(head) is not None and option(head).values:  # type: ignore[union-attr]
+            if option(head) is not None and (option(head).values  # type: ignore[union-attr]
+                                             or head == "--auto-fit"):
                 opt, inline, spelling = option(head), value, head
         if opt is None:
             values: tuple[str, ...] = ()
@@ -336,6 +376,16 @@ def parse_sdcli_args(args: list[str]) -> list[Argument]:
             i += 1
             continue
         flag = ALIASES.get(opt.long, opt.long)
+        if flag == "--auto-fit":  # the newest sd-cli's on|off, or the snapshot's switch
+            word = inline.strip().lower() if inline is not None else auto_fit_value(args, i)
+            if word is not None and word not in ("on", "off"):
+                raise PlanError("invalid_assignment", f"--auto-fit takes on or off, not "
+                                f"'{inline}'", flag="--auto-fit")
+            if inline is None and word is not None:
+                i += 1
+            out.append(Argument(spelling, flag, (word,) if word is not None else ()))
+            i += 1
+            continue
         if opt.values == 0:
             out.append(Argument(spelling, flag))
             i += 1
@@ -364,6 +414,8 @@ class ImportedCommand:
         generation_text: generation key -> the text it was read from.
         program: the program as written (``.\\bin\\sd.exe``), or None.
         arguments: every argument, in order (:class:`Argument`).
+        dialect: the sd-cli dialect the command's own syntax shows (``snapshot``,
+            ``newest``; :func:`~sdplan.core.planning.target.dialect_of_args`), or None.
     """
 
     model_files: dict[str, str | list[str]]
@@ -374,6 +426,7 @@ class ImportedCommand:
     generation_text: dict[str, str] = field(default_factory=dict)
     program: str | None = None
     arguments: tuple[Argument, ...] = ()
+    dialect: str | None = None
 
     @property
     def unknown_args(self) -> list[str]:
@@ -393,6 +446,39 @@ class ImportedCommand:
                                     ("--vae-conv-direct", "vae")) if flag in given}
         return RuntimeFlags(frozenset(fa), frozenset(direct), "--mmap" in given,
                             "--eager-load" in given)
+
+    def module_files(self) -> dict[str, dict[str, str]]:
+        """Files of the newest sd-cli's flags that feed a module without being its weights
+        file (spec section 14.8): module -> flag -> path (``--tokenizer``, ``--llm_vision``,
+        ``--embeddings-connectors`` feed ``te``). They stay kept arguments, written back
+        where they were pasted."""
+        out: dict[str, dict[str, str]] = {}
+        for a in self.arguments:
+            if a.flag in COMPANION_FLAGS and a.values:
+                out.setdefault(COMPANION_FLAGS[a.flag], {})[a.flag] = a.values[0]
+        return out
+
+    def vae_tiling(self, dialect: str | None, scale: int) -> VaeTiling:
+        """The command's VAE tiling in the newest sd-cli's units (spec section 14.7):
+        ``--vae-tile-size`` read as ``dialect`` writes it (snapshot: latent pixels, times
+        ``scale``), the overlap clamped to 0..0.5.
+
+        Raises:
+            PlanError: ``invalid_vae_tiling`` for a malformed value (naming the flag).
+        """
+        tiling = VaeTiling()
+        for a in self.arguments:
+            if a.flag == "--vae-tiling":
+                tiling = dataclasses.replace(tiling, enabled=True)
+            elif a.flag == "--vae-tile-size" and a.values:
+                text = convert_tile_size(a.values[0], dialect or "newest", "newest", scale)
+                tiling = dataclasses.replace(tiling, tile_px=parse_tile_size(text))
+            elif a.flag == "--vae-tile-overlap" and a.values:
+                tiling = dataclasses.replace(
+                    tiling, overlap=min(max(parse_overlap(a.values[0]), 0.0), 0.5))
+            elif a.flag == "--vae-relative-tile-size" and a.values:
+                tiling = dataclasses.replace(tiling, relative=parse_relative_size(a.values[0]))
+        return tiling
 
     def extra_args(self) -> list[str]:
         """The kept and unknown arguments in the order they were pasted (what the written
@@ -446,4 +532,4 @@ def import_sdcli_command(text: str, dialect: str | None = None) -> ImportedComma
     placement, rest = scan_placement_args(placement_tokens)
     assert not rest  # every token passed is a placement flag or its value
     return ImportedCommand(model_files, placement, generation, kept, unknown, raw, program,
-                           tuple(parsed))
+                           tuple(parsed), dialect_of_args(args))

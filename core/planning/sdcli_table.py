@@ -9,6 +9,13 @@ table (no ``--flag=value`` form, no abbreviations), a flag of arity 1 takes the 
 argument whatever it looks like (``--max-vram -1``), and an argument that is no flag of the
 table is an error ("unknown argument").
 
+The newest sd-cli (after that commit; spec section 14) adds ``--disable-prefetch``,
+``--disable-segmented-compute``, ``--split-ratio`` and ``--tokenizer`` (listed after the
+snapshot's, :data:`NEWEST_ROWS`), gives ``--auto-fit`` the value ``on|off`` and drops
+``--stream-layers``; the table holds both so a command of either dialect reads, and
+``--auto-fit`` takes a following ``on``/``off`` as its value
+(:mod:`sdplan.core.planning.target` says which dialect has which option).
+
 Repeats: ``join`` options append their value to the earlier one with ``,`` (``--backend``,
 ``--params-backend``, ``--split-mode``, ``--rpc-servers``, ``--tensor-type-rules``,
 ``--model-args`` and the ``--extra-*-args`` lists); ``append`` options collect a list
@@ -19,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SDCLI_COMMIT", "SdcliOption", "SDCLI_OPTIONS", "option", "ALIASES"]
+__all__ = ["SDCLI_COMMIT", "SdcliOption", "SDCLI_OPTIONS", "NEWEST_ROWS", "option", "ALIASES"]
 
 #: The stable-diffusion.cpp commit the table was read from.
 SDCLI_COMMIT = "97d2990807fe6d558e395f8764198d7c7e7b411c"
@@ -218,8 +225,16 @@ _ROWS: tuple[tuple[str, str, int, str, str], ...] = (
     ("--negative-prompt-file", "", 1, "last", "generation"),
 )
 
-#: Every sd-cli option, in sd-cli's help order.
-SDCLI_OPTIONS: tuple[SdcliOption, ...] = tuple(SdcliOption(*row) for row in _ROWS)
+#: Options of the newest sd-cli that the snapshot lacks (spec sections 14.2, 14.4, 14.8).
+NEWEST_ROWS: tuple[tuple[str, str, int, str, str], ...] = (
+    ("--tokenizer", "", 1, "last", "context"),
+    ("--split-ratio", "", 1, "last", "context"),
+    ("--disable-prefetch", "", 0, "last", "context"),
+    ("--disable-segmented-compute", "", 0, "last", "context"),
+)
+
+#: Every sd-cli option of either dialect, in sd-cli's help order (the newest's additions last).
+SDCLI_OPTIONS: tuple[SdcliOption, ...] = tuple(SdcliOption(*row) for row in (*_ROWS, *NEWEST_ROWS))
 _BY_SPELLING = {s: o for o in SDCLI_OPTIONS for s in o.spellings}
 #: Deprecated or alternative spellings sd-cli reads into another option's value:
 #: spelling -> the long spelling of the option it sets.

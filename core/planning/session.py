@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from sdplan.core.errors import PlanError
+from sdplan.core.planning.bounded_json import read_json
 from sdplan.core.planning.modules import MODEL_FLAGS, MODULES
 from sdplan.core.planning.placement import Placement
+from sdplan.core.planning.record_check import checked_settings
 
 #: The format's version, written under this key.
 FORMAT_KEY = "sdplan_plan"
@@ -64,18 +66,25 @@ def read_plan_document(data: object, source: str = "plan") -> SavedPlan:
     """
     if not isinstance(data, dict) or "backend" not in data:
         raise PlanError("invalid_plan", f"{source}: not an sdplan plan (no 'backend')")
+    texts = {k: data.get(k) or "" for k in ("backend", "params_backend", "max_vram")}
+    servers = data.get("rpc_servers") or []
+    if not all(isinstance(v, str) for v in texts.values()) or not isinstance(servers, list) \
+            or not all(isinstance(s, str) for s in servers):
+        raise PlanError("invalid_plan", f"{source}: the placement strings are not texts")
     placement = Placement.from_strings(
-        str(data.get("backend") or ""), str(data.get("params_backend") or ""),
-        str(data.get("max_vram") or ""), stream_layers=bool(data.get("stream_layers")),
-        rpc_servers=[str(s) for s in data.get("rpc_servers") or []])
+        texts["backend"], texts["params_backend"], texts["max_vram"],
+        stream_layers=bool(data.get("stream_layers")), rpc_servers=list(servers))
     files = data.get("model_files") or {}
     model_files: dict[str, list[str]] = {}
     if isinstance(files, dict):
         for key, paths in files.items():
-            if key in MODEL_FLAGS:
-                model_files[key] = [str(p) for p in ([paths] if isinstance(paths, str) else paths)]
-    generation = dict(data["generation"]) if isinstance(data.get("generation"), dict) else {}
-    extra = [m for m in data.get("extra_modules") or [] if m in MODULES]
+            listed = [paths] if isinstance(paths, str) else paths
+            if key in MODEL_FLAGS and isinstance(listed, list) and all(isinstance(p, str) for p in listed):
+                model_files[key] = list(listed)
+    generation = checked_settings(data.get("generation"))  # each setting of its type
+    extra_raw = data.get("extra_modules") or []
+    extra = [m for m in extra_raw if isinstance(m, str) and m in MODULES] \
+        if isinstance(extra_raw, list) else []
     return SavedPlan(placement, model_files, generation, extra)
 
 
@@ -95,7 +104,7 @@ def load_plan_file(path: str | Path) -> SavedPlan:
         PlanError: ``invalid_plan`` for a file that is not JSON or not a saved plan.
     """
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise PlanError("invalid_plan", f"{path}: cannot read the plan ({exc})") from None
+        data = read_json(path, what="plan file")
+    except (OSError, ValueError) as exc:  # PathError naming the path, JsonRefused
+        raise PlanError("invalid_plan", f"cannot read the plan: {exc}") from None
     return read_plan_document(data, str(path))

@@ -33,7 +33,8 @@ take :func:`~sdplan.core.planning.device_profile.default_profile` and the notes 
 Formula where no count exists (families without the engine's dry run, a profile without
 files): a module of ``P`` parameters (bytes / bytes per weight of the file type in the
 profile's name, else 2 for f16) does ``2 * P * T`` FLOP per call, ``T`` its tokens: DiTs
-``latent pixels / 4 + text tokens`` (:data:`TEXT_TOKENS`), UNets ``latent pixels *``
+``latent pixels / 4 + text tokens`` (the text tokens of the family's registry entry,
+:attr:`~sdplan.core.families.declaration.ComputeShape.tokens`), UNets ``latent pixels *``
 :data:`UNET_TOKENS_PER_LATENT_PX`, text encoders their context (77 per CLIP chunk, 512
 for T5 and LLM encoders, 77 per chunk for SD3's); VAE decoders
 :data:`VAE_FLOP_PER_PX` per image pixel scaled by their size against SD's VAE. These two
@@ -47,6 +48,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sdplan.core.families import family_of, variant_of
 from sdplan.core.planning.device_profile import (
     DeviceProfile,
     DriveProfile,
@@ -61,9 +63,9 @@ from sdplan.core.planning.work import DeviceWork, GraphWork, ModuleWork, OpGroup
 #: Samplers that evaluate the model twice per step (k-diffusion's second-order methods).
 TWO_EVALUATIONS = frozenset({"heun", "dpm2", "dpm++2s_a", "res_2s"})
 
-#: Text tokens the DiT families attend with (sd-cli's encoders: T5 512, LLM 512, SD3's
-#: one 77 + 77 chunk).
-TEXT_TOKENS = {"flux": 512, "chroma": 512, "sd3": 154, "z_image": 512, "flux2": 512, "flux2_klein": 512}
+#: Modules priced, in the order a picture runs them (other planned modules are named in the
+#: notes as not priced).
+PRICED = ("te", "diffusion", "controlnet", "vae")
 #: Text tokens of an encoder per call, by its name in a profile's ``te`` breakdown.
 ENCODER_TOKENS = {"clip_l": 77, "clip_g": 77, "clip_h": 77, "t5xxl": 512, "llm": 512}
 
@@ -310,7 +312,10 @@ def formula_work(module: str, profile: Profile, s: RunSettings, device: str) -> 
     if mp is None or not mp.total:
         return []
     params = mp.total / _bytes_per_weight(profile)
-    family = (profile.architecture or "").split("-")[0]
+    fam = family_of(profile.architecture)
+    shape = fam.compute_for(variant_of(profile.architecture)) if fam is not None else None
+    dit_tokens = shape.tokens if shape is not None and shape.kind == "dit" else None
+    te_tokens = shape.te_tokens if shape is not None else None
     latent = (s.width // 8) * (s.height // 8)
     prompts = 2 if s.cfg else 1
 
@@ -319,12 +324,12 @@ def formula_work(module: str, profile: Profile, s: RunSettings, device: str) -> 
         return ModuleWork(module, phase, GraphWork(device, {device: DeviceWork((op,))}), calls, "formula")
 
     if module == "diffusion":
-        if family in TEXT_TOKENS:  # DiT: CFG as separate passes
-            return [mw("step", 2 * params * (latent / 4 + TEXT_TOKENS[family]) * s.batch, prompts)]
+        if dit_tokens is not None:  # DiT: CFG as separate passes
+            return [mw("step", 2 * params * (latent / 4 + dit_tokens) * s.batch, prompts)]
         return [mw("step", 2 * params * latent * UNET_TOKENS_PER_LATENT_PX * s.batch * prompts, 1)]
     if module == "te":
         encs = mp.encoders or {mp.block_encoder or "clip_l": mp.total}
-        return [mw("text", 2 * (b / _bytes_per_weight(profile)) * (77 if family == "sd3" else ENCODER_TOKENS.get(e, 77)),
+        return [mw("text", 2 * (b / _bytes_per_weight(profile)) * (te_tokens or ENCODER_TOKENS.get(e, 77)),
                    prompts) for e, b in encs.items()]
     if module == "vae":
         return [mw("decode", VAE_FLOP_PER_PX * s.width * s.height * s.batch * mp.total / SD_VAE_BYTES, 1)]
@@ -359,10 +364,10 @@ def predict_time(plan: object, inventory: Inventory, profile: Profile | None, se
     stage_use = {"text": 0.0, "step": 0.0, "decode": 0.0}
     load_s = 0.0
     mods = getattr(plan, "modules", {})
-    for module in ("te", "diffusion", "vae"):
+    for module in [*PRICED, *(m for m in mods if m not in PRICED)]:
         mplan = mods.get(module)
         if mplan is None or profile is None or profile.get(module) is None:
-            continue
+            continue  # a module this model set does not have
         devices = list(mplan.devices)
         mw = list((works or {}).get(module) or [])
         if not mw:
@@ -371,6 +376,8 @@ def predict_time(plan: object, inventory: Inventory, profile: Profile | None, se
                 notes.append(f"{module}: work by formula from its parameter count (no count of the "
                              "engine's graphs for this family or without model files)")
         if not mw:
+            notes.append(f"{module}: not priced (no count of its graphs and no formula for it); "
+                         "its time is left out")
             continue
         paths = [p for p in (model_paths or {}).get(module, ()) if p]
         drive = drive_for(paths[0], inventory.drives) if paths else drive_for("/", inventory.drives)

@@ -9,8 +9,9 @@ modules ran in 0.73-1.03x, within that host's spread, so they keep f16's precisi
 UNets and CLIP gained on both (0.70x on the Xeon) and list ``avx512`` outright.
 
 Model classes that list ``avx512_fast`` in ``cpu_bf16_kernels`` run their products in bf16 with
-AVX512_BF16 where :func:`avx512_bf16_speedup` is at least :data:`FAST_SPEEDUP`: one product at a
-DiT's shape timed both ways, once per process.
+AVX512_BF16 where :func:`avx512_bf16_speedup` is at least
+:data:`sdplan.core.runtime.kernels.FAST_SPEEDUP`: one product at a DiT's shape timed both ways,
+once per process. This module measures; :mod:`sdplan.core.runtime.kernels` decides.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ import time
 from typing import Any
 
 import numpy as np
-from sdplan.core.runtime.native import native
 
-#: Smallest measured speed-up (f16 product time / bf16 product time) at which the modules
-#: listing ``avx512_fast`` take AVX512_BF16. Set from the Zen 4 EPYC's timed product (1.6-2.1x
-#: over many processes, 1.9-2.0x typically) and the Xeon's whole modules (0.97-1.37x; its timed
-#: product was not measured, and as products are most of a module's time it should lie near
-#: those); 1.5 lies between them.
-FAST_SPEEDUP = 1.5
+#: How the threshold (:data:`sdplan.core.runtime.kernels.FAST_SPEEDUP`, 1.5) was set: the Zen 4
+#: EPYC's timed product (1.6-2.1x over many processes, 1.9-2.0x typically) and the Xeon's whole
+#: modules (0.97-1.37x; its timed product was not measured, and as products are most of a
+#: module's time it should lie near those); 1.5 lies between them.
+from sdplan.core.runtime.kernels import FAST_SPEEDUP as FAST_SPEEDUP  # noqa: E402
+from sdplan.core.runtime.native import native
 
 #: The timed product: x (rows, depth) f32 by an f16 weight (cols, depth), one thread (a DiT's
 #: 256 image tokens at width 1024: 0.54 GFLOP, about 4 ms with AVX512_BF16 on a Zen 4 core).
@@ -81,14 +81,3 @@ def _measured_speedup(fma: bool) -> float:
         bf16.append(_cpu_seconds(graphs[0]))
         f16.append(_cpu_seconds(graphs[1]))
     return min(f16) / max(min(bf16), 1e-9)
-
-
-def bf16_fits(kernels: Any) -> bool:
-    """Whether a model class whose ``cpu_bf16_kernels`` are ``kernels`` runs its products in bf16
-    with the CPU bf16 kernel in use now: the kernel is listed, or it is ``avx512``, the class
-    lists ``avx512_fast`` and :func:`avx512_bf16_speedup` reaches :data:`FAST_SPEEDUP`."""
-    kernel = str(native().bf16_kernel())
-    kernels = tuple(kernels or ())
-    if kernel in kernels:
-        return True
-    return kernel == "avx512" and "avx512_fast" in kernels and avx512_bf16_speedup() >= FAST_SPEEDUP

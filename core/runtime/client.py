@@ -25,7 +25,8 @@ class EngineClient:
     :meth:`start` runs ``job`` with a request (for image generation,
     ``sdplan.core.pipelines.jobs.GENERATE_JOB``) in the engine process, :meth:`next_message` returns the app's messages in order:
     ``{"type": "progress", "step", "total", "preview": uint8 (H, W, 3) or None}``, then one
-    of ``{"type": "result", "images", "params"}`` (params also carry ``timings``),
+    of ``{"type": "result", "images", "params", "record"}`` (params also carry ``timings``;
+    ``record`` is the engine's whole result but the images: what the picture's record needs),
     ``{"type": "error", "message"}`` (a failed job, or a dead engine process naming the
     signal and ggml's last message; the next :meth:`start` starts a fresh process) or
     ``{"type": "cancelled"}``.
@@ -64,7 +65,8 @@ class EngineClient:
         try:
             res = self.engine.call(self.job, {"request": request}, progress, preview)
             put({"type": "result", "images": list(res["images"]),
-                 "params": {**res["params"], "timings": res["timings"]}})
+                 "params": {**res["params"], "timings": res["timings"]},
+                 "record": {k: v for k, v in res.items() if k != "images"}})
         except SdplanError as exc:
             if getattr(exc, "code", None) == "cancelled":
                 put({"type": "cancelled"})

@@ -129,10 +129,11 @@ def check_endpoint(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
     seconds; raises :class:`RpcError` naming the endpoint otherwise."""
     import socket  # RPC only: not loaded by an engine process that uses none
 
+    from sdplan.core.runtime.rpc_wire import abandon
+
     host, port = parse_endpoint(endpoint)
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            pass
+        abandon(socket.create_connection((host, port), timeout=timeout))
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
         raise RpcError(
@@ -191,13 +192,18 @@ def check_rpc_server(endpoint: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
     ggml (:mod:`sdplan.core.runtime.rpc_wire`), before ggml could abort on a misread record.
 
     Raises:
-        RpcError: one line naming the endpoint, what it speaks and what this ggml speaks.
+        RpcError: one line naming the endpoint, what it speaks and what this ggml speaks;
+            or that it is busy serving another client (connected, no answer in ``timeout``).
     """
-    from sdplan.core.runtime.rpc_wire import probe_server
+    from sdplan.core.runtime.rpc_wire import RpcBusy, probe_server
 
     protocol, local = local_rpc_speaks()
     try:
         info = probe_server(endpoint, timeout=timeout)
+    except RpcBusy as exc:
+        raise RpcError(f"RPC server {endpoint} is busy: {exc}. A ggml RPC server serves one "
+                       "client at a time; wait until its other client (sd-cli, another "
+                       "sdplan) finishes, or start a second server on another port") from None
     except (OSError, ConnectionError) as exc:
         raise RpcError(f"RPC server {endpoint} does not answer as a ggml RPC server of "
                        f"protocol {protocol[0]} ({exc}); is it `sdplan rpc-server` or "
@@ -376,7 +382,8 @@ def features() -> dict[str, Any]:
     f16/f32 kernels on wide images: ``avx512``, ``avx2`` or ``generic``);
     ``bf16_kernel`` is sdplan's CPU bf16 kernel in use (``amx``, ``avx512`` or ``off``; see
     ``SDPLAN_BF16_KERNEL``): the modules measured faster with it run their products in bf16
-    (``cpu_bf16_kernels`` of their model class, core/runtime/bf16_rule.py); the CPU features come from the
+    (``cpu_bf16_kernels`` of their model class; the choice is
+    :func:`sdplan.core.runtime.kernels.current`'s, ``kernel_sources`` says where each came from); the CPU features come from the
     CPU registry's ``ggml_backend_get_features`` proc address; ``cpu_threads`` is the default
     before other programs' load is measured (``generate`` measures it and may use fewer).
     """
@@ -400,7 +407,10 @@ def features() -> dict[str, Any]:
                    if flag in host and f not in cpu and f in _SUGGESTED_FAST_PATHS]
         if missing:
             warnings.append(missing_cpu_features_advice(missing))
-    if str(ng.bf16_kernel()) == "off" and str(ng.bf16_cpu_kernel()) == "amx":
+    from sdplan.core.runtime.kernels import running
+
+    chosen = running(ng)
+    if chosen.bf16 == "off" and chosen.cpu_bf16 == "amx":
         warnings.append(BF16_ADVICE)
     threads = choose_threads(0, measure=False)
     return {
@@ -411,10 +421,11 @@ def features() -> dict[str, Any]:
         "registries": [r for r in ng.registry_names() if not r.startswith("RPC[")],
         "cpu_threads": {"default": threads.threads, "usable_cpus": threads.cpus,
                         "reason": threads.reason},
-        "bf16_kernel": str(ng.bf16_kernel()),
-        "bf16_cpu_kernel": str(ng.bf16_cpu_kernel()),
-        "fma_gemm": bool(ng.fma_gemm()),
-        "wino_kernel": str(ng.wino_kernel()),
+        "bf16_kernel": chosen.bf16,
+        "bf16_cpu_kernel": chosen.cpu_bf16,
+        "fma_gemm": chosen.fma_gemm,
+        "wino_kernel": chosen.wino,
+        "kernel_sources": dict(chosen.why),
         "warnings": warnings,
     }
 

@@ -86,7 +86,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sdplan.core.runtime.native import native
+from sdplan.core.runtime.native import cpu_kernels, native
 
 __all__ = [
     "new_graph", "on", "linear", "layer_norm", "group_norm", "attention", "conv2d",
@@ -250,9 +250,9 @@ def sdplan_attention_op(g: Graph) -> bool:
     either the bf16 op (a bf16 kernel, and a bf16 product in the graph or ``g.bf16_attention``)
     or the f32 FMA op (``sdplan._ggml.fma_gemm()``). Both read q, k and v through their strides
     (rows contiguous), so heads need no copy."""
-    ng = native()
-    bf16 = ng.bf16_kernel() != "off" and bool(g.bf16_products or g.bf16_attention)
-    return _cpu_main(g) and (bf16 or bool(ng.fma_gemm()))
+    k = cpu_kernels()
+    bf16 = k.bf16 != "off" and bool(g.bf16_products or g.bf16_attention)
+    return _cpu_main(g) and (bf16 or k.fma_gemm)
 
 
 def dit_flash(g: Graph, asked: bool) -> bool:

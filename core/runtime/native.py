@@ -19,10 +19,10 @@ ImportError deep inside a model. What the binding offers, model-agnostic:
 
 from __future__ import annotations
 
-import os
 from types import ModuleType
 
-from sdplan.core.errors import InvalidArgument, InventoryError
+from sdplan.core.errors import InventoryError
+from sdplan.core.runtime import kernels
 
 
 class NativeUnavailable(InventoryError):
@@ -38,10 +38,14 @@ def native() -> ModuleType:
     """The native module ``sdplan._ggml``, checked once to agree with the loaded ggml
     library on the tensor layout (:func:`check_tensor_layout`).
 
+    Its first use also chooses this process's CPU kernels and hands them to it
+    (:mod:`sdplan.core.runtime.kernels`).
+
     Raises:
         NativeUnavailable: the extension is not built or cannot be loaded, or it was built
             for another tensor-name length than the library (the message says to reinstall
             sdplan).
+        InvalidArgument: a malformed kernel setting in the environment (naming it).
     """
     try:
         import sdplan._ggml as module
@@ -51,57 +55,15 @@ def native() -> ModuleType:
         ) from None
     if not _CHECKED:
         check_tensor_layout(module)
-        apply_bf16_setting(module, os.environ.get(BF16_ENV))
-        apply_fma_setting(module, os.environ.get(FMA_ENV))
+        kernels.apply(module, kernels.choose(module))  # the CPU kernels, chosen once, handed down
         _CHECKED.append(True)
     return module
 
 
-#: Environment variable choosing the CPU bf16 kernel (auto, amx, avx512, off) for this process
-#: and the engine processes it starts; unset means auto, the fastest the CPU runs (bf16 weights
-#: change outputs by about 1% of their range against f16's 0.1%, tests/test_bf16_models.py;
-#: ``off`` keeps f16 weights, multiplied by sdplan's FMA product where the CPU has AVX2, FMA and
-#: F16C, else by ggml's).
-BF16_ENV = "SDPLAN_BF16_KERNEL"
-
-#: Environment variable turning sdplan's FMA product (f16 linear weights and f16/f32
-#: convolution kernels widened to f32 and multiplied with AVX2/FMA, native/kernels/fma_gemm.cpp)
-#: on or off for this process and its engine processes; unset means on where the CPU runs it.
-#: ``off`` hands those products to ggml (which rounds the activations to f16 as well).
-FMA_ENV = "SDPLAN_FMA_GEMM"
-
-
-def apply_bf16_setting(module: ModuleType, value: str | None) -> None:
-    """Use the bf16 kernel named by ``value`` (``$SDPLAN_BF16_KERNEL``: auto, amx, avx512 or
-    off; None or empty: leave the default, auto).
-
-    Raises:
-        InvalidArgument: an unknown name or a kernel this CPU cannot run (the message names
-            the variable and what the CPU runs): a setting to correct, not a missing module,
-            so no command falls back to planning without the live devices.
-    """
-    if not value:
-        return
-    try:
-        module.set_bf16_kernel(value.strip().lower())
-    except ValueError as exc:
-        reason = str(exc).removeprefix("set_bf16_kernel: ")
-        raise InvalidArgument(f"{BF16_ENV}={value!r}: {reason}") from None
-
-
-def apply_fma_setting(module: ModuleType, value: str | None) -> None:
-    """Turn the FMA product on or off (``$SDPLAN_FMA_GEMM``: on, off, 1, 0; None or empty:
-    leave the default, on where the CPU runs it).
-
-    Raises:
-        InvalidArgument: any other value (the message names the variable and the choices).
-    """
-    if not value:
-        return
-    choice = {"on": True, "1": True, "off": False, "0": False}.get(value.strip().lower())
-    if choice is None:
-        raise InvalidArgument(f"{FMA_ENV}={value!r}: expected on or off (1 or 0)")
-    module.set_fma_gemm(choice)
+def cpu_kernels() -> kernels.CpuKernels:
+    """The CPU kernels this process runs (:mod:`sdplan.core.runtime.kernels`: chosen once from
+    the CPU's features, the environment and the measured rule)."""
+    return kernels.current(native())
 
 
 def check_tensor_layout(module: ModuleType) -> None:

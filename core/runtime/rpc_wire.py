@@ -19,17 +19,26 @@ tensor records (the tensor and ``GGML_MAX_SRC`` = 10 sources) and is answered wi
 A tensor record is 232 bytes plus the name: id u64, type u32, buffer u64, ne[4] u32,
 nb[4] u32, op u32, op_params[16] i32, flags i32, src[10] u64, view_src u64, view_offs u64,
 data u64, name, 4 bytes of padding.
+
+A ggml RPC server serves one client at a time: while another client holds it, the kernel
+still accepts a new connection into the listen backlog, but nothing answers its ``HELLO``;
+once the backlog is full (ggml listens with a backlog of 1) new connections are not accepted
+at all. :func:`hello` reports either as :class:`RpcBusy` (callers check first that the
+endpoint accepts TCP connections, so a silent one is busy rather than unreachable). A connection sdplan abandons with a request unanswered is closed
+with a reset (``SO_LINGER`` 0, :func:`abandon`), so the server never finds a queued request
+to answer later on a socket nobody reads (that write would kill a C++ server by SIGPIPE).
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["CANDIDATE_NAME_LENGTHS", "RpcServerInfo", "tensor_record_size", "hello",
-           "server_name_length", "probe_server"]
+__all__ = ["CANDIDATE_NAME_LENGTHS", "RpcServerInfo", "RpcBusy", "tensor_record_size",
+           "hello", "server_name_length", "probe_server", "abandon"]
 
 #: Name lengths tried, most common first: ggml's default and stable-diffusion.cpp's.
 CANDIDATE_NAME_LENGTHS = (64, 160, 128, 256)
@@ -54,6 +63,18 @@ class RpcServerInfo:
         return f"ggml RPC {'.'.join(map(str, self.protocol))}, {names}"
 
 
+class RpcBusy(ConnectionError):
+    """The server accepted the connection but did not answer: it is serving another client."""
+
+
+def abandon(sock: socket.socket) -> None:
+    """Close ``sock`` with a reset (``SO_LINGER`` on, 0 s) rather than an orderly shutdown,
+    so a request it sent is not left queued for the server to answer later."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
 def tensor_record_size(max_name: int) -> int:
     """Bytes of one serialised tensor for a ``GGML_MAX_NAME`` of ``max_name``."""
     return 232 + max_name
@@ -75,16 +96,24 @@ def _split(endpoint: str) -> tuple[str, int]:
 
 
 def _connect(endpoint: str, timeout: float) -> tuple[socket.socket, tuple[int, int, int]]:
-    sock = socket.create_connection(_split(endpoint), timeout=timeout)
+    try:
+        sock = socket.create_connection(_split(endpoint), timeout=timeout)
+    except TimeoutError:  # a listen queue full of waiting clients drops new ones
+        raise RpcBusy(f"it did not accept the connection within {timeout:g} s (its queue of "
+                      "waiting clients is full)") from None
     try:
         sock.sendall(struct.pack("<BQ", _HELLO, _CAPS) + bytes(_CAPS))
-        size = struct.unpack("<Q", _recv_exact(sock, 8))[0]
+        try:
+            size = struct.unpack("<Q", _recv_exact(sock, 8))[0]
+        except TimeoutError:
+            raise RpcBusy(f"it accepted the connection but did not answer within "
+                          f"{timeout:g} s") from None
         if not 3 <= size <= 64:  # protocol 5 answers 28 bytes; anything else is no ggml
             raise ConnectionError(f"its HELLO reply says {size} bytes")
         reply = _recv_exact(sock, size)
         return sock, (reply[0], reply[1], reply[2])
     except BaseException:
-        sock.close()
+        abandon(sock)
         raise
 
 
@@ -92,6 +121,8 @@ def hello(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     """The server's RPC protocol version from its ``HELLO`` reply.
 
     Raises:
+        RpcBusy: no connection accepted, or no reply, within ``timeout`` seconds (another
+            client holds the server).
         OSError / ConnectionError: unreachable, or not answering as a ggml RPC server of
             protocol 4 or later.
     """
@@ -110,13 +141,15 @@ def _answers(endpoint: str, max_name: int, timeout: float) -> bool:
         sock, _ = _connect(endpoint, timeout)
     except (OSError, ConnectionError):
         return False
-    with sock:
-        try:
-            sock.sendall(struct.pack("<BQ", _GET_ALLOC_SIZE, len(body)) + body)
-            size = struct.unpack("<Q", _recv_exact(sock, 8))[0]
-            return size == 8 and len(_recv_exact(sock, 8)) == 8
-        except (OSError, ConnectionError):
-            return False
+    try:
+        sock.sendall(struct.pack("<BQ", _GET_ALLOC_SIZE, len(body)) + body)
+        size = struct.unpack("<Q", _recv_exact(sock, 8))[0]
+        ok = size == 8 and len(_recv_exact(sock, 8)) == 8
+    except (OSError, ConnectionError):
+        abandon(sock)
+        return False
+    sock.close()
+    return ok
 
 
 def server_name_length(endpoint: str, candidates: Sequence[int] = CANDIDATE_NAME_LENGTHS,

@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 from sdplan.core.errors import EngineError
 from sdplan.core.runtime import graph as gr
-from sdplan.core.runtime.bf16_rule import bf16_fits
+from sdplan.core.runtime.bf16_rule import avx512_bf16_speedup
 from sdplan.core.runtime.devices import BackendManager
-from sdplan.core.runtime.native import native
+from sdplan.core.runtime.native import cpu_kernels, native
 from sdplan.core.runtime.placement import BlockRange as BlockRange
 from sdplan.core.runtime.placement import ModulePlacement
 from sdplan.core.runtime.weights import WeightFile, bf16_at_load, cpu_bf16
@@ -141,14 +141,15 @@ def holds_bf16(model: Any, placement: ModulePlacement, pool: BackendPool) -> boo
     """Whether a module's matrix products and convolutions with 16-bit float weights run in bf16:
     the model measured faster with this CPU's bf16 kernel (it lists it in ``cpu_bf16_kernels``,
     or ``avx512_fast`` where AVX512_BF16 measured fast here:
-    :func:`~sdplan.core.runtime.bf16_rule.bf16_fits`) and every device of the placement, params device included, runs it
+    :meth:`~sdplan.core.runtime.kernels.CpuKernels.holds_bf16`) and every device of the placement, params device included, runs it
     (:func:`~sdplan.core.runtime.weights.cpu_bf16`): one policy for all of them, so a split
     across CPUs computes what one CPU does. f16 weights become bf16 as they load, or stay f16
     (mapped from the file) and the kernel rounds them as it uses them (``Graph.f16_as_bf16``),
     per :func:`~sdplan.core.runtime.weights.bf16_at_load`."""
     held_on = list(placement.devices) + ([placement.params_device] if placement.params_device else [])
-    # the devices first: bf16_fits may time a product on the CPU (once per process)
-    return all(cpu_bf16(pool.get(d)) for d in held_on) and bf16_fits(getattr(model, "cpu_bf16_kernels", ()))
+    # the devices first: the kernel choice may time a product on the CPU (once per process)
+    return all(cpu_bf16(pool.get(d)) for d in held_on) and \
+        cpu_kernels().holds_bf16(getattr(model, "cpu_bf16_kernels", ()), avx512_bf16_speedup)
 
 
 class ModuleRunner:

@@ -85,13 +85,14 @@ def cpu_bf16(backend: Any | None) -> bool:
     """
     if backend is None:
         return False
-    ng = native()
-    return ng.device_type(backend.device_name) == "cpu" and ng.bf16_kernel() != "off"
+    return native().device_type(backend.device_name) == "cpu" and bf16_kernel() != "off"
 
 
 def bf16_kernel() -> str:
     """The CPU bf16 kernel graphs built now use: ``amx``, ``avx512`` or ``off``
-    (``sdplan._ggml.bf16_kernel()``; ``SDPLAN_BF16_KERNEL`` chooses)."""
+    (:func:`sdplan.core.runtime.kernels.current`; ``SDPLAN_BF16_KERNEL`` chooses), as the
+    native module runs it."""
+    native()  # the first use chooses the kernels
     return str(native().bf16_kernel())
 
 

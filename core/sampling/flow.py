@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 from sdplan.core.sampling.errors import SamplingError
+from sdplan.core.sampling.finite import check_finite, finite_steps
 from sdplan.core.sampling.names import FLOW_SAMPLERS
 from sdplan.core.sampling.noise import NoiseSource, require_noise
 from sdplan.core.sampling.samplers import (
@@ -42,7 +43,7 @@ from sdplan.core.sampling.schedules import Denoiser, DiscreteSchedule
 
 __all__ = ["FLOW_SAMPLERS", "FLOW_SAMPLER_FUNCTIONS", "DEFAULT_STEPS", "flux_mu", "flux2_mu", "time_shift",
            "flux_sigmas", "discrete_flow_sigmas", "flow_denoiser", "sample_flow_euler_ancestral",
-           "sample_flow_lcm", "sample_flow_ddim_trailing", "sample_flow"]
+           "sample_flow_lcm", "sample_flow_ddim_trailing", "sample_flow", "guided_velocity"]
 
 #: Steps when none are given: schnell is distilled for 4, dev runs sd-cli's default 20.
 DEFAULT_STEPS = {"schnell": 4, "dev": 20}
@@ -131,17 +132,45 @@ def discrete_flow_sigmas(steps: int, shift: float = 3.0) -> np.ndarray:
 
 def flow_denoiser(velocity: VelocityFn) -> Denoiser:
     """``denoise(x, s) = x - s * velocity(x, s)`` as float32 of ``x``'s shape: the rectified-flow
-    x0 estimate, a denoiser for the samplers of :data:`FLOW_SAMPLER_FUNCTIONS`. The velocity
-    is already guided (Flux's distilled guidance), so ``with_uncond`` gives it twice."""
+    x0 estimate, a denoiser for the samplers of :data:`FLOW_SAMPLER_FUNCTIONS`. Its
+    ``with_uncond`` (the CFG++ samplers) gives the guided and the unconditional estimates from
+    ``velocity.with_uncond(x, s) -> (v, v_uncond)`` when the velocity has it (classifier-free
+    guidance with a negative prompt; :func:`guided_velocity`), else the guided one twice (a
+    velocity guided already, as FLUX.1's distilled guidance)."""
+    pair = getattr(velocity, "with_uncond", None)
+
     def denoise(x: np.ndarray, s: float) -> np.ndarray:
         return (x - np.float32(s) * velocity(x, s)).astype(np.float32)
 
     def both(x: np.ndarray, s: float) -> tuple[np.ndarray, np.ndarray]:
-        d = denoise(x, s)
-        return d, d
+        if pair is None:
+            d = denoise(x, s)
+            return d, d
+        v, vu = pair(x, s)
+        return (x - np.float32(s) * v).astype(np.float32), (x - np.float32(s) * vu).astype(np.float32)
 
     denoise.with_uncond = both  # type: ignore[attr-defined]
     return denoise
+
+
+def guided_velocity(cond: VelocityFn, uncond: VelocityFn | None, cfg_scale: float) -> VelocityFn:
+    """Classifier-free guidance of a flow model: ``v = u + cfg (c - u)`` of the velocities on
+    the prompt (``cond``) and on the negative prompt (``uncond``; None: ``cond`` alone, no
+    guidance), float32; its ``with_uncond(x, s) -> (v, u)`` gives the CFG++ samplers the
+    unconditional velocity from the same two DiT passes (:func:`flow_denoiser`)."""
+    if uncond is None:
+        return cond
+    scale = np.float32(cfg_scale)
+
+    def both(x: np.ndarray, s: float) -> tuple[np.ndarray, np.ndarray]:
+        c, u = cond(x, s), uncond(x, s)
+        return (u + scale * (c - u)).astype(np.float32), u
+
+    def vel(x: np.ndarray, s: float) -> np.ndarray:
+        return both(x, s)[0]
+
+    vel.with_uncond = both  # type: ignore[attr-defined]
+    return vel
 
 
 def _flow_sigma_steps(sigmas: np.ndarray) -> list[float]:
@@ -263,6 +292,8 @@ def sample_flow(method: str, velocity: VelocityFn, noise0: np.ndarray, sigmas: n
     Raises:
         SamplingError: unknown method, a sampler that does not apply to flow matching, bad
             sigmas or a missing noise source.
+        NonFiniteError: a latent holds NaN or infinite values after a step
+            (:mod:`sdplan.core.sampling.finite`).
     """
     if method not in FLOW_SAMPLERS:
         raise SamplingError(f"--sampling-method {method!r} does not apply to flow matching "
@@ -270,5 +301,6 @@ def sample_flow(method: str, velocity: VelocityFn, noise0: np.ndarray, sigmas: n
     den = flow_denoiser(velocity)
     x = (np.asarray(noise0, dtype=np.float32) * np.float32(sigmas[0])).astype(np.float32)
     kwargs = {"extra": extra} if method in TAKES_EXTRA else {}
-    return FLOW_SAMPLER_FUNCTIONS[method](den, x, sigmas, noise=noise, eta=eta,
-                                          callback=callback, **kwargs)
+    callback = finite_steps(callback, len(sigmas) - 1)  # NaN/inf: an error, never black
+    return check_finite(FLOW_SAMPLER_FUNCTIONS[method](den, x, sigmas, noise=noise, eta=eta,
+                                                       callback=callback, **kwargs), "final latent")

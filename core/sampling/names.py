@@ -9,7 +9,7 @@ numerical code that runs them (:mod:`sdplan.core.sampling.samplers`,
 
 from __future__ import annotations
 
-__all__ = ["SAMPLERS", "FLOW_SAMPLERS", "SCHEDULES", "TOKEN_SCHEDULES", "RNGS"]
+__all__ = ["SAMPLERS", "FLOW_SAMPLERS", "SCHEDULES", "TOKEN_SCHEDULES", "RNGS", "samplers_for", "schedulers_for"]
 
 #: sd-cli ``--sampling-method`` names in sd-cli's order, each with an entry in
 #: :data:`sdplan.core.sampling.samplers.SAMPLER_FUNCTIONS`: the one list the command line,
@@ -49,3 +49,19 @@ SCHEDULES = ("discrete", "karras", "exponential", "ays", "gits", "sgm_uniform", 
 TOKEN_SCHEDULES = frozenset({"ltx2", "logit_normal", "flux2", "flux"})
 #: sd-cli ``--rng`` / ``--sampler-rng`` names (:func:`sdplan.core.sampling.noise.make_noise`).
 RNGS = ("std_default", "cuda", "cpu")
+
+
+def samplers_for(sampling: str) -> tuple[str, ...]:
+    """The ``--sampling-method`` names a family of ``sampling`` kind runs
+    (:attr:`sdplan.core.families.declaration.Family.sampling`): ``discrete``, every sd-cli
+    sampler (with sd-cli's alias ``ddim``); ``flow``, :data:`FLOW_SAMPLERS`."""
+    return (*SAMPLERS, "ddim") if sampling == "discrete" else FLOW_SAMPLERS
+
+
+def schedulers_for(sampling: str) -> tuple[str, ...]:
+    """The ``--scheduler`` names a family of ``sampling`` kind runs, ``default`` first:
+    ``flow`` models every sd-cli scheduler; ``discrete`` ones all but the token schedules
+    (:data:`TOKEN_SCHEDULES`: they need a patchified latent's token count); ``normal`` is
+    sd-cli's alias of ``discrete``."""
+    names = SCHEDULES if sampling == "flow" else tuple(s for s in SCHEDULES if s not in TOKEN_SCHEDULES)
+    return ("default", "normal", *names)

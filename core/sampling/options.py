@@ -10,7 +10,8 @@ custom ``--sigmas`` list, or the scheduler's).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:  # numpy and the schedules load where a run prepares (not to c
     from sdplan.core.sampling.schedules import DiscreteSchedule
     from sdplan.core.sampling.schedules_more import FlowSchedule
 
-__all__ = ["SamplingOptions", "parse_sigmas", "parse_key_values", "prepare",
+__all__ = ["SamplingOptions", "parse_sigmas", "check_sigmas", "MAX_SIGMAS", "parse_key_values", "prepare",
            "shifted_timestep"]
 
 
@@ -34,7 +35,8 @@ class SamplingOptions:
     Attributes:
         eta: ``--eta``; None: the sampler's default.
         sigmas: ``--sigmas``: a custom descending schedule (a final 0 is added when
-            missing), replacing the scheduler's; empty: none.
+            missing), replacing the scheduler's; empty: none. Checked by
+            :func:`check_sigmas`.
         flow_shift: ``--flow-shift`` for flow models; None: the model's default.
         timestep_shift: ``--timestep-shift`` (SDXL, NitroFusion): the model sees timestep
             ``round(t * shift / 1000)``; 0: off.
@@ -52,6 +54,7 @@ class SamplingOptions:
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_sigmas(self.sigmas)
         for flag, name in (("--rng", self.rng), ("--sampler-rng", self.sampler_rng)):
             if name is not None and name not in RNGS:
                 raise SamplingError(f"{flag} {name!r} is unknown; choose one of {', '.join(RNGS)}")
@@ -79,6 +82,34 @@ class SamplingOptions:
                    rng=str(req.get("rng") or "cuda"),
                    sampler_rng=str(req["sampler_rng"]) if req.get("sampler_rng") else None,
                    extra=extra_map)
+
+
+#: Largest finite float32 (the engine's sigmas and latents are float32).
+FLOAT32_MAX = 3.4028234663852886e38
+#: Most ``--sigmas`` values: 1000 steps (the discrete schedules' training timesteps, and
+#: ``--steps``' limit) ending in 0.
+MAX_SIGMAS = 1001
+
+
+def check_sigmas(sigmas: Sequence[float]) -> None:
+    """Refuse custom sigmas that are not finite (in float32: at most :data:`FLOAT32_MAX`), are
+    negative, or are more than :data:`MAX_SIGMAS` values (more than 1000 steps once the final
+    0 is added).
+
+    Raises:
+        SamplingError: naming ``--sigmas`` and the first bad value.
+    """
+    if len(sigmas) > MAX_SIGMAS or (len(sigmas) == MAX_SIGMAS and sigmas[-1] != 0.0):
+        raise SamplingError(f"--sigmas holds {len(sigmas)} values; at most {MAX_SIGMAS} "
+                            f"(1000 steps, ending in 0)")
+    for i, s in enumerate(sigmas):
+        if not math.isfinite(s):
+            raise SamplingError(f"--sigmas value {i + 1} is {s}; sigmas must be finite numbers")
+        if s > FLOAT32_MAX:
+            raise SamplingError(f"--sigmas value {i + 1} is {s:g}; sigmas must be finite in the "
+                                f"engine's float32 (at most {FLOAT32_MAX:g})")
+        if s < 0:
+            raise SamplingError(f"--sigmas value {i + 1} is {s:g}; sigmas must not be negative")
 
 
 def parse_sigmas(text: str) -> tuple[float, ...]:

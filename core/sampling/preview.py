@@ -2,7 +2,8 @@
 
 The coefficients are the fitted latent-to-RGB factors sd-cli uses for its previews (the
 ComfyUI ``latent_formats`` factors for SD 1.x/2.x, SDXL, Flux and FLUX.2; the SD 3.5 reference
-code's factors for SD3). FLUX.2's apply per channel of its 32-channel latent: sd-cli unpatchifies
+code's factors for SD3; stable-diffusion.cpp ``latent-preview.h``'s Wan 2.1 factors for
+Qwen-Image, on its normalised diffusion latent as sd-cli previews it). FLUX.2's apply per channel of its 32-channel latent: sd-cli unpatchifies
 the 128 diffusion channels 2x2 first, so one latent cell is 2x2 pixels. Per latent cell: ``rgb = latent @ P + b``, then ``rgb * 0.5 + 0.5``
 clamped to [0, 1] and scaled to 0..255 with truncation, as sd-cli writes it. One latent cell
 becomes one pixel (``scale`` repeats it for display).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 from sdplan.core.errors import SdplanError
+from sdplan.core.families import family as registry_family
 
 _SD = (
     [[0.337366, 0.216344, 0.257386],
@@ -68,27 +70,53 @@ _FLUX2 = (  # per channel of the 32-channel FLUX.2 latent (the 128 diffusion cha
     [-0.028738, -0.098463, -0.107619],
 )  # fmt: skip
 
+_WAN21 = (  # the Wan 2.1 autoencoder's 16 channels (Qwen-Image's): sd-cli's wan_21_latent_rgb_proj
+    [[0.015123, -0.148418, 0.479828], [0.003652, -0.010680, -0.037142],
+     [0.212264, 0.063033, 0.016779], [0.232999, 0.406476, 0.220125],
+     [-0.051864, -0.082384, -0.069396], [0.085005, -0.161492, 0.010689],
+     [-0.245369, -0.506846, -0.117010], [-0.151145, 0.017721, 0.007207],
+     [-0.293239, -0.207936, -0.421135], [-0.187721, 0.050783, 0.177649],
+     [-0.013067, 0.265964, 0.166578], [0.028327, 0.109329, 0.108642],
+     [-0.205343, 0.043991, 0.148914], [0.014307, -0.048647, -0.007219],
+     [0.217150, 0.053074, 0.319923], [0.155357, 0.083156, 0.064780]],
+    [-0.270270, -0.234976, -0.456853],
+)  # fmt: skip
+
+#: Latent format (a family's :attr:`~sdplan.core.families.declaration.Family.latent_format`)
+#: -> ``(P, b)``: the SD 1.x/2.x VAE, SDXL's, the 16-channel FLUX.1 autoencoder (also
+#: Chroma's and Z-Image's), SD3's, FLUX.2's 32-channel one, and Wan 2.1's (Qwen-Image's).
 PROJECTIONS: dict[str, tuple[list[list[float]], list[float]]] = {
-    "sd1": _SD,
-    "sd2": _SD,
-    "sdxl": _SDXL,
-    "flux": _FLUX,
-    "sd3": _SD3,
-    "flux2": _FLUX2,
+    "sd_vae": _SD,
+    "sdxl_vae": _SDXL,
+    "flux_ae": _FLUX,
+    "sd3_ae": _SD3,
+    "flux2_ae": _FLUX2,
+    "wan21_vae": _WAN21,
 }
 
 
+def _format(name: str) -> str:
+    """A latent format name, or the format of the family called ``name`` (``sd1``...)."""
+    if name in PROJECTIONS:
+        return name
+    fam = registry_family(name)
+    return fam.latent_format if fam is not None else name
+
+
 def projection(family: str, channels: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(P, b)``: float32 ``(channels, 3)`` matrix and ``(3,)`` bias for ``family``.
+    """``(P, b)``: float32 ``(channels, 3)`` matrix and ``(3,)`` bias for a latent format
+    (:data:`PROJECTIONS`) or a family's name (its format).
 
     Raises:
-        SdplanError: unknown family, or a family whose latents do not have ``channels``.
+        SdplanError: unknown format or family, or a format whose latents do not have
+            ``channels``.
     """
-    if family not in PROJECTIONS:
+    fmt = _format(family)
+    if fmt not in PROJECTIONS:
         raise SdplanError(
             f"preview: unknown model family {family!r} (known: {sorted(PROJECTIONS)})"
         )
-    proj, bias = PROJECTIONS[family]
+    proj, bias = PROJECTIONS[fmt]
     if len(proj) != channels:
         raise SdplanError(
             f"preview: {family} latents have {len(proj)} channels, this latent has {channels}"
@@ -103,7 +131,8 @@ def latent_to_rgb(latent: np.ndarray, family: str, scale: int = 1) -> np.ndarray
         latent: float array ``(C, H, W)`` or ``(1, C, H, W)``; C = 4 for sd1/sd2/sdxl,
             16 for flux/sd3, 32 for flux2 (unpatchified). A 3-channel latent is taken as RGB
             already.
-        family: ``sd1``, ``sd2``, ``sdxl``, ``flux``, ``sd3`` or ``flux2``.
+        family: a latent format of :data:`PROJECTIONS` (``sd_vae``, ``flux_ae``...) or a
+            family's name (``sd1``, ``sdxl``, ``flux``, ``sd3``...: its format).
         scale: integer upscaling (nearest neighbour) for display, >= 1.
 
     Returns:

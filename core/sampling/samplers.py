@@ -28,6 +28,7 @@ from collections.abc import Mapping
 
 import numpy as np
 from sdplan.core.sampling.errors import SamplingError
+from sdplan.core.sampling.finite import check_finite, finite_steps
 from sdplan.core.sampling.names import SAMPLERS
 from sdplan.core.sampling.noise import NoiseSource, require_noise
 from sdplan.core.sampling.sampler_base import (
@@ -359,13 +360,16 @@ def sample(
 
     Raises:
         SamplingError: unknown method, bad sigmas, or a missing noise source.
+        NonFiniteError: a latent holds NaN or infinite values after a step
+            (:mod:`sdplan.core.sampling.finite`).
     """
     name = _ALIASES.get(method, method)
     if name not in SAMPLERS:
         raise SamplingError(f"unknown --sampling-method {method!r} (known: {', '.join(SAMPLERS)})")
     kwargs = {"extra": extra} if name in TAKES_EXTRA else {}
-    return SAMPLER_FUNCTIONS[name](denoise, x, sigmas, noise=noise, eta=eta, callback=callback,
-                                   schedule=schedule, **kwargs)
+    callback = finite_steps(callback, len(sigmas) - 1)  # NaN/inf: an error, never black
+    return check_finite(SAMPLER_FUNCTIONS[name](denoise, x, sigmas, noise=noise, eta=eta, callback=callback,
+                                                schedule=schedule, **kwargs), "final latent")
 
 
 #: Samplers that read ``--extra-sample-args`` (an ``extra`` keyword).

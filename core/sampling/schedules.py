@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import numpy as np
+from sdplan.core.families import family as registry_family
 from sdplan.core.sampling import schedules_more as sm
 from sdplan.core.sampling.errors import SamplingError
 from sdplan.core.sampling.names import SCHEDULES, TOKEN_SCHEDULES
@@ -123,6 +124,8 @@ _AYS_SDXL = [
     0.1114188177,
     0.0291671582,
 ]
+#: Align Your Steps tables by name (a family's ``ays_levels``).
+_AYS_LEVELS = {"sd15": _AYS_SD1, "sdxl": _AYS_SDXL}
 
 
 
@@ -130,6 +133,12 @@ def _loglinear_resample(levels: list[float], n: int) -> np.ndarray:
     xs = np.linspace(0.0, 1.0, len(levels))
     ys = np.log(np.asarray(levels[::-1], dtype=np.float64))
     return np.exp(np.interp(np.linspace(0.0, 1.0, n), xs, ys))[::-1]
+
+
+def _ays_table(name: str) -> str:
+    """The Align Your Steps table of a family name, or ``name`` itself (a table's name)."""
+    fam = registry_family(name)
+    return fam.ays_levels if fam is not None else name
 
 
 def get_sigmas(
@@ -148,8 +157,10 @@ def get_sigmas(
         steps: number of sampling steps, >= 1.
         schedule: the model's noise schedule (default: SD 1.x/2.x :class:`DiscreteSchedule`;
             a flow model's :class:`~sdplan.core.sampling.schedules_more.FlowSchedule`).
-        family: ``sd1``, ``sd2`` or ``sdxl``; only ``ays`` uses it (SDXL levels for ``sdxl``,
-            the SD 1.5 levels otherwise).
+        family: a family's name (``sd1``, ``sdxl``...) or an Align Your Steps table
+            (``sd15``, ``sdxl``); only ``ays`` uses it: the family's
+            :attr:`~sdplan.core.families.declaration.Family.ays_levels` (SDXL's levels for
+            SDXL, SD 1.5's otherwise).
         image_tokens: the latent's patch count, for :data:`TOKEN_SCHEDULES`.
         extra: ``--extra-sample-args`` (``beta``: ``alpha``, ``beta``; ``flux``:
             ``base_shift``, ``max_shift``; ``ltx2`` and ``logit_normal``: theirs).
@@ -189,7 +200,7 @@ def get_sigmas(
     elif name == "exponential":
         body = np.exp(np.linspace(math.log(smax), math.log(smin), steps))
     elif name == "ays":
-        levels = _AYS_SDXL if family == "sdxl" else _AYS_SD1
+        levels = _AYS_LEVELS.get(_ays_table(family), _AYS_SD1)
         body = (
             _loglinear_resample(levels, steps + 1)[:-1]
             if steps + 1 != len(levels)

@@ -28,7 +28,7 @@ from typing import Any
 
 from sdplan.core.errors import InvalidArgument
 
-__all__ = ["SkipLayerGuidance", "parse_skip_layers", "refuse_other_families", "format_layers", "DEFAULT_LAYERS", "DEFAULT_START", "DEFAULT_END"]
+__all__ = ["SkipLayerGuidance", "parse_skip_layers", "format_layers", "DEFAULT_LAYERS", "DEFAULT_START", "DEFAULT_END"]
 
 #: sd-cli's defaults (``examples/common``: ``skip_layers = {7, 8, 9}``; 0.01 and 0.2).
 DEFAULT_LAYERS: tuple[int, ...] = (7, 8, 9)
@@ -132,17 +132,3 @@ class SkipLayerGuidance:
 def format_layers(layers: Iterable[int]) -> str:
     """``--skip-layers`` text of ``layers``: ``[7,8,9]``."""
     return "[" + ",".join(str(int(i)) for i in layers) + "]"
-
-
-def refuse_other_families(family: str | None, request: Mapping[str, Any]) -> None:
-    """Refuse skip-layer guidance switched on (``slg_scale`` and ``skip_layers`` of
-    ``request``, :meth:`SkipLayerGuidance.from_request`) for a model family other than
-    ``sd3`` (SD3 / SD3.5, the only family sd-cli runs it on); ``family`` is the detected
-    architecture family (``sd1``, ``sdxl``, ``flux``...).
-
-    Raises:
-        InvalidArgument: ``--slg-scale: skip-layer guidance runs on SD3 / SD3.5 only, not on
-            <family>``; or the SLG values' own errors.
-    """
-    if family != "sd3" and SkipLayerGuidance.from_request(request).enabled:
-        raise InvalidArgument(f"--slg-scale: skip-layer guidance runs on SD3 / SD3.5 only, not on {family or 'this model'}")

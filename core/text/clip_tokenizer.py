@@ -28,6 +28,7 @@ from importlib import resources
 
 import numpy as np
 from sdplan.core.errors import SdplanError
+from sdplan.core.families import family as registry_family
 from sdplan.core.text.prompt import parse_prompt_attention
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,9 @@ EOS_ID = 49407
 VOCAB_SIZE = 49408
 CHUNK_LENGTH = 77
 N_MERGES = 49152 - 256 - 2
-PAD_ID = {"sd1": EOS_ID, "sdxl": EOS_ID, "sd2": 0}
+#: Pad token by the family's :attr:`~sdplan.core.families.declaration.Family.clip_pad`: OpenAI's
+#: CLIP pads with its end token, OpenCLIP (SD 2.x) with 0.
+PAD_ID = {"eos": EOS_ID, "zero": 0}
 
 _CLIP_SPLIT = (
     r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|"""
@@ -155,16 +158,16 @@ class ClipTokenizer:
 
     @classmethod
     def for_family(cls, family: str) -> ClipTokenizer:
-        """The tokenizer for ``family`` in ``sd1``, ``sd2``, ``sdxl`` (the CLIP-L encoder).
+        """The tokenizer for ``family`` (``sd1``, ``sd2``, ``sdxl``...), padding as its
+        registry entry says (:attr:`~sdplan.core.families.declaration.Family.clip_pad`).
 
         Raises:
             SdplanError: an unknown family.
         """
-        if family not in PAD_ID:
-            raise SdplanError(
-                f"tokenizer: unknown model family {family!r} (known: {sorted(PAD_ID)})"
-            )
-        return cls(PAD_ID[family])
+        fam = registry_family(family)
+        if fam is None:
+            raise SdplanError(f"tokenizer: unknown model family {family!r}")
+        return cls(PAD_ID[fam.clip_pad])
 
     def encode(self, text: str) -> list[int]:
         """BPE ids of ``text`` without BOS/EOS and without weighting syntax."""

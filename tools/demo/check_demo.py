@@ -3,7 +3,7 @@
 Needs the ``ref`` extra. Reads the shipped single-file checkpoint, converts it back with
 diffusers' own single-file converters (so the file itself is what is tested), samples
 ``--n`` trained captions with DDIM (20 steps, CFG 5, SD 1.x settings), and scores each picture
-with :func:`sdplan.core.pipelines.demo_scenes.caption_matches`. Writes a contact sheet PNG.
+with :func:`sdplan.core.pipelines.demo.scenes.caption_matches`. Writes a contact sheet PNG.
 
     /work/venv-ref/bin/python tools/demo/check_demo.py --n 48 --sheet /tmp/demo_sheet.png
 """
@@ -112,7 +112,7 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(2)
     train_demo.import_sdplan()
-    from sdplan.core.pipelines import demo_scenes as ds
+    from sdplan.core.pipelines.demo import scenes as ds
 
     if args.work:
         unet, clip, vae = train_demo.load_trained(args.work)

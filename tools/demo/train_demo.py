@@ -8,7 +8,7 @@ Stages (each checkpoints into ``--work`` and is skipped or resumed when run agai
 
 1. ``vae``: an ``AutoencoderKL`` (f=8, 4 latent channels; widths 64/64/96/96, so the
    32 GroupNorm groups hold 2-3 channels each) on fresh whole scenes from
-   :mod:`sdplan.core.pipelines.demo_scenes` (every picture holds a shape and its background, as full
+   :mod:`sdplan.core.pipelines.demo.scenes` (every picture holds a shape and its background, as full
    pictures do: GroupNorm statistics span the picture, and a crop of plain background
    loses its colour in the first norm), in two phases (``phases``): 800 steps of scenes
    rendered at 24-48 pixels at a constant rate, then 400 steps at 48-96 pixels with shapes
@@ -16,7 +16,7 @@ Stages (each checkpoints into ``--work`` and is skipped or resumed when run agai
    (:func:`vae_loss`) and the rate decaying to a tenth. The decoder reads the encoder's
    mean; loss ``|x - x'| + (x - x')^2 + 1e-6 KL``; Adam with a linear warm-up. Every
    ``check_every`` steps ``decode(encode(x))`` of true 128-pixel scenes is scored with
-   :func:`~sdplan.core.pipelines.demo_scenes.caption_matches`; training stops at the first check where
+   :func:`~sdplan.core.pipelines.demo.scenes.caption_matches`; training stops at the first check where
    background and shape colour both reach ``stop_rate``, or after the last phase.
 2. ``scale``: rescale the VAE so that ``encoder mean * 0.18215`` has unit variance
    (quant_conv mean rows times k, logvar bias + 2 ln k, post_quant_conv inputs / k), then
@@ -145,7 +145,7 @@ PREDICTION = {"epsilon": "eps", "v_prediction": "v"}
 def import_sdplan() -> None:
     """Make ``sdplan.core`` and ``sdplan.resources`` importable from this checkout."""
     try:
-        import sdplan.core.pipelines.demo_scenes  # noqa: F401
+        import sdplan.core.pipelines.demo.scenes  # noqa: F401
 
         return
     except ImportError:
@@ -218,9 +218,9 @@ def vae_scene(rng: np.random.Generator, size: int) -> np.ndarray:
     The shape's half-size is drawn in *pixels* (6 to ``min(40, size / 2 - 4)``), not as a
     share of the picture: the autoencoder is convolutional, so what it must learn is flat
     colour regions as large as those of the 128-pixel demo pictures (half-sizes 22-40
-    pixels, see :data:`~sdplan.core.pipelines.demo_scenes.RADIUS_RANGE`), next to small ones.
+    pixels, see :data:`~sdplan.core.pipelines.demo.scenes.RADIUS_RANGE`), next to small ones.
     """
-    from sdplan.core.pipelines import demo_scenes as ds
+    from sdplan.core.pipelines.demo import scenes as ds
 
     f = ds.SIZE / size  # render() takes coordinates of the 128-pixel picture
     color = ds.COLORS[int(rng.integers(len(ds.COLORS)))]
@@ -249,11 +249,11 @@ def vae_batch(rng: np.random.Generator, step: int) -> torch.Tensor:
     the first norm).
 
     ``scaled`` phases draw ``S`` from ``sizes`` at random and render the 128-pixel scenes of
-    :func:`~sdplan.core.pipelines.demo_scenes.random_scene` scaled down; ``pixel`` phases take the
+    :func:`~sdplan.core.pipelines.demo.scenes.random_scene` scaled down; ``pixel`` phases take the
     sizes in turn, ``batches[i]`` pictures of side ``sizes[i]`` (about the same pixel count
     per step), drawn by :func:`vae_scene`.
     """
-    from sdplan.core.pipelines import demo_scenes as ds
+    from sdplan.core.pipelines.demo import scenes as ds
 
     phase, _, _ = vae_phase(step)
     sizes, batches = phase["sizes"], phase["batches"]
@@ -268,7 +268,7 @@ def vae_batch(rng: np.random.Generator, step: int) -> torch.Tensor:
 @torch.no_grad()
 def vae_colour_check(vae, seed: int, n: int) -> dict[str, float]:
     """Share of ``n`` true scenes whose ``decode(encode(x))`` still matches its caption."""
-    from sdplan.core.pipelines import demo_scenes as ds
+    from sdplan.core.pipelines.demo import scenes as ds
 
     imgs, caps = ds.make_scenes(n, seed=seed + 9)
     x = to_tensor(imgs)
@@ -348,7 +348,7 @@ def rescale_vae(vae, k: float) -> None:
 
 @torch.no_grad()
 def scale_and_encode(work: Path, seed: int) -> None:
-    from sdplan.core.pipelines import demo_scenes as ds
+    from sdplan.core.pipelines.demo import scenes as ds
 
     path = work / "latents.pt"
     if path.exists():
@@ -411,7 +411,7 @@ def unet_caption_check(unet, clip, params, ema, vae, seed: int, n: int) -> dict[
     restored afterwards.
     """
     import check_demo  # beside this script
-    from sdplan.core.pipelines import demo_scenes as ds
+    from sdplan.core.pipelines.demo import scenes as ds
 
     live = [p.detach().clone() for p in params]
     for p, e in zip(params, ema, strict=True):

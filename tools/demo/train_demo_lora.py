@@ -70,7 +70,7 @@ def load_demo():
 
 def render_outline(scene, width: int) -> np.ndarray:
     """The scene with its shape drawn as an outline ``width`` pixels wide."""
-    from sdplan.core.pipelines import demo_scenes as ds
+    from sdplan.core.pipelines.demo import scenes as ds
 
     base = ds.render(scene).astype(np.float32)
     inner = ds.Scene(scene.shape, "white", "black", scene.cx, scene.cy, scene.radius - width)
@@ -80,14 +80,14 @@ def render_outline(scene, width: int) -> np.ndarray:
 
 
 def outlined(image: np.ndarray, caption: str) -> bool:
-    """:func:`sdplan.core.pipelines.demo_scenes.is_outlined` for the caption's shape."""
-    from sdplan.core.pipelines import demo_scenes as ds
+    """:func:`sdplan.core.pipelines.demo.scenes.is_outlined` for the caption's shape."""
+    from sdplan.core.pipelines.demo import scenes as ds
 
     return ds.is_outlined(image, ds.parse_caption(caption)[1])
 
 
 def make_latents(vae, seed: int) -> tuple[torch.Tensor, list[str]]:
-    from sdplan.core.pipelines import demo_scenes as ds
+    from sdplan.core.pipelines.demo import scenes as ds
 
     rng = np.random.default_rng(seed)
     caps = [c for c in ds.all_captions() for _ in range(CONFIG["n_latents"] // 168)]
@@ -145,7 +145,7 @@ def train(unet, clip, latents: torch.Tensor, caps: list[str], seed: int) -> None
 
 def check(unet, clip, vae, seed: int, n: int = 24) -> float:
     import check_demo
-    from sdplan.core.pipelines import demo_scenes as ds
+    from sdplan.core.pipelines.demo import scenes as ds
 
     rng = np.random.default_rng(seed + 7)
     caps = [ds.all_captions()[i] for i in rng.choice(168, size=n, replace=False)]

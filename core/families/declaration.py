@@ -1,0 +1,222 @@
+"""What a family declaration holds: :class:`Family` and the values it is made of.
+
+A :class:`Family` says how the family is recognised (its detection rule over the diffusion
+tensors, and its LoRA files' rule), which modules and model files it has, which generation
+options its pipeline honours (:mod:`sdplan.core.families.options`), sd-cli's defaults for it,
+its trained sizes and size rule, the constants the memory estimate and the library use, its
+latent format (previews), and its pipeline: the ``"module:function"`` the engine job calls
+(``generate(request, plan, progress) -> result``), loaded only when a picture of the family is
+made. The declarations are in the modules named after the families (``sd``, ``sdxl``,
+``sd3``, ``flux``, ``chroma``, ``z_image``, ``flux2``); :mod:`sdplan.core.families.registry`
+holds them in detection order and answers every question about them.
+
+Pure Python: no numpy, no native module, no Qt (the command line reads it before the engine
+starts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Defaults", "Companions", "ComputeShape", "Detection", "DiffusionTensors", "Family",
+           "Rule", "LoraRule"]
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """sd-cli's generation settings for a family (what a run uses when the user gives none).
+
+    Attributes:
+        cfg_scale: ``--cfg-scale`` (1: no classifier-free guidance).
+        steps: ``--steps``.
+        sampling_method: ``--sampling-method``.
+        width, height: ``-W``/``-H`` in pixels (None: sd-cli's 512, the family names none).
+        scheduler: ``--scheduler`` (``default``: the family's own sigma schedule).
+        guidance: ``--guidance`` (distilled guidance, FLUX.1 dev).
+        clip_skip: the CLIP layer the prompt is read from when ``--clip-skip`` is not given
+            (1: the last; SD 2.x reads the second to last).
+    """
+
+    cfg_scale: float
+    steps: int
+    sampling_method: str
+    width: int | None = None
+    height: int | None = None
+    scheduler: str = "default"
+    guidance: float = 3.5
+    clip_skip: int = 1
+
+    def settings(self) -> dict[str, object]:
+        """The settings a generation panel takes from the family, by sd-cli's request keys:
+        ``cfg_scale``, ``steps``, ``sampling_method``, and ``width``/``height`` when the
+        family names a size."""
+        out: dict[str, object] = {"cfg_scale": self.cfg_scale, "steps": self.steps,
+                                  "sampling_method": self.sampling_method}
+        if self.width and self.height:
+            out.update(width=self.width, height=self.height)
+        return out
+
+
+@dataclass(frozen=True)
+class Companions:
+    """What a diffusion model of the family pairs with in the library.
+
+    Attributes:
+        encoders: the text encoders it reads (``clip_l``, ``clip_g``, ``clip_h``, ``t5xxl``,
+            ``llm``).
+        latent_channels: its autoencoder's latent channels (None: a pixel-space model).
+        size: the image side (pixels) its fit is estimated at.
+        prefers, avoids: text in a companion's file name that ranks it first (SDXL: ``xl``)
+            or last (the others: ``xl``, an SDXL file of the same latent channels).
+    """
+
+    encoders: tuple[str, ...]
+    latent_channels: int | None
+    size: int
+    prefers: str = ""
+    avoids: str = "xl"
+
+
+@dataclass(frozen=True)
+class ComputeShape:
+    """The published constants the memory estimate's compute formula needs
+    (:func:`sdplan.core.planning.estimate.compute_bytes`).
+
+    Attributes:
+        kind: ``dit`` (tokens = latent cells / 4 + text tokens) or ``unet`` (tokens = latent
+            cells / ``tokens``).
+        heads: attention heads of the widest attention.
+        width: the hidden width (DiT) or the first level's channels (UNet).
+        tokens: DiT: the text tokens; UNet: the latent divisor of its widest attention.
+        te_tokens: the tokens each encoder of its ``te`` runs at once (None: each encoder's own).
+    """
+
+    kind: str
+    heads: int
+    width: int
+    tokens: int
+    te_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class DiffusionTensors:
+    """What a detection rule sees of a model set.
+
+    Attributes:
+        shapes: diffusion tensor name (without ``model.diffusion_model.``) -> shape.
+        llm_names: the ``llm`` text encoder's tensor names, its vision tower's included (for the
+            evidence).
+        metadata_families: the files' ``sdplan.family`` metadata values (scaled-down models).
+        encoders: the text encoders among the files (``clip_l``, ``clip_g``, ...).
+    """
+
+    shapes: Mapping[str, tuple[int, ...]]
+    llm_names: tuple[str, ...] = ()
+    metadata_families: tuple[str, ...] = ()
+    encoders: frozenset[str] = frozenset()
+
+
+#: A rule's answer: ``(variant or None, evidence lines)``.
+Detection = tuple["str | None", tuple[str, ...]]
+#: A detection rule.
+Rule = Callable[[DiffusionTensors], "Detection | None"]
+#: A LoRA rule: the file's tensor names and their shapes -> True when it adapts the family.
+LoraRule = Callable[[Sequence[str], Mapping[str, tuple[int, ...]]], bool]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family's declaration (module docstring).
+
+    Attributes:
+        name: the family's name as files, profiles and pictures record it (``flux``).
+        title: its name for people (``FLUX.1``).
+        detect: the rule: :class:`DiffusionTensors` -> :data:`Detection` or None.
+        lora_rule: LoRA tensor names and shapes -> True when the file adapts this family
+            (None: no LoRA file is told to be this family's).
+        modules: the modules a run places (``diffusion``, ``te``, ``vae``).
+        files: the accepted sets of model-file keys (sd-cli's flags without dashes): a run
+            needs every key of one of them (``("model",)``: one checkpoint file).
+        options: the generation options its pipeline honours
+            (:data:`sdplan.core.families.options.OPTIONS` names); any other option set away
+            from its default is refused by name before anything loads.
+        sampling: ``discrete`` (k-diffusion samplers over a discrete noise schedule) or
+            ``flow`` (flow matching); the sampler and scheduler names it runs follow
+            (:func:`sdplan.core.sampling.names.samplers_for`, ``schedulers_for``).
+        defaults: sd-cli's settings for it; ``variant_defaults`` per variant.
+        sizes: trained image sizes ``(width, height)``, the default first.
+        size_rule: ``unet`` (VAE factor times 2^(levels - 1)), ``patch`` (twice the
+            autoencoder's factor) or ``patch8`` (16 pixels: the pipeline takes the latent at
+            1/8 whatever the autoencoder).
+        compute: estimate constants (:class:`ComputeShape`); ``variant_compute`` per variant.
+        companions: library companions; ``variant_companions`` per variant.
+        latent_format: the latent space's name for previews
+            (:data:`sdplan.core.sampling.preview.PROJECTIONS`).
+        lora_names: the LoRA alias table its weights take (``sd``, ``flux``, ``generic``;
+            :func:`sdplan.core.modelfiles.lora_names.aliases_for`).
+        prediction: a UNet's default prediction (``eps``, ``v``); None for flow models.
+        unet_heads: a UNet's ``(heads, head width)`` default (one of them None).
+        ays_levels: the Align Your Steps table its ``ays`` scheduler uses (``sd15``,
+            ``sdxl``).
+        clip_pad: the CLIP tokenizer's pad token (``eos``, or ``zero`` for OpenCLIP).
+        vae_scale: image pixels per latent pixel as sd-cli tiles its autoencoder (8; FLUX.2's
+            packs 2x2 latents: 16).
+        pipeline: ``"module:function"`` of its generation (None: recognised, not run).
+        refusal: why a recognised family is not run (with ``pipeline`` None).
+        dry_run: ``"module:function"`` measuring its compute buffers (None: formulas only).
+        work: ``"module:function"`` counting the work of its graphs for the time prediction
+            (:mod:`sdplan.core.pipelines.work`; None: the prediction's formula, said in its notes).
+        fitted_compute: the engine's fitted compute figures cover it
+            (:mod:`sdplan.core.planning.engine_compute`).
+    """
+
+    name: str
+    title: str
+    detect: Rule
+    files: tuple[tuple[str, ...], ...]
+    options: frozenset[str]
+    sampling: str
+    defaults: Defaults
+    size_rule: str
+    latent_format: str
+    companions: Companions
+    lora_rule: LoraRule | None = None
+    modules: tuple[str, ...] = ("diffusion", "te", "vae")
+    variant_defaults: Mapping[str, Defaults] = field(default_factory=dict)
+    sizes: tuple[tuple[int, int], ...] = ()
+    compute: ComputeShape | None = None
+    variant_compute: Mapping[str, ComputeShape] = field(default_factory=dict)
+    variant_companions: Mapping[str, Companions] = field(default_factory=dict)
+    lora_names: str = "generic"
+    prediction: str | None = None
+    unet_heads: tuple[int | None, int | None] | None = None
+    ays_levels: str = "sd15"
+    clip_pad: str = "eos"
+    vae_scale: int = 8
+    pipeline: str | None = None
+    refusal: str = ""
+    dry_run: str | None = None
+    work: str | None = None
+    fitted_compute: bool = False
+
+    def defaults_for(self, variant: str | None) -> Defaults:
+        """sd-cli's settings for ``variant`` (the family's when it has none of its own)."""
+        return self.variant_defaults.get(variant or "", self.defaults)
+
+    def compute_for(self, variant: str | None) -> ComputeShape | None:
+        """The estimate constants of ``variant`` (the family's when it has none)."""
+        return self.variant_compute.get(variant or "", self.compute)
+
+    def companions_for(self, variant: str | None) -> Companions:
+        """The library companions of ``variant`` (the family's when it has none)."""
+        return self.variant_companions.get(variant or "", self.companions)
+
+    def honours(self, option: str) -> bool:
+        """True when the pipeline honours generation option ``option``."""
+        return option in self.options
+
+    @property
+    def runs(self) -> bool:
+        """True when the engine generates with this family."""
+        return self.pipeline is not None

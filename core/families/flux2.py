@@ -1,0 +1,85 @@
+"""FLUX.2: klein 4B / 9B (run) and dev (recognised, not run), with LLM text encoders.
+
+Recognised by the shared image-stream modulation ``double_stream_modulation_img`` (sd-cli's
+test): 48 single blocks is FLUX.2 [dev] (Mistral Small 3.2 encoder); otherwise [klein], ``4b``
+at width 3072 (Qwen3-4B states) or ``9b`` at 4096 (Qwen3-8B). Defaults: klein's 4-step
+distillation (sd-cli's ``docs/flux2.md``: ``--cfg-scale 1.0 --steps 4``, euler). The
+estimate's constants: 24 heads over 3072 (klein 4B), 32 over 4096 (9B), 512 text tokens.
+"""
+
+from __future__ import annotations
+
+from sdplan.core.families import options as o
+from sdplan.core.families.declaration import (
+    Companions,
+    ComputeShape,
+    Defaults,
+    Detection,
+    DiffusionTensors,
+    Family,
+)
+from sdplan.core.families.tensors import count_blocks, llm_family
+
+#: FLUX.2's shared image-stream modulation in BFL and diffusers names.
+FLUX2_MARKERS = ("double_stream_modulation_img.lin.weight", "double_stream_modulation_img.linear.weight")
+#: FLUX.2 klein variants by DiT width: (variant, text encoder).
+KLEIN_WIDTHS = {3072: ("4b", "Qwen3-4B"), 4096: ("9b", "Qwen3-8B")}
+
+
+def _layout(t: DiffusionTensors) -> tuple[int, int, int, list[str]] | None:
+    """``(double, single, width, evidence)`` of a FLUX.2 DiT, or None."""
+    d = t.shapes
+    if not any(m in d for m in FLUX2_MARKERS):
+        return None
+    bfl = "img_in.weight" in d
+    dbl = count_blocks(d, "double_blocks" if bfl else "transformer_blocks")
+    sgl = count_blocks(d, "single_blocks" if bfl else "single_transformer_blocks")
+    img, txt = (d.get(n, ()) for n in (("img_in.weight", "txt_in.weight") if bfl
+                                       else ("x_embedder.weight", "context_embedder.weight")))
+    width = int(img[0]) if img else 0
+    ev = [f"{dbl} double + {sgl} single blocks with shared modulation "
+          "(double_stream_modulation_img: FLUX.2 DiT)", f"width {width}, text width {txt[-1] if txt else '?'}"]
+    return dbl, sgl, width, ev
+
+
+def _dev(t: DiffusionTensors) -> Detection | None:
+    found = _layout(t)
+    if found is None or found[1] != 48:
+        return None
+    return "dev", (*found[3], "48 single blocks: FLUX.2 [dev] (Mistral Small 3.2 text encoder)")
+
+
+def _klein(t: DiffusionTensors) -> Detection | None:
+    found = _layout(t)
+    if found is None or found[1] == 48:
+        return None
+    variant, encoder = KLEIN_WIDTHS.get(found[2], (None, "a Qwen3"))
+    ev = [*found[3], f"FLUX.2 [klein]: the states of three {encoder} blocks as its text"]
+    llm = llm_family(t.llm_names)
+    if llm:
+        ev.append(f"text encoder: {llm}")
+    return variant, tuple(ev)
+
+
+FLUX2_KLEIN = Family(
+    name="flux2_klein", title="FLUX.2 klein", detect=_klein,
+    files=(("model",), ("diffusion_model", "llm", "vae")),
+    options=frozenset({o.NEGATIVE_PROMPT, o.CFG_SCALE, o.BATCH, o.ETA, o.SIGMAS, o.FLOW_SHIFT,
+                       o.RNG, o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.REF_IMAGES, o.TAESD,
+                       o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
+    sampling="flow", defaults=Defaults(1.0, 4, "euler"),
+    size_rule="patch8", latent_format="flux2_ae", vae_scale=16,
+    companions=Companions(("llm",), 32, 1024),
+    compute=ComputeShape("dit", 24, 3072, 512),
+    variant_compute={"9b": ComputeShape("dit", 32, 4096, 512)},
+    pipeline="sdplan.core.pipelines.flux2.generate:generate")
+
+FLUX2_DEV = Family(
+    name="flux2", title="FLUX.2 dev", detect=_dev,
+    files=(("diffusion_model", "llm", "vae"),), options=frozenset(), sampling="flow",
+    defaults=Defaults(1.0, 20, "euler"), size_rule="patch8",
+    latent_format="flux2_ae", vae_scale=16, companions=Companions(("llm",), 32, 1024),
+    refusal="FLUX.2 [dev] (48 single blocks, Mistral Small 3.2 text encoder) is recognised but "
+            "sdplan generates with FLUX.2 klein only")
+
+FAMILIES = (FLUX2_DEV, FLUX2_KLEIN)

@@ -1,0 +1,115 @@
+"""The engine's entry for Qwen-Image (the registry's ``pipeline``, ``dry_run`` and ``work``): a checked
+request on a :class:`~sdplan.core.pipelines.qwen_image.pipeline.QwenImagePipeline` placed by the
+run's plan (kept loaded for the next request with the same files and placements), with its
+image input, sd-cli's scheduler and sampling options, the hires fix, one picture per seed of the
+batch; and the compute dry run and the work count of its graphs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from sdplan.core.pipelines.qwen_image.pipeline import (
+    DROP,
+    TEMPLATE,
+    QwenImageModels,
+    QwenImagePipeline,
+)
+from sdplan.core.pipelines.request import GenerationRequest
+from sdplan.core.pipelines.run_context import FamilyResult, RunContext
+from sdplan.core.pipelines.stages.hires import flow_hires
+from sdplan.core.pipelines.stages.lora import apply_request_loras
+from sdplan.core.runtime.placement import ModulePlacement
+
+__all__ = ["generate", "measure", "work", "DRY_RUN_TOKENS"]
+
+#: The prompt tokens (after the template's dropped 34) the dry run measures the encoder and
+#: the DiT with: sd-cli does not pad Qwen-Image's prompt, so a long prompt's share (the
+#: family's estimate constant).
+DRY_RUN_TOKENS = 256
+
+
+def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], progress: RunContext) -> FamilyResult:
+    """Generate the request's pictures with Qwen-Image (CFG with the negative prompt when not 1).
+
+    Raises:
+        ModelFileError / EngineError / SdplanError: bad files, devices or pictures.
+    """
+    models = QwenImageModels(request.file("diffusion_model"), request.file("llm"), request.file("vae"),  # type: ignore[arg-type]
+                             request.overrides.flux_axes)
+    pipe = progress.cached(("qwen_image", repr(models), repr(sorted(plan.items()))),
+                           lambda: QwenImagePipeline(models, None, progress.pool(), dict(plan), 0, cancel=progress.cancel))
+    prompt, init, info = apply_request_loras(pipe, request)
+    steps, seed = int(request.steps or 0), request.seed
+    with flow_hires(pipe, request, plan, progress):
+        images, seconds = progress.batch(steps, lambda b, cb: pipe.txt2img(
+            prompt, int(request.width or 0), int(request.height or 0), steps=steps, seed=seed + b,
+            sampler=str(request.sampling_method), cfg_scale=float(request.cfg_scale or 0.0),
+            negative_prompt=request.negative_prompt, preview=cb, init=init, init_seed=seed,
+            scheduler=request.scheduler, sampling=request.sampling, vae_tile=request.vae_tiling))
+    return {"images": images, "timings": {"sampling_and_decode": seconds}, "info": {**info, **pipe.run_info()},
+            "runners": pipe.runners}
+
+
+def _graphs(pipe: Any, width: int, height: int, cfg: bool, vae_tile: tuple[int, int] | None
+            ) -> dict[str, tuple[Any, list[dict[str, tuple[int, ...]]]]]:
+    """Module -> ``(runner, [input shapes of each graph])`` of a Qwen-Image generation (the
+    graphs :func:`measure` describes)."""
+    h, w = height // 8, width // 8
+    tokens = [DRY_RUN_TOKENS]
+    if cfg:
+        tokens.append(pipe.tokenizer.encode_prompt("", *TEMPLATE).length - DROP)
+    dit = [pipe.dit.inputs(np.zeros((1, 16, h, w), np.float32),
+                           np.zeros((1, t, pipe.dit.cfg.context), np.float32), 1.0) for t in tokens]
+    vae = (1, 16, vae_tile[1], vae_tile[0]) if vae_tile else (1, 16, h, w)
+    return {"te": (pipe.runners["llm"], [{"ids": (1, DROP + DRY_RUN_TOKENS)}]),
+            "diffusion": (pipe.runners["diffusion"], [{k: v.shape for k, v in d.items()} for d in dit]),
+            "vae": (pipe.runners["vae"], [{"z": vae}])}
+
+
+def _pipeline(model_files: Mapping[str, list[str]], pool: Any, placements: Mapping[str, Any] | None,
+              overrides: Mapping[str, Any]) -> QwenImagePipeline:
+    models = QwenImageModels(model_files["diffusion_model"][0], model_files["llm"][0], model_files["vae"][0],
+                             tuple(overrides["flux_axes"]) if overrides.get("flux_axes") else None)
+    return QwenImagePipeline(models, None, pool, placements)
+
+
+def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
+            pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
+            vae_tile: tuple[int, int] | None = None) -> dict[str, int]:
+    """Compute-buffer bytes per module of a Qwen-Image generation: the LLM on the template and
+    :data:`DRY_RUN_TOKENS` prompt tokens; the DiT on one latent with those text tokens and, with
+    ``cfg``, its graph for the empty negative prompt's tokens too (the prompt is not padded, so
+    the two passes have graphs of their own, and the engine keeps both over the sampling loop;
+    ``batch`` does not grow it: pictures run one after another); the autoencoder's decoder on one
+    latent (or one tile of ``vae_tile`` ``(w, h)`` latent pixels).
+
+    Raises:
+        ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
+    """
+    with _pipeline(model_files, pool, placements, overrides) as pipe:
+        graphs = _graphs(pipe, width, height, cfg, vae_tile)
+        return {module: sum(sum(r.measure(s).values()) for s in shapes) for module, (r, shapes) in graphs.items()}
+
+
+def work(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
+         pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
+         vae_tile: tuple[int, int] | None = None) -> dict[str, list[Any]]:
+    """The work of a Qwen-Image generation's graphs (those :func:`measure` reserves), per module
+    as :class:`~sdplan.core.planning.work.ModuleWork`: the LLM once for the prompt (the empty
+    negative prompt's encoding, a few template tokens, is left out), the DiT's prompt graph
+    and, with CFG, its negative prompt's graph once per sampler evaluation and picture, the
+    decoder once per picture (:mod:`sdplan.core.pipelines.work`).
+
+    Raises:
+        ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
+    """
+    from sdplan.core.planning.work import ModuleWork
+
+    phase = {"te": "text", "diffusion": "step", "vae": "decode"}
+    calls = {"te": 1, "diffusion": batch, "vae": batch}
+    with _pipeline(model_files, pool, placements, overrides) as pipe:
+        graphs = _graphs(pipe, width, height, cfg, vae_tile)
+        return {module: [ModuleWork(module, phase[module], r.work(s), calls[module]) for s in shapes]
+                for module, (r, shapes) in graphs.items()}

@@ -1,0 +1,280 @@
+"""Qwen-Image text-to-image and image-to-image: the Qwen2.5-VL language model's final states as
+the prompt, flow-matching sampling with the MMDiT, the Wan 2.1 autoencoder frame by frame.
+
+As sd-cli runs it (stable-diffusion.cpp ``conditioner.hpp`` ``LLMEmbedder`` for
+``VERSION_QWEN_IMAGE``, ``stable-diffusion.cpp``, ``wan_vae.hpp``):
+
+* prompt: ``<|im_start|>system\\nDescribe the image by detailing the color, shape, size,
+  texture, quantity, text, spatial relationships of the objects and
+  background:<|im_end|>\\n<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n``
+  (:data:`TEMPLATE`, diffusers' ``QwenImagePipeline`` has the same), tokenised by the
+  encoder's own tokenizer (a GGUF file's metadata, else the shipped Qwen vocabulary), no
+  padding; the final normed state of every token, ``(text:weight)`` weights applied with
+  sd-cli's mean-keeping rule, then the template's first :data:`DROP` (34) tokens dropped;
+* sampling: the 16-channel latent at 1/8 of the image size, sigmas of the discrete flow
+  schedule with shift 3 (:func:`~sdplan.core.sampling.flow.discrete_flow_sigmas`; sd-cli's
+  default flow shift for the family), the DiT at ``t = sigma``, euler by default;
+  classifier-free guidance ``uncond + cfg (cond - uncond)`` with the negative prompt when
+  ``cfg_scale != 1`` (sd-cli's; diffusers' ``true_cfg_scale`` also rescales the guided
+  prediction to the conditional one's norm, which sd-cli does not);
+* decoding: ``latent * std + mean`` per channel (Wan 2.1's statistics,
+  :data:`~sdplan.core.models.qwen_image_vae.LATENT_MEAN`) through the autoencoder; image to
+  image encodes the picture to the mean of the autoencoder's latent and normalises it
+  (sd-cli draws no sample from it); previews project the normalised latent with Wan 2.1's
+  latent-to-RGB factors.
+
+Modules: ``diffusion`` (the DiT; its transformer blocks split), ``te`` (the LLM, runner
+``llm``; its layers split; the vision tower is not loaded: it serves reference pictures,
+which this pipeline does not take) and ``vae`` (the decoder; the encoder, runner
+``vae_encoder``, on the VAE's device when a picture is encoded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sdplan.core.errors import SdplanError
+from sdplan.core.families import generation_defaults
+from sdplan.core.modelfiles.readers import read_tensor_file
+from sdplan.core.models.base import FunctionGraph
+from sdplan.core.models.llm import LLMEncoder, llm_config
+from sdplan.core.models.qwen_image import QwenImageDiT
+from sdplan.core.models.qwen_image_vae import (
+    LATENT_MEAN,
+    LATENT_STD,
+    vae_decode,
+    vae_encode,
+    wan_vae_config,
+    weight_file,
+)
+from sdplan.core.pipelines.stages.base import module_placements
+from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline, shapes
+from sdplan.core.pipelines.stages.img2img import ImageInput
+from sdplan.core.pipelines.stages.vae_tiles import encode_tiled
+from sdplan.core.pipelines.z_image.pipeline import is_gguf
+from sdplan.core.sampling.flow import discrete_flow_sigmas, guided_velocity
+from sdplan.core.sampling.options import SamplingOptions
+from sdplan.core.text.bpe_tokenizer import BPETokenizer
+from sdplan.core.text.prompt import apply_prompt_weights
+
+__all__ = ["QwenImageModels", "QwenImagePipeline", "TEMPLATE", "DROP", "SHIFT", "DEFAULTS", "MODULES",
+           "llm_head_dim"]
+
+#: sd-cli's Qwen-Image prompt template (prefix, suffix) and the tokens of it dropped from the
+#: states (``prompt_template_encode_start_idx``: the prefix's 34 tokens).
+TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, "
+            "text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n",
+            "<|im_end|>\n<|im_start|>assistant\n")
+DROP = 34
+#: sd-cli's default flow shift for Qwen-Image.
+SHIFT = 3.0
+#: sd-cli's documented settings (CFG 2.5, euler, 20 steps), the family's defaults.
+DEFAULTS: dict[str, Any] = generation_defaults("qwen_image")
+MODULES = ("diffusion", "te", "vae")
+#: The metadata key a small test encoder gives its head width under (Qwen2.5's projections
+#: carry no per-head norm; the published models' heads are 128 wide).
+HEAD_DIM_KEY = "sdplan.llm_head_dim"
+
+_MEAN = np.asarray(LATENT_MEAN, np.float32).reshape(1, -1, 1, 1)
+_STD = np.asarray(LATENT_STD, np.float32).reshape(1, -1, 1, 1)
+
+
+@dataclass
+class QwenImageModels:
+    """The model files of a Qwen-Image run (sd-cli's ``--diffusion-model``, ``--llm``,
+    ``--vae``) and the RoPE axes override small models need."""
+
+    diffusion_model: str | Path
+    llm: str | Path
+    vae: str | Path
+    axes: tuple[int, ...] | None = None
+
+
+def llm_head_dim(path: str | Path) -> int | None:
+    """The head width a language-model file states in its ``sdplan.llm_head_dim`` metadata,
+    or None (the family's preset: 128)."""
+    raw = read_tensor_file(path).metadata.get(HEAD_DIM_KEY)
+    try:
+        return int(raw) if raw else None
+    except ValueError:
+        return None
+
+
+class QwenImagePipeline(FlowDiTPipeline):
+    """Qwen-Image txt2img and img2img over engine module runners (module docstring); the DiT
+    runner, the sampling loop, image to image, VAE tiles and the hires fix come from
+    :class:`~sdplan.core.pipelines.stages.flow_dit.FlowDiTPipeline`.
+
+    Args:
+        models: the model files.
+        plan: a resolved ``Plan`` giving each module's placement; None: the CPU.
+        pool, placements, n_threads, dtypes, cancel: as :class:`~sdplan.core.pipelines.flux.pipeline.FluxPipeline`.
+        flash: ggml's flash attention in the DiT (sd-cli's ``--diffusion-fa``).
+
+    Raises:
+        ModelLayoutError / ModelFileError: files that are not the expected models (a Wan
+            autoencoder without the 16 latent channels, Qwen-Image-Layered included).
+        SdplanError: an encoder whose width is not the DiT's text width.
+        EngineError: a device without a backend, or memory that cannot be allocated.
+    """
+
+    #: sd-cli's Qwen-Image denoiser is the discrete flow schedule (SD3's time shift, shift 3).
+    schedule_kind = "sd3"
+    latent_format = "wan21_vae"
+
+    def __init__(self, models: QwenImageModels, plan: Any = None, pool: Any = None,
+                 placements: Mapping[str, Any] | None = None, n_threads: int = 0,
+                 dtypes: Mapping[str, str] | None = None, cancel: Any = None, flash: bool = False) -> None:
+        self.dit = QwenImageDiT.from_weights(shapes(models.diffusion_model), models.axes, flash)
+        cfg = llm_config(shapes(models.llm), head_dim=llm_head_dim(models.llm))
+        if cfg.hidden != self.dit.cfg.context:
+            raise SdplanError(f"{models.llm}: the text encoder's width {cfg.hidden} is not the Qwen-Image DiT's "
+                              f"text width {self.dit.cfg.context} (Qwen-Image reads Qwen2.5-VL-7B's 3584)")
+        vae_shapes = shapes(models.vae)
+        self.vae_cfg = wan_vae_config(vae_shapes)
+        if self.vae_cfg.z != len(LATENT_MEAN) or not self.vae_cfg.decoder:
+            raise SdplanError(f"{models.vae}: not the Qwen-Image autoencoder (Wan 2.1's decoder of "
+                              f"{len(LATENT_MEAN)} latent channels); this one has {self.vae_cfg.z}")
+        self.llm = LLMEncoder(cfg)  # the final normed states
+        self.tokenizer = BPETokenizer.from_gguf(models.llm) if is_gguf(models.llm) else BPETokenizer.qwen()
+        super().__init__(pool, n_threads, cancel)
+        self.placements = module_placements(MODULES, plan, placements)
+        self._vae_path, self._vae_shapes = models.vae, vae_shapes
+        try:
+            self.runners["diffusion"] = self._runner("diffusion", self.dit, models.diffusion_model,
+                                                     self.placements["diffusion"], dtypes)
+            self.runners["llm"] = self._runner("llm", self.llm, models.llm, self.placements["te"], dtypes)
+            p = self.vae_cfg.prefix
+            dec = [n for n in vae_shapes if n.startswith((p + "decoder.", p + "conv2."))]
+            self.runners["vae"] = self._vae_runner("vae", dec, {"z": "f32"}, self._decode)
+        except BaseException:
+            self.close()
+            raise
+
+    def _vae_runner(self, name: str, names: list[str], specs: dict[str, str],
+                    fn: Callable[[Any, Any, dict[str, Any]], dict[str, Any]]) -> Any:
+        """A runner of the autoencoder function ``fn`` over ``names`` held in their folded
+        shapes (:func:`~sdplan.core.models.qwen_image_vae.weight_file`), where the VAE is placed."""
+        placement = self.placements["vae"]
+        wf = weight_file(self._vae_path, names, self.pool.get(placement.devices[0]))
+        return self.new_runner(name, FunctionGraph(names, specs, fn), wf, placement)
+
+    def _decode(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+        return {"image": vae_decode(g, w, ins["z"], self.vae_cfg, self._vae_shapes)}
+
+    def lora_aliases(self) -> Any:
+        """Qwen-Image takes no LoRA yet.
+
+        Raises:
+            SdplanError: always.
+        """
+        raise SdplanError("Qwen-Image takes no LoRA")
+
+    # ------------------------------------------------------------------ stages
+    def encode_prompt(self, prompt: str) -> np.ndarray:
+        """The LLM's final states ``(1, T - 34, width)`` float32 for ``prompt`` in the template,
+        weighted, the template's first 34 tokens dropped (module docstring).
+
+        Raises:
+            PromptError: a malformed weight; ValueError: token ids beyond the encoder's
+                vocabulary (a tokenizer that does not belong to it).
+        """
+        tok = self.tokenizer.encode_prompt(prompt, *TEMPLATE)
+        hidden = self.runners["llm"].run(self.llm.inputs(tok.ids))["hidden"]
+        return np.ascontiguousarray(apply_prompt_weights(hidden, tok.weights)[:, DROP:], dtype=np.float32)
+
+    def velocity(self, x: np.ndarray, sigma: float, context: np.ndarray, pooled: Any = None,  # type: ignore[override]
+                 guidance: float | None = None) -> np.ndarray:
+        """The DiT's velocity ``noise - x0`` for latent ``x`` ``(1, 16, h, w)`` at ``sigma`` and
+        LLM states ``context`` (Qwen-Image has no pooled vector and no distilled guidance:
+        ``pooled`` and ``guidance`` are ignored)."""
+        out = self.runners["diffusion"].run(self.dit.inputs(x, context, sigma))["out"]
+        return self.dit.velocity(out, x.shape[2], x.shape[3])
+
+    def to_vae(self, latent: np.ndarray) -> np.ndarray:
+        """The autoencoder's latent ``latent * std + mean`` of a normalised one ``(1, 16, h, w)``."""
+        return (np.asarray(latent, np.float32) * _STD + _MEAN).astype(np.float32)
+
+    def decode(self, latent: np.ndarray, tile: Any = None) -> np.ndarray:
+        """Image ``(1, 3, 8h, 8w)`` (about [-1, 1]) of a normalised latent ``(1, 16, h, w)``
+        (``tile``: in tiles, :meth:`vae_decode`)."""
+        return self.vae_decode(self.to_vae(latent), tile)
+
+    def encode_sample(self, img: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """Image ``(1, 3, H, W)`` in [-1, 1] -> the normalised latent ``(1, 16, H/8, W/8)`` of
+        the autoencoder's mean (sd-cli's Wan encode draws no sample: ``noise`` is unused). The
+        encoder runs where the VAE is placed.
+
+        Raises:
+            SdplanError: the autoencoder file has no encoder.
+        """
+        if "vae_encoder" not in self.runners:
+            if not self.vae_cfg.encoder:
+                raise SdplanError(f"{self._vae_path}: the autoencoder has no encoder: img2img needs one")
+            p = self.vae_cfg.prefix
+            names = [n for n in self._vae_shapes if n.startswith((p + "encoder.", p + "conv1."))]
+
+            def enc(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+                return {"mean": vae_encode(g, w, ins["image"], self.vae_cfg, self._vae_shapes)}
+
+            self.runners["vae_encoder"] = self._vae_runner("vae_encoder", names, {"image": "f32"}, enc)
+        runner = self.runners["vae_encoder"]
+        with runner.session():
+            mean = encode_tiled(lambda part: runner.run({"image": part})["mean"],
+                                np.ascontiguousarray(img, dtype=np.float32), self.vae_tiling, self.vae_cfg.factor)
+        return ((mean - _MEAN) / _STD).astype(np.float32)
+
+    def txt2img(self, prompt: str, width: int, height: int, *, steps: int | None = None,
+                seed: int = 42, sampler: str = "euler", cfg_scale: float = 2.5, negative_prompt: str = "",
+                shift: float = SHIFT, noise: np.ndarray | None = None,
+                preview: Callable[[int, np.ndarray], None] | None = None,
+                init: ImageInput | None = None, init_seed: int | None = None, scheduler: str = "default",
+                sampling: SamplingOptions | None = None, vae_tile: Any = None,
+                step_hook: Callable[[int, int], None] | None = None) -> dict[str, np.ndarray]:
+        """Generate one image (with ``init``: from a picture).
+
+        Args:
+            prompt, negative_prompt: sd-cli weighting syntax; the negative prompt is used only
+                with ``cfg_scale != 1``.
+            width, height: image size in pixels (positive multiples of 16).
+            steps: sampling steps (default 20, sd-cli's).
+            seed: Philox seed of the starting noise (and of ancestral samplers).
+            sampler: a :data:`sdplan.core.sampling.flow.FLOW_SAMPLERS` name.
+            cfg_scale: classifier-free guidance scale (1: none).
+            shift: the flow shift of the sigma schedule (``sampling.flow_shift`` wins).
+            noise: an explicit starting noise ``(1, 16, h, w)`` instead of the seed's.
+            preview: ``preview(step, rgb_uint8 (h, w, 3))`` after each step.
+            init: the picture (and mask) to start from (:mod:`sdplan.core.pipelines.stages.img2img`);
+                ``init_seed`` seeds the draw of its latent (default ``seed``).
+            scheduler, sampling: sd-cli's ``--scheduler`` (``default``: the discrete flow
+                schedule of ``shift``) and its other sampling options, through the shared flow
+                loop (:meth:`~sdplan.core.pipelines.stages.flow_dit.FlowDiTPipeline._sample`).
+            vae_tile: ``--vae-tiling`` (the autoencoder decodes, and encodes, in tiles).
+            step_hook: ``step_hook(done, n)`` before the first step and after each.
+
+        Returns:
+            ``{"latent": (1, 16, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
+
+        Raises:
+            SdplanError: a size that is not a positive multiple of 16, a non-finite
+                ``cfg_scale``; SamplingError.
+        """
+        if width % 16 or height % 16 or width <= 0 or height <= 0:
+            raise SdplanError(f"Qwen-Image image size {width}x{height} must be positive multiples of 16")
+        if not np.isfinite(cfg_scale):
+            raise SdplanError(f"Qwen-Image cfg_scale must be finite, got {cfg_scale}")
+        context = self.encode_prompt(prompt)
+        uncond = self.encode_prompt(negative_prompt) if cfg_scale != 1.0 else None
+        vel = guided_velocity(lambda x, s: self.velocity(x, s, context),
+                              None if uncond is None else lambda x, s: self.velocity(x, s, uncond), cfg_scale)
+        return self._sample(vel, height // 8, width // 8, steps or int(DEFAULTS["steps"]), shift=False, seed=seed,
+                            sampler=sampler, noise=noise, preview=preview, scheduler=scheduler, sampling=sampling,
+                            flow_shift=shift, init=init, init_seed=init_seed, step_hook=step_hook, vae_tile=vae_tile)
+
+    def _default_sigmas(self, steps: int, tokens: int, shift: bool, flow_shift: float) -> np.ndarray:
+        """Qwen-Image's own sigmas: the discrete flow schedule of ``flow_shift``."""
+        return discrete_flow_sigmas(steps, flow_shift)

@@ -1,0 +1,188 @@
+"""Parts of a generation request that run further modules: the hires fix (sd-cli's ``--hires``
+flags) and ControlNet (``--control-net``, ``--control-image``, ``--control-strength``,
+``--canny``). Frozen values read from and written to sd-cli's request keys; pure Python (the
+command line builds them before the engine starts).
+
+The hires fix resolves as sd-cli's ``GenerationRequest::resolve_hires`` does
+(``src/stable-diffusion.cpp``; read, not copied): the target is ``--hires-width`` x
+``--hires-height`` (one of them alone: a square), else the picture times ``--hires-scale``
+rounded half away from zero, aligned up to the family's multiple; the denoising strength is
+clamped to 0.0001..1; the upscaler ``None`` turns it off; a name that is none of sd-cli's
+(:data:`HIRES_UPSCALERS`) is an ESRGAN model under ``--hires-upscalers-dir``, named without
+path or extension.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sdplan.core.errors import InvalidArgument
+
+__all__ = ["HiresFix", "ControlInput", "HIRES_UPSCALERS", "LATENT_UPSCALERS", "MODEL_EXTENSIONS"]
+
+#: sd-cli's hires upscaler names (``hires_upscaler_to_str``) that interpolate the latent.
+LATENT_UPSCALERS = ("Latent", "Latent (nearest)", "Latent (nearest-exact)", "Latent (antialiased)",
+                    "Latent (bicubic)", "Latent (bicubic antialiased)")
+#: Every name sd-cli knows (a model name is anything else, found in the upscalers folder).
+HIRES_UPSCALERS = ("None", *LATENT_UPSCALERS, "Lanczos", "Nearest")
+#: The extensions sd-cli tries for a model named by ``--hires-upscaler``, in order.
+MODEL_EXTENSIONS = (".gguf", ".safetensors", ".pt", ".pth")
+
+
+@dataclass(frozen=True)
+class HiresFix:
+    """sd-cli's hires fix (module docstring). Sizes in pixels.
+
+    Attributes:
+        enabled: ``--hires``.
+        upscaler: ``--hires-upscaler`` (default ``Latent``).
+        scale: ``--hires-scale`` (default 2).
+        width, height: ``--hires-width`` / ``--hires-height`` (0: from the scale).
+        steps: ``--hires-steps`` (0: the first pass's steps).
+        denoising_strength: ``--hires-denoising-strength`` (default 0.7).
+        upscalers_dir: ``--hires-upscalers-dir``, where a model upscaler is found.
+    """
+
+    enabled: bool = False
+    upscaler: str = "Latent"
+    scale: float = 2.0
+    width: int = 0
+    height: int = 0
+    steps: int = 0
+    denoising_strength: float = 0.7
+    upscalers_dir: str | None = None
+
+    @classmethod
+    def from_request(cls, s: Mapping[str, Any]) -> HiresFix:
+        """From sd-cli's request keys (``hires`` true or a mapping of these attributes, and
+        ``hires_*`` keys); absent keys keep the defaults.
+
+        Raises:
+            InvalidArgument: a value out of sd-cli's ranges, naming its flag.
+        """
+        h = s.get("hires")
+        d: dict[str, Any] = dict(h) if isinstance(h, Mapping) else {"enabled": bool(h)}
+        for key in ("upscaler", "scale", "width", "height", "steps", "denoising_strength", "upscalers_dir"):
+            if s.get(f"hires_{key}") is not None:
+                d[key] = s[f"hires_{key}"]
+        try:
+            out = cls(bool(d.get("enabled")), str(d.get("upscaler") or "Latent"), float(d.get("scale", 2.0)),
+                      int(d.get("width") or 0), int(d.get("height") or 0), int(d.get("steps") or 0),
+                      float(d.get("denoising_strength", 0.7)), d.get("upscalers_dir") or None)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"--hires: {exc}") from None
+        out.check()
+        return out
+
+    def check(self) -> None:
+        """sd-cli's checks of the hires flags (``SDGenerationParams::validate``).
+
+        Raises:
+            InvalidArgument: naming the flag.
+        """
+        if not self.enabled:
+            return
+        if self.width < 0 or self.height < 0:
+            raise InvalidArgument("--hires-width/--hires-height must be >= 0")
+        if not math.isfinite(self.scale) or (self.scale <= 0 and self.width <= 0 and self.height <= 0):
+            raise InvalidArgument(f"--hires-scale {self.scale:g}: must be positive when no hires size is set")
+        if self.steps < 0:
+            raise InvalidArgument(f"--hires-steps {self.steps}: must be >= 0")
+        if not (0.0 < self.denoising_strength <= 1.0):
+            raise InvalidArgument(f"--hires-denoising-strength {self.denoising_strength:g}: must be in (0, 1]")
+        if self.is_model:
+            name = self.upscaler
+            if "/" in name or "\\" in name or name.lower().endswith(MODEL_EXTENSIONS):
+                raise InvalidArgument(f"--hires-upscaler {name!r}: name a model of --hires-upscalers-dir "
+                                      "without path or extension, or one of " + ", ".join(HIRES_UPSCALERS))
+            if not self.upscalers_dir:
+                raise InvalidArgument(f"--hires-upscaler {name!r} is a model: give --hires-upscalers-dir")
+
+    @property
+    def active(self) -> bool:
+        """On, and not the ``None`` upscaler (which turns it off, as in sd-cli)."""
+        return self.enabled and self.upscaler != "None"
+
+    @property
+    def is_model(self) -> bool:
+        """The upscaler is an ESRGAN model (a name sd-cli does not know)."""
+        return self.upscaler not in HIRES_UPSCALERS
+
+    @property
+    def in_latent(self) -> bool:
+        """The upscaler interpolates the latent (no decode and encode)."""
+        return self.upscaler in LATENT_UPSCALERS
+
+    def model_path(self) -> str | None:
+        """The model file a model upscaler names: the first of
+        ``<upscalers_dir>/<name><ext>`` for :data:`MODEL_EXTENSIONS` that is a file; None for
+        sd-cli's own upscalers.
+
+        Raises:
+            InvalidArgument: no such file.
+        """
+        if not self.active or not self.is_model:
+            return None
+        base = Path(str(self.upscalers_dir))
+        for ext in MODEL_EXTENSIONS:
+            p = base / (self.upscaler + ext)
+            if p.is_file():
+                return str(p)
+        raise InvalidArgument(f"--hires-upscaler {self.upscaler!r}: no {'/'.join(MODEL_EXTENSIONS)} file of "
+                              f"that name in --hires-upscalers-dir {str(base)!r}")
+
+    def target(self, width: int, height: int, multiple: int) -> tuple[int, int]:
+        """The second pass's ``(width, height)`` for a first pass of ``width`` x ``height``
+        (module docstring), aligned up to ``multiple`` pixels."""
+        if self.width > 0 and self.height > 0:
+            w, h = self.width, self.height
+        elif self.width > 0 or self.height > 0:
+            w = h = max(self.width, self.height)
+        else:  # std::round: halves away from zero
+            w, h = int(math.floor(width * self.scale + 0.5)), int(math.floor(height * self.scale + 0.5))
+        return -(-w // multiple) * multiple, -(-h // multiple) * multiple
+
+    @property
+    def strength(self) -> float:
+        """The denoising strength as sd-cli uses it (clamped to 0.0001..1)."""
+        return min(max(self.denoising_strength, 0.0001), 1.0)
+
+    def to_json(self) -> dict[str, Any]:
+        """The request's ``hires`` mapping (:meth:`from_request` reads it back)."""
+        return {"enabled": self.enabled, "upscaler": self.upscaler, "scale": self.scale, "width": self.width,
+                "height": self.height, "steps": self.steps, "denoising_strength": self.denoising_strength,
+                "upscalers_dir": self.upscalers_dir}
+
+
+@dataclass(frozen=True)
+class ControlInput:
+    """ControlNet's inputs besides its file (``--control-net``).
+
+    Attributes:
+        image: ``--control-image`` (a picture resized to the generation's size), or None.
+        strength: ``--control-strength`` (default 0.9, sd-cli's).
+        canny: ``--canny``: sd-cli's Canny preprocessor applied to the control picture first.
+    """
+
+    image: str | None = None
+    strength: float = 0.9
+    canny: bool = False
+
+    @classmethod
+    def from_request(cls, s: Mapping[str, Any]) -> ControlInput:
+        """From the request keys ``control_image``, ``control_strength``, ``canny``.
+
+        Raises:
+            InvalidArgument: a strength that is not a finite number.
+        """
+        strength = float(s["control_strength"]) if s.get("control_strength") is not None else 0.9
+        if not math.isfinite(strength):
+            raise InvalidArgument(f"--control-strength {strength}: must be a finite number")
+        return cls(s.get("control_image") or None, strength, bool(s.get("canny")))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"control_image": self.image, "control_strength": self.strength, "canny": self.canny}

@@ -1,0 +1,165 @@
+"""The session's estimates: the plan's memory at the generation settings' size, with the
+engine's dry-run compute and the prompt's LoRAs (both cached), what each residency of a
+module would change, and which module sets a device's peak. The base of
+:class:`~sdplan.core.session.board.BoardSession`, which holds the state read here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from sdplan.core.errors import PlanError, SdplanError
+from sdplan.core.planning.inventory import Inventory
+from sdplan.core.planning.placement import Placement
+from sdplan.core.planning.plan import resolve
+from sdplan.core.planning.plan_types import Plan
+from sdplan.core.planning.profile import Profile
+
+log = logging.getLogger(__name__)
+
+
+class Estimates:
+    """Estimates of a session's plan (see module docstring); the state is the subclass's."""
+
+    inventory: Inventory
+    profile: Profile | None
+    plan: Plan
+    fit: Any
+    model_files: dict[str, list[str]]
+    generation: dict[str, Any]
+    notify: Callable[[str], None]
+    _effects: dict[str, dict[str, dict[str, int]]]
+    _lora_cache: tuple[object, dict | None]
+    _compute_cache: dict[object, dict[str, int] | None]
+
+    @property
+    def placement(self) -> Placement:
+        """The canonical placement of the current plan (what edits start from)."""
+        return self.plan.placement
+
+    def size(self) -> tuple[int, int, int]:
+        """``(width, height, batch)`` of the generation settings (pixels; 1024 and 1 when
+        unset)."""
+        g = self.generation
+        return (int(g.get("width") or 1024), int(g.get("height") or 1024),
+                int(g.get("batch_count") or 1))
+
+    # ------------------------------------------------------------------ estimates
+    def estimate(self) -> None:
+        """Estimate the current plan at the settings' size (``fit``; None without a
+        profile or when the estimate cannot be made: ``notify`` says why)."""
+        self.fit = None
+        self._effects = {}
+        if self.profile is None:
+            return
+        from sdplan.core.planning.estimate import estimate_plan
+
+        size = self.size()
+        try:
+            self.fit = estimate_plan(self.plan, self.profile, self.inventory,
+                                     width=size[0], height=size[1], batch=size[2],
+                                     engine="sdplan", measured=self.measured(size),
+                                     loras=self.lora_profiles())
+        except ValueError as exc:
+            self.notify(f"estimate unavailable: {exc}")
+
+    def measured(self, size: tuple[int, int, int]) -> dict[str, int] | None:
+        """Compute bytes per module of sdplan's engine for the open files at ``size``
+        (width, height, batch), by a dry run of its graphs on the CPU
+        (:func:`~sdplan.core.pipelines.compute.measure_compute`), cached per files and size;
+        None without files or when no dry run is possible."""
+        if not self.model_files:
+            return None
+        key = (repr(sorted(self.model_files.items())), size)
+        if key not in self._compute_cache:
+            try:
+                from sdplan.core.pipelines.compute import measure_compute
+
+                self._compute_cache[key] = measure_compute(
+                    self.model_files, width=size[0], height=size[1], batch=size[2]) or None
+            except Exception as exc:  # noqa: BLE001 - the fitted figures stand in
+                log.info("no dry run of the engine: %s", exc)
+                self._compute_cache[key] = None
+        return self._compute_cache[key]
+
+    def lora_profiles(self) -> dict | None:
+        """At-runtime LoRA bytes per module for the prompt's ``<lora:...>`` tags
+        (:func:`~sdplan.core.pipelines.stages.inputs.plan_loras`, cached), or None without
+        LoRAs or when they cannot be planned (``notify`` says why)."""
+        from sdplan.core.pipelines.stages.inputs import plan_loras
+
+        g = self.generation
+        prompt = str(g.get("prompt") or "")
+        if "<lora:" not in prompt or not self.model_files:
+            return None
+        key = (prompt, g.get("lora_model_dir"), g.get("lora_apply_mode"),
+               repr(self.model_files), self.plan.placement)
+        if self._lora_cache[0] != key:
+            try:
+                planned = plan_loras(prompt, str(g.get("lora_model_dir") or "."),
+                                     str(g.get("lora_apply_mode") or "auto"), self.model_files,
+                                     self.plan)
+                self._lora_cache = (key, planned.profiles)
+            except (SdplanError, OSError, ValueError) as exc:
+                self.notify(f"LoRA not counted in the estimate: {exc}")
+                self._lora_cache = (key, None)
+        return self._lora_cache[1]
+
+    def estimate_of(self, plan: Plan) -> Any:
+        """The estimate of another ``plan`` at the settings' size (the fitted compute
+        figures, no dry run), or None without a profile or when it cannot be made."""
+        if self.profile is None:
+            return None
+        from sdplan.core.planning.estimate import estimate_plan
+
+        w, h, b = self.size()
+        try:
+            return estimate_plan(plan, self.profile, self.inventory, width=w, height=h, batch=b)
+        except ValueError:
+            return None
+
+    def residency_effects(self, module: str) -> dict[str, dict[str, int]]:
+        """What each other residency of ``module`` would change: mode (``runtime``,
+        ``device`` = weights in RAM on the CPU, ``disk``) -> device -> bytes its estimated
+        total would drop (negative: grow). Empty without an estimate; cached per plan."""
+        cached = self._effects.get(module)
+        if cached is not None:
+            return cached
+        out: dict[str, dict[str, int]] = {}
+        if self.fit is not None and self.profile is not None and module in self.profile.modules:
+            cpu = next((d.name for d in self.inventory if d.type == "cpu"), None)
+            current = self.plan.modules[module].params.mode
+            runs_on = self.plan.modules[module].devices
+            for mode in ("runtime", "device", "disk"):
+                if mode == current or (mode == "device" and (cpu is None or cpu in runs_on)):
+                    continue  # "in RAM" on the CPU is where it runs already
+                try:
+                    pl = self.placement.set_residency(module, mode,
+                                                      cpu if mode == "device" else None)
+                    alt = self.estimate_of(resolve(pl, self.inventory, self.profile))
+                except PlanError:
+                    continue
+                if alt is None:
+                    continue
+                names = set(self.fit.devices) | set(alt.devices)
+                out[mode] = {d: (self.fit.devices[d].total if d in self.fit.devices else 0)
+                             - (alt.devices[d].total if d in alt.devices else 0)
+                             for d in sorted(names)}
+        self._effects[module] = out
+        return out
+
+    def peak_module(self, device: str) -> tuple[str, str] | None:
+        """``(module, part)`` that sets ``device``'s transient peak (``staging`` or
+        ``compute``), or None."""
+        fit = self.fit
+        if fit is None or device not in fit.devices:
+            return None
+        best = max(fit.modules.values(), key=lambda e: e.staging.get(device, 0)
+                   + e.compute.get(device, 0), default=None)
+        if best is None or not (best.staging.get(device, 0) + best.compute.get(device, 0)):
+            return None
+        part = "compute" if best.compute.get(device, 0) >= best.staging.get(device, 0) \
+            else "staging"
+        return best.module, part
