@@ -56,6 +56,18 @@ def settings_of(args: argparse.Namespace) -> RunSettings:
                        cfg=float(getattr(args, "cfg_scale", 7.0)) != 1.0, threads=threads)
 
 
+def placements_of(plan: Any) -> dict[str, Any]:
+    """The placements the work count builds the graphs on: the counted modules' and a
+    parallel-CFG copy's (:func:`~sdplan.core.runtime.placement.cfg_placement`)."""
+    from sdplan.core.runtime.placement import CFG, ModulePlacement, cfg_placement
+
+    out: dict[str, Any] = {m: ModulePlacement.from_plan(plan, m) for m in COUNTED if m in plan.modules}
+    cfg = cfg_placement(plan)
+    if cfg is not None:
+        out[CFG] = cfg
+    return out
+
+
 def with_profiles(inventory: Inventory, threads: int = 0) -> Inventory:
     """``inventory`` with the profiles measured here for devices that carry none
     (:func:`sdplan.core.runtime.profile_cache.with_cached_profiles`)."""
@@ -74,10 +86,9 @@ def count_here(files: Mapping[str, Sequence[str]], plan: Any, inventory: Invento
         from sdplan.core.pipelines.work import count_work
         from sdplan.core.runtime.devices import BackendManager
         from sdplan.core.runtime.native import native
-        from sdplan.core.runtime.placement import ModulePlacement
         from sdplan.core.runtime.runner import BackendPool
 
-        placements = {m: ModulePlacement.from_plan(plan, m) for m in COUNTED if m in plan.modules}
+        placements = placements_of(plan)
         manager = BackendManager(cpu_threads=1)
         extra = {} if live else {d.name: native().init_backend("CPU") for d in inventory if d.name != "CPU"}
         try:
@@ -151,7 +162,6 @@ def predict_run(args: argparse.Namespace, engine: Any, files: dict[str, list[str
 
     from sdplan.core.pipelines.job_names import WORK_JOB
     from sdplan.core.planning.work import works_from_json
-    from sdplan.core.runtime.placement import ModulePlacement
 
     try:
         settings = settings_of(args)
@@ -160,7 +170,7 @@ def predict_run(args: argparse.Namespace, engine: Any, files: dict[str, list[str
         works = works_from_json(engine.call(WORK_JOB, {
             "model_files": work_files, "width": args.width, "height": args.height, "batch": args.batch_count,
             "cfg": settings.cfg, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
-            "placements": {m: ModulePlacement.from_plan(plan, m) for m in COUNTED if m in plan.modules},
+            "placements": placements_of(plan),
             "vae_tiling": tiling.to_json() if tiling is not None and tiling.enabled else None}))
         report = predict(plan, with_profiles(inventory, settings.threads), profile, settings, works, files, fit)
         extra = unpriced(req)

@@ -23,8 +23,10 @@ traffic the plan's residency causes, as sdplan's engine moves weights
   use also allocates its graphs' compute buffers (the engine frees them after a use).
 - **a picture**: load, the text encoder's calls (one per prompt; CFG adds the negative
   one), ``steps`` sampler steps (a second-order sampler evaluates twice per step; SD's CFG
-  runs as one batch of 2N, SD3's as two passes), and the decode, each use with its weight
-  traffic.
+  runs as one batch of 2N, SD3's as two passes; with parallel CFG, ``--backend cfg=DEVICE``,
+  the two halves run at the same time on their devices and the slower counts: graphs of one
+  :attr:`~sdplan.core.planning.work.ModuleWork.group`), and the decode, each use with its
+  weight traffic.
 
 A CPU profile measured with another thread count than the run uses is scaled in
 proportion (compute and memory bandwidth; stated in the notes). Devices without a profile
@@ -406,6 +408,7 @@ def predict_time(plan: object, inventory: Inventory, profile: Profile | None, se
                               _read_s(prof, drive, devices[0], n_t, nb))
             notes.append(f"{module}: {len(segs)} --max-vram segments moved on every call")
         times = []
+        together: dict[tuple[str, str], float] = {}  # graphs run at the same time: the slowest counts
         for i, w in enumerate(mw):
             call = graph_seconds(w.graph, prof)
             if per_call_stage:
@@ -414,7 +417,13 @@ def predict_time(plan: object, inventory: Inventory, profile: Profile | None, se
             t = ModuleTime(module, w.phase, call, calls, (stage if i == 0 else 0.0) + alloc_seconds(w.graph, prof),
                            load if i == 0 else 0.0, w.source)
             times.append(t)
-            phase_s[w.phase] += t.calls * t.call_total
+            if w.group:
+                group = (w.phase, w.group)
+                slowest = max(together.get(group, 0.0), t.calls * t.call_total)
+                phase_s[w.phase] += slowest - together.get(group, 0.0)
+                together[group] = slowest
+            else:
+                phase_s[w.phase] += t.calls * t.call_total
             stage_use[w.phase] += t.stage_s
             load_s += t.load_s
             uses = settings.steps if w.phase == "step" else 1

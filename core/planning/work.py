@@ -132,17 +132,23 @@ class ModuleWork:
     """A module's graph and how often it runs: ``calls`` times per ``phase`` use (the text
     encoder: once per prompt, twice with CFG's negative prompt; the diffusion model: per
     step, twice where CFG runs as two passes; the VAE: once per picture batch). ``source``:
-    ``counted`` (from the engine's graph) or ``formula``."""
+    ``counted`` (from the engine's graph) or ``formula``. ``group``: graphs of one group run
+    at the same time on their own devices (parallel CFG's conditional and unconditional
+    passes: ``cfg``); "" for one after another."""
 
     module: str
     phase: str
     graph: GraphWork
     calls: int = 1
     source: str = "counted"
+    group: str = ""
 
     def to_json(self) -> dict[str, object]:
-        return {"module": self.module, "phase": self.phase, "calls": self.calls,
-                "source": self.source, "graph": self.graph.to_json()}
+        out: dict[str, object] = {"module": self.module, "phase": self.phase, "calls": self.calls,
+                                  "source": self.source, "graph": self.graph.to_json()}
+        if self.group:
+            out["group"] = self.group
+        return out
 
     @classmethod
     def from_json(cls, data: object, *, source: str = "work") -> ModuleWork:
@@ -150,7 +156,7 @@ class ModuleWork:
         if not isinstance(data, dict) or data.get("phase") not in PHASES:
             raise SdplanError(f"{source}: not a module work record")
         return cls(str(data["module"]), str(data["phase"]), GraphWork.from_json(data["graph"], source=source),
-                   int(data.get("calls", 1)), str(data.get("source", "counted")))
+                   int(data.get("calls", 1)), str(data.get("source", "counted")), str(data.get("group") or ""))
 
 
 def works_from_json(data: Mapping[str, object], *, source: str = "work") -> dict[str, list[ModuleWork]]:

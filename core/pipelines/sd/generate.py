@@ -18,7 +18,7 @@ from sdplan.core.pipelines.run_context import FamilyResult, RunContext
 from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
 from sdplan.core.pipelines.stages.hires import hires_upscaler
 from sdplan.core.pipelines.stages.lora import apply_request_loras
-from sdplan.core.runtime.placement import ModulePlacement
+from sdplan.core.runtime.placement import CFG_RUNNER, ModulePlacement
 
 __all__ = ["generate", "run_unet", "measure", "work", "UnetSession"]
 
@@ -174,7 +174,11 @@ def work(model_files: Mapping[str, list[str]], *, width: int, height: int, batch
     """The work of an SD 1.x / 2.x generation's graphs (those :func:`measure` reserves), per
     module as :class:`~sdplan.core.planning.work.ModuleWork`: the text encoder once per prompt
     (twice with CFG's negative prompt), the UNet once per sampler evaluation on the CFG
-    batch (a ControlNet on the conditional batch, its residuals serving both halves), the VAE decoder once per picture batch (:mod:`sdplan.core.pipelines.work`).
+    batch (with a parallel-CFG copy among ``placements``, ``--backend cfg=DEVICE``: the
+    conditional half on the UNet's devices and the unconditional half on the copy's, one
+    :attr:`~sdplan.core.planning.work.ModuleWork.group` run at the same time; a ControlNet on
+    the conditional batch, its residuals serving both halves), the VAE decoder once per
+    picture batch (:mod:`sdplan.core.pipelines.work`).
 
     Raises:
         ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
@@ -184,10 +188,14 @@ def work(model_files: Mapping[str, list[str]], *, width: int, height: int, batch
     sd = StableDiffusion(dict(model_files), None, pool, placements=placements,
                          clip_heads=overrides.get("clip_heads") or None)
     try:
-        shapes, stage = _graphs(sd, model_files, width, height, batch, cfg, placements, vae_tile)
+        copy = sd.runners.get(CFG_RUNNER) if cfg else None  # parallel CFG: a batch per half
+        shapes, stage = _graphs(sd, model_files, width, height, batch, cfg and copy is None, placements, vae_tile)
         phase = {"te": ("text", 2 if cfg else 1), "diffusion": ("step", 1), "vae": ("decode", 1)}
-        out = {m: [ModuleWork(m, phase[m][0], runner.work(inputs), phase[m][1])]
+        together = {"diffusion": "cfg"} if copy is not None else {}
+        out = {m: [ModuleWork(m, phase[m][0], runner.work(inputs), phase[m][1], group=together.get(m, ""))]
                for m, (runner, inputs) in shapes.items()}
+        if copy is not None:
+            out["diffusion"].append(ModuleWork("diffusion", "step", copy.work(shapes["diffusion"][1]), 1, group="cfg"))
         if stage is not None:
             lh, lw = height // sd.vae_cfg.factor, width // sd.vae_cfg.factor  # the conditional batch alone
             out["controlnet"] = [ModuleWork("controlnet", "step", stage.runner.work(stage.input_shapes(batch, lh, lw)), 1)]
