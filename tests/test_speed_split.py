@@ -13,7 +13,7 @@ from sdplan.core.planning.inventory import Device, Inventory
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.profile import ModuleProfile, Profile
-from sdplan.core.planning.speed_split import TOKENS, block_seconds
+from sdplan.core.planning.speed_split import BLOCK_NODES, TOKENS, block_seconds
 
 GIB = 1 << 30
 MB = 10**6
@@ -41,7 +41,7 @@ def test_a_block_costs_its_products_and_the_residual_over_the_links() -> None:
     params = 100 * MB / 2
     width = math.sqrt(params / 12)
     residual = TOKENS * width * 4
-    want = 2 * params * TOKENS / 5e10 + 2 * (1e-3 + residual / 1e8)
+    want = 2 * params * TOKENS / 5e10 + BLOCK_NODES * 1e-6 + 2 * (1e-3 + residual / 1e8)
     dev = _inv(FAST, THROTTLED).devices[2]
     assert block_seconds(dev, 100 * MB) == pytest.approx(want)
     assert block_seconds(_inv(None, None).devices[1], 100 * MB) is None

@@ -243,7 +243,7 @@ def _plain_fit(plan: Plan, profile: Profile, inventory: Inventory, args: argpars
 
 
 def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argparse.Namespace,
-          files: dict[str, list[str]], fit: Any, live: bool) -> Any:
+          files: dict[str, list[str]], fit: Any, live: bool, tiling: Any = None) -> Any:
     """The predicted time of sdplan's engine running the plan
     (:mod:`sdplan.core.commands.time_estimate`), or None without a profile or for another
     engine or an sd-cli target; the devices' profiles are the inventory file's, else those
@@ -254,7 +254,7 @@ def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argpa
 
     settings = te.settings_of(args)
     inventory = te.with_profiles(inventory, settings.threads)
-    works = te.count_here(files, plan, inventory, settings, live) if files else {}
+    works = te.count_here(files, plan, inventory, settings, live, tiling) if files else {}
     return te.predict(plan, inventory, profile, settings, works, files, fit)
 
 
@@ -311,7 +311,9 @@ def run(args: argparse.Namespace) -> int:
                              imported.runtime_flags() if imported is not None else None,
                              imported.vae_tiling(imported.dialect or plan_target.dialect, scale)
                              if imported is not None else None)
-        timing = _time(plan, profile, inventory, args, files, fit, live=not args.devices)
+        timing = _time(plan, profile, inventory, args, files, fit, live=not args.devices,
+                       tiling=imported.vae_tiling(imported.dialect or plan_target.dialect, scale)
+                       if imported is not None else None)
     except SdplanError as exc:
         err = exc.to_json()
         err.setdefault("span", None)

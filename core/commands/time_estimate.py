@@ -77,11 +77,13 @@ def with_profiles(inventory: Inventory, threads: int = 0) -> Inventory:
 
 
 def count_here(files: Mapping[str, Sequence[str]], plan: Any, inventory: Inventory, settings: RunSettings,
-               live: bool) -> dict[str, list[ModuleWork]]:
+               live: bool, vae_tiling: Any = None) -> dict[str, list[ModuleWork]]:
     """The work of the model files' graphs counted in this process: on the planned devices
     when ``live`` (the inventory is this process's), else on CPU backends standing in for
     the inventory's devices (their kernels are then this CPU's: the prediction prices them
-    by op class). {} when the engine cannot count them (logged)."""
+    by op class); ``vae_tiling`` (a pasted command's
+    :class:`~sdplan.core.planning.vae_tiling.VaeTiling`): the decoder in its tiles. {} when
+    the engine cannot count them (logged)."""
     try:
         from sdplan.core.pipelines.work import count_work
         from sdplan.core.runtime.devices import BackendManager
@@ -93,7 +95,9 @@ def count_here(files: Mapping[str, Sequence[str]], plan: Any, inventory: Invento
         extra = {} if live else {d.name: native().init_backend("CPU") for d in inventory if d.name != "CPU"}
         try:
             return count_work(files, width=settings.width, height=settings.height, batch=settings.batch,
-                              cfg=settings.cfg, pool=BackendPool(manager, extra), placements=placements)
+                              cfg=settings.cfg, pool=BackendPool(manager, extra), placements=placements,
+                              vae_tiling=vae_tiling.to_json() if vae_tiling is not None and vae_tiling.enabled
+                              else None)
         finally:
             manager.close()
     except (ImportError, RuntimeError, ValueError, SdplanError) as exc:

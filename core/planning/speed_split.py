@@ -11,9 +11,11 @@ with the lowest cost per block first, up to its room, then the next cheapest, an
 every other order adds compute on a slower device or a crossing. The cost of a block on
 device ``d`` (:func:`block_seconds`) is a transformer block of the module's average block
 size (``P`` parameters: ``bytes / 2``, f16) on ``T`` = :data:`TOKENS` tokens, ``2 * P * T``
-FLOP at the device's f16 product rate, plus the crossing of the residual stream into and
-out of the device (``T`` tokens of width ``sqrt(P / 12)``, a transformer block's twelve
-``width x width`` products, in f32) over its links. The room of a device is its free memory
+FLOP at the device's f16 product rate, its :data:`BLOCK_NODES` graph nodes at the device's
+fixed cost per node (what dominates small blocks, and an RPC device's round trips), plus the
+crossing of the residual stream into and out of the device (``T`` tokens of width
+``sqrt(P / 12)``, a transformer block's twelve ``width x width`` products, in f32) over its
+links. The room of a device is its free memory
 less 2 GiB (or its ``--max-vram`` budget), as section 8 sizes a split.
 
 Devices without a measured profile fall back to section 8's ranges with warning
@@ -30,11 +32,15 @@ from sdplan.core.planning.modules import GIB
 from sdplan.core.planning.plan_types import PlanWarning, Range
 from sdplan.core.planning.profile import ModuleProfile
 
-__all__ = ["TOKENS", "block_seconds", "speed_ranges"]
+__all__ = ["TOKENS", "BLOCK_NODES", "block_seconds", "speed_ranges"]
 
 #: Tokens of the reference block the devices are compared on (a 512 px SD latent's 4096
 #: attention tokens are more, a text encoder's 77 fewer: only the devices' order matters).
 TOKENS = 256
+#: Graph nodes of one transformer block as the engine builds it (two norms, the q/k/v and
+#: output products with their biases, the attention, the MLP's two products and activation,
+#: two residual adds, and the views between them: 35-45 in sdplan's CLIP, T5 and DiT blocks).
+BLOCK_NODES = 40
 
 
 def block_seconds(device: Device, block_bytes: float) -> float | None:
@@ -47,7 +53,8 @@ def block_seconds(device: Device, block_bytes: float) -> float | None:
     flops = 2 * params * TOKENS
     width = math.sqrt(max(params, 1.0) / 12)
     residual = TOKENS * width * 4
-    return flops / p.rate("mm", "MUL_MAT", "f16", flops / 12) + p.h2d.seconds(residual) + p.d2h.seconds(residual)
+    return (flops / p.rate("mm", "MUL_MAT", "f16", flops / 12) + BLOCK_NODES * p.node_s
+            + p.h2d.seconds(residual) + p.d2h.seconds(residual))
 
 
 def speed_ranges(module: str, runtime: Sequence[str], mp: ModuleProfile, devices: Mapping[str, Device],
