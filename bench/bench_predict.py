@@ -22,8 +22,12 @@ Placements (sd-cli's flags): ``cpu``; ``disk`` (the diffusion model's weights re
 ``rpc`` (every module on RPC0); ``throttled`` (every module on RPC2, a server behind
 ``tests/rpc_throttle.py`` at 100 MB/s and 1 ms each way); ``cpu+rpc`` (text encoder and
 VAE on the CPU, the diffusion model on RPC0); ``two-rpc`` (the text encoder layer-split
-over RPC0 and RPC1, the UNet on RPC1, the VAE on RPC0). Three ``sdplan rpc-server``
-processes, one thread each. Target: every ratio in 0.75-1.33.
+over RPC0 and RPC1, the UNet on RPC1, the VAE on RPC0); ``cfg`` (as ``cpu+rpc`` with
+parallel CFG: the unconditional half on RPC1 at the same time, ``--backend ...,cfg=RPC1``:
+its step against ``cpu+rpc``'s is the parallel against the sequential); ``split-vram`` and
+``split-auto`` (the text encoder listed over the throttled RPC2 and RPC0, ``--split-ratio
+vram`` filling RPC2 first, ``auto`` placing the blocks by the devices' measured cost). Three
+``sdplan rpc-server`` processes, one thread each. Target: every ratio in 0.75-1.33.
 
 Usage: ``python bench/bench_predict.py [--threads 1] [--repeat 2] [--steps 4] [--size demo|sd15|both]
 [--only cpu,rpc,...]``. The SD 1.5-size checkpoint (about 2 GB) is written to a temporary
@@ -59,6 +63,9 @@ PLACEMENTS = {
     "throttled": ["--backend", "RPC2"],
     "cpu+rpc": ["--backend", "te=CPU,diffusion=RPC0,vae=CPU"],
     "two-rpc": ["--backend", "te=RPC0&RPC1,diffusion=RPC1,vae=RPC0"],
+    "cfg": ["--backend", "te=CPU,diffusion=RPC0,cfg=RPC1,vae=CPU"],
+    "split-vram": ["--backend", "te=RPC2&RPC0,diffusion=CPU,vae=CPU", "--split-ratio", "vram"],
+    "split-auto": ["--backend", "te=RPC2&RPC0,diffusion=CPU,vae=CPU", "--split-ratio", "auto"],
 }
 
 
@@ -68,6 +75,7 @@ def worker(cfg: dict) -> dict:
     loads), and calibrate again; the prediction is the mean of the two calibrations'."""
     from dataclasses import replace
 
+    from sdplan.core.commands.time_estimate import placements_of
     from sdplan.core.modelfiles.checkpoint import read_model_files
     from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
     from sdplan.core.pipelines.work import count_work
@@ -76,7 +84,6 @@ def worker(cfg: dict) -> dict:
     from sdplan.core.planning.timing import RunSettings, drive_of_files, predict_time
     from sdplan.core.runtime.calibrate import calibrate_device, calibrate_drive
     from sdplan.core.runtime.devices import BackendManager, add_rpc_servers, live_inventory
-    from sdplan.core.runtime.placement import ModulePlacement
     from sdplan.core.runtime.runner import BackendPool
 
     add_rpc_servers(cfg["rpc"])
@@ -100,8 +107,8 @@ def worker(cfg: dict) -> dict:
     t0 = time.time()
     inventories = [calibrated()]
     calibration_s = time.time() - t0
-    plans = {n: resolve(PLACEMENTS[n], live, profile) for n in names}
-    placements = {n: {m: ModulePlacement.from_plan(plans[n], m) for m in ("te", "diffusion", "vae")} for n in names}
+    plans = {n: resolve(PLACEMENTS[n], inventories[0], profile) for n in names}  # auto: by the measured speeds
+    placements = {n: placements_of(plans[n]) for n in names}
     works = {n: count_work(files, width=size, height=size, pool=pool, placements=placements[n]) for n in names}
     p = GenerateParams(PROMPT, "", size, size, steps, 5.0, 1, "euler", "discrete", 1, 0)
     pipes = {}
@@ -146,6 +153,7 @@ def worker(cfg: dict) -> dict:
                "text": statistics.median(t for t, _ in phases[n]), "decode": statistics.median(d for _, d in phases[n]),
                "pred_text": statistics.mean(x.text_s for x in preds),
                "pred_decode": statistics.mean(x.decode_s for x in preds),
+               "te_ranges": [[r.device, r.first_block, r.last_block] for r in plans[n].modules["te"].ranges],
                "diffusion_call": [{k: round(v, 5) for t in x.modules.get("diffusion", ()) for k, v in t.call_s.items()}
                                   for x in preds]}
         rows.append(row)
@@ -178,6 +186,15 @@ def table(title: str, res: dict) -> None:
         print(f"| {r['placement']} | {r['pred_step']:.3f} / {r['step']:.3f} | {r['pred_step'] / r['step']:.2f} | "
               f"{r['pred_picture']:.3f} / {r['picture']:.3f} | {r['pred_picture'] / r['picture']:.2f} | "
               f"{r['pred_text']:.3f} / {r['text']:.3f} | {r['pred_decode']:.3f} / {r['decode']:.3f} |")
+    rows = {r["placement"]: r for r in res["rows"]}
+    pairs = (("cfg", "cpu+rpc", "step", "parallel CFG (RPC0 + RPC1) against sequential (RPC0)"),
+             ("split-auto", "split-vram", "picture", "--split-ratio auto against vram (te over RPC2 & RPC0)"))
+    for a, b, key, what in pairs:
+        if a in rows and b in rows:
+            ra, rb = rows[a], rows[b]
+            print(f"{what}: {key} measured {ra[key]:.3f} / {rb[key]:.3f} s ({ra[key] / rb[key]:.2f}x), "
+                  f"predicted {ra['pred_' + key]:.3f} / {rb['pred_' + key]:.3f} s "
+                  f"({ra['pred_' + key] / rb['pred_' + key]:.2f}x); te ranges {ra['te_ranges']} / {rb['te_ranges']}")
 
 
 def main() -> int:
