@@ -93,5 +93,6 @@ void register_backends(nb::module_ &m);
 void register_rpc(nb::module_ &m);
 void register_graph(nb::module_ &m);
 void register_weights(nb::module_ &m);
+void register_graph_work(nb::module_ &m);
 
 }  // namespace sdplan

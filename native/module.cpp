@@ -12,4 +12,5 @@ NB_MODULE(_ggml, m) {
     sdplan::register_rpc(m);
     sdplan::register_graph(m);
     sdplan::register_weights(m);
+    sdplan::register_graph_work(m);
 }

@@ -91,3 +91,7 @@ def check_tree(root: Path, folders: Iterable[str] = ("core", "app")) -> list[str
             for line, code in comparisons(path.read_text(encoding="utf-8"), str(path)):
                 out.append(f"{rel}:{line}: {code}")
     return out
+
+
+if __name__ == "__main__":
+    print(check_tree(Path(__file__).resolve().parents[1]))

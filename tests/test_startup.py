@@ -302,26 +302,6 @@ def test_a_header_is_read_again_when_its_file_changes(tmp_path: Path, monkeypatc
     assert [t.name for t in readers.read_tensor_file(path).tensors] == ["v"] and len(reads) == 4
 
 
-def test_an_engine_counts_its_clients_start_up_as_its_own_cpu_time(monkeypatch) -> None:
-    """The engine process, started while its client starts up, counts the client's CPU time
-    until its first job as its own: the thread choice does not take it for other programs'
-    load (the window, and other programs' time in it, stay as they are)."""
-    from sdplan.core.runtime import threads
-
-    monkeypatch.setattr(threads, "_credit", 0.0)
-    monkeypatch.setattr(threads, "_mark_parent", 10.0)
-    monkeypatch.setattr(threads, "parent_cpu_seconds", lambda: 10.25)
-    before = threads.CpuSample.now()
-    threads.count_parent_as_own()
-    after = threads.CpuSample.now()
-    assert after.own - before.own == pytest.approx(0.25, abs=0.02)
-    threads.count_parent_as_own()  # the parent used nothing more since
-    assert threads._credit == pytest.approx(0.25)
-    busy = threads.CpuSample(0.0, 0.0, (0, 0), (0, 0))
-    done = threads.CpuSample(0.5, 0.25, (25, 25), (50, 50))  # 1 core busy, a quarter second of it credited
-    assert threads.other_load(busy, done) == pytest.approx(0.5)
-
-
 def test_the_parents_cpu_time_is_read() -> None:
     got = _python("import json\nfrom sdplan.core.runtime.threads import parent_cpu_seconds\n"
                   "print(json.dumps(parent_cpu_seconds()))")

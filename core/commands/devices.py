@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from sdplan.core.commands.messages import print_error
@@ -30,6 +31,14 @@ def add_parser(subparsers: Any) -> None:
                    help="add the devices of these ggml RPC servers (RPC0, RPC1, ...)")
     p.add_argument("--json", action="store_true",
                    help="print JSON (memory in bytes) instead of a table")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure each device's speed (products, copies; a few seconds each) and "
+                        "keep it for time predictions")
+    p.add_argument("--drive", action="append", default=[], metavar="FOLDER",
+                   help="with --calibrate: also measure the drive holding FOLDER (where model "
+                        "files are; repeatable)")
+    p.add_argument("-t", "--threads", type=int, default=0, metavar="N",
+                   help="CPU threads for --calibrate (default: as generate chooses them)")
     p.set_defaults(run=run)
 
 
@@ -82,6 +91,12 @@ def render_table(inv: Inventory, feat: dict[str, Any],
         table.add_row(d.name, d.type, d.registry, d.description,
                       f"{d.free / GIB:.1f}", f"{d.total / GIB:.1f}")
     console.print(table)
+    for d in inv:
+        console.print(f"{d.name} speed: {profile_line(d)}", highlight=False, markup=False)
+    for dr in inv.drives:
+        console.print(f"drive of {dr.path}: read {dr.read_bps / 1e9:.2f} GB/s, cached "
+                      f"{dr.cached_bps / 1e9:.2f} GB/s, mapped {dr.map_bps / 1e9:.2f} GB/s",
+                      highlight=False, markup=False)
     console.print(_feature_line(feat), highlight=False)
     for srv in servers or []:
         console.print(f"RPC server {srv['endpoint']}: {srv['speaks']}", highlight=False,
@@ -96,13 +111,23 @@ def render_table(inv: Inventory, feat: dict[str, Any],
 
 def run(args: argparse.Namespace) -> int:
     """List the devices; exit code 2 with a one-line message on an sdplan error."""
-    from sdplan.core.runtime import devices
+    from sdplan.core.runtime import devices, profile_cache
 
     try:
+        if getattr(args, "threads", 0) < 0:
+            raise SdplanError(f"-t/--threads must be >= 0, got {args.threads}")
+        for folder in getattr(args, "drive", None) or []:
+            if not os.path.isdir(folder):
+                raise SdplanError(f"--drive {folder!r}: not a folder")
         endpoints = devices.split_endpoints(args.rpc_servers)
         inv = devices.live_inventory(endpoints)
         feat = devices.features()
         servers = _servers(endpoints)
+        threads = getattr(args, "threads", 0) or feat.get("cpu_threads", {}).get("default", 0)
+        if getattr(args, "calibrate", False):
+            inv = _calibrate(inv, int(threads), args.drive, quiet=args.json)
+        else:
+            inv = profile_cache.with_cached_profiles(inv, int(threads))
     except SdplanError as exc:
         print_error(exc)
         return 2
@@ -114,6 +139,36 @@ def run(args: argparse.Namespace) -> int:
     else:
         render_table(inv, feat, servers)
     return 0
+
+
+def _calibrate(inv: Inventory, threads: int, drives: list[str], quiet: bool) -> Inventory:
+    """Measure every device of ``inv`` and the ``drives`` (progress on stderr unless
+    ``quiet``); the measured inventory."""
+    import sys
+
+    from sdplan.core.runtime import calibrate
+    from sdplan.core.runtime.devices import BackendManager
+
+    def say(text: str) -> None:
+        if not quiet:
+            print(f"calibrating {text}", file=sys.stderr, flush=True)
+
+    with BackendManager(cpu_threads=threads or None) as manager:
+        return calibrate.calibrate_inventory(manager, inv, threads, drives, say)
+
+
+def profile_line(d: Any) -> str:
+    """One line on a device's profile: f16 product rate at its largest size, memory and link
+    bandwidth, or that it has none."""
+    p = d.profile
+    if p is None:
+        return "no profile (sdplan devices --calibrate): time predictions use stated defaults"
+    mm = p.rates.get("mm:f16") or next(iter(p.rates.values()))
+    link = (f" · to device {p.h2d.bps / 1e9:.2f} GB/s, back {p.d2h.bps / 1e9:.2f} GB/s "
+            f"({p.d2h.latency_s * 1e3:.2f} ms)" if d.type != "cpu" else "")
+    threads = f" with {p.threads} threads" if p.threads else ""
+    return (f"f16 products {mm[-1][1] / 1e9:.0f} GFLOP/s, memory {p.mem_bps / 1e9:.1f} GB/s{link} "
+            f"(measured {p.measured}{threads})")
 
 
 def _servers(endpoints: list[str]) -> list[dict[str, Any]]:

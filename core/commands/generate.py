@@ -260,8 +260,12 @@ def run(args: argparse.Namespace) -> int:
     from sdplan.core.pipelines.size_rule import check_size
     from sdplan.core.runtime.process import Engine
 
+    extras = list(getattr(args, "extra_argv", None) or [])
+    if any(x in ("-v", "--verbose") for x in extras):  # sd-cli's -v: print predicted beside measured
+        args.verbose = True
+        extras = [x for x in extras if x not in ("-v", "--verbose")]
     try:
-        notes = refuse_unsupported(args, list(getattr(args, "extra_argv", None) or []))
+        notes = refuse_unsupported(args, extras)
         taken = apply_from_image(args, getattr(args, "parser_defaults", {}))
     except SdplanError as exc:
         print(f"sdplan generate: {exc}", file=sys.stderr)
@@ -293,6 +297,10 @@ def run(args: argparse.Namespace) -> int:
             print_error(exc)
             return 2
         fits = fit is None or fit.fits
+        from sdplan.core.commands.time_estimate import predict_run
+
+        predicted = predict_run(args, engine, files, plan, inventory, profile, fit, req) \
+            if getattr(args, "verbose", False) else None
         try:  # the engine starts on the picture while the tables print
             job = _submit(req, plan, fit, inventory, args, engine) if fits or args.force else 0
         except (SdplanError, ValueError) as exc:
@@ -316,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
         if engine.isolated:
             _load_output_modules()
         try:
-            return _generate(args, files, engine, console, job)
+            return _generate(args, files, engine, console, job, predicted)
         except (SdplanError, ValueError) as exc:
             return _failed(exc)
 
@@ -478,7 +486,8 @@ def _submit(req: Any, plan: Any, fit: Any, inventory: Any, args: argparse.Namesp
     return engine.submit(GENERATE_JOB, {"request": replace(req, plan=run_plan)})
 
 
-def _generate(args: argparse.Namespace, files: dict[str, list[str]], engine: Any, console: Any, job: int) -> int:
+def _generate(args: argparse.Namespace, files: dict[str, list[str]], engine: Any, console: Any, job: int,
+              predicted: Any = None) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     preview_dir = Path(args.preview_path) if args.preview_path else None
@@ -488,6 +497,7 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], engine: Any
                   transient=False) as bar:
         task = bar.add_task("sampling", total=args.steps, rate="")
         first: dict[str, float] = {}
+        step_times: list[float] = []
 
         def on_progress(info: dict[str, Any]) -> None:
             if info.get("phase") == "threads":
@@ -496,6 +506,8 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], engine: Any
             if "step" not in info:
                 return
             now = time.perf_counter()
+            step_times.append(now - first.get("last", now))
+            first["last"] = now
             first.setdefault("t", now)
             first.setdefault("step", info["step"])
             done = info["step"] - first["step"]
@@ -530,6 +542,12 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], engine: Any
 
     for module, n in (res.get("segments") or {}).items():
         console.print(f"{module}: ran in {n} segments under the --max-vram budget", highlight=False)
+    from sdplan.core.commands.time_estimate import measured_timings, print_time
+
+    timings = measured_timings(step_times, res.get("timings") or {})
+    res["timings"] = {**(res.get("timings") or {}), **timings}
+    if predicted is not None:
+        print_time(console, predicted, timings)
     return write_images(res["images"], Path(args.output), picture_text(res, files), console)
 
 

@@ -29,6 +29,7 @@ from sdplan.core.commands.options import (
     profile_from_args,
     target_from_args,
 )
+from sdplan.core.commands.time_estimate import add_time_arguments
 from sdplan.core.errors import PlanError, SdplanError
 from sdplan.core.planning.autofit import RESERVES
 from sdplan.core.planning.autofit_newest import TIERS, NewestAutoFit
@@ -81,6 +82,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="with --engine sd-cli: sd-cli runs the diffusion model with flash "
                         "attention (its --diffusion-fa)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_time_arguments(p)
     p.set_defaults(run=run)
     return p
 
@@ -109,8 +111,11 @@ def _from_command(args: argparse.Namespace) -> Any:
         setattr(args, key, [value] if isinstance(value, str) else list(value))
     args.placement_override = imp.placement
     gen = imp.generation
-    for key in ("width", "height", "batch_count"):
+    for key in ("width", "height", "batch_count", "steps"):
         if isinstance(gen.get(key), int) and gen[key] >= 1:
+            setattr(args, key, gen[key])
+    for key, kind in (("cfg_scale", float), ("sampling_method", str)):  # for the time prediction
+        if isinstance(gen.get(key), kind):
             setattr(args, key, gen[key])
     return imp
 
@@ -237,6 +242,22 @@ def _plain_fit(plan: Plan, profile: Profile, inventory: Inventory, args: argpars
                          batch=args.batch_count, engine=engine, measured=measured)
 
 
+def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argparse.Namespace,
+          files: dict[str, list[str]], fit: Any, live: bool, tiling: Any = None) -> Any:
+    """The predicted time of sdplan's engine running the plan
+    (:mod:`sdplan.core.commands.time_estimate`), or None without a profile or for another
+    engine or an sd-cli target; the devices' profiles are the inventory file's, else those
+    measured here."""
+    if profile is None or plan.target.sdcli or engine_name(args) != "sdplan":
+        return None
+    from sdplan.core.commands import time_estimate as te
+
+    settings = te.settings_of(args)
+    inventory = te.with_profiles(inventory, settings.threads)
+    works = te.count_here(files, plan, inventory, settings, live, tiling) if files else {}
+    return te.predict(plan, inventory, profile, settings, works, files, fit)
+
+
 def engine_name(args: argparse.Namespace) -> str:
     """The estimate's engine from ``--engine`` and ``--diffusion-fa``."""
     if getattr(args, "engine", "sdplan") == "sd-cli":
@@ -290,6 +311,9 @@ def run(args: argparse.Namespace) -> int:
                              imported.runtime_flags() if imported is not None else None,
                              imported.vae_tiling(imported.dialect or plan_target.dialect, scale)
                              if imported is not None else None)
+        timing = _time(plan, profile, inventory, args, files, fit, live=not args.devices,
+                       tiling=imported.vae_tiling(imported.dialect or plan_target.dialect, scale)
+                       if imported is not None else None)
     except SdplanError as exc:
         err = exc.to_json()
         err.setdefault("span", None)
@@ -311,6 +335,8 @@ def run(args: argparse.Namespace) -> int:
         if imported is not None:
             out["command"] = _command_json(imported, written, scale)
             out["command"]["runtime_flags"] = imported.runtime_flags().to_json()
+        if timing is not None:
+            out["time"] = timing.to_json()
         print(json.dumps(out, indent=1))
     else:
         print_tables(plan, inventory, fit, written)
@@ -320,6 +346,10 @@ def run(args: argparse.Namespace) -> int:
             for line in forecast_lines(forecast):
                 print(f"  {line}")
         print_advice(advice)
+        if timing is not None:
+            from sdplan.core.commands.time_estimate import print_time
+
+            print_time(stdout_console(), timing)
         if imported is not None:
             cmd = _command_json(imported, written, scale)
             console = stdout_console()

@@ -165,6 +165,12 @@ class Family:
         pipeline: ``"module:function"`` of its generation (None: recognised, not run).
         refusal: why a recognised family is not run (with ``pipeline`` None).
         dry_run: ``"module:function"`` measuring its compute buffers (None: formulas only).
+        parallel_cfg: sdplan's engine runs ``--backend cfg=DEVICE`` for it (the unconditional
+            pass on the device's copy of the diffusion model at the same time;
+            :mod:`sdplan.core.pipelines.stages.parallel_cfg`); False: its passes run one
+            after another and the plan says so.
+        work: ``"module:function"`` counting the work of its graphs for the time prediction
+            (:mod:`sdplan.core.pipelines.work`; None: the prediction's formula, said in its notes).
         fitted_compute: the engine's fitted compute figures cover it
             (:mod:`sdplan.core.planning.engine_compute`).
     """
@@ -195,6 +201,8 @@ class Family:
     pipeline: str | None = None
     refusal: str = ""
     dry_run: str | None = None
+    work: str | None = None
+    parallel_cfg: bool = False
     fitted_compute: bool = False
 
     def defaults_for(self, variant: str | None) -> Defaults:

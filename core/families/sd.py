@@ -87,7 +87,9 @@ SD1 = Family(
     compute=ComputeShape("unet", 8, 320, 1), lora_names="sd", prediction="eps",
     unet_heads=(8, None), ays_levels="sd15", clip_pad="eos",
     pipeline="sdplan.core.pipelines.sd.generate:generate",
-    dry_run="sdplan.core.pipelines.sd.generate:measure", fitted_compute=True)
+    dry_run="sdplan.core.pipelines.sd.generate:measure",
+    work="sdplan.core.pipelines.sd.generate:work", fitted_compute=True,
+    parallel_cfg=True)
 
 SD2 = Family(
     name="sd2", title="SD 2.x", detect=unet_rule("sd2", 1024, False),
@@ -101,6 +103,8 @@ SD2 = Family(
     compute=ComputeShape("unet", 5, 320, 1), lora_names="sd", prediction="v",
     unet_heads=(None, 64), ays_levels="sd15", clip_pad="zero",
     pipeline="sdplan.core.pipelines.sd.generate:generate",
-    dry_run="sdplan.core.pipelines.sd.generate:measure", fitted_compute=True)
+    dry_run="sdplan.core.pipelines.sd.generate:measure",
+    work="sdplan.core.pipelines.sd.generate:work", fitted_compute=True,
+    parallel_cfg=True)
 
 FAMILIES = (SD1, SD2)

@@ -54,6 +54,7 @@ SD3 = Family(
     compute=ComputeShape("dit", 24, 1536, 154, te_tokens=77),
     variant_compute={"large": ComputeShape("dit", 38, 2432, 154, te_tokens=77)},
     pipeline="sdplan.core.pipelines.sd3.generate:generate",
-    dry_run="sdplan.core.pipelines.sd3.generate:measure")
+    dry_run="sdplan.core.pipelines.sd3.generate:measure",
+    work="sdplan.core.pipelines.sd3.generate:work")
 
 FAMILIES = (SD3,)

@@ -38,6 +38,6 @@ SDXL = Family(
     variant_companions={"refiner": Companions(("clip_g",), 4, 1024, prefers="xl", avoids="")},
     compute=ComputeShape("unet", 10, 640, 4), lora_names="sd", prediction="eps",
     unet_heads=(None, 64), ays_levels="sdxl", clip_pad="eos",
-    pipeline="sdplan.core.pipelines.sdxl.generate:generate")
+    pipeline="sdplan.core.pipelines.sdxl.generate:generate", parallel_cfg=True)
 
 FAMILIES = (SDXL,)

@@ -8,7 +8,7 @@ child process names a job without importing what runs it (numpy, the native modu
 
 from __future__ import annotations
 
-__all__ = ["GENERATE_JOB", "INVENTORY_JOB", "COMPUTE_JOB", "SERVE_JOB", "LOADED_JOB", "RELEASE_JOB"]
+__all__ = ["GENERATE_JOB", "INVENTORY_JOB", "COMPUTE_JOB", "WORK_JOB", "SERVE_JOB", "LOADED_JOB", "RELEASE_JOB"]
 
 #: The job that generates images (:func:`sdplan.core.pipelines.jobs.generate_job`).
 GENERATE_JOB = "sdplan.core.pipelines.jobs:generate_job"
@@ -16,6 +16,8 @@ GENERATE_JOB = "sdplan.core.pipelines.jobs:generate_job"
 INVENTORY_JOB = "sdplan.core.pipelines.jobs:inventory_job"
 #: The job that measures compute buffers by a dry run (:func:`sdplan.core.pipelines.compute.compute_job`).
 COMPUTE_JOB = "sdplan.core.pipelines.compute:compute_job"
+#: The job that counts the work of a generation's graphs (:func:`sdplan.core.pipelines.work.work_job`).
+WORK_JOB = "sdplan.core.pipelines.work:work_job"
 #: The job a server runs per request: generation with the loaded pipeline's memory and
 #: whether it was loaded for it (:func:`sdplan.core.pipelines.served.serve_job`).
 SERVE_JOB = "sdplan.core.pipelines.served:serve_job"

@@ -395,9 +395,33 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
             weights = {d: b for d, b in weights.items() if not _is_cpu(inventory, d)}
         mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute, lora,
                                     tuple(segs) if len(segs) > 1 else ())
+    target = getattr(plan, "target", None)
+    dmp = profile.get("diffusion")
+    if flags is None and engine == "sdplan" and not getattr(target, "sdcli", False) \
+            and "diffusion" in mods and dmp is not None:  # the engine's parallel-CFG copy
+        copy = cfg_copy(plan, mods["diffusion"], dmp.total)
+        if copy is not None:
+            mods["cfg"] = copy
     report = totals(mods, inventory, budgets, width, height, batch, reserve)
     return dataclasses.replace(report, engine="sd-cli" if flags is not None else engine,
                                compute_source=sources)
+
+
+def cfg_copy(plan: object, diffusion: ModuleEstimate, total: int) -> ModuleEstimate | None:
+    """The parallel-CFG copy of diffusion on the CFG device (spec section 14.5): resident
+    there when diffusion's weights follow runtime, else staged there, with a second copy on
+    diffusion's params device (the RAM copy doubles too); diffusion's compute beside it (the
+    copy runs half of diffusion's CFG batch: counted whole, on the safe side)."""
+    cfg = getattr(plan, "cfg", None)
+    if cfg is None or not cfg.active:
+        return None
+    params = plan.modules["diffusion"].params  # type: ignore[attr-defined]
+    compute = {cfg.device: max(diffusion.compute.values(), default=0)}
+    if params.mode == "runtime":
+        return ModuleEstimate("cfg", "runtime", (cfg.device,), {cfg.device: total}, {}, compute)
+    weights = {params.device: total} if params.mode == "device" and params.device else {}
+    return ModuleEstimate("cfg", params.mode, (cfg.device,), weights, {cfg.device: total},
+                          compute)
 
 
 def _is_cpu(inventory: Inventory, name: str) -> bool:

@@ -2,7 +2,10 @@
 
 The JSON format is ``{"devices": [{"name", "description", "type", "registry", "free",
 "total"}, ...]}`` with ``type`` one of ``cpu``/``gpu``/``igpu``/``accel`` and memory in
-bytes, devices listed in ggml's enumeration order (RPC devices after local ones).
+bytes, devices listed in ggml's enumeration order (RPC devices after local ones). Optional:
+a device's ``"profile"`` (its measured speeds, :class:`~sdplan.core.planning.device_profile.DeviceProfile`)
+and the inventory's ``"drives"`` (read speeds of drives,
+:class:`~sdplan.core.planning.device_profile.DriveProfile`); files without them still read.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 
 from sdplan.core.errors import InventoryError
 from sdplan.core.planning.bounded_json import read_json
+from sdplan.core.planning.device_profile import DeviceProfile, DriveProfile
 
 DEVICE_TYPES = ("cpu", "gpu", "igpu", "accel")
 
@@ -31,6 +35,7 @@ class Device:
         device_id: PCI bus id or other id ggml reports, or None.
         caps: capability flags (``async``, ``host_buffer``, ``buffer_from_host_ptr``,
             ``events``), empty when unknown.
+        profile: its measured speeds (``sdplan devices --calibrate``), or None.
     """
 
     name: str
@@ -41,6 +46,7 @@ class Device:
     total: int
     device_id: str | None = None
     caps: dict[str, bool] = field(default_factory=dict, compare=False, hash=False)
+    profile: DeviceProfile | None = field(default=None, compare=False, hash=False)
 
     @property
     def is_gpu_like(self) -> bool:
@@ -54,14 +60,19 @@ class Device:
             d.pop("caps")
         if d["device_id"] is None:
             d.pop("device_id")
+        d.pop("profile")
+        if self.profile is not None:
+            d["profile"] = self.profile.to_json()
         return d
 
 
 @dataclass(frozen=True)
 class Inventory:
-    """An ordered, immutable list of devices (ggml's enumeration order)."""
+    """An ordered, immutable list of devices (ggml's enumeration order), and the measured
+    drives of the machine (``drives``, empty when none were measured)."""
 
     devices: tuple[Device, ...]
+    drives: tuple[DriveProfile, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         names = [d.name for d in self.devices]
@@ -88,7 +99,10 @@ class Inventory:
 
     def to_json(self) -> dict[str, object]:
         """The inventory-file form (``{"devices": [...]}``)."""
-        return {"devices": [d.to_json() for d in self.devices]}
+        out: dict[str, object] = {"devices": [d.to_json() for d in self.devices]}
+        if self.drives:
+            out["drives"] = [d.to_json() for d in self.drives]
+        return out
 
     @classmethod
     def from_devices(cls, devices: Sequence[Device]) -> Inventory:
@@ -119,10 +133,16 @@ class Inventory:
                 if not isinstance(val, int) or isinstance(val, bool) or val < 0:
                     raise InventoryError(f"{where} ({name}): '{key}' must be bytes (int >= 0)")
             caps = raw.get("caps") or {}
+            profile = (DeviceProfile.from_json(raw["profile"], source=f"{where} ({name}): profile")
+                       if raw.get("profile") is not None else None)
             out.append(Device(name=name, description=str(desc), type=typ, registry=str(reg),
                               free=free, total=total, device_id=raw.get("device_id"),
-                              caps=dict(caps)))
-        return cls(tuple(out))
+                              caps=dict(caps), profile=profile))
+        drives = data.get("drives") or []
+        if not isinstance(drives, list):
+            raise InventoryError(f"{source}: 'drives' must be a list")
+        return cls(tuple(out), tuple(DriveProfile.from_json(d, source=f"{source}: drives[{i}]")
+                                     for i, d in enumerate(drives)))
 
     @classmethod
     def load(cls, path: str | Path) -> Inventory:
@@ -147,4 +167,4 @@ def merge_rpc_devices(local: Inventory, rpc: Sequence[Device]) -> Inventory:
     if not rpc:
         return local
     kept = [d for d in local if d.registry.upper() != "RPC"]
-    return Inventory((*kept, *rpc))
+    return Inventory((*kept, *rpc), local.drives)

@@ -60,6 +60,7 @@ from sdplan.core.planning.sdcli_split import (
     sdcli_capacities,
     spread_capacities,
 )
+from sdplan.core.planning.speed_split import speed_ranges
 from sdplan.core.planning.split_policy import cfg_plan, split_ratio_check
 from sdplan.core.planning.split_ratio import SplitRatio
 from sdplan.core.planning.target import Target
@@ -138,8 +139,9 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
     rows, row_warnings = row_splits(pl, runtime, idx.devices, profile)
     layered = {m: d for m, d in runtime.items() if m not in rows}
     ratio_warnings = split_ratio_check(pl, layered)
-    layouts, split_warnings = layer_splits(layered, budgets, idx.devices, profile, target,
-                                           pl.split_ratio)
+    # the inventory's own devices: the cached index compares devices without their profiles
+    layouts, split_warnings = layer_splits(layered, budgets, {d.name: d for d in inventory}, profile,
+                                           target, pl.split_ratio)
     split_warnings = ratio_warnings + split_warnings
     diffusion = layouts.get("diffusion")
     cfg, cfg_warnings = cfg_plan(pl, idx, diffusion.devices if diffusion else None, target,
@@ -398,8 +400,10 @@ def layer_split(module: str, runtime: list[str], mp: ModuleProfile | None,
     - for an sd-cli target, or ``--split-ratio vram``: each device filled in order as that
       sd-cli fills it (:func:`sdcli_ranges`), a UNet's stages spread too; ``auto`` (the
       newest sd-cli's default) gives warning ``split_ratio_auto``;
-    - for sdplan's engine: section 8 (:func:`split_ranges`); a module without blocks (UNet)
-      runs on its first device (warning ``no_blocks``, saying what sd-cli does instead).
+    - for sdplan's engine: ``--split-ratio auto`` by the devices' measured speed
+      (:func:`~sdplan.core.planning.speed_split.speed_ranges`), else section 8
+      (:func:`split_ranges`); a module without blocks (UNet) runs on its first device
+      (warning ``no_blocks``, saying what sd-cli does instead).
     """
     target = target or Target()
     if len(runtime) <= 1:
@@ -438,9 +442,13 @@ def layer_split(module: str, runtime: list[str], mp: ModuleProfile | None,
                                         "blocks to where they run fastest; the ranges shown "
                                         "fill each device in order (--split-ratio vram)"))
     else:
+        fast = None
+        if kind == "auto":  # sdplan's engine: blocks by the devices' measured speed
+            fast, found = speed_ranges(module, runtime, mp, devices, budgets)
+            warnings += found
         free = [min(devices[d].free, budgets[d]) if budgets[d] > 0 else devices[d].free
                 for d in runtime]
-        ranges = split_ranges(runtime, free, mp)
+        ranges = fast if fast is not None else split_ranges(runtime, free, mp)
     for d in runtime:
         if not any(r.device == d for r in ranges):
             warnings.append(PlanWarning("device_gets_no_blocks", f"{module}: {d} gets no "

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 from sdplan.core.planning.estimate import (
     FitReport,
-    ModuleEstimate,
     RuntimeFlags,
+    cfg_copy,
     compute_bytes,
     estimate_plan,
     im2col_bytes,
@@ -111,22 +111,6 @@ class SdcliForecast:
                 "cfg_device": self.cfg_device}
 
 
-def _cfg_copy(plan: Plan, diffusion: ModuleEstimate, total: int) -> ModuleEstimate | None:
-    """The parallel-CFG copy of diffusion on the CFG device (spec section 14.5): resident
-    there when diffusion's weights follow runtime, else staged there, with a second copy on
-    diffusion's params device (the RAM copy doubles too); diffusion's compute beside it."""
-    cfg = plan.cfg
-    if cfg is None or not cfg.active:
-        return None
-    params = plan.modules["diffusion"].params
-    compute = {cfg.device: max(diffusion.compute.values(), default=0)}
-    if params.mode == "runtime":
-        return ModuleEstimate("cfg", "runtime", (cfg.device,), {cfg.device: total}, {}, compute)
-    weights = {params.device: total} if params.mode == "device" and params.device else {}
-    return ModuleEstimate("cfg", params.mode, (cfg.device,), weights, {cfg.device: total},
-                          compute)
-
-
 def sdcli_estimate(plan: Plan, profile: Profile, inventory: Inventory, *, width: int = 512,
                    height: int = 512, batch: int = 1, flags: RuntimeFlags | None = None,
                    tiling: VaeTiling | None = None) -> tuple[FitReport, SdcliForecast | None]:
@@ -153,7 +137,7 @@ def sdcli_estimate(plan: Plan, profile: Profile, inventory: Inventory, *, width:
     diffusion = mods.get("diffusion")
     dmp = profile.get("diffusion")
     if diffusion is not None and dmp is not None:
-        copy = _cfg_copy(plan, diffusion, dmp.total)
+        copy = cfg_copy(plan, diffusion, dmp.total)
         if copy is not None:
             mods["cfg"] = copy
     free = {d.name: d for d in inventory}

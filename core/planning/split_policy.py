@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from sdplan.core.errors import PlanError
+from sdplan.core.families import family_of
 from sdplan.core.planning.assignment import DeviceIndex
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan_types import CfgPlan, PlanWarning
@@ -51,7 +52,9 @@ def cfg_plan(pl: Placement, idx: DeviceIndex, diffusion: Sequence[str] | None,
     and whether sd-cli uses it. It runs the unconditional pass on a second copy of the
     diffusion model; sd-cli keeps the sequential path (warning ``cfg_sequential``) when
     ``cfg`` names the diffusion device itself, with ControlNet or PhotoMaker in the model,
-    and on the snapshot (which has no ``cfg`` key; the written flags leave it out).
+    and on the snapshot (which has no ``cfg`` key; the written flags leave it out); for
+    sdplan's engine, with a family whose pipeline has no parallel CFG
+    (:attr:`~sdplan.core.families.declaration.Family.parallel_cfg`).
     The command's own reasons are :func:`cfg_command_reasons`.
 
     Raises:
@@ -68,15 +71,19 @@ def cfg_plan(pl: Placement, idx: DeviceIndex, diffusion: Sequence[str] | None,
             reasons.append(f"the model has {what}")
     if target.sdcli and target.dialect == "snapshot":
         reasons.append("the snapshot sd-cli has no parallel CFG")
-    return with_reasons(CfgPlan(name, True), reasons)
+    fam = family_of(profile.architecture) if profile is not None else None
+    if not target.sdcli and fam is not None and not fam.parallel_cfg:
+        reasons.append(f"sdplan's engine runs {fam.title}'s two passes one after another")
+    return with_reasons(CfgPlan(name, True), reasons, "sd-cli" if target.sdcli else "sdplan's engine")
 
 
-def with_reasons(cfg: CfgPlan, reasons: Collection[str]) -> tuple[CfgPlan, list[PlanWarning]]:
-    """``cfg`` made sequential for ``reasons`` (warning ``cfg_sequential`` each), or as is."""
+def with_reasons(cfg: CfgPlan, reasons: Collection[str], runner: str = "sd-cli") -> tuple[CfgPlan, list[PlanWarning]]:
+    """``cfg`` made sequential for ``reasons`` (warning ``cfg_sequential`` each, saying that
+    ``runner`` runs the unconditional pass sequentially), or as is."""
     if not reasons:
         return cfg, []
     out = CfgPlan(cfg.device, False, (*cfg.reasons, *reasons))
-    return out, [PlanWarning("cfg_sequential", f"--backend cfg={cfg.device}: sd-cli runs the "
+    return out, [PlanWarning("cfg_sequential", f"--backend cfg={cfg.device}: {runner} runs the "
                              f"unconditional pass sequentially ({r})") for r in reasons]
 
 

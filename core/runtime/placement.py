@@ -11,11 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MODES", "BlockRange", "ModulePlacement"]
+__all__ = ["MODES", "CFG", "CFG_RUNNER", "BlockRange", "ModulePlacement", "cfg_placement"]
 
 #: Params residencies (spec section 5): weights on the runtime device, on a params device
 #: (staged per use), or read from disk per use.
 MODES = ("runtime", "device", "disk")
+
+#: The key of the parallel-CFG copy of the diffusion model among a run's placements (spec
+#: section 14.5: ``--backend cfg=DEVICE``); not a module of its own.
+CFG = "cfg"
+#: The parallel-CFG copy's key among a pipeline's runners (its memory is reported under it).
+CFG_RUNNER = "diffusion_cfg"
 
 
 @dataclass(frozen=True)
@@ -66,3 +72,17 @@ class ModulePlacement:
         return cls(devices, tuple(BlockRange(r.device, r.first_block, r.last_block) for r in mp.ranges),
                    mp.params.mode, mp.params.device, budget,
                    bool(getattr(plan, "stream_layers", False)) and module == "diffusion")
+
+
+def cfg_placement(plan: Any) -> ModulePlacement | None:
+    """The placement of the parallel-CFG copy of a resolved plan's diffusion model (spec
+    section 14.5): its weights on the ``cfg=`` device with the diffusion model's residency
+    (resident there, staged from the same params device, or read from disk per use), or
+    None when the plan has no active parallel CFG."""
+    cfg = getattr(plan, "cfg", None)
+    if cfg is None or not cfg.active or "diffusion" not in plan.modules:
+        return None
+    params = plan.modules["diffusion"].params
+    device = params.device if params.mode == "device" and params.device != cfg.device else None
+    mode = params.mode if params.mode != "device" or device is not None else "runtime"
+    return ModulePlacement((cfg.device,), (), mode, device, 0)

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from sdplan.core.errors import EngineError
-from sdplan.core.runtime.placement import BlockRange, ModulePlacement
+from sdplan.core.runtime.placement import CFG, BlockRange, ModulePlacement, cfg_placement
 
 __all__ = ["DeviceNeed", "RunPlan", "PLAN_STRINGS"]
 
@@ -73,8 +73,13 @@ class RunPlan:
                   check_memory: bool = True) -> RunPlan:
         """The run plan of a resolved ``plan`` for ``modules``, with each used device's
         need from ``fit`` (a FitReport; none without) and its description and free memory
-        from ``inventory`` (the one the plan was resolved against)."""
+        from ``inventory`` (the one the plan was resolved against); with an active parallel
+        CFG (``--backend cfg=DEVICE``) the diffusion model's copy under :data:`CFG`
+        (:func:`~sdplan.core.runtime.placement.cfg_placement`)."""
         placements = {m: ModulePlacement.from_plan(plan, m) for m in modules if m in plan.modules}
+        cfg = cfg_placement(plan) if "diffusion" in placements else None
+        if cfg is not None:  # the diffusion model's copy for the unconditional pass
+            placements[CFG] = cfg
         strings = {"backend": plan.backend, "params_backend": plan.params_backend,
                    "max_vram": plan.max_vram, "split_mode": getattr(plan, "split_mode", ""),
                    "rpc_servers": ",".join(plan.rpc_servers)}

@@ -445,6 +445,17 @@ class ModuleRunner:
             out[d] = out.get(d, 0) + int(n)
         return out
 
+    def work(self, shapes: dict[str, tuple[int, ...]]) -> Any:
+        """The work of the whole graph for inputs of these shapes, per device (a
+        :class:`~sdplan.core.planning.work.GraphWork`, counted by
+        :func:`~sdplan.core.runtime.work_count.graph_work`, with each device's compute buffer
+        from :meth:`measure`), without loading weights or computing."""
+        from sdplan.core.runtime.work_count import graph_work
+
+        buffers = self.measure(shapes)
+        g, names = self._whole_graph(shapes)
+        return graph_work(g, names, buffers)
+
     # ------------------------------------------------------------------ running
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -15,12 +15,19 @@ The rule (:func:`choose_threads`):
   ``taskset`` or a container's cpuset), not ``os.cpu_count()``;
 - a thread count the user gives (``-t N``) is an upper limit, capped at that number;
 - the count used is that limit less the cores other processes kept busy while this one
-  started (Linux: ``/proc/stat`` busy time of those CPUs, less this process's own CPU time,
-  over the window since :func:`mark` or since this module was imported; an engine process
-  started ahead of need counts its parent's CPU time up to its first job as its own,
-  :func:`count_parent_as_own`), rounded to the nearest whole core, at least 1; during a run
+  started (Linux: ``/proc/stat`` busy time of those CPUs, less the CPU time of this
+  process's own tree, over the window since :func:`mark` or since this module was imported),
+  rounded to the nearest whole core, at least 1; during a run
   :class:`ThreadGovernor` re-measures between sampler steps and follows the load as it
   changes.
+
+An engine process's own tree is the engine and the client that started it (its parent:
+the command line or the app): :func:`count_parent_as_own` makes every later sample count the
+parent's CPU time as this process's own, from the start of the measuring window on and for
+the rest of the process's life. The client's start-up, its header reads and plan, the
+tables it prints after it sent the job, and its handling of previews are then never "other
+programs" (before, the parent was credited only up to the engine's first job, and on a
+quiet 2-core machine ``generate -t 2`` ran on 1 thread).
 """
 
 from __future__ import annotations
@@ -48,26 +55,40 @@ def usable_cpus() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def parent_cpu_seconds() -> float:
-    """CPU seconds (user + system) the parent process has used (Linux ``/proc``; 0.0 where
-    it cannot be read)."""
+def parent_cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds (user + system, all its threads) process ``pid`` has used, by default this
+    process's parent (Linux ``/proc/PID/stat``; 0.0 where it cannot be read)."""
     try:
-        with open(f"/proc/{os.getppid()}/stat", encoding="ascii") as fh:
+        with open(f"/proc/{os.getppid() if pid is None else pid}/stat", encoding="ascii") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / _HZ  # utime, stime (fields 14, 15)
     except (OSError, ValueError, IndexError):
         return 0.0
 
 
-#: CPU seconds of the parent process counted as this process's own (:func:`count_parent_as_own`).
-_credit = 0.0
+#: The parent counted as part of this process's tree (:func:`count_parent_as_own`): its pid and
+#: its CPU seconds at the start of the window in which counting began; None: not counted.
+_tree_parent: tuple[int, float] | None = None
+_tree_last = 0.0  # the parent's seconds last read (kept when it can no longer be read)
+
+
+def _tree_seconds() -> float:
+    """CPU seconds of the parent counted as this process's own since counting began (0.0
+    when it is not counted; never decreasing)."""
+    global _tree_last
+    if _tree_parent is None:
+        return 0.0
+    pid, base = _tree_parent
+    _tree_last = max(_tree_last, parent_cpu_seconds(pid) - base)
+    return _tree_last
 
 
 @dataclass(frozen=True)
 class CpuSample:
-    """A point in time: wall clock (s), this process's CPU time (s, all threads; with the
-    parent's time :func:`count_parent_as_own` added), and the busy and total clock ticks of
-    each CPU in ``cpus`` (empty where /proc/stat is absent)."""
+    """A point in time: wall clock (s), this process tree's CPU time (s: this process, all
+    threads, plus its parent's since :func:`count_parent_as_own` began counting it), and
+    the busy and total clock ticks of each CPU in ``cpus`` (empty where /proc/stat is
+    absent)."""
 
     wall: float
     own: float
@@ -77,25 +98,32 @@ class CpuSample:
     @classmethod
     def now(cls, cpus: list[int] | None = None) -> CpuSample:
         """Sample the CPUs ``cpus`` (default :func:`usable_cpus`)."""
-        want = usable_cpus() if cpus is None else cpus
-        busy: list[int] = []
-        total: list[int] = []
-        try:
-            with open("/proc/stat", encoding="ascii") as fh:
-                rows = {}
-                for line in fh:
-                    if line.startswith("cpu") and line[3:4].isdigit():
-                        name, *vals = line.split()
-                        rows[int(name[3:])] = [int(v) for v in vals]
-            for c in want:
-                v = rows[c]
-                idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
-                t = sum(v[:8])  # user nice system idle iowait irq softirq steal
-                busy.append(t - idle)
-                total.append(t)
-        except (OSError, KeyError, ValueError, IndexError):
-            busy, total = [], []
-        return cls(time.monotonic(), time.process_time() + _credit, tuple(busy), tuple(total))
+        busy, total = cpu_ticks(usable_cpus() if cpus is None else cpus)
+        return cls(time.monotonic(), time.process_time() + _tree_seconds(), busy, total)
+
+
+def cpu_ticks(cpus: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Busy and total clock ticks (USER_HZ) of each CPU in ``cpus`` since boot, from
+    ``/proc/stat`` (busy: user, nice, system, irq, softirq, steal; total adds idle and
+    iowait); two empty tuples where it cannot be read."""
+    busy: list[int] = []
+    total: list[int] = []
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            rows = {}
+            for line in fh:
+                if line.startswith("cpu") and line[3:4].isdigit():
+                    name, *vals = line.split()
+                    rows[int(name[3:])] = [int(v) for v in vals]
+        for c in cpus:
+            v = rows[c]
+            idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+            t = sum(v[:8])  # user nice system idle iowait irq softirq steal
+            busy.append(t - idle)
+            total.append(t)
+    except (OSError, KeyError, ValueError, IndexError):
+        return (), ()
+    return tuple(busy), tuple(total)
 
 
 def other_load(before: CpuSample, after: CpuSample) -> float | None:
@@ -124,14 +152,16 @@ def mark() -> None:
 
 
 def count_parent_as_own() -> None:
-    """Count the CPU time the parent process used since the measuring window began as this
-    process's own. The engine process calls it when its first job arrives: started ahead of
-    need, it waited while its client (the parent) started up, and that work is not other
-    programs' load, as it would not be had the engine process started with its first job."""
-    global _credit, _mark_parent
-    now = parent_cpu_seconds()
-    _credit += max(0.0, now - _mark_parent)
-    _mark_parent = now
+    """Count the parent process (the engine's client) as part of this process's own tree:
+    its CPU time from the start of the current measuring window on, and in every later
+    window, is this process's own, never other programs' load. The engine process calls it
+    when its first job arrives: started ahead of need, it waited while its client started
+    up, and the client goes on working (headers, plan, printing) while the engine starts the
+    job. A second call changes nothing; a parent that has gone (the process was re-parented)
+    is read as 0 more seconds."""
+    global _tree_parent
+    if _tree_parent is None:
+        _tree_parent = (os.getppid(), _mark_parent)
 
 
 @dataclass(frozen=True)

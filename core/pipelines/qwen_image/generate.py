@@ -1,8 +1,8 @@
-"""The engine's entry for Qwen-Image (the registry's ``pipeline`` and ``dry_run``): a checked
+"""The engine's entry for Qwen-Image (the registry's ``pipeline``, ``dry_run`` and ``work``): a checked
 request on a :class:`~sdplan.core.pipelines.qwen_image.pipeline.QwenImagePipeline` placed by the
 run's plan (kept loaded for the next request with the same files and placements), with its
 image input, sd-cli's scheduler and sampling options, the hires fix, one picture per seed of the
-batch; and the compute dry run of its graphs."""
+batch; and the compute dry run and the work count of its graphs."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from sdplan.core.pipelines.stages.hires import flow_hires
 from sdplan.core.pipelines.stages.lora import apply_request_loras
 from sdplan.core.runtime.placement import ModulePlacement
 
-__all__ = ["generate", "measure", "DRY_RUN_TOKENS"]
+__all__ = ["generate", "measure", "work", "DRY_RUN_TOKENS"]
 
 #: The prompt tokens (after the template's dropped 34) the dry run measures the encoder and
 #: the DiT with: sd-cli does not pad Qwen-Image's prompt, so a long prompt's share (the
@@ -52,6 +52,29 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
             "runners": pipe.runners}
 
 
+def _graphs(pipe: Any, width: int, height: int, cfg: bool, vae_tile: tuple[int, int] | None
+            ) -> dict[str, tuple[Any, list[dict[str, tuple[int, ...]]]]]:
+    """Module -> ``(runner, [input shapes of each graph])`` of a Qwen-Image generation (the
+    graphs :func:`measure` describes)."""
+    h, w = height // 8, width // 8
+    tokens = [DRY_RUN_TOKENS]
+    if cfg:
+        tokens.append(pipe.tokenizer.encode_prompt("", *TEMPLATE).length - DROP)
+    dit = [pipe.dit.inputs(np.zeros((1, 16, h, w), np.float32),
+                           np.zeros((1, t, pipe.dit.cfg.context), np.float32), 1.0) for t in tokens]
+    vae = (1, 16, vae_tile[1], vae_tile[0]) if vae_tile else (1, 16, h, w)
+    return {"te": (pipe.runners["llm"], [{"ids": (1, DROP + DRY_RUN_TOKENS)}]),
+            "diffusion": (pipe.runners["diffusion"], [{k: v.shape for k, v in d.items()} for d in dit]),
+            "vae": (pipe.runners["vae"], [{"z": vae}])}
+
+
+def _pipeline(model_files: Mapping[str, list[str]], pool: Any, placements: Mapping[str, Any] | None,
+              overrides: Mapping[str, Any]) -> QwenImagePipeline:
+    models = QwenImageModels(model_files["diffusion_model"][0], model_files["llm"][0], model_files["vae"][0],
+                             tuple(overrides["flux_axes"]) if overrides.get("flux_axes") else None)
+    return QwenImagePipeline(models, None, pool, placements)
+
+
 def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
             pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
             vae_tile: tuple[int, int] | None = None) -> dict[str, int]:
@@ -65,17 +88,28 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
     Raises:
         ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
     """
-    models = QwenImageModels(model_files["diffusion_model"][0], model_files["llm"][0], model_files["vae"][0],
-                             tuple(overrides["flux_axes"]) if overrides.get("flux_axes") else None)
-    with QwenImagePipeline(models, None, pool, placements) as pipe:
-        h, w = height // 8, width // 8
-        tokens = [DRY_RUN_TOKENS]
-        if cfg:
-            tokens.append(pipe.tokenizer.encode_prompt("", *TEMPLATE).length - DROP)
-        dit = [pipe.dit.inputs(np.zeros((1, 16, h, w), np.float32),
-                               np.zeros((1, t, pipe.dit.cfg.context), np.float32), 1.0) for t in tokens]
-        vae = (1, 16, vae_tile[1], vae_tile[0]) if vae_tile else (1, 16, h, w)
-        graphs = {"te": (pipe.runners["llm"], [{"ids": (1, DROP + DRY_RUN_TOKENS)}]),
-                  "diffusion": (pipe.runners["diffusion"], [{k: v.shape for k, v in d.items()} for d in dit]),
-                  "vae": (pipe.runners["vae"], [{"z": vae}])}
+    with _pipeline(model_files, pool, placements, overrides) as pipe:
+        graphs = _graphs(pipe, width, height, cfg, vae_tile)
         return {module: sum(sum(r.measure(s).values()) for s in shapes) for module, (r, shapes) in graphs.items()}
+
+
+def work(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
+         pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
+         vae_tile: tuple[int, int] | None = None) -> dict[str, list[Any]]:
+    """The work of a Qwen-Image generation's graphs (those :func:`measure` reserves), per module
+    as :class:`~sdplan.core.planning.work.ModuleWork`: the LLM once for the prompt (the empty
+    negative prompt's encoding, a few template tokens, is left out), the DiT's prompt graph
+    and, with CFG, its negative prompt's graph once per sampler evaluation and picture, the
+    decoder once per picture (:mod:`sdplan.core.pipelines.work`).
+
+    Raises:
+        ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
+    """
+    from sdplan.core.planning.work import ModuleWork
+
+    phase = {"te": "text", "diffusion": "step", "vae": "decode"}
+    calls = {"te": 1, "diffusion": batch, "vae": batch}
+    with _pipeline(model_files, pool, placements, overrides) as pipe:
+        graphs = _graphs(pipe, width, height, cfg, vae_tile)
+        return {module: [ModuleWork(module, phase[module], r.work(s), calls[module]) for s in shapes]
+                for module, (r, shapes) in graphs.items()}

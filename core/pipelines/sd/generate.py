@@ -1,10 +1,11 @@
-"""The engine's entry for SD 1.x / 2.x (the registry's ``pipeline`` and ``dry_run``).
+"""The engine's entry for SD 1.x / 2.x (the registry's ``pipeline``, ``dry_run`` and ``work``).
 
 :func:`generate` runs a checked :class:`~sdplan.core.pipelines.request.GenerationRequest` on
 a :class:`~sdplan.core.pipelines.sd.pipeline.StableDiffusion` placed by the run's plan (kept
 loaded for the next request with the same files, placements and model overrides), with its
 LoRAs, image input, TAE previews or decode and VAE tiles. :func:`run_unet` is the same for
-any UNet pipeline (SDXL's passes its own). :func:`measure` is the compute dry run.
+any UNet pipeline (SDXL's passes its own). :func:`measure` is the compute dry run, :func:`work`
+the work count of the same graphs.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from sdplan.core.pipelines.run_context import FamilyResult, RunContext
 from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
 from sdplan.core.pipelines.stages.hires import hires_upscaler
 from sdplan.core.pipelines.stages.lora import apply_request_loras
-from sdplan.core.runtime.placement import ModulePlacement
+from sdplan.core.runtime.placement import CFG_RUNNER, ModulePlacement
 
-__all__ = ["generate", "run_unet", "measure", "UnetSession"]
+__all__ = ["generate", "run_unet", "measure", "work", "UnetSession"]
 
 
 class UnetSession:
@@ -114,40 +115,90 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
     return run_unet(request, plan, progress, make)
 
 
+def _graphs(sd: Any, model_files: Mapping[str, list[str]], width: int, height: int, batch: int, cfg: bool,
+            placements: Mapping[str, Any] | None, vae_tile: tuple[int, int] | None
+            ) -> tuple[dict[str, tuple[Any, dict[str, tuple[int, ...]]]], Any]:
+    """Module -> ``(runner, input shapes)`` of the graphs an SD 1.x / 2.x generation runs (the
+    text encoder on one 77-token chunk, the UNet on the CFG batch, the VAE decoder on the
+    batch or on one tile of ``vae_tile`` ``(w, h)`` latent pixels; with a ``control_net``
+    file the ControlNet on the batch, its residuals added to the UNet's inputs), and the
+    ControlNet stage (None without one)."""
+    lh, lw = height // sd.vae_cfg.factor, width // sd.vae_cfg.factor
+    th, tw = (vae_tile[1], vae_tile[0]) if vae_tile else (lh, lw)
+    n = batch * (2 if cfg else 1)
+    shapes: dict[str, tuple[Any, dict[str, tuple[int, ...]]]] = {
+        "te": (sd._te(sd._skip(0), True), {"ids": (1, 77), "mask": (77, 77)}),
+        "diffusion": (sd.runners["diffusion"], {"x": (n, sd.unet_cfg.in_channels, lh, lw),
+                                                "t": (n,), "c": (n, 77, sd.unet_cfg.context_dim)}),
+        "vae": (sd.runners["vae"], {"z": (batch, sd.unet_cfg.out_channels, th, tw)}),
+    }
+    control = list(model_files.get("control_net") or ())
+    stage = None
+    if control:  # its residuals are UNet inputs too; it runs once for both CFG halves
+        from sdplan.core.pipelines.stages.control import ControlNetStage
+
+        place = (placements or {}).get("controlnet") or ModulePlacement(("CPU",))
+        stage = ControlNetStage(sd, control[0], place)
+        sd.runners["controlnet"] = stage.runner
+        shapes["diffusion"][1].update(stage.output_shapes(n, lh, lw))
+    return shapes, stage
+
+
 def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
             pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
             vae_tile: tuple[int, int] | None = None) -> dict[str, int]:
-    """Compute-buffer bytes per module of an SD 1.x / 2.x generation (the text encoder on one
-    77-token chunk, the UNet on the CFG batch, the VAE decoder on the batch, or on one tile of
-    ``vae_tile`` ``(w, h)`` latent pixels; with a ``control_net`` file the ControlNet on the
-    batch and the UNet with its residuals as inputs), by a dry-run reserve on ``pool``'s
-    backends (:mod:`sdplan.core.pipelines.compute`).
+    """Compute-buffer bytes per module of an SD 1.x / 2.x generation (the graphs of
+    :func:`_graphs`: the text encoder on one 77-token chunk, the UNet on the CFG batch, the
+    VAE decoder on the batch, or on one tile of ``vae_tile`` ``(w, h)`` latent pixels; with a
+    ``control_net`` file the ControlNet on the batch and the UNet with its residuals as
+    inputs), by a dry-run reserve on ``pool``'s backends (:mod:`sdplan.core.pipelines.compute`).
 
     Raises:
         ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
     """
     sd = StableDiffusion(dict(model_files), None, pool, placements=placements)
     try:
-        lh, lw = height // sd.vae_cfg.factor, width // sd.vae_cfg.factor
-        th, tw = (vae_tile[1], vae_tile[0]) if vae_tile else (lh, lw)
-        n = batch * (2 if cfg else 1)
-        shapes: dict[str, tuple[Any, dict[str, tuple[int, ...]]]] = {
-            "te": (sd._te(sd._skip(0), True), {"ids": (1, 77), "mask": (77, 77)}),
-            "diffusion": (sd.runners["diffusion"], {"x": (n, sd.unet_cfg.in_channels, lh, lw),
-                                                    "t": (n,), "c": (n, 77, sd.unet_cfg.context_dim)}),
-            "vae": (sd.runners["vae"], {"z": (batch, sd.unet_cfg.out_channels, th, tw)}),
-        }
+        shapes, stage = _graphs(sd, model_files, width, height, batch, cfg, placements, vae_tile)
         out: dict[str, int] = {}
-        control = list(model_files.get("control_net") or ())
-        if control:  # its residuals are UNet inputs too; it runs once for both CFG halves
-            from sdplan.core.pipelines.stages.control import ControlNetStage
-
-            place = (placements or {}).get("controlnet") or ModulePlacement(("CPU",))
-            stage = ControlNetStage(sd, control[0], place)
-            sd.runners["controlnet"] = stage.runner
-            out["controlnet"] = stage.measure(batch, lh, lw)
-            shapes["diffusion"][1].update(stage.output_shapes(n, lh, lw))
+        if stage is not None:
+            out["controlnet"] = stage.measure(batch, height // sd.vae_cfg.factor, width // sd.vae_cfg.factor)
         out.update({module: sum(runner.measure(inputs).values()) for module, (runner, inputs) in shapes.items()})
+        return out
+    finally:
+        sd.close()
+
+
+def work(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
+         pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
+         vae_tile: tuple[int, int] | None = None) -> dict[str, list[Any]]:
+    """The work of an SD 1.x / 2.x generation's graphs (those :func:`measure` reserves), per
+    module as :class:`~sdplan.core.planning.work.ModuleWork`: the text encoder once per prompt
+    (twice with CFG's negative prompt), the UNet once per sampler evaluation on the CFG
+    batch (with a parallel-CFG copy among ``placements``, ``--backend cfg=DEVICE``: the
+    conditional half on the UNet's devices and the unconditional half on the copy's, one
+    :attr:`~sdplan.core.planning.work.ModuleWork.group` run at the same time; a ControlNet on
+    the conditional batch, its residuals serving both halves), the VAE decoder once per
+    picture batch (:mod:`sdplan.core.pipelines.work`).
+
+    Raises:
+        ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
+    """
+    from sdplan.core.planning.work import ModuleWork
+
+    sd = StableDiffusion(dict(model_files), None, pool, placements=placements,
+                         clip_heads=overrides.get("clip_heads") or None)
+    try:
+        copy = sd.runners.get(CFG_RUNNER) if cfg else None  # parallel CFG: a batch per half
+        shapes, stage = _graphs(sd, model_files, width, height, batch, cfg and copy is None, placements, vae_tile)
+        phase = {"te": ("text", 2 if cfg else 1), "diffusion": ("step", 1), "vae": ("decode", 1)}
+        together = {"diffusion": "cfg"} if copy is not None else {}
+        out = {m: [ModuleWork(m, phase[m][0], runner.work(inputs), phase[m][1], group=together.get(m, ""))]
+               for m, (runner, inputs) in shapes.items()}
+        if copy is not None:
+            out["diffusion"].append(ModuleWork("diffusion", "step", copy.work(shapes["diffusion"][1]), 1, group="cfg"))
+        if stage is not None:
+            lh, lw = height // sd.vae_cfg.factor, width // sd.vae_cfg.factor  # the conditional batch alone
+            out["controlnet"] = [ModuleWork("controlnet", "step", stage.runner.work(stage.input_shapes(batch, lh, lw)), 1)]
         return out
     finally:
         sd.close()

@@ -50,6 +50,7 @@ from sdplan.core.pipelines.stages.img2img import (
     sample_latent,
     truncate_sigmas,
 )
+from sdplan.core.pipelines.stages.parallel_cfg import add_cfg_copy, cfg_sessions, guided_batch
 from sdplan.core.pipelines.stages.results import image_to_uint8
 from sdplan.core.pipelines.stages.vae_tiles import (
     as_tiling,
@@ -209,6 +210,7 @@ class StableDiffusion(Pipeline):
         self.placements = module_placements(("te", "diffusion", "vae"), plan, placements)
         wf, names = module_weight_file(self.ms, "diffusion")
         self.runners["diffusion"] = self._runner("diffusion", unet_m.UNetGraph(self.unet_cfg, names), wf)
+        add_cfg_copy(self, placements, unet_m.UNetGraph(self.unet_cfg, names), wf)
         # f16 conv kernels everywhere: the CPU's Winograd path (the VAE's 3x3 convolutions)
         # transforms them to f32 at each compute anyway (about 2.5 ms for a 512x512 kernel),
         # and with the column path f16 kernels ran 20-25% faster than f32 ones at SD 1.5 size
@@ -298,7 +300,8 @@ class StableDiffusion(Pipeline):
                 ts = np.ascontiguousarray(np.broadcast_to(t, (x.shape[0],)), dtype=np.float32)
                 ins = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in _as_cond(cond).items()}
                 return runner.run({"x": np.ascontiguousarray(x, dtype=np.float32), "t": ts, **ins})["y"]
-            yield run
+            with cfg_sessions(self, run) as both:  # --backend cfg=DEVICE: the copy's weights too
+                yield both
 
     def step_scalings(self, sigma: float, timestep_shift: int = 0) -> tuple[float, float, float, float]:
         """``(t, c_skip, c_out, c_in)`` of a step at ``sigma``: the UNet's timestep and the
@@ -334,8 +337,7 @@ class StableDiffusion(Pipeline):
             n = x.shape[0]
             if guided:
                 assert u is not None
-                both = {k: np.concatenate([np.repeat(c[k], n, 0), np.repeat(u[k], n, 0)], 0) for k in c}
-                out = unet(np.concatenate([x_in, x_in], 0), t, both)
+                out = guided_batch(unet, x_in, t, c, u)  # both halves (at once with cfg=)
                 out = out[n:] + cfg_scale * (out[:n] - out[n:])
             else:
                 out = unet(x_in, t, {k: np.repeat(v, n, 0) for k, v in c.items()})
@@ -353,8 +355,7 @@ class StableDiffusion(Pipeline):
                 d = denoise(x, sigma)
                 return d, d
             assert u is not None
-            both = {k: np.concatenate([np.repeat(c[k], n, 0), np.repeat(u[k], n, 0)], 0) for k in c}
-            out = unet(np.concatenate([x_in, x_in], 0), t, both)
+            out = guided_batch(unet, x_in, t, c, u)
             mixed = out[n:] + cfg_scale * (out[:n] - out[n:])
             return ((x * c_skip + mixed * c_out).astype(np.float32),
                     (x * c_skip + out[n:] * c_out).astype(np.float32))

@@ -1,8 +1,8 @@
-"""The engine's entry for SD3 / SD3.5 (the registry's ``pipeline`` and ``dry_run``): a checked
+"""The engine's entry for SD3 / SD3.5 (the registry's ``pipeline``, ``dry_run`` and ``work``): a checked
 request on an :class:`~sdplan.core.pipelines.sd3.pipeline.Sd3Pipeline` placed by the run's
 plan (kept loaded for the next request with the same files and placements), with skip-layer
 guidance and image input, one picture per seed of the batch; :func:`measure` is its compute
-dry run."""
+dry run, :func:`work` the work count of the same graphs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from sdplan.core.pipelines.stages.hires import flow_hires
 from sdplan.core.pipelines.stages.lora import apply_request_loras
 from sdplan.core.runtime.placement import ModulePlacement
 
-__all__ = ["generate", "measure"]
+__all__ = ["generate", "measure", "work"]
 
 
 def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], progress: RunContext) -> FamilyResult:
@@ -59,4 +59,28 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
         if vae_tile:
             graphs["vae"] = [(r, {"z": (*s["z"][:2], vae_tile[1], vae_tile[0])}) for r, s in graphs["vae"]]
         return {module: max(sum(r.measure(shapes).values()) for r, shapes in runs)
+                for module, runs in graphs.items()}
+
+
+def work(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
+         pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
+         vae_tile: tuple[int, int] | None = None) -> dict[str, list[Any]]:
+    """The work of an SD3 / SD3.5 generation's graphs (those :func:`measure` reserves), per
+    module as :class:`~sdplan.core.planning.work.ModuleWork`: each text encoder once per prompt
+    (twice with CFG's negative prompt), the MMDiT once per pass (a pass per prompt, one
+    picture at a time), the VAE decoder once per picture (:mod:`sdplan.core.pipelines.work`).
+
+    Raises:
+        ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
+    """
+    from sdplan.core.planning.work import ModuleWork
+
+    prompts = 2 if cfg else 1
+    phase = {"te": "text", "diffusion": "step", "vae": "decode"}
+    calls = {"te": prompts, "diffusion": prompts * batch, "vae": batch}
+    with Sd3Pipeline(dict(model_files), None, pool, placements, clip_heads=overrides.get("clip_heads")) as pipe:
+        graphs = pipe.dry_run_inputs(width, height)
+        if vae_tile:
+            graphs["vae"] = [(r, {"z": (*s["z"][:2], vae_tile[1], vae_tile[0])}) for r, s in graphs["vae"]]
+        return {module: [ModuleWork(module, phase[module], r.work(shapes), calls[module]) for r, shapes in runs]
                 for module, runs in graphs.items()}

@@ -41,6 +41,7 @@ from sdplan.core.pipelines.sdxl.conditioner import (
     SdxlConditioner,
 )
 from sdplan.core.pipelines.stages.base import Pipeline, module_placements
+from sdplan.core.pipelines.stages.parallel_cfg import add_cfg_copy
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.sampling.schedules import DiscreteSchedule
 
@@ -113,8 +114,9 @@ class StableDiffusionXL(StableDiffusion):
         self.vae_conv_scale = vae_m.SDXL_CONV_SCALE if force_vae_conv_scale or not flags.get("vae") else 1.0
         self.schedule = DiscreteSchedule()
         self.tokenizer = self.cond.tokenizer
-        self.runners["diffusion"] = self._runner("diffusion", unet_m.UNetGraph(self.unet_cfg, _names(diff)),
-                                                 _weight_file(diff, "diffusion"))
+        diff_wf = _weight_file(diff, "diffusion")
+        self.runners["diffusion"] = self._runner("diffusion", unet_m.UNetGraph(self.unet_cfg, _names(diff)), diff_wf)
+        add_cfg_copy(self, placements, unet_m.UNetGraph(self.unet_cfg, _names(diff)), diff_wf)
         self.runners["vae"] = self._runner("vae", vae_m.VaeGraph(self.vae_cfg, _names(vae), self.vae_conv_scale),
                                            _weight_file(vae, "vae"))
         self._te_key = None

@@ -152,13 +152,17 @@ class ControlNetStage:
         inputs, for its dry run; :func:`~sdplan.core.models.controlnet.residual_shapes`)."""
         return residual_shapes(self.graph, self.shapes, n, h, w)
 
+    def input_shapes(self, n: int, h: int, w: int) -> dict[str, tuple[int, ...]]:
+        """The shapes of one ControlNet call's inputs on ``n`` latents of ``h`` x ``w`` (the
+        latent, the hint at 8x its size, the timesteps, the 77-token context, SDXL's vector)."""
+        cfg = self.cfg
+        return {"x": (n, cfg.in_channels, h, w), "hint": (n, 3, h * 8, w * 8), "t": (n,),
+                "c": (n, 77, cfg.context_dim), **({"vec": (n, cfg.adm_in_channels)} if cfg.adm_in_channels else {})}
+
     def measure(self, n: int, h: int, w: int) -> int:
         """Compute-buffer bytes (all devices) of one ControlNet call on ``n`` latents of
         ``h`` x ``w``, by a dry-run reserve (no weight loads)."""
-        cfg = self.cfg
-        shapes = {"x": (n, cfg.in_channels, h, w), "hint": (n, 3, h * 8, w * 8), "t": (n,),
-                  "c": (n, 77, cfg.context_dim), **({"vec": (n, cfg.adm_in_channels)} if cfg.adm_in_channels else {})}
-        return sum(self.runner.measure(shapes).values())
+        return sum(self.runner.measure(self.input_shapes(n, h, w)).values())
 
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:

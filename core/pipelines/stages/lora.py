@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sdplan.core.errors import SdplanError
 from sdplan.core.modelfiles.lora_names import AliasTable
+from sdplan.core.runtime.placement import CFG_RUNNER
 from sdplan.core.text.lora_tags import extract_lora_tags
 
 if TYPE_CHECKING:  # the LoRA file reader and patches load with a first LoRA
@@ -122,8 +123,8 @@ class LoraState:
         if key == self._key:
             return mode
         self.applied, self.mode, self._key = list(loras), mode, key
-        for name, runner in runners.items():
-            self.attach(name, runner)
+        for name, runner in runners.items():  # a parallel-CFG copy is patched as the diffusion model
+            self.attach("diffusion" if name == CFG_RUNNER else name, runner)
         return mode
 
     def attach(self, name: str, runner: Any) -> None:

@@ -1,0 +1,216 @@
+"""The time prediction of a plan on the command line: its flags, its work count, its table.
+
+``sdplan plan`` and ``sdplan generate`` predict seconds per step and per picture with
+:func:`sdplan.core.planning.timing.predict_time`: the devices' profiles (the inventory
+file's, else those measured here by ``sdplan devices --calibrate``), the work of the
+engine's own graphs for the model files (counted in this process for ``plan``: on the live
+devices it plans for, or on CPU stand-ins named as the inventory's devices when it plans
+another machine; in the engine process for ``generate``), else the formula.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sdplan.core.errors import SdplanError
+from sdplan.core.planning.inventory import Inventory
+from sdplan.core.planning.timing import RunSettings, TimeReport, drive_of_files, predict_time
+from sdplan.core.planning.work import ModuleWork
+
+log = logging.getLogger(__name__)
+
+#: Modules the engine's work count covers (a ControlNet where the family's count has one).
+COUNTED = ("te", "diffusion", "controlnet", "vae")
+
+
+def add_time_arguments(p: argparse.ArgumentParser) -> None:
+    """``--steps``, ``--cfg-scale``, ``--sampling-method`` and ``-t/--threads`` for the time
+    prediction of ``sdplan plan`` (sd-cli's spellings and defaults)."""
+    g = p.add_argument_group("time prediction (as sd-cli spells them)")
+    g.add_argument("--steps", type=int, default=20, help="sampling steps (default 20)")
+    g.add_argument("--cfg-scale", type=float, default=7.0,
+                   help="guidance scale; 1 runs no negative prompt (default 7.0)")
+    g.add_argument("--sampling-method", default="euler_a", help="sampler (default euler_a)")
+    g.add_argument("-t", "--threads", type=int, default=0,
+                   help="CPU threads of the run (default: the CPU profile's)")
+
+
+def settings_of(args: argparse.Namespace) -> RunSettings:
+    """The :class:`RunSettings` of parsed flags (``plan``'s or ``generate``'s).
+
+    Raises:
+        SdplanError: a step count below 1 or a negative thread count, naming the flag.
+    """
+    steps = int(getattr(args, "steps", 20) or 20)
+    if steps < 1:
+        raise SdplanError(f"--steps must be at least 1, got {steps}")
+    threads = int(getattr(args, "threads", 0) or 0)
+    if threads < 0:
+        raise SdplanError(f"-t/--threads must be >= 0, got {threads}")
+    return RunSettings(width=int(args.width), height=int(args.height), batch=int(args.batch_count),
+                       steps=steps, sampler=str(getattr(args, "sampling_method", "euler_a") or "euler_a"),
+                       cfg=float(getattr(args, "cfg_scale", 7.0)) != 1.0, threads=threads)
+
+
+def placements_of(plan: Any) -> dict[str, Any]:
+    """The placements the work count builds the graphs on: the counted modules' and a
+    parallel-CFG copy's (:func:`~sdplan.core.runtime.placement.cfg_placement`)."""
+    from sdplan.core.runtime.placement import CFG, ModulePlacement, cfg_placement
+
+    out: dict[str, Any] = {m: ModulePlacement.from_plan(plan, m) for m in COUNTED if m in plan.modules}
+    cfg = cfg_placement(plan)
+    if cfg is not None:
+        out[CFG] = cfg
+    return out
+
+
+def with_profiles(inventory: Inventory, threads: int = 0) -> Inventory:
+    """``inventory`` with the profiles measured here for devices that carry none
+    (:func:`sdplan.core.runtime.profile_cache.with_cached_profiles`)."""
+    from sdplan.core.runtime.profile_cache import with_cached_profiles
+
+    return with_cached_profiles(inventory, threads)
+
+
+def count_here(files: Mapping[str, Sequence[str]], plan: Any, inventory: Inventory, settings: RunSettings,
+               live: bool, vae_tiling: Any = None) -> dict[str, list[ModuleWork]]:
+    """The work of the model files' graphs counted in this process: on the planned devices
+    when ``live`` (the inventory is this process's), else on CPU backends standing in for
+    the inventory's devices (their kernels are then this CPU's: the prediction prices them
+    by op class); ``vae_tiling`` (a pasted command's
+    :class:`~sdplan.core.planning.vae_tiling.VaeTiling`): the decoder in its tiles. {} when
+    the engine cannot count them (logged)."""
+    try:
+        from sdplan.core.pipelines.work import count_work
+        from sdplan.core.runtime.devices import BackendManager
+        from sdplan.core.runtime.native import native
+        from sdplan.core.runtime.runner import BackendPool
+
+        placements = placements_of(plan)
+        manager = BackendManager(cpu_threads=1)
+        extra = {} if live else {d.name: native().init_backend("CPU") for d in inventory if d.name != "CPU"}
+        try:
+            return count_work(files, width=settings.width, height=settings.height, batch=settings.batch,
+                              cfg=settings.cfg, pool=BackendPool(manager, extra), placements=placements,
+                              vae_tiling=vae_tiling.to_json() if vae_tiling is not None and vae_tiling.enabled
+                              else None)
+        finally:
+            manager.close()
+    except (ImportError, RuntimeError, ValueError, SdplanError) as exc:
+        log.info("no work count of the engine's graphs: %s", exc)
+        return {}
+
+
+def predict(plan: Any, inventory: Inventory, profile: Any, settings: RunSettings,
+            works: Mapping[str, Sequence[ModuleWork]] | None, files: Mapping[str, Sequence[str]] | None,
+            fit: Any = None) -> TimeReport:
+    """:func:`~sdplan.core.planning.timing.predict_time` for a plan with its model files
+    (their drives) and memory estimate (its ``--max-vram`` segments)."""
+    paths = {m: [os.path.abspath(p) for p in ps] for m, ps in drive_of_files(files or {}).items()}
+    segments = {m: list(e.segments) for m, e in (getattr(fit, "modules", None) or {}).items()
+                if getattr(e, "segments", ())}
+    return predict_time(plan, inventory, profile, settings, works, paths, segments)
+
+
+def print_time(console: Any, report: TimeReport, measured: Mapping[str, float] | None = None) -> None:
+    """The prediction as a table (per module and device: seconds per call, calls per
+    picture, seconds per picture) and one summary line; with ``measured`` (``step_s``,
+    ``image_s``...) the measured figures beside the predicted ones."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    s = report.settings
+    table = Table(title=f"Time estimate ({s.steps} steps, {s.sampler}{', CFG' if s.cfg else ''}, "
+                        f"{s.width}x{s.height}, batch {s.batch})")
+    for col in ("module", "device", "s per call", "calls per picture", "s per picture"):
+        table.add_column(col, justify="left" if col in ("module", "device") else "right")
+    for module, times in report.modules.items():
+        for t in times:
+            uses = s.steps if t.phase == "step" else 1
+            for dev, sec in t.call_s.items():
+                if sec <= 0:
+                    continue
+                label = {"io": "(inputs, outputs)", "copies": "(split copies)",
+                         "segments": "(--max-vram segments)"}.get(dev, dev)
+                table.add_row(module, escape(label), f"{sec:.4f}", str(t.calls * uses), f"{sec * t.calls * uses:.3f}")
+            if t.stage_s:
+                table.add_row(module, "(weights per use)", "", "1", f"{t.stage_s:.3f}")
+            if t.load_s:
+                table.add_row(module, "(load)", "", "1", f"{t.load_s:.3f}")
+    console.print(table)
+
+    def both(key: str, value: float) -> str:
+        got = (measured or {}).get(key)
+        return f"{value:.3f} s" + (f" (measured {got:.3f} s, {value / got:.2f}x)" if got else "")
+
+    console.print(f"Predicted: step {both('step_s', report.step_s)} · picture {both('image_s', report.image_s)} "
+                  f"(load {report.load_s:.3f}, text {report.text_s:.3f}, sampling {report.sampling_s:.3f}, "
+                  f"decode {report.decode_s:.3f})", highlight=False, markup=False)
+    for note in report.notes:
+        console.print(f"  note: {note}", highlight=False, markup=False)
+
+
+def predict_run(args: argparse.Namespace, engine: Any, files: dict[str, list[str]], plan: Any,
+                inventory: Inventory, profile: Any, fit: Any, req: Any = None) -> TimeReport | None:
+    """The predicted time of this run (``-v``): the work of the engine's graphs counted in
+    the engine process on the planned devices (:data:`~sdplan.core.pipelines.job_names.WORK_JOB`;
+    a ControlNet and VAE tiles as the request asks), priced with the devices' measured
+    profiles (:func:`predict`); the parts of ``req`` (a
+    :class:`~sdplan.core.pipelines.request.GenerationRequest`) it does not price are named in
+    its notes (:func:`unpriced`). None when it cannot be made (logged)."""
+    from dataclasses import replace
+
+    from sdplan.core.pipelines.job_names import WORK_JOB
+    from sdplan.core.planning.work import works_from_json
+
+    try:
+        settings = settings_of(args)
+        tiling = getattr(req, "vae_tiling", None)
+        work_files = {**files, **({"control_net": [str(req.control_net)]} if getattr(req, "control_net", None) else {})}
+        works = works_from_json(engine.call(WORK_JOB, {
+            "model_files": work_files, "width": args.width, "height": args.height, "batch": args.batch_count,
+            "cfg": settings.cfg, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
+            "placements": placements_of(plan),
+            "vae_tiling": tiling.to_json() if tiling is not None and tiling.enabled else None}))
+        report = predict(plan, with_profiles(inventory, settings.threads), profile, settings, works, files, fit)
+        extra = unpriced(req)
+        return replace(report, notes=(*report.notes, *extra)) if extra else report
+    except SdplanError as exc:
+        log.info("no time prediction: %s", exc)
+        return None
+
+
+def unpriced(req: Any) -> list[str]:
+    """Notes naming the parts of a request the prediction leaves out (never priced as
+    nothing in silence): the hires fix's second pass (its steps and decode at the hires size,
+    the upscale between the passes). Planned modules without a price (an upscaler) are named
+    by :func:`~sdplan.core.planning.timing.predict_time` itself."""
+    out = []
+    hires = getattr(req, "hires", None)
+    if hires is not None and getattr(hires, "active", False):
+        out.append("hires fix: its second pass (sampling and decode at the hires size) and the "
+                   "upscale between the passes are not priced; the prediction is the first pass's")
+    return out
+
+
+def measured_timings(step_times: list[float], engine_timings: dict[str, Any]) -> dict[str, float]:
+    """A picture's measured ``{"step_s", "image_s"}``: the median of the intervals between
+    the progress messages of consecutive sampler steps (``step_times``: seconds since the
+    message before, the first one's 0; the first step also builds the graph, so it is left
+    out; with one step, the engine's own ``per_step``), and the engine's whole time for the
+    request (``total``: load, text, sampling, decode); a figure that was not measured is
+    left out."""
+    import statistics
+
+    out: dict[str, float] = {}
+    if len(step_times) > 1:
+        out["step_s"] = round(statistics.median(step_times[1:]), 6)
+    elif isinstance(engine_timings.get("per_step"), (int, float)):
+        out["step_s"] = round(float(engine_timings["per_step"]), 6)
+    if isinstance(engine_timings.get("total"), (int, float)):
+        out["image_s"] = round(float(engine_timings["total"]), 6)
+    return out

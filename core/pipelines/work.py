@@ -1,0 +1,105 @@
+"""The work of a generation's graphs, counted from the graphs the engine builds.
+
+:func:`count_work` asks the family's work count (the registry's
+:attr:`~sdplan.core.families.declaration.Family.work`: SD 1.x / 2.x, SD3 / SD3.5 and
+Qwen-Image have one) to build the graphs a generation runs, as the compute dry run does
+(:mod:`sdplan.core.pipelines.compute`: no weights loaded, nothing computed), on the planned
+devices, and counts each graph's operations and bytes per device
+(:meth:`~sdplan.core.runtime.runner.ModuleRunner.work`), with how often each runs per
+picture: SD's text encoder once per prompt (twice with CFG's negative prompt), its UNet on
+the CFG batch once per sampler evaluation (a ControlNet beside it on the conditional batch),
+its VAE decoder once per batch; SD3's three encoders per prompt, its MMDiT once per pass (a
+pass per prompt), its decoder per picture; Qwen-Image's LLM once, its DiT's prompt and
+negative-prompt graphs once per evaluation, its decoder per picture. With VAE tiling the
+decoder is counted on one tile, run once per tile of the grid. Other families give {} (the
+prediction falls back to a formula and says so; :mod:`sdplan.core.planning.timing`).
+
+:func:`work_job` is the same as an engine job (:data:`WORK_JOB`), so ``sdplan generate``
+counts in the engine process, on the planned devices' backends.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from sdplan.core.errors import SdplanError
+from sdplan.core.families import UNKNOWN, family
+from sdplan.core.modelfiles.checkpoint import read_model_files
+from sdplan.core.pipelines.job_names import WORK_JOB as WORK_JOB
+from sdplan.core.planning.work import ModuleWork
+from sdplan.core.runtime.devices import BackendManager
+from sdplan.core.runtime.runner import BackendPool
+
+log = logging.getLogger(__name__)
+
+
+def count_work(model_files: Mapping[str, Sequence[str]], *, width: int, height: int,
+               batch: int = 1, cfg: bool = True, pool: Any = None,
+               placements: Mapping[str, Any] | None = None,
+               overrides: Mapping[str, Any] | None = None,
+               vae_tiling: Any = None) -> dict[str, list[ModuleWork]]:
+    """Module (``te``, ``diffusion``, ``vae``, ``controlnet``) -> its graphs' work and how
+    often each runs in a ``width`` x ``height`` generation of ``batch`` images (module
+    docstring); {} for families without a count or a size the model cannot draw (logged).
+
+    Args:
+        model_files: sd-cli model flags -> paths.
+        width, height: image size in pixels; batch: images per run; cfg: guidance with a
+            negative prompt (``--cfg-scale`` other than 1).
+        pool: backends (None: a private CPU pool, closed afterwards).
+        placements: module -> ModulePlacement (None: the CPU).
+        overrides: pipeline settings for tiny models (``clip_heads``).
+        vae_tiling: ``--vae-tiling`` (a :class:`~sdplan.core.planning.vae_tiling.VaeTiling` or
+            its JSON form): the decoder counted on one tile, its calls the tiles of sd-cli's
+            grid (:func:`~sdplan.core.pipelines.stages.vae_tiles.calc_tiles`).
+
+    Raises:
+        ModelFileError: unreadable files.
+    """
+    files = {k: [str(p) for p in v] for k, v in model_files.items() if k not in ("taesd", "upscale_model")}
+    arch = read_model_files({k: v for k, v in files.items() if k != "control_net"}).architecture
+    fam = family(arch.family) if arch.family != UNKNOWN else None
+    if fam is None or fam.work is None:
+        return {}
+    module, _, func = fam.work.partition(":")
+    count = getattr(importlib.import_module(module), func)
+    own = pool is None
+    pool = pool if pool is not None else BackendPool(BackendManager(cpu_threads=1))
+    try:
+        from sdplan.core.planning.vae_tiling import VaeTiling
+
+        tiling = VaeTiling.from_json(vae_tiling) if vae_tiling else None
+        tile = tiles = None
+        if tiling is not None and tiling.enabled:
+            from sdplan.core.pipelines.stages.vae_tiles import calc_tiles
+
+            tile = tiling.tile_latent(width, height, fam.vae_scale)
+            lw, lh = width // fam.vae_scale, height // fam.vae_scale
+            tiles = (calc_tiles(lw, tile[0], tiling.clamped_overlap)[0]
+                     * calc_tiles(lh, tile[1], tiling.clamped_overlap)[0])
+        out: dict[str, list[ModuleWork]] = dict(count(
+            files, width=width, height=height, batch=batch, cfg=cfg, pool=pool, placements=placements,
+            overrides=dict(overrides or {}), **({"vae_tile": tile} if tile else {})))
+        if tiles and "vae" in out:
+            out["vae"] = [replace(w, calls=w.calls * tiles) for w in out["vae"]]
+        return out
+    except (ValueError, RuntimeError, SdplanError) as exc:
+        log.info("no work count: %s", exc)
+        return {}
+    finally:
+        if own:
+            pool.manager.close()
+
+
+def work_job(ctx: Any, model_files: Mapping[str, Sequence[str]], width: int, height: int,
+             batch: int = 1, cfg: bool = True, placements: Mapping[str, Any] | None = None,
+             overrides: Mapping[str, Any] | None = None, vae_tiling: Any = None) -> dict[str, list[dict[str, object]]]:
+    """:func:`count_work` in the engine process, on its shared backends; JSON-ready
+    (:func:`sdplan.core.planning.work.works_from_json` reads it back)."""
+    works = count_work(model_files, width=width, height=height, batch=batch, cfg=cfg, pool=ctx.pool(),
+                       placements=placements, overrides=overrides, vae_tiling=vae_tiling)
+    return {m: [w.to_json() for w in ws] for m, ws in works.items()}

@@ -1,0 +1,60 @@
+"""The predicted time on the command line: ``sdplan plan``'s table and ``"time"`` JSON,
+``generate -v``'s predicted beside measured, and each picture's measured timings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from conftest import REPO
+from rpc_util import sdplan_cmd
+from sdplan.core.commands.time_estimate import measured_timings
+
+DEMO = REPO / "resources" / "demo" / "sdplan-demo-shapes.safetensors"
+
+
+def test_measured_timings_take_the_median_step_after_the_first() -> None:
+    # the first interval is 0 (no step before it), the second includes building the graph
+    assert measured_timings([0.0, 0.9, 0.2, 0.4, 0.3], {"total": 2.5}) == {"step_s": 0.35, "image_s": 2.5}
+    assert measured_timings([0.0], {"per_step": 0.7, "total": 1.0}) == {"step_s": 0.7, "image_s": 1.0}
+    assert measured_timings([], {}) == {}
+
+
+def test_plan_prints_and_writes_the_time_of_the_demo(tmp_path) -> None:
+    pytest.importorskip("sdplan._ggml")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}  # no measured profile here: defaults
+    args = ["plan", "-m", str(DEMO), "-W", "128", "-H", "128", "--steps", "10", "--sampling-method", "heun"]
+    done = subprocess.run(sdplan_cmd(*args, "--json"), capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    t = json.loads(done.stdout)["time"]
+    assert (t["steps"], t["sampler"], t["cfg"]) == (10, "heun", True)
+    assert {m: [x["source"] for x in v] for m, v in t["modules"].items()} == {
+        "te": ["counted"], "diffusion": ["counted"], "vae": ["counted"]}
+    assert t["modules"]["diffusion"][0]["calls"] == 2  # heun evaluates twice per step
+    assert t["sampling_s"] == pytest.approx(10 * t["step_s"])
+    assert t["image_s"] == pytest.approx(t["load_s"] + t["text_s"] + t["sampling_s"] + t["decode_s"])
+    assert t["profiles"] == {"CPU": "default"} and any("no measured profile" in n for n in t["notes"])
+    table = subprocess.run(sdplan_cmd(*args), capture_output=True, text=True, env=env, timeout=300)
+    assert "Time estimate (10 steps, heun, CFG, 128x128, batch 1)" in table.stdout
+    assert f"Predicted: step {t['step_s']:.3f} s" in table.stdout
+
+
+def test_generate_records_measured_timings_and_prints_the_prediction_beside_them(tmp_path) -> None:
+    pytest.importorskip("sdplan._ggml")
+    from PIL import Image
+
+    out = tmp_path / "demo.png"
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run(sdplan_cmd("generate", "--demo", "-p", "a red circle on a blue background", "--steps", "4",
+                                     "-t", "1", "-v", "-o", str(out)), capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    timings = json.loads(Image.open(out).text["sdplan"])["timings"]
+    # the engine's own phases as the picture's record keeps them, and the measured step and picture
+    assert {"step_s", "image_s", "total", "sampling"} <= set(timings)
+    assert 0 < timings["step_s"] < timings["image_s"] and timings["image_s"] == pytest.approx(timings["total"], abs=1e-4)
+    line = next(x for x in done.stderr.splitlines() if x.startswith("Predicted: step"))
+    assert f"(measured {timings['step_s']:.3f} s," in line
+    assert "--verbose: no effect" not in done.stderr  # sd-cli's -v is honoured here

@@ -1,0 +1,233 @@
+"""The work of built graphs (:mod:`sdplan.core.runtime.work_count`): products, convolutions
+and attention counted against their textbook FLOP whatever kernel runs them, memory-bound
+bytes, devices and the copies between them, weights; and the work engine job of the demo."""
+
+from __future__ import annotations
+
+import pytest
+from sdplan.core.errors import ModelFileError
+
+pytest.importorskip("sdplan._ggml")
+
+from conftest import REPO  # noqa: E402
+from sdplan.core.pipelines.work import count_work  # noqa: E402
+from sdplan.core.planning.work import GraphWork, works_from_json  # noqa: E402
+from sdplan.core.runtime import graph as gr  # noqa: E402
+from sdplan.core.runtime.devices import BackendManager  # noqa: E402
+from sdplan.core.runtime.native import native  # noqa: E402
+from sdplan.core.runtime.work_count import graph_work  # noqa: E402
+
+DEMO = REPO / "resources" / "demo" / "sdplan-demo-shapes.safetensors"
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    with BackendManager(cpu_threads=1) as m:
+        yield m.get("CPU")
+
+
+def _weights(backend, **shapes):
+    ng = native()
+    store = ng.WeightStore([(n, "f16" if len(s) > 1 else "f32", s) for n, s in shapes.items()])
+    buf = store.allocate(list(shapes), backend)
+    return store, buf
+
+
+def _work(backends, build) -> GraphWork:
+    g = gr.new_graph(backends, n_threads=1)
+    with gr.on(g, 0):
+        build(g)
+    g.build()
+    return graph_work(g, ["A", "B", "C"][:len(backends)])
+
+
+def test_a_product_is_2mkn_flops_with_its_weights_dtype(cpu) -> None:
+    store, _ = _weights(cpu, w=(96, 64))
+
+    def build(g):
+        g.output("y", g.mul_mat(store.tensor("w"), g.input("x", (2, 40, 64))))
+
+    w = _work([cpu], build).devices["A"]
+    assert [(o.cls, o.dtype, o.flops, o.count) for o in w.ops] == [("mm", "f16", 2.0 * 96 * 64 * 80, 1)]
+    assert (w.weights, w.weight_bytes) == (1, 96 * 64 * 2)
+
+
+@pytest.mark.parametrize("method", ["im2col", "cpu_im2col", "winograd", "fma", "bf16"])
+def test_a_convolution_counts_the_direct_products_flops_whatever_runs_it(cpu, method) -> None:
+    ng = native()
+    if method == "fma" and not ng.fma_gemm():
+        pytest.skip("no FMA product on this CPU")
+    if method == "bf16" and ng.bf16_cpu_kernel() == "off":
+        pytest.skip("no bf16 kernel on this CPU")
+    if method == "winograd" and not ng.cpu_avx2_fma():
+        pytest.skip("no AVX2/FMA Winograd kernel here")
+    if method == "bf16":
+        before = ng.bf16_kernel()
+        ng.set_bf16_kernel("auto")
+    store, _ = _weights(cpu, w=(32, 16, 3, 3))
+    try:
+        def build(g):
+            g.f16_as_bf16 = method == "bf16"
+            x = g.input("x", (2, 16, 40, 40))
+            g.output("y", gr.conv2d(g, x, store.tensor("w"), None, 1, 1, method=method))
+
+        w = _work([cpu], build).devices["A"]
+    finally:
+        if method == "bf16":
+            ng.set_bf16_kernel(before)
+    direct = 2.0 * 2 * 32 * 40 * 40 * 16 * 9  # batch, out channels, output pixels, in channels, 3x3
+    assert sum(o.flops * o.count for o in w.ops) == direct
+    assert {o.cls for o in w.ops} == {"conv"}  # the column paths' product of columns too
+    # the columns' bytes belong to the convolution (its measured rate includes them)
+    assert not {"IM2COL", "cpu_im2col"} & set(w.mem_kernels)
+
+
+def test_attention_counts_scores_and_values_with_its_head_width(cpu) -> None:
+    def build(g):
+        q = g.input("q", (1, 4, 50, 32))
+        k, v = g.input("k", (1, 4, 70, 32)), g.input("v", (1, 4, 70, 32))
+        g.output("y", g.flash_attn(q, k, v, None, 0.1))
+
+    w = _work([cpu], build).devices["A"]
+    attn = [o for o in w.ops if o.cls == "attn"]
+    assert len(attn) == 1 and attn[0].flops == 2.0 * 4 * 50 * 70 * (32 + 32)
+    assert attn[0].kernel.endswith("@d32")
+
+
+def test_memory_bound_ops_count_their_bytes_and_views_count_as_nodes(cpu) -> None:
+    def build(g):
+        a, b = g.input("a", (1000,)), g.input("b", (1000,))
+        s = g.add(a, b)
+        g.output("y", g.reshape(s, (10, 100)))
+
+    work = _work([cpu], build)
+    w = work.devices["A"]
+    assert w.ops == () and w.mem_ops >= 1
+    assert w.mem_bytes >= 3 * 4000  # the add reads two and writes one
+    assert w.mem_kernels["ADD"] == (3 * 4000, 1)
+    assert sum(b for b, _ in w.mem_kernels.values()) == w.mem_bytes
+    assert w.nodes >= 2  # the add and the reshape (a view), and an output copy
+    assert (work.input_bytes, work.inputs) == (8000, 2)
+    assert work.output_bytes == 4000 and work.outputs == 1
+
+
+def test_a_split_counts_each_devices_work_and_the_copies_between_them(cpu) -> None:
+    other = native().init_backend("CPU")
+    store, _ = _weights(cpu, w0=(64, 64), w1=(64, 64))
+    g = gr.new_graph([cpu, other], n_threads=1)
+    with gr.on(g, 0):
+        x = g.input("x", (8, 64))
+        h = g.mul_mat(store.tensor("w0"), x)
+    with gr.on(g, 1):
+        y = g.mul_mat(store.tensor("w1"), g.add(h, x))  # reads the first device's h and the input
+    with gr.on(g, 0):
+        g.output("y", g.scale(y, 2.0))
+    g.build()
+    work = graph_work(g, ["A", "B"])
+    flops = 2.0 * 64 * 64 * 8
+    assert sum(o.flops for o in work.devices["A"].ops) == flops
+    assert sum(o.flops for o in work.devices["B"].ops) == flops
+    assert work.copies == {"A>B": 2 * 8 * 64 * 4, "B>A": 8 * 64 * 4}  # h and x there, y back
+    assert work.devices["B"].weights == 1 and work.devices["A"].weights == 1
+
+
+def test_the_work_job_counts_the_demo_generation() -> None:
+    works = count_work({"model": [str(DEMO)]}, width=128, height=128, cfg=True)
+    assert set(works) == {"te", "diffusion", "vae"}
+    te, unet, vae = works["te"][0], works["diffusion"][0], works["vae"][0]
+    assert (te.phase, te.calls, unet.phase, unet.calls, vae.phase, vae.calls) == ("text", 2, "step", 1, "decode", 1)
+    assert unet.graph.devices["CPU"].flops > 0 and vae.graph.devices["CPU"].weight_bytes > 0
+    # without guidance the UNet's batch halves: so do its products
+    one = count_work({"model": [str(DEMO)]}, width=128, height=128, cfg=False)
+    mm = lambda w: sum(o.flops * o.count for o in w.graph.devices["CPU"].ops if o.cls != "attn")  # noqa: E731
+    assert mm(one["diffusion"][0]) == pytest.approx(mm(unet) / 2, rel=0.02)
+    assert one["te"][0].calls == 1
+    # the JSON form reads back
+    back = works_from_json({m: [w.to_json() for w in ws] for m, ws in works.items()})
+    assert back["diffusion"][0] == unet
+
+
+def test_families_without_a_count_give_none_and_a_missing_file_is_an_error(tmp_path) -> None:
+    fix = REPO / "tests" / "fixtures"
+    files = {"diffusion_model": [str(fix / "flux_dev_tiny.safetensors")], "vae": [str(fix / "flux_ae_tiny.safetensors")]}
+    assert count_work(files, width=64, height=64) == {}
+    with pytest.raises(ModelFileError, match="missing.safetensors"):
+        count_work({"model": [str(tmp_path / "missing.safetensors")]}, width=64, height=64)
+
+
+def test_a_graph_split_and_computed_is_read_as_built_and_computes_the_same_after(cpu) -> None:
+    """The scheduler points split nodes at its copies; reading the nodes between computes (and
+    after the buffers were freed) sees the graph as built and leaves the split working."""
+    import numpy as np
+
+    other = native().init_backend("CPU")
+    g = gr.new_graph([cpu, other], n_threads=1)
+    with gr.on(g, 0):
+        x = g.input("x", (4, 8))
+        h = g.scale(x, 2.0)
+    with gr.on(g, 1):
+        y = g.add(h, x)
+    with gr.on(g, 0):
+        g.output("y", g.scale(y, 0.5))
+    g.build()
+    arr = np.arange(32, dtype=np.float32).reshape(4, 8)
+    g.allocate()
+    g.set_input("x", arr)
+    g.compute()
+    first = graph_work(g, ["A", "B"])
+    g.compute()
+    np.testing.assert_allclose(g.get_output("y"), 1.5 * arr)
+    g.reserve()
+    g.free_compute()
+    assert graph_work(g, ["A", "B"]) == first
+    assert first.copies == {"A>B": 2 * 4 * 8 * 4, "B>A": 4 * 8 * 4}
+
+
+def test_qwen_image_is_counted_per_prompt_graph_of_its_dit() -> None:
+    """Qwen-Image's count through the registry: the LLM once, the DiT's prompt graph and, with
+    CFG, its negative prompt's graph (fewer text tokens, so less work), the decoder once."""
+    from qwen_image_util import SIZE, files
+
+    works = count_work(files(), width=SIZE, height=SIZE, cfg=True)
+    assert set(works) == {"te", "diffusion", "vae"}
+    prompt, negative = works["diffusion"]
+    assert (prompt.phase, prompt.calls, negative.calls) == ("step", 1, 1)
+    flops = lambda w: sum(o.flops * o.count for o in w.graph.devices["CPU"].ops)  # noqa: E731
+    assert 0 < flops(negative) < flops(prompt)
+    assert [(w.phase, w.calls) for w in works["te"]] == [("text", 1)]
+    assert [(w.phase, w.calls) for w in works["vae"]] == [("decode", 1)]
+    # no guidance: one DiT graph; two pictures: each graph twice (pictures run one by one)
+    assert len(count_work(files(), width=SIZE, height=SIZE, cfg=False)["diffusion"]) == 1
+    assert [w.calls for w in count_work(files(), width=SIZE, height=SIZE, batch=2)["diffusion"]] == [2, 2]
+
+
+def test_a_controlnet_is_counted_beside_the_unet_on_the_conditional_batch(tmp_path) -> None:
+    from controlnet_util import controlnet_from_unet
+
+    net = controlnet_from_unet(DEMO, tmp_path / "demo_controlnet.safetensors")
+    works = count_work({"model": [str(DEMO)], "control_net": [net]}, width=128, height=128, cfg=True)
+    plain = count_work({"model": [str(DEMO)]}, width=128, height=128, cfg=True)
+    (cn,) = works["controlnet"]
+    assert (cn.phase, cn.calls) == ("step", 1)
+    flops = lambda w: sum(o.flops * o.count for o in w.graph.devices["CPU"].ops)  # noqa: E731
+    assert flops(cn) > 0 and cn.graph.devices["CPU"].weight_bytes > 0
+    # it runs on the conditional batch alone: guidance leaves it as it is, a second picture doubles it
+    no_cfg = count_work({"model": [str(DEMO)], "control_net": [net]}, width=128, height=128, cfg=False)
+    two = count_work({"model": [str(DEMO)], "control_net": [net]}, width=128, height=128, batch=2, cfg=False)
+    assert flops(no_cfg["controlnet"][0]) == pytest.approx(flops(cn))
+    assert flops(two["controlnet"][0]) == pytest.approx(2 * flops(cn), rel=0.02)
+    # the UNet itself takes the residuals as more inputs
+    assert works["diffusion"][0].graph.inputs > plain["diffusion"][0].graph.inputs
+
+
+def test_vae_tiling_counts_one_tile_per_tile_of_the_grid() -> None:
+    """--vae-tiling with 64 px tiles on a 128 px picture (16 latent pixels, tiles of 8 with half
+    overlap): sd-cli's grid has 3 x 3 tiles; each decode is one tile's graph."""
+    from sdplan.core.planning.vae_tiling import VaeTiling
+
+    whole = count_work({"model": [str(DEMO)]}, width=128, height=128)["vae"][0]
+    tiled = count_work({"model": [str(DEMO)]}, width=128, height=128,
+                       vae_tiling=VaeTiling(True, (64, 64)).to_json())["vae"][0]
+    assert tiled.calls == 9
+    flops = lambda w: sum(o.flops * o.count for o in w.graph.devices["CPU"].ops)  # noqa: E731
+    assert flops(tiled) == pytest.approx(flops(whole) / 4, rel=0.05)
