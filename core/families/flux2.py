@@ -1,10 +1,12 @@
-"""FLUX.2: klein 4B / 9B (run) and dev (recognised, not run), with LLM text encoders.
+"""FLUX.2: dev (32 B, Mistral-Small-3.2 text encoder) and klein 4B / 9B (Qwen3), both run.
 
 Recognised by the shared image-stream modulation ``double_stream_modulation_img`` (sd-cli's
 test): 48 single blocks is FLUX.2 [dev] (Mistral Small 3.2 encoder); otherwise [klein], ``4b``
 at width 3072 (Qwen3-4B states) or ``9b`` at 4096 (Qwen3-8B). Defaults: klein's 4-step
-distillation (sd-cli's ``docs/flux2.md``: ``--cfg-scale 1.0 --steps 4``, euler). The
-estimate's constants: 24 heads over 3072 (klein 4B), 32 over 4096 (9B), 512 text tokens.
+distillation (sd-cli's ``docs/flux2.md``: ``--cfg-scale 1.0 --steps 4``, euler); dev's are sd-cli's
+general ones (20 steps, CFG 1, euler, ``--guidance`` 3.5 into its guidance embedder). The
+estimate's constants: 24 heads over 3072 (klein 4B), 32 over 4096 (9B), 48 over 6144 (dev:
+diffusers' ``Flux2Transformer2DModel`` defaults, 8 double + 48 single blocks), 512 text tokens.
 """
 
 from __future__ import annotations
@@ -76,10 +78,13 @@ FLUX2_KLEIN = Family(
 
 FLUX2_DEV = Family(
     name="flux2", title="FLUX.2 dev", detect=_dev,
-    files=(("diffusion_model", "llm", "vae"),), options=frozenset(), sampling="flow",
-    defaults=Defaults(1.0, 20, "euler"), size_rule="patch8",
+    files=(("diffusion_model", "llm", "vae"),),
+    options=frozenset({o.NEGATIVE_PROMPT, o.CFG_SCALE, o.GUIDANCE, o.BATCH, o.ETA, o.SIGMAS, o.FLOW_SHIFT,
+                       o.RNG, o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.REF_IMAGES, o.TAESD,
+                       o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
+    sampling="flow", defaults=Defaults(1.0, 20, "euler"), size_rule="patch8",
     latent_format="flux2_ae", vae_scale=16, companions=Companions(("llm",), 32, 1024),
-    refusal="FLUX.2 [dev] (48 single blocks, Mistral Small 3.2 text encoder) is recognised but "
-            "sdplan generates with FLUX.2 klein only")
+    compute=ComputeShape("dit", 48, 6144, 512),
+    pipeline="sdplan.core.pipelines.flux2_dev.generate:generate")
 
 FAMILIES = (FLUX2_DEV, FLUX2_KLEIN)
