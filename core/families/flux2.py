@@ -85,6 +85,7 @@ FLUX2_DEV = Family(
     sampling="flow", defaults=Defaults(1.0, 20, "euler"), size_rule="patch8",
     latent_format="flux2_ae", vae_scale=16, companions=Companions(("llm",), 32, 1024),
     compute=ComputeShape("dit", 48, 6144, 512),
-    pipeline="sdplan.core.pipelines.flux2_dev.generate:generate")
+    pipeline="sdplan.core.pipelines.flux2_dev.generate:generate",
+    dry_run="sdplan.core.pipelines.flux2_dev.generate:measure")
 
 FAMILIES = (FLUX2_DEV, FLUX2_KLEIN)
