@@ -11,6 +11,8 @@ diffusers' ``Flux2Transformer2DModel`` defaults, 8 double + 48 single blocks), 5
 
 from __future__ import annotations
 
+import re
+
 from sdplan.core.families import options as o
 from sdplan.core.families.declaration import (
     Companions,
@@ -26,6 +28,8 @@ from sdplan.core.families.tensors import count_blocks, llm_family
 FLUX2_MARKERS = ("double_stream_modulation_img.lin.weight", "double_stream_modulation_img.linear.weight")
 #: FLUX.2 klein variants by DiT width: (variant, text encoder).
 KLEIN_WIDTHS = {3072: ("4b", "Qwen3-4B"), 4096: ("9b", "Qwen3-8B")}
+#: Mistral-Small-3.x's vision tower (Pixtral) and projector: not the text encoder's blocks.
+_PIXTRAL = re.compile(r"(?:^|\.)(?:vision_tower|multi_modal_projector)\.")
 
 
 def _layout(t: DiffusionTensors) -> tuple[int, int, int, list[str]] | None:
@@ -48,7 +52,11 @@ def _dev(t: DiffusionTensors) -> Detection | None:
     found = _layout(t)
     if found is None or found[1] != 48:
         return None
-    return "dev", (*found[3], "48 single blocks: FLUX.2 [dev] (Mistral Small 3.2 text encoder)")
+    ev = [*found[3], "48 single blocks: FLUX.2 [dev] (Mistral Small 3.2 text encoder)"]
+    llm = llm_family(n for n in t.llm_names if not _PIXTRAL.search(n))
+    if llm:
+        ev.append(f"text encoder: {llm}")
+    return "dev", tuple(ev)
 
 
 def _klein(t: DiffusionTensors) -> Detection | None:
