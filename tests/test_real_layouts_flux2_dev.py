@@ -119,7 +119,8 @@ def test_inspect_command_names_the_family(files) -> None:
 def test_plan_on_d1s_two_gpus(files, shared_dir: Path) -> None:
     """Both GPUs of D1 (RTX 4090 + RTX 3060) under the DiT and the encoder: 56 DiT blocks and 40
     LLM layers in two contiguous ranges each, their bytes the blocks'; the weights of the plan
-    are the files' (the vision tower only for a run given reference pictures); in bf16 the pair
+    are the files' less the vision tower, which FLUX.2 dev never loads (its reference pictures go
+through the autoencoder); in bf16 the pair
     (60 GiB + 45 GiB) cannot fit 33 GiB of GPU memory, and the estimate says so."""
     prof = read_model_files(flags(files)).profile()
     inv = Inventory.from_json(json.loads((shared_dir / "cases/devices/D1.json").read_text()))
@@ -135,6 +136,9 @@ def test_plan_on_d1s_two_gpus(files, shared_dir: Path) -> None:
     assert sum(t.weights for t in fit.devices.values()) == sum(m.total for m in prof.modules.values()) - \
         te.encoders["llm_vision"]
     assert not fit.fits
+    # reference pictures go through the autoencoder: sd-cli never loads the vision tower
+    edit = estimate_plan(plan, prof, inv, width=1024, height=1024, ref_images=1)
+    assert edit.modules["te"].weights == fit.modules["te"].weights
     # the DiT attends over 64 x 64 latent cells plus 512 text rows, 48 heads of width 6144
     tokens = 64 * 64 + 512
     assert estimate_plan(plan, prof, inv, width=1024, height=1024, engine="sd-cli").modules[

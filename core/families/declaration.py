@@ -167,6 +167,9 @@ class Family:
         dry_run: ``"module:function"`` measuring its compute buffers (None: formulas only).
         fitted_compute: the engine's fitted compute figures cover it
             (:mod:`sdplan.core.planning.engine_compute`).
+        vision_refs: its LLM encoder's vision tower reads the reference pictures (Qwen-Image
+            Edit); otherwise a vision tower in the encoder's file is never loaded (FLUX.2 dev:
+            sd-cli's ``LLMEmbedder`` without vision).
     """
 
     name: str
@@ -196,6 +199,7 @@ class Family:
     refusal: str = ""
     dry_run: str | None = None
     fitted_compute: bool = False
+    vision_refs: bool = False
 
     def defaults_for(self, variant: str | None) -> Defaults:
         """sd-cli's settings for ``variant`` (the family's when it has none of its own)."""

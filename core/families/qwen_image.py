@@ -59,6 +59,6 @@ QWEN_IMAGE = Family(
     companions=Companions(("llm",), 16, 1024),
     compute=ComputeShape("dit", 24, 3072, 256),
     pipeline="sdplan.core.pipelines.qwen_image.generate:generate",
-    dry_run="sdplan.core.pipelines.qwen_image.generate:measure")
+    dry_run="sdplan.core.pipelines.qwen_image.generate:measure", vision_refs=True)
 
 FAMILIES = (QWEN_IMAGE,)
