@@ -188,3 +188,26 @@ def test_q8_0_gguf_dit_and_encoder(tmp_path: Path, files, layouts) -> None:
     assert 0.5 < dit_total / nbytes(dl) < 0.6
     assert len(te.blocks) == 40 and te.total == llm_total and te.encoders == {"llm": llm_total}
     assert te.blocks[39] == q8_bytes(gl, lambda n: n.startswith("blk.39."))
+
+
+def test_library_pairs_dev_with_mistral_and_klein_with_qwen3(tmp_path: Path, layouts, shared_dir: Path) -> None:
+    """A folder with FLUX.2 dev, klein 4B, the Mistral GGUF, Qwen3-4B and the FLUX.2
+    autoencoder: each DiT runs with its own encoder and the 32-channel VAE."""
+    from sdplan.core.modelfiles.library import LibraryCache, scan_library
+    from sdplan.core.modelfiles.library_fit import companions
+
+    shared = json.loads((shared_dir / "models/real_size_key_layouts.json").read_text())
+    write_sparse(tmp_path / "flux2-dev.safetensors", layouts["flux2_dev_bfl"])
+    write_sparse(tmp_path / "flux-2-klein-4b.safetensors", shared["flux2_klein_4b"])
+    write_sparse_gguf(tmp_path / "Mistral-Small-3.2-24B-Instruct-2506-Q8_0.gguf",
+                      gguf_layout(layouts["mistral_small_32_hf"]), q8(("token_embd.",)))
+    write_sparse(tmp_path / "qwen_3_4b.safetensors", shared["qwen3_4b_hf"])
+    write_typed(tmp_path / "flux2-vae.safetensors", layouts["flux2_vae"], vae_dtype)
+    entries = scan_library([tmp_path], LibraryCache(tmp_path / "cache.json")).entries
+    by_name = {e.name: e for e in entries}
+    assert (by_name["flux2-dev.safetensors"].family, by_name["flux2-dev.safetensors"].variant) == ("flux2", "dev")
+    for dit, llm in (("flux2-dev.safetensors", "Mistral-Small-3.2-24B-Instruct-2506-Q8_0.gguf"),
+                     ("flux-2-klein-4b.safetensors", "qwen_3_4b.safetensors")):
+        flags, missing = companions(by_name[dit], entries)
+        assert {k: Path(v[0]).name for k, v in flags.items()} == {
+            "diffusion_model": dit, "llm": llm, "vae": "flux2-vae.safetensors"} and missing == ()

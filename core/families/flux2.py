@@ -7,6 +7,7 @@ distillation (sd-cli's ``docs/flux2.md``: ``--cfg-scale 1.0 --steps 4``, euler);
 general ones (20 steps, CFG 1, euler, ``--guidance`` 3.5 into its guidance embedder). The
 estimate's constants: 24 heads over 3072 (klein 4B), 32 over 4096 (9B), 48 over 6144 (dev:
 diffusers' ``Flux2Transformer2DModel`` defaults, 8 double + 48 single blocks), 512 text tokens.
+In the library, dev pairs with an LLM file named for Mistral first, klein with one that is not.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ FLUX2_KLEIN = Family(
                        o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
     sampling="flow", defaults=Defaults(1.0, 4, "euler"),
     size_rule="patch8", latent_format="flux2_ae", vae_scale=16,
-    companions=Companions(("llm",), 32, 1024),
+    companions=Companions(("llm",), 32, 1024, avoids="mistral"),
     compute=ComputeShape("dit", 24, 3072, 512),
     variant_compute={"9b": ComputeShape("dit", 32, 4096, 512)},
     pipeline="sdplan.core.pipelines.flux2.generate:generate")
@@ -91,7 +92,7 @@ FLUX2_DEV = Family(
                        o.RNG, o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.REF_IMAGES, o.TAESD,
                        o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
     sampling="flow", defaults=Defaults(1.0, 20, "euler"), size_rule="patch8",
-    latent_format="flux2_ae", vae_scale=16, companions=Companions(("llm",), 32, 1024),
+    latent_format="flux2_ae", vae_scale=16, companions=Companions(("llm",), 32, 1024, prefers="mistral", avoids=""),
     compute=ComputeShape("dit", 48, 6144, 512),
     pipeline="sdplan.core.pipelines.flux2_dev.generate:generate",
     dry_run="sdplan.core.pipelines.flux2_dev.generate:measure")
