@@ -127,3 +127,23 @@ def test_bad_vocabularies_are_clear_errors(tmp_path: Path) -> None:
     w.close()
     with pytest.raises(ModelFileError, match="no byte-level BPE tokenizer"):
         BPETokenizer.from_gguf(path)
+
+
+def test_mistral_tekken_vocabulary_matches_mistral_common() -> None:
+    """The shipped Tekken merges rebuild mistral-common's ids (``mistral_vocab_test.json``, made
+    by its Tekkenizer in ``make_flux2_dev_fixtures.py``) for cased words, digits, accents, CJK,
+    emoji, newlines, space runs and punctuation; special tokens keep sd-cli's ids and decode
+    back to the text."""
+    import json
+
+    tok = BPETokenizer.mistral()
+    cases = json.loads((FIX / "mistral_vocab_test.json").read_text(encoding="utf-8"))
+    assert len(cases) == 9
+    for text, ids in cases.items():
+        assert tok.encode(text) == ids, text
+        assert tok.decode(ids) == text
+    assert tok.vocab_size == 131072
+    assert [tok.token_id(t) for t in ("<unk>", "<s>", "</s>", "[INST]", "[SYSTEM_PROMPT]", "<pad>")] == [0, 1, 2, 3, 17, 11]
+    ids = tok.encode("[INST]a cat[/INST]")
+    assert ids[0] == 3 and ids[-1] == 4 and tok.decode(ids) == "[INST]a cat[/INST]"
+    assert tok.encode("[INST]", special=False) != [3]  # parsed as text when asked

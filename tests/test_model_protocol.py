@@ -387,6 +387,19 @@ def _flux2(shared: Path, tmp: Path) -> Built:
     return Built(dit, path, set(_names(path)), [run(4, 4, 10, ()), run(3, 5, 7, ((2, 3),))])
 
 
+@case("flux2-dev", Flux2DiT, blocks=50)
+def _flux2_dev(shared: Path, tmp: Path) -> Built:
+    path = FIX / "flux2_dev_tiny.safetensors"
+    dit = Flux2DiT.from_weights(_shapes(path))
+    assert dit.cfg.guidance  # guidance_in: the distilled guidance is an input
+
+    def run(h: int, w: int, t: int, refs: tuple[tuple[int, int], ...], guidance: float) -> Run:
+        ins = dit.inputs(_normal((1, 128, h, w), h), _normal((1, t, 48), t), 0.6,
+                         [_normal((1, 128, *r), 7) for r in refs], guidance)
+        return Run(ins, {"out": (1, h * w + sum(a * b for a, b in refs), 128)})
+    return Built(dit, path, set(_names(path)), [run(4, 4, 10, (), 3.5), run(3, 5, 7, ((2, 3),), 5.0)])
+
+
 def _tae(shared: Path, part: str) -> Built:
     path = shared / "weights" / f"taef2_{part}.safetensors"
     shapes = _shapes(path)
@@ -409,6 +422,20 @@ def _llm(shared: Path, tmp: Path) -> Built:
 
     def run(t: int) -> Run:
         return Run(enc.inputs(_rng(t).choice(used, (1, t))), {"hidden": (1, t, 32)})
+    return Built(enc, path, set(_names(path)), [run(17), run(6)])
+
+
+@case("llm-mistral", LLMEncoder, blocks=31)
+def _llm_mistral(shared: Path, tmp: Path) -> Built:
+    from flux2_dev_util import PARTS as MISTRAL_PARTS
+    from flux2_dev_util import write_llm as write_mistral
+
+    path = write_mistral(tmp / "mistral_tiny.safetensors")
+    enc = LLMEncoder.from_weights(_shapes(path), arch="mistral", head_dim=128)  # every block runs
+    used = load_file(str(MISTRAL_PARTS))["embed.ids"]
+
+    def run(t: int) -> Run:
+        return Run(enc.inputs(_rng(t).choice(used, (1, t))), {"hidden": (1, t, 16)})
     return Built(enc, path, set(_names(path)), [run(17), run(6)])
 
 

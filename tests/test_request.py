@@ -72,8 +72,9 @@ def test_samplers_schedulers_and_files_are_checked_per_family() -> None:
     with pytest.raises(ModelFileError, match="a FLUX.1 run needs --diffusion-model, --t5xxl, --clip_l and --vae; "
                                              "missing --clip_l, --vae"):
         GenerationRequest.from_settings({"prompt": "x"}, {"diffusion_model": "d", "t5xxl": "t"}).check(FLUX)
-    with pytest.raises(ModelFileError, match="FLUX.2 \\[dev\\].*klein only"):
-        req().check(family("flux2"))
+    with pytest.raises(ModelFileError, match="a FLUX.2 dev run needs --diffusion-model, --llm and --vae; "
+                                             "missing --llm"):
+        GenerationRequest.from_settings({"prompt": "x"}, {"diffusion_model": "d", "vae": "v"}).check(family("flux2"))
 
 
 def test_settings_record_exactly_what_runs() -> None:

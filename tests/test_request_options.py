@@ -2,7 +2,7 @@
 honoured or refused, never dropped.
 
 A table over the registry's families (SD 1.x on the demo model, SD 2.x, SDXL, SD3, FLUX.1 dev,
-Chroma, Z-Image, FLUX.2 klein and Qwen-Image on their tiny fixtures) and every option of
+Chroma, Z-Image, FLUX.2 klein, FLUX.2 dev and Qwen-Image on their tiny fixtures) and every option of
 :data:`sdplan.core.families.options.OPTIONS`. Where the family declares an option honoured,
 the engine job (:func:`sdplan.core.pipelines.jobs.generate_job`, in this process) runs the
 request with the option at a value other than its default, in a setting where it matters
@@ -45,7 +45,7 @@ from sdplan.core.sampling.names import SAMPLERS, SCHEDULES, samplers_for, schedu
 FIX = Path(__file__).resolve().parent / "fixtures"
 PROMPT = "a photo of a cat"
 #: The rows: the registry families that run, each on its tiny model set.
-ROWS = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "z_image", "flux2_klein", "qwen_image")
+ROWS = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "z_image", "flux2_klein", "flux2", "qwen_image")
 
 
 @dataclass
@@ -120,6 +120,7 @@ def _autoencoder_x8(src: Path, dst: Path) -> str:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict[str, Any]:
     """The rows' model sets and the inputs the options need, written once."""
+    import flux2_dev_util
     import flux2_util
     import flux_util
     import qwen_image_util
@@ -155,6 +156,9 @@ def env(tmp_path_factory) -> dict[str, Any]:
         "flux2_klein": Row({"diffusion_model": [str(flux2_util.DIT)],
                             "llm": [str(flux2_util.write_llm(d / "qwen3_klein.safetensors"))],
                             "vae": [str(flux2_util.AE)]}, 32),
+        "flux2": Row({"diffusion_model": [str(flux2_dev_util.DIT)],
+                      "llm": [str(flux2_dev_util.write_llm(d / "mistral_flux2.safetensors"))],
+                      "vae": [str(flux2_dev_util.AE)]}, 32),
         "qwen_image": Row(qwen_image_util.files(), 32),
     }
     rng = np.random.default_rng(3)
@@ -251,9 +255,9 @@ def change_of(opt: str, name: str, env: dict[str, Any]) -> Change:
         sigmas = [1.0, 0.4, 0.0] if flow else [10.0, 2.0, 0.0]
         return Change({"sigmas": sigmas}, {"sigmas": sigmas})
     if opt == o.FLOW_SHIFT:
-        # FLUX.1, Chroma and klein's own schedules (sd-cli's flux / flux2 schedulers) take no
+        # FLUX.1, Chroma and FLUX.2's own schedules (sd-cli's flux / flux2 schedulers) take no
         # shift: it acts on the t-based schedulers, as in sd-cli
-        own = name in ("flux", "chroma", "flux2_klein")
+        own = name in ("flux", "chroma", "flux2_klein", "flux2")
         return Change({"flow_shift": 6.0}, {"flow_shift": 6.0}, {"scheduler": "discrete"} if own else {})
     if opt == o.TIMESTEP_SHIFT:
         return Change({"timestep_shift": 300}, {"timestep_shift": 300})
@@ -405,7 +409,7 @@ def test_every_sampler_runs_or_is_refused(name: str, runs, monkeypatch) -> None:
 
 
 #: Each flow family's own schedule as an sd-cli scheduler name: the picture equals the default's.
-OWN_SCHEDULE = {"flux": "flux", "chroma": "flux", "flux2_klein": "flux2"}
+OWN_SCHEDULE = {"flux": "flux", "chroma": "flux", "flux2_klein": "flux2", "flux2": "flux2"}
 
 
 @pytest.mark.parametrize("name", ROWS)

@@ -48,6 +48,18 @@ No weight is downloaded or allocated: tensor names and shapes come from
   ``output`` head included, no vision tower: that is the separate ``mmproj`` file sd-cli reads
   with ``--llm_vision``).
 
+- FLUX.2 dev and Mistral-Small-3.2-24B (no published layout in ``shared/models``): the layouts of
+  ``tests/fixtures/flux2_dev_layouts.json`` (``make_flux2_dev_fixtures.py``: diffusers
+  ``Flux2Transformer2DModel()``, whose defaults are black-forest-labs/FLUX.2-dev's config, in
+  BFL names, 64,446,562,304 bytes in BF16 as the published ``flux2-dev.safetensors``; transformers
+  ``Mistral3ForConditionalGeneration`` of mistralai/Mistral-Small-3.2-24B-Instruct-2506's config in
+  its checkpoint names); the ``f16`` profile takes the encoder's BF16 checkpoint (the text model
+  with its ``lm_head``, the Pixtral vision tower and projector as ``llm_vision``), the GGUF ones
+  ``Mistral-Small-3.2-24B-Instruct-2506-Q8_0.gguf`` (the text model in llama.cpp names with its
+  ``output`` head; vectors F32, matrices Q8_0). FLUX.2 dev GGUF files (city96/FLUX.2-dev-gguf)
+  keep FLUX.1's kind of tensors unquantised (``img_in. txt_in. time_in. guidance_in.
+  final_layer.``, the ``flux2`` rule below).
+
 Byte sizes per tensor: ``n_elements / block_size * type_size`` with ggml's
 ``gguf.GGML_QUANT_SIZES``.
 
@@ -515,6 +527,7 @@ class ModelSpec:
     qwen3: bool = False
     qwen3_8b: bool = False
     qwen25vl: bool = False
+    mistral: bool = False
 
 
 def build_specs(layouts: dict) -> list[ModelSpec]:
@@ -590,6 +603,8 @@ def build_specs(layouts: dict) -> list[ModelSpec]:
                   "flux-2-klein-9b.safetensors", (ae2,), qwen3_8b=True),
         ModelSpec("qwen-image", "Qwen-Image", "qwen_image", "BF16", _real(layouts, "qwen_image_dit"),
                   "qwen_image_bf16.safetensors", (qwen_vae,), qwen25vl=True),
+        ModelSpec("flux2-dev", "FLUX.2 [dev]", "flux2", "BF16", _real(layouts, "flux2_dev_bfl"),
+                  "flux2-dev.safetensors", (ae2,), mistral=True),
     ]
 
 
@@ -624,6 +639,40 @@ def qwen25vl(layouts: dict) -> tuple[Layout, Layout, Layout]:
     return text, vision, gguf
 
 
+def mistral_small(layouts: dict) -> tuple[Layout, Layout, Layout]:
+    """Mistral-Small-3.2-24B as FLUX.2 dev's ``--llm`` files: ``(the checkpoint's text model with
+    its lm_head, its Pixtral vision tower and projector, the text model in llama.cpp names)``."""
+    full = _real(layouts, "mistral_small_32_hf")
+    vision = [(n, s) for n, s in full if not n.startswith("language_model.")]
+    text = [(n, s) for n, s in full if n.startswith("language_model.")]
+    gguf: Layout = []
+    for name, shape in text:
+        rest = name.removeprefix("language_model.")
+        if rest == "model.embed_tokens.weight":
+            gguf.append(("token_embd.weight", shape))
+        elif rest == "model.norm.weight":
+            gguf.append(("output_norm.weight", shape))
+        elif rest == "lm_head.weight":
+            gguf.append(("output.weight", shape))
+        else:
+            _, _, i, role = rest.split(".", 3)
+            stem, kind = role.rsplit(".", 1)
+            gguf.append((f"blk.{i}.{_LLAMA_BLOCK[stem]}.{kind}", shape))
+    return text, vision, gguf
+
+
+def _mistral_components(quant: str, mistral: tuple[Layout, Layout, Layout]) -> list[Component]:
+    """FLUX.2 dev's encoder: the BF16 checkpoint (text model, vision tower as ``llm_vision``) for
+    the ``f16`` profile; ``Mistral-Small-3.2-24B-Instruct-2506-Q8_0.gguf`` for the GGUF ones."""
+    text, vision, gguf = mistral
+    file = "Mistral-Small-3.2-24B-Instruct-2506 (BF16 safetensors)"
+    if quant == "F16":
+        return [component("mistral-small-3.2:BF16", "te", "llm", file, text, "BF16"),
+                component("mistral-small-3.2-vision:BF16", "te", "llm_vision", file, vision, "BF16")]
+    return [component("mistral-small-3.2:Q8_0", "te", "llm", "Mistral-Small-3.2-24B-Instruct-2506-Q8_0.gguf", gguf,
+                      "BF16", "Q8_0", "llm")]
+
+
 def _qwen25vl_components(quant: str, qwen25: tuple[Layout, Layout, Layout]) -> list[Component]:
     """Qwen-Image's encoder: the Comfy ``qwen_2.5_vl_7b.safetensors`` in BF16 (the LLM with its
     lm_head, and the vision tower as ``llm_vision``: sd-cli's ``--llm_vision`` part) for the
@@ -641,7 +690,8 @@ def _qwen25vl_components(quant: str, qwen25: tuple[Layout, Layout, Layout]) -> l
 def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
                   qwen3: tuple[Layout, Layout] = ([], []),
                   qwen8: tuple[Layout, Layout] = ([], []),
-                  qwen25: tuple[Layout, Layout, Layout] = ([], [], [])) -> dict[str, object]:
+                  qwen25: tuple[Layout, Layout, Layout] = ([], [], []),
+                  mistral: tuple[Layout, Layout, Layout] = ([], [], [])) -> dict[str, object]:
     """The JSON entry of one built-in profile, classified by sdplan's own model-file code
     (modules, encoders, blocks of spec section 8, architecture detection)."""
     from sdplan.core.modelfiles.checkpoint import (
@@ -672,6 +722,8 @@ def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
              *([llm8] if spec.qwen3_8b else [])]
     if spec.qwen25vl:
         comps += _qwen25vl_components(quant, qwen25)
+    if spec.mistral:
+        comps += _mistral_components(quant, mistral)
     tensors = [ModelTensor(TensorInfo(n, t, s, b, 0, c.key), c.module, c.encoder)
                for c in comps for n, s, t, b in c.tensors]
     ms = ModelSet([], tensors)
@@ -713,11 +765,12 @@ def build_profiles(layouts: dict) -> dict[str, object]:
     qwen3 = (_real(layouts, "qwen3_4b_hf"), _real(layouts, "qwen3_4b_gguf"))
     qwen8 = qwen3_8b(layouts)
     qwen25 = qwen25vl(layouts)
+    mistral = mistral_small(layouts)
     out: dict[str, object] = {}
     for spec in build_specs(layouts):
         for suffix in QUANTS:
             name = f"{spec.name}-{suffix}"
-            out[name] = profile_entry(spec, suffix, t5_layout, qwen3, qwen8, qwen25)
+            out[name] = profile_entry(spec, suffix, t5_layout, qwen3, qwen8, qwen25, mistral)
             log.info("%-20s %s", name, _summary(out[name]))
     return out
 
@@ -751,6 +804,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     args = p.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     layouts = json.loads(args.layouts.read_text(encoding="utf-8"))
+    layouts |= json.loads((REPO / "tests" / "fixtures" / "flux2_dev_layouts.json").read_text(encoding="utf-8"))
     write(build_profiles(layouts), args.out)
     return 0
 

@@ -65,7 +65,7 @@ FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``sdplan generate`` on the dispatcher's subparsers."""
-    p = subparsers.add_parser("generate", help="text to image on sdplan's engine (SD 1.x/2.x, SDXL, SD3, FLUX.1, Chroma, Z-Image, FLUX.2 klein)",
+    p = subparsers.add_parser("generate", help="text to image on sdplan's engine (SD 1.x/2.x, SDXL, SD3, FLUX.1, Chroma, Z-Image, FLUX.2 klein and dev, Qwen-Image)",
                               description="Generate images on sdplan's engine with sd-cli's flags.",
                               allow_abbrev=False)
     p.add_argument("-m", "--model", metavar="PATH", help="single-file SD checkpoint")
@@ -77,9 +77,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--t5xxl", metavar="PATH", help="T5-XXL text encoder (Flux, Chroma)")
     p.add_argument("--clip_l", metavar="PATH", help="CLIP-L text encoder (Flux, SDXL)")
     p.add_argument("--clip_g", metavar="PATH", help="OpenCLIP bigG text encoder (SDXL)")
-    p.add_argument("--llm", metavar="PATH", help="language-model text encoder (Z-Image, FLUX.2 klein: Qwen3)")
+    p.add_argument("--llm", metavar="PATH", help="language-model text encoder (Z-Image, FLUX.2 klein: Qwen3; FLUX.2 dev: Mistral-Small-3.2)")
     p.add_argument("-r", "--ref-image", action="append", default=[], metavar="PATH",
-                   help="reference image to edit (FLUX.2 klein; repeat for several)")
+                   help="reference image to edit (FLUX.2 klein and dev; repeat for several)")
     p.add_argument("--vae", metavar="PATH", help="VAE / autoencoder file")
     p.add_argument("--force-sdxl-vae-conv-scale", action="store_true",
                    help="SDXL: scale the VAE's convolution inputs by 1/32 also with --vae (sd-cli's "

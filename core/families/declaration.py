@@ -173,6 +173,9 @@ class Family:
             (:mod:`sdplan.core.pipelines.work`; None: the prediction's formula, said in its notes).
         fitted_compute: the engine's fitted compute figures cover it
             (:mod:`sdplan.core.planning.engine_compute`).
+        vision_refs: its LLM encoder's vision tower reads the reference pictures (Qwen-Image
+            Edit); otherwise a vision tower in the encoder's file is never loaded (FLUX.2 dev:
+            sd-cli's ``LLMEmbedder`` without vision).
     """
 
     name: str
@@ -204,6 +207,7 @@ class Family:
     work: str | None = None
     parallel_cfg: bool = False
     fitted_compute: bool = False
+    vision_refs: bool = False
 
     def defaults_for(self, variant: str | None) -> Defaults:
         """sd-cli's settings for ``variant`` (the family's when it has none of its own)."""

@@ -1,13 +1,18 @@
-"""FLUX.2: klein 4B / 9B (run) and dev (recognised, not run), with LLM text encoders.
+"""FLUX.2: dev (32 B, Mistral-Small-3.2 text encoder) and klein 4B / 9B (Qwen3), both run.
 
 Recognised by the shared image-stream modulation ``double_stream_modulation_img`` (sd-cli's
 test): 48 single blocks is FLUX.2 [dev] (Mistral Small 3.2 encoder); otherwise [klein], ``4b``
 at width 3072 (Qwen3-4B states) or ``9b`` at 4096 (Qwen3-8B). Defaults: klein's 4-step
-distillation (sd-cli's ``docs/flux2.md``: ``--cfg-scale 1.0 --steps 4``, euler). The
-estimate's constants: 24 heads over 3072 (klein 4B), 32 over 4096 (9B), 512 text tokens.
+distillation (sd-cli's ``docs/flux2.md``: ``--cfg-scale 1.0 --steps 4``, euler); dev's are sd-cli's
+general ones (20 steps, CFG 1, euler, ``--guidance`` 3.5 into its guidance embedder). The
+estimate's constants: 24 heads over 3072 (klein 4B), 32 over 4096 (9B), 48 over 6144 (dev:
+diffusers' ``Flux2Transformer2DModel`` defaults, 8 double + 48 single blocks), 512 text tokens.
+In the library, dev pairs with an LLM file named for Mistral first, klein with one that is not.
 """
 
 from __future__ import annotations
+
+import re
 
 from sdplan.core.families import options as o
 from sdplan.core.families.declaration import (
@@ -24,6 +29,8 @@ from sdplan.core.families.tensors import count_blocks, llm_family
 FLUX2_MARKERS = ("double_stream_modulation_img.lin.weight", "double_stream_modulation_img.linear.weight")
 #: FLUX.2 klein variants by DiT width: (variant, text encoder).
 KLEIN_WIDTHS = {3072: ("4b", "Qwen3-4B"), 4096: ("9b", "Qwen3-8B")}
+#: Mistral-Small-3.x's vision tower (Pixtral) and projector: not the text encoder's blocks.
+_PIXTRAL = re.compile(r"(?:^|\.)(?:vision_tower|multi_modal_projector)\.")
 
 
 def _layout(t: DiffusionTensors) -> tuple[int, int, int, list[str]] | None:
@@ -46,7 +53,11 @@ def _dev(t: DiffusionTensors) -> Detection | None:
     found = _layout(t)
     if found is None or found[1] != 48:
         return None
-    return "dev", (*found[3], "48 single blocks: FLUX.2 [dev] (Mistral Small 3.2 text encoder)")
+    ev = [*found[3], "48 single blocks: FLUX.2 [dev] (Mistral Small 3.2 text encoder)"]
+    llm = llm_family(n for n in t.llm_names if not _PIXTRAL.search(n))
+    if llm:
+        ev.append(f"text encoder: {llm}")
+    return "dev", tuple(ev)
 
 
 def _klein(t: DiffusionTensors) -> Detection | None:
@@ -69,17 +80,21 @@ FLUX2_KLEIN = Family(
                        o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
     sampling="flow", defaults=Defaults(1.0, 4, "euler"),
     size_rule="patch8", latent_format="flux2_ae", vae_scale=16,
-    companions=Companions(("llm",), 32, 1024),
+    companions=Companions(("llm",), 32, 1024, avoids="mistral"),
     compute=ComputeShape("dit", 24, 3072, 512),
     variant_compute={"9b": ComputeShape("dit", 32, 4096, 512)},
     pipeline="sdplan.core.pipelines.flux2.generate:generate")
 
 FLUX2_DEV = Family(
     name="flux2", title="FLUX.2 dev", detect=_dev,
-    files=(("diffusion_model", "llm", "vae"),), options=frozenset(), sampling="flow",
-    defaults=Defaults(1.0, 20, "euler"), size_rule="patch8",
-    latent_format="flux2_ae", vae_scale=16, companions=Companions(("llm",), 32, 1024),
-    refusal="FLUX.2 [dev] (48 single blocks, Mistral Small 3.2 text encoder) is recognised but "
-            "sdplan generates with FLUX.2 klein only")
+    files=(("diffusion_model", "llm", "vae"),),
+    options=frozenset({o.NEGATIVE_PROMPT, o.CFG_SCALE, o.GUIDANCE, o.BATCH, o.ETA, o.SIGMAS, o.FLOW_SHIFT,
+                       o.RNG, o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.REF_IMAGES, o.TAESD,
+                       o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
+    sampling="flow", defaults=Defaults(1.0, 20, "euler"), size_rule="patch8",
+    latent_format="flux2_ae", vae_scale=16, companions=Companions(("llm",), 32, 1024, prefers="mistral", avoids=""),
+    compute=ComputeShape("dit", 48, 6144, 512),
+    pipeline="sdplan.core.pipelines.flux2_dev.generate:generate",
+    dry_run="sdplan.core.pipelines.flux2_dev.generate:measure")
 
 FAMILIES = (FLUX2_DEV, FLUX2_KLEIN)

@@ -60,6 +60,6 @@ QWEN_IMAGE = Family(
     compute=ComputeShape("dit", 24, 3072, 256),
     pipeline="sdplan.core.pipelines.qwen_image.generate:generate",
     dry_run="sdplan.core.pipelines.qwen_image.generate:measure",
-    work="sdplan.core.pipelines.qwen_image.generate:work")
+    work="sdplan.core.pipelines.qwen_image.generate:work", vision_refs=True)
 
 FAMILIES = (QWEN_IMAGE,)

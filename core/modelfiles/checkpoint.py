@@ -77,8 +77,9 @@ _EMBEDDER_RE = re.compile(r"^conditioner\.embedders\.(\d+)\.(transformer|model)\
 _DIFFUSERS_DIRS = {"unet": "diffusion", "transformer": "diffusion", "text_encoder": "te",
                    "text_encoder_2": "te", "text_encoder_3": "te", "vae": "vae",
                    "controlnet": "controlnet"}
-#: An LLM encoder's vision tower (Qwen2.5-VL ``visual.``, with or without ``text_encoders.llm.``).
-_VISION_RE = re.compile(r"(?:^|\.)visual\.")
+#: An LLM encoder's vision tower (Qwen2.5-VL ``visual.``; Mistral-Small-3.x's Pixtral
+#: ``vision_tower.`` and its ``multi_modal_projector.``), with or without ``text_encoders.llm.``.
+_VISION_RE = re.compile(r"(?:^|\.)(?:visual|vision_tower|multi_modal_projector)\.")
 _T5_RE = re.compile(r"(?:^|\.)(encoder\.block|enc\.blk)\.\d+\.")
 _CLIP_BY_WIDTH = {768: "clip_l", 1024: "clip_h", 1280: "clip_g"}
 

@@ -4,10 +4,11 @@ The profiles ship in ``sdplan.resources`` as ``profiles/builtin_profiles.json``,
 by ``tools/make_profiles.py`` from the real tensor layouts and ggml's block sizes. Names
 are ``<model>-<quant>``: models ``sd15``, ``sd21``, ``sdxl-base``, ``sd35-medium``,
 ``sd35-large``, ``flux1-dev``, ``flux1-schnell``, ``chroma1-hd``, ``z-image-turbo``,
-``flux2-klein-4b``, ``flux2-klein-9b``; quants ``f16``, ``q8_0``, ``q5_k``, ``q4_k``,
+``flux2-klein-4b``, ``flux2-klein-9b``, ``qwen-image``, ``flux2-dev``; quants ``f16``, ``q8_0``, ``q5_k``, ``q4_k``,
 ``q4_0`` (e.g. ``flux1-dev-q8_0``). Each profile holds the diffusion model in that quant
-type with its usual text encoders (T5-XXL, or the Qwen3 LLM of Z-Image and FLUX.2 klein, in
-F16/BF16 for ``-f16``, Q8_0 otherwise) and VAE.
+type with its usual text encoders (T5-XXL, or the LLM: Qwen3 for Z-Image and FLUX.2 klein,
+Qwen2.5-VL-7B for Qwen-Image, Mistral-Small-3.2-24B for FLUX.2 dev, in F16/BF16 for ``-f16``,
+Q8_0 otherwise) and VAE.
 
 Index format (``format`` 1)::
 

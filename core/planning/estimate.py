@@ -323,7 +323,9 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         reserve: bytes each GPU-like device keeps free (:func:`totals`).
         ref_images: reference pictures the run is given (``-r``): an LLM encoder's vision
             tower (``te``'s ``llm_vision`` bytes, on the main device) is loaded only for them,
-            as sd-cli encodes the pictures with it; without any it is not counted.
+            as sd-cli encodes the pictures with it, and only for a family whose encoder reads
+            them (``Family.vision_refs``: Qwen-Image; FLUX.2 dev's pictures go through its
+            autoencoder); otherwise it is not counted.
 
     Returns:
         A :class:`FitReport`; ``fits`` is False when a device's total exceeds its free
@@ -339,6 +341,8 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
     sources: dict[str, str] = {}
     mods: dict[str, ModuleEstimate] = {}
     budgets: dict[str, int] = dict(getattr(plan, "budgets", {}))
+    fam = family_of(profile.architecture)
+    vision = bool(ref_images) and (fam is None or fam.vision_refs)
     for name, mp in profile.modules.items():
         mplan = plan.modules.get(name)  # type: ignore[attr-defined]
         if mplan is None:
@@ -359,7 +363,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
                                                  measured=measured)
         placed: dict[str, int] = {}
         row_shares = getattr(mplan, "row_shares", None)
-        unused = mp.encoders.get("llm_vision", 0) if name == "te" and not ref_images else 0
+        unused = mp.encoders.get("llm_vision", 0) if name == "te" and not vision else 0
         total = mp.total - unused
         if mplan.ranges:  # a UNet split by stages keeps only its non-stage bytes on main
             placed[main] = getattr(mplan, "main_other_bytes", mp.other) - unused

@@ -1,5 +1,5 @@
-"""The byte-level BPE tokenizer of the language-model text encoders (Qwen2, Qwen2.5, Qwen3),
-with special tokens, chat templates and prompt weights.
+"""The byte-level BPE tokenizer of the language-model text encoders (Qwen2, Qwen2.5, Qwen3,
+Mistral's Tekken), with special tokens, chat templates and prompt weights.
 
 A vocabulary is a token list (id = position) whose first 256 entries are the GPT-2 byte
 alphabet (:func:`byte_alphabet`), the BPE merges in rank order, and the special tokens
@@ -13,7 +13,13 @@ alphabet (:func:`byte_alphabet`), the BPE merges in rank order, and the special 
   ``models/ggml-vocab-qwen2.gguf`` (MIT; the vocabulary is Qwen's, Apache-2.0), from which
   ids 0..151642 follow (256 byte symbols, then one token per merge), and the 26 added tokens
   of Qwen2.5 / Qwen3 from 151643 (``<|endoftext|>`` ... ``</think>``), in the order Qwen's
-  ``tokenizer_config.json`` and stable-diffusion.cpp's ``qwen2_tokenizer.cpp`` list them.
+  ``tokenizer_config.json`` and stable-diffusion.cpp's ``qwen2_tokenizer.cpp`` list them;
+* the Tekken vocabulary shipped in ``resources/mistral_vocab/`` (:meth:`BPETokenizer.mistral`,
+  Mistral-Small-3.2): its 129816 merges (``tools/make_mistral_vocab.py``, from
+  ``mistral-common``'s ``tekken_240911.json``, Apache-2.0), ids 0..999 the special tokens of
+  stable-diffusion.cpp's ``mistral_tokenizer.cpp`` (:data:`MISTRAL_SPECIAL_TOKENS`), then the
+  256 bytes in byte order and one token per merge; split by Tekken's pattern
+  (:data:`TEKKEN_PATTERN`, llama.cpp pre type ``tekken``).
 
 Encoding (llama.cpp's ``LLAMA_VOCAB_PRE_TYPE_QWEN2``, the same as Qwen's ``tokenizer.json``
 without its NFC normaliser, which llama.cpp does not apply): the text is split at special
@@ -40,15 +46,27 @@ import numpy as np
 from sdplan.core.errors import ModelFileError
 from sdplan.core.text.prompt import parse_prompt_attention
 
-__all__ = ["BPETokenizer", "PromptTokens", "byte_alphabet", "QWEN2_PATTERN", "QWEN_ADDED_TOKENS"]
+__all__ = ["BPETokenizer", "PromptTokens", "byte_alphabet", "QWEN2_PATTERN", "QWEN_ADDED_TOKENS", "TEKKEN_PATTERN",
+           "MISTRAL_SPECIAL_TOKENS"]
 
 #: The Qwen2 pre-tokenizer split (llama.cpp ``llama-vocab.cpp``, pre type ``qwen2``; Qwen's
 #: ``tokenizer.json``): contractions, letters with one leading non-letter, single digits,
 #: punctuation runs, newlines, whitespace.
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+#: Mistral's Tekken split (``tekken.json`` ``config.pattern``; llama.cpp pre type ``tekken``):
+#: words with their case runs, single digits, punctuation runs, newlines, whitespace.
+TEKKEN_PATTERN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                  r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                  r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 #: Pre-tokenizer regex by GGUF ``tokenizer.ggml.pre`` name.
-PRE_PATTERNS = {"qwen2": QWEN2_PATTERN}
+PRE_PATTERNS = {"qwen2": QWEN2_PATTERN, "tekken": TEKKEN_PATTERN}
+#: Mistral-Small-3.x's special tokens, ids 0..999 (stable-diffusion.cpp ``mistral_tokenizer.cpp``).
+MISTRAL_SPECIAL_TOKENS = (
+    "<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]", "[PREFIX]", "[MIDDLE]",
+    "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]",
+    *(f"<SPECIAL_{i}>" for i in range(20, 1000)))
 #: Qwen2.5 / Qwen3 added tokens, ids 151643.. in this order.
 QWEN_ADDED_TOKENS = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -61,6 +79,7 @@ QWEN_ADDED_TOKENS = (
 #: ``USER_DEFINED`` 4).
 SPECIAL_TYPES = (3, 4)
 _RESOURCE = "qwen_vocab/merges.txt.gz"
+_MISTRAL_RESOURCE = "mistral_vocab/merges.txt.gz"
 
 
 def byte_alphabet() -> list[str]:
@@ -163,6 +182,11 @@ class BPETokenizer:
         """The shipped Qwen2 / Qwen2.5 / Qwen3 vocabulary (shared, built once)."""
         return _qwen()
 
+    @classmethod
+    def mistral(cls) -> BPETokenizer:
+        """The shipped Tekken vocabulary of Mistral-Small-3.2 (shared, built once)."""
+        return _mistral()
+
     # ------------------------------------------------------------------ encoding
     @property
     def vocab_size(self) -> int:
@@ -224,11 +248,27 @@ class BPETokenizer:
         return PromptTokens(np.array([ids], dtype=np.int32), np.array([weights], dtype=np.float32))
 
 
+def _merges(resource: str) -> list[str]:
+    raw = resources.files("sdplan.resources").joinpath(resource).read_bytes()
+    return [m for m in gzip.decompress(raw).decode("utf-8").split("\n") if m]
+
+
 @lru_cache(maxsize=1)
 def _qwen() -> BPETokenizer:
-    raw = resources.files("sdplan.resources").joinpath(_RESOURCE).read_bytes()
-    merges = [m for m in gzip.decompress(raw).decode("utf-8").split("\n") if m]
+    merges = _merges(_RESOURCE)
     tokens = byte_alphabet() + [m.replace(" ", "", 1) for m in merges] + list(QWEN_ADDED_TOKENS)
     n = len(tokens) - len(QWEN_ADDED_TOKENS)
     return BPETokenizer(tokens, merges, range(n, len(tokens)), "qwen2", "sdplan.resources/" + _RESOURCE)
 
+
+
+@lru_cache(maxsize=1)
+def _mistral() -> BPETokenizer:
+    merges = _merges(_MISTRAL_RESOURCE)
+    alphabet = byte_alphabet()  # printable bytes first, then the rest from U+0100 in byte order
+    printable = [ord(sym) for sym in alphabet if ord(sym) < 256]
+    rest = iter(alphabet[len(printable):])
+    by_byte = [chr(b) if b in set(printable) else next(rest) for b in range(256)]
+    tokens = [*MISTRAL_SPECIAL_TOKENS, *by_byte, *(m.replace(" ", "", 1) for m in merges)]
+    return BPETokenizer(tokens, merges, range(len(MISTRAL_SPECIAL_TOKENS)), "tekken",
+                        "sdplan.resources/" + _MISTRAL_RESOURCE)

@@ -46,7 +46,7 @@ from sdplan.core.families import generation_defaults
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux2 import Flux2DiT, patchify_latent, unpatchify_latent, untokens
-from sdplan.core.models.llm import LLMEncoder, llm_config
+from sdplan.core.models.llm import LLMConfig, LLMEncoder, llm_config
 from sdplan.core.models.tae import detect_tae
 from sdplan.core.models.vae import vae_encode
 from sdplan.core.pipelines.stages.base import module_placements
@@ -162,17 +162,26 @@ class KleinPipeline(FlowDiTPipeline):
         EngineError: a device without a backend, or memory that cannot be allocated.
     """
 
+    #: The encoder states the DiT reads, the family's title, its encoders, its defaults.
+    out_layers: tuple[int, ...] = OUT_LAYERS
+    title = "FLUX.2 klein"
+    encoders = "klein 4B takes Qwen3-4B, klein 9B Qwen3-8B"
+    defaults: dict[str, Any] = DEFAULTS
+
     def __init__(self, models: KleinModels, plan: Any = None, pool: Any = None,
                  placements: Mapping[str, Any] | None = None, n_threads: int = 0,
                  dtypes: Mapping[str, str] | None = None, cancel: Any = None, flash: bool = False) -> None:
         self.dit = Flux2DiT.from_weights(shapes(models.diffusion_model), axes=models.axes, flash=flash)
-        cfg = llm_config(shapes(models.llm))
-        if cfg.n_blocks < max(OUT_LAYERS):
-            raise SdplanError(f"{models.llm}: FLUX.2 klein takes the states after blocks {OUT_LAYERS}; "
+        cfg = self._llm_config(models.llm)
+        layers = self.out_layers
+        if cfg.n_blocks < max(layers):
+            raise SdplanError(f"{models.llm}: {self.title} takes the states after blocks {layers}; "
                               f"this encoder has {cfg.n_blocks} blocks")
-        if len(OUT_LAYERS) * cfg.hidden != self.dit.cfg.context:
-            raise SdplanError(f"{models.llm}: {len(OUT_LAYERS)} states of width {cfg.hidden} do not fit the DiT's "
-                              f"text width {self.dit.cfg.context} (klein 4B takes Qwen3-4B, klein 9B Qwen3-8B)")
+        if len(layers) * cfg.hidden != self.dit.cfg.context:
+            raise SdplanError(f"{models.llm}: {len(layers)} states of width {cfg.hidden} do not fit the DiT's "
+                              f"text width {self.dit.cfg.context} ({self.encoders})")
+        #: the distilled guidance of the DiT's guidance embedder (FLUX.2 dev; klein has none)
+        self.guidance: float | None = None
         mean, var = _read_vector(models.vae, "bn.running_mean"), _read_vector(models.vae, "bn.running_var")
         if mean is None or var is None or mean.shape != (self.dit.cfg.in_channels,) or var.shape != mean.shape:
             raise ModelFileError(models.vae, "not a FLUX.2 autoencoder: bn.running_mean / bn.running_var of "
@@ -184,8 +193,8 @@ class KleinPipeline(FlowDiTPipeline):
             if "decoder" in tae and tae["decoder"].latent_channels != 32:
                 raise ModelFileError(models.taesd, f"a {tae['decoder'].variant} decoder ({tae['decoder'].latent_channels} "
                                                    "latent channels); FLUX.2 klein previews need TAEF2 (32)")
-        self.llm = LLMEncoder(cfg, OUT_LAYERS)
-        self.tokenizer = BPETokenizer.from_gguf(models.llm) if is_gguf(models.llm) else BPETokenizer.qwen()
+        self.llm = LLMEncoder(cfg, layers)
+        self.tokenizer = self._tokenizer(models.llm)
         super().__init__(pool, n_threads, cancel)
         self.placements = module_placements(MODULES, plan, placements)
         self.vae_path = models.vae
@@ -197,6 +206,15 @@ class KleinPipeline(FlowDiTPipeline):
         except BaseException:
             self.close()
             raise
+
+    # ------------------------------------------------------------------ the encoder
+    def _llm_config(self, path: str | Path) -> LLMConfig:
+        """The text encoder's configuration (klein: a Qwen3, found from its shapes)."""
+        return llm_config(shapes(path))
+
+    def _tokenizer(self, path: str | Path) -> BPETokenizer:
+        """A GGUF encoder's own tokenizer, else the shipped Qwen vocabulary."""
+        return BPETokenizer.from_gguf(path) if is_gguf(path) else BPETokenizer.qwen()
 
     # ------------------------------------------------------------------ stages
     def encode_prompt(self, prompt: str) -> np.ndarray:
@@ -221,9 +239,10 @@ class KleinPipeline(FlowDiTPipeline):
     def velocity(self, x: np.ndarray, sigma: float, context: np.ndarray, pooled: Any = None,  # type: ignore[override]
                  guidance: float | None = None, refs: Sequence[np.ndarray] = ()) -> np.ndarray:
         """The DiT's velocity ``noise - x0`` for latent ``x`` ``(1, 128, h, w)`` at ``sigma``,
-        LLM states ``context`` and normalised reference latents ``refs`` (klein has no
-        pooled vector and no distilled guidance: ``pooled`` and ``guidance`` are ignored)."""
-        out = self.runners["diffusion"].run(self.dit.inputs(x, context, sigma, refs))["out"]
+        LLM states ``context`` and normalised reference latents ``refs`` (no pooled vector:
+        ``pooled`` is ignored; the distilled guidance is :attr:`guidance`, used by a DiT with a
+        guidance embedder, FLUX.2 dev's)."""
+        out = self.runners["diffusion"].run(self.dit.inputs(x, context, sigma, refs, self.guidance))["out"]
         return untokens(out, x.shape[2], x.shape[3])
 
     def to_vae(self, latent: np.ndarray) -> np.ndarray:
@@ -272,7 +291,8 @@ class KleinPipeline(FlowDiTPipeline):
                 ref_images: Sequence[np.ndarray] = (), noise: np.ndarray | None = None,
                 preview: Callable[[int, np.ndarray], None] | None = None, vae_scale: int = 8,
                 tae_decode: bool = False, scheduler: str = "default",
-                sampling: SamplingOptions | None = None, vae_tile: Any = None) -> dict[str, np.ndarray]:
+                sampling: SamplingOptions | None = None, vae_tile: Any = None,
+                guidance: float | None = None) -> dict[str, np.ndarray]:
         """Generate one image (with ``ref_images``: edit them).
 
         Args:
@@ -295,6 +315,8 @@ class KleinPipeline(FlowDiTPipeline):
             vae_tile: ``--vae-tiling`` (a :class:`~sdplan.core.planning.vae_tiling.VaeTiling`, or
                 tiles of this many autoencoder latent pixels): the autoencoder decodes (and
                 encodes the reference pictures) in tiles of its own latent.
+            guidance: the distilled guidance (``--guidance``) of a DiT with a guidance
+                embedder (FLUX.2 dev; default :attr:`defaults`' ``guidance``); klein has none.
 
         Returns:
             ``{"latent": (1, 128, h, w), "image": (1, 3, H, W) float32, "sigmas": ...}``.
@@ -319,7 +341,8 @@ class KleinPipeline(FlowDiTPipeline):
             rw, rh = ref_size(width, height, arr.shape[1], arr.shape[0], f)
             refs.append(self.encode_image(resize_nearest(arr, rw, rh)))
         h, w = height // f, width // f
-        steps = steps or int(DEFAULTS["steps"])
+        steps = steps or int(self.defaults["steps"])
+        self.guidance = float(self.defaults.get("guidance", 3.5) if guidance is None else guidance)
         opts = sampling or SamplingOptions()
         rng, sampler_noise, sigmas = prepare(
             opts, seed, steps, "discrete" if scheduler == "default" else scheduler,
