@@ -448,6 +448,10 @@ def print_tables(plan: Plan, inventory: Inventory, fit: Any, written: Written | 
                            for r in mp.ranges)
         mods.add_row(m, " & ".join(mp.devices), escape(weights), escape(ranges))
     console.print(mods)
+    for ph in plan.phases:  # a two-stage diffusion model: its experts in running order
+        console.print(f"diffusion phase {ph.name} ({ph.flag}, {ph.bytes / GIB:.2f} GiB): "
+                      + (", ".join(f"{r.device}: {r.first_block}-{r.last_block}" for r in ph.ranges)
+                         or " & ".join(plan.modules["diffusion"].devices)), highlight=False, markup=False)
     if plan.split_ratio is not None:
         console.print(f"--split-ratio {plan.split_ratio.text()}", highlight=False, markup=False)
     if plan.cfg is not None:
@@ -545,6 +549,11 @@ def _print_fit(console: Any, fit: Any) -> None:
         if segs:
             console.print(f"{module}: {len(segs)} segments under the --max-vram budget of "
                           f"{m['devices'][0]} (largest {max(segs) / GIB:.2f} GiB)",
+                          highlight=False, markup=False)
+        if isinstance(m, dict) and m.get("phases"):
+            console.print(f"{module}: " + ("both experts resident for the whole run"
+                          if m.get("phase_residency") == "both" else "one expert at a time: "
+                          "high noise for its steps, then released and the low-noise one loaded"),
                           highlight=False, markup=False)
     verdict = "[green]fits[/]" if data.get("fits") else "[red]does not fit[/]"
     label = fit.engine_label() if hasattr(fit, "engine_label") else None

@@ -72,7 +72,7 @@ each and keep their weights), so it changes no figure.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sdplan.core.families import ComputeShape, family_of, variant_of
@@ -80,6 +80,8 @@ from sdplan.core.planning.adapters import LoraProfile, lora_device_bytes
 from sdplan.core.planning.engine_compute import sdplan_compute_bytes
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB
+from sdplan.core.planning.phases import BOTH, SWITCH, max_bytes, phase_placed, sum_bytes
+from sdplan.core.planning.plan_types import DiffusionPhase
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
 _K = 4
@@ -152,12 +154,20 @@ class ModuleEstimate:
     lora: dict[str, int] = field(default_factory=dict)
     #: bytes of each ``--max-vram`` segment, in execution order; empty when not segmented.
     segments: tuple[int, ...] = ()
+    #: a two-stage diffusion model: ``both`` (both experts resident) or ``switch`` (one at a
+    #: time: :mod:`sdplan.core.planning.phases`); empty otherwise.
+    phase_residency: str = ""
+    #: per phase (``high_noise``, ``low_noise``), its weights per device where it runs.
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         d: dict[str, object] = {"mode": self.mode, "devices": list(self.devices), "weights": self.weights,
                                 "staging": self.staging, "compute": self.compute, "lora": self.lora}
         if self.segments:
             d["segments"] = list(self.segments)
+        if self.phases:
+            d["phase_residency"] = self.phase_residency
+            d["phases"] = {k: dict(v) for k, v in self.phases.items()}
         return d
 
 
@@ -396,8 +406,50 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         mods[name] = ModuleEstimate(name, mode, devs, weights, staging, compute, lora,
                                     tuple(segs) if len(segs) > 1 else ())
     report = totals(mods, inventory, budgets, width, height, batch, reserve)
+    two = _two_stage(mods.get("diffusion"), getattr(plan, "phases", ()), report.devices,
+                     budgets, reserve, inventory, switch_allowed=flags is None and engine == "sdplan")
+    if two is not None:
+        mods["diffusion"] = two
+        report = totals(mods, inventory, budgets, width, height, batch, reserve)
     return dataclasses.replace(report, engine="sd-cli" if flags is not None else engine,
                                compute_source=sources)
+
+
+def _two_stage(est: ModuleEstimate | None, phases: Sequence[DiffusionPhase],
+               devices: Mapping[str, DeviceTotals], budgets: Mapping[str, int], reserve: int,
+               inventory: Inventory, *, switch_allowed: bool) -> ModuleEstimate | None:
+    """The ``diffusion`` estimate of a two-stage model (:mod:`sdplan.core.planning.phases`):
+    ``est`` holds the low-noise expert only; the high-noise one runs first on the same devices
+    and residency. Residency ``runtime``: both experts' weights resident (``both``) when the
+    diffusion devices then still fit (``devices``: the totals with the low-noise expert alone
+    resident, plus the high-noise expert's bytes), else (sdplan's engine only,
+    ``switch_allowed``) one expert at a time (``switch``): no resident weights, the larger
+    expert per device staged with the compute buffer. ``device``: both live on the params
+    device, each staged for its phase; ``disk``: each read for its phase. None for a one-stage
+    model."""
+    if est is None or len(phases) != 2 or est.segments:
+        return None
+    main = est.devices[0]
+    high, low = (phase_placed(p, main) for p in phases)
+    per = {p.name: pl for p, pl in zip(phases, (high, low), strict=True)}
+    if est.mode == "runtime":
+        def fits(dev: str) -> bool:
+            t = devices.get(dev)
+            if t is None:
+                return True
+            keep = reserve if any(d.name == dev and d.is_gpu_like for d in inventory) else 0
+            need = t.total + high.get(dev, 0)
+            return need + keep <= t.free and (budgets.get(dev, 0) <= 0 or need <= budgets[dev])
+        if not switch_allowed or all(fits(d) for d in high):
+            return dataclasses.replace(est, weights=sum_bytes(est.weights, high),
+                                       phase_residency=BOTH, phases=per)
+        return dataclasses.replace(est, weights={}, staging=max_bytes(high, low),
+                                   phase_residency=SWITCH, phases=per)
+    weights = dict(est.weights)
+    if est.mode == "device" and est.weights:
+        weights = {d: b + phases[0].bytes for d, b in est.weights.items()}
+    return dataclasses.replace(est, weights=weights, staging=max_bytes(high, low),
+                               phase_residency=SWITCH, phases=per)
 
 
 def _is_cpu(inventory: Inventory, name: str) -> bool:

@@ -1,0 +1,83 @@
+"""Wan 2.x video: the Wan DiT (3D patches, RoPE over frames, height and width, cross-attention
+to UMT5-XXL text states) with its causal 3D autoencoder, run by sd-cli as ``-M vid_gen``.
+
+Recognised as sd-cli recognises it (``model_loader.cpp``): ``blocks.0.cross_attn.norm_k``
+marks a Wan DiT; the input channels of ``patch_embedding`` ([dim, in, 1, 2, 2]) and the block
+count tell the model (``wan.hpp``'s ``WanRunner``): 30 blocks of width 3072 with 48 input
+channels is Wan 2.2 TI2V-5B (the 48-channel Wan 2.2 autoencoder, 16x spatial); 40 blocks of
+width 5120 is a 14 B model, T2V (16 inputs) or, with 36 inputs and no ``img_emb``, Wan 2.2
+I2V; with ``img_emb`` it is Wan 2.1 I2V/FLF2V (CLIP vision image embeddings); 30 blocks of
+width 1536 is Wan 2.1 1.3B. The A14B models are two experts of one layout: the low-noise one
+is ``--diffusion-model``, the high-noise one ``--high-noise-diffusion-model`` (the ``diffusion``
+module's ``high_noise`` phase, :mod:`sdplan.core.planning.phases`).
+
+Defaults: sd-cli's ``docs/wan.md`` examples (``--cfg-scale 6.0 --sampling-method euler``,
+832x480) and its flow shift for Wan (5, ``stable-diffusion.cpp``); 20 steps (sd-cli's).
+Estimate constants: the published configs (5B: 24 heads over 3072; 14B: 40 heads over 5120;
+1.3B: 12 over 1536), 512 UMT5 tokens (``text_len``).
+"""
+
+from __future__ import annotations
+
+from sdplan.core.families.declaration import (
+    Companions,
+    ComputeShape,
+    Defaults,
+    Detection,
+    DiffusionTensors,
+    Family,
+)
+from sdplan.core.families.tensors import count_blocks
+
+#: The tensor sd-cli tests for (``model.diffusion_model.`` stripped).
+MARKER = "blocks.0.cross_attn.norm_k.weight"
+#: Trained sizes (width, height): 480p and 720p landscape and portrait, the 5B's 1280x704.
+WAN_SIZES = ((832, 480), (480, 832), (1280, 720), (720, 1280), (1280, 704), (704, 1280))
+
+
+def _detect(t: DiffusionTensors) -> Detection | None:
+    d = t.shapes
+    if MARKER not in d:
+        return None
+    pe = d.get("patch_embedding.weight", ())
+    width, inputs = (pe[0], pe[1]) if len(pe) == 5 else (0, 0)
+    blocks = count_blocks(d, "blocks")
+    img_emb = any(n.startswith("img_emb.") for n in d)
+    ev = [f"{blocks} blocks with self_attn/cross_attn and cross_attn.norm_k (Wan DiT)",
+          f"width {width or '?'}, patch_embedding inputs {inputs or '?'}"]
+    if blocks == 30 and inputs == 48:
+        variant = "ti2v_5b"
+        ev.append("48 latent channels: Wan 2.2 TI2V-5B (the Wan 2.2 autoencoder)")
+    elif blocks == 40 and inputs == 36 and not img_emb:
+        variant = "i2v_a14b"
+        ev.append("36 inputs (noise + image latent and mask), no img_emb: Wan 2.2 I2V-A14B")
+    elif blocks == 40 and img_emb:
+        variant = "i2v_14b"
+        ev.append("img_emb (CLIP vision): Wan 2.1 I2V/FLF2V-14B")
+    elif blocks == 40:
+        variant = "t2v_a14b"
+        ev.append("16 inputs, width 5120: Wan 2.x T2V-14B (Wan 2.2 T2V-A14B expert)")
+    else:
+        variant = "1.3b"
+        ev.append("30 blocks of width 1536: Wan 2.1 1.3B")
+    if "t5xxl" in t.encoders:
+        ev.append("text encoder: UMT5-XXL (--t5xxl)")
+    return variant, tuple(ev)
+
+
+_SHIFT5 = "sd-cli's flow shift for Wan: 5"
+WAN = Family(
+    name="wan", title="Wan 2.x video", detect=_detect,
+    files=(("diffusion_model", "t5xxl", "vae"),),
+    options=frozenset(),
+    sampling="flow", defaults=Defaults(6.0, 20, "euler", 832, 480),
+    sizes=WAN_SIZES, size_rule="patch", latent_format="wan21_vae",
+    companions=Companions(("t5xxl",), 16, 832),
+    variant_companions={"ti2v_5b": Companions(("t5xxl",), 48, 1280)},
+    compute=ComputeShape("dit", 40, 5120, 512),
+    variant_compute={"ti2v_5b": ComputeShape("dit", 24, 3072, 512),
+                     "1.3b": ComputeShape("dit", 12, 1536, 512)},
+    refusal="Wan 2.x video (-M vid_gen) is recognised and planned (both experts of an A14B "
+            "pair), but sdplan's engine does not generate video yet")
+
+FAMILIES = (WAN,)
