@@ -94,13 +94,14 @@ def spiece_pieces(blob: bytes) -> list[tuple[str, float, int]]:
         if field != 1 or wire != 2:
             continue  # trainer, normalizer and other specs
         piece, score, kind = "", 0.0, 1
-        for f, w, v in _fields(value):  # type: ignore[arg-type]
-            if f == 1 and w == 2:
-                piece = bytes(v).decode("utf-8")  # type: ignore[arg-type]
-            elif f == 2 and w == 5:
-                score = struct.unpack("<f", v)[0]  # type: ignore[arg-type]
-            elif f == 3 and w == 0:
-                kind = int(v)  # type: ignore[arg-type]
+        assert isinstance(value, bytes)
+        for f, w, v in _fields(value):
+            if f == 1 and isinstance(v, bytes):
+                piece = v.decode("utf-8")
+            elif f == 2 and w == 5 and isinstance(v, bytes):
+                score = struct.unpack("<f", v)[0]
+            elif f == 3 and isinstance(v, int):
+                kind = v
         pieces.append((piece, float(score), kind))
     if len(pieces) < 3:
         raise ValueError("no SentencePiece pieces in the blob")
