@@ -18,7 +18,9 @@ Writes into ``tests/fixtures/``:
   (``patch_embedding`` 5-D, ``text_embedding.{0,2}``, ``time_embedding.{0,2}``,
   ``time_projection.1``, ``blocks.N.{modulation, self_attn.{q,k,v,o,norm_q,norm_k}, cross_attn...,
   norm3, ffn.{0,2}}``, ``head.{head, modulation}``), written by the inverse of diffusers' own
-  ``convert_wan_transformer_to_diffusers``, which is checked to give the state dict back.
+  ``convert_wan_transformer_to_diffusers``, which is checked to give the state dict back; the
+  header's ``sdplan.head_dim`` metadata (24) says the head width the shapes cannot (q and k
+  are normed over the whole width; the published models' heads are 128 wide).
 * ``wan_vae_tiny.safetensors``: the autoencoder (base width 8, multipliers (1, 2, 4, 4), two
   residual blocks per level, temporal downsampling (False, True, True): 8x spatial, 4x
   temporal) in the original Wan names (the inverse of ``convert_wan_vae_to_diffusers``, checked).
@@ -337,8 +339,9 @@ def main() -> None:
 
     te_np = to_numpy(te)
     te_np["spiece_model"] = np.frombuffer(spiece_blob(), dtype=np.uint8).copy()
-    save_file(to_numpy(wan_low), str(OUT / "wan_tiny.safetensors"))
-    save_file(to_numpy(wan_high), str(OUT / "wan_high_noise_tiny.safetensors"))
+    head = {"sdplan.head_dim": str(DIT["attention_head_dim"])}  # q/k norms span the width: say the heads
+    save_file(to_numpy(wan_low), str(OUT / "wan_tiny.safetensors"), metadata=head)
+    save_file(to_numpy(wan_high), str(OUT / "wan_high_noise_tiny.safetensors"), metadata=head)
     save_file(to_numpy(wan_vae), str(OUT / "wan_vae_tiny.safetensors"))
     save_file(te_np, str(OUT / "umt5_tiny.safetensors"))
     save_file({k: np.ascontiguousarray(v) for k, v in ref.items()}, str(OUT / "wan_ref.safetensors"))
