@@ -19,6 +19,7 @@ Estimate constants: the published configs (5B: 24 heads over 3072; 14B: 40 heads
 
 from __future__ import annotations
 
+from sdplan.core.families import options as o
 from sdplan.core.families.declaration import (
     Companions,
     ComputeShape,
@@ -69,7 +70,8 @@ _SHIFT5 = "sd-cli's flow shift for Wan: 5"
 WAN = Family(
     name="wan", title="Wan 2.x video", detect=_detect,
     files=(("diffusion_model", "t5xxl", "vae"),),
-    options=frozenset(),
+    options=frozenset({o.NEGATIVE_PROMPT, o.CFG_SCALE, o.ETA, o.SIGMAS, o.FLOW_SHIFT, o.RNG, o.SAMPLER_RNG,
+                       o.EXTRA_SAMPLE_ARGS, o.VIDEO, o.HIGH_NOISE}),
     sampling="flow", defaults=Defaults(6.0, 20, "euler", 832, 480),
     sizes=WAN_SIZES, size_rule="patch", latent_format="wan21_vae",
     companions=Companions(("t5xxl",), 16, 832),
@@ -77,7 +79,7 @@ WAN = Family(
     compute=ComputeShape("dit", 40, 5120, 512),
     variant_compute={"ti2v_5b": ComputeShape("dit", 24, 3072, 512),
                      "1.3b": ComputeShape("dit", 12, 1536, 512)},
-    refusal="Wan 2.x video (-M vid_gen) is recognised and planned (both experts of an A14B "
-            "pair), but sdplan's engine does not generate video yet")
+    pipeline="sdplan.core.pipelines.wan.generate:generate",
+    dry_run="sdplan.core.pipelines.wan.generate:measure")
 
 FAMILIES = (WAN,)
