@@ -3,11 +3,11 @@ to UMT5-XXL text states) with its causal 3D autoencoder, run by sd-cli as ``-M v
 
 Recognised as sd-cli recognises it (``model_loader.cpp``): ``blocks.0.cross_attn.norm_k``
 marks a Wan DiT; the input channels of ``patch_embedding`` ([dim, in, 1, 2, 2]) and the block
-count tell the model (``wan.hpp``'s ``WanRunner``): 30 blocks of width 3072 with 48 input
-channels is Wan 2.2 TI2V-5B (the 48-channel Wan 2.2 autoencoder, 16x spatial); 40 blocks of
-width 5120 is a 14 B model, T2V (16 inputs) or, with 36 inputs and no ``img_emb``, Wan 2.2
-I2V; with ``img_emb`` it is Wan 2.1 I2V/FLF2V (CLIP vision image embeddings); 30 blocks of
-width 1536 is Wan 2.1 1.3B. The A14B models are two experts of one layout: the low-noise one
+count tell the model (``wan.hpp``'s ``WanRunner``): 48 input channels is Wan 2.2 TI2V-5B (30
+blocks of width 3072; the 48-channel Wan 2.2 autoencoder, 16x spatial); ``img_emb`` is Wan 2.1
+I2V/FLF2V (CLIP vision image embeddings); 36 inputs without it is Wan 2.2 I2V-A14B; width
+1536 is Wan 2.1 1.3B; anything else a T2V model (40 blocks of width 5120: Wan 2.x T2V-14B,
+each Wan 2.2 T2V-A14B expert). The A14B models are two experts of one layout: the low-noise one
 is ``--diffusion-model``, the high-noise one ``--high-noise-diffusion-model`` (the ``diffusion``
 module's ``high_noise`` phase, :mod:`sdplan.core.planning.phases`).
 
@@ -40,27 +40,27 @@ def _detect(t: DiffusionTensors) -> Detection | None:
     d = t.shapes
     if MARKER not in d:
         return None
-    pe = d.get("patch_embedding.weight", ())
-    width, inputs = (pe[0], pe[1]) if len(pe) == 5 else (0, 0)
+    pe = d.get("patch_embedding.weight", ())  # (dim, in, 1, 2, 2); a GGUF file holds it 4-D
+    width, inputs = (pe[0], pe[1]) if len(pe) in (4, 5) else (0, 0)
     blocks = count_blocks(d, "blocks")
     img_emb = any(n.startswith("img_emb.") for n in d)
     ev = [f"{blocks} blocks with self_attn/cross_attn and cross_attn.norm_k (Wan DiT)",
           f"width {width or '?'}, patch_embedding inputs {inputs or '?'}"]
-    if blocks == 30 and inputs == 48:
+    if inputs == 48:
         variant = "ti2v_5b"
         ev.append("48 latent channels: Wan 2.2 TI2V-5B (the Wan 2.2 autoencoder)")
-    elif blocks == 40 and inputs == 36 and not img_emb:
-        variant = "i2v_a14b"
-        ev.append("36 inputs (noise + image latent and mask), no img_emb: Wan 2.2 I2V-A14B")
-    elif blocks == 40 and img_emb:
+    elif img_emb:
         variant = "i2v_14b"
         ev.append("img_emb (CLIP vision): Wan 2.1 I2V/FLF2V-14B")
-    elif blocks == 40:
-        variant = "t2v_a14b"
-        ev.append("16 inputs, width 5120: Wan 2.x T2V-14B (Wan 2.2 T2V-A14B expert)")
-    else:
+    elif inputs == 36:
+        variant = "i2v_a14b"
+        ev.append("36 inputs (noise + image latent and mask), no img_emb: Wan 2.2 I2V-A14B")
+    elif width == 1536:
         variant = "1.3b"
-        ev.append("30 blocks of width 1536: Wan 2.1 1.3B")
+        ev.append("width 1536: Wan 2.1 1.3B")
+    else:
+        variant = "t2v_a14b"
+        ev.append(f"{inputs} inputs: Wan 2.x T2V (a Wan 2.2 T2V-A14B expert at width 5120)")
     if "t5xxl" in t.encoders:
         ev.append("text encoder: UMT5-XXL (--t5xxl)")
     return variant, tuple(ev)
