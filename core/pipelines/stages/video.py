@@ -90,7 +90,7 @@ def save_video(frames: Sequence[np.ndarray], path: str | Path, fps: int) -> Path
             stream.height, stream.width = first.shape[:2]
             stream.pix_fmt = pix
             if codec == "libvpx-vp9":
-                stream.options = {"crf": "30", "b:v": "0"}
+                stream.options = {"crf": "15", "b:v": "0"}
             elif codec == "libx264":
                 stream.options = {"crf": "18", "preset": "medium"}
             for frame in frames:
