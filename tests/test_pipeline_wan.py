@@ -2,7 +2,7 @@
 masked states of the prompt and the empty negative prompt padded to 512, the two tiny experts
 switched at the 0.875 boundary (the high-noise one for the first two of four steps, CFG 3.5,
 then the low-noise one, CFG 2), sd-cli's discrete flow sigmas with shift 5, the Wan 2.1
-autoencoder decoding five frames; the expert released after its phase when both do not stay."""
+autoencoder decoding five frames; each expert released after its phase when both do not stay."""
 
 from __future__ import annotations
 
@@ -46,9 +46,10 @@ def test_two_experts_against_diffusers(run) -> None:
     assert np.abs(run["video"] - R["pipe.video"]).max() < 4 / 255
 
 
-def test_high_noise_expert_released_after_its_phase(run) -> None:
+def test_each_expert_released_after_its_phase(run) -> None:
+    """One expert at a time: neither holds weights once the video is decoded."""
     assert not any(m.weights for m in run["high_after"].values())
-    assert sum(m.weights for m in run["low_after"].values()) > 0
+    assert not any(m.weights for m in run["low_after"].values())
 
 
 def test_one_expert_alone_and_the_switch_rule() -> None:

@@ -15,8 +15,9 @@ phase runs; with ``disk`` each is read from its file for its phase.
 
 sdplan's engine places them the same way, with one difference **[sdplan]**: when both
 experts do not fit their runtime devices at once (the estimate decides, with everything else
-resident there), the high-noise expert is released after its phase and the low-noise one
-loaded in its place (:data:`SWITCH`), so the peak is the larger expert, not both.
+resident there), each expert is loaded for its phase only: the high-noise one is released
+after its phase and the low-noise one loaded in its place, then released before the decoder
+runs (:data:`SWITCH`), so the peak is the larger expert, not both.
 
 Pure Python.
 """

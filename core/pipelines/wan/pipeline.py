@@ -21,8 +21,9 @@ As sd-cli runs it (stable-diffusion.cpp ``generate_video``, ``T5CLIPEmbedder`` w
 
 Modules: ``diffusion`` (both experts on its placement: runners ``diffusion`` and
 ``diffusion_high``), ``te`` (UMT5, runner ``t5xxl``; its blocks split) and ``vae``. With
-``keep_both`` False the high-noise expert is released after its phase, before the low-noise
-one loads (:mod:`sdplan.core.planning.phases`).
+``keep_both`` False each expert is loaded for its phase only: the high-noise one is released
+before the low-noise one loads, which is released before the decoder runs
+(:mod:`sdplan.core.planning.phases`).
 """
 
 from __future__ import annotations
@@ -289,8 +290,12 @@ class WanPipeline(FlowDiTPipeline):
                            noise=sampler_noise, eta=high.eta, callback=cb_from(0), extra=opts.extra)
             if not self.keep_both:  # one expert at a time: the high-noise one makes room
                 runner.release()
+            else:  # its weights stay for the next video; its graph's buffers make room
+                runner.free_compute()
         if k < n_steps:
             with self.runners["diffusion"].session():
                 x = _phase(sampler, guided("diffusion", cfg_scale), x, sigmas[k:], noise=sampler_noise,
                            eta=opts.eta, callback=cb_from(k), extra=opts.extra)
+            if not self.keep_both and k > 0:  # each expert only for its phase: the decoder's turn
+                self.runners["diffusion"].release()
         return {"latent": x, "video": self.decode_video(x), "sigmas": sigmas, "switch": k}
