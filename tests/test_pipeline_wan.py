@@ -68,6 +68,15 @@ def test_one_expert_alone_and_the_switch_rule() -> None:
         assert pipe.switch_step(sig, HighNoise(steps=0), 0) == 0
 
 
-def test_wrong_files_are_refused() -> None:
+def test_wrong_files_are_refused(tmp_path) -> None:
+    from safetensors.numpy import save_file
+
+    for inputs, named in ((36, "image-to-video"), (48, "TI2V-5B")):
+        t = load_file(str(MODELS.diffusion_model))
+        t["patch_embedding.weight"] = np.zeros((48, inputs, 1, 2, 2), np.float16)
+        path = tmp_path / f"wan_{inputs}.safetensors"
+        save_file(t, str(path), metadata={"sdplan.head_dim": "24"})
+        with pytest.raises(SdplanError, match=named):
+            WanPipeline(WanModels(path, MODELS.t5xxl, MODELS.vae), n_threads=1)
     with pytest.raises(SdplanError, match="not UMT5"):
         WanPipeline(WanModels(MODELS.diffusion_model, FIXTURES / "t5_tiny.safetensors", MODELS.vae), n_threads=1)

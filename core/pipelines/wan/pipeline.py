@@ -137,6 +137,12 @@ class WanPipeline(FlowDiTPipeline):
                  dtypes: Mapping[str, str] | None = None, cancel: Any = None, flash: bool = False,
                  keep_both: bool = True) -> None:
         self.dit = _dit(models.diffusion_model, flash)
+        if self.dit.cfg.in_channels == 36:
+            raise SdplanError(f"{models.diffusion_model}: a Wan image-to-video model (36 input channels: the "
+                              "noise, the picture's latent and its mask); sdplan runs Wan text to video only")
+        if self.dit.cfg.in_channels == 48:
+            raise SdplanError(f"{models.diffusion_model}: Wan 2.2 TI2V-5B (48 latent channels) needs the Wan 2.2 "
+                              "autoencoder, which sdplan's engine does not run yet (it plans it)")
         self.high = _dit(models.high_noise_diffusion_model, flash) if models.high_noise_diffusion_model else None
         if self.high is not None and self.high.cfg != self.dit.cfg:
             raise SdplanError(f"{models.high_noise_diffusion_model}: the high-noise expert's layout is not the "
