@@ -149,6 +149,13 @@ def test_plan_on_d1s_two_gpus_splits_each_expert(files, shared_dir: Path) -> Non
     vae = prof.modules["vae"].total
     assert fit.devices["CUDA0"].total == vae + on0 + d.compute["CUDA0"]
     assert fit.fits
+    # 81 frames (21 latent frames of 60 x 104 cells, 2x2 patches) and 512 UMT5 tokens attend
+    # together: with sd-cli's --diffusion-fa no score matrix, 4 live activations 4 x 5120 wide
+    tokens = 21 * (60 * 104 // 4) + 512
+    video = estimate_plan(plan, prof, inv, width=832, height=480, engine="sd-cli-fa", frames=81)
+    assert video.modules["diffusion"].compute["CUDA1"] == 4 * 4 * tokens * 4 * 5120
+    # sd-cli decodes a latent frame (4 frames) at a time: its decoder's activations are 4 frames'
+    assert video.modules["vae"].compute["CUDA0"] == 4 * (60 * 104 * 60 * 104 + 4 * 128 * 832 * 480 * 4)
 
 
 def test_both_experts_stay_when_they_fit(files, shared_dir: Path) -> None:

@@ -220,7 +220,7 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]],
     width, height = hires_size(args)  # the second pass of a hires fix is the largest
     fit = estimate_plan(plan, profile, inventory, width=width, height=height, batch=args.batch_count,
                         engine="sdplan", measured=measured, loras=loras.profiles,
-                        ref_images=len(getattr(args, "ref_image", None) or ()))
+                        ref_images=len(getattr(args, "ref_image", None) or ()), frames=_frames(args))
     return plan, inventory, fit, loras
 
 

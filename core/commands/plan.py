@@ -70,6 +70,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-W", "--width", type=positive_int, default=512, help="image width (px) for the fit")
     p.add_argument("-H", "--height", type=positive_int, default=512, help="image height (px)")
     p.add_argument("-b", "--batch-count", type=positive_int, default=1, help="images per batch")
+    p.add_argument("--video-frames", type=positive_int, default=1,
+                   help="a video's frames for the fit (Wan's -M vid_gen; default 1)")
     p.add_argument("--command", dest="sdcli_command", metavar="TEXT",
                    help="plan a whole pasted sd-cli command (its model files, placement, "
                         "size and batch); POSIX, cmd.exe and PowerShell quoting are read")
@@ -226,15 +228,16 @@ def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
 
 def _plain_fit(plan: Plan, profile: Profile, inventory: Inventory, args: argparse.Namespace,
                files: dict[str, list[str]] | None, flags: Any) -> Any:
+    frames = int(getattr(args, "video_frames", 1) or 1)
     if flags is not None:
         return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
-                             batch=args.batch_count, flags=flags)
+                             batch=args.batch_count, flags=flags, frames=frames)
     engine = "sd-cli" if plan.target.sdcli else engine_name(args)
     if engine == "sd-cli" and getattr(args, "diffusion_fa", False):
         engine = "sd-cli-fa"
     measured = measure_files(files, args) if files and engine == "sdplan" else None
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
-                         batch=args.batch_count, engine=engine, measured=measured)
+                         batch=args.batch_count, engine=engine, measured=measured, frames=frames)
 
 
 def engine_name(args: argparse.Namespace) -> str:
@@ -252,8 +255,8 @@ def measure_files(files: dict[str, list[str]], args: argparse.Namespace) -> dict
     try:
         from sdplan.core.pipelines.compute import measure_compute
 
-        return measure_compute(files, width=args.width, height=args.height,
-                               batch=args.batch_count) or None
+        return measure_compute(files, width=args.width, height=args.height, batch=args.batch_count,
+                               overrides={"video_frames": int(getattr(args, "video_frames", 1) or 1)}) or None
     except (ImportError, RuntimeError, ValueError, SdplanError) as exc:
         log.info("no dry run of the engine: %s", exc)
         return None

@@ -232,7 +232,8 @@ def _attn(batch: int, heads: int, tokens: int, width: int, flash: bool = False) 
 
 
 def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
-                  width: int, height: int, batch: int, flash: bool = False) -> int:
+                  width: int, height: int, batch: int, flash: bool = False, frames: int = 1,
+                  vae_frames: int | None = None) -> int:
     """Compute-buffer estimate in bytes of one module (formula in the module docstring):
     sd-cli's path (F32 activations); ``flash`` (sd-cli's ``--fa``/``--diffusion-fa``) drops
     the ``heads * N**2`` attention score matrices.
@@ -243,13 +244,18 @@ def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
         architecture: the profile's architecture name (``flux-dev``, ``sdxl``...) or None.
         width, height: image size in pixels; batch: images per run.
         flash: flash attention (no ``heads * N**2`` score matrix).
+        frames: a video's frames (Wan): a DiT attends over the patches of its
+            ``(frames - 1) // 4 + 1`` latent frames at once.
+        vae_frames: the frames one decoder graph makes (default ``frames``: sdplan's engine
+            decodes the whole video at once; sd-cli decodes a latent frame, 4 frames, at a time).
     """
     shape = _shape(architecture)
     latent = (height // 8) * (width // 8)
-    pixels = width * height
+    pixels = width * height * (frames if vae_frames is None else vae_frames)
     if module in ("diffusion", "controlnet"):
         if shape is not None and shape.kind == "dit":
-            return _attn(batch, shape.heads, latent // 4 + shape.tokens, 4 * shape.width, flash)
+            cells = latent // 4 * ((frames - 1) // 4 + 1)
+            return _attn(batch, shape.heads, cells + shape.tokens, 4 * shape.width, flash)
         if shape is not None and shape.kind == "unet":
             return _attn(batch, shape.heads, latent // shape.tokens, 4 * shape.width, flash)
     elif module == "te":
@@ -288,7 +294,7 @@ def segments(units: tuple[int, ...], fixed: int, budget: int, compute: int) -> l
 
 def module_compute(module: str, mp: ModuleProfile, architecture: str | None, *, width: int,
                    height: int, batch: int, engine: str = "sdplan",
-                   measured: Mapping[str, int] | None = None) -> tuple[int, str]:
+                   measured: Mapping[str, int] | None = None, frames: int = 1) -> tuple[int, str]:
     """One module's compute bytes for ``engine`` and where the figure comes from.
 
     ``engine`` ``sdplan``: ``measured[module]`` when given (a dry-run reserve), else the
@@ -300,12 +306,13 @@ def module_compute(module: str, mp: ModuleProfile, architecture: str | None, *, 
         if measured and module in measured:
             return int(measured[module]), "measured"
         fitted = sdplan_compute_bytes(module, architecture, width=width, height=height,
-                                      batch=batch)
+                                      batch=batch) if frames == 1 else None
         if fitted is not None:
             return fitted, "fitted"
     flash = engine == "sd-cli-fa" and module in ("diffusion", "controlnet")
     return compute_bytes(module, mp, architecture, width=width, height=height, batch=batch,
-                         flash=flash), "formula"
+                         flash=flash, frames=frames,
+                         vae_frames=None if engine == "sdplan" else min(frames, 4)), "formula"
 
 
 def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
@@ -313,7 +320,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
                   measured: Mapping[str, int] | None = None,
                   flags: RuntimeFlags | None = None,
                   loras: Mapping[str, LoraProfile] | None = None,
-                  reserve: int = 0, ref_images: int = 0) -> FitReport:
+                  reserve: int = 0, ref_images: int = 0, frames: int = 1) -> FitReport:
     """Estimate a resolved plan's memory per module and device and say whether it fits.
 
     Args:
@@ -334,6 +341,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         ref_images: reference pictures the run is given (``-r``): an LLM encoder's vision
             tower (``te``'s ``llm_vision`` bytes, on the main device) is loaded only for them,
             as sd-cli encodes the pictures with it; without any it is not counted.
+        frames: a video's frames (``-M vid_gen --video-frames``; :func:`compute_bytes`).
 
     Returns:
         A :class:`FitReport`; ``fits`` is False when a device's total exceeds its free
@@ -358,7 +366,8 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         mode = mplan.params.mode
         if flags is not None:
             comp = compute_bytes(name, mp, profile.architecture, width=width, height=height,
-                                 batch=batch, flash=name in flags.flash_attention)
+                                 batch=batch, flash=name in flags.flash_attention, frames=frames,
+                                 vae_frames=min(frames, 4))
             if flags.im2col and name not in flags.conv_direct:
                 comp += im2col_bytes(name, profile.architecture, width=width, height=height,
                                      batch=batch)
@@ -366,7 +375,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         else:
             comp, sources[name] = module_compute(name, mp, profile.architecture, width=width,
                                                  height=height, batch=batch, engine=engine,
-                                                 measured=measured)
+                                                 measured=measured, frames=frames)
         placed: dict[str, int] = {}
         row_shares = getattr(mplan, "row_shares", None)
         unused = mp.encoders.get("llm_vision", 0) if name == "te" and not ref_images else 0
