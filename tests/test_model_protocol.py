@@ -63,6 +63,8 @@ from sdplan.core.models.tae import TaeGraph, detect_tae  # noqa: E402
 from sdplan.core.models.unet import UNetGraph, unet_config  # noqa: E402
 from sdplan.core.models.unet import find_prefix as unet_prefix  # noqa: E402
 from sdplan.core.models.vae import SDXL_CONV_SCALE, VaeGraph, vae_config, vae_decode, vae_encode  # noqa: E402
+from sdplan.core.models.wan import WanDiT  # noqa: E402
+from sdplan.core.models.wan import weight_file as wan_weight_file  # noqa: E402
 from sdplan.core.models.z_image import ZImageDiT  # noqa: E402
 from sdplan.core.pipelines.sd.pipeline import model_overrides, module_weight_file  # noqa: E402
 from sdplan.core.runtime import graph as gr  # noqa: E402
@@ -331,6 +333,37 @@ def _t5(shared: Path, tmp: Path) -> Built:
     def run(t: int) -> Run:
         return Run(enc.inputs(_rng(t).integers(0, TOKENS, (1, t))), {"hidden": (1, t, 16)})
     return Built(enc, path, set(_names(path)), [run(8), run(16)])
+
+
+@case("umt5-wan", T5Encoder, blocks=2)
+def _umt5(shared: Path, tmp: Path) -> Built:
+    path = FIX / "umt5_tiny.safetensors"
+    enc = T5Encoder.from_weights(_shapes(path))
+
+    def run(t: int, n: int) -> Run:  # n tokens, the rest padding masked out
+        ids = _rng(t).integers(3, 44, (1, t))
+        return Run(enc.inputs(ids, (np.arange(t) < n).astype(np.int32)[None]), {"hidden": (1, t, 32)})
+    # the tokenizer blob is the tokenizer's, no weight of the graph
+    return Built(enc, path, set(_names(path)) - {"spiece_model"}, [run(8, 5), run(16, 16)])
+
+
+@dataclass
+class _WanBuilt(Built):
+    """The Wan DiT's file with its 5-D patch embedding held 2-D (:func:`wan_weight_file`)."""
+
+    def weight_file(self, names: Iterable[str]) -> WeightFile:
+        return wan_weight_file(self.path, list(names))
+
+
+@case("wan", WanDiT, blocks=2)
+def _wan(shared: Path, tmp: Path) -> Built:
+    path = FIX / "wan_tiny.safetensors"
+    dit = WanDiT.from_weights(_shapes(path), 24)
+
+    def run(f: int, h: int, w: int, t: int) -> Run:  # 1x2x2 patches of 16 channels: 64 values each
+        ins = dit.inputs(_normal((1, 16, f, h, w), h), _normal((1, t, 32), t), 0.6)
+        return Run(ins, {"out": (1, f * (h // 2) * (w // 2), 64)})
+    return _WanBuilt(dit, path, set(_names(path)), [run(2, 4, 6, 9), run(1, 8, 4, 20)])
 
 
 def _flux(path: Path) -> Built:

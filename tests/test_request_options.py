@@ -2,7 +2,7 @@
 honoured or refused, never dropped.
 
 A table over the registry's families (SD 1.x on the demo model, SD 2.x, SDXL, SD3, FLUX.1 dev,
-Chroma, Z-Image, FLUX.2 klein, FLUX.2 dev and Qwen-Image on their tiny fixtures) and every option of
+Chroma, Z-Image, FLUX.2 klein, FLUX.2 dev, Qwen-Image and Wan on their tiny fixtures) and every option of
 :data:`sdplan.core.families.options.OPTIONS`. Where the family declares an option honoured,
 the engine job (:func:`sdplan.core.pipelines.jobs.generate_job`, in this process) runs the
 request with the option at a value other than its default, in a setting where it matters
@@ -45,7 +45,11 @@ from sdplan.core.sampling.names import SAMPLERS, SCHEDULES, samplers_for, schedu
 FIX = Path(__file__).resolve().parent / "fixtures"
 PROMPT = "a photo of a cat"
 #: The rows: the registry families that run, each on its tiny model set.
-ROWS = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "z_image", "flux2_klein", "flux2", "qwen_image")
+ROWS = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "z_image", "flux2_klein", "flux2", "qwen_image",
+        "wan")
+#: Wan's tiny model set (the low-noise expert alone; the option adds the high-noise one).
+WAN = {"diffusion_model": [str(FIX / "wan_tiny.safetensors")], "t5xxl": [str(FIX / "umt5_tiny.safetensors")],
+       "vae": [str(FIX / "wan_vae_tiny.safetensors")]}
 
 
 @dataclass
@@ -65,7 +69,7 @@ class Change:
     files) on top of ``context`` (what makes it matter), and what ``params`` must then hold.
     ``check``: ``image`` (the picture differs), ``previews`` (the previews differ),
     ``batch`` (two different pictures), ``size`` (a larger picture), ``vae_scale`` (the
-    loaded SDXL VAE graph's convolution scale)."""
+    loaded SDXL VAE graph's convolution scale), ``frames`` (a video's five frames)."""
 
     change: dict[str, Any]
     recorded: dict[str, Any]
@@ -160,6 +164,7 @@ def env(tmp_path_factory) -> dict[str, Any]:
                       "llm": [str(flux2_dev_util.write_llm(d / "mistral_flux2.safetensors"))],
                       "vae": [str(flux2_dev_util.AE)]}, 32),
         "qwen_image": Row(qwen_image_util.files(), 32),
+        "wan": Row(WAN, 32),
     }
     rng = np.random.default_rng(3)
     for channels in (4, 16, 32):
@@ -306,6 +311,12 @@ def change_of(opt: str, name: str, env: dict[str, Any]) -> Change:
         # the pipeline's VAE graph is what shows it: check "vae_scale"
         return Change({"force_sdxl_vae_conv_scale": True}, {"force_sdxl_vae_conv_scale": True},
                       {"files": {"vae": env["sdxl_vae"]}}, check="vae_scale")
+    if opt == o.VIDEO:  # five frames of two latent frames, at 8 frames per second
+        video = {"mode": "vid_gen", "video_frames": 5, "fps": 8}
+        return Change(video, video, check="frames")
+    if opt == o.HIGH_NOISE:  # the high-noise expert for the steps above the boundary, its own CFG
+        return Change({"files": {"high_noise_diffusion_model": [str(FIX / "wan_high_noise_tiny.safetensors")]},
+                       "high_noise_cfg_scale": 4.0}, {"high_noise_cfg_scale": 4.0})
     raise AssertionError(f"no change written for option {opt}")
 
 
@@ -371,6 +382,9 @@ def test_every_option_is_honoured_or_refused(name: str, opt: str, env, runs, mon
         from sdplan.core.models.vae import SDXL_CONV_SCALE
 
         assert (base["vae_scale"], got["vae_scale"]) == (1.0, SDXL_CONV_SCALE)
+    elif c.check == "frames":
+        assert (len(base["images"]), len(got["images"])) == (1, 5)
+        assert got["params"]["video"] == {"frames": 5, "fps": 8}
     elif c.check == "size":
         assert got["images"][0].shape[0] == 2 * base["images"][0].shape[0]
     else:

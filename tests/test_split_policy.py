@@ -20,6 +20,7 @@ from sdplan.core.planning.profile import ModuleProfile, Profile
 from sdplan.core.planning.sdcli_split import fill_first, ratio_ranges, sdcli_capacities
 from sdplan.core.planning.split_ratio import parse_split_ratio
 from sdplan.core.planning.target import Target
+from sparse_writer import FIXTURES as WAN  # the tiny Wan expert pair: a two-stage model
 
 MIB = 1 << 20
 NEWEST = Target("sd-cli", "newest", True, "test")
@@ -237,7 +238,8 @@ def test_commands_that_keep_cfg_sequential(tmp_path: Path, capsys) -> None:  # n
     path.write_text(json.dumps(D.to_json()))
     for extra, reason in (("--cfg-scale 1", "--cfg-scale 1"), ("--cache-mode easycache",
                                                                "--cache-mode"),
-                          ("--high-noise-diffusion-model h.gguf", "high-noise")):
+                          (f"--diffusion-model {WAN}/wan_tiny.safetensors --high-noise-diffusion-model "
+                           f"{WAN}/wan_high_noise_tiny.safetensors", "high-noise")):
         assert cli.main(["plan", "--devices", str(path), "--command",
                          f"sd-cli --backend CUDA0,cfg=CUDA1 -p cat {extra}", "--json"]) == 0
         out = json.loads(capsys.readouterr().out)

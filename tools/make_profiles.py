@@ -93,6 +93,12 @@ Qwen-Image GGUF files (QuantStack/Qwen-Image-GGUF, city96's tools) are assumed t
 kind of tensors unquantised: the embedders and the final layer (``img_in. txt_in.
 time_text_embed. norm_out. proj_out.``); every block matrix is quantised (all rows are 3072 or
 12288 wide: whole K-quant blocks).
+Wan 2.2 GGUF files (QuantStack/Wan2.2-*-GGUF, city96's tools) are assumed to keep the
+embedders and the head unquantised (``patch_embedding. text_embedding. time_embedding.
+time_projection. head.``) and the 3-D ``modulation`` tensors in F16; every block matrix is
+quantised (rows of 3072, 5120, 13824 or 14336: whole K-quant blocks). The A14B profiles hold
+both experts (the high-noise one as the ``diffusion`` module's ``high_noise`` phase).
+UMT5-XXL (Wan's ``--t5xxl``) Q8_0 is city96/umt5-xxl-encoder-gguf, T5-XXL's rule below.
 Qwen3-4B / Qwen3-8B Q8_0 is llama.cpp's converter and ``llama-quantize Q8_0``: 1-D tensors
 F32, every matrix (the token embedding included) Q8_0.
 T5-XXL Q8_0 follows city96/t5-v1_1-xxl-encoder-gguf (llama.cpp's converter and
@@ -110,6 +116,7 @@ Q8_0 GGUF otherwise.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -454,6 +461,7 @@ _KEEP = {
     "z_image": ("x_embedder.", "t_embedder.", "final_layer."),
     "flux2": ("txt_in.", "img_in.", "time_in.", "guidance_in.", "final_layer."),
     "qwen_image": ("img_in.", "txt_in.", "time_text_embed.", "norm_out.", "proj_out."),
+    "wan": ("patch_embedding.", "text_embedding.", "time_embedding.", "time_projection.", "head."),
 }
 _KEEP_EXACT = {"unet": ("input_blocks.0.0.weight", "out.2.weight"), "sd3": ("proj_out.weight",)}
 
@@ -528,10 +536,12 @@ class ModelSpec:
     qwen3_8b: bool = False
     qwen25vl: bool = False
     mistral: bool = False
+    umt5: bool = False
+    high_noise_file: str = ""  # a two-stage model's high-noise expert (the same layout)
 
 
 def build_specs(layouts: dict) -> list[ModelSpec]:
-    """The twelve built-in models with their encoders and VAEs."""
+    """The built-in models with their encoders and VAEs."""
     clip_l_hf = _real(layouts, "clip_l_hf", prefix="text_model.")
     sd_vae = _real(layouts, "sd_vae_ldm")
     clip_g_hf = _clip_text(1280, 32, 20, 1280)  # laion/CLIP-ViT-bigG-14 text config
@@ -564,6 +574,8 @@ def build_specs(layouts: dict) -> list[ModelSpec]:
 
     qwen_vae = f16("vae-wan21:qwen_image", "vae", None, "qwen_image_vae.safetensors",
                    _real(layouts, "qwen_image_vae"), "BF16")
+    wan21_vae = f16("vae-wan21", "vae", None, "wan_2.1_vae.safetensors", _real(layouts, "wan21_vae"), "BF16")
+    wan22_vae = f16("vae-wan22", "vae", None, "wan2.2_vae.safetensors", _real(layouts, "wan22_vae"))
 
     flux_dev = _real(layouts, "flux1_dev_bfl")
     flux_schnell = [(n, s) for n, s in flux_dev if not n.startswith("guidance_in.")]
@@ -605,6 +617,11 @@ def build_specs(layouts: dict) -> list[ModelSpec]:
                   "qwen_image_bf16.safetensors", (qwen_vae,), qwen25vl=True),
         ModelSpec("flux2-dev", "FLUX.2 [dev]", "flux2", "BF16", _real(layouts, "flux2_dev_bfl"),
                   "flux2-dev.safetensors", (ae2,), mistral=True),
+        ModelSpec("wan22-ti2v-5b", "Wan 2.2 TI2V-5B", "wan", "F16", _real(layouts, "wan22_ti2v_5b"),
+                  "wan2.2_ti2v_5B_fp16.safetensors", (wan22_vae,), umt5=True),
+        ModelSpec("wan22-t2v-a14b", "Wan 2.2 T2V-A14B (both experts)", "wan", "F16",
+                  _real(layouts, "wan22_t2v_a14b"), "wan2.2_t2v_low_noise_14B_fp16.safetensors",
+                  (wan21_vae,), umt5=True, high_noise_file="wan2.2_t2v_high_noise_14B_fp16.safetensors"),
     ]
 
 
@@ -687,11 +704,30 @@ def _qwen25vl_components(quant: str, qwen25: tuple[Layout, Layout, Layout]) -> l
                       "llm")]
 
 
+#: Component key prefix of a two-stage model's high-noise expert (role ``high_noise``).
+HIGH_NOISE = "high-noise:"
+
+
+def _umt5_component(quant: str, layout: Layout) -> Component:
+    """Wan's UMT5-XXL encoder (``--t5xxl``): Comfy's ``umt5_xxl_fp16.safetensors`` (F16, with
+    its ``spiece_model`` tokenizer blob as U8 bytes) for the ``f16`` profile; city96's
+    ``umt5-xxl-encoder-Q8_0.gguf`` (T5-XXL's rule: vectors F32, relative attention biases
+    F16, matrices Q8_0; the tokenizer in the GGUF metadata, no blob) for the others."""
+    blob = [(n, s) for n, s in layout if n == "spiece_model"]
+    model = [(n, s) for n, s in layout if n != "spiece_model"]
+    if quant == "F16":
+        c = component("umt5-xxl:F16", "te", "t5xxl", "umt5_xxl_fp16.safetensors", model, "F16")
+        rows = tuple((n, tuple(s), "U8", math.prod(s)) for n, s in blob)
+        return dataclasses.replace(c, tensors=c.tensors + rows)
+    return component("umt5-xxl:Q8_0", "te", "t5xxl", "umt5-xxl-encoder-Q8_0.gguf", model, "F16", "Q8_0", "t5")
+
+
 def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
                   qwen3: tuple[Layout, Layout] = ([], []),
                   qwen8: tuple[Layout, Layout] = ([], []),
                   qwen25: tuple[Layout, Layout, Layout] = ([], [], []),
-                  mistral: tuple[Layout, Layout, Layout] = ([], [], [])) -> dict[str, object]:
+                  mistral: tuple[Layout, Layout, Layout] = ([], [], []),
+                  umt5: Layout = ()) -> dict[str, object]:
     """The JSON entry of one built-in profile, classified by sdplan's own model-file code
     (modules, encoders, blocks of spec section 8, architecture detection)."""
     from sdplan.core.modelfiles.checkpoint import (
@@ -724,7 +760,14 @@ def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
         comps += _qwen25vl_components(quant, qwen25)
     if spec.mistral:
         comps += _mistral_components(quant, mistral)
-    tensors = [ModelTensor(TensorInfo(n, t, s, b, 0, c.key), c.module, c.encoder)
+    if spec.umt5:
+        comps.append(_umt5_component(quant, umt5))
+    if spec.high_noise_file:
+        hfile = spec.high_noise_file if quant == "F16" else spec.high_noise_file.replace(
+            "_fp16.safetensors", f"-{quant}.gguf")
+        comps.append(dataclasses.replace(diff, key=HIGH_NOISE + diff.key, file=hfile))
+    tensors = [ModelTensor(TensorInfo(n, t, s, b, 0, c.key), c.module, c.encoder,
+                           "high_noise" if c.key.startswith(HIGH_NOISE) else "main")
                for c in comps for n, s, t, b in c.tensors]
     ms = ModelSet([], tensors)
     dominant = ms.block_encoder()
@@ -735,7 +778,7 @@ def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
     arch = detect_architecture(ms)
     prof = ms.profile()
     dtypes: dict[str, int] = {}
-    for t in ms.module_tensors("diffusion"):
+    for t in ms.module_tensors("diffusion"):  # the (low-noise) diffusion model's
         dtypes[t.info.dtype] = dtypes.get(t.info.dtype, 0) + t.info.nbytes
     files: dict[str, int] = {}
     for c in comps:
@@ -752,6 +795,7 @@ def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
         "architecture": arch.name,
         "quant": quant,
         "modules": prof.to_json()["modules"],
+        **({"phases": prof.to_json()["phases"]} if prof.phases else {}),
         "diffusion_dtypes": dict(sorted(dtypes.items(), key=lambda kv: -kv[1])),
         "files": files,
         **({"note": note} if note else {}),
@@ -766,11 +810,12 @@ def build_profiles(layouts: dict) -> dict[str, object]:
     qwen8 = qwen3_8b(layouts)
     qwen25 = qwen25vl(layouts)
     mistral = mistral_small(layouts)
+    umt5 = _real(layouts, "umt5_xxl")
     out: dict[str, object] = {}
     for spec in build_specs(layouts):
         for suffix in QUANTS:
             name = f"{spec.name}-{suffix}"
-            out[name] = profile_entry(spec, suffix, t5_layout, qwen3, qwen8, qwen25, mistral)
+            out[name] = profile_entry(spec, suffix, t5_layout, qwen3, qwen8, qwen25, mistral, umt5)
             log.info("%-20s %s", name, _summary(out[name]))
     return out
 

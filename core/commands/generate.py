@@ -54,13 +54,20 @@ from sdplan.core.commands.sdcli_flags import (
     refuse_unsupported,
     sampling_request,
 )
+from sdplan.core.commands.video_flags import (
+    add_video_arguments,
+    video_output,
+    video_request,
+    write_video,
+)
 from sdplan.core.errors import InvalidArgument, SdplanError
 from sdplan.core.planning.placement import add_placement_arguments, placement_from_namespace
 
 log = logging.getLogger(__name__)
 #: Model-file flags -> request keys.
 FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "t5xxl", "clip_l": "clip_l",
-              "clip_g": "clip_g", "llm": "llm", "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model"}
+              "clip_g": "clip_g", "llm": "llm", "vae": "vae", "taesd": "taesd", "upscale_model": "upscale_model",
+              "high_noise_diffusion_model": "high_noise_diffusion_model"}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -109,7 +116,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="sigma schedule (default: the model's, as sd-cli: discrete for SD, "
                         "Flux's own for Flux)")
     p.add_argument("-b", "--batch-count", type=int, default=1)
-    p.add_argument("-o", "--output", default="output.png", help="PNG path (batch: _N suffixes)")
+    p.add_argument("-o", "--output", default="output.png",
+                   help="PNG path (batch: _N suffixes); -M vid_gen: .webm (default), .mp4, .avi, or PNG "
+                        "frames for a .png or printf-style name (frames_%%03d.png)")
+    add_video_arguments(p)
     p.add_argument("--preview-path", metavar="DIR", help="write a preview PNG per step")
     p.add_argument("--clip-skip", type=int, default=-1, help="<= 0: the family default")
     p.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: ggml's default)")
@@ -210,7 +220,7 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]],
     width, height = hires_size(args)  # the second pass of a hires fix is the largest
     fit = estimate_plan(plan, profile, inventory, width=width, height=height, batch=args.batch_count,
                         engine="sdplan", measured=measured, loras=loras.profiles,
-                        ref_images=len(getattr(args, "ref_image", None) or ()))
+                        ref_images=len(getattr(args, "ref_image", None) or ()), frames=_frames(args))
     return plan, inventory, fit, loras
 
 
@@ -243,13 +253,19 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
     try:
         return dict(engine.call(COMPUTE_JOB, {
             "model_files": files, "width": width, "height": height, "batch": args.batch_count,
-            "cfg": args.cfg_scale != 1.0, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
+            "cfg": args.cfg_scale != 1.0, "overrides": {"clip_heads": getattr(args, "clip_heads", None),
+                                                        "video_frames": _frames(args)},
             "vae_tiling": module_request(args)["vae_tiling"],
             "placements": {m: ModulePlacement.from_plan(plan, m)
                            for m in ("diffusion", "te", "vae", "controlnet", "upscaler") if m in plan.modules}}))
     except SdplanError as exc:
         log.info("no dry run of the engine: %s", exc)
         return {}
+
+
+def _frames(args: argparse.Namespace) -> int:
+    """The video's frames (1 without ``-M vid_gen``)."""
+    return int(getattr(args, "video_frames", 1) or 1) if getattr(args, "mode", "img_gen") == "vid_gen" else 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -378,7 +394,7 @@ def request_settings(args: argparse.Namespace) -> dict[str, Any]:
             overrides["flux_axes"] = tuple(int(a) for a in args.flux_axes.split(","))
         except ValueError:
             raise InvalidArgument(f"--flux-axes must be three integers like 16,56,56, got {args.flux_axes!r}") from None
-    return {"prompt": args.prompt, "negative_prompt": args.negative_prompt,
+    return {**video_request(args), "prompt": args.prompt, "negative_prompt": args.negative_prompt,
             "width": given(args.width), "height": given(args.height), "steps": given(args.steps),
             "cfg_scale": given(args.cfg_scale), "guidance": args.guidance, "seed": args.seed,
             "sampling_method": given(args.sampling_method), "scheduler": args.scheduler,
@@ -453,7 +469,14 @@ def check_outputs(args: argparse.Namespace) -> None:
     scale = 4 ** args.upscale_repeats if getattr(args, "upscale_model", None) else 1
     width, height = hires_size(args) if getattr(args, "hires", False) else (args.width, args.height)
     raw = width * height * 3 * scale * scale  # an upper bound of a PNG's bytes
-    check_output_file("-o/--output", args.output, needed_bytes=raw * args.batch_count)
+    if getattr(args, "mode", "img_gen") == "vid_gen":
+        from sdplan.core.commands.video_flags import video_output
+
+        out = video_output(args)
+        check_output_file("-o/--output", str(out).replace("%", "_"), (".png", ".webm", ".mp4", ".avi"),
+                          needed_bytes=raw * _frames(args))
+    else:
+        check_output_file("-o/--output", args.output, needed_bytes=raw * args.batch_count)
     if args.preview_path:
         check_output_folder("--preview-path", args.preview_path, needed_bytes=raw)
 
@@ -548,6 +571,8 @@ def _generate(args: argparse.Namespace, files: dict[str, list[str]], engine: Any
     res["timings"] = {**(res.get("timings") or {}), **timings}
     if predicted is not None:
         print_time(console, predicted, timings)
+    if getattr(args, "mode", "img_gen") == "vid_gen":
+        return write_video(res, video_output(args), picture_text(res, files), console)
     return write_images(res["images"], Path(args.output), picture_text(res, files), console)
 
 

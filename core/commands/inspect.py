@@ -107,10 +107,13 @@ def show(ms: ModelSet) -> None:
     mods = Table(title="modules")
     for col in ("module", "GiB", "blocks", "block GiB", "other GiB", "dtypes"):
         mods.add_column(col, justify="left" if col in ("module", "dtypes") else "right")
-    for m in ms.modules():
-        mp = ms.module_profile(m)
-        mix = ", ".join(f"{d} {_gib(b)}" for d, b in ms.dtype_mix(m).items())
-        mods.add_row(m, _gib(mp.total), str(len(mp.blocks)), _gib(sum(mp.blocks)),
+    rows = [(m, m, "main") for m in ms.modules()]
+    if ms.module_tensors("diffusion", "high_noise"):  # a two-stage model's first expert
+        rows.insert(1, ("diffusion (high noise)", "diffusion", "high_noise"))
+    for label, m, role in rows:
+        mp = ms.module_profile(m, role)
+        mix = ", ".join(f"{d} {_gib(b)}" for d, b in ms.dtype_mix(m, role).items())
+        mods.add_row(label, _gib(mp.total), str(len(mp.blocks)), _gib(sum(mp.blocks)),
                      _gib(mp.other), mix)
     con.print(mods)
     enc = ms.encoder_bytes()

@@ -71,6 +71,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-W", "--width", type=positive_int, default=512, help="image width (px) for the fit")
     p.add_argument("-H", "--height", type=positive_int, default=512, help="image height (px)")
     p.add_argument("-b", "--batch-count", type=positive_int, default=1, help="images per batch")
+    p.add_argument("--video-frames", type=positive_int, default=1,
+                   help="a video's frames for the fit (Wan's -M vid_gen; default 1)")
     p.add_argument("--command", dest="sdcli_command", metavar="TEXT",
                    help="plan a whole pasted sd-cli command (its model files, placement, "
                         "size and batch); POSIX, cmd.exe and PowerShell quoting are read")
@@ -231,15 +233,16 @@ def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
 
 def _plain_fit(plan: Plan, profile: Profile, inventory: Inventory, args: argparse.Namespace,
                files: dict[str, list[str]] | None, flags: Any) -> Any:
+    frames = int(getattr(args, "video_frames", 1) or 1)
     if flags is not None:
         return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
-                             batch=args.batch_count, flags=flags)
+                             batch=args.batch_count, flags=flags, frames=frames)
     engine = "sd-cli" if plan.target.sdcli else engine_name(args)
     if engine == "sd-cli" and getattr(args, "diffusion_fa", False):
         engine = "sd-cli-fa"
     measured = measure_files(files, args) if files and engine == "sdplan" else None
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
-                         batch=args.batch_count, engine=engine, measured=measured)
+                         batch=args.batch_count, engine=engine, measured=measured, frames=frames)
 
 
 def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argparse.Namespace,
@@ -273,8 +276,8 @@ def measure_files(files: dict[str, list[str]], args: argparse.Namespace) -> dict
     try:
         from sdplan.core.pipelines.compute import measure_compute
 
-        return measure_compute(files, width=args.width, height=args.height,
-                               batch=args.batch_count) or None
+        return measure_compute(files, width=args.width, height=args.height, batch=args.batch_count,
+                               overrides={"video_frames": int(getattr(args, "video_frames", 1) or 1)}) or None
     except (ImportError, RuntimeError, ValueError, SdplanError) as exc:
         log.info("no dry run of the engine: %s", exc)
         return None
@@ -478,6 +481,10 @@ def print_tables(plan: Plan, inventory: Inventory, fit: Any, written: Written | 
                            for r in mp.ranges)
         mods.add_row(m, " & ".join(mp.devices), escape(weights), escape(ranges))
     console.print(mods)
+    for ph in plan.phases:  # a two-stage diffusion model: its experts in running order
+        console.print(f"diffusion phase {ph.name} ({ph.flag}, {ph.bytes / GIB:.2f} GiB): "
+                      + (", ".join(f"{r.device}: {r.first_block}-{r.last_block}" for r in ph.ranges)
+                         or " & ".join(plan.modules["diffusion"].devices)), highlight=False, markup=False)
     if plan.split_ratio is not None:
         console.print(f"--split-ratio {plan.split_ratio.text()}", highlight=False, markup=False)
     if plan.cfg is not None:
@@ -575,6 +582,11 @@ def _print_fit(console: Any, fit: Any) -> None:
         if segs:
             console.print(f"{module}: {len(segs)} segments under the --max-vram budget of "
                           f"{m['devices'][0]} (largest {max(segs) / GIB:.2f} GiB)",
+                          highlight=False, markup=False)
+        if isinstance(m, dict) and m.get("phases"):
+            console.print(f"{module}: " + ("both experts resident for the whole run"
+                          if m.get("phase_residency") == "both" else "one expert at a time: "
+                          "high noise for its steps, then released and the low-noise one loaded"),
                           highlight=False, markup=False)
     verdict = "[green]fits[/]" if data.get("fits") else "[red]does not fit[/]"
     label = fit.engine_label() if hasattr(fit, "engine_label") else None

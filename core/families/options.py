@@ -14,7 +14,7 @@ from types import MappingProxyType
 __all__ = ["OPTIONS", "NEGATIVE_PROMPT", "CFG_SCALE", "GUIDANCE", "CLIP_SKIP", "BATCH", "ETA",
            "SIGMAS", "FLOW_SHIFT", "TIMESTEP_SHIFT", "RNG", "SAMPLER_RNG", "EXTRA_SAMPLE_ARGS",
            "SLG", "LORA", "INIT_IMG", "MASK", "REF_IMAGES", "TAESD", "TAESD_DECODE",
-           "VAE_TILING", "UPSCALE", "CONTROL", "HIRES", "VAE_CONV_SCALE"]
+           "VAE_TILING", "UPSCALE", "CONTROL", "HIRES", "VAE_CONV_SCALE", "VIDEO", "HIGH_NOISE"]
 
 NEGATIVE_PROMPT = "negative_prompt"
 CFG_SCALE = "cfg_scale"
@@ -40,6 +40,8 @@ UPSCALE = "upscale"
 CONTROL = "control"
 HIRES = "hires"
 VAE_CONV_SCALE = "force_sdxl_vae_conv_scale"
+VIDEO = "video"
+HIGH_NOISE = "high_noise"
 
 #: Option name -> the sd-cli flag (or flags) that set it, as refusals name them.
 OPTIONS = MappingProxyType({
@@ -67,4 +69,6 @@ OPTIONS = MappingProxyType({
     CONTROL: "--control-net",
     HIRES: "--hires",
     VAE_CONV_SCALE: "--force-sdxl-vae-conv-scale",
+    VIDEO: "-M vid_gen/--video-frames/--fps",
+    HIGH_NOISE: "--high-noise-diffusion-model/--high-noise-*/--moe-boundary",
 })

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
-from sdplan.core.families import chroma, flux, flux2, qwen_image, sd, sd3, sdxl, z_image
+from sdplan.core.families import chroma, flux, flux2, qwen_image, sd, sd3, sdxl, wan, z_image
 from sdplan.core.families.declaration import DiffusionTensors, Family
 
 __all__ = ["FAMILIES", "UNKNOWN", "family", "family_of", "variant_of", "detect_family",
@@ -24,8 +24,8 @@ UNKNOWN = "unknown"
 
 
 #: Every family, in detection order: the most specific layouts first (sd-cli's own order of
-#: tests: Qwen-Image, Z-Image, FLUX.2, FLUX.1 / Chroma, SD3, then the UNets by context width).
-FAMILIES: tuple[Family, ...] = (*qwen_image.FAMILIES, *z_image.FAMILIES, *flux2.FAMILIES, *chroma.FAMILIES, *flux.FAMILIES,
+#: tests: Wan, Qwen-Image, Z-Image, FLUX.2, FLUX.1 / Chroma, SD3, then the UNets by context width).
+FAMILIES: tuple[Family, ...] = (*wan.FAMILIES, *qwen_image.FAMILIES, *z_image.FAMILIES, *flux2.FAMILIES, *chroma.FAMILIES, *flux.FAMILIES,
                                 *sd3.FAMILIES, *sdxl.FAMILIES, *sd.FAMILIES)
 _BY_NAME: Mapping[str, Family] = MappingProxyType({f.name: f for f in FAMILIES})
 

@@ -172,20 +172,21 @@ class ModelSet:
         pool = big or list(enc)
         return max(pool, key=lambda e: enc[e]) if pool else None
 
-    def dtype_mix(self, module: str | None = None) -> dict[str, int]:
-        """Bytes per dtype (``F16``, ``BF16``, ``Q4_0``...), over one module or all."""
+    def dtype_mix(self, module: str | None = None, role: str | None = None) -> dict[str, int]:
+        """Bytes per dtype (``F16``, ``BF16``, ``Q4_0``...), over one module (one role of it)
+        or all."""
         out: Counter[str] = Counter()
         for t in self.tensors:
-            if module is None or t.module == module:
+            if (module is None or t.module == module) and (role is None or t.role == role):
                 out[t.info.dtype] += t.info.nbytes
         return dict(out.most_common())
 
-    def module_profile(self, module: str) -> ModuleProfile:
-        """Block bytes (in block order) and non-block bytes of ``module``.
+    def module_profile(self, module: str, role: str | None = "main") -> ModuleProfile:
+        """Block bytes (in block order) and non-block bytes of ``module`` (``role``
+        ``high_noise``: a two-stage diffusion model's high-noise expert).
 
         The ``vae`` module is the main VAE; with only a ``--taesd`` file it is the TAE.
         """
-        role: str | None = "main"
         if module == "vae" and not self.module_tensors("vae", "main"):
             role = "preview"
         per_block: dict[tuple[int, int], int] = {}
@@ -209,7 +210,9 @@ class ModelSet:
         diff = self.module_tensors("diffusion")
         first = diff[0].info.file if diff else self.files[0].path if self.files else None
         name = Path(first).name if first else None
-        return Profile(modules=mods, name=name, architecture=self.architecture.name,
+        high = self.module_tensors("diffusion", "high_noise")
+        phases = {"high_noise": self.module_profile("diffusion", "high_noise")} if high else {}
+        return Profile(modules=mods, name=name, architecture=self.architecture.name, phases=phases,
                        autofit=autofit_component_bytes(self.tensors),
                        autofit_loaded=loaded_component_bytes(self.tensors))
 
@@ -228,6 +231,12 @@ class ModelSet:
                 d["block_encoder"] = mp.block_encoder
             if m == "vae" and self.preview_bytes():
                 d["preview_bytes"] = self.preview_bytes()
+            if m == "diffusion" and self.module_tensors(m, "high_noise"):
+                d["dtypes"] = self.dtype_mix(m, "main")
+                hp = self.module_profile(m, "high_noise")
+                d["high_noise"] = {"bytes": hp.total, "tensors": len(self.module_tensors(m, "high_noise")),
+                                   "blocks": len(hp.blocks), "block_bytes": sum(hp.blocks),
+                                   "other_bytes": hp.other, "dtypes": self.dtype_mix(m, "high_noise")}
             mods[m] = d
         return {
             "files": [{"path": f.path, "format": f.format, "tensors": len(f.tensors),
@@ -353,7 +362,7 @@ def _vision(name: str, module: str, encoder: str | None) -> str | None:
 
 
 def _with_block(t: ModelTensor, dominant: str | None) -> ModelTensor:
-    if t.module not in SPLITTABLE or t.role != "main":
+    if t.module not in SPLITTABLE or t.role not in ("main", "high_noise"):
         return t
     if t.module == "te" and (t.encoder or "te") != dominant:
         return t

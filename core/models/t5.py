@@ -1,4 +1,4 @@
-"""The T5 encoder (T5-XXL of Flux and SD3) as a block-structured ggml graph.
+"""The T5 encoder (T5-XXL of Flux and SD3, UMT5-XXL of Wan) as a block-structured ggml graph.
 
 Layout (after an optional prefix such as ``text_encoders.t5xxl.transformer.``): token
 embedding ``shared.weight`` (or ``encoder.embed_tokens.weight``), blocks
@@ -12,6 +12,12 @@ Computation (Raffel et al. 2020, T5 v1.1 as in transformers' ``T5EncoderModel``)
 the position bias of block 0 (bidirectional buckets, shared by every block), then
 ``x += wo(gelu_tanh(wi_0 LN(x)) * wi_1 LN(x))``; final LN. LN is T5's RMS norm
 ``x / sqrt(mean(x^2) + eps) * w`` (eps 1e-6). No attention mask: Flux attends to padding too.
+
+UMT5 (Wan's ``--t5xxl``; transformers ``UMT5EncoderModel``, sd-cli's ``T5Runner`` with
+``is_umt5``) has the same blocks, each with a relative-position table of its own
+(``encoder.block.N.layer.0.SelfAttention.relative_attention_bias``) instead of block 0's
+shared one; Wan masks the padding out of the attention (an additive key mask: 0 for tokens,
+-inf for padding, the ``mask`` input).
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ def find_prefix(names: Mapping[str, Any]) -> str:
 class T5Config:
     """Hyper-parameters inferred from shapes: ``width`` (d_model), ``heads``, ``d_kv``
     (inner attention width = heads * head dim), ``d_ff``, ``n_blocks``, ``buckets``,
-    ``max_distance`` (128 in every published T5), ``vocab`` and the token-embedding name."""
+    ``max_distance`` (128 in every published T5), ``vocab``, the token-embedding name and
+    ``per_block_bias`` (UMT5: every block has its own relative-position table)."""
 
     prefix: str
     vocab: int
@@ -59,6 +66,7 @@ class T5Config:
     buckets: int
     max_distance: int
     embedding: str
+    per_block_bias: bool = False
 
 
 def t5_config(weights: Mapping[str, Any], max_distance: int = 128) -> T5Config:
@@ -81,7 +89,8 @@ def t5_config(weights: Mapping[str, Any], max_distance: int = 128) -> T5Config:
     d_ff = w.shape("encoder.block.0.layer.1.DenseReluDense.wi_0.weight")[0]
     if inner % heads:
         raise ModelLayoutError(f"T5 attention width {inner} is not divisible by {heads} heads")
-    return T5Config(prefix, vocab, width, heads, inner, d_ff, len(blocks), buckets, max_distance, emb)
+    per_block = len(blocks) > 1 and "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight" in w
+    return T5Config(prefix, vocab, width, heads, inner, d_ff, len(blocks), buckets, max_distance, emb, per_block)
 
 
 def relative_buckets(n: int, buckets: int = 32, max_distance: int = 128) -> np.ndarray:
@@ -141,18 +150,21 @@ class T5Encoder:
         names = [p + "layer.0.layer_norm.weight"] + [p + f"layer.0.SelfAttention.{c}.weight" for c in "qkvo"]
         names += [p + "layer.1.layer_norm.weight"] + [p + f"layer.1.DenseReluDense.{c}.weight"
                                                        for c in ("wi_0", "wi_1", "wo")]
-        if i == 0:
+        if i == 0 or self.cfg.per_block_bias:
             names.append(p + "layer.0.SelfAttention.relative_attention_bias.weight")
         return names
 
     def other_tensors(self) -> list[str]:
         return [self.cfg.prefix + self.cfg.embedding, self.cfg.prefix + _FINAL]
 
-    def inputs(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        """Graph input arrays for token ids ``(1, T)``: ``ids`` and ``buckets``.
+    def inputs(self, ids: np.ndarray, mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Graph input arrays for token ids ``(1, T)``: ``ids`` and ``buckets``, and with
+        ``mask`` ``(1, T)`` (1 for a token, 0 for padding) the additive key mask ``mask`` f32
+        ``(T,)`` (0 or -inf).
 
         Raises:
-            ValueError: ids not of shape (1, T) or outside the vocabulary.
+            ValueError: ids not of shape (1, T) or outside the vocabulary, or a mask of
+                another shape.
         """
         ids = np.asarray(ids)
         if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] < 1:
@@ -160,20 +172,32 @@ class T5Encoder:
         if ids.min() < 0 or ids.max() >= self.cfg.vocab:
             raise ValueError(f"T5 ids must be in 0..{self.cfg.vocab - 1}, got {ids.min()}..{ids.max()}")
         t = ids.shape[1]
-        return {"ids": ids.astype(np.int32),
-                "buckets": relative_buckets(t, self.cfg.buckets, self.cfg.max_distance).reshape(-1)}
+        out = {"ids": ids.astype(np.int32),
+               "buckets": relative_buckets(t, self.cfg.buckets, self.cfg.max_distance).reshape(-1)}
+        if mask is not None:
+            m = np.asarray(mask)
+            if m.shape != ids.shape:
+                raise ValueError(f"T5 mask must have the ids' shape {ids.shape}, got {m.shape}")
+            out["mask"] = np.where(m.reshape(-1) > 0, 0.0, -np.inf).astype(np.float32)
+        return out
 
     def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
         ids = tuple(shapes.get("ids", ()))
         if len(ids) != 2 or ids[0] != 1:
             raise ValueError(f"T5: needs ids of shape (1, T), got {shapes}")
-        return {"ids": (ids, "i32"), "buckets": ((ids[1] * ids[1],), "i32")}
+        specs = {"ids": (ids, "i32"), "buckets": ((ids[1] * ids[1],), "i32")}
+        if "mask" in shapes:
+            specs["mask"] = ((ids[1],), "f32")
+        return specs
 
     def build_pre(self, g: Any, w: Any, inputs: dict[str, Any]) -> dict[str, Any]:
         ids = inputs["ids"]
         b, t = ids.shape
         x = g.get_rows(w(self.cfg.prefix + self.cfg.embedding), g.reshape(ids, (b * t,)))
-        return {"x": g.reshape(x, (b, t, self.cfg.width)), "buckets": inputs["buckets"]}
+        state = {"x": g.reshape(x, (b, t, self.cfg.width)), "buckets": inputs["buckets"]}
+        if "mask" in inputs:
+            state["mask"] = g.reshape(inputs["mask"], (1, 1, 1, t))
+        return state
 
     def _ln(self, g: Any, x: Any, weight: Any) -> Any:
         return g.mul(g.rms_norm(x, EPS), weight)
@@ -183,12 +207,14 @@ class T5Encoder:
         x = state["x"]
         b, t, _ = x.shape
         hd = c.inner // c.heads
-        if "bias" in state:
+        if "bias" in state and not c.per_block_bias:
             bias = state["bias"]
         else:
             table = w(p + "layer.0.SelfAttention.relative_attention_bias.weight")  # (buckets, H)
             bias = g.reshape(g.get_rows(table, state["buckets"]), (t, t, c.heads))
             bias = g.reshape(g.cont(g.permute(bias, (2, 0, 1))), (1, c.heads, t, t))  # (1, H, Tq, Tk)
+            if "mask" in state:  # padding keys out of every query's attention
+                bias = g.add(bias, state["mask"])
         h = self._ln(g, x, w(p + "layer.0.layer_norm.weight"))
 
         def heads(name: str) -> Any:
@@ -205,7 +231,12 @@ class T5Encoder:
         gate = g.unary("gelu", gr.linear(g, h, w(p + "layer.1.DenseReluDense.wi_0.weight")))
         up = gr.linear(g, h, w(p + "layer.1.DenseReluDense.wi_1.weight"))
         x = g.add(x, gr.linear(g, g.mul(gate, up), w(p + "layer.1.DenseReluDense.wo.weight")))
-        return {"x": x, "bias": bias}
+        out = {"x": x, "bias": bias}
+        if c.per_block_bias:  # UMT5: every block looks its own table up
+            out["buckets"] = state["buckets"]
+            if "mask" in state:
+                out["mask"] = state["mask"]
+        return out
 
     def build_post(self, g: Any, w: Any, state: dict[str, Any]) -> dict[str, Any]:
         return {"hidden": self._ln(g, state["x"], w(self.cfg.prefix + _FINAL))}

@@ -28,7 +28,7 @@ from sdplan.core.families import UNKNOWN
 from sdplan.core.families import family as registry_family
 from sdplan.core.families import options as o
 from sdplan.core.families.declaration import Family
-from sdplan.core.pipelines.request_parts import ControlInput, HiresFix
+from sdplan.core.pipelines.request_parts import ControlInput, HiresFix, VideoSettings
 from sdplan.core.planning.modules import MODEL_FILE_FLAGS
 from sdplan.core.planning.vae_tiling import VaeTiling
 from sdplan.core.runtime.run_plan import RunPlan
@@ -165,6 +165,8 @@ class GenerationRequest:
         threads: CPU threads (0: the engine's choice).
         force_sdxl_vae_conv_scale: sd-cli's flag of that name.
         overrides: :class:`ModelOverrides`.
+        video: ``-M vid_gen``, ``--video-frames``, ``--fps`` and the high-noise phase's flags
+            (:class:`~sdplan.core.pipelines.request_parts.VideoSettings`).
         plan: the resolved plan to run (None: the engine resolves ``placement_strings``).
         placement_strings: ``backend``/``params_backend``/``max_vram``/``rpc_servers``/
             ``stream_layers`` for a request without a resolved plan.
@@ -202,6 +204,7 @@ class GenerationRequest:
     threads: int = 0
     force_sdxl_vae_conv_scale: bool = False
     overrides: ModelOverrides = field(default_factory=ModelOverrides)
+    video: VideoSettings = field(default_factory=VideoSettings)
     plan: RunPlan | None = None
     placement_strings: tuple[tuple[str, Any], ...] = ()
 
@@ -259,7 +262,7 @@ class GenerationRequest:
             hires=HiresFix.from_request(s),
             previews=bool(s.get("previews", True)), threads=int(s.get("threads") or 0),
             force_sdxl_vae_conv_scale=bool(s.get("force_sdxl_vae_conv_scale")),
-            overrides=ModelOverrides.from_mapping(s.get("overrides")),
+            overrides=ModelOverrides.from_mapping(s.get("overrides")), video=VideoSettings.from_request(s),
             plan=plan if plan is not None else _plan_of(s), placement_strings=strings)
 
     @property
@@ -338,6 +341,11 @@ class GenerationRequest:
                         (o.VAE_CONV_SCALE, self.force_sdxl_vae_conv_scale)):
             if on:
                 put(opt)
+        v = self.video
+        if v.video or v.frames != 1 or v.fps != 16:
+            put(o.VIDEO)
+        if v.high_noise_set or self.file("high_noise_diffusion_model"):
+            put(o.HIGH_NOISE)
         return out
 
     def check(self, fam: Family, variant: str | None = None) -> GenerationRequest:
@@ -369,6 +377,10 @@ class GenerationRequest:
                                   f"remove {them}")
         if self.cfg_scale is not None and not math.isfinite(self.cfg_scale):
             raise InvalidArgument(f"--cfg-scale must be a finite number, got {self.cfg_scale}")
+        high = self.video.high_sampling_method
+        if high and high not in samplers_for(fam.sampling):
+            raise InvalidArgument(f"--high-noise-sampling-method {high}: {fam.title} does not run it; choose one of "
+                                  f"{', '.join(samplers_for(fam.sampling))}")
         if self.hires.active:
             if self.mask:
                 raise InvalidArgument("--hires with --mask: sdplan does not run the hires fix of an "
@@ -435,6 +447,8 @@ class GenerationRequest:
             out.update(upscale_model=self.file("upscale_model"), upscale_repeats=self.upscale_repeats)
         if self.taesd_decode and self.file("taesd"):
             out["taesd_decode"] = True
+        if self.video.video or self.video.high_noise_set or self.file("high_noise_diffusion_model"):
+            out.update(self.video.to_request())
         if self.force_sdxl_vae_conv_scale:
             out["force_sdxl_vae_conv_scale"] = True
         if self.hires.active:
@@ -463,7 +477,7 @@ class GenerationRequest:
             "control_net": self.control_net, "control": self.control.to_json(), "hires": self.hires.to_json(),
             "previews": self.previews,
             "threads": self.threads, "force_sdxl_vae_conv_scale": self.force_sdxl_vae_conv_scale,
-            "overrides": self.overrides.to_mapping(), **dict(self.placement_strings)}
+            "overrides": self.overrides.to_mapping(), **self.video.to_request(), **dict(self.placement_strings)}
         if self.plan is not None:
             out["plan"] = self.plan.to_json()
         return out

@@ -22,7 +22,8 @@ from typing import Any
 
 from sdplan.core.errors import InvalidArgument
 
-__all__ = ["HiresFix", "ControlInput", "HIRES_UPSCALERS", "LATENT_UPSCALERS", "MODEL_EXTENSIONS"]
+__all__ = ["HiresFix", "ControlInput", "VideoSettings", "MODES", "HIRES_UPSCALERS", "LATENT_UPSCALERS",
+           "MODEL_EXTENSIONS"]
 
 #: sd-cli's hires upscaler names (``hires_upscaler_to_str``) that interpolate the latent.
 LATENT_UPSCALERS = ("Latent", "Latent (nearest)", "Latent (nearest-exact)", "Latent (antialiased)",
@@ -186,3 +187,75 @@ class ControlInput:
 
     def to_json(self) -> dict[str, Any]:
         return {"control_image": self.image, "control_strength": self.strength, "canny": self.canny}
+
+
+#: sd-cli's run modes this request takes (``-M``): pictures, or a video (Wan).
+MODES = ("img_gen", "vid_gen")
+
+
+@dataclass(frozen=True)
+class VideoSettings:
+    """sd-cli's video flags (``-M vid_gen``, ``--video-frames``, ``--fps``) and a two-stage
+    model's high-noise phase (``--high-noise-steps``, ``--high-noise-cfg-scale``,
+    ``--high-noise-sampling-method``, ``--high-noise-eta``, ``--moe-boundary``; sd-cli's
+    ``examples/common``: steps -1 = the boundary decides, CFG 7, the boundary 0.875; the
+    sampler and eta follow the low-noise phase's when not given)."""
+
+    mode: str = "img_gen"
+    frames: int = 1
+    fps: int = 16
+    high_steps: int = -1
+    high_cfg_scale: float = 7.0
+    high_sampling_method: str | None = None
+    high_eta: float | None = None
+    moe_boundary: float = 0.875
+
+    @classmethod
+    def from_request(cls, s: Mapping[str, Any]) -> VideoSettings:
+        """From sd-cli's request keys (``mode``, ``video_frames``, ``fps``, ``high_noise_steps``,
+        ``high_noise_cfg_scale``, ``high_noise_sampling_method``, ``high_noise_eta``,
+        ``moe_boundary``); absent or None keys keep the defaults.
+
+        Raises:
+            InvalidArgument: a mode sd-cli's generation does not have, frames or fps below 1,
+                a boundary outside 0..1, naming the flag.
+        """
+        def pick(key: str, default: Any) -> Any:
+            return default if s.get(key) is None else s[key]
+
+        try:
+            out = cls(str(pick("mode", "img_gen")), int(pick("video_frames", 1)), int(pick("fps", 16)),
+                      int(pick("high_noise_steps", -1)), float(pick("high_noise_cfg_scale", 7.0)),
+                      s.get("high_noise_sampling_method") or None,
+                      None if s.get("high_noise_eta") is None else float(s["high_noise_eta"]),
+                      float(pick("moe_boundary", 0.875)))
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"video settings: {exc}") from None
+        if out.mode not in MODES:
+            raise InvalidArgument(f"-M {out.mode!r}: sdplan generates with -M img_gen or vid_gen")
+        if out.frames < 1:
+            raise InvalidArgument(f"--video-frames must be at least 1, got {out.frames}")
+        if out.fps < 1:
+            raise InvalidArgument(f"--fps must be at least 1, got {out.fps}")
+        if not 0.0 <= out.moe_boundary <= 1.0 or not math.isfinite(out.high_cfg_scale):
+            raise InvalidArgument(f"--moe-boundary must be 0..1 and --high-noise-cfg-scale finite, got "
+                                  f"{out.moe_boundary} and {out.high_cfg_scale}")
+        return out
+
+    @property
+    def video(self) -> bool:
+        """A video is made (``-M vid_gen``)."""
+        return self.mode == "vid_gen"
+
+    @property
+    def high_noise_set(self) -> bool:
+        """A ``--high-noise-*`` or ``--moe-boundary`` flag away from its default."""
+        return (self.high_steps != -1 or self.high_cfg_scale != 7.0 or self.high_sampling_method is not None
+                or self.high_eta is not None or self.moe_boundary != 0.875)
+
+    def to_request(self) -> dict[str, Any]:
+        """sd-cli's request keys of these settings."""
+        return {"mode": self.mode, "video_frames": self.frames, "fps": self.fps, "high_noise_steps": self.high_steps,
+                "high_noise_cfg_scale": self.high_cfg_scale,
+                "high_noise_sampling_method": self.high_sampling_method, "high_noise_eta": self.high_eta,
+                "moe_boundary": self.moe_boundary}

@@ -50,7 +50,7 @@ class BuiltinProfileInfo:
         architecture: sdplan's architecture name (``flux-dev``, ``sd3-large``...).
         quant: ggml type of the diffusion model's quantised tensors (``F16``, ``Q8_0``...).
         total_bytes: all weight bytes of all modules.
-        module_bytes: bytes per module.
+        module_bytes: bytes per module (``diffusion``: both experts of a two-stage model).
         files: bytes per published file it stands for.
         note: a caveat, or "".
     """
@@ -85,6 +85,8 @@ def _index() -> dict[str, Any]:
 def _info(name: str, entry: dict[str, Any]) -> BuiltinProfileInfo:
     mods = {m: sum(v.get("blocks", [])) + v.get("other", 0)
             for m, v in entry["modules"].items()}
+    for v in (entry.get("phases") or {}).values():  # a two-stage model's other expert
+        mods["diffusion"] = mods.get("diffusion", 0) + sum(v.get("blocks", [])) + v.get("other", 0)
     return BuiltinProfileInfo(name=name, title=entry["title"],
                               architecture=entry["architecture"], quant=entry["quant"],
                               total_bytes=sum(mods.values()), module_bytes=mods,
@@ -122,7 +124,8 @@ def load_builtin_profile(name: str) -> Profile:
         raise ModelFileError(f"--model-profile {name}",
                              f"no built-in model profile {name!r}; {hint}")
     entry = profiles[key]
-    data = {"modules": entry["modules"], "name": key, "architecture": entry["architecture"]}
+    data = {"modules": entry["modules"], "name": key, "architecture": entry["architecture"],
+            "phases": entry.get("phases") or {}}
     return Profile.from_json(data, source=f"built-in profile {key}")
 
 

@@ -72,7 +72,7 @@ each and keep their weights), so it changes no figure.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sdplan.core.families import ComputeShape, family_of, variant_of
@@ -80,6 +80,8 @@ from sdplan.core.planning.adapters import LoraProfile, lora_device_bytes
 from sdplan.core.planning.engine_compute import sdplan_compute_bytes
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.modules import GIB
+from sdplan.core.planning.phases import BOTH, SWITCH, max_bytes, phase_placed, sum_bytes
+from sdplan.core.planning.plan_types import DiffusionPhase
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
 _K = 4
@@ -152,12 +154,20 @@ class ModuleEstimate:
     lora: dict[str, int] = field(default_factory=dict)
     #: bytes of each ``--max-vram`` segment, in execution order; empty when not segmented.
     segments: tuple[int, ...] = ()
+    #: a two-stage diffusion model: ``both`` (both experts resident) or ``switch`` (one at a
+    #: time: :mod:`sdplan.core.planning.phases`); empty otherwise.
+    phase_residency: str = ""
+    #: per phase (``high_noise``, ``low_noise``), its weights per device where it runs.
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         d: dict[str, object] = {"mode": self.mode, "devices": list(self.devices), "weights": self.weights,
                                 "staging": self.staging, "compute": self.compute, "lora": self.lora}
         if self.segments:
             d["segments"] = list(self.segments)
+        if self.phases:
+            d["phase_residency"] = self.phase_residency
+            d["phases"] = {k: dict(v) for k, v in self.phases.items()}
         return d
 
 
@@ -222,7 +232,8 @@ def _attn(batch: int, heads: int, tokens: int, width: int, flash: bool = False) 
 
 
 def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
-                  width: int, height: int, batch: int, flash: bool = False) -> int:
+                  width: int, height: int, batch: int, flash: bool = False, frames: int = 1,
+                  vae_frames: int | None = None) -> int:
     """Compute-buffer estimate in bytes of one module (formula in the module docstring):
     sd-cli's path (F32 activations); ``flash`` (sd-cli's ``--fa``/``--diffusion-fa``) drops
     the ``heads * N**2`` attention score matrices.
@@ -233,13 +244,18 @@ def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
         architecture: the profile's architecture name (``flux-dev``, ``sdxl``...) or None.
         width, height: image size in pixels; batch: images per run.
         flash: flash attention (no ``heads * N**2`` score matrix).
+        frames: a video's frames (Wan): a DiT attends over the patches of its
+            ``(frames - 1) // 4 + 1`` latent frames at once.
+        vae_frames: the frames one decoder graph makes (default ``frames``: sdplan's engine
+            decodes the whole video at once; sd-cli decodes a latent frame, 4 frames, at a time).
     """
     shape = _shape(architecture)
     latent = (height // 8) * (width // 8)
-    pixels = width * height
+    pixels = width * height * (frames if vae_frames is None else vae_frames)
     if module in ("diffusion", "controlnet"):
         if shape is not None and shape.kind == "dit":
-            return _attn(batch, shape.heads, latent // 4 + shape.tokens, 4 * shape.width, flash)
+            cells = latent // 4 * ((frames - 1) // 4 + 1)
+            return _attn(batch, shape.heads, cells + shape.tokens, 4 * shape.width, flash)
         if shape is not None and shape.kind == "unet":
             return _attn(batch, shape.heads, latent // shape.tokens, 4 * shape.width, flash)
     elif module == "te":
@@ -278,7 +294,7 @@ def segments(units: tuple[int, ...], fixed: int, budget: int, compute: int) -> l
 
 def module_compute(module: str, mp: ModuleProfile, architecture: str | None, *, width: int,
                    height: int, batch: int, engine: str = "sdplan",
-                   measured: Mapping[str, int] | None = None) -> tuple[int, str]:
+                   measured: Mapping[str, int] | None = None, frames: int = 1) -> tuple[int, str]:
     """One module's compute bytes for ``engine`` and where the figure comes from.
 
     ``engine`` ``sdplan``: ``measured[module]`` when given (a dry-run reserve), else the
@@ -290,12 +306,13 @@ def module_compute(module: str, mp: ModuleProfile, architecture: str | None, *, 
         if measured and module in measured:
             return int(measured[module]), "measured"
         fitted = sdplan_compute_bytes(module, architecture, width=width, height=height,
-                                      batch=batch)
+                                      batch=batch) if frames == 1 else None
         if fitted is not None:
             return fitted, "fitted"
     flash = engine == "sd-cli-fa" and module in ("diffusion", "controlnet")
     return compute_bytes(module, mp, architecture, width=width, height=height, batch=batch,
-                         flash=flash), "formula"
+                         flash=flash, frames=frames,
+                         vae_frames=None if engine == "sdplan" else min(frames, 4)), "formula"
 
 
 def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
@@ -303,7 +320,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
                   measured: Mapping[str, int] | None = None,
                   flags: RuntimeFlags | None = None,
                   loras: Mapping[str, LoraProfile] | None = None,
-                  reserve: int = 0, ref_images: int = 0) -> FitReport:
+                  reserve: int = 0, ref_images: int = 0, frames: int = 1) -> FitReport:
     """Estimate a resolved plan's memory per module and device and say whether it fits.
 
     Args:
@@ -326,6 +343,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
             as sd-cli encodes the pictures with it, and only for a family whose encoder reads
             them (``Family.vision_refs``: Qwen-Image; FLUX.2 dev's pictures go through its
             autoencoder); otherwise it is not counted.
+        frames: a video's frames (``-M vid_gen --video-frames``; :func:`compute_bytes`).
 
     Returns:
         A :class:`FitReport`; ``fits`` is False when a device's total exceeds its free
@@ -352,7 +370,8 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         mode = mplan.params.mode
         if flags is not None:
             comp = compute_bytes(name, mp, profile.architecture, width=width, height=height,
-                                 batch=batch, flash=name in flags.flash_attention)
+                                 batch=batch, flash=name in flags.flash_attention, frames=frames,
+                                 vae_frames=min(frames, 4))
             if flags.im2col and name not in flags.conv_direct:
                 comp += im2col_bytes(name, profile.architecture, width=width, height=height,
                                      batch=batch)
@@ -360,7 +379,7 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         else:
             comp, sources[name] = module_compute(name, mp, profile.architecture, width=width,
                                                  height=height, batch=batch, engine=engine,
-                                                 measured=measured)
+                                                 measured=measured, frames=frames)
         placed: dict[str, int] = {}
         row_shares = getattr(mplan, "row_shares", None)
         unused = mp.encoders.get("llm_vision", 0) if name == "te" and not vision else 0
@@ -407,6 +426,11 @@ def estimate_plan(plan: object, profile: Profile, inventory: Inventory, *,
         if copy is not None:
             mods["cfg"] = copy
     report = totals(mods, inventory, budgets, width, height, batch, reserve)
+    two = _two_stage(mods.get("diffusion"), getattr(plan, "phases", ()), report.devices,
+                     budgets, reserve, inventory, switch_allowed=flags is None and engine == "sdplan")
+    if two is not None:
+        mods["diffusion"] = two
+        report = totals(mods, inventory, budgets, width, height, batch, reserve)
     return dataclasses.replace(report, engine="sd-cli" if flags is not None else engine,
                                compute_source=sources)
 
@@ -426,6 +450,43 @@ def cfg_copy(plan: object, diffusion: ModuleEstimate, total: int) -> ModuleEstim
     weights = {params.device: total} if params.mode == "device" and params.device else {}
     return ModuleEstimate("cfg", params.mode, (cfg.device,), weights, {cfg.device: total},
                           compute)
+
+
+def _two_stage(est: ModuleEstimate | None, phases: Sequence[DiffusionPhase],
+               devices: Mapping[str, DeviceTotals], budgets: Mapping[str, int], reserve: int,
+               inventory: Inventory, *, switch_allowed: bool) -> ModuleEstimate | None:
+    """The ``diffusion`` estimate of a two-stage model (:mod:`sdplan.core.planning.phases`):
+    ``est`` holds the low-noise expert only; the high-noise one runs first on the same devices
+    and residency. Residency ``runtime``: both experts' weights resident (``both``) when the
+    diffusion devices then still fit (``devices``: the totals with the low-noise expert alone
+    resident, plus the high-noise expert's bytes), else (sdplan's engine only,
+    ``switch_allowed``) one expert at a time (``switch``): no resident weights, the larger
+    expert per device staged with the compute buffer. ``device``: both live on the params
+    device, each staged for its phase; ``disk``: each read for its phase. None for a one-stage
+    model."""
+    if est is None or len(phases) != 2 or est.segments:
+        return None
+    main = est.devices[0]
+    high, low = (phase_placed(p, main) for p in phases)
+    per = {p.name: pl for p, pl in zip(phases, (high, low), strict=True)}
+    if est.mode == "runtime":
+        def fits(dev: str) -> bool:
+            t = devices.get(dev)
+            if t is None:
+                return True
+            keep = reserve if any(d.name == dev and d.is_gpu_like for d in inventory) else 0
+            need = t.total + high.get(dev, 0)
+            return need + keep <= t.free and (budgets.get(dev, 0) <= 0 or need <= budgets[dev])
+        if not switch_allowed or all(fits(d) for d in high):
+            return dataclasses.replace(est, weights=sum_bytes(est.weights, high),
+                                       phase_residency=BOTH, phases=per)
+        return dataclasses.replace(est, weights={}, staging=max_bytes(high, low),
+                                   phase_residency=SWITCH, phases=per)
+    weights = dict(est.weights)
+    if est.mode == "device" and est.weights:
+        weights = {d: b + phases[0].bytes for d, b in est.weights.items()}
+    return dataclasses.replace(est, weights=weights, staging=max_bytes(high, low),
+                               phase_residency=SWITCH, phases=per)
 
 
 def _is_cpu(inventory: Inventory, name: str) -> bool:

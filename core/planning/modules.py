@@ -37,7 +37,9 @@ class ModelFileFlag:
         spellings: sd-cli's spellings, the written one first (``("--model", "-m")``).
         module: the module whose tensors the file holds, or None for a whole checkpoint.
         encoder: for ``te`` files, the encoder it holds; else None.
-        role: ``main``, or ``preview`` for a tiny autoencoder (``--taesd``).
+        role: ``main``, ``preview`` for a tiny autoencoder (``--taesd``), or ``high_noise``
+            for the high-noise expert of a two-stage diffusion model (Wan 2.2 A14B's
+            ``--high-noise-diffusion-model``: the ``diffusion`` module's first phase).
     """
 
     key: str
@@ -51,6 +53,8 @@ class ModelFileFlag:
 MODEL_FILE_FLAGS: tuple[ModelFileFlag, ...] = (
     ModelFileFlag("model", ("--model", "-m"), None),
     ModelFileFlag("diffusion_model", ("--diffusion-model",), "diffusion"),
+    ModelFileFlag("high_noise_diffusion_model", ("--high-noise-diffusion-model",), "diffusion",
+                  None, "high_noise"),
     ModelFileFlag("clip_l", ("--clip_l",), "te", "clip_l"),
     ModelFileFlag("clip_g", ("--clip_g",), "te", "clip_g"),
     ModelFileFlag("t5xxl", ("--t5xxl",), "te", "t5xxl"),

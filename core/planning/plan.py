@@ -46,12 +46,20 @@ from sdplan.core.planning.assignment import (
 from sdplan.core.planning.autofit_plan import auto_fit_semantics, fit_placement
 from sdplan.core.planning.inventory import Device, Inventory
 from sdplan.core.planning.modules import GIB, PLACED_MODULES, SPLITTABLE
+from sdplan.core.planning.phases import PHASE_ORDER
 from sdplan.core.planning.placement import (
     BudgetEntry,
     Placement,
     placement_from_namespace,
 )
-from sdplan.core.planning.plan_types import ModulePlan, Params, Plan, PlanWarning, Range
+from sdplan.core.planning.plan_types import (
+    DiffusionPhase,
+    ModulePlan,
+    Params,
+    Plan,
+    PlanWarning,
+    Range,
+)
 from sdplan.core.planning.profile import ModuleProfile, Profile
 from sdplan.core.planning.sdcli_split import (
     fill_first,
@@ -152,6 +160,8 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
                              "row" if m in rows else "layer",
                              rows[m].row_shares if m in rows else {}, lay.unit)
                for m, lay in sorted(layouts.items(), key=lambda kv: PLACED_MODULES.index(kv[0]))}
+    phases = diffusion_phases(modules.get("diffusion"), profile, budgets, idx.devices, target,
+                              pl.split_ratio)
     streaming = stream_layers_warnings(pl.stream_layers, modules["diffusion"], budgets,
                                        idx.devices)
     canon = canonical_placement(pl, idx, default_list, per_device)
@@ -171,7 +181,24 @@ def resolve(source: Placement | Sequence[str] | argparse.Namespace, inventory: I
                 max_vram=strings["max_vram"], placement=canon,
                 stream_layers=pl.stream_layers, rpc_servers=pl.rpc_servers,
                 split_mode=canon.split_mode_text(), auto_fit=fitted, target=target,
-                split_ratio=pl.split_ratio, cfg=cfg)
+                split_ratio=pl.split_ratio, cfg=cfg, phases=phases)
+
+
+def diffusion_phases(diffusion: ModulePlan | None, profile: Profile | None,
+                     budgets: Mapping[str, int], devices: Mapping[str, Device], target: Target,
+                     split_ratio: SplitRatio | None) -> tuple[DiffusionPhase, ...]:
+    """The phases of a two-stage diffusion model (:mod:`sdplan.core.planning.phases`), in the
+    order they run, on the ``diffusion`` module's devices, each expert's blocks split by its
+    own bytes as :func:`layer_split` splits the module; ``()`` for a one-stage model."""
+    high = profile.phases.get("high_noise") if profile is not None else None
+    low = profile.get("diffusion") if profile is not None else None
+    if diffusion is None or high is None or low is None:
+        return ()
+    lay, _ = layer_split("diffusion", diffusion.devices, high, budgets, devices, target, split_ratio)
+    (hn, hflag), (ln, lflag) = PHASE_ORDER
+    return (DiffusionPhase(hn, hflag, lay.ranges, high.total, lay.main_other_bytes if lay.ranges else high.other),
+            DiffusionPhase(ln, lflag, list(diffusion.ranges), low.total,
+                           diffusion.main_other_bytes if diffusion.ranges else low.other))
 
 
 _DEPRECATED_MEANING = {"--clip-on-cpu": "--backend te=cpu", "--vae-on-cpu": "--backend vae=cpu",

@@ -91,6 +91,31 @@ class ModulePlan:
 
 
 @dataclass(frozen=True)
+class DiffusionPhase:
+    """One phase of a two-stage diffusion module (:mod:`sdplan.core.planning.phases`).
+
+    Attributes:
+        name: ``high_noise`` (first) or ``low_noise``.
+        flag: the model flag of its file.
+        ranges: its blocks per device when the module is split (the same devices as the
+            ``diffusion`` module, each expert split by its own block bytes), else empty.
+        bytes: all its weight bytes.
+        main_other_bytes: its non-block bytes (on the main device).
+    """
+
+    name: str
+    flag: str
+    ranges: list[Range] = field(default_factory=list)
+    bytes: int = 0
+    main_other_bytes: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {"name": self.name, "flag": self.flag, "bytes": self.bytes,
+                "main_other_bytes": self.main_other_bytes,
+                "ranges": [r.to_json() for r in self.ranges]}
+
+
+@dataclass(frozen=True)
 class CfgPlan:
     """Parallel CFG (spec section 14.5): ``device`` holds a second copy of the diffusion
     weights (following diffusion's residency) and runs the unconditional pass beside the
@@ -134,6 +159,9 @@ class Plan:
         target: what the plan is for (:class:`~sdplan.core.planning.target.Target`).
         split_ratio: ``--split-ratio`` as parsed (spec section 14.4), or None.
         cfg: the parallel-CFG device and whether sd-cli uses it (spec section 14.5), or None.
+        phases: a two-stage diffusion model's phases in running order (high noise, then low
+            noise: :mod:`sdplan.core.planning.phases`), each on ``modules["diffusion"]``'s
+            devices and residency; empty for a one-stage model.
     """
 
     modules: dict[str, ModulePlan]
@@ -150,6 +178,7 @@ class Plan:
     target: Target = field(default_factory=Target)
     split_ratio: SplitRatio | None = None
     cfg: CfgPlan | None = None
+    phases: tuple[DiffusionPhase, ...] = ()
 
     def warning_codes(self) -> list[str]:
         """The warnings' codes, in order."""
@@ -168,6 +197,8 @@ class Plan:
             "split_ratio": self.split_ratio.to_json() if self.split_ratio is not None else None,
             "cfg": self.cfg.to_json() if self.cfg is not None else None,
         }
+        if self.phases:
+            out["phases"] = [p.to_json() for p in self.phases]
         if self.auto_fit is not None:
             out["auto_fit"] = self.auto_fit.to_json()  # type: ignore[attr-defined]
         return out

@@ -10,7 +10,13 @@ format of ``shared/cases/profiles``)::
                         "encoders": {"clip_l": bytes, "t5xxl": bytes}?},
                  ...},
      "architecture": str?, "name": str?,
-     "autofit": {"diffusion": bytes, "te": bytes, "vae": bytes}?}
+     "autofit": {"diffusion": bytes, "te": bytes, "vae": bytes}?,
+     "phases": {"high_noise": {"blocks": [...], "other": bytes}}?}
+
+``phases`` holds the other diffusion models of a two-stage model, each run for its own
+part of the sigma schedule on the ``diffusion`` module's placement (Wan 2.2 A14B: the
+high-noise expert of ``--high-noise-diffusion-model`` runs first; ``modules["diffusion"]``
+is the low-noise expert of ``--diffusion-model``).
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ class Profile:
     counts them (file types plus 64 bytes per tensor, upstream's unused tensors left out;
     :mod:`sdplan.core.planning.autofit`), and ``autofit_loaded`` the same components as
     sd-cli allocates them (token embeddings it loads as F32), when known from the files.
+    ``phases``: phase name (``high_noise``) -> the sizes of that diffusion phase's model
+    (module docstring); empty for a one-stage model.
     """
 
     modules: Mapping[str, ModuleProfile]
@@ -78,6 +86,7 @@ class Profile:
     architecture: str | None = None
     autofit: Mapping[str, int] = field(default_factory=dict)
     autofit_loaded: Mapping[str, int] = field(default_factory=dict)
+    phases: Mapping[str, ModuleProfile] = field(default_factory=dict)
 
     def get(self, module: str) -> ModuleProfile | None:
         return self.modules.get(module)
@@ -92,6 +101,8 @@ class Profile:
             d["autofit"] = dict(self.autofit)
         if self.autofit_loaded:
             d["autofit_loaded"] = dict(self.autofit_loaded)
+        if self.phases:
+            d["phases"] = {k: v.to_json() for k, v in self.phases.items()}
         return d
 
     @classmethod
@@ -99,34 +110,11 @@ class Profile:
         """Parse the JSON form; raises :class:`ModelFileError` naming ``source``."""
         if not isinstance(data, dict) or not isinstance(data.get("modules"), dict):
             raise ModelFileError(source, "a profile must be an object with a 'modules' object")
-        mods: dict[str, ModuleProfile] = {}
-        for name, raw in data["modules"].items():
-            if not isinstance(raw, dict):
-                raise ModelFileError(source, f"module {name!r}: expected an object")
-            blocks = raw.get("blocks", [])
-            other = raw.get("other", 0)
-            if not isinstance(blocks, list) or not all(
-                isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks
-            ):
-                raise ModelFileError(source, f"module {name!r}: 'blocks' must be a list of bytes")
-            if not isinstance(other, int) or isinstance(other, bool) or other < 0:
-                raise ModelFileError(source, f"module {name!r}: 'other' must be bytes")
-            stages = raw.get("stages", []) or []
-            if not isinstance(stages, list) or not all(
-                isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in stages
-            ) or sum(stages) > other:
-                raise ModelFileError(source, f"module {name!r}: 'stages' must be a list of bytes "
-                                             "within 'other'")
-            enc = raw.get("encoders", {}) or {}
-            if not isinstance(enc, dict):
-                raise ModelFileError(source, f"module {name!r}: 'encoders' must be an object")
-            mods[name] = ModuleProfile(
-                blocks=tuple(blocks),
-                other=other,
-                encoders={str(k): int(v) for k, v in enc.items()},
-                block_encoder=raw.get("block_encoder"),
-                stages=tuple(stages),
-            )
+        mods = _module_profiles(data["modules"], source)
+        raw_phases = data.get("phases") or {}
+        if not isinstance(raw_phases, dict) or not set(raw_phases) <= {"high_noise"}:
+            raise ModelFileError(source, "'phases' must be an object with only 'high_noise'")
+        phases = _module_profiles(raw_phases, source)
         sizes: dict[str, dict[str, int]] = {}
         for key in ("autofit", "autofit_loaded"):
             raw_sizes = data.get(key) or {}
@@ -136,7 +124,7 @@ class Profile:
                 raise ModelFileError(source, f"'{key}' must map components to bytes")
             sizes[key] = {str(k): int(v) for k, v in raw_sizes.items()}
         return cls(modules=mods, name=data.get("name"), architecture=data.get("architecture"),
-                   autofit=sizes["autofit"], autofit_loaded=sizes["autofit_loaded"])
+                   autofit=sizes["autofit"], autofit_loaded=sizes["autofit_loaded"], phases=phases)
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
@@ -148,3 +136,37 @@ class Profile:
         except (OSError, ValueError) as exc:  # PathError naming the path, JsonRefused
             raise ModelFileError(p, f"cannot read profile: {str(exc).removeprefix(f'{p}: ')}") from None
         return cls.from_json(data, source=str(p))
+
+
+def _module_profiles(modules: dict[str, object], source: str) -> dict[str, ModuleProfile]:
+    """Parse ``{"name": {"blocks": [...], "other": ..., ...}}``; :class:`ModelFileError`
+    naming ``source`` and the module for a malformed entry."""
+    mods: dict[str, ModuleProfile] = {}
+    for name, raw in modules.items():
+        if not isinstance(raw, dict):
+            raise ModelFileError(source, f"module {name!r}: expected an object")
+        blocks = raw.get("blocks", [])
+        other = raw.get("other", 0)
+        if not isinstance(blocks, list) or not all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks
+        ):
+            raise ModelFileError(source, f"module {name!r}: 'blocks' must be a list of bytes")
+        if not isinstance(other, int) or isinstance(other, bool) or other < 0:
+            raise ModelFileError(source, f"module {name!r}: 'other' must be bytes")
+        stages = raw.get("stages", []) or []
+        if not isinstance(stages, list) or not all(
+            isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in stages
+        ) or sum(stages) > other:
+            raise ModelFileError(source, f"module {name!r}: 'stages' must be a list of bytes "
+                                         "within 'other'")
+        enc = raw.get("encoders", {}) or {}
+        if not isinstance(enc, dict):
+            raise ModelFileError(source, f"module {name!r}: 'encoders' must be an object")
+        mods[name] = ModuleProfile(
+            blocks=tuple(blocks),
+            other=other,
+            encoders={str(k): int(v) for k, v in enc.items()},
+            block_encoder=raw.get("block_encoder"),
+            stages=tuple(stages),
+        )
+    return mods

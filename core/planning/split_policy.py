@@ -95,7 +95,7 @@ def cfg_command_reasons(generation: Mapping[str, object], flags: Collection[str]
     reasons = []
     if generation.get("cfg_scale") == 1:
         reasons.append("--cfg-scale 1 has no unconditional pass")
-    if "--high-noise-diffusion-model" in flags:
+    if "--high-noise-diffusion-model" in flags or "high_noise_diffusion_model" in model_files:
         reasons.append("the high-noise model of a two-stage model runs sequentially")
     if "control_net" in model_files or "--control-net" in flags:
         reasons.append("ControlNet is used")

@@ -345,6 +345,16 @@ class ModuleRunner:
 
     # ------------------------------------------------------------------ memory
 
+    def free_compute(self) -> None:
+        """Free the compute buffers of this runner's graphs; the weights stay (a model that
+        will not run for a while, as a two-stage model's first expert after its phase)."""
+        for g, _ in self._graphs.values():
+            g.free_compute()
+        for segs in self._segs.values():
+            for s in segs:
+                if s.graph is not None:
+                    s.graph.free_compute()
+
     def memory(self) -> dict[str, DeviceMemory]:
         """Bytes allocated now per device (from the buffers' sizes)."""
         mem: dict[str, DeviceMemory] = {}

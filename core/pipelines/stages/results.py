@@ -177,7 +177,9 @@ _SETTINGS = ("prompt", "negative_prompt", "width", "height", "steps", "cfg_scale
              "sigmas", "flow_shift", "timestep_shift", "rng", "sampler_rng",
              "extra_sample_args", "vae_tile_size", "vae_tiling", "hires", "control_net", "control", "upscale_repeats", "slg_scale", "skip_layers",
              "skip_layer_start", "skip_layer_end", "lora_model_dir", "lora_apply_mode", "init_img",
-             "mask", "strength", "ref_images", "taesd_decode", "force_sdxl_vae_conv_scale")
+             "mask", "strength", "ref_images", "taesd_decode", "force_sdxl_vae_conv_scale",
+             "mode", "video_frames", "fps", "high_noise_steps", "high_noise_cfg_scale",
+             "high_noise_sampling_method", "high_noise_eta", "moe_boundary")
 
 
 def _inputs(params: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,119 @@
+"""Writing a generated video: a file people open (WebM with VP9, MP4 with H.264, AVI with
+Motion JPEG, through PyAV, the maintained FFmpeg bindings), or its frames as PNG pictures on
+request.
+
+sd-cli's ``-M vid_gen`` writes ``.avi``, ``.webm`` or animated ``.webp`` by the output's
+extension, and a picture sequence for a printf-style name (``frames_%03d.png``); sdplan writes
+``.webm`` (VP9, yuv420p), ``.mp4`` (H.264, yuv420p, ``+faststart``) and ``.avi`` (MJPEG), and
+PNG frames for a printf-style name or a ``.png`` name (``name_N.png``). Frames whose sides are
+odd are padded by one row or column of their edge (yuv420p needs even sides). The file is
+written beside its final name and renamed, so a failed write leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+from sdplan.core.errors import OutputError
+
+__all__ = ["VIDEO_FORMATS", "is_frame_pattern", "video_kind", "frame_paths", "save_video", "read_video"]
+
+#: Extension -> (container format, codec, pixel format) of the video files sdplan writes.
+VIDEO_FORMATS = {".webm": ("webm", "libvpx-vp9", "yuv420p"), ".mp4": ("mp4", "libx264", "yuv420p"),
+                 ".avi": ("avi", "mjpeg", "yuvj420p")}
+_PATTERN = re.compile(r"%0?\d*d")
+
+
+def is_frame_pattern(path: str | Path) -> bool:
+    """Whether ``path`` is a printf-style picture sequence (``frames_%03d.png``)."""
+    return bool(_PATTERN.search(Path(path).name))
+
+
+def video_kind(path: str | Path) -> str:
+    """``frames`` (PNG pictures: a printf-style or ``.png`` name) or the video extension of
+    ``path``.
+
+    Raises:
+        OutputError: an extension sdplan writes no video to.
+    """
+    p = Path(path)
+    if is_frame_pattern(p) or p.suffix.lower() == ".png":
+        return "frames"
+    if p.suffix.lower() in VIDEO_FORMATS:
+        return p.suffix.lower()
+    raise OutputError(f"-o {str(p)!r}: a video is written as {', '.join(VIDEO_FORMATS)} or PNG frames "
+                      "(a .png or printf-style name such as frames_%03d.png)")
+
+
+def frame_paths(path: str | Path, n: int) -> list[Path]:
+    """The PNG paths of ``n`` frames: the printf pattern filled with 0, 1, ... or
+    ``name_N.png`` beside a ``.png`` name."""
+    p = Path(path)
+    if is_frame_pattern(p):
+        spec = _PATTERN.search(p.name)
+        assert spec is not None
+        return [p.with_name(p.name[:spec.start()] + spec.group(0) % i + p.name[spec.end():]) for i in range(n)]
+    return [p.with_name(f"{p.stem}_{i}.png") for i in range(n)]
+
+
+def _even(frame: np.ndarray) -> np.ndarray:
+    h, w = frame.shape[:2]
+    return np.pad(frame, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge") if h % 2 or w % 2 else frame
+
+
+def save_video(frames: Sequence[np.ndarray], path: str | Path, fps: int) -> Path:
+    """Write uint8 frames ``(H, W, 3)`` to ``path`` (its extension picks the format,
+    :data:`VIDEO_FORMATS`) at ``fps`` frames per second; returns the path.
+
+    Raises:
+        OutputError: no frames, an unknown extension, PyAV missing or its codec absent.
+        OSError: the file cannot be written.
+    """
+    import av  # PyAV: loaded when a video is written
+
+    out = Path(path)
+    kind = video_kind(out)
+    if kind == "frames" or not frames:
+        raise OutputError(f"-o {str(out)!r}: no video to write ({len(frames)} frames, {kind})")
+    fmt, codec, pix = VIDEO_FORMATS[kind]
+    tmp = out.with_name(f".{out.name}.part")
+    try:
+        opts = {"movflags": "+faststart"} if fmt == "mp4" else {}
+        with av.open(str(tmp), mode="w", format=fmt, options=opts) as box:
+            stream = box.add_stream(codec, rate=Fraction(int(fps), 1))
+            first = _even(np.asarray(frames[0]))
+            stream.height, stream.width = first.shape[:2]
+            stream.pix_fmt = pix
+            if codec == "libvpx-vp9":
+                stream.options = {"crf": "15", "b:v": "0"}
+            elif codec == "libx264":
+                stream.options = {"crf": "18", "preset": "medium"}
+            for frame in frames:
+                vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(_even(np.asarray(frame, np.uint8))), format="rgb24")
+                for packet in stream.encode(vf):
+                    box.mux(packet)
+            for packet in stream.encode():
+                box.mux(packet)
+        os.replace(tmp, out)
+    except av.FFmpegError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"-o {str(out)!r}: the {codec} encoder failed: {exc}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def read_video(path: str | Path) -> tuple[list[np.ndarray], float]:
+    """The frames (uint8 ``(H, W, 3)``) and frame rate of a video file (what a player sees)."""
+    import av
+
+    with av.open(str(path)) as box:
+        stream = box.streams.video[0]
+        rate = float(stream.average_rate or stream.base_rate or 0)
+        return [f.to_ndarray(format="rgb24") for f in box.decode(stream)], rate

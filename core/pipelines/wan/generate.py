@@ -1,0 +1,112 @@
+"""The engine's entry for Wan (the registry's ``pipeline`` and ``dry_run``): a checked request on
+a :class:`~sdplan.core.pipelines.wan.pipeline.WanPipeline` placed by the run's plan (kept loaded
+for the next request with the same files and placements), the video's frames as the run's
+pictures (``-M vid_gen``; one frame without it), and the compute dry run of its graphs.
+
+Both experts of an A14B pair stay resident when, on every device the diffusion module runs on,
+the free memory plus what this pipeline holds there already covers the bytes every module's
+placement puts there (the estimate's rule, :mod:`sdplan.core.planning.phases`); otherwise the
+high-noise expert is released after its phase.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from sdplan.core.models.wan_vae import latent_frames
+from sdplan.core.pipelines.request import GenerationRequest
+from sdplan.core.pipelines.run_context import FamilyResult, RunContext
+from sdplan.core.pipelines.wan.pipeline import HighNoise, WanModels, WanPipeline
+from sdplan.core.runtime.placement import ModulePlacement
+from sdplan.core.text.umt5_tokenizer import WAN_MAX_LENGTH
+
+__all__ = ["generate", "measure", "both_fit"]
+
+
+def both_fit(pipe: WanPipeline, free: Mapping[str, int]) -> bool:
+    """Whether both experts can stay resident: residency ``runtime`` and, on each device of
+    the diffusion placement, ``free[device]`` plus this pipeline's bytes there now at least the
+    bytes every runner's placement puts there (without compute buffers)."""
+    place = pipe.placements["diffusion"]
+    if place.params_mode != "runtime" or "diffusion_high" not in pipe.runners:
+        return place.params_mode == "runtime"
+    need: dict[str, int] = {}
+    held: dict[str, int] = {}
+    for r in pipe.runners.values():
+        for dev, n in r.placed_bytes().items():
+            need[dev] = need.get(dev, 0) + n
+        for dev, m in r.memory().items():
+            held[dev] = held.get(dev, 0) + m.weights
+    return all(need.get(d, 0) <= free.get(d, 0) + held.get(d, 0) for d in place.devices)
+
+
+def _free_memory(devices: tuple[str, ...]) -> dict[str, int]:
+    from sdplan.core.runtime.devices import live_inventory
+
+    return {d.name: d.free for d in live_inventory() if d.name in devices}
+
+
+def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], progress: RunContext) -> FamilyResult:
+    """Generate the request's video (or one frame) with Wan.
+
+    Raises:
+        ModelFileError / EngineError / SdplanError: bad files, devices or sizes.
+    """
+    models = WanModels(request.file("diffusion_model"), request.file("t5xxl"), request.file("vae"),  # type: ignore[arg-type]
+                       request.file("high_noise_diffusion_model"))
+    pipe = progress.cached(("wan", repr(models), repr(sorted(plan.items()))),
+                           lambda: WanPipeline(models, None, progress.pool(), dict(plan), 0, cancel=progress.cancel))
+    v = request.video
+    if "diffusion_high" in pipe.runners:
+        place = pipe.placements["diffusion"]
+        pipe.keep_both = both_fit(pipe, _free_memory(tuple(place.devices)))
+    frames = v.frames if v.video else 1
+    high = HighNoise(v.high_steps, v.high_cfg_scale, v.high_sampling_method, v.high_eta, v.moe_boundary)
+    steps = int(request.steps or 0)
+    total = steps + (max(0, v.high_steps) if "diffusion_high" in pipe.runners else 0)
+    cb = progress.per_step(total)
+    t0 = time.perf_counter()
+    out = pipe.txt2vid(request.prompt, int(request.width or 0), int(request.height or 0), frames, steps=steps,
+                       seed=request.seed, sampler=str(request.sampling_method), cfg_scale=float(request.cfg_scale or 0.0),
+                       negative_prompt=request.negative_prompt, high=high, sampling=request.sampling,
+                       scheduler=request.scheduler, preview=cb)
+    from sdplan.core.pipelines.stages.results import image_to_uint8
+
+    video = out["video"][0]  # (3, F, H, W)
+    images = [image_to_uint8(video[:, f]) for f in range(video.shape[1])]
+    info: dict[str, Any] = {"high_noise_steps": out["switch"]} if "diffusion_high" in pipe.runners else {}
+    if v.video:
+        info["video"] = {"frames": len(images), "fps": v.fps}
+    if "diffusion_high" in pipe.runners:
+        info["experts_resident"] = "both" if pipe.keep_both else "switch"
+    return {"images": images, "timings": {"sampling_and_decode": time.perf_counter() - t0}, "info": info,
+            "runners": pipe.runners}
+
+
+def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
+            pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
+            vae_tile: tuple[int, int] | None = None) -> dict[str, int]:
+    """Compute-buffer bytes per module of a Wan generation of ``overrides["video_frames"]``
+    frames (default 1): UMT5 on 512
+    tokens with its mask; the DiT on the latent video with 512 text tokens (one graph: the
+    negative prompt's is the same shape; with two experts each holds its own graph, counted
+    once: the larger expert's phase runs alone); the autoencoder decoding the whole video.
+
+    Raises:
+        ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
+    """
+    high = model_files.get("high_noise_diffusion_model")
+    models = WanModels(model_files["diffusion_model"][0], model_files["t5xxl"][0], model_files["vae"][0],
+                       high[0] if high else None)
+    frames = int(overrides.get("video_frames") or 1)
+    with WanPipeline(models, None, pool, placements) as pipe:
+        h, w, t = height // 8, width // 8, latent_frames(frames)
+        ins = pipe.dit.inputs(np.zeros((1, 16, t, h, w), np.float32),
+                              np.zeros((1, WAN_MAX_LENGTH, pipe.dit.cfg.text), np.float32), 1.0)
+        graphs = {"te": (pipe.runners["t5xxl"], {"ids": (1, WAN_MAX_LENGTH), "mask": (WAN_MAX_LENGTH,)}),
+                  "diffusion": (pipe.runners["diffusion"], {k: a.shape for k, a in ins.items()}),
+                  "vae": (pipe.runners["vae"], {"z": (t, 16, h, w)})}
+        return {module: sum(r.measure(s).values()) for module, (r, s) in graphs.items()}

@@ -1,0 +1,307 @@
+"""Wan 2.x text to video: UMT5's masked states as the prompt, flow-matching sampling with one DiT
+or the two experts of Wan 2.2 A14B (high noise, then low noise), the Wan 2.1 autoencoder
+decoding the latent video.
+
+As sd-cli runs it (stable-diffusion.cpp ``generate_video``, ``T5CLIPEmbedder`` with
+``is_umt5``, ``wan.hpp``, ``wan_vae.hpp``):
+
+* prompt: UMT5's pieces and ``</s>`` padded to 512 (:mod:`sdplan.core.text.umt5_tokenizer`),
+  the padding masked out of the encoder's attention, ``(text:weight)`` weights applied with
+  sd-cli's mean-keeping rule, then the padded rows zeroed (``zero_out_masked``);
+* latent: 16 channels, ``(frames - 1) / 4 + 1`` latent frames at 1/8 of the size; the
+  starting noise drawn in the latent's ``(C, T, H, W)`` order;
+* sampling: sigmas of the discrete flow schedule with shift 5 (sd-cli's default for Wan) over
+  ``steps`` (plus ``--high-noise-steps`` when given); with a high-noise expert its phase is the
+  steps whose sigma is at least ``--moe-boundary`` (0.875; or the first ``--high-noise-steps``),
+  with its own CFG scale (``--high-noise-cfg-scale``, sd-cli's default 7), sampler and eta; the
+  low-noise expert (``--diffusion-model``) samples the rest with ``--cfg-scale``. CFG is
+  ``uncond + cfg (cond - uncond)`` with the negative prompt when the scale is not 1;
+* decoding: ``latent * std + mean`` per channel (Wan 2.1's statistics) through the autoencoder,
+  the video clamped to [-1, 1].
+
+Modules: ``diffusion`` (both experts on its placement: runners ``diffusion`` and
+``diffusion_high``), ``te`` (UMT5, runner ``t5xxl``; its blocks split) and ``vae``. With
+``keep_both`` False each expert is loaded for its phase only: the high-noise one is released
+before the low-noise one loads, which is released before the decoder runs
+(:mod:`sdplan.core.planning.phases`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sdplan.core.errors import SdplanError
+from sdplan.core.modelfiles.readers import read_tensor_file
+from sdplan.core.models.base import FunctionGraph
+from sdplan.core.models.qwen_image_vae import LATENT_MEAN, LATENT_STD, wan_vae_config, weight_file
+from sdplan.core.models.t5 import T5Encoder, t5_config
+from sdplan.core.models.wan import WanDiT, head_dim_of
+from sdplan.core.models.wan import weight_file as dit_weight_file
+from sdplan.core.models.wan_vae import latent_frames, video_decode
+from sdplan.core.pipelines.stages.base import module_placements
+from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline, shapes
+from sdplan.core.sampling.errors import SamplingError
+from sdplan.core.sampling.finite import check_finite, finite_steps
+from sdplan.core.sampling.flow import (
+    FLOW_SAMPLER_FUNCTIONS,
+    FLOW_SAMPLERS,
+    TAKES_EXTRA,
+    discrete_flow_sigmas,
+    flow_denoiser,
+    guided_velocity,
+)
+from sdplan.core.sampling.options import SamplingOptions, prepare
+from sdplan.core.sampling.schedules_more import FlowSchedule
+from sdplan.core.text.prompt import apply_prompt_weights
+from sdplan.core.text.umt5_tokenizer import WAN_MAX_LENGTH, UMT5Tokenizer
+
+__all__ = ["WanModels", "HighNoise", "WanPipeline", "SHIFT", "BOUNDARY", "MODULES"]
+
+#: sd-cli's default flow shift for Wan.
+SHIFT = 5.0
+#: sd-cli's ``--moe-boundary`` default: the sigma below which the low-noise expert samples.
+BOUNDARY = 0.875
+MODULES = ("diffusion", "te", "vae")
+
+_MEAN = np.asarray(LATENT_MEAN, np.float32).reshape(1, -1, 1, 1, 1)
+_STD = np.asarray(LATENT_STD, np.float32).reshape(1, -1, 1, 1, 1)
+
+
+@dataclass
+class WanModels:
+    """The model files of a Wan run (sd-cli's ``--diffusion-model``, ``--t5xxl``, ``--vae`` and,
+    for an A14B pair, ``--high-noise-diffusion-model``)."""
+
+    diffusion_model: str | Path
+    t5xxl: str | Path
+    vae: str | Path
+    high_noise_diffusion_model: str | Path | None = None
+
+
+@dataclass(frozen=True)
+class HighNoise:
+    """The high-noise phase's settings (sd-cli's ``--high-noise-*`` and ``--moe-boundary``):
+    ``steps`` -1 (the boundary decides), 0 (no phase) or a count; ``cfg_scale``; ``sampler``
+    (None: the low-noise phase's); ``eta`` (None: the sampler's default); ``boundary``."""
+
+    steps: int = -1
+    cfg_scale: float = 7.0
+    sampler: str | None = None
+    eta: float | None = None
+    boundary: float = BOUNDARY
+
+
+def _dit(path: str | Path, flash: bool) -> WanDiT:
+    return WanDiT.from_weights(shapes(path), head_dim_of(read_tensor_file(path).metadata), flash)
+
+
+def _phase(method: str, vel: Callable[[np.ndarray, float], np.ndarray], x: np.ndarray, sigmas: np.ndarray, *,
+           noise: Any, eta: float | None, callback: Callable[[int, np.ndarray, np.ndarray], None],
+           extra: Mapping[str, str] | None) -> np.ndarray:
+    """One phase of the sampling from the latent ``x`` at ``sigmas[0]`` down to ``sigmas[-1]``
+    (a fresh sampler, as sd-cli starts one per expert)."""
+    if method not in FLOW_SAMPLERS:
+        raise SamplingError(f"--sampling-method {method!r} does not apply to flow matching "
+                            f"(Wan takes: {', '.join(FLOW_SAMPLERS)})")
+    kwargs = {"extra": extra} if method in TAKES_EXTRA else {}
+    out = FLOW_SAMPLER_FUNCTIONS[method](flow_denoiser(vel), x, sigmas, noise=noise, eta=eta,
+                                         callback=finite_steps(callback, len(sigmas) - 1), **kwargs)
+    return check_finite(out, "latent")
+
+
+class WanPipeline(FlowDiTPipeline):
+    """Wan text to video over engine module runners (module docstring).
+
+    Args:
+        models: the model files.
+        plan, pool, placements, n_threads, dtypes, cancel: as the other flow pipelines'.
+        flash: ggml's flash attention in the DiTs (sd-cli's ``--diffusion-fa``).
+        keep_both: keep the high-noise expert's weights after its phase (both fit).
+
+    Raises:
+        ModelLayoutError / ModelFileError: files that are not the expected models (a 48-channel
+            Wan 2.2 autoencoder, a T5 that is not UMT5, a file without its tokenizer blob).
+        SdplanError: an encoder whose width is not the DiT's text width, experts that differ.
+        EngineError: a device without a backend, or memory that cannot be allocated.
+    """
+
+    schedule_kind = "sd3"
+    latent_format = "wan21_vae"
+
+    def __init__(self, models: WanModels, plan: Any = None, pool: Any = None,
+                 placements: Mapping[str, Any] | None = None, n_threads: int = 0,
+                 dtypes: Mapping[str, str] | None = None, cancel: Any = None, flash: bool = False,
+                 keep_both: bool = True) -> None:
+        self.dit = _dit(models.diffusion_model, flash)
+        if self.dit.cfg.in_channels == 36:
+            raise SdplanError(f"{models.diffusion_model}: a Wan image-to-video model (36 input channels: the "
+                              "noise, the picture's latent and its mask); sdplan runs Wan text to video only")
+        if self.dit.cfg.in_channels == 48:
+            raise SdplanError(f"{models.diffusion_model}: Wan 2.2 TI2V-5B (48 latent channels) needs the Wan 2.2 "
+                              "autoencoder, which sdplan's engine does not run yet (it plans it)")
+        self.high = _dit(models.high_noise_diffusion_model, flash) if models.high_noise_diffusion_model else None
+        if self.high is not None and self.high.cfg != self.dit.cfg:
+            raise SdplanError(f"{models.high_noise_diffusion_model}: the high-noise expert's layout is not the "
+                              f"low-noise one's ({models.diffusion_model})")
+        te = t5_config(shapes(models.t5xxl))
+        if not te.per_block_bias:
+            raise SdplanError(f"{models.t5xxl}: a T5 encoder with one shared position table, not UMT5 (Wan reads "
+                              "umt5_xxl)")
+        if te.width != self.dit.cfg.text:
+            raise SdplanError(f"{models.t5xxl}: the text encoder's width {te.width} is not the Wan DiT's text "
+                              f"width {self.dit.cfg.text}")
+        vae_shapes = shapes(models.vae)
+        self.vae_cfg = wan_vae_config(vae_shapes)
+        if self.vae_cfg.z != len(LATENT_MEAN) or not self.vae_cfg.decoder or self.dit.cfg.in_channels != self.vae_cfg.z:
+            raise SdplanError(f"{models.vae}: not the Wan 2.1 autoencoder of the DiT's {self.dit.cfg.in_channels} "
+                              f"latent channels (this one has {self.vae_cfg.z}; sdplan runs Wan 2.2 TI2V-5B's "
+                              "48-channel autoencoder not yet)")
+        self.t5 = T5Encoder(te)
+        self.tokenizer = UMT5Tokenizer.from_file(models.t5xxl)
+        self.keep_both = keep_both
+        super().__init__(pool, n_threads, cancel)
+        self.placements = module_placements(MODULES, plan, placements)
+        self._vae_path, self._vae_shapes = models.vae, vae_shapes
+        try:
+            self.runners["diffusion"] = self._dit_runner("diffusion", self.dit, models.diffusion_model, dtypes)
+            if self.high is not None:
+                self.runners["diffusion_high"] = self._dit_runner("diffusion_high", self.high,
+                                                                  models.high_noise_diffusion_model, dtypes)
+            self.runners["t5xxl"] = self._runner("t5xxl", self.t5, models.t5xxl, self.placements["te"], dtypes)
+            p = self.vae_cfg.prefix
+            dec = [n for n in vae_shapes if n.startswith((p + "decoder.", p + "conv2."))]
+            wf = weight_file(models.vae, dec, self.pool.get(self.placements["vae"].devices[0]))
+            self.runners["vae"] = self.new_runner("vae", FunctionGraph(dec, {"z": "f32"}, self._decode), wf,
+                                                  self.placements["vae"])
+        except BaseException:
+            self.close()
+            raise
+
+    def _dit_runner(self, name: str, dit: WanDiT, path: Any, dtypes: Mapping[str, str] | None) -> Any:
+        placement = self.placements["diffusion"]
+        names = dit.other_tensors() + [n for i in range(dit.n_blocks) for n in dit.block_tensors(i)]
+        wf = dit_weight_file(path, names, dtypes, self.pool.get(placement.devices[0]))
+        return self.new_runner(name, dit, wf, placement)
+
+    def _decode(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+        return {"video": video_decode(g, w, ins["z"], self.vae_cfg, self._vae_shapes)}
+
+    # ------------------------------------------------------------------ stages
+    def encode_prompt(self, prompt: str, length: int = WAN_MAX_LENGTH) -> np.ndarray:
+        """UMT5's states ``(1, length, width)`` float32 of ``prompt`` (module docstring)."""
+        tok = self.tokenizer.tokenize(prompt, length)
+        hidden = self.runners["t5xxl"].run(self.t5.inputs(tok.ids, tok.mask))["hidden"]
+        hidden = apply_prompt_weights(hidden, tok.weights)
+        return np.ascontiguousarray(hidden * tok.mask[..., None], dtype=np.float32)
+
+    def velocity_of(self, runner: str, x: np.ndarray, sigma: float, context: np.ndarray) -> np.ndarray:
+        """Runner ``runner``'s velocity ``noise - x0`` for a latent video ``x`` ``(1, 16, T, h, w)``."""
+        dit = self.high if runner == "diffusion_high" and self.high is not None else self.dit
+        out = self.runners[runner].run(dit.inputs(x, context, sigma))["out"]
+        return dit.velocity(out, x.shape)
+
+    def decode_video(self, latent: np.ndarray) -> np.ndarray:
+        """The video ``(1, 3, F, 8h, 8w)`` in [-1, 1] of a normalised latent ``(1, 16, T, h, w)``."""
+        z = np.asarray(latent, np.float32) * _STD + _MEAN
+        frames = np.ascontiguousarray(np.transpose(z[0], (1, 0, 2, 3)))  # (T, 16, h, w)
+        out = self.runners["vae"].run({"z": frames})["video"]  # (F, 3, H, W)
+        return np.clip(np.transpose(out, (1, 0, 2, 3))[None], -1.0, 1.0).astype(np.float32)
+
+    def switch_step(self, sigmas: np.ndarray, high: HighNoise, high_steps: int) -> int:
+        """Steps the high-noise expert samples: ``high_steps`` when given (> 0), else the
+        first step whose sigma is below the boundary (sd-cli's rule); 0 without an expert."""
+        if self.high is None or high.steps == 0:
+            return 0
+        if high_steps > 0:
+            return high_steps
+        below = [i for i, s in enumerate(sigmas) if s < high.boundary]
+        return below[0] if below else len(sigmas) - 1
+
+    def txt2vid(self, prompt: str, width: int, height: int, frames: int, *, steps: int = 20, seed: int = 42,
+                sampler: str = "euler", cfg_scale: float = 6.0, negative_prompt: str = "",
+                shift: float = SHIFT, high: HighNoise | None = None, noise: np.ndarray | None = None,
+                sampling: SamplingOptions | None = None, scheduler: str = "default",
+                preview: Callable[[int, np.ndarray], None] | None = None,
+                step_hook: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """Generate one video.
+
+        Args:
+            prompt, negative_prompt: sd-cli weighting syntax; the negative prompt is encoded
+                when a phase's CFG scale is not 1.
+            width, height: frame size in pixels (positive multiples of 16).
+            frames: video frames (``--video-frames``; ``(frames - 1) // 4 * 4 + 1`` are made).
+            steps: the low-noise phase's steps (the whole schedule without ``high.steps``).
+            seed: seed of the starting noise (and of the samplers that add noise).
+            sampler, cfg_scale: the (low-noise) phase's sampler and CFG scale.
+            shift: flow shift (``sampling.flow_shift`` wins).
+            high: the high-noise phase's settings (None: sd-cli's defaults).
+            noise: an explicit starting noise ``(1, 16, T, h, w)``.
+            sampling, scheduler: sd-cli's other sampling options and ``--scheduler``.
+            preview: ``preview(step, rgb_uint8)`` of the first frame after each step.
+            step_hook: ``step_hook(done, n)`` before the first step and after each.
+
+        Returns:
+            ``{"latent": (1, 16, T, h, w), "video": (1, 3, F, H, W) float32, "sigmas",
+            "switch": the high-noise steps}``.
+
+        Raises:
+            SdplanError: a size that is not a positive multiple of 16, frames below 1;
+            SamplingError.
+        """
+        if width % 16 or height % 16 or width <= 0 or height <= 0:
+            raise SdplanError(f"Wan frame size {width}x{height} must be positive multiples of 16")
+        if frames < 1:
+            raise SdplanError(f"Wan --video-frames must be at least 1, got {frames}")
+        high = high or HighNoise()
+        opts = sampling or SamplingOptions()
+        h, w, t = height // 8, width // 8, latent_frames(frames)
+        fshift = opts.flow_shift if opts.flow_shift is not None else shift
+        extra = max(0, high.steps) if self.high is not None else 0
+        total = steps + extra
+        tokens = t * (h // 2) * (w // 2)
+        rng, sampler_noise, sigmas = prepare(opts, seed, total, "discrete" if scheduler == "default" else scheduler,
+                                             FlowSchedule(fshift, self.schedule_kind), image_tokens=tokens)
+        if scheduler == "default" and not opts.sigmas:
+            sigmas = discrete_flow_sigmas(total, fshift)
+        k = min(self.switch_step(sigmas, high, extra), len(sigmas) - 1)
+        context = self.encode_prompt(prompt)
+        needs_uncond = cfg_scale != 1.0 or (k > 0 and high.cfg_scale != 1.0)
+        uncond = self.encode_prompt(negative_prompt) if needs_uncond else None
+        x = rng((1, 16, t, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
+        x = (x * np.float32(sigmas[0])).astype(np.float32)
+        n_steps = len(sigmas) - 1
+        if step_hook is not None:
+            step_hook(0, n_steps)
+
+        def cb_from(offset: int) -> Callable[[int, np.ndarray, np.ndarray], None]:
+            def cb(i: int, x_: np.ndarray, den: np.ndarray) -> None:
+                if step_hook is not None:
+                    step_hook(offset + i + 1, n_steps)
+                if preview is not None:
+                    preview(offset + i, self._preview_rgb(den[:, :, 0]))
+            return cb
+
+        def guided(runner: str, scale: float) -> Callable[[np.ndarray, float], np.ndarray]:
+            un = None if uncond is None or scale == 1.0 else (lambda z, s: self.velocity_of(runner, z, s, uncond))
+            return guided_velocity(lambda z, s: self.velocity_of(runner, z, s, context), un, scale)
+
+        if k > 0:
+            runner = self.runners["diffusion_high"]
+            with runner.session():
+                x = _phase(high.sampler or sampler, guided("diffusion_high", high.cfg_scale), x, sigmas[:k + 1],
+                           noise=sampler_noise, eta=high.eta, callback=cb_from(0), extra=opts.extra)
+            if not self.keep_both:  # one expert at a time: the high-noise one makes room
+                runner.release()
+            else:  # its weights stay for the next video; its graph's buffers make room
+                runner.free_compute()
+        if k < n_steps:
+            with self.runners["diffusion"].session():
+                x = _phase(sampler, guided("diffusion", cfg_scale), x, sigmas[k:], noise=sampler_noise,
+                           eta=opts.eta, callback=cb_from(k), extra=opts.extra)
+            if not self.keep_both and k > 0:  # each expert only for its phase: the decoder's turn
+                self.runners["diffusion"].release()
+        return {"latent": x, "video": self.decode_video(x), "sigmas": sigmas, "switch": k}
