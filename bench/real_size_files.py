@@ -71,6 +71,11 @@ RECIPES: dict[str, tuple[ModelFile, ...] | str] = {
     "qwen_image": (ModelFile("--diffusion-model", "qwen_image_bf16.safetensors", (FilePart("qwen_image_dit"),), "BF16"),
                    ModelFile("--llm", "qwen_2.5_vl_7b.safetensors", (FilePart("qwen25vl_7b_llm"),), "BF16"),
                    ModelFile("--vae", "qwen_image_vae.safetensors", (FilePart("qwen_image_vae"),), "BF16")),
+    "flux2": "no FLUX.2 dev DiT or Mistral-Small-3.2 encoder layout in ../shared/models (the plan's "
+             "tests read one derived from the published configurations)",
+    "wan": "Wan 2.2 T2V-A14B's layouts are in ../shared/models, but its two 14 B experts (28.6 GB each "
+           "in F16, 15.4 GB in Q8_0) and an 81-frame 480p video exceed this bench's RAM and time; "
+           "TI2V-5B is refused by the engine (planned only)",
 }
 
 #: tensors real files hold as integers (and their dtype), by name ending

@@ -404,7 +404,8 @@ def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -
         def to_json(self) -> dict:
             return {"fits": True, **self.kw, "devices": {"CUDA0": {"total": GIB}}}
 
-    def fake_estimate(plan, profile, inventory, *, width, height, batch, engine="sdplan", measured=None):
+    def fake_estimate(plan, profile, inventory, *, width, height, batch, engine="sdplan", measured=None,
+                      frames=1):
         assert inventory == INV and profile.get("diffusion") is not None
         return Fit(width=width, height=height, batch=batch)
 

@@ -1,14 +1,9 @@
-"""``sdplan generate``: text to image on sdplan's engine, placed by the plan.
+"""``sdplan generate``: text to image (and video) on sdplan's engine, placed by the plan.
 
-SD 1.x / 2.x from a single-file checkpoint (``-m``), SDXL from its single file or its parts
-(``--diffusion-model --clip_l --clip_g --vae``; ``--force-sdxl-vae-conv-scale`` as in sd-cli),
-Flux from its files (``--diffusion-model --t5xxl --clip_l --vae``), Chroma from its
-(``--diffusion-model --t5xxl --vae``), SD3 / SD3.5 from its single file (``-m``) or its parts
-(``--diffusion-model --clip_l --clip_g [--t5xxl] --vae``), Z-Image or FLUX.2 klein from theirs (``--diffusion-model
---llm --vae``; klein edits the ``-r/--ref-image`` pictures); the architecture (sdxl, flux-dev,
-flux-schnell, chroma, z_image, flux2_klein-4b...) comes from
-:func:`sdplan.core.modelfiles.checkpoint.read_model_files`. The flags are sd-cli's spellings (``-m -p -n
--W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
+Every family of :mod:`sdplan.core.families.registry` that runs, from its files (``-m`` or
+``--diffusion-model`` with its encoders and ``--vae``; Wan with ``-M vid_gen``); the
+architecture comes from :func:`sdplan.core.modelfiles.checkpoint.read_model_files`. The flags
+are sd-cli's spellings (``-m -p -n -W -H --steps --cfg-scale --guidance -s --sampling-method --scheduler -b -o --preview-path
 --clip-skip --taesd --upscale-model --upscale-repeats``, the LoRA and picture inputs
 ``--lora-model-dir --lora-apply-mode -i --strength --mask`` with ``<lora:NAME:WEIGHT>`` prompt
 tags, and every placement flag), so a pasted sd-cli command works.
@@ -56,6 +51,8 @@ from sdplan.core.commands.sdcli_flags import (
 )
 from sdplan.core.commands.video_flags import (
     add_video_arguments,
+    check_video_output,
+    video_frames,
     video_output,
     video_request,
     write_video,
@@ -220,7 +217,7 @@ def _resolve(args: argparse.Namespace, engine: Any, files: dict[str, list[str]],
     width, height = hires_size(args)  # the second pass of a hires fix is the largest
     fit = estimate_plan(plan, profile, inventory, width=width, height=height, batch=args.batch_count,
                         engine="sdplan", measured=measured, loras=loras.profiles,
-                        ref_images=len(getattr(args, "ref_image", None) or ()), frames=_frames(args))
+                        ref_images=len(getattr(args, "ref_image", None) or ()), frames=video_frames(args))
     return plan, inventory, fit, loras
 
 
@@ -254,18 +251,13 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
         return dict(engine.call(COMPUTE_JOB, {
             "model_files": files, "width": width, "height": height, "batch": args.batch_count,
             "cfg": args.cfg_scale != 1.0, "overrides": {"clip_heads": getattr(args, "clip_heads", None),
-                                                        "video_frames": _frames(args)},
+                                                        "video_frames": video_frames(args)},
             "vae_tiling": module_request(args)["vae_tiling"],
             "placements": {m: ModulePlacement.from_plan(plan, m)
                            for m in ("diffusion", "te", "vae", "controlnet", "upscaler") if m in plan.modules}}))
     except SdplanError as exc:
         log.info("no dry run of the engine: %s", exc)
         return {}
-
-
-def _frames(args: argparse.Namespace) -> int:
-    """The video's frames (1 without ``-M vid_gen``)."""
-    return int(getattr(args, "video_frames", 1) or 1) if getattr(args, "mode", "img_gen") == "vid_gen" else 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -470,11 +462,7 @@ def check_outputs(args: argparse.Namespace) -> None:
     width, height = hires_size(args) if getattr(args, "hires", False) else (args.width, args.height)
     raw = width * height * 3 * scale * scale  # an upper bound of a PNG's bytes
     if getattr(args, "mode", "img_gen") == "vid_gen":
-        from sdplan.core.commands.video_flags import video_output
-
-        out = video_output(args)
-        check_output_file("-o/--output", str(out).replace("%", "_"), (".png", ".webm", ".mp4", ".avi"),
-                          needed_bytes=raw * _frames(args))
+        check_video_output(args, raw)
     else:
         check_output_file("-o/--output", args.output, needed_bytes=raw * args.batch_count)
     if args.preview_path:

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_video_arguments", "video_request", "video_output", "write_video", "DEFAULT_VIDEO"]
+__all__ = ["add_video_arguments", "video_request", "video_frames", "video_output", "check_video_output",
+           "write_video", "DEFAULT_VIDEO"]
 
 #: The video ``-o`` left at its default writes.
 DEFAULT_VIDEO = "output.webm"
@@ -50,6 +51,24 @@ def video_request(args: argparse.Namespace) -> dict[str, Any]:
             "high_noise_sampling_method": getattr(args, "high_noise_sampling_method", None),
             "high_noise_eta": getattr(args, "high_noise_eta", None),
             "moe_boundary": getattr(args, "moe_boundary", 0.875)}
+
+
+def video_frames(args: argparse.Namespace) -> int:
+    """The video's frames (1 without ``-M vid_gen``)."""
+    return int(getattr(args, "video_frames", 1) or 1) if getattr(args, "mode", "img_gen") == "vid_gen" else 1
+
+
+def check_video_output(args: argparse.Namespace, frame_bytes: int) -> None:
+    """Before any work: the video's ``-o`` (a video or PNG-frames path) is writable and its
+    folder has room for ``frame_bytes`` (an upper bound of one frame's bytes) per frame.
+
+    Raises:
+        OutputError: naming ``-o/--output`` and the path.
+    """
+    from sdplan.core.pipelines.stages.outputs import check_output_file
+
+    check_output_file("-o/--output", str(video_output(args)).replace("%", "_"), (".png", ".webm", ".mp4", ".avi"),
+                      needed_bytes=frame_bytes * video_frames(args))
 
 
 def video_output(args: argparse.Namespace) -> Path:

@@ -52,14 +52,7 @@ from sdplan.core.planning.placement import (
     Placement,
     placement_from_namespace,
 )
-from sdplan.core.planning.plan_types import (
-    DiffusionPhase,
-    ModulePlan,
-    Params,
-    Plan,
-    PlanWarning,
-    Range,
-)
+from sdplan.core.planning.plan_types import DiffusionPhase, ModulePlan, Params, Plan, PlanWarning, Range
 from sdplan.core.planning.profile import ModuleProfile, Profile
 from sdplan.core.planning.sdcli_split import (
     fill_first,
