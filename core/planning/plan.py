@@ -47,12 +47,15 @@ from sdplan.core.planning.autofit_plan import auto_fit_semantics, fit_placement
 from sdplan.core.planning.inventory import Device, Inventory
 from sdplan.core.planning.modules import GIB, PLACED_MODULES, SPLITTABLE
 from sdplan.core.planning.phases import PHASE_ORDER
-from sdplan.core.planning.placement import (
-    BudgetEntry,
-    Placement,
-    placement_from_namespace,
+from sdplan.core.planning.placement import BudgetEntry, Placement, placement_from_namespace
+from sdplan.core.planning.plan_types import (
+    DiffusionPhase,
+    ModulePlan,
+    Params,
+    Plan,
+    PlanWarning,
+    Range,
 )
-from sdplan.core.planning.plan_types import DiffusionPhase, ModulePlan, Params, Plan, PlanWarning, Range
 from sdplan.core.planning.profile import ModuleProfile, Profile
 from sdplan.core.planning.sdcli_split import (
     fill_first,
