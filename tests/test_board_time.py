@@ -121,4 +121,5 @@ def test_no_profile_no_time_and_the_summary_line() -> None:
     assert rep is not None
     assert rep.summary() == (f"~{seconds_text(rep.step_s)} s/step, ~{seconds_text(rep.image_s)} s/picture "
                              f"(load {seconds_text(rep.load_s)} s)")
-    assert [seconds_text(x) for x in (0.0412, 3.26, 19.4, 250.0)] == ["0.04", "3.3", "19", "250"]
+    assert [seconds_text(x) for x in (0.00431, 0.0412, 0.412, 3.26, 19.4, 250.0, 0.0)] == [
+        "0.0043", "0.041", "0.41", "3.3", "19", "250", "0"]

@@ -180,8 +180,10 @@ class TimeReport:
 
 
 def seconds_text(s: float) -> str:
-    """Seconds as people read them: two decimals below 1 (``0.84``), one below 10
-    (``3.2``), whole seconds above (``19``)."""
+    """Seconds as people read them: two significant digits below 0.1 (``0.0043``), two
+    decimals below 1 (``0.84``), one below 10 (``3.2``), whole seconds above (``19``)."""
+    if s < 0.1:
+        return f"{s:.2g}" if s > 0 else "0"
     return f"{s:.2f}" if s < 1 else f"{s:.1f}" if s < 10 else f"{s:.0f}"
 
 

@@ -1,0 +1,92 @@
+"""The board's predicted time line, driven through the board's item model and the
+controller (pytest-qt): it is the session's prediction, and it follows card moves and the
+generation settings."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("pytestqt")
+from PySide6.QtCore import QSettings, Qt  # noqa: E402
+from sdplan.app.controller import PlanController  # noqa: E402
+from sdplan.app.window import MainWindow  # noqa: E402
+from sdplan.core.planning.device_profile import DeviceProfile, Link  # noqa: E402
+from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
+from sdplan.core.planning.placement import Placement  # noqa: E402
+from sdplan.core.planning.profile import ModuleProfile, Profile  # noqa: E402
+from sdplan.core.planning.timing import seconds_text  # noqa: E402
+
+GIB = 1 << 30
+FAST = DeviceProfile({"mm:f16": ((1.0, 5e13),)}, mem_bps=8e11, node_s=5e-6, graph_s=1e-4,
+                     h2d=Link(2e10, 1e-5), d2h=Link(2e10, 1e-5))
+SLOW = DeviceProfile({"mm:f16": ((1.0, 2e11),)}, mem_bps=4e10, node_s=1e-6, graph_s=1e-4,
+                     h2d=Link(1e10, 0.0), d2h=Link(1e10, 0.0), threads=4)
+SD15 = Profile({"te": ModuleProfile((), 246_000_000), "diffusion": ModuleProfile((), 1_720_000_000),
+                "vae": ModuleProfile((), 167_307_726)}, name="sd15", architecture="sd1")
+
+
+def make(qtbot, tmp_path, gpu: DeviceProfile | None) -> MainWindow:
+    inv = Inventory((Device("CUDA0", "RTX", "gpu", "CUDA", 20 * GIB, 24 * GIB, profile=gpu),
+                     Device("CPU", "cpu", "cpu", "CPU", 48 * GIB, 64 * GIB, profile=SLOW)))
+    ctl = PlanController(inv, SD15, Placement.from_strings("CUDA0", "", ""))
+    ctl.session.time_profiles = lambda i: i  # the devices' own profiles, none from this machine
+    ctl.set_generation(width=512, height=512, steps=20, cfg_scale=7.0, sampling_method="euler")
+    w = MainWindow(ctl, QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat),
+                   history_dir=tmp_path / "history")
+    qtbot.addWidget(w)
+    w.resize(1440, 900)
+    w.show()
+    return w
+
+
+def shown(win: MainWindow) -> tuple[float, float]:
+    """(s/step, s/picture) as the label writes them, checked against the session's report."""
+    rep = win.ctl.session.predicted_time()
+    text = win.board.time_label.text()
+    assert text == f"Predicted time: {rep.summary()}"
+    assert f"~{seconds_text(rep.step_s)} s/step" in text and f"~{seconds_text(rep.image_s)} s/picture" in text
+    return rep.step_s, rep.image_s
+
+
+def test_a_card_moved_to_the_slow_device_shows_a_longer_step(qtbot, tmp_path) -> None:
+    win = make(qtbot, tmp_path, FAST)
+    assert win.board.time_label.isVisible()
+    fast_step, fast_image = shown(win)
+    assert "default speeds" not in win.board.time_label.text()
+    model = win.board.model
+    mime = model.mimeData([model.card_index("CUDA0", "diffusion")])
+    assert model.dropMimeData(mime, Qt.DropAction.MoveAction, -1, -1, model.target_index("CPU"))
+    assert list(win.ctl.plan.modules["diffusion"].devices) == ["CPU"]
+    slow_step, slow_image = shown(win)
+    # SD 1.5's UNet by the formula: 2 * 860 M * 4096 * 0.1141 * 2 FLOP at 0.2 TFLOP/s
+    assert slow_step == pytest.approx(2 * 860e6 * 4096 * 0.1141 * 2 / 2e11 + 1e-4)
+    assert slow_step > 100 * fast_step and slow_image > fast_image
+    win.ctl.undo_stack.undo()
+    assert shown(win)[0] == pytest.approx(fast_step)
+
+
+def test_more_steps_show_a_longer_picture_and_the_tooltip_says_why(qtbot, tmp_path) -> None:
+    win = make(qtbot, tmp_path, FAST)
+    step, image = shown(win)
+    win.ctl.set_generation(steps=40)
+    step40, image40 = shown(win)
+    assert step40 == pytest.approx(step) and image40 - image == pytest.approx(20 * step)
+    tip = win.board.time_label.toolTip()
+    assert "40 steps of euler with CFG at 512x512" in tip and "CUDA0 measured" in tip
+
+
+def test_unmeasured_devices_say_default_speeds(qtbot, tmp_path) -> None:
+    win = make(qtbot, tmp_path, None)
+    assert win.board.time_label.text().endswith("· default speeds")
+    assert "sdplan devices --calibrate" in win.board.time_label.toolTip()
+
+
+def test_no_model_no_time_line(qtbot, tmp_path) -> None:
+    win = make(qtbot, tmp_path, FAST)
+    win.ctl.set_profile(None)
+    assert win.ctl.predicted_time() is None
+    assert not win.board.time_label.isVisible() and win.board.time_label.text() == ""
