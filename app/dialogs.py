@@ -21,9 +21,10 @@ from sdplan.core.runtime.native import NativeUnavailable, native
 
 
 class AutoPlanDialog(QDialog):
-    """Shows what Auto plan would change (before/after per module and flag) to accept,
-    what limits it (a budget of the user's rather than the hardware), and the alternatives
-    that fit when it does not (see :mod:`sdplan.core.planning.autoplan_review`).
+    """Shows what Auto plan would change (before/after per module and flag) to accept, the
+    predicted time and the memory per device of the current plan and of the proposal, what
+    limits it (a budget of the user's rather than the hardware), and the alternatives that
+    fit when it does not (see :mod:`sdplan.core.planning.autoplan_review`).
 
     After ``exec()``: :attr:`choice` is the chosen alternative, or None for the proposal.
     """
@@ -63,6 +64,17 @@ class AutoPlanDialog(QDialog):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.table.verticalHeader().hide()
         lay.addWidget(self.table)
+        costs = cost_rows(review)
+        self.costs = QTableWidget(len(costs), 3)
+        self.costs.setHorizontalHeaderLabels(["", "Now", "Proposed"])
+        for r, row in enumerate(costs):
+            for c, text in enumerate(row):
+                self.costs.setItem(r, c, QTableWidgetItem(text))
+        self.costs.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.costs.verticalHeader().hide()
+        self.costs.setMaximumHeight(self.costs.horizontalHeader().sizeHint().height()
+                                    + sum(self.costs.rowHeight(r) for r in range(len(costs))) + 4)
+        lay.addWidget(self.costs)
         notes = QLabel("\n".join("• " + n for n in review.proposal.notes))
         notes.setObjectName("Muted")
         notes.setWordWrap(True)
@@ -85,11 +97,29 @@ class AutoPlanDialog(QDialog):
         box.accepted.connect(self.accept)
         box.rejected.connect(self.reject)
         lay.addWidget(box)
-        self.resize(760, 420)
+        self.resize(760, 480)
 
     def _choose(self, alt: Alternative) -> None:
         self.choice = alt
         self.accept()
+
+
+def cost_rows(review: AutoPlanReview) -> list[tuple[str, str, str]]:
+    """``(what, now, proposed)``: the predicted time (when the review has one; ``default
+    speeds`` where a device has no measured profile), then each device's planned memory
+    against what it has free (GiB; ``unused`` where the plan puts nothing)."""
+    from sdplan.core.planning.modules import GIB
+
+    rows = []
+    if review.time is not None and review.current_time is not None:
+        rows.append(("predicted time", review.current_time.summary(), review.time.summary()))
+    now, new = review.current_fit.devices, review.fit.devices
+    for d in dict.fromkeys([*now, *new]):
+        def used(devices: dict, name: str = d) -> str:
+            t = devices.get(name)
+            return f"{t.total / GIB:.2f} of {t.free / GIB:.2f} GiB free" if t is not None else "unused"
+        rows.append((f"{d} memory", used(now), used(new)))
+    return rows
 
 
 def versions() -> dict[str, str]:

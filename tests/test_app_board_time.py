@@ -29,9 +29,9 @@ SD15 = Profile({"te": ModuleProfile((), 246_000_000), "diffusion": ModuleProfile
                 "vae": ModuleProfile((), 167_307_726)}, name="sd15", architecture="sd1")
 
 
-def make(qtbot, tmp_path, gpu: DeviceProfile | None) -> MainWindow:
-    inv = Inventory((Device("CUDA0", "RTX", "gpu", "CUDA", 20 * GIB, 24 * GIB, profile=gpu),
-                     Device("CPU", "cpu", "cpu", "CPU", 48 * GIB, 64 * GIB, profile=SLOW)))
+def make(qtbot, tmp_path, gpu: DeviceProfile | None, inv: Inventory | None = None) -> MainWindow:
+    inv = inv or Inventory((Device("CUDA0", "RTX", "gpu", "CUDA", 20 * GIB, 24 * GIB, profile=gpu),
+                            Device("CPU", "cpu", "cpu", "CPU", 48 * GIB, 64 * GIB, profile=SLOW)))
     ctl = PlanController(inv, SD15, Placement.from_strings("CUDA0", "", ""))
     ctl.session.time_profiles = lambda i: i  # the devices' own profiles, none from this machine
     ctl.set_generation(width=512, height=512, steps=20, cfg_scale=7.0, sampling_method="euler")
@@ -90,3 +90,31 @@ def test_no_model_no_time_line(qtbot, tmp_path) -> None:
     win.ctl.set_profile(None)
     assert win.ctl.predicted_time() is None
     assert not win.board.time_label.isVisible() and win.board.time_label.text() == ""
+
+
+def test_the_auto_plan_dialog_shows_time_and_memory_now_and_proposed(qtbot, tmp_path) -> None:
+    from sdplan.app.dialogs import cost_rows
+
+    inv = Inventory((Device("CUDA0", "big slow", "gpu", "CUDA", 20 * GIB, 24 * GIB, profile=SLOW),
+                     Device("CUDA1", "small fast", "gpu", "CUDA", 7 * GIB, 8 * GIB, profile=FAST),
+                     Device("CPU", "cpu", "cpu", "CPU", 48 * GIB, 64 * GIB, profile=SLOW)))
+    win = make(qtbot, tmp_path, None, inv)
+    dlg = win.propose()
+    review = dlg.review
+    # measured speeds: the fast card is proposed, and the notes say why
+    assert [list(review.proposal.plan.modules[m].devices) for m in ("diffusion", "te", "vae")] == [["CUDA1"]] * 3
+    assert review.proposal.notes[-1].startswith("the fastest of 2 plans that fit")
+    costs = [[dlg.costs.item(r, c).text() for c in range(3)] for r in range(dlg.costs.rowCount())]
+    assert costs == [list(row) for row in cost_rows(review)]
+    assert costs[0] == ["predicted time", review.current_time.summary(), review.time.summary()]
+    assert review.time.image_s < review.current_time.image_s / 5
+    mem = {row[0]: row[1:] for row in costs[1:]}
+    now, new = review.current_fit.devices, review.fit.devices
+    assert "CUDA1" not in now and "CUDA0" not in new  # the whole model moves to the fast card
+    assert mem["CUDA1 memory"] == ["unused", f"{new['CUDA1'].total / GIB:.2f} of 7.00 GiB free"]
+    assert mem["CUDA0 memory"] == [f"{now['CUDA0'].total / GIB:.2f} of 20.00 GiB free", "unused"]
+    assert new["CUDA1"].total > 2 * 10**9  # its weights (2.1 GB) are there
+    assert dlg.accept_btn.isEnabled()
+    win.apply_auto_plan(dlg)
+    assert win.ctl.plan.modules["diffusion"].devices == review.proposal.plan.modules["diffusion"].devices
+    assert win.board.time_label.text() == f"Predicted time: {review.time.summary()}"

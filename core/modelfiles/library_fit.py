@@ -39,7 +39,7 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import ModuleProfile, Profile
-from sdplan.core.planning.timing import RunSettings, TimeReport, predict_time, seconds_text
+from sdplan.core.planning.timing import RunSettings, TimeReport, predict_fitted, seconds_text
 
 #: Verdicts from best to worst.
 VERDICTS = ("resident", "split", "offload", "none")
@@ -316,9 +316,8 @@ def plan_time(plan: Plan, fit: FitReport, profile: Profile, inventory: Inventory
     """The predicted time of ``plan`` (its estimate ``fit`` gives the ``--max-vram``
     segments) at :func:`default_run`, by the parameter-count formula with ``inventory``'s
     device profiles (stated defaults for devices without one)."""
-    segments = {m: list(e.segments) for m, e in fit.modules.items() if e.segments}
-    return predict_time(plan, inventory, profile, default_run(profile.architecture, width, height, batch),
-                        None, None, segments)
+    return predict_fitted(plan, inventory, profile, default_run(profile.architecture, width, height, batch),
+                          fit)
 
 
 def _time_json(rep: TimeReport) -> dict[str, object]:

@@ -460,6 +460,16 @@ def predict_time(plan: object, inventory: Inventory, profile: Profile | None, se
                       notes=tuple(dict.fromkeys([*prof.notes, *notes])), profiles=dict(prof.sources))
 
 
+def predict_fitted(plan: object, inventory: Inventory, profile: Profile | None, settings: RunSettings,
+                   fit: object = None) -> TimeReport:
+    """:func:`predict_time` of ``plan`` by the formula (no counted work, no model files) with
+    the ``--max-vram`` segments of its estimate ``fit`` (a
+    :class:`~sdplan.core.planning.estimate.FitReport`, or None)."""
+    segments = {m: list(e.segments) for m, e in (getattr(fit, "modules", None) or {}).items()
+                if getattr(e, "segments", ())}
+    return predict_time(plan, inventory, profile, settings, None, None, segments)
+
+
 def drive_of_files(files: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
     """Module -> model file paths from sd-cli model flags (``model`` serves every module;
     ``diffusion_model``, ``vae``, and the encoders' files their modules)."""
@@ -472,5 +482,5 @@ def drive_of_files(files: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
     return out
 
 
-__all__ = ["RunSettings", "ModuleTime", "TimeReport", "predict_time", "formula_work", "graph_seconds",
+__all__ = ["RunSettings", "ModuleTime", "TimeReport", "predict_time", "predict_fitted", "formula_work", "graph_seconds",
            "device_seconds", "op_seconds", "drive_of_files", "seconds_text", "Link"]
