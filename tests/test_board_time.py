@@ -123,3 +123,16 @@ def test_no_profile_no_time_and_the_summary_line() -> None:
                              f"(load {seconds_text(rep.load_s)} s)")
     assert [seconds_text(x) for x in (0.00431, 0.0412, 0.412, 3.26, 19.4, 250.0, 0.0)] == [
         "0.0043", "0.041", "0.41", "3.3", "19", "250", "0"]
+
+
+def test_with_the_hires_fix_the_first_pass_is_priced_and_the_notes_say_so() -> None:
+    from sdplan.core.session.estimates import HIRES_NOTE
+
+    s = session(inventory())
+    first = s.predicted_time()
+    assert first is not None and HIRES_NOTE not in first.notes
+    s.set_generation(hires={"enabled": True, "upscaler": "Latent", "scale": 2.0})
+    assert s.peak_size()[:2] == (1024, 1024)
+    rep = s.predicted_time()
+    assert rep is not None and rep.notes[-1] == HIRES_NOTE
+    assert (rep.step_s, rep.image_s) == pytest.approx((first.step_s, first.image_s))  # the first pass, at 512 px

@@ -7,6 +7,7 @@ change, and which module sets a device's peak. The base of
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,10 @@ from sdplan.core.planning.profile import Profile
 from sdplan.core.planning.timing import RunSettings, TimeReport
 
 log = logging.getLogger(__name__)
+
+#: What the board's time leaves out with the hires fix on (as ``sdplan generate -v`` says).
+HIRES_NOTE = ("hires fix: its second pass (sampling and decode at the hires size) and the upscale "
+              "between the passes are not priced; the prediction is the first pass's")
 
 
 class Estimates:
@@ -117,8 +122,9 @@ class Estimates:
         parameter counts: the engine's graphs are not counted here; each device's measured
         profile, else its type's stated defaults: :attr:`TimeReport.profiles`), with the
         estimate's ``--max-vram`` segments and the model files' drives; made once per
-        estimate (every edit, settings and device change re-estimates). None without a
-        profile or when it cannot be made (logged)."""
+        estimate (every edit, settings and device change re-estimates); with the hires fix
+        on, the first pass's, its notes saying so. None without a profile or when it cannot
+        be made (logged)."""
         if self._time is not False:
             return self._time  # type: ignore[return-value]
         self._time = None
@@ -133,11 +139,15 @@ class Estimates:
         segments = {m: list(e.segments) for m, e in (getattr(self.fit, "modules", None) or {}).items()
                     if getattr(e, "segments", ())}
         try:
-            self._time = predict_time(self.plan, self.profiled_inventory(), self.profile,
-                                      self.time_settings(), None, paths, segments)
+            rep = predict_time(self.plan, self.profiled_inventory(), self.profile,
+                               self.time_settings(), None, paths, segments)
         except (SdplanError, ValueError, ZeroDivisionError) as exc:
             log.info("no time prediction: %s", exc)
-        return self._time  # type: ignore[return-value]
+            return None
+        if self.peak_size()[:2] != self.size()[:2]:  # named, never priced as nothing
+            rep = dataclasses.replace(rep, notes=(*rep.notes, HIRES_NOTE))
+        self._time = rep
+        return rep
 
     def measured(self, size: tuple[int, int, int]) -> dict[str, int] | None:
         """Compute bytes per module of sdplan's engine for the open files at ``size``
