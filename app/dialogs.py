@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
@@ -69,11 +70,15 @@ class AutoPlanDialog(QDialog):
         self.costs.setHorizontalHeaderLabels(["", "Now", "Proposed"])
         for r, row in enumerate(costs):
             for c, text in enumerate(row):
-                self.costs.setItem(r, c, QTableWidgetItem(text))
+                item = QTableWidgetItem(text)
+                item.setToolTip(text)
+                self.costs.setItem(r, c, item)
         self.costs.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.costs.verticalHeader().hide()
-        self.costs.setMaximumHeight(self.costs.horizontalHeader().sizeHint().height()
-                                    + sum(self.costs.rowHeight(r) for r in range(len(costs))) + 4)
+        self.costs.resizeRowsToContents()
+        self.costs.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.costs.setFixedHeight(self.costs.horizontalHeader().sizeHint().height()
+                                  + self.costs.verticalHeader().length() + 2 * self.costs.frameWidth() + 2)
         lay.addWidget(self.costs)
         notes = QLabel("\n".join("• " + n for n in review.proposal.notes))
         notes.setObjectName("Muted")
@@ -105,14 +110,22 @@ class AutoPlanDialog(QDialog):
 
 
 def cost_rows(review: AutoPlanReview) -> list[tuple[str, str, str]]:
-    """``(what, now, proposed)``: the predicted time (when the review has one; ``default
-    speeds`` where a device has no measured profile), then each device's planned memory
-    against what it has free (GiB; ``unused`` where the plan puts nothing)."""
+    """``(what, now, proposed)``: the predicted seconds per step and per picture (with the
+    load) and, where a device has no measured profile, which speeds they assume (when the
+    review has times), then each device's planned memory against what it has free (GiB;
+    ``unused`` where the plan puts nothing)."""
     from sdplan.core.planning.modules import GIB
+    from sdplan.core.planning.timing import seconds_text
 
     rows = []
-    if review.time is not None and review.current_time is not None:
-        rows.append(("predicted time", review.current_time.summary(), review.time.summary()))
+    now_t, new_t = review.current_time, review.time
+    if now_t is not None and new_t is not None:
+        rows.append(("per step", f"~{seconds_text(now_t.step_s)} s", f"~{seconds_text(new_t.step_s)} s"))
+        rows.append(("per picture", *(f"~{seconds_text(t.image_s)} s (load {seconds_text(t.load_s)} s)"
+                                      for t in (now_t, new_t))))
+        if not (now_t.measured and new_t.measured):
+            rows.append(("speeds", *("measured" if t.measured else "default speeds (sdplan devices --calibrate)"
+                                     for t in (now_t, new_t))))
     now, new = review.current_fit.devices, review.fit.devices
     for d in dict.fromkeys([*now, *new]):
         def used(devices: dict, name: str = d) -> str:

@@ -106,9 +106,12 @@ def test_the_auto_plan_dialog_shows_time_and_memory_now_and_proposed(qtbot, tmp_
     assert review.proposal.notes[-1].startswith("the fastest of 2 plans that fit")
     costs = [[dlg.costs.item(r, c).text() for c in range(3)] for r in range(dlg.costs.rowCount())]
     assert costs == [list(row) for row in cost_rows(review)]
-    assert costs[0] == ["predicted time", review.current_time.summary(), review.time.summary()]
-    assert review.time.image_s < review.current_time.image_s / 5
-    mem = {row[0]: row[1:] for row in costs[1:]}
+    now_t, new_t = review.current_time, review.time
+    assert costs[:2] == [["per step", f"~{seconds_text(now_t.step_s)} s", f"~{seconds_text(new_t.step_s)} s"],
+                         ["per picture", f"~{seconds_text(now_t.image_s)} s (load {seconds_text(now_t.load_s)} s)",
+                          f"~{seconds_text(new_t.image_s)} s (load {seconds_text(new_t.load_s)} s)"]]
+    assert new_t.image_s < now_t.image_s / 5
+    mem = {row[0]: row[1:] for row in costs[2:]}  # measured speeds: no "speeds" row
     now, new = review.current_fit.devices, review.fit.devices
     assert "CUDA1" not in now and "CUDA0" not in new  # the whole model moves to the fast card
     assert mem["CUDA1 memory"] == ["unused", f"{new['CUDA1'].total / GIB:.2f} of 7.00 GiB free"]
@@ -118,3 +121,18 @@ def test_the_auto_plan_dialog_shows_time_and_memory_now_and_proposed(qtbot, tmp_
     win.apply_auto_plan(dlg)
     assert win.ctl.plan.modules["diffusion"].devices == review.proposal.plan.modules["diffusion"].devices
     assert win.board.time_label.text() == f"Predicted time: {review.time.summary()}"
+
+
+def test_the_dialog_says_which_plan_runs_on_default_speeds(qtbot, tmp_path) -> None:
+    inv = Inventory((Device("CUDA0", "big", "gpu", "CUDA", 20 * GIB, 24 * GIB),
+                     Device("CUDA1", "small fast", "gpu", "CUDA", 7 * GIB, 8 * GIB, profile=FAST),
+                     Device("CPU", "cpu", "cpu", "CPU", 48 * GIB, 64 * GIB, profile=SLOW)))
+    win = make(qtbot, tmp_path, None, inv)
+    dlg = win.propose()
+    review = dlg.review
+    # CUDA0 has no measured speed: Auto plan keeps its choice by memory and says so
+    assert review.proposal.notes[-1] == ("chosen by memory alone: CUDA0 has no measured speed "
+                                         "(sdplan devices --calibrate)")
+    rows = {dlg.costs.item(r, 0).text(): (dlg.costs.item(r, 1).text(), dlg.costs.item(r, 2).text())
+            for r in range(dlg.costs.rowCount())}
+    assert rows["speeds"] == ("default speeds (sdplan devices --calibrate)",) * 2

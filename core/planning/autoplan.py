@@ -17,8 +17,8 @@ plans it chooses between that fit (the fresh packing, the smallest change, the p
 is when that fits, and a packing that puts each module on the fastest device it fits,
 :data:`SPEED_WORK`) with :func:`~sdplan.core.planning.timing.predict_time` (the
 parameter-count formula and the inventory devices' profiles) and proposes the fastest per
-picture when every device they run on has a measured profile; otherwise the choice above
-stands and its notes say it was made by memory alone.
+picture when every GPU and every device they run on has a measured profile; otherwise the
+choice above stands and its notes say it was made by memory alone.
 """
 
 from __future__ import annotations
@@ -103,10 +103,20 @@ def auto_plan(inventory: Inventory, profile: Profile, base: Placement, *, width:
         return chosen
     speeds = {d.name: d.profile.rate("mm", "formula", "f16", SPEED_WORK) for d in inventory
               if d.profile is not None}
-    if all(d.name in speeds for d in inventory if d.is_gpu_like):
-        others.append(_packed(inventory, profile, base, width, height, batch, engine, measured, speeds))
+    unmeasured = [d.name for d in inventory if d.is_gpu_like and d.name not in speeds]
+    if unmeasured:
+        return _by_memory(chosen, unmeasured)
+    others.append(_packed(inventory, profile, base, width, height, batch, engine, measured, speeds))
     run = dataclasses.replace(run, width=width, height=height, batch=batch)
     return fastest(chosen, [o for o in others if o.fits], inventory, profile, run, est)
+
+
+def _by_memory(chosen: AutoPlan, unmeasured: list[str]) -> AutoPlan:
+    """``chosen`` with a note that it was chosen by memory alone, naming the devices without
+    a measured profile."""
+    return dataclasses.replace(chosen, notes=[
+        *chosen.notes, f"chosen by memory alone: {', '.join(unmeasured)} "
+        f"{'has' if len(unmeasured) == 1 else 'have'} no measured speed (sdplan devices --calibrate)"])
 
 
 def fastest(chosen: AutoPlan, others: list[AutoPlan], inventory: Inventory, profile: Profile,
@@ -130,9 +140,7 @@ def fastest(chosen: AutoPlan, others: list[AutoPlan], inventory: Inventory, prof
         for c in cands]
     unmeasured = sorted({d for r, _ in reports for d, src in r.profiles.items() if src == "default"})
     if unmeasured:
-        return dataclasses.replace(chosen, notes=[
-            *chosen.notes, f"chosen by memory alone: {', '.join(unmeasured)} "
-            f"{'has' if len(unmeasured) == 1 else 'have'} no measured speed (sdplan devices --calibrate)"])
+        return _by_memory(chosen, unmeasured)
     best_rep, best = min(reports, key=lambda t: t[0].image_s)
     rest = ", ".join(f"~{seconds_text(r.image_s)} s" for r, c in reports if c is not best)
     return dataclasses.replace(best, notes=[
