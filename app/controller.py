@@ -169,6 +169,11 @@ class PlanController(QObject):
         """``(module, part)`` that sets ``device``'s transient peak, or None."""
         return self.session.peak_module(device)
 
+    def predicted_time(self) -> Any:
+        """The plan's predicted seconds (a :class:`~sdplan.core.planning.timing.TimeReport`),
+        or None (:meth:`~sdplan.core.session.estimates.Estimates.predicted_time`)."""
+        return self.session.predicted_time()
+
     split_refusal = staticmethod(Session.split_refusal)
 
     # ------------------------------------------------------------------ applying, undo

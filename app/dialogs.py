@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
@@ -21,9 +22,10 @@ from sdplan.core.runtime.native import NativeUnavailable, native
 
 
 class AutoPlanDialog(QDialog):
-    """Shows what Auto plan would change (before/after per module and flag) to accept,
-    what limits it (a budget of the user's rather than the hardware), and the alternatives
-    that fit when it does not (see :mod:`sdplan.core.planning.autoplan_review`).
+    """Shows what Auto plan would change (before/after per module and flag) to accept, the
+    predicted time and the memory per device of the current plan and of the proposal, what
+    limits it (a budget of the user's rather than the hardware), and the alternatives that
+    fit when it does not (see :mod:`sdplan.core.planning.autoplan_review`).
 
     After ``exec()``: :attr:`choice` is the chosen alternative, or None for the proposal.
     """
@@ -63,6 +65,21 @@ class AutoPlanDialog(QDialog):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
         self.table.verticalHeader().hide()
         lay.addWidget(self.table)
+        costs = cost_rows(review)
+        self.costs = QTableWidget(len(costs), 3)
+        self.costs.setHorizontalHeaderLabels(["", "Now", "Proposed"])
+        for r, row in enumerate(costs):
+            for c, text in enumerate(row):
+                item = QTableWidgetItem(text)
+                item.setToolTip(text)
+                self.costs.setItem(r, c, item)
+        self.costs.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.costs.verticalHeader().hide()
+        self.costs.resizeRowsToContents()
+        self.costs.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.costs.setFixedHeight(self.costs.horizontalHeader().sizeHint().height()
+                                  + self.costs.verticalHeader().length() + 2 * self.costs.frameWidth() + 2)
+        lay.addWidget(self.costs)
         notes = QLabel("\n".join("• " + n for n in review.proposal.notes))
         notes.setObjectName("Muted")
         notes.setWordWrap(True)
@@ -85,11 +102,37 @@ class AutoPlanDialog(QDialog):
         box.accepted.connect(self.accept)
         box.rejected.connect(self.reject)
         lay.addWidget(box)
-        self.resize(760, 420)
+        self.resize(760, 480)
 
     def _choose(self, alt: Alternative) -> None:
         self.choice = alt
         self.accept()
+
+
+def cost_rows(review: AutoPlanReview) -> list[tuple[str, str, str]]:
+    """``(what, now, proposed)``: the predicted seconds per step and per picture (with the
+    load) and, where a device has no measured profile, which speeds they assume (when the
+    review has times), then each device's planned memory against what it has free (GiB;
+    ``unused`` where the plan puts nothing)."""
+    from sdplan.core.planning.modules import GIB
+    from sdplan.core.planning.timing import seconds_text
+
+    rows = []
+    now_t, new_t = review.current_time, review.time
+    if now_t is not None and new_t is not None:
+        rows.append(("per step", f"~{seconds_text(now_t.step_s)} s", f"~{seconds_text(new_t.step_s)} s"))
+        rows.append(("per picture", *(f"~{seconds_text(t.image_s)} s (load {seconds_text(t.load_s)} s)"
+                                      for t in (now_t, new_t))))
+        if not (now_t.measured and new_t.measured):
+            rows.append(("speeds", *("measured" if t.measured else "default speeds (sdplan devices --calibrate)"
+                                     for t in (now_t, new_t))))
+    now, new = review.current_fit.devices, review.fit.devices
+    for d in dict.fromkeys([*now, *new]):
+        def used(devices: dict, name: str = d) -> str:
+            t = devices.get(name)
+            return f"{t.total / GIB:.2f} of {t.free / GIB:.2f} GiB free" if t is not None else "unused"
+        rows.append((f"{d} memory", used(now), used(new)))
+    return rows
 
 
 def versions() -> dict[str, str]:

@@ -53,7 +53,7 @@ from sdplan.core.planning.placement import Placement
 log = logging.getLogger(__name__)
 
 PathRole = Qt.ItemDataRole.UserRole
-COLUMNS = ("Name", "Kind", "Size", "Quant", "Fits here", "Plan")
+COLUMNS = ("Name", "Kind", "Size", "Quant", "Fits here", "Time", "Plan")
 VERDICT_COLOURS = {"resident": theme.OK, "split": theme.ACCENT, "offload": theme.WARNING,
                    "none": theme.DANGER}
 VERDICT_SHORT = {"resident": "✓ resident", "split": "✓ split", "offload": "◐ offload",
@@ -286,11 +286,11 @@ class LibraryPanel(QWidget):
         """Verdicts of every diffusion model for the controller's devices, then redraw."""
         self.verdicts = {}
         base = self.base()
+        inventory = self.ctl.session.profiled_inventory()  # measured profiles price the time
         for e in self.entries:
             if e.kind in DIFFUSION_KINDS and e.error is None and e.profile:
                 try:
-                    self.verdicts[e.path] = fit_verdict(e, self.entries, self.ctl.inventory,
-                                                        base)
+                    self.verdicts[e.path] = fit_verdict(e, self.entries, inventory, base)
                 except (SdplanError, ValueError) as exc:
                     log.info("no verdict for %s: %s", e.path, exc)
         self._fill()
@@ -330,9 +330,10 @@ class LibraryPanel(QWidget):
         if v and v.missing:
             plan += f"  (without {', '.join(v.missing)})"
         item = QTreeWidgetItem([e.name, kind, f"{e.size / GIB:.2f} GiB", e.quant or "", fits,
-                                plan])
+                                v.time_text() if v else "", plan])
         item.setData(0, PathRole, e.path)
-        item.setTextAlignment(2, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        for col in (2, 5):
+            item.setTextAlignment(col, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         tip = [e.path]
         if v is not None:
             tip += [v.summary(), describe_devices(v), *v.reasons, *v.notes]
@@ -340,7 +341,11 @@ class LibraryPanel(QWidget):
             tip.append(e.error)
         item.setToolTip(0, "\n".join(tip))
         item.setToolTip(4, "\n".join(tip[1:]) if v else "")
-        item.setToolTip(5, plan)
+        item.setToolTip(5, (f"{v.time_text(long=True)} at {v.width}x{v.height}"
+                            + ("\n* default speeds: sdplan devices --calibrate measures this "
+                               "machine's" if v.time and not v.time["measured"] else ""))
+                        if v and v.time else "")
+        item.setToolTip(6, plan)
         if v is not None:
             item.setForeground(4, QBrush(QColor(VERDICT_COLOURS[v.verdict])))
         return item

@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 pytest.importorskip("pytestqt")
 from PySide6.QtCore import QSettings  # noqa: E402
 from sdplan.app.controller import PlanController  # noqa: E402
-from sdplan.app.library_panel import VERDICT_SHORT, LibraryPanel  # noqa: E402
+from sdplan.app.library_panel import COLUMNS, VERDICT_SHORT, LibraryPanel, PathRole  # noqa: E402
 from sdplan.core import cli  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 from sparse_writer import make_library_folder  # noqa: E402
@@ -62,6 +62,9 @@ def test_the_app_lists_what_sdplan_library_json_lists(qtbot, tmp_path, folder, c
     listed = json.loads(capsys.readouterr().out)["files"]
     rows = p.rows()
     assert set(rows) == {f["path"] for f in listed}
+    items = [p.tree.topLevelItem(i).child(j) for i in range(p.tree.topLevelItemCount())
+             for j in range(p.tree.topLevelItem(i).childCount())]
+    times = {str(c.data(0, PathRole)): c.text(COLUMNS.index("Time")) for c in items}
     for f in listed:
         group, kind, fits = rows[f["path"]]
         assert group == f["group"], f["name"]
@@ -72,6 +75,10 @@ def test_the_app_lists_what_sdplan_library_json_lists(qtbot, tmp_path, folder, c
             v = p.verdicts[f["path"]]
             assert (v.backend, v.params_backend, v.max_vram) == (
                 f["fit"]["backend"], f["fit"]["params_backend"], f["fit"]["max_vram"])
+            # the same predicted time, written in the Time column
+            assert v.time == f["fit"]["time"], f["name"]
+            assert (v.time is None) == (f["fit"]["verdict"] == "none"), f["name"]
+            assert times[f["path"]] == v.time_text() and (v.time is None or "s/picture" in times[f["path"]])
     assert rows[str(folder / "models/diffusion_models/flux1-dev.safetensors")][:2] == (
         "flux", "Diffusion model · dev")
     assert p.last_scan.headers_read == len(listed)

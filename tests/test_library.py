@@ -248,3 +248,59 @@ def test_describe_file_of_a_lora_and_a_broken_file(tmp_path) -> None:
     (tmp_path / "bad.safetensors").write_bytes(b"\xff" * 8)
     e, reads = describe_file(tmp_path / "bad.safetensors")
     assert e.kind == "unknown" and e.error and reads == 1
+
+
+def test_a_verdict_says_how_long_a_picture_takes(folder, cache) -> None:
+    from dataclasses import replace
+
+    from sdplan.core.planning.device_profile import DeviceProfile, Link
+    from sdplan.core.planning.timing import RunSettings
+
+    root, _ = folder
+    entries = scan_library([root], cache).entries
+    fast = DeviceProfile({"mm:f16": ((1.0, 5e13),)}, mem_bps=8e11, node_s=5e-6, graph_s=1e-4,
+                         h2d=Link(2e10, 1e-5), d2h=Link(2e10, 1e-5))
+    plain = INVENTORIES["one 24 GiB GPU"]
+    measured = Inventory((replace(plain.devices[0], profile=fast), plain.devices[1]))
+    sd15 = next(e for e in entries if e.name == "v1-5-pruned-emaonly.safetensors")
+    v = fit_verdict(sd15, entries, measured)
+    assert v.verdict == "resident" and v.backend == "CUDA0" and v.time is not None
+    # SD 1's defaults (20 steps of euler_a, CFG 7) at 512 px; the UNet by the formula of
+    # timing's docstring: 2 * params (f16) * 64 * 64 latent px * 0.1141 * 2 (CFG) FLOP at
+    # 50 TFLOP/s, plus the graph's 1e-4 s and the input and output latency (1e-5 s each)
+    assert (v.time["steps"], v.time["sampler"], v.time["cfg"], v.time["measured"]) == (20, "euler_a", True, True)
+    params = combined_profile([sd15] + [e for e in entries if e.path in
+                                        [p for k, ps in v.files.items() if k != "model" for p in ps]]
+                              ).get("diffusion").total / 2  # type: ignore[union-attr]
+    step = 2 * params * 64 * 64 * 0.1141 * 2 / 5e13 + 1e-4 + 2e-5
+    assert v.time["step_s"] == pytest.approx(step)
+    assert v.time["image_s"] > 20 * step and v.time["load_s"] > 0
+    assert v.to_json()["time"] == v.time
+    assert "~" in v.time_text() and not v.time_text().endswith("*")
+    assert v.summary().endswith(f"{v.time_text(long=True)}") and "20 steps" in v.summary()
+    # the same plan without a measured profile: the stated defaults, flagged
+    d = fit_verdict(sd15, entries, plain)
+    assert d.time is not None and d.time["measured"] is False and d.time_text().endswith("*")
+    assert "default speeds" in d.time_text(long=True)
+    # FLUX.1 dev: its family's 20 steps of euler without CFG; a plan that does not fit has no time
+    flux = fit_verdict(next(e for e in entries if e.name == "flux1-dev.safetensors"), entries, measured)
+    assert flux.time is not None and (flux.time["steps"], flux.time["sampler"], flux.time["cfg"]) == (20, "euler", False)
+    xl = fit_verdict(next(e for e in entries if e.name == "sd_xl_base_1.0.safetensors"), entries,
+                     INVENTORIES["a 6 GiB GPU"], width=4096, height=4096)
+    assert xl.verdict == "none" and xl.time is None and xl.time_text() == ""
+    assert RunSettings().steps == 20
+
+
+def test_the_cli_lists_the_time_and_marks_default_speeds(folder, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "no-profiles"))  # none measured here
+    root, _ = folder
+    devices = tmp_path / "d.json"
+    devices.write_text(json.dumps(INVENTORIES["one 24 GiB GPU"].to_json()))
+    assert cli.main(["library", str(root), "--devices", str(devices), "--json",
+                     "--cache", str(tmp_path / "c.json")]) == 0
+    listed = {f["name"]: f["fit"] for f in json.loads(capsys.readouterr().out)["files"] if f["fit"]}
+    t = listed["v1-5-pruned-emaonly.safetensors"]["time"]
+    assert t["measured"] is False and t["steps"] == 20 and t["image_s"] > 20 * t["step_s"] > 0
+    assert cli.main(["library", str(root), "--devices", str(devices), "--cache", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out
+    assert "s/picture*" in out and "* default speeds (sdplan devices --calibrate" in out

@@ -1,4 +1,5 @@
-"""The board: the Default target above one column per device, redrawn from the plan."""
+"""The board: the Default target above one column per device, redrawn from the plan, with the
+memory legend and the plan's predicted time (seconds per step and per picture) above them."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class Board(QWidget):
         self.legend = MemoryLegend()
         legend_row.addWidget(self.legend)
         legend_row.addStretch(1)
+        self.time_label = QLabel()
+        self.time_label.setObjectName("Muted")
+        legend_row.addWidget(self.time_label)
         lay.addLayout(legend_row)
         self.hint = QLabel("Open model files (Ctrl+O or drop them on the window) to see their "
                            "modules, or add one from Plan → Add module.")
@@ -81,7 +85,28 @@ class Board(QWidget):
         for col in self.columns.values():
             col.refresh()
         self.hint.setVisible(not self.ctl.modules())
+        self.update_time()
         self.effects_timer.start()
+
+    def update_time(self) -> None:
+        """The predicted time line (``~0.8 s/step, ~19 s/picture (load 3.0 s)``, ``· default
+        speeds`` when a device has no measured profile), its tooltip the phases, the settings
+        and the prediction's notes; hidden without a prediction."""
+        rep = self.ctl.predicted_time()
+        self.time_label.setVisible(rep is not None)
+        if rep is None:
+            self.time_label.clear()
+            return
+        s = rep.settings
+        self.time_label.setText("Predicted time: " + rep.summary())
+        tip = [f"Predicted for {s.steps} steps of {s.sampler}{' with CFG' if s.cfg else ''} at "
+               f"{s.width}x{s.height}, batch {s.batch}: load {rep.load_s:.2f} s, text "
+               f"{rep.text_s:.2f} s, sampling {rep.sampling_s:.2f} s, decode {rep.decode_s:.2f} s",
+               "Speeds: " + ", ".join(f"{d} {v}" for d, v in rep.profiles.items())]
+        if not rep.measured:
+            tip.append("Measure them with: sdplan devices --calibrate")
+        tip += rep.notes
+        self.time_label.setToolTip("\n".join(tip))
 
     def update_effects(self) -> None:
         """Every card's residency-effect line, now."""

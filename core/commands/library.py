@@ -5,13 +5,19 @@ Headers are read once and cached (:mod:`sdplan.core.modelfiles.library`); the fi
 (:mod:`sdplan.core.modelfiles.library_fit`) is the planner's answer for the model with
 its text encoders and VAE found in the same folders, at the family's native size unless
 ``-W``/``-H`` are given. ``sdplan plan`` with the ``files`` and flags a verdict lists
-gives the same fit. ``--json`` prints::
+gives the same fit. A verdict that fits says how long a picture takes on its plan at that
+size with the family's default steps (the devices' profiles measured here by ``sdplan
+devices --calibrate`` or the inventory file's, else stated defaults: marked ``*``).
+``--json`` prints::
 
     {"folders": [...], "missing_folders": [...], "headers_read": int, "cached": int,
      "devices": [device JSON...],
      "files": [{"path", "name", "kind", "family", "variant", "architecture", "group",
                 "quant", "size", "weight_bytes", "modules", "encoders",
                 "latent_channels", "error", "fit": {verdict JSON} | null}, ...]}
+
+where a verdict's ``"time"`` is ``{"step_s", "image_s", "load_s", "steps", "sampler", "cfg",
+"measured"}`` (seconds; ``measured`` false: default speeds) or null when it does not fit.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ def entry_json(e: LibraryEntry, fit: FitVerdict | None) -> dict[str, object]:
 def run(args: argparse.Namespace) -> int:
     """Scan, judge and print; 0 on success, 2 when no folder exists or the placement or
     inventory is wrong (one line on stderr)."""
+    from sdplan.core.commands.time_estimate import with_profiles
     from sdplan.core.modelfiles.library import DIFFUSION_KINDS, LibraryCache, scan_library
     from sdplan.core.modelfiles.library_fit import fit_verdict
 
@@ -76,9 +83,10 @@ def run(args: argparse.Namespace) -> int:
     if len(result.missing_folders) == len(args.folders):
         raise SdplanError(f"no such folder: {', '.join(result.missing_folders)}")
     fits: dict[str, FitVerdict] = {}
+    timed = with_profiles(inventory)  # the profiles only price the time: memory is the same
     for e in result.entries:
         if e.kind in DIFFUSION_KINDS and e.error is None and e.profile:
-            fits[e.path] = fit_verdict(e, result.entries, inventory, placement,
+            fits[e.path] = fit_verdict(e, result.entries, timed, placement,
                                        width=args.width, height=args.height,
                                        batch=args.batch_count)
     if args.json:
@@ -108,8 +116,8 @@ def _print_table(entries: list[LibraryEntry], fits: dict[str, FitVerdict], read:
     colour = {"resident": "green", "split": "cyan", "offload": "yellow", "none": "red"}
     for group, items in groups.items():
         table = Table(title=escape(group), title_justify="left")
-        for col in ("file", "kind", "GiB", "quant", "fit", "flags"):
-            table.add_column(col, justify="right" if col == "GiB" else "left",
+        for col in ("file", "kind", "GiB", "quant", "fit", "time", "flags"):
+            table.add_column(col, justify="right" if col in ("GiB", "time") else "left",
                              no_wrap=col == "file")
         for e in items:
             fit = fits.get(e.path)
@@ -127,7 +135,13 @@ def _print_table(entries: list[LibraryEntry], fits: dict[str, FitVerdict], read:
             if fit and fit.missing:
                 flags += f" (without {', '.join(fit.missing)})"
             table.add_row(escape(e.name), escape(kind), f"{e.size / GIB:.2f}",
-                          e.quant or "", verdict, escape(flags))
+                          e.quant or "", verdict, escape(fit.time_text()) if fit else "", escape(flags))
         console.print(table)
+    times = [f.time for f in fits.values() if f.time]
+    if times:
+        console.print("time: predicted seconds per picture at the fit's size with each family's "
+                      "default steps and sampler"
+                      + ("; * default speeds (sdplan devices --calibrate measures them)"
+                         if any(not x["measured"] for x in times) else ""), highlight=False, markup=False)
     console.print(f"{len(entries)} files: {read} headers read, {cached} from the cache",
                   highlight=False)

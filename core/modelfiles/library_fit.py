@@ -16,7 +16,10 @@ The plans tried are the base placement as it is (the default placement unless gi
 :func:`sdplan.core.planning.autoplan.auto_plan`'s proposal; the verdict is the best of
 those that fit, and its fit is :func:`sdplan.core.planning.estimate.estimate_plan`'s: the
 same as ``sdplan plan`` gives for the same files and flags (:attr:`FitVerdict.files`,
-:attr:`FitVerdict.backend`...).
+:attr:`FitVerdict.backend`...). A verdict that fits also says how long a picture takes on
+that plan (:attr:`FitVerdict.time`: :func:`~sdplan.core.planning.timing.predict_time` by the
+parameter-count formula, at the verdict's size with the family's default steps, sampler and
+guidance, with the inventory devices' profiles or their types' stated defaults).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sdplan.core.families import Companions, family
+from sdplan.core.families import Companions, family, generation_defaults
 from sdplan.core.modelfiles.library import DIFFUSION_KINDS, LibraryEntry
 from sdplan.core.planning.autoplan import auto_plan
 from sdplan.core.planning.estimate import FitReport, estimate_plan
@@ -36,6 +39,7 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import ModuleProfile, Profile
+from sdplan.core.planning.timing import RunSettings, TimeReport, predict_fitted, seconds_text
 
 #: Verdicts from best to worst.
 VERDICTS = ("resident", "split", "offload", "none")
@@ -171,6 +175,9 @@ class FitVerdict:
         devices: device -> bytes planned there.
         reasons: the estimate's reasons when it does not fit.
         notes: how the plan was found (Auto plan's notes).
+        time: the predicted time of a picture on the plan judged (None for ``none``; see
+            the module docstring): ``step_s``, ``image_s``, ``load_s`` (seconds), ``steps``,
+            ``sampler``, ``cfg``, ``measured`` (False: a device ran on default speeds).
     """
 
     verdict: str
@@ -186,6 +193,7 @@ class FitVerdict:
     devices: dict[str, int] = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    time: dict[str, object] | None = None
 
     @property
     def title(self) -> str:
@@ -204,7 +212,25 @@ class FitVerdict:
         """One line: the verdict and where it runs (``fits with offload: --backend ...``)."""
         where = " ".join(self.flags()) or "default placement"
         tail = f"; without {', '.join(self.missing)}" if self.missing else ""
-        return f"{self.title} at {self.width}x{self.height}: {where}{tail}"
+        took = f"; {self.time_text(long=True)}" if self.time else ""
+        return f"{self.title} at {self.width}x{self.height}: {where}{tail}{took}"
+
+    def time_text(self, long: bool = False) -> str:
+        """``~19 s/picture`` (``*`` after it on default speeds), or with ``long`` the steps,
+        seconds per step and ``default speeds`` written out; empty without a time."""
+        t = self.time
+        if not t:
+            return ""
+
+        def sec(key: str) -> str:
+            v = t.get(key)
+            return seconds_text(float(v) if isinstance(v, (int, float)) else 0.0)
+
+        image = f"~{sec('image_s')} s/picture"
+        if not long:
+            return image if t["measured"] else f"{image}*"
+        out = f"{image} ({t['steps']} steps, ~{sec('step_s')} s/step, load {sec('load_s')} s)"
+        return out if t["measured"] else f"{out}, default speeds"
 
     def to_json(self) -> dict[str, object]:
         return {"verdict": self.verdict, "fits": self.fits, "files": self.files,
@@ -212,7 +238,7 @@ class FitVerdict:
                 "params_backend": self.params_backend, "max_vram": self.max_vram,
                 "width": self.width, "height": self.height, "batch": self.batch,
                 "devices": self.devices, "reasons": list(self.reasons),
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "time": self.time}
 
 
 def classify_plan(plan: Plan, profile: Profile, fit: FitReport) -> str:
@@ -267,9 +293,37 @@ def fit_verdict(model: LibraryEntry, entries: Sequence[LibraryEntry], inventory:
     rank, plan, fit, notes = min(tried, key=lambda t: t[0])
     if rank == VERDICTS.index("none"):
         rank, plan, fit, notes = tried[1]  # Auto plan's attempt names what is short
+    time = _time_json(plan_time(plan, fit, profile, inventory, w, h, batch)) if rank < VERDICTS.index("none") \
+        else None
     return FitVerdict(VERDICTS[rank], fit.fits, files, missing, plan.backend,
                       plan.params_backend, plan.max_vram, w, h, batch,
-                      {d: t.total for d, t in fit.devices.items()}, tuple(fit.reasons), notes)
+                      {d: t.total for d, t in fit.devices.items()}, tuple(fit.reasons), notes, time)
+
+
+def default_run(architecture: str | None, width: int, height: int, batch: int = 1) -> RunSettings:
+    """The run a model is timed at: ``width`` x ``height`` pixels, ``batch`` pictures, its
+    family's default steps, sampler and guidance
+    (:func:`~sdplan.core.families.generation_defaults`), else sd-cli's (20 steps of
+    ``euler_a`` with CFG 7: ``examples/cli/main.cpp`` of stable-diffusion.cpp)."""
+    d = generation_defaults(architecture)
+    return RunSettings(width=width, height=height, batch=batch, steps=int(d.get("steps", 20)),
+                       sampler=str(d.get("sampling_method", "euler_a")),
+                       cfg=float(d.get("cfg_scale", 7.0)) != 1.0)
+
+
+def plan_time(plan: Plan, fit: FitReport, profile: Profile, inventory: Inventory, width: int,
+              height: int, batch: int = 1) -> TimeReport:
+    """The predicted time of ``plan`` (its estimate ``fit`` gives the ``--max-vram``
+    segments) at :func:`default_run`, by the parameter-count formula with ``inventory``'s
+    device profiles (stated defaults for devices without one)."""
+    return predict_fitted(plan, inventory, profile, default_run(profile.architecture, width, height, batch),
+                          fit)
+
+
+def _time_json(rep: TimeReport) -> dict[str, object]:
+    s = rep.settings
+    return {"step_s": rep.step_s, "image_s": rep.image_s, "load_s": rep.load_s, "steps": s.steps,
+            "sampler": s.sampler, "cfg": s.cfg, "measured": rep.measured}
 
 
 def _inventories(inventory: Inventory) -> list[Inventory]:

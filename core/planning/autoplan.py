@@ -11,6 +11,14 @@ single-device module whose staging alone overflows gets a ``--max-vram`` budget 
 in segments. The small change is proposed instead of a fresh packing that fits only when it
 changes fewer modules. Every step is checked with
 :func:`sdplan.core.planning.estimate.estimate_plan`.
+
+Time: given the run (:class:`~sdplan.core.planning.timing.RunSettings`), Auto plan prices the
+plans it chooses between that fit (the fresh packing, the smallest change, the plan as it
+is when that fits, and a packing that puts each module on the fastest device it fits,
+:data:`SPEED_WORK`) with :func:`~sdplan.core.planning.timing.predict_time` (the
+parameter-count formula and the inventory devices' profiles) and proposes the fastest per
+picture when every GPU and every device they run on has a measured profile; otherwise the
+choice above stands and its notes say it was made by memory alone.
 """
 
 from __future__ import annotations
@@ -27,9 +35,13 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
+from sdplan.core.planning.timing import RunSettings, TimeReport, predict_fitted, seconds_text
 
 #: Free memory kept back on every device when packing (bytes): driver and fragmentation.
 HEADROOM = GIB // 2
+#: FLOP of the product a device's speed is read at to rank devices for the packing by speed
+#: (a large one: a diffusion model's matrix products at their measured peak).
+SPEED_WORK = 1e12
 
 
 @dataclass(frozen=True)
@@ -55,7 +67,7 @@ def _capacity(inv: Inventory, budgets: dict[str, int]) -> dict[str, int]:
 
 def auto_plan(inventory: Inventory, profile: Profile, base: Placement, *, width: int = 1024,
               height: int = 1024, batch: int = 1, engine: str = "sdplan",
-              measured: Mapping[str, int] | None = None) -> AutoPlan:
+              measured: Mapping[str, int] | None = None, run: RunSettings | None = None) -> AutoPlan:
     """Propose a placement for ``profile`` on ``inventory`` starting from ``base`` (its
     budgets and RPC servers are kept; module entries are rewritten).
 
@@ -64,23 +76,76 @@ def auto_plan(inventory: Inventory, profile: Profile, base: Placement, *, width:
     :func:`~sdplan.core.planning.estimate.estimate_plan`)
     (:func:`sdplan.core.planning.estimate.module_compute`, sdplan's engine). Each device keeps :data:`HEADROOM` bytes
     free when packing. The result's ``fits`` is the verdict of
-    :func:`sdplan.core.planning.estimate.estimate_plan` on the proposed plan.
+    :func:`sdplan.core.planning.estimate.estimate_plan` on the proposed plan. With ``run``
+    (its steps, sampler and guidance; the size and batch are ``width``, ``height`` and
+    ``batch``) the fastest plan that fits is chosen where device speeds are measured
+    (module docstring, :func:`fastest`).
 
     Raises:
         PlanError: ``base`` does not resolve on ``inventory``.
     """
     greedy = _packed(inventory, profile, base, width, height, batch, engine, measured)
     base_plan = resolve(base, inventory, profile)
-    if estimate_plan(base_plan, profile, inventory, width=width, height=height, batch=batch,
-                     engine=engine, measured=measured).fits:
-        return greedy
-    small = smallest_change(inventory, profile, base, width=width, height=height, batch=batch,
-                            engine=engine, measured=measured)
-    if small is None:
-        return greedy
-    if not greedy.fits or len(small.notes) < _changed(base_plan, greedy.plan, profile):
-        return small
-    return greedy
+    est: dict[str, Any] = {"width": width, "height": height, "batch": batch, "engine": engine,
+                           "measured": measured}
+    if estimate_plan(base_plan, profile, inventory, **est).fits:
+        chosen, others = greedy, [AutoPlan(base_plan.placement, base_plan, True,
+                                           ["the current plan as it is"])]
+    else:
+        small = smallest_change(inventory, profile, base, **est)
+        if small is None:
+            chosen, others = greedy, []
+        elif not greedy.fits or len(small.notes) < _changed(base_plan, greedy.plan, profile):
+            chosen, others = small, [greedy]
+        else:
+            chosen, others = greedy, [small]
+    if run is None or not chosen.fits:
+        return chosen
+    speeds = {d.name: d.profile.rate("mm", "formula", "f16", SPEED_WORK) for d in inventory
+              if d.profile is not None}
+    unmeasured = [d.name for d in inventory if d.is_gpu_like and d.name not in speeds]
+    if unmeasured:
+        return _by_memory(chosen, unmeasured)
+    others.append(_packed(inventory, profile, base, width, height, batch, engine, measured, speeds))
+    run = dataclasses.replace(run, width=width, height=height, batch=batch)
+    return fastest(chosen, [o for o in others if o.fits], inventory, profile, run, est)
+
+
+def _by_memory(chosen: AutoPlan, unmeasured: list[str]) -> AutoPlan:
+    """``chosen`` with a note that it was chosen by memory alone, naming the devices without
+    a measured profile."""
+    return dataclasses.replace(chosen, notes=[
+        *chosen.notes, f"chosen by memory alone: {', '.join(unmeasured)} "
+        f"{'has' if len(unmeasured) == 1 else 'have'} no measured speed (sdplan devices --calibrate)"])
+
+
+def fastest(chosen: AutoPlan, others: list[AutoPlan], inventory: Inventory, profile: Profile,
+            run: RunSettings, est: Mapping[str, Any]) -> AutoPlan:
+    """Of ``chosen`` and ``others`` (plans that fit), the fastest predicted per picture at
+    ``run`` (:func:`~sdplan.core.planning.timing.predict_fitted` with each plan's estimate
+    ``est``), its notes saying so; ``chosen`` (the choice by memory) on a tie, when there is
+    nothing to choose from, or when a device they run on has no measured profile (its notes
+    then say the choice was made by memory alone)."""
+    cands: list[AutoPlan] = []
+    seen: set[tuple] = set()
+    for c in (chosen, *others):  # one of each plan (spelt alike or not)
+        key = (tuple(sorted(describe_plan(c.plan, list(profile.modules)).items())), c.plan.max_vram)
+        if key not in seen:
+            seen.add(key)
+            cands.append(c)
+    if len(cands) < 2:
+        return chosen
+    reports: list[tuple[TimeReport, AutoPlan]] = [
+        (predict_fitted(c.plan, inventory, profile, run, estimate_plan(c.plan, profile, inventory, **est)), c)
+        for c in cands]
+    unmeasured = sorted({d for r, _ in reports for d, src in r.profiles.items() if src == "default"})
+    if unmeasured:
+        return _by_memory(chosen, unmeasured)
+    best_rep, best = min(reports, key=lambda t: t[0].image_s)
+    rest = ", ".join(f"~{seconds_text(r.image_s)} s" for r, c in reports if c is not best)
+    return dataclasses.replace(best, notes=[
+        *best.notes, f"the fastest of {len(reports)} plans that fit: ~{seconds_text(best_rep.image_s)} "
+        f"s/picture predicted (the other{'s' if len(reports) > 2 else ''}: {rest})"])
 
 
 def _changed(old: Plan, new: Plan, profile: Profile) -> int:
@@ -180,8 +245,11 @@ def _apply_edit(placement: Placement, edited: Placement, module: str) -> Placeme
 
 
 def _packed(inventory: Inventory, profile: Profile, base: Placement, width: int, height: int,
-            batch: int, engine: str, measured: Mapping[str, int] | None) -> AutoPlan:
-    """The fresh packing of the module docstring, from ``base``'s budgets and RPC servers."""
+            batch: int, engine: str, measured: Mapping[str, int] | None,
+            speeds: Mapping[str, float] | None = None) -> AutoPlan:
+    """The fresh packing of the module docstring, from ``base``'s budgets and RPC servers;
+    with ``speeds`` (device -> FLOP/s) a module goes to the fastest device it fits on rather
+    than the one with the most free memory."""
     notes: list[str] = []
     base_plan = resolve(base, inventory, profile)
     gpus = [d for d in inventory if d.is_gpu_like]
@@ -200,6 +268,9 @@ def _packed(inventory: Inventory, profile: Profile, base: Placement, width: int,
                                          height=height, batch=batch, engine=engine,
                                          measured=measured)[0]
         best = max(left, key=lambda n: left[n])
+        holds = [n for n in left if left[n] >= need]
+        if speeds and holds:
+            best = max(holds, key=lambda n: speeds.get(n, 0.0))
         if left[best] >= need or len(left) == 1 or m not in SPLITTABLE:
             placement = placement.assign(m, best)
             left[best] -= mp.total

@@ -10,6 +10,12 @@ RAM (sd-cli's ``--offload-to-cpu``: the devices hold only what runs, within thei
 budgets), Auto plan without those budgets, at half the image size, with one image per
 batch, and keeping the current plan when it already fits.
 
+Given the run (:class:`~sdplan.core.planning.timing.RunSettings`), Auto plan prefers the
+fastest plan that fits where device speeds are measured
+(:func:`~sdplan.core.planning.autoplan.fastest`), and the review carries the predicted time
+of the current plan and of the proposal
+(:func:`~sdplan.core.planning.timing.predict_fitted`).
+
 The board's Auto plan dialog and the command line's "What would fit" advice
 (:func:`review_advice`, ``sdplan plan`` and ``sdplan generate`` on a plan that does not fit)
 both come from this one search.
@@ -29,6 +35,7 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
+from sdplan.core.planning.timing import RunSettings, TimeReport, predict_fitted
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,8 @@ class AutoPlanReview:
         limits: one line per ``--max-vram`` budget of the user's that the proposal runs
             into while the device has more free memory.
         alternatives: placements that fit (only when the proposal does not, or is worse).
+        time, current_time: the predicted time of the proposal and of the current plan
+            (None without the run's settings).
     """
 
     proposal: AutoPlan
@@ -62,6 +71,8 @@ class AutoPlanReview:
     worse: bool
     limits: list[str] = field(default_factory=list)
     alternatives: list[Alternative] = field(default_factory=list)
+    time: TimeReport | None = None
+    current_time: TimeReport | None = None
 
 
 def overflow(fit: FitReport) -> int:
@@ -100,9 +111,12 @@ def offloaded(placement: Placement, profile: Profile, inventory: Inventory) -> P
 
 def review_auto_plan(inventory: Inventory, profile: Profile, current: Placement, *,
                      width: int, height: int, batch: int = 1, engine: str = "sdplan",
-                     measured: Mapping[str, int] | None = None) -> AutoPlanReview:
+                     measured: Mapping[str, int] | None = None,
+                     run: RunSettings | None = None) -> AutoPlanReview:
     """Auto plan from ``current`` with the review described in the module docstring
-    (``engine``, ``measured``: as :func:`~sdplan.core.planning.estimate.estimate_plan`).
+    (``engine``, ``measured``: as :func:`~sdplan.core.planning.estimate.estimate_plan`;
+    ``run``: the steps, sampler and guidance the plans are timed at, at ``width`` x
+    ``height`` and ``batch``; None: chosen by memory, no times).
 
     Raises:
         PlanError: ``current`` does not resolve on ``inventory``.
@@ -114,7 +128,8 @@ def review_auto_plan(inventory: Inventory, profile: Profile, current: Placement,
 
     def auto(pl: Placement, w: int = width, h: int = height, b: int = batch) -> AutoPlan:
         return auto_plan(inventory, profile, pl, width=w, height=h, batch=b, engine=engine,
-                         measured=measured if (w, h, b) == (width, height, batch) else None)
+                         measured=measured if (w, h, b) == (width, height, batch) else None,
+                         run=run)
 
     proposal = auto(current)
     fit = estimate(proposal.placement)
@@ -148,7 +163,12 @@ def review_auto_plan(inventory: Inventory, profile: Profile, current: Placement,
                 what = f"at {w}x{h}" if (w, h) != (width, height) else "one image per batch"
                 alts.append(Alternative(f"Auto plan {what}", alt.placement, w, h, b))
                 break
-    return AutoPlanReview(proposal, fit, now, worse, limits, alts)
+    times: list[TimeReport | None] = [None, None]
+    if run is not None:
+        run = dataclasses.replace(run, width=width, height=height, batch=batch)
+        times = [predict_fitted(plan, inventory, profile, run, f)
+                 for plan, f in ((proposal.plan, fit), (resolve(current, inventory, profile), now))]
+    return AutoPlanReview(proposal, fit, now, worse, limits, alts, times[0], times[1])
 
 
 def review_advice(plan: Plan, profile: Profile, inventory: Inventory, *, width: int,

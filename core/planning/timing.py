@@ -155,6 +155,19 @@ class TimeReport:
         """Seconds per picture from a fresh engine: load, text, sampling and decode."""
         return self.load_s + self.text_s + self.sampling_s + self.decode_s
 
+    @property
+    def measured(self) -> bool:
+        """Whether every device priced has a measured profile (False: some run on stated
+        default speeds)."""
+        return all(v != "default" for v in self.profiles.values())
+
+    def summary(self) -> str:
+        """One line for people: ``~0.8 s/step, ~19 s/picture (load 3.0 s)``, with
+        ``· default speeds`` when a device priced has no measured profile."""
+        line = (f"~{seconds_text(self.step_s)} s/step, ~{seconds_text(self.image_s)} s/picture "
+                f"(load {seconds_text(self.load_s)} s)")
+        return line if self.measured else f"{line} · default speeds"
+
     def to_json(self) -> dict[str, object]:
         """``sdplan plan --json``'s ``"time"`` object (seconds)."""
         return {"step_s": self.step_s, "image_s": self.image_s, "load_s": self.load_s,
@@ -164,6 +177,14 @@ class TimeReport:
                 "modules": {m: [t.to_json() for t in ts] for m, ts in self.modules.items()},
                 "devices": dict(self.devices), "profiles": dict(self.profiles),
                 "notes": list(self.notes)}
+
+
+def seconds_text(s: float) -> str:
+    """Seconds as people read them: two significant digits below 0.1 (``0.0043``), two
+    decimals below 1 (``0.84``), one below 10 (``3.2``), whole seconds above (``19``)."""
+    if s < 0.1:
+        return f"{s:.2g}" if s > 0 else "0"
+    return f"{s:.2f}" if s < 1 else f"{s:.1f}" if s < 10 else f"{s:.0f}"
 
 
 class _Profiles:
@@ -439,6 +460,16 @@ def predict_time(plan: object, inventory: Inventory, profile: Profile | None, se
                       notes=tuple(dict.fromkeys([*prof.notes, *notes])), profiles=dict(prof.sources))
 
 
+def predict_fitted(plan: object, inventory: Inventory, profile: Profile | None, settings: RunSettings,
+                   fit: object = None) -> TimeReport:
+    """:func:`predict_time` of ``plan`` by the formula (no counted work, no model files) with
+    the ``--max-vram`` segments of its estimate ``fit`` (a
+    :class:`~sdplan.core.planning.estimate.FitReport`, or None)."""
+    segments = {m: list(e.segments) for m, e in (getattr(fit, "modules", None) or {}).items()
+                if getattr(e, "segments", ())}
+    return predict_time(plan, inventory, profile, settings, None, None, segments)
+
+
 def drive_of_files(files: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
     """Module -> model file paths from sd-cli model flags (``model`` serves every module;
     ``diffusion_model``, ``vae``, and the encoders' files their modules)."""
@@ -451,5 +482,5 @@ def drive_of_files(files: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
     return out
 
 
-__all__ = ["RunSettings", "ModuleTime", "TimeReport", "predict_time", "formula_work", "graph_seconds",
-           "device_seconds", "op_seconds", "drive_of_files", "Link"]
+__all__ = ["RunSettings", "ModuleTime", "TimeReport", "predict_time", "predict_fitted", "formula_work", "graph_seconds",
+           "device_seconds", "op_seconds", "drive_of_files", "seconds_text", "Link"]

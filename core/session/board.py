@@ -556,7 +556,8 @@ class BoardSession(Estimates):
 
     def auto_plan_review(self) -> Any:
         """The Auto plan's proposal for these files, devices and budgets at the settings'
-        size, with its alternatives
+        size, with its alternatives, the fastest that fits where the devices' speeds are
+        measured and the predicted times of the current plan and the proposal
         (:func:`~sdplan.core.planning.autoplan_review.review_auto_plan`).
 
         Raises:
@@ -567,8 +568,8 @@ class BoardSession(Estimates):
         if self.profile is None:
             raise PlanError("no_profile", "Auto plan needs model sizes: open model files first")
         w, h, b = self.size()
-        return review_auto_plan(self.inventory, self.profile, self.placement,
-                                width=w, height=h, batch=b)
+        return review_auto_plan(self.profiled_inventory(), self.profile, self.placement,
+                                width=w, height=h, batch=b, run=self.time_settings())
 
     # ------------------------------------------------------------------ plan JSON
     def plan_json(self) -> dict[str, object]:

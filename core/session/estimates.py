@@ -1,11 +1,13 @@
 """The session's estimates: the plan's memory at the generation settings' size, with the
-engine's dry-run compute and the prompt's LoRAs (both cached), what each residency of a
-module would change, and which module sets a device's peak. The base of
+engine's dry-run compute and the prompt's LoRAs (both cached), its predicted time (cached
+with the estimate: :meth:`Estimates.predicted_time`), what each residency of a module would
+change, and which module sets a device's peak. The base of
 :class:`~sdplan.core.session.board.BoardSession`, which holds the state read here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -16,8 +18,13 @@ from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.plan_types import Plan
 from sdplan.core.planning.profile import Profile
+from sdplan.core.planning.timing import RunSettings, TimeReport
 
 log = logging.getLogger(__name__)
+
+#: What the board's time leaves out with the hires fix on (as ``sdplan generate -v`` says).
+HIRES_NOTE = ("hires fix: its second pass (sampling and decode at the hires size) and the upscale "
+              "between the passes are not priced; the prediction is the first pass's")
 
 
 class Estimates:
@@ -33,6 +40,13 @@ class Estimates:
     _effects: dict[str, dict[str, dict[str, int]]]
     _lora_cache: tuple[object, dict | None]
     _compute_cache: dict[object, dict[str, int] | None]
+    #: The predicted time of the current estimate (False: not made yet; None: none).
+    _time: TimeReport | None | bool = False
+    #: ``(inventory, the same with the kept device profiles)`` of the last time prediction.
+    _profiled: tuple[Inventory | None, Inventory | None] = (None, None)
+    #: Puts measured device profiles on the inventory's devices for the time prediction
+    #: (default: those ``sdplan devices --calibrate`` kept; devices that carry one keep it).
+    time_profiles: Callable[[Inventory], Inventory] | None = None
 
     @property
     def placement(self) -> Placement:
@@ -60,6 +74,7 @@ class Estimates:
         a profile or when the estimate cannot be made: ``notify`` says why)."""
         self.fit = None
         self._effects = {}
+        self._time = False
         if self.profile is None:
             return
         from sdplan.core.planning.estimate import estimate_plan
@@ -72,6 +87,67 @@ class Estimates:
                                      loras=self.lora_profiles())
         except ValueError as exc:
             self.notify(f"estimate unavailable: {exc}")
+
+    def time_settings(self) -> RunSettings:
+        """The :class:`~sdplan.core.planning.timing.RunSettings` of the generation settings:
+        :meth:`size`, ``steps`` (20 when unset), ``sampling_method`` (sd-cli's ``euler_a``
+        when unset), guidance on unless ``cfg_scale`` is 1, ``threads`` (0: as the CPU
+        profile was measured)."""
+        g = self.generation
+        w, h, b = self.size()
+        cfg = g.get("cfg_scale")
+        return RunSettings(width=w, height=h, batch=b, steps=max(1, int(g.get("steps") or 20)),
+                           sampler=str(g.get("sampling_method") or "euler_a"),
+                           cfg=cfg is None or float(cfg) != 1.0,
+                           threads=max(0, int(g.get("threads") or 0)))
+
+    def profiled_inventory(self) -> Inventory:
+        """The inventory with each device's measured profile (:attr:`time_profiles`, default
+        :func:`~sdplan.core.runtime.profile_cache.with_cached_profiles`), kept while the
+        inventory is the same."""
+        if self._profiled[0] != self.inventory or self._profiled[1] is None:
+            source = self.time_profiles
+            if source is None:
+                from sdplan.core.runtime.profile_cache import with_cached_profiles
+
+                def source(inv: Inventory) -> Inventory:
+                    return with_cached_profiles(inv, self.time_settings().threads)
+            self._profiled = (self.inventory, source(self.inventory))
+        assert self._profiled[1] is not None
+        return self._profiled[1]
+
+    def predicted_time(self) -> TimeReport | None:
+        """Predicted seconds of the current plan at the generation settings
+        (:func:`~sdplan.core.planning.timing.predict_time` by the formula from the profile's
+        parameter counts: the engine's graphs are not counted here; each device's measured
+        profile, else its type's stated defaults: :attr:`TimeReport.profiles`), with the
+        estimate's ``--max-vram`` segments and the model files' drives; made once per
+        estimate (every edit, settings and device change re-estimates); with the hires fix
+        on, the first pass's, its notes saying so. None without a profile or when it cannot
+        be made (logged)."""
+        if self._time is not False:
+            return self._time  # type: ignore[return-value]
+        self._time = None
+        if self.profile is None:
+            return None
+        import os
+
+        from sdplan.core.planning.timing import drive_of_files, predict_time
+
+        paths = {m: [os.path.abspath(p) for p in ps]
+                 for m, ps in drive_of_files(self.model_files).items()}
+        segments = {m: list(e.segments) for m, e in (getattr(self.fit, "modules", None) or {}).items()
+                    if getattr(e, "segments", ())}
+        try:
+            rep = predict_time(self.plan, self.profiled_inventory(), self.profile,
+                               self.time_settings(), None, paths, segments)
+        except (SdplanError, ValueError, ZeroDivisionError) as exc:
+            log.info("no time prediction: %s", exc)
+            return None
+        if self.peak_size()[:2] != self.size()[:2]:  # named, never priced as nothing
+            rep = dataclasses.replace(rep, notes=(*rep.notes, HIRES_NOTE))
+        self._time = rep
+        return rep
 
     def measured(self, size: tuple[int, int, int]) -> dict[str, int] | None:
         """Compute bytes per module of sdplan's engine for the open files at ``size``
