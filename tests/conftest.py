@@ -30,6 +30,9 @@ if "SDPLAN_CACHE_DIR" not in os.environ:
     import tempfile
 
     _OWN_CACHE = os.environ["SDPLAN_CACHE_DIR"] = tempfile.mkdtemp(prefix="sdplan-test-cache-")
+    # measured device profiles (``$XDG_CACHE_HOME/sdplan``) too: tests see this machine's
+    # calibration only where they write one themselves
+    os.environ["XDG_CACHE_HOME"] = os.path.join(_OWN_CACHE, "xdg")
 if os.environ.get("QT_QPA_PLATFORM", "offscreen") == "offscreen":
     os.environ["QT_QPA_PLATFORM"] = f"offscreen:configfile={SCREEN}"
 
