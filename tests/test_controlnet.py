@@ -338,3 +338,22 @@ def test_controlnet_on_an_rpc_device(demo_net: str, tmp_path: Path) -> None:
             rpc = engine.call(GENERATE_JOB, {"request": {**req, "plan": far.to_json()}})
     assert rpc["placements"]["controlnet"] == {"devices": ["RPC0"], "params": "device", "params_device": "CPU"}
     assert np.abs(rpc["images"][0].astype(int) - one["images"][0].astype(int)).max() <= 1
+
+
+def test_an_unreadable_control_picture_is_named_before_anything_loads(demo_net: str, tmp_path: Path,
+                                                                     capsys) -> None:
+    """A control picture that is no picture (or a folder) is one line naming
+    ``--control-image`` (it named ``-i/--init-img``), before the engine starts."""
+    from sdplan.core.cli import main
+
+    not_png = tmp_path / "c.png"
+    not_png.write_bytes(b"not a picture")
+    for bad in (not_png, tmp_path):
+        out = tmp_path / "o.png"
+        argv = ["generate", "--demo", "-p", "a red circle on a blue background", "--steps", "2", "-t", "1",
+                "--control-net", demo_net, "--control-image", str(bad),
+                "-o", str(out), "--in-process"]
+        assert main(argv) == 2 and not out.exists()
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error [invalid_argument]: --control-image {str(bad)!r}: "
+                                                   "not a readable picture"), err  # no "CPU threads" line: no engine ran

@@ -52,10 +52,11 @@ def test_hires_tiles_and_controlnet_from_the_command_line(tmp_path: Path, capsys
 def test_controlnet_for_a_family_that_does_not_take_it(tmp_path: Path, capsys) -> None:
     import flux_util
 
-    out = tmp_path / "x.png"
+    out, control = tmp_path / "x.png", tmp_path / "control.png"
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(control)  # a picture: the family is what is refused
     args = parse(["--diffusion-model", str(flux_util.DEV), "--t5xxl", str(flux_util.T5), "--clip_l",
                   str(flux_util.CLIP), "--vae", str(flux_util.AE), "-p", "x", "--control-net", _demo(),
-                  "--control-image", _demo(), "-o", str(out), "--in-process"])
+                  "--control-image", str(control), "-o", str(out), "--in-process"])
     assert args.run(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--control-net" in err[0] and "FLUX.1" in err[0], err

@@ -293,3 +293,18 @@ def test_the_hires_model_upscaler_on_an_rpc_device(upscalers: Path) -> None:
     assert rpc["placements"]["upscaler"] == {"devices": ["RPC0"], "params": "device", "params_device": "CPU"}
     assert rpc["images"][0].shape == (128, 128, 3)
     assert np.abs(rpc["images"][0].astype(int) - here["images"][0].astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("scale", ["nan", "inf"])
+def test_a_scale_that_is_no_number_is_one_line(scale: str, tmp_path: Path, capsys) -> None:
+    """``--hires-scale nan`` (or an infinite one) is refused by name before anything loads;
+    it was a Python traceback from the output check's picture size."""
+    from sdplan.core.cli import main
+
+    out = tmp_path / "h.png"
+    rc = main(["generate", "--demo", "-p", PROMPT, "--steps", "2", "-t", "1", "--hires", "--hires-scale", scale,
+               "-o", str(out), "--in-process"])
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists() and "Traceback" not in err
+    assert err.strip().splitlines() == [f"error [invalid_argument]: --hires-scale {float(scale)}: must be a "
+                                         "finite number, at most 16"], err

@@ -165,3 +165,40 @@ def test_same_file_rules(tmp_path: Path) -> None:
     with pytest.raises(OutputError, match="'-o' '.*/l' is the same file as -m '.*/a'"):
         refuse_overwriting([("'-o'", str(tmp_path / "l"))], [("-m", str(a))])
     refuse_overwriting([("-o", tmp_path / "b")], [("-m", a), ("--vae", "")])
+
+
+def test_controlnet_inputs_are_inputs(picture: Path, tmp_path: Path, capsys) -> None:
+    """``--control-image`` and ``--control-net`` are inputs, whether or not the run uses them
+    (a control picture without ``--control-net`` was written over)."""
+    line = refused(gen("-m", str(DEMO), "--control-image", str(picture), "-o", str(picture)), capsys, picture)
+    assert "is the same file as --control-image" in line
+    net = tmp_path / "net.png"
+    net.write_bytes(b"a ControlNet under a picture's name")
+    line = refused(gen("-m", str(DEMO), "--control-net", str(net), "--control-image", str(picture),
+                       "-o", str(net)), capsys, net, picture)
+    assert "is the same file as --control-net" in line
+
+
+def test_video_frames_and_the_high_noise_expert(tmp_path: Path, capsys) -> None:
+    """``-M vid_gen`` writes ``NAME_N.png`` frames for a ``.png`` ``-o`` (or a printf
+    pattern's names, or the video file): a model file of such a name is refused."""
+    fix = REPO / "tests" / "fixtures"
+    wan = ["-M", "vid_gen", "--diffusion-model", str(fix / "wan_tiny.safetensors"),
+           "--t5xxl", str(fix / "umt5_tiny.safetensors"), "--vae", str(fix / "wan_vae_tiny.safetensors"),
+           "-p", "a cat", "-W", "48", "-H", "32", "--steps", "2", "-t", "1", "--in-process"]
+    high = tmp_path / "v_0.png"
+    high.write_bytes((fix / "wan_high_noise_tiny.safetensors").read_bytes())
+    line = refused(["generate", *wan, "--video-frames", "1", "--high-noise-diffusion-model", str(high),
+                    "-o", str(tmp_path / "v.png")], capsys, high)
+    assert f"-o/--output {str(high)!r} is the same file as --high-noise-diffusion-model" in line
+    te = tmp_path / "f_004.png"
+    te.write_bytes((fix / "umt5_tiny.safetensors").read_bytes())
+    argv = ["generate", *wan, "--video-frames", "5", "-o", str(tmp_path / "f_%03d.png")]
+    argv[argv.index("--t5xxl") + 1] = str(te)
+    line = refused(argv, capsys, te)
+    assert f"-o/--output {str(te)!r} is the same file as --t5xxl" in line
+    vae = tmp_path / "vae.webm"
+    vae.write_bytes((fix / "wan_vae_tiny.safetensors").read_bytes())
+    argv = ["generate", *wan, "-o", str(vae)]
+    argv[argv.index("--vae") + 1] = str(vae)
+    assert "is the same file as --vae" in refused(argv, capsys, vae)

@@ -41,6 +41,22 @@ def test_plan_prints_and_writes_the_time_of_the_demo(tmp_path) -> None:
     assert f"Predicted: step {t['step_s']:.3f} s" in table.stdout
 
 
+@pytest.mark.parametrize(("extra", "line"), [
+    (["--steps", "0"], "error [invalid_argument]: --steps must be at least 1, got 0"),
+    (["--cfg-scale", "nan"], "error [invalid_argument]: --cfg-scale must be a finite number, got nan"),
+    (["--sampling-method", "bogus"], "error [invalid_argument]: --sampling-method 'bogus' is unknown; choose one of "),
+])
+def test_plan_refuses_time_flags_generate_refuses(extra, line, capsys) -> None:
+    """``plan --steps 0`` was predicted as 20 steps, an unknown sampler or a NaN CFG scale
+    printed a prediction: each is now the one line ``generate`` gives for it."""
+    from sdplan.core.cli import main
+
+    inv = REPO / "resources" / "inventories" / "epyc-2core-rpc-100mbps.json"
+    assert main(["plan", "--devices", str(inv), "--model-profile", "sd15-f16", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(line), err
+
+
 def test_generate_records_measured_timings_and_prints_the_prediction_beside_them(tmp_path) -> None:
     pytest.importorskip("sdplan._ggml")
     from PIL import Image

@@ -97,8 +97,7 @@ def module_request(args: argparse.Namespace) -> dict[str, Any]:
                                   ("--hires-steps", args.hires_steps, 1000)):
             if not 0 <= int(value) <= high:
                 raise InvalidArgument(f"{flag} {value}: must be in 0..{high}")
-        if not math.isfinite(args.hires_scale) or args.hires_scale > 16:
-            raise InvalidArgument(f"--hires-scale {args.hires_scale}: at most 16")
+        check_hires_scale(args.hires_scale)
         fix = HiresFix(True, args.hires_upscaler, args.hires_scale, args.hires_width, args.hires_height,
                        args.hires_steps, args.hires_denoising_strength, args.hires_upscalers_dir)
         fix.check()
@@ -111,6 +110,13 @@ def module_request(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def check_hires_scale(scale: float) -> None:
+    """Refuse a ``--hires-scale`` that is not a finite number up to 16 (a NaN or infinite
+    scale has no picture size). Raises InvalidArgument naming the flag."""
+    if not math.isfinite(scale) or scale > 16:
+        raise InvalidArgument(f"--hires-scale {scale}: must be a finite number, at most 16")
+
+
 def hires_size(args: argparse.Namespace) -> tuple[int, int]:
     """The largest picture a run of ``args`` samples: the hires fix's target with
     ``--hires`` (the second pass), aligned to ``args.hires_multiple`` (the family's, set when
@@ -119,6 +125,7 @@ def hires_size(args: argparse.Namespace) -> tuple[int, int]:
         return int(args.width), int(args.height)
     from sdplan.core.pipelines.request_parts import HiresFix
 
+    check_hires_scale(args.hires_scale)
     fix = HiresFix(True, args.hires_upscaler, args.hires_scale, args.hires_width, args.hires_height)
     return fix.target(int(args.width), int(args.height), int(getattr(args, "hires_multiple", 8) or 8))
 

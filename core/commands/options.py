@@ -87,7 +87,7 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
 
 def validate_inputs(args: argparse.Namespace) -> None:
     """Check the picture flags before anything loads: strength in [0, 1], ``--mask`` only
-    with ``-i``, both readable pictures; ``-W``/``-H`` left at their defaults take the init
+    with ``-i``, both readable pictures, and so is ``--control-image``; ``-W``/``-H`` left at their defaults take the init
     picture's size (as sd-cli does; ``--demo``'s own size counts as given).
 
     A picture (or mask) of another shape than it will be used at is noted in
@@ -116,6 +116,10 @@ def validate_inputs(args: argparse.Namespace) -> None:
                 setattr(args, key, value)
                 args.size_from_init_img = True  # for the size check's message
         args.picture_notes = picture_notes((w, h), mask, args.width, args.height)
+    if getattr(args, "control_image", None):  # readable, before anything loads
+        from sdplan.core.pipelines.stages.img2img import image_size
+
+        image_size(args.control_image, "--control-image")
 
 
 def input_request(args: argparse.Namespace) -> dict[str, object]:

@@ -11,8 +11,10 @@ The inputs of ``sdplan generate``: every model-file flag (``-m``, ``--diffusion-
 ``--t5xxl``, ``--clip_l``, ``--clip_g``, ``--llm``, ``--vae``, ``--taesd``,
 ``--upscale-model``), the LoRA files the prompt's ``<lora:NAME:W>`` tags name (found as the
 engine finds them), ``-i/--init-img``, ``--mask``, each ``-r/--ref-image`` and
-``--from-image``; its outputs: ``-o`` (``NAME_N.png`` for a batch) and the preview files
-``preview_NNN.png`` in ``--preview-path``.
+``--from-image``, ``--high-noise-diffusion-model``, ``--control-net`` and ``--control-image``
+(checked whether or not the family runs them: the family check comes later); its outputs:
+``-o`` (``NAME_N.png`` for a batch; for ``-M vid_gen`` the video file, or each PNG frame's
+name up to ``--video-frames``) and the preview files ``preview_NNN.png`` in ``--preview-path``.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ __all__ = ["same_file", "refuse_overwriting", "generate_inputs", "generate_outpu
 PREVIEW_NAME = re.compile(r"preview_\d{3,}\.png")
 
 #: generate's model-file flags: namespace attribute -> the spelling messages use.
-MODEL_FLAGS = {"model": "-m/--model", "diffusion_model": "--diffusion-model", "t5xxl": "--t5xxl",
+MODEL_FLAGS = {"model": "-m/--model", "diffusion_model": "--diffusion-model",
+               "high_noise_diffusion_model": "--high-noise-diffusion-model", "t5xxl": "--t5xxl",
                "clip_l": "--clip_l", "clip_g": "--clip_g", "llm": "--llm", "vae": "--vae",
-               "taesd": "--taesd", "upscale_model": "--upscale-model"}
+               "taesd": "--taesd", "upscale_model": "--upscale-model", "control_net": "--control-net"}
 
 
 def _real(path: str | os.PathLike[str]) -> str:
@@ -104,7 +107,7 @@ def generate_inputs(args: argparse.Namespace) -> list[tuple[str, str]]:
     out += _lora_inputs(str(getattr(args, "prompt", None) or ""),
                         getattr(args, "lora_model_dir", None))
     for attr, flag in (("init_img", "-i/--init-img"), ("mask", "--mask"),
-                       ("from_image", "--from-image")):
+                       ("from_image", "--from-image"), ("control_image", "--control-image")):
         if getattr(args, attr, None):
             out.append((flag, str(getattr(args, attr))))
     out += [("-r/--ref-image", str(p)) for p in getattr(args, "ref_image", None) or ()]
@@ -129,7 +132,21 @@ def _lora_inputs(prompt: str, lora_dir: str | None) -> list[tuple[str, str]]:
 def generate_outputs(args: argparse.Namespace) -> list[tuple[str, Path]]:
     """``(flag, path)`` of every picture ``sdplan generate`` writes: ``-o``, or for a batch
     ``NAME_0.png``, ``NAME_1.png``... (as :func:`sdplan.core.commands.generate.write_images`
-    names them)."""
+    names them); for ``-M vid_gen`` the video file, or the names of PNG frames 0 to
+    ``--video-frames`` - 1 (:func:`~sdplan.core.pipelines.stages.video.frame_paths`; Wan
+    makes ``(frames - 1) // 4 * 4 + 1`` of them, so this may name a few more than it writes).
+
+    Raises:
+        OutputError: a video ``-o`` with an extension sdplan writes no video to.
+    """
+    if getattr(args, "mode", "img_gen") == "vid_gen":
+        from sdplan.core.commands.video_flags import video_output
+        from sdplan.core.pipelines.stages.video import frame_paths, video_kind
+
+        video = video_output(args)
+        if video_kind(video) != "frames":
+            return [("-o/--output", video)]
+        return [("-o/--output", p) for p in frame_paths(video, max(int(getattr(args, "video_frames", 1) or 1), 1))]
     out = Path(args.output)
     n = int(getattr(args, "batch_count", 1) or 1)
     if n <= 1:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sdplan.core.errors import SdplanError
+from sdplan.core.errors import InvalidArgument, SdplanError
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.timing import RunSettings, TimeReport, drive_of_files, predict_time
 from sdplan.core.planning.work import ModuleWork
@@ -43,17 +44,27 @@ def settings_of(args: argparse.Namespace) -> RunSettings:
     """The :class:`RunSettings` of parsed flags (``plan``'s or ``generate``'s).
 
     Raises:
-        SdplanError: a step count below 1 or a negative thread count, naming the flag.
+        InvalidArgument: a step count below 1 (0 included), a negative thread count, a CFG
+            scale that is not a finite number or a sampler sd-cli does not name, naming the flag.
     """
-    steps = int(getattr(args, "steps", 20) or 20)
+    from sdplan.core.sampling.names import FLOW_SAMPLERS, SAMPLERS
+
+    steps = getattr(args, "steps", 20)
+    steps = 20 if steps is None else int(steps)
     if steps < 1:
-        raise SdplanError(f"--steps must be at least 1, got {steps}")
+        raise InvalidArgument(f"--steps must be at least 1, got {steps}")
     threads = int(getattr(args, "threads", 0) or 0)
     if threads < 0:
-        raise SdplanError(f"-t/--threads must be >= 0, got {threads}")
+        raise InvalidArgument(f"-t/--threads must be >= 0, got {threads}")
+    cfg = float(getattr(args, "cfg_scale", 7.0))
+    if not math.isfinite(cfg):
+        raise InvalidArgument(f"--cfg-scale must be a finite number, got {cfg}")
+    sampler = str(getattr(args, "sampling_method", "euler_a") or "euler_a")
+    names = sorted(set(SAMPLERS) | set(FLOW_SAMPLERS) | {"ddim"})  # generate's list
+    if sampler not in names:
+        raise InvalidArgument(f"--sampling-method {sampler!r} is unknown; choose one of {', '.join(names)}")
     return RunSettings(width=int(args.width), height=int(args.height), batch=int(args.batch_count),
-                       steps=steps, sampler=str(getattr(args, "sampling_method", "euler_a") or "euler_a"),
-                       cfg=float(getattr(args, "cfg_scale", 7.0)) != 1.0, threads=threads)
+                       steps=steps, sampler=sampler, cfg=cfg != 1.0, threads=threads)
 
 
 def placements_of(plan: Any) -> dict[str, Any]:

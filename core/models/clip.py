@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from sdplan.core.errors import InvalidArgument
 from sdplan.core.models.base import ModelLayoutError, Weights, check_block
 from sdplan.core.runtime import graph as gr
 
@@ -236,6 +237,18 @@ def _layer(g: Any, w: Weights, cfg: ClipConfig, i: int, x: Tensor, mask: Tensor)
 def _final(g: Any, w: Weights, cfg: ClipConfig, x: Tensor) -> Tensor:
     fln = "final_layer_norm" if cfg.layout == "openai" else "ln_final"
     return gr.layer_norm(g, x, w[fln + ".weight"], w[fln + ".bias"], _LN_EPS)
+
+
+def check_clip_skip(cfg: ClipConfig, clip_skip: int) -> None:
+    """Refuse a clip skip this encoder cannot run (``--clip-skip``), before a pipeline drops
+    the runner it has for another skip.
+
+    Raises:
+        InvalidArgument: ``clip_skip`` outside 1..n_layers, naming the flag and the range.
+    """
+    if not 1 <= clip_skip <= cfg.n_layers:
+        raise InvalidArgument(f"--clip-skip {clip_skip}: this text encoder has {cfg.n_layers} layers; "
+                              f"give 1..{cfg.n_layers} (or -1 for the model's default)")
 
 
 def layer_prefix(cfg: ClipConfig, i: int) -> str:

@@ -226,7 +226,9 @@ class StableDiffusion(Pipeline):
     def _te(self, skip: int, final_ln: bool) -> Any:
         """The text encoder's runner for this clip skip (rebuilt, weights reloaded, when the
         skip changes: layers after the stop are identity blocks of the graph)."""
-        if self._te_key != (skip, final_ln):
+        if self._te_key != (skip, final_ln) or "te" not in self.runners:
+            clip_m.check_clip_skip(self.clip_cfg, skip)
+            self._te_key = None  # a failed rebuild leaves no stale key behind
             if "te" in self.runners:
                 self.runners.pop("te").release()
             p = self.clip_cfg.prefix

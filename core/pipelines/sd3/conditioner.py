@@ -122,7 +122,10 @@ class Sd3Conditioner:
             names = t5.other_tensors() + [n for i in range(t5.n_blocks) for n in t5.block_tensors(i)]
             wf = WeightFile(self.t5_file, names, dtypes=self.dtypes)
             self.pipe.runners["t5xxl"] = self.pipe.new_runner("t5xxl", t5, wf, te)
-        if self._skip != clip_skip:
+        if self._skip != clip_skip or any(name not in self.pipe.runners for name in self.clip):
+            for cfg, *_ in self.clip.values():
+                clip_m.check_clip_skip(cfg, clip_skip)
+            self._skip = None  # a failed rebuild leaves no stale skip behind
             main = ModulePlacement(te.devices[:1], (), te.params_mode, te.params_device)
             for name, (cfg, names, proj, path) in self.clip.items():
                 old = self.pipe.runners.pop(name, None)

@@ -156,7 +156,10 @@ class SdxlConditioner:
 
     def _runners(self, clip_skip: int) -> dict[str, Any]:
         """The encoders' runners for ``clip_skip`` (rebuilt, weights reloaded, when it changes)."""
-        if self._skip != clip_skip:
+        if self._skip != clip_skip or any(name not in self.pipe.runners for name in self.encoders):
+            for enc in self.encoders.values():
+                clip_m.check_clip_skip(enc.cfg, clip_skip)
+            self._skip = None  # a failed rebuild leaves no stale skip behind
             for name in self.encoders:
                 old = self.pipe.runners.pop(name, None)
                 if old is not None:

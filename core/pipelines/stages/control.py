@@ -103,11 +103,11 @@ def control_picture(path: str | Path, width: int, height: int, use_canny: bool =
     takes after the preprocessor is kept.
 
     Raises:
-        InvalidArgument: not a readable picture.
+        InvalidArgument: not a readable picture (names ``--control-image``).
     """
     from sdplan.core.pipelines.stages.img2img import load_image
 
-    img = (load_image(path, width, height)[0].transpose(1, 2, 0) + 1.0) * 0.5
+    img = (load_image(path, width, height, "--control-image")[0].transpose(1, 2, 0) + 1.0) * 0.5
     img = np.round(np.clip(img, 0, 1) * 255.0) / 255.0
     if use_canny:
         edges = np.floor(np.clip(canny(img), 0, 1) * 255.0 + 0.5) / 255.0

@@ -99,16 +99,16 @@ def picture_notes(init: tuple[int, int], mask: tuple[int, int] | None, width: in
     return out
 
 
-def load_image(path: str | Path, width: int, height: int) -> np.ndarray:
+def load_image(path: str | Path, width: int, height: int, flag: str = "-i/--init-img") -> np.ndarray:
     """A picture as ``(1, 3, height, width)`` float32 in [-1, 1] (RGB by value, alpha over
     white; resized bilinearly when its size differs).
 
     Raises:
-        InvalidArgument: not a readable picture (names the file).
+        InvalidArgument: not a readable picture (names ``flag`` and the file).
     """
     from PIL import Image
 
-    im = _open(path, "-i/--init-img")
+    im = _open(path, flag)
     if im.size != (width, height):
         im = im.resize((width, height), Image.Resampling.BILINEAR)
     a = np.asarray(im, dtype=np.float32) / 127.5 - 1.0
