@@ -161,6 +161,26 @@ def test_without_a_count_the_parameter_formula_is_used_and_stated() -> None:
     assert rep.step_s == pytest.approx(2 * (40e9 / 2) * ((128 * 128) / 4 + 256) / 1e11 + CPU_P.graph_s)
 
 
+def test_a_videos_frames_multiply_the_dits_tokens_and_add_their_attention() -> None:
+    """Wan 2.2 A14B (registry width 5120, 512 text tokens; 40 blocks here): 81 frames at 832x480
+    are 21 latent frames of 104 x 60 / 4 patches each; the step is the linear term over all
+    of them plus 4 T^2 width FLOP of attention per block, and the decode works on every frame."""
+    inv = _inv()
+    blocks = (700_000_000,) * 40
+    wan = Profile({"diffusion": ModuleProfile(blocks, 0), "vae": ModuleProfile((), 160_000_000)},
+                  name="wan22-t2v-a14b-f16", architecture="wan-t2v_a14b")
+    plan = resolve(["--backend", "CPU"], inv, wan)
+    one = predict_time(plan, inv, wan, RunSettings(832, 480, cfg=False), {}, {})
+    video = predict_time(plan, inv, wan, RunSettings(832, 480, cfg=False, frames=81), {}, {})
+    params = 40 * 700e6 / 2
+    t1 = 104 * 60 / 4 + 512
+    assert one.step_s == pytest.approx(2 * params * t1 / 1e11 + CPU_P.graph_s)
+    t81 = 104 * 60 / 4 * 21 + 512
+    assert video.step_s == pytest.approx((2 * params * t81 + 4 * t81 ** 2 * 5120 * 40) / 1e11 + CPU_P.graph_s)
+    assert video.step_s > 30 * one.step_s  # 21x the patches, and their attention as much again
+    assert video.decode_s == pytest.approx(81 * (one.decode_s - CPU_P.graph_s) + CPU_P.graph_s, rel=1e-6)
+
+
 def test_a_planned_module_without_a_price_is_named_never_a_silent_zero() -> None:
     """An upscaler in the model set has neither a count nor a formula: its time is left out
     and the notes say so; a ControlNet's counted work is priced per evaluation like the UNet."""

@@ -63,8 +63,9 @@ def settings_of(args: argparse.Namespace) -> RunSettings:
     names = sorted(set(SAMPLERS) | set(FLOW_SAMPLERS) | {"ddim"})  # generate's list
     if sampler not in names:
         raise InvalidArgument(f"--sampling-method {sampler!r} is unknown; choose one of {', '.join(names)}")
+    frames = int(getattr(args, "video_frames", 1) or 1) if getattr(args, "mode", "vid_gen") == "vid_gen" else 1
     return RunSettings(width=int(args.width), height=int(args.height), batch=int(args.batch_count),
-                       steps=steps, sampler=sampler, cfg=cfg != 1.0, threads=threads)
+                       steps=steps, sampler=sampler, cfg=cfg != 1.0, threads=threads, frames=frames)
 
 
 def placements_of(plan: Any) -> dict[str, Any]:

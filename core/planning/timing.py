@@ -41,7 +41,11 @@ profile's name, else 2 for f16) does ``2 * P * T`` FLOP per call, ``T`` its toke
 for T5 and LLM encoders, 77 per chunk for SD3's); VAE decoders
 :data:`VAE_FLOP_PER_PX` per image pixel scaled by their size against SD's VAE. These two
 constants come from the engine's own count of SD 1.5's UNet and VAE (the work job on a
-real-size SD 1.5 layout at 512 px).
+real-size SD 1.5 layout at 512 px). A video (``frames`` > 1, Wan) multiplies a DiT's patch
+tokens by its latent frames (``(frames - 1) // 4 + 1``, the Wan VAE's 4x time compression)
+and adds the attention over all of them, ``4 * T^2 * width`` FLOP per block (``QK^T`` and
+the product with ``V``; width from the registry entry's ``ComputeShape``), which dominates
+at real video sizes; the decoder's work is per image pixel of every frame.
 """
 
 from __future__ import annotations
@@ -97,6 +101,12 @@ class RunSettings:
     sampler: str = "euler_a"
     cfg: bool = True
     threads: int = 0
+    frames: int = 1
+
+    @property
+    def latent_frames(self) -> int:
+        """A video's latent frames (4x time compression, the first frame alone); 1 for a picture."""
+        return (max(self.frames, 1) - 1) // 4 + 1
 
     @property
     def evaluations(self) -> int:
@@ -348,14 +358,19 @@ def formula_work(module: str, profile: Profile, s: RunSettings, device: str) -> 
 
     if module == "diffusion":
         if dit_tokens is not None:  # DiT: CFG as separate passes
-            return [mw("step", 2 * params * (latent / 4 + dit_tokens) * s.batch, prompts)]
+            patches = latent / 4 * s.latent_frames
+            flops = 2 * params * (patches + dit_tokens)
+            if s.frames > 1 and shape is not None:  # a video: attention over every frame's patches
+                flops += 4 * (patches + dit_tokens) ** 2 * shape.width * max(len(mp.blocks), 1)
+            return [mw("step", flops * s.batch, prompts)]
         return [mw("step", 2 * params * latent * UNET_TOKENS_PER_LATENT_PX * s.batch * prompts, 1)]
     if module == "te":
         encs = mp.encoders or {mp.block_encoder or "clip_l": mp.total}
         return [mw("text", 2 * (b / _bytes_per_weight(profile)) * (te_tokens or ENCODER_TOKENS.get(e, 77)),
                    prompts) for e, b in encs.items()]
     if module == "vae":
-        return [mw("decode", VAE_FLOP_PER_PX * s.width * s.height * s.batch * mp.total / SD_VAE_BYTES, 1)]
+        return [mw("decode", VAE_FLOP_PER_PX * s.width * s.height * max(s.frames, 1) * s.batch * mp.total
+                   / SD_VAE_BYTES, 1)]
     return []
 
 
