@@ -10,6 +10,11 @@ from typing import Any
 from sdplan.core.errors import SdplanError
 
 
+#: The request keys of a video run (``-M vid_gen``, ``--video-frames``, ``--fps``) that
+#: "Reuse settings" gives back with the generation flags.
+VIDEO_KEYS = ("mode", "video_frames", "fps")
+
+
 def describe_params(params: Mapping[str, Any]) -> str:
     """One caption line for a result's parameters: prompt, size, steps, CFG, seed, sampler
     and the run time in seconds when known (``timings['total']``)."""

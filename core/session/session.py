@@ -61,6 +61,7 @@ class Session(BoardSession):
             read_result,
         )
         from sdplan.core.planning.sdcli import GENERATION_FLAGS
+        from sdplan.core.session.runs import VIDEO_KEYS
 
         try:
             got = read_generation(path)
@@ -120,7 +121,7 @@ class Session(BoardSession):
                      placement: Mapping[str, str] | None = None,
                      architecture: str | None = None) -> list[str]:
         """Put a result's settings back (the gallery's and the strip's "Reuse settings"):
-        its generation settings (sd-cli keys, through
+        its generation settings (sd-cli keys, a video's frames and frame rate included, through
         :func:`~sdplan.core.pipelines.stages.results.reusable_settings`: what the command
         line's ``--from-image`` takes; others are ignored), its model files when they all
         exist here, and its placement strings when they resolve on these devices. Returns one
@@ -148,7 +149,7 @@ class Session(BoardSession):
             except PlanError as exc:
                 notes.append(f"placement not restored: {exc}")
                 new = None
-        known = set(GENERATION_FLAGS) - {"output"}
+        known = (set(GENERATION_FLAGS) - {"output"}) | set(VIDEO_KEYS)
         given = reusable_settings(ImageParameters(dict(settings)), architecture)
         self.generation.update({k: v for k, v in given.items() if k in known})
         self.apply(new if new is not None else self.placement)
