@@ -61,7 +61,6 @@ class Session(BoardSession):
             read_result,
         )
         from sdplan.core.planning.sdcli import GENERATION_FLAGS
-        from sdplan.core.session.runs import VIDEO_KEYS
 
         try:
             got = read_generation(path)
@@ -129,6 +128,7 @@ class Session(BoardSession):
         from sdplan.core.pipelines.stages.parameters import ImageParameters
         from sdplan.core.pipelines.stages.results import reusable_settings
         from sdplan.core.planning.sdcli import GENERATION_FLAGS
+        from sdplan.core.session.runs import VIDEO_KEYS
 
         notes: list[str] = []
         files = {k: list(v) for k, v in (model_files or {}).items()}
