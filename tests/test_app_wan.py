@@ -148,6 +148,7 @@ def test_the_panel_makes_a_video_and_plays_it(qtbot, tmp_path: Path) -> None:
         (PROMPT, "vid_gen", 5, 8)
     assert info.model_files == WAN  # the index beside it: the full paths
     assert json.loads(video.with_suffix(".json").read_text())["settings"]["video"] == {"frames": 5, "fps": 8}
+    assert "5 frames at 8 fps" in p.params_label.text()  # the caption
     player = p.player
     assert player.isVisible() and len(player.frames) == 5 and player.timer.interval() == 125
     assert player.is_playing()
