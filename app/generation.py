@@ -288,6 +288,13 @@ class GenerationPanel(QFrame):
         folder (listed without pushing the panel's fields over what an import just brought)."""
         self.module_groups.set_refusals(self.ctl.profile.architecture if self.ctl.profile else None)
         self.video_fields.set_family(self.ctl.profile.architecture if self.ctl.profile else None)
+        if not self._syncing:  # the frames a reused video brought; -M vid_gen on the board
+            self._syncing = True
+            try:
+                self.video_fields.load(self.ctl.generation)
+            finally:
+                self._syncing = False
+            self.ctl.set_generation(**self.video_fields.settings())
         if self.inputs.folder is None and not self.ctl.generation.get("lora_model_dir"):
             own = self.ctl.session.own_lora_folder()
             if own is not None:

@@ -80,6 +80,7 @@ def test_video_fields_show_for_wan_only(qtbot) -> None:
     req = p.request()
     assert (req["mode"], req["video_frames"], req["fps"]) == ("vid_gen", 9, 12)
     assert ctl.generation["video_frames"] == 9  # kept with the board's settings
+    assert ctl.session.command_line().endswith(" -M vid_gen --video-frames 9 --fps 12")
     demo = demo_model_path()
     if demo is None:
         pytest.skip("no demo model in this installation")
@@ -88,6 +89,25 @@ def test_video_fields_show_for_wan_only(qtbot) -> None:
     assert p.video_fields.settings() == {"mode": None, "video_frames": None, "fps": None}
     req = p.request()
     assert req.get("mode") != "vid_gen" and req.get("video_frames") in (None, 1)
+    assert "vid_gen" not in ctl.session.command_line()
+
+
+def test_a_pasted_video_command_fills_the_fields(qtbot) -> None:
+    """sd-cli's -M vid_gen, --video-frames and --fps become the panel's video settings (not
+    kept arguments) and the board's command writes them back; without -M vid_gen they stay
+    kept as written."""
+    ctl = cpu_controller()
+    p = GenerationPanel(ctl, "/nonexistent/history", client_factory=lambda: None)
+    qtbot.addWidget(p)
+    files = " ".join(f"--{k.replace('_', '-')} {v[0]}" for k, v in WAN.items())
+    ctl.session.import_command(f"sd-cli -M vid_gen --video-frames 13 --fps 10 {files} -p cat")
+    ctl.planChanged.emit("load")
+    assert ctl.session.kept_args == []
+    assert (ctl.generation["mode"], ctl.generation["video_frames"], ctl.generation["fps"]) == ("vid_gen", 13, 10)
+    assert (p.video_fields.frames.value(), p.video_fields.fps.value()) == (13, 10)
+    assert ctl.session.command_line().endswith("-M vid_gen --video-frames 13 --fps 10")
+    ctl.session.import_command(f"sd-cli --video-frames 13 {files} -p cat")
+    assert ctl.session.kept_args == ["--video-frames", "13"]
 
 
 def test_a_video_file_carries_its_record(tmp_path: Path) -> None:
