@@ -229,3 +229,25 @@ def test_gallery_lists_opens_and_reuses_a_video(qtbot, tmp_path: Path) -> None:
     assert (panel.video_fields.frames.value(), panel.video_fields.fps.value()) == (9, 8)
     assert panel.prompt.toPlainText() == PROMPT and panel.seed.value() == 5
     assert panel.request()["video_frames"] == 9
+
+
+def test_the_board_estimate_counts_the_frames() -> None:
+    """The board's estimate of a video measures the engine's graphs at the settings' frames:
+    the autoencoder's compute grows with them and is the dry run's own figure."""
+    if engine_unavailable_reason() is not None:
+        pytest.skip(engine_unavailable_reason())
+    from sdplan.core.pipelines.compute import measure_compute
+
+    ctl = cpu_controller()
+    s = ctl.session
+    s.load_model_files(WAN)
+    s.set_generation(width=64, height=64)
+    vae = {}
+    for n in (1, 5, 21):
+        s.set_generation(mode="vid_gen", video_frames=n)
+        vae[n] = s.fit.modules["vae"].compute["CPU"]
+    assert vae[1] < vae[5] < vae[21]
+    dry = measure_compute(WAN, width=64, height=64, batch=1, overrides={"video_frames": 21})
+    assert vae[21] == dry["vae"]
+    s.set_generation(mode=None, video_frames=None)  # pictures again: one frame
+    assert s.fit.modules["vae"].compute["CPU"] == vae[1]
