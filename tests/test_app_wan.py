@@ -251,3 +251,28 @@ def test_the_board_estimate_counts_the_frames() -> None:
     assert vae[21] == dry["vae"]
     s.set_generation(mode=None, video_frames=None)  # pictures again: one frame
     assert s.fit.modules["vae"].compute["CPU"] == vae[1]
+
+
+def test_a_dropped_video_restores_its_run(qtbot, tmp_path: Path) -> None:
+    """A video dropped on the window restores as a picture does: its prompt, model files, and
+    its frames and frame rate (read from the WebM's tags)."""
+    frames = [np.full((32, 48, 3), 30 * i, np.uint8) for i in range(5)]
+    record = {"params": {"prompt": PROMPT, "seed": 9, "steps": 4, "width": 48, "height": 32,
+                         "mode": "vid_gen", "video_frames": 13, "fps": 10}}
+    video = write_video_result(tmp_path / "out", frames, record, WAN, 10)
+    win = MainWindow(cpu_controller(), QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat),
+                     history_dir=tmp_path / "history", queue_path=tmp_path / "q.json",
+                     library_cache=str(tmp_path / "lib.json"))
+    qtbot.addWidget(win)
+    from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(video))])
+    win.dropEvent(QDropEvent(QPointF(5, 5), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                             Qt.KeyboardModifier.NoModifier))
+    assert win.ctl.model_files == WAN
+    g = win.ctl.generation
+    assert (g["prompt"], g["seed"], g["mode"], g["video_frames"], g["fps"]) == (PROMPT, 9, "vid_gen", 13, 10)
+    panel = win.generation
+    assert (panel.video_fields.frames.value(), panel.video_fields.fps.value()) == (13, 10)

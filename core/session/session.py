@@ -45,10 +45,10 @@ class Session(BoardSession):
 
     def import_png(self, path: str | Path) -> list[str]:
         """Restore a run from a picture's metadata (sd-cli's ``parameters`` text or sdplan's
-        own): prompt and settings, the model files that exist here, and the placement
-        strings. The picture names its files by name: they are looked for beside it, in the
-        current folder and among the model library's files. Returns what was taken (for the
-        status bar).
+        own; a video's from its container, its frames and frame rate too): prompt and
+        settings, the model files that exist here, and the placement strings. The picture
+        names its files by name: they are looked for beside it, in the current folder and
+        among the model library's files. Returns what was taken (for the status bar).
 
         Raises:
             SdplanError: the picture records no generation (nothing changes); PlanError: its
@@ -61,6 +61,7 @@ class Session(BoardSession):
             read_result,
         )
         from sdplan.core.planning.sdcli import GENERATION_FLAGS
+        from sdplan.core.session.runs import VIDEO_KEYS
 
         try:
             got = read_generation(path)
@@ -72,7 +73,7 @@ class Session(BoardSession):
         taken: list[str] = []
         recorded = {**got.settings, **{k: v for k, v in mine.settings.items() if k in got.settings}}
         settings = {k: v for k, v in locate_inputs(recorded, path).items()
-                    if k in GENERATION_FLAGS}
+                    if k in GENERATION_FLAGS or k in VIDEO_KEYS}
         if settings:
             self.generation.update(settings)
             taken.append("settings")

@@ -248,9 +248,12 @@ def read_generation(path: str | Path) -> ImageParameters:
     picture records none.
 
     Raises:
-        OSError: not a readable image.
+        OSError: not a readable image (or video: its container's metadata,
+            :func:`~sdplan.core.pipelines.stages.video.read_video_text`).
     """
-    return _generation(read_png_text(path))
+    from sdplan.core.pipelines.stages.video import is_video_file, read_video_text
+
+    return _generation(read_video_text(path) if is_video_file(path) else read_png_text(path))
 
 
 def _generation(text: Mapping[str, str]) -> ImageParameters:
