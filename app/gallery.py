@@ -1,10 +1,11 @@
-"""The gallery: every result image in the results folder (and folders the user adds), with
-its metadata, searchable by prompt and model.
+"""The gallery: every result image and video in the results folder (and folders the user
+adds), with its metadata, searchable by prompt and model.
 
 Metadata comes from the image itself (:func:`sdplan.core.pipelines.stages.results.read_result`:
 sdplan's text chunks, an sd-cli/A1111 ``parameters`` chunk, or the older JSON file beside
 it). Thumbnails load lazily: the view asks only for the rows it shows, and each thumbnail
-is decoded at thumbnail size on a thread pool, then kept. A result opens full size, gives
+is decoded at thumbnail size on a thread pool, then kept (a video's: its first frame with a
+"video" badge, :mod:`sdplan.app.video`). A result opens full size (a video plays), gives
 its sd-cli command, sends its settings back to the generation panel, or is deleted (with
 its JSON file).
 """
@@ -45,6 +46,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 from sdplan.app.history_strip import result_tooltip
+from sdplan.app.video import VIDEO_SUFFIXES, VideoViewer, is_video_file, video_thumbnail
 from sdplan.core.errors import SdplanError
 from sdplan.core.pipelines.stages.results import ResultInfo, read_result
 from sdplan.core.planning import paths
@@ -103,6 +105,8 @@ def describe_result(info: ResultInfo) -> str:
                        ("sampling_method", ""), ("scheduler", "")):
         if s.get(key) not in (None, ""):
             bits.append(f"{label} {s[key]}".strip())
+    if s.get("mode") == "vid_gen":
+        bits.append(f"{s.get('video_frames') or 1} frames at {s.get('fps') or 16} fps")
     if bits:
         rows.append(" · ".join(escape(b) for b in bits))
     if info.model:
@@ -125,6 +129,9 @@ class _ThumbJob(QRunnable):
         self.path, self.signals = path, signals
 
     def run(self) -> None:
+        if is_video_file(self.path):
+            self.signals.done.emit(self.path, video_thumbnail(self.path, THUMB))
+            return
         reader = QImageReader(self.path)
         size = reader.size()
         if size.isValid():
@@ -155,7 +162,7 @@ class GalleryModel(QAbstractListModel):
         self.placeholder = QIcon(blank)
 
     def load(self, folders: list[Path]) -> int:
-        """Read the metadata of every PNG in ``folders`` (not the pixels); returns the
+        """Read the metadata of every PNG and video in ``folders`` (not the pixels); returns the
         number of results. A picture whose record cannot be read is shown without it, one
         that cannot be read at all is left out; either is a line of :attr:`notes` and never
         hides the others; a folder that cannot be listed is a note too."""
@@ -165,7 +172,8 @@ class GalleryModel(QAbstractListModel):
             try:
                 if not paths.is_dir(folder):
                     continue
-                listed = list(folder.glob("*.png"))
+                listed = [p for pattern in ("*.png", *(f"*{x}" for x in VIDEO_SUFFIXES))
+                          for p in folder.glob(pattern)]
             except OSError as exc:
                 self.notes.append(f"gallery folder {folder} not read: {paths.reason(exc)}")
                 continue
@@ -426,11 +434,13 @@ class GalleryPanel(QWidget):
             b.setEnabled(info is not None)
         self.details.setText(describe_result(info) if info else "Select a result")
 
-    def open_current(self) -> ImageViewer | None:
+    def open_current(self) -> QDialog | None:
+        """Open the selected result: a picture full size, a video playing."""
         info = self.current()
         if info is None:
             return None
-        viewer = ImageViewer(info, self)
+        viewer: QDialog = VideoViewer(info.path, describe_result(info), self) \
+            if is_video_file(info.path) else ImageViewer(info, self)
         viewer.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         viewer.show()
         return viewer

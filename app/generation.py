@@ -1,5 +1,6 @@
 """The generation panel: prompt and settings, Generate/Cancel, progress with steps/s and
-ETA, the live preview, results saved to a history folder, and engine failures shown with
+ETA, the live preview, results saved to a history folder (a video family's run as a WebM
+that plays in the panel: :mod:`sdplan.app.video`), and engine failures shown with
 one-click retry. The engine runs behind :class:`~sdplan.app.worker.GenerationWorker` in a
 QThread; the UI never blocks.
 """
@@ -33,8 +34,10 @@ from sdplan.app.inputs import InputsPanel
 from sdplan.app.module_groups import ModuleGroups
 from sdplan.app.pictures import to_qimage, write_pictures
 from sdplan.app.settings_form import settings_form
+from sdplan.app.video import VideoPlayer, is_video_file, write_video_result
 from sdplan.app.worker import ClientFactory, GenerationWorker, engine_unavailable_reason
 from sdplan.app.wrap_label import ElidedLabel
+from sdplan.core.errors import OutputError
 from sdplan.core.families import recommended_sizes
 from sdplan.core.pipelines.stages.results import read_result
 from sdplan.core.sampling.samplers import SAMPLERS as CORE_SAMPLERS
@@ -157,6 +160,8 @@ class GenerationPanel(QFrame):
         self.preview.setObjectName("Muted")
         self.preview.setText("The live preview appears here")
         lay.addWidget(self.preview, 1)
+        self.player = VideoPlayer(self._show)  # a video result plays in the preview area
+        lay.addWidget(self.player)
         self.params_label = QLabel()
         self.params_label.setObjectName("Caption")
         self.params_label.setWordWrap(True)
@@ -180,6 +185,7 @@ class GenerationPanel(QFrame):
         self.prompt.textChanged.connect(self._sync)
         self.negative.textChanged.connect(self._sync)
         self.inputs.changed.connect(self._sync)
+        self.video_fields.changed.connect(self._sync)
         self.module_groups.changed.connect(self._sync)
         self.module_groups.changed.connect(self.update_state)
         controller.modelChanged.connect(self.update_state)
@@ -211,6 +217,7 @@ class GenerationPanel(QFrame):
             self.negative.setPlainText(str(g.get("negative_prompt") or ""))
         self.inputs.load(g)
         self.module_groups.load(g)
+        self.video_fields.load(g)
 
     def _fill_presets(self) -> None:
         """The size presets of the loaded model's family (SDXL's buckets for SDXL)."""
@@ -251,7 +258,7 @@ class GenerationPanel(QFrame):
                 "steps": self.steps.value(), "cfg_scale": self.cfg.value(),
                 "seed": self.seed.value(), "sampling_method": self.sampler.currentText(),
                 "scheduler": self.schedule.currentText(), "batch_count": self.batch.value(),
-                **self._inputs(), **self.module_groups.settings()}
+                **self._inputs(), **self.module_groups.settings(), **self.video_fields.settings()}
 
     def _inputs(self) -> dict[str, Any]:
         """The inputs' keys, the LoRA ones only with a tag in the prompt (and the apply mode
@@ -280,6 +287,14 @@ class GenerationPanel(QFrame):
         """New model: its family's fit marks and groups; the demo model brings its own LoRA
         folder (listed without pushing the panel's fields over what an import just brought)."""
         self.module_groups.set_refusals(self.ctl.profile.architecture if self.ctl.profile else None)
+        self.video_fields.set_family(self.ctl.profile.architecture if self.ctl.profile else None)
+        if not self._syncing:  # the frames a reused video brought; -M vid_gen on the board
+            self._syncing = True
+            try:
+                self.video_fields.load(self.ctl.generation)
+            finally:
+                self._syncing = False
+            self.ctl.set_generation(**self.video_fields.settings())
         if self.inputs.folder is None and not self.ctl.generation.get("lora_model_dir"):
             own = self.ctl.session.own_lora_folder()
             if own is not None:
@@ -357,7 +372,7 @@ class GenerationPanel(QFrame):
 
         self._last_request = req
         self.preview_steps = []
-        from sdplan.core.errors import OutputError
+        self.player.clear()
         from sdplan.core.pipelines.stages.outputs import check_output_folder
 
         try:  # before the engine loads anything: say now that results cannot be kept
@@ -422,7 +437,9 @@ class GenerationPanel(QFrame):
         (``params``, ``plan``, ``model_flags``, ``placements``, ``timings``) or its params alone."""
         record = result if "params" in result else {"params": result}
         self.last_images = [to_qimage(a) for a in images]
-        if self.last_images:
+        if self.last_images and self._video_fps(record) is not None:  # a video: played
+            self.player.set_frames(self.last_images, float(self._video_fps(record) or 0))
+        elif self.last_images:
             self._show(self.last_images[0])
         self._caption(describe_params({**record["params"], "timings": record.get("timings")
                                                    or record["params"].get("timings")}))
@@ -529,12 +546,27 @@ class GenerationPanel(QFrame):
             self.history.add(path)
             self.resultSaved.emit(str(path))
 
+        fps = self._video_fps(record)
         try:
-            write_pictures(self.history_dir, images, record, req.get("model_files") or {}, saved)
-        except OSError as exc:
+            if fps is not None and images:
+                write_video_result(self.history_dir, images, record, req.get("model_files") or {},
+                                   fps, saved)
+            else:
+                write_pictures(self.history_dir, images, record, req.get("model_files") or {}, saved)
+        except (OSError, OutputError) as exc:
             self.ctl.status.emit(f"not saved: cannot write to {self.history_dir} "
-                                 f"({exc.strerror or exc}); the picture stays on screen")
+                                 f"({getattr(exc, 'strerror', None) or exc}); the picture stays on screen")
         return paths
+
+    @staticmethod
+    def _video_fps(record: dict[str, Any]) -> int | None:
+        """The frame rate of a run that made a video (the engine's ``params["video"]``, else
+        the request's ``-M vid_gen`` ``fps``), or None for pictures."""
+        params = record.get("params") or {}
+        video = params.get("video")
+        if isinstance(video, dict):
+            return int(video.get("fps") or 16)
+        return int(params.get("fps") or 16) if params.get("mode") == "vid_gen" else None
 
     def _load_history(self) -> None:
         self.history.load_today()
@@ -542,7 +574,14 @@ class GenerationPanel(QFrame):
     def _show_history(self, item: QListWidgetItem) -> None:
         """Show a strip item's image and the settings it records."""
         path = Path(item.data(Qt.ItemDataRole.UserRole))
-        self._show(QImage(str(path)))
+        self.player.clear()
+        if is_video_file(path):
+            try:
+                self.player.load(path)
+            except OSError as exc:
+                self.ctl.status.emit(str(exc))
+        else:
+            self._show(QImage(str(path)))
         try:
             self._caption(describe_params(read_result(path).settings))
         except OSError:

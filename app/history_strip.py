@@ -1,4 +1,5 @@
-"""Today's strip: the results of today, newest first, under the generation panel.
+"""Today's strip: the results of today (pictures and videos), newest first, under the
+generation panel.
 
 Each thumbnail's tooltip gives its prompt, seed and size (read back from the image with
 :func:`sdplan.core.pipelines.stages.results.read_result`); clicking shows it in the panel,
@@ -16,6 +17,7 @@ from pathlib import Path
 from PySide6.QtCore import QPoint, QSize, Qt, Signal
 from PySide6.QtGui import QIcon, QImageReader, QKeyEvent, QPixmap
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QMenu, QWidget
+from sdplan.app.video import VIDEO_SUFFIXES, is_video_file, video_thumbnail
 from sdplan.core.pipelines.stages.results import ResultInfo, read_result
 from sdplan.core.planning import paths
 
@@ -46,7 +48,10 @@ def result_tooltip(info: ResultInfo) -> str:
 
 
 def thumbnail(path: str | Path, side: int = 48) -> QIcon:
-    """A small icon of the image, decoded at thumbnail size (not the full picture)."""
+    """A small icon of the image, decoded at thumbnail size (not the full picture); of a
+    video, its first frame with a "video" badge."""
+    if is_video_file(path):
+        return QIcon(QPixmap.fromImage(video_thumbnail(path, side)))
     reader = QImageReader(str(path))
     size = reader.size()
     if size.isValid() and max(size.width(), size.height()) > side:
@@ -101,7 +106,8 @@ class HistoryStrip(QListWidget):
         try:
             if not paths.is_dir(self.folder):
                 return 0
-            for p in self.folder.glob("*.png"):
+            for p in (q for pattern in ("*.png", *(f"*{x}" for x in VIDEO_SUFFIXES))
+                      for q in self.folder.glob(pattern)):
                 with contextlib.suppress(OSError):
                     stamps[p] = p.stat().st_mtime
         except OSError as exc:  # a folder that cannot be listed: nothing to show

@@ -1,8 +1,8 @@
 """The generation panel's settings form: size (with the model's presets and a note for a
-size far from its training), steps and CFG, seed with a dice, sampler and scheduler, batch.
-The widgets become attributes of the panel (``width_box``, ``height_box``, ``size_preset``,
-``size_note``, ``steps``, ``cfg``, ``seed``, ``dice``, ``sampler``, ``schedule``,
-``batch``)."""
+size far from its training), steps and CFG, seed with a dice, sampler and scheduler, batch,
+and a video family's frames and frame rate. The widgets become attributes of the panel
+(``width_box``, ``height_box``, ``size_preset``, ``size_note``, ``steps``, ``cfg``, ``seed``,
+``dice``, ``sampler``, ``schedule``, ``batch``, ``video_fields``)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QSpinBox,
     QToolButton,
 )
+from sdplan.app.video import VideoFields
 from sdplan.core.sampling.samplers import SAMPLERS
 from sdplan.core.sampling.schedules import SCHEDULES
 
@@ -92,4 +93,6 @@ def settings_form(panel: Any) -> QFormLayout:
     panel.batch = QSpinBox()
     panel.batch.setRange(1, 64)
     form.addRow("Batch", panel.batch)
+    panel.video_fields = VideoFields()  # shown for a family that makes video
+    form.addRow(panel.video_fields)
     return form

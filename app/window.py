@@ -303,7 +303,7 @@ class MainWindow(QMainWindow):
             event.acceptProposedAction()
             if len(paths) == 1 and paths[0].endswith(".json"):
                 self._import_plan_file(paths[0])
-            elif len(paths) == 1 and paths[0].lower().endswith(".png"):
+            elif len(paths) == 1 and paths[0].lower().endswith((".png", ".webm", ".mp4")):
                 self.import_png(paths[0])
             else:
                 self.open_files(paths)

@@ -86,8 +86,9 @@ def video_output(args: argparse.Namespace) -> Path:
 
 
 def write_video(res: dict[str, Any], out: Path, text: dict[str, str], console: Any) -> int:
-    """Write the run's frames as the video ``out`` (or PNG frames, each with the run's text)
-    and print the path(s) on stdout. Returns 0, or 2 when nothing could be written."""
+    """Write the run's frames as the video ``out`` (its container's metadata carrying the
+    run's text where the format keeps it) or PNG frames (each with the run's text), and print
+    the path(s) on stdout. Returns 0, or 2 when nothing could be written."""
     from sdplan.core.pipelines.stages.results import save_png
     from sdplan.core.pipelines.stages.video import frame_paths, save_video, video_kind
 
@@ -99,7 +100,7 @@ def write_video(res: dict[str, Any], out: Path, text: dict[str, str], console: A
                 save_png(img, path, text | {"frame_index": str(i)})
                 print(path, file=sys.stdout)
             return 0
-        save_video(frames, out, fps)
+        save_video(frames, out, fps, text)
     except OSError as exc:
         console.print(f"error [output_unwritable]: cannot write {str(out)!r} ({exc.strerror or exc})",
                       highlight=False, markup=False, soft_wrap=True)

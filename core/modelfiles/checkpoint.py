@@ -29,6 +29,7 @@ from pathlib import Path
 
 from sdplan.core.errors import ModelFileError, PathError
 from sdplan.core.families import DiffusionTensors, detect_family
+from sdplan.core.families.wan import MARKER as WAN_MARKER
 from sdplan.core.families.z_image import DIFFUSION_MARKERS
 from sdplan.core.modelfiles.autofit_sizes import autofit_component_bytes, loaded_component_bytes
 from sdplan.core.modelfiles.readers import (
@@ -538,14 +539,16 @@ def detect_standalone(tf: TensorFile) -> tuple[str, str | None] | None:
     if has("id_encoder.", "fuse_module.", "qformer_perceiver."):
         return "photomaker", None
     if has("double_blocks.", "single_blocks.", "joint_blocks.", "input_blocks.",
-           "down_blocks.", "transformer_blocks.", "single_transformer_blocks.", *DIFFUSION_MARKERS):
+           "down_blocks.", "transformer_blocks.", "single_transformer_blocks.", *DIFFUSION_MARKERS) \
+            or WAN_MARKER in names:
         return "diffusion", None
     if has("vision_model."):
         return "clip_vision", None
     enc = _detect_encoder(tf)
     if enc is not None:
         return "te", enc
-    if has("encoder.conv_in.", "decoder.conv_in.", "encoder.down.", "decoder.up."):
+    if has("encoder.conv_in.", "decoder.conv_in.", "encoder.down.", "decoder.up.",
+           "decoder.middle.", "decoder.upsamples."):  # the last two: the Wan 2.1 autoencoder
         return "vae", None
     if all(n.split(".", 1)[0].isdigit() for n in names) or has(
             "encoder.layers.", "decoder.layers."):

@@ -69,9 +69,18 @@ class Estimates:
         return w, h, self.size()[2]
 
     # ------------------------------------------------------------------ estimates
+    def frames(self) -> int:
+        """The frames of the settings' video (``-M vid_gen --video-frames``), 1 for pictures."""
+        g = self.generation
+        try:
+            return max(1, int(g.get("video_frames") or 1)) if g.get("mode") == "vid_gen" else 1
+        except (TypeError, ValueError):
+            return 1
+
     def estimate(self) -> None:
-        """Estimate the current plan at the size of its largest pass (``fit``; None without
-        a profile or when the estimate cannot be made: ``notify`` says why)."""
+        """Estimate the current plan at the size of its largest pass, a video's frames
+        included (``fit``; None without a profile or when the estimate cannot be made:
+        ``notify`` says why)."""
         self.fit = None
         self._effects = {}
         self._time = False
@@ -84,7 +93,7 @@ class Estimates:
             self.fit = estimate_plan(self.plan, self.profile, self.inventory,
                                      width=size[0], height=size[1], batch=size[2],
                                      engine="sdplan", measured=self.measured(size),
-                                     loras=self.lora_profiles())
+                                     loras=self.lora_profiles(), frames=self.frames())
         except ValueError as exc:
             self.notify(f"estimate unavailable: {exc}")
 
@@ -151,7 +160,7 @@ class Estimates:
 
     def measured(self, size: tuple[int, int, int]) -> dict[str, int] | None:
         """Compute bytes per module of sdplan's engine for the open files at ``size``
-        (width, height, batch), by a dry run of its graphs on the CPU
+        (width, height, batch; a video's frames), by a dry run of its graphs on the CPU
         (:func:`~sdplan.core.pipelines.compute.measure_compute`; with the settings' ControlNet
         and VAE tiling), cached per files, size and tiling; None without files or when no dry
         run is possible."""
@@ -162,14 +171,15 @@ class Estimates:
         if g.get("control_net"):  # measured with the ControlNet's graph, as generate measures
             files["control_net"] = [str(g["control_net"])]
         tiling = g.get("vae_tiling") or None
-        key = (repr(sorted(files.items())), size, repr(tiling))
+        frames = self.frames()
+        key = (repr(sorted(files.items())), size, repr(tiling), frames)
         if key not in self._compute_cache:
             try:
                 from sdplan.core.pipelines.compute import measure_compute
 
                 self._compute_cache[key] = measure_compute(
                     files, width=size[0], height=size[1], batch=size[2],
-                    vae_tiling=tiling) or None
+                    vae_tiling=tiling, overrides={"video_frames": frames}) or None
             except Exception as exc:  # noqa: BLE001 - the fitted figures stand in
                 log.info("no dry run of the engine: %s", exc)
                 self._compute_cache[key] = None
@@ -207,7 +217,8 @@ class Estimates:
 
         w, h, b = self.size()
         try:
-            return estimate_plan(plan, self.profile, self.inventory, width=w, height=h, batch=b)
+            return estimate_plan(plan, self.profile, self.inventory, width=w, height=h, batch=b,
+                                 frames=self.frames())
         except ValueError:
             return None
 

@@ -29,7 +29,12 @@ from typing import Any
 from sdplan.core.errors import InvalidArgument, PlanError, SdplanError
 from sdplan.core.families import family_of
 from sdplan.core.families import options as o
-from sdplan.core.pipelines.request_parts import HIRES_UPSCALERS, MODEL_EXTENSIONS, HiresFix
+from sdplan.core.pipelines.request_parts import (
+    HIRES_UPSCALERS,
+    MODEL_EXTENSIONS,
+    HiresFix,
+    VideoSettings,
+)
 from sdplan.core.planning.profile import ModuleProfile, Profile
 from sdplan.core.planning.vae_tiling import VaeTiling, convert_tile_size
 
@@ -155,16 +160,21 @@ def _num(value: float) -> str:
 
 
 def module_flags(generation: Mapping[str, Any], dialect: str | None = None, scale: int = 8) -> list[str]:
-    """The hires fix, ControlNet and VAE tiling of ``generation`` as sd-cli's flags, each
+    """A video run's ``-M vid_gen`` and ``--video-frames`` (``--fps`` away from sd-cli's 16),
+    then the hires fix, ControlNet and VAE tiling of ``generation`` as sd-cli's flags, each
     written only when on, values away from sd-cli's defaults only. ``--vae-tile-size`` is in
     image pixels, converted to latent pixels (``scale`` image pixels each) for the
     ``snapshot`` dialect (spec section 14.7).
 
     Raises:
-        InvalidArgument: malformed hires or ControlNet values (naming the flag);
+        InvalidArgument: malformed video, hires or ControlNet values (naming the flag);
             PlanError: malformed tiling.
     """
     argv: list[str] = []
+    video = VideoSettings.from_request(generation)
+    if video.video:
+        argv += ["-M", "vid_gen", "--video-frames", str(video.frames)]
+        argv += ["--fps", str(video.fps)] if video.fps != VideoSettings.fps else []
     fix = HiresFix.from_request(generation)
     if fix.enabled:
         d = HiresFix()
@@ -274,14 +284,19 @@ _HIRES_FLAGS = {"--hires-upscaler": ("upscaler", str), "--hires-upscalers-dir": 
                 "--hires-denoising-strength": ("denoising_strength", float)}
 _TILE_FLAGS = ("--vae-tiling", "--vae-tile-size", "--vae-tile-overlap", "--vae-relative-tile-size")
 _CONTROL_FLAGS = ("--control-image", "--control-strength", "--canny")
+#: A video run's flags -> their request keys (taken with ``-M vid_gen``).
+_VIDEO_FLAGS = {"--mode": "mode", "--video-frames": "video_frames", "--fps": "fps"}
 
 
 def lift_module_args(kept: Sequence[str], control_net: str | None, dialect: str | None,
                      scale: int) -> tuple[dict[str, Any], list[str]]:
     """A pasted command's kept arguments split into the settings of the panel's groups
     (sd-cli's request keys ``hires``, ``vae_tiling``, ``control_net``, ``control_image``,
-    ``control_strength``, ``canny``) and the arguments still kept, in order.
+    ``control_strength``, ``canny``; a video's ``mode``, ``video_frames``, ``fps``) and the
+    arguments still kept, in order.
 
+    The video flags are taken with ``-M vid_gen`` (without it sd-cli makes pictures: they stay
+    kept).
     The hires flags are taken with ``--hires`` (without it sd-cli ignores them: they stay
     kept); the ControlNet's with its file ``control_net`` (a pasted ``--control-net``); the
     VAE tiling's always, ``--vae-tile-size`` read in ``dialect``'s units (snapshot: latent
@@ -293,10 +308,13 @@ def lift_module_args(kept: Sequence[str], control_net: str | None, dialect: str 
 
     args = parse_sdcli_args(list(kept))
     given = {a.flag for a in args}
-    parts: dict[str, list[Any]] = {"hires": [], "tiles": [], "control": []}
+    parts: dict[str, list[Any]] = {"hires": [], "tiles": [], "control": [], "video": []}
     rest: list[Any] = []
+    video = any(a.flag == "--mode" and a.values == ("vid_gen",) for a in args)
     for a in args:
-        if a.flag == "--hires" or (a.flag in _HIRES_FLAGS and a.values and "--hires" in given):
+        if a.flag in _VIDEO_FLAGS and a.values and video:
+            parts["video"].append(a)
+        elif a.flag == "--hires" or (a.flag in _HIRES_FLAGS and a.values and "--hires" in given):
             parts["hires"].append(a)
         elif a.flag in _TILE_FLAGS and (a.values or a.flag == "--vae-tiling"):
             parts["tiles"].append(a)
@@ -305,6 +323,13 @@ def lift_module_args(kept: Sequence[str], control_net: str | None, dialect: str 
         else:
             rest.append(a)
     out: dict[str, Any] = {}
+    if parts["video"]:
+        keys = {_VIDEO_FLAGS[a.flag]: a.values[0] for a in parts["video"]}  # the last one wins
+        try:
+            v = VideoSettings.from_request(keys)
+            out.update(mode=v.mode, video_frames=v.frames, fps=v.fps)
+        except InvalidArgument:
+            rest += parts["video"]
     if parts["hires"]:
         d: dict[str, Any] = {"enabled": True}
         try:

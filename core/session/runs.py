@@ -9,10 +9,15 @@ from typing import Any
 
 from sdplan.core.errors import SdplanError
 
+#: The request keys of a video run (``-M vid_gen``, ``--video-frames``, ``--fps``) that
+#: "Reuse settings" gives back with the generation flags.
+VIDEO_KEYS = ("mode", "video_frames", "fps")
+
 
 def describe_params(params: Mapping[str, Any]) -> str:
-    """One caption line for a result's parameters: prompt, size, steps, CFG, seed, sampler
-    and the run time in seconds when known (``timings['total']``)."""
+    """One caption line for a result's parameters: prompt, size, steps, CFG, seed, sampler,
+    a video's frames and frame rate, and the run time in seconds when known
+    (``timings['total']``)."""
     parts = []
     if params.get("prompt"):
         parts.append(f"“{params['prompt']}”")
@@ -22,6 +27,11 @@ def describe_params(params: Mapping[str, Any]) -> str:
                        ("sampling_method", "")):
         if params.get(key) is not None:
             parts.append(f"{label} {params[key]}".strip())
+    video = params.get("video")  # the engine's word on a video run, else the request's
+    if isinstance(video, dict):
+        parts.append(f"{video.get('frames') or 1} frames at {video.get('fps') or 16} fps")
+    elif params.get("mode") == "vid_gen":
+        parts.append(f"{params.get('video_frames') or 1} frames at {params.get('fps') or 16} fps")
     timings = params.get("timings")
     if isinstance(timings, dict) and isinstance(timings.get("total"), (int, float)):
         parts.append(f"{timings['total']:.1f} s")

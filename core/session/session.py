@@ -45,10 +45,10 @@ class Session(BoardSession):
 
     def import_png(self, path: str | Path) -> list[str]:
         """Restore a run from a picture's metadata (sd-cli's ``parameters`` text or sdplan's
-        own): prompt and settings, the model files that exist here, and the placement
-        strings. The picture names its files by name: they are looked for beside it, in the
-        current folder and among the model library's files. Returns what was taken (for the
-        status bar).
+        own; a video's from its container, its frames and frame rate too): prompt and
+        settings, the model files that exist here, and the placement strings. The picture
+        names its files by name: they are looked for beside it, in the current folder and
+        among the model library's files. Returns what was taken (for the status bar).
 
         Raises:
             SdplanError: the picture records no generation (nothing changes); PlanError: its
@@ -61,6 +61,7 @@ class Session(BoardSession):
             read_result,
         )
         from sdplan.core.planning.sdcli import GENERATION_FLAGS
+        from sdplan.core.session.runs import VIDEO_KEYS
 
         try:
             got = read_generation(path)
@@ -72,7 +73,7 @@ class Session(BoardSession):
         taken: list[str] = []
         recorded = {**got.settings, **{k: v for k, v in mine.settings.items() if k in got.settings}}
         settings = {k: v for k, v in locate_inputs(recorded, path).items()
-                    if k in GENERATION_FLAGS}
+                    if k in GENERATION_FLAGS or k in VIDEO_KEYS}
         if settings:
             self.generation.update(settings)
             taken.append("settings")
@@ -120,7 +121,7 @@ class Session(BoardSession):
                      placement: Mapping[str, str] | None = None,
                      architecture: str | None = None) -> list[str]:
         """Put a result's settings back (the gallery's and the strip's "Reuse settings"):
-        its generation settings (sd-cli keys, through
+        its generation settings (sd-cli keys, a video's frames and frame rate included, through
         :func:`~sdplan.core.pipelines.stages.results.reusable_settings`: what the command
         line's ``--from-image`` takes; others are ignored), its model files when they all
         exist here, and its placement strings when they resolve on these devices. Returns one
@@ -128,6 +129,7 @@ class Session(BoardSession):
         from sdplan.core.pipelines.stages.parameters import ImageParameters
         from sdplan.core.pipelines.stages.results import reusable_settings
         from sdplan.core.planning.sdcli import GENERATION_FLAGS
+        from sdplan.core.session.runs import VIDEO_KEYS
 
         notes: list[str] = []
         files = {k: list(v) for k, v in (model_files or {}).items()}
@@ -148,7 +150,7 @@ class Session(BoardSession):
             except PlanError as exc:
                 notes.append(f"placement not restored: {exc}")
                 new = None
-        known = set(GENERATION_FLAGS) - {"output"}
+        known = (set(GENERATION_FLAGS) - {"output"}) | set(VIDEO_KEYS)
         given = reusable_settings(ImageParameters(dict(settings)), architecture)
         self.generation.update({k: v for k, v in given.items() if k in known})
         self.apply(new if new is not None else self.placement)

@@ -248,9 +248,12 @@ def read_generation(path: str | Path) -> ImageParameters:
     picture records none.
 
     Raises:
-        OSError: not a readable image.
+        OSError: not a readable image (or video: its container's metadata,
+            :func:`~sdplan.core.pipelines.stages.video.read_video_text`).
     """
-    return _generation(read_png_text(path))
+    from sdplan.core.pipelines.stages.video import is_video_file, read_video_text
+
+    return _generation(read_video_text(path) if is_video_file(path) else read_png_text(path))
 
 
 def _generation(text: Mapping[str, str]) -> ImageParameters:
@@ -466,14 +469,18 @@ def _same_names(named: Any, full: Any) -> bool:
 
 
 def read_result(path: str | Path) -> ResultInfo:
-    """What a result image records (:func:`read_generation`), with the full paths of its
-    files from the app's index beside it (:func:`index_record`) where they are the files the
-    picture names; for an older app result without text chunks, the settings of that file.
+    """What a result image records (:func:`read_generation`; a video: the same text from its
+    container's metadata, :func:`~sdplan.core.pipelines.stages.video.read_video_text`), with
+    the full paths of its files from the app's index beside it (:func:`index_record`) where
+    they are the files the picture names; for an older app result without text chunks, the
+    settings of that file.
 
     Raises:
-        OSError: not a readable image.
+        OSError: not a readable image or video.
     """
-    text = read_png_text(path)
+    from sdplan.core.pipelines.stages.video import is_video_file, read_video_text
+
+    text = read_video_text(path) if is_video_file(path) else read_png_text(path)
     gen = _generation(text)
     settings = {k: v for k, v in gen.settings.items() if v not in (None, "")}
     kept, full = _index(path)
