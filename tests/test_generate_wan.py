@@ -158,3 +158,23 @@ def test_split_over_two_rpc_servers(tmp_path: Path) -> None:
     assert np.stack(one).std() > 20 and not math.isnan(float(np.stack(one).mean()))
     rec = read_generation(tmp_path / "split" / "f_000.png")
     assert "RPC0&RPC1" in rec.placement["backend"]
+
+
+def test_frame_counts_rounded_with_a_note_and_bounded(tmp_path: Path, capsys) -> None:
+    """``--video-frames 10000`` is refused before anything loads (at most 1025); ``--video-frames 4``
+    runs with a note that Wan makes 4k+1 frames (one frame here), as sd-cli rounds it."""
+    from sdplan.core.commands.video_flags import video_notes
+
+    base = [a for a in flags() if a != "5"]
+    i = base.index("--video-frames")
+    big = parse([*base[:i + 1], "10000", *base[i + 1:], "-o", str(tmp_path / "big.webm"), "--in-process"])
+    assert big.run(big) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--video-frames must be 1..1025, got 10000" in err and err.count("error") == 1, err
+    assert not (tmp_path / "big.webm").exists()
+    four = parse([*base[:i + 1], "4", *base[i + 1:], "-o", str(tmp_path / "f.png"), "--in-process"])
+    assert video_notes(four) == ["--video-frames 4: Wan makes 4k+1 frames; 1 will be made"]
+    assert four.run(four) == 0
+    out = capsys.readouterr()
+    assert "note: --video-frames 4: Wan makes 4k+1 frames; 1 will be made" in " ".join(out.err.split() + out.out.split())
+    assert sorted(p.name for p in tmp_path.glob("f*.png")) == ["f_0.png"]

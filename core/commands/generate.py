@@ -53,6 +53,7 @@ from sdplan.core.commands.video_flags import (
     add_video_arguments,
     check_video_output,
     video_frames,
+    video_notes,
     video_output,
     video_request,
     write_video,
@@ -479,7 +480,7 @@ def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
         mask = f", mask {args.mask}" if args.mask else ""
         console.print(f"image to image from {args.init_img}, strength {args.strength:g}{mask}",
                       highlight=False, markup=False)
-    for note in getattr(args, "picture_notes", None) or ():  # a picture of another shape
+    for note in [*(getattr(args, "picture_notes", None) or ()), *video_notes(args)]:  # a picture of another shape
         console.print(f"note: {note}", highlight=False, markup=False)
 
 

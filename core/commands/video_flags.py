@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_video_arguments", "video_request", "video_frames", "video_output", "check_video_output",
+__all__ = ["add_video_arguments", "video_request", "video_frames", "video_notes", "video_output", "check_video_output",
            "write_video", "DEFAULT_VIDEO"]
 
 #: The video ``-o`` left at its default writes.
@@ -51,6 +51,14 @@ def video_request(args: argparse.Namespace) -> dict[str, Any]:
             "high_noise_sampling_method": getattr(args, "high_noise_sampling_method", None),
             "high_noise_eta": getattr(args, "high_noise_eta", None),
             "moe_boundary": getattr(args, "moe_boundary", 0.875)}
+
+
+def video_notes(args: argparse.Namespace) -> list[str]:
+    """What the video flags change that the user may not expect: a frame count Wan rounds
+    down to ``4k + 1`` (as sd-cli's Wan runner does)."""
+    n = video_frames(args)
+    made = (n - 1) // 4 * 4 + 1
+    return [f"--video-frames {n}: Wan makes 4k+1 frames; {made} will be made"] if made != n else []
 
 
 def video_frames(args: argparse.Namespace) -> int:

@@ -193,6 +193,11 @@ class ControlInput:
 MODES = ("img_gen", "vid_gen")
 
 
+#: The most frames a video request may ask for: 4 x 256 + 1 (Wan makes 4k+1 frames; its
+#: models are trained at 81; sd-cli sets no limit, a bound keeps a typo from a day-long run).
+MAX_VIDEO_FRAMES = 1025
+
+
 @dataclass(frozen=True)
 class VideoSettings:
     """sd-cli's video flags (``-M vid_gen``, ``--video-frames``, ``--fps``) and a two-stage
@@ -217,7 +222,8 @@ class VideoSettings:
         ``moe_boundary``); absent or None keys keep the defaults.
 
         Raises:
-            InvalidArgument: a mode sd-cli's generation does not have, frames or fps below 1,
+            InvalidArgument: a mode sd-cli's generation does not have, frames outside
+                1..:data:`MAX_VIDEO_FRAMES` or fps below 1,
                 a boundary outside 0..1, naming the flag.
         """
         def pick(key: str, default: Any) -> Any:
@@ -233,8 +239,8 @@ class VideoSettings:
             raise InvalidArgument(f"video settings: {exc}") from None
         if out.mode not in MODES:
             raise InvalidArgument(f"-M {out.mode!r}: sdplan generates with -M img_gen or vid_gen")
-        if out.frames < 1:
-            raise InvalidArgument(f"--video-frames must be at least 1, got {out.frames}")
+        if not 1 <= out.frames <= MAX_VIDEO_FRAMES:
+            raise InvalidArgument(f"--video-frames must be 1..{MAX_VIDEO_FRAMES}, got {out.frames}")
         if out.fps < 1:
             raise InvalidArgument(f"--fps must be at least 1, got {out.fps}")
         if not 0.0 <= out.moe_boundary <= 1.0 or not math.isfinite(out.high_cfg_scale):
