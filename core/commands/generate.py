@@ -70,8 +70,8 @@ FILE_FLAGS = {"model": "model", "diffusion_model": "diffusion_model", "t5xxl": "
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``sdplan generate`` on the dispatcher's subparsers."""
-    p = subparsers.add_parser("generate", help="text to image on sdplan's engine (SD 1.x/2.x, SDXL, SD3, FLUX.1, Chroma, Z-Image, FLUX.2 klein and dev, Qwen-Image)",
-                              description="Generate images on sdplan's engine with sd-cli's flags.",
+    p = subparsers.add_parser("generate", help="text to image on sdplan's engine (SD 1.x/2.x, SDXL, SD3, FLUX.1, Chroma, Z-Image, FLUX.2 klein and dev, Qwen-Image), and text to video with -M vid_gen (Wan 2.x)",
+                              description="Generate images (or a Wan video with -M vid_gen) on sdplan's engine with sd-cli's flags.",
                               allow_abbrev=False)
     p.add_argument("-m", "--model", metavar="PATH", help="single-file SD checkpoint")
     p.add_argument("--demo", action="store_true",
