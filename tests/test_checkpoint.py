@@ -497,3 +497,19 @@ def test_inspect_command_json_and_profile(tmp_path: Path, capsys: pytest.Capture
     assert main(["inspect", str(tmp_path / "junk.safetensors"), "--json"]) == 2
     err = json.loads(capsys.readouterr().out)["error"]
     assert err["code"] == "invalid_model_file" and "junk.safetensors" in err["message"]
+
+
+def test_a_folder_of_several_model_files_names_them_instead_of_picking_one(tmp_path: Path) -> None:
+    """``-m FOLDER`` with two model files is an error naming the folder and its files (it took
+    the first by name before, and said so only in the log); one file, or one file beside its
+    fp16 variant, is read as before."""
+    spec = {"model.diffusion_model.input_blocks.0.0.weight": (4, 4, 3, 3)}
+    write_st(tmp_path / "b.safetensors", spec)
+    (tmp_path / "a.safetensors").write_bytes(b"xx")
+    with pytest.raises(ModelFileError, match=r"folder holds 2 model files \(a.safetensors, b.safetensors\); "
+                                             r"name one of them"):
+        read_model_files({"model": [str(tmp_path)]})
+    (tmp_path / "a.safetensors").unlink()
+    write_st(tmp_path / "b.fp16.safetensors", spec)
+    ms = read_model_files({"model": [str(tmp_path)]})
+    assert {t.info.name for t in ms.tensors} == set(spec)

@@ -400,6 +400,11 @@ def _expand(path: Path, key: str) -> list[tuple[TensorFile, str | None]]:
         if not out:
             raise ModelFileError(path, "diffusers folder without safetensors weights")
         return out
+    plain = [c.name for c in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.gguf"))
+             if c.name.count(".") == 1]
+    if len(plain) > 1 and not any(path.glob("*.safetensors.index.json")):
+        raise ModelFileError(path, f"folder holds {len(plain)} model files ({', '.join(plain[:3])}"
+                                   f"{', ...' if len(plain) > 3 else ''}); name one of them")
     files = _component_files(path)
     if not files:
         raise ModelFileError(path, "folder holds no .safetensors or .gguf model file")
