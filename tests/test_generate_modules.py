@@ -61,3 +61,22 @@ def test_controlnet_for_a_family_that_does_not_take_it(tmp_path: Path, capsys) -
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--control-net" in err[0] and "FLUX.1" in err[0], err
     assert not out.exists()
+
+
+def test_a_negative_control_strength_is_refused_before_loading(tmp_path: Path, capsys) -> None:
+    """``--control-strength -5`` (it was accepted and inverted the residuals) is one line naming
+    the flag, before anything loads; the request from the server's keys says the same."""
+    from sdplan.core.errors import InvalidArgument
+    from sdplan.core.pipelines.request_parts import ControlInput
+
+    ctl = tmp_path / "control.png"
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(ctl)
+    out = tmp_path / "x.png"
+    args = parse(["--demo", "-p", "x", "-o", str(out), "--in-process", "--control-net", _demo(),
+                  "--control-image", str(ctl), "--control-strength", "-5"])
+    assert args.run(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--control-strength -5: must be a finite number >= 0" in err and err.count("error") == 1, err
+    assert not out.exists()
+    with pytest.raises(InvalidArgument, match="--control-strength -0.5: must be a finite number >= 0"):
+        ControlInput.from_request({"control_image": str(ctl), "control_strength": -0.5})

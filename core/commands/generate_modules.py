@@ -103,8 +103,9 @@ def module_request(args: argparse.Namespace) -> dict[str, Any]:
         fix.check()
         out["hires"] = fix.to_json()
     if getattr(args, "control_net", None):
-        if not math.isfinite(args.control_strength):
-            raise InvalidArgument(f"--control-strength {args.control_strength}: must be a finite number")
+        if not math.isfinite(args.control_strength) or args.control_strength < 0:
+            raise InvalidArgument(f"--control-strength {args.control_strength:g}: must be a finite number >= 0 "
+                                  "(the scale of the ControlNet's residuals)")
         out.update(control_net=str(args.control_net), control_image=args.control_image,
                    control_strength=args.control_strength, canny=bool(args.canny))
     return out

@@ -178,11 +178,12 @@ class ControlInput:
         """From the request keys ``control_image``, ``control_strength``, ``canny``.
 
         Raises:
-            InvalidArgument: a strength that is not a finite number.
+            InvalidArgument: a strength that is not a finite number >= 0.
         """
         strength = float(s["control_strength"]) if s.get("control_strength") is not None else 0.9
-        if not math.isfinite(strength):
-            raise InvalidArgument(f"--control-strength {strength}: must be a finite number")
+        if not math.isfinite(strength) or strength < 0:
+            raise InvalidArgument(f"--control-strength {strength:g}: must be a finite number >= 0 "
+                                  "(the scale of the ControlNet's residuals)")
         return cls(s.get("control_image") or None, strength, bool(s.get("canny")))
 
     def to_json(self) -> dict[str, Any]:
