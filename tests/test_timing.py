@@ -181,6 +181,28 @@ def test_a_videos_frames_multiply_the_dits_tokens_and_add_their_attention() -> N
     assert video.decode_s == pytest.approx(81 * (one.decode_s - CPU_P.graph_s) + CPU_P.graph_s, rel=1e-6)
 
 
+def test_parallel_cfg_by_formula_runs_the_halves_at_once_and_loads_the_copy() -> None:
+    """Without model files (a profile alone), ``cfg=RPC0`` splits the UNet's CFG batch into two
+    halves, the conditional on the CPU and the unconditional on RPC0 at the same time (the
+    slower counts), and the copy's weights are read onto RPC0 at load; without ``cfg=`` the
+    batch of 2 runs on the CPU and nothing more is loaded."""
+    inv = _inv()
+    s = RunSettings(512, 512, 1, 20, "euler", True, 2)
+    seq = predict_time(resolve(["--backend", "CPU"], inv, PROFILE), inv, PROFILE, s, {}, PATHS)
+    plan = resolve(["--backend", "CPU,cfg=RPC0"], inv, PROFILE)
+    assert plan.cfg is not None and plan.cfg.active
+    par = predict_time(plan, inv, PROFILE, s, {}, PATHS)
+    total = 2 * (1.7e9 / 2) * 64 * 64 * UNET_TOKENS_PER_LATENT_PX * 2
+    cpu_half = total / 2 / 1e11 + CPU_P.graph_s
+    rpc_half = total / 2 / 4e10 + RPC_P.graph_s + (1e-4 + 2e-3)  # its compute and an empty input/output trip
+    assert seq.step_s == pytest.approx(total / 1e11 + CPU_P.graph_s)
+    assert par.step_s == pytest.approx(max(cpu_half, rpc_half))
+    assert [t.module for t in par.modules["diffusion"]] == ["diffusion", "diffusion"]
+    copy_load = par.modules["diffusion"][1].load_s
+    assert copy_load == pytest.approx(1.7e9 / DRIVE.cached_bps + RPC_P.h2d.seconds(1.7e9, 500))
+    assert par.load_s == pytest.approx(seq.load_s + copy_load)
+
+
 def test_a_planned_module_without_a_price_is_named_never_a_silent_zero() -> None:
     """An upscaler in the model set has neither a count nor a formula: its time is left out
     and the notes say so; a ControlNet's counted work is priced per evaluation like the UNet."""

@@ -374,6 +374,19 @@ def formula_work(module: str, profile: Profile, s: RunSettings, device: str) -> 
     return []
 
 
+def parallel_cfg_formula(mw: Sequence[ModuleWork], main: str, copy: str) -> list[ModuleWork]:
+    """The formula's diffusion work under parallel CFG (``--backend cfg=DEVICE``, spec section
+    14.5): each step's work in two halves, the conditional on ``main`` and the unconditional on
+    ``copy``, one group (they run at the same time: the slower counts)."""
+    out = []
+    for w in mw:
+        half = sum(o.flops * o.count for dw in w.graph.devices.values() for o in dw.ops) * w.calls / 2
+        for dev in (main, copy):
+            op = OpGroup("mm", "formula", "f16", half, 1)
+            out.append(ModuleWork(w.module, w.phase, GraphWork(dev, {dev: DeviceWork((op,))}), 1, w.source, "cfg"))
+    return out
+
+
 def predict_time(plan: object, inventory: Inventory, profile: Profile | None, settings: RunSettings,
                  works: Mapping[str, Sequence[ModuleWork]] | None = None,
                  model_paths: Mapping[str, Sequence[str]] | None = None,
@@ -408,11 +421,16 @@ def predict_time(plan: object, inventory: Inventory, profile: Profile | None, se
             continue  # a module this model set does not have
         devices = list(mplan.devices)
         mw = list((works or {}).get(module) or [])
+        copy_on = ""
         if not mw:
             mw = formula_work(module, profile, settings, devices[0])
             if mw:
                 notes.append(f"{module}: work by formula from its parameter count (no count of the "
                              "engine's graphs for this family or without model files)")
+            cfgp = getattr(plan, "cfg", None)
+            if mw and module == "diffusion" and settings.cfg and cfgp is not None and cfgp.active:
+                copy_on = cfgp.device
+                mw = parallel_cfg_formula(mw, devices[0], copy_on)
         if not mw:
             notes.append(f"{module}: not priced (no count of its graphs and no formula for it); "
                          "its time is left out")
@@ -450,8 +468,12 @@ def predict_time(plan: object, inventory: Inventory, profile: Profile | None, se
             if per_call_stage:
                 call["segments"] = per_call_stage
             calls = w.calls * (settings.evaluations if w.phase == "step" else 1)
-            t = ModuleTime(module, w.phase, call, calls, (stage if i == 0 else 0.0) + alloc_seconds(w.graph, prof),
-                           load if i == 0 else 0.0, w.source)
+            copy = i == 1 and bool(copy_on)  # parallel CFG's copy: its weights on its own device
+            copy_load = (sum(_read_s(prof, drive, copy_on, n, b) for n, b in weights.values())
+                         if copy and mode == "runtime" else 0.0)
+            t = ModuleTime(module, w.phase, call, calls,
+                           (stage if i == 0 or copy else 0.0) + alloc_seconds(w.graph, prof),
+                           load if i == 0 else copy_load, w.source)
             times.append(t)
             if w.group:
                 group = (w.phase, w.group)
