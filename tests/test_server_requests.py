@@ -71,6 +71,8 @@ def test_hr_resize_keeps_the_aspect_ratio_as_a1111():
     assert (fix.width, fix.height) == (256, 128) and fix.target(128, 64, 8) == (256, 128)
     e = _refused(_resolved, {"enable_hr": True, "hr_resize_x": 256, "hr_resize_y": 256}, width=128, height=64)
     assert str(e).startswith("hr_resize_x/hr_resize_y: 256x256 has another aspect ratio")
+    e = _refused(_resolved, {"enable_hr": True, "hr_resize_x": 1}, width=128, height=64)
+    assert str(e).startswith("hr_resize_x/hr_resize_y: 1x0 leaves no picture")
 
 
 def test_an_esrgan_name_is_a_library_model_or_refused(tmp_path):
@@ -176,6 +178,20 @@ def test_native_upscaler_model_from_the_library(tmp_path):
 def test_the_command_lines_limits_apply(body, field):
     e = _refused(apis.from_sdapi, {"prompt": "x", **body})
     assert e.code == "invalid_parameter" and str(e).startswith(field + ": must be"), str(e)
+
+
+def test_openai_n_and_the_cli_share_the_limits():
+    import argparse
+
+    from sdplan.core.errors import InvalidArgument
+    from sdplan.core.pipelines.limits import MAX_BATCH, check_generation
+
+    e = _refused(apis.from_openai, {"prompt": "x", "n": MAX_BATCH + 1})
+    assert str(e) == f"n: must be between 1 and {MAX_BATCH}, got {MAX_BATCH + 1}"
+    with pytest.raises(InvalidArgument, match=r"^-s/--seed must be between"):
+        check_generation(argparse.Namespace(seed=2**64))
+    with pytest.raises(InvalidArgument, match=r"^--cfg-scale must be between -100 and 100, got 1e\+09"):
+        check_generation(argparse.Namespace(cfg_scale=1e9))
 
 
 def test_limit_edges_are_taken():

@@ -112,12 +112,15 @@ def check_generation(args: argparse.Namespace) -> None:
     Raises:
         InvalidArgument: the first flag out of range.
     """
-    ints = (("-W/--width", "width", 1, MAX_SIDE), ("-H/--height", "height", 1, MAX_SIDE),
-            ("--steps", "steps", 1, MAX_STEPS), ("-b/--batch-count", "batch_count", 1, MAX_BATCH),
+    def ranged(flag: str, key: str) -> tuple[str, str, int, int]:
+        low, high = SETTING_RANGES[key]
+        return flag, key, int(low), int(high)
+
+    ints = (ranged("-W/--width", "width"), ranged("-H/--height", "height"), ranged("--steps", "steps"),
+            ranged("-b/--batch-count", "batch_count"),
             ("--upscale-repeats", "upscale_repeats", 1, MAX_UPSCALE_REPEATS),
             ("-t/--threads", "threads", 0, MAX_THREADS),
-            ("--clip-skip", "clip_skip", -1, MAX_CLIP_SKIP),
-            ("-s/--seed", "seed", *SEED_RANGE), ("--t5-length", "t5_length", 1, 4096),
+            ranged("--clip-skip", "clip_skip"), ranged("-s/--seed", "seed"), ("--t5-length", "t5_length", 1, 4096),
             *((flag, attr, 1, MAX_HEADS) for flag, attr in (
                 ("--clip-heads", "clip_heads"), ("--unet-heads", "unet_heads"),
                 ("--unet-head-dim", "unet_head_dim"), ("--flux-heads", "flux_heads"))))
@@ -125,11 +128,10 @@ def check_generation(args: argparse.Namespace) -> None:
         value = getattr(args, attr, None)
         if value is not None:
             check_int(flag, int(value), low, high)
-    for flag, attr, flow, fhigh in (("--cfg-scale", "cfg_scale", -MAX_CFG, MAX_CFG),
-                                    ("--guidance", "guidance", 0.0, MAX_GUIDANCE)):
+    for flag, attr in (("--cfg-scale", "cfg_scale"), ("--guidance", "guidance")):
         fvalue = getattr(args, attr, None)
         if fvalue is not None:
-            check_float(flag, float(fvalue), flow, fhigh)
+            check_float(flag, float(fvalue), *SETTING_RANGES[attr])
     for flag, attr in (("-p/--prompt", "prompt"), ("-n/--negative-prompt", "negative_prompt")):
         text = getattr(args, attr, None)
         if text is not None:

@@ -333,7 +333,7 @@ def from_openai(body: Mapping[str, Any], files: Mapping[str, list[bytes]] | None
     n = body.get("n")
     if isinstance(n, str) and n.isdigit():  # a form field
         n = int(n)
-    n_val = _int({"n": n}, "n", low=1)
+    n_val = _int({"n": n}, "n", low=1, key="batch_count")
     if n_val and n_val > 1:
         out.settings["batch_count"] = n_val
     size = parse_size(body.get("size"))

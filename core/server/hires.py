@@ -172,6 +172,9 @@ def resolve_hires(parsed: ParsedRequest, settings: dict[str, Any], width: int, h
             rx, ry = rx, rx * height // width
         elif not rx:
             rx, ry = ry * width // height, ry
+        if not rx or not ry:
+            raise refuse(name, f"{parsed.hires_resize[0]}x{parsed.hires_resize[1]} leaves no picture at the "
+                         f"{width}x{height} picture's aspect ratio")
         for key, v in (("hires_width", rx), ("hires_height", ry)):
             limit(name, key, v)
         fix.update(width=rx, height=ry)
