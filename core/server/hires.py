@@ -57,15 +57,15 @@ def native_hires(hires: Any, out: ParsedRequest, name: str) -> None:
     unknown = sorted(k for k in hires if k not in HIRES_FIELDS)
     if unknown:
         raise refuse(f"{name}.{unknown[0]}", "is not a field of sd-server's hires object (its fields: "
-                      + ", ".join(HIRES_FIELDS) + ")")
+                     + ", ".join(HIRES_FIELDS) + ")")
     at = name + "."
     if hires.get("custom_sigmas"):
         raise refuse(at + "custom_sigmas", "sdplan's hires fix takes its sigmas from the schedule and "
-                      "hires.denoising_strength; send none")
+                     "hires.denoising_strength; send none")
     tile = read_int(hires, "upscale_tile_size", low=0, where=at)
     if tile not in (None, 0, SDCPP_UPSCALE_TILE):
         raise refuse(at + "upscale_tile_size", f"sdplan's upscaler cuts its own tiles; send {SDCPP_UPSCALE_TILE} "
-                      f"or none, got {tile}")
+                     f"or none, got {tile}")
     enabled = read_bool(hires, "enabled")
     if not enabled:
         return
@@ -76,9 +76,9 @@ def native_hires(hires: Any, out: ParsedRequest, name: str) -> None:
         out.fields["hires_upscaler"] = at + "upscaler"
     scale = read_num(hires, "scale", key="hires_scale", where=at)
     put(fix, scale=scale, width=read_int(hires, "target_width", low=0, key="hires_width", where=at),
-         height=read_int(hires, "target_height", low=0, key="hires_height", where=at),
-         steps=read_int(hires, "steps", low=0, key="hires_steps", where=at),
-         denoising_strength=_strength(hires, "denoising_strength", at))
+        height=read_int(hires, "target_height", low=0, key="hires_height", where=at),
+        steps=read_int(hires, "steps", low=0, key="hires_steps", where=at),
+        denoising_strength=_strength(hires, "denoising_strength", at))
     if scale is not None and scale <= 0 and not (fix.get("width") or fix.get("height")):
         raise refuse(at + "scale", f"must be positive when no target size is set, got {scale:g}")
     out.settings["hires"] = fix
@@ -108,8 +108,8 @@ def sdapi_hires(body: Mapping[str, Any], out: ParsedRequest) -> None:
         name = _canonical_upscaler(upscaler)
         if name == "None":
             raise refuse("hr_upscaler", "'None' would turn sdplan's hires fix off; name an upscaler ("
-                          + ", ".join(HIRES_UPSCALERS[1:]) + ", or an upscaler model of this server's "
-                          "library) or send enable_hr false")
+                         + ", ".join(HIRES_UPSCALERS[1:]) + ", or an upscaler model of this server's "
+                         "library) or send enable_hr false")
         fix["upscaler"] = name
         out.fields["hires_upscaler"] = "hr_upscaler"
     scale = read_num(body, "hr_scale", key="hires_scale")
@@ -127,7 +127,7 @@ def sdapi_hires(body: Mapping[str, Any], out: ParsedRequest) -> None:
     if steps is not None and alias is not None and steps != alias:
         raise refuse("hr_steps", f"differs from hr_second_pass_steps ({alias} and {steps}); send one")
     put(fix, steps=steps if steps is not None else alias,
-         denoising_strength=_strength(body, "denoising_strength"))
+        denoising_strength=_strength(body, "denoising_strength"))
     first = {"hr_sampler_name": body.get("sampler_name"), "hr_scheduler": body.get("scheduler"),
              "hr_prompt": body.get("prompt"), "hr_negative_prompt": body.get("negative_prompt"),
              "hr_cfg": body.get("cfg_scale")}
@@ -140,7 +140,7 @@ def sdapi_hires(body: Mapping[str, Any], out: ParsedRequest) -> None:
         if isinstance(v, list) and [str(x).strip().lower() for x in v] == list(same):
             continue
         raise refuse(name, f"sdplan's hires fix runs the second pass with the first pass's settings; "
-                      f"send {name} empty or the same as the first pass, got {text(v)}")
+                     f"send {name} empty or the same as the first pass, got {text(v)}")
     out.settings["hires"] = fix
 
 
@@ -166,8 +166,8 @@ def resolve_hires(parsed: ParsedRequest, settings: dict[str, Any], width: int, h
         name = parsed.fields.get("hires_resize", "hr_resize_x/hr_resize_y")
         if rx and ry and rx * height != ry * width:
             raise refuse(name, f"{rx}x{ry} has another aspect ratio than the {width}x{height} picture; "
-                          "A1111 crops to it, sdplan's hires fix does not: give one side (0 for the other) "
-                          "or a size of the picture's aspect ratio")
+                         "A1111 crops to it, sdplan's hires fix does not: give one side (0 for the other) "
+                         "or a size of the picture's aspect ratio")
         if not ry:
             rx, ry = rx, rx * height // width
         elif not rx:
@@ -185,7 +185,7 @@ def resolve_hires(parsed: ParsedRequest, settings: dict[str, Any], width: int, h
         if path is None:
             have = ", ".join(sorted(upscalers)) or "none"
             raise refuse(field_name, f"{up[:80]!r} is neither one of sdplan's upscalers ("
-                          + ", ".join(u for u in HIRES_UPSCALERS if u != "None")
-                          + f") nor an upscaler model of this server's library (its upscaler models: {have})")
+                         + ", ".join(u for u in HIRES_UPSCALERS if u != "None")
+                         + f") nor an upscaler model of this server's library (its upscaler models: {have})")
         fix.update(upscaler=PurePath(path).stem, upscalers_dir=str(PurePath(path).parent))
     parsed.settings["hires"] = settings["hires"] = fix
