@@ -23,7 +23,7 @@ from sdplan.core.sampling.samplers import SAMPLERS
 from sdplan.core.sampling.schedules import SCHEDULES
 
 #: The most steps the panel takes: the command line's limit
-#: (``sdplan.core.commands.limits.MAX_STEPS``; discrete schedules have 1000 timesteps).
+#: (``sdplan.core.pipelines.limits.MAX_STEPS``; discrete schedules have 1000 timesteps).
 MAX_STEPS = 1000
 
 

@@ -360,7 +360,7 @@ def test_a_double_click_on_the_bar_places_the_budget_without_alt(qtbot, tmp_path
 
 def test_steps_take_what_the_command_line_takes(qtbot, tmp_path):
     from sdplan.app.settings_form import MAX_STEPS
-    from sdplan.core.commands.limits import MAX_STEPS as CLI_MAX
+    from sdplan.core.pipelines.limits import MAX_STEPS as CLI_MAX
 
     win = make_window(qtbot, tmp_path)
     box = win.generation.steps

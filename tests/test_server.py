@@ -200,6 +200,27 @@ def test_errors_are_json_with_a_code(demo):
 
 
 @pytest.mark.slow
+def test_a1111_hires_settings_are_honoured_or_refused(demo):
+    body = {"prompt": DEMO_PROMPT, "width": 128, "height": 128, "steps": 2, "seed": 5, "enable_hr": True,
+            "hr_scale": 1.5, "hr_second_pass_steps": 2, "denoising_strength": 0.5, "hr_upscaler": "Latent (nearest)"}
+    status, res = demo.post("/sdapi/v1/txt2img", body)
+    assert status == 200, res
+    assert picture(res["images"][0]).shape == (192, 192, 3)
+    hires = json.loads(res["info"])["params"]["hires"]
+    assert (hires["scale"], hires["steps"], hires["denoising_strength"], hires["upscaler"]) == \
+        (1.5, 2, 0.5, "Latent (nearest)")
+    for extra, field in (({"hr_upscaler": "R-ESRGAN 4x+"}, "hr_upscaler"), ({"hr_scale": float("nan")}, "hr_scale"),
+                         ({"hr_sampler_name": "DPM++ 2M"}, "hr_sampler_name"), ({"cfg_scale": 1e9}, "cfg_scale"),
+                         ({"seed": 2**64}, "seed"), ({"enable_hr": False, "hr_scale": float("inf")}, "hr_scale")):
+        status, err = demo.post("/sdapi/v1/txt2img", json.dumps({**body, **extra}).encode())
+        assert (status, err["error"]["code"]) == (400, "invalid_parameter"), err
+        assert err["error"]["message"].startswith(field + ":"), err
+    status, err = demo.post("/sdapi/v1/img2img", {"prompt": "x", "init_images": [base64.b64encode(b"junk").decode()]})
+    assert (status, err["error"]["code"]) == (400, "invalid_image")
+    assert err["error"]["message"].startswith("init_images[0]: not a picture") and "object at" not in err["error"]["message"]
+
+
+@pytest.mark.slow
 def test_native_jobs_and_cancel(demo):
     status, sub = demo.post("/sdcpp/v1/img_gen", {"prompt": DEMO_PROMPT, "width": 64, "height": 64,
                                                   "sample_params": {"sample_steps": 2}})
@@ -268,11 +289,25 @@ def test_model_swap_frees_the_previous_model_and_needs_the_key(tmp_path):
     lib = tmp_path / "models"
     lib.mkdir()
     os.symlink(FIXTURES / "sd1_tiny.safetensors", lib / "sd1_tiny.safetensors")
+    from pth_writer import compact_weights
+    from safetensors.numpy import save_file
+
+    save_file(compact_weights(feat=8, n_conv=2), str(lib / "compact_x2.safetensors"))
     with serving("--demo", "-t", "1", "--models-dir", str(lib), "--api-key", "k3y") as srv:
         assert srv.get("/v1/models")[0] == 401
         assert srv.get("/v1/models", {"Authorization": "Bearer wrong"})[0] == 401
         assert srv.get("/health")[0] == 200
         srv.auth = {"X-API-Key": "k3y"}
+        # the library's ESRGAN is a hires upscaler A1111's clients can name
+        ups = srv.get("/sdapi/v1/upscalers")[1]
+        assert [u["name"] for u in ups] == ["None", "Lanczos", "Nearest", "compact_x2"]
+        status, res = srv.post("/sdapi/v1/txt2img", {"prompt": DEMO_PROMPT, "width": 64, "height": 64, "steps": 2,
+                                                     "enable_hr": True, "hr_upscaler": "compact_x2",
+                                                     "hr_second_pass_steps": 2, "denoising_strength": 0.5})
+        assert status == 200, res
+        assert picture(res["images"][0]).shape == (128, 128, 3)
+        hires = json.loads(res["info"])["params"]["hires"]
+        assert (hires["upscaler"], hires["upscalers_dir"]) == ("compact_x2", str(lib))
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="k3y", max_retries=0)
         assert {m.id for m in client.models.list()} == {"sdplan-demo-shapes", "sd1_tiny"}
         client.images.generate(prompt=DEMO_PROMPT + " " + STEPS_2, size="64x64")

@@ -427,10 +427,10 @@ def checked_request(args: argparse.Namespace, files: dict[str, list[str]], model
 
 def validate(args: argparse.Namespace) -> None:
     """Check the generation flags and every output location before anything loads
-    (:mod:`sdplan.core.commands.limits`, :func:`check_outputs`, no output over an input:
+    (:mod:`sdplan.core.pipelines.limits`, :func:`check_outputs`, no output over an input:
     :mod:`sdplan.core.commands.same_file`); raises InvalidArgument or OutputError naming the
     flag."""
-    from sdplan.core.commands.limits import check_generation
+    from sdplan.core.pipelines.limits import check_generation
     from sdplan.core.sampling.names import FLOW_SAMPLERS, SAMPLERS, SCHEDULES
 
     validate_inputs(args)  # first: -W/-H may come from the init picture

@@ -20,13 +20,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sdplan.core.errors import InvalidArgument, PlanError
+from sdplan.core.pipelines.limits import MAX_PICTURE_PX, MAX_STEPS, check_hires_scale
 from sdplan.core.planning.profile import ModuleProfile, Profile
 
 __all__ = ["UPSCALER_WEIGHT_BYTES", "late_module_profile", "with_late_modules", "add_module_arguments",
            "module_request", "hires_size", "MAX_TILE_PX"]
 
 #: Largest ``--vae-tile-size`` side (image pixels): the largest picture side generate draws.
-MAX_TILE_PX = 16384
+MAX_TILE_PX = MAX_PICTURE_PX
 
 
 def add_module_arguments(p: argparse.ArgumentParser) -> None:
@@ -94,7 +95,7 @@ def module_request(args: argparse.Namespace) -> dict[str, Any]:
 
         for flag, value, high in (("--hires-width", args.hires_width, MAX_TILE_PX),
                                   ("--hires-height", args.hires_height, MAX_TILE_PX),
-                                  ("--hires-steps", args.hires_steps, 1000)):
+                                  ("--hires-steps", args.hires_steps, MAX_STEPS)):
             if not 0 <= int(value) <= high:
                 raise InvalidArgument(f"{flag} {value}: must be in 0..{high}")
         check_hires_scale(args.hires_scale)
@@ -109,13 +110,6 @@ def module_request(args: argparse.Namespace) -> dict[str, Any]:
         out.update(control_net=str(args.control_net), control_image=args.control_image,
                    control_strength=args.control_strength, canny=bool(args.canny))
     return out
-
-
-def check_hires_scale(scale: float) -> None:
-    """Refuse a ``--hires-scale`` that is not a finite number up to 16 (a NaN or infinite
-    scale has no picture size). Raises InvalidArgument naming the flag."""
-    if not math.isfinite(scale) or scale > 16:
-        raise InvalidArgument(f"--hires-scale {scale}: must be a finite number, at most 16")
 
 
 def hires_size(args: argparse.Namespace) -> tuple[int, int]:

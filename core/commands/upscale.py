@@ -51,10 +51,10 @@ def run(args: argparse.Namespace) -> int:
     """Upscale and write the image; 0 on success, 2 on any sdplan error. The flags, the
     input picture and the output location (never one of the inputs) are all checked before the
     model loads."""
-    from sdplan.core.commands.limits import check_upscale
     from sdplan.core.commands.messages import print_error
     from sdplan.core.commands.same_file import check_files
     from sdplan.core.modelfiles.readers import check_model_file
+    from sdplan.core.pipelines.limits import check_upscale
     from sdplan.core.pipelines.stages.images import read_image_rgb
     from sdplan.core.pipelines.stages.outputs import check_output_file
     from sdplan.core.pipelines.stages.upscale import Upscaler

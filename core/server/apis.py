@@ -17,9 +17,15 @@ Three API families, as stable-diffusion.cpp's ``sd-server`` documents them
 Each reader returns a :class:`ParsedRequest`: the settings by sd-cli's request keys (what
 :meth:`sdplan.core.pipelines.request.GenerationRequest.from_settings` takes), the model the
 request names (None: the served one), its pictures as bytes, and the output format. A value
-of the wrong type is a :class:`~sdplan.core.errors.RequestRefused` naming the field; what
-the family does not take is refused later by the request's own check, as on the command
-line. Pure Python.
+of the wrong type, or out of the command line's limits
+(:data:`sdplan.core.pipelines.limits.SETTING_RANGES`: a seed within int64, a finite CFG
+within +-100...), is a :class:`~sdplan.core.errors.RequestRefused` naming the field as the
+client spelled it; what the family does not take is refused later by the request's own
+check, as on the command line.
+
+The hires fix: A1111's ``enable_hr`` fields and sd-server's ``hires`` object are read by
+:mod:`sdplan.core.server.hires` (sd-cli's ``--hires-*`` semantics, A1111's where they
+differ); what sdplan cannot honour is refused by name. Pure Python.
 """
 
 from __future__ import annotations
@@ -30,13 +36,22 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from sdplan.core.errors import RequestRefused
+from sdplan.core.pipelines.limits import MAX_BATCH
+from sdplan.core.server.fields import ParsedRequest
+from sdplan.core.server.fields import put as _put
+from sdplan.core.server.fields import read_bool as _bool
+from sdplan.core.server.fields import read_int as _int
+from sdplan.core.server.fields import read_num as _num
+from sdplan.core.server.fields import read_str as _str
+from sdplan.core.server.fields import refuse as _refuse
+from sdplan.core.server.hires import HIRES_FIELDS, native_hires, resolve_hires, sdapi_hires
 
 __all__ = ["ParsedRequest", "from_sdapi", "from_openai", "from_sdcpp", "decode_picture",
-           "SDAPI_SAMPLERS", "SDAPI_SCHEDULERS", "split_extra_args", "parse_size"]
+           "SDAPI_SAMPLERS", "SDAPI_SCHEDULERS", "split_extra_args", "parse_size", "resolve_hires", "check_finite",
+           "HIRES_FIELDS"]
 
 #: A1111's sampler names -> sd-cli's (their names for the same samplers).
 SDAPI_SAMPLERS = {
@@ -56,77 +71,6 @@ _EXTRA = re.compile(r"<sd_cpp_extra_args>(.*?)</sd_cpp_extra_args>", re.DOTALL)
 _DATA_URL = re.compile(r"^data:image/[a-zA-Z0-9.+-]+;base64,", re.ASCII)
 
 
-@dataclass
-class ParsedRequest:
-    """One client request in sdplan's terms.
-
-    Attributes:
-        api: ``sdapi``, ``openai`` or ``sdcpp`` (how the answer is shaped).
-        settings: sd-cli's request keys (``prompt``, ``width``, ``steps``, ``cfg_scale``,
-            ``sampling_method``, ``batch_count``, ``strength``...); absent keys take the
-            family's defaults.
-        model: the model the request names (None: the served default).
-        pictures: ``init_img``, ``mask`` (bytes) and ``ref_images`` (list of bytes) the
-            request carries; written to files for the engine before the job runs. An
-            OpenAI edit's pictures are ``edit`` (list of bytes) until the model's family
-            says whether it edits from an init picture or from reference pictures.
-        mask_invert: invert the mask (A1111's ``inpainting_mask_invert``).
-        output_format: ``png``, ``jpeg`` or ``webp``; output_compression: 0..100.
-        echo: the body as received, for A1111's ``parameters`` in the answer.
-    """
-
-    api: str
-    settings: dict[str, Any]
-    model: str | None = None
-    pictures: dict[str, Any] = field(default_factory=dict)
-    mask_invert: bool = False
-    output_format: str = "png"
-    output_compression: int = 100
-    echo: dict[str, Any] = field(default_factory=dict)
-
-
-def _refuse(name: str, what: str) -> RequestRefused:
-    return RequestRefused(f"{name}: {what}", "invalid_parameter", 400)
-
-
-def _int(body: Mapping[str, Any], name: str, *, low: int | None = None) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
-        raise _refuse(name, f"must be a whole number, got {json.dumps(v)[:40]}")
-    if low is not None and v < low:
-        raise _refuse(name, f"must be at least {low}, got {int(v)}")
-    return int(v)
-
-
-def _num(body: Mapping[str, Any], name: str) -> float | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
-        raise _refuse(name, f"must be a finite number, got {json.dumps(v)[:40]}")
-    return float(v)
-
-
-def _str(body: Mapping[str, Any], name: str) -> str | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, str):
-        raise _refuse(name, f"must be text, got {json.dumps(v)[:40]}")
-    return v
-
-
-def _bool(body: Mapping[str, Any], name: str) -> bool:
-    v = body.get(name)
-    if v is None:
-        return False
-    if isinstance(v, bool) or v in (0, 1):
-        return bool(v)
-    raise _refuse(name, f"must be true or false, got {json.dumps(v)[:40]}")
-
-
 def decode_picture(value: Any, name: str) -> bytes:
     """The bytes of a picture sent as base64 text or a ``data:image/...;base64,`` URL.
 
@@ -140,6 +84,24 @@ def decode_picture(value: Any, name: str) -> bytes:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise RequestRefused(f"{name}: not base64 picture data", "invalid_image", 400) from None
+
+
+def check_finite(body: Any, where: str = "") -> None:
+    """Refuse a NaN or infinite number anywhere in a parsed JSON ``body`` (Python's JSON
+    reader takes ``NaN`` and ``Infinity``, which no answer could echo), naming its field
+    (``hr_scale``, ``sample_params.eta``, ``lora[0].multiplier``).
+
+    Raises:
+        RequestRefused: ``invalid_parameter``, naming the first such field.
+    """
+    if isinstance(body, float) and not math.isfinite(body):
+        raise _refuse(where or "body", f"must be a finite number, got {body}")
+    if isinstance(body, dict):
+        for k, v in body.items():
+            check_finite(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(body, list):
+        for i, v in enumerate(body):
+            check_finite(v, f"{where}[{i}]")
 
 
 def split_extra_args(prompt: str) -> tuple[str, dict[str, Any]]:
@@ -158,6 +120,7 @@ def split_extra_args(prompt: str) -> tuple[str, dict[str, Any]]:
         raise RequestRefused(f"sd_cpp_extra_args: not JSON ({exc})", "invalid_json", 400) from None
     if not isinstance(extra, dict):
         raise RequestRefused("sd_cpp_extra_args: must be a JSON object", "invalid_json", 400)
+    check_finite(extra, "sd_cpp_extra_args")
     return (prompt[:m.start()] + prompt[m.end():]).strip(), extra
 
 
@@ -209,58 +172,66 @@ def _lora_tags(entries: Any, name: str = "lora") -> str:
     return " ".join(tags)
 
 
-def _put(settings: dict[str, Any], **values: Any) -> None:
-    settings.update({k: v for k, v in values.items() if v is not None})
-
-
 def native_settings(body: Mapping[str, Any], out: ParsedRequest, *, where: str = "") -> None:
-    """Read sd-server's native fields (``sample_params``, ``init_image``, ``lora``...) of
-    ``body`` into ``out`` (over what is there)."""
+    """Read sd-server's native fields (``sample_params``, ``init_image``, ``lora``,
+    ``hires``...) of ``body`` into ``out`` (over what is there); refusals name the field
+    after ``where`` (``sd_cpp_extra_args.`` inside a prompt).
+
+    Raises:
+        RequestRefused: a field of the wrong type or out of the command line's limits.
+    """
     s = out.settings
-    _put(s, negative_prompt=_str(body, "negative_prompt"), width=_int(body, "width", low=1),
-         height=_int(body, "height", low=1), seed=_int(body, "seed"),
-         batch_count=_int(body, "batch_count", low=1), strength=_num(body, "strength"))
-    clip = _int(body, "clip_skip")
+    _put(s, negative_prompt=_str(body, "negative_prompt"), width=_int(body, "width", low=1, key="width", where=where),
+         height=_int(body, "height", low=1, key="height", where=where),
+         seed=_int(body, "seed", key="seed", where=where),
+         batch_count=_int(body, "batch_count", low=1, key="batch_count", where=where),
+         strength=_num(body, "strength", where=where))
+    clip = _int(body, "clip_skip", key="clip_skip", where=where)
     if clip is not None:
         s["clip_skip"] = max(clip, 0)
     sp = body.get("sample_params")
     if sp is not None:
         if not isinstance(sp, dict):
             raise _refuse(where + "sample_params", "must be an object")
+        at = where + "sample_params."
         _put(s, sampling_method=_str(sp, "sample_method"), scheduler=_str(sp, "scheduler"),
-             steps=_int(sp, "sample_steps", low=1), eta=_num(sp, "eta"),
-             flow_shift=_num(sp, "flow_shift"), timestep_shift=_int(sp, "shifted_timestep"))
+             steps=_int(sp, "sample_steps", low=1, key="steps", where=at), eta=_num(sp, "eta", where=at),
+             flow_shift=_num(sp, "flow_shift", where=at), timestep_shift=_int(sp, "shifted_timestep", where=at))
         if s.get("flow_shift") == 0.0:  # sd-server's "unset"
             s.pop("flow_shift")
         sig = sp.get("custom_sigmas")
         if sig:
             if not isinstance(sig, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                     for x in sig):
-                raise _refuse("sample_params.custom_sigmas", "must be a list of numbers")
+                                                     and math.isfinite(x) for x in sig):
+                raise _refuse(at + "custom_sigmas", "must be a list of finite numbers")
             s["sigmas"] = [float(x) for x in sig]
         g = sp.get("guidance")
         if g is not None:
             if not isinstance(g, dict):
-                raise _refuse("sample_params.guidance", "must be an object")
-            _put(s, cfg_scale=_num(g, "txt_cfg"), guidance=_num(g, "distilled_guidance"))
+                raise _refuse(at + "guidance", "must be an object")
+            ag = at + "guidance."
+            _put(s, cfg_scale=_num(g, "txt_cfg", key="cfg_scale", where=ag),
+                 guidance=_num(g, "distilled_guidance", key="guidance", where=ag))
             slg = g.get("slg")
-            if isinstance(slg, dict) and _num(slg, "scale"):
-                _put(s, slg_scale=_num(slg, "scale"), skip_layers=slg.get("layers"),
-                     skip_layer_start=_num(slg, "layer_start"), skip_layer_end=_num(slg, "layer_end"))
+            if isinstance(slg, dict) and _num(slg, "scale", where=ag + "slg."):
+                _put(s, slg_scale=_num(slg, "scale", where=ag + "slg."), skip_layers=slg.get("layers"),
+                     skip_layer_start=_num(slg, "layer_start", where=ag + "slg."),
+                     skip_layer_end=_num(slg, "layer_end", where=ag + "slg."))
     tags = _lora_tags(body.get("lora"))
     if tags:
         s["prompt"] = f"{s.get('prompt', '')} {tags}".strip()
     for key, field_name in (("init_img", "init_image"), ("mask", "mask_image")):
         if body.get(field_name) is not None:
-            out.pictures[key] = decode_picture(body[field_name], field_name)
+            out.pictures[key] = decode_picture(body[field_name], where + field_name)
+            out.fields[key] = where + field_name
     refs = body.get("ref_images")
     if refs:
         if not isinstance(refs, list):
-            raise _refuse("ref_images", "must be a list of pictures")
-        out.pictures["ref_images"] = [decode_picture(r, f"ref_images[{i}]") for i, r in enumerate(refs)]
-    hires = body.get("hires")
-    if isinstance(hires, dict) and hires.get("enabled"):
-        s["hires"] = True  # refused by the family check where it is not run
+            raise _refuse(where + "ref_images", "must be a list of pictures")
+        out.pictures["ref_images"] = [decode_picture(r, f"{where}ref_images[{i}]") for i, r in enumerate(refs)]
+        out.fields["ref_images"] = where + "ref_images"
+    if body.get("hires") is not None:
+        native_hires(body["hires"], out, where + "hires")
     if body.get("control_image") is not None:
         s["control_net"] = "control_image"
     vt = body.get("vae_tiling_params")
@@ -295,13 +266,16 @@ def from_sdapi(body: Mapping[str, Any], *, img2img: bool = False) -> ParsedReque
     prompt, extra = _prompt(body)
     out = ParsedRequest("sdapi", {"prompt": prompt}, echo=dict(body))
     s = out.settings
-    _put(s, negative_prompt=_str(body, "negative_prompt"), width=_int(body, "width", low=1),
-         height=_int(body, "height", low=1), steps=_int(body, "steps", low=1),
-         cfg_scale=_num(body, "cfg_scale"), seed=_int(body, "seed"))
-    batch = (_int(body, "batch_size", low=1) or 1) * (_int(body, "n_iter", low=1) or 1)
-    if batch > 1:
-        s["batch_count"] = batch
-    clip = _int(body, "clip_skip")
+    _put(s, negative_prompt=_str(body, "negative_prompt"), width=_int(body, "width", low=1, key="width"),
+         height=_int(body, "height", low=1, key="height"), steps=_int(body, "steps", low=1, key="steps"),
+         cfg_scale=_num(body, "cfg_scale", key="cfg_scale"), seed=_int(body, "seed", key="seed"))
+    size = _int(body, "batch_size", low=1, key="batch_count") or 1
+    n_iter = _int(body, "n_iter", low=1, key="batch_count") or 1
+    if size * n_iter > MAX_BATCH:
+        raise _refuse("batch_size", f"must be at most {MAX_BATCH} images with n_iter, got {size} x {n_iter}")
+    if size * n_iter > 1:
+        s["batch_count"] = size * n_iter
+    clip = _int(body, "clip_skip", key="clip_skip")
     if clip is not None:
         s["clip_skip"] = max(clip, 0)
     sampler = _str(body, "sampler_name") or _str(body, "sampler_index")
@@ -312,13 +286,16 @@ def from_sdapi(body: Mapping[str, Any], *, img2img: bool = False) -> ParsedReque
     if sched:
         s["scheduler"] = SDAPI_SCHEDULERS.get(sched.strip().lower(), sched.strip())
     if _bool(body, "enable_hr"):
-        s["hires"] = True
+        if img2img:
+            raise _refuse("enable_hr", "A1111's img2img has no hires fix (its denoising_strength is the "
+                          "img2img strength); send enable_hr false")
+        sdapi_hires(body, out)
     over = body.get("override_settings")
     if over is not None:
         if not isinstance(over, dict):
             raise _refuse("override_settings", "must be an object")
         out.model = _str(over, "sd_model_checkpoint")
-        clip = _int(over, "CLIP_stop_at_last_layers")
+        clip = _int(over, "CLIP_stop_at_last_layers", key="clip_skip", where="override_settings.")
         if clip is not None:
             s["clip_skip"] = max(clip, 0)
     if body.get("alwayson_scripts"):
@@ -330,8 +307,10 @@ def from_sdapi(body: Mapping[str, Any], *, img2img: bool = False) -> ParsedReque
         if len(images) > 1:
             raise _refuse("init_images", "sdplan takes one init picture per request")
         out.pictures["init_img"] = decode_picture(images[0], "init_images[0]")
+        out.fields["init_img"] = "init_images[0]"
         if body.get("mask") is not None:
             out.pictures["mask"] = decode_picture(body["mask"], "mask")
+            out.fields["mask"] = "mask"
             out.mask_invert = _bool(body, "inpainting_mask_invert")
         strength = _num(body, "denoising_strength")
         s["strength"] = 0.75 if strength is None else max(0.0, min(1.0, strength))
@@ -354,7 +333,7 @@ def from_openai(body: Mapping[str, Any], files: Mapping[str, list[bytes]] | None
     n = body.get("n")
     if isinstance(n, str) and n.isdigit():  # a form field
         n = int(n)
-    n_val = _int({"n": n}, "n", low=1)
+    n_val = _int({"n": n}, "n", low=1, key="batch_count")
     if n_val and n_val > 1:
         out.settings["batch_count"] = n_val
     size = parse_size(body.get("size"))
@@ -373,8 +352,10 @@ def from_openai(body: Mapping[str, Any], files: Mapping[str, list[bytes]] | None
         if not pics:
             raise RequestRefused("image: an edit needs a picture", "invalid_parameter", 400)
         out.pictures["edit"] = list(pics)  # init or reference pictures: the family decides
+        out.fields.update(init_img="image", ref_images="image")
         if files.get("mask"):
             out.pictures["mask"] = files["mask"][0]
+            out.fields["mask"] = "mask"
     if extra:
         native_settings(extra, out, where="sd_cpp_extra_args.")
     return out

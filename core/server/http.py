@@ -4,7 +4,8 @@
 Routes (sd-server's, ``examples/server/api.md``, with sdplan's own under ``/sdplan``):
 
 - A1111: ``POST /sdapi/v1/txt2img``, ``/sdapi/v1/img2img``; ``GET /sdapi/v1/sd-models``,
-  ``samplers``, ``schedulers``, ``loras``, ``upscalers``, ``options`` (``POST options`` with
+  ``samplers``, ``schedulers``, ``loras``, ``upscalers`` (the library's upscaler models a
+  hires fix may name), ``latent-upscale-modes``, ``options`` (``POST options`` with
   ``sd_model_checkpoint`` swaps the served model);
 - OpenAI: ``POST /v1/images/generations``, ``/v1/images/edits`` (multipart), ``GET /v1/models``;
 - sd-server's native: ``GET /sdcpp/v1/capabilities``, ``POST /sdcpp/v1/img_gen`` (202, then
@@ -84,6 +85,7 @@ async def _json(request: Any, server: Server) -> dict[str, Any]:
         raise RequestRefused(f"the request body is not JSON ({exc})", "invalid_json", 400) from None
     if not isinstance(data, dict):
         raise RequestRefused("the request body must be a JSON object", "invalid_json", 400)
+    apis.check_finite(data)
     return data
 
 
@@ -191,8 +193,15 @@ def create_app(server: Server) -> Any:
         return JSONResponse([])
 
     async def upscalers(request: Request) -> Any:
-        return JSONResponse([{"name": "None", "model_name": None, "model_path": None, "model_url": None,
-                              "scale": 1}])
+        built_in = [{"name": n, "model_name": None, "model_path": None, "model_url": None, "scale": 1}
+                    for n in ("None", "Lanczos", "Nearest")]
+        return JSONResponse(built_in + [{"name": stem, "model_name": "ESRGAN", "model_path": path, "model_url": None,
+                                         "scale": 4} for stem, path in sorted(server.catalog.upscalers.items())])
+
+    async def latent_modes(request: Request) -> Any:
+        from sdplan.core.pipelines.request_parts import LATENT_UPSCALERS
+
+        return JSONResponse([{"name": n} for n in LATENT_UPSCALERS])
 
     async def options(request: Request) -> Any:
         if request.method == "POST":
@@ -260,6 +269,7 @@ def create_app(server: Server) -> Any:
         Route("/sdapi/v1/schedulers", guarded(schedulers, True), methods=["GET"]),
         Route("/sdapi/v1/loras", guarded(empty_list, True), methods=["GET"]),
         Route("/sdapi/v1/upscalers", guarded(upscalers, True), methods=["GET"]),
+        Route("/sdapi/v1/latent-upscale-modes", guarded(latent_modes, True), methods=["GET"]),
         Route("/sdapi/v1/options", guarded(options, True), methods=["GET", "POST"]),
         Route("/v1/images/generations", guarded(openai_generate), methods=["POST"]),
         Route("/v1/images/edits", guarded(openai_edit), methods=["POST"]),

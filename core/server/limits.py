@@ -55,15 +55,24 @@ class ServerLimits:
     def check_request(self, req: Any) -> None:
         """Refuse a checked request (a
         :class:`~sdplan.core.pipelines.request.GenerationRequest` with its size, steps and
-        batch resolved) over the picture, step, batch or prompt limits.
+        batch resolved) over the picture, step, batch or prompt limits; a hires fix's second
+        pass (its target, aligned to 8 px, and its steps) counts as well.
 
         Raises:
             RequestRefused: ``too_large``, HTTP 400, naming the limit.
         """
         w, h = int(req.width or 0), int(req.height or 0)
-        if w > self.max_side or h > self.max_side or w * h > self.max_pixels:
-            raise RequestRefused(f"{w}x{h} px is over this server's limit ({self.max_pixels} pixels, "
-                                 f"sides up to {self.max_side} px)", "too_large", 400)
+        sizes = [("", w, h)]
+        hires = getattr(req, "hires", None)
+        if hires is not None and hires.active:
+            sizes.append(("the hires pass's ", *hires.target(w, h, 8)))
+            if int(hires.steps) > self.max_steps:
+                raise RequestRefused(f"{hires.steps} hires steps; this server runs at most {self.max_steps}",
+                                     "too_large", 400)
+        for what, sw, sh in sizes:
+            if sw > self.max_side or sh > self.max_side or sw * sh > self.max_pixels:
+                raise RequestRefused(f"{what}{sw}x{sh} px is over this server's limit ({self.max_pixels} pixels, "
+                                     f"sides up to {self.max_side} px)", "too_large", 400)
         if int(req.batch_count) > self.max_batch:
             raise RequestRefused(f"{req.batch_count} images in one request; this server makes at most "
                                  f"{self.max_batch}", "too_large", 400)

@@ -97,11 +97,15 @@ class ModelCatalog:
         default: the model of the command line.
         library: other models a request may name.
         limits: the server's limits.
+        upscalers: the library's ESRGAN upscaler models (file stem -> path) a request's
+            hires fix may name (A1111's ``hr_upscaler``, sd-server's ``hires.upscaler``).
     """
 
     def __init__(self, default: ServedModel, library: Sequence[ServedModel] = (),
-                 limits: ServerLimits | None = None) -> None:
+                 limits: ServerLimits | None = None, upscalers: Mapping[str, str] | None = None) -> None:
         self.default = default
+        #: The library's upscaler models a hires fix may name: stem -> path.
+        self.upscalers: dict[str, str] = dict(upscalers or {})
         self.models: dict[str, ServedModel] = {default.name: default}
         for m in library:
             self.models.setdefault(m.name, m)
@@ -122,13 +126,15 @@ class ModelCatalog:
 
         entries = list(scan_library(list(folders)).entries)
         found = []
+        upscalers = {Path(e.path).stem: str(e.path) for e in entries
+                     if e.kind == "upscaler" and e.error is None}
         for e in entries:
             if e.kind not in DIFFUSION_KINDS or e.error is not None:
                 continue
             flags, missing = companions(e, entries)
             note = f"missing {', '.join(missing)} in the library" if missing else None
             found.append(ServedModel(_stem(e.path), flags, note=note))
-        return cls(default, found, limits)
+        return cls(default, found, limits, upscalers)
 
     def get(self, name: str | None) -> ServedModel:
         """The model called ``name`` (file name or stem; None, empty or the default's
@@ -160,6 +166,7 @@ class ModelCatalog:
         """
         from sdplan.core.pipelines.request import GenerationRequest
         from sdplan.core.pipelines.size_rule import check_size
+        from sdplan.core.server.apis import resolve_hires
 
         model = self.get(parsed.model)
         try:
@@ -167,6 +174,9 @@ class ModelCatalog:
                 models = model.headers()
                 fam, variant = model.family()
             settings = {**model.defaults, **parsed.settings, **(pictures or {}), "previews": False}
+            d = fam.defaults_for(variant)
+            resolve_hires(parsed, settings, int(settings.get("width") or d.width or 512),
+                          int(settings.get("height") or d.height or 512), self.upscalers)
             req = GenerationRequest.from_settings(settings, model.files).check(fam, variant)
         except RequestRefused:
             raise

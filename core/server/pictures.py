@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,12 @@ from sdplan.core.errors import RequestRefused
 __all__ = ["write_pictures", "encode_image", "b64"]
 
 
+#: An object's repr in an exception's text (Pillow names the buffer it read).
+_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
 def _open(data: bytes, name: str, max_pixels: int) -> Any:
+    """``data`` opened as a picture; refusals name ``name`` (the client's field)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -34,16 +40,21 @@ def _open(data: bytes, name: str, max_pixels: int) -> Any:
         pic.load()
     except RequestRefused:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise RequestRefused(f"{name}: not a picture Pillow reads ({exc})", "invalid_image", 400) from None
+    except UnidentifiedImageError:
+        raise RequestRefused(f"{name}: not a picture (PNG, JPEG, WebP or another format Pillow reads)",
+                             "invalid_image", 400) from None
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        why = _REPR.sub("the picture", str(exc))
+        raise RequestRefused(f"{name}: not a picture Pillow reads ({why})", "invalid_image", 400) from None
     return pic
 
 
 def write_pictures(pictures: Mapping[str, Any], folder: Path, *, max_pixels: int,
-                   mask_invert: bool = False) -> dict[str, Any]:
+                   mask_invert: bool = False, names: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Write a request's pictures (``init_img``, ``mask``: bytes; ``ref_images``: list of
     bytes) as PNG files in ``folder``; returns the request keys with their paths
-    (``ref_images`` a list).
+    (``ref_images`` a list). ``names``: request key -> the client's field name
+    (``init_images[0]``...) the refusals name; the request key without one.
 
     Raises:
         RequestRefused: bytes that are not a picture (``invalid_image``) or one over
@@ -56,7 +67,7 @@ def write_pictures(pictures: Mapping[str, Any], folder: Path, *, max_pixels: int
     for key in ("init_img", "mask"):
         if pictures.get(key) is None:
             continue
-        pic = _open(pictures[key], key, max_pixels)
+        pic = _open(pictures[key], (names or {}).get(key, key), max_pixels)
         if key == "mask":
             pic = pic.convert("L")
             if mask_invert:
@@ -69,7 +80,7 @@ def write_pictures(pictures: Mapping[str, Any], folder: Path, *, max_pixels: int
     refs = []
     for i, data in enumerate(pictures.get("ref_images") or ()):
         path = folder / f"ref_{i}.png"
-        _open(data, f"ref_images[{i}]", max_pixels).convert("RGB").save(path, format="PNG")
+        _open(data, f"{(names or {}).get('ref_images', 'ref_images')}[{i}]", max_pixels).convert("RGB").save(path, format="PNG")
         refs.append(str(path))
     if refs:
         out["ref_images"] = refs

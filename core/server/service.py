@@ -150,7 +150,7 @@ class Server:
             from sdplan.core.server.pictures import write_pictures
 
             paths = write_pictures(pictures, folder, max_pixels=self.limits.max_pixels,
-                                   mask_invert=parsed.mask_invert) if folder is not None else {}
+                                   mask_invert=parsed.mask_invert, names=parsed.fields) if folder is not None else {}
             model, req = self.catalog.prepare(parsed, paths)
             settings = {**model.defaults, **parsed.settings, **paths, "previews": False}
             return self.queue.submit(ServerJob("", parsed, model, req, settings, folder))
@@ -207,6 +207,7 @@ class Server:
 
     def capabilities(self) -> dict[str, Any]:
         """sd-server's ``GET /sdcpp/v1/capabilities`` for the served model."""
+        from sdplan.core.pipelines.request_parts import HIRES_UPSCALERS
         from sdplan.core.sampling.names import samplers_for, schedulers_for
 
         model = self.catalog.default
@@ -236,7 +237,7 @@ class Server:
                 "output_formats_by_mode": {"img_gen": ["png", "jpeg", "webp"]},
                 "features_by_mode": {"img_gen": features},
                 "samplers": list(samplers_for(fam.sampling)), "schedulers": list(schedulers_for(fam.sampling)),
-                "loras": [], "upscalers": [{"name": "None"}], "limits": self.limits.to_json(),
+                "loras": [], "upscalers": [{"name": n} for n in (*HIRES_UPSCALERS, *sorted(self.catalog.upscalers))], "limits": self.limits.to_json(),
                 "models": self.catalog.names()}
 
 
