@@ -1,7 +1,8 @@
-"""``--split-ratio auto`` for sdplan's engine (:mod:`sdplan.core.planning.speed_split`):
-blocks on the devices in order of their measured cost per block (compute plus the residual
-stream over their links), each filled to its room; without measured profiles, section 8
-and a warning."""
+"""``--split-ratio auto`` for sdplan's engine (:mod:`sdplan.core.planning.speed_split`): the
+cheapest order of the devices, each filled to its room, where a block costs its compute and
+each change of device (from the main device and back to it) one copy of the residual stream
+over the two links; a device behind a slow link with the same compute keeps its blocks as the
+main device; without measured profiles, section 8 and a warning."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ def _prof(rate: float, bps: float, latency: float) -> DeviceProfile:
                          h2d=Link(bps, latency), d2h=Link(bps, latency))
 
 
-FAST = _prof(5e10, 2e9, 1e-4)
-THROTTLED = _prof(5e10, 1e8, 1e-3)  # the same compute behind a 100 MB/s, 1 ms link
+FAST = _prof(5e11, 2e9, 1e-4)
+THROTTLED = _prof(5e10, 1e8, 1e-3)  # ten times slower compute behind a 100 MB/s, 1 ms link
+SAME_BEHIND_LINK = _prof(5e11, 1e8, 1e-3)  # FAST's compute behind the slow link
 #: twelve 100 MB blocks and 50 MB of embeddings: a text encoder of 1.25 GB
 TE = Profile({"te": ModuleProfile((100 * MB,) * 12, 50 * MB), "diffusion": ModuleProfile((), GIB),
               "vae": ModuleProfile((), GIB // 8)}, architecture="sd3")
@@ -41,7 +43,7 @@ def test_a_block_costs_its_products_and_the_residual_over_the_links() -> None:
     params = 100 * MB / 2
     width = math.sqrt(params / 12)
     residual = TOKENS * width * 4
-    want = 2 * params * TOKENS / 5e10 + BLOCK_NODES * 1e-6 + 2 * (1e-3 + residual / 1e8)
+    want = 2 * params * TOKENS / 5e10 + BLOCK_NODES * 1e-6 + 2 * (1e-3 + residual / 1e8)  # THROTTLED
     dev = _inv(FAST, THROTTLED).devices[2]
     assert block_seconds(dev, 100 * MB) == pytest.approx(want)
     assert block_seconds(_inv(None, None).devices[1], 100 * MB) is None
@@ -59,6 +61,17 @@ def test_auto_puts_the_blocks_on_the_faster_device_first_and_vram_fills_in_order
                                             split_ratio="auto"), inv, TE)
     assert [(r.device, r.first_block, r.last_block) for r in capped.modules["te"].ranges] == [
         ("RPC0", 0, 4), ("RPC1", 5, 11)]
+    # the same compute behind a slow link: the main device keeps its blocks (sending the residual
+    # stream to the other device and back costs two crossings and saves nothing), as measured
+    # by bench/bench_predict.py's split-auto against split-vram
+    kept = resolve(Placement.from_strings("te=RPC1&RPC0,diffusion=CPU,vae=CPU", split_ratio="auto"),
+                   _inv(FAST, SAME_BEHIND_LINK), TE)
+    assert [(r.device, r.first_block, r.last_block) for r in kept.modules["te"].ranges] == [("RPC1", 0, 11)]
+    # a main device without room for every block: the rest goes where it costs least
+    small = resolve(Placement.from_strings("te=RPC1&RPC0,diffusion=CPU,vae=CPU", "", "RPC1=0.5",
+                                           split_ratio="auto"), _inv(FAST, SAME_BEHIND_LINK), TE)
+    assert [r.device for r in small.modules["te"].ranges] in (["RPC1", "RPC0"], ["RPC0"])
+    assert all(r.bytes <= GIB // 2 for r in small.modules["te"].ranges if r.device == "RPC1")
     # equal devices keep the --backend order
     even = resolve(Placement.from_strings("te=RPC1&RPC0,diffusion=CPU,vae=CPU", split_ratio="auto"),
                    _inv(FAST, FAST), TE)
