@@ -27,6 +27,28 @@ from sdplan.core.sampling.schedules import SCHEDULES
 MAX_STEPS = 1000
 
 
+class WrappedLabel(QLabel):
+    """A word-wrapped label that keeps the height its text needs at its width: a form row
+    gives a wrapped label one line's height, so a second line was drawn over the next row."""
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__(text)
+        self.setWordWrap(True)
+
+    def _fit(self) -> None:
+        width = self.width() if self.width() > 50 else max(self.sizeHint().width(), 200)
+        self.setMinimumHeight(self.heightForWidth(width) if self.text() else 0)
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt's name)
+        super().setText(text)
+        self._fit()
+
+    def resizeEvent(self, event: object) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)  # type: ignore[arg-type]
+        if self.minimumHeight() != (self.heightForWidth(self.width()) if self.text() else 0):
+            self._fit()
+
+
 def settings_form(panel: Any) -> QFormLayout:
     """The form of the settings widgets, made attributes of ``panel`` (a
     :class:`~sdplan.app.generation.GenerationPanel`, whose preset and state slots they call)."""
@@ -52,9 +74,8 @@ def settings_form(panel: Any) -> QFormLayout:
         box.valueChanged.connect(panel._show_preset)
         box.valueChanged.connect(panel.update_state)
     form.addRow("Preset", panel.size_preset)
-    panel.size_note = QLabel()
+    panel.size_note = WrappedLabel()
     panel.size_note.setObjectName("Warning")
-    panel.size_note.setWordWrap(True)
     panel.size_note.hide()
     form.addRow(panel.size_note)
     panel.steps = QSpinBox()

@@ -446,3 +446,8 @@ def test_the_demo_says_it_was_trained_at_128_px(qtbot, tmp_path):
     assert panel.size_note.isVisible()
     assert panel.size_note.text() == ("sdplan-demo-shapes.safetensors was trained at 128 × 128 px: "
                                       "at 384 × 384 px its pictures may repeat or break their shapes")
+    # the wrapped note keeps the height of its lines: a form row gave it one line's, and the
+    # second line was drawn over the Steps row
+    note = panel.size_note
+    qtbot.waitUntil(lambda: note.height() > 0 and note.geometry().bottom() < panel.steps.geometry().top())
+    assert note.height() >= note.heightForWidth(note.width()) > note.fontMetrics().height()
