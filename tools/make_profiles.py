@@ -633,6 +633,24 @@ _LLAMA_BLOCK = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "sel
                 "post_attention_layernorm": "ffn_norm"}
 
 
+def llama_names(text: Layout, prefix: str = "") -> Layout:
+    """A transformers LLM's text model (names under ``prefix``, then ``model.``) in llama.cpp's
+    names: ``token_embd``, ``output_norm``, ``output`` (an untied head) and ``blk.N.*``
+    (:data:`_LLAMA_BLOCK`)."""
+    ends = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+            "lm_head.weight": "output.weight"}
+    out: Layout = []
+    for name, shape in text:
+        rest = name.removeprefix(prefix)
+        if rest in ends:
+            out.append((ends[rest], shape))
+        else:
+            _, _, i, role = rest.split(".", 3)
+            stem, kind = role.rsplit(".", 1)
+            out.append((f"blk.{i}.{_LLAMA_BLOCK[stem]}.{kind}", shape))
+    return out
+
+
 def qwen25vl(layouts: dict) -> tuple[Layout, Layout, Layout]:
     """Qwen2.5-VL-7B as Qwen-Image's ``--llm`` files: ``(the Comfy file's LLM part with its
     lm_head, its vision tower, the LLM in llama.cpp names)``; the last is
@@ -641,19 +659,7 @@ def qwen25vl(layouts: dict) -> tuple[Layout, Layout, Layout]:
     full = _real(layouts, "qwen25vl_7b_llm")
     vision = [(n, s) for n, s in full if n.startswith("visual.")]
     text = [(n, s) for n, s in full if not n.startswith("visual.")]
-    gguf: Layout = []
-    for name, shape in text:
-        if name == "model.embed_tokens.weight":
-            gguf.append(("token_embd.weight", shape))
-        elif name == "model.norm.weight":
-            gguf.append(("output_norm.weight", shape))
-        elif name == "lm_head.weight":
-            gguf.append(("output.weight", shape))
-        else:
-            _, _, i, rest = name.split(".", 3)
-            role, kind = rest.rsplit(".", 1)
-            gguf.append((f"blk.{i}.{_LLAMA_BLOCK[role]}.{kind}", shape))
-    return text, vision, gguf
+    return text, vision, llama_names(text)
 
 
 def mistral_small(layouts: dict) -> tuple[Layout, Layout, Layout]:
@@ -662,20 +668,7 @@ def mistral_small(layouts: dict) -> tuple[Layout, Layout, Layout]:
     full = _real(layouts, "mistral_small_32_hf")
     vision = [(n, s) for n, s in full if not n.startswith("language_model.")]
     text = [(n, s) for n, s in full if n.startswith("language_model.")]
-    gguf: Layout = []
-    for name, shape in text:
-        rest = name.removeprefix("language_model.")
-        if rest == "model.embed_tokens.weight":
-            gguf.append(("token_embd.weight", shape))
-        elif rest == "model.norm.weight":
-            gguf.append(("output_norm.weight", shape))
-        elif rest == "lm_head.weight":
-            gguf.append(("output.weight", shape))
-        else:
-            _, _, i, role = rest.split(".", 3)
-            stem, kind = role.rsplit(".", 1)
-            gguf.append((f"blk.{i}.{_LLAMA_BLOCK[stem]}.{kind}", shape))
-    return text, vision, gguf
+    return text, vision, llama_names(text, "language_model.")
 
 
 def _mistral_components(quant: str, mistral: tuple[Layout, Layout, Layout]) -> list[Component]:
