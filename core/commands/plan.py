@@ -30,6 +30,7 @@ from sdplan.core.commands.options import (
     target_from_args,
 )
 from sdplan.core.commands.time_estimate import add_time_arguments
+from sdplan.core.commands.video_flags import video_frames
 from sdplan.core.errors import PlanError, SdplanError
 from sdplan.core.planning.autofit import RESERVES
 from sdplan.core.planning.autofit_newest import TIERS, NewestAutoFit
@@ -233,7 +234,7 @@ def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
 
 def _plain_fit(plan: Plan, profile: Profile, inventory: Inventory, args: argparse.Namespace,
                files: dict[str, list[str]] | None, flags: Any) -> Any:
-    frames = int(getattr(args, "video_frames", 1) or 1)
+    frames = video_frames(args)
     if flags is not None:
         return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
                              batch=args.batch_count, flags=flags, frames=frames)
@@ -277,7 +278,7 @@ def measure_files(files: dict[str, list[str]], args: argparse.Namespace) -> dict
         from sdplan.core.pipelines.compute import measure_compute
 
         return measure_compute(files, width=args.width, height=args.height, batch=args.batch_count,
-                               overrides={"video_frames": int(getattr(args, "video_frames", 1) or 1)}) or None
+                               overrides={"video_frames": video_frames(args)}) or None
     except (ImportError, RuntimeError, ValueError, SdplanError) as exc:
         log.info("no dry run of the engine: %s", exc)
         return None

@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sdplan.core.commands.video_flags import video_frames
 from sdplan.core.errors import InvalidArgument, SdplanError
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.timing import RunSettings, TimeReport, drive_of_files, predict_time
@@ -63,7 +64,7 @@ def settings_of(args: argparse.Namespace) -> RunSettings:
     names = sorted(set(SAMPLERS) | set(FLOW_SAMPLERS) | {"ddim"})  # generate's list
     if sampler not in names:
         raise InvalidArgument(f"--sampling-method {sampler!r} is unknown; choose one of {', '.join(names)}")
-    frames = int(getattr(args, "video_frames", 1) or 1) if getattr(args, "mode", "vid_gen") == "vid_gen" else 1
+    frames = video_frames(args)
     return RunSettings(width=int(args.width), height=int(args.height), batch=int(args.batch_count),
                        steps=steps, sampler=sampler, cfg=cfg != 1.0, threads=threads, frames=frames)
 

@@ -62,8 +62,9 @@ def video_notes(args: argparse.Namespace) -> list[str]:
 
 
 def video_frames(args: argparse.Namespace) -> int:
-    """The video's frames (1 without ``-M vid_gen``)."""
-    return int(getattr(args, "video_frames", 1) or 1) if getattr(args, "mode", "img_gen") == "vid_gen" else 1
+    """The video's frames: ``--video-frames`` under ``-M vid_gen``, 1 under another mode; a
+    command without ``-M`` (``sdplan plan``) takes ``--video-frames`` as given."""
+    return int(getattr(args, "video_frames", 1) or 1) if getattr(args, "mode", "vid_gen") == "vid_gen" else 1
 
 
 def check_video_output(args: argparse.Namespace, frame_bytes: int) -> None:
