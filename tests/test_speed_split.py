@@ -14,7 +14,12 @@ from sdplan.core.planning.inventory import Device, Inventory
 from sdplan.core.planning.placement import Placement
 from sdplan.core.planning.plan import resolve
 from sdplan.core.planning.profile import ModuleProfile, Profile
-from sdplan.core.planning.speed_split import BLOCK_NODES, TOKENS, block_seconds
+from sdplan.core.planning.speed_split import (
+    BLOCK_NODES,
+    TOKENS,
+    block_compute_seconds,
+    crossing_seconds,
+)
 
 GIB = 1 << 30
 MB = 10**6
@@ -44,9 +49,13 @@ def test_a_block_costs_its_products_and_the_residual_over_the_links() -> None:
     width = math.sqrt(params / 12)
     residual = TOKENS * width * 4
     want = 2 * params * TOKENS / 5e10 + BLOCK_NODES * 1e-6 + 2 * (1e-3 + residual / 1e8)  # THROTTLED
-    dev = _inv(FAST, THROTTLED).devices[2]
-    assert block_seconds(dev, 100 * MB) == pytest.approx(want)
-    assert block_seconds(_inv(None, None).devices[1], 100 * MB) is None
+    cpu, _, dev = _inv(FAST, THROTTLED).devices
+    # a block alone on the device: its compute, and the residual stream in from the host and back
+    alone = (block_compute_seconds(dev, 100 * MB) + crossing_seconds(cpu, dev, 100 * MB)
+             + crossing_seconds(dev, cpu, 100 * MB))
+    assert alone == pytest.approx(want)
+    assert crossing_seconds(dev, dev, 100 * MB) == 0.0
+    assert block_compute_seconds(_inv(None, None).devices[1], 100 * MB) is None
 
 
 def test_auto_puts_the_blocks_on_the_faster_device_first_and_vram_fills_in_order() -> None:

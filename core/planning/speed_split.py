@@ -36,7 +36,7 @@ from sdplan.core.planning.modules import GIB
 from sdplan.core.planning.plan_types import PlanWarning, Range
 from sdplan.core.planning.profile import ModuleProfile
 
-__all__ = ["TOKENS", "BLOCK_NODES", "block_compute_seconds", "block_seconds", "crossing_seconds", "speed_ranges"]
+__all__ = ["TOKENS", "BLOCK_NODES", "block_compute_seconds", "crossing_seconds", "speed_ranges"]
 
 #: Tokens of the reference block the devices are compared on (a 512 px SD latent's 4096
 #: attention tokens are more, a text encoder's 77 fewer: only the devices' order matters).
@@ -73,18 +73,6 @@ def crossing_seconds(src: Device, dst: Device, block_bytes: float) -> float:
     out = 0.0 if src.registry.upper() == "CPU" or src.profile is None else src.profile.d2h.seconds(res)
     into = 0.0 if dst.registry.upper() == "CPU" or dst.profile is None else dst.profile.h2d.seconds(res)
     return out + into
-
-
-def block_seconds(device: Device, block_bytes: float) -> float | None:
-    """Seconds of one block of ``block_bytes`` f16 weight bytes on ``device`` when it is the
-    only block there: its compute and the residual stream into and out of the device over
-    its links; None without a measured profile."""
-    compute = block_compute_seconds(device, block_bytes)
-    p = device.profile
-    if compute is None or p is None:
-        return None
-    res = _residual_bytes(block_bytes)
-    return compute + p.h2d.seconds(res) + p.d2h.seconds(res)
 
 
 def speed_ranges(module: str, runtime: Sequence[str], mp: ModuleProfile, devices: Mapping[str, Device],
