@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from zimage_util import gguf_name
+from zimage_util import write_llm_gguf
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 DIT = FIX / "flux2_dev_tiny.safetensors"
@@ -62,22 +62,11 @@ def write_llm(dst: Path, fmt: str = "safetensors", dtype: str = "f16") -> Path:
     w.add_token_list(tok.tokens)
     w.add_token_types([3 if t in tok.special else 1 for t in tok.tokens])
     w.add_token_merges(_merges("mistral_vocab/merges.txt.gz"))
-    kinds = {"q8_0": gguf.GGMLQuantizationType.Q8_0}
-    for name, arr in tensors.items():
-        a = arr.astype(np.float32)
+
+    def permuted(name: str, a: np.ndarray) -> np.ndarray:  # llama.cpp's rotary order of q and k rows
         if name.endswith("q_proj.weight"):
-            a = _permute(a, HEADS)
-        elif name.endswith("k_proj.weight"):
-            a = _permute(a, KV_HEADS)
-        if a.ndim != 2:
-            w.add_tensor(gguf_name(name), a)
-        elif dtype == "f16" or a.shape[1] % 32:  # rows too short to quantise stay f16
-            w.add_tensor(gguf_name(name), a.astype(np.float16))
-        else:
-            q = gguf.quants.quantize(a, kinds[dtype])
-            w.add_tensor(gguf_name(name), q, raw_shape=q.shape, raw_dtype=kinds[dtype])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            return _permute(a, HEADS)
+        return _permute(a, KV_HEADS) if name.endswith("k_proj.weight") else a
+
+    write_llm_gguf(w, tensors, dtype, permuted)
     return dst

@@ -9,6 +9,7 @@ full table of zeros.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -87,21 +88,34 @@ def write_qwen3(dst: Path, fmt: str = "safetensors", dtype: str = "f16", parts: 
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(qwen_merges())
+    write_llm_gguf(w, tensors, dtype)
+    return dst
+
+
+def write_llm_gguf(w: object, tensors: dict[str, np.ndarray], dtype: str,
+                   transform: Callable[[str, np.ndarray], np.ndarray] | None = None) -> None:
+    """Add an LLM's ``tensors`` (transformers names) to the GGUF writer ``w`` in llama.cpp
+    names, each first passed through ``transform(name, array)`` (f32) when given: vectors f32,
+    matrices in ``dtype`` (``f32``, ``f16``, ``q8_0``; rows too short to quantise stay f16);
+    then write the file and close it."""
+    import gguf
+
     kinds = {"q8_0": gguf.GGMLQuantizationType.Q8_0}
     for name, arr in tensors.items():
         a = arr.astype(np.float32)
+        if transform is not None:
+            a = transform(name, a)
         if a.ndim != 2 or dtype == "f32":
-            w.add_tensor(gguf_name(name), a)
+            w.add_tensor(gguf_name(name), a)  # type: ignore[attr-defined]
         elif dtype == "f16" or a.shape[1] % 32:  # rows too short to quantise stay f16
-            w.add_tensor(gguf_name(name), a.astype(np.float16))
+            w.add_tensor(gguf_name(name), a.astype(np.float16))  # type: ignore[attr-defined]
         else:
             q = gguf.quants.quantize(a, kinds[dtype])
-            w.add_tensor(gguf_name(name), q, raw_shape=q.shape, raw_dtype=kinds[dtype])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+            w.add_tensor(gguf_name(name), q, raw_shape=q.shape, raw_dtype=kinds[dtype])  # type: ignore[attr-defined]
+    w.write_header_to_file()  # type: ignore[attr-defined]
+    w.write_kv_data_to_file()  # type: ignore[attr-defined]
+    w.write_tensors_to_file()  # type: ignore[attr-defined]
+    w.close()  # type: ignore[attr-defined]
 
 
 
