@@ -75,10 +75,9 @@ def worker(cfg: dict) -> dict:
     loads), and calibrate again; the prediction is the mean of the two calibrations'."""
     from dataclasses import replace
 
-    from sdplan.core.commands.time_estimate import placements_of
     from sdplan.core.modelfiles.checkpoint import read_model_files
     from sdplan.core.pipelines.sd.pipeline import GenerateParams, StableDiffusion
-    from sdplan.core.pipelines.work import count_work
+    from sdplan.core.pipelines.work import count_work, plan_placements
     from sdplan.core.planning.inventory import Inventory
     from sdplan.core.planning.plan import resolve
     from sdplan.core.planning.timing import RunSettings, drive_of_files, predict_time
@@ -108,7 +107,7 @@ def worker(cfg: dict) -> dict:
     inventories = [calibrated()]
     calibration_s = time.time() - t0
     plans = {n: resolve(PLACEMENTS[n], inventories[0], profile) for n in names}  # auto: by the measured speeds
-    placements = {n: placements_of(plans[n]) for n in names}
+    placements = {n: plan_placements(plans[n]) for n in names}
     works = {n: count_work(files, width=size, height=size, pool=pool, placements=placements[n]) for n in names}
     p = GenerateParams(PROMPT, "", size, size, steps, 5.0, 1, "euler", "discrete", 1, 0)
     pipes = {}

@@ -136,3 +136,37 @@ def test_with_the_hires_fix_the_first_pass_is_priced_and_the_notes_say_so() -> N
     rep = s.predicted_time()
     assert rep is not None and rep.notes[-1] == HIRES_NOTE
     assert (rep.step_s, rep.image_s) == pytest.approx((first.step_s, first.image_s))  # the first pass, at 512 px
+
+
+def test_with_files_open_the_board_prices_the_engines_counted_graphs_as_plan_does() -> None:
+    """The demo's files open on a CPU and a GPU: the board's time is predict_time of the work
+    count_plan counts (``sdplan plan``'s), not the formula's; a card move counts again (the
+    UNet's work now on the GPU stand-in), and moving it back takes the kept count."""
+    from sdplan.core.pipelines.demo.model import demo_model_path
+    from sdplan.core.pipelines.work import count_plan
+    from sdplan.core.planning.timing import drive_of_files
+
+    s = session(inventory())
+    s.load_model_files({"model": [str(demo_model_path())]})
+    s.set_generation(width=128, height=128, steps=4, cfg_scale=5.0, sampling_method="euler")
+    s.apply(Placement.from_strings("CPU", "", ""))
+    rep = s.predicted_time()
+    assert rep is not None and s.profile is not None
+    names = [d.name for d in s.inventory]
+    works = count_plan(s.model_files, s.plan, names, width=128, height=128, batch=1, cfg=True)
+    assert set(works) == {"te", "diffusion", "vae"}
+    import os
+    paths = {m: [os.path.abspath(p) for p in ps] for m, ps in drive_of_files(s.model_files).items()}
+    want = predict_time(s.plan, s.inventory, s.profile, rep.settings, works, paths)
+    formula = predict_time(s.plan, s.inventory, s.profile, rep.settings, None, paths)
+    assert (rep.step_s, rep.image_s) == pytest.approx((want.step_s, want.image_s))
+    assert {t.source for ts in rep.modules.values() for t in ts} == {"counted"}
+    assert rep.step_s != pytest.approx(formula.step_s, rel=0.05)
+    s.apply(Placement.from_strings("te=CPU,diffusion=CUDA0,vae=CPU", "", ""))
+    moved = s.predicted_time()
+    assert moved is not None and {t.source for t in moved.modules["diffusion"]} == {"counted"}
+    assert moved.step_s < rep.step_s  # the UNet on the 50 TFLOP/s device
+    assert len(s._work_cache) == 2
+    s.apply(Placement.from_strings("CPU", "", ""))
+    back = s.predicted_time()
+    assert back is not None and back.step_s == pytest.approx(rep.step_s) and len(s._work_cache) == 2

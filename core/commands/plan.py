@@ -255,10 +255,12 @@ def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argpa
     if profile is None or plan.target.sdcli or engine_name(args) != "sdplan":
         return None
     from sdplan.core.commands import time_estimate as te
+    from sdplan.core.pipelines.work import count_plan
 
     settings = te.settings_of(args)
     inventory = te.with_profiles(inventory, settings.threads)
-    works = te.count_here(files, plan, inventory, settings, live, tiling) if files else {}
+    works = count_plan(files, plan, [d.name for d in inventory], width=settings.width, height=settings.height,
+                       batch=settings.batch, cfg=settings.cfg, live=live, vae_tiling=tiling) if files else {}
     return te.predict(plan, inventory, profile, settings, works, files, fit)
 
 

@@ -3,9 +3,10 @@
 ``sdplan plan`` and ``sdplan generate`` predict seconds per step and per picture with
 :func:`sdplan.core.planning.timing.predict_time`: the devices' profiles (the inventory
 file's, else those measured here by ``sdplan devices --calibrate``), the work of the
-engine's own graphs for the model files (counted in this process for ``plan``: on the live
-devices it plans for, or on CPU stand-ins named as the inventory's devices when it plans
-another machine; in the engine process for ``generate``), else the formula.
+engine's own graphs for the model files (counted in this process for ``plan``:
+:func:`sdplan.core.pipelines.work.count_plan`, on the live devices it plans for, or on CPU
+stand-ins named as the inventory's devices when it plans another machine; in the engine
+process for ``generate``), else the formula.
 """
 
 from __future__ import annotations
@@ -24,10 +25,6 @@ from sdplan.core.planning.timing import RunSettings, TimeReport, drive_of_files,
 from sdplan.core.planning.work import ModuleWork
 
 log = logging.getLogger(__name__)
-
-#: Modules the engine's work count covers (a ControlNet where the family's count has one).
-COUNTED = ("te", "diffusion", "controlnet", "vae")
-
 
 def add_time_arguments(p: argparse.ArgumentParser) -> None:
     """``--steps``, ``--cfg-scale``, ``--sampling-method`` and ``-t/--threads`` for the time
@@ -69,53 +66,12 @@ def settings_of(args: argparse.Namespace) -> RunSettings:
                        steps=steps, sampler=sampler, cfg=cfg != 1.0, threads=threads, frames=frames)
 
 
-def placements_of(plan: Any) -> dict[str, Any]:
-    """The placements the work count builds the graphs on: the counted modules' and a
-    parallel-CFG copy's (:func:`~sdplan.core.runtime.placement.cfg_placement`)."""
-    from sdplan.core.runtime.placement import CFG, ModulePlacement, cfg_placement
-
-    out: dict[str, Any] = {m: ModulePlacement.from_plan(plan, m) for m in COUNTED if m in plan.modules}
-    cfg = cfg_placement(plan)
-    if cfg is not None:
-        out[CFG] = cfg
-    return out
-
-
 def with_profiles(inventory: Inventory, threads: int = 0) -> Inventory:
     """``inventory`` with the profiles measured here for devices that carry none
     (:func:`sdplan.core.runtime.profile_cache.with_cached_profiles`)."""
     from sdplan.core.runtime.profile_cache import with_cached_profiles
 
     return with_cached_profiles(inventory, threads)
-
-
-def count_here(files: Mapping[str, Sequence[str]], plan: Any, inventory: Inventory, settings: RunSettings,
-               live: bool, vae_tiling: Any = None) -> dict[str, list[ModuleWork]]:
-    """The work of the model files' graphs counted in this process: on the planned devices
-    when ``live`` (the inventory is this process's), else on CPU backends standing in for
-    the inventory's devices (their kernels are then this CPU's: the prediction prices them
-    by op class); ``vae_tiling`` (a pasted command's
-    :class:`~sdplan.core.planning.vae_tiling.VaeTiling`): the decoder in its tiles. {} when
-    the engine cannot count them (logged)."""
-    try:
-        from sdplan.core.pipelines.work import count_work
-        from sdplan.core.runtime.devices import BackendManager
-        from sdplan.core.runtime.native import native
-        from sdplan.core.runtime.runner import BackendPool
-
-        placements = placements_of(plan)
-        manager = BackendManager(cpu_threads=1)
-        extra = {} if live else {d.name: native().init_backend("CPU") for d in inventory if d.name != "CPU"}
-        try:
-            return count_work(files, width=settings.width, height=settings.height, batch=settings.batch,
-                              cfg=settings.cfg, pool=BackendPool(manager, extra), placements=placements,
-                              vae_tiling=vae_tiling.to_json() if vae_tiling is not None and vae_tiling.enabled
-                              else None)
-        finally:
-            manager.close()
-    except (ImportError, RuntimeError, ValueError, SdplanError) as exc:
-        log.info("no work count of the engine's graphs: %s", exc)
-        return {}
 
 
 def predict(plan: Any, inventory: Inventory, profile: Any, settings: RunSettings,
@@ -178,6 +134,7 @@ def predict_run(args: argparse.Namespace, engine: Any, files: dict[str, list[str
     from dataclasses import replace
 
     from sdplan.core.pipelines.job_names import WORK_JOB
+    from sdplan.core.pipelines.work import plan_placements
     from sdplan.core.planning.work import works_from_json
 
     try:
@@ -187,7 +144,7 @@ def predict_run(args: argparse.Namespace, engine: Any, files: dict[str, list[str
         works = works_from_json(engine.call(WORK_JOB, {
             "model_files": work_files, "width": args.width, "height": args.height, "batch": args.batch_count,
             "cfg": settings.cfg, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
-            "placements": placements_of(plan),
+            "placements": plan_placements(plan),
             "vae_tiling": tiling.to_json() if tiling is not None and tiling.enabled else None}))
         report = predict(plan, with_profiles(inventory, settings.threads), profile, settings, works, files, fit)
         extra = unpriced(req)

@@ -34,6 +34,9 @@ from sdplan.core.planning.work import ModuleWork
 from sdplan.core.runtime.devices import BackendManager
 from sdplan.core.runtime.runner import BackendPool
 
+#: Modules the engine's work count covers (a ControlNet where the family's count has one).
+COUNTED = ("te", "diffusion", "controlnet", "vae")
+
 log = logging.getLogger(__name__)
 
 
@@ -93,6 +96,45 @@ def count_work(model_files: Mapping[str, Sequence[str]], *, width: int, height: 
     finally:
         if own:
             pool.manager.close()
+
+
+def plan_placements(plan: Any) -> dict[str, Any]:
+    """The placements the work count builds a plan's graphs on: the counted modules' and a
+    parallel-CFG copy's (:func:`~sdplan.core.runtime.placement.cfg_placement`)."""
+    from sdplan.core.runtime.placement import CFG, ModulePlacement, cfg_placement
+
+    out: dict[str, Any] = {m: ModulePlacement.from_plan(plan, m) for m in COUNTED if m in plan.modules}
+    cfg = cfg_placement(plan)
+    if cfg is not None:
+        out[CFG] = cfg
+    return out
+
+
+def count_plan(model_files: Mapping[str, Sequence[str]], plan: Any, device_names: Sequence[str], *,
+               width: int, height: int, batch: int = 1, cfg: bool = True, live: bool = False,
+               vae_tiling: Any = None) -> dict[str, list[ModuleWork]]:
+    """:func:`count_work` of a plan's graphs in this process: on the planned devices when
+    ``live`` (the plan's inventory is this process's), else on CPU backends standing in for
+    ``device_names`` (another machine's devices, or a process that touches no device but its
+    CPU, like the app's: the kernels are then this CPU's, and the prediction prices them by op
+    class). ``vae_tiling``: a :class:`~sdplan.core.planning.vae_tiling.VaeTiling` (the
+    decoder in its tiles) or None. {} when the engine cannot count them (logged)."""
+    try:
+        from sdplan.core.runtime.native import native
+
+        placements = plan_placements(plan)
+        manager = BackendManager(cpu_threads=1)
+        extra = {} if live else {d: native().init_backend("CPU") for d in device_names if d != "CPU"}
+        try:
+            return count_work(model_files, width=width, height=height, batch=batch, cfg=cfg,
+                              pool=BackendPool(manager, extra), placements=placements,
+                              vae_tiling=vae_tiling.to_json() if vae_tiling is not None and vae_tiling.enabled
+                              else None)
+        finally:
+            manager.close()
+    except (ImportError, RuntimeError, ValueError, SdplanError) as exc:
+        log.info("no work count of the engine's graphs: %s", exc)
+        return {}
 
 
 def work_job(ctx: Any, model_files: Mapping[str, Sequence[str]], width: int, height: int,

@@ -88,6 +88,7 @@ class BoardSession(Estimates):
         self._effects: dict[str, dict[str, dict[str, int]]] = {}
         self._lora_cache = (None, None)
         self._compute_cache: dict[object, dict[str, int] | None] = {}
+        self._work_cache: dict[object, dict[str, list[Any]] | None] = {}
         self.plan: Plan = resolve(placement or Placement(), inventory, profile)
         self.estimate()
 

@@ -22,6 +22,9 @@ from sdplan.core.planning.timing import RunSettings, TimeReport
 
 log = logging.getLogger(__name__)
 
+#: Work counts the session keeps (one per files, settings, placement and tiling met last).
+WORK_CACHE = 16
+
 #: What the board's time leaves out with the hires fix on (as ``sdplan generate -v`` says).
 HIRES_NOTE = ("hires fix: its second pass (sampling and decode at the hires size) and the upscale "
               "between the passes are not priced; the prediction is the first pass's")
@@ -40,6 +43,7 @@ class Estimates:
     _effects: dict[str, dict[str, dict[str, int]]]
     _lora_cache: tuple[object, dict | None]
     _compute_cache: dict[object, dict[str, int] | None]
+    _work_cache: dict[object, dict[str, list[Any]] | None]
     #: The predicted time of the current estimate (False: not made yet; None: none).
     _time: TimeReport | None | bool = False
     #: ``(inventory, the same with the kept device profiles)`` of the last time prediction.
@@ -127,13 +131,14 @@ class Estimates:
 
     def predicted_time(self) -> TimeReport | None:
         """Predicted seconds of the current plan at the generation settings
-        (:func:`~sdplan.core.planning.timing.predict_time` by the formula from the profile's
-        parameter counts: the engine's graphs are not counted here; each device's measured
-        profile, else its type's stated defaults: :attr:`TimeReport.profiles`), with the
-        estimate's ``--max-vram`` segments and the model files' drives; made once per
-        estimate (every edit, settings and device change re-estimates); with the hires fix
-        on, the first pass's, its notes saying so. None without a profile or when it cannot
-        be made (logged)."""
+        (:func:`~sdplan.core.planning.timing.predict_time` with the work of the engine's own
+        graphs for the open model files, as ``sdplan plan`` counts it (:meth:`work`), else by
+        the formula from the profile's parameter counts (a built-in profile, no files); each
+        device's measured profile, else its type's stated defaults:
+        :attr:`TimeReport.profiles`), with the estimate's ``--max-vram`` segments and the model
+        files' drives; made once per estimate (every edit, settings and device change
+        re-estimates); with the hires fix on, the first pass's, its notes saying so. None
+        without a profile or when it cannot be made (logged)."""
         if self._time is not False:
             return self._time  # type: ignore[return-value]
         self._time = None
@@ -149,7 +154,7 @@ class Estimates:
                     if getattr(e, "segments", ())}
         try:
             rep = predict_time(self.plan, self.profiled_inventory(), self.profile,
-                               self.time_settings(), None, paths, segments)
+                               self.time_settings(), self.work(), paths, segments)
         except (SdplanError, ValueError, ZeroDivisionError) as exc:
             log.info("no time prediction: %s", exc)
             return None
@@ -157,6 +162,35 @@ class Estimates:
             rep = dataclasses.replace(rep, notes=(*rep.notes, HIRES_NOTE))
         self._time = rep
         return rep
+
+    def work(self) -> dict[str, list[Any]] | None:
+        """The work of the engine's graphs for the open files at the time settings, on the
+        plan's devices (:func:`~sdplan.core.pipelines.work.count_plan` on CPU stand-ins named
+        as the inventory's devices: the app touches no other device), cached per files,
+        settings, placement and tiling (the last :data:`WORK_CACHE` kept); None without files
+        or a count (the prediction then takes the formula)."""
+        if not self.model_files:
+            return None
+        s = self.time_settings()
+        g = self.generation
+        tiling = g.get("vae_tiling") or None
+        names = tuple(d.name for d in self.inventory)
+        key = (repr(sorted(self.model_files.items())), s.width, s.height, s.batch, s.cfg,
+               repr(self.plan.placement), names, repr(tiling))
+        cache = self._work_cache
+        if key not in cache:
+            from sdplan.core.pipelines.work import count_plan
+            from sdplan.core.planning.vae_tiling import VaeTiling
+
+            try:
+                vt = VaeTiling.from_json(tiling) if tiling else None
+            except (SdplanError, ValueError, TypeError):
+                vt = None
+            cache[key] = count_plan(self.model_files, self.plan, names, width=s.width, height=s.height,
+                                    batch=s.batch, cfg=s.cfg, vae_tiling=vt) or None
+            while len(cache) > WORK_CACHE:
+                cache.pop(next(iter(cache)))
+        return cache[key]
 
     def measured(self, size: tuple[int, int, int]) -> dict[str, int] | None:
         """Compute bytes per module of sdplan's engine for the open files at ``size``
