@@ -127,6 +127,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         discard_prestarted()  # when the command took none (bad input, an early error, Ctrl-C)
 
 
+def negative_values(parser: argparse.ArgumentParser, args_list: list[str]) -> list[str]:
+    """``args_list`` with a negative number list given to an option that takes a value
+    joined to it (``--split-ratio -1,2`` -> ``--split-ratio=-1,2``): argparse takes only a
+    single negative number for a value and reads ``-1,2`` as an unknown option ("expected one
+    argument"), so the value's own check never named what was wrong with it."""
+    import re
+
+    number_list = re.compile(r"^-(\d|\.\d)[\d.,eE+-]*$")
+    actions: dict[str, argparse.Action] = dict(parser._option_string_actions)
+    for group in parser._subparsers._group_actions if parser._subparsers else ():
+        sub = getattr(group, "choices", {}).get(command_word(args_list) or "")
+        if sub is not None:
+            actions.update(sub._option_string_actions)
+    out: list[str] = []
+    for i, word in enumerate(args_list):
+        prev = out[-1] if out else ""
+        action = actions.get(prev) if i and "=" not in prev else None
+        if action is not None and action.nargs != 0 and number_list.match(word) and "," in word:
+            out[-1] = f"{prev}={word}"
+        else:
+            out.append(word)
+    return out
+
+
 def _interrupted() -> int:
     print("sdplan: interrupted", file=sys.stderr)
     return 130
@@ -143,7 +167,7 @@ def _main(args_list: list[str]) -> int:
         args_list = ["gui"]
     parser = build_parser(command_word(args_list))
     try:
-        args, extras = parser.parse_known_args(args_list)
+        args, extras = parser.parse_known_args(negative_values(parser, args_list))
         if extras and getattr(args, "refuse_extras", None) is None:
             _one_line_error(args.command or "")(f"unrecognized arguments: {' '.join(extras)}")
     except SdplanError as exc:  # every parser reports in one line

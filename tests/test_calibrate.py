@@ -151,3 +151,16 @@ def test_another_machines_devices_price_the_work_counted_on_stand_ins() -> None:
                                                                     "vae": "counted"}
     assert set(t["modules"]["diffusion"][0]["call_s"]) == {"RPC0", "io", "copies"}
     assert t["modules"]["diffusion"][0]["call_s"]["io"] > 2e-3  # a read-back crosses the 1 ms link twice
+
+
+def test_small_memory_bound_timings_outweigh_a_round_trip() -> None:
+    """A device whose compute is waited for over a round trip (an RPC server) times longer
+    chains of small memory-bound ops, so the trip's jitter is not taken for their work: 16
+    on a CPU, 16 per 20 us of the trip, at most 128; the calibration's convolutions and
+    attention reach down to the demo UNet's small levels (a rate is held flat below the
+    smallest size measured)."""
+    assert [calibrate._mem_chain(s) for s in (0.0, 1e-5, 6e-5, 1.2e-4, 2e-3)] == [16, 16, 48, 96, 128]
+    conv_flop = [2.0 * b * c * p * p * c * 9 for b, c, p in calibrate.CONVS if c == 64]
+    assert min(conv_flop) == 2.0 * 2 * 64 * 8 * 8 * 64 * 9  # the demo's 8x8 level
+    attn_flop = [2.0 * b * h * n * n * 2 * d for b, h, n, d in calibrate.ATTENTIONS if d == 8]
+    assert min(attn_flop) == 2.0 * 2 * 8 * 64 * 64 * 2 * 8

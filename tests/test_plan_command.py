@@ -102,3 +102,15 @@ def test_runtime_flags_of_the_sd_cli_command_change_its_estimate() -> None:
     vae_own, source = module_compute("vae", prof.modules["vae"], "sd1", **kw)
     assert own.modules["vae"].compute["CUDA0"] == vae_own and source == "fitted"
     assert vae_own < plain.modules["vae"].compute["CUDA0"] - im2col_bytes("vae", "sd1", **kw)
+
+
+def test_a_negative_number_list_reaches_its_flags_own_check(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--split-ratio -1,2`` is the ratio's error (argparse alone reads ``-1,2`` as an
+    option and says only "expected one argument"); ``=`` and a single negative number are
+    as before, and a word after a flag that takes no value is left alone."""
+    assert cli.negative_values(cli.build_parser("plan"), ["plan", "--split-ratio", "-1,2", "-v", "-1,2"]) == [
+        "plan", "--split-ratio=-1,2", "-v", "-1,2"]
+    assert cli.main(["plan", "--model-profile", "sd15-f16", "--split-ratio", "-1,2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error [invalid_split_ratio]: --split-ratio: '-1' is not a ratio (write auto, vram or "
+                   "non-negative numbers such as 3,1) (at --split-ratio characters 1-2)"]

@@ -52,15 +52,19 @@ PRODUCTS = ((64, 64, 64), (320, 320, 64), (640, 640, 512), (1280, 1280, 1024))
 #: MLP's widening (M, K, N rows; 2 to 1700 MFLOP).
 F16_PRODUCTS = ((64, 64, 512), (512, 64, 512), (64, 768, 154), (320, 768, 77), (1280, 320, 2048))
 #: 3x3 convolutions (batch, channels in = out, height = width): 4.7 MFLOP to 19 GFLOP, two
-#: or three sizes for each of the channel counts the models use (the demo's 32 to 128, SD's
-#: UNet 320 to 1280, its VAE 128 to 512: up to a 256 px decode's last level, whose columns no
-#: cache holds), as a UNet and a VAE decoder run them.
-CONVS = ((2, 32, 16), (1, 32, 128), (2, 64, 16), (1, 64, 64), (1, 128, 64), (1, 128, 128), (1, 128, 256),
-         (2, 320, 16), (1, 320, 32), (1, 512, 16), (1, 512, 32), (2, 640, 8), (2, 1280, 4), (2, 1280, 8))
-#: Attention (batch, heads, tokens, head width): the widths of the demo (8), SD 1.x (40),
-#: CLIP, SD 2.x, SDXL and the DiTs (64), the VAEs' single head (512).
-ATTENTIONS = ((2, 8, 256, 8), (1, 12, 77, 64), (2, 8, 256, 40), (1, 8, 1024, 40), (2, 10, 1024, 64),
-              (1, 1, 256, 512), (1, 1, 1024, 512))
+#: or three sizes for each of the channel counts the models use (the demo's 32 to 128 down to
+#: its UNet's 8x8 level: a rate is held flat below the smallest size measured, and a small
+#: convolution runs far slower per FLOP; SD's UNet 320 to 1280, its VAE 128 to 512: up to a
+#: 256 px decode's last level, whose columns no cache holds), as a UNet and a VAE decoder run
+#: them.
+CONVS = ((2, 32, 8), (2, 32, 16), (1, 32, 128), (2, 64, 8), (2, 64, 16), (1, 64, 64), (2, 128, 8), (1, 128, 64),
+         (1, 128, 128), (1, 128, 256), (2, 320, 16), (1, 320, 32), (1, 512, 16), (1, 512, 32), (2, 640, 8),
+         (2, 1280, 4), (2, 1280, 8))
+#: Attention (batch, heads, tokens, head width): the widths of the demo (8, at its UNet's
+#: 16x16 and 8x8 levels), SD 1.x (40), CLIP, SD 2.x, SDXL and the DiTs (64), the VAEs' single
+#: head (512).
+ATTENTIONS = ((2, 8, 64, 8), (2, 8, 256, 8), (1, 12, 77, 64), (2, 8, 256, 40), (1, 8, 1024, 40),
+              (2, 10, 1024, 64), (1, 1, 256, 512), (1, 1, 1024, 512))
 #: FLOP a timed chain of products aims at (:func:`_chain`).
 CHAIN_FLOP = 5e7
 #: Weight dtypes measured.
@@ -100,6 +104,15 @@ def _chain(flops: float, sync_s: float = 0.0) -> int:
     trip's jitter fades too), 1 to 64."""
     target = CHAIN_FLOP * max(1.0, sync_s / 1e-4)
     return max(1, min(64, round(target / flops)))
+
+
+def _mem_chain(sync_s: float) -> int:
+    """How many memory-bound ops of 128 KiB a timed graph chains: 16 (about 0.1 ms on a
+    CPU core), more where waiting for a compute takes a round trip of ``sync_s`` seconds
+    (16 per 20 us of it, up to 128): the ops' time must outweigh the trip's jitter, which
+    would otherwise be taken for their work (an RPC server's small adds were priced at 3x
+    the memory bandwidth, and a step of small tensors came out a third short)."""
+    return max(16, min(128, 16 * round(sync_s / 2e-5)))
 
 
 class _Bench:
@@ -274,7 +287,7 @@ def _fixed(b: _Bench, chain: Callable[[int], Callable[[Any], dict[str, Any]]], n
     t64 = b.graph(chain(65))[0]
     b.node_s = max((t64 - b.graph_s) / 64, 0.0)
     say(f"{device}: memory-bound ops")
-    for floats, k in ((32 << 10, 16), (MEM_BYTES // 8, 2)):
+    for floats, k in ((32 << 10, _mem_chain(b.sync_s)), (MEM_BYTES // 8, 2)):
         shape = (1, 32, floats // 32 // 64, 64)
         done: set[str] = set()
 
