@@ -106,3 +106,14 @@ def test_the_picture_is_needed_and_a_text_model_refuses_one(picture) -> None:
         assert not pipe.i2v and "vae_encode" not in pipe.runners
         with pytest.raises(SdplanError, match="-i/--init-img: a Wan text-to-video model takes no start picture"):
             pipe.txt2vid(PROMPT, 48, 32, 1, steps=1, picture=start_picture(picture, 48, 32))
+
+
+def test_wan21_image_to_video_is_refused(tmp_path) -> None:
+    """A 36-input DiT with CLIP vision embeddings (``img_emb``) is Wan 2.1 I2V, not run."""
+    from safetensors.numpy import save_file
+
+    t = load_file(str(MODELS.diffusion_model))
+    t["img_emb.proj.1.weight"] = np.zeros((48, 32), np.float16)
+    save_file(t, str(tmp_path / "wan21_i2v.safetensors"), metadata={"sdplan.head_dim": "24"})
+    with pytest.raises(SdplanError, match="Wan 2.1 I2V/FLF2V"):
+        WanPipeline(WanModels(tmp_path / "wan21_i2v.safetensors", MODELS.t5xxl, MODELS.vae), n_threads=1)

@@ -478,7 +478,9 @@ def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
         console.print(loras.summary(), highlight=False, markup=False)
         for u in loras.unknown():
             console.print(f"[yellow]LoRA key not applied[/]: {u}", highlight=False)
-    if args.init_img:
+    if args.init_img and getattr(args, "mode", "img_gen") == "vid_gen":
+        console.print(f"image to video from {args.init_img} (the first frame)", highlight=False, markup=False)
+    elif args.init_img:
         mask = f", mask {args.mask}" if args.mask else ""
         console.print(f"image to image from {args.init_img}, strength {args.strength:g}{mask}",
                       highlight=False, markup=False)

@@ -147,6 +147,9 @@ class WanPipeline(FlowDiTPipeline):
                  keep_both: bool = True) -> None:
         self.dit = _dit(models.diffusion_model, flash)
         self.i2v = self.dit.cfg.in_channels == I2V_INPUTS  # noise, mask and picture latent
+        if self.i2v and any(n.startswith("img_emb.") for n in shapes(models.diffusion_model)):
+            raise SdplanError(f"{models.diffusion_model}: Wan 2.1 I2V/FLF2V (CLIP vision image embeddings, "
+                              "img_emb); sdplan runs Wan 2.2 I2V-A14B image to video, not this one")
         if self.dit.cfg.in_channels == 48:
             raise SdplanError(f"{models.diffusion_model}: Wan 2.2 TI2V-5B (48 latent channels) needs the Wan 2.2 "
                               "autoencoder, which sdplan's engine does not run yet (it plans it)")
