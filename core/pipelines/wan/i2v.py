@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["start_picture", "condition_video", "condition", "MASK_CHANNELS"]
+__all__ = ["start_picture", "crop_box", "condition_video", "condition", "MASK_CHANNELS"]
 
 #: The mask's channels (the temporal factor: one per frame of a latent frame).
 MASK_CHANNELS = 4
