@@ -134,7 +134,8 @@ class WanPipeline(FlowDiTPipeline):
     Raises:
         ModelLayoutError / ModelFileError: files that are not the expected models (a 48-channel
             Wan 2.2 autoencoder, a T5 that is not UMT5, a file without its tokenizer blob).
-        SdplanError: an encoder whose width is not the DiT's text width, experts that differ.
+        SdplanError: an encoder whose width is not the DiT's text width, experts that differ, a Wan 2.1
+            I2V/FLF2V DiT (img_emb), an image-to-video run with an autoencoder file without its encoder.
         EngineError: a device without a backend, or memory that cannot be allocated.
     """
 
