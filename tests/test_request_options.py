@@ -2,7 +2,9 @@
 honoured or refused, never dropped.
 
 A table over the registry's families (SD 1.x on the demo model, SD 2.x, SDXL, SD3, FLUX.1 dev,
-Chroma, Z-Image, FLUX.2 klein, FLUX.2 dev, Qwen-Image and Wan on their tiny fixtures) and every option of
+Chroma, Z-Image, FLUX.2 klein, FLUX.2 dev, Qwen-Image, Wan text to video and Wan 2.2 I2V-A14B
+image to video (the Wan family's ``i2v_a14b`` variant, its own options: a start picture in
+every request) on their tiny fixtures) and every option of
 :data:`sdplan.core.families.options.OPTIONS`. Where the family declares an option honoured,
 the engine job (:func:`sdplan.core.pipelines.jobs.generate_job`, in this process) runs the
 request with the option at a value other than its default, in a setting where it matters
@@ -46,10 +48,13 @@ FIX = Path(__file__).resolve().parent / "fixtures"
 PROMPT = "a photo of a cat"
 #: The rows: the registry families that run, each on its tiny model set.
 ROWS = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "z_image", "flux2_klein", "flux2", "qwen_image",
-        "wan")
+        "wan", "wan_i2v")
+#: Rows that run a family's variant: row -> (family, variant).
+VARIANT_ROWS = {"wan_i2v": ("wan", "i2v_a14b")}
 #: Wan's tiny model set (the low-noise expert alone; the option adds the high-noise one).
 WAN = {"diffusion_model": [str(FIX / "wan_tiny.safetensors")], "t5xxl": [str(FIX / "umt5_tiny.safetensors")],
        "vae": [str(FIX / "wan_vae_tiny.safetensors")]}
+WAN_I2V = {**WAN, "diffusion_model": [str(FIX / "wan_i2v_tiny.safetensors")]}
 
 
 @dataclass
@@ -61,6 +66,7 @@ class Row:
     overrides: dict[str, Any] = field(default_factory=dict)
     tae: str = ""
     lora: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -165,12 +171,13 @@ def env(tmp_path_factory) -> dict[str, Any]:
                       "vae": [str(flux2_dev_util.AE)]}, 32),
         "qwen_image": Row(qwen_image_util.files(), 32),
         "wan": Row(WAN, 32),
+        "wan_i2v": Row(WAN_I2V, 32),
     }
     rng = np.random.default_rng(3)
     for channels in (4, 16, 32):
         save_file(tae_weights(rng, "decoder", channels), str(d / f"tae{channels}.safetensors"))
     for name, row in rows.items():
-        fam = registry_family(name)
+        fam = registry_family(VARIANT_ROWS.get(name, (name, None))[0])
         assert fam is not None
         row.tae = str(d / f"tae{fam.companions.latent_channels}.safetensors")
         if name == "sd1":
@@ -182,11 +189,12 @@ def env(tmp_path_factory) -> dict[str, Any]:
     from controlnet_util import controlnet_from_unet
 
     controlnets = {name: controlnet_from_unet(row.files["model"][0], d / f"controlnet_{name}.safetensors")
-                   for name, row in rows.items() if registry_family(name).honours(o.CONTROL)}  # type: ignore[union-attr]
+                   for name, row in rows.items() if fam_of(name).honours(o.CONTROL, variant_of(name))}
     pic = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
     mask = np.zeros((32, 32), np.uint8)
     mask[:, 16:] = 255
     Image.fromarray(mask).save(d / "mask.png")
+    rows["wan_i2v"].settings = {"init_img": _png(d / "start.png", pic[::-1].copy())}  # its start picture
     return {"rows": rows, "dir": d, "sdxl_vae": sdxl_util.split_files(d / "sdxl")["vae"], "lora_dirs": {n: str(demo_lora_dir() if n == "sd1" else d / n) for n in rows},
             "upscaler": str(d / "up_x2.safetensors"), "picture": _png(d / "picture.png", pic),
             "controlnets": controlnets,
@@ -205,7 +213,7 @@ class Runs:
         extra = dict(settings)
         files = {**row.files, **extra.pop("files", {})}
         return {"model_files": files, "prompt": PROMPT, "width": row.size, "height": row.size, "steps": 2,
-                "seed": 1, "threads": 1, "previews": False, "overrides": row.overrides, **extra}
+                "seed": 1, "threads": 1, "previews": False, "overrides": row.overrides, **row.settings, **extra}
 
     def run(self, name: str, settings: dict[str, Any]) -> dict[str, Any]:
         req = self.request(name, settings)
@@ -229,9 +237,15 @@ def runs(env) -> Runs:
 
 
 def fam_of(name: str) -> Family:
-    fam = registry_family(name)
+    """The registry family row ``name`` runs."""
+    fam = registry_family(VARIANT_ROWS.get(name, (name, None))[0])
     assert fam is not None and fam.runs, name
     return fam
+
+
+def variant_of(name: str) -> str | None:
+    """The variant row ``name`` runs (None: the family's options)."""
+    return VARIANT_ROWS.get(name, (name, None))[1]
 
 
 def change_of(opt: str, name: str, env: dict[str, Any]) -> Change:
@@ -280,6 +294,8 @@ def change_of(opt: str, name: str, env: dict[str, Any]) -> Change:
         tag = f"<lora:{row.lora or 'style'}:1>"
         return Change({"prompt": PROMPT + tag}, {"prompt": PROMPT + tag},
                       {"lora_model_dir": env["lora_dirs"][name]})
+    if opt == o.INIT_IMG and name == "wan_i2v":  # another start picture than the row's (no strength)
+        return Change({"init_img": env["picture"]}, {"init_img": env["picture"]})
     if opt == o.INIT_IMG:  # 4 steps: sd-cli's truncated schedule then starts below sigma max
         return Change({"init_img": env["picture"], "strength": 0.5}, {"init_img": env["picture"], "strength": 0.5},
                       {"steps": 4})
@@ -315,7 +331,8 @@ def change_of(opt: str, name: str, env: dict[str, Any]) -> Change:
         video = {"mode": "vid_gen", "video_frames": 5, "fps": 8}
         return Change(video, video, check="frames")
     if opt == o.HIGH_NOISE:  # the high-noise expert for the steps above the boundary, its own CFG
-        return Change({"files": {"high_noise_diffusion_model": [str(FIX / "wan_high_noise_tiny.safetensors")]},
+        expert = "wan_i2v_high_noise_tiny" if name == "wan_i2v" else "wan_high_noise_tiny"
+        return Change({"files": {"high_noise_diffusion_model": [str(FIX / f"{expert}.safetensors")]},
                        "high_noise_cfg_scale": 4.0}, {"high_noise_cfg_scale": 4.0})
     raise AssertionError(f"no change written for option {opt}")
 
@@ -349,7 +366,9 @@ def test_the_rows_run_their_families(runs) -> None:
     """Each row's files are recognised as its family and run at its defaults."""
     for name in ROWS:
         res = runs.run(name, {})
-        assert res["params"]["architecture"].split("-")[0] == name
+        family, variant = VARIANT_ROWS.get(name, (name, None))
+        assert res["params"]["architecture"].split("-")[0] == family
+        assert variant is None or res["params"]["architecture"] == f"{family}-{variant}"
         fam = fam_of(name)
         assert res["params"]["cfg_scale"] == fam.defaults.cfg_scale
         assert res["params"]["sampling_method"] == fam.defaults.sampling_method
@@ -361,7 +380,7 @@ def test_the_rows_run_their_families(runs) -> None:
 def test_every_option_is_honoured_or_refused(name: str, opt: str, env, runs, monkeypatch) -> None:
     fam = fam_of(name)
     c = change_of(opt, name, env)
-    if not fam.honours(opt):  # the final decode with --taesd is an option only beside a --taesd file
+    if not fam.honours(opt, variant_of(name)):  # the final decode with --taesd is an option only beside a --taesd file
         text = _refused(runs, name, _merged(c.context, c.change) if opt == o.TAESD_DECODE else c.change, monkeypatch)
         assert o.OPTIONS[opt] in text, text
         return

@@ -478,10 +478,10 @@ def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
         console.print(loras.summary(), highlight=False, markup=False)
         for u in loras.unknown():
             console.print(f"[yellow]LoRA key not applied[/]: {u}", highlight=False)
-    if args.init_img:
-        mask = f", mask {args.mask}" if args.mask else ""
-        console.print(f"image to image from {args.init_img}, strength {args.strength:g}{mask}",
-                      highlight=False, markup=False)
+    if args.init_img:  # a video's start picture takes no strength
+        how = (f"video from {args.init_img} (the first frame)" if getattr(args, "mode", "") == "vid_gen" else
+               f"image from {args.init_img}, strength {args.strength:g}" + (f", mask {args.mask}" if args.mask else ""))
+        console.print(f"image to {how}", highlight=False, markup=False)
     for note in [*(getattr(args, "picture_notes", None) or ()), *video_notes(args)]:  # a picture of another shape
         console.print(f"note: {note}", highlight=False, markup=False)
 

@@ -116,6 +116,10 @@ def validate_inputs(args: argparse.Namespace) -> None:
                 setattr(args, key, value)
                 args.size_from_init_img = True  # for the size check's message
         args.picture_notes = picture_notes((w, h), mask, args.width, args.height)
+        if getattr(args, "mode", "img_gen") == "vid_gen" and (w, h) != (args.width, args.height):
+            # a video's start picture: sd-cli crops it about its centre to the video's aspect, then resizes
+            args.picture_notes = [f"-i/--init-img is {w}x{h}: cropped about its centre to the aspect ratio of "
+                                  f"{args.width}x{args.height}, then resized to it (as sd-cli does)"]
     if getattr(args, "control_image", None):  # readable, before anything loads
         from sdplan.core.pipelines.stages.img2img import image_size
 

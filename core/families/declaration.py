@@ -141,6 +141,9 @@ class Family:
         options: the generation options its pipeline honours
             (:data:`sdplan.core.families.options.OPTIONS` names); any other option set away
             from its default is refused by name before anything loads.
+            ``variant_options``: a variant's own (replacing the family's); ``variant_needs``:
+            per variant, the options it cannot run without and why (a request without one
+            is refused by name before anything loads).
         sampling: ``discrete`` (k-diffusion samplers over a discrete noise schedule) or
             ``flow`` (flow matching); the sampler and scheduler names it runs follow
             (:func:`sdplan.core.sampling.names.samplers_for`, ``schedulers_for``).
@@ -195,6 +198,8 @@ class Family:
     compute: ComputeShape | None = None
     variant_compute: Mapping[str, ComputeShape] = field(default_factory=dict)
     variant_companions: Mapping[str, Companions] = field(default_factory=dict)
+    variant_options: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    variant_needs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     lora_names: str = "generic"
     prediction: str | None = None
     unet_heads: tuple[int | None, int | None] | None = None
@@ -221,9 +226,14 @@ class Family:
         """The library companions of ``variant`` (the family's when it has none)."""
         return self.variant_companions.get(variant or "", self.companions)
 
-    def honours(self, option: str) -> bool:
-        """True when the pipeline honours generation option ``option``."""
-        return option in self.options
+    def honours(self, option: str, variant: str | None = None) -> bool:
+        """True when the pipeline honours generation option ``option`` (for ``variant``: its
+        own options where it has them, the family's otherwise)."""
+        return option in self.variant_options.get(variant or "", self.options)
+
+    def needs_for(self, variant: str | None) -> Mapping[str, str]:
+        """The options ``variant`` cannot run without: option -> why (none for most)."""
+        return self.variant_needs.get(variant or "", {})
 
     @property
     def runs(self) -> bool:

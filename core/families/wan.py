@@ -11,6 +11,10 @@ each Wan 2.2 T2V-A14B expert). The A14B models are two experts of one layout: th
 is ``--diffusion-model``, the high-noise one ``--high-noise-diffusion-model`` (the ``diffusion``
 module's ``high_noise`` phase, :mod:`sdplan.core.planning.phases`).
 
+Image to video (Wan 2.2 I2V-A14B) takes ``-i/--init-img`` (the first frame) and needs it: sd-cli
+would run without one on a grey condition, sdplan refuses that request by name. A
+text-to-video model refuses ``-i`` by name (sd-cli ignores it there).
+
 Defaults: sd-cli's ``docs/wan.md`` examples (``--cfg-scale 6.0 --sampling-method euler``,
 832x480) and its flow shift for Wan (5, ``stable-diffusion.cpp``); 20 steps (sd-cli's).
 Estimate constants: the published configs (5B: 24 heads over 3072; 14B: 40 heads over 5120;
@@ -67,11 +71,14 @@ def _detect(t: DiffusionTensors) -> Detection | None:
 
 
 _SHIFT5 = "sd-cli's flow shift for Wan: 5"
+_OPTIONS = frozenset({o.NEGATIVE_PROMPT, o.CFG_SCALE, o.ETA, o.SIGMAS, o.FLOW_SHIFT, o.RNG, o.SAMPLER_RNG,
+                      o.EXTRA_SAMPLE_ARGS, o.VIDEO, o.HIGH_NOISE})
 WAN = Family(
     name="wan", title="Wan 2.x video", detect=_detect,
     files=(("diffusion_model", "t5xxl", "vae"),),
-    options=frozenset({o.NEGATIVE_PROMPT, o.CFG_SCALE, o.ETA, o.SIGMAS, o.FLOW_SHIFT, o.RNG, o.SAMPLER_RNG,
-                       o.EXTRA_SAMPLE_ARGS, o.VIDEO, o.HIGH_NOISE}),
+    options=_OPTIONS,
+    variant_options={"i2v_a14b": _OPTIONS | {o.INIT_IMG}},
+    variant_needs={"i2v_a14b": {o.INIT_IMG: "a Wan 2.2 I2V-A14B model animates a start picture"}},
     sampling="flow", defaults=Defaults(6.0, 20, "euler", 832, 480),
     sizes=WAN_SIZES, size_rule="patch", latent_format="wan21_vae",
     companions=Companions(("t5xxl",), 16, 832),

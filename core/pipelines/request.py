@@ -357,7 +357,9 @@ class GenerationRequest:
             ModelFileError: a family that is recognised but not run, or model files that are
                 not a complete set of the family's (naming the missing flags).
             InvalidArgument: a sampler or scheduler the family does not run, or options it
-                does not honour (every one named, with the family, in one line).
+                does not honour (every one named, with the family, in one line; ``variant``'s
+                own options where it has them), or options the variant needs and the
+                request leaves out (named in one line).
         """
         if not fam.runs:
             raise ModelFileError("<request>", fam.refusal or f"sdplan does not generate with {fam.title}")
@@ -370,11 +372,15 @@ class GenerationRequest:
         if self.scheduler not in schedulers_for(fam.sampling):
             raise InvalidArgument(f"--scheduler {self.scheduler}: {fam.title} does not run it; choose one of "
                                   f"{', '.join(schedulers_for(fam.sampling))}")
-        refused = [flag for opt, flag in self.options_set(fam).items() if not fam.honours(opt)]
+        set_options = self.options_set(fam)
+        refused = [flag for opt, flag in set_options.items() if not fam.honours(opt, variant)]
         if refused:
             them = "it" if len(refused) == 1 else "them"
             raise InvalidArgument(f"{', '.join(refused)}: {fam.title} does not take {them} in sdplan; "
                                   f"remove {them}")
+        missing = [(o.OPTIONS[opt], why) for opt, why in fam.needs_for(variant).items() if opt not in set_options]
+        if missing:
+            raise InvalidArgument("; ".join(f"{flag} missing: {why} ({fam.title}); give it" for flag, why in missing))
         if self.cfg_scale is not None and not math.isfinite(self.cfg_scale):
             raise InvalidArgument(f"--cfg-scale must be a finite number, got {self.cfg_scale}")
         high = self.video.high_sampling_method

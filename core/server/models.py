@@ -200,10 +200,10 @@ class ModelCatalog:
         """
         from sdplan.core.families import options as o
 
-        fam, _ = model.family()
-        if fam.honours(o.REF_IMAGES):
+        fam, variant = model.family()
+        if fam.honours(o.REF_IMAGES, variant):
             return "ref_images"
-        if fam.honours(o.INIT_IMG):
+        if fam.honours(o.INIT_IMG, variant):
             return "init_img"
         raise RequestRefused(f"{fam.title} does not edit pictures in sdplan", "unsupported", 400)
 

@@ -225,10 +225,10 @@ class Server:
                     "output_format": "png", "output_compression": 100}
         from sdplan.core.families import options as o
 
-        features = {"init_image": fam.honours(o.INIT_IMG), "mask_image": fam.honours(o.MASK),
+        features = {"init_image": fam.honours(o.INIT_IMG, variant), "mask_image": fam.honours(o.MASK, variant),
                     "control_image": False, "ip_adapter_image": False,
-                    "ref_images": fam.honours(o.REF_IMAGES), "lora": fam.honours(o.LORA),
-                    "vae_tiling": fam.honours(o.VAE_TILING), "hires": fam.honours(o.HIRES), "cache": False,
+                    "ref_images": fam.honours(o.REF_IMAGES, variant), "lora": fam.honours(o.LORA, variant),
+                    "vae_tiling": fam.honours(o.VAE_TILING, variant), "hires": fam.honours(o.HIRES, variant), "cache": False,
                     "cancel_queued": True, "cancel_generating": True}
         return {"model": {"name": Path(model.path).name, "stem": model.name, "path": model.path},
                 "current_mode": "img_gen", "supported_modes": ["img_gen"],

@@ -2,6 +2,8 @@
 a :class:`~sdplan.core.pipelines.wan.pipeline.WanPipeline` placed by the run's plan (kept loaded
 for the next request with the same files and placements), the video's frames as the run's
 pictures (``-M vid_gen``; one frame without it), and the compute dry run of its graphs.
+Image to video (Wan 2.2 I2V-A14B) reads the ``-i`` picture at the video's size
+(:func:`~sdplan.core.pipelines.wan.i2v.start_picture`) before anything loads.
 
 Both experts of an A14B pair stay resident when, on every device the diffusion module runs on,
 the free memory plus what this pipeline holds there already covers the bytes every module's
@@ -16,7 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from sdplan.core.models.wan_vae import latent_frames
+from sdplan.core.errors import InvalidArgument
+from sdplan.core.models.wan_vae import latent_frames, video_frames
 from sdplan.core.pipelines.request import GenerationRequest
 from sdplan.core.pipelines.run_context import FamilyResult, RunContext
 from sdplan.core.pipelines.wan.pipeline import HighNoise, WanModels, WanPipeline
@@ -54,7 +57,17 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
 
     Raises:
         ModelFileError / EngineError / SdplanError: bad files, devices or sizes.
+        InvalidArgument: an unreadable ``-i`` picture, or ``--strength`` set with it (sd-cli's
+            Wan image to video takes the picture as the first frame, no strength).
     """
+    picture = None
+    if request.init_img:
+        from sdplan.core.pipelines.wan.i2v import start_picture
+
+        if request.strength != 0.75:  # sd-cli's default, which it ignores here
+            raise InvalidArgument(f"--strength {request.strength:g}: Wan image to video takes the -i picture as "
+                                  "its first frame, not a strength; remove it")
+        picture = start_picture(request.init_img, int(request.width or 0), int(request.height or 0))
     models = WanModels(request.file("diffusion_model"), request.file("t5xxl"), request.file("vae"),  # type: ignore[arg-type]
                        request.file("high_noise_diffusion_model"))
     pipe = progress.cached(("wan", repr(models), repr(sorted(plan.items()))),
@@ -72,7 +85,7 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
     out = pipe.txt2vid(request.prompt, int(request.width or 0), int(request.height or 0), frames, steps=steps,
                        seed=request.seed, sampler=str(request.sampling_method), cfg_scale=float(request.cfg_scale or 0.0),
                        negative_prompt=request.negative_prompt, high=high, sampling=request.sampling,
-                       scheduler=request.scheduler, preview=cb)
+                       scheduler=request.scheduler, preview=cb, picture=picture)
     from sdplan.core.pipelines.stages.results import image_to_uint8
 
     video = out["video"][0]  # (3, F, H, W)
@@ -93,7 +106,9 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
     frames (default 1): UMT5 on 512
     tokens with its mask; the DiT on the latent video with 512 text tokens (one graph: the
     negative prompt's is the same shape; with two experts each holds its own graph, counted
-    once: the larger expert's phase runs alone); the autoencoder decoding the whole video.
+    once: the larger expert's phase runs alone); the autoencoder decoding the whole video (with an
+    image-to-video DiT the larger of that and its encoder on the ``1 + 4 (T - 1)`` frames
+    before sampling: the two run at different times).
 
     Raises:
         ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
@@ -104,9 +119,13 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
     frames = int(overrides.get("video_frames") or 1)
     with WanPipeline(models, None, pool, placements) as pipe:
         h, w, t = height // 8, width // 8, latent_frames(frames)
-        ins = pipe.dit.inputs(np.zeros((1, 16, t, h, w), np.float32),
+        ins = pipe.dit.inputs(np.zeros((1, pipe.dit.cfg.in_channels, t, h, w), np.float32),
                               np.zeros((1, WAN_MAX_LENGTH, pipe.dit.cfg.text), np.float32), 1.0)
         graphs = {"te": (pipe.runners["t5xxl"], {"ids": (1, WAN_MAX_LENGTH), "mask": (WAN_MAX_LENGTH,)}),
                   "diffusion": (pipe.runners["diffusion"], {k: a.shape for k, a in ins.items()}),
                   "vae": (pipe.runners["vae"], {"z": (t, 16, h, w)})}
-        return {module: sum(r.measure(s).values()) for module, (r, s) in graphs.items()}
+        out = {module: sum(r.measure(s).values()) for module, (r, s) in graphs.items()}
+        if "vae_encode" in pipe.runners:
+            enc = pipe.runners["vae_encode"].measure({"video": (video_frames(t), 3, height, width)})
+            out["vae"] = max(out["vae"], sum(enc.values()))
+        return out

@@ -1,6 +1,7 @@
-"""Wan 2.x text to video: UMT5's masked states as the prompt, flow-matching sampling with one DiT
-or the two experts of Wan 2.2 A14B (high noise, then low noise), the Wan 2.1 autoencoder
-decoding the latent video.
+"""Wan 2.x text to video and Wan 2.2 I2V-A14B image to video: UMT5's masked states as the prompt,
+flow-matching sampling with one DiT or the two experts of Wan 2.2 A14B (high noise, then low
+noise), the Wan 2.1 autoencoder decoding the latent video (and, for image to video, encoding
+the start picture's video: :mod:`sdplan.core.pipelines.wan.i2v`).
 
 As sd-cli runs it (stable-diffusion.cpp ``generate_video``, ``T5CLIPEmbedder`` with
 ``is_umt5``, ``wan.hpp``, ``wan_vae.hpp``):
@@ -16,6 +17,9 @@ As sd-cli runs it (stable-diffusion.cpp ``generate_video``, ``T5CLIPEmbedder`` w
   with its own CFG scale (``--high-noise-cfg-scale``, sd-cli's default 7), sampler and eta; the
   low-noise expert (``--diffusion-model``) samples the rest with ``--cfg-scale``. CFG is
   ``uncond + cfg (cond - uncond)`` with the negative prompt when the scale is not 1;
+* image to video (a 36-input DiT): the start picture's condition (the mask and the normalised
+  latent of ``[picture, grey frames...]``, :mod:`sdplan.core.pipelines.wan.i2v`) concatenated
+  after the noise channels at every DiT call (both experts, both CFG passes);
 * decoding: ``latent * std + mean`` per channel (Wan 2.1's statistics) through the autoencoder,
   the video clamped to [-1, 1].
 
@@ -23,7 +27,8 @@ Modules: ``diffusion`` (both experts on its placement: runners ``diffusion`` and
 ``diffusion_high``), ``te`` (UMT5, runner ``t5xxl``; its blocks split) and ``vae``. With
 ``keep_both`` False each expert is loaded for its phase only: the high-noise one is released
 before the low-noise one loads, which is released before the decoder runs
-(:mod:`sdplan.core.planning.phases`).
+(:mod:`sdplan.core.planning.phases`). Image to video adds the runner ``vae_encode`` (the
+autoencoder's encoder, on the ``vae`` placement), run once before sampling.
 """
 
 from __future__ import annotations
@@ -41,9 +46,11 @@ from sdplan.core.models.qwen_image_vae import LATENT_MEAN, LATENT_STD, wan_vae_c
 from sdplan.core.models.t5 import T5Encoder, t5_config
 from sdplan.core.models.wan import WanDiT, head_dim_of
 from sdplan.core.models.wan import weight_file as dit_weight_file
-from sdplan.core.models.wan_vae import latent_frames, video_decode
+from sdplan.core.models.wan_vae import latent_frames, video_decode, video_frames
+from sdplan.core.models.wan_vae_encode import video_encode
 from sdplan.core.pipelines.stages.base import module_placements
 from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline, shapes
+from sdplan.core.pipelines.wan.i2v import MASK_CHANNELS, condition, condition_video
 from sdplan.core.sampling.errors import SamplingError
 from sdplan.core.sampling.finite import check_finite, finite_steps
 from sdplan.core.sampling.flow import (
@@ -66,6 +73,8 @@ SHIFT = 5.0
 #: sd-cli's ``--moe-boundary`` default: the sigma below which the low-noise expert samples.
 BOUNDARY = 0.875
 MODULES = ("diffusion", "te", "vae")
+#: The input channels of a Wan 2.2 I2V-A14B DiT: noise, mask and picture latent (16 + 4 + 16).
+I2V_INPUTS = 36
 
 _MEAN = np.asarray(LATENT_MEAN, np.float32).reshape(1, -1, 1, 1, 1)
 _STD = np.asarray(LATENT_STD, np.float32).reshape(1, -1, 1, 1, 1)
@@ -114,7 +123,7 @@ def _phase(method: str, vel: Callable[[np.ndarray, float], np.ndarray], x: np.nd
 
 
 class WanPipeline(FlowDiTPipeline):
-    """Wan text to video over engine module runners (module docstring).
+    """Wan text to video and image to video over engine module runners (module docstring).
 
     Args:
         models: the model files.
@@ -125,7 +134,8 @@ class WanPipeline(FlowDiTPipeline):
     Raises:
         ModelLayoutError / ModelFileError: files that are not the expected models (a 48-channel
             Wan 2.2 autoencoder, a T5 that is not UMT5, a file without its tokenizer blob).
-        SdplanError: an encoder whose width is not the DiT's text width, experts that differ.
+        SdplanError: an encoder whose width is not the DiT's text width, experts that differ, a Wan 2.1
+            I2V/FLF2V DiT (img_emb), an image-to-video run with an autoencoder file without its encoder.
         EngineError: a device without a backend, or memory that cannot be allocated.
     """
 
@@ -137,9 +147,10 @@ class WanPipeline(FlowDiTPipeline):
                  dtypes: Mapping[str, str] | None = None, cancel: Any = None, flash: bool = False,
                  keep_both: bool = True) -> None:
         self.dit = _dit(models.diffusion_model, flash)
-        if self.dit.cfg.in_channels == 36:
-            raise SdplanError(f"{models.diffusion_model}: a Wan image-to-video model (36 input channels: the "
-                              "noise, the picture's latent and its mask); sdplan runs Wan text to video only")
+        self.i2v = self.dit.cfg.in_channels == I2V_INPUTS  # noise, mask and picture latent
+        if self.i2v and any(n.startswith("img_emb.") for n in shapes(models.diffusion_model)):
+            raise SdplanError(f"{models.diffusion_model}: Wan 2.1 I2V/FLF2V (CLIP vision image embeddings, "
+                              "img_emb); sdplan runs Wan 2.2 I2V-A14B image to video, not this one")
         if self.dit.cfg.in_channels == 48:
             raise SdplanError(f"{models.diffusion_model}: Wan 2.2 TI2V-5B (48 latent channels) needs the Wan 2.2 "
                               "autoencoder, which sdplan's engine does not run yet (it plans it)")
@@ -156,10 +167,14 @@ class WanPipeline(FlowDiTPipeline):
                               f"width {self.dit.cfg.text}")
         vae_shapes = shapes(models.vae)
         self.vae_cfg = wan_vae_config(vae_shapes)
-        if self.vae_cfg.z != len(LATENT_MEAN) or not self.vae_cfg.decoder or self.dit.cfg.in_channels != self.vae_cfg.z:
+        latent_c = self.dit.cfg.in_channels - (MASK_CHANNELS + len(LATENT_MEAN) if self.i2v else 0)
+        if self.vae_cfg.z != len(LATENT_MEAN) or not self.vae_cfg.decoder or latent_c != self.vae_cfg.z:
             raise SdplanError(f"{models.vae}: not the Wan 2.1 autoencoder of the DiT's {self.dit.cfg.in_channels} "
                               f"latent channels (this one has {self.vae_cfg.z}; sdplan runs Wan 2.2 TI2V-5B's "
                               "48-channel autoencoder not yet)")
+        if self.i2v and not self.vae_cfg.encoder:
+            raise SdplanError(f"{models.vae}: an autoencoder without its encoder; Wan image to video encodes the "
+                              "start picture (-i/--init-img) with it")
         self.t5 = T5Encoder(te)
         self.tokenizer = UMT5Tokenizer.from_file(models.t5xxl)
         self.keep_both = keep_both
@@ -177,6 +192,11 @@ class WanPipeline(FlowDiTPipeline):
             wf = weight_file(models.vae, dec, self.pool.get(self.placements["vae"].devices[0]))
             self.runners["vae"] = self.new_runner("vae", FunctionGraph(dec, {"z": "f32"}, self._decode), wf,
                                                   self.placements["vae"])
+            if self.i2v:
+                enc = [n for n in vae_shapes if n.startswith((p + "encoder.", p + "conv1."))]
+                ewf = weight_file(models.vae, enc, self.pool.get(self.placements["vae"].devices[0]))
+                self.runners["vae_encode"] = self.new_runner(
+                    "vae_encode", FunctionGraph(enc, {"video": "f32"}, self._encode), ewf, self.placements["vae"])
         except BaseException:
             self.close()
             raise
@@ -190,7 +210,18 @@ class WanPipeline(FlowDiTPipeline):
     def _decode(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
         return {"video": video_decode(g, w, ins["z"], self.vae_cfg, self._vae_shapes)}
 
+    def _encode(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+        return {"z": video_encode(g, w, ins["video"], self.vae_cfg, self._vae_shapes)}
+
     # ------------------------------------------------------------------ stages
+    def encode_condition(self, picture: np.ndarray, frames: int) -> np.ndarray:
+        """The image-to-video condition ``(1, 20, T, h, w)`` float32 of a start picture
+        ``(1, 3, H, W)`` in [-1, 1] for a video of ``frames`` frames (``1 + 4 (T - 1)`` of them
+        encoded: :mod:`sdplan.core.pipelines.wan.i2v`)."""
+        video = condition_video(picture, video_frames(latent_frames(frames)))
+        z = self.runners["vae_encode"].run({"video": video})["z"]  # (T, 16, h, w); compute freed after
+        return condition(z, _MEAN, _STD)
+
     def encode_prompt(self, prompt: str, length: int = WAN_MAX_LENGTH) -> np.ndarray:
         """UMT5's states ``(1, length, width)`` float32 of ``prompt`` (module docstring)."""
         tok = self.tokenizer.tokenize(prompt, length)
@@ -198,10 +229,13 @@ class WanPipeline(FlowDiTPipeline):
         hidden = apply_prompt_weights(hidden, tok.weights)
         return np.ascontiguousarray(hidden * tok.mask[..., None], dtype=np.float32)
 
-    def velocity_of(self, runner: str, x: np.ndarray, sigma: float, context: np.ndarray) -> np.ndarray:
-        """Runner ``runner``'s velocity ``noise - x0`` for a latent video ``x`` ``(1, 16, T, h, w)``."""
+    def velocity_of(self, runner: str, x: np.ndarray, sigma: float, context: np.ndarray,
+                    cond: np.ndarray | None = None) -> np.ndarray:
+        """Runner ``runner``'s velocity ``noise - x0`` ``(1, 16, T, h, w)`` for a latent video
+        ``x`` ``(1, 16, T, h, w)``; ``cond``: image to video's 20 condition channels after it."""
         dit = self.high if runner == "diffusion_high" and self.high is not None else self.dit
-        out = self.runners[runner].run(dit.inputs(x, context, sigma))["out"]
+        z = x if cond is None else np.concatenate([x, cond], axis=1)
+        out = self.runners[runner].run(dit.inputs(z, context, sigma))["out"]
         return dit.velocity(out, x.shape)
 
     def decode_video(self, latent: np.ndarray) -> np.ndarray:
@@ -226,8 +260,9 @@ class WanPipeline(FlowDiTPipeline):
                 shift: float = SHIFT, high: HighNoise | None = None, noise: np.ndarray | None = None,
                 sampling: SamplingOptions | None = None, scheduler: str = "default",
                 preview: Callable[[int, np.ndarray], None] | None = None,
-                step_hook: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-        """Generate one video.
+                step_hook: Callable[[int, int], None] | None = None,
+                picture: np.ndarray | None = None) -> dict[str, Any]:
+        """Generate one video (image to video with ``picture`` on a 36-input DiT).
 
         Args:
             prompt, negative_prompt: sd-cli weighting syntax; the negative prompt is encoded
@@ -243,19 +278,29 @@ class WanPipeline(FlowDiTPipeline):
             sampling, scheduler: sd-cli's other sampling options and ``--scheduler``.
             preview: ``preview(step, rgb_uint8)`` of the first frame after each step.
             step_hook: ``step_hook(done, n)`` before the first step and after each.
+            picture: the start picture ``(1, 3, height, width)`` in [-1, 1]
+                (:func:`~sdplan.core.pipelines.wan.i2v.start_picture`); needed by an
+                image-to-video DiT, refused by a text-to-video one.
 
         Returns:
             ``{"latent": (1, 16, T, h, w), "video": (1, 3, F, H, W) float32, "sigmas",
             "switch": the high-noise steps}``.
 
         Raises:
-            SdplanError: a size that is not a positive multiple of 16, frames below 1;
+            SdplanError: a size that is not a positive multiple of 16, frames below 1, a
+                picture missing (image to video) or given (text to video) or of another size;
             SamplingError.
         """
         if width % 16 or height % 16 or width <= 0 or height <= 0:
             raise SdplanError(f"Wan frame size {width}x{height} must be positive multiples of 16")
         if frames < 1:
             raise SdplanError(f"Wan --video-frames must be at least 1, got {frames}")
+        if self.i2v and picture is None:
+            raise SdplanError("-i/--init-img missing: a Wan image-to-video model animates a start picture")
+        if not self.i2v and picture is not None:
+            raise SdplanError("-i/--init-img: a Wan text-to-video model takes no start picture")
+        if picture is not None and tuple(np.shape(picture)) != (1, 3, height, width):
+            raise SdplanError(f"Wan start picture must be (1, 3, {height}, {width}), got {np.shape(picture)}")
         high = high or HighNoise()
         opts = sampling or SamplingOptions()
         h, w, t = height // 8, width // 8, latent_frames(frames)
@@ -268,6 +313,7 @@ class WanPipeline(FlowDiTPipeline):
         if scheduler == "default" and not opts.sigmas:
             sigmas = discrete_flow_sigmas(total, fshift)
         k = min(self.switch_step(sigmas, high, extra), len(sigmas) - 1)
+        cond = self.encode_condition(picture, frames) if picture is not None else None
         context = self.encode_prompt(prompt)
         needs_uncond = cfg_scale != 1.0 or (k > 0 and high.cfg_scale != 1.0)
         uncond = self.encode_prompt(negative_prompt) if needs_uncond else None
@@ -286,8 +332,9 @@ class WanPipeline(FlowDiTPipeline):
             return cb
 
         def guided(runner: str, scale: float) -> Callable[[np.ndarray, float], np.ndarray]:
-            un = None if uncond is None or scale == 1.0 else (lambda z, s: self.velocity_of(runner, z, s, uncond))
-            return guided_velocity(lambda z, s: self.velocity_of(runner, z, s, context), un, scale)
+            un = None if uncond is None or scale == 1.0 else (
+                lambda z, s: self.velocity_of(runner, z, s, uncond, cond))
+            return guided_velocity(lambda z, s: self.velocity_of(runner, z, s, context, cond), un, scale)
 
         if k > 0:
             runner = self.runners["diffusion_high"]

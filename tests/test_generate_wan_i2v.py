@@ -1,0 +1,93 @@
+"""``sdplan generate -M vid_gen -i picture.png --video-frames 5`` with the tiny Wan 2.2 I2V-A14B
+experts (``--diffusion-model`` the low-noise one, ``--high-noise-diffusion-model`` the
+high-noise one, UMT5, the Wan 2.1 autoencoder): PNG frames equal diffusers'
+``WanImageToVideoPipeline`` video (its fixed noise, 4 steps, CFG 3.5 then 2) and the first frame
+is close to the picture's; the default output is a WebM a player opens (five frames); the size
+comes from the picture without ``-W``/``-H`` (as sd-cli takes it); the picture's absence on the
+image-to-video model, ``-i`` on a text-to-video one and ``--strength`` beside ``-i`` are one-line
+refusals naming the flag, before anything loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from safetensors.numpy import load_file
+from sparse_writer import FIXTURES
+
+G = pytest.importorskip("sdplan._ggml")
+if not hasattr(G, "Graph"):
+    pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
+from generate_util import parse, png  # noqa: E402
+from sdplan.core.pipelines.stages.results import image_to_uint8, read_generation  # noqa: E402
+from sdplan.core.pipelines.stages.video import read_video  # noqa: E402
+from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
+
+R = load_file(str(FIXTURES / "wan_i2v_ref.safetensors"))
+LOW, HIGH = FIXTURES / "wan_i2v_tiny.safetensors", FIXTURES / "wan_i2v_high_noise_tiny.safetensors"
+TE, VAE = FIXTURES / "umt5_tiny.safetensors", FIXTURES / "wan_vae_tiny.safetensors"
+PROMPT = "a lovely cat walking on the beach"
+
+
+def flags(picture: Path | None, dit: Path = LOW, high: Path | None = HIGH, size: bool = True) -> list[str]:
+    return ["-M", "vid_gen", "--video-frames", "5", "--diffusion-model", str(dit),
+            *(["--high-noise-diffusion-model", str(high)] if high else []), "--t5xxl", str(TE), "--vae", str(VAE),
+            *(["-i", str(picture)] if picture else []), "-p", PROMPT, *(["-W", "48", "-H", "32"] if size else []),
+            "--steps", "4", "--cfg-scale", "2", "--high-noise-cfg-scale", "3.5", "--sampling-method", "euler",
+            "-t", "1"]
+
+
+@pytest.fixture
+def picture(tmp_path: Path) -> Path:
+    path = tmp_path / "picture.png"
+    Image.fromarray(R["pipe.picture"]).save(path)
+    return path
+
+
+@pytest.fixture
+def fixed_noise(monkeypatch):
+    monkeypatch.setattr(PhiloxNoise, "randn", lambda self, shape: R["pipe.noise"].copy())
+
+
+def frames_of(folder: Path) -> list[np.ndarray]:
+    return [png(folder / f"f_{i:03d}.png") for i in range(5)]
+
+
+def test_png_frames_are_the_diffusers_video(tmp_path: Path, picture: Path, fixed_noise) -> None:
+    args = parse([*flags(picture, size=False), "-o", str(tmp_path / "f_%03d.png"), "--in-process"])
+    assert args.run(args) == 0
+    want = R["pipe.video"][0]  # (3, 5, 32, 48)
+    frames = frames_of(tmp_path)
+    for i, got in enumerate(frames):
+        assert got.shape == (32, 48, 3)  # the picture's size
+        assert np.abs(got - image_to_uint8(want[:, i]).astype(int)).max() <= 4, i
+    rec = read_generation(tmp_path / "f_000.png")
+    assert rec.architecture == "wan-i2v_a14b"
+    assert rec.settings["init_img"].endswith("picture.png") and rec.settings["video_frames"] == 5
+
+
+def test_webm_a_player_opens(tmp_path: Path, picture: Path, fixed_noise, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = parse([*flags(picture), "--in-process"])
+    assert args.run(args) == 0
+    video, rate = read_video(tmp_path / "output.webm")
+    assert len(video) == 5 and rate == 16 and video[0].shape == (32, 48, 3)
+    y = np.array([0.299, 0.587, 0.114])  # yuv420p keeps luma per pixel, chroma per 2x2 block
+    for i in range(5):
+        want = image_to_uint8(R["pipe.video"][0][:, i]).astype(float) @ y
+        assert np.abs(video[i].astype(float) @ y - want).mean() < 6, i  # VP9 at CRF 15
+
+
+def test_refusals_are_one_line(tmp_path: Path, picture: Path, capsys) -> None:
+    t2v = FIXTURES / "wan_tiny.safetensors"
+    cases = ((flags(None), "-i/--init-img missing: a Wan 2.2 I2V-A14B model animates a start picture"),
+             (flags(picture, t2v, None), "-i/--init-img: Wan 2.x video does not take it"),
+             ([*flags(picture), "--strength", "0.5"], "--strength 0.5: Wan image to video"))
+    for argv, named in cases:
+        args = parse([*argv, "-o", str(tmp_path / "x.webm"), "--in-process"])
+        assert args.run(args) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert named in err and err.count("error") <= 1, err
+        assert not (tmp_path / "x.webm").exists()
