@@ -14,7 +14,13 @@ from safetensors.numpy import load_file
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph, ModelLayoutError
 from sdplan.core.models.qwen_image_vae import wan_vae_config, weight_file
-from sdplan.core.models.wan22_vae import LATENT_MEAN, LATENT_STD, is_wan22_vae, video_decode, wan22_vae_config
+from sdplan.core.models.wan22_vae import (
+    LATENT_MEAN,
+    LATENT_STD,
+    is_wan22_vae,
+    video_decode,
+    wan22_vae_config,
+)
 from sparse_writer import FIXTURES
 
 G = pytest.importorskip("sdplan._ggml")

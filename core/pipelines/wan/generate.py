@@ -103,10 +103,11 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
                        high[0] if high else None)
     frames = int(overrides.get("video_frames") or 1)
     with WanPipeline(models, None, pool, placements) as pipe:
-        h, w, t = height // 8, width // 8, latent_frames(frames)
-        ins = pipe.dit.inputs(np.zeros((1, 16, t, h, w), np.float32),
+        f, c = pipe.ae.factor, pipe.ae.z  # 8x and 16 channels; Wan 2.2 TI2V-5B's autoencoder 16x and 48
+        h, w, t = height // f, width // f, latent_frames(frames)
+        ins = pipe.dit.inputs(np.zeros((1, c, t, h, w), np.float32),
                               np.zeros((1, WAN_MAX_LENGTH, pipe.dit.cfg.text), np.float32), 1.0)
         graphs = {"te": (pipe.runners["t5xxl"], {"ids": (1, WAN_MAX_LENGTH), "mask": (WAN_MAX_LENGTH,)}),
                   "diffusion": (pipe.runners["diffusion"], {k: a.shape for k, a in ins.items()}),
-                  "vae": (pipe.runners["vae"], {"z": (t, 16, h, w)})}
+                  "vae": (pipe.runners["vae"], {"z": (t, c, h, w)})}
         return {module: sum(r.measure(s).values()) for module, (r, s) in graphs.items()}
