@@ -46,10 +46,15 @@ FIX = Path(__file__).resolve().parent / "fixtures"
 PROMPT = "a photo of a cat"
 #: The rows: the registry families that run, each on its tiny model set.
 ROWS = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "z_image", "flux2_klein", "flux2", "qwen_image",
-        "wan")
+        "wan", "wan_ti2v")
+#: Rows of a family's variant: the row's name -> the family's.
+VARIANT_ROWS = {"wan_ti2v": "wan"}
 #: Wan's tiny model set (the low-noise expert alone; the option adds the high-noise one).
 WAN = {"diffusion_model": [str(FIX / "wan_tiny.safetensors")], "t5xxl": [str(FIX / "umt5_tiny.safetensors")],
        "vae": [str(FIX / "wan_vae_tiny.safetensors")]}
+#: Wan 2.2 TI2V-5B's (the 48-channel DiT, the Wan 2.2 autoencoder: 16x, sizes of 32).
+WAN_TI2V = {"diffusion_model": [str(FIX / "wan_ti2v_tiny.safetensors")],
+            "t5xxl": [str(FIX / "umt5_tiny.safetensors")], "vae": [str(FIX / "wan22_vae_tiny.safetensors")]}
 
 
 @dataclass
@@ -165,12 +170,13 @@ def env(tmp_path_factory) -> dict[str, Any]:
                       "vae": [str(flux2_dev_util.AE)]}, 32),
         "qwen_image": Row(qwen_image_util.files(), 32),
         "wan": Row(WAN, 32),
+        "wan_ti2v": Row(WAN_TI2V, 32),
     }
     rng = np.random.default_rng(3)
     for channels in (4, 16, 32):
         save_file(tae_weights(rng, "decoder", channels), str(d / f"tae{channels}.safetensors"))
     for name, row in rows.items():
-        fam = registry_family(name)
+        fam = registry_family(VARIANT_ROWS.get(name, name))
         assert fam is not None
         row.tae = str(d / f"tae{fam.companions.latent_channels}.safetensors")
         if name == "sd1":
@@ -182,7 +188,7 @@ def env(tmp_path_factory) -> dict[str, Any]:
     from controlnet_util import controlnet_from_unet
 
     controlnets = {name: controlnet_from_unet(row.files["model"][0], d / f"controlnet_{name}.safetensors")
-                   for name, row in rows.items() if registry_family(name).honours(o.CONTROL)}  # type: ignore[union-attr]
+                   for name, row in rows.items() if fam_of(name).honours(o.CONTROL)}  # type: ignore[union-attr]
     pic = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
     mask = np.zeros((32, 32), np.uint8)
     mask[:, 16:] = 255
@@ -229,7 +235,7 @@ def runs(env) -> Runs:
 
 
 def fam_of(name: str) -> Family:
-    fam = registry_family(name)
+    fam = registry_family(VARIANT_ROWS.get(name, name))
     assert fam is not None and fam.runs, name
     return fam
 
@@ -315,7 +321,8 @@ def change_of(opt: str, name: str, env: dict[str, Any]) -> Change:
         video = {"mode": "vid_gen", "video_frames": 5, "fps": 8}
         return Change(video, video, check="frames")
     if opt == o.HIGH_NOISE:  # the high-noise expert for the steps above the boundary, its own CFG
-        return Change({"files": {"high_noise_diffusion_model": [str(FIX / "wan_high_noise_tiny.safetensors")]},
+        high = "wan_ti2v_tiny" if name == "wan_ti2v" else "wan_high_noise_tiny"  # an expert of the DiT's layout
+        return Change({"files": {"high_noise_diffusion_model": [str(FIX / f"{high}.safetensors")]},
                        "high_noise_cfg_scale": 4.0}, {"high_noise_cfg_scale": 4.0})
     raise AssertionError(f"no change written for option {opt}")
 
@@ -349,7 +356,7 @@ def test_the_rows_run_their_families(runs) -> None:
     """Each row's files are recognised as its family and run at its defaults."""
     for name in ROWS:
         res = runs.run(name, {})
-        assert res["params"]["architecture"].split("-")[0] == name
+        assert res["params"]["architecture"].split("-")[0] == VARIANT_ROWS.get(name, name)
         fam = fam_of(name)
         assert res["params"]["cfg_scale"] == fam.defaults.cfg_scale
         assert res["params"]["sampling_method"] == fam.defaults.sampling_method

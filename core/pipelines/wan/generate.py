@@ -23,7 +23,27 @@ from sdplan.core.pipelines.wan.pipeline import HighNoise, WanModels, WanPipeline
 from sdplan.core.runtime.placement import ModulePlacement
 from sdplan.core.text.umt5_tokenizer import WAN_MAX_LENGTH
 
-__all__ = ["generate", "measure", "both_fit"]
+__all__ = ["generate", "measure", "both_fit", "refuse_ti2v_image"]
+
+
+def refuse_ti2v_image(request: GenerationRequest) -> None:
+    """Refuse ``-i`` with Wan 2.2 TI2V-5B (a 48-channel DiT: its image-to-video mode, the
+    picture's latent as the first frame with per-token timesteps, is not run), from the DiT
+    file's header, before anything loads.
+
+    Raises:
+        InvalidArgument: an init image with a TI2V-5B DiT.
+    """
+    dit = request.file("diffusion_model")
+    if not request.init_img or not dit:
+        return
+    from sdplan.core.errors import InvalidArgument
+    from sdplan.core.modelfiles.readers import read_tensor_file
+
+    pe = next((t.shape for t in read_tensor_file(dit).tensors if t.name.endswith("patch_embedding.weight")), ())
+    if len(pe) >= 2 and int(pe[1]) == 48:
+        raise InvalidArgument("-i/--init-img: Wan 2.2 TI2V-5B's image to video (the picture as the first frame) "
+                              "is not run by sdplan's engine; it runs TI2V-5B text to video (leave out -i)")
 
 
 def both_fit(pipe: WanPipeline, free: Mapping[str, int]) -> bool:
@@ -55,6 +75,7 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
     Raises:
         ModelFileError / EngineError / SdplanError: bad files, devices or sizes.
     """
+    refuse_ti2v_image(request)
     models = WanModels(request.file("diffusion_model"), request.file("t5xxl"), request.file("vae"),  # type: ignore[arg-type]
                        request.file("high_noise_diffusion_model"))
     pipe = progress.cached(("wan", repr(models), repr(sorted(plan.items()))),
