@@ -40,8 +40,9 @@ def refuse_ti2v_image(request: GenerationRequest) -> None:
     from sdplan.core.errors import InvalidArgument
     from sdplan.core.modelfiles.readers import read_tensor_file
 
-    pe = next((t.shape for t in read_tensor_file(dit).tensors if t.name.endswith("patch_embedding.weight")), ())
-    if len(pe) >= 2 and int(pe[1]) == 48:
+    pe = next((tuple(t.shape) for t in read_tensor_file(dit).tensors if t.name.endswith("patch_embedding.weight")),
+              None)
+    if pe is not None and len(pe) >= 2 and int(pe[1]) == 48:
         raise InvalidArgument("-i/--init-img: Wan 2.2 TI2V-5B's image to video (the picture as the first frame) "
                               "is not run by sdplan's engine; it runs TI2V-5B text to video (leave out -i)")
 
