@@ -2,7 +2,9 @@
 on the latent video at 1/16 of the size and the Wan 2.2 decoder on the whole video (the
 autoencoder's own scale and channels, not Wan 2.1's 8x and 16), the same graphs the engine then
 allocates, and the total is within 10% of the engine's peak over a CFG generation of five
-frames, at sizes where the video's graphs, not UMT5's 512 tokens, make the peak."""
+frames, at sizes where the video's graphs, not UMT5's 512 tokens, make the peak. The formula
+(sd-cli's estimate, and sdplan's without a dry run) counts the 5B's latent cells at 1/16 of
+the size and tiles its autoencoder at 16 pixels per latent pixel."""
 
 from __future__ import annotations
 
@@ -64,3 +66,21 @@ def test_estimate_matches_the_engine_peak() -> None:
     assert fit.modules["diffusion"].compute["CPU"] == computes["diffusion"]
     estimate = fit.devices["CPU"].total
     assert 0.9 * peak <= estimate <= 1.1 * peak, (estimate, peak)
+
+
+def test_formula_counts_the_5b_latent_at_one_sixteenth() -> None:
+    """1280x704 and 121 frames (the 5B's published size): 44x80 latent cells in 2x2 patches over
+    31 latent frames, 27280 video tokens beside 512 text tokens (Wan 2.2 ``vae_stride`` (4, 16,
+    16), ``patch_size`` (1, 2, 2)); a Wan 2.1 model at the same size has 4x the cells."""
+    from sdplan.core.planning.estimate import _F32, _K, compute_bytes
+    from sdplan.core.planning.profile import ModuleProfile
+    from sdplan.core.planning.vae_tiling import vae_scale_factor
+
+    mp = ModuleProfile(other=1)
+    tokens = 44 * 80 // 4 * 31 + 512
+    want = _F32 * (24 * tokens * tokens + _K * tokens * 4 * 3072)
+    assert compute_bytes("diffusion", mp, "wan-ti2v_5b", width=1280, height=704, batch=1, frames=121) == want
+    t2v = 88 * 160 // 4 * 31 + 512
+    assert compute_bytes("diffusion", mp, "wan-t2v_a14b", width=1280, height=704, batch=1, frames=121) == \
+        _F32 * (40 * t2v * t2v + _K * t2v * 4 * 5120)
+    assert (vae_scale_factor("wan-ti2v_5b"), vae_scale_factor("wan-t2v_a14b")) == (16, 8)
