@@ -1,8 +1,10 @@
 """The Wan 2.2 autoencoder (TI2V-5B's: 48 channels, residual levels, 2x2 patches) decoding a
 latent video as one graph, against diffusers' ``AutoencoderKLWan(is_residual=True)`` decoding
 frame by frame with its causal cache and ``first_chunk`` (the fixture's reference, unpatchified,
-before its clamp): three latent frames to nine frames, two to five, one to one; its structure
-read from the tiny file and from the real-size layout."""
+before its clamp): three latent frames to nine frames, two to five, one to one; the encoder's
+mean of nine frames (three latent frames) and of one against ``AutoencoderKLWan._encode`` (the
+first frame alone, then four at a time with the cache); its structure read from the tiny file
+and from the real-size layout."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ from sdplan.core.models.qwen_image_vae import wan_vae_config, weight_file
 from sdplan.core.models.wan22_vae import (
     LATENT_MEAN,
     LATENT_STD,
+    encoder_levels,
     is_wan22_vae,
     video_decode,
+    video_encode,
     wan22_vae_config,
 )
 from sparse_writer import FIXTURES
@@ -56,6 +60,8 @@ def test_real_size_structure(shared_dir) -> None:
     assert [(lv.width_in, lv.width_out, lv.temporal) for lv in cfg.levels] == [
         (1024, 1024, True), (1024, 1024, True), (1024, 512, False), (512, 256, False)]
     assert not is_wan22_vae({k: tuple(v) for k, v in data["wan21_vae"].items()})
+    assert [(lv.width_in, lv.width_out, lv.up, lv.temporal) for lv in encoder_levels(real)] == [
+        (160, 160, True, False), (160, 320, True, True), (320, 640, True, True), (640, 640, False, False)]
     assert len(LATENT_MEAN) == len(LATENT_STD) == 48
 
 
@@ -79,3 +85,29 @@ def test_decode_matches_the_cached_decoder(frames_in, frames_out, key) -> None:
     assert rel_err(got, want) < TOL
     runner.release()
     pool.manager.close()
+
+
+@pytest.mark.parametrize("frames, latent", [(9, 3), (1, 1)])
+def test_encode_matches_the_cached_encoder(frames, latent) -> None:
+    cfg = wan22_vae_config(SHAPES)
+    names = [n for n in SHAPES if n.startswith(("encoder.", "conv1."))]
+    video = R["enc.video"][:, :, :frames]
+    want = R[f"enc.mean{frames}"]
+    pool = BackendPool(G.BackendManager(1))
+
+    def fn(g, w, ins):
+        return {"mean": video_encode(g, w, ins["video"], cfg, SHAPES)}
+
+    runner = ModuleRunner(FunctionGraph(names, {"video": "f32"}, fn), weight_file(VAE, names),
+                          ModulePlacement(("CPU",)), pool, n_threads=1)
+    out = runner.run({"video": np.ascontiguousarray(np.transpose(video[0], (1, 0, 2, 3)))})["mean"]
+    assert out.shape == (latent, 48, 4, 6)
+    assert rel_err(np.transpose(out, (1, 0, 2, 3))[None], want) < TOL
+    runner.release()
+    pool.manager.close()
+
+
+def test_encode_refuses_a_decoder_only_file() -> None:
+    dec = {k: v for k, v in SHAPES.items() if not k.startswith("encoder.")}
+    with pytest.raises(ModelLayoutError, match="no encoder"):
+        video_encode(None, {}, None, wan22_vae_config(dec), dec)

@@ -21,7 +21,8 @@ Writes into ``tests/fixtures/``:
   ``upsampler``), the rest as Wan 2.1's (``conv1``, ``conv2``, ``middle``, ``head``).
 * ``wan22_ref.safetensors``: the decoder's output (unclamped, unpatchified) on random latents of
   1, 2 and 3 frames (frame by frame with its causal cache and ``first_chunk`` as
-  ``AutoencoderKLWan._decode`` runs it); the DiT's output on a random latent
+  ``AutoencoderKLWan._decode`` runs it); the encoder's mean on a random video of 9 frames and on
+  its first frame (``_encode``: the first frame alone, then 4 at a time); the DiT's output on a random latent
   ``(1, 48, 2, 4, 6)``; a 4-step run of diffusers' ``WanPipeline`` with ``expand_timesteps``
   (the TI2V-5B config: per-token timesteps, the 16x autoencoder) at 5 frames of 64x96 with
   sd-cli's sigmas (shift 5), CFG 3.5, the prompt's and the empty prompt's states padded to 512
@@ -119,6 +120,14 @@ def vae_decode_raw(vae, z: np.ndarray) -> np.ndarray:
     return out.numpy()
 
 
+def vae_encode_mean(vae, video: np.ndarray) -> np.ndarray:
+    """The mean of the latent of ``(1, 3, F, H, W)`` (``AutoencoderKLWan._encode``: patchified,
+    the first frame alone and then 4 frames at a time with the causal cache, ``quant_conv``)."""
+    with torch.no_grad():
+        enc = vae._encode(torch.from_numpy(video))
+    return enc[:, :VAE["z_dim"]].numpy()
+
+
 # --------------------------------------------------------------------------- pipeline
 
 def pipeline(dit, vae, cond: torch.Tensor, uncond: torch.Tensor, noise: np.ndarray) -> dict[str, np.ndarray]:
@@ -166,6 +175,10 @@ def main() -> None:
     z = rng.standard_normal((1, 48, 3, 4, 6)).astype(np.float32)
     ref.update({"vae.z": z, "vae.decoded3": vae_decode_raw(vae, z), "vae.decoded2": vae_decode_raw(vae, z[:, :, :2]),
                 "vae.decoded1": vae_decode_raw(vae, z[:, :, :1])})
+
+    video = np.random.default_rng(11).uniform(-1, 1, (1, 3, 9, HEIGHT, WIDTH)).astype(np.float32)
+    ref.update({"enc.video": video, "enc.mean9": vae_encode_mean(vae, video),
+                "enc.mean1": vae_encode_mean(vae, video[:, :, :1])})
 
     cond, uncond = w21.encode(umt5, ids, w21.CONTEXT), w21.encode(umt5, neg, w21.CONTEXT)
     noise = rng.standard_normal((1, 48, (FRAMES - 1) // 4 + 1, HEIGHT // 16, WIDTH // 16)).astype(np.float32)

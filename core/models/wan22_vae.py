@@ -26,6 +26,19 @@ resample leaves the first frame single, both halves hold ``1 + 2 (T - 1)`` frame
 head, channel ``k = colour * 4 + pa * 2 + pb`` is pixel ``(2 h + pb, 2 w + pa)``
 (:func:`_unpatchify`). ``T`` latent frames decode to ``1 + 4 (T - 1)`` frames.
 
+Encoder (:func:`video_encode`; diffusers ``WanResidualDownBlock``, ``AvgDown3D``, ``patchify``
+and ``_encode``): the video's 2x2 patches as 12 channels, ``encoder.conv1``, then per level its
+residual blocks and its resample, plus a shortcut of the level's input without weights
+(``AvgDown3D``: ``ft x 2 x 2`` neighbourhoods of every channel, ``ft`` 2 for a temporal level,
+read as ``in * ft * 4`` channels whose consecutive groups of ``in * ft * 4 / out`` are
+averaged; the last level's is the identity), the middle block, the head and ``conv1``; its first
+``z`` channels are the mean (as sd-cli encodes, no sampling). diffusers encodes the first frame
+alone and then 4 frames at a time with the causal cache; over the whole video that is: causal
+convolutions as the decoder's, a temporal resample keeping frame 0 and turning frames
+``2k - 1, 2k`` with the frame before into frame ``k`` (``time_conv``, 3 taps, stride 2, no
+padding), and the shortcut's neighbourhoods in time ``(zero, 0), (1, 2), ...`` (one zero frame
+in front).
+
 Latent normalisation (the DiT's space): ``(z - mean) / std`` per channel with Wan 2.2's
 published 48 statistics (:data:`LATENT_MEAN`, :data:`LATENT_STD`: the autoencoder's config of
 ``Wan2.2-TI2V-5B-Diffusers``; stable-diffusion.cpp's ``WanVAERunner`` for ``VERSION_WAN2_2_TI2V``).
@@ -39,10 +52,11 @@ from typing import Any
 
 from sdplan.core.models.base import ModelLayoutError, Weights
 from sdplan.core.models.qwen_image_vae import PREFIXES
-from sdplan.core.models.wan_vae import _Video
+from sdplan.core.models.wan_vae import _tap, _Video
+from sdplan.core.runtime import graph as gr
 
-__all__ = ["Wan22VaeConfig", "Level", "wan22_vae_config", "is_wan22_vae", "video_decode", "LATENT_MEAN",
-           "LATENT_STD", "MARKER"]
+__all__ = ["Wan22VaeConfig", "Level", "wan22_vae_config", "is_wan22_vae", "video_decode", "video_encode",
+           "encoder_levels", "LATENT_MEAN", "LATENT_STD", "MARKER"]
 
 #: Wan 2.2's latent statistics per channel (``Wan2.2-TI2V-5B-Diffusers/vae/config.json``).
 LATENT_MEAN = (-0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813,
@@ -227,3 +241,151 @@ def video_decode(g: Any, weights: Mapping[str, Any], z: Any, cfg: Wan22VaeConfig
         x = m.conv(r + "resample.1", g.upscale(x, 2), padding=1)
         x = g.add(x, _dup_up(g, g.cont(skip), lv.width_out, 2 if lv.temporal else 1))
     return _unpatchify(g, m.head("decoder.", x), cfg.patch)
+
+
+def encoder_levels(shapes: Mapping[str, tuple[int, ...]], prefix: str = "") -> tuple[Level, ...]:
+    """The encoder's levels (``encoder.downsamples.I.downsamples.J``) as :class:`Level`
+    (``up`` and ``temporal`` say a downsampling resample and a ``time_conv``); empty without
+    an encoder.
+
+    Raises:
+        ModelLayoutError: a level without residual blocks, or widths the shortcut cannot
+            average (``in * ft * 4`` not a multiple of ``out``, or groups that straddle a
+            channel).
+    """
+    w = Weights(shapes, prefix)
+    out = []
+    for i in w.indices("encoder.downsamples."):
+        p = f"encoder.downsamples.{i}.downsamples."
+        j = 0
+        while f"{p}{j}.residual.0.gamma" in w:
+            j += 1
+        if j == 0:
+            raise ModelLayoutError(f"Wan 2.2 autoencoder: {prefix}encoder.downsamples.{i} has no residual blocks")
+        down = f"{p}{j}.resample.1.weight" in w
+        temporal = down and f"{p}{j}.time_conv.weight" in w
+        width_in = int(w.shape(f"{p}0.residual.0.gamma")[0])
+        width_out = int(w.shape(f"{p}{j - 1}.residual.6.weight")[0])
+        factor = (2 if temporal else 1) * (4 if down else 1)
+        group = width_in * factor // width_out if width_in * factor % width_out == 0 else 0
+        if not group or factor % group:
+            raise ModelLayoutError(f"Wan 2.2 autoencoder: encoder level {i} from width {width_in} to {width_out} "
+                                   "has no whole averaging groups")
+        out.append(Level(i, j, width_in, width_out, down, temporal))
+    return tuple(out)
+
+
+def _sub(g: Any, x: Any, ft: int, fs: int) -> list[list[list[Any]]]:
+    """The ``ft x fs x fs`` sub-grids of contiguous f32 ``x`` ``(T, C, H, W)`` (``T`` a multiple
+    of ``ft``, ``H`` and ``W`` of ``fs``): ``[a][b][c]`` ``(T / ft, C, H / fs, W / fs)`` holds
+    ``x[t ft + a, :, h fs + b, w fs + c]``. The column offset is moved outermost first (a
+    permutation), so that every sub-grid is a view with unit inner stride."""
+    t, ch, h, w = x.shape
+    wq = w // fs
+    cols = g.cont(g.permute(g.reshape(x, (t * ch * h * wq, fs)), (1, 0)))  # (fs, T C H W/fs)
+    plane = t * ch * h * wq
+    return [[[g.view(cols, (t // ft, ch, h // fs, wq), (ft * ch * h * wq * 4, h * wq * 4, fs * wq * 4, 4),
+                     (c * plane + a * ch * h * wq + b * wq) * 4) for c in range(fs)] for b in range(fs)]
+            for a in range(ft)]
+
+
+def _stack_channels(g: Any, parts: list[Any]) -> Any:
+    """``(T, C * n, H, W)`` whose channel ``c * n + q`` is channel ``c`` of ``parts[q]`` (each
+    ``(T, C, H, W)``)."""
+    t, ch, h, w = parts[0].shape
+    xs = [g.reshape(g.cont(p), (t, ch, 1, h * w)) for p in parts]
+    y = xs[0]
+    for p in xs[1:]:
+        y = g.concat(y, p, 2)
+    return g.reshape(y, (t, ch * len(parts), h, w))
+
+
+def _patchify(g: Any, x: Any, patch: int) -> Any:
+    """``(T, 3 p p, H / p, W / p)`` of a video ``(T, 3, H, W)``: channel ``colour * p * p + pa * p
+    + pb`` is pixel ``(h p + pb, w p + pa)`` (diffusers ``patchify``)."""
+    if patch == 1:
+        return x
+    sub = _sub(g, x, 1, patch)[0]
+    return _stack_channels(g, [sub[pb][pa] for pa in range(patch) for pb in range(patch)])
+
+
+def _avg_down(g: Any, x: Any, width_out: int, ft: int, fs: int) -> Any:
+    """``AvgDown3D`` over a whole video ``(T, in, H, W)`` with one zero frame in front when
+    ``ft`` is 2 (module docstring): ``(ceil(T / ft), out, H / fs, W / fs)``."""
+    t, cin, h, w = x.shape
+    factor = ft * fs * fs
+    if factor == 1:
+        return x
+    group = cin * factor // width_out
+    if ft > 1 and t % ft:
+        x = g.pad(x, [(ft - t % ft, 0), (0, 0), (0, 0), (0, 0)])
+    sub = _sub(g, g.cont(x), ft, fs)
+    flat = [sub[a][b][c] for a in range(ft) for b in range(fs) for c in range(fs)]  # by m = (a fs + b) fs + c
+    means = []
+    for q in range(factor // group):
+        acc = g.cont(flat[q * group])
+        for m in range(q * group + 1, (q + 1) * group):
+            acc = g.add(acc, flat[m])
+        means.append(g.scale(acc, 1.0 / group))
+    return _stack_channels(g, means)
+
+
+def _time_down(m: _Video, name: str, x: Any) -> Any:
+    """``downsample3d``'s temporal half over a whole video ``(T, C, H, W)``: frame 0 as it is,
+    frame ``k >= 1`` the 3-tap ``time_conv`` of frames ``2k - 2, 2k - 1, 2k`` (module docstring)."""
+    g = m.g
+    t, c, h, w = x.shape
+    k_out = (t - 1) // 2
+    if k_out == 0:
+        return g.view(x, (1, c, h, w), (c * h * w * 4, h * w * 4, w * 4, 4), 0)
+    kernel = m.w[name + ".weight"]
+    full = m.shapes.get(m.w.prefix + name + ".weight") if m.shapes else None
+    taps = int(full[2]) if full is not None and len(full) == 5 else 1
+    frame = c * h * w * 4
+    y = None
+    for j in range(taps):
+        xs = g.view(x, (k_out, c, h, w), (2 * frame, h * w * 4, w * 4, 4), j * frame)
+        o = gr.conv2d(g, g.cont(xs), _tap(g, kernel, taps, j), m.w[name + ".bias"] if j == taps - 1 else None,
+                      stride=1, padding=0)
+        y = o if y is None else g.add(y, o)
+    first = g.cont(g.view(x, (1, c, h, w), (frame, h * w * 4, w * 4, 4), 0))
+    return g.concat(first, y, 0)
+
+
+def video_encode(g: Any, weights: Mapping[str, Any], video: Any, cfg: Wan22VaeConfig,
+                 shapes: Mapping[str, tuple[int, ...]]) -> Any:
+    """The mean of the Wan 2.2 autoencoder's latent of a video (sd-cli's encode: no sampling).
+
+    Args:
+        weights: the autoencoder's tensors in
+            :func:`~sdplan.core.models.qwen_image_vae.folded_shape` shapes.
+        video: f32 ``(F, 3, H, W)`` in [-1, 1]: ``F = 1 + 4 k`` frames as the batch axis, sides
+            multiples of ``cfg.factor``.
+        cfg: :func:`wan22_vae_config` of the file (its encoder read by :func:`encoder_levels`).
+        shapes: the file's shapes.
+
+    Returns:
+        f32 ``(1 + (F - 1) / 4, z, H / factor, W / factor)`` in the autoencoder's own space.
+
+    Raises:
+        ModelLayoutError: a file without an encoder.
+    """
+    levels = encoder_levels(shapes, cfg.prefix)
+    if not levels:
+        raise ModelLayoutError("Wan 2.2 autoencoder: the file has no encoder (encoder.downsamples)")
+    m = _Video(g, Weights(weights, cfg.prefix), shapes)
+    x = m.conv("encoder.conv1", _patchify(g, video, cfg.patch))
+    for lv in levels:
+        p = f"encoder.downsamples.{lv.index}.downsamples."
+        skip = g.cont(x)
+        for j in range(lv.blocks):
+            x = m.residual(f"{p}{j}.", x)
+        if lv.up:
+            r = f"{p}{lv.blocks}."
+            x = m.conv(r + "resample.1", g.pad(x, [(0, 0), (0, 0), (0, 1), (0, 1)]), stride=2, padding=0)
+            if lv.temporal:
+                x = _time_down(m, r + "time_conv", g.cont(x))
+        x = g.add(x, _avg_down(g, skip, lv.width_out, 2 if lv.temporal else 1, 2 if lv.up else 1))
+    out = m.conv("conv1", m.head("encoder.", m.middle("encoder.", x)))  # (T, 2z, h, w): mean, log-variance
+    t, c2, h, w = out.shape
+    return g.cont(g.view(out, (t, cfg.z, h, w), (c2 * h * w * 4, h * w * 4, w * 4, 4), 0))
