@@ -1,6 +1,6 @@
 """The Wan 2.2 autoencoder (Wan 2.2 TI2V-5B's: 48 latent channels, 16x spatial, 4x temporal)
-decoding a whole latent video as one ggml graph, frames as the graph's batch axis like
-:func:`sdplan.core.models.wan_vae.video_decode`.
+decoding a whole latent video, and encoding a whole video, as one ggml graph each, frames as
+the graph's batch axis like :func:`sdplan.core.models.wan_vae.video_decode`.
 
 Layout (``wan2.2_vae.safetensors``: the original Wan names; ``first_stage_model.`` or ``vae.``
 in front are accepted): as Wan 2.1's (:mod:`sdplan.core.models.qwen_image_vae`: ``conv1``,
@@ -41,7 +41,7 @@ in front).
 
 Latent normalisation (the DiT's space): ``(z - mean) / std`` per channel with Wan 2.2's
 published 48 statistics (:data:`LATENT_MEAN`, :data:`LATENT_STD`: the autoencoder's config of
-``Wan2.2-TI2V-5B-Diffusers``; stable-diffusion.cpp's ``WanVAERunner`` for ``VERSION_WAN2_2_TI2V``).
+``Wan2.2-TI2V-5B-Diffusers``; stable-diffusion.cpp's statistics of a 48-channel latent).
 """
 
 from __future__ import annotations
