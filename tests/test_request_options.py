@@ -48,13 +48,16 @@ FIX = Path(__file__).resolve().parent / "fixtures"
 PROMPT = "a photo of a cat"
 #: The rows: the registry families that run, each on its tiny model set.
 ROWS = ("sd1", "sd2", "sdxl", "sd3", "flux", "chroma", "z_image", "flux2_klein", "flux2", "qwen_image",
-        "wan", "wan_i2v")
+        "wan", "wan_i2v", "wan_ti2v")
 #: Rows that run a family's variant: row -> (family, variant).
-VARIANT_ROWS = {"wan_i2v": ("wan", "i2v_a14b")}
+VARIANT_ROWS = {"wan_i2v": ("wan", "i2v_a14b"), "wan_ti2v": ("wan", "ti2v_5b")}
 #: Wan's tiny model set (the low-noise expert alone; the option adds the high-noise one).
 WAN = {"diffusion_model": [str(FIX / "wan_tiny.safetensors")], "t5xxl": [str(FIX / "umt5_tiny.safetensors")],
        "vae": [str(FIX / "wan_vae_tiny.safetensors")]}
 WAN_I2V = {**WAN, "diffusion_model": [str(FIX / "wan_i2v_tiny.safetensors")]}
+#: Wan 2.2 TI2V-5B's (the 48-channel DiT, the Wan 2.2 autoencoder: 16x, sizes of 32).
+WAN_TI2V = {"diffusion_model": [str(FIX / "wan_ti2v_tiny.safetensors")],
+            "t5xxl": [str(FIX / "umt5_tiny.safetensors")], "vae": [str(FIX / "wan22_vae_tiny.safetensors")]}
 
 
 @dataclass
@@ -172,6 +175,7 @@ def env(tmp_path_factory) -> dict[str, Any]:
         "qwen_image": Row(qwen_image_util.files(), 32),
         "wan": Row(WAN, 32),
         "wan_i2v": Row(WAN_I2V, 32),
+        "wan_ti2v": Row(WAN_TI2V, 32),
     }
     rng = np.random.default_rng(3)
     for channels in (4, 16, 32):
@@ -331,7 +335,8 @@ def change_of(opt: str, name: str, env: dict[str, Any]) -> Change:
         video = {"mode": "vid_gen", "video_frames": 5, "fps": 8}
         return Change(video, video, check="frames")
     if opt == o.HIGH_NOISE:  # the high-noise expert for the steps above the boundary, its own CFG
-        expert = "wan_i2v_high_noise_tiny" if name == "wan_i2v" else "wan_high_noise_tiny"
+        expert = {"wan_i2v": "wan_i2v_high_noise_tiny", "wan_ti2v": "wan_ti2v_tiny"}.get(
+            name, "wan_high_noise_tiny")  # an expert of the DiT's layout
         return Change({"files": {"high_noise_diffusion_model": [str(FIX / f"{expert}.safetensors")]},
                        "high_noise_cfg_scale": 4.0}, {"high_noise_cfg_scale": 4.0})
     raise AssertionError(f"no change written for option {opt}")

@@ -90,6 +90,9 @@ class ComputeShape:
         width: the hidden width (DiT) or the first level's channels (UNet).
         tokens: DiT: the text tokens; UNet: the latent divisor of its widest attention.
         te_tokens: the tokens each encoder of its ``te`` runs at once (None: each encoder's own).
+        scale: image pixels per latent cell where a variant's autoencoder is not the family's
+            (:attr:`Family.vae_scale`): Wan 2.2 TI2V-5B's Wan 2.2 autoencoder, 16; None: the
+            family's.
     """
 
     kind: str
@@ -97,6 +100,7 @@ class ComputeShape:
     width: int
     tokens: int
     te_tokens: int | None = None
+    scale: int | None = None
 
 
 @dataclass(frozen=True)

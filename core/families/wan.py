@@ -18,7 +18,8 @@ text-to-video model refuses ``-i`` by name (sd-cli ignores it there).
 Defaults: sd-cli's ``docs/wan.md`` examples (``--cfg-scale 6.0 --sampling-method euler``,
 832x480) and its flow shift for Wan (5, ``stable-diffusion.cpp``); 20 steps (sd-cli's).
 Estimate constants: the published configs (5B: 24 heads over 3072; 14B: 40 heads over 5120;
-1.3B: 12 over 1536), 512 UMT5 tokens (``text_len``).
+1.3B: 12 over 1536), 512 UMT5 tokens (``text_len``); the 5B's latent cells at 1/16 of the
+size (the Wan 2.2 autoencoder's ``vae_stride`` (4, 16, 16)).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ WAN = Family(
     companions=Companions(("t5xxl",), 16, 832),
     variant_companions={"ti2v_5b": Companions(("t5xxl",), 48, 1280)},
     compute=ComputeShape("dit", 40, 5120, 512),
-    variant_compute={"ti2v_5b": ComputeShape("dit", 24, 3072, 512),
+    variant_compute={"ti2v_5b": ComputeShape("dit", 24, 3072, 512, scale=16),
                      "1.3b": ComputeShape("dit", 12, 1536, 512)},
     pipeline="sdplan.core.pipelines.wan.generate:generate",
     dry_run="sdplan.core.pipelines.wan.generate:measure")

@@ -25,6 +25,10 @@ DEFAULT_VAE_FACTOR = 8
 _DOWNSAMPLE = re.compile(r"^(?:model\.diffusion_model\.)?input_blocks\.(\d+)\.0\.op\.weight$")
 _UNET_STEM = re.compile(r"^(?:model\.diffusion_model\.)?input_blocks\.0\.0\.weight$")
 _VAE_LEVEL = re.compile(r"^(?:first_stage_model\.)?(decoder\.up|encoder\.down)\.(\d+)\.")
+#: The Wan 2.2 autoencoder's decoder resamples (``decoder.upsamples.I.upsamples.J.resample.1``)
+#: and its head (``decoder.head.2``: 3 colours in ``p x p`` patches).
+_WAN22_UP = re.compile(r"^(?:first_stage_model\.|vae\.)?decoder\.upsamples\.\d+\.upsamples\.\d+\.resample\.1\.weight$")
+_WAN22_HEAD = re.compile(r"^(?:first_stage_model\.|vae\.)?decoder\.head\.2\.weight$")
 
 
 def _names(models: ModelSet, module: str) -> list[str]:
@@ -33,7 +37,15 @@ def _names(models: ModelSet, module: str) -> list[str]:
 
 def _vae_factor(models: ModelSet) -> int:
     """2^(levels - 1) of the set's autoencoder (``decoder.up.N`` or ``encoder.down.N``, as
-    :func:`sdplan.core.models.vae.vae_config` counts them), or :data:`DEFAULT_VAE_FACTOR`."""
+    :func:`sdplan.core.models.vae.vae_config` counts them); for the Wan 2.2 autoencoder 2 per
+    decoder resample times its head's patch side (16, as
+    :func:`sdplan.core.models.wan22_vae.wan22_vae_config` reads it); else
+    :data:`DEFAULT_VAE_FACTOR`."""
+    tensors = models.module_tensors("vae")
+    ups = sum(1 for t in tensors if _WAN22_UP.match(t.info.name))
+    if ups:  # the Wan 2.2 autoencoder (sdplan.core.models.wan22_vae): 2 per resample times its patches
+        head = next((t.info.shape[0] for t in tensors if _WAN22_HEAD.match(t.info.name)), 3)
+        return 2 ** ups * max(1, round((int(head) // 3) ** 0.5))
     levels: dict[str, set[int]] = {"decoder.up": set(), "encoder.down": set()}
     for name in _names(models, "vae"):
         if m := _VAE_LEVEL.match(name):

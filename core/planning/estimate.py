@@ -250,7 +250,8 @@ def compute_bytes(module: str, mp: ModuleProfile, architecture: str | None, *,
             decodes the whole video at once; sd-cli decodes a latent frame, 4 frames, at a time).
     """
     shape = _shape(architecture)
-    latent = (height // 8) * (width // 8)
+    scale = shape.scale if shape is not None and shape.scale else 8  # Wan 2.2 TI2V-5B: 16
+    latent = (height // scale) * (width // scale)
     pixels = width * height * (frames if vae_frames is None else vae_frames)
     if module in ("diffusion", "controlnet"):
         if shape is not None and shape.kind == "dit":

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 
 from sdplan.core.errors import PlanError
-from sdplan.core.families import family_of
+from sdplan.core.families import family_of, variant_of
 
 __all__ = ["VaeTiling", "parse_tile_size", "parse_relative_size", "parse_overlap",
            "convert_tile_size", "vae_scale_factor", "DEFAULT_TILE_PX", "MIN_TILE_LATENT"]
@@ -30,11 +30,15 @@ _FLOAT = re.compile(r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
 def vae_scale_factor(architecture: str | None) -> int:
-    """Image pixels per latent pixel of a family's VAE (its registry entry's ``vae_scale``): 16
-    for FLUX.2 (its autoencoder packs 2x2 latents), 8 for every other family sdplan reads (SD,
-    SDXL, SD3, FLUX.1, Z-Image) and for an unknown architecture."""
+    """Image pixels per latent pixel of a family's VAE (its registry entry's ``vae_scale``, or
+    its variant's compute ``scale`` where that autoencoder differs): 16 for FLUX.2 (its
+    autoencoder packs 2x2 latents) and Wan 2.2 TI2V-5B (the Wan 2.2 autoencoder), 8 for every
+    other family sdplan reads (SD, SDXL, SD3, FLUX.1, Z-Image, Wan 2.1) and for an unknown
+    architecture."""
     fam = family_of(architecture)
-    return fam.vae_scale if fam is not None else 8
+    if fam is None:
+        return 8
+    return fam.compute_for(variant_of(architecture)).scale or fam.vae_scale
 
 
 def _pair(text: str, pattern: re.Pattern[str], flag: str, what: str) -> tuple[str, str]:

@@ -3,7 +3,7 @@
 The coefficients are the fitted latent-to-RGB factors sd-cli uses for its previews (the
 ComfyUI ``latent_formats`` factors for SD 1.x/2.x, SDXL, Flux and FLUX.2; the SD 3.5 reference
 code's factors for SD3; stable-diffusion.cpp ``latent-preview.h``'s Wan 2.1 factors for
-Qwen-Image, on its normalised diffusion latent as sd-cli previews it). FLUX.2's apply per channel of its 32-channel latent: sd-cli unpatchifies
+Qwen-Image and its Wan 2.2 factors for TI2V-5B's 48 channels, on its normalised diffusion latent as sd-cli previews it). FLUX.2's apply per channel of its 32-channel latent: sd-cli unpatchifies
 the 128 diffusion channels 2x2 first, so one latent cell is 2x2 pixels. Per latent cell: ``rgb = latent @ P + b``, then ``rgb * 0.5 + 0.5``
 clamped to [0, 1] and scaled to 0..255 with truncation, as sd-cli writes it. One latent cell
 becomes one pixel (``scale`` repeats it for display).
@@ -82,9 +82,37 @@ _WAN21 = (  # the Wan 2.1 autoencoder's 16 channels (Qwen-Image's): sd-cli's wan
     [-0.270270, -0.234976, -0.456853],
 )  # fmt: skip
 
+_WAN22 = (  # the Wan 2.2 autoencoder's 48 channels (TI2V-5B's): sd-cli's wan_22_latent_rgb_proj
+    [[0.017126, -0.027230, -0.019257], [-0.113739, -0.028715, -0.022885],
+     [-0.000106, 0.021494, 0.004629], [-0.013273, -0.107137, -0.033638],
+     [-0.000381, 0.000279, 0.025877], [-0.014216, -0.003975, 0.040528],
+     [0.001638, -0.000748, 0.011022], [0.029238, -0.006697, 0.035933],
+     [0.021641, -0.015874, 0.040531], [-0.101984, -0.070160, -0.028855],
+     [0.033207, -0.021068, 0.002663], [-0.104711, 0.121673, 0.102981],
+     [0.082647, -0.004991, 0.057237], [-0.027375, 0.031581, 0.006868],
+     [-0.045434, 0.029444, 0.019287], [-0.046572, -0.012537, 0.006675],
+     [0.074709, 0.033690, 0.025289], [-0.008251, -0.002745, -0.006999],
+     [0.012685, -0.061856, -0.048658], [0.042304, -0.007039, 0.000295],
+     [-0.007644, -0.060843, -0.033142], [0.159909, 0.045628, 0.367541],
+     [0.095171, 0.086438, 0.010271], [0.006812, 0.019643, 0.029637],
+     [0.003467, -0.010705, 0.014252], [-0.099681, -0.066272, -0.006243],
+     [0.047357, 0.037040, 0.000185], [-0.041797, -0.089225, -0.032257],
+     [0.008928, 0.017028, 0.018684], [-0.042255, 0.016045, 0.006849],
+     [0.011268, 0.036462, 0.037387], [0.011553, -0.016375, -0.048589],
+     [0.046266, -0.027189, 0.056979], [0.009640, -0.017576, 0.030324],
+     [-0.045794, -0.036083, -0.010616], [0.022418, 0.039783, -0.032939],
+     [-0.052714, -0.015525, 0.007438], [0.193004, 0.223541, 0.264175],
+     [-0.059406, -0.008188, 0.022867], [-0.156742, -0.263791, -0.007385],
+     [-0.015717, 0.016570, 0.033969], [0.037969, 0.109835, 0.200449],
+     [-0.000782, -0.009566, -0.008058], [0.010709, 0.052960, -0.044195],
+     [0.017271, 0.045839, 0.034569], [0.009424, 0.013088, -0.001714],
+     [-0.024805, -0.059378, -0.033756], [-0.078293, 0.029070, 0.026129]],
+    [0.013160, -0.096492, -0.071323],
+)  # fmt: skip
+
 #: Latent format (a family's :attr:`~sdplan.core.families.declaration.Family.latent_format`)
 #: -> ``(P, b)``: the SD 1.x/2.x VAE, SDXL's, the 16-channel FLUX.1 autoencoder (also
-#: Chroma's and Z-Image's), SD3's, FLUX.2's 32-channel one, and Wan 2.1's (Qwen-Image's).
+#: Chroma's and Z-Image's), SD3's, FLUX.2's 32-channel one, Wan 2.1's (Qwen-Image's) and Wan 2.2's 48-channel one.
 PROJECTIONS: dict[str, tuple[list[list[float]], list[float]]] = {
     "sd_vae": _SD,
     "sdxl_vae": _SDXL,
@@ -92,6 +120,7 @@ PROJECTIONS: dict[str, tuple[list[list[float]], list[float]]] = {
     "sd3_ae": _SD3,
     "flux2_ae": _FLUX2,
     "wan21_vae": _WAN21,
+    "wan22_vae": _WAN22,
 }
 
 

@@ -26,7 +26,28 @@ from sdplan.core.pipelines.wan.pipeline import HighNoise, WanModels, WanPipeline
 from sdplan.core.runtime.placement import ModulePlacement
 from sdplan.core.text.umt5_tokenizer import WAN_MAX_LENGTH
 
-__all__ = ["generate", "measure", "both_fit"]
+__all__ = ["generate", "measure", "both_fit", "refuse_ti2v_image"]
+
+
+def refuse_ti2v_image(request: GenerationRequest) -> None:
+    """Refuse ``-i`` with Wan 2.2 TI2V-5B (a 48-channel DiT: its image-to-video mode, the
+    picture's latent as the first frame with per-token timesteps, is not run), from the DiT
+    file's header, before anything loads.
+
+    Raises:
+        InvalidArgument: an init image with a TI2V-5B DiT.
+    """
+    dit = request.file("diffusion_model")
+    if not request.init_img or not dit:
+        return
+    from sdplan.core.errors import InvalidArgument
+    from sdplan.core.modelfiles.readers import read_tensor_file
+
+    pe = next((tuple(t.shape) for t in read_tensor_file(dit).tensors if t.name.endswith("patch_embedding.weight")),
+              None)
+    if pe is not None and len(pe) >= 2 and int(pe[1]) == 48:
+        raise InvalidArgument("-i/--init-img: Wan 2.2 TI2V-5B's image to video (the picture as the first frame) "
+                              "is not run by sdplan's engine; it runs TI2V-5B text to video (leave out -i)")
 
 
 def both_fit(pipe: WanPipeline, free: Mapping[str, int]) -> bool:
@@ -60,6 +81,7 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
         InvalidArgument: an unreadable ``-i`` picture, or ``--strength`` set with it (sd-cli's
             Wan image to video takes the picture as the first frame, no strength).
     """
+    refuse_ti2v_image(request)
     picture = None
     if request.init_img:
         from sdplan.core.pipelines.wan.i2v import start_picture
@@ -118,12 +140,13 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
                        high[0] if high else None)
     frames = int(overrides.get("video_frames") or 1)
     with WanPipeline(models, None, pool, placements) as pipe:
-        h, w, t = height // 8, width // 8, latent_frames(frames)
+        f, c = pipe.ae.factor, pipe.ae.z  # 8x and 16 channels; Wan 2.2 TI2V-5B's autoencoder 16x and 48
+        h, w, t = height // f, width // f, latent_frames(frames)
         ins = pipe.dit.inputs(np.zeros((1, pipe.dit.cfg.in_channels, t, h, w), np.float32),
                               np.zeros((1, WAN_MAX_LENGTH, pipe.dit.cfg.text), np.float32), 1.0)
         graphs = {"te": (pipe.runners["t5xxl"], {"ids": (1, WAN_MAX_LENGTH), "mask": (WAN_MAX_LENGTH,)}),
                   "diffusion": (pipe.runners["diffusion"], {k: a.shape for k, a in ins.items()}),
-                  "vae": (pipe.runners["vae"], {"z": (t, 16, h, w)})}
+                  "vae": (pipe.runners["vae"], {"z": (t, c, h, w)})}
         out = {module: sum(r.measure(s).values()) for module, (r, s) in graphs.items()}
         if "vae_encode" in pipe.runners:
             enc = pipe.runners["vae_encode"].measure({"video": (video_frames(t), 3, height, width)})

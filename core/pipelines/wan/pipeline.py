@@ -1,7 +1,8 @@
 """Wan 2.x text to video and Wan 2.2 I2V-A14B image to video: UMT5's masked states as the prompt,
 flow-matching sampling with one DiT or the two experts of Wan 2.2 A14B (high noise, then low
-noise), the Wan 2.1 autoencoder decoding the latent video (and, for image to video, encoding
-the start picture's video: :mod:`sdplan.core.pipelines.wan.i2v`).
+noise), the Wan 2.1 autoencoder decoding the latent video (the Wan 2.2 one for Wan 2.2
+TI2V-5B; and, for image to video, encoding the start picture's video:
+:mod:`sdplan.core.pipelines.wan.i2v`).
 
 As sd-cli runs it (stable-diffusion.cpp ``generate_video``, ``T5CLIPEmbedder`` with
 ``is_umt5``, ``wan.hpp``, ``wan_vae.hpp``):
@@ -9,8 +10,11 @@ As sd-cli runs it (stable-diffusion.cpp ``generate_video``, ``T5CLIPEmbedder`` w
 * prompt: UMT5's pieces and ``</s>`` padded to 512 (:mod:`sdplan.core.text.umt5_tokenizer`),
   the padding masked out of the encoder's attention, ``(text:weight)`` weights applied with
   sd-cli's mean-keeping rule, then the padded rows zeroed (``zero_out_masked``);
-* latent: 16 channels, ``(frames - 1) / 4 + 1`` latent frames at 1/8 of the size; the
-  starting noise drawn in the latent's ``(C, T, H, W)`` order;
+* latent: the autoencoder's channels, ``(frames - 1) / 4 + 1`` latent frames at its scale (16
+  channels at 1/8 with the Wan 2.1 autoencoder; 48 at 1/16 with Wan 2.2's, TI2V-5B's:
+  :mod:`sdplan.core.pipelines.wan.autoencoder`); the starting noise drawn in the latent's
+  ``(C, T, H, W)`` order. TI2V-5B's per-token timesteps (diffusers ``expand_timesteps``) are
+  all one value in text to video: the DiT's single timestep;
 * sampling: sigmas of the discrete flow schedule with shift 5 (sd-cli's default for Wan) over
   ``steps`` (plus ``--high-noise-steps`` when given); with a high-noise expert its phase is the
   steps whose sigma is at least ``--moe-boundary`` (0.875; or the first ``--high-noise-steps``),
@@ -20,8 +24,8 @@ As sd-cli runs it (stable-diffusion.cpp ``generate_video``, ``T5CLIPEmbedder`` w
 * image to video (a 36-input DiT): the start picture's condition (the mask and the normalised
   latent of ``[picture, grey frames...]``, :mod:`sdplan.core.pipelines.wan.i2v`) concatenated
   after the noise channels at every DiT call (both experts, both CFG passes);
-* decoding: ``latent * std + mean`` per channel (Wan 2.1's statistics) through the autoencoder,
-  the video clamped to [-1, 1].
+* decoding: ``latent * std + mean`` per channel (the autoencoder's published statistics)
+  through the autoencoder, the video clamped to [-1, 1].
 
 Modules: ``diffusion`` (both experts on its placement: runners ``diffusion`` and
 ``diffusion_high``), ``te`` (UMT5, runner ``t5xxl``; its blocks split) and ``vae``. With
@@ -42,14 +46,15 @@ import numpy as np
 from sdplan.core.errors import SdplanError
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
-from sdplan.core.models.qwen_image_vae import LATENT_MEAN, LATENT_STD, wan_vae_config, weight_file
+from sdplan.core.models.qwen_image_vae import weight_file
 from sdplan.core.models.t5 import T5Encoder, t5_config
 from sdplan.core.models.wan import WanDiT, head_dim_of
 from sdplan.core.models.wan import weight_file as dit_weight_file
-from sdplan.core.models.wan_vae import latent_frames, video_decode, video_frames
+from sdplan.core.models.wan_vae import latent_frames, video_frames
 from sdplan.core.models.wan_vae_encode import video_encode
 from sdplan.core.pipelines.stages.base import module_placements
 from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline, shapes
+from sdplan.core.pipelines.wan.autoencoder import wan_autoencoder
 from sdplan.core.pipelines.wan.i2v import MASK_CHANNELS, condition, condition_video
 from sdplan.core.sampling.errors import SamplingError
 from sdplan.core.sampling.finite import check_finite, finite_steps
@@ -75,9 +80,6 @@ BOUNDARY = 0.875
 MODULES = ("diffusion", "te", "vae")
 #: The input channels of a Wan 2.2 I2V-A14B DiT: noise, mask and picture latent (16 + 4 + 16).
 I2V_INPUTS = 36
-
-_MEAN = np.asarray(LATENT_MEAN, np.float32).reshape(1, -1, 1, 1, 1)
-_STD = np.asarray(LATENT_STD, np.float32).reshape(1, -1, 1, 1, 1)
 
 
 @dataclass
@@ -132,10 +134,12 @@ class WanPipeline(FlowDiTPipeline):
         keep_both: keep the high-noise expert's weights after its phase (both fit).
 
     Raises:
-        ModelLayoutError / ModelFileError: files that are not the expected models (a 48-channel
-            Wan 2.2 autoencoder, a T5 that is not UMT5, a file without its tokenizer blob).
-        SdplanError: an encoder whose width is not the DiT's text width, experts that differ, a Wan 2.1
-            I2V/FLF2V DiT (img_emb), an image-to-video run with an autoencoder file without its encoder.
+        ModelLayoutError / ModelFileError: files that are not the expected models (a T5 that is
+            not UMT5, a file without its tokenizer blob).
+        SdplanError: an encoder whose width is not the DiT's text width, experts that differ,
+            an autoencoder whose latent channels are not the DiT's (Wan 2.2 TI2V-5B's 48 need
+            the Wan 2.2 autoencoder; the others' 16 the Wan 2.1 one), a Wan 2.1 I2V/FLF2V DiT
+            (img_emb), an image-to-video run with an autoencoder file without its encoder.
         EngineError: a device without a backend, or memory that cannot be allocated.
     """
 
@@ -151,9 +155,6 @@ class WanPipeline(FlowDiTPipeline):
         if self.i2v and any(n.startswith("img_emb.") for n in shapes(models.diffusion_model)):
             raise SdplanError(f"{models.diffusion_model}: Wan 2.1 I2V/FLF2V (CLIP vision image embeddings, "
                               "img_emb); sdplan runs Wan 2.2 I2V-A14B image to video, not this one")
-        if self.dit.cfg.in_channels == 48:
-            raise SdplanError(f"{models.diffusion_model}: Wan 2.2 TI2V-5B (48 latent channels) needs the Wan 2.2 "
-                              "autoencoder, which sdplan's engine does not run yet (it plans it)")
         self.high = _dit(models.high_noise_diffusion_model, flash) if models.high_noise_diffusion_model else None
         if self.high is not None and self.high.cfg != self.dit.cfg:
             raise SdplanError(f"{models.high_noise_diffusion_model}: the high-noise expert's layout is not the "
@@ -166,12 +167,16 @@ class WanPipeline(FlowDiTPipeline):
             raise SdplanError(f"{models.t5xxl}: the text encoder's width {te.width} is not the Wan DiT's text "
                               f"width {self.dit.cfg.text}")
         vae_shapes = shapes(models.vae)
-        self.vae_cfg = wan_vae_config(vae_shapes)
-        latent_c = self.dit.cfg.in_channels - (MASK_CHANNELS + len(LATENT_MEAN) if self.i2v else 0)
-        if self.vae_cfg.z != len(LATENT_MEAN) or not self.vae_cfg.decoder or latent_c != self.vae_cfg.z:
-            raise SdplanError(f"{models.vae}: not the Wan 2.1 autoencoder of the DiT's {self.dit.cfg.in_channels} "
-                              f"latent channels (this one has {self.vae_cfg.z}; sdplan runs Wan 2.2 TI2V-5B's "
-                              "48-channel autoencoder not yet)")
+        self.ae = wan_autoencoder(vae_shapes)
+        self.vae_cfg = self.ae.cfg
+        want = "Wan 2.2 TI2V-5B's 48 channels need the Wan 2.2 autoencoder" if self.dit.cfg.in_channels == 48 else \
+            "Wan 2.1 and Wan 2.2 A14B take the Wan 2.1 autoencoder"
+        latent_c = self.dit.cfg.in_channels - (MASK_CHANNELS + self.ae.z if self.i2v else 0)
+        if self.ae.z != self.ae.mean.shape[1] or not self.ae.has_decoder or latent_c != self.ae.z:
+            raise SdplanError(f"{models.vae}: the {self.ae.name} autoencoder with {self.ae.z} latent channels"
+                              f"{'' if self.ae.has_decoder else ' and no decoder'} does not decode the DiT's "
+                              f"{self.dit.cfg.in_channels} ({want})")
+        self.latent_format = self.ae.latent_format
         if self.i2v and not self.vae_cfg.encoder:
             raise SdplanError(f"{models.vae}: an autoencoder without its encoder; Wan image to video encodes the "
                               "start picture (-i/--init-img) with it")
@@ -187,12 +192,12 @@ class WanPipeline(FlowDiTPipeline):
                 self.runners["diffusion_high"] = self._dit_runner("diffusion_high", self.high,
                                                                   models.high_noise_diffusion_model, dtypes)
             self.runners["t5xxl"] = self._runner("t5xxl", self.t5, models.t5xxl, self.placements["te"], dtypes)
-            p = self.vae_cfg.prefix
-            dec = [n for n in vae_shapes if n.startswith((p + "decoder.", p + "conv2."))]
+            dec = self.ae.decoder_names(vae_shapes)
             wf = weight_file(models.vae, dec, self.pool.get(self.placements["vae"].devices[0]))
             self.runners["vae"] = self.new_runner("vae", FunctionGraph(dec, {"z": "f32"}, self._decode), wf,
                                                   self.placements["vae"])
             if self.i2v:
+                p = self.vae_cfg.prefix
                 enc = [n for n in vae_shapes if n.startswith((p + "encoder.", p + "conv1."))]
                 ewf = weight_file(models.vae, enc, self.pool.get(self.placements["vae"].devices[0]))
                 self.runners["vae_encode"] = self.new_runner(
@@ -208,7 +213,7 @@ class WanPipeline(FlowDiTPipeline):
         return self.new_runner(name, dit, wf, placement)
 
     def _decode(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
-        return {"video": video_decode(g, w, ins["z"], self.vae_cfg, self._vae_shapes)}
+        return {"video": self.ae.decode(g, w, ins["z"], self._vae_shapes)}
 
     def _encode(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
         return {"z": video_encode(g, w, ins["video"], self.vae_cfg, self._vae_shapes)}
@@ -220,7 +225,7 @@ class WanPipeline(FlowDiTPipeline):
         encoded: :mod:`sdplan.core.pipelines.wan.i2v`)."""
         video = condition_video(picture, video_frames(latent_frames(frames)))
         z = self.runners["vae_encode"].run({"video": video})["z"]  # (T, 16, h, w); compute freed after
-        return condition(z, _MEAN, _STD)
+        return condition(z, self.ae.mean, self.ae.std)
 
     def encode_prompt(self, prompt: str, length: int = WAN_MAX_LENGTH) -> np.ndarray:
         """UMT5's states ``(1, length, width)`` float32 of ``prompt`` (module docstring)."""
@@ -231,17 +236,18 @@ class WanPipeline(FlowDiTPipeline):
 
     def velocity_of(self, runner: str, x: np.ndarray, sigma: float, context: np.ndarray,
                     cond: np.ndarray | None = None) -> np.ndarray:
-        """Runner ``runner``'s velocity ``noise - x0`` ``(1, 16, T, h, w)`` for a latent video
-        ``x`` ``(1, 16, T, h, w)``; ``cond``: image to video's 20 condition channels after it."""
+        """Runner ``runner``'s velocity ``noise - x0`` ``(1, C, T, h, w)`` for a latent video
+        ``x`` ``(1, C, T, h, w)``; ``cond``: image to video's 20 condition channels after it."""
         dit = self.high if runner == "diffusion_high" and self.high is not None else self.dit
         z = x if cond is None else np.concatenate([x, cond], axis=1)
         out = self.runners[runner].run(dit.inputs(z, context, sigma))["out"]
         return dit.velocity(out, x.shape)
 
     def decode_video(self, latent: np.ndarray) -> np.ndarray:
-        """The video ``(1, 3, F, 8h, 8w)`` in [-1, 1] of a normalised latent ``(1, 16, T, h, w)``."""
-        z = np.asarray(latent, np.float32) * _STD + _MEAN
-        frames = np.ascontiguousarray(np.transpose(z[0], (1, 0, 2, 3)))  # (T, 16, h, w)
+        """The video ``(1, 3, F, f h, f w)`` in [-1, 1] of a normalised latent ``(1, C, T, h, w)``
+        (``C`` and ``f``: the autoencoder's channels and scale)."""
+        z = np.asarray(latent, np.float32) * self.ae.std + self.ae.mean
+        frames = np.ascontiguousarray(np.transpose(z[0], (1, 0, 2, 3)))  # (T, C, h, w)
         out = self.runners["vae"].run({"z": frames})["video"]  # (F, 3, H, W)
         return np.clip(np.transpose(out, (1, 0, 2, 3))[None], -1.0, 1.0).astype(np.float32)
 
@@ -267,14 +273,15 @@ class WanPipeline(FlowDiTPipeline):
         Args:
             prompt, negative_prompt: sd-cli weighting syntax; the negative prompt is encoded
                 when a phase's CFG scale is not 1.
-            width, height: frame size in pixels (positive multiples of 16).
+            width, height: frame size in pixels (positive multiples of twice the
+                autoencoder's scale: 16, or 32 for Wan 2.2 TI2V-5B; the DiT's 2x2 patches).
             frames: video frames (``--video-frames``; ``(frames - 1) // 4 * 4 + 1`` are made).
             steps: the low-noise phase's steps (the whole schedule without ``high.steps``).
             seed: seed of the starting noise (and of the samplers that add noise).
             sampler, cfg_scale: the (low-noise) phase's sampler and CFG scale.
             shift: flow shift (``sampling.flow_shift`` wins).
             high: the high-noise phase's settings (None: sd-cli's defaults).
-            noise: an explicit starting noise ``(1, 16, T, h, w)``.
+            noise: an explicit starting noise ``(1, C, T, h, w)`` (``C``: the latent channels).
             sampling, scheduler: sd-cli's other sampling options and ``--scheduler``.
             preview: ``preview(step, rgb_uint8)`` of the first frame after each step.
             step_hook: ``step_hook(done, n)`` before the first step and after each.
@@ -283,16 +290,18 @@ class WanPipeline(FlowDiTPipeline):
                 image-to-video DiT, refused by a text-to-video one.
 
         Returns:
-            ``{"latent": (1, 16, T, h, w), "video": (1, 3, F, H, W) float32, "sigmas",
+            ``{"latent": (1, C, T, h, w), "video": (1, 3, F, H, W) float32, "sigmas",
             "switch": the high-noise steps}``.
 
         Raises:
-            SdplanError: a size that is not a positive multiple of 16, frames below 1, a
+            SdplanError: a size that is not a positive multiple of the above, frames below 1, a
                 picture missing (image to video) or given (text to video) or of another size;
             SamplingError.
         """
-        if width % 16 or height % 16 or width <= 0 or height <= 0:
-            raise SdplanError(f"Wan frame size {width}x{height} must be positive multiples of 16")
+        side = 2 * self.ae.factor
+        if width % side or height % side or width <= 0 or height <= 0:
+            raise SdplanError(f"Wan frame size {width}x{height} must be positive multiples of {side} (the "
+                              f"{self.ae.name} autoencoder's {self.ae.factor}x and the DiT's 2x2 patches)")
         if frames < 1:
             raise SdplanError(f"Wan --video-frames must be at least 1, got {frames}")
         if self.i2v and picture is None:
@@ -303,7 +312,7 @@ class WanPipeline(FlowDiTPipeline):
             raise SdplanError(f"Wan start picture must be (1, 3, {height}, {width}), got {np.shape(picture)}")
         high = high or HighNoise()
         opts = sampling or SamplingOptions()
-        h, w, t = height // 8, width // 8, latent_frames(frames)
+        h, w, t = height // self.ae.factor, width // self.ae.factor, latent_frames(frames)
         fshift = opts.flow_shift if opts.flow_shift is not None else shift
         extra = max(0, high.steps) if self.high is not None else 0
         total = steps + extra
@@ -317,7 +326,7 @@ class WanPipeline(FlowDiTPipeline):
         context = self.encode_prompt(prompt)
         needs_uncond = cfg_scale != 1.0 or (k > 0 and high.cfg_scale != 1.0)
         uncond = self.encode_prompt(negative_prompt) if needs_uncond else None
-        x = rng((1, 16, t, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
+        x = rng((1, self.ae.z, t, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
         x = (x * np.float32(sigmas[0])).astype(np.float32)
         n_steps = len(sigmas) - 1
         if step_hook is not None:
