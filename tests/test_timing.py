@@ -230,3 +230,23 @@ def test_a_hires_fix_is_named_as_not_priced() -> None:
     hires = GenerationRequest.from_settings({"prompt": "p", "model_files": {"model": ["m.safetensors"]},
                                              "hires": True})
     assert [n.split(":")[0] for n in unpriced(hires)] == ["hires fix"]
+
+
+def test_each_checkpoint_on_an_rpc_device_is_one_more_graph_round_trip() -> None:
+    """A checkpoint cuts the compute into one more graph call: on an RPC device that is its
+    round trip (the read-back's latency) and fixed graph cost each; on the CPU nothing; the
+    count survives the work record's JSON."""
+    from sdplan.core.planning.timing import _Profiles, graph_seconds
+    from sdplan.core.runtime.graph import checkpoint_blocks
+
+    plain = GraphWork("RPC0", {"RPC0": DeviceWork(nodes=10), "CPU": DeviceWork(nodes=4)})
+    cut = GraphWork("RPC0", {"RPC0": DeviceWork(nodes=10), "CPU": DeviceWork(nodes=4)},
+                    checkpoints={"RPC0": 3, "CPU": 2})
+    prof = _Profiles(_inv(), 0)
+    a, b = graph_seconds(plain, prof), graph_seconds(cut, prof)
+    assert b["RPC0"] - a["RPC0"] == pytest.approx(3 * (1e-3 + 2e-3))
+    assert b["CPU"] == a["CPU"]
+    assert GraphWork.from_json(cut.to_json()) == cut
+    assert GraphWork.from_json({k: v for k, v in plain.to_json().items() if k != "checkpoints"}) == plain
+    assert [sorted(checkpoint_blocks(n)) for n in (0, 1, 2, 4, 15, 40)] == [
+        [], [], [0], [0, 1, 2], [3, 7, 10], [9, 19, 29]]

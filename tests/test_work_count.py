@@ -137,6 +137,9 @@ def test_the_work_job_counts_the_demo_generation() -> None:
     te, unet, vae = works["te"][0], works["diffusion"][0], works["vae"][0]
     assert (te.phase, te.calls, unet.phase, unet.calls, vae.phase, vae.calls) == ("text", 2, "step", 1, "decode", 1)
     assert unet.graph.devices["CPU"].flops > 0 and vae.graph.devices["CPU"].weight_bytes > 0
+    # the block stacks cut their compute at a few checkpoints, not one per block (each is a
+    # round trip on an RPC device); the VAE has no block stack
+    assert (te.graph.checkpoints, unet.graph.checkpoints, vae.graph.checkpoints) == ({"CPU": 2}, {"CPU": 3}, {})
     # without guidance the UNet's batch halves: so do its products
     one = count_work({"model": [str(DEMO)]}, width=128, height=128, cfg=False)
     mm = lambda w: sum(o.flops * o.count for o in w.graph.devices["CPU"].ops if o.cls != "attn")  # noqa: E731

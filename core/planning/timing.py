@@ -284,13 +284,16 @@ RPC_TENSOR_BYTES = 396
 def graph_seconds(gw: GraphWork, prof: _Profiles) -> dict[str, float]:
     """Seconds of one call of a graph: each device's share, ``io`` (inputs to the main
     device and outputs back; for an RPC device also its weights' records, which go with the
-    graph at every compute: the nodes' own are in its per-node cost) and ``copies``
-    (activations between devices)."""
+    graph at every compute: the nodes' own are in its per-node cost, and a round trip with
+    the graph's fixed cost for each checkpoint among its nodes, where the compute is cut
+    into one more graph call) and ``copies`` (activations between devices)."""
     out = {d: device_seconds(prof(d), dw) for d, dw in gw.devices.items()}
     for d, dw in gw.devices.items():
         dev = prof.device(d)
         if dev is not None and dev.registry.upper() == "RPC":
-            out[d] += (dw.weights + gw.inputs) * RPC_TENSOR_BYTES / prof(d).h2d.bps
+            p = prof(d)
+            out[d] += (dw.weights + gw.inputs) * RPC_TENSOR_BYTES / p.h2d.bps
+            out[d] += gw.checkpoints.get(d, 0) * (p.graph_s + p.d2h.latency_s)
     main = gw.main
     io = _copy_s(prof, "CPU", main, gw.input_bytes, max(gw.inputs, 1)) if not prof.is_cpu(main) else 0.0
     io += _copy_s(prof, main, "CPU", gw.output_bytes, max(gw.outputs, 1)) if not prof.is_cpu(main) else 0.0

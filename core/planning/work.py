@@ -90,6 +90,9 @@ class GraphWork:
     output_bytes: int = 0
     outputs: int = 0
     copies: Mapping[str, int] = field(default_factory=dict)
+    #: device -> checkpoints among its nodes: each ends a chunk of the compute, one more
+    #: graph-compute round trip on an RPC device (``sdplan.core.runtime.graph.checkpoint_blocks``)
+    checkpoints: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def flops(self) -> float:
@@ -99,7 +102,7 @@ class GraphWork:
         return {"main": self.main, "devices": {k: v.to_json() for k, v in self.devices.items()},
                 "input_bytes": self.input_bytes, "inputs": self.inputs,
                 "output_bytes": self.output_bytes, "outputs": self.outputs,
-                "copies": dict(self.copies)}
+                "copies": dict(self.copies), "checkpoints": dict(self.checkpoints)}
 
     @classmethod
     def from_json(cls, data: object, *, source: str = "work") -> GraphWork:
@@ -117,7 +120,8 @@ class GraphWork:
                                              int(d.get("buffer_bytes", 0)), int(d.get("alloc_queries", 0)))
             return cls(str(data["main"]), devs, int(data.get("input_bytes", 0)), int(data.get("inputs", 0)),
                        int(data.get("output_bytes", 0)), int(data.get("outputs", 0)),
-                       {str(k): int(v) for k, v in (data.get("copies") or {}).items()})
+                       {str(k): int(v) for k, v in (data.get("copies") or {}).items()},
+                       {str(k): int(v) for k, v in (data.get("checkpoints") or {}).items()})
         except (AssertionError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SdplanError(f"{source}: not a graph work record ({exc})") from None
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -431,10 +432,11 @@ class ModuleRunner:
         with gr.on(g, 0):
             ins = {k: g.input(k, s, dt) for k, (s, dt) in self.model.input_specs(shapes).items()}
             state = self.model.build_pre(g, w, ins)
+        cps = gr.checkpoint_blocks(self.model.n_blocks)
         for i in range(self.model.n_blocks):
             with gr.on(g, idx[self.block_device[i]]):
                 state = self.model.build_block(g, w, i, state)
-            for t in state.values():
+            for t in state.values() if i in cps else ():
                 g.checkpoint(t)
         with gr.on(g, 0):
             outs = self.model.build_post(g, w, state)
@@ -464,7 +466,8 @@ class ModuleRunner:
 
         buffers = self.measure(shapes)
         g, names = self._whole_graph(shapes)
-        return graph_work(g, names, buffers)
+        cps = Counter(self.block_device[i] for i in gr.checkpoint_blocks(self.model.n_blocks))
+        return replace(graph_work(g, names, buffers), checkpoints=dict(cps))
 
     # ------------------------------------------------------------------ running
 
@@ -555,9 +558,10 @@ class ModuleRunner:
         else:
             ins = {"state." + k: g.input("state." + k, s, dt) for k, (s, dt) in feed.items()}
             state = {k: ins["state." + k] for k in feed}
-        for i in seg.blocks:
+        cps = gr.checkpoint_blocks(len(seg.blocks))
+        for j, i in enumerate(seg.blocks):
             state = self.model.build_block(g, w, i, state)
-            for t in state.values():
+            for t in state.values() if j in cps else ():
                 g.checkpoint(t)
         seg.inputs = ins
         by_id = {id(t): n for n, t in ins.items()}
