@@ -24,9 +24,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -164,8 +163,7 @@ class ModuleRunner:
     def __init__(self, model: Any, weights: WeightFile, placement: ModulePlacement, pool: BackendPool,
                  cancel: CancelToken | None = None, name: str = "module", n_threads: int = 0) -> None:
         self.model, self.wf, self.pl, self.pool, self.name = model, weights, placement, pool, name
-        self.cancel = cancel or CancelToken()
-        self.n_threads = n_threads
+        self.cancel, self.n_threads = cancel or CancelToken(), n_threads
         self.main = placement.devices[0]
         self.block_device = [self.main] * model.n_blocks
         for r in placement.ranges:
@@ -466,8 +464,8 @@ class ModuleRunner:
 
         buffers = self.measure(shapes)
         g, names = self._whole_graph(shapes)
-        cps = Counter(self.block_device[i] for i in gr.checkpoint_blocks(self.model.n_blocks))
-        return replace(graph_work(g, names, buffers), checkpoints=dict(cps))
+        cps = [self.block_device[i] for i in gr.checkpoint_blocks(self.model.n_blocks)]
+        return graph_work(g, names, buffers, {d: cps.count(d) for d in set(cps)})
 
     # ------------------------------------------------------------------ running
 

@@ -128,10 +128,12 @@ def kernel_key(node: tuple[Any, ...], nodes: Sequence[tuple[Any, ...]] = ()) -> 
     return kernel
 
 
-def graph_work(g: Any, devices: Sequence[str], buffers: Mapping[str, int] | None = None) -> GraphWork:
+def graph_work(g: Any, devices: Sequence[str], buffers: Mapping[str, int] | None = None,
+               checkpoints: Mapping[str, int] | None = None) -> GraphWork:
     """The work of built graph ``g`` whose backends are ``devices`` (sdplan device names in
     the graph's scheduler order, main device first); ``buffers``: each device's compute
-    buffer bytes when measured (a dry-run reserve).
+    buffer bytes when measured (a dry-run reserve); ``checkpoints``: device -> the
+    checkpoints among its nodes (:attr:`~sdplan.core.planning.work.GraphWork.checkpoints`).
 
     Raises:
         ValueError: ``g`` is not built.
@@ -194,4 +196,4 @@ def graph_work(g: Any, devices: Sequence[str], buffers: Mapping[str, int] | None
                                     sum(weights[name].values()), mem_ops[name], dict(mem_kernels[name]),
                                     int((buffers or {}).get(name, 0)), queries[name])
     return GraphWork(main, out_devs, sum(inputs.values()), len(inputs),
-                     sum(int(n[4]) for n in outs), len(outs), dict(copies))
+                     sum(int(n[4]) for n in outs), len(outs), dict(copies), dict(checkpoints or {}))
