@@ -1,0 +1,126 @@
+"""Generate the Qwen-Image Edit references: the Qwen2.5-VL vision tower's picture embeddings and
+the encoder's hidden states over a prompt with pictures, from transformers'
+``Qwen2_5_VLForConditionalGeneration`` holding the weights of the tiny Qwen2.5-VL fixture
+(``tests/fixtures/qwen25vl_tiny.safetensors``, written by ``make_qwen_image_fixtures.py``: a
+2-block vision tower of width 16, 2 heads of 8, full attention in block 1, windows of 56 pixels;
+3 LLM layers of width 16, heads of 8, mRoPE sections (1, 1, 2)).
+
+Run with the reference environment (torch, transformers, PIL); sdplan's Qwen tokenizer makes the
+prompt's ids (this checkout is made importable when sdplan is not installed)::
+
+    /work/venv-ref/bin/python tools/make_qwen_edit_fixtures.py
+
+Writes ``tests/fixtures/qwen_edit_ref.safetensors``:
+
+* ``vision_{a,b}.picture``: a seeded RGB picture, u8 ``(H, W, 3)`` (84 x 140 and 56 x 56, both
+  multiples of 28, so the processor does not resize them);
+* ``vision_{a,b}.pixels``: transformers' ``Qwen2VLImageProcessorPil`` patches of it (rescaled,
+  CLIP-normalised, the frame repeated over the temporal patch of 2, 2x2 merge groups first),
+  f32 ``(N, 3 * 2 * 14 * 14)``, and ``vision_{a,b}.grid`` i32 ``(t, h, w)`` in patches;
+* ``vision_{a,b}.embeds``: the tower's merged output (``pooler_output``) f32 ``(N / 4, 16)``;
+* ``llm.ids``: the Qwen-Image-Edit-2509 prompt (diffusers ``QwenImageEditPlusPipeline``'s
+  template, "Picture 1: ... Picture 2: ..." with each ``<|image_pad|>`` repeated once per merged
+  token) for both pictures, i32 ``(1, T)``; ``llm.pos``: transformers' M-RoPE position ids
+  ``(3, T)`` (``get_rope_index``); ``llm.hidden``: the final normed states of every token,
+  f32 ``(1, T, 16)`` (diffusers then drops the template's first 64).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+FIX = REPO / "tests" / "fixtures"
+sys.path.insert(0, str(FIX))
+
+from make_qwen_image_fixtures import TEXT, VISION  # noqa: E402
+
+TEMPLATE = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
+            "objects, background), then explain how the user's text instruction should alter or modify the "
+            "image. Generate a new image that meets the user's requirements while maintaining consistency "
+            "with the original input where appropriate.<|im_end|>\n<|im_start|>user\n",
+            "<|im_end|>\n<|im_start|>assistant\n")
+PICTURE = "Picture {}: <|vision_start|><|image_pad|><|vision_end|>"
+PROMPT = "make the cat blue"
+IMAGE_PAD = 151655
+SIZES = {"a": (84, 140), "b": (56, 56)}
+
+
+def _sdplan() -> None:
+    try:
+        import sdplan.core.text.bpe_tokenizer  # noqa: F401
+    except ImportError:
+        pkg = types.ModuleType("sdplan")
+        pkg.__path__ = [str(REPO)]  # type: ignore[attr-defined]
+        sys.modules["sdplan"] = pkg
+
+
+def load_qwen():
+    """transformers' model with the tiny fixture's weights (f16 read back as f32)."""
+    from safetensors.numpy import load_file
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    cfg = Qwen2_5_VLConfig(text_config=TEXT, vision_config=VISION, tie_word_embeddings=False)
+    model = Qwen2_5_VLForConditionalGeneration(cfg).eval()
+    sd = {}
+    for k, v in load_file(str(FIX / "qwen25vl_tiny.safetensors")).items():
+        name = ("model.language_model." + k[len("model."):]) if k.startswith("model.") else "model." + k
+        sd[name] = torch.from_numpy(v.astype(np.float32))
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert missing == ["lm_head.weight"] and not unexpected, (missing, unexpected)
+    return model
+
+
+def main() -> None:
+    _sdplan()
+    from PIL import Image
+    from safetensors.numpy import save_file
+    from sdplan.core.text.bpe_tokenizer import BPETokenizer
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    model = load_qwen()
+    proc = Qwen2VLImageProcessorPil()
+    rng = np.random.default_rng(7)
+    ref: dict[str, np.ndarray] = {}
+    pixels, grids = [], []
+    for case, (h, w) in SIZES.items():
+        pic = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        out = proc(images=[Image.fromarray(pic)], do_resize=False, return_tensors="np")
+        px, grid = out["pixel_values"].astype(np.float32), out["image_grid_thw"].astype(np.int32)
+        with torch.no_grad():
+            emb = model.model.visual(torch.from_numpy(px), grid_thw=torch.from_numpy(grid).long()).pooler_output
+        ref.update({f"vision_{case}.picture": pic, f"vision_{case}.pixels": px, f"vision_{case}.grid": grid[0],
+                    f"vision_{case}.embeds": emb.numpy()})
+        pixels.append(px)
+        grids.append(grid)
+
+    tok = BPETokenizer.qwen()
+    assert len(tok.encode(TEMPLATE[0])) == 64
+    text = "".join(PICTURE.format(i + 1) for i in range(len(SIZES))) + PROMPT
+    ids = tok.encode(TEMPLATE[0] + text + TEMPLATE[1])
+    expanded: list[int] = []
+    counts = iter(int(g[0].prod()) // 4 for g in grids)
+    for t in ids:
+        expanded += [t] * next(counts) if t == IMAGE_PAD else [t]
+    ids_t = torch.tensor([expanded])
+    grid_t = torch.from_numpy(np.concatenate(grids)).long()
+    types_t = (ids_t == IMAGE_PAD).int()
+    with torch.no_grad():
+        pos, _ = model.model.get_rope_index(ids_t, mm_token_type_ids=types_t, image_grid_thw=grid_t)
+        out = model.model(input_ids=ids_t, attention_mask=torch.ones_like(ids_t),
+                          pixel_values=torch.from_numpy(np.concatenate(pixels)), image_grid_thw=grid_t,
+                          mm_token_type_ids=types_t, output_hidden_states=True)
+    ref.update({"llm.ids": np.array([expanded], np.int32), "llm.pos": pos[:, 0].numpy().astype(np.int32),
+                "llm.hidden": out.hidden_states[-1].numpy().astype(np.float32)})
+    path = FIX / "qwen_edit_ref.safetensors"
+    save_file({k: np.ascontiguousarray(v) for k, v in ref.items()}, str(path))
+    print(path.name, path.stat().st_size, "bytes", {k: v.shape for k, v in ref.items()})
+
+
+if __name__ == "__main__":
+    main()
