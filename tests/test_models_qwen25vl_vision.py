@@ -1,7 +1,8 @@
-"""Qwen2.5-VL's vision tower against transformers (``tools/make_qwen_edit_fixtures.py``, the tiny
-Qwen2.5-VL fixture's ``visual.*`` weights): the processor's patches, the window order and the
-merged picture embeddings of a non-square picture (windows cut short at the edges) and a
-square one, on one device and split over two."""
+"""Qwen2.5-VL's vision tower and its encoder with pictures against transformers
+(``tools/make_qwen_edit_fixtures.py``, the tiny Qwen2.5-VL fixture's weights): the processor's
+patches, the window order and the merged picture embeddings of a non-square picture (windows cut
+short at the edges) and a square one, on one device and split over two; M-RoPE's positions and
+the LLM's final states over Qwen-Image-Edit-2509's template with both pictures."""
 
 from __future__ import annotations
 
@@ -21,8 +22,16 @@ from sdplan.core.models.qwen25vl_vision import (
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
+from sdplan.core.models.llm import (  # noqa: E402
+    IMAGE_PAD,
+    LLMEncoder,
+    llm_config,
+    mrope_positions,
+    mrope_sections,
+)
 from sdplan.core.pipelines.stages.flow_dit import shapes  # noqa: E402
 from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
+from sdplan.core.runtime.weights import WeightFile  # noqa: E402
 
 #: what the tiny tower's shapes do not say (``make_qwen_image_fixtures.py``'s VISION)
 TINY = {"head_dim": 8, "full_blocks": (1,), "window": 56}
@@ -120,3 +129,81 @@ def test_bad_patches_are_refused() -> None:
     tower = VisionTower.from_weights(shapes(LLM), **TINY)
     with pytest.raises(ValueError, match="do not fit the grid"):
         tower.inputs(np.zeros((60, 1176), np.float32), (1, 6, 6))
+
+
+# ------------------------------------------------------------------ the encoder with pictures
+def encoder() -> LLMEncoder:
+    """The tiny Qwen2.5-VL's LLM, heads of 8, its M-RoPE sections (1, 1, 2)."""
+    return LLMEncoder(llm_config(shapes(LLM), head_dim=8), mrope=(1, 1, 2))
+
+
+def grids() -> list[tuple[int, int, int]]:
+    return [tuple(int(v) for v in R[f"vision_{c}.grid"]) for c in ("a", "b")]  # type: ignore[misc]
+
+
+def test_mrope_positions_are_transformers() -> None:
+    pos = mrope_positions(R["llm.ids"], grids())
+    np.testing.assert_array_equal(pos, R["llm.pos"])
+    assert pos.shape == (3, 106) and (pos[0] != pos[2]).any()  # the pictures' rows and columns differ
+    with pytest.raises(ValueError, match="more pictures"):
+        mrope_positions(R["llm.ids"], grids() + [(1, 2, 2)])
+    with pytest.raises(ValueError, match="at 70 is not the 18 tokens of a \\(1, 6, 12\\) grid"):
+        mrope_positions(R["llm.ids"], [(1, 6, 12), (1, 4, 4)])
+
+
+def test_mrope_sections() -> None:
+    assert mrope_sections(128) == (16, 24, 24)  # Qwen2.5-VL-7B's
+    assert mrope_sections(16) == (2, 3, 3)
+    assert mrope_sections(8, (1, 1, 2)) == (1, 1, 2)
+    with pytest.raises(ValueError, match="do not scale to heads of 8"):
+        mrope_sections(8)
+    with pytest.raises(ValueError, match="summing to 4"):
+        mrope_sections(8, (1, 1, 1))
+
+
+def _hidden(cpus, enc: LLMEncoder, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    names = enc.other_tensors() + [n for i in range(enc.n_blocks) for n in enc.block_tensors(i)]
+    r = ModuleRunner(enc, WeightFile(LLM, names, backend=cpus.get("CPU")), ModulePlacement(("CPU",), (), "runtime"),
+                     cpus, n_threads=1)
+    try:
+        return r.run(inputs)["hidden"]
+    finally:
+        r.release()
+
+
+def test_encoder_states_with_pictures_match_transformers(cpus) -> None:
+    """Qwen-Image-Edit-2509's template with two pictures: the final normed states of every token
+    from transformers' embeddings of the pictures and from this tower's, against
+    transformers' run of the whole model; the plain positions miss it."""
+    enc = encoder()
+    ids = R["llm.ids"]
+    assert (ids == IMAGE_PAD).sum() == 15 + 4
+    want = R["llm.hidden"]
+    theirs = _hidden(cpus, enc, enc.picture_inputs(ids, [R["vision_a.embeds"], R["vision_b.embeds"]], grids()))
+    assert rel_err(theirs, want) < 1e-5  # f32 sums of the same f16 weights (seen: 4e-7)
+
+    tower = VisionTower.from_weights(shapes(LLM), **TINY)
+    names = tower.other_tensors() + [n for i in range(tower.n_blocks) for n in tower.block_tensors(i)]
+    r = ModuleRunner(tower, weight_file(LLM, names, backend=cpus.get("CPU")), ModulePlacement(("CPU",), (), "runtime"),
+                     cpus, n_threads=1)
+    try:
+        ours = [r.run(tower.inputs(R[f"vision_{c}.pixels"], g))["embeds"] for c, g in zip("ab", grids(), strict=True)]
+    finally:
+        r.release()
+    inputs = enc.picture_inputs(ids, ours, grids())
+    assert inputs["pos"].shape == (4 * ids.shape[1],)
+    assert rel_err(_hidden(cpus, enc, inputs), want) < 1e-3
+
+    t = ids.shape[1]
+    plain = dict(inputs, pos=np.concatenate([np.tile(np.arange(t, dtype=np.int32), 3), np.zeros(t, np.int32)]))
+    assert rel_err(_hidden(cpus, enc, plain), want) > 1e-2
+    text = _hidden(cpus, enc, enc.inputs(ids))  # the pad tokens' own embeddings: not the pictures
+    assert rel_err(text, want) > 1e-2
+
+
+def test_picture_inputs_refuse_a_mismatch() -> None:
+    enc = encoder()
+    with pytest.raises(ValueError, match="not of the LLM's width 16"):
+        enc.picture_inputs(R["llm.ids"], [np.zeros((15, 8)), np.zeros((4, 8))], grids())
+    with pytest.raises(ValueError, match="more runs of picture tokens"):
+        enc.picture_inputs(R["llm.ids"], [R["vision_a.embeds"]], grids()[:1])
