@@ -22,7 +22,15 @@ Writes ``tests/fixtures/qwen_edit_ref.safetensors``:
   template, "Picture 1: ... Picture 2: ..." with each ``<|image_pad|>`` repeated once per merged
   token) for both pictures, i32 ``(1, T)``; ``llm.pos``: transformers' M-RoPE position ids
   ``(3, T)`` (``get_rope_index``); ``llm.hidden``: the final normed states of every token,
-  f32 ``(1, T, 16)`` (diffusers then drops the template's first 64).
+  f32 ``(1, T, 16)`` (diffusers then drops the template's first 64);
+* ``edit.picture`` u8 ``(64, 64, 3)``, ``edit.noise`` ``(1, 16, 8, 8)``, ``edit.context``: the
+  encoder's states (transformers, M-RoPE) over sd-cli's Edit prompt with that picture, sized for
+  the vision tower by sd-cli's rule (392 x 392, nearest, :func:`vl_pixels`), the first 64 tokens
+  dropped; ``edit.latent``: a 4-step run of diffusers' ``QwenImageEditPipeline`` (the tiny
+  Qwen-Image DiT and autoencoder of ``make_qwen_image_fixtures.py``) at 64 x 64 from that noise
+  with those states and the picture as its reference (its reference latent sized as sd-cli
+  sizes it: ``calculate_dimensions`` is given sd-cli's 64 x 64 instead of its 1024^2 area), sd-cli's
+  sigmas, no guidance; unpacked, in the DiT's normalised space.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures"
 sys.path.insert(0, str(FIX))
 
-from make_qwen_image_fixtures import TEXT, VISION  # noqa: E402
+from make_qwen_image_fixtures import DIT, STEPS, TEXT, VAE, VISION, pack, unpack  # noqa: E402
 
 TEMPLATE = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
             "objects, background), then explain how the user's text instruction should alter or modify the "
@@ -74,6 +82,67 @@ def load_qwen():
     missing, unexpected = model.load_state_dict(sd, strict=False)
     assert missing == ["lm_head.weight"] and not unexpected, (missing, unexpected)
     return model
+
+
+def vl_pixels(pic: np.ndarray) -> np.ndarray:
+    """sd-cli's vision-tower picture of a 64 x 64 reference: 392 x 392 (its area rule), sd-cli's
+    nearest rule (output pixel ``i`` reads input ``i * in // out``)."""
+    h, w = pic.shape[:2]
+    rows, cols = np.arange(392) * h // 392, np.arange(392) * w // 392
+    return np.ascontiguousarray(pic[rows][:, cols])
+
+
+def edit_run(model, tok) -> dict[str, np.ndarray]:
+    """The Edit references (module docstring)."""
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImageTransformer2DModel,
+    )
+    from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit as edit
+    from PIL import Image
+    from safetensors.numpy import load_file
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    rng = np.random.default_rng(11)
+    pic = rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    noise = rng.standard_normal((1, 16, 8, 8)).astype(np.float32)
+    vl = Qwen2VLImageProcessorPil()(images=[Image.fromarray(vl_pixels(pic))], do_resize=False, return_tensors="np")
+    grid = vl["image_grid_thw"]
+    assert grid.tolist() == [[1, 28, 28]]
+    n = int(grid.prod()) // 4
+    prefix = TEMPLATE[0] + PICTURE.replace("<|image_pad|>", "<|image_pad|>" * n).format(1)
+    ids = torch.tensor([tok.encode(prefix + PROMPT + TEMPLATE[1])])
+    with torch.no_grad():
+        out = model.model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                          pixel_values=torch.from_numpy(vl["pixel_values"].astype(np.float32)),
+                          image_grid_thw=torch.from_numpy(grid).long(), mm_token_type_ids=(ids == IMAGE_PAD).int(),
+                          output_hidden_states=True)
+    context = out.hidden_states[-1][:, 64:].float()
+
+    dit = QwenImageTransformer2DModel(**DIT).eval()
+    dit.load_state_dict({k: torch.from_numpy(v.astype(np.float32))
+                         for k, v in load_file(str(FIX / "qwen_image_tiny.safetensors")).items()})
+    vae = AutoencoderKLQwenImage(**VAE).eval()
+    wan = {k: torch.from_numpy(v.astype(np.float32)) for k, v in load_file(str(FIX / "qwen_image_vae_tiny.safetensors")).items()}
+    vae.load_state_dict(convert_wan_vae_to_diffusers(wan))
+    sched = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
+    pipe = edit.QwenImageEditPipeline(scheduler=sched, vae=vae, text_encoder=None, tokenizer=None, processor=None,
+                                      transformer=dit)
+    t = 999.0 - np.arange(STEPS) * (999.0 / (STEPS - 1))  # sd-cli's discrete timesteps
+    sized = edit.calculate_dimensions
+    edit.calculate_dimensions = lambda area, ratio: (64, 64, None)  # sd-cli's reference size here
+    try:
+        with torch.no_grad():
+            tokens = pipe(image=Image.fromarray(pic), prompt_embeds=context,
+                          prompt_embeds_mask=torch.ones(context.shape[:2], dtype=torch.long), height=64, width=64,
+                          num_inference_steps=STEPS, sigmas=list((t + 1.0) / 1000.0), true_cfg_scale=1.0,
+                          latents=pack(torch.from_numpy(noise)), output_type="latent").images
+    finally:
+        edit.calculate_dimensions = sized
+    return {"edit.picture": pic, "edit.noise": noise, "edit.context": context.numpy(),
+            "edit.latent": unpack(tokens, 8, 8).numpy()}
 
 
 def main() -> None:
@@ -117,6 +186,7 @@ def main() -> None:
                           mm_token_type_ids=types_t, output_hidden_states=True)
     ref.update({"llm.ids": np.array([expanded], np.int32), "llm.pos": pos[:, 0].numpy().astype(np.int32),
                 "llm.hidden": out.hidden_states[-1].numpy().astype(np.float32)})
+    ref.update(edit_run(model, tok))
     path = FIX / "qwen_edit_ref.safetensors"
     save_file({k: np.ascontiguousarray(v) for k, v in ref.items()}, str(path))
     print(path.name, path.stat().st_size, "bytes", {k: v.shape for k, v in ref.items()})

@@ -324,10 +324,12 @@ class LLMEncoder:
         return {"ids": ids.astype(np.int32), "pos": np.arange(t, dtype=np.int32), "mask": causal_mask(t)}
 
     def picture_inputs(self, ids: np.ndarray, images: Sequence[np.ndarray],
-                       grids: Sequence[tuple[int, int, int]], image_token: int = IMAGE_PAD) -> dict[str, np.ndarray]:
+                       grids: Sequence[tuple[int, int, int]], image_token: int = IMAGE_PAD,
+                       mrope: bool = True) -> dict[str, np.ndarray]:
         """Graph inputs for ids ``(1, T)`` whose runs of ``image_token`` take the embeddings
         ``images`` (one f32 ``(n, hidden)`` per picture, the vision tower's output) of pictures
-        on patch grids ``grids``, with M-RoPE positions (module docstring).
+        on patch grids ``grids``, with M-RoPE positions (module docstring), or with ``mrope``
+        False every token's position its index (sd-cli's Qwen2.5-VL).
 
         Raises:
             ValueError: bad ids, runs of picture tokens that do not match the pictures, or
@@ -346,7 +348,9 @@ class LLMEncoder:
             raise ValueError(f"{at.size} picture tokens for {emb.shape[0]} picture embeddings")
         sel = np.arange(t, dtype=np.int32)
         sel[at] = t + np.arange(at.size, dtype=np.int32)
-        base.update(images=emb, sel=sel, pos=np.concatenate([pos.reshape(-1), np.zeros(t, np.int32)]))
+        base.update(images=emb, sel=sel)
+        if mrope:
+            base["pos"] = np.concatenate([pos.reshape(-1), np.zeros(t, np.int32)])
         return base
 
     def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -356,7 +360,9 @@ class LLMEncoder:
         t = ids[1]
         specs = {"ids": (ids, "i32"), "pos": ((t,), "i32"), "mask": ((t, t), "f32")}
         if "images" in shapes:
-            specs.update(images=(tuple(shapes["images"]), "f32"), sel=((t,), "i32"), pos=((4 * t,), "i32"))
+            specs.update(images=(tuple(shapes["images"]), "f32"), sel=((t,), "i32"))
+            if tuple(shapes.get("pos", (t,))) == (4 * t,):
+                specs["pos"] = ((4 * t,), "i32")
         return specs
 
     # ------------------------------------------------------------------ graph

@@ -1,8 +1,9 @@
 """The engine's entry for Qwen-Image (the registry's ``pipeline``, ``dry_run`` and ``work``): a checked
 request on a :class:`~sdplan.core.pipelines.qwen_image.pipeline.QwenImagePipeline` placed by the
 run's plan (kept loaded for the next request with the same files and placements), with its
-image input, sd-cli's scheduler and sampling options, the hires fix, one picture per seed of the
-batch; and the compute dry run and the work count of its graphs."""
+image input, its reference pictures (``-r``: Qwen-Image Edit), sd-cli's scheduler and sampling
+options, the hires fix, one picture per seed of the batch; and the compute dry run and the work
+count of its graphs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from sdplan.core.pipelines.flux2.pipeline import load_ref_image
 from sdplan.core.pipelines.qwen_image.pipeline import (
     DROP,
     TEMPLATE,
@@ -31,13 +33,15 @@ DRY_RUN_TOKENS = 256
 
 
 def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], progress: RunContext) -> FamilyResult:
-    """Generate the request's pictures with Qwen-Image (CFG with the negative prompt when not 1).
+    """Generate the request's pictures with Qwen-Image (CFG with the negative prompt when not 1;
+    with reference pictures, an edit of them).
 
     Raises:
         ModelFileError / EngineError / SdplanError: bad files, devices or pictures.
     """
     models = QwenImageModels(request.file("diffusion_model"), request.file("llm"), request.file("vae"),  # type: ignore[arg-type]
                              request.overrides.flux_axes)
+    refs = [load_ref_image(p) for p in request.ref_images]  # unreadable pictures refused before loading
     pipe = progress.cached(("qwen_image", repr(models), repr(sorted(plan.items()))),
                            lambda: QwenImagePipeline(models, None, progress.pool(), dict(plan), 0, cancel=progress.cancel))
     prompt, init, info = apply_request_loras(pipe, request)
@@ -47,7 +51,7 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
             prompt, int(request.width or 0), int(request.height or 0), steps=steps, seed=seed + b,
             sampler=str(request.sampling_method), cfg_scale=float(request.cfg_scale or 0.0),
             negative_prompt=request.negative_prompt, preview=cb, init=init, init_seed=seed,
-            scheduler=request.scheduler, sampling=request.sampling, vae_tile=request.vae_tiling))
+            scheduler=request.scheduler, sampling=request.sampling, vae_tile=request.vae_tiling, ref_images=refs))
     return {"images": images, "timings": {"sampling_and_decode": seconds}, "info": {**info, **pipe.run_info()},
             "runners": pipe.runners}
 
