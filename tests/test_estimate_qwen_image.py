@@ -3,7 +3,7 @@ Qwen2.5-VL encoder on the template and 256 prompt tokens, the MMDiT on one laten
 and with the empty negative prompt's tokens, both graphs held over the sampling loop, the Wan
 2.1 decoder on one frame) plus the weights, against the peak the engine allocates over a CFG
 generation of the tiny fixture, within 10%; the vision tower, which a run without reference
-pictures does not load, is not counted."""
+pictures does not load, is not counted (with ``-r`` it is)."""
 
 from __future__ import annotations
 
@@ -61,3 +61,16 @@ def test_estimate_matches_the_engine_peak(size: int) -> None:
         assert measure_compute(files(), width=size, height=size, cfg=False)["diffusion"] < computes["diffusion"]
     estimate = fit.devices["CPU"].total
     assert 0.9 * peak <= estimate <= 1.1 * peak, (estimate, peak)
+
+
+def test_reference_pictures_count_the_vision_tower() -> None:
+    """With ``-r`` the engine loads the vision tower (runner ``llm_vision``, on the encoder's
+    main device): the estimate then counts its bytes, which it leaves out otherwise."""
+    prof = profile_from_model_flags(files())
+    plan = resolve(["--backend", "CPU"], CPU_INV, prof)
+    te = prof.modules["te"]
+    assert te.encoders["llm_vision"] > 0
+    without = estimate_plan(plan, prof, CPU_INV, width=128, height=128)
+    with_refs = estimate_plan(plan, prof, CPU_INV, width=128, height=128, ref_images=1)
+    assert with_refs.modules["te"].weights["CPU"] == te.total
+    assert with_refs.modules["te"].weights["CPU"] - without.modules["te"].weights["CPU"] == te.encoders["llm_vision"]
