@@ -99,3 +99,29 @@ def test_edit_run_matches_diffusers(edit) -> None:
     assert rel_err(edit["latent"], R["edit.latent"]) < 1e-3  # seen: 4e-5
     assert rel_err(edit["plain"], R["edit.latent"]) > 0.05  # the picture matters
     assert {"llm_vision", "vae_encoder"} <= set(edit["runners"])
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_zero_cond_t_dit_matches_diffusers(pool, flag) -> None:
+    """Qwen-Image-Edit-2511's ``zero_cond_t``: the reference tokens modulated at ``t = 0``
+    (diffusers' ``QwenImageTransformer2DModel(zero_cond_t=True)``), and without it the Edit DiT."""
+    from sdplan.core.models.qwen_image import ZERO_COND_MARKER, QwenImageDiT
+    from sdplan.core.pipelines.stages.flow_dit import shapes
+    from sdplan.core.runtime.runner import ModulePlacement, ModuleRunner
+    from sdplan.core.runtime.weights import WeightFile
+
+    dit = QwenImageDiT.from_weights(shapes(DIT), zero_cond_t=flag)
+    assert QwenImageDiT.from_weights(shapes(DIT)).zero_cond_t is False
+    assert QwenImageDiT.from_weights({**shapes(DIT), ZERO_COND_MARKER: (0,)}).zero_cond_t is True  # sd-cli's marker
+    names = dit.other_tensors() + [n for i in range(dit.n_blocks) for n in dit.block_tensors(i)]
+    r = ModuleRunner(dit, WeightFile(DIT, names, backend=pool.get("CPU")), ModulePlacement(("CPU",)), pool, n_threads=1)
+    try:
+        lat = R["zero.latent"]
+        ins = dit.inputs(lat, R["zero.context"], float(R["zero.sigma"][0]), [R["zero.ref"]])
+        assert ("mod_index" in ins) is flag
+        v = dit.velocity(r.run(ins)["out"], 8, 8)
+    finally:
+        r.release()
+    want, other = (R["zero.out"], R["zero.plain"]) if flag else (R["zero.plain"], R["zero.out"])
+    assert rel_err(v, want) < 1e-3
+    assert rel_err(v, other) > 1e-2

@@ -30,7 +30,11 @@ Writes ``tests/fixtures/qwen_edit_ref.safetensors``:
   Qwen-Image DiT and autoencoder of ``make_qwen_image_fixtures.py``) at 64 x 64 from that noise
   with those states and the picture as its reference (its reference latent sized as sd-cli
   sizes it: ``calculate_dimensions`` is given sd-cli's 64 x 64 instead of its 1024^2 area), sd-cli's
-  sigmas, no guidance; unpacked, in the DiT's normalised space.
+  sigmas, no guidance; unpacked, in the DiT's normalised space;
+* ``zero.latent`` ``(1, 16, 8, 8)``, ``zero.ref`` ``(1, 16, 4, 8)``, ``zero.context`` ``(1, 7, 16)``,
+  ``zero.sigma``: random inputs of the tiny DiT with one reference latent; ``zero.out`` /
+  ``zero.plain``: the image tokens' output, unpacked ``(1, 16, 8, 8)``, of diffusers'
+  ``QwenImageTransformer2DModel`` with ``zero_cond_t=True`` (Qwen-Image-Edit-2511) / without.
 """
 
 from __future__ import annotations
@@ -145,6 +149,30 @@ def edit_run(model, tok) -> dict[str, np.ndarray]:
             "edit.latent": unpack(tokens, 8, 8).numpy()}
 
 
+def zero_cond() -> dict[str, np.ndarray]:
+    """The Qwen-Image-Edit-2511 DiT references (module docstring)."""
+    from diffusers import QwenImageTransformer2DModel
+    from safetensors.numpy import load_file
+
+    weights = {k: torch.from_numpy(v.astype(np.float32))
+               for k, v in load_file(str(FIX / "qwen_image_tiny.safetensors")).items()}
+    rng = np.random.default_rng(13)
+    lat = rng.standard_normal((1, 16, 8, 8)).astype(np.float32)
+    ref = rng.standard_normal((1, 16, 4, 8)).astype(np.float32)  # even grids: sd-cli centres odd ones otherwise
+    ctx = rng.standard_normal((1, 7, 16)).astype(np.float32)
+    sigma = 0.6
+    out = {"zero.latent": lat, "zero.ref": ref, "zero.context": ctx, "zero.sigma": np.array([sigma], np.float32)}
+    for key, flag in (("zero.out", True), ("zero.plain", False)):
+        dit = QwenImageTransformer2DModel(**DIT, zero_cond_t=flag).eval()
+        dit.load_state_dict(weights)
+        tokens = torch.cat([pack(torch.from_numpy(lat)), pack(torch.from_numpy(ref))], dim=1)
+        with torch.no_grad():
+            y = dit(hidden_states=tokens, encoder_hidden_states=torch.from_numpy(ctx), encoder_hidden_states_mask=None,
+                    timestep=torch.tensor([sigma]), img_shapes=[[(1, 4, 4), (1, 2, 4)]], return_dict=False)[0]
+        out[key] = unpack(y[:, :16], 8, 8).numpy()
+    return out
+
+
 def main() -> None:
     _sdplan()
     from PIL import Image
@@ -187,6 +215,7 @@ def main() -> None:
     ref.update({"llm.ids": np.array([expanded], np.int32), "llm.pos": pos[:, 0].numpy().astype(np.int32),
                 "llm.hidden": out.hidden_states[-1].numpy().astype(np.float32)})
     ref.update(edit_run(model, tok))
+    ref.update(zero_cond())
     path = FIX / "qwen_edit_ref.safetensors"
     save_file({k: np.ascontiguousarray(v) for k, v in ref.items()}, str(path))
     print(path.name, path.stat().st_size, "bytes", {k: v.shape for k, v in ref.items()})

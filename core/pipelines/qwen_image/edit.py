@@ -15,7 +15,10 @@ the ``qwen`` reference-image preset):
 * the reference latent: the picture resized nearest to the area ``min(1024^2, W H)`` of the
   output at the picture's aspect, sides rounded to multiples of 32 (:func:`vae_size`), encoded
   to the autoencoder's mean and normalised, its tokens after the image's at frame index 1, 2, ...
-  (the DiT's ``RefIndexMode::INCREASE``).
+  (the DiT's ``RefIndexMode::INCREASE``);
+* Qwen-Image-Edit-2511: the DiT's ``zero_cond_t`` (reference tokens modulated at ``t = 0``),
+  set by the DiT file's ``__index_timestep_zero__`` tensor or the ``qwen_image_zero_cond_t``
+  override (sd-cli's ``--model-args qwen_image_zero_cond_t=true``).
 
 Where diffusers differs: ``QwenImageEditPlusPipeline`` sizes the vision tower's picture to an
 area of 384^2 (sides multiples of 32, then the processor's rounding to 28) with PIL's resampling,
@@ -23,6 +26,9 @@ and the reference latent to an area of 1024^2 whatever the output size; the firs
 ``QwenImageEditPipeline`` (Qwen-Image-Edit) has no ``Picture k:`` prefix. transformers gives a
 picture's tokens M-RoPE positions over (time, row, column); sd-cli's Qwen2.5-VL counts every
 token on (its 3-D positions are Qwen3-VL's only): :data:`POSITIONS` picks (sd-cli's by default).
+The DiT centres a reference grid of odd side ``n`` at ``-(n // 2)`` (sd-cli), diffusers at
+``-(n - n // 2)``, and starts the text positions after the image's grid alone (sd-cli), diffusers
+after the largest of the image's and the references' grids.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
         ModelFileError / EngineError / SdplanError: bad files, devices or pictures.
     """
     models = QwenImageModels(request.file("diffusion_model"), request.file("llm"), request.file("vae"),  # type: ignore[arg-type]
-                             request.overrides.flux_axes)
+                             request.overrides.flux_axes, request.overrides.qwen_image_zero_cond_t)
     refs = [load_ref_image(p) for p in request.ref_images]  # unreadable pictures refused before loading
     pipe = progress.cached(("qwen_image", repr(models), repr(sorted(plan.items()))),
                            lambda: QwenImagePipeline(models, None, progress.pool(), dict(plan), 0, cancel=progress.cancel))
@@ -75,7 +75,8 @@ def _graphs(pipe: Any, width: int, height: int, cfg: bool, vae_tile: tuple[int, 
 def _pipeline(model_files: Mapping[str, list[str]], pool: Any, placements: Mapping[str, Any] | None,
               overrides: Mapping[str, Any]) -> QwenImagePipeline:
     models = QwenImageModels(model_files["diffusion_model"][0], model_files["llm"][0], model_files["vae"][0],
-                             tuple(overrides["flux_axes"]) if overrides.get("flux_axes") else None)
+                             tuple(overrides["flux_axes"]) if overrides.get("flux_axes") else None,
+                             overrides.get("qwen_image_zero_cond_t"))
     return QwenImagePipeline(models, None, pool, placements)
 
 

@@ -107,12 +107,14 @@ _STD = np.asarray(LATENT_STD, np.float32).reshape(1, -1, 1, 1)
 @dataclass
 class QwenImageModels:
     """The model files of a Qwen-Image run (sd-cli's ``--diffusion-model``, ``--llm``,
-    ``--vae``) and the RoPE axes override small models need."""
+    ``--vae``), the RoPE axes override small models need, and Qwen-Image-Edit-2511's
+    ``zero_cond_t`` (None: from the DiT file, :data:`~sdplan.core.models.qwen_image.ZERO_COND_MARKER`)."""
 
     diffusion_model: str | Path
     llm: str | Path
     vae: str | Path
     axes: tuple[int, ...] | None = None
+    zero_cond_t: bool | None = None
 
 
 def llm_head_dim(path: str | Path) -> int | None:
@@ -179,7 +181,7 @@ class QwenImagePipeline(FlowDiTPipeline):
     def __init__(self, models: QwenImageModels, plan: Any = None, pool: Any = None,
                  placements: Mapping[str, Any] | None = None, n_threads: int = 0,
                  dtypes: Mapping[str, str] | None = None, cancel: Any = None, flash: bool = False) -> None:
-        self.dit = QwenImageDiT.from_weights(shapes(models.diffusion_model), models.axes, flash)
+        self.dit = QwenImageDiT.from_weights(shapes(models.diffusion_model), models.axes, flash, models.zero_cond_t)
         cfg = llm_config(shapes(models.llm), head_dim=llm_head_dim(models.llm))
         if cfg.hidden != self.dit.cfg.context:
             raise SdplanError(f"{models.llm}: the text encoder's width {cfg.hidden} is not the Qwen-Image DiT's "
