@@ -74,3 +74,21 @@ def test_reference_pictures_count_the_vision_tower() -> None:
     with_refs = estimate_plan(plan, prof, CPU_INV, width=128, height=128, ref_images=1)
     assert with_refs.modules["te"].weights["CPU"] == te.total
     assert with_refs.modules["te"].weights["CPU"] - without.modules["te"].weights["CPU"] == te.encoders["llm_vision"]
+
+
+def test_plan_command_counts_the_tower_for_reference_pictures(capsys) -> None:
+    """``sdplan plan -r PATH`` counts the vision tower's bytes in ``te``'s weights (sdplan's
+    engine loads it only for reference pictures); without it they are left out."""
+    import json
+
+    from sdplan.core import cli
+
+    te = profile_from_model_flags(files()).modules["te"]
+    flags = ["--diffusion-model", str(DIT), "--llm", str(LLM), "--vae", str(VAE), "-W", "64", "-H", "64",
+             "--backend", "CPU", "--json"]
+    weights = {}
+    for key, extra in (("plain", []), ("one", ["-r", "a.png"]), ("two", ["-r", "a.png", "--ref-image", "b.png"])):
+        assert cli.main(["plan", *flags, *extra]) == 0
+        weights[key] = json.loads(capsys.readouterr().out)["fit"]["modules"]["te"]["weights"]["CPU"]
+    assert weights["one"] - weights["plain"] == te.encoders["llm_vision"] > 0
+    assert weights["two"] == weights["one"]  # one tower, whatever the number of pictures
