@@ -92,3 +92,30 @@ def test_plan_command_counts_the_tower_for_reference_pictures(capsys) -> None:
         weights[key] = json.loads(capsys.readouterr().out)["fit"]["modules"]["te"]["weights"]["CPU"]
     assert weights["one"] - weights["plain"] == te.encoders["llm_vision"] > 0
     assert weights["two"] == weights["one"]  # one tower, whatever the number of pictures
+
+
+def test_dry_run_of_an_edit_measures_its_graphs() -> None:
+    """With reference pictures (``ref_sizes``) the dry run measures the Edit run's graphs: the
+    vision tower and the longer Edit prompt (``te``), the DiT with the reference latent's tokens,
+    the autoencoder's encoder beside its decoder; each at least what a 64 x 64 edit with a
+    64 x 64 reference reserves in the engine."""
+    import numpy as np
+    from sdplan.core.pipelines.compute import measure_compute
+    from sdplan.core.pipelines.qwen_image.pipeline import QwenImageModels, QwenImagePipeline
+    from sdplan.core.runtime.devices import BackendManager
+    from sdplan.core.runtime.runner import BackendPool
+
+    plain = measure_compute(files(), width=64, height=64, cfg=False)
+    edit = measure_compute(files(), width=64, height=64, cfg=False, overrides={"ref_sizes": [(64, 64)]})
+    assert all(edit[m] > plain[m] for m in ("te", "diffusion", "vae")), (plain, edit)
+    picture = np.random.default_rng(2).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    with BackendManager(1) as manager:
+        pipe = QwenImagePipeline(QwenImageModels(DIT, LLM, VAE), None, BackendPool(manager), n_threads=1)
+        try:
+            pipe.txt2img("make it red", 64, 64, steps=1, cfg_scale=1.0, ref_images=[picture])
+            ran = {m: pipe.runners[m].last_peak["CPU"].compute for m in ("llm_vision", "llm", "diffusion", "vae_encoder")}
+        finally:
+            pipe.close()
+    assert ran["llm_vision"] + ran["llm"] <= edit["te"]  # the prompt: 3 words, measured with 256 tokens
+    assert ran["diffusion"] <= edit["diffusion"]  # 256 prompt tokens measured beside the picture's
+    assert ran["vae_encoder"] <= edit["vae"] - plain["vae"]

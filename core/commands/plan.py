@@ -281,8 +281,9 @@ def measure_files(files: dict[str, list[str]], args: argparse.Namespace) -> dict
     try:
         from sdplan.core.pipelines.compute import measure_compute
 
+        refs = [(args.width, args.height)] * len(getattr(args, "ref_image", None) or ())  # not read: the output's size
         return measure_compute(files, width=args.width, height=args.height, batch=args.batch_count,
-                               overrides={"video_frames": video_frames(args)}) or None
+                               overrides={"video_frames": video_frames(args), "ref_sizes": refs}) or None
     except (ImportError, RuntimeError, ValueError, SdplanError) as exc:
         log.info("no dry run of the engine: %s", exc)
         return None

@@ -259,18 +259,29 @@ class QwenImagePipeline(FlowDiTPipeline):
         patch grid; empty when the encoder has no vision tower."""
         if self.vision is None or not pictures:
             return []
+        runner = self.vision_runner()
+        out = []
+        for p in pictures:
+            patches, grid = vl_picture(p)
+            out.append((runner.run(self.vision.inputs(patches, grid))["embeds"], grid))
+        return out
+
+    def vision_runner(self) -> Any:
+        """The vision tower's runner (``llm_vision``, on the LLM's main device, never split: as
+        sd-cli), made on first use.
+
+        Raises:
+            SdplanError: the encoder has no vision tower.
+        """
+        if self.vision is None:
+            raise SdplanError(f"{self._llm_path}: the encoder has no vision tower (visual.*)")
         if "llm_vision" not in self.runners:
             dev = self.placements["te"].devices[0]
             names = self.vision.other_tensors() + [n for i in range(self.vision.n_blocks)
                                                    for n in self.vision.block_tensors(i)]
             wf = vision_weight_file(self._llm_path, names, self.pool.get(dev))
             self.runners["llm_vision"] = self.new_runner("llm_vision", self.vision, wf, ModulePlacement((dev,)))
-        runner = self.runners["llm_vision"]
-        out = []
-        for p in pictures:
-            patches, grid = vl_picture(p)
-            out.append((runner.run(self.vision.inputs(patches, grid))["embeds"], grid))
-        return out
+        return self.runners["llm_vision"]
 
     def reference_latent(self, picture: np.ndarray, width: int, height: int) -> np.ndarray:
         """A reference picture u8 ``(H, W, 3)`` resized nearest to
@@ -298,6 +309,25 @@ class QwenImagePipeline(FlowDiTPipeline):
         (``tile``: in tiles, :meth:`vae_decode`)."""
         return self.vae_decode(self.to_vae(latent), tile)
 
+    def vae_encoder_runner(self) -> Any:
+        """The autoencoder's encoder (runner ``vae_encoder``, where the VAE is placed), made on
+        first use.
+
+        Raises:
+            SdplanError: the autoencoder file has no encoder.
+        """
+        if "vae_encoder" not in self.runners:
+            if not self.vae_cfg.encoder:
+                raise SdplanError(f"{self._vae_path}: the autoencoder has no encoder: img2img and -r need one")
+            p = self.vae_cfg.prefix
+            names = [n for n in self._vae_shapes if n.startswith((p + "encoder.", p + "conv1."))]
+
+            def enc(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
+                return {"mean": vae_encode(g, w, ins["image"], self.vae_cfg, self._vae_shapes)}
+
+            self.runners["vae_encoder"] = self._vae_runner("vae_encoder", names, {"image": "f32"}, enc)
+        return self.runners["vae_encoder"]
+
     def encode_sample(self, img: np.ndarray, noise: np.ndarray) -> np.ndarray:
         """Image ``(1, 3, H, W)`` in [-1, 1] -> the normalised latent ``(1, 16, H/8, W/8)`` of
         the autoencoder's mean (sd-cli's Wan encode draws no sample: ``noise`` is unused). The
@@ -306,17 +336,7 @@ class QwenImagePipeline(FlowDiTPipeline):
         Raises:
             SdplanError: the autoencoder file has no encoder.
         """
-        if "vae_encoder" not in self.runners:
-            if not self.vae_cfg.encoder:
-                raise SdplanError(f"{self._vae_path}: the autoencoder has no encoder: img2img needs one")
-            p = self.vae_cfg.prefix
-            names = [n for n in self._vae_shapes if n.startswith((p + "encoder.", p + "conv1."))]
-
-            def enc(g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
-                return {"mean": vae_encode(g, w, ins["image"], self.vae_cfg, self._vae_shapes)}
-
-            self.runners["vae_encoder"] = self._vae_runner("vae_encoder", names, {"image": "f32"}, enc)
-        runner = self.runners["vae_encoder"]
+        runner = self.vae_encoder_runner()
         with runner.session():
             mean = encode_tiled(lambda part: runner.run({"image": part})["mean"],
                                 np.ascontiguousarray(img, dtype=np.float32), self.vae_tiling, self.vae_cfg.factor)
