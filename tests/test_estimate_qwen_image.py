@@ -94,8 +94,8 @@ def test_plan_command_counts_the_tower_for_reference_pictures(capsys) -> None:
     assert weights["two"] == weights["one"]  # one tower, whatever the number of pictures
 
 
-def test_dry_run_of_an_edit_measures_its_graphs() -> None:
-    """With reference pictures (``ref_sizes``) the dry run measures the Edit run's graphs: the
+def test_dry_run_of_an_edit_measures_its_graphs(tmp_path) -> None:
+    """With a reference picture (``ref_count``: of the output's size) the dry run measures the Edit run's graphs: the
     vision tower and the longer Edit prompt (``te``), the DiT with the reference latent's tokens,
     the autoencoder's encoder beside its decoder; each at least what a 64 x 64 edit with a
     64 x 64 reference reserves in the engine."""
@@ -106,8 +106,19 @@ def test_dry_run_of_an_edit_measures_its_graphs() -> None:
     from sdplan.core.runtime.runner import BackendPool
 
     plain = measure_compute(files(), width=64, height=64, cfg=False)
-    edit = measure_compute(files(), width=64, height=64, cfg=False, overrides={"ref_sizes": [(64, 64)]})
+    edit = measure_compute(files(), width=64, height=64, cfg=False, overrides={"ref_count": 1})
     assert all(edit[m] > plain[m] for m in ("te", "diffusion", "vae")), (plain, edit)
+    from PIL import Image
+
+    pic, big = tmp_path / "pic.png", tmp_path / "big.png"
+    Image.new("RGB", (64, 64)).save(pic)
+    Image.new("RGB", (1024, 1024)).save(big)
+    # generate gives the pictures' paths: their headers' sizes (a larger picture: the tower
+    # sees 560 x 560 instead of 392 x 392, the prompt carries 400 picture tokens instead of 196;
+    # the reference latent keeps the output's area)
+    assert measure_compute(files(), width=64, height=64, cfg=False, overrides={"ref_images": [str(pic)]}) == edit
+    large = measure_compute(files(), width=64, height=64, cfg=False, overrides={"ref_images": [str(big)]})
+    assert large["te"] > edit["te"] and large["diffusion"] > edit["diffusion"] and large["vae"] == edit["vae"]
     picture = np.random.default_rng(2).integers(0, 256, (64, 64, 3), dtype=np.uint8)
     with BackendManager(1) as manager:
         pipe = QwenImagePipeline(QwenImageModels(DIT, LLM, VAE), None, BackendPool(manager), n_threads=1)

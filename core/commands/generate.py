@@ -242,21 +242,6 @@ def _profile(files: dict[str, list[str]]) -> Any:
     return read_models(files).profile()
 
 
-def _picture_sizes(paths: list[str] | None) -> list[tuple[int, int]]:
-    """``(width, height)`` of each picture file from its header; an unreadable one is left out
-    (the run refuses it by name before loading)."""
-    from PIL import Image
-
-    out = []
-    for p in paths or ():
-        try:
-            with Image.open(p) as im:
-                out.append((int(im.width), int(im.height)))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
 def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[str]], plan: Any) -> dict[str, int]:
     """Compute bytes per module of this run, measured by a dry run of the engine's graphs in
     the engine process on the planned devices (:mod:`sdplan.core.pipelines.compute`); {}
@@ -269,8 +254,7 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
         return dict(engine.call(COMPUTE_JOB, {
             "model_files": files, "width": width, "height": height, "batch": args.batch_count,
             "cfg": args.cfg_scale != 1.0, "overrides": {"clip_heads": getattr(args, "clip_heads", None),
-                                                        "video_frames": video_frames(args),
-                                                        "ref_sizes": _picture_sizes(getattr(args, "ref_image", None))},
+                                                        "video_frames": video_frames(args), "ref_images": getattr(args, "ref_image", None)},
             "vae_tiling": module_request(args)["vae_tiling"],
             "placements": {m: ModulePlacement.from_plan(plan, m)
                            for m in ("diffusion", "te", "vae", "controlnet", "upscaler") if m in plan.modules}}))

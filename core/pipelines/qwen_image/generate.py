@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from sdplan.core.errors import SdplanError
 from sdplan.core.models.qwen25vl_vision import PATCH
 from sdplan.core.pipelines.flux2.pipeline import load_ref_image
 from sdplan.core.pipelines.qwen_image.edit import (
@@ -29,6 +30,7 @@ from sdplan.core.pipelines.qwen_image.pipeline import (
 from sdplan.core.pipelines.request import GenerationRequest
 from sdplan.core.pipelines.run_context import FamilyResult, RunContext
 from sdplan.core.pipelines.stages.hires import flow_hires
+from sdplan.core.pipelines.stages.img2img import image_size
 from sdplan.core.pipelines.stages.lora import apply_request_loras
 from sdplan.core.runtime.placement import ModulePlacement
 
@@ -96,9 +98,17 @@ def _graphs(pipe: Any, width: int, height: int, cfg: bool, vae_tile: tuple[int, 
     return graphs
 
 
-def _refs(overrides: Mapping[str, Any]) -> list[tuple[int, int]]:
-    """The reference pictures' sizes a dry run is given (``overrides["ref_sizes"]``)."""
-    return [(int(a), int(b)) for a, b in overrides.get("ref_sizes") or ()]
+def _refs(overrides: Mapping[str, Any], width: int, height: int) -> list[tuple[int, int]]:
+    """The reference pictures' ``(width, height)`` a dry run is given: ``overrides["ref_images"]``
+    (paths, sizes from the headers; an unreadable one is left out: the run refuses it) or
+    ``overrides["ref_count"]`` pictures of the output's size (``sdplan plan`` reads none)."""
+    sizes = [(width, height)] * int(overrides.get("ref_count") or 0)
+    for p in overrides.get("ref_images") or ():
+        try:
+            sizes.append(image_size(p, "-r/--ref-image"))
+        except SdplanError:
+            continue
+    return sizes
 
 
 def _pipeline(model_files: Mapping[str, list[str]], pool: Any, placements: Mapping[str, Any] | None,
@@ -118,7 +128,7 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
     the two passes have graphs of their own, and the engine keeps both over the sampling loop;
     ``batch`` does not grow it: pictures run one after another); the autoencoder's decoder on one
     latent (or one tile of ``vae_tile`` ``(w, h)`` latent pixels). With reference pictures
-    (``overrides["ref_sizes"]``: their ``(width, height)``), the Edit run's graphs: the vision
+    (``overrides["ref_images"]`` or ``["ref_count"]``, :func:`_refs`), the Edit run's graphs: the vision
     tower on each picture at sd-cli's size, the LLM on the Edit template with the pictures'
     tokens and :data:`DRY_RUN_TOKENS`, the DiT with the reference latents' tokens, the
     autoencoder's encoder on each reference.
@@ -127,7 +137,7 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
         ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
     """
     with _pipeline(model_files, pool, placements, overrides) as pipe:
-        graphs = _graphs(pipe, width, height, cfg, vae_tile, _refs(overrides))
+        graphs = _graphs(pipe, width, height, cfg, vae_tile, _refs(overrides, width, height))
         return {module: sum(sum(r.measure(s).values()) for r, s in parts) for module, parts in graphs.items()}
 
 
@@ -148,6 +158,6 @@ def work(model_files: Mapping[str, list[str]], *, width: int, height: int, batch
     phase = {"te": "text", "diffusion": "step", "vae": "decode"}
     calls = {"te": 1, "diffusion": batch, "vae": batch}
     with _pipeline(model_files, pool, placements, overrides) as pipe:
-        graphs = _graphs(pipe, width, height, cfg, vae_tile, _refs(overrides))
+        graphs = _graphs(pipe, width, height, cfg, vae_tile, _refs(overrides, width, height))
         return {module: [ModuleWork(module, phase[module], r.work(s), calls[module]) for r, s in parts]
                 for module, parts in graphs.items()}
