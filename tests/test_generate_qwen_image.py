@@ -1,7 +1,8 @@
 """``sdplan generate`` with Qwen-Image files (``--diffusion-model --llm --vae``, sd-cli's
 documented ``--cfg-scale 2.5 --sampling-method euler`` and its flow shift 3 by default): the PNG
-is diffusers' decoded picture (CFG 1, 4 steps); a Q8_0 GGUF DiT runs; a missing encoder, LoRAs,
-reference pictures and ``--taesd`` are one-line errors before anything loads;
+is diffusers' decoded picture (CFG 1, 4 steps); a Q8_0 GGUF DiT runs; ``-r`` edits a reference
+picture (the pipeline's edit); a missing encoder, LoRAs and ``--taesd`` are
+one-line errors before anything loads, an unreadable ``-r`` picture too;
 ``--backend "diffusion=RPC0&RPC1,te=RPC0&RPC1"`` over two RPC servers gives the one-device
 picture within 1/255."""
 
@@ -76,14 +77,41 @@ def test_missing_encoder_and_refused_options_are_one_line(tmp_path: Path, capsys
     from safetensors.numpy import save_file
 
     save_file({"lora_unet_transformer_blocks_0_attn_to_q.lora_down.weight": np.zeros((1, 8), np.float32)}, str(lora))
-    for extra, named in ((["-p", "x <lora:style:1>", "--lora-model-dir", str(tmp_path)], "<lora:...> prompt tags"),
-                         (["-r", str(pic)], "-r/--ref-image")):
-        out = tmp_path / "x.png"
+    out = tmp_path / "x.png"
+    args = parse([*flags(), "-p", "x <lora:style:1>", "--lora-model-dir", str(tmp_path), "-o", str(out), "--in-process"])
+    assert args.run(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "<lora:...> prompt tags: Qwen-Image does not take" in err and err.count("error") == 1, err
+    assert not out.exists()
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not a picture")
+    args = parse([*flags(), "-r", str(bad), "-o", str(out), "--in-process"])
+    assert args.run(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "-r/--ref-image" in err and str(bad) in err and err.count("error") == 1, err
+    assert not out.exists()
+
+
+def test_reference_picture_edits(tmp_path: Path, fixed_noise) -> None:
+    """``-r pic.png``: the pipeline's edit of the picture (vision tower, Edit prompt, reference
+    latent; an 80 x 48 picture: 504 x 308 for the tower, 96 x 64 for the latent); without ``-r``
+    another picture."""
+    from sdplan.core.pipelines.qwen_image.edit import vae_size, vl_size
+
+    assert vl_size(80, 48) == (504, 308) and vae_size(64, 64, 80, 48) == (96, 64)
+    from sdplan.core.pipelines.qwen_image.pipeline import QwenImageModels, QwenImagePipeline
+
+    pic = tmp_path / "ref.png"
+    rgb = np.random.default_rng(5).integers(0, 256, (48, 80, 3), dtype=np.uint8)
+    Image.fromarray(rgb).save(pic)
+    edited, plain = tmp_path / "edit.png", tmp_path / "plain.png"
+    for extra, out in ((["-r", str(pic)], edited), ([], plain)):
         args = parse([*flags(), *extra, "-o", str(out), "--in-process"])
-        assert args.run(args) == 2
-        err = " ".join(capsys.readouterr().err.split())
-        assert f"{named}: Qwen-Image does not take" in err and err.count("error") == 1, err
-        assert not out.exists()
+        assert args.run(args) == 0
+    with QwenImagePipeline(QwenImageModels(DIT, LLM, VAE), n_threads=1) as pipe:
+        want = pipe.txt2img(PROMPT, 64, 64, steps=4, cfg_scale=1.0, noise=R["pipe.noise"], ref_images=[rgb])["image"]
+    assert np.abs(png(edited) - image_to_uint8(np.clip(want[0], -1, 1)).astype(int)).max() <= 1
+    assert np.abs(png(edited) - png(plain)).mean() > 1
 
 
 @pytest.mark.rpc

@@ -57,6 +57,8 @@ from sdplan.core.models.flux import FluxDiT  # noqa: E402
 from sdplan.core.models.flux2 import Flux2DiT  # noqa: E402
 from sdplan.core.models.llm import LLMEncoder  # noqa: E402
 from sdplan.core.models.mmdit import MMDiT  # noqa: E402
+from sdplan.core.models.qwen25vl_vision import VisionTower, patchify  # noqa: E402
+from sdplan.core.models.qwen25vl_vision import weight_file as vision_weight_file  # noqa: E402
 from sdplan.core.models.qwen_image import QwenImageDiT  # noqa: E402
 from sdplan.core.models.t5 import T5Encoder  # noqa: E402
 from sdplan.core.models.tae import TaeGraph, detect_tae  # noqa: E402
@@ -482,6 +484,25 @@ def _qwen_image(shared: Path, tmp: Path) -> Built:
                          [_normal((1, 16, *r), 7) for r in refs])
         return Run(ins, {"out": (1, (h * w + sum(a * b for a, b in refs)) // 4, 64)})
     return Built(dit, path, set(_names(path)), [run(8, 8, 9, ()), run(4, 6, 20, ((2, 4),))])
+
+
+@dataclass
+class _VisionBuilt(Built):
+    """Qwen2.5-VL's file with the vision tower's 5-D patch embedding held 2-D."""
+
+    def weight_file(self, names: Iterable[str]) -> WeightFile:
+        return vision_weight_file(self.path, list(names))
+
+
+@case("qwen25vl-vision", VisionTower, blocks=2)
+def _qwen25vl_vision(shared: Path, tmp: Path) -> Built:
+    path = FIX / "qwen25vl_tiny.safetensors"
+    tower = VisionTower.from_weights(_shapes(path), head_dim=8, full_blocks=(1,), window=56)
+
+    def run(h: int, w: int) -> Run:  # pixels; 28 x 28 per merged token of width 16
+        patches, grid = patchify(_rng(h).integers(0, 256, (h, w, 3)))
+        return Run(tower.inputs(patches, grid), {"embeds": (h * w // 784, 16)})
+    return _VisionBuilt(tower, path, {n for n in _names(path) if n.startswith("visual.")}, [run(84, 140), run(56, 28)])
 
 
 @case("z-image", ZImageDiT, blocks=4)

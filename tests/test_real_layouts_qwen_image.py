@@ -143,3 +143,20 @@ def test_q8_0_gguf_dit(tmp_path: Path, files, layouts) -> None:
     assert diff.blocks[7] == sum(math.prod(s) // 32 * 34 if len(s) == 2 else math.prod(s) * 4
                                  for n, s in dl.items() if n.startswith("transformer_blocks.7."))
     assert 0.5 < total / nbytes(dl) < 0.56
+
+
+def test_vision_tower_of_the_published_encoder(layouts) -> None:
+    """The vision tower's graph reads Qwen2.5-VL-7B's ``visual.*`` layout with the published
+    sizes it does not find in the shapes (80-wide heads, full attention in blocks 7, 15, 23, 31,
+    112-pixel windows): every tensor listed once, none left out."""
+    from sdplan.core.models.qwen25vl_vision import VisionTower
+
+    shapes = {n: tuple(s) for n, s in layouts["qwen25vl_7b_llm"].items()}
+    tower = VisionTower.from_weights(shapes)
+    c = tower.cfg
+    assert (c.width, c.heads, c.head_dim, c.ffn, c.n_blocks, c.out_width) == (1280, 16, 80, 3420, 32, 3584)
+    assert c.full_blocks == (7, 15, 23, 31) and c.window == 112
+    names = tower.other_tensors() + [n for i in range(tower.n_blocks) for n in tower.block_tensors(i)]
+    assert sorted(names) == sorted(n for n in shapes if n.startswith("visual."))
+    specs = tower.input_specs({"patches": (1024, 1176)})  # a 448 x 448 picture: 32 x 32 patches
+    assert specs["mask"] == ((1024, 1024), "f32") and specs["order"] == ((256,), "i32")

@@ -254,7 +254,7 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
         return dict(engine.call(COMPUTE_JOB, {
             "model_files": files, "width": width, "height": height, "batch": args.batch_count,
             "cfg": args.cfg_scale != 1.0, "overrides": {"clip_heads": getattr(args, "clip_heads", None),
-                                                        "video_frames": video_frames(args)},
+                                                        "video_frames": video_frames(args), "ref_images": getattr(args, "ref_image", None)},
             "vae_tiling": module_request(args)["vae_tiling"],
             "placements": {m: ModulePlacement.from_plan(plan, m)
                            for m in ("diffusion", "te", "vae", "controlnet", "upscaler") if m in plan.modules}}))

@@ -72,6 +72,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-W", "--width", type=positive_int, default=512, help="image width (px) for the fit")
     p.add_argument("-H", "--height", type=positive_int, default=512, help="image height (px)")
     p.add_argument("-b", "--batch-count", type=positive_int, default=1, help="images per batch")
+    p.add_argument("-r", "--ref-image", dest="ref_image", action="append", metavar="PATH", help="a reference "
+                   "picture (sd-cli's -r): the fit counts what reads it (Qwen-Image Edit); not read")
     p.add_argument("--video-frames", type=positive_int, default=1,
                    help="a video's frames for the fit (Wan's -M vid_gen; default 1)")
     p.add_argument("--command", dest="sdcli_command", metavar="TEXT",
@@ -235,15 +237,16 @@ def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
 def _plain_fit(plan: Plan, profile: Profile, inventory: Inventory, args: argparse.Namespace,
                files: dict[str, list[str]] | None, flags: Any) -> Any:
     frames = video_frames(args)
+    refs = {"ref_images": len(args.ref_image)} if getattr(args, "ref_image", None) else {}
     if flags is not None:
         return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
-                             batch=args.batch_count, flags=flags, frames=frames)
+                             batch=args.batch_count, flags=flags, frames=frames, **refs)
     engine = "sd-cli" if plan.target.sdcli else engine_name(args)
     if engine == "sd-cli" and getattr(args, "diffusion_fa", False):
         engine = "sd-cli-fa"
     measured = measure_files(files, args) if files and engine == "sdplan" else None
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
-                         batch=args.batch_count, engine=engine, measured=measured, frames=frames)
+                         batch=args.batch_count, engine=engine, measured=measured, frames=frames, **refs)
 
 
 def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argparse.Namespace,
@@ -279,8 +282,9 @@ def measure_files(files: dict[str, list[str]], args: argparse.Namespace) -> dict
     try:
         from sdplan.core.pipelines.compute import measure_compute
 
+        refs = len(getattr(args, "ref_image", None) or ())  # not read: pictures of the output's size
         return measure_compute(files, width=args.width, height=args.height, batch=args.batch_count,
-                               overrides={"video_frames": video_frames(args)}) or None
+                               overrides={"video_frames": video_frames(args), "ref_count": refs}) or None
     except (ImportError, RuntimeError, ValueError, SdplanError) as exc:
         log.info("no dry run of the engine: %s", exc)
         return None

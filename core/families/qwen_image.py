@@ -1,5 +1,6 @@
-"""Qwen-Image: the 20 B MMDiT (and its Edit models, the same layout) with the Qwen2.5-VL-7B
-language model as text encoder and the Wan 2.1 autoencoder.
+"""Qwen-Image: the 20 B MMDiT (and its Edit models, the same layout: reference pictures with
+``-r``) with the Qwen2.5-VL-7B language model as text encoder (its vision tower for the
+reference pictures) and the Wan 2.1 autoencoder.
 
 Recognised by ``transformer_blocks.0.img_mod.1`` beside a 64-wide ``img_in`` (sd-cli's test;
 128 inputs is MageFlow, which sdplan does not know); ``time_text_embed.addition_t_embedding``
@@ -52,8 +53,8 @@ QWEN_IMAGE = Family(
     name="qwen_image", title="Qwen-Image", detect=_detect,
     files=(("diffusion_model", "llm", "vae"),),
     options=frozenset({o.NEGATIVE_PROMPT, o.CFG_SCALE, o.BATCH, o.ETA, o.SIGMAS, o.FLOW_SHIFT, o.RNG,
-                       o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.INIT_IMG, o.MASK, o.VAE_TILING, o.UPSCALE,
-                       o.HIRES}),
+                       o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.INIT_IMG, o.MASK, o.REF_IMAGES, o.VAE_TILING,
+                       o.UPSCALE, o.HIRES}),
     sampling="flow", defaults=Defaults(2.5, 20, "euler"),
     sizes=FLUX_SIZES, size_rule="patch8", latent_format="wan21_vae",
     companions=Companions(("llm",), 16, 1024),

@@ -33,6 +33,17 @@ convention): ``k`` in 1..N is the state after ``k`` blocks (no final norm), ``N 
 normed output; several are concatenated along the width (FLUX.2 klein). Blocks after the last
 one needed build nothing (their weights still load, as in sd-cli). Z-Image takes ``N - 1``
 (``hidden_states[-2]`` in transformers).
+
+Pictures (Qwen2.5-VL, Qwen-Image Edit): the vision tower's embeddings
+(:mod:`sdplan.core.models.qwen25vl_vision`) replace the embeddings of the ``<|image_pad|>``
+tokens, one per merged 2x2 patch group, in reading order; the positions are then M-RoPE's
+three rows (transformers ``Qwen2_5_VLModel.get_rope_index``, :func:`mrope_positions`): text
+tokens count on with all three equal, a picture's tokens take (start, start + row,
+start + column) over its merged grid, and the text after it starts at start + max(rows,
+columns). The rotated pairs are split into sections turned by the time, row and column rows
+(``mrope_section`` (16, 24, 24) of the published 128-wide heads; ggml's
+``GGML_ROPE_TYPE_MROPE``, llama.cpp's Qwen2-VL). Without pictures the three rows are equal and
+M-RoPE is the plain rotation, which the text path keeps.
 """
 
 from __future__ import annotations
@@ -46,7 +57,7 @@ from sdplan.core.models.base import ModelLayoutError, Weights, check_block
 from sdplan.core.runtime import graph as gr
 
 __all__ = ["LLMArch", "ARCHS", "LAYOUTS", "LLMConfig", "LLMEncoder", "llm_config", "find_layout",
-           "causal_mask", "ROPE_MODES"]
+           "causal_mask", "ROPE_MODES", "mrope_positions", "mrope_sections", "IMAGE_PAD", "MROPE_SECTION"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,14 @@ ARCHS: dict[str, LLMArch] = {
 }
 #: ggml RoPE mode per style (``GGML_ROPE_TYPE_NORMAL`` 0, ``GGML_ROPE_TYPE_NEOX`` 2).
 ROPE_MODES = {"normal": 0, "neox": 2}
+
+#: Qwen2.5-VL's picture placeholder token (``<|image_pad|>``, ``config.json`` ``image_token_id``).
+IMAGE_PAD = 151655
+#: Qwen2.5-VL's M-RoPE sections of its 128-wide heads (``rope_scaling.mrope_section``): rotated
+#: pairs turned by the time, row and column positions.
+MROPE_SECTION = (16, 24, 24)
+#: ggml's multi-section RoPE mode (``GGML_ROPE_TYPE_MROPE``).
+MROPE_MODE = 8
 
 #: Layout -> role -> name (``{i}``: block index), for both naming conventions.
 LAYOUTS: dict[str, dict[str, str]] = {
@@ -177,11 +196,66 @@ def causal_mask(n: int) -> np.ndarray:
     return np.triu(np.full((n, n), -np.inf, dtype=np.float32), 1)
 
 
+def mrope_sections(head_dim: int, given: Sequence[int] | None = None) -> tuple[int, int, int]:
+    """The M-RoPE sections for heads of ``head_dim``: ``given`` (a file's statement), else
+    :data:`MROPE_SECTION` scaled by ``head_dim / 128``.
+
+    Raises:
+        ValueError: sections not three non-negative counts summing to ``head_dim / 2``, or a
+            head width the published sections do not scale to.
+    """
+    if given is None:
+        if any(v * head_dim % 128 for v in MROPE_SECTION):
+            raise ValueError(f"M-RoPE sections {MROPE_SECTION} do not scale to heads of {head_dim}")
+        given = tuple(v * head_dim // 128 for v in MROPE_SECTION)
+    sec = tuple(int(v) for v in given)
+    if len(sec) != 3 or min(sec) < 0 or sum(sec) * 2 != head_dim:
+        raise ValueError(f"M-RoPE sections {sec} must be three counts summing to {head_dim // 2}")
+    return sec[0], sec[1], sec[2]
+
+
+def mrope_positions(ids: np.ndarray, grids: Sequence[tuple[int, int, int]], image_token: int = IMAGE_PAD,
+                    merge: int = 2) -> np.ndarray:
+    """M-RoPE positions ``(3, T)`` i32 (time, row, column) of token ids ``(1, T)`` whose runs of
+    ``image_token`` are pictures with patch grids ``grids`` ``(t, h, w)``, in order (module
+    docstring; transformers ``get_rope_index`` for still pictures).
+
+    Raises:
+        ValueError: the runs of picture tokens do not match the grids' merged token counts.
+    """
+    ids = np.asarray(ids).reshape(-1)
+    out = np.zeros((3, ids.size), np.int64)
+    pics = iter(grids)
+    i = cur = 0
+    while i < ids.size:
+        if ids[i] != image_token:
+            out[:, i] = cur
+            i, cur = i + 1, cur + 1
+            continue
+        grid = next(pics, None)
+        if grid is None:
+            raise ValueError("more runs of picture tokens than pictures")
+        t, h, w = grid[0], grid[1] // merge, grid[2] // merge
+        n = t * h * w
+        if ids[i:i + n].size != n or (ids[i:i + n] != image_token).any() or (i + n < ids.size and ids[i + n] == image_token):
+            raise ValueError(f"a run of picture tokens at {i} is not the {n} tokens of a {grid} grid")
+        tt, hh, ww = np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij")
+        out[:, i:i + n] = np.stack([tt.reshape(-1), hh.reshape(-1), ww.reshape(-1)]) + cur
+        i, cur = i + n, cur + max(h, w)
+    if next(pics, None) is not None:
+        raise ValueError("more pictures than runs of picture tokens")
+    return out.astype(np.int32)
+
+
 class LLMEncoder:
     """The language model as a :class:`sdplan.core.models.ModuleGraph` (module docstring).
 
     Inputs (:meth:`inputs`): ``ids`` i32 ``(1, T)``, ``pos`` i32 ``(T,)``, ``mask`` f32
-    ``(T, T)``. Output ``hidden`` f32 ``(1, T, hidden * len(out_layers))``.
+    ``(T, T)``; with pictures also ``images`` f32 ``(N, hidden)`` (their embeddings), ``sel``
+    i32 ``(T,)`` (token ``i`` takes row ``sel[i]`` of the ids' embeddings followed by
+    ``images``) and ``pos`` i32 ``(4 T,)`` (M-RoPE's time, row, column rows and zeros; the
+    ``mrope`` sections, :func:`mrope_sections`). Output ``hidden`` f32
+    ``(1, T, hidden * len(out_layers))``.
 
     Raises:
         ValueError: an out layer outside 1..N+1.
@@ -200,8 +274,12 @@ class LLMEncoder:
     #: (sdplan.core.runtime.bf16_rule; the Xeon above does not, the EPYC does).
     cpu_bf16_kernels: tuple[str, ...] = ("amx", "avx512_fast")
 
-    def __init__(self, cfg: LLMConfig, out_layers: Sequence[int] | None = None) -> None:
+    def __init__(self, cfg: LLMConfig, out_layers: Sequence[int] | None = None,
+                 mrope: Sequence[int] | None = None) -> None:
         self.cfg = cfg
+        #: M-RoPE sections (time, row, column) for runs with pictures; None: the published ones
+        #: scaled to the head width when asked
+        self.mrope = tuple(mrope) if mrope is not None else None
         self.n_blocks = cfg.n_blocks
         self.out_layers = tuple(out_layers) if out_layers else (cfg.n_blocks + 1,)
         bad = [k for k in self.out_layers if not 1 <= k <= cfg.n_blocks + 1]
@@ -245,12 +323,47 @@ class LLMEncoder:
         t = ids.shape[1]
         return {"ids": ids.astype(np.int32), "pos": np.arange(t, dtype=np.int32), "mask": causal_mask(t)}
 
+    def picture_inputs(self, ids: np.ndarray, images: Sequence[np.ndarray],
+                       grids: Sequence[tuple[int, int, int]], image_token: int = IMAGE_PAD,
+                       mrope: bool = True) -> dict[str, np.ndarray]:
+        """Graph inputs for ids ``(1, T)`` whose runs of ``image_token`` take the embeddings
+        ``images`` (one f32 ``(n, hidden)`` per picture, the vision tower's output) of pictures
+        on patch grids ``grids``, with M-RoPE positions (module docstring), or with ``mrope``
+        False every token's position its index (sd-cli's Qwen2.5-VL).
+
+        Raises:
+            ValueError: bad ids, runs of picture tokens that do not match the pictures, or
+                embeddings not of the model's width.
+        """
+        base = self.inputs(ids)
+        if not images:
+            return base
+        t = base["ids"].shape[1]
+        pos = mrope_positions(base["ids"], grids, image_token)
+        emb = np.concatenate([np.asarray(e, np.float32) for e in images])
+        if emb.ndim != 2 or emb.shape[1] != self.cfg.hidden:
+            raise ValueError(f"picture embeddings {emb.shape} are not of the LLM's width {self.cfg.hidden}")
+        at = np.flatnonzero(base["ids"][0] == image_token)
+        if at.size != emb.shape[0]:
+            raise ValueError(f"{at.size} picture tokens for {emb.shape[0]} picture embeddings")
+        sel = np.arange(t, dtype=np.int32)
+        sel[at] = t + np.arange(at.size, dtype=np.int32)
+        base.update(images=emb, sel=sel)
+        if mrope:
+            base["pos"] = np.concatenate([pos.reshape(-1), np.zeros(t, np.int32)])
+        return base
+
     def input_specs(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int, ...], str]]:
         ids = tuple(shapes.get("ids", ()))
         if len(ids) != 2 or ids[0] != 1:
             raise ValueError(f"LLM: needs ids of shape (1, T), got {shapes}")
         t = ids[1]
-        return {"ids": (ids, "i32"), "pos": ((t,), "i32"), "mask": ((t, t), "f32")}
+        specs = {"ids": (ids, "i32"), "pos": ((t,), "i32"), "mask": ((t, t), "f32")}
+        if "images" in shapes:
+            specs.update(images=(tuple(shapes["images"]), "f32"), sel=((t,), "i32"))
+            if tuple(shapes.get("pos", (t,))) == (4 * t,):
+                specs["pos"] = ((4 * t,), "i32")
+        return specs
 
     # ------------------------------------------------------------------ graph
     def _norm(self, g: Any, x: Any, weight: Any) -> Any:
@@ -260,7 +373,11 @@ class LLMEncoder:
         ids = inputs["ids"]
         b, t = ids.shape
         x = g.get_rows(w(self.cfg.name("embed")), g.reshape(ids, (b * t,)))
-        return {"x": g.reshape(x, (b, t, self.cfg.hidden)), "pos": inputs["pos"], "mask": inputs["mask"]}
+        state = {"pos": inputs["pos"], "mask": inputs["mask"]}
+        if "images" in inputs:  # the pictures' embeddings in place of their tokens'
+            x = g.get_rows(g.concat(x, inputs["images"], 0), inputs["sel"])
+        state["x"] = g.reshape(x, (b, t, self.cfg.hidden))
+        return state
 
     def _heads(self, g: Any, w: Any, h: Any, role: str, i: int, n: int, state: dict[str, Any]) -> Any:
         """Projection ``role`` of ``h`` as ``(B, n, T, hd)`` (normed and rotated for q, k)."""
@@ -271,7 +388,11 @@ class LLMEncoder:
         if role in ("q", "k"):
             if c.arch.qk_norm:
                 y = self._norm(g, y, w(c.name(role + "_norm", i)))
-            y = g.rope(y, state["pos"], c.head_dim, ROPE_MODES[c.rope], freq_base=c.arch.theta)
+            if state["pos"].shape[0] == 4 * t:  # M-RoPE's rows: a run with pictures
+                sec = mrope_sections(c.head_dim, self.mrope)
+                y = g.rope(y, state["pos"], c.head_dim, MROPE_MODE, sections=[*sec, 0], freq_base=c.arch.theta)
+            else:
+                y = g.rope(y, state["pos"], c.head_dim, ROPE_MODES[c.rope], freq_base=c.arch.theta)
         return g.cont(g.permute(y, (0, 2, 1, 3)))
 
     def build_block(self, g: Any, w: Any, i: int, state: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,12 @@ RoPE (:func:`position_ids`, theta 10000, axes (16, 56, 56) of the 128-wide heads
 // 2``. Reference latents (Edit) follow the image at frame index 1, 2, ... each centred on its
 own grid (sd-cli's ``RefIndexMode::INCREASE``).
 
+Qwen-Image-Edit-2511 (``zero_cond_t``; diffusers ``QwenImageTransformer2DModel(zero_cond_t=True)``,
+sd-cli's ``--model-args qwen_image_zero_cond_t=true`` or a ``__index_timestep_zero__`` tensor in
+the file, :data:`ZERO_COND_MARKER`): the image stream's modulation of the reference tokens comes
+from the time embedding of ``t = 0``, the image tokens' from ``t``; the text stream and the
+output norm take ``t``'s.
+
 Latents: the 16-channel latent ``(1, 16, H, W)`` is patchified 2x2 into ``(1, HW/4, 64)``
 (FLUX.1's order, :func:`sdplan.core.models.flux.patchify`); reference latents' tokens are
 appended after the image's, and only the image's rows of the output are the velocity.
@@ -43,10 +49,13 @@ from sdplan.core.models.base import ModelLayoutError, Weights, check_block, diff
 from sdplan.core.models.flux import apply_rope, patchify, rope_tables, unpatchify
 from sdplan.core.runtime import graph as gr
 
-__all__ = ["QwenImageConfig", "QwenImageDiT", "qwen_image_config", "position_ids", "MARKER", "THETA", "AXES"]
+__all__ = ["QwenImageConfig", "QwenImageDiT", "qwen_image_config", "position_ids", "MARKER", "THETA", "AXES",
+           "ZERO_COND_MARKER"]
 
 #: A tensor every Qwen-Image DiT has (sd-cli's test for the family).
 MARKER = "transformer_blocks.0.img_mod.1.weight"
+#: The tensor whose presence marks a Qwen-Image-Edit-2511 file (sd-cli sets ``zero_cond_t`` from it).
+ZERO_COND_MARKER = "__index_timestep_zero__"
 THETA = 10000.0
 #: The published RoPE widths (frame, row, column) of the 128-wide heads.
 AXES = (16, 56, 56)
@@ -128,8 +137,10 @@ class QwenImageDiT:
 
     Inputs (:meth:`inputs`): ``img`` f32 ``(1, N + M, 64)`` (image then reference tokens),
     ``txt`` f32 ``(1, T, context)``, ``t`` f32 ``(1,)`` (sigma), ``pe_cos``/``pe_sin`` f32
-    ``(T + N + M, 1, hd/2, 1)``. Output ``out`` f32 ``(1, N + M, 64)``: its first N rows are the
-    velocity ``noise - x0`` of the image tokens.
+    ``(T + N + M, 1, hd/2, 1)``; with ``zero_cond_t`` and reference latents ``t`` is
+    ``(2,)`` (sigma, 0) and ``mod_index`` f32 ``(1, N + M, 1)`` is 0 on the image's tokens, 1 on
+    the references'. Output ``out`` f32 ``(1, N + M, 64)``: its first N rows are the velocity
+    ``noise - x0`` of the image tokens.
     """
 
     #: The CPU bf16 kernels with which this module's f16/bf16 weights run in bf16: FLUX.1's
@@ -137,16 +148,21 @@ class QwenImageDiT:
     #: measured FLUX.1 and FLUX.2 klein, not this model).
     cpu_bf16_kernels: tuple[str, ...] = ("amx", "avx512_fast")
 
-    def __init__(self, cfg: QwenImageConfig, flash: bool = False) -> None:
+    def __init__(self, cfg: QwenImageConfig, flash: bool = False, zero_cond_t: bool = False) -> None:
         self.cfg = cfg
         self.flash = flash
         self.n_blocks = cfg.n_blocks
+        #: Qwen-Image-Edit-2511's reference tokens modulated at ``t = 0`` (module docstring)
+        self.zero_cond_t = zero_cond_t
 
     @classmethod
     def from_weights(cls, weights: Mapping[str, Any], axes: Sequence[int] | None = None,
-                     flash: bool = False) -> QwenImageDiT:
-        """The DiT for ``weights`` (names -> tensors or shapes); see :func:`qwen_image_config`."""
-        return cls(qwen_image_config(weights, axes), flash)
+                     flash: bool = False, zero_cond_t: bool | None = None) -> QwenImageDiT:
+        """The DiT for ``weights`` (names -> tensors or shapes); see :func:`qwen_image_config`.
+        ``zero_cond_t`` None: set when the file has :data:`ZERO_COND_MARKER` (as sd-cli)."""
+        if zero_cond_t is None:
+            zero_cond_t = any(n.endswith(ZERO_COND_MARKER) for n in weights)
+        return cls(qwen_image_config(weights, axes), flash, zero_cond_t)
 
     # ------------------------------------------------------------------ names
     def block_tensors(self, i: int) -> list[str]:
@@ -185,8 +201,14 @@ class QwenImageDiT:
         h, w = latent.shape[2] // 2, latent.shape[3] // 2
         ids = position_ids(ctx.shape[1], h, w, [(r.shape[2] // 2, r.shape[3] // 2) for r in refs])
         cos, sin = rope_tables(ids, c.axes, THETA)
-        return {"img": np.concatenate([img, *ref_tokens], axis=1), "txt": ctx, "t": np.array([sigma], np.float32),
-                "pe_cos": cos[:, None, :, None].copy(), "pe_sin": sin[:, None, :, None].copy()}
+        out = {"img": np.concatenate([img, *ref_tokens], axis=1), "txt": ctx, "t": np.array([sigma], np.float32),
+               "pe_cos": cos[:, None, :, None].copy(), "pe_sin": sin[:, None, :, None].copy()}
+        if self.zero_cond_t and ref_tokens:
+            out["t"] = np.array([sigma, 0.0], np.float32)
+            index = np.zeros((1, out["img"].shape[1], 1), np.float32)
+            index[:, img.shape[1]:] = 1.0
+            out["mod_index"] = index
+        return out
 
     def velocity(self, out: np.ndarray, h: int, w: int) -> np.ndarray:
         """The velocity ``(1, 16, h, w)`` of the graph's ``out`` (the image tokens' rows)."""
@@ -196,16 +218,28 @@ class QwenImageDiT:
         need = {"img", "txt", "t", "pe_cos", "pe_sin"}
         if not need <= set(shapes):
             raise ValueError(f"Qwen-Image: inputs {sorted(need - set(shapes))} missing")
-        return {k: (tuple(shapes[k]), "f32") for k in need}
+        return {k: (tuple(shapes[k]), "f32") for k in need | ({"mod_index"} & set(shapes))}
 
     # ------------------------------------------------------------------ graph pieces
     def _lin(self, g: Any, w: Any, x: Any, name: str) -> Any:
         return gr.linear(g, x, w(name + ".weight"), w(name + ".bias"))
 
-    def _chunks(self, g: Any, x: Any, n: int) -> list[Any]:
-        """``(1, n*D)`` -> n tensors ``(1, 1, D)``."""
+    def _chunks(self, g: Any, x: Any, n: int, row: int = 0) -> list[Any]:
+        """Row ``row`` of ``(R, n*D)`` -> n tensors ``(1, 1, D)``."""
         d = x.shape[-1] // n
-        return [g.reshape(g.cont(g.view(x, (1, d), (n * d * 4, 4), k * d * 4)), (1, 1, d)) for k in range(n)]
+        return [g.reshape(g.cont(g.view(x, (1, d), (n * d * 4, 4), (row * n + k) * d * 4)), (1, 1, d))
+                for k in range(n)]
+
+    def _img_mod(self, g: Any, mod: Any, index: Any) -> list[Any]:
+        """The image stream's 6 modulation tensors from ``img_mod.1``'s output ``(R, 6D)``: row
+        0's ``(1, 1, D)``; with a ``mod_index`` ``(1, N + M, 1)``, row 0's on the image's tokens
+        and row 1's (``t = 0``) on the references', ``(1, N + M, D)``."""
+        m0 = self._chunks(g, mod, 6)
+        if index is None:
+            return m0
+        m1 = self._chunks(g, mod, 6, 1)
+        index = g.repeat(index, (1, index.shape[1], m0[0].shape[2]))  # ggml broadcasts the smaller only
+        return [g.add(a, g.mul(index, g.sub(b, a))) for a, b in zip(m0, m1, strict=True)]
 
     def _modulate(self, g: Any, x: Any, shift: Any, scale: Any) -> Any:
         y = g.norm(x, EPS)
@@ -223,9 +257,12 @@ class QwenImageDiT:
         temb = g.timestep_embedding(g.scale(inputs["t"], 1000.0), 256)
         temb = self._lin(g, w, g.unary("silu", self._lin(g, w, temb, p + "linear_1")), p + "linear_2")
         txt = g.mul(g.rms_norm(inputs["txt"], EPS), w(self.cfg.prefix + "txt_norm.weight"))
-        return {"img": self._lin(g, w, inputs["img"], self.cfg.prefix + "img_in"),
-                "txt": self._lin(g, w, txt, self.cfg.prefix + "txt_in"),
-                "temb": temb, "pe_cos": inputs["pe_cos"], "pe_sin": inputs["pe_sin"]}
+        state = {"img": self._lin(g, w, inputs["img"], self.cfg.prefix + "img_in"),
+                 "txt": self._lin(g, w, txt, self.cfg.prefix + "txt_in"),
+                 "temb": temb, "pe_cos": inputs["pe_cos"], "pe_sin": inputs["pe_sin"]}
+        if "mod_index" in inputs:
+            state["mod_index"] = inputs["mod_index"]
+        return state
 
     def build_block(self, g: Any, w: Any, i: int, state: dict[str, Any]) -> dict[str, Any]:
         check_block(self, i)
@@ -235,7 +272,8 @@ class QwenImageDiT:
                  "txt": ("add_q_proj", "add_k_proj", "add_v_proj", "norm_added_q", "norm_added_k", "to_add_out")}
         streams = {}
         for s in ("txt", "img"):
-            mod = self._chunks(g, self._lin(g, w, stemb, f"{p}{s}_mod.1"), 6)
+            lin = self._lin(g, w, stemb, f"{p}{s}_mod.1")
+            mod = self._img_mod(g, lin, state.get("mod_index")) if s == "img" else self._chunks(g, lin, 6)
             x = state[s]
             h = self._modulate(g, x, mod[0], mod[1])
             q, k, v, nq, nk, _ = names[s]
@@ -263,5 +301,5 @@ class QwenImageDiT:
 
     def build_post(self, g: Any, w: Any, state: dict[str, Any]) -> dict[str, Any]:
         p = self.cfg.prefix
-        scale, shift = self._chunks(g, self._lin(g, w, g.unary("silu", state["temb"]), p + "norm_out.linear"), 2)
+        scale, shift = self._chunks(g, self._lin(g, w, g.unary("silu", state["temb"]), p + "norm_out.linear"), 2)  # row 0: t
         return {"out": self._lin(g, w, self._modulate(g, state["img"], shift, scale), p + "proj_out")}

@@ -71,6 +71,8 @@ class ModelOverrides:
         flux_axes: the DiT's RoPE axes widths.
         t5_length: T5 tokens after padding.
         chroma_use_dit_mask, chroma_t5_mask_pad: sd-cli's Chroma model arguments.
+        qwen_image_zero_cond_t: sd-cli's ``qwen_image_zero_cond_t`` model argument
+            (Qwen-Image-Edit-2511; None: from the DiT file's marker tensor).
     """
 
     clip_heads: int | None = None
@@ -82,6 +84,7 @@ class ModelOverrides:
     t5_length: int | None = None
     chroma_use_dit_mask: bool | None = None
     chroma_t5_mask_pad: int | None = None
+    qwen_image_zero_cond_t: bool | None = None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any] | None) -> ModelOverrides:
