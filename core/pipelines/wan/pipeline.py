@@ -59,8 +59,8 @@ from sdplan.core.models.wan import weight_file as dit_weight_file
 from sdplan.core.models.wan_vae import latent_frames, video_frames
 from sdplan.core.pipelines.stages.base import module_placements
 from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline, shapes
-from sdplan.core.pipelines.wan.autoencoder import wan_autoencoder
 from sdplan.core.pipelines.wan import ti2v
+from sdplan.core.pipelines.wan.autoencoder import wan_autoencoder
 from sdplan.core.pipelines.wan.i2v import MASK_CHANNELS, condition, condition_video
 from sdplan.core.sampling.errors import SamplingError
 from sdplan.core.sampling.finite import check_finite, finite_steps
