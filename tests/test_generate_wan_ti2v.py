@@ -2,9 +2,11 @@
 (``--diffusion-model`` the 48-channel DiT, ``--t5xxl`` UMT5, ``--vae`` the Wan 2.2
 autoencoder): PNG frames equal diffusers' ``WanPipeline`` TI2V video (its fixed noise, 4 steps,
 CFG 3.5, 64x96) within 4/255; the default WebM a player opens holds the same 5 frames; the
-recorded architecture is ``wan-ti2v_5b``; a size the 16x autoencoder and the 2x2 patches cannot
-take and ``-i`` (TI2V-5B's image-to-video mode, not run) are refused in one line before
-anything loads."""
+recorded architecture is ``wan-ti2v_5b``; with ``-i pic.png`` (image to video: the picture's
+latent as the first frame) the PNG frames equal diffusers' ``WanImageToVideoPipeline`` TI2V
+video (``expand_timesteps``) within 4/255 and the default WebM a player opens holds them, the
+picture recorded; a size the 16x autoencoder and the 2x2 patches cannot take and ``--strength``
+beside ``-i`` are refused in one line before anything loads."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from sdplan.core.pipelines.stages.video import read_video  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
 
 R = load_file(str(FIXTURES / "wan22_ref.safetensors"))
+RI = load_file(str(FIXTURES / "wan_ti2v_i2v_ref.safetensors"))
 DIT, TE, VAE = (FIXTURES / "wan_ti2v_tiny.safetensors", FIXTURES / "umt5_tiny.safetensors",
                 FIXTURES / "wan22_vae_tiny.safetensors")
 PROMPT = "a lovely cat walking on the beach"
@@ -64,7 +67,7 @@ def test_refusals_are_one_line(tmp_path: Path, capsys) -> None:
     from PIL import Image
 
     Image.fromarray(np.zeros((64, 96, 3), np.uint8)).save(pic)
-    for extra, named in ((["-W", "80"], "multiples of 32"), (["-i", str(pic)], "-i/--init-img")):
+    for extra, named in ((["-W", "80"], "multiples of 32"), (["-i", str(pic), "--strength", "0.5"], "--strength")):
         args = parse([*flags(), *extra, "-o", str(tmp_path / "x.webm"), "--in-process"])
         assert args.run(args) != 0
         err = " ".join(capsys.readouterr().err.split())
@@ -72,18 +75,26 @@ def test_refusals_are_one_line(tmp_path: Path, capsys) -> None:
         assert not (tmp_path / "x.webm").exists()
 
 
-def test_init_image_refused_by_name_from_the_header(tmp_path: Path) -> None:
-    """The engine's own refusal (the family's options may come to take ``-i`` for other Wan
-    models): a TI2V-5B DiT with ``-i`` is refused from its header; a Wan 2.1 DiT passes it."""
-    from types import SimpleNamespace
+def test_image_to_video_frames_and_webm_are_the_diffusers_video(tmp_path: Path, monkeypatch) -> None:
+    from PIL import Image
 
-    from sdplan.core.errors import InvalidArgument
-    from sdplan.core.pipelines.wan.generate import refuse_ti2v_image
-
-    def req(dit: Path, init: str | None) -> SimpleNamespace:
-        return SimpleNamespace(init_img=init, file=lambda key: str(dit) if key == "diffusion_model" else None)
-
-    with pytest.raises(InvalidArgument, match="-i/--init-img: Wan 2.2 TI2V-5B's image to video"):
-        refuse_ti2v_image(req(DIT, "pic.png"))  # type: ignore[arg-type]
-    refuse_ti2v_image(req(DIT, None))  # type: ignore[arg-type]
-    refuse_ti2v_image(req(FIXTURES / "wan_tiny.safetensors", "pic.png"))  # type: ignore[arg-type]
+    monkeypatch.setattr(PhiloxNoise, "randn", lambda self, shape: RI["pipe.noise"].copy())
+    pic = tmp_path / "pic.png"
+    Image.fromarray(RI["pipe.picture"]).save(pic)
+    args = parse([*flags(), "-i", str(pic), "-o", str(tmp_path / "f_%03d.png"), "--in-process"])
+    assert args.run(args) == 0
+    want = RI["pipe.video"][0]  # (3, 5, 64, 96)
+    pngs = [png(tmp_path / f"f_{i:03d}.png") for i in range(5)]
+    for i, got in enumerate(pngs):
+        assert np.abs(got - image_to_uint8(want[:, i]).astype(int)).max() <= 4, i
+    t2v = image_to_uint8(R["pipe.video"][0][:, 1]).astype(int)  # text to video's frame differs
+    assert np.abs(pngs[1] - t2v).mean() > 8
+    gen = read_generation(tmp_path / "f_000.png")
+    assert gen.architecture == "wan-ti2v_5b" and Path(gen.settings["init_img"]).name == "pic.png"
+    monkeypatch.chdir(tmp_path)
+    args = parse(["-M", "vid_gen", "--video-frames", "5", *flags()[4:], "-i", str(pic), "--in-process"])
+    assert args.run(args) == 0
+    video, _ = read_video(tmp_path / "output.webm")
+    assert len(video) == 5 and video[0].shape == (64, 96, 3)
+    y = np.array([0.299, 0.587, 0.114])
+    assert max(float(np.abs(v.astype(float) @ y - p @ y).mean()) for v, p in zip(video, pngs, strict=True)) < 6

@@ -4,7 +4,8 @@ honoured or refused, never dropped.
 A table over the registry's families (SD 1.x on the demo model, SD 2.x, SDXL, SD3, FLUX.1 dev,
 Chroma, Z-Image, FLUX.2 klein, FLUX.2 dev, Qwen-Image, Wan text to video and Wan 2.2 I2V-A14B
 image to video (the Wan family's ``i2v_a14b`` variant, its own options: a start picture in
-every request) on their tiny fixtures) and every option of
+every request), Wan 2.2 TI2V-5B (``ti2v_5b``: ``-i`` honoured, the picture as the first latent
+frame) on their tiny fixtures) and every option of
 :data:`sdplan.core.families.options.OPTIONS`. Where the family declares an option honoured,
 the engine job (:func:`sdplan.core.pipelines.jobs.generate_job`, in this process) runs the
 request with the option at a value other than its default, in a setting where it matters
@@ -298,7 +299,7 @@ def change_of(opt: str, name: str, env: dict[str, Any]) -> Change:
         tag = f"<lora:{row.lora or 'style'}:1>"
         return Change({"prompt": PROMPT + tag}, {"prompt": PROMPT + tag},
                       {"lora_model_dir": env["lora_dirs"][name]})
-    if opt == o.INIT_IMG and name == "wan_i2v":  # another start picture than the row's (no strength)
+    if opt == o.INIT_IMG and name in ("wan_i2v", "wan_ti2v"):  # a start picture (I2V: another than the row's), no strength
         return Change({"init_img": env["picture"]}, {"init_img": env["picture"]})
     if opt == o.INIT_IMG:  # 4 steps: sd-cli's truncated schedule then starts below sigma max
         return Change({"init_img": env["picture"], "strength": 0.5}, {"init_img": env["picture"], "strength": 0.5},

@@ -12,8 +12,9 @@ is ``--diffusion-model``, the high-noise one ``--high-noise-diffusion-model`` (t
 module's ``high_noise`` phase, :mod:`sdplan.core.planning.phases`).
 
 Image to video (Wan 2.2 I2V-A14B) takes ``-i/--init-img`` (the first frame) and needs it: sd-cli
-would run without one on a grey condition, sdplan refuses that request by name. A
-text-to-video model refuses ``-i`` by name (sd-cli ignores it there).
+would run without one on a grey condition, sdplan refuses that request by name. Wan 2.2 TI2V-5B
+takes ``-i`` optionally (the picture's latent as the first latent frame; text to video without
+it). A text-to-video model refuses ``-i`` by name (sd-cli ignores it there).
 
 Defaults: sd-cli's ``docs/wan.md`` examples (``--cfg-scale 6.0 --sampling-method euler``,
 832x480) and its flow shift for Wan (5, ``stable-diffusion.cpp``); 20 steps (sd-cli's).
@@ -78,7 +79,7 @@ WAN = Family(
     name="wan", title="Wan 2.x video", detect=_detect,
     files=(("diffusion_model", "t5xxl", "vae"),),
     options=_OPTIONS,
-    variant_options={"i2v_a14b": _OPTIONS | {o.INIT_IMG}},
+    variant_options={"i2v_a14b": _OPTIONS | {o.INIT_IMG}, "ti2v_5b": _OPTIONS | {o.INIT_IMG}},
     variant_needs={"i2v_a14b": {o.INIT_IMG: "a Wan 2.2 I2V-A14B model animates a start picture"}},
     sampling="flow", defaults=Defaults(6.0, 20, "euler", 832, 480),
     sizes=WAN_SIZES, size_rule="patch", latent_format="wan21_vae",

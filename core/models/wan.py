@@ -21,6 +21,12 @@ RoPE), ``x += o(.)``; the FFN (GELU tanh) on ``LN(x) (1 + c_scale) + c_shift``,
 ``x += ffn(.) c_gate``. The output ``head.head(LN(x) (1 + scale) + shift)`` with ``(shift,
 scale) = head.modulation + temb``, unpatchified (each patch's ``(t, h, w, C)`` values).
 
+Per-frame timesteps (Wan 2.2 TI2V-5B's image to video; stable-diffusion.cpp ``wan.hpp`` with a
+timestep per latent frame, diffusers ``expand_timesteps`` with one per token, the same value over
+a frame's tokens): ``t`` of one sigma per patch frame gives ``temb`` and ``e`` per frame, and
+every modulation (the blocks' six, the head's two) applies to each frame's tokens with its
+frame's values (the tokens viewed as ``(frames, tokens per frame, dim)``).
+
 RoPE (theta 10000; the head width ``d`` split into frames ``d - 4 (d // 6)``, rows and columns
 ``2 (d // 6)`` each; pairs ``(2i, 2i+1)`` turn): the patch at frame ``f``, row ``r``, column
 ``c`` is at ``(f, r, c)`` from 0.
@@ -179,7 +185,7 @@ class WanDiT:
     """The DiT as a :class:`sdplan.core.models.ModuleGraph` (module docstring).
 
     Inputs (:meth:`inputs`): ``x`` f32 ``(1, N, C pt ph pw)`` patches, ``ctx`` f32 ``(1, L,
-    text)``, ``t`` f32 ``(1,)`` (sigma), ``pe_cos``/``pe_sin`` f32 ``(N, 1, hd/2, 1)``. Output
+    text)``, ``t`` f32 ``(1,)`` (sigma) or ``(F / pt,)`` (a sigma per patch frame), ``pe_cos``/``pe_sin`` f32 ``(N, 1, hd/2, 1)``. Output
     ``out`` f32 ``(1, N, pt ph pw C)``; :meth:`velocity` unpatchifies it to ``noise - x0``.
     """
 
@@ -214,9 +220,12 @@ class WanDiT:
         return [f"{p}{n}.{k}" for n in lin for k in ("weight", "bias")] + [p + "head.modulation"]
 
     # ------------------------------------------------------------------ inputs
-    def inputs(self, latent: np.ndarray, context: np.ndarray, sigma: float) -> dict[str, np.ndarray]:
+    def inputs(self, latent: np.ndarray, context: np.ndarray, sigma: float,
+               frame_sigmas: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Graph input arrays for a latent video ``(1, C, F, H, W)`` (H, W multiples of the
-        patch), text states ``(1, L, text)`` and ``sigma`` in [0, 1].
+        patch), text states ``(1, L, text)`` and ``sigma`` in [0, 1]; ``frame_sigmas``: one
+        sigma per patch frame ``(F / pt,)`` instead (Wan 2.2 TI2V-5B's image to video: 0 on the
+        picture's frame), ``sigma`` then unused.
 
         Raises:
             ValueError: shapes that do not fit the model.
@@ -232,7 +241,13 @@ class WanDiT:
             raise ValueError(f"Wan context must be (1, L, {c.text}), got {ctx.shape}")
         _, _, f, h, w = lat.shape
         cos, sin = rope_tables(position_ids(f // pt, h // ph, w // pw), c.axes, THETA)
-        return {"x": patchify(lat, c.patch), "ctx": ctx, "t": np.array([sigma], np.float32),
+        if frame_sigmas is None:
+            t = np.array([sigma], np.float32)
+        else:
+            t = np.asarray(frame_sigmas, np.float32).reshape(-1)
+            if t.shape[0] != f // pt:
+                raise ValueError(f"Wan frame sigmas: one per patch frame ({f // pt}), got {t.shape[0]}")
+        return {"x": patchify(lat, c.patch), "ctx": ctx, "t": t,
                 "pe_cos": cos[:, None, :, None].copy(), "pe_sin": sin[:, None, :, None].copy()}
 
     def velocity(self, out: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -251,13 +266,26 @@ class WanDiT:
         return gr.linear(g, x, w(name + ".weight"), w(name + ".bias"))
 
     def _chunks(self, g: Any, x: Any, n: int) -> list[Any]:
-        """``(1, n, D)`` (contiguous f32) -> n tensors ``(1, 1, D)``."""
-        d = x.shape[-1]
-        return [g.view(x, (1, 1, d), (n * d * 4, d * 4, 4), k * d * 4) for k in range(n)]
+        """``(T, n, D)`` (contiguous f32) -> n tensors ``(T, 1, D)`` (T: 1 or the frames)."""
+        t, d = x.shape[0], x.shape[-1]
+        return [g.view(x, (t, 1, d), (n * d * 4, d * 4, 4), k * d * 4) for k in range(n)]
+
+    def _by_frame(self, g: Any, x: Any, frames: int) -> Any:
+        """Tokens ``(1, N, D)`` as ``(frames, N / frames, D)`` (frame-major order); unchanged for
+        one frame."""
+        return x if frames == 1 else g.reshape(x, (frames, x.shape[1] // frames, x.shape[2]))
+
+    def _tokens(self, g: Any, x: Any, n: int) -> Any:
+        return x if x.shape[0] == 1 else g.reshape(x, (1, n, x.shape[-1]))
 
     def _modulate(self, g: Any, x: Any, shift: Any, scale: Any) -> Any:
-        y = g.norm(x, EPS)
-        return g.add(g.add(y, g.mul(y, scale)), shift)
+        """``LN(x) (1 + scale) + shift`` with ``shift``, ``scale`` ``(T, 1, D)`` per frame."""
+        y = self._by_frame(g, g.norm(x, EPS), shift.shape[0])
+        return self._tokens(g, g.add(g.add(y, g.mul(y, scale)), shift), x.shape[1])
+
+    def _gated(self, g: Any, y: Any, gate: Any) -> Any:
+        """``y * gate`` with ``gate`` ``(T, 1, D)`` per frame."""
+        return self._tokens(g, g.mul(self._by_frame(g, y, gate.shape[0]), gate), y.shape[1])
 
     def _qk(self, g: Any, w: Any, x: Any, proj: str) -> Any:
         """``rms_norm(proj(x)) * norm`` over the whole width, as heads ``(1, N, H, hd)``."""
@@ -274,13 +302,14 @@ class WanDiT:
     # ------------------------------------------------------------------ ModuleGraph
     def build_pre(self, g: Any, w: Any, inputs: dict[str, Any]) -> dict[str, Any]:
         c, p = self.cfg, self.cfg.prefix
-        temb = g.timestep_embedding(g.scale(inputs["t"], 1000.0), c.freq)
+        temb = g.timestep_embedding(g.scale(inputs["t"], 1000.0), c.freq)  # (T, freq), T: 1 or the frames
         temb = self._lin(g, w, g.unary("silu", self._lin(g, w, temb, p + "time_embedding.0")), p + "time_embedding.2")
-        e = self._lin(g, w, g.unary("silu", temb), p + "time_projection.1")  # (1, 6D)
+        e = self._lin(g, w, g.unary("silu", temb), p + "time_projection.1")  # (T, 6D)
+        nt = inputs["t"].shape[0]
         ctx = self._lin(g, w, g.unary("gelu", self._lin(g, w, inputs["ctx"], p + "text_embedding.0")),
                         p + "text_embedding.2")
         return {"x": self._lin(g, w, inputs["x"], p + "patch_embedding"), "ctx": ctx,
-                "temb": g.reshape(temb, (1, 1, c.width)), "e": g.reshape(e, (1, 6, c.width)),
+                "temb": g.reshape(temb, (nt, 1, c.width)), "e": g.reshape(e, (nt, 6, c.width)),
                 "pe_cos": inputs["pe_cos"], "pe_sin": inputs["pe_sin"]}
 
     def build_block(self, g: Any, w: Any, i: int, state: dict[str, Any]) -> dict[str, Any]:
@@ -293,19 +322,23 @@ class WanDiT:
         q = apply_rope(g, self._qk(g, w, h, p + "self_attn.q"), state["pe_cos"], state["pe_sin"])
         k = apply_rope(g, self._qk(g, w, h, p + "self_attn.k"), state["pe_cos"], state["pe_sin"])
         v = g.reshape(self._lin(g, w, h, p + "self_attn.v"), (1, n, c.heads, c.head_dim))
-        x = g.add(x, g.mul(self._lin(g, w, self._attend(g, q, k, v), p + "self_attn.o"), mod[2]))
+        x = g.add(x, self._gated(g, self._lin(g, w, self._attend(g, q, k, v), p + "self_attn.o"), mod[2]))
         h = gr.layer_norm(g, x, w(p + "norm3.weight"), w(p + "norm3.bias"), EPS)
         q = self._qk(g, w, h, p + "cross_attn.q")
         k = self._qk(g, w, ctx, p + "cross_attn.k")
         v = g.reshape(self._lin(g, w, ctx, p + "cross_attn.v"), (1, ctx.shape[1], c.heads, c.head_dim))
         x = g.add(x, self._lin(g, w, self._attend(g, q, k, v), p + "cross_attn.o"))
         h = self._lin(g, w, self._modulate(g, x, mod[3], mod[4]), p + "ffn.0")
-        x = g.add(x, g.mul(self._lin(g, w, g.unary("gelu", h), p + "ffn.2"), mod[5]))
+        x = g.add(x, self._gated(g, self._lin(g, w, g.unary("gelu", h), p + "ffn.2"), mod[5]))
         return {**state, "x": x}
 
     def build_post(self, g: Any, w: Any, state: dict[str, Any]) -> dict[str, Any]:
         p = self.cfg.prefix
-        shift, scale = self._chunks(g, g.cont(g.add(w(p + "head.modulation"), state["temb"])), 2)
+        temb = state["temb"]  # (T, 1, D)
+        if temb.shape[0] > 1:  # per frame: (T, 2, D) as sd-cli repeats it before adding the (1, 2, D) table
+            temb = g.repeat(temb, (temb.shape[0], 2, temb.shape[2]))
+        shift, scale = self._chunks(g, g.cont(g.add(temb, w(p + "head.modulation"))
+                                              if temb.shape[0] > 1 else g.add(w(p + "head.modulation"), temb)), 2)
         return {"out": self._lin(g, w, self._modulate(g, state["x"], shift, scale), p + "head.head")}
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sdplan.core.models import wan22_vae, wan_vae
+from sdplan.core.models import wan22_vae, wan_vae, wan_vae_encode
 from sdplan.core.models.qwen_image_vae import LATENT_MEAN, LATENT_STD, wan_vae_config
 
 __all__ = ["WanAutoencoder", "wan_autoencoder"]
@@ -47,6 +47,31 @@ class WanAutoencoder:
         """The file's tensors the decoder reads (``decoder.*`` and ``conv2.*`` under its prefix)."""
         p = self.cfg.prefix
         return [n for n in shapes if n.startswith((p + "decoder.", p + "conv2."))]
+
+    def encoder_names(self, shapes: Mapping[str, Any]) -> list[str]:
+        """The file's tensors the encoder reads (``encoder.*`` and ``conv1.*`` under its prefix;
+        empty for a decoder-only file)."""
+        p = self.cfg.prefix
+        return [n for n in shapes if n.startswith((p + "encoder.", p + "conv1."))]
+
+    def has_encoder(self, shapes: Mapping[str, Any]) -> bool:
+        """Whether the file holds the encoder's levels."""
+        if self.name == "Wan 2.2":
+            return bool(wan22_vae.encoder_levels(shapes, self.cfg.prefix))
+        return bool(self.cfg.encoder)
+
+    def encode(self, g: Any, weights: Mapping[str, Any], video: Any, shapes: Mapping[str, tuple[int, ...]]) -> Any:
+        """The encoder's graph (its mean, sd-cli's encode) over a video ``video`` f32 ``(1 + 4 k, 3,
+        H, W)`` in [-1, 1]: f32 ``(1 + k, z, H / factor, W / factor)`` in the autoencoder's own
+        space (:func:`sdplan.core.models.wan22_vae.video_encode`,
+        :func:`sdplan.core.models.wan_vae_encode.video_encode`).
+
+        Raises:
+            ModelLayoutError: a file without an encoder.
+        """
+        if self.name == "Wan 2.2":
+            return wan22_vae.video_encode(g, weights, video, self.cfg, shapes)
+        return wan_vae_encode.video_encode(g, weights, video, self.cfg, shapes)
 
     def decode(self, g: Any, weights: Mapping[str, Any], z: Any, shapes: Mapping[str, tuple[int, ...]]) -> Any:
         """The decoder's graph over latent frames ``z`` f32 ``(T, z, h, w)`` of the

@@ -2,8 +2,8 @@
 a :class:`~sdplan.core.pipelines.wan.pipeline.WanPipeline` placed by the run's plan (kept loaded
 for the next request with the same files and placements), the video's frames as the run's
 pictures (``-M vid_gen``; one frame without it), and the compute dry run of its graphs.
-Image to video (Wan 2.2 I2V-A14B) reads the ``-i`` picture at the video's size
-(:func:`~sdplan.core.pipelines.wan.i2v.start_picture`) before anything loads.
+Image to video (Wan 2.2 I2V-A14B, and TI2V-5B with ``-i``) reads the ``-i`` picture at the
+video's size (:func:`~sdplan.core.pipelines.wan.i2v.start_picture`) before anything loads.
 
 Both experts of an A14B pair stay resident when, on every device the diffusion module runs on,
 the free memory plus what this pipeline holds there already covers the bytes every module's
@@ -26,28 +26,7 @@ from sdplan.core.pipelines.wan.pipeline import HighNoise, WanModels, WanPipeline
 from sdplan.core.runtime.placement import ModulePlacement
 from sdplan.core.text.umt5_tokenizer import WAN_MAX_LENGTH
 
-__all__ = ["generate", "measure", "both_fit", "refuse_ti2v_image"]
-
-
-def refuse_ti2v_image(request: GenerationRequest) -> None:
-    """Refuse ``-i`` with Wan 2.2 TI2V-5B (a 48-channel DiT: its image-to-video mode, the
-    picture's latent as the first frame with per-token timesteps, is not run), from the DiT
-    file's header, before anything loads.
-
-    Raises:
-        InvalidArgument: an init image with a TI2V-5B DiT.
-    """
-    dit = request.file("diffusion_model")
-    if not request.init_img or not dit:
-        return
-    from sdplan.core.errors import InvalidArgument
-    from sdplan.core.modelfiles.readers import read_tensor_file
-
-    pe = next((tuple(t.shape) for t in read_tensor_file(dit).tensors if t.name.endswith("patch_embedding.weight")),
-              None)
-    if pe is not None and len(pe) >= 2 and int(pe[1]) == 48:
-        raise InvalidArgument("-i/--init-img: Wan 2.2 TI2V-5B's image to video (the picture as the first frame) "
-                              "is not run by sdplan's engine; it runs TI2V-5B text to video (leave out -i)")
+__all__ = ["generate", "measure", "both_fit"]
 
 
 def both_fit(pipe: WanPipeline, free: Mapping[str, int]) -> bool:
@@ -81,7 +60,6 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
         InvalidArgument: an unreadable ``-i`` picture, or ``--strength`` set with it (sd-cli's
             Wan image to video takes the picture as the first frame, no strength).
     """
-    refuse_ti2v_image(request)
     picture = None
     if request.init_img:
         from sdplan.core.pipelines.wan.i2v import start_picture
@@ -128,9 +106,12 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
     frames (default 1): UMT5 on 512
     tokens with its mask; the DiT on the latent video with 512 text tokens (one graph: the
     negative prompt's is the same shape; with two experts each holds its own graph, counted
-    once: the larger expert's phase runs alone); the autoencoder decoding the whole video (with an
-    image-to-video DiT the larger of that and its encoder on the ``1 + 4 (T - 1)`` frames
-    before sampling: the two run at different times).
+    once: the larger expert's phase runs alone; Wan 2.2 TI2V-5B with its encoder the larger of
+    its graph with one timestep and with one per frame, image to video's); the autoencoder
+    decoding the whole video (with an image-to-video DiT the larger of that and its encoder on
+    the ``1 + 4 (T - 1)`` frames before sampling, with TI2V-5B's encoder on the picture alone:
+    the two run at different times; counted whether or not ``-i`` comes, as the request is not
+    known here).
 
     Raises:
         ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
@@ -149,6 +130,10 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
                   "vae": (pipe.runners["vae"], {"z": (t, c, h, w)})}
         out = {module: sum(r.measure(s).values()) for module, (r, s) in graphs.items()}
         if "vae_encode" in pipe.runners:
-            enc = pipe.runners["vae_encode"].measure({"video": (video_frames(t), 3, height, width)})
+            enc = pipe.runners["vae_encode"].measure({"video": (video_frames(t) if pipe.i2v else 1, 3, height, width)})
             out["vae"] = max(out["vae"], sum(enc.values()))
+        if pipe.ti2v and "vae_encode" in pipe.runners and t > 1:  # image to video: a timestep per frame
+            per_frame = {**ins, "t": np.zeros(t, np.float32)}
+            out["diffusion"] = max(out["diffusion"], sum(pipe.runners["diffusion"].measure(
+                {k: a.shape for k, a in per_frame.items()}).values()))
         return out

@@ -1,8 +1,10 @@
-"""Wan 2.x text to video and Wan 2.2 I2V-A14B image to video: UMT5's masked states as the prompt,
+"""Wan 2.x text to video and Wan 2.2 I2V-A14B and TI2V-5B image to video: UMT5's masked states as
+the prompt,
 flow-matching sampling with one DiT or the two experts of Wan 2.2 A14B (high noise, then low
 noise), the Wan 2.1 autoencoder decoding the latent video (the Wan 2.2 one for Wan 2.2
 TI2V-5B; and, for image to video, encoding the start picture's video:
-:mod:`sdplan.core.pipelines.wan.i2v`).
+:mod:`sdplan.core.pipelines.wan.i2v`, or the picture alone as TI2V-5B's first latent frame:
+:mod:`sdplan.core.pipelines.wan.ti2v`).
 
 As sd-cli runs it (stable-diffusion.cpp ``generate_video``, ``T5CLIPEmbedder`` with
 ``is_umt5``, ``wan.hpp``, ``wan_vae.hpp``):
@@ -14,7 +16,8 @@ As sd-cli runs it (stable-diffusion.cpp ``generate_video``, ``T5CLIPEmbedder`` w
   channels at 1/8 with the Wan 2.1 autoencoder; 48 at 1/16 with Wan 2.2's, TI2V-5B's:
   :mod:`sdplan.core.pipelines.wan.autoencoder`); the starting noise drawn in the latent's
   ``(C, T, H, W)`` order. TI2V-5B's per-token timesteps (diffusers ``expand_timesteps``) are
-  all one value in text to video: the DiT's single timestep;
+  all one value in text to video: the DiT's single timestep; in image to video the picture's
+  latent frame is held at timestep 0 (:mod:`sdplan.core.pipelines.wan.ti2v`);
 * sampling: sigmas of the discrete flow schedule with shift 5 (sd-cli's default for Wan) over
   ``steps`` (plus ``--high-noise-steps`` when given); with a high-noise expert its phase is the
   steps whose sigma is at least ``--moe-boundary`` (0.875; or the first ``--high-noise-steps``),
@@ -23,7 +26,9 @@ As sd-cli runs it (stable-diffusion.cpp ``generate_video``, ``T5CLIPEmbedder`` w
   ``uncond + cfg (cond - uncond)`` with the negative prompt when the scale is not 1;
 * image to video (a 36-input DiT): the start picture's condition (the mask and the normalised
   latent of ``[picture, grey frames...]``, :mod:`sdplan.core.pipelines.wan.i2v`) concatenated
-  after the noise channels at every DiT call (both experts, both CFG passes);
+  after the noise channels at every DiT call (both experts, both CFG passes); for TI2V-5B
+  (a 48-input DiT) the picture's latent as the first latent frame, its timestep 0 and the x0
+  estimate's first frame put back after every call (:mod:`sdplan.core.pipelines.wan.ti2v`);
 * decoding: ``latent * std + mean`` per channel (the autoencoder's published statistics)
   through the autoencoder, the video clamped to [-1, 1].
 
@@ -32,7 +37,8 @@ Modules: ``diffusion`` (both experts on its placement: runners ``diffusion`` and
 ``keep_both`` False each expert is loaded for its phase only: the high-noise one is released
 before the low-noise one loads, which is released before the decoder runs
 (:mod:`sdplan.core.planning.phases`). Image to video adds the runner ``vae_encode`` (the
-autoencoder's encoder, on the ``vae`` placement), run once before sampling.
+autoencoder's encoder, on the ``vae`` placement), run once before sampling; a TI2V-5B pipeline
+has it when the autoencoder file holds its encoder (text to video never runs it).
 """
 
 from __future__ import annotations
@@ -51,9 +57,9 @@ from sdplan.core.models.t5 import T5Encoder, t5_config
 from sdplan.core.models.wan import WanDiT, head_dim_of
 from sdplan.core.models.wan import weight_file as dit_weight_file
 from sdplan.core.models.wan_vae import latent_frames, video_frames
-from sdplan.core.models.wan_vae_encode import video_encode
 from sdplan.core.pipelines.stages.base import module_placements
 from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline, shapes
+from sdplan.core.pipelines.wan import ti2v
 from sdplan.core.pipelines.wan.autoencoder import wan_autoencoder
 from sdplan.core.pipelines.wan.i2v import MASK_CHANNELS, condition, condition_video
 from sdplan.core.sampling.errors import SamplingError
@@ -80,6 +86,8 @@ BOUNDARY = 0.875
 MODULES = ("diffusion", "te", "vae")
 #: The input channels of a Wan 2.2 I2V-A14B DiT: noise, mask and picture latent (16 + 4 + 16).
 I2V_INPUTS = 36
+#: The input channels of a Wan 2.2 TI2V-5B DiT: the 48 latent channels of the Wan 2.2 autoencoder.
+TI2V_INPUTS = 48
 
 
 @dataclass
@@ -112,14 +120,16 @@ def _dit(path: str | Path, flash: bool) -> WanDiT:
 
 def _phase(method: str, vel: Callable[[np.ndarray, float], np.ndarray], x: np.ndarray, sigmas: np.ndarray, *,
            noise: Any, eta: float | None, callback: Callable[[int, np.ndarray, np.ndarray], None],
-           extra: Mapping[str, str] | None) -> np.ndarray:
+           extra: Mapping[str, str] | None, first: np.ndarray | None = None) -> np.ndarray:
     """One phase of the sampling from the latent ``x`` at ``sigmas[0]`` down to ``sigmas[-1]``
-    (a fresh sampler, as sd-cli starts one per expert)."""
+    (a fresh sampler, as sd-cli starts one per expert); ``first``: TI2V-5B's picture latent
+    held as the x0 estimate's frame 0 (:func:`~sdplan.core.pipelines.wan.ti2v.keep_first`)."""
     if method not in FLOW_SAMPLERS:
         raise SamplingError(f"--sampling-method {method!r} does not apply to flow matching "
                             f"(Wan takes: {', '.join(FLOW_SAMPLERS)})")
     kwargs = {"extra": extra} if method in TAKES_EXTRA else {}
-    out = FLOW_SAMPLER_FUNCTIONS[method](flow_denoiser(vel), x, sigmas, noise=noise, eta=eta,
+    den = flow_denoiser(vel) if first is None else ti2v.keep_first(flow_denoiser(vel), first)
+    out = FLOW_SAMPLER_FUNCTIONS[method](den, x, sigmas, noise=noise, eta=eta,
                                          callback=finite_steps(callback, len(sigmas) - 1), **kwargs)
     return check_finite(out, "latent")
 
@@ -139,7 +149,7 @@ class WanPipeline(FlowDiTPipeline):
         SdplanError: an encoder whose width is not the DiT's text width, experts that differ,
             an autoencoder whose latent channels are not the DiT's (Wan 2.2 TI2V-5B's 48 need
             the Wan 2.2 autoencoder; the others' 16 the Wan 2.1 one), a Wan 2.1 I2V/FLF2V DiT
-            (img_emb), an image-to-video run with an autoencoder file without its encoder.
+            (img_emb), an I2V-A14B run with an autoencoder file without its encoder.
         EngineError: a device without a backend, or memory that cannot be allocated.
     """
 
@@ -152,6 +162,7 @@ class WanPipeline(FlowDiTPipeline):
                  keep_both: bool = True) -> None:
         self.dit = _dit(models.diffusion_model, flash)
         self.i2v = self.dit.cfg.in_channels == I2V_INPUTS  # noise, mask and picture latent
+        self.ti2v = self.dit.cfg.in_channels == TI2V_INPUTS  # the picture latent as the first frame
         if self.i2v and any(n.startswith("img_emb.") for n in shapes(models.diffusion_model)):
             raise SdplanError(f"{models.diffusion_model}: Wan 2.1 I2V/FLF2V (CLIP vision image embeddings, "
                               "img_emb); sdplan runs Wan 2.2 I2V-A14B image to video, not this one")
@@ -177,7 +188,7 @@ class WanPipeline(FlowDiTPipeline):
                               f"{'' if self.ae.has_decoder else ' and no decoder'} does not decode the DiT's "
                               f"{self.dit.cfg.in_channels} ({want})")
         self.latent_format = self.ae.latent_format
-        if self.i2v and not self.vae_cfg.encoder:
+        if self.i2v and not self.ae.has_encoder(vae_shapes):
             raise SdplanError(f"{models.vae}: an autoencoder without its encoder; Wan image to video encodes the "
                               "start picture (-i/--init-img) with it")
         self.t5 = T5Encoder(te)
@@ -196,9 +207,8 @@ class WanPipeline(FlowDiTPipeline):
             wf = weight_file(models.vae, dec, self.pool.get(self.placements["vae"].devices[0]))
             self.runners["vae"] = self.new_runner("vae", FunctionGraph(dec, {"z": "f32"}, self._decode), wf,
                                                   self.placements["vae"])
-            if self.i2v:
-                p = self.vae_cfg.prefix
-                enc = [n for n in vae_shapes if n.startswith((p + "encoder.", p + "conv1."))]
+            if self.i2v or (self.ti2v and self.ae.has_encoder(vae_shapes)):
+                enc = self.ae.encoder_names(vae_shapes)
                 ewf = weight_file(models.vae, enc, self.pool.get(self.placements["vae"].devices[0]))
                 self.runners["vae_encode"] = self.new_runner(
                     "vae_encode", FunctionGraph(enc, {"video": "f32"}, self._encode), ewf, self.placements["vae"])
@@ -216,7 +226,7 @@ class WanPipeline(FlowDiTPipeline):
         return {"video": self.ae.decode(g, w, ins["z"], self._vae_shapes)}
 
     def _encode(self, g: Any, w: Mapping[str, Any], ins: dict[str, Any]) -> dict[str, Any]:
-        return {"z": video_encode(g, w, ins["video"], self.vae_cfg, self._vae_shapes)}
+        return {"z": self.ae.encode(g, w, ins["video"], self._vae_shapes)}
 
     # ------------------------------------------------------------------ stages
     def encode_condition(self, picture: np.ndarray, frames: int) -> np.ndarray:
@@ -227,6 +237,12 @@ class WanPipeline(FlowDiTPipeline):
         z = self.runners["vae_encode"].run({"video": video})["z"]  # (T, 16, h, w); compute freed after
         return condition(z, self.ae.mean, self.ae.std)
 
+    def encode_first_frame(self, picture: np.ndarray) -> np.ndarray:
+        """TI2V-5B's first latent frame ``(1, 48, 1, h, w)`` float32: the start picture ``(1, 3,
+        H, W)`` in [-1, 1] encoded alone, normalised (:mod:`sdplan.core.pipelines.wan.ti2v`)."""
+        z = self.runners["vae_encode"].run({"video": np.ascontiguousarray(picture, np.float32)})["z"]  # (1, 48, h, w)
+        return ti2v.first_frame(z, self.ae.mean, self.ae.std)
+
     def encode_prompt(self, prompt: str, length: int = WAN_MAX_LENGTH) -> np.ndarray:
         """UMT5's states ``(1, length, width)`` float32 of ``prompt`` (module docstring)."""
         tok = self.tokenizer.tokenize(prompt, length)
@@ -235,12 +251,19 @@ class WanPipeline(FlowDiTPipeline):
         return np.ascontiguousarray(hidden * tok.mask[..., None], dtype=np.float32)
 
     def velocity_of(self, runner: str, x: np.ndarray, sigma: float, context: np.ndarray,
-                    cond: np.ndarray | None = None) -> np.ndarray:
+                    cond: np.ndarray | None = None, first: np.ndarray | None = None) -> np.ndarray:
         """Runner ``runner``'s velocity ``noise - x0`` ``(1, C, T, h, w)`` for a latent video
-        ``x`` ``(1, C, T, h, w)``; ``cond``: image to video's 20 condition channels after it."""
+        ``x`` ``(1, C, T, h, w)``; ``cond``: I2V-A14B's 20 condition channels after it;
+        ``first``: TI2V-5B's picture latent ``(1, C, 1, h, w)`` in place of frame 0, at
+        timestep 0."""
         dit = self.high if runner == "diffusion_high" and self.high is not None else self.dit
         z = x if cond is None else np.concatenate([x, cond], axis=1)
-        out = self.runners[runner].run(dit.inputs(z, context, sigma))["out"]
+        if first is None:
+            ins = dit.inputs(z, context, sigma)
+        else:
+            ins = dit.inputs(ti2v.model_input(z, first), context, sigma,
+                             frame_sigmas=ti2v.frame_sigmas(x.shape[2] // dit.cfg.patch[0], sigma))
+        out = self.runners[runner].run(ins)["out"]
         return dit.velocity(out, x.shape)
 
     def decode_video(self, latent: np.ndarray) -> np.ndarray:
@@ -268,7 +291,8 @@ class WanPipeline(FlowDiTPipeline):
                 preview: Callable[[int, np.ndarray], None] | None = None,
                 step_hook: Callable[[int, int], None] | None = None,
                 picture: np.ndarray | None = None) -> dict[str, Any]:
-        """Generate one video (image to video with ``picture`` on a 36-input DiT).
+        """Generate one video (image to video with ``picture`` on a 36-input DiT, or on
+        TI2V-5B's 48-input one).
 
         Args:
             prompt, negative_prompt: sd-cli weighting syntax; the negative prompt is encoded
@@ -287,7 +311,8 @@ class WanPipeline(FlowDiTPipeline):
             step_hook: ``step_hook(done, n)`` before the first step and after each.
             picture: the start picture ``(1, 3, height, width)`` in [-1, 1]
                 (:func:`~sdplan.core.pipelines.wan.i2v.start_picture`); needed by an
-                image-to-video DiT, refused by a text-to-video one.
+                I2V-A14B DiT, optional with TI2V-5B (its first frame), refused by a
+                text-to-video one.
 
         Returns:
             ``{"latent": (1, C, T, h, w), "video": (1, 3, F, H, W) float32, "sigmas",
@@ -295,7 +320,8 @@ class WanPipeline(FlowDiTPipeline):
 
         Raises:
             SdplanError: a size that is not a positive multiple of the above, frames below 1, a
-                picture missing (image to video) or given (text to video) or of another size;
+                picture missing (I2V-A14B) or given (text to video; TI2V-5B with an autoencoder
+                file without its encoder) or of another size;
             SamplingError.
         """
         side = 2 * self.ae.factor
@@ -306,8 +332,11 @@ class WanPipeline(FlowDiTPipeline):
             raise SdplanError(f"Wan --video-frames must be at least 1, got {frames}")
         if self.i2v and picture is None:
             raise SdplanError("-i/--init-img missing: a Wan image-to-video model animates a start picture")
-        if not self.i2v and picture is not None:
+        if not self.i2v and not self.ti2v and picture is not None:
             raise SdplanError("-i/--init-img: a Wan text-to-video model takes no start picture")
+        if self.ti2v and picture is not None and "vae_encode" not in self.runners:
+            raise SdplanError(f"{self._vae_path}: an autoencoder without its encoder; Wan 2.2 TI2V-5B image to "
+                              "video encodes the start picture (-i/--init-img) with it")
         if picture is not None and tuple(np.shape(picture)) != (1, 3, height, width):
             raise SdplanError(f"Wan start picture must be (1, 3, {height}, {width}), got {np.shape(picture)}")
         high = high or HighNoise()
@@ -322,12 +351,14 @@ class WanPipeline(FlowDiTPipeline):
         if scheduler == "default" and not opts.sigmas:
             sigmas = discrete_flow_sigmas(total, fshift)
         k = min(self.switch_step(sigmas, high, extra), len(sigmas) - 1)
-        cond = self.encode_condition(picture, frames) if picture is not None else None
+        cond = self.encode_condition(picture, frames) if picture is not None and self.i2v else None
+        first = self.encode_first_frame(picture) if picture is not None and self.ti2v else None
         context = self.encode_prompt(prompt)
         needs_uncond = cfg_scale != 1.0 or (k > 0 and high.cfg_scale != 1.0)
         uncond = self.encode_prompt(negative_prompt) if needs_uncond else None
         x = rng((1, self.ae.z, t, h, w)) if noise is None else np.asarray(noise, dtype=np.float32)
-        x = (x * np.float32(sigmas[0])).astype(np.float32)
+        x = (x * np.float32(sigmas[0])).astype(np.float32) if first is None else \
+            ti2v.start_latent(x, first, float(sigmas[0]))
         n_steps = len(sigmas) - 1
         if step_hook is not None:
             step_hook(0, n_steps)
@@ -342,14 +373,14 @@ class WanPipeline(FlowDiTPipeline):
 
         def guided(runner: str, scale: float) -> Callable[[np.ndarray, float], np.ndarray]:
             un = None if uncond is None or scale == 1.0 else (
-                lambda z, s: self.velocity_of(runner, z, s, uncond, cond))
-            return guided_velocity(lambda z, s: self.velocity_of(runner, z, s, context, cond), un, scale)
+                lambda z, s: self.velocity_of(runner, z, s, uncond, cond, first))
+            return guided_velocity(lambda z, s: self.velocity_of(runner, z, s, context, cond, first), un, scale)
 
         if k > 0:
             runner = self.runners["diffusion_high"]
             with runner.session():
                 x = _phase(high.sampler or sampler, guided("diffusion_high", high.cfg_scale), x, sigmas[:k + 1],
-                           noise=sampler_noise, eta=high.eta, callback=cb_from(0), extra=opts.extra)
+                           noise=sampler_noise, eta=high.eta, callback=cb_from(0), extra=opts.extra, first=first)
             if not self.keep_both:  # one expert at a time: the high-noise one makes room
                 runner.release()
             else:  # its weights stay for the next video; its graph's buffers make room
@@ -357,7 +388,7 @@ class WanPipeline(FlowDiTPipeline):
         if k < n_steps:
             with self.runners["diffusion"].session():
                 x = _phase(sampler, guided("diffusion", cfg_scale), x, sigmas[k:], noise=sampler_noise,
-                           eta=opts.eta, callback=cb_from(k), extra=opts.extra)
+                           eta=opts.eta, callback=cb_from(k), extra=opts.extra, first=first)
             if not self.keep_both and k > 0:  # each expert only for its phase: the decoder's turn
                 self.runners["diffusion"].release()
         return {"latent": x, "video": self.decode_video(x), "sigmas": sigmas, "switch": k}
