@@ -241,9 +241,7 @@ def _plain_fit(plan: Plan, profile: Profile, inventory: Inventory, args: argpars
     if flags is not None:
         return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
                              batch=args.batch_count, flags=flags, frames=frames, **refs)
-    engine = "sd-cli" if plan.target.sdcli else engine_name(args)
-    if engine == "sd-cli" and getattr(args, "diffusion_fa", False):
-        engine = "sd-cli-fa"
+    engine = ("sd-cli-fa" if getattr(args, "diffusion_fa", False) else "sd-cli") if plan.target.sdcli else engine_name(args)
     measured = measure_files(files, args) if files and engine == "sdplan" else None
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
                          batch=args.batch_count, engine=engine, measured=measured, frames=frames, **refs)
