@@ -217,3 +217,54 @@ def test_the_expert_file_is_chosen_in_the_group(qtbot, tmp_path: Path) -> None:
     assert p.ctl.model_files == low_only
     assert not g.note.isHidden() and g.note.text().startswith("--high-noise-diffusion-model notes.safetensors: ")
     assert "\n" not in g.note.text()
+
+
+def test_the_engine_runs_the_panels_image_to_video_with_its_high_noise_phase(qtbot, tmp_path: Path, picture) -> None:
+    """The tiny I2V-A14B experts on the CPU through the real engine process (threads 1, 64x64,
+    5 frames, 4 steps, seed 42): the dropped start picture and the high-noise group's values
+    are in the run's record and the WebM the panel writes, and they change the video (the same
+    run with sd-cli's high-noise defaults makes other frames)."""
+    from sdplan.app.worker import engine_unavailable_reason
+    from sdplan.core.pipelines.stages.results import read_result
+    from sdplan.core.pipelines.stages.video import read_video
+
+    reason = engine_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    ctl = PlanController(Inventory((Device("CPU", "cpu", "cpu", "CPU", 8 * GIB, 16 * GIB),)))
+    ctl.load_model_files(I2V)
+    p = GenerationPanel(ctl, tmp_path / "a")  # the real engine client
+    qtbot.addWidget(p)
+    p.show()
+    p.request_extra = {"threads": 1}
+    p.prompt.setPlainText("a lovely cat walking on the beach")
+    p.width_box.setValue(64)
+    p.height_box.setValue(64)
+    p.steps.setValue(4)
+    p.cfg.setValue(2.0)
+    p.sampler.setCurrentText("euler")
+    drop(p.inputs.init_slot, picture)
+
+    def run() -> tuple[dict, list[np.ndarray]]:
+        assert p.generate(), p.state.text()
+        qtbot.waitUntil(lambda: not p.is_running(), timeout=180_000)
+        assert not p.error_box.isVisible(), p.error_label.text()
+        [video] = sorted(p.history_dir.glob("*.webm"))
+        return read_result(video).settings, read_video(video)[0]
+
+    plain, plain_frames = run()
+    assert plain["init_img"] == str(picture)
+    assert (plain["high_noise_cfg_scale"], plain.get("high_noise_sampling_method"), plain["moe_boundary"]) == \
+        (7.0, None, 0.875)  # sd-cli's defaults; the record's steps are the ones the boundary gave
+    assert plain["high_noise_steps"] == 2
+    p.set_history_dir(tmp_path / "b")
+    p.high_noise.steps.setValue(3)
+    p.high_noise.cfg.setValue(3.5)
+    p.high_noise.sampler.setCurrentText("euler_a")
+    got, frames = run()
+    assert (got["init_img"], got["high_noise_steps"], got["high_noise_cfg_scale"], got["high_noise_sampling_method"],
+            got["seed"]) == (str(picture), 3, 3.5, "euler_a", plain["seed"])
+    assert got.get("strength") in (None, 0.75)
+    assert len(frames) == len(plain_frames) == 5 and frames[0].shape == (64, 64, 3)
+    assert max(float(np.abs(a.astype(float) - b).mean()) for a, b in zip(frames, plain_frames, strict=True)) > 1.0
+    p.shutdown()
