@@ -268,3 +268,23 @@ def test_the_engine_runs_the_panels_image_to_video_with_its_high_noise_phase(qtb
     assert len(frames) == len(plain_frames) == 5 and frames[0].shape == (64, 64, 3)
     assert max(float(np.abs(a.astype(float) - b).mean()) for a, b in zip(frames, plain_frames, strict=True)) > 1.0
     p.shutdown()
+
+
+def test_a_dropped_video_restores_its_high_noise_phase(qtbot, tmp_path: Path, picture: Path) -> None:
+    """A video's record gives its high-noise values back to the group (as its frames and fps),
+    and the board's command writes them."""
+    from sdplan.app.video import write_video_result
+
+    frames = [np.full((32, 48, 3), 30 * i, np.uint8) for i in range(5)]
+    record = {"params": {"prompt": "a cat", "seed": 9, "steps": 4, "width": 48, "height": 32, "mode": "vid_gen",
+                         "video_frames": 5, "fps": 16, "init_img": str(picture), "high_noise_steps": 3,
+                         "high_noise_cfg_scale": 3.5, "high_noise_sampling_method": "euler_a", "moe_boundary": 0.9}}
+    video = write_video_result(tmp_path / "out", frames, record, I2V, 16)
+    p = panel_for(qtbot, None)
+    p.ctl.import_png(video)
+    assert p.ctl.model_files == I2V
+    g = p.high_noise
+    assert (g.steps.value(), g.cfg.value(), g.sampler.currentText(), g.boundary.value()) == (3, 3.5, "euler_a", 0.9)
+    assert p.inputs.init_slot.path == str(picture)
+    assert "--high-noise-steps 3 --high-noise-cfg-scale 3.5 --high-noise-sampling-method euler_a --moe-boundary 0.9" \
+        in p.ctl.session.command_line()
