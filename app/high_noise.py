@@ -138,8 +138,9 @@ class HighNoiseGroup(QGroupBox):
         self.active = takes_high_noise(architecture)
         self.setVisible(self.active)
         files = model_files.get(EXPERT_KEY) or []
-        self.expert.setText(Path(files[0]).name if files else "none: every step on --diffusion-model")
-        self.expert.setToolTip(str(files[0]) if files else "Choose the high-noise expert's file")
+        self.expert.setText(Path(files[0]).name if files else "none")
+        self.expert.setToolTip(str(files[0]) if files else "No high-noise expert: every step runs on the "
+                               "--diffusion-model; choose the expert's file")
         self.remove_btn.setEnabled(bool(files))
 
     def set_expert(self, path: str | None, *, ask: bool = False) -> bool:
