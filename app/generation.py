@@ -186,8 +186,10 @@ class GenerationPanel(QFrame):
         self.negative.textChanged.connect(self._sync)
         self.inputs.changed.connect(self._sync)
         self.video_fields.changed.connect(self._sync)
+        self.high_noise.changed.connect(self._sync)
         self.module_groups.changed.connect(self._sync)
-        self.module_groups.changed.connect(self.update_state)
+        for group in (self.module_groups, self.inputs, self.high_noise):  # a refusal may come or go
+            group.changed.connect(self.update_state)
         controller.modelChanged.connect(self.update_state)
         controller.modelChanged.connect(self._fill_presets)
         controller.modelChanged.connect(self._model_changed)
@@ -218,6 +220,7 @@ class GenerationPanel(QFrame):
         self.inputs.load(g)
         self.module_groups.load(g)
         self.video_fields.load(g)
+        self.high_noise.load(g)
 
     def _fill_presets(self) -> None:
         """The size presets of the loaded model's family (SDXL's buckets for SDXL)."""
@@ -258,7 +261,8 @@ class GenerationPanel(QFrame):
                 "steps": self.steps.value(), "cfg_scale": self.cfg.value(),
                 "seed": self.seed.value(), "sampling_method": self.sampler.currentText(),
                 "scheduler": self.schedule.currentText(), "batch_count": self.batch.value(),
-                **self._inputs(), **self.module_groups.settings(), **self.video_fields.settings()}
+                **self._inputs(), **self.module_groups.settings(), **self.video_fields.settings(),
+                **self.high_noise.settings()}
 
     def _inputs(self) -> dict[str, Any]:
         """The inputs' keys, the LoRA ones only with a tag in the prompt (and the apply mode
@@ -286,8 +290,11 @@ class GenerationPanel(QFrame):
     def _model_changed(self) -> None:
         """New model: its family's fit marks and groups; the demo model brings its own LoRA
         folder (listed without pushing the panel's fields over what an import just brought)."""
-        self.module_groups.set_refusals(self.ctl.profile.architecture if self.ctl.profile else None)
-        self.video_fields.set_family(self.ctl.profile.architecture if self.ctl.profile else None)
+        arch = self.ctl.profile.architecture if self.ctl.profile else None
+        self.module_groups.set_refusals(arch)
+        self.video_fields.set_family(arch)
+        self.high_noise.set_model(arch, self.ctl.model_files)
+        self.inputs.set_architecture(arch)  # the picture's role: init image, first frame or none
         if not self._syncing:  # the frames a reused video brought; -M vid_gen on the board
             self._syncing = True
             try:

@@ -7,6 +7,11 @@ start from.
   sd-cli reads it. The apply mode (``--lora-apply-mode``) sits beside the folder.
 - **Init image**: drop a picture (or click to choose one) to start from it (``-i``), a
   second one as the inpainting mask (``--mask``, white = repaint), and the ``--strength``.
+  The open family's registry entry decides the picture's role (:meth:`InputsPanel.set_architecture`):
+  a video family's picture is the video's start picture (its first frame; no strength: sd-cli
+  ignores ``--strength`` there), a variant that needs one says so before Generate, and a
+  family that takes no ``-i`` offers no slot (a picture already there stays, with the
+  family's refusal beside it, until cleared).
 
 Every change is emitted as :attr:`InputsPanel.changed`; :meth:`InputsPanel.settings` gives
 the sd-cli keys (``lora_model_dir``, ``lora_apply_mode``, ``init_img``, ``mask``,
@@ -38,6 +43,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 from sdplan.core.errors import SdplanError
+from sdplan.core.families import family_of, variant_of
+from sdplan.core.families import options as o
 from sdplan.core.modelfiles.lora import LORA_EXTENSIONS, guess_lora_family
 from sdplan.core.pipelines.stages.img2img import picture_notes
 from sdplan.core.planning.adapters import APPLY_MODES
@@ -103,6 +110,8 @@ class PictureSlot(QLabel):
         super().__init__(parent)
         self.title = title
         self.path: str | None = None
+        #: Whether a drop or a click takes a picture (the open family takes this input).
+        self.accepting = True
         self.setObjectName("PictureSlot")
         self.setAcceptDrops(True)
         self.setFixedSize(76, 76)
@@ -130,19 +139,28 @@ class PictureSlot(QLabel):
         self.set_path(path)
         self.picked.emit(path)
 
+    def set_title(self, title: str) -> None:
+        """Name the slot ``title`` (its empty text and tooltip)."""
+        self.title = title
+        self.setToolTip(f"{title}: drop a picture here or click to choose one")
+        self.set_path(self.path)
+
     def mousePressEvent(self, event: QMouseEvent) -> None:  # noqa: N802 - Qt's name
+        if not self.accepting:
+            return
         path, _ = QFileDialog.getOpenFileName(self, self.title, "", PICTURES)
         if path:
             self.choose(path)
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 - Qt's name
         urls = event.mimeData().urls()
-        if urls and urls[0].isLocalFile() and urls[0].toLocalFile().lower().endswith(_PICTURE_EXT):
+        if self.accepting and urls and urls[0].isLocalFile() and \
+                urls[0].toLocalFile().lower().endswith(_PICTURE_EXT):
             event.acceptProposedAction()
 
     def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802 - Qt's name
         urls = event.mimeData().urls()
-        if urls and urls[0].isLocalFile():
+        if self.accepting and urls and urls[0].isLocalFile():
             self.choose(urls[0].toLocalFile())
             event.acceptProposedAction()
 
@@ -197,9 +215,15 @@ class InputsPanel(QFrame):
         self.empty.setObjectName("Muted")
         self.empty.setWordWrap(True)
         lay.addWidget(self.empty)
-        pic_title = QLabel("INIT IMAGE")
-        pic_title.setObjectName("Section")
-        lay.addWidget(pic_title)
+        #: The picture's role for the open family (:meth:`set_architecture`): whether it
+        #: takes ``-i``, ``--mask``, and whether the picture is a video's first frame.
+        self.takes_init, self.takes_mask, self.first_frame, self.makes_video = True, True, False, False
+        #: Why the open variant cannot run without a picture, or None.
+        self.needs_init: str | None = None
+        self.family_title = ""
+        self.pic_title = QLabel("INIT IMAGE")
+        self.pic_title.setObjectName("Section")
+        lay.addWidget(self.pic_title)
         row = QHBoxLayout()
         self.init_slot = PictureSlot("Picture")
         self.mask_slot = PictureSlot("Mask")
@@ -208,7 +232,9 @@ class InputsPanel(QFrame):
             slot.picked.connect(self._picked)
             row.addWidget(slot)
         side = QVBoxLayout()
-        strength = QHBoxLayout()
+        self.strength_row = QWidget()
+        strength = QHBoxLayout(self.strength_row)
+        strength.setContentsMargins(0, 0, 0, 0)
         strength.addWidget(QLabel("Strength"))
         self.strength = QDoubleSpinBox()
         self.strength.setRange(0.0, 1.0)
@@ -217,7 +243,7 @@ class InputsPanel(QFrame):
         self.strength.setToolTip("--strength: 0 keeps the picture, 1 repaints it all")
         self.strength.valueChanged.connect(lambda *_: self.changed.emit())
         strength.addWidget(self.strength, 1)
-        side.addLayout(strength)
+        side.addWidget(self.strength_row)
         self.clear_btn = QPushButton("Clear")
         self.clear_btn.setToolTip("Text to image again: forget the picture and the mask")
         self.clear_btn.clicked.connect(self.clear_pictures)
@@ -296,26 +322,66 @@ class InputsPanel(QFrame):
         self.mask_slot.set_path(None)
         self._picked(None)
 
+    def set_architecture(self, architecture: str | None) -> None:
+        """Give the picture the role the family of ``architecture`` (and its variant) has for
+        it in the registry: an init image with a mask and a strength (an unknown model, and
+        every family that honours ``-i`` without making video), a video's start picture (the
+        first frame; no mask unless honoured, no strength), or no picture at all (a family
+        that does not honour ``-i``: the slots take nothing)."""
+        fam = family_of(architecture)
+        variant = variant_of(architecture)
+        self.family_title = fam.title if fam is not None else ""
+        self.takes_init = fam is None or fam.honours(o.INIT_IMG, variant)
+        self.takes_mask = fam is None or fam.honours(o.MASK, variant)
+        self.makes_video = fam is not None and fam.honours(o.VIDEO, variant)
+        self.first_frame = self.makes_video and self.takes_init
+        self.needs_init = fam.needs_for(variant).get(o.INIT_IMG) if fam is not None else None
+        self.pic_title.setText("START PICTURE (FIRST FRAME)" if self.first_frame else
+                               "INIT IMAGE" if self.takes_init else "NO START PICTURE")
+        self.init_slot.set_title("First frame" if self.first_frame else "Picture")
+        self.init_slot.accepting, self.mask_slot.accepting = self.takes_init, self.takes_mask
+        self._update_note()
+
     def _update_note(self) -> None:
         init, mask = self.init_slot.path, self.mask_slot.path
-        if mask and not init:
+        warn = False
+        if not self.takes_init:
+            what = "video" if self.makes_video else "image"
+            note = f"text to {what}: {self.family_title} takes no start picture (-i)"
+            if init:
+                note, warn = note + "; clear the picture to generate", True
+        elif mask and not init:
             note = "a mask needs a picture"
+        elif mask and not self.takes_mask:
+            note, warn = f"{self.family_title} takes no --mask; clear it to generate", True
+        elif init and self.first_frame:
+            note = "image to video: the picture is the first frame (no strength)"
         elif init:
             note = "inpainting: white = repaint" if mask else "image to image"
             note += _mask_note(init, mask)
+        elif self.needs_init:
+            note, warn = f"needs a start picture: {self.needs_init}; drop one here", True
         else:
-            note = "text to image"
+            note = "text to video" if self.first_frame else "text to image"
         self.picture_note.setText(note)
+        self.picture_note.setObjectName("Warning" if warn else "Caption")
+        self.picture_note.style().unpolish(self.picture_note)
+        self.picture_note.style().polish(self.picture_note)
+        self.init_slot.setVisible(self.takes_init or bool(init))
+        self.mask_slot.setVisible(self.takes_mask or bool(mask))
+        self.strength_row.setVisible(self.takes_init and not self.first_frame)
         self.strength.setEnabled(bool(init))
+        self.clear_btn.setVisible(self.takes_init or bool(init or mask))
         self.clear_btn.setEnabled(bool(init or mask))
 
     # ------------------------------------------------------------------ settings
     def settings(self) -> dict[str, object]:
-        """sd-cli's keys of these inputs (None where unset)."""
+        """sd-cli's keys of these inputs (None where unset; ``strength`` None for a video's
+        first frame, which takes none)."""
         init = self.init_slot.path
         return {"lora_model_dir": self.folder, "lora_apply_mode": self.mode.currentText(),
                 "init_img": init, "mask": self.mask_slot.path if init else None,
-                "strength": round(self.strength.value(), 2) if init else None}
+                "strength": round(self.strength.value(), 2) if init and not self.first_frame else None}
 
     def load(self, values: dict[str, object]) -> None:
         """Show saved or pasted settings (keys of :meth:`settings`) without emitting."""

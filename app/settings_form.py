@@ -2,7 +2,8 @@
 size far from its training), steps and CFG, seed with a dice, sampler and scheduler, batch,
 and a video family's frames and frame rate. The widgets become attributes of the panel
 (``width_box``, ``height_box``, ``size_preset``, ``size_note``, ``steps``, ``cfg``, ``seed``,
-``dice``, ``sampler``, ``schedule``, ``batch``, ``video_fields``)."""
+``dice``, ``sampler``, ``schedule``, ``batch``, ``video_fields``, ``high_noise``: the
+high-noise phase of a two-stage model, :mod:`sdplan.app.high_noise`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from PySide6.QtWidgets import (
     QSpinBox,
     QToolButton,
 )
+from sdplan.app.high_noise import HighNoiseGroup
 from sdplan.app.video import VideoFields
 from sdplan.core.sampling.samplers import SAMPLERS
 from sdplan.core.sampling.schedules import SCHEDULES
@@ -116,4 +118,6 @@ def settings_form(panel: Any) -> QFormLayout:
     form.addRow("Batch", panel.batch)
     panel.video_fields = VideoFields()  # shown for a family that makes video
     form.addRow(panel.video_fields)
+    panel.high_noise = HighNoiseGroup(panel.ctl)  # shown for a family with a high-noise phase
+    form.addRow(panel.high_noise)
     return form

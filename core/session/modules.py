@@ -37,10 +37,12 @@ from sdplan.core.pipelines.request_parts import (
 )
 from sdplan.core.planning.profile import ModuleProfile, Profile
 from sdplan.core.planning.vae_tiling import VaeTiling, convert_tile_size
+from sdplan.core.sampling.names import SAMPLERS
 
 __all__ = ["GROUP_OPTIONS", "option_refusals", "esrgan_models", "late_modules",
            "late_module_profile", "with_late_modules", "peak_size", "module_flags",
-           "module_summary", "command_changes", "lift_module_args", "UPSCALER_WEIGHT_BYTES"]
+           "module_summary", "command_changes", "lift_module_args", "UPSCALER_WEIGHT_BYTES",
+           "HIGH_NOISE_FLAGS", "takes_high_noise"]
 
 #: The generation panel's groups -> the registry option each one sets.
 GROUP_OPTIONS = {"hires": o.HIRES, "vae_tiling": o.VAE_TILING, "control": o.CONTROL}
@@ -161,7 +163,8 @@ def _num(value: float) -> str:
 
 def module_flags(generation: Mapping[str, Any], dialect: str | None = None, scale: int = 8) -> list[str]:
     """A video run's ``-M vid_gen`` and ``--video-frames`` (``--fps`` away from sd-cli's 16),
-    then the hires fix, ControlNet and VAE tiling of ``generation`` as sd-cli's flags, each
+    a two-stage model's ``--high-noise-*`` and ``--moe-boundary`` (:data:`HIGH_NOISE_FLAGS`,
+    each away from sd-cli's default), then the hires fix, ControlNet and VAE tiling of ``generation`` as sd-cli's flags, each
     written only when on, values away from sd-cli's defaults only. ``--vae-tile-size`` is in
     image pixels, converted to latent pixels (``scale`` image pixels each) for the
     ``snapshot`` dialect (spec section 14.7).
@@ -175,6 +178,10 @@ def module_flags(generation: Mapping[str, Any], dialect: str | None = None, scal
     if video.video:
         argv += ["-M", "vid_gen", "--video-frames", str(video.frames)]
         argv += ["--fps", str(video.fps)] if video.fps != VideoSettings.fps else []
+    for flag, key in HIGH_NOISE_FLAGS.items():  # a two-stage model's first phase
+        value, default = video.to_request()[key], VideoSettings().to_request()[key]
+        if value is not None and value != default:
+            argv += [flag, _num(value) if isinstance(value, (int, float)) else str(value)]
     fix = HiresFix.from_request(generation)
     if fix.enabled:
         d = HiresFix()
@@ -286,17 +293,34 @@ _TILE_FLAGS = ("--vae-tiling", "--vae-tile-size", "--vae-tile-overlap", "--vae-r
 _CONTROL_FLAGS = ("--control-image", "--control-strength", "--canny")
 #: A video run's flags -> their request keys (taken with ``-M vid_gen``).
 _VIDEO_FLAGS = {"--mode": "mode", "--video-frames": "video_frames", "--fps": "fps"}
+#: A two-stage model's high-noise phase: sd-cli's flags -> their request keys
+#: (:class:`~sdplan.core.pipelines.request_parts.VideoSettings`), in written order.
+HIGH_NOISE_FLAGS = {"--high-noise-steps": "high_noise_steps", "--high-noise-cfg-scale": "high_noise_cfg_scale",
+                    "--high-noise-sampling-method": "high_noise_sampling_method",
+                    "--high-noise-eta": "high_noise_eta", "--moe-boundary": "moe_boundary"}
+
+
+def takes_high_noise(architecture: str | None) -> bool:
+    """Whether the family (and variant) of ``architecture`` honours the high-noise phase's
+    options (:data:`sdplan.core.families.options.HIGH_NOISE`: ``--high-noise-diffusion-model``,
+    ``--high-noise-*``, ``--moe-boundary``), as its registry entry says."""
+    from sdplan.core.families import variant_of
+
+    fam = family_of(architecture)
+    return fam is not None and fam.honours(o.HIGH_NOISE, variant_of(architecture))
 
 
 def lift_module_args(kept: Sequence[str], control_net: str | None, dialect: str | None,
-                     scale: int) -> tuple[dict[str, Any], list[str]]:
+                     scale: int, *, high_noise: bool = False) -> tuple[dict[str, Any], list[str]]:
     """A pasted command's kept arguments split into the settings of the panel's groups
     (sd-cli's request keys ``hires``, ``vae_tiling``, ``control_net``, ``control_image``,
-    ``control_strength``, ``canny``; a video's ``mode``, ``video_frames``, ``fps``) and the
-    arguments still kept, in order.
+    ``control_strength``, ``canny``; a video's ``mode``, ``video_frames``, ``fps``; with
+    ``high_noise`` (the family takes them: :func:`takes_high_noise`) the high-noise phase's
+    :data:`HIGH_NOISE_FLAGS` keys) and the arguments still kept, in order.
 
     The video flags are taken with ``-M vid_gen`` (without it sd-cli makes pictures: they stay
-    kept).
+    kept). The high-noise flags stay kept when sd-cli would refuse a value (a sampler it does
+    not have, a boundary outside 0..1).
     The hires flags are taken with ``--hires`` (without it sd-cli ignores them: they stay
     kept); the ControlNet's with its file ``control_net`` (a pasted ``--control-net``); the
     VAE tiling's always, ``--vae-tile-size`` read in ``dialect``'s units (snapshot: latent
@@ -308,12 +332,14 @@ def lift_module_args(kept: Sequence[str], control_net: str | None, dialect: str 
 
     args = parse_sdcli_args(list(kept))
     given = {a.flag for a in args}
-    parts: dict[str, list[Any]] = {"hires": [], "tiles": [], "control": [], "video": []}
+    parts: dict[str, list[Any]] = {"hires": [], "tiles": [], "control": [], "video": [], "high": []}
     rest: list[Any] = []
     video = any(a.flag == "--mode" and a.values == ("vid_gen",) for a in args)
     for a in args:
         if a.flag in _VIDEO_FLAGS and a.values and video:
             parts["video"].append(a)
+        elif a.flag in HIGH_NOISE_FLAGS and a.values and high_noise:
+            parts["high"].append(a)
         elif a.flag == "--hires" or (a.flag in _HIRES_FLAGS and a.values and "--hires" in given):
             parts["hires"].append(a)
         elif a.flag in _TILE_FLAGS and (a.values or a.flag == "--vae-tiling"):
@@ -330,6 +356,15 @@ def lift_module_args(kept: Sequence[str], control_net: str | None, dialect: str 
             out.update(mode=v.mode, video_frames=v.frames, fps=v.fps)
         except InvalidArgument:
             rest += parts["video"]
+    if parts["high"]:
+        keys = {HIGH_NOISE_FLAGS[a.flag]: a.values[0] for a in parts["high"]}  # the last one wins
+        try:
+            hv = VideoSettings.from_request(keys)
+            if hv.high_sampling_method not in (None, *SAMPLERS):
+                raise InvalidArgument(f"--high-noise-sampling-method {hv.high_sampling_method!r}")
+            out.update({k: v for k, v in hv.to_request().items() if k in keys})
+        except InvalidArgument:
+            rest += parts["high"]
     if parts["hires"]:
         d: dict[str, Any] = {"enabled": True}
         try:

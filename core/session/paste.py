@@ -135,11 +135,12 @@ def _lifted(cmd: Any, model: _Model, args: list[str]
     the arguments still kept, and the model files without the command's ControlNet file (a
     setting from now on)."""
     from sdplan.core.planning.vae_tiling import vae_scale_factor
-    from sdplan.core.session.modules import lift_module_args
+    from sdplan.core.session.modules import lift_module_args, takes_high_noise
 
     files = {k: list(v) for k, v in model.files.items()}
     net = next(iter(_files(cmd).get("control_net") or ()), None)
-    lifted, kept = lift_module_args(args, net, cmd.dialect, vae_scale_factor(model.architecture))
+    lifted, kept = lift_module_args(args, net, cmd.dialect, vae_scale_factor(model.architecture),
+                                    high_noise=takes_high_noise(model.architecture))
     if "control_net" in lifted:
         files.pop("control_net", None)
     return lifted, kept, files

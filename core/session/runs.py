@@ -9,9 +9,11 @@ from typing import Any
 
 from sdplan.core.errors import SdplanError
 
-#: The request keys of a video run (``-M vid_gen``, ``--video-frames``, ``--fps``) that
-#: "Reuse settings" gives back with the generation flags.
-VIDEO_KEYS = ("mode", "video_frames", "fps")
+#: The request keys of a video run (``-M vid_gen``, ``--video-frames``, ``--fps``, and a
+#: two-stage model's ``--high-noise-*`` and ``--moe-boundary``) that "Reuse settings" gives
+#: back with the generation flags.
+VIDEO_KEYS = ("mode", "video_frames", "fps", "high_noise_steps", "high_noise_cfg_scale",
+              "high_noise_sampling_method", "high_noise_eta", "moe_boundary")
 
 
 def describe_params(params: Mapping[str, Any]) -> str:
