@@ -102,11 +102,25 @@ def test_an_i2v_model_takes_a_first_frame_without_strength(qtbot, picture: Path)
         p.grab().save(str(Path(os.environ["SDPLAN_SCREENSHOT_DIR"]) / "panel_wan_i2v.png"))
 
 
-@pytest.mark.parametrize("files", [T2V, TI2V], ids=["t2v", "ti2v_5b"])
-def test_a_text_to_video_model_offers_no_start_picture(qtbot, picture: Path, files) -> None:
-    """Wan T2V and TI2V-5B refuse -i: no slot, a note saying why, a drop taken by nothing; a
-    picture a paste or a reused run brought stays shown with the refusal until cleared."""
-    p = panel_for(qtbot, files)
+def test_ti2v_takes_a_start_picture_it_does_not_need(qtbot, picture: Path) -> None:
+    """Wan 2.2 TI2V-5B runs text to video, or image to video with -i: the first-frame slot
+    without a strength, Generate on with or without a picture."""
+    p = panel_for(qtbot, TI2V)
+    inp = p.inputs
+    assert inp.init_slot.isVisible() and not inp.strength.isVisible()
+    assert inp.pic_title.text() == "START PICTURE (FIRST FRAME)"
+    assert inp.picture_note.text() == "text to video" and p.generate_btn.isEnabled()
+    drop(inp.init_slot, picture)
+    assert inp.init_slot.path == str(picture) and p.generate_btn.isEnabled()
+    assert inp.picture_note.text() == "image to video: the picture is the first frame (no strength)"
+    line = p.ctl.session.command_line()
+    assert f"--init-img {picture}" in line and "--strength" not in line
+
+
+def test_a_text_to_video_model_offers_no_start_picture(qtbot, picture: Path) -> None:
+    """Wan T2V refuses -i: no slot, a note saying why, a drop taken by nothing; a picture a
+    paste or a reused run brought stays shown with the refusal until cleared."""
+    p = panel_for(qtbot, T2V)
     inp = p.inputs
     assert not inp.init_slot.isVisible() and not inp.strength.isVisible()
     assert inp.pic_title.text() == "NO START PICTURE"
