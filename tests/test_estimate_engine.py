@@ -15,6 +15,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from engine_peak import cpu_peak
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
 from sdplan.core.planning.estimate import compute_bytes, estimate_plan
 from sdplan.core.planning.inventory import Device, Inventory
@@ -184,13 +185,7 @@ def test_sd3_estimate_matches_the_engine_peak_on_the_tiny_fixture(tmp_path: Path
         pipe = Sd3Pipeline(files, None, BackendPool(manager), n_threads=1, clip_heads=CLIP_HEADS)
         try:
             pipe.txt2img("a photo of a cat", 64, 64, steps=1, cfg_scale=4.5)
-            peak = before = 0
-            computes = {}
-            for m in ("clip_l", "clip_g", "t5xxl", "diffusion", "vae"):  # run order; weights stay
-                own = pipe.runners[m].last_peak["CPU"]
-                computes[m] = own.compute
-                peak = max(peak, before + own.weights + own.staging + own.compute)
-                before += pipe.runners[m].memory()["CPU"].weights
+            peak, computes = cpu_peak(pipe, ("clip_l", "clip_g", "t5xxl", "diffusion", "vae"))  # run order; weights stay
         finally:
             pipe.close()
     assert fit.modules["diffusion"].compute["CPU"] == computes["diffusion"]

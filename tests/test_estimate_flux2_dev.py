@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from engine_peak import cpu_peak
 from flux2_dev_util import AE, DIT, PROMPT, write_llm
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
 from sdplan.core.planning.estimate import estimate_plan
@@ -46,13 +47,7 @@ def test_estimate_matches_the_engine_peak(size: int, llm: Path) -> None:
         pipe = DevPipeline(DevModels(DIT, llm, AE), None, BackendPool(manager), n_threads=1)
         try:
             pipe.txt2img(PROMPT, size, size, steps=1)
-            peak = before = 0
-            computes = {}
-            for m in ("llm", "diffusion", "vae"):  # the order they run; weights stay resident
-                own = pipe.runners[m].last_peak["CPU"]
-                computes[m] = own.compute
-                peak = max(peak, before + own.weights + own.staging + own.compute)
-                before += pipe.runners[m].memory()["CPU"].weights
+            peak, computes = cpu_peak(pipe, ("llm", "diffusion", "vae"))  # the order they run; weights stay resident
         finally:
             pipe.close()
     assert fit.modules["vae"].compute["CPU"] == computes["vae"]  # the same graph

@@ -8,6 +8,7 @@ pictures does not load, is not counted (with ``-r`` it is)."""
 from __future__ import annotations
 
 import pytest
+from engine_peak import cpu_peak
 from qwen_image_util import DIT, LLM, PROMPT, VAE, files
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
 from sdplan.core.planning.estimate import estimate_plan
@@ -42,13 +43,7 @@ def test_estimate_matches_the_engine_peak(size: int) -> None:
         pipe = QwenImagePipeline(QwenImageModels(DIT, LLM, VAE), None, BackendPool(manager), n_threads=1)
         try:
             pipe.txt2img(PROMPT, size, size, steps=1, cfg_scale=2.5)
-            peak = before = 0
-            computes = {}
-            for m in ("llm", "diffusion", "vae"):  # the order they run; weights stay resident
-                own = pipe.runners[m].last_peak["CPU"]
-                computes[m] = own.compute
-                peak = max(peak, before + own.weights + own.staging + own.compute)
-                before += pipe.runners[m].memory()["CPU"].weights
+            peak, computes = cpu_peak(pipe, ("llm", "diffusion", "vae"))  # the order they run; weights stay resident
         finally:
             pipe.close()
     assert fit.modules["vae"].compute["CPU"] == computes["vae"]  # the same graph

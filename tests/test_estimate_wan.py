@@ -10,6 +10,7 @@ the estimate drops by the high-noise expert's weights as the engine's peak does.
 from __future__ import annotations
 
 import pytest
+from engine_peak import cpu_peak
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
 from sdplan.core.planning.estimate import estimate_plan
 from sdplan.core.planning.inventory import Device, Inventory
@@ -39,13 +40,7 @@ def engine_peak(keep_both: bool, width: int, height: int, frames: int) -> tuple[
         pipe = WanPipeline(models, None, BackendPool(manager), n_threads=1, keep_both=keep_both)
         try:
             pipe.txt2vid("a lovely cat", width, height, frames, steps=4, cfg_scale=2.0, high=HighNoise(cfg_scale=3.5))
-            peak = before = 0
-            computes = {}
-            for m in ("t5xxl", "diffusion_high", "diffusion", "vae"):
-                own = pipe.runners[m].last_peak["CPU"]
-                computes[m] = own.compute
-                peak = max(peak, before + own.weights + own.staging + own.compute)
-                before += pipe.runners[m].memory()["CPU"].weights if keep_both or m in ("t5xxl", "vae") else 0
+            peak, computes = cpu_peak(pipe, ("t5xxl", "diffusion_high", "diffusion", "vae"), None if keep_both else ("t5xxl", "vae"))
         finally:
             pipe.close()
     return peak, computes

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_peak import cpu_peak
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
 from sdplan.core.planning.estimate import estimate_plan
 from sdplan.core.planning.inventory import Device, Inventory
@@ -41,13 +42,7 @@ def engine_peak(width: int, height: int, frames: int) -> tuple[int, dict[str, in
         try:
             pipe.txt2vid("a lovely cat", width, height, frames, steps=4, cfg_scale=2.0, high=HighNoise(cfg_scale=3.5),
                          picture=picture)
-            peak = before = 0
-            computes = {}
-            for m in ("vae_encode", "t5xxl", "diffusion_high", "diffusion", "vae"):
-                own = pipe.runners[m].last_peak["CPU"]
-                computes[m] = own.compute
-                peak = max(peak, before + own.weights + own.staging + own.compute)
-                before += pipe.runners[m].memory()["CPU"].weights
+            peak, computes = cpu_peak(pipe, ("vae_encode", "t5xxl", "diffusion_high", "diffusion", "vae"))
         finally:
             pipe.close()
     return peak, computes

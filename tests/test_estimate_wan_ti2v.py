@@ -9,6 +9,7 @@ the size and tiles its autoencoder at 16 pixels per latent pixel."""
 from __future__ import annotations
 
 import pytest
+from engine_peak import cpu_peak
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
 from sdplan.core.planning.estimate import estimate_plan
 from sdplan.core.planning.inventory import Device, Inventory
@@ -37,13 +38,7 @@ def engine_peak(width: int, height: int, frames: int) -> tuple[int, dict[str, in
         pipe = WanPipeline(models, None, BackendPool(manager), n_threads=1)
         try:
             out = pipe.txt2vid("a lovely cat", width, height, frames, steps=2, cfg_scale=2.0)
-            peak = before = 0
-            computes = {}
-            for m in ("t5xxl", "diffusion", "vae"):
-                own = pipe.runners[m].last_peak["CPU"]
-                computes[m] = own.compute
-                peak = max(peak, before + own.weights + own.staging + own.compute)
-                before += pipe.runners[m].memory()["CPU"].weights
+            peak, computes = cpu_peak(pipe, ("t5xxl", "diffusion", "vae"))
         finally:
             pipe.close()
     return peak, computes, out["latent"].shape

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_peak import cpu_peak
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
 from sdplan.core.planning.estimate import estimate_plan
 from sdplan.core.planning.inventory import Device, Inventory
@@ -40,13 +41,7 @@ def engine_run(width: int, height: int, frames: int) -> tuple[int, dict[str, int
         pipe = WanPipeline(models, None, BackendPool(manager), n_threads=1)
         try:
             pipe.txt2vid("a lovely cat", width, height, frames, steps=2, cfg_scale=2.0, picture=picture)
-            peak = before = 0
-            computes = {}
-            for m in ("vae_encode", "t5xxl", "diffusion", "vae"):
-                own = pipe.runners[m].last_peak["CPU"]
-                computes[m] = own.compute
-                peak = max(peak, before + own.weights + own.staging + own.compute)
-                before += pipe.runners[m].memory()["CPU"].weights
+            peak, computes = cpu_peak(pipe, ("vae_encode", "t5xxl", "diffusion", "vae"))
             held = sum(pipe.runners[m].memory()["CPU"].weights for m in ("vae_encode", "vae"))
         finally:
             pipe.close()
