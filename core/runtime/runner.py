@@ -137,6 +137,16 @@ class _Seg:
     carry: dict[str, str] = field(default_factory=dict)  # state key -> input it passes on unchanged
 
 
+def block_weights(model: Any, i: int) -> list[str]:
+    """The weight names of block ``i`` a runner loads and places: ``model.block_tensors(i)``,
+    or none for a block at or after the model's optional ``blocks_read`` (a block it lists,
+    as the file has it, but does not compute: an LLM's blocks after the last hidden state
+    asked for; sd-cli loads only the tensors its graph uses). IndexError as
+    ``block_tensors``."""
+    names = model.block_tensors(i)
+    return [] if i >= getattr(model, "blocks_read", model.n_blocks) else list(names)
+
+
 def holds_bf16(model: Any, placement: ModulePlacement, pool: BackendPool) -> bool:
     """Whether a module's matrix products and convolutions with 16-bit float weights run in bf16:
     the model measured faster with this CPU's bf16 kernel (it lists it in ``cpu_bf16_kernels``,
@@ -233,7 +243,7 @@ class ModuleRunner:
         """Runtime device -> weight names for the whole graph."""
         groups: dict[str, list[str]] = {self.main: list(self.model.other_tensors())}
         for i, dev in enumerate(self.block_device):
-            groups.setdefault(dev, []).extend(self.model.block_tensors(i))
+            groups.setdefault(dev, []).extend(block_weights(self.model, i))
         return groups
 
     def _alloc(self, store: Any, names: Sequence[str], device: str, kind: str, keep: bool) -> _Buf:
@@ -374,7 +384,8 @@ class ModuleRunner:
     def placed_bytes(self) -> dict[str, int]:
         """Bytes of the tensors (in their runtime dtypes) placed on each runtime device by
         the placement, loaded or not: the non-block tensors on the main device, each block
-        on its range's device (the figures a plan's ranges predict)."""
+        on its range's device (the figures a plan's ranges predict), less the blocks the
+        model does not read (:func:`block_weights`)."""
         return {dev: sum(int(self.rt.nbytes(n)) for n in names) for dev, names in self._groups().items()}
 
     def _snapshot(self) -> None:
@@ -506,7 +517,7 @@ class ModuleRunner:
         other = self.rt.alloc_size(self.model.other_tensors(), backend)
         if self._lora_store is not None:  # resident beside the non-block weights
             other += sum(self._lora_store[1].alloc_size(n, backend) for n in self._lora_groups().values())
-        sizes = [self.rt.alloc_size(self.model.block_tensors(i), backend) for i in range(self.model.n_blocks)]
+        sizes = [self.rt.alloc_size(block_weights(self.model, i), backend) for i in range(self.model.n_blocks)]
         avail = self.pl.budget - other - compute
         first = 0
         segs: list[_Seg] = []
@@ -578,7 +589,7 @@ class ModuleRunner:
         specs: dict[str, tuple[tuple[int, ...], str]] = {}
         for k, seg in enumerate(segs):
             self.cancel.check()
-            names = [n for i in seg.blocks for n in self.model.block_tensors(i)]
+            names = [n for i in seg.blocks for n in block_weights(self.model, i)]
             bufs = []
             if not all(self.rt.resident(n) for n in names):
                 bufs = self._fill(names, self.main, keep=seg.resident)
