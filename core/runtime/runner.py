@@ -35,7 +35,7 @@ from sdplan.core.runtime.bf16_rule import avx512_bf16_speedup
 from sdplan.core.runtime.devices import BackendManager
 from sdplan.core.runtime.native import cpu_kernels, native
 from sdplan.core.runtime.placement import BlockRange as BlockRange
-from sdplan.core.runtime.placement import ModulePlacement
+from sdplan.core.runtime.placement import ModulePlacement, block_weights
 from sdplan.core.runtime.weights import WeightFile, bf16_at_load, cpu_bf16
 
 log = logging.getLogger(__name__)
@@ -135,16 +135,6 @@ class _Seg:
     resident: bool = False
     inputs: dict[str, Any] = field(default_factory=dict)  # input name -> graph tensor
     carry: dict[str, str] = field(default_factory=dict)  # state key -> input it passes on unchanged
-
-
-def block_weights(model: Any, i: int) -> list[str]:
-    """The weight names of block ``i`` a runner loads and places: ``model.block_tensors(i)``,
-    or none for a block at or after the model's optional ``blocks_read`` (a block it lists,
-    as the file has it, but does not compute: an LLM's blocks after the last hidden state
-    asked for; sd-cli loads only the tensors its graph uses). IndexError as
-    ``block_tensors``."""
-    names = model.block_tensors(i)
-    return [] if i >= getattr(model, "blocks_read", model.n_blocks) else list(names)
 
 
 def holds_bf16(model: Any, placement: ModulePlacement, pool: BackendPool) -> bool:
@@ -384,8 +374,7 @@ class ModuleRunner:
     def placed_bytes(self) -> dict[str, int]:
         """Bytes of the tensors (in their runtime dtypes) placed on each runtime device by
         the placement, loaded or not: the non-block tensors on the main device, each block
-        on its range's device (the figures a plan's ranges predict), less the blocks the
-        model does not read (:func:`block_weights`)."""
+        on its range's device (a plan's ranges), less the blocks it does not read (block_weights)."""
         return {dev: sum(int(self.rt.nbytes(n)) for n in names) for dev, names in self._groups().items()}
 
     def _snapshot(self) -> None:
