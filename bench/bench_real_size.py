@@ -18,7 +18,21 @@ Per family and engine, one whole generation (one picture, seed 42) in a fresh pr
   dry-run compute, CPU total) from a process of its own;
 - sd-cli: the same flags; its own log lines give text (``get_learned_condition``), sampling /
   steps, decode (``decode_first_stage``) and load (``loading tensors``), its wall time and peak
-  RSS (``wait4``) the rest;
+  RSS (``wait4``) the rest.
+
+Both engines load a module's weights inside its first run (sdplan's runner when its session
+starts, sd-cli's graph runner before its first compute: ``loading tensors`` comes inside
+``get_learned_condition``, ``sampling`` and ``decode_first_stage``). So that the columns compare
+like with like, text, step and decode are compute alone for both: each module's load is taken
+out of the phase it falls in (sdplan: the runner's loads inside its runs; sd-cli: each
+``loading tensors`` line out of the phase that completes next) and counted in load only.
+
+A load reads the files from the page cache or from the drive, and whichever engine runs first
+leaves the files cached for the next one (15.8 GB of klein's files in a RAM of 23 GiB), so by
+default (``--page-cache cold``) every model file is dropped from the page cache
+(``POSIX_FADV_DONTNEED``, which drops the clean pages no process maps) before each engine's
+run, and the bytes still cached are printed; ``--page-cache as-is`` leaves it alone.
+``--rounds N`` runs each engine N times, alternating which goes first, and reports medians.
 - diffusers (``--ref-python``, torch 2.13 CPU; sd1 and sdxl only here): the modules built from
   their published configurations with random weights in the dtype ``--ref-dtype`` (default bf16
   where the CPU has AVX512_BF16 or AMX, else fp32), one text encode, one step (CFG: batch 2),
@@ -35,7 +49,7 @@ Usage::
 
     python bench/bench_real_size.py [--families sd1,sdxl] [--parts sdplan,sdcli,diffusers]
         [--threads 2] [--steps N] [--size PX] [--keep DIR] [--quant q8_0,q4_k]
-        [--params-backend ASSIGN] [--json OUT]
+        [--params-backend ASSIGN] [--rounds N] [--page-cache cold|as-is] [--json OUT]
 
 ``--steps``/``--size`` override the native figures (the table says so). Figures not measured
 are printed as ``-``. Prints the load average before and after; asserts nothing.
@@ -89,7 +103,9 @@ def sdplan_worker(argv: list[str]) -> dict[str, Any]:
         try:
             return load0(self, *a, **k)
         finally:
-            acc["@load"] = acc.get("@load", 0.0) + time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            acc["@load"] = acc.get("@load", 0.0) + dt
+            acc["@load:" + self.name] = acc.get("@load:" + self.name, 0.0) + dt  # inside its run
 
     R.ModuleRunner.run, R.ModuleRunner._load = run, load  # type: ignore[method-assign]
     if os.environ.get("BENCH_NO_PAGE_CACHE_ADVICE"):  # --no-page-cache-advice: as before the advice
@@ -166,6 +182,10 @@ def sdplan_parts(res: dict[str, Any], steps: int) -> dict[str, float]:
     """text / step / decode / load / whole (seconds) and peak RSS (bytes) of a worker's result."""
     runs = dict(res["runs"])
     load = runs.pop("@load", 0.0)
+    for k in [k for k in runs if k.startswith("@load:")]:  # each runner's loads came inside its runs
+        inner = runs.pop(k)
+        if k[6:] in runs:
+            runs[k[6:]] -= inner
     diff = runs.pop("diffusion", 0.0)
     dec = sum(v for k, v in runs.items() if k in ("vae", "taesd"))
     text = sum(v for k, v in runs.items() if k not in ("vae", "taesd", "upscaler", "control"))
@@ -185,13 +205,25 @@ SDCLI_LINES = {"text": r"get_learned_condition completed, taking ([\d.]+)s",
 
 
 def sdcli_phases(text: str) -> dict[str, float]:
-    """Seconds per phase from sd-cli's log: each phase's lines summed (it loads each module's
-    tensors when the module first runs, one ``loading tensors`` line each)."""
+    """Seconds per phase from sd-cli's log: each phase's lines summed. It loads each module's
+    tensors when the module first runs (one ``loading tensors`` line each, inside the phase
+    that completes next): that load is taken out of the phase (``text``, ``sampling``,
+    ``decode``: compute alone) and counted in ``load``."""
     out: dict[str, float] = {}
     for k, rx in SDCLI_LINES.items():
         found = re.findall(rx, text)
         if found:
             out[k] = sum(float(v) for v in found)
+    phases = "|".join(SDCLI_LINES[k] for k in ("text", "sampling", "decode"))
+    pending = 0.0
+    for m in re.finditer(f"{SDCLI_LINES['load']}|{phases}", text):
+        got = [g for g in m.groups() if g is not None]
+        if m.group(0).startswith("loading tensors"):
+            pending += float(got[0])
+            continue
+        phase = next(k for k in ("text", "sampling", "decode") if re.match(SDCLI_LINES[k], m.group(0)))
+        out[phase] -= pending
+        pending = 0.0
     return out
 
 
@@ -339,11 +371,35 @@ def _child(mode: str, payload: Any) -> dict[str, Any]:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def drop_page_cache(paths: list[Path]) -> int:
+    """Advise ``POSIX_FADV_DONTNEED`` over each whole file (the kernel drops its clean pages that
+    no process maps); returns the bytes of the files still in the page cache afterwards."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return page_cache_bytes([str(p) for p in paths])
+
+
+def _page_cache(a: argparse.Namespace, files: dict[str, Path], who: str) -> None:
+    paths = list(files.values())
+    if a.page_cache == "cold":
+        left = drop_page_cache(paths)
+        print(f"  {who}: page cache dropped, {left / MIB:.0f} MiB of the files still cached", flush=True)
+    else:
+        print(f"  {who}: {page_cache_bytes([str(p) for p in paths]) / MIB:.0f} MiB of the files cached", flush=True)
+
+
 def run_family(a: argparse.Namespace, fam: str, files: dict[str, Path], px: int, steps: int, cfg: float,
-               sampler: str, tmp: Path) -> dict[str, Any]:
+               sampler: str, tmp: Path, sdcli_first: bool = False) -> dict[str, Any]:
     row: dict[str, Any] = {}
     argv = gen_args(files, px, steps, cfg, sampler, a.threads, tmp / f"{fam}-sdplan.png", a.params_backend)
+    if sdcli_first and "sdcli" in a.parts and a.sdcli:
+        _run_sdcli_part(a, fam, files, px, steps, cfg, sampler, tmp, row)
     if "sdplan" in a.parts:
+        _page_cache(a, files, "sdplan")
         res = _child("--sdplan-worker", argv)
         row["sdplan"] = sdplan_parts(res, steps)
         row["sdplan"]["calls"] = res["calls"]
@@ -355,16 +411,41 @@ def run_family(a: argparse.Namespace, fam: str, files: dict[str, Path], px: int,
         except RuntimeError as exc:
             row["estimate"] = {"error": str(exc).splitlines()[-1]}
         print(f"  sdplan: {_fmt(row['sdplan'])}; threads {row['sdplan']['threads']}", flush=True)
-    if "sdcli" in a.parts and a.sdcli:
-        sargv = gen_args(files, px, steps, cfg, sampler, a.threads, tmp / f"{fam}-sdcli.png", a.params_backend)
-        row["sdcli"] = run_sdcli(a.sdcli, sargv, steps, tmp / f"{fam}-sdcli.log")
-        print(f"  sd-cli: {_fmt(row['sdcli'])}", flush=True)
+    if not sdcli_first and "sdcli" in a.parts and a.sdcli:
+        _run_sdcli_part(a, fam, files, px, steps, cfg, sampler, tmp, row)
     if "diffusers" in a.parts:
         ref = run_diffusers(a, fam, px, steps)
         if ref is not None:
             row["diffusers"] = ref
             print(f"  diffusers {a.ref_dtype}: {_fmt(ref)}", flush=True)
     return row
+
+
+def _run_sdcli_part(a: argparse.Namespace, fam: str, files: dict[str, Path], px: int, steps: int, cfg: float,
+                    sampler: str, tmp: Path, row: dict[str, Any]) -> None:
+    _page_cache(a, files, "sd-cli")
+    sargv = gen_args(files, px, steps, cfg, sampler, a.threads, tmp / f"{fam}-sdcli.png", a.params_backend)
+    row["sdcli"] = run_sdcli(a.sdcli, sargv, steps, tmp / f"{fam}-sdcli.log")
+    print(f"  sd-cli: {_fmt(row['sdcli'])}", flush=True)
+
+
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row of several rounds' rows: each engine's numeric figures as their medians (the
+    rest from the first round), with ``rounds`` the count."""
+    import statistics
+
+    out = dict(rows[0])
+    for eng in ("sdplan", "sdcli", "diffusers"):
+        got = [r[eng] for r in rows if eng in r]
+        if not got:
+            continue
+        med = dict(got[0])
+        for k, v in got[0].items():
+            if isinstance(v, float | int) and not isinstance(v, bool):
+                med[k] = statistics.median(g[k] for g in got)
+        med["rounds"] = len(got)
+        out[eng] = med
+    return out
 
 
 def _fmt(d: dict[str, Any]) -> str:
@@ -427,6 +508,9 @@ def main() -> int:
     ap.add_argument("--shared", default=str(REPO.parent / "shared"))
     ap.add_argument("--keep", default="/tmp/sdplan-real-size", help="folder for the model files (kept)")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--rounds", type=int, default=1, help="runs per engine, alternating the order (medians)")
+    ap.add_argument("--page-cache", choices=("cold", "as-is"), default="cold",
+                    help="drop the model files from the page cache before each engine's run (cold) or not")
     a = ap.parse_args()
     a.parts = a.parts.split(",")
     if a.no_page_cache_advice:
@@ -460,8 +544,11 @@ def main() -> int:
                         for q in a.quant.split(",")]
         for q, fs in variants:
             name = f"{fam} {q}".strip()
-            row = run_family(a, fam, fs, px, steps, cfg, sampler, keep)
-            rows[name] = {**row, "size": px, "steps": steps, "notes": notes}
+            rounds = []
+            for k in range(a.rounds):  # alternating which engine goes first
+                print(f"  round {k + 1} of {a.rounds}; load average {os.getloadavg()}", flush=True)
+                rounds.append(run_family(a, fam, fs, px, steps, cfg, sampler, keep, sdcli_first=k % 2 == 1))
+            rows[name] = {**median_row(rounds), "size": px, "steps": steps, "notes": notes, "each_round": rounds}
     print(f"\nload average after: {os.getloadavg()}")
     print_table(rows, a)
     if a.json:

@@ -96,13 +96,17 @@ def test_write_random_values(tmp_path: Path) -> None:
 
 
 def test_sdcli_log_lines_are_read(tmp_path: Path) -> None:
+    """Each module's ``loading tensors`` (inside the phase that completes next, as sd-cli loads
+    a module's tensors before its first compute) is taken out of that phase and summed in load."""
     log = tmp_path / "sdcli.log"
     log.write_text("[INFO ] loading tensors completed, taking 1.25s (read: 1.00s, memcpy: 0.00s)\n"
-                   "[INFO ] get_learned_condition completed, taking 0.08s\n"
+                   "[INFO ] get_learned_condition completed, taking 3.50s\n"
+                   "[INFO ] loading tensors completed, taking 7.25s (read: 7.19s)\n"
                    "[INFO ] sampling completed, taking 40.00s\n"
+                   "[INFO ] loading tensors completed, taking 0.50s (read: 0.25s)\n"
                    "[INFO ] decode_first_stage completed, taking 5.50s\n")
-    got = brs.sdcli_phases(log.read_text() + "[INFO ] loading tensors completed, taking 7.25s (read: 7.19s)\n")
-    assert got == {"load": 8.5, "text": 0.08, "sampling": 40.0, "decode": 5.5}  # each module's load summed
+    got = brs.sdcli_phases(log.read_text())
+    assert got == {"load": 9.0, "text": 2.25, "sampling": 32.75, "decode": 5.0}
 
 
 def test_sdplan_parts_split_the_runs() -> None:
@@ -110,3 +114,7 @@ def test_sdplan_parts_split_the_runs() -> None:
            "runs": {"te": 0.5, "clip_g": 0.25, "diffusion": 8.0, "vae": 1.0, "@load": 0.2}}
     got = brs.sdplan_parts(res, steps=4)
     assert got == {"text": 0.75, "step": 2.0, "decode": 1.0, "load": 0.2, "whole": 10.0, "peak_rss": 3 << 30}
+    # a runner's loads came inside its runs: out of its phase, into load only
+    res["runs"].update({"@load": 2.75, "@load:te": 0.25, "@load:diffusion": 2.0, "@load:vae": 0.5})
+    got = brs.sdplan_parts(res, steps=4)
+    assert got == {"text": 0.5, "step": 1.5, "decode": 0.5, "load": 2.75, "whole": 10.0, "peak_rss": 3 << 30}

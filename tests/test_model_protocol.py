@@ -7,7 +7,8 @@
 * it reads what it lists: building ``build_pre``/``build_post`` looks up exactly the
   non-block tensors, ``build_block(i)`` exactly block ``i``'s (what a layer split relies on),
   in the configuration that runs every block (a CLIP skip or an earlier LLM output layer
-  leaves trailing blocks listed and unread, as sd-cli loads them);
+  leaves trailing blocks listed and unread; the runner does not load an LLM's unread blocks,
+  its ``blocks_read``, as sd-cli loads only the tensors its graph uses);
 * blocks are reported when it has them (``n_blocks`` > 0, every block non-empty) and a
   block index outside ``0..n_blocks - 1`` raises IndexError;
 * it builds and runs on the CPU through ``ModuleRunner`` at two input sizes (one runner,

@@ -118,13 +118,40 @@ def test_split_segmented_and_disk_equal_one_device(pool, files) -> None:
     split, r = run(pool, files["hf"], (3,), (BlockRange("CPU", 0, 1), BlockRange("CPU1", 2, 3)))
     np.testing.assert_allclose(split, one, atol=1e-6)
     enc = r.model
-    assert r.placed_bytes()["CPU1"] == sum(r.rt.nbytes(n) for i in (2, 3) for n in enc.block_tensors(i))
+    # block 3 comes after the state asked for: listed, neither loaded nor placed
+    assert r.placed_bytes()["CPU1"] == sum(r.rt.nbytes(n) for n in enc.block_tensors(2)) > 0
     disk, r = run(pool, files["q8_0"], (3,), (BlockRange("CPU", 0, 0), BlockRange("CPU1", 1, 3)), "disk")
     q8, _ = run(pool, files["q8_0"], (3,))
     np.testing.assert_allclose(disk, q8, atol=1e-6)
     seg, r = run(pool, files["hf"], (3,), budget=r.rt.alloc_size(r.model.other_tensors(), pool.get("CPU")) + 600_000)
     assert len(r.segments({k: v.shape for k, v in r.model.inputs(R["llm.ids"]).items()})) > 1
     np.testing.assert_allclose(seg, one, atol=1e-6)
+
+
+def test_blocks_after_the_last_state_asked_for_are_not_loaded(pool, files) -> None:
+    """States after blocks 1 and 3 of 4 (klein's form): block index 3 is listed, as the file
+    has it, but its weights are neither loaded nor placed, whole or segmented (sd-cli loads
+    only the tensors its graph uses); the final norm (non-block) stays."""
+    enc = LLMEncoder.from_weights(_shapes(files["hf"]), (1, 3))
+    assert (enc.n_blocks, enc.blocks_read) == (4, 3) and enc.block_tensors(3)
+    late = enc.block_tensors(3)
+    r = ModuleRunner(enc, WeightFile(files["hf"]), ModulePlacement(("CPU",)), pool, n_threads=1)
+    try:
+        with r.session():
+            out = r.run(enc.inputs(R["llm.ids"]))["hidden"]
+            assert not any(r.rt.resident(n) for n in late)
+            used = enc.other_tensors() + [n for i in range(3) for n in enc.block_tensors(i)]
+            assert all(r.rt.resident(n) for n in used)
+            need = sum(int(r.rt.nbytes(n)) for n in used)
+            assert need <= r.memory()["CPU"].weights < need + sum(int(r.rt.nbytes(n)) for n in late)
+        assert r.placed_bytes() == {"CPU": need}
+        budget = r.rt.alloc_size(enc.other_tensors(), pool.get("CPU")) + 1  # one segment per block
+    finally:
+        r.release()
+    assert rel_err(out, R["llm.hidden_1_3"]) < TOL
+    seg, r = run(pool, files["hf"], (1, 3), budget=budget)
+    assert r.last_segments == 4
+    np.testing.assert_allclose(seg, out, atol=1e-6)
 
 
 def _variant(tmp_path, name: str, gguf: bool = False):

@@ -13,6 +13,11 @@ three parts so the engine can run it whole, split over devices, or cut into segm
 ``w(name)`` returns the weight tensor to use; ``state`` is a dict of named tensors (f32,
 f16 or i32) carried from block to block, and across segment boundaries as arrays.
 
+A graph may read only its leading blocks (an LLM whose last hidden state asked for comes
+before its last block): its optional ``blocks_read`` attribute says how many. The later
+blocks' tensors stay listed (they are the file's) but the engine neither loads nor places
+them (``ModuleRunner``), as sd-cli loads only the tensors its graph uses.
+
 Architectures read their weights through :class:`Weights` (the one prefixed, renamed or
 restricted view of a name -> tensor mapping or lookup) and report a file that does not fit
 their layout with :class:`ModelLayoutError`. Graphs without blocks derive from

@@ -31,8 +31,9 @@ llama.cpp GGUF names (``token_embd``, ``blk.N.attn_q``, ``attn_q_norm``, ``ffn_g
 Which hidden state an image model takes is the caller's ``out_layers`` (stable-diffusion.cpp's
 convention): ``k`` in 1..N is the state after ``k`` blocks (no final norm), ``N + 1`` the final
 normed output; several are concatenated along the width (FLUX.2 klein). Blocks after the last
-one needed build nothing (their weights still load, as in sd-cli). Z-Image takes ``N - 1``
-(``hidden_states[-2]`` in transformers).
+one needed build nothing and their weights do not load (:attr:`LLMEncoder.blocks_read`; sd-cli
+builds its graph up to that state and loads only the tensors the graph uses: 298 of Qwen3-4B's
+398 for klein). Z-Image takes ``N - 1`` (``hidden_states[-2]`` in transformers).
 
 Pictures (Qwen2.5-VL, Qwen-Image Edit): the vision tower's embeddings
 (:mod:`sdplan.core.models.qwen25vl_vision`) replace the embeddings of the ``<|image_pad|>``
@@ -287,6 +288,8 @@ class LLMEncoder:
             raise ValueError(f"LLM out layers {bad} outside 1..{cfg.n_blocks + 1}")
         #: blocks that compute: up to the last hidden state asked for
         self.active = min(max(self.out_layers), cfg.n_blocks)
+        #: the leading blocks whose weights a runner loads (the later ones stay in the file)
+        self.blocks_read = self.active
 
     @classmethod
     def from_weights(cls, weights: Mapping[str, Any], out_layers: Sequence[int] | None = None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MODES", "CFG", "CFG_RUNNER", "BlockRange", "ModulePlacement", "cfg_placement"]
+__all__ = ["MODES", "CFG", "CFG_RUNNER", "BlockRange", "ModulePlacement", "cfg_placement", "block_weights"]
 
 #: Params residencies (spec section 5): weights on the runtime device, on a params device
 #: (staged per use), or read from disk per use.
@@ -86,3 +86,13 @@ def cfg_placement(plan: Any) -> ModulePlacement | None:
     device = params.device if params.mode == "device" and params.device != cfg.device else None
     mode = params.mode if params.mode != "device" or device is not None else "runtime"
     return ModulePlacement((cfg.device,), (), mode, device, 0)
+
+
+def block_weights(model: Any, i: int) -> list[str]:
+    """The weight names of block ``i`` a runner loads and places: ``model.block_tensors(i)``,
+    or none for a block at or after the model's optional ``blocks_read`` (a block it lists,
+    as the file has it, but does not compute: an LLM's blocks after the last hidden state
+    asked for; sd-cli loads only the tensors its graph uses). IndexError as
+    ``block_tensors``."""
+    names = model.block_tensors(i)
+    return [] if i >= getattr(model, "blocks_read", model.n_blocks) else list(names)

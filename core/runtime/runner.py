@@ -35,7 +35,7 @@ from sdplan.core.runtime.bf16_rule import avx512_bf16_speedup
 from sdplan.core.runtime.devices import BackendManager
 from sdplan.core.runtime.native import cpu_kernels, native
 from sdplan.core.runtime.placement import BlockRange as BlockRange
-from sdplan.core.runtime.placement import ModulePlacement
+from sdplan.core.runtime.placement import ModulePlacement, block_weights
 from sdplan.core.runtime.weights import WeightFile, bf16_at_load, cpu_bf16
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ class ModuleRunner:
         """Runtime device -> weight names for the whole graph."""
         groups: dict[str, list[str]] = {self.main: list(self.model.other_tensors())}
         for i, dev in enumerate(self.block_device):
-            groups.setdefault(dev, []).extend(self.model.block_tensors(i))
+            groups.setdefault(dev, []).extend(block_weights(self.model, i))
         return groups
 
     def _alloc(self, store: Any, names: Sequence[str], device: str, kind: str, keep: bool) -> _Buf:
@@ -373,7 +373,7 @@ class ModuleRunner:
     def placed_bytes(self) -> dict[str, int]:
         """Bytes of the tensors (in their runtime dtypes) placed on each runtime device by
         the placement, loaded or not: the non-block tensors on the main device, each block
-        on its range's device (the figures a plan's ranges predict)."""
+        on its range's device (a plan's ranges), less the blocks it does not read (block_weights)."""
         return {dev: sum(int(self.rt.nbytes(n)) for n in names) for dev, names in self._groups().items()}
 
     def _snapshot(self) -> None:
@@ -507,7 +507,7 @@ class ModuleRunner:
         other = self.rt.alloc_size(self.model.other_tensors(), backend)
         if self._lora_store is not None:  # resident beside the non-block weights
             other += sum(self._lora_store[1].alloc_size(n, backend) for n in self._lora_groups().values())
-        sizes = [self.rt.alloc_size(self.model.block_tensors(i), backend) for i in range(self.model.n_blocks)]
+        sizes = [self.rt.alloc_size(block_weights(self.model, i), backend) for i in range(self.model.n_blocks)]
         avail = self.pl.budget - other - compute
         first = 0
         segs: list[_Seg] = []
@@ -580,7 +580,7 @@ class ModuleRunner:
         specs: dict[str, tuple[tuple[int, ...], str]] = {}
         for k, seg in enumerate(segs):
             self.cancel.check()
-            names = [n for i in seg.blocks for n in self.model.block_tensors(i)]
+            names = [n for i in seg.blocks for n in block_weights(self.model, i)]
             bufs = []
             if not all(self.rt.resident(n) for n in names):
                 bufs = self._fill(names, self.main, keep=seg.resident)
