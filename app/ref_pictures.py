@@ -73,7 +73,7 @@ class RefThumb(QFrame):
         lay.addWidget(self.picture)
         foot = QHBoxLayout()
         foot.setContentsMargins(0, 0, 0, 0)
-        self.place = QLabel(f"{index + 1}")
+        self.place = QLabel(f"#{index + 1}")
         self.place.setObjectName("Caption")
         foot.addWidget(self.place, 1)
         self.remove_btn = QToolButton()
@@ -82,6 +82,7 @@ class RefThumb(QFrame):
         self.remove_btn.clicked.connect(lambda _=False, i=index: remove(i))
         foot.addWidget(self.remove_btn)
         lay.addLayout(foot)
+        lay.addStretch(1)  # room the strip has beyond the thumbnail (its scroll bar) goes below
 
 
 class RefPicturesGroup(QFrame):
@@ -225,7 +226,7 @@ class RefPicturesGroup(QFrame):
         elif self.message:
             note = self.message
         elif n:
-            note = f"edit: {FLAG} each, in this order"
+            note = f"edit from these pictures ({FLAG} each, in this order)"
         else:
             note = "drop pictures here or Add… to edit them (none: text to image)"
         self.note.setText(note)

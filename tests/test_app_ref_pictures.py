@@ -8,7 +8,8 @@
   order, removed one by one or cleared; they reach the engine request (``ref_images``), the
   written sd-cli command (``-r PATH`` each, in order) and the board's estimate (Qwen-Image's
   vision tower in ``te``'s weights, the Edit graphs in the dry run's compute).
-- A pasted command's ``-r``/``--ref-image`` fill the group (nothing kept verbatim); a dropped
+- A pasted command's ``-r``/``--ref-image`` fill the group (nothing kept verbatim; the queue's
+  summary names the edit); a dropped
   result picture and "Reuse settings" give the run's pictures back (and none for a run that
   had none); a picture's recorded command carries them.
 - The tiny Qwen-Image set through the real engine process from the panel with a reference
@@ -37,7 +38,7 @@ from sdplan.app.generation import GenerationPanel  # noqa: E402
 from sdplan.app.ref_pictures import RefPicturesGroup  # noqa: E402
 from sdplan.core.planning.inventory import Device, Inventory  # noqa: E402
 from sdplan.core.planning.sdcli import import_sdcli_command, parse_sdcli_args  # noqa: E402
-from sdplan.core.session.modules import lift_module_args, module_flags  # noqa: E402
+from sdplan.core.session.modules import lift_module_args, module_flags, module_summary  # noqa: E402
 from sparse_writer import FIXTURES  # noqa: E402
 
 GIB = 1 << 30
@@ -166,6 +167,8 @@ def test_a_pasted_command_fills_the_group(qtbot, pictures) -> None:
     assert lifted == {"ref_images": [a, b]} and kept == ["--canny"]
     assert module_flags({"ref_images": [a, b]}) == ["-r", a, "-r", b]
     assert module_flags({"ref_images": None}) == module_flags({}) == []
+    assert "edit of 2 reference pictures" in module_summary(p.request())  # the queue's line
+    assert not any("reference" in s for s in module_summary({"ref_images": []}))
 
 
 def test_a_dropped_result_picture_and_reuse_settings_give_them_back(qtbot, pictures, tmp_path) -> None:

@@ -240,8 +240,8 @@ def ref_pictures(generation: Mapping[str, Any]) -> list[str]:
 def module_summary(request: Mapping[str, Any]) -> list[str]:
     """One phrase per option a request (a queued job's JSON, or settings) runs beyond its
     model set, for people: ``hires 2× Latent, 10 steps, denoise 0.5``, ``ControlNet
-    canny_cn.safetensors × 0.8 (Canny)``, ``VAE tiles 256×256 px``, ``upscaler
-    x4.safetensors``. Malformed parts are left out (the engine names them)."""
+    canny_cn.safetensors × 0.8 (Canny)``, ``VAE tiles 256×256 px``, ``edit of 2 reference
+    pictures``, ``upscaler x4.safetensors``. Malformed parts are left out (the engine names them)."""
     out: list[str] = []
     try:
         fix = HiresFix.from_request(request)
@@ -272,6 +272,9 @@ def module_summary(request: Mapping[str, Any]) -> list[str]:
         else:
             w, h = (v or 256 for v in tiling.tile_px)
             out.append(f"VAE tiles {w}×{h} px")
+    refs = ref_pictures(request)
+    if refs:
+        out.append(f"edit of {len(refs)} reference picture{'s' if len(refs) != 1 else ''}")
     files = request.get("model_files") or {}
     up = next(iter(files.get("upscale_model") or ()), None) if isinstance(files, Mapping) else None
     if up:
