@@ -243,3 +243,16 @@ def test_the_engine_edits_the_panels_reference_picture(qtbot, tmp_path: Path, pi
     assert args.run(args) == 0
     assert edited.shape == (64, 64, 3) and np.abs(edited - png(cli)).max() <= 1
     assert np.abs(edited - plain).mean() > 1
+
+
+def test_add_takes_several_pictures_from_the_file_dialog(qtbot, pictures, monkeypatch) -> None:
+    from PySide6.QtWidgets import QFileDialog
+
+    p = panel_for(qtbot, QWEN)
+    chosen = [str(pictures[1]), str(pictures[2])]
+    monkeypatch.setattr(QFileDialog, "getOpenFileNames", staticmethod(lambda *a, **k: (chosen, "")))
+    p.inputs.refs.add_btn.click()
+    assert p.inputs.refs.paths == chosen and p.request()["ref_images"] == chosen
+    monkeypatch.setattr(QFileDialog, "getOpenFileNames", staticmethod(lambda *a, **k: ([], "")))
+    p.inputs.refs.add_btn.click()  # cancelled: nothing changes
+    assert p.inputs.refs.paths == chosen
