@@ -12,10 +12,12 @@ start from.
   ignores ``--strength`` there), a variant that needs one says so before Generate, and a
   family that takes no ``-i`` offers no slot (a picture already there stays, with the
   family's refusal beside it, until cleared).
+- **Reference pictures**: an edit model's ``-r/--ref-image`` pictures, in order
+  (:class:`~sdplan.app.ref_pictures.RefPicturesGroup`), where the family honours them.
 
 Every change is emitted as :attr:`InputsPanel.changed`; :meth:`InputsPanel.settings` gives
 the sd-cli keys (``lora_model_dir``, ``lora_apply_mode``, ``init_img``, ``mask``,
-``strength``) that the panel writes into the request and the sd-cli command.
+``strength``, ``ref_images``) that the panel writes into the request and the sd-cli command.
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+from sdplan.app.ref_pictures import RefPicturesGroup
 from sdplan.core.errors import SdplanError
 from sdplan.core.families import family_of, variant_of
 from sdplan.core.families import options as o
 from sdplan.core.modelfiles.lora import LORA_EXTENSIONS, guess_lora_family
 from sdplan.core.pipelines.stages.img2img import picture_notes
 from sdplan.core.planning.adapters import APPLY_MODES
+from sdplan.core.session.modules import ref_pictures
 from sdplan.core.text.lora_tags import format_lora_tag
 
 log = logging.getLogger(__name__)
@@ -255,6 +259,10 @@ class InputsPanel(QFrame):
         side.addStretch(1)
         row.addLayout(side, 1)
         lay.addLayout(row)
+        #: An edit model's reference pictures (``-r``), shown where the family takes them.
+        self.refs = RefPicturesGroup()
+        self.refs.changed.connect(self.changed)
+        lay.addWidget(self.refs)
         self._update_note()
 
     # ------------------------------------------------------------------ LoRA
@@ -340,6 +348,7 @@ class InputsPanel(QFrame):
                                "INIT IMAGE" if self.takes_init else "NO START PICTURE")
         self.init_slot.set_title("First frame" if self.first_frame else "Picture")
         self.init_slot.accepting, self.mask_slot.accepting = self.takes_init, self.takes_mask
+        self.refs.set_architecture(architecture)
         self._update_note()
 
     def _update_note(self) -> None:
@@ -377,11 +386,13 @@ class InputsPanel(QFrame):
     # ------------------------------------------------------------------ settings
     def settings(self) -> dict[str, object]:
         """sd-cli's keys of these inputs (None where unset; ``strength`` None for a video's
-        first frame, which takes none)."""
+        first frame, which takes none; ``ref_images`` the reference pictures in order, None
+        without)."""
         init = self.init_slot.path
         return {"lora_model_dir": self.folder, "lora_apply_mode": self.mode.currentText(),
                 "init_img": init, "mask": self.mask_slot.path if init else None,
-                "strength": round(self.strength.value(), 2) if init and not self.first_frame else None}
+                "strength": round(self.strength.value(), 2) if init and not self.first_frame else None,
+                "ref_images": list(self.refs.paths) or None}
 
     def load(self, values: dict[str, object]) -> None:
         """Show saved or pasted settings (keys of :meth:`settings`) without emitting."""
@@ -395,6 +406,7 @@ class InputsPanel(QFrame):
             self.mask_slot.set_path(str(values["mask"]) if values.get("mask") else None)
             if values.get("strength") is not None:
                 self.strength.setValue(float(values["strength"]))  # type: ignore[arg-type]
+            self.refs.set_paths(ref_pictures(values))
             self._update_note()
         finally:
             self.blockSignals(False)

@@ -5,7 +5,7 @@ not stop the gallery, the history, the app's start or ``--from-image``.
 
 :func:`checked_record` keeps each known field only when it has its type (settings by their
 sd-cli request key: text, whole numbers, numbers, a list of numbers for ``sigmas``, a map of
-texts for ``extra_sample_args``) and drops the rest; every value that stays is one a reader
+texts for ``extra_sample_args``, a list of texts for ``ref_images``) and drops the rest; every value that stays is one a reader
 can format, compare and convert without an exception.
 """
 
@@ -27,6 +27,8 @@ _FLOAT = frozenset({"cfg_scale", "guidance", "eta", "flow_shift", "slg_scale",
 _MAPS = frozenset({"vae_tiling", "hires", "control"})
 #: Longest text kept from a record (characters): a prompt is at most 10,000.
 MAX_TEXT = 100_000
+#: Most reference pictures (``ref_images``, sd-cli's repeated ``-r``) kept from a record.
+MAX_REFS = 64
 
 
 def _number(v: object) -> bool:
@@ -50,6 +52,9 @@ def _keep(key: str, v: object) -> bool:
         return isinstance(v, dict) and len(v) <= 64 and all(
             x is None or isinstance(x, bool) or _number(x) or (isinstance(x, str) and len(x) <= MAX_TEXT)
             or (isinstance(x, list) and len(x) <= 4 and all(_number(y) for y in x)) for x in v.values())
+    if key == "ref_images":  # file names (a picture's) or paths (the app's index)
+        return isinstance(v, list) and len(v) <= MAX_REFS and all(
+            isinstance(x, str) and 0 < len(x) <= MAX_TEXT for x in v)
     if key == "extra_sample_args":
         return (isinstance(v, dict) and all(isinstance(x, str) for x in v.values())) or (
             isinstance(v, str) and len(v) <= MAX_TEXT)

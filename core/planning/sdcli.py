@@ -273,7 +273,8 @@ def picture_command(model_files: Mapping[str, str | Sequence[str]], placement: M
     values (:data:`SDCLI_DEFAULTS`; a ``clip_skip`` <= 0), the LoRA flags
     (``--lora-model-dir``, ``--lora-apply-mode``) only when the prompt has a
     ``<lora:NAME:WEIGHT>`` tag, the picture flags (``--init-img``, ``--mask``, ``--strength``)
-    only with an init image, then ``file_flags``: the flags the model files call for
+    only with an init image, ``-r PATH`` per reference picture (``ref_images``, in order),
+    then ``file_flags``: the flags the model files call for
     (:func:`model_file_flags`, e.g. ``--prediction v``), where the board's command writes them.
 
     Args:
@@ -301,7 +302,10 @@ def picture_command(model_files: Mapping[str, str | Sequence[str]], placement: M
         if (key in _LORA_KEYS and not loras) or (key in _PICTURE_KEYS and not picture) or value == "":
             continue
         gen[key] = ",".join(repr(float(v)) for v in value) if isinstance(value, (list, tuple)) else value
-    return sdcli_command_line(pl, files, gen, program=program, extra=list(file_flags))
+    refs = settings.get("ref_images")
+    refs = [refs] if isinstance(refs, str) else list(refs) if isinstance(refs, (list, tuple)) else []
+    extra = [t for r in refs if r for t in ("-r", str(r))]
+    return sdcli_command_line(pl, files, gen, program=program, extra=[*extra, *file_flags])
 
 
 @dataclass(frozen=True)

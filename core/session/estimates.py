@@ -81,8 +81,16 @@ class Estimates:
         except (TypeError, ValueError):
             return 1
 
+    def ref_pictures(self) -> list[str]:
+        """The settings' reference pictures (``ref_images``, ``-r`` each), in order
+        (:func:`~sdplan.core.session.modules.ref_pictures`)."""
+        from sdplan.core.session.modules import ref_pictures
+
+        return ref_pictures(self.generation)
+
     def estimate(self) -> None:
-        """Estimate the current plan at the size of its largest pass, a video's frames
+        """Estimate the current plan at the size of its largest pass, a video's frames and
+        the reference pictures (an LLM encoder's vision tower, the dry run's Edit graphs)
         included (``fit``; None without a profile or when the estimate cannot be made:
         ``notify`` says why)."""
         self.fit = None
@@ -97,7 +105,8 @@ class Estimates:
             self.fit = estimate_plan(self.plan, self.profile, self.inventory,
                                      width=size[0], height=size[1], batch=size[2],
                                      engine="sdplan", measured=self.measured(size),
-                                     loras=self.lora_profiles(), frames=self.frames())
+                                     loras=self.lora_profiles(), frames=self.frames(),
+                                     ref_images=len(self.ref_pictures()))
         except ValueError as exc:
             self.notify(f"estimate unavailable: {exc}")
 
@@ -195,8 +204,8 @@ class Estimates:
     def measured(self, size: tuple[int, int, int]) -> dict[str, int] | None:
         """Compute bytes per module of sdplan's engine for the open files at ``size``
         (width, height, batch; a video's frames), by a dry run of its graphs on the CPU
-        (:func:`~sdplan.core.pipelines.compute.measure_compute`; with the settings' ControlNet
-        and VAE tiling), cached per files, size and tiling; None without files or when no dry
+        (:func:`~sdplan.core.pipelines.compute.measure_compute`; with the settings' ControlNet,
+        VAE tiling and reference pictures, read from their headers as generate reads them), cached per files, size and tiling; None without files or when no dry
         run is possible."""
         if not self.model_files:
             return None
@@ -206,14 +215,16 @@ class Estimates:
             files["control_net"] = [str(g["control_net"])]
         tiling = g.get("vae_tiling") or None
         frames = self.frames()
-        key = (repr(sorted(files.items())), size, repr(tiling), frames)
+        refs = self.ref_pictures()
+        key = (repr(sorted(files.items())), size, repr(tiling), frames, tuple(refs))
         if key not in self._compute_cache:
             try:
                 from sdplan.core.pipelines.compute import measure_compute
 
                 self._compute_cache[key] = measure_compute(
                     files, width=size[0], height=size[1], batch=size[2],
-                    vae_tiling=tiling, overrides={"video_frames": frames}) or None
+                    vae_tiling=tiling, overrides={"video_frames": frames,
+                                                  **({"ref_images": refs} if refs else {})}) or None
             except Exception as exc:  # noqa: BLE001 - the fitted figures stand in
                 log.info("no dry run of the engine: %s", exc)
                 self._compute_cache[key] = None
@@ -252,7 +263,7 @@ class Estimates:
         w, h, b = self.size()
         try:
             return estimate_plan(plan, self.profile, self.inventory, width=w, height=h, batch=b,
-                                 frames=self.frames())
+                                 frames=self.frames(), ref_images=len(self.ref_pictures()))
         except ValueError:
             return None
 

@@ -12,6 +12,7 @@ queue, without Qt: the hires fix, VAE tiling and ControlNet (sd-cli's request ke
   cards, the plan places them and the estimate counts their weights, as ``sdplan generate``
   counts them (``core/commands/generate_modules.py``; the tests hold the two equal).
 - :func:`peak_size`: the largest picture a run samples (the hires fix's second pass).
+- :func:`ref_pictures`: an edit's reference pictures (``ref_images``, ``-r`` each).
 - :func:`module_flags`: these settings as sd-cli's flags in a dialect (``--vae-tile-size``
   in image pixels for the newest, latent pixels for the snapshot).
 - :func:`module_summary`: one phrase per option a queued request runs.
@@ -42,7 +43,7 @@ from sdplan.core.sampling.names import SAMPLERS
 __all__ = ["GROUP_OPTIONS", "option_refusals", "esrgan_models", "late_modules",
            "late_module_profile", "with_late_modules", "peak_size", "module_flags",
            "module_summary", "command_changes", "lift_module_args", "UPSCALER_WEIGHT_BYTES",
-           "HIGH_NOISE_FLAGS", "takes_high_noise"]
+           "HIGH_NOISE_FLAGS", "takes_high_noise", "ref_pictures"]
 
 #: The generation panel's groups -> the registry option each one sets.
 GROUP_OPTIONS = {"hires": o.HIRES, "vae_tiling": o.VAE_TILING, "control": o.CONTROL}
@@ -164,7 +165,8 @@ def _num(value: float) -> str:
 def module_flags(generation: Mapping[str, Any], dialect: str | None = None, scale: int = 8) -> list[str]:
     """A video run's ``-M vid_gen`` and ``--video-frames`` (``--fps`` away from sd-cli's 16),
     a two-stage model's ``--high-noise-*`` and ``--moe-boundary`` (:data:`HIGH_NOISE_FLAGS`,
-    each away from sd-cli's default), then the hires fix, ControlNet and VAE tiling of ``generation`` as sd-cli's flags, each
+    each away from sd-cli's default), ``-r PATH`` per reference picture (``ref_images``, in
+    order: :func:`ref_pictures`), then the hires fix, ControlNet and VAE tiling of ``generation`` as sd-cli's flags, each
     written only when on, values away from sd-cli's defaults only. ``--vae-tile-size`` is in
     image pixels, converted to latent pixels (``scale`` image pixels each) for the
     ``snapshot`` dialect (spec section 14.7).
@@ -182,6 +184,8 @@ def module_flags(generation: Mapping[str, Any], dialect: str | None = None, scal
         value, default = video.to_request()[key], VideoSettings().to_request()[key]
         if value is not None and value != default:
             argv += [flag, _num(value) if isinstance(value, (int, float)) else str(value)]
+    for path in ref_pictures(generation):  # an edit's reference pictures, in order
+        argv += ["-r", path]
     fix = HiresFix.from_request(generation)
     if fix.enabled:
         d = HiresFix()
@@ -221,11 +225,23 @@ def module_flags(generation: Mapping[str, Any], dialect: str | None = None, scal
     return argv
 
 
+def ref_pictures(generation: Mapping[str, Any]) -> list[str]:
+    """The reference pictures (``ref_images``: sd-cli's ``-r/--ref-image``, repeated) of
+    ``generation`` as paths in order; none for an absent, empty or malformed value (one path
+    given as a string is one picture)."""
+    value = generation.get("ref_images")
+    if isinstance(value, (str, Path)):
+        return [str(value)] if str(value) else []
+    if not isinstance(value, (list, tuple)):
+        return []
+    return [str(p) for p in value if p not in (None, "")]
+
+
 def module_summary(request: Mapping[str, Any]) -> list[str]:
     """One phrase per option a request (a queued job's JSON, or settings) runs beyond its
     model set, for people: ``hires 2× Latent, 10 steps, denoise 0.5``, ``ControlNet
-    canny_cn.safetensors × 0.8 (Canny)``, ``VAE tiles 256×256 px``, ``upscaler
-    x4.safetensors``. Malformed parts are left out (the engine names them)."""
+    canny_cn.safetensors × 0.8 (Canny)``, ``VAE tiles 256×256 px``, ``edit of 2 reference
+    pictures``, ``upscaler x4.safetensors``. Malformed parts are left out (the engine names them)."""
     out: list[str] = []
     try:
         fix = HiresFix.from_request(request)
@@ -256,6 +272,9 @@ def module_summary(request: Mapping[str, Any]) -> list[str]:
         else:
             w, h = (v or 256 for v in tiling.tile_px)
             out.append(f"VAE tiles {w}×{h} px")
+    refs = ref_pictures(request)
+    if refs:
+        out.append(f"edit of {len(refs)} reference picture{'s' if len(refs) != 1 else ''}")
     files = request.get("model_files") or {}
     up = next(iter(files.get("upscale_model") or ()), None) if isinstance(files, Mapping) else None
     if up:
@@ -316,7 +335,8 @@ def lift_module_args(kept: Sequence[str], control_net: str | None, dialect: str 
     (sd-cli's request keys ``hires``, ``vae_tiling``, ``control_net``, ``control_image``,
     ``control_strength``, ``canny``; a video's ``mode``, ``video_frames``, ``fps``; with
     ``high_noise`` (the family takes them: :func:`takes_high_noise`) the high-noise phase's
-    :data:`HIGH_NOISE_FLAGS` keys) and the arguments still kept, in order.
+    :data:`HIGH_NOISE_FLAGS` keys; ``ref_images``: each ``-r/--ref-image`` path, in order) and
+    the arguments still kept, in order.
 
     The video flags are taken with ``-M vid_gen`` (without it sd-cli makes pictures: they stay
     kept). The high-noise flags stay kept when sd-cli would refuse a value (a sampler it does
@@ -332,11 +352,14 @@ def lift_module_args(kept: Sequence[str], control_net: str | None, dialect: str 
 
     args = parse_sdcli_args(list(kept))
     given = {a.flag for a in args}
-    parts: dict[str, list[Any]] = {"hires": [], "tiles": [], "control": [], "video": [], "high": []}
+    parts: dict[str, list[Any]] = {"hires": [], "tiles": [], "control": [], "video": [], "high": [],
+                                   "refs": []}
     rest: list[Any] = []
     video = any(a.flag == "--mode" and a.values == ("vid_gen",) for a in args)
     for a in args:
-        if a.flag in _VIDEO_FLAGS and a.values and video:
+        if a.flag == "--ref-image" and a.values and a.values[0]:
+            parts["refs"].append(a)
+        elif a.flag in _VIDEO_FLAGS and a.values and video:
             parts["video"].append(a)
         elif a.flag in HIGH_NOISE_FLAGS and a.values and high_noise:
             parts["high"].append(a)
@@ -349,6 +372,8 @@ def lift_module_args(kept: Sequence[str], control_net: str | None, dialect: str 
         else:
             rest.append(a)
     out: dict[str, Any] = {}
+    if parts["refs"]:
+        out["ref_images"] = [a.values[0] for a in parts["refs"]]
     if parts["video"]:
         keys = {_VIDEO_FLAGS[a.flag]: a.values[0] for a in parts["video"]}  # the last one wins
         try:

@@ -46,8 +46,8 @@ class Session(BoardSession):
     def import_png(self, path: str | Path) -> list[str]:
         """Restore a run from a picture's metadata (sd-cli's ``parameters`` text or sdplan's
         own; a video's from its container, its frames and frame rate too): prompt and
-        settings, the model files that exist here, and the placement strings. The picture
-        names its files by name: they are looked for beside it, in the current folder and
+        settings (its reference pictures, or none), the model files that exist here, and the
+        placement strings. The picture names its files by name: they are looked for beside it, in the current folder and
         among the model library's files. Returns what was taken (for the status bar).
 
         Raises:
@@ -73,7 +73,9 @@ class Session(BoardSession):
         taken: list[str] = []
         recorded = {**got.settings, **{k: v for k, v in mine.settings.items() if k in got.settings}}
         settings = {k: v for k, v in locate_inputs(recorded, path).items()
-                    if k in GENERATION_FLAGS or k in VIDEO_KEYS}
+                    if k in GENERATION_FLAGS or k in VIDEO_KEYS or k == "ref_images"}
+        if settings:  # the run's reference pictures, or none: never an earlier run's
+            settings.setdefault("ref_images", None)
         if settings:
             self.generation.update(settings)
             taken.append("settings")
@@ -121,7 +123,8 @@ class Session(BoardSession):
                      placement: Mapping[str, str] | None = None,
                      architecture: str | None = None) -> list[str]:
         """Put a result's settings back (the gallery's and the strip's "Reuse settings"):
-        its generation settings (sd-cli keys, a video's frames and frame rate included, through
+        its generation settings (sd-cli keys, a video's frames and frame rate and the reference
+        pictures (none when it had none) included, through
         :func:`~sdplan.core.pipelines.stages.results.reusable_settings`: what the command
         line's ``--from-image`` takes; others are ignored), its model files when they all
         exist here, and its placement strings when they resolve on these devices. Returns one
@@ -150,8 +153,8 @@ class Session(BoardSession):
             except PlanError as exc:
                 notes.append(f"placement not restored: {exc}")
                 new = None
-        known = (set(GENERATION_FLAGS) - {"output"}) | set(VIDEO_KEYS)
-        given = reusable_settings(ImageParameters(dict(settings)), architecture)
+        known = (set(GENERATION_FLAGS) - {"output"}) | set(VIDEO_KEYS) | {"ref_images"}
+        given = {"ref_images": None, **reusable_settings(ImageParameters(dict(settings)), architecture)}
         self.generation.update({k: v for k, v in given.items() if k in known})
         self.apply(new if new is not None else self.placement)
         return notes
