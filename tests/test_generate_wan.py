@@ -135,6 +135,20 @@ def test_refusals_are_one_line(tmp_path: Path, capsys) -> None:
     assert ".webm" in " ".join(capsys.readouterr().err.split())
 
 
+def test_printf_names_are_png_frames_only(tmp_path: Path, capsys) -> None:
+    """A printf-style ``-o`` with a video extension is refused before anything loads (its
+    frames would be PNG pictures named ``.webm``); another extension's refusal names the path
+    as given, not the path with its ``%`` replaced."""
+    for name, said in (("v_%03d.webm", "end it in .png"), ("v_%d.mp4", "end it in .png"),
+                       ("j_%d.jpg", "a video is written as")):
+        args = parse([*flags(), "-o", str(tmp_path / name), "--in-process"])
+        assert args.run(args) == 2
+        out, err = capsys.readouterr()
+        err = " ".join(err.split())
+        assert said in err and repr(str(tmp_path / name)) in err and err.count("error") == 1, err
+        assert out == "" and list(tmp_path.iterdir()) == [], (out, list(tmp_path.iterdir()))
+
+
 @pytest.mark.rpc
 def test_split_over_two_rpc_servers(tmp_path: Path) -> None:
     """--backend diffusion=RPC0&RPC1,te=RPC0&RPC1 over two loopback servers gives the one-device
