@@ -164,3 +164,21 @@ def test_small_memory_bound_timings_outweigh_a_round_trip() -> None:
     assert min(conv_flop) == 2.0 * 2 * 64 * 8 * 8 * 64 * 9  # the demo's 8x8 level
     attn_flop = [2.0 * b * h * n * n * 2 * d for b, h, n, d in calibrate.ATTENTIONS if d == 8]
     assert min(attn_flop) == 2.0 * 2 * 8 * 64 * 64 * 2 * 8
+
+
+def test_calibrate_threads_are_capped_at_the_usable_cpus(monkeypatch, capsys, cache) -> None:
+    """``devices --calibrate -t 999`` measures with the CPUs this process may use, as generate
+    runs (999 busy-waiting threads on 2 cores ran for minutes and kept a profile "with 999
+    threads"), and says so on stderr; a count within them is kept as given."""
+    from sdplan.core import cli
+    from sdplan.core.commands import devices
+    from sdplan.core.runtime import threads
+
+    seen: list[int] = []
+    monkeypatch.setattr(threads, "usable_cpus", lambda: [0, 1])
+    monkeypatch.setattr(devices, "_calibrate", lambda inv, n, drives, quiet: seen.append(n) or inv)
+    assert cli.main(["devices", "--calibrate", "-t", "999", "--json"]) == 0
+    assert cli.main(["devices", "--calibrate", "-t", "1", "--json"]) == 0
+    assert seen == [2, 1]
+    err = capsys.readouterr().err
+    assert err.count("note: -t 999 is capped at the 2 CPUs this process may use") == 1, err

@@ -135,6 +135,20 @@ def test_refusals_are_one_line(tmp_path: Path, capsys) -> None:
     assert ".webm" in " ".join(capsys.readouterr().err.split())
 
 
+def test_printf_names_are_png_frames_only(tmp_path: Path, capsys) -> None:
+    """A printf-style ``-o`` with a video extension is refused before anything loads (its
+    frames would be PNG pictures named ``.webm``); another extension's refusal names the path
+    as given, not the path with its ``%`` replaced."""
+    for name, said in (("v_%03d.webm", "end it in .png"), ("v_%d.mp4", "end it in .png"),
+                       ("j_%d.jpg", "a video is written as")):
+        args = parse([*flags(), "-o", str(tmp_path / name), "--in-process"])
+        assert args.run(args) == 2
+        out, err = capsys.readouterr()
+        err = " ".join(err.split())
+        assert said in err and repr(str(tmp_path / name)) in err and err.count("error") == 1, err
+        assert out == "" and list(tmp_path.iterdir()) == [], (out, list(tmp_path.iterdir()))
+
+
 @pytest.mark.rpc
 def test_split_over_two_rpc_servers(tmp_path: Path) -> None:
     """--backend diffusion=RPC0&RPC1,te=RPC0&RPC1 over two loopback servers gives the one-device
@@ -178,3 +192,22 @@ def test_frame_counts_rounded_with_a_note_and_bounded(tmp_path: Path, capsys) ->
     out = capsys.readouterr()
     assert "note: --video-frames 4: Wan makes 4k+1 frames; 1 will be made" in " ".join(out.err.split() + out.out.split())
     assert sorted(p.name for p in tmp_path.glob("f*.png")) == ["f_0.png"]
+
+
+def test_a_frame_rate_the_encoders_cannot_write_is_refused_before_the_run(tmp_path: Path, capsys) -> None:
+    """``--fps 100000000000`` ran the whole video, then failed writing it with a traceback
+    (PyAV's OverflowError; libvpx-vp9 refuses 2^31 - 1), and the frames were lost: it is one
+    line before anything loads (at most 1000); 1000 itself is written."""
+    from sdplan.core.pipelines.stages.video import read_video
+
+    for fps in ("100000000000", "2147483647", "1001", "0"):
+        args = parse([*flags(), "--fps", fps, "-o", str(tmp_path / "x.webm"), "--in-process"])
+        assert args.run(args) == 2
+        out, err = capsys.readouterr()
+        err = " ".join(err.split())
+        assert f"--fps must be 1..1000, got {fps}" in err and err.count("error") == 1 and out == "", err
+        assert not (tmp_path / "x.webm").exists()
+    args = parse([*flags(), "--fps", "1000", "-o", str(tmp_path / "y.webm"), "--in-process"])
+    assert args.run(args) == 0
+    video, rate = read_video(tmp_path / "y.webm")
+    assert len(video) == 5 and rate == 1000

@@ -84,10 +84,13 @@ def test_refusals_are_one_line(tmp_path: Path, picture: Path, capsys) -> None:
     t2v = FIXTURES / "wan_tiny.safetensors"
     cases = ((flags(None), "-i/--init-img missing: a Wan 2.2 I2V-A14B model animates a start picture"),
              (flags(picture, t2v, None), "-i/--init-img: Wan 2.x video does not take it"),
-             ([*flags(picture), "--strength", "0.5"], "--strength 0.5: Wan image to video"))
+             ([*flags(picture), "--strength", "0.5"], "--strength 0.5: Wan 2.x video's image to video takes the -i "
+              "picture as its first frame"))
     for argv, named in cases:
         args = parse([*argv, "-o", str(tmp_path / "x.webm"), "--in-process"])
         assert args.run(args) == 2
-        err = " ".join(capsys.readouterr().err.split())
+        out, err = capsys.readouterr()
+        err = " ".join(err.split())
         assert named in err and err.count("error") <= 1, err
+        assert out == "", out  # refused from the flags and headers: no plan printed, no engine started
         assert not (tmp_path / "x.webm").exists()

@@ -84,6 +84,16 @@ def test_crop_as_sd_cli() -> None:
     assert crop_box(96, 64, 48, 32) == (0, 0, 96, 64)
 
 
+def test_a_one_pixel_wide_picture_keeps_its_colour(tmp_path) -> None:
+    """A 1 x 400 picture for a 48x32 video: sd-cli's truncation crops int(1 / 1.5) = 0 rows;
+    one row is kept, so the start picture is the picture's grey, not black."""
+    assert crop_box(1, 400, 48, 32) == (0, 199, 1, 1) and crop_box(400, 1, 32, 48) == (199, 0, 1, 1)
+    Image.fromarray(np.full((400, 1, 3), 200, np.uint8)).save(tmp_path / "tall.png")
+    got = start_picture(tmp_path / "tall.png", 48, 32)
+    assert got.shape == (1, 3, 32, 48)
+    np.testing.assert_allclose(got, 200 / 127.5 - 1.0, atol=1e-6)
+
+
 def test_a_wider_picture_is_cropped_then_resized(tmp_path) -> None:
     """A 96x32 picture whose middle 48 columns are the fixture's: cropped to them, no resize."""
     wide = np.zeros((32, 96, 3), np.uint8)

@@ -74,3 +74,23 @@ def test_generate_records_measured_timings_and_prints_the_prediction_beside_them
     line = next(x for x in done.stderr.splitlines() if x.startswith("Predicted: step"))
     assert f"(measured {timings['step_s']:.3f} s," in line
     assert "--verbose: no effect" not in done.stderr  # sd-cli's -v is honoured here
+
+
+def test_threads_beyond_this_machines_cpus_are_priced_as_generate_runs_them(monkeypatch) -> None:
+    """``plan -t 999`` on this machine's devices priced 999 threads (a step of 0.000 s on 2
+    cores) where generate caps -t at the CPUs it may use; an inventory file of another machine
+    keeps the count as given."""
+    import argparse
+
+    from sdplan.core.commands.time_estimate import settings_of
+    from sdplan.core.runtime import threads
+
+    monkeypatch.setattr(threads, "usable_cpus", lambda: [0, 1])
+
+    def ns(t: int, devices: str | None) -> argparse.Namespace:
+        return argparse.Namespace(threads=t, devices=devices, steps=20, cfg_scale=7.0, sampling_method="euler",
+                                  width=512, height=512, batch_count=1)
+
+    assert settings_of(ns(999, None)).threads == 2
+    assert settings_of(ns(1, None)).threads == 1 and settings_of(ns(0, None)).threads == 0
+    assert settings_of(ns(999, "other.json")).threads == 999

@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "threads", 0) < 0:
             raise SdplanError(f"-t/--threads must be >= 0, got {args.threads}")
+        args.threads = _capped_threads(int(getattr(args, "threads", 0) or 0))
         for folder in getattr(args, "drive", None) or []:
             if not os.path.isdir(folder):
                 raise SdplanError(f"--drive {folder!r}: not a folder")
@@ -139,6 +140,23 @@ def run(args: argparse.Namespace) -> int:
     else:
         render_table(inv, feat, servers)
     return 0
+
+
+def _capped_threads(requested: int) -> int:
+    """``-t`` capped at the CPUs this process may use (its affinity mask), as generate caps it
+    (:mod:`sdplan.core.runtime.threads`: ggml's threads busy-wait, so a calibration with more
+    threads than cores measures threads stalling each other, and takes minutes); a note on
+    stderr says so. 0 (the default count) is returned as is."""
+    import sys
+
+    from sdplan.core.runtime.threads import usable_cpus
+
+    cpus = len(usable_cpus())
+    if requested <= cpus:
+        return requested
+    print(f"note: -t {requested} is capped at the {cpus} CPUs this process may use (ggml's threads busy-wait, "
+          "so more threads than cores stall each other)", file=sys.stderr)
+    return cpus
 
 
 def _calibrate(inv: Inventory, threads: int, drives: list[str], quiet: bool) -> Inventory:

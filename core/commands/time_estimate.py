@@ -39,7 +39,9 @@ def add_time_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def settings_of(args: argparse.Namespace) -> RunSettings:
-    """The :class:`RunSettings` of parsed flags (``plan``'s or ``generate``'s).
+    """The :class:`RunSettings` of parsed flags (``plan``'s or ``generate``'s); ``-t`` on this
+    machine's devices (no ``--devices FILE``) capped at the CPUs this process may use, as
+    generate caps it (:mod:`sdplan.core.runtime.threads`).
 
     Raises:
         InvalidArgument: a step count below 1 (0 included), a negative thread count, a CFG
@@ -54,6 +56,10 @@ def settings_of(args: argparse.Namespace) -> RunSettings:
     threads = int(getattr(args, "threads", 0) or 0)
     if threads < 0:
         raise InvalidArgument(f"-t/--threads must be >= 0, got {threads}")
+    if threads and not getattr(args, "devices", None):  # this machine: generate caps -t at its CPUs
+        from sdplan.core.runtime.threads import usable_cpus
+
+        threads = min(threads, len(usable_cpus()))
     cfg = float(getattr(args, "cfg_scale", 7.0))
     if not math.isfinite(cfg):
         raise InvalidArgument(f"--cfg-scale must be a finite number, got {cfg}")

@@ -75,8 +75,11 @@ def check_video_output(args: argparse.Namespace, frame_bytes: int) -> None:
         OutputError: naming ``-o/--output`` and the path.
     """
     from sdplan.core.pipelines.stages.outputs import check_output_file
+    from sdplan.core.pipelines.stages.video import frame_paths, video_kind
 
-    check_output_file("-o/--output", str(video_output(args)).replace("%", "_"), (".png", ".webm", ".mp4", ".avi"),
+    out = video_output(args)
+    first = frame_paths(out, 1)[0] if video_kind(out) == "frames" else out  # a path that will be written
+    check_output_file("-o/--output", str(first), (".png", ".webm", ".mp4", ".avi"),
                       needed_bytes=frame_bytes * video_frames(args))
 
 
@@ -84,7 +87,8 @@ def video_output(args: argparse.Namespace) -> Path:
     """The path ``-o`` names for a video (``output.webm`` when it is left at its default).
 
     Raises:
-        OutputError: an extension sdplan writes no video to.
+        OutputError: an extension sdplan writes no video to (or a printf-style name with a
+            video extension: :func:`~sdplan.core.pipelines.stages.video.video_kind`).
     """
     from sdplan.core.pipelines.stages.video import video_kind
 

@@ -362,7 +362,8 @@ class GenerationRequest:
             InvalidArgument: a sampler or scheduler the family does not run, or options it
                 does not honour (every one named, with the family, in one line; ``variant``'s
                 own options where it has them), or options the variant needs and the
-                request leaves out (named in one line).
+                request leaves out (named in one line), or ``--strength`` away from 0.75
+                beside ``-i`` for a video family (the picture is the first frame).
         """
         if not fam.runs:
             raise ModelFileError("<request>", fam.refusal or f"sdplan does not generate with {fam.title}")
@@ -384,6 +385,11 @@ class GenerationRequest:
         missing = [(o.OPTIONS[opt], why) for opt, why in fam.needs_for(variant).items() if opt not in set_options]
         if missing:
             raise InvalidArgument("; ".join(f"{flag} missing: {why} ({fam.title}); give it" for flag, why in missing))
+        if self.init_img and self.strength != 0.75 and fam.honours(o.VIDEO, variant):
+            # a video family's -i is the first frame (sd-cli's Wan image to video), which no strength
+            # changes; 0.75 is sd-cli's default, which it ignores there
+            raise InvalidArgument(f"--strength {self.strength:g}: {fam.title}'s image to video takes the -i picture "
+                                  "as its first frame, not a strength; remove it")
         if self.cfg_scale is not None and not math.isfinite(self.cfg_scale):
             raise InvalidArgument(f"--cfg-scale must be a finite number, got {self.cfg_scale}")
         high = self.video.high_sampling_method

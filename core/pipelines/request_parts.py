@@ -198,6 +198,11 @@ MODES = ("img_gen", "vid_gen")
 #: models are trained at 81; sd-cli sets no limit, a bound keeps a typo from a day-long run).
 MAX_VIDEO_FRAMES = 1025
 
+#: The most frames per second a video may ask for: sd-cli sets no limit; the encoders refuse
+#: rates far above it only when the file is written, after the whole run (libvpx-vp9 at
+#: 2^31 - 1, every container past 2^31), and players show none of them.
+MAX_FPS = 1000
+
 
 @dataclass(frozen=True)
 class VideoSettings:
@@ -224,7 +229,7 @@ class VideoSettings:
 
         Raises:
             InvalidArgument: a mode sd-cli's generation does not have, frames outside
-                1..:data:`MAX_VIDEO_FRAMES` or fps below 1,
+                1..:data:`MAX_VIDEO_FRAMES` or fps outside 1..:data:`MAX_FPS`,
                 a boundary outside 0..1, naming the flag.
         """
         def pick(key: str, default: Any) -> Any:
@@ -242,8 +247,8 @@ class VideoSettings:
             raise InvalidArgument(f"-M {out.mode!r}: sdplan generates with -M img_gen or vid_gen")
         if not 1 <= out.frames <= MAX_VIDEO_FRAMES:
             raise InvalidArgument(f"--video-frames must be 1..{MAX_VIDEO_FRAMES}, got {out.frames}")
-        if out.fps < 1:
-            raise InvalidArgument(f"--fps must be at least 1, got {out.fps}")
+        if not 1 <= out.fps <= MAX_FPS:
+            raise InvalidArgument(f"--fps must be 1..{MAX_FPS}, got {out.fps}")
         if not 0.0 <= out.moe_boundary <= 1.0 or not math.isfinite(out.high_cfg_scale):
             raise InvalidArgument(f"--moe-boundary must be 0..1 and --high-noise-cfg-scale finite, got "
                                   f"{out.moe_boundary} and {out.high_cfg_scale}")

@@ -5,7 +5,8 @@ request.
 sd-cli's ``-M vid_gen`` writes ``.avi``, ``.webm`` or animated ``.webp`` by the output's
 extension, and a picture sequence for a printf-style name (``frames_%03d.png``); sdplan writes
 ``.webm`` (VP9, yuv420p), ``.mp4`` (H.264, yuv420p, ``+faststart``) and ``.avi`` (MJPEG), and
-PNG frames for a printf-style name or a ``.png`` name (``name_N.png``). Frames whose sides are
+PNG frames for a ``.png`` name, printf-style (``frames_%03d.png``) or not (``name_N.png``); a
+printf-style name with a video extension is refused (its frames are pictures). Frames whose sides are
 odd are padded by one row or column of their edge (yuv420p needs even sides). The file is
 written beside its final name and renamed, so a failed write leaves nothing half-written.
 
@@ -46,17 +47,22 @@ def is_video_file(path: str | Path) -> bool:
 
 
 def video_kind(path: str | Path) -> str:
-    """``frames`` (PNG pictures: a printf-style or ``.png`` name) or the video extension of
+    """``frames`` (PNG pictures: a ``.png`` name, printf-style or not) or the video extension of
     ``path``.
 
     Raises:
-        OutputError: an extension sdplan writes no video to.
+        OutputError: an extension sdplan writes no video to, or a printf-style name with a
+            video extension (its frames would be PNG pictures under that extension).
     """
     p = Path(path)
-    if is_frame_pattern(p) or p.suffix.lower() == ".png":
+    suffix = p.suffix.lower()
+    if suffix == ".png":
         return "frames"
-    if p.suffix.lower() in VIDEO_FORMATS:
-        return p.suffix.lower()
+    if suffix in VIDEO_FORMATS and is_frame_pattern(p):
+        raise OutputError(f"-o {str(p)!r}: a printf-style name writes the frames as PNG pictures; end it in .png "
+                          f"(such as frames_%03d.png), or name one {suffix} video without %d")
+    if suffix in VIDEO_FORMATS:
+        return suffix
     raise OutputError(f"-o {str(p)!r}: a video is written as {', '.join(VIDEO_FORMATS)} or PNG frames "
                       "(a .png or printf-style name such as frames_%03d.png)")
 

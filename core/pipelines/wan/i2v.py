@@ -39,14 +39,16 @@ def _to_srgb(lin: np.ndarray) -> np.ndarray:
 
 def crop_box(width: int, height: int, out_w: int, out_h: int) -> tuple[int, int, int, int]:
     """``(x, y, w, h)`` of the centred crop of a ``width`` x ``height`` picture to the aspect
-    ratio of ``out_w`` x ``out_h`` (sd-cli's float32 arithmetic and truncation)."""
+    ratio of ``out_w`` x ``out_h`` (sd-cli's float32 arithmetic and truncation), at least one
+    pixel each way (a 1 x 4000 picture cropped for a wide video truncates to no rows, which
+    would start the video from black)."""
     dst = np.float32(out_w) / np.float32(out_h)
     src = np.float32(width) / np.float32(height)
     if src > dst:
-        w = int(np.float32(height) * dst)
+        w = max(1, int(np.float32(height) * dst))
         return (width - w) // 2, 0, w, height
     if src < dst:
-        h = int(np.float32(width) / dst)
+        h = max(1, int(np.float32(width) / dst))
         return 0, (height - h) // 2, width, h
     return 0, 0, width, height
 
