@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,10 @@ def video_output(args: argparse.Namespace) -> Path:
 def write_video(res: dict[str, Any], out: Path, text: dict[str, str], console: Any) -> int:
     """Write the run's frames as the video ``out`` (its container's metadata carrying the
     run's text where the format keeps it) or PNG frames (each with the run's text), and print
-    the path(s) on stdout. Returns 0, or 2 when nothing could be written."""
+    the path(s) on stdout. Returns 0, or 2 when ``out`` could not be written: the error is
+    said in one line and the frames are kept as PNG pictures (:func:`keep_frames`), their
+    paths said too, so a finished run is never lost to a full disk or a failing encoder."""
+    from sdplan.core.errors import SdplanError
     from sdplan.core.pipelines.stages.results import save_png
     from sdplan.core.pipelines.stages.video import frame_paths, save_video, video_kind
 
@@ -114,9 +118,40 @@ def write_video(res: dict[str, Any], out: Path, text: dict[str, str], console: A
                 print(path, file=sys.stdout)
             return 0
         save_video(frames, out, fps, text)
-    except OSError as exc:
-        console.print(f"error [output_unwritable]: cannot write {str(out)!r} ({exc.strerror or exc})",
+    except (OSError, SdplanError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        console.print(f"error [output_unwritable]: cannot write {str(out)!r} ({why})",
                       highlight=False, markup=False, soft_wrap=True)
+        kept = keep_frames(frames, out, text)
+        console.print(f"  the {len(frames)} frames are kept as PNG pictures: {kept[0]} .. {kept[-1]}" if kept else
+                      "  the frames could not be kept either", highlight=False, markup=False, soft_wrap=True)
         return 2
     print(out, file=sys.stdout)
     return 0
+
+
+def keep_frames(frames: list[Any], out: Path, text: dict[str, str]) -> list[Path]:
+    """Save ``frames`` (uint8 ``(H, W, 3)``) as PNG pictures (``NAME_0.png``.. after ``out``'s
+    name, each with the run's ``text``) beside ``out`` when none of those names exists and the
+    folder takes them, else in a new folder under the system's temporary folder. Returns the
+    paths written, [] when neither place took them."""
+    import tempfile
+
+    from sdplan.core.pipelines.stages.results import save_png
+    from sdplan.core.pipelines.stages.video import frame_paths
+
+    name = out.with_suffix(".png").name.replace("%", "_")
+    beside = frame_paths(out.with_name(name), len(frames))
+    places: list[Callable[[], list[Path]]] = [] if any(p.exists() for p in beside) else [lambda: beside]
+    places.append(lambda: frame_paths(Path(tempfile.mkdtemp(prefix="sdplan-frames-")) / name, len(frames)))
+    for place in places:
+        written: list[Path] = []
+        try:
+            for k, (img, path) in enumerate(zip(frames, place(), strict=True)):
+                save_png(img, path, text | {"frame_index": str(k)})
+                written.append(path)
+            return written
+        except OSError:
+            for path in written:
+                path.unlink(missing_ok=True)
+    return []
