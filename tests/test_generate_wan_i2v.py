@@ -94,3 +94,28 @@ def test_refusals_are_one_line(tmp_path: Path, picture: Path, capsys) -> None:
         assert named in err and err.count("error") <= 1, err
         assert out == "", out  # refused from the flags and headers: no plan printed, no engine started
         assert not (tmp_path / "x.webm").exists()
+
+
+def test_files_that_do_not_fit_together_are_named_before_anything_loads(tmp_path: Path, picture: Path,
+                                                                         capsys) -> None:
+    """A Wan 2.2 autoencoder beside the I2V experts (16 latent channels), the Wan 2.1 one beside
+    TI2V-5B (48), a text-to-video expert beside an image-to-video one: one line naming the flag
+    and the file, from the headers, before the plan is printed or the engine started."""
+    vae22, ti2v = FIXTURES / "wan22_vae_tiny.safetensors", FIXTURES / "wan_ti2v_tiny.safetensors"
+    i2v_flags = flags(picture)
+    with_vae22 = [vae22 if a == str(VAE) else a for a in i2v_flags]
+    ti2v_flags = [str(ti2v) if a == str(LOW) else a for a in flags(None, high=None)]
+    cases = ((with_vae22, f"{vae22}: --vae: the Wan 2.2 autoencoder (48 latent channels) does not fit this DiT's "
+              "16 latent channels (Wan 2.1 and Wan 2.2 A14B take the Wan 2.1 autoencoder)"),
+             ([*ti2v_flags, "-W", "64", "-H", "64"], f"{VAE}: --vae: the Wan 2.1 autoencoder (16 latent channels) "
+              "does not fit this DiT's 48 latent channels (Wan 2.2 TI2V-5B takes the Wan 2.2 autoencoder)"),
+             (flags(picture, high=FIXTURES / "wan_high_noise_tiny.safetensors"),
+              "--high-noise-diffusion-model: its layout (16 inputs"))
+    for argv, named in cases:
+        args = parse([*map(str, argv), "-o", str(tmp_path / "x.webm"), "--in-process"])
+        assert args.run(args) == 2
+        out, err = capsys.readouterr()
+        err = " ".join(err.split())
+        assert named in err and err.count("error") == 1, err
+        assert out == "", out
+        assert not (tmp_path / "x.webm").exists()

@@ -228,14 +228,14 @@ def read_models(files: dict[str, list[str]]) -> Any:
     they are only checked to be regular files): the family, the profile, the metadata.
     Raises ModelFileError as it does."""
     from sdplan.core.modelfiles.checkpoint import read_model_files
-    from sdplan.core.modelfiles.file_roles import check_file_roles
+    from sdplan.core.modelfiles.file_roles import check_file_roles, check_files
     from sdplan.core.modelfiles.readers import check_model_file
 
     late = ("taesd", "upscale_model")
     for path in (p for key in late for p in files.get(key, ())):
         check_model_file(path)
     check_file_roles(files)  # an encoder or VAE flag given another kind of file
-    return read_model_files({k: v for k, v in files.items() if k not in late})
+    return check_files(read_model_files({k: v for k, v in files.items() if k not in late}), files)
 
 
 def _profile(files: dict[str, list[str]]) -> Any:

@@ -16,6 +16,7 @@ starts).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -183,6 +184,10 @@ class Family:
         vision_refs: its LLM encoder's vision tower reads the reference pictures (Qwen-Image
             Edit); otherwise a vision tower in the encoder's file is never loaded (FLUX.2 dev:
             sd-cli's ``LLMEmbedder`` without vision).
+        file_check: ``"module:function"`` taking the model files (sd-cli's flag keys ->
+            paths) and raising ``ModelFileError`` for files that do not fit together (a Wan DiT
+            and an autoencoder of other latent channels), from their headers, before anything
+            loads (None: the pipeline's own checks when it loads).
     """
 
     name: str
@@ -217,6 +222,18 @@ class Family:
     parallel_cfg: bool = False
     fitted_compute: bool = False
     vision_refs: bool = False
+    file_check: str | None = None
+
+    def check_files(self, files: Mapping[str, Sequence[str]]) -> None:
+        """Run the family's :attr:`file_check` on ``files`` (sd-cli's flag keys -> paths), where
+        it has one.
+
+        Raises:
+            ModelFileError: as the check raises it, naming the file and its flag.
+        """
+        if self.file_check is not None:
+            module, _, func = self.file_check.partition(":")
+            getattr(importlib.import_module(module), func)(files)
 
     def defaults_for(self, variant: str | None) -> Defaults:
         """sd-cli's settings for ``variant`` (the family's when it has none of its own)."""

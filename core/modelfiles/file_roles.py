@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from sdplan.core.errors import ModelFileError
 from sdplan.core.modelfiles.checkpoint import detect_standalone
 from sdplan.core.modelfiles.readers import read_tensor_file
 
-__all__ = ["check_file_roles", "kind_of"]
+__all__ = ["check_file_roles", "check_files", "kind_of"]
 
 #: flag key -> (its spelling, the kind of model it takes)
 ROLES = {"llm": ("--llm", "a language model"), "t5xxl": ("--t5xxl", "a T5 encoder"),
@@ -67,3 +68,20 @@ def check_file_roles(files: Mapping[str, Sequence[str]]) -> None:
             have = kind_of(path)
             if have is not None and have != want:
                 raise ModelFileError(path, f"{flag} takes {want}; this file holds {have}")
+
+
+def check_files(models: Any, files: Mapping[str, Sequence[str]]) -> Any:
+    """``models`` (a :class:`~sdplan.core.modelfiles.checkpoint.ModelSet` read from ``files``)
+    once its family's own check finds that the files fit together
+    (:meth:`~sdplan.core.families.declaration.Family.check_files`: a Wan DiT with the
+    autoencoder of its latent channels...), before anything loads.
+
+    Raises:
+        ModelFileError: as the family's check raises it, naming the file and its flag.
+    """
+    from sdplan.core.families import family
+
+    fam = family(models.architecture.family)
+    if fam is not None:
+        fam.check_files(files)
+    return models

@@ -186,7 +186,7 @@ class WanPipeline(FlowDiTPipeline):
         if self.ae.z != self.ae.mean.shape[1] or not self.ae.has_decoder or latent_c != self.ae.z:
             raise SdplanError(f"{models.vae}: the {self.ae.name} autoencoder with {self.ae.z} latent channels"
                               f"{'' if self.ae.has_decoder else ' and no decoder'} does not decode the DiT's "
-                              f"{self.dit.cfg.in_channels} ({want})")
+                              f"{latent_c} latent channels ({want})")
         self.latent_format = self.ae.latent_format
         if self.i2v and not self.ae.has_encoder(vae_shapes):
             raise SdplanError(f"{models.vae}: an autoencoder without its encoder; Wan image to video encodes the "
