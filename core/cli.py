@@ -128,13 +128,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def negative_values(parser: argparse.ArgumentParser, args_list: list[str]) -> list[str]:
-    """``args_list`` with a negative number list given to an option that takes a value
-    joined to it (``--split-ratio -1,2`` -> ``--split-ratio=-1,2``): argparse takes only a
+    """``args_list`` with a list starting with a negative number given to an option that takes
+    a value joined to it (``--split-ratio -1,2`` -> ``--split-ratio=-1,2``, ``--max-vram
+    -1,cpu=4`` likewise): argparse takes only a
     single negative number for a value and reads ``-1,2`` as an unknown option ("expected one
     argument"), so the value's own check never named what was wrong with it."""
     import re
 
-    number_list = re.compile(r"^-(\d|\.\d)[\d.,eE+-]*$")
+    number_list = re.compile(r"^-(\d|\.\d)")
     actions: dict[str, argparse.Action] = dict(parser._option_string_actions)
     for group in parser._subparsers._group_actions if parser._subparsers else ():
         sub = getattr(group, "choices", {}).get(command_word(args_list) or "")

@@ -110,6 +110,8 @@ def test_a_negative_number_list_reaches_its_flags_own_check(capsys: pytest.Captu
     as before, and a word after a flag that takes no value is left alone."""
     assert cli.negative_values(cli.build_parser("plan"), ["plan", "--split-ratio", "-1,2", "-v", "-1,2"]) == [
         "plan", "--split-ratio=-1,2", "-v", "-1,2"]
+    assert cli.negative_values(cli.build_parser("plan"), ["plan", "--max-vram", "-1,cpu=4"]) == [
+        "plan", "--max-vram=-1,cpu=4"]
     assert cli.main(["plan", "--model-profile", "sd15-f16", "--split-ratio", "-1,2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error [invalid_split_ratio]: --split-ratio: '-1' is not a ratio (write auto, vram or "
