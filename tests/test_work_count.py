@@ -234,3 +234,23 @@ def test_vae_tiling_counts_one_tile_per_tile_of_the_grid() -> None:
     assert tiled.calls == 9
     flops = lambda w: sum(o.flops * o.count for o in w.graph.devices["CPU"].ops)  # noqa: E731
     assert flops(tiled) == pytest.approx(flops(whole) / 4, rel=0.05)
+
+
+def test_wan_is_counted_per_prompt_pass_and_frame() -> None:
+    """Wan's graphs are counted at the video's frames: UMT5 and the DiT once per CFG pass, the
+    decoder once; more frames, more DiT work; an image-to-video DiT's encoder beside the
+    decoder."""
+    from sparse_writer import FIXTURES
+
+    t2v = {"diffusion_model": [str(FIXTURES / "wan_tiny.safetensors")],
+           "t5xxl": [str(FIXTURES / "umt5_tiny.safetensors")], "vae": [str(FIXTURES / "wan_vae_tiny.safetensors")]}
+    one = count_work(t2v, width=64, height=64, cfg=True)
+    five = count_work(t2v, width=64, height=64, cfg=True, overrides={"video_frames": 5})
+    assert [(w.phase, w.calls) for m in ("te", "diffusion", "vae") for w in five[m]] == [
+        ("text", 2), ("step", 2), ("decode", 1)]
+    dit = lambda w: w["diffusion"][0].graph.flops  # noqa: E731
+    assert dit(five) > 1.2 * dit(one)  # two latent frames of tokens instead of one (the 512 text tokens stay)
+    assert count_work(t2v, width=64, height=64, cfg=False)["diffusion"][0].calls == 1
+    i2v = {**t2v, "diffusion_model": [str(FIXTURES / "wan_i2v_tiny.safetensors")]}
+    vae = count_work(i2v, width=64, height=64, cfg=True, overrides={"video_frames": 5})["vae"]
+    assert len(vae) == 2 and vae[1].graph.flops > 0 and vae[1].graph.devices["CPU"].weight_bytes > 0

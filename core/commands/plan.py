@@ -260,8 +260,8 @@ def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argpa
 
     settings = te.settings_of(args)
     inventory = te.with_profiles(inventory, settings.threads)
-    works = count_plan(files, plan, [d.name for d in inventory], width=settings.width, height=settings.height,
-                       batch=settings.batch, cfg=settings.cfg, live=live, vae_tiling=tiling) if files else {}
+    works = count_plan(files, plan, [d.name for d in inventory], width=settings.width, height=settings.height, batch=settings.batch,
+                       cfg=settings.cfg, live=live, vae_tiling=tiling, frames=settings.frames) if files else {}
     return te.predict(plan, inventory, profile, settings, works, files, fit)
 
 

@@ -149,7 +149,7 @@ def predict_run(args: argparse.Namespace, engine: Any, files: dict[str, list[str
         work_files = {**files, **({"control_net": [str(req.control_net)]} if getattr(req, "control_net", None) else {})}
         works = works_from_json(engine.call(WORK_JOB, {
             "model_files": work_files, "width": args.width, "height": args.height, "batch": args.batch_count,
-            "cfg": settings.cfg, "overrides": {"clip_heads": getattr(args, "clip_heads", None)},
+            "cfg": settings.cfg, "overrides": {"clip_heads": getattr(args, "clip_heads", None), "video_frames": settings.frames},
             "placements": plan_placements(plan),
             "vae_tiling": tiling.to_json() if tiling is not None and tiling.enabled else None}))
         report = predict(plan, with_profiles(inventory, settings.threads), profile, settings, works, files, fit)

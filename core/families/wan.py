@@ -89,6 +89,7 @@ WAN = Family(
     variant_compute={"ti2v_5b": ComputeShape("dit", 24, 3072, 512, scale=16),
                      "1.3b": ComputeShape("dit", 12, 1536, 512)},
     pipeline="sdplan.core.pipelines.wan.generate:generate",
-    dry_run="sdplan.core.pipelines.wan.generate:measure", file_check="sdplan.core.pipelines.wan.files:check_files")
+    dry_run="sdplan.core.pipelines.wan.generate:measure", work="sdplan.core.pipelines.wan.generate:work",
+    file_check="sdplan.core.pipelines.wan.files:check_files")
 
 FAMILIES = (WAN,)

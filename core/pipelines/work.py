@@ -1,8 +1,8 @@
 """The work of a generation's graphs, counted from the graphs the engine builds.
 
 :func:`count_work` asks the family's work count (the registry's
-:attr:`~sdplan.core.families.declaration.Family.work`: SD 1.x / 2.x, SD3 / SD3.5 and
-Qwen-Image have one) to build the graphs a generation runs, as the compute dry run does
+:attr:`~sdplan.core.families.declaration.Family.work`: SD 1.x / 2.x, SD3 / SD3.5,
+Qwen-Image and Wan have one) to build the graphs a generation runs, as the compute dry run does
 (:mod:`sdplan.core.pipelines.compute`: no weights loaded, nothing computed), on the planned
 devices, and counts each graph's operations and bytes per device
 (:meth:`~sdplan.core.runtime.runner.ModuleRunner.work`), with how often each runs per
@@ -10,8 +10,9 @@ picture: SD's text encoder once per prompt (twice with CFG's negative prompt), i
 the CFG batch once per sampler evaluation (a ControlNet beside it on the conditional batch),
 its VAE decoder once per batch; SD3's three encoders per prompt, its MMDiT once per pass (a
 pass per prompt), its decoder per picture; Qwen-Image's LLM once, its DiT's prompt and
-negative-prompt graphs once per evaluation, its decoder per picture. With VAE tiling the
-decoder is counted on one tile, run once per tile of the grid. Other families give {} (the
+negative-prompt graphs once per evaluation, its decoder per picture; Wan's UMT5 and DiT once
+per CFG pass, at the video's frames (``overrides["video_frames"]``), its decoder per video.
+With VAE tiling the decoder is counted on one tile, run once per tile of the grid. Other families give {} (the
 prediction falls back to a formula and says so; :mod:`sdplan.core.planning.timing`).
 
 :func:`work_job` is the same as an engine job (:data:`WORK_JOB`), so ``sdplan generate``
@@ -112,13 +113,14 @@ def plan_placements(plan: Any) -> dict[str, Any]:
 
 def count_plan(model_files: Mapping[str, Sequence[str]], plan: Any, device_names: Sequence[str], *,
                width: int, height: int, batch: int = 1, cfg: bool = True, live: bool = False,
-               vae_tiling: Any = None) -> dict[str, list[ModuleWork]]:
+               vae_tiling: Any = None, frames: int = 1) -> dict[str, list[ModuleWork]]:
     """:func:`count_work` of a plan's graphs in this process: on the planned devices when
     ``live`` (the plan's inventory is this process's), else on CPU backends standing in for
     ``device_names`` (another machine's devices, or a process that touches no device but its
     CPU, like the app's: the kernels are then this CPU's, and the prediction prices them by op
     class). ``vae_tiling``: a :class:`~sdplan.core.planning.vae_tiling.VaeTiling` (the
-    decoder in its tiles) or None. {} when the engine cannot count them (logged)."""
+    decoder in its tiles) or None; ``frames``: a video's frames. {} when the engine cannot
+    count them (logged)."""
     try:
         from sdplan.core.runtime.native import native
 
@@ -128,7 +130,7 @@ def count_plan(model_files: Mapping[str, Sequence[str]], plan: Any, device_names
         try:
             return count_work(model_files, width=width, height=height, batch=batch, cfg=cfg,
                               pool=BackendPool(manager, extra), placements=placements,
-                              vae_tiling=vae_tiling.to_json() if vae_tiling is not None and vae_tiling.enabled
+                              overrides={"video_frames": frames}, vae_tiling=vae_tiling.to_json() if vae_tiling is not None and vae_tiling.enabled
                               else None)
         finally:
             manager.close()

@@ -114,14 +114,14 @@ class Estimates:
         """The :class:`~sdplan.core.planning.timing.RunSettings` of the generation settings:
         :meth:`size`, ``steps`` (20 when unset), ``sampling_method`` (sd-cli's ``euler_a``
         when unset), guidance on unless ``cfg_scale`` is 1, ``threads`` (0: as the CPU
-        profile was measured)."""
+        profile was measured), a video's :meth:`frames`."""
         g = self.generation
         w, h, b = self.size()
         cfg = g.get("cfg_scale")
         return RunSettings(width=w, height=h, batch=b, steps=max(1, int(g.get("steps") or 20)),
                            sampler=str(g.get("sampling_method") or "euler_a"),
                            cfg=cfg is None or float(cfg) != 1.0,
-                           threads=max(0, int(g.get("threads") or 0)))
+                           threads=max(0, int(g.get("threads") or 0)), frames=self.frames())
 
     def profiled_inventory(self) -> Inventory:
         """The inventory with each device's measured profile (:attr:`time_profiles`, default
@@ -184,7 +184,7 @@ class Estimates:
         g = self.generation
         tiling = g.get("vae_tiling") or None
         names = tuple(d.name for d in self.inventory)
-        key = (repr(sorted(self.model_files.items())), s.width, s.height, s.batch, s.cfg,
+        key = (repr(sorted(self.model_files.items())), s.width, s.height, s.batch, s.cfg, s.frames,
                repr(self.plan.placement), names, repr(tiling))
         cache = self._work_cache
         if key not in cache:
@@ -196,7 +196,7 @@ class Estimates:
             except (SdplanError, ValueError, TypeError):
                 vt = None
             cache[key] = count_plan(self.model_files, self.plan, names, width=s.width, height=s.height,
-                                    batch=s.batch, cfg=s.cfg, vae_tiling=vt) or None
+                                    batch=s.batch, cfg=s.cfg, vae_tiling=vt, frames=s.frames) or None
             while len(cache) > WORK_CACHE:
                 cache.pop(next(iter(cache)))
         return cache[key]

@@ -137,3 +137,40 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
             out["diffusion"] = max(out["diffusion"], sum(pipe.runners["diffusion"].measure(
                 {k: a.shape for k, a in per_frame.items()}).values()))
         return out
+
+
+def work(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
+         pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
+         vae_tile: tuple[int, int] | None = None) -> dict[str, list[Any]]:
+    """The work of a Wan generation's graphs of ``overrides["video_frames"]`` frames (those
+    :func:`measure` reserves), per module as :class:`~sdplan.core.planning.work.ModuleWork`:
+    UMT5 once per prompt (the negative prompt's too with CFG), the DiT once per sampler
+    evaluation and CFG pass (both experts have one layout: one graph's work stands for either
+    phase), the decoder once per video; an image-to-video DiT's encoder once on the start
+    picture's ``1 + 4 (T - 1)`` frames (TI2V-5B's optional picture is not counted: the
+    request is not known here). ``batch``: Wan runs one video (:mod:`sdplan.core.pipelines.work`).
+
+    Raises:
+        ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
+    """
+    from sdplan.core.planning.work import ModuleWork
+
+    high = model_files.get("high_noise_diffusion_model")
+    models = WanModels(model_files["diffusion_model"][0], model_files["t5xxl"][0], model_files["vae"][0],
+                       high[0] if high else None)
+    frames = int(overrides.get("video_frames") or 1)
+    passes = 2 if cfg else 1
+    with WanPipeline(models, None, pool, placements) as pipe:
+        f, c = pipe.ae.factor, pipe.ae.z
+        h, w, t = height // f, width // f, latent_frames(frames)
+        ins = pipe.dit.inputs(np.zeros((1, pipe.dit.cfg.in_channels, t, h, w), np.float32),
+                              np.zeros((1, WAN_MAX_LENGTH, pipe.dit.cfg.text), np.float32), 1.0)
+        out = {"te": [ModuleWork("te", "text", pipe.runners["t5xxl"].work(
+                   {"ids": (1, WAN_MAX_LENGTH), "mask": (WAN_MAX_LENGTH,)}), passes)],
+               "diffusion": [ModuleWork("diffusion", "step", pipe.runners["diffusion"].work(
+                   {k: a.shape for k, a in ins.items()}), passes)],
+               "vae": [ModuleWork("vae", "decode", pipe.runners["vae"].work({"z": (t, c, h, w)}), 1)]}
+        if pipe.i2v:
+            out["vae"].append(ModuleWork("vae", "decode", pipe.runners["vae_encode"].work(
+                {"video": (video_frames(t), 3, height, width)}), 1))
+        return out
