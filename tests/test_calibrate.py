@@ -182,3 +182,13 @@ def test_calibrate_threads_are_capped_at_the_usable_cpus(monkeypatch, capsys, ca
     assert seen == [2, 1]
     err = capsys.readouterr().err
     assert err.count("note: -t 999 is capped at the 2 CPUs this process may use") == 1, err
+
+
+def test_a_drive_without_calibrate_is_refused_not_ignored(tmp_path, capsys, cache) -> None:
+    """``devices --drive FOLDER`` measures nothing without ``--calibrate``: one line saying so,
+    exit code 2 (it was ignored in silence)."""
+    from sdplan.core import cli
+
+    assert cli.main(["devices", "--drive", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --drive {str(tmp_path)!r}: a drive is measured with --calibrate; add it"]

@@ -117,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "threads", 0) < 0:
             raise SdplanError(f"-t/--threads must be >= 0, got {args.threads}")
         args.threads = _capped_threads(int(getattr(args, "threads", 0) or 0))
+        if getattr(args, "drive", None) and not getattr(args, "calibrate", False):
+            raise SdplanError(f"--drive {args.drive[0]!r}: a drive is measured with --calibrate; add it")
         for folder in getattr(args, "drive", None) or []:
             if not os.path.isdir(folder):
                 raise SdplanError(f"--drive {folder!r}: not a folder")
