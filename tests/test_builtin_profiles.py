@@ -140,7 +140,7 @@ def test_t5_q8_0_against_f16() -> None:
 
 def test_names_and_typos() -> None:
     names = profile_names()
-    assert len(names) == 75 and len(set(names)) == 75
+    assert len(names) == 80 and len(set(names)) == 80
     for n in ("flux1-dev-q8_0", "sd15-f16", "sdxl-base-q4_k", "sd35-large-q5_k"):
         assert n in names
     assert load_builtin_profile("FLUX1-DEV-Q8_0").name == "flux1-dev-q8_0"

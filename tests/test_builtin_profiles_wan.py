@@ -92,3 +92,22 @@ def test_plan_from_the_profile_alone(shared_dir: Path) -> None:
     for phase in doc["phases"]:
         assert [x["device"] for x in phase["ranges"]] == ["CUDA0", "CUDA1"] and phase["ranges"][-1]["last_block"] == 39
     assert doc["fit"]["fits"] and doc["fit"]["modules"]["diffusion"]["phase_residency"] == "both"
+
+
+def test_i2v_a14b_is_the_t2v_expert_with_36_inputs(layouts) -> None:
+    """Wan 2.2 I2V-A14B's built-in profile: two experts of the T2V-A14B layout whose patch
+    embedding takes 36 inputs (20 more channels of 5120 x 1 x 2 x 2 in F16), planned as two
+    40-block diffusion phases with the Wan 2.1 autoencoder and UMT5."""
+    t2v, i2v = load_builtin_profile("wan22-t2v-a14b-f16"), load_builtin_profile("wan22-i2v-a14b-f16")
+    assert i2v.architecture == "wan-i2v_a14b"
+    extra = 20 * 5120 * 1 * 2 * 2 * 2
+    assert i2v.modules["diffusion"].total == i2v.phases["high_noise"].total == t2v.modules["diffusion"].total + extra
+    assert len(i2v.modules["diffusion"].blocks) == len(i2v.phases["high_noise"].blocks) == 40
+    assert i2v.modules["diffusion"].blocks == t2v.modules["diffusion"].blocks  # the inputs are outside the blocks
+    for m in ("te", "vae"):
+        assert i2v.modules[m].total == t2v.modules[m].total
+    info = {i.name: i for i in list_profiles()}
+    i2v_q8, t2v_q8 = info["wan22-i2v-a14b-q8_0"].files, info["wan22-t2v-a14b-q8_0"].files
+    # a DiT GGUF keeps the patch embedding in F16: the same 819,200 bytes more in each expert
+    assert i2v_q8["wan2.2_i2v_high_noise_14B-Q8_0.gguf"] == t2v_q8["wan2.2_t2v_high_noise_14B-Q8_0.gguf"] + extra
+    assert i2v_q8["wan22-i2v-a14b-Q8_0.gguf"] == t2v_q8["wan22-t2v-a14b-Q8_0.gguf"] + extra

@@ -359,6 +359,25 @@ def _widen(layout: Layout, dims: dict[int, int], unit: int = 0, scale: tuple[int
     return [(n, tuple(dim(d) for d in s)) for n, s in layout]
 
 
+def wan_i2v_dit(layouts: dict) -> Layout:
+    """A Wan 2.2 I2V-A14B expert's layout: the T2V-A14B expert's real one with 36 inputs to its
+    patch embedding (the noise, the picture's mask and latent), no image embedder (Wan 2.2 takes
+    no CLIP vision), checked with diffusers' ``WanTransformer3DModel`` of the published
+    Wan-AI/Wan2.2-I2V-A14B-Diffusers ``transformer/config.json``."""
+    out: Layout = [(n, (s[0], 36, *s[2:]) if n == "patch_embedding.weight" else s)
+                   for n, s in _real(layouts, "wan22_t2v_a14b")]
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    with torch.device("meta"):
+        ref = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128,
+                                    in_channels=36, out_channels=16, text_dim=4096, freq_dim=256,
+                                    ffn_dim=13824, num_layers=40, cross_attn_norm=True,
+                                    qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None)
+    _check(out, _meta_params(ref), "Wan 2.2 I2V-A14B expert")
+    return out
+
+
 def klein9b_dit(layouts: dict) -> Layout:
     """FLUX.2 klein 9B's BFL layout from the 4B's real one (module docstring), checked with diffusers."""
     base = _widen(_real(layouts, "flux2_klein_4b"), {7680: 12288}, 3072, (4, 3))
@@ -622,6 +641,9 @@ def build_specs(layouts: dict) -> list[ModelSpec]:
         ModelSpec("wan22-t2v-a14b", "Wan 2.2 T2V-A14B (both experts)", "wan", "F16",
                   _real(layouts, "wan22_t2v_a14b"), "wan2.2_t2v_low_noise_14B_fp16.safetensors",
                   (wan21_vae,), umt5=True, high_noise_file="wan2.2_t2v_high_noise_14B_fp16.safetensors"),
+        ModelSpec("wan22-i2v-a14b", "Wan 2.2 I2V-A14B (both experts)", "wan", "F16", wan_i2v_dit(layouts),
+                  "wan2.2_i2v_low_noise_14B_fp16.safetensors", (wan21_vae,), umt5=True,
+                  high_noise_file="wan2.2_i2v_high_noise_14B_fp16.safetensors"),
     ]
 
 
