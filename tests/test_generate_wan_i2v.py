@@ -119,3 +119,15 @@ def test_files_that_do_not_fit_together_are_named_before_anything_loads(tmp_path
         assert named in err and err.count("error") == 1, err
         assert out == "", out
         assert not (tmp_path / "x.webm").exists()
+
+
+def test_an_image_mode_run_names_the_picture_as_the_first_frame(tmp_path: Path, picture: Path, capsys) -> None:
+    """Without ``-M vid_gen`` the I2V model draws the one frame its picture starts: the CLI says
+    image to video, never "image to image ... strength" (the engine takes no strength here)."""
+    argv = [a for a in flags(picture) if a not in ("-M", "vid_gen", "--video-frames", "5")]
+    args = parse([*argv, "-o", str(tmp_path / "one.png"), "--in-process"])
+    assert args.run(args) == 0
+    out, err = capsys.readouterr()
+    said = out + err
+    assert f"image to video from {picture} (the first frame)" in said and "image to image" not in said
+    assert (tmp_path / "one.png").exists()

@@ -404,22 +404,22 @@ def request_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def checked_request(args: argparse.Namespace, files: dict[str, list[str]], models: Any) -> Any:
-    """The generation request of the flags and ``files`` checked against the family the
-    files' headers show (:meth:`~sdplan.core.pipelines.request.GenerationRequest.check`),
-    before anything loads; the resolved size, steps, CFG and sampler are written back to
-    ``args`` (the plan's estimate and the size check use them).
+    """The request of the flags and ``files`` checked against the files' family
+    (:meth:`~sdplan.core.pipelines.request.GenerationRequest.check`) before anything loads; its
+    size, steps, CFG and sampler are written back to ``args`` (for the estimate and size check).
 
     Raises:
         ModelFileError: a family that is not run, incomplete files; InvalidArgument: a
             sampler, scheduler or option the family does not take, naming each.
     """
+    from sdplan.core.families import options as o
     from sdplan.core.pipelines.request import GenerationRequest, family_for
 
     fam, variant = family_for(models.architecture)
     req = GenerationRequest.from_settings(request_settings(args), files).check(fam, variant)
     args.width, args.height, args.steps = req.width, req.height, req.steps
-    # the hires target's alignment as the family's pipeline makes it: sd-cli's 64 for a UNet
-    # (VAE x the UNet's 8), two latent pixels for the flow DiTs (their patches)
+    args.first_frame = fam.honours(o.VIDEO, variant)  # a video family's -i: its first frame, one under img_gen
+    # the hires target's alignment: sd-cli's 64 for a UNet (VAE x its 8), two latent pixels for a DiT
     args.hires_multiple = 64 if fam.size_rule == "unet" else 2 * fam.vae_scale
     args.cfg_scale, args.sampling_method = req.cfg_scale, req.sampling_method
     return req
@@ -479,7 +479,7 @@ def _print_inputs(console: Any, loras: Any, args: argparse.Namespace) -> None:
         for u in loras.unknown():
             console.print(f"[yellow]LoRA key not applied[/]: {u}", highlight=False)
     if args.init_img:  # a video's start picture takes no strength
-        how = (f"video from {args.init_img} (the first frame)" if getattr(args, "mode", "") == "vid_gen" else
+        how = (f"video from {args.init_img} (the first frame)" if getattr(args, "first_frame", False) else
                f"image from {args.init_img}, strength {args.strength:g}" + (f", mask {args.mask}" if args.mask else ""))
         console.print(f"image to {how}", highlight=False, markup=False)
     for note in [*(getattr(args, "picture_notes", None) or ()), *video_notes(args)]:  # a picture of another shape
