@@ -1,8 +1,10 @@
 """Full-size FLUX.2 klein 4B, Qwen3-4B and FLUX.2 autoencoder layouts from ``../shared/models``
 as sparse files: the separate files (bf16 DiT and encoder, f32 autoencoder with its int64
 batch counter), a Q8_0 GGUF DiT, the diffusers folder's transformer, and one prefixed
-single file inspect as FLUX.2 klein 4B with a Qwen3 encoder, 5 + 20 and 36 splittable
-blocks and sizes equal to the layouts' bytes, and plan on two GPUs with both modules split.
+single file inspect as FLUX.2 klein 4B with a Qwen3 encoder, 5 + 20 and 27 splittable
+blocks (klein reads Qwen3-4B's states after blocks 9, 18, 27: blocks 27..35 and the final norm
+never load, in sd-cli as in sdplan's engine) and sizes equal to the layouts' bytes (the
+encoder's: its read blocks and token embedding), and plan on two GPUs with both modules split.
 
 Expected bytes are computed here from the layouts (elements x 2 for bf16, x 4 for f32, 8 for
 the int64 scalar; Q8_0 stores 32 values in 34 bytes), independently of the readers.
