@@ -209,7 +209,7 @@ def test_library_pairs_dev_with_mistral_and_klein_with_qwen3(tmp_path: Path, lay
     """A folder with FLUX.2 dev, klein 4B, the Mistral GGUF, Qwen3-4B and the FLUX.2
     autoencoder: each DiT runs with its own encoder and the 32-channel VAE."""
     from sdplan.core.modelfiles.library import LibraryCache, scan_library
-    from sdplan.core.modelfiles.library_fit import companions
+    from sdplan.core.modelfiles.library_fit import combined_profile, companions
 
     shared = json.loads((shared_dir / "models/real_size_key_layouts.json").read_text())
     write_sparse(tmp_path / "flux2-dev.safetensors", layouts["flux2_dev_bfl"])
@@ -226,3 +226,9 @@ def test_library_pairs_dev_with_mistral_and_klein_with_qwen3(tmp_path: Path, lay
         flags, missing = companions(by_name[dit], entries)
         assert {k: Path(v[0]).name for k, v in flags.items()} == {
             "diffusion_model": dit, "llm": llm, "vae": "flux2-vae.safetensors"} and missing == ()
+        # the library's profile from the files' cached ones is the files read together: the
+        # encoder less the blocks, final norm and head the family never reads (30 of 40, 27 of 36)
+        together = read_model_files(flags).profile()
+        assert combined_profile([by_name[Path(v[0]).name] for v in flags.values()]) == together
+        assert len(together.modules["te"].blocks) == (30 if "dev" in dit else 27)
+        assert together.modules["te"].total < by_name[llm].weight_bytes

@@ -39,7 +39,7 @@ from sdplan.core.modelfiles.readers import (
     refuse_special_file,
     stat_model_path,
 )
-from sdplan.core.modelfiles.te_read import unread_llm_tensors
+from sdplan.core.modelfiles.te_read import is_llm_tail, unread_llm_tensors
 from sdplan.core.modelfiles.unets import stage_bytes
 from sdplan.core.planning import paths as safe_paths
 from sdplan.core.planning.bounded_json import read_json
@@ -205,7 +205,8 @@ class ModelSet:
                 per_block[t.block] = per_block.get(t.block, 0) + t.info.nbytes
         blocks = tuple(per_block[k] for k in sorted(per_block))
         if module == "te":
-            return ModuleProfile(blocks, other, self.encoder_bytes(tensors), self.block_encoder())
+            tail = sum(t.info.nbytes for t in tensors if t.encoder == "llm" and t.block is None and is_llm_tail(t.info.name))
+            return ModuleProfile(blocks, other, self.encoder_bytes(tensors), self.block_encoder(), tail=tail)
         stages = () if blocks or module != "diffusion" else stage_bytes(
             (t.info.name, t.info.nbytes) for t in self.module_tensors(module, role))
         return ModuleProfile(blocks, other, stages=stages)

@@ -29,11 +29,17 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from sdplan.core.families import family_of
+from sdplan.core.planning.profile import ModuleProfile
 
-__all__ = ["unread_llm_tensors"]
+__all__ = ["unread_llm_tensors", "is_llm_tail", "trim_llm_profile"]
 
 _FINAL_NORM = re.compile(r"(?:^|\.)(?:norm|output_norm)\.weight$")
 _HEAD = re.compile(r"(?:^|\.)(?:lm_head|output)\.weight$")
+
+
+def is_llm_tail(name: str) -> bool:
+    """True for an LLM encoder's final norm or output head (a non-block tensor's name)."""
+    return bool(_HEAD.search(name) or _FINAL_NORM.search(name))
 
 
 class _Info(Protocol):
@@ -69,3 +75,26 @@ def unread_llm_tensors(tensors: Iterable[_Tensor], architecture: str | None) -> 
     out = {t.info.name for t in llm if (t.block is not None and t.block[1] >= read) or (
         t.block is None and (_HEAD.search(t.info.name) or (not final and _FINAL_NORM.search(t.info.name))))}
     return frozenset(out)
+
+
+def trim_llm_profile(mp: ModuleProfile, architecture: str | None) -> ModuleProfile:
+    """``mp``, the ``te`` profile of LLM files read without their diffusion model (the model
+    library's per-file profiles), less what the family of ``architecture`` never reads: the
+    blocks after its last state and, when it does not read the final state, the
+    :attr:`~sdplan.core.planning.profile.ModuleProfile.tail` (final norm and output head).
+    The same bytes :func:`unread_llm_tensors` leaves out of files read together, but for a
+    family that reads the final state among others, whose output head stays counted.
+    ``mp`` unchanged when the family declares no states, its blocks are not the LLM's or it
+    lacks a state the family reads."""
+    fam = family_of(architecture) if architecture else None
+    n = len(mp.blocks)
+    if fam is None or not fam.llm_layers or mp.block_encoder != "llm" or not n:
+        return mp
+    try:
+        read, final = fam.llm_blocks_read(n), n + 1 in fam.llm_out_layers(n)
+    except ValueError:
+        return mp
+    tail = 0 if final else mp.tail
+    dropped = sum(mp.blocks[read:]) + tail
+    encoders = {**mp.encoders, "llm": mp.encoders.get("llm", 0) - dropped} if "llm" in mp.encoders else dict(mp.encoders)
+    return ModuleProfile(mp.blocks[:read], mp.other - tail, encoders, mp.block_encoder, mp.stages, mp.tail - tail)
