@@ -45,6 +45,6 @@ def test_klein_files_open_with_its_flags_and_settings(win, files) -> None:  # no
     cmd = win.strings.command.toPlainText()
     assert f"--diffusion-model {dit}" in cmd and f"--llm {llm}" in cmd and f"--vae {vae}" in cmd
     assert ctl.edit(Placement.from_strings("diffusion=CUDA0&CUDA1,te=CUDA0&CUDA1", "", ""), "split both")
-    for module, n in (("diffusion", 25), ("te", 36)):
+    for module, n in (("diffusion", 25), ("te", 27)):  # klein reads 27 of the 36 encoder blocks
         ranges = ctl.plan.modules[module].ranges
         assert [r.device for r in ranges] == ["CUDA0", "CUDA1"] and ranges[-1].last_block == n - 1

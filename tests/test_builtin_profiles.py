@@ -76,9 +76,13 @@ def test_sizes_match_published_files(got, want, tol) -> None:
 
 
 def test_file_table_matches_modules() -> None:
-    """The per-file table shipped with a profile adds up to its modules."""
+    """The per-file table shipped with a profile adds up to its modules, but for the LLM blocks
+    a family never reads (in the files, not loaded: FLUX.2 klein and dev, Z-Image; their exact
+    bytes in the families' tests)."""
     for info in list_profiles():
-        assert sum(info.files.values()) == info.total_bytes, info.name
+        unread = sum(info.files.values()) - info.total_bytes
+        reads_some = info.architecture.startswith(("flux2", "z_image"))
+        assert unread > 10**8 if reads_some else unread == 0, info.name
     assert _file("flux1-dev-f16", "flux1-dev.safetensors") == load_builtin_profile(
         "flux1-dev-f16").modules["diffusion"].total
 

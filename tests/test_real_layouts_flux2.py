@@ -1,8 +1,10 @@
 """Full-size FLUX.2 klein 4B, Qwen3-4B and FLUX.2 autoencoder layouts from ``../shared/models``
 as sparse files: the separate files (bf16 DiT and encoder, f32 autoencoder with its int64
 batch counter), a Q8_0 GGUF DiT, the diffusers folder's transformer, and one prefixed
-single file inspect as FLUX.2 klein 4B with a Qwen3 encoder, 5 + 20 and 36 splittable
-blocks and sizes equal to the layouts' bytes, and plan on two GPUs with both modules split.
+single file inspect as FLUX.2 klein 4B with a Qwen3 encoder, 5 + 20 and 27 splittable
+blocks (klein reads Qwen3-4B's states after blocks 9, 18, 27: blocks 27..35 and the final norm
+never load, in sd-cli as in sdplan's engine) and sizes equal to the layouts' bytes (the
+encoder's: its read blocks and token embedding), and plan on two GPUs with both modules split.
 
 Expected bytes are computed here from the layouts (elements x 2 for bf16, x 4 for f32, 8 for
 the int64 scalar; Q8_0 stores 32 values in 34 bytes), independently of the readers.
@@ -24,6 +26,8 @@ from test_real_layouts import nbytes, write_sparse, write_sparse_gguf
 
 Layout = dict[str, list[int]]
 GIB = 1 << 30
+#: Qwen3-4B blocks FLUX.2 klein reads: up to its last state, after block 27 (sd-cli's out layers 9, 18, 27)
+READ = 27
 KLEIN_4B_PARAMS = 3_875_544_576  # the layout's elements ("3.88 B" in shared/models/README.md)
 
 
@@ -102,6 +106,19 @@ def files(tmp_path_factory, layouts) -> dict[str, tuple[Path, int]]:
     return out
 
 
+def read_te(layout: Layout, prefix: str = "") -> int:
+    """BF16 bytes of the Qwen3-4B tensors klein's graph uses, from the layout's names alone:
+    ``model.layers.0..26`` and the token embedding (not ``model.norm``: the final state is not
+    read); 298 of the 398 tensors, as sd-cli loads them."""
+    layout = {n.removeprefix(prefix): s for n, s in layout.items() if n.startswith(prefix)}
+
+    def used(n: str) -> bool:
+        return n == "model.embed_tokens.weight" or (
+            n.startswith("model.layers.") and int(n.split(".")[2]) < READ)
+    assert sum(map(used, layout)) == 298 and len(layout) == 398
+    return nbytes(layout, used)
+
+
 def test_separate_files_inspect_as_klein_4b(files, layouts) -> None:
     kl = layouts["flux2_klein_4b"]
     assert len(kl) == 149 and sum(math.prod(s) for s in kl.values()) == KLEIN_4B_PARAMS
@@ -115,14 +132,22 @@ def test_separate_files_inspect_as_klein_4b(files, layouts) -> None:
     assert "text encoder: qwen3, 36 blocks" in arch.evidence
     prof = ms.profile()
     diff, te, ae = prof.modules["diffusion"], prof.modules["te"], prof.modules["vae"]
-    assert len(diff.blocks) == 25 and len(te.blocks) == 36 and not ae.blocks
-    assert diff.total == dit_bytes and te.total == llm_bytes == nbytes(layouts["qwen3_4b_hf"])
+    assert len(diff.blocks) == 25 and len(te.blocks) == READ and not ae.blocks
+    # the plan's te holds the 27 read blocks and the embedding: the file less 9 blocks and the final norm
+    qwen = layouts["qwen3_4b_hf"]
+    assert llm_bytes == nbytes(qwen) and diff.total == dit_bytes and te.total == read_te(qwen)
+    assert llm_bytes - te.total == nbytes(qwen, lambda n: n == "model.norm.weight" or (
+        n.startswith("model.layers.") and int(n.split(".")[2]) >= READ)) == 9 * te.blocks[0] + 2 * 2560
+    assert te.blocks == tuple(nbytes(qwen, lambda n, i=i: n.startswith(f"model.layers.{i}.")) for i in range(READ))
+    assert te.other == nbytes(qwen, lambda n: n == "model.embed_tokens.weight")
     assert ae.total == vbytes
     assert diff.blocks[0] == nbytes(kl, lambda n: n.startswith("double_blocks.0."))
     assert diff.blocks[5] == nbytes(kl, lambda n: n.startswith("single_blocks.0."))
     shared = nbytes(kl, lambda n: "stream_modulation" in n)
     assert diff.other == nbytes(kl, lambda n: "_blocks." not in n) and diff.other > shared > 0.2e9
-    assert te.encoders == {"llm": llm_bytes} and te.block_encoder == "llm"
+    assert te.encoders == {"llm": te.total} and te.block_encoder == "llm"
+    # sd-cli's --auto-fit still counts every tensor of the file (backend_fit.cpp estimate_components)
+    assert prof.autofit["te"] == llm_bytes + 64 * 398
 
 
 def test_plans_on_two_gpus_with_both_modules_split(files) -> None:
@@ -133,7 +158,8 @@ def test_plans_on_two_gpus_with_both_modules_split(files) -> None:
         for n in ("CUDA0", "CUDA1")] + [
         {"name": "CPU", "type": "cpu", "registry": "CPU", "free": 32 * GIB, "total": 32 * GIB}]})
     plan = resolve(["--backend", "diffusion=CUDA0&CUDA1,te=CUDA0&CUDA1,vae=CUDA0"], inv, prof)
-    for module, n in (("diffusion", 25), ("te", 36)):
+    # the te split covers only the 27 blocks klein reads
+    for module, n in (("diffusion", 25), ("te", READ)):
         ranges = plan.modules[module].ranges
         assert [r.device for r in ranges] == ["CUDA0", "CUDA1"]
         assert ranges[0].first_block == 0 and ranges[-1].last_block == n - 1
@@ -193,8 +219,10 @@ def test_one_prefixed_single_file(tmp_path: Path, layouts) -> None:
     ms = read_model_files({"model": [path]})
     assert ms.architecture.name == "flux2_klein-4b" and ms.modules() == ["diffusion", "te", "vae"]
     prof = ms.profile()
-    assert (len(prof.modules["diffusion"].blocks), len(prof.modules["te"].blocks)) == (25, 36)
-    assert sum(m.total for m in prof.modules.values()) == data
+    assert (len(prof.modules["diffusion"].blocks), len(prof.modules["te"].blocks)) == (25, READ)
+    assert prof.modules["te"].total == read_te(shapes, "text_encoders.llm.")
+    assert sum(m.total for m in prof.modules.values()) == data - (
+        nbytes(layouts["qwen3_4b_hf"]) - read_te(layouts["qwen3_4b_hf"]))
     assert prof.modules["vae"].total == vae_bytes(layouts["flux2_vae"])
 
 

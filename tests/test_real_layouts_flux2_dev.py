@@ -2,9 +2,10 @@
 built by ``make_flux2_dev_fixtures.py`` from the published configurations: ``../shared/models``
 holds neither) with the FLUX.2 autoencoder's from ``../shared/models``, as sparse files in the
 released dtypes: ``inspect`` names FLUX.2 dev and every module's bytes equal the layout's; the
-encoder splits its 40 Mistral layers only (the Pixtral vision tower and projector of the
+encoder splits the 30 Mistral layers FLUX.2 dev reads only (its states after layers 10, 20,
+30: layers 30..39, the final norm and the output head never load) (the Pixtral vision tower and projector of the
 published checkpoint are its ``llm_vision`` part, no blocks); ``plan`` over D1's two GPUs
-(``../shared/cases/devices``) splits 8 + 48 DiT blocks and the 40 LLM layers with the right
+(``../shared/cases/devices``) splits 8 + 48 DiT blocks and the 30 LLM layers read with the right
 sizes; the llama.cpp GGUF encoder (Q8_0) and a Q8_0 GGUF DiT are their quantised bytes.
 
 Expected bytes are computed here from the layouts (elements x 2 for BF16, x 4 for F32; Q8_0
@@ -90,20 +91,24 @@ def test_separate_files_inspect_as_flux2_dev(files, layouts) -> None:
     assert "text encoder: llm, 40 blocks" in arch.evidence
     prof = ms.profile()
     diff, te, ae = prof.modules["diffusion"], prof.modules["te"], prof.modules["vae"]
-    assert diff.total == files["dit"][1] and te.total == files["llm"][1] == nbytes(ml)
+    # FLUX.2 dev reads the states after blocks 10, 20, 30: layers 30..39, the final norm and the
+    # output head never load (sd-cli's graph does not use them); the vision tower stays listed
+    assert diff.total == files["dit"][1] and files["llm"][1] == nbytes(ml)
+    assert te.total == nbytes(ml) - nbytes(ml, unread_hf)
     assert ae.total == files["vae"][1] == vae_bytes(layouts["flux2_vae"]) and not ae.blocks
     assert len(diff.blocks) == 56
     assert diff.blocks[0] == nbytes(dl, lambda n: n.startswith("double_blocks.0."))
     assert diff.blocks[8] == nbytes(dl, lambda n: n.startswith("single_blocks.0."))
     assert diff.other == nbytes(dl, lambda n: "_blocks." not in n)
     # the 40 Mistral layers are the blocks; the Pixtral tower and projector are llm_vision
-    assert len(te.blocks) == 40 and te.block_encoder == "llm"
+    assert len(te.blocks) == 30 and te.block_encoder == "llm"
     assert te.blocks[7] == nbytes(ml, lambda n: n.startswith("language_model.model.layers.7."))
     vision = nbytes(ml, lambda n: n.startswith(("vision_tower.", "multi_modal_projector.")))
-    assert te.encoders == {"llm": nbytes(ml) - vision, "llm_vision": vision} and 0.8e9 < vision < 0.9e9
+    assert te.encoders == {"llm": nbytes(ml) - vision - nbytes(ml, unread_hf), "llm_vision": vision}
+    assert 0.8e9 < vision < 0.9e9 and nbytes(ml, unread_hf) == 10 * te.blocks[0] + 2 * (5120 + 131072 * 5120)
 
 
-def test_inspect_command_names_the_family(files) -> None:
+def test_inspect_command_names_the_family(files, layouts) -> None:
     from rpc_util import sdplan_cmd
 
     args = [a for k, v in flags(files).items() for a in (f"--{k.replace('_', '-')}", str(v[0]))]
@@ -112,20 +117,21 @@ def test_inspect_command_names_the_family(files) -> None:
     doc = json.loads(r.stdout)
     assert doc["architecture"]["name"] == "flux2-dev"
     mods = doc["modules"]
-    assert (mods["diffusion"]["blocks"], mods["te"]["blocks"]) == (56, 40)
-    assert [mods[m]["bytes"] for m in ("diffusion", "te", "vae")] == [files[k][1] for k in ("dit", "llm", "vae")]
+    assert (mods["diffusion"]["blocks"], mods["te"]["blocks"]) == (56, 30)
+    assert [mods[m]["bytes"] for m in ("diffusion", "vae")] == [files[k][1] for k in ("dit", "vae")]
+    assert mods["te"]["bytes"] == files["llm"][1] - nbytes(layouts["mistral_small_32_hf"], unread_hf)
 
 
 def test_plan_on_d1s_two_gpus(files, shared_dir: Path) -> None:
-    """Both GPUs of D1 (RTX 4090 + RTX 3060) under the DiT and the encoder: 56 DiT blocks and 40
-    LLM layers in two contiguous ranges each, their bytes the blocks'; the weights of the plan
+    """Both GPUs of D1 (RTX 4090 + RTX 3060) under the DiT and the encoder: 56 DiT blocks and 30
+    LLM layers (of 40; the rest are never read) in two contiguous ranges each, their bytes the blocks'; the weights of the plan
     are the files' less the vision tower, which FLUX.2 dev never loads (its reference pictures go
 through the autoencoder); in bf16 the pair
     (60 GiB + 45 GiB) cannot fit 33 GiB of GPU memory, and the estimate says so."""
     prof = read_model_files(flags(files)).profile()
     inv = Inventory.from_json(json.loads((shared_dir / "cases/devices/D1.json").read_text()))
     plan = resolve(["--backend", "diffusion=CUDA0&CUDA1,te=CUDA0&CUDA1,vae=CUDA0"], inv, prof)
-    for module, n in (("diffusion", 56), ("te", 40)):
+    for module, n in (("diffusion", 56), ("te", 30)):  # the te split: the 30 layers read
         ranges = plan.modules[module].ranges
         assert [r.device for r in ranges] == ["CUDA0", "CUDA1"]
         assert ranges[0].first_block == 0 and ranges[-1].last_block == n - 1
@@ -154,9 +160,16 @@ def test_plan_command_over_d1(files, shared_dir: Path) -> None:
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     mods = json.loads(r.stdout)["modules"]
-    for module, n in (("diffusion", 56), ("te", 40)):
+    for module, n in (("diffusion", 56), ("te", 30)):
         ranges = mods[module]["ranges"]
         assert [x["device"] for x in ranges] == ["CUDA0", "CUDA1"] and ranges[-1]["last_block"] == n - 1
+
+
+def unread_hf(name: str) -> bool:
+    """A Mistral tensor FLUX.2 dev's graph never reads: layers 30..39, the final norm, the head."""
+    if name in ("language_model.model.norm.weight", "language_model.lm_head.weight"):
+        return True
+    return name.startswith("language_model.model.layers.") and int(name.split(".")[3]) >= 30
 
 
 def q8(keep: tuple[str, ...]):
@@ -186,15 +199,17 @@ def test_q8_0_gguf_dit_and_encoder(tmp_path: Path, files, layouts) -> None:
     assert len(diff.blocks) == 56 and diff.total == dit_total
     assert diff.blocks[10] == q8_bytes(dl, lambda n: n.startswith("single_blocks.2."))
     assert 0.5 < dit_total / nbytes(dl) < 0.6
-    assert len(te.blocks) == 40 and te.total == llm_total and te.encoders == {"llm": llm_total}
-    assert te.blocks[39] == q8_bytes(gl, lambda n: n.startswith("blk.39."))
+    unread = q8_bytes(gl, lambda n: n in ("output_norm.weight", "output.weight") or (
+        n.startswith("blk.") and int(n.split(".")[1]) >= 30))
+    assert len(te.blocks) == 30 and te.total == llm_total - unread and te.encoders == {"llm": te.total}
+    assert te.blocks[29] == q8_bytes(gl, lambda n: n.startswith("blk.29."))
 
 
 def test_library_pairs_dev_with_mistral_and_klein_with_qwen3(tmp_path: Path, layouts, shared_dir: Path) -> None:
     """A folder with FLUX.2 dev, klein 4B, the Mistral GGUF, Qwen3-4B and the FLUX.2
     autoencoder: each DiT runs with its own encoder and the 32-channel VAE."""
     from sdplan.core.modelfiles.library import LibraryCache, scan_library
-    from sdplan.core.modelfiles.library_fit import companions
+    from sdplan.core.modelfiles.library_fit import combined_profile, companions
 
     shared = json.loads((shared_dir / "models/real_size_key_layouts.json").read_text())
     write_sparse(tmp_path / "flux2-dev.safetensors", layouts["flux2_dev_bfl"])
@@ -211,3 +226,9 @@ def test_library_pairs_dev_with_mistral_and_klein_with_qwen3(tmp_path: Path, lay
         flags, missing = companions(by_name[dit], entries)
         assert {k: Path(v[0]).name for k, v in flags.items()} == {
             "diffusion_model": dit, "llm": llm, "vae": "flux2-vae.safetensors"} and missing == ()
+        # the library's profile from the files' cached ones is the files read together: the
+        # encoder less the blocks, final norm and head the family never reads (30 of 40, 27 of 36)
+        together = read_model_files(flags).profile()
+        assert combined_profile([by_name[Path(v[0]).name] for v in flags.values()]) == together
+        assert len(together.modules["te"].blocks) == (30 if "dev" in dit else 27)
+        assert together.modules["te"].total < by_name[llm].weight_bytes

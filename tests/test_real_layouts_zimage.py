@@ -81,12 +81,18 @@ def test_z_image_turbo_with_qwen3_safetensors(files, layouts) -> None:
     assert any(e == "text encoder: qwen3, 36 blocks" for e in arch.evidence)
     prof = ms.profile()
     diff, te = prof.modules["diffusion"], prof.modules["te"]
-    assert len(diff.blocks) == 30 and len(te.blocks) == 36
-    assert diff.total == dit_bytes and te.total == llm_bytes == nbytes(layouts["qwen3_4b_hf"])
+    # Z-Image reads hidden_states[-2] (sd-cli's out layer 35): 35 of the 36 blocks, and the
+    # embedding; the last block and the final norm do not load
+    qwen = layouts["qwen3_4b_hf"]
+    assert len(diff.blocks) == 30 and len(te.blocks) == 35
+    assert diff.total == dit_bytes and llm_bytes == nbytes(qwen)
+    assert te.total == nbytes(qwen, lambda n: n == "model.embed_tokens.weight" or (
+        n.startswith("model.layers.") and int(n.split(".")[2]) < 35))
+    assert llm_bytes - te.total == nbytes(qwen, lambda n: n.startswith("model.layers.35.") or n == "model.norm.weight")
     assert diff.blocks[0] == nbytes(layouts["z_image_turbo"], lambda n: n.startswith("layers.0."))
     assert diff.other == nbytes(layouts["z_image_turbo"], lambda n: not n.startswith("layers."))
-    assert te.encoders == {"llm": llm_bytes} and te.block_encoder == "llm"
-    assert te.other == nbytes(layouts["qwen3_4b_hf"], lambda n: ".layers." not in n)
+    assert te.encoders == {"llm": te.total} and te.block_encoder == "llm"
+    assert te.other == nbytes(qwen, lambda n: n == "model.embed_tokens.weight")
 
 
 def test_both_files_as_model_files_and_a_q8_0_gguf_encoder(files, layouts) -> None:
@@ -95,7 +101,10 @@ def test_both_files_as_model_files_and_a_q8_0_gguf_encoder(files, layouts) -> No
     ms = read_model_files({"model": [dit, gguf]})  # as the GUI opens files of any kind
     assert ms.modules() == ["diffusion", "te"] and ms.architecture.family == "z_image"
     te = ms.profile().modules["te"]
-    assert len(te.blocks) == 36 and te.total == gguf_bytes
+    gg = layouts["qwen3_4b_gguf"]  # GGUF names: blk.35 and output_norm are not read
+    unread = sum(q8_bytes(s) if len(s) == 2 else math.prod(s) * 4
+                 for n, s in gg.items() if n.startswith("blk.35.") or n == "output_norm.weight")
+    assert len(te.blocks) == 35 and te.total == gguf_bytes - unread and unread > 10**8
     assert te.blocks[5] == sum(q8_bytes(s) if len(s) == 2 else math.prod(s) * 4
                                for n, s in layouts["qwen3_4b_gguf"].items() if n.startswith("blk.5."))
     assert ms.dtype_mix("te")["Q8_0"] > 4 * 10**9
@@ -109,7 +118,7 @@ def test_plans_on_two_gpus_with_both_modules_split(files) -> None:
         for n in ("CUDA0", "CUDA1")] + [
         {"name": "CPU", "type": "cpu", "registry": "CPU", "free": 32 * GIB, "total": 32 * GIB}]})
     plan = resolve(["--backend", "diffusion=CUDA0&CUDA1,te=CUDA0&CUDA1"], inv, prof)
-    for module, n in (("diffusion", 30), ("te", 36)):
+    for module, n in (("diffusion", 30), ("te", 35)):  # the te split covers the 35 read blocks
         ranges = plan.modules[module].ranges
         assert [r.device for r in ranges] == ["CUDA0", "CUDA1"]
         assert ranges[0].first_block == 0 and ranges[-1].last_block == n - 1

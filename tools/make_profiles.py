@@ -790,8 +790,8 @@ def profile_entry(spec: ModelSpec, suffix: str, t5_layout: Layout,
         ModelTensor(t.info, t.module, t.encoder, t.role, block_of(t.info.name))
         if t.module == "diffusion" or (t.module == "te" and t.encoder == dominant) else t
         for t in tensors]
-    arch = detect_architecture(ms)
-    prof = ms.profile()
+    arch = ms.architecture = detect_architecture(ms)
+    prof = ms.profile()  # te: the LLM blocks the family reads (sdplan.core.modelfiles.te_read)
     dtypes: dict[str, int] = {}
     for t in ms.module_tensors("diffusion"):  # the (low-noise) diffusion model's
         dtypes[t.info.dtype] = dtypes.get(t.info.dtype, 0) + t.info.nbytes

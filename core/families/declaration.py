@@ -188,6 +188,16 @@ class Family:
             paths) and raising ``ModelFileError`` for files that do not fit together (a Wan DiT
             and an autoencoder of other latent channels), from their headers, before anything
             loads (None: the pipeline's own checks when it loads).
+        llm_layers: the hidden states of its LLM text encoder the pipeline reads, in
+            stable-diffusion.cpp's ``out_layers`` numbering (``LLMEmbedder`` in its
+            ``conditioner.hpp``): ``k`` is the state after ``k`` blocks; a negative ``k``
+            counts as transformers' ``hidden_states[k]`` (-1: the final normed state, -2: the
+            state after all blocks but the last). Empty: the final normed state (every block
+            runs). The one source of the pipelines' out layers and of the plan's ``te``
+            blocks (:meth:`llm_blocks_read`): blocks after the last state read are neither
+            loaded by sd-cli (its graph does not use them) nor by sdplan's engine, so the plan
+            does not count them. FLUX.2 klein: 9, 18, 27; FLUX.2 dev: 10, 20, 30; Z-Image:
+            -2; Qwen-Image: the final state.
     """
 
     name: str
@@ -223,6 +233,7 @@ class Family:
     fitted_compute: bool = False
     vision_refs: bool = False
     file_check: str | None = None
+    llm_layers: tuple[int, ...] = ()
 
     def check_files(self, files: Mapping[str, Sequence[str]]) -> None:
         """Run the family's :attr:`file_check` on ``files`` (sd-cli's flag keys -> paths), where
@@ -255,6 +266,23 @@ class Family:
     def needs_for(self, variant: str | None) -> Mapping[str, str]:
         """The options ``variant`` cannot run without: option -> why (none for most)."""
         return self.variant_needs.get(variant or "", {})
+
+    def llm_out_layers(self, n_blocks: int) -> tuple[int, ...]:
+        """The LLM states the pipeline reads (:attr:`llm_layers`) for an encoder of
+        ``n_blocks`` blocks, as positive ``out_layers`` (1..``n_blocks`` + 1, the last the
+        final normed state). Raises ValueError for a state the encoder does not have."""
+        out = tuple((n_blocks + 1 if k == -1 else n_blocks + 1 + k) if k < 0 else k
+                    for k in self.llm_layers or (-1,))
+        bad = [k for k, v in zip(self.llm_layers or (-1,), out, strict=True) if not 1 <= v <= n_blocks + 1]
+        if bad:
+            raise ValueError(f"{self.title} reads LLM states {list(bad)}; the encoder has {n_blocks} blocks")
+        return out
+
+    def llm_blocks_read(self, n_blocks: int) -> int:
+        """How many leading blocks of an ``n_blocks``-block LLM encoder the pipeline runs
+        (the last state it reads, :meth:`llm_out_layers`; at most ``n_blocks``). Raises
+        ValueError as :meth:`llm_out_layers`."""
+        return min(max(self.llm_out_layers(n_blocks)), n_blocks)
 
     @property
     def runs(self) -> bool:

@@ -7,6 +7,8 @@ distillation (sd-cli's ``docs/flux2.md``: ``--cfg-scale 1.0 --steps 4``, euler);
 general ones (20 steps, CFG 1, euler, ``--guidance`` 3.5 into its guidance embedder). The
 estimate's constants: 24 heads over 3072 (klein 4B), 32 over 4096 (9B), 48 over 6144 (dev:
 diffusers' ``Flux2Transformer2DModel`` defaults, 8 double + 48 single blocks), 512 text tokens.
+The DiT reads the Qwen3 states after blocks 9, 18 and 27 (klein; blocks 27.. never run) and
+the Mistral states after blocks 10, 20 and 30 (dev), as sd-cli's ``LLMEmbedder``.
 In the library, dev pairs with an LLM file named for Mistral first, klein with one that is not.
 """
 
@@ -82,7 +84,7 @@ FLUX2_KLEIN = Family(
     size_rule="patch8", latent_format="flux2_ae", vae_scale=16,
     companions=Companions(("llm",), 32, 1024, avoids="mistral"),
     compute=ComputeShape("dit", 24, 3072, 512),
-    variant_compute={"9b": ComputeShape("dit", 32, 4096, 512)},
+    variant_compute={"9b": ComputeShape("dit", 32, 4096, 512)}, llm_layers=(9, 18, 27),
     pipeline="sdplan.core.pipelines.flux2.generate:generate")
 
 FLUX2_DEV = Family(
@@ -93,7 +95,7 @@ FLUX2_DEV = Family(
                        o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
     sampling="flow", defaults=Defaults(1.0, 20, "euler"), size_rule="patch8",
     latent_format="flux2_ae", vae_scale=16, companions=Companions(("llm",), 32, 1024, prefers="mistral", avoids=""),
-    compute=ComputeShape("dit", 48, 6144, 512),
+    compute=ComputeShape("dit", 48, 6144, 512), llm_layers=(10, 20, 30),
     pipeline="sdplan.core.pipelines.flux2_dev.generate:generate",
     dry_run="sdplan.core.pipelines.flux2_dev.generate:measure")
 

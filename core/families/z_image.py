@@ -3,7 +3,9 @@
 Recognised by ``cap_embedder.1`` beside noise refiners. Defaults: Z-Image Turbo's 8-step
 distillation without guidance (Tongyi's model card; sd-cli's ``docs/z_image.md``:
 ``--cfg-scale 1.0 --steps 8``) with euler. The estimate's constants: 30 heads over a 3840
-width, 512 caption tokens. It decodes with FLUX.1's autoencoder.
+width, 512 caption tokens. It decodes with FLUX.1's autoencoder. The DiT reads the LLM's
+second to last hidden state (``hidden_states[-2]``; sd-cli's out layer 35 of Qwen3-4B's 36):
+the last block never runs.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ Z_IMAGE = Family(
     sampling="flow", defaults=Defaults(1.0, 8, "euler"),
     sizes=FLUX_SIZES, size_rule="patch8", latent_format="flux_ae",
     companions=Companions(("llm",), 16, 1024),
-    compute=ComputeShape("dit", 30, 3840, 512),
+    compute=ComputeShape("dit", 30, 3840, 512), llm_layers=(-2,),
     pipeline="sdplan.core.pipelines.z_image.generate:generate")
 
 FAMILIES = (Z_IMAGE,)

@@ -39,6 +39,7 @@ from sdplan.core.modelfiles.readers import (
     refuse_special_file,
     stat_model_path,
 )
+from sdplan.core.modelfiles.te_read import is_llm_tail, unread_llm_tensors
 from sdplan.core.modelfiles.unets import stage_bytes
 from sdplan.core.planning import paths as safe_paths
 from sdplan.core.planning.bounded_json import read_json
@@ -158,10 +159,10 @@ class ModelSet:
         """Bytes of the ``--taesd`` preview decoder (not the main VAE)."""
         return self.module_bytes("vae", "preview")
 
-    def encoder_bytes(self) -> dict[str, int]:
-        """Bytes per ``te`` encoder."""
+    def encoder_bytes(self, tensors: Iterable[ModelTensor] | None = None) -> dict[str, int]:
+        """Bytes per ``te`` encoder of the files (of ``tensors``: the ``te`` ones given)."""
         out: Counter[str] = Counter()
-        for t in self.module_tensors("te"):
+        for t in self.module_tensors("te") if tensors is None else tensors:
             out[t.encoder or "te"] += t.info.nbytes
         return {e: out[e] for e in (*ENCODERS, "te") if out[e]}
 
@@ -186,20 +187,26 @@ class ModelSet:
         """Block bytes (in block order) and non-block bytes of ``module`` (``role``
         ``high_noise``: a two-stage diffusion model's high-noise expert).
 
-        The ``vae`` module is the main VAE; with only a ``--taesd`` file it is the TAE.
+        The ``vae`` module is the main VAE; with only a ``--taesd`` file it is the TAE. ``te``
+        leaves out the LLM tensors the family never reads (:mod:`sdplan.core.modelfiles.te_read`).
         """
         if module == "vae" and not self.module_tensors("vae", "main"):
             role = "preview"
         per_block: dict[tuple[int, int], int] = {}
         other = 0
-        for t in self.module_tensors(module, role):
+        tensors = self.module_tensors(module, role)
+        if module == "te":  # the LLM blocks after the last state the family reads do not load
+            unread = unread_llm_tensors(tensors, self.architecture.name)
+            tensors = [t for t in tensors if t.info.name not in unread]
+        for t in tensors:
             if t.block is None:
                 other += t.info.nbytes
             else:
                 per_block[t.block] = per_block.get(t.block, 0) + t.info.nbytes
         blocks = tuple(per_block[k] for k in sorted(per_block))
         if module == "te":
-            return ModuleProfile(blocks, other, self.encoder_bytes(), self.block_encoder())
+            tail = sum(t.info.nbytes for t in tensors if t.encoder == "llm" and t.block is None and is_llm_tail(t.info.name))
+            return ModuleProfile(blocks, other, self.encoder_bytes(tensors), self.block_encoder(), tail=tail)
         stages = () if blocks or module != "diffusion" else stage_bytes(
             (t.info.name, t.info.nbytes) for t in self.module_tensors(module, role))
         return ModuleProfile(blocks, other, stages=stages)

@@ -29,8 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sdplan.core.families import Companions, family, generation_defaults
+from sdplan.core.families import Companions, family, family_of, generation_defaults
 from sdplan.core.modelfiles.library import DIFFUSION_KINDS, LibraryEntry
+from sdplan.core.modelfiles.te_read import trim_llm_profile
 from sdplan.core.planning.autoplan import auto_plan
 from sdplan.core.planning.estimate import FitReport, estimate_plan
 from sdplan.core.planning.inventory import Inventory
@@ -115,16 +116,18 @@ def companions(model: LibraryEntry, entries: Sequence[LibraryEntry]
 
 def combined_profile(parts: Sequence[LibraryEntry]) -> Profile:
     """One profile of several files, as :func:`sdplan.core.modelfiles.checkpoint.read_model_files`
-    would make of them given together: modules summed; ``te`` keeps the blocks of its
+    would make of them given together: modules summed (an LLM encoder file's less what the
+    family never reads: :func:`sdplan.core.modelfiles.te_read.trim_llm_profile`); ``te`` keeps the blocks of its
     dominant encoder (T5-XXL or the LLM, the larger, else the largest CLIP) and counts
     every other encoder as non-block bytes. Named and typed after the first part."""
     profs = [Profile.from_json(p.profile, source=p.path) for p in parts if p.profile]
     mods: dict[str, ModuleProfile] = {}
     te: list[ModuleProfile] = []
+    arch = profs[0].architecture if profs else None
     for prof in profs:
         for name, mp in prof.modules.items():
-            if name == "te":
-                te.append(mp)
+            if name == "te":  # an encoder file alone: less the LLM blocks the family never reads
+                te.append(mp if family_of(prof.architecture) else trim_llm_profile(mp, arch))
             elif name in mods:
                 old = mods[name]
                 mods[name] = ModuleProfile(old.blocks + mp.blocks, old.other + mp.other)

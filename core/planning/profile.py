@@ -7,7 +7,7 @@ format of ``shared/cases/profiles``)::
     {"modules": {"diffusion": {"blocks": [bytes, ...], "other": bytes,
                                "block_names": [...]?, "stages": [bytes, ...]?},
                  "te": {"blocks": [...], "other": bytes,
-                        "encoders": {"clip_l": bytes, "t5xxl": bytes}?},
+                        "encoders": {"clip_l": bytes, "t5xxl": bytes}?, "tail": bytes?},
                  ...},
      "architecture": str?, "name": str?,
      "autofit": {"diffusion": bytes, "te": bytes, "vae": bytes}?,
@@ -45,6 +45,9 @@ class ModuleProfile:
             UNet's input blocks, middle block and output blocks, in execution order): the
             bytes of each stage, a breakdown of part of ``other``. ``--max-vram`` segments
             pack stages; a layer split never uses them (spec section 8).
+        tail: for ``te``: the bytes of the LLM encoder's final norm and output head (part of
+            ``other``), which a family reading an earlier state never loads
+            (:mod:`sdplan.core.modelfiles.te_read`); 0 when they are not there.
     """
 
     blocks: tuple[int, ...] = ()
@@ -52,6 +55,7 @@ class ModuleProfile:
     encoders: Mapping[str, int] = field(default_factory=dict)
     block_encoder: str | None = None
     stages: tuple[int, ...] = ()
+    tail: int = 0
 
     @property
     def total(self) -> int:
@@ -66,6 +70,8 @@ class ModuleProfile:
             d["block_encoder"] = self.block_encoder
         if self.stages:
             d["stages"] = list(self.stages)
+        if self.tail:
+            d["tail"] = self.tail
         return d
 
 
@@ -159,6 +165,9 @@ def _module_profiles(modules: dict[str, object], source: str) -> dict[str, Modul
         ) or sum(stages) > other:
             raise ModelFileError(source, f"module {name!r}: 'stages' must be a list of bytes "
                                          "within 'other'")
+        tail = raw.get("tail", 0)
+        if not isinstance(tail, int) or isinstance(tail, bool) or not 0 <= tail <= other:
+            raise ModelFileError(source, f"module {name!r}: 'tail' must be bytes within 'other'")
         enc = raw.get("encoders", {}) or {}
         if not isinstance(enc, dict):
             raise ModelFileError(source, f"module {name!r}: 'encoders' must be an object")
@@ -168,5 +177,6 @@ def _module_profiles(modules: dict[str, object], source: str) -> dict[str, Modul
             encoders={str(k): int(v) for k, v in enc.items()},
             block_encoder=raw.get("block_encoder"),
             stages=tuple(stages),
+            tail=tail,
         )
     return mods

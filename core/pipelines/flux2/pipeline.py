@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 from sdplan.core.errors import ModelFileError, SdplanError
-from sdplan.core.families import generation_defaults
+from sdplan.core.families import family, generation_defaults
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.flux2 import Flux2DiT, patchify_latent, unpatchify_latent, untokens
@@ -67,7 +67,7 @@ __all__ = ["KleinModels", "KleinPipeline", "TEMPLATE", "OUT_LAYERS", "MIN_TOKENS
 #: sd-cli's FLUX.2 klein prompt template (prefix, suffix).
 TEMPLATE = ("<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
 #: The LLM states klein takes (after these many blocks), and the padded token count.
-OUT_LAYERS = (9, 18, 27)
+OUT_LAYERS: tuple[int, ...] = family("flux2_klein").llm_layers  # (9, 18, 27): the family declares them
 MIN_TOKENS = 512
 PAD_TOKEN = "<|endoftext|>"
 #: The batch-norm eps of the FLUX.2 autoencoder's latent statistics (its diffusers config).

@@ -49,7 +49,7 @@ SYSTEM = ("You are an AI that reasons about image descriptions. You give structu
 #: sd-cli's FLUX.2 dev prompt template (prefix, suffix), after the BOS token.
 TEMPLATE = (f"[SYSTEM_PROMPT]{SYSTEM}[/SYSTEM_PROMPT][INST]", "[/INST]")
 #: The Mistral states FLUX.2 dev takes (after these many blocks); the rows they are padded to.
-OUT_LAYERS = (10, 20, 30)
+OUT_LAYERS: tuple[int, ...] = family("flux2").llm_layers  # (10, 20, 30): the family declares them
 MIN_ROWS = 512
 #: Mistral-Small-3.2's attention head width (sd-cli ``llm.hpp``: fixed, not in the files).
 HEAD_DIM = 128

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 from sdplan.core.errors import SdplanError
-from sdplan.core.families import generation_defaults
+from sdplan.core.families import family, generation_defaults
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
 from sdplan.core.models.llm import LLMEncoder, llm_config
@@ -191,7 +191,8 @@ class QwenImagePipeline(FlowDiTPipeline):
         if self.vae_cfg.z != len(LATENT_MEAN) or not self.vae_cfg.decoder:
             raise SdplanError(f"{models.vae}: not the Qwen-Image autoencoder (Wan 2.1's decoder of "
                               f"{len(LATENT_MEAN)} latent channels); this one has {self.vae_cfg.z}")
-        self.llm = LLMEncoder(cfg, mrope=_meta_ints(models.llm, MROPE_KEY))  # the final normed states
+        self.llm = LLMEncoder(cfg, family("qwen_image").llm_out_layers(cfg.n_blocks),  # the final normed states
+                              mrope=_meta_ints(models.llm, MROPE_KEY))
         self._llm_path = models.llm
         self.vision = vision_tower(models.llm, shapes(models.llm))
         #: the encoder's positions of a prompt with pictures (:data:`~.edit.POSITIONS`)

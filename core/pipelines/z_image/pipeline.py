@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 from sdplan.core.errors import SdplanError
-from sdplan.core.families import generation_defaults
+from sdplan.core.families import family, generation_defaults
 from sdplan.core.models.llm import LLMEncoder, llm_config
 from sdplan.core.models.z_image import ZImageDiT, unpatchify
 from sdplan.core.pipelines.stages.base import module_placements
@@ -94,7 +94,7 @@ class ZImagePipeline(FlowDiTPipeline):
         if cfg.hidden != self.dit.cfg.context:
             raise SdplanError(f"{models.llm}: the text encoder's width {cfg.hidden} is not the Z-Image "
                               f"DiT's caption width {self.dit.cfg.context}")
-        self.llm = LLMEncoder(cfg, (cfg.n_blocks - 1,))  # hidden_states[-2]
+        self.llm = LLMEncoder(cfg, family("z_image").llm_out_layers(cfg.n_blocks))  # hidden_states[-2]
         self.tokenizer = BPETokenizer.from_gguf(models.llm) if is_gguf(models.llm) else BPETokenizer.qwen()
         pads = {self.dit.cfg.prefix + n: "f32" for n in ("x_pad_token", "cap_pad_token")}
         self.runners["diffusion"] = self._runner("diffusion", self.dit, models.diffusion_model,
