@@ -13,8 +13,9 @@ high-noise expert is released after its phase.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -99,78 +100,77 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
             "runners": pipe.runners}
 
 
-def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
-            pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
-            vae_tile: tuple[int, int] | None = None) -> dict[str, int]:
-    """Compute-buffer bytes per module of a Wan generation of ``overrides["video_frames"]``
-    frames (default 1): UMT5 on 512
-    tokens with its mask; the DiT on the latent video with 512 text tokens (one graph: the
-    negative prompt's is the same shape; with two experts each holds its own graph, counted
-    once: the larger expert's phase runs alone; Wan 2.2 TI2V-5B with its encoder the larger of
-    its graph with one timestep and with one per frame, image to video's); the autoencoder
-    decoding the whole video (with an image-to-video DiT the larger of that and its encoder on
-    the ``1 + 4 (T - 1)`` frames before sampling, with TI2V-5B's encoder on the picture alone:
-    the two run at different times; counted whether or not ``-i`` comes, as the request is not
-    known here).
-
-    Raises:
-        ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
-    """
+@contextlib.contextmanager
+def _graphs(model_files: Mapping[str, list[str]], width: int, height: int, pool: Any,
+            placements: Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """A Wan pipeline on the files (weights not loaded) and its graphs' input shapes at this
+    size and ``overrides["video_frames"]`` (default 1): module -> (runner, shapes) for UMT5 on
+    512 tokens with its mask, the DiT on the latent video, the decoder on the whole video,
+    ``vae_encode`` on an image-to-video DiT's ``1 + 4 (T - 1)`` frames or TI2V-5B's picture, and
+    ``diffusion_frames`` on TI2V-5B's DiT with a timestep per latent frame (its image to video)."""
     high = model_files.get("high_noise_diffusion_model")
     models = WanModels(model_files["diffusion_model"][0], model_files["t5xxl"][0], model_files["vae"][0],
                        high[0] if high else None)
-    frames = int(overrides.get("video_frames") or 1)
+    t = latent_frames(int(overrides.get("video_frames") or 1))
     with WanPipeline(models, None, pool, placements) as pipe:
         f, c = pipe.ae.factor, pipe.ae.z  # 8x and 16 channels; Wan 2.2 TI2V-5B's autoencoder 16x and 48
-        h, w, t = height // f, width // f, latent_frames(frames)
+        h, w = height // f, width // f
         ins = pipe.dit.inputs(np.zeros((1, pipe.dit.cfg.in_channels, t, h, w), np.float32),
                               np.zeros((1, WAN_MAX_LENGTH, pipe.dit.cfg.text), np.float32), 1.0)
         graphs = {"te": (pipe.runners["t5xxl"], {"ids": (1, WAN_MAX_LENGTH), "mask": (WAN_MAX_LENGTH,)}),
                   "diffusion": (pipe.runners["diffusion"], {k: a.shape for k, a in ins.items()}),
                   "vae": (pipe.runners["vae"], {"z": (t, c, h, w)})}
-        out = {module: sum(r.measure(s).values()) for module, (r, s) in graphs.items()}
         if "vae_encode" in pipe.runners:
-            enc = pipe.runners["vae_encode"].measure({"video": (video_frames(t) if pipe.i2v else 1, 3, height, width)})
-            out["vae"] = max(out["vae"], sum(enc.values()))
+            graphs["vae_encode"] = (pipe.runners["vae_encode"],
+                                    {"video": (video_frames(t) if pipe.i2v else 1, 3, height, width)})
         if pipe.ti2v and "vae_encode" in pipe.runners and t > 1:  # image to video: a timestep per frame
-            per_frame = {**ins, "t": np.zeros(t, np.float32)}
-            out["diffusion"] = max(out["diffusion"], sum(pipe.runners["diffusion"].measure(
-                {k: a.shape for k, a in per_frame.items()}).values()))
-        return out
+            graphs["diffusion_frames"] = (pipe.runners["diffusion"], {**graphs["diffusion"][1], "t": (t,)})
+        yield pipe, graphs
+
+
+def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
+            pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
+            vae_tile: tuple[int, int] | None = None) -> dict[str, int]:
+    """Compute-buffer bytes per module of a Wan generation (:func:`_graphs`): UMT5; the DiT
+    (one graph: the negative prompt's is the same shape; with two experts each holds its own
+    graph, counted once: the larger expert's phase runs alone; TI2V-5B with its encoder the
+    larger of its graph with one timestep and with one per frame, image to video's); the
+    autoencoder, the larger of its decoder and its encoder (they run at different times;
+    counted whether or not ``-i`` comes, as the request is not known here).
+
+    Raises:
+        ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
+    """
+    with _graphs(model_files, width, height, pool, placements, overrides) as (_, graphs):
+        size = {name: sum(r.measure(s).values()) for name, (r, s) in graphs.items()}
+    return {"te": size["te"], "diffusion": max(size["diffusion"], size.get("diffusion_frames", 0)),
+            "vae": max(size["vae"], size.get("vae_encode", 0))}
 
 
 def work(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
          pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
          vae_tile: tuple[int, int] | None = None) -> dict[str, list[Any]]:
-    """The work of a Wan generation's graphs of ``overrides["video_frames"]`` frames (those
-    :func:`measure` reserves), per module as :class:`~sdplan.core.planning.work.ModuleWork`:
-    UMT5 once per prompt (the negative prompt's too with CFG), the DiT once per sampler
-    evaluation and CFG pass (both experts have one layout: one graph's work stands for either
-    phase), the decoder once per video; an image-to-video DiT's encoder once on the start
-    picture's ``1 + 4 (T - 1)`` frames (TI2V-5B's optional picture is not counted: the
-    request is not known here). ``batch``: Wan runs one video (:mod:`sdplan.core.pipelines.work`).
+    """The work of a Wan generation's graphs (:func:`_graphs`), per module as
+    :class:`~sdplan.core.planning.work.ModuleWork`: UMT5 once per prompt (the negative
+    prompt's too with CFG), the DiT once per sampler evaluation and CFG pass (both experts
+    have one layout: one graph's work stands for either phase), the decoder once per video;
+    an image-to-video DiT's encoder once on the start picture's frames (TI2V-5B's optional
+    picture is not counted: the request is not known here). ``batch``: Wan runs one video
+    (:mod:`sdplan.core.pipelines.work`).
 
     Raises:
         ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
     """
     from sdplan.core.planning.work import ModuleWork
 
-    high = model_files.get("high_noise_diffusion_model")
-    models = WanModels(model_files["diffusion_model"][0], model_files["t5xxl"][0], model_files["vae"][0],
-                       high[0] if high else None)
-    frames = int(overrides.get("video_frames") or 1)
     passes = 2 if cfg else 1
-    with WanPipeline(models, None, pool, placements) as pipe:
-        f, c = pipe.ae.factor, pipe.ae.z
-        h, w, t = height // f, width // f, latent_frames(frames)
-        ins = pipe.dit.inputs(np.zeros((1, pipe.dit.cfg.in_channels, t, h, w), np.float32),
-                              np.zeros((1, WAN_MAX_LENGTH, pipe.dit.cfg.text), np.float32), 1.0)
-        out = {"te": [ModuleWork("te", "text", pipe.runners["t5xxl"].work(
-                   {"ids": (1, WAN_MAX_LENGTH), "mask": (WAN_MAX_LENGTH,)}), passes)],
-               "diffusion": [ModuleWork("diffusion", "step", pipe.runners["diffusion"].work(
-                   {k: a.shape for k, a in ins.items()}), passes)],
-               "vae": [ModuleWork("vae", "decode", pipe.runners["vae"].work({"z": (t, c, h, w)}), 1)]}
+    with _graphs(model_files, width, height, pool, placements, overrides) as (pipe, graphs):
+        def one(name: str, module: str, phase: str, calls: int) -> Any:
+            runner, shapes = graphs[name]
+            return ModuleWork(module, phase, runner.work(shapes), calls)
+
+        out = {"te": [one("te", "te", "text", passes)], "diffusion": [one("diffusion", "diffusion", "step", passes)],
+               "vae": [one("vae", "vae", "decode", 1)]}
         if pipe.i2v:
-            out["vae"].append(ModuleWork("vae", "decode", pipe.runners["vae_encode"].work(
-                {"video": (video_frames(t), 3, height, width)}), 1))
+            out["vae"].append(one("vae_encode", "vae", "decode", 1))
         return out
