@@ -19,7 +19,7 @@ from sparse_writer import FIXTURES
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
-from generate_util import parse, png  # noqa: E402
+from generate_util import parse, png, wan_q8_gguf  # noqa: E402
 from sdplan.core.pipelines.stages.results import image_to_uint8, read_generation  # noqa: E402
 from sdplan.core.pipelines.stages.video import read_video  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
@@ -53,29 +53,6 @@ def fixed_noise(monkeypatch):
     monkeypatch.setattr(PhiloxNoise, "randn", lambda self, shape: R["pipe.noise"].copy())
 
 
-def write_q8(dst: Path) -> Path:
-    """The low-noise expert as a GGUF file: matrices Q8_0 (rows of 32), vectors f32, the 5-D
-    patch embedding stored 4-D as GGUF holds it, the head width in the metadata."""
-    import gguf
-
-    w = gguf.GGUFWriter(str(dst), "wan")
-    w.add_string("sdplan.head_dim", "24")
-    for name, arr in load_file(str(LOW)).items():
-        a = arr.astype(np.float32)
-        if a.ndim == 5:
-            a = a.reshape(a.shape[0], a.shape[1], a.shape[3], a.shape[4])
-        if a.ndim == 2 and a.shape[1] % 32 == 0:
-            q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(name, a if a.ndim < 2 else a.astype(np.float16))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 def test_png_frames_are_the_diffusers_video(tmp_path: Path, fixed_noise) -> None:
     args = parse([*flags(), "-o", str(tmp_path / "f_%03d.png"), "--in-process"])
     assert args.run(args) == 0
@@ -105,7 +82,7 @@ def test_webm_by_default_and_mp4(tmp_path: Path, fixed_noise, monkeypatch) -> No
 
 
 def test_q8_0_gguf_dit(tmp_path: Path, fixed_noise) -> None:
-    q8 = write_q8(tmp_path / "wan-tiny-Q8_0.gguf")
+    q8 = wan_q8_gguf(LOW, tmp_path / "wan-tiny-Q8_0.gguf")
     for dit, name in ((LOW, "a"), (q8, "b")):
         (tmp_path / name).mkdir()
         args = parse([*flags(dit, None), "-o", str(tmp_path / name / "f_%03d.png"), "--in-process"])

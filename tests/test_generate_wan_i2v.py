@@ -20,7 +20,7 @@ from sparse_writer import FIXTURES
 G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("sdplan._ggml has no Graph in this build", allow_module_level=True)
-from generate_util import parse, png  # noqa: E402
+from generate_util import parse, png, wan_q8_gguf  # noqa: E402
 from sdplan.core.pipelines.stages.results import image_to_uint8, read_generation  # noqa: E402
 from sdplan.core.pipelines.stages.video import read_video  # noqa: E402
 from sdplan.core.sampling.noise import PhiloxNoise  # noqa: E402
@@ -131,3 +131,43 @@ def test_an_image_mode_run_names_the_picture_as_the_first_frame(tmp_path: Path, 
     said = out + err
     assert f"image to video from {picture} (the first frame)" in said and "image to image" not in said
     assert (tmp_path / "one.png").exists()
+
+
+def test_split_over_two_rpc_servers(tmp_path: Path, picture: Path) -> None:
+    """Image to video with both experts and UMT5 split over two loopback servers and the
+    autoencoder (its encoder for the start picture, then its decoder) on one of them: the
+    one-device frames within 1/255."""
+    import sdplan._ggml as G
+    from conftest import require_or_skip
+    from rpc_util import rpc_servers
+
+    if not G.rpc_available():
+        require_or_skip("the loaded ggml has no RPC backend", "SDPLAN_REQUIRE_RPC")
+    out = {k: tmp_path / k for k in ("one", "split")}
+    for folder in out.values():
+        folder.mkdir()
+    args = parse([*flags(picture), "-s", "5", "-o", str(out["one"] / "f_%03d.png")])
+    assert args.run(args) == 0
+    with rpc_servers(2) as servers:
+        args = parse([*flags(picture), "-s", "5", "-o", str(out["split"] / "f_%03d.png"),
+                      "--rpc-servers", ",".join(s.endpoint for s in servers),
+                      "--backend", "diffusion=RPC0&RPC1,te=RPC0&RPC1,vae=RPC1"])
+        assert args.run(args) == 0
+    one, split = ([png(out[k] / f"f_{i:03d}.png") for i in range(5)] for k in ("one", "split"))
+    assert max(int(np.abs(a - b).max()) for a, b in zip(one, split, strict=True)) <= 1
+    assert np.stack(one).std() > 5
+    rec = read_generation(out["split"] / "f_000.png")
+    assert "RPC0&RPC1" in rec.placement["backend"] and rec.settings["init_img"].endswith("picture.png")
+
+
+def test_q8_0_gguf_experts(tmp_path: Path, picture: Path) -> None:
+    """Both image-to-video experts as Q8_0 GGUF files give the safetensors run's frames within
+    the rounding of a tiny random model."""
+    q8 = {p: wan_q8_gguf(p, tmp_path / (p.stem + "-Q8_0.gguf")) for p in (LOW, HIGH)}
+    for name, (low, high) in {"a": (LOW, HIGH), "b": (q8[LOW], q8[HIGH])}.items():
+        (tmp_path / name).mkdir()
+        args = parse([*flags(picture, low, high), "-o", str(tmp_path / name / "f_%03d.png"), "--in-process"])
+        assert args.run(args) == 0
+    a, b = (np.stack([png(tmp_path / k / f"f_{i:03d}.png") for i in range(5)]) for k in ("a", "b"))
+    diff = np.abs(a - b)
+    assert 0 < diff.max() <= 24 and diff.mean() < 4
