@@ -118,3 +118,16 @@ def test_sdplan_parts_split_the_runs() -> None:
     res["runs"].update({"@load": 2.75, "@load:te": 0.25, "@load:diffusion": 2.0, "@load:vae": 0.5})
     got = brs.sdplan_parts(res, steps=4)
     assert got == {"text": 0.5, "step": 1.5, "decode": 0.5, "load": 2.75, "whole": 10.0, "peak_rss": 3 << 30}
+
+
+def test_an_sdcli_killed_in_its_decode_keeps_the_phases_it_finished(tmp_path: Path, capsys) -> None:
+    """sd-cli killed by the kernel in its decode (out of memory): its text and step stay in the
+    row, its decode and whole time are not measured, and the script goes on."""
+    fake = tmp_path / "sd-cli"
+    fake.write_text("#!/bin/sh\necho '[INFO ] loading tensors completed, taking 1.00s (read: 1.00s)'\n"
+                    "echo '[INFO ] get_learned_condition completed, taking 3.00s'\n"
+                    "echo '[INFO ] sampling completed, taking 40.00s'\nkill -9 $$\n")
+    fake.chmod(0o755)
+    got = brs.run_sdcli(str(fake), [], 2, tmp_path / "sdcli.log")
+    assert (got["text"], got["step"]) == (2.0, 20.0) and math.isnan(got["decode"]) and math.isnan(got["whole"])
+    assert "sd-cli killed (SIGKILL: out of memory?)" in capsys.readouterr().err
