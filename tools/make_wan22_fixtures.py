@@ -64,36 +64,24 @@ CFG = 3.5
 
 # --------------------------------------------------------------------------- autoencoder names
 
-_RES = {"norm1.gamma": "residual.0.gamma", "conv1": "residual.2", "norm2.gamma": "residual.3.gamma",
-        "conv2": "residual.6", "conv_shortcut": "shortcut"}
-_TOP = {"quant_conv": "conv1", "post_quant_conv": "conv2", "encoder.conv_in": "encoder.conv1",
-        "decoder.conv_in": "decoder.conv1", "encoder.norm_out.gamma": "encoder.head.0.gamma",
-        "encoder.conv_out": "encoder.head.2", "decoder.norm_out.gamma": "decoder.head.0.gamma",
-        "decoder.conv_out": "decoder.head.2"}
-
-
-def _resname(tail: str) -> str:
-    return next(_RES[r] + tail[len(r):] for r in _RES if tail == r or tail.startswith(r + "."))
-
-
 def vae_to_wan22(vae) -> dict:
     """diffusers ``AutoencoderKLWan(is_residual=True)`` names -> the original Wan 2.2 names."""
     n_res = {"encoder": VAE["num_res_blocks"], "decoder": VAE["num_res_blocks"] + 1}
     out = {}
     for k, v in vae.state_dict().items():
-        name = next((b + k[len(a):] for a, b in _TOP.items() if k == a or k.startswith(a + ".")), None)
+        name = next((b + k[len(a):] for a, b in w21.TOP.items() if k == a or k.startswith(a + ".")), None)
         if name is None:
             part, rest = k.split(".", 1)
             if rest.startswith("mid_block."):
                 kind, i, tail = rest[len("mid_block."):].split(".", 2)
                 idx = {"resnets": {"0": 0, "1": 2}, "attentions": {"0": 1}}[kind][i]
-                name = f"{part}.middle.{idx}.{_resname(tail) if kind == 'resnets' else tail}"
+                name = f"{part}.middle.{idx}.{w21.resname(tail) if kind == 'resnets' else tail}"
             else:
                 blocks, outer = ("down_blocks.", "downsamples") if part == "encoder" else ("up_blocks.", "upsamples")
                 i, kind, tail = rest[len(blocks):].split(".", 2)
                 if kind == "resnets":
                     j, tail = tail.split(".", 1)
-                    name = f"{part}.{outer}.{i}.{outer}.{j}.{_resname(tail)}"
+                    name = f"{part}.{outer}.{i}.{outer}.{j}.{w21.resname(tail)}"
                 elif kind in ("downsampler", "upsampler"):
                     name = f"{part}.{outer}.{i}.{outer}.{n_res[part]}.{tail}"
         if name is None:

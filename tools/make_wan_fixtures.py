@@ -203,23 +203,27 @@ def dit_out(dit, latent: np.ndarray, context: np.ndarray, sigma: float) -> np.nd
 
 # --------------------------------------------------------------------------- autoencoder
 
+#: diffusers -> original Wan names of a residual block's parts, and of the autoencoder's top-level layers.
+RES = {"norm1.gamma": "residual.0.gamma", "conv1": "residual.2", "norm2.gamma": "residual.3.gamma",
+       "conv2": "residual.6", "conv_shortcut": "shortcut"}
+TOP = {"quant_conv": "conv1", "post_quant_conv": "conv2", "encoder.conv_in": "encoder.conv1",
+       "decoder.conv_in": "decoder.conv1", "encoder.norm_out.gamma": "encoder.head.0.gamma",
+       "encoder.conv_out": "encoder.head.2", "decoder.norm_out.gamma": "decoder.head.0.gamma",
+       "decoder.conv_out": "decoder.head.2"}
+
+
+def resname(tail: str) -> str:
+    """The original Wan name of a residual block's ``tail`` (diffusers' name)."""
+    return next(RES[r] + tail[len(r):] for r in RES if tail == r or tail.startswith(r + "."))
+
+
 def _wan_vae_names(sd: dict, up_counts: list[list[str]]) -> dict:
     """diffusers ``AutoencoderKLWan`` names -> the original Wan names (the inverse of
     ``convert_wan_vae_to_diffusers``)."""
-    res = {"norm1.gamma": "residual.0.gamma", "conv1": "residual.2", "norm2.gamma": "residual.3.gamma",
-           "conv2": "residual.6", "conv_shortcut": "shortcut"}
-    top = {"quant_conv": "conv1", "post_quant_conv": "conv2", "encoder.conv_in": "encoder.conv1",
-           "decoder.conv_in": "decoder.conv1", "encoder.norm_out.gamma": "encoder.head.0.gamma",
-           "encoder.conv_out": "encoder.head.2", "decoder.norm_out.gamma": "decoder.head.0.gamma",
-           "decoder.conv_out": "decoder.head.2"}
-
-    def resname(tail: str) -> str:
-        return next(res[r] + tail[len(r):] for r in res if tail == r or tail.startswith(r + "."))
-
     out = {}
     for k, v in sd.items():
         name = None
-        for a, b in top.items():
+        for a, b in TOP.items():
             if k == a or k.startswith(a + "."):
                 name = b + k[len(a):]
         if name is None:
