@@ -80,6 +80,11 @@ def test_devices_calibrate_measures_keeps_and_prints_the_profiles(tmp_path) -> N
     for key in ("mm:f16", "mm:q8_0", "mm:f32", "conv:f16", "attn:f16"):
         assert all(w > 0 and r > 1e8 for w, r in prof.rates[key]), key  # more than 0.1 GFLOP/s
     assert prof.mem_bps > 1e8 and prof.h2d.bps > 1e7 and prof.node_s >= 0
+    # cross-attention over CLIP's 77 tokens has rates of its own at each UNet width, the
+    # demo's 4x4 level its width 12, and f32 -> f16 copies (flash attention's K and V) theirs
+    kernels = {k.split(":")[0].split("@", 1)[-1] for k in prof.rates if k.startswith("attn/")}
+    assert {"d8k77", "d40k77", "d64k77", "d12", "d8", "d40", "d64"} <= kernels, kernels
+    assert "CPY" in prof.mem_rates
     assert data["drives"][0]["path"] == str(tmp_path.resolve())
     again = subprocess.run(sdplan_cmd("devices", "--json"), capture_output=True, text=True, env=env, timeout=120)
     assert json.loads(again.stdout)["devices"][0]["profile"] == data["devices"][0]["profile"]  # kept

@@ -52,6 +52,22 @@ def test_attention_takes_the_nearest_measured_head_width() -> None:
     assert p.rate("attn", "fma_attention@d40", "f32", 1e6) == 1e11  # another kernel: no width match
 
 
+def test_cross_attention_takes_the_rates_measured_over_as_many_keys() -> None:
+    """An attention over fewer keys than queries (``@dNkM``) takes the points measured at its
+    width over the nearest key count within 2x, else its width's self-attention; a
+    self-attention never takes cross points; the nearest width still comes first."""
+    p = _profile(**{"attn/FLASH_ATTN_EXT@d40:f16": ((1.0, 8e10),), "attn/FLASH_ATTN_EXT@d40k77:f16": ((1.0, 4e10),),
+                    "attn/FLASH_ATTN_EXT@d8:f16": ((1.0, 2e10),), "attn/FLASH_ATTN_EXT@d12:f16": ((1.0, 1e9),),
+                    "mm:f16": ((1.0, 1e11),)})
+    assert p.rate("attn", "FLASH_ATTN_EXT@d40k77", "f16", 1e6) == 4e10
+    assert p.rate("attn", "FLASH_ATTN_EXT@d40k120", "f16", 1e6) == 4e10  # 120 keys: within 2x of 77
+    assert p.rate("attn", "FLASH_ATTN_EXT@d40k512", "f16", 1e6) == 8e10  # far from 77: the self-attention's
+    assert p.rate("attn", "FLASH_ATTN_EXT@d40", "f16", 1e6) == 8e10
+    assert p.rate("attn", "FLASH_ATTN_EXT@d64k77", "f16", 1e6) == 4e10  # nearest width 40, its cross points
+    assert p.rate("attn", "FLASH_ATTN_EXT@d12k77", "f16", 1e6) == 1e9  # width 12 measured: it wins over 8's
+    assert p.rate("attn", "FLASH_ATTN_EXT@d8k77", "f16", 1e6) == 2e10  # no cross points at 8: self
+
+
 def test_memory_bound_kernels_have_their_own_rates_by_size() -> None:
     p = DeviceProfile({"mm:f16": ((1.0, 1e11),)}, mem_bps=2e10, node_s=0.0, graph_s=0.0, h2d=Link(1.0, 0.0),
                       d2h=Link(1.0, 0.0), mem_rates={"SILU": ((1e5, 4e9), (1e7, 6e9))})

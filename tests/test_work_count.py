@@ -91,7 +91,20 @@ def test_attention_counts_scores_and_values_with_its_head_width(cpu) -> None:
     w = _work([cpu], build).devices["A"]
     attn = [o for o in w.ops if o.cls == "attn"]
     assert len(attn) == 1 and attn[0].flops == 2.0 * 4 * 50 * 70 * (32 + 32)
-    assert attn[0].kernel.endswith("@d32")
+    assert attn[0].kernel.endswith("@d32")  # more keys than queries: no key tag
+
+
+def test_cross_attention_over_fewer_keys_is_tagged_with_their_count(cpu) -> None:
+    """Fewer keys than queries (a UNet's cross-attention over CLIP's 77 tokens) is priced by
+    rates measured over as many keys: the kernel carries ``k`` and the key count."""
+    def build(g):
+        q = g.input("q", (2, 4, 256, 40))
+        k, v = g.input("k", (2, 4, 77, 40)), g.input("v", (2, 4, 77, 40))
+        g.output("y", g.flash_attn(q, k, v, None, 0.1))
+
+    attn = [o for o in _work([cpu], build).devices["A"].ops if o.cls == "attn"]
+    assert len(attn) == 1 and attn[0].kernel.endswith("@d40k77")
+    assert attn[0].flops == 2.0 * 2 * 4 * 256 * 77 * (40 + 40)
 
 
 def test_memory_bound_ops_count_their_bytes_and_views_count_as_nodes(cpu) -> None:

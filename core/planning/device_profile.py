@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -45,6 +46,17 @@ from sdplan.core.errors import InventoryError
 #: counted in bytes read and written (``mem``).
 OP_CLASSES = ("mm", "conv", "attn", "mem")
 
+
+_TAG = re.compile(r"^(?P<base>[^@]+)@(?P<letter>[a-z])(?P<value>\d+)(?:k(?P<keys>\d+))?$")
+
+
+def _tag(kernel: str) -> tuple[str, str, int, int] | None:
+    """``(kernel, tag letter, tag value, key tokens or 0)`` of a tagged kernel name
+    (``FLASH_ATTN_EXT@d40k77`` -> ``("FLASH_ATTN_EXT", "d", 40, 77)``), else None."""
+    m = _TAG.match(kernel)
+    if m is None:
+        return None
+    return m["base"], m["letter"], int(m["value"]), int(m["keys"] or 0)
 
 @dataclass(frozen=True)
 class Link:
@@ -127,22 +139,27 @@ class DeviceProfile:
     def _nearest_width(self, cls: str, kernel: str, dtype: str) -> tuple[tuple[float, float], ...]:
         """For a kernel with a shape tag (``name@dN``: head width, ``name@cN``: output
         channels): the points of the same kernel at the measured tag value nearest to N (in
-        ratio)."""
-        base, at, tag = kernel.partition("@")
-        if not at or len(tag) < 2 or not tag[1:].isdigit():
+        ratio). An attention over fewer keys than queries (``name@dNkM``, M keys) takes, at
+        that width, the points measured with the nearest key count within 2x of M, else the
+        self-attention's (``name@dN``)."""
+        want = _tag(kernel)
+        if want is None:
             return ()
-        letter, value = tag[0], int(tag[1:])
-        best: tuple[float, str] | None = None
+        base, letter, value, keys = want
+        found: list[tuple[float, float, str]] = []  # (width distance, key-count distance, key)
         for key in self.rates:
             head, _, dt = key.rpartition(":")
             k_cls, _, k_kernel = head.partition("/")
-            k_base, k_at, k_tag = k_kernel.partition("@")
-            if (k_cls == cls and k_base == base and dt == dtype and k_at and k_tag[:1] == letter
-                    and k_tag[1:].isdigit() and int(k_tag[1:]) > 0):
-                dist = abs(math.log(int(k_tag[1:]) / max(value, 1)))
-                if best is None or dist < best[0]:
-                    best = (dist, key)
-        return self.rates[best[1]] if best else ()
+            got = _tag(k_kernel)
+            if k_cls != cls or dt != dtype or got is None or got[0] != base or got[1] != letter or got[2] <= 0:
+                continue
+            if got[3] and not (keys and abs(math.log(got[3] / keys)) <= math.log(2.0)):
+                continue  # measured over other key counts: not this op's
+            k_dist = abs(math.log(got[3] / keys)) if got[3] else math.inf
+            found.append((abs(math.log(got[2] / max(value, 1))), k_dist, key))
+        if not found:
+            return ()
+        return self.rates[min(found)[2]]
 
     def _any(self, cls: str) -> tuple[tuple[float, float], ...]:
         keys = sorted(k for k in self.rates if k.split(":")[0] == cls)

@@ -7,13 +7,14 @@ kernels measured are the ones the engine runs there):
   64 tiny nodes), and of a graph's first compute after allocating its compute buffers, fixed
   and per byte of them (every graph timed); each
   memory-bound kernel the models run (adds, products by a tensor,
-  SiLU, GELUs, copies of transposed views, softmax, LayerNorm, GroupNorm, GEGLU, upscaling,
+  SiLU, GELUs, copies of transposed views, f32 to f16 casts, softmax, LayerNorm, GroupNorm, GEGLU, upscaling,
   concatenation: :data:`MEM_OPS`) on 128 KiB and on 16 MiB;
 - matrix products ``(N, K) x (M, K)^T`` with f16, bf16, q8_0 and f32 weights at four sizes
   from 0.5 MFLOP to 3.4 GFLOP (on a CPU with sdplan's bf16 kernel, f16 also as the kernel
-  runs it for the modules that hold f16 weights in bf16), 3x3 convolutions at three sizes
-  and attention at three sizes (head widths 40 and 64): FLOP/s per op size, net of the
-  fixed costs and of the graph's memory-bound nodes;
+  runs it for the modules that hold f16 weights in bf16), 3x3 convolutions at two or three
+  sizes per channel count, self-attention at the models' head widths and cross-attention
+  over a 77-token text context (:data:`ATTENTIONS`, :data:`CROSS_ATTENTIONS`): FLOP/s per op
+  size, net of the fixed costs and of the graph's memory-bound nodes;
 - host-to-device and device-to-host copies of a small and a large tensor (for an RPC device
   that is the network link): bandwidth and latency.
 
@@ -61,10 +62,17 @@ CONVS = ((2, 32, 8), (2, 32, 16), (1, 32, 128), (2, 64, 8), (2, 64, 16), (1, 64,
          (1, 128, 128), (1, 128, 256), (2, 320, 16), (1, 320, 32), (1, 512, 16), (1, 512, 32), (2, 640, 8),
          (2, 1280, 4), (2, 1280, 8))
 #: Attention (batch, heads, tokens, head width): the widths of the demo (8, at its UNet's
-#: 16x16 and 8x8 levels), SD 1.x (40), CLIP, SD 2.x, SDXL and the DiTs (64), the VAEs' single
+#: 16x16 and 8x8 levels; 12 at its 4x4 level: ggml's CPU kernel runs a width that is not a
+#: multiple of 8 some 30x slower per score, so no other width stands in for it), SD 1.x (40), CLIP, SD 2.x, SDXL and the DiTs (64), the VAEs' single
 #: head (512).
-ATTENTIONS = ((2, 8, 64, 8), (2, 8, 256, 8), (1, 12, 77, 64), (2, 8, 256, 40), (1, 8, 1024, 40),
-              (2, 10, 1024, 64), (1, 1, 256, 512), (1, 1, 1024, 512))
+ATTENTIONS = ((2, 8, 64, 8), (2, 8, 256, 8), (2, 8, 16, 12), (2, 8, 64, 12), (1, 12, 77, 64), (2, 8, 256, 40),
+              (1, 8, 1024, 40), (2, 10, 1024, 64), (1, 1, 256, 512), (1, 1, 1024, 512))
+#: Cross-attention over a text context (batch, heads, query tokens, head width, key tokens):
+#: the UNets' over CLIP's 77 tokens at the demo's (8), SD 1.x's (40) and SDXL's (64) widths.
+#: Fewer keys than queries run slower per score than a self-attention of the same size
+#: (ggml's CPU kernel: 2x at widths 40 and 64, a cost per query row), so they have rates of
+#: their own (``@dNkM`` kernels: :func:`sdplan.core.runtime.work_count.kernel_key`).
+CROSS_ATTENTIONS = ((2, 8, 256, 8, 77), (2, 8, 1024, 40, 77), (2, 10, 1024, 64, 77))
 #: FLOP a timed chain of products aims at (:func:`_chain`).
 CHAIN_FLOP = 5e7
 #: Weight dtypes measured.
@@ -268,6 +276,7 @@ MEM_OPS: tuple[tuple[str, bool, Callable[[Any, Any, Any], Any]], ...] = (
     ("gelu_erf", True, lambda g, y, x: g.unary("gelu_erf", y)),
     ("gelu_quick", True, lambda g, y, x: g.unary("gelu_quick", y)),
     ("transpose", True, lambda g, y, x: g.cont(g.permute(y, (0, 1, 3, 2)))),
+    ("cast", False, lambda g, y, x: g.cast(x, "f16")),
     ("soft_max", True, lambda g, y, x: g.soft_max(y)),
     ("layer_norm", True, lambda g, y, x: g.layer_norm(y, 1e-5)),
     ("group_norm_silu", True, lambda g, y, x: g.group_norm(y, 16, 1e-5, silu=True)),
@@ -461,21 +470,24 @@ def calibrate_device(manager: Any, device: str, threads: int = 0,
             t, dev = b.graph(conv, f16_as_bf16=as_bf16)
             record(None if as_bf16 else "conv:f16", 2.0 * batch * ch * px * px * ch * 9, n, t, dev)
             buf.free()
-        for bsz, heads, tokens, width in (ATTENTIONS if "attention" in parts else ()):
-            flops = 2.0 * bsz * heads * tokens * tokens * 2 * width
+        shapes = [(*a, a[2]) for a in ATTENTIONS] + list(CROSS_ATTENTIONS)
+        for bsz, heads, tokens, width, keys in (shapes if "attention" in parts else ()):
+            flops = 2.0 * bsz * heads * tokens * keys * 2 * width
             n = _chain(flops, b.sync_s)
 
             def attn(g: Any, bsz: int = bsz, heads: int = heads, tokens: int = tokens, width: int = width,
-                     n: int = n) -> dict[str, Any]:
+                     keys: int = keys, n: int = n) -> dict[str, Any]:
                 shape = (bsz, heads, tokens, width)
-                q = _filled(g, shape)
-                k, v = g.scale(q, 0.5), g.scale(q, -1.0)
+                q = _filled(g, shape)  # the keys: q's first row repeated (fewer keys: a cross-attention)
+                kv = q if keys == tokens else g.repeat(g.view(q, (1, 1, 1, width), None, 0), (bsz, heads, keys, width))
+                k, v = g.scale(kv, 0.5), g.scale(kv, -1.0)
                 for i in range(n):
                     g.output(f"y{i}", _one(g, b.gr.attention(g, q, k, v, scale=1.0 / (i + 1))))
                 return _seed(np, shape)
 
             t, dev = b.graph(attn, f16_as_bf16=as_bf16, attention_bf16=as_bf16)
-            record(None if as_bf16 else "attn:f16", flops, n, t, dev)
+            # a cross-attention gives its kernel's own rate only, not the class's
+            record(None if as_bf16 or keys != tokens else "attn:f16", flops, n, t, dev)
     alloc_s, alloc_byte_s = _alloc_fit(b.allocs)
     return DeviceProfile(rates={k: tuple(sorted(v)) for k, v in rates.items()}, mem_bps=b.mem_bps,
                          node_s=b.node_s, graph_s=b.graph_s, h2d=h2d, d2h=d2h,

@@ -111,12 +111,17 @@ def mem_kernel(node: tuple[Any, ...]) -> str:
 def kernel_key(node: tuple[Any, ...], nodes: Sequence[tuple[Any, ...]] = ()) -> str:
     """The kernel name a node's work is priced by: ggml's op name or sdplan's kernel, with a
     shape tag where the rate depends on more than the op's size: attention ``@d`` and the
-    head width (``bf16_attention@d40``), a convolution ``@c`` and its output channels
+    head width (``bf16_attention@d40``), and ``k`` and the keys' tokens where fewer keys than
+    queries (cross-attention over a text context: ``FLASH_ATTN_EXT@d40k77``; ggml's CPU kernel
+    pays a cost per query row that 77 keys amortise far less than a self-attention's, 2x the
+    time per score at SD's widths), a convolution ``@c`` and its output channels
     (``winograd@c128``, ``MUL_MAT@c32``: a narrow convolution over many pixels runs far
     slower per FLOP than a wide one of the same size)."""
     kernel, srcs = str(node[1]), node[7]
     if kernel in _ATTENTION_KERNELS and srcs:
-        return f"{kernel}@d{srcs[0][1][0]}"
+        q = srcs[0][1]
+        nk = srcs[1][1][1] if len(srcs) >= 2 else q[1]
+        return f"{kernel}@d{q[0]}" + (f"k{nk}" if nk < q[1] else "")
     if kernel == "MUL_MAT" and len(srcs) >= 2 and _columns(nodes, srcs[0][0]) is not None:
         return f"{kernel}@c{srcs[1][1][1]}"  # columns times the kernel [K, OC]
     if kernel in _PRODUCT_KERNELS and len(srcs) >= 2 and (classify(node, nodes or [node]) or ("",))[0] == "conv":
