@@ -145,7 +145,7 @@ import json, sys, time, resource, torch
 a = json.loads(sys.argv[1])
 torch.set_num_threads(a["threads"]); torch.manual_seed(0)
 dt = torch.bfloat16
-fam, n, px, T, rep = a["name"], a["blocks"], a["px"], a["txt"], a["repeat"]
+fam, px, T, rep = a["name"], a["px"], a["txt"], a["repeat"]
 g = px // 16                      # image tokens per side (2x2 patches of a px/8 latent)
 N = g * g
 r = lambda *s: torch.randn(*s, dtype=dt)
@@ -166,49 +166,29 @@ if a["kind"] == "vae":
     else:
         m = AutoencoderKLQwenImage(); z = r(1, 16, 1, h, h)
     call = lambda: m.decode(z)
-elif fam in ("flux", "chroma"):
-    common = dict(in_channels=64, num_layers=n, num_single_layers=n, attention_head_dim=128, num_attention_heads=24,
-                  joint_attention_dim=4096, axes_dims_rope=(16, 56, 56))
-    kw = dict(hidden_states=r(1, N, 64), encoder_hidden_states=r(1, T, 4096), timestep=torch.tensor([0.5], dtype=dt),
-              img_ids=grid(3), txt_ids=torch.zeros(T, 3))
-    if fam == "flux":
-        from diffusers import FluxTransformer2DModel
-        m = FluxTransformer2DModel(pooled_projection_dim=768, guidance_embeds=True, **common)
-        kw.update(pooled_projections=r(1, 768), guidance=torch.tensor([3.5], dtype=dt))
-    else:
-        from diffusers import ChromaTransformer2DModel   # approximator: 64 -> 5120, 5 layers (Chroma1-HD)
-        m = ChromaTransformer2DModel(**common)
-    call = lambda: m(**kw)
-elif fam == "sd3":
-    from diffusers import SD3Transformer2DModel
-    m = SD3Transformer2DModel(sample_size=128, patch_size=2, in_channels=16, num_layers=n, attention_head_dim=64,
-                              num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536,
-                              pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192)
-    kw = dict(hidden_states=r(1, 16, px // 8, px // 8), encoder_hidden_states=r(1, T, 4096),
-              pooled_projections=r(1, 2048), timestep=torch.tensor([500.0], dtype=dt))
-    call = lambda: m(**kw)
-elif fam == "flux2":
-    from diffusers import Flux2Transformer2DModel
-    m = Flux2Transformer2DModel(in_channels=128, num_layers=n, num_single_layers=n, attention_head_dim=128,
-                                num_attention_heads=24, joint_attention_dim=7680, mlp_ratio=3.0,
-                                axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, guidance_embeds=False)
-    txt_ids = torch.zeros(1, T, 4); txt_ids[0, :, 3] = torch.arange(T)
-    kw = dict(hidden_states=r(1, N, 128), encoder_hidden_states=r(1, T, 7680), timestep=torch.tensor([0.5], dtype=dt),
-              img_ids=grid(4)[None], txt_ids=txt_ids)
-    call = lambda: m(**kw)
-elif fam == "z_image":
-    from diffusers import ZImageTransformer2DModel
-    m = ZImageTransformer2DModel(dim=3840, n_layers=n, n_refiner_layers=n, n_heads=30, n_kv_heads=30, cap_feat_dim=2560)
-    x, cap = [r(16, 1, px // 8, px // 8)], [r(T, 2560)]
-    call = lambda: m(x, torch.tensor([0.5], dtype=dt), cap)
-elif fam == "qwen_image":
-    from diffusers import QwenImageTransformer2DModel
-    m = QwenImageTransformer2DModel(num_layers=n)   # the rest of the released configuration is the default
-    kw = dict(hidden_states=r(1, N, 64), encoder_hidden_states=r(1, T, 3584), encoder_hidden_states_mask=None,
-              timestep=torch.tensor([0.5], dtype=dt), img_shapes=[[(1, g, g)]])
-    call = lambda: m(**kw)
 else:
-    raise SystemExit(f"no diffusers model for {fam}")
+    import diffusers
+    m = getattr(diffusers, a["cls"])(**a["config"])
+    if fam in ("flux", "chroma"):
+        kw = dict(hidden_states=r(1, N, 64), encoder_hidden_states=r(1, T, 4096), timestep=torch.tensor([0.5], dtype=dt),
+                  img_ids=grid(3), txt_ids=torch.zeros(T, 3))
+        if fam == "flux":
+            kw.update(pooled_projections=r(1, 768), guidance=torch.tensor([3.5], dtype=dt))
+    elif fam == "sd3":
+        kw = dict(hidden_states=r(1, 16, px // 8, px // 8), encoder_hidden_states=r(1, T, 4096),
+                  pooled_projections=r(1, 2048), timestep=torch.tensor([500.0], dtype=dt))
+    elif fam == "flux2":
+        txt_ids = torch.zeros(1, T, 4); txt_ids[0, :, 3] = torch.arange(T)
+        kw = dict(hidden_states=r(1, N, 128), encoder_hidden_states=r(1, T, 7680),
+                  timestep=torch.tensor([0.5], dtype=dt), img_ids=grid(4)[None], txt_ids=txt_ids)
+    elif fam == "qwen_image":
+        kw = dict(hidden_states=r(1, N, 64), encoder_hidden_states=r(1, T, 3584), encoder_hidden_states_mask=None,
+                  timestep=torch.tensor([0.5], dtype=dt), img_shapes=[[(1, g, g)]])
+    if fam == "z_image":
+        x, cap = [r(16, 1, px // 8, px // 8)], [r(T, 2560)]
+        call = lambda: m(x, torch.tensor([0.5], dtype=dt), cap)
+    else:
+        call = lambda: m(**kw)
 m = m.eval().to(dt)
 build = time.perf_counter() - t0
 ts = []
@@ -221,6 +201,46 @@ print(json.dumps({"s": ts, "build": build, "peak_rss": resource.getrusage(resour
                   "attn": sorted({type(p).__name__ for p in proc.values()}), "torch": torch.__version__,
                   "params": sum(p.numel() for p in m.parameters())}))
 '''
+
+
+#: family -> (diffusers class, its released configuration but the block counts), checked
+#: against sdplan's reading of the real layouts by tests/test_bench_dit_blocks.py
+REF_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "flux": ("FluxTransformer2DModel", dict(
+        in_channels=64, attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+        pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=[16, 56, 56])),
+    "chroma": ("ChromaTransformer2DModel", dict(
+        in_channels=64, attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+        axes_dims_rope=[16, 56, 56], approximator_num_channels=64, approximator_hidden_dim=5120,
+        approximator_layers=5)),
+    "sd3": ("SD3Transformer2DModel", dict(
+        sample_size=128, patch_size=2, in_channels=16, attention_head_dim=64, num_attention_heads=24,
+        joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048, out_channels=16,
+        pos_embed_max_size=192)),
+    "flux2": ("Flux2Transformer2DModel", dict(
+        in_channels=128, attention_head_dim=128, num_attention_heads=24, joint_attention_dim=7680, mlp_ratio=3.0,
+        axes_dims_rope=[32, 32, 32, 32], rope_theta=2000, guidance_embeds=False)),
+    "z_image": ("ZImageTransformer2DModel", dict(
+        in_channels=16, dim=3840, n_heads=30, n_kv_heads=30, cap_feat_dim=2560, axes_dims=[32, 48, 48])),
+    "qwen_image": ("QwenImageTransformer2DModel", dict(
+        patch_size=2, in_channels=64, out_channels=16, attention_head_dim=128, num_attention_heads=24,
+        joint_attention_dim=3584, axes_dims_rope=[16, 56, 56])),
+}
+#: family -> the diffusers arguments that count each stack's blocks, in dit_cut.stacks' terms
+REF_BLOCKS: dict[str, dict[str, str]] = {
+    "flux": {"num_layers": "double_blocks", "num_single_layers": "single_blocks"},
+    "chroma": {"num_layers": "double_blocks", "num_single_layers": "single_blocks"},
+    "sd3": {"num_layers": "joint_blocks"},
+    "flux2": {"num_layers": "double_blocks", "num_single_layers": "single_blocks"},
+    "z_image": {"n_layers": "layers", "n_refiner_layers": "noise_refiner"},  # both refiners
+    "qwen_image": {"num_layers": "transformer_blocks"},
+}
+
+
+def ref_config(family: str, counts: dict[str, int]) -> tuple[str, dict[str, Any]]:
+    """The diffusers class and configuration of ``family`` with ``counts`` blocks per stack."""
+    cls, cfg = REF_CONFIGS[family]
+    return cls, dict(cfg, **{arg: counts[stack] for arg, stack in REF_BLOCKS[family].items()})
 
 
 # --------------------------------------------------------------------------- driver
@@ -238,9 +258,11 @@ def _sdplan_cmd(kind: str, name: str, path: Path, a: argparse.Namespace, txt: in
             "--threads", str(a.threads), "--repeat", str(a.repeat)]
 
 
-def _ref(a: argparse.Namespace, kind: str, name: str, txt: int) -> dict[str, Any]:
-    arg = {"kind": kind, "name": name, "blocks": a.blocks, "px": a.size, "txt": txt, "threads": a.threads,
-           "repeat": a.repeat}
+def _ref(a: argparse.Namespace, kind: str, name: str, txt: int,
+         counts: dict[str, int] | None = None) -> dict[str, Any]:
+    arg = {"kind": kind, "name": name, "px": a.size, "txt": txt, "threads": a.threads, "repeat": a.repeat}
+    if counts is not None:
+        arg["cls"], arg["config"] = ref_config(name, counts)
     return _child([a.ref_python, "-c", REF_CODE, json.dumps(arg)])
 
 
@@ -258,6 +280,7 @@ def _run(label: str, fn: Any) -> dict[str, Any] | None:
         print(f"  {label}: failed: {str(e).splitlines()[-1:]}", flush=True)
         return None
     assert res is not None
+    res["wall"] = time.perf_counter() - t0  # the process's whole time: build, load, warm-up, calls
     print(f"  {label}: best {res['best']:.3f} s, median {res['median']:.3f} s "
           f"(peak RSS {res['peak_rss'] / 2**30:.2f} GiB; {time.perf_counter() - t0:.0f} s in all)", flush=True)
     return res
@@ -286,7 +309,7 @@ def bench_dit(a: argparse.Namespace, fam: str, layouts: dict[str, Any], tmp: Pat
         row["sdplan"] = _run("sdplan", lambda: _child(_sdplan_cmd("dit", fam, path, a, txt)))
         path.unlink()
     if "diffusers" in a.parts:
-        row["diffusers"] = _run("diffusers", lambda: _ref(a, "dit", fam, txt))
+        row["diffusers"] = _run("diffusers", lambda: _ref(a, "dit", fam, txt, n_cut))
     return row
 
 
@@ -315,11 +338,16 @@ def _best(row: dict[str, Any], engine: str) -> float | None:
     return r["best"] if r else None
 
 
+def _rss(row: dict[str, Any]) -> str:
+    """``sdplan/diffusers`` peak RSS of the row's processes in GiB (``-`` where not run)."""
+    return "/".join(f"{row[e]['peak_rss'] / 2**30:.1f}" if row.get(e) else "-" for e in ("sdplan", "diffusers"))
+
+
 def print_tables(a: argparse.Namespace, dits: list[dict[str, Any]], vaes: list[dict[str, Any]]) -> None:
     print(f"\nDiT: one call of the model cut to {a.blocks} block(s) per stack at {a.size} px (best of {a.repeat}; "
           f"measured), per block = s/call / blocks in the cut (measured), step = s/call x F(real)/F(cut) (computed)")
     print(f"{'family':17s}{'cut to':>14s}{'sdplan s/call':>14s}{'diffusers':>11s}{'ratio':>7s}{'sdplan/blk':>11s}"
-          f"{'real blocks':>16s}{'step sdplan':>12s}{'step diffusers':>15s}")
+          f"{'real blocks':>16s}{'step sdplan':>12s}{'step diffusers':>15s}{'peak RSS GiB':>14s}")
     for row in dits:
         s, d = _best(row, "sdplan"), _best(row, "diffusers")
         ncut = sum(row["blocks_cut"].values())
@@ -327,7 +355,7 @@ def print_tables(a: argparse.Namespace, dits: list[dict[str, Any]], vaes: list[d
         full = "+".join(str(v) for v in row["blocks_full"].values())
         print(f"{row['title']:17s}{cut:>14s}{_f(s, 14)}{_f(d, 11)}{_f(s / d if s and d else None, 7, 2)}"
               f"{_f(s / ncut if s else None, 11)}{full:>16s}{_f(s * row['step_scale'] if s else None, 12, 1)}"
-              f"{_f(d * row['step_scale'] if d else None, 15, 1)}")
+              f"{_f(d * row['step_scale'] if d else None, 15, 1)}{_rss(row):>14s}")
     if dits:
         print("  stacks: " + "; ".join(f"{r['title']} " + ", ".join(r["blocks_full"]) for r in dits))
         held = {r["title"]: f"{r['sdplan']['held']} (kernel {r['sdplan']['kernel']}, flash {r['sdplan']['flash']})"
@@ -339,11 +367,11 @@ def print_tables(a: argparse.Namespace, dits: list[dict[str, Any]], vaes: list[d
     if vaes:
         print(f"\nVAE decode at {a.size} px (best of {a.repeat}; sdplan: the file's dtype, held as printed; "
               "diffusers: bf16)")
-        print(f"{'VAE':16s}{'sdplan s':>10s}{'diffusers s':>13s}{'ratio':>7s}  sdplan weights held")
+        print(f"{'VAE':16s}{'sdplan s':>10s}{'diffusers s':>13s}{'ratio':>7s}{'peak RSS GiB':>14s}  sdplan weights held")
         for row in vaes:
             s, d = _best(row, "sdplan"), _best(row, "diffusers")
             held = f"{row['sdplan']['held']} (file {row['file_dtype']})" if row.get("sdplan") else "-"
-            print(f"{row['vae']:16s}{_f(s, 10)}{_f(d, 13)}{_f(s / d if s and d else None, 7, 2)}  {held}")
+            print(f"{row['vae']:16s}{_f(s, 10)}{_f(d, 13)}{_f(s / d if s and d else None, 7, 2)}{_rss(row):>14s}  {held}")
 
 
 def main() -> int:

@@ -121,3 +121,48 @@ def test_step_scale_weighs_stacks_by_their_cost(layouts: dict[str, Any]) -> None
     per = dit_cut.block_flops(full, 4096, 512, 3840)
     assert per["context_refiner"] < 0.15 * per["layers"] and per["noise_refiner"] < per["layers"]
     assert 15.0 < scale("z_image") < 17.0
+
+
+def _diffusers_of(fam: str, c: Any) -> dict[str, Any]:
+    """The diffusers configuration arguments sdplan's reading ``c`` of the real layout implies."""
+    if fam == "z_image":
+        return dict(in_channels=c.channels, dim=c.width, n_heads=c.heads, n_kv_heads=c.kv_heads,
+                    cap_feat_dim=c.context, axes_dims=list(c.axes))
+    out = dict(in_channels=c.in_channels, num_attention_heads=c.heads, attention_head_dim=c.width // c.heads,
+               joint_attention_dim=c.context)
+    if fam == "sd3":
+        return dict(out, patch_size=c.patch, caption_projection_dim=c.width, pooled_projection_dim=c.pooled,
+                    out_channels=c.out_channels, pos_embed_max_size=c.pos_size)
+    out["axes_dims_rope"] = list(c.axes)
+    if fam == "flux":
+        out.update(pooled_projection_dim=c.pooled, guidance_embeds=c.guidance)
+    elif fam == "chroma":
+        out.update(zip(("approximator_num_channels", "approximator_hidden_dim", "approximator_layers"),
+                       c.approximator, strict=True))
+    elif fam == "flux2":
+        out.update(mlp_ratio=c.mlp / c.width, guidance_embeds=c.guidance)
+    return out
+
+
+@pytest.mark.parametrize("fam", list(dit_cut.DITS))
+def test_diffusers_configurations_are_the_layouts(fam: str, layouts: dict[str, Any]) -> None:
+    import bench_dit_blocks as bdb
+
+    full = dit_cut.dit_layout(fam, layouts)
+    c = dit_cut.model_class(fam).from_weights(full).cfg
+    expected = _diffusers_of(fam, c)
+    cls, cfg = bdb.ref_config(fam, dit_cut.stacks(dit_cut.cut_layout(full, 2)))
+    assert cls.endswith("Transformer2DModel")
+    assert {k: cfg[k] for k in expected} == expected
+    counts = {k: v for k, v in cfg.items() if k in bdb.REF_BLOCKS[fam]}
+    assert counts and set(counts.values()) == {2}  # every stack cut alike
+    # the whole layout gives the released models' diffusers block counts
+    real = {k: v for k, v in bdb.ref_config(fam, dit_cut.stacks(full))[1].items() if k in bdb.REF_BLOCKS[fam]}
+    assert real == RELEASED_DIFFUSERS[fam]
+
+
+#: the released models' block counts in their diffusers configurations (transformer/config.json)
+RELEASED_DIFFUSERS = {
+    "flux": {"num_layers": 19, "num_single_layers": 38}, "chroma": {"num_layers": 19, "num_single_layers": 38},
+    "sd3": {"num_layers": 24}, "flux2": {"num_layers": 5, "num_single_layers": 20},
+    "z_image": {"n_layers": 30, "n_refiner_layers": 2}, "qwen_image": {"num_layers": 60}}
