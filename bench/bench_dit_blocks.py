@@ -23,7 +23,11 @@ blocks of the cut: the embedders and final layer share it). Computed, not measur
 model's step, ``s/call x F(real) / F(cut)`` with F the multiply-adds of the blocks per stack
 (dit_cut.block_flops: each matrix times the tokens it sees, attention's products), which
 weighs stacks of different cost (Z-Image's text refiner, 512 tokens, against its 4096-token
-layers); for a family of one stack it is blocks x per block.
+layers); for a family of one stack it is blocks x per block. Two parts of the rest do not
+scale like this, both under 1% of a 1024 px step and alike in both engines: SD3's cut ends
+with the real last joint block (no text-stream outputs, diffusers' ``context_pre_only``), and
+Chroma's distilled guidance layer makes 3 S + 12 D + 2 modulation rows (17 in a 1+1 cut, 344
+in the real model).
 
 The autoencoders' decode at the same size (latent ``px/8``), one per distinct architecture
 (dit_cut.VAES): FLUX.1's (FLUX.1, Chroma, Z-Image; SD3's is the same architecture), FLUX.2's
