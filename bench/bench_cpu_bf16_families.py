@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -34,13 +33,10 @@ from typing import Any
 
 import _timing
 import numpy as np
+from dit_cut import EMBED_ROWS, cut_layout
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUTS = REPO.parent / "shared" / "models" / "real_size_key_layouts.json"
-#: Blocks of a family: a name's first "<stack>.<index>." decides whether it is kept.
-BLOCK = re.compile(r"(?:^|\.)(double_blocks|single_blocks|joint_blocks|layers|block|noise_refiner|"
-                   r"context_refiner)\.(\d+)\.")
-EMBED_ROWS = 4096
 
 #: family -> (layout key, model class path, what it is)
 FAMILIES: dict[str, tuple[str, str, str]] = {
@@ -51,21 +47,6 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "qwen3": ("qwen3_4b_hf", "sdplan.core.models.llm:LLMEncoder", "Qwen3-4B text encoder"),
     "t5": ("t5xxl_hf", "sdplan.core.models.t5:T5Encoder", "T5-XXL encoder"),
 }
-
-
-def cut_layout(layout: dict[str, list[int]], blocks: int) -> dict[str, tuple[int, ...]]:
-    """The layout's names of blocks ``0 .. blocks-1`` of every stack (and every name outside
-    the stacks), embedding tables cut to EMBED_ROWS rows."""
-    out = {}
-    for name, shape in layout.items():
-        m = BLOCK.search(name)
-        if m and int(m.group(2)) >= blocks:
-            continue
-        shape = tuple(shape)
-        if re.search(r"(embed_tokens|shared|token_embd)\.weight$", name):
-            shape = (min(shape[0], EMBED_ROWS),) + shape[1:]
-        out[name] = shape
-    return out
 
 
 def write_random(path: Path, shapes: dict[str, tuple[int, ...]], seed: int = 0) -> None:
