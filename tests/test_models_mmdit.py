@@ -30,11 +30,11 @@ def cpus():
     p.manager.close()
 
 
-def run(pool, mod: MMDiT, ranges=None, mode="runtime") -> np.ndarray:
+def run(pool, mod: MMDiT, ranges=None, mode="runtime", path=SD3, dtypes=None) -> np.ndarray:
     devices = ("CPU", "CPU1") if ranges else ("CPU",)
     names = mod.other_tensors() + [n for i in range(mod.n_blocks) for n in mod.block_tensors(i)]
     pl = ModulePlacement(devices, tuple(BlockRange(*r) for r in ranges or ()), mode)
-    r = ModuleRunner(mod, WeightFile(SD3, names, backend=pool.get("CPU")), pl, pool, n_threads=1)
+    r = ModuleRunner(mod, WeightFile(path, names, dtypes=dtypes, backend=pool.get("CPU")), pl, pool, n_threads=1)
     try:
         ins = mod.inputs(R["dit_latent"], R["dit_context"], R["dit_pooled"], float(R["dit_t"][0]) / 1000)
         return unpatch(r.run(ins)["out"], 8, 8)
@@ -76,6 +76,48 @@ def test_patches_round_trip_and_order() -> None:
 def test_one_device_matches_diffusers(cpus) -> None:
     mod = MMDiT.from_weights(shapes(SD3))
     assert rel_err(run(cpus, mod), R["dit_out"]) < TOL
+
+
+def _as_bf16(src, dst, names) -> None:
+    """A copy of safetensors file ``src`` with the tensors named ``names`` (last part of the
+    name) stored as bf16 (rounded
+    to nearest even from their f32 values), as a bf16 release stores them."""
+    import json
+    import struct
+
+    raw = src.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    out, blobs, off = {}, [], 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        blob, dtype = data[a:b], info["dtype"]
+        if name.split(".")[-1] in names:
+            x = np.frombuffer(blob, {"F16": np.float16, "F32": np.float32}[dtype]).astype(np.float32)
+            u = x.view(np.uint32).astype(np.uint64)
+            blob = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).tobytes()
+            dtype = "BF16"
+        out[name] = {"dtype": dtype, "shape": info["shape"], "data_offsets": [off, off + len(blob)]}
+        blobs.append(blob)
+        off += len(blob)
+    hb = json.dumps(out).encode()
+    hb += b" " * (-len(hb) % 8)
+    dst.write_bytes(struct.pack("<Q", len(hb)) + hb + b"".join(blobs))
+
+
+def test_a_bf16_position_embedding_is_cropped_as_bf16(cpus, tmp_path) -> None:
+    """A file whose ``pos_embed`` is bf16 (as some SD3.5 releases and converters store it),
+    held as bf16 (as the runner holds a bf16 file's tensors where it runs bf16 products): its
+    crop is a view with 2-byte elements (it was taken as f32 and the view refused)."""
+    path = tmp_path / "sd3_bf16_pos.safetensors"
+    _as_bf16(SD3, path, {"pos_embed"})
+    mod = MMDiT.from_weights(shapes(path))
+    out = run(cpus, mod, path=path, dtypes={mod.cfg.prefix + "pos_embed": "bf16"})
+    assert rel_err(out, R["dit_out"]) < 2 * TOL  # the bf16 rounding of the table on top
+    assert rel_err(out, run(cpus, mod)) < TOL
 
 
 def test_split_with_disk_residency_matches(cpus) -> None:

@@ -316,7 +316,7 @@ class MMDiT:
         proj = w(c.prefix + "x_embedder.proj.weight")
         x = gr.linear(g, x, g.reshape(proj, (c.width, k)), w(c.prefix + "x_embedder.proj.bias"))
         pos = w(c.prefix + "pos_embed")
-        es = 2 if pos.dtype == "f16" else 4
+        es = 2 if pos.dtype in ("f16", "bf16") else 4  # the crop is a strided view of its rows
         m, d = c.pos_size, c.width
         top, left = (m - hp) // 2, (m - wp) // 2
         crop = g.view(pos, (hp, wp, d), (m * d * es, d * es, es), (top * m + left) * d * es)
