@@ -119,16 +119,9 @@ def vae_encode_mean(vae, video: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- pipeline
 
 def pipeline(dit, vae, cond: torch.Tensor, uncond: torch.Tensor, noise: np.ndarray) -> dict[str, np.ndarray]:
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+    from diffusers import WanPipeline
 
-    t = 999.0 - np.arange(STEPS) * (999.0 / (STEPS - 1))  # sd-cli's discrete timesteps
-    unshifted = list((t + 1.0) / 1000.0)
-
-    class SdCliSigmas(FlowMatchEulerDiscreteScheduler):
-        def set_timesteps(self, num_inference_steps=None, device=None, **kwargs):
-            super().set_timesteps(sigmas=unshifted, device=device)
-
-    sched = SdCliSigmas(num_train_timesteps=1000, shift=5.0, use_dynamic_shifting=False)
+    sched = w21.sdcli_scheduler(STEPS)
     pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=sched, transformer=dit,
                        expand_timesteps=True)
     assert pipe.vae_scale_factor_spatial == 16

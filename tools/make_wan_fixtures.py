@@ -282,17 +282,27 @@ def vae_decode_raw(vae, z: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------- pipeline
 
-def pipeline(high, low, vae, cond: torch.Tensor, uncond: torch.Tensor, noise: np.ndarray) -> dict[str, np.ndarray]:
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+def sdcli_scheduler(steps: int, shift: float = 5.0):
+    """diffusers' flow-matching Euler scheduler on sd-cli's sigmas for Wan: its discrete
+    timesteps ``999 - i * 999 / (steps - 1)`` as ``(t + 1) / 1000``, shifted by ``shift`` (the
+    Wan pipelines take no sigmas of their own, so ``set_timesteps`` ignores the count it is
+    given and sets these). One scheduler for every Wan fixture script."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
-    t = 999.0 - np.arange(STEPS) * (999.0 / (STEPS - 1))  # sd-cli's discrete timesteps
+    t = 999.0 - np.arange(steps) * (999.0 / (steps - 1))  # sd-cli's discrete timesteps
     unshifted = list((t + 1.0) / 1000.0)
 
-    class SdCliSigmas(FlowMatchEulerDiscreteScheduler):  # WanPipeline takes no sigmas of its own
+    class SdCliSigmas(FlowMatchEulerDiscreteScheduler):
         def set_timesteps(self, num_inference_steps=None, device=None, **kwargs):
             super().set_timesteps(sigmas=unshifted, device=device)
 
-    sched = SdCliSigmas(num_train_timesteps=1000, shift=5.0, use_dynamic_shifting=False)
+    return SdCliSigmas(num_train_timesteps=1000, shift=shift, use_dynamic_shifting=False)
+
+
+def pipeline(high, low, vae, cond: torch.Tensor, uncond: torch.Tensor, noise: np.ndarray) -> dict[str, np.ndarray]:
+    from diffusers import WanPipeline
+
+    sched = sdcli_scheduler(STEPS)
     pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=sched, transformer=high,
                        transformer_2=low, boundary_ratio=BOUNDARY)
     with torch.no_grad():

@@ -70,17 +70,10 @@ def dit_out(dit, latent: np.ndarray, context: np.ndarray, frame_t: list[float]) 
 
 
 def pipeline(dit, vae, cond, uncond, noise: np.ndarray, pic: np.ndarray) -> dict[str, np.ndarray]:
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline
+    from diffusers import WanImageToVideoPipeline
     from PIL import Image
 
-    t = 999.0 - np.arange(STEPS) * (999.0 / (STEPS - 1))  # sd-cli's discrete timesteps
-    unshifted = list((t + 1.0) / 1000.0)
-
-    class SdCliSigmas(FlowMatchEulerDiscreteScheduler):
-        def set_timesteps(self, num_inference_steps=None, device=None, **kwargs):
-            super().set_timesteps(sigmas=unshifted, device=device)
-
-    sched = SdCliSigmas(num_train_timesteps=1000, shift=5.0, use_dynamic_shifting=False)
+    sched = w21.sdcli_scheduler(STEPS)
     pipe = WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=sched,
                                    image_processor=None, image_encoder=None, transformer=dit,
                                    expand_timesteps=True)
