@@ -81,6 +81,10 @@ void register_backends(nb::module_ &m) {
                      "ggml's name of the backend.")
         .def_prop_ro("closed", [](const Backend &b) { return b.handle == nullptr; },
                      "True once the backend was freed.")
+        .def_prop_rw("stand_in", [](const Backend &b) { return b.stand_in; },
+                     [](Backend &b, bool v) { b.stand_in = v; },
+                     "True for a CPU backend standing in for a device that is not a CPU: graphs over it\n"
+                     "build as for that device (ggml's own ops, none of sdplan's CPU-only kernels).")
         .def("set_n_threads", [](Backend &b, int n) {
             return set_backend_threads(b.get(), b.device, n);
         }, nb::arg("n_threads"),

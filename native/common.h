@@ -27,6 +27,9 @@ struct Backend {
     ggml_backend_t handle = nullptr;
     ggml_backend_dev_t device = nullptr;
     std::string device_name;
+    // A CPU backend standing in for a device that is not a CPU (counting another machine's
+    // graphs): graphs over it build as for that device (ggml's own ops, no CPU-only kernels).
+    bool stand_in = false;
 
     Backend(ggml_backend_t h, ggml_backend_dev_t d, std::string name)
         : handle(h), device(d), device_name(std::move(name)) {}

@@ -609,7 +609,7 @@ bool Graph::supports(const Tensor &x, int index) {
 
 bool Graph::all_cpu() const {
     for (auto &b : backends)
-        if (ggml_backend_dev_type(b->device) != GGML_BACKEND_DEVICE_TYPE_CPU) return false;
+        if (b->stand_in || ggml_backend_dev_type(b->device) != GGML_BACKEND_DEVICE_TYPE_CPU) return false;
     return true;
 }
 

@@ -404,6 +404,10 @@ void register_graph(nb::module_ &m) {
             for (auto &b : g.backends) n.push_back(b->device_name);
             return n;
         }, "Device names of the graph's backends, in scheduler order.")
+        .def_prop_ro("main_cpu", [](const Graph &g) {
+            const auto &b = g.backends.front();
+            return !b->stand_in && ggml_backend_dev_type(b->device) == GGML_BACKEND_DEVICE_TYPE_CPU;
+        }, "Whether the main (first) backend is a CPU (a stand-in for another device is not).")
         .def_prop_ro("built", [](const Graph &g) { return g.gf != nullptr; })
         .def_prop_ro("allocated", [](const Graph &g) { return g.allocated; })
         .def_prop_ro("n_nodes", [](const Graph &g) { return g.gf ? ggml_graph_n_nodes(g.gf) : 0; })

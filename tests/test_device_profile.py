@@ -68,6 +68,19 @@ def test_cross_attention_takes_the_rates_measured_over_as_many_keys() -> None:
     assert p.rate("attn", "FLASH_ATTN_EXT@d8k77", "f16", 1e6) == 2e10  # no cross points at 8: self
 
 
+def test_hand_written_kernel_names_never_break_the_lookup() -> None:
+    """A profile written by hand may have kernel names no model counts (a 400-digit key count,
+    no digits, a zero width) and no products at all: such names are ignored and a rate is
+    still found (any points, as a last resort), where a 400-digit count overflowed a float."""
+    p = _profile(**{"attn/FLASH_ATTN_EXT@d8k" + "9" * 400 + ":f16": ((1.0, 3e10),),
+                    "attn/FLASH_ATTN_EXT@d" + "9" * 400 + ":f16": ((1.0, 4e10),),
+                    "attn/FLASH_ATTN_EXT@dXk:f16": ((1.0, 5e10),), "attn/x@d0k0:f16": ((1.0, 6e10),)})
+    assert p.rate("attn", "FLASH_ATTN_EXT@d8k77", "f16", 1e6) > 0
+    assert p.rate("attn", "FLASH_ATTN_EXT@d" + "9" * 400, "f16", 1e6) == 4e10  # its own exact key
+    only = _profile(**{"attn/FLASH_ATTN_EXT@d8k77:f16": ((1.0, 7e9),)})
+    assert only.rate("mm", "MUL_MAT", "f16", 1e6) == 7e9  # nothing else measured: those points
+
+
 def test_memory_bound_kernels_have_their_own_rates_by_size() -> None:
     p = DeviceProfile({"mm:f16": ((1.0, 1e11),)}, mem_bps=2e10, node_s=0.0, graph_s=0.0, h2d=Link(1.0, 0.0),
                       d2h=Link(1.0, 0.0), mem_rates={"SILU": ((1e5, 4e9), (1e7, 6e9))})

@@ -249,10 +249,9 @@ def _plain_fit(plan: Plan, profile: Profile, inventory: Inventory, args: argpars
 
 def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argparse.Namespace,
           files: dict[str, list[str]], fit: Any, live: bool, tiling: Any = None) -> Any:
-    """The predicted time of sdplan's engine running the plan
-    (:mod:`sdplan.core.commands.time_estimate`), or None without a profile or for another
-    engine or an sd-cli target; the devices' profiles are the inventory file's, else those
-    measured here."""
+    """The predicted time of sdplan's engine running the plan (:mod:`sdplan.core.commands.time_estimate`),
+    or None without a profile or for another engine or an sd-cli target; the devices' profiles
+    are the inventory file's, else those measured here."""
     if profile is None or plan.target.sdcli or engine_name(args) != "sdplan":
         return None
     from sdplan.core.commands import time_estimate as te
@@ -260,8 +259,9 @@ def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argpa
 
     settings = te.settings_of(args)
     inventory = te.with_profiles(inventory, settings.threads)
-    works = count_plan(files, plan, [d.name for d in inventory], width=settings.width, height=settings.height, batch=settings.batch,
-                       cfg=settings.cfg, live=live, vae_tiling=tiling, frames=settings.frames) if files else {}
+    works = count_plan(files, plan, [d.name for d in inventory], width=settings.width, height=settings.height,
+                       batch=settings.batch, cfg=settings.cfg, live=live, vae_tiling=tiling, frames=settings.frames,
+                       accelerators=[d.name for d in inventory if d.type != "cpu"]) if files else {}
     return te.predict(plan, inventory, profile, settings, works, files, fit)
 
 

@@ -113,12 +113,16 @@ def plan_placements(plan: Any) -> dict[str, Any]:
 
 def count_plan(model_files: Mapping[str, Sequence[str]], plan: Any, device_names: Sequence[str], *,
                width: int, height: int, batch: int = 1, cfg: bool = True, live: bool = False,
-               vae_tiling: Any = None, frames: int = 1) -> dict[str, list[ModuleWork]]:
+               vae_tiling: Any = None, frames: int = 1,
+               accelerators: Sequence[str] = ()) -> dict[str, list[ModuleWork]]:
     """:func:`count_work` of a plan's graphs in this process: on the planned devices when
     ``live`` (the plan's inventory is this process's), else on CPU backends standing in for
     ``device_names`` (another machine's devices, or a process that touches no device but its
-    CPU, like the app's: the kernels are then this CPU's, and the prediction prices them by op
-    class). ``vae_tiling``: a :class:`~sdplan.core.planning.vae_tiling.VaeTiling` (the
+    CPU, like the app's). Those of ``accelerators`` (the devices that are not CPUs: GPUs, RPC
+    servers) stand in as such (``Backend.stand_in``): their graphs take ggml's own ops, as on
+    the device, so the kernels counted are the ones its profile measured (an RPC server runs
+    ggml's flash attention and im2col convolutions, not this CPU's kernels; counted as a CPU,
+    the demo UNet's step on one was priced at a third of its time). ``vae_tiling``: a :class:`~sdplan.core.planning.vae_tiling.VaeTiling` (the
     decoder in its tiles) or None; ``frames``: a video's frames. {} when the engine cannot
     count them (logged)."""
     try:
@@ -127,6 +131,8 @@ def count_plan(model_files: Mapping[str, Sequence[str]], plan: Any, device_names
         placements = plan_placements(plan)
         manager = BackendManager(cpu_threads=1)
         extra = {} if live else {d: native().init_backend("CPU") for d in device_names if d != "CPU"}
+        for d, b in extra.items():
+            b.stand_in = d in accelerators
         try:
             return count_work(model_files, width=width, height=height, batch=batch, cfg=cfg,
                               pool=BackendPool(manager, extra), placements=placements,

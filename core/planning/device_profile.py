@@ -47,12 +47,14 @@ from sdplan.core.errors import InventoryError
 OP_CLASSES = ("mm", "conv", "attn", "mem")
 
 
-_TAG = re.compile(r"^(?P<base>[^@]+)@(?P<letter>[a-z])(?P<value>\d+)(?:k(?P<keys>\d+))?$")
+_TAG = re.compile(r"^(?P<base>[^@]+)@(?P<letter>[a-z])(?P<value>[0-9]{1,7})(?:k(?P<keys>[0-9]{1,7}))?$")
 
 
 def _tag(kernel: str) -> tuple[str, str, int, int] | None:
     """``(kernel, tag letter, tag value, key tokens or 0)`` of a tagged kernel name
-    (``FLASH_ATTN_EXT@d40k77`` -> ``("FLASH_ATTN_EXT", "d", 40, 77)``), else None."""
+    (``FLASH_ATTN_EXT@d40k77`` -> ``("FLASH_ATTN_EXT", "d", 40, 77)``), else None (also for
+    values of more than 7 ASCII digits: no model has such a width, and a hand-written profile's
+    could not be compared)."""
     m = _TAG.match(kernel)
     if m is None:
         return None
@@ -128,10 +130,11 @@ class DeviceProfile:
     def rate(self, cls: str, kernel: str, dtype: str, work: float) -> float:
         """FLOP/s for one op of ``work`` FLOP: the points of ``cls/kernel:dtype`` when the
         profile has them, else ``cls:dtype``, else ``cls:f16``, else any dtype of ``cls``,
-        else ``mm:f16``; interpolated in log-log between points and held flat beyond them."""
+        else ``mm:f16``, else any products, else any points at all (a hand-written profile);
+        interpolated in log-log between points and held flat beyond them."""
         pts = (self.rates.get(f"{cls}/{kernel}:{dtype}") or self._nearest_width(cls, kernel, dtype)
                or self.rates.get(f"{cls}:{dtype}") or self.rates.get(f"{cls}:f16") or self._any(cls)
-               or self.rates.get("mm:f16") or self._any("mm"))
+               or self.rates.get("mm:f16") or self._any("mm") or next(iter(self.rates.values()), ()))
         if not pts:
             raise ValueError(f"device profile has no rate for {cls}")
         return interpolate(pts, work)

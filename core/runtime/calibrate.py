@@ -486,8 +486,9 @@ def calibrate_device(manager: Any, device: str, threads: int = 0,
                 return _seed(np, shape)
 
             t, dev = b.graph(attn, f16_as_bf16=as_bf16, attention_bf16=as_bf16)
-            # a cross-attention gives its kernel's own rate only, not the class's
-            record(None if as_bf16 or keys != tokens else "attn:f16", flops, n, t, dev)
+            # a cross-attention or a width not a multiple of 8 (far slower on ggml's kernel) gives
+            # its kernel's own rate only, not the class's (what a kernel measured nowhere takes)
+            record(None if as_bf16 or keys != tokens or width % 8 else "attn:f16", flops, n, t, dev)
     alloc_s, alloc_byte_s = _alloc_fit(b.allocs)
     return DeviceProfile(rates={k: tuple(sorted(v)) for k, v in rates.items()}, mem_bps=b.mem_bps,
                          node_s=b.node_s, graph_s=b.graph_s, h2d=h2d, d2h=d2h,

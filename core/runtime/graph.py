@@ -257,7 +257,8 @@ def attention(g: Graph, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = N
 
 
 def _cpu_main(g: Graph) -> bool:
-    return bool(g.devices) and str(g.devices[0]).startswith("CPU")
+    """Whether ``g``'s main backend is a CPU (a CPU standing in for another device is not)."""
+    return bool(g.main_cpu)
 
 
 def sdplan_attention_op(g: Graph) -> bool:

@@ -80,7 +80,8 @@ def ggml_dtype(file_dtype: str) -> str:
 
 
 def cpu_bf16(backend: Any | None) -> bool:
-    """True when ``backend`` is a local CPU backend and this CPU runs sdplan's bf16 kernel
+    """True when ``backend`` is a local CPU backend (not one standing in for another device)
+    and this CPU runs sdplan's bf16 kernel
     (``sdplan._ggml.bf16_kernel()`` is ``amx`` or ``avx512``): matrix products and
     convolutions with bf16 weights then run it (native/kernels/bf16_gemm.cpp), and f16 ones in
     graphs with ``f16_as_bf16``.
@@ -88,7 +89,7 @@ def cpu_bf16(backend: Any | None) -> bool:
     Which modules run their products in bf16 is measured per module and kernel (their model
     class's ``cpu_bf16_kernels``; bench/bench_cpu_bf16.py, core/runtime/bf16_rule.py).
     """
-    if backend is None:
+    if backend is None or getattr(backend, "stand_in", False):
         return False
     return native().device_type(backend.device_name) == "cpu" and bf16_kernel() != "off"
 

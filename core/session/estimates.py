@@ -184,8 +184,9 @@ class Estimates:
         g = self.generation
         tiling = g.get("vae_tiling") or None
         names = tuple(d.name for d in self.inventory)
+        accelerators = tuple(d.name for d in self.inventory if d.type != "cpu")
         key = (repr(sorted(self.model_files.items())), s.width, s.height, s.batch, s.cfg, s.frames,
-               repr(self.plan.placement), names, repr(tiling))
+               repr(self.plan.placement), names, accelerators, repr(tiling))
         cache = self._work_cache
         if key not in cache:
             from sdplan.core.pipelines.work import count_plan
@@ -196,7 +197,8 @@ class Estimates:
             except (SdplanError, ValueError, TypeError):
                 vt = None
             cache[key] = count_plan(self.model_files, self.plan, names, width=s.width, height=s.height,
-                                    batch=s.batch, cfg=s.cfg, vae_tiling=vt, frames=s.frames) or None
+                                    batch=s.batch, cfg=s.cfg, vae_tiling=vt, frames=s.frames,
+                                    accelerators=accelerators) or None
             while len(cache) > WORK_CACHE:
                 cache.pop(next(iter(cache)))
         return cache[key]
