@@ -49,10 +49,12 @@ def demo_model_path() -> Path | None:
         return None
 
 
-def open_demo(ctl: object, path: Path | None = None) -> bool:
+def open_demo(ctl: object, path: Path | None = None, auto: bool = True) -> bool:
     """Load the demo model into the controller ``ctl`` with :data:`DEMO_GENERATION` and
-    the Auto plan proposal for its devices at 128x128 (an undo history without steps).
-    Returns False when there is no demo model or it cannot be read (logged)."""
+    the Auto plan proposal for its devices at 128x128 (``auto`` False: the placement the
+    controller has, as given by ``--backend``/``--params-backend``/``--max-vram``), an undo
+    history without steps. Returns False when there is no demo model or it cannot be read
+    (logged)."""
     path = path or demo_model_path()
     if path is None:
         return False
@@ -62,6 +64,9 @@ def open_demo(ctl: object, path: Path | None = None) -> bool:
         log.warning("demo model not loaded: %s", exc)
         return False
     ctl.set_generation(**DEMO_GENERATION)  # type: ignore[attr-defined]
+    if not auto:
+        ctl.undo_stack.clear()  # type: ignore[attr-defined]
+        return True
     try:
         proposal = auto_plan(ctl.inventory, ctl.profile, ctl.placement,  # type: ignore[attr-defined]
                              width=int(demo.DEMO_DEFAULTS["width"]),
@@ -95,15 +100,16 @@ def build_window(args: argparse.Namespace, settings: object = None):  # noqa: AN
     if args.files:
         ctl.open_files(args.files)
     elif getattr(args, "demo", False):
-        if not open_demo(ctl):
+        if not open_demo(ctl, auto=not flags_given):  # placement flags given: that placement
             raise SdplanError("the demo model is not installed (resources/demo)")
-    elif not flags_given and not args.profile:
-        # a screenshot shows what a new user sees (the demo), never the last session
-        restored, note = (False, None) if args.screenshot else restore_last_plan(ctl, qs)
+    elif not args.profile:
+        # a screenshot shows what a new user sees (the demo), never the last session; placement
+        # flags open the demo on that placement rather than restore another plan
+        restored, note = (False, None) if args.screenshot or flags_given else restore_last_plan(ctl, qs)
         if note:
             notes.append(note)
         if not restored:
-            open_demo(ctl)
+            open_demo(ctl, auto=not flags_given)
     given = {k: getattr(args, k, None) for k in ("prompt", "lora_model_dir", "init_img", "mask", "strength")}
     ctl.set_generation(**{k: v for k, v in given.items() if v is not None})
     win = MainWindow(ctl, qs, auto_refresh=not args.devices and not args.screenshot)  # type: ignore[arg-type]

@@ -380,16 +380,16 @@ def print_tables(a: argparse.Namespace, dits: list[dict[str, Any]], vaes: list[d
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--families", default=",".join(dit_cut.DITS))
+    ap.add_argument("--families", default=",".join(dit_cut.DITS), help=f"DiTs to run, comma-separated ({', '.join(dit_cut.DITS)})")
     ap.add_argument("--vaes", default=",".join(dit_cut.VAES), help="autoencoders to decode with ('' for none)")
-    ap.add_argument("--parts", default="sdplan,diffusers")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--parts", default="sdplan,diffusers", help="engines to run: sdplan, diffusers or both")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads of both engines")
     ap.add_argument("--size", type=int, default=1024, help="picture side in pixels")
     ap.add_argument("--blocks", type=int, default=1, help="blocks kept of every stack")
     ap.add_argument("--repeat", type=int, default=1, help="timed calls after one warm-up")
     ap.add_argument("--txt", type=int, default=0, help="text tokens (0: each family's, dit_cut.DITS)")
-    ap.add_argument("--shared", default=str(SHARED))
-    ap.add_argument("--ref-python", default=REF_PYTHON)
+    ap.add_argument("--shared", default=str(SHARED), help="the shared inputs folder (models/real_size_key_layouts.json)")
+    ap.add_argument("--ref-python", default=REF_PYTHON, help="a Python with torch and diffusers")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--worker", nargs=3, metavar=("KIND", "NAME", "FILE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -404,8 +404,18 @@ def main() -> int:
     bad = [f for f in families if f not in dit_cut.DITS] + [v for v in vaes if v not in dit_cut.VAES]
     if bad:
         raise SystemExit(f"unknown --families/--vaes {bad}: families {list(dit_cut.DITS)}, vaes {list(dit_cut.VAES)}")
-    if a.size % 32 or a.size <= 0 or a.blocks < 1 or a.repeat < 1:
-        raise SystemExit(f"--size {a.size} must be a positive multiple of 32, --blocks and --repeat >= 1")
+    problems = [msg for bad, msg in (
+        (a.size % 32 or a.size <= 0, f"--size {a.size}: a positive multiple of 32"),
+        (a.blocks < 1, f"--blocks {a.blocks}: at least 1"), (a.repeat < 1, f"--repeat {a.repeat}: at least 1"),
+        (a.threads < 1, f"--threads {a.threads}: at least 1"), (a.txt < 0, f"--txt {a.txt}: 0 (the family's) or more"),
+        (not set(a.parts.split(",")) <= {"sdplan", "diffusers"} or not a.parts,
+         f"--parts {a.parts!r}: sdplan, diffusers or both (comma-separated)"),
+        (not (Path(a.shared) / "models" / "real_size_key_layouts.json").is_file(),
+         f"--shared {a.shared}: no models/real_size_key_layouts.json there"),
+        (bool(a.json) and not Path(a.json).resolve().parent.is_dir(), f"--json {a.json}: its folder does not exist"),
+    ) if bad]
+    if problems:
+        raise SystemExit("bench_dit_blocks: " + "; ".join(problems))
     a.parts = set(a.parts.split(","))
     layouts = rsf.layouts(Path(a.shared))
     load0 = os.getloadavg()

@@ -113,3 +113,21 @@ def test_bundled_demo_model_when_installed():
     assert ctl.command_line().endswith("--prediction v")
     ctl.load_model_files({"model": [str(TINY)]})
     assert "--prediction" not in ctl.command_line()
+
+
+def test_placement_flags_open_the_demo_on_that_placement(qtbot, tmp_path, settings, monkeypatch):
+    """``gui --demo --backend CPU`` (and the same without ``--demo``) shows the demo on the CPU
+    as asked, with the flags in the command; the Auto plan (the GPU) is not applied over them,
+    and no saved plan is restored instead."""
+    monkeypatch.setattr(main, "demo_model_path", lambda: TINY)
+    inv = str(devices_file(tmp_path))
+    for argv in (["--devices", inv, "--demo", "--backend", "CPU", "--params-backend", "vae=disk"],
+                 ["--devices", inv, "--backend", "CPU", "--params-backend", "vae=disk"]):
+        ctl, win = window(qtbot, argv, settings)
+        assert ctl.model_files == {"model": [str(TINY)]}, argv
+        assert ctl.plan.modules["diffusion"].devices == ["CPU"], argv
+        assert "--backend CPU" in ctl.command_line() and "--params-backend vae=disk" in ctl.command_line()
+        assert ctl.undo_stack.count() == 0
+        win.close()
+    ctl, _ = window(qtbot, ["--devices", inv, "--demo"], settings)
+    assert ctl.plan.modules["diffusion"].devices == ["CUDA0"]  # no flags: the Auto plan
