@@ -61,6 +61,20 @@ def require_or_skip(what: str, env: str) -> None:
     pytest.skip(what)
 
 
+@pytest.fixture(scope="module")
+def cpus():
+    """Two CPU backend instances as devices ``CPU`` and ``CPU1`` (one thread each): a layer
+    split across two backends without a second device, one pool per test module."""
+    ng = pytest.importorskip("sdplan._ggml")
+    from sdplan.core.runtime.runner import BackendPool
+
+    second = ng.init_backend("CPU")
+    second.set_n_threads(1)
+    p = BackendPool(ng.BackendManager(1), extra={"CPU1": second})
+    yield p
+    p.manager.close()
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """The ``../shared`` folder beside the checkout (skips when absent)."""

@@ -21,21 +21,11 @@ G = pytest.importorskip("sdplan._ggml")
 if not hasattr(G, "Graph"):
     pytest.skip("the native module has no Graph", allow_module_level=True)
 from sdplan.core.pipelines.flux.pipeline import _shapes  # noqa: E402
-from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
+from sdplan.core.runtime.runner import BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
 from sdplan.core.runtime.weights import WeightFile  # noqa: E402
 
 R = ref()
 TOL = 2e-3  # f16 matrices and f16 activations in mul_mat against an f32 torch reference
-
-
-@pytest.fixture(scope="module")
-def cpus():
-    """Two CPU backend instances as devices ``CPU`` and ``CPU1``."""
-    second = G.init_backend("CPU")
-    second.set_n_threads(1)
-    p = BackendPool(G.BackendManager(1), extra={"CPU1": second})
-    yield p
-    p.manager.close()
 
 
 def runner(pool, mod, path, ranges=None, mode="runtime", dtypes=None) -> ModuleRunner:

@@ -30,7 +30,7 @@ from sdplan.core.models.llm import (  # noqa: E402
     mrope_sections,
 )
 from sdplan.core.pipelines.stages.flow_dit import shapes  # noqa: E402
-from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
+from sdplan.core.runtime.runner import BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
 from sdplan.core.runtime.weights import WeightFile  # noqa: E402
 
 #: what the tiny tower's shapes do not say (``make_qwen_image_fixtures.py``'s VISION)
@@ -45,15 +45,6 @@ def ref() -> dict[str, np.ndarray]:
 
 
 R = ref()
-
-
-@pytest.fixture(scope="module")
-def cpus():
-    second = G.init_backend("CPU")
-    second.set_n_threads(1)
-    p = BackendPool(G.BackendManager(1), extra={"CPU1": second})
-    yield p
-    p.manager.close()
 
 
 def test_config_and_names() -> None:

@@ -26,21 +26,12 @@ if not hasattr(G, "Graph"):
 from sdplan.core.models.llm import LLMEncoder, llm_config  # noqa: E402
 from sdplan.core.pipelines.qwen_image.pipeline import DROP, TEMPLATE, llm_head_dim  # noqa: E402
 from sdplan.core.pipelines.stages.flow_dit import shapes  # noqa: E402
-from sdplan.core.runtime.runner import BackendPool, BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
+from sdplan.core.runtime.runner import BlockRange, ModulePlacement, ModuleRunner  # noqa: E402
 from sdplan.core.runtime.weights import WeightFile  # noqa: E402
 from sdplan.core.text.bpe_tokenizer import BPETokenizer  # noqa: E402
 
 R = ref()
 TOL = 5e-3  # f16 matrices and activations in mul_mat against an f32 torch reference (gates of order 1)
-
-
-@pytest.fixture(scope="module")
-def cpus():
-    second = G.init_backend("CPU")
-    second.set_n_threads(1)
-    p = BackendPool(G.BackendManager(1), extra={"CPU1": second})
-    yield p
-    p.manager.close()
 
 
 @pytest.fixture(scope="module")
