@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from flux_util import rel_err
 from safetensors.numpy import load_file
 from sdplan.core.errors import ModelFileError
 from sdplan.core.models.t5 import T5Encoder, t5_config
@@ -23,9 +24,6 @@ UMT5 = FIXTURES / "umt5_tiny.safetensors"
 R = load_file(str(FIXTURES / "wan_ref.safetensors"))
 TOL = 5e-3  # f16 matrices, ggml's f16 GELU table
 
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / (np.abs(b).max() + 1e-12))
 
 
 def test_tokenizer_reads_the_files_blob() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from flux_util import rel_err
 from safetensors.numpy import load_file
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import ModelLayoutError
@@ -28,9 +29,6 @@ LOW, HIGH = FIXTURES / "wan_tiny.safetensors", FIXTURES / "wan_high_noise_tiny.s
 R = load_file(str(FIXTURES / "wan_ref.safetensors"))
 TOL = 5e-3  # f16 matrices, ggml's f16 GELU table
 
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / (np.abs(b).max() + 1e-12))
 
 
 def shapes(path):

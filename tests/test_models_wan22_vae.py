@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+from flux_util import rel_err
 from safetensors.numpy import load_file
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph, ModelLayoutError
@@ -37,9 +38,6 @@ R = load_file(str(FIXTURES / "wan22_ref.safetensors"))
 TOL = 5e-3
 SHAPES = {t.name: tuple(t.shape) for t in read_tensor_file(VAE).tensors}
 
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / (np.abs(b).max() + 1e-12))
 
 
 def test_tiny_structure() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from flux_util import rel_err
 from safetensors.numpy import load_file
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.wan import WanDiT, head_dim_of, weight_file
@@ -23,9 +24,6 @@ PATH = FIXTURES / "wan_ti2v_tiny.safetensors"
 R = load_file(str(FIXTURES / "wan_ti2v_i2v_ref.safetensors"))
 TOL = 5e-3  # f16 matrices, ggml's f16 GELU table (as the other Wan DiT tests)
 
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / (np.abs(b).max() + 1e-12))
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from flux_util import rel_err
 from safetensors.numpy import load_file
 from sdplan.core.modelfiles.readers import read_tensor_file
 from sdplan.core.models.base import FunctionGraph
@@ -22,9 +23,6 @@ VAE = FIXTURES / "wan_vae_tiny.safetensors"
 R = load_file(str(FIXTURES / "wan_ref.safetensors"))
 TOL = 5e-3
 
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / (np.abs(b).max() + 1e-12))
 
 
 def test_frame_counts() -> None:

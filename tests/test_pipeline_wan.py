@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from flux_util import rel_err
 from safetensors.numpy import load_file
 from sparse_writer import FIXTURES
 
@@ -22,9 +23,6 @@ MODELS = WanModels(FIXTURES / "wan_tiny.safetensors", FIXTURES / "umt5_tiny.safe
                    FIXTURES / "wan_vae_tiny.safetensors", FIXTURES / "wan_high_noise_tiny.safetensors")
 PROMPT = "a lovely cat walking on the beach"
 
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / (np.abs(b).max() + 1e-12))
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from flux_util import rel_err
 from PIL import Image
 from safetensors.numpy import load_file
 from sparse_writer import FIXTURES
@@ -28,9 +29,6 @@ MODELS = WanModels(FIXTURES / "wan_ti2v_tiny.safetensors", FIXTURES / "umt5_tiny
                    FIXTURES / "wan22_vae_tiny.safetensors")
 PROMPT = "a lovely cat walking on the beach"
 
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / (np.abs(b).max() + 1e-12))
 
 
 @pytest.fixture(scope="module")
