@@ -40,7 +40,6 @@ Writes ``tests/fixtures/qwen_edit_ref.safetensors``:
 from __future__ import annotations
 
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures"
 sys.path.insert(0, str(FIX))
 
-from make_qwen_image_fixtures import DIT, STEPS, TEXT, VAE, VISION, pack, unpack  # noqa: E402
+from make_qwen_image_fixtures import DIT, STEPS, TEXT, VAE, VISION, _sdplan, pack, unpack  # noqa: E402
 
 TEMPLATE = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
             "objects, background), then explain how the user's text instruction should alter or modify the "
@@ -61,15 +60,6 @@ PICTURE = "Picture {}: <|vision_start|><|image_pad|><|vision_end|>"
 PROMPT = "make the cat blue"
 IMAGE_PAD = 151655
 SIZES = {"a": (84, 140), "b": (56, 56)}
-
-
-def _sdplan() -> None:
-    try:
-        import sdplan.core.text.bpe_tokenizer  # noqa: F401
-    except ImportError:
-        pkg = types.ModuleType("sdplan")
-        pkg.__path__ = [str(REPO)]  # type: ignore[attr-defined]
-        sys.modules["sdplan"] = pkg
 
 
 def load_qwen():

@@ -78,12 +78,13 @@ def encode_mean(vae, video: np.ndarray) -> np.ndarray:
         return vae.encode(torch.from_numpy(video)).latent_dist.mode().numpy()
 
 
-def picture() -> np.ndarray:
-    """A smooth start picture (gradients and a disc) as ``(H, W, 3)`` uint8."""
-    y, x = np.mgrid[0:HEIGHT, 0:WIDTH].astype(np.float32)
-    r = 255 * x / (WIDTH - 1)
-    g = 255 * y / (HEIGHT - 1)
-    b = np.where((x - 30) ** 2 + (y - 14) ** 2 < 81, 230.0, 40.0)
+def picture(height: int = HEIGHT, width: int = WIDTH, disc: tuple[int, int, int] = (30, 14, 81)) -> np.ndarray:
+    """A smooth start picture (gradients and a disc at ``(x, y)`` of squared radius
+    ``disc[2]``) as ``(height, width, 3)`` uint8."""
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    r = 255 * x / (width - 1)
+    g = 255 * y / (height - 1)
+    b = np.where((x - disc[0]) ** 2 + (y - disc[1]) ** 2 < disc[2], 230.0, 40.0)
     return np.stack([r, g, b], -1).round().astype(np.uint8)
 
 

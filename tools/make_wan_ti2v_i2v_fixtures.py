@@ -53,12 +53,8 @@ def same_as_stored(ours: dict, name: str) -> None:
 
 
 def picture() -> np.ndarray:
-    """A smooth start picture (gradients and a disc) as ``(H, W, 3)`` uint8."""
-    y, x = np.mgrid[0:HEIGHT, 0:WIDTH].astype(np.float32)
-    r = 255 * x / (WIDTH - 1)
-    g = 255 * y / (HEIGHT - 1)
-    b = np.where((x - 60) ** 2 + (y - 28) ** 2 < 300, 230.0, 40.0)
-    return np.stack([r, g, b], -1).round().astype(np.uint8)
+    """The start picture of ``make_wan_i2v_fixtures`` at this size, its disc scaled with it."""
+    return i2v.picture(HEIGHT, WIDTH, (60, 28, 300))
 
 
 def dit_out(dit, latent: np.ndarray, context: np.ndarray, frame_t: list[float]) -> np.ndarray:
