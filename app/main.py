@@ -64,14 +64,12 @@ def open_demo(ctl: object, path: Path | None = None, auto: bool = True) -> bool:
         log.warning("demo model not loaded: %s", exc)
         return False
     ctl.set_generation(**DEMO_GENERATION)  # type: ignore[attr-defined]
-    if not auto:
-        ctl.undo_stack.clear()  # type: ignore[attr-defined]
-        return True
     try:
-        proposal = auto_plan(ctl.inventory, ctl.profile, ctl.placement,  # type: ignore[attr-defined]
-                             width=int(demo.DEMO_DEFAULTS["width"]),
-                             height=int(demo.DEMO_DEFAULTS["height"]))
-        ctl.edit(proposal.placement, "plan for the demo")  # type: ignore[attr-defined]
+        if auto:
+            proposal = auto_plan(ctl.inventory, ctl.profile, ctl.placement,  # type: ignore[attr-defined]
+                                 width=int(demo.DEMO_DEFAULTS["width"]),
+                                 height=int(demo.DEMO_DEFAULTS["height"]))
+            ctl.edit(proposal.placement, "plan for the demo")  # type: ignore[attr-defined]
     except SdplanError as exc:
         log.info("no auto plan for the demo: %s", exc)
     ctl.undo_stack.clear()  # type: ignore[attr-defined]
