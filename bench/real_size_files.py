@@ -50,18 +50,31 @@ class ModelFile:
 
 CLIP_TM = "cond_stage_model.transformer.text_model."
 
+#: layouts derived here from stored ones (:func:`layouts`): OpenCLIP ViT-bigG in transformers
+#: names (SD3's standalone ``clip_g.safetensors``) from SDXL's single file, CLIP ViT-L with its
+#: ``text_projection.weight`` (SD3's ``clip_l.safetensors``, a ``CLIPTextModelWithProjection``;
+#: FLUX.1's has none), and Chroma's DiT from FLUX.1-dev's
+CLIP_G_HF, CLIP_L_PROJ, CHROMA = "clip_g_hf (derived)", "clip_l_proj (derived)", "chroma_dit (derived)"
+OPEN_CLIP_G = "conditioner.embedders.1.model."
+
 #: family name -> its files as released (None: no real-size layout of some file; the reason).
 RECIPES: dict[str, tuple[ModelFile, ...] | str] = {
     "sd1": (ModelFile("--model", "sd15.safetensors",
                       (FilePart("sd15_unet_ldm"), FilePart("sd_vae_ldm"), FilePart("clip_l_hf", CLIP_TM)), "F16"),),
     "sd2": "no SD 2.x layout (OpenCLIP ViT-H text encoder, 768 px UNet) in ../shared/models",
     "sdxl": (ModelFile("--model", "sdxl_base.safetensors", (FilePart("sdxl_base_ldm_full"),), "F16"),),
-    "sd3": "no CLIP-G text encoder in transformers names (SD3's --clip_g) in ../shared/models",
+    "sd3": (ModelFile("--diffusion-model", "sd3_medium.safetensors", (FilePart("sd3_medium_sai"),), "F16"),
+            ModelFile("--clip_l", "clip_l.safetensors", (FilePart(CLIP_L_PROJ),), "F16"),
+            ModelFile("--clip_g", "clip_g.safetensors", (FilePart(CLIP_G_HF),), "F16"),
+            ModelFile("--t5xxl", "t5xxl.safetensors", (FilePart("t5xxl_hf"),), "F16"),
+            ModelFile("--vae", "ae.safetensors", (FilePart("flux1_ae_bfl"),), "F32")),
     "flux": (ModelFile("--diffusion-model", "flux1-dev.safetensors", (FilePart("flux1_dev_bfl"),), "BF16"),
              ModelFile("--clip_l", "clip_l.safetensors", (FilePart("clip_l_hf", "text_model."),), "F16"),
              ModelFile("--t5xxl", "t5xxl.safetensors", (FilePart("t5xxl_hf"),), "F16"),
              ModelFile("--vae", "ae.safetensors", (FilePart("flux1_ae_bfl"),), "F32")),
-    "chroma": "no Chroma layout (FLUX.1 blocks with the distilled guidance layer) in ../shared/models",
+    "chroma": (ModelFile("--diffusion-model", "chroma1_hd.safetensors", (FilePart(CHROMA),), "BF16"),
+               ModelFile("--t5xxl", "t5xxl.safetensors", (FilePart("t5xxl_hf"),), "F16"),
+               ModelFile("--vae", "ae.safetensors", (FilePart("flux1_ae_bfl"),), "F32")),
     "flux2_klein": (ModelFile("--diffusion-model", "flux-2-klein-4b.safetensors", (FilePart("flux2_klein_4b"),), "BF16"),
                     ModelFile("--llm", "qwen_3_4b.safetensors", (FilePart("qwen3_4b_hf"),), "BF16"),
                     ModelFile("--vae", "flux2-vae.safetensors", (FilePart("flux2_vae"),), "F32")),
@@ -83,8 +96,43 @@ INT_TENSORS = ("position_ids", "num_batches_tracked")
 
 
 def layouts(shared: Path) -> dict[str, dict[str, list[int]]]:
-    """The real-size layouts (``../shared/models/real_size_key_layouts.json``)."""
-    return json.loads((shared / "models" / "real_size_key_layouts.json").read_text())
+    """The real-size layouts (``../shared/models/real_size_key_layouts.json``), plus the
+    derived ones of :data:`CLIP_G_HF`, :data:`CLIP_L_PROJ` and :data:`CHROMA`."""
+    from dit_cut import chroma_layout
+
+    lay: dict[str, dict[str, list[int]]] = json.loads(
+        (shared / "models" / "real_size_key_layouts.json").read_text())
+    lay[CLIP_G_HF] = clip_g_hf(lay["sdxl_base_ldm_full"])
+    clip_l = {"text_model." + n: list(v) for n, v in lay["clip_l_hf"].items()}
+    width = clip_l["text_model.final_layer_norm.weight"][0]
+    lay[CLIP_L_PROJ] = {**clip_l, "text_projection.weight": [width, width]}
+    lay[CHROMA] = {n: list(s) for n, s in chroma_layout(lay["flux1_dev_bfl"]).items()}
+    return lay
+
+
+def clip_g_hf(sdxl: Mapping[str, list[int]]) -> dict[str, list[int]]:
+    """ViT-bigG's text tower in transformers ``CLIPTextModelWithProjection`` names (as SD3's
+    ``clip_g.safetensors`` is released: ``text_model.*``, q/k/v split, ``text_projection.weight``)
+    from the OpenCLIP names under :data:`OPEN_CLIP_G` in SDXL's single file; ``logit_scale``
+    dropped. Shapes in PyTorch order."""
+    s = {n[len(OPEN_CLIP_G):]: list(v) for n, v in sdxl.items() if n.startswith(OPEN_CLIP_G)}
+    out = {"text_model.embeddings.token_embedding.weight": s["token_embedding.weight"],
+           "text_model.embeddings.position_embedding.weight": s["positional_embedding"],
+           "text_model.final_layer_norm.weight": s["ln_final.weight"],
+           "text_model.final_layer_norm.bias": s["ln_final.bias"],
+           "text_projection.weight": s["text_projection"][::-1]}
+    names = {"ln_1": "layer_norm1", "ln_2": "layer_norm2", "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2",
+             "attn.out_proj": "self_attn.out_proj"}
+    blocks = sorted({int(n.split(".")[2]) for n in s if n.startswith("transformer.resblocks.")})
+    for i in blocks:
+        src, dst = f"transformer.resblocks.{i}.", f"text_model.encoder.layers.{i}."
+        for kind in ("weight", "bias"):
+            fused = s[f"{src}attn.in_proj_{kind}"]
+            for q in ("q", "k", "v"):
+                out[f"{dst}self_attn.{q}_proj.{kind}"] = [fused[0] // 3, *fused[1:]]
+            for old, new in names.items():
+                out[f"{dst}{new}.{kind}"] = s[f"{src}{old}.{kind}"]
+    return out
 
 
 def shapes_of(mf: ModelFile, lay: Mapping[str, Mapping[str, list[int]]]) -> dict[str, list[int]]:
