@@ -197,17 +197,36 @@ def table(title: str, res: dict) -> None:
                   f"({ra['pred_' + key] / rb['pred_' + key]:.2f}x); te ranges {ra['te_ranges']} / {rb['te_ranges']}")
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line: every flag with what it does, its unit and its default."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--size", choices=("demo", "sd15", "both"), default="both")
-    ap.add_argument("--only", default=",".join(PLACEMENTS),
-                    help=f"comma-separated placements ({', '.join(PLACEMENTS)})")
-    ap.add_argument("--shared", default=str(REPO.parent / "shared"))
-    ap.add_argument("--verbose", action="store_true", help="print each row's details (JSON)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # the worker process's settings (JSON)
+    ap.add_argument("--threads", type=int, default=1, metavar="N",
+                    help="CPU threads the worker computes and calibrates with (the three RPC servers run one "
+                         "thread each; default: %(default)s)")
+    ap.add_argument("--repeat", type=int, default=2, metavar="N",
+                    help="timed pictures per placement, after one untimed first picture that loads the weights "
+                         "(default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=4, metavar="N",
+                    help="sampler steps per picture (default: %(default)s)")
+    ap.add_argument("--size", choices=("demo", "sd15", "both"), default="both",
+                    help="the model: demo (the demo model at 128 px), sd15 (an SD 1.5-size checkpoint of random "
+                         "fp16 weights at 256 px, about 2 GB written to a temporary folder) or both "
+                         "(default: %(default)s)")
+    ap.add_argument("--only", default=",".join(PLACEMENTS), metavar="NAME,...",
+                    help=f"comma-separated placements to run, of {', '.join(PLACEMENTS)} (default: all of them)")
+    ap.add_argument("--shared", default=str(REPO.parent / "shared"), metavar="FOLDER",
+                    help="the shared inputs folder; the SD 1.5-size checkpoint takes its tensor names and shapes "
+                         "from models/real_size_key_layouts.json there (default: %(default)s)")
+    ap.add_argument("--verbose", action="store_true",
+                    help="also print each placement's details: one JSON line per row on stderr (both "
+                         "calibrations' predictions, text encoding and decoding, the text encoder's block "
+                         "ranges; default: off)")
+    return ap
+
+
+def main() -> int:
+    ap = parser()
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(json.loads(a.worker))))

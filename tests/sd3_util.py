@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from flux_util import rel_err as rel_err  # re-exported: one formula for all tests
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 SD3 = FIX / "sd3_tiny.safetensors"
@@ -20,12 +21,6 @@ def ref() -> dict[str, np.ndarray]:
     from safetensors.numpy import load_file
 
     return load_file(str(REF))
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    """Largest absolute difference relative to the reference's largest magnitude."""
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def write_single_file(path: Path) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from flux_util import rel_err as rel_err  # re-exported: one formula for all tests
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 BASE = FIX / "sdxl_tiny.safetensors"
@@ -22,12 +23,6 @@ def ref(name: str = "sdxl") -> dict[str, np.ndarray]:
     from safetensors.numpy import load_file
 
     return load_file(str(FIX / f"{name}_ref.safetensors"))
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    """Largest absolute difference relative to the reference's largest magnitude."""
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def _metadata(path: Path) -> dict[str, str]:

@@ -199,3 +199,48 @@ def test_avx512_line_names_the_winograd_convolutions(monkeypatch: pytest.MonkeyP
     assert "measured 1.8x" in with_wino
     for build in ("avx2", None):
         assert "Winograd" not in command._avx512_line(build)
+
+
+def test_devices_table_shows_the_measured_attention_and_bf16_products(capsys: pytest.CaptureFixture[str]) -> None:
+    """The table's speed lines come from the device's profile: the f16 and bf16 product rates at
+    their largest size measured (GFLOP/s), and per attention kernel ns per score (4 x width FLOP
+    each) at each head width measured, the cross-attention's key counts after it."""
+    from sdplan.core.commands import devices as command
+    from sdplan.core.planning.device_profile import DeviceProfile, Link, default_profile
+    from sdplan.core.planning.inventory import Device
+
+    rates = {
+        "mm:f16": ((1e6, 5e10), (3e9, 1e11)), "mm/bf16_gemm:f16": ((3e9, 1.9e11),), "mm:bf16": ((3e9, 2e11),),
+        "attn:f16": ((1e6, 9e10),),  # the class's points: no width, not shown
+        "attn/FLASH_ATTN_EXT@d64:f16": ((1e8, 6.4e10),),  # 256 / 64 G: 4 ns (listed first: widths are sorted as numbers)
+        "attn/FLASH_ATTN_EXT@d8:f16": ((1e6, 1e10), (3e7, 1.6e10)),  # 32 FLOP / 16 GFLOP/s: 2 ns
+        "attn/FLASH_ATTN_EXT@d12:f16": ((1e6, 8e8),),  # 48 / 0.8 G: 60 ns
+        "attn/FLASH_ATTN_EXT@d40:f16": ((1e8, 5e10),),  # 160 / 50 G: 3.2 ns
+        "attn/FLASH_ATTN_EXT@d40k77:f16": ((1e8, 2e10),),  # 160 / 20 G: 8 ns
+        "attn/FLASH_ATTN_EXT@d64k77:f16": ((1e8, 2.56e10),),  # 256 / 25.6 G: 10 ns
+        "attn/bf16_attention@d40:f32": ((1e8, 3.2e11),),  # 160 / 320 G: 0.5 ns
+        "conv/winograd@c128:f16": ((1e9, 3e11),),
+    }
+    profile = DeviceProfile(rates, 4e10, 1e-6, 1e-5, Link(1e9, 0.0), Link(1e9, 0.0), threads=2,
+                            measured="2026-01-02T03:04:05Z")
+    cpu = Device("CPU", "test CPU", "cpu", "CPU", 1 << 30, 2 << 30, profile=profile)
+    assert command.profile_line(cpu) == ("f16 products 100 GFLOP/s (190 in sdplan's bf16 kernel), bf16 products "
+                                         "200 GFLOP/s, memory 40.0 GB/s (measured 2026-01-02T03:04:05Z with 2 threads)")
+    lines = ["by FLASH_ATTN_EXT: width 8 2.0 ns/score, 12 60, 40 3.2, 64 4.0; over 77 keys: width 40 8.0, 64 10",
+             "by bf16_attention: width 40 0.5 ns/score"]
+    assert command.attention_lines(cpu) == lines
+    # a kernel measured with two key dtypes names the dtype
+    two = Device("CPU", "x", "cpu", "CPU", 1, 2, profile=DeviceProfile(
+        {"attn/FLASH_ATTN_EXT@d64:f16": ((1.0, 2.56e11),), "attn/FLASH_ATTN_EXT@d64:f32": ((1.0, 1.28e11),)},
+        4e10, 0.0, 0.0, Link(1e9, 0.0), Link(1e9, 0.0)))
+    assert command.attention_lines(two) == ["by FLASH_ATTN_EXT (f16): width 64 1.0 ns/score",
+                                            "by FLASH_ATTN_EXT (f32): width 64 2.0 ns/score"]
+    # no profile, or the stated defaults (no kernel measured): no attention line
+    assert command.attention_lines(Device("CPU", "x", "cpu", "CPU", 1, 2)) == []
+    assert command.attention_lines(Device("CPU", "x", "cpu", "CPU", 1, 2, profile=default_profile("cpu"))) == []
+    feat = {"ggml_version": "0.0.1", "rpc": False, "llamafile": False, "cpu_features": {}, "warnings": []}
+    command.render_table(Inventory((cpu,)), feat)
+    out = capsys.readouterr().out
+    assert "CPU speed: f16 products 100 GFLOP/s" in out
+    for line in lines:
+        assert f"CPU attention {line}\n" in out

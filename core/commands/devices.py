@@ -1,6 +1,8 @@
 """``sdplan devices``: the live device inventory as a table or as JSON.
 
-The table shows name, type, registry, description and free/total memory in GiB, then one
+The table shows name, type, registry, description and free/total memory in GiB, then each
+device's measured speed (products in GFLOP/s, memory in GB/s, attention in ns per score:
+:func:`profile_line`, :func:`attention_lines`) and each measured drive, then one
 line on the loaded ggml (version, RPC, llamafile, CPU features) and any warnings. ``--json``
 prints the inventory-file format of :mod:`sdplan.core.planning.inventory` (bytes) plus a
 ``features`` object (see :func:`sdplan.core.runtime.devices.features`).
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from typing import Any
 
 from sdplan.core.commands.messages import print_error
@@ -93,6 +96,8 @@ def render_table(inv: Inventory, feat: dict[str, Any],
     console.print(table)
     for d in inv:
         console.print(f"{d.name} speed: {profile_line(d)}", highlight=False, markup=False)
+        for line in attention_lines(d):
+            console.print(f"{d.name} attention {line}", highlight=False, markup=False, soft_wrap=True)
     for dr in inv.drives:
         console.print(f"drive of {dr.path}: read {dr.read_bps / 1e9:.2f} GB/s, cached "
                       f"{dr.cached_bps / 1e9:.2f} GB/s, mapped {dr.map_bps / 1e9:.2f} GB/s",
@@ -178,17 +183,68 @@ def _calibrate(inv: Inventory, threads: int, drives: list[str], quiet: bool) -> 
 
 
 def profile_line(d: Any) -> str:
-    """One line on a device's profile: f16 product rate at its largest size, memory and link
-    bandwidth, or that it has none."""
+    """One line on a device's profile: f16 product rate at its largest size (and, where
+    measured, with f16 weights in sdplan's bf16 kernel, ``mm/bf16_gemm:f16``), bf16 product
+    rate (``mm:bf16``), memory and link bandwidth, or that it has none. Rates in GFLOP/s,
+    bandwidths in GB/s (1e9 bytes per second)."""
     p = d.profile
     if p is None:
         return "no profile (sdplan devices --calibrate): time predictions use stated defaults"
     mm = p.rates.get("mm:f16") or next(iter(p.rates.values()))
+    in_bf16 = p.rates.get("mm/bf16_gemm:f16")
+    f16 = f"f16 products {mm[-1][1] / 1e9:.0f} GFLOP/s" + (
+        f" ({in_bf16[-1][1] / 1e9:.0f} in sdplan's bf16 kernel)" if in_bf16 else "")
+    bf16 = p.rates.get("mm:bf16")
+    bf16_text = f", bf16 products {bf16[-1][1] / 1e9:.0f} GFLOP/s" if bf16 else ""
     link = (f" · to device {p.h2d.bps / 1e9:.2f} GB/s, back {p.d2h.bps / 1e9:.2f} GB/s "
             f"({p.d2h.latency_s * 1e3:.2f} ms)" if d.type != "cpu" else "")
     threads = f" with {p.threads} threads" if p.threads else ""
-    return (f"f16 products {mm[-1][1] / 1e9:.0f} GFLOP/s, memory {p.mem_bps / 1e9:.1f} GB/s{link} "
+    return (f"{f16}{bf16_text}, memory {p.mem_bps / 1e9:.1f} GB/s{link} "
             f"(measured {p.measured}{threads})")
+
+
+_ATTENTION_KEY = re.compile(r"^attn/(?P<kernel>[^@/:]+)@d(?P<width>[0-9]+)(?:k(?P<keys>[0-9]+))?:(?P<dtype>[^:]+)$")
+
+
+def _ns(value: float) -> str:
+    """``value`` (nanoseconds) as people read it: whole from 10, one decimal from 1, else two
+    significant digits."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.1f}" if value >= 1 else f"{value:.2g}"
+
+
+def attention_lines(d: Any) -> list[str]:
+    """Lines on a device's measured attention, one per attention kernel (and key dtype where a
+    kernel has several): nanoseconds per score (one query-key pair) at each head width measured,
+    self-attention first, then each cross-attention key count (``over 77 keys``), e.g.
+    ``by FLASH_ATTN_EXT: width 8 2.5 ns/score, 12 58, 40 3.1, 64 5.5; over 77 keys: width 8 4.4,
+    40 7.6, 64 11``. From the profile's tagged kernel points (``attn/FLASH_ATTN_EXT@d40k77:f16``,
+    :mod:`sdplan.core.planning.device_profile`), each at its largest size measured (as the
+    product rate of :func:`profile_line`); a score costs ``4 * width`` FLOP (score and value
+    products, 2 FLOP per multiply-add each: :func:`sdplan.core.runtime.work_count.classify`
+    with equal key and value widths), so ns/score = ``4 * width / rate * 1e9``. Empty for no
+    profile or one without tagged attention kernels."""
+    p = d.profile
+    if p is None:
+        return []
+    groups: dict[tuple[str, str], dict[int, dict[int, float]]] = {}
+    for key, pts in p.rates.items():
+        m = _ATTENTION_KEY.match(key)
+        if m is None or not pts:
+            continue
+        width = int(m["width"])
+        widths = groups.setdefault((m["kernel"], m["dtype"]), {}).setdefault(int(m["keys"] or 0), {})
+        widths[width] = 4.0 * width / pts[-1][1] * 1e9
+    kernels = [k for k, _ in groups]
+    lines = []
+    for (kernel, dtype), by_keys in sorted(groups.items()):
+        label = kernel if kernels.count(kernel) == 1 else f"{kernel} ({dtype})"
+        parts: list[str] = []
+        for keys in sorted(by_keys):
+            text = ", ".join(f"{w} {_ns(ns)}" + (" ns/score" if i == 0 and not parts else "")
+                             for i, (w, ns) in enumerate(sorted(by_keys[keys].items())))
+            parts.append(f"over {keys} keys: width {text}" if keys else f"width {text}")
+        lines.append(f"by {label}: " + "; ".join(parts))
+    return lines
 
 
 def _servers(endpoints: list[str]) -> list[dict[str, Any]]:
