@@ -33,7 +33,7 @@ default (``--page-cache cold``) every model file is dropped from the page cache
 (``POSIX_FADV_DONTNEED``, which drops the clean pages no process maps) before each engine's
 run, and the bytes still cached are printed; ``--page-cache as-is`` leaves it alone.
 ``--rounds N`` runs each engine N times, alternating which goes first, and reports medians.
-- diffusers (``--ref-python``, torch 2.13 CPU; sd1 and sdxl only here): the modules built from
+- diffusers (``--ref-python``, torch 2.13 CPU; sd1, sdxl, sd3 and flux2_klein here): the modules built from
   their published configurations with random weights in the dtype ``--ref-dtype`` (default bf16
   where the CPU has AVX512_BF16 or AMX, else fp32), one text encode, one step (CFG: batch 2),
   one decode, each after a warm-up call; whole = text + steps x step + decode (computed).
@@ -71,6 +71,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import dit_cut  # noqa: E402
 import real_size_files as rsf  # noqa: E402
 
 GIB = 1 << 30
@@ -287,18 +288,55 @@ elif fam == "sdxl":
     ctx_dim = 2048
     extra = {"added_cond_kwargs": {"text_embeds": torch.randn(2, 1280, dtype=dt),
                                    "time_ids": torch.tensor([[px, px, 0, 0, px, px]] * 2, dtype=dt)}}
+elif fam == "sd3":
+    # built in the reference dtype from the start: T5-XXL's 4.8 B parameters in fp32 would not
+    # fit beside the rest
+    import diffusers
+    from transformers import CLIPTextModelWithProjection, T5Config, T5EncoderModel
+    torch.set_default_dtype(dt)
+    unet = getattr(diffusers, a["dit"][0])(**a["dit"][1])
+    encs = [CLIPTextModelWithProjection(CLIPTextConfig(**CLIP_L, projection_dim=768)),
+            CLIPTextModelWithProjection(CLIPTextConfig(hidden_size=1280, intermediate_size=5120,
+                num_attention_heads=20, num_hidden_layers=32, hidden_act="gelu", projection_dim=1280)),
+            T5EncoderModel(T5Config(d_model=4096, d_ff=10240, d_kv=64, num_heads=64, num_layers=24,
+                                    feed_forward_proj="gated-gelu", vocab_size=32128))]
+    torch.set_default_dtype(torch.float32)
+    VAE.update(latent_channels=16, use_quant_conv=False, use_post_quant_conv=False)
+elif fam == "flux2_klein":  # FLUX.2 klein 4B: Qwen3-4B over 512 tokens, the DiT at CFG 1, FLUX.2's VAE
+    import diffusers
+    from diffusers import AutoencoderKLFlux2
+    from transformers import Qwen3Config, Qwen3Model
+    torch.set_default_dtype(dt)
+    unet = getattr(diffusers, a["dit"][0])(**a["dit"][1])
+    encs = [Qwen3Model(Qwen3Config(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936))]
+    torch.set_default_dtype(torch.float32)
 else:
     raise SystemExit(f"no diffusers reference for {fam}")
-vae = AutoencoderKL(**VAE)
+vae = AutoencoderKLFlux2() if fam == "flux2_klein" else AutoencoderKL(**VAE)
 for m in (unet, vae, *encs): m.eval().to(dt)
 build = time.perf_counter() - t0
 def once(fn):
     fn(); t0 = time.perf_counter(); fn(); return time.perf_counter() - t0
-ids = torch.randint(0, 49000, (1, 77))
+ids = torch.randint(0, 32000, (1, 512 if fam == "flux2_klein" else 77))
 out = {"text": sum(once(lambda e=e: e(ids)) for e in encs)}
 h = px // 8
-x = torch.randn(2, 4, h, h, dtype=dt); ctx = torch.randn(2, 77, ctx_dim, dtype=dt)
-out["step"] = once(lambda: unet(x, torch.tensor([500.0, 500.0]), encoder_hidden_states=ctx, **extra))
+if fam == "flux2_klein":  # one call (CFG 1): 4096 image tokens (2x2 patches folded in) and 512 text tokens
+    g, T = px // 16, 512
+    img_ids = torch.zeros(g, g, 4); img_ids[..., 1] = torch.arange(g)[:, None]; img_ids[..., 2] = torch.arange(g)[None, :]
+    txt_ids = torch.zeros(1, T, 4); txt_ids[0, :, 3] = torch.arange(T)
+    hs, ctx = torch.randn(1, g * g, 128, dtype=dt), torch.randn(1, T, 7680, dtype=dt)
+    step = lambda: unet(hidden_states=hs, encoder_hidden_states=ctx, timestep=torch.tensor([0.5], dtype=dt),
+                        img_ids=img_ids.reshape(1, g * g, 4), txt_ids=txt_ids)
+    x = torch.randn(1, 32, h, h, dtype=dt)
+elif fam == "sd3":  # CFG: batch 2; 77 CLIP and 77 T5 tokens, as sd-cli pads them
+    x = torch.randn(2, 16, h, h, dtype=dt)
+    step = lambda: unet(hidden_states=x, encoder_hidden_states=torch.randn(2, 154, 4096, dtype=dt),
+                        pooled_projections=torch.randn(2, 2048, dtype=dt), timestep=torch.tensor([500.0, 500.0]))
+else:
+    x = torch.randn(2, 4, h, h, dtype=dt); ctx = torch.randn(2, 77, ctx_dim, dtype=dt)
+    step = lambda: unet(x, torch.tensor([500.0, 500.0]), encoder_hidden_states=ctx, **extra)
+out["step"] = once(step)
 out["decode"] = once(lambda: vae.decode(x[:1]))
 out["whole"] = out["text"] + a["steps"] * out["step"] + out["decode"]
 out["build"] = build
@@ -306,13 +344,31 @@ out["peak_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps(out))
 '''
 
-REF_FAMILIES = ("sd1", "sdxl")
+REF_FAMILIES = ("sd1", "sdxl", "sd3", "flux2_klein")
+
+
+#: family -> its name in bench_dit_blocks' diffusers configurations (the DiT families here)
+REF_DITS = {"sd3": "sd3", "flux2_klein": "flux2"}
+
+
+def ref_dit(a: argparse.Namespace, fam: str) -> tuple[str, dict[str, Any]] | None:
+    """The diffusers class and configuration of ``fam``'s whole DiT (bench_dit_blocks'
+    ``REF_CONFIGS``, tested against sdplan's reading of the real layouts, with every block of
+    the real layout), or None for the UNet families."""
+    if fam not in REF_DITS:
+        return None
+    import bench_dit_blocks as bdb
+
+    name = REF_DITS[fam]
+    counts = dit_cut.stacks(dit_cut.dit_layout(name, rsf.layouts(Path(a.shared))))
+    return bdb.ref_config(name, counts)
 
 
 def run_diffusers(a: argparse.Namespace, fam: str, px: int, steps: int) -> dict[str, float] | None:
     if fam not in REF_FAMILIES:
         return None
-    arg = json.dumps({"threads": a.threads, "dtype": a.ref_dtype, "family": fam, "px": px, "steps": steps})
+    arg = json.dumps({"threads": a.threads, "dtype": a.ref_dtype, "family": fam, "px": px, "steps": steps,
+                      "dit": ref_dit(a, fam)})
     res = subprocess.run([a.ref_python, "-c", REF_CODE, arg], capture_output=True, text=True)
     if res.returncode:
         raise RuntimeError(f"diffusers {fam} failed:\n{res.stderr[-2000:]}")

@@ -131,3 +131,19 @@ def test_an_sdcli_killed_in_its_decode_keeps_the_phases_it_finished(tmp_path: Pa
     got = brs.run_sdcli(str(fake), [], 2, tmp_path / "sdcli.log")
     assert (got["text"], got["step"]) == (2.0, 20.0) and math.isnan(got["decode"]) and math.isnan(got["whole"])
     assert "sd-cli killed (SIGKILL: out of memory?)" in capsys.readouterr().err
+
+
+def test_diffusers_reference_dits_are_the_whole_released_models(shared_dir: Path) -> None:
+    """The DiT families' diffusers references take bench_dit_blocks' configurations with every
+    block of the real layout (SD3-medium 24 joint blocks, FLUX.2 klein 4B 5 double and 20
+    single), and each reference family has a recipe of files."""
+    import argparse
+
+    a = argparse.Namespace(shared=str(shared_dir))
+    cls, cfg = brs.ref_dit(a, "sd3")
+    assert cls == "SD3Transformer2DModel" and cfg["num_layers"] == 24 and cfg["joint_attention_dim"] == 4096
+    cls, cfg = brs.ref_dit(a, "flux2_klein")
+    assert cls == "Flux2Transformer2DModel"
+    assert (cfg["num_layers"], cfg["num_single_layers"], cfg["joint_attention_dim"]) == (5, 20, 7680)
+    assert brs.ref_dit(a, "sdxl") is None
+    assert all(not isinstance(rsf.RECIPES[f], str) for f in brs.REF_FAMILIES)
