@@ -267,3 +267,25 @@ def test_wan_is_counted_per_prompt_pass_and_frame() -> None:
     i2v = {**t2v, "diffusion_model": [str(FIXTURES / "wan_i2v_tiny.safetensors")]}
     vae = count_work(i2v, width=64, height=64, cfg=True, overrides={"video_frames": 5})["vae"]
     assert len(vae) == 2 and vae[1].graph.flops > 0 and vae[1].graph.devices["CPU"].weight_bytes > 0
+
+
+def test_flux2_klein_is_counted_per_prompt_pass_with_its_512_text_tokens(tmp_path) -> None:
+    """FLUX.2 klein's count through the registry: the LLM over the 512 padded tokens once per
+    prompt (twice with CFG), the DiT once per pass (twice with CFG, each picture apart), the
+    decoder once per picture; the text's work does not depend on the picture size, the DiT's
+    and the decoder's grow with it."""
+    from flux2_util import AE, DIT, SIZE, write_llm
+
+    files = {"diffusion_model": [str(DIT)], "llm": [str(write_llm(tmp_path / "llm.safetensors"))],
+             "vae": [str(AE)]}
+    flops = lambda w: sum(o.flops * o.count for o in w.graph.devices["CPU"].ops)  # noqa: E731
+    works = count_work(files, width=SIZE, height=SIZE, cfg=True)
+    assert {m: [(w.phase, w.calls) for w in ws] for m, ws in works.items()} == {
+        "te": [("text", 2)], "diffusion": [("step", 2)], "vae": [("decode", 1)]}
+    one = count_work(files, width=SIZE, height=SIZE, cfg=False, batch=3)
+    assert [w.calls for w in one["te"]] == [1] and [w.calls for w in one["diffusion"]] == [3]
+    assert [w.calls for w in one["vae"]] == [3]
+    big = count_work(files, width=2 * SIZE, height=2 * SIZE, cfg=False)
+    assert flops(big["te"][0]) == flops(works["te"][0]) > 0
+    assert flops(big["diffusion"][0]) > flops(works["diffusion"][0]) > 0
+    assert 3.5 < flops(big["vae"][0]) / flops(works["vae"][0]) < 4.5  # 4x the latent pixels

@@ -35,13 +35,15 @@ def add_time_arguments(p: argparse.ArgumentParser) -> None:
                    help="guidance scale; 1 runs no negative prompt (default 7.0)")
     g.add_argument("--sampling-method", default="euler_a", help="sampler (default euler_a)")
     g.add_argument("-t", "--threads", type=int, default=0,
-                   help="CPU threads of the run (default: the CPU profile's)")
+                   help="CPU threads of the run (default: the CPUs this process may use, as generate; with --devices FILE the CPU profile's)")
 
 
 def settings_of(args: argparse.Namespace) -> RunSettings:
     """The :class:`RunSettings` of parsed flags (``plan``'s or ``generate``'s); ``-t`` on this
     machine's devices (no ``--devices FILE``) capped at the CPUs this process may use, as
-    generate caps it (:mod:`sdplan.core.runtime.threads`).
+    generate caps it, and without ``-t`` those CPUs, generate's default on a quiet machine
+    (:mod:`sdplan.core.runtime.threads`); with ``--devices FILE`` and no ``-t``, 0 (the CPU
+    profile's own threads).
 
     Raises:
         InvalidArgument: a step count below 1 (0 included), a negative thread count, a CFG
@@ -56,10 +58,10 @@ def settings_of(args: argparse.Namespace) -> RunSettings:
     threads = int(getattr(args, "threads", 0) or 0)
     if threads < 0:
         raise InvalidArgument(f"-t/--threads must be >= 0, got {threads}")
-    if threads and not getattr(args, "devices", None):  # this machine: generate caps -t at its CPUs
-        from sdplan.core.runtime.threads import usable_cpus
+    if not getattr(args, "devices", None):  # this machine: generate caps -t at its CPUs, and
+        from sdplan.core.runtime.threads import usable_cpus  # without -t takes them all
 
-        threads = min(threads, len(usable_cpus()))
+        threads = min(threads, len(usable_cpus())) if threads else len(usable_cpus())
     cfg = float(getattr(args, "cfg_scale", 7.0))
     if not math.isfinite(cfg):
         raise InvalidArgument(f"--cfg-scale must be a finite number, got {cfg}")

@@ -85,7 +85,8 @@ FLUX2_KLEIN = Family(
     companions=Companions(("llm",), 32, 1024, avoids="mistral"),
     compute=ComputeShape("dit", 24, 3072, 512),
     variant_compute={"9b": ComputeShape("dit", 32, 4096, 512)}, llm_layers=(9, 18, 27),
-    pipeline="sdplan.core.pipelines.flux2.generate:generate")
+    pipeline="sdplan.core.pipelines.flux2.generate:generate",
+    work="sdplan.core.pipelines.flux2.work:klein_work")
 
 FLUX2_DEV = Family(
     name="flux2", title="FLUX.2 dev", detect=_dev,
@@ -97,6 +98,7 @@ FLUX2_DEV = Family(
     latent_format="flux2_ae", vae_scale=16, companions=Companions(("llm",), 32, 1024, prefers="mistral", avoids=""),
     compute=ComputeShape("dit", 48, 6144, 512), llm_layers=(10, 20, 30),
     pipeline="sdplan.core.pipelines.flux2_dev.generate:generate",
-    dry_run="sdplan.core.pipelines.flux2_dev.generate:measure")
+    dry_run="sdplan.core.pipelines.flux2_dev.generate:measure",
+    work="sdplan.core.pipelines.flux2.work:dev_work")
 
 FAMILIES = (FLUX2_DEV, FLUX2_KLEIN)
