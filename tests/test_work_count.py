@@ -164,9 +164,14 @@ def test_the_work_job_counts_the_demo_generation() -> None:
 
 
 def test_families_without_a_count_give_none_and_a_missing_file_is_an_error(tmp_path) -> None:
-    fix = REPO / "tests" / "fixtures"
-    files = {"diffusion_model": [str(fix / "flux_dev_tiny.safetensors")], "vae": [str(fix / "flux_ae_tiny.safetensors")]}
-    assert count_work(files, width=64, height=64) == {}
+    """A file of no known family has no count ({}: the prediction's formula); a missing one
+    is an error naming it."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    other = tmp_path / "other.safetensors"
+    save_file({"encoder.layers.0.weight": np.zeros((4, 4), np.float32)}, str(other))
+    assert count_work({"diffusion_model": [str(other)]}, width=64, height=64) == {}
     with pytest.raises(ModelFileError, match="missing.safetensors"):
         count_work({"model": [str(tmp_path / "missing.safetensors")]}, width=64, height=64)
 
@@ -289,3 +294,90 @@ def test_flux2_klein_is_counted_per_prompt_pass_with_its_512_text_tokens(tmp_pat
     assert flops(big["te"][0]) == flops(works["te"][0]) > 0
     assert flops(big["diffusion"][0]) > flops(works["diffusion"][0]) > 0
     assert 3.5 < flops(big["vae"][0]) / flops(works["vae"][0]) < 4.5  # 4x the latent pixels
+
+
+def _flops(work) -> float:
+    return sum(o.flops * o.count for o in work.graph.devices["CPU"].ops)
+
+
+def _calls(works) -> dict[str, list[tuple[str, int]]]:
+    return {m: [(w.phase, w.calls) for w in ws] for m, ws in works.items()}
+
+
+def test_flux1_counts_t5_and_clip_per_prompt_the_dit_per_pass_and_the_decoder_per_picture() -> None:
+    """FLUX.1's count through the registry: T5 over its 256 padded tokens and CLIP-L over its
+    77 once per prompt each (twice with CFG), the DiT once per pass (twice with CFG, each
+    picture apart), the decoder once per picture; the text's work does not depend on the
+    picture size, the DiT's and the decoder's grow with it; a longer ``t5_length`` grows T5's
+    and the DiT's. The tiny DiT's head width has no default RoPE split: the count builds it
+    with another split (the same work as the axes its tests give)."""
+    from flux_util import AE, AXES, CLIP, DEV, SCHNELL, T5
+
+    files = {"diffusion_model": [str(DEV)], "t5xxl": [str(T5)], "clip_l": [str(CLIP)], "vae": [str(AE)]}
+    works = count_work(files, width=64, height=64, cfg=True)
+    assert _calls(works) == {"te": [("text", 2), ("text", 2)], "diffusion": [("step", 2)], "vae": [("decode", 1)]}
+    given = count_work(files, width=64, height=64, cfg=True, overrides={"flux_axes": AXES, "clip_heads": 2})
+    assert [_flops(w) for ws in given.values() for w in ws] == [_flops(w) for ws in works.values() for w in ws]
+    one = count_work({**files, "diffusion_model": [str(SCHNELL)]}, width=64, height=64, cfg=False, batch=3)
+    assert _calls(one) == {"te": [("text", 1), ("text", 1)], "diffusion": [("step", 3)], "vae": [("decode", 3)]}
+    big = count_work(files, width=128, height=128, cfg=False)
+    assert [_flops(w) for w in big["te"]] == [_flops(w) for w in works["te"]]
+    assert _flops(works["te"][0]) > _flops(works["te"][1]) > 0  # T5 over 256 tokens, CLIP over 77
+    assert _flops(big["diffusion"][0]) > _flops(works["diffusion"][0]) > 0
+    assert 3.5 < _flops(big["vae"][0]) / _flops(works["vae"][0]) < 4.5  # 4x the latent pixels
+    long = count_work(files, width=64, height=64, cfg=False, overrides={"t5_length": 512})
+    assert _flops(long["te"][0]) > 1.9 * _flops(works["te"][0])
+    assert _flops(long["te"][1]) == _flops(works["te"][1])
+    assert _flops(long["diffusion"][0]) > _flops(works["diffusion"][0])
+
+
+def test_chroma_counts_t5_at_512_and_the_dit_on_the_kept_rows_of_each_prompt() -> None:
+    """Chroma's count: T5 over the 512 padded tokens once per prompt (twice with CFG, Chroma's
+    default), the DiT's prompt graph (256 prompt tokens and a pad row kept) and, with CFG,
+    the empty negative prompt's (``</s>`` and a pad row), each once per step and picture; the
+    negative prompt's graph is the smaller; without the DiT mask both see all 512 rows."""
+    from flux_util import AE, CHROMA, T5
+
+    files = {"diffusion_model": [str(CHROMA)], "t5xxl": [str(T5)], "vae": [str(AE)]}
+    works = count_work(files, width=64, height=64, cfg=True, batch=2)
+    assert _calls(works) == {"te": [("text", 2)], "diffusion": [("step", 2), ("step", 2)], "vae": [("decode", 2)]}
+    cond, uncond = (_flops(w) for w in works["diffusion"])
+    assert cond > 2 * uncond > 0
+    one = count_work(files, width=64, height=64, cfg=False)
+    assert _calls(one) == {"te": [("text", 1)], "diffusion": [("step", 1)], "vae": [("decode", 1)]}
+    assert _flops(one["diffusion"][0]) == cond
+    big = count_work(files, width=128, height=128, cfg=False)
+    assert _flops(big["te"][0]) == _flops(works["te"][0]) > 0
+    assert _flops(big["diffusion"][0]) > cond
+    assert 3.5 < _flops(big["vae"][0]) / _flops(works["vae"][0]) < 4.5
+    unmasked = count_work(files, width=64, height=64, cfg=True, overrides={"chroma_use_dit_mask": False})
+    full = [_flops(w) for w in unmasked["diffusion"]]
+    assert full[0] == full[1] > cond
+
+
+def test_z_image_counts_the_llm_over_the_template_and_prompt_and_the_dit_per_prompt() -> None:
+    """Z-Image's count: the Qwen3 LLM over the template and 256 prompt tokens once (with CFG
+    also over the template alone, the empty negative prompt), the DiT's graph with each
+    prompt's caption rows once per step and picture, the decoder once per picture; the
+    text's work does not depend on the picture size, the DiT's and the decoder's grow."""
+    import tempfile
+    from pathlib import Path
+
+    from zimage_util import AE, DIT, write_qwen3
+
+    with tempfile.TemporaryDirectory() as d:
+        files = {"diffusion_model": [str(DIT)], "llm": [str(write_qwen3(Path(d) / "llm.safetensors"))],
+                 "vae": [str(AE)]}
+        works = count_work(files, width=64, height=64, cfg=True)
+        one = count_work(files, width=64, height=64, cfg=False, batch=3)
+        big = count_work(files, width=128, height=128, cfg=False)
+    assert _calls(works) == {"te": [("text", 1), ("text", 1)], "diffusion": [("step", 1), ("step", 1)],
+                             "vae": [("decode", 1)]}
+    assert _calls(one) == {"te": [("text", 1)], "diffusion": [("step", 3)], "vae": [("decode", 3)]}
+    prompt, negative = (_flops(w) for w in works["te"])
+    assert prompt > 10 * negative > 0  # the template and 256 tokens against the template alone
+    assert _flops(works["diffusion"][0]) > _flops(works["diffusion"][1]) > 0
+    assert _flops(one["diffusion"][0]) == _flops(works["diffusion"][0])
+    assert _flops(big["te"][0]) == prompt
+    assert _flops(big["diffusion"][0]) > _flops(works["diffusion"][0])
+    assert 3.5 < _flops(big["vae"][0]) / _flops(works["vae"][0]) < 4.5

@@ -40,6 +40,7 @@ CHROMA = Family(
     companions=Companions(("t5xxl",), 16, 1024),
     variant_companions={"radiance": Companions(("t5xxl",), None, 1024)},
     compute=ComputeShape("dit", 24, 3072, 512),
-    lora_names="flux", pipeline="sdplan.core.pipelines.chroma.generate:generate")
+    lora_names="flux", pipeline="sdplan.core.pipelines.chroma.generate:generate",
+    work="sdplan.core.pipelines.flux.work:chroma_work")
 
 FAMILIES = (CHROMA,)

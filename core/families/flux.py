@@ -68,6 +68,7 @@ FLUX = Family(
     companions=Companions(("clip_l", "t5xxl"), 16, 1024),
     compute=ComputeShape("dit", 24, 3072, 512),
     variant_compute={"schnell": ComputeShape("dit", 24, 3072, 256)},
-    lora_names="flux", pipeline="sdplan.core.pipelines.flux.generate:generate")
+    lora_names="flux", pipeline="sdplan.core.pipelines.flux.generate:generate",
+    work="sdplan.core.pipelines.flux.work:flux_work")
 
 FAMILIES = (FLUX,)

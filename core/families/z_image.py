@@ -51,6 +51,7 @@ Z_IMAGE = Family(
     sizes=FLUX_SIZES, size_rule="patch8", latent_format="flux_ae",
     companions=Companions(("llm",), 16, 1024),
     compute=ComputeShape("dit", 30, 3840, 512), llm_layers=(-2,),
-    pipeline="sdplan.core.pipelines.z_image.generate:generate")
+    pipeline="sdplan.core.pipelines.z_image.generate:generate",
+    work="sdplan.core.pipelines.z_image.work:work")
 
 FAMILIES = (Z_IMAGE,)

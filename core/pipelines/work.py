@@ -1,8 +1,8 @@
 """The work of a generation's graphs, counted from the graphs the engine builds.
 
 :func:`count_work` asks the family's work count (the registry's
-:attr:`~sdplan.core.families.declaration.Family.work`: SD 1.x / 2.x, SD3 / SD3.5,
-Qwen-Image and Wan have one) to build the graphs a generation runs, as the compute dry run does
+:attr:`~sdplan.core.families.declaration.Family.work`: SD 1.x / 2.x, SD3 / SD3.5, FLUX.1,
+Chroma, FLUX.2, Z-Image, Qwen-Image and Wan have one) to build the graphs a generation runs, as the compute dry run does
 (:mod:`sdplan.core.pipelines.compute`: no weights loaded, nothing computed), on the planned
 devices, and counts each graph's operations and bytes per device
 (:meth:`~sdplan.core.runtime.runner.ModuleRunner.work`), with how often each runs per
@@ -10,7 +10,11 @@ picture: SD's text encoder once per prompt (twice with CFG's negative prompt), i
 the CFG batch once per sampler evaluation (a ControlNet beside it on the conditional batch),
 its VAE decoder once per batch; SD3's three encoders per prompt, its MMDiT once per pass (a
 pass per prompt), its decoder per picture; Qwen-Image's LLM once, its DiT's prompt and
-negative-prompt graphs once per evaluation, its decoder per picture; Wan's UMT5 and DiT once
+negative-prompt graphs once per evaluation, its decoder per picture; FLUX.1's T5 and CLIP-L,
+Chroma's T5 and FLUX.2's LLM per prompt at their padded lengths, Z-Image's LLM per prompt
+unpadded, their DiTs once per pass (Chroma's and Z-Image's passes on graphs of their own:
+the prompts' text rows differ), their decoders per picture (:mod:`sdplan.core.pipelines.flux.work`,
+:mod:`sdplan.core.pipelines.flux2.work`, :mod:`sdplan.core.pipelines.z_image.work`); Wan's UMT5 and DiT once
 per CFG pass, at the video's frames (``overrides["video_frames"]``), its decoder per video.
 With VAE tiling the decoder is counted on one tile, run once per tile of the grid. Other families give {} (the
 prediction falls back to a formula and says so; :mod:`sdplan.core.planning.timing`).

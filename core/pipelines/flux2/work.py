@@ -36,8 +36,8 @@ def klein_work(model_files: Mapping[str, list[str]], *, width: int, height: int,
     """
     from sdplan.core.pipelines.flux2.pipeline import MIN_TOKENS, KleinModels, KleinPipeline
 
-    one = (model_files.get("model") or [None])[0]
-    paths = {k: (model_files.get(k) or [one])[0] for k in ("diffusion_model", "llm", "vae")}
+    one: str | None = next(iter(model_files.get("model") or ()), None)
+    paths = {k: next(iter(model_files.get(k) or ()), one) for k in ("diffusion_model", "llm", "vae")}
     models = KleinModels(paths["diffusion_model"], paths["llm"], paths["vae"], None,  # type: ignore[arg-type]
                          _axes(overrides))
     with KleinPipeline(models, None, pool, placements) as pipe:
