@@ -97,3 +97,28 @@ def test_threads_beyond_this_machines_cpus_are_priced_as_generate_runs_them(monk
     # with (a profile kept from a 1-thread calibration priced a 2-thread run at 2x its time)
     assert settings_of(ns(0, None)).threads == 2
     assert settings_of(ns(999, "other.json")).threads == 999 and settings_of(ns(0, "other.json")).threads == 0
+
+
+def test_plan_prices_the_familys_defaults_where_steps_cfg_and_sampler_are_not_given(monkeypatch) -> None:
+    """Without ``--steps``/``--cfg-scale``/``--sampling-method`` the prediction takes what
+    generate takes for the model's family (FLUX.2 klein: 4 steps, CFG 1 so no negative prompt,
+    euler), not sd-cli's 20 steps at CFG 7 (which priced klein's text and DiT passes twice);
+    an unknown model keeps sd-cli's defaults and given flags win."""
+    import argparse
+
+    from sdplan.core.commands.time_estimate import settings_of
+    from sdplan.core.runtime import threads
+
+    monkeypatch.setattr(threads, "usable_cpus", lambda: [0, 1])
+
+    def ns(**kw: object) -> argparse.Namespace:
+        base = {"threads": 0, "devices": None, "steps": None, "cfg_scale": None, "sampling_method": None,
+                "width": 1024, "height": 1024, "batch_count": 1}
+        return argparse.Namespace(**{**base, **kw})
+
+    s = settings_of(ns(), "flux2_klein")
+    assert (s.steps, s.cfg, s.sampler) == (4, False, "euler")
+    s = settings_of(ns(), None)
+    assert (s.steps, s.cfg, s.sampler) == (20, True, "euler_a")
+    s = settings_of(ns(steps=8, cfg_scale=3.5, sampling_method="dpm++2m"), "flux2_klein")
+    assert (s.steps, s.cfg, s.sampler) == (8, True, "dpm++2m")

@@ -257,7 +257,7 @@ def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argpa
     from sdplan.core.commands import time_estimate as te
     from sdplan.core.pipelines.work import count_plan
 
-    settings = te.settings_of(args)
+    settings = te.settings_of(args, profile.architecture)
     inventory = te.with_profiles(inventory, settings.threads)
     works = count_plan(files, plan, [d.name for d in inventory], width=settings.width, height=settings.height,
                        batch=settings.batch, cfg=settings.cfg, live=live, vae_tiling=tiling, frames=settings.frames,

@@ -30,29 +30,36 @@ def add_time_arguments(p: argparse.ArgumentParser) -> None:
     """``--steps``, ``--cfg-scale``, ``--sampling-method`` and ``-t/--threads`` for the time
     prediction of ``sdplan plan`` (sd-cli's spellings and defaults)."""
     g = p.add_argument_group("time prediction (as sd-cli spells them)")
-    g.add_argument("--steps", type=int, default=20, help="sampling steps (default 20)")
-    g.add_argument("--cfg-scale", type=float, default=7.0,
-                   help="guidance scale; 1 runs no negative prompt (default 7.0)")
-    g.add_argument("--sampling-method", default="euler_a", help="sampler (default euler_a)")
+    g.add_argument("--steps", type=int, default=None,
+                   help="sampling steps (default: the model family's, as generate; else 20)")
+    g.add_argument("--cfg-scale", type=float, default=None,
+                   help="guidance scale; 1 runs no negative prompt (default: the model family's, as generate; else 7.0)")
+    g.add_argument("--sampling-method", default=None,
+                   help="sampler (default: the model family's, as generate; else euler_a)")
     g.add_argument("-t", "--threads", type=int, default=0,
                    help="CPU threads of the run (default: the CPUs this process may use, as generate; with --devices FILE the CPU profile's)")
 
 
-def settings_of(args: argparse.Namespace) -> RunSettings:
+def settings_of(args: argparse.Namespace, architecture: str | None = None) -> RunSettings:
     """The :class:`RunSettings` of parsed flags (``plan``'s or ``generate``'s); ``-t`` on this
     machine's devices (no ``--devices FILE``) capped at the CPUs this process may use, as
     generate caps it, and without ``-t`` those CPUs, generate's default on a quiet machine
     (:mod:`sdplan.core.runtime.threads`); with ``--devices FILE`` and no ``-t``, 0 (the CPU
-    profile's own threads).
+    profile's own threads). Steps, CFG scale and sampler not given (None) are the defaults
+    ``generate`` takes for ``architecture``'s family
+    (:func:`~sdplan.core.families.registry.generation_defaults`), else sd-cli's (20, 7.0,
+    euler_a).
 
     Raises:
         InvalidArgument: a step count below 1 (0 included), a negative thread count, a CFG
             scale that is not a finite number or a sampler sd-cli does not name, naming the flag.
     """
+    from sdplan.core.families.registry import generation_defaults
     from sdplan.core.sampling.names import FLOW_SAMPLERS, SAMPLERS
 
-    steps = getattr(args, "steps", 20)
-    steps = 20 if steps is None else int(steps)
+    d = generation_defaults(architecture)
+    steps = getattr(args, "steps", None)
+    steps = int(d.get("steps", 20)) if steps is None else int(steps)  # type: ignore[call-overload]
     if steps < 1:
         raise InvalidArgument(f"--steps must be at least 1, got {steps}")
     threads = int(getattr(args, "threads", 0) or 0)
@@ -62,10 +69,11 @@ def settings_of(args: argparse.Namespace) -> RunSettings:
         from sdplan.core.runtime.threads import usable_cpus  # without -t takes them all
 
         threads = min(threads, len(usable_cpus())) if threads else len(usable_cpus())
-    cfg = float(getattr(args, "cfg_scale", 7.0))
+    cfg = getattr(args, "cfg_scale", None)
+    cfg = float(d.get("cfg_scale", 7.0) if cfg is None else cfg)  # type: ignore[arg-type]
     if not math.isfinite(cfg):
         raise InvalidArgument(f"--cfg-scale must be a finite number, got {cfg}")
-    sampler = str(getattr(args, "sampling_method", "euler_a") or "euler_a")
+    sampler = str(getattr(args, "sampling_method", None) or d.get("sampling_method") or "euler_a")
     names = sorted(set(SAMPLERS) | set(FLOW_SAMPLERS) | {"ddim"})  # generate's list
     if sampler not in names:
         raise InvalidArgument(f"--sampling-method {sampler!r} is unknown; choose one of {', '.join(names)}")
