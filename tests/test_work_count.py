@@ -381,3 +381,20 @@ def test_z_image_counts_the_llm_over_the_template_and_prompt_and_the_dit_per_pro
     assert _flops(big["te"][0]) == prompt
     assert _flops(big["diffusion"][0]) > _flops(works["diffusion"][0])
     assert 3.5 < _flops(big["vae"][0]) / _flops(works["vae"][0]) < 4.5
+
+
+def test_a_set_of_files_still_being_opened_has_no_count_yet(tmp_path) -> None:
+    """The board counts while files are still being opened: a Z-Image or klein DiT and its LLM
+    without the autoencoder give no count (the formula prices them) instead of a KeyError that
+    stopped the board; the whole set is counted."""
+    from flux2_util import AE as KLEIN_AE
+    from flux2_util import DIT as KLEIN_DIT
+    from flux2_util import write_llm
+    from zimage_util import DIT
+
+    llm = str(write_llm(tmp_path / "llm.safetensors"))
+    assert count_work({"diffusion_model": [str(DIT)], "llm": [llm]}, width=64, height=64) == {}
+    assert count_work({"diffusion_model": [str(KLEIN_DIT)], "llm": [llm]}, width=64, height=64) == {}
+    whole = count_work({"diffusion_model": [str(KLEIN_DIT)], "llm": [llm], "vae": [str(KLEIN_AE)]},
+                       width=64, height=64)
+    assert set(whole) == {"te", "diffusion", "vae"}

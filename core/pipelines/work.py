@@ -73,6 +73,9 @@ def count_work(model_files: Mapping[str, Sequence[str]], *, width: int, height: 
     fam = family(arch.family) if arch.family != UNKNOWN else None
     if fam is None or fam.work is None:
         return {}
+    if not any(all(k in files for k in group) for group in fam.files):  # a set still being opened
+        log.info("no work count: %s needs the files of one of %s", fam.name, fam.files)
+        return {}
     module, _, func = fam.work.partition(":")
     count = getattr(importlib.import_module(module), func)
     own = pool is None
