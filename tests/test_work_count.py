@@ -398,3 +398,34 @@ def test_a_set_of_files_still_being_opened_has_no_count_yet(tmp_path) -> None:
     whole = count_work({"diffusion_model": [str(KLEIN_DIT)], "llm": [llm], "vae": [str(KLEIN_AE)]},
                        width=64, height=64)
     assert set(whole) == {"te", "diffusion", "vae"}
+
+
+def test_sdxl_counts_both_encoders_the_unet_with_its_vector_and_the_decoder() -> None:
+    """SDXL's count (it priced by the parameter-count formula: its 1024 px step at 2.5x the
+    measured one): CLIP ViT-L and bigG each once per prompt (twice with CFG; the refiner has
+    bigG alone), the UNet on the CFG batch once per evaluation, the decoder per picture batch;
+    CFG doubles the UNet's products; a parallel-CFG copy runs each half at the same time."""
+    from sdplan.core.runtime.placement import CFG, ModulePlacement
+    from sdplan.core.runtime.runner import BackendPool
+    from sdxl_util import BASE, REFINER
+
+    mm = lambda w, d="CPU": sum(o.flops * o.count for o in w.graph.devices[d].ops if o.cls != "attn")  # noqa: E731
+    cfg = count_work({"model": [str(BASE)]}, width=64, height=64, cfg=True)
+    assert {m: [(w.phase, w.calls) for w in ws] for m, ws in cfg.items()} == {
+        "te": [("text", 2), ("text", 2)], "diffusion": [("step", 1)], "vae": [("decode", 1)]}
+    one = count_work({"model": [str(BASE)]}, width=64, height=64, cfg=False)
+    assert [w.calls for w in one["te"]] == [1, 1]
+    assert mm(cfg["diffusion"][0]) == pytest.approx(2 * mm(one["diffusion"][0]), rel=0.02)
+    big = count_work({"model": [str(BASE)]}, width=128, height=128, cfg=False)
+    assert [mm(w) for w in big["te"]] == [mm(w) for w in one["te"]]
+    assert 3.5 < mm(big["vae"][0]) / mm(one["vae"][0]) < 4.5
+    refiner = count_work({"model": [str(REFINER)]}, width=64, height=64, cfg=True)
+    assert [(w.phase, w.calls) for w in refiner["te"]] == [("text", 2)]
+    with BackendManager(cpu_threads=1) as manager:
+        pool = BackendPool(manager, {"B": native().init_backend("CPU")})
+        cpu = ModulePlacement(("CPU",))
+        par = count_work({"model": [str(BASE)]}, width=64, height=64, pool=pool,
+                         placements={"te": cpu, "diffusion": cpu, "vae": cpu, CFG: ModulePlacement(("B",))})
+    mine, theirs = par["diffusion"]
+    assert (mine.group, theirs.group, mine.graph.main, theirs.graph.main) == ("cfg", "cfg", "CPU", "B")
+    assert mm(theirs, "B") == pytest.approx(mm(mine)) == pytest.approx(mm(one["diffusion"][0]))

@@ -38,6 +38,7 @@ SDXL = Family(
     variant_companions={"refiner": Companions(("clip_g",), 4, 1024, prefers="xl", avoids="")},
     compute=ComputeShape("unet", 10, 640, 4), lora_names="sd", prediction="eps",
     unet_heads=(None, 64), ays_levels="sdxl", clip_pad="eos",
-    pipeline="sdplan.core.pipelines.sdxl.generate:generate", parallel_cfg=True)
+    pipeline="sdplan.core.pipelines.sdxl.generate:generate", parallel_cfg=True,
+    work="sdplan.core.pipelines.sdxl.generate:work")
 
 FAMILIES = (SDXL,)

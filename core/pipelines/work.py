@@ -1,7 +1,7 @@
 """The work of a generation's graphs, counted from the graphs the engine builds.
 
 :func:`count_work` asks the family's work count (the registry's
-:attr:`~sdplan.core.families.declaration.Family.work`: SD 1.x / 2.x, SD3 / SD3.5, FLUX.1,
+:attr:`~sdplan.core.families.declaration.Family.work`: SD 1.x / 2.x, SDXL, SD3 / SD3.5, FLUX.1,
 Chroma, FLUX.2, Z-Image, Qwen-Image and Wan have one) to build the graphs a generation runs, as the compute dry run does
 (:mod:`sdplan.core.pipelines.compute`: no weights loaded, nothing computed), on the planned
 devices, and counts each graph's operations and bytes per device
