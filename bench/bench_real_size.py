@@ -16,6 +16,9 @@ Per family and engine, one whole generation (one picture, seed 42) in a fresh pr
   decode = the VAE's runs, load = the weights' mapping and reads), whole = the command's wall
   time, peak RSS = the worker's ``VmHWM``; the estimate is what ``generate`` plans (weights and
   dry-run compute, CPU total) from a process of its own;
+- predicted: what ``sdplan plan`` says of the same flags before anything loads (its time
+  prediction: text, step, decode, load, whole picture), in a process of its own; the table's
+  ratio on that row is the measured figure over the predicted one;
 - sd-cli: the same flags; its own log lines give text (``get_learned_condition``), sampling /
   steps, decode (``decode_first_stage``) and load (``loading tensors``), its wall time and peak
   RSS (``wait4``) the rest.
@@ -177,6 +180,26 @@ def estimate_worker(files: dict[str, list[str]], px: int, placement: dict[str, s
                         measured=measure_compute(files, width=px, height=px))
     d = fit.devices["CPU"]
     return {"estimate": d.total, "weights": d.weights, "compute": d.compute}
+
+
+#: the table's rows per family: the runs, and what ``sdplan plan`` predicted before them
+ENGINES = ("sdplan", "predicted", "sdcli", "diffusers")
+
+
+def predicted(argv: list[str], threads: int) -> dict[str, float]:
+    """What ``sdplan plan`` predicts, before loading anything, for the generate flags ``argv``
+    (the same files, size, steps, CFG scale, sampler, placement and threads): text, step,
+    decode, load and whole picture in seconds (its ``time`` object: :mod:`sdplan.core.planning.timing`)."""
+    keep = {"-W", "-H", "--steps", "--cfg-scale", "--sampling-method", "--params-backend", *FILE_FLAGS}
+    plan_argv = [x for i in range(0, len(argv) - 1) if argv[i] in keep for x in argv[i:i + 2]]
+    res = subprocess.run([sys.executable, "-c", "import sys; from sdplan.core.cli import main; "
+                          "sys.exit(main(sys.argv[1:]))", "plan", *plan_argv, "-t", str(threads), "--json"],
+                         capture_output=True, text=True)
+    t = json.loads(res.stdout or "{}").get("time") if res.returncode == 0 else None
+    if not t:
+        raise RuntimeError(f"sdplan plan gave no time prediction:\n{(res.stderr or res.stdout)[-2000:]}")
+    return {"text": t["text_s"], "step": t["step_s"], "decode": t["decode_s"], "load": t["load_s"],
+            "whole": t["image_s"]}
 
 
 def sdplan_parts(res: dict[str, Any], steps: int) -> dict[str, float]:
@@ -470,6 +493,11 @@ def run_family(a: argparse.Namespace, fam: str, files: dict[str, Path], px: int,
         except RuntimeError as exc:
             row["estimate"] = {"error": str(exc).splitlines()[-1]}
         print(f"  sdplan: {_fmt(row['sdplan'])}; threads {row['sdplan']['threads']}", flush=True)
+        try:
+            row["predicted"] = predicted(argv, int(row["sdplan"]["threads"].get("threads") or a.threads))
+            print(f"  sdplan plan predicted: {_fmt(row['predicted'])}", flush=True)
+        except RuntimeError as exc:
+            print(f"  sdplan plan: {str(exc).splitlines()[0]}", flush=True)
     if not sdcli_first and "sdcli" in a.parts and a.sdcli:
         _run_sdcli_part(a, fam, files, px, steps, cfg, sampler, tmp, row)
     if "diffusers" in a.parts:
@@ -494,7 +522,7 @@ def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     import statistics
 
     out = dict(rows[0])
-    for eng in ("sdplan", "sdcli", "diffusers"):
+    for eng in ENGINES:
         got = [r[eng] for r in rows if eng in r]
         if not got:
             continue
@@ -520,7 +548,7 @@ def print_table(rows: dict[str, dict[str, Any]], a: argparse.Namespace) -> None:
     for fam, row in rows.items():
         ours = row.get("sdplan", {})
         est = row.get("estimate", {})
-        for eng in ("sdplan", "sdcli", "diffusers"):
+        for eng in ENGINES:
             r = row.get(eng)
             if r is None:
                 continue

@@ -147,3 +147,21 @@ def test_diffusers_reference_dits_are_the_whole_released_models(shared_dir: Path
     assert (cfg["num_layers"], cfg["num_single_layers"], cfg["joint_attention_dim"]) == (5, 20, 7680)
     assert brs.ref_dit(a, "sdxl") is None
     assert all(not isinstance(rsf.RECIPES[f], str) for f in brs.REF_FAMILIES)
+
+
+def test_the_prediction_row_is_what_plan_says_of_the_same_flags() -> None:
+    """The table's ``predicted`` row asks ``sdplan plan --json`` with generate's flags (files,
+    size, steps, CFG, sampler, threads) and keeps its time: the demo's figures are positive,
+    the picture is load + text + steps x step + decode, and a missing file is an error."""
+    repo = BENCH.parent
+    demo = repo / "resources" / "demo" / "sdplan-demo-shapes.safetensors"
+    argv = brs.gen_args({"--model": demo}, 128, 4, 5.0, "euler", 1, Path("/tmp/unused.png"), "")
+    got = brs.predicted(argv, 1)
+    assert all(got[k] > 0 for k in ("text", "step", "decode", "load", "whole"))
+    # CFG 5 prices the negative prompt's encode too; the picture sums the phases
+    assert got["whole"] == pytest.approx(got["load"] + got["text"] + 4 * got["step"] + got["decode"], rel=0.05)
+    one = brs.predicted(brs.gen_args({"--model": demo}, 128, 8, 5.0, "euler", 1, Path("/tmp/unused.png"), ""), 1)
+    assert one["step"] == pytest.approx(got["step"]) and one["whole"] > got["whole"]
+    with pytest.raises(RuntimeError, match="no time prediction"):
+        brs.predicted(brs.gen_args({"--model": repo / "missing.safetensors"}, 128, 4, 5.0, "euler", 1,
+                                   Path("/tmp/unused.png"), ""), 1)
