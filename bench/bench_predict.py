@@ -225,16 +225,36 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def check_flags(a: argparse.Namespace) -> None:
+    """Refuse, before the RPC servers start, what would fail or run nothing only after the
+    calibration: an unknown or empty ``--only``, a thread, repeat or step count below 1, and
+    with ``--size sd15``/``both`` a ``--shared`` folder without the layouts file.
+
+    Raises:
+        SystemExit: one line naming the flag and the value at fault.
+    """
+    only = [p for p in a.only.split(",") if p]
+    unknown = [p for p in only if p not in PLACEMENTS]
+    if unknown or not only:
+        raise SystemExit(f"--only {a.only!r}: unknown placements {unknown or '(none given)'}; "
+                         f"choose from {', '.join(PLACEMENTS)}")
+    for flag, value in (("--threads", a.threads), ("--repeat", a.repeat), ("--steps", a.steps)):
+        if value < 1:
+            raise SystemExit(f"{flag} must be at least 1, got {value}")
+    layouts = Path(a.shared) / "models" / "real_size_key_layouts.json"
+    if a.size in ("sd15", "both") and not layouts.is_file():
+        raise SystemExit(f"--shared {a.shared!r}: no {layouts.relative_to(a.shared)} there "
+                         "(the SD 1.5-size checkpoint's layout); give the folder, or --size demo")
+
+
 def main() -> int:
     ap = parser()
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(json.loads(a.worker))))
         return 0
+    check_flags(a)
     a.only = [p for p in a.only.split(",") if p]
-    unknown = [p for p in a.only if p not in PLACEMENTS]
-    if unknown:
-        raise SystemExit(f"unknown placements: {unknown}")
     from rpc_throttle import Throttle
     from rpc_util import rpc_servers
 

@@ -568,6 +568,31 @@ def print_table(rows: dict[str, dict[str, Any]], a: argparse.Namespace) -> None:
             print(f"| {fam} | {row['size']}, {row['steps']} | {eng} | " + " | ".join(cells) + f" | {tail} |")
 
 
+PARTS = ("sdplan", "sdcli", "diffusers")
+
+
+def check_flags(a: argparse.Namespace) -> None:
+    """Refuse flags that would fail or be ignored only after the files are written and the
+    engines run: a family without a recipe (``real_size_files.RECIPES``), a part other than
+    :data:`PARTS`, and a thread, round, step or size count below 1 (``--steps 0`` and
+    ``--size 0`` were taken as not given).
+
+    Raises:
+        SystemExit: one line naming the flag and the value at fault.
+    """
+    unknown = [f for f in a.families.split(",") if f and f not in rsf.RECIPES]
+    if unknown or not [f for f in a.families.split(",") if f]:
+        raise SystemExit(f"--families {a.families!r}: no recipe for {unknown or 'an empty list'}; "
+                         f"choose from {', '.join(rsf.RECIPES)}")
+    bad = [p for p in a.parts.split(",") if p not in PARTS]
+    if bad:
+        raise SystemExit(f"--parts {a.parts!r}: unknown {bad}; choose from {', '.join(PARTS)}")
+    for flag, value in (("--threads", a.threads), ("--rounds", a.rounds), ("--steps", a.steps),
+                        ("--size", a.size)):
+        if value is not None and value < 1:
+            raise SystemExit(f"{flag} must be at least 1, got {value}")
+
+
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--sdplan-worker":
         print(json.dumps(sdplan_worker(json.loads(sys.argv[2]))))
@@ -579,7 +604,7 @@ def main() -> int:
     from sdplan.core.runtime.native import native
 
     running = [f.name for f in FAMILIES if f.runs]
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--families", default=",".join(running))
     ap.add_argument("--parts", default="sdplan,sdcli,diffusers")
     ap.add_argument("--threads", type=int, default=2)
@@ -599,6 +624,7 @@ def main() -> int:
     ap.add_argument("--page-cache", choices=("cold", "as-is"), default="cold",
                     help="drop the model files from the page cache before each engine's run (cold) or not")
     a = ap.parse_args()
+    check_flags(a)
     a.parts = a.parts.split(",")
     if a.no_page_cache_advice:
         os.environ["BENCH_NO_PAGE_CACHE_ADVICE"] = "1"

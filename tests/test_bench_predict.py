@@ -1,5 +1,6 @@
 """The prediction benchmark's command line (bench/bench_predict.py): ``--help`` names every
-flag with a help text that states its default. The benchmark itself is run by hand, not here."""
+flag with a help text that states its default, and bad flags are refused before any work. The
+benchmark itself is run by hand, not here."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
@@ -41,3 +44,22 @@ def test_help_names_every_flag_with_what_it_does_and_its_default() -> None:
     visible = [a for a in bench_predict.parser()._actions if a.help != argparse.SUPPRESS and a.dest != "help"]
     assert sorted(s for a in visible for s in a.option_strings) == sorted(FLAGS)
     assert all(a.help and a.help.strip() for a in visible)
+
+
+@pytest.mark.parametrize(("flags", "line"), [
+    (["--only", "cpu,bogus"], "--only 'cpu,bogus': unknown placements ['bogus']"),
+    (["--only", ","], "--only ',': unknown placements (none given)"),
+    (["--threads", "0"], "--threads must be at least 1, got 0"),
+    (["--repeat", "0"], "--repeat must be at least 1, got 0"),
+    (["--steps", "-1"], "--steps must be at least 1, got -1"),
+    (["--shared", "/nonexistent-shared"], "--shared '/nonexistent-shared': no models/real_size_key_layouts.json"),
+])
+def test_bad_flags_are_refused_before_the_servers_start(flags: list[str], line: str) -> None:
+    """``--repeat 0`` or an empty ``--only`` started three RPC servers and calibrated before
+    failing or timing nothing, and a missing layouts file failed after the whole demo part:
+    each is now one line first."""
+    with pytest.raises(SystemExit) as exc:
+        bench_predict.check_flags(bench_predict.parser().parse_args(flags))
+    assert str(exc.value).startswith(line), exc.value
+    bench_predict.check_flags(bench_predict.parser().parse_args(["--shared", "/nonexistent-shared",
+                                                                 "--size", "demo"]))

@@ -165,3 +165,27 @@ def test_the_prediction_row_is_what_plan_says_of_the_same_flags() -> None:
     with pytest.raises(RuntimeError, match="no time prediction"):
         brs.predicted(brs.gen_args({"--model": repo / "missing.safetensors"}, 128, 4, 5.0, "euler", 1,
                                    Path("/tmp/unused.png"), ""), 1)
+
+
+@pytest.mark.parametrize(("flags", "line"), [
+    ({"families": "bogus"}, "--families 'bogus': no recipe for ['bogus']"),
+    ({"families": ""}, "--families '': no recipe for an empty list"),
+    ({"parts": "sdplan,bogus"}, "--parts 'sdplan,bogus': unknown ['bogus']"),
+    ({"threads": 0}, "--threads must be at least 1, got 0"),
+    ({"rounds": 0}, "--rounds must be at least 1, got 0"),
+    ({"steps": 0}, "--steps must be at least 1, got 0"),
+    ({"size": -8}, "--size must be at least 1, got -8"),
+])
+def test_bad_flags_are_refused_before_any_file_is_written(flags: dict, line: str) -> None:
+    """An unknown family printed "not run" and an empty table with exit 0, an unknown part ran
+    nothing of it, and ``--steps 0``/``--size 0`` ran the family's defaults: each is one line
+    before any work."""
+    import argparse
+
+    fam = next(f for f, r in rsf.RECIPES.items() if not isinstance(r, str))
+    base = {"families": fam, "parts": "sdplan,sdcli,diffusers", "threads": 2, "rounds": 1,
+            "steps": None, "size": None}
+    with pytest.raises(SystemExit) as exc:
+        brs.check_flags(argparse.Namespace(**{**base, **flags}))
+    assert str(exc.value).startswith(line), exc.value
+    brs.check_flags(argparse.Namespace(**base))  # the defaults pass

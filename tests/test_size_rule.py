@@ -16,7 +16,7 @@ from sdplan.core.cli import main
 from sdplan.core.errors import InvalidArgument
 from sdplan.core.modelfiles.checkpoint import read_model_files
 from sdplan.core.pipelines.demo.model import demo_model_path
-from sdplan.core.pipelines.size_rule import check_size, size_multiple
+from sdplan.core.pipelines.size_rule import check_size, max_side, size_multiple
 from sparse_writer import Layout, write_sparse
 
 
@@ -147,3 +147,33 @@ def test_a_size_taken_from_the_init_picture_is_named_as_such(tmp_path: Path, cap
                  "-p", "x", "-o", str(tmp_path / "o.png")])
     assert code == 2 and capsys.readouterr().err.strip().endswith(f"-W/-H {3 * f + 1}x{2 * f}: this model draws "
                                                                   f"sizes that are positive multiples of {f} pixels")
+
+
+def test_sd3_sides_are_bounded_by_its_position_table(tmp_path: Path, layouts: dict[str, Layout],
+                                                     capsys, monkeypatch) -> None:
+    """SD3's DiT embeds positions from a fixed table (SD3-medium: 192 x 192 patches of 2 x 2
+    latent cells, 3072 px); ``generate -W 512`` with the tiny model (16 x 16 patches, 4 px each:
+    64 px) failed in the pipeline after the text encoders ran ("error [ValueError]: ValueError:
+    SD3 latent 256x256 exceeds..."): it is now one line naming -W/-H before the engine starts."""
+    from sdplan.core.runtime import process
+
+    sd3 = _models(tmp_path, "sd3", layouts["sd3_medium_sai"], prefix="model.diffusion_model.")
+    assert max_side(sd3) == 192 * 16 == 3072
+    check_size(sd3, 3072, 1024)
+    with pytest.raises(InvalidArgument, match="3088x1024: this model draws sides up to 3072 pixels"):
+        check_size(sd3, 3088, 1024)
+    fix = Path(__file__).parent / "fixtures"
+    tiny = read_model_files({"model": [fix / "sd3_tiny.safetensors"]})
+    assert max_side(tiny) == 64 and max_side(read_model_files({"model": [demo_model_path()]})) is None
+    check_size(tiny, 64, 64)
+
+    def no_engine(*a, **k):
+        raise AssertionError("the engine started")
+
+    monkeypatch.setattr(process.Engine, "__init__", no_engine)
+    code = main(["generate", "-m", str(fix / "sd3_tiny.safetensors"), "--clip_l", str(fix / "sd3_clip_l_tiny.safetensors"),
+                 "--clip_g", str(fix / "sd3_clip_g_tiny.safetensors"), "--t5xxl", str(fix / "sd3_t5_tiny.safetensors"),
+                 "-p", "a cat", "-W", "512", "-H", "64", "-o", str(tmp_path / "x.png")])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert code == 2 and len(err) == 1 and err[0].endswith(
+        "-W/-H 512x64: this model draws sides up to 64 pixels (the positions its DiT was trained with)"), err

@@ -45,10 +45,12 @@ def test_plan_prints_and_writes_the_time_of_the_demo(tmp_path) -> None:
     (["--steps", "0"], "error [invalid_argument]: --steps must be at least 1, got 0"),
     (["--cfg-scale", "nan"], "error [invalid_argument]: --cfg-scale must be a finite number, got nan"),
     (["--sampling-method", "bogus"], "error [invalid_argument]: --sampling-method 'bogus' is unknown; choose one of "),
+    (["--sampling-method", ""], "error [invalid_argument]: --sampling-method '' is unknown; choose one of "),
 ])
 def test_plan_refuses_time_flags_generate_refuses(extra, line, capsys) -> None:
     """``plan --steps 0`` was predicted as 20 steps, an unknown sampler or a NaN CFG scale
-    printed a prediction: each is now the one line ``generate`` gives for it."""
+    printed a prediction, an empty sampler was priced as the family's default: each is now the
+    one line ``generate`` gives for it."""
     from sdplan.core.cli import main
 
     inv = REPO / "resources" / "inventories" / "epyc-2core-rpc-100mbps.json"

@@ -73,7 +73,8 @@ def settings_of(args: argparse.Namespace, architecture: str | None = None) -> Ru
     cfg = float(d.get("cfg_scale", 7.0) if cfg is None else cfg)  # type: ignore[arg-type]
     if not math.isfinite(cfg):
         raise InvalidArgument(f"--cfg-scale must be a finite number, got {cfg}")
-    sampler = str(getattr(args, "sampling_method", None) or d.get("sampling_method") or "euler_a")
+    sampler = getattr(args, "sampling_method", None)  # given empty: named below, as generate does
+    sampler = str(d.get("sampling_method") or "euler_a") if sampler is None else str(sampler)
     names = sorted(set(SAMPLERS) | set(FLOW_SAMPLERS) | {"ddim"})  # generate's list
     if sampler not in names:
         raise InvalidArgument(f"--sampling-method {sampler!r} is unknown; choose one of {', '.join(names)}")

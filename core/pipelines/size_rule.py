@@ -9,13 +9,14 @@ already has, lets ``generate`` refuse such a size before the engine loads anythi
 
 from __future__ import annotations
 
+import math
 import re
 
 from sdplan.core.errors import InvalidArgument
 from sdplan.core.families import family as registry_family
 from sdplan.core.modelfiles.checkpoint import ModelSet
 
-__all__ = ["check_size", "size_multiple"]
+__all__ = ["check_size", "max_side", "size_multiple"]
 
 #: Pixels per latent cell of every autoencoder these families ship with (SD, SDXL, SD3,
 #: FLUX.1 and FLUX.2 VAEs all downsample 3 times).
@@ -23,6 +24,7 @@ DEFAULT_VAE_FACTOR = 8
 
 
 _DOWNSAMPLE = re.compile(r"^(?:model\.diffusion_model\.)?input_blocks\.(\d+)\.0\.op\.weight$")
+_POS_EMBED = re.compile(r"^(?:model\.diffusion_model\.)?pos_embed$")
 _UNET_STEM = re.compile(r"^(?:model\.diffusion_model\.)?input_blocks\.0\.0\.weight$")
 _VAE_LEVEL = re.compile(r"^(?:first_stage_model\.)?(decoder\.up|encoder\.down)\.(\d+)\.")
 #: The Wan 2.2 autoencoder's decoder resamples (``decoder.upsamples.I.upsamples.J.resample.1``)
@@ -82,6 +84,23 @@ def size_multiple(models: ModelSet) -> int | None:
     return _vae_factor(models) * 2 ** len(downsamples)
 
 
+def max_side(models: ModelSet) -> int | None:
+    """The largest image side in pixels that ``models`` can draw, or None where there is no
+    bound: a 2 x 2 patch DiT with a fixed ``pos_embed`` table ``(1, M*M, width)`` (SD3's MMDiT)
+    holds at most ``M`` patches per side, ``M * size_multiple`` pixels (3072 for SD3-medium's
+    M = 192). Source: the pipeline's own check
+    (:meth:`sdplan.core.models.mmdit.MMDiT` graph inputs: a latent larger than ``pos_embed`` is
+    refused)."""
+    fam = registry_family(models.architecture.family)
+    if fam is None or fam.size_rule != "patch":  # a 2 x 2 patch DiT; only SD3's has a fixed table
+        return None
+    shape = next((t.info.shape for t in models.module_tensors("diffusion") if _POS_EMBED.match(t.info.name)), None)
+    f = size_multiple(models)
+    if not shape or len(shape) < 2 or not f:
+        return None
+    return math.isqrt(int(shape[-2])) * f
+
+
 def check_size(models: ModelSet, width: int, height: int, from_init_img: bool = False) -> None:
     """Refuse ``width`` x ``height`` (pixels) that ``models`` cannot draw, before anything loads.
     ``from_init_img``: the size is the ``-i`` picture's (no ``-W``/``-H`` given), which the
@@ -89,7 +108,8 @@ def check_size(models: ModelSet, width: int, height: int, from_init_img: bool = 
 
     Raises:
         InvalidArgument: a side that is not a positive multiple of :func:`size_multiple`, in
-            the words of the pipeline's own check (``-W/-H 100x64: ...``).
+            the words of the pipeline's own check (``-W/-H 100x64: ...``), or one over
+            :func:`max_side`.
     """
     f = size_multiple(models)
     if f and (width % f or height % f or width <= 0 or height <= 0):
@@ -98,3 +118,8 @@ def check_size(models: ModelSet, width: int, height: int, from_init_img: bool = 
             raise InvalidArgument(f"-i/--init-img is {width}x{height} and {rule}: give -W/-H "
                                   "(the picture is resized to them)")
         raise InvalidArgument(f"-W/-H {width}x{height}: {rule}")
+    side = max_side(models)
+    if side and max(width, height) > side:
+        what = "-i/--init-img is" if from_init_img else "-W/-H"
+        raise InvalidArgument(f"{what} {width}x{height}: this model draws sides up to {side} pixels "
+                              "(the positions its DiT was trained with)")
