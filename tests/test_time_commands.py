@@ -124,3 +124,33 @@ def test_plan_prices_the_familys_defaults_where_steps_cfg_and_sampler_are_not_gi
     assert (s.steps, s.cfg, s.sampler) == (20, True, "euler_a")
     s = settings_of(ns(steps=8, cfg_scale=3.5, sampling_method="dpm++2m"), "flux2_klein")
     assert (s.steps, s.cfg, s.sampler) == (8, True, "dpm++2m")
+
+
+def test_plan_names_why_it_could_not_count_the_graphs_and_refuses_a_size_generate_refuses(tmp_path) -> None:
+    """``sdplan plan`` with a FLUX.1 autoencoder given to FLUX.2 klein said only that the family
+    had no count; a klein set without its VAE priced no decode in silence; ``-W 100`` planned
+    and predicted a size generate refuses. Now the notes name the file at fault or the file
+    missing, and the size is a one-line error naming -W/-H."""
+    from flux2_util import AE, DIT, write_llm
+    from sdplan.core.cli import main
+
+    fix = AE.parent
+    llm = str(write_llm(tmp_path / "llm.safetensors"))
+
+    def plan(*extra: str) -> tuple[int, str]:
+        import contextlib
+        import io
+
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(["plan", "--diffusion-model", str(DIT), "--llm", llm, "-W", "64", "-H", "64", *extra])
+        return rc, out.getvalue() + err.getvalue()
+
+    rc, text = plan("--vae", str(fix / "flux_ae_tiny.safetensors"))
+    assert rc == 0 and "cannot build FLUX.2 klein's graphs" in text and "flux_ae_tiny.safetensors" in text
+    rc, text = plan()
+    assert rc == 0 and "FLUX.2 klein needs" in text and "--vae" in text
+    rc, text = plan("--vae", str(AE))
+    assert rc == 0 and "work by formula" not in text and "needs" not in text
+    rc, text = plan("--vae", str(AE), "-W", "100")
+    assert rc != 0 and "-W/-H 100x64" in text and "multiples of 16" in text

@@ -255,14 +255,9 @@ def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argpa
     if profile is None or plan.target.sdcli or engine_name(args) != "sdplan":
         return None
     from sdplan.core.commands import time_estimate as te
-    from sdplan.core.pipelines.work import count_plan
 
-    settings = te.settings_of(args, profile.architecture)
-    inventory = te.with_profiles(inventory, settings.threads)
-    works = count_plan(files, plan, [d.name for d in inventory], width=settings.width, height=settings.height,
-                       batch=settings.batch, cfg=settings.cfg, live=live, vae_tiling=tiling, frames=settings.frames,
-                       accelerators=[d.name for d in inventory if d.type != "cpu"]) if files else {}
-    return te.predict(plan, inventory, profile, settings, works, files, fit)
+    return te.predict_plan(plan, inventory, profile, te.settings_of(args, profile.architecture), files, fit,
+                           live=live, tiling=tiling)
 
 
 def engine_name(args: argparse.Namespace) -> str:

@@ -91,6 +91,43 @@ def with_profiles(inventory: Inventory, threads: int = 0) -> Inventory:
     return with_cached_profiles(inventory, threads)
 
 
+def predict_plan(plan: Any, inventory: Inventory, profile: Any, settings: RunSettings,
+                 files: Mapping[str, Sequence[str]], fit: Any = None, *, live: bool = True,
+                 tiling: Any = None) -> TimeReport:
+    """``sdplan plan``'s prediction: the plan's graphs counted
+    (:func:`~sdplan.core.pipelines.work.count_plan`: on the plan's devices when ``live``, else
+    on stand-ins named as ``inventory``'s), priced with the devices' profiles kept here
+    (:func:`with_profiles`) by :func:`predict`. Where the graphs cannot be counted (files that
+    do not make the family's graphs, a set without one of its files) the notes say why, naming
+    the file or flag, and the formula prices them.
+
+    Raises:
+        InvalidArgument: a size the model files cannot draw (``-W/-H``, as generate refuses it:
+            :func:`~sdplan.core.pipelines.size_rule.check_size`).
+    """
+    from dataclasses import replace
+
+    from sdplan.core.pipelines.work import count_plan
+
+    if files:
+        from sdplan.core.modelfiles.checkpoint import read_model_files
+        from sdplan.core.pipelines.size_rule import check_size
+
+        try:
+            models = read_model_files({k: list(v) for k, v in files.items()})
+        except SdplanError as exc:  # the count's note says it; the plan itself read its profile
+            log.info("no size check: %s", exc)
+        else:
+            check_size(models, settings.width, settings.height)
+    inventory = with_profiles(inventory, settings.threads)
+    reasons: list[str] = []
+    works = count_plan(files, plan, [d.name for d in inventory], width=settings.width, height=settings.height,
+                       batch=settings.batch, cfg=settings.cfg, live=live, vae_tiling=tiling, frames=settings.frames,
+                       accelerators=[d.name for d in inventory if d.type != "cpu"], reasons=reasons) if files else {}
+    report = predict(plan, inventory, profile, settings, works, files, fit)
+    return replace(report, notes=(*reasons, *report.notes)) if reasons else report
+
+
 def predict(plan: Any, inventory: Inventory, profile: Any, settings: RunSettings,
             works: Mapping[str, Sequence[ModuleWork]] | None, files: Mapping[str, Sequence[str]] | None,
             fit: Any = None) -> TimeReport:

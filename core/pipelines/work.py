@@ -49,10 +49,12 @@ def count_work(model_files: Mapping[str, Sequence[str]], *, width: int, height: 
                batch: int = 1, cfg: bool = True, pool: Any = None,
                placements: Mapping[str, Any] | None = None,
                overrides: Mapping[str, Any] | None = None,
-               vae_tiling: Any = None) -> dict[str, list[ModuleWork]]:
+               vae_tiling: Any = None, reasons: list[str] | None = None) -> dict[str, list[ModuleWork]]:
     """Module (``te``, ``diffusion``, ``vae``, ``controlnet``) -> its graphs' work and how
     often each runs in a ``width`` x ``height`` generation of ``batch`` images (module
-    docstring); {} for families without a count or a size the model cannot draw (logged).
+    docstring); {} for families without a count, an incomplete set of files, files that do not
+    make the family's graphs or a size the model cannot draw (logged, and the reason appended
+    to ``reasons`` when given: a line naming the file or the size at fault).
 
     Args:
         model_files: sd-cli model flags -> paths.
@@ -74,7 +76,8 @@ def count_work(model_files: Mapping[str, Sequence[str]], *, width: int, height: 
     if fam is None or fam.work is None:
         return {}
     if not any(all(k in files for k in group) for group in fam.files):  # a set still being opened
-        log.info("no work count: %s needs the files of one of %s", fam.name, fam.files)
+        need = " or ".join(", ".join(f"--{k.replace('_', '-')}" for k in group) for group in fam.files)
+        _why(reasons, f"{fam.title} needs {need}; the time of the modules given is the formula's")
         return {}
     module, _, func = fam.work.partition(":")
     count = getattr(importlib.import_module(module), func)
@@ -99,11 +102,22 @@ def count_work(model_files: Mapping[str, Sequence[str]], *, width: int, height: 
             out["vae"] = [replace(w, calls=w.calls * tiles) for w in out["vae"]]
         return out
     except (ValueError, RuntimeError, SdplanError) as exc:
-        log.info("no work count: %s", exc)
+        _why(reasons, f"the engine cannot build {fam.title}'s graphs from these files: {_message(exc)}")
         return {}
     finally:
         if own:
             pool.manager.close()
+
+
+def _message(exc: BaseException) -> str:
+    """An error's own one-line message (an SdplanError's text without its kind)."""
+    return (str(getattr(exc, "message", "") or exc).splitlines() or [type(exc).__name__])[0]
+
+
+def _why(reasons: list[str] | None, text: str) -> None:
+    log.info("no work count: %s", text)
+    if reasons is not None:
+        reasons.append(text)
 
 
 def plan_placements(plan: Any) -> dict[str, Any]:
@@ -120,8 +134,8 @@ def plan_placements(plan: Any) -> dict[str, Any]:
 
 def count_plan(model_files: Mapping[str, Sequence[str]], plan: Any, device_names: Sequence[str], *,
                width: int, height: int, batch: int = 1, cfg: bool = True, live: bool = False,
-               vae_tiling: Any = None, frames: int = 1,
-               accelerators: Sequence[str] = ()) -> dict[str, list[ModuleWork]]:
+               vae_tiling: Any = None, frames: int = 1, accelerators: Sequence[str] = (),
+               reasons: list[str] | None = None) -> dict[str, list[ModuleWork]]:
     """:func:`count_work` of a plan's graphs in this process: on the planned devices when
     ``live`` (the plan's inventory is this process's), else on CPU backends standing in for
     ``device_names`` (another machine's devices, or a process that touches no device but its
@@ -131,7 +145,7 @@ def count_plan(model_files: Mapping[str, Sequence[str]], plan: Any, device_names
     ggml's flash attention and im2col convolutions, not this CPU's kernels; counted as a CPU,
     the demo UNet's step on one was priced at a third of its time). ``vae_tiling``: a :class:`~sdplan.core.planning.vae_tiling.VaeTiling` (the
     decoder in its tiles) or None; ``frames``: a video's frames. {} when the engine cannot
-    count them (logged)."""
+    count them (logged; why appended to ``reasons`` when given, as :func:`count_work`)."""
     try:
         from sdplan.core.runtime.native import native
 
@@ -144,11 +158,11 @@ def count_plan(model_files: Mapping[str, Sequence[str]], plan: Any, device_names
             return count_work(model_files, width=width, height=height, batch=batch, cfg=cfg,
                               pool=BackendPool(manager, extra), placements=placements,
                               overrides={"video_frames": frames}, vae_tiling=vae_tiling.to_json() if vae_tiling is not None and vae_tiling.enabled
-                              else None)
+                              else None, reasons=reasons)
         finally:
             manager.close()
     except (ImportError, RuntimeError, ValueError, SdplanError) as exc:
-        log.info("no work count of the engine's graphs: %s", exc)
+        _why(reasons, f"no count of the engine's graphs: {_message(exc)}")
         return {}
 
 

@@ -428,8 +428,8 @@ def predict_time(plan: object, inventory: Inventory, profile: Profile | None, se
         if not mw:
             mw = formula_work(module, profile, settings, devices[0])
             if mw:
-                notes.append(f"{module}: work by formula from its parameter count (no count of the "
-                             "engine's graphs for this family or without model files)")
+                notes.append(f"{module}: work by formula from its parameter count (its graphs not "
+                             "counted: no model files, or the reason noted)")
             cfgp = getattr(plan, "cfg", None)
             if mw and module == "diffusion" and settings.cfg and cfgp is not None and cfgp.active:
                 copy_on = cfgp.device
