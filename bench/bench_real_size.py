@@ -605,19 +605,25 @@ def main() -> int:
 
     running = [f.name for f in FAMILIES if f.runs]
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    ap.add_argument("--families", default=",".join(running))
-    ap.add_argument("--parts", default="sdplan,sdcli,diffusers")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--families", default=",".join(running),
+                    help="families to run, comma-separated (default: every family the engine runs)")
+    ap.add_argument("--parts", default="sdplan,sdcli,diffusers",
+                    help="engines to run, comma-separated (default sdplan,sdcli,diffusers)")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads asked of every engine (default 2)")
     ap.add_argument("--steps", type=int, help="instead of the family's default step count")
     ap.add_argument("--size", type=int, help="instead of the family's native size (pixels, square)")
     ap.add_argument("--quant", default="", help="GGUF types of the diffusion model to run (q8_0,q4_k,q5_k)")
     ap.add_argument("--params-backend", default="", help="placement string given to both engines")
     ap.add_argument("--no-page-cache-advice", action="store_true",
                     help="sdplan without the disk residency's POSIX_FADV_DONTNEED (the page cache it leaves)")
-    ap.add_argument("--sdcli", default=os.environ.get("SDCLI", ""))
-    ap.add_argument("--ref-python", default=REF_PYTHON)
-    ap.add_argument("--ref-dtype", default="bf16" if native().bf16_cpu_kernel() != "off" else "fp32")
-    ap.add_argument("--shared", default=str(REPO.parent / "shared"))
+    ap.add_argument("--sdcli", default=os.environ.get("SDCLI", ""),
+                    help="the sd-cli binary (default $SDCLI; none: no sd-cli runs or Q8_0 conversions)")
+    ap.add_argument("--ref-python", default=REF_PYTHON,
+                    help=f"Python with torch and diffusers for the reference (default {REF_PYTHON})")
+    ap.add_argument("--ref-dtype", default="bf16" if native().bf16_cpu_kernel() != "off" else "fp32",
+                    help="the reference's dtype (default bf16 where this CPU has a bf16 kernel, else fp32)")
+    ap.add_argument("--shared", default=str(REPO.parent / "shared"),
+                    help="the folder holding models/real_size_key_layouts.json (default ../shared)")
     ap.add_argument("--keep", default="/tmp/sdplan-real-size", help="folder for the model files (kept)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--rounds", type=int, default=1, help="runs per engine, alternating the order (medians)")
