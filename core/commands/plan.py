@@ -257,7 +257,7 @@ def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argpa
     from sdplan.core.commands import time_estimate as te
 
     return te.predict_plan(plan, inventory, profile, te.settings_of(args, profile.architecture), files, fit,
-                           live=live, tiling=tiling)
+                           live=live, tiling=tiling, asked_threads=int(getattr(args, "threads", 0) or 0))
 
 
 def engine_name(args: argparse.Namespace) -> str:

@@ -93,13 +93,14 @@ def with_profiles(inventory: Inventory, threads: int = 0) -> Inventory:
 
 def predict_plan(plan: Any, inventory: Inventory, profile: Any, settings: RunSettings,
                  files: Mapping[str, Sequence[str]], fit: Any = None, *, live: bool = True,
-                 tiling: Any = None) -> TimeReport:
+                 tiling: Any = None, asked_threads: int = 0) -> TimeReport:
     """``sdplan plan``'s prediction: the plan's graphs counted
     (:func:`~sdplan.core.pipelines.work.count_plan`: on the plan's devices when ``live``, else
     on stand-ins named as ``inventory``'s), priced with the devices' profiles kept here
     (:func:`with_profiles`) by :func:`predict`. Where the graphs cannot be counted (files that
     do not make the family's graphs, a set without one of its files) the notes say why, naming
-    the file or flag, and the formula prices them.
+    the file or flag, and the formula prices them; so do they where ``asked_threads`` (``-t``)
+    was capped at the CPUs generate may use (:func:`settings_of`).
 
     Raises:
         InvalidArgument: a size the model files cannot draw (``-W/-H``, as generate refuses it:
@@ -121,6 +122,9 @@ def predict_plan(plan: Any, inventory: Inventory, profile: Any, settings: RunSet
             check_size(models, settings.width, settings.height)
     inventory = with_profiles(inventory, settings.threads)
     reasons: list[str] = []
+    if settings.threads and asked_threads > settings.threads:
+        reasons.append(f"-t {asked_threads}: generate runs at most {settings.threads} threads here (the CPUs "
+                       f"it may use); priced at {settings.threads}")
     works = count_plan(files, plan, [d.name for d in inventory], width=settings.width, height=settings.height,
                        batch=settings.batch, cfg=settings.cfg, live=live, vae_tiling=tiling, frames=settings.frames,
                        accelerators=[d.name for d in inventory if d.type != "cpu"], reasons=reasons) if files else {}

@@ -440,9 +440,11 @@ def predict_time(plan: object, inventory: Inventory, profile: Profile | None, se
             continue
         paths = [p for p in (model_paths or {}).get(module, ()) if p]
         drive = drive_for(paths[0], inventory.drives) if paths else drive_for("/", inventory.drives)
-        if drive.source == "default" and paths:
-            notes.append(f"the drive of {paths[0]} has no measured profile; stated defaults "
-                         "(sdplan devices --calibrate --drive FOLDER)")
+        if drive.source == "default" and paths:  # one note per folder, however many files it holds
+            note = (f"the drive of {paths[0].rsplit('/', 1)[0] or '/'} has no measured profile; stated "
+                    "defaults (sdplan devices --calibrate --drive FOLDER)")
+            if note not in notes:
+                notes.append(note)
         weights = _weights(mw, devices, profile.get(module).total)  # type: ignore[union-attr]
         mode = mplan.params.mode
         params_dev = mplan.params.device or devices[0]
