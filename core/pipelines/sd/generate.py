@@ -5,7 +5,7 @@ a :class:`~sdplan.core.pipelines.sd.pipeline.StableDiffusion` placed by the run'
 loaded for the next request with the same files, placements and model overrides), with its
 LoRAs, image input, TAE previews or decode and VAE tiles. :func:`run_unet` is the same for
 any UNet pipeline (SDXL's passes its own). :func:`measure` is the compute dry run, :func:`work`
-the work count of the same graphs.
+the work count of the same graphs (:func:`unet_work`, SDXL's too).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sdplan.core.pipelines.stages.hires import hires_upscaler
 from sdplan.core.pipelines.stages.lora import apply_request_loras
 from sdplan.core.runtime.placement import CFG_RUNNER, ModulePlacement
 
-__all__ = ["generate", "run_unet", "measure", "work", "UnetSession"]
+__all__ = ["generate", "run_unet", "measure", "work", "unet_work", "UnetSession"]
 
 
 class UnetSession:
@@ -117,21 +117,23 @@ def generate(request: GenerationRequest, plan: Mapping[str, ModulePlacement], pr
 
 def _graphs(sd: Any, model_files: Mapping[str, list[str]], width: int, height: int, batch: int, cfg: bool,
             placements: Mapping[str, Any] | None, vae_tile: tuple[int, int] | None
-            ) -> tuple[dict[str, tuple[Any, dict[str, tuple[int, ...]]]], Any]:
-    """Module -> ``(runner, input shapes)`` of the graphs an SD 1.x / 2.x generation runs (the
-    text encoder on one 77-token chunk, the UNet on the CFG batch, the VAE decoder on the
-    batch or on one tile of ``vae_tile`` ``(w, h)`` latent pixels; with a ``control_net``
-    file the ControlNet on the batch, its residuals added to the UNet's inputs), and the
-    ControlNet stage (None without one)."""
+            ) -> tuple[dict[str, list[tuple[Any, dict[str, tuple[int, ...]]]]], Any]:
+    """Module -> its graphs' ``(runner, input shapes)`` a UNet generation runs (SD 1.x / 2.x's
+    or SDXL's: each text encoder on one 77-token chunk, :func:`_text_graphs`; the UNet on the
+    CFG batch, with SDXL's ``vec`` vector; the VAE decoder on the batch or on one tile of
+    ``vae_tile`` ``(w, h)`` latent pixels; with a ``control_net`` file the ControlNet on the
+    batch, its residuals added to the UNet's inputs), and the ControlNet stage (None without
+    one)."""
     lh, lw = height // sd.vae_cfg.factor, width // sd.vae_cfg.factor
     th, tw = (vae_tile[1], vae_tile[0]) if vae_tile else (lh, lw)
     n = batch * (2 if cfg else 1)
-    shapes: dict[str, tuple[Any, dict[str, tuple[int, ...]]]] = {
-        "te": (sd._te(sd._skip(0), True), {"ids": (1, 77), "mask": (77, 77)}),
-        "diffusion": (sd.runners["diffusion"], {"x": (n, sd.unet_cfg.in_channels, lh, lw),
-                                                "t": (n,), "c": (n, 77, sd.unet_cfg.context_dim)}),
-        "vae": (sd.runners["vae"], {"z": (batch, sd.unet_cfg.out_channels, th, tw)}),
-    }
+    unet: dict[str, tuple[int, ...]] = {"x": (n, sd.unet_cfg.in_channels, lh, lw), "t": (n,),
+                                        "c": (n, 77, sd.unet_cfg.context_dim)}
+    if sd.unet_cfg.adm_in_channels:  # SDXL's vector conditioning
+        unet["vec"] = (n, sd.unet_cfg.adm_in_channels)
+    graphs: dict[str, list[tuple[Any, dict[str, tuple[int, ...]]]]] = {
+        "te": _text_graphs(sd), "diffusion": [(sd.runners["diffusion"], unet)],
+        "vae": [(sd.runners["vae"], {"z": (batch, sd.unet_cfg.out_channels, th, tw)})]}
     control = list(model_files.get("control_net") or ())
     stage = None
     if control:  # its residuals are UNet inputs too; it runs once for both CFG halves
@@ -140,8 +142,21 @@ def _graphs(sd: Any, model_files: Mapping[str, list[str]], width: int, height: i
         place = (placements or {}).get("controlnet") or ModulePlacement(("CPU",))
         stage = ControlNetStage(sd, control[0], place)
         sd.runners["controlnet"] = stage.runner
-        shapes["diffusion"][1].update(stage.output_shapes(n, lh, lw))
-    return shapes, stage
+        unet.update(stage.output_shapes(n, lh, lw))
+    return graphs, stage
+
+
+def _text_graphs(sd: Any) -> list[tuple[Any, dict[str, tuple[int, ...]]]]:
+    """Each text encoder's runner and input shapes on one 77-token chunk at the default clip
+    skip: SD 1.x / 2.x's one CLIP; SDXL's CLIP ViT-L and OpenCLIP bigG (the refiner's bigG
+    alone), bigG with its end-of-text row."""
+    from sdplan.core.pipelines.sdxl.pipeline import StableDiffusionXL
+
+    clip: dict[str, tuple[int, ...]] = {"ids": (1, 77), "mask": (77, 77)}
+    if not isinstance(sd, StableDiffusionXL):
+        return [(sd._te(sd._skip(0), True), clip)]
+    return [(r, {**clip, "eos": (1,)} if name == "clip_g" else clip)
+            for name, r in sd.cond._runners(sd._skip(0)).items()]
 
 
 def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
@@ -162,7 +177,8 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
         out: dict[str, int] = {}
         if stage is not None:
             out["controlnet"] = stage.measure(batch, height // sd.vae_cfg.factor, width // sd.vae_cfg.factor)
-        out.update({module: sum(runner.measure(inputs).values()) for module, (runner, inputs) in shapes.items()})
+        out.update({module: sum(sum(runner.measure(inputs).values()) for runner, inputs in runs)
+                    for module, runs in shapes.items()})
         return out
     finally:
         sd.close()
@@ -171,31 +187,44 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
 def work(model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
          pool: Any, placements: Mapping[str, Any] | None, overrides: Mapping[str, Any],
          vae_tile: tuple[int, int] | None = None) -> dict[str, list[Any]]:
-    """The work of an SD 1.x / 2.x generation's graphs (those :func:`measure` reserves), per
-    module as :class:`~sdplan.core.planning.work.ModuleWork`: the text encoder once per prompt
-    (twice with CFG's negative prompt), the UNet once per sampler evaluation on the CFG
-    batch (with a parallel-CFG copy among ``placements``, ``--backend cfg=DEVICE``: the
-    conditional half on the UNet's devices and the unconditional half on the copy's, one
-    :attr:`~sdplan.core.planning.work.ModuleWork.group` run at the same time; a ControlNet on
-    the conditional batch, its residuals serving both halves), the VAE decoder once per
-    picture batch (:mod:`sdplan.core.pipelines.work`).
+    """The work of an SD 1.x / 2.x generation's graphs (those :func:`measure` reserves):
+    :func:`unet_work` of its :class:`~sdplan.core.pipelines.sd.pipeline.StableDiffusion`.
+
+    Raises:
+        ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
+    """
+    sd = StableDiffusion(dict(model_files), None, pool, placements=placements,
+                         clip_heads=overrides.get("clip_heads") or None)
+    return unet_work(sd, model_files, width=width, height=height, batch=batch, cfg=cfg, placements=placements,
+                     vae_tile=vae_tile)
+
+
+def unet_work(sd: Any, model_files: Mapping[str, list[str]], *, width: int, height: int, batch: int, cfg: bool,
+              placements: Mapping[str, Any] | None, vae_tile: tuple[int, int] | None) -> dict[str, list[Any]]:
+    """The work of a UNet pipeline's generation (``sd``: SD 1.x / 2.x's or SDXL's, closed
+    here), per module as :class:`~sdplan.core.planning.work.ModuleWork` (the graphs of
+    :func:`_graphs`): each text encoder once per prompt (twice with CFG's negative prompt), the
+    UNet once per sampler evaluation on the CFG batch (with a parallel-CFG copy among
+    ``placements``, ``--backend cfg=DEVICE``: the conditional half on the UNet's devices and
+    the unconditional half on the copy's, one :attr:`~sdplan.core.planning.work.ModuleWork.group`
+    run at the same time; a ControlNet on the conditional batch, its residuals serving both
+    halves), the VAE decoder once per picture batch (:mod:`sdplan.core.pipelines.work`).
 
     Raises:
         ValueError / RuntimeError / SdplanError: graphs that cannot be built at this size.
     """
     from sdplan.core.planning.work import ModuleWork
 
-    sd = StableDiffusion(dict(model_files), None, pool, placements=placements,
-                         clip_heads=overrides.get("clip_heads") or None)
     try:
         copy = sd.runners.get(CFG_RUNNER) if cfg else None  # parallel CFG: a batch per half
-        shapes, stage = _graphs(sd, model_files, width, height, batch, cfg and copy is None, placements, vae_tile)
+        graphs, stage = _graphs(sd, model_files, width, height, batch, cfg and copy is None, placements, vae_tile)
         phase = {"te": ("text", 2 if cfg else 1), "diffusion": ("step", 1), "vae": ("decode", 1)}
         together = {"diffusion": "cfg"} if copy is not None else {}
-        out = {m: [ModuleWork(m, phase[m][0], runner.work(inputs), phase[m][1], group=together.get(m, ""))]
-               for m, (runner, inputs) in shapes.items()}
+        out = {m: [ModuleWork(m, phase[m][0], runner.work(inputs), phase[m][1], group=together.get(m, ""))
+                   for runner, inputs in runs]
+               for m, runs in graphs.items()}
         if copy is not None:
-            out["diffusion"].append(ModuleWork("diffusion", "step", copy.work(shapes["diffusion"][1]), 1, group="cfg"))
+            out["diffusion"].append(ModuleWork("diffusion", "step", copy.work(graphs["diffusion"][0][1]), 1, group="cfg"))
         if stage is not None:
             lh, lw = height // sd.vae_cfg.factor, width // sd.vae_cfg.factor  # the conditional batch alone
             out["controlnet"] = [ModuleWork("controlnet", "step", stage.runner.work(stage.input_shapes(batch, lh, lw)), 1)]
