@@ -168,6 +168,8 @@ def test_winograd_rows_back_to_back(mgr, n, h, w) -> None:
     (3, 4, 16, 41, 31, "f16"),    # rows back to back in a block
     (1, 64, 48, 64, 64, "f32"),   # F(4x4), three panels, whole blocks
     (2, 24, 20, 14, 26, "f32"),   # F(2x2), rows of 13 tiles back to back
+    (1, 32, 40, 36, 40, "f16"),   # f16 kernels gathered 16 x 16 in registers, a partial third panel
+    (1, 48, 16, 10, 20, "f16"),   # the same for F(2x2)
 ])
 def test_avx512_path_gives_the_avx2_bits(mgr, n, ic, oc, h, w, wdtype) -> None:
     """The AVX-512 micro-kernel (16 channels x 16 tiles) and transforms sum every product in the

@@ -556,63 +556,162 @@ const float kG4[6][3] = {{0.25f, 0, 0},
                          {0, 0, 1}};
 
 // panel[e][ic][0..16) = (G g G^T)[e] for the 16 kernels g = gt[ic][0..9)[lane] (P points per axis).
-template <int P>
-void pack_panel(const float *gt, const float (*G)[3], int64_t IC, float *panel) {
-    for (int64_t ic = 0; ic < IC; ++ic) {
-        const float *k = gt + ic * 9 * L;  // k[(row * 3 + col) * 16 + lane]
-        float q[P][3][L];                  // G g
-        for (int r = 0; r < P; ++r)
-            for (int c = 0; c < 3; ++c)
-                for (int l = 0; l < L; ++l)
-                    q[r][c][l] = G[r][0] * k[c * L + l] + G[r][1] * k[(3 + c) * L + l] + G[r][2] * k[(6 + c) * L + l];
-        for (int r = 0; r < P; ++r)  // (G g) G^T
-            for (int c = 0; c < P; ++c) {
-                float *o = panel + ((r * P + c) * IC + ic) * L;
-                // streamed past the caches: U is larger than them at the VAE's widths, and ordinary
-                // stores would read each line first (the pack took 2x the time, 8% of a 256 px decode)
-                alignas(16) float t[L];
-                for (int l = 0; l < L; ++l) t[l] = q[r][0][l] * G[c][0] + q[r][1][l] * G[c][1] + q[r][2][l] * G[c][2];
-#ifdef SDPLAN_WINO_X86
-                for (int l = 0; l < L; l += 4) _mm_stream_ps(o + l, _mm_load_ps(t + l));
-#else
-                std::memcpy(o, t, sizeof t);
-#endif
+// Per chunk of input channels, each row r of G g is formed for the chunk, then each point
+// (r, c) is written as one run of the chunk's channels: the P * P output streams (IC * 64 bytes
+// apart) are filled kChunk lines at a time. Written one line per stream in turn (and gathered
+// with scalar stores) the pack of a 1280-channel kernel took 46-52 ms inside SDXL's UNet against
+// 10.6 now (2 threads, Zen 4: the 236 MB of U at about the memory's write rate).
+template <int ISA, int P>
+SDPLAN_WINO_INLINE void pack_panel(const float *gt, const float (*G)[3], int64_t IC, float *panel) {
+    constexpr int64_t kChunk = 256;
+    alignas(64) float q[kChunk][3][L];  // row r of G g for the chunk's channels
+    for (int64_t ic0 = 0; ic0 < IC; ic0 += kChunk) {
+        const int64_t n = std::min(kChunk, IC - ic0);
+        for (int r = 0; r < P; ++r) {
+            const float g0 = G[r][0], g1 = G[r][1], g2 = G[r][2];
+            for (int64_t i = 0; i < n; ++i) {
+                const float *k = gt + (ic0 + i) * 9 * L;  // k[(row * 3 + col) * 16 + lane]
+                for (int c = 0; c < 3; ++c) {
+                    SDPLAN_WINO_IVDEP
+                    for (int l = 0; l < L; ++l) q[i][c][l] = g0 * k[c * L + l] + g1 * k[(3 + c) * L + l] + g2 * k[(6 + c) * L + l];
+                }
             }
+            for (int c = 0; c < P; ++c) {  // (G g) G^T
+                const float h0 = G[c][0], h1 = G[c][1], h2 = G[c][2];
+                float *o = panel + ((r * P + c) * IC + ic0) * L;
+                for (int64_t i = 0; i < n; ++i, o += L) {
+                    // streamed past the caches: U is larger than them at the VAE's widths, and ordinary
+                    // stores would read each line first (the pack took 2x the time, 8% of a 256 px decode)
+                    alignas(64) float t[L];
+                    SDPLAN_WINO_IVDEP
+                    for (int l = 0; l < L; ++l) t[l] = q[i][0][l] * h0 + q[i][1][l] * h1 + q[i][2][l] * h2;
+#ifdef SDPLAN_WINO_X86
+                    for (int l = 0; l < L; l += 4) _mm_stream_ps(o + l, _mm_load_ps(t + l));
+#else
+                    std::memcpy(o, t, sizeof t);
+#endif
+                }
+            }
+        }
     }
 }
 
-}  // namespace
+// Row i of output channel oc of the kernel as f32 (its 9 * IC values; zeros past OC).
+SDPLAN_WINO_INLINE void kernel_row(const ggml_tensor *w, int64_t oc, float *row) {
+    const int64_t n = 9 * w->ne[2];
+    if (oc >= w->ne[3]) {
+        std::fill(row, row + n, 0.0f);
+        return;
+    }
+    const char *src = (const char *)w->data + oc * w->nb[3];
+    if (w->type == GGML_TYPE_F16) ggml_cpu_fp16_to_fp32((const ggml_fp16_t *)src, row, n);
+    else std::memcpy(row, src, (size_t)n * sizeof(float));
+}
 
-void wino_pack_kernel(ggml_tensor *dst, int ith, int nth, void *) {
-    // threads split the panels of 16 output channels; per panel the 16 kernels are read once
-    // into f32 with the lanes innermost (gt[ic][9][lane]), then transformed across the lanes
+#ifdef SDPLAN_WINO_X86
+// Transpose the 16 x 16 floats r[row][col] in place (r[c] then holds column c): 4x4 blocks by
+// unpacking pairs of rows (ps, then pd), then the 128-bit lanes by two rounds of shuffle_f32x4.
+__attribute__((target("avx512f"))) inline void transpose16(__m512 r[16]) {
+    __m512 t[16], u[16];
+    for (int k = 0; k < 8; ++k) {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);  // per lane j: r0[4j], r1[4j], r0[4j+1], r1[4j+1]
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 4; ++k) {  // u[4k + c], lane j: column 4j + c of rows 4k..4k+3
+        const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 2]);
+        const __m512d c = _mm512_castps_pd(t[4 * k + 1]), d = _mm512_castps_pd(t[4 * k + 3]);
+        u[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        u[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        u[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+        u[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    }
+    for (int c = 0; c < 4; ++c) {
+        const __m512 a = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), b = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
+        const __m512 d = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88), e = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
+        r[c] = _mm512_shuffle_f32x4(a, d, 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(a, d, 0xdd);
+        r[4 + c] = _mm512_shuffle_f32x4(b, e, 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(b, e, 0xdd);
+    }
+}
+
+// gt[i][lane] = f16 row `lane` (16 rows `stride` bytes apart from base) at i < n, n a multiple
+// of 16: 16 columns of the 16 rows at a time, converted and transposed in registers.
+__attribute__((target("avx512f,avx2,f16c"))) void gather_f16_avx512(const char *base, size_t stride, int64_t n,
+                                                                   float *gt) {
+    for (int64_t i = 0; i < n; i += L) {
+        __m512 r[16];
+        for (int l = 0; l < L; ++l)
+            r[l] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(base + l * stride) + i / L));
+        transpose16(r);
+        for (int j = 0; j < L; ++j) _mm512_storeu_ps(gt + (i + j) * L, r[j]);
+    }
+}
+#endif
+
+// gt[i][lane] = kernel row i of output channel 16 * ocb + lane, i < 9 * IC.
+template <int ISA>
+SDPLAN_WINO_INLINE void gather_panel(const ggml_tensor *w, int64_t ocb, float *gt, std::vector<float> &row) {
+    const int64_t n = 9 * w->ne[2];
+#ifdef SDPLAN_WINO_X86
+    if (ISA == kIsaAvx512 && w->type == GGML_TYPE_F16 && (ocb + 1) * L <= w->ne[3] && n % L == 0) {
+        gather_f16_avx512((const char *)w->data + ocb * L * w->nb[3], w->nb[3], n, gt);
+        return;
+    }
+#endif
+    row.resize((size_t)n);
+    for (int64_t lane = 0; lane < L; ++lane) {
+        kernel_row(w, ocb * L + lane, row.data());
+        for (int64_t i = 0; i < n; ++i) gt[i * L + lane] = row[i];
+    }
+}
+
+// threads split the panels of 16 output channels; per panel the 16 kernels are read once into
+// f32 with the lanes innermost (gt[ic][9][lane]), then transformed across the lanes
+template <int ISA>
+SDPLAN_WINO_INLINE void pack_body(ggml_tensor *dst, int ith, int nth) {
     const ggml_tensor *w = dst->src[0];
-    const int64_t IC = w->ne[2], OC = w->ne[3], E = dst->ne[2], OCB = dst->ne[3];
+    const int64_t IC = w->ne[2], E = dst->ne[2], OCB = dst->ne[3];
     const int64_t per = (OCB + nth - 1) / nth;
     const int64_t p0 = per * ith, p1 = std::min(OCB, p0 + per);
     float *U = (float *)dst->data;
-    thread_local std::vector<float> row, gt;
-    row.resize((size_t)9 * IC);
-    gt.resize((size_t)L * 9 * IC);
+    thread_local std::vector<float> row, gt_buf;
+    float *gt = aligned(gt_buf, L * 9 * IC);
     for (int64_t ocb = p0; ocb < p1; ++ocb) {
-        for (int64_t lane = 0; lane < L; ++lane) {
-            const int64_t oc = ocb * L + lane;
-            if (oc >= OC) {
-                std::fill(row.begin(), row.end(), 0.0f);
-            } else {
-                const char *src = (const char *)w->data + oc * w->nb[3];
-                if (w->type == GGML_TYPE_F16) ggml_cpu_fp16_to_fp32((const ggml_fp16_t *)src, row.data(), 9 * IC);
-                else std::memcpy(row.data(), src, (size_t)9 * IC * sizeof(float));
-            }
-            for (int64_t i = 0; i < 9 * IC; ++i) gt[i * L + lane] = row[i];
-        }
+        gather_panel<ISA>(w, ocb, gt, row);
         float *panel = U + ocb * E * IC * L;
-        if (E == 36) pack_panel<6>(gt.data(), kG4, IC, panel);
-        else pack_panel<4>(gt.data(), kG2, IC, panel);
+        if (E == 36) pack_panel<ISA, 6>(gt, kG4, IC, panel);
+        else pack_panel<ISA, 4>(gt, kG2, IC, panel);
     }
 #ifdef SDPLAN_WINO_X86
     _mm_sfence();  // the streamed stores are visible before the convolution reads them
 #endif
+}
+
+#ifdef SDPLAN_WINO_X86
+__attribute__((target("avx512f,avx2,fma,f16c"))) void pack_avx512(ggml_tensor *dst, int ith, int nth) {
+    pack_body<kIsaAvx512>(dst, ith, nth);
+}
+
+__attribute__((target("avx2,fma,f16c"))) void pack_avx2(ggml_tensor *dst, int ith, int nth) {
+    pack_body<kIsaAvx2>(dst, ith, nth);
+}
+#endif
+
+}  // namespace
+
+void wino_pack_kernel(ggml_tensor *dst, int ith, int nth, void *) {
+#ifdef SDPLAN_WINO_X86
+    if (wino_avx512()) {
+        pack_avx512(dst, ith, nth);
+        return;
+    }
+    if (wino_fast_cpu()) {
+        pack_avx2(dst, ith, nth);
+        return;
+    }
+#endif
+    pack_body<kIsaGeneric>(dst, ith, nth);
 }
 
 void wino_conv(ggml_tensor *dst, int ith, int nth, void *) {
