@@ -86,19 +86,25 @@ PROMPT = "a lighthouse on a cliff at sunset, oil painting"
 # --------------------------------------------------------------------------- sdplan worker
 
 
-def sdplan_worker(argv: list[str]) -> dict[str, Any]:
-    """Run ``sdplan generate argv --in-process`` here, timing every ModuleRunner call."""
-    from sdplan.core.runtime import runner as R
-
+def time_runners(cls: Any) -> tuple[dict[str, float], dict[str, int]]:
+    """Wrap ``cls.run`` and ``cls._load`` (a ModuleRunner class) to time them: returns the dicts
+    they fill, seconds and calls per runner name. ``acc`` gets each runner's run seconds under
+    its name, every load under ``@load``, and the loads that came inside that runner's own run
+    (run-scoped weights) also under ``@load:NAME`` (:func:`sdplan_parts` takes those out of the
+    run). A load outside any run (a pipeline entering a runner's session before its runs, as
+    SD3's conditioner does) is counted in ``@load`` alone: it is not part of a run's time."""
     acc: dict[str, float] = {}
     calls: dict[str, int] = {}
-    run0, load0 = R.ModuleRunner.run, R.ModuleRunner._load
+    run0, load0 = cls.run, cls._load
+    running: set[int] = set()  # the runners inside a run now
 
     def run(self: Any, inputs: Any) -> Any:
         t0 = time.perf_counter()
+        running.add(id(self))
         try:
             return run0(self, inputs)
         finally:
+            running.discard(id(self))
             acc[self.name] = acc.get(self.name, 0.0) + time.perf_counter() - t0
             calls[self.name] = calls.get(self.name, 0) + 1
 
@@ -109,9 +115,18 @@ def sdplan_worker(argv: list[str]) -> dict[str, Any]:
         finally:
             dt = time.perf_counter() - t0
             acc["@load"] = acc.get("@load", 0.0) + dt
-            acc["@load:" + self.name] = acc.get("@load:" + self.name, 0.0) + dt  # inside its run
+            if id(self) in running:  # inside the module's own run: taken out of that run's time
+                acc["@load:" + self.name] = acc.get("@load:" + self.name, 0.0) + dt
 
-    R.ModuleRunner.run, R.ModuleRunner._load = run, load  # type: ignore[method-assign]
+    cls.run, cls._load = run, load
+    return acc, calls
+
+
+def sdplan_worker(argv: list[str]) -> dict[str, Any]:
+    """Run ``sdplan generate argv --in-process`` here, timing every ModuleRunner call."""
+    from sdplan.core.runtime import runner as R
+
+    acc, calls = time_runners(R.ModuleRunner)
     if os.environ.get("BENCH_NO_PAGE_CACHE_ADVICE"):  # --no-page-cache-advice: as before the advice
         from sdplan.core.runtime.weights import WeightFile
 

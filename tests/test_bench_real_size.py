@@ -120,6 +120,37 @@ def test_sdplan_parts_split_the_runs() -> None:
     assert got == {"text": 0.5, "step": 1.5, "decode": 0.5, "load": 2.75, "whole": 10.0, "peak_rss": 3 << 30}
 
 
+def test_loads_outside_a_run_are_not_taken_out_of_it(monkeypatch) -> None:
+    """A runner's weights loaded when a pipeline enters its session before the runs (SD3's
+    conditioner) count in load alone; a load inside its own run is taken out of that run."""
+    clock = [0.0]
+    monkeypatch.setattr(brs.time, "perf_counter", lambda: clock[0])
+
+    class Runner:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def _load(self, seconds: float) -> None:
+            clock[0] += seconds
+
+        def run(self, inputs: dict) -> None:
+            if inputs.get("cold"):
+                self._load(2.0)
+            clock[0] += inputs["compute"]
+
+    acc, calls = brs.time_runners(Runner)
+    t5 = Runner("t5xxl")
+    t5._load(3.0)                            # the session entered before the runs
+    t5.run({"compute": 1.5})
+    t5.run({"compute": 1.5})
+    vae = Runner("vae")
+    vae.run({"compute": 0.5, "cold": True})  # run-scoped weights, loaded in the run
+    assert acc == {"@load": 5.0, "t5xxl": 3.0, "@load:vae": 2.0, "vae": 2.5}
+    assert calls == {"t5xxl": 2, "vae": 1}
+    got = brs.sdplan_parts({"whole": 10.0, "peak_rss": 1, "runs": acc}, steps=1)
+    assert (got["text"], got["decode"], got["load"]) == (3.0, 0.5, 5.0)
+
+
 def test_an_sdcli_killed_in_its_decode_keeps_the_phases_it_finished(tmp_path: Path, capsys) -> None:
     """sd-cli killed by the kernel in its decode (out of memory): its text and step stay in the
     row, its decode and whole time are not measured, and the script goes on."""
