@@ -107,7 +107,53 @@ def test_an_engine_child_is_prestarted_only_for_an_isolated_generate(argv: list[
     preload = cli.engine_preload(argv)
     assert bool(preload) == wanted
     if wanted:
-        assert preload == ("sdplan.core.pipelines.jobs", "sdplan.core.pipelines.compute")
+        assert preload[:2] == ("sdplan.core.pipelines.jobs", "sdplan.core.pipelines.compute")
+
+
+@pytest.mark.parametrize(("argv", "warm"), [
+    (["generate", "--demo", "-p", "x"], True),
+    (["generate", "-m", "sd15.safetensors", "-p", "x"], True),
+    (["generate", "--model=sdxl.safetensors", "-p", "x"], True),
+    (["generate", "--diffusion-model", "f.gguf", "--clip_l", "l.safetensors", "-p", "x"], True),
+    (["generate", "--diffusion-model", "z.safetensors", "--llm", "q.safetensors", "-p", "x"], False),
+])
+def test_the_child_of_a_clip_model_builds_its_tokenizer_while_the_command_starts(argv: list[str],
+                                                                                warm: bool) -> None:
+    """A command line naming a model with CLIP (the demo, a checkpoint, CLIP-L/G files) has the
+    engine child build the CLIP tokenizer after its imports; one naming only an LLM does not."""
+    preload = cli.engine_preload(argv)
+    assert ("sdplan.core.text.clip_tokenizer:warm" in preload) == warm
+
+
+def test_a_preload_warm_up_runs_in_the_child_before_its_first_job(tmp_path: Path) -> None:
+    """``--preload module:function`` imports the module and calls the function before the
+    child serves jobs (no job is sent here); a failing warm-up does not stop the child."""
+    marker = tmp_path / "warmed"
+    (tmp_path / "warmmark.py").write_text(
+        f"import pathlib\ndef mark():\n    pathlib.Path({str(marker)!r}).write_text('yes')\n"
+        "def broken():\n    raise RuntimeError('no')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    child = prestart.spawn(env, ["warmmark:broken", "warmmark:mark"])
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.05)
+        assert marker.read_text() == "yes"
+        assert child.poll() is None  # still serving
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()  # the end of input: the child exits
+        child.wait(30)
+
+
+def test_warm_builds_the_clip_tokenizer_once() -> None:
+    from sdplan.core.text import clip_tokenizer
+
+    clip_tokenizer._backend.cache_clear()
+    clip_tokenizer.warm()
+    assert clip_tokenizer._backend.cache_info().currsize == 1
+    assert clip_tokenizer.ClipTokenizer().encode("a red circle") == [320, 736, 7117]
+    assert clip_tokenizer._backend.cache_info().hits >= 1
 
 
 @pytest.fixture

@@ -172,7 +172,9 @@ def child_main(argv: Sequence[str] = ()) -> int:
     """Entry of the child process: with ``--parent PID`` end with that process
     (:func:`_end_with_parent`), with ``--name NAME`` take that process name (a forked child:
     :func:`sdplan.core.runtime.prestart.fork_engine`), import the ``--preload`` modules
-    (comma-separated) of ``argv``, then serve jobs until ``quit``. The end of input without
+    (comma-separated) of ``argv`` (an entry ``module:function`` also calls that function of
+    the module, without arguments: a warm-up such as building a tokenizer), then serve jobs
+    until ``quit``. The end of input without
     ``quit`` means the parent is gone: the child exits at once, also in the middle of a job."""
     opts = dict(zip(argv[::2], argv[1::2], strict=False))  # "--name value" pairs
     if "--name" in opts:
@@ -208,8 +210,11 @@ def child_main(argv: Sequence[str] = ()) -> int:
     threading.Thread(target=reader, daemon=True).start()
     if "--preload" in opts:
         for name in opts["--preload"].split(","):
+            mod_name, _, func = name.partition(":")
             try:
-                importlib.import_module(name)
+                mod = importlib.import_module(mod_name)
+                if func:  # "module:function": a warm-up the first job would otherwise pay
+                    getattr(mod, func)()
             except Exception:  # the job that needs it reports the error
                 log.debug("preload of %s failed", name, exc_info=True)
     first = True
