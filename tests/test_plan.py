@@ -393,9 +393,13 @@ def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -
     inv_file.write_text(json.dumps(INV.to_json()))
     seen: dict = {}
 
-    def fake_profile(flags):
+    class FakeModels:
+        def profile(self) -> Profile:
+            return Profile({"diffusion": ModuleProfile((GIB,) * 4, 0)})
+
+    def fake_read(flags):
         seen["flags"] = flags
-        return Profile({"diffusion": ModuleProfile((GIB,) * 4, 0)})
+        return FakeModels()
 
     class Fit:
         def __init__(self, **kw: object) -> None:
@@ -411,7 +415,7 @@ def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -
 
     from sdplan.core.commands import options
 
-    monkeypatch.setattr(options, "profile_from_model_flags", fake_profile)
+    monkeypatch.setattr(options, "read_checked", fake_read)
     monkeypatch.setattr(plan_cmd, "estimate_plan", fake_estimate)
     assert cli.main(["plan", "--devices", str(inv_file), "--diffusion-model", "f.gguf",
                      "--clip_l", "c.sft", "--t5xxl", "t.gguf", "--backend",

@@ -134,8 +134,9 @@ def test_plan_prices_the_familys_defaults_where_steps_cfg_and_sampler_are_not_gi
 def test_plan_names_why_it_could_not_count_the_graphs_and_refuses_a_size_generate_refuses(tmp_path) -> None:
     """``sdplan plan`` with a FLUX.1 autoencoder given to FLUX.2 klein said only that the family
     had no count; a klein set without its VAE priced no decode in silence; ``-W 100`` planned
-    and predicted a size generate refuses. Now the notes name the file at fault or the file
-    missing, and the size is a one-line error naming -W/-H."""
+    and predicted a size generate refuses. Now the autoencoder is refused in generate's line
+    naming --vae and the file (a set generate cannot run is not planned), the notes name the
+    file missing, and the size is a one-line error naming -W/-H."""
     from flux2_util import AE, DIT, write_llm
     from sdplan.core.cli import main
 
@@ -152,7 +153,9 @@ def test_plan_names_why_it_could_not_count_the_graphs_and_refuses_a_size_generat
         return rc, out.getvalue() + err.getvalue()
 
     rc, text = plan("--vae", str(fix / "flux_ae_tiny.safetensors"))
-    assert rc == 0 and "cannot build FLUX.2 klein's graphs" in text and "flux_ae_tiny.safetensors" in text
+    assert rc == 2 and text.splitlines() == [
+        f"error [invalid_model_file]: {fix / 'flux_ae_tiny.safetensors'}: --vae: a FLUX.1 or SD3 autoencoder "
+        "(16 latent channels); FLUX.2 klein needs the FLUX.2 autoencoder (32 latent channels)"], text
     rc, text = plan()
     assert rc == 0 and "FLUX.2 klein needs" in text and "--vae" in text
     rc, text = plan("--vae", str(AE))

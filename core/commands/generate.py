@@ -226,16 +226,15 @@ def read_models(files: dict[str, list[str]]) -> Any:
     """The model files' headers (:func:`sdplan.core.modelfiles.checkpoint.read_model_files`
     of every file but ``--taesd``/``--upscale-model``, which the engine reads later: here
     they are only checked to be regular files): the family, the profile, the metadata.
-    Raises ModelFileError as it does."""
-    from sdplan.core.modelfiles.checkpoint import read_model_files
-    from sdplan.core.modelfiles.file_roles import check_file_roles, check_files
+    Raises ModelFileError as it does and as ``sdplan plan``'s check of the files does
+    (:func:`sdplan.core.modelfiles.file_roles.read_checked`)."""
+    from sdplan.core.modelfiles.file_roles import read_checked
     from sdplan.core.modelfiles.readers import check_model_file
 
     late = ("taesd", "upscale_model")
     for path in (p for key in late for p in files.get(key, ())):
         check_model_file(path)
-    check_file_roles(files)  # an encoder or VAE flag given another kind of file
-    return check_files(read_model_files({k: v for k, v in files.items() if k not in late}), files)
+    return read_checked({k: v for k, v in files.items() if k not in late})
 
 
 def _profile(files: dict[str, list[str]]) -> Any:

@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 
 from sdplan.core.errors import PlanError
-from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+from sdplan.core.modelfiles.file_roles import read_checked
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.plan import PlanWarning
 from sdplan.core.planning.profile import Profile
@@ -29,11 +29,13 @@ def add_source_arguments(p: argparse.ArgumentParser) -> None:
 def profile_from_args(args: argparse.Namespace,
                       model_files: Mapping[str, Sequence[str]] | None = None) -> Profile | None:
     """The model profile the options and model files name: ``--model-profile``, else
-    ``--profile``, else the files' (headers only), else None.
+    ``--profile``, else the files' (headers only, checked as ``sdplan generate`` checks them:
+    :func:`sdplan.core.modelfiles.file_roles.read_checked`), else None.
 
     Raises:
         PlanError: ``conflicting_model_sources`` when more than one source is given.
-        ModelFileError: an unreadable profile or model file, an unknown built-in name.
+        ModelFileError: an unreadable profile or model file, an unknown built-in name, a
+            file of another kind than its flag takes or files that do not fit together.
     """
     builtin = getattr(args, "model_profile", None)
     given = getattr(args, "profile", None)
@@ -45,7 +47,8 @@ def profile_from_args(args: argparse.Namespace,
         from sdplan.core.planning.builtin_profiles import load_profile_option  # package data
 
         return load_profile_option(given, builtin)
-    return profile_from_model_flags(model_files) if model_files else None
+    # the files checked as generate checks them: a set it refuses is not planned
+    return read_checked(model_files).profile() if model_files else None
 
 
 def load_inventory(path: str | None, rpc_servers: Sequence[str] = ()) -> tuple[Inventory, list[PlanWarning]]:

@@ -37,7 +37,7 @@ CHROMA = Family(
                        o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE, o.HIRES}),
     sampling="flow", defaults=Defaults(4.0, 20, "euler"),
     sizes=FLUX_SIZES, size_rule="patch8", latent_format="flux_ae",
-    companions=Companions(("t5xxl",), 16, 1024),
+    companions=Companions(("t5xxl",), 16, 1024, autoencoder="FLUX.1"),
     variant_companions={"radiance": Companions(("t5xxl",), None, 1024)},
     compute=ComputeShape("dit", 24, 3072, 512),
     lora_names="flux", pipeline="sdplan.core.pipelines.chroma.generate:generate",

@@ -70,6 +70,9 @@ class Companions:
         size: the image side (pixels) its fit is estimated at.
         prefers, avoids: text in a companion's file name that ranks it first (SDXL: ``xl``)
             or last (the others: ``xl``, an SDXL file of the same latent channels).
+        autoencoder: its autoencoder's name for people (``FLUX.2``), in the refusal of a
+            ``--vae`` of other latent channels
+            (:func:`sdplan.core.modelfiles.file_sets.check_companions`); empty: unnamed.
     """
 
     encoders: tuple[str, ...]
@@ -77,6 +80,7 @@ class Companions:
     size: int
     prefers: str = ""
     avoids: str = "xl"
+    autoencoder: str = ""
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,15 @@ class Family:
             loaded by sd-cli (its graph does not use them) nor by sdplan's engine, so the plan
             does not count them. FLUX.2 klein: 9, 18, 27; FLUX.2 dev: 10, 20, 30; Z-Image:
             -2; Qwen-Image: the final state.
+        text_width: the DiT tensors (either naming, without ``model.diffusion_model.``) whose
+            last dimension is the width of the text states it takes: its LLM encoder's hidden
+            width times the states it reads (:attr:`llm_layers`; one when empty). A ``--llm``
+            of another width, or without a state it reads, is refused from the headers before
+            anything loads (:func:`sdplan.core.modelfiles.file_sets.check_companions`); empty:
+            not checked. Z-Image: ``cap_embedder.1.weight`` (its caption width); FLUX.2 and
+            Qwen-Image: ``txt_in.weight`` (diffusers: ``context_embedder.weight``).
+        llm_widths: the LLM encoders it is published with, by hidden width
+            (``{2560: "Qwen3-4B"}``), named in that refusal.
     """
 
     name: str
@@ -234,6 +247,8 @@ class Family:
     vision_refs: bool = False
     file_check: str | None = None
     llm_layers: tuple[int, ...] = ()
+    text_width: tuple[str, ...] = ()
+    llm_widths: Mapping[int, str] = field(default_factory=dict)
 
     def check_files(self, files: Mapping[str, Sequence[str]]) -> None:
         """Run the family's :attr:`file_check` on ``files`` (sd-cli's flag keys -> paths), where

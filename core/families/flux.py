@@ -65,7 +65,7 @@ FLUX = Family(
     sampling="flow", defaults=Defaults(1.0, 20, "euler", guidance=3.5),
     variant_defaults={"schnell": Defaults(1.0, 4, "euler", guidance=3.5)},
     sizes=FLUX_SIZES, size_rule="patch8", latent_format="flux_ae",
-    companions=Companions(("clip_l", "t5xxl"), 16, 1024),
+    companions=Companions(("clip_l", "t5xxl"), 16, 1024, autoencoder="FLUX.1"),
     compute=ComputeShape("dit", 24, 3072, 512),
     variant_compute={"schnell": ComputeShape("dit", 24, 3072, 256)},
     lora_names="flux", pipeline="sdplan.core.pipelines.flux.generate:generate",

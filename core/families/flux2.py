@@ -31,6 +31,8 @@ from sdplan.core.families.tensors import count_blocks, llm_family
 FLUX2_MARKERS = ("double_stream_modulation_img.lin.weight", "double_stream_modulation_img.linear.weight")
 #: FLUX.2 klein variants by DiT width: (variant, text encoder).
 KLEIN_WIDTHS = {3072: ("4b", "Qwen3-4B"), 4096: ("9b", "Qwen3-8B")}
+#: The DiT's text input (BFL, diffusers names): three LLM states side by side.
+TEXT_WIDTH = ("txt_in.weight", "context_embedder.weight")
 #: Mistral-Small-3.x's vision tower (Pixtral) and projector: not the text encoder's blocks.
 _PIXTRAL = re.compile(r"(?:^|\.)(?:vision_tower|multi_modal_projector)\.")
 
@@ -82,9 +84,10 @@ FLUX2_KLEIN = Family(
                        o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
     sampling="flow", defaults=Defaults(1.0, 4, "euler"),
     size_rule="patch8", latent_format="flux2_ae", vae_scale=16,
-    companions=Companions(("llm",), 32, 1024, avoids="mistral"),
+    companions=Companions(("llm",), 32, 1024, avoids="mistral", autoencoder="FLUX.2"),
     compute=ComputeShape("dit", 24, 3072, 512),
     variant_compute={"9b": ComputeShape("dit", 32, 4096, 512)}, llm_layers=(9, 18, 27),
+    text_width=TEXT_WIDTH, llm_widths={2560: "Qwen3-4B", 4096: "Qwen3-8B"},
     pipeline="sdplan.core.pipelines.flux2.generate:generate",
     work="sdplan.core.pipelines.flux2.work:klein_work")
 
@@ -95,8 +98,9 @@ FLUX2_DEV = Family(
                        o.RNG, o.SAMPLER_RNG, o.EXTRA_SAMPLE_ARGS, o.REF_IMAGES, o.TAESD,
                        o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE}),
     sampling="flow", defaults=Defaults(1.0, 20, "euler"), size_rule="patch8",
-    latent_format="flux2_ae", vae_scale=16, companions=Companions(("llm",), 32, 1024, prefers="mistral", avoids=""),
+    latent_format="flux2_ae", vae_scale=16, companions=Companions(("llm",), 32, 1024, prefers="mistral", avoids="", autoencoder="FLUX.2"),
     compute=ComputeShape("dit", 48, 6144, 512), llm_layers=(10, 20, 30),
+    text_width=TEXT_WIDTH, llm_widths={5120: "Mistral-Small-3.2"},
     pipeline="sdplan.core.pipelines.flux2_dev.generate:generate",
     dry_run="sdplan.core.pipelines.flux2_dev.generate:measure",
     work="sdplan.core.pipelines.flux2.work:dev_work")

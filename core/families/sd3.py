@@ -50,7 +50,7 @@ SD3 = Family(
     sampling="flow", defaults=Defaults(4.5, 20, "euler", clip_skip=2),
     sizes=((1024, 1024), (1216, 832), (832, 1216), (1344, 768), (768, 1344)),
     size_rule="patch", latent_format="sd3_ae",
-    companions=Companions(("clip_l", "clip_g", "t5xxl"), 16, 1024),
+    companions=Companions(("clip_l", "clip_g", "t5xxl"), 16, 1024, autoencoder="SD3"),
     compute=ComputeShape("dit", 24, 1536, 154, te_tokens=77),
     variant_compute={"large": ComputeShape("dit", 38, 2432, 154, te_tokens=77)},
     pipeline="sdplan.core.pipelines.sd3.generate:generate",

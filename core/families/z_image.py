@@ -49,8 +49,9 @@ Z_IMAGE = Family(
                        o.TAESD_DECODE, o.VAE_TILING, o.UPSCALE, o.HIRES}),
     sampling="flow", defaults=Defaults(1.0, 8, "euler"),
     sizes=FLUX_SIZES, size_rule="patch8", latent_format="flux_ae",
-    companions=Companions(("llm",), 16, 1024),
+    companions=Companions(("llm",), 16, 1024, autoencoder="FLUX.1"),
     compute=ComputeShape("dit", 30, 3840, 512), llm_layers=(-2,),
+    text_width=("cap_embedder.1.weight",), llm_widths={2560: "Qwen3-4B"},
     pipeline="sdplan.core.pipelines.z_image.generate:generate",
     work="sdplan.core.pipelines.z_image.work:work")
 

@@ -329,7 +329,7 @@ def read_model_files(flags: Mapping[str, Sequence[str | Path]]) -> ModelSet:
             if comp is not None:
                 cls, ign = _classify_component(tf, comp)
             elif module is None:
-                cls, ign = _classify_checkpoint(tf)
+                cls, ign = classify_checkpoint(tf)
             else:
                 enc = encoder
                 if module == "te" and enc is None:
@@ -493,10 +493,12 @@ def _detect_encoder(tf: TensorFile) -> str | None:
     return None
 
 
-def _classify_checkpoint(tf: TensorFile
+def classify_checkpoint(tf: TensorFile
                          ) -> tuple[list[tuple[TensorInfo, str, str | None]],
                                     list[tuple[TensorInfo, str]]]:
-    """A ``-m`` file: prefixed single-file layout, else one standalone module."""
+    """A ``-m`` file's tensors as ``(tensor, module, encoder)`` (the prefixed single-file
+    layout, else one standalone module) and the ``(tensor, reason)`` sd-cli does not load.
+    Raises ModelFileError when no name is in a known layout."""
     cls: list[tuple[TensorInfo, str, str | None]] = []
     rest: list[TensorInfo] = []
     for t in tf.tensors:

@@ -336,7 +336,7 @@ def classify_file(tf: TensorFile) -> ModelSet:
     """
     if not tf.tensors:
         raise ModelFileError(tf.path, "not a model: the file holds no tensors")
-    cls, ignored = _ckpt._classify_checkpoint(tf)
+    cls, ignored = _ckpt.classify_checkpoint(tf)
     tensors = [ModelTensor(t, m, e) for t, m, e in cls]
     _ckpt._check_duplicates(tensors)
     dominant = _ckpt._dominant(tensors)

@@ -158,7 +158,7 @@ class KleinPipeline(FlowDiTPipeline):
     Raises:
         ModelLayoutError / ModelFileError: files that are not the expected models (an
             autoencoder without ``bn`` statistics, a TAE that is not TAEF2 included).
-        SdplanError: an encoder with fewer than 27 blocks or whose width does not fit the DiT.
+        ModelFileError: an encoder with fewer than 27 blocks or whose width does not fit the DiT.
         EngineError: a device without a backend, or memory that cannot be allocated.
     """
 
@@ -175,11 +175,11 @@ class KleinPipeline(FlowDiTPipeline):
         cfg = self._llm_config(models.llm)
         layers = self.out_layers
         if cfg.n_blocks < max(layers):
-            raise SdplanError(f"{models.llm}: {self.title} takes the states after blocks {layers}; "
-                              f"this encoder has {cfg.n_blocks} blocks")
+            raise ModelFileError(models.llm, f"{self.title} takes the states after blocks {layers}; "
+                                             f"this encoder has {cfg.n_blocks} blocks")
         if len(layers) * cfg.hidden != self.dit.cfg.context:
-            raise SdplanError(f"{models.llm}: {len(layers)} states of width {cfg.hidden} do not fit the DiT's "
-                              f"text width {self.dit.cfg.context} ({self.encoders})")
+            raise ModelFileError(models.llm, f"{len(layers)} states of width {cfg.hidden} do not fit the DiT's "
+                                             f"text width {self.dit.cfg.context} ({self.encoders})")
         #: the distilled guidance of the DiT's guidance embedder (FLUX.2 dev; klein has none)
         self.guidance: float | None = None
         mean, var = _read_vector(models.vae, "bn.running_mean"), _read_vector(models.vae, "bn.running_var")

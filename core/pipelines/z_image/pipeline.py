@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sdplan.core.errors import SdplanError
+from sdplan.core.errors import ModelFileError, SdplanError
 from sdplan.core.families import family, generation_defaults
 from sdplan.core.models.llm import LLMEncoder, llm_config
 from sdplan.core.models.z_image import ZImageDiT, unpatchify
@@ -77,7 +77,9 @@ class ZImagePipeline(FlowDiTPipeline):
 
     Raises:
         ModelLayoutError / ModelFileError: files that are not the expected models.
-        SdplanError: an encoder whose width is not the DiT's caption width.
+        ModelFileError: an encoder whose width is not the DiT's caption width (``sdplan plan``
+            and ``generate`` refuse it from the headers first:
+            :mod:`sdplan.core.modelfiles.file_sets`).
         EngineError: a device without a backend, or memory that cannot be allocated.
     """
 
@@ -92,8 +94,8 @@ class ZImagePipeline(FlowDiTPipeline):
         self.dit = ZImageDiT.from_weights(_shapes(models.diffusion_model), models.axes, flash)
         cfg = llm_config(_shapes(models.llm))
         if cfg.hidden != self.dit.cfg.context:
-            raise SdplanError(f"{models.llm}: the text encoder's width {cfg.hidden} is not the Z-Image "
-                              f"DiT's caption width {self.dit.cfg.context}")
+            raise ModelFileError(models.llm, f"the text encoder's width {cfg.hidden} is not the Z-Image "
+                                             f"DiT's caption width {self.dit.cfg.context}")
         self.llm = LLMEncoder(cfg, family("z_image").llm_out_layers(cfg.n_blocks))  # hidden_states[-2]
         self.tokenizer = BPETokenizer.from_gguf(models.llm) if is_gguf(models.llm) else BPETokenizer.qwen()
         pads = {self.dit.cfg.prefix + n: "f32" for n in ("x_pad_token", "cap_pad_token")}
