@@ -45,6 +45,15 @@ COUNTED = ("te", "diffusion", "controlnet", "vae")
 log = logging.getLogger(__name__)
 
 
+def input_shapes(inputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Input name -> shape (a tuple of ints) of a graph's input arrays (a model's ``inputs(...)``:
+    numpy arrays of any dtype, or anything with a ``shape``): what
+    :meth:`~sdplan.core.runtime.runner.ModuleRunner.work` and ``measure`` build the graph from,
+    so the families' work counts and dry runs pass zeros of the run's shapes through the model's
+    own input preparation and keep only the shapes."""
+    return {k: tuple(v.shape) for k, v in inputs.items()}
+
+
 def count_work(model_files: Mapping[str, Sequence[str]], *, width: int, height: int,
                batch: int = 1, cfg: bool = True, pool: Any = None,
                placements: Mapping[str, Any] | None = None,
