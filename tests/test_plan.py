@@ -393,7 +393,7 @@ def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -
     inv_file.write_text(json.dumps(INV.to_json()))
     seen: dict = {}
 
-    def fake_profile(flags):
+    def fake_profile(flags, headers=None):
         seen["flags"] = flags
         return Profile({"diffusion": ModuleProfile((GIB,) * 4, 0)})
 

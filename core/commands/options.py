@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from sdplan.core.errors import PlanError
 from sdplan.core.modelfiles.checkpoint import profile_from_model_flags
+from sdplan.core.modelfiles.readers import TensorFile
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.plan import PlanWarning
 from sdplan.core.planning.profile import Profile
@@ -26,10 +27,11 @@ def add_source_arguments(p: argparse.ArgumentParser) -> None:
                    "(flux1-dev-q8_0, sdxl-base-f16...) without its files; 'list' shows them all")
 
 
-def profile_from_args(args: argparse.Namespace,
-                      model_files: Mapping[str, Sequence[str]] | None = None) -> Profile | None:
+def profile_from_args(args: argparse.Namespace, model_files: Mapping[str, Sequence[str]] | None = None,
+                      headers: dict[str, TensorFile] | None = None) -> Profile | None:
     """The model profile the options and model files name: ``--model-profile``, else
-    ``--profile``, else the files' (headers only), else None.
+    ``--profile``, else the files' (headers only; those in ``headers`` not read again, and
+    those read added: :func:`~sdplan.core.modelfiles.readers.read_header_once`), else None.
 
     Raises:
         PlanError: ``conflicting_model_sources`` when more than one source is given.
@@ -45,7 +47,7 @@ def profile_from_args(args: argparse.Namespace,
         from sdplan.core.planning.builtin_profiles import load_profile_option  # package data
 
         return load_profile_option(given, builtin)
-    return profile_from_model_flags(model_files) if model_files else None
+    return profile_from_model_flags(model_files, headers) if model_files else None
 
 
 def load_inventory(path: str | None, rpc_servers: Sequence[str] = ()) -> tuple[Inventory, list[PlanWarning]]:
