@@ -113,26 +113,14 @@ def layouts(shared: Path) -> dict[str, dict[str, list[int]]]:
 def clip_g_hf(sdxl: Mapping[str, list[int]]) -> dict[str, list[int]]:
     """ViT-bigG's text tower in transformers ``CLIPTextModelWithProjection`` names (as SD3's
     ``clip_g.safetensors`` is released: ``text_model.*``, q/k/v split, ``text_projection.weight``)
-    from the OpenCLIP names under :data:`OPEN_CLIP_G` in SDXL's single file; ``logit_scale``
-    dropped. Shapes in PyTorch order."""
-    s = {n[len(OPEN_CLIP_G):]: list(v) for n, v in sdxl.items() if n.startswith(OPEN_CLIP_G)}
-    out = {"text_model.embeddings.token_embedding.weight": s["token_embedding.weight"],
-           "text_model.embeddings.position_embedding.weight": s["positional_embedding"],
-           "text_model.final_layer_norm.weight": s["ln_final.weight"],
-           "text_model.final_layer_norm.bias": s["ln_final.bias"],
-           "text_projection.weight": s["text_projection"][::-1]}
-    names = {"ln_1": "layer_norm1", "ln_2": "layer_norm2", "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2",
-             "attn.out_proj": "self_attn.out_proj"}
-    blocks = sorted({int(n.split(".")[2]) for n in s if n.startswith("transformer.resblocks.")})
-    for i in blocks:
-        src, dst = f"transformer.resblocks.{i}.", f"text_model.encoder.layers.{i}."
-        for kind in ("weight", "bias"):
-            fused = s[f"{src}attn.in_proj_{kind}"]
-            for q in ("q", "k", "v"):
-                out[f"{dst}self_attn.{q}_proj.{kind}"] = [fused[0] // 3, *fused[1:]]
-            for old, new in names.items():
-                out[f"{dst}{new}.{kind}"] = s[f"{src}{old}.{kind}"]
-    return out
+    from the OpenCLIP names under :data:`OPEN_CLIP_G` in SDXL's single file, renamed by
+    :func:`sdplan.core.modelfiles.openclip_names.convert_openclip`; ``logit_scale`` dropped.
+    Shapes in PyTorch order."""
+    from sdplan.core.modelfiles.openclip_names import convert_openclip
+
+    return convert_openclip({n: list(v) for n, v in sdxl.items()}, OPEN_CLIP_G,
+                            split=lambda s, n: [[s[0] // n, *s[1:]] for _ in range(n)],
+                            transpose=lambda s: s[::-1])
 
 
 def shapes_of(mf: ModelFile, lay: Mapping[str, Mapping[str, list[int]]]) -> dict[str, list[int]]:

@@ -34,24 +34,12 @@ def _metadata(path: Path) -> dict[str, str]:
 def openclip_to_hf(sd: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     """An open_clip text tower under ``prefix`` -> transformers ``CLIPTextModelWithProjection``
     names (``text_model.*`` with split q/k/v, ``text_projection.weight`` = ``P.T``), as the
-    standalone ``clip_g.safetensors`` files store bigG."""
-    s = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
-    out = {"text_model.embeddings.token_embedding.weight": s["token_embedding.weight"],
-           "text_model.embeddings.position_embedding.weight": s["positional_embedding"],
-           "text_model.final_layer_norm.weight": s["ln_final.weight"],
-           "text_model.final_layer_norm.bias": s["ln_final.bias"],
-           "text_projection.weight": np.ascontiguousarray(s["text_projection"].T)}
-    names = {"ln_1": "layer_norm1", "ln_2": "layer_norm2", "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2",
-             "attn.out_proj": "self_attn.out_proj"}
-    layers = sorted({int(k.split(".")[2]) for k in s if k.startswith("transformer.resblocks.")})
-    for i in layers:
-        src, dst = f"transformer.resblocks.{i}.", f"text_model.encoder.layers.{i}."
-        for kind in ("weight", "bias"):
-            for q, part in zip(("q", "k", "v"), np.split(s[f"{src}attn.in_proj_{kind}"], 3), strict=True):
-                out[f"{dst}self_attn.{q}_proj.{kind}"] = np.ascontiguousarray(part)
-            for old, new in names.items():
-                out[f"{dst}{new}.{kind}"] = s[f"{src}{old}.{kind}"]
-    return out
+    standalone ``clip_g.safetensors`` files store bigG
+    (:func:`sdplan.core.modelfiles.openclip_names.convert_openclip`)."""
+    from sdplan.core.modelfiles.openclip_names import convert_openclip
+
+    return convert_openclip(sd, prefix, split=lambda a, n: [np.ascontiguousarray(p) for p in np.split(a, n)],
+                            transpose=lambda a: np.ascontiguousarray(a.T))
 
 
 def split_files(dst: Path, unet_prefix: str = "") -> dict[str, list[str]]:

@@ -397,7 +397,7 @@ def test_command_reads_model_flags_and_adds_fit(tmp_path, monkeypatch, capsys) -
         def profile(self) -> Profile:
             return Profile({"diffusion": ModuleProfile((GIB,) * 4, 0)})
 
-    def fake_read(flags):
+    def fake_read(flags, headers=None):
         seen["flags"] = flags
         return FakeModels()
 

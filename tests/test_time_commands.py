@@ -165,3 +165,38 @@ def test_plan_names_why_it_could_not_count_the_graphs_and_refuses_a_size_generat
     assert rc == 0 and "-t 999: generate runs at most" in text
     rc, text = plan("--vae", str(AE), "-W", "100")
     assert rc != 0 and "-W/-H 100x64" in text and "multiples of 16" in text
+
+
+def test_plan_reads_each_model_files_header_once(tmp_path, monkeypatch, capsys) -> None:
+    """``sdplan plan`` read every model file's header for its profile, again for the dry run's
+    family, again for the size check and again for the work count's family; it now reads each
+    once and hands the headers to the others. Counted: the calls of the header reader
+    (``read_tensor_file``) through the readers module, after a first run has loaded every module
+    the command uses (so the engine's graph builders, which open the weights they load
+    themselves and hold the function under their own name, are not counted)."""
+    pytest.importorskip("sdplan._ggml")
+    from collections import Counter
+
+    from flux2_util import AE, DIT, write_llm
+    from sdplan.core.cli import main
+    from sdplan.core.modelfiles import checkpoint, readers
+
+    llm = write_llm(tmp_path / "llm.safetensors")
+    args = ["plan", "--diffusion-model", str(DIT), "--llm", str(llm), "--vae", str(AE), "-W", "64", "-H", "64",
+            "--json"]
+    assert main(args) == 0
+    capsys.readouterr()
+    reads: Counter[str] = Counter()
+    real = readers.read_tensor_file
+
+    def counting(path):
+        reads[str(path)] += 1
+        return real(path)
+
+    monkeypatch.setattr(readers, "read_tensor_file", counting)
+    monkeypatch.setattr(checkpoint, "read_tensor_file", counting, raising=False)  # its own name, if it had one
+    assert main(args) == 0
+    t = json.loads(capsys.readouterr().out)["time"]
+    assert {m: [x["source"] for x in v] for m, v in t["modules"].items()} == {
+        "te": ["counted"], "diffusion": ["counted"], "vae": ["counted"]}
+    assert reads == {str(DIT): 1, str(llm): 1, str(AE): 1}

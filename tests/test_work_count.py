@@ -429,3 +429,14 @@ def test_sdxl_counts_both_encoders_the_unet_with_its_vector_and_the_decoder() ->
     mine, theirs = par["diffusion"]
     assert (mine.group, theirs.group, mine.graph.main, theirs.graph.main) == ("cfg", "cfg", "CPU", "B")
     assert mm(theirs, "B") == pytest.approx(mm(mine)) == pytest.approx(mm(one["diffusion"][0]))
+
+
+def test_input_shapes_are_each_input_arrays_shape_whatever_its_dtype() -> None:
+    """The one helper the families' work counts and dry runs read their graph inputs with."""
+    import numpy as np
+    from sdplan.core.pipelines.work import input_shapes
+
+    got = input_shapes({"x": np.zeros((1, 16, 8, 6), np.float32), "ids": np.zeros((1, 77), np.int32),
+                        "t": np.zeros((), np.float32)})
+    assert got == {"x": (1, 16, 8, 6), "ids": (1, 77), "t": ()}
+    assert all(type(d) is int for s in got.values() for d in s)

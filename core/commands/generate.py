@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from sdplan.core.commands.generate_modules import add_module_arguments, hires_size, module_request
+from sdplan.core.commands.messages import print_error
 from sdplan.core.commands.options import add_input_arguments, input_request, validate_inputs
 from sdplan.core.commands.sdcli_flags import (
     add_sampling_arguments,
@@ -265,7 +266,7 @@ def engine_compute(args: argparse.Namespace, engine: Any, files: dict[str, list[
 def run(args: argparse.Namespace) -> int:
     """Plan, generate, write PNGs; 0 on success, 2 on an sdplan error (a dead engine
     process included), 3 when the plan does not fit (without ``--force``)."""
-    from sdplan.core.commands.plan import print_error, print_tables
+    from sdplan.core.commands.plan import print_tables
     from sdplan.core.pipelines.demo.model import demo_caption_known
     from sdplan.core.pipelines.size_rule import check_size
     from sdplan.core.runtime.process import Engine
@@ -341,8 +342,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _failed(exc: Exception) -> int:
     """Print an engine request's error (a ValueError as an invalid argument); exit code 2."""
-    from sdplan.core.commands.plan import print_error
-
     print_error(exc if isinstance(exc, SdplanError) else InvalidArgument(str(exc)))
     return 2
 

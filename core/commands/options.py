@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from sdplan.core.errors import PlanError
 from sdplan.core.modelfiles.file_roles import read_checked
+from sdplan.core.modelfiles.readers import TensorFile
 from sdplan.core.planning.inventory import Inventory
 from sdplan.core.planning.plan import PlanWarning
 from sdplan.core.planning.profile import Profile
@@ -26,11 +27,13 @@ def add_source_arguments(p: argparse.ArgumentParser) -> None:
                    "(flux1-dev-q8_0, sdxl-base-f16...) without its files; 'list' shows them all")
 
 
-def profile_from_args(args: argparse.Namespace,
-                      model_files: Mapping[str, Sequence[str]] | None = None) -> Profile | None:
+def profile_from_args(args: argparse.Namespace, model_files: Mapping[str, Sequence[str]] | None = None,
+                      headers: dict[str, TensorFile] | None = None) -> Profile | None:
     """The model profile the options and model files name: ``--model-profile``, else
     ``--profile``, else the files' (headers only, checked as ``sdplan generate`` checks them:
-    :func:`sdplan.core.modelfiles.file_roles.read_checked`), else None.
+    :func:`sdplan.core.modelfiles.file_roles.read_checked`; those in ``headers`` not read
+    again, and those read added: :func:`~sdplan.core.modelfiles.readers.read_header_once`),
+    else None.
 
     Raises:
         PlanError: ``conflicting_model_sources`` when more than one source is given.
@@ -48,7 +51,7 @@ def profile_from_args(args: argparse.Namespace,
 
         return load_profile_option(given, builtin)
     # the files checked as generate checks them: a set it refuses is not planned
-    return read_checked(model_files).profile() if model_files else None
+    return read_checked(model_files, headers).profile() if model_files else None
 
 
 def load_inventory(path: str | None, rpc_servers: Sequence[str] = ()) -> tuple[Inventory, list[PlanWarning]]:

@@ -23,6 +23,7 @@ import shlex
 import sys
 from typing import Any
 
+from sdplan.core.commands.messages import print_error
 from sdplan.core.commands.options import (
     add_source_arguments,
     load_inventory,
@@ -213,13 +214,13 @@ def plan_targets(args: argparse.Namespace, imported: Any) -> tuple[Target, Targe
 
 def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
          args: argparse.Namespace, files: dict[str, list[str]] | None = None,
-         flags: Any = None, tiling: Any = None) -> tuple[Any, Any]:
+         flags: Any = None, tiling: Any = None, headers: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """The memory estimate and, for the newest sd-cli, its forecast
     (:func:`~sdplan.core.planning.sdcli_estimate.sdcli_estimate`: scratch reserve, graph-cut
     segments, the VAE retry, the CFG copy): for a pasted sd-cli command (``flags``, its
     runtime flags; ``tiling``, its VAE tiling) or an sd-cli target the sd-cli command's;
     else for ``--engine`` (sdplan's own engine measured by a dry run on the model files
-    when given)."""
+    when given, their ``headers`` read before: :func:`measure_files`)."""
     if profile is None:
         return None, None
     if plan.target.sdcli and plan.target.dialect == "newest":
@@ -231,24 +232,25 @@ def _fit(plan: Plan, profile: Profile | None, inventory: Inventory,
                                  else frozenset())
         return sdcli_estimate(plan, profile, inventory, width=args.width, height=args.height,
                               batch=args.batch_count, flags=flags, tiling=tiling)
-    return _plain_fit(plan, profile, inventory, args, files, flags), None
+    return _plain_fit(plan, profile, inventory, args, files, flags, headers), None
 
 
 def _plain_fit(plan: Plan, profile: Profile, inventory: Inventory, args: argparse.Namespace,
-               files: dict[str, list[str]] | None, flags: Any) -> Any:
+               files: dict[str, list[str]] | None, flags: Any, headers: dict[str, Any] | None = None) -> Any:
     frames = video_frames(args)
     refs = {"ref_images": len(args.ref_image)} if getattr(args, "ref_image", None) else {}
     if flags is not None:
         return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
                              batch=args.batch_count, flags=flags, frames=frames, **refs)
     engine = ("sd-cli-fa" if getattr(args, "diffusion_fa", False) else "sd-cli") if plan.target.sdcli else engine_name(args)
-    measured = measure_files(files, args) if files and engine == "sdplan" else None
+    measured = measure_files(files, args, headers) if files and engine == "sdplan" else None
     return estimate_plan(plan, profile, inventory, width=args.width, height=args.height,
                          batch=args.batch_count, engine=engine, measured=measured, frames=frames, **refs)
 
 
 def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argparse.Namespace,
-          files: dict[str, list[str]], fit: Any, live: bool, tiling: Any = None) -> Any:
+          files: dict[str, list[str]], fit: Any, live: bool, tiling: Any = None,
+          headers: dict[str, Any] | None = None) -> Any:
     """The predicted time of sdplan's engine running the plan (:mod:`sdplan.core.commands.time_estimate`),
     or None without a profile or for another engine or an sd-cli target; the devices' profiles
     are the inventory file's, else those measured here."""
@@ -257,7 +259,7 @@ def _time(plan: Plan, profile: Profile | None, inventory: Inventory, args: argpa
     from sdplan.core.commands import time_estimate as te
 
     return te.predict_plan(plan, inventory, profile, te.settings_of(args, profile.architecture), files, fit,
-                           live=live, tiling=tiling, asked_threads=int(getattr(args, "threads", 0) or 0))
+                           live=live, tiling=tiling, asked_threads=int(getattr(args, "threads", 0) or 0), headers=headers)
 
 
 def engine_name(args: argparse.Namespace) -> str:
@@ -267,17 +269,18 @@ def engine_name(args: argparse.Namespace) -> str:
     return "sdplan"
 
 
-def measure_files(files: dict[str, list[str]], args: argparse.Namespace) -> dict[str, int] | None:
+def measure_files(files: dict[str, list[str]], args: argparse.Namespace,
+                  headers: dict[str, Any] | None = None) -> dict[str, int] | None:
     """Compute bytes per module of sdplan's engine for the model files at the requested
     size, by a dry run in this process on the CPU
-    (:func:`sdplan.core.pipelines.compute.measure_compute`); None when the engine is
-    unavailable (the estimate then uses its fitted figures)."""
+    (:func:`sdplan.core.pipelines.compute.measure_compute`, with the files' ``headers`` read
+    before); None when the engine is unavailable (the estimate then uses its fitted figures)."""
     try:
         from sdplan.core.pipelines.compute import measure_compute
 
         refs = len(getattr(args, "ref_image", None) or ())  # not read: pictures of the output's size
         return measure_compute(files, width=args.width, height=args.height, batch=args.batch_count,
-                               overrides={"video_frames": video_frames(args), "ref_count": refs}) or None
+                               overrides={"video_frames": video_frames(args), "ref_count": refs}, headers=headers) or None
     except (ImportError, RuntimeError, ValueError, SdplanError) as exc:
         log.info("no dry run of the engine: %s", exc)
         return None
@@ -297,7 +300,8 @@ def run(args: argparse.Namespace) -> int:
         target, plan_target = plan_targets(args, imported)
         inventory, extra = load_inventory(args.devices, placement.rpc_servers)
         files = {k: list(getattr(args, k)) for k in MODEL_FLAGS if getattr(args, k, None)}
-        profile = profile_from_args(args, files)
+        headers: dict[str, Any] = {}  # each file's header, read once: profile, dry run, size check, count
+        profile = profile_from_args(args, files, headers)
         plan = resolve(placement, inventory, profile, plan_target)
         if imported is not None:
             plan = command_cfg(plan, imported)
@@ -313,8 +317,8 @@ def run(args: argparse.Namespace) -> int:
         fit, forecast = _fit(plan, profile, inventory, args, files,
                              imported.runtime_flags() if imported is not None else None,
                              imported.vae_tiling(imported.dialect or plan_target.dialect, scale)
-                             if imported is not None else None)
-        timing = _time(plan, profile, inventory, args, files, fit, live=not args.devices,
+                             if imported is not None else None, headers)
+        timing = _time(plan, profile, inventory, args, files, fit, live=not args.devices, headers=headers,
                        tiling=imported.vae_tiling(imported.dialect or plan_target.dialect, scale)
                        if imported is not None else None)
     except SdplanError as exc:
@@ -436,14 +440,6 @@ def _list_builtin(as_json: bool) -> int:
         if i.note:
             console.print(f"* {i.name}: {i.note}", highlight=False, markup=False)
     return 0
-
-
-def print_error(exc: SdplanError) -> None:
-    """Print an sdplan error on stderr (:func:`sdplan.core.commands.messages.print_error`:
-    one line; on a terminal a PlanError's flag text with carets under the span)."""
-    from sdplan.core.commands.messages import print_error as _print
-
-    _print(exc)
 
 
 def stdout_console() -> Any:

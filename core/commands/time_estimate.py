@@ -93,14 +93,16 @@ def with_profiles(inventory: Inventory, threads: int = 0) -> Inventory:
 
 def predict_plan(plan: Any, inventory: Inventory, profile: Any, settings: RunSettings,
                  files: Mapping[str, Sequence[str]], fit: Any = None, *, live: bool = True,
-                 tiling: Any = None, asked_threads: int = 0) -> TimeReport:
+                 tiling: Any = None, asked_threads: int = 0, headers: dict[str, Any] | None = None) -> TimeReport:
     """``sdplan plan``'s prediction: the plan's graphs counted
     (:func:`~sdplan.core.pipelines.work.count_plan`: on the plan's devices when ``live``, else
     on stand-ins named as ``inventory``'s), priced with the devices' profiles kept here
     (:func:`with_profiles`) by :func:`predict`. Where the graphs cannot be counted (files that
     do not make the family's graphs, a set without one of its files) the notes say why, naming
     the file or flag, and the formula prices them; so do they where ``asked_threads`` (``-t``)
-    was capped at the CPUs generate may use (:func:`settings_of`).
+    was capped at the CPUs generate may use (:func:`settings_of`). ``headers``: the files' headers
+    the command read before (path -> header; :func:`~sdplan.core.modelfiles.readers.read_header_once`),
+    which the size check and the count read the files from.
 
     Raises:
         InvalidArgument: a size the model files cannot draw (``-W/-H``, as generate refuses it:
@@ -115,7 +117,7 @@ def predict_plan(plan: Any, inventory: Inventory, profile: Any, settings: RunSet
         from sdplan.core.pipelines.size_rule import check_size
 
         try:
-            models = read_model_files({k: list(v) for k, v in files.items()})
+            models = read_model_files({k: list(v) for k, v in files.items()}, headers)
         except SdplanError as exc:  # the count's note says it; the plan itself read its profile
             log.info("no size check: %s", exc)
         else:
@@ -127,7 +129,8 @@ def predict_plan(plan: Any, inventory: Inventory, profile: Any, settings: RunSet
                        f"it may use); priced at {settings.threads}")
     works = count_plan(files, plan, [d.name for d in inventory], width=settings.width, height=settings.height,
                        batch=settings.batch, cfg=settings.cfg, live=live, vae_tiling=tiling, frames=settings.frames,
-                       accelerators=[d.name for d in inventory if d.type != "cpu"], reasons=reasons) if files else {}
+                       accelerators=[d.name for d in inventory if d.type != "cpu"], reasons=reasons,
+                       headers=headers) if files else {}
     report = predict(plan, inventory, profile, settings, works, files, fit)
     return replace(report, notes=(*reasons, *report.notes)) if reasons else report
 

@@ -35,7 +35,7 @@ from sdplan.core.modelfiles.autofit_sizes import autofit_component_bytes, loaded
 from sdplan.core.modelfiles.readers import (
     TensorFile,
     TensorInfo,
-    read_tensor_file,
+    read_header_once,
     refuse_special_file,
     stat_model_path,
 )
@@ -301,7 +301,8 @@ def _normalise_flags(flags: Mapping[str, Sequence[str | Path]]) -> list[tuple[st
     return out
 
 
-def read_model_files(flags: Mapping[str, Sequence[str | Path]]) -> ModelSet:
+def read_model_files(flags: Mapping[str, Sequence[str | Path]],
+                     headers: dict[str, TensorFile] | None = None) -> ModelSet:
     """Read and classify the model files of sd-cli's model flags.
 
     Args:
@@ -310,6 +311,8 @@ def read_model_files(flags: Mapping[str, Sequence[str | Path]]) -> ModelSet:
             ``upscale_model``, ``photo_maker``, ``clip_vision`` (``-`` accepted for ``_``).
             A ``model`` entry is a full checkpoint, a standalone file recognised by its
             names, or a diffusers folder; other keys put every tensor into their module.
+        headers: path -> header already read, filled with those read here
+            (:func:`~sdplan.core.modelfiles.readers.read_header_once`); None: read them all.
 
     Raises:
         ModelFileError: a file is unreadable or hostile, is not a model (no tensor in a
@@ -322,7 +325,7 @@ def read_model_files(flags: Mapping[str, Sequence[str | Path]]) -> ModelSet:
     ignored: list[tuple[TensorInfo, str]] = []
     for key, path in entries:
         module, encoder, role = FLAG_TARGETS[key]
-        for tf, comp in _expand(path, key):
+        for tf, comp in _expand(path, key, headers):
             files.append(tf)
             if not tf.tensors:
                 raise ModelFileError(tf.path, "not a model: the file holds no tensors")
@@ -346,10 +349,11 @@ def read_model_files(flags: Mapping[str, Sequence[str | Path]]) -> ModelSet:
     return ms
 
 
-def profile_from_model_flags(flags: Mapping[str, Sequence[str | Path]]) -> Profile:
+def profile_from_model_flags(flags: Mapping[str, Sequence[str | Path]],
+                             headers: dict[str, TensorFile] | None = None) -> Profile:
     """The planner's :class:`Profile` of sd-cli model flags (see :func:`read_model_files`;
-    same errors)."""
-    return read_model_files(flags).profile()
+    same arguments and errors)."""
+    return read_model_files(flags, headers).profile()
 
 
 def _dominant(tensors: Iterable[ModelTensor]) -> str | None:
@@ -388,7 +392,7 @@ def _check_duplicates(tensors: list[ModelTensor]) -> None:
         seen[key] = t.info.file
 
 
-def _expand(path: Path, key: str) -> list[tuple[TensorFile, str | None]]:
+def _expand(path: Path, key: str, headers: dict[str, TensorFile] | None) -> list[tuple[TensorFile, str | None]]:
     """Files of one flag value: a file, a component folder or a diffusers pipeline folder.
     The second item is the diffusers component (``unet``...) or None."""
     st = stat_model_path(path)
@@ -396,14 +400,14 @@ def _expand(path: Path, key: str) -> list[tuple[TensorFile, str | None]]:
         raise ModelFileError(path, "no such file or folder")
     refuse_special_file(path)
     if stat.S_ISREG(st.st_mode):
-        return [(read_tensor_file(path), None)]
+        return [(read_header_once(path, headers), None)]
     comps = [d for d in _DIFFUSERS_DIRS if _is_dir(path / d)]
     if comps:
         if key != "model":
             raise ModelFileError(path, f"a diffusers pipeline folder goes to -m/--model, "
                                        f"not --{key.replace('_', '-')}")
         out: list[tuple[TensorFile, str | None]] = [
-            (tf, c) for c in comps for tf in _component_files(path / c)]
+            (tf, c) for c in comps for tf in _component_files(path / c, headers)]
         if not out:
             raise ModelFileError(path, "diffusers folder without safetensors weights")
         return out
@@ -412,7 +416,7 @@ def _expand(path: Path, key: str) -> list[tuple[TensorFile, str | None]]:
     if len(plain) > 1 and not any(path.glob("*.safetensors.index.json")):
         raise ModelFileError(path, f"folder holds {len(plain)} model files ({', '.join(plain[:3])}"
                                    f"{', ...' if len(plain) > 3 else ''}); name one of them")
-    files = _component_files(path)
+    files = _component_files(path, headers)
     if not files:
         raise ModelFileError(path, "folder holds no .safetensors or .gguf model file")
     return [(tf, None) for tf in files]
@@ -438,7 +442,7 @@ def shorten_name(name: str, limit: int = 80) -> str:
     return name if len(name) <= limit else f"{name[:limit - 20]}… ({len(name)} characters)"
 
 
-def _component_files(folder: Path) -> list[TensorFile]:
+def _component_files(folder: Path, headers: dict[str, TensorFile] | None) -> list[TensorFile]:
     """Headers of one diffusers component folder: its sharded index, else its single
     (non-variant preferred) safetensors file."""
     indexes = sorted(folder.glob("*.safetensors.index.json"))
@@ -459,7 +463,7 @@ def _component_files(folder: Path) -> list[TensorFile]:
             sp = folder / shard
             if Path(shard).name != shard or not _is_file(sp, idx, shard):
                 raise ModelFileError(idx, f"shard {shorten_name(shard)!r} is missing from {folder}")
-            tf = read_tensor_file(sp)
+            tf = read_header_once(sp, headers)
             listed = {n for n, f in weight_map.items() if f == shard}
             if listed != {t.name for t in tf.tensors}:
                 raise ModelFileError(sp, f"tensors differ from those {idx.name} lists")
@@ -471,7 +475,7 @@ def _component_files(folder: Path) -> list[TensorFile]:
     plain = [c for c in cands if c.name.count(".") == 1] or cands
     if len(cands) > 1:
         log.info("%s: several weight files, using %s", folder, plain[0].name)
-    return [read_tensor_file(plain[0])]
+    return [read_header_once(plain[0], headers)]
 
 
 def _classify_component(tf: TensorFile, comp: str

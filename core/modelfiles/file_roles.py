@@ -130,15 +130,16 @@ def check_files(models: Any, files: Mapping[str, Sequence[str]]) -> Any:
     return models
 
 
-def read_checked(files: Mapping[str, Sequence[str]]) -> Any:
+def read_checked(files: Mapping[str, Sequence[str]], headers: dict[str, Any] | None = None) -> Any:
     """The :class:`~sdplan.core.modelfiles.checkpoint.ModelSet` of ``files`` (sd-cli's flag
     keys -> paths) once every file holds what its flag takes (:func:`check_file_roles`) and
     the files fit together (:func:`check_files`): the one check ``sdplan plan`` and
-    ``sdplan generate`` run on the model files before anything loads.
+    ``sdplan generate`` run on the model files before anything loads. ``headers`` (path ->
+    parsed header) is shared with :func:`~sdplan.core.modelfiles.checkpoint.read_model_files`.
 
     Raises:
         ModelFileError: naming the file and its flag (or as
             :func:`~sdplan.core.modelfiles.checkpoint.read_model_files` raises it).
     """
     check_file_roles(files)
-    return check_files(read_model_files(files), files)
+    return check_files(read_model_files(files, headers), files)

@@ -29,6 +29,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from sdplan.core.families import family as registry_family
+from sdplan.core.modelfiles.openclip_names import openclip_to_transformers
 
 __all__ = ["Target", "AliasTable", "sd_aliases", "flux_aliases", "generic_aliases",
            "unet_ldm_to_diffusers", "aliases_for_family"]
@@ -57,6 +58,8 @@ class Target:
 #: namespace -> dotted module path -> target.
 AliasTable = dict[str, dict[str, Target]]
 
+#: transformers names of the linear layers a LoRA patches (not norms, not embeddings).
+_LINEAR = re.compile(r"(_proj|\.fc[12]|^text_projection)\.weight$")
 _RESNET = (("in_layers.0", "norm1"), ("in_layers.2", "conv1"), ("emb_layers.1", "time_emb_proj"),
            ("out_layers.0", "norm2"), ("out_layers.3", "conv2"), ("skip_connection", "conv_shortcut"))
 
@@ -147,29 +150,25 @@ def _clip(names: Collection[str], prefix: str, module: str) -> dict[str, Target]
 def _openclip(names: Collection[str], prefix: str, module: str,
               shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Target]:
     """OpenCLIP (``transformer.resblocks.N.attn.in_proj_weight``...) under ``prefix`` with
-    the transformers names a LoRA uses (``text_model.encoder.layers.N.self_attn.q_proj``)."""
+    the transformers names a LoRA uses (``text_model.encoder.layers.N.self_attn.q_proj``, rows
+    of the fused ``in_proj_weight``: :func:`~sdplan.core.modelfiles.openclip_names.openclip_to_transformers`),
+    with and without ``text_model.``, and the open_clip module paths of the unfused linear layers."""
     out: dict[str, Target] = {}
-    pat = re.compile(re.escape(prefix) + r"transformer\.resblocks\.(\d+)\.(.*)$")
     for name in names:
-        m = pat.match(name)
-        if not m:
+        if not name.startswith(prefix):
             continue
-        i, rest = m.group(1), m.group(2)
-        layer = f"text_model.encoder.layers.{i}."
-        if rest == "attn.in_proj_weight":
-            d = shapes[name][0] // 3
-            for k, c in enumerate("qkv"):
-                out[f"{layer}self_attn.{c}_proj"] = Target(module, name, (k * d, (k + 1) * d))
-                out[f"encoder.layers.{i}.self_attn.{c}_proj"] = out[f"{layer}self_attn.{c}_proj"]
+        own = name[len(prefix):]
+        to = openclip_to_transformers(own)
+        if to is None or not _LINEAR.search(to.names[0]):
             continue
-        ren = {"attn.out_proj.weight": "self_attn.out_proj", "mlp.c_fc.weight": "mlp.fc1",
-               "mlp.c_proj.weight": "mlp.fc2"}.get(rest)
-        if ren:
-            out[layer + ren] = Target(module, name)
-            out[f"encoder.layers.{i}.{ren}"] = Target(module, name)
-            out[f"transformer.resblocks.{i}.{rest[:-len('.weight')]}"] = Target(module, name)
-    if prefix + "text_projection" in names:
-        out["text_projection"] = Target(module, prefix + "text_projection")
+        part = shapes[name][0] // len(to.names) if len(to.names) > 1 else 0
+        for k, hf in enumerate(to.names):
+            t = Target(module, name, (k * part, (k + 1) * part) if part else None)
+            path = hf[:-len(".weight")]
+            out[path] = t
+            out.setdefault(path.removeprefix("text_model."), t)  # transformers 5: no text_model level
+        if not part and own.endswith(".weight"):
+            out.setdefault(own[:-len(".weight")], Target(module, name))
     return out
 
 

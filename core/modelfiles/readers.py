@@ -202,6 +202,24 @@ def read_tensor_file(path: str | Path) -> TensorFile:
     return tf
 
 
+def read_header_once(path: str | Path, headers: dict[str, TensorFile] | None) -> TensorFile:
+    """:func:`read_tensor_file` of ``path``, or the header ``headers`` holds for it: a command
+    that reads the same model files for several purposes (``sdplan plan``: the profile, the
+    dry run, the size check, the work count) passes one dict to each, so that each file's
+    header is read once; a header read here is added to it. ``headers`` None: read it.
+
+    Raises:
+        ModelFileError: as :func:`read_tensor_file`.
+    """
+    if headers is None:
+        return read_tensor_file(path)
+    key = str(Path(path))
+    known = headers.get(key)
+    if known is None:
+        known = headers[key] = read_tensor_file(path)
+    return known
+
+
 def _read_header(p: Path, fh: object, size: int) -> TensorFile:
     head = fh.read(8)  # type: ignore[attr-defined]
     if head[:4] == _GGUF_MAGIC:

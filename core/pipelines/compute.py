@@ -33,7 +33,7 @@ def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, hei
                     batch: int = 1, cfg: bool = True, pool: Any = None,
                     placements: Mapping[str, Any] | None = None,
                     overrides: Mapping[str, Any] | None = None,
-                    vae_tiling: Any = None) -> dict[str, int]:
+                    vae_tiling: Any = None, headers: dict[str, Any] | None = None) -> dict[str, int]:
     """Compute-buffer bytes per module (``te``, ``diffusion``, ``vae``, and ``upscaler`` for an
     ``upscale_model`` file; all devices of a module summed) of a generation at ``width`` x ``height`` pixels, measured by the family's
     dry-run reserve. Empty for families without one (the caller falls back to a formula).
@@ -51,6 +51,9 @@ def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, hei
             whole decode does not fit its placement's budget (weights plus compute) is
             measured on the tile the engine's retry settles on
             (:func:`~sdplan.core.pipelines.stages.vae_tiles.retry_tiles`): the tiled peak.
+        headers: the files' headers already read (path -> header), as
+            :func:`~sdplan.core.modelfiles.checkpoint.read_model_files` takes them: the family
+            and the VAE's bytes are read from them (the dry run's graphs still open the files).
 
     Raises:
         ModelFileError: unreadable files. Graph errors (a size the model cannot draw) give
@@ -58,7 +61,7 @@ def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, hei
     """
     files = {k: [str(p) for p in v] for k, v in model_files.items()
              if k not in ("taesd", "upscale_model")}
-    arch = read_model_files({k: v for k, v in files.items() if k != "control_net"}).architecture
+    arch = read_model_files({k: v for k, v in files.items() if k != "control_net"}, headers).architecture
     fam = family(arch.family) if arch.family != UNKNOWN else None
     if fam is None or fam.dry_run is None:
         return {}
@@ -81,7 +84,7 @@ def measure_compute(model_files: Mapping[str, Sequence[str]], *, width: int, hei
         else:
             out = run(None)
             budget = int(getattr((placements or {}).get("vae"), "budget", 0) or 0)
-            weights = read_model_files(files).module_profile("vae").total if budget else 0
+            weights = read_model_files(files, headers).module_profile("vae").total if budget else 0
             if budget and "vae" in out and weights + out["vae"] > budget:  # the engine retries in tiles
                 from sdplan.core.pipelines.stages.vae_tiles import retry_tiles
 

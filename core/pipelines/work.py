@@ -45,11 +45,20 @@ COUNTED = ("te", "diffusion", "controlnet", "vae")
 log = logging.getLogger(__name__)
 
 
+def input_shapes(inputs: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Input name -> shape (a tuple of ints) of a graph's input arrays (a model's ``inputs(...)``:
+    numpy arrays of any dtype, or anything with a ``shape``): what
+    :meth:`~sdplan.core.runtime.runner.ModuleRunner.work` and ``measure`` build the graph from,
+    so the families' work counts and dry runs pass zeros of the run's shapes through the model's
+    own input preparation and keep only the shapes."""
+    return {k: tuple(v.shape) for k, v in inputs.items()}
+
+
 def count_work(model_files: Mapping[str, Sequence[str]], *, width: int, height: int,
                batch: int = 1, cfg: bool = True, pool: Any = None,
                placements: Mapping[str, Any] | None = None,
-               overrides: Mapping[str, Any] | None = None,
-               vae_tiling: Any = None, reasons: list[str] | None = None) -> dict[str, list[ModuleWork]]:
+               overrides: Mapping[str, Any] | None = None, vae_tiling: Any = None,
+               reasons: list[str] | None = None, headers: dict[str, Any] | None = None) -> dict[str, list[ModuleWork]]:
     """Module (``te``, ``diffusion``, ``vae``, ``controlnet``) -> its graphs' work and how
     often each runs in a ``width`` x ``height`` generation of ``batch`` images (module
     docstring); {} for families without a count, an incomplete set of files, files that do not
@@ -66,12 +75,15 @@ def count_work(model_files: Mapping[str, Sequence[str]], *, width: int, height: 
         vae_tiling: ``--vae-tiling`` (a :class:`~sdplan.core.planning.vae_tiling.VaeTiling` or
             its JSON form): the decoder counted on one tile, its calls the tiles of sd-cli's
             grid (:func:`~sdplan.core.pipelines.stages.vae_tiles.calc_tiles`).
+        headers: the files' headers already read (path -> header), as
+            :func:`~sdplan.core.modelfiles.checkpoint.read_model_files` takes them: the family is
+            read from them (the family's graphs still open the files they load).
 
     Raises:
         ModelFileError: unreadable files.
     """
     files = {k: [str(p) for p in v] for k, v in model_files.items() if k not in ("taesd", "upscale_model")}
-    arch = read_model_files({k: v for k, v in files.items() if k != "control_net"}).architecture
+    arch = read_model_files({k: v for k, v in files.items() if k != "control_net"}, headers).architecture
     fam = family(arch.family) if arch.family != UNKNOWN else None
     if fam is None or fam.work is None:
         return {}
@@ -135,7 +147,7 @@ def plan_placements(plan: Any) -> dict[str, Any]:
 def count_plan(model_files: Mapping[str, Sequence[str]], plan: Any, device_names: Sequence[str], *,
                width: int, height: int, batch: int = 1, cfg: bool = True, live: bool = False,
                vae_tiling: Any = None, frames: int = 1, accelerators: Sequence[str] = (),
-               reasons: list[str] | None = None) -> dict[str, list[ModuleWork]]:
+               reasons: list[str] | None = None, headers: dict[str, Any] | None = None) -> dict[str, list[ModuleWork]]:
     """:func:`count_work` of a plan's graphs in this process: on the planned devices when
     ``live`` (the plan's inventory is this process's), else on CPU backends standing in for
     ``device_names`` (another machine's devices, or a process that touches no device but its
@@ -145,7 +157,8 @@ def count_plan(model_files: Mapping[str, Sequence[str]], plan: Any, device_names
     ggml's flash attention and im2col convolutions, not this CPU's kernels; counted as a CPU,
     the demo UNet's step on one was priced at a third of its time). ``vae_tiling``: a :class:`~sdplan.core.planning.vae_tiling.VaeTiling` (the
     decoder in its tiles) or None; ``frames``: a video's frames. {} when the engine cannot
-    count them (logged; why appended to ``reasons`` when given, as :func:`count_work`)."""
+    count them (logged; why appended to ``reasons`` when given, as :func:`count_work`; ``headers``
+    as :func:`count_work`'s)."""
     try:
         from sdplan.core.runtime.native import native
 
@@ -158,7 +171,7 @@ def count_plan(model_files: Mapping[str, Sequence[str]], plan: Any, device_names
             return count_work(model_files, width=width, height=height, batch=batch, cfg=cfg,
                               pool=BackendPool(manager, extra), placements=placements,
                               overrides={"video_frames": frames}, vae_tiling=vae_tiling.to_json() if vae_tiling is not None and vae_tiling.enabled
-                              else None, reasons=reasons)
+                              else None, reasons=reasons, headers=headers)
         finally:
             manager.close()
     except (ImportError, RuntimeError, ValueError, SdplanError) as exc:

@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from sdplan.core.pipelines.work import input_shapes
 
 __all__ = ["flux_work", "chroma_work", "FLUX_T5_LENGTH", "PROMPT_TOKENS"]
 
@@ -67,9 +68,9 @@ def flux_work(model_files: Mapping[str, list[str]], *, width: int, height: int, 
     prompts = 2 if cfg else 1
     with FluxPipeline(models, None, pool, placements) as pipe:
         h, w = pipe._latent_size(width, height, VAE_SCALE)
-        t5 = _shapes(pipe.t5.inputs(np.zeros((1, t5_length), np.int32)))
+        t5 = input_shapes(pipe.t5.inputs(np.zeros((1, t5_length), np.int32)))
         clip = {"ids": (1, 77), "mask": causal_mask(77).shape}
-        step = _shapes(pipe.dit.inputs(np.zeros((1, 16, h, w), np.float32),
+        step = input_shapes(pipe.dit.inputs(np.zeros((1, 16, h, w), np.float32),
                                        np.zeros((1, t5_length, pipe.dit.cfg.context), np.float32),
                                        np.zeros((1, pipe.dit.cfg.pooled), np.float32), 1.0,
                                        1.0 if pipe.dit.cfg.guidance else None))
@@ -104,17 +105,13 @@ def chroma_work(model_files: Mapping[str, list[str]], *, width: int, height: int
             for n in ((PROMPT_TOKENS, 1) if cfg else (PROMPT_TOKENS,))]
     with ChromaPipeline(models, None, pool, placements) as pipe:
         h, w = pipe._latent_size(width, height, VAE_SCALE)
-        t5 = _shapes(pipe.t5.inputs(np.zeros((1, t5_length), np.int32)))
-        steps = [_shapes(pipe.dit.inputs(np.zeros((1, 16, h, w), np.float32),
+        t5 = input_shapes(pipe.t5.inputs(np.zeros((1, t5_length), np.int32)))
+        steps = [input_shapes(pipe.dit.inputs(np.zeros((1, 16, h, w), np.float32),
                                          np.zeros((1, k, pipe.dit.cfg.context), np.float32), None, 1.0))
                  for k in keep]
         return {"te": [ModuleWork("te", "text", pipe.runners["t5xxl"].work(t5), len(keep))],
                 "diffusion": [ModuleWork("diffusion", "step", pipe.runners["diffusion"].work(s), batch) for s in steps],
                 "vae": [_decode(pipe, h, w, vae_tile, batch)]}
-
-
-def _shapes(inputs: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v.shape) for k, v in inputs.items()}
 
 
 def _decode(pipe: Any, h: int, w: int, vae_tile: tuple[int, int] | None, batch: int) -> Any:

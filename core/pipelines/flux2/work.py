@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from sdplan.core.pipelines.work import input_shapes
 
 __all__ = ["klein_work", "dev_work"]
 
@@ -72,13 +73,13 @@ def _work(pipe: Any, te_tokens: int, width: int, height: int, batch: int, cfg: b
     from sdplan.core.planning.work import ModuleWork
 
     h, w = height // 16, width // 16
-    te = {k: v.shape for k, v in pipe.llm.inputs(np.zeros((1, te_tokens), np.int32)).items()}
+    te = input_shapes(pipe.llm.inputs(np.zeros((1, te_tokens), np.int32)))
     dit = pipe.dit.inputs(np.zeros((1, pipe.dit.cfg.in_channels, h, w), np.float32),
                           np.zeros((1, MIN_TOKENS, pipe.dit.cfg.context), np.float32), 1.0)
     vae = (1, 32, vae_tile[1], vae_tile[0]) if vae_tile else (1, 32, 2 * h, 2 * w)
     prompts = 2 if cfg else 1
     graphs = {"te": ("text", pipe.runners["llm"], te, prompts),
-              "diffusion": ("step", pipe.runners["diffusion"], {k: v.shape for k, v in dit.items()}, prompts * batch),
+              "diffusion": ("step", pipe.runners["diffusion"], input_shapes(dit), prompts * batch),
               "vae": ("decode", pipe.runners["vae"], {"z": vae}, batch)}
     return {module: [ModuleWork(module, phase, runner.work(shapes), calls)]
             for module, (phase, runner, shapes, calls) in graphs.items()}

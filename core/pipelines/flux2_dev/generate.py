@@ -14,6 +14,7 @@ from sdplan.core.pipelines.flux2.pipeline import load_ref_image
 from sdplan.core.pipelines.flux2_dev.pipeline import MIN_ROWS, TEMPLATE, DevModels, DevPipeline
 from sdplan.core.pipelines.request import GenerationRequest
 from sdplan.core.pipelines.run_context import FamilyResult, RunContext
+from sdplan.core.pipelines.work import input_shapes
 from sdplan.core.runtime.placement import ModulePlacement
 
 __all__ = ["generate", "measure", "DRY_RUN_TOKENS"]
@@ -67,6 +68,6 @@ def measure(model_files: Mapping[str, list[str]], *, width: int, height: int, ba
                               np.zeros((1, MIN_ROWS, pipe.dit.cfg.context), np.float32), 1.0)
         vae = (1, 32, vae_tile[1], vae_tile[0]) if vae_tile else (1, 32, 2 * h, 2 * w)
         graphs = {"te": (pipe.runners["llm"], {"ids": (1, template + DRY_RUN_TOKENS)}),
-                  "diffusion": (pipe.runners["diffusion"], {k: v.shape for k, v in dit.items()}),
+                  "diffusion": (pipe.runners["diffusion"], input_shapes(dit)),
                   "vae": (pipe.runners["vae"], {"z": vae})}
         return {module: sum(r.measure(s).values()) for module, (r, s) in graphs.items()}

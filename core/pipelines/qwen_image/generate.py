@@ -32,6 +32,7 @@ from sdplan.core.pipelines.run_context import FamilyResult, RunContext
 from sdplan.core.pipelines.stages.hires import flow_hires
 from sdplan.core.pipelines.stages.img2img import image_size
 from sdplan.core.pipelines.stages.lora import apply_request_loras
+from sdplan.core.pipelines.work import input_shapes
 from sdplan.core.runtime.placement import ModulePlacement
 
 __all__ = ["generate", "measure", "work", "DRY_RUN_TOKENS"]
@@ -90,7 +91,7 @@ def _graphs(pipe: Any, width: int, height: int, cfg: bool, vae_tile: tuple[int, 
     dit = [pipe.dit.inputs(np.zeros((1, 16, h, w), np.float32),
                            np.zeros((1, t, pipe.dit.cfg.context), np.float32), 1.0, ref_lat) for t in tokens]
     vae = (1, 16, vae_tile[1], vae_tile[0]) if vae_tile else (1, 16, h, w)
-    graphs = {"te": te, "diffusion": [(pipe.runners["diffusion"], {k: v.shape for k, v in d.items()}) for d in dit],
+    graphs = {"te": te, "diffusion": [(pipe.runners["diffusion"], input_shapes(d)) for d in dit],
               "vae": [(pipe.runners["vae"], {"z": vae})]}
     if refs:  # the autoencoder's encoder, on the VAE's device, for the reference latents
         enc = pipe.vae_encoder_runner()

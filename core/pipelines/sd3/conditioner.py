@@ -33,6 +33,7 @@ from sdplan.core.modelfiles.checkpoint import ModelSet, ModelTensor
 from sdplan.core.models import clip as clip_m
 from sdplan.core.models.t5 import T5Encoder
 from sdplan.core.pipelines.sdxl.conditioner import openclip_ids
+from sdplan.core.pipelines.work import input_shapes
 from sdplan.core.runtime.runner import ModulePlacement
 from sdplan.core.runtime.weights import WeightFile
 from sdplan.core.text.clip_tokenizer import EOS_ID, ClipTokenizer
@@ -188,7 +189,7 @@ class Sd3Conditioner:
         out = [(runners[n], dict(clip)) for n in ("clip_l", "clip_g")]
         if self.t5 is not None:
             ids = np.zeros((1, CHUNK), np.int32)
-            out.append((runners["t5xxl"], {k: v.shape for k, v in self.t5.inputs(ids).items()}))
+            out.append((runners["t5xxl"], input_shapes(self.t5.inputs(ids))))
         return out
 
     def _t5(self, runner: Any, prompt: str, chunks: int) -> np.ndarray:

@@ -36,6 +36,7 @@ from sdplan.core.pipelines.sd3.conditioner import CHUNK, Sd3Conditioner
 from sdplan.core.pipelines.stages.base import module_placements
 from sdplan.core.pipelines.stages.flow_dit import FlowDiTPipeline, shapes
 from sdplan.core.pipelines.stages.img2img import ImageInput
+from sdplan.core.pipelines.work import input_shapes
 from sdplan.core.sampling.flow import discrete_flow_sigmas
 from sdplan.core.sampling.slg import SkipLayerGuidance
 
@@ -143,7 +144,7 @@ class Sd3Pipeline(FlowDiTPipeline):
         dit = self.dit.inputs(np.zeros((1, 16, h, w), np.float32),
                               np.zeros((1, 2 * CHUNK, c.context), np.float32), np.zeros((1, c.pooled), np.float32), 1.0)
         return {"te": self.cond.dry_run_inputs(),
-                "diffusion": [(self.runners["diffusion"], {k: v.shape for k, v in dit.items()})],
+                "diffusion": [(self.runners["diffusion"], input_shapes(dit))],
                 "vae": [(self.runners["vae"], {"z": (1, 16, h, w)})]}
 
     def _default_sigmas(self, steps: int, tokens: int, shift: bool, flow_shift: float) -> np.ndarray:

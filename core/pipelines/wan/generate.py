@@ -24,6 +24,7 @@ from sdplan.core.models.wan_vae import latent_frames, video_frames
 from sdplan.core.pipelines.request import GenerationRequest
 from sdplan.core.pipelines.run_context import FamilyResult, RunContext
 from sdplan.core.pipelines.wan.pipeline import HighNoise, WanModels, WanPipeline
+from sdplan.core.pipelines.work import input_shapes
 from sdplan.core.runtime.placement import ModulePlacement
 from sdplan.core.text.umt5_tokenizer import WAN_MAX_LENGTH
 
@@ -118,7 +119,7 @@ def _graphs(model_files: Mapping[str, list[str]], width: int, height: int, pool:
         ins = pipe.dit.inputs(np.zeros((1, pipe.dit.cfg.in_channels, t, h, w), np.float32),
                               np.zeros((1, WAN_MAX_LENGTH, pipe.dit.cfg.text), np.float32), 1.0)
         graphs = {"te": (pipe.runners["t5xxl"], {"ids": (1, WAN_MAX_LENGTH), "mask": (WAN_MAX_LENGTH,)}),
-                  "diffusion": (pipe.runners["diffusion"], {k: a.shape for k, a in ins.items()}),
+                  "diffusion": (pipe.runners["diffusion"], input_shapes(ins)),
                   "vae": (pipe.runners["vae"], {"z": (t, c, h, w)})}
         if "vae_encode" in pipe.runners:
             graphs["vae_encode"] = (pipe.runners["vae_encode"],

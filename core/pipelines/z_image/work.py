@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from sdplan.core.pipelines.work import input_shapes
 
 __all__ = ["work", "PROMPT_TOKENS"]
 
@@ -48,14 +49,10 @@ def work(model_files: Mapping[str, list[str]], *, width: int, height: int, batch
         template = pipe.tokenizer.encode_prompt("", *TEMPLATE).length
         tokens = [template + PROMPT_TOKENS] + ([template] if cfg else [])
         llm, dit, vae = pipe.runners["llm"], pipe.runners["diffusion"], pipe.runners["vae"]
-        te = [ModuleWork("te", "text", llm.work(_shapes(pipe.llm.inputs(np.zeros((1, t), np.int32)))), 1)
+        te = [ModuleWork("te", "text", llm.work(input_shapes(pipe.llm.inputs(np.zeros((1, t), np.int32)))), 1)
               for t in tokens]
-        steps = [ModuleWork("diffusion", "step", dit.work(_shapes(pipe.dit.inputs(
+        steps = [ModuleWork("diffusion", "step", dit.work(input_shapes(pipe.dit.inputs(
             np.zeros((1, pipe.dit.cfg.channels, h, w), np.float32),
             np.zeros((1, t, pipe.dit.cfg.context), np.float32), 1.0))), batch) for t in tokens]
         z = (1, pipe.dit.cfg.channels, vae_tile[1], vae_tile[0]) if vae_tile else (1, pipe.dit.cfg.channels, h, w)
         return {"te": te, "diffusion": steps, "vae": [ModuleWork("vae", "decode", vae.work({"z": z}), batch)]}
-
-
-def _shapes(inputs: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v.shape) for k, v in inputs.items()}
