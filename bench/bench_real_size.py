@@ -23,12 +23,15 @@ Per family and engine, one whole generation (one picture, seed 42) in a fresh pr
   steps, decode (``decode_first_stage``) and load (``loading tensors``), its wall time and peak
   RSS (``wait4``) the rest.
 
-Both engines load a module's weights inside its first run (sdplan's runner when its session
-starts, sd-cli's graph runner before its first compute: ``loading tensors`` comes inside
-``get_learned_condition``, ``sampling`` and ``decode_first_stage``). So that the columns compare
-like with like, text, step and decode are compute alone for both: each module's load is taken
-out of the phase it falls in (sdplan: the runner's loads inside its runs; sd-cli: each
-``loading tensors`` line out of the phase that completes next) and counted in load only.
+Both engines load a module's weights before or inside its first run (sdplan's runner when its
+session starts, which a pipeline may enter before the runs; sd-cli's graph runner before its
+first compute: ``loading tensors`` comes inside ``get_learned_condition``, ``sampling`` and
+``decode_first_stage``). So that the columns compare like with like, text, step and decode are
+compute alone for both: each load is counted in load only, and taken out of the phase only
+where it fell inside it (sdplan: a runner's loads inside its own runs; sd-cli: each ``loading
+tensors`` line out of the phase that completes next). With two steps or more sdplan's step is
+the median step after the first (diffusers' is timed after a warm-up call) and its first step
+is printed beside it.
 
 A load reads the files from the page cache or from the drive, and whichever engine runs first
 leaves the files cached for the next one (15.8 GB of klein's files in a RAM of 23 GiB), so by
@@ -64,6 +67,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -86,27 +90,31 @@ PROMPT = "a lighthouse on a cliff at sunset, oil painting"
 # --------------------------------------------------------------------------- sdplan worker
 
 
-def time_runners(cls: Any) -> tuple[dict[str, float], dict[str, int]]:
+def time_runners(cls: Any) -> tuple[dict[str, float], dict[str, int], dict[str, list[float]]]:
     """Wrap ``cls.run`` and ``cls._load`` (a ModuleRunner class) to time them: returns the dicts
-    they fill, seconds and calls per runner name. ``acc`` gets each runner's run seconds under
+    they fill: seconds, calls and each call's seconds (its loads inside it taken out) per runner
+    name. ``acc`` gets each runner's run seconds under
     its name, every load under ``@load``, and the loads that came inside that runner's own run
     (run-scoped weights) also under ``@load:NAME`` (:func:`sdplan_parts` takes those out of the
     run). A load outside any run (a pipeline entering a runner's session before its runs, as
     SD3's conditioner does) is counted in ``@load`` alone: it is not part of a run's time."""
     acc: dict[str, float] = {}
     calls: dict[str, int] = {}
+    each: dict[str, list[float]] = {}
     run0, load0 = cls.run, cls._load
-    running: set[int] = set()  # the runners inside a run now
+    running: dict[int, float] = {}  # the runners inside a run now: seconds of loads in it
 
     def run(self: Any, inputs: Any) -> Any:
         t0 = time.perf_counter()
-        running.add(id(self))
+        running[id(self)] = 0.0
         try:
             return run0(self, inputs)
         finally:
-            running.discard(id(self))
-            acc[self.name] = acc.get(self.name, 0.0) + time.perf_counter() - t0
+            inner = running.pop(id(self), 0.0)
+            dt = time.perf_counter() - t0
+            acc[self.name] = acc.get(self.name, 0.0) + dt
             calls[self.name] = calls.get(self.name, 0) + 1
+            each.setdefault(self.name, []).append(dt - inner)
 
     def load(self: Any, *a: Any, **k: Any) -> Any:
         t0 = time.perf_counter()
@@ -117,16 +125,17 @@ def time_runners(cls: Any) -> tuple[dict[str, float], dict[str, int]]:
             acc["@load"] = acc.get("@load", 0.0) + dt
             if id(self) in running:  # inside the module's own run: taken out of that run's time
                 acc["@load:" + self.name] = acc.get("@load:" + self.name, 0.0) + dt
+                running[id(self)] += dt
 
     cls.run, cls._load = run, load
-    return acc, calls
+    return acc, calls, each
 
 
 def sdplan_worker(argv: list[str]) -> dict[str, Any]:
     """Run ``sdplan generate argv --in-process`` here, timing every ModuleRunner call."""
     from sdplan.core.runtime import runner as R
 
-    acc, calls = time_runners(R.ModuleRunner)
+    acc, calls, each = time_runners(R.ModuleRunner)
     if os.environ.get("BENCH_NO_PAGE_CACHE_ADVICE"):  # --no-page-cache-advice: as before the advice
         from sdplan.core.runtime.weights import WeightFile
 
@@ -150,7 +159,7 @@ def sdplan_worker(argv: list[str]) -> dict[str, Any]:
     if rc:
         raise SystemExit(f"sdplan generate exited {rc}")
     # a module's run includes its run-scoped weight loads (disk residency): counted once, in load
-    return {"whole": whole, "runs": acc, "calls": calls, "peak_rss": _vm_hwm(), "threads": chosen,
+    return {"whole": whole, "runs": acc, "calls": calls, "each": each, "peak_rss": _vm_hwm(), "threads": chosen,
             "cached_after": page_cache_bytes([argv[i + 1] for i, w in enumerate(argv[:-1]) if w in FILE_FLAGS])}
 
 
@@ -218,7 +227,12 @@ def predicted(argv: list[str], threads: int) -> dict[str, float]:
 
 
 def sdplan_parts(res: dict[str, Any], steps: int) -> dict[str, float]:
-    """text / step / decode / load / whole (seconds) and peak RSS (bytes) of a worker's result."""
+    """text / step / decode / load / whole (seconds) and peak RSS (bytes) of a worker's result.
+
+    With two steps or more, ``step`` is the median step after the first (the diffusion
+    model's calls grouped per step), as diffusers' step is timed after a warm-up call, and
+    ``first_step`` the first step's time (its graph built, its compute buffers first
+    touched); with one step ``step`` is that first step."""
     runs = dict(res["runs"])
     load = runs.pop("@load", 0.0)
     for k in [k for k in runs if k.startswith("@load:")]:  # each runner's loads came inside its runs
@@ -230,6 +244,11 @@ def sdplan_parts(res: dict[str, Any], steps: int) -> dict[str, float]:
     text = sum(v for k, v in runs.items() if k not in ("vae", "taesd", "upscaler", "control"))
     out = {"text": text, "step": diff / max(steps, 1), "decode": dec, "load": load, "whole": res["whole"],
            "peak_rss": res["peak_rss"]}
+    per = list(res.get("each", {}).get("diffusion", ()))
+    if steps >= 2 and per and len(per) % steps == 0:
+        k = len(per) // steps  # calls per step (CFG run as two calls, parallel CFG's copy...)
+        by_step = [sum(per[i:i + k]) for i in range(0, len(per), k)]
+        out["first_step"], out["step"] = by_step[0], statistics.median(by_step[1:])
     if "cached_after" in res:  # the model files' bytes left in the page cache after the run
         out["cached_after"] = res["cached_after"]
     return out

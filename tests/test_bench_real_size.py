@@ -138,7 +138,7 @@ def test_loads_outside_a_run_are_not_taken_out_of_it(monkeypatch) -> None:
                 self._load(2.0)
             clock[0] += inputs["compute"]
 
-    acc, calls = brs.time_runners(Runner)
+    acc, calls, each = brs.time_runners(Runner)
     t5 = Runner("t5xxl")
     t5._load(3.0)                            # the session entered before the runs
     t5.run({"compute": 1.5})
@@ -147,8 +147,21 @@ def test_loads_outside_a_run_are_not_taken_out_of_it(monkeypatch) -> None:
     vae.run({"compute": 0.5, "cold": True})  # run-scoped weights, loaded in the run
     assert acc == {"@load": 5.0, "t5xxl": 3.0, "@load:vae": 2.0, "vae": 2.5}
     assert calls == {"t5xxl": 2, "vae": 1}
+    assert each == {"t5xxl": [1.5, 1.5], "vae": [0.5]}  # each call's compute, its own load out
     got = brs.sdplan_parts({"whole": 10.0, "peak_rss": 1, "runs": acc}, steps=1)
     assert (got["text"], got["decode"], got["load"]) == (3.0, 0.5, 5.0)
+
+
+def test_the_step_is_the_median_after_the_first_with_two_steps_or_more() -> None:
+    """As diffusers' step is timed after a warm-up call, sdplan's is the median of its steps
+    after the first (the calls grouped per step: two per step when CFG runs as two calls);
+    the first step is kept beside it. With one step, that step."""
+    res = {"whole": 30.0, "peak_rss": 1, "runs": {"diffusion": 17.0, "@load": 1.0},
+           "each": {"diffusion": [4.0, 3.0, 2.5, 2.5, 2.0, 3.0]}}
+    got = brs.sdplan_parts(res, steps=3)
+    assert (got["first_step"], got["step"]) == (7.0, 5.0)
+    got = brs.sdplan_parts({**res, "each": {"diffusion": [6.0]}, "runs": {"diffusion": 6.0}}, steps=1)
+    assert got["step"] == 6.0 and "first_step" not in got
 
 
 def test_an_sdcli_killed_in_its_decode_keeps_the_phases_it_finished(tmp_path: Path, capsys) -> None:
