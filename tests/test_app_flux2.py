@@ -48,3 +48,27 @@ def test_klein_files_open_with_its_flags_and_settings(win, files) -> None:  # no
     for module, n in (("diffusion", 25), ("te", 27)):  # klein reads 27 of the 36 encoder blocks
         ranges = ctl.plan.modules[module].ranges
         assert [r.device for r in ranges] == ["CUDA0", "CUDA1"] and ranges[-1].last_block == n - 1
+
+
+def test_a_flux1_autoencoder_dropped_beside_klein_is_refused_and_the_set_kept(win, files, tmp_path,  # noqa: F811
+                                                                            shared_dir: Path) -> None:
+    """A FLUX.1 ``ae`` (16 latent channels) opened beside klein's DiT and encoder is refused with
+    the line ``sdplan plan`` and ``generate`` print for it, and the open klein files stay as they
+    were (the board does not take the autoencoder for another whole model and replace them);
+    the FLUX.2 autoencoder then joins them."""
+    from sdplan.core.errors import ModelFileError
+
+    dit, llm, vae = files
+    layouts = json.loads((shared_dir / "models/real_size_key_layouts.json").read_text())
+    ae = tmp_path / "ae.safetensors"
+    write_sparse(ae, layouts["flux1_ae_bfl"])
+    assert win.open_files([str(dit), str(llm)])  # the autoencoder not chosen yet
+    before = dict(win.ctl.model_files)
+    with pytest.raises(ModelFileError) as got:
+        win.ctl.open_files([str(ae)])
+    assert str(got.value) == (f"{ae}: --vae: a FLUX.1 or SD3 autoencoder (16 latent channels); "
+                              "FLUX.2 klein needs the FLUX.2 autoencoder (32 latent channels)")
+    assert win.ctl.model_files == before
+    assert win.ctl.profile.architecture == "flux2_klein-4b"
+    win.ctl.open_files([str(vae)])
+    assert win.ctl.model_files == {**before, "vae": [str(vae)]}

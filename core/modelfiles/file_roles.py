@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sdplan.core.errors import ModelFileError
+from sdplan.core.errors import ModelFileError, SdplanError
 from sdplan.core.modelfiles.checkpoint import (
     classify_checkpoint,
     detect_standalone,
@@ -143,3 +143,14 @@ def read_checked(files: Mapping[str, Sequence[str]], headers: dict[str, Any] | N
     """
     check_file_roles(files)
     return check_files(read_model_files(files, headers), files)
+
+
+def holds_diffusion_model(paths: Sequence[str]) -> bool:
+    """Whether the files ``paths`` hold a diffusion model of their own, classified by their
+    tensor names as ``-m`` reads them (headers only): another whole model, which the app's
+    board may open in place of the one it has, where a lone autoencoder or text encoder only
+    joins it. False when they cannot be read."""
+    try:
+        return "diffusion" in read_model_files({"model": list(paths)}).modules()
+    except (SdplanError, OSError, ValueError):
+        return False

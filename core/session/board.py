@@ -403,10 +403,13 @@ class BoardSession(Estimates):
         unknown, never the previous model's), else None.
 
         Raises:
-            SdplanError, OSError, ValueError: a file is unreadable or not a model (only when
-                ``strict``; nothing changes then).
+            SdplanError, OSError, ValueError: a file is unreadable or not a model, or the set
+                does not fit together (:func:`~sdplan.core.modelfiles.file_roles.check_files`:
+                a FLUX.1 autoencoder beside a FLUX.2 DiT...); only when ``strict``, and
+                nothing changes then.
         """
         from sdplan.core.modelfiles.checkpoint import read_model_files
+        from sdplan.core.modelfiles.file_roles import check_files
         from sdplan.core.modelfiles.flags import files_by_flag
         from sdplan.core.pipelines.size_rule import size_multiple
         from sdplan.core.planning.sdcli import model_file_flags
@@ -417,6 +420,8 @@ class BoardSession(Estimates):
             ms = read_model_files(files)
             profile = ms.profile()
             files = files_by_flag(ms, files)
+            # as plan and generate check a set: a VAE or LLM the family cannot take is refused
+            check_files(ms, files)
             extra = model_file_flags([f.metadata for f in ms.files], ms.architecture.family)
             multiple = size_multiple(ms)
         except (SdplanError, OSError, ValueError) as exc:
@@ -451,17 +456,20 @@ class BoardSession(Estimates):
         clash with those (another whole checkpoint), they replace them.
 
         Raises:
-            SdplanError, OSError, ValueError: a file is unreadable or not a model (nothing
-                changes then).
+            SdplanError, OSError, ValueError: a file is unreadable or not a model, or files
+                without a diffusion model of their own do not fit the open ones (a FLUX.1
+                autoencoder beside FLUX.2 klein); nothing changes then.
         """
+        from sdplan.core.modelfiles.file_roles import holds_diffusion_model
+
         new = [str(p) for p in paths]
         flags = {k: list(v) for k, v in self.model_files.items()}
         flags.setdefault("model", []).extend(p for p in new if p not in flags["model"])
         try:
             self.load_model_files(flags)
         except (SdplanError, OSError, ValueError):
-            if not self.model_files:
-                raise
+            if not self.model_files or not holds_diffusion_model(new):
+                raise  # a VAE or encoder the open model cannot take: refused, the set kept
             self.load_model_files({"model": new})
 
     def set_profile(self, profile: Profile | None) -> None:
@@ -585,3 +593,4 @@ class BoardSession(Estimates):
     def save_plan(self, path: str | Path) -> None:
         """Write :meth:`plan_json` to ``path`` (raises OSError)."""
         save_plan_file(path, self.plan_json())
+

@@ -102,13 +102,13 @@ def _model(session: BoardSession, files: dict[str, list[str]]) -> _Model:
                       session.size_multiple)
     missing = [p for v in files.values() for p in v if not Path(p).is_file()]
     if not missing:
-        from sdplan.core.modelfiles.checkpoint import read_model_files
+        from sdplan.core.modelfiles.file_roles import read_checked
         from sdplan.core.modelfiles.flags import files_by_flag
         from sdplan.core.pipelines.size_rule import size_multiple
         from sdplan.core.planning.sdcli import model_file_flags
 
         try:
-            ms = read_model_files(files)
+            ms = read_checked(files)
             prof = ms.profile()
             flags = model_file_flags([f.metadata for f in ms.files], ms.architecture.family)
             return _Model(files_by_flag(ms, files), prof, "the model files", prof.architecture,
