@@ -519,6 +519,7 @@ def run_family(a: argparse.Namespace, fam: str, files: dict[str, Path], px: int,
         res = _child("--sdplan-worker", argv)
         row["sdplan"] = sdplan_parts(res, steps)
         row["sdplan"]["calls"] = res["calls"]
+        row["sdplan"]["each"] = res.get("each", {})  # every call's seconds, per runner (the JSON)
         row["sdplan"]["threads"] = res.get("threads", {})
         est_files = {flag.lstrip("-").replace("-", "_"): [str(p)] for flag, p in files.items()}
         placement = {"params_backend": a.params_backend} if a.params_backend else {}
