@@ -137,10 +137,14 @@ def _check_llm(path: str, fam: Family, width: int) -> None:
     if llm is None:
         return
     hidden, blocks, kind = llm
+    have = f"a language model of hidden width {hidden}" + (f" ({kind})" if kind else "")
     try:
         fam.llm_out_layers(blocks)
-    except ValueError as exc:
-        raise ModelFileError(path, f"--llm: {exc}") from None
+    except ValueError:
+        names = " or ".join(dict.fromkeys(fam.llm_widths.values()))
+        layers = ", ".join(str(k) for k in fam.llm_layers)
+        raise ModelFileError(path, f"--llm: {have}; {fam.title} reads the states of "
+                                   f"{names or 'its LLM'} (layers {layers}), which it lacks") from None
     states = len(fam.llm_layers) or 1
     if hidden * states == width:
         return
@@ -150,7 +154,6 @@ def _check_llm(path: str, fam: Family, width: int) -> None:
     else:
         name = fam.llm_widths.get(width // states)
         reads += f" of width {width // states}" + (f" ({name})" if name else "")
-    have = f"a language model of hidden width {hidden}" + (f" ({kind})" if kind else "")
     raise ModelFileError(path, f"--llm: {have}; this {fam.title} DiT reads {reads}")
 
 
