@@ -604,13 +604,18 @@ def print_table(rows: dict[str, dict[str, Any]], a: argparse.Namespace) -> None:
 
 
 PARTS = ("sdplan", "sdcli", "diffusers")
+#: the ``--quant`` types sd-cli converts the diffusion model to
+QUANTS = ("q8_0", "q4_k", "q5_k")
 
 
 def check_flags(a: argparse.Namespace) -> None:
     """Refuse flags that would fail or be ignored only after the files are written and the
     engines run: a family without a recipe (``real_size_files.RECIPES``), a part other than
-    :data:`PARTS`, and a thread, round, step or size count below 1 (``--steps 0`` and
-    ``--size 0`` were taken as not given).
+    :data:`PARTS`, a thread, round, step or size count below 1 (``--steps 0`` and
+    ``--size 0`` were taken as not given), a ``--shared`` folder without the layouts (a
+    traceback once the first family started), a ``--quant`` type other than :data:`QUANTS` or
+    one without sd-cli (refused after the first family's files were written), and a ``--json``
+    whose folder does not exist (its rows lost when the last run ended).
 
     Raises:
         SystemExit: one line naming the flag and the value at fault.
@@ -626,6 +631,15 @@ def check_flags(a: argparse.Namespace) -> None:
                         ("--size", a.size)):
         if value is not None and value < 1:
             raise SystemExit(f"{flag} must be at least 1, got {value}")
+    if not (Path(a.shared) / "models" / "real_size_key_layouts.json").is_file():
+        raise SystemExit(f"--shared {a.shared!r}: no models/real_size_key_layouts.json in it")
+    quants = [q for q in a.quant.split(",") if q]
+    if [q for q in quants if q not in QUANTS] or (a.quant and not quants):
+        raise SystemExit(f"--quant {a.quant!r}: choose from {', '.join(QUANTS)}")
+    if quants and not a.sdcli:
+        raise SystemExit(f"--quant {a.quant!r} needs --sdcli or SDCLI (sd-cli converts the files)")
+    if a.json and not Path(a.json).resolve().parent.is_dir():
+        raise SystemExit(f"--json {a.json!r}: no folder {str(Path(a.json).resolve().parent)!r} to write it in")
 
 
 def main() -> int:

@@ -72,3 +72,26 @@ def test_a_flux1_autoencoder_dropped_beside_klein_is_refused_and_the_set_kept(wi
     assert win.ctl.profile.architecture == "flux2_klein-4b"
     win.ctl.open_files([str(vae)])
     assert win.ctl.model_files == {**before, "vae": [str(vae)]}
+
+
+def test_a_whole_checkpoint_of_another_family_replaces_the_klein_set(win, files, tmp_path,  # noqa: F811
+                                                                   shared_dir: Path) -> None:
+    """A whole SDXL checkpoint (UNet, both CLIP encoders and autoencoder in one file) opened while
+    klein's three files are open replaces them: it shares no tensor name with them, so joining
+    them raised nothing, and the board planned klein with the checkpoint beside it as ``-m``.
+    klein's DiT opened after it replaces the checkpoint in turn, and its encoder then joins it."""
+    dit, llm, vae = files
+    layouts = json.loads((shared_dir / "models/real_size_key_layouts.json").read_text())
+    ckpt = tmp_path / "sd_xl_base_1.0.safetensors"
+    write_sparse(ckpt, layouts["sdxl_base_ldm_full"])
+    assert win.open_files([str(dit), str(llm), str(vae)])
+    assert win.open_files([str(ckpt)])
+    assert win.ctl.model_files == {"model": [str(ckpt)]}
+    assert win.ctl.profile.architecture == "sdxl"
+    cmd = win.strings.command.toPlainText()
+    assert f"--model {ckpt}" in cmd and str(dit) not in cmd and "--llm" not in cmd and "--vae" not in cmd
+    assert win.open_files([str(dit)])
+    assert win.ctl.model_files == {"diffusion_model": [str(dit)]}
+    win.ctl.open_files([str(llm)])
+    assert win.ctl.model_files == {"diffusion_model": [str(dit)], "llm": [str(llm)]}
+    assert win.ctl.profile.architecture == "flux2_klein-4b"

@@ -219,16 +219,23 @@ def test_the_prediction_row_is_what_plan_says_of_the_same_flags() -> None:
     ({"rounds": 0}, "--rounds must be at least 1, got 0"),
     ({"steps": 0}, "--steps must be at least 1, got 0"),
     ({"size": -8}, "--size must be at least 1, got -8"),
+    ({"shared": "/nonexistent"}, "--shared '/nonexistent': no models/real_size_key_layouts.json in it"),
+    ({"quant": "q8_0,q3_k", "sdcli": "/usr/bin/sd-cli"}, "--quant 'q8_0,q3_k': choose from q8_0, q4_k, q5_k"),
+    ({"quant": ","}, "--quant ',': choose from q8_0, q4_k, q5_k"),
+    ({"quant": "q8_0"}, "--quant 'q8_0' needs --sdcli or SDCLI"),
+    ({"json": "/nonexistent/rows.json"}, "--json '/nonexistent/rows.json': no folder '/nonexistent'"),
 ])
-def test_bad_flags_are_refused_before_any_file_is_written(flags: dict, line: str) -> None:
+def test_bad_flags_are_refused_before_any_file_is_written(flags: dict, line: str, shared_dir: Path) -> None:
     """An unknown family printed "not run" and an empty table with exit 0, an unknown part ran
-    nothing of it, and ``--steps 0``/``--size 0`` ran the family's defaults: each is one line
-    before any work."""
+    nothing of it, ``--steps 0``/``--size 0`` ran the family's defaults, a ``--shared`` without
+    the layouts ended in a traceback, ``--quant`` without sd-cli was refused only after the first
+    family's files were written, and a ``--json`` in a missing folder lost the rows at the end:
+    each is one line before any work."""
     import argparse
 
     fam = next(f for f, r in rsf.RECIPES.items() if not isinstance(r, str))
     base = {"families": fam, "parts": "sdplan,sdcli,diffusers", "threads": 2, "rounds": 1,
-            "steps": None, "size": None}
+            "steps": None, "size": None, "shared": str(shared_dir), "quant": "", "sdcli": "", "json": None}
     with pytest.raises(SystemExit) as exc:
         brs.check_flags(argparse.Namespace(**{**base, **flags}))
     assert str(exc.value).startswith(line), exc.value

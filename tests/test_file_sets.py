@@ -9,7 +9,11 @@ the same line (both run :func:`sdplan.core.modelfiles.file_roles.read_checked`):
    (4096) given to Z-Image (caption width 2560) or to klein 4B (3 states of 2560); the
    pipeline refused it after the engine started, in a line without its ``[code]``;
 3. an autoencoder given as ``--diffusion-model`` or ``-m`` (it failed inside the engine as
-   "no CLIP text encoder" / "not an SD checkpoint").
+   "no CLIP text encoder" / "not an SD checkpoint");
+4. an autoencoder of the right latent channels in the other layout: FLUX.1's 2-D ``ae`` given
+   to Qwen-Image or Wan, whose autoencoder is Wan 2.1's causal 3-D one, and Wan 2.1's given to
+   Z-Image (all 16 channels; the pipeline refused it once the engine had started: "no Wan
+   autoencoder: 'decoder.conv1.weight' and 'encoder.conv1.weight' missing").
 
 The files are sparse real-size layouts from ``../shared/models`` (headers with the published
 names and shapes, no data). Qwen3-8B has no layout there: it is Qwen3-4B's with Qwen3-8B's
@@ -44,15 +48,21 @@ def qwen3_8b(qwen3_4b: Layout) -> Layout:
 
 @pytest.fixture(scope="module")
 def files(layouts: dict[str, Layout], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The sparse files: klein 4B and Z-Image Turbo DiTs, Qwen3-4B and -8B, FLUX.1 ``ae`` and the
-    FLUX.2 autoencoder (published dtypes: bf16 DiTs and encoders, f32 autoencoders)."""
+    """The sparse files: klein 4B, Z-Image Turbo, Qwen-Image and Wan 2.2 A14B DiTs, Qwen3-4B and
+    -8B, Qwen2.5-VL-7B, UMT5-XXL, FLUX.1 ``ae``, the FLUX.2 and the Wan 2.1 autoencoders
+    (published dtypes: bf16 DiTs and encoders, f32 autoencoders)."""
     root = tmp_path_factory.mktemp("sets")
     made = {"klein": ("flux-2-klein-4b.safetensors", layouts["flux2_klein_4b"], "BF16"),
             "z_image": ("z_image_turbo_bf16.safetensors", layouts["z_image_turbo"], "BF16"),
             "qwen3_4b": ("qwen_3_4b.safetensors", layouts["qwen3_4b_hf"], "BF16"),
             "qwen3_8b": ("qwen_3_8b.safetensors", qwen3_8b(layouts["qwen3_4b_hf"]), "BF16"),
             "ae": ("ae.safetensors", layouts["flux1_ae_bfl"], "F32"),
-            "flux2_vae": ("flux2-vae.safetensors", layouts["flux2_vae"], "F32")}
+            "flux2_vae": ("flux2-vae.safetensors", layouts["flux2_vae"], "F32"),
+            "qwen_image": ("qwen_image_bf16.safetensors", layouts["qwen_image_dit"], "BF16"),
+            "qwen25vl": ("qwen_2.5_vl_7b.safetensors", layouts["qwen25vl_7b_llm"], "BF16"),
+            "wan21_vae": ("wan_2.1_vae.safetensors", layouts["wan21_vae"], "F32"),
+            "wan_a14b": ("wan2.2_t2v_low_noise_14B_bf16.safetensors", layouts["wan22_t2v_a14b"], "BF16"),
+            "umt5": ("umt5_xxl_bf16.safetensors", layouts["umt5_xxl"], "BF16")}
     out = {}
     for key, (name, shapes, dtype) in made.items():
         out[key] = root / name
@@ -106,6 +116,9 @@ def test_the_layouts_say_what_the_checks_compare(layouts: dict[str, Layout], fil
     assert llm_width(files["qwen3_4b"]) == (2560, 36, "qwen3, 36 blocks")
     assert llm_width(files["qwen3_8b"]) == (4096, 36, "qwen3, 36 blocks")
     assert llm_width(files["ae"]) is None and vae_latent(files["qwen3_4b"]) is None
+    # Wan 2.1's causal autoencoder (Qwen-Image's too): FLUX.1's 16 channels, 3-D kernels
+    assert layouts["wan21_vae"]["decoder.conv1.weight"] == [384, 16, 3, 3, 3]
+    assert vae_latent(files["wan21_vae"]) == (16, 3)
 
 
 def test_a_flux1_autoencoder_for_flux2_klein(files: dict[str, Path], tmp_path: Path, capsys, no_engine) -> None:
@@ -137,11 +150,28 @@ def test_an_autoencoder_as_the_diffusion_model(files: dict[str, Path], tmp_path:
     assert line == f"{ERROR}{files['ae']}: {flag} takes {takes}; this file holds an autoencoder"
 
 
-@pytest.mark.parametrize("dit,llm,vae", [("klein", "qwen3_4b", "flux2_vae"), ("z_image", "qwen3_4b", "ae")])
+@pytest.mark.parametrize("dit,encoder,vae,have,needs", [
+    ("qwen_image", ("--llm", "qwen25vl"), "ae", "a FLUX.1 or SD3 autoencoder (16 latent channels, 2-D)",
+     "Qwen-Image needs the Qwen-Image (Wan 2.1) autoencoder (16 latent channels, 3-D causal)"),
+    ("wan_a14b", ("--t5xxl", "umt5"), "ae", "a FLUX.1 or SD3 autoencoder (16 latent channels, 2-D)",
+     "Wan 2.x video needs the Wan 2.1 autoencoder (16 latent channels, 3-D causal)"),
+    ("z_image", ("--llm", "qwen3_4b"), "wan21_vae", "the Wan 2.1 autoencoder (16 latent channels, 3-D causal)",
+     "Z-Image needs the FLUX.1 autoencoder (16 latent channels, 2-D)"),
+])
+def test_an_autoencoder_of_the_other_layout(files: dict[str, Path], tmp_path: Path, capsys, no_engine, dit: str,
+                                            encoder: tuple[str, str], vae: str, have: str, needs: str) -> None:
+    line = refused(["--diffusion-model", str(files[dit]), encoder[0], str(files[encoder[1]]),
+                    "--vae", str(files[vae])], tmp_path, capsys)
+    assert line == f"{ERROR}{files[vae]}: --vae: {have}; {needs}"
+
+
+@pytest.mark.parametrize("dit,llm,vae", [("klein", "qwen3_4b", "flux2_vae"), ("z_image", "qwen3_4b", "ae"),
+                                         ("qwen_image", "qwen25vl", "wan21_vae")])
 def test_the_published_sets_reach_the_engine(files: dict[str, Path], tmp_path: Path, capsys, no_engine,
                                              dit: str, llm: str, vae: str) -> None:
     """The checks refuse no set the engine runs: klein 4B with Qwen3-4B and the FLUX.2
-    autoencoder, Z-Image with Qwen3-4B and FLUX.1's get to the engine's start."""
+    autoencoder, Z-Image with Qwen3-4B and FLUX.1's, Qwen-Image with Qwen2.5-VL-7B and Wan
+    2.1's get to the engine's start."""
     args = parse(["--diffusion-model", str(files[dit]), "--llm", str(files[llm]), "--vae", str(files[vae]),
                   "-p", "a cat", "-o", str(tmp_path / "x.png"), "-t", "1"])
     with pytest.raises(EngineStarted):

@@ -73,6 +73,10 @@ class Companions:
         autoencoder: its autoencoder's name for people (``FLUX.2``), in the refusal of a
             ``--vae`` of other latent channels
             (:func:`sdplan.core.modelfiles.file_sets.check_companions`); empty: unnamed.
+        autoencoder_dims: the dimensions its autoencoder's convolutions run over: 2 for the
+            image autoencoders (SD, SDXL, SD3, FLUX.1, FLUX.2), 3 for the causal video
+            autoencoders of Wan, which Qwen-Image also decodes with; FLUX.1's and Wan 2.1's
+            both have 16 latent channels, so the channels alone do not tell them apart.
     """
 
     encoders: tuple[str, ...]
@@ -81,6 +85,7 @@ class Companions:
     prefers: str = ""
     avoids: str = "xl"
     autoencoder: str = ""
+    autoencoder_dims: int = 2
 
 
 @dataclass(frozen=True)

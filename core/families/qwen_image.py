@@ -57,7 +57,7 @@ QWEN_IMAGE = Family(
                        o.UPSCALE, o.HIRES}),
     sampling="flow", defaults=Defaults(2.5, 20, "euler"),
     sizes=FLUX_SIZES, size_rule="patch8", latent_format="wan21_vae",
-    companions=Companions(("llm",), 16, 1024, autoencoder="Qwen-Image (Wan 2.1)"),
+    companions=Companions(("llm",), 16, 1024, autoencoder="Qwen-Image (Wan 2.1)", autoencoder_dims=3),
     text_width=("txt_in.weight",), llm_widths={3584: "Qwen2.5-VL-7B"},
     compute=ComputeShape("dit", 24, 3072, 256),
     pipeline="sdplan.core.pipelines.qwen_image.generate:generate",

@@ -28,7 +28,8 @@ from sdplan.core.modelfiles.checkpoint import (
 from sdplan.core.modelfiles.file_sets import check_companions, regular_files
 from sdplan.core.modelfiles.readers import read_tensor_file
 
-__all__ = ["check_file_roles", "check_files", "held_besides_diffusion", "kind_of", "read_checked"]
+__all__ = ["check_file_roles", "check_files", "held_besides_diffusion", "kind_of", "of_another_family",
+           "read_checked"]
 
 #: flag key -> (its spelling, the kind of model it takes)
 ROLES = {"llm": ("--llm", "a language model"), "t5xxl": ("--t5xxl", "a T5 encoder"),
@@ -154,3 +155,26 @@ def holds_diffusion_model(paths: Sequence[str]) -> bool:
         return "diffusion" in read_model_files({"model": list(paths)}).modules()
     except (SdplanError, OSError, ValueError):
         return False
+
+
+def of_another_family(open_files: Mapping[str, Sequence[str]], new: Sequence[str]) -> bool:
+    """Whether the files ``new`` hold a diffusion model of their own of another family than
+    the one among ``open_files`` (sd-cli's flag keys -> paths), both classified by their tensor
+    names as ``-m`` reads them (headers only): another whole model, which the app's board opens
+    in place of the open set. Joining them is no test of that: a whole SDXL checkpoint shares
+    no tensor name with FLUX.2 klein's DiT, encoder and VAE, and was planned beside them as
+    klein. False when either holds no diffusion model or cannot be read."""
+    theirs = _diffusion_family(new)
+    return theirs is not None and _diffusion_family([p for v in open_files.values() for p in v]) not in (None, theirs)
+
+
+def _diffusion_family(paths: Sequence[str]) -> str | None:
+    """The family of the diffusion model ``paths`` hold (as :func:`holds_diffusion_model`
+    classifies them), or None."""
+    if not paths:
+        return None
+    try:
+        ms = read_model_files({"model": list(paths)})
+    except (SdplanError, OSError, ValueError):
+        return None
+    return ms.architecture.family if "diffusion" in ms.modules() else None

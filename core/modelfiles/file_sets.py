@@ -46,6 +46,8 @@ __all__ = ["AUTOENCODERS", "check_companions", "llm_width", "regular_files", "va
 AUTOENCODERS = {(4, 2): "an SD / SDXL autoencoder", (16, 2): "a FLUX.1 or SD3 autoencoder",
                 (32, 2): "a FLUX.2 autoencoder", (16, 3): "the Wan 2.1 autoencoder",
                 (48, 3): "the Wan 2.2 autoencoder"}
+#: convolution dims -> how a refusal names an autoencoder's layout
+_CONVOLUTIONS = {2: "2-D", 3: "3-D causal"}
 _DECODER_IN = {"decoder.conv_in.weight": 4, "decoder.conv1.weight": 5}
 _LLM_BLOCK0 = re.compile(r"^(.*?)(?:(layers)\.0\.input_layernorm|(blk)\.0\.attn_norm)\.weight$")
 _DIFFUSION_PREFIX = "model.diffusion_model."
@@ -114,16 +116,24 @@ def check_companions(models: Any, fam: Family, files: Mapping[str, Sequence[str]
             FLUX.2 klein needs the FLUX.2 autoencoder (32 latent channels)"``, ``"FILE: --llm:
             a language model of hidden width 4096 (qwen3, 36 blocks); this Z-Image DiT reads
             one state of width 2560 (Qwen3-4B)"``, or the states it reads that the encoder
-            lacks.
+            lacks. An autoencoder of the declared channels in the other layout
+            (:attr:`~sdplan.core.families.declaration.Companions.autoencoder_dims`) is refused
+            naming both: ``"FILE: --vae: a FLUX.1 or SD3 autoencoder (16 latent channels,
+            2-D); Qwen-Image needs the Qwen-Image (Wan 2.1) autoencoder (16 latent channels,
+            3-D causal)"``.
     """
     comp = fam.companions_for(models.architecture.variant)
     for path in regular_files(files, "vae") if comp.latent_channels else ():
         found = vae_latent(path)
-        if found is not None and found[0] != comp.latent_channels:
+        if found is not None and found != (comp.latent_channels, comp.autoencoder_dims):
+            # the same channels in the other layout (FLUX.1's ae for Qwen-Image): say the layouts
+            layouts = found[0] == comp.latent_channels
+            have = f"{found[0]} latent channels" + (f", {_CONVOLUTIONS[found[1]]}" if layouts else "")
+            want = f"{comp.latent_channels} latent channels" + \
+                (f", {_CONVOLUTIONS[comp.autoencoder_dims]}" if layouts else "")
             what = AUTOENCODERS.get(found, "an autoencoder")
-            want = (f"the {comp.autoencoder} autoencoder" if comp.autoencoder else "an autoencoder") + \
-                f" ({comp.latent_channels} latent channels)"
-            raise ModelFileError(path, f"--vae: {what} ({found[0]} latent channels); {fam.title} needs {want}")
+            named = f"the {comp.autoencoder} autoencoder" if comp.autoencoder else "an autoencoder"
+            raise ModelFileError(path, f"--vae: {what} ({have}); {fam.title} needs {named} ({want})")
     width = _text_width(models, fam)
     if width is not None:
         for path in regular_files(files, "llm"):

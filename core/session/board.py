@@ -452,17 +452,21 @@ class BoardSession(Estimates):
 
     def open_files(self, paths: Sequence[str]) -> None:
         """Open model files of any kind (classified by their tensor names). They join the
-        files already open (a VAE or text encoder next to a diffusion model); when they
-        clash with those (another whole checkpoint), they replace them.
+        files already open (a VAE or text encoder next to a diffusion model); another whole
+        model (a diffusion model of another family, or files that clash with the open ones)
+        replaces them.
 
         Raises:
             SdplanError, OSError, ValueError: a file is unreadable or not a model, or files
                 without a diffusion model of their own do not fit the open ones (a FLUX.1
                 autoencoder beside FLUX.2 klein); nothing changes then.
         """
-        from sdplan.core.modelfiles.file_roles import holds_diffusion_model
+        from sdplan.core.modelfiles.file_roles import holds_diffusion_model, of_another_family
 
         new = [str(p) for p in paths]
+        if of_another_family(self.model_files, new):  # another whole model: it never joins the set
+            self.load_model_files({"model": new})
+            return
         flags = {k: list(v) for k, v in self.model_files.items()}
         flags.setdefault("model", []).extend(p for p in new if p not in flags["model"])
         try:
@@ -593,4 +597,3 @@ class BoardSession(Estimates):
     def save_plan(self, path: str | Path) -> None:
         """Write :meth:`plan_json` to ``path`` (raises OSError)."""
         save_plan_file(path, self.plan_json())
-
