@@ -177,3 +177,16 @@ def test_the_published_sets_reach_the_engine(files: dict[str, Path], tmp_path: P
     with pytest.raises(EngineStarted):
         args.run(args)
     assert "error" not in capsys.readouterr().err
+
+
+def test_two_diffusion_models_of_different_families(layouts: dict[str, Layout], files: dict[str, Path],
+                                                    tmp_path: Path, capsys, no_engine) -> None:
+    """A whole SDXL checkpoint given with ``-m`` beside FLUX.2 klein's ``--diffusion-model`` shares
+    no tensor name with klein's files: read together they made one set planned as klein, and
+    generate failed inside the engine. Both commands refuse it, naming both files."""
+    sdxl = tmp_path / "sd_xl_base_1.0.safetensors"
+    write_sparse(sdxl, layouts["sdxl_base_ldm_full"], "F16")
+    line = refused(["-m", str(sdxl), "--diffusion-model", str(files["klein"]), "--llm", str(files["qwen3_4b"]),
+                    "--vae", str(files["flux2_vae"])], tmp_path, capsys)
+    assert line == (f"{ERROR}{files['klein']}: --diffusion-model: the diffusion model of FLUX.2 klein, where -m "
+                    f"{sdxl} holds that of SDXL: give the files of one model")

@@ -104,11 +104,19 @@ def check_file_roles(files: Mapping[str, Sequence[str]]) -> None:
             have = kind_of(path)
             if have is not None and have != want:
                 raise ModelFileError(path, f"{flag} takes {want}; this file holds {have}")
+    seen: dict[str, tuple[str, str]] = {}  # family -> (flag, file) of the diffusion models given
     for key, (flag, want) in DIFFUSION_ROLES.items():
         for path in regular_files(files, key):
             have = held_besides_diffusion(path)
             if have is not None:
                 raise ModelFileError(path, f"{flag} takes {want}; this file holds {have}")
+            fam = _diffusion_family([path]) if sum(len(regular_files(files, k)) for k in DIFFUSION_ROLES) > 1 else None
+            other = next(((f, w) for f, w in seen.items() if f != fam), None) if fam else None
+            if other is not None:
+                raise ModelFileError(path, f"{flag}: the diffusion model of {_title(fam)}, where {other[1][0]} "
+                                           f"{other[1][1]} holds that of {_title(other[0])}: give the files of one model")
+            if fam:
+                seen.setdefault(fam, (flag, path))
 
 
 def check_files(models: Any, files: Mapping[str, Sequence[str]]) -> Any:
@@ -178,3 +186,11 @@ def _diffusion_family(paths: Sequence[str]) -> str | None:
     except (SdplanError, OSError, ValueError):
         return None
     return ms.architecture.family if "diffusion" in ms.modules() else None
+
+
+def _title(family_name: str | None) -> str:
+    """The registry's title of a family (``FLUX.2 klein``), else its name."""
+    from sdplan.core.families import family
+
+    fam = family(family_name) if family_name else None
+    return fam.title if fam is not None else str(family_name)
