@@ -127,13 +127,15 @@ def test_the_child_of_a_clip_model_builds_its_tokenizer_while_the_command_starts
 
 def test_a_preload_warm_up_runs_in_the_child_before_its_first_job(tmp_path: Path) -> None:
     """``--preload module:function`` imports the module and calls the function before the
-    child serves jobs (no job is sent here); a failing warm-up does not stop the child."""
+    child serves jobs (no job is sent here); a failing warm-up, even one raising SystemExit,
+    does not stop the child."""
     marker = tmp_path / "warmed"
     (tmp_path / "warmmark.py").write_text(
         f"import pathlib\ndef mark():\n    pathlib.Path({str(marker)!r}).write_text('yes')\n"
-        "def broken():\n    raise RuntimeError('no')\n")
+        "def broken():\n    raise RuntimeError('no')\n"
+        "def leaves():\n    raise SystemExit(3)\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    child = prestart.spawn(env, ["warmmark:broken", "warmmark:mark"])
+    child = prestart.spawn(env, ["warmmark:broken", "warmmark:leaves", "warmmark:mark"])
     try:
         deadline = time.monotonic() + 60
         while not marker.exists() and time.monotonic() < deadline and child.poll() is None:

@@ -215,7 +215,8 @@ def child_main(argv: Sequence[str] = ()) -> int:
                 mod = importlib.import_module(mod_name)
                 if func:  # "module:function": a warm-up the first job would otherwise pay
                     getattr(mod, func)()
-            except Exception:  # the job that needs it reports the error
+            except BaseException:  # noqa: BLE001  the job that needs it reports the error; a
+                # warm-up's SystemExit or KeyboardInterrupt must not end the child either
                 log.debug("preload of %s failed", name, exc_info=True)
     first = True
     while (msg := jobs.get()) is not None:
