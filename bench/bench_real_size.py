@@ -37,7 +37,10 @@ A load reads the files from the page cache or from the drive, and whichever engi
 leaves the files cached for the next one (15.8 GB of klein's files in a RAM of 23 GiB), so by
 default (``--page-cache cold``) every model file is dropped from the page cache
 (``POSIX_FADV_DONTNEED``, which drops the clean pages no process maps) before each engine's
-run, and the bytes still cached are printed; ``--page-cache as-is`` leaves it alone.
+run, and the bytes still cached are printed; ``--page-cache as-is`` leaves it alone, and
+``--page-cache all`` (root) drops the whole page cache: other files' cached pages, reclaimed by
+the kernel on the same cores while the first calls run, slowed a cold first call of klein's
+encoder from 9.4 to 18.6 s of compute here.
 ``--rounds N`` runs each engine N times, alternating which goes first, and reports medians.
 - diffusers (``--ref-python``, torch 2.13 CPU; sd1, sdxl, sd3 and flux2_klein here): the modules built from
   their published configurations with random weights in the dtype ``--ref-dtype`` (default bf16
@@ -55,7 +58,7 @@ Usage::
 
     python bench/bench_real_size.py [--families sd1,sdxl] [--parts sdplan,sdcli,diffusers]
         [--threads 2] [--steps N] [--size PX] [--keep DIR] [--quant q8_0,q4_k]
-        [--params-backend ASSIGN] [--rounds N] [--page-cache cold|as-is] [--json OUT]
+        [--params-backend ASSIGN] [--rounds N] [--page-cache cold|all|as-is] [--json OUT]
 
 ``--steps``/``--size`` override the native figures (the table says so). Figures not measured
 are printed as ``-``. Prints the load average before and after; asserts nothing.
@@ -499,9 +502,18 @@ def drop_page_cache(paths: list[Path]) -> int:
     return page_cache_bytes([str(p) for p in paths])
 
 
+#: Writing 3 here drops the whole page cache (clean pages no process maps) and the dentries
+#: and inodes (``Documentation/admin-guide/sysctl/vm.rst``); root only.
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
 def _page_cache(a: argparse.Namespace, files: dict[str, Path], who: str) -> None:
     paths = list(files.values())
-    if a.page_cache == "cold":
+    if a.page_cache == "all":
+        os.sync()
+        Path(DROP_CACHES).write_text("3\n")
+        print(f"  {who}: whole page cache dropped, {mem_available() / GIB:.1f} GiB available", flush=True)
+    elif a.page_cache == "cold":
         left = drop_page_cache(paths)
         print(f"  {who}: page cache dropped, {left / MIB:.0f} MiB of the files still cached", flush=True)
     else:
@@ -614,8 +626,9 @@ def check_flags(a: argparse.Namespace) -> None:
     :data:`PARTS`, a thread, round, step or size count below 1 (``--steps 0`` and
     ``--size 0`` were taken as not given), a ``--shared`` folder without the layouts (a
     traceback once the first family started), a ``--quant`` type other than :data:`QUANTS` or
-    one without sd-cli (refused after the first family's files were written), and a ``--json``
-    whose folder does not exist (its rows lost when the last run ended).
+    one without sd-cli (refused after the first family's files were written), ``--page-cache
+    all`` where :data:`DROP_CACHES` is not writable, and a ``--json`` whose folder does not
+    exist (its rows lost when the last run ended).
 
     Raises:
         SystemExit: one line naming the flag and the value at fault.
@@ -638,6 +651,8 @@ def check_flags(a: argparse.Namespace) -> None:
         raise SystemExit(f"--quant {a.quant!r}: choose from {', '.join(QUANTS)}")
     if quants and not a.sdcli:
         raise SystemExit(f"--quant {a.quant!r} needs --sdcli or SDCLI (sd-cli converts the files)")
+    if getattr(a, "page_cache", "cold") == "all" and not os.access(DROP_CACHES, os.W_OK):
+        raise SystemExit(f"--page-cache all: {DROP_CACHES} is not writable here (it needs root)")
     if a.json and not Path(a.json).resolve().parent.is_dir():
         raise SystemExit(f"--json {a.json!r}: no folder {str(Path(a.json).resolve().parent)!r} to write it in")
 
@@ -676,8 +691,10 @@ def main() -> int:
     ap.add_argument("--keep", default="/tmp/sdplan-real-size", help="folder for the model files (kept)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--rounds", type=int, default=1, help="runs per engine, alternating the order (medians)")
-    ap.add_argument("--page-cache", choices=("cold", "as-is"), default="cold",
-                    help="drop the model files from the page cache before each engine's run (cold) or not")
+    ap.add_argument("--page-cache", choices=("cold", "all", "as-is"), default="cold",
+                    help="before each engine's run drop the model files from the page cache (cold), the "
+                         "whole page cache (all: root, /proc/sys/vm/drop_caches; other files' cache left "
+                         "for the kernel to reclaim during the first calls slows them) or nothing (as-is)")
     a = ap.parse_args()
     check_flags(a)
     a.parts = a.parts.split(",")

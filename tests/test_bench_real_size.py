@@ -164,6 +164,24 @@ def test_the_step_is_the_median_after_the_first_with_two_steps_or_more() -> None
     assert got["step"] == 6.0 and "first_step" not in got
 
 
+def test_dropping_the_whole_page_cache_needs_a_writable_drop_caches(monkeypatch, shared_dir: Path,
+                                                                    tmp_path: Path) -> None:
+    """``--page-cache all`` is refused in one line where /proc/sys/vm/drop_caches cannot be
+    written (not root), before any file is written; where it can, the flags pass."""
+    import argparse
+
+    fam = next(f for f, r in rsf.RECIPES.items() if not isinstance(r, str))
+    a = argparse.Namespace(families=fam, parts="sdplan", threads=2, rounds=1, steps=None, size=None,
+                           shared=str(shared_dir), quant="", sdcli="", json=None, page_cache="all")
+    monkeypatch.setattr(brs, "DROP_CACHES", str(tmp_path / "missing" / "drop_caches"))
+    with pytest.raises(SystemExit, match=r"--page-cache all: .* is not writable here \(it needs root\)"):
+        brs.check_flags(a)
+    writable = tmp_path / "drop_caches"
+    writable.write_text("0\n")
+    monkeypatch.setattr(brs, "DROP_CACHES", str(writable))
+    brs.check_flags(a)
+
+
 def test_an_sdcli_killed_in_its_decode_keeps_the_phases_it_finished(tmp_path: Path, capsys) -> None:
     """sd-cli killed by the kernel in its decode (out of memory): its text and step stay in the
     row, its decode and whole time are not measured, and the script goes on."""
