@@ -104,19 +104,20 @@ def check_file_roles(files: Mapping[str, Sequence[str]]) -> None:
             have = kind_of(path)
             if have is not None and have != want:
                 raise ModelFileError(path, f"{flag} takes {want}; this file holds {have}")
-    seen: dict[str, tuple[str, str]] = {}  # family -> (flag, file) of the diffusion models given
-    for key, (flag, want) in DIFFUSION_ROLES.items():
-        for path in regular_files(files, key):
-            have = held_besides_diffusion(path)
-            if have is not None:
-                raise ModelFileError(path, f"{flag} takes {want}; this file holds {have}")
-            fam = _diffusion_family([path]) if sum(len(regular_files(files, k)) for k in DIFFUSION_ROLES) > 1 else None
-            other = next(((f, w) for f, w in seen.items() if f != fam), None) if fam else None
-            if other is not None:
-                raise ModelFileError(path, f"{flag}: the diffusion model of {_title(fam)}, where {other[1][0]} "
-                                           f"{other[1][1]} holds that of {_title(other[0])}: give the files of one model")
-            if fam:
-                seen.setdefault(fam, (flag, path))
+    given = [(flag, want, path) for key, (flag, want) in DIFFUSION_ROLES.items() for path in regular_files(files, key)]
+    first: tuple[str, str, str] | None = None  # (family, flag, file) of the first diffusion model given
+    for flag, want, path in given:
+        have = held_besides_diffusion(path)
+        if have is not None:
+            raise ModelFileError(path, f"{flag} takes {want}; this file holds {have}")
+        fam = _diffusion_family([path]) if len(given) > 1 else None
+        if fam is None:
+            continue
+        if first is None:
+            first = (fam, flag, path)
+        elif fam != first[0]:
+            raise ModelFileError(path, f"{flag}: the diffusion model of {_title(fam)}, where {first[1]} "
+                                       f"{first[2]} holds that of {_title(first[0])}: give the files of one model")
 
 
 def check_files(models: Any, files: Mapping[str, Sequence[str]]) -> Any:
@@ -159,10 +160,7 @@ def holds_diffusion_model(paths: Sequence[str]) -> bool:
     tensor names as ``-m`` reads them (headers only): another whole model, which the app's
     board may open in place of the one it has, where a lone autoencoder or text encoder only
     joins it. False when they cannot be read."""
-    try:
-        return "diffusion" in read_model_files({"model": list(paths)}).modules()
-    except (SdplanError, OSError, ValueError):
-        return False
+    return _diffusion_family(paths) is not None
 
 
 def of_another_family(open_files: Mapping[str, Sequence[str]], new: Sequence[str]) -> bool:
